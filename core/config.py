@@ -1,0 +1,225 @@
+"""Run configuration: one keyword-only dataclass, validated where it is built.
+
+Precedence, lowest first: defaults, then a ``--config`` TOML file, then command-line flags. Every error
+names the setting (and the file, for TOML) so the user knows what to change. The resolved configuration
+is written to the run directory as ``config.toml``, which ``--config`` reads back.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from torchlab.core.errors import ConfigError
+from torchlab.core.options import LiveOptions, OptionRefused, format_option_value, parse_option_value
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+OPTIMIZERS = ("adamw", "sgd")
+SCHEDULES = ("constant", "cosine", "onecycle")
+_AT_PATTERN = re.compile(r"^\s*(\d+)\s*:\s*([A-Za-z_]+)\s*=\s*(.*?)\s*$")
+
+
+@dataclass(frozen=True)
+class ScheduledChange:
+    """A scripted live change (``--at STEP:OPTION=VALUE``): takes effect for optimizer step ``step``."""
+
+    step: int
+    option: str
+    value: str
+
+    @classmethod
+    def parse(cls, text: str) -> ScheduledChange:
+        match = _AT_PATTERN.match(text)
+        if not match:
+            raise ConfigError(
+                f"--at {text!r} is not of the form STEP:OPTION=VALUE (for example --at 50:amp=bf16)."
+            )
+        step, option, value = int(match.group(1)), match.group(2), match.group(3)
+        if step < 1:
+            raise ConfigError(f"--at {text!r}: STEP counts optimizer steps from 1, got {step}.")
+        try:
+            parse_option_value(option, value)
+        except OptionRefused as refusal:
+            raise ConfigError(f"--at {text!r}: {refusal}.") from None
+        return cls(step, option, value)
+
+    def __str__(self) -> str:
+        return f"{self.step}:{self.option}={self.value}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Everything a run needs besides the workload itself."""
+
+    workload: str = "tiny_gpt"
+    steps: int = 200
+    batch_size: int | None = None  # None: the workload's own, else 32
+    seed: int = 0
+    device: str = "auto"
+    optimizer: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    schedule: str = "cosine"
+    warmup_steps: int | None = None  # None: 5 % of steps
+    workers: int = 0
+    eval_every: int = 50
+    eval_batches: int = 20
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 3
+    log_every: int = 1
+    probe_every: int | str = "auto"
+    act_stats_every: int = 0
+    options: LiveOptions = field(default_factory=LiveOptions)
+    at: tuple[ScheduledChange, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.workload, str) and self.workload.strip() != "", "workload",
+               "must name a sample (mlp, convnet, tiny_gpt), path/to/file.py:factory or package.module:factory",
+               self.workload)
+        _check_int(self.steps, "steps", minimum=1)
+        if self.batch_size is not None:
+            _check_int(self.batch_size, "batch_size", minimum=1)
+        _check_int(self.seed, "seed", minimum=0)
+        _check(isinstance(self.device, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None,
+               "device", "must be auto, cpu, cuda or cuda:N", self.device)
+        _check(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {', '.join(OPTIMIZERS)}", self.optimizer)
+        _check_float(self.lr, "lr", positive=True)
+        _check_float(self.weight_decay, "weight_decay", positive=False)
+        _check(self.schedule in SCHEDULES, "schedule", f"must be one of {', '.join(SCHEDULES)}", self.schedule)
+        if self.warmup_steps is not None:
+            _check_int(self.warmup_steps, "warmup_steps", minimum=0)
+        _check_int(self.workers, "workers", minimum=0)
+        for name in ("eval_every", "checkpoint_every", "act_stats_every"):
+            _check_int(getattr(self, name), name, minimum=0)
+        _check_int(self.eval_batches, "eval_batches", minimum=1)
+        _check_int(self.keep_checkpoints, "keep_checkpoints", minimum=1)
+        _check_int(self.log_every, "log_every", minimum=1)
+        if self.probe_every != "auto":
+            _check_int(self.probe_every, "probe_every", minimum=0,
+                       hint="a number of steps (0 = off) or \"auto\"")
+        _check(isinstance(self.options, LiveOptions), "options", "must be a LiveOptions", self.options)
+        for change in self.at:
+            _check(isinstance(change, ScheduledChange), "at", "must hold STEP:OPTION=VALUE changes", change)
+
+    @property
+    def resolved_warmup_steps(self) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else max(1, round(0.05 * self.steps))
+
+    def to_toml(self) -> str:
+        """The configuration as TOML that ``load_config_file`` reads back."""
+        lines = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("options", "at") or value is None:
+                continue
+            lines.append(f"{f.name} = {_toml_value(value)}")
+        if self.at:
+            lines.append(f"at = [{', '.join(_toml_value(str(change)) for change in self.at)}]")
+        lines.append("")
+        lines.append("[options]")
+        for name, value in self.options.as_dict().items():
+            lines.append(f"{name} = {_toml_value(format_option_value(name, value) if value is None else value)}")
+        return "\n".join(lines) + "\n"
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Read a TOML config into keyword arguments for ``build_config`` (unknown keys are errors)."""
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"--config {path}: no such file.") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"--config {path}: not valid TOML: {error}.") from None
+    return _settings_from_mapping(data, source=str(path))
+
+
+def build_config(file_settings: Mapping[str, Any], flag_settings: Mapping[str, Any]) -> TrainConfig:
+    """Merge defaults, file and flags (later wins) into a validated TrainConfig.
+
+    Both mappings hold top-level settings plus an ``options`` mapping of live options (raw values,
+    parsed here) and ``at`` as a list of strings.
+    """
+    merged: dict[str, Any] = {}
+    option_values: dict[str, Any] = {}
+    at: list[str] = []
+    for settings in (file_settings, flag_settings):
+        for key, value in settings.items():
+            if key == "options":
+                option_values.update(value)
+            elif key == "at":
+                at.extend(value)
+            else:
+                merged[key] = value
+    options = LiveOptions()
+    for name, raw in option_values.items():
+        try:
+            options = options.with_value(name, parse_option_value(name, raw))
+        except OptionRefused as refusal:
+            raise ConfigError(f"options.{name} (--{name.replace('_', '-')}): {refusal}.") from None
+    try:
+        return TrainConfig(**merged, options=options, at=tuple(ScheduledChange.parse(text) for text in at))
+    except TypeError as error:  # an unknown keyword slipped past the checks above
+        raise ConfigError(str(error)) from None
+
+
+def _settings_from_mapping(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+    known = {f.name for f in fields(TrainConfig)}
+    settings: dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "options":
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{source}: [options] must be a table of live options.")
+            for option in value:
+                if option not in LiveOptions.__dataclass_fields__:
+                    raise ConfigError(f"{source}: unknown option options.{option}{_suggest(option, LiveOptions.__dataclass_fields__)}.")
+            settings["options"] = dict(value)
+        elif key == "at":
+            if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+                raise ConfigError(f'{source}: at must be a list of "STEP:OPTION=VALUE" strings.')
+            settings["at"] = list(value)
+        elif key in known:
+            settings[key] = value
+        else:
+            raise ConfigError(f"{source}: unknown setting {key!r}{_suggest(key, known)}.")
+    return settings
+
+
+def _suggest(name: str, candidates) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _check(ok: bool, setting: str, requirement: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(f"{setting} (--{setting.replace('_', '-')}) {requirement}; got {value!r}.")
+
+
+def _check_int(value: Any, setting: str, *, minimum: int, hint: str | None = None) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+    _check(ok, setting, f"must be {hint or f'a whole number ≥ {minimum}'}", value)
+
+
+def _check_float(value: Any, setting: str, *, positive: bool) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > 0 if positive else value >= 0)
+    _check(ok, setting, "must be a positive number" if positive else "must be a number ≥ 0", value)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'

@@ -1,0 +1,28 @@
+"""The errors a user can act on.
+
+Each one carries a message that names what to change (a setting, a file and line, an option). The CLI
+prints them as one paragraph and exits 2; the app shows them in a panel. Anything else that escapes
+is a bug in torchlab or an error inside the user's training step, reported with its traceback.
+"""
+
+from __future__ import annotations
+
+
+class TorchlabError(Exception):
+    """Base for errors whose message is written for the user."""
+
+
+class ConfigError(TorchlabError):
+    """A configuration value is invalid; the message names the setting."""
+
+
+class WorkloadError(TorchlabError):
+    """The workload cannot be loaded or cannot train; the message names the file and line at fault."""
+
+
+class NonFiniteError(TorchlabError):
+    """Training produced NaN/Inf; carries the report that localises it."""
+
+    def __init__(self, message: str, report: dict) -> None:
+        super().__init__(message)
+        self.report = report

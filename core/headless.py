@@ -1,0 +1,187 @@
+"""Headless runs: the engine with a Rich progress bar, writing the same run directory as the app.
+
+Ctrl-C (or SIGTERM) asks the trainer to stop at the next step boundary, so the final checkpoint is
+a consistent one; a second Ctrl-C aborts at once.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from torchlab.core.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK
+from torchlab.core.config import TrainConfig
+from torchlab.core.errors import WorkloadError
+from torchlab.core.options import format_option_value
+from torchlab.core.loading import load_workload, workload_label
+from torchlab.core.rundir import RunDirectory
+from torchlab.core.trainer import Stop, Trainer
+
+
+
+def seed_everything(seed: int) -> None:
+    """Seed before the workload factory runs, so model initialisation is reproducible."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy
+    except ImportError:
+        return
+    numpy.random.seed(seed)
+
+
+def run_headless(
+    config: TrainConfig,
+    *,
+    run_dir: Path | None,
+    runs_root: Path,
+    resume: Path | None,
+    explicit_options: set[str],
+    console: Console | None = None,
+) -> int:
+    console = console or Console(stderr=True, soft_wrap=True)
+    seed_everything(config.seed)
+    workload = load_workload(config.workload)  # a bad workload fails here, before any directory exists
+    directory = RunDirectory(run_dir or _resumed_run_dir(resume) or _new_path(runs_root, config.workload))
+    directory.write_config(config.to_toml())
+    progress = HeadlessProgress(config.steps, console)
+    try:
+        try:
+            trainer = Trainer(
+                config,
+                workload,
+                observers=[directory, progress],
+                checkpoint_dir=directory.checkpoints,
+                resume_from=resume,
+                explicit_options=explicit_options,
+            )
+        except WorkloadError as error:
+            directory.on_event({"event": "error", "step": 0, "time": 0.0, "message": str(error), "traceback": ""})
+            raise
+        stop_on_signal = _StopOnSignal(trainer, console)
+        with stop_on_signal, progress:
+            outcome = trainer.run()
+    finally:
+        directory.close()
+
+    console.print(f"Run directory: {directory.path}")
+    if outcome.status == "nonfinite":
+        console.print(f"[bold red]Stopped on a non-finite value:[/] {outcome.message}")
+        return EXIT_NONFINITE
+    if outcome.status == "failed":
+        console.print(f"[bold red]Training failed at step {outcome.step + 1}:[/] {outcome.message}")
+        console.print(f"Traceback in {directory.path / 'events.jsonl'}; the last checkpoint is in {directory.checkpoints}.")
+        return EXIT_FAILED
+    if stop_on_signal.interrupted:
+        console.print(f"Interrupted at step {outcome.step}; resume with --resume {directory.path}")
+        return EXIT_INTERRUPTED
+    console.print(f"{outcome.status.capitalize()} at step {outcome.step}. {progress.summary()}")
+    return EXIT_OK
+
+
+def _new_path(root: Path, workload: str) -> Path:
+    return RunDirectory.new(root, workload_label(workload)).path
+
+
+def _resumed_run_dir(resume: Path | None) -> Path | None:
+    """Resuming continues in the checkpoint's own run directory (metrics append), unless --run-dir says otherwise."""
+    if resume is None:
+        return None
+    resume = Path(resume)
+    for candidate in (resume, resume.parent.parent if resume.is_file() else resume.parent):
+        if (candidate / "config.toml").exists() and (candidate / "checkpoints").is_dir():
+            return candidate
+    return None
+
+
+class HeadlessProgress:
+    """A trainer observer that draws a progress bar and prints events above it."""
+
+    def __init__(self, total_steps: int, console: Console) -> None:
+        self.console = console
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss [cyan]{task.fields[loss]}"),
+            TextColumn("{task.fields[rate]} samples/s"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,  # the summary line replaces the bar when the run ends
+        )
+        self._task = self._progress.add_task("training", total=total_steps, loss="—", rate="—")
+        self.first_loss: float | None = None
+        self.last_record: dict[str, Any] | None = None
+
+    def __enter__(self) -> HeadlessProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._progress.stop()
+
+    def on_metrics(self, record: dict[str, Any]) -> None:
+        if self.first_loss is None:
+            self.first_loss = record["loss"]
+        self.last_record = record
+        self._progress.update(
+            self._task, completed=record["step"], loss=f"{record['loss']:.4f}", rate=f"{record['samples_per_s']:,.0f}"
+        )
+        if "val_loss" in record:
+            self.console.print(f"step {record['step']}: val_loss {record['val_loss']:.4f}")
+
+    def on_event(self, record: dict[str, Any]) -> None:
+        event, step = record["event"], record["step"]
+        if event == "run_started":
+            self._progress.update(self._task, completed=step, description=f"training on {record['device']}")
+        elif event == "option_applied":
+            self.console.print(f"step {step}: [green]{record['option']} = {record['display']}[/] (was {format_option_value(record['option'], record['previous'])})")
+        elif event == "option_refused":
+            self.console.print(f"step {step}: [yellow]refused {record['option']} = {record['value']}[/]: {record['reason']}")
+        elif event == "checkpoint":
+            self.console.print(f"step {step}: checkpoint {record['path']}")
+        elif event == "step_skipped":
+            self.console.print(f"step {step}: [yellow]step skipped[/]: {record['reason']}")
+        elif event in ("paused", "resumed", "resumed_from_checkpoint"):
+            self.console.print(f"step {step}: {event.replace('_', ' ')}")
+
+    def summary(self) -> str:
+        if self.last_record is None or self.first_loss is None:
+            return ""
+        text = f"loss {self.first_loss:.4f} → {self.last_record['loss']:.4f}"
+        if "val_loss" in self.last_record:
+            text += f", val_loss {self.last_record['val_loss']:.4f}"
+        return text + "."
+
+
+class _StopOnSignal:
+    """SIGINT/SIGTERM: stop at the next step boundary (checkpoint kept); a second SIGINT aborts."""
+
+    def __init__(self, trainer: Trainer, console: Console) -> None:
+        self.trainer, self.console = trainer, console
+        self.interrupted = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopOnSignal:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.interrupted and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.interrupted = True
+        self.trainer.submit(Stop("interrupted"))
+        self.console.print("Stopping at the next step boundary and saving a checkpoint (Ctrl-C again to abort).")
+

@@ -1,0 +1,171 @@
+"""Probes that read the model while it trains, on the device, with one host transfer per report.
+
+Gradient norms are read *after* backward (not from module backward hooks: those break on a following
+in-place ReLU and may see ``weight.grad`` still None). One ``torch._foreach_norm`` call measures every
+parameter; an ``index_add_`` sums squares per owning module; nothing leaves the device here. The
+caller packs the results with the loss into one tensor and moves it to the host once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+ROOT_MODULE_NAME = "(root)"  # parameters owned directly by the top-level model
+
+
+@dataclass
+class GradNorms:
+    """Device tensors: ``per_module`` [modules], ``total`` [] (both fp32), plus the grads measured."""
+
+    per_module: torch.Tensor
+    total: torch.Tensor
+    param_norms: torch.Tensor
+    grads: list[torch.Tensor]
+
+
+class GradNormProbe:
+    """Per-module gradient norms for every module that owns parameters, keyed by qualified name."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.module_names: list[str] = []
+        self._params: list[torch.nn.Parameter] = []
+        owners: list[int] = []
+        seen: set[int] = set()  # tied weights count once, for the first module that owns them
+        for name, module in model.named_modules():
+            owned = [
+                p for p in module.parameters(recurse=False) if p.requires_grad and id(p) not in seen
+            ]
+            if not owned:
+                continue
+            seen.update(id(p) for p in owned)
+            owners.extend([len(self.module_names)] * len(owned))
+            self.module_names.append(name or ROOT_MODULE_NAME)
+            self._params.extend(owned)
+        self._owner_index_cpu = torch.tensor(owners, dtype=torch.long)
+        self._owner_index: torch.Tensor | None = None
+
+    def measure(self) -> GradNorms | None:
+        """Norms of the current gradients, on the device; None when no parameter has a gradient."""
+        present = [i for i, p in enumerate(self._params) if p.grad is not None]
+        if not present:
+            return None
+        grads = [self._params[i].grad for i in present]
+        device = grads[0].device
+        param_norms = torch.stack(torch._foreach_norm(grads)).float()
+        if len(present) == len(self._params):
+            if self._owner_index is None or self._owner_index.device != device:
+                self._owner_index = self._owner_index_cpu.to(device)
+            owner_index = self._owner_index
+        else:  # some parameters got no gradient this step (unused branches)
+            owner_index = self._owner_index_cpu[present].to(device)
+        squares = param_norms.square()
+        per_module = torch.zeros(len(self.module_names), device=device).index_add_(0, owner_index, squares)
+        return GradNorms(per_module=per_module.sqrt(), total=squares.sum().sqrt(), param_norms=param_norms, grads=grads)
+
+
+def clip_by_total_norm(norms: GradNorms, max_norm: float) -> torch.Tensor:
+    """Scale the measured gradients so their global norm is at most ``max_norm``, reusing the norms.
+
+    Same arithmetic as ``clip_grad_norm_(foreach=True)``, without reading the gradients a second time.
+    Returns a device bool tensor: whether clipping fired.
+    """
+    clip_coef = max_norm / (norms.total + 1e-6)
+    torch._foreach_mul_(norms.grads, torch.clamp(clip_coef, max=1.0))
+    return norms.total > max_norm
+
+
+class ProbeCadence:
+    """Decides on which steps the gradient-norm probe runs.
+
+    ``every`` fixed (0 = never) or ``"auto"``: the probe times itself and runs every N steps with N the
+    smallest that keeps its cost under ``budget`` of the step time. On steps where clipping is on, the
+    norms are computed anyway, so the probe is free and always reports.
+    """
+
+    def __init__(self, every: int | str, budget: float = 0.01) -> None:
+        self.fixed = None if every == "auto" else int(every)
+        self.budget = budget
+        self._probe_cost_s: float | None = None
+        self._step_time_s: float | None = None
+        self._last_probe_step = 0
+
+    @property
+    def interval(self) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        if self._probe_cost_s is None or not self._step_time_s:
+            return 1
+        return max(1, min(100, math.ceil(self._probe_cost_s / (self.budget * self._step_time_s))))
+
+    def should_probe(self, step: int) -> bool:
+        interval = self.interval
+        return interval > 0 and step - self._last_probe_step >= interval
+
+    def record_probe(self, step: int, cost_s: float) -> None:
+        self._last_probe_step = step
+        self._probe_cost_s = _ema(self._probe_cost_s, cost_s)
+
+    def record_step(self, step_time_s: float) -> None:
+        self._step_time_s = _ema(self._step_time_s, step_time_s)
+
+
+def _ema(previous: float | None, value: float, weight: float = 0.1) -> float:
+    return value if previous is None else (1 - weight) * previous + weight * value
+
+
+class ActivationStatsProbe:
+    """Opt-in mean / std / max|x| of every parameter-owning module's output, sampled every N steps.
+
+    Hooks are attached only for a sampled step and removed after it (hooks on every module every step
+    cost ~37 % on a small GPT). Statistics come from a strided subsample of at most ``max_values``
+    elements, on the device. Under activation checkpointing forward hooks fire again in the recompute;
+    only the first call per module in a step counts.
+    """
+
+    def __init__(self, model: torch.nn.Module, module_names: list[str], max_values: int = 65536) -> None:
+        self.module_names = module_names
+        self._modules = [
+            model if name == ROOT_MODULE_NAME else model.get_submodule(name) for name in module_names
+        ]
+        self.max_values = max_values
+        self._handles: list = []
+        self._stats: dict[int, torch.Tensor] = {}
+
+    def attach(self) -> None:
+        self._stats = {}
+        self._handles = [
+            module.register_forward_hook(self._hook_for(index)) for index, module in enumerate(self._modules)
+        ]
+
+    def detach(self) -> torch.Tensor | None:
+        """Remove the hooks; return [modules, 3] stats on the device (NaN where a module did not run)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if not self._stats:
+            return None
+        device = next(iter(self._stats.values())).device
+        table = torch.full((len(self._modules), 3), math.nan, device=device)
+        for index, stats in self._stats.items():
+            table[index] = stats
+        return table
+
+    def _hook_for(self, index: int):
+        def hook(module, inputs, output):
+            if index in self._stats:
+                return
+            tensor = output[0] if isinstance(output, (tuple, list)) and output else output
+            if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tensor.numel() == 0:
+                return
+            with torch.no_grad():
+                flat = tensor.detach().reshape(-1)
+                stride = max(1, flat.numel() // self.max_values)
+                sample = flat[::stride].float()
+                mean = sample.mean()
+                std = (sample.square().mean() - mean.square()).clamp_min(0).sqrt()
+                self._stats[index] = torch.stack((mean, std, sample.abs().max()))
+
+        return hook

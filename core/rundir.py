@@ -1,0 +1,67 @@
+"""The run directory: what a run leaves behind, the same whether it ran headless or in the app.
+
+    <run>/config.toml      resolved configuration at start
+    <run>/metrics.jsonl    one JSON object per report
+    <run>/events.jsonl     option changes, checkpoints, errors; each has event, step, time
+    <run>/checkpoints/     step-NNNNNNN.pt and last.pt
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+
+class RunDirectory:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.checkpoints = self.path / "checkpoints"
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        self._metrics = open(self.path / "metrics.jsonl", "a", encoding="utf-8")
+        self._events = open(self.path / "events.jsonl", "a", encoding="utf-8")
+
+    @classmethod
+    def new(cls, root: Path, label: str) -> RunDirectory:
+        """``root/<YYYYmmdd-HHMMSS>-<label>``, with a suffix if two runs start in the same second."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        safe_label = re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("._") or "run"
+        path = Path(root) / f"{stamp}-{safe_label}"
+        suffix = 1
+        while path.exists():
+            suffix += 1
+            path = Path(root) / f"{stamp}-{safe_label}-{suffix}"
+        return cls(path)
+
+    def write_config(self, toml_text: str) -> None:
+        (self.path / "config.toml").write_text(toml_text, encoding="utf-8")
+
+    def on_metrics(self, record: dict[str, Any]) -> None:
+        self._metrics.write(to_json_line(record))
+        self._metrics.flush()
+
+    def on_event(self, record: dict[str, Any]) -> None:
+        self._events.write(to_json_line(record))
+        self._events.flush()
+
+    def close(self) -> None:
+        self._metrics.close()
+        self._events.close()
+
+
+def to_json_line(record: dict[str, Any]) -> str:
+    """Strict JSON (NaN and Inf become null: other tools choke on the bare tokens)."""
+    return json.dumps(_finite(record), separators=(",", ":")) + "\n"
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value

@@ -1,0 +1,543 @@
+"""The trainer: one loop that owns the model, and applies option changes at optimizer-step boundaries.
+
+Anything may *request* a change at any time, from any thread (``submit``); the loop applies queued
+requests only between optimizer steps, after a full accumulation cycle, and acknowledges each with the
+step it took effect at (``option_applied``) or refuses it with a reason (``option_refused``). Scripted
+changes (``--at``) enter through the same queue, so they exercise the same path as the app's keys.
+
+Numbering: optimizer steps count from 1. A change "applied at step S" is in force for step S and after.
+Each step moves exactly one small tensor to the host (loss, norms, flags packed together): that is the
+only synchronisation point per step.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from torchlab.core.activation_checkpointing import ActivationCheckpointing
+from torchlab.core.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
+from torchlab.core.config import TrainConfig
+from torchlab.core.data import BatchStream, DataPosition, evaluation_batches
+from torchlab.core.errors import ConfigError, NonFiniteError, WorkloadError
+from torchlab.core.loading import describe_code, user_frame
+from torchlab.core.nonfinite import localise_nonfinite
+from torchlab.core.options import LiveOptions, OptionRefused, format_option_value, parse_option_value
+from torchlab.core.precision import Precision, make_precision
+from torchlab.core.probes import ActivationStatsProbe, GradNormProbe, ProbeCadence, clip_by_total_norm
+from torchlab.core.schedule import make_scheduler
+from torchlab.core.workload import Workload
+
+DEFAULT_BATCH_SIZE = 32
+#: fp16 skips are routine; this many in a row means the model itself makes NaN/Inf.
+MAX_CONSECUTIVE_FP16_SKIPS = 25
+
+
+class TrainerObserver(Protocol):
+    """Receives every report and event; the run directory, the progress bar and the app's link are observers."""
+
+    def on_metrics(self, record: dict[str, Any]) -> None: ...
+
+    def on_event(self, record: dict[str, Any]) -> None: ...
+
+
+# Commands: what the app, the CLI's --at, or a signal handler can ask of a running trainer.
+@dataclass(frozen=True)
+class SetOption:
+    option: str
+    value: Any
+    source: str = "api"
+
+
+@dataclass(frozen=True)
+class Pause:
+    pass
+
+
+@dataclass(frozen=True)
+class Resume:
+    pass
+
+
+@dataclass(frozen=True)
+class Stop:
+    reason: str = "requested"
+
+
+@dataclass(frozen=True)
+class SaveCheckpoint:
+    pass
+
+
+Command = SetOption | Pause | Resume | Stop | SaveCheckpoint
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a run ended: ``finished`` (all steps), ``stopped`` (on request), ``nonfinite`` or ``failed``."""
+
+    status: str
+    step: int
+    message: str = ""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device (--device) {name}: this machine has no usable CUDA device; use cpu or auto.")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"device (--device) {name}: only {torch.cuda.device_count()} CUDA device(s) here.")
+    return device
+
+
+class Trainer:
+    """Trains ``workload`` under ``config``; call ``run()`` once. Thread-safe: ``submit``."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        workload: Workload,
+        *,
+        observers: Iterable[TrainerObserver] = (),
+        checkpoint_dir: Path | None = None,
+        resume_from: Path | None = None,
+        explicit_options: Iterable[str] = (),
+    ) -> None:
+        self.config = config
+        self.workload = workload
+        self.observers = list(observers)
+        self.checkpoint_dir = checkpoint_dir
+        self.device = resolve_device(config.device)
+        self.batch_size = config.batch_size or workload.batch_size or DEFAULT_BATCH_SIZE
+
+        self.model = workload.model.to(self.device)
+        self.model.train()
+        self.optimizer = _make_optimizer(self.model, config)
+        self.scheduler = make_scheduler(self.optimizer, config)
+        self.data = BatchStream(
+            workload.dataset,
+            batch_size=self.batch_size,
+            collate_fn=workload.collate_fn,
+            workers=config.workers,
+            seed=config.seed,
+            device=self.device,
+        )
+        self.checkpointing = ActivationCheckpointing(self.model, workload.checkpoint_blocks)
+        self.grad_probe = GradNormProbe(self.model)
+        self.cadence = ProbeCadence(config.probe_every)
+        self.activation_probe = ActivationStatsProbe(self.model, self.grad_probe.module_names)
+        self.grad_scaler: torch.amp.GradScaler | None = None
+        self.precision: Precision = make_precision("off", self.device, self._get_grad_scaler)
+        self.options = LiveOptions()
+
+        self.step = 0
+        self.first_step_of_process = 1
+        self._commands: queue.Queue[Command] = queue.Queue()
+        self._paused = False
+        self._stop: Stop | None = None
+        self._consecutive_skips = 0
+        self._last_checkpoint_step: int | None = None
+        self._started = time.monotonic()
+        self._last_batch: Any = None
+
+        initial = config.options
+        if resume_from is not None:
+            initial = self._restore(load_checkpoint(resume_from, map_location=self.device), config, explicit_options)
+        self._enact_initial_options(initial)
+
+    # ----------------------------------------------------------------- control API (any thread)
+    def submit(self, command: Command) -> None:
+        """Queue a command; it is applied at the next optimizer-step boundary."""
+        self._commands.put(command)
+
+    # ----------------------------------------------------------------- the loop
+    def run(self) -> RunOutcome:
+        self._emit_event(
+            "run_started",
+            step=self.step,
+            device=str(self.device),
+            batch_size=self.batch_size,
+            steps=self.config.steps,
+            options=self.options.as_dict(),
+            modules=self.grad_probe.module_names,
+            checkpoint_blocks=list(self.checkpointing.blocks),
+        )
+        self._started = time.monotonic()
+        try:
+            while self.step < self.config.steps:
+                self._at_step_boundary()
+                if self._stop is not None:
+                    break
+                self._train_one_step()
+                self._after_step()
+        except NonFiniteError as error:
+            report = dict(error.report)
+            self._emit_event("nonfinite", step=report.pop("step"), message=str(error), **report)
+            return RunOutcome("nonfinite", self.step, str(error))
+        except WorkloadError as error:
+            self._emit_event("error", step=self.step + 1, message=str(error), traceback=traceback.format_exc())
+            raise
+        except Exception as error:
+            message = f"{type(error).__name__}: {error}"
+            self._emit_event("error", step=self.step + 1, message=message, traceback=traceback.format_exc())
+            if self.step > 0 and self._last_checkpoint_step != self.step:
+                self._save_checkpoint(reason="error")  # the last completed step is intact
+            return RunOutcome("failed", self.step, message)
+        if self._last_checkpoint_step != self.step and self.step > 0:
+            self._save_checkpoint(reason="final")
+        status = "stopped" if self._stop is not None else "finished"
+        self._emit_event("run_ended", step=self.step, status=status)
+        return RunOutcome(status, self.step, self._stop.reason if self._stop else "")
+
+    def _train_one_step(self) -> None:
+        step = self.step + 1
+        options = self.options
+        started = time.perf_counter()
+        is_report = step % self.config.log_every == 0 or step == self.config.steps
+        sample_activations = (
+            is_report and self.config.act_stats_every > 0 and step % self.config.act_stats_every == 0
+        )
+        if sample_activations:
+            self.activation_probe.attach()
+
+        loss_sum = torch.zeros((), device=self.device)
+        for _ in range(options.accum):
+            batch = self.data.next_batch()
+            self._last_batch = batch
+            loss = self._compute_loss(batch, step)
+            self.precision.backward(loss / options.accum)
+            loss_sum += loss.detach().float()
+        activations = self.activation_probe.detach() if sample_activations else None
+        self.precision.unscale_(self.optimizer)
+
+        # Gradient norms: measured when the probe is due, and always when clipping needs them (then free).
+        probe_due = is_report and self.cadence.should_probe(step)
+        norms = None
+        if probe_due or options.clip is not None:
+            probe_started = time.perf_counter()
+            norms = self.grad_probe.measure()
+            probe_cost = time.perf_counter() - probe_started
+            if probe_due and norms is not None:
+                self.cadence.record_probe(step, probe_cost)
+        clipped = clip_by_total_norm(norms, options.clip) if options.clip is not None and norms is not None else None
+
+        # One host transfer for everything this step reports. On CUDA this is the step's sync point.
+        packed = [loss_sum.view(1) / options.accum]
+        if norms is not None:
+            packed.append(norms.total.view(1))
+        if clipped is not None:
+            packed.append(clipped.float().view(1))
+        if probe_due and norms is not None:
+            packed.append(norms.per_module)
+        if activations is not None:
+            packed.append(activations.reshape(-1))
+        values = torch.cat(packed).tolist()
+
+        loss_value = values.pop(0)
+        total_norm = values.pop(0) if norms is not None else None
+        did_clip = bool(values.pop(0)) if clipped is not None else None
+        finite = math.isfinite(loss_value) and (total_norm is None or math.isfinite(total_norm))
+        if not finite and not self.precision.tolerates_nonfinite:
+            self._raise_nonfinite(step, loss_value, total_norm)
+
+        lr_used = self.optimizer.param_groups[0]["lr"]
+        stepped = self.precision.step(self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self._apply_lr_scale()
+        self.step = step
+        if not stepped:
+            self._count_skip(step)
+        else:
+            self._consecutive_skips = 0
+
+        step_time = time.perf_counter() - started
+        self.cadence.record_step(step_time)
+        if not is_report:
+            return
+        record: dict[str, Any] = {
+            "step": step,
+            "time": time.time(),
+            "elapsed_s": round(time.monotonic() - self._started, 3),
+            "epoch": self.data.position.epoch,
+            "loss": loss_value,
+            "lr": lr_used,
+            "samples_per_s": self.batch_size * options.accum * options.world_size / step_time,
+            "step_time_s": step_time,
+            "grad_norm_total": total_norm,
+            "clipped": did_clip,
+            "grad_norms": None,
+            "skipped": not stepped,
+            **options.as_dict(),
+        }
+        if probe_due and norms is not None:
+            module_norms = values[: len(self.grad_probe.module_names)]
+            del values[: len(module_norms)]
+            record["grad_norms"] = dict(zip(self.grad_probe.module_names, module_norms))
+        if activations is not None:
+            names = self.activation_probe.module_names
+            record["act_stats"] = {
+                name: values[3 * i : 3 * i + 3] for i, name in enumerate(names) if not math.isnan(values[3 * i])
+            }
+        if self._is_eval_step(step):
+            record["val_loss"] = self._evaluate()
+        self._emit_metrics(record)
+
+    def _compute_loss(self, batch: Any, step: int) -> torch.Tensor:
+        """The workload's loss for one micro-batch; on the first step, failures name the user's code."""
+        try:
+            with self.precision.autocast():
+                loss = self.workload.loss_fn(self.model, batch)
+        except Exception as error:
+            if step != self.first_step_of_process:
+                raise
+            frame = user_frame(error.__traceback__)
+            where = f"{frame.filename}:{frame.lineno} in {frame.name}()" if frame else describe_code(self.workload.loss_fn)
+            raise WorkloadError(
+                f"{where}: the first training step failed: {type(error).__name__}: {error}. "
+                f"The model cannot train on the batches its dataset gives (batch: {_describe_batch(batch)})."
+            ) from error
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+            got = f"a tensor of shape {list(loss.shape)} and dtype {loss.dtype}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise WorkloadError(
+                f"{describe_code(self.workload.loss_fn)}: loss_fn must return a scalar floating-point tensor, "
+                f"got {got} (reduce it, e.g. with .mean())."
+            )
+        if not loss.requires_grad:
+            raise WorkloadError(
+                f"{describe_code(self.workload.loss_fn)}: the loss does not require grad, so nothing can train "
+                f"(was it computed under torch.no_grad(), or detached?)."
+            )
+        return loss
+
+    def _raise_nonfinite(self, step: int, loss_value: float, total_norm: float | None) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        batch = self._last_batch
+
+        def replay() -> torch.Tensor:
+            with self.precision.autocast():
+                return self.workload.loss_fn(self.model, batch)
+
+        report = localise_nonfinite(self.model, replay, batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        report.update(step=step, loss=loss_value, grad_norm_total=total_norm)
+        where = f" in {report['module']}" if report["module"] else ""
+        raise NonFiniteError(
+            f"step {step}: non-finite {'loss' if not math.isfinite(loss_value) else 'gradient'} "
+            f"({report['phase']}{where}): {report['detail']}",
+            report,
+        )
+
+    def _count_skip(self, step: int) -> None:
+        self._consecutive_skips += 1
+        scale = self.grad_scaler.get_scale() if self.grad_scaler is not None else None
+        self._emit_event("step_skipped", step=step, reason="fp16 overflow: the scaler lowered its scale", scale=scale)
+        if self._consecutive_skips >= MAX_CONSECUTIVE_FP16_SKIPS:
+            self._raise_nonfinite(step, math.nan, None)
+
+    def _after_step(self) -> None:
+        every = self.config.checkpoint_every
+        if every and self.step % every == 0 and self.step < self.config.steps:
+            self._save_checkpoint(reason="periodic")
+
+    def _is_eval_step(self, step: int) -> bool:
+        every = self.config.eval_every
+        return self.workload.val_dataset is not None and every > 0 and (step % every == 0 or step == self.config.steps)
+
+    def _evaluate(self) -> float:
+        self.model.eval()
+        total, count = torch.zeros((), device=self.device), 0
+        try:
+            with torch.inference_mode(), self.precision.autocast():
+                for batch in evaluation_batches(
+                    self.workload.val_dataset,
+                    batch_size=self.batch_size,
+                    collate_fn=self.workload.collate_fn,
+                    limit=self.config.eval_batches,
+                    device=self.device,
+                ):
+                    total += self.workload.loss_fn(self.model, batch).float()
+                    count += 1
+        finally:
+            self.model.train()
+        return total.item() / max(count, 1)
+
+    # ----------------------------------------------------------------- options and commands
+    def _at_step_boundary(self) -> None:
+        next_step = self.step + 1
+        for change in self.config.at:
+            if change.step == next_step:
+                self.submit(SetOption(change.option, change.value, source="--at"))
+        while True:
+            try:
+                command = self._commands.get(block=self._paused and self._stop is None, timeout=0.25)
+            except queue.Empty:
+                if self._paused and self._stop is None:
+                    continue
+                return
+            self._handle(command)
+
+    def _handle(self, command: Command) -> None:
+        next_step = self.step + 1
+        if isinstance(command, SetOption):
+            self._set_option(command, next_step)
+        elif isinstance(command, Pause):
+            if not self._paused:
+                self._paused = True
+                self._emit_event("paused", step=self.step)
+        elif isinstance(command, Resume):
+            if self._paused:
+                self._paused = False
+                self._emit_event("resumed", step=next_step)
+        elif isinstance(command, Stop):
+            self._stop = command
+            self._paused = False
+        elif isinstance(command, SaveCheckpoint):
+            if self.step > 0:
+                self._save_checkpoint(reason="requested")
+
+    def _set_option(self, command: SetOption, step: int) -> None:
+        option = command.option
+        try:
+            value = parse_option_value(option, command.value)
+            previous = getattr(self.options, option)
+            self._enact(option, value)
+        except OptionRefused as refusal:
+            self._emit_event(
+                "option_refused", step=step, option=option, value=_jsonable(command.value),
+                reason=str(refusal), source=command.source,
+            )
+            return
+        self.options = self.options.with_value(option, value)
+        if option == "lr_scale":
+            self._apply_lr_scale()
+        self._emit_event(
+            "option_applied", step=step, option=option, value=value, previous=previous,
+            display=format_option_value(option, value), source=command.source,
+        )
+
+    def _enact(self, option: str, value: Any) -> None:
+        """Make ``option=value`` real on this run, or raise OptionRefused without changing anything."""
+        if option == "amp":
+            self.precision = make_precision(value, self.device, self._get_grad_scaler)
+        elif option == "checkpointing":
+            if value and not self.checkpointing.blocks:
+                raise OptionRefused(
+                    "this model has no checkpoint blocks (no ModuleList/Sequential with several children); "
+                    "name them in Workload.checkpoint_blocks"
+                )
+            self.checkpointing.enable() if value else self.checkpointing.disable()
+        elif option == "world_size" and value != self.options.world_size:
+            raise OptionRefused(
+                "changing the DDP world size is not available yet in this version; the run stays at world size "
+                f"{self.options.world_size}"
+            )
+
+    def _enact_initial_options(self, options: LiveOptions) -> None:
+        for option, value in options.as_dict().items():
+            try:
+                self._enact(option, value)
+            except OptionRefused as refusal:
+                raise ConfigError(f"{option} (--{option.replace('_', '-')}) {format_option_value(option, value)}: {refusal}.") from None
+        self.options = options
+        self._apply_lr_scale()
+
+    def _apply_lr_scale(self) -> None:
+        for group, scheduled in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
+            group["lr"] = scheduled * self.options.lr_scale
+
+    def _get_grad_scaler(self) -> torch.amp.GradScaler:
+        if self.grad_scaler is None:
+            self.grad_scaler = torch.amp.GradScaler(self.device.type)
+        return self.grad_scaler
+
+    # ----------------------------------------------------------------- checkpoints
+    def _save_checkpoint(self, reason: str) -> None:
+        if self.checkpoint_dir is None:
+            return
+        state = {
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "grad_scaler": self.grad_scaler.state_dict() if self.grad_scaler is not None else None,
+            "rng": capture_rng_state(),
+            "data": self.data.position.as_dict(),
+            "options": self.options.as_dict(),
+            "config": self.config.to_toml(),
+        }
+        path = save_checkpoint(self.checkpoint_dir, self.step, state, keep=self.config.keep_checkpoints)
+        self._last_checkpoint_step = self.step
+        self._emit_event("checkpoint", step=self.step, path=str(path), reason=reason)
+
+    def _restore(self, state: dict[str, Any], config: TrainConfig, explicit_options: Iterable[str]) -> LiveOptions:
+        """Load a checkpoint; return the options to run with (the checkpoint's, unless given explicitly)."""
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as error:
+            raise ConfigError(f"--resume: the checkpoint does not fit this workload's model: {error}") from None
+        self.scheduler.load_state_dict(state["scheduler"])
+        if state.get("grad_scaler") is not None:
+            self._get_grad_scaler().load_state_dict(state["grad_scaler"])
+        restore_rng_state(state["rng"])
+        self.data.restore(DataPosition(**state["data"]))
+        self.step = state["step"]
+        self.first_step_of_process = self.step + 1
+        self._last_checkpoint_step = self.step
+        options = LiveOptions(**state["options"])
+        for name in explicit_options:
+            options = options.with_value(name, getattr(config.options, name))
+        self._emit_event("resumed_from_checkpoint", step=self.step, options=options.as_dict())
+        return options
+
+    # ----------------------------------------------------------------- reporting
+    def _emit_metrics(self, record: dict[str, Any]) -> None:
+        for observer in self.observers:
+            observer.on_metrics(record)
+
+    def _emit_event(self, event: str, *, step: int, **fields: Any) -> None:
+        record = {"event": event, "step": step, "time": time.time(), **fields}
+        for observer in self.observers:
+            observer.on_event(record)
+
+
+def _make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW or SGD; weight decay only on matrices (not biases or norm gains), as nanoGPT and most LLM code."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise WorkloadError(f"the model {type(model).__name__} has no trainable parameters.")
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    groups = [group for group in groups if group["params"]]
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=config.lr, momentum=0.9)
+    return torch.optim.AdamW(groups, lr=config.lr)
+
+
+def _describe_batch(batch: Any) -> str:
+    if isinstance(batch, torch.Tensor):
+        return f"tensor{list(batch.shape)} {str(batch.dtype).removeprefix('torch.')}"
+    if isinstance(batch, (list, tuple)):
+        return "(" + ", ".join(_describe_batch(item) for item in batch) + ")"
+    if isinstance(batch, dict):
+        return "{" + ", ".join(f"{key}: {_describe_batch(value)}" for key, value in batch.items()) + "}"
+    return type(batch).__name__
+
+
+def _jsonable(value: Any) -> Any:
+    return value if isinstance(value, (str, int, float, bool)) or value is None else repr(value)

@@ -1,0 +1,164 @@
+"""The command line: a headless run writes the run directory, and every bad input gets its message and exit code.
+
+Most cases call ``main()`` in-process (torch is imported once); a few run the installed console
+script to prove the real entry point, exit codes and output.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from conftest import WORKLOADS
+from torchlab.core.cli import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE, main
+
+TINY = WORKLOADS / "tiny.py"
+
+
+def run_cli(tmp_path: Path, *args: str) -> int:
+    return main([*args, "--headless", "--runs-root", str(tmp_path / "runs")])
+
+
+def with_line_numbers(message: str, source: Path = TINY) -> str:
+    """Replace ``{snippet}`` with the number of the line of ``source`` that contains the snippet."""
+    lines = source.read_text().splitlines()
+    return re.sub(r"\{([^}]+)\}", lambda m: str(next(i for i, line in enumerate(lines, 1) if m.group(1) in line)), message)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def only_run_dir(tmp_path: Path) -> Path:
+    [run_dir] = (tmp_path / "runs").iterdir()
+    return run_dir
+
+
+def test_headless_run_writes_the_run_directory(tmp_path):
+    code = run_cli(tmp_path, f"{TINY}:workload", "--steps", "12", "--checkpoint-every", "5",
+                   "--eval-every", "6", "--at", "4:clip=0.5", "--at", "8:amp=bf16")
+    assert code == EXIT_OK
+    run_dir = only_run_dir(tmp_path)
+    assert run_dir.name.endswith("-tiny")
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, 13))
+    assert metrics[3]["clip"] == 0.5 and metrics[7]["amp"] == "bf16" and metrics[6]["amp"] == "off"
+    events = read_jsonl(run_dir / "events.jsonl")
+    assert all({"event", "step", "time"} <= set(e) for e in events)
+    applied = [(e["step"], e["option"], e["value"], e["previous"]) for e in events if e["event"] == "option_applied"]
+    assert applied == [(4, "clip", 0.5, None), (8, "amp", "bf16", "off")]
+    assert [e["step"] for e in events if e["event"] == "checkpoint"] == [5, 10, 12]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "last.pt", "step-0000005.pt", "step-0000010.pt", "step-0000012.pt"]
+    config = tomllib.loads((run_dir / "config.toml").read_text())
+    assert config["steps"] == 12 and config["at"] == ["4:clip=0.5", "8:amp=bf16"] and config["options"]["clip"] == "off"
+
+
+def test_config_toml_round_trips_through_config_flag(tmp_path):
+    assert run_cli(tmp_path, f"{TINY}:workload", "--steps", "3", "--lr", "0.004", "--clip", "2") == EXIT_OK
+    first = only_run_dir(tmp_path)
+    again = tmp_path / "again"
+    assert main(["--config", str(first / "config.toml"), "--headless", "--run-dir", str(again)]) == EXIT_OK
+    assert (again / "config.toml").read_text() == (first / "config.toml").read_text()
+
+
+def test_resume_continues_in_the_same_run_directory(tmp_path):
+    assert run_cli(tmp_path, f"{TINY}:workload", "--steps", "4", "--schedule", "constant") == EXIT_OK
+    run_dir = only_run_dir(tmp_path)
+    assert run_cli(tmp_path, f"{TINY}:workload", "--steps", "7", "--schedule", "constant", "--resume", str(run_dir)) == EXIT_OK
+    assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == list(range(1, 8))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["no_such_sample"], "is not a built-in sample (mlp, convnet, tiny_gpt)"),
+    (["missing/file.py:workload"], "does not exist"),
+    ([f"{WORKLOADS / 'syntax_error.py'}:workload"], "syntax_error.py:3: syntax error"),
+    ([f"{WORKLOADS / 'import_error.py'}:workload"], "import_error.py:3 in <module>(): importing the workload file raised ModuleNotFoundError"),
+    ([f"{TINY}:nope"], "has no 'nope' to call; functions it defines: bad_checkpoint_block_name"),
+    ([f"{TINY}:factory_raises"], "tiny.py:{raise ValueError} in factory_raises(): the factory factory_raises() raised ValueError: dataset path /data/missing not found"),
+    ([f"{TINY}:returns_list"], "returns_list() returned list, not a Workload"),
+    ([f"{TINY}:needs_arguments"], "must take no arguments, but requires width"),
+    ([f"{TINY}:bad_checkpoint_block_name"], "names 'body.9', which is not a submodule of TinyNet"),
+    ([f"{TINY}:shape_mismatch"], "tiny.py:{return self.head(self.extra} in forward(): the first training step failed: RuntimeError"),
+    ([f"{TINY}:not_scalar"], "tiny.py:{def loss_per_sample}: loss_fn must return a scalar floating-point tensor, got a tensor of shape [16, 1]"),
+    (["tiny.module_that_is_not_there:workload"], "cannot import workload module 'tiny.module_that_is_not_there'"),
+    ([f"{TINY}:workload", "--steps", "0"], "steps (--steps) must be a whole number ≥ 1; got 0"),
+    ([f"{TINY}:workload", "--lr", "-1"], "lr (--lr) must be a positive number; got -1.0"),
+    ([f"{TINY}:workload", "--device", "tpu"], "device (--device) must be auto, cpu, cuda or cuda:N; got 'tpu'"),
+    ([f"{TINY}:workload", "--clip", "-3"], "options.clip (--clip): clip must be a positive max grad norm"),
+    ([f"{TINY}:workload", "--at", "five:amp=bf16"], "is not of the form STEP:OPTION=VALUE"),
+    ([f"{TINY}:workload", "--at", "5:amp=fp32"], "amp must be one of off, bf16, fp16"),
+    ([f"{TINY}:workload", "--at", "5:turbo=on"], "unknown option 'turbo'"),
+    ([f"{TINY}:workload", "--amp", "fp16"], "fp16 needs CUDA"),
+    ([f"{TINY}:workload", "--probe-every", "often"], "probe_every (--probe-every) must be a number of steps (0 = off) or \"auto\""),
+    ([f"{TINY}:workload", "--resume", "/nonexistent/last.pt"], "--resume /nonexistent/last.pt: no such checkpoint file"),
+    ([f"{TINY}:workload", "--batch-size", "1000"], "the dataset has 256 samples, fewer than one batch of 1000"),
+])
+def test_bad_input_exits_2_with_a_message_naming_the_fault(tmp_path, capsys, args, message):
+    assert run_cli(tmp_path, *args, "--steps" if "--steps" not in args else "--seed", "3") == EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("torchlab-tui: error: ") and err.count("\n") == 0  # one paragraph
+    assert with_line_numbers(message) in err
+    assert "Traceback" not in err
+
+
+def test_unknown_config_file_key_is_named_with_a_suggestion(tmp_path, capsys):
+    config = tmp_path / "bad.toml"
+    config.write_text('steps = 3\nbatch_sise = 8\n[options]\namp = "off"\n')
+    assert main(["--config", str(config), "--headless"]) == EXIT_USAGE
+    assert f"{config}: unknown setting 'batch_sise' (did you mean 'batch_size'?)" in capsys.readouterr().err
+    config.write_text("steps = [")
+    assert main(["--config", str(config), "--headless"]) == EXIT_USAGE
+    assert "not valid TOML" in capsys.readouterr().err
+    config.write_text('steps = "many"')
+    assert main(["--config", str(config), "--headless"]) == EXIT_USAGE
+    assert "steps (--steps) must be a whole number ≥ 1; got 'many'" in capsys.readouterr().err
+
+
+def test_workload_error_on_the_first_step_is_also_in_events(tmp_path):
+    assert run_cli(tmp_path, f"{TINY}:shape_mismatch", "--steps", "3") == EXIT_USAGE
+    [error] = [e for e in read_jsonl(only_run_dir(tmp_path) / "events.jsonl") if e["event"] == "error"]
+    assert "the first training step failed" in error["message"] and "Traceback" in error["traceback"]
+
+
+def test_nonfinite_stop_exits_3_and_reports_the_module(tmp_path):
+    assert run_cli(tmp_path, f"{TINY}:nan_in_forward", "--steps", "10") == EXIT_NONFINITE
+    [report] = [e for e in read_jsonl(only_run_dir(tmp_path) / "events.jsonl") if e["event"] == "nonfinite"]
+    assert report["module"] == "extra" and report["phase"] == "forward" and report["step"] == 6
+
+
+def test_exception_mid_run_exits_1_with_traceback_and_keeps_a_checkpoint(tmp_path):
+    assert run_cli(tmp_path, f"{TINY}:raises_at_step_4", "--steps", "10") == EXIT_FAILED
+    run_dir = only_run_dir(tmp_path)
+    events = read_jsonl(run_dir / "events.jsonl")
+    [error] = [e for e in events if e["event"] == "error"]
+    assert error["step"] == 4 and "simulated failure inside the model" in error["message"]
+    assert "tiny.py" in error["traceback"]
+    assert [e["step"] for e in events if e["event"] == "checkpoint"] == [3]
+    assert (run_dir / "checkpoints" / "last.pt").exists()
+
+
+def test_console_script_end_to_end(tmp_path):
+    script = Path(sys.executable).parent / "torchlab-tui"
+    done = subprocess.run(
+        [str(script), f"{TINY}:workload", "--headless", "--steps", "5", "--run-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Finished at step 5" in done.stderr and "loss" in done.stderr
+    bad = subprocess.run([str(script), "nope.py:workload", "--headless"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
+    usage = subprocess.run([str(script), "--steps", "x"], capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 2 and "invalid int value: 'x'" in usage.stderr
+
+
+def test_the_cli_module_does_not_import_torch():
+    """The app's process runs the CLI; torch must load only in the trainer (or a headless run)."""
+    code = "import sys, torchlab.core.cli, torchlab.core.config, torchlab.core.loading; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

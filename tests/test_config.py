@@ -1,0 +1,97 @@
+"""Configuration and live-option parsing: typed values, and refusals that say what to change."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from torchlab.core.config import ScheduledChange, TrainConfig, build_config
+from torchlab.core.errors import ConfigError, WorkloadError
+from torchlab.core.loading import check_spec, workload_label
+from torchlab.core.options import LiveOptions, OptionRefused, format_option_value, parse_option_value
+
+
+@pytest.mark.parametrize("option, text, value", [
+    ("amp", "BF16", "bf16"), ("amp", "none", "off"),
+    ("checkpointing", "on", True), ("checkpointing", False, False),
+    ("clip", "1.5", 1.5), ("clip", "off", None), ("clip", None, None), ("clip", 2, 2.0), ("clip", "0", None),
+    ("accum", "4", 4), ("lr_scale", "0.25", 0.25), ("world_size", 1, 1),
+])
+def test_option_values_parse_from_text_and_json(option, text, value):
+    assert parse_option_value(option, text) == value
+
+
+@pytest.mark.parametrize("option, text, reason", [
+    ("amp", "fp8", "amp must be one of off, bf16, fp16"),
+    ("checkpointing", "maybe", "checkpointing must be on or off"),
+    ("clip", "-1", "positive max grad norm"), ("clip", "nan", "finite number"), ("clip", True, "must be a number"),
+    ("accum", "0", "whole number from 1"), ("accum", "2.5", "whole number"), ("accum", True, "whole number"),
+    ("lr_scale", "-1", "above 0"), ("lr_scale", "inf", "finite"),
+    ("speed", "11", "unknown option 'speed'; the live options are: amp, checkpointing, clip, accum, lr_scale, world_size"),
+])
+def test_bad_option_values_are_refused_with_the_reason(option, text, reason):
+    with pytest.raises(OptionRefused, match=reason.replace("(", r"\(")):
+        parse_option_value(option, text)
+
+
+def test_option_values_format_as_a_user_types_them():
+    assert [format_option_value(k, v) for k, v in LiveOptions(clip=None, checkpointing=True).as_dict().items()] == [
+        "off", "on", "off", "1", "1.0", "1"]
+
+
+def test_scheduled_change_parses_and_refuses_bad_forms():
+    assert ScheduledChange.parse(" 50 : amp = bf16 ") == ScheduledChange(50, "amp", "bf16")
+    for text, reason in [("0:amp=bf16", "counts optimizer steps from 1"), ("amp=bf16", "STEP:OPTION=VALUE"),
+                         ("5:accum=-2", "whole number")]:
+        with pytest.raises(ConfigError, match=reason):
+            ScheduledChange.parse(text)
+
+
+def test_flags_override_the_file_and_options_merge():
+    config = build_config(
+        {"steps": 10, "lr": 0.01, "options": {"clip": 1.0, "amp": "bf16"}, "at": ["3:accum=2"]},
+        {"steps": 20, "options": {"clip": "off"}, "at": ["4:amp=off"]},
+    )
+    assert (config.steps, config.lr) == (20, 0.01)
+    assert config.options == LiveOptions(clip=None, amp="bf16")
+    assert [str(change) for change in config.at] == ["3:accum=2", "4:amp=off"]
+
+
+def test_written_toml_reads_back_to_the_same_config():
+    config = build_config({}, {"workload": 'odd "name".py:make', "steps": 7, "options": {"clip": "0.5"}, "at": ["2:amp=bf16"]})
+    data = tomllib.loads(config.to_toml())
+    options = data.pop("options")
+    assert build_config(data | {"options": options}, {}) == config
+
+
+def test_warmup_defaults_to_five_percent_of_steps():
+    assert TrainConfig(steps=400).resolved_warmup_steps == 20
+    assert TrainConfig(steps=10).resolved_warmup_steps == 1
+    assert TrainConfig(steps=400, warmup_steps=0).resolved_warmup_steps == 0
+
+
+@pytest.mark.parametrize("settings, setting", [
+    ({"batch_size": 0}, "batch_size (--batch-size)"), ({"seed": -1}, "seed (--seed)"),
+    ({"optimizer": "lion"}, "optimizer (--optimizer) must be one of adamw, sgd"),
+    ({"schedule": "linear"}, "schedule (--schedule)"), ({"workers": 1.5}, "workers (--workers)"),
+    ({"steps": True}, "steps (--steps)"), ({"weight_decay": float("nan")}, "weight_decay (--weight-decay)"),
+    ({"probe_every": -1}, "probe_every (--probe-every)"), ({"workload": " "}, "workload (--workload)"),
+])
+def test_invalid_settings_name_the_setting(settings, setting):
+    with pytest.raises(ConfigError) as raised:
+        TrainConfig(**settings)
+    assert str(raised.value).startswith(setting)
+
+
+def test_workload_specs_are_checked_without_importing(tmp_path):
+    assert check_spec("tiny_gpt").module == "torchlab.sample_models.tiny_gpt"
+    assert check_spec("pkg.models:build").module == "pkg.models"
+    model_file = tmp_path / "my_model.py"
+    model_file.write_text("")
+    assert check_spec(f"{model_file}:workload").file == model_file
+    assert workload_label(f"{model_file}:workload") == "my_model"
+    assert workload_label("pkg.models:build") == "models-build"
+    for text in ["", "tiny", "a b:c", "x.py:", ":factory", "file.py:not-an-identifier"]:
+        with pytest.raises(WorkloadError):
+            check_spec(text)

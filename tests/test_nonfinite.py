@@ -1,0 +1,51 @@
+"""The non-finite guard stops the run and names the module where NaN/Inf first appeared."""
+
+from __future__ import annotations
+
+import torch
+
+from conftest import WORKLOADS, make_trainer
+
+TINY_FILE = WORKLOADS / "tiny.py"
+
+
+def test_nan_in_a_forward_pass_is_localised_to_its_module(tmp_path):
+    trainer, seen = make_trainer(f"{TINY_FILE}:nan_in_forward", steps=20, checkpoint_dir=tmp_path, checkpoint_every=2)
+    outcome = trainer.run()
+    assert outcome.status == "nonfinite" and outcome.step == 5
+    [report] = seen.of("nonfinite")
+    assert (report["step"], report["phase"], report["module"]) == (6, "forward", "extra")
+    assert "extra" in outcome.message
+    # The parameters never saw the NaN step, and the last checkpoint is the last good one.
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert [e["step"] for e in seen.of("checkpoint")] == [2, 4]
+
+
+def test_nan_made_in_a_backward_pass_names_the_module_whose_backward_made_it():
+    trainer, seen = make_trainer(f"{TINY_FILE}:nan_in_backward", steps=5, probe_every=1)
+    outcome = trainer.run()
+    assert outcome.status == "nonfinite" and outcome.step == 0
+    [report] = seen.of("nonfinite")
+    assert (report["step"], report["phase"], report["module"]) == (1, "backward", "extra")
+    assert report["loss"] is not None and report["grad_norm_total"] != report["grad_norm_total"]  # NaN
+
+
+    from torchlab.core.workload import Workload
+
+
+def test_nan_in_input_data_is_blamed_on_the_data():
+    import importlib.util
+
+    from torch.utils.data import TensorDataset
+
+    from torchlab.core.workload import Workload
+
+    spec = importlib.util.spec_from_file_location("tiny_for_nan_input", TINY_FILE)
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    inputs = torch.randn(32, 8)
+    inputs[:, 3] = float("nan")
+    workload = Workload(model=tiny.TinyNet(), dataset=TensorDataset(inputs, torch.randn(32, 1)), loss_fn=tiny.mse_loss)
+    trainer, seen = make_trainer(workload=workload, steps=3, batch_size=8)
+    assert trainer.run().status == "nonfinite"
+    assert seen.of("nonfinite")[0]["phase"] == "input"

@@ -1,0 +1,167 @@
+"""The trainer's loop: live changes at step boundaries, precision, clipping, evaluation, resume."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+import torch
+
+from conftest import TINY, make_trainer
+from torchlab.core.errors import ConfigError
+from torchlab.core.trainer import Pause, Resume, SaveCheckpoint, SetOption, Stop
+
+
+def test_scripted_change_takes_effect_at_its_step_and_is_acknowledged():
+    trainer, seen = make_trainer(steps=8, at=["5:clip=0.5", "6:accum=2"])
+    outcome = trainer.run()
+    assert outcome.status == "finished"
+    applied = seen.of("option_applied")
+    assert [(e["option"], e["step"], e["value"], e["previous"]) for e in applied] == [
+        ("clip", 5, 0.5, None),
+        ("accum", 6, 2, 1),
+    ]
+    assert seen.at(4)["clip"] is None and seen.at(5)["clip"] == 0.5
+    assert seen.at(5)["accum"] == 1 and seen.at(6)["accum"] == 2
+    # Clipping is reported from the step it applies: the pre-clip norm and whether it fired.
+    assert seen.at(4)["clipped"] is None and isinstance(seen.at(5)["clipped"], bool)
+    # Two micro-batches per step from step 6: the data position advances twice as fast.
+    assert trainer.data.position.batches == 5 + 3 * 2
+
+
+def test_change_submitted_from_another_thread_applies_at_a_step_boundary():
+    trainer, seen = make_trainer(steps=30)
+    submitted_at = {}
+
+    class SubmitOnStep3:
+        def on_metrics(self, record):
+            if record["step"] == 3:
+                submitted_at["step"] = 3
+                threading.Thread(target=trainer.submit, args=(SetOption("lr_scale", "0.5", "test"),)).start()
+
+        def on_event(self, record):
+            pass
+
+    trainer.observers.append(SubmitOnStep3())
+    trainer.run()
+    [ack] = seen.of("option_applied")
+    assert ack["step"] > submitted_at["step"]
+    before, after = seen.at(ack["step"] - 1), seen.at(ack["step"])
+    assert before["lr_scale"] == 1.0 and after["lr_scale"] == 0.5
+    # The scale multiplies the schedule's LR from that step on.
+    assert after["lr"] == pytest.approx(0.5 * trainer.scheduler.lr_lambdas[0](ack["step"] - 1) * 1e-3)
+
+
+def test_invalid_changes_are_refused_with_a_reason_and_the_run_goes_on():
+    trainer, seen = make_trainer(steps=6, at=["2:amp=fp16", "3:world_size=2"])
+    trainer.submit(SetOption("accum", "zero"))
+    trainer.submit(SetOption("warp_drive", "on"))
+    assert trainer.run().status == "finished"
+    refused = {(e["option"], e["step"]): e["reason"] for e in seen.of("option_refused")}
+    assert "fp16 needs CUDA" in refused[("amp", 2)]
+    assert "not available yet" in refused[("world_size", 3)]
+    assert "whole number" in refused[("accum", 1)]
+    assert "unknown option" in refused[("warp_drive", 1)]
+    assert all(record["amp"] == "off" and record["world_size"] == 1 for record in seen.metrics)
+
+
+def test_fp16_at_start_on_cpu_is_a_config_error_naming_the_flag():
+    with pytest.raises(ConfigError, match=r"amp \(--amp\) fp16: fp16 needs CUDA"):
+        make_trainer(steps=2, options={"amp": "fp16"})
+
+
+def test_bf16_autocast_trains_on_cpu_and_keeps_parameters_fp32():
+    trainer, seen = make_trainer(steps=6, at=["3:amp=bf16"])
+    trainer.run()
+    assert [r["amp"] for r in seen.metrics] == ["off", "off", "bf16", "bf16", "bf16", "bf16"]
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+    assert all(math.isfinite(r["loss"]) for r in seen.metrics)
+
+
+def test_checkpointing_toggles_in_place_without_renaming_parameters():
+    trainer, seen = make_trainer(steps=6, at=["2:checkpointing=on", "5:checkpointing=off"])
+    names_before = [name for name, _ in trainer.model.named_parameters()]
+    trainer.run()
+    assert [r["checkpointing"] for r in seen.metrics] == [False, True, True, True, False, False]
+    assert [name for name, _ in trainer.model.named_parameters()] == names_before
+    assert not any("forward" in vars(block) for block in trainer.checkpointing.blocks.values())
+
+
+def test_checkpointing_refused_when_the_model_has_no_blocks():
+    trainer, seen = make_trainer(f"{TINY.rsplit(':', 1)[0]}:no_checkpoint_blocks", steps=2, at=["1:checkpointing=on"])
+    trainer.run()
+    [refusal] = seen.of("option_refused")
+    assert "no checkpoint blocks" in refusal["reason"]
+
+
+def test_pause_holds_at_a_boundary_and_resume_continues():
+    trainer, seen = make_trainer(steps=5)
+    resumed = threading.Event()
+
+    class PauseAtStep2:
+        def on_metrics(self, record):
+            if record["step"] == 2:
+                trainer.submit(Pause())
+
+        def on_event(self, record):
+            if record["event"] == "paused":
+                # The loop is now blocked waiting for a command; no step runs until Resume arrives.
+                assert len(seen.metrics) == 2
+                threading.Thread(target=lambda: (trainer.submit(Resume()), resumed.set())).start()
+
+    trainer.observers.append(PauseAtStep2())
+    assert trainer.run().status == "finished"
+    assert resumed.is_set()
+    assert [e["event"] for e in seen.events if e["event"] in ("paused", "resumed")] == ["paused", "resumed"]
+    assert seen.of("paused")[0]["step"] == 2 and seen.of("resumed")[0]["step"] == 3
+
+
+def test_stop_request_ends_the_run_with_a_final_checkpoint(tmp_path):
+    trainer, seen = make_trainer(steps=50, checkpoint_dir=tmp_path, checkpoint_every=0)
+
+    class StopAtStep4:
+        def on_metrics(self, record):
+            if record["step"] == 4:
+                trainer.submit(Stop("test"))
+
+        def on_event(self, record):
+            pass
+
+    trainer.observers.append(StopAtStep4())
+    outcome = trainer.run()
+    assert (outcome.status, outcome.step) == ("stopped", 4)
+    [checkpoint] = seen.of("checkpoint")
+    assert checkpoint["step"] == 4 and (tmp_path / "last.pt").exists()
+
+
+def test_save_checkpoint_command_writes_one_at_the_boundary(tmp_path):
+    trainer, seen = make_trainer(steps=3, checkpoint_dir=tmp_path, checkpoint_every=0)
+    trainer.submit(SaveCheckpoint())  # before step 1: nothing trained yet, nothing to save
+    trainer.run()
+    assert [e["reason"] for e in seen.of("checkpoint")] == ["final"]
+
+
+def test_validation_loss_is_reported_on_eval_steps():
+    trainer, seen = make_trainer(steps=6, eval_every=3)
+    trainer.run()
+    assert [r["step"] for r in seen.metrics if "val_loss" in r] == [3, 6]
+    assert all(r["val_loss"] > 0 for r in seen.metrics if "val_loss" in r)
+    assert trainer.model.training
+
+
+def test_metrics_carry_the_documented_keys():
+    trainer, seen = make_trainer(steps=2)
+    trainer.run()
+    required = {"step", "loss", "lr", "samples_per_s", "step_time_s", "grad_norm_total", "grad_norms",
+                "amp", "checkpointing", "clip", "accum", "world_size"}
+    assert required <= set(seen.metrics[0])
+    assert set(seen.metrics[0]["grad_norms"]) == set(trainer.grad_probe.module_names)
+
+
+def test_sgd_and_onecycle_schedule_train():
+    trainer, seen = make_trainer(steps=20, optimizer="sgd", schedule="onecycle", lr=0.05)
+    trainer.run()
+    lrs = [r["lr"] for r in seen.metrics]
+    assert lrs.index(max(lrs)) == pytest.approx(6, abs=1)  # peak at 30 % of the run
+    assert seen.metrics[-1]["loss"] < seen.metrics[0]["loss"]

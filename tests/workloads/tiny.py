@@ -1,0 +1,142 @@
+"""Tiny workloads for the engine's tests: one that trains in milliseconds, and ones that fail on purpose.
+
+Each factory takes no arguments, as on the command line: ``tests/workloads/tiny.py:nan_in_forward``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from torchlab.core.workload import Workload
+
+
+def _regression_data(samples: int = 256, features: int = 8, seed: int = 7) -> TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(samples, features, generator=generator)
+    teacher = torch.randn(features, 1, generator=generator)
+    targets = torch.tanh(inputs @ teacher) + 0.05 * torch.randn(samples, 1, generator=generator)
+    return TensorDataset(inputs, targets)
+
+
+class TinyNet(nn.Module):
+    """Linear stem, a Sequential of blocks (the checkpoint blocks), dropout, and a head."""
+
+    def __init__(self, features: int = 8, width: int = 16, depth: int = 3, extra: nn.Module | None = None) -> None:
+        super().__init__()
+        self.stem = nn.Linear(features, width)
+        self.body = nn.Sequential(
+            *(nn.Sequential(nn.Linear(width, width), nn.ReLU(inplace=True), nn.Dropout(0.1)) for _ in range(depth))
+        )
+        self.extra = extra if extra is not None else nn.Identity()
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.extra(self.body(torch.relu(self.stem(x)))))
+
+
+def mse_loss(model: nn.Module, batch) -> torch.Tensor:
+    inputs, targets = batch
+    return nn.functional.mse_loss(model(inputs), targets)
+
+
+def workload() -> Workload:
+    return Workload(
+        model=TinyNet(),
+        dataset=_regression_data(),
+        val_dataset=_regression_data(64, seed=8),
+        loss_fn=mse_loss,
+        batch_size=16,
+    )
+
+
+class PoisonAfter(nn.Module):
+    """Multiplies by NaN once it has run ``calls`` times (so a replay of the failing step fails too)."""
+
+    def __init__(self, calls: int) -> None:
+        super().__init__()
+        self.calls_left = calls
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls_left -= 1
+        return x * float("nan") if self.calls_left < 0 else x
+
+
+def nan_in_forward() -> Workload:
+    model = TinyNet(extra=PoisonAfter(calls=5))
+    return Workload(model=model, dataset=_regression_data(), loss_fn=mse_loss, batch_size=16)
+
+
+class _NanGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("nan")
+
+
+class GradBomb(nn.Module):
+    """Finite forward, NaN backward: the kind of bug (sqrt at 0, a bad custom op) the guard must name."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _NanGradient.apply(x)
+
+
+def nan_in_backward() -> Workload:
+    return Workload(model=TinyNet(extra=GradBomb()), dataset=_regression_data(), loss_fn=mse_loss, batch_size=16)
+
+
+def shape_mismatch() -> Workload:
+    """The model expects 8 features; the data has 5: the first step must name this file and line."""
+    data = TensorDataset(torch.randn(64, 5), torch.randn(64, 1))
+    return Workload(model=TinyNet(features=8), dataset=data, loss_fn=mse_loss, batch_size=16)
+
+
+def loss_per_sample(model: nn.Module, batch) -> torch.Tensor:
+    inputs, targets = batch
+    return (model(inputs) - targets).square()  # forgot .mean()
+
+
+def not_scalar() -> Workload:
+    return Workload(model=TinyNet(), dataset=_regression_data(), loss_fn=loss_per_sample, batch_size=16)
+
+
+class RaisesLater(nn.Module):
+    def __init__(self, calls: int) -> None:
+        super().__init__()
+        self.calls_left = calls
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls_left -= 1
+        if self.calls_left < 0:
+            raise RuntimeError("simulated failure inside the model")
+        return x
+
+
+def raises_at_step_4() -> Workload:
+    return Workload(model=TinyNet(extra=RaisesLater(calls=3)), dataset=_regression_data(), loss_fn=mse_loss, batch_size=16)
+
+
+def factory_raises() -> Workload:
+    raise ValueError("dataset path /data/missing not found")
+
+
+def returns_list():
+    return [TinyNet()]
+
+
+def needs_arguments(width):
+    return workload()
+
+
+def no_checkpoint_blocks() -> Workload:
+    return Workload(model=nn.Linear(8, 1), dataset=_regression_data(), loss_fn=mse_loss, batch_size=16)
+
+
+def bad_checkpoint_block_name() -> Workload:
+    return Workload(
+        model=TinyNet(), dataset=_regression_data(), loss_fn=mse_loss, batch_size=16, checkpoint_blocks=["body.9"]
+    )
