@@ -176,12 +176,8 @@ class Trainer:
         )
         self._started = time.monotonic()
         try:
-            while self.step < self.config.steps:
-                self._at_step_boundary()
-                if self._stop is not None:
-                    break
-                self._train_one_step()
-                self._after_step()
+            while self.step < self.config.steps and self.train_steps(1):
+                pass
         except NonFiniteError as error:
             report = dict(error.report)
             self._emit_event("nonfinite", step=report.pop("step"), message=str(error), **report)
@@ -200,6 +196,20 @@ class Trainer:
         status = "stopped" if self._stop is not None else "finished"
         self._emit_event("run_ended", step=self.step, status=status)
         return RunOutcome(status, self.step, self._stop.reason if self._stop else "")
+
+    def train_steps(self, count: int) -> bool:
+        """Apply queued commands and train up to ``count`` optimizer steps; False once a stop was requested.
+
+        ``run()`` is this in a loop with error handling and reporting around it; benchmarks call it
+        directly to interleave the engine with other code. Errors propagate as they are.
+        """
+        for _ in range(count):
+            self._at_step_boundary()
+            if self._stop is not None:
+                return False
+            self._train_one_step()
+            self._after_step()
+        return True
 
     def _train_one_step(self) -> None:
         step = self.step + 1

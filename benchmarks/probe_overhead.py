@@ -1,0 +1,135 @@
+"""What do torchlab's probes cost? A bare PyTorch loop against the engine, interleaved in one process.
+
+Variants, each with its own copy of the same model (same initial weights) and the same data:
+
+  bare           a plain loop: DataLoader, AdamW, forward, backward, step, loss.item()
+  engine-off     the torchlab Trainer with the gradient-norm probe off
+  engine-every   the Trainer with per-module grad norms on every step   <- the goal: >= 0.98 of bare
+  engine-auto    the Trainer with the self-timing cadence (default)
+  naive-hooks    the bare loop plus the common naive pattern: a full backward hook per module that
+                 calls .item() on a gradient norm (one host sync per module per step)
+
+The variants run in blocks of K steps, in a shuffled order each round, so drift in the machine's speed
+(thermal, other load) hits every variant alike. The figure is the median over rounds of the
+per-round throughput ratio to the bare loop (bare time / variant time), with its interquartile range.
+
+    python benchmarks/probe_overhead.py                     # tiny_gpt, the default sample
+    python benchmarks/probe_overhead.py --workload mlp --rounds 12
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import random
+import statistics
+import time
+
+import torch
+
+from torchlab.core.config import build_config
+from torchlab.core.headless import seed_everything
+from torchlab.core.loading import load_workload
+from torchlab.core.trainer import Trainer
+
+
+class BareLoop:
+    """The loop every PyTorch user writes; the baseline."""
+
+    def __init__(self, workload, batch_size: int, lr: float, naive_hooks: bool = False) -> None:
+        self.model = workload.model
+        self.loss_fn = workload.loss_fn
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        generator = torch.Generator().manual_seed(0)
+        self.loader = torch.utils.data.DataLoader(
+            workload.dataset, batch_size=batch_size, shuffle=True, drop_last=True, generator=generator
+        )
+        self.batches = iter(self.loader)
+        self.norms: dict[str, float] = {}
+        if naive_hooks:
+            for name, module in self.model.named_modules():
+                if any(True for _ in module.parameters(recurse=False)):
+                    module.register_full_backward_hook(self._naive_hook(name))
+
+    def _naive_hook(self, name: str):
+        def hook(module, grad_input, grad_output):
+            if grad_output and grad_output[0] is not None:
+                self.norms[name] = grad_output[0].norm().item()  # a host sync per module per step
+
+        return hook
+
+    def train_steps(self, count: int) -> None:
+        for _ in range(count):
+            try:
+                batch = next(self.batches)
+            except StopIteration:
+                self.batches = iter(self.loader)
+                batch = next(self.batches)
+            loss = self.loss_fn(self.model, batch)
+            loss.backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.item()
+
+
+def make_engine(workload, spec: str, batch_size: int, lr: float, probe_every) -> Trainer:
+    config = build_config({}, {
+        "workload": spec, "steps": 10**9, "batch_size": batch_size, "lr": lr, "schedule": "constant",
+        "eval_every": 0, "checkpoint_every": 0, "probe_every": probe_every, "options": {}, "at": [],
+    })
+    return Trainer(config, workload, observers=[])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", default="tiny_gpt")
+    parser.add_argument("--batch-size", type=int, default=None, help="default: the workload's own")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--steps-per-block", type=int, default=10)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    args = parser.parse_args()
+
+    seed_everything(0)
+    template = load_workload(args.workload)
+    batch_size = args.batch_size or template.batch_size or 32
+
+    def fresh():
+        return copy.deepcopy(template)
+
+    runners = {
+        "bare": BareLoop(fresh(), batch_size, args.lr),
+        "engine-off": make_engine(fresh(), args.workload, batch_size, args.lr, 0),
+        "engine-every": make_engine(fresh(), args.workload, batch_size, args.lr, 1),
+        "engine-auto": make_engine(fresh(), args.workload, batch_size, args.lr, "auto"),
+        "naive-hooks": BareLoop(fresh(), batch_size, args.lr, naive_hooks=True),
+    }
+    params = sum(p.numel() for p in template.model.parameters())
+    modules = len(runners["engine-every"].grad_probe.module_names)
+    print(f"workload {args.workload}: {params:,} parameters in {modules} parameter-owning modules, "
+          f"batch {batch_size}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+
+    for runner in runners.values():  # warm-up: allocator, autograd caches, first DataLoader epoch
+        runner.train_steps(3)
+
+    block_times: dict[str, list[float]] = {name: [] for name in runners}
+    order = list(runners)
+    for _ in range(args.rounds):
+        random.shuffle(order)
+        for name in order:
+            started = time.perf_counter()
+            runners[name].train_steps(args.steps_per_block)
+            block_times[name].append(time.perf_counter() - started)
+
+    bare = block_times["bare"]
+    print(f"\n{'variant':<14} {'ms/step':>9} {'throughput vs bare':>19} {'IQR':>15}")
+    for name, times in block_times.items():
+        ratios = [b / t for b, t in zip(bare, times)]
+        quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        print(f"{name:<14} {1000 * statistics.median(times) / args.steps_per_block:>9.1f} "
+              f"{statistics.median(ratios):>19.3f} {f'{quartiles[0]:.3f}–{quartiles[2]:.3f}':>15}")
+    auto = runners["engine-auto"]
+    print(f"\nengine-auto settled on a probe every {auto.cadence.interval} step(s).")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""CUDA paths: fp16 with its GradScaler, bf16, and a bit-exact resume on the GPU. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_trainer
+from torchlab.core.checkpoint import load_checkpoint
+from torchlab.core.trainer import Stop
+
+pytestmark = pytest.mark.gpu
+
+
+def test_fp16_trains_on_cuda_with_a_grad_scaler_saved_in_checkpoints(tmp_path):
+    trainer, seen = make_trainer(steps=12, device="cuda", checkpoint_dir=tmp_path, at=["4:amp=fp16", "9:amp=off"])
+    assert trainer.run().status == "finished"
+    assert [r["amp"] for r in seen.metrics][3:9] == ["fp16"] * 5 + ["off"]
+    assert trainer.grad_scaler is not None  # kept after switching back off
+    assert load_checkpoint(tmp_path / "last.pt")["grad_scaler"]["scale"] > 0
+    assert all(p.is_cuda and p.dtype == torch.float32 for p in trainer.model.parameters())
+
+
+def test_bf16_and_checkpointing_on_cuda():
+    trainer, seen = make_trainer(steps=6, device="cuda", options={"amp": "bf16", "checkpointing": "on", "clip": "1.0"})
+    assert trainer.run().status == "finished"
+    assert all(r["grad_norm_total"] is not None for r in seen.metrics)
+
+
+def test_resume_is_bit_exact_on_cuda(tmp_path):
+    settings = dict(steps=12, device="cuda", options={"amp": "bf16"})
+    straight, seen_straight = make_trainer(**settings)
+    straight.run()
+    first, _ = make_trainer(checkpoint_dir=tmp_path, checkpoint_every=0, **settings)
+
+    class StopAt6:
+        def on_metrics(self, record):
+            if record["step"] == 6:
+                first.submit(Stop("test"))
+
+        def on_event(self, record):
+            pass
+
+    first.observers.append(StopAt6())
+    first.run()
+    resumed, seen_resumed = make_trainer(resume_from=tmp_path, **settings)
+    resumed.run()
+    assert [r["loss"] for r in seen_resumed.metrics] == [r["loss"] for r in seen_straight.metrics[6:]]
