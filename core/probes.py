@@ -100,6 +100,11 @@ class ProbeCadence:
             return 1
         return max(1, min(100, math.ceil(self._probe_cost_s / (self.budget * self._step_time_s))))
 
+    @property
+    def probe_cost_s(self) -> float | None:
+        """The probe's measured cost per run (moving average), or None before it first ran."""
+        return self._probe_cost_s
+
     def should_probe(self, step: int) -> bool:
         interval = self.interval
         return interval > 0 and step - self._last_probe_step >= interval
