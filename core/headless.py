@@ -21,7 +21,7 @@ from torchlab.core.errors import WorkloadError
 from torchlab.core.options import format_option_value
 from torchlab.core.loading import load_workload, workload_label
 from torchlab.core.rundir import RunDirectory
-from torchlab.core.trainer import Stop, Trainer
+from torchlab.core.trainer import Trainer
 
 
 
@@ -182,6 +182,6 @@ class _StopOnSignal:
         if self.interrupted and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.interrupted = True
-        self.trainer.submit(Stop("interrupted"))
+        self.trainer.request_stop("interrupted")
         self.console.print("Stopping at the next step boundary and saving a checkpoint (Ctrl-C again to abort).")
 

@@ -31,6 +31,7 @@ class GradNormProbe:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.module_names: list[str] = []
+        self.param_counts: list[int] = []  # parameters each module owns, aligned with module_names
         self._params: list[torch.nn.Parameter] = []
         owners: list[int] = []
         seen: set[int] = set()  # tied weights count once, for the first module that owns them
@@ -43,6 +44,7 @@ class GradNormProbe:
             seen.update(id(p) for p in owned)
             owners.extend([len(self.module_names)] * len(owned))
             self.module_names.append(name or ROOT_MODULE_NAME)
+            self.param_counts.append(sum(p.numel() for p in owned))
             self._params.extend(owned)
         self._owner_index_cpu = torch.tensor(owners, dtype=torch.long)
         self._owner_index: torch.Tensor | None = None

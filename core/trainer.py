@@ -147,6 +147,7 @@ class Trainer:
         self._commands: queue.Queue[Command] = queue.Queue()
         self._paused = False
         self._stop: Stop | None = None
+        self._signalled_stop: Stop | None = None
         self._consecutive_skips = 0
         self._last_checkpoint_step: int | None = None
         self._started = time.monotonic()
@@ -161,6 +162,11 @@ class Trainer:
     def submit(self, command: Command) -> None:
         """Queue a command; it is applied at the next optimizer-step boundary."""
         self._commands.put(command)
+
+    def request_stop(self, reason: str) -> None:
+        """Stop at the next boundary. Safe in a signal handler: one attribute store, no lock taken
+        (``submit`` takes the queue's lock, which the interrupted main thread may hold)."""
+        self._signalled_stop = Stop(reason)
 
     # ----------------------------------------------------------------- the loop
     def run(self) -> RunOutcome:
@@ -387,6 +393,9 @@ class Trainer:
     # ----------------------------------------------------------------- options and commands
     def _at_step_boundary(self) -> None:
         next_step = self.step + 1
+        if self._signalled_stop is not None:
+            self._stop = self._signalled_stop
+            return
         for change in self.config.at:
             if change.step == next_step:
                 self.submit(SetOption(change.option, change.value, source="--at"))
@@ -394,6 +403,9 @@ class Trainer:
             try:
                 command = self._commands.get(block=self._paused and self._stop is None, timeout=0.25)
             except queue.Empty:
+                if self._signalled_stop is not None:
+                    self._stop = self._signalled_stop
+                    return
                 if self._paused and self._stop is None:
                     continue
                 return

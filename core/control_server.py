@@ -1,0 +1,236 @@
+"""The trainer's socket: one Unix socket, a token checked before anything else, one controlling app.
+
+Each connection has a reader thread (commands in) and a sender thread (events out, from the Outbox
+through the connection's own cursor). The trainer thread never touches a socket. A connection that
+sends garbage is answered with ``Refused`` and closed; the trainer and other connections go on.
+
+Standard library only, plus the protocol: what a command *does* is the ``on_command`` callback's
+business (the worker maps commands onto the trainer).
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from torchlab.core.outbox import Cursor, Outbox
+from torchlab.core.protocol import (
+    MAX_LINE_BYTES,
+    PROTOCOL_VERSION,
+    DetachCommand,
+    Hello,
+    Message,
+    ProtocolError,
+    Refused,
+    Welcome,
+    decode,
+)
+
+HELLO_TIMEOUT_S = 5.0
+SEND_TIMEOUT_S = 10.0
+
+
+class ControlServer:
+    """Serves ``socket_path`` until ``close()``.
+
+    ``welcome`` is called for each authenticated client and blocks until the run can describe itself
+    (the trainer is built); ``on_command`` receives every later command; ``on_client_gone(detached)``
+    is called when the controlling client leaves.
+    """
+
+    def __init__(
+        self,
+        socket_path: Path,
+        token: str,
+        outbox: Outbox,
+        *,
+        welcome: Callable[[], Welcome | None],
+        on_command: Callable[[Message], None],
+        on_client_gone: Callable[[bool], None],
+    ) -> None:
+        self.socket_path = Path(socket_path)
+        self._token = token
+        self._outbox = outbox
+        self._welcome = welcome
+        self._on_command = on_command
+        self._on_client_gone = on_client_gone
+        self._controller: socket.socket | None = None
+        self._controller_lock = threading.Lock()
+        self._closed = threading.Event()
+        self._senders: list[threading.Thread] = []
+        self._first_client_served = threading.Event()
+        self._listener = self._listen()
+        self._accept_thread = threading.Thread(target=self._accept_loop, name="torchlab-accept", daemon=True)
+        self._accept_thread.start()
+
+    def _listen(self) -> socket.socket:
+        if self.socket_path.exists():
+            self.socket_path.unlink()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        previous_umask = os.umask(0o177)  # the socket is created 0600: no window where others may connect
+        try:
+            listener.bind(str(self.socket_path))
+        finally:
+            os.umask(previous_umask)
+        listener.listen(4)
+        listener.settimeout(0.25)
+        return listener
+
+    def close(self) -> None:
+        self._closed.set()
+        self._outbox.close()
+        self._listener.close()
+        with self._controller_lock:
+            if self._controller is not None:
+                _shutdown(self._controller)
+        try:
+            self.socket_path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def wait_for_first_client(self, timeout_s: float) -> bool:
+        """Wait until some app has been welcomed (so an early failure still reaches it)."""
+        return self._first_client_served.wait(timeout_s)
+
+    def flush(self, timeout_s: float) -> None:
+        """After ``outbox.close()``: wait up to ``timeout_s`` for senders to deliver what is left."""
+        deadline = time.monotonic() + timeout_s
+        for sender in self._senders:
+            sender.join(max(0.0, deadline - time.monotonic()))
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # the listener was closed
+                return
+            threading.Thread(target=self._serve, args=(connection,), name="torchlab-connection", daemon=True).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        reader = _LineReader(connection)
+        connection.settimeout(HELLO_TIMEOUT_S)
+        try:
+            hello = decode(reader.next_line())
+        except (ProtocolError, OSError, EOFError) as error:
+            _refuse(connection, f"expected a hello with a token first: {error}")
+            return
+        if not isinstance(hello, Hello):
+            _refuse(connection, f"the first message must be hello, not {hello.type}")
+            return
+        if hello.version != PROTOCOL_VERSION:
+            _refuse(connection, f"protocol version {hello.version} is not supported; this trainer speaks {PROTOCOL_VERSION}")
+            return
+        if not hmac.compare_digest(hello.token.encode(), self._token.encode()):
+            _refuse(connection, "wrong token: this run's token file is readable only by the user who started it")
+            return
+        with self._controller_lock:
+            if self._controller is not None:
+                _refuse(connection, "another app is already attached to this run")
+                return
+            self._controller = connection
+        detached = False
+        try:
+            welcome = self._welcome()
+            if welcome is None or self._closed.is_set():
+                return
+            connection.settimeout(SEND_TIMEOUT_S)
+            connection.sendall(welcome.encode())
+            sender = threading.Thread(target=self._send_loop, args=(connection,), name="torchlab-sender", daemon=True)
+            sender.start()
+            self._senders.append(sender)
+            self._first_client_served.set()
+            connection.settimeout(None)
+            detached = self._read_commands(connection, reader)
+        except OSError:
+            pass  # the client vanished mid-handshake; it is treated as gone below
+        finally:
+            with self._controller_lock:
+                self._controller = None
+            _shutdown(connection)
+            if not self._closed.is_set():
+                self._on_client_gone(detached)
+
+    def _read_commands(self, connection: socket.socket, reader: _LineReader) -> bool:
+        """Dispatch commands until the client leaves; True when it left by detaching."""
+        while not self._closed.is_set():
+            try:
+                line = reader.next_line()
+            except (EOFError, OSError):
+                return False
+            except ProtocolError as error:  # an over-long line: this connection is not speaking our protocol
+                _refuse(connection, str(error))
+                return False
+            try:
+                command = decode(line)
+            except ProtocolError as error:
+                _send_quietly(connection, Refused(reason=str(error)))
+                continue
+            if isinstance(command, DetachCommand):
+                self._on_command(command)
+                return True
+            self._on_command(command)
+        return False
+
+    def _send_loop(self, connection: socket.socket) -> None:
+        cursor = Cursor()
+        while True:
+            messages = self._outbox.take(cursor, timeout=0.5)
+            if messages is None:
+                return
+            if not messages:
+                continue
+            try:
+                connection.sendall(b"".join(message.encode() for message in messages))
+            except OSError:  # the client went away or stopped reading for SEND_TIMEOUT_S
+                _shutdown(connection)
+                return
+
+
+class _LineReader:
+    """Reads newline-terminated lines of at most MAX_LINE_BYTES from a socket."""
+
+    def __init__(self, connection: socket.socket) -> None:
+        self._connection = connection
+        self._buffer = bytearray()
+
+    def next_line(self) -> bytes:
+        while True:
+            newline = self._buffer.find(b"\n")
+            if newline >= 0:
+                line = bytes(self._buffer[:newline])
+                del self._buffer[: newline + 1]
+                return line
+            if len(self._buffer) > MAX_LINE_BYTES:
+                raise ProtocolError(f"message exceeds the limit of {MAX_LINE_BYTES} bytes")
+            chunk = self._connection.recv(65536)
+            if not chunk:
+                raise EOFError("connection closed")
+            self._buffer += chunk
+
+
+def _refuse(connection: socket.socket, reason: str) -> None:
+    _send_quietly(connection, Refused(reason=reason))
+    _shutdown(connection)
+
+
+def _send_quietly(connection: socket.socket, message: Message) -> None:
+    """Best effort: a client that is gone cannot be told anything more."""
+    try:
+        connection.sendall(message.encode())
+    except OSError:
+        pass
+
+
+def _shutdown(connection: socket.socket) -> None:
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed by the peer
+    connection.close()

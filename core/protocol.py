@@ -1,0 +1,316 @@
+"""The wire protocol between the app and the trainer: typed, versioned messages as JSON lines.
+
+Standard library only: the app imports this without torch. One message is one line of UTF-8 JSON,
+``{"v": 1, "type": "<name>", ...fields}``, at most ``MAX_LINE_BYTES``. Nothing is ever unpickled.
+``decode`` turns a line into a message object or raises ``ProtocolError`` with a reason fit to send
+back; a peer that receives garbage answers with a ``Refused`` event and goes on (or closes only that
+connection), never crashes.
+
+Commands go from the app to the trainer; events from the trainer to the app. Per-module gradient norms
+travel as arrays aligned with the module names sent once in ``Welcome``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+PROTOCOL_VERSION = 1
+MAX_LINE_BYTES = 1 << 20
+
+_JSON_SCALAR = (str, int, float, bool, type(None))
+
+
+class ProtocolError(ValueError):
+    """A line that is not a valid message; the text says why."""
+
+
+_REGISTRY: dict[str, type[Message]] = {}
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base of every message; subclasses set ``type`` and declare their fields."""
+
+    type: ClassVar[str] = ""
+    #: field name -> accepted Python types, for validation of decoded values
+    schema: ClassVar[dict[str, tuple[type, ...]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.type:
+            if cls.type in _REGISTRY:
+                raise TypeError(f"two messages are named {cls.type!r}")
+            _REGISTRY[cls.type] = cls
+
+    def encode(self) -> bytes:
+        """One line: the message as JSON, NaN/Inf as null, ending in a newline."""
+        payload = {"v": PROTOCOL_VERSION, "type": self.type}
+        payload.update({f.name: getattr(self, f.name) for f in fields(self)})
+        return (json.dumps(_finite(payload), separators=(",", ":"), allow_nan=False) + "\n").encode("utf-8")
+
+
+def decode(line: bytes | str) -> Message:
+    """Parse one line into its message, validating version, type and every field."""
+    if isinstance(line, bytes):
+        if len(line) > MAX_LINE_BYTES:
+            raise ProtocolError(f"message of {len(line)} bytes exceeds the limit of {MAX_LINE_BYTES}")
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError("message is not UTF-8") from None
+    try:
+        payload = json.loads(line)
+    except (json.JSONDecodeError, RecursionError):
+        raise ProtocolError("message is not valid JSON") from None
+    if not isinstance(payload, dict):
+        raise ProtocolError("message must be a JSON object")
+    version = payload.pop("v", None)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {version!r} is not supported; this side speaks version {PROTOCOL_VERSION}")
+    kind = payload.pop("type", None)
+    cls = _REGISTRY.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown message type {kind!r}")
+    declared = {f.name: f for f in fields(cls)}
+    unknown = set(payload) - set(declared)
+    if unknown:
+        raise ProtocolError(f"{kind}: unknown field(s) {', '.join(sorted(unknown))}")
+    for name, spec in declared.items():
+        if name not in payload:
+            if _has_default(spec):
+                continue
+            raise ProtocolError(f"{kind}: missing field {name!r}")
+        value = payload[name]
+        accepted = cls.schema.get(name, _JSON_SCALAR)
+        if isinstance(value, bool) and bool not in accepted:
+            raise ProtocolError(f"{kind}.{name}: expected {_names(accepted)}, got a boolean")
+        if isinstance(value, int) and not isinstance(value, bool) and int not in accepted and float in accepted:
+            payload[name] = float(value)
+        elif not isinstance(value, accepted):
+            raise ProtocolError(f"{kind}.{name}: expected {_names(accepted)}, got {type(value).__name__}")
+    return cls(**payload)
+
+
+def _has_default(spec) -> bool:
+    from dataclasses import MISSING
+
+    return spec.default is not MISSING or spec.default_factory is not MISSING
+
+
+def _names(types: tuple[type, ...]) -> str:
+    return " or ".join("null" if t is type(None) else t.__name__ for t in types)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+_OPT_STR = (str, type(None))
+_NUMBER = (int, float)
+_OPT_NUMBER = (int, float, type(None))
+
+# ----------------------------------------------------------------------------- commands (app -> trainer)
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    """The first command on a connection: proves the client may control this run."""
+
+    type: ClassVar[str] = "hello"
+    schema: ClassVar = {"version": (int,), "token": (str,), "client": (str,)}
+    version: int
+    token: str
+    client: str = "torchlab-tui"
+
+
+@dataclass(frozen=True)
+class PauseCommand(Message):
+    type: ClassVar[str] = "pause"
+
+
+@dataclass(frozen=True)
+class ResumeCommand(Message):
+    type: ClassVar[str] = "resume"
+
+
+@dataclass(frozen=True)
+class StopCommand(Message):
+    """Stop at the next step boundary, write a final checkpoint, exit."""
+
+    type: ClassVar[str] = "stop"
+
+
+@dataclass(frozen=True)
+class SetCommand(Message):
+    """Change a live option at the next step boundary; answered by OptionApplied or OptionRefused."""
+
+    type: ClassVar[str] = "set"
+    schema: ClassVar = {"option": (str,), "value": _JSON_SCALAR}
+    option: str
+    value: str | int | float | bool | None
+
+
+@dataclass(frozen=True)
+class ProfileCommand(Message):
+    type: ClassVar[str] = "profile"
+    schema: ClassVar = {"steps": (int,)}
+    steps: int = 5
+
+
+@dataclass(frozen=True)
+class SaveCheckpointCommand(Message):
+    type: ClassVar[str] = "save_checkpoint"
+
+
+@dataclass(frozen=True)
+class DetachCommand(Message):
+    """The app leaves on purpose; the trainer keeps training."""
+
+    type: ClassVar[str] = "detach"
+
+
+# ----------------------------------------------------------------------------- events (trainer -> app)
+
+
+@dataclass(frozen=True)
+class Welcome(Message):
+    """Answer to Hello: the run, its module tree (names once; later arrays follow this order)."""
+
+    type: ClassVar[str] = "welcome"
+    schema: ClassVar = {
+        "run": (dict,), "modules": (list,), "options": (dict,), "state": (str,), "step": (int,),
+    }
+    run: dict
+    modules: list  # [{"name": str, "params": int}], in the order of GradNorms.norms
+    options: dict
+    state: str
+    step: int
+
+
+@dataclass(frozen=True)
+class State(Message):
+    """The run's state: starting, running, paused, stopped, finished, failed."""
+
+    type: ClassVar[str] = "state"
+    schema: ClassVar = {"state": (str,), "step": (int,), "detail": (str,)}
+    state: str
+    step: int
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Metrics(Message):
+    """A batch of per-step reports, oldest first (loss, lr, samples_per_s, step_time_s, ...)."""
+
+    type: ClassVar[str] = "metrics"
+    schema: ClassVar = {"records": (list,)}
+    records: list
+
+
+@dataclass(frozen=True)
+class GradNorms(Message):
+    """Per-module gradient norms at ``step``, aligned with Welcome.modules; null where not measured."""
+
+    type: ClassVar[str] = "grad_norms"
+    schema: ClassVar = {"step": (int,), "norms": (list,), "total": _OPT_NUMBER}
+    step: int
+    norms: list
+    total: float | None = None
+
+
+@dataclass(frozen=True)
+class Telemetry(Message):
+    """A system sample (host, GPUs, allocator); the newest replaces an unsent older one."""
+
+    type: ClassVar[str] = "telemetry"
+    schema: ClassVar = {"sample": (dict,)}
+    sample: dict
+
+
+@dataclass(frozen=True)
+class OptionApplied(Message):
+    type: ClassVar[str] = "option_applied"
+    schema: ClassVar = {"option": (str,), "value": _JSON_SCALAR, "previous": _JSON_SCALAR, "step": (int,), "source": (str,)}
+    option: str
+    value: str | int | float | bool | None
+    previous: str | int | float | bool | None
+    step: int
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class OptionRefused(Message):
+    type: ClassVar[str] = "option_refused"
+    schema: ClassVar = {"option": (str,), "value": _JSON_SCALAR, "reason": (str,), "step": (int,), "source": (str,)}
+    option: str
+    value: str | int | float | bool | None
+    reason: str
+    step: int
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class CheckpointSaved(Message):
+    type: ClassVar[str] = "checkpoint"
+    schema: ClassVar = {"step": (int,), "path": (str,), "reason": (str,)}
+    step: int
+    path: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Log(Message):
+    """A line for the app's event log: trainer.log output, warnings, notices."""
+
+    type: ClassVar[str] = "log"
+    schema: ClassVar = {"level": (str,), "text": (str,), "step": _OPT_NUMBER}
+    level: str
+    text: str
+    step: int | None = None
+
+
+@dataclass(frozen=True)
+class Error(Message):
+    """The run failed: the message, the traceback, and where the last checkpoint is."""
+
+    type: ClassVar[str] = "error"
+    schema: ClassVar = {"message": (str,), "traceback": (str,), "step": (int,), "checkpoint": _OPT_STR}
+    message: str
+    traceback: str
+    step: int
+    checkpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class NonFinite(Message):
+    """NaN/Inf stopped the run: where it began (phase, module) and the step."""
+
+    type: ClassVar[str] = "nonfinite"
+    schema: ClassVar = {"step": (int,), "phase": (str,), "module": _OPT_STR, "detail": (str,), "message": (str,)}
+    step: int
+    phase: str
+    module: str | None
+    detail: str
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Refused(Message):
+    """A protocol-level refusal: wrong token, wrong version, malformed message. Says why."""
+
+    type: ClassVar[str] = "refused"
+    schema: ClassVar = {"reason": (str,)}
+    reason: str
+
+
+COMMANDS = (Hello, PauseCommand, ResumeCommand, StopCommand, SetCommand, ProfileCommand, SaveCheckpointCommand, DetachCommand)
+EVENTS = (Welcome, State, Metrics, GradNorms, Telemetry, OptionApplied, OptionRefused, CheckpointSaved, Log, Error, NonFinite, Refused)

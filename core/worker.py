@@ -1,0 +1,259 @@
+"""The trainer process the app starts: ``python -m torchlab.core.worker --run-dir DIR --socket S --token-file T -- ARGS``.
+
+ARGS are the training flags of ``torchlab-tui`` (the same parser); the run directory is on the command
+line so ``ps`` tells which run a process belongs to. The process serves its socket at once, so the
+app connects while torch and the workload load, then trains and reports through the Outbox.
+
+It never outlives its app by accident: when the app goes away without detaching (quit, crash,
+``kill -9``: the parent-death signal, a ``getppid`` poll, or the socket closing, whichever comes
+first), the trainer stops at the next step boundary, writes a final checkpoint and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from torchlab.core import protocol as p
+from torchlab.core.cli import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE, build_parser, resolve_config
+from torchlab.core.control_server import ControlServer
+from torchlab.core.errors import TorchlabError
+from torchlab.core.outbox import Outbox
+
+PR_SET_PDEATHSIG = 1
+PARENT_POLL_S = 0.5
+FIRST_CLIENT_GRACE_S = 10.0
+
+_STATE_OF_EVENT = {"run_started": "running", "paused": "paused", "resumed": "running"}
+
+
+class OutboxReporter:
+    """Trainer observer that turns trainer records into protocol messages in the Outbox."""
+
+    def __init__(self, outbox: Outbox) -> None:
+        self.outbox = outbox
+        self.state = "starting"
+        self.step = 0
+
+    def on_metrics(self, record: dict[str, Any]) -> None:
+        self.step = record["step"]
+        norms = record.get("grad_norms")
+        self.outbox.add_metrics({key: value for key, value in record.items() if key not in ("grad_norms", "act_stats")})
+        if norms is not None:
+            self.outbox.add_latest(p.GradNorms(step=record["step"], norms=list(norms.values()), total=record["grad_norm_total"]))
+
+    def on_event(self, record: dict[str, Any]) -> None:
+        event, step = record["event"], record["step"]
+        if event in _STATE_OF_EVENT:
+            self.set_state(_STATE_OF_EVENT[event], step)
+        elif event == "run_ended":
+            self.set_state(record["status"], step)
+        elif event == "option_applied":
+            self.outbox.add_event(p.OptionApplied(
+                option=record["option"], value=record["value"], previous=record["previous"], step=step, source=record["source"]))
+        elif event == "option_refused":
+            self.outbox.add_event(p.OptionRefused(
+                option=record["option"], value=record["value"], reason=record["reason"], step=step, source=record["source"]))
+        elif event == "checkpoint":
+            self.outbox.add_event(p.CheckpointSaved(step=step, path=record["path"], reason=record["reason"]))
+        elif event == "nonfinite":
+            self.outbox.add_event(p.NonFinite(
+                step=step, phase=record["phase"], module=record["module"], detail=record["detail"], message=record["message"]))
+            self.set_state("failed", step, record["message"])
+        elif event == "error":
+            self.outbox.add_event(p.Error(message=record["message"], traceback=record["traceback"], step=step))
+            self.set_state("failed", step, record["message"])
+        elif event == "step_skipped":
+            self.outbox.add_event(p.Log(level="warning", text=f"step skipped: {record['reason']}", step=step))
+        elif event == "resumed_from_checkpoint":
+            self.outbox.add_event(p.Log(level="info", text=f"resumed from the checkpoint of step {step}", step=step))
+
+    def set_state(self, state: str, step: int, detail: str = "") -> None:
+        self.state, self.step = state, step
+        self.outbox.add_event(p.State(state=state, step=step, detail=detail))
+
+
+class Worker:
+    """Owns the trainer, the control server, and the rules for when to stop."""
+
+    def __init__(self, run_dir: Path, socket_path: Path, token: str, training_args: list[str]) -> None:
+        self.run_dir = run_dir
+        self.training_args = training_args
+        self.outbox = Outbox()
+        self.reporter = OutboxReporter(self.outbox)
+        self.trainer = None
+        self._welcome: p.Welcome | None = None
+        self._ready = threading.Event()
+        self._parent = os.getppid()
+        self._started = time.time()
+        self.server = ControlServer(
+            socket_path, token, self.outbox,
+            welcome=self._wait_for_welcome, on_command=self._on_command, on_client_gone=self._on_client_gone,
+        )
+        self.reporter.set_state("starting", 0)
+
+    # ------------------------------------------------------------------ running
+    def run(self) -> int:
+        from torchlab.core.headless import seed_everything
+        from torchlab.core.loading import load_workload
+        from torchlab.core.rundir import RunDirectory
+        from torchlab.core.trainer import Trainer
+
+        args = build_parser().parse_args(self.training_args)
+        directory = RunDirectory(self.run_dir)
+        try:
+            try:
+                config, explicit = resolve_config(args)
+                directory.write_config(config.to_toml())
+                seed_everything(config.seed)
+                workload = load_workload(config.workload)
+                self.trainer = Trainer(
+                    config, workload,
+                    observers=[directory, self.reporter],
+                    checkpoint_dir=directory.checkpoints,
+                    resume_from=args.resume,
+                    explicit_options=explicit,
+                )
+            except TorchlabError as error:
+                directory.on_event({"event": "error", "step": 0, "time": time.time(), "message": str(error), "traceback": ""})
+                self._fail_before_training(str(error), "")
+                return EXIT_USAGE
+            self._welcome = self._describe(config)
+            self._ready.set()
+            try:
+                outcome = self.trainer.run()
+            except TorchlabError as error:  # the first step could not run (a workload error)
+                self._fail_before_training(str(error), traceback.format_exc())
+                return EXIT_USAGE
+        finally:
+            directory.close()
+        return {"nonfinite": EXIT_NONFINITE, "failed": EXIT_FAILED}.get(outcome.status, EXIT_OK)
+
+    def _fail_before_training(self, message: str, trace: str) -> None:
+        self.outbox.add_event(p.Error(message=message, traceback=trace, step=self.reporter.step))
+        self.reporter.set_state("failed", self.reporter.step, message)
+        if self._welcome is None:
+            self._welcome = p.Welcome(run=self._run_info(None), modules=[], options={}, state="failed", step=0)
+        self._ready.set()
+
+    def _describe(self, config) -> p.Welcome:
+        trainer = self.trainer
+        counts = trainer.grad_probe.param_counts
+        return p.Welcome(
+            run=self._run_info(config),
+            modules=[{"name": name, "params": count} for name, count in zip(trainer.grad_probe.module_names, counts)],
+            options=trainer.options.as_dict(),
+            state=self.reporter.state,
+            step=trainer.step,
+        )
+
+    def _run_info(self, config) -> dict[str, Any]:
+        trainer = self.trainer
+        return {
+            "workload": config.workload if config else "",
+            "run_dir": str(self.run_dir),
+            "device": str(trainer.device) if trainer else "",
+            "steps": config.steps if config else 0,
+            "batch_size": trainer.batch_size if trainer else 0,
+            "pid": os.getpid(),
+            "started": self._started,
+            "checkpoint_blocks": list(trainer.checkpointing.blocks) if trainer else [],
+        }
+
+    # ------------------------------------------------------------------ control
+    def _wait_for_welcome(self) -> p.Welcome | None:
+        self._ready.wait()
+        return self._welcome
+
+    def _on_command(self, command: p.Message) -> None:
+        from torchlab.core import trainer as t
+
+        trainer = self.trainer
+        if trainer is None:
+            self.outbox.add_event(p.Log(level="warning", text=f"{command.type}: the trainer is still starting; try again"))
+            return
+        if isinstance(command, p.SetCommand):
+            trainer.submit(t.SetOption(command.option, command.value, source="app"))
+        elif isinstance(command, p.PauseCommand):
+            trainer.submit(t.Pause())
+        elif isinstance(command, p.ResumeCommand):
+            trainer.submit(t.Resume())
+        elif isinstance(command, p.StopCommand):
+            trainer.submit(t.Stop("stopped from the app"))
+        elif isinstance(command, p.SaveCheckpointCommand):
+            trainer.submit(t.SaveCheckpoint())
+        elif isinstance(command, p.ProfileCommand):
+            self._not_yet("profile", "profiler snapshots are not available yet in this version")
+        elif isinstance(command, p.DetachCommand):
+            self._not_yet("detach", "detaching is not available yet in this version; quitting stops the run")
+        else:
+            self.outbox.add_event(p.Refused(reason=f"{command.type} is not a command"))
+
+    def _not_yet(self, what: str, reason: str) -> None:
+        step = self.trainer.step + 1 if self.trainer else 0
+        self.outbox.add_event(p.OptionRefused(option=what, value=None, reason=reason, step=step, source="app"))
+
+    def _on_client_gone(self, detached: bool) -> None:
+        # Detach is refused for now (above), so a client leaving always means the app went away.
+        self.stop("the app went away")
+
+    def stop(self, reason: str) -> None:
+        """Stop at the next step boundary (final checkpoint), or at once if training never started."""
+        if self.trainer is None:
+            os._exit(EXIT_OK)  # still importing torch or loading: nothing to save
+        self.trainer.request_stop(reason)
+
+    def watch_parent(self) -> None:
+        """Stop when the app's process is gone (kill -9 leaves no other trace)."""
+        _set_parent_death_signal(signal.SIGTERM)
+        while True:
+            if os.getppid() != self._parent:
+                self.stop("the app's process ended")
+                return
+            time.sleep(PARENT_POLL_S)
+
+
+def _set_parent_death_signal(signum: int) -> None:
+    """Linux: have the kernel send ``signum`` when the parent dies (the fastest of the three signs)."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torchlab.core.worker", description=__doc__)
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--socket", type=Path, required=True)
+    parser.add_argument("--token-file", type=Path, required=True)
+    parser.add_argument("training_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    training_args = args.training_args[1:] if args.training_args[:1] == ["--"] else args.training_args
+    token = args.token_file.read_text().strip()
+    worker = Worker(args.run_dir, args.socket, token, training_args)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda *_: worker.stop("the trainer received a termination signal"))  # lock-free
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the app, which decides what to do
+    threading.Thread(target=worker.watch_parent, name="torchlab-parent-watch", daemon=True).start()
+    try:
+        code = worker.run()
+    finally:
+        # A run that failed (or ended) before its app connected waits a little for the app, so the
+        # app can show why instead of "the trainer exited with code 2".
+        worker.server.wait_for_first_client(timeout_s=FIRST_CLIENT_GRACE_S)
+        worker.outbox.close()
+        worker.server.flush(timeout_s=2.0)  # the app should see the final state or the error
+        worker.server.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

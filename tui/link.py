@@ -1,0 +1,239 @@
+"""The app's link to its trainer process: start it, speak the protocol, stop it.
+
+The app calls ``start()`` from its main thread: the worker's parent-death signal follows the thread
+that spawned it, so spawning from a short-lived worker thread would kill the trainer when that thread
+ends. The child runs in its own session (terminal Ctrl-C and hang-ups go to the app, which decides),
+with stdout and stderr in ``trainer.log`` in the run directory so it never draws over the app.
+
+A reader thread connects (retrying while the trainer starts), decodes events and appends them to a
+buffer; the app drains that buffer on a timer. The reader never touches the UI. When the process
+ends without having said why, the link adds an ``Error`` event naming its exit code or signal.
+"""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from torchlab.core.control_server import HELLO_TIMEOUT_S
+from torchlab.core.protocol import (
+    PROTOCOL_VERSION,
+    Error,
+    Hello,
+    Message,
+    ProtocolError,
+    State,
+    StopCommand,
+    decode,
+)
+from torchlab.core.runtime import Endpoint
+
+CONNECT_TIMEOUT_S = 120.0  # the first import of torch on a cold disk can be slow
+STOP_GRACE_S = 30.0  # time for the current step and the final checkpoint
+MAX_BUFFERED_MESSAGES = 100_000
+
+
+class ProcessLink:
+    """A trainer child process for ``run_dir``, trained with ``training_args`` (the CLI's flags)."""
+
+    def __init__(self, run_dir: Path, training_args: list[str], *, python: str = sys.executable) -> None:
+        self.run_dir = Path(run_dir)
+        self.log_path = self.run_dir / "trainer.log"
+        self.training_args = list(training_args)
+        self.python = python
+        self.process: subprocess.Popen | None = None
+        self._endpoint: Endpoint | None = None
+        self._socket: socket.socket | None = None
+        self._send_lock = threading.Lock()
+        self._buffer: deque[Message] = deque(maxlen=MAX_BUFFERED_MESSAGES)
+        self._buffer_lock = threading.Lock()
+        self._reader: threading.Thread | None = None
+        self._closing = False
+        self._final_state_seen = False
+        #: set whenever an event arrives (for code that waits on the link outside a UI timer)
+        self.arrived = threading.Event()
+
+    # ------------------------------------------------------------------ app-facing API
+    def start(self, extra_args: list[str] | None = None) -> None:
+        """Spawn the trainer and begin connecting; returns at once. Call from the main thread."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._endpoint = Endpoint.create(f"{self.run_dir.name[:40]}-{secrets.token_hex(3)}")
+        self._closing = False
+        self._final_state_seen = False
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    self.python, "-m", "torchlab.core.worker",
+                    "--run-dir", str(self.run_dir),
+                    "--socket", str(self._endpoint.socket_path),
+                    "--token-file", str(self._endpoint.token_path),
+                    "--", *self.training_args, *(extra_args or []),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._reader = threading.Thread(target=self._read_events, name="torchlab-link-reader", daemon=True)
+        self._reader.start()
+
+    def restart(self, resume: bool = True) -> None:
+        """After the trainer ended: start a new one in the same run directory, from its last checkpoint."""
+        self.close()
+        checkpoint = self.run_dir / "checkpoints" / "last.pt"
+        self.start(["--resume", str(self.run_dir)] if resume and checkpoint.exists() else [])
+
+    def drain(self) -> list[Message]:
+        with self._buffer_lock:
+            messages = list(self._buffer)
+            self._buffer.clear()
+        return messages
+
+    def send(self, command: Message) -> None:
+        """Send a command; if the trainer is not connected, the app is told so through an event."""
+        connection = self._socket
+        if connection is None:
+            self._push(Error(message=f"{command.type}: the trainer is not connected", traceback="", step=0))
+            return
+        try:
+            with self._send_lock:
+                connection.sendall(command.encode())
+        except OSError as error:
+            self._push(Error(message=f"{command.type}: could not reach the trainer ({error})", traceback="", step=0))
+
+    def close(self, *, detach: bool = False, grace_s: float = STOP_GRACE_S) -> int | None:
+        """Stop the trainer (it writes a final checkpoint) and wait for it; returns its exit code."""
+        self._closing = True
+        process = self.process
+        if process is None:
+            return None
+        if process.poll() is None and not detach:
+            if self._socket is not None:
+                try:
+                    with self._send_lock:
+                        self._socket.sendall(StopCommand().encode())
+                except OSError:
+                    process.send_signal(signal.SIGTERM)
+            else:
+                process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._disconnect()
+        if self._reader is not None:
+            self._reader.join(timeout=2.0)
+        if self._endpoint is not None:
+            self._endpoint.remove()
+        return process.returncode
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    # ------------------------------------------------------------------ reader thread
+    def _read_events(self) -> None:
+        connection = self._connect()
+        if connection is not None:
+            self._socket = connection
+            buffer = bytearray()
+            while True:
+                try:
+                    chunk = connection.recv(65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                buffer += chunk
+                *lines, rest = buffer.split(b"\n")
+                buffer = bytearray(rest)
+                for line in lines:
+                    self._accept_line(line)
+            self._socket = None
+        self._report_exit()
+
+    def _connect(self) -> socket.socket | None:
+        """Connect and say hello, retrying while the trainer starts; None if it died first."""
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        while time.monotonic() < deadline and not self._closing:
+            if self.process.poll() is not None:
+                return None
+            connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                connection.connect(str(self._endpoint.socket_path))
+            except (FileNotFoundError, ConnectionRefusedError):
+                connection.close()
+                time.sleep(0.05)
+                continue
+            connection.settimeout(HELLO_TIMEOUT_S)
+            connection.sendall(Hello(version=PROTOCOL_VERSION, token=self._endpoint.read_token()).encode())
+            connection.settimeout(None)
+            return connection
+        return None
+
+    def _accept_line(self, line: bytes) -> None:
+        try:
+            message = decode(line)
+        except ProtocolError as error:
+            self._push(Error(message=f"the trainer sent a message this app cannot read: {error}", traceback="", step=0))
+            return
+        if isinstance(message, State) and message.state in ("finished", "stopped", "failed"):
+            self._final_state_seen = True
+        self._push(message)
+
+    def _report_exit(self) -> None:
+        """The connection ended: if the process died without a final state, say how it died."""
+        process = self.process
+        try:
+            code = process.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            return
+        if self._closing or self._final_state_seen:
+            return
+        if code < 0:
+            cause = f"was killed by signal {code_name(-code)}"
+        else:
+            cause = f"exited with code {code}"
+        self._push(Error(
+            message=f"the trainer process (pid {process.pid}) {cause}; see {self.log_path}",
+            traceback=_tail(self.log_path),
+            step=0,
+        ))
+        self._push(State(state="failed", step=0, detail=cause))
+
+    def _push(self, message: Message) -> None:
+        with self._buffer_lock:
+            self._buffer.append(message)
+        self.arrived.set()
+
+    def _disconnect(self) -> None:
+        connection = self._socket
+        if connection is not None:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # the trainer already closed it
+            connection.close()
+
+
+def code_name(signum: int) -> str:
+    try:
+        return f"{signum} ({signal.Signals(signum).name})"
+    except ValueError:
+        return str(signum)
+
+
+def _tail(path: Path, limit: int = 4000) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-limit:].decode("utf-8", errors="replace")
