@@ -1,0 +1,150 @@
+"""The wire protocol: every message round-trips, and malformed input is refused with a reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchlab.core import protocol as p
+from torchlab.core.outbox import Cursor, Outbox
+
+EXAMPLES = [
+    p.Hello(version=1, token="ab" * 32, client="test"),
+    p.PauseCommand(), p.ResumeCommand(), p.StopCommand(),
+    p.SetCommand(option="amp", value="bf16"), p.SetCommand(option="clip", value=None), p.SetCommand(option="accum", value=4),
+    p.ProfileCommand(steps=5), p.SaveCheckpointCommand(), p.DetachCommand(),
+    p.Welcome(run={"workload": "tiny_gpt", "pid": 7}, modules=[{"name": "blocks.0.attn.qkv", "params": 49536}],
+              options={"amp": "off", "clip": None}, state="running", step=12),
+    p.State(state="paused", step=3, detail="from the app"),
+    p.Metrics(records=[{"step": 1, "loss": 2.5, "val_loss": None}]),
+    p.GradNorms(step=4, norms=[0.5, None, 1.25], total=1.4),
+    p.Telemetry(sample={"host": {"cpu_percent": 12.5}, "gpus": []}),
+    p.OptionApplied(option="amp", value="bf16", previous="off", step=8, source="app"),
+    p.OptionRefused(option="amp", value="fp16", reason="fp16 needs CUDA", step=8, source="app"),
+    p.CheckpointSaved(step=100, path="/runs/x/checkpoints/step-0000100.pt", reason="periodic"),
+    p.Log(level="warning", text="step skipped", step=3),
+    p.Error(message="RuntimeError: boom", traceback="Traceback ...", step=4, checkpoint="/runs/x/last.pt"),
+    p.NonFinite(step=6, phase="forward", module="blocks.2.mlp", detail="output non-finite", message="step 6: ..."),
+    p.Refused(reason="wrong token"),
+]
+
+
+def test_every_message_type_has_an_example():
+    assert {type(m) for m in EXAMPLES} == set(p.COMMANDS) | set(p.EVENTS)
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: m.type)
+def test_every_message_round_trips_as_one_json_line(message):
+    line = message.encode()
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert json.loads(line)["v"] == p.PROTOCOL_VERSION
+    assert p.decode(line) == message
+    assert p.decode(line.decode().strip()) == message
+
+
+def test_non_finite_numbers_travel_as_null():
+    line = p.GradNorms(step=1, norms=[float("nan"), float("inf"), 1.0]).encode()
+    assert b"NaN" not in line and b"Infinity" not in line
+    assert p.decode(line).norms == [None, None, 1.0]
+
+
+@pytest.mark.parametrize("line, reason", [
+    (b"{", "not valid JSON"),
+    (b"[1, 2]", "must be a JSON object"),
+    (b'{"type": "pause"}', "protocol version None is not supported"),
+    (b'{"v": 99, "type": "pause"}', "protocol version 99 is not supported; this side speaks version 1"),
+    (b'{"v": 1}', "unknown message type None"),
+    (b'{"v": 1, "type": "format_disk"}', "unknown message type 'format_disk'"),
+    (b'{"v": 1, "type": "set", "option": "amp"}', "set: missing field 'value'"),
+    (b'{"v": 1, "type": "set", "option": ["amp"], "value": 1}', "set.option: expected str, got list"),
+    (b'{"v": 1, "type": "set", "option": "amp", "value": {"x": 1}}', "set.value: expected str or int or float or bool or null, got dict"),
+    (b'{"v": 1, "type": "profile", "steps": true}', "profile.steps: expected int, got a boolean"),
+    (b'{"v": 1, "type": "pause", "now": true}', "pause: unknown field(s) now"),
+    (b'{"v": 1, "type": "hello", "version": 1}', "hello: missing field 'token'"),
+    (b"\xff\xfe", "not UTF-8"),
+    (b"[" * 100000, "not valid JSON"),
+    (b" " * (p.MAX_LINE_BYTES + 1), "exceeds the limit"),
+])
+def test_malformed_messages_are_refused_with_the_reason(line, reason):
+    with pytest.raises(p.ProtocolError, match=reason.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        p.decode(line)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(payload=st.dictionaries(st.sampled_from(["v", "type", "option", "value", "steps", "token", "x"]), json_values))
+def test_arbitrary_json_objects_decode_or_are_refused_never_crash(payload):
+    try:
+        p.decode(json.dumps(payload))
+    except p.ProtocolError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=200))
+def test_arbitrary_bytes_decode_or_are_refused_never_crash(data):
+    try:
+        p.decode(data)
+    except p.ProtocolError:
+        pass
+
+
+# ------------------------------------------------------------------------------ the outbox
+
+
+def test_outbox_sends_everything_in_order_to_a_reader_that_keeps_up():
+    outbox, cursor = Outbox(), Cursor()
+    outbox.add_metrics({"step": 1})
+    outbox.add_event(p.State(state="running", step=1))
+    outbox.add_metrics({"step": 2})
+    taken = outbox.take(cursor, timeout=0)
+    assert [m.type for m in taken] == ["metrics", "state"]
+    assert [r["step"] for r in taken[0].records] == [1, 2]
+    assert outbox.take(cursor, timeout=0) == []
+
+
+def test_outbox_keeps_only_the_latest_grad_norms_and_telemetry():
+    outbox, cursor = Outbox(), Cursor()
+    for step in range(1, 100):
+        outbox.add_latest(p.GradNorms(step=step, norms=[float(step)]))
+        outbox.add_latest(p.Telemetry(sample={"step": step}))
+    taken = outbox.take(cursor, timeout=0)
+    assert [(m.type, getattr(m, "step", None)) for m in taken] == [("grad_norms", 99), ("telemetry", None)]
+    assert taken[1].sample == {"step": 99}
+
+
+def test_a_slow_reader_loses_old_metrics_but_never_an_acknowledgement():
+    outbox, slow = Outbox(metrics_capacity=100), Cursor()
+    for step in range(1, 5001):
+        outbox.add_metrics({"step": step})
+        if step % 1000 == 0:
+            outbox.add_event(p.OptionApplied(option="accum", value=step, previous=None, step=step))
+    taken = outbox.take(slow, timeout=0)
+    records = [r for m in taken if isinstance(m, p.Metrics) for r in m.records]
+    assert [r["step"] for r in records] == list(range(4901, 5001))  # bounded: the newest 100
+    assert [m.step for m in taken if isinstance(m, p.OptionApplied)] == [1000, 2000, 3000, 4000, 5000]
+
+
+def test_a_new_reader_gets_the_history_replayed_in_batches():
+    outbox = Outbox()
+    for step in range(1, 2501):
+        outbox.add_metrics({"step": step})
+    taken = outbox.take(Cursor(), timeout=0)
+    assert [len(m.records) for m in taken] == [1000, 1000, 500]
+
+
+def test_closing_wakes_the_reader_and_ends_it_after_what_is_left():
+    outbox, cursor = Outbox(), Cursor()
+    outbox.add_event(p.State(state="finished", step=9))
+    outbox.close()
+    assert [m.type for m in outbox.take(cursor, timeout=10)] == ["state"]
+    assert outbox.take(cursor, timeout=10) is None
