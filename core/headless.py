@@ -20,7 +20,7 @@ from torchlab.core.config import TrainConfig
 from torchlab.core.errors import WorkloadError
 from torchlab.core.options import format_option_value
 from torchlab.core.loading import load_workload, workload_label
-from torchlab.core.rundir import RunDirectory
+from torchlab.core.rundir import RunDirectory, choose_run_dir
 from torchlab.core.trainer import Trainer
 
 
@@ -48,7 +48,7 @@ def run_headless(
     console = console or Console(stderr=True, soft_wrap=True)
     seed_everything(config.seed)
     workload = load_workload(config.workload)  # a bad workload fails here, before any directory exists
-    directory = RunDirectory(run_dir or _resumed_run_dir(resume) or _new_path(runs_root, config.workload))
+    directory = RunDirectory(choose_run_dir(run_dir, resume, runs_root, workload_label(config.workload)))
     directory.write_config(config.to_toml())
     progress = HeadlessProgress(config.steps, console)
     try:
@@ -83,21 +83,6 @@ def run_headless(
         return EXIT_INTERRUPTED
     console.print(f"{outcome.status.capitalize()} at step {outcome.step}. {progress.summary()}")
     return EXIT_OK
-
-
-def _new_path(root: Path, workload: str) -> Path:
-    return RunDirectory.new(root, workload_label(workload)).path
-
-
-def _resumed_run_dir(resume: Path | None) -> Path | None:
-    """Resuming continues in the checkpoint's own run directory (metrics append), unless --run-dir says otherwise."""
-    if resume is None:
-        return None
-    resume = Path(resume)
-    for candidate in (resume, resume.parent.parent if resume.is_file() else resume.parent):
-        if (candidate / "config.toml").exists() and (candidate / "checkpoints").is_dir():
-            return candidate
-    return None
 
 
 class HeadlessProgress:

@@ -26,15 +26,7 @@ class RunDirectory:
 
     @classmethod
     def new(cls, root: Path, label: str) -> RunDirectory:
-        """``root/<YYYYmmdd-HHMMSS>-<label>``, with a suffix if two runs start in the same second."""
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        safe_label = re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("._") or "run"
-        path = Path(root) / f"{stamp}-{safe_label}"
-        suffix = 1
-        while path.exists():
-            suffix += 1
-            path = Path(root) / f"{stamp}-{safe_label}-{suffix}"
-        return cls(path)
+        return cls(new_run_path(root, label))
 
     def write_config(self, toml_text: str) -> None:
         (self.path / "config.toml").write_text(toml_text, encoding="utf-8")
@@ -65,3 +57,31 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(item) for item in value]
     return value
+
+
+def new_run_path(root: Path, label: str) -> Path:
+    """``root/<YYYYmmdd-HHMMSS>-<label>``, with a suffix if two runs start in the same second."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    safe_label = re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("._") or "run"
+    path = Path(root) / f"{stamp}-{safe_label}"
+    suffix = 1
+    while path.exists():
+        suffix += 1
+        path = Path(root) / f"{stamp}-{safe_label}-{suffix}"
+    return path
+
+
+def run_dir_of_checkpoint(resume: Path | None) -> Path | None:
+    """The run directory a ``--resume`` path belongs to (a run directory, or a file in its checkpoints/)."""
+    if resume is None:
+        return None
+    resume = Path(resume)
+    for candidate in (resume, resume.parent.parent if resume.is_file() else resume.parent):
+        if (candidate / "config.toml").exists() and (candidate / "checkpoints").is_dir():
+            return candidate
+    return None
+
+
+def choose_run_dir(run_dir: Path | None, resume: Path | None, runs_root: Path, label: str) -> Path:
+    """``--run-dir`` if given; else the resumed run's own directory; else a new one under ``runs_root``."""
+    return run_dir or run_dir_of_checkpoint(resume) or new_run_path(runs_root, label)

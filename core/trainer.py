@@ -317,7 +317,8 @@ class Trainer:
             with self.precision.autocast():
                 loss = self.workload.loss_fn(self.model, batch)
         except Exception as error:
-            if step != self.first_step_of_process:
+            # Out of memory is a resource problem, not a model that cannot eat its batch: say it as is.
+            if step != self.first_step_of_process or isinstance(error, torch.OutOfMemoryError):
                 raise
             frame = user_frame(error.__traceback__)
             where = f"{frame.filename}:{frame.lineno} in {frame.name}()" if frame else describe_code(self.workload.loss_fn)
