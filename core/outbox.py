@@ -80,7 +80,7 @@ class Outbox:
             messages: list[Message] = []
             records = [record for seq, record in self._metrics if seq > cursor.metrics]
             for start in range(0, len(records), MAX_RECORDS_PER_MESSAGE):
-                messages.append(Metrics(records=records[start : start + MAX_RECORDS_PER_MESSAGE]))
+                messages.append(Metrics.from_records(records[start : start + MAX_RECORDS_PER_MESSAGE]))
             cursor.metrics = self._metrics_seq
             for kind, (seq, message) in self._latest.items():
                 if seq > getattr(cursor, _LATEST_FIELDS[kind]):

@@ -49,7 +49,14 @@ class Message:
         """One line: the message as JSON, NaN/Inf as null, ending in a newline."""
         payload = {"v": PROTOCOL_VERSION, "type": self.type}
         payload.update({f.name: getattr(self, f.name) for f in fields(self)})
-        return (json.dumps(_finite(payload), separators=(",", ":"), allow_nan=False) + "\n").encode("utf-8")
+        try:
+            text = json.dumps(payload, separators=(",", ":"), allow_nan=False)
+        except ValueError:  # a NaN or Inf somewhere: rare, so only then walk every value
+            text = json.dumps(_finite(payload), separators=(",", ":"), allow_nan=False)
+        return (text + "\n").encode("utf-8")
+
+    def validate(self) -> None:
+        """Checks across fields, after each field's type was checked; raise ProtocolError."""
 
 
 def decode(line: bytes | str) -> Message:
@@ -91,7 +98,9 @@ def decode(line: bytes | str) -> Message:
             payload[name] = float(value)
         elif not isinstance(value, accepted):
             raise ProtocolError(f"{kind}.{name}: expected {_names(accepted)}, got {type(value).__name__}")
-    return cls(**payload)
+    message = cls(**payload)
+    message.validate()
+    return message
 
 
 def _has_default(spec) -> bool:
@@ -209,11 +218,33 @@ class State(Message):
 
 @dataclass(frozen=True)
 class Metrics(Message):
-    """A batch of per-step reports, oldest first (loss, lr, samples_per_s, step_time_s, ...)."""
+    """A batch of per-step reports, oldest first, as columns and rows (half the bytes and time of dicts).
+
+    Columns are the metrics.jsonl keys (step, loss, lr, samples_per_s, step_time_s, ...); a value a
+    report does not have (val_loss off eval steps) is null.
+    """
 
     type: ClassVar[str] = "metrics"
-    schema: ClassVar = {"records": (list,)}
-    records: list
+    schema: ClassVar = {"columns": (list,), "rows": (list,)}
+    columns: list
+    rows: list
+
+    @classmethod
+    def from_records(cls, records: list[dict]) -> Metrics:
+        columns = list(dict.fromkeys(key for record in records for key in record))
+        return cls(columns=columns, rows=[[record.get(key) for key in columns] for record in records])
+
+    @property
+    def records(self) -> list[dict]:
+        """The reports as dicts (convenient; the columns and rows are faster)."""
+        return [dict(zip(self.columns, row)) for row in self.rows]
+
+    def validate(self) -> None:
+        if not all(isinstance(name, str) for name in self.columns):
+            raise ProtocolError("metrics.columns: expected a list of names")
+        width = len(self.columns)
+        if not all(isinstance(row, list) and len(row) == width for row in self.rows):
+            raise ProtocolError(f"metrics.rows: every row must be a list of {width} values")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ EXAMPLES = [
     p.Welcome(run={"workload": "tiny_gpt", "pid": 7}, modules=[{"name": "blocks.0.attn.qkv", "params": 49536}],
               options={"amp": "off", "clip": None}, state="running", step=12),
     p.State(state="paused", step=3, detail="from the app"),
-    p.Metrics(records=[{"step": 1, "loss": 2.5, "val_loss": None}]),
+    p.Metrics.from_records([{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.4, "val_loss": 2.6}]),
     p.GradNorms(step=4, norms=[0.5, None, 1.25], total=1.4),
     p.Telemetry(sample={"host": {"cpu_percent": 12.5}, "gpus": []}),
     p.OptionApplied(option="amp", value="bf16", previous="off", step=8, source="app"),
@@ -45,6 +45,13 @@ def test_every_message_round_trips_as_one_json_line(message):
     assert p.decode(line.decode().strip()) == message
 
 
+def test_metrics_travel_as_columns_and_read_back_as_records():
+    message = p.Metrics.from_records([{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.4, "val_loss": 2.6}])
+    assert message.columns == ["step", "loss", "val_loss"]
+    assert p.decode(message.encode()).records == [
+        {"step": 1, "loss": 2.5, "val_loss": None}, {"step": 2, "loss": 2.4, "val_loss": 2.6}]
+
+
 def test_non_finite_numbers_travel_as_null():
     line = p.GradNorms(step=1, norms=[float("nan"), float("inf"), 1.0]).encode()
     assert b"NaN" not in line and b"Infinity" not in line
@@ -65,6 +72,8 @@ def test_non_finite_numbers_travel_as_null():
     (b'{"v": 1, "type": "pause", "now": true}', "pause: unknown field(s) now"),
     (b'{"v": 1, "type": "hello", "version": 1}', "hello: missing field 'token'"),
     (b"\xff\xfe", "not UTF-8"),
+    (b'{"v": 1, "type": "metrics", "columns": ["step"], "rows": [[1], [2, 3]]}', "every row must be a list of 1 values"),
+    (b'{"v": 1, "type": "metrics", "columns": [1], "rows": []}', "expected a list of names"),
     (b"[" * 100000, "not valid JSON"),
     (b" " * (p.MAX_LINE_BYTES + 1), "exceeds the limit"),
 ])

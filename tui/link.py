@@ -43,8 +43,16 @@ MAX_BUFFERED_MESSAGES = 100_000
 class ProcessLink:
     """A trainer child process for ``run_dir``, trained with ``training_args`` (the CLI's flags)."""
 
-    def __init__(self, run_dir: Path, training_args: list[str], *, python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        training_args: list[str],
+        *,
+        python: str = sys.executable,
+        worker_module: str = "torchlab.core.worker",
+    ) -> None:
         self.run_dir = Path(run_dir)
+        self.worker_module = worker_module  # benchmarks substitute a synthetic trainer
         self.log_path = self.run_dir / "trainer.log"
         self.training_args = list(training_args)
         self.python = python
@@ -70,7 +78,7 @@ class ProcessLink:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [
-                    self.python, "-m", "torchlab.core.worker",
+                    self.python, "-m", self.worker_module,
                     "--run-dir", str(self.run_dir),
                     "--socket", str(self._endpoint.socket_path),
                     "--token-file", str(self._endpoint.token_path),
