@@ -25,7 +25,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NONFINITE, EXIT_INTERRUPTED = 0, 1, 2, 3,
 _SETTING_FLAGS = (
     "steps", "batch_size", "seed", "device", "optimizer", "lr", "weight_decay", "schedule", "warmup_steps",
     "workers", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "log_every",
-    "probe_every", "act_stats_every",
+    "probe_every", "act_stats_every", "telemetry_interval",
 )
 _OPTION_FLAGS = ("amp", "checkpointing", "clip", "accum", "lr_scale")
 
@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     probes.add_argument("--log-every", type=int, metavar="N", help="report metrics every N steps (default 1)")
     probes.add_argument("--probe-every", metavar="N|auto", help="per-module grad norms every N steps, 0 = off, auto = within 1%% of step time (default auto)")
     probes.add_argument("--act-stats-every", type=int, metavar="N", help="activation statistics every N steps, 0 = off (default 0)")
+    probes.add_argument("--telemetry-interval", type=float, metavar="SECONDS", help="GPU/host sampling period, 0 = off (default 1)")
     return parser
 
 

@@ -79,6 +79,7 @@ class TrainConfig:
     log_every: int = 1
     probe_every: int | str = "auto"
     act_stats_every: int = 0
+    telemetry_interval: float = 1.0  # seconds between system samples; 0 = off
     options: LiveOptions = field(default_factory=LiveOptions)
     at: tuple[ScheduledChange, ...] = ()
 
@@ -104,6 +105,7 @@ class TrainConfig:
         _check_int(self.eval_batches, "eval_batches", minimum=1)
         _check_int(self.keep_checkpoints, "keep_checkpoints", minimum=1)
         _check_int(self.log_every, "log_every", minimum=1)
+        _check_float(self.telemetry_interval, "telemetry_interval", positive=False)
         if self.probe_every != "auto":
             _check_int(self.probe_every, "probe_every", minimum=0,
                        hint="a number of steps (0 = off) or \"auto\"")

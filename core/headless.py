@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torchlab.core.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK
 from torchlab.core.config import TrainConfig
 from torchlab.core.errors import WorkloadError
+from torchlab.core.observer import TrainerObserver
 from torchlab.core.options import format_option_value
 from torchlab.core.loading import load_workload, workload_label
 from torchlab.core.rundir import RunDirectory, choose_run_dir
@@ -85,7 +86,7 @@ def run_headless(
     return EXIT_OK
 
 
-class HeadlessProgress:
+class HeadlessProgress(TrainerObserver):
     """A trainer observer that draws a progress bar and prints events above it."""
 
     def __init__(self, total_steps: int, console: Console) -> None:

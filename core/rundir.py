@@ -3,6 +3,7 @@
     <run>/config.toml      resolved configuration at start
     <run>/metrics.jsonl    one JSON object per report
     <run>/events.jsonl     option changes, checkpoints, errors; each has event, step, time
+    <run>/system.jsonl     telemetry samples: time, step, host, gpus, torch
     <run>/checkpoints/     step-NNNNNNN.pt and last.pt
 """
 
@@ -11,18 +12,23 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from torchlab.core.observer import TrainerObserver
 
-class RunDirectory:
+
+class RunDirectory(TrainerObserver):
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.checkpoints = self.path / "checkpoints"
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         self._metrics = open(self.path / "metrics.jsonl", "a", encoding="utf-8")
         self._events = open(self.path / "events.jsonl", "a", encoding="utf-8")
+        self._system = open(self.path / "system.jsonl", "a", encoding="utf-8")
+        self._system_lock = threading.Lock()  # samples arrive on the sampler's thread
 
     @classmethod
     def new(cls, root: Path, label: str) -> RunDirectory:
@@ -39,9 +45,17 @@ class RunDirectory:
         self._events.write(to_json_line(record))
         self._events.flush()
 
+    def on_telemetry(self, sample: dict[str, Any]) -> None:
+        with self._system_lock:
+            if not self._system.closed:
+                self._system.write(to_json_line(sample))
+                self._system.flush()
+
     def close(self) -> None:
         self._metrics.close()
         self._events.close()
+        with self._system_lock:
+            self._system.close()
 
 
 def to_json_line(record: dict[str, Any]) -> str:

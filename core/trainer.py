@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -31,23 +31,17 @@ from torchlab.core.data import BatchStream, DataPosition, evaluation_batches
 from torchlab.core.errors import ConfigError, NonFiniteError, WorkloadError
 from torchlab.core.loading import describe_code, user_frame
 from torchlab.core.nonfinite import localise_nonfinite
+from torchlab.core.observer import TrainerObserver
 from torchlab.core.options import LiveOptions, OptionRefused, format_option_value, parse_option_value
 from torchlab.core.precision import Precision, make_precision
 from torchlab.core.probes import ActivationStatsProbe, GradNormProbe, ProbeCadence, clip_by_total_norm
 from torchlab.core.schedule import make_scheduler
+from torchlab.core.telemetry import TelemetrySampler
 from torchlab.core.workload import Workload
 
 DEFAULT_BATCH_SIZE = 32
 #: fp16 skips are routine; this many in a row means the model itself makes NaN/Inf.
 MAX_CONSECUTIVE_FP16_SKIPS = 25
-
-
-class TrainerObserver(Protocol):
-    """Receives every report and event; the run directory, the progress bar and the app's link are observers."""
-
-    def on_metrics(self, record: dict[str, Any]) -> None: ...
-
-    def on_event(self, record: dict[str, Any]) -> None: ...
 
 
 # Commands: what the app, the CLI's --at, or a signal handler can ask of a running trainer.
@@ -181,6 +175,17 @@ class Trainer:
             checkpoint_blocks=list(self.checkpointing.blocks),
         )
         self._started = time.monotonic()
+        sampler = None
+        if self.config.telemetry_interval > 0:
+            sampler = TelemetrySampler(self.device, self._emit_telemetry, lambda: self.step, self.config.telemetry_interval)
+            sampler.start()
+        try:
+            return self._run_loop()
+        finally:
+            if sampler is not None:
+                sampler.stop()
+
+    def _run_loop(self) -> RunOutcome:
         try:
             while self.step < self.config.steps and self.train_steps(1):
                 pass
@@ -446,6 +451,8 @@ class Trainer:
         self.options = self.options.with_value(option, value)
         if option == "lr_scale":
             self._apply_lr_scale()
+        if self.device.type == "cuda":  # each option segment reports its own peak memory
+            torch.cuda.reset_peak_memory_stats(self.device)
         self._emit_event(
             "option_applied", step=step, option=option, value=value, previous=previous,
             display=format_option_value(option, value), source=command.source,
@@ -530,6 +537,10 @@ class Trainer:
     def _emit_metrics(self, record: dict[str, Any]) -> None:
         for observer in self.observers:
             observer.on_metrics(record)
+
+    def _emit_telemetry(self, sample: dict[str, Any]) -> None:
+        for observer in self.observers:
+            observer.on_telemetry(sample)
 
     def _emit_event(self, event: str, *, step: int, **fields: Any) -> None:
         record = {"event": event, "step": step, "time": time.time(), **fields}

@@ -26,6 +26,7 @@ from torchlab.core import protocol as p
 from torchlab.core.cli import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE, build_parser, resolve_config
 from torchlab.core.control_server import ControlServer
 from torchlab.core.errors import TorchlabError
+from torchlab.core.observer import TrainerObserver
 from torchlab.core.outbox import Outbox
 
 PR_SET_PDEATHSIG = 1
@@ -35,8 +36,11 @@ FIRST_CLIENT_GRACE_S = 10.0
 _STATE_OF_EVENT = {"run_started": "running", "paused": "paused", "resumed": "running"}
 
 
-class OutboxReporter:
+class OutboxReporter(TrainerObserver):
     """Trainer observer that turns trainer records into protocol messages in the Outbox."""
+
+    def on_telemetry(self, sample: dict[str, Any]) -> None:
+        self.outbox.add_latest(p.Telemetry(sample=sample))
 
     def __init__(self, outbox: Outbox) -> None:
         self.outbox = outbox

@@ -11,6 +11,7 @@ import torch
 from torchlab.core.config import build_config
 from torchlab.core.headless import seed_everything
 from torchlab.core.loading import load_workload
+from torchlab.core.observer import TrainerObserver
 from torchlab.core.trainer import Trainer
 
 WORKLOADS = Path(__file__).parent / "workloads"
@@ -26,12 +27,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-class Recorder:
-    """A trainer observer that keeps every report and event, for assertions."""
+class Recorder(TrainerObserver):
+    """A trainer observer that keeps every report, event and telemetry sample, for assertions."""
 
     def __init__(self) -> None:
         self.metrics: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
+        self.telemetry: list[dict[str, Any]] = []
+
+    def on_telemetry(self, sample: dict[str, Any]) -> None:
+        self.telemetry.append(sample)
 
     def on_metrics(self, record: dict[str, Any]) -> None:
         self.metrics.append(record)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from torchlab.core.observer import TrainerObserver
 from conftest import make_trainer
 from torchlab.core.checkpoint import load_checkpoint
 from torchlab.core.trainer import Stop
@@ -33,13 +34,10 @@ def test_resume_is_bit_exact_on_cuda(tmp_path):
     straight.run()
     first, _ = make_trainer(checkpoint_dir=tmp_path, checkpoint_every=0, **settings)
 
-    class StopAt6:
+    class StopAt6(TrainerObserver):
         def on_metrics(self, record):
             if record["step"] == 6:
                 first.submit(Stop("test"))
-
-        def on_event(self, record):
-            pass
 
     first.observers.append(StopAt6())
     first.run()

@@ -5,22 +5,20 @@ from __future__ import annotations
 import pytest
 import torch
 
+from torchlab.core.observer import TrainerObserver
 from conftest import make_trainer
 from torchlab.core.checkpoint import load_checkpoint, save_checkpoint
 from torchlab.core.errors import ConfigError
 from torchlab.core.trainer import Stop
 
 
-class StopAt:
+class StopAt(TrainerObserver):
     def __init__(self, trainer, step):
         self.trainer, self.step = trainer, step
 
     def on_metrics(self, record):
         if record["step"] == self.step:
             self.trainer.submit(Stop("test"))
-
-    def on_event(self, record):
-        pass
 
 
 @pytest.mark.parametrize("settings", [
@@ -75,7 +73,7 @@ def test_old_step_checkpoints_are_pruned_and_last_points_at_the_newest(tmp_path)
 
 
 def test_loading_refuses_a_pickle_that_would_run_code(tmp_path):
-    class Payload:
+    class Payload(TrainerObserver):
         def __reduce__(self):
             return (print, ("this must never run",))
 

@@ -8,6 +8,7 @@ import threading
 import pytest
 import torch
 
+from torchlab.core.observer import TrainerObserver
 from conftest import TINY, make_trainer
 from torchlab.core.errors import ConfigError
 from torchlab.core.trainer import Pause, Resume, SaveCheckpoint, SetOption, Stop
@@ -34,14 +35,11 @@ def test_change_submitted_from_another_thread_applies_at_a_step_boundary():
     trainer, seen = make_trainer(steps=30)
     submitted_at = {}
 
-    class SubmitOnStep3:
+    class SubmitOnStep3(TrainerObserver):
         def on_metrics(self, record):
             if record["step"] == 3:
                 submitted_at["step"] = 3
                 threading.Thread(target=trainer.submit, args=(SetOption("lr_scale", "0.5", "test"),)).start()
-
-        def on_event(self, record):
-            pass
 
     trainer.observers.append(SubmitOnStep3())
     trainer.run()
@@ -99,7 +97,7 @@ def test_pause_holds_at_a_boundary_and_resume_continues():
     trainer, seen = make_trainer(steps=5)
     resumed = threading.Event()
 
-    class PauseAtStep2:
+    class PauseAtStep2(TrainerObserver):
         def on_metrics(self, record):
             if record["step"] == 2:
                 trainer.submit(Pause())
@@ -120,13 +118,10 @@ def test_pause_holds_at_a_boundary_and_resume_continues():
 def test_stop_request_ends_the_run_with_a_final_checkpoint(tmp_path):
     trainer, seen = make_trainer(steps=50, checkpoint_dir=tmp_path, checkpoint_every=0)
 
-    class StopAtStep4:
+    class StopAtStep4(TrainerObserver):
         def on_metrics(self, record):
             if record["step"] == 4:
                 trainer.submit(Stop("test"))
-
-        def on_event(self, record):
-            pass
 
     trainer.observers.append(StopAtStep4())
     outcome = trainer.run()

@@ -1,0 +1,22 @@
+"""What the trainer reports to: the base of every observer. Standard library only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TrainerObserver:
+    """Receives every report, event and telemetry sample; override what you need (each defaults to nothing).
+
+    The run directory, the progress bar and the app's outbox are observers. They are called on the
+    training thread (telemetry: on the sampler's thread), so they must be quick.
+    """
+
+    def on_metrics(self, record: dict[str, Any]) -> None:
+        pass
+
+    def on_event(self, record: dict[str, Any]) -> None:
+        pass
+
+    def on_telemetry(self, sample: dict[str, Any]) -> None:
+        pass

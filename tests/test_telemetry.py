@@ -1,0 +1,74 @@
+"""System telemetry: host figures always, GPU figures from NVML where there is a GPU, 'no GPU' where not."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import make_trainer
+from torchlab.core.nvml import Nvml
+from torchlab.core.telemetry import TelemetrySampler
+
+
+def test_a_sample_has_host_figures_and_says_why_there_is_no_gpu():
+    sampler = TelemetrySampler(torch.device("cpu"), on_sample=lambda s: None, current_step=lambda: 7)
+    sample = sampler.sample()
+    sampler.stop()
+    assert sample["step"] == 7 and set(sample) >= {"time", "host", "gpus", "gpu_status", "torch"}
+    host = sample["host"]
+    assert host["ram_total_bytes"] > host["ram_used_bytes"] > 0
+    assert host["trainer_rss_bytes"] > 50 * 2**20  # this process imported torch
+    assert 0 <= host["cpu_percent"] <= 100 * host["cpu_count"]
+    if not torch.cuda.is_available():
+        assert sample["gpus"] == [] and sample["gpu_status"].startswith("no GPU: ")
+        assert sample["torch"]["allocated_bytes"] is None
+
+
+def test_samples_arrive_while_training_and_land_in_system_jsonl(tmp_path):
+    from torchlab.core.rundir import RunDirectory
+
+    directory = RunDirectory(tmp_path / "run")
+    trainer, seen = make_trainer(steps=10**6, telemetry_interval=0.02)
+    trainer.observers.append(directory)
+
+    class StopAfterTwoSamples(type(seen)):
+        def on_telemetry(self, sample):
+            super().on_telemetry(sample)
+            if len(self.telemetry) >= 2:
+                trainer.request_stop("enough samples")
+
+    watcher = StopAfterTwoSamples()
+    trainer.observers.append(watcher)
+    assert trainer.run().status == "stopped"
+    directory.close()
+    lines = [json.loads(line) for line in (tmp_path / "run" / "system.jsonl").read_text().splitlines()]
+    assert len(lines) >= 2 and all(line["host"]["trainer_rss_bytes"] > 0 for line in lines)
+    assert lines[-1]["step"] >= lines[0]["step"]
+
+
+def test_telemetry_can_be_switched_off():
+    trainer, seen = make_trainer(steps=3, telemetry_interval=0)
+    trainer.run()
+    assert seen.telemetry == []
+
+
+def test_nvml_without_a_driver_reports_the_reason_instead_of_raising():
+    nvml = Nvml()
+    if nvml.unavailable is None:
+        pytest.skip("this machine has a working NVML")
+    assert nvml.sample([1, 2]) == []
+    assert "NVML" in nvml.unavailable or "NVIDIA" in nvml.unavailable or "nvidia" in nvml.unavailable
+
+
+@pytest.mark.gpu
+def test_nvml_gives_real_numbers_on_a_gpu():
+    sampler = TelemetrySampler(torch.device("cuda"), on_sample=lambda s: None, current_step=lambda: 0)
+    torch.ones(1024, 1024, device="cuda")
+    sample = sampler.sample()
+    sampler.stop()
+    [first, *_] = sample["gpus"]
+    assert first["memory_total_bytes"] > first["memory_used_bytes"] > 0
+    assert 0 <= first["utilization_percent"] <= 100 and first["temperature_c"] > 0
+    assert first["name"] and sample["torch"]["allocated_bytes"] >= 4 * 1024 * 1024
