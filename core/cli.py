@@ -25,7 +25,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NONFINITE, EXIT_INTERRUPTED = 0, 1, 2, 3,
 _SETTING_FLAGS = (
     "steps", "batch_size", "seed", "device", "optimizer", "lr", "weight_decay", "schedule", "warmup_steps",
     "workers", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "log_every",
-    "probe_every", "act_stats_every", "telemetry_interval",
+    "probe_every", "act_stats_every", "telemetry_interval", "profile_steps",
 )
 _OPTION_FLAGS = ("amp", "checkpointing", "clip", "accum", "lr_scale")
 
@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     probes.add_argument("--log-every", type=int, metavar="N", help="report metrics every N steps (default 1)")
     probes.add_argument("--probe-every", metavar="N|auto", help="per-module grad norms every N steps, 0 = off, auto = within 1%% of step time (default auto)")
     probes.add_argument("--act-stats-every", type=int, metavar="N", help="activation statistics every N steps, 0 = off (default 0)")
+    probes.add_argument("--profile-at", type=int, action="append", metavar="STEP", help="profile from optimizer step STEP (repeatable)")
+    probes.add_argument("--profile-steps", type=int, metavar="N", help="steps a profiler snapshot records, after 1 warm-up (default 5)")
     probes.add_argument("--telemetry-interval", type=float, metavar="SECONDS", help="GPU/host sampling period, 0 = off (default 1)")
     return parser
 
@@ -87,6 +89,8 @@ def resolve_config(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
         flags["probe_every"] = _int_or_text(flags["probe_every"])
     if args.workload is not None:
         flags["workload"] = args.workload
+    if args.profile_at:
+        flags["profile_at"] = list(args.profile_at)
     flags["options"] = {name: getattr(args, name) for name in _OPTION_FLAGS if getattr(args, name) is not None}
     flags["at"] = list(args.at)
     config = build_config(file_settings, flags)

@@ -80,6 +80,8 @@ class TrainConfig:
     probe_every: int | str = "auto"
     act_stats_every: int = 0
     telemetry_interval: float = 1.0  # seconds between system samples; 0 = off
+    profile_at: tuple[int, ...] = ()  # optimizer steps at which a profiler snapshot starts
+    profile_steps: int = 5
     options: LiveOptions = field(default_factory=LiveOptions)
     at: tuple[ScheduledChange, ...] = ()
 
@@ -106,6 +108,9 @@ class TrainConfig:
         _check_int(self.keep_checkpoints, "keep_checkpoints", minimum=1)
         _check_int(self.log_every, "log_every", minimum=1)
         _check_float(self.telemetry_interval, "telemetry_interval", positive=False)
+        _check_int(self.profile_steps, "profile_steps", minimum=1)
+        _check(isinstance(self.profile_at, tuple) and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in self.profile_at),
+               "profile_at", "must be optimizer steps ≥ 1", self.profile_at)
         if self.probe_every != "auto":
             _check_int(self.probe_every, "probe_every", minimum=0,
                        hint="a number of steps (0 = off) or \"auto\"")
@@ -169,6 +174,10 @@ def build_config(file_settings: Mapping[str, Any], flag_settings: Mapping[str, A
             options = options.with_value(name, parse_option_value(name, raw))
         except OptionRefused as refusal:
             raise ConfigError(f"options.{name} (--{name.replace('_', '-')}): {refusal}.") from None
+    if "profile_at" in merged:
+        if not isinstance(merged["profile_at"], (list, tuple)):
+            raise ConfigError(f"profile_at (--profile-at) must be a list of steps; got {merged['profile_at']!r}.")
+        merged["profile_at"] = tuple(merged["profile_at"])
     try:
         return TrainConfig(**merged, options=options, at=tuple(ScheduledChange.parse(text) for text in at))
     except TypeError as error:  # an unknown keyword slipped past the checks above
@@ -219,6 +228,8 @@ def _check_float(value: Any, setting: str, *, positive: bool) -> None:
 
 
 def _toml_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):

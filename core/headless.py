@@ -59,6 +59,7 @@ def run_headless(
                 workload,
                 observers=[directory, progress],
                 checkpoint_dir=directory.checkpoints,
+                profiles_dir=directory.profiles,
                 resume_from=resume,
                 explicit_options=explicit_options,
             )
@@ -133,6 +134,12 @@ class HeadlessProgress(TrainerObserver):
             self.console.print(f"step {step}: [yellow]refused {record['option']} = {record['value']}[/]: {record['reason']}")
         elif event == "checkpoint":
             self.console.print(f"step {step}: checkpoint {record['path']}")
+        elif event == "profile":
+            if record.get("error"):
+                self.console.print(f"step {step}: [red]profile failed[/]: {record['error']}")
+            else:
+                top = ", ".join(f"{row['name']} {row[record['sort']] / 1000:.1f} ms" for row in record["rows"][:3])
+                self.console.print(f"steps {record['first_step']}–{step}: profile in {record['dir']} (top: {top})")
         elif event == "step_skipped":
             self.console.print(f"step {step}: [yellow]step skipped[/]: {record['reason']}")
         elif event in ("paused", "resumed", "resumed_from_checkpoint"):

@@ -335,6 +335,25 @@ class NonFinite(Message):
 
 
 @dataclass(frozen=True)
+class ProfileReady(Message):
+    """A profiler snapshot's tables: top rows by op, and by op and input shape; files in ``dir``."""
+
+    type: ClassVar[str] = "profile_ready"
+    schema: ClassVar = {
+        "first_step": (int,), "last_step": (int,), "dir": (str,), "rows": (list,), "rows_by_shape": (list,),
+        "sort": (str,), "build_s": _NUMBER, "error": _OPT_STR,
+    }
+    first_step: int
+    last_step: int
+    dir: str
+    rows: list = field(default_factory=list)
+    rows_by_shape: list = field(default_factory=list)
+    sort: str = "self_cpu_us"
+    build_s: float = 0.0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class Refused(Message):
     """A protocol-level refusal: wrong token, wrong version, malformed message. Says why."""
 
@@ -344,4 +363,4 @@ class Refused(Message):
 
 
 COMMANDS = (Hello, PauseCommand, ResumeCommand, StopCommand, SetCommand, ProfileCommand, SaveCheckpointCommand, DetachCommand)
-EVENTS = (Welcome, State, Metrics, GradNorms, Telemetry, OptionApplied, OptionRefused, CheckpointSaved, Log, Error, NonFinite, Refused)
+EVENTS = (Welcome, State, Metrics, GradNorms, Telemetry, OptionApplied, OptionRefused, CheckpointSaved, Log, Error, NonFinite, ProfileReady, Refused)

@@ -29,6 +29,8 @@ class RunDirectory(TrainerObserver):
         self._events = open(self.path / "events.jsonl", "a", encoding="utf-8")
         self._system = open(self.path / "system.jsonl", "a", encoding="utf-8")
         self._system_lock = threading.Lock()  # samples arrive on the sampler's thread
+        self._events_lock = threading.Lock()
+        self.profiles = self.path / "profiles"
 
     @classmethod
     def new(cls, root: Path, label: str) -> RunDirectory:
@@ -42,8 +44,9 @@ class RunDirectory(TrainerObserver):
         self._metrics.flush()
 
     def on_event(self, record: dict[str, Any]) -> None:
-        self._events.write(to_json_line(record))
-        self._events.flush()
+        with self._events_lock:  # profile reports arrive from the profiler's background thread
+            self._events.write(to_json_line(record))
+            self._events.flush()
 
     def on_telemetry(self, sample: dict[str, Any]) -> None:
         with self._system_lock:
@@ -53,7 +56,8 @@ class RunDirectory(TrainerObserver):
 
     def close(self) -> None:
         self._metrics.close()
-        self._events.close()
+        with self._events_lock:
+            self._events.close()
         with self._system_lock:
             self._system.close()
 

@@ -34,6 +34,7 @@ from torchlab.core.nonfinite import localise_nonfinite
 from torchlab.core.observer import TrainerObserver
 from torchlab.core.options import LiveOptions, OptionRefused, format_option_value, parse_option_value
 from torchlab.core.precision import Precision, make_precision
+from torchlab.core.profiler import ProfilerSnapshot
 from torchlab.core.probes import ActivationStatsProbe, GradNormProbe, ProbeCadence, clip_by_total_norm
 from torchlab.core.schedule import make_scheduler
 from torchlab.core.telemetry import TelemetrySampler
@@ -72,7 +73,15 @@ class SaveCheckpoint:
     pass
 
 
-Command = SetOption | Pause | Resume | Stop | SaveCheckpoint
+@dataclass(frozen=True)
+class Profile:
+    """Profile the next ``steps`` optimizer steps (after one warm-up step)."""
+
+    steps: int = 5
+    source: str = "api"
+
+
+Command = SetOption | Pause | Resume | Stop | SaveCheckpoint | Profile
 
 
 @dataclass(frozen=True)
@@ -106,6 +115,7 @@ class Trainer:
         *,
         observers: Iterable[TrainerObserver] = (),
         checkpoint_dir: Path | None = None,
+        profiles_dir: Path | None = None,
         resume_from: Path | None = None,
         explicit_options: Iterable[str] = (),
     ) -> None:
@@ -113,6 +123,9 @@ class Trainer:
         self.workload = workload
         self.observers = list(observers)
         self.checkpoint_dir = checkpoint_dir
+        self.profiles_dir = profiles_dir
+        self._profiling: ProfilerSnapshot | None = None
+        self._profile_builds: list[threading.Thread] = []
         self.device = resolve_device(config.device)
         self.batch_size = config.batch_size or workload.batch_size or DEFAULT_BATCH_SIZE
 
@@ -184,6 +197,11 @@ class Trainer:
         finally:
             if sampler is not None:
                 sampler.stop()
+            if self._profiling is not None:  # the run ended mid-recording: nothing complete to report
+                self._profiling.abandon()
+                self._profiling = None
+            for builder in self._profile_builds:  # a snapshot the user asked for is worth the wait
+                builder.join()
 
     def _run_loop(self) -> RunOutcome:
         try:
@@ -370,6 +388,9 @@ class Trainer:
             self._raise_nonfinite(step, math.nan, None)
 
     def _after_step(self) -> None:
+        if self._profiling is not None and self._profiling.after_step(self.step):
+            self._profile_builds.append(self._profiling.builder)
+            self._profiling = None
         every = self.config.checkpoint_every
         if every and self.step % every == 0 and self.step < self.config.steps:
             self._save_checkpoint(reason="periodic")
@@ -405,6 +426,8 @@ class Trainer:
         for change in self.config.at:
             if change.step == next_step:
                 self.submit(SetOption(change.option, change.value, source="--at"))
+        if next_step in self.config.profile_at:
+            self.submit(Profile(self.config.profile_steps, source="--profile-at"))
         while True:
             try:
                 command = self._commands.get(block=self._paused and self._stop is None, timeout=0.25)
@@ -435,6 +458,28 @@ class Trainer:
         elif isinstance(command, SaveCheckpoint):
             if self.step > 0:
                 self._save_checkpoint(reason="requested")
+        elif isinstance(command, Profile):
+            self._start_profile(command, next_step)
+
+    def _start_profile(self, command: Profile, step: int) -> None:
+        reason = None
+        if self._profiling is not None:
+            reason = f"a profile is already recording (from step {self._profiling.first_step})"
+        elif self.profiles_dir is None:
+            reason = "this run has no directory to write profiles to"
+        elif not 1 <= command.steps <= 1000:
+            reason = f"profile steps must be from 1 to 1000, got {command.steps}"
+        if reason is not None:
+            self._emit_event("option_refused", step=step, option="profile", value=command.steps, reason=reason, source=command.source)
+            return
+        self._profiling = ProfilerSnapshot(
+            self.device, self.profiles_dir / f"{step:07d}", step, command.steps, on_ready=self._profile_ready,
+        )
+        self._emit_event("profile_started", step=step, steps=command.steps, warmup=1, source=command.source)
+
+    def _profile_ready(self, report: dict[str, Any]) -> None:
+        """Called on the profiler's background thread once the tables are written."""
+        self._emit_event("profile", step=report["last_step"], **report)
 
     def _set_option(self, command: SetOption, step: int) -> None:
         option = command.option

@@ -77,6 +77,13 @@ class OutboxReporter(TrainerObserver):
             self.set_state("failed", step, record["message"])
         elif event == "step_skipped":
             self.outbox.add_event(p.Log(level="warning", text=f"step skipped: {record['reason']}", step=step))
+        elif event == "profile":
+            self.outbox.add_event(p.ProfileReady(
+                first_step=record["first_step"], last_step=record["last_step"], dir=record["dir"],
+                rows=record.get("rows", []), rows_by_shape=record.get("rows_by_shape", []),
+                sort=record.get("sort", "self_cpu_us"), build_s=record["build_s"], error=record.get("error")))
+        elif event == "profile_started":
+            self.outbox.add_event(p.Log(level="info", text=f"profiling {record['steps']} steps after 1 warm-up", step=step))
         elif event == "resumed_from_checkpoint":
             self.outbox.add_event(p.Log(level="info", text=f"resumed from the checkpoint of step {step}", step=step))
 
@@ -123,6 +130,7 @@ class Worker:
                     config, workload,
                     observers=[directory, self.reporter],
                     checkpoint_dir=directory.checkpoints,
+                    profiles_dir=directory.profiles,
                     resume_from=args.resume,
                     explicit_options=explicit,
                 )
@@ -195,7 +203,7 @@ class Worker:
         elif isinstance(command, p.SaveCheckpointCommand):
             trainer.submit(t.SaveCheckpoint())
         elif isinstance(command, p.ProfileCommand):
-            self._not_yet("profile", "profiler snapshots are not available yet in this version")
+            trainer.submit(t.Profile(command.steps, source="app"))
         elif isinstance(command, p.DetachCommand):
             self._not_yet("detach", "detaching is not available yet in this version; quitting stops the run")
         else:

@@ -55,6 +55,7 @@ def make_trainer(
     workload_spec: str = TINY,
     *,
     checkpoint_dir: Path | None = None,
+    profiles_dir: Path | None = None,
     resume_from: Path | None = None,
     explicit_options=(),
     workload=None,
@@ -63,6 +64,8 @@ def make_trainer(
     """A trainer exactly as the CLI builds one (seeded before the factory), with a Recorder attached."""
     options = settings.pop("options", {})
     at = settings.pop("at", [])
+    if "profile_at" in settings:
+        settings["profile_at"] = list(settings["profile_at"])
     settings.setdefault("eval_every", 0)
     config = build_config({}, {"workload": workload_spec, **settings, "options": options, "at": at})
     seed_everything(config.seed)
@@ -72,6 +75,7 @@ def make_trainer(
         workload if workload is not None else load_workload(config.workload),
         observers=[recorder],
         checkpoint_dir=checkpoint_dir,
+        profiles_dir=profiles_dir,
         resume_from=resume_from,
         explicit_options=explicit_options,
     )

@@ -28,6 +28,8 @@ EXAMPLES = [
     p.Log(level="warning", text="step skipped", step=3),
     p.Error(message="RuntimeError: boom", traceback="Traceback ...", step=4, checkpoint="/runs/x/last.pt"),
     p.NonFinite(step=6, phase="forward", module="blocks.2.mlp", detail="output non-finite", message="step 6: ..."),
+    p.ProfileReady(first_step=11, last_step=15, dir="/runs/x/profiles/0000010",
+                   rows=[{"name": "aten::mm", "calls": 30, "self_cpu_us": 1200.5}], sort="self_cpu_us", build_s=0.4),
     p.Refused(reason="wrong token"),
 ]
 
