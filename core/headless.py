@@ -20,6 +20,7 @@ from torchlab.core.config import TrainConfig
 from torchlab.core.errors import WorkloadError
 from torchlab.core.observer import TrainerObserver
 from torchlab.core.options import format_option_value
+from torchlab.core.impact import ImpactTracker
 from torchlab.core.loading import load_workload, workload_label
 from torchlab.core.rundir import RunDirectory, choose_run_dir
 from torchlab.core.trainer import Trainer
@@ -57,7 +58,7 @@ def run_headless(
             trainer = Trainer(
                 config,
                 workload,
-                observers=[directory, progress],
+                observers=[directory, ImpactTracker(directory.path / "impact.json"), progress],
                 checkpoint_dir=directory.checkpoints,
                 profiles_dir=directory.profiles,
                 resume_from=resume,

@@ -114,6 +114,7 @@ class Worker:
     # ------------------------------------------------------------------ running
     def run(self) -> int:
         from torchlab.core.headless import seed_everything
+        from torchlab.core.impact import ImpactTracker
         from torchlab.core.loading import load_workload
         from torchlab.core.rundir import RunDirectory
         from torchlab.core.trainer import Trainer
@@ -128,7 +129,7 @@ class Worker:
                 workload = load_workload(config.workload)
                 self.trainer = Trainer(
                     config, workload,
-                    observers=[directory, self.reporter],
+                    observers=[directory, ImpactTracker(directory.path / "impact.json"), self.reporter],
                     checkpoint_dir=directory.checkpoints,
                     profiles_dir=directory.profiles,
                     resume_from=args.resume,

@@ -1,0 +1,50 @@
+"""The impact table: each option change starts a segment, compared with the one before."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import TINY
+from torchlab.core.cli import EXIT_OK, main
+from torchlab.core.impact import ImpactTracker
+
+
+def record(step, step_time, loss, **options):
+    base = {"amp": "off", "checkpointing": False, "clip": None, "accum": 1, "lr_scale": 1.0, "world_size": 1}
+    return {"step": step, "step_time_s": step_time, "samples_per_s": 32 / step_time, "loss": loss, **base, **options}
+
+
+def test_a_change_starts_a_segment_with_its_speed_memory_and_slope():
+    tracker = ImpactTracker()
+    for step in range(1, 11):
+        tracker.on_metrics(record(step, 0.10, 3.0 - 0.01 * step))
+        tracker.on_telemetry({"torch": {"peak_allocated_bytes": 1000}, "host": {"trainer_rss_bytes": 5000}})
+    for step in range(11, 21):
+        tracker.on_metrics(record(step, 0.05, 2.9 - 0.02 * step, amp="bf16"))
+        tracker.on_telemetry({"torch": {"peak_allocated_bytes": 600}, "host": {"trainer_rss_bytes": 5000}})
+    first, second = tracker.table()
+    assert (first["change"], first["first_step"], first["last_step"]) == ("start", 1, 10)
+    assert (second["change"], second["first_step"], second["last_step"]) == ("amp=bf16", 11, 20)
+    assert second["speedup"] == pytest.approx(2.0) and second["memory_change"] == pytest.approx(-0.4)
+    assert second["loss_slope_per_100_steps"] == pytest.approx(-2.0)
+    assert second["verdict"] == "amp=bf16: 2.00x faster, -40 % memory"
+
+
+def test_without_cuda_the_memory_figure_is_the_trainer_rss():
+    tracker = ImpactTracker()
+    tracker.on_metrics(record(1, 0.1, 1.0))
+    tracker.on_telemetry({"torch": {"peak_allocated_bytes": None}, "host": {"trainer_rss_bytes": 2000}})
+    tracker.on_metrics(record(2, 0.1, 1.0, checkpointing=True))
+    tracker.on_telemetry({"torch": {"peak_allocated_bytes": None}, "host": {"trainer_rss_bytes": 1500}})
+    assert tracker.table()[1]["verdict"] == "checkpointing=on: 1.00x faster, -25 % memory"
+
+
+def test_segments_appear_in_the_run_directory_after_an_at_change(tmp_path):
+    assert main([TINY, "--headless", "--steps", "12", "--run-dir", str(tmp_path / "run"),
+                 "--at", "5:clip=0.5", "--at", "9:accum=2", "--telemetry-interval", "0"]) == EXIT_OK
+    table = json.loads((tmp_path / "run" / "impact.json").read_text())
+    assert [(row["change"], row["first_step"], row["last_step"]) for row in table] == [
+        ("start", 1, 4), ("clip=0.5", 5, 8), ("accum=2", 9, 12)]
+    assert table[2]["speedup"] is not None and table[2]["median_samples_per_s"] > 0
