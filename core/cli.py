@@ -1,4 +1,5 @@
-"""``torchlab-tui``: the command line. Parses flags into a TrainConfig and hands it to a runner.
+"""``torchlab-tui``: the command line. Parses flags into a TrainConfig and hands it to a runner:
+the app (default; the trainer runs in a child process) or a headless run (``--headless``).
 
 This module imports no torch: the app's process must stay torch-free, and a usage error should be
 reported in milliseconds. Exit codes: 0 finished or stopped on request; 1 the workload raised during
@@ -103,12 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config, explicit_options = resolve_config(args)
         if not args.headless:
-            print(
-                "torchlab-tui: the interactive workbench is not in this version yet; "
-                "add --headless to train with a progress bar.",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
+            return run_app(config, args, list(sys.argv[1:] if argv is None else argv))
         from torchlab.core.headless import run_headless  # imports torch
 
         return run_headless(
@@ -123,6 +119,21 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"torchlab-tui: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> int:
+    """The workbench: the app in this process (no torch), the trainer in a child with the same flags."""
+    from torchlab.core.loading import check_spec, workload_label
+    from torchlab.core.rundir import choose_run_dir
+    from torchlab.tui.app import make_app
+    from torchlab.tui.link import ProcessLink
+
+    check_spec(config.workload)  # a missing file is said here, before the screen changes
+    run_dir = choose_run_dir(args.run_dir, args.resume, args.runs_root, workload_label(config.workload))
+    app = make_app(lambda: ProcessLink(run_dir, argv), workload=config.workload)
+    app.run()
+    print(f"Run directory: {run_dir}", file=sys.stderr)
+    return app.return_code or EXIT_OK
 
 
 def _int_or_text(value: str) -> int | str:

@@ -27,6 +27,7 @@ from torchlab.core.protocol import (
     PROTOCOL_VERSION,
     Error,
     Hello,
+    Log,
     Message,
     ProtocolError,
     State,
@@ -105,16 +106,16 @@ class ProcessLink:
         return messages
 
     def send(self, command: Message) -> None:
-        """Send a command; if the trainer is not connected, the app is told so through an event."""
+        """Send a command; if the trainer is not connected, the app is told so through a log event."""
         connection = self._socket
         if connection is None:
-            self._push(Error(message=f"{command.type}: the trainer is not connected", traceback="", step=0))
+            self._push(Log(level="error", text=f"{command.type}: the trainer is not connected"))
             return
         try:
             with self._send_lock:
                 connection.sendall(command.encode())
-        except OSError as error:
-            self._push(Error(message=f"{command.type}: could not reach the trainer ({error})", traceback="", step=0))
+        except OSError as error:  # the run has not failed: the app says the command did not arrive
+            self._push(Log(level="error", text=f"{command.type}: could not reach the trainer ({error})"))
 
     def close(self, *, detach: bool = False, grace_s: float = STOP_GRACE_S) -> int | None:
         """Stop the trainer (it writes a final checkpoint) and wait for it; returns its exit code."""

@@ -1,0 +1,163 @@
+"""A scripted stand-in for the trainer link: deterministic events in, recorded commands out.
+
+It answers commands the way the real trainer does, one step later: ``SetCommand`` with
+``OptionApplied`` at the next step (or ``OptionRefused`` for what a CPU trainer refuses: fp16, and the
+options later issues deliver), pause/resume with a ``State``, save with ``CheckpointSaved``. Answers
+are queued and come out of the next ``drain()``, as they would from the real link's buffer.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from torchlab.core import protocol
+
+RUN_DIR = "runs/20250101-120000-tiny_gpt"
+OPTIONS = {"amp": "off", "checkpointing": False, "clip": None, "accum": 1, "lr_scale": 1.0, "world_size": 1}
+
+
+def module_names(blocks: int = 4) -> list[str]:
+    names = ["tok_emb", "pos_emb"]
+    for block in range(blocks):
+        names += [f"blocks.{block}.{part}" for part in ("ln_1", "attn.qkv", "attn.proj", "ln_2", "mlp.fc", "mlp.proj")]
+    return names + ["ln_f", "head"]
+
+
+def welcome(step: int = 0, *, modules: list[str] | None = None, steps: int = 200, state: str = "running", options: dict | None = None) -> protocol.Welcome:
+    names = modules if modules is not None else module_names()
+    return protocol.Welcome(
+        run={
+            "workload": "tiny_gpt", "run_dir": RUN_DIR, "device": "cpu", "steps": steps, "batch_size": 32,
+            "pid": 4242, "started": 1_700_000_000.0, "checkpoint_blocks": [f"blocks.{i}" for i in range(4)],
+        },
+        modules=[{"name": name, "params": 1000 + 37 * index * index} for index, name in enumerate(names)],
+        options=dict(OPTIONS if options is None else options),
+        state=state,
+        step=step,
+    )
+
+
+def record(step: int, **overrides: Any) -> dict[str, Any]:
+    """A metrics record like the trainer's, with a smooth deterministic loss and one spike at step 77."""
+    loss = 4.5 * math.exp(-step / 40) + 1.2 + 0.05 * math.sin(step)
+    if step == 77:
+        loss = 5.0
+    warmup = 10
+    lr = 1e-3 * step / warmup if step <= warmup else 1e-3 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / 190))
+    samples = 2000 + 150 * math.sin(step / 7)
+    data = {
+        "step": step, "time": 1_700_000_000.0 + step * 0.016, "elapsed_s": round(step * 0.016 + 1.5, 3),
+        "loss": loss, "lr": lr, "samples_per_s": samples, "step_time_s": 32 / samples,
+        "grad_norm_total": 0.8 + 0.1 * math.cos(step / 5), "clipped": None, "skipped": False, **OPTIONS,
+    }
+    if step % 50 == 0:
+        data["val_loss"] = loss + 0.08
+    data.update(overrides)
+    return data
+
+
+def grad_norms(step: int, names: list[str] | None = None) -> protocol.GradNorms:
+    """Per-module norms: mostly ~0.1, one vanishing LayerNorm, and the head rising fast near the end."""
+    names = names if names is not None else module_names()
+    norms: list[float | None] = []
+    for index, name in enumerate(names):
+        norm = 0.05 + 0.01 * index + 0.005 * math.sin(step / 3 + index)
+        if name == "blocks.3.ln_1":
+            norm = 1e-9
+        if name == "head" and step >= 118:
+            norm = 5.0
+        norms.append(norm)
+    total = math.sqrt(sum(n * n for n in norms if n is not None))
+    return protocol.GradNorms(step=step, norms=norms, total=total)
+
+
+def training_events(steps: int = 120, *, names: list[str] | None = None) -> list[protocol.Message]:
+    """Welcome, running, ``steps`` metrics records in batches, and grad norms every 2 steps."""
+    events: list[protocol.Message] = [welcome(0, modules=names), protocol.State("running", 0)]
+    for start in range(1, steps + 1, 20):
+        batch = list(range(start, min(start + 20, steps + 1)))
+        events.append(protocol.Metrics.from_records([record(step) for step in batch]))
+        events.extend(grad_norms(step, names) for step in batch if step % 2 == 0)
+    return events
+
+
+class FakeLink:
+    """Implements the app's link interface; ``sent`` holds every command the app sent, in order."""
+
+    def __init__(self, events: list[protocol.Message] | None = None, *, log_path: Path | None = None) -> None:
+        self.queue: list[protocol.Message] = list(events if events is not None else training_events())
+        self.sent: list[protocol.Message] = []
+        self.started = False
+        self.closed: dict[str, bool] | None = None
+        self.restarts: list[bool] = []
+        self.run_dir: Path | None = None
+        self.log_path = log_path
+        self.step = 0
+        self.state = "connecting"
+        self.options = dict(OPTIONS)
+
+    # ------------------------------------------------------------------ the link interface
+
+    def start(self) -> None:
+        self.started = True
+        self.run_dir = Path(RUN_DIR)
+
+    def drain(self) -> list[protocol.Message]:
+        out, self.queue = self.queue, []
+        for event in out:
+            if isinstance(event, protocol.Metrics):
+                self.step = max([self.step] + [r["step"] for r in event.records if isinstance(r.get("step"), int)])
+            elif isinstance(event, (protocol.State, protocol.Welcome)):
+                self.step = max(self.step, event.step)
+                self.state = event.state
+        return out
+
+    def send(self, command: protocol.Message) -> None:
+        self.sent.append(command)
+        at = self.step + 1
+        if isinstance(command, protocol.SetCommand):
+            self.push(self._answer_set(command, at))
+        elif isinstance(command, protocol.PauseCommand):
+            self.push(protocol.State("paused", self.step))
+        elif isinstance(command, protocol.ResumeCommand):
+            self.push(protocol.State("running", self.step))
+        elif isinstance(command, protocol.SaveCheckpointCommand):
+            self.push(protocol.CheckpointSaved(at, f"{RUN_DIR}/checkpoints/step-{at:07d}.pt", "requested"))
+        elif isinstance(command, protocol.ProfileCommand):
+            self.push(protocol.OptionRefused("profile", command.steps, "the profiler is not available yet", at, "app"))
+        elif isinstance(command, protocol.DetachCommand):
+            self.push(protocol.OptionRefused("detach", None, "detaching is not available yet", at, "app"))
+
+    def close(self, *, detach: bool = False) -> None:
+        self.closed = {"detach": detach}
+
+    def restart(self, resume: bool) -> None:
+        self.restarts.append(resume)
+        self.push(welcome(100), protocol.State("running", 100))
+
+    # ------------------------------------------------------------------ scripting
+
+    def push(self, *events: protocol.Message) -> None:
+        self.queue.extend(events)
+
+    def sent_of(self, kind: type) -> list[protocol.Message]:
+        return [command for command in self.sent if isinstance(command, kind)]
+
+    def _answer_set(self, command: protocol.SetCommand, at: int) -> protocol.Message:
+        if command.option == "amp" and command.value == "fp16":
+            return protocol.OptionRefused("amp", "fp16", "fp16 needs CUDA; this run trains on cpu", at, "app")
+        if command.option == "world_size":
+            return protocol.OptionRefused("world_size", command.value, "changing the world size is not available yet", at, "app")
+        previous = self.options.get(command.option)
+        self.options[command.option] = command.value
+        return protocol.OptionApplied(command.option, command.value, previous, at, "app")
+
+
+def quiet_app(link):
+    """The app as ``make_app`` builds it, with its timers slowed to a crawl: tests call ``poll_now()``
+    themselves, so answers arrive exactly when a test says, and the gradient table updates at once."""
+    from torchlab.tui.app import make_app
+
+    return make_app(link, poll_interval=3600, log_poll_interval=3600, grad_refresh_interval=0)

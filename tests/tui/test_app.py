@@ -1,0 +1,414 @@
+"""The app driven by keys against a FakeLink: what it sends, what it shows, and that it stays up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fake_link import FakeLink, grad_norms, module_names, quiet_app, record, training_events, welcome
+
+from torchlab.core import protocol
+from torchlab.tui.app import TorchlabApp
+from torchlab.tui.screens.error_screen import ErrorScreen
+from torchlab.tui.screens.help_screen import HelpScreen
+from torchlab.tui.screens.prompt import OptionPrompt
+from torchlab.tui.widgets.event_log import EventLog
+from torchlab.tui.widgets.grad_table import GradTable
+from torchlab.tui.widgets.options_panel import OptionsPanel
+
+pytestmark = pytest.mark.asyncio
+
+SIZE = (120, 40)
+
+
+def log_text(app: TorchlabApp) -> str:
+    return "\n".join(app.query_one(EventLog).lines_written)
+
+
+def options_text(app: TorchlabApp) -> str:
+    panel = app.query_one(OptionsPanel)
+    return str(panel.content)
+
+
+async def answer(app: TorchlabApp, pilot) -> None:
+    """Let the fake trainer's answers in, as the 10 Hz timer would, and let the screen settle."""
+    app.poll_now()
+    await pilot.pause()
+
+
+async def test_module_rows_appear_after_welcome_and_grad_norms() -> None:
+    link = FakeLink([welcome(0)])
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        grads = app.query_one(GradTable)
+        assert link.started
+        assert grads.displayed_keys == module_names()
+        assert str(grads.table.get_cell("head", "norm")) == "–"
+        link.push(grad_norms(2))
+        await answer(app, pilot)
+        assert str(grads.table.get_cell("head", "norm")) != "–"
+        assert app.run_state.grad_step == 2
+
+
+async def test_amp_key_cycles_and_every_answer_shows_with_its_step(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("a")
+        assert link.sent[-1] == protocol.SetCommand("amp", "bf16")
+        assert "requested amp = bf16" in log_text(app)
+        await answer(app, pilot)
+        assert "amp = bf16 applied at step 121 (was off)" in log_text(app)
+        assert "amp           bf16" in options_text(app)
+
+        await pilot.press("a")
+        assert link.sent[-1] == protocol.SetCommand("amp", "fp16")
+        await answer(app, pilot)
+        assert "amp = fp16 refused: fp16 needs CUDA; this run trains on cpu" in log_text(app)
+        assert app.run_state.options["amp"] == "bf16"
+
+        # fp16 was refused on this run: the cycle goes on to off instead of asking again.
+        await pilot.press("a")
+        assert link.sent[-1] == protocol.SetCommand("amp", "off")
+
+
+async def test_checkpointing_key_toggles_and_is_acknowledged(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("c")
+        assert link.sent == [protocol.SetCommand("checkpointing", True)]
+        assert "checkpointing off → on…" in options_text(app)  # shown as pending until the answer
+        await answer(app, pilot)
+        assert "checkpointing = on applied at step 121 (was off)" in log_text(app)
+        assert "checkpointing on" in options_text(app)
+        await pilot.press("c")
+        assert link.sent[-1] == protocol.SetCommand("checkpointing", False)
+
+
+async def test_clip_prompt_sends_the_value_and_focus_returns_so_keys_work(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        focused_before = app.focused
+        await pilot.press("g")
+        assert isinstance(app.screen, OptionPrompt)
+        await pilot.press("1", ".", "5", "enter")
+        await pilot.pause()
+        assert not isinstance(app.screen, OptionPrompt)
+        assert link.sent == [protocol.SetCommand("clip", 1.5)]
+        await answer(app, pilot)
+        assert "clip = 1.5 applied at step 121 (was off)" in log_text(app)
+        # Focus is back where it was, not in an input: letter keys mean their actions again.
+        assert app.focused is focused_before
+        await pilot.press("c")
+        assert link.sent[-1] == protocol.SetCommand("checkpointing", True)
+
+
+async def test_empty_clip_prompt_turns_clipping_off(app: TorchlabApp, link: FakeLink) -> None:
+    link.options["clip"] = 1.0
+    app.run_state.options["clip"] = 1.0
+    async with app.run_test(size=SIZE) as pilot:
+        app.run_state.options["clip"] = 1.0
+        await pilot.press("g")
+        prompt = app.screen
+        assert isinstance(prompt, OptionPrompt)
+        await pilot.press("backspace", "enter")  # the prefilled value is selected: backspace clears it
+        await pilot.pause()
+        assert link.sent == [protocol.SetCommand("clip", None)]
+
+
+async def test_invalid_prompt_input_says_what_is_wrong_and_sends_nothing(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("m")
+        prompt = app.screen
+        assert isinstance(prompt, OptionPrompt)
+        await pilot.press("x", "enter")
+        await pilot.pause()
+        assert app.screen is prompt
+        assert "accum must be a whole number" in prompt.error_text
+        assert link.sent == []
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, OptionPrompt)
+        assert link.sent == []
+
+
+async def test_lr_scale_and_world_size_prompts(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("l", "0", ".", "5", "enter")
+        await pilot.pause()
+        assert link.sent[-1] == protocol.SetCommand("lr_scale", 0.5)
+        await pilot.press("w", "2", "enter")
+        await pilot.pause()
+        assert link.sent[-1] == protocol.SetCommand("world_size", 2)
+        await answer(app, pilot)
+        assert "world_size = 2 refused: changing the world size is not available yet" in log_text(app)
+
+
+async def test_space_pauses_and_resumes(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("space")
+        assert link.sent == [protocol.PauseCommand()]
+        await answer(app, pilot)
+        assert app.run_state.state == "paused"
+        assert "paused at step 120" in log_text(app)
+        await pilot.press("space")
+        assert link.sent[-1] == protocol.ResumeCommand()
+        await answer(app, pilot)
+        assert app.run_state.state == "running"
+        assert "resumed at step 120" in log_text(app)
+
+
+async def test_profile_save_and_detach_are_sent_and_answered(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("p", "s", "d")
+        assert [type(c) for c in link.sent] == [protocol.ProfileCommand, protocol.SaveCheckpointCommand, protocol.DetachCommand]
+        await answer(app, pilot)
+        text = log_text(app)
+        assert "profile = 5 refused: the profiler is not available yet" in text
+        assert "checkpoint saved at step 121 (requested)" in text
+        assert "detach refused: detaching is not available yet" in text
+        assert link.closed is None  # a refused detach leaves the app where it was
+
+
+async def test_confirmed_detach_closes_the_link_without_stopping_the_trainer(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("d")
+        link.queue.clear()
+        link.push(protocol.OptionApplied("detach", True, None, 121, "app"))
+        await answer(app, pilot)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+    assert link.closed == {"detach": True}
+
+
+async def test_quit_stops_the_trainer_through_the_link(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("q")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+    assert link.closed == {"detach": False}
+
+
+async def test_error_event_opens_the_error_screen_and_restart_resumes(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        link.push(protocol.Error("RuntimeError: boom", "Traceback (most recent call last):\n  ...\nRuntimeError: boom", 121, "runs/x/checkpoints/last.pt"))
+        await answer(app, pilot)
+        assert isinstance(app.screen, ErrorScreen)
+        assert app.run_state.state == "failed"
+        # The app stays responsive underneath: it keeps taking events, and trainer keys are off while the dialog is up.
+        link.push(protocol.Log("warning", "late line", 121))
+        await answer(app, pilot)
+        assert "late line" in log_text(app)
+        await pilot.press("a")
+        assert link.sent_of(protocol.SetCommand) == []
+        await pilot.press("r")
+        await pilot.pause()
+        assert link.restarts == [True]
+        assert not isinstance(app.screen, ErrorScreen)
+        await answer(app, pilot)
+        assert app.run_state.state == "running"
+        assert app.run_state.step == 100  # resumed from the checkpoint at step 100
+        await pilot.press("c")
+        assert link.sent[-1] == protocol.SetCommand("checkpointing", True)
+
+
+async def test_restart_truncates_curves_after_the_checkpoint_step(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        assert app.run_state.loss.xs[-1] == 120
+        link.push(protocol.Error("boom", "tb", 121))
+        await answer(app, pilot)
+        await pilot.press("r")
+        await answer(app, pilot)
+        assert app.run_state.loss.xs[-1] == 100
+
+
+async def test_nonfinite_event_shows_the_report(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        link.push(protocol.NonFinite(121, "backward", "blocks.2.mlp.fc", "grad of blocks.2.mlp.fc.weight is inf", "non-finite gradient"))
+        await answer(app, pilot)
+        screen = app.screen
+        assert isinstance(screen, ErrorScreen)
+        assert "blocks.2.mlp.fc" in screen.failure.detail
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, ErrorScreen)
+        assert app.run_state.state == "failed"
+
+
+async def test_a_link_that_fails_to_start_shows_the_error_and_the_app_stays_up() -> None:
+    def broken() -> FakeLink:
+        raise OSError("no space left on device")
+
+    app = quiet_app(broken)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, ErrorScreen)
+        assert "no space left on device" in app.screen.failure.message
+        await pilot.press("escape")
+        await pilot.press("a")  # nothing to send to: said so, no crash
+        await pilot.pause()
+        assert "no trainer is connected" in log_text(app)
+
+
+async def test_surprising_events_are_logged_not_fatal(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        link.push(
+            protocol.OptionApplied("turbo", 3, None, 121, "app"),
+            protocol.Metrics(columns=["loss"], rows=[[1.0]]),
+            protocol.Metrics(columns=["step", "loss"], rows=[[1, 2, 3], "x"]),
+            protocol.GradNorms(122, [1.0, 2.0]),
+            protocol.State("levitating", 122),
+            protocol.Welcome(run={"steps": "many"}, modules=[{"nom": 1}, "x"], options=[], state="running", step=122),
+            protocol.Refused("wrong token"),
+        )
+        await answer(app, pilot)
+        text = log_text(app)
+        assert "turbo = 3 applied at step 121" in text
+        assert "metrics batch without a step column" in text
+        assert "does not match its 2 columns" in text
+        assert "gradient norms for 2 modules" in text
+        assert "unknown state 'levitating'" in text
+        assert "malformed module entry" in text
+        assert "the trainer refused a message: wrong token" in text
+        await pilot.press("c")
+        assert link.sent[-1] == protocol.SetCommand("checkpointing", True)
+
+
+async def test_grad_table_filter_by_name_and_focus_returns_to_the_table(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        grads = app.query_one(GradTable)
+        await pilot.press("slash")
+        await pilot.press(*"attn")
+        await pilot.pause()
+        assert grads.displayed_keys and all("attn" in key for key in grads.displayed_keys)
+        assert len(grads.displayed_keys) == 8
+        await pilot.press("enter")
+        assert app.focused is grads.table
+        await pilot.press("c")  # a letter key acts again, it is not typed into the filter
+        assert link.sent == [protocol.SetCommand("checkpointing", True)]
+        await pilot.press("escape")
+        await pilot.pause()
+        assert len(grads.displayed_keys) == len(module_names())
+
+
+async def test_grad_table_sort_keeps_the_cursor_on_its_module(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        grads = app.query_one(GradTable)
+        await pilot.press(*["down"] * 5)
+        assert grads.displayed_keys[grads.table.cursor_row] == "blocks.0.ln_2"
+        await pilot.press("o")  # sort by norm, largest first
+        await pilot.pause()
+        assert grads.sort_by == "norm"
+        assert grads.displayed_keys[0] == "head"
+        assert grads.displayed_keys[-1] == "blocks.3.ln_1"
+        assert grads.displayed_keys[grads.table.cursor_row] == "blocks.0.ln_2"
+        await pilot.press("o")  # by ratio to the median: the same order here
+        await pilot.press("o")  # by name
+        await pilot.pause()
+        assert grads.displayed_keys == sorted(module_names())
+
+
+async def test_new_norms_update_in_place_keeping_cursor_and_scroll(link: FakeLink) -> None:
+    names = [f"layers.{i}.linear" for i in range(40)]
+    link.queue = training_events(20, names=names)
+    app = quiet_app(link)
+    async with app.run_test(size=(120, 30)) as pilot:
+        grads = app.query_one(GradTable)
+        table = grads.table
+        await pilot.press(*["down"] * 30)
+        await pilot.pause()
+        row, scroll = table.cursor_row, table.scroll_y
+        assert row == 30 and scroll > 0
+        before = str(table.get_cell("layers.30.linear", "norm"))
+        link.push(protocol.Metrics.from_records([record(21)]), grad_norms(21, names))
+        link.push(protocol.GradNorms(22, [float(i) for i in range(40)], 1.0))
+        await answer(app, pilot)
+        assert str(table.get_cell("layers.30.linear", "norm")) != before
+        assert (table.cursor_row, table.scroll_y) == (row, scroll)
+
+
+async def test_a_large_model_starts_grouped_and_a_group_drills_down(link: FakeLink) -> None:
+    names = [f"blocks.{b}.{part}" for b in range(125) for part in ("ln_1", "attn.qkv", "attn.proj", "ln_2", "mlp.fc", "mlp.proj", "mlp.act", "drop")]
+    assert len(names) == 1000
+    link.queue = training_events(10, names=names)
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        grads = app.query_one(GradTable)
+        assert grads.grouped
+        assert len(grads.displayed_keys) == 125
+        await pilot.press("down", "down", "enter")
+        await pilot.pause()
+        assert not grads.grouped
+        assert grads.filter_text == "blocks.2."
+        assert len(grads.displayed_keys) == 8
+        await pilot.press("v")  # back to groups, filter kept: the group whose modules match
+        await pilot.pause()
+        assert grads.grouped
+        assert grads.displayed_keys == ["blocks.2"]
+        await pilot.press("escape")
+        await pilot.pause()
+        assert len(grads.displayed_keys) == 125
+
+
+async def test_trainer_log_lines_appear_in_the_event_log(tmp_path: Path) -> None:
+    log_file = tmp_path / "trainer.log"
+    log_file.write_text("torch warming up\n")
+    link = FakeLink(log_path=log_file)
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        app._poll_trainer_log()
+        with log_file.open("a") as handle:
+            handle.write("UserWarning: something\npartial")
+        app._poll_trainer_log()
+        app.poll_now()
+        await pilot.pause()
+        text = log_text(app)
+        assert "torch warming up" in text and "UserWarning: something" in text
+        assert "partial" not in text
+
+
+async def test_help_screen_and_command_palette_list_every_action(app: TorchlabApp) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+        titles = " ".join(command.title for command in app.get_system_commands(app.screen))
+        for words in ("Pause or resume", "mixed precision", "checkpointing", "max gradient norm", "accumulation",
+                      "learning-rate scale", "training processes", "Profile", "Save a checkpoint", "trainer keeps training",
+                      "Restart the trainer"):
+            assert words in titles
+
+
+async def test_command_palette_action_runs(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        command = next(c for c in app.get_system_commands(app.screen) if "mixed precision" in c.title)
+        await command.callback()
+        await pilot.pause()
+        assert link.sent == [protocol.SetCommand("amp", "bf16")]
+
+
+async def test_small_and_large_terminals_switch_the_options_layout(link: FakeLink) -> None:
+    app = quiet_app(link)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.query_one(OptionsPanel).compact
+        assert not app.query_one(GradTable).layout_columns.params
+        await pilot.resize_terminal(200, 50)
+        await pilot.pause()
+        assert not app.query_one(OptionsPanel).compact
+        assert app.query_one(GradTable).layout_columns.params
+
+
+async def test_keys_before_the_trainer_says_hello_are_refused_locally() -> None:
+    link = FakeLink([])
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("a", "space")
+        assert link.sent == []
+        assert "the trainer is still starting" in log_text(app)
+
+
+async def test_restart_is_not_offered_while_the_run_is_going(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        app.restart_trainer()
+        await pilot.pause()
+        assert link.restarts == []

@@ -1,0 +1,117 @@
+"""The real app against a real trainer process on a tiny model: keys, acknowledgements, quit, failure.
+
+These are the tests that caught what fakes cannot: a quit that hung because closing the link takes
+real seconds (a final checkpoint), while the app's own flag shadowed Textual's ``_closing``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from torchlab.tui.app import make_app
+from torchlab.tui.link import ProcessLink
+from torchlab.tui.screens.error_screen import ErrorScreen
+from torchlab.tui.widgets.event_log import EventLog
+from torchlab.tui.widgets.grad_table import GradTable
+
+pytestmark = pytest.mark.asyncio
+
+TINY = str(Path(__file__).parent.parent / "workloads" / "tiny.py")
+SIZE = (120, 40)
+
+
+async def until(pilot, condition, timeout: float = 60.0, what: str = "") -> None:
+    """Let the app run (its own 10 Hz timer drains the link) until ``condition()`` holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what or condition}"
+        await pilot.pause(0.05)
+
+
+def app_with_trainer(run_dir: Path, *args: str):
+    links: list[ProcessLink] = []
+
+    def factory() -> ProcessLink:
+        links.append(ProcessLink(run_dir, list(args)))
+        return links[-1]
+
+    return make_app(factory, workload="tiny"), links
+
+
+def events_of(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "State:\tZ" not in status.read_text()
+
+
+async def test_keys_change_a_real_run_and_quit_leaves_no_trainer(tmp_path):
+    run_dir = tmp_path / "run"
+    app, links = app_with_trainer(run_dir, f"{TINY}:workload", "--steps", "100000", "--checkpoint-every", "0")
+    async with app.run_test(size=SIZE) as pilot:
+        state = app.run_state
+        await until(pilot, lambda: state.step >= 2 and state.modules, what="module rows")
+        assert app.query_one(GradTable).displayed_keys[:2] == ["stem", "body.0.0"]
+
+        await pilot.press("a")
+        await until(pilot, lambda: state.option("amp") == "bf16", what="amp=bf16 acknowledged")
+        await pilot.press("c")
+        await until(pilot, lambda: state.option("checkpointing") is True, what="checkpointing acknowledged")
+        await pilot.press("g", *"0.5", "enter")
+        await until(pilot, lambda: state.option("clip") == 0.5, what="clip acknowledged")
+        await pilot.press("a")  # bf16 -> fp16: a CPU trainer refuses, with the reason
+        await until(pilot, lambda: ("amp", "fp16") in state.refused, what="fp16 refused")
+        await pilot.press("space")
+        await until(pilot, lambda: state.state == "paused", what="paused")
+        paused_at = state.step
+        await pilot.press("space")
+        await until(pilot, lambda: state.state == "running" and state.step > paused_at, what="running again")
+
+        shown = "\n".join(app.query_one(EventLog).lines_written)
+        applied = {e["option"]: e["step"] for e in events_of(run_dir) if e["event"] == "option_applied"}
+        assert set(applied) == {"amp", "checkpointing", "clip"}
+        for option, value in (("amp", "bf16"), ("checkpointing", "on"), ("clip", "0.5")):
+            assert f"{option} = {value} applied at step {applied[option]}" in shown  # the app and the journal agree
+        assert "fp16 needs CUDA" in shown
+
+        trainer_pid = links[0].pid
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, what="the app to exit after q")
+    assert app.return_code == 0
+    assert not alive(trainer_pid)
+    assert events_of(run_dir)[-1] == {**events_of(run_dir)[-1], "event": "run_ended", "status": "stopped"}
+    assert (run_dir / "checkpoints" / "last.pt").exists()
+
+
+async def test_a_workload_that_raises_shows_the_error_and_the_app_stays_up(tmp_path):
+    run_dir = tmp_path / "run"
+    app, links = app_with_trainer(run_dir, f"{TINY}:raises_at_step_4", "--steps", "6", "--checkpoint-every", "1")
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, ErrorScreen), what="the error screen")
+        assert "simulated failure inside the model" in app.run_state.failure.message
+        assert "tiny.py" in app.run_state.failure.detail  # the traceback names the user's file
+        await pilot.press("escape")  # close the screen: the app is still there and answers keys
+        await until(pilot, lambda: not isinstance(app.screen, ErrorScreen))
+        await pilot.press("question_mark")
+        await until(pilot, lambda: app.screen.__class__.__name__ == "HelpScreen", what="help")
+        await pilot.press("escape")
+        app.restart_trainer()  # what the error screen's Restart and the palette do
+        await until(pilot, lambda: len(links) == 1 and app.run_state.state in ("running", "finished", "failed")
+                    and app.run_state.step >= 3, what="the restarted trainer")
+        await until(pilot, lambda: isinstance(app.screen, ErrorScreen) or app.run_state.state == "finished",
+                    what="the resumed run to end")
+        resumed = [e for e in events_of(run_dir) if e["event"] == "resumed_from_checkpoint"]
+        assert resumed and resumed[0]["step"] == 3
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, what="exit")

@@ -1,0 +1,471 @@
+"""The workbench app: a live view of a training run in another process, and the keys that steer it.
+
+Data flow, one direction per arrow and one thread for the UI:
+
+    link (reader thread, owned by the link) ──buffer──▶ 10 Hz timer: link.drain() ──▶ RunState.apply()
+                                                                   └──▶ widgets redraw what changed
+
+Only the timer and key handlers touch widgets; nothing blocks the UI on the trainer (measured in
+shared/textual-notes.md: a buffer drained by a timer absorbs 100k+ records/s, per-message posting
+backs up). Commands go out through ``link.send``, which never blocks. Every change the user asks for
+is logged as requested at once, then acknowledged with the step it took effect at (or refused with
+the trainer's reason) when the answer arrives.
+
+This module and everything it imports stays free of torch: the app must start in well under a second
+over SSH. A subprocess test and an import-linter contract hold that line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from textual import events, on, work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen, Screen
+from textual.widgets import DataTable, Footer
+
+from torchlab.core import protocol
+from torchlab.core.options import format_option_value, parse_option_value
+from torchlab.tui.log_tail import LogTail
+from torchlab.tui.screens.error_screen import CLOSE, QUIT, RESTART, ErrorScreen
+from torchlab.tui.screens.help_screen import HelpScreen
+from torchlab.tui.screens.prompt import OptionPrompt
+from torchlab.tui.state import Failure, RunState
+from torchlab.tui.widgets.event_log import EventLog
+from torchlab.tui.widgets.grad_table import GradTable
+from torchlab.tui.widgets.line_chart import ChartLine, LineChart
+from torchlab.tui.widgets.options_panel import OptionsPanel
+from torchlab.tui.widgets.run_header import RunHeader
+from torchlab.tui.widgets.stats_bar import StatsBar
+
+#: Below this width or height the layout drops borders and side panels (80x24 must read well).
+COMPACT_WIDTH = 110
+COMPACT_HEIGHT = 34
+#: Steps a profiler snapshot covers.
+PROFILE_STEPS = 5
+
+
+class LinkLike(Protocol):
+    """What the app needs from its connection to the trainer (``torchlab.tui.link.TrainerLink``)."""
+
+    run_dir: Path | None
+    log_path: Path | None
+
+    def start(self) -> None: ...
+    def drain(self) -> list[protocol.Message]: ...
+    def send(self, command: protocol.Message) -> None: ...
+    def close(self, *, detach: bool = False) -> None: ...
+    def restart(self, resume: bool) -> None: ...
+
+
+LinkFactory = Callable[[], LinkLike]
+
+
+@dataclass(frozen=True)
+class KeyAction:
+    """One key of the workbench: binding, footer label, help and command-palette text in one place."""
+
+    key: str
+    action: str
+    label: str
+    help: str
+    show: bool = True
+    key_display: str | None = None
+
+
+KEY_ACTIONS = (
+    KeyAction("space", "toggle_pause", "Pause", "Pause or resume training", key_display="space"),
+    KeyAction("a", "cycle_amp", "AMP", "Cycle mixed precision: off → bf16 → fp16 → off"),
+    KeyAction("c", "toggle_checkpointing", "Ckpt", "Toggle activation checkpointing of the model's blocks"),
+    KeyAction("g", "prompt('clip')", "Clip", "Set the max gradient norm to clip to (empty = off)"),
+    KeyAction("m", "prompt('accum')", "Accum", "Set gradient accumulation steps"),
+    KeyAction("l", "prompt('lr_scale')", "LR×", "Set the learning-rate scale (multiplies the schedule)"),
+    KeyAction("w", "prompt('world_size')", "World", "Set the number of training processes", show=False),
+    KeyAction("p", "profile", "Profile", f"Profile the next {PROFILE_STEPS} steps", show=False),
+    KeyAction("s", "save_checkpoint", "Save", "Save a checkpoint now"),
+    KeyAction("d", "detach", "Detach", "Leave the app; the trainer keeps training (reattach later)", show=False),
+    KeyAction("q", "quit", "Quit", "Quit: stop the trainer after a final checkpoint"),
+    KeyAction("question_mark", "help", "Help", "Show every key", key_display="?"),
+)
+
+#: (option, prompt title, hint)
+PROMPTS = {
+    "clip": ("Clip gradients to a max global norm", "a positive number, e.g. 1.0; empty or off = no clipping"),
+    "accum": ("Gradient accumulation steps", "a whole number from 1; the batch per optimizer step grows with it"),
+    "lr_scale": ("Learning-rate scale", "a factor above 0 that multiplies the schedule, e.g. 0.5"),
+    "world_size": ("World size", "the number of training processes, from 1"),
+}
+
+#: Actions that talk to the trainer: not while a dialog is open (its keys are the dialog's).
+TRAINER_ACTIONS = frozenset(
+    {"toggle_pause", "cycle_amp", "toggle_checkpointing", "prompt", "profile", "save_checkpoint", "detach"}
+)
+
+
+class TorchlabApp(App[int]):
+    """The live workbench. Build it with ``make_app`` (the CLI and the tests both do)."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "torchlab-tui"
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (COMPACT_WIDTH, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (COMPACT_HEIGHT, "-tall")]
+    BINDINGS = [
+        Binding(k.key, k.action, k.label, show=k.show, key_display=k.key_display, tooltip=k.help) for k in KEY_ACTIONS
+    ]
+
+    def __init__(
+        self,
+        link: LinkLike | LinkFactory,
+        *,
+        workload: str | None = None,
+        poll_interval: float = 0.1,
+        log_poll_interval: float = 0.5,
+        grad_refresh_interval: float = 0.5,
+    ) -> None:
+        super().__init__()
+        self.grad_refresh_interval = grad_refresh_interval
+        # A link instance has drain(); anything else is the factory that makes one.
+        self._link_factory: LinkFactory = (lambda: link) if hasattr(link, "drain") else link  # type: ignore[assignment,return-value]
+        self.link: LinkLike | None = None
+        self.run_state = RunState(workload)
+        self.poll_interval = poll_interval
+        self.log_poll_interval = log_poll_interval
+        self._log_tail: LogTail | None = None
+        self._seen = {"header": -1, "metrics": -1, "options": -1, "failure": 0}
+        self._link_closed = False
+        self._leaving = False
+        self._error_screen_open = False
+
+    # ------------------------------------------------------------------ layout
+
+    def compose(self) -> ComposeResult:
+        state = self.run_state
+        yield RunHeader(id="header")
+        yield StatsBar(id="stats")
+        with Horizontal(id="main"):
+            with Vertical(id="charts"):
+                yield LineChart(ChartLine(state.loss, "loss"), ChartLine(state.val_loss, "val loss"), id="loss-chart")
+                yield LineChart(ChartLine(state.lr, "lr", style=2), id="lr-chart")
+                yield LineChart(ChartLine(state.samples_per_s, "samples/s"), id="speed-chart")
+            yield GradTable(refresh_interval=self.grad_refresh_interval, id="grads")
+        with Horizontal(id="bottom"):
+            yield OptionsPanel(id="options")
+            yield EventLog(id="events")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#loss-chart").border_title = "loss · [$warning]val loss[/]"
+        self.query_one("#lr-chart").border_title = "learning rate"
+        self.query_one("#speed-chart").border_title = "samples/s"
+        self.query_one("#grads").border_title = "gradient norms"
+        self.query_one("#options").border_title = "options"
+        self.query_one("#events").border_title = "events"
+        self._set_compact(self.size.width, self.size.height)
+        self._refresh_view()
+        self.query_one("#grad-data", DataTable).focus()
+        self._start_link()
+        self.set_interval(self.poll_interval, self.poll_now)
+        self.poll_now()  # whatever the link has already (a fake link: everything) shows in the first frame
+        self.set_interval(self.log_poll_interval, self._poll_trainer_log)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._set_compact(event.size.width, event.size.height)
+
+    def _set_compact(self, width: int, height: int) -> None:
+        compact = width < COMPACT_WIDTH or height < COMPACT_HEIGHT
+        self.query_one(OptionsPanel).compact = compact
+        self.query_one(Footer).compact = width < COMPACT_WIDTH  # so "? Help" still fits in 80 columns
+
+    # ------------------------------------------------------------------ the link
+
+    def _start_link(self) -> None:
+        """Create and start the link; a failure shows the error screen, it does not end the app."""
+        try:
+            self.link = self._link_factory()
+            self.link.start()
+        except Exception as error:  # the user's config or machine: shown, with the traceback, never fatal
+            self._show_failure(Failure("error", f"could not start the trainer: {error}", traceback.format_exc(), None))
+            return
+        self._link_closed = False
+        self._follow_trainer_log()
+
+    def _follow_trainer_log(self) -> None:
+        path = getattr(self.link, "log_path", None)
+        if path is not None and (self._log_tail is None or self._log_tail.path != Path(path)):
+            self._log_tail = LogTail(Path(path))
+
+    def poll_now(self) -> None:
+        """The 10 Hz heartbeat: take what the link buffered, fold it into the state, redraw what changed."""
+        if self.link is not None and not self._link_closed:
+            try:
+                received = self.link.drain()
+            except Exception as error:  # a broken link is reported, and the app stays up to say so
+                self.run_state.log("error", f"lost the connection to the trainer: {error}", notify=True)
+                received = []
+            for event in received:
+                self.run_state.apply(event)
+        self._refresh_view()
+
+    def _poll_trainer_log(self) -> None:
+        if self._log_tail is None:
+            self._follow_trainer_log()
+        if self._log_tail is None:
+            return
+        try:
+            lines = self._log_tail.read_lines()
+        except OSError as error:
+            self.run_state.log("warning", f"cannot read {self._log_tail.path}: {error}")
+            self._log_tail = None
+            return
+        for line in lines:
+            if line.strip():
+                self.run_state.log("trainer", line)
+
+    def send(self, command: protocol.Message) -> bool:
+        """Send a command to the trainer; False (and a message saying why) when there is no trainer to send to."""
+        if self.link is None or self._link_closed:
+            self.run_state.log("refused", f"{command.type}: no trainer is connected", notify=True)
+            self._refresh_view()
+            return False
+        if self.run_state.state == "connecting":
+            # Before the welcome the trainer is still importing torch; the link would answer with an error.
+            self.run_state.log("refused", f"{command.type}: the trainer is still starting; try again in a moment", notify=True)
+            self._refresh_view()
+            return False
+        try:
+            self.link.send(command)
+        except Exception as error:  # told to the user; the app goes on
+            self.run_state.log("error", f"could not send {command.type} to the trainer: {error}", notify=True)
+            self._refresh_view()
+            return False
+        return True
+
+    # ------------------------------------------------------------------ drawing
+
+    def _refresh_view(self) -> None:
+        state = self.run_state
+        if state.header_version != self._seen["header"]:
+            self._seen["header"] = state.header_version
+            self.query_one(RunHeader).show(state)
+            self.query_one(StatsBar).show(state)
+        if state.metrics_version != self._seen["metrics"]:
+            self._seen["metrics"] = state.metrics_version
+            for chart in self.query(LineChart):
+                chart.data_changed()
+        self.query_one(GradTable).show(state)
+        if state.options_version != self._seen["options"]:
+            self._seen["options"] = state.options_version
+            self.query_one(OptionsPanel).show(state)
+        event_log = self.query_one(EventLog)
+        for entry in state.take_log():
+            event_log.add(entry)
+            # Failures have their own screen; a toast on top of it would only cover its buttons.
+            if entry.notify and entry.level != "error":
+                severity = "warning" if entry.level == "refused" else "information"
+                self.notify(entry.text, severity=severity, timeout=4, markup=False)
+        if state.failure is not None and state.failure_version != self._seen["failure"]:
+            self._seen["failure"] = state.failure_version
+            self._show_failure(state.failure)
+        if state.detached and not self._leaving:
+            self._leave(detach=True)
+
+    def _show_failure(self, failure: Failure) -> None:
+        if self._error_screen_open:
+            return
+        self._error_screen_open = True
+        self.push_screen(ErrorScreen(failure), callback=self._failure_choice)
+
+    def _failure_choice(self, choice: str | None) -> None:
+        self._error_screen_open = False
+        if choice == RESTART:
+            self.restart_trainer()
+        elif choice == QUIT:
+            self._leave(detach=False)
+        elif choice == CLOSE:
+            self.run_state.log("info", "the run has stopped; press q to quit, or ctrl+p → Restart to resume it")
+            self._refresh_view()
+
+    def restart_trainer(self) -> None:
+        """Start a new trainer that resumes from the run's last checkpoint (after a failure).
+
+        On the main thread on purpose: the link's ``start`` must be (the trainer's parent-death signal
+        follows the thread that spawned it), and the old trainer has already ended.
+        """
+        if self.link is not None and self.run_state.state in ("running", "paused", "starting"):
+            self.notify("the run is still going: restart is for a run that failed or stopped", severity="warning")
+            return
+        self.run_state.log("info", "restarting the trainer from the last checkpoint…", notify=True)
+        if self.link is None:
+            self._start_link()
+        else:
+            try:
+                self.link.restart(resume=True)
+            except Exception as error:  # shown on the error screen again, with its traceback
+                self._show_failure(Failure("error", f"could not restart the trainer: {error}", traceback.format_exc(), None))
+                return
+            self._link_closed = False
+            self._follow_trainer_log()
+        self.run_state.mark_restarting()
+        self._refresh_view()
+
+    # ------------------------------------------------------------------ actions
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in TRAINER_ACTIONS and isinstance(self.screen, ModalScreen):
+            return False
+        return True
+
+    def action_toggle_pause(self) -> None:
+        state = self.run_state.state
+        if state == "paused":
+            if self.send(protocol.ResumeCommand()):
+                self._requested("resume requested")
+        elif state in ("running", "starting"):
+            if self.send(protocol.PauseCommand()):
+                self._requested("pause requested (takes effect at the end of the current step)")
+        else:
+            self.notify(f"the run is {state}: there is nothing to pause or resume", severity="warning")
+
+    def action_cycle_amp(self) -> None:
+        self.set_option("amp", self.run_state.next_amp_mode())
+
+    def action_toggle_checkpointing(self) -> None:
+        self.set_option("checkpointing", not bool(self.run_state.option("checkpointing")))
+
+    def action_prompt(self, option: str) -> None:
+        title, hint = PROMPTS.get(option, (option, ""))
+        current = self.run_state.option(option)
+        shown = format_option_value(option, current) if current is not None or option == "clip" else ""
+
+        def chosen(text: str | None) -> None:
+            if text is not None:
+                self.set_option(option, parse_option_value(option, text))
+
+        self.push_screen(OptionPrompt(option, title, current=shown, hint=hint), callback=chosen)
+
+    def set_option(self, option: str, value: Any) -> None:
+        """Ask the trainer to change a live option at the next step boundary."""
+        if self.send(protocol.SetCommand(option, value)):
+            self.run_state.note_request(option, value)
+            self.run_state.options_version += 1
+            self._refresh_view()
+
+    def action_profile(self) -> None:
+        if self.send(protocol.ProfileCommand(steps=PROFILE_STEPS)):
+            self._requested(f"profiler snapshot of the next {PROFILE_STEPS} steps requested")
+
+    def action_save_checkpoint(self) -> None:
+        if self.send(protocol.SaveCheckpointCommand()):
+            self._requested("checkpoint requested (saved at the end of the current step)")
+
+    def action_detach(self) -> None:
+        if self.send(protocol.DetachCommand()):
+            self._requested("detach requested: the app leaves once the trainer confirms")
+
+    async def action_quit(self) -> None:
+        self._leave(detach=False)
+
+    def action_help(self) -> None:
+        keys = [(k.key_display or k.key, k.help) for k in KEY_ACTIONS]
+        keys += [("/", "Filter the gradient table by module name (enter/esc back)"), ("o", "Cycle the gradient table's sort"),
+                 ("v", "Grouped / per-module gradient view"), ("enter", "On a group: show its modules"),
+                 ("ctrl+p", "Command palette")]
+        self.push_screen(HelpScreen(keys))
+
+    def _requested(self, text: str) -> None:
+        self.run_state.log("info", text)
+        self._refresh_view()
+
+    # ------------------------------------------------------------------ leaving
+
+    def _leave(self, *, detach: bool) -> None:
+        """Close the link off the UI thread (a final checkpoint can take seconds), then exit.
+
+        A second ``q`` while the trainer is still saving exits at once; the link's own clean-up
+        (the trainer's parent-death handling) still ends the trainer.
+        """
+        if self._leaving:
+            self.exit(0)
+            return
+        self._leaving = True
+        if self.link is None or self._link_closed:
+            self.exit(0)
+            return
+        if detach:
+            where = self.link.run_dir or self.run_state.run_dir
+            self.notify(f"detached: the trainer keeps training in {where}")
+        else:
+            self.notify("stopping the trainer: saving a final checkpoint… (q again to leave at once)")
+        self._close_link(detach)
+
+    @work(exclusive=True, group="link-close", exit_on_error=False)
+    async def _close_link(self, detach: bool) -> None:
+        link = self.link
+        self._link_closed = True
+        try:
+            if link is not None:
+                # In a thread: the trainer's final checkpoint can take seconds, and the UI keeps drawing meanwhile.
+                await asyncio.to_thread(link.close, detach=detach)
+        except Exception as error:  # said on the way out: the terminal is all that is left to tell
+            self.exit(1, 1, f"torchlab-tui: could not stop the trainer cleanly: {error}")
+            return
+        self.exit(0)
+
+    def on_unmount(self) -> None:
+        # Any other way out (ctrl+c, an exception): the trainer still gets told, so no orphan is left.
+        if self.link is not None and not self._link_closed:
+            self._link_closed = True
+            self.link.close(detach=False)
+
+    # ------------------------------------------------------------------ command palette
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for key in KEY_ACTIONS:
+            if key.action in ("quit", "help"):
+                continue
+            yield SystemCommand(f"{key.help} [{key.key_display or key.key}]", key.help, self._palette_callback(key.action))
+        yield SystemCommand("Restart the trainer from the last checkpoint", "After a failure: resume the run", self.restart_trainer)
+        yield SystemCommand("Help: every key [?]", "Show the keys of the workbench", self.action_help)
+
+    def _palette_callback(self, action: str) -> Callable[[], Any]:
+        async def run() -> None:
+            await self.run_action(action)
+
+        return run
+
+    @on(GradTable.ViewChanged)
+    def _grad_view_changed(self, event: GradTable.ViewChanged) -> None:
+        self.notify(event.description, timeout=2)
+
+
+def make_app(
+    link: LinkLike | LinkFactory,
+    *,
+    workload: str | None = None,
+    poll_interval: float = 0.1,
+    log_poll_interval: float = 0.5,
+    grad_refresh_interval: float = 0.5,
+) -> TorchlabApp:
+    """The app as users get it: the CLI passes a factory of the real link, the tests a fake one.
+
+    ``link`` is a link instance or a zero-argument factory; the app calls the factory and then
+    ``start()`` from the main thread when it mounts, so the window shows before the trainer exists.
+    ``workload`` is shown in the header until the trainer's welcome names it. The intervals are
+    the drain timer, the trainer.log tail, and the least time between gradient-table updates; tests
+    set them so that nothing happens unless they call ``poll_now``.
+    """
+    return TorchlabApp(
+        link,
+        workload=workload,
+        poll_interval=poll_interval,
+        log_poll_interval=log_poll_interval,
+        grad_refresh_interval=grad_refresh_interval,
+    )

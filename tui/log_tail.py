@@ -1,0 +1,50 @@
+"""Follow ``trainer.log`` from where the last read stopped, the way ``tail -f`` does, without blocking.
+
+The trainer's stdout and stderr go to a file (printing to the terminal would scribble over the app),
+and the app shows new lines of it in the event log. Reads are bounded per call, a line is only
+emitted once its newline arrived, and a file that shrank (rotated or rewritten) is followed from its
+start again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class LogTail:
+    """New complete lines of a growing text file, per call to ``read_lines``."""
+
+    def __init__(self, path: Path, *, max_bytes: int = 64 * 1024, initial_bytes: int = 16 * 1024) -> None:
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.initial_bytes = initial_bytes
+        self._offset: int | None = None  # None: not opened yet
+        self._partial = b""
+
+    def read_lines(self) -> list[str]:
+        """Lines completed since the last call (at most ``max_bytes`` of them); [] when the file is not there yet."""
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return []
+        skip_first_line = False
+        if self._offset is None:
+            # Attaching to a long run: start near the end, at a line boundary.
+            self._offset = max(0, size - self.initial_bytes)
+            skip_first_line = self._offset > 0
+        elif size < self._offset:
+            self._offset, self._partial = 0, b""
+        if size == self._offset:
+            return []
+        with self.path.open("rb") as handle:
+            handle.seek(self._offset)
+            data = handle.read(self.max_bytes)
+        self._offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        if skip_first_line and lines:
+            lines.pop(0)
+        if len(self._partial) > self.max_bytes:  # a line without end: show what there is
+            lines.append(self._partial)
+            self._partial = b""
+        return [line.decode("utf-8", "replace").rstrip("\r") for line in lines]

@@ -1,0 +1,56 @@
+"""The ``?`` screen: every key of the workbench and what it does, in one place."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Label, Static
+
+
+class HelpScreen(ModalScreen[None]):
+    """Lists ``(key, description)`` pairs given by the app, so the help never disagrees with the bindings."""
+
+    DEFAULT_CSS = """
+    HelpScreen {
+        align: center middle;
+        background: $background 60%;
+    }
+    HelpScreen > VerticalScroll {
+        width: 72;
+        max-width: 95%;
+        height: auto;
+        max-height: 90%;
+        border: thick $primary;
+        background: $surface;
+        padding: 0 1;
+    }
+    HelpScreen #help-title { text-style: bold; }
+    HelpScreen #help-footer { color: $text-muted; }
+    """
+
+    BINDINGS = [Binding("escape,question_mark,q", "close", "Close")]
+
+    def __init__(self, keys: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.keys = keys
+
+    def compose(self) -> ComposeResult:
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold")
+        table.add_column()
+        for key, description in self.keys:
+            table.add_row(key, description)
+        with VerticalScroll():
+            yield Label("torchlab-tui keys", id="help-title")
+            yield Static(table)
+            yield Label(
+                "Changes apply at the next optimizer step; the event log shows the step each took effect at, "
+                "or why the trainer refused it. Every action is also in the command palette (ctrl+p).",
+                id="help-footer",
+            )
+
+    def action_close(self) -> None:
+        self.dismiss(None)

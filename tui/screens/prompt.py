@@ -1,0 +1,79 @@
+"""A one-field dialog for a live option: it checks the value as the trainer would before anything is sent."""
+
+from __future__ import annotations
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Input, Label, Static
+
+from torchlab.core.options import OptionRefused, parse_option_value
+
+
+class OptionPrompt(ModalScreen[str | None]):
+    """Asks for a new value of ``option``; dismisses with the text typed (valid), or None when cancelled.
+
+    Validation uses ``parse_option_value``, the same parser the trainer applies, so what it accepts here
+    is what the trainer will accept (except for facts only the trainer knows, like the device).
+    """
+
+    DEFAULT_CSS = """
+    OptionPrompt {
+        align: center middle;
+        background: $background 60%;
+    }
+    OptionPrompt > #dialog {
+        width: 60;
+        max-width: 95%;
+        height: auto;
+        border: thick $primary;
+        background: $surface;
+        padding: 0 1;
+    }
+    OptionPrompt #prompt-title { text-style: bold; width: 1fr; }
+    OptionPrompt #prompt-hint { color: $text-muted; width: 1fr; }
+    OptionPrompt #prompt-error { color: $error; height: auto; width: 1fr; }
+    OptionPrompt #prompt-keys { color: $text-muted; width: 1fr; }
+    """
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, option: str, title: str, *, current: str = "", hint: str = "") -> None:
+        super().__init__()
+        self.option = option
+        self.prompt_title = title
+        self.current = current
+        self.hint = hint
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog"):
+            yield Label(self.prompt_title, id="prompt-title")
+            if self.hint:
+                yield Label(self.hint, id="prompt-hint")
+            yield Input(value=self.current, id="prompt-input", select_on_focus=True)
+            yield Static("", id="prompt-error")
+            yield Label("enter apply · esc cancel", id="prompt-keys")
+
+    @property
+    def error_text(self) -> str:
+        """What is wrong with the input, as shown; empty when nothing is."""
+        return str(self.query_one("#prompt-error", Static).content)
+
+    @on(Input.Submitted, "#prompt-input")
+    def _submitted(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        try:
+            parse_option_value(self.option, text)
+        except OptionRefused as refusal:
+            self.query_one("#prompt-error", Static).update(str(refusal))
+            return
+        self.dismiss(text)
+
+    @on(Input.Changed, "#prompt-input")
+    def _changed(self) -> None:
+        self.query_one("#prompt-error", Static).update("")
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,490 @@
+"""What the app knows about the run: a plain model fed by protocol events, with no Textual in it.
+
+The app's timer drains the link, hands every event to ``RunState.apply`` and then redraws whatever
+changed (each part has a version counter that ``apply`` bumps). Keeping this separate from the widgets
+makes the rules testable without a terminal: how an acknowledgement is worded, when a gradient is
+flagged, what a resumed run does to the curves.
+
+Events come from another process and their nested payloads (run info, module list, metric records) are
+not validated by the protocol layer, so every field is read defensively: a surprising value becomes a
+warning in the event log, never an exception that takes the app down.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchlab.core import protocol
+from torchlab.core.options import OPTION_NAMES, format_option_value
+from torchlab.tui.thinning import Series
+
+#: The states the trainer reports, plus "connecting" before its Welcome arrives.
+RUN_STATES = ("connecting", "starting", "running", "paused", "stopped", "finished", "failed", "detached")
+
+#: Gradient-norm trend length kept per module (the sparkline in the table).
+TREND_LENGTH = 16
+#: A module whose norm is below this absolute value, or below VANISHING_RATIO x the layer median, is vanishing.
+VANISHING_NORM = 1e-7
+VANISHING_RATIO = 1e-3
+#: A module above EXPLODING_RATIO x the layer median, or RISING_FACTOR x its own recent median, is exploding.
+EXPLODING_RATIO = 100.0
+RISING_FACTOR = 10.0
+#: How many recent records the ETA averages step time over.
+ETA_WINDOW = 20
+
+AMP_CYCLE = ("off", "bf16", "fp16")
+
+SPARK_CHARS = "▁▂▃▄▅▆▇█"
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One line of the event log. ``notify`` marks the ones worth a toast (acknowledgements, errors)."""
+
+    level: str  # info, applied, refused, checkpoint, warning, error, trainer
+    text: str
+    step: int | None = None
+    notify: bool = False
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why the run stopped: an exception in the workload or a non-finite loss/gradient."""
+
+    kind: str  # "error" or "nonfinite"
+    message: str
+    detail: str  # the traceback, or the non-finite report
+    step: int | None
+    checkpoint: str | None = None
+
+
+@dataclass
+class ModuleStats:
+    """One module's gradient-norm history; ``flag`` is recomputed on every report."""
+
+    name: str
+    params: int
+    norm: float | None = None
+    trend: deque[float] = field(default_factory=lambda: deque(maxlen=TREND_LENGTH))
+    ratio: float | None = None
+    flag: str = ""  # "", "vanishing", "exploding", "non-finite"
+
+
+class RunState:
+    """Everything the app draws, updated one protocol event at a time by ``apply``."""
+
+    def __init__(self, workload: str | None = None, history_capacity: int = 200_000) -> None:
+        self.workload = workload or ""
+        self.device = ""
+        self.run_dir = ""
+        self.total_steps: int | None = None
+        self.started: float | None = None
+        self.state = "connecting"
+        self.state_detail = ""
+        self.step = 0
+        self.options: dict[str, Any] = {}
+        self.modules: list[ModuleStats] = []
+        self.grad_step: int | None = None
+        self.grad_total: float | None = None
+        self.loss = Series(history_capacity)
+        self.val_loss = Series(history_capacity)
+        self.lr = Series(history_capacity)
+        self.samples_per_s = Series(history_capacity)
+        self.step_time = Series(history_capacity)
+        self.last_record: dict[str, Any] = {}
+        self.elapsed_s: float | None = None
+        self.recent_step_times: deque[float] = deque(maxlen=ETA_WINDOW)
+        self.telemetry: dict[str, Any] = {}
+        self.failure: Failure | None = None
+        #: option -> value the app asked for and the trainer has not answered yet
+        self.pending: dict[str, Any] = {}
+        #: (option, formatted value) pairs the trainer refused on this run, e.g. ("amp", "fp16") on CPU
+        self.refused: set[tuple[str, str]] = set()
+        self._new_log: list[LogEntry] = []
+        #: option -> step its last acknowledged change took effect at
+        self._applied_at: dict[str, int] = {}
+        # Version counters: the app redraws a part only when its counter moved.
+        self.header_version = 0
+        self.metrics_version = 0
+        self.modules_version = 0  # the module list itself changed (new Welcome)
+        self.grads_version = 0
+        self.options_version = 0
+        self.failure_version = 0
+        self.detached = False
+
+    # ------------------------------------------------------------------ feeding
+
+    def apply(self, event: protocol.Message) -> None:
+        """Fold one event into the state. Never raises on a surprising payload; logs it instead."""
+        handler = _HANDLERS.get(type(event))
+        if handler is None:
+            self.log("warning", f"ignored an unexpected message from the trainer: {type(event).__name__}")
+            return
+        try:
+            handler(self, event)
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as error:
+            self.log("warning", f"could not read a {event.type!r} message from the trainer: {error}")
+
+    def note_request(self, option: str, value: Any) -> None:
+        """The app sent a SetCommand: remember it until the answer comes, and log that it is on its way."""
+        self.pending[option] = value
+        self.log("info", f"requested {option} = {format_option_value(option, value)} (applies at the next step)")
+
+    def mark_restarting(self) -> None:
+        """A new trainer is on its way after a failure: clear the failure, wait for its welcome."""
+        self.failure = None
+        self._set_state("starting", "restarting from the last checkpoint")
+
+    def log(self, level: str, text: str, step: int | None = None, *, notify: bool = False) -> None:
+        self._new_log.append(LogEntry(level, text, step, notify))
+
+    def take_log(self) -> list[LogEntry]:
+        """Log entries added since the last call, oldest first."""
+        entries, self._new_log = self._new_log, []
+        return entries
+
+    # ------------------------------------------------------------------ derived figures
+
+    def option(self, name: str) -> Any:
+        """The value in force, or the one requested and not yet answered (so repeated keys cycle on)."""
+        if name in self.pending:
+            return self.pending[name]
+        return self.options.get(name)
+
+    def next_amp_mode(self) -> str:
+        """The AMP mode after the current one: off -> bf16 -> fp16 -> off, skipping modes refused here."""
+        current = str(self.option("amp") or "off")
+        position = AMP_CYCLE.index(current) if current in AMP_CYCLE else 0
+        for offset in range(1, len(AMP_CYCLE) + 1):
+            candidate = AMP_CYCLE[(position + offset) % len(AMP_CYCLE)]
+            if ("amp", candidate) not in self.refused:
+                return candidate
+        return "off"
+
+    def eta_s(self) -> float | None:
+        """Seconds to the last step at the recent pace, or None when unknown."""
+        if self.total_steps is None or not self.recent_step_times or self.state not in ("running", "starting"):
+            return None
+        remaining = self.total_steps - self.step
+        if remaining <= 0:
+            return 0.0
+        return remaining * statistics.fmean(self.recent_step_times)
+
+    def median_norm(self) -> float | None:
+        values = [m.norm for m in self.modules if m.norm is not None and math.isfinite(m.norm)]
+        return statistics.median(values) if values else None
+
+    # ------------------------------------------------------------------ handlers
+
+    def _on_welcome(self, event: protocol.Welcome) -> None:
+        run = event.run if isinstance(event.run, dict) else {}
+        self.workload = str(run.get("workload") or self.workload)
+        self.device = str(run.get("device") or "")
+        self.run_dir = str(run.get("run_dir") or "")
+        self.total_steps = _int_or_none(run.get("steps"))
+        self.started = _float_or_none(run.get("started"))
+        modules = []
+        for entry in event.modules:
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+                modules.append(ModuleStats(entry["name"], _int_or_none(entry.get("params")) or 0))
+            else:
+                self.log("warning", f"ignored a malformed module entry in the trainer's welcome: {entry!r}")
+        if [m.name for m in modules] != [m.name for m in self.modules]:
+            self.modules = modules
+            self.modules_version += 1
+        self._set_options(event.options)
+        # A run resumed from a checkpoint re-trains the steps after it: drop them from the curves.
+        if event.step < self.step:
+            for series in (self.loss, self.val_loss, self.lr, self.samples_per_s, self.step_time):
+                series.truncate_after(event.step)
+            self.metrics_version += 1
+        self.step = event.step
+        self._set_state(event.state, "")
+        self.failure = None
+        self.pending.clear()
+        where = f" on {self.device}" if self.device else ""
+        self.log("info", f"connected to the trainer of {self.workload or 'the run'}{where}: {len(modules)} modules, at step {event.step}", event.step)
+        self.header_version += 1
+
+    def _on_state(self, event: protocol.State) -> None:
+        previous = self.state
+        self.step = max(self.step, event.step)
+        self._set_state(event.state, event.detail)
+        if event.state == "detached":
+            self.detached = True
+        if event.state == previous or event.state == "failed":  # a failure is told by its Error event
+            return
+        if event.state == "running":
+            text = "resumed" if previous == "paused" else "training"
+        else:
+            text = event.state
+        detail = f": {event.detail}" if event.detail else ""
+        notify = event.state in ("paused", "finished", "stopped") or (event.state == "running" and previous == "paused")
+        self.log("info", f"{text} at step {event.step}{detail}", event.step, notify=notify)
+
+    def _on_metrics(self, event: protocol.Metrics) -> None:
+        """A batch of reports as columns and rows: read by column index, no dict per row (50k+ rows/s)."""
+        columns = event.columns
+        where = {name: index for index, name in enumerate(columns) if isinstance(name, str)}
+        if "step" not in where:
+            self.log("warning", "ignored a metrics batch without a step column")
+            return
+        width = len(columns)
+        step_at = where["step"]
+        series_at = [
+            (where[key], series)
+            for key, series in (("loss", self.loss), ("lr", self.lr), ("samples_per_s", self.samples_per_s), ("step_time_s", self.step_time), ("val_loss", self.val_loss))
+            if key in where
+        ]
+        time_at = where.get("step_time_s")
+        skipped_at = where.get("skipped")
+        last_row = None
+        for row in event.rows:
+            if not isinstance(row, list) or len(row) != width:
+                self.log("warning", f"ignored a metrics row that does not match its {width} columns")
+                continue
+            step = _int_or_none(row[step_at])
+            if step is None:
+                self.log("warning", "ignored a metrics row without a step")
+                continue
+            if step > self.step:
+                self.step = step
+            for index, series in series_at:
+                value = row[index]
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    series.append(step, value)
+            if time_at is not None:
+                step_time = row[time_at]
+                if isinstance(step_time, (int, float)) and math.isfinite(step_time) and step_time >= 0:
+                    self.recent_step_times.append(step_time)
+            if skipped_at is not None and row[skipped_at] is True:
+                self.log("warning", "optimizer step skipped (fp16 overflow: the scaler lowered its scale)", step)
+            last_row = row
+        if last_row is None:
+            return
+        record = dict(zip(columns, last_row))
+        self.last_record = record
+        elapsed = _float_or_none(record.get("elapsed_s"))
+        if elapsed is not None:
+            self.elapsed_s = elapsed
+        # Reports also carry the options in force: they catch changes no acknowledgement told (--at).
+        # A batch can arrive after an acknowledgement yet hold earlier steps: those must not undo it.
+        last_step = _int_or_none(record.get("step")) or 0
+        changed = {
+            name: record[name]
+            for name in OPTION_NAMES
+            if name in record and self.options.get(name) != record[name] and last_step >= self._applied_at.get(name, 0)
+        }
+        if changed:
+            self.options.update(changed)
+            self.options_version += 1
+        self.metrics_version += 1
+        self.header_version += 1
+
+    def _on_grad_norms(self, event: protocol.GradNorms) -> None:
+        if len(event.norms) != len(self.modules):
+            self.log("warning", f"gradient norms for {len(event.norms)} modules, but the trainer named {len(self.modules)}; ignored")
+            return
+        for module, value in zip(self.modules, event.norms):
+            norm = _float_or_none(value)
+            module.norm = norm
+            if norm is not None:
+                module.trend.append(norm)
+        self.grad_step = event.step
+        self.grad_total = _float_or_none(event.total)
+        self._flag_modules()
+        self.grads_version += 1
+
+    def _flag_modules(self) -> None:
+        median = self.median_norm()
+        for module in self.modules:
+            module.ratio = module.norm / median if module.norm is not None and median else None
+            module.flag = flag_for(module.norm, module.ratio, list(module.trend))
+
+    def _on_telemetry(self, event: protocol.Telemetry) -> None:
+        self.telemetry = event.sample
+        self.header_version += 1
+
+    def _on_option_applied(self, event: protocol.OptionApplied) -> None:
+        self.pending.pop(event.option, None)
+        shown = format_option_value(event.option, event.value) if event.option in OPTION_NAMES else str(event.value)
+        if event.option in OPTION_NAMES:
+            self.options[event.option] = event.value
+            self._applied_at[event.option] = event.step
+            self.options_version += 1
+            previous = format_option_value(event.option, event.previous)
+            text = f"{event.option} = {shown} applied at step {event.step} (was {previous})"
+        elif event.option == "detach":
+            self.detached = True
+            text = f"detached at step {event.step}: the trainer keeps training"
+        else:
+            text = f"{event.option} = {shown} applied at step {event.step}"
+        self.log("applied", text, event.step, notify=True)
+
+    def _on_option_refused(self, event: protocol.OptionRefused) -> None:
+        self.pending.pop(event.option, None)
+        shown = format_option_value(event.option, event.value) if event.option in OPTION_NAMES else str(event.value)
+        self.refused.add((event.option, shown))
+        value = f" = {shown}" if event.value is not None or event.option in OPTION_NAMES else ""
+        self.log("refused", f"{event.option}{value} refused: {event.reason}", event.step, notify=True)
+
+    def _on_checkpoint(self, event: protocol.CheckpointSaved) -> None:
+        why = f" ({event.reason})" if event.reason else ""
+        self.log("checkpoint", f"checkpoint saved at step {event.step}{why}: {event.path}", event.step, notify=event.reason == "requested")
+
+    def _on_log(self, event: protocol.Log) -> None:
+        level = event.level if event.level in ("warning", "error") else "info"
+        step = _int_or_none(event.step)
+        self.log(level, event.text, step, notify=level == "error")
+
+    def _on_error(self, event: protocol.Error) -> None:
+        self.failure = Failure("error", event.message, event.traceback, event.step, event.checkpoint)
+        self.failure_version += 1
+        self._set_state("failed", event.message)
+        self.log("error", f"the run failed at step {event.step}: {event.message}", event.step, notify=True)
+
+    def _on_nonfinite(self, event: protocol.NonFinite) -> None:
+        where = f" in {event.module}" if event.module else ""
+        report = f"The {event.phase}{where} became non-finite at step {event.step}.\n\n{event.detail}".rstrip()
+        message = event.message or f"non-finite {event.phase}{where} at step {event.step}"
+        self.failure = Failure("nonfinite", message, report, event.step)
+        self.failure_version += 1
+        self._set_state("failed", message)
+        self.log("error", message, event.step, notify=True)
+
+    def _on_refused(self, event: protocol.Refused) -> None:
+        self.log("refused", f"the trainer refused a message: {event.reason}", notify=True)
+
+    def _set_state(self, state: str, detail: str) -> None:
+        if state not in RUN_STATES:
+            self.log("warning", f"the trainer reported an unknown state {state!r}")
+        self.state = state
+        self.state_detail = detail
+        self.header_version += 1
+
+    def _set_options(self, options: Any) -> None:
+        if not isinstance(options, dict):
+            self.log("warning", f"ignored options that are not an object: {options!r}")
+            return
+        self.options = dict(options)
+        self.options_version += 1
+
+
+_HANDLERS = {
+    protocol.Welcome: RunState._on_welcome,
+    protocol.State: RunState._on_state,
+    protocol.Metrics: RunState._on_metrics,
+    protocol.GradNorms: RunState._on_grad_norms,
+    protocol.Telemetry: RunState._on_telemetry,
+    protocol.OptionApplied: RunState._on_option_applied,
+    protocol.OptionRefused: RunState._on_option_refused,
+    protocol.CheckpointSaved: RunState._on_checkpoint,
+    protocol.Log: RunState._on_log,
+    protocol.Error: RunState._on_error,
+    protocol.NonFinite: RunState._on_nonfinite,
+    protocol.Refused: RunState._on_refused,
+}
+
+
+def flag_for(norm: float | None, ratio: float | None, trend: list[float]) -> str:
+    """Why a module's gradient deserves a look: "non-finite", "exploding", "vanishing", or ""."""
+    if norm is None:
+        return ""
+    if not math.isfinite(norm):
+        return "non-finite"
+    if ratio is not None and ratio > EXPLODING_RATIO:
+        return "exploding"
+    # Rising fast: against the median of its own recent past, so one earlier spike does not hide the next.
+    earlier = [value for value in trend[:-1] if math.isfinite(value)][-8:]
+    if len(earlier) >= 3:
+        typical = statistics.median(earlier)
+        if typical > 0 and norm > RISING_FACTOR * typical:
+            return "exploding"
+    if norm < VANISHING_NORM or (ratio is not None and ratio < VANISHING_RATIO):
+        return "vanishing"
+    return ""
+
+
+def sparkline(values: list[float] | deque[float], width: int = TREND_LENGTH) -> str:
+    """The last ``width`` values as ▁..█ bars scaled between their own min and max."""
+    finite = [value for value in list(values)[-width:] if math.isfinite(value)]
+    if not finite:
+        return ""
+    low, high = min(finite), max(finite)
+    span = high - low
+    if span <= 0:
+        return SPARK_CHARS[3] * len(finite)
+    top = len(SPARK_CHARS) - 1
+    return "".join(SPARK_CHARS[round((value - low) / span * top)] for value in finite)
+
+
+def group_name(module: str) -> str:
+    """The group a module belongs to: its name up to the first numeric part (``blocks.0``), else its first part."""
+    parts = module.split(".")
+    for index, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: index + 1])
+    return parts[0]
+
+
+def combine_norms(norms: list[float | None]) -> float | None:
+    """The norm of a group of modules: parameters are disjoint, so squares add."""
+    present = [norm for norm in norms if norm is not None]
+    if not present:
+        return None
+    return math.sqrt(sum(norm * norm for norm in present))
+
+
+def format_duration(seconds: float | None) -> str:
+    """``1:02:03`` or ``2:03``; "–" when unknown."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "–"
+    whole = int(round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def format_number(value: float | None, digits: int = 4) -> str:
+    """A figure short enough for a narrow column: 0.0123, 1.23e-05, 12345."""
+    if value is None:
+        return "–"
+    if not math.isfinite(value):
+        return str(value)
+    magnitude = abs(value)
+    if magnitude != 0 and (magnitude < 1e-3 or magnitude >= 1e5):
+        return f"{value:.{max(1, digits - 2)}e}"
+    return f"{value:.{digits}g}"
+
+
+def format_ratio(value: float | None) -> str:
+    """A ratio to the median in at most 5 characters: 0.42, 17, <.01, >999."""
+    if value is None or not math.isfinite(value):
+        return "–"
+    if value < 0.01:
+        return "<.01"
+    if value >= 1000:
+        return ">999"
+    return f"{value:.2g}" if value < 100 else f"{value:.0f}"
+
+
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return int(value)
+    return None
+
+
+def _float_or_none(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None

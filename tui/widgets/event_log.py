@@ -1,0 +1,44 @@
+"""The event log: acknowledgements with their step, refusals with the reason, checkpoints, trainer output."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import RichLog
+
+from torchlab.tui.state import LogEntry
+
+#: level -> (mark, style)
+LEVEL_MARKS = {
+    "info": ("·", "dim"),
+    "applied": ("✓", "bold green"),
+    "refused": ("✗", "bold red"),
+    "checkpoint": ("◆", "bold cyan"),
+    "warning": ("!", "bold yellow"),
+    "error": ("✖", "bold red"),
+    "trainer": ("│", "dim"),
+}
+
+
+class EventLog(RichLog):
+    """A bounded, scrolling log; it keeps the last ``max_lines`` lines so a long run stays small."""
+
+    DEFAULT_CSS = """
+    EventLog {
+        scrollbar-size-vertical: 1;
+    }
+    """
+
+    def __init__(self, *, max_lines: int = 2000, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(max_lines=max_lines, wrap=True, markup=False, highlight=False, id=id, classes=classes)
+        #: every line written, as plain text: tests and the clipboard read this, not the rendered strips
+        self.lines_written: list[str] = []
+
+    def add(self, entry: LogEntry) -> None:
+        mark, style = LEVEL_MARKS.get(entry.level, ("·", ""))
+        step = f"{entry.step:>6}" if entry.step is not None else " " * 6
+        text = Text.assemble((step, "dim"), " ", (mark, style), " ")
+        text.append(entry.text, style="dim" if entry.level == "trainer" else ("red" if entry.level == "error" else ""))
+        self.write(text)
+        self.lines_written.append(text.plain)
+        if len(self.lines_written) > self.max_lines:
+            del self.lines_written[: len(self.lines_written) - self.max_lines]
