@@ -25,6 +25,7 @@ from pathlib import Path
 
 import psutil
 
+from torchlab.core.protocol import OptionApplied
 from torchlab.tui.app import make_app
 from torchlab.tui.link import ProcessLink
 
@@ -69,21 +70,35 @@ async def absorb(rate: float, seconds: float = 6.0) -> dict[str, float]:
 
 
 async def key_to_acknowledgement(presses: int = 10) -> dict[str, float]:
+    """From a key event entering the app to the trainer's acknowledgement being in the app's state.
+
+    The state change and the redraw happen in the same 10 Hz refresh. (Pilot's ``press`` is not used:
+    it waits for the screen to go idle, which a screen fed at 300 steps/s never quite does.)
+    """
     run_dir = Path(tempfile.mkdtemp()) / "run"
     app = make_app(lambda: ProcessLink(run_dir, [f"{TINY}:workload", "--steps", "1000000", "--checkpoint-every", "0"]))
+    acknowledged: list[float] = []
+    original_apply = app.run_state.apply
+
+    def apply(event) -> None:
+        original_apply(event)
+        if isinstance(event, OptionApplied):
+            acknowledged.append(time.perf_counter())
+
+    app.run_state.apply = apply
     latencies = []
     async with app.run_test(size=SIZE) as pilot:
         state = app.run_state
         await wait_until(pilot, lambda: state.step > 5)
         for _ in range(presses):
-            wanted = not bool(state.option("checkpointing"))
+            seen = len(acknowledged)
             pressed = time.perf_counter()
-            await pilot.press("c")
-            await wait_until(pilot, lambda: state.option("checkpointing") is wanted)
-            latencies.append(time.perf_counter() - pressed)
+            app.simulate_key("c")
+            await wait_until(pilot, lambda: len(acknowledged) > seen)
+            latencies.append(acknowledged[-1] - pressed)
+            await pilot.pause(0.2)
         step_time = statistics.median(state.step_time.thinned(10_000)[1][-200:])
-        await pilot.press("q")
-        await wait_until(pilot, lambda: not app.is_running)
+        app.exit()
     return {"median_ms": 1000 * statistics.median(latencies), "max_ms": 1000 * max(latencies), "step_ms": 1000 * step_time}
 
 
@@ -91,6 +106,7 @@ FIRST_FRAME = """
 import time
 started = time.perf_counter()
 import asyncio
+from torchlab.core.protocol import OptionApplied
 from torchlab.tui.app import make_app
 imported = time.perf_counter()
 
@@ -140,7 +156,7 @@ def main() -> None:
               f"{result['lag_max_ms']:>7.1f}ms {result['rss_mb']:>7.0f}MB")
 
     ack = asyncio.run(key_to_acknowledgement())
-    print(f"\nkey 'c' to acknowledgement on screen (10 presses): median {ack['median_ms']:.0f} ms, max {ack['max_ms']:.0f} ms; "
+    print(f"\nkey 'c' to the acknowledgement in the app (10 presses): median {ack['median_ms']:.0f} ms, max {ack['max_ms']:.0f} ms; "
           f"median step {ack['step_ms']:.1f} ms (goal: step + 100 ms = {ack['step_ms'] + 100:.0f} ms)")
 
 
