@@ -45,8 +45,11 @@ class ColumnLayout:
 
     @property
     def width(self) -> int:
-        return self.name + 1 + (7 if self.params else 0) + 8 + self.trend + 2 + 5 + (13 if self.flag_words else 2)
+        return self.name + 1 + (7 if self.params else 0) + 8 + self.trend + 2 + RATIO_WIDTH + (13 if self.flag_words else 2)
 
+
+#: "0.055" is five characters; one more keeps it off the trend sparkline (cells have no padding).
+RATIO_WIDTH = 6
 
 #: From widest to narrowest; the table takes the first that fits its width.
 LAYOUTS = (
@@ -266,7 +269,7 @@ class GradTable(Vertical):
             table.add_column(Text("params", justify="right"), key="params", width=7)
         table.add_column(Text("norm", justify="right"), key="norm", width=8)
         table.add_column(Text("  trend"), key="trend", width=layout.trend + 2)
-        table.add_column(Text("×med", justify="right"), key="ratio", width=5)
+        table.add_column(Text("×med", justify="right"), key="ratio", width=RATIO_WIDTH)
         table.add_column(" flag" if layout.flag_words else "", key="flag", width=13 if layout.flag_words else 2)
         self._rebuild_rows()
 
