@@ -13,9 +13,10 @@ travel as arrays aligned with the module names sent once in ``Welcome``.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
+
+from torchlab.core import strict_json
 
 PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 1 << 20
@@ -49,11 +50,7 @@ class Message:
         """One line: the message as JSON, NaN/Inf as null, ending in a newline."""
         payload = {"v": PROTOCOL_VERSION, "type": self.type}
         payload.update({f.name: getattr(self, f.name) for f in fields(self)})
-        try:
-            text = json.dumps(payload, separators=(",", ":"), allow_nan=False)
-        except ValueError:  # a NaN or Inf somewhere: rare, so only then walk every value
-            text = json.dumps(_finite(payload), separators=(",", ":"), allow_nan=False)
-        return (text + "\n").encode("utf-8")
+        return (strict_json.dumps(payload) + "\n").encode("utf-8")
 
     def validate(self) -> None:
         """Checks across fields, after each field's type was checked; raise ProtocolError."""
@@ -111,16 +108,6 @@ def _has_default(spec) -> bool:
 
 def _names(types: tuple[type, ...]) -> str:
     return " or ".join("null" if t is type(None) else t.__name__ for t in types)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
-    return value
 
 
 _OPT_STR = (str, type(None))

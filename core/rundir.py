@@ -9,14 +9,13 @@
 
 from __future__ import annotations
 
-import json
-import math
 import re
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from torchlab.core import strict_json
 from torchlab.core.observer import TrainerObserver
 
 
@@ -63,18 +62,8 @@ class RunDirectory(TrainerObserver):
 
 
 def to_json_line(record: dict[str, Any]) -> str:
-    """Strict JSON (NaN and Inf become null: other tools choke on the bare tokens)."""
-    return json.dumps(_finite(record), separators=(",", ":")) + "\n"
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
-    return value
+    """One line of strict JSON (NaN and Inf become null: other tools choke on the bare tokens)."""
+    return strict_json.dumps(record) + "\n"
 
 
 def new_run_path(root: Path, label: str) -> Path:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
+from torch.utils.data import TensorDataset
 
 from conftest import WORKLOADS, make_trainer
+from torchlab.core.workload import Workload
 
 TINY_FILE = WORKLOADS / "tiny.py"
 
@@ -30,16 +34,7 @@ def test_nan_made_in_a_backward_pass_names_the_module_whose_backward_made_it():
     assert report["loss"] is not None and report["grad_norm_total"] != report["grad_norm_total"]  # NaN
 
 
-    from torchlab.core.workload import Workload
-
-
 def test_nan_in_input_data_is_blamed_on_the_data():
-    import importlib.util
-
-    from torch.utils.data import TensorDataset
-
-    from torchlab.core.workload import Workload
-
     spec = importlib.util.spec_from_file_location("tiny_for_nan_input", TINY_FILE)
     tiny = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tiny)

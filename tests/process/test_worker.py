@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from processes import alive
 from torchlab.core import protocol as p
 from torchlab.tui.link import ProcessLink
 
@@ -190,18 +191,9 @@ def test_kill_9_of_the_app_leaves_no_trainer_behind(tmp_path):
     app.kill()
     app.wait()
     killed_at = time.monotonic()
-    while _alive(trainer_pid):
+    while alive(trainer_pid):
         assert time.monotonic() - killed_at < 5.0, "the trainer outlived its app by 5 s"
         time.sleep(0.02)
     events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     assert any(e["event"] == "checkpoint" and e["reason"] == "final" for e in events)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie (exited, not yet reaped by init) counts as gone.
-    status = Path(f"/proc/{pid}/status")
-    return status.exists() and "State:\tZ" not in status.read_text()

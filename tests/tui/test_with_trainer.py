@@ -7,12 +7,12 @@ real seconds (a final checkpoint), while the app's own flag shadowed Textual's `
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import pytest
 
+from processes import alive
 from torchlab.tui.app import make_app
 from torchlab.tui.link import ProcessLink
 from torchlab.tui.screens.error_screen import ErrorScreen
@@ -45,15 +45,6 @@ def app_with_trainer(run_dir: Path, *args: str):
 
 def events_of(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    status = Path(f"/proc/{pid}/status")
-    return status.exists() and "State:\tZ" not in status.read_text()
 
 
 async def test_keys_change_a_real_run_and_quit_leaves_no_trainer(tmp_path):
