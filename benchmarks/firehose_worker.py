@@ -80,7 +80,7 @@ def main() -> None:
     settings, _ = options.parse_known_args([a for a in args.rest if a != "--"])
     firehose = Firehose(settings.modules)
     ControlServer(args.socket, args.token_file.read_text().strip(), firehose.outbox,
-                  welcome=firehose.welcome, on_command=firehose.on_command, on_client_gone=lambda _: os._exit(0))
+                  welcome=firehose.welcome, on_command=firehose.on_command, on_client_gone=lambda: os._exit(0))
     parent = os.getppid()
     threading.Thread(target=lambda: _exit_with_parent(parent), daemon=True).start()
     firehose.run(settings.rate)

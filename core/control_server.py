@@ -22,7 +22,6 @@ from torchlab.core.outbox import Cursor, Outbox
 from torchlab.core.protocol import (
     MAX_LINE_BYTES,
     PROTOCOL_VERSION,
-    DetachCommand,
     Hello,
     Message,
     ProtocolError,
@@ -39,8 +38,9 @@ class ControlServer:
     """Serves ``socket_path`` until ``close()``.
 
     ``welcome`` is called for each authenticated client and blocks until the run can describe itself
-    (the trainer is built); ``on_command`` receives every later command; ``on_client_gone(detached)``
-    is called when the controlling client leaves.
+    (the trainer is built); ``on_command`` receives every later command, detach included (the
+    worker decides whether to accept it); ``on_client_gone()`` is called when the controlling client
+    leaves, whichever way.
     """
 
     def __init__(
@@ -51,7 +51,7 @@ class ControlServer:
         *,
         welcome: Callable[[], Welcome | None],
         on_command: Callable[[Message], None],
-        on_client_gone: Callable[[bool], None],
+        on_client_gone: Callable[[], None],
     ) -> None:
         self.socket_path = Path(socket_path)
         self._token = token
@@ -135,7 +135,6 @@ class ControlServer:
                 _refuse(connection, "another app is already attached to this run")
                 return
             self._controller = connection
-        detached = False
         try:
             welcome = self._welcome()
             if welcome is None or self._closed.is_set():
@@ -147,7 +146,7 @@ class ControlServer:
             self._senders.append(sender)
             self._first_client_served.set()
             connection.settimeout(None)
-            detached = self._read_commands(connection, reader)
+            self._read_commands(connection, reader)
         except OSError:
             pass  # the client vanished mid-handshake; it is treated as gone below
         finally:
@@ -155,28 +154,24 @@ class ControlServer:
                 self._controller = None
             _shutdown(connection)
             if not self._closed.is_set():
-                self._on_client_gone(detached)
+                self._on_client_gone()
 
-    def _read_commands(self, connection: socket.socket, reader: _LineReader) -> bool:
-        """Dispatch commands until the client leaves; True when it left by detaching."""
+    def _read_commands(self, connection: socket.socket, reader: _LineReader) -> None:
+        """Dispatch commands until the client leaves."""
         while not self._closed.is_set():
             try:
                 line = reader.next_line()
             except (EOFError, OSError):
-                return False
+                return
             except ProtocolError as error:  # an over-long line: this connection is not speaking our protocol
                 _refuse(connection, str(error))
-                return False
+                return
             try:
                 command = decode(line)
             except ProtocolError as error:
                 _send_quietly(connection, Refused(reason=str(error)))
                 continue
-            if isinstance(command, DetachCommand):
-                self._on_command(command)
-                return True
-            self._on_command(command)
-        return False
+            self._on_command(command)  # detach too: whether to accept it is the worker's decision
 
     def _send_loop(self, connection: socket.socket) -> None:
         cursor = Cursor()

@@ -214,8 +214,8 @@ class Worker:
         step = self.trainer.step + 1 if self.trainer else 0
         self.outbox.add_event(p.OptionRefused(option=what, value=None, reason=reason, step=step, source="app"))
 
-    def _on_client_gone(self, detached: bool) -> None:
-        # Detach is refused for now (above), so a client leaving always means the app went away.
+    def _on_client_gone(self) -> None:
+        # Detach is refused in this version (above), so a client leaving always means the app went away.
         self.stop("the app went away")
 
     def stop(self, reason: str) -> None:
