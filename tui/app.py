@@ -29,7 +29,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
-from textual.widgets import DataTable, Footer
+from textual.widgets import Footer
 
 from torchlab.core import protocol
 from torchlab.core.options import format_option_value, parse_option_value
@@ -169,7 +169,7 @@ class TorchlabApp(App[int]):
         self.query_one("#events").border_title = "events"
         self._set_compact(self.size.width, self.size.height)
         self._refresh_view()
-        self.query_one("#grad-data", DataTable).focus()
+        self.query_one("#grad-data").focus()
         self._start_link()
         self.set_interval(self.poll_interval, self.poll_now)
         self.poll_now()  # whatever the link has already (a fake link: everything) shows in the first frame

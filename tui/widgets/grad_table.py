@@ -1,9 +1,10 @@
 """Per-module gradient norms: which layer's gradient is vanishing or exploding, right now and lately.
 
-The table updates in place (``update_cell`` with the row keys it stored), so the cursor and the scroll
-position stay where the user left them while norms stream in; rows are only rebuilt when the set of
-rows changes (a new module list, a filter, flat/grouped view). A model with hundreds of modules starts
-in the grouped view, one row per ``blocks.N``-style prefix, and Enter on a group drills into it.
+The rows are drawn by ``RowView`` (the Line API), not ``DataTable``: any ``DataTable.update_cell``
+re-renders every visible row, which at 2 Hz cost 50-100 ms a frame; ``RowView`` redraws only the lines
+whose text changed. The cursor stays on its module across updates and re-sorts, and the scroll position
+stays where the user left it. A model with hundreds of modules starts in the grouped view, one row per
+``blocks.N``-style prefix, and Enter on a group drills into it.
 """
 
 from __future__ import annotations
@@ -12,18 +13,16 @@ import math
 import time
 from dataclasses import dataclass
 
-from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.coordinate import Coordinate
 from textual.message import Message
 from textual.reactive import reactive
-from textual.widgets import DataTable, Input, Static
-from textual.widgets.data_table import CellDoesNotExist, RowKey
+from textual.widgets import Input, Static
 
 from torchlab.tui.state import ModuleStats, RunState, combine_norms, flag_for, format_number, format_ratio, group_name, sparkline
+from torchlab.tui.widgets.row_view import Cell, Column, RowView
 
 #: The flat view is the default up to this many modules; above it, the grouped view.
 GROUP_ABOVE = 48
@@ -36,7 +35,7 @@ FLAG_RANK = {"non-finite": 3, "exploding": 2, "vanishing": 1, "": 0}
 
 @dataclass(frozen=True)
 class ColumnLayout:
-    """Column widths for one table width; cells carry their own gaps (the table's cell padding is 0)."""
+    """Column widths for one table width; cells carry their own gaps (columns have no padding)."""
 
     name: int
     params: bool
@@ -91,7 +90,7 @@ class GradTable(Vertical):
     GradTable > #grad-filter:focus {
         background: $primary 20%;
     }
-    GradTable > DataTable {
+    GradTable > RowView {
         height: 1fr;
         scrollbar-size-vertical: 1;
     }
@@ -133,8 +132,8 @@ class GradTable(Vertical):
 
     def __init__(self, *, refresh_interval: float = 0.5, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
-        #: Least seconds between in-place updates. Any changed cell makes DataTable re-render every visible
-        #: row (~35 ms at 120x40), and norms read fine at 2 Hz; the latest norms are never skipped, only delayed.
+        #: Least seconds between updates of the norms: they read fine at 2 Hz, and a row whose text changed
+        #: is drawn again; the latest norms are never skipped, only delayed.
         self.refresh_interval = refresh_interval
         self._last_update = -math.inf
         self._state: RunState | None = None
@@ -142,14 +141,12 @@ class GradTable(Vertical):
         self._modules_version = -1
         self._grads_version = -1
         self._rows: dict[str, GradRow] = {}  # displayed rows by key
-        self._cells: dict[str, tuple] = {}  # the cell values last written, to update only what changed
         self._auto_grouped = False
         self.layout_columns = LAYOUTS[-1]
 
     def compose(self) -> ComposeResult:
         yield Input(placeholder="/ filter modules", id="grad-filter")
-        table: DataTable = DataTable(id="grad-data", cursor_type="row", zebra_stripes=True, cell_padding=0)
-        yield table
+        yield RowView(id="grad-data")
         yield Static("no gradient norms yet", id="grad-status")
 
     def on_mount(self) -> None:
@@ -164,14 +161,13 @@ class GradTable(Vertical):
             self._show_status()
 
     @property
-    def table(self) -> DataTable:
-        return self.query_one("#grad-data", DataTable)
+    def table(self) -> RowView:
+        return self.query_one("#grad-data", RowView)
 
     @property
     def displayed_keys(self) -> list[str]:
         """Row keys in display order (sorted and filtered), for tests and for the app."""
-        table = self.table
-        return [table.coordinate_to_cell_key(Coordinate(row, 0)).row_key.value for row in range(table.row_count)]
+        return self.table.row_keys
 
     # ------------------------------------------------------------------ feeding
 
@@ -258,22 +254,23 @@ class GradTable(Vertical):
             return sorted(rows, key=value, reverse=True)
         return sorted(rows, key=lambda row: row.position)
 
-    # ------------------------------------------------------------------ the DataTable
+    # ------------------------------------------------------------------ the rows
 
     def _build_columns(self) -> None:
-        table = self.table
         layout = self.layout_columns
-        table.clear(columns=True)
-        table.add_column("module", key="module", width=layout.name + 1)
+        columns = [Column("module", "module", layout.name + 1)]
         if layout.params:
-            table.add_column(Text("params", justify="right"), key="params", width=7)
-        table.add_column(Text("norm", justify="right"), key="norm", width=8)
-        table.add_column(Text("  trend"), key="trend", width=layout.trend + 2)
-        table.add_column(Text("×med", justify="right"), key="ratio", width=RATIO_WIDTH)
-        table.add_column(" flag" if layout.flag_words else "", key="flag", width=13 if layout.flag_words else 2)
+            columns.append(Column("params", "params", 7, "right"))
+        columns += [
+            Column("norm", "norm", 8, "right"),
+            Column("trend", "  trend", layout.trend + 2),
+            Column("ratio", "×med", RATIO_WIDTH, "right"),
+            Column("flag", " flag" if layout.flag_words else "", 13 if layout.flag_words else 2),
+        ]
+        self.table.set_columns(columns)
         self._rebuild_rows()
 
-    def _cells_for(self, row: GradRow) -> tuple:
+    def _cells_for(self, row: GradRow) -> tuple[Cell, ...]:
         layout = self.layout_columns
         label = row.label if len(row.label) <= layout.name else "…" + row.label[-(layout.name - 1):]
         style = FLAG_STYLES.get(row.flag, "")
@@ -282,85 +279,30 @@ class GradTable(Vertical):
             mark = mark[:1]
         elif mark and self.grouped and row.flagged_count > 1:
             mark = f"{mark} ×{row.flagged_count}"
-        cells: tuple = (Text(label, style=style),)
+        cells: tuple[Cell, ...] = ((label, style),)
         if layout.params:
-            cells += (Text(_short_count(row.params), justify="right", style="dim"),)
+            cells += ((_short_count(row.params), "dim"),)
         return cells + (
-            Text(format_number(row.norm, 3), justify="right"),
-            Text("  " + row.trend, style="cyan"),
-            Text(format_ratio(row.ratio), justify="right"),
-            Text(" " + mark if mark else "", style=style),
+            (format_number(row.norm, 3), ""),
+            ("  " + row.trend, "cyan"),
+            (format_ratio(row.ratio), ""),
+            (" " + mark if mark else "", style),
         )
 
     def _rebuild_rows(self) -> None:
-        """Replace every row (the row set changed), keeping the cursor on the same key when it is still shown."""
-        table = self.table
-        if not table.columns:
+        """Recompute every row from the state and show them sorted; the view redraws only what changed."""
+        if not self.table.columns:
             return
-        cursor_key = self._cursor_key()
-        rows = self._sorted(self._compute_rows())
-        table.clear()
-        self._rows = {row.key: row for row in rows}
-        self._cells = {}
-        for row in rows:
-            cells = self._cells_for(row)
-            self._cells[row.key] = cells
-            table.add_row(*cells, key=row.key)
-        self._restore_cursor(cursor_key)
+        self._rows = {row.key: row for row in self._compute_rows()}
+        self._apply_sort()
 
     def _update_rows(self) -> None:
-        """New norms for the same rows: rewrite only the cells whose text changed, then re-sort if sorted by value."""
-        rows = self._compute_rows()
-        if {row.key for row in rows} != set(self._rows):
-            self._rebuild_rows()
-            return
-        table = self.table
-        column_keys = [column.key for column in table.ordered_columns]
-        for row in rows:
-            cells = self._cells_for(row)
-            old = self._cells.get(row.key)
-            self._rows[row.key] = row
-            if old == cells:
-                continue
-            # Keep the objects of unchanged cells: they are the ones the table holds (see _apply_sort).
-            kept = tuple(before if before == after else after for before, after in zip(old, cells)) if old else cells
-            self._cells[row.key] = kept
-            for index, (column_key, value) in enumerate(zip(column_keys, kept)):
-                if old is None or old[index] is not value:
-                    try:
-                        table.update_cell(row.key, column_key, value)
-                    except CellDoesNotExist:
-                        self._rebuild_rows()
-                        return
-        if self.sort_by in ("norm", "ratio"):
-            self._apply_sort()
+        """New norms: the same as a rebuild, since ``RowView.set_rows`` compares cell text row by row."""
+        self._rebuild_rows()
 
     def _apply_sort(self) -> None:
-        """Reorder rows in place (``DataTable.sort``), keeping the cursor on the same module."""
-        if not self._rows:
-            return
-        cursor_key = self._cursor_key()
-        order = {row.key: index for index, row in enumerate(self._sorted(list(self._rows.values())))}
-        # DataTable.sort hands the key function cell values, not row keys; the module cell objects are
-        # the ones stored in self._cells, so their identity leads back to the row key.
-        position_of_cell = {id(cells[0]): order[key] for key, cells in self._cells.items()}
-        self.table.sort("module", key=lambda cell: position_of_cell.get(id(cell), len(order)))
-        self._restore_cursor(cursor_key)
-
-    def _cursor_key(self) -> str | None:
-        table = self.table
-        if table.row_count == 0:
-            return None
-        try:
-            return table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0)).row_key.value
-        except CellDoesNotExist:
-            return None
-
-    def _restore_cursor(self, key: str | None) -> None:
-        table = self.table
-        if key is None or key not in self._rows:
-            return
-        table.move_cursor(row=table.get_row_index(RowKey(key)), scroll=False)
+        """Show the current rows in the current order; the cursor stays on the same module."""
+        self.table.set_rows([(row.key, self._cells_for(row)) for row in self._sorted(list(self._rows.values()))])
 
     def _show_status(self) -> None:
         state = self._state
@@ -427,17 +369,16 @@ class GradTable(Vertical):
         # Back to the table so the app's letter keys mean their actions again.
         self.table.focus()
 
-    @on(DataTable.HeaderSelected)
-    def _header_selected(self, event: DataTable.HeaderSelected) -> None:
-        column = event.column_key.value
-        self.sort_by = {"module": "name", "norm": "norm", "ratio": "ratio"}.get(column or "", "order")
+    @on(RowView.HeaderSelected)
+    def _header_selected(self, event: RowView.HeaderSelected) -> None:
+        self.sort_by = {"module": "name", "norm": "norm", "ratio": "ratio"}.get(event.column_key, "order")
 
-    @on(DataTable.RowSelected)
-    def _row_selected(self, event: DataTable.RowSelected) -> None:
+    @on(RowView.RowSelected)
+    def _row_selected(self, event: RowView.RowSelected) -> None:
         """Enter on a group drills into it: the flat view filtered to that prefix."""
-        if not self.grouped or event.row_key.value is None:
+        if not self.grouped:
             return
-        prefix = event.row_key.value
+        prefix = event.row_key
         self.grouped = False
         self.query_one("#grad-filter", Input).value = prefix + "."
         self.post_message(self.ViewChanged(self, f"gradient table shows the modules of {prefix}"))
