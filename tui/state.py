@@ -242,30 +242,33 @@ class RunState:
         ]
         time_at = where.get("step_time_s")
         skipped_at = where.get("skipped")
-        last_row = None
-        for row in event.rows:
-            if not isinstance(row, list) or len(row) != width:
-                self.log("warning", f"ignored a metrics row that does not match its {width} columns")
-                continue
-            step = _int_or_none(row[step_at])
-            if step is None:
-                self.log("warning", "ignored a metrics row without a step")
-                continue
-            if step > self.step:
-                self.step = step
-            for index, series in series_at:
-                value = row[index]
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                    series.append(step, value)
-            if time_at is not None:
-                step_time = row[time_at]
-                if isinstance(step_time, (int, float)) and math.isfinite(step_time) and step_time >= 0:
-                    self.recent_step_times.append(step_time)
-            if skipped_at is not None and row[skipped_at] is True:
-                self.log("warning", "optimizer step skipped (fp16 overflow: the scaler lowered its scale)", step)
-            last_row = row
-        if last_row is None:
+        # Column-wise: validate the rows once, then extend each series with one array slice per message
+        # (a Python call per record per series cost most of the app's time at 50k records/s).
+        rows = [row for row in event.rows if isinstance(row, list) and len(row) == width]
+        if len(rows) != len(event.rows):
+            self.log("warning", f"ignored {len(event.rows) - len(rows)} metrics row(s): each does not match its {width} columns")
+        steps = [_int_or_none(row[step_at]) for row in rows]
+        if None in steps:
+            self.log("warning", f"ignored {steps.count(None)} metrics row(s) without a step")
+            rows = [row for row, step in zip(rows, steps) if step is not None]
+            steps = [step for step in steps if step is not None]
+        if not rows:
             return
+        self.step = max(self.step, max(steps))
+        for index, series in series_at:
+            points = [(step, row[index]) for step, row in zip(steps, rows) if _is_finite_number(row[index])]
+            if points:
+                series.extend([step for step, _ in points], [value for _, value in points])
+        if time_at is not None:
+            self.recent_step_times.extend(
+                row[time_at] for row in rows[-self.recent_step_times.maxlen :]
+                if _is_finite_number(row[time_at]) and row[time_at] >= 0
+            )
+        if skipped_at is not None:
+            for step, row in zip(steps, rows):
+                if row[skipped_at] is True:
+                    self.log("warning", "optimizer step skipped (fp16 overflow: the scaler lowered its scale)", step)
+        last_row = rows[-1]
         record = dict(zip(columns, last_row))
         self.last_record = record
         elapsed = _float_or_none(record.get("elapsed_s"))
@@ -488,3 +491,7 @@ def _float_or_none(value: Any) -> float | None:
     if isinstance(value, (int, float)):
         return float(value)
     return None
+
+
+def _is_finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -98,6 +98,15 @@ class Series:
             self.xs, self.ys = array("d", xs), array("d", ys)
             self._reset_cache()
 
+    def extend(self, xs: list[float], ys: list[float]) -> None:
+        """Append many points at once: one array extension per message instead of a call per point."""
+        self.xs.extend(xs)
+        self.ys.extend(ys)
+        if len(self.xs) > self.capacity:
+            thinned_xs, thinned_ys = thin_minmax(self.xs, self.ys, self.capacity // 2)
+            self.xs, self.ys = array("d", thinned_xs), array("d", thinned_ys)
+            self._reset_cache()
+
     def truncate_after(self, x: float) -> None:
         """Drop points beyond ``x`` (a run resumed from an earlier checkpoint re-trains those steps)."""
         keep = len(self.xs)
