@@ -51,18 +51,15 @@ class ActivationCheckpointing:
                     f"Workload.checkpoint_blocks names {name!r}, which is not a submodule of "
                     f"{type(model).__name__}; use names from model.named_modules()."
                 ) from None
-        self.enabled = False
 
     def enable(self) -> None:
         for block in self.blocks.values():
             block.forward = _checkpointed_forward(block)
-        self.enabled = True
 
     def disable(self) -> None:
         for block in self.blocks.values():
             if "forward" in vars(block):
                 del block.forward
-        self.enabled = False
 
 
 def _checkpointed_forward(block: torch.nn.Module):

@@ -65,7 +65,7 @@ def run_headless(
                 explicit_options=explicit_options,
             )
         except WorkloadError as error:
-            directory.on_event({"event": "error", "step": 0, "time": 0.0, "message": str(error), "traceback": ""})
+            directory.record_error(str(error))
             raise
         stop_on_signal = _StopOnSignal(trainer, console)
         with stop_on_signal, progress:

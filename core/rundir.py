@@ -31,10 +31,6 @@ class RunDirectory(TrainerObserver):
         self._events_lock = threading.Lock()
         self.profiles = self.path / "profiles"
 
-    @classmethod
-    def new(cls, root: Path, label: str) -> RunDirectory:
-        return cls(new_run_path(root, label))
-
     def write_config(self, toml_text: str) -> None:
         (self.path / "config.toml").write_text(toml_text, encoding="utf-8")
 
@@ -46,6 +42,10 @@ class RunDirectory(TrainerObserver):
         with self._events_lock:  # profile reports arrive from the profiler's background thread
             self._events.write(to_json_line(record))
             self._events.flush()
+
+    def record_error(self, message: str, *, step: int = 0, traceback: str = "") -> None:
+        """An error from before the trainer could report it itself (a workload that cannot be built)."""
+        self.on_event({"event": "error", "step": step, "time": time.time(), "message": message, "traceback": traceback})
 
     def on_telemetry(self, sample: dict[str, Any]) -> None:
         with self._system_lock:

@@ -136,7 +136,7 @@ class Worker:
                     explicit_options=explicit,
                 )
             except TorchlabError as error:
-                directory.on_event({"event": "error", "step": 0, "time": time.time(), "message": str(error), "traceback": ""})
+                directory.record_error(str(error))
                 self._fail_before_training(str(error), "")
                 return EXIT_USAGE
             self._welcome = self._describe(config)
