@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,9 @@ from torchlab.core.observer import TrainerObserver
 
 OPTION_KEYS = ("amp", "checkpointing", "clip", "accum", "lr_scale", "world_size")
 WARMUP_STEPS = 2  # the first steps after a change pay one-off costs (allocator, autotuning)
+#: Step times a segment keeps for its medians: the most recent ones, so a 100k-step segment costs
+#: the same to summarise (about once a second, for the app) as a short one.
+MEDIAN_WINDOW = 4096
 
 
 @dataclass
@@ -28,8 +32,8 @@ class Segment:
     change: str
     first_step: int
     last_step: int = 0
-    step_times: list[float] = field(default_factory=list)
-    throughputs: list[float] = field(default_factory=list)
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=MEDIAN_WINDOW))
+    throughputs: deque[float] = field(default_factory=lambda: deque(maxlen=MEDIAN_WINDOW))
     peak_allocated_bytes: int | None = None
     peak_rss_bytes: int | None = None
     _n: int = 0

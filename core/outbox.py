@@ -6,7 +6,7 @@ new since its own cursor. Three kinds of content, three rules:
 - metrics records: a ring of the last ``metrics_capacity`` reports. A connection that falls behind
   skips ahead (old reports are dropped for it, never queued without bound). A new connection gets
   the ring first, so its curves are full at once.
-- latest-wins values (gradient norms, telemetry): only the newest is kept and sent.
+- latest-wins values (gradient norms, telemetry, the impact table): only the newest is kept and sent.
 - everything else (acknowledgements, state changes, checkpoints, errors): kept in order and never
   dropped for a connection that keeps up; the ring for them is large (``events_capacity``) because
   they are rare (a handful per option change).
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from torchlab.core.protocol import GradNorms, Message, Metrics, Telemetry
+from torchlab.core.protocol import GradNorms, Impact, Message, Metrics, Telemetry
 
 MAX_RECORDS_PER_MESSAGE = 1000
 
@@ -29,8 +29,7 @@ class Cursor:
 
     metrics: int = 0
     events: int = 0
-    grad_norms: int = 0
-    telemetry: int = 0
+    latest: dict[type, int] = field(default_factory=dict)  # per latest-wins message type
 
 
 class Outbox:
@@ -51,7 +50,7 @@ class Outbox:
             self._metrics.append((self._metrics_seq, record))
             self._lock.notify_all()
 
-    def add_latest(self, message: GradNorms | Telemetry) -> None:
+    def add_latest(self, message: GradNorms | Telemetry | Impact) -> None:
         with self._lock:
             self._latest_seq += 1
             self._latest[type(message)] = (self._latest_seq, message)
@@ -83,9 +82,9 @@ class Outbox:
                 messages.append(Metrics.from_records(records[start : start + MAX_RECORDS_PER_MESSAGE]))
             cursor.metrics = self._metrics_seq
             for kind, (seq, message) in self._latest.items():
-                if seq > getattr(cursor, _LATEST_FIELDS[kind]):
+                if seq > cursor.latest.get(kind, 0):
                     messages.append(message)
-                    setattr(cursor, _LATEST_FIELDS[kind], seq)
+                    cursor.latest[kind] = seq
             messages.extend(message for seq, message in self._events if seq > cursor.events)
             cursor.events = self._events_seq
             return messages
@@ -94,8 +93,6 @@ class Outbox:
         return (
             self._metrics_seq > cursor.metrics
             or self._events_seq > cursor.events
-            or any(seq > getattr(cursor, _LATEST_FIELDS[kind]) for kind, (seq, _) in self._latest.items())
+            or any(seq > cursor.latest.get(kind, 0) for kind, (seq, _) in self._latest.items())
         )
 
-
-_LATEST_FIELDS = {GradNorms: "grad_norms", Telemetry: "telemetry"}

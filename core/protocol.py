@@ -341,6 +341,15 @@ class ProfileReady(Message):
 
 
 @dataclass(frozen=True)
+class Impact(Message):
+    """The impact table so far: one row per option segment (``ImpactTracker.table()``); newest wins."""
+
+    type: ClassVar[str] = "impact"
+    schema: ClassVar = {"segments": (list,)}
+    segments: list
+
+
+@dataclass(frozen=True)
 class Refused(Message):
     """A protocol-level refusal: wrong token, wrong version, malformed message. Says why."""
 
@@ -350,4 +359,4 @@ class Refused(Message):
 
 
 COMMANDS = (Hello, PauseCommand, ResumeCommand, StopCommand, SetCommand, ProfileCommand, SaveCheckpointCommand, DetachCommand)
-EVENTS = (Welcome, State, Metrics, GradNorms, Telemetry, OptionApplied, OptionRefused, CheckpointSaved, Log, Error, NonFinite, ProfileReady, Refused)
+EVENTS = (Welcome, State, Metrics, GradNorms, Telemetry, OptionApplied, OptionRefused, CheckpointSaved, Log, Error, NonFinite, ProfileReady, Impact, Refused)

@@ -26,29 +26,39 @@ from torchlab.core import protocol as p
 from torchlab.core.cli import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE, build_parser, resolve_config
 from torchlab.core.control_server import ControlServer
 from torchlab.core.errors import TorchlabError
+from torchlab.core.impact import ImpactTracker
 from torchlab.core.observer import TrainerObserver
 from torchlab.core.outbox import Outbox
 
 PR_SET_PDEATHSIG = 1
 PARENT_POLL_S = 0.5
 FIRST_CLIENT_GRACE_S = 10.0
+IMPACT_INTERVAL_S = 1.0
 
 _STATE_OF_EVENT = {"run_started": "running", "paused": "paused", "resumed": "running"}
 
 
 class OutboxReporter(TrainerObserver):
-    """Trainer observer that turns trainer records into protocol messages in the Outbox."""
+    """Trainer observer that turns trainer records into protocol messages in the Outbox.
+
+    Given the run's ImpactTracker (an observer placed before this one), it also sends the impact
+    table: when a segment starts and otherwise at most once per ``IMPACT_INTERVAL_S``.
+    """
+
+    def __init__(self, outbox: Outbox, impact: ImpactTracker | None = None) -> None:
+        self.outbox = outbox
+        self.impact = impact
+        self.state = "starting"
+        self.step = 0
+        self._impact_sent_at = 0.0
+        self._impact_segments = 0
 
     def on_telemetry(self, sample: dict[str, Any]) -> None:
         self.outbox.add_latest(p.Telemetry(sample=sample))
 
-    def __init__(self, outbox: Outbox) -> None:
-        self.outbox = outbox
-        self.state = "starting"
-        self.step = 0
-
     def on_metrics(self, record: dict[str, Any]) -> None:
         self.step = record["step"]
+        self._send_impact()
         norms = record.get("grad_norms")
         self.outbox.add_metrics({key: value for key, value in record.items() if key not in ("grad_norms", "act_stats")})
         if norms is not None:
@@ -59,6 +69,7 @@ class OutboxReporter(TrainerObserver):
         if event in _STATE_OF_EVENT:
             self.set_state(_STATE_OF_EVENT[event], step)
         elif event == "run_ended":
+            self._send_impact(force=True)
             self.set_state(record["status"], step)
         elif event == "option_applied":
             self.outbox.add_event(p.OptionApplied(
@@ -87,6 +98,15 @@ class OutboxReporter(TrainerObserver):
         elif event == "resumed_from_checkpoint":
             self.outbox.add_event(p.Log(level="info", text=f"resumed from the checkpoint of step {step}", step=step))
 
+    def _send_impact(self, force: bool = False) -> None:
+        if self.impact is None:
+            return
+        now = time.monotonic()
+        segments = len(self.impact.segments)
+        if force or segments != self._impact_segments or now - self._impact_sent_at >= IMPACT_INTERVAL_S:
+            self._impact_sent_at, self._impact_segments = now, segments
+            self.outbox.add_latest(p.Impact(segments=self.impact.table()))
+
     def set_state(self, state: str, step: int, detail: str = "") -> None:
         self.state, self.step = state, step
         self.outbox.add_event(p.State(state=state, step=step, detail=detail))
@@ -114,7 +134,6 @@ class Worker:
     # ------------------------------------------------------------------ running
     def run(self) -> int:
         from torchlab.core.headless import seed_everything
-        from torchlab.core.impact import ImpactTracker
         from torchlab.core.loading import load_workload
         from torchlab.core.rundir import RunDirectory
         from torchlab.core.trainer import Trainer
@@ -127,9 +146,11 @@ class Worker:
                 directory.write_config(config.to_toml())
                 seed_everything(config.seed)
                 workload = load_workload(config.workload)
+                impact = ImpactTracker(directory.path / "impact.json")
+                self.reporter.impact = impact
                 self.trainer = Trainer(
                     config, workload,
-                    observers=[directory, ImpactTracker(directory.path / "impact.json"), self.reporter],
+                    observers=[directory, impact, self.reporter],
                     checkpoint_dir=directory.checkpoints,
                     profiles_dir=directory.profiles,
                     resume_from=args.resume,

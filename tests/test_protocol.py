@@ -30,6 +30,7 @@ EXAMPLES = [
     p.NonFinite(step=6, phase="forward", module="blocks.2.mlp", detail="output non-finite", message="step 6: ..."),
     p.ProfileReady(first_step=11, last_step=15, dir="/runs/x/profiles/0000010",
                    rows=[{"name": "aten::mm", "calls": 30, "self_cpu_us": 1200.5}], sort="self_cpu_us", build_s=0.4),
+    p.Impact(segments=[{"change": "start", "first_step": 1, "last_step": 40, "median_step_time_s": 0.12, "speedup": None}]),
     p.Refused(reason="wrong token"),
 ]
 

@@ -72,6 +72,9 @@ def test_the_trainer_process_reports_and_obeys_the_app(link_for):
     link.send(p.SetCommand(option="clip", value="0.5"))
     ack = seen.until(lambda m: isinstance(m, p.OptionApplied))
     assert (ack.option, ack.value, ack.previous, ack.source) == ("clip", 0.5, None, "app")
+    impact = seen.until(lambda m: isinstance(m, p.Impact) and len(m.segments) == 2)
+    assert [row["change"] for row in impact.segments] == ["start", "clip=0.5"]
+    assert impact.segments[1]["first_step"] == ack.step
     link.send(p.SetCommand(option="amp", value="fp16"))
     refusal = seen.until(lambda m: isinstance(m, p.OptionRefused))
     assert "fp16 needs CUDA" in refusal.reason and refusal.step > ack.step - 1
