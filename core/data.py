@@ -1,48 +1,98 @@
-"""Batches with an exact, resumable position.
+"""Batches with an exact, resumable position, sharded across data-parallel ranks.
 
-The position is (epoch, batches consumed in that epoch). Map-style datasets are shuffled by a
-permutation that depends only on (seed, epoch), so a resumed run starts at exactly the next sample;
-iterable datasets are replayed and the consumed batches skipped. Neither path touches the global RNG
-(the DataLoader gets its own generator), which is what makes a resume bit-exact.
+The position is (epoch, global samples consumed in that epoch). Map-style datasets are read through a
+``DistributedSampler`` (shuffle, ``drop_last``, ``set_epoch``) whose permutation P depends only on
+(seed, epoch); rank r of w reads P[r::w] in local batches of b/w, so after k global batches of b the
+ranks together have consumed exactly P[0:k*b], whatever w is. That makes one position valid for every
+world size: a run resumed with w' ranks starts each rank at P[s + r::w'], and a single process (w = 1)
+reads P[0:b], P[b:2b], ... as it always did. Iterable datasets are read in order: each global batch is
+b consecutive samples and rank r takes its slice of them; a resume skips the consumed samples.
+Neither path touches the global RNG (the DataLoader gets its own generator), which is what makes a
+resume bit-exact.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from torchlab.core.errors import WorkloadError
 
 
 @dataclass
 class DataPosition:
+    """Where the next batch starts: ``samples`` global samples into ``epoch`` (a multiple of the batch)."""
+
     epoch: int = 0
-    batches: int = 0
+    samples: int = 0
 
     def as_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batches": self.batches}
+        return {"epoch": self.epoch, "samples": self.samples}
+
+    @classmethod
+    def from_dict(cls, state: dict[str, int], batch_size: int) -> DataPosition:
+        """Read a checkpoint's position; checkpoints before sharding counted batches of ``batch_size``."""
+        if "samples" in state:
+            return cls(state["epoch"], state["samples"])
+        return cls(state["epoch"], state["batches"] * batch_size)
 
 
-class EpochPermutationSampler(Sampler[int]):
-    """A shuffle that is a pure function of (seed, epoch), starting ``start`` samples into the epoch."""
+def epoch_seed(seed: int) -> int:
+    """The sampler seed: the permutation of epoch e is ``randperm`` of a generator seeded ``epoch_seed + e``."""
+    return seed * 1_000_003
 
-    def __init__(self, length: int, seed: int, epoch: int, start: int) -> None:
-        self.length, self.seed, self.epoch, self.start = length, seed, epoch, start
+
+class ResumableDistributedSampler(DistributedSampler):
+    """``DistributedSampler`` (shuffled, ``drop_last``) that starts ``start`` global samples into its epoch.
+
+    With ``start == 0`` it yields exactly what ``DistributedSampler`` yields: P[:total_size][rank::w].
+    A later start skips the first ``start`` entries of P (the samples all ranks consumed together), so
+    rank r continues at P[start + r::w]. A start that is not a multiple of w (only after resuming with
+    a different batch size) is rounded down: at most w - 1 samples are seen twice, none skipped.
+    """
+
+    def __init__(self, dataset: Dataset, *, rank: int, world_size: int, seed: int, epoch: int, start: int) -> None:
+        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=epoch_seed(seed), drop_last=True)
+        self.set_epoch(epoch)
+        self.start = start - start % world_size
 
     def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return iter(torch.randperm(self.length, generator=generator)[self.start :].tolist())
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        permutation = torch.randperm(len(self.dataset), generator=generator)[: self.total_size]
+        return iter(permutation[self.start + self.rank :: self.num_replicas].tolist())
 
     def __len__(self) -> int:
-        return self.length - self.start
+        return max(0, (self.total_size - self.start) // self.num_replicas)
+
+
+class _RankSlices(IterableDataset):
+    """An iterable dataset's samples from ``skip`` on, cut into global batches; this rank's share of each."""
+
+    def __init__(self, dataset: IterableDataset, *, skip: int, global_batch: int, rank: int, world_size: int) -> None:
+        self.dataset, self.skip, self.global_batch = dataset, skip, global_batch
+        local = global_batch // world_size
+        self.first, self.last = rank * local, (rank + 1) * local
+
+    def __iter__(self) -> Iterator[Any]:
+        samples = itertools.islice(iter(self.dataset), self.skip, None)
+        while True:
+            chunk = list(itertools.islice(samples, self.global_batch))
+            if len(chunk) < self.global_batch:  # drop_last, on every rank alike
+                return
+            yield from chunk[self.first : self.last]
 
 
 class BatchStream:
-    """An endless stream of training batches on the device, epoch after epoch."""
+    """An endless stream of this rank's training batches on the device, epoch after epoch.
+
+    ``batch_size`` is the global batch (all ranks together); each of ``world_size`` ranks gets
+    ``batch_size // world_size`` samples per batch.
+    """
 
     def __init__(
         self,
@@ -53,9 +103,15 @@ class BatchStream:
         workers: int,
         seed: int,
         device: torch.device,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
+        if batch_size % world_size:
+            raise ValueError(f"the batch of {batch_size} does not split into {world_size} equal parts")
         self.dataset = dataset
         self.batch_size = batch_size
+        self.local_batch_size = batch_size // world_size
+        self.rank, self.world_size = rank, world_size
         self.collate_fn = collate_fn
         self.workers = workers
         self.seed = seed
@@ -72,7 +128,7 @@ class BatchStream:
         self._iterator: Iterator | None = None
 
     def restore(self, position: DataPosition) -> None:
-        self.position = DataPosition(position.epoch, position.batches)
+        self.position = DataPosition(position.epoch, position.samples)
         self._iterator = None
 
     def next_batch(self) -> Any:
@@ -81,19 +137,19 @@ class BatchStream:
         try:
             batch = next(self._iterator)
         except StopIteration:
-            if self.position.batches == 0:
+            if self.position.samples == 0:
                 raise WorkloadError("the dataset yielded no batch in a whole epoch; it is empty.") from None
             self.position = DataPosition(self.position.epoch + 1, 0)
             self._iterator = self._open_epoch()
             batch = next(self._iterator)
-        self.position.batches += 1
+        self.position.samples += self.batch_size
         return move_to_device(batch, self.device)
 
     def _open_epoch(self) -> Iterator:
-        epoch, skip = self.position.epoch, self.position.batches
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        epoch, start = self.position.epoch, self.position.samples
+        generator = torch.Generator().manual_seed(epoch_seed(self.seed) + epoch)
         common = dict(
-            batch_size=self.batch_size,
+            batch_size=self.local_batch_size,
             collate_fn=self.collate_fn,
             num_workers=self.workers,
             pin_memory=self.device.type == "cuda",
@@ -101,11 +157,11 @@ class BatchStream:
             generator=generator,
         )
         if self.iterable:
-            iterator = iter(DataLoader(self.dataset, **common))
-            for _ in range(skip):
-                next(iterator)
-            return iterator
-        sampler = EpochPermutationSampler(len(self.dataset), self.seed, epoch, skip * self.batch_size)
+            shard = _RankSlices(self.dataset, skip=start, global_batch=self.batch_size, rank=self.rank, world_size=self.world_size)
+            return iter(DataLoader(shard, **common))
+        sampler = ResumableDistributedSampler(
+            self.dataset, rank=self.rank, world_size=self.world_size, seed=self.seed, epoch=epoch, start=start
+        )
         return iter(DataLoader(self.dataset, sampler=sampler, **common))
 
 

@@ -568,7 +568,7 @@ class Trainer:
         if state.get("grad_scaler") is not None:
             self._get_grad_scaler().load_state_dict(state["grad_scaler"])
         restore_rng_state(state["rng"])
-        self.data.restore(DataPosition(**state["data"]))
+        self.data.restore(DataPosition.from_dict(state["data"], self.batch_size))
         self.step = state["step"]
         self.first_step_of_process = self.step + 1
         self._last_checkpoint_step = self.step

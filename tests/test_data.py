@@ -31,9 +31,9 @@ def test_iterable_dataset_streams_across_epochs_and_resumes_by_skipping():
     stream = BatchStream(Counting(10), batch_size=4, collate_fn=None, workers=0, seed=0, device=torch.device("cpu"))
     firsts = [stream.next_batch()[0].item() for _ in range(5)]
     assert firsts == [0.0, 4.0, 0.0, 4.0, 0.0]  # drop_last: 2 batches per epoch of 10
-    assert stream.position == DataPosition(epoch=2, batches=1)
+    assert stream.position == DataPosition(epoch=2, samples=4)
     resumed = BatchStream(Counting(10), batch_size=4, collate_fn=None, workers=0, seed=0, device=torch.device("cpu"))
-    resumed.restore(DataPosition(epoch=2, batches=1))
+    resumed.restore(DataPosition(epoch=2, samples=4))
     assert resumed.next_batch()[0].item() == 4.0
 
 
@@ -48,5 +48,58 @@ def test_map_style_epochs_reshuffle_and_resume_mid_epoch():
     assert sorted(sum(batches[:4], [])) == list(range(12))  # one epoch covers every sample once
     assert batches[:4] != batches[4:]  # the next epoch is shuffled anew
     resumed = stream()
-    resumed.restore(DataPosition(epoch=1, batches=2))
+    resumed.restore(DataPosition(epoch=1, samples=6))
     assert [resumed.next_batch()[0].tolist() for _ in range(2)] == batches[6:8]
+
+
+def local_batches(data, *, world_size: int, rank: int, batch_size: int, count: int, position=None):
+    stream = BatchStream(data, batch_size=batch_size, collate_fn=None, workers=0, seed=5,
+                         device=torch.device("cpu"), rank=rank, world_size=world_size)
+    if position is not None:
+        stream.restore(position)
+    batches = (stream.next_batch() for _ in range(count))
+    return [(batch[0] if isinstance(batch, list) else batch).flatten().tolist() for batch in batches]
+
+
+def test_ranks_together_read_the_single_process_batches():
+    """Global batch k of w ranks is the single process's batch k as a set: same gradient, same loss curve."""
+    data = torch.utils.data.TensorDataset(torch.arange(40.0))
+    single = local_batches(data, world_size=1, rank=0, batch_size=8, count=7)  # 5 per epoch: crosses an epoch
+    for world_size in (2, 4):
+        per_rank = [local_batches(data, world_size=world_size, rank=r, batch_size=8, count=7) for r in range(world_size)]
+        for k in range(7):
+            assert all(len(ranks[k]) == 8 // world_size for ranks in per_rank)
+            assert sorted(sum((ranks[k] for ranks in per_rank), [])) == sorted(single[k])
+
+
+def test_the_sampler_is_distributed_sampler_with_set_epoch():
+    from torch.utils.data import DistributedSampler
+
+    from torchlab.core.data import ResumableDistributedSampler, epoch_seed
+
+    data = torch.utils.data.TensorDataset(torch.arange(23.0))
+    for rank in range(3):
+        ours = ResumableDistributedSampler(data, rank=rank, world_size=3, seed=5, epoch=2, start=0)
+        theirs = DistributedSampler(data, num_replicas=3, rank=rank, shuffle=True, seed=epoch_seed(5), drop_last=True)
+        theirs.set_epoch(2)
+        assert list(ours) == list(theirs) and len(ours) == len(theirs)
+
+
+def test_a_position_resumes_under_another_world_size():
+    """After 3 global batches at one world size, any other world size continues with global batch 4."""
+    data = torch.utils.data.TensorDataset(torch.arange(48.0))
+    single = local_batches(data, world_size=1, rank=0, batch_size=8, count=5)
+    for world_size in (1, 2, 4):
+        per_rank = [local_batches(data, world_size=world_size, rank=r, batch_size=8, count=2,
+                                  position=DataPosition(epoch=0, samples=3 * 8)) for r in range(world_size)]
+        for k in range(2):
+            assert sorted(sum((ranks[k] for ranks in per_rank), [])) == sorted(single[3 + k])
+
+
+def test_iterable_datasets_are_sliced_per_global_batch():
+    single = local_batches(Counting(21), world_size=1, rank=0, batch_size=4, count=6)
+    halves = [local_batches(Counting(21), world_size=2, rank=r, batch_size=4, count=6) for r in range(2)]
+    assert halves[0][0] == [0.0, 1.0] and halves[1][0] == [2.0, 3.0]
+    assert [a + b for a, b in zip(*halves)] == single  # 5 full batches per epoch on both ranks
+    resumed = local_batches(Counting(21), world_size=2, rank=1, batch_size=4, count=1, position=DataPosition(0, 8))
+    assert resumed == [[10.0, 11.0]]

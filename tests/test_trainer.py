@@ -28,7 +28,7 @@ def test_scripted_change_takes_effect_at_its_step_and_is_acknowledged():
     # Clipping is reported from the step it applies: the pre-clip norm and whether it fired.
     assert seen.at(4)["clipped"] is None and isinstance(seen.at(5)["clipped"], bool)
     # Two micro-batches per step from step 6: the data position advances twice as fast.
-    assert trainer.data.position.batches == 5 + 3 * 2
+    assert trainer.data.position.samples == (5 + 3 * 2) * 16
 
 
 def test_change_submitted_from_another_thread_applies_at_a_step_boundary():
