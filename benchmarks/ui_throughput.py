@@ -9,13 +9,15 @@
 2. Key to acknowledgement: the real app against a real trainer on a tiny model; ``c`` toggles
    checkpointing ten times, each timed from the key to the acknowledgement on screen, beside the
    median step time. Goal: within one optimizer step + 100 ms.
-3. Start-up and memory: import-to-first-frame of the app in a fresh process (goal <= 0.5 s), and the
-   app's RSS after absorbing the firehose (goal <= 120 MB).
+3. Start-up and memory: import-to-first-frame of the app in a fresh process (goal <= 0.5 s): the
+   first frame written to the (headless) terminal, and "settled" when every start-up message is
+   handled; and the app's RSS after absorbing the firehose (goal <= 120 MB).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
@@ -106,9 +108,9 @@ FIRST_FRAME = """
 import time
 started = time.perf_counter()
 import asyncio
-from torchlab.core.protocol import OptionApplied
 from torchlab.tui.app import make_app
 imported = time.perf_counter()
+displayed = []
 
 class Idle:
     run_dir = None
@@ -121,32 +123,43 @@ class Idle:
 
 async def main():
     app = make_app(Idle())
+    app.post_display_hook = lambda: displayed.append(time.perf_counter())  # after each frame is written
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        framed = time.perf_counter()
+        settled = time.perf_counter()
         import sys, psutil
-        print(f"{imported - started:.3f} {framed - started:.3f} {psutil.Process().memory_info().rss / 2**20:.1f} {'torch' in sys.modules}")
+        print(f"{imported - started:.3f} {displayed[0] - started:.3f} {settled - started:.3f} "
+              f"{psutil.Process().memory_info().rss / 2**20:.1f} {'torch' in sys.modules}")
 
 asyncio.run(main())
 """
 
 
-def first_frame() -> tuple[float, float, float, bool]:
+def first_frame() -> tuple[float, float, float, float, bool]:
+    """Median of 7 fresh processes: import, first frame written, every start-up message handled.
+
+    Bytecode caching is allowed, as it is for anyone who ran the app once (one warm-up run first);
+    a shell with PYTHONDONTWRITEBYTECODE would otherwise recompile the app's modules every time.
+    """
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
     runs = []
-    for _ in range(5):
-        done = subprocess.run([sys.executable, "-c", FIRST_FRAME], capture_output=True, text=True)
+    for attempt in range(8):
+        done = subprocess.run([sys.executable, "-c", FIRST_FRAME], capture_output=True, text=True, env=environment)
         if done.returncode != 0:
             raise RuntimeError(f"the first-frame probe failed:\n{done.stderr}")
+        if attempt == 0:
+            continue
         out = done.stdout.split()
-        runs.append((float(out[0]), float(out[1]), float(out[2]), out[3] == "True"))
+        runs.append((float(out[0]), float(out[1]), float(out[2]), float(out[3]), out[4] == "True"))
     runs.sort(key=lambda r: r[1])
     return runs[len(runs) // 2]
 
 
 def main() -> None:
     print(f"python {sys.version.split()[0]}, {psutil.cpu_count()} CPUs")
-    imported, framed, rss, torch_loaded = first_frame()
-    print(f"\nstart-up (median of 5): import {imported:.3f} s, first frame {framed:.3f} s, RSS {rss:.0f} MB, torch imported: {torch_loaded}")
+    imported, framed, settled, rss, torch_loaded = first_frame()
+    print(f"\nstart-up (median of 7): import {imported:.3f} s, first frame {framed:.3f} s, settled {settled:.3f} s, "
+          f"RSS {rss:.0f} MB, torch imported: {torch_loaded}")
 
     print(f"\n{'offered rec/s':>14} {'absorbed rec/s':>15} {'lag p50':>9} {'lag p99':>9} {'lag max':>9} {'app RSS':>9}")
     for rate in (10_000, 50_000, 100_000, 0):

@@ -1,109 +1,121 @@
-"""Min/max thinning keeps spikes, bounds the point count, and stays fast on long runs."""
+"""Min/max thinning keeps spikes, bounds the point count and the memory, and redraws incrementally.
+
+(How fast it is lives in benchmarks/redraw_cost.py and benchmarks/ui_throughput.py, not here.)
+"""
 
 from __future__ import annotations
 
 import random
-import time
 from array import array
 
 import pytest
 
-from torchlab.tui.thinning import Series, thin_minmax
+from torchlab.tui.thinning import GROUP, Series, reduce_groups
+
+
+def _series_of(xs, ys, level_capacity: int = 8192) -> Series:
+    series = Series(level_capacity)
+    series.extend(list(xs), list(ys))
+    return series
 
 
 def test_short_histories_come_back_unchanged() -> None:
-    xs, ys = [1.0, 2.0, 3.0], [5.0, 4.0, 6.0]
-    assert thin_minmax(xs, ys, 10) == (xs, ys)
-
-
-def test_a_single_spike_survives_thinning() -> None:
-    n = 100_000
-    xs = array("d", range(n))
-    ys = array("d", (1.0 for _ in range(n)))
-    ys[54_321] = 1e6
-    ys[77_777] = -5.0
-    thinned_xs, thinned_ys = thin_minmax(xs, ys, 400)
-    assert len(thinned_xs) <= 400
-    assert max(thinned_ys) == 1e6 and thinned_xs[thinned_ys.index(1e6)] == 54_321
-    assert min(thinned_ys) == -5.0
-
-
-def test_points_stay_in_x_order_and_each_bucket_keeps_its_extremes() -> None:
-    rng = random.Random(0)
-    xs = list(range(1000))
-    ys = [rng.random() for _ in xs]
-    thinned_xs, thinned_ys = thin_minmax(xs, ys, 100)
-    assert thinned_xs == sorted(thinned_xs)
-    assert len(thinned_xs) <= 100
-    buckets = 49  # (100 - 2) // 2: two points are kept for the ends
-    for bucket in range(buckets):
-        segment = ys[bucket * 1000 // buckets : (bucket + 1) * 1000 // buckets]
-        assert min(segment) in thinned_ys and max(segment) in thinned_ys
+    series = _series_of([1.0, 2.0, 3.0], [5.0, 4.0, 6.0])
+    assert series.thinned(10) == ([1.0, 2.0, 3.0], [5.0, 4.0, 6.0])
 
 
 def test_max_points_below_two_is_refused() -> None:
     with pytest.raises(ValueError):
-        thin_minmax([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], 1)
+        _series_of([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]).thinned(1)
 
 
-def test_thinning_100k_points_is_fast() -> None:
-    n = 100_000
-    xs = array("d", range(n))
-    ys = array("d", (random.random() for _ in range(n)))
-    started = time.perf_counter()
-    thin_minmax(xs, ys, 400)
-    assert time.perf_counter() - started < 0.1  # ~10 ms here; generous for a loaded CI box
+def test_each_group_handed_down_keeps_its_minimum_and_maximum_in_order() -> None:
+    rng = random.Random(3)
+    xs = array("d", range(8 * GROUP))
+    ys = array("d", (rng.random() for _ in xs))
+    reduced_xs, reduced_ys = reduce_groups(xs, ys)
+    assert len(reduced_ys) == 2 * 8
+    for group in range(8):
+        values = ys[group * GROUP : (group + 1) * GROUP]
+        pair = reduced_ys[2 * group : 2 * group + 2]
+        assert sorted(pair) == [min(values), max(values)]
+        assert reduced_xs[2 * group] == group * GROUP and reduced_xs[2 * group + 1] == (group + 1) * GROUP - 1
+    assert list(reduced_xs) == sorted(reduced_xs)
 
 
-def test_series_thinned_matches_the_extremes_and_is_incremental() -> None:
-    series = Series()
-    rng = random.Random(1)
-    for step in range(100_000):
-        series.append(step, rng.random())
-    series.ys[12_345] = 50.0
+def test_a_long_history_stays_bounded_and_keeps_its_spikes() -> None:
+    series = Series(level_capacity=1024)
+    steps = 1_000_000
+    for start in range(1, steps + 1, 1000):
+        xs = range(start, start + 1000)
+        series.extend(xs, [1e6 if x == 123_457 else -5.0 if x == 777_777 else 1.0 for x in xs])
+    assert len(series) <= 1024 * len(series.levels) and len(series.levels) <= 8
+    assert max(series.ys) == 1e6 and min(series.ys) == -5.0
     thinned_xs, thinned_ys = series.thinned(400)
     assert len(thinned_xs) <= 400
-    assert max(thinned_ys) == 50.0 and 12_345 in thinned_xs
-    # After the first call, a redraw for one more step only looks at the new points.
-    series.append(100_000, -1.0)
-    started = time.perf_counter()
-    thinned_xs, thinned_ys = series.thinned(400)
-    assert time.perf_counter() - started < 0.02
-    assert min(thinned_ys) == -1.0 and thinned_xs[-1] == 100_000
     assert thinned_xs == sorted(thinned_xs)
+    assert (thinned_xs[0], thinned_xs[-1]) == (1, steps)
+    # The spike is kept, within one group of the level that holds it: far less than a pixel.
+    assert max(thinned_ys) == 1e6 and abs(thinned_xs[thinned_ys.index(1e6)] - 123_457) < steps / 512
+    assert min(thinned_ys) == -5.0 and abs(thinned_xs[thinned_ys.index(-5.0)] - 777_777) < steps / 512
 
 
-def test_series_is_bounded_and_keeps_spikes_when_compacted() -> None:
-    series = Series(capacity=1000)
-    for step in range(5000):
-        series.append(step, 100.0 if step == 2500 else 1.0)
-    assert len(series) <= 1000
-    assert max(series.ys) == 100.0
+def test_every_x_block_keeps_its_extremes() -> None:
+    rng = random.Random(0)
+    xs = list(range(1000))
+    ys = [rng.random() for _ in xs]
+    thinned_xs, thinned_ys = _series_of(xs, ys).thinned(100)
+    assert len(thinned_xs) <= 100 and thinned_xs == sorted(thinned_xs)
+    width = 32  # the narrowest power of two with at most (100 - 2) // 2 blocks over 1000 steps
+    for start in range(0, 1000, width):
+        block = ys[start : start + width]
+        assert min(block) in thinned_ys and max(block) in thinned_ys
 
 
-def test_truncate_after_drops_later_steps() -> None:
-    series = Series()
-    for step in range(1, 121):
-        series.append(step, float(step))
+def test_a_redraw_after_new_points_equals_thinning_from_scratch() -> None:
+    rng = random.Random(1)
+    xs = list(range(1, 50_001))
+    ys = [rng.random() for _ in xs]
+    incremental = Series()
+    for start in range(0, len(xs), 700):
+        incremental.extend(xs[start : start + 700], ys[start : start + 700])
+        incremental.thinned(300)
+    fresh = Series(level_capacity=10**6)  # nothing handed down: the exact answer
+    fresh.extend(xs, ys)
+    incremental_xs, incremental_ys = incremental.thinned(300)
+    fresh_xs, fresh_ys = fresh.thinned(300)
+    assert len(incremental_xs) == len(fresh_xs)
+    assert max(incremental_ys) == max(fresh_ys) and min(incremental_ys) == min(fresh_ys)
+    assert incremental_xs[-1] == fresh_xs[-1] == 50_000
+    # Points handed down moved by less than one group of their level.
+    assert all(abs(a - b) < 4 * GROUP for a, b in zip(incremental_xs, fresh_xs))
+
+
+def test_truncate_after_drops_later_steps_and_the_summary_follows() -> None:
+    series = Series(level_capacity=64)
+    series.extend(range(1, 501), [float(x) for x in range(1, 501)])
     series.thinned(20)
-    series.truncate_after(100)
-    assert series.xs[-1] == 100 and len(series) == 100
-    xs, _ = series.thinned(20)
-    assert xs[-1] == 100
+    series.truncate_after(300)
+    assert series.xs[-1] == 300 and series.last == 300.0
+    xs, ys = series.thinned(20)
+    assert xs[-1] == 300 and max(ys) == 300.0
+    series.extend([301.0], [-7.0])
+    xs, ys = series.thinned(20)
+    assert xs[-1] == 301 and min(ys) == -7.0
 
 
 def test_the_first_and_latest_points_are_always_kept() -> None:
-    # A chart's right edge is "now": it must not stop at the last bucket's extreme.
+    # A chart's right edge is "now": it must not stop at the last block's extreme.
     xs = list(range(1001))
     ys = [float((x * 37) % 101) for x in xs]
     ys[0], ys[-1] = 50.0, 50.0
-    for thinned_xs, _ in (thin_minmax(xs, ys, 40), _series_of(xs, ys).thinned(40)):
-        assert thinned_xs[0] == 0 and thinned_xs[-1] == 1000
-        assert len(thinned_xs) <= 40
+    thinned_xs, _ = _series_of(xs, ys).thinned(40)
+    assert thinned_xs[0] == 0 and thinned_xs[-1] == 1000
+    assert len(thinned_xs) <= 40
 
 
-def _series_of(xs, ys) -> Series:
-    series = Series()
-    for x, y in zip(xs, ys):
-        series.append(x, y)
-    return series
+def test_clear_forgets_everything() -> None:
+    series = _series_of(range(5000), [1.0] * 5000, level_capacity=256)
+    series.thinned(50)
+    series.clear()
+    assert len(series) == 0 and series.last is None and series.thinned(50) == ([], [])
