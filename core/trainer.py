@@ -8,10 +8,17 @@ changes (``--at``) enter through the same queue, so they exercise the same path 
 Numbering: optimizer steps count from 1. A change "applied at step S" is in force for step S and after.
 Each step moves exactly one small tensor to the host (loss, norms, flags packed together): that is the
 only synchronisation point per step.
+
+Data parallel (``ranks`` given, world size > 1): every rank runs this loop on its share of each global
+batch, with the model in DistributedDataParallel. Rank 0 alone takes commands and reports; at each step
+boundary it broadcasts the commands it took, so all ranks apply them at the same step (core/distributed.py).
+A change of world size cannot happen inside a process: the trainer checkpoints and ends with the outcome
+``relaunch``, and its supervisor (core/ranks.py) starts the new ranks from that checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import queue
 import threading
@@ -28,6 +35,17 @@ from torchlab.core.activation_checkpointing import ActivationCheckpointing
 from torchlab.core.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
 from torchlab.core.config import TrainConfig
 from torchlab.core.data import BatchStream, DataPosition, evaluation_batches
+from torchlab.core.distributed import (
+    PACKET_BYTES,
+    Collectives,
+    RankContext,
+    check_world_size,
+    encode_packet,
+    open_process_group,
+    rank_device,
+    seed_rank,
+    wrap_model,
+)
 from torchlab.core.errors import ConfigError, NonFiniteError, WorkloadError
 from torchlab.core.loading import describe_code, user_frame
 from torchlab.core.nonfinite import localise_nonfinite
@@ -84,13 +102,50 @@ class Profile:
 Command = SetOption | Pause | Resume | Stop | SaveCheckpoint | Profile
 
 
+def command_to_json(command: Command) -> dict[str, Any]:
+    """A command as a JSON object: how rank 0 broadcasts it to the other ranks, and how a supervisor sends it."""
+    if isinstance(command, SetOption):
+        return {"command": "set", "option": command.option, "value": _jsonable(command.value), "source": command.source}
+    if isinstance(command, Stop):
+        return {"command": "stop", "reason": command.reason}
+    if isinstance(command, Profile):
+        return {"command": "profile", "steps": command.steps, "source": command.source}
+    return {"command": {Pause: "pause", Resume: "resume", SaveCheckpoint: "save_checkpoint"}[type(command)]}
+
+
+def command_from_json(data: dict[str, Any]) -> Command:
+    kind = data.get("command")
+    if kind == "set":
+        return SetOption(str(data["option"]), data["value"], str(data.get("source", "api")))
+    if kind == "stop":
+        return Stop(str(data.get("reason", "requested")))
+    if kind == "profile":
+        return Profile(int(data["steps"]), str(data.get("source", "api")))
+    simple = {"pause": Pause, "resume": Resume, "save_checkpoint": SaveCheckpoint}
+    if kind not in simple:
+        raise ValueError(f"not a command: {data!r}")
+    return simple[kind]()
+
+
+@dataclass(frozen=True)
+class WorldSizeChange:
+    """A requested world size that takes a relaunch: in force from ``step``, asked for by ``source``."""
+
+    value: int
+    previous: int
+    step: int
+    source: str
+
+
 @dataclass(frozen=True)
 class RunOutcome:
-    """How a run ended: ``finished`` (all steps), ``stopped`` (on request), ``nonfinite`` or ``failed``."""
+    """How a run ended: ``finished`` (all steps), ``stopped`` (on request), ``nonfinite``, ``failed``, or
+    ``relaunch`` (checkpointed for a change of world size, which ``relaunch`` describes)."""
 
     status: str
     step: int
     message: str = ""
+    relaunch: WorldSizeChange | None = None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -118,16 +173,34 @@ class Trainer:
         profiles_dir: Path | None = None,
         resume_from: Path | None = None,
         explicit_options: Iterable[str] = (),
+        ranks: RankContext | None = None,
+        can_relaunch: bool = False,
     ) -> None:
+        """``ranks``: this process's place among data-parallel ranks (None: a single process).
+        ``can_relaunch``: a supervisor will act on the ``relaunch`` outcome, so world-size changes are possible."""
         self.config = config
         self.workload = workload
-        self.observers = list(observers)
+        # A supervised world size of 1 trains in-process; under torchrun even one rank is a real rank
+        # (process group and DDP, so `torchrun --nproc-per-node 1` exercises the data-parallel path).
+        self.ranks = ranks if ranks is not None and (ranks.world_size > 1 or not ranks.supervised) else None
+        self.world_size = self.ranks.world_size if self.ranks else 1
+        self.reports = self.ranks is None or self.ranks.reports
+        self.observers = list(observers) if self.reports else []
         self.checkpoint_dir = checkpoint_dir
         self.profiles_dir = profiles_dir
+        self.can_relaunch = can_relaunch and checkpoint_dir is not None and (self.ranks is None or self.ranks.supervised)
         self._profiling: ProfilerSnapshot | None = None
         self._profile_builds: list[threading.Thread] = []
-        self.device = resolve_device(config.device)
+        self.device = resolve_device(rank_device(config.device, self.ranks) if self.ranks else config.device)
         self.batch_size = config.batch_size or workload.batch_size or DEFAULT_BATCH_SIZE
+        self.collectives: Collectives | None = None
+        if self.ranks is not None:
+            try:
+                check_world_size(self.world_size, device=self.device, batch_size=self.batch_size)
+            except OptionRefused as refusal:
+                raise ConfigError(f"world_size (--world-size) {self.world_size}: {refusal}.") from None
+            open_process_group(self.ranks, self.device)
+            self.collectives = Collectives(self.ranks, self.device)
 
         self.model = workload.model.to(self.device)
         self.model.train()
@@ -140,6 +213,8 @@ class Trainer:
             workers=config.workers,
             seed=config.seed,
             device=self.device,
+            rank=self.ranks.rank if self.ranks else 0,
+            world_size=self.world_size,
         )
         self.checkpointing = ActivationCheckpointing(self.model, workload.checkpoint_blocks)
         self.grad_probe = GradNormProbe(self.model)
@@ -155,6 +230,10 @@ class Trainer:
         self._paused = False
         self._stop: Stop | None = None
         self._signalled_stop: Stop | None = None
+        self._relaunch: WorldSizeChange | None = None
+        self._scripted_through = 0  # the last step whose --at and --profile-at entries were queued
+        self._probe_next = False  # rank 0's probe decision for the next step, shared with every rank
+        self._data_wait_s = 0.0
         self._consecutive_skips = 0
         self._last_checkpoint_step: int | None = None
         self._started = time.monotonic()
@@ -163,7 +242,14 @@ class Trainer:
         initial = config.options
         if resume_from is not None:
             initial = self._restore(load_checkpoint(resume_from, map_location=self.device), config, explicit_options)
+        elif self.ranks is not None and self.ranks.rank > 0:
+            seed_rank(config.seed, 0, self.ranks.rank)  # same model and data as rank 0; its own dropout
         self._enact_initial_options(initial)
+        # DDP last: it registers its hooks on the parameters the optimizer already holds, and broadcasts
+        # rank 0's weights. The loss function gets the wrapper (that is what averages the gradients).
+        self.ddp = wrap_model(self.model, self.device) if self.ranks is not None else None
+        self.forward_model: torch.nn.Module = self.ddp if self.ddp is not None else self.model
+        self.rank_hosts = self.collectives.describe_ranks() if self.collectives is not None else None
 
     # ----------------------------------------------------------------- control API (any thread)
     def submit(self, command: Command) -> None:
@@ -185,11 +271,14 @@ class Trainer:
             steps=self.config.steps,
             options=self.options.as_dict(),
             modules=self.grad_probe.module_names,
+            module_params=self.grad_probe.param_counts,
             checkpoint_blocks=list(self.checkpointing.blocks),
+            world_size=self.world_size,
+            ranks=self.rank_hosts,
         )
         self._started = time.monotonic()
         sampler = None
-        if self.config.telemetry_interval > 0:
+        if self.config.telemetry_interval > 0 and self.reports:
             sampler = TelemetrySampler(self.device, self._emit_telemetry, lambda: self.step, self.config.telemetry_interval)
             sampler.start()
         try:
@@ -215,11 +304,18 @@ class Trainer:
             self._emit_event("error", step=self.step + 1, message=str(error), traceback=traceback.format_exc())
             raise
         except Exception as error:
+            if self.ranks is not None and self.ranks.supervised:
+                raise  # the supervisor reports it with the rank it happened on (and stops the other ranks)
             message = f"{type(error).__name__}: {error}"
             self._emit_event("error", step=self.step + 1, message=message, traceback=traceback.format_exc())
-            if self.step > 0 and self._last_checkpoint_step != self.step:
-                self._save_checkpoint(reason="error")  # the last completed step is intact
+            if self.step > 0 and self._last_checkpoint_step != self.step and self.ranks is None:
+                # The last completed step is intact. Not with ranks: the others may be gone, and a
+                # checkpoint takes every rank (their RNG states); the last one written stays as it was.
+                self._save_checkpoint(reason="error")
             return RunOutcome("failed", self.step, message)
+        if self._relaunch is not None:
+            self._save_checkpoint(reason="world_size")  # always: the options changed since any earlier one
+            return RunOutcome("relaunch", self.step, relaunch=self._relaunch)
         if self._last_checkpoint_step != self.step and self.step > 0:
             self._save_checkpoint(reason="final")
         status = "stopped" if self._stop is not None else "finished"
@@ -234,7 +330,7 @@ class Trainer:
         """
         for _ in range(count):
             self._at_step_boundary()
-            if self._stop is not None:
+            if self._stop is not None or self._relaunch is not None:
                 return False
             self._train_one_step()
             self._after_step()
@@ -252,17 +348,27 @@ class Trainer:
             self.activation_probe.attach()
 
         loss_sum = torch.zeros((), device=self.device)
-        for _ in range(options.accum):
+        data_wait = 0.0
+        for micro in range(options.accum):
+            waited = time.perf_counter()
             batch = self.data.next_batch()
+            data_wait += time.perf_counter() - waited
             self._last_batch = batch
-            loss = self._compute_loss(batch, step)
-            self.precision.backward(loss / options.accum)
+            # With ranks, gradients are averaged once per optimizer step: on the last micro-batch's backward.
+            syncing = self.ddp is None or micro == options.accum - 1
+            with contextlib.nullcontext() if syncing else self.ddp.no_sync():
+                loss = self._compute_loss(batch, step)
+                self.precision.backward(loss / options.accum)
             loss_sum += loss.detach().float()
         activations = self.activation_probe.detach() if sample_activations else None
         self.precision.unscale_(self.optimizer)
+        if self.collectives is not None:  # every rank then sees the same loss and stops on the same NaN
+            loss_sum = self.collectives.mean_loss(loss_sum)
 
         # Gradient norms: measured when the probe is due, and always when clipping needs them (then free).
-        probe_due = is_report and self.cadence.should_probe(step)
+        # With ranks, rank 0's cadence decides for all (shared at the boundary), so a non-finite gradient
+        # is seen by every rank at the same step.
+        probe_due = is_report and (self._probe_next if self.collectives is not None else self.cadence.should_probe(step))
         norms = None
         if probe_due or options.clip is not None:
             probe_started = time.perf_counter()
@@ -306,6 +412,9 @@ class Trainer:
         self.cadence.record_step(step_time)
         if not is_report:
             return
+        rank_figures = self.collectives.gather_figures(step_time, data_wait) if self.collectives is not None else None
+        if not self.reports:
+            return
         record: dict[str, Any] = {
             "step": step,
             "time": time.time(),
@@ -313,7 +422,7 @@ class Trainer:
             "epoch": self.data.position.epoch,
             "loss": loss_value,
             "lr": lr_used,
-            "samples_per_s": self.batch_size * options.accum * options.world_size / step_time,
+            "samples_per_s": self.batch_size * options.accum / step_time,  # the global batch, all ranks together
             "step_time_s": step_time,
             "grad_norm_total": total_norm,
             "clipped": did_clip,
@@ -330,15 +439,17 @@ class Trainer:
             record["act_stats"] = {
                 name: values[3 * i : 3 * i + 3] for i, name in enumerate(names) if not math.isnan(values[3 * i])
             }
+        if rank_figures is not None:
+            record["ranks"] = rank_figures
         if self._is_eval_step(step):
-            record["val_loss"] = self._evaluate()
+            record["val_loss"] = self._evaluate()  # rank 0 alone, on the model without its DDP wrapper
         self._emit_metrics(record)
 
     def _compute_loss(self, batch: Any, step: int) -> torch.Tensor:
         """The workload's loss for one micro-batch; on the first step, failures name the user's code."""
         try:
             with self.precision.autocast():
-                loss = self.workload.loss_fn(self.model, batch)
+                loss = self.workload.loss_fn(self.forward_model, batch)
         except Exception as error:
             # Out of memory is a resource problem, not a model that cannot eat its batch: say it as is.
             if step != self.first_step_of_process or isinstance(error, torch.OutOfMemoryError):
@@ -420,25 +531,68 @@ class Trainer:
     # ----------------------------------------------------------------- options and commands
     def _at_step_boundary(self) -> None:
         next_step = self.step + 1
+        # A relaunched run has already queued the scripted entries of the boundary it was relaunched at.
+        if self.reports and next_step > self._scripted_through:
+            for change in self.config.at:
+                if change.step == next_step:
+                    self.submit(SetOption(change.option, change.value, source="--at"))
+            if next_step in self.config.profile_at:
+                self.submit(Profile(self.config.profile_steps, source="--profile-at"))
+        self._scripted_through = max(self._scripted_through, next_step)
+        unsent: list[Command] = []
+        while True:
+            commands = self._take_commands() if self.reports else []
+            more = False
+            if self.collectives is not None:
+                commands, more = self._share_commands(unsent + commands, unsent)
+            for command in commands:
+                self._handle(command)
+            waiting = self._paused and self._stop is None and self._relaunch is None
+            if not waiting and not more:
+                return
+
+    def _take_commands(self) -> list[Command]:
+        """What is queued; while paused, wait up to 0.25 s for the first. A signalled stop goes last."""
+        commands: list[Command] = []
+        if self._signalled_stop is None:
+            waiting = self._paused and self._stop is None and self._relaunch is None
+            try:
+                commands.append(self._commands.get(block=waiting, timeout=0.25))
+                while True:
+                    commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                pass
         if self._signalled_stop is not None:
-            self._stop = self._signalled_stop
-            return
-        for change in self.config.at:
-            if change.step == next_step:
-                self.submit(SetOption(change.option, change.value, source="--at"))
-        if next_step in self.config.profile_at:
-            self.submit(Profile(self.config.profile_steps, source="--profile-at"))
+            commands.append(self._signalled_stop)
+        return commands
+
+    def _share_commands(self, commands: list[Command], unsent: list[Command]) -> tuple[list[Command], bool]:
+        """Rank 0's commands (as many as fit one packet; ``unsent`` keeps the rest) to every rank, with
+        rank 0's decision whether the next step measures gradient norms. Returns the commands and
+        whether more packets follow at this boundary."""
+        payload = None
+        if self.reports:
+            payload = {"probe": self.cadence.should_probe(self.step + 1), "commands": []}
+            unsent.clear()
+            for index, command in enumerate(commands):
+                payload["commands"].append(command_to_json(command))
+                if len(encode_packet({**payload, "more": True})) > PACKET_BYTES:
+                    payload["commands"].pop()
+                    unsent.extend(commands[index:])
+                    break
+            payload["more"] = bool(unsent)
+        packet = self.collectives.share(payload)
+        self._probe_next = bool(packet["probe"])
+        return [command_from_json(data) for data in packet["commands"]], bool(packet["more"])
+
+    def pending_commands(self) -> list[Command]:
+        """Commands still queued (after the run ended): a supervisor hands them to the next trainer."""
+        commands: list[Command] = []
         while True:
             try:
-                command = self._commands.get(block=self._paused and self._stop is None, timeout=0.25)
+                commands.append(self._commands.get_nowait())
             except queue.Empty:
-                if self._signalled_stop is not None:
-                    self._stop = self._signalled_stop
-                    return
-                if self._paused and self._stop is None:
-                    continue
-                return
-            self._handle(command)
+                return commands
 
     def _handle(self, command: Command) -> None:
         next_step = self.step + 1
@@ -455,11 +609,17 @@ class Trainer:
         elif isinstance(command, Stop):
             self._stop = command
             self._paused = False
+            if self._relaunch is not None:  # a stop wins over a relaunch asked for at the same boundary
+                change, self._relaunch = self._relaunch, None
+                self.options = self.options.with_value("world_size", self.world_size)
+                self._emit_event("option_refused", step=next_step, option="world_size", value=change.value,
+                                 reason="the run stops at this step", source=change.source)
         elif isinstance(command, SaveCheckpoint):
             if self.step > 0:
                 self._save_checkpoint(reason="requested")
         elif isinstance(command, Profile):
-            self._start_profile(command, next_step)
+            if self.reports:  # one profile per run: rank 0's
+                self._start_profile(command, next_step)
 
     def _start_profile(self, command: Profile, step: int) -> None:
         reason = None
@@ -493,6 +653,13 @@ class Trainer:
                 reason=str(refusal), source=command.source,
             )
             return
+        if option == "world_size":
+            # A new world size takes new processes: checkpoint and end with "relaunch" after this boundary;
+            # the supervisor acknowledges the change once the new ranks train.
+            self._relaunch = WorldSizeChange(value, self.world_size, step, command.source) if value != self.world_size else None
+            if self._relaunch is not None:
+                self.options = self.options.with_value(option, value)
+                return
         self.options = self.options.with_value(option, value)
         if option == "lr_scale":
             self._apply_lr_scale()
@@ -514,13 +681,25 @@ class Trainer:
                     "name them in Workload.checkpoint_blocks"
                 )
             self.checkpointing.enable() if value else self.checkpointing.disable()
-        elif option == "world_size" and value != self.options.world_size:
-            raise OptionRefused(
-                "changing the DDP world size is not available yet in this version; the run stays at world size "
-                f"{self.options.world_size}"
-            )
+        elif option == "world_size" and value != self.world_size:
+            if self.ranks is not None and not self.ranks.supervised:
+                raise OptionRefused(
+                    f"the world size is fixed by the launcher that started these ranks (torchrun); to train with "
+                    f"{value}, stop the run and start it again with --nproc-per-node and --resume"
+                )
+            check_world_size(value, device=self.device, batch_size=self.batch_size)
+            if not self.can_relaunch:
+                raise OptionRefused(
+                    "this trainer has no supervisor to relaunch it with another world size (or no checkpoint "
+                    "directory to relaunch from)"
+                )
 
     def _enact_initial_options(self, options: LiveOptions) -> None:
+        if options.world_size != self.world_size:
+            raise ConfigError(
+                f"world_size (--world-size) {options.world_size}: this process trains as one of {self.world_size}; "
+                f"ranks are started by torchlab-tui's supervisor or by torchrun."
+            )
         for option, value in options.as_dict().items():
             try:
                 self._enact(option, value)
@@ -540,7 +719,13 @@ class Trainer:
 
     # ----------------------------------------------------------------- checkpoints
     def _save_checkpoint(self, reason: str) -> None:
+        """Every rank calls this at the same step (its RNG state is part of the checkpoint); rank 0 writes."""
         if self.checkpoint_dir is None:
+            return
+        rng = capture_rng_state()
+        rng_by_rank = self.collectives.gather_objects(rng) if self.collectives is not None else None
+        self._last_checkpoint_step = self.step
+        if not self.reports:
             return
         state = {
             "step": self.step,
@@ -548,13 +733,17 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "grad_scaler": self.grad_scaler.state_dict() if self.grad_scaler is not None else None,
-            "rng": capture_rng_state(),
+            "rng": rng,
             "data": self.data.position.as_dict(),
             "options": self.options.as_dict(),
             "config": self.config.to_toml(),
+            # A checkpoint for a relaunch is taken after its boundary's commands and scripted changes were
+            # handled; the relaunched run must not queue those scripted changes again.
+            "scripted_through": self._scripted_through if reason == "world_size" else self.step,
         }
+        if rng_by_rank is not None:
+            state["rng_by_rank"] = rng_by_rank
         path = save_checkpoint(self.checkpoint_dir, self.step, state, keep=self.config.keep_checkpoints)
-        self._last_checkpoint_step = self.step
         self._emit_event("checkpoint", step=self.step, path=str(path), reason=reason)
 
     def _restore(self, state: dict[str, Any], config: TrainConfig, explicit_options: Iterable[str]) -> LiveOptions:
@@ -567,9 +756,10 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         if state.get("grad_scaler") is not None:
             self._get_grad_scaler().load_state_dict(state["grad_scaler"])
-        restore_rng_state(state["rng"])
+        self._restore_rng(state)
         self.data.restore(DataPosition.from_dict(state["data"], self.batch_size))
         self.step = state["step"]
+        self._scripted_through = state.get("scripted_through", self.step)
         self.first_step_of_process = self.step + 1
         self._last_checkpoint_step = self.step
         options = LiveOptions(**state["options"])
@@ -577,6 +767,18 @@ class Trainer:
             options = options.with_value(name, getattr(config.options, name))
         self._emit_event("resumed_from_checkpoint", step=self.step, options=options.as_dict())
         return options
+
+    def _restore_rng(self, state: dict[str, Any]) -> None:
+        """Rank 0 (or the single process) continues the saved stream; rank r continues its own if the
+        checkpoint has one for this world size, else starts a fresh stream derived from (seed, step, r)."""
+        rank = self.ranks.rank if self.ranks is not None else 0
+        by_rank = state.get("rng_by_rank")
+        if rank == 0:
+            restore_rng_state(state["rng"])
+        elif by_rank is not None and len(by_rank) == self.world_size:
+            restore_rng_state(by_rank[rank])
+        else:
+            seed_rank(self.config.seed, state["step"], rank)
 
     # ----------------------------------------------------------------- reporting
     def _emit_metrics(self, record: dict[str, Any]) -> None:

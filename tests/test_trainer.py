@@ -52,16 +52,51 @@ def test_change_submitted_from_another_thread_applies_at_a_step_boundary():
 
 
 def test_invalid_changes_are_refused_with_a_reason_and_the_run_goes_on():
-    trainer, seen = make_trainer(steps=6, at=["2:amp=fp16", "3:world_size=2"])
+    trainer, seen = make_trainer(steps=6, at=["2:amp=fp16", "3:world_size=3"])
     trainer.submit(SetOption("accum", "zero"))
     trainer.submit(SetOption("warp_drive", "on"))
     assert trainer.run().status == "finished"
     refused = {(e["option"], e["step"]): e["reason"] for e in seen.of("option_refused")}
     assert "fp16 needs CUDA" in refused[("amp", 2)]
-    assert "not available yet" in refused[("world_size", 3)]
+    assert "world size 3 does not divide the batch of 16" in refused[("world_size", 3)]
     assert "whole number" in refused[("accum", 1)]
     assert "unknown option" in refused[("warp_drive", 1)]
     assert all(record["amp"] == "off" and record["world_size"] == 1 for record in seen.metrics)
+
+
+def test_world_size_limits_are_refused_with_the_reason():
+    from torchlab.core.distributed import check_world_size, usable_cpus
+    from torchlab.core.options import OptionRefused
+
+    cpus = usable_cpus()
+    check_world_size(cpus, device=torch.device("cpu"), batch_size=cpus * 4)
+    with pytest.raises(OptionRefused, match=f"{cpus + 1} ranks on the CPU need {cpus + 1} cores, one each; this run may use {cpus}"):
+        check_world_size(cpus + 1, device=torch.device("cpu"), batch_size=(cpus + 1) * 4)
+    with pytest.raises(OptionRefused, match="world size 3 does not divide the batch of 16"):
+        check_world_size(3, device=torch.device("cpu"), batch_size=16)
+
+
+def test_a_world_size_change_needs_a_supervisor_to_relaunch():
+    trainer, seen = make_trainer(steps=3, at=["2:world_size=2"])
+    assert trainer.run().status == "finished"
+    [refusal] = seen.of("option_refused")
+    assert "no supervisor to relaunch it" in refusal["reason"] or "cores" in refusal["reason"]
+
+
+def test_a_world_size_change_checkpoints_and_ends_for_a_relaunch(tmp_path):
+    trainer, seen = make_trainer(steps=8, checkpoint_dir=tmp_path, checkpoint_every=0, batch_size=16,
+                                 at=["3:world_size=2", "3:clip=0.5", "4:accum=2"])
+    trainer.can_relaunch = True  # as the supervisor builds it
+    outcome = trainer.run()
+    assert (outcome.status, outcome.step) == ("relaunch", 2)
+    assert (outcome.relaunch.value, outcome.relaunch.previous, outcome.relaunch.step) == (2, 1, 3)
+    assert [e["option"] for e in seen.of("option_applied")] == ["clip"]  # world_size: acknowledged after the relaunch
+    [checkpoint] = seen.of("checkpoint")
+    assert (checkpoint["step"], checkpoint["reason"]) == (2, "world_size")
+    assert not seen.of("run_ended")
+    state = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert state["options"]["world_size"] == 2 and state["options"]["clip"] == 0.5
+    assert state["scripted_through"] == 3  # the relaunched run applies "4:accum=2", not the changes of step 3 again
 
 
 def test_fp16_at_start_on_cpu_is_a_config_error_naming_the_flag():
