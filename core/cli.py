@@ -28,7 +28,7 @@ _SETTING_FLAGS = (
     "workers", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "log_every",
     "probe_every", "act_stats_every", "telemetry_interval", "profile_steps",
 )
-_OPTION_FLAGS = ("amp", "checkpointing", "clip", "accum", "lr_scale")
+_OPTION_FLAGS = ("amp", "checkpointing", "clip", "accum", "lr_scale", "world_size")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--clip", metavar="NORM|off", help="clip the global grad norm to NORM (default off)")
     live.add_argument("--accum", type=int, metavar="N", help="gradient accumulation micro-steps per optimizer step (default 1)")
     live.add_argument("--lr-scale", type=float, metavar="X", help="multiply the schedule's LR (default 1)")
+    live.add_argument("--world-size", type=int, metavar="N",
+                      help="data-parallel ranks, one per GPU or CPU core; the global batch stays --batch-size (default 1)")
     live.add_argument("--at", action="append", default=[], metavar="STEP:OPTION=VALUE", help="apply a live change for optimizer step STEP")
 
     probes = parser.add_argument_group("probes")

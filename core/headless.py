@@ -1,7 +1,9 @@
 """Headless runs: the engine with a Rich progress bar, writing the same run directory as the app.
 
 Ctrl-C (or SIGTERM) asks the trainer to stop at the next step boundary, so the final checkpoint is
-a consistent one; a second Ctrl-C aborts at once.
+a consistent one; a second Ctrl-C aborts at once. This process is the run's supervisor
+(core/ranks.py): at world size 1 it trains itself, above that it starts the ranks and reports for
+them. Started by ``torchrun`` instead, each process is one rank and only rank 0 reports.
 """
 
 from __future__ import annotations
@@ -17,14 +19,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from torchlab.core.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK
 from torchlab.core.config import TrainConfig
-from torchlab.core.errors import WorkloadError
+from torchlab.core.distributed import rank_from_environment
+from torchlab.core.errors import TorchlabError
 from torchlab.core.observer import TrainerObserver
 from torchlab.core.options import format_option_value
 from torchlab.core.impact import ImpactTracker
-from torchlab.core.loading import load_workload, workload_label
+from torchlab.core.loading import check_spec, load_workload, workload_label
+from torchlab.core.ranks import Supervisor, initial_world_size, run_quiet_rank
 from torchlab.core.rundir import RunDirectory, choose_run_dir
-from torchlab.core.trainer import Trainer
-
 
 
 def seed_everything(seed: int) -> None:
@@ -48,28 +50,37 @@ def run_headless(
     console: Console | None = None,
 ) -> int:
     console = console or Console(stderr=True, soft_wrap=True)
-    seed_everything(config.seed)
-    workload = load_workload(config.workload)  # a bad workload fails here, before any directory exists
+    external = rank_from_environment(supervised=False)  # started by torchrun: one rank of several
+    if external is not None and external.rank != 0:
+        path = choose_run_dir(run_dir, resume, runs_root, workload_label(config.workload))
+        outcome = run_quiet_rank(config, external, run_dir=path, resume=resume, explicit_options=explicit_options)
+        return {"nonfinite": EXIT_NONFINITE, "failed": EXIT_FAILED}.get(outcome.status, EXIT_OK)
+    check_spec(config.workload)
+    workload = None
+    if external is not None or initial_world_size(config, resume, explicit_options) == 1:
+        seed_everything(config.seed)
+        workload = load_workload(config.workload)  # a bad workload fails here, before any directory exists
     directory = RunDirectory(choose_run_dir(run_dir, resume, runs_root, workload_label(config.workload)))
     directory.write_config(config.to_toml())
     progress = HeadlessProgress(config.steps, console)
     try:
+        supervisor = Supervisor(
+            config,
+            observers=[directory, ImpactTracker(directory.path / "impact.json"), progress],
+            run_dir=directory.path,
+            resume_from=resume,
+            explicit_options=explicit_options,
+            workload=workload,
+            external=external,
+        )
         try:
-            trainer = Trainer(
-                config,
-                workload,
-                observers=[directory, ImpactTracker(directory.path / "impact.json"), progress],
-                checkpoint_dir=directory.checkpoints,
-                profiles_dir=directory.profiles,
-                resume_from=resume,
-                explicit_options=explicit_options,
-            )
-        except WorkloadError as error:
+            supervisor.prepare()
+        except TorchlabError as error:
             directory.record_error(str(error))
             raise
-        stop_on_signal = _StopOnSignal(trainer, console)
+        stop_on_signal = _StopOnSignal(supervisor, console)
         with stop_on_signal, progress:
-            outcome = trainer.run()
+            outcome = supervisor.run()
     finally:
         directory.close()
 
@@ -158,7 +169,7 @@ class HeadlessProgress(TrainerObserver):
 class _StopOnSignal:
     """SIGINT/SIGTERM: stop at the next step boundary (checkpoint kept); a second SIGINT aborts."""
 
-    def __init__(self, trainer: Trainer, console: Console) -> None:
+    def __init__(self, trainer: Supervisor, console: Console) -> None:
         self.trainer, self.console = trainer, console
         self.interrupted = False
         self._previous: dict[int, Any] = {}

@@ -350,6 +350,19 @@ class Impact(Message):
 
 
 @dataclass(frozen=True)
+class Ranks(Message):
+    """Per-rank figures at ``step`` when training data-parallel, in rank order; the newest replaces an
+    unsent older one. Each entry: ``rank``, ``step_time_s``, ``data_wait_s`` (time waiting for batches),
+    ``allocated_bytes``, ``reserved_bytes``, ``peak_allocated_bytes`` (CUDA allocator; null on CPU), ``rss_bytes``.
+    A rank much slower than the others (a straggler) holds every rank back at each all-reduce."""
+
+    type: ClassVar[str] = "ranks"
+    schema: ClassVar = {"step": (int,), "ranks": (list,)}
+    step: int
+    ranks: list
+
+
+@dataclass(frozen=True)
 class Refused(Message):
     """A protocol-level refusal: wrong token, wrong version, malformed message. Says why."""
 
@@ -359,4 +372,4 @@ class Refused(Message):
 
 
 COMMANDS = (Hello, PauseCommand, ResumeCommand, StopCommand, SetCommand, ProfileCommand, SaveCheckpointCommand, DetachCommand)
-EVENTS = (Welcome, State, Metrics, GradNorms, Telemetry, OptionApplied, OptionRefused, CheckpointSaved, Log, Error, NonFinite, ProfileReady, Impact, Refused)
+EVENTS = (Welcome, State, Metrics, GradNorms, Telemetry, OptionApplied, OptionRefused, CheckpointSaved, Log, Error, NonFinite, ProfileReady, Impact, Ranks, Refused)

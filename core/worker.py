@@ -7,6 +7,11 @@ app connects while torch and the workload load, then trains and reports through 
 It never outlives its app by accident: when the app goes away without detaching (quit, crash,
 ``kill -9``: the parent-death signal, a ``getppid`` poll, or the socket closing, whichever comes
 first), the trainer stops at the next step boundary, writes a final checkpoint and exits.
+
+This process is the run's supervisor (core/ranks.py): at world size 1 it trains itself; above that it
+starts the ranks and relays rank 0's reports, and it stays the app's one endpoint across world-size
+changes. Under ``torchrun`` each process runs this module as one rank: rank 0 serves the socket and
+reports, the others only train.
 """
 
 from __future__ import annotations
@@ -45,9 +50,10 @@ class OutboxReporter(TrainerObserver):
     table: when a segment starts and otherwise at most once per ``IMPACT_INTERVAL_S``.
     """
 
-    def __init__(self, outbox: Outbox, impact: ImpactTracker | None = None) -> None:
+    def __init__(self, outbox: Outbox, impact: ImpactTracker | None = None, on_run_started=None) -> None:
         self.outbox = outbox
         self.impact = impact
+        self.on_run_started = on_run_started  # called with each run_started record (the Welcome is built from it)
         self.state = "starting"
         self.step = 0
         self._impact_sent_at = 0.0
@@ -60,12 +66,16 @@ class OutboxReporter(TrainerObserver):
         self.step = record["step"]
         self._send_impact()
         norms = record.get("grad_norms")
-        self.outbox.add_metrics({key: value for key, value in record.items() if key not in ("grad_norms", "act_stats")})
+        self.outbox.add_metrics({key: value for key, value in record.items() if key not in ("grad_norms", "act_stats", "ranks")})
         if norms is not None:
             self.outbox.add_latest(p.GradNorms(step=record["step"], norms=list(norms.values()), total=record["grad_norm_total"]))
+        if record.get("ranks") is not None:
+            self.outbox.add_latest(p.Ranks(step=record["step"], ranks=record["ranks"]))
 
     def on_event(self, record: dict[str, Any]) -> None:
         event, step = record["event"], record["step"]
+        if event == "run_started" and self.on_run_started is not None:
+            self.on_run_started(record)
         if event in _STATE_OF_EVENT:
             self.set_state(_STATE_OF_EVENT[event], step)
         elif event == "run_ended":
@@ -119,8 +129,9 @@ class Worker:
         self.run_dir = run_dir
         self.training_args = training_args
         self.outbox = Outbox()
-        self.reporter = OutboxReporter(self.outbox)
-        self.trainer = None
+        self.reporter = OutboxReporter(self.outbox, on_run_started=self._on_run_started)
+        self.trainer = None  # the run's Supervisor, once built: the Trainer's API, whatever the world size
+        self._config = None
         self._welcome: p.Welcome | None = None
         self._ready = threading.Event()
         self._parent = os.getppid()
@@ -133,40 +144,50 @@ class Worker:
 
     # ------------------------------------------------------------------ running
     def run(self) -> int:
+        from torchlab.core.distributed import rank_from_environment
         from torchlab.core.headless import seed_everything
         from torchlab.core.loading import load_workload
+        from torchlab.core.ranks import Supervisor, initial_world_size
         from torchlab.core.rundir import RunDirectory
-        from torchlab.core.trainer import Trainer
 
         args = build_parser().parse_args(self.training_args)
         directory = RunDirectory(self.run_dir)
         try:
             try:
                 config, explicit = resolve_config(args)
+                self._config = config
                 directory.write_config(config.to_toml())
-                seed_everything(config.seed)
-                workload = load_workload(config.workload)
+                external = rank_from_environment(supervised=False)  # rank 0 under torchrun
+                workload = None
+                if external is not None or initial_world_size(config, args.resume, explicit) == 1:
+                    seed_everything(config.seed)
+                    workload = load_workload(config.workload)
                 impact = ImpactTracker(directory.path / "impact.json")
                 self.reporter.impact = impact
-                self.trainer = Trainer(
-                    config, workload,
+                supervisor = Supervisor(
+                    config,
                     observers=[directory, impact, self.reporter],
-                    checkpoint_dir=directory.checkpoints,
-                    profiles_dir=directory.profiles,
+                    run_dir=directory.path,
                     resume_from=args.resume,
                     explicit_options=explicit,
+                    workload=workload,
+                    external=external,
                 )
+                supervisor.prepare()
+                self.trainer = supervisor
             except TorchlabError as error:
                 directory.record_error(str(error))
                 self._fail_before_training(str(error), "")
                 return EXIT_USAGE
-            self._welcome = self._describe(config)
-            self._ready.set()
             try:
-                outcome = self.trainer.run()
+                outcome = self.trainer.run()  # the Welcome is ready once the trainer reports run_started
             except TorchlabError as error:  # the first step could not run (a workload error)
                 self._fail_before_training(str(error), traceback.format_exc())
                 return EXIT_USAGE
+            finally:
+                if not self._ready.is_set():  # ranks that failed before training: the app still gets an answer
+                    self._welcome = p.Welcome(run=self._run_info(None), modules=[], options={}, state=self.reporter.state, step=self.reporter.step)
+                    self._ready.set()
         finally:
             directory.close()
         return {"nonfinite": EXIT_NONFINITE, "failed": EXIT_FAILED}.get(outcome.status, EXIT_OK)
@@ -174,32 +195,34 @@ class Worker:
     def _fail_before_training(self, message: str, trace: str) -> None:
         self.outbox.add_event(p.Error(message=message, traceback=trace, step=self.reporter.step))
         self.reporter.set_state("failed", self.reporter.step, message)
-        if self._welcome is None:
+        if not self._ready.is_set():
             self._welcome = p.Welcome(run=self._run_info(None), modules=[], options={}, state="failed", step=0)
         self._ready.set()
 
-    def _describe(self, config) -> p.Welcome:
-        trainer = self.trainer
-        counts = trainer.grad_probe.param_counts
-        return p.Welcome(
-            run=self._run_info(config),
-            modules=[{"name": name, "params": count} for name, count in zip(trainer.grad_probe.module_names, counts)],
-            options=trainer.options.as_dict(),
-            state=self.reporter.state,
-            step=trainer.step,
+    def _on_run_started(self, record: dict[str, Any]) -> None:
+        """The trainer (or rank 0) is up: describe the run to apps that connect from now on."""
+        self._welcome = p.Welcome(
+            run=self._run_info(record),
+            modules=[{"name": name, "params": count} for name, count in zip(record["modules"], record["module_params"])],
+            options=record["options"],
+            state="running",
+            step=record["step"],
         )
+        self._ready.set()
 
-    def _run_info(self, config) -> dict[str, Any]:
-        trainer = self.trainer
+    def _run_info(self, started: dict[str, Any] | None) -> dict[str, Any]:
+        config, started = self._config, started or {}
         return {
             "workload": config.workload if config else "",
             "run_dir": str(self.run_dir),
-            "device": str(trainer.device) if trainer else "",
+            "device": started.get("device", ""),
             "steps": config.steps if config else 0,
-            "batch_size": trainer.batch_size if trainer else 0,
+            "batch_size": started.get("batch_size", 0),
             "pid": os.getpid(),
             "started": self._started,
-            "checkpoint_blocks": list(trainer.checkpointing.blocks) if trainer else [],
+            "checkpoint_blocks": started.get("checkpoint_blocks", []),
+            "world_size": started.get("world_size", 1),
+            "ranks": started.get("ranks") or [],
         }
 
     # ------------------------------------------------------------------ control
@@ -271,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("training_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     training_args = args.training_args[1:] if args.training_args[:1] == ["--"] else args.training_args
+    if "WORLD_SIZE" in os.environ and os.environ.get("RANK", "0") != "0":
+        return _quiet_rank(args.run_dir, training_args)  # under torchrun: rank 0 serves the app
     token = args.token_file.read_text().strip()
     worker = Worker(args.run_dir, args.socket, token, training_args)
     for signum in (signal.SIGTERM, signal.SIGHUP):
@@ -287,6 +312,21 @@ def main(argv: list[str] | None = None) -> int:
         worker.server.flush(timeout_s=2.0)  # the app should see the final state or the error
         worker.server.close()
     return code
+
+
+def _quiet_rank(run_dir: Path, training_args: list[str]) -> int:
+    from torchlab.core.distributed import rank_from_environment
+    from torchlab.core.ranks import run_quiet_rank
+
+    args = build_parser().parse_args(training_args)
+    try:
+        config, explicit = resolve_config(args)
+        outcome = run_quiet_rank(config, rank_from_environment(supervised=False), run_dir=run_dir,
+                                 resume=args.resume, explicit_options=explicit)
+    except TorchlabError as error:
+        print(f"torchlab worker, rank {os.environ.get('RANK')}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    return {"nonfinite": EXIT_NONFINITE, "failed": EXIT_FAILED}.get(outcome.status, EXIT_OK)
 
 
 if __name__ == "__main__":

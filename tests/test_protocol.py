@@ -31,6 +31,8 @@ EXAMPLES = [
     p.ProfileReady(first_step=11, last_step=15, dir="/runs/x/profiles/0000010",
                    rows=[{"name": "aten::mm", "calls": 30, "self_cpu_us": 1200.5}], sort="self_cpu_us", build_s=0.4),
     p.Impact(segments=[{"change": "start", "first_step": 1, "last_step": 40, "median_step_time_s": 0.12, "speedup": None}]),
+    p.Ranks(step=12, ranks=[{"rank": 0, "step_time_s": 0.05, "data_wait_s": 0.001, "allocated_bytes": None,
+                             "reserved_bytes": None, "peak_allocated_bytes": None, "rss_bytes": 3.3e8}]),
     p.Refused(reason="wrong token"),
 ]
 

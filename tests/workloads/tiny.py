@@ -5,6 +5,9 @@ Each factory takes no arguments, as on the command line: ``tests/workloads/tiny.
 
 from __future__ import annotations
 
+import os
+import signal
+
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -140,3 +143,37 @@ def bad_checkpoint_block_name() -> Workload:
     return Workload(
         model=TinyNet(), dataset=_regression_data(), loss_fn=mse_loss, batch_size=16, checkpoint_blocks=["body.9"]
     )
+
+
+def without_dropout() -> Workload:
+    """No randomness in the step: data-parallel gradients must equal single-process ones exactly."""
+    model = TinyNet()
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    return Workload(model=model, dataset=_regression_data(), loss_fn=mse_loss, batch_size=16)
+
+
+class FailsOnRank(nn.Module):
+    """On rank ``rank`` (the launcher's RANK), at its ``calls``-th forward: raise, or kill its own process."""
+
+    def __init__(self, rank: int, calls: int, how: str) -> None:
+        super().__init__()
+        self.armed = os.environ.get("RANK") == str(rank)
+        self.calls_left, self.how = calls, how
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls_left -= 1
+        if self.armed and self.calls_left < 0:
+            if self.how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError("simulated failure on one rank")
+        return x
+
+
+def rank_1_raises_at_step_4() -> Workload:
+    return Workload(model=TinyNet(extra=FailsOnRank(1, calls=3, how="raise")), dataset=_regression_data(), loss_fn=mse_loss, batch_size=16)
+
+
+def rank_1_killed_at_step_4() -> Workload:
+    return Workload(model=TinyNet(extra=FailsOnRank(1, calls=3, how="kill")), dataset=_regression_data(), loss_fn=mse_loss, batch_size=16)

@@ -1,0 +1,229 @@
+"""Data-parallel runs on the CPU (gloo), in real processes: ranks started by PyTorch's elastic launcher.
+
+Kept tiny (the TINY workload, a few steps): most of each test's time is the rank processes importing
+torch. The supervisor runs in the test process (``main()``); the ranks are its children.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import WORKLOADS, make_trainer
+from processes import alive
+from torchlab.core import protocol as p
+from torchlab.core.checkpoint import load_checkpoint
+from torchlab.core.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from torchlab.core.distributed import usable_cpus
+from torchlab.tui.link import ProcessLink
+
+TINY = WORKLOADS / "tiny.py"
+pytestmark = pytest.mark.skipif(usable_cpus() < 2, reason="two ranks need two CPU cores")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def headless(run_dir: Path, *args: str) -> int:
+    return main([*args, "--headless", "--run-dir", str(run_dir), "--telemetry-interval", "0"])
+
+
+def rank_pids(events: list[dict]) -> list[int]:
+    return [rank["pid"] for event in events if event["event"] == "run_started" for rank in event["ranks"] or []]
+
+
+def test_world_size_2_from_the_start_trains_and_takes_live_changes_on_every_rank(tmp_path):
+    run = tmp_path / "run"
+    code = headless(run, f"{TINY}:workload", "--world-size", "2", "--steps", "24", "--lr", "0.01",
+                    "--checkpoint-every", "10", "--eval-every", "12",
+                    "--at", "5:checkpointing=on", "--at", "7:amp=bf16", "--at", "9:accum=2", "--at", "11:clip=0.5",
+                    "--at", "13:amp=off")
+    assert code == EXIT_OK
+    metrics, events = read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "events.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, 25)) and {m["world_size"] for m in metrics} == {2}
+    losses = [m["loss"] for m in metrics]
+    assert sum(losses[-4:]) < sum(losses[:4])
+    # Every rank applied each change at the same step: a rank one micro-batch or option behind would
+    # have deadlocked or crashed the collectives.
+    applied = [(e["step"], e["option"]) for e in events if e["event"] == "option_applied"]
+    assert applied == [(5, "checkpointing"), (7, "amp"), (9, "accum"), (11, "clip"), (13, "amp")]
+    assert metrics[8]["accum"] == 2 and metrics[10]["clipped"] is not None and metrics[6]["amp"] == "bf16"
+    assert [m["step"] for m in metrics if "val_loss" in m] == [12, 24]
+    # Per-rank figures on every report, gathered to rank 0.
+    assert all([r["rank"] for r in m["ranks"]] == [0, 1] and all(r["step_time_s"] > 0 for r in m["ranks"]) for m in metrics)
+    [started] = [e for e in events if e["event"] == "run_started"]
+    assert started["world_size"] == 2 and len(set(rank_pids(events))) == 2
+    assert [e["step"] for e in events if e["event"] == "checkpoint"] == [10, 20, 24]
+    assert events[-1]["event"] == "run_ended" and events[-1]["status"] == "finished"
+    state = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert state["step"] == 24 and len(state["rng_by_rank"]) == 2 and state["options"]["world_size"] == 2
+    assert not any(alive(pid) for pid in rank_pids(events))
+
+
+def test_live_world_size_1_to_2_to_1_continues_the_run(tmp_path):
+    run = tmp_path / "run"
+    code = headless(run, f"{TINY}:workload", "--steps", "10", "--checkpoint-every", "0",
+                    "--at", "4:world_size=2", "--at", "4:clip=0.5", "--at", "8:world_size=1", "--at", "9:accum=2")
+    assert code == EXIT_OK
+    metrics, events = read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "events.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, 11))
+    assert [m["world_size"] for m in metrics] == [1, 1, 1, 2, 2, 2, 2, 1, 1, 1]
+    assert [m["clip"] for m in metrics][2:4] == [None, 0.5] and metrics[8]["accum"] == 2  # scripted once each
+    changes = [(e["step"], e["option"], e["value"], e["previous"]) for e in events if e["event"] == "option_applied"]
+    assert changes == [(4, "clip", 0.5, None), (4, "world_size", 2, 1), (8, "world_size", 1, 2), (9, "accum", 2, 1)]
+    relaunch_checkpoints = [e["step"] for e in events if e["event"] == "checkpoint" and e["reason"] == "world_size"]
+    assert relaunch_checkpoints == [3, 7]
+    assert [e["step"] for e in events if e["event"] == "resumed_from_checkpoint"] == [3, 7]
+    assert events[-1]["event"] == "run_ended" and events[-1]["status"] == "finished"
+    assert not any(alive(pid) for pid in rank_pids(events))
+
+
+def test_data_parallel_gradient_norms_equal_the_single_process_ones(tmp_path):
+    """Same global batch, averaged gradients: the same norms, per module and in total (and the same loss)."""
+    settings = ["--steps", "4", "--accum", "2", "--probe-every", "1", "--checkpoint-every", "0"]
+    assert headless(tmp_path / "ddp", f"{TINY}:without_dropout", "--world-size", "2", *settings) == EXIT_OK
+    parallel = read_jsonl(tmp_path / "ddp" / "metrics.jsonl")
+    single, seen = make_trainer(f"{TINY}:without_dropout", steps=4, probe_every=1, options={"accum": "2"})
+    single.run()
+    assert len(parallel) == len(seen.metrics) == 4
+    for ours, theirs in zip(parallel, seen.metrics):
+        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
+        assert ours["grad_norm_total"] == pytest.approx(theirs["grad_norm_total"], rel=1e-5)
+        assert ours["grad_norms"] == pytest.approx(theirs["grad_norms"], rel=1e-4)
+
+
+@pytest.mark.parametrize("factory, message", [
+    ("rank_1_raises_at_step_4", "rank 1 failed: RuntimeError: simulated failure on one rank"),
+    ("rank_1_killed_at_step_4", "rank 1 was killed by signal 9 (SIGKILL)"),
+])
+def test_a_rank_that_dies_stops_the_run_cleanly(tmp_path, factory, message):
+    run = tmp_path / "run"
+    assert headless(run, f"{TINY}:{factory}", "--world-size", "2", "--steps", "10", "--checkpoint-every", "2") == EXIT_FAILED
+    events = read_jsonl(run / "events.jsonl")
+    [error] = [e for e in events if e["event"] == "error"]
+    assert message in error["message"] and error["rank"] == 1 and error["step"] == 4
+    if "raises" in factory:
+        assert "tiny.py" in error["traceback"]
+    assert not any(alive(pid) for pid in rank_pids(events))
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] == 2  # the last checkpoint is intact
+    assert not list((run / "checkpoints").glob(".*tmp*"))
+
+
+def test_world_sizes_this_machine_or_batch_cannot_have_are_refused(tmp_path, capsys):
+    too_many = usable_cpus() + 1
+    assert headless(tmp_path / "a", f"{TINY}:workload", "--world-size", str(too_many), "--batch-size", str(4 * too_many)) == EXIT_USAGE
+    assert f"world_size (--world-size) {too_many}: {too_many} ranks on the CPU need {too_many} cores" in capsys.readouterr().err
+    assert headless(tmp_path / "b", f"{TINY}:workload", "--steps", "4", "--at", "2:world_size=3",
+                    "--at", f"3:world_size={too_many}") == EXIT_OK
+    refused = {e["step"]: e["reason"] for e in read_jsonl(tmp_path / "b" / "events.jsonl") if e["event"] == "option_refused"}
+    assert "world size 3 does not divide the batch of 16" in refused[2]
+    assert f"{too_many} ranks on the CPU need {too_many} cores" in refused[3] or "does not divide" in refused[3]
+
+
+class Collected:
+    def __init__(self, link: ProcessLink) -> None:
+        self.link, self.messages = link, []
+
+    def until(self, predicate, timeout: float = 120.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            self.messages.extend(self.link.drain())
+            found = [m for m in self.messages if predicate(m)]
+            if found:
+                return found[-1]
+            assert time.monotonic() < deadline, f"timed out; got {[m.type for m in self.messages][-20:]}"
+            self.link.arrived.wait(1.0)
+            self.link.arrived.clear()
+
+
+def test_the_app_changes_the_world_size_and_the_trainer_stays_its_endpoint(tmp_path):
+    link = ProcessLink(tmp_path / "run", [f"{TINY}:workload", "--steps", "100000", "--checkpoint-every", "0"])
+    link.start()
+    try:
+        seen = Collected(link)
+        seen.until(lambda m: isinstance(m, p.Metrics) and m.records[-1]["step"] >= 2)
+        link.send(p.SetCommand(option="world_size", value=2))
+        ack = seen.until(lambda m: isinstance(m, p.OptionApplied) and m.option == "world_size")
+        assert (ack.value, ack.previous, ack.source) == (2, 1, "app")
+        ranks = seen.until(lambda m: isinstance(m, p.Ranks))
+        assert [r["rank"] for r in ranks.ranks] == [0, 1] and ranks.step >= ack.step
+        link.send(p.PauseCommand())  # every rank waits at the boundary; rank 0 keeps them in step
+        paused = seen.until(lambda m: isinstance(m, p.State) and m.state == "paused")
+        link.send(p.ResumeCommand())
+        seen.until(lambda m: isinstance(m, p.Metrics) and m.records[-1]["step"] > paused.step + 1)
+    finally:
+        assert link.close(grace_s=60) == 0
+    events = read_jsonl(tmp_path / "run" / "events.jsonl")
+    assert events[-1]["event"] == "run_ended" and events[-1]["status"] == "stopped"
+    assert any(e["event"] == "checkpoint" and e["reason"] == "final" for e in events)
+    assert not any(alive(pid) for pid in rank_pids(events))
+
+
+def test_the_worker_under_torchrun_serves_the_app_from_rank_0(tmp_path):
+    socket_path, token_file = tmp_path / "w.sock", tmp_path / "token"
+    token = secrets.token_hex(16)
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "torchlab.core.worker", "--run-dir", str(tmp_path / "run"), "--socket", str(socket_path),
+               "--token-file", str(token_file), "--", f"{TINY}:workload", "--steps", "100000", "--checkpoint-every", "0"]
+    torchrun = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        client = connect(socket_path, token)
+        welcome = next(client)
+        assert isinstance(welcome, p.Welcome) and welcome.run["world_size"] == 2 and len(welcome.run["ranks"]) == 2
+        assert next(m for m in client if isinstance(m, p.Ranks)).ranks[1]["rank"] == 1
+        client.send(p.SetCommand(option="world_size", value=1))
+        refusal = next(m for m in client if isinstance(m, p.OptionRefused))
+        assert "fixed by the launcher" in refusal.reason
+        client.send(p.StopCommand())
+        state = next(m for m in client if isinstance(m, p.State) and m.state == "stopped")
+        assert state.step > 0
+        assert torchrun.wait(120) == 0
+    finally:
+        if torchrun.poll() is None:
+            torchrun.kill()
+    events = read_jsonl(tmp_path / "run" / "events.jsonl")
+    assert any(e["event"] == "checkpoint" and e["reason"] == "final" for e in events)
+    assert not any(alive(pid) for pid in rank_pids(events))
+
+
+class connect:
+    """A raw protocol client: iterate to read messages (deadline per message), ``send`` commands."""
+
+    def __init__(self, path: Path, token: str, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                self.socket.connect(str(path))
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                self.socket.close()
+                assert time.monotonic() < deadline, "the worker never served its socket"
+                time.sleep(0.1)
+        self.socket.settimeout(timeout)
+        self.reader = self.socket.makefile("rb")
+        self.send(p.Hello(version=p.PROTOCOL_VERSION, token=token))
+
+    def send(self, message: p.Message) -> None:
+        self.socket.sendall(message.encode())
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> p.Message:
+        line = self.reader.readline()
+        if not line:
+            raise AssertionError("the worker closed the connection")
+        return p.decode(line)
