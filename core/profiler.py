@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from torchlab.core.profile_compare import compare_profiles  # noqa: F401  (re-exported: it was defined here)
+
 TOP_ROWS = 50
 _COLUMNS = (
     "name", "input_shapes", "calls", "self_cpu_us", "cpu_total_us", "self_device_us", "device_total_us",
@@ -116,15 +118,3 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         writer = csv.DictWriter(handle, fieldnames=_COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-
-
-def compare_profiles(before: list[dict[str, Any]], after: list[dict[str, Any]], column: str) -> list[dict[str, Any]]:
-    """Rows of two snapshots side by side by op name, with ``after / before`` of ``column`` (None where missing)."""
-    first = {row["name"]: row for row in before}
-    second = {row["name"]: row for row in after}
-    names = sorted(set(first) | set(second), key=lambda n: -max(first.get(n, {}).get(column, 0), second.get(n, {}).get(column, 0)))
-    compared = []
-    for name in names:
-        a, b = first.get(name, {}).get(column), second.get(name, {}).get(column)
-        compared.append({"name": name, "before": a, "after": b, "ratio": (b / a) if a and b is not None else None})
-    return compared
