@@ -44,6 +44,7 @@ from torchlab.tui.widgets.line_chart import ChartLine, LineChart
 from torchlab.tui.widgets.options_panel import OptionsPanel
 from torchlab.tui.widgets.run_header import RunHeader
 from torchlab.tui.widgets.stats_bar import StatsBar
+from torchlab.tui.widgets.system_panel import SystemPanel
 
 #: Below this width or height the layout drops borders and side panels (80x24 must read well).
 COMPACT_WIDTH = 110
@@ -89,6 +90,9 @@ KEY_ACTIONS = (
     KeyAction("l", "prompt('lr_scale')", "LR×", "Set the learning-rate scale (multiplies the schedule)"),
     KeyAction("w", "prompt('world_size')", "World", "Set the number of training processes", show=False),
     KeyAction("p", "profile", "Profile", f"Profile the next {PROFILE_STEPS} steps", show=False),
+    KeyAction("P", "profiles", "Profiles", "Profiles: list the snapshots, open a table, compare two", show=False),
+    KeyAction("i", "impact", "Impact", "Impact table: what each option change cost or saved", show=False),
+    KeyAction("t", "system", "System", "System: every GPU, host CPU/RAM, trainer memory and its history", show=False),
     KeyAction("s", "save_checkpoint", "Save", "Save a checkpoint now"),
     KeyAction("d", "detach", "Detach", "Leave the app; the trainer keeps training (reattach later)", show=False),
     KeyAction("q", "quit", "Quit", "Quit: stop the trainer after a final checkpoint"),
@@ -107,6 +111,8 @@ PROMPTS = {
 TRAINER_ACTIONS = frozenset(
     {"toggle_pause", "cycle_amp", "toggle_checkpointing", "prompt", "profile", "save_checkpoint", "detach"}
 )
+#: Actions that open a view: from the main screen only, so views do not pile up on each other.
+VIEW_ACTIONS = frozenset({"profiles", "impact", "system"})
 
 
 class TorchlabApp(App[int]):
@@ -138,7 +144,7 @@ class TorchlabApp(App[int]):
         self.poll_interval = poll_interval
         self.log_poll_interval = log_poll_interval
         self._log_tail: LogTail | None = None
-        self._seen = {"header": -1, "metrics": -1, "options": -1, "failure": 0}
+        self._seen = {"header": -1, "metrics": -1, "options": -1, "failure": 0, "telemetry": -1}
         self._link_closed = False
         self._leaving = False
         self._error_screen_open = False
@@ -157,6 +163,7 @@ class TorchlabApp(App[int]):
             yield GradTable(refresh_interval=self.grad_refresh_interval, id="grads")
         with Horizontal(id="bottom"):
             yield OptionsPanel(id="options")
+            yield SystemPanel(id="system")
             yield EventLog(id="events")
         yield Footer()
 
@@ -166,6 +173,7 @@ class TorchlabApp(App[int]):
         self.query_one("#speed-chart").border_title = "samples/s"
         self.query_one("#grads").border_title = "gradient norms"
         self.query_one("#options").border_title = "options"
+        self.query_one("#system").border_title = "system"
         self.query_one("#events").border_title = "events"
         self._set_compact(self.size.width, self.size.height)
         self._refresh_view()
@@ -181,6 +189,7 @@ class TorchlabApp(App[int]):
     def _set_compact(self, width: int, height: int) -> None:
         compact = width < COMPACT_WIDTH or height < COMPACT_HEIGHT
         self.query_one(OptionsPanel).compact = compact
+        self.query_one(SystemPanel).compact = compact
         self.query_one(Footer).compact = width < COMPACT_WIDTH  # so "? Help" still fits in 80 columns
 
     # ------------------------------------------------------------------ the link
@@ -263,13 +272,21 @@ class TorchlabApp(App[int]):
         if state.options_version != self._seen["options"]:
             self._seen["options"] = state.options_version
             self.query_one(OptionsPanel).show(state)
+        if state.telemetry_version != self._seen["telemetry"]:
+            self._seen["telemetry"] = state.telemetry_version
+            self.query_one(SystemPanel).show(state)
+        # A view on top (profiles, impact, system) follows the state too, once mounted (its on_mount draws
+        # it first); it redraws only what moved.
+        show_state = getattr(self.screen, "show_state", None)
+        if show_state is not None and self.screen.is_mounted:
+            show_state(state)
         event_log = self.query_one(EventLog)
         for entry in state.take_log():
             event_log.add(entry)
             # Failures have their own screen; a toast on top of it would only cover its buttons.
             if entry.notify and entry.level != "error":
                 severity = "warning" if entry.level == "refused" else "information"
-                self.notify(entry.text, severity=severity, timeout=4, markup=False)
+                self.notify(entry.toast or entry.text, severity=severity, timeout=4, markup=False)
         if state.failure is not None and state.failure_version != self._seen["failure"]:
             self._seen["failure"] = state.failure_version
             self._show_failure(state.failure)
@@ -318,7 +335,7 @@ class TorchlabApp(App[int]):
     # ------------------------------------------------------------------ actions
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in TRAINER_ACTIONS and isinstance(self.screen, ModalScreen):
+        if (action in TRAINER_ACTIONS or action in VIEW_ACTIONS) and isinstance(self.screen, ModalScreen):
             return False
         return True
 
@@ -359,6 +376,7 @@ class TorchlabApp(App[int]):
 
     def action_profile(self) -> None:
         if self.send(protocol.ProfileCommand(steps=PROFILE_STEPS)):
+            self.run_state.note_profile_request()
             self._requested(f"profiler snapshot of the next {PROFILE_STEPS} steps requested")
 
     def action_save_checkpoint(self) -> None:
@@ -368,6 +386,23 @@ class TorchlabApp(App[int]):
     def action_detach(self) -> None:
         if self.send(protocol.DetachCommand()):
             self._requested("detach requested: the app leaves once the trainer confirms")
+
+    # The views are imported when first opened: they are not part of the first frame (start-up time).
+
+    def action_profiles(self) -> None:
+        from torchlab.tui.screens.profile_screens import ProfileListScreen
+
+        self.push_screen(ProfileListScreen(self.run_state))
+
+    def action_impact(self) -> None:
+        from torchlab.tui.screens.impact_screen import ImpactScreen
+
+        self.push_screen(ImpactScreen(self.run_state))
+
+    def action_system(self) -> None:
+        from torchlab.tui.screens.system_screen import SystemScreen
+
+        self.push_screen(SystemScreen(self.run_state))
 
     async def action_quit(self) -> None:
         self._leave(detach=False)

@@ -20,6 +20,7 @@ from typing import Any
 
 from torchlab.core import protocol
 from torchlab.core.options import OPTION_NAMES, format_option_value
+from torchlab.tui.profiles import ProfileSnapshot
 from torchlab.tui.thinning import Series
 
 #: The states the trainer reports, plus "connecting" before its Welcome arrives.
@@ -35,6 +36,10 @@ EXPLODING_RATIO = 100.0
 RISING_FACTOR = 10.0
 #: How many recent records the ETA averages step time over.
 ETA_WINDOW = 20
+#: Telemetry samples kept for the system panel's memory history (about 1 Hz: five minutes).
+TELEMETRY_HISTORY = 300
+#: A segment's verdict goes to the event log once it has this many steps (its medians have settled).
+IMPACT_SETTLE_STEPS = 20
 
 AMP_CYCLE = ("off", "bf16", "fp16")
 
@@ -45,10 +50,11 @@ SPARK_CHARS = "▁▂▃▄▅▆▇█"
 class LogEntry:
     """One line of the event log. ``notify`` marks the ones worth a toast (acknowledgements, errors)."""
 
-    level: str  # info, applied, refused, checkpoint, warning, error, trainer
+    level: str  # info, applied, refused, checkpoint, warning, error, trainer, profile, impact
     text: str
     step: int | None = None
     notify: bool = False
+    toast: str | None = None  # a shorter text for the toast, where the log line is long (None: the same)
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,15 @@ class RunState:
         self.elapsed_s: float | None = None
         self.recent_step_times: deque[float] = deque(maxlen=ETA_WINDOW)
         self.telemetry: dict[str, Any] = {}
+        #: the last TELEMETRY_HISTORY samples, oldest first (the system panel's memory history)
+        self.telemetry_history: deque[dict[str, Any]] = deque(maxlen=TELEMETRY_HISTORY)
+        #: profiler snapshots of this run, in order of arrival
+        self.profiles: list[ProfileSnapshot] = []
+        #: a snapshot was asked for and has not arrived (nor been refused) yet
+        self.profile_pending = False
+        #: the impact table: one row per option segment (``ImpactTracker.table()``), newest message wins
+        self.impact: list[dict[str, Any]] = []
+        self._impact_logged: set[tuple[Any, str]] = set()
         self.failure: Failure | None = None
         #: option -> value the app asked for and the trainer has not answered yet
         self.pending: dict[str, Any] = {}
@@ -114,6 +129,9 @@ class RunState:
         self.grads_version = 0
         self.options_version = 0
         self.failure_version = 0
+        self.telemetry_version = 0
+        self.profiles_version = 0
+        self.impact_version = 0
         self.detached = False
 
     # ------------------------------------------------------------------ feeding
@@ -134,13 +152,18 @@ class RunState:
         self.pending[option] = value
         self.log("info", f"requested {option} = {format_option_value(option, value)} (applies at the next step)")
 
+    def note_profile_request(self) -> None:
+        """The app asked for a profiler snapshot: the list says one is on its way until it arrives."""
+        self.profile_pending = True
+        self.profiles_version += 1
+
     def mark_restarting(self) -> None:
         """A new trainer is on its way after a failure: clear the failure, wait for its welcome."""
         self.failure = None
         self._set_state("starting", "restarting from the last checkpoint")
 
-    def log(self, level: str, text: str, step: int | None = None, *, notify: bool = False) -> None:
-        self._new_log.append(LogEntry(level, text, step, notify))
+    def log(self, level: str, text: str, step: int | None = None, *, notify: bool = False, toast: str | None = None) -> None:
+        self._new_log.append(LogEntry(level, text, step, notify, toast))
 
     def take_log(self) -> list[LogEntry]:
         """Log entries added since the last call, oldest first."""
@@ -310,7 +333,50 @@ class RunState:
 
     def _on_telemetry(self, event: protocol.Telemetry) -> None:
         self.telemetry = event.sample
+        self.telemetry_history.append(event.sample)
+        self.telemetry_version += 1
         self.header_version += 1
+
+    def _on_profile_ready(self, event: protocol.ProfileReady) -> None:
+        rows = [row for row in event.rows if isinstance(row, dict)]
+        rows_by_shape = [row for row in event.rows_by_shape if isinstance(row, dict)]
+        snapshot = ProfileSnapshot(
+            number=len(self.profiles) + 1, first_step=event.first_step, last_step=event.last_step, dir=event.dir,
+            rows=rows, rows_by_shape=rows_by_shape, sort=event.sort, build_s=float(event.build_s), error=event.error,
+        )
+        self.profiles.append(snapshot)
+        self.profile_pending = False
+        self.profiles_version += 1
+        if event.error:
+            self.log("warning", f"profile {snapshot.label} failed: {event.error} (P lists the snapshots)", event.last_step,
+                     notify=True, toast=f"profile {snapshot.label} failed (P lists the snapshots)")
+            return
+        self.log(
+            "profile",
+            f"profile {snapshot.label} ready: P opens the table · files in {event.dir}/ "
+            "(table.txt, table.csv, trace.json → ui.perfetto.dev or chrome://tracing)",
+            event.last_step,
+            notify=True,
+            toast=f"profile {snapshot.label} ready: P opens the table",
+        )
+
+    def _on_impact(self, event: protocol.Impact) -> None:
+        segments = [segment for segment in event.segments if isinstance(segment, dict)]
+        if len(segments) != len(event.segments):
+            self.log("warning", f"ignored {len(event.segments) - len(segments)} malformed impact segment(s)")
+        self.impact = segments
+        self.impact_version += 1
+        # A segment's verdict, once its medians have settled, goes to the event log (once): the
+        # answer to "what did that change do" lands where the change itself was acknowledged.
+        for segment in segments[1:]:
+            first, last = _int_or_none(segment.get("first_step")), _int_or_none(segment.get("last_step"))
+            verdict = segment.get("verdict")
+            key = (first, str(segment.get("change")))
+            if first is None or last is None or not isinstance(verdict, str) or key in self._impact_logged:
+                continue
+            if last - first + 1 >= IMPACT_SETTLE_STEPS and (segment.get("speedup") is not None or segment.get("memory_change") is not None):
+                self._impact_logged.add(key)
+                self.log("impact", f"{verdict} (steps {first}–{last}; i shows the impact table)", last, notify=True, toast=verdict)
 
     def _on_option_applied(self, event: protocol.OptionApplied) -> None:
         self.pending.pop(event.option, None)
@@ -332,6 +398,9 @@ class RunState:
         self.pending.pop(event.option, None)
         shown = format_option_value(event.option, event.value) if event.option in OPTION_NAMES else str(event.value)
         self.refused.add((event.option, shown))
+        if event.option == "profile":
+            self.profile_pending = False
+            self.profiles_version += 1
         value = f" = {shown}" if event.value is not None or event.option in OPTION_NAMES else ""
         self.log("refused", f"{event.option}{value} refused: {event.reason}", event.step, notify=True)
 
@@ -390,6 +459,8 @@ _HANDLERS = {
     protocol.Error: RunState._on_error,
     protocol.NonFinite: RunState._on_nonfinite,
     protocol.Refused: RunState._on_refused,
+    protocol.ProfileReady: RunState._on_profile_ready,
+    protocol.Impact: RunState._on_impact,
 }
 
 

@@ -83,6 +83,78 @@ def training_events(steps: int = 120, *, names: list[str] | None = None) -> list
     return events
 
 
+NO_GPU = "no GPU: no NVIDIA driver (NVML library not found)"
+
+
+def gpu(index: int = 0, *, used_gib: float = 41.2, **overrides: Any) -> dict[str, Any]:
+    """One GPU as ``core/nvml.py`` reports it."""
+    data = {
+        "index": index, "name": "NVIDIA H100 80GB HBM3", "memory_used_bytes": int(used_gib * 2**30),
+        "memory_total_bytes": int(79.6 * 2**30), "utilization_percent": 87, "temperature_c": 62, "power_w": 312.4,
+        "power_limit_w": 700.0, "sm_clock_mhz": 1980, "this_run_memory_bytes": int(40.1 * 2**30),
+    }
+    data.update(overrides)
+    return data
+
+
+def telemetry(step: int = 120, *, gpus: list[dict[str, Any]] | None = None, rss_mib: float = 812, t: float = 0.0) -> protocol.Telemetry:
+    """A system sample like the trainer's sampler sends; without ``gpus``, a box with no NVIDIA driver."""
+    gpus = gpus or []
+    on_gpu = bool(gpus)
+    return protocol.Telemetry(sample={
+        "time": 1_700_000_000.0 + t, "step": step,
+        "host": {"cpu_percent": 23.0, "cpu_count": 16, "trainer_cpu_percent": 98.0, "ram_used_bytes": int(21.0 * 2**30),
+                 "ram_total_bytes": int(125.7 * 2**30), "trainer_rss_bytes": int(rss_mib * 2**20), "trainer_processes": 3},
+        "gpus": gpus,
+        "gpu_status": f"{len(gpus)} GPU(s)" if on_gpu else NO_GPU,
+        "torch": {"device": "cuda:0" if on_gpu else "cpu", "allocated_bytes": 12 * 2**30 if on_gpu else None,
+                  "reserved_bytes": 14 * 2**30 if on_gpu else None, "peak_allocated_bytes": 13 * 2**30 if on_gpu else None},
+    })
+
+
+def profile_row(name: str, self_cpu_us: float, *, calls: int = 10, shapes: str = "", memory: int = 0) -> dict[str, Any]:
+    return {
+        "name": name, "input_shapes": shapes, "calls": calls, "self_cpu_us": self_cpu_us, "cpu_total_us": self_cpu_us * 1.5,
+        "self_device_us": 0.0, "device_total_us": 0.0, "self_cpu_memory_bytes": memory, "self_device_memory_bytes": 0,
+    }
+
+
+def profile_ready(first_step: int, *, scale: float = 1.0, directory: str | None = None, error: str | None = None) -> protocol.ProfileReady:
+    """A snapshot of a small model: ``scale`` multiplies the matmul time (0.5: the same ops, matmuls twice as fast)."""
+    rows = [
+        profile_row("aten::addmm", 4000.0 * scale, calls=40, memory=3 * 2**20),
+        profile_row("aten::mm", 2500.0 * scale, calls=80, memory=2**20),
+        profile_row("aten::gelu", 900.0, calls=20, memory=4 * 2**20),
+        profile_row("aten::layer_norm", 600.0, calls=40, memory=-2**19),
+        profile_row("aten::softmax", 300.0, calls=5000),
+    ]
+    by_shape = [
+        dict(profile_row("aten::addmm", 3000.0 * scale, calls=20), input_shapes="[[64], [32, 64], [64, 64]]"),
+        dict(profile_row("aten::addmm", 1000.0 * scale, calls=20), input_shapes="[[256], [32, 64], [64, 256]]"),
+        dict(profile_row("aten::mm", 2500.0 * scale, calls=80), input_shapes="[[32, 64], [64, 64]]"),
+    ]
+    return protocol.ProfileReady(
+        first_step=first_step, last_step=first_step + 4, dir=directory or f"{RUN_DIR}/profiles/{first_step - 1:07d}",
+        rows=[] if error else rows, rows_by_shape=[] if error else by_shape, sort="self_cpu_us", build_s=0.4, error=error,
+    )
+
+
+def impact(*, bf16_steps: int = 40) -> protocol.Impact:
+    """Two segments: the start, then amp=bf16 at step 121, 1.72x faster with 38 % less memory."""
+    start = {
+        "change": "start", "options": dict(OPTIONS), "first_step": 1, "last_step": 120, "median_step_time_s": 0.0172,
+        "median_samples_per_s": 1860.0, "peak_allocated_bytes": None, "peak_rss_bytes": 900 * 2**20,
+        "loss_slope_per_100_steps": -2.41, "speedup": None, "memory_change": None, "verdict": "start",
+    }
+    bf16 = {
+        "change": "amp=bf16", "options": {**OPTIONS, "amp": "bf16"}, "first_step": 121, "last_step": 120 + bf16_steps,
+        "median_step_time_s": 0.0100, "median_samples_per_s": 3200.0, "peak_allocated_bytes": None,
+        "peak_rss_bytes": 558 * 2**20, "loss_slope_per_100_steps": -0.52, "speedup": 1.72, "memory_change": -0.38,
+        "verdict": "amp=bf16: 1.72x faster, -38 % memory",
+    }
+    return protocol.Impact(segments=[start, bf16])
+
+
 class FakeLink:
     """Implements the app's link interface; ``sent`` holds every command the app sent, in order."""
 

@@ -6,15 +6,28 @@ SVGs under ``__snapshots__/`` before accepting them.
 
 from __future__ import annotations
 
-from fake_link import FakeLink, quiet_app
+from fake_link import FakeLink, gpu, impact, profile_ready, quiet_app, telemetry, training_events
 
 from torchlab.core import protocol
 from torchlab.tui.app import TorchlabApp
 from textual.widgets import Input
 
 
-def snapshot_app() -> TorchlabApp:
-    return quiet_app(FakeLink())
+def system_samples(gpus: int = 0) -> list[protocol.Message]:
+    """A minute of telemetry with the trainer's memory growing: the system panel's figures and history."""
+    return [
+        telemetry(gpus=[gpu(index, used_gib=30 + second / 6) for index in range(gpus)], rss_mib=700 + 2 * second, t=second)
+        for second in range(60)
+    ]
+
+
+def snapshot_app(*extra: protocol.Message, gpus: int = 0) -> TorchlabApp:
+    return quiet_app(FakeLink(training_events() + system_samples(gpus) + list(extra)))
+
+
+def profiled_app() -> TorchlabApp:
+    """Two profiler snapshots, the second with matmuls twice as fast; and the impact of amp=bf16."""
+    return snapshot_app(profile_ready(12), profile_ready(150, scale=0.5), impact())
 
 
 async def settle(pilot) -> None:
@@ -80,3 +93,40 @@ def test_prompt_says_what_is_wrong_80x24(snap_compare) -> None:
 
 def test_error_screen_80x24(snap_compare) -> None:
     assert snap_compare(snapshot_app(), terminal_size=(80, 24), run_before=fail_with_a_traceback)
+
+
+def test_main_screen_with_a_gpu_and_an_impact_verdict_160x48(snap_compare) -> None:
+    assert snap_compare(snapshot_app(impact(), gpus=1), terminal_size=(160, 48), run_before=settle)
+
+
+async def open_first_profile(pilot) -> None:
+    await settle(pilot)
+    pilot.app.clear_notifications()  # the toasts of the profiles and the verdict would cover the view
+    await pilot.press("P", "up", "enter")
+    await settle(pilot)
+
+
+async def compare_profiles(pilot) -> None:
+    await settle(pilot)
+    pilot.app.clear_notifications()  # the toasts of the profiles and the verdict would cover the view
+    await pilot.press("P", "c")
+    await settle(pilot)
+
+
+async def open_impact(pilot) -> None:
+    await settle(pilot)
+    pilot.app.clear_notifications()  # the toasts of the profiles and the verdict would cover the view
+    await pilot.press("i")
+    await settle(pilot)
+
+
+def test_profile_table_80x24(snap_compare) -> None:
+    assert snap_compare(profiled_app(), terminal_size=(80, 24), run_before=open_first_profile)
+
+
+def test_profile_compare_80x24(snap_compare) -> None:
+    assert snap_compare(profiled_app(), terminal_size=(80, 24), run_before=compare_profiles)
+
+
+def test_impact_screen_80x24(snap_compare) -> None:
+    assert snap_compare(profiled_app(), terminal_size=(80, 24), run_before=open_impact)

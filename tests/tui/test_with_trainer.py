@@ -106,3 +106,41 @@ async def test_a_workload_that_raises_shows_the_error_and_the_app_stays_up(tmp_p
         assert resumed and resumed[0]["step"] == 3
         await pilot.press("q")
         await until(pilot, lambda: not app.is_running, what="exit")
+
+
+async def test_a_real_profile_opens_as_a_table_and_an_option_change_adds_an_impact_row(tmp_path):
+    from textual.widgets import DataTable
+
+    from torchlab.tui.screens.impact_screen import ImpactScreen
+    from torchlab.tui.screens.profile_screens import ProfileListScreen, ProfileTableScreen
+
+    run_dir = tmp_path / "run"
+    app, links = app_with_trainer(run_dir, f"{TINY}:workload", "--steps", "100000", "--checkpoint-every", "0")
+    async with app.run_test(size=SIZE) as pilot:
+        state = app.run_state
+        await until(pilot, lambda: state.step >= 2 and state.impact, what="training and a first impact table")
+        await pilot.press("p")
+        await until(pilot, lambda: state.profiles, timeout=120, what="the profile's tables")
+        [snapshot] = state.profiles
+        assert snapshot.error is None
+        shown = "\n".join(app.query_one(EventLog).lines_written)
+        assert f"ready: P opens the table · files in {snapshot.dir}/" in shown
+        assert (Path(snapshot.dir) / "trace.json").exists() and (Path(snapshot.dir) / "table.csv").exists()
+
+        await pilot.press("P")
+        assert isinstance(app.screen, ProfileListScreen)
+        await pilot.press("enter")
+        assert isinstance(app.screen, ProfileTableScreen)
+        names = [str(cell) for cell in app.screen.query_one(DataTable).get_column("name")]
+        assert any(name.startswith("aten::") for name in names), names
+        await pilot.press("escape", "escape")
+
+        await pilot.press("c")
+        await until(pilot, lambda: any(row.get("change") == "checkpointing=on" for row in state.impact),
+                    what="an impact segment for checkpointing=on")
+        await pilot.press("i")
+        assert isinstance(app.screen, ImpactScreen)
+        changes = [str(cell) for cell in app.screen.query_one(DataTable).get_column("change")]
+        assert changes[0] == "start" and "checkpointing=on" in changes
+        await pilot.press("escape", "q")
+        await until(pilot, lambda: not app.is_running, what="the app to exit after q")

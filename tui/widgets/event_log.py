@@ -16,6 +16,8 @@ LEVEL_MARKS = {
     "warning": ("!", "bold yellow"),
     "error": ("✖", "bold red"),
     "trainer": ("│", "dim"),
+    "profile": ("◷", "bold magenta"),
+    "impact": ("Δ", "bold magenta"),
 }
 
 
@@ -29,7 +31,8 @@ class EventLog(RichLog):
     """
 
     def __init__(self, *, max_lines: int = 2000, id: str | None = None, classes: str | None = None) -> None:
-        super().__init__(max_lines=max_lines, wrap=True, markup=False, highlight=False, id=id, classes=classes)
+        # min_width: lines wrap at the panel's width (RichLog's default of 78 cuts them in a narrower panel)
+        super().__init__(max_lines=max_lines, min_width=20, wrap=True, markup=False, highlight=False, id=id, classes=classes)
         #: every line written, as plain text: tests and the clipboard read this, not the rendered strips
         self.lines_written: list[str] = []
 

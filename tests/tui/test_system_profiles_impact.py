@@ -1,0 +1,317 @@
+"""The system panel, the profiler screens and the impact table, driven by a FakeLink (issue 4, app side)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from fake_link import NO_GPU, FakeLink, gpu, impact, profile_ready, profile_row, quiet_app, telemetry, training_events
+
+from torchlab.core import protocol
+from torchlab.tui.app import TorchlabApp
+from torchlab.tui.state import TELEMETRY_HISTORY
+from torchlab.tui.widgets.event_log import EventLog
+from torchlab.tui.widgets.system_panel import SystemPanel
+
+pytestmark = pytest.mark.asyncio
+
+WIDE = (160, 48)
+SMALL = (80, 24)
+
+
+def log_text(app: TorchlabApp) -> str:
+    return "\n".join(app.query_one(EventLog).lines_written)
+
+
+def panel_text(app: TorchlabApp) -> str:
+    return app.query_one(SystemPanel).render().plain
+
+
+def column(table, key: str) -> list[str]:
+    """The plain text of one column of a DataTable, top to bottom as shown."""
+    return [str(getattr(cell, "plain", cell)) for cell in table.get_column(key)]
+
+
+def app_with(*events: protocol.Message) -> tuple[TorchlabApp, FakeLink]:
+    link = FakeLink(training_events() + list(events))
+    return quiet_app(link), link
+
+
+async def answer(app: TorchlabApp, pilot) -> None:
+    app.poll_now()
+    await pilot.pause()
+
+
+# ---------------------------------------------------------------------- system panel
+
+async def test_without_a_gpu_the_panel_says_why_and_host_figures_show() -> None:
+    app, _ = app_with(telemetry())
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause()
+        text = panel_text(app)
+        assert text.splitlines()[0] == NO_GPU  # first, where the GPU lines would be
+        assert "cpu   " in text and "23 % of 16 · trainer 98 %" in text
+        assert "21.0/125.7 GiB" in text  # host RAM
+        assert "812 MiB · 3 processes · alloc n/a on cpu" in text  # trainer RSS; no CUDA allocator on CPU
+        assert "█" in text  # the CPU and RAM bars
+
+
+async def test_a_small_terminal_gets_one_summary_line_and_t_opens_the_full_panel() -> None:
+    app, _ = app_with(telemetry())
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.pause()
+        panel = app.query_one(SystemPanel)
+        assert panel.compact and panel.size.height == 1
+        line = panel_text(app)
+        assert line.startswith("no GPU: ") and "cpu 23 %" in line and "ram 21.0/125.7 GiB" in line and "rss 812 MiB ×3" in line
+        await pilot.press("t")
+        from torchlab.tui.screens.system_screen import SystemScreen
+
+        assert isinstance(app.screen, SystemScreen)
+        detail = app.screen.query_one(SystemPanel)
+        assert not detail.compact and "23 % of 16" in detail.render().plain
+        app.link.push(telemetry(rss_mib=900, t=1.0))  # the open view follows new samples
+        await answer(app, pilot)
+        assert "900 MiB" in detail.render().plain
+        await pilot.press("escape")
+        assert not isinstance(app.screen, SystemScreen)
+
+
+async def test_a_gpu_sample_shows_memory_utilisation_temperature_power_and_allocator() -> None:
+    app, _ = app_with(telemetry(gpus=[gpu(0)]))
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause()
+        text = panel_text(app)
+        assert "GPU0 NVIDIA H100 80GB HBM3  62°C  312/700 W  1980 MHz" in text
+        assert "41.2/79.6 GiB · run 40.1 GiB" in text
+        assert "87 %" in text
+        assert "alloc 12 GiB · reserved 14 GiB · peak 13 GiB" in text
+        assert "no GPU" not in text
+
+
+async def test_a_gpu_that_hides_fields_reads_na_and_history_is_bounded() -> None:
+    hidden = gpu(0, temperature_c=None, power_w=None, utilization_percent=None, this_run_memory_bytes=None)
+    app, link = app_with(telemetry(gpus=[hidden]))
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause()
+        text = panel_text(app)
+        assert "n/a °C  n/a W" in text and "util  ········" in text and "n/a" in text.splitlines()[2]
+        for second in range(TELEMETRY_HISTORY + 10):
+            link.push(telemetry(gpus=[gpu(0, used_gib=10 + second / 10)], t=second))
+        await answer(app, pilot)
+        assert len(app.run_state.telemetry_history) == TELEMETRY_HISTORY
+        history = next(line for line in panel_text(app).splitlines() if line.startswith("hist"))
+        assert "GPU mem" in history and any(char in history for char in "▁▂▃▄▅▆▇█")
+
+
+async def test_several_gpus_each_get_a_line_or_a_summary_when_they_do_not_fit() -> None:
+    app, link = app_with(telemetry(gpus=[gpu(index) for index in range(4)]))
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause()
+        text = panel_text(app)  # four GPUs, a CUDA allocator: 4 + 1 + 4 lines do not fit in 8
+        assert "4 GPUs mem 164.8/318.4 GiB" in text and "util 0:87% 1:87% 2:87% 3:87%" in text
+        link.push(telemetry(gpus=[gpu(index) for index in range(4)]))
+        await pilot.press("t")  # the full view has room for every GPU
+        detail = app.screen.query_one(SystemPanel).render().plain
+        assert all(f"GPU{index} NVIDIA H100" in detail for index in range(4))
+
+
+# ---------------------------------------------------------------------- profiler screens
+
+async def test_a_finished_profile_is_announced_with_its_files_and_the_key_to_open_it() -> None:
+    app, _ = app_with(profile_ready(12), profile_ready(40, error="RuntimeError: profiler ran out of memory"))
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause()
+        text = log_text(app)
+        assert f"profile #1 (steps 12–16) ready: P opens the table · files in {profile_ready(12).dir}/" in text
+        assert "trace.json" in text and "table.csv" in text
+        assert "profile #2 (steps 40–44) failed: RuntimeError: profiler ran out of memory" in text
+        assert [snapshot.number for snapshot in app.run_state.profiles] == [1, 2]
+
+
+async def test_profile_list_opens_a_table_sorted_by_any_column() -> None:
+    from textual.widgets import DataTable
+
+    from torchlab.tui.screens.profile_screens import ProfileListScreen, ProfileTableScreen
+
+    app, link = app_with(profile_ready(12), profile_ready(150, scale=0.5))
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.press("P")
+        assert isinstance(app.screen, ProfileListScreen)
+        assert app.screen.query_one(DataTable).row_count == 2
+        await pilot.press("up", "enter")  # the cursor starts on the newest; up: the first snapshot
+        screen = app.screen
+        assert isinstance(screen, ProfileTableScreen) and screen.snapshot.number == 1
+        table = screen.query_one(DataTable)
+        assert column(table, "name")[0] == "aten::addmm"  # the trainer's sort: self CPU
+        assert column(table, "self_cpu_us")[:2] == ["4 ms", "2.5 ms"]
+        assert "self_device_us" not in [str(key.value) for key in table.columns]  # a CPU run: no device columns
+        await pilot.press("o")  # the next column to the right
+        assert screen.sort_key == "cpu_total_us"
+        await pilot.press("o", "o", "o")  # CPU mem, name, calls
+        assert screen.sort_key == "calls"
+        assert column(table, "name")[0] == "aten::softmax" and column(table, "calls")[0] == "5,000"
+        await pilot.press("r")
+        assert column(table, "name")[0] == "aten::gelu"  # fewest calls first
+        # A click on a header sorts by that column.
+        x = sum(col.get_render_width(table) for col in table.ordered_columns[:4]) + 2  # the fifth: CPU mem
+        await pilot.click(DataTable, offset=(x, 0))
+        assert screen.sort_key == "self_cpu_memory_bytes" and not screen.reverse
+        assert column(table, "name")[0] == "aten::gelu" and column(table, "self_cpu_memory_bytes")[-1] == "-512 KiB"
+        await pilot.press("g")  # grouped by input shape
+        assert "input_shapes" in [str(key.value) for key in table.columns]
+        assert table.row_count == 3 and column(table, "input_shapes")[0].startswith("[[")
+        assert link.sent == []  # no key here reached the trainer
+        await pilot.press("escape")
+        assert isinstance(app.screen, ProfileListScreen)
+
+
+async def test_top_n_and_the_full_table_from_table_csv(tmp_path: Path) -> None:
+    from textual.widgets import DataTable
+
+    rows = [profile_row(f"aten::op{index:02d}", 1000.0 - index) for index in range(60)]
+    with open(tmp_path / "table.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    sent = protocol.ProfileReady(12, 16, str(tmp_path), rows=rows[:50], rows_by_shape=[], build_s=0.1)
+    app, _ = app_with(sent)
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.press("P", "enter")
+        table = app.screen.query_one(DataTable)
+        assert table.row_count == 20
+        assert "all 60 ops (table.csv)" in str(app.screen.query_one("#profile-status").content)
+        await pilot.press("plus", "plus")
+        assert table.row_count == 60  # top 100 of the 60 in the CSV, not only the 50 sent
+        await pilot.press("minus", "minus", "minus")
+        assert table.row_count == 10
+        await pilot.press("r")
+        assert column(table, "name")[0] == "aten::op59"
+
+
+async def test_two_snapshots_compare_with_ratio_columns() -> None:
+    from textual.widgets import DataTable
+
+    from torchlab.tui.screens.profile_screens import ProfileCompareScreen
+
+    app, link = app_with(profile_ready(12), profile_ready(80), profile_ready(150, scale=0.5))
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.press("P", "up", "up", "space", "down", "down", "space", "c")  # mark #1 and #3
+        screen = app.screen
+        assert isinstance(screen, ProfileCompareScreen)
+        assert (screen.before.number, screen.after.number) == (1, 3)
+        table = screen.query_one(DataTable)
+        ratios = dict(zip(column(table, "name"), column(table, "ratio")))
+        assert ratios["aten::addmm"] == "0.50x" and ratios["aten::mm"] == "0.50x" and ratios["aten::gelu"] == "1.00x"
+        assert dict(zip(column(table, "name"), column(table, "change")))["aten::addmm"] == "-2 ms"
+        assert "8.3 ms → 5.05 ms  (0.61x)" in str(screen.query_one("#compare-total").content)
+        await pilot.press("o", "o", "o", "o")  # size → name → #1 → #3 → ratio
+        assert screen.sort_key == "ratio"
+        assert column(table, "ratio") == ["1.00x", "1.00x", "1.00x", "0.50x", "0.50x"]
+        await pilot.press("m")  # the next figure: total CPU, which has no meaningful sum
+        assert screen.metric == "cpu_total_us"
+        assert "no meaningful sum" in str(screen.query_one("#compare-total").content)
+        assert link.sent == []  # c compared; it did not toggle checkpointing on the run
+
+
+async def test_compare_without_marks_takes_the_snapshot_before_and_a_failed_one_shows_its_error() -> None:
+    from textual.widgets import Static
+
+    from torchlab.tui.screens.profile_screens import ProfileCompareScreen, ProfileListScreen, ProfileTableScreen
+
+    app, _ = app_with(profile_ready(12), profile_ready(150, scale=0.5), profile_ready(300, error="RuntimeError: boom"))
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.press("P", "enter")  # the newest: the failed one
+        assert isinstance(app.screen, ProfileTableScreen)
+        assert "This snapshot failed: RuntimeError: boom" in str(app.screen.query_one("#profile-error", Static).content)
+        await pilot.press("escape", "c")
+        assert isinstance(app.screen, ProfileListScreen)  # nothing to compare a failed snapshot with
+        await pilot.press("up", "c")
+        assert isinstance(app.screen, ProfileCompareScreen)
+        assert (app.screen.before.number, app.screen.after.number) == (1, 2)
+
+
+async def test_a_snapshot_arriving_while_the_list_is_open_appears() -> None:
+    from textual.widgets import DataTable
+
+    app, link = app_with()
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.press("P")
+        assert "No snapshots yet" in str(app.screen.query_one("#profiles-status").content)
+        link.push(profile_ready(12))
+        await answer(app, pilot)
+        assert app.screen.query_one(DataTable).row_count == 1
+
+
+# ---------------------------------------------------------------------- impact
+
+async def test_impact_rows_and_the_verdict_in_the_log_and_the_table() -> None:
+    from textual.widgets import DataTable
+
+    from torchlab.tui.screens.impact_screen import ImpactScreen
+
+    app, link = app_with(impact(bf16_steps=5))
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.pause()
+        assert "1.72x faster" not in log_text(app)  # five steps: the medians have not settled
+        link.push(impact(bf16_steps=40))
+        await answer(app, pilot)
+        assert "amp=bf16: 1.72x faster, -38 % memory (steps 121–160; i shows the impact table)" in log_text(app)
+        link.push(impact(bf16_steps=60))
+        await answer(app, pilot)
+        assert log_text(app).count("1.72x faster") == 1  # told once per segment
+
+        await pilot.press("i")
+        screen = app.screen
+        assert isinstance(screen, ImpactScreen)
+        table = screen.query_one(DataTable)
+        assert column(table, "change") == ["start", "amp=bf16"]
+        assert column(table, "steps") == ["1–120", "121–180"]
+        assert column(table, "step_time") == ["17.2 ms", "10 ms"]
+        assert column(table, "samples") == ["1,860", "3,200"]
+        assert column(table, "memory") == ["900 MiB rss", "558 MiB rss"]
+        assert column(table, "slope") == ["-2.41", "-0.52"]
+        assert column(table, "verdict") == ["–", "1.72x faster, -38 % memory"]
+        assert "latest: amp=bf16: 1.72x faster, -38 % memory" in str(screen.query_one("#impact-latest").content)
+        table.move_cursor(row=1)
+        link.push(impact(bf16_steps=90))  # updates arrive while it is open: rows change in place
+        await answer(app, pilot)
+        assert column(table, "steps")[1] == "121–210" and table.cursor_row == 1
+        await pilot.press("a")
+        assert link.sent == []  # trainer keys are off while a view is open
+        await pilot.press("i")
+        assert not isinstance(app.screen, ImpactScreen)
+
+
+async def test_impact_before_any_segment_says_so() -> None:
+    from torchlab.tui.screens.impact_screen import ImpactScreen
+
+    app, _ = app_with()
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.press("i")
+        assert isinstance(app.screen, ImpactScreen)
+        assert "No segments yet" in str(app.screen.query_one("#impact-empty").content)
+
+
+# ---------------------------------------------------------------------- keys
+
+async def test_new_views_are_in_the_help_and_the_command_palette() -> None:
+    from torchlab.tui.screens.help_screen import HelpScreen
+    from torchlab.tui.screens.impact_screen import ImpactScreen
+
+    app, _ = app_with()
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        listed = dict(app.screen.keys)
+        assert listed["P"].startswith("Profiles") and listed["i"].startswith("Impact") and listed["t"].startswith("System")
+        await pilot.press("escape")
+        commands = {command.title: command for command in app.get_system_commands(app.screen)}
+        assert any(title.startswith("Profiles") and title.endswith("[P]") for title in commands)
+        assert any(title.startswith("System") for title in commands)
+        impact_command = next(command for title, command in commands.items() if title.startswith("Impact"))
+        await impact_command.callback()
+        await pilot.pause()
+        assert isinstance(app.screen, ImpactScreen)

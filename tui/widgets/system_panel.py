@@ -1,0 +1,373 @@
+"""What the hardware is doing: per-GPU memory and utilisation, temperature and power, host CPU and RAM,
+the trainer's RSS, and a short memory history.
+
+Drawn from the newest telemetry sample and the state's bounded history of them, at whatever size the
+panel has: one line per figure in a bordered panel, one GPU per line when several GPUs would not fit
+otherwise, or a single summary line (``compact``) on a small terminal. Any figure the trainer could
+not read arrives as None and reads "n/a"; a box without NVIDIA says why, in place of the GPU lines.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from torchlab.tui.state import RunState
+
+SPARK_CHARS = "▁▂▃▄▅▆▇█"
+PARTIAL_BLOCKS = " ▏▎▍▌▋▊▉"
+#: Width of the label column ("mem", "util", "alloc", ...).
+LABEL_WIDTH = 6
+#: Bars never grow past this, however wide the panel: the figures beside them matter more.
+MAX_BAR_WIDTH = 40
+NA = "n/a"
+#: Utilisation bars are not a warning when full (a busy GPU is the point): one colour, whatever the level.
+BUSY_STYLE = "bold cyan"
+#: The RSS history is drawn between its low and high, but over at least this fraction of the high.
+MIN_RSS_SPAN = 0.05
+
+
+class SystemPanel(Widget):
+    """GPUs (or why there are none), host CPU/RAM, trainer RSS and processes, memory history."""
+
+    DEFAULT_CSS = """
+    SystemPanel {
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
+    }
+    """
+
+    compact: reactive[bool] = reactive(False)
+    """One summary line instead of the panel: for small terminals."""
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self._state: RunState | None = None
+
+    def show(self, state: RunState) -> None:
+        """Redraw from the run state (the app calls this when a new telemetry sample arrived)."""
+        self._state = state
+        self.refresh()
+
+    def render(self) -> Text:
+        state = self._state
+        sample = state.telemetry if state is not None and isinstance(state.telemetry, dict) else {}
+        history = list(state.telemetry_history) if state is not None else []
+        width = max(self.content_size.width, 10)
+        if self.compact:
+            return summary_line(sample, width)
+        return panel_text(sample, history, width, self.content_size.height)
+
+
+# ---------------------------------------------------------------------- the full panel
+
+def panel_text(sample: dict[str, Any], history: Sequence[dict[str, Any]], width: int, height: int) -> Text:
+    """The panel's lines for a ``width`` x ``height`` area (lines past ``height`` are dropped by the widget)."""
+    if not sample:
+        return Text("waiting for the first system sample…", style="dim italic")
+    gpus = [gpu for gpu in _list(sample.get("gpus")) if isinstance(gpu, dict)]
+    host = _dict(sample.get("host"))
+    allocator = _dict(sample.get("torch"))
+    # Bars take under half the width: the figures after them (" 40.7/79.6 GiB · run 40.1 GiB") must fit.
+    bar_width = max(4, min(MAX_BAR_WIDTH, int((width - LABEL_WIDTH) * 0.45)))
+    lines: list[Text] = []
+    host_lines = _host_lines(host, allocator, bar_width)
+    history_line = _history_line(gpus, history, max(bar_width, width - LABEL_WIDTH - 28))
+    if gpus:
+        room = max(height, 1) - len(host_lines) - 1  # lines left for the GPUs, after host figures and the history
+        if len(gpus) == 1 or 3 * len(gpus) <= room:
+            for gpu in gpus:
+                lines += _gpu_lines(gpu, bar_width)
+        elif len(gpus) <= room:
+            lines += [_gpu_line(gpu, width) for gpu in gpus]
+        else:
+            lines += _gpus_summary_lines(gpus, width)
+    else:
+        status = str(sample.get("gpu_status") or "no GPU")
+        lines.append(Text(status, style="bold yellow"))
+    lines.append(history_line)
+    lines += host_lines
+    return Text("\n").join(lines)
+
+
+def _gpu_lines(gpu: dict[str, Any], bar_width: int) -> list[Text]:
+    """Three lines for one GPU: name with temperature, power and clock; memory bar; utilisation bar."""
+    used, total = _number(gpu.get("memory_used_bytes")), _number(gpu.get("memory_total_bytes"))
+    utilisation = _number(gpu.get("utilization_percent"))
+    title = Text.assemble((f"GPU{gpu.get('index', '?')} ", "bold"), (str(gpu.get("name") or "unnamed GPU"), "bold"))
+    title.append(f"  {_temperature(gpu)}  {_power(gpu)}  {_clock(gpu)}", style="")
+    memory = _labelled_bar("mem", _fraction(used, total), bar_width)
+    memory.append(f" {_pair(used, total)}")
+    ours = _number(gpu.get("this_run_memory_bytes"))
+    if ours is not None:
+        memory.append(f" · run {_bytes(ours)}", style="dim")
+    util = _labelled_bar("util", None if utilisation is None else utilisation / 100, bar_width, BUSY_STYLE)
+    util.append(f" {_percent(utilisation)}")
+    return [title, memory, util]
+
+
+def _gpu_line(gpu: dict[str, Any], width: int) -> Text:
+    """One line for one GPU of several: ``0 mem ▆▆▆░░ 41/80 GiB  util ▇▇░ 87 %  62°C 312 W``."""
+    used, total = _number(gpu.get("memory_used_bytes")), _number(gpu.get("memory_total_bytes"))
+    utilisation = _number(gpu.get("utilization_percent"))
+    small_bar = max(3, min(12, (width - 44) // 2))
+    line = Text(f"{gpu.get('index', '?')} ", style="bold")
+    line.append_text(_bar(_fraction(used, total), small_bar))
+    line.append(f" {_pair(used, total)}  ")
+    line.append_text(_bar(None if utilisation is None else utilisation / 100, small_bar, BUSY_STYLE))
+    line.append(f" {_percent(utilisation)}  {_temperature(gpu)} {_power(gpu, with_limit=False)}")
+    return line
+
+
+def _gpus_summary_lines(gpus: list[dict[str, Any]], width: int) -> list[Text]:
+    """Too many GPUs for a line each: totals, then utilisation per GPU in one line."""
+    used = _sum(_number(gpu.get("memory_used_bytes")) for gpu in gpus)
+    total = _sum(_number(gpu.get("memory_total_bytes")) for gpu in gpus)
+    utilisations = [_number(gpu.get("utilization_percent")) for gpu in gpus]
+    known = [value for value in utilisations if value is not None]
+    temperatures = [value for value in (_number(gpu.get("temperature_c")) for gpu in gpus) if value is not None]
+    powers = [value for value in (_number(gpu.get("power_w")) for gpu in gpus) if value is not None]
+    head = Text(f"{len(gpus)} GPUs ", style="bold")
+    head.append(f"mem {_pair(used, total)}  util avg {_percent(sum(known) / len(known) if known else None)}")
+    head.append(f"  max {max(temperatures):.0f}°C" if temperatures else f"  {NA} °C")
+    head.append(f"  {sum(powers):.0f} W" if powers else f"  {NA} W")
+    per_gpu = Text("util ", style="dim")
+    per_gpu.append(" ".join(f"{gpu.get('index', '?')}:{_percent(value, unit='%')}" for gpu, value in zip(gpus, utilisations)))
+    return [head, per_gpu]
+
+
+def _host_lines(host: dict[str, Any], allocator: dict[str, Any], bar_width: int) -> list[Text]:
+    cpu = _number(host.get("cpu_percent"))
+    cpu_line = _labelled_bar("cpu", None if cpu is None else cpu / 100, bar_width, BUSY_STYLE)
+    cpu_line.append(f" {_percent(cpu)}")
+    cores = _number(host.get("cpu_count"))
+    if cores is not None:
+        cpu_line.append(f" of {cores:.0f}", style="dim")
+    trainer_cpu = _number(host.get("trainer_cpu_percent"))
+    if trainer_cpu is not None:
+        cpu_line.append(f" · trainer {trainer_cpu:.0f} %", style="dim")
+    used, total = _number(host.get("ram_used_bytes")), _number(host.get("ram_total_bytes"))
+    ram_line = _labelled_bar("ram", _fraction(used, total), bar_width)
+    ram_line.append(f" {_pair(used, total)}")
+    rss = _number(host.get("trainer_rss_bytes"))
+    processes = _number(host.get("trainer_processes"))
+    trainer = Text("rss".ljust(LABEL_WIDTH), style="dim")
+    trainer.append(_bytes(rss) if rss is not None else NA, style="bold")
+    if processes is not None:
+        trainer.append(f" · {processes:.0f} process{'es' if processes != 1 else ''}")
+    allocated = _number(allocator.get("allocated_bytes"))
+    if allocated is None:  # no CUDA allocator (a CPU run): one line says so, beside the RSS
+        device = str(allocator.get("device") or "")
+        trainer.append(f" · alloc {NA}" + (f" on {device}" if device else ""), style="dim")
+        return [cpu_line, ram_line, trainer]
+    reserved, peak = _number(allocator.get("reserved_bytes")), _number(allocator.get("peak_allocated_bytes"))
+    alloc = Text("alloc".ljust(LABEL_WIDTH), style="dim")
+    alloc.append(_bytes(allocated), style="bold")
+    alloc.append(f" · reserved {_bytes(reserved) if reserved is not None else NA}")
+    alloc.append(f" · peak {_bytes(peak) if peak is not None else NA}")
+    return [cpu_line, ram_line, trainer, alloc]
+
+
+def _history_line(gpus: list[dict[str, Any]], history: Sequence[dict[str, Any]], room: int) -> Text:
+    """GPU memory used over the last samples, from 0 to the GPUs' total (so the headroom shows); without
+    GPUs, the trainer's RSS between its own low and high (so growth shows)."""
+    line = Text("hist".ljust(LABEL_WIDTH), style="dim")
+    recent = list(history)[-room:]
+    if gpus:
+        values = [_sum(_number(gpu.get("memory_used_bytes")) for gpu in _dicts(sample.get("gpus"))) for sample in recent]
+        totals = [_sum(_number(gpu.get("memory_total_bytes")) for gpu in _dicts(sample.get("gpus"))) for sample in recent]
+        ceiling = max((value for value in totals if value), default=None)
+        line.append(spark(values, 0.0, ceiling), style="cyan")
+        what = " GPU mem"
+    else:
+        values = [_number(_dict(sample.get("host")).get("trainer_rss_bytes")) for sample in recent]
+        known = [value for value in values if value is not None]
+        low, high = (min(known), max(known)) if known else (None, None)
+        what = f" rss {_range(low, high)}" if low is not None and high is not None and _range(low, high) != _range(high, high) else " rss"
+        if low is not None and high is not None:
+            low = min(low, high * (1 - MIN_RSS_SPAN))  # a change of a few pages must not draw as ▁ to █
+        line.append(spark(values, low, high), style="cyan")
+    span = _span_s(recent)
+    line.append(what + (f", {_duration(span)}" if span else ""), style="dim")
+    return line
+
+
+# ---------------------------------------------------------------------- one line for small terminals
+
+def summary_line(sample: dict[str, Any], width: int) -> Text:
+    """``gpu0 41.2/79.6 GiB 87 % 62°C · cpu 23 % · ram 5.1/15.6 GiB · rss 812 MiB``, or "no GPU: …" first."""
+    if not sample:
+        return Text("system: waiting for the first sample…", style="dim italic")
+    gpus = [gpu for gpu in _list(sample.get("gpus")) if isinstance(gpu, dict)]
+    host = _dict(sample.get("host"))
+    rest = Text()
+    cpu = _number(host.get("cpu_percent"))
+    used, total = _number(host.get("ram_used_bytes")), _number(host.get("ram_total_bytes"))
+    rss = _number(host.get("trainer_rss_bytes"))
+    processes = _number(host.get("trainer_processes"))
+    for label, value in (("cpu", _percent(cpu)), ("ram", _pair(used, total)), ("rss", _bytes(rss) if rss is not None else NA)):
+        rest.append(" · ", style="dim")
+        rest.append(f"{label} ", style="dim")
+        rest.append(value, style="bold")
+    if processes is not None and processes > 1:
+        rest.append(f" ×{processes:.0f}")
+    line = Text()
+    if not gpus:
+        status = str(sample.get("gpu_status") or "no GPU")
+        room = max(6, width - rest.cell_len)
+        line.append(status if len(status) <= room else status[: room - 1] + "…", style="bold yellow")
+    elif len(gpus) <= 2:
+        for position, gpu in enumerate(gpus):
+            if position:
+                line.append(" · ", style="dim")
+            gpu_used, gpu_total = _number(gpu.get("memory_used_bytes")), _number(gpu.get("memory_total_bytes"))
+            line.append(f"gpu{gpu.get('index', '?')} ", style="dim")
+            line.append(_pair(gpu_used, gpu_total), style=_level_style(_fraction(gpu_used, gpu_total)))
+            line.append(f" {_percent(_number(gpu.get('utilization_percent')))} {_temperature(gpu)}")
+    else:
+        gpu_used = _sum(_number(gpu.get("memory_used_bytes")) for gpu in gpus)
+        gpu_total = _sum(_number(gpu.get("memory_total_bytes")) for gpu in gpus)
+        known = [value for value in (_number(gpu.get("utilization_percent")) for gpu in gpus) if value is not None]
+        line.append(f"{len(gpus)} GPUs ", style="dim")
+        line.append(_pair(gpu_used, gpu_total), style=_level_style(_fraction(gpu_used, gpu_total)))
+        line.append(f" util {_percent(sum(known) / len(known) if known else None)}")
+    line.append_text(rest)
+    return line
+
+
+# ---------------------------------------------------------------------- drawing helpers
+
+def spark(values: Sequence[float | None], low: float | None, high: float | None) -> str:
+    """▁..█ from ``low`` to ``high`` (a gap, " ", where a sample had no value; ▄ throughout when flat)."""
+    top = len(SPARK_CHARS) - 1
+    chars = []
+    for value in values:
+        if value is None or low is None or high is None:
+            chars.append(" ")
+        elif high <= low:
+            chars.append(SPARK_CHARS[3])
+        else:
+            chars.append(SPARK_CHARS[max(0, min(top, round((value - low) / (high - low) * top)))])
+    return "".join(chars)
+
+
+def _labelled_bar(label: str, fraction: float | None, width: int, style: str | None = None) -> Text:
+    text = Text(label.ljust(LABEL_WIDTH), style="dim")
+    text.append_text(_bar(fraction, width, style))
+    return text
+
+
+def _bar(fraction: float | None, width: int, style: str | None = None) -> Text:
+    """A bar ``width`` cells wide, filled to ``fraction`` in eighths; in ``style``, or for memory (no
+    style given) coloured by how full it is: green, then yellow from 70 %, red from 90 %."""
+    if fraction is None:
+        return Text("·" * width, style="dim")
+    fraction = max(0.0, min(1.0, fraction))
+    eighths = round(fraction * width * 8)
+    full, partial = divmod(eighths, 8)
+    filled = "█" * full + (PARTIAL_BLOCKS[partial] if partial else "")
+    return Text.assemble((filled, style or _level_style(fraction)), ("░" * (width - len(filled)), "dim"))
+
+
+def _level_style(fraction: float | None) -> str:
+    if fraction is None:
+        return "bold"
+    if fraction >= 0.9:
+        return "bold red"
+    if fraction >= 0.7:
+        return "bold yellow"
+    return "bold green"
+
+
+def _pair(used: float | None, total: float | None) -> str:
+    """``41.2/79.6 GiB`` in the unit of the total; n/a for what is missing."""
+    if used is None and total is None:
+        return NA
+    unit, scale = _unit(total if total is not None else used)
+    shown_used = f"{used / scale:.1f}" if used is not None else NA
+    shown_total = f"{total / scale:.1f}" if total is not None else NA
+    return f"{shown_used}/{shown_total} {unit}"
+
+
+def _range(low: float, high: float) -> str:
+    """``765–895 MiB``, in the unit of the high end."""
+    unit, scale = _unit(high)
+    return f"{low / scale:.3g}–{high / scale:.3g} {unit}"
+
+
+def _bytes(count: float) -> str:
+    unit, scale = _unit(count)
+    return f"{count / scale:.3g} {unit}" if unit != "B" else f"{count:.0f} B"
+
+
+def _unit(count: float | None) -> tuple[str, float]:
+    count = abs(count or 0)
+    for unit, scale in (("TiB", 1024.0**4), ("GiB", 1024.0**3), ("MiB", 1024.0**2), ("KiB", 1024.0)):
+        if count >= scale:
+            return unit, scale
+    return "B", 1.0
+
+
+def _percent(value: float | None, unit: str = " %") -> str:
+    return f"{value:.0f}{unit}" if value is not None else NA
+
+
+def _temperature(gpu: dict[str, Any]) -> str:
+    value = _number(gpu.get("temperature_c"))
+    return f"{value:.0f}°C" if value is not None else f"{NA} °C"
+
+
+def _power(gpu: dict[str, Any], with_limit: bool = True) -> str:
+    power, limit = _number(gpu.get("power_w")), _number(gpu.get("power_limit_w"))
+    if power is None:
+        return f"{NA} W"
+    if with_limit and limit is not None:
+        return f"{power:.0f}/{limit:.0f} W"
+    return f"{power:.0f} W"
+
+
+def _clock(gpu: dict[str, Any]) -> str:
+    value = _number(gpu.get("sm_clock_mhz"))
+    return f"{value:.0f} MHz" if value is not None else f"{NA} MHz"
+
+
+def _fraction(used: float | None, total: float | None) -> float | None:
+    return used / total if used is not None and total else None
+
+
+def _span_s(samples: Sequence[dict[str, Any]]) -> float | None:
+    times = [value for value in (_number(sample.get("time")) for sample in samples) if value is not None]
+    return times[-1] - times[0] if len(times) >= 2 else None
+
+
+def _duration(seconds: float) -> str:
+    whole = int(round(seconds))
+    return f"{whole // 60}:{whole % 60:02d}" if whole >= 60 else f"{whole} s"
+
+
+def _sum(values: Iterable[float | None]) -> float | None:
+    present = [value for value in values if value is not None]
+    return sum(present) if present else None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [item for item in _list(value) if isinstance(item, dict)]
