@@ -16,12 +16,14 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchlab.core import protocol
 from torchlab.core.options import OPTION_NAMES, format_option_value
-from torchlab.tui.profiles import ProfileSnapshot
 from torchlab.tui.thinning import Series
+
+if TYPE_CHECKING:
+    from torchlab.tui.profiles import ProfileSnapshot
 
 #: The states the trainer reports, plus "connecting" before its Welcome arrives.
 RUN_STATES = ("connecting", "starting", "running", "paused", "stopped", "finished", "failed", "detached")
@@ -338,6 +340,8 @@ class RunState:
         self.header_version += 1
 
     def _on_profile_ready(self, event: protocol.ProfileReady) -> None:
+        from torchlab.tui.profiles import ProfileSnapshot  # with the first snapshot, not at start-up
+
         rows = [row for row in event.rows if isinstance(row, dict)]
         rows_by_shape = [row for row in event.rows_by_shape if isinstance(row, dict)]
         snapshot = ProfileSnapshot(
