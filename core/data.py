@@ -168,8 +168,13 @@ class BatchStream:
 def evaluation_batches(
     dataset: Dataset, *, batch_size: int, collate_fn, limit: int, device: torch.device
 ) -> Iterator[Any]:
-    """The first ``limit`` batches of the validation set, in order, on the device."""
-    loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, shuffle=False)
+    """The first ``limit`` batches of the validation set, in order, on the device.
+
+    The loader gets its own generator: without one, a DataLoader draws its seed from the global RNG,
+    and an evaluation would shift the training's dropout from then on (a run that evaluates at a step
+    where another does not, such as its last one, could then not be resumed bit-exactly).
+    """
+    loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, shuffle=False, generator=torch.Generator())
     for index, batch in enumerate(loader):
         if index >= limit:
             return

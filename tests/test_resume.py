@@ -92,3 +92,12 @@ def test_resume_from_a_missing_or_foreign_file_names_it(tmp_path):
     torch.save({"something": "else"}, tmp_path / "foreign.pt")
     with pytest.raises(ConfigError, match="not a torchlab checkpoint"):
         load_checkpoint(tmp_path / "foreign.pt")
+
+
+def test_evaluation_leaves_the_training_random_stream_alone():
+    """A run that stops at step N evaluates there; resumed, it must match a run that did not (dropout)."""
+    evaluating, seen_evaluating = make_trainer(steps=8, eval_every=2)
+    evaluating.run()
+    plain, seen_plain = make_trainer(steps=8, eval_every=0)
+    plain.run()
+    assert [r["loss"] for r in seen_evaluating.metrics] == [r["loss"] for r in seen_plain.metrics]
