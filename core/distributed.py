@@ -9,8 +9,8 @@ it needs to keep its ranks in lock-step:
   tensor, so every rank applies the same changes at the same step. One collective; nothing is
   unpickled (the packet is JSON).
 - ``mean_loss`` (every step): the global mean loss, so every rank makes the same non-finite decision.
-- ``gather_figures`` (report steps): each rank's step time, data wait, allocator memory and RSS, to
-  rank 0, so a straggler is visible.
+- ``gather_figures`` (report steps, at most once a second; rank 0 decides and says so in the boundary
+  packet): each rank's step time, data wait, allocator memory and RSS, so a straggler is visible.
 
 Rank 0 is the only rank that reports; gradients are read after backward, when DDP has averaged them,
 so rank 0's gradient norms are the global ones.
@@ -80,6 +80,9 @@ def open_process_group(context: RankContext, device: torch.device) -> None:
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
     else:
+        if "OMP_NUM_THREADS" not in os.environ:  # torchrun sets it; our own launch shares the cores out
+            ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", context.world_size))
+            torch.set_num_threads(max(1, usable_cpus() // ranks_here))
         dist.init_process_group("gloo")
 
 

@@ -351,8 +351,8 @@ class Impact(Message):
 
 @dataclass(frozen=True)
 class Ranks(Message):
-    """Per-rank figures at ``step`` when training data-parallel, in rank order; the newest replaces an
-    unsent older one. Each entry: ``rank``, ``step_time_s``, ``data_wait_s`` (time waiting for batches),
+    """Per-rank figures at ``step`` when training data-parallel (gathered on report steps, at most once a
+    second), in rank order; the newest replaces an unsent older one. Each entry: ``rank``, ``step_time_s``, ``data_wait_s`` (time waiting for batches),
     ``allocated_bytes``, ``reserved_bytes``, ``peak_allocated_bytes`` (CUDA allocator; null on CPU), ``rss_bytes``.
     A rank much slower than the others (a straggler) holds every rank back at each all-reduce."""
 

@@ -126,10 +126,6 @@ class Supervisor:
         if trainer is not None:
             trainer.request_stop(reason)
 
-    @property
-    def options(self):
-        return self.trainer.options if self.trainer is not None else self.config.options
-
     # ------------------------------------------------------------------ running
     def prepare(self) -> None:
         """Check the world size; at world size 1 (or under torchrun) build the trainer here, so a bad

@@ -9,8 +9,8 @@ Numbering: optimizer steps count from 1. A change "applied at step S" is in forc
 Each step moves exactly one small tensor to the host (loss, norms, flags packed together): that is the
 only synchronisation point per step.
 
-Data parallel (``ranks`` given, world size > 1): every rank runs this loop on its share of each global
-batch, with the model in DistributedDataParallel. Rank 0 alone takes commands and reports; at each step
+Data parallel (``ranks`` given: world size > 1, or any size under torchrun): every rank runs this loop
+on its share of each global batch, with the model in DistributedDataParallel. Rank 0 alone takes commands and reports; at each step
 boundary it broadcasts the commands it took, so all ranks apply them at the same step (core/distributed.py).
 A change of world size cannot happen inside a process: the trainer checkpoints and ends with the outcome
 ``relaunch``, and its supervisor (core/ranks.py) starts the new ranks from that checkpoint.
@@ -59,6 +59,8 @@ from torchlab.core.telemetry import TelemetrySampler
 from torchlab.core.workload import Workload
 
 DEFAULT_BATCH_SIZE = 32
+#: With ranks, the per-rank figures (step time, data wait, memory, RSS) are gathered at most this often.
+RANK_FIGURES_INTERVAL_S = 1.0
 #: fp16 skips are routine; this many in a row means the model itself makes NaN/Inf.
 MAX_CONSECUTIVE_FP16_SKIPS = 25
 
@@ -233,6 +235,8 @@ class Trainer:
         self._relaunch: WorldSizeChange | None = None
         self._scripted_through = 0  # the last step whose --at and --profile-at entries were queued
         self._probe_next = False  # rank 0's probe decision for the next step, shared with every rank
+        self._figures_next = False  # likewise: whether the next report gathers the per-rank figures
+        self._figures_gathered_at = -math.inf
         self._data_wait_s = 0.0
         self._consecutive_skips = 0
         self._last_checkpoint_step: int | None = None
@@ -340,7 +344,7 @@ class Trainer:
         step = self.step + 1
         options = self.options
         started = time.perf_counter()
-        is_report = step % self.config.log_every == 0 or step == self.config.steps
+        is_report = self._is_report_step(step)
         sample_activations = (
             is_report and self.config.act_stats_every > 0 and step % self.config.act_stats_every == 0
         )
@@ -412,7 +416,10 @@ class Trainer:
         self.cadence.record_step(step_time)
         if not is_report:
             return
-        rank_figures = self.collectives.gather_figures(step_time, data_wait) if self.collectives is not None else None
+        rank_figures = None
+        if self.collectives is not None and self._figures_next:
+            rank_figures = self.collectives.gather_figures(step_time, data_wait)
+            self._figures_gathered_at = time.monotonic()
         if not self.reports:
             return
         record: dict[str, Any] = {
@@ -506,6 +513,9 @@ class Trainer:
         if every and self.step % every == 0 and self.step < self.config.steps:
             self._save_checkpoint(reason="periodic")
 
+    def _is_report_step(self, step: int) -> bool:
+        return step % self.config.log_every == 0 or step == self.config.steps
+
     def _is_eval_step(self, step: int) -> bool:
         every = self.config.eval_every
         return self.workload.val_dataset is not None and every > 0 and (step % every == 0 or step == self.config.steps)
@@ -572,7 +582,11 @@ class Trainer:
         whether more packets follow at this boundary."""
         payload = None
         if self.reports:
-            payload = {"probe": self.cadence.should_probe(self.step + 1), "commands": []}
+            # Per-rank figures are for a live table (latest wins): gathered on report steps, at most
+            # every RANK_FIGURES_INTERVAL_S, not at the price of one more collective on every step.
+            next_step = self.step + 1
+            figures = self._is_report_step(next_step) and time.monotonic() - self._figures_gathered_at >= RANK_FIGURES_INTERVAL_S
+            payload = {"probe": self.cadence.should_probe(next_step), "figures": figures, "commands": []}
             unsent.clear()
             for index, command in enumerate(commands):
                 payload["commands"].append(command_to_json(command))
@@ -583,6 +597,7 @@ class Trainer:
             payload["more"] = bool(unsent)
         packet = self.collectives.share(payload)
         self._probe_next = bool(packet["probe"])
+        self._figures_next = bool(packet["figures"])
         return [command_from_json(data) for data in packet["commands"]], bool(packet["more"])
 
     def pending_commands(self) -> list[Command]:
