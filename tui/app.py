@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from textual import events, on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer
@@ -34,9 +35,6 @@ from textual.widgets import Footer
 from torchlab.core import protocol
 from torchlab.core.options import format_option_value, parse_option_value
 from torchlab.tui.log_tail import LogTail
-from torchlab.tui.screens.error_screen import CLOSE, QUIT, RESTART, ErrorScreen
-from torchlab.tui.screens.help_screen import HelpScreen
-from torchlab.tui.screens.prompt import OptionPrompt
 from torchlab.tui.state import Failure, RunState
 from torchlab.tui.widgets.event_log import EventLog
 from torchlab.tui.widgets.grad_table import GradTable
@@ -220,7 +218,11 @@ class TorchlabApp(App[int]):
                 received = []
             for event in received:
                 self.run_state.apply(event)
-        self._refresh_view()
+        try:
+            self._refresh_view()
+        except NoMatches:  # a tick that fires while the app exits finds its widgets already removed
+            if self.is_running and not self._leaving:
+                raise
 
     def _poll_trainer_log(self) -> None:
         if self._log_tail is None:
@@ -297,9 +299,13 @@ class TorchlabApp(App[int]):
         if self._error_screen_open:
             return
         self._error_screen_open = True
+        from torchlab.tui.screens.error_screen import ErrorScreen  # screens load when first shown: a faster start
+
         self.push_screen(ErrorScreen(failure), callback=self._failure_choice)
 
     def _failure_choice(self, choice: str | None) -> None:
+        from torchlab.tui.screens.error_screen import CLOSE, QUIT, RESTART
+
         self._error_screen_open = False
         if choice == RESTART:
             self.restart_trainer()
@@ -365,6 +371,8 @@ class TorchlabApp(App[int]):
             if text is not None:
                 self.set_option(option, parse_option_value(option, text))
 
+        from torchlab.tui.screens.prompt import OptionPrompt
+
         self.push_screen(OptionPrompt(option, title, current=shown, hint=hint), callback=chosen)
 
     def set_option(self, option: str, value: Any) -> None:
@@ -412,6 +420,8 @@ class TorchlabApp(App[int]):
         keys += [("/", "Filter the gradient table by module name (enter/esc back)"), ("o", "Cycle the gradient table's sort"),
                  ("v", "Grouped / per-module gradient view"), ("enter", "On a group: show its modules"),
                  ("ctrl+p", "Command palette")]
+        from torchlab.tui.screens.help_screen import HelpScreen
+
         self.push_screen(HelpScreen(keys))
 
     def _requested(self, text: str) -> None:
