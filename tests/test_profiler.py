@@ -9,7 +9,7 @@ import pytest
 
 from conftest import TINY, make_trainer
 from torchlab.core.cli import EXIT_OK, main
-from torchlab.core.profiler import compare_profiles
+from torchlab.core.profile_compare import compare_profiles
 from torchlab.core.trainer import Profile
 
 

@@ -83,24 +83,22 @@ class ProfileRows:
 
 
 def snapshot_rows(snapshot: ProfileSnapshot, by_shape: bool) -> ProfileRows:
-    """Every op from ``table.csv`` when the app can read it; otherwise the top rows the trainer sent.
+    """Every op from ``table.csv`` (or ``table_by_shape.csv``) when the app can read it; else the rows sent.
 
     The trainer sends the top 50 by its own sort column only, so sorting those by another column
-    (memory, calls) could miss the real top: the CSV holds every op. It has no by-shape version.
+    (memory, calls) could miss the real top: the CSV holds every op.
     """
     sent = snapshot.rows_by_shape if by_shape else snapshot.rows
     sort_label = COLUMNS_BY_KEY.get(snapshot.sort, ProfileColumn(snapshot.sort, snapshot.sort, "")).label
     partial = ProfileRows(list(sent), False, f"the trainer's top {len(sent)} by {sort_label}")
-    if by_shape:
-        return partial
-    path = Path(snapshot.dir) / "table.csv"
+    name = "table_by_shape.csv" if by_shape else "table.csv"
     try:
-        rows = read_table_csv(path)
+        rows = read_table_csv(Path(snapshot.dir) / name)
     except FileNotFoundError:
         return partial
     except (OSError, csv.Error, UnicodeDecodeError) as error:
-        return ProfileRows(partial.rows, False, f"{partial.note} (table.csv unreadable: {error})")
-    return ProfileRows(rows, True, f"all {len(rows)} ops (table.csv)")
+        return ProfileRows(partial.rows, False, f"{partial.note} ({name} unreadable: {error})")
+    return ProfileRows(rows, True, f"all {len(rows)} {'op/shape pairs' if by_shape else 'ops'} ({name})")
 
 
 def read_table_csv(path: Path) -> list[dict[str, Any]]:

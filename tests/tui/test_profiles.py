@@ -91,4 +91,11 @@ def test_snapshot_rows_prefer_table_csv_and_fall_back_to_the_rows_sent(tmp_path:
                             "self_device_us": 0, "device_total_us": 0, "self_cpu_memory_bytes": -1024,
                             "self_device_memory_bytes": 0}
     assert rows.rows[1]["self_cpu_memory_bytes"] is None
-    assert not snapshot_rows(snapshot, by_shape=True).complete  # the CSV has no by-shape version
+    assert not snapshot_rows(snapshot, by_shape=True).complete  # no table_by_shape.csv yet
+    (tmp_path / "table_by_shape.csv").write_text(
+        "name,input_shapes,calls,self_cpu_us,cpu_total_us,self_device_us,device_total_us,self_cpu_memory_bytes,self_device_memory_bytes\n"
+        'aten::mm,"[[8, 16], [16, 32]]",3,9.5,12,0,0,0,0\n'
+    )
+    by_shape = snapshot_rows(snapshot, by_shape=True)
+    assert by_shape.complete and by_shape.rows[0]["input_shapes"] == "[[8, 16], [16, 32]]"
+    assert by_shape.note == "all 1 op/shape pairs (table_by_shape.csv)"
