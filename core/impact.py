@@ -42,9 +42,10 @@ class Segment:
     _sxx: float = 0.0
     _sxy: float = 0.0
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: dict[str, Any], timed: bool = True) -> None:
+        """One report; ``timed=False`` keeps its step time out of the medians (a profiled step)."""
         self.last_step = record["step"]
-        if record["step"] - self.first_step >= WARMUP_STEPS or not self.step_times:
+        if timed and (record["step"] - self.first_step >= WARMUP_STEPS or not self.step_times):
             self.step_times.append(record["step_time_s"])
             self.throughputs.append(record["samples_per_s"])
         loss = record.get("loss")
@@ -83,6 +84,9 @@ class ImpactTracker(TrainerObserver):
     def __init__(self, path: Path | None = None) -> None:
         self.path = path
         self.segments: list[Segment] = []
+        # From a profile's start until its tables are built, steps run under the profiler (and beside
+        # the table build): their times say what profiling costs, not what the options do.
+        self._profiling = False
 
     def on_metrics(self, record: dict[str, Any]) -> None:
         options = {key: record.get(key) for key in OPTION_KEYS}
@@ -92,7 +96,7 @@ class ImpactTracker(TrainerObserver):
             self.segments.append(Segment(options=options, change=change, first_step=record["step"]))
             if current is not None:
                 self.write()
-        self.segments[-1].add(record)
+        self.segments[-1].add(record, timed=not self._profiling)
 
     def on_telemetry(self, sample: dict[str, Any]) -> None:
         if not self.segments:
@@ -106,7 +110,12 @@ class ImpactTracker(TrainerObserver):
             segment.peak_rss_bytes = max(segment.peak_rss_bytes or 0, rss)
 
     def on_event(self, record: dict[str, Any]) -> None:
-        if record["event"] == "run_ended":
+        event = record["event"]
+        if event == "profile_started":
+            self._profiling = True
+        elif event == "profile":
+            self._profiling = False
+        elif event == "run_ended":
             self.write()
 
     def table(self) -> list[dict[str, Any]]:

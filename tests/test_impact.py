@@ -48,3 +48,17 @@ def test_segments_appear_in_the_run_directory_after_an_at_change(tmp_path):
     assert [(row["change"], row["first_step"], row["last_step"]) for row in table] == [
         ("start", 1, 4), ("clip=0.5", 5, 8), ("accum=2", 9, 12)]
     assert table[2]["speedup"] is not None and table[2]["median_samples_per_s"] > 0
+
+
+def test_profiled_steps_stay_out_of_the_medians():
+    tracker = ImpactTracker()
+    for step in range(1, 5):
+        tracker.on_metrics(record(step, 0.10, 1.0))
+    tracker.on_event({"event": "profile_started", "step": 5})
+    for step in range(5, 13):  # under the profiler, then beside the table build: 10x slower, most of the segment
+        tracker.on_metrics(record(step, 1.0, 1.0))
+    tracker.on_event({"event": "profile", "step": 12})
+    for step in range(13, 15):
+        tracker.on_metrics(record(step, 0.10, 1.0))
+    [segment] = tracker.table()
+    assert segment["median_step_time_s"] == pytest.approx(0.10) and segment["last_step"] == 14
