@@ -108,6 +108,7 @@ class Supervisor:
             self.explicit_options.add("world_size")
         else:
             self.world_size = initial_world_size(config, resume_from, self.explicit_options)
+            self.config = _with_world_size(config, self.world_size)
 
     # ------------------------------------------------------------------ the Trainer's API
     def submit(self, command: Command) -> None:

@@ -1,0 +1,139 @@
+"""Data-parallel scaling on the CPU, and what keeping the ranks in step costs.
+
+    .venv/bin/python -m benchmarks.ddp_scaling                        # tiny_gpt and mlp, 60 steps each
+    .venv/bin/python -m benchmarks.ddp_scaling --workloads mlp --steps 200
+
+1. Scaling: the same run (same global batch, so each of 2 ranks computes half of it) at world size 1
+   (in-process) and 2 (two rank processes under the elastic launcher, gloo), through the real headless
+   entry point, alternating 1 and 2 for ``--rounds`` rounds. Per run: the median step time after a
+   warm-up; per size: the median over rounds (and the range). Also the time from start to the first
+   step (rank processes import torch and meet at the rendezvous).
+2. The per-step collectives between 2 ranks, timed in the ranks themselves over many calls: the step
+   boundary's command packet (``Collectives.share``, one broadcast of a 1 KiB uint8 tensor), the same
+   payload through ``broadcast_object_list`` (pickle, two collectives) for comparison, the global mean
+   loss (``all_reduce`` of one float) and the per-rank figures of a report (``all_gather`` of 6 floats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+WARMUP_STEPS = 10
+
+
+def scaling(workload: str, world_size: int, steps: int) -> dict[str, float]:
+    from torchlab.core.cli import main
+
+    with tempfile.TemporaryDirectory() as directory:
+        run = Path(directory) / "run"
+        started = time.time()
+        code = main([workload, "--headless", "--run-dir", str(run), "--world-size", str(world_size), "--steps", str(steps),
+                     "--telemetry-interval", "0", "--checkpoint-every", "0", "--eval-every", "0", "--schedule", "constant"])
+        assert code == 0, f"{workload} at world size {world_size} exited {code}"
+        metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        first = metrics[0]["time"] - metrics[0]["step_time_s"]
+    times = [record["step_time_s"] for record in metrics[WARMUP_STEPS:]]
+    step = statistics.median(times)
+    return {
+        "step_ms": 1000 * step,
+        "steps_per_s": 1 / step,
+        "samples_per_s": statistics.median(record["samples_per_s"] for record in metrics[WARMUP_STEPS:]),
+        "start_s": first - started,
+        "batch": metrics[0]["samples_per_s"] * metrics[0]["step_time_s"],
+    }
+
+
+def _time_collectives(calls: int) -> dict[str, float]:
+    """Runs in each rank (started by the elastic launcher): microseconds per call of each collective."""
+    import torch
+    import torch.distributed as dist
+
+    from torchlab.core.distributed import Collectives, open_process_group, rank_from_environment
+    from torchlab.core.trainer import SetOption, command_to_json
+
+    context = rank_from_environment(supervised=True)
+    device = torch.device("cpu")
+    open_process_group(context, device)
+    collectives = Collectives(context, device)
+    payload = {"probe": True, "more": False, "commands": [command_to_json(SetOption("clip", 0.5, "app"))]}
+    empty = {"probe": False, "more": False, "commands": []}
+
+    def timed(function) -> float:
+        for _ in range(20):
+            function()
+        dist.barrier()
+        started = time.perf_counter()
+        for _ in range(calls):
+            function()
+        return 1e6 * (time.perf_counter() - started) / calls
+
+    def object_broadcast():
+        box = [json.dumps(payload)] if context.rank == 0 else [None]
+        dist.broadcast_object_list(box, src=0)
+
+    loss = torch.tensor(0.5)
+    results = {
+        "share, empty boundary": timed(lambda: collectives.share(empty if context.rank == 0 else None)),
+        "share, one command": timed(lambda: collectives.share(payload if context.rank == 0 else None)),
+        "broadcast_object_list, same payload": timed(object_broadcast),
+        "mean loss (all_reduce)": timed(lambda: collectives.mean_loss(loss)),
+        "per-rank figures (all_gather)": timed(lambda: collectives.gather_figures(0.1, 0.01)),
+    }
+    dist.destroy_process_group()
+    return results
+
+
+def collective_costs(calls: int) -> dict[str, float]:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    with tempfile.TemporaryDirectory() as logs:
+        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=uuid.uuid4().hex, rdzv_backend="c10d",
+                              rdzv_endpoint="localhost:0", max_restarts=0, logs_specs=DefaultLogsSpecs(log_dir=logs))
+        per_rank = elastic_launch(config, _time_collectives)(calls)
+    return per_rank[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", nargs="+", default=["tiny_gpt", "mlp"])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    import torch
+
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+          f"load average {os.getloadavg()[0]:.1f} at start")
+    rows = []
+    for workload in args.workloads:
+        runs: dict[int, list[dict[str, float]]] = {1: [], 2: []}
+        for round_ in range(args.rounds):
+            for size in ((1, 2) if round_ % 2 == 0 else (2, 1)):
+                runs[size].append(scaling(workload, size, args.steps))
+        base = statistics.median(run["samples_per_s"] for run in runs[1])
+        for size, results in runs.items():
+            step = [run["step_ms"] for run in results]
+            rows.append(f"| {workload} (batch {results[0]['batch']:.0f}) | {size} | {statistics.median(step):.1f} "
+                        f"({min(step):.1f}–{max(step):.1f}) | {1000 / statistics.median(step):.2f} | "
+                        f"{statistics.median(run['samples_per_s'] for run in results):,.0f} | "
+                        f"{statistics.median(run['samples_per_s'] for run in results) / base:.2f}x | "
+                        f"{statistics.median(run['start_s'] for run in results):.1f} s |")
+    print(f"\n| workload | world size | step ms, median (range) over {args.rounds} runs | steps/s | samples/s | vs 1 | start to first step |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    print(f"\nCollectives between 2 CPU ranks (gloo), microseconds per call, rank 0, {args.calls} calls each:")
+    for name, micros in collective_costs(args.calls).items():
+        print(f"  {name:40s} {micros:8.1f} us")
+
+
+if __name__ == "__main__":
+    main()
