@@ -1,7 +1,8 @@
 """Checkpoints written atomically, loaded without unpickling code, and the RNG state they carry.
 
 A checkpoint is written to a temporary file in the same directory, fsynced, and renamed over its
-final name, so a crash mid-write leaves the previous checkpoint intact. ``last.pt`` is a hard link to
+final name, so a crash mid-write (``kill -9``, a full disk) leaves the previous checkpoint intact; a
+failed write removes its temporary file, and one left by a killed process is removed by the next save. ``last.pt`` is a hard link to
 the newest one, replaced atomically the same way. Loading uses ``weights_only=True``: a checkpoint
 holds tensors and plain values, never objects that run code when read.
 """
@@ -16,10 +17,11 @@ from typing import Any
 
 import torch
 
-from torchlab.core.errors import ConfigError
+from torchlab.core.errors import ConfigError, StorageError
 
 FORMAT_VERSION = 1
 _STEP_FILE = re.compile(r"^step-(\d{7,})\.pt$")
+_TEMPORARY = re.compile(r"^\.(?:step-\d{7,}|last)\.pt\.tmp-(\d+)$")
 
 
 def step_file_name(step: int) -> str:
@@ -31,10 +33,18 @@ def save_checkpoint(directory: Path, step: int, state: dict[str, Any], keep: int
     directory = Path(directory)
     path = directory / step_file_name(step)
     temporary = directory / f".{path.name}.tmp-{os.getpid()}"
-    with open(temporary, "wb") as handle:
-        torch.save({"format": FORMAT_VERSION, **state}, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
+    _remove_abandoned_temporaries(directory)
+    try:
+        with open(temporary, "wb") as handle:
+            torch.save({"format": FORMAT_VERSION, **state}, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        raise StorageError(
+            f"could not write the checkpoint of step {step} in {directory}: {error.strerror or error}. "
+            f"{_what_is_intact(directory)}"
+        ) from error
     os.replace(temporary, path)
     link = directory / f".last.pt.tmp-{os.getpid()}"
     if link.exists():
@@ -96,6 +106,33 @@ def _as_tuples(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return tuple(_as_tuples(item) for item in value)
     return value
+
+
+def _what_is_intact(directory: Path) -> str:
+    last = directory / "last.pt"
+    if not last.exists():
+        return "No earlier checkpoint of this run exists."
+    newest = max((p for p in directory.iterdir() if _STEP_FILE.match(p.name)), default=None)
+    name = newest.name if newest is not None and os.path.samefile(newest, last) else "last.pt"
+    return f"The previous checkpoint ({name}, which last.pt points at) is intact: free space, then resume from it."
+
+
+def _remove_abandoned_temporaries(directory: Path) -> None:
+    """Temporary files of writers that no longer run (killed mid-write); never another live writer's."""
+    for candidate in directory.iterdir():
+        match = _TEMPORARY.match(candidate.name)
+        if match and not _process_exists(int(match.group(1))):
+            candidate.unlink(missing_ok=True)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _prune(directory: Path, keep: int) -> None:

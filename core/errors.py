@@ -20,6 +20,11 @@ class WorkloadError(TorchlabError):
     """The workload cannot be loaded or cannot train; the message names the file and line at fault."""
 
 
+class StorageError(TorchlabError):
+    """A file of the run could not be written (disk full, no permission); the message says which and
+    what is still intact."""
+
+
 class NonFiniteError(TorchlabError):
     """Training produced NaN/Inf; carries the report that localises it."""
 

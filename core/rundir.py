@@ -13,9 +13,10 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from torchlab.core import strict_json
+from torchlab.core.errors import StorageError
 from torchlab.core.observer import TrainerObserver
 
 
@@ -35,13 +36,11 @@ class RunDirectory(TrainerObserver):
         (self.path / "config.toml").write_text(toml_text, encoding="utf-8")
 
     def on_metrics(self, record: dict[str, Any]) -> None:
-        self._metrics.write(to_json_line(record))
-        self._metrics.flush()
+        self._write(self._metrics, record)
 
     def on_event(self, record: dict[str, Any]) -> None:
         with self._events_lock:  # profile reports arrive from the profiler's background thread
-            self._events.write(to_json_line(record))
-            self._events.flush()
+            self._write(self._events, record)
 
     def record_error(self, message: str, *, step: int = 0, traceback: str = "") -> None:
         """An error from before the trainer could report it itself (a workload that cannot be built)."""
@@ -50,15 +49,29 @@ class RunDirectory(TrainerObserver):
     def on_telemetry(self, sample: dict[str, Any]) -> None:
         with self._system_lock:
             if not self._system.closed:
-                self._system.write(to_json_line(sample))
-                self._system.flush()
+                try:
+                    self._write(self._system, sample)
+                except StorageError:  # the sampler's thread: the next metrics or event write reports it
+                    self._system.close()
+
+    def _write(self, handle: TextIO, record: dict[str, Any]) -> None:
+        """One JSON line, flushed; a failure (disk full) becomes a StorageError naming the file."""
+        try:
+            handle.write(to_json_line(record))
+            handle.flush()
+        except OSError as error:
+            raise StorageError(
+                f"could not write {Path(handle.name).name} in {self.path}: {error.strerror or error}. "
+                "The lines before it and the checkpoints are intact."
+            ) from error
 
     def close(self) -> None:
-        self._metrics.close()
-        with self._events_lock:
-            self._events.close()
-        with self._system_lock:
-            self._system.close()
+        with self._events_lock, self._system_lock:
+            for handle in (self._metrics, self._events, self._system):
+                try:
+                    handle.close()
+                except OSError:  # what it could not flush was already reported by the write that failed
+                    pass
 
 
 def to_json_line(record: dict[str, Any]) -> str:

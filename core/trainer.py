@@ -46,7 +46,7 @@ from torchlab.core.distributed import (
     seed_rank,
     wrap_model,
 )
-from torchlab.core.errors import ConfigError, NonFiniteError, WorkloadError
+from torchlab.core.errors import ConfigError, NonFiniteError, StorageError, WorkloadError
 from torchlab.core.loading import describe_code, user_frame
 from torchlab.core.nonfinite import localise_nonfinite
 from torchlab.core.observer import TrainerObserver
@@ -310,12 +310,16 @@ class Trainer:
         except Exception as error:
             if self.ranks is not None and self.ranks.supervised:
                 raise  # the supervisor reports it with the rank it happened on (and stops the other ranks)
-            message = f"{type(error).__name__}: {error}"
-            self._emit_event("error", step=self.step + 1, message=message, traceback=traceback.format_exc())
-            if self.step > 0 and self._last_checkpoint_step != self.step and self.ranks is None:
-                # The last completed step is intact. Not with ranks: the others may be gone, and a
-                # checkpoint takes every rank (their RNG states); the last one written stays as it was.
-                self._save_checkpoint(reason="error")
+            message = str(error) if isinstance(error, StorageError) else f"{type(error).__name__}: {error}"
+            try:
+                self._emit_event("error", step=self.step + 1, message=message, traceback=traceback.format_exc())
+                if self.step > 0 and self._last_checkpoint_step != self.step and self.ranks is None:
+                    # The last completed step is intact. Not with ranks: the others may be gone, and a
+                    # checkpoint takes every rank (their RNG states); the last one written stays as it was.
+                    self._save_checkpoint(reason="error")
+            except StorageError as storage:  # the disk that failed may fail again; the app still got the error
+                if str(storage) != message:
+                    message = f"{message} (then: {storage})"
             return RunOutcome("failed", self.step, message)
         if self._relaunch is not None:
             self._save_checkpoint(reason="world_size")  # always: the options changed since any earlier one
@@ -805,9 +809,16 @@ class Trainer:
             observer.on_telemetry(sample)
 
     def _emit_event(self, event: str, *, step: int, **fields: Any) -> None:
+        """To every observer, even when one cannot write (a full disk must not keep the app uninformed)."""
         record = {"event": event, "step": step, "time": time.time(), **fields}
+        failure: StorageError | None = None
         for observer in self.observers:
-            observer.on_event(record)
+            try:
+                observer.on_event(record)
+            except StorageError as error:
+                failure = failure or error
+        if failure is not None:
+            raise failure
 
 
 def _make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:

@@ -8,6 +8,7 @@ import torch
 from torchlab.core.observer import TrainerObserver
 from conftest import make_trainer
 from torchlab.core.checkpoint import load_checkpoint, save_checkpoint
+from torchlab.core.errors import StorageError
 from torchlab.core.errors import ConfigError
 from torchlab.core.trainer import Stop
 
@@ -58,7 +59,7 @@ def test_checkpoint_write_is_atomic_when_interrupted(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch, "save", failing_save)
-    with pytest.raises(OSError):
+    with pytest.raises(StorageError, match="No space left on device"):
         save_checkpoint(tmp_path, 2, {"weights": torch.zeros(3)}, keep=3)
     monkeypatch.undo()
     assert not (tmp_path / "step-0000002.pt").exists()

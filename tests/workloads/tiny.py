@@ -177,3 +177,20 @@ def rank_1_raises_at_step_4() -> Workload:
 
 def rank_1_killed_at_step_4() -> Workload:
     return Workload(model=TinyNet(extra=FailsOnRank(1, calls=3, how="kill")), dataset=_regression_data(), loss_fn=mse_loss, batch_size=16)
+
+
+class _HookThatFailsOnItsThirdCall:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, module: nn.Module, inputs, output) -> None:
+        self.calls += 1
+        if self.calls == 3:
+            raise ValueError("the user's forward hook failed on purpose")
+
+
+def forward_hook_raises() -> Workload:
+    """A model with the user's own forward hook, which raises in step 3: reported with its traceback."""
+    built = workload()
+    built.model.body[0].register_forward_hook(_HookThatFailsOnItsThirdCall())
+    return built

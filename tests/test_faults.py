@@ -1,0 +1,130 @@
+"""Faults the engine survives: a full disk, a kill -9 mid-checkpoint, a user's hook that raises.
+
+A full disk is real here, not a mock: a path that is a symlink to /dev/full fails every write with
+ENOSPC, exactly as a full filesystem does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import TINY, make_trainer
+from torchlab.core.checkpoint import load_checkpoint, save_checkpoint
+from torchlab.core.cli import EXIT_FAILED, main
+from torchlab.core.errors import StorageError
+
+WORKLOADS = Path(__file__).parent / "workloads" / "tiny.py"
+
+pytestmark = pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full to make a disk that is full")
+
+
+def _full_disk_at(path: Path) -> None:
+    path.symlink_to("/dev/full")
+
+
+def test_a_full_disk_during_a_checkpoint_is_a_clear_error_and_the_previous_one_loads(tmp_path):
+    save_checkpoint(tmp_path, 1, {"weights": torch.ones(3)}, keep=3)
+    _full_disk_at(tmp_path / f".step-0000002.pt.tmp-{os.getpid()}")
+    with pytest.raises(StorageError) as raised:
+        save_checkpoint(tmp_path, 2, {"weights": torch.zeros(3)}, keep=3)
+    message = str(raised.value)
+    assert "checkpoint of step 2" in message and "No space left on device" in message
+    assert "step-0000001.pt" in message and "intact" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step-0000001.pt"]  # no temporary left behind
+    assert torch.equal(load_checkpoint(tmp_path / "last.pt")["weights"], torch.ones(3))
+
+
+def test_a_full_disk_mid_run_fails_the_run_with_that_message_and_keeps_the_last_checkpoint(tmp_path):
+    trainer, seen = make_trainer(steps=6, checkpoint_dir=tmp_path, checkpoint_every=2, telemetry_interval=0)
+    _full_disk_at(tmp_path / f".step-0000004.pt.tmp-{os.getpid()}")
+    outcome = trainer.run()
+    assert outcome.status == "failed" and outcome.step == 4
+    assert "could not write the checkpoint of step 4" in outcome.message and "step-0000002.pt" in outcome.message
+    [error] = seen.of("error")
+    assert error["message"] == outcome.message  # the app hears it even though the disk cannot record it
+    assert load_checkpoint(tmp_path / "last.pt")["step"] == 2
+
+
+def test_a_full_disk_for_the_metrics_stops_the_run_with_a_clear_message(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    _full_disk_at(run / "metrics.jsonl")
+    code = main([TINY, "--headless", "--steps", "5", "--run-dir", str(run), "--telemetry-interval", "0"])
+    assert code == EXIT_FAILED
+    output = capsys.readouterr()
+    assert "could not write metrics.jsonl" in output.out + output.err
+    assert "No space left on device" in output.out + output.err
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] in ("error", "checkpoint", "run_ended")
+    assert any(e["event"] == "error" and "metrics.jsonl" in e["message"] for e in events)
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] == 1  # the step that completed is kept
+
+
+KILLED_MID_WRITE = textwrap.dedent("""
+    import sys, torch
+    from pathlib import Path
+    from torchlab.core.checkpoint import save_checkpoint
+
+    directory = Path(sys.argv[1])
+    save_checkpoint(directory, 1, {"weights": torch.ones(1000)}, keep=3)
+    real_save = torch.save
+
+    def half_then_wait(obj, handle):
+        handle.write(b"half of a checkpoint")
+        handle.flush()
+        print("mid-write", flush=True)
+        sys.stdin.read()  # until killed
+
+    torch.save = half_then_wait
+    save_checkpoint(directory, 2, {"weights": torch.zeros(1000)}, keep=3)
+""")
+
+
+def test_kill_9_during_a_checkpoint_write_leaves_the_previous_checkpoint_loadable(tmp_path):
+    writer = subprocess.Popen(
+        [sys.executable, "-c", KILLED_MID_WRITE, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert writer.stdout.readline().strip() == "mid-write"
+        writer.send_signal(signal.SIGKILL)
+        assert writer.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+    abandoned = tmp_path / f".step-0000002.pt.tmp-{writer.pid}"
+    assert abandoned.exists() and not (tmp_path / "step-0000002.pt").exists()
+    assert torch.equal(load_checkpoint(tmp_path / "last.pt")["weights"], torch.ones(1000))
+    assert torch.equal(load_checkpoint(tmp_path)["weights"], torch.ones(1000))
+    save_checkpoint(tmp_path, 3, {"weights": torch.full((1000,), 3.0)}, keep=3)  # the next save tidies up
+    assert not abandoned.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step-0000001.pt", "step-0000003.pt"]
+
+
+def test_a_live_writers_temporary_file_is_left_alone(tmp_path):
+    other = tmp_path / f".step-0000009.pt.tmp-{os.getppid()}"  # the test runner's parent: alive
+    other.write_bytes(b"being written")
+    save_checkpoint(tmp_path, 1, {"step": 1}, keep=3)
+    assert other.exists()
+
+
+def test_an_exception_in_a_users_forward_hook_is_reported_with_its_traceback(tmp_path, capsys):
+    run = tmp_path / "run"
+    code = main([f"{WORKLOADS}:forward_hook_raises", "--headless", "--steps", "3", "--run-dir", str(run), "--telemetry-interval", "0"])
+    assert code == EXIT_FAILED
+    output = capsys.readouterr()
+    assert "the user's forward hook failed on purpose" in output.out + output.err
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    [error] = [event for event in events if event["event"] == "error"]
+    assert error["message"] == "ValueError: the user's forward hook failed on purpose"
+    assert "in __call__" in error["traceback"] and "tiny.py" in error["traceback"]
+    assert error["step"] == 3 and load_checkpoint(run / "checkpoints" / "last.pt")["step"] == 2
+    assert events[-1]["event"] == "checkpoint" and events[-1]["reason"] == "error"  # step 2, kept
