@@ -148,6 +148,10 @@ def load_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"--config {path}: no such file.") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"--config {path}: not valid TOML: {error}.") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"--config {path}: not UTF-8 text (byte {error.start}); a TOML file must be UTF-8.") from None
+    except OSError as error:  # a directory, no permission
+        raise ConfigError(f"--config {path}: cannot be read: {error.strerror or error}.") from None
     return _settings_from_mapping(data, source=str(path))
 
 
