@@ -232,9 +232,10 @@ class Supervisor:
                 failure.append(error)
 
         os.environ[TOKEN_VARIABLE] = channel.token  # children inherit it; it never appears on a command line
-        # The launcher warns that, off the main thread, it cannot forward signals to its workers: ours
-        # need none (they die with this process, and stop on a command), so only its errors are shown.
-        logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.ERROR)
+        # The launcher warns that, off the main thread, it cannot forward signals to its workers (ours
+        # need none: they die with this process, and stop on a command), and logs each rank's failure,
+        # which the supervisor reports itself, with the rank that caused it.
+        logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
         sampler = None
         if config.telemetry_interval > 0:
             sampler = TelemetrySampler(torch.device("cpu"), self._relay.on_telemetry, lambda: self.step, config.telemetry_interval)
