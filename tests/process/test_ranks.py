@@ -229,3 +229,33 @@ class connect:
         if not line:
             raise AssertionError("the worker closed the connection")
         return p.decode(line)
+
+
+@pytest.mark.gpu
+def test_nccl_through_the_launcher_on_one_gpu(tmp_path):
+    """torchrun with one process is still a rank: an nccl process group, DDP, and the per-step collectives."""
+    run = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+         "-m", "torchlab.core.cli", f"{TINY}:workload", "--headless", "--device", "cuda", "--steps", "6",
+         "--run-dir", str(run), "--at", "3:amp=fp16", "--at", "4:checkpointing=on", "--at", "5:world_size=2"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == EXIT_OK, done.stderr[-3000:]
+    metrics, events = read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "events.jsonl")
+    [started] = [e for e in events if e["event"] == "run_started"]
+    assert started["ranks"][0]["device"] == "cuda:0" and started["world_size"] == 1
+    assert [m["step"] for m in metrics] == list(range(1, 7)) and metrics[2]["amp"] == "fp16"
+    assert metrics[0]["ranks"][0]["allocated_bytes"] > 0
+    [refusal] = [e for e in events if e["event"] == "option_refused"]
+    assert "fixed by the launcher" in refusal["reason"]
+
+
+@pytest.mark.gpu
+def test_more_ranks_than_gpus_are_refused():
+    from torchlab.core.distributed import check_world_size
+    from torchlab.core.options import OptionRefused
+
+    gpus = torch.cuda.device_count()
+    with pytest.raises(OptionRefused, match=f"{gpus + 1} ranks need {gpus + 1} GPUs, one each; this machine has {gpus}"):
+        check_world_size(gpus + 1, device=torch.device("cuda"), batch_size=16 * (gpus + 1))
