@@ -193,6 +193,8 @@ class Supervisor:
                 self._pending = trainer.pending_commands() + self._pending
             del trainer
             gc.collect()  # the model and optimizer of this size go before the next size loads its own
+            if torch.cuda.is_initialized():
+                torch.cuda.empty_cache()  # and their cached GPU memory, which rank 0 will want on this GPU
 
     def _run_ranks(self, config: TrainConfig, resume: Path | None, explicit: set[str]) -> RunOutcome:
         from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
