@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from torchlab.core.errors import ConfigError, StorageError
+from torchlab.core.runtime import process_running
 
 FORMAT_VERSION = 1
 _STEP_FILE = re.compile(r"^step-(\d{7,})\.pt$")
@@ -121,18 +122,8 @@ def _remove_abandoned_temporaries(directory: Path) -> None:
     """Temporary files of writers that no longer run (killed mid-write); never another live writer's."""
     for candidate in directory.iterdir():
         match = _TEMPORARY.match(candidate.name)
-        if match and not _process_exists(int(match.group(1))):
+        if match and not process_running(int(match.group(1))):
             candidate.unlink(missing_ok=True)
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _prune(directory: Path, keep: int) -> None:

@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="torchlab-tui",
         description="A terminal workbench for PyTorch training: change a run while it trains, and see the effect.",
-        epilog="Live options can also be scripted: --at 50:amp=bf16 --at 120:clip=1.0 (repeatable).",
+        epilog="Live options can also be scripted: --at 50:amp=bf16 --at 120:clip=1.0 (repeatable). "
+        "A run detached with d (or by a hang-up) trains on: `torchlab-tui attach [RUN]` lists runs and reconnects.",
     )
     parser.add_argument(
         "workload", nargs="?", default=None,
@@ -102,6 +103,11 @@ def resolve_config(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["attach"]:
+        from torchlab.core.attach import main as attach
+
+        return attach(arguments[1:])
     args = build_parser().parse_args(argv)
     try:
         config, explicit_options = resolve_config(args)
@@ -132,8 +138,12 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
 
     check_spec(config.workload)  # a missing file is said here, before the screen changes
     run_dir = choose_run_dir(args.run_dir, args.resume, args.runs_root, workload_label(config.workload))
-    app = make_app(lambda: ProcessLink(run_dir, argv), workload=config.workload)
+    links: list[ProcessLink] = []
+    app = make_app(lambda: links.append(ProcessLink(run_dir, argv)) or links[-1], workload=config.workload)
     app.run()
+    if app.run_state.detached and links and links[-1].endpoint_name:
+        name = links[-1].endpoint_name
+        print(f"Detached: the trainer keeps training. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
     print(f"Run directory: {run_dir}", file=sys.stderr)
     return app.return_code or EXIT_OK
 

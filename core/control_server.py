@@ -39,8 +39,8 @@ class ControlServer:
 
     ``welcome`` is called for each authenticated client and blocks until the run can describe itself
     (the trainer is built); ``on_command`` receives every later command, detach included (the
-    worker decides whether to accept it); ``on_client_gone()`` is called when the controlling client
-    leaves, whichever way.
+    worker decides whether to accept it); ``on_client_attached()`` once a client is welcomed and
+    ``on_client_gone()`` when the controlling client leaves, whichever way.
     """
 
     def __init__(
@@ -52,6 +52,7 @@ class ControlServer:
         welcome: Callable[[], Welcome | None],
         on_command: Callable[[Message], None],
         on_client_gone: Callable[[], None],
+        on_client_attached: Callable[[], None] = lambda: None,
     ) -> None:
         self.socket_path = Path(socket_path)
         self._token = token
@@ -59,6 +60,7 @@ class ControlServer:
         self._welcome = welcome
         self._on_command = on_command
         self._on_client_gone = on_client_gone
+        self._on_client_attached = on_client_attached
         self._controller: socket.socket | None = None
         self._controller_lock = threading.Lock()
         self._closed = threading.Event()
@@ -145,6 +147,7 @@ class ControlServer:
             sender.start()
             self._senders.append(sender)
             self._first_client_served.set()
+            self._on_client_attached()
             connection.settimeout(None)
             self._read_commands(connection, reader)
         except OSError:

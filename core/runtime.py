@@ -3,15 +3,23 @@
 Standard library only (the app uses it too). ``$XDG_RUNTIME_DIR/torchlab`` when that is set, else
 ``/tmp/torchlab-<uid>``. An existing directory is used only if it is a real directory (not a
 symlink), owned by this user, with mode 0700; anything else is refused rather than trusted.
+
+Each run has ``<name>.sock``, ``<name>.token`` and ``<name>.json``: what ``torchlab-tui attach``
+lists (workload, run directory, step, state, since when, whether an app is attached). The trainer
+rewrites the JSON as the run goes; a detached run that ends leaves it behind with its final state,
+so ``attach`` can say the run finished and where its directory is.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 class RuntimeDirError(OSError):
@@ -52,12 +60,102 @@ class Endpoint:
             handle.write(secrets.token_hex(32))
         return endpoint
 
+    @property
+    def name(self) -> str:
+        return self.socket_path.stem
+
+    @property
+    def info_path(self) -> Path:
+        return self.socket_path.with_suffix(".json")
+
     def read_token(self) -> str:
         return self.token_path.read_text().strip()
 
-    def remove(self) -> None:
-        for path in (self.socket_path, self.token_path):
+    def write_info(self, info: dict[str, Any]) -> None:
+        """Replace ``<name>.json`` atomically (0600): a reader sees the old or the new version, whole."""
+        temporary = self.info_path.with_suffix(f".json.tmp-{os.getpid()}")
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            json.dump({**info, "name": self.name, "updated": time.time()}, handle)
+        os.replace(temporary, self.info_path)
+
+    def remove(self, *, keep_info: bool = False) -> None:
+        for path in (self.socket_path, self.token_path) if keep_info else (self.socket_path, self.token_path, self.info_path):
             try:
                 path.unlink()
             except FileNotFoundError:
                 pass
+
+
+#: Run states after which a trainer is gone for good.
+FINAL_STATES = ("finished", "stopped", "failed")
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    """One run in the runtime directory, as ``attach`` lists it."""
+
+    endpoint: Endpoint
+    info: dict[str, Any]
+
+    @property
+    def state(self) -> str:
+        """The trainer's last word, or "gone" when its process died without one (kill -9)."""
+        state = str(self.info.get("state", "?"))
+        if state not in FINAL_STATES and not process_running(self.info.get("pid")):
+            return "gone"
+        return state
+
+    @property
+    def live(self) -> bool:
+        return self.state not in (*FINAL_STATES, "gone") and self.endpoint.socket_path.exists()
+
+
+def list_runs() -> list[RunEntry]:
+    """Every run this user has in the runtime directory, oldest first (unreadable entries are skipped)."""
+    entries = []
+    for info_path in runtime_dir().glob("*.json"):
+        try:
+            info = json.loads(info_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(info, dict):
+            continue
+        stem = info_path.with_suffix("")
+        entries.append(RunEntry(Endpoint(stem.with_suffix(".sock"), stem.with_suffix(".token")), info))
+    return sorted(entries, key=lambda entry: float(entry.info.get("started") or 0))
+
+
+def find_run(selector: str) -> RunEntry:
+    """The run named ``selector`` (or a unique prefix of its name), or whose run directory it is."""
+    entries = list_runs()
+    exact = [e for e in entries if e.endpoint.name == selector or _same_path(e.info.get("run_dir"), selector)]
+    matches = exact or [e for e in entries if e.endpoint.name.startswith(selector)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise LookupError(f"no run named {selector!r}; `torchlab-tui attach` lists them")
+    raise LookupError(f"{selector!r} matches {len(matches)} runs ({', '.join(e.endpoint.name for e in matches)}); give more of the name")
+
+
+def _same_path(run_dir: Any, selector: str) -> bool:
+    try:
+        return isinstance(run_dir, str) and Path(run_dir).resolve() == Path(selector).resolve()
+    except OSError:
+        return False
+
+
+def process_running(pid: Any) -> bool:
+    """Whether ``pid`` runs (a zombie, finished but not yet reaped by its parent, does not)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True

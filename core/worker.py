@@ -6,7 +6,9 @@ app connects while torch and the workload load, then trains and reports through 
 
 It never outlives its app by accident: when the app goes away without detaching (quit, crash,
 ``kill -9``: the parent-death signal, a ``getppid`` poll, or the socket closing, whichever comes
-first), the trainer stops at the next step boundary, writes a final checkpoint and exits.
+first), the trainer stops at the next step boundary, writes a final checkpoint and exits. After a
+detach (the app's ``d``, or its hang-up) it trains on alone and waits for ``torchlab-tui attach``;
+the run's entry in the runtime directory (core/runtime.py) says where it is and how far it got.
 
 This process is the run's supervisor (core/ranks.py): at world size 1 it trains itself; above that it
 starts the ranks and relays rank 0's reports, and it stays the app's one endpoint across world-size
@@ -24,6 +26,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +37,14 @@ from torchlab.core.errors import TorchlabError
 from torchlab.core.impact import ImpactTracker
 from torchlab.core.observer import TrainerObserver
 from torchlab.core.outbox import Outbox
+from torchlab.core.runtime import Endpoint
 
 PR_SET_PDEATHSIG = 1
+#: The parent-death signal: its own signal, so that a detached trainer can ignore it while a plain
+#: SIGTERM (someone's ``kill``) still stops it.
+PARENT_DEATH_SIGNAL = signal.SIGUSR2
 PARENT_POLL_S = 0.5
+REGISTRY_INTERVAL_S = 2.0
 FIRST_CLIENT_GRACE_S = 10.0
 IMPACT_INTERVAL_S = 1.0
 
@@ -125,9 +133,13 @@ class OutboxReporter(TrainerObserver):
 class Worker:
     """Owns the trainer, the control server, and the rules for when to stop."""
 
-    def __init__(self, run_dir: Path, socket_path: Path, token: str, training_args: list[str]) -> None:
+    def __init__(self, run_dir: Path, endpoint: Endpoint, token: str, training_args: list[str]) -> None:
         self.run_dir = run_dir
+        self.endpoint = endpoint
         self.training_args = training_args
+        #: after a detach, the app going away does not stop the run (until another app attaches)
+        self.detached = False
+        self.attached = False
         self.outbox = Outbox()
         self.reporter = OutboxReporter(self.outbox, on_run_started=self._on_run_started)
         self.trainer = None  # the run's Supervisor, once built: the Trainer's API, whatever the world size
@@ -137,8 +149,9 @@ class Worker:
         self._parent = os.getppid()
         self._started = time.time()
         self.server = ControlServer(
-            socket_path, token, self.outbox,
-            welcome=self._wait_for_welcome, on_command=self._on_command, on_client_gone=self._on_client_gone,
+            endpoint.socket_path, token, self.outbox,
+            welcome=self._wait_for_welcome, on_command=self._on_command,
+            on_client_gone=self._on_client_gone, on_client_attached=self._on_client_attached,
         )
         self.reporter.set_state("starting", 0)
 
@@ -227,8 +240,16 @@ class Worker:
 
     # ------------------------------------------------------------------ control
     def _wait_for_welcome(self) -> p.Welcome | None:
+        """The run described as it is now (an app attaching later sees the current state and options)."""
         self._ready.wait()
-        return self._welcome
+        welcome = self._welcome
+        if welcome is None or self.trainer is None:
+            return welcome
+        options = getattr(self.trainer, "options", None)
+        return replace(
+            welcome, state=self.reporter.state, step=self.reporter.step,
+            options=options.as_dict() if options is not None else welcome.options,
+        )
 
     def _on_command(self, command: p.Message) -> None:
         from torchlab.core import trainer as t
@@ -250,17 +271,64 @@ class Worker:
         elif isinstance(command, p.ProfileCommand):
             trainer.submit(t.Profile(command.steps, source="app"))
         elif isinstance(command, p.DetachCommand):
-            self._not_yet("detach", "detaching is not available yet in this version; quitting stops the run")
+            self._detach()
         else:
             self.outbox.add_event(p.Refused(reason=f"{command.type} is not a command"))
 
-    def _not_yet(self, what: str, reason: str) -> None:
-        step = self.trainer.step + 1 if self.trainer else 0
-        self.outbox.add_event(p.OptionRefused(option=what, value=None, reason=reason, step=step, source="app"))
+    def _detach(self) -> None:
+        """From now on the app may leave: the run goes on, and another app may attach."""
+        self.detached = True
+        self.outbox.add_event(p.OptionApplied(
+            option="detach", value=None, previous=None, step=self.reporter.step, source="app"))
+        self.publish()
+
+    def _on_client_attached(self) -> None:
+        self.attached = True
+        self.detached = False  # this app, too, stops the run if it goes away without detaching
+        self.publish()
 
     def _on_client_gone(self) -> None:
-        # Detach is refused in this version (above), so a client leaving always means the app went away.
-        self.stop("the app went away")
+        self.attached = False
+        if self.detached:
+            self.publish()
+        else:
+            self.stop("the app went away")
+
+    def parent_gone(self) -> None:
+        """The app that started this trainer ended (the parent-death signal or the getppid poll)."""
+        if not self.detached:
+            self.stop("the app's process ended")
+
+    # ------------------------------------------------------------------ the runtime directory entry
+    def info(self) -> dict[str, Any]:
+        config = self._config
+        return {
+            "pid": os.getpid(),
+            "run_dir": str(self.run_dir.resolve()),
+            "workload": config.workload if config else (self.training_args[:1] or [""])[0],
+            "started": self._started,
+            "state": self.reporter.state,
+            "step": self.reporter.step,
+            "steps": config.steps if config else None,
+            "attached": self.attached,
+            "training_args": self.training_args,  # what a restart from the app needs
+        }
+
+    def publish(self) -> None:
+        """Rewrite this run's entry for ``attach`` (best effort: a full /tmp must not stop training)."""
+        try:
+            self.endpoint.write_info(self.info())
+        except OSError:
+            pass
+
+    def keep_published(self) -> None:
+        last = None
+        while True:
+            current = (self.reporter.state, self.reporter.step, self.attached)
+            if current != last:
+                self.publish()
+                last = current
+            time.sleep(REGISTRY_INTERVAL_S)
 
     def stop(self, reason: str) -> None:
         """Stop at the next step boundary (final checkpoint), or at once if training never started."""
@@ -269,13 +337,11 @@ class Worker:
         self.trainer.request_stop(reason)
 
     def watch_parent(self) -> None:
-        """Stop when the app's process is gone (kill -9 leaves no other trace)."""
-        _set_parent_death_signal(signal.SIGTERM)
-        while True:
-            if os.getppid() != self._parent:
-                self.stop("the app's process ended")
-                return
+        """Stop when the app's process is gone (kill -9 leaves no other trace), unless detached."""
+        _set_parent_death_signal(PARENT_DEATH_SIGNAL)
+        while os.getppid() == self._parent:
             time.sleep(PARENT_POLL_S)
+        self.parent_gone()
 
 
 def _set_parent_death_signal(signum: int) -> None:
@@ -297,20 +363,27 @@ def main(argv: list[str] | None = None) -> int:
     if "WORLD_SIZE" in os.environ and os.environ.get("RANK", "0") != "0":
         return _quiet_rank(args.run_dir, training_args)  # under torchrun: rank 0 serves the app
     token = args.token_file.read_text().strip()
-    worker = Worker(args.run_dir, args.socket, token, training_args)
+    endpoint = Endpoint(args.socket, args.token_file)
+    worker = Worker(args.run_dir, endpoint, token, training_args)
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, lambda *_: worker.stop("the trainer received a termination signal"))  # lock-free
+    signal.signal(PARENT_DEATH_SIGNAL, lambda *_: worker.parent_gone())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the app, which decides what to do
     threading.Thread(target=worker.watch_parent, name="torchlab-parent-watch", daemon=True).start()
+    threading.Thread(target=worker.keep_published, name="torchlab-registry", daemon=True).start()
     try:
         code = worker.run()
     finally:
         # A run that failed (or ended) before its app connected waits a little for the app, so the
         # app can show why instead of "the trainer exited with code 2".
-        worker.server.wait_for_first_client(timeout_s=FIRST_CLIENT_GRACE_S)
+        if not worker.detached:
+            worker.server.wait_for_first_client(timeout_s=FIRST_CLIENT_GRACE_S)
         worker.outbox.close()
         worker.server.flush(timeout_s=2.0)  # the app should see the final state or the error
         worker.server.close()
+        worker.publish()  # the final state: a detached run's entry stays, so attach can say how it ended
+        if not worker.attached:
+            endpoint.remove(keep_info=worker.detached)
     return code
 
 

@@ -8,10 +8,14 @@ with stdout and stderr in ``trainer.log`` in the run directory so it never draws
 A reader thread connects (retrying while the trainer starts), decodes events and appends them to a
 buffer; the app drains that buffer on a timer. The reader never touches the UI. When the process
 ends without having said why, the link adds an ``Error`` event naming its exit code or signal.
+
+``ProcessLink.attach`` makes a link to a trainer that is already running (detached earlier, listed
+by ``torchlab-tui attach``): no process is spawned, and closing it stops that trainer the same way.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import signal
 import socket
@@ -25,16 +29,18 @@ from pathlib import Path
 from torchlab.core.control_server import HELLO_TIMEOUT_S
 from torchlab.core.protocol import (
     PROTOCOL_VERSION,
+    DetachCommand,
     Error,
     Hello,
     Log,
     Message,
+    OptionApplied,
     ProtocolError,
     State,
     StopCommand,
     decode,
 )
-from torchlab.core.runtime import Endpoint
+from torchlab.core.runtime import Endpoint, RunEntry, process_running
 
 CONNECT_TIMEOUT_S = 120.0  # the first import of torch on a cold disk can be slow
 STOP_GRACE_S = 30.0  # time for the current step and the final checkpoint
@@ -66,12 +72,27 @@ class ProcessLink:
         self._reader: threading.Thread | None = None
         self._closing = False
         self._final_state_seen = False
+        self._attached_pid: int | None = None  # the trainer's pid when attached rather than spawned
+        self._on_detached = lambda: None  # detach_and_wait's signal
         #: set whenever an event arrives (for code that waits on the link outside a UI timer)
         self.arrived = threading.Event()
 
+    @classmethod
+    def attach(cls, entry: RunEntry) -> ProcessLink:
+        """A link to the running trainer of ``entry``; ``start()`` connects to it instead of spawning one."""
+        link = cls(Path(entry.info["run_dir"]), list(entry.info.get("training_args") or []))
+        link._endpoint = entry.endpoint
+        link._attached_pid = entry.info["pid"]
+        return link
+
     # ------------------------------------------------------------------ app-facing API
     def start(self, extra_args: list[str] | None = None) -> None:
-        """Spawn the trainer and begin connecting; returns at once. Call from the main thread."""
+        """Spawn the trainer (or, attached, find it) and begin connecting; returns at once. Main thread only."""
+        if self._attached_pid is not None:
+            self._closing = False
+            self._reader = threading.Thread(target=self._read_events, name="torchlab-link-reader", daemon=True)
+            self._reader.start()
+            return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._endpoint = Endpoint.create(f"{self.run_dir.name[:40]}-{secrets.token_hex(3)}")
         self._closing = False
@@ -96,6 +117,7 @@ class ProcessLink:
     def restart(self, resume: bool = True) -> None:
         """After the trainer ended: start a new one in the same run directory, from its last checkpoint."""
         self.close()
+        self._attached_pid = None  # an attached app restarts the run as its own child
         checkpoint = self.run_dir / "checkpoints" / "last.pt"
         self.start(["--resume", str(self.run_dir)] if resume and checkpoint.exists() else [])
 
@@ -118,19 +140,19 @@ class ProcessLink:
             self._push(Log(level="error", text=f"{command.type}: could not reach the trainer ({error})"))
 
     def close(self, *, detach: bool = False, grace_s: float = STOP_GRACE_S) -> int | None:
-        """Stop the trainer (it writes a final checkpoint) and wait for it; returns its exit code."""
+        """Stop the trainer (it writes a final checkpoint) and wait for it; returns its exit code.
+
+        With ``detach`` (after the trainer acknowledged the detach) only the connection closes: the
+        trainer goes on, and its socket and token stay for the next ``attach``.
+        """
         self._closing = True
+        if self._attached_pid is not None:
+            return self._close_attached(detach, grace_s)
         process = self.process
         if process is None:
             return None
         if process.poll() is None and not detach:
-            if self._socket is not None:
-                try:
-                    with self._send_lock:
-                        self._socket.sendall(StopCommand().encode())
-                except OSError:
-                    process.send_signal(signal.SIGTERM)
-            else:
+            if not self._send_stop():
                 process.send_signal(signal.SIGTERM)
             try:
                 process.wait(grace_s)
@@ -140,13 +162,60 @@ class ProcessLink:
         self._disconnect()
         if self._reader is not None:
             self._reader.join(timeout=2.0)
-        if self._endpoint is not None:
+        if self._endpoint is not None and not detach:
             self._endpoint.remove()
         return process.returncode
 
+    def detach_and_wait(self, timeout_s: float = 3.0) -> bool:
+        """Ask the trainer to go on alone and wait for its yes (a hang-up: the app is about to vanish)."""
+        connection = self._socket
+        if connection is None:
+            return False
+        acknowledged = threading.Event()
+        self._on_detached = acknowledged.set
+        try:
+            with self._send_lock:
+                connection.sendall(DetachCommand().encode())
+        except OSError:
+            return False
+        return acknowledged.wait(timeout_s)
+
+    @property
+    def endpoint_name(self) -> str | None:
+        """The run's name in the runtime directory: what ``torchlab-tui attach NAME`` takes."""
+        return self._endpoint.name if self._endpoint is not None else None
+
     @property
     def pid(self) -> int | None:
+        if self._attached_pid is not None:
+            return self._attached_pid
         return self.process.pid if self.process else None
+
+    def _send_stop(self) -> bool:
+        if self._socket is None:
+            return False
+        try:
+            with self._send_lock:
+                self._socket.sendall(StopCommand().encode())
+        except OSError:
+            return False
+        return True
+
+    def _close_attached(self, detach: bool, grace_s: float) -> None:
+        """Not our child: stop it through the socket (or SIGTERM) and watch its pid go away."""
+        pid = self._attached_pid
+        if not detach and process_running(pid):
+            if not self._send_stop():
+                os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while process_running(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self._disconnect()
+        if self._reader is not None:
+            self._reader.join(timeout=2.0)
+        if not detach and not process_running(pid):
+            self._endpoint.remove()
+        return None
 
     # ------------------------------------------------------------------ reader thread
     def _read_events(self) -> None:
@@ -173,7 +242,7 @@ class ProcessLink:
         """Connect and say hello, retrying while the trainer starts; None if it died first."""
         deadline = time.monotonic() + CONNECT_TIMEOUT_S
         while time.monotonic() < deadline and not self._closing:
-            if self.process.poll() is not None:
+            if not self._trainer_alive():
                 return None
             connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -196,10 +265,24 @@ class ProcessLink:
             return
         if isinstance(message, State) and message.state in ("finished", "stopped", "failed"):
             self._final_state_seen = True
+        if isinstance(message, OptionApplied) and message.option == "detach":
+            self._on_detached()
         self._push(message)
+
+    def _trainer_alive(self) -> bool:
+        if self._attached_pid is not None:
+            return process_running(self._attached_pid)
+        return self.process.poll() is None
 
     def _report_exit(self) -> None:
         """The connection ended: if the process died without a final state, say how it died."""
+        if self._attached_pid is not None:
+            if not (self._closing or self._final_state_seen):
+                cause = "is gone (it ended without a word: killed?)" if not process_running(self._attached_pid) else "closed the connection"
+                self._push(Error(message=f"the trainer process (pid {self._attached_pid}) {cause}; see {self.log_path}",
+                                 traceback=_tail(self.log_path), step=0))
+                self._push(State(state="failed", step=0, detail=cause))
+            return
         process = self.process
         try:
             code = process.wait(timeout=5.0)
