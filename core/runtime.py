@@ -55,10 +55,14 @@ class Endpoint:
         """A fresh endpoint with a new random token in a 0600 file. ``name`` identifies the run."""
         directory = runtime_dir()
         endpoint = cls(directory / f"{name}.sock", directory / f"{name}.token")
-        descriptor = os.open(endpoint.token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        endpoint.create_token()
+        return endpoint
+
+    def create_token(self) -> None:
+        """A new random token in a file only this user can read."""
+        descriptor = os.open(self.token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(descriptor, "w") as handle:
             handle.write(secrets.token_hex(32))
-        return endpoint
 
     @property
     def name(self) -> str:

@@ -362,8 +362,10 @@ def main(argv: list[str] | None = None) -> int:
     training_args = args.training_args[1:] if args.training_args[:1] == ["--"] else args.training_args
     if "WORLD_SIZE" in os.environ and os.environ.get("RANK", "0") != "0":
         return _quiet_rank(args.run_dir, training_args)  # under torchrun: rank 0 serves the app
-    token = args.token_file.read_text().strip()
     endpoint = Endpoint(args.socket, args.token_file)
+    if not args.token_file.exists():  # started by hand (torchrun on a node): make the token, readable only by you
+        endpoint.create_token()
+    token = endpoint.read_token()
     worker = Worker(args.run_dir, endpoint, token, training_args)
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, lambda *_: worker.stop("the trainer received a termination signal"))  # lock-free
