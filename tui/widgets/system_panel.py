@@ -297,12 +297,17 @@ def _pair(used: float | None, total: float | None) -> str:
 def _range(low: float, high: float) -> str:
     """``765–895 MiB``, in the unit of the high end."""
     unit, scale = _unit(high)
-    return f"{low / scale:.3g}–{high / scale:.3g} {unit}"
+    return f"{_three_digits(low / scale)}–{_three_digits(high / scale)} {unit}"
 
 
 def _bytes(count: float) -> str:
     unit, scale = _unit(count)
-    return f"{count / scale:.3g} {unit}" if unit != "B" else f"{count:.0f} B"
+    return f"{_three_digits(count / scale)} {unit}" if unit != "B" else f"{count:.0f} B"
+
+
+def _three_digits(value: float) -> str:
+    """``1.23``, ``12.3``, ``123``, and ``1000`` to ``1023`` whole (``:.3g`` would write ``1e+03``)."""
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def _unit(count: float | None) -> tuple[str, float]:
