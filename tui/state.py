@@ -16,7 +16,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from torchlab.core import protocol
@@ -26,8 +26,9 @@ from torchlab.tui.thinning import Series
 if TYPE_CHECKING:
     from torchlab.tui.profiles import ProfileSnapshot
 
-#: The states the trainer reports, plus "connecting" before its Welcome arrives.
-RUN_STATES = ("connecting", "starting", "running", "paused", "stopped", "finished", "failed", "detached")
+#: The states the trainer reports, plus "connecting" before its Welcome arrives and "relaunching" while the
+#: trainer restarts its ranks for a new world size (the app's own: the trainer says "running" throughout).
+RUN_STATES = ("connecting", "starting", "running", "paused", "relaunching", "stopped", "finished", "failed", "detached")
 
 #: Gradient-norm trend length kept per module (the sparkline in the table).
 TREND_LENGTH = 16
@@ -43,6 +44,10 @@ ETA_WINDOW = 20
 TELEMETRY_HISTORY = 300
 #: A segment's verdict goes to the event log once it has this many steps (its medians have settled).
 IMPACT_SETTLE_STEPS = 20
+#: A rank straggles when its step time or data wait is above this many times the other ranks' median
+#: and the excess is at least STRAGGLER_MIN_SHARE of the median step time (``flag_stragglers`` says why).
+STRAGGLER_RATIO = 1.3
+STRAGGLER_MIN_SHARE = 0.05
 
 AMP_CYCLE = ("off", "bf16", "fp16")
 
@@ -69,6 +74,28 @@ class Failure:
     detail: str  # the traceback, or the non-finite report
     step: int | None
     checkpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class RankFigures:
+    """One rank's figures from the trainer's ``Ranks`` message, compared with the other ranks'.
+
+    A figure the rank could not measure is None (the CUDA allocator's on a CPU rank). ``step_vs_others`` and
+    ``wait_vs_others`` are this rank's step time and data wait over the other ranks' median; ``flag`` names
+    the figure that makes it a straggler ("step time" or "data wait"), or is empty.
+    """
+
+    rank: int
+    step_time_s: float | None
+    data_wait_s: float | None
+    allocated_bytes: float | None
+    reserved_bytes: float | None
+    peak_allocated_bytes: float | None
+    rss_bytes: float | None
+    host: str = ""
+    step_vs_others: float | None = None
+    wait_vs_others: float | None = None
+    flag: str = ""
 
 
 @dataclass
@@ -135,6 +162,15 @@ class RunState:
         self.telemetry_version = 0
         self.profiles_version = 0
         self.impact_version = 0
+        #: per-rank figures of the newest ``Ranks`` message, in rank order (empty at world size 1)
+        self.ranks: list[RankFigures] = []
+        #: the step the rank figures were gathered at
+        self.ranks_step: int | None = None
+        #: rank -> host, from the trainer's welcome (shown when the ranks span several hosts)
+        self.rank_hosts: dict[int, str] = {}
+        #: the world size a relaunch is heading to, while ``state`` is "relaunching" (None: not known)
+        self.relaunch_to: int | None = None
+        self.ranks_version = 0
         self.detached = False
 
     # ------------------------------------------------------------------ feeding
@@ -153,7 +189,11 @@ class RunState:
     def note_request(self, option: str, value: Any) -> None:
         """The app sent a SetCommand: remember it until the answer comes, and log that it is on its way."""
         self.pending[option] = value
-        self.log("info", f"requested {option} = {format_option_value(option, value)} (applies at the next step)")
+        if option == "world_size":
+            when = "at the next step the trainer checkpoints and relaunches its ranks"
+        else:
+            when = "applies at the next step"
+        self.log("info", f"requested {option} = {format_option_value(option, value)} ({when})")
 
     def note_profile_request(self) -> None:
         """The app asked for a profiler snapshot: the list says one is on its way until it arrives."""
@@ -200,6 +240,17 @@ class RunState:
             return 0.0
         return remaining * statistics.fmean(self.recent_step_times)
 
+    @property
+    def world_size(self) -> int:
+        """The number of ranks training now, as the trainer last said (1 before it said)."""
+        value = _int_or_none(self.options.get("world_size"))
+        return value if value is not None and value > 0 else 1
+
+    @property
+    def has_ranks(self) -> bool:
+        """Whether anything rank-related is worth its space: above world size 1, or relaunching to it."""
+        return self.world_size > 1 or (self.state == "relaunching" and (self.relaunch_to or 1) > 1)
+
     def median_norm(self) -> float | None:
         values = [m.norm for m in self.modules if m.norm is not None and math.isfinite(m.norm)]
         return statistics.median(values) if values else None
@@ -223,6 +274,7 @@ class RunState:
             self.modules = modules
             self.modules_version += 1
         self._set_options(event.options)
+        self._start_ranks(run.get("ranks"))
         # A run resumed from a checkpoint re-trains the steps after it: drop them from the curves.
         if event.step < self.step:
             for series in (self.loss, self.val_loss, self.lr, self.samples_per_s, self.step_time):
@@ -244,6 +296,8 @@ class RunState:
             self.detached = True
         if event.state == previous or event.state == "failed":  # a failure is told by its Error event
             return
+        if previous == "relaunching" and event.state == "running":
+            return  # the new ranks train: the world_size acknowledgement that follows says so, with its step
         if event.state == "running":
             text = "resumed" if previous == "paused" else "training"
         else:
@@ -405,6 +459,8 @@ class RunState:
             self.options_version += 1
             previous = format_option_value(event.option, event.previous)
             text = f"{event.option} = {shown} applied at step {event.step} (was {previous})"
+            if event.option == "world_size":
+                self._world_size_changed(event)
         elif event.option == "detach":
             self.detached = True
             text = f"detached at step {event.step}: the trainer keeps training"
@@ -423,8 +479,67 @@ class RunState:
         self.log("refused", f"{event.option}{value} refused: {event.reason}", event.step, notify=True)
 
     def _on_checkpoint(self, event: protocol.CheckpointSaved) -> None:
-        why = f" ({event.reason})" if event.reason else ""
+        why = " (for the world-size change)" if event.reason == "world_size" else (f" ({event.reason})" if event.reason else "")
         self.log("checkpoint", f"checkpoint saved at step {event.step}{why}: {event.path}", event.step, notify=event.reason == "requested")
+        if event.reason == "world_size":
+            self._begin_relaunch(event.step)
+
+    # ---- world size and ranks
+
+    def _begin_relaunch(self, step: int) -> None:
+        """The trainer checkpointed for a new world size: it now stops every rank and starts the new ones
+        (seconds: each imports torch and joins the rendezvous), during which no step is reported. The
+        trainer says nothing between this checkpoint and the new ranks' first report, so the app says it."""
+        target = _int_or_none(self.pending.get("world_size"))  # None: a scripted change (--at)
+        self.relaunch_to = target
+        current = self.world_size
+        self._set_state("relaunching", f"{current} → {target}" if target is not None else "")
+        self.ranks, self.ranks_step, self.rank_hosts = [], None, {}
+        self.ranks_version += 1
+        to = f" as {_processes(target)}" if target is not None else ""
+        self.log("info", f"relaunching{to} from the checkpoint of step {step}: stopping the ranks, starting the new ones…",
+                 step, notify=True, toast=f"relaunching{to}…")
+
+    def _world_size_changed(self, event: protocol.OptionApplied) -> None:
+        """A new world size trains: figures from before the change describe ranks that are gone."""
+        if self.state == "relaunching":
+            self._set_state("running", "")
+        self.ranks, self.ranks_step = [], None
+        self.ranks_version += 1
+
+    def _start_ranks(self, described: Any) -> None:
+        """A (new) trainer's welcome: forget the figures of any earlier one; note where each rank runs."""
+        self.ranks, self.ranks_step, self.rank_hosts = [], None, {}
+        for entry in described if isinstance(described, list) else []:
+            rank = _int_or_none(entry.get("rank")) if isinstance(entry, dict) else None
+            if rank is not None and isinstance(entry.get("host"), str):
+                self.rank_hosts[rank] = entry["host"]
+        self.ranks_version += 1
+
+    def _on_ranks(self, event: protocol.Ranks) -> None:
+        """Per-rank figures (latest wins). Ignored at world size 1, and when gathered before the last
+        world-size change (a latest-wins message of ranks that are gone)."""
+        if self.world_size <= 1 or event.step < self._applied_at.get("world_size", 0):
+            return
+        ranks = []
+        for entry in event.ranks:
+            rank = _int_or_none(entry.get("rank")) if isinstance(entry, dict) else None
+            if rank is None:
+                self.log("warning", f"ignored a malformed entry in the trainer's rank figures: {entry!r}")
+                continue
+            ranks.append(RankFigures(
+                rank=rank,
+                step_time_s=_finite_or_none(entry.get("step_time_s")),
+                data_wait_s=_finite_or_none(entry.get("data_wait_s")),
+                allocated_bytes=_finite_or_none(entry.get("allocated_bytes")),
+                reserved_bytes=_finite_or_none(entry.get("reserved_bytes")),
+                peak_allocated_bytes=_finite_or_none(entry.get("peak_allocated_bytes")),
+                rss_bytes=_finite_or_none(entry.get("rss_bytes")),
+                host=self.rank_hosts.get(rank, ""),
+            ))
+        self.ranks = flag_stragglers(sorted(ranks, key=lambda figures: figures.rank))
+        self.ranks_step = event.step
+        self.ranks_version += 1
 
     def _on_log(self, event: protocol.Log) -> None:
         level = event.level if event.level in ("warning", "error") else "info"
@@ -454,6 +569,8 @@ class RunState:
             self.log("warning", f"the trainer reported an unknown state {state!r}")
         self.state = state
         self.state_detail = detail
+        if state != "relaunching":
+            self.relaunch_to = None
         self.header_version += 1
 
     def _set_options(self, options: Any) -> None:
@@ -479,7 +596,58 @@ _HANDLERS = {
     protocol.Refused: RunState._on_refused,
     protocol.ProfileReady: RunState._on_profile_ready,
     protocol.Impact: RunState._on_impact,
+    protocol.Ranks: RunState._on_ranks,
 }
+
+
+def flag_stragglers(ranks: list[RankFigures]) -> list[RankFigures]:
+    """Each rank compared with the median of the *other* ranks, and flagged when it straggles.
+
+    A rank is a straggler when its step time, or its data wait, is above STRAGGLER_RATIO (1.3) times the
+    other ranks' median, and that excess is at least STRAGGLER_MIN_SHARE (5 %) of the median step time.
+
+    - The others' median, not the median of all: with two ranks the median of all is the pair's mean,
+      which halves any gap; and one straggler among many does not move the others' median.
+    - 1.3x: ranks of one run on one host differ by 5-15 % from report to report (measured: tiny_gpt, two
+      CPU ranks, 220-300 ms steps); 30 % is past that noise, and a rank that far behind holds every rank
+      back by as much at each all-reduce.
+    - The floor: a data wait of 0.6 ms against 0.4 ms is 1.5x but costs nothing worth a flag.
+    - Both figures: the gradient all-reduce makes every rank wait for the slowest, so a rank that computes
+      slowly raises every rank's step time alike; what stays visible per rank is the wait for its batch
+      (a slow loader or disk) and work a rank does outside the shared part of the step.
+    """
+    step_times = [figures.step_time_s for figures in ranks]
+    waits = [figures.data_wait_s for figures in ranks]
+    known_steps = [value for value in step_times if value is not None]
+    typical_step = statistics.median(known_steps) if known_steps else None
+    flagged = []
+    for index, figures in enumerate(ranks):
+        step_ratio, step_excess = _against_others(step_times, index)
+        wait_ratio, wait_excess = _against_others(waits, index)
+        floor = STRAGGLER_MIN_SHARE * typical_step if typical_step else 0.0
+        flag = ""
+        if step_ratio is not None and step_ratio > STRAGGLER_RATIO and step_excess >= floor:
+            flag = "step time"
+        elif wait_ratio is not None and wait_ratio > STRAGGLER_RATIO and wait_excess >= floor and typical_step:
+            flag = "data wait"
+        flagged.append(replace(figures, step_vs_others=step_ratio, wait_vs_others=wait_ratio, flag=flag))
+    return flagged
+
+
+def _against_others(values: list[float | None], index: int) -> tuple[float | None, float]:
+    """``values[index]`` over the median of the other known values, and its excess over that median."""
+    value = values[index]
+    others = [other for position, other in enumerate(values) if position != index and other is not None]
+    if value is None or not others:
+        return None, 0.0
+    typical = statistics.median(others)
+    if typical <= 0:
+        return (None if value <= 0 else math.inf), value - typical
+    return value / typical, value - typical
+
+
+def _processes(count: int) -> str:
+    return f"{count} process" if count == 1 else f"{count} processes"
 
 
 def flag_for(norm: float | None, ratio: float | None, trend: list[float]) -> str:
@@ -580,6 +748,11 @@ def _float_or_none(value: Any) -> float | None:
     if isinstance(value, (int, float)):
         return float(value)
     return None
+
+
+def _finite_or_none(value: Any) -> float | None:
+    number = _float_or_none(value)
+    return number if number is not None and math.isfinite(number) else None
 
 
 def _all_finite_numbers(values: Sequence[Any]) -> bool:

@@ -1,9 +1,12 @@
 """A scripted stand-in for the trainer link: deterministic events in, recorded commands out.
 
 It answers commands the way the real trainer does, one step later: ``SetCommand`` with
-``OptionApplied`` at the next step (or ``OptionRefused`` for what a CPU trainer refuses: fp16, and the
-options later issues deliver), pause/resume with a ``State``, save with ``CheckpointSaved``. Answers
-are queued and come out of the next ``drain()``, as they would from the real link's buffer.
+``OptionApplied`` at the next step (or ``OptionRefused`` for what a CPU trainer refuses: fp16, a world
+size that does not divide the batch), pause/resume with a ``State``, save with ``CheckpointSaved``.
+Answers are queued and come out of the next ``drain()``, as they would from the real link's buffer.
+A world-size change answers as the trainer's supervisor does, in two parts: the checkpoint for the
+relaunch comes out of the next drain, and the new ranks' resume, ``running`` and acknowledgement out of
+the drain after it (in between, the real trainer says nothing for seconds).
 """
 
 from __future__ import annotations
@@ -73,12 +76,13 @@ def grad_norms(step: int, names: list[str] | None = None) -> protocol.GradNorms:
     return protocol.GradNorms(step=step, norms=norms, total=total)
 
 
-def training_events(steps: int = 120, *, names: list[str] | None = None) -> list[protocol.Message]:
+def training_events(steps: int = 120, *, names: list[str] | None = None, world_size: int = 1) -> list[protocol.Message]:
     """Welcome, running, ``steps`` metrics records in batches, and grad norms every 2 steps."""
-    events: list[protocol.Message] = [welcome(0, modules=names), protocol.State("running", 0)]
+    options = {**OPTIONS, "world_size": world_size}
+    events: list[protocol.Message] = [welcome(0, modules=names, options=options), protocol.State("running", 0)]
     for start in range(1, steps + 1, 20):
         batch = list(range(start, min(start + 20, steps + 1)))
-        events.append(protocol.Metrics.from_records([record(step) for step in batch]))
+        events.append(protocol.Metrics.from_records([record(step, world_size=world_size) for step in batch]))
         events.extend(grad_norms(step, names) for step in batch if step % 2 == 0)
     return events
 
@@ -169,6 +173,7 @@ class FakeLink:
         self.step = 0
         self.state = "connecting"
         self.options = dict(OPTIONS)
+        self.relaunched: list[protocol.Message] = []  # what the next drain after a relaunch's checkpoint releases
 
     # ------------------------------------------------------------------ the link interface
 
@@ -178,6 +183,7 @@ class FakeLink:
 
     def drain(self) -> list[protocol.Message]:
         out, self.queue = self.queue, []
+        self.queue, self.relaunched = self.relaunched, []
         for event in out:
             if isinstance(event, protocol.Metrics):
                 self.step = max([self.step] + [r["step"] for r in event.records if isinstance(r.get("step"), int)])
@@ -221,10 +227,42 @@ class FakeLink:
         if command.option == "amp" and command.value == "fp16":
             return protocol.OptionRefused("amp", "fp16", "fp16 needs CUDA; this run trains on cpu", at, "app")
         if command.option == "world_size":
-            return protocol.OptionRefused("world_size", command.value, "changing the world size is not available yet", at, "app")
+            return self._relaunch(command.value, at)
         previous = self.options.get(command.option)
         self.options[command.option] = command.value
         return protocol.OptionApplied(command.option, command.value, previous, at, "app")
+
+
+    def _relaunch(self, value: int, at: int) -> protocol.Message:
+        """As core/ranks.py does: refuse a size that does not divide the batch; else checkpoint now, and
+        (one drain later) resume, running, and the acknowledgement at the step the new ranks start."""
+        if 32 % value:
+            return protocol.OptionRefused(
+                "world_size", value, f"world size {value} does not divide the batch of 32 (the global batch stays 32 "
+                "and each rank takes an equal share): choose a divisor of 32", at, "app")
+        previous, self.options["world_size"] = self.options["world_size"], value
+        self.relaunched = [
+            protocol.Log("info", f"resumed from the checkpoint of step {self.step}", self.step),
+            protocol.State("running", self.step),
+            protocol.OptionApplied("world_size", value, previous, at, "app"),
+        ]
+        return protocol.CheckpointSaved(self.step, f"{RUN_DIR}/checkpoints/step-{self.step:07d}.pt", "world_size")
+
+
+def ranks(step: int = 120, *, count: int = 2, step_time_s: float = 0.25, slow: dict[int, dict[str, float]] | None = None,
+          on_gpu: bool = False) -> protocol.Ranks:
+    """Per-rank figures as rank 0 gathers them: alike (5 ms apart), except what ``slow`` sets for a rank,
+    e.g. ``{1: {"data_wait_s": 0.05}}``. Allocator figures only ``on_gpu`` (null on CPU, as the trainer sends)."""
+    figures = []
+    for rank in range(count):
+        entry = {
+            "rank": rank, "step_time_s": step_time_s + 0.005 * rank, "data_wait_s": 0.0004,
+            "allocated_bytes": 11 * 2**30 if on_gpu else None, "reserved_bytes": 13 * 2**30 if on_gpu else None,
+            "peak_allocated_bytes": 12 * 2**30 if on_gpu else None, "rss_bytes": (380 + rank) * 2**20,
+        }
+        entry.update((slow or {}).get(rank, {}))
+        figures.append(entry)
+    return protocol.Ranks(step=step, ranks=figures)
 
 
 def quiet_app(link):

@@ -139,7 +139,8 @@ async def test_lr_scale_and_world_size_prompts(app: TorchlabApp, link: FakeLink)
         await pilot.pause()
         assert link.sent[-1] == protocol.SetCommand("world_size", 2)
         await answer(app, pilot)
-        assert "world_size = 2 refused: changing the world size is not available yet" in log_text(app)
+        await answer(app, pilot)  # the checkpoint, then (after the relaunch) the acknowledgement
+        assert "world_size = 2 applied at step 121 (was 1)" in log_text(app)
 
 
 async def test_space_pauses_and_resumes(app: TorchlabApp, link: FakeLink) -> None:

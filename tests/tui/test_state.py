@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import math
 
-from fake_link import grad_norms, module_names, record, training_events, welcome
+from fake_link import grad_norms, module_names, ranks, record, training_events, welcome
 
 from torchlab.core import protocol
 from torchlab.tui.state import (
+    RankFigures,
     RunState,
     combine_norms,
     flag_for,
+    flag_stragglers,
     format_duration,
     format_ratio,
     group_name,
@@ -150,3 +152,63 @@ def test_a_late_batch_of_earlier_steps_does_not_undo_an_acknowledged_change() ->
     assert state.options["amp"] == "bf16"
     state.apply(protocol.Metrics.from_records([record(11, amp="bf16"), record(12, amp="off")]))  # later --at change
     assert state.options["amp"] == "off"
+
+
+# ---------------------------------------------------------------------- ranks
+
+
+def figures(rank: int, step_time_s: float, data_wait_s: float = 0.0004) -> RankFigures:
+    return RankFigures(rank, step_time_s, data_wait_s, None, None, None, 400 * 2**20)
+
+
+def test_a_rank_is_a_straggler_above_1_3x_the_other_ranks_median() -> None:
+    flagged = flag_stragglers([figures(0, 0.20), figures(1, 0.21), figures(2, 0.28), figures(3, 0.19)])
+    assert [f.flag for f in flagged] == ["", "", "step time", ""]
+    assert math.isclose(flagged[2].step_vs_others, 0.28 / 0.20)  # the others' median, not one that includes it
+    # 1.25x is within the spread of ranks of one run: not flagged.
+    assert [f.flag for f in flag_stragglers([figures(0, 0.20), figures(1, 0.25)])] == ["", ""]
+    # Two ranks: the one 1.35x the other is flagged, never both.
+    assert [f.flag for f in flag_stragglers([figures(0, 0.20), figures(1, 0.27)])] == ["", "step time"]
+
+
+def test_a_slow_loader_is_flagged_by_its_data_wait_but_not_a_negligible_one() -> None:
+    slow_loader = flag_stragglers([figures(0, 0.25, 0.0004), figures(1, 0.25, 0.05)])
+    assert [f.flag for f in slow_loader] == ["", "data wait"]
+    assert math.isclose(slow_loader[1].wait_vs_others, 125.0)
+    # 0.9 ms against 0.4 ms is 2x, but well under 5 % of a 250 ms step: noise, not a straggler.
+    assert [f.flag for f in flag_stragglers([figures(0, 0.25, 0.0004), figures(1, 0.25, 0.0009)])] == ["", ""]
+
+
+def test_rank_figures_are_read_above_world_size_1_only() -> None:
+    state = fed(training_events(20, world_size=2) + [ranks(20, slow={1: {"data_wait_s": 0.05, "rss_bytes": None}})])
+    assert state.world_size == 2 and state.has_ranks and state.ranks_step == 20
+    assert [(f.rank, f.flag, f.allocated_bytes, f.rss_bytes) for f in state.ranks] == [(0, "", None, 380 * 2**20), (1, "data wait", None, None)]
+    single = fed(training_events(20) + [ranks(20)])  # e.g. torchrun with one process: nothing to compare
+    assert single.ranks == [] and not single.has_ranks
+
+
+def test_a_world_size_change_is_a_relaunch_until_it_is_acknowledged() -> None:
+    state = fed(training_events(20))
+    state.note_request("world_size", 2)
+    state.apply(protocol.CheckpointSaved(20, "runs/x/checkpoints/step-0000020.pt", "world_size"))
+    assert (state.state, state.state_detail, state.relaunch_to, state.has_ranks) == ("relaunching", "1 → 2", 2, True)
+    assert state.eta_s() is None  # nothing trains meanwhile
+    state.apply(protocol.State("running", 20))
+    state.apply(protocol.OptionApplied("world_size", 2, 1, 21, "app"))
+    assert (state.state, state.world_size, state.relaunch_to) == ("running", 2, None)
+    texts = [entry.text for entry in state.take_log()]
+    assert "relaunching as 2 processes from the checkpoint of step 20: stopping the ranks, starting the new ones…" in texts
+    assert "training at step 20" not in texts  # the acknowledgement says it, with its step
+    assert "world_size = 2 applied at step 21 (was 1)" in texts
+    state.apply(ranks(19))  # gathered before the change, by ranks that are gone
+    assert state.ranks == []
+    state.apply(ranks(22))
+    assert [f.rank for f in state.ranks] == [0, 1]
+
+
+def test_back_to_world_size_1_forgets_the_ranks() -> None:
+    state = fed(training_events(20, world_size=2) + [ranks(20)])
+    state.apply(protocol.CheckpointSaved(20, "runs/x/checkpoints/step-0000020.pt", "world_size"))  # --at: no request
+    assert state.state == "relaunching" and state.state_detail == "" and state.ranks == []
+    state.apply(protocol.OptionApplied("world_size", 1, 2, 21, "script"))
+    assert (state.state, state.world_size, state.has_ranks, state.ranks) == ("running", 1, False, [])
