@@ -40,6 +40,7 @@ from torchlab.tui.widgets.event_log import EventLog
 from torchlab.tui.widgets.grad_table import GradTable
 from torchlab.tui.widgets.line_chart import ChartLine, LineChart
 from torchlab.tui.widgets.options_panel import OptionsPanel
+from torchlab.tui.widgets.rank_table import RankTable
 from torchlab.tui.widgets.run_header import RunHeader
 from torchlab.tui.widgets.stats_bar import StatsBar
 from torchlab.tui.widgets.system_panel import SystemPanel
@@ -102,7 +103,7 @@ PROMPTS = {
     "clip": ("Clip gradients to a max global norm", "a positive number, e.g. 1.0; empty or off = no clipping"),
     "accum": ("Gradient accumulation steps", "a whole number from 1; the batch per optimizer step grows with it"),
     "lr_scale": ("Learning-rate scale", "a factor above 0 that multiplies the schedule, e.g. 0.5"),
-    "world_size": ("World size", "the number of training processes, from 1"),
+    "world_size": ("World size", "the number of training processes (ranks), from 1; the trainer checkpoints and relaunches them"),
 }
 
 #: Actions that talk to the trainer: not while a dialog is open (its keys are the dialog's).
@@ -142,7 +143,9 @@ class TorchlabApp(App[int]):
         self.poll_interval = poll_interval
         self.log_poll_interval = log_poll_interval
         self._log_tail: LogTail | None = None
-        self._seen = {"header": -1, "metrics": -1, "options": -1, "failure": 0, "telemetry": -1}
+        self._seen = {"header": -1, "metrics": -1, "options": -1, "failure": 0, "telemetry": -1, "ranks": -1}
+        self._compact = False
+        self._ranks_shown: bool | None = None
         self._link_closed = False
         self._leaving = False
         self._error_screen_open = False
@@ -158,10 +161,13 @@ class TorchlabApp(App[int]):
                 yield LineChart(ChartLine(state.loss, "loss"), ChartLine(state.val_loss, "val loss"), id="loss-chart")
                 yield LineChart(ChartLine(state.lr, "lr", style=2), id="lr-chart")
                 yield LineChart(ChartLine(state.samples_per_s, "samples/s"), id="speed-chart")
-            yield GradTable(refresh_interval=self.grad_refresh_interval, id="grads")
+            with Vertical(id="side"):
+                yield GradTable(refresh_interval=self.grad_refresh_interval, id="grads")
+                yield RankTable(id="ranks")  # above world size 1, on a large terminal
         with Horizontal(id="bottom"):
             yield OptionsPanel(id="options")
             yield SystemPanel(id="system")
+            yield RankTable(compact=True, id="ranks-line")  # above world size 1, on a small terminal
             yield EventLog(id="events")
         yield Footer()
 
@@ -186,9 +192,12 @@ class TorchlabApp(App[int]):
 
     def _set_compact(self, width: int, height: int) -> None:
         compact = width < COMPACT_WIDTH or height < COMPACT_HEIGHT
+        self._compact = compact
         self.query_one(OptionsPanel).compact = compact
         self.query_one(SystemPanel).compact = compact
         self.query_one(Footer).compact = width < COMPACT_WIDTH  # so "? Help" still fits in 80 columns
+        self._ranks_shown = None  # placed again for this size
+        self._show_ranks(self.run_state)
 
     # ------------------------------------------------------------------ the link
 
@@ -277,6 +286,7 @@ class TorchlabApp(App[int]):
         if state.telemetry_version != self._seen["telemetry"]:
             self._seen["telemetry"] = state.telemetry_version
             self.query_one(SystemPanel).show(state)
+        self._show_ranks(state)
         # A view on top (profiles, impact, system) follows the state too, once mounted (its on_mount draws
         # it first); it redraws only what moved.
         show_state = getattr(self.screen, "show_state", None)
@@ -294,6 +304,19 @@ class TorchlabApp(App[int]):
             self._show_failure(state.failure)
         if state.detached and not self._leaving:
             self._leave(detach=True)
+
+    def _show_ranks(self, state: RunState) -> None:
+        """The rank table (large terminal) or its summary line (small one), only above world size 1."""
+        shown = state.has_ranks
+        if shown != self._ranks_shown:
+            self._ranks_shown = shown
+            self.query_one("#ranks", RankTable).display = shown and not self._compact
+            self.query_one("#ranks-line", RankTable).display = shown and self._compact
+            self._seen["ranks"] = -1
+        if shown and state.ranks_version != self._seen["ranks"]:
+            self._seen["ranks"] = state.ranks_version
+            self.query_one("#ranks", RankTable).show(state)
+            self.query_one("#ranks-line", RankTable).show(state)
 
     def _show_failure(self, failure: Failure) -> None:
         if self._error_screen_open:
@@ -321,7 +344,7 @@ class TorchlabApp(App[int]):
         On the main thread on purpose: the link's ``start`` must be (the trainer's parent-death signal
         follows the thread that spawned it), and the old trainer has already ended.
         """
-        if self.link is not None and self.run_state.state in ("running", "paused", "starting"):
+        if self.link is not None and self.run_state.state in ("running", "paused", "starting", "relaunching"):
             self.notify("the run is still going: restart is for a run that failed or stopped", severity="warning")
             return
         self.run_state.log("info", "restarting the trainer from the last checkpoint…", notify=True)
@@ -350,7 +373,7 @@ class TorchlabApp(App[int]):
         if state == "paused":
             if self.send(protocol.ResumeCommand()):
                 self._requested("resume requested")
-        elif state in ("running", "starting"):
+        elif state in ("running", "starting", "relaunching"):  # while relaunching: the new ranks start paused
             if self.send(protocol.PauseCommand()):
                 self._requested("pause requested (takes effect at the end of the current step)")
         else:

@@ -6,7 +6,7 @@ SVGs under ``__snapshots__/`` before accepting them.
 
 from __future__ import annotations
 
-from fake_link import FakeLink, gpu, impact, profile_ready, quiet_app, telemetry, training_events
+from fake_link import FakeLink, gpu, impact, profile_ready, quiet_app, ranks, telemetry, training_events
 
 from torchlab.core import protocol
 from torchlab.tui.app import TorchlabApp
@@ -21,8 +21,15 @@ def system_samples(gpus: int = 0) -> list[protocol.Message]:
     ]
 
 
-def snapshot_app(*extra: protocol.Message, gpus: int = 0) -> TorchlabApp:
-    return quiet_app(FakeLink(training_events() + system_samples(gpus) + list(extra)))
+def snapshot_app(*extra: protocol.Message, gpus: int = 0, world_size: int = 1) -> TorchlabApp:
+    link = FakeLink(training_events(world_size=world_size) + system_samples(gpus) + list(extra))
+    link.options["world_size"] = world_size
+    return quiet_app(link)
+
+
+def two_ranks_app() -> TorchlabApp:
+    """World size 2, rank 1 waiting 50 ms for its batches (a straggler)."""
+    return snapshot_app(ranks(120, slow={1: {"data_wait_s": 0.05}}), world_size=2)
 
 
 def profiled_app() -> TorchlabApp:
@@ -97,6 +104,28 @@ def test_error_screen_80x24(snap_compare) -> None:
 
 def test_main_screen_with_a_gpu_and_an_impact_verdict_160x48(snap_compare) -> None:
     assert snap_compare(snapshot_app(impact(), gpus=1), terminal_size=(160, 48), run_before=settle)
+
+
+def test_main_screen_with_two_ranks_80x24(snap_compare) -> None:
+    assert snap_compare(two_ranks_app(), terminal_size=(80, 24), run_before=settle)
+
+
+def test_main_screen_with_two_ranks_160x48(snap_compare) -> None:
+    assert snap_compare(two_ranks_app(), terminal_size=(160, 48), run_before=settle)
+
+
+async def relaunch_to_one_rank(pilot) -> None:
+    """w 1: the trainer has checkpointed and is starting the new rank (it reports nothing meanwhile)."""
+    await settle(pilot)
+    await pilot.press("w", "1", "enter")
+    pilot.app.poll_now()
+    await settle(pilot)
+    pilot.app.clear_notifications()
+    await settle(pilot)
+
+
+def test_relaunching_80x24(snap_compare) -> None:
+    assert snap_compare(two_ranks_app(), terminal_size=(80, 24), run_before=relaunch_to_one_rank)
 
 
 async def open_first_profile(pilot) -> None:

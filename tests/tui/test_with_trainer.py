@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 
 from processes import alive
+from torchlab.core.distributed import usable_cpus
 from torchlab.tui.app import make_app
 from torchlab.tui.link import ProcessLink
 from torchlab.tui.screens.error_screen import ErrorScreen
 from torchlab.tui.widgets.event_log import EventLog
 from torchlab.tui.widgets.grad_table import GradTable
+from torchlab.tui.widgets.rank_table import RankTable
 
 pytestmark = pytest.mark.asyncio
 
@@ -144,3 +146,21 @@ async def test_a_real_profile_opens_as_a_table_and_an_option_change_adds_an_impa
         assert changes[0] == "start" and "checkpointing=on" in changes
         await pilot.press("escape", "q")
         await until(pilot, lambda: not app.is_running, what="the app to exit after q")
+
+
+@pytest.mark.skipif(usable_cpus() < 2, reason="two ranks need two CPU cores")
+async def test_two_ranks_fill_the_rank_table_and_quit_leaves_none(tmp_path):
+    run_dir = tmp_path / "run"
+    app, links = app_with_trainer(run_dir, f"{TINY}:workload", "--world-size", "2", "--steps", "100000", "--checkpoint-every", "0")
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.query_one("#ranks", RankTable)
+        await until(pilot, lambda: len(app.run_state.ranks) == 2 and table.display, timeout=120, what="two ranks' figures")
+        await pilot.pause()
+        header, *rows = table.render().plain.splitlines()
+        assert header.split()[:2] == ["rank", "step"]
+        assert [row.replace("⚑", "").split()[0] for row in rows] == ["0", "1"]
+        assert all(" ms" in row and "n/a" in row and "MiB" in row for row in rows)  # times; no allocator on CPU; RSS
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, what="the app to exit after q")
+    [started] = [e for e in events_of(run_dir) if e["event"] == "run_started"]
+    assert len(started["ranks"]) == 2 and not any(alive(rank["pid"]) for rank in started["ranks"])

@@ -1,4 +1,5 @@
-"""The system panel at full size: for a small terminal, where the main screen has room for one line of it."""
+"""The system panel at full size, and the rank table above world size 1: for a small terminal, where the
+main screen has room for one line of each."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ from textual.widgets import Label
 
 from torchlab.tui.screens.view_screen import ViewScreen
 from torchlab.tui.state import RunState
+from torchlab.tui.widgets.rank_table import RankTable
 from torchlab.tui.widgets.system_panel import SystemPanel
+
+#: Ranks listed in this view before the rest are summed up in a line.
+VIEW_ROWS = 32
 
 
 class SystemScreen(ViewScreen):
@@ -17,6 +22,7 @@ class SystemScreen(ViewScreen):
 
     DEFAULT_CSS = """
     SystemScreen SystemPanel { height: 1fr; }
+    SystemScreen RankTable { max-height: 60%; border-top: solid $panel-lighten-2; border-title-color: $text; }
     """
 
     BINDINGS = [Binding("t", "close", "Back", show=False)]
@@ -25,10 +31,12 @@ class SystemScreen(ViewScreen):
         super().__init__()
         self.state = state
         self._seen_version = -1
+        self._seen_ranks: tuple[bool, int] | None = None
 
     def compose(self) -> ComposeResult:
         with Vertical(id="view"):
             yield SystemPanel(id="system-detail")
+            yield RankTable(max_rows=VIEW_ROWS, id="ranks-detail")
             yield Label("esc back · figures about once a second; n/a = the driver does not report it", classes="view-keys")
 
     def on_mount(self) -> None:
@@ -39,3 +47,9 @@ class SystemScreen(ViewScreen):
         if state.telemetry_version != self._seen_version:
             self._seen_version = state.telemetry_version
             self.query_one(SystemPanel).show(state)
+        ranks = (state.has_ranks, state.ranks_version)
+        if ranks != self._seen_ranks:
+            self._seen_ranks = ranks
+            table = self.query_one(RankTable)
+            table.display = state.has_ranks
+            table.show(state)

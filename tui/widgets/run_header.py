@@ -13,6 +13,7 @@ STATE_BADGES = {
     "starting": ("◌", "bold yellow"),
     "running": ("●", "bold green"),
     "paused": ("❚❚", "bold yellow"),
+    "relaunching": ("↻", "bold yellow"),
     "stopped": ("■", "bold"),
     "finished": ("✔", "bold green"),
     "failed": ("✖", "bold red"),
@@ -41,6 +42,8 @@ class RunHeader(Static):
             text.append(f" on {state.device}")
         text.append("  ")
         text.append(f"{symbol} {state.state}", style=style)
+        if state.state == "relaunching" and state.state_detail:  # "2 → 1": the world size it goes to
+            text.append(f" {state.state_detail}", style=style)
         total = f"/{state.total_steps}" if state.total_steps else ""
         text.append(f"  step {state.step}{total}")
         if state.total_steps:

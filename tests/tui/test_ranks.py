@@ -1,0 +1,195 @@
+"""The app above world size 1 (issue 5, app side): the rank table, its summary line, the world-size prompt,
+and what the app shows while the trainer relaunches its ranks. Driven by a FakeLink."""
+
+from __future__ import annotations
+
+import pytest
+
+from fake_link import FakeLink, quiet_app, ranks, telemetry, training_events
+
+from torchlab.core import protocol
+from torchlab.tui.app import TorchlabApp
+from torchlab.tui.screens.prompt import OptionPrompt
+from torchlab.tui.widgets.event_log import EventLog
+from torchlab.tui.widgets.grad_table import GradTable
+from torchlab.tui.widgets.options_panel import OptionsPanel
+from torchlab.tui.widgets.rank_table import RankTable
+from torchlab.tui.widgets.run_header import RunHeader
+
+pytestmark = pytest.mark.asyncio
+
+WIDE = (160, 48)
+SMALL = (80, 24)
+STRAGGLER = {1: {"data_wait_s": 0.05}}  # rank 1 waits 50 ms for its batches, rank 0 0.4 ms
+
+
+def app_at(world_size: int, *events: protocol.Message) -> tuple[TorchlabApp, FakeLink]:
+    link = FakeLink(training_events(world_size=world_size) + [telemetry()] + list(events))
+    link.options["world_size"] = world_size
+    return quiet_app(link), link
+
+
+def table(app: TorchlabApp) -> RankTable:
+    return app.query_one("#ranks", RankTable)
+
+
+def line(app: TorchlabApp) -> RankTable:
+    return app.query_one("#ranks-line", RankTable)
+
+
+def shown(widget: RankTable) -> list[str]:
+    return widget.render().plain.splitlines()
+
+
+def log_text(app: TorchlabApp) -> str:
+    return "\n".join(app.query_one(EventLog).lines_written)
+
+
+def header_text(app: TorchlabApp) -> str:
+    return str(app.query_one(RunHeader).content)
+
+
+async def answer(app: TorchlabApp, pilot) -> None:
+    app.poll_now()
+    await pilot.pause()
+
+
+async def test_rank_figures_become_rows_and_the_straggler_is_flagged() -> None:
+    app, _ = app_at(2, ranks(120, slow=STRAGGLER))
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause()
+        assert table(app).display and not line(app).display
+        header, rank0, rank1 = shown(table(app))
+        assert header.split() == ["rank", "step", "vs", "others", "data", "wait", "alloc", "rss"]
+        assert rank0.split() == ["0", "250", "ms", "-2", "%", "0.40", "ms", "n/a", "380", "MiB"]  # no allocator on CPU
+        assert rank1.split()[:2] == ["⚑", "1"] and "50.0 ms" in rank1 and rank1.rstrip().endswith("data wait 125× others")
+        assert table(app).border_title == "2 ranks · step 120"
+        assert table(app).region.height == 2 + 3  # a border, a header and two rows, under the gradient table
+        assert app.query_one(GradTable).region.bottom == table(app).region.y
+
+
+async def test_allocator_memory_shows_on_gpu_ranks() -> None:
+    app, _ = app_at(2, ranks(120, on_gpu=True))
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.pause()
+        header, rank0, _ = shown(table(app))
+        assert header.split()[6:10] == ["alloc", "reserved", "peak", "rss"]
+        assert "11 GiB    13 GiB    12 GiB   380 MiB" in rank0
+
+
+async def test_a_small_terminal_gets_one_summary_line_and_t_shows_the_table() -> None:
+    app, _ = app_at(2, ranks(120, slow=STRAGGLER))
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.pause()
+        assert line(app).display and not table(app).display and line(app).region.height == 1
+        [summary] = shown(line(app))
+        assert summary.startswith("2 ranks · ⚑ rank 1 straggles: data wait 125× others · slowest rank 1 +2 % (255 ms)")
+        await pilot.press("t")
+        detail = app.screen.query_one(RankTable)
+        assert detail.display and len(shown(detail)) == 3 and shown(detail)[2].split()[:2] == ["⚑", "1"]
+        await pilot.press("escape")
+        await pilot.resize_terminal(*WIDE)  # larger: the table takes the line's place
+        await pilot.pause()
+        assert table(app).display and not line(app).display
+
+
+async def test_many_ranks_show_the_flagged_and_the_slowest_and_count_the_rest() -> None:
+    app, _ = app_at(16, ranks(120, count=16, slow={3: {"step_time_s": 0.5}}))
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause()
+        rows = shown(table(app))
+        assert len(rows) == 1 + 8  # the header, 7 ranks, and a line for the rest
+        assert rows[1].split()[:2] == ["⚑", "3"] and rows[1].split()[2:5] == ["500", "ms", "+72"] and "step time 1.7× others" in rows[1]
+        assert [row.split()[0] for row in rows[2:8]] == ["10", "11", "12", "13", "14", "15"]  # the slowest
+        assert rows[-1] == "… and 9 more ranks, none flagged"
+
+
+async def test_ranks_on_several_hosts_get_a_host_column() -> None:
+    first = training_events(world_size=2)
+    run = {**first[0].run, "ranks": [{"rank": 0, "host": "node-a", "pid": 11, "device": "cuda:0"},
+                                     {"rank": 1, "host": "node-b", "pid": 12, "device": "cuda:0"}]}
+    first[0] = protocol.Welcome(run=run, modules=first[0].modules, options=first[0].options, state="running", step=0)
+    link = FakeLink(first + [ranks(120, on_gpu=True)])
+    app = quiet_app(link)
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause()
+        header, rank0, rank1 = shown(table(app))
+        assert header.split()[:3] == ["rank", "host", "step"]
+        assert rank0.split()[:2] == ["0", "node-a"] and rank1.split()[:2] == ["1", "node-b"]
+
+
+async def test_at_world_size_1_nothing_rank_related_takes_space() -> None:
+    app, _ = app_at(1, ranks(120))  # figures from a single process (torchrun with one): nothing to compare
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause()
+        assert not table(app).display and not line(app).display and app.run_state.ranks == []
+        grads, charts = app.query_one(GradTable).region, app.query_one("#charts").region
+        assert grads.bottom == charts.bottom  # the gradient table keeps its full height
+        await pilot.resize_terminal(*SMALL)
+        await pilot.pause()
+        assert not line(app).display
+
+
+async def test_the_world_size_prompt_refuses_a_bad_value_with_a_reason_and_sends_a_good_one() -> None:
+    app, link = app_at(1)
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.press("w")
+        prompt = app.screen
+        assert isinstance(prompt, OptionPrompt) and "relaunches" in str(prompt.query_one("#prompt-hint").content)
+        await pilot.press("backspace", "0", "enter")
+        assert app.screen is prompt and prompt.error_text == "world_size must be a whole number from 1 to 1024, got '0'"
+        await pilot.press("backspace", "t", "w", "o", "enter")
+        assert app.screen is prompt and "got 'two'" in prompt.error_text
+        assert link.sent == []
+        await pilot.press("backspace", "backspace", "backspace", "3", "enter")  # one the trainer refuses
+        assert link.sent == [protocol.SetCommand("world_size", 3)]
+        await answer(app, pilot)
+        assert "world_size = 3 refused: world size 3 does not divide the batch of 32" in log_text(app)
+        assert app.run_state.state == "running" and not table(app).display
+
+
+async def test_from_1_to_2_the_app_says_relaunching_then_shows_the_new_ranks() -> None:
+    app, link = app_at(1)
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.press("w", "2", "enter")
+        assert link.sent == [protocol.SetCommand("world_size", 2)]
+        assert "world size    1 → 2…" in str(app.query_one(OptionsPanel).content)
+        assert "requested world_size = 2 (at the next step the trainer checkpoints and relaunches its ranks)" in log_text(app)
+        await answer(app, pilot)  # the checkpoint for the relaunch; then the trainer is silent for seconds
+        assert "↻ relaunching 1 → 2" in header_text(app) and "ETA" not in header_text(app)
+        assert "120 ◆ checkpoint saved at step 120 (for the world-size change)" in log_text(app)
+        assert "relaunching as 2 processes from the checkpoint of step 120" in log_text(app)
+        assert table(app).display and shown(table(app)) == ["relaunching as 2 processes… figures once the new ranks train"]
+        await answer(app, pilot)  # the new ranks train
+        assert "● running" in header_text(app) and app.run_state.world_size == 2
+        assert "world_size = 2 applied at step 121 (was 1)" in log_text(app)
+        assert "world size    2" in str(app.query_one(OptionsPanel).content)
+        assert shown(table(app)) == ["2 ranks: waiting for their first figures (gathered about once a second)"]
+        link.push(ranks(121))
+        await answer(app, pilot)
+        assert [row.split()[0] for row in shown(table(app))[1:]] == ["0", "1"]
+
+
+async def test_back_to_world_size_1_the_rank_table_goes() -> None:
+    app, link = app_at(2, ranks(120, slow=STRAGGLER))
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.pause()
+        assert line(app).display
+        await pilot.press("w", "1", "enter")
+        await answer(app, pilot)
+        assert "↻ relaunching 2 → 1" in header_text(app)
+        assert shown(line(app)) == ["ranks: relaunching as a single process…"]
+        await answer(app, pilot)
+        assert "world_size = 1 applied at step 121 (was 2)" in log_text(app)
+        assert not line(app).display and not table(app).display and app.run_state.ranks == []
+        assert "ws 1" in str(app.query_one(OptionsPanel).content)
+
+
+async def test_pause_is_passed_on_while_the_ranks_relaunch() -> None:
+    app, link = app_at(2)
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.press("w", "1", "enter")
+        await answer(app, pilot)
+        assert app.run_state.state == "relaunching"
+        await pilot.press("space")  # the supervisor hands it to the new ranks
+        assert link.sent[-1] == protocol.PauseCommand()

@@ -1,0 +1,297 @@
+"""The ranks of a data-parallel run side by side, so a straggler stands out: step time, data wait,
+allocator memory and RSS per rank, with the figure that makes a rank a straggler flagged.
+
+Drawn from ``RunState.ranks`` (the newest ``Ranks`` message, about once a second) as a table sized to
+the widget: columns that do not fit are left out, least useful first; with more ranks than rows, the
+flagged and the slowest are shown. On a small terminal (``compact``) it is one summary line. Nothing of
+it is shown at world size 1: the app hides the widget (``RunState.has_ranks``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.geometry import Size
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from torchlab.tui.state import RankFigures, RunState
+from torchlab.tui.widgets.system_panel import NA, _bytes
+
+FLAG_STYLE = "bold yellow"
+FLAG_MARK = "⚑"
+#: Rows of ranks the main screen shows (the system view, ``t``, shows more).
+MAIN_ROWS = 8
+#: Two spaces between columns.
+GAP = "  "
+
+
+@dataclass(frozen=True)
+class RankColumn:
+    """One column: its header, its width, and a rank's cell; ``flags`` names the straggler flag its figure
+    raises, so a flagged rank's cell in it is coloured."""
+
+    header: str
+    width: int
+    cell: Callable[[RankFigures], str]
+    flags: str = ""  # "step time", "data wait" (RankFigures.flag), or "" for figures that flag nothing
+    align: str = "right"
+
+
+def _host_column(width: int) -> RankColumn:
+    return RankColumn("host", width, lambda figures: _clip(figures.host, width), align="left")
+
+
+RANK = RankColumn("rank", 4, lambda figures: str(figures.rank))
+STEP = RankColumn("step", 7, lambda figures: format_seconds(figures.step_time_s), flags="step time")
+VERSUS = RankColumn("vs others", 9, lambda figures: format_versus(figures.step_vs_others), flags="step time")
+WAIT = RankColumn("data wait", 9, lambda figures: format_seconds(figures.data_wait_s), flags="data wait")
+ALLOC = RankColumn("alloc", 8, lambda figures: _size(figures.allocated_bytes))
+PEAK = RankColumn("peak", 8, lambda figures: _size(figures.peak_allocated_bytes))
+RESERVED = RankColumn("reserved", 8, lambda figures: _size(figures.reserved_bytes))
+RSS = RankColumn("rss", 8, lambda figures: _size(figures.rss_bytes))
+#: The flag in words ("data wait 6.7× others") needs this much room after the figures, or it is left out
+#: (the ⚑ beside the rank and the flagged figure's colour still say it).
+FLAG_WORDS_MIN = 14
+
+
+class RankTable(Widget):
+    """Per-rank figures with stragglers flagged; one summary line when ``compact``."""
+
+    DEFAULT_CSS = """
+    RankTable {
+        height: auto;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
+    }
+    """
+
+    compact: reactive[bool] = reactive(False)
+    """One summary line instead of the table: for small terminals."""
+
+    def __init__(self, *, max_rows: int = MAIN_ROWS, compact: bool = False, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.max_rows = max_rows
+        self.set_reactive(RankTable.compact, compact)
+        self._state: RunState | None = None
+
+    def show(self, state: RunState) -> None:
+        """Redraw from the run state (the app calls this when the rank figures changed)."""
+        self._state = state
+        count = len(state.ranks) or state.world_size
+        at = f" · step {state.ranks_step}" if state.ranks_step is not None else ""
+        self.border_title = f"{count} ranks{at}" if state.ranks else "ranks"
+        self.refresh(layout=True)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(self._text(width, self.max_rows).plain.splitlines()) or 1
+
+    def render(self) -> Text:
+        # Held to fewer lines than it asked for (a max-height), it shows fewer ranks and says so.
+        rows = min(self.max_rows, self.content_size.height - 1) if self.content_size.height > 1 else self.max_rows
+        return self._text(self.content_size.width, rows)
+
+    def _text(self, width: int, rows: int) -> Text:
+        width = max(width, 20)
+        if self.compact:
+            return summary_line(self._state, width)
+        return table_text(self._state, width, rows)
+
+
+# ---------------------------------------------------------------------- the table
+
+def table_text(state: RunState | None, width: int, max_rows: int) -> Text:
+    """A header and a row per rank for ``width`` columns, in at most ``max_rows`` lines after the header
+    (with more ranks than that, the last line says how many more)."""
+    waiting = _waiting_text(state)
+    if waiting is not None:
+        return Text(waiting, style="dim italic")
+    assert state is not None
+    ranks = state.ranks
+    columns, flag_words = layout_columns(ranks, width)
+    shown = _rows_to_show(ranks, max_rows)
+    lines = [_header(columns)]
+    lines += [_row(figures, columns, flag_words) for figures in shown]
+    shown_ranks = {figures.rank for figures in shown}
+    hidden = [figures for figures in ranks if figures.rank not in shown_ranks]
+    if hidden:
+        flagged = sum(1 for figures in hidden if figures.flag)
+        lines.append(Text(f"… and {len(hidden)} more ranks, {flagged or 'none'} flagged", style="dim"))
+    return Text("\n").join(lines)
+
+
+def layout_columns(ranks: list[RankFigures], width: int) -> tuple[list[RankColumn], int]:
+    """The columns that fit ``width``, and the room left for the flag in words (0: none): the figures
+    first, then the hosts (when the ranks span several), the flag's words, peak and reserved memory."""
+    on_cuda = any(figures.allocated_bytes is not None for figures in ranks)
+    hosts = {figures.host for figures in ranks if figures.host}
+    columns = [RANK, STEP, VERSUS, WAIT, ALLOC, RSS]
+    used = _width(columns)
+    if len(hosts) > 1:
+        host = _host_column(min(16, max(len(name) for name in hosts)))
+        if used + len(GAP) + host.width <= width:
+            columns.insert(1, host)
+            used += len(GAP) + host.width
+    # The words' room is kept whether or not a rank is flagged now, so columns do not jump as flags come and go.
+    words = FLAG_WORDS_MIN if used + len(GAP) + FLAG_WORDS_MIN <= width else 0
+    if words:
+        used += len(GAP) + words
+    if on_cuda:
+        extras = []
+        for extra in (PEAK, RESERVED):  # the peak matters more: it is what runs out
+            if used + len(GAP) + extra.width <= width:
+                extras.append(extra)
+                used += len(GAP) + extra.width
+        at = columns.index(RSS)
+        columns[at:at] = [extra for extra in (RESERVED, PEAK) if extra in extras]  # shown as torch names them
+    if words:
+        words += width - used  # whatever is left
+    return columns, words
+
+
+def _width(columns: list[RankColumn]) -> int:
+    return sum(column.width for column in columns) + len(GAP) * (len(columns) - 1)
+
+
+def _header(columns: list[RankColumn]) -> Text:
+    text = Text(style="dim")
+    for index, column in enumerate(columns):
+        if index:
+            text.append(GAP)
+        text.append(_align(column.header, column))
+    return text
+
+
+def _row(figures: RankFigures, columns: list[RankColumn], flag_words: int) -> Text:
+    text = Text()
+    for index, column in enumerate(columns):
+        if index:
+            text.append(GAP)
+        if column is RANK and figures.flag:
+            text.append(_align(f"{FLAG_MARK} {figures.rank}", column), style=FLAG_STYLE)
+        else:
+            style = FLAG_STYLE if figures.flag and column.flags == figures.flag else ""
+            text.append(_align(column.cell(figures), column), style=style)
+    if flag_words and figures.flag:
+        text.append(GAP)
+        text.append(_clip(flag_text(figures), flag_words), style=FLAG_STYLE)
+    return text
+
+
+def flag_text(figures: RankFigures) -> str:
+    """``data wait 6.7× others``: the figure that makes the rank a straggler, against the others' median."""
+    ratio = figures.wait_vs_others if figures.flag == "data wait" else figures.step_vs_others
+    times = f" {_ratio(ratio)} others" if ratio is not None else ""
+    return f"{figures.flag}{times}"
+
+
+def _rows_to_show(ranks: list[RankFigures], max_rows: int) -> list[RankFigures]:
+    """Every rank when they fit; else the flagged, then the slowest, in rank order, with a line for the rest."""
+    if len(ranks) <= max_rows:
+        return list(ranks)
+    room = max(1, max_rows - 1)
+    interesting = sorted(ranks, key=lambda figures: (not figures.flag, -(figures.step_time_s or 0.0), figures.rank))[:room]
+    return sorted(interesting, key=lambda figures: figures.rank)
+
+
+def _align(value: str, column: RankColumn) -> str:
+    value = _clip(value, column.width)
+    return value.ljust(column.width) if column.align == "left" else value.rjust(column.width)
+
+
+# ---------------------------------------------------------------------- one line for small terminals
+
+def summary_line(state: RunState | None, width: int) -> Text:
+    """``2 ranks · slowest rank 1 +17 % · data wait ≤0.48 ms · rss ≤381 MiB``; a straggler comes first."""
+    waiting = _waiting_text(state)
+    if waiting is not None:
+        subject = "ranks: " if waiting.startswith("relaunching") else ""  # "2 ranks: waiting…" says it already
+        return Text(f"{subject}{waiting}", style="dim italic")
+    assert state is not None
+    ranks = state.ranks
+    line = Text()
+    line.append(f"{len(ranks)} ranks", style="bold")
+    flagged = [figures for figures in ranks if figures.flag]
+    if flagged:
+        worst = max(flagged, key=lambda figures: (figures.wait_vs_others if figures.flag == "data wait" else figures.step_vs_others) or 0.0)
+        line.append(" · ", style="dim")
+        line.append(f"{FLAG_MARK} rank {worst.rank} straggles: {flag_text(worst)}", style=FLAG_STYLE)
+        if len(flagged) > 1:
+            line.append(f" (+{len(flagged) - 1} more)", style=FLAG_STYLE)
+    timed = [figures for figures in ranks if figures.step_time_s is not None]
+    if timed:
+        slowest = max(timed, key=lambda figures: figures.step_time_s or 0.0)
+        line.append(" · ", style="dim")
+        line.append("slowest ", style="dim")
+        line.append(f"rank {slowest.rank} {format_versus(slowest.step_vs_others)}", style="bold")
+        line.append(f" ({format_seconds(slowest.step_time_s)})")
+    for label, values, formatter in (
+        ("data wait", [figures.data_wait_s for figures in ranks], format_seconds),
+        ("alloc", [figures.allocated_bytes for figures in ranks], _size),
+        ("rss", [figures.rss_bytes for figures in ranks], _size),
+    ):
+        known = [value for value in values if value is not None]
+        if known:  # no allocator on a CPU run: left out here (the table says n/a)
+            line.append(" · ", style="dim")
+            line.append(f"{label} ", style="dim")
+            line.append(f"≤{formatter(max(known))}", style="bold")
+    return line
+
+
+def _waiting_text(state: RunState | None) -> str | None:
+    """What to say instead of figures, or None when there are figures to show."""
+    if state is None or not state.has_ranks:
+        return "single process: no per-rank figures"
+    if state.state == "relaunching":
+        count = state.relaunch_to
+        if count == 1:
+            return "relaunching as a single process…"
+        target = f" as {count} processes" if count else ""
+        return f"relaunching{target}… figures once the new ranks train"
+    if not state.ranks:
+        return f"{state.world_size} ranks: waiting for their first figures (gathered about once a second)"
+    return None
+
+
+# ---------------------------------------------------------------------- formatting
+
+def format_seconds(seconds: float | None) -> str:
+    """At most 7 characters: ``0.46 ms``, ``29.1 ms``, ``291 ms``, ``1.23 s``, ``12.3 s``; n/a when unknown."""
+    if seconds is None:
+        return NA
+    milliseconds = seconds * 1000
+    if seconds >= 10:
+        return f"{seconds:.1f} s"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if milliseconds >= 100:
+        return f"{milliseconds:.0f} ms"
+    if milliseconds >= 10:
+        return f"{milliseconds:.1f} ms"
+    return f"{milliseconds:.2f} ms"
+
+
+def format_versus(ratio: float | None) -> str:
+    """A rank's figure against the others' median, as a difference: ``+17 %``, ``-4 %``, ``±0 %``."""
+    if ratio is None:
+        return "–"
+    if ratio == float("inf"):
+        return "∞"
+    percent = round((ratio - 1) * 100)
+    return f"{percent:+d} %" if percent else "±0 %"
+
+
+def _ratio(ratio: float) -> str:
+    if ratio == float("inf"):
+        return "∞×"
+    return f"{ratio:.1f}×" if ratio < 10 else f"{ratio:.0f}×"
+
+
+def _size(count: float | None) -> str:
+    return _bytes(count) if count is not None else NA
+
+
+def _clip(value: str, width: int) -> str:
+    return value if len(value) <= width else value[: width - 1] + "…"
