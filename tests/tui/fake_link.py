@@ -174,6 +174,10 @@ class FakeLink:
         self.state = "connecting"
         self.options = dict(OPTIONS)
         self.relaunched: list[protocol.Message] = []  # what the next drain after a relaunch's checkpoint releases
+        # Scripted answers for the paths the tests take (the real trainer profiles and detaches).
+        self.profile_refusal = "a profile is already recording (from step 118)"
+        self.detach_refusal = "this trainer cannot detach"
+        self.detach_acknowledged = True
 
     # ------------------------------------------------------------------ the link interface
 
@@ -204,12 +208,17 @@ class FakeLink:
         elif isinstance(command, protocol.SaveCheckpointCommand):
             self.push(protocol.CheckpointSaved(at, f"{RUN_DIR}/checkpoints/step-{at:07d}.pt", "requested"))
         elif isinstance(command, protocol.ProfileCommand):
-            self.push(protocol.OptionRefused("profile", command.steps, "the profiler is not available yet", at, "app"))
+            self.push(protocol.OptionRefused("profile", command.steps, self.profile_refusal, at, "app"))
         elif isinstance(command, protocol.DetachCommand):
-            self.push(protocol.OptionRefused("detach", None, "detaching is not available yet", at, "app"))
+            self.push(protocol.OptionRefused("detach", None, self.detach_refusal, at, "app"))
 
     def close(self, *, detach: bool = False) -> None:
         self.closed = {"detach": detach}
+
+    def detach_and_wait(self, timeout_s: float = 3.0) -> bool:
+        """A hang-up's detach: acknowledged unless ``detach_acknowledged`` is False (an old trainer)."""
+        self.sent.append(protocol.DetachCommand())
+        return self.detach_acknowledged
 
     def restart(self, resume: bool) -> None:
         self.restarts.append(resume)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 from pathlib import Path
 
 import pytest
@@ -163,9 +165,9 @@ async def test_profile_save_and_detach_are_sent_and_answered(app: TorchlabApp, l
         assert [type(c) for c in link.sent] == [protocol.ProfileCommand, protocol.SaveCheckpointCommand, protocol.DetachCommand]
         await answer(app, pilot)
         text = log_text(app)
-        assert "profile = 5 refused: the profiler is not available yet" in text
+        assert "profile = 5 refused: a profile is already recording (from step 118)" in text
         assert "checkpoint saved at step 121 (requested)" in text
-        assert "detach refused: detaching is not available yet" in text
+        assert "detach refused: this trainer cannot detach" in text
         assert link.closed is None  # a refused detach leaves the app where it was
 
 
@@ -178,6 +180,26 @@ async def test_confirmed_detach_closes_the_link_without_stopping_the_trainer(app
         await app.workers.wait_for_complete()
         await pilot.pause()
     assert link.closed == {"detach": True}
+
+
+async def test_a_hang_up_detaches_so_the_trainer_trains_on(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        app._on_hangup(signal.SIGHUP, None)  # what the terminal's hang-up delivers
+        app._hangup_thread.join(10)
+        await pilot.pause()
+    assert [type(c) for c in link.sent][-1] is protocol.DetachCommand
+    assert link.closed == {"detach": True}
+
+
+async def test_a_hang_up_the_trainer_does_not_acknowledge_stops_it_as_a_quit_would(app: TorchlabApp, link: FakeLink) -> None:
+    link.detach_acknowledged = False
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        app._on_hangup(signal.SIGHUP, None)
+        app._hangup_thread.join(10)
+        await pilot.pause()
+    assert link.closed == {"detach": False}
 
 
 async def test_quit_stops_the_trainer_through_the_link(app: TorchlabApp, link: FakeLink) -> None:
