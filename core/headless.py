@@ -156,6 +156,8 @@ class HeadlessProgress(TrainerObserver):
             self.console.print(f"step {step}: [yellow]step skipped[/]: {record['reason']}")
         elif event in ("paused", "resumed", "resumed_from_checkpoint"):
             self.console.print(f"step {step}: {event.replace('_', ' ')}")
+        elif event == "relaunching":
+            self.console.print(f"step {step}: relaunching with {record['world_size']} rank(s) (was {record['previous']})")
 
     def summary(self) -> str:
         if self.last_record is None or self.first_loss is None:

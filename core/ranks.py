@@ -150,10 +150,16 @@ class Supervisor:
             if outcome.status != "relaunch":
                 return outcome
             change = outcome.relaunch
+            self._emit_event({"event": "relaunching", "step": outcome.step, "time": time.time(),
+                              "world_size": change.value, "previous": change.previous})
             self._acknowledge = change
             self.world_size = change.value
             config = _with_world_size(config, change.value)
             resume, explicit = self.run_dir / "checkpoints" / "last.pt", {"world_size"}
+
+    def _emit_event(self, record: dict[str, Any]) -> None:
+        for observer in self.observers:
+            observer.on_event(record)
 
     def _build_trainer(self, config: TrainConfig, resume: Path | None, explicit: set[str]) -> Trainer:
         from torchlab.core.headless import seed_everything

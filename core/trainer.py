@@ -241,6 +241,7 @@ class Trainer:
         self._consecutive_skips = 0
         self._last_checkpoint_step: int | None = None
         self._started = time.monotonic()
+        self._elapsed_before = 0.0  # training time of earlier processes of this run (resumed, relaunched)
         self._last_batch: Any = None
 
         initial = config.options
@@ -429,7 +430,7 @@ class Trainer:
         record: dict[str, Any] = {
             "step": step,
             "time": time.time(),
-            "elapsed_s": round(time.monotonic() - self._started, 3),
+            "elapsed_s": round(self._elapsed(), 3),
             "epoch": self.data.position.epoch,
             "loss": loss_value,
             "lr": lr_used,
@@ -759,6 +760,7 @@ class Trainer:
             # A checkpoint for a relaunch is taken after its boundary's commands and scripted changes were
             # handled; the relaunched run must not queue those scripted changes again.
             "scripted_through": self._scripted_through if reason == "world_size" else self.step,
+            "elapsed_s": self._elapsed(),
         }
         if rng_by_rank is not None:
             state["rng_by_rank"] = rng_by_rank
@@ -779,6 +781,7 @@ class Trainer:
         self.data.restore(DataPosition.from_dict(state["data"], self.batch_size))
         self.step = state["step"]
         self._scripted_through = state.get("scripted_through", self.step)
+        self._elapsed_before = float(state.get("elapsed_s", 0.0))
         self.first_step_of_process = self.step + 1
         self._last_checkpoint_step = self.step
         options = LiveOptions(**state["options"])
@@ -800,6 +803,10 @@ class Trainer:
             seed_rank(self.config.seed, state["step"], rank)
 
     # ----------------------------------------------------------------- reporting
+    def _elapsed(self) -> float:
+        """Training time of the whole run: this process's, and that of the processes it resumed from."""
+        return self._elapsed_before + time.monotonic() - self._started
+
     def _emit_metrics(self, record: dict[str, Any]) -> None:
         for observer in self.observers:
             observer.on_metrics(record)

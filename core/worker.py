@@ -113,6 +113,8 @@ class OutboxReporter(TrainerObserver):
                 sort=record.get("sort", "self_cpu_us"), build_s=record["build_s"], error=record.get("error")))
         elif event == "profile_started":
             self.outbox.add_event(p.Log(level="info", text=f"profiling {record['steps']} steps after 1 warm-up", step=step))
+        elif event == "relaunching":
+            self.set_state("relaunching", step, f"{record['previous']} → {record['world_size']}")
         elif event == "resumed_from_checkpoint":
             self.outbox.add_event(p.Log(level="info", text=f"resumed from the checkpoint of step {step}", step=step))
 

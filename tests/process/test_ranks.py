@@ -86,6 +86,9 @@ def test_live_world_size_1_to_2_to_1_continues_the_run(tmp_path):
     relaunch_checkpoints = [e["step"] for e in events if e["event"] == "checkpoint" and e["reason"] == "world_size"]
     assert relaunch_checkpoints == [3, 7]
     assert [e["step"] for e in events if e["event"] == "resumed_from_checkpoint"] == [3, 7]
+    assert [(e["step"], e["previous"], e["world_size"]) for e in events if e["event"] == "relaunching"] == [(3, 1, 2), (7, 2, 1)]
+    elapsed = [m["elapsed_s"] for m in metrics]
+    assert elapsed == sorted(elapsed), "training time carries across relaunches instead of restarting at 0"
     assert events[-1]["event"] == "run_ended" and events[-1]["status"] == "finished"
     assert not any(alive(pid) for pid in rank_pids(events))
 
@@ -155,6 +158,8 @@ def test_the_app_changes_the_world_size_and_the_trainer_stays_its_endpoint(tmp_p
         seen = Collected(link)
         seen.until(lambda m: isinstance(m, p.Metrics) and m.records[-1]["step"] >= 2)
         link.send(p.SetCommand(option="world_size", value=2))
+        relaunching = seen.until(lambda m: isinstance(m, p.State) and m.state == "relaunching")
+        assert relaunching.detail == "1 → 2"
         ack = seen.until(lambda m: isinstance(m, p.OptionApplied) and m.option == "world_size")
         assert (ack.value, ack.previous, ack.source) == (2, 1, "app")
         ranks = seen.until(lambda m: isinstance(m, p.Ranks))
