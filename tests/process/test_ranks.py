@@ -20,6 +20,7 @@ import torch
 
 from conftest import WORKLOADS, make_trainer
 from processes import alive
+from test_worker import Collected
 from torchlab.core import protocol as p
 from torchlab.core.checkpoint import load_checkpoint
 from torchlab.core.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
@@ -133,22 +134,6 @@ def test_world_sizes_this_machine_or_batch_cannot_have_are_refused(tmp_path, cap
     refused = {e["step"]: e["reason"] for e in read_jsonl(tmp_path / "b" / "events.jsonl") if e["event"] == "option_refused"}
     assert "world size 3 does not divide the batch of 16" in refused[2]
     assert f"{too_many} ranks on the CPU need {too_many} cores" in refused[3] or "does not divide" in refused[3]
-
-
-class Collected:
-    def __init__(self, link: ProcessLink) -> None:
-        self.link, self.messages = link, []
-
-    def until(self, predicate, timeout: float = 120.0):
-        deadline = time.monotonic() + timeout
-        while True:
-            self.messages.extend(self.link.drain())
-            found = [m for m in self.messages if predicate(m)]
-            if found:
-                return found[-1]
-            assert time.monotonic() < deadline, f"timed out; got {[m.type for m in self.messages][-20:]}"
-            self.link.arrived.wait(1.0)
-            self.link.arrived.clear()
 
 
 def test_the_app_changes_the_world_size_and_the_trainer_stays_its_endpoint(tmp_path):

@@ -27,7 +27,7 @@ class Collected:
         self.link = link
         self.messages: list[p.Message] = []
 
-    def until(self, predicate, timeout: float = 60.0):
+    def until(self, predicate, timeout: float = 120.0):
         deadline = time.monotonic() + timeout
         while True:
             self.messages.extend(self.link.drain())
