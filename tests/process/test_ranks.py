@@ -7,7 +7,6 @@ torch. The supervisor runs in the test process (``main()``); the ranks are its c
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import socket
 import subprocess
