@@ -7,7 +7,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from test_worker import TINY, Collected, link_for  # noqa: F401  (link_for is a fixture)
+from test_worker import TINY, link_for  # noqa: F401  (link_for is a fixture)
 from torchlab.core import protocol as p
 
 COMMAND_TYPES = [kind for kind in (c.type for c in p.COMMANDS) if kind != "stop"] + ["metrics", "welcome", "refused", "", "x" * 40]
