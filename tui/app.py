@@ -440,6 +440,7 @@ class TorchlabApp(App[int]):
             self._requested("checkpoint requested (saved at the end of the current step)")
 
     def action_detach(self) -> None:
+        self.run_state.detach_requested = True
         if self.send(protocol.DetachCommand()):
             self._requested("detach requested: the app leaves once the trainer confirms")
 

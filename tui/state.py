@@ -172,6 +172,8 @@ class RunState:
         self.relaunch_to: int | None = None
         self.ranks_version = 0
         self.detached = False
+        #: set by the app when it asks to detach: only then does a detach acknowledgement mean "leave"
+        self.detach_requested = False
 
     # ------------------------------------------------------------------ feeding
 
@@ -462,6 +464,9 @@ class RunState:
             if event.option == "world_size":
                 self._world_size_changed(event)
         elif event.option == "detach":
+            if not self.detach_requested:  # history replayed on attach: an earlier app's detach
+                self.log("info", f"an earlier app detached at step {event.step}", event.step)
+                return
             self.detached = True
             text = f"detached at step {event.step}: the trainer keeps training"
         else:

@@ -182,6 +182,14 @@ async def test_confirmed_detach_closes_the_link_without_stopping_the_trainer(app
     assert link.closed == {"detach": True}
 
 
+async def test_an_earlier_apps_detach_replayed_on_attach_does_not_make_this_app_leave(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        link.push(protocol.OptionApplied("detach", None, None, 40, "app"))  # from the history ring
+        await answer(app, pilot)
+        assert not app.run_state.detached and link.closed is None
+        assert "an earlier app detached at step 40" in log_text(app)
+
+
 async def test_a_hang_up_detaches_so_the_trainer_trains_on(app: TorchlabApp, link: FakeLink) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
