@@ -63,8 +63,12 @@ def open_run(entry: RunEntry) -> int:
     from torchlab.tui.app import make_app
     from torchlab.tui.link import ProcessLink
 
-    app = make_app(lambda: ProcessLink.attach(entry), workload=info.get("workload"))
+    link = ProcessLink.attach(entry)
+    app = make_app(lambda: link, workload=info.get("workload"))
     app.run()
+    if link.refused is not None:
+        print(f"torchlab-tui attach: {name}: {link.refused}", file=sys.stderr)
+        return EXIT_FAILED
     if app.run_state.detached:
         print(f"Detached: {name} keeps training. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
     print(f"Run directory: {info.get('run_dir')}", file=sys.stderr)

@@ -21,6 +21,9 @@ from torchlab.core.observer import TrainerObserver
 
 OPTION_KEYS = ("amp", "checkpointing", "clip", "accum", "lr_scale", "world_size")
 WARMUP_STEPS = 2  # the first steps after a change pay one-off costs (allocator, autotuning)
+#: A new trainer process (start, resume, a world-size relaunch) warms up for longer: its first steps'
+#: times stay out of the medians too, or a segment that begins with a relaunch looks slow.
+PROCESS_WARMUP_STEPS = 5
 #: Step times a segment keeps for its medians: the most recent ones, so a 100k-step segment costs
 #: the same to summarise (about once a second, for the app) as a short one.
 MEDIAN_WINDOW = 4096
@@ -87,6 +90,7 @@ class ImpactTracker(TrainerObserver):
         # From a profile's start until its tables are built, steps run under the profiler (and beside
         # the table build): their times say what profiling costs, not what the options do.
         self._profiling = False
+        self._warming_up = 0  # steps of a freshly started process still to leave out of the medians
 
     def on_metrics(self, record: dict[str, Any]) -> None:
         options = {key: record.get(key) for key in OPTION_KEYS}
@@ -96,7 +100,8 @@ class ImpactTracker(TrainerObserver):
             self.segments.append(Segment(options=options, change=change, first_step=record["step"]))
             if current is not None:
                 self.write()
-        self.segments[-1].add(record, timed=not self._profiling)
+        self.segments[-1].add(record, timed=not self._profiling and self._warming_up <= 0)
+        self._warming_up -= 1
 
     def on_telemetry(self, sample: dict[str, Any]) -> None:
         if not self.segments:
@@ -111,7 +116,9 @@ class ImpactTracker(TrainerObserver):
 
     def on_event(self, record: dict[str, Any]) -> None:
         event = record["event"]
-        if event == "profile_started":
+        if event == "run_started":
+            self._warming_up = PROCESS_WARMUP_STEPS
+        elif event == "profile_started":
             self._profiling = True
         elif event == "profile":
             self._profiling = False

@@ -62,3 +62,16 @@ def test_profiled_steps_stay_out_of_the_medians():
         tracker.on_metrics(record(step, 0.10, 1.0))
     [segment] = tracker.table()
     assert segment["median_step_time_s"] == pytest.approx(0.10) and segment["last_step"] == 14
+
+
+def test_a_fresh_processes_first_steps_stay_out_of_the_medians():
+    """After a relaunch the new ranks' first steps are slow: the segment must not look slow for it."""
+    tracker = ImpactTracker()
+    for step in range(1, 21):
+        tracker.on_metrics(record(step, 0.10, 1.0))
+    tracker.on_event({"event": "run_started", "step": 20})  # relaunched with two ranks
+    for step in range(21, 30):
+        tracker.on_metrics(record(step, 2.0 if step < 26 else 0.05, 1.0, world_size=2))
+    first, second = tracker.table()
+    assert second["median_step_time_s"] == pytest.approx(0.05)
+    assert second["verdict"].startswith("world_size=2: 2.00x faster")

@@ -35,9 +35,11 @@ from torchlab.core.protocol import (
     Log,
     Message,
     OptionApplied,
+    Refused,
     ProtocolError,
     State,
     StopCommand,
+    Welcome,
     decode,
 )
 from torchlab.core.runtime import Endpoint, RunEntry, process_running
@@ -74,6 +76,9 @@ class ProcessLink:
         self._final_state_seen = False
         self._attached_pid: int | None = None  # the trainer's pid when attached rather than spawned
         self._on_detached = lambda: None  # detach_and_wait's signal
+        self._welcomed = False
+        #: why the trainer turned this link away before welcoming it (another app is attached), if it did
+        self.refused: str | None = None
         #: set whenever an event arrives (for code that waits on the link outside a UI timer)
         self.arrived = threading.Event()
 
@@ -267,6 +272,10 @@ class ProcessLink:
             self._final_state_seen = True
         if isinstance(message, OptionApplied) and message.option == "detach":
             self._on_detached()
+        elif isinstance(message, Welcome):
+            self._welcomed = True
+        elif isinstance(message, Refused) and not self._welcomed:
+            self.refused = message.reason
         self._push(message)
 
     def _trainer_alive(self) -> bool:
@@ -277,7 +286,10 @@ class ProcessLink:
     def _report_exit(self) -> None:
         """The connection ended: if the process died without a final state, say how it died."""
         if self._attached_pid is not None:
-            if not (self._closing or self._final_state_seen):
+            if self.refused is not None:  # the run is fine, this app may not have it: leave, saying why
+                self._push(Log(level="error", text=f"could not attach: {self.refused}"))
+                self._push(State(state="detached", step=0, detail=self.refused))
+            elif not (self._closing or self._final_state_seen):
                 cause = "is gone (it ended without a word: killed?)" if not process_running(self._attached_pid) else "closed the connection"
                 self._push(Error(message=f"the trainer process (pid {self._attached_pid}) {cause}; see {self.log_path}",
                                  traceback=_tail(self.log_path), step=0))

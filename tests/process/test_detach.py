@@ -75,6 +75,14 @@ def test_a_detached_trainer_trains_on_and_attach_replays_its_history(tmp_path):
     assert again.of(p.Metrics)[0].records[0]["step"] == 1, "the curves are full at once: history replays from the ring"
     _until(lambda: find_run(link.endpoint_name).info["attached"], what="the entry to say an app is attached")
 
+    second = ProcessLink.attach(find_run(link.endpoint_name))  # one app per run: a second is turned away
+    second.start()
+    turned_away = Collected(second)
+    left = turned_away.until(lambda m: isinstance(m, p.State) and m.state == "detached")
+    assert "another app is already attached" in second.refused and left.detail == second.refused
+    second.close(detach=True)
+    assert link.process.poll() is None, "a refused app must not stop the run"
+
     attached.send(p.SetCommand(option="accum", value="2"))
     assert again.until(lambda m: isinstance(m, p.OptionApplied) and m.option == "accum").value == 2
     attached.close()  # q in the attached app: the trainer stops, with a final checkpoint
