@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from torchlab.tui.app import make_app
+from torchlab.tui.app import make_app, tune_garbage_collection
 from torchlab.tui.link import ProcessLink
 from torchlab.tui.widgets.line_chart import LineChart
 
@@ -86,6 +86,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1_000_000, help="firehose history to reach")
     parser.add_argument("--real", type=int, default=0, metavar="N", help="also N steps of the tiny model")
     args = parser.parse_args()
+    tune_garbage_collection()  # as the CLI does for the app's process
     print(f"python {sys.version.split()[0]}, {psutil.cpu_count()} CPUs, app at {SIZE[0]}x{SIZE[1]}")
     print(f"{'source':>12} {'step':>10} {'app RSS':>10} {'points kept':>12} {'charts':>11} {'frame':>11}")
     checkpoints = [n for n in (10_000, 50_000, 100_000, 200_000, 500_000, 1_000_000, 2_000_000) if n <= args.steps]

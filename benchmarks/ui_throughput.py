@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 
 from torchlab.core.protocol import OptionApplied
-from torchlab.tui.app import make_app
+from torchlab.tui.app import make_app, tune_garbage_collection
 from torchlab.tui.link import ProcessLink
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,6 +156,7 @@ def first_frame() -> tuple[float, float, float, float, bool]:
 
 
 def main() -> None:
+    tune_garbage_collection()  # as the CLI does for the app's process
     print(f"python {sys.version.split()[0]}, {psutil.cpu_count()} CPUs")
     imported, framed, settled, rss, torch_loaded = first_frame()
     print(f"\nstart-up (median of 7): import {imported:.3f} s, first frame {framed:.3f} s, settled {settled:.3f} s, "

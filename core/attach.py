@@ -60,11 +60,12 @@ def open_run(entry: RunEntry) -> int:
         print(f"torchlab-tui attach: another app is attached to {name}; quit or detach it first (one app controls a run).",
               file=sys.stderr)
         return EXIT_FAILED
-    from torchlab.tui.app import make_app
+    from torchlab.tui.app import make_app, tune_garbage_collection
     from torchlab.tui.link import ProcessLink
 
     link = ProcessLink.attach(entry)
     app = make_app(lambda: link, workload=info.get("workload"))
+    tune_garbage_collection()
     app.run()
     if link.refused is not None:
         print(f"torchlab-tui attach: {name}: {link.refused}", file=sys.stderr)

@@ -133,13 +133,14 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
     """The workbench: the app in this process (no torch), the trainer in a child with the same flags."""
     from torchlab.core.loading import check_spec, workload_label
     from torchlab.core.rundir import choose_run_dir
-    from torchlab.tui.app import make_app
+    from torchlab.tui.app import make_app, tune_garbage_collection
     from torchlab.tui.link import ProcessLink
 
     check_spec(config.workload)  # a missing file is said here, before the screen changes
     run_dir = choose_run_dir(args.run_dir, args.resume, args.runs_root, workload_label(config.workload))
     links: list[ProcessLink] = []
     app = make_app(lambda: links.append(ProcessLink(run_dir, argv)) or links[-1], workload=config.workload)
+    tune_garbage_collection()
     app.run()
     if app.run_state.detached and links and links[-1].endpoint_name:
         name = links[-1].endpoint_name

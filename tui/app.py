@@ -207,8 +207,6 @@ class TorchlabApp(App[int]):
         self.set_interval(self.log_poll_interval, self._poll_trainer_log)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGHUP, self._on_hangup)
-        gc.freeze()  # what start-up built lives as long as the app: no collection need walk it again
-        gc.set_threshold(*GC_THRESHOLDS)
 
     def on_resize(self, event: events.Resize) -> None:
         self._set_compact(event.size.width, event.size.height)
@@ -570,6 +568,16 @@ class TorchlabApp(App[int]):
     @on(GradTable.ViewChanged)
     def _grad_view_changed(self, event: GradTable.ViewChanged) -> None:
         self.notify(event.description, timeout=2)
+
+
+def tune_garbage_collection() -> None:
+    """For a process that runs the app and nothing else (the CLI's): see ``GC_THRESHOLDS``.
+
+    What was built so far lives as long as the process, so it is frozen out of every collection.
+    Not done in the app itself: a process that makes many apps (the tests) would freeze their garbage.
+    """
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def terminal_hung_up() -> bool:
