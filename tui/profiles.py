@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from torchlab.core.profile_compare import compare_tables
+from torchlab.tui.units import format_bytes
 
 
 @dataclass(frozen=True)
@@ -203,19 +204,6 @@ def format_us(microseconds: Any) -> str:
     if value < 1_000_000:
         return f"{sign}{value / 1000:.3g} ms"
     return f"{sign}{value / 1_000_000:.3g} s"
-
-
-def format_bytes(count: Any) -> str:
-    """``512 B``, ``1.5 KiB``, ``-3.2 MiB``, ``41.2 GiB``; "–" when missing. Signed: self memory can be negative (frees)."""
-    if not _is_number(count) or not math.isfinite(count):
-        return "–"
-    sign = "-" if count < 0 else ""
-    value = float(abs(count))
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.3g} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def format_times(value: Any) -> str:

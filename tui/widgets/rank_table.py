@@ -18,7 +18,8 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from torchlab.tui.state import RankFigures, RunState
-from torchlab.tui.widgets.system_panel import NA, _bytes
+from torchlab.tui.units import format_bytes
+from torchlab.tui.widgets.system_panel import NA
 
 FLAG_STYLE = "bold yellow"
 FLAG_MARK = "⚑"
@@ -289,9 +290,9 @@ def _ratio(ratio: float) -> str:
     return f"{ratio:.1f}×" if ratio < 10 else f"{ratio:.0f}×"
 
 
-def _size(count: float | None) -> str:
-    return _bytes(count) if count is not None else NA
-
-
 def _clip(value: str, width: int) -> str:
     return value if len(value) <= width else value[: width - 1] + "…"
+
+
+def _size(count: float | None) -> str:
+    return format_bytes(count, missing=NA)

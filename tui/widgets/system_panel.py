@@ -18,6 +18,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from torchlab.tui.state import RunState
+from torchlab.tui.units import byte_unit, format_bytes, three_digits
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 PARTIAL_BLOCKS = " ▏▎▍▌▋▊▉"
@@ -105,7 +106,7 @@ def _gpu_lines(gpu: dict[str, Any], bar_width: int) -> list[Text]:
     memory.append(f" {_pair(used, total)}")
     ours = _number(gpu.get("this_run_memory_bytes"))
     if ours is not None:
-        memory.append(f" · run {_bytes(ours)}", style="dim")
+        memory.append(f" · run {format_bytes(ours)}", style="dim")
     util = _labelled_bar("util", None if utilisation is None else utilisation / 100, bar_width, BUSY_STYLE)
     util.append(f" {_percent(utilisation)}")
     return [title, memory, util]
@@ -157,7 +158,7 @@ def _host_lines(host: dict[str, Any], allocator: dict[str, Any], bar_width: int)
     rss = _number(host.get("trainer_rss_bytes"))
     processes = _number(host.get("trainer_processes"))
     trainer = Text("rss".ljust(LABEL_WIDTH), style="dim")
-    trainer.append(_bytes(rss) if rss is not None else NA, style="bold")
+    trainer.append(format_bytes(rss, missing=NA), style="bold")
     if processes is not None:
         trainer.append(f" · {processes:.0f} process{'es' if processes != 1 else ''}")
     allocated = _number(allocator.get("allocated_bytes"))
@@ -167,9 +168,9 @@ def _host_lines(host: dict[str, Any], allocator: dict[str, Any], bar_width: int)
         return [cpu_line, ram_line, trainer]
     reserved, peak = _number(allocator.get("reserved_bytes")), _number(allocator.get("peak_allocated_bytes"))
     alloc = Text("alloc".ljust(LABEL_WIDTH), style="dim")
-    alloc.append(_bytes(allocated), style="bold")
-    alloc.append(f" · reserved {_bytes(reserved) if reserved is not None else NA}")
-    alloc.append(f" · peak {_bytes(peak) if peak is not None else NA}")
+    alloc.append(format_bytes(allocated), style="bold")
+    alloc.append(f" · reserved {format_bytes(reserved, missing=NA)}")
+    alloc.append(f" · peak {format_bytes(peak, missing=NA)}")
     return [cpu_line, ram_line, trainer, alloc]
 
 
@@ -210,7 +211,7 @@ def summary_line(sample: dict[str, Any], width: int) -> Text:
     used, total = _number(host.get("ram_used_bytes")), _number(host.get("ram_total_bytes"))
     rss = _number(host.get("trainer_rss_bytes"))
     processes = _number(host.get("trainer_processes"))
-    for label, value in (("cpu", _percent(cpu)), ("ram", _pair(used, total)), ("rss", _bytes(rss) if rss is not None else NA)):
+    for label, value in (("cpu", _percent(cpu)), ("ram", _pair(used, total)), ("rss", format_bytes(rss, missing=NA))):
         rest.append(" · ", style="dim")
         rest.append(f"{label} ", style="dim")
         rest.append(value, style="bold")
@@ -288,7 +289,7 @@ def _pair(used: float | None, total: float | None) -> str:
     """``41.2/79.6 GiB`` in the unit of the total; n/a for what is missing."""
     if used is None and total is None:
         return NA
-    unit, scale = _unit(total if total is not None else used)
+    unit, scale = byte_unit(total if total is not None else used)
     shown_used = f"{used / scale:.1f}" if used is not None else NA
     shown_total = f"{total / scale:.1f}" if total is not None else NA
     return f"{shown_used}/{shown_total} {unit}"
@@ -296,26 +297,8 @@ def _pair(used: float | None, total: float | None) -> str:
 
 def _range(low: float, high: float) -> str:
     """``765–895 MiB``, in the unit of the high end."""
-    unit, scale = _unit(high)
-    return f"{_three_digits(low / scale)}–{_three_digits(high / scale)} {unit}"
-
-
-def _bytes(count: float) -> str:
-    unit, scale = _unit(count)
-    return f"{_three_digits(count / scale)} {unit}" if unit != "B" else f"{count:.0f} B"
-
-
-def _three_digits(value: float) -> str:
-    """``1.23``, ``12.3``, ``123``, and ``1000`` to ``1023`` whole (``:.3g`` would write ``1e+03``)."""
-    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
-
-
-def _unit(count: float | None) -> tuple[str, float]:
-    count = abs(count or 0)
-    for unit, scale in (("TiB", 1024.0**4), ("GiB", 1024.0**3), ("MiB", 1024.0**2), ("KiB", 1024.0)):
-        if count >= scale:
-            return unit, scale
-    return "B", 1.0
+    unit, scale = byte_unit(high)
+    return f"{three_digits(low / scale)}–{three_digits(high / scale)} {unit}"
 
 
 def _percent(value: float | None, unit: str = " %") -> str:
