@@ -1,7 +1,7 @@
 """Two profiler snapshots side by side, by op (or by op and input shape), with ``after / before`` ratios.
 
-Standard library only: the trainer's profiler uses it, and so does the app, whose process never
-imports torch.
+Standard library only: the app, whose process never imports torch, compares the snapshots the
+trainer wrote.
 """
 
 from __future__ import annotations
@@ -47,20 +47,6 @@ def compare_tables(
             "after": b,
             "ratios": {column: ratio((a or {}).get(column), (b or {}).get(column)) for column in columns},
         })
-    return compared
-
-
-def compare_profiles(before: list[dict[str, Any]], after: list[dict[str, Any]], column: str) -> list[dict[str, Any]]:
-    """Rows of two snapshots side by side by op name, with ``after / before`` of ``column`` (None where missing).
-
-    Largest first, by the larger of the two values.
-    """
-    compared = []
-    for entry in compare_tables(before, after, [column]):
-        a = (entry["before"] or {}).get(column)
-        b = (entry["after"] or {}).get(column)
-        compared.append({"name": entry["name"], "before": a, "after": b, "ratio": (b / a) if a and b is not None else None})
-    compared.sort(key=lambda row: -max(row["before"] or 0, row["after"] or 0))
     return compared
 
 

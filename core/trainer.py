@@ -237,7 +237,6 @@ class Trainer:
         self._probe_next = False  # rank 0's probe decision for the next step, shared with every rank
         self._figures_next = False  # likewise: whether the next report gathers the per-rank figures
         self._figures_gathered_at = -math.inf
-        self._data_wait_s = 0.0
         self._consecutive_skips = 0
         self._last_checkpoint_step: int | None = None
         self._started = time.monotonic()
