@@ -80,14 +80,15 @@ async def key_to_acknowledgement(presses: int = 10) -> dict[str, float]:
     run_dir = Path(tempfile.mkdtemp()) / "run"
     app = make_app(lambda: ProcessLink(run_dir, [f"{TINY}:workload", "--steps", "1000000", "--checkpoint-every", "0"]))
     acknowledged: list[float] = []
-    original_apply = app.run_state.apply
+    original_apply_all = app.run_state.apply_all
 
-    def apply(event) -> None:
-        original_apply(event)
-        if isinstance(event, OptionApplied):
+    def apply_all(events) -> None:
+        events = list(events)
+        original_apply_all(events)
+        if any(isinstance(event, OptionApplied) for event in events):
             acknowledged.append(time.perf_counter())
 
-    app.run_state.apply = apply
+    app.run_state.apply_all = apply_all
     latencies = []
     async with app.run_test(size=SIZE) as pilot:
         state = app.run_state

@@ -52,7 +52,7 @@ def test_every_message_round_trips_as_one_json_line(message):
 
 def test_metrics_travel_as_columns_and_read_back_as_records():
     message = p.Metrics.from_records([{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.4, "val_loss": 2.6}])
-    assert message.columns == ["step", "loss", "val_loss"]
+    assert message.columns == {"step": [1, 2], "loss": [2.5, 2.4], "val_loss": [None, 2.6]}
     assert p.decode(message.encode()).records == [
         {"step": 1, "loss": 2.5, "val_loss": None}, {"step": 2, "loss": 2.4, "val_loss": 2.6}]
 
@@ -67,18 +67,19 @@ def test_non_finite_numbers_travel_as_null():
     (b"{", "not valid JSON"),
     (b"[1, 2]", "must be a JSON object"),
     (b'{"type": "pause"}', "protocol version None is not supported"),
-    (b'{"v": 99, "type": "pause"}', "protocol version 99 is not supported; this side speaks version 1"),
-    (b'{"v": 1}', "unknown message type None"),
-    (b'{"v": 1, "type": "format_disk"}', "unknown message type 'format_disk'"),
-    (b'{"v": 1, "type": "set", "option": "amp"}', "set: missing field 'value'"),
-    (b'{"v": 1, "type": "set", "option": ["amp"], "value": 1}', "set.option: expected str, got list"),
-    (b'{"v": 1, "type": "set", "option": "amp", "value": {"x": 1}}', "set.value: expected str or int or float or bool or null, got dict"),
-    (b'{"v": 1, "type": "profile", "steps": true}', "profile.steps: expected int, got a boolean"),
-    (b'{"v": 1, "type": "pause", "now": true}', "pause: unknown field(s) now"),
-    (b'{"v": 1, "type": "hello", "version": 1}', "hello: missing field 'token'"),
+    (b'{"v": 99, "type": "pause"}', "protocol version 99 is not supported; this side speaks version 2"),
+    (b'{"v": 2}', "unknown message type None"),
+    (b'{"v": 2, "type": "format_disk"}', "unknown message type 'format_disk'"),
+    (b'{"v": 2, "type": "set", "option": "amp"}', "set: missing field 'value'"),
+    (b'{"v": 2, "type": "set", "option": ["amp"], "value": 1}', "set.option: expected str, got list"),
+    (b'{"v": 2, "type": "set", "option": "amp", "value": {"x": 1}}', "set.value: expected str or int or float or bool or null, got dict"),
+    (b'{"v": 2, "type": "profile", "steps": true}', "profile.steps: expected int, got a boolean"),
+    (b'{"v": 2, "type": "pause", "now": true}', "pause: unknown field(s) now"),
+    (b'{"v": 2, "type": "hello", "version": 1}', "hello: missing field 'token'"),
     (b"\xff\xfe", "not UTF-8"),
-    (b'{"v": 1, "type": "metrics", "columns": ["step"], "rows": [[1], [2, 3]]}', "every row must be a list of 1 values"),
-    (b'{"v": 1, "type": "metrics", "columns": [1], "rows": []}', "expected a list of names"),
+    (b'{"v": 2, "type": "metrics", "columns": {"step": [1], "loss": [2.5, 2.4]}}', "columns must be of one length, got lengths [1, 2]"),
+    (b'{"v": 2, "type": "metrics", "columns": {"step": 1}}', "every column must be a list of values"),
+    (b'{"v": 2, "type": "metrics", "columns": ["step"], "rows": [[1]]}', "unknown field(s) rows"),
     (b"[" * 100000, "not valid JSON"),
     (b" " * (p.MAX_LINE_BYTES + 1), "exceeds the limit"),
 ])

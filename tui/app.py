@@ -2,7 +2,7 @@
 
 Data flow, one direction per arrow and one thread for the UI:
 
-    link (reader thread, owned by the link) ──buffer──▶ 20 Hz timer: link.drain() ──▶ RunState.apply()
+    link (reader thread, owned by the link) ──buffer──▶ 20 Hz timer: link.drain() ──▶ RunState.apply_all()
                                                                    └──▶ widgets redraw what changed
 
 Only the timer and key handlers touch widgets; nothing blocks the UI on the trainer (measured in
@@ -58,8 +58,9 @@ COMPACT_WIDTH = 110
 COMPACT_HEIGHT = 34
 #: Steps a profiler snapshot covers.
 PROFILE_STEPS = 5
-#: Curves redraw at most this often (the figures in the header follow every poll): at 50k reports a
-#: second, redrawing three charts on every poll cost more than folding the reports in.
+#: Each curve redraws at most this often (the figures in the header follow every poll), and at most
+#: one chart per poll: at 50k reports a second, redrawing three charts on every poll cost more than
+#: folding the reports in, and three in one frame made that frame the slowest of all.
 CHART_REFRESH_S = 0.2
 #: The garbage collector's thresholds: reports arrive as many short-lived lists, and with the default
 #: (700, 10, 10) full collections paused the event loop for 50-90 ms at 50k reports a second.
@@ -167,7 +168,8 @@ class TorchlabApp(App[int]):
         self._leaving = False
         self._error_screen_open = False
         self._hangup_thread: threading.Thread | None = None
-        self._charts_drawn_at = -CHART_REFRESH_S
+        #: per chart: the state's metrics version it shows and when it was drawn
+        self._chart_drawn: dict[LineChart, tuple[int, float]] = {}
 
     # ------------------------------------------------------------------ layout
 
@@ -246,8 +248,7 @@ class TorchlabApp(App[int]):
             except Exception as error:  # a broken link is reported, and the app stays up to say so
                 self.run_state.log("error", f"lost the connection to the trainer: {error}", notify=True)
                 received = []
-            for event in received:
-                self.run_state.apply(event)
+            self.run_state.apply_all(received)
         try:
             self._refresh_view()
         except NoMatches:  # a tick that fires while the app exits finds its widgets already removed
@@ -296,12 +297,8 @@ class TorchlabApp(App[int]):
             self._seen["header"] = state.header_version
             self.query_one(RunHeader).show(state)
             self.query_one(StatsBar).show(state)
-        now = time.monotonic()
-        if state.metrics_version != self._seen["metrics"] and now - self._charts_drawn_at >= CHART_REFRESH_S:
-            self._seen["metrics"] = state.metrics_version
-            self._charts_drawn_at = now
-            for chart in self.query(LineChart):
-                chart.data_changed()
+        if state.metrics_version != self._seen["metrics"]:
+            self._redraw_a_chart(state)
         self.query_one(GradTable).show(state)
         if state.options_version != self._seen["options"]:
             self._seen["options"] = state.options_version
@@ -327,6 +324,22 @@ class TorchlabApp(App[int]):
             self._show_failure(state.failure)
         if state.detached and not self._leaving:
             self._leave(detach=True)
+
+    def _redraw_a_chart(self, state: RunState) -> None:
+        """Redraw the chart drawn longest ago, if it is behind the state and was drawn CHART_REFRESH_S ago."""
+        now = time.monotonic()
+        behind = []
+        for chart in self.query(LineChart):
+            version, drawn_at = self._chart_drawn.get(chart, (-1, -CHART_REFRESH_S))
+            if version != state.metrics_version:
+                behind.append((drawn_at, chart))
+        if not behind:
+            self._seen["metrics"] = state.metrics_version
+            return
+        drawn_at, chart = min(behind, key=lambda item: item[0])
+        if now - drawn_at >= CHART_REFRESH_S:
+            self._chart_drawn[chart] = (state.metrics_version, now)
+            chart.data_changed()
 
     def _show_ranks(self, state: RunState) -> None:
         """The rank table (large terminal) or its summary line (small one), only above world size 1."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -174,11 +174,28 @@ class RunState:
         self.detached = False
         #: set by the app when it asks to detach: only then does a detach acknowledgement mean "leave"
         self.detach_requested = False
+        self._flags_stale = False
 
     # ------------------------------------------------------------------ feeding
 
     def apply(self, event: protocol.Message) -> None:
         """Fold one event into the state. Never raises on a surprising payload; logs it instead."""
+        self.apply_all((event,))
+
+    def apply_all(self, events: Iterable[protocol.Message]) -> None:
+        """Fold a poll's events in order, then work out what derives from them once.
+
+        Gradient flags compare every module with the median and with its own recent trend: at 50k
+        reports/s hundreds of norm messages arrive between two polls, and flagging after each one
+        cost more than everything else the app did with them.
+        """
+        for event in events:
+            self._fold(event)
+        if self._flags_stale:
+            self._flags_stale = False
+            self._flag_modules()
+
+    def _fold(self, event: protocol.Message) -> None:
         handler = _HANDLERS.get(type(event))
         if handler is None:
             self.log("warning", f"ignored an unexpected message from the trainer: {type(event).__name__}")
@@ -309,62 +326,54 @@ class RunState:
         self.log("info", f"{text} at step {event.step}{detail}", event.step, notify=notify)
 
     def _on_metrics(self, event: protocol.Metrics) -> None:
-        """A batch of reports as columns and rows: read by column index, no dict per row (50k+ rows/s)."""
+        """A batch of reports as columns: each series grows by one column a message, no dict per report."""
         columns = event.columns
-        where = {name: index for index, name in enumerate(columns) if isinstance(name, str)}
-        if "step" not in where:
+        if not isinstance(columns, dict) or not all(isinstance(values, list) for values in columns.values()):
+            self.log("warning", "ignored a metrics batch that is not columns of values")
+            return
+        if "step" not in columns:
             self.log("warning", "ignored a metrics batch without a step column")
             return
-        width = len(columns)
-        step_at = where["step"]
-        series_at = [
-            (where[key], series)
-            for key, series in (("loss", self.loss), ("lr", self.lr), ("samples_per_s", self.samples_per_s), ("step_time_s", self.step_time), ("val_loss", self.val_loss))
-            if key in where
-        ]
-        time_at = where.get("step_time_s")
-        skipped_at = where.get("skipped")
-        # Column-wise: validate the rows once, transpose them (in C), then extend each series with one
-        # column per message; the checks run per column too. A Python call per record per series cost
-        # most of the app's time at 50k records/s; a per-value check still cost 2 us a record.
-        rows = event.rows
-        if not (set(map(type, rows)) <= {list} and set(map(len, rows)) <= {width}):
-            valid = [row for row in rows if isinstance(row, list) and len(row) == width]
-            self.log("warning", f"ignored {len(rows) - len(valid)} metrics row(s): each does not match its {width} columns")
-            rows = valid
-        if not rows:
+        if len(set(map(len, columns.values()))) > 1:
+            self.log("warning", f"ignored a metrics batch whose {len(columns)} columns differ in length")
             return
-        by_column = list(zip(*rows))
-        steps = by_column[step_at]
+        steps = columns["step"]
+        if not steps:
+            return
+        # The checks run per column too, in C where they can: a Python call per record per series cost
+        # most of the app's time at 50k records/s; a per-value check still cost 2 us a record.
         if set(map(type, steps)) != {int}:
             checked = [_int_or_none(step) for step in steps]
             if None in checked:
                 self.log("warning", f"ignored {checked.count(None)} metrics row(s) without a step")
-                rows = [row for row, step in zip(rows, checked) if step is not None]
-                if not rows:
+                kept = [index for index, step in enumerate(checked) if step is not None]
+                if not kept:
                     return
-                by_column = list(zip(*rows))
-            steps = tuple(step for step in checked if step is not None)
+                columns = {name: [values[index] for index in kept] for name, values in columns.items()}
+            steps = [step for step in checked if step is not None]
         self.step = max(self.step, max(steps))
-        for index, series in series_at:
-            values = by_column[index]
+        for key, series in (("loss", self.loss), ("lr", self.lr), ("samples_per_s", self.samples_per_s), ("step_time_s", self.step_time), ("val_loss", self.val_loss)):
+            values = columns.get(key)
+            if values is None:
+                continue
             if _all_finite_numbers(values):
                 series.extend(steps, values)
             elif set(map(type, values)) != {type(None)}:  # e.g. val_loss, present on a few steps only
                 points = [(step, value) for step, value in zip(steps, values) if _is_finite_number(value)]
                 if points:
                     series.extend([step for step, _ in points], [value for _, value in points])
-        if time_at is not None:
-            times = by_column[time_at][-self.recent_step_times.maxlen :]
+        times = columns.get("step_time_s")
+        if times is not None:
+            times = times[-self.recent_step_times.maxlen :]
             if not (_all_finite_numbers(times) and min(times) >= 0):
                 times = [value for value in times if _is_finite_number(value) and value >= 0]
             self.recent_step_times.extend(times)
-        if skipped_at is not None and True in by_column[skipped_at]:
-            for step, skipped in zip(steps, by_column[skipped_at]):
-                if skipped is True:
+        skipped = columns.get("skipped")
+        if skipped is not None and True in skipped:
+            for step, was_skipped in zip(steps, skipped):
+                if was_skipped is True:
                     self.log("warning", "optimizer step skipped (fp16 overflow: the scaler lowered its scale)", step)
-        last_row = rows[-1]
-        record = dict(zip(columns, last_row))
+        record = {name: values[-1] for name, values in columns.items()}
         self.last_record = record
         elapsed = _float_or_none(record.get("elapsed_s"))
         if elapsed is not None:
@@ -394,7 +403,7 @@ class RunState:
                 module.trend.append(norm)
         self.grad_step = event.step
         self.grad_total = _float_or_none(event.total)
-        self._flag_modules()
+        self._flags_stale = True
         self.grads_version += 1
 
     def _flag_modules(self) -> None:

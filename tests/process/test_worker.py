@@ -154,10 +154,10 @@ def test_only_the_token_holder_controls_and_garbage_is_refused(link_for):
     assert oct(link._endpoint.token_path.stat().st_mode & 0o777) == "0o600"
 
     intruder = raw_client(socket_path)
-    intruder.sendall(p.Hello(version=1, token="guess").encode())
+    intruder.sendall(p.Hello(version=p.PROTOCOL_VERSION, token="guess").encode())
     assert "wrong token" in read_message(intruder).reason
     second = raw_client(socket_path)
-    second.sendall(p.Hello(version=1, token=link._endpoint.read_token()).encode())
+    second.sendall(p.Hello(version=p.PROTOCOL_VERSION, token=link._endpoint.read_token()).encode())
     assert "another app is already attached" in read_message(second).reason
     garbage = raw_client(socket_path)
     garbage.sendall(b"\x00\xff not json\n")
@@ -165,7 +165,7 @@ def test_only_the_token_holder_controls_and_garbage_is_refused(link_for):
 
     link.send(p.SetCommand(option="accum", value="2"))  # the rightful app is still in control
     assert seen.until(lambda m: isinstance(m, p.OptionApplied)).value == 2
-    link._socket.sendall(b'{"v": 1, "type": "set", "option": 3}\n')  # malformed from the app itself
+    link._socket.sendall(f'{{"v": {p.PROTOCOL_VERSION}, "type": "set", "option": 3}}\n'.encode())  # malformed from the app itself
     refused = seen.until(lambda m: isinstance(m, p.Refused))
     assert "set.option: expected str" in refused.reason
     count = len([r for m in seen.of(p.Metrics) for r in m.records])

@@ -21,7 +21,7 @@ options_but_world_size = st.sampled_from([name for name in ("amp", "checkpointin
 
 
 def _command(kind, fields, option):
-    body = {"v": 1, "type": kind, **fields}
+    body = {"v": p.PROTOCOL_VERSION, "type": kind, **fields}
     if kind == "set":
         body["option"] = option  # world_size would relaunch ranks: a real change, not garbage
     return (json.dumps(body) + "\n").encode()

@@ -283,8 +283,8 @@ async def test_surprising_events_are_logged_not_fatal(app: TorchlabApp, link: Fa
     async with app.run_test(size=SIZE) as pilot:
         link.push(
             protocol.OptionApplied("turbo", 3, None, 121, "app"),
-            protocol.Metrics(columns=["loss"], rows=[[1.0]]),
-            protocol.Metrics(columns=["step", "loss"], rows=[[1, 2, 3], "x"]),
+            protocol.Metrics(columns={"loss": [1.0]}),
+            protocol.Metrics(columns={"step": [1, 2], "loss": [3.0]}),
             protocol.GradNorms(122, [1.0, 2.0]),
             protocol.State("levitating", 122),
             protocol.Welcome(run={"steps": "many"}, modules=[{"nom": 1}, "x"], options=[], state="running", step=122),
@@ -294,7 +294,7 @@ async def test_surprising_events_are_logged_not_fatal(app: TorchlabApp, link: Fa
         text = log_text(app)
         assert "turbo = 3 applied at step 121" in text
         assert "metrics batch without a step column" in text
-        assert "does not match its 2 columns" in text
+        assert "metrics batch whose 2 columns differ in length" in text
         assert "gradient norms for 2 modules" in text
         assert "unknown state 'levitating'" in text
         assert "malformed module entry" in text

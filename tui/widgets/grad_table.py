@@ -309,7 +309,7 @@ class GradTable(Vertical):
         status = self.query_one("#grad-status", Static)
         if state is None or not state.modules:
             self._status_text = "no modules yet"
-            status.update(self._status_text)
+            status.update(self._status_text, layout=False)  # one line, always: no reflow of the screen
             return
         flagged = sum(1 for module in state.modules if module.flag)
         parts = [f"{flagged} flagged"] if flagged else []
@@ -325,7 +325,7 @@ class GradTable(Vertical):
         text = " · ".join(parts) + keys
         if text != self._status_text:  # called at 10 Hz: repaint only when it says something new
             self._status_text = text
-            status.update(text)
+            status.update(text, layout=False)
 
     # ------------------------------------------------------------------ reactions
 

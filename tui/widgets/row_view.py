@@ -182,8 +182,15 @@ class RowView(ScrollView, can_focus=True):
             }
             if old_cursor != self.cursor_row:
                 changed |= {old_cursor, self.cursor_row}
-            for index in changed:
-                self._refresh_row(index)
+            # Rows out of view are drawn (from the cells, or the cache if unchanged) when scrolled to;
+            # when most of the view changed, one refresh of the widget costs less than one per line.
+            top = int(self.scroll_offset.y)
+            shown = [index for index in changed if top <= index < top + self._page]
+            if len(shown) > self._page // 2:
+                self.refresh()
+            else:
+                for index in shown:
+                    self._refresh_row(index)
         self._scroll_to_cursor()
 
     # ------------------------------------------------------------------ cursor

@@ -52,4 +52,4 @@ class RunHeader(Static):
         eta = state.eta_s()
         if eta is not None:
             text.append(f"  ETA {format_duration(eta)}")
-        self.update(text)
+        self.update(text, layout=False)

@@ -25,7 +25,7 @@ class StatsBar(Static):
         text = Text()
         if not record:
             text.append("no metrics yet", style="dim italic")
-            self.update(text)
+            self.update(text, layout=False)
             return
 
         def figure(label: str, value: str, style: str = "bold") -> None:
@@ -51,4 +51,4 @@ class StatsBar(Static):
         host = state.telemetry.get("host") if isinstance(state.telemetry, dict) else None
         if isinstance(host, dict) and isinstance(host.get("cpu_percent"), (int, float)):
             figure("cpu", f"{host['cpu_percent']:.0f}%")
-        self.update(text)
+        self.update(text, layout=False)
