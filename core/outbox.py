@@ -36,6 +36,8 @@ class Cursor:
 class Outbox:
     def __init__(self, metrics_capacity: int = 20_000, events_capacity: int = 10_000) -> None:
         self._lock = threading.Condition()
+        # Signalled only for events and close: a sender letting reports gather waits on this one.
+        self._event_added = threading.Condition(self._lock)
         self._metrics: deque[tuple[int, dict]] = deque(maxlen=metrics_capacity)
         self._events: deque[tuple[int, Message]] = deque(maxlen=events_capacity)
         self._metrics_seq = 0
@@ -62,14 +64,27 @@ class Outbox:
             self._events_seq += 1
             self._events.append((self._events_seq, message))
             self._lock.notify_all()
+            self._event_added.notify_all()
 
     def close(self) -> None:
         """Wake every waiting sender; ``take`` then returns what is left, then None."""
         with self._lock:
             self._closed = True
             self._lock.notify_all()
+            self._event_added.notify_all()
 
     # ---- consumer side (one sender thread per connection)
+    def wait_for_event(self, cursor: Cursor, timeout: float) -> None:
+        """Wait up to ``timeout`` unless an event is (or becomes) new for ``cursor``, or the outbox closes.
+
+        Reports and latest-wins values do not cut the wait short: a sender calls this between sends
+        so that they gather into fewer, larger messages, while an acknowledgement still goes at once.
+        """
+        with self._lock:
+            if self._events_seq > cursor.events or self._closed:
+                return
+            self._event_added.wait(timeout)
+
     def take(self, cursor: Cursor, timeout: float) -> list[Message] | None:
         """What is new for ``cursor`` (waiting up to ``timeout``); None once closed and drained."""
         with self._lock:

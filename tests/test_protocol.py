@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 from hypothesis import given, settings
@@ -155,6 +156,25 @@ def test_a_new_reader_gets_the_history_replayed_in_batches():
         outbox.add_metrics({"step": step})
     taken = outbox.take(Cursor(), timeout=0)
     assert [len(m.records) for m in taken] == [1000, 1000, 500]
+
+
+def test_a_sender_letting_reports_gather_is_woken_by_an_event_not_by_reports():
+    outbox, cursor = Outbox(), Cursor()
+    outbox.take(cursor, timeout=0)
+    waiter = threading.Thread(target=outbox.wait_for_event, args=(cursor, 60.0))
+    waiter.start()
+    for step in range(1, 101):
+        outbox.add_metrics({"step": step})
+        outbox.add_latest(p.GradNorms(step=step, norms=[1.0]))
+    waiter.join(timeout=0.2)
+    assert waiter.is_alive(), "reports and latest-wins values do not cut the gathering short"
+    outbox.add_event(p.OptionApplied(option="clip", value=1.0, previous=None, step=100))
+    waiter.join(timeout=60.0)
+    assert not waiter.is_alive(), "an acknowledgement goes at once"
+    outbox.wait_for_event(cursor, 60.0)  # an event not yet taken: no wait at all
+    outbox.take(cursor, timeout=0)
+    outbox.close()
+    outbox.wait_for_event(cursor, 60.0)  # closed: no wait either
 
 
 def test_closing_wakes_the_reader_and_ends_it_after_what_is_left():

@@ -27,7 +27,8 @@ import termios
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -62,9 +63,14 @@ PROFILE_STEPS = 5
 #: one chart per poll: at 50k reports a second, redrawing three charts on every poll cost more than
 #: folding the reports in, and three in one frame made that frame the slowest of all.
 CHART_REFRESH_S = 0.2
-#: The garbage collector's thresholds: reports arrive as many short-lived lists, and with the default
-#: (700, 10, 10) full collections paused the event loop for 50-90 ms at 50k reports a second.
-GC_THRESHOLDS = (50_000, 20, 100)
+#: A poll folds reports for at most this long before it lets keys and frames in (then goes on).
+FOLD_SLICE_S = 0.008
+#: ... for this long: ``sleep(0)`` was not enough, a timer's wake-up takes more than one turn of the loop.
+FOLD_PAUSE_S = 0.004
+#: The garbage collector's thresholds. With the default (700, 10, 10) full collections paused the event
+#: loop for 50-90 ms at 50k reports a second. What is left to collect is mostly Textual's strips (their
+#: caches hold themselves); a young generation of 50k took 27-57 ms a collection, of 20k 15-28 ms.
+GC_THRESHOLDS = (20_000, 10, 100)
 #: After a hang-up, how long the app waits for the trainer to acknowledge the detach before it goes.
 HANGUP_DETACH_TIMEOUT_S = 3.0
 
@@ -170,6 +176,8 @@ class TorchlabApp(App[int]):
         self._hangup_thread: threading.Thread | None = None
         #: per chart: the state's metrics version it shows and when it was drawn
         self._chart_drawn: dict[LineChart, tuple[int, float]] = {}
+        #: drained from the link, not yet folded into the state (a poll folds in slices)
+        self._unfolded: deque[protocol.Message] = deque()
 
     # ------------------------------------------------------------------ layout
 
@@ -204,7 +212,7 @@ class TorchlabApp(App[int]):
         self._refresh_view()
         self.query_one("#grad-data").focus()
         self._start_link()
-        self.set_interval(self.poll_interval, self.poll_now)
+        self.set_interval(self.poll_interval, self._poll_in_slices)
         self.poll_now()  # whatever the link has already (a fake link: everything) shows in the first frame
         self.set_interval(self.log_poll_interval, self._poll_trainer_log)
         if threading.current_thread() is threading.main_thread():
@@ -241,14 +249,42 @@ class TorchlabApp(App[int]):
             self._log_tail = LogTail(Path(path))
 
     def poll_now(self) -> None:
-        """The 20 Hz heartbeat: take what the link buffered, fold it into the state, redraw what changed."""
+        """Take what the link buffered, fold all of it into the state, redraw what changed (start-up, tests)."""
+        self._take_from_link()
+        self.run_state.apply_all(self._unfolded)
+        self._unfolded.clear()
+        self._redraw()
+
+    async def _poll_in_slices(self) -> None:
+        """The 20 Hz heartbeat: as ``poll_now``, folding at most FOLD_SLICE_S at a time.
+
+        Between slices the event loop runs: a key press or a frame waits for one slice, not for a
+        whole burst (an attach replays 20k reports; at 100k reports/s one poll held 60 ms of them).
+        """
+        self._take_from_link()
+        while True:
+            self.run_state.apply_all(self._unfolded_until(time.perf_counter() + FOLD_SLICE_S))
+            self._redraw()
+            if not self._unfolded:
+                return
+            await asyncio.sleep(FOLD_PAUSE_S)
+
+    def _unfolded_until(self, deadline: float) -> Iterator[protocol.Message]:
+        """Drained events, oldest first, until none is left or the deadline has passed (at least one)."""
+        unfolded = self._unfolded
+        while unfolded:
+            yield unfolded.popleft()
+            if time.perf_counter() >= deadline:
+                return
+
+    def _take_from_link(self) -> None:
         if self.link is not None and not self._link_closed:
             try:
-                received = self.link.drain()
+                self._unfolded.extend(self.link.drain())
             except Exception as error:  # a broken link is reported, and the app stays up to say so
                 self.run_state.log("error", f"lost the connection to the trainer: {error}", notify=True)
-                received = []
-            self.run_state.apply_all(received)
+
+    def _redraw(self) -> None:
         try:
             self._refresh_view()
         except NoMatches:  # a tick that fires while the app exits finds its widgets already removed

@@ -236,6 +236,8 @@ class ProcessLink:
                 if not chunk:
                     break
                 buffer += chunk
+                if b"\n" not in chunk:  # the middle of a long line: nothing to split yet
+                    continue
                 *lines, rest = buffer.split(b"\n")
                 buffer = bytearray(rest)
                 for line in lines:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 
 from pathlib import Path
@@ -11,12 +12,14 @@ import pytest
 from fake_link import FakeLink, grad_norms, module_names, quiet_app, record, training_events, welcome
 
 from torchlab.core import protocol
+from torchlab.tui import app as app_module
 from torchlab.tui.app import TorchlabApp
 from torchlab.tui.screens.error_screen import ErrorScreen
 from torchlab.tui.screens.help_screen import HelpScreen
 from torchlab.tui.screens.prompt import OptionPrompt
 from torchlab.tui.widgets.event_log import EventLog
 from torchlab.tui.widgets.grad_table import GradTable
+from torchlab.tui.widgets.line_chart import LineChart
 from torchlab.tui.widgets.options_panel import OptionsPanel
 
 pytestmark = pytest.mark.asyncio
@@ -443,3 +446,45 @@ async def test_restart_is_not_offered_while_the_run_is_going(app: TorchlabApp, l
         app.restart_trainer()
         await pilot.pause()
         assert link.restarts == []
+
+
+async def test_a_burst_of_reports_is_folded_in_slices_and_a_key_is_answered_before_it_ends(monkeypatch) -> None:
+    monkeypatch.setattr(app_module, "FOLD_SLICE_S", 0.0)  # one message a slice, a pause between slices
+    link = FakeLink(training_events(20))
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        link.push(*[protocol.Metrics.from_records([record(step)]) for step in range(21, 321)])
+        folding = asyncio.create_task(app._poll_in_slices())
+        await pilot.press("space")
+        step_when_answered = app.run_state.step
+        await folding
+        assert link.sent_of(protocol.PauseCommand), "the key was handled"
+        assert step_when_answered < 320, "... while the burst was still being folded, not after it"
+        assert app.run_state.step == 320
+        assert app.run_state.loss.xs.tolist() == [float(step) for step in range(1, 321)], "every report, in order"
+
+
+async def test_charts_are_redrawn_one_per_poll_and_at_most_every_chart_refresh_s(monkeypatch) -> None:
+    """Three charts drawn in one frame made the slowest frames at 50k reports/s: one per poll instead."""
+    link = FakeLink(training_events(20))
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        charts = list(app.query(LineChart))
+        redrawn: list[LineChart] = []
+        for chart in charts:
+            chart.data_changed = lambda chart=chart: redrawn.append(chart)
+        monkeypatch.setattr(app_module, "CHART_REFRESH_S", 0.0)
+        link.push(protocol.Metrics.from_records([record(21)]))
+        app.poll_now()
+        assert len(redrawn) == 1, "one chart a poll"
+        app.poll_now()
+        app.poll_now()
+        app.poll_now()
+        assert sorted(redrawn, key=charts.index) == charts, "then the others, each once, then none: all are current"
+        monkeypatch.setattr(app_module, "CHART_REFRESH_S", 3600.0)
+        link.push(protocol.Metrics.from_records([record(22)]))
+        app.poll_now()
+        app.poll_now()
+        assert len(redrawn) == len(charts), "none again within CHART_REFRESH_S of its last drawing"
