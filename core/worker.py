@@ -150,6 +150,10 @@ class Worker:
         self._ready = threading.Event()
         self._parent = os.getppid()
         self._started = time.time()
+        # The registry thread and the main thread both write the entry: one at a time, and nothing
+        # after the final one (a registry write begun before it landed after it: "running" forever).
+        self._publish_lock = threading.Lock()
+        self._final_published = False
         self.server = ControlServer(
             endpoint.socket_path, token, self.outbox,
             welcome=self._wait_for_welcome, on_command=self._on_command,
@@ -316,12 +320,16 @@ class Worker:
             "training_args": self.training_args,  # what a restart from the app needs
         }
 
-    def publish(self) -> None:
+    def publish(self, *, final: bool = False) -> None:
         """Rewrite this run's entry for ``attach`` (best effort: a full /tmp must not stop training)."""
-        try:
-            self.endpoint.write_info(self.info())
-        except OSError:
-            pass
+        with self._publish_lock:
+            if self._final_published:
+                return
+            self._final_published = final
+            try:
+                self.endpoint.write_info(self.info())
+            except OSError:
+                pass
 
     def keep_published(self) -> None:
         last = None
@@ -385,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         worker.outbox.close()
         worker.server.flush(timeout_s=2.0)  # the app should see the final state or the error
         worker.server.close()
-        worker.publish()  # the final state: a detached run's entry stays, so attach can say how it ended
+        worker.publish(final=True)  # a detached run's entry stays, so attach can say how it ended
         if not worker.attached:
             endpoint.remove(keep_info=worker.detached)
     return code

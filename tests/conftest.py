@@ -18,6 +18,20 @@ WORKLOADS = Path(__file__).parent / "workloads"
 TINY = f"{WORKLOADS / 'tiny.py'}:workload"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def tests_runtime_dir(tmp_path_factory):
+    """Runs, sockets and tokens of the tests in a runtime directory of their own (children inherit it).
+
+    In the user's one, a run of the user's (or of a benchmark) showed up in the tests' ``list_runs()``
+    and failed them, and runs the tests left behind showed up in the user's ``torchlab-tui attach``.
+    """
+    base = tmp_path_factory.mktemp("xdg-runtime")
+    base.chmod(0o700)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_RUNTIME_DIR", str(base))
+        yield base / "torchlab"
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

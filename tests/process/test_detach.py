@@ -16,7 +16,8 @@ from processes import alive
 from test_worker import TINY, Collected
 from torchlab.core import protocol as p
 from torchlab.core.attach import main as attach_main
-from torchlab.core.runtime import find_run, list_runs
+from torchlab.core.runtime import Endpoint, find_run, list_runs
+from torchlab.core.worker import Worker
 from torchlab.tui.link import ProcessLink
 
 
@@ -109,6 +110,21 @@ def test_a_detached_run_that_finishes_is_reported_once_by_attach(tmp_path, capsy
     assert "finished at step 400" in said and str(run_dir.resolve()) in said
     assert list_runs() == []
     assert attach_main(["nothing-like-it"]) == 2
+
+
+def test_the_final_entry_is_not_overwritten_by_a_late_registry_write(tmp_path):
+    """The registry thread read "running" just before the end and wrote it just after the final entry."""
+    endpoint = Endpoint.create("final-entry")
+    worker = Worker(tmp_path / "run", endpoint, endpoint.read_token(), [f"{TINY}:workload"])
+    try:
+        worker.reporter.set_state("finished", 400)
+        worker.publish(final=True)
+        worker.reporter.set_state("running", 399)
+        worker.publish()
+        [entry] = list_runs()
+        assert (entry.state, entry.info["step"]) == ("finished", 400)
+    finally:
+        worker.server.close()
 
 
 APP_THAT_DETACHES_THEN_DIES = """
