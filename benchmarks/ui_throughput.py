@@ -108,8 +108,10 @@ async def key_to_acknowledgement(presses: int = 10) -> dict[str, float]:
 FIRST_FRAME = """
 import time
 started = time.perf_counter()
+import gc
+gc.disable()  # as the CLI does until the app is built
 import asyncio
-from torchlab.tui.app import make_app
+from torchlab.tui.app import make_app, tune_garbage_collection
 imported = time.perf_counter()
 displayed = []
 
@@ -124,6 +126,7 @@ class Idle:
 
 async def main():
     app = make_app(Idle())
+    tune_garbage_collection()
     app.post_display_hook = lambda: displayed.append(time.perf_counter())  # after each frame is written
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()

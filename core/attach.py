@@ -16,6 +16,7 @@ Standard library and the app only: no torch in this process.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 
@@ -60,12 +61,17 @@ def open_run(entry: RunEntry) -> int:
         print(f"torchlab-tui attach: another app is attached to {name}; quit or detach it first (one app controls a run).",
               file=sys.stderr)
         return EXIT_FAILED
-    from torchlab.tui.app import make_app, tune_garbage_collection
-    from torchlab.tui.link import ProcessLink
+    gc.disable()  # until tune_garbage_collection(): the app's imports are all kept, nothing to collect
+    try:
+        from torchlab.tui.app import make_app, tune_garbage_collection
+        from torchlab.tui.link import ProcessLink
 
-    link = ProcessLink.attach(entry)
-    app = make_app(lambda: link, workload=info.get("workload"))
-    tune_garbage_collection()
+        link = ProcessLink.attach(entry)
+        app = make_app(lambda: link, workload=info.get("workload"))
+    except BaseException:
+        gc.enable()
+        raise
+    tune_garbage_collection()  # freezes what exists, then enables the collector
     app.run()
     if link.refused is not None:
         print(f"torchlab-tui attach: {name}: {link.refused}", file=sys.stderr)

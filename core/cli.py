@@ -10,6 +10,7 @@ on a non-finite loss or gradient; 130 interrupted (Ctrl-C), after saving a check
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import traceback
 from pathlib import Path
@@ -131,16 +132,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> int:
     """The workbench: the app in this process (no torch), the trainer in a child with the same flags."""
-    from torchlab.core.loading import check_spec, workload_label
-    from torchlab.core.rundir import choose_run_dir
-    from torchlab.tui.app import make_app, tune_garbage_collection
-    from torchlab.tui.link import ProcessLink
+    gc.disable()  # until tune_garbage_collection(): the app's imports are all kept, nothing to collect
+    try:
+        from torchlab.core.loading import check_spec, workload_label
+        from torchlab.core.rundir import choose_run_dir
+        from torchlab.tui.app import make_app, tune_garbage_collection
+        from torchlab.tui.link import ProcessLink
 
-    check_spec(config.workload)  # a missing file is said here, before the screen changes
-    run_dir = choose_run_dir(args.run_dir, args.resume, args.runs_root, workload_label(config.workload))
-    links: list[ProcessLink] = []
-    app = make_app(lambda: links.append(ProcessLink(run_dir, argv)) or links[-1], workload=config.workload)
-    tune_garbage_collection()
+        check_spec(config.workload)  # a missing file is said here, before the screen changes
+        run_dir = choose_run_dir(args.run_dir, args.resume, args.runs_root, workload_label(config.workload))
+        links: list[ProcessLink] = []
+        app = make_app(lambda: links.append(ProcessLink(run_dir, argv)) or links[-1], workload=config.workload)
+    except BaseException:
+        gc.enable()
+        raise
+    tune_garbage_collection()  # freezes what exists, then enables the collector
     app.run()
     if app.run_state.detached and links and links[-1].endpoint_name:
         name = links[-1].endpoint_name

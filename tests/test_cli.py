@@ -6,6 +6,7 @@ script to prove the real entry point, exit codes and output.
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import re
@@ -162,3 +163,18 @@ def test_the_cli_module_does_not_import_torch():
     """The app's process runs the CLI; torch must load only in the trainer (or a headless run)."""
     code = "import sys, torchlab.core.cli, torchlab.core.config, torchlab.core.loading; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_the_app_path_turns_the_garbage_collector_back_on(tmp_path, capsys):
+    """The app's start keeps the collector off while it imports; whatever happens next, it comes back on."""
+    assert main(["missing.py:workload", "--runs-root", str(tmp_path)]) == EXIT_USAGE  # refused before the screen
+    assert "does not exist" in capsys.readouterr().err
+    assert gc.isenabled()
+    code = (
+        "import gc; gc.disable()\n"
+        "from torchlab.tui.app import GC_THRESHOLDS, tune_garbage_collection\n"
+        "tune_garbage_collection()\n"
+        "assert gc.isenabled() and gc.get_threshold() == GC_THRESHOLDS and gc.get_freeze_count() > 10_000\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -622,11 +622,14 @@ class TorchlabApp(App[int]):
 def tune_garbage_collection() -> None:
     """For a process that runs the app and nothing else (the CLI's): see ``GC_THRESHOLDS``.
 
-    What was built so far lives as long as the process, so it is frozen out of every collection.
+    What was built so far lives as long as the process, so it is frozen out of every collection. The
+    CLI keeps the collector off while it imports the app (~57k objects, all kept: collecting among
+    them cost ~40 ms of a 0.35 s import); frozen first, they are not scanned when it comes back on.
     Not done in the app itself: a process that makes many apps (the tests) would freeze their garbage.
     """
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+    gc.enable()
 
 
 def terminal_hung_up() -> bool:
