@@ -543,12 +543,12 @@ class RunState:
                 continue
             ranks.append(RankFigures(
                 rank=rank,
-                step_time_s=_finite_or_none(entry.get("step_time_s")),
-                data_wait_s=_finite_or_none(entry.get("data_wait_s")),
-                allocated_bytes=_finite_or_none(entry.get("allocated_bytes")),
-                reserved_bytes=_finite_or_none(entry.get("reserved_bytes")),
-                peak_allocated_bytes=_finite_or_none(entry.get("peak_allocated_bytes")),
-                rss_bytes=_finite_or_none(entry.get("rss_bytes")),
+                step_time_s=finite_number(entry.get("step_time_s")),
+                data_wait_s=finite_number(entry.get("data_wait_s")),
+                allocated_bytes=finite_number(entry.get("allocated_bytes")),
+                reserved_bytes=finite_number(entry.get("reserved_bytes")),
+                peak_allocated_bytes=finite_number(entry.get("peak_allocated_bytes")),
+                rss_bytes=finite_number(entry.get("rss_bytes")),
                 host=self.rank_hosts.get(rank, ""),
             ))
         self.ranks = flag_stragglers(sorted(ranks, key=lambda figures: figures.rank))
@@ -764,7 +764,8 @@ def _float_or_none(value: Any) -> float | None:
     return None
 
 
-def _finite_or_none(value: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
+    """``value`` as a float if it is a finite number (not a bool), else None: for figures from the trainer."""
     number = _float_or_none(value)
     return number if number is not None and math.isfinite(number) else None
 

@@ -6,7 +6,6 @@ the cursor stays where it is.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from rich.text import Text
@@ -18,7 +17,7 @@ from textual.widgets import DataTable, Label, Static
 from torchlab.core.impact import WARMUP_STEPS
 from torchlab.tui.profiles import format_bytes, format_us
 from torchlab.tui.screens.view_screen import ViewScreen
-from torchlab.tui.state import RunState
+from torchlab.tui.state import RunState, finite_number
 
 #: (key, header)
 COLUMNS = (
@@ -36,21 +35,21 @@ def segment_cells(segment: dict[str, Any]) -> list[Text]:
     """One segment as table cells, in ``COLUMNS`` order; a missing figure reads "–"."""
     first, last = segment.get("first_step"), segment.get("last_step")
     steps = f"{first}–{last}" if isinstance(first, int) and isinstance(last, int) else "–"
-    step_time = _number(segment.get("median_step_time_s"))
-    samples = _number(segment.get("median_samples_per_s"))
-    allocated, rss = _number(segment.get("peak_allocated_bytes")), _number(segment.get("peak_rss_bytes"))
+    step_time = finite_number(segment.get("median_step_time_s"))
+    samples = finite_number(segment.get("median_samples_per_s"))
+    allocated, rss = finite_number(segment.get("peak_allocated_bytes")), finite_number(segment.get("peak_rss_bytes"))
     if allocated is not None:
         memory = f"{format_bytes(allocated)} alloc"
     elif rss is not None:
         memory = f"{format_bytes(rss)} rss"
     else:
         memory = "–"
-    slope = _number(segment.get("loss_slope_per_100_steps"))
+    slope = finite_number(segment.get("loss_slope_per_100_steps"))
     # The verdict repeats the change ("amp=bf16: 1.72x faster, ..."): the table shows what follows it.
     change = str(segment.get("change") or "")
     verdict = str(segment.get("verdict") or "")
     verdict = verdict[len(change) + 2 :] if verdict.startswith(change + ": ") else ("" if verdict == change else verdict)
-    speedup = _number(segment.get("speedup"))
+    speedup = finite_number(segment.get("speedup"))
     verdict_style = "" if speedup is None else ("green" if speedup >= 1.05 else ("red" if speedup <= 0.95 else ""))
     return [
         Text(change, style="bold"),
@@ -123,9 +122,3 @@ class ImpactScreen(ViewScreen):
         empty = self.query_one("#impact-empty", Static)
         empty.display = not segments
         empty.update("No segments yet: the first starts with the first metrics." if not segments else "")
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None

@@ -9,7 +9,6 @@ not read arrives as None and reads "n/a"; a box without NVIDIA says why, in plac
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -17,7 +16,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from torchlab.tui.state import RunState
+from torchlab.tui.state import RunState, finite_number
 from torchlab.tui.units import byte_unit, format_bytes, three_digits
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
@@ -98,13 +97,13 @@ def panel_text(sample: dict[str, Any], history: Sequence[dict[str, Any]], width:
 
 def _gpu_lines(gpu: dict[str, Any], bar_width: int) -> list[Text]:
     """Three lines for one GPU: name with temperature, power and clock; memory bar; utilisation bar."""
-    used, total = _number(gpu.get("memory_used_bytes")), _number(gpu.get("memory_total_bytes"))
-    utilisation = _number(gpu.get("utilization_percent"))
+    used, total = finite_number(gpu.get("memory_used_bytes")), finite_number(gpu.get("memory_total_bytes"))
+    utilisation = finite_number(gpu.get("utilization_percent"))
     title = Text.assemble((f"GPU{gpu.get('index', '?')} ", "bold"), (str(gpu.get("name") or "unnamed GPU"), "bold"))
     title.append(f"  {_temperature(gpu)}  {_power(gpu)}  {_clock(gpu)}", style="")
     memory = _labelled_bar("mem", _fraction(used, total), bar_width)
     memory.append(f" {_pair(used, total)}")
-    ours = _number(gpu.get("this_run_memory_bytes"))
+    ours = finite_number(gpu.get("this_run_memory_bytes"))
     if ours is not None:
         memory.append(f" · run {format_bytes(ours)}", style="dim")
     util = _labelled_bar("util", None if utilisation is None else utilisation / 100, bar_width, BUSY_STYLE)
@@ -114,8 +113,8 @@ def _gpu_lines(gpu: dict[str, Any], bar_width: int) -> list[Text]:
 
 def _gpu_line(gpu: dict[str, Any], width: int) -> Text:
     """One line for one GPU of several: ``0 mem ▆▆▆░░ 41/80 GiB  util ▇▇░ 87 %  62°C 312 W``."""
-    used, total = _number(gpu.get("memory_used_bytes")), _number(gpu.get("memory_total_bytes"))
-    utilisation = _number(gpu.get("utilization_percent"))
+    used, total = finite_number(gpu.get("memory_used_bytes")), finite_number(gpu.get("memory_total_bytes"))
+    utilisation = finite_number(gpu.get("utilization_percent"))
     small_bar = max(3, min(12, (width - 44) // 2))
     line = Text(f"{gpu.get('index', '?')} ", style="bold")
     line.append_text(_bar(_fraction(used, total), small_bar))
@@ -127,12 +126,12 @@ def _gpu_line(gpu: dict[str, Any], width: int) -> Text:
 
 def _gpus_summary_lines(gpus: list[dict[str, Any]], width: int) -> list[Text]:
     """Too many GPUs for a line each: totals, then utilisation per GPU in one line."""
-    used = _sum(_number(gpu.get("memory_used_bytes")) for gpu in gpus)
-    total = _sum(_number(gpu.get("memory_total_bytes")) for gpu in gpus)
-    utilisations = [_number(gpu.get("utilization_percent")) for gpu in gpus]
+    used = _sum(finite_number(gpu.get("memory_used_bytes")) for gpu in gpus)
+    total = _sum(finite_number(gpu.get("memory_total_bytes")) for gpu in gpus)
+    utilisations = [finite_number(gpu.get("utilization_percent")) for gpu in gpus]
     known = [value for value in utilisations if value is not None]
-    temperatures = [value for value in (_number(gpu.get("temperature_c")) for gpu in gpus) if value is not None]
-    powers = [value for value in (_number(gpu.get("power_w")) for gpu in gpus) if value is not None]
+    temperatures = [value for value in (finite_number(gpu.get("temperature_c")) for gpu in gpus) if value is not None]
+    powers = [value for value in (finite_number(gpu.get("power_w")) for gpu in gpus) if value is not None]
     head = Text(f"{len(gpus)} GPUs ", style="bold")
     head.append(f"mem {_pair(used, total)}  util avg {_percent(sum(known) / len(known) if known else None)}")
     head.append(f"  max {max(temperatures):.0f}°C" if temperatures else f"  {NA} °C")
@@ -143,30 +142,30 @@ def _gpus_summary_lines(gpus: list[dict[str, Any]], width: int) -> list[Text]:
 
 
 def _host_lines(host: dict[str, Any], allocator: dict[str, Any], bar_width: int) -> list[Text]:
-    cpu = _number(host.get("cpu_percent"))
+    cpu = finite_number(host.get("cpu_percent"))
     cpu_line = _labelled_bar("cpu", None if cpu is None else cpu / 100, bar_width, BUSY_STYLE)
     cpu_line.append(f" {_percent(cpu)}")
-    cores = _number(host.get("cpu_count"))
+    cores = finite_number(host.get("cpu_count"))
     if cores is not None:
         cpu_line.append(f" of {cores:.0f}", style="dim")
-    trainer_cpu = _number(host.get("trainer_cpu_percent"))
+    trainer_cpu = finite_number(host.get("trainer_cpu_percent"))
     if trainer_cpu is not None:
         cpu_line.append(f" · trainer {trainer_cpu:.0f} %", style="dim")
-    used, total = _number(host.get("ram_used_bytes")), _number(host.get("ram_total_bytes"))
+    used, total = finite_number(host.get("ram_used_bytes")), finite_number(host.get("ram_total_bytes"))
     ram_line = _labelled_bar("ram", _fraction(used, total), bar_width)
     ram_line.append(f" {_pair(used, total)}")
-    rss = _number(host.get("trainer_rss_bytes"))
-    processes = _number(host.get("trainer_processes"))
+    rss = finite_number(host.get("trainer_rss_bytes"))
+    processes = finite_number(host.get("trainer_processes"))
     trainer = Text("rss".ljust(LABEL_WIDTH), style="dim")
     trainer.append(format_bytes(rss, missing=NA), style="bold")
     if processes is not None:
         trainer.append(f" · {processes:.0f} process{'es' if processes != 1 else ''}")
-    allocated = _number(allocator.get("allocated_bytes"))
+    allocated = finite_number(allocator.get("allocated_bytes"))
     if allocated is None:  # no CUDA allocator (a CPU run): one line says so, beside the RSS
         device = str(allocator.get("device") or "")
         trainer.append(f" · alloc {NA}" + (f" on {device}" if device else ""), style="dim")
         return [cpu_line, ram_line, trainer]
-    reserved, peak = _number(allocator.get("reserved_bytes")), _number(allocator.get("peak_allocated_bytes"))
+    reserved, peak = finite_number(allocator.get("reserved_bytes")), finite_number(allocator.get("peak_allocated_bytes"))
     alloc = Text("alloc".ljust(LABEL_WIDTH), style="dim")
     alloc.append(format_bytes(allocated), style="bold")
     alloc.append(f" · reserved {format_bytes(reserved, missing=NA)}")
@@ -180,13 +179,13 @@ def _history_line(gpus: list[dict[str, Any]], history: Sequence[dict[str, Any]],
     line = Text("hist".ljust(LABEL_WIDTH), style="dim")
     recent = list(history)[-room:]
     if gpus:
-        values = [_sum(_number(gpu.get("memory_used_bytes")) for gpu in _dicts(sample.get("gpus"))) for sample in recent]
-        totals = [_sum(_number(gpu.get("memory_total_bytes")) for gpu in _dicts(sample.get("gpus"))) for sample in recent]
+        values = [_sum(finite_number(gpu.get("memory_used_bytes")) for gpu in _dicts(sample.get("gpus"))) for sample in recent]
+        totals = [_sum(finite_number(gpu.get("memory_total_bytes")) for gpu in _dicts(sample.get("gpus"))) for sample in recent]
         ceiling = max((value for value in totals if value), default=None)
         line.append(spark(values, 0.0, ceiling), style="cyan")
         what = " GPU mem"
     else:
-        values = [_number(_dict(sample.get("host")).get("trainer_rss_bytes")) for sample in recent]
+        values = [finite_number(_dict(sample.get("host")).get("trainer_rss_bytes")) for sample in recent]
         known = [value for value in values if value is not None]
         low, high = (min(known), max(known)) if known else (None, None)
         what = f" rss {_range(low, high)}" if low is not None and high is not None and _range(low, high) != _range(high, high) else " rss"
@@ -207,10 +206,10 @@ def summary_line(sample: dict[str, Any], width: int) -> Text:
     gpus = [gpu for gpu in _list(sample.get("gpus")) if isinstance(gpu, dict)]
     host = _dict(sample.get("host"))
     rest = Text()
-    cpu = _number(host.get("cpu_percent"))
-    used, total = _number(host.get("ram_used_bytes")), _number(host.get("ram_total_bytes"))
-    rss = _number(host.get("trainer_rss_bytes"))
-    processes = _number(host.get("trainer_processes"))
+    cpu = finite_number(host.get("cpu_percent"))
+    used, total = finite_number(host.get("ram_used_bytes")), finite_number(host.get("ram_total_bytes"))
+    rss = finite_number(host.get("trainer_rss_bytes"))
+    processes = finite_number(host.get("trainer_processes"))
     for label, value in (("cpu", _percent(cpu)), ("ram", _pair(used, total)), ("rss", format_bytes(rss, missing=NA))):
         rest.append(" · ", style="dim")
         rest.append(f"{label} ", style="dim")
@@ -226,14 +225,14 @@ def summary_line(sample: dict[str, Any], width: int) -> Text:
         for position, gpu in enumerate(gpus):
             if position:
                 line.append(" · ", style="dim")
-            gpu_used, gpu_total = _number(gpu.get("memory_used_bytes")), _number(gpu.get("memory_total_bytes"))
+            gpu_used, gpu_total = finite_number(gpu.get("memory_used_bytes")), finite_number(gpu.get("memory_total_bytes"))
             line.append(f"gpu{gpu.get('index', '?')} ", style="dim")
             line.append(_pair(gpu_used, gpu_total), style=_level_style(_fraction(gpu_used, gpu_total)))
-            line.append(f" {_percent(_number(gpu.get('utilization_percent')))} {_temperature(gpu)}")
+            line.append(f" {_percent(finite_number(gpu.get('utilization_percent')))} {_temperature(gpu)}")
     else:
-        gpu_used = _sum(_number(gpu.get("memory_used_bytes")) for gpu in gpus)
-        gpu_total = _sum(_number(gpu.get("memory_total_bytes")) for gpu in gpus)
-        known = [value for value in (_number(gpu.get("utilization_percent")) for gpu in gpus) if value is not None]
+        gpu_used = _sum(finite_number(gpu.get("memory_used_bytes")) for gpu in gpus)
+        gpu_total = _sum(finite_number(gpu.get("memory_total_bytes")) for gpu in gpus)
+        known = [value for value in (finite_number(gpu.get("utilization_percent")) for gpu in gpus) if value is not None]
         line.append(f"{len(gpus)} GPUs ", style="dim")
         line.append(_pair(gpu_used, gpu_total), style=_level_style(_fraction(gpu_used, gpu_total)))
         line.append(f" util {_percent(sum(known) / len(known) if known else None)}")
@@ -306,12 +305,12 @@ def _percent(value: float | None, unit: str = " %") -> str:
 
 
 def _temperature(gpu: dict[str, Any]) -> str:
-    value = _number(gpu.get("temperature_c"))
+    value = finite_number(gpu.get("temperature_c"))
     return f"{value:.0f}°C" if value is not None else f"{NA} °C"
 
 
 def _power(gpu: dict[str, Any], with_limit: bool = True) -> str:
-    power, limit = _number(gpu.get("power_w")), _number(gpu.get("power_limit_w"))
+    power, limit = finite_number(gpu.get("power_w")), finite_number(gpu.get("power_limit_w"))
     if power is None:
         return f"{NA} W"
     if with_limit and limit is not None:
@@ -320,7 +319,7 @@ def _power(gpu: dict[str, Any], with_limit: bool = True) -> str:
 
 
 def _clock(gpu: dict[str, Any]) -> str:
-    value = _number(gpu.get("sm_clock_mhz"))
+    value = finite_number(gpu.get("sm_clock_mhz"))
     return f"{value:.0f} MHz" if value is not None else f"{NA} MHz"
 
 
@@ -329,7 +328,7 @@ def _fraction(used: float | None, total: float | None) -> float | None:
 
 
 def _span_s(samples: Sequence[dict[str, Any]]) -> float | None:
-    times = [value for value in (_number(sample.get("time")) for sample in samples) if value is not None]
+    times = [value for value in (finite_number(sample.get("time")) for sample in samples) if value is not None]
     return times[-1] - times[0] if len(times) >= 2 else None
 
 
@@ -341,12 +340,6 @@ def _duration(seconds: float) -> str:
 def _sum(values: Iterable[float | None]) -> float | None:
     present = [value for value in values if value is not None]
     return sum(present) if present else None
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def _dict(value: Any) -> dict[str, Any]:
