@@ -115,10 +115,49 @@ class RunEntry:
         return self.state not in (*FINAL_STATES, "gone") and self.endpoint.socket_path.exists()
 
 
+#: A token with neither socket nor entry beside it this long after it was written belongs to no run
+#: (its trainer was killed before it could tidy up): a trainer makes both within a second of starting.
+ORPHAN_TOKEN_AGE_S = 600.0
+
+
+def sweep_leftovers(directory: Path) -> None:
+    """Remove what killed trainers left behind: entry temporaries of dead writers, and orphan tokens.
+
+    Sockets are left alone: whether one still has a server is not known without connecting to it.
+    """
+    now = time.time()
+    for temporary in directory.glob("*.json.tmp-*"):
+        writer = temporary.name.rsplit("-", 1)[1]
+        if not (writer.isdigit() and process_running(int(writer))):
+            _remove(temporary)
+    for token in directory.glob("*.token"):
+        stem = token.with_suffix("")
+        if stem.with_suffix(".sock").exists() or stem.with_suffix(".json").exists():
+            continue
+        try:
+            age = now - token.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        if age > ORPHAN_TOKEN_AGE_S:
+            _remove(token)
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
 def list_runs() -> list[RunEntry]:
-    """Every run this user has in the runtime directory, oldest first (unreadable entries are skipped)."""
+    """Every run this user has in the runtime directory, oldest first (unreadable entries are skipped).
+
+    Leftovers of killed trainers are swept first (see ``sweep_leftovers``).
+    """
+    directory = runtime_dir()
+    sweep_leftovers(directory)
     entries = []
-    for info_path in runtime_dir().glob("*.json"):
+    for info_path in directory.glob("*.json"):
         try:
             info = json.loads(info_path.read_text())
         except (OSError, ValueError):
