@@ -1,21 +1,9 @@
-"""Shared test helpers: build a trainer on a tiny workload, in-process, and record what it reports."""
+"""Hooks and session fixtures for every test (helpers to import live in trainers.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import pytest
 import torch
-
-from torchlab.core.config import build_config
-from torchlab.core.headless import seed_everything
-from torchlab.core.loading import load_workload
-from torchlab.core.observer import TrainerObserver
-from torchlab.core.trainer import Trainer
-
-WORKLOADS = Path(__file__).parent / "workloads"
-TINY = f"{WORKLOADS / 'tiny.py'}:workload"
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -39,58 +27,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-class Recorder(TrainerObserver):
-    """A trainer observer that keeps every report, event and telemetry sample, for assertions."""
-
-    def __init__(self) -> None:
-        self.metrics: list[dict[str, Any]] = []
-        self.events: list[dict[str, Any]] = []
-        self.telemetry: list[dict[str, Any]] = []
-
-    def on_telemetry(self, sample: dict[str, Any]) -> None:
-        self.telemetry.append(sample)
-
-    def on_metrics(self, record: dict[str, Any]) -> None:
-        self.metrics.append(record)
-
-    def on_event(self, record: dict[str, Any]) -> None:
-        self.events.append(record)
-
-    def of(self, event: str) -> list[dict[str, Any]]:
-        return [record for record in self.events if record["event"] == event]
-
-    def at(self, step: int) -> dict[str, Any]:
-        return next(record for record in self.metrics if record["step"] == step)
-
-
-def make_trainer(
-    workload_spec: str = TINY,
-    *,
-    checkpoint_dir: Path | None = None,
-    profiles_dir: Path | None = None,
-    resume_from: Path | None = None,
-    explicit_options=(),
-    workload=None,
-    **settings: Any,
-) -> tuple[Trainer, Recorder]:
-    """A trainer exactly as the CLI builds one (seeded before the factory), with a Recorder attached."""
-    options = settings.pop("options", {})
-    at = settings.pop("at", [])
-    if "profile_at" in settings:
-        settings["profile_at"] = list(settings["profile_at"])
-    settings.setdefault("eval_every", 0)
-    config = build_config({}, {"workload": workload_spec, **settings, "options": options, "at": at})
-    seed_everything(config.seed)
-    recorder = Recorder()
-    trainer = Trainer(
-        config,
-        workload if workload is not None else load_workload(config.workload),
-        observers=[recorder],
-        checkpoint_dir=checkpoint_dir,
-        profiles_dir=profiles_dir,
-        resume_from=resume_from,
-        explicit_options=explicit_options,
-    )
-    return trainer, recorder

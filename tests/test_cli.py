@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import WORKLOADS
+from trainers import WORKLOADS
 from torchlab.core.cli import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE, main
 
 TINY = WORKLOADS / "tiny.py"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import IterableDataset
 
-from conftest import make_trainer
+from trainers import make_trainer
 from torchlab.core.data import BatchStream, DataPosition
 
 

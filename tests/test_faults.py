@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY, make_trainer
+from trainers import TINY, make_trainer
 from torchlab.core.checkpoint import load_checkpoint, save_checkpoint
 from torchlab.core.cli import EXIT_FAILED, main
 from torchlab.core.errors import StorageError

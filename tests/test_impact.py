@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import TINY
+from trainers import TINY
 from torchlab.core.cli import EXIT_OK, main
 from torchlab.core.impact import ImpactTracker
 

@@ -7,7 +7,7 @@ import importlib.util
 import torch
 from torch.utils.data import TensorDataset
 
-from conftest import WORKLOADS, make_trainer
+from trainers import WORKLOADS, make_trainer
 from torchlab.core.workload import Workload
 
 TINY_FILE = WORKLOADS / "tiny.py"

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import make_trainer
+from trainers import make_trainer
 from torchlab.core.probes import ActivationStatsProbe, GradNormProbe, ProbeCadence, clip_by_total_norm
 
 

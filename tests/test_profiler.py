@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
-from conftest import TINY, make_trainer
+from trainers import TINY, make_trainer
 from torchlab.core.cli import EXIT_OK, main
 from torchlab.core.trainer import Profile
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from torchlab.core.observer import TrainerObserver
-from conftest import make_trainer
+from trainers import make_trainer
 from torchlab.core.checkpoint import load_checkpoint, save_checkpoint
 from torchlab.core.errors import StorageError
 from torchlab.core.errors import ConfigError

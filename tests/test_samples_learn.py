@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import make_trainer
+from trainers import make_trainer
 from torchlab.core.headless import seed_everything
 from torchlab.sample_models import convnet, mlp, tiny_gpt
 

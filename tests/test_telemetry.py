@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import make_trainer
+from trainers import make_trainer
 from torchlab.core.nvml import Nvml
 from torchlab.core.telemetry import TelemetrySampler
 

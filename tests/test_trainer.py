@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from torchlab.core.observer import TrainerObserver
-from conftest import TINY, make_trainer
+from trainers import TINY, make_trainer
 from torchlab.core.errors import ConfigError
 from torchlab.core.trainer import Pause, Resume, SaveCheckpoint, SetOption, Stop
 

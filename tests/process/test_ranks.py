@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import WORKLOADS, make_trainer
+from trainers import WORKLOADS, make_trainer
 from processes import alive
 from test_worker import Collected
 from torchlab.core import protocol as p
