@@ -455,10 +455,18 @@ async def test_a_burst_of_reports_is_folded_in_slices_and_a_key_is_answered_befo
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         link.push(*[protocol.Metrics.from_records([record(step)]) for step in range(21, 321)])
+        steps_when_answered: list[int] = []
+        toggle_pause = app.action_toggle_pause
+
+        def answered() -> None:
+            steps_when_answered.append(app.run_state.step)
+            toggle_pause()
+
+        monkeypatch.setattr(app, "action_toggle_pause", answered)
         folding = asyncio.create_task(app._poll_in_slices())
         await pilot.press("space")
-        step_when_answered = app.run_state.step
         await folding
+        [step_when_answered] = steps_when_answered
         assert link.sent_of(protocol.PauseCommand), "the key was handled"
         assert step_when_answered < 320, "... while the burst was still being folded, not after it"
         assert app.run_state.step == 320
