@@ -42,7 +42,7 @@ from torchlab.core.protocol import (
     Welcome,
     decode,
 )
-from torchlab.core.runtime import Endpoint, RunEntry, process_running
+from torchlab.core.runtime import FINAL_STATES, Endpoint, RunEntry, process_running
 
 CONNECT_TIMEOUT_S = 120.0  # the first import of torch on a cold disk can be slow
 STOP_GRACE_S = 30.0  # time for the current step and the final checkpoint
@@ -157,7 +157,7 @@ class ProcessLink:
         if process is None:
             return None
         if process.poll() is None and not detach:
-            if not self._send_stop():
+            if not self._send_now(StopCommand()):
                 process.send_signal(signal.SIGTERM)
             try:
                 process.wait(grace_s)
@@ -173,17 +173,9 @@ class ProcessLink:
 
     def detach_and_wait(self, timeout_s: float = 3.0) -> bool:
         """Ask the trainer to go on alone and wait for its yes (a hang-up: the app is about to vanish)."""
-        connection = self._socket
-        if connection is None:
-            return False
         acknowledged = threading.Event()
         self._on_detached = acknowledged.set
-        try:
-            with self._send_lock:
-                connection.sendall(DetachCommand().encode())
-        except OSError:
-            return False
-        return acknowledged.wait(timeout_s)
+        return self._send_now(DetachCommand()) and acknowledged.wait(timeout_s)
 
     @property
     def endpoint_name(self) -> str | None:
@@ -196,12 +188,14 @@ class ProcessLink:
             return self._attached_pid
         return self.process.pid if self.process else None
 
-    def _send_stop(self) -> bool:
-        if self._socket is None:
+    def _send_now(self, command: Message) -> bool:
+        """Send ``command``; False when there is no connection or it failed (the caller has a fallback)."""
+        connection = self._socket
+        if connection is None:
             return False
         try:
             with self._send_lock:
-                self._socket.sendall(StopCommand().encode())
+                connection.sendall(command.encode())
         except OSError:
             return False
         return True
@@ -210,7 +204,7 @@ class ProcessLink:
         """Not our child: stop it through the socket (or SIGTERM) and watch its pid go away."""
         pid = self._attached_pid
         if not detach and process_running(pid):
-            if not self._send_stop():
+            if not self._send_now(StopCommand()):
                 os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + grace_s
             while process_running(pid) and time.monotonic() < deadline:
@@ -270,7 +264,7 @@ class ProcessLink:
         except ProtocolError as error:
             self._push(Error(message=f"the trainer sent a message this app cannot read: {error}", traceback="", step=0))
             return
-        if isinstance(message, State) and message.state in ("finished", "stopped", "failed"):
+        if isinstance(message, State) and message.state in FINAL_STATES:
             self._final_state_seen = True
         if isinstance(message, OptionApplied) and message.option == "detach":
             self._on_detached()
