@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from torchlab.core.errors import ConfigError, StorageError
-from torchlab.core.runtime import process_running
+from torchlab.core.runtime import remove_abandoned_temporaries
 
 FORMAT_VERSION = 1
 _STEP_FILE = re.compile(r"^step-(\d{7,})\.pt$")
@@ -34,7 +34,7 @@ def save_checkpoint(directory: Path, step: int, state: dict[str, Any], keep: int
     directory = Path(directory)
     path = directory / step_file_name(step)
     temporary = directory / f".{path.name}.tmp-{os.getpid()}"
-    _remove_abandoned_temporaries(directory)
+    remove_abandoned_temporaries(directory, _TEMPORARY)  # of writers killed mid-write
     try:
         with open(temporary, "wb") as handle:
             torch.save({"format": FORMAT_VERSION, **state}, handle)
@@ -57,17 +57,22 @@ def save_checkpoint(directory: Path, step: int, state: dict[str, Any], keep: int
     return path
 
 
-def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
+def checkpoint_file(path: Path) -> Path:
+    """What ``--resume PATH`` names: a checkpoint file, or the newest one of a run directory or its
+    checkpoints folder."""
     path = Path(path)
-    if path.is_dir():  # a run directory or its checkpoints folder: take its newest checkpoint
+    if path.is_dir():
         for candidate in (path / "checkpoints" / "last.pt", path / "last.pt"):
             if candidate.exists():
-                path = candidate
-                break
-        else:
-            raise ConfigError(f"--resume {path}: no checkpoints/last.pt in that directory.")
+                return candidate
+        raise ConfigError(f"--resume {path}: no checkpoints/last.pt in that directory.")
     if not path.exists():
         raise ConfigError(f"--resume {path}: no such checkpoint file.")
+    return path
+
+
+def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
+    path = checkpoint_file(path)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # a truncated or foreign file: say which and why
@@ -116,14 +121,6 @@ def _what_is_intact(directory: Path) -> str:
     newest = max((p for p in directory.iterdir() if _STEP_FILE.match(p.name)), default=None)
     name = newest.name if newest is not None and os.path.samefile(newest, last) else "last.pt"
     return f"The previous checkpoint ({name}, which last.pt points at) is intact: free space, then resume from it."
-
-
-def _remove_abandoned_temporaries(directory: Path) -> None:
-    """Temporary files of writers that no longer run (killed mid-write); never another live writer's."""
-    for candidate in directory.iterdir():
-        match = _TEMPORARY.match(candidate.name)
-        if match and not process_running(int(match.group(1))):
-            candidate.unlink(missing_ok=True)
 
 
 def _prune(directory: Path, keep: int) -> None:

@@ -23,6 +23,12 @@ from torchlab.core.options import AMP_MODES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NONFINITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
+
+def exit_code(status: str) -> int:
+    """The exit status of a process whose run ended with ``status`` (a RunOutcome's)."""
+    return {"nonfinite": EXIT_NONFINITE, "failed": EXIT_FAILED}.get(status, EXIT_OK)
+
+
 # Flags that set a top-level setting of the same name (dest == setting).
 _SETTING_FLAGS = (
     "steps", "batch_size", "seed", "device", "optimizer", "lr", "weight_decay", "schedule", "warmup_steps",

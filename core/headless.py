@@ -17,7 +17,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from torchlab.core.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK
+from torchlab.core.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK, exit_code
 from torchlab.core.config import TrainConfig
 from torchlab.core.distributed import rank_from_environment
 from torchlab.core.errors import TorchlabError
@@ -54,7 +54,7 @@ def run_headless(
     if external is not None and external.rank != 0:
         path = choose_run_dir(run_dir, resume, runs_root, workload_label(config.workload))
         outcome = run_quiet_rank(config, external, run_dir=path, resume=resume, explicit_options=explicit_options)
-        return {"nonfinite": EXIT_NONFINITE, "failed": EXIT_FAILED}.get(outcome.status, EXIT_OK)
+        return exit_code(outcome.status)
     check_spec(config.workload)
     workload = None
     if external is not None or initial_world_size(config, resume, explicit_options) == 1:

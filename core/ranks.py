@@ -25,7 +25,6 @@ rank with its world size fixed by the launcher, rank 0 reports in-process, and a
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import gc
 import json
@@ -47,12 +46,13 @@ import psutil
 import torch
 
 from torchlab.core import strict_json
+from torchlab.core.checkpoint import checkpoint_file
 from torchlab.core.config import TrainConfig, build_config, load_config_file
 from torchlab.core.distributed import RankContext, check_world_size, rank_from_environment
 from torchlab.core.errors import ConfigError, TorchlabError, WorkloadError
 from torchlab.core.observer import TrainerObserver
 from torchlab.core.options import OptionRefused
-from torchlab.core.runtime import runtime_dir
+from torchlab.core.runtime import die_with_parent, runtime_dir
 from torchlab.core.trainer import (
     Command,
     RunOutcome,
@@ -373,23 +373,14 @@ def initial_world_size(config: TrainConfig, resume: Path | None, explicit_option
     if "world_size" in explicit_options or resume is None:
         return config.options.world_size
     try:  # memory-mapped: only the small options entry is read
-        state = torch.load(_checkpoint_file(resume), map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # unreadable: the trainer says why when it loads it
+        state = torch.load(checkpoint_file(resume), map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # missing or unreadable: the trainer says why when it loads it
         return config.options.world_size
     return int(state.get("options", {}).get("world_size", 1))
 
 
 def _with_world_size(config: TrainConfig, world_size: int) -> TrainConfig:
     return dataclasses.replace(config, options=config.options.with_value("world_size", world_size))
-
-
-def _checkpoint_file(path: Path) -> Path:
-    path = Path(path)
-    if path.is_dir():
-        for candidate in (path / "checkpoints" / "last.pt", path / "last.pt"):
-            if candidate.exists():
-                return candidate
-    return path
 
 
 # ---------------------------------------------------------------------- the channel: rank 0 <-> supervisor
@@ -580,7 +571,7 @@ def _rank_main(argv: list[str] | None) -> int:
     from torchlab.core.headless import seed_everything
     from torchlab.core.loading import load_workload
 
-    _die_with_parent()
+    die_with_parent(signal.SIGKILL)  # no rank outlives the process that launched it
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # stopping is the supervisor's decision, sent as a command
     parser = argparse.ArgumentParser(prog="python -m torchlab.core.ranks", description="One rank of a torchlab run (started by its supervisor).")
     parser.add_argument("--run-dir", type=Path, required=True)
@@ -629,12 +620,6 @@ def _rank_main(argv: list[str] | None) -> int:
         link.close()
     close_process_group()
     return 0
-
-
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this rank when the process that launched it dies, so no rank is ever orphaned."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 if __name__ == "__main__":

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import stat
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,10 +87,7 @@ class Endpoint:
 
     def remove(self, *, keep_info: bool = False) -> None:
         for path in (self.socket_path, self.token_path) if keep_info else (self.socket_path, self.token_path, self.info_path):
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
+            path.unlink(missing_ok=True)
 
 
 #: Run states after which a trainer is gone for good.
@@ -120,16 +119,26 @@ class RunEntry:
 ORPHAN_TOKEN_AGE_S = 600.0
 
 
+def remove_abandoned_temporaries(directory: Path, pattern: re.Pattern[str]) -> None:
+    """Remove the files of ``directory`` that ``pattern`` matches (its group 1: the writer's pid) and
+    whose writer no longer runs: a process killed between its write and its rename. Never another
+    live writer's."""
+    for candidate in directory.iterdir():
+        match = pattern.match(candidate.name)
+        if match and not process_running(int(match.group(1))):
+            candidate.unlink(missing_ok=True)
+
+
+_ENTRY_TEMPORARY = re.compile(r"^.+\.json\.tmp-(\d+)$")
+
+
 def sweep_leftovers(directory: Path) -> None:
     """Remove what killed trainers left behind: entry temporaries of dead writers, and orphan tokens.
 
     Sockets are left alone: whether one still has a server is not known without connecting to it.
     """
     now = time.time()
-    for temporary in directory.glob("*.json.tmp-*"):
-        writer = temporary.name.rsplit("-", 1)[1]
-        if not (writer.isdigit() and process_running(int(writer))):
-            _remove(temporary)
+    remove_abandoned_temporaries(directory, _ENTRY_TEMPORARY)
     for token in directory.glob("*.token"):
         stem = token.with_suffix("")
         if stem.with_suffix(".sock").exists() or stem.with_suffix(".json").exists():
@@ -139,14 +148,7 @@ def sweep_leftovers(directory: Path) -> None:
         except FileNotFoundError:
             continue
         if age > ORPHAN_TOKEN_AGE_S:
-            _remove(token)
-
-
-def _remove(path: Path) -> None:
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
+            token.unlink(missing_ok=True)
 
 
 def list_runs() -> list[RunEntry]:
@@ -186,6 +188,17 @@ def _same_path(run_dir: Any, selector: str) -> bool:
         return isinstance(run_dir, str) and Path(run_dir).resolve() == Path(selector).resolve()
     except OSError:
         return False
+
+
+def die_with_parent(signum: int) -> None:
+    """Linux: have the kernel send this process ``signum`` when its parent dies (elsewhere: nothing)."""
+    if sys.platform.startswith("linux"):
+        import ctypes  # the trainer's processes only: not on the app's way to its first frame
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def process_running(pid: Any) -> bool:

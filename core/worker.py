@@ -19,7 +19,6 @@ reports, the others only train.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import signal
 import sys
@@ -31,15 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from torchlab.core import protocol as p
-from torchlab.core.cli import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE, build_parser, resolve_config
+from torchlab.core.cli import EXIT_OK, EXIT_USAGE, build_parser, exit_code, resolve_config
 from torchlab.core.control_server import ControlServer
 from torchlab.core.errors import TorchlabError
 from torchlab.core.impact import ImpactTracker
 from torchlab.core.observer import TrainerObserver
 from torchlab.core.outbox import Outbox
-from torchlab.core.runtime import Endpoint
+from torchlab.core.runtime import Endpoint, die_with_parent
 
-PR_SET_PDEATHSIG = 1
 #: The parent-death signal: its own signal, so that a detached trainer can ignore it while a plain
 #: SIGTERM (someone's ``kill``) still stops it.
 PARENT_DEATH_SIGNAL = signal.SIGUSR2
@@ -164,9 +162,7 @@ class Worker:
     # ------------------------------------------------------------------ running
     def run(self) -> int:
         from torchlab.core.distributed import rank_from_environment
-        from torchlab.core.headless import seed_everything
-        from torchlab.core.loading import load_workload
-        from torchlab.core.ranks import Supervisor, initial_world_size
+        from torchlab.core.ranks import Supervisor
         from torchlab.core.rundir import RunDirectory
 
         args = build_parser().parse_args(self.training_args)
@@ -176,11 +172,6 @@ class Worker:
                 config, explicit = resolve_config(args)
                 self._config = config
                 directory.write_config(config.to_toml())
-                external = rank_from_environment(supervised=False)  # rank 0 under torchrun
-                workload = None
-                if external is not None or initial_world_size(config, args.resume, explicit) == 1:
-                    seed_everything(config.seed)
-                    workload = load_workload(config.workload)
                 impact = ImpactTracker(directory.path / "impact.json")
                 self.reporter.impact = impact
                 supervisor = Supervisor(
@@ -189,10 +180,9 @@ class Worker:
                     run_dir=directory.path,
                     resume_from=args.resume,
                     explicit_options=explicit,
-                    workload=workload,
-                    external=external,
+                    external=rank_from_environment(supervised=False),  # rank 0 under torchrun
                 )
-                supervisor.prepare()
+                supervisor.prepare()  # seeds and loads the workload where it trains here (a bad one fails now)
                 self.trainer = supervisor
             except TorchlabError as error:
                 directory.record_error(str(error))
@@ -209,7 +199,7 @@ class Worker:
                     self._ready.set()
         finally:
             directory.close()
-        return {"nonfinite": EXIT_NONFINITE, "failed": EXIT_FAILED}.get(outcome.status, EXIT_OK)
+        return exit_code(outcome.status)
 
     def _fail_before_training(self, message: str, trace: str) -> None:
         self.outbox.add_event(p.Error(message=message, traceback=trace, step=self.reporter.step))
@@ -348,18 +338,10 @@ class Worker:
 
     def watch_parent(self) -> None:
         """Stop when the app's process is gone (kill -9 leaves no other trace), unless detached."""
-        _set_parent_death_signal(PARENT_DEATH_SIGNAL)
+        die_with_parent(PARENT_DEATH_SIGNAL)  # the fastest of the three signs
         while os.getppid() == self._parent:
             time.sleep(PARENT_POLL_S)
         self.parent_gone()
-
-
-def _set_parent_death_signal(signum: int) -> None:
-    """Linux: have the kernel send ``signum`` when the parent dies (the fastest of the three signs)."""
-    if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -411,7 +393,7 @@ def _quiet_rank(run_dir: Path, training_args: list[str]) -> int:
     except TorchlabError as error:
         print(f"torchlab worker, rank {os.environ.get('RANK')}: {error}", file=sys.stderr)
         return EXIT_USAGE
-    return {"nonfinite": EXIT_NONFINITE, "failed": EXIT_FAILED}.get(outcome.status, EXIT_OK)
+    return exit_code(outcome.status)
 
 
 if __name__ == "__main__":
