@@ -13,11 +13,12 @@ import argparse
 import gc
 import sys
 import traceback
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from torchlab.core.config import OPTIMIZERS, SCHEDULES, TrainConfig, build_config, load_config_file
-from torchlab.core.errors import TorchlabError
+from torchlab.core.errors import StorageError, TorchlabError
 from torchlab.core.loading import SAMPLES
 from torchlab.core.options import AMP_MODES
 
@@ -38,6 +39,14 @@ _SETTING_FLAGS = (
 _OPTION_FLAGS = ("amp", "checkpointing", "clip", "accum", "lr_scale", "world_size")
 
 
+def installed_version() -> str:
+    """The version of the installed distribution: pyproject.toml's, through the package metadata."""
+    try:
+        return metadata.version("torchlab-tui")
+    except metadata.PackageNotFoundError:  # imported from a checkout that was never installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="torchlab-tui",
@@ -55,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--runs-root", type=Path, default=Path("runs"), metavar="DIR", help="where new run directories go (default: runs)")
     parser.add_argument("--resume", type=Path, metavar="PATH", help="a checkpoint file, or a run directory to continue from its last.pt")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
 
     training = parser.add_argument_group("training")
     training.add_argument("--steps", type=int, metavar="N", help="optimizer steps to train to (default 200)")
@@ -133,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         print(f"torchlab-tui: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_FAILED if isinstance(error, StorageError) else EXIT_USAGE  # a full disk is no usage error
 
 
 def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> int:

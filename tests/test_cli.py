@@ -178,3 +178,12 @@ def test_the_app_path_turns_the_garbage_collector_back_on(tmp_path, capsys):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_version_comes_from_the_package_metadata(capsys):
+    from importlib import metadata
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"torchlab-tui {metadata.version('torchlab-tui')}"
