@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from torchlab.core.observer import TrainerObserver
+from torchlab.core.storage import write_atomically
 
 OPTION_KEYS = ("amp", "checkpointing", "clip", "accum", "lr_scale", "world_size")
 WARMUP_STEPS = 2  # the first steps after a change pay one-off costs (allocator, autotuning)
@@ -139,10 +140,9 @@ class ImpactTracker(TrainerObserver):
         return rows
 
     def write(self) -> None:
+        """Replace ``impact.json`` whole (a reader never sees half of it); a full disk is a StorageError."""
         if self.path is not None:
-            temporary = self.path.with_suffix(".json.tmp")
-            temporary.write_text(json.dumps(self.table(), indent=1))
-            temporary.replace(self.path)
+            write_atomically(self.path, json.dumps(self.table(), indent=1), then="resume")
 
 
 def verdict(row: dict[str, Any]) -> str:

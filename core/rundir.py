@@ -1,77 +1,211 @@
 """The run directory: what a run leaves behind, the same whether it ran headless or in the app.
 
-    <run>/config.toml      resolved configuration at start
-    <run>/metrics.jsonl    one JSON object per report
-    <run>/events.jsonl     option changes, checkpoints, errors; each has event, step, time
-    <run>/system.jsonl     telemetry samples: time, step, host, gpus, torch
-    <run>/checkpoints/     step-NNNNNNN.pt and last.pt
+    <run>/config.toml              resolved configuration at start (a changed one on resume: the earlier
+                                   one is kept as config.before-step-NNNNNNN.toml)
+    <run>/metrics.jsonl            one JSON object per report, each step once
+    <run>/metrics.replaced.jsonl   rows a resume replayed, moved aside from metrics.jsonl
+    <run>/events.jsonl             option changes, checkpoints, errors; each has event, step, time
+    <run>/system.jsonl             telemetry samples: time, step, host, gpus, torch
+    <run>/checkpoints/             step-NNNNNNN.pt and last.pt
+
+Every line of every ``.jsonl`` file parses, after any fault: a line is written whole or not at all, and
+a torn last line (a power cut) is cut off when the file is opened, with a ``journal_repaired`` event.
+A failed write is a ``StorageError`` that names the file and says what is intact (core/storage.py).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from torchlab.core import strict_json
 from torchlab.core.errors import StorageError
 from torchlab.core.observer import TrainerObserver
+from torchlab.core.storage import (
+    JsonLines, fsync_directory, parse_line, remedy, storage_error, temporary_name, write_atomically, write_new_file,
+)
+
+#: Where ``metrics.jsonl``'s rows that a resume replays go, so that the file holds each step once.
+REPLACED_METRICS = "metrics.replaced.jsonl"
+_UNTOUCHED = "and the checkpoints are untouched"
 
 
 class RunDirectory(TrainerObserver):
+    """Writes the run directory's journals as the trainer reports, and its ``config.toml``.
+
+    A write that fails on a thread the failure cannot stop (the telemetry sampler's, the profiler's
+    table builder's) is kept, and the next metrics row raises it: the run stops at its next journal line.
+    """
+
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.checkpoints = self.path / "checkpoints"
-        self.checkpoints.mkdir(parents=True, exist_ok=True)
-        self._metrics = open(self.path / "metrics.jsonl", "a", encoding="utf-8")
-        self._events = open(self.path / "events.jsonl", "a", encoding="utf-8")
-        self._system = open(self.path / "system.jsonl", "a", encoding="utf-8")
-        self._system_lock = threading.Lock()  # samples arrive on the sampler's thread
-        self._events_lock = threading.Lock()
         self.profiles = self.path / "profiles"
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        # One lock per journal: events also come from the profiler's builder thread, samples from the
+        # sampler's. Only moving metrics aside holds two (metrics, then events); nothing takes them the other way.
+        self._events_lock = threading.Lock()
+        self._metrics_lock = threading.Lock()
+        self._system_lock = threading.Lock()
+        self._failure_lock = threading.Lock()
+        self._failure: StorageError | None = None  # a failed write that no caller could act on yet
+        journals: list[JsonLines] = []
+        try:
+            for name in ("events.jsonl", "metrics.jsonl", "system.jsonl"):
+                journals.append(JsonLines(self.path / name, intact=_UNTOUCHED))
+        except StorageError:
+            for journal in journals:
+                journal.close()
+            raise
+        self._events, self._metrics, self._system = journals
+        for journal in journals:
+            self._report_repair(journal)
 
+    # ----------------------------------------------------------------- config.toml
     def write_config(self, toml_text: str) -> None:
-        (self.path / "config.toml").write_text(toml_text, encoding="utf-8")
+        write_atomically(self.path / "config.toml", toml_text)
 
+    def replace_config(self, toml_text: str, step: int) -> Path:
+        """Write a changed configuration, keeping the current ``config.toml`` as
+        ``config.before-step-NNNNNNN.toml`` (``-2``, ``-3``, ... if that name is taken); the kept file's path.
+
+        The new text is written to a temporary file first, so a full disk leaves ``config.toml`` as it was.
+        """
+        current = self.path / "config.toml"
+        kept = self.path / f"config.before-step-{step:07d}.toml"
+        number = 1
+        while kept.exists():
+            number += 1
+            kept = self.path / f"config.before-step-{step:07d}-{number}.toml"
+        staged = temporary_name(current)
+        try:
+            try:
+                write_new_file(staged, toml_text.encode("utf-8"))
+                os.rename(current, kept)
+                try:
+                    os.rename(staged, current)
+                except OSError:
+                    os.rename(kept, current)  # back as it was
+                    raise
+            except BaseException:
+                staged.unlink(missing_ok=True)
+                raise
+            fsync_directory(self.path)
+        except OSError as error:
+            raise storage_error(error, f"config.toml in {self.path}",
+                                f"config.toml is as it was: {remedy(error)}, then try again.") from error
+        return kept
+
+    # ----------------------------------------------------------------- journals
     def on_metrics(self, record: dict[str, Any]) -> None:
-        self._write(self._metrics, record)
+        with self._failure_lock:
+            failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+        with self._metrics_lock:
+            self._metrics.append(to_json_line(record))
 
     def on_event(self, record: dict[str, Any]) -> None:
-        with self._events_lock:  # profile reports arrive from the profiler's background thread
-            self._write(self._events, record)
+        try:
+            with self._events_lock:
+                self._events.append(to_json_line(record))
+        except StorageError as error:  # raised here too, but the caller may be the profiler's builder thread
+            self._keep_failure(error)
+            raise
+        if record["event"] == "resumed_from_checkpoint":  # before the first row of the resumed run lands
+            self._move_replayed_metrics_aside(record["step"])
 
-    def record_error(self, message: str, *, step: int = 0, traceback: str = "") -> None:
-        """An error from before the trainer could report it itself (a workload that cannot be built)."""
-        self.on_event({"event": "error", "step": step, "time": time.time(), "message": message, "traceback": traceback})
+    def record_error(self, message: str, *, step: int = 0, traceback: str = "") -> StorageError | None:
+        """An error from before the trainer could report it itself (a workload that cannot be built).
+
+        The caller shows that error; a journal that cannot take it must not hide it behind its own, so a
+        failed write is returned (to mention, if the caller likes), not raised."""
+        try:
+            self.on_event({"event": "error", "step": step, "time": time.time(), "message": message, "traceback": traceback})
+        except StorageError as error:
+            return error
+        return None
 
     def on_telemetry(self, sample: dict[str, Any]) -> None:
-        with self._system_lock:
-            if not self._system.closed:
-                try:
-                    self._write(self._system, sample)
-                except StorageError:  # the sampler's thread: the next metrics or event write reports it
-                    self._system.close()
-
-    def _write(self, handle: TextIO, record: dict[str, Any]) -> None:
-        """One JSON line, flushed; a failure (disk full) becomes a StorageError naming the file."""
         try:
-            handle.write(to_json_line(record))
-            handle.flush()
-        except OSError as error:
-            raise StorageError(
-                f"could not write {Path(handle.name).name} in {self.path}: {error.strerror or error}. "
-                "The lines before it and the checkpoints are intact."
-            ) from error
+            with self._system_lock:
+                if self._system.closed:
+                    return
+                self._system.append(to_json_line(sample))
+        except StorageError as error:  # the sampler's thread: the next metrics row raises it
+            self._keep_failure(error)
 
     def close(self) -> None:
-        with self._events_lock, self._system_lock:
-            for handle in (self._metrics, self._events, self._system):
-                try:
-                    handle.close()
-                except OSError:  # what it could not flush was already reported by the write that failed
-                    pass
+        for lock, journal in ((self._metrics_lock, self._metrics), (self._events_lock, self._events),
+                              (self._system_lock, self._system)):
+            with lock:
+                journal.close()
+
+    def _keep_failure(self, error: StorageError) -> None:
+        with self._failure_lock:
+            self._failure = self._failure or error
+
+    # ----------------------------------------------------------------- repairs
+    def _report_repair(self, journal: JsonLines) -> None:
+        if not journal.bytes_dropped:
+            return
+        last = journal.last_record() or {}
+        step = last.get("step") if isinstance(last.get("step"), int) else 0
+        self.on_event({
+            "event": "journal_repaired", "step": step, "time": time.time(), "file": journal.path.name,
+            "bytes_dropped": journal.bytes_dropped,
+            "message": f"{journal.path.name} ended in a torn line (a write cut short); its {journal.bytes_dropped} bytes were dropped",
+        })
+
+    def _move_replayed_metrics_aside(self, step: int) -> None:
+        """Move the rows after ``step`` (which the resumed run is about to train again) from the end of
+        ``metrics.jsonl`` to the end of ``metrics.replaced.jsonl``, and say so in an event.
+
+        Rows are in step order (this is what keeps them so), so the replayed ones are the file's tail:
+        copied to the side file first, then cut off. A crash between the two leaves them in both files,
+        never in neither; a resume at a step with no rows after it (a relaunch) changes nothing.
+        """
+        with self._metrics_lock:
+            start, replayed = self._metrics.size(), []
+            for offset, line in self._metrics.lines_from_end():
+                row = parse_line(line)
+                if row is None or not isinstance(row.get("step"), int) or row["step"] <= step:
+                    break
+                start = offset
+                replayed.append(row["step"])
+            if not replayed:
+                return
+            first, last = min(replayed), max(replayed)
+            side_path = self.path / REPLACED_METRICS
+            created = not side_path.exists()
+            side = JsonLines(side_path, intact="and metrics.jsonl is as it was")
+            try:
+                self._report_repair(side)
+                side.append_from(self._metrics, start, self._metrics.size())
+            except StorageError:
+                if created:  # nothing of this run's files changes but the journal's line
+                    side_path.unlink(missing_ok=True)
+                raise
+            finally:
+                side.close()
+            try:
+                self._metrics.truncate(start)
+            except OSError as error:  # the copy is whole in the side file; metrics.jsonl still has the rows too
+                raise storage_error(
+                    error, f"metrics.jsonl in {self.path} (cutting off the rows of steps {first}–{last}, which this "
+                    f"resume trains again)", f"they are in {REPLACED_METRICS} already: {remedy(error)}, then resume.",
+                ) from error
+        with self._events_lock:
+            self._events.append(to_json_line({
+                "event": "metrics_moved_aside", "step": step, "time": time.time(), "rows": len(replayed),
+                "first_step": first, "last_step": last, "file": REPLACED_METRICS,
+                "message": f"the {len(replayed)} rows of steps {first}–{last} in metrics.jsonl, which this resume trains "
+                           f"again, were moved to {REPLACED_METRICS}",
+            }))
 
 
 def to_json_line(record: dict[str, Any]) -> str:
