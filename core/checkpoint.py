@@ -13,12 +13,13 @@ import os
 import random
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
-from torchlab.core.errors import ConfigError, StorageError
+from torchlab.core.errors import ConfigError
 from torchlab.core.runtime import remove_abandoned_temporaries
+from torchlab.core.storage import fsync_directory, remedy, storage_error
 
 FORMAT_VERSION = 1
 _STEP_FILE = re.compile(r"^step-(\d{7,})\.pt$")
@@ -30,31 +31,78 @@ def step_file_name(step: int) -> str:
 
 
 def save_checkpoint(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
-    """Write ``step-NNNNNNN.pt`` and point ``last.pt`` at it; keep the newest ``keep`` step files."""
+    """Write ``step-NNNNNNN.pt`` and point ``last.pt`` at it; keep the newest ``keep`` step files.
+
+    A failed write (a full disk) raises a StorageError that says what is intact, and leaves no
+    temporary file: the directory is as it was.
+    """
     directory = Path(directory)
     path = directory / step_file_name(step)
     temporary = directory / f".{path.name}.tmp-{os.getpid()}"
     remove_abandoned_temporaries(directory, _TEMPORARY)  # of writers killed mid-write
     try:
-        with open(temporary, "wb") as handle:
-            torch.save({"format": FORMAT_VERSION, **state}, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-    except OSError as error:
+        _write_checkpoint(temporary, {"format": FORMAT_VERSION, **state})
+        os.replace(temporary, path)
+    except BaseException as error:
         temporary.unlink(missing_ok=True)
-        raise StorageError(
-            f"could not write the checkpoint of step {step} in {directory}: {error.strerror or error}. "
-            f"{_what_is_intact(directory)}"
-        ) from error
-    os.replace(temporary, path)
+        if not isinstance(error, OSError):
+            raise
+        raise storage_error(error, f"the checkpoint of step {step} in {directory}", _what_is_intact(directory, error)) from error
     link = directory / f".last.pt.tmp-{os.getpid()}"
-    if link.exists():
-        link.unlink()
-    os.link(path, link)
-    os.replace(link, directory / "last.pt")
-    _fsync_directory(directory)
+    try:
+        link.unlink(missing_ok=True)
+        os.link(path, link)
+        os.replace(link, directory / "last.pt")
+        fsync_directory(directory)
+    except OSError as error:
+        link.unlink(missing_ok=True)
+        raise storage_error(
+            error, f"last.pt in {directory}",
+            f"{path.name} is written whole, but last.pt still points at the checkpoint before it: {remedy(error)}, "
+            f"then resume from {path}.",
+        ) from error
     _prune(directory, keep)
     return path
+
+
+class _RecordingWriter:
+    """The file ``torch.save`` writes to, remembering the OSError a write raised.
+
+    torch's zip writer turns a failed write into ``RuntimeError: [enforce fail at inline_container.cc]
+    . unexpected pos 7616 vs 7510``: the reason (a full disk) is lost unless the file kept it. Writing
+    through the file (not to a BytesIO first) keeps a large checkpoint out of host memory twice.
+    """
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self._handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self._handle.write(data)
+        except OSError as error:
+            self.error = self.error or error
+            raise
+
+    def flush(self) -> None:
+        self._handle.flush()
+
+
+def _write_checkpoint(path: Path, contents: dict[str, Any]) -> None:
+    """``torch.save`` into ``path``, fsynced; a failed write raises an OSError (or carries one as its cause)."""
+    handle = open(path, "wb")
+    writer = _RecordingWriter(handle)
+    try:
+        try:
+            torch.save(contents, writer)
+            handle.flush()
+            os.fsync(handle.fileno())
+        finally:
+            handle.close()  # flushes what torch wrote last: on a full disk, this is the write that fails
+    except RuntimeError as error:
+        if writer.error is None:  # not a failed write: a bug, or a value torch cannot save
+            raise
+        raise writer.error from None  # the RuntimeError says only "unexpected pos"
 
 
 def checkpoint_file(path: Path) -> Path:
@@ -71,15 +119,50 @@ def checkpoint_file(path: Path) -> Path:
     return path
 
 
-def load_checkpoint(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
+def load_checkpoint(path: Path, map_location: torch.device | str = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """The checkpoint ``path`` names (see ``checkpoint_file``), or a ConfigError that says what is wrong with
+    it and, where one is beside it, which intact checkpoint to resume from instead.
+
+    ``mmap=True`` maps the file instead of reading it: the small entries (``step``, ``config``, ``options``)
+    are there at once, a tensor's bytes only when the tensor is used.
+    """
     path = checkpoint_file(path)
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as error:  # a truncated or foreign file: say which and why
-        raise ConfigError(f"--resume {path}: not a readable torchlab checkpoint ({type(error).__name__}: {error}).") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION:
-        raise ConfigError(f"--resume {path}: not a torchlab checkpoint of format {FORMAT_VERSION}.")
+    state = _read(path, map_location, mmap)
+    if state is None:
+        raise ConfigError(
+            f"--resume {path}: truncated or not a checkpoint (torchlab reads the checkpoints it writes: tensors "
+            f"and plain values only).{_instead(path)}"
+        )
+    if state.get("format") != FORMAT_VERSION:
+        raise ConfigError(f"--resume {path}: not a torchlab checkpoint of format {FORMAT_VERSION}.{_instead(path)}")
     return state
+
+
+def _read(path: Path, map_location: torch.device | str, mmap: bool) -> dict[str, Any] | None:
+    """The file's contents, or None when torch cannot read it as a checkpoint of tensors and plain values.
+
+    torch says why in words meant for another situation (``OSError: [Errno 22] Invalid argument`` for a
+    truncated file mapped into memory; for a file holding objects, advice to load with
+    ``weights_only=False``, which would run whatever code it holds): none of that reaches the user.
+    """
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except Exception:  # truncated, foreign, or holding objects: all "not a checkpoint" to us
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def _instead(failed: Path) -> str:
+    """`` Resume from …/step-0000015.pt instead.``: the newest step file beside ``failed`` that loads, if any."""
+    for candidate in sorted(failed.parent.glob("step-*.pt"), key=lambda p: p.name, reverse=True):
+        if not _STEP_FILE.match(candidate.name) or os.path.samefile(candidate, failed):
+            continue
+        state = _read(candidate, "cpu", mmap=True)  # mapped: the tensors are not read
+        if state is not None and state.get("format") == FORMAT_VERSION:
+            return f" The newest intact checkpoint beside it is {candidate.name}: resume from {candidate} instead."
+    if failed.name == "last.pt":
+        return " No intact step-*.pt checkpoint is beside it."
+    return ""
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -114,24 +197,18 @@ def _as_tuples(value: Any) -> Any:
     return value
 
 
-def _what_is_intact(directory: Path) -> str:
+def _what_is_intact(directory: Path, error: OSError) -> str:
+    """The end of a failed save's message: which checkpoint the user still has, and what to do."""
     last = directory / "last.pt"
     if not last.exists():
-        return "No earlier checkpoint of this run exists."
-    newest = max((p for p in directory.iterdir() if _STEP_FILE.match(p.name)), default=None)
+        return f"no earlier checkpoint of this run exists: {remedy(error)}, then start it again."
+    newest = max((p for p in directory.iterdir() if _STEP_FILE.match(p.name)), key=lambda p: p.name, default=None)
     name = newest.name if newest is not None and os.path.samefile(newest, last) else "last.pt"
-    return f"The previous checkpoint ({name}, which last.pt points at) is intact: free space, then resume from it."
+    return (f"the previous checkpoint ({name}, which last.pt points at) is intact: {remedy(error)}, "
+            f"then resume from it.")
 
 
 def _prune(directory: Path, keep: int) -> None:
     step_files = sorted(p for p in directory.iterdir() if _STEP_FILE.match(p.name))
     for old in step_files[:-keep]:
         old.unlink()
-
-
-def _fsync_directory(directory: Path) -> None:
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

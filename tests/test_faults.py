@@ -37,7 +37,7 @@ def test_a_full_disk_during_a_checkpoint_is_a_clear_error_and_the_previous_one_l
     with pytest.raises(StorageError) as raised:
         save_checkpoint(tmp_path, 2, {"weights": torch.zeros(3)}, keep=3)
     message = str(raised.value)
-    assert "checkpoint of step 2" in message and "No space left on device" in message
+    assert "no space left on device writing the checkpoint of step 2" in message
     assert "step-0000001.pt" in message and "intact" in message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step-0000001.pt"]  # no temporary left behind
     assert torch.equal(load_checkpoint(tmp_path / "last.pt")["weights"], torch.ones(3))
@@ -48,7 +48,7 @@ def test_a_full_disk_mid_run_fails_the_run_with_that_message_and_keeps_the_last_
     _full_disk_at(tmp_path / f".step-0000004.pt.tmp-{os.getpid()}")
     outcome = trainer.run()
     assert outcome.status == "failed" and outcome.step == 4
-    assert "could not write the checkpoint of step 4" in outcome.message and "step-0000002.pt" in outcome.message
+    assert "writing the checkpoint of step 4" in outcome.message and "step-0000002.pt" in outcome.message
     [error] = seen.of("error")
     assert error["message"] == outcome.message  # the app hears it even though the disk cannot record it
     assert load_checkpoint(tmp_path / "last.pt")["step"] == 2
@@ -61,8 +61,8 @@ def test_a_full_disk_for_the_metrics_stops_the_run_with_a_clear_message(tmp_path
     code = main([TINY, "--headless", "--steps", "5", "--run-dir", str(run), "--telemetry-interval", "0"])
     assert code == EXIT_FAILED
     output = capsys.readouterr()
-    assert "could not write metrics.jsonl" in output.out + output.err
-    assert "No space left on device" in output.out + output.err
+    assert "writing metrics.jsonl" in output.out + output.err
+    assert "no space left on device" in output.out + output.err
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     assert events[-1]["event"] in ("error", "checkpoint", "run_ended")
     assert any(e["event"] == "error" and "metrics.jsonl" in e["message"] for e in events)
