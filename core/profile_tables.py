@@ -21,6 +21,7 @@ Writes ``table.txt`` and ``table_by_shape.txt`` (the top rows), ``table.csv`` an
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
 import sys
@@ -29,11 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchlab.core.storage import replace_file
+
 COLUMNS = (
     "name", "input_shapes", "calls", "self_cpu_us", "cpu_total_us", "self_device_us", "device_total_us",
     "self_cpu_memory_bytes", "self_device_memory_bytes",
 )
 TOP_ROWS = 50
+#: The exit status of a run that could not write a table (a full disk); stdout then says why, as JSON.
+EXIT_STORAGE = 3
 TEXT_ROWS = 100
 #: Trace categories that are ranges on a CPU thread (ops, and ``record_function`` annotations).
 _CPU_RANGES = ("cpu_op", "user_annotation")
@@ -239,25 +244,36 @@ def format_table(rows: list[dict[str, Any]], limit: int = TEXT_ROWS) -> str:
 
 
 def write_tables(directory: Path) -> dict[str, Any]:
-    """Read ``directory/trace.json``, write the three tables beside it, return the top rows."""
+    """Read ``directory/trace.json``, write the tables beside it, return the top rows.
+
+    Each table replaces its file whole (temporary file, rename); an OSError (a full disk) propagates.
+    """
     trace = json.loads((directory / "trace.json").read_text(encoding="utf-8"))
     rows, rows_by_shape, sort = build_tables(trace)
-    (directory / "table.txt").write_text(format_table(rows), encoding="utf-8")
-    (directory / "table_by_shape.txt").write_text(format_table(rows_by_shape), encoding="utf-8")
+    replace_file(directory / "table.txt", format_table(rows).encode("utf-8"))
+    replace_file(directory / "table_by_shape.txt", format_table(rows_by_shape).encode("utf-8"))
     for name, table in (("table.csv", rows), ("table_by_shape.csv", rows_by_shape)):
-        with open(directory / name, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.DictWriter(handle, fieldnames=COLUMNS)
-            writer.writeheader()
-            writer.writerows(table)
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(table)
+        replace_file(directory / name, text.getvalue().encode("utf-8"))
     return {"rows": rows[:TOP_ROWS], "rows_by_shape": rows_by_shape[:TOP_ROWS], "sort": sort}
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Print the top rows as JSON; or, when a table could not be written, the failure as JSON
+    (``{"errno": ..., "strerror": ..., "file": ...}``) and exit with ``EXIT_STORAGE``."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m torchlab.core.profile_tables DIR  (DIR holds trace.json)", file=sys.stderr)
         return 2
-    print(json.dumps(write_tables(Path(args[0]))))
+    try:
+        result = write_tables(Path(args[0]))
+    except OSError as error:  # the trainer words the message: it knows which profile this is
+        print(json.dumps({"errno": error.errno, "strerror": error.strerror or str(error), "file": error.filename}))
+        return EXIT_STORAGE
+    print(json.dumps(result))
     return 0
 
 
