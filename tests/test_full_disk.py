@@ -1,0 +1,177 @@
+"""A full disk costs nothing but the step it hit: on a real 3 MB file system (a tmpfs; skipped where
+mounting one is not permitted, and tests/test_run_files.py covers the same logic by injected faults).
+
+After each fault: the headless run exits 1 with one clear sentence and no traceback, no temporary file
+is left in the run directory, every line of every ``.jsonl`` file parses, and ``last.pt`` loads.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from torchlab.core.checkpoint import load_checkpoint
+
+#: A checkpoint of this workload takes about 420 kB (weights, and AdamW's two moments for each).
+WORKLOAD = textwrap.dedent("""
+    import torch
+    from torch import nn
+    from torch.utils.data import TensorDataset
+    from torchlab.core.workload import Workload
+
+    def loss(model, batch):
+        inputs, targets = batch
+        return nn.functional.mse_loss(model(inputs), targets)
+
+    def workload():
+        inputs = torch.randn(256, 64, generator=torch.Generator().manual_seed(0))
+        model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 1))
+        return Workload(model=model, dataset=TensorDataset(inputs, inputs[:, :1]), loss_fn=loss, batch_size=16)
+""")
+CHECKPOINT_BYTES = 420 * 1024
+#: Free space for one checkpoint (and the journals beside it), not for two.
+ROOM_FOR_ONE_CHECKPOINT = CHECKPOINT_BYTES + 220 * 1024
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MB tmpfs, unmounted after the test."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)],
+                                 capture_output=True, text=True)
+    except FileNotFoundError:
+        pytest.skip("no mount command here; tests/test_run_files.py injects the same faults")
+    if mounted.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not permitted here ({mounted.stderr.strip()}); "
+                    "tests/test_run_files.py injects the same faults")
+    try:
+        (mount_point / "workload.py").write_text(WORKLOAD)
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def leave_free(disk: Path, room: int, name: str = "filler") -> Path:
+    """Fill ``disk`` with a file until ``room`` bytes are free (0: until nothing is)."""
+    space = os.statvfs(disk)
+    filler = disk / name
+    if room:
+        filler.write_bytes(b"\1" * max(0, space.f_bavail * space.f_frsize - room))
+        return filler
+    descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            try:
+                os.write(descriptor, b"\1" * 4096)
+            except OSError as error:
+                assert error.errno == errno.ENOSPC
+                return filler
+    finally:
+        os.close(descriptor)
+
+
+def headless(disk: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "torchlab.core.cli", *args, "--headless", "--telemetry-interval", "0", "--eval-every", "0"],
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def assert_fails_clearly(result: subprocess.CompletedProcess, sentence: str) -> None:
+    assert result.returncode == 1, result.stderr
+    assert sentence in result.stderr, result.stderr
+    assert "Traceback (most recent call last)" not in result.stderr + result.stdout
+
+
+def assert_whole(run: Path, last_step: int) -> None:
+    """No temporary file; every line of every .jsonl parses; last.pt loads at ``last_step``."""
+    assert [p.name for p in run.rglob("*") if ".tmp" in p.name] == []
+    for journal in run.glob("*.jsonl"):
+        text = journal.read_text()
+        assert text == "" or text.endswith("\n"), f"{journal.name} ends in a torn line"
+        for line in text.splitlines():
+            json.loads(line)
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] == last_step
+
+
+def steps_in(path: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()]
+
+
+def test_a_full_disk_at_a_periodic_checkpoint_and_again_when_resumed_on_the_still_full_disk(small_disk):
+    run = small_disk / "run"
+    leave_free(small_disk, ROOM_FOR_ONE_CHECKPOINT)
+    first = headless(small_disk, f"{small_disk / 'workload.py'}:workload", "--steps", "15", "--checkpoint-every", "5",
+                     "--run-dir", str(run))
+    assert_fails_clearly(first, f"no space left on device writing the checkpoint of step 10 in {run / 'checkpoints'}; "
+                                "the previous checkpoint (step-0000005.pt, which last.pt points at) is intact")
+    assert_whole(run, 5)
+    assert steps_in(run / "metrics.jsonl") == list(range(1, 11))
+
+    resumed_on_full_disk = headless(small_disk, "--resume", str(run))  # the issue's trial: still full
+    assert_fails_clearly(resumed_on_full_disk, "no space left on device writing the checkpoint of step 10")
+    assert_whole(run, 5)
+    assert steps_in(run / "metrics.jsonl") == list(range(1, 11))  # each step once
+    assert steps_in(run / "metrics.replaced.jsonl") == [6, 7, 8, 9, 10]  # as the first run wrote them
+
+
+def test_a_full_disk_at_the_final_checkpoint(small_disk):
+    run = small_disk / "run"
+    leave_free(small_disk, ROOM_FOR_ONE_CHECKPOINT)
+    result = headless(small_disk, f"{small_disk / 'workload.py'}:workload", "--steps", "7", "--checkpoint-every", "5",
+                      "--run-dir", str(run))
+    assert_fails_clearly(result, f"no space left on device writing the checkpoint of step 7 in {run / 'checkpoints'}; "
+                                 "the previous checkpoint (step-0000005.pt, which last.pt points at) is intact")
+    assert_whole(run, 5)
+
+
+def test_a_resume_on_a_disk_with_no_space_at_all_fails_at_its_first_write_and_loses_nothing(small_disk):
+    run = small_disk / "run"
+    first = headless(small_disk, f"{small_disk / 'workload.py'}:workload", "--steps", "8", "--checkpoint-every", "5",
+                     "--run-dir", str(run))
+    assert first.returncode == 0, first.stderr
+    files = ["metrics.jsonl", "config.toml", "checkpoints/last.pt", "checkpoints/step-0000005.pt"]
+    before = {name: (run / name).read_bytes() for name in files}
+    events_before = (run / "events.jsonl").read_bytes()
+    filler = leave_free(small_disk, 0)
+    resumed = headless(small_disk, "--resume", str(run / "checkpoints" / "step-0000005.pt"))
+    assert_fails_clearly(resumed, "no space left on device writing ")
+    assert "free some space, then resume" in resumed.stderr
+    assert {name: (run / name).read_bytes() for name in files} == before
+    assert (run / "events.jsonl").read_bytes().startswith(events_before)  # at most a line more, a whole one
+    assert not (run / "metrics.replaced.jsonl").exists()
+    assert_whole(run, 8)
+
+    filler.unlink()
+    resumed = headless(small_disk, "--resume", str(run / "checkpoints" / "step-0000005.pt"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert steps_in(run / "metrics.jsonl") == list(range(1, 9))
+    assert steps_in(run / "metrics.replaced.jsonl") == [6, 7, 8]
+    assert_whole(run, 8)
+
+
+def test_a_full_disk_during_a_profile_fails_the_profile_not_the_run(small_disk, tmp_path):
+    """The trace (about 750 kB here) does not fit; the journals and the final checkpoint do."""
+    run = small_disk / "run"
+    leave_free(small_disk, ROOM_FOR_ONE_CHECKPOINT)
+    result = headless(small_disk, f"{small_disk / 'workload.py'}:workload", "--steps", "8", "--checkpoint-every", "0",
+                      "--profile-at", "2", "--profile-steps", "3", "--run-dir", str(run))
+    assert result.returncode == 0, result.stderr
+    assert "Traceback (most recent call last)" not in result.stderr
+    [profile] = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if '"profile"' in line]
+    assert profile["error"] == (
+        f"no space left on device writing the profile of steps 3–5 in {run / 'profiles' / '0000002'}; none of it was "
+        "kept, and training goes on: free some space, then profile again."
+    )
+    assert "profile failed" in result.stderr
+    assert list((run / "profiles").iterdir()) == []
+    assert_whole(run, 8)
