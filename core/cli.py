@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from torchlab.core.config import OPTIMIZERS, SCHEDULES, TrainConfig, build_config, load_config_file
-from torchlab.core.errors import StorageError, TorchlabError
+from torchlab.core.errors import ConfigError, StorageError, TorchlabError
 from torchlab.core.loading import SAMPLES
 from torchlab.core.options import AMP_MODES
 
@@ -102,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def resolve_config(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
-    """The merged config, and the names of live options given explicitly (flags or file)."""
+def setting_layers(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The settings of the ``--config`` file and of the flags, as ``build_config`` layers."""
     file_settings: dict[str, Any] = load_config_file(args.config) if args.config else {}
     flags: dict[str, Any] = {name: getattr(args, name) for name in _SETTING_FLAGS if getattr(args, name) is not None}
     if "probe_every" in flags and flags["probe_every"] != "auto":
@@ -114,6 +114,16 @@ def resolve_config(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
         flags["profile_at"] = list(args.profile_at)
     flags["options"] = {name: getattr(args, name) for name in _OPTION_FLAGS if getattr(args, name) is not None}
     flags["at"] = list(args.at)
+    return file_settings, flags
+
+
+def resolve_config(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
+    """The merged config, and the names of live options given explicitly (flags or file).
+
+    With ``--resume``, this is what the flags alone say (checked here, without torch); the trainer's
+    process starts from the checkpoint's configuration instead (core/resume.py).
+    """
+    file_settings, flags = setting_layers(args)
     config = build_config(file_settings, flags)
     explicit = set(file_settings.get("options", {})) | set(flags["options"])
     return config, explicit
@@ -127,18 +137,13 @@ def main(argv: list[str] | None = None) -> int:
         return attach(arguments[1:])
     args = build_parser().parse_args(argv)
     try:
-        config, explicit_options = resolve_config(args)
+        config, _ = resolve_config(args)  # the flags checked before anything starts, torch or not
         if not args.headless:
             return run_app(config, args, list(sys.argv[1:] if argv is None else argv))
         from torchlab.core.headless import run_headless  # imports torch
+        from torchlab.core.resume import plan_training
 
-        return run_headless(
-            config,
-            run_dir=args.run_dir,
-            runs_root=args.runs_root,
-            resume=args.resume,
-            explicit_options=explicit_options,
-        )
+        return run_headless(plan_training(args), run_dir=args.run_dir, runs_root=args.runs_root)
     except TorchlabError as error:
         if args.debug:
             traceback.print_exc()
@@ -155,10 +160,12 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
         from torchlab.tui.app import make_app, tune_garbage_collection
         from torchlab.tui.link import ProcessLink
 
-        check_spec(config.workload)  # a missing file is said here, before the screen changes
-        run_dir = choose_run_dir(args.run_dir, args.resume, args.runs_root, workload_label(config.workload))
+        workload = config.workload if args.resume is None else resumed_workload(args)
+        if workload:
+            check_spec(workload)  # a missing file is said here, before the screen changes
+        run_dir = choose_run_dir(args.run_dir, args.resume, args.runs_root, workload_label(workload) if workload else "resumed")
         links: list[ProcessLink] = []
-        app = make_app(lambda: links.append(ProcessLink(run_dir, argv)) or links[-1], workload=config.workload)
+        app = make_app(lambda: links.append(ProcessLink(run_dir, argv)) or links[-1], workload=workload)
     except BaseException:
         gc.enable()
         raise
@@ -169,6 +176,21 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
         print(f"Detached: the trainer keeps training. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
     print(f"Run directory: {run_dir}", file=sys.stderr)
     return app.return_code or EXIT_OK
+
+
+def resumed_workload(args: argparse.Namespace) -> str | None:
+    """The workload a ``--resume`` continues, told without torch (the app's process): the one given, else
+    the one in the run's ``config.toml``. The trainer's process reads the checkpoint itself (core/resume.py)."""
+    from torchlab.core.rundir import run_dir_of_checkpoint
+
+    if not args.resume.exists():
+        raise ConfigError(f"--resume {args.resume}: no such checkpoint file or run directory.")
+    if args.workload is not None:
+        return args.workload
+    run_dir = run_dir_of_checkpoint(args.resume)
+    if run_dir is None:
+        return None  # a checkpoint outside its run: the app shows the trainer's word once it has read it
+    return build_config(load_config_file(run_dir / "config.toml")).workload
 
 
 def _int_or_text(value: str) -> int | str:

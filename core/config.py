@@ -84,6 +84,9 @@ class TrainConfig:
     profile_steps: int = 5
     options: LiveOptions = field(default_factory=LiveOptions)
     at: tuple[ScheduledChange, ...] = ()
+    #: Each time a resume changed ``steps``: (the step resumed at, the total before). The LR schedule
+    #: re-plans its decay from that step (core/schedule.py), so the LR has no jump at the boundary.
+    schedule_extensions: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         _check(isinstance(self.workload, str) and self.workload.strip() != "", "workload",
@@ -117,13 +120,21 @@ class TrainConfig:
         _check(isinstance(self.options, LiveOptions), "options", "must be a LiveOptions", self.options)
         for change in self.at:
             _check(isinstance(change, ScheduledChange), "at", "must hold STEP:OPTION=VALUE changes", change)
+        _check(_are_extensions(self.schedule_extensions) and all(step <= self.steps for step, _ in self.schedule_extensions),
+               "schedule_extensions", "must be [step, steps before] pairs with increasing steps, each step ≤ its totals",
+               self.schedule_extensions)
+
+    @property
+    def first_total_steps(self) -> int:
+        """The total the run was started with, before any resume changed ``steps``."""
+        return self.schedule_extensions[0][1] if self.schedule_extensions else self.steps
 
     @property
     def resolved_warmup_steps(self) -> int:
         return self.warmup_steps if self.warmup_steps is not None else max(1, round(0.05 * self.steps))
 
     def to_toml(self) -> str:
-        """The configuration as TOML that ``load_config_file`` reads back."""
+        """The configuration as TOML that ``load_config_file`` (and ``config_from_toml``) read back."""
         lines = []
         for f in fields(self):
             value = getattr(self, f.name)
@@ -155,21 +166,35 @@ def load_config_file(path: Path) -> dict[str, Any]:
     return _settings_from_mapping(data, source=str(path))
 
 
-def build_config(file_settings: Mapping[str, Any], flag_settings: Mapping[str, Any]) -> TrainConfig:
-    """Merge defaults, file and flags (later wins) into a validated TrainConfig.
+def config_from_toml(text: str, source: str) -> TrainConfig:
+    """A configuration written by ``TrainConfig.to_toml`` (a checkpoint keeps one), read back."""
+    return build_config(settings_from_toml(text, source))
 
-    Both mappings hold top-level settings plus an ``options`` mapping of live options (raw values,
-    parsed here) and ``at`` as a list of strings.
+
+def settings_from_toml(text: str, source: str) -> dict[str, Any]:
+    """The settings of TOML text, as ``load_config_file`` gives them for a file."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{source}: not valid TOML: {error}.") from None
+    return _settings_from_mapping(data, source)
+
+
+def build_config(*layers: Mapping[str, Any]) -> TrainConfig:
+    """Merge defaults and ``layers`` (later wins: a file, then flags) into a validated TrainConfig.
+
+    Each mapping holds top-level settings plus an ``options`` mapping of live options (raw values,
+    parsed here) and ``at`` as a list of strings; the ``at`` lists add up (an entry given twice counts once).
     """
     merged: dict[str, Any] = {}
     option_values: dict[str, Any] = {}
     at: list[str] = []
-    for settings in (file_settings, flag_settings):
+    for settings in layers:
         for key, value in settings.items():
             if key == "options":
                 option_values.update(value)
             elif key == "at":
-                at.extend(value)
+                at.extend(str(entry) for entry in value)
             else:
                 merged[key] = value
     options = LiveOptions()
@@ -182,8 +207,14 @@ def build_config(file_settings: Mapping[str, Any], flag_settings: Mapping[str, A
         if not isinstance(merged["profile_at"], (list, tuple)):
             raise ConfigError(f"profile_at (--profile-at) must be a list of steps; got {merged['profile_at']!r}.")
         merged["profile_at"] = tuple(merged["profile_at"])
+    if "schedule_extensions" in merged:
+        extensions = merged["schedule_extensions"]
+        if not isinstance(extensions, (list, tuple)) or not all(isinstance(pair, (list, tuple)) for pair in extensions):
+            raise ConfigError(f"schedule_extensions must be a list of [step, steps before] pairs; got {extensions!r}.")
+        merged["schedule_extensions"] = tuple(tuple(pair) for pair in extensions)
+    changes = tuple(dict.fromkeys(ScheduledChange.parse(text) for text in at))
     try:
-        return TrainConfig(**merged, options=options, at=tuple(ScheduledChange.parse(text) for text in at))
+        return TrainConfig(**merged, options=options, at=changes)
     except TypeError as error:  # an unknown keyword slipped past the checks above
         raise ConfigError(str(error)) from None
 
@@ -213,6 +244,20 @@ def _settings_from_mapping(data: Mapping[str, Any], source: str) -> dict[str, An
 def _suggest(name: str, candidates) -> str:
     close = difflib.get_close_matches(name, list(candidates), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _are_extensions(extensions: Any) -> bool:
+    if not isinstance(extensions, tuple):
+        return False
+    previous_step = -1
+    for pair in extensions:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(n, int) and not isinstance(n, bool) for n in pair)):
+            return False
+        step, total_before = pair
+        if not (previous_step < step <= total_before):
+            return False
+        previous_step = step
+    return True
 
 
 def _check(ok: bool, setting: str, requirement: str, value: Any) -> None:

@@ -18,7 +18,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from torchlab.core.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK, exit_code
-from torchlab.core.config import TrainConfig
 from torchlab.core.distributed import rank_from_environment
 from torchlab.core.errors import TorchlabError
 from torchlab.core.observer import TrainerObserver
@@ -26,6 +25,7 @@ from torchlab.core.options import format_option_value
 from torchlab.core.impact import ImpactTracker
 from torchlab.core.loading import check_spec, load_workload, workload_label
 from torchlab.core.ranks import Supervisor, initial_world_size, run_quiet_rank
+from torchlab.core.resume import ConfigRecord, TrainingPlan
 from torchlab.core.rundir import RunDirectory, choose_run_dir
 
 
@@ -41,15 +41,14 @@ def seed_everything(seed: int) -> None:
 
 
 def run_headless(
-    config: TrainConfig,
+    plan: TrainingPlan,
     *,
     run_dir: Path | None,
     runs_root: Path,
-    resume: Path | None,
-    explicit_options: set[str],
     console: Console | None = None,
 ) -> int:
     console = console or Console(stderr=True, soft_wrap=True)
+    config, resume, explicit_options = plan.config, plan.resume, plan.explicit_options
     external = rank_from_environment(supervised=False)  # started by torchrun: one rank of several
     if external is not None and external.rank != 0:
         path = choose_run_dir(run_dir, resume, runs_root, workload_label(config.workload))
@@ -61,17 +60,19 @@ def run_headless(
         seed_everything(config.seed)
         workload = load_workload(config.workload)  # a bad workload fails here, before any directory exists
     directory = RunDirectory(choose_run_dir(run_dir, resume, runs_root, workload_label(config.workload)))
-    directory.write_config(config.to_toml())
     progress = HeadlessProgress(config.steps, console)
     try:
+        config_record = ConfigRecord(directory, plan)
+        config_record.write_for_new_run()
         supervisor = Supervisor(
             config,
-            observers=[directory, ImpactTracker(directory.path / "impact.json"), progress],
+            observers=[directory, config_record, ImpactTracker(directory.path / "impact.json"), progress],
             run_dir=directory.path,
             resume_from=resume,
             explicit_options=explicit_options,
             workload=workload,
             external=external,
+            resume_note=plan.resume_note(),
         )
         try:
             supervisor.prepare()
@@ -154,6 +155,9 @@ class HeadlessProgress(TrainerObserver):
                 self.console.print(f"steps {record['first_step']}–{step}: profile in {record['dir']} (top: {top})")
         elif event == "step_skipped":
             self.console.print(f"step {step}: [yellow]step skipped[/]: {record['reason']}")
+        elif event == "resume_changed_settings":
+            style = "yellow" if record["level"] == "warning" else "default"
+            self.console.print(f"step {step}: [{style}]{'warning: ' if record['level'] == 'warning' else ''}{record['message']}[/]")
         elif event in ("paused", "resumed", "resumed_from_checkpoint"):
             self.console.print(f"step {step}: {event.replace('_', ' ')}")
         elif event == "relaunching":

@@ -84,9 +84,12 @@ class Supervisor:
         explicit_options: Iterable[str] = (),
         workload=None,
         external: RankContext | None = None,
+        resume_note: dict[str, Any] | None = None,
     ) -> None:
         """``workload``: already loaded (seeded first) for the first in-process trainer; later ones load
-        their own, as a fresh process would. ``external``: this process is a rank that torchrun started."""
+        their own, as a fresh process would. ``external``: this process is a rank that torchrun started.
+        ``resume_note``: what the resume changed (``changes``, ``message``, ``level``), reported as the event
+        ``resume_changed_settings`` once the checkpoint has loaded."""
         self.config = config
         self.observers = list(observers)
         self.run_dir = Path(run_dir)
@@ -102,6 +105,7 @@ class Supervisor:
         self._channel: _RankChannel | None = None
         self._signalled_stop: Stop | None = None
         self._acknowledge: WorldSizeChange | None = None
+        self._resume_note = resume_note
         if external is not None:
             self.world_size = external.world_size
             self.config = _with_world_size(config, external.world_size)
@@ -212,8 +216,7 @@ class Supervisor:
         logs = self.run_dir / "ranks"
         logs.mkdir(parents=True, exist_ok=True)
         rank_config = logs / "config.toml"
-        # The supervisor samples telemetry for the whole process tree (itself and every rank).
-        rank_config.write_text(dataclasses.replace(config, telemetry_interval=0).to_toml(), encoding="utf-8")
+        rank_config.write_text(config.to_toml(), encoding="utf-8")
         channel = _RankChannel(self._relay)
         with self._lock:
             self._channel = channel
@@ -305,6 +308,10 @@ class _Relay(TrainerObserver):
         for observer in self.supervisor.observers:
             observer.on_event(record)
         change = self.supervisor._acknowledge
+        note = self.supervisor._resume_note
+        if record["event"] == "resumed_from_checkpoint" and note is not None:
+            self.supervisor._resume_note = None
+            self.on_event({"event": "resume_changed_settings", "step": record["step"], "time": time.time(), **note})
         if record["event"] == "run_started":
             self.supervisor.step = record["step"]
             if change is not None:
@@ -598,6 +605,7 @@ def _rank_main(argv: list[str] | None) -> int:
             explicit_options=[name for name in args.explicit_options.split(",") if name],
             ranks=context,
             can_relaunch=True,
+            samples_telemetry=False,  # the supervisor samples the whole process tree, itself and every rank
         )
     except TorchlabError as error:
         if link is not None:

@@ -33,7 +33,7 @@ import torch
 
 from torchlab.core.activation_checkpointing import ActivationCheckpointing
 from torchlab.core.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
-from torchlab.core.config import TrainConfig
+from torchlab.core.config import TrainConfig, config_from_toml
 from torchlab.core.data import BatchStream, DataPosition, evaluation_batches
 from torchlab.core.distributed import (
     PACKET_BYTES,
@@ -177,9 +177,11 @@ class Trainer:
         explicit_options: Iterable[str] = (),
         ranks: RankContext | None = None,
         can_relaunch: bool = False,
+        samples_telemetry: bool = True,
     ) -> None:
         """``ranks``: this process's place among data-parallel ranks (None: a single process).
-        ``can_relaunch``: a supervisor will act on the ``relaunch`` outcome, so world-size changes are possible."""
+        ``can_relaunch``: a supervisor will act on the ``relaunch`` outcome, so world-size changes are possible.
+        ``samples_telemetry``: False where the supervisor samples for the whole process tree (rank 0 of its ranks)."""
         self.config = config
         self.workload = workload
         # A supervised world size of 1 trains in-process; under torchrun even one rank is a real rank
@@ -191,6 +193,7 @@ class Trainer:
         self.checkpoint_dir = checkpoint_dir
         self.profiles_dir = profiles_dir
         self.can_relaunch = can_relaunch and checkpoint_dir is not None and (self.ranks is None or self.ranks.supervised)
+        self.samples_telemetry = samples_telemetry
         self._profiling: ProfilerSnapshot | None = None
         self._profile_builds: list[threading.Thread] = []
         self.device = resolve_device(rank_device(config.device, self.ranks) if self.ranks else config.device)
@@ -242,6 +245,7 @@ class Trainer:
         self._started = time.monotonic()
         self._elapsed_before = 0.0  # training time of earlier processes of this run (resumed, relaunched)
         self._last_batch: Any = None
+        self._resumed: dict[str, Any] | None = None  # reported when the run starts, once nothing more can fail
 
         initial = config.options
         if resume_from is not None:
@@ -267,6 +271,8 @@ class Trainer:
 
     # ----------------------------------------------------------------- the loop
     def run(self) -> RunOutcome:
+        if self._resumed is not None:
+            self._emit_event("resumed_from_checkpoint", **self._resumed)
         self._emit_event(
             "run_started",
             step=self.step,
@@ -282,7 +288,7 @@ class Trainer:
         )
         self._started = time.monotonic()
         sampler = None
-        if self.config.telemetry_interval > 0 and self.reports:
+        if self.config.telemetry_interval > 0 and self.reports and self.samples_telemetry:
             sampler = TelemetrySampler(self.device, self._emit_telemetry, lambda: self.step, self.config.telemetry_interval)
             sampler.start()
         try:
@@ -728,8 +734,14 @@ class Trainer:
         self._apply_lr_scale()
 
     def _apply_lr_scale(self) -> None:
-        for group, scheduled in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
+        for group, scheduled in zip(self.optimizer.param_groups, self._scheduled_lrs()):
             group["lr"] = scheduled * self.options.lr_scale
+
+    def _scheduled_lrs(self) -> list[float]:
+        """What the schedule gives now: LambdaLR's own ``base_lr * lambda(last_epoch)``, computed from its
+        base LRs as they are (a resume with another ``--lr`` sets them after the state loaded)."""
+        epoch = self.scheduler.last_epoch
+        return [base * factor(epoch) for base, factor in zip(self.scheduler.base_lrs, self.scheduler.lr_lambdas)]
 
     def _get_grad_scaler(self) -> torch.amp.GradScaler:
         if self.grad_scaler is None:
@@ -767,13 +779,23 @@ class Trainer:
         self._emit_event("checkpoint", step=self.step, path=str(path), reason=reason)
 
     def _restore(self, state: dict[str, Any], config: TrainConfig, explicit_options: Iterable[str]) -> LiveOptions:
-        """Load a checkpoint; return the options to run with (the checkpoint's, unless given explicitly)."""
+        """Load a checkpoint; return the options to run with (the checkpoint's, unless given explicitly).
+
+        The configuration may differ from the checkpoint's (an override given with ``--resume``): the
+        optimizer's state is kept only for the same optimizer, and the LR and weight decay are this
+        configuration's, not the ones saved in the optimizer's and scheduler's state."""
+        stored = config_from_toml(state["config"], "the checkpoint's configuration") if "config" in state else config
+        configured = [{"initial_lr": group["initial_lr"], "weight_decay": group["weight_decay"]} for group in self.optimizer.param_groups]
         try:
             self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+            if stored.optimizer == config.optimizer:
+                self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as error:
             raise ConfigError(f"--resume: the checkpoint does not fit this workload's model: {error}") from None
         self.scheduler.load_state_dict(state["scheduler"])
+        for group, settings in zip(self.optimizer.param_groups, configured):
+            group.update(settings)
+        self.scheduler.base_lrs = [settings["initial_lr"] for settings in configured]
         if state.get("grad_scaler") is not None:
             self._get_grad_scaler().load_state_dict(state["grad_scaler"])
         self._restore_rng(state)
@@ -786,7 +808,7 @@ class Trainer:
         options = LiveOptions(**state["options"])
         for name in explicit_options:
             options = options.with_value(name, getattr(config.options, name))
-        self._emit_event("resumed_from_checkpoint", step=self.step, options=options.as_dict())
+        self._resumed = {"step": self.step, "options": options.as_dict()}
         return options
 
     def _restore_rng(self, state: dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from torchlab.core import protocol as p
-from torchlab.core.cli import EXIT_OK, EXIT_USAGE, build_parser, exit_code, resolve_config
+from torchlab.core.cli import EXIT_OK, EXIT_USAGE, build_parser, exit_code
 from torchlab.core.control_server import ControlServer
 from torchlab.core.errors import TorchlabError
 from torchlab.core.impact import ImpactTracker
@@ -115,6 +115,8 @@ class OutboxReporter(TrainerObserver):
             self.set_state("relaunching", step, f"{record['previous']} → {record['world_size']}")
         elif event == "resumed_from_checkpoint":
             self.outbox.add_event(p.Log(level="info", text=f"resumed from the checkpoint of step {step}", step=step))
+        elif event == "resume_changed_settings":
+            self.outbox.add_event(p.Log(level=record["level"], text=record["message"], step=step))
 
     def _send_impact(self, force: bool = False) -> None:
         if self.impact is None:
@@ -163,24 +165,27 @@ class Worker:
     def run(self) -> int:
         from torchlab.core.distributed import rank_from_environment
         from torchlab.core.ranks import Supervisor
+        from torchlab.core.resume import ConfigRecord, plan_training
         from torchlab.core.rundir import RunDirectory
 
         args = build_parser().parse_args(self.training_args)
         directory = RunDirectory(self.run_dir)
         try:
             try:
-                config, explicit = resolve_config(args)
-                self._config = config
-                directory.write_config(config.to_toml())
+                plan = plan_training(args)
+                self._config = plan.config
+                config_record = ConfigRecord(directory, plan)
+                config_record.write_for_new_run()
                 impact = ImpactTracker(directory.path / "impact.json")
                 self.reporter.impact = impact
                 supervisor = Supervisor(
-                    config,
-                    observers=[directory, impact, self.reporter],
+                    plan.config,
+                    observers=[directory, config_record, impact, self.reporter],
                     run_dir=directory.path,
-                    resume_from=args.resume,
-                    explicit_options=explicit,
+                    resume_from=plan.resume,
+                    explicit_options=plan.explicit_options,
                     external=rank_from_environment(supervised=False),  # rank 0 under torchrun
+                    resume_note=plan.resume_note(),
                 )
                 supervisor.prepare()  # seeds and loads the workload where it trains here (a bad one fails now)
                 self.trainer = supervisor
@@ -385,11 +390,13 @@ def _quiet_rank(run_dir: Path, training_args: list[str]) -> int:
     from torchlab.core.distributed import rank_from_environment
     from torchlab.core.ranks import run_quiet_rank
 
+    from torchlab.core.resume import plan_training
+
     args = build_parser().parse_args(training_args)
     try:
-        config, explicit = resolve_config(args)
-        outcome = run_quiet_rank(config, rank_from_environment(supervised=False), run_dir=run_dir,
-                                 resume=args.resume, explicit_options=explicit)
+        plan = plan_training(args)
+        outcome = run_quiet_rank(plan.config, rank_from_environment(supervised=False), run_dir=run_dir,
+                                 resume=plan.resume, explicit_options=plan.explicit_options)
     except TorchlabError as error:
         print(f"torchlab worker, rank {os.environ.get('RANK')}: {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -5,6 +5,7 @@ Each factory takes no arguments, as on the command line: ``tests/workloads/tiny.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 
@@ -193,4 +194,21 @@ def forward_hook_raises() -> Workload:
     """A model with the user's own forward hook, which raises in step 3: reported with its traceback."""
     built = workload()
     built.model.body[0].register_forward_hook(_HookThatFailsOnItsThirdCall())
+    return built
+
+
+def interrupts_itself() -> Workload:
+    """``workload``, whose process gets a Ctrl-C (SIGINT) in the forward of optimizer step
+    ``$TORCHLAB_TEST_INTERRUPT_AT`` when that is set: a run interrupted at a known step. The hook holds
+    no parameters and draws no random numbers, so the run trains exactly as ``workload`` does."""
+    built = workload()
+    interrupt_at = os.environ.get("TORCHLAB_TEST_INTERRUPT_AT")
+    if interrupt_at is not None:
+        calls = itertools.count(1)
+
+        def interrupt(module: nn.Module, inputs) -> None:
+            if next(calls) == int(interrupt_at):
+                os.kill(os.getpid(), signal.SIGINT)
+
+        built.model.register_forward_pre_hook(interrupt)
     return built

@@ -1,0 +1,154 @@
+"""``--resume`` from the command line continues *this* run: its workload and every setting come from the
+checkpoint, a flag given beside it overrides (with a warning where the run can no longer match a run
+that was never stopped), a larger ``--steps`` extends the run with no jump in the LR, and a resume that
+fails leaves the run directory as it was."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from trainers import WORKLOADS
+from torchlab.core.cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
+from torchlab.core.config import config_from_toml
+from torchlab.core.schedule import lr_factor
+
+TINY = WORKLOADS / "tiny.py"
+#: Not one of them the default: a resume that forgot any of them would train differently.
+FIRST_RUN_FLAGS = ["--seed", "7", "--lr", "0.003", "--schedule", "onecycle", "--batch-size", "24",
+                   "--optimizer", "sgd", "--weight-decay", "0.05", "--at", "5:clip=0.5", "--eval-every", "0"]
+
+
+def headless(*args: str) -> int:
+    return main([*args, "--headless"])
+
+
+def metrics(run_dir: Path) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    by_step = {row["step"]: row for row in rows}
+    assert len(by_step) == len(rows), "a step written twice"
+    return by_step
+
+
+def events(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def test_a_checkpoint_alone_restores_the_workload_and_every_setting(tmp_path):
+    straight = tmp_path / "straight"
+    assert headless(f"{TINY}:workload", *FIRST_RUN_FLAGS, "--steps", "12", "--checkpoint-every", "6",
+                    "--run-dir", str(straight)) == EXIT_OK
+    resumed = tmp_path / "resumed"
+    assert headless("--resume", str(straight / "checkpoints" / "step-0000006.pt"), "--run-dir", str(resumed)) == EXIT_OK
+
+    expected, got = metrics(straight), metrics(resumed)
+    assert sorted(got) == list(range(7, 13))
+    assert [got[step]["loss"] for step in got] == [expected[step]["loss"] for step in got]  # bit for bit
+    assert [got[step]["lr"] for step in got] == [expected[step]["lr"] for step in got]
+    assert got[12]["clip"] == 0.5  # the scripted change, in force since step 5
+    assert config_from_toml((resumed / "config.toml").read_text(), "") == config_from_toml((straight / "config.toml").read_text(), "")
+    assert not [e for e in events(resumed) if e["event"] == "resume_changed_settings"]
+
+
+def test_a_run_interrupted_and_resumed_with_no_flag_matches_a_straight_run(tmp_path, capsys, monkeypatch):
+    """The issue's case: non-default flags on the first run only; Ctrl-C; ``--resume RUN_DIR`` alone."""
+    straight = tmp_path / "straight"
+    assert headless(f"{TINY}:interrupts_itself", *FIRST_RUN_FLAGS, "--steps", "40", "--run-dir", str(straight)) == EXIT_OK
+
+    interrupted = tmp_path / "interrupted"
+    monkeypatch.setenv("TORCHLAB_TEST_INTERRUPT_AT", "17")  # Ctrl-C during step 17
+    assert headless(f"{TINY}:interrupts_itself", *FIRST_RUN_FLAGS, "--steps", "40", "--checkpoint-every", "0",
+                    "--run-dir", str(interrupted)) == EXIT_INTERRUPTED
+    monkeypatch.delenv("TORCHLAB_TEST_INTERRUPT_AT")
+    assert max(metrics(interrupted)) == 17
+    assert f"resume with --resume {interrupted}" in capsys.readouterr().err
+
+    assert headless("--resume", str(interrupted)) == EXIT_OK  # the hint, followed literally
+    expected, got = metrics(straight), metrics(interrupted)
+    assert sorted(got) == list(range(1, 41))
+    assert [got[step]["loss"] for step in range(1, 41)] == [expected[step]["loss"] for step in range(1, 41)]
+    assert [got[step]["lr"] for step in range(1, 41)] == [expected[step]["lr"] for step in range(1, 41)]
+    assert (interrupted / "config.toml").read_text() == (straight / "config.toml").read_text().replace(
+        "checkpoint_every = 100", "checkpoint_every = 0")  # written once, at the start; the resume changed nothing
+
+
+def test_an_override_that_breaks_exactness_is_said_once_and_journalled(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert headless(f"{TINY}:workload", *FIRST_RUN_FLAGS, "--steps", "8", "--checkpoint-every", "4",
+                    "--run-dir", str(run_dir)) == EXIT_OK
+    started_with = (run_dir / "config.toml").read_text()
+    capsys.readouterr()
+    assert headless("--resume", str(run_dir / "checkpoints" / "step-0000004.pt"), "--seed", "3", "--lr", "0.01",
+                    "--steps", "8") == EXIT_OK
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if "warning:" in line]
+    assert len(warnings) == 1
+    assert "seed 7 → 3" in warnings[0] and "lr 0.003 → 0.01" in warnings[0] and "steps" not in warnings[0]
+
+    [changed] = [e for e in events(run_dir) if e["event"] == "resume_changed_settings"]
+    assert changed["step"] == 4 and changed["level"] == "warning"
+    assert {c["setting"]: (c["stored"], c["value"], c["breaks_exactness"]) for c in changed["changes"]} == {
+        "seed": (7, 3, True), "lr": (0.003, 0.01, True)}
+    # The record of how the run started is kept; config.toml now says how it goes on.
+    assert (run_dir / "config.before-step-0000004.toml").read_text() == started_with
+    now = config_from_toml((run_dir / "config.toml").read_text(), "")
+    assert (now.seed, now.lr, now.schedule) == (3, 0.01, "onecycle")
+    # The new LR is in force: the schedule's factor times the new peak.
+    row = metrics(run_dir)[5]
+    assert math.isclose(row["lr"], 0.01 * lr_factor("onecycle", 4, 8, 1), rel_tol=1e-9)
+
+
+def test_more_steps_extend_the_run_with_no_jump_in_the_learning_rate(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert headless(f"{TINY}:workload", "--steps", "20", "--run-dir", str(run_dir), "--eval-every", "0") == EXIT_OK
+    capsys.readouterr()
+    assert headless("--resume", str(run_dir), "--steps", "40") == EXIT_OK
+    err = capsys.readouterr().err
+    assert "resumed with steps 20 → 40" in err and "warning" not in err
+
+    lrs = [metrics(run_dir)[step]["lr"] for step in range(1, 41)]
+    peak = max(lrs)
+    assert lrs[20] <= lrs[19] and (lrs[19] - lrs[20]) < 0.01 * peak  # continuous at the boundary, still decaying
+    assert all(later <= earlier for earlier, later in zip(lrs[1:], lrs[2:]))  # never back up the cosine
+    config = config_from_toml((run_dir / "config.toml").read_text(), "")
+    assert config.steps == 40 and config.schedule_extensions == ((20, 20),)
+
+
+def test_fewer_steps_than_the_checkpoint_has_is_a_clear_error(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert headless(f"{TINY}:workload", "--steps", "6", "--run-dir", str(run_dir)) == EXIT_OK
+    capsys.readouterr()
+    assert headless("--resume", str(run_dir), "--steps", "3") == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "steps (--steps) 3: last.pt is at step 6 already; give a total of at least 6" in err
+    assert "Traceback" not in err
+
+
+def test_a_resume_that_fails_changes_nothing_in_the_run_directory(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert headless(f"{TINY}:workload", "--steps", "4", "--run-dir", str(run_dir)) == EXIT_OK
+    before = {path.name: path.read_bytes() for path in run_dir.iterdir() if path.is_file()}
+    assert headless("--resume", str(run_dir), f"{TINY}:no_checkpoint_blocks") == EXIT_USAGE  # another model: cannot load
+    assert "does not fit" in capsys.readouterr().err
+    after = {path.name: path.read_bytes() for path in run_dir.iterdir() if path.is_file()}
+    assert after["config.toml"] == before["config.toml"]
+    assert after["metrics.jsonl"] == before["metrics.jsonl"]
+    added = after["events.jsonl"][len(before["events.jsonl"]):].decode().splitlines()
+    assert after["events.jsonl"].startswith(before["events.jsonl"])
+    assert [json.loads(line)["event"] for line in added] == ["error"]
+
+
+def test_lr_schedules_are_unchanged_without_an_extension_and_continuous_with_one():
+    for schedule in ("cosine", "onecycle", "constant"):
+        plain = [lr_factor(schedule, step, 40, 2) for step in range(41)]
+        extended = [lr_factor(schedule, step, 80, 2, ((20, 40),)) for step in range(81)]
+        assert extended[:21] == plain[:21]  # identical up to and including the step resumed at
+        twice = [lr_factor(schedule, step, 120, 2, ((20, 40), (50, 80))) for step in range(121)]
+        assert twice[:51] == extended[:51]
+        for series, ends in ((extended, 80), (twice, 120)):
+            steps = [abs(b - a) for a, b in zip(series[20:], series[21:])]
+            assert max(steps, default=0) < 0.05  # no jump anywhere after the first extension
+            assert math.isclose(series[ends], plain[40])  # the same end value, at the new total
