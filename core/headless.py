@@ -89,6 +89,9 @@ def run_headless(
     if outcome.status == "nonfinite":
         console.print(f"[bold red]Stopped on a non-finite value:[/] {outcome.message}")
         return EXIT_NONFINITE
+    if outcome.status == "failed" and outcome.kind == "StorageError":  # the message says what is intact and what to do
+        console.print(f"[bold red]Stopped after step {outcome.step}:[/] {outcome.message}")
+        return EXIT_FAILED
     if outcome.status == "failed":
         console.print(f"[bold red]Training failed at step {outcome.step + 1}:[/] {outcome.message}")
         console.print(f"Traceback in {directory.path / 'events.jsonl'}; the last checkpoint is in {directory.checkpoints}.")

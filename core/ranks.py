@@ -49,10 +49,11 @@ from torchlab.core import strict_json
 from torchlab.core.checkpoint import checkpoint_file
 from torchlab.core.config import TrainConfig, build_config, load_config_file
 from torchlab.core.distributed import RankContext, check_world_size, rank_from_environment
-from torchlab.core.errors import ConfigError, TorchlabError, WorkloadError
+from torchlab.core.errors import ConfigError, StorageError, TorchlabError, WorkloadError
 from torchlab.core.observer import TrainerObserver
 from torchlab.core.options import OptionRefused
 from torchlab.core.runtime import die_with_parent, runtime_dir
+from torchlab.core.storage import write_atomically
 from torchlab.core.trainer import (
     Command,
     RunOutcome,
@@ -216,7 +217,7 @@ class Supervisor:
         logs = self.run_dir / "ranks"
         logs.mkdir(parents=True, exist_ok=True)
         rank_config = logs / "config.toml"
-        rank_config.write_text(config.to_toml(), encoding="utf-8")
+        write_atomically(rank_config, config.to_toml())
         channel = _RankChannel(self._relay)
         with self._lock:
             self._channel = channel
@@ -273,6 +274,13 @@ class Supervisor:
                 self._channel = None
                 self._pending = channel.close() + self._pending
         outcome = channel.outcome
+        if channel.storage_failure is not None:  # the run directory could not be written: that ended the run
+            message = str(channel.storage_failure)
+            try:
+                self._relay.on_event({"event": "error", "step": self.step + 1, "time": time.time(), "message": message, "traceback": ""})
+            except StorageError:
+                pass  # the journal is what could not be written; the outcome carries the message
+            return RunOutcome("failed", self.step, message, kind="StorageError")
         if outcome is not None and outcome["status"] == "usage":
             raise (ConfigError if outcome.get("kind") == "ConfigError" else WorkloadError)(outcome["message"])
         if failure:
@@ -289,7 +297,7 @@ class Supervisor:
             self._relay.on_event({"event": "error", "step": self.step + 1, "time": time.time(), "message": message, "traceback": ""})
             return RunOutcome("failed", self.step, message)
         relaunch = WorldSizeChange(**outcome["relaunch"]) if outcome.get("relaunch") else None
-        return RunOutcome(outcome["status"], outcome["step"], outcome.get("message", ""), relaunch)
+        return RunOutcome(outcome["status"], outcome["step"], outcome.get("message", ""), relaunch, outcome.get("kind", ""))
 
 
 class _Relay(TrainerObserver):
@@ -404,6 +412,8 @@ class _RankChannel:
         self.token = secrets.token_hex(16)
         self.path = runtime_dir() / f"ranks-{secrets.token_hex(6)}.sock"
         self.outcome: dict[str, Any] | None = None
+        #: a record rank 0 sent could not be written to the run directory: the ranks were asked to stop
+        self.storage_failure: StorageError | None = None
         self._lock = threading.Lock()
         self._connection: socket.socket | None = None
         self._queued: list[dict[str, Any]] = []
@@ -469,13 +479,23 @@ class _RankChannel:
                 self.send(command)
             try:
                 for line in reader:
-                    self._dispatch(json.loads(line))
+                    self._dispatch_or_stop(json.loads(line))
             except (OSError, ValueError):
                 pass
             with self._lock:
                 self._connection = None
             connection.close()
             return  # one rank 0 per launch
+
+    def _dispatch_or_stop(self, message: dict[str, Any]) -> None:
+        """Pass a record on; if the run directory cannot take it (a full disk), stop the ranks at their next
+        step boundary rather than let them train on with nothing written."""
+        try:
+            self._dispatch(message)
+        except StorageError as error:
+            if self.storage_failure is None:
+                self.storage_failure = error
+                self.send(command_to_json(Stop("a file of the run could not be written")))
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         if "metrics" in message:
@@ -624,7 +644,7 @@ def _rank_main(argv: list[str] | None) -> int:
         return 2
     if link is not None:
         link.send_outcome(outcome.status, outcome.step, outcome.message, relaunch=outcome.relaunch,
-                          unhandled=trainer.pending_commands())
+                          kind=outcome.kind, unhandled=trainer.pending_commands())
         link.close()
     close_process_group()
     return 0

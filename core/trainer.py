@@ -148,6 +148,7 @@ class RunOutcome:
     step: int
     message: str = ""
     relaunch: WorldSizeChange | None = None
+    kind: str = ""  # for ``failed``: the class of the error ("StorageError": a file of the run could not be written)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -316,25 +317,34 @@ class Trainer:
         except Exception as error:
             if self.ranks is not None and self.ranks.supervised:
                 raise  # the supervisor reports it with the rank it happened on (and stops the other ranks)
-            message = str(error) if isinstance(error, StorageError) else f"{type(error).__name__}: {error}"
-            try:
-                self._emit_event("error", step=self.step + 1, message=message, traceback=traceback.format_exc())
-                if self.step > 0 and self._last_checkpoint_step != self.step and self.ranks is None:
-                    # The last completed step is intact. Not with ranks: the others may be gone, and a
-                    # checkpoint takes every rank (their RNG states); the last one written stays as it was.
-                    self._save_checkpoint(reason="error")
-            except StorageError as storage:  # the disk that failed may fail again; the app still got the error
-                if str(storage) != message:
-                    message = f"{message} (then: {storage})"
-            return RunOutcome("failed", self.step, message)
-        if self._relaunch is not None:
-            self._save_checkpoint(reason="world_size")  # always: the options changed since any earlier one
-            return RunOutcome("relaunch", self.step, relaunch=self._relaunch)
-        if self._last_checkpoint_step != self.step and self.step > 0:
-            self._save_checkpoint(reason="final")
+            return self._failed(error)
+        try:
+            if self._relaunch is not None:
+                self._save_checkpoint(reason="world_size")  # always: the options changed since any earlier one
+                return RunOutcome("relaunch", self.step, relaunch=self._relaunch)
+            if self._last_checkpoint_step != self.step and self.step > 0:
+                self._save_checkpoint(reason="final")
+        except StorageError as error:  # the last checkpoint could not be written: the run failed, said as such
+            if self.ranks is not None and self.ranks.supervised:
+                raise
+            return self._failed(error)
         status = "stopped" if self._stop is not None else "finished"
         self._emit_event("run_ended", step=self.step, status=status)
         return RunOutcome(status, self.step, self._stop.reason if self._stop else "")
+
+    def _failed(self, error: Exception) -> RunOutcome:
+        """Report an error that ended the run, and keep the last completed step if it is not saved yet."""
+        message = str(error) if isinstance(error, StorageError) else f"{type(error).__name__}: {error}"
+        try:
+            self._emit_event("error", step=self.step + 1, message=message, traceback=traceback.format_exc())
+            if self.step > 0 and self._last_checkpoint_step != self.step and self.ranks is None:
+                # The last completed step is intact. Not with ranks: the others may be gone, and a
+                # checkpoint takes every rank (their RNG states); the last one written stays as it was.
+                self._save_checkpoint(reason="error")
+        except StorageError as storage:  # the disk that failed may fail again; the app still got the error
+            if str(storage) != message:
+                message = f"{message} (then: {storage})"
+        return RunOutcome("failed", self.step, message, kind=type(error).__name__)
 
     def train_steps(self, count: int) -> bool:
         """Apply queued commands and train up to ``count`` optimizer steps; False once a stop was requested.
