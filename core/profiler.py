@@ -69,7 +69,6 @@ class ProfilerSnapshot:
         )
         self._steps_seen = 0
         self.builder: threading.Thread | None = None
-        self.report_failure: StorageError | None = None  # the report could not be journaled (a full disk)
         self._profile.start()
 
     def after_step(self, step: int) -> bool:
@@ -110,8 +109,8 @@ class ProfilerSnapshot:
         report["build_s"] = round(time.perf_counter() - started, 3)
         try:
             self.on_ready(report)
-        except StorageError as error:  # not this thread's to stop the run: the run directory raises it again
-            self.report_failure = error  # at its next journal line, on the training thread
+        except StorageError:  # the report could not be journaled: not this thread's to stop the run; the
+            pass  # run directory kept the failure and raises it on the training thread at its next journal line
 
     def _write(self, staging: Path) -> dict[str, Any]:
         """The trace and the tables, written into ``staging`` and then renamed to the snapshot's folder, so
