@@ -6,7 +6,7 @@ answers, that a headless run of a sample trains and writes its run directory, an
 driven headlessly by Textual's Pilot against a real trainer process, draws the gradient table: a
 module, stylesheet or data file missing from the wheel fails one of these.
 
-    python smoke_installed.py CHECKOUT
+    python smoke_installed.py
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -28,12 +29,13 @@ def fail(message: str) -> None:
     sys.exit(1)
 
 
-def check_installed_package_is_imported(checkout: Path) -> None:
+def check_installed_package_is_imported() -> None:
     import torchlab.tui.app
 
     location = Path(torchlab.tui.app.__file__).resolve()
-    if checkout in location.parents:
-        fail(f"torchlab.tui.app was imported from the checkout ({location}), not from the installed wheel")
+    site_packages = Path(sysconfig.get_paths()["purelib"]).resolve()
+    if site_packages not in location.parents:
+        fail(f"torchlab.tui.app was imported from {location}, not from the installed wheel in {site_packages}")
     print(f"smoke test: torchlab imported from {location.parent.parent}")
 
 
@@ -90,8 +92,7 @@ async def check_app_draws_the_gradient_table(work: Path) -> None:
 
 
 def main() -> None:
-    checkout = Path(sys.argv[1]).resolve()
-    check_installed_package_is_imported(checkout)
+    check_installed_package_is_imported()
     check_version()
     with tempfile.TemporaryDirectory(prefix="torchlab-smoke-") as directory:
         work = Path(directory)
