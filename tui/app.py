@@ -86,7 +86,11 @@ class LinkLike(Protocol):
     def send(self, command: protocol.Message) -> None: ...
     def close(self, *, detach: bool = False) -> None: ...
     def restart(self, resume: bool) -> None: ...
+    def restart_point(self) -> str | None: ...
     def detach_and_wait(self, timeout_s: float) -> bool: ...
+
+    @property
+    def trainer_exit_code(self) -> int | None: ...
 
 
 LinkFactory = Callable[[], LinkLike]
@@ -396,7 +400,8 @@ class TorchlabApp(App[int]):
         self._error_screen_open = True
         from torchlab.tui.screens.error_screen import ErrorScreen  # screens load when first shown: a faster start
 
-        self.push_screen(ErrorScreen(failure), callback=self._failure_choice)
+        restart_from = self.link.restart_point() if self.link is not None else None
+        self.push_screen(ErrorScreen(failure, restart_from), callback=self._failure_choice)
 
     def _failure_choice(self, choice: str | None) -> None:
         from torchlab.tui.screens.error_screen import CLOSE, QUIT, RESTART
@@ -533,11 +538,11 @@ class TorchlabApp(App[int]):
         (the trainer's parent-death handling) still ends the trainer.
         """
         if self._leaving:
-            self.exit(0)
+            self.exit(return_code=self.outcome_exit_code())
             return
         self._leaving = True
         if self.link is None or self._link_closed:
-            self.exit(0)
+            self.exit(return_code=self.outcome_exit_code())
             return
         if detach:
             where = self.link.run_dir or self.run_state.run_dir
@@ -557,7 +562,19 @@ class TorchlabApp(App[int]):
         except Exception as error:  # said on the way out: the terminal is all that is left to tell
             self.exit(1, 1, f"torchlab-tui: could not stop the trainer cleanly: {error}")
             return
-        self.exit(0)
+        self.exit(return_code=self.outcome_exit_code())
+
+    def outcome_exit_code(self) -> int:
+        """The app's exit status tells how the run ended, as a headless run's does: 0 finished, stopped or
+        detached; 1 failed; 2 the trainer refused its input (a workload or setting error); 3 non-finite."""
+        state = self.run_state
+        if state.detached or state.failure is None:
+            return 0
+        if state.failure.kind == "nonfinite":
+            return 3
+        if self.link is not None and self.link.trainer_exit_code == 2:
+            return 2
+        return 1
 
     def on_unmount(self) -> None:
         # Any other way out (ctrl+c, an exception): the trainer still gets told, so no orphan is left;

@@ -34,6 +34,7 @@ from torchlab.core.protocol import (
     Hello,
     Log,
     Message,
+    Metrics,
     OptionApplied,
     Refused,
     ProtocolError,
@@ -81,6 +82,8 @@ class ProcessLink:
         self.refused: str | None = None
         #: set whenever an event arrives (for code that waits on the link outside a UI timer)
         self.arrived = threading.Event()
+        #: the newest step the trainer reported: what a trainer that died without a word had reached
+        self.last_step = 0
 
     @classmethod
     def attach(cls, entry: RunEntry) -> ProcessLink:
@@ -91,13 +94,16 @@ class ProcessLink:
         return link
 
     # ------------------------------------------------------------------ app-facing API
-    def start(self, extra_args: list[str] | None = None) -> None:
+    def start(self) -> None:
         """Spawn the trainer (or, attached, find it) and begin connecting; returns at once. Main thread only."""
         if self._attached_pid is not None:
             self._closing = False
             self._reader = threading.Thread(target=self._read_events, name="torchlab-link-reader", daemon=True)
             self._reader.start()
             return
+        self._spawn(self.training_args)
+
+    def _spawn(self, training_args: list[str]) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._endpoint = Endpoint.create(f"{self.run_dir.name[:40]}-{secrets.token_hex(3)}")
         self._closing = False
@@ -109,7 +115,7 @@ class ProcessLink:
                     "--run-dir", str(self.run_dir),
                     "--socket", str(self._endpoint.socket_path),
                     "--token-file", str(self._endpoint.token_path),
-                    "--", *self.training_args, *(extra_args or []),
+                    "--", *training_args,
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -120,11 +126,31 @@ class ProcessLink:
         self._reader.start()
 
     def restart(self, resume: bool = True) -> None:
-        """After the trainer ended: start a new one in the same run directory, from its last checkpoint."""
+        """After the trainer ended: start a new one in the same run directory, from its last checkpoint.
+
+        ``--resume RUN_DIR`` alone: the checkpoint holds the run's whole configuration and its live options
+        as they were, which the flags the run was started with would override. With no checkpoint yet,
+        the run starts again from those flags."""
         self.close()
         self._attached_pid = None  # an attached app restarts the run as its own child
-        checkpoint = self.run_dir / "checkpoints" / "last.pt"
-        self.start(["--resume", str(self.run_dir)] if resume and checkpoint.exists() else [])
+        self.last_step = 0
+        if resume and self.restart_point() is not None:
+            self._spawn(["--resume", str(self.run_dir)])
+        else:
+            self._spawn(self.training_args)
+
+    def restart_point(self) -> str | None:
+        """What ``restart`` resumes from, as the user knows it ("step-0000550.pt, step 550"), or None when
+        there is no checkpoint yet (a restart starts the run over)."""
+        return describe_checkpoint(self.run_dir / "checkpoints")
+
+    @property
+    def trainer_exit_code(self) -> int | None:
+        """The spawned trainer's exit status once it has ended (2: it refused its input); None while it
+        runs, or for a trainer this app attached to."""
+        if self._attached_pid is not None or self.process is None:
+            return None
+        return self.process.poll()
 
     def drain(self) -> list[Message]:
         with self._buffer_lock:
@@ -264,6 +290,9 @@ class ProcessLink:
         except ProtocolError as error:
             self._push(Error(message=f"the trainer sent a message this app cannot read: {error}", traceback="", step=0))
             return
+        step = (message.columns.get("step") or [None])[-1] if isinstance(message, Metrics) else getattr(message, "step", None)
+        if isinstance(message, (State, Welcome, Metrics)) and isinstance(step, int) and not isinstance(step, bool):
+            self.last_step = step
         if isinstance(message, State) and message.state in FINAL_STATES:
             self._final_state_seen = True
         if isinstance(message, OptionApplied) and message.option == "detach":
@@ -287,9 +316,7 @@ class ProcessLink:
                 self._push(State(state="detached", step=0, detail=self.refused))
             elif not (self._closing or self._final_state_seen):
                 cause = "is gone (it ended without a word: killed?)" if not process_running(self._attached_pid) else "closed the connection"
-                self._push(Error(message=f"the trainer process (pid {self._attached_pid}) {cause}; see {self.log_path}",
-                                 traceback=_tail(self.log_path), step=0))
-                self._push(State(state="failed", step=0, detail=cause))
+                self._report_trainer_lost(self._attached_pid, cause)
             return
         process = self.process
         try:
@@ -298,16 +325,17 @@ class ProcessLink:
             return
         if self._closing or self._final_state_seen:
             return
-        if code < 0:
-            cause = f"was killed by signal {code_name(-code)}"
-        else:
-            cause = f"exited with code {code}"
+        self._endpoint.remove()  # it died without tidying up (kill -9): nothing of it is left for attach to list
+        self._report_trainer_lost(process.pid, f"was killed by signal {code_name(-code)}" if code < 0 else f"exited with code {code}")
+
+    def _report_trainer_lost(self, pid: int, cause: str) -> None:
+        """The trainer ended without saying how: a failure at the last step it reported."""
         self._push(Error(
-            message=f"the trainer process (pid {process.pid}) {cause}; see {self.log_path}",
+            message=f"the trainer process (pid {pid}) {cause} after step {self.last_step}; see {self.log_path}",
             traceback=_tail(self.log_path),
-            step=0,
+            step=self.last_step,
         ))
-        self._push(State(state="failed", step=0, detail=cause))
+        self._push(State(state="failed", step=self.last_step, detail=cause))
 
     def _push(self, message: Message) -> None:
         with self._buffer_lock:
@@ -322,6 +350,20 @@ class ProcessLink:
             except OSError:
                 pass  # the trainer already closed it
             connection.close()
+
+
+def describe_checkpoint(checkpoints: Path) -> str | None:
+    """``last.pt``'s checkpoint by the name of the step file it is a hard link to ("step-0000550.pt, step 550"),
+    told from the file names alone: this process never imports torch. None when there is no ``last.pt``."""
+    last = checkpoints / "last.pt"
+    try:
+        step_files = sorted(checkpoints.glob("step-*.pt"), reverse=True)
+        for candidate in step_files:
+            if os.path.samefile(candidate, last):
+                return f"{candidate.name}, step {int(candidate.stem.removeprefix('step-'))}"
+    except (OSError, ValueError):
+        return None
+    return "last.pt" if last.exists() else None
 
 
 def code_name(signum: int) -> str:

@@ -178,6 +178,9 @@ class FakeLink:
         self.profile_refusal = "a profile is already recording (from step 118)"
         self.detach_refusal = "this trainer cannot detach"
         self.detach_acknowledged = True
+        #: what a restart would resume from (the real link reads the run's checkpoints), and how the trainer exited
+        self.checkpoint_to_restart_from: str | None = "step-0000100.pt, step 100"
+        self.trainer_exit_code: int | None = None
 
     # ------------------------------------------------------------------ the link interface
 
@@ -223,6 +226,9 @@ class FakeLink:
     def restart(self, resume: bool) -> None:
         self.restarts.append(resume)
         self.push(welcome(100), protocol.State("running", 100))
+
+    def restart_point(self) -> str | None:
+        return self.checkpoint_to_restart_from
 
     # ------------------------------------------------------------------ scripting
 

@@ -496,3 +496,64 @@ async def test_charts_are_redrawn_one_per_poll_and_at_most_every_chart_refresh_s
         app.poll_now()
         app.poll_now()
         assert len(redrawn) == len(charts), "none again within CHART_REFRESH_S of its last drawing"
+
+
+async def quit_after(app: TorchlabApp, pilot, *events: protocol.Message, key: str = "q") -> None:
+    """Let ``events`` in, then leave with ``key`` (from the error screen if one opened) and wait for the exit."""
+    app.link.push(*events)
+    await answer(app, pilot)
+    await pilot.press(key)
+    for _ in range(100):  # the screen's answer, then the worker that closes the link, then the exit
+        if not app.is_running:
+            return
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+    raise AssertionError(f"the app did not exit after {key!r}")
+
+
+@pytest.mark.parametrize("events, trainer_exit_code, expected", [
+    ([protocol.State("finished", 200)], 0, 0),
+    ([], None, 0),  # q while it trains: stopped by the user
+    ([protocol.Error("RuntimeError: boom", "tb", 121), protocol.State("failed", 121)], 1, 1),
+    ([protocol.Error("tiny.py:3: the factory raised", "", 0), protocol.State("failed", 0)], 2, 2),  # bad input
+    ([protocol.NonFinite(121, "forward", "head", "inf", "non-finite loss"), protocol.State("failed", 121)], 3, 3),
+], ids=["finished", "stopped-by-the-user", "failed", "bad-input", "non-finite"])
+async def test_the_app_exits_with_the_runs_outcome_as_headless_does(link: FakeLink, events, trainer_exit_code, expected) -> None:
+    link.trainer_exit_code = trainer_exit_code
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await quit_after(app, pilot, *events)
+    assert app.return_code == expected
+
+
+async def test_a_detach_exits_0_even_after_an_earlier_failure_was_restarted(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        link.push(protocol.Error("boom", "tb", 121))
+        await answer(app, pilot)
+        await pilot.press("r")  # restarted: the failure is history
+        await answer(app, pilot)
+        await pilot.press("d")
+        link.queue.clear()
+        link.push(protocol.OptionApplied("detach", True, None, 121, "app"))
+        await answer(app, pilot)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+    assert link.closed == {"detach": True}
+    assert app.return_code == 0
+
+
+async def test_the_error_screen_says_which_checkpoint_a_restart_resumes_from(link: FakeLink) -> None:
+    from textual.widgets import Label
+
+    link.checkpoint_to_restart_from = "step-0000100.pt, step 100"
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        link.push(protocol.Error("boom", "tb", 121))
+        await answer(app, pilot)
+        assert "r restarts from step-0000100.pt, step 100" in str(app.screen.query_one("#error-keys", Label).content)
+        await pilot.press("escape")
+        link.checkpoint_to_restart_from = None  # failed before its first checkpoint: a restart starts over
+        link.push(protocol.Error("boom again", "tb", 3))
+        app.run_state.failure = None  # as after a restart
+        await answer(app, pilot)
+        assert "r starts the run over (no checkpoint yet)" in str(app.screen.query_one("#error-keys", Label).content)

@@ -164,3 +164,37 @@ async def test_two_ranks_fill_the_rank_table_and_quit_leaves_none(tmp_path):
         await until(pilot, lambda: not app.is_running, what="the app to exit after q")
     [started] = [e for e in events_of(run_dir) if e["event"] == "run_started"]
     assert len(started["ranks"]) == 2 and not any(alive(rank["pid"]) for rank in started["ranks"])
+
+
+async def test_a_trainer_killed_mid_run_is_reported_at_its_last_step_and_restarts_from_its_checkpoint(tmp_path):
+    import os
+    import signal
+
+    from textual.widgets import Label
+
+    run_dir = tmp_path / "run"
+    app, links = app_with_trainer(run_dir, f"{TINY}:workload", "--steps", "100000", "--checkpoint-every", "5", "--seed", "3")
+    async with app.run_test(size=SIZE) as pilot:
+        state = app.run_state
+        await until(pilot, lambda: state.step >= 12, what="a few checkpoints")
+        link = links[0]
+        os.kill(link.pid, signal.SIGKILL)
+        await until(pilot, lambda: isinstance(app.screen, ErrorScreen), what="the error screen")
+        reached = link.last_step
+        assert reached >= 12 and app.screen.failure.step == reached  # not "failed at step 0"
+        assert f"after step {reached}" in app.screen.failure.message
+        checkpoint = max(p.name for p in (run_dir / "checkpoints").glob("step-*.pt"))
+        keys = str(app.screen.query_one("#error-keys", Label).content)
+        assert f"r restarts from {checkpoint}, step {int(checkpoint[5:12])}" in keys
+        assert not any(p.exists() for p in (link._endpoint.socket_path, link._endpoint.token_path, link._endpoint.info_path))
+
+        await pilot.press("r")
+        await until(pilot, lambda: state.state == "running" and link.pid is not None and alive(link.pid), what="the restarted trainer")
+        assert link.process.args[-3:] == ["--", "--resume", str(run_dir)]  # the checkpoint's settings, not the first flags again
+        resumed = [e for e in events_of(run_dir) if e["event"] == "resumed_from_checkpoint"]
+        assert resumed and resumed[-1]["step"] == int(checkpoint[5:12])
+        os.kill(link.pid, signal.SIGKILL)
+        await until(pilot, lambda: isinstance(app.screen, ErrorScreen), what="the error screen again")
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, what="the app to exit")
+    assert app.return_code == 1  # the run failed: the exit status says so

@@ -38,7 +38,6 @@ class ErrorScreen(ModalScreen[str]):
     }
     ErrorScreen #error-title { text-style: bold; color: $error; width: 1fr; }
     ErrorScreen #error-message { width: 1fr; margin-bottom: 1; }
-    ErrorScreen #error-checkpoint { color: $text-muted; width: 1fr; }
     ErrorScreen #error-detail-scroll { height: 1fr; border: round $panel; }
     ErrorScreen #error-keys { color: $text-muted; width: 1fr; }
     ErrorScreen #error-buttons { height: auto; align-horizontal: right; }
@@ -51,9 +50,11 @@ class ErrorScreen(ModalScreen[str]):
         Binding("q", "choose('quit')", "Quit"),
     ]
 
-    def __init__(self, failure: Failure) -> None:
+    def __init__(self, failure: Failure, restart_from: str | None = None) -> None:
+        """``restart_from``: the checkpoint a restart resumes from (None: there is none, it starts over)."""
         super().__init__()
         self.failure = failure
+        self.restart_from = restart_from
 
     def compose(self) -> ComposeResult:
         failure = self.failure
@@ -62,13 +63,13 @@ class ErrorScreen(ModalScreen[str]):
         with Vertical(id="error-dialog"):
             yield Label(f"{title}{step}", id="error-title")
             yield Static(Text(failure.message), id="error-message")
-            if failure.checkpoint:
-                yield Label(f"last checkpoint: {failure.checkpoint}", id="error-checkpoint")
             with VerticalScroll(id="error-detail-scroll"):
                 yield Static(Text(failure.detail or "(no details)"), id="error-detail")
-            yield Label("r restarts the run from its last checkpoint · esc closes this to look at the run · q quits", id="error-keys")
+            restart = f"r restarts from {self.restart_from}" if self.restart_from else "r starts the run over (no checkpoint yet)"
+            yield Label(f"{restart} · esc closes this to look at the run · q quits", id="error-keys")
             with Horizontal(id="error-buttons"):
-                yield Button("Restart", id="restart", variant="primary", tooltip="Start a new trainer from the last checkpoint")
+                yield Button("Restart", id="restart", variant="primary",
+                             tooltip=f"Start a new trainer from {self.restart_from}" if self.restart_from else "Start the run over")
                 yield Button("Close", id="close")
                 yield Button("Quit", id="quit", variant="error")
 
