@@ -32,6 +32,7 @@ def main(argv: list[str]) -> int:
     if args.run is None:
         entries = list_runs()
         print(format_runs(entries) if entries else "No runs: start one with `torchlab-tui WORKLOAD`.")
+        forget_gone_runs(entries)
         live = [entry for entry in entries if entry.live]
         if len(live) != 1:
             if len(live) > 1:
@@ -80,6 +81,17 @@ def open_run(entry: RunEntry) -> int:
         print(f"Detached: {name} keeps training. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
     print(f"Run directory: {info.get('run_dir')}", file=sys.stderr)
     return app.return_code or EXIT_OK
+
+
+def forget_gone_runs(entries: list[RunEntry]) -> None:
+    """Runs whose trainer died without a word (``kill -9``, killed while starting) are listed once, then
+    their files go: otherwise they would stay in every listing as "gone" forever."""
+    gone = [entry for entry in entries if entry.state == "gone"]
+    for entry in gone:
+        entry.endpoint.remove()
+    if gone:
+        print(f"\n{'A run' if len(gone) == 1 else f'{len(gone)} runs'} ended without a word (killed?): listed this once. "
+              "A run directory keeps its last checkpoint: `torchlab-tui --resume RUN_DIR` continues it.")
 
 
 def format_runs(entries: list[RunEntry]) -> str:

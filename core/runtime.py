@@ -16,6 +16,7 @@ import json
 import os
 import re
 import secrets
+import socket
 import stat
 import sys
 import time
@@ -114,6 +115,8 @@ class RunEntry:
         return self.state not in (*FINAL_STATES, "gone") and self.endpoint.socket_path.exists()
 
 
+#: A socket without an entry, refusing connections this long after it was made, has no server.
+STALE_SOCKET_AGE_S = 60.0
 #: A token with neither socket nor entry beside it this long after it was written belongs to no run
 #: (its trainer was killed before it could tidy up): a trainer makes both within a second of starting.
 ORPHAN_TOKEN_AGE_S = 600.0
@@ -133,12 +136,21 @@ _ENTRY_TEMPORARY = re.compile(r"^.+\.json\.tmp-(\d+)$")
 
 
 def sweep_leftovers(directory: Path) -> None:
-    """Remove what killed trainers left behind: entry temporaries of dead writers, and orphan tokens.
+    """Remove what killed trainers left behind: entry temporaries of dead writers, sockets that no
+    process serves (a run's, without its entry; a supervisor's ``ranks-*.sock``), and orphan tokens.
 
-    Sockets are left alone: whether one still has a server is not known without connecting to it.
+    A socket is removed only when it is older than ``STALE_SOCKET_AGE_S`` and refuses a connection: a
+    trainer binds its socket and listens at once, so an old socket that refuses has no server. A socket
+    beside its run's entry is the entry's to account for (``attach`` reports a dead run once, then removes it).
     """
     now = time.time()
     remove_abandoned_temporaries(directory, _ENTRY_TEMPORARY)
+    for socket_path in directory.glob("*.sock"):
+        if socket_path.with_suffix(".json").exists() or not _older_than(socket_path, STALE_SOCKET_AGE_S, now):
+            continue
+        if not serves(socket_path):
+            socket_path.unlink(missing_ok=True)
+            socket_path.with_suffix(".token").unlink(missing_ok=True)
     for token in directory.glob("*.token"):
         stem = token.with_suffix("")
         if stem.with_suffix(".sock").exists() or stem.with_suffix(".json").exists():
@@ -149,6 +161,29 @@ def sweep_leftovers(directory: Path) -> None:
             continue
         if age > ORPHAN_TOKEN_AGE_S:
             token.unlink(missing_ok=True)
+
+
+def serves(socket_path: Path) -> bool:
+    """Whether a process listens on the Unix socket ``socket_path`` (connects, then hangs up at once: a
+    trainer or supervisor refuses a client that says nothing, and goes on). In doubt, True."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(socket_path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:  # a timeout (a server too busy to accept), no permission: not ours to remove
+        return True
+    finally:
+        probe.close()
+    return True
+
+
+def _older_than(path: Path, age_s: float, now: float) -> bool:
+    try:
+        return now - path.stat().st_mtime > age_s
+    except FileNotFoundError:
+        return False
 
 
 def list_runs() -> list[RunEntry]:

@@ -32,3 +32,56 @@ def test_listing_runs_sweeps_what_killed_trainers_left_and_nothing_else(tmp_path
     assert not dead_writer.exists() and not old_orphan.exists()
     assert live_writer.exists(), "a writer that still runs may be between its write and its rename"
     assert new_orphan.exists(), "a trainer that is starting makes its socket and entry after its token"
+
+
+def test_sockets_no_process_serves_are_swept_once_old_and_served_ones_are_kept(tmp_path, monkeypatch):
+    import socket
+
+    from torchlab.core.runtime import STALE_SOCKET_AGE_S
+
+    (tmp_path / "xdg").mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
+    directory = runtime_dir()
+    long_ago = time.time() - STALE_SOCKET_AGE_S - 60
+
+    def bound(name: str, *, listening: bool, old: bool) -> tuple[socket.socket, os.PathLike]:
+        path = directory / name
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(str(path))
+        if listening:
+            server.listen(1)
+        if old:
+            os.utime(path, (long_ago, long_ago), follow_symlinks=False)
+        return server, path
+
+    killed_at_start_up, killed_path = bound("run-killed.sock", listening=False, old=True)
+    (directory / "run-killed.token").write_text("x")
+    stale_ranks, stale_ranks_path = bound("ranks-0a1b2c.sock", listening=False, old=True)
+    live_ranks, live_ranks_path = bound("ranks-3d4e5f.sock", listening=True, old=True)
+    just_bound, just_bound_path = bound("run-starting.sock", listening=False, old=False)
+    try:
+        assert list_runs() == []
+        assert not killed_path.exists() and not (directory / "run-killed.token").exists()
+        assert not stale_ranks_path.exists()
+        assert live_ranks_path.exists(), "a supervisor's channel that still serves its ranks"
+        assert just_bound_path.exists(), "a trainer between its bind and its listen"
+    finally:
+        for server in (killed_at_start_up, stale_ranks, live_ranks, just_bound):
+            server.close()
+
+
+def test_attach_lists_a_run_killed_while_starting_once_then_forgets_it(tmp_path, monkeypatch, capsys):
+    from torchlab.core.attach import main as attach
+
+    (tmp_path / "xdg").mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    endpoint = Endpoint.create("run-killed-starting")
+    endpoint.write_info({"pid": int(dead.stdout), "state": "starting", "step": 0, "started": time.time(), "run_dir": "runs/x"})
+
+    assert attach([]) == 0
+    first = capsys.readouterr().out
+    assert "run-killed-starting" in first and "gone" in first and "listed this once" in first
+    assert not endpoint.info_path.exists() and not endpoint.token_path.exists()
+    assert attach([]) == 0
+    assert "run-killed-starting" not in capsys.readouterr().out
