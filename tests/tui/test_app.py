@@ -174,14 +174,19 @@ async def test_profile_save_and_detach_are_sent_and_answered(app: TorchlabApp, l
         assert link.closed is None  # a refused detach leaves the app where it was
 
 
+async def detach_confirmed(app: TorchlabApp, pilot, link: FakeLink) -> None:
+    """``d``, and the trainer's acknowledgement of it; then the app leaves."""
+    await pilot.press("d")
+    link.queue.clear()
+    link.push(protocol.OptionApplied("detach", True, None, 121, "app"))
+    await answer(app, pilot)
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+
+
 async def test_confirmed_detach_closes_the_link_without_stopping_the_trainer(app: TorchlabApp, link: FakeLink) -> None:
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("d")
-        link.queue.clear()
-        link.push(protocol.OptionApplied("detach", True, None, 121, "app"))
-        await answer(app, pilot)
-        await app.workers.wait_for_complete()
-        await pilot.pause()
+        await detach_confirmed(app, pilot, link)
     assert link.closed == {"detach": True}
 
 
@@ -532,12 +537,7 @@ async def test_a_detach_exits_0_even_after_an_earlier_failure_was_restarted(app:
         await answer(app, pilot)
         await pilot.press("r")  # restarted: the failure is history
         await answer(app, pilot)
-        await pilot.press("d")
-        link.queue.clear()
-        link.push(protocol.OptionApplied("detach", True, None, 121, "app"))
-        await answer(app, pilot)
-        await app.workers.wait_for_complete()
-        await pilot.pause()
+        await detach_confirmed(app, pilot, link)
     assert link.closed == {"detach": True}
     assert app.return_code == 0
 
