@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from torchlab.core.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK, exit_code
@@ -160,7 +161,8 @@ class HeadlessProgress(TrainerObserver):
             self.console.print(f"step {step}: [yellow]step skipped[/]: {record['reason']}")
         elif event == "resume_changed_settings":
             style = "yellow" if record["level"] == "warning" else "default"
-            self.console.print(f"step {step}: [{style}]{'warning: ' if record['level'] == 'warning' else ''}{record['message']}[/]")
+            warning = "warning: " if record["level"] == "warning" else ""
+            self.console.print(f"step {step}: [{style}]{warning}{escape(record['message'])}[/]")
         elif event in ("paused", "resumed", "resumed_from_checkpoint"):
             self.console.print(f"step {step}: {event.replace('_', ' ')}")
         elif event == "relaunching":

@@ -79,8 +79,7 @@ class TrainingPlan:
         breaking = [change.describe() for change in self.changes if change.breaks_exactness]
         others = [change.describe() for change in self.changes if not change.breaks_exactness]
         if breaking:
-            text = (f"resumed with {_and(breaking)}: from here on the run differs from one that was never stopped "
-                    f"(the checkpoint's values are kept unless given again)")
+            text = f"resumed with {_and(breaking)}: from here on the run differs from one that was never stopped"
             return text + (f"; also {_and(others)}" if others else "")
         return f"resumed with {_and(others)}"
 
