@@ -125,11 +125,6 @@ class TrainConfig:
                self.schedule_extensions)
 
     @property
-    def first_total_steps(self) -> int:
-        """The total the run was started with, before any resume changed ``steps``."""
-        return self.schedule_extensions[0][1] if self.schedule_extensions else self.steps
-
-    @property
     def resolved_warmup_steps(self) -> int:
         return self.warmup_steps if self.warmup_steps is not None else max(1, round(0.05 * self.steps))
 
