@@ -101,12 +101,18 @@ class RunEntry:
 
     endpoint: Endpoint
     info: dict[str, Any]
+    #: its socket is there but nothing listens on it: the trainer is dead, whatever process its pid names now
+    unserved: bool = False
 
     @property
     def state(self) -> str:
-        """The trainer's last word, or "gone" when its process died without one (kill -9)."""
+        """The trainer's last word, or "gone" when its process died without one (kill -9).
+
+        Its pid alone cannot say so once the system has given that number to another process: an entry
+        of a trainer killed while starting then read "starting" forever, and ``attach`` tried to open it.
+        """
         state = str(self.info.get("state", "?"))
-        if state not in FINAL_STATES and not process_running(self.info.get("pid")):
+        if state not in FINAL_STATES and (self.unserved or not process_running(self.info.get("pid"))):
             return "gone"
         return state
 
@@ -115,7 +121,8 @@ class RunEntry:
         return self.state not in (*FINAL_STATES, "gone") and self.endpoint.socket_path.exists()
 
 
-#: A socket without an entry, refusing connections this long after it was made, has no server.
+#: A socket refusing connections this long after it was made has no server (a trainer listens right after
+#: its bind, and writes its entry after that).
 STALE_SOCKET_AGE_S = 60.0
 #: A token with neither socket nor entry beside it this long after it was written belongs to no run
 #: (its trainer was killed before it could tidy up): a trainer makes both within a second of starting.
@@ -189,10 +196,12 @@ def _older_than(path: Path, age_s: float, now: float) -> bool:
 def list_runs() -> list[RunEntry]:
     """Every run this user has in the runtime directory, oldest first (unreadable entries are skipped).
 
-    Leftovers of killed trainers are swept first (see ``sweep_leftovers``).
+    Leftovers of killed trainers are swept first (see ``sweep_leftovers``). An entry whose socket is old
+    enough and refuses a connection is marked ``unserved``: its trainer is gone (``attach`` lists it once).
     """
     directory = runtime_dir()
     sweep_leftovers(directory)
+    now = time.time()
     entries = []
     for info_path in directory.glob("*.json"):
         try:
@@ -202,7 +211,10 @@ def list_runs() -> list[RunEntry]:
         if not isinstance(info, dict):
             continue
         stem = info_path.with_suffix("")
-        entries.append(RunEntry(Endpoint(stem.with_suffix(".sock"), stem.with_suffix(".token")), info))
+        endpoint = Endpoint(stem.with_suffix(".sock"), stem.with_suffix(".token"))
+        unserved = (str(info.get("state")) not in FINAL_STATES
+                    and _older_than(endpoint.socket_path, STALE_SOCKET_AGE_S, now) and not serves(endpoint.socket_path))
+        entries.append(RunEntry(endpoint, info, unserved))
     return sorted(entries, key=lambda entry: float(entry.info.get("started") or 0))
 
 

@@ -85,3 +85,31 @@ def test_attach_lists_a_run_killed_while_starting_once_then_forgets_it(tmp_path,
     assert not endpoint.info_path.exists() and not endpoint.token_path.exists()
     assert attach([]) == 0
     assert "run-killed-starting" not in capsys.readouterr().out
+
+
+def test_a_run_whose_socket_nobody_serves_is_gone_even_when_its_pid_now_names_another_process(tmp_path, monkeypatch):
+    import socket
+
+    from torchlab.core.attach import forget_gone_runs
+    from torchlab.core.runtime import STALE_SOCKET_AGE_S
+
+    (tmp_path / "xdg").mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
+    long_ago = time.time() - STALE_SOCKET_AGE_S - 60
+    killed, live = Endpoint.create("run-killed-starting"), Endpoint.create("run-live")
+    # Both pids name this process, which runs: as after the system gave a dead trainer's pid to another one.
+    killed.write_info({"pid": os.getpid(), "state": "starting", "step": 0, "started": long_ago, "run_dir": "runs/x"})
+    live.write_info({"pid": os.getpid(), "state": "running", "step": 40, "started": long_ago + 1, "run_dir": "runs/y"})
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unserved, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as served:
+        unserved.bind(str(killed.socket_path))  # its trainer was killed: the file stays, nobody listens
+        served.bind(str(live.socket_path))
+        served.listen(1)
+        for endpoint in (killed, live):
+            os.utime(endpoint.socket_path, (long_ago, long_ago))
+
+        entries = list_runs()
+        assert [(entry.endpoint.name, entry.state, entry.live) for entry in entries] == [
+            ("run-killed-starting", "gone", False), ("run-live", "running", True)]
+        forget_gone_runs(entries)  # what attach does once it has listed them
+        assert not any(path.exists() for path in (killed.socket_path, killed.token_path, killed.info_path))
+        assert all(path.exists() for path in (live.socket_path, live.token_path, live.info_path))
