@@ -173,6 +173,10 @@ class ProcessLink:
     def close(self, *, detach: bool = False, grace_s: float = STOP_GRACE_S) -> int | None:
         """Stop the trainer (it writes a final checkpoint) and wait for it; returns its exit code.
 
+        A trainer that has said how its run ended (finished, failed) is on its way out: it is waited for,
+        not signalled. A SIGTERM then could land while its interpreter shuts down, when no handler is left,
+        and its exit status would read "killed by SIGTERM" instead of the run's outcome (2 for bad input).
+
         With ``detach`` (after the trainer acknowledged the detach) only the connection closes: the
         trainer goes on, and its socket and token stay for the next ``attach``.
         """
@@ -183,7 +187,7 @@ class ProcessLink:
         if process is None:
             return None
         if process.poll() is None and not detach:
-            if not self._send_now(StopCommand()):
+            if not self._send_now(StopCommand()) and not self._final_state_seen:
                 process.send_signal(signal.SIGTERM)
             try:
                 process.wait(grace_s)
@@ -230,7 +234,7 @@ class ProcessLink:
         """Not our child: stop it through the socket (or SIGTERM) and watch its pid go away."""
         pid = self._attached_pid
         if not detach and process_running(pid):
-            if not self._send_now(StopCommand()):
+            if not self._send_now(StopCommand()) and not self._final_state_seen:
                 os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + grace_s
             while process_running(pid) and time.monotonic() < deadline:

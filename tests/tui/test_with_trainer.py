@@ -198,3 +198,17 @@ async def test_a_trainer_killed_mid_run_is_reported_at_its_last_step_and_restart
         await pilot.press("q")
         await until(pilot, lambda: not app.is_running, what="the app to exit")
     assert app.return_code == 1  # the run failed: the exit status says so
+
+
+@pytest.mark.parametrize("factory, expected", [
+    ("factory_raises", 2),  # bad input: the trainer refuses the workload before training, and exits 2
+    ("nan_in_forward", 3),
+], ids=["bad-input", "non-finite"])
+async def test_the_app_exits_as_the_trainer_did_when_the_user_quits_from_the_error_screen(tmp_path, factory, expected):
+    app, links = app_with_trainer(tmp_path / "run", f"{TINY}:{factory}", "--steps", "50")
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, ErrorScreen), what="the error screen")
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, what="the app to exit")
+    assert links[0].trainer_exit_code == expected
+    assert app.return_code == expected
