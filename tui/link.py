@@ -16,6 +16,7 @@ by ``torchlab-tui attach``): no process is spawned, and closing it stops that tr
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import signal
 import socket
@@ -133,8 +134,10 @@ class ProcessLink:
         the run starts again from those flags."""
         self.close()
         self._attached_pid = None  # an attached app restarts the run as its own child
-        self.last_step = 0
-        if resume and self.restart_point() is not None:
+        checkpoint = last_checkpoint(self.run_dir / "checkpoints") if resume else None
+        # The new trainer starts at its checkpoint's step: killed before it reports, that is how far it got.
+        self.last_step = (checkpoint[1] or 0) if checkpoint is not None else 0
+        if checkpoint is not None:
             self._spawn(["--resume", str(self.run_dir)])
         else:
             self._spawn(self.training_args)
@@ -142,7 +145,11 @@ class ProcessLink:
     def restart_point(self) -> str | None:
         """What ``restart`` resumes from, as the user knows it ("step-0000550.pt, step 550"), or None when
         there is no checkpoint yet (a restart starts the run over)."""
-        return describe_checkpoint(self.run_dir / "checkpoints")
+        checkpoint = last_checkpoint(self.run_dir / "checkpoints")
+        if checkpoint is None:
+            return None
+        name, step = checkpoint
+        return name if step is None else f"{name}, step {step}"
 
     @property
     def trainer_exit_code(self) -> int | None:
@@ -356,18 +363,25 @@ class ProcessLink:
             connection.close()
 
 
-def describe_checkpoint(checkpoints: Path) -> str | None:
-    """``last.pt``'s checkpoint by the name of the step file it is a hard link to ("step-0000550.pt, step 550"),
-    told from the file names alone: this process never imports torch. None when there is no ``last.pt``."""
-    last = checkpoints / "last.pt"
+_STEP_FILE = re.compile(r"step-(\d+)\.pt")
+
+
+def last_checkpoint(checkpoints: Path) -> tuple[str, int | None] | None:
+    """``last.pt``'s checkpoint: the step file it is a hard link to and its step (``("step-0000550.pt", 550)``),
+    told from the file names alone, as this process never imports torch; ``("last.pt", None)`` when no step
+    file is that file; None when there is no ``last.pt`` (a resume would have nothing to start from)."""
     try:
-        step_files = sorted(checkpoints.glob("step-*.pt"), reverse=True)
-        for candidate in step_files:
-            if os.path.samefile(candidate, last):
-                return f"{candidate.name}, step {int(candidate.stem.removeprefix('step-'))}"
-    except (OSError, ValueError):
+        last = (checkpoints / "last.pt").stat()
+    except OSError:
         return None
-    return "last.pt" if last.exists() else None
+    for candidate in checkpoints.glob("step-*.pt"):
+        step_file = _STEP_FILE.fullmatch(candidate.name)
+        try:
+            if step_file is not None and os.path.samestat(candidate.stat(), last):
+                return candidate.name, int(step_file.group(1))
+        except OSError:  # removed since the listing (pruned)
+            continue
+    return "last.pt", None
 
 
 def code_name(signum: int) -> str:
