@@ -149,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"torchlab-tui: error: {error}", file=sys.stderr)
         return EXIT_FAILED if isinstance(error, StorageError) else EXIT_USAGE  # a full disk is no usage error
+    except KeyboardInterrupt:  # a second Ctrl-C during a headless run: abort at once, as it said it would
+        print("torchlab-tui: aborted; the checkpoints written so far are kept.", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> int:

@@ -337,8 +337,9 @@ class Worker:
 
     def stop(self, reason: str) -> None:
         """Stop at the next step boundary (final checkpoint), or at once if training never started."""
-        if self.trainer is None:
-            os._exit(EXIT_OK)  # still importing torch or loading: nothing to save
+        if self.trainer is None:  # still importing torch or loading: nothing to save, nothing to attach to later
+            self.endpoint.remove()
+            os._exit(EXIT_OK)
         self.trainer.request_stop(reason)
 
     def watch_parent(self) -> None:

@@ -152,3 +152,15 @@ def test_lr_schedules_are_unchanged_without_an_extension_and_continuous_with_one
             steps = [abs(b - a) for a, b in zip(series[20:], series[21:])]
             assert max(steps, default=0) < 0.05  # no jump anywhere after the first extension
             assert math.isclose(series[ends], plain[40])  # the same end value, at the new total
+
+
+def test_a_second_ctrl_c_aborts_with_one_line_and_keeps_the_checkpoints(tmp_path, capsys, monkeypatch):
+    run_dir = tmp_path / "run"
+    monkeypatch.setenv("TORCHLAB_TEST_INTERRUPT_AT", "13,14")  # both micro-batches of step 7: twice within a step
+    assert headless(f"{TINY}:interrupts_itself", "--steps", "40", "--checkpoint-every", "3", "--accum", "2",
+                    "--run-dir", str(run_dir)) == EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert "aborted; the checkpoints written so far are kept" in err and "Traceback" not in err
+    monkeypatch.delenv("TORCHLAB_TEST_INTERRUPT_AT")
+    assert headless("--resume", str(run_dir)) == EXIT_OK
+    assert sorted(metrics(run_dir)) == list(range(1, 41))

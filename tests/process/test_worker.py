@@ -203,3 +203,28 @@ def test_kill_9_of_the_app_leaves_no_trainer_behind(tmp_path):
     events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     assert any(e["event"] == "checkpoint" and e["reason"] == "final" for e in events)
 
+
+
+def test_a_trainer_stopped_while_it_loads_leaves_nothing_in_the_runtime_directory(tmp_path):
+    """The app went away (its parent-death signal, or a SIGTERM) before the workload had loaded: the
+    trainer exits at once, and takes its socket, token and entry with it."""
+    from torchlab.core.runtime import runtime_dir
+
+    def files_of_run() -> set[Path]:
+        return {path for path in runtime_dir().glob("loading-*") if path.suffix in (".sock", ".token", ".json")} - earlier
+
+    earlier = frozenset(runtime_dir().glob("loading-*"))  # another test's, if any
+    app = subprocess.Popen([sys.executable, "-c", APP_STAND_IN, str(tmp_path / "loading"), f"{TINY}:slow_to_load"],
+                           stdout=subprocess.PIPE, text=True)
+    trainer_pid = int(app.stdout.readline())
+    deadline = time.monotonic() + 60
+    while not any(path.suffix == ".json" for path in files_of_run()):  # it serves and has published its entry
+        assert time.monotonic() < deadline, "the trainer never published its entry"
+        time.sleep(0.05)
+    app.kill()
+    app.wait()
+    killed_at = time.monotonic()
+    while alive(trainer_pid):
+        assert time.monotonic() - killed_at < 10.0, "the loading trainer outlived its app by 10 s"
+        time.sleep(0.02)
+    assert files_of_run() == set()

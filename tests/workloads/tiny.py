@@ -198,17 +198,27 @@ def forward_hook_raises() -> Workload:
 
 
 def interrupts_itself() -> Workload:
-    """``workload``, whose process gets a Ctrl-C (SIGINT) in the forward of optimizer step
-    ``$TORCHLAB_TEST_INTERRUPT_AT`` when that is set: a run interrupted at a known step. The hook holds
-    no parameters and draws no random numbers, so the run trains exactly as ``workload`` does."""
+    """``workload``, whose process gets a Ctrl-C (SIGINT) in the forward of each optimizer step listed in
+    ``$TORCHLAB_TEST_INTERRUPT_AT`` (``17``, or ``5,6`` for two) when that is set: a run interrupted at a
+    known step. The hook holds no parameters and draws no random numbers, so the run trains exactly as
+    ``workload`` does."""
     built = workload()
     interrupt_at = os.environ.get("TORCHLAB_TEST_INTERRUPT_AT")
     if interrupt_at is not None:
         calls = itertools.count(1)
+        steps = {int(step) for step in interrupt_at.split(",")}
 
         def interrupt(module: nn.Module, inputs) -> None:
-            if next(calls) == int(interrupt_at):
+            if next(calls) in steps:
                 os.kill(os.getpid(), signal.SIGINT)
 
         built.model.register_forward_pre_hook(interrupt)
     return built
+
+
+def slow_to_load() -> Workload:
+    """A factory that takes a minute (a large dataset being read): a trainer stopped meanwhile has nothing to save."""
+    import time
+
+    time.sleep(60)
+    return workload()
