@@ -184,25 +184,34 @@ while True:
 """
 
 
-def test_kill_9_of_the_app_leaves_no_trainer_behind(tmp_path):
-    """The app's process dies without a word; its trainer checkpoints and exits within seconds."""
-    app = subprocess.Popen([sys.executable, "-c", APP_STAND_IN, str(tmp_path / "run"), f"{TINY}:workload"],
-                           stdout=subprocess.PIPE, text=True)
+def app_stand_in_with_its_trainer(run_dir: Path, workload: str, started) -> tuple[subprocess.Popen, int]:
+    """An app's process (APP_STAND_IN) that has spawned its trainer, once ``started()`` holds; and the trainer's pid."""
+    app = subprocess.Popen([sys.executable, "-c", APP_STAND_IN, str(run_dir), workload], stdout=subprocess.PIPE, text=True)
     trainer_pid = int(app.stdout.readline())
-    metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.monotonic() + 60
-    while not (metrics.exists() and metrics.stat().st_size > 0):  # training has begun
-        assert time.monotonic() < deadline, "the trainer never reported"
+    while not started():
+        assert time.monotonic() < deadline, "the trainer never got that far"
         time.sleep(0.05)
+    return app, trainer_pid
+
+
+def kill_the_app_and_wait_for_its_trainer(app: subprocess.Popen, trainer_pid: int, within_s: float) -> None:
     app.kill()
     app.wait()
     killed_at = time.monotonic()
     while alive(trainer_pid):
-        assert time.monotonic() - killed_at < 5.0, "the trainer outlived its app by 5 s"
+        assert time.monotonic() - killed_at < within_s, f"the trainer outlived its app by {within_s} s"
         time.sleep(0.02)
+
+
+def test_kill_9_of_the_app_leaves_no_trainer_behind(tmp_path):
+    """The app's process dies without a word; its trainer checkpoints and exits within seconds."""
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    app, trainer_pid = app_stand_in_with_its_trainer(
+        tmp_path / "run", f"{TINY}:workload", lambda: metrics.exists() and metrics.stat().st_size > 0)  # training has begun
+    kill_the_app_and_wait_for_its_trainer(app, trainer_pid, within_s=5.0)
     events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     assert any(e["event"] == "checkpoint" and e["reason"] == "final" for e in events)
-
 
 
 def test_a_trainer_stopped_while_it_loads_leaves_nothing_in_the_runtime_directory(tmp_path):
@@ -214,17 +223,7 @@ def test_a_trainer_stopped_while_it_loads_leaves_nothing_in_the_runtime_director
         return {path for path in runtime_dir().glob("loading-*") if path.suffix in (".sock", ".token", ".json")} - earlier
 
     earlier = frozenset(runtime_dir().glob("loading-*"))  # another test's, if any
-    app = subprocess.Popen([sys.executable, "-c", APP_STAND_IN, str(tmp_path / "loading"), f"{TINY}:slow_to_load"],
-                           stdout=subprocess.PIPE, text=True)
-    trainer_pid = int(app.stdout.readline())
-    deadline = time.monotonic() + 60
-    while not any(path.suffix == ".json" for path in files_of_run()):  # it serves and has published its entry
-        assert time.monotonic() < deadline, "the trainer never published its entry"
-        time.sleep(0.05)
-    app.kill()
-    app.wait()
-    killed_at = time.monotonic()
-    while alive(trainer_pid):
-        assert time.monotonic() - killed_at < 10.0, "the loading trainer outlived its app by 10 s"
-        time.sleep(0.02)
+    app, trainer_pid = app_stand_in_with_its_trainer(  # it serves, and has published its entry
+        tmp_path / "loading", f"{TINY}:slow_to_load", lambda: any(path.suffix == ".json" for path in files_of_run()))
+    kill_the_app_and_wait_for_its_trainer(app, trainer_pid, within_s=10.0)
     assert files_of_run() == set()
