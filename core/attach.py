@@ -20,6 +20,7 @@ import gc
 import sys
 import time
 
+from torchlab.core.errors import TorchlabError
 from torchlab.core.runtime import FINAL_STATES, RunEntry, find_run, list_runs
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -29,6 +30,14 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="torchlab-tui attach", description=__doc__.split("\n\n")[0])
     parser.add_argument("run", nargs="?", help="the run's name (or a unique prefix) or its run directory")
     args = parser.parse_args(argv)
+    try:
+        return _attach(args)
+    except TorchlabError as error:  # a runtime directory that is not safe to use, say
+        print(f"torchlab-tui attach: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _attach(args: argparse.Namespace) -> int:
     if args.run is None:
         entries = list_runs()
         print(format_runs(entries) if entries else "No runs: start one with `torchlab-tui WORKLOAD`.")

@@ -159,14 +159,14 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
     gc.disable()  # until tune_garbage_collection(): the app's imports are all kept, nothing to collect
     try:
         from torchlab.core.loading import check_spec, workload_label
-        from torchlab.core.rundir import choose_run_dir
+        from torchlab.core.rundir import choose_run_dir, create_run_dir
         from torchlab.tui.app import make_app, tune_garbage_collection
         from torchlab.tui.link import ProcessLink
 
         workload = config.workload if args.resume is None else resumed_workload(args)
         if workload:
             check_spec(workload)  # a missing file is said here, before the screen changes
-        run_dir = choose_run_dir(args.run_dir, args.resume, args.runs_root, workload_label(workload) if workload else "resumed")
+        run_dir = create_run_dir(choose_run_dir(args.run_dir, args.resume, args.runs_root, workload_label(workload) if workload else "resumed"))
         links: list[ProcessLink] = []
         app = make_app(lambda: links.append(ProcessLink(run_dir, argv)) or links[-1], workload=workload)
     except BaseException:

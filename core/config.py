@@ -25,6 +25,10 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 OPTIMIZERS = ("adamw", "sgd")
+#: NumPy's legacy seeding (numpy.random.seed) takes 32-bit seeds; a larger one raised deep inside a run.
+MAX_SEED = 2**32 - 1
+#: torch keeps a device index in 8 signed bits: "cuda:200" became "cuda:-56".
+MAX_CUDA_INDEX = 127
 SCHEDULES = ("constant", "cosine", "onecycle")
 _AT_PATTERN = re.compile(r"^\s*(\d+)\s*:\s*([A-Za-z_]+)\s*=\s*(.*?)\s*$")
 
@@ -95,9 +99,10 @@ class TrainConfig:
         _check_int(self.steps, "steps", minimum=1)
         if self.batch_size is not None:
             _check_int(self.batch_size, "batch_size", minimum=1)
-        _check_int(self.seed, "seed", minimum=0)
-        _check(isinstance(self.device, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None,
-               "device", "must be auto, cpu, cuda or cuda:N", self.device)
+        _check_int(self.seed, "seed", minimum=0, hint=f"a whole number from 0 to {MAX_SEED} (NumPy's seeds are 32-bit)",
+                   maximum=MAX_SEED)
+        _check(isinstance(self.device, str) and _is_device(self.device),
+               "device", f"must be auto, cpu, cuda or cuda:N with N from 0 to {MAX_CUDA_INDEX}", self.device)
         _check(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {', '.join(OPTIMIZERS)}", self.optimizer)
         _check_float(self.lr, "lr", positive=True)
         _check_float(self.weight_decay, "weight_decay", positive=False)
@@ -154,6 +159,8 @@ def load_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"--config {path}: no such file.") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"--config {path}: not valid TOML: {error}.") from None
+    except RecursionError:
+        raise ConfigError(f"--config {path}: not valid TOML here: its arrays or tables are nested too deeply to read.") from None
     except UnicodeDecodeError as error:
         raise ConfigError(f"--config {path}: not UTF-8 text (byte {error.start}); a TOML file must be UTF-8.") from None
     except OSError as error:  # a directory, no permission
@@ -172,6 +179,8 @@ def settings_from_toml(text: str, source: str) -> dict[str, Any]:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{source}: not valid TOML: {error}.") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: not valid TOML here: its arrays or tables are nested too deeply to read.") from None
     return _settings_from_mapping(data, source)
 
 
@@ -241,6 +250,11 @@ def _suggest(name: str, candidates) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _is_device(name: str) -> bool:
+    match = re.fullmatch(r"auto|cpu|cuda(?::(\d{1,4}))?", name)
+    return match is not None and (match.group(1) is None or int(match.group(1)) <= MAX_CUDA_INDEX)
+
+
 def _are_extensions(extensions: Any) -> bool:
     if not isinstance(extensions, tuple):
         return False
@@ -260,8 +274,8 @@ def _check(ok: bool, setting: str, requirement: str, value: Any) -> None:
         raise ConfigError(f"{setting} (--{setting.replace('_', '-')}) {requirement}; got {value!r}.")
 
 
-def _check_int(value: Any, setting: str, *, minimum: int, hint: str | None = None) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+def _check_int(value: Any, setting: str, *, minimum: int, hint: str | None = None, maximum: int | None = None) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum and (maximum is None or value <= maximum)
     _check(ok, setting, f"must be {hint or f'a whole number ≥ {minimum}'}", value)
 
 

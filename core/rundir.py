@@ -15,6 +15,7 @@ A failed write is a ``StorageError`` that names the file and says what is intact
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import threading
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from torchlab.core import strict_json
-from torchlab.core.errors import StorageError
+from torchlab.core.errors import ConfigError, StorageError
 from torchlab.core.observer import TrainerObserver
 from torchlab.core.storage import (
     JsonLines, fsync_directory, parse_line, remedy, storage_error, temporary_name, write_atomically, write_new_file,
@@ -45,7 +46,7 @@ class RunDirectory(TrainerObserver):
         self.path = Path(path)
         self.checkpoints = self.path / "checkpoints"
         self.profiles = self.path / "profiles"
-        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        create_run_dir(self.path)
         # One lock per journal: events also come from the profiler's builder thread, samples from the
         # sampler's. Only moving metrics aside holds two (metrics, then events); nothing takes them the other way.
         self._events_lock = threading.Lock()
@@ -234,6 +235,21 @@ def run_dir_of_checkpoint(resume: Path | None) -> Path | None:
         if (candidate / "config.toml").exists() and (candidate / "checkpoints").is_dir():
             return candidate
     return None
+
+
+def create_run_dir(path: Path) -> Path:
+    """Make the run directory and its ``checkpoints/``, or say in one sentence why it cannot be one: a path
+    that is a file (``--run-dir /etc/passwd``), under something that is not a folder, or not writable."""
+    path = Path(path)
+    try:
+        (path / "checkpoints").mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        where = error.filename if error.filename and str(error.filename) != str(path / "checkpoints") else path
+        message = f"run directory {path}: cannot be made ({where}: {error.strerror or error})"
+        if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+            raise StorageError(f"{message}: {remedy(error)}, then try again.") from None
+        raise ConfigError(f"{message}; give --run-dir (or --runs-root) a folder you can write to.") from None
+    return path
 
 
 def choose_run_dir(run_dir: Path | None, resume: Path | None, runs_root: Path, label: str) -> Path:

@@ -1,6 +1,6 @@
 """Where a run's socket and token live: a per-user runtime directory only its owner can enter.
 
-Standard library only (the app uses it too). ``$XDG_RUNTIME_DIR/torchlab`` when that is set, else
+Standard library only, and the errors module (the app uses it too). ``$XDG_RUNTIME_DIR/torchlab`` when that is set, else
 ``/tmp/torchlab-<uid>``. An existing directory is used only if it is a real directory (not a
 symlink), owned by this user, with mode 0700; anything else is refused rather than trusted.
 
@@ -24,9 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchlab.core.errors import TorchlabError
 
-class RuntimeDirError(OSError):
-    """The runtime directory exists but is not safe to use; the message says why."""
+
+class RuntimeDirError(OSError, TorchlabError):
+    """The runtime directory exists but is not safe to use; the message says why (and what to do), and
+    every entry point shows it as one paragraph (it is a TorchlabError)."""
 
 
 def runtime_dir() -> Path:

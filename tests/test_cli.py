@@ -91,7 +91,7 @@ def test_resume_continues_in_the_same_run_directory(tmp_path):
     (["tiny.module_that_is_not_there:workload"], "cannot import workload module 'tiny.module_that_is_not_there'"),
     ([f"{TINY}:workload", "--steps", "0"], "steps (--steps) must be a whole number ≥ 1; got 0"),
     ([f"{TINY}:workload", "--lr", "-1"], "lr (--lr) must be a positive number; got -1.0"),
-    ([f"{TINY}:workload", "--device", "tpu"], "device (--device) must be auto, cpu, cuda or cuda:N; got 'tpu'"),
+    ([f"{TINY}:workload", "--device", "tpu"], "device (--device) must be auto, cpu, cuda or cuda:N with N from 0 to 127; got 'tpu'"),
     ([f"{TINY}:workload", "--clip", "-3"], "options.clip (--clip): clip must be a positive max grad norm"),
     ([f"{TINY}:workload", "--at", "five:amp=bf16"], "is not of the form STEP:OPTION=VALUE"),
     ([f"{TINY}:workload", "--at", "5:amp=fp32"], "amp must be one of off, bf16, fp16"),
@@ -100,6 +100,11 @@ def test_resume_continues_in_the_same_run_directory(tmp_path):
     ([f"{TINY}:workload", "--probe-every", "often"], "probe_every (--probe-every) must be a number of steps (0 = off) or \"auto\""),
     ([f"{TINY}:workload", "--resume", "/nonexistent/last.pt"], "--resume /nonexistent/last.pt: no such checkpoint file"),
     ([f"{TINY}:workload", "--batch-size", "1000"], "the dataset has 256 samples, fewer than one batch of 1000"),
+    ([f"{TINY}:workload", "--seed", "4294967296"], "seed (--seed) must be a whole number from 0 to 4294967295"),
+    ([f"{TINY}:workload", "--device", "cuda:99999999999999999999"], "device (--device) must be auto, cpu, cuda or cuda:N with N from 0 to 127"),
+    ([f"{TINY}:workload", "--device", "cuda:200"], "with N from 0 to 127; got 'cuda:200'"),
+    ([f"{TINY}:workload", "--run-dir", "/etc/passwd"], "run directory /etc/passwd: cannot be made (/etc/passwd: Not a directory)"),
+    ([f"{TINY}:workload", "--run-dir", "/proc/1/nope"], "run directory /proc/1/nope: cannot be made"),
 ])
 def test_bad_input_exits_2_with_a_message_naming_the_fault(tmp_path, capsys, args, message):
     assert run_cli(tmp_path, *args, "--steps" if "--steps" not in args else "--seed", "3") == EXIT_USAGE
@@ -187,3 +192,30 @@ def test_version_comes_from_the_package_metadata(capsys):
         main(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f"torchlab-tui {metadata.version('torchlab-tui')}"
+
+
+@pytest.mark.parametrize("toml_text", [
+    "x = " + "[" * 100_000 + "]" * 100_000,
+    "x = " + "{a = " * 20_000 + "1" + "}" * 20_000,
+], ids=["nested-arrays", "nested-inline-tables"])
+def test_a_config_file_nested_too_deeply_is_one_paragraph(tmp_path, capsys, toml_text):
+    config = tmp_path / "deep.toml"
+    config.write_text(toml_text)
+    assert run_cli(tmp_path, f"{TINY}:workload", "--config", str(config)) == EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert err == f"torchlab-tui: error: --config {config}: not valid TOML here: its arrays or tables are nested too deeply to read."
+
+
+def test_a_runtime_directory_that_is_not_safe_is_one_paragraph_for_attach_and_for_ranks(tmp_path, capsys, monkeypatch):
+    from torchlab.core.attach import main as attach
+
+    unsafe = tmp_path / "xdg" / "torchlab"
+    unsafe.mkdir(parents=True, mode=0o755)
+    unsafe.chmod(0o755)  # another user could enter it
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
+    assert attach([]) == EXIT_USAGE
+    assert capsys.readouterr().err.strip() == f"torchlab-tui attach: {unsafe} has mode 755, not 700: run chmod 700 {unsafe}."
+    # Two ranks need the runtime directory for the channel between the supervisor and rank 0.
+    assert run_cli(tmp_path, f"{TINY}:without_dropout", "--steps", "2", "--world-size", "2") == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"torchlab-tui: error: {unsafe} has mode 755, not 700" in err and "Traceback" not in err
