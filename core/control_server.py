@@ -83,7 +83,7 @@ class ControlServer:
             listener.bind(str(self.socket_path))
         finally:
             os.umask(previous_umask)
-        listener.listen(4)
+        listener.listen(socket.SOMAXCONN)  # a burst of connections (a scan, say) must not crowd out the app
         listener.settimeout(0.25)
         return listener
 

@@ -20,6 +20,9 @@ from torchlab.core import strict_json
 
 PROTOCOL_VERSION = 2  # 2: metrics as a dict of columns
 MAX_LINE_BYTES = 1 << 20
+#: A live option's name and a value typed for it are short; longer ones are refused before anything echoes them.
+MAX_OPTION_CHARS = 64
+MAX_VALUE_CHARS = 256
 
 _JSON_SCALAR = (str, int, float, bool, type(None))
 
@@ -67,8 +70,8 @@ def decode(line: bytes | str) -> Message:
             raise ProtocolError("message is not UTF-8") from None
     try:
         payload = json.loads(line)
-    except (json.JSONDecodeError, RecursionError):
-        raise ProtocolError("message is not valid JSON") from None
+    except (ValueError, RecursionError):  # ValueError: bad JSON, or an integer over Python's 4300-digit limit
+        raise ProtocolError("message is not valid JSON (or holds a number too long to read, or nests too deep)") from None
     if not isinstance(payload, dict):
         raise ProtocolError("message must be a JSON object")
     version = payload.pop("v", None)
@@ -153,6 +156,13 @@ class SetCommand(Message):
     schema: ClassVar = {"option": (str,), "value": _JSON_SCALAR}
     option: str
     value: str | int | float | bool | None
+
+    def validate(self) -> None:
+        # Bounded, so that no command can echo a huge value into the refusal and the run's journal.
+        if len(self.option) > MAX_OPTION_CHARS:
+            raise ProtocolError(f"set.option: longer than {MAX_OPTION_CHARS} characters")
+        if isinstance(self.value, str) and len(self.value) > MAX_VALUE_CHARS:
+            raise ProtocolError(f"set.value: longer than {MAX_VALUE_CHARS} characters")
 
 
 @dataclass(frozen=True)
