@@ -1,8 +1,8 @@
 """Where a run's socket and token live: a per-user runtime directory only its owner can enter.
 
-Standard library only, and the errors module (the app uses it too). ``$XDG_RUNTIME_DIR/torchlab`` when that is set, else
-``/tmp/torchlab-<uid>``. An existing directory is used only if it is a real directory (not a
-symlink), owned by this user, with mode 0700; anything else is refused rather than trusted.
+Standard library only, and the errors module (the app uses it too). ``$XDG_RUNTIME_DIR/torchlab``
+when that is set, else ``/tmp/torchlab-<uid>``. An existing directory is used only if it is a real
+directory (not a symlink), owned by this user, with mode 0700; anything else is refused rather than trusted.
 
 Each run has ``<name>.sock``, ``<name>.token`` and ``<name>.json``: what ``torchlab-tui attach``
 lists (workload, run directory, step, state, since when, whether an app is attached). The trainer
@@ -156,9 +156,7 @@ def sweep_leftovers(directory: Path) -> None:
     now = time.time()
     remove_abandoned_temporaries(directory, _ENTRY_TEMPORARY)
     for socket_path in directory.glob("*.sock"):
-        if socket_path.with_suffix(".json").exists() or not _older_than(socket_path, STALE_SOCKET_AGE_S, now):
-            continue
-        if not serves(socket_path):
+        if not socket_path.with_suffix(".json").exists() and _abandoned(socket_path, now):
             socket_path.unlink(missing_ok=True)
             socket_path.with_suffix(".token").unlink(missing_ok=True)
     for token in directory.glob("*.token"):
@@ -189,6 +187,11 @@ def serves(socket_path: Path) -> bool:
     return True
 
 
+def _abandoned(socket_path: Path, now: float) -> bool:
+    """Old enough that its server would be listening, and nobody is: its trainer (or supervisor) is dead."""
+    return _older_than(socket_path, STALE_SOCKET_AGE_S, now) and not serves(socket_path)
+
+
 def _older_than(path: Path, age_s: float, now: float) -> bool:
     try:
         return now - path.stat().st_mtime > age_s
@@ -215,8 +218,7 @@ def list_runs() -> list[RunEntry]:
             continue
         stem = info_path.with_suffix("")
         endpoint = Endpoint(stem.with_suffix(".sock"), stem.with_suffix(".token"))
-        unserved = (str(info.get("state")) not in FINAL_STATES
-                    and _older_than(endpoint.socket_path, STALE_SOCKET_AGE_S, now) and not serves(endpoint.socket_path))
+        unserved = str(info.get("state")) not in FINAL_STATES and _abandoned(endpoint.socket_path, now)
         entries.append(RunEntry(endpoint, info, unserved))
     return sorted(entries, key=lambda entry: float(entry.info.get("started") or 0))
 
