@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from torchlab.core import strict_json
+from torchlab.core.loopback_rendezvous import keep_ranks_on_loopback
 from torchlab.core.options import OptionRefused
 
 #: Bytes of one boundary packet: a length prefix and the JSON of the commands (a handful of small objects).
@@ -73,9 +74,12 @@ def rank_device(requested: str, context: RankContext) -> str:
 
 
 def open_process_group(context: RankContext, device: torch.device) -> None:
-    """Join the launcher's rendezvous (``env://``): gloo on CPU, nccl on CUDA."""
+    """Join the launcher's rendezvous (``env://``): gloo on CPU, nccl on CUDA. A rank the supervisor
+    started (one machine) keeps its sockets on the loopback interface."""
     if dist.is_initialized():
         return
+    if context.supervised:
+        keep_ranks_on_loopback()
     if device.type == "cuda":
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)

@@ -5,8 +5,8 @@
     supervisor (the headless process, or the app's trainer process)          rank processes
       observers: run directory, impact table, progress bar or app outbox
       world size 1: the Trainer, in this process (no launcher, fast start)
-      world size N: elastic_launch (torchrun's machinery: c10d rendezvous   python -m torchlab.core.ranks
-                    on localhost, a free port) ─── starts N ──────────▶    (gloo on CPU; nccl, one GPU each)
+      world size N: elastic_launch (torchrun's machinery; its rendezvous   python -m torchlab.core.ranks
+                    on 127.0.0.1 only) ─── starts N ──────────────────▶    (gloo on CPU; nccl, one GPU each)
                     ◀── rank 0: metrics, events, outcome ── Unix socket ──  rank 0 broadcasts the commands
                     ── commands ──────────────────────────▶ JSON lines       at each step boundary
 
@@ -45,7 +45,7 @@ from typing import Any
 import psutil
 import torch
 
-from torchlab.core import strict_json
+from torchlab.core import loopback_rendezvous, strict_json
 from torchlab.core.checkpoint import checkpoint_file
 from torchlab.core.config import TrainConfig, build_config, load_config_file
 from torchlab.core.distributed import RankContext, check_world_size, rank_from_environment
@@ -214,6 +214,7 @@ class Supervisor:
 
         from torchlab.core.telemetry import TelemetrySampler
 
+        loopback_rendezvous.register()
         logs = self.run_dir / "ranks"
         logs.mkdir(parents=True, exist_ok=True)
         rank_config = logs / "config.toml"
@@ -231,7 +232,7 @@ class Supervisor:
         launch = LaunchConfig(
             min_nodes=1, max_nodes=1, nproc_per_node=self.world_size,
             run_id=f"torchlab-{uuid.uuid4().hex[:12]}",
-            rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # torchrun --standalone: a store on a free port
+            rdzv_backend=loopback_rendezvous.BACKEND, rdzv_endpoint="",  # a store on 127.0.0.1 only
             max_restarts=0, monitor_interval=0.1, start_method="spawn",
             logs_specs=DefaultLogsSpecs(log_dir=str(logs), redirects=Std.ALL),
         )

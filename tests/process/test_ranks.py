@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import secrets
+import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -22,7 +24,7 @@ from processes import alive
 from test_worker import Collected
 from torchlab.core import protocol as p
 from torchlab.core.checkpoint import load_checkpoint
-from torchlab.core.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from torchlab.core.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
 from torchlab.core.distributed import usable_cpus
 from torchlab.tui.link import ProcessLink
 
@@ -158,6 +160,41 @@ def test_the_app_changes_the_world_size_and_the_trainer_stays_its_endpoint(tmp_p
     assert events[-1]["event"] == "run_ended" and events[-1]["status"] == "stopped"
     assert any(e["event"] == "checkpoint" and e["reason"] == "final" for e in events)
     assert not any(alive(pid) for pid in rank_pids(events))
+
+
+def listening_sockets(pid: int) -> list[tuple[int, str, int]]:
+    """(pid, address, port) of every TCP socket that listens in ``pid``'s process tree."""
+    root = psutil.Process(pid)
+    found = []
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            found += [(process.pid, c.laddr.ip, c.laddr.port) for c in process.net_connections("inet") if c.status == psutil.CONN_LISTEN]
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def test_a_world_size_2_run_listens_on_the_loopback_address_only(tmp_path):
+    """Issue 12: torchrun's standalone rendezvous listened on every interface (``*:<port>``, twice), with no
+    authentication. The supervisor's store and each rank's gloo sockets listen on 127.0.0.1 only."""
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "torchlab.core.cli", f"{TINY}:workload", "--headless", "--world-size", "2",
+               "--steps", "1000000", "--checkpoint-every", "0", "--run-dir", str(run), "--telemetry-interval", "0"]
+    headless_run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "metrics.jsonl").exists() or '"ranks"' not in (run / "metrics.jsonl").read_text():
+            assert headless_run.poll() is None, headless_run.stderr.read()
+            assert time.monotonic() < deadline, "the ranks never reported"
+            time.sleep(0.1)
+        listening = listening_sockets(headless_run.pid)
+        rank_processes = {pid for pid in rank_pids(read_jsonl(run / "events.jsonl"))}
+        assert any(pid == headless_run.pid for pid, _, _ in listening), "the supervisor's store was not found"
+        assert rank_processes <= {pid for pid, _, _ in listening}, "each rank listens for its gloo peers"
+        assert {address for _, address, _ in listening} == {"127.0.0.1"}, listening
+    finally:
+        headless_run.send_signal(signal.SIGINT)  # stop at a step boundary, as Ctrl-C does
+        assert headless_run.wait(120) == EXIT_INTERRUPTED  # after a final checkpoint
 
 
 def test_the_worker_under_torchrun_serves_the_app_from_rank_0(tmp_path):
