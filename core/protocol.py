@@ -31,9 +31,6 @@ class ProtocolError(ValueError):
     """A line that is not a valid message; the text says why."""
 
 
-_REGISTRY: dict[str, type[Message]] = {}
-
-
 @dataclass(frozen=True)
 class Message:
     """Base of every message; subclasses set ``type`` and declare their fields."""
@@ -41,13 +38,16 @@ class Message:
     type: ClassVar[str] = ""
     #: field name -> accepted Python types, for validation of decoded values
     schema: ClassVar[dict[str, tuple[type, ...]]] = {}
+    #: this protocol's messages by type. A subclass that declares its own registry is the base of another
+    #: protocol (the rank channel's, core/rank_channel.py), whose lines ``decode`` reads apart from these.
+    registry: ClassVar[dict[str, type[Message]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.type:
-            if cls.type in _REGISTRY:
+            if cls.type in cls.registry:
                 raise TypeError(f"two messages are named {cls.type!r}")
-            _REGISTRY[cls.type] = cls
+            cls.registry[cls.type] = cls
 
     def encode(self) -> bytes:
         """One line: the message as JSON, NaN/Inf as null, ending in a newline."""
@@ -59,8 +59,9 @@ class Message:
         """Checks across fields, after each field's type was checked; raise ProtocolError."""
 
 
-def decode(line: bytes | str) -> Message:
-    """Parse one line into its message, validating version, type and every field."""
+def decode(line: bytes | str, protocol: type[Message] = Message) -> Message:
+    """Parse one line into a message of ``protocol`` (the app's by default), validating version, type and
+    every field."""
     if isinstance(line, bytes):
         if len(line) > MAX_LINE_BYTES:
             raise ProtocolError(f"message of {len(line)} bytes exceeds the limit of {MAX_LINE_BYTES}")
@@ -78,7 +79,7 @@ def decode(line: bytes | str) -> Message:
     if version != PROTOCOL_VERSION:
         raise ProtocolError(f"protocol version {version!r} is not supported; this side speaks version {PROTOCOL_VERSION}")
     kind = payload.pop("type", None)
-    cls = _REGISTRY.get(kind) if isinstance(kind, str) else None
+    cls = protocol.registry.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ProtocolError(f"unknown message type {kind!r}")
     declared = {f.name: f for f in fields(cls)}

@@ -1,0 +1,40 @@
+"""A limit on how often one kind of record reaches the run's journal.
+
+Refused lines (garbage on the app's socket, a bad line on the rank channel) belong in ``events.jsonl``:
+they say someone or something spoke nonsense to the run. A flood of them must not bury the run's own
+events or fill the disk, so each source journals at most ``burst`` of them per ``window_s`` and counts
+the rest; the next record let through carries that count (``held_back``), so nothing goes unsaid.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+
+class Throttle:
+    """Lets ``burst`` records through per window of ``window_s`` seconds; thread-safe."""
+
+    def __init__(self, burst: int = 20, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst = burst
+        self.window_s = window_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._window_start = clock()
+        self._admitted = 0
+        self._held_back = 0
+
+    def admit(self) -> int | None:
+        """None: hold this record back (it is counted). Otherwise, write it, with the returned number of
+        records held back since the last one let through."""
+        with self._lock:
+            now = self._clock()
+            if now - self._window_start >= self.window_s:
+                self._window_start, self._admitted = now, 0
+            if self._admitted >= self.burst:
+                self._held_back += 1
+                return None
+            self._admitted += 1
+            held_back, self._held_back = self._held_back, 0
+            return held_back
