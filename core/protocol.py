@@ -41,6 +41,8 @@ class Message:
     #: this protocol's messages by type. A subclass that declares its own registry is the base of another
     #: protocol (the rank channel's, core/rank_channel.py), whose lines ``decode`` reads apart from these.
     registry: ClassVar[dict[str, type[Message]]] = {}
+    #: the longest line this protocol reads
+    max_line_bytes: ClassVar[int] = MAX_LINE_BYTES
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -63,8 +65,8 @@ def decode(line: bytes | str, protocol: type[Message] = Message) -> Message:
     """Parse one line into a message of ``protocol`` (the app's by default), validating version, type and
     every field."""
     if isinstance(line, bytes):
-        if len(line) > MAX_LINE_BYTES:
-            raise ProtocolError(f"message of {len(line)} bytes exceeds the limit of {MAX_LINE_BYTES}")
+        if len(line) > protocol.max_line_bytes:
+            raise ProtocolError(f"message of {len(line)} bytes exceeds the limit of {protocol.max_line_bytes}")
         try:
             line = line.decode("utf-8")
         except UnicodeDecodeError:
