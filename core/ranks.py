@@ -8,7 +8,7 @@
       world size N: elastic_launch (torchrun's machinery; its rendezvous   python -m torchlab.core.ranks
                     on 127.0.0.1 only) ─── starts N ──────────────────▶    (gloo on CPU; nccl, one GPU each)
                     ◀── rank 0: metrics, events, outcome ── Unix socket ──  rank 0 broadcasts the commands
-                    ── commands ──────────────────────────▶ JSON lines       at each step boundary
+                    ── commands ──────────────────────────▶ typed messages  at each step boundary
 
 A change of world size ends the current trainer (or ranks) with a checkpoint and the outcome
 ``relaunch``; the supervisor starts the new size from that checkpoint, and acknowledges the change
@@ -27,13 +27,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
 import logging
 import os
 import re
-import secrets
 import signal
-import socket
 import sys
 import threading
 import time
@@ -45,14 +42,15 @@ from typing import Any
 import psutil
 import torch
 
-from torchlab.core import loopback_rendezvous, strict_json
+from torchlab.core import loopback_rendezvous
 from torchlab.core.checkpoint import checkpoint_file
 from torchlab.core.config import TrainConfig, build_config, load_config_file
 from torchlab.core.distributed import RankContext, check_world_size, rank_from_environment
 from torchlab.core.errors import ConfigError, StorageError, TorchlabError, WorkloadError
 from torchlab.core.observer import TrainerObserver
 from torchlab.core.options import OptionRefused
-from torchlab.core.runtime import die_with_parent, runtime_dir
+from torchlab.core.rank_channel import RankChannel, SupervisorLink
+from torchlab.core.runtime import die_with_parent
 from torchlab.core.storage import write_atomically
 from torchlab.core.trainer import (
     Command,
@@ -60,8 +58,6 @@ from torchlab.core.trainer import (
     Stop,
     Trainer,
     WorldSizeChange,
-    command_from_json,
-    command_to_json,
     resolve_device,
 )
 
@@ -103,7 +99,7 @@ class Supervisor:
         self._relay = _Relay(self)
         self._lock = threading.Lock()
         self._pending: list[Command] = []  # commands that arrived while no trainer or rank 0 could take them
-        self._channel: _RankChannel | None = None
+        self._channel: RankChannel | None = None
         self._signalled_stop: Stop | None = None
         self._acknowledge: WorldSizeChange | None = None
         self._resume_note = resume_note
@@ -121,7 +117,7 @@ class Supervisor:
             if self.trainer is not None:
                 self.trainer.submit(command)
             elif self._channel is not None:
-                self._channel.send(command_to_json(command))
+                self._channel.send(command)
             else:
                 self._pending.append(command)
 
@@ -219,12 +215,12 @@ class Supervisor:
         logs.mkdir(parents=True, exist_ok=True)
         rank_config = logs / "config.toml"
         write_atomically(rank_config, config.to_toml())
-        channel = _RankChannel(self._relay)
+        channel = RankChannel(self._relay, step=lambda: self.step)
         with self._lock:
             self._channel = channel
             pending, self._pending = self._pending, []
         for command in pending:
-            channel.send(command_to_json(command))
+            channel.send(command)
         args = ["-m", "torchlab.core.ranks", "--run-dir", str(self.run_dir), "--config", str(rank_config),
                 "--socket", str(channel.path), "--explicit-options", ",".join(sorted(explicit))]
         if resume is not None:
@@ -262,7 +258,7 @@ class Supervisor:
             while thread.is_alive():
                 thread.join(0.1)
                 if self._signalled_stop is not None and not stop_sent:
-                    channel.send(command_to_json(self._signalled_stop))
+                    channel.send(self._signalled_stop)
                     stop_sent = True
         finally:
             if thread.is_alive():  # leaving early (a second Ctrl-C): take the ranks down with us
@@ -282,8 +278,8 @@ class Supervisor:
             except StorageError:
                 pass  # the journal is what could not be written; the outcome carries the message
             return RunOutcome("failed", self.step, message, kind="StorageError")
-        if outcome is not None and outcome["status"] == "usage":
-            raise (ConfigError if outcome.get("kind") == "ConfigError" else WorkloadError)(outcome["message"])
+        if outcome is not None and outcome.status == "usage":
+            raise (ConfigError if outcome.kind == "ConfigError" else WorkloadError)(outcome.message)
         if failure:
             error = failure[0]
             if isinstance(error, ChildFailedError):
@@ -294,11 +290,10 @@ class Supervisor:
                                   "traceback": trace, "rank": rank, "exitcode": exitcode})
             return RunOutcome("failed", self.step, message)
         if outcome is None:
-            message = "rank 0 ended without saying how the run ended"
+            message = f"rank 0 stopped reporting: {channel.broken or 'its channel to the supervisor never opened'}"
             self._relay.on_event({"event": "error", "step": self.step + 1, "time": time.time(), "message": message, "traceback": ""})
-            return RunOutcome("failed", self.step, message)
-        relaunch = WorldSizeChange(**outcome["relaunch"]) if outcome.get("relaunch") else None
-        return RunOutcome(outcome["status"], outcome["step"], outcome.get("message", ""), relaunch, outcome.get("kind", ""))
+            return RunOutcome("failed", self.step, message, kind="RankChannelError")
+        return RunOutcome(outcome.status, outcome.step, outcome.message, outcome.world_size_change(), outcome.kind)
 
 
 class _Relay(TrainerObserver):
@@ -397,178 +392,6 @@ def initial_world_size(config: TrainConfig, resume: Path | None, explicit_option
 
 def _with_world_size(config: TrainConfig, world_size: int) -> TrainConfig:
     return dataclasses.replace(config, options=config.options.with_value("world_size", world_size))
-
-
-# ---------------------------------------------------------------------- the channel: rank 0 <-> supervisor
-# One JSON object per line. Rank 0 sends {"hello": token} first, then {"metrics": record},
-# {"event": record}, {"telemetry": sample} and finally {"outcome": {...}}; the supervisor sends
-# {"command": ...} objects (core/trainer.py command_to_json). JSON only: nothing is unpickled.
-
-
-class _RankChannel:
-    """The supervisor's end: a Unix socket (0600, in the 0700 runtime directory) that rank 0 connects to."""
-
-    def __init__(self, observer: TrainerObserver) -> None:
-        self.observer = observer
-        self.token = secrets.token_hex(16)
-        self.path = runtime_dir() / f"ranks-{secrets.token_hex(6)}.sock"
-        self.outcome: dict[str, Any] | None = None
-        #: a record rank 0 sent could not be written to the run directory: the ranks were asked to stop
-        self.storage_failure: StorageError | None = None
-        self._lock = threading.Lock()
-        self._connection: socket.socket | None = None
-        self._queued: list[dict[str, Any]] = []
-        self._closed = False
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        previous_umask = os.umask(0o177)
-        try:
-            self._listener.bind(str(self.path))
-        finally:
-            os.umask(previous_umask)
-        self._listener.listen(4)
-        self._listener.settimeout(0.25)
-        self._thread = threading.Thread(target=self._serve, name="torchlab-rank-channel", daemon=True)
-        self._thread.start()
-
-    def send(self, command: dict[str, Any]) -> None:
-        """To rank 0 now, or as soon as it connects."""
-        with self._lock:
-            if self._connection is None:
-                self._queued.append(command)
-                return
-            try:
-                self._connection.sendall((json.dumps(command) + "\n").encode())
-            except OSError:
-                self._queued.append(command)  # rank 0 is going away; handed to the next trainer
-
-    def close(self) -> list[Command]:
-        """After the ranks ended: read what rank 0 sent last, stop serving; return commands never delivered."""
-        self._thread.join(timeout=10.0)
-        self._closed = True
-        self._listener.close()
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
-        with self._lock:
-            queued, self._queued = self._queued, []
-        leftover = [command_from_json(data) for data in queued]
-        if self.outcome is not None:
-            leftover += [command_from_json(data) for data in self.outcome.get("unhandled", [])]
-        return leftover
-
-    def _serve(self) -> None:
-        while not self._closed:
-            try:
-                connection, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            reader = connection.makefile("rb")
-            try:
-                hello = json.loads(reader.readline() or b"{}")
-            except ValueError:
-                hello = {}
-            if not isinstance(hello, dict) or not secrets.compare_digest(str(hello.get("hello", "")), self.token):
-                connection.close()
-                continue
-            with self._lock:
-                self._connection = connection
-                queued, self._queued = self._queued, []
-            for command in queued:
-                self.send(command)
-            try:
-                for line in reader:
-                    self._dispatch_or_stop(json.loads(line))
-            except (OSError, ValueError):
-                pass
-            with self._lock:
-                self._connection = None
-            connection.close()
-            return  # one rank 0 per launch
-
-    def _dispatch_or_stop(self, message: dict[str, Any]) -> None:
-        """Pass a record on; if the run directory cannot take it (a full disk), stop the ranks at their next
-        step boundary rather than let them train on with nothing written."""
-        try:
-            self._dispatch(message)
-        except StorageError as error:
-            if self.storage_failure is None:
-                self.storage_failure = error
-                self.send(command_to_json(Stop("a file of the run could not be written")))
-
-    def _dispatch(self, message: dict[str, Any]) -> None:
-        if "metrics" in message:
-            self.observer.on_metrics(message["metrics"])
-        elif "event" in message:
-            self.observer.on_event(message["event"])
-        elif "telemetry" in message:
-            self.observer.on_telemetry(message["telemetry"])
-        elif "outcome" in message:
-            self.outcome = message["outcome"]
-
-
-class SupervisorLink(TrainerObserver):
-    """Rank 0's end: sends its trainer's records to the supervisor; queues the supervisor's commands
-    into the trainer. If the supervisor goes away, the run stops at the next step boundary."""
-
-    def __init__(self, path: Path, token: str) -> None:
-        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._socket.connect(str(path))
-        self._lock = threading.Lock()
-        self._send({"hello": token})
-        self.trainer: Trainer | None = None
-        self._early: list[Command] = []
-
-    def attach(self, trainer: Trainer) -> None:
-        with self._lock:
-            self.trainer = trainer
-            early, self._early = self._early, []
-        for command in early:
-            trainer.submit(command)
-        threading.Thread(target=self._read_commands, name="torchlab-supervisor-link", daemon=True).start()
-
-    def on_metrics(self, record: dict[str, Any]) -> None:
-        self._send({"metrics": record})
-
-    def on_event(self, record: dict[str, Any]) -> None:
-        self._send({"event": record})
-
-    def on_telemetry(self, sample: dict[str, Any]) -> None:
-        self._send({"telemetry": sample})
-
-    def send_outcome(self, status: str, step: int, message: str = "", *, relaunch: WorldSizeChange | None = None,
-                     kind: str = "", unhandled: list[Command] = ()) -> None:
-        self._send({"outcome": {
-            "status": status, "step": step, "message": message, "kind": kind,
-            "relaunch": dataclasses.asdict(relaunch) if relaunch else None,
-            "unhandled": [command_to_json(command) for command in unhandled],
-        }})
-
-    def close(self) -> None:
-        try:
-            self._socket.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._socket.close()
-
-    def _send(self, message: dict[str, Any]) -> None:
-        data = (strict_json.dumps(message) + "\n").encode()
-        with self._lock:
-            try:
-                self._socket.sendall(data)
-            except OSError:
-                pass  # the supervisor is gone; the reader below stops the run
-
-    def _read_commands(self) -> None:
-        reader = self._socket.makefile("rb")
-        try:
-            for line in reader:
-                self.trainer.submit(command_from_json(json.loads(line)))
-        except (OSError, ValueError):
-            pass
-        self.trainer.request_stop("the supervisor went away")
 
 
 # ---------------------------------------------------------------------- a rank process

@@ -1,0 +1,240 @@
+"""The channel between the supervisor and rank 0 (issue 12): typed messages, a refusal for a bad line
+(and reading on), a journal of refusals that a flood cannot fill, and a loud end when it breaks.
+
+Both ends are real sockets; the other end of each is played by the test, as a buggy or hostile peer
+would play it. The old channel read ``json.loads(line)`` in a loop ending in ``except (OSError,
+ValueError): pass``: one bad line silently stopped relaying rank 0's reports for the rest of the run.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from torchlab.core import rank_channel as rc
+from torchlab.core.observer import TrainerObserver
+from torchlab.core.protocol import ProtocolError, Welcome, decode
+from torchlab.core.trainer import SetOption, Stop, WorldSizeChange
+
+
+class Recorder(TrainerObserver):
+    def __init__(self) -> None:
+        self.metrics: list[dict] = []
+        self.events: list[dict] = []
+
+    def on_metrics(self, record):
+        self.metrics.append(record)
+
+    def on_event(self, record):
+        self.events.append(record)
+
+    def refusals(self) -> list[dict]:
+        return [event for event in self.events if event["event"] == "line_refused"]
+
+
+def until(condition, what: str, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+    return value
+
+
+class Peer:
+    """The far end of a channel, speaking raw lines."""
+
+    def __init__(self, connection: socket.socket) -> None:
+        self.socket = connection
+        self.socket.settimeout(30)
+        self.reader = connection.makefile("rb")
+
+    def send(self, line: bytes) -> None:
+        self.socket.sendall(line)
+
+    def close(self) -> None:
+        """As a process's exit would: the reader's file keeps the socket open past a plain close()."""
+        try:
+            self.socket.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.socket.close()
+
+    def read(self) -> rc.RankMessage:
+        line = self.reader.readline()
+        assert line, "the channel closed"
+        return decode(line, rc.RankMessage)
+
+
+GARBAGE = [
+    b"not json\n",
+    b"\xff\xfe not utf-8\n",
+    b"[" * 100_000 + b"\n",  # nested too deep
+    b'{"v": 2, "type": "metrics", "record": {"step": ' + b"9" * 5000 + b"}}\n",  # a number too long to read
+    b'{"v": 2, "type": "metrics", "record": {"loss": 1.0}}\n',  # no step
+    b'{"v": 2, "type": "event", "record": {"event": 7, "step": 1}}\n',
+    b'{"v": 2, "type": "outcome", "status": "exploded", "step": 3}\n',
+    b'{"v": 2, "type": "welcome", "run": {}}\n',  # the app's protocol, not this one
+    b'{"v": 2, "type": "command", "command": {"command": "set"}}\n',  # a command is not a report
+]
+
+
+@pytest.fixture
+def supervisor_end():
+    recorder = Recorder()
+    channel = rc.RankChannel(recorder, step=lambda: 41)
+    peers = []
+
+    def connect(token: str | None = None) -> Peer:
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.connect(str(channel.path))
+        peer = Peer(connection)
+        peers.append(peer)
+        if token is not None:
+            peer.send(rc.RankHello(token=token).encode())
+        return peer
+
+    yield channel, recorder, connect
+    for peer in peers:
+        peer.close()
+    channel.close()
+
+
+def metrics_line(step: int) -> bytes:
+    return rc.MetricsReport(record={"step": step, "loss": 2.5}).encode()
+
+
+def test_a_bad_line_from_rank_0_is_refused_journalled_and_the_reports_after_it_still_arrive(supervisor_end):
+    channel, recorder, connect = supervisor_end
+    rank0 = connect(channel.token)
+    rank0.send(metrics_line(1))
+    for number, line in enumerate(GARBAGE, start=2):
+        rank0.send(line)
+        refusal = rank0.read()
+        assert isinstance(refusal, rc.ChannelRefused) and len(refusal.reason) < 300
+        rank0.send(metrics_line(number))
+    until(lambda: len(recorder.metrics) == len(GARBAGE) + 1, "every report")
+    assert [m["step"] for m in recorder.metrics] == list(range(1, len(GARBAGE) + 2))
+    refused = recorder.refusals()
+    assert len(refused) == len(GARBAGE) and {r["channel"] for r in refused} == {"rank channel"}
+    assert refused[0]["step"] == 41 and refused[0]["refused_by"] == "supervisor" and not refused[0]["before_hello"]
+
+
+def test_a_line_over_the_cap_is_skipped_to_its_newline_and_refused(supervisor_end, monkeypatch):
+    monkeypatch.setattr(rc, "MAX_LINE_BYTES", 4096)
+    channel, recorder, connect = supervisor_end
+    rank0 = connect(channel.token)
+    rank0.send(b'{"v": 2, "type": "telemetry", "sample": {"x": "' + b"y" * 20_000 + b'"}}\n' + metrics_line(7))
+    assert "longer than 4096 bytes" in rank0.read().reason
+    until(lambda: recorder.metrics, "the report after the long line")
+    assert recorder.metrics == [{"step": 7, "loss": 2.5}]
+
+
+def test_a_flood_of_bad_lines_reaches_the_journal_as_a_burst_and_a_count(supervisor_end):
+    channel, recorder, connect = supervisor_end
+    rank0 = connect(channel.token)
+    burst = channel._refusals.burst
+    rank0.send(b"garbage\n" * (burst + 50) + metrics_line(1))
+    until(lambda: recorder.metrics, "the report after the flood")
+    assert len(recorder.refusals()) == burst
+    channel._refusals._window_start -= channel._refusals.window_s  # a minute later
+    rank0.send(b"garbage\n" + metrics_line(2))
+    until(lambda: len(recorder.metrics) == 2, "the second report")
+    assert recorder.refusals()[-1]["held_back"] == 50
+
+
+def test_a_connection_without_the_token_is_refused_and_rank_0_still_gets_in(supervisor_end):
+    channel, recorder, connect = supervisor_end
+    stranger = connect("0" * 32)
+    assert "hello with this launch's token" in stranger.read().reason
+    assert stranger.reader.readline() == b""  # and closed
+    rank0 = connect(channel.token)
+    rank0.send(metrics_line(1))
+    until(lambda: recorder.metrics, "rank 0's report")
+    assert recorder.refusals()[0]["before_hello"]
+
+
+def test_commands_reach_rank_0_typed_and_the_outcome_comes_back_with_what_it_did_not_handle(supervisor_end):
+    channel, recorder, connect = supervisor_end
+    channel.send(SetOption("clip", "0.5", "app"))  # before rank 0 connects: queued
+    rank0 = connect(channel.token)
+    assert rank0.read() == rc.CommandMessage(command={"command": "set", "option": "clip", "value": "0.5", "source": "app"})
+    rank0.send(rc.Outcome(status="relaunch", step=9, relaunch={"value": 2, "previous": 1, "step": 9, "source": "app"},
+                          unhandled=[{"command": "stop", "reason": "later"}]).encode())
+    until(lambda: channel.outcome, "the outcome")
+    rank0.close()
+    assert channel.close() == [Stop("later")]
+    assert channel.outcome.world_size_change() == WorldSizeChange(2, 1, 9, "app") and not channel.broken
+
+
+def test_rank_0_gone_without_its_outcome_is_a_broken_channel_with_the_reason(supervisor_end):
+    channel, recorder, connect = supervisor_end
+    rank0 = connect(channel.token)
+    rank0.send(metrics_line(1))
+    rank0.close()
+    assert channel.close() == []
+    assert channel.outcome is None
+    assert channel.broken == "the channel from rank 0 ended before it reported how its run ended (closed by the other side)"
+
+
+class FakeTrainer:
+    def __init__(self) -> None:
+        self.commands: list = []
+        self.stopped = threading.Event()
+        self.stop_reason = ""
+
+    def submit(self, command) -> None:
+        self.commands.append(command)
+
+    def request_stop(self, reason: str) -> None:
+        self.stop_reason = reason
+        self.stopped.set()
+
+
+@pytest.fixture
+def rank0_end(tmp_path):
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "s.sock"))
+    listener.listen(1)
+    link = rc.SupervisorLink(tmp_path / "s.sock", "the-token")
+    supervisor = Peer(listener.accept()[0])
+    assert supervisor.read() == rc.RankHello(token="the-token")
+    trainer = FakeTrainer()
+    link.attach(trainer)
+    yield link, supervisor, trainer
+    link.close()
+    supervisor.close()
+    listener.close()
+
+
+def test_rank_0_refuses_a_bad_command_line_and_takes_the_next(rank0_end, capfd):
+    link, supervisor, trainer = rank0_end
+    for line in GARBAGE[:4] + [b'{"v": 2, "type": "command", "command": {"command": "launch-missiles"}}\n',
+                               rc.MetricsReport(record={"step": 1}).encode()]:
+        supervisor.send(line)
+        assert isinstance(supervisor.read(), rc.ChannelRefused)
+    supervisor.send(rc.CommandMessage.of(SetOption("accum", "2", "app")).encode())
+    until(lambda: trainer.commands, "the command")
+    assert trainer.commands == [SetOption("accum", "2", "app")] and not trainer.stopped.is_set()
+    supervisor.send(rc.ChannelRefused(reason="metrics.record: needs an integer step").encode())
+    until(lambda: "the supervisor refused a report: metrics.record" in capfd.readouterr().err, "rank 0 to say so")
+
+
+def test_rank_0_stops_its_run_and_says_why_when_the_supervisor_goes(rank0_end, capfd):
+    link, supervisor, trainer = rank0_end
+    supervisor.close()
+    assert trainer.stopped.wait(30) and trainer.stop_reason == "the supervisor went away"
+    assert "the channel to the supervisor broke: closed by the other side" in capfd.readouterr().err
+    link.on_metrics({"step": 2})  # sending on a broken channel is quiet now: the run is stopping
+    assert link.broken
+
+
+def test_the_channel_speaks_its_own_protocol_not_the_apps():
+    outcome = rc.Outcome(status="finished", step=3)
+    assert decode(outcome.encode(), rc.RankMessage) == outcome
+    with pytest.raises(ProtocolError, match="unknown message type 'outcome'"):
+        decode(outcome.encode())  # the app's socket does not read rank 0's messages
+    with pytest.raises(ProtocolError, match="unknown message type 'welcome'"):
+        decode(Welcome(run={}, modules=[], options={}, state="running", step=0).encode(), rc.RankMessage)
