@@ -13,6 +13,7 @@ travel as arrays aligned with the module names sent once in ``Welcome``.
 from __future__ import annotations
 
 import json
+import reprlib
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -25,6 +26,12 @@ MAX_OPTION_CHARS = 64
 MAX_VALUE_CHARS = 256
 
 _JSON_SCALAR = (str, int, float, bool, type(None))
+#: At most this much of anything a peer sent is echoed in a reason, so that every refusal stays a short line.
+MAX_ECHO_CHARS = 40
+
+_echo = reprlib.Repr()
+_echo.maxstring = _echo.maxlong = _echo.maxother = MAX_ECHO_CHARS
+_echo.maxlevel, _echo.maxlist, _echo.maxdict, _echo.maxtuple = 2, 3, 3, 3
 
 
 class ProtocolError(ValueError):
@@ -61,6 +68,25 @@ class Message:
         """Checks across fields, after each field's type was checked; raise ProtocolError."""
 
 
+def quoted(value: Any) -> str:
+    """A value a peer sent, as a reason may show it: its repr, cut to about ``MAX_ECHO_CHARS`` with ``...``.
+
+    A reason goes back to the peer and into the run's journal; echoed whole, a 1 MB type string or a
+    4,000-digit version would become a 1 MB refusal and a 1 MB line of ``events.jsonl``."""
+    return _echo.repr(value)
+
+
+def _cut(text: str) -> str:
+    """A name a peer chose, unquoted, at most ``MAX_ECHO_CHARS`` characters."""
+    return text if len(text) <= MAX_ECHO_CHARS else text[: MAX_ECHO_CHARS - 3] + "..."
+
+
+def _some(items: list, shown: int = 3) -> str:
+    """The first ``shown`` of ``items`` and how many more: a peer decides how many there are."""
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return ", ".join(items[:shown]) + more
+
+
 def decode(line: bytes | str, protocol: type[Message] = Message) -> Message:
     """Parse one line into a message of ``protocol`` (the app's by default), validating version, type and
     every field."""
@@ -79,15 +105,15 @@ def decode(line: bytes | str, protocol: type[Message] = Message) -> Message:
         raise ProtocolError("message must be a JSON object")
     version = payload.pop("v", None)
     if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {version!r} is not supported; this side speaks version {PROTOCOL_VERSION}")
+        raise ProtocolError(f"protocol version {quoted(version)} is not supported; this side speaks version {PROTOCOL_VERSION}")
     kind = payload.pop("type", None)
     cls = protocol.registry.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ProtocolError(f"unknown message type {kind!r}")
+        raise ProtocolError(f"unknown message type {quoted(kind)}")
     declared = {f.name: f for f in fields(cls)}
     unknown = set(payload) - set(declared)
     if unknown:
-        raise ProtocolError(f"{kind}: unknown field(s) {', '.join(sorted(unknown))}")
+        raise ProtocolError(f"{kind}: unknown field(s) {_some([_cut(name) for name in sorted(unknown)])}")
     for name, spec in declared.items():
         if name not in payload:
             if _has_default(spec):
@@ -245,7 +271,7 @@ class Metrics(Message):
         if -1 in lengths:
             raise ProtocolError("metrics.columns: every column must be a list of values")
         if len(lengths) > 1:
-            raise ProtocolError(f"metrics.columns: columns must be of one length, got lengths {sorted(lengths)}")
+            raise ProtocolError(f"metrics.columns: columns must be of one length, got lengths [{_some([str(n) for n in sorted(lengths)])}]")
 
 
 @dataclass(frozen=True)

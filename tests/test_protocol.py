@@ -183,3 +183,56 @@ def test_closing_wakes_the_reader_and_ends_it_after_what_is_left():
     outbox.close()
     assert [m.type for m in outbox.take(cursor, timeout=10)] == ["state"]
     assert outbox.take(cursor, timeout=10) is None
+
+
+# ------------------------------------------------------------------------------ reasons are short
+
+#: Every reason goes back to the peer and into events.jsonl: a few hundred characters at most.
+MAX_REASON_CHARS = 300
+
+long_texts = st.builds(lambda char, count: char * count, st.characters(), st.integers(0, 100_000))
+huge_ints = st.builds(lambda digits, sign: sign * int("9" * digits), st.integers(1, 4300), st.sampled_from([1, -1]))
+hostile_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | huge_ints | st.floats() | st.text(max_size=20) | long_texts,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8) | long_texts, children, max_size=4),
+    max_leaves=8,
+)
+hostile_keys = st.sampled_from(["v", "type", "option", "value", "steps", "token", "version", "columns"]) | long_texts
+hostile_objects = st.builds(
+    lambda payload, version, kind: {**payload, **version, **kind},
+    st.dictionaries(hostile_keys, hostile_values, max_size=6),
+    st.sampled_from([{}, {"v": p.PROTOCOL_VERSION}]),  # half the time past the version check
+    st.sampled_from([{}] + [{"type": message.type} for message in (*p.COMMANDS, *p.EVENTS)]),  # and the type check
+)
+
+
+def reason_of(line: str) -> str | None:
+    try:
+        p.decode(line)
+    except p.ProtocolError as error:
+        return str(error)
+    return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(payload=hostile_objects | hostile_values)
+def test_a_refusal_never_echoes_more_than_a_few_hundred_characters(payload):
+    """Whatever JSON a peer sends (a 100k-character type or field name, a 4,300-digit version), the
+    reason is short: it is sent back and written to the run's journal."""
+    reason = reason_of(json.dumps(payload))
+    assert reason is None or len(reason) <= MAX_REASON_CHARS
+
+
+@pytest.mark.parametrize("payload, shown", [
+    ({"v": 2, "type": "x" * 1_000_000}, "unknown message type 'xxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxx'"),
+    ({"v": int("9" * 4000), "type": "pause"}, "protocol version 999999999999999999...9999999999999999999 is not supported"),
+    ({"v": "v" * 100_000}, "protocol version 'vvvvvvvvvvvvvvvvv...vvvvvvvvvvvvvvvvvv' is not supported"),
+    ({"v": 2, "type": ["pause"] * 100_000}, "unknown message type ['pause', 'pause', 'pause', ...]"),
+    ({"v": 2, "type": "pause", **{f"{n:06d}" + "f" * 1000: 1 for n in range(1000)}},
+     "pause: unknown field(s) 000000" + "f" * 31 + "..., 000001"),
+    ({"v": 2, "type": "pause", **{f"{n:06d}": 1 for n in range(1000)}}, "unknown field(s) 000000, 000001, 000002 and 997 more"),
+    ({"v": 2, "type": "metrics", "columns": {str(n): [0] * n for n in range(2000)}}, "got lengths [0, 1, 2 and 1997 more]"),
+])
+def test_what_a_peer_sent_is_echoed_cut_short(payload, shown):
+    reason = reason_of(json.dumps(payload))
+    assert shown in reason and len(reason) <= MAX_REASON_CHARS
