@@ -103,3 +103,15 @@ def test_iterable_datasets_are_sliced_per_global_batch():
     assert [a + b for a, b in zip(*halves)] == single  # 5 full batches per epoch on both ranks
     resumed = local_batches(Counting(21), world_size=2, rank=1, batch_size=4, count=1, position=DataPosition(0, 8))
     assert resumed == [[10.0, 11.0]]
+
+
+def test_more_workers_than_the_machine_can_run_is_refused_before_any_process_starts():
+    """``--workers 1000`` (found by fuzzing the CLI) forked a thousand workers: a load of 200 on 2 cores."""
+    import pytest
+
+    from torchlab.core.data import max_workers
+    from torchlab.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"workers \(--workers\) 1000: .* at most \d+ here"):
+        BatchStream(torch.arange(64.0), batch_size=4, collate_fn=None, workers=1000, seed=0, device=torch.device("cpu"))
+    BatchStream(torch.arange(64.0), batch_size=4, collate_fn=None, workers=max_workers(), seed=0, device=torch.device("cpu"))
