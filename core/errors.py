@@ -31,3 +31,17 @@ class NonFiniteError(TorchlabError):
     def __init__(self, message: str, report: dict) -> None:
         super().__init__(message)
         self.report = report
+
+
+#: How much of a value given by someone else an error message repeats.
+SHOWN_CHARS = 60
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)``, cut to ``limit`` characters with an ellipsis: a message names what was given
+    without echoing a megabyte of it back to a terminal, a socket or the run's journal."""
+    try:
+        text = repr(value[: limit + 1] if isinstance(value, str) else value)
+    except ValueError:  # an integer over Python's 4300-digit limit
+        return "an integer too long to show"
+    return text if len(text) <= limit else text[:limit] + "…"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, TracebackType
 
-from torchlab.core.errors import TorchlabError, WorkloadError
+from torchlab.core.errors import TorchlabError, WorkloadError, shown
 
 SAMPLES = {
     "mlp": "torchlab.sample_models.mlp:workload",
@@ -46,14 +46,14 @@ def check_spec(text: str) -> WorkloadSpec:
         return WorkloadSpec(text=text, factory=factory, module=module)
     target, colon, factory = text.rpartition(":")
     if not colon or not target or not factory.isidentifier():
-        raise WorkloadError(f"workload {text!r} is not {_FORM}.")
+        raise WorkloadError(f"workload {shown(text)} is not {_FORM}.")
     if target.endswith(".py") or os.sep in target or "/" in target:
         path = Path(target).expanduser()
         if not path.is_file():
             raise WorkloadError(f"workload file {target} does not exist (looked for {path.resolve()}).")
         return WorkloadSpec(text=text, factory=factory, file=path.resolve())
     if not all(part.isidentifier() for part in target.split(".")):
-        raise WorkloadError(f"workload {text!r}: {target!r} is not a module name or a .py file; it must be {_FORM}.")
+        raise WorkloadError(f"workload {shown(text)}: {shown(target)} is not a module name or a .py file; it must be {_FORM}.")
     return WorkloadSpec(text=text, factory=factory, module=target)
 
 
