@@ -3,8 +3,10 @@
 A checkpoint is written to a temporary file in the same directory, fsynced, and renamed over its
 final name, so a crash mid-write (``kill -9``, a full disk) leaves the previous checkpoint intact; a
 failed write removes its temporary file, and one left by a killed process is removed by the next save. ``last.pt`` is a hard link to
-the newest one, replaced atomically the same way. Loading uses ``weights_only=True``: a checkpoint
-holds tensors and plain values, never objects that run code when read.
+the newest one, replaced atomically the same way. In a private run directory the temporary file is
+created 0600 (core/storage.py), so the weights are never readable by others, not even mid-write.
+Loading uses ``weights_only=True``: a checkpoint holds tensors and plain values, never objects that
+run code when read.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 
 from torchlab.core.errors import ConfigError
 from torchlab.core.runtime import remove_abandoned_temporaries
-from torchlab.core.storage import fsync_directory, remedy, storage_error
+from torchlab.core.storage import create_file, fsync_directory, remedy, storage_error
 
 FORMAT_VERSION = 1
 _STEP_FILE = re.compile(r"^step-(\d{7,})\.pt$")
@@ -90,7 +92,7 @@ class _RecordingWriter:
 
 def _write_checkpoint(path: Path, contents: dict[str, Any]) -> None:
     """``torch.save`` into ``path``, fsynced; a failed write raises an OSError (or carries one as its cause)."""
-    handle = open(path, "wb")
+    handle = open(path, "wb", opener=create_file)  # the mode is set at creation: private from the first byte
     writer = _RecordingWriter(handle)
     try:
         try:

@@ -34,7 +34,7 @@ def exit_code(status: str) -> int:
 _SETTING_FLAGS = (
     "steps", "batch_size", "seed", "device", "optimizer", "lr", "weight_decay", "schedule", "warmup_steps",
     "workers", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "log_every",
-    "probe_every", "act_stats_every", "telemetry_interval", "profile_steps",
+    "probe_every", "act_stats_every", "telemetry_interval", "profile_steps", "shared_run_dir",
 )
 _OPTION_FLAGS = ("amp", "checkpointing", "clip", "accum", "lr_scale", "world_size")
 
@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, metavar="FILE.toml", help="settings file (a run's config.toml works)")
     parser.add_argument("--run-dir", type=Path, metavar="DIR", help="this run's directory (default: runs/<time>-<workload>)")
     parser.add_argument("--runs-root", type=Path, default=Path("runs"), metavar="DIR", help="where new run directories go (default: runs)")
+    parser.add_argument(
+        "--shared-run-dir", action=argparse.BooleanOptionalAction, default=None,
+        help="make a new run directory and its files follow your umask (0755 and 0644 under umask 022), for others "
+        "to read; by default only you can (0700, files 0600, whatever the umask). An existing run directory keeps its "
+        "mode, and what a resume adds follows it",
+    )
     parser.add_argument("--resume", type=Path, metavar="PATH", help="a checkpoint file, or a run directory to continue from its last.pt")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
     parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
@@ -166,7 +172,8 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
         workload = config.workload if args.resume is None else resumed_workload(args)
         if workload:
             check_spec(workload)  # a missing file is said here, before the screen changes
-        run_dir = create_run_dir(choose_run_dir(args.run_dir, args.resume, args.runs_root, workload_label(workload) if workload else "resumed"))
+        run_dir = create_run_dir(choose_run_dir(args.run_dir, args.resume, args.runs_root, workload_label(workload) if workload else "resumed"),
+                                 shared=config.shared_run_dir)
         links: list[ProcessLink] = []
         app = make_app(lambda: links.append(ProcessLink(run_dir, argv)) or links[-1], workload=workload)
     except BaseException:

@@ -86,6 +86,9 @@ class TrainConfig:
     telemetry_interval: float = 1.0  # seconds between system samples; 0 = off
     profile_at: tuple[int, ...] = ()  # optimizer steps at which a profiler snapshot starts
     profile_steps: int = 5
+    #: False: a new run directory is 0700 and its files 0600, whatever the umask (the checkpoints are the
+    #: user's weights); True: they follow the umask, for colleagues to read. An existing one keeps its mode.
+    shared_run_dir: bool = False
     options: LiveOptions = field(default_factory=LiveOptions)
     at: tuple[ScheduledChange, ...] = ()
     #: Each time a resume changed ``steps``: (the step resumed at, the total before). The LR schedule
@@ -117,6 +120,7 @@ class TrainConfig:
         _check_int(self.log_every, "log_every", minimum=1)
         _check_float(self.telemetry_interval, "telemetry_interval", positive=False)
         _check_int(self.profile_steps, "profile_steps", minimum=1)
+        _check(isinstance(self.shared_run_dir, bool), "shared_run_dir", "must be true or false", self.shared_run_dir)
         _check(isinstance(self.profile_at, tuple) and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in self.profile_at),
                "profile_at", "must be optimizer steps ≥ 1", self.profile_at)
         if self.probe_every != "auto":

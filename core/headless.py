@@ -60,7 +60,8 @@ def run_headless(
     if external is not None or initial_world_size(config, resume, explicit_options) == 1:
         seed_everything(config.seed)
         workload = load_workload(config.workload)  # a bad workload fails here, before any directory exists
-    directory = RunDirectory(choose_run_dir(run_dir, resume, runs_root, workload_label(config.workload)))
+    directory = RunDirectory(choose_run_dir(run_dir, resume, runs_root, workload_label(config.workload)),
+                             shared=config.shared_run_dir)
     progress = HeadlessProgress(config.steps, console)
     try:
         config_record = ConfigRecord(directory, plan)

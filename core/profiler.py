@@ -6,6 +6,7 @@ second) and then waits on a child process, ``python -m torchlab.core.profile_tab
 the trace and writes ``table.txt``, ``table_by_shape.txt``, ``table.csv`` and ``table_by_shape.csv``.
 All of it is written into a hidden staging folder renamed to ``profiles/<step>`` once complete: a full
 disk mid-profile leaves nothing behind, and the ``profile`` event carries the error instead of tables.
+In a private run directory the folders are 0700 and the files 0600, as everywhere in it (core/storage.py).
 ``key_averages()`` in the trainer's own process took 3.2 s for five steps of tiny_gpt and, holding
 the GIL, slowed the training steps beside it 6x; a process of its own does not compete for the GIL.
 """
@@ -31,7 +32,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from torchlab.core.errors import StorageError
 from torchlab.core.profile_tables import EXIT_STORAGE
 from torchlab.core.runtime import process_running
-from torchlab.core.storage import fsync_directory, remedy, storage_error
+from torchlab.core.storage import fsync_directory, make_folder, match_folder_privacy, remedy, storage_error
 
 #: A trace of many steps of a large model can take a while to read; past this the snapshot reports an error.
 TABLES_TIMEOUT_S = 600
@@ -115,9 +116,9 @@ class ProfilerSnapshot:
     def _write(self, staging: Path) -> dict[str, Any]:
         """The trace and the tables, written into ``staging`` and then renamed to the snapshot's folder, so
         that the folder appears whole or not at all; the tables' top rows."""
-        self.directory.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(self.directory.parent)
         _remove_abandoned_folders(self.directory.parent)
-        staging.mkdir()
+        make_folder(staging)
         trace = staging / "trace.json"
         self._profile.export_chrome_trace(str(trace))
         # Let the recording go: after a failed export its results hold the half-written trace open (a
@@ -125,6 +126,7 @@ class ProfilerSnapshot:
         self._profile = None
         if not trace.exists():  # the exporter logs its failure on stderr and returns as if it had written it
             raise _export_failure(staging)
+        match_folder_privacy(trace)  # torch created it with the umask's mode
         built = subprocess.run(
             [sys.executable, "-m", "torchlab.core.profile_tables", str(staging)],
             capture_output=True, text=True, timeout=TABLES_TIMEOUT_S,

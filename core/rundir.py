@@ -8,6 +8,12 @@
     <run>/system.jsonl             telemetry samples: time, step, host, gpus, torch
     <run>/checkpoints/             step-NNNNNNN.pt and last.pt
 
+A run directory torchlab makes is private: 0700, and everything created in it 0600 (folders 0700),
+whatever the umask, as ssh-keygen writes a private key. ``shared_run_dir`` (``--shared-run-dir``) makes
+it follow the umask instead (0755 and 0644 under the usual 022). What is made in a folder follows that
+folder (core/storage.py), so a resume keeps the run's choice, and a ``chmod`` of the directory since:
+torchlab never changes the mode of a directory or file that exists.
+
 Every line of every ``.jsonl`` file parses, after any fault: a line is written whole or not at all, and
 a torn last line (a power cut) is cut off when the file is opened, with a ``journal_repaired`` event.
 A failed write is a ``StorageError`` that names the file and says what is intact (core/storage.py).
@@ -27,7 +33,8 @@ from torchlab.core import strict_json
 from torchlab.core.errors import ConfigError, StorageError
 from torchlab.core.observer import TrainerObserver
 from torchlab.core.storage import (
-    JsonLines, fsync_directory, parse_line, remedy, storage_error, temporary_name, write_atomically, write_new_file,
+    JsonLines, fsync_directory, make_folder, parse_line, remedy, storage_error, temporary_name, write_atomically,
+    write_new_file,
 )
 
 #: Where ``metrics.jsonl``'s rows that a resume replays go, so that the file holds each step once.
@@ -42,11 +49,12 @@ class RunDirectory(TrainerObserver):
     table builder's) is kept, and the next metrics row raises it: the run stops at its next journal line.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, shared: bool = False) -> None:
+        """Open the run directory at ``path``, making it (``shared``: see ``create_run_dir``) if it is new."""
         self.path = Path(path)
         self.checkpoints = self.path / "checkpoints"
         self.profiles = self.path / "profiles"
-        create_run_dir(self.path)
+        create_run_dir(self.path, shared=shared)
         # One lock per journal: events also come from the profiler's builder thread, samples from the
         # sampler's. Only moving metrics aside holds two (metrics, then events); nothing takes them the other way.
         self._events_lock = threading.Lock()
@@ -237,12 +245,19 @@ def run_dir_of_checkpoint(resume: Path | None) -> Path | None:
     return None
 
 
-def create_run_dir(path: Path) -> Path:
+def create_run_dir(path: Path, *, shared: bool = False) -> Path:
     """Make the run directory and its ``checkpoints/``, or say in one sentence why it cannot be one: a path
-    that is a file (``--run-dir /etc/passwd``), under something that is not a folder, or not writable."""
+    that is a file (``--run-dir /etc/passwd``), under something that is not a folder, or not writable.
+
+    A new run directory is 0700 (``shared``: 0777 less the umask); the folders above it that are missing
+    (the runs root) follow the umask, as ``mkdir -p`` makes them. An existing one keeps its mode.
+    """
     path = Path(path)
     try:
-        (path / "checkpoints").mkdir(parents=True, exist_ok=True)
+        if path.exists() and not path.is_dir():  # mkdir says "File exists": true, but not the fault
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
+        path.mkdir(mode=0o777 if shared else 0o700, parents=True, exist_ok=True)
+        make_folder(path / "checkpoints")
     except OSError as error:
         where = error.filename if error.filename and str(error.filename) != str(path / "checkpoints") else path
         message = f"run directory {path}: cannot be made ({where}: {error.strerror or error})"

@@ -10,6 +10,11 @@ write gives.
   beside it, fsynced and renamed over its name: a reader sees the old file or the new one, never half.
 - A failure becomes a ``StorageError`` that says what failed, while writing what, and what is intact:
   "no space left on device writing metrics.jsonl in runs/x; its lines before this one are whole ...".
+- A file or folder is created as private as the folder it is in: in a folder no one else may enter
+  (no group or other bits: a run directory is made so unless ``shared_run_dir`` is set), a file is
+  created 0600 and a folder 0700, whatever the umask; elsewhere 0666 and 0777, which the umask trims
+  as usual. The mode is given to ``open``/``mkdir`` themselves, so there is no moment when a file is
+  readable by others before a ``chmod``; nothing that exists has its mode changed.
 
 Standard library only: the profile-table builder, a child process without torch, writes through it too.
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,6 +55,43 @@ def storage_error(error: OSError, writing: str, intact: str) -> StorageError:
     return StorageError(f"{reason(error)} writing {writing}; {intact}")
 
 
+def is_private(folder: Path) -> bool:
+    """True if only its owner may enter or list ``folder``: its mode has no group or other bits."""
+    return stat.S_IMODE(os.stat(folder).st_mode) & 0o077 == 0
+
+
+def create_file(path: Path, flags: int = os.O_WRONLY | os.O_TRUNC) -> int:
+    """``os.open(path, flags | O_CREAT)``, a new file being 0600 in a private folder and 0666 (less the
+    umask) elsewhere; the descriptor. One ``stat`` of the folder: call it per file, not per write. Also
+    an ``opener`` for ``open()``."""
+    path = Path(path)
+    return os.open(path, flags | os.O_CREAT, 0o600 if is_private(path.parent) else 0o666)
+
+
+def make_folder(path: Path) -> Path:
+    """Make ``path`` (and any missing folder above it) unless it is a folder already: 0700 in a private
+    folder, 0777 less the umask elsewhere. An existing folder keeps its mode."""
+    path = Path(path)
+    if path.is_dir():
+        return path
+    if path.parent != path and not path.parent.is_dir():
+        make_folder(path.parent)
+    try:
+        os.mkdir(path, 0o700 if is_private(path.parent) else 0o777)
+    except FileExistsError:
+        if not path.is_dir():
+            raise
+    return path
+
+
+def match_folder_privacy(path: Path) -> None:
+    """A file another library created in ``path``'s folder (torch's trace.json) loses its group and other
+    bits if that folder is private, as if ``create_file`` had made it."""
+    path = Path(path)
+    if is_private(path.parent):
+        os.chmod(path, stat.S_IMODE(os.stat(path).st_mode) & 0o700)
+
+
 def temporary_name(path: Path) -> Path:
     """``.NAME.tmp-PID`` beside ``path``: hidden, and naming its writer, so that a sweep can tell an
     abandoned one (its writer was killed) from one being written."""
@@ -61,7 +104,7 @@ def write_new_file(path: Path, payload: bytes) -> None:
     OSError propagates."""
     path = Path(path)
     try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        descriptor = create_file(path)
         try:
             write_all(descriptor, payload)
             os.fsync(descriptor)
@@ -143,7 +186,7 @@ class JsonLines:
         self.path = Path(path)
         self.intact = intact
         try:
-            self._descriptor = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            self._descriptor = create_file(self.path, os.O_RDWR | os.O_APPEND)
         except OSError as error:
             raise storage_error(error, self._where(), f"nothing was written: {remedy(error)}, then try again.") from error
         try:

@@ -77,6 +77,7 @@ def test_warmup_defaults_to_five_percent_of_steps():
     ({"schedule": "linear"}, "schedule (--schedule)"), ({"workers": 1.5}, "workers (--workers)"),
     ({"steps": True}, "steps (--steps)"), ({"weight_decay": float("nan")}, "weight_decay (--weight-decay)"),
     ({"probe_every": -1}, "probe_every (--probe-every)"), ({"workload": " "}, "workload (--workload)"),
+    ({"shared_run_dir": "yes"}, "shared_run_dir (--shared-run-dir) must be true or false; got 'yes'"),
 ])
 def test_invalid_settings_name_the_setting(settings, setting):
     with pytest.raises(ConfigError) as raised:

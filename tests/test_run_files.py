@@ -240,7 +240,7 @@ def test_a_side_file_the_disk_cannot_take_leaves_metrics_as_it_was(tmp_path, mon
 def test_a_full_disk_inside_torch_save_is_a_clear_error_and_leaves_no_temporary(tmp_path, monkeypatch):
     """torch's zip writer turns the failed write into 'RuntimeError: ... unexpected pos': the reason is kept."""
     save_checkpoint(tmp_path, 5, {"weights": torch.ones(1000)}, keep=3)
-    monkeypatch.setattr(checkpoint_module, "open", lambda path, mode: _FileThatFills(path, room=1500), raising=False)
+    monkeypatch.setattr(checkpoint_module, "open", lambda path, mode, opener: _FileThatFills(path, room=1500), raising=False)
     with pytest.raises(StorageError) as raised:
         save_checkpoint(tmp_path, 10, {"weights": torch.zeros(1000)}, keep=3)
     monkeypatch.undo()
