@@ -234,11 +234,8 @@ class RankChannel:
         self._queued: list[Command] = []
         self._closed = False
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        previous_umask = os.umask(0o177)
-        try:
-            self._listener.bind(str(self.path))
-        finally:
-            os.umask(previous_umask)
+        self._listener.bind(str(self.path))  # in the 0700 runtime directory: nobody else can reach it meanwhile
+        os.chmod(self.path, 0o600)  # not the process's umask: a folder another thread made meanwhile would get it too
         self._listener.listen(4)
         self._listener.settimeout(0.25)
         self._thread = threading.Thread(target=self._serve, name="torchlab-rank-channel", daemon=True)

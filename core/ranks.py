@@ -51,7 +51,7 @@ from torchlab.core.observer import TrainerObserver
 from torchlab.core.options import OptionRefused
 from torchlab.core.rank_channel import RankChannel, SupervisorLink
 from torchlab.core.runtime import die_with_parent
-from torchlab.core.storage import write_atomically
+from torchlab.core.storage import make_folder, write_atomically
 from torchlab.core.trainer import (
     Command,
     RunOutcome,
@@ -212,7 +212,7 @@ class Supervisor:
 
         loopback_rendezvous.register()
         logs = self.run_dir / "ranks"
-        logs.mkdir(parents=True, exist_ok=True)
+        make_folder(logs)  # as private as the run directory
         rank_config = logs / "config.toml"
         write_atomically(rank_config, config.to_toml())
         channel = RankChannel(self._relay, step=lambda: self.step)

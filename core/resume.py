@@ -34,7 +34,9 @@ from torchlab.core.rundir import RunDirectory
 #: Settings whose change on a resume makes the run differ from one that was never stopped.
 BREAKS_EXACTNESS = ("workload", "seed", "batch_size", "lr", "weight_decay", "schedule", "warmup_steps", "optimizer")
 #: Derived from other settings, or the record of a change rather than a setting of its own.
-_NOT_COMPARED = ("options", "schedule_extensions")
+#: Not settings of the training: options are compared at the checkpoint's step; shared_run_dir concerns
+#: only a new run directory (an existing one keeps its modes), so a resume does not change it.
+_NOT_COMPARED = ("options", "schedule_extensions", "shared_run_dir")
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from torchlab.core.protocol import (
     decode,
 )
 from torchlab.core.runtime import FINAL_STATES, Endpoint, RunEntry, process_running
+from torchlab.core.storage import create_file
 
 CONNECT_TIMEOUT_S = 120.0  # the first import of torch on a cold disk can be slow
 STOP_GRACE_S = 30.0  # time for the current step and the final checkpoint
@@ -105,11 +106,11 @@ class ProcessLink:
         self._spawn(self.training_args)
 
     def _spawn(self, training_args: list[str]) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # private, unless the CLI made it shared already
         self._endpoint = Endpoint.create(f"{self.run_dir.name[:40]}-{secrets.token_hex(3)}")
         self._closing = False
         self._final_state_seen = False
-        with open(self.log_path, "ab") as log:
+        with open(self.log_path, "ab", opener=create_file) as log:  # as private as the run directory
             self.process = subprocess.Popen(
                 [
                     self.python, "-m", self.worker_module,

@@ -158,6 +158,7 @@ def test_the_app_changes_the_world_size_and_the_trainer_stays_its_endpoint(tmp_p
         assert link.close(grace_s=60) == 0
     events = read_jsonl(tmp_path / "run" / "events.jsonl")
     assert events[-1]["event"] == "run_ended" and events[-1]["status"] == "stopped"
+    assert (tmp_path / "run" / "trainer.log").stat().st_mode & 0o777 == 0o600  # the app writes it: private too
     assert any(e["event"] == "checkpoint" and e["reason"] == "final" for e in events)
     assert not any(alive(pid) for pid in rank_pids(events))
 
@@ -192,6 +193,7 @@ def test_a_world_size_2_run_listens_on_the_loopback_address_only(tmp_path):
         assert any(pid == headless_run.pid for pid, _, _ in listening), "the supervisor's store was not found"
         assert rank_processes <= {pid for pid, _, _ in listening}, "each rank listens for its gloo peers"
         assert {address for _, address, _ in listening} == {"127.0.0.1"}, listening
+        assert (run / "ranks").stat().st_mode & 0o777 == 0o700, "the ranks' logs are as private as the run"
     finally:
         headless_run.send_signal(signal.SIGINT)  # stop at a step boundary, as Ctrl-C does
         assert headless_run.wait(120) == EXIT_INTERRUPTED  # after a final checkpoint
