@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.errors import ConfigError
+from torchlab.core.errors import ConfigError, shown
 from torchlab.core.options import LiveOptions, OptionRefused, format_option_value, parse_option_value
 
 if sys.version_info >= (3, 11):
@@ -29,6 +29,8 @@ OPTIMIZERS = ("adamw", "sgd")
 MAX_SEED = 2**32 - 1
 #: torch keeps a device index in 8 signed bits: "cuda:200" became "cuda:-56".
 MAX_CUDA_INDEX = 127
+#: Seconds between system samples, at most: a longer wait overflowed the sampler's timer (1e30 did).
+MAX_TELEMETRY_INTERVAL_S = 3600.0
 SCHEDULES = ("constant", "cosine", "onecycle")
 _AT_PATTERN = re.compile(r"^\s*(\d+)\s*:\s*([A-Za-z_]+)\s*=\s*(.*?)\s*$")
 
@@ -46,15 +48,15 @@ class ScheduledChange:
         match = _AT_PATTERN.match(text)
         if not match:
             raise ConfigError(
-                f"--at {text!r} is not of the form STEP:OPTION=VALUE (for example --at 50:amp=bf16)."
+                f"--at {shown(text)} is not of the form STEP:OPTION=VALUE (for example --at 50:amp=bf16)."
             )
         step, option, value = int(match.group(1)), match.group(2), match.group(3)
         if step < 1:
-            raise ConfigError(f"--at {text!r}: STEP counts optimizer steps from 1, got {step}.")
+            raise ConfigError(f"--at {shown(text)}: STEP counts optimizer steps from 1, got {step}.")
         try:
             parse_option_value(option, value)
         except OptionRefused as refusal:
-            raise ConfigError(f"--at {text!r}: {refusal}.") from None
+            raise ConfigError(f"--at {shown(text)}: {refusal}.") from None
         return cls(step, option, value)
 
     def __str__(self) -> str:
@@ -119,6 +121,8 @@ class TrainConfig:
         _check_int(self.keep_checkpoints, "keep_checkpoints", minimum=1)
         _check_int(self.log_every, "log_every", minimum=1)
         _check_float(self.telemetry_interval, "telemetry_interval", positive=False)
+        _check(self.telemetry_interval <= MAX_TELEMETRY_INTERVAL_S, "telemetry_interval",
+               f"must be at most {MAX_TELEMETRY_INTERVAL_S:g} seconds (0 turns it off)", self.telemetry_interval)
         _check_int(self.profile_steps, "profile_steps", minimum=1)
         _check(isinstance(self.shared_run_dir, bool), "shared_run_dir", "must be true or false", self.shared_run_dir)
         _check(isinstance(self.profile_at, tuple) and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in self.profile_at),
@@ -213,12 +217,12 @@ def build_config(*layers: Mapping[str, Any]) -> TrainConfig:
             raise ConfigError(f"options.{name} (--{name.replace('_', '-')}): {refusal}.") from None
     if "profile_at" in merged:
         if not isinstance(merged["profile_at"], (list, tuple)):
-            raise ConfigError(f"profile_at (--profile-at) must be a list of steps; got {merged['profile_at']!r}.")
+            raise ConfigError(f"profile_at (--profile-at) must be a list of steps; got {shown(merged['profile_at'])}.")
         merged["profile_at"] = tuple(merged["profile_at"])
     if "schedule_extensions" in merged:
         extensions = merged["schedule_extensions"]
         if not isinstance(extensions, (list, tuple)) or not all(isinstance(pair, (list, tuple)) for pair in extensions):
-            raise ConfigError(f"schedule_extensions must be a list of [step, steps before] pairs; got {extensions!r}.")
+            raise ConfigError(f"schedule_extensions must be a list of [step, steps before] pairs; got {shown(extensions)}.")
         merged["schedule_extensions"] = tuple(tuple(pair) for pair in extensions)
     changes = tuple(dict.fromkeys(ScheduledChange.parse(text) for text in at))
     try:
@@ -245,7 +249,7 @@ def _settings_from_mapping(data: Mapping[str, Any], source: str) -> dict[str, An
         elif key in known:
             settings[key] = value
         else:
-            raise ConfigError(f"{source}: unknown setting {key!r}{_suggest(key, known)}.")
+            raise ConfigError(f"{source}: unknown setting {shown(key)}{_suggest(key, known)}.")
     return settings
 
 
@@ -275,7 +279,7 @@ def _are_extensions(extensions: Any) -> bool:
 
 def _check(ok: bool, setting: str, requirement: str, value: Any) -> None:
     if not ok:
-        raise ConfigError(f"{setting} (--{setting.replace('_', '-')}) {requirement}; got {value!r}.")
+        raise ConfigError(f"{setting} (--{setting.replace('_', '-')}) {requirement}; got {shown(value)}.")
 
 
 def _check_int(value: Any, setting: str, *, minimum: int, hint: str | None = None, maximum: int | None = None) -> None:

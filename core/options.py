@@ -12,6 +12,8 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from torchlab.core.errors import shown
+
 AMP_MODES = ("off", "bf16", "fp16")
 _OFF_WORDS = {"off", "none", "no", "false", "0", ""}
 _ON_WORDS = {"on", "yes", "true", "1"}
@@ -45,7 +47,7 @@ OPTION_NAMES = tuple(LiveOptions.__dataclass_fields__)
 def parse_option_value(option: str, value: Any) -> Any:
     """Return ``value`` as the typed value of ``option``, or raise OptionRefused saying why not."""
     if option not in OPTION_NAMES:
-        raise OptionRefused(f"unknown option {option!r}; the live options are: {', '.join(OPTION_NAMES)}")
+        raise OptionRefused(f"unknown option {shown(option)}; the live options are: {', '.join(OPTION_NAMES)}")
     parser = _PARSERS[option]
     return parser(value)
 
@@ -55,7 +57,7 @@ def _parse_amp(value: Any) -> str:
     if text in _OFF_WORDS:
         return "off"
     if text not in AMP_MODES:
-        raise OptionRefused(f"amp must be one of {', '.join(AMP_MODES)}, got {value!r}")
+        raise OptionRefused(f"amp must be one of {', '.join(AMP_MODES)}, got {shown(value)}")
     return text
 
 
@@ -68,7 +70,7 @@ def _parse_bool(name: str):
             return True
         if text in _OFF_WORDS:
             return False
-        raise OptionRefused(f"{name} must be on or off, got {value!r}")
+        raise OptionRefused(f"{name} must be on or off, got {shown(value)}")
 
     return parse
 
@@ -78,20 +80,20 @@ def _parse_clip(value: Any) -> float | None:
         return None
     number = _to_float("clip", value)
     if not number > 0:
-        raise OptionRefused(f"clip must be a positive max grad norm, or off; got {value!r}")
+        raise OptionRefused(f"clip must be a positive max grad norm, or off; got {shown(value)}")
     return number
 
 
 def _parse_positive_int(name: str, maximum: int):
     def parse(value: Any) -> int:
         if isinstance(value, bool):
-            raise OptionRefused(f"{name} must be a whole number from 1 to {maximum}, got {value!r}")
+            raise OptionRefused(f"{name} must be a whole number from 1 to {maximum}, got {shown(value)}")
         try:
             number = int(str(value).strip()) if not isinstance(value, int) else value
         except ValueError:
-            raise OptionRefused(f"{name} must be a whole number from 1 to {maximum}, got {value!r}") from None
+            raise OptionRefused(f"{name} must be a whole number from 1 to {maximum}, got {shown(value)}") from None
         if not 1 <= number <= maximum:
-            raise OptionRefused(f"{name} must be a whole number from 1 to {maximum}, got {value!r}")
+            raise OptionRefused(f"{name} must be a whole number from 1 to {maximum}, got {shown(value)}")
         return number
 
     return parse
@@ -100,19 +102,19 @@ def _parse_positive_int(name: str, maximum: int):
 def _parse_lr_scale(value: Any) -> float:
     number = _to_float("lr_scale", value)
     if not 0 < number <= 1000:
-        raise OptionRefused(f"lr_scale must be a factor above 0 and at most 1000, got {value!r}")
+        raise OptionRefused(f"lr_scale must be a factor above 0 and at most 1000, got {shown(value)}")
     return number
 
 
 def _to_float(name: str, value: Any) -> float:
     if isinstance(value, bool):
-        raise OptionRefused(f"{name} must be a number, got {value!r}")
+        raise OptionRefused(f"{name} must be a number, got {shown(value)}")
     try:
         number = float(str(value).strip()) if not isinstance(value, (int, float)) else float(value)
     except ValueError:
-        raise OptionRefused(f"{name} must be a number, got {value!r}") from None
+        raise OptionRefused(f"{name} must be a number, got {shown(value)}") from None
     if not math.isfinite(number):
-        raise OptionRefused(f"{name} must be a finite number, got {value!r}")
+        raise OptionRefused(f"{name} must be a finite number, got {shown(value)}")
     return number
 
 

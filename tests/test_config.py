@@ -78,6 +78,7 @@ def test_warmup_defaults_to_five_percent_of_steps():
     ({"steps": True}, "steps (--steps)"), ({"weight_decay": float("nan")}, "weight_decay (--weight-decay)"),
     ({"probe_every": -1}, "probe_every (--probe-every)"), ({"workload": " "}, "workload (--workload)"),
     ({"shared_run_dir": "yes"}, "shared_run_dir (--shared-run-dir) must be true or false; got 'yes'"),
+    ({"telemetry_interval": 1e30}, "telemetry_interval (--telemetry-interval) must be at most 3600 seconds"),
 ])
 def test_invalid_settings_name_the_setting(settings, setting):
     with pytest.raises(ConfigError) as raised:
@@ -96,3 +97,10 @@ def test_workload_specs_are_checked_without_importing(tmp_path):
     for text in ["", "tiny", "a b:c", "x.py:", ":factory", "file.py:not-an-identifier"]:
         with pytest.raises(WorkloadError):
             check_spec(text)
+
+
+def test_a_message_names_a_huge_value_without_repeating_it():
+    """Found by fuzzing: a megabyte string in a TOML file came back whole in the error paragraph."""
+    with pytest.raises(ConfigError) as raised:
+        TrainConfig(optimizer="x" * 1_000_000)
+    assert len(str(raised.value)) < 200 and str(raised.value).endswith("'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx….")
