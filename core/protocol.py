@@ -72,8 +72,10 @@ def quoted(value: Any) -> str:
     """A value a peer sent, as a reason may show it: its repr, cut to about ``MAX_ECHO_CHARS`` with ``...``.
 
     A reason goes back to the peer and into the run's journal; echoed whole, a 1 MB type string or a
-    4,000-digit version would become a 1 MB refusal and a 1 MB line of ``events.jsonl``."""
-    return _echo.repr(value)
+    4,000-digit version would become a 1 MB refusal and a 1 MB line of ``events.jsonl``. reprlib cuts each
+    string and number, and each container's items; the whole of a nested one is cut here too."""
+    shown = _echo.repr(value)
+    return shown if len(shown) <= 2 * MAX_ECHO_CHARS else shown[: 2 * MAX_ECHO_CHARS - 3] + "..."
 
 
 def _cut(text: str) -> str:

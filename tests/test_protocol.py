@@ -228,6 +228,7 @@ def test_a_refusal_never_echoes_more_than_a_few_hundred_characters(payload):
     ({"v": int("9" * 4000), "type": "pause"}, "protocol version 999999999999999999...9999999999999999999 is not supported"),
     ({"v": "v" * 100_000}, "protocol version 'vvvvvvvvvvvvvvvvv...vvvvvvvvvvvvvvvvvv' is not supported"),
     ({"v": 2, "type": ["pause"] * 100_000}, "unknown message type ['pause', 'pause', 'pause', ...]"),
+    ({"v": {str(n) * 50: {str(m) * 50: "v" * 50 for m in range(3)} for n in range(3)}}, "protocol version {'000000"),
     ({"v": 2, "type": "pause", **{f"{n:06d}" + "f" * 1000: 1 for n in range(1000)}},
      "pause: unknown field(s) 000000" + "f" * 31 + "..., 000001"),
     ({"v": 2, "type": "pause", **{f"{n:06d}": 1 for n in range(1000)}}, "unknown field(s) 000000, 000001, 000002 and 997 more"),
