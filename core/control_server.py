@@ -2,7 +2,13 @@
 
 Each connection has a reader thread (commands in) and a sender thread (events out, from the Outbox
 through the connection's own cursor). The trainer thread never touches a socket. A connection that
-sends garbage is answered with ``Refused`` and closed; the trainer and other connections go on.
+sends garbage is answered with ``Refused`` and closed; the trainer and other connections go on. Every
+refused line is also passed to ``on_refused`` (the worker journals it); a connection that hangs up
+without a word (``attach`` probing whether anyone serves the socket) is no refused line.
+
+Before its hello a connection has ``HELLO_TIMEOUT_S`` in all to send it, and at most
+``MAX_AWAITING_HELLO`` connections wait for theirs at once: each holds a thread and a descriptor, so a
+burst of idle connections must not exhaust either (the next one is refused at once, without a thread).
 
 Standard library only, plus the protocol: what a command *does* is the ``on_command`` callback's
 business (the worker maps commands onto the trainer).
@@ -28,9 +34,14 @@ from torchlab.core.protocol import (
     Refused,
     Welcome,
     decode,
+    quoted,
 )
 
 HELLO_TIMEOUT_S = 5.0
+MAX_AWAITING_HELLO = 64
+#: How long the accept loop waits after ``accept`` failed for want of descriptors or memory (EMFILE and
+#: the like): the connections holding them end within HELLO_TIMEOUT_S, and then the app can connect again.
+ACCEPT_RETRY_S = 0.1
 SEND_TIMEOUT_S = 10.0
 #: Reports gather this long between two sends to one app (an event goes at once). The app reads at
 #: 20 Hz, so this delays nothing it shows; at 300 steps/s it is 50 messages a second instead of 300,
@@ -44,7 +55,9 @@ class ControlServer:
     ``welcome`` is called for each authenticated client and blocks until the run can describe itself
     (the trainer is built); ``on_command`` receives every later command, detach included (the
     worker decides whether to accept it); ``on_client_attached()`` once a client is welcomed and
-    ``on_client_gone()`` when the controlling client leaves, whichever way.
+    ``on_client_gone()`` when the controlling client leaves, whichever way; ``on_refused(reason,
+    before_hello)`` after each refusal was answered (on a connection's thread, or the accept loop's: it
+    must not block, nor raise).
     """
 
     def __init__(
@@ -57,6 +70,7 @@ class ControlServer:
         on_command: Callable[[Message], None],
         on_client_gone: Callable[[], None],
         on_client_attached: Callable[[], None] = lambda: None,
+        on_refused: Callable[[str, bool], None] = lambda reason, before_hello: None,
     ) -> None:
         self.socket_path = Path(socket_path)
         self._token = token
@@ -65,6 +79,9 @@ class ControlServer:
         self._on_command = on_command
         self._on_client_gone = on_client_gone
         self._on_client_attached = on_client_attached
+        self._on_refused = on_refused
+        self._awaiting_hello = 0  # connections accepted whose hello has not been read yet
+        self._awaiting_lock = threading.Lock()
         self._controller: socket.socket | None = None
         self._controller_lock = threading.Lock()
         self._closed = threading.Event()
@@ -115,32 +132,62 @@ class ControlServer:
                 connection, _ = self._listener.accept()
             except TimeoutError:
                 continue
-            except OSError:  # the listener was closed
-                return
+            except OSError:
+                if self._closed.is_set():  # the listener was closed
+                    return
+                # Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS): this connection is lost, but the
+                # socket must go on serving, or the app could never attach again.
+                self._closed.wait(ACCEPT_RETRY_S)
+                continue
+            with self._awaiting_lock:
+                admitted = self._awaiting_hello < MAX_AWAITING_HELLO
+                self._awaiting_hello += admitted
+            if not admitted:
+                connection.setblocking(False)  # this thread accepts for everyone: it never waits on one peer
+                self._refuse(connection, f"too many connections awaiting hello (at most {MAX_AWAITING_HELLO}); try again", before_hello=True)
+                continue
             threading.Thread(target=self._serve, args=(connection,), name="torchlab-connection", daemon=True).start()
 
     def _serve(self, connection: socket.socket) -> None:
-        reader = _LineReader(connection)
-        connection.settimeout(HELLO_TIMEOUT_S)
         try:
-            hello = decode(reader.next_line())
+            hello = self._read_hello(connection)
+        finally:
+            with self._awaiting_lock:
+                self._awaiting_hello -= 1
+        if hello is not None:
+            self._serve_app(connection, hello)
+
+    def _read_hello(self, connection: socket.socket) -> _LineReader | None:
+        """The reader of a connection that said a hello with this run's token, or None (refused, closed)."""
+        reader = _LineReader(connection)
+        try:
+            hello = decode(reader.next_line(deadline=time.monotonic() + HELLO_TIMEOUT_S))
         except (ProtocolError, OSError, EOFError) as error:
-            _refuse(connection, f"expected a hello with a token first: {error}")
-            return
+            if isinstance(error, EOFError) and not reader.received:  # a probe: it said nothing, so nothing was refused
+                _refuse(connection, f"expected a hello with a token first: {error}")
+            else:
+                self._refuse(connection, f"expected a hello with a token first: {error}", before_hello=True)
+            return None
         if not isinstance(hello, Hello):
-            _refuse(connection, f"the first message must be hello, not {hello.type}")
-            return
+            self._refuse(connection, f"the first message must be hello, not {hello.type}", before_hello=True)
+            return None
         if hello.version != PROTOCOL_VERSION:
-            _refuse(connection, f"protocol version {hello.version} is not supported; this trainer speaks {PROTOCOL_VERSION}")
-            return
+            self._refuse(connection, f"protocol version {quoted(hello.version)} is not supported; this trainer speaks {PROTOCOL_VERSION}",
+                         before_hello=True)
+            return None
         if not hmac.compare_digest(hello.token.encode(), self._token.encode()):
-            _refuse(connection, "wrong token: this run's token file is readable only by the user who started it")
-            return
+            self._refuse(connection, "wrong token: this run's token file is readable only by the user who started it", before_hello=True)
+            return None
+        return reader
+
+    def _serve_app(self, connection: socket.socket, reader: _LineReader) -> None:
         with self._controller_lock:
-            if self._controller is not None:
-                _refuse(connection, "another app is already attached to this run")
-                return
-            self._controller = connection
+            taken = self._controller is not None
+            if not taken:
+                self._controller = connection
+        if taken:
+            self._refuse(connection, "another app is already attached to this run", before_hello=True)
+            return
         try:
             welcome = self._welcome()
             if welcome is None or self._closed.is_set():
@@ -170,15 +217,24 @@ class ControlServer:
                 line = reader.next_line()
             except (EOFError, OSError):
                 return
-            except ProtocolError as error:  # an over-long line: this connection is not speaking our protocol
-                _refuse(connection, str(error))
-                return
+            except ProtocolError as error:
+                # An over-long line. Closing the connection, as before the hello, would be the app going
+                # away, which stops the run: refused, and the reader skips to the line's end.
+                _send_quietly(connection, Refused(reason=str(error)))
+                self._on_refused(str(error), False)
+                continue
             try:
                 command = decode(line)
             except ProtocolError as error:
                 _send_quietly(connection, Refused(reason=str(error)))
+                self._on_refused(str(error), False)
                 continue
             self._on_command(command)  # detach too: whether to accept it is the worker's decision
+
+    def _refuse(self, connection: socket.socket, reason: str, *, before_hello: bool) -> None:
+        """Answer with the reason, close the connection, and pass the refusal on."""
+        _refuse(connection, reason)
+        self._on_refused(reason, before_hello)
 
     def _send_loop(self, connection: socket.socket) -> None:
         cursor = Cursor()
@@ -197,24 +253,43 @@ class ControlServer:
 
 
 class _LineReader:
-    """Reads newline-terminated lines of at most MAX_LINE_BYTES from a socket."""
+    """Reads newline-terminated lines of at most MAX_LINE_BYTES from a socket; ``received`` counts the bytes.
+
+    A line over the limit raises ProtocolError once; the next call skips the rest of it and reads on."""
 
     def __init__(self, connection: socket.socket) -> None:
         self._connection = connection
         self._buffer = bytearray()
+        self._skipping = False  # in the middle of an over-long line
+        self.received = 0
 
-    def next_line(self) -> bytes:
+    def next_line(self, deadline: float | None = None) -> bytes:
+        """The next line; by ``deadline`` (``time.monotonic()``), if given, or TimeoutError: a peer that sends
+        a byte now and then must not hold its connection past it."""
         while True:
             newline = self._buffer.find(b"\n")
             if newline >= 0:
                 line = bytes(self._buffer[:newline])
                 del self._buffer[: newline + 1]
+                if self._skipping:  # the end of an over-long line, already refused
+                    self._skipping = False
+                    continue
                 return line
-            if len(self._buffer) > MAX_LINE_BYTES:
+            if self._skipping:
+                self._buffer.clear()
+            elif len(self._buffer) > MAX_LINE_BYTES:
+                self._skipping = True
+                self._buffer.clear()
                 raise ProtocolError(f"message exceeds the limit of {MAX_LINE_BYTES} bytes")
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError("timed out")
+                self._connection.settimeout(remaining)
             chunk = self._connection.recv(65536)
             if not chunk:
                 raise EOFError("connection closed")
+            self.received += len(chunk)
             self._buffer += chunk
 
 

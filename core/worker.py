@@ -32,11 +32,12 @@ from typing import Any
 from torchlab.core import protocol as p
 from torchlab.core.cli import EXIT_OK, EXIT_USAGE, build_parser, exit_code
 from torchlab.core.control_server import ControlServer
-from torchlab.core.errors import TorchlabError
+from torchlab.core.errors import StorageError, TorchlabError
 from torchlab.core.impact import ImpactTracker
 from torchlab.core.observer import TrainerObserver
 from torchlab.core.outbox import Outbox
 from torchlab.core.runtime import Endpoint, die_with_parent
+from torchlab.core.throttle import Throttle
 
 #: The parent-death signal: its own signal, so that a detached trainer can ignore it while a plain
 #: SIGTERM (someone's ``kill``) still stops it.
@@ -45,6 +46,9 @@ PARENT_POLL_S = 0.5
 REGISTRY_INTERVAL_S = 2.0
 FIRST_CLIENT_GRACE_S = 10.0
 IMPACT_INTERVAL_S = 1.0
+#: An integer in a command beyond this is no option's value (Python reads up to 4,300 digits): refused
+#: before the trainer sees it, where ``float()`` of it raised OverflowError and failed the run.
+MAX_COMMAND_INT = 10**18
 
 _STATE_OF_EVENT = {"run_started": "running", "paused": "paused", "resumed": "running"}
 
@@ -154,10 +158,18 @@ class Worker:
         # after the final one (a registry write begun before it landed after it: "running" forever).
         self._publish_lock = threading.Lock()
         self._final_published = False
+        # Refused lines go to the run's journal, at most a burst a minute. Until the run directory is open
+        # they wait in ``_unjournalled`` (the throttle bounds them); once it is closed they are dropped.
+        self._refusals = Throttle()
+        self._journal_lock = threading.Lock()
+        self._journal: TrainerObserver | None = None
+        self._journal_closed = False
+        self._unjournalled: list[dict[str, Any]] = []
         self.server = ControlServer(
             endpoint.socket_path, token, self.outbox,
             welcome=self._wait_for_welcome, on_command=self._on_command,
             on_client_gone=self._on_client_gone, on_client_attached=self._on_client_attached,
+            on_refused=self._journal_refusal,
         )
         self.reporter.set_state("starting", 0)
 
@@ -170,6 +182,7 @@ class Worker:
 
         args = build_parser().parse_args(self.training_args)
         directory = RunDirectory(self.run_dir)
+        self._open_journal(directory)
         try:
             try:
                 plan = plan_training(args)
@@ -203,6 +216,7 @@ class Worker:
                     self._welcome = p.Welcome(run=self._run_info(None), modules=[], options={}, state=self.reporter.state, step=self.reporter.step)
                     self._ready.set()
         finally:
+            self._close_journal()
             directory.close()
         return exit_code(outcome.status)
 
@@ -259,7 +273,10 @@ class Worker:
         if trainer is None:
             self.outbox.add_event(p.Log(level="warning", text=f"{command.type}: the trainer is still starting; try again"))
             return
-        if isinstance(command, p.SetCommand):
+        out_of_range = self._out_of_range(command)
+        if out_of_range:
+            self._refuse(out_of_range)
+        elif isinstance(command, p.SetCommand):
             trainer.submit(t.SetOption(command.option, command.value, source="app"))
         elif isinstance(command, p.PauseCommand):
             trainer.submit(t.Pause())
@@ -274,7 +291,54 @@ class Worker:
         elif isinstance(command, p.DetachCommand):
             self._detach()
         else:
-            self.outbox.add_event(p.Refused(reason=f"{command.type} is not a command"))
+            self._refuse(f"{command.type} is not a command")
+
+    def _refuse(self, reason: str) -> None:
+        self.outbox.add_event(p.Refused(reason=reason))
+        self._journal_refusal(reason, False)
+
+    @staticmethod
+    def _out_of_range(command: p.Message) -> str:
+        """Why a command's number is no value any option or profile takes, or ""."""
+        for name in ("value", "steps"):
+            number = getattr(command, name, None)
+            if isinstance(number, int) and not isinstance(number, bool) and abs(number) > MAX_COMMAND_INT:
+                return f"{command.type}.{name}: {p.quoted(number)} is out of range (at most {MAX_COMMAND_INT:.0e} in size)"
+        return ""
+
+    # ------------------------------------------------------------------ refused lines in the journal
+    def _open_journal(self, directory: TrainerObserver) -> None:
+        with self._journal_lock:
+            self._journal, waiting, self._unjournalled = directory, self._unjournalled, []
+            for record in waiting:
+                self._write_refusal(record)
+
+    def _close_journal(self) -> None:
+        with self._journal_lock:
+            self._journal, self._journal_closed = None, True
+
+    def _journal_refusal(self, reason: str, before_hello: bool) -> None:
+        """A line refused on the app's socket, in ``events.jsonl`` (at most a burst a minute; the next record
+        let through says how many were held back). Called on connection threads: it never raises."""
+        held_back = self._refusals.admit()
+        if held_back is None:
+            return
+        record = {"event": "line_refused", "step": self.reporter.step, "time": time.time(), "channel": "app socket",
+                  "before_hello": before_hello, "reason": reason, "held_back": held_back}
+        with self._journal_lock:
+            if self._journal is not None:
+                self._write_refusal(record)
+            elif not self._journal_closed:  # the run directory is not open yet
+                self._unjournalled.append(record)
+
+    def _write_refusal(self, record: dict[str, Any]) -> None:
+        try:
+            self._journal.on_event(record)
+        except StorageError:
+            # The run directory kept the failure, as for any write it failed (the telemetry sampler's): the next
+            # metrics row raises it and the run stops, saying which file could not be written. This thread, a
+            # connection's, goes on reading.
+            pass
 
     def _detach(self) -> None:
         """From now on the app may leave: the run goes on, and another app may attach."""

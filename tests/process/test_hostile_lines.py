@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 from test_worker import TINY, link_for  # noqa: F401  (link_for is a fixture)
 from torchlab.core import protocol as p
+from torchlab.core.throttle import Throttle
 
 #: Python refuses to read an integer of more than 4,300 digits (int-string limit): json.loads raised ValueError.
 HUGE_NUMBER = "9" * 5000
+THROTTLE_BURST = Throttle().burst  # the worker's
 
 
 def set_line(value_json: str) -> bytes:
@@ -49,3 +52,66 @@ def test_before_the_hello_an_unreadable_line_ends_only_that_connection(link_for)
     applied = seen.until(lambda m: isinstance(m, p.OptionApplied) and m.option == "accum")
     seen.until(lambda m: isinstance(m, p.Metrics) and m.records[-1]["step"] > applied.step)
     assert link.process.poll() is None
+
+
+def journal(link) -> list[dict]:
+    return [json.loads(line) for line in (link.run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def refusals_in(link) -> list[dict]:
+    return [event for event in journal(link) if event["event"] == "line_refused"]
+
+
+def until_journalled(link, predicate, timeout: float = 60.0) -> list[dict]:
+    """The journal's line_refused records once ``predicate`` holds for them (they are written on the
+    connection's thread, after the answer went out)."""
+    deadline = time.monotonic() + timeout
+    while not predicate(records := refusals_in(link)):
+        assert time.monotonic() < deadline, f"timed out; journalled: {records[-3:]}"
+        link.arrived.wait(0.2)
+    return records
+
+
+def test_refused_lines_are_journalled_a_burst_a_minute_before_and_after_the_hello(link_for):
+    """A refused line is answered and written to events.jsonl (who spoke nonsense to the run, and when); a
+    flood of them reaches the journal at most a burst per minute (core/throttle.py), the rest counted."""
+    link, seen = link_for(f"{TINY}:workload", "--steps", "1000000", "--checkpoint-every", "0")
+    seen.until(lambda m: isinstance(m, p.Metrics))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stranger:
+        stranger.settimeout(30)
+        stranger.connect(str(link._endpoint.socket_path))
+        stranger.sendall(b'{"v": 2, "type": "' + b"x" * 100_000 + b'"}\n')
+        assert p.decode(stranger.makefile("rb").readline()).type == "refused"
+    [first] = until_journalled(link, lambda records: len(records) == 1)
+    assert first["before_hello"] is True and first["channel"] == "app socket" and first["held_back"] == 0
+    assert first["reason"].startswith("expected a hello with a token first: unknown message type 'xxx")
+    assert len(first["reason"]) < 300 and isinstance(first["step"], int) and first["step"] > 0
+
+    flood = 200
+    for _ in range(flood):
+        link._socket.sendall(b"\x00 not json\n")
+    seen.until(lambda m: len(seen.of(p.Refused)) >= flood)  # every line is answered...
+    records = until_journalled(link, lambda records: len(records) >= THROTTLE_BURST)
+    assert len(records) == THROTTLE_BURST  # ...but the journal takes a burst (this test ends within a minute)
+    assert [r["before_hello"] for r in records[1:]] == [False] * (THROTTLE_BURST - 1)
+    assert all(r["reason"] == "message is not valid JSON (or holds a number too long to read, or nests too deep)" for r in records[1:])
+    link.send(p.SetCommand(option="accum", value="2"))
+    applied = seen.until(lambda m: isinstance(m, p.OptionApplied) and m.option == "accum")
+    seen.until(lambda m: isinstance(m, p.Metrics) and m.records[-1]["step"] > applied.step)
+
+
+def test_a_number_too_large_for_any_option_is_refused_not_a_failed_run(link_for):
+    """A 400-digit integer reads as JSON and passed every bound: float() of it raised OverflowError at the
+    step boundary, and the run failed. It is refused before the trainer sees it."""
+    link, seen = link_for(f"{TINY}:workload", "--steps", "1000000", "--checkpoint-every", "0")
+    seen.until(lambda m: isinstance(m, p.Metrics))
+    for option in ("lr_scale", "clip"):
+        link._socket.sendall(set_line("9" * 400).replace(b'"clip"', f'"{option}"'.encode()))
+    link._socket.sendall(f'{{"v": {p.PROTOCOL_VERSION}, "type": "profile", "steps": {"9" * 4000}}}\n'.encode())
+    seen.until(lambda m: len(seen.of(p.Refused)) == 3)
+    assert all("is out of range" in m.reason and len(m.reason) < 300 for m in seen.of(p.Refused))
+    link.send(p.SetCommand(option="accum", value="2"))
+    applied = seen.until(lambda m: isinstance(m, p.OptionApplied) and m.option == "accum")
+    seen.until(lambda m: isinstance(m, p.Metrics) and m.records[-1]["step"] > applied.step)
+    assert not seen.of(p.Error) and link.process.poll() is None
+    assert max(len(line) for line in (link.run_dir / "events.jsonl").read_text().splitlines()) < 4000

@@ -1,0 +1,178 @@
+"""The app's socket in-process (core/control_server.py): what it answers a stranger, what it passes on as a
+refused line, and that no burst of connections crowds out the app. Issue 12, item 2. The trainer process
+behind it is tests/process/test_hostile_lines.py's business; here a Welcome and a list stand in for it."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from torchlab.core import control_server as cs
+from torchlab.core import protocol as p
+from torchlab.core.outbox import Outbox
+
+TOKEN = "ab" * 16
+WAIT_S = 30.0
+
+
+class Served:
+    """A ControlServer on a short socket path, with what reached its callbacks."""
+
+    def __init__(self, directory: Path) -> None:
+        self.commands: list[p.Message] = []
+        self.refused: list[tuple[str, bool]] = []
+        self.changed = threading.Condition()
+        self.server = cs.ControlServer(
+            directory / "s.sock", TOKEN, Outbox(),
+            welcome=lambda: p.Welcome(run={}, modules=[], options={}, state="running", step=0),
+            on_command=lambda command: self._keep(self.commands, command),
+            on_client_gone=lambda: None,
+            on_refused=lambda reason, before_hello: self._keep(self.refused, (reason, before_hello)),
+        )
+
+    def _keep(self, into: list, item) -> None:
+        with self.changed:
+            into.append(item)
+            self.changed.notify_all()
+
+    def until(self, predicate, timeout: float = WAIT_S) -> None:
+        with self.changed:
+            assert self.changed.wait_for(predicate, timeout), f"timed out; refused so far: {self.refused[-5:]}"
+
+    def connect(self) -> socket.socket:
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        client.settimeout(WAIT_S)
+        client.connect(str(self.server.socket_path))
+        return client
+
+    def app(self) -> socket.socket:
+        """A connection that said the right hello and got its Welcome."""
+        client = self.connect()
+        client.sendall(p.Hello(version=p.PROTOCOL_VERSION, token=TOKEN).encode())
+        assert answer(client).type == "welcome"
+        return client
+
+
+def answer(client: socket.socket) -> p.Message:
+    return p.decode(client.makefile("rb").readline())
+
+
+@pytest.fixture
+def served():
+    with tempfile.TemporaryDirectory(prefix="cs-") as directory:  # a Unix socket's path is short (108 bytes)
+        serving = Served(Path(directory))
+        yield serving
+        serving.server.close()
+
+
+def test_refused_lines_are_passed_on_before_and_after_the_hello_and_a_probe_is_not(served):
+    """The worker journals what reaches on_refused. ``attach`` probes a socket by connecting and hanging up
+    at once: that said nothing, so it must not fill the journal with refusals."""
+    served.connect().close()  # the probe
+    stranger = served.connect()
+    stranger.sendall(b"\xff not json\n")
+    assert "expected a hello" in answer(stranger).reason
+    served.until(lambda: len(served.refused) == 1)
+    app = served.app()
+    app.sendall(b'{"v": 2, "type": "' + b"x" * 100_000 + b'"}\n')
+    served.until(lambda: len(served.refused) == 2)
+    app.sendall(p.PauseCommand().encode())
+    served.until(lambda: served.commands)
+
+    (before, before_hello), (after, after_hello) = served.refused
+    assert before.startswith("expected a hello with a token first: message is not UTF-8") and before_hello
+    assert after.startswith("unknown message type 'xxx") and len(after) < 300 and not after_hello
+
+
+def test_a_line_cut_off_by_the_peer_hanging_up_is_a_refused_line(served):
+    stranger = served.connect()
+    stranger.sendall(b'{"v": 2, "type": "hel')
+    stranger.shutdown(socket.SHUT_WR)
+    assert "connection closed" in answer(stranger).reason
+    served.until(lambda: served.refused == [("expected a hello with a token first: connection closed", True)])
+
+
+def test_the_hello_has_its_time_in_all_however_slowly_the_bytes_come(served, monkeypatch):
+    """HELLO_TIMEOUT_S bounded each wait for a byte, not the hello: a byte every few seconds held a
+    connection, and its thread, for as long as the peer liked."""
+    monkeypatch.setattr(cs, "HELLO_TIMEOUT_S", 0.5)
+    stranger = served.connect()
+    stranger.settimeout(0.1)  # a byte each 0.1 s until the server answers: each well within HELLO_TIMEOUT_S
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        assert time.monotonic() < deadline, "the server never gave up on a hello that never ends"
+        try:
+            stranger.sendall(b" ")
+            reply = stranger.recv(65536)
+            break
+        except TimeoutError:
+            continue
+    assert "expected a hello with a token first: timed out" in p.decode(reply.split(b"\n")[0]).reason
+
+
+def test_a_burst_of_idle_connections_is_bounded_and_the_app_keeps_its_control(served):
+    """300 connections that say nothing: the first MAX_AWAITING_HELLO wait for their hello (a thread
+    each), the others are refused at once; the attached app's commands still arrive, and once the
+    strangers are gone a new connection is heard again (the count of waiting ones went down)."""
+    app = served.app()
+    strangers = [served.connect() for _ in range(300)]  # all connect: none gets EAGAIN or ECONNREFUSED
+    app.sendall(p.SetCommand(option="accum", value=2).encode())
+    served.until(lambda: served.commands == [p.SetCommand(option="accum", value=2)])
+
+    too_many = 300 - cs.MAX_AWAITING_HELLO
+    served.until(lambda: len(served.refused) == too_many)
+    assert set(served.refused) == {(f"too many connections awaiting hello (at most {cs.MAX_AWAITING_HELLO}); try again", True)}
+    answered = [client for client in strangers[cs.MAX_AWAITING_HELLO:] if "too many" in answer(client).reason]
+    assert len(answered) == too_many and all(client.recv(1) == b"" for client in answered)  # answered, then closed
+    for client in strangers:
+        client.close()
+
+    served.until(lambda: len(served.refused) == too_many)  # the waiting ones hung up without a word
+    late = served.connect()
+    late.sendall(p.Hello(version=p.PROTOCOL_VERSION, token="guess").encode())
+    deadline = time.monotonic() + WAIT_S
+    while "wrong token" not in (reason := answer(late).reason):  # the 64 threads may not all have ended yet
+        assert "too many" in reason and time.monotonic() < deadline
+        late = served.connect()
+        late.sendall(p.Hello(version=p.PROTOCOL_VERSION, token="guess").encode())
+    app.sendall(p.PauseCommand().encode())
+    served.until(lambda: served.commands[-1] == p.PauseCommand())
+
+
+def test_accept_failing_for_want_of_descriptors_does_not_end_the_serving(served, monkeypatch):
+    """accept() raising EMFILE (a process out of descriptors) ended the accept loop: the socket stayed, and
+    no app could ever attach again."""
+    real_accept = socket.socket.accept
+    failures, failed_thrice = [], threading.Event()
+
+    def accept_or_fail(listener):
+        if len(failures) < 3:
+            failures.append(errno.EMFILE)
+            if len(failures) == 3:
+                failed_thrice.set()
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_accept(listener)
+
+    monkeypatch.setattr(socket.socket, "accept", accept_or_fail)
+    assert failed_thrice.wait(WAIT_S)
+    app = served.connect()
+    app.sendall(p.Hello(version=p.PROTOCOL_VERSION, token=TOKEN).encode())
+    assert answer(app).type == "welcome"
+
+
+def test_an_over_long_line_from_the_app_is_refused_and_the_next_one_read(served):
+    """The app's connection closing is the app going away, which stops the run; so an over-long line on it
+    is refused and skipped, where it used to close that connection."""
+    app = served.app()
+    for size in (p.MAX_LINE_BYTES, p.MAX_LINE_BYTES + 1, 3 * p.MAX_LINE_BYTES):
+        app.sendall(b"x" * size + b"\n")
+    app.sendall(p.PauseCommand().encode())
+    served.until(lambda: served.commands == [p.PauseCommand()])
+    assert [before_hello for _, before_hello in served.refused] == [False] * 3
+    assert "exceeds the limit" in served.refused[2][0] and "not valid JSON" in served.refused[0][0]
