@@ -80,12 +80,13 @@ def trains_on_and_obeys(link, seen, accum: int) -> None:
 
 
 def journal_is_clean(link) -> list[dict]:
-    """No traceback anywhere, every line short, refused lines at most a burst in any minute (two windows of
+    """No traceback anywhere, every line that may echo a peer short, refused lines at most a burst in any minute (two windows of
     the throttle may meet in one); returns the line_refused records."""
     text = (link.run_dir / "events.jsonl").read_text()
     assert "Traceback" not in text and "Traceback" not in link.log_path.read_text()
-    assert max(len(line) for line in text.splitlines()) < 4000, "something was echoed into the journal"
     events = [json.loads(line) for line in text.splitlines()]
+    echoing = [line for line, event in zip(text.splitlines(), events) if event["event"] != "profile"]  # a profile's tables are long
+    assert max(len(line) for line in echoing) < 4000, "something was echoed into the journal"
     assert not [e for e in events if e["event"] == "error"]
     refused = [e for e in events if e["event"] == "line_refused"]
     burst = Throttle().burst
