@@ -31,6 +31,8 @@ MAX_SEED = 2**32 - 1
 MAX_CUDA_INDEX = 127
 #: Seconds between system samples, at most: a longer wait overflowed the sampler's timer (1e30 did).
 MAX_TELEMETRY_INTERVAL_S = 3600.0
+#: Steps one profiler snapshot may record: each adds its events to a trace held in memory until the snapshot ends.
+MAX_PROFILE_STEPS = 1000
 SCHEDULES = ("constant", "cosine", "onecycle")
 _AT_PATTERN = re.compile(r"^\s*(\d+)\s*:\s*([A-Za-z_]+)\s*=\s*(.*?)\s*$")
 
@@ -123,7 +125,8 @@ class TrainConfig:
         _check_float(self.telemetry_interval, "telemetry_interval", positive=False)
         _check(self.telemetry_interval <= MAX_TELEMETRY_INTERVAL_S, "telemetry_interval",
                f"must be at most {MAX_TELEMETRY_INTERVAL_S:g} seconds (0 turns it off)", self.telemetry_interval)
-        _check_int(self.profile_steps, "profile_steps", minimum=1)
+        _check_int(self.profile_steps, "profile_steps", minimum=1, maximum=MAX_PROFILE_STEPS,
+                   hint=f"a whole number from 1 to {MAX_PROFILE_STEPS}")
         _check(isinstance(self.shared_run_dir, bool), "shared_run_dir", "must be true or false", self.shared_run_dir)
         _check(isinstance(self.profile_at, tuple) and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in self.profile_at),
                "profile_at", "must be optimizer steps ≥ 1", self.profile_at)

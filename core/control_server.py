@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from torchlab.core.errors import shown
 from torchlab.core.outbox import Cursor, Outbox
 from torchlab.core.protocol import (
     MAX_LINE_BYTES,
@@ -34,7 +35,6 @@ from torchlab.core.protocol import (
     Refused,
     Welcome,
     decode,
-    quoted,
 )
 
 HELLO_TIMEOUT_S = 5.0
@@ -172,7 +172,7 @@ class ControlServer:
             self._refuse(connection, f"the first message must be hello, not {hello.type}", before_hello=True)
             return None
         if hello.version != PROTOCOL_VERSION:
-            self._refuse(connection, f"protocol version {quoted(hello.version)} is not supported; this trainer speaks {PROTOCOL_VERSION}",
+            self._refuse(connection, f"protocol version {shown(hello.version)} is not supported; this trainer speaks {PROTOCOL_VERSION}",
                          before_hello=True)
             return None
         if not hmac.compare_digest(hello.token.encode(), self._token.encode()):

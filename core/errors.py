@@ -7,6 +7,8 @@ is a bug in torchlab or an error inside the user's training step, reported with 
 
 from __future__ import annotations
 
+import reprlib
+
 
 class TorchlabError(Exception):
     """Base for errors whose message is written for the user."""
@@ -33,15 +35,17 @@ class NonFiniteError(TorchlabError):
         self.report = report
 
 
-#: How much of a value given by someone else an error message repeats.
-SHOWN_CHARS = 60
+#: How much of a value given by someone else a message repeats: each string, number and item, and the whole.
+SHOWN_CHARS = 40
+_shown = reprlib.Repr()
+_shown.maxstring = _shown.maxlong = _shown.maxother = SHOWN_CHARS
+_shown.maxlevel, _shown.maxlist, _shown.maxdict, _shown.maxtuple = 2, 3, 3, 3
 
 
-def shown(value: object, limit: int = SHOWN_CHARS) -> str:
-    """``repr(value)``, cut to ``limit`` characters with an ellipsis: a message names what was given
-    without echoing a megabyte of it back to a terminal, a socket or the run's journal."""
-    try:
-        text = repr(value[: limit + 1] if isinstance(value, str) else value)
-    except ValueError:  # an integer over Python's 4300-digit limit
-        return "an integer too long to show"
-    return text if len(text) <= limit else text[:limit] + "…"
+def shown(value: object) -> str:
+    """A value someone gave (a flag, a TOML value, a peer's message), as a message may repeat it: its
+    repr, cut with ``...``. Repeated whole, a 1 MB string or a 4,000-digit number would become a 1 MB
+    error paragraph, refusal, or line of the run's journal. reprlib cuts each string, number and
+    container's items; the whole of a nested value is cut here too."""
+    text = _shown.repr(value)
+    return text if len(text) <= 2 * SHOWN_CHARS else text[: 2 * SHOWN_CHARS - 3] + "..."

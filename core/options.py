@@ -113,6 +113,8 @@ def _to_float(name: str, value: Any) -> float:
         number = float(str(value).strip()) if not isinstance(value, (int, float)) else float(value)
     except ValueError:
         raise OptionRefused(f"{name} must be a number, got {shown(value)}") from None
+    except OverflowError:  # an integer too large for a float (a 400-digit one from a socket)
+        raise OptionRefused(f"{name} must be a finite number, got {shown(value)}") from None
     if not math.isfinite(number):
         raise OptionRefused(f"{name} must be a finite number, got {shown(value)}")
     return number

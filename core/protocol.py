@@ -13,25 +13,22 @@ travel as arrays aligned with the module names sent once in ``Welcome``.
 from __future__ import annotations
 
 import json
-import reprlib
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from torchlab.core import strict_json
+from torchlab.core.errors import SHOWN_CHARS, shown
 
 PROTOCOL_VERSION = 2  # 2: metrics as a dict of columns
 MAX_LINE_BYTES = 1 << 20
 #: A live option's name and a value typed for it are short; longer ones are refused before anything echoes them.
 MAX_OPTION_CHARS = 64
 MAX_VALUE_CHARS = 256
+#: No option or count is this large; a larger integer (JSON reads up to 4,300 digits) is refused as a
+#: message, before float() of it can overflow or a record repeats it.
+MAX_COMMAND_INT = 10**18
 
 _JSON_SCALAR = (str, int, float, bool, type(None))
-#: At most this much of anything a peer sent is echoed in a reason, so that every refusal stays a short line.
-MAX_ECHO_CHARS = 40
-
-_echo = reprlib.Repr()
-_echo.maxstring = _echo.maxlong = _echo.maxother = MAX_ECHO_CHARS
-_echo.maxlevel, _echo.maxlist, _echo.maxdict, _echo.maxtuple = 2, 3, 3, 3
 
 
 class ProtocolError(ValueError):
@@ -68,19 +65,9 @@ class Message:
         """Checks across fields, after each field's type was checked; raise ProtocolError."""
 
 
-def quoted(value: Any) -> str:
-    """A value a peer sent, as a reason may show it: its repr, cut to about ``MAX_ECHO_CHARS`` with ``...``.
-
-    A reason goes back to the peer and into the run's journal; echoed whole, a 1 MB type string or a
-    4,000-digit version would become a 1 MB refusal and a 1 MB line of ``events.jsonl``. reprlib cuts each
-    string and number, and each container's items; the whole of a nested one is cut here too."""
-    shown = _echo.repr(value)
-    return shown if len(shown) <= 2 * MAX_ECHO_CHARS else shown[: 2 * MAX_ECHO_CHARS - 3] + "..."
-
-
 def _cut(text: str) -> str:
-    """A name a peer chose, unquoted, at most ``MAX_ECHO_CHARS`` characters."""
-    return text if len(text) <= MAX_ECHO_CHARS else text[: MAX_ECHO_CHARS - 3] + "..."
+    """A name a peer chose, unquoted, at most ``SHOWN_CHARS`` characters."""
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
 
 
 def _some(items: list, shown: int = 3) -> str:
@@ -107,11 +94,11 @@ def decode(line: bytes | str, protocol: type[Message] = Message) -> Message:
         raise ProtocolError("message must be a JSON object")
     version = payload.pop("v", None)
     if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {quoted(version)} is not supported; this side speaks version {PROTOCOL_VERSION}")
+        raise ProtocolError(f"protocol version {shown(version)} is not supported; this side speaks version {PROTOCOL_VERSION}")
     kind = payload.pop("type", None)
     cls = protocol.registry.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ProtocolError(f"unknown message type {quoted(kind)}")
+        raise ProtocolError(f"unknown message type {shown(kind)}")
     declared = {f.name: f for f in fields(cls)}
     unknown = set(payload) - set(declared)
     if unknown:
@@ -194,6 +181,7 @@ class SetCommand(Message):
             raise ProtocolError(f"set.option: longer than {MAX_OPTION_CHARS} characters")
         if isinstance(self.value, str) and len(self.value) > MAX_VALUE_CHARS:
             raise ProtocolError(f"set.value: longer than {MAX_VALUE_CHARS} characters")
+        _check_magnitude("set.value", self.value)
 
 
 @dataclass(frozen=True)
@@ -201,6 +189,14 @@ class ProfileCommand(Message):
     type: ClassVar[str] = "profile"
     schema: ClassVar = {"steps": (int,)}
     steps: int = 5
+
+    def validate(self) -> None:
+        _check_magnitude("profile.steps", self.steps)
+
+
+def _check_magnitude(field_name: str, value: Any) -> None:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_COMMAND_INT:
+        raise ProtocolError(f"{field_name}: {shown(value)} is out of range (at most 1e18 in size)")
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ import torch
 
 from torchlab.core.activation_checkpointing import ActivationCheckpointing
 from torchlab.core.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
-from torchlab.core.config import TrainConfig, config_from_toml
+from torchlab.core.config import MAX_PROFILE_STEPS, TrainConfig, config_from_toml
 from torchlab.core.data import BatchStream, DataPosition, evaluation_batches
 from torchlab.core.distributed import (
     PACKET_BYTES,
@@ -46,7 +46,7 @@ from torchlab.core.distributed import (
     seed_rank,
     wrap_model,
 )
-from torchlab.core.errors import ConfigError, NonFiniteError, StorageError, WorkloadError
+from torchlab.core.errors import ConfigError, NonFiniteError, StorageError, WorkloadError, shown
 from torchlab.core.loading import describe_code, user_frame
 from torchlab.core.nonfinite import localise_nonfinite
 from torchlab.core.observer import TrainerObserver
@@ -662,8 +662,8 @@ class Trainer:
             reason = f"a profile is already recording (from step {self._profiling.first_step})"
         elif self.profiles_dir is None:
             reason = "this run has no directory to write profiles to"
-        elif not 1 <= command.steps <= 1000:
-            reason = f"profile steps must be from 1 to 1000, got {command.steps}"
+        elif not 1 <= command.steps <= MAX_PROFILE_STEPS:
+            reason = f"profile steps must be from 1 to {MAX_PROFILE_STEPS}, got {shown(command.steps)}"
         if reason is not None:
             self._emit_event("option_refused", step=step, option="profile", value=command.steps, reason=reason, source=command.source)
             return

@@ -46,9 +46,6 @@ PARENT_POLL_S = 0.5
 REGISTRY_INTERVAL_S = 2.0
 FIRST_CLIENT_GRACE_S = 10.0
 IMPACT_INTERVAL_S = 1.0
-#: An integer in a command beyond this is no option's value (Python reads up to 4,300 digits): refused
-#: before the trainer sees it, where ``float()`` of it raised OverflowError and failed the run.
-MAX_COMMAND_INT = 10**18
 
 _STATE_OF_EVENT = {"run_started": "running", "paused": "paused", "resumed": "running"}
 
@@ -273,10 +270,7 @@ class Worker:
         if trainer is None:
             self.outbox.add_event(p.Log(level="warning", text=f"{command.type}: the trainer is still starting; try again"))
             return
-        out_of_range = self._out_of_range(command)
-        if out_of_range:
-            self._refuse(out_of_range)
-        elif isinstance(command, p.SetCommand):
+        if isinstance(command, p.SetCommand):
             trainer.submit(t.SetOption(command.option, command.value, source="app"))
         elif isinstance(command, p.PauseCommand):
             trainer.submit(t.Pause())
@@ -296,15 +290,6 @@ class Worker:
     def _refuse(self, reason: str) -> None:
         self.outbox.add_event(p.Refused(reason=reason))
         self._journal_refusal(reason, False)
-
-    @staticmethod
-    def _out_of_range(command: p.Message) -> str:
-        """Why a command's number is no value any option or profile takes, or ""."""
-        for name in ("value", "steps"):
-            number = getattr(command, name, None)
-            if isinstance(number, int) and not isinstance(number, bool) and abs(number) > MAX_COMMAND_INT:
-                return f"{command.type}.{name}: {p.quoted(number)} is out of range (at most {MAX_COMMAND_INT:.0e} in size)"
-        return ""
 
     # ------------------------------------------------------------------ refused lines in the journal
     def _open_journal(self, directory: TrainerObserver) -> None:
