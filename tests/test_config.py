@@ -79,6 +79,7 @@ def test_warmup_defaults_to_five_percent_of_steps():
     ({"probe_every": -1}, "probe_every (--probe-every)"), ({"workload": " "}, "workload (--workload)"),
     ({"shared_run_dir": "yes"}, "shared_run_dir (--shared-run-dir) must be true or false; got 'yes'"),
     ({"telemetry_interval": 1e30}, "telemetry_interval (--telemetry-interval) must be at most 3600 seconds"),
+    ({"profile_steps": 10**30}, "profile_steps (--profile-steps) must be a whole number from 1 to 1000"),
 ])
 def test_invalid_settings_name_the_setting(settings, setting):
     with pytest.raises(ConfigError) as raised:
@@ -104,3 +105,11 @@ def test_a_message_names_a_huge_value_without_repeating_it():
     with pytest.raises(ConfigError) as raised:
         TrainConfig(optimizer="x" * 1_000_000)
     assert len(str(raised.value)) < 200 and str(raised.value).endswith("; got 'xxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxx'.")
+
+
+def test_an_integer_too_large_for_a_float_is_a_refused_option_value():
+    """A 400-digit lr_scale in a TOML file: float() of it raised OverflowError, a traceback."""
+    from torchlab.core.options import OptionRefused, parse_option_value
+
+    with pytest.raises(OptionRefused, match=r"lr_scale must be a finite number, got 9{18}\.\.\.9{19}$"):
+        parse_option_value("lr_scale", 10**400 - 1)
