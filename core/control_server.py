@@ -17,7 +17,6 @@ business (the worker maps commands onto the trainer).
 from __future__ import annotations
 
 import hmac
-import os
 import socket
 import threading
 import time
@@ -36,6 +35,7 @@ from torchlab.core.protocol import (
     Welcome,
     decode,
 )
+from torchlab.core.runtime import listen_privately
 
 HELLO_TIMEOUT_S = 5.0
 MAX_AWAITING_HELLO = 64
@@ -94,13 +94,7 @@ class ControlServer:
     def _listen(self) -> socket.socket:
         if self.socket_path.exists():
             self.socket_path.unlink()
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        previous_umask = os.umask(0o177)  # the socket is created 0600: no window where others may connect
-        try:
-            listener.bind(str(self.socket_path))
-        finally:
-            os.umask(previous_umask)
-        listener.listen(socket.SOMAXCONN)  # a burst of connections (a scan, say) must not crowd out the app
+        listener = listen_privately(self.socket_path, socket.SOMAXCONN)  # a burst (a scan, say) must not crowd out the app
         listener.settimeout(0.25)
         return listener
 

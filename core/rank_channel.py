@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
-import os
 import secrets
 import socket
 import sys
@@ -32,7 +31,7 @@ from typing import Any, ClassVar
 from torchlab.core.errors import StorageError
 from torchlab.core.observer import TrainerObserver
 from torchlab.core.protocol import Message, ProtocolError, decode
-from torchlab.core.runtime import runtime_dir
+from torchlab.core.runtime import listen_privately, runtime_dir
 from torchlab.core.throttle import Throttle
 from torchlab.core.trainer import Command, Stop, WorldSizeChange, command_from_json, command_to_json
 
@@ -233,10 +232,7 @@ class RankChannel:
         self._connection: socket.socket | None = None
         self._queued: list[Command] = []
         self._closed = False
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(str(self.path))  # in the 0700 runtime directory: nobody else can reach it meanwhile
-        os.chmod(self.path, 0o600)  # not the process's umask: a folder another thread made meanwhile would get it too
-        self._listener.listen(4)
+        self._listener = listen_privately(self.path, 4)
         self._listener.settimeout(0.25)
         self._thread = threading.Thread(target=self._serve, name="torchlab-rank-channel", daemon=True)
         self._thread.start()

@@ -16,9 +16,11 @@ import json
 import os
 import re
 import secrets
+import shutil
 import socket
 import stat
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,6 +242,26 @@ def _same_path(run_dir: Any, selector: str) -> bool:
         return isinstance(run_dir, str) and Path(run_dir).resolve() == Path(selector).resolve()
     except OSError:
         return False
+
+
+def listen_privately(path: Path, backlog: int = socket.SOMAXCONN) -> socket.socket:
+    """A Unix socket listening at ``path``, 0600 from the moment it can be reached there: bound in a
+    private folder beside it, then renamed into place. (Setting the umask around ``bind`` instead is
+    process-wide: a folder another thread made meanwhile came out 0600, unusable.)"""
+    path = Path(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=".bind-"))
+    try:
+        listener.bind(str(staging / "s"))
+        os.chmod(staging / "s", 0o600)
+        os.replace(staging / "s", path)
+    except BaseException:
+        listener.close()
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    listener.listen(backlog)
+    return listener
 
 
 def die_with_parent(signum: int) -> None:

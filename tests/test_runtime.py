@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import socket
+import stat
 import subprocess
 import sys
 import time
+
+import pytest
 
 from torchlab.core.runtime import ORPHAN_TOKEN_AGE_S, Endpoint, list_runs, runtime_dir
 
@@ -113,3 +117,20 @@ def test_a_run_whose_socket_nobody_serves_is_gone_even_when_its_pid_now_names_an
         forget_gone_runs(entries)  # what attach does once it has listed them
         assert not any(path.exists() for path in (killed.socket_path, killed.token_path, killed.info_path))
         assert all(path.exists() for path in (live.socket_path, live.token_path, live.info_path))
+
+
+def test_a_socket_listens_privately_without_touching_the_process_umask(tmp_path, monkeypatch):
+    """The umask is process-wide: set around bind(), a folder another thread made meanwhile came out 0600."""
+    from torchlab.core.runtime import listen_privately
+
+    monkeypatch.setattr(os, "umask", lambda *_: pytest.fail("the process umask was changed"))
+    listener = listen_privately(tmp_path / "run.sock")
+    try:
+        assert stat.S_ISSOCK((tmp_path / "run.sock").stat().st_mode)
+        assert (tmp_path / "run.sock").stat().st_mode & 0o777 == 0o600
+        assert [path.name for path in tmp_path.iterdir()] == ["run.sock"]  # no staging folder left
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(str(tmp_path / "run.sock"))
+            listener.accept()[0].close()
+    finally:
+        listener.close()
