@@ -257,6 +257,13 @@ class RankChannel:
             self.path.unlink()
         except FileNotFoundError:
             pass
+        unrecorded = self._refusals.flush()
+        if unrecorded:
+            try:
+                self.observer.on_event({"event": "lines_refused_unrecorded", "step": self._step(), "time": time.time(),
+                                        "channel": "rank channel", "count": unrecorded})
+            except StorageError as error:
+                self.storage_failure = self.storage_failure or error
         with self._lock:
             queued, self._queued = self._queued, []
         return queued + (self.outcome.unhandled_commands() if self.outcome is not None else [])

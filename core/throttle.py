@@ -3,7 +3,8 @@
 Refused lines (garbage on the app's socket, a bad line on the rank channel) belong in ``events.jsonl``:
 they say someone or something spoke nonsense to the run. A flood of them must not bury the run's own
 events or fill the disk, so each source journals at most ``burst`` of them per ``window_s`` and counts
-the rest; the next record let through carries that count (``held_back``), so nothing goes unsaid.
+the rest; the next record let through carries that count (``held_back``), and at the end ``flush``
+gives what is left to count, so nothing goes unsaid.
 """
 
 from __future__ import annotations
@@ -36,5 +37,11 @@ class Throttle:
                 self._held_back += 1
                 return None
             self._admitted += 1
+            held_back, self._held_back = self._held_back, 0
+            return held_back
+
+    def flush(self) -> int:
+        """The records held back since the last one let through (to journal as a count at the end)."""
+        with self._lock:
             held_back, self._held_back = self._held_back, 0
             return held_back

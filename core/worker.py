@@ -300,6 +300,10 @@ class Worker:
 
     def _close_journal(self) -> None:
         with self._journal_lock:
+            unrecorded = self._refusals.flush()
+            if unrecorded and self._journal is not None:
+                self._write_refusal({"event": "lines_refused_unrecorded", "step": self.reporter.step, "time": time.time(),
+                                     "channel": "app socket", "count": unrecorded})
             self._journal, self._journal_closed = None, True
 
     def _journal_refusal(self, reason: str, before_hello: bool) -> None:

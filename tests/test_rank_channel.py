@@ -143,6 +143,11 @@ def test_a_flood_of_bad_lines_reaches_the_journal_as_a_burst_and_a_count(supervi
     rank0.send(b"garbage\n" + metrics_line(2))
     until(lambda: len(recorder.metrics) == 2, "the second report")
     assert recorder.refusals()[-1]["held_back"] == 50
+    rank0.send(b"garbage\n" * (burst + 5) + metrics_line(3))  # the window is full again: 5 held back at the end
+    until(lambda: len(recorder.metrics) == 3, "the third report")
+    rank0.close()
+    channel.close()
+    assert recorder.events[-1] == {**recorder.events[-1], "event": "lines_refused_unrecorded", "channel": "rank channel", "count": 6}
 
 
 def test_a_connection_without_the_token_is_refused_and_rank_0_still_gets_in(supervisor_end):

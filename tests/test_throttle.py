@@ -13,3 +13,9 @@ def test_a_burst_per_window_then_the_count_of_what_was_held_back():
     assert throttle.admit() is None
     now[0] = 60.0  # a new window: the first record through carries the three held back
     assert [throttle.admit() for _ in range(4)] == [3, 0, 0, None]
+
+
+def test_flush_gives_what_is_left_to_count_at_the_end():
+    throttle = Throttle(burst=1, window_s=60.0, clock=lambda: 0.0)
+    assert [throttle.admit() for _ in range(4)] == [0, None, None, None]
+    assert throttle.flush() == 3 and throttle.flush() == 0

@@ -98,6 +98,11 @@ def test_refused_lines_are_journalled_a_burst_a_minute_before_and_after_the_hell
     link.send(p.SetCommand(option="accum", value="2"))
     applied = seen.until(lambda m: isinstance(m, p.OptionApplied) and m.option == "accum")
     seen.until(lambda m: isinstance(m, p.Metrics) and m.records[-1]["step"] > applied.step)
+    assert link.close(grace_s=60) == 0  # the run ends: what the journal held back is counted there
+    events = [json.loads(line) for line in (link.run_dir / "events.jsonl").read_text().splitlines()]
+    refused = [e for e in events if e["event"] == "line_refused"]
+    [unrecorded] = [e for e in events if e["event"] == "lines_refused_unrecorded"]
+    assert len(refused) + sum(r["held_back"] for r in refused) + unrecorded["count"] == flood + 1  # and the stranger's
 
 
 def test_a_number_too_large_for_any_option_is_refused_not_a_failed_run(link_for):
