@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -34,6 +35,20 @@ MAX_TELEMETRY_INTERVAL_S = 3600.0
 #: Steps one profiler snapshot may record: each adds its events to a trace held in memory until the snapshot ends.
 MAX_PROFILE_STEPS = 1000
 SCHEDULES = ("constant", "cosine", "onecycle")
+
+
+def usable_cpus() -> int:
+    """The CPU cores this process may run on (its affinity, which a container or taskset narrows)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def max_workers() -> int:
+    """The most data-loader workers a run may ask for here: each is a process with a copy of the dataset,
+    so ``--workers 1000`` (a typo) forked a thousand and brought a 2-core box to a load of 200."""
+    return max(8, 4 * usable_cpus())
 _AT_PATTERN = re.compile(r"^\s*(\d+)\s*:\s*([A-Za-z_]+)\s*=\s*(.*?)\s*$")
 
 
@@ -116,7 +131,9 @@ class TrainConfig:
         _check(self.schedule in SCHEDULES, "schedule", f"must be one of {', '.join(SCHEDULES)}", self.schedule)
         if self.warmup_steps is not None:
             _check_int(self.warmup_steps, "warmup_steps", minimum=0)
-        _check_int(self.workers, "workers", minimum=0)
+        _check_int(self.workers, "workers", minimum=0, maximum=max_workers(),
+                   hint=f"a whole number from 0 (load in the training process) to {max_workers()} on this machine "
+                        f"({usable_cpus()} usable CPU cores; more workers than cores only compete)")
         for name in ("eval_every", "checkpoint_every", "act_stats_every"):
             _check_int(getattr(self, name), name, minimum=0)
         _check_int(self.eval_batches, "eval_batches", minimum=1)

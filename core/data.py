@@ -21,8 +21,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
-from torchlab.core.distributed import usable_cpus
-from torchlab.core.errors import ConfigError, WorkloadError
+from torchlab.core.errors import WorkloadError
 
 
 @dataclass
@@ -88,12 +87,6 @@ class _RankSlices(IterableDataset):
             yield from chunk[self.first : self.last]
 
 
-def max_workers() -> int:
-    """The most data-loader workers a run may ask for: each is a process with a copy of the dataset, so
-    ``--workers 1000`` (a typo) forked a thousand and brought a 2-core box to a load of 200."""
-    return max(8, 4 * usable_cpus())
-
-
 class BatchStream:
     """An endless stream of this rank's training batches on the device, epoch after epoch.
 
@@ -115,11 +108,6 @@ class BatchStream:
     ) -> None:
         if batch_size % world_size:
             raise ValueError(f"the batch of {batch_size} does not split into {world_size} equal parts")
-        if workers > max_workers():
-            raise ConfigError(
-                f"workers (--workers) {workers}: more data-loader processes than this machine can run usefully "
-                f"({usable_cpus()} usable CPU cores); at most {max_workers()} here, and fewer than the cores is usual."
-            )
         self.dataset = dataset
         self.batch_size = batch_size
         self.local_batch_size = batch_size // world_size

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from torchlab.core import strict_json
+from torchlab.core.config import usable_cpus
 from torchlab.core.loopback_rendezvous import keep_ranks_on_loopback
 from torchlab.core.options import OptionRefused
 
@@ -93,13 +94,6 @@ def open_process_group(context: RankContext, device: torch.device) -> None:
 def close_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def check_world_size(world_size: int, *, device: torch.device, batch_size: int) -> None:

@@ -113,3 +113,12 @@ def test_an_integer_too_large_for_a_float_is_a_refused_option_value():
 
     with pytest.raises(OptionRefused, match=r"lr_scale must be a finite number, got 9{18}\.\.\.9{19}$"):
         parse_option_value("lr_scale", 10**400 - 1)
+
+
+def test_more_data_loader_workers_than_the_machine_can_run_is_refused():
+    """``--workers 1000`` (found by fuzzing the CLI) forked a thousand workers: a load of 200 on 2 cores."""
+    from torchlab.core.config import max_workers
+
+    with pytest.raises(ConfigError, match=rf"workers \(--workers\) must be a whole number from 0 .* to {max_workers()} on this machine"):
+        TrainConfig(workers=1000)
+    assert TrainConfig(workers=max_workers()).workers == max_workers()

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 from torch.utils.data import IterableDataset
 
 from trainers import make_trainer
-from torchlab.core.data import BatchStream, DataPosition, max_workers
-from torchlab.core.errors import ConfigError
+from torchlab.core.data import BatchStream, DataPosition
 
 
 def test_worker_processes_give_the_same_training_as_the_main_process():
@@ -106,9 +104,3 @@ def test_iterable_datasets_are_sliced_per_global_batch():
     resumed = local_batches(Counting(21), world_size=2, rank=1, batch_size=4, count=1, position=DataPosition(0, 8))
     assert resumed == [[10.0, 11.0]]
 
-
-def test_more_workers_than_the_machine_can_run_is_refused_before_any_process_starts():
-    """``--workers 1000`` (found by fuzzing the CLI) forked a thousand workers: a load of 200 on 2 cores."""
-    with pytest.raises(ConfigError, match=r"workers \(--workers\) 1000: .* at most \d+ here"):
-        BatchStream(torch.arange(64.0), batch_size=4, collate_fn=None, workers=1000, seed=0, device=torch.device("cpu"))
-    BatchStream(torch.arange(64.0), batch_size=4, collate_fn=None, workers=max_workers(), seed=0, device=torch.device("cpu"))
