@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import socket
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -96,12 +97,18 @@ def journal_is_clean(link) -> list[dict]:
     return refused
 
 
-def test_garbage_and_odd_commands_from_the_app_never_stop_the_trainer(link_for):
+@pytest.mark.parametrize("batches", [
+    st.lists(lines, min_size=1, max_size=5),  # garbage and odd commands
+    st.lists(hostile_lines, min_size=1, max_size=3),  # oversized numbers, deep nesting, invalid UTF-8, lines at and over the cap
+], ids=["odd-commands", "hostile-lines"])
+def test_lines_from_the_app_are_refused_and_the_trainer_trains_on(link_for, batches):
+    """On the app's own connection, each bad line is refused (the connection stays: closing it would be the
+    app leaving, which stops the run), and the trainer trains on and obeys."""
     link, seen = link_for(f"{TINY}:workload", "--steps", "1000000", "--checkpoint-every", "0")
     seen.until(lambda m: isinstance(m, p.Metrics))
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(st.lists(lines, min_size=1, max_size=5))
+    @FUZZ
+    @given(batches)
     def send(batch):
         for line in batch:
             link._socket.sendall(line)
@@ -109,24 +116,6 @@ def test_garbage_and_odd_commands_from_the_app_never_stop_the_trainer(link_for):
     send()
     trains_on_and_obeys(link, seen, accum=3)
     assert seen.of(p.Refused), "the garbage was answered with refusals"
-    assert all(len(m.reason) <= REASON_CHARS for m in seen.of(p.Refused))
-    journal_is_clean(link)
-
-
-def test_hostile_lines_from_the_app_are_refused_and_the_trainer_trains_on(link_for):
-    """Oversized numbers, deep nesting, invalid UTF-8, lines at and over the cap, on the app's own
-    connection: each refused (the connection stays: closing it would be the app leaving, which stops the run)."""
-    link, seen = link_for(f"{TINY}:workload", "--steps", "1000000", "--checkpoint-every", "0")
-    seen.until(lambda m: isinstance(m, p.Metrics))
-
-    @FUZZ
-    @given(st.lists(hostile_lines, min_size=1, max_size=3))
-    def send(batch):
-        for line in batch:
-            link._socket.sendall(line)
-
-    send()
-    trains_on_and_obeys(link, seen, accum=3)
     assert all(len(m.reason) <= REASON_CHARS for m in seen.of(p.Refused))
     assert any(r["before_hello"] is False for r in journal_is_clean(link))
 
