@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from torchlab.core.errors import shown
+from torchlab.core.line_reader import LineReader
 from torchlab.core.outbox import Cursor, Outbox
 from torchlab.core.protocol import (
     MAX_LINE_BYTES,
@@ -151,9 +152,9 @@ class ControlServer:
         if hello is not None:
             self._serve_app(connection, hello)
 
-    def _read_hello(self, connection: socket.socket) -> _LineReader | None:
+    def _read_hello(self, connection: socket.socket) -> LineReader | None:
         """The reader of a connection that said a hello with this run's token, or None (refused, closed)."""
-        reader = _LineReader(connection)
+        reader = LineReader(connection, MAX_LINE_BYTES)
         try:
             hello = decode(reader.next_line(deadline=time.monotonic() + HELLO_TIMEOUT_S))
         except (ProtocolError, OSError, EOFError) as error:
@@ -174,7 +175,7 @@ class ControlServer:
             return None
         return reader
 
-    def _serve_app(self, connection: socket.socket, reader: _LineReader) -> None:
+    def _serve_app(self, connection: socket.socket, reader: LineReader) -> None:
         with self._controller_lock:
             taken = self._controller is not None
             if not taken:
@@ -204,7 +205,7 @@ class ControlServer:
             if not self._closed.is_set():
                 self._on_client_gone()
 
-    def _read_commands(self, connection: socket.socket, reader: _LineReader) -> None:
+    def _read_commands(self, connection: socket.socket, reader: LineReader) -> None:
         """Dispatch commands until the client leaves."""
         while not self._closed.is_set():
             try:
@@ -244,47 +245,6 @@ class ControlServer:
                 _shutdown(connection)
                 return
             self._outbox.wait_for_event(cursor, GATHER_S)
-
-
-class _LineReader:
-    """Reads newline-terminated lines of at most MAX_LINE_BYTES from a socket; ``received`` counts the bytes.
-
-    A line over the limit raises ProtocolError once; the next call skips the rest of it and reads on."""
-
-    def __init__(self, connection: socket.socket) -> None:
-        self._connection = connection
-        self._buffer = bytearray()
-        self._skipping = False  # in the middle of an over-long line
-        self.received = 0
-
-    def next_line(self, deadline: float | None = None) -> bytes:
-        """The next line; by ``deadline`` (``time.monotonic()``), if given, or TimeoutError: a peer that sends
-        a byte now and then must not hold its connection past it."""
-        while True:
-            newline = self._buffer.find(b"\n")
-            if newline >= 0:
-                line = bytes(self._buffer[:newline])
-                del self._buffer[: newline + 1]
-                if self._skipping:  # the end of an over-long line, already refused
-                    self._skipping = False
-                    continue
-                return line
-            if self._skipping:
-                self._buffer.clear()
-            elif len(self._buffer) > MAX_LINE_BYTES:
-                self._skipping = True
-                self._buffer.clear()
-                raise ProtocolError(f"message exceeds the limit of {MAX_LINE_BYTES} bytes")
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError("timed out")
-                self._connection.settimeout(remaining)
-            chunk = self._connection.recv(65536)
-            if not chunk:
-                raise EOFError("connection closed")
-            self.received += len(chunk)
-            self._buffer += chunk
 
 
 def _refuse(connection: socket.socket, reason: str) -> None:

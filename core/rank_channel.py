@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from torchlab.core.errors import StorageError
+from torchlab.core.line_reader import LineReader
 from torchlab.core.observer import TrainerObserver
 from torchlab.core.protocol import Message, ProtocolError, decode
 from torchlab.core.runtime import listen_privately, runtime_dir
@@ -160,47 +161,8 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-class _Lines:
-    """Newline-terminated lines from a socket. A line over MAX_LINE_BYTES is dropped up to its newline and
-    given as ``None``, so the reader refuses it and goes on. EOF and socket errors end the iteration
-    (``ended_by`` says which)."""
-
-    def __init__(self, connection: socket.socket) -> None:
-        self._connection = connection
-        self._buffer = bytearray()
-        self._skipping = False
-        self.ended_by = ""
-
-    def __iter__(self):
-        while True:
-            newline = self._buffer.find(b"\n")
-            if newline >= 0:
-                line = bytes(self._buffer[:newline])
-                del self._buffer[: newline + 1]
-                if self._skipping or len(line) > MAX_LINE_BYTES:
-                    self._skipping = False
-                    yield None
-                else:
-                    yield line
-                continue
-            if len(self._buffer) > MAX_LINE_BYTES:
-                self._buffer.clear()
-                self._skipping = True
-            try:
-                chunk = self._connection.recv(1 << 16)
-            except OSError as error:
-                self.ended_by = f"{type(error).__name__}: {error}"
-                return
-            if not chunk:
-                self.ended_by = "closed by the other side"
-                return
-            self._buffer += chunk
-
-
-def _read(line: bytes | None) -> RankMessage:
-    if line is None:
-        raise ProtocolError(f"a line longer than {MAX_LINE_BYTES} bytes")
-    return decode(line, RankMessage)
+def _how_it_ended(error: BaseException) -> str:
+    return "closed by the other side" if isinstance(error, EOFError) else f"{type(error).__name__}: {error}"
 
 
 def _send(connection: socket.socket, message: RankMessage) -> None:
@@ -281,14 +243,12 @@ class RankChannel:
 
     def _welcomed(self, connection: socket.socket) -> bool:
         """Rank 0's hello with this launch's token; anything else is refused and that connection closed."""
-        connection.settimeout(HELLO_TIMEOUT_S)
-        reader = _Lines(connection)
-        lines = iter(reader)
+        reader = LineReader(connection, MAX_LINE_BYTES)
         try:
-            hello = _read(next(lines, b""))
+            hello = decode(reader.next_line(deadline=time.monotonic() + HELLO_TIMEOUT_S), RankMessage)
             if not isinstance(hello, RankHello) or not hmac.compare_digest(hello.token.encode(), self.token.encode()):
                 raise ProtocolError("expected rank 0's hello with this launch's token")
-        except ProtocolError as error:
+        except (ProtocolError, EOFError, OSError) as error:
             self._refuse(connection, str(error), before_hello=True)
             _close(connection)
             return False
@@ -298,22 +258,25 @@ class RankChannel:
             queued, self._queued = self._queued, []
         for command in queued:
             self.send(command)
-        self._relay(connection, reader, lines)
+        self._relay(connection, reader)
         return True
 
-    def _relay(self, connection: socket.socket, reader: _Lines, lines) -> None:
+    def _relay(self, connection: socket.socket, reader: LineReader) -> None:
         """Rank 0's reports until it closes the channel; ``broken`` says how it ended if no outcome came."""
-        for line in lines:
+        while True:
             try:
-                message = _read(line)
+                message = decode(reader.next_line(), RankMessage)
             except ProtocolError as error:
                 self._refuse(connection, str(error), before_hello=False)
                 continue
+            except (EOFError, OSError) as error:
+                ended_by = _how_it_ended(error)
+                break
             self._dispatch_or_stop(message, connection)
         with self._lock:
             self._connection = None
         if self.outcome is None:
-            self.broken = f"the channel from rank 0 ended before it reported how its run ended ({reader.ended_by})"
+            self.broken = f"the channel from rank 0 ended before it reported how its run ended ({ended_by})"
         _close(connection)
 
     def _refuse(self, connection: socket.socket, reason: str, *, before_hello: bool) -> None:
@@ -435,20 +398,22 @@ class SupervisorLink(TrainerObserver):
             self.trainer.request_stop("the supervisor went away")
 
     def _read_commands(self) -> None:
-        lines = _Lines(self._socket)
-        for line in lines:
+        reader = LineReader(self._socket, MAX_LINE_BYTES)
+        while True:
             try:
-                message = _read(line)
+                message = decode(reader.next_line(), RankMessage)
             except ProtocolError as error:
                 self._answer_refused(str(error))
                 continue
+            except (EOFError, OSError) as error:
+                self._break(_how_it_ended(error))
+                return
             if isinstance(message, CommandMessage):
                 self.trainer.submit(message.as_command())
             elif isinstance(message, ChannelRefused):  # the supervisor could not read a report of ours
                 print(f"torchlab rank 0: the supervisor refused a report: {message.reason}", file=sys.stderr, flush=True)
             else:
                 self._answer_refused(f"{message.type} is not a command")
-        self._break(lines.ended_by)
 
     def _answer_refused(self, reason: str) -> None:
         with self._lock:

@@ -127,7 +127,7 @@ def test_a_line_over_the_cap_is_skipped_to_its_newline_and_refused(supervisor_en
     channel, recorder, connect = supervisor_end
     rank0 = connect(channel.token)
     rank0.send(b'{"v": 2, "type": "telemetry", "sample": {"x": "' + b"y" * 20_000 + b'"}}\n' + metrics_line(7))
-    assert "longer than 4096 bytes" in rank0.read().reason
+    assert "exceeds the limit of 4096 bytes" in rank0.read().reason
     until(lambda: recorder.metrics, "the report after the long line")
     assert recorder.metrics == [{"step": 7, "loss": 2.5}]
 
