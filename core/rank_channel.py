@@ -33,7 +33,7 @@ from torchlab.core.line_reader import LineReader
 from torchlab.core.observer import TrainerObserver
 from torchlab.core.protocol import Message, ProtocolError, decode
 from torchlab.core.runtime import listen_privately, runtime_dir
-from torchlab.core.throttle import Throttle
+from torchlab.core.throttle import RefusedLines
 from torchlab.core.trainer import Command, Stop, WorldSizeChange, command_from_json, command_to_json
 
 #: A report of a model with many thousands of modules is a long line (a name and a norm per module, twice);
@@ -189,7 +189,7 @@ class RankChannel:
         #: a record rank 0 sent could not be written to the run directory: the ranks were asked to stop
         self.storage_failure: StorageError | None = None
         self._step = step
-        self._refusals = Throttle()
+        self._refusals = RefusedLines("rank channel")
         self._lock = threading.Lock()
         self._connection: socket.socket | None = None
         self._queued: list[Command] = []
@@ -219,11 +219,10 @@ class RankChannel:
             self.path.unlink()
         except FileNotFoundError:
             pass
-        unrecorded = self._refusals.flush()
+        unrecorded = self._refusals.unrecorded(self._step())
         if unrecorded:
             try:
-                self.observer.on_event({"event": "lines_refused_unrecorded", "step": self._step(), "time": time.time(),
-                                        "channel": "rank channel", "count": unrecorded})
+                self.observer.on_event(unrecorded)
             except StorageError as error:
                 self.storage_failure = self.storage_failure or error
         with self._lock:
@@ -287,14 +286,11 @@ class RankChannel:
         self._journal_refusal(reason, before_hello=before_hello, by="supervisor")
 
     def _journal_refusal(self, reason: str, *, before_hello: bool, by: str) -> None:
-        held_back = self._refusals.admit()
-        if held_back is None:
+        record = self._refusals.record(self._step(), reason, before_hello=before_hello, refused_by=by)
+        if record is None:
             return
         try:
-            self.observer.on_event({
-                "event": "line_refused", "step": self._step(), "time": time.time(), "channel": "rank channel",
-                "refused_by": by, "before_hello": before_hello, "reason": reason, "held_back": held_back,
-            })
+            self.observer.on_event(record)
         except StorageError as error:
             self._storage_failed(error)
 

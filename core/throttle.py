@@ -1,4 +1,4 @@
-"""A limit on how often one kind of record reaches the run's journal.
+"""Refused lines in the run's journal, and the limit on how often they reach it.
 
 Refused lines (garbage on the app's socket, a bad line on the rank channel) belong in ``events.jsonl``:
 they say someone or something spoke nonsense to the run. A flood of them must not bury the run's own
@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 
 class Throttle:
@@ -45,3 +46,28 @@ class Throttle:
         with self._lock:
             held_back, self._held_back = self._held_back, 0
             return held_back
+
+
+class RefusedLines:
+    """The journal's records of the lines one channel refused (``app socket``, ``rank channel``):
+    ``line_refused`` for at most a burst a window, and at the end ``lines_refused_unrecorded`` with the
+    count of what was held back since the last one. The caller writes the records it is given."""
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+        self.throttle = Throttle()
+
+    def record(self, step: int, reason: str, *, before_hello: bool, **details: Any) -> dict[str, Any] | None:
+        """The ``line_refused`` record to write for this refusal, or None to hold it back (it is counted)."""
+        held_back = self.throttle.admit()
+        if held_back is None:
+            return None
+        return {"event": "line_refused", "step": step, "time": time.time(), "channel": self.channel, **details,
+                "before_hello": before_hello, "reason": reason, "held_back": held_back}
+
+    def unrecorded(self, step: int) -> dict[str, Any] | None:
+        """At the end: the record of the refusals held back since the last one written, if any were."""
+        count = self.throttle.flush()
+        if not count:
+            return None
+        return {"event": "lines_refused_unrecorded", "step": step, "time": time.time(), "channel": self.channel, "count": count}

@@ -37,7 +37,7 @@ from torchlab.core.impact import ImpactTracker
 from torchlab.core.observer import TrainerObserver
 from torchlab.core.outbox import Outbox
 from torchlab.core.runtime import Endpoint, die_with_parent
-from torchlab.core.throttle import Throttle
+from torchlab.core.throttle import RefusedLines
 
 #: The parent-death signal: its own signal, so that a detached trainer can ignore it while a plain
 #: SIGTERM (someone's ``kill``) still stops it.
@@ -157,7 +157,7 @@ class Worker:
         self._final_published = False
         # Refused lines go to the run's journal, at most a burst a minute. Until the run directory is open
         # they wait in ``_unjournalled`` (the throttle bounds them); once it is closed they are dropped.
-        self._refusals = Throttle()
+        self._refusals = RefusedLines("app socket")
         self._journal_lock = threading.Lock()
         self._journal: TrainerObserver | None = None
         self._journal_closed = False
@@ -300,20 +300,17 @@ class Worker:
 
     def _close_journal(self) -> None:
         with self._journal_lock:
-            unrecorded = self._refusals.flush()
+            unrecorded = self._refusals.unrecorded(self.reporter.step)
             if unrecorded and self._journal is not None:
-                self._write_refusal({"event": "lines_refused_unrecorded", "step": self.reporter.step, "time": time.time(),
-                                     "channel": "app socket", "count": unrecorded})
+                self._write_refusal(unrecorded)
             self._journal, self._journal_closed = None, True
 
     def _journal_refusal(self, reason: str, before_hello: bool) -> None:
         """A line refused on the app's socket, in ``events.jsonl`` (at most a burst a minute; the next record
         let through says how many were held back). Called on connection threads: it never raises."""
-        held_back = self._refusals.admit()
-        if held_back is None:
+        record = self._refusals.record(self.reporter.step, reason, before_hello=before_hello)
+        if record is None:
             return
-        record = {"event": "line_refused", "step": self.reporter.step, "time": time.time(), "channel": "app socket",
-                  "before_hello": before_hello, "reason": reason, "held_back": held_back}
         with self._journal_lock:
             if self._journal is not None:
                 self._write_refusal(record)

@@ -135,11 +135,11 @@ def test_a_line_over_the_cap_is_skipped_to_its_newline_and_refused(supervisor_en
 def test_a_flood_of_bad_lines_reaches_the_journal_as_a_burst_and_a_count(supervisor_end):
     channel, recorder, connect = supervisor_end
     rank0 = connect(channel.token)
-    burst = channel._refusals.burst
+    burst = channel._refusals.throttle.burst
     rank0.send(b"garbage\n" * (burst + 50) + metrics_line(1))
     until(lambda: recorder.metrics, "the report after the flood")
     assert len(recorder.refusals()) == burst
-    channel._refusals._window_start -= channel._refusals.window_s  # a minute later
+    channel._refusals.throttle._window_start -= channel._refusals.throttle.window_s  # a minute later
     rank0.send(b"garbage\n" + metrics_line(2))
     until(lambda: len(recorder.metrics) == 2, "the second report")
     assert recorder.refusals()[-1]["held_back"] == 50
