@@ -30,7 +30,7 @@ WARMUP_STEPS = 10
 
 
 def scaling(workload: str, world_size: int, steps: int) -> dict[str, float]:
-    from torchlab.core.cli import main
+    from torchlab.core.launch.cli import main
 
     with tempfile.TemporaryDirectory() as directory:
         run = Path(directory) / "run"
@@ -56,8 +56,8 @@ def _time_collectives(calls: int) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
-    from torchlab.core.distributed import Collectives, open_process_group, rank_from_environment
-    from torchlab.core.trainer import SetOption, command_to_json
+    from torchlab.core.engine.distributed import Collectives, open_process_group, rank_from_environment
+    from torchlab.core.engine.trainer import SetOption, command_to_json
 
     context = rank_from_environment(supervised=True)
     device = torch.device("cpu")

@@ -18,9 +18,9 @@ import threading
 import time
 from pathlib import Path
 
-from torchlab.core import protocol as p
-from torchlab.core.control_server import ControlServer
-from torchlab.core.outbox import Outbox
+from torchlab.core.wire import protocol as p
+from torchlab.core.wire.control_server import ControlServer
+from torchlab.core.wire.outbox import Outbox
 
 
 class Firehose:

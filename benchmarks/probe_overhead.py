@@ -28,10 +28,10 @@ import warnings
 
 import torch
 
-from torchlab.core.config import build_config
-from torchlab.core.headless import seed_everything
-from torchlab.core.loading import load_workload
-from torchlab.core.trainer import Trainer
+from torchlab.core.wire.config import build_config
+from torchlab.core.engine.seeding import seed_everything
+from torchlab.core.engine.loading import load_workload
+from torchlab.core.engine.trainer import Trainer
 
 
 class BareLoop:

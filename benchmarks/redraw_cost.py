@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "tui")
 
 from fake_link import FakeLink, quiet_app, record, training_events  # noqa: E402
 
-from torchlab.core import protocol  # noqa: E402
+from torchlab.core.wire import protocol  # noqa: E402
 from torchlab.tui.widgets.line_chart import LineChart  # noqa: E402
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-from torchlab.core.protocol import OptionApplied
+from torchlab.core.wire.protocol import OptionApplied
 from torchlab.tui.app import make_app, tune_garbage_collection
 from torchlab.tui.link import ProcessLink
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from torchlab.core.activation_checkpointing import ActivationCheckpointing, default_checkpoint_blocks
-from torchlab.core.headless import seed_everything
+from torchlab.core.engine.activation_checkpointing import ActivationCheckpointing, default_checkpoint_blocks
+from torchlab.core.engine.seeding import seed_everything
 from torchlab.sample_models import convnet, tiny_gpt
 
 SMALL_GPT = dict(d_model=32, n_layers=3, n_heads=2, context_length=16, num_train=64, num_val=16)

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from trainers import WORKLOADS
-from torchlab.core.cli import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE, main
+from torchlab.core.launch.arguments import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE
+from torchlab.core.launch.cli import main
 
 TINY = WORKLOADS / "tiny.py"
 
@@ -169,7 +170,7 @@ def test_console_script_end_to_end(tmp_path):
 
 def test_the_cli_module_does_not_import_torch():
     """The app's process runs the CLI; torch must load only in the trainer (or a headless run)."""
-    code = "import sys, torchlab.core.cli, torchlab.core.config, torchlab.core.loading; sys.exit('torch' in sys.modules)"
+    code = "import sys, torchlab.core.launch.cli, torchlab.core.wire.config, torchlab.core.engine.loading; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -210,7 +211,7 @@ def test_a_config_file_nested_too_deeply_is_one_paragraph(tmp_path, capsys, toml
 
 
 def test_a_runtime_directory_that_is_not_safe_is_one_paragraph_for_attach_and_for_ranks(tmp_path, capsys, monkeypatch):
-    from torchlab.core.attach import main as attach
+    from torchlab.core.launch.attach import main as attach
 
     unsafe = tmp_path / "xdg" / "torchlab"
     unsafe.mkdir(parents=True, mode=0o755)

@@ -6,10 +6,10 @@ import tomllib
 
 import pytest
 
-from torchlab.core.config import ScheduledChange, TrainConfig, build_config
-from torchlab.core.errors import ConfigError, WorkloadError
-from torchlab.core.loading import check_spec, workload_label
-from torchlab.core.options import LiveOptions, OptionRefused, format_option_value, parse_option_value
+from torchlab.core.wire.config import ScheduledChange, TrainConfig, build_config
+from torchlab.core.wire.errors import ConfigError, WorkloadError
+from torchlab.core.engine.loading import check_spec, workload_label
+from torchlab.core.wire.options import LiveOptions, OptionRefused, format_option_value, parse_option_value
 
 
 @pytest.mark.parametrize("option, text, value", [
@@ -109,7 +109,7 @@ def test_a_message_names_a_huge_value_without_repeating_it():
 
 def test_an_integer_too_large_for_a_float_is_a_refused_option_value():
     """A 400-digit lr_scale in a TOML file: float() of it raised OverflowError, a traceback."""
-    from torchlab.core.options import OptionRefused, parse_option_value
+    from torchlab.core.wire.options import OptionRefused, parse_option_value
 
     with pytest.raises(OptionRefused, match=r"lr_scale must be a finite number, got 9{18}\.\.\.9{19}$"):
         parse_option_value("lr_scale", 10**400 - 1)
@@ -117,7 +117,7 @@ def test_an_integer_too_large_for_a_float_is_a_refused_option_value():
 
 def test_more_data_loader_workers_than_the_machine_can_run_is_refused():
     """``--workers 1000`` (found by fuzzing the CLI) forked a thousand workers: a load of 200 on 2 cores."""
-    from torchlab.core.config import max_workers
+    from torchlab.core.wire.config import max_workers
 
     with pytest.raises(ConfigError, match=rf"workers \(--workers\) must be a whole number from 0 .* to {max_workers()} on this machine"):
         TrainConfig(workers=1000)

@@ -1,4 +1,4 @@
-"""The app's socket in-process (core/control_server.py): what it answers a stranger, what it passes on as a
+"""The app's socket in-process (core/wire/control_server.py): what it answers a stranger, what it passes on as a
 refused line, and that no burst of connections crowds out the app. Issue 12, item 2. The trainer process
 behind it is tests/process/test_hostile_lines.py's business; here a Welcome and a list stand in for it."""
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from torchlab.core import control_server as cs
-from torchlab.core import protocol as p
-from torchlab.core.outbox import Outbox
+from torchlab.core.wire import control_server as cs
+from torchlab.core.wire import protocol as p
+from torchlab.core.wire.outbox import Outbox
 
 TOKEN = "ab" * 16
 WAIT_S = 30.0

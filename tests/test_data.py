@@ -6,7 +6,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from trainers import make_trainer
-from torchlab.core.data import BatchStream, DataPosition
+from torchlab.core.engine.data import BatchStream, DataPosition
 
 
 def test_worker_processes_give_the_same_training_as_the_main_process():
@@ -75,7 +75,7 @@ def test_ranks_together_read_the_single_process_batches():
 def test_the_sampler_is_distributed_sampler_with_set_epoch():
     from torch.utils.data import DistributedSampler
 
-    from torchlab.core.data import ResumableDistributedSampler, epoch_seed
+    from torchlab.core.engine.data import ResumableDistributedSampler, epoch_seed
 
     data = torch.utils.data.TensorDataset(torch.arange(23.0))
     for rank in range(3):

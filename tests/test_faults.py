@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from trainers import TINY, make_trainer
-from torchlab.core.checkpoint import load_checkpoint, save_checkpoint
-from torchlab.core.cli import EXIT_FAILED, main
-from torchlab.core.errors import StorageError
+from torchlab.core.engine.checkpoint import load_checkpoint, save_checkpoint
+from torchlab.core.launch.arguments import EXIT_FAILED
+from torchlab.core.launch.cli import main
+from torchlab.core.wire.errors import StorageError
 
 WORKLOADS = Path(__file__).parent / "workloads" / "tiny.py"
 
@@ -72,7 +73,7 @@ def test_a_full_disk_for_the_metrics_stops_the_run_with_a_clear_message(tmp_path
 KILLED_MID_WRITE = textwrap.dedent("""
     import sys, torch
     from pathlib import Path
-    from torchlab.core.checkpoint import save_checkpoint
+    from torchlab.core.engine.checkpoint import save_checkpoint
 
     directory = Path(sys.argv[1])
     save_checkpoint(directory, 1, {"weights": torch.ones(1000)}, keep=3)

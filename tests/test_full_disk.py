@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from torchlab.core.checkpoint import load_checkpoint
+from torchlab.core.engine.checkpoint import load_checkpoint
 
 #: A checkpoint of this workload takes about 420 kB (weights, and AdamW's two moments for each).
 WORKLOAD = textwrap.dedent("""
@@ -81,7 +81,7 @@ def leave_free(disk: Path, room: int, name: str = "filler") -> Path:
 
 def headless(disk: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "torchlab.core.cli", *args, "--headless", "--telemetry-interval", "0", "--eval-every", "0"],
+        [sys.executable, "-m", "torchlab.core.launch.cli", *args, "--headless", "--telemetry-interval", "0", "--eval-every", "0"],
         capture_output=True, text=True, timeout=120,
     )
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchlab.core.observer import TrainerObserver
+from torchlab.core.wire.observer import TrainerObserver
 from trainers import make_trainer
-from torchlab.core.checkpoint import load_checkpoint
-from torchlab.core.trainer import Stop
+from torchlab.core.engine.checkpoint import load_checkpoint
+from torchlab.core.engine.trainer import Stop
 
 pytestmark = pytest.mark.gpu
 

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from trainers import TINY
-from torchlab.core.cli import EXIT_OK, main
-from torchlab.core.impact import ImpactTracker
+from torchlab.core.launch.arguments import EXIT_OK
+from torchlab.core.launch.cli import main
+from torchlab.core.wire.impact import ImpactTracker
 
 
 def record(step, step_time, loss, **options):

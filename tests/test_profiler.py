@@ -6,8 +6,9 @@ import csv
 import json
 
 from trainers import TINY, make_trainer
-from torchlab.core.cli import EXIT_OK, main
-from torchlab.core.trainer import Profile
+from torchlab.core.launch.arguments import EXIT_OK
+from torchlab.core.launch.cli import main
+from torchlab.core.engine.trainer import Profile
 
 
 def test_a_snapshot_profiles_the_next_steps_and_writes_three_files(tmp_path):

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchlab.core import protocol as p
-from torchlab.core.outbox import Cursor, Outbox
+from torchlab.core.wire import protocol as p
+from torchlab.core.wire.outbox import Cursor, Outbox
 
 EXAMPLES = [
     p.Hello(version=1, token="ab" * 32, client="test"),

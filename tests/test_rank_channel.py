@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from torchlab.core import rank_channel as rc
-from torchlab.core.observer import TrainerObserver
-from torchlab.core.protocol import ProtocolError, Welcome, decode
-from torchlab.core.trainer import SetOption, Stop, WorldSizeChange
+from torchlab.core.engine import rank_channel as rc
+from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.wire.protocol import ProtocolError, Welcome, decode
+from torchlab.core.engine.trainer import SetOption, Stop, WorldSizeChange
 
 
 class Recorder(TrainerObserver):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchlab.core.observer import TrainerObserver
+from torchlab.core.wire.observer import TrainerObserver
 from trainers import make_trainer
-from torchlab.core.checkpoint import load_checkpoint, save_checkpoint
-from torchlab.core.errors import StorageError
-from torchlab.core.errors import ConfigError
-from torchlab.core.trainer import Stop
+from torchlab.core.engine.checkpoint import load_checkpoint, save_checkpoint
+from torchlab.core.wire.errors import StorageError
+from torchlab.core.wire.errors import ConfigError
+from torchlab.core.engine.trainer import Stop
 
 
 class StopAt(TrainerObserver):

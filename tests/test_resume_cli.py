@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from trainers import WORKLOADS
-from torchlab.core.cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
-from torchlab.core.config import config_from_toml
-from torchlab.core.schedule import lr_factor
+from torchlab.core.launch.arguments import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from torchlab.core.launch.cli import main
+from torchlab.core.wire.config import config_from_toml
+from torchlab.core.engine.schedule import lr_factor
 
 TINY = WORKLOADS / "tiny.py"
 #: Not one of them the default: a resume that forgot any of them would train differently.

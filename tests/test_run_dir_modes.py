@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from trainers import WORKLOADS
-from torchlab.core import storage
-from torchlab.core.checkpoint import save_checkpoint
-from torchlab.core.cli import EXIT_OK, main
-from torchlab.core.storage import write_atomically
+from torchlab.core.wire import storage
+from torchlab.core.engine.checkpoint import save_checkpoint
+from torchlab.core.launch.arguments import EXIT_OK
+from torchlab.core.launch.cli import main
+from torchlab.core.wire.storage import write_atomically
 
 TINY = WORKLOADS / "tiny.py"
 #: A run that writes every kind of file: journals, config.toml, impact.json, checkpoints, a profile.

@@ -23,13 +23,14 @@ import pytest
 import torch
 
 from trainers import make_trainer
-from torchlab.core import checkpoint as checkpoint_module
-from torchlab.core import profiler as profiler_module
-from torchlab.core import profile_tables, storage
-from torchlab.core.checkpoint import load_checkpoint, save_checkpoint
-from torchlab.core.errors import ConfigError, StorageError
-from torchlab.core.impact import ImpactTracker
-from torchlab.core.rundir import RunDirectory
+from torchlab.core.engine import checkpoint as checkpoint_module
+from torchlab.core.engine import profiler as profiler_module
+from torchlab.core.engine import profile_tables
+from torchlab.core.wire import storage
+from torchlab.core.engine.checkpoint import load_checkpoint, save_checkpoint
+from torchlab.core.wire.errors import ConfigError, StorageError
+from torchlab.core.wire.impact import ImpactTracker
+from torchlab.core.wire.rundir import RunDirectory
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -182,7 +183,7 @@ KILLED = textwrap.dedent("""
 def headless_run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     python_path = os.pathsep.join(filter(None, [str(Path(__file__).parent / "workloads"), os.environ.get("PYTHONPATH")]))
     environment = {**os.environ, "PYTHONPATH": python_path, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "torchlab.core.cli", *args, "--headless", "--telemetry-interval", "0",
+    return subprocess.run([sys.executable, "-m", "torchlab.core.launch.cli", *args, "--headless", "--telemetry-interval", "0",
                            "--eval-every", "0"], capture_output=True, text=True, env=environment, timeout=120)
 
 
@@ -356,7 +357,7 @@ def test_a_profile_the_disk_cannot_take_is_reported_failed_and_leaves_nothing(tm
     real_run = subprocess.run
 
     def tables_fail(command, **kwargs):
-        if command[1:3] == ["-m", "torchlab.core.profile_tables"]:
+        if command[1:3] == ["-m", "torchlab.core.engine.profile_tables"]:
             real_run(command, **kwargs)  # writes into the staging folder, which must then go
             failure = {"errno": errno.ENOSPC, "strerror": os.strerror(errno.ENOSPC), "file": None}
             return subprocess.CompletedProcess(command, profile_tables.EXIT_STORAGE, json.dumps(failure), "")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from torchlab.core.runtime import ORPHAN_TOKEN_AGE_S, Endpoint, list_runs, runtime_dir
+from torchlab.core.wire.runtime import ORPHAN_TOKEN_AGE_S, Endpoint, list_runs, runtime_dir
 
 
 def test_listing_runs_sweeps_what_killed_trainers_left_and_nothing_else(tmp_path, monkeypatch):
@@ -41,7 +41,7 @@ def test_listing_runs_sweeps_what_killed_trainers_left_and_nothing_else(tmp_path
 def test_sockets_no_process_serves_are_swept_once_old_and_served_ones_are_kept(tmp_path, monkeypatch):
     import socket
 
-    from torchlab.core.runtime import STALE_SOCKET_AGE_S
+    from torchlab.core.wire.runtime import STALE_SOCKET_AGE_S
 
     (tmp_path / "xdg").mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
@@ -75,7 +75,7 @@ def test_sockets_no_process_serves_are_swept_once_old_and_served_ones_are_kept(t
 
 
 def test_attach_lists_a_run_killed_while_starting_once_then_forgets_it(tmp_path, monkeypatch, capsys):
-    from torchlab.core.attach import main as attach
+    from torchlab.core.launch.attach import main as attach
 
     (tmp_path / "xdg").mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
@@ -94,8 +94,8 @@ def test_attach_lists_a_run_killed_while_starting_once_then_forgets_it(tmp_path,
 def test_a_run_whose_socket_nobody_serves_is_gone_even_when_its_pid_now_names_another_process(tmp_path, monkeypatch):
     import socket
 
-    from torchlab.core.attach import forget_gone_runs
-    from torchlab.core.runtime import STALE_SOCKET_AGE_S
+    from torchlab.core.launch.attach import forget_gone_runs
+    from torchlab.core.wire.runtime import STALE_SOCKET_AGE_S
 
     (tmp_path / "xdg").mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
@@ -121,7 +121,7 @@ def test_a_run_whose_socket_nobody_serves_is_gone_even_when_its_pid_now_names_an
 
 def test_a_socket_listens_privately_without_touching_the_process_umask(tmp_path, monkeypatch):
     """The umask is process-wide: set around bind(), a folder another thread made meanwhile came out 0600."""
-    from torchlab.core.runtime import listen_privately
+    from torchlab.core.wire.runtime import listen_privately
 
     monkeypatch.setattr(os, "umask", lambda *_: pytest.fail("the process umask was changed"))
     listener = listen_privately(tmp_path / "run.sock")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainers import make_trainer
-from torchlab.core.headless import seed_everything
+from torchlab.core.engine.seeding import seed_everything
 from torchlab.sample_models import convnet, mlp, tiny_gpt
 
 SMALL = {

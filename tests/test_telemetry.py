@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from trainers import make_trainer
-from torchlab.core.nvml import Nvml
-from torchlab.core.telemetry import TelemetrySampler
+from torchlab.core.engine.nvml import Nvml
+from torchlab.core.engine.telemetry import TelemetrySampler
 
 
 def test_a_sample_has_host_figures_and_says_why_there_is_no_gpu():
@@ -27,7 +27,7 @@ def test_a_sample_has_host_figures_and_says_why_there_is_no_gpu():
 
 
 def test_samples_arrive_while_training_and_land_in_system_jsonl(tmp_path):
-    from torchlab.core.rundir import RunDirectory
+    from torchlab.core.wire.rundir import RunDirectory
 
     directory = RunDirectory(tmp_path / "run")
     trainer, seen = make_trainer(steps=10**6, telemetry_interval=0.02)

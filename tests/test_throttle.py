@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torchlab.core.throttle import Throttle
+from torchlab.core.wire.throttle import Throttle
 
 
 def test_a_burst_per_window_then_the_count_of_what_was_held_back():

@@ -8,10 +8,10 @@ import threading
 import pytest
 import torch
 
-from torchlab.core.observer import TrainerObserver
+from torchlab.core.wire.observer import TrainerObserver
 from trainers import TINY, make_trainer
-from torchlab.core.errors import ConfigError
-from torchlab.core.trainer import Pause, Resume, SaveCheckpoint, SetOption, Stop
+from torchlab.core.wire.errors import ConfigError
+from torchlab.core.engine.trainer import Pause, Resume, SaveCheckpoint, SetOption, Stop
 
 
 def test_scripted_change_takes_effect_at_its_step_and_is_acknowledged():
@@ -65,8 +65,8 @@ def test_invalid_changes_are_refused_with_a_reason_and_the_run_goes_on():
 
 
 def test_world_size_limits_are_refused_with_the_reason():
-    from torchlab.core.distributed import check_world_size, usable_cpus
-    from torchlab.core.options import OptionRefused
+    from torchlab.core.engine.distributed import check_world_size, usable_cpus
+    from torchlab.core.wire.options import OptionRefused
 
     cpus = usable_cpus()
     check_world_size(cpus, device=torch.device("cpu"), batch_size=cpus * 4)

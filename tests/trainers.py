@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.config import build_config
-from torchlab.core.headless import seed_everything
-from torchlab.core.loading import load_workload
-from torchlab.core.observer import TrainerObserver
-from torchlab.core.trainer import Trainer
+from torchlab.core.wire.config import build_config
+from torchlab.core.engine.seeding import seed_everything
+from torchlab.core.engine.loading import load_workload
+from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.engine.trainer import Trainer
 
 WORKLOADS = Path(__file__).parent / "workloads"
 TINY = f"{WORKLOADS / 'tiny.py'}:workload"

@@ -41,8 +41,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer
 
-from torchlab.core import protocol
-from torchlab.core.options import format_option_value, parse_option_value
+from torchlab.core.wire import protocol
+from torchlab.core.wire.options import format_option_value, parse_option_value
 from torchlab.tui.log_tail import LogTail
 from torchlab.tui.state import Failure, RunState
 from torchlab.tui.widgets.event_log import EventLog

@@ -27,8 +27,8 @@ import time
 from collections import deque
 from pathlib import Path
 
-from torchlab.core.control_server import HELLO_TIMEOUT_S
-from torchlab.core.protocol import (
+from torchlab.core.wire.control_server import HELLO_TIMEOUT_S
+from torchlab.core.wire.protocol import (
     PROTOCOL_VERSION,
     DetachCommand,
     Error,
@@ -44,8 +44,8 @@ from torchlab.core.protocol import (
     Welcome,
     decode,
 )
-from torchlab.core.runtime import FINAL_STATES, Endpoint, RunEntry, process_running
-from torchlab.core.storage import create_file
+from torchlab.core.wire.runtime import FINAL_STATES, Endpoint, RunEntry, process_running
+from torchlab.core.wire.storage import create_file
 
 CONNECT_TIMEOUT_S = 120.0  # the first import of torch on a cold disk can be slow
 STOP_GRACE_S = 30.0  # time for the current step and the final checkpoint
@@ -61,7 +61,7 @@ class ProcessLink:
         training_args: list[str],
         *,
         python: str = sys.executable,
-        worker_module: str = "torchlab.core.worker",
+        worker_module: str = "torchlab.core.launch.worker",
     ) -> None:
         self.run_dir = Path(run_dir)
         self.worker_module = worker_module  # benchmarks substitute a synthetic trainer

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.profile_compare import compare_tables
+from torchlab.core.wire.profile_compare import compare_tables
 from torchlab.tui.units import format_bytes
 
 

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from torchlab.core import protocol
-from torchlab.core.options import OPTION_NAMES, format_option_value
+from torchlab.core.wire import protocol
+from torchlab.core.wire.options import OPTION_NAMES, format_option_value
 from torchlab.tui.thinning import Series
 
 if TYPE_CHECKING:

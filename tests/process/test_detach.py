@@ -14,10 +14,10 @@ import pytest
 
 from processes import alive
 from test_worker import TINY, Collected
-from torchlab.core import protocol as p
-from torchlab.core.attach import main as attach_main
-from torchlab.core.runtime import Endpoint, find_run, list_runs
-from torchlab.core.worker import Worker
+from torchlab.core.wire import protocol as p
+from torchlab.core.launch.attach import main as attach_main
+from torchlab.core.wire.runtime import Endpoint, find_run, list_runs
+from torchlab.core.launch.worker import Worker
 from torchlab.tui.link import ProcessLink
 
 

@@ -23,8 +23,8 @@ import pytest
 from processes import alive
 from test_detach import TINY, _last_step, _until, private_runtime_dir  # noqa: F401  (a fixture)
 from test_worker import Collected
-from torchlab.core import protocol as p
-from torchlab.core.runtime import list_runs
+from torchlab.core.wire import protocol as p
+from torchlab.core.wire.runtime import list_runs
 from torchlab.tui.link import ProcessLink
 
 
@@ -66,7 +66,7 @@ def test_a_hang_up_detaches_and_the_run_trains_on(tmp_path):
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     environment = {**os.environ, "TERM": "xterm-256color"}
     app = subprocess.Popen(
-        [sys.executable, "-m", "torchlab.core.cli", f"{TINY}:workload", "--steps", "1000000", "--checkpoint-every", "0",
+        [sys.executable, "-m", "torchlab.core.launch.cli", f"{TINY}:workload", "--steps", "1000000", "--checkpoint-every", "0",
          "--run-dir", str(run_dir)],
         stdin=slave, stdout=slave, stderr=slave, env=environment, preexec_fn=_controlling_terminal,
     )

@@ -9,8 +9,8 @@ import socket
 import time
 
 from test_worker import TINY, link_for  # noqa: F401  (link_for is a fixture)
-from torchlab.core import protocol as p
-from torchlab.core.throttle import Throttle
+from torchlab.core.wire import protocol as p
+from torchlab.core.wire.throttle import Throttle
 
 #: Python refuses to read an integer of more than 4,300 digits (int-string limit): json.loads raised ValueError.
 HUGE_NUMBER = "9" * 5000
@@ -74,7 +74,7 @@ def until_journalled(link, predicate, timeout: float = 60.0) -> list[dict]:
 
 def test_refused_lines_are_journalled_a_burst_a_minute_before_and_after_the_hello(link_for):
     """A refused line is answered and written to events.jsonl (who spoke nonsense to the run, and when); a
-    flood of them reaches the journal at most a burst per minute (core/throttle.py), the rest counted."""
+    flood of them reaches the journal at most a burst per minute (core/wire/throttle.py), the rest counted."""
     link, seen = link_for(f"{TINY}:workload", "--steps", "1000000", "--checkpoint-every", "0")
     seen.until(lambda m: isinstance(m, p.Metrics))
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stranger:

@@ -22,10 +22,11 @@ import torch
 from trainers import WORKLOADS, make_trainer
 from processes import alive
 from test_worker import Collected
-from torchlab.core import protocol as p
-from torchlab.core.checkpoint import load_checkpoint
-from torchlab.core.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
-from torchlab.core.distributed import usable_cpus
+from torchlab.core.wire import protocol as p
+from torchlab.core.engine.checkpoint import load_checkpoint
+from torchlab.core.launch.arguments import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from torchlab.core.launch.cli import main
+from torchlab.core.engine.distributed import usable_cpus
 from torchlab.tui.link import ProcessLink
 
 TINY = WORKLOADS / "tiny.py"
@@ -179,7 +180,7 @@ def test_a_world_size_2_run_listens_on_the_loopback_address_only(tmp_path):
     """Issue 12: torchrun's standalone rendezvous listened on every interface (``*:<port>``, twice), with no
     authentication. The supervisor's store and each rank's gloo sockets listen on 127.0.0.1 only."""
     run = tmp_path / "run"
-    command = [sys.executable, "-m", "torchlab.core.cli", f"{TINY}:workload", "--headless", "--world-size", "2",
+    command = [sys.executable, "-m", "torchlab.core.launch.cli", f"{TINY}:workload", "--headless", "--world-size", "2",
                "--steps", "1000000", "--checkpoint-every", "0", "--run-dir", str(run), "--telemetry-interval", "0"]
     headless_run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -205,7 +206,7 @@ def test_the_worker_under_torchrun_serves_the_app_from_rank_0(tmp_path):
     token_file.write_text(token)
     token_file.chmod(0o600)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "torchlab.core.worker", "--run-dir", str(tmp_path / "run"), "--socket", str(socket_path),
+               "-m", "torchlab.core.launch.worker", "--run-dir", str(tmp_path / "run"), "--socket", str(socket_path),
                "--token-file", str(token_file), "--", f"{TINY}:workload", "--steps", "100000", "--checkpoint-every", "0"]
     torchrun = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -265,7 +266,7 @@ def test_nccl_through_the_launcher_on_one_gpu(tmp_path):
     run = tmp_path / "run"
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-         "-m", "torchlab.core.cli", f"{TINY}:workload", "--headless", "--device", "cuda", "--steps", "6",
+         "-m", "torchlab.core.launch.cli", f"{TINY}:workload", "--headless", "--device", "cuda", "--steps", "6",
          "--run-dir", str(run), "--at", "3:amp=fp16", "--at", "4:checkpointing=on", "--at", "5:world_size=2"],
         capture_output=True, text=True, timeout=300,
     )
@@ -281,8 +282,8 @@ def test_nccl_through_the_launcher_on_one_gpu(tmp_path):
 
 @pytest.mark.gpu
 def test_more_ranks_than_gpus_are_refused():
-    from torchlab.core.distributed import check_world_size
-    from torchlab.core.options import OptionRefused
+    from torchlab.core.engine.distributed import check_world_size
+    from torchlab.core.wire.options import OptionRefused
 
     gpus = torch.cuda.device_count()
     with pytest.raises(OptionRefused, match=f"{gpus + 1} ranks need {gpus + 1} GPUs, one each; this machine has {gpus}"):

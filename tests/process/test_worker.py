@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from processes import alive
-from torchlab.core import protocol as p
+from torchlab.core.wire import protocol as p
 from torchlab.tui.link import ProcessLink
 
 TINY = Path(__file__).parent.parent / "workloads" / "tiny.py"
@@ -98,7 +98,7 @@ def test_the_trainer_process_reports_and_obeys_the_app(link_for):
     assert (applied["option"], applied["step"]) == ("clip", ack.step)
     assert events[-1]["event"] == "run_ended" and events[-1]["status"] == "stopped"
     assert (link.run_dir / "checkpoints" / "last.pt").exists()
-    assert "torchlab.core.worker" in " ".join(link.process.args) and str(link.run_dir) in link.process.args
+    assert "torchlab.core.launch.worker" in " ".join(link.process.args) and str(link.run_dir) in link.process.args
 
 
 def test_a_bad_workload_becomes_an_error_event_not_a_hang(link_for):
@@ -217,7 +217,7 @@ def test_kill_9_of_the_app_leaves_no_trainer_behind(tmp_path):
 def test_a_trainer_stopped_while_it_loads_leaves_nothing_in_the_runtime_directory(tmp_path):
     """The app went away (its parent-death signal, or a SIGTERM) before the workload had loaded: the
     trainer exits at once, and takes its socket, token and entry with it."""
-    from torchlab.core.runtime import runtime_dir
+    from torchlab.core.wire.runtime import runtime_dir
 
     def files_of_run() -> set[Path]:
         return {path for path in runtime_dir().glob("loading-*") if path.suffix in (".sock", ".token", ".json")} - earlier

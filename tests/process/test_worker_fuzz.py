@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from test_worker import TINY, link_for  # noqa: F401  (link_for is a fixture)
-from torchlab.core import protocol as p
-from torchlab.core.throttle import Throttle
+from torchlab.core.wire import protocol as p
+from torchlab.core.wire.throttle import Throttle
 
 COMMAND_TYPES = [kind for kind in (c.type for c in p.COMMANDS) if kind != "stop"] + ["metrics", "welcome", "refused", "", "x" * 40]
 json_values = st.recursive(

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from torchlab.core import protocol
+from torchlab.core.wire import protocol
 
 RUN_DIR = "runs/20250101-120000-tiny_gpt"
 OPTIONS = {"amp": "off", "checkpointing": False, "clip": None, "accum": 1, "lr_scale": 1.0, "world_size": 1}
@@ -91,7 +91,7 @@ NO_GPU = "no GPU: no NVIDIA driver (NVML library not found)"
 
 
 def gpu(index: int = 0, *, used_gib: float = 41.2, **overrides: Any) -> dict[str, Any]:
-    """One GPU as ``core/nvml.py`` reports it."""
+    """One GPU as ``core/engine/nvml.py`` reports it."""
     data = {
         "index": index, "name": "NVIDIA H100 80GB HBM3", "memory_used_bytes": int(used_gib * 2**30),
         "memory_total_bytes": int(79.6 * 2**30), "utilization_percent": 87, "temperature_c": 62, "power_w": 312.4,
@@ -249,7 +249,7 @@ class FakeLink:
 
 
     def _relaunch(self, value: int, at: int) -> protocol.Message:
-        """As core/ranks.py does: refuse a size that does not divide the batch; else checkpoint now, and
+        """As core/engine/ranks.py does: refuse a size that does not divide the batch; else checkpoint now, and
         (one drain later) resume, running, and the acknowledgement at the step the new ranks start."""
         if 32 % value:
             return protocol.OptionRefused(

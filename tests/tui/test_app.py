@@ -11,7 +11,7 @@ import pytest
 
 from fake_link import FakeLink, grad_norms, module_names, quiet_app, record, training_events, welcome
 
-from torchlab.core import protocol
+from torchlab.core.wire import protocol
 from torchlab.tui import app as app_module
 from torchlab.tui.app import TorchlabApp
 from torchlab.tui.screens.error_screen import ErrorScreen

@@ -7,7 +7,7 @@ import os
 import signal
 from pathlib import Path
 
-from torchlab.core.protocol import Error, Message
+from torchlab.core.wire.protocol import Error, Message
 from torchlab.tui.link import ProcessLink
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from fake_link import FakeLink, quiet_app, ranks, telemetry, training_events
 
-from torchlab.core import protocol
+from torchlab.core.wire import protocol
 from torchlab.tui.app import TorchlabApp
 from torchlab.tui.screens.prompt import OptionPrompt
 from torchlab.tui.widgets.event_log import EventLog

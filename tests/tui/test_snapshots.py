@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fake_link import FakeLink, gpu, impact, profile_ready, quiet_app, ranks, telemetry, training_events
 
-from torchlab.core import protocol
+from torchlab.core.wire import protocol
 from torchlab.tui.app import TorchlabApp
 from textual.widgets import Input
 

@@ -6,7 +6,7 @@ import math
 
 from fake_link import grad_norms, module_names, ranks, record, training_events, welcome
 
-from torchlab.core import protocol
+from torchlab.core.wire import protocol
 from torchlab.tui.state import (
     RankFigures,
     RunState,

@@ -9,7 +9,7 @@ import pytest
 
 from fake_link import NO_GPU, FakeLink, gpu, impact, profile_ready, profile_row, quiet_app, telemetry, training_events
 
-from torchlab.core import protocol
+from torchlab.core.wire import protocol
 from torchlab.tui.app import TorchlabApp
 from torchlab.tui.state import TELEMETRY_HISTORY
 from torchlab.tui.widgets.event_log import EventLog

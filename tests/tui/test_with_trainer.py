@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from processes import alive
-from torchlab.core.distributed import usable_cpus
+from torchlab.core.engine.distributed import usable_cpus
 from torchlab.tui.app import make_app
 from torchlab.tui.link import ProcessLink
 from torchlab.tui.screens.error_screen import ErrorScreen

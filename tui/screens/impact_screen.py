@@ -14,7 +14,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Label, Static
 
-from torchlab.core.impact import WARMUP_STEPS
+from torchlab.core.wire.impact import WARMUP_STEPS
 from torchlab.tui.profiles import format_bytes, format_us
 from torchlab.tui.screens.view_screen import ViewScreen
 from torchlab.tui.state import RunState, finite_number

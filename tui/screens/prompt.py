@@ -9,7 +9,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label, Static
 
-from torchlab.core.options import OptionRefused, parse_option_value
+from torchlab.core.wire.options import OptionRefused, parse_option_value
 
 
 class OptionPrompt(ModalScreen[str | None]):

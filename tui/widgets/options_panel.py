@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from torchlab.core.options import format_option_value
+from torchlab.core.wire.options import format_option_value
 from torchlab.tui.state import RunState
 
 #: (option, label, short label for the one-line form, key)

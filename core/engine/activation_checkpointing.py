@@ -1,0 +1,99 @@
+"""Activation checkpointing that can be switched on and off in place while a run trains.
+
+Each checkpoint block's ``forward`` is shadowed by an instance attribute that calls the class's forward
+through non-reentrant ``torch.utils.checkpoint``; switching off deletes the attribute. No module is
+replaced, so parameter names, the state dict, optimizer state and hooks are untouched.
+
+BatchNorm inside a block would update its running statistics twice per step (forward and the
+recompute during backward); the recompute context restores them, so checkpointing changes memory and
+speed, never the model's numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Sequence
+
+import torch
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils.checkpoint import checkpoint
+
+from torchlab.core.wire.errors import WorkloadError
+
+
+def default_checkpoint_blocks(model: torch.nn.Module) -> list[str]:
+    """The children of the largest ModuleList/Sequential (by parameter count), as qualified names."""
+    best_name, best_size = None, 0
+    for name, module in model.named_modules():
+        if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)) and len(module) > 1:
+            size = sum(p.numel() for p in module.parameters())
+            if size > best_size:
+                best_name, best_size = name, size
+    if best_name is None:
+        return []
+    container = model.get_submodule(best_name)
+    prefix = f"{best_name}." if best_name else ""
+    return [f"{prefix}{child_name}" for child_name, _ in container.named_children()]
+
+
+class ActivationCheckpointing:
+    """Wraps (``enable``) or unwraps (``disable``) the named blocks of ``model``."""
+
+    def __init__(self, model: torch.nn.Module, block_names: Sequence[str] | None) -> None:
+        names = list(block_names) if block_names is not None else default_checkpoint_blocks(model)
+        self.blocks: dict[str, torch.nn.Module] = {}
+        for name in names:
+            try:
+                self.blocks[name] = model.get_submodule(name)
+            except AttributeError:
+                raise WorkloadError(
+                    f"Workload.checkpoint_blocks names {name!r}, which is not a submodule of "
+                    f"{type(model).__name__}; use names from model.named_modules()."
+                ) from None
+
+    def enable(self) -> None:
+        for block in self.blocks.values():
+            block.forward = _checkpointed_forward(block)
+
+    def disable(self) -> None:
+        for block in self.blocks.values():
+            if "forward" in vars(block):
+                del block.forward
+
+
+def _checkpointed_forward(block: torch.nn.Module):
+    plain_forward = type(block).forward.__get__(block)
+    contexts = functools.partial(_checkpoint_contexts, block)
+
+    def forward(*args, **kwargs):
+        if not torch.is_grad_enabled():  # evaluation: nothing to recompute
+            return plain_forward(*args, **kwargs)
+        return checkpoint(plain_forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
+
+    return forward
+
+
+def _checkpoint_contexts(block: torch.nn.Module):
+    return contextlib.nullcontext(), _KeepBatchNormStatistics(block)
+
+
+class _KeepBatchNormStatistics:
+    """Restores BatchNorm running statistics after the recompute, which must not count twice."""
+
+    def __init__(self, block: torch.nn.Module) -> None:
+        self.buffers = [
+            buffer
+            for module in block.modules()
+            if isinstance(module, _BatchNorm) and module.training and module.track_running_stats
+            for buffer in (module.running_mean, module.running_var, module.num_batches_tracked)
+            if buffer is not None
+        ]
+
+    def __enter__(self) -> None:
+        self.saved = [buffer.clone() for buffer in self.buffers]
+
+    def __exit__(self, *exc_info) -> None:
+        with torch.no_grad():
+            for buffer, saved in zip(self.buffers, self.saved):
+                buffer.copy_(saved)

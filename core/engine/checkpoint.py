@@ -1,0 +1,216 @@
+"""Checkpoints written atomically, loaded without unpickling code, and the RNG state they carry.
+
+A checkpoint is written to a temporary file in the same directory, fsynced, and renamed over its
+final name, so a crash mid-write (``kill -9``, a full disk) leaves the previous checkpoint intact; a
+failed write removes its temporary file, and one left by a killed process is removed by the next save. ``last.pt`` is a hard link to
+the newest one, replaced atomically the same way. In a private run directory the temporary file is
+created 0600 (core/wire/storage.py), so the weights are never readable by others, not even mid-write.
+Loading uses ``weights_only=True``: a checkpoint holds tensors and plain values, never objects that
+run code when read.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from torchlab.core.wire.errors import ConfigError
+from torchlab.core.wire.runtime import remove_abandoned_temporaries
+from torchlab.core.wire.storage import create_file, fsync_directory, remedy, storage_error
+
+FORMAT_VERSION = 1
+_STEP_FILE = re.compile(r"^step-(\d{7,})\.pt$")
+_TEMPORARY = re.compile(r"^\.(?:step-\d{7,}|last)\.pt\.tmp-(\d+)$")
+
+
+def step_file_name(step: int) -> str:
+    return f"step-{step:07d}.pt"
+
+
+def save_checkpoint(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
+    """Write ``step-NNNNNNN.pt`` and point ``last.pt`` at it; keep the newest ``keep`` step files.
+
+    A failed write (a full disk) raises a StorageError that says what is intact, and leaves no
+    temporary file: the directory is as it was.
+    """
+    directory = Path(directory)
+    path = directory / step_file_name(step)
+    temporary = directory / f".{path.name}.tmp-{os.getpid()}"
+    remove_abandoned_temporaries(directory, _TEMPORARY)  # of writers killed mid-write
+    try:
+        _write_checkpoint(temporary, {"format": FORMAT_VERSION, **state})
+        os.replace(temporary, path)
+    except BaseException as error:
+        temporary.unlink(missing_ok=True)
+        if not isinstance(error, OSError):
+            raise
+        raise storage_error(error, f"the checkpoint of step {step} in {directory}", _what_is_intact(directory, error)) from error
+    link = directory / f".last.pt.tmp-{os.getpid()}"
+    try:
+        link.unlink(missing_ok=True)
+        os.link(path, link)
+        os.replace(link, directory / "last.pt")
+        fsync_directory(directory)
+    except OSError as error:
+        link.unlink(missing_ok=True)
+        raise storage_error(
+            error, f"last.pt in {directory}",
+            f"{path.name} is written whole, but last.pt still points at the checkpoint before it: {remedy(error)}, "
+            f"then resume from {path}.",
+        ) from error
+    _prune(directory, keep)
+    return path
+
+
+class _RecordingWriter:
+    """The file ``torch.save`` writes to, remembering the OSError a write raised.
+
+    torch's zip writer turns a failed write into ``RuntimeError: [enforce fail at inline_container.cc]
+    . unexpected pos 7616 vs 7510``: the reason (a full disk) is lost unless the file kept it. Writing
+    through the file (not to a BytesIO first) keeps a large checkpoint out of host memory twice.
+    """
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self._handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self._handle.write(data)
+        except OSError as error:
+            self.error = self.error or error
+            raise
+
+    def flush(self) -> None:
+        self._handle.flush()
+
+
+def _write_checkpoint(path: Path, contents: dict[str, Any]) -> None:
+    """``torch.save`` into ``path``, fsynced; a failed write raises an OSError (or carries one as its cause)."""
+    handle = open(path, "wb", opener=create_file)  # the mode is set at creation: private from the first byte
+    writer = _RecordingWriter(handle)
+    try:
+        try:
+            torch.save(contents, writer)
+            handle.flush()
+            os.fsync(handle.fileno())
+        finally:
+            handle.close()  # flushes what torch wrote last: on a full disk, this is the write that fails
+    except RuntimeError as error:
+        if writer.error is None:  # not a failed write: a bug, or a value torch cannot save
+            raise
+        raise writer.error from None  # the RuntimeError says only "unexpected pos"
+
+
+def checkpoint_file(path: Path) -> Path:
+    """What ``--resume PATH`` names: a checkpoint file, or the newest one of a run directory or its
+    checkpoints folder."""
+    path = Path(path)
+    if path.is_dir():
+        for candidate in (path / "checkpoints" / "last.pt", path / "last.pt"):
+            if candidate.exists():
+                return candidate
+        raise ConfigError(f"--resume {path}: no checkpoints/last.pt in that directory.")
+    if not path.exists():
+        raise ConfigError(f"--resume {path}: no such checkpoint file.")
+    return path
+
+
+def load_checkpoint(path: Path, map_location: torch.device | str = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """The checkpoint ``path`` names (see ``checkpoint_file``), or a ConfigError that says what is wrong with
+    it and, where one is beside it, which intact checkpoint to resume from instead.
+
+    ``mmap=True`` maps the file instead of reading it: the small entries (``step``, ``config``, ``options``)
+    are there at once, a tensor's bytes only when the tensor is used.
+    """
+    path = checkpoint_file(path)
+    state = _read(path, map_location, mmap)
+    if state is None:
+        raise ConfigError(
+            f"--resume {path}: truncated or not a checkpoint (torchlab reads the checkpoints it writes: tensors "
+            f"and plain values only).{_instead(path)}"
+        )
+    if state.get("format") != FORMAT_VERSION:
+        raise ConfigError(f"--resume {path}: not a torchlab checkpoint of format {FORMAT_VERSION}.{_instead(path)}")
+    return state
+
+
+def _read(path: Path, map_location: torch.device | str, mmap: bool) -> dict[str, Any] | None:
+    """The file's contents, or None when torch cannot read it as a checkpoint of tensors and plain values.
+
+    torch says why in words meant for another situation (``OSError: [Errno 22] Invalid argument`` for a
+    truncated file mapped into memory; for a file holding objects, advice to load with
+    ``weights_only=False``, which would run whatever code it holds): none of that reaches the user.
+    """
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except Exception:  # truncated, foreign, or holding objects: all "not a checkpoint" to us
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def _instead(failed: Path) -> str:
+    """`` Resume from …/step-0000015.pt instead.``: the newest step file beside ``failed`` that loads, if any."""
+    for candidate in sorted(failed.parent.glob("step-*.pt"), key=lambda p: p.name, reverse=True):
+        if not _STEP_FILE.match(candidate.name) or os.path.samefile(candidate, failed):
+            continue
+        state = _read(candidate, "cpu", mmap=True)  # mapped: the tensors are not read
+        if state is not None and state.get("format") == FORMAT_VERSION:
+            return f" The newest intact checkpoint beside it is {candidate.name}: resume from {candidate} instead."
+    if failed.name == "last.pt":
+        return " No intact step-*.pt checkpoint is beside it."
+    return ""
+
+
+def capture_rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy
+    except ImportError:
+        return state
+    kind, keys, position, has_gauss, cached = numpy.random.get_state()
+    state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), position, has_gauss, cached)
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_as_tuples(state["python"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy
+
+        kind, keys, position, has_gauss, cached = state["numpy"]
+        numpy.random.set_state((kind, keys.numpy().astype("uint32"), position, has_gauss, cached))
+
+
+def _as_tuples(value: Any) -> Any:
+    """``random.setstate`` wants tuples; a round trip through a checkpoint may give lists."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_as_tuples(item) for item in value)
+    return value
+
+
+def _what_is_intact(directory: Path, error: OSError) -> str:
+    """The end of a failed save's message: which checkpoint the user still has, and what to do."""
+    last = directory / "last.pt"
+    if not last.exists():
+        return f"no earlier checkpoint of this run exists: {remedy(error)}, then start it again."
+    newest = max((p for p in directory.iterdir() if _STEP_FILE.match(p.name)), key=lambda p: p.name, default=None)
+    name = newest.name if newest is not None and os.path.samefile(newest, last) else "last.pt"
+    return (f"the previous checkpoint ({name}, which last.pt points at) is intact: {remedy(error)}, "
+            f"then resume from it.")
+
+
+def _prune(directory: Path, keep: int) -> None:
+    step_files = sorted(p for p in directory.iterdir() if _STEP_FILE.match(p.name))
+    for old in step_files[:-keep]:
+        old.unlink()

@@ -1,0 +1,193 @@
+"""Batches with an exact, resumable position, sharded across data-parallel ranks.
+
+The position is (epoch, global samples consumed in that epoch). Map-style datasets are read through a
+``DistributedSampler`` (shuffle, ``drop_last``, ``set_epoch``) whose permutation P depends only on
+(seed, epoch); rank r of w reads P[r::w] in local batches of b/w, so after k global batches of b the
+ranks together have consumed exactly P[0:k*b], whatever w is. That makes one position valid for every
+world size: a run resumed with w' ranks starts each rank at P[s + r::w'], and a single process (w = 1)
+reads P[0:b], P[b:2b], ... as it always did. Iterable datasets are read in order: each global batch is
+b consecutive samples and rank r takes its slice of them; a resume skips the consumed samples.
+Neither path touches the global RNG (the DataLoader gets its own generator), which is what makes a
+resume bit-exact.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
+
+from torchlab.core.wire.errors import WorkloadError
+
+
+@dataclass
+class DataPosition:
+    """Where the next batch starts: ``samples`` global samples into ``epoch`` (a multiple of the batch)."""
+
+    epoch: int = 0
+    samples: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "samples": self.samples}
+
+    @classmethod
+    def from_dict(cls, state: dict[str, int], batch_size: int) -> DataPosition:
+        """Read a checkpoint's position; checkpoints before sharding counted batches of ``batch_size``."""
+        if "samples" in state:
+            return cls(state["epoch"], state["samples"])
+        return cls(state["epoch"], state["batches"] * batch_size)
+
+
+def epoch_seed(seed: int) -> int:
+    """The sampler seed: the permutation of epoch e is ``randperm`` of a generator seeded ``epoch_seed + e``."""
+    return seed * 1_000_003
+
+
+class ResumableDistributedSampler(DistributedSampler):
+    """``DistributedSampler`` (shuffled, ``drop_last``) that starts ``start`` global samples into its epoch.
+
+    With ``start == 0`` it yields exactly what ``DistributedSampler`` yields: P[:total_size][rank::w].
+    A later start skips the first ``start`` entries of P (the samples all ranks consumed together), so
+    rank r continues at P[start + r::w]. A start that is not a multiple of w (only after resuming with
+    a different batch size) is rounded down: at most w - 1 samples are seen twice, none skipped.
+    """
+
+    def __init__(self, dataset: Dataset, *, rank: int, world_size: int, seed: int, epoch: int, start: int) -> None:
+        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=epoch_seed(seed), drop_last=True)
+        self.set_epoch(epoch)
+        self.start = start - start % world_size
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        permutation = torch.randperm(len(self.dataset), generator=generator)[: self.total_size]
+        return iter(permutation[self.start + self.rank :: self.num_replicas].tolist())
+
+    def __len__(self) -> int:
+        return max(0, (self.total_size - self.start) // self.num_replicas)
+
+
+class _RankSlices(IterableDataset):
+    """An iterable dataset's samples from ``skip`` on, cut into global batches; this rank's share of each."""
+
+    def __init__(self, dataset: IterableDataset, *, skip: int, global_batch: int, rank: int, world_size: int) -> None:
+        self.dataset, self.skip, self.global_batch = dataset, skip, global_batch
+        local = global_batch // world_size
+        self.first, self.last = rank * local, (rank + 1) * local
+
+    def __iter__(self) -> Iterator[Any]:
+        samples = itertools.islice(iter(self.dataset), self.skip, None)
+        while True:
+            chunk = list(itertools.islice(samples, self.global_batch))
+            if len(chunk) < self.global_batch:  # drop_last, on every rank alike
+                return
+            yield from chunk[self.first : self.last]
+
+
+class BatchStream:
+    """An endless stream of this rank's training batches on the device, epoch after epoch.
+
+    ``batch_size`` is the global batch (all ranks together); each of ``world_size`` ranks gets
+    ``batch_size // world_size`` samples per batch.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        batch_size: int,
+        collate_fn: Callable[[list], Any] | None,
+        workers: int,
+        seed: int,
+        device: torch.device,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        if batch_size % world_size:
+            raise ValueError(f"the batch of {batch_size} does not split into {world_size} equal parts")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.local_batch_size = batch_size // world_size
+        self.rank, self.world_size = rank, world_size
+        self.collate_fn = collate_fn
+        self.workers = workers
+        self.seed = seed
+        self.device = device
+        self.iterable = isinstance(dataset, IterableDataset)
+        if not self.iterable:
+            size = len(dataset)
+            if size < batch_size:
+                raise WorkloadError(
+                    f"the dataset has {size} samples, fewer than one batch of {batch_size}; "
+                    f"lower --batch-size or add data."
+                )
+        self.position = DataPosition()
+        self._iterator: Iterator | None = None
+
+    def restore(self, position: DataPosition) -> None:
+        self.position = DataPosition(position.epoch, position.samples)
+        self._iterator = None
+
+    def next_batch(self) -> Any:
+        if self._iterator is None:
+            self._iterator = self._open_epoch()
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            if self.position.samples == 0:
+                raise WorkloadError("the dataset yielded no batch in a whole epoch; it is empty.") from None
+            self.position = DataPosition(self.position.epoch + 1, 0)
+            self._iterator = self._open_epoch()
+            batch = next(self._iterator)
+        self.position.samples += self.batch_size
+        return move_to_device(batch, self.device)
+
+    def _open_epoch(self) -> Iterator:
+        epoch, start = self.position.epoch, self.position.samples
+        generator = torch.Generator().manual_seed(epoch_seed(self.seed) + epoch)
+        common = dict(
+            batch_size=self.local_batch_size,
+            collate_fn=self.collate_fn,
+            num_workers=self.workers,
+            pin_memory=self.device.type == "cuda",
+            drop_last=True,
+            generator=generator,
+        )
+        if self.iterable:
+            shard = _RankSlices(self.dataset, skip=start, global_batch=self.batch_size, rank=self.rank, world_size=self.world_size)
+            return iter(DataLoader(shard, **common))
+        sampler = ResumableDistributedSampler(
+            self.dataset, rank=self.rank, world_size=self.world_size, seed=self.seed, epoch=epoch, start=start
+        )
+        return iter(DataLoader(self.dataset, sampler=sampler, **common))
+
+
+def evaluation_batches(
+    dataset: Dataset, *, batch_size: int, collate_fn, limit: int, device: torch.device
+) -> Iterator[Any]:
+    """The first ``limit`` batches of the validation set, in order, on the device.
+
+    The loader gets its own generator: without one, a DataLoader draws its seed from the global RNG,
+    and an evaluation would shift the training's dropout from then on (a run that evaluates at a step
+    where another does not, such as its last one, could then not be resumed bit-exactly).
+    """
+    loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, shuffle=False, generator=torch.Generator())
+    for index, batch in enumerate(loader):
+        if index >= limit:
+            return
+        yield move_to_device(batch, device)
+
+
+def move_to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=device.type == "cuda")
+    if isinstance(batch, dict):
+        return {key: move_to_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(move_to_device(item, device) for item in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to_device(item, device) for item in batch)
+    return batch

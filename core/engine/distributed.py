@@ -1,0 +1,231 @@
+"""Data parallelism inside a rank: the process group, the DDP wrapper, and the few collectives per step.
+
+A rank process is started by PyTorch's elastic launcher (``torchrun``, or ``core/engine/ranks.py`` which uses
+the same machinery), which sets ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``; this module only reads
+them, opens the process group (gloo on CPU, nccl on CUDA, one GPU per rank) and gives the trainer what
+it needs to keep its ranks in lock-step:
+
+- ``share`` (every step boundary): rank 0's commands, as one small JSON packet broadcast as a uint8
+  tensor, so every rank applies the same changes at the same step. One collective; nothing is
+  unpickled (the packet is JSON).
+- ``mean_loss`` (every step): the global mean loss, so every rank makes the same non-finite decision.
+- ``gather_figures`` (report steps, at most once a second; rank 0 decides and says so in the boundary
+  packet): each rank's step time, data wait, allocator memory and RSS, so a straggler is visible.
+
+Rank 0 is the only rank that reports; gradients are read after backward, when DDP has averaged them,
+so rank 0's gradient norms are the global ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from torchlab.core.wire import strict_json
+from torchlab.core.wire.config import usable_cpus
+from torchlab.core.engine.loopback_rendezvous import keep_ranks_on_loopback
+from torchlab.core.wire.options import OptionRefused
+
+#: Bytes of one boundary packet: a length prefix and the JSON of the commands (a handful of small objects).
+PACKET_BYTES = 1024
+#: Per-rank figures, in this order, gathered to rank 0 on report steps.
+RANK_FIGURES = ("step_time_s", "data_wait_s", "allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "rss_bytes")
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """Who this process is among the ranks. ``supervised``: launched by torchlab's supervisor (which can
+    relaunch with another world size); otherwise by ``torchrun``, which fixes the world size."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    supervised: bool
+
+    @property
+    def reports(self) -> bool:
+        return self.rank == 0
+
+
+def rank_from_environment(*, supervised: bool) -> RankContext | None:
+    """The rank the elastic launcher gave this process, or None when no launcher started it."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    return RankContext(
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        supervised=supervised,
+    )
+
+
+def rank_device(requested: str, context: RankContext) -> str:
+    """One GPU per rank (``cuda:LOCAL_RANK``) when training on CUDA; the CPU otherwise."""
+    wants_cuda = requested.startswith("cuda") or (requested == "auto" and torch.cuda.is_available())
+    return f"cuda:{context.local_rank}" if wants_cuda else "cpu"
+
+
+def open_process_group(context: RankContext, device: torch.device) -> None:
+    """Join the launcher's rendezvous (``env://``): gloo on CPU, nccl on CUDA. A rank the supervisor
+    started (one machine) keeps its sockets on the loopback interface."""
+    if dist.is_initialized():
+        return
+    if context.supervised:
+        keep_ranks_on_loopback()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        if "OMP_NUM_THREADS" not in os.environ:  # torchrun sets it; our own launch shares the cores out
+            ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", context.world_size))
+            torch.set_num_threads(max(1, usable_cpus() // ranks_here))
+        dist.init_process_group("gloo")
+
+
+def close_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def check_world_size(world_size: int, *, device: torch.device, batch_size: int) -> None:
+    """Refuse a world size this machine or this run cannot have, saying why."""
+    if batch_size % world_size:
+        raise OptionRefused(
+            f"world size {world_size} does not divide the batch of {batch_size} (the global batch stays "
+            f"{batch_size} and each rank takes an equal share): choose a divisor of {batch_size}"
+        )
+    if device.type == "cuda":
+        gpus = torch.cuda.device_count()
+        if world_size > gpus:
+            raise OptionRefused(f"{world_size} ranks need {world_size} GPUs, one each; this machine has {gpus}")
+    else:
+        cpus = usable_cpus()
+        if world_size > cpus:
+            raise OptionRefused(
+                f"{world_size} ranks on the CPU need {world_size} cores, one each; this run may use {cpus}"
+            )
+
+
+class ForwardingDDP(DistributedDataParallel):
+    """DistributedDataParallel that lets ``loss_fn`` read the model's own attributes (``model.config``).
+
+    Calls must still go through ``model(...)``: that is what makes DDP average the gradients.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            inner = self.__dict__.get("_modules", {}).get("module")
+            if name == "module" or inner is None:
+                raise
+            return getattr(inner, name)
+
+
+def wrap_model(model: torch.nn.Module, device: torch.device) -> DistributedDataParallel:
+    """DDP around the (already placed, already optimizer-bound) model; rank 0's weights are broadcast.
+
+    ``static_graph`` stays off: activation checkpointing is switched on and off in place while the
+    run trains, which changes the autograd graph between steps.
+    """
+    if device.type == "cuda":
+        return ForwardingDDP(model, device_ids=[device.index], output_device=device.index)
+    return ForwardingDDP(model)
+
+
+class Collectives:
+    """The per-step collectives of one rank. Every rank calls each method at the same point."""
+
+    def __init__(self, context: RankContext, device: torch.device) -> None:
+        self.context = context
+        self.device = device
+        # nccl moves only device tensors; gloo only host ones.
+        self._wire = device if device.type == "cuda" else torch.device("cpu")
+        self._packet = torch.zeros(PACKET_BYTES, dtype=torch.uint8, device=self._wire)
+        self._process = psutil.Process()
+
+    # ---- the step boundary
+    def share(self, payload: dict[str, Any] | None) -> dict[str, Any]:
+        """Rank 0 passes its payload (JSON-able, encoded within PACKET_BYTES); every rank gets it back."""
+        if self.context.rank == 0:
+            data = encode_packet(payload or {})
+            self._packet.zero_()
+            self._packet[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self._wire)
+        dist.broadcast(self._packet, src=0)
+        return decode_packet(self._packet.cpu().numpy().tobytes())
+
+    def describe_ranks(self) -> list[dict[str, Any]]:
+        """Each rank's host, pid and device, gathered once at start (for run_started)."""
+        mine = {"rank": self.context.rank, "host": socket.gethostname(), "pid": os.getpid(), "device": str(self.device)}
+        everyone: list[Any] = [None] * self.context.world_size
+        dist.all_gather_object(everyone, mine)
+        return everyone
+
+    # ---- every step
+    def mean_loss(self, loss_sum: torch.Tensor) -> torch.Tensor:
+        """The mean over ranks of ``loss_sum`` (each rank's mean over an equal share of the global batch)."""
+        reduced = loss_sum.detach().float().reshape(1).clone()
+        dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
+        return reduced.reshape(()) / self.context.world_size
+
+    # ---- report steps
+    def gather_figures(self, step_time_s: float, data_wait_s: float) -> list[dict[str, float | None]]:
+        """Every rank's figures (RANK_FIGURES), in rank order; rank 0 uses them, the others discard them."""
+        if self.device.type == "cuda":
+            memory = [float(torch.cuda.memory_allocated(self.device)), float(torch.cuda.memory_reserved(self.device)),
+                      float(torch.cuda.max_memory_allocated(self.device))]
+        else:
+            memory = [float("nan")] * 3
+        try:
+            rss = float(self._process.memory_info().rss)
+        except psutil.Error:
+            rss = float("nan")
+        mine = torch.tensor([step_time_s, data_wait_s, *memory, rss], dtype=torch.float64, device=self._wire)
+        everyone = [torch.empty_like(mine) for _ in range(self.context.world_size)]
+        dist.all_gather(everyone, mine)
+        table = torch.stack(everyone).cpu().tolist()
+        return [
+            {"rank": rank, **{name: (None if value != value else value) for name, value in zip(RANK_FIGURES, row)}}
+            for rank, row in enumerate(table)
+        ]
+
+    # ---- checkpoints
+    def gather_objects(self, value: Any) -> list[Any]:
+        """Every rank's ``value`` (RNG states at a checkpoint: rare, small). Uses torch's object collective
+        between this run's own ranks; nothing from outside the process group is unpickled."""
+        everyone: list[Any] = [None] * self.context.world_size
+        dist.all_gather_object(everyone, value)
+        return everyone
+
+
+def encode_packet(payload: dict[str, Any]) -> bytes:
+    body = strict_json.dumps(payload).encode("utf-8")
+    if len(body) + 4 > PACKET_BYTES:
+        raise ValueError(f"a boundary packet of {len(body)} bytes does not fit in {PACKET_BYTES}")
+    return len(body).to_bytes(4, "little") + body
+
+
+def decode_packet(data: bytes) -> dict[str, Any]:
+    length = int.from_bytes(data[:4], "little")
+    return json.loads(data[4 : 4 + length].decode("utf-8")) if length else {}
+
+
+def seed_rank(seed: int, step: int, rank: int) -> None:
+    """A fresh random stream for a rank that has no saved one (a new rank after a world-size change)."""
+    derived = (seed * 1_000_003 + step * 1009 + rank) % (2**63)
+    random.seed(derived)
+    torch.manual_seed(derived)
+    try:
+        import numpy
+    except ImportError:
+        return
+    numpy.random.seed(derived % (2**32))

@@ -1,0 +1,200 @@
+"""Turning a workload spec from the command line into a ``Workload``.
+
+A spec is a built-in sample name (``tiny_gpt``), ``path/to/file.py:factory`` or
+``package.module:factory`` (the ``uvicorn app:app`` convention). Every way this can go wrong becomes a
+``WorkloadError`` that names the file and line at fault. ``check_spec`` and ``workload_label`` import
+nothing, so the app can validate a spec without torch; ``load_workload`` runs the user's code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType, TracebackType
+
+from torchlab.core.wire.errors import TorchlabError, WorkloadError, shown
+
+SAMPLES = {
+    "mlp": "torchlab.sample_models.mlp:workload",
+    "convnet": "torchlab.sample_models.convnet:workload",
+    "tiny_gpt": "torchlab.sample_models.tiny_gpt:workload",
+}
+_FORM = "a built-in sample (" + ", ".join(SAMPLES) + "), path/to/file.py:factory or package.module:factory"
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A parsed spec: either a file path or a module name, and the factory's name."""
+
+    text: str
+    factory: str
+    file: Path | None = None
+    module: str | None = None
+
+
+def check_spec(text: str) -> WorkloadSpec:
+    """Parse a spec and check what can be checked without running it (the file exists)."""
+    text = text.strip()
+    if text in SAMPLES:
+        module, factory = SAMPLES[text].split(":")
+        return WorkloadSpec(text=text, factory=factory, module=module)
+    target, colon, factory = text.rpartition(":")
+    if not colon or not target or not factory.isidentifier():
+        raise WorkloadError(f"workload {shown(text)} is not {_FORM}.")
+    if target.endswith(".py") or os.sep in target or "/" in target:
+        path = Path(target).expanduser()
+        if not path.is_file():
+            raise WorkloadError(f"workload file {target} does not exist (looked for {path.resolve()}).")
+        return WorkloadSpec(text=text, factory=factory, file=path.resolve())
+    if not all(part.isidentifier() for part in target.split(".")):
+        raise WorkloadError(f"workload {shown(text)}: {shown(target)} is not a module name or a .py file; it must be {_FORM}.")
+    return WorkloadSpec(text=text, factory=factory, module=target)
+
+
+def workload_label(text: str) -> str:
+    """A short name for run directories: the sample name, or the file or module's last part."""
+    text = text.strip()
+    if text in SAMPLES:
+        return text
+    target, _, factory = text.rpartition(":")
+    stem = Path(target).stem if target.endswith(".py") else target.rsplit(".", 1)[-1]
+    return stem if factory == "workload" else f"{stem}-{factory}"
+
+
+def load_workload(text: str):
+    """Import the spec's module, call its factory, and return the validated ``Workload``."""
+    from torchlab.core.workload import Workload  # torch is imported here, not at module import
+
+    spec = check_spec(text)
+    module = _import_file(spec.file) if spec.file is not None else _import_module(spec.module)
+    where = str(spec.file) if spec.file is not None else spec.module
+    factory = getattr(module, spec.factory, None)
+    if factory is None:
+        defined = sorted(
+            name for name, value in vars(module).items()
+            if inspect.isfunction(value) and value.__module__ == module.__name__ and not name.startswith("_")
+        )
+        raise WorkloadError(
+            f"{where} has no {spec.factory!r} to call; functions it defines: {', '.join(defined) or 'none'}."
+        )
+    if not callable(factory):
+        raise WorkloadError(f"{where}: {spec.factory!r} is a {type(factory).__name__}, not a function to call.")
+    required = _required_parameters(factory)
+    if required:
+        raise WorkloadError(
+            f"{describe_code(factory)}: the factory {spec.factory}() must take no arguments, "
+            f"but requires {', '.join(required)}."
+        )
+    try:
+        workload = factory()
+    except TorchlabError as error:
+        raise WorkloadError(f"{_frame_text(error.__traceback__, spec.file)}: {error}") from None
+    except Exception as error:
+        raise WorkloadError(
+            f"{_frame_text(error.__traceback__, spec.file)}: the factory {spec.factory}() raised "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    if not isinstance(workload, Workload):
+        raise WorkloadError(
+            f"{describe_code(factory)}: {spec.factory}() returned {type(workload).__name__}, not a Workload; "
+            f"return Workload(model=..., dataset=..., loss_fn=...) from torchlab.core.workload."
+        )
+    return workload
+
+
+def describe_code(function) -> str:
+    """``file.py:LINE`` where a function is defined (or its repr when that cannot be known)."""
+    try:
+        code = inspect.unwrap(function).__code__
+    except AttributeError:
+        return repr(function)
+    return f"{code.co_filename}:{code.co_firstlineno}"
+
+
+def user_frame(tb: TracebackType | None, prefer_file: Path | None = None) -> traceback.FrameSummary | None:
+    """The innermost frame in the user's code: not in torch, not in torchlab's engine."""
+    frames = traceback.extract_tb(tb)
+    if prefer_file is not None:
+        in_file = [f for f in frames if Path(f.filename) == prefer_file]
+        if in_file:
+            return in_file[-1]
+    engine = str(Path(__file__).resolve().parent)
+    torch_dir = _package_dir("torch")
+    for frame in reversed(frames):
+        name = frame.filename
+        if name.startswith(engine) or (torch_dir and name.startswith(torch_dir)) or name.startswith("<"):
+            continue
+        return frame
+    return frames[-1] if frames else None
+
+
+def _frame_text(tb: TracebackType | None, prefer_file: Path | None) -> str:
+    frame = user_frame(tb, prefer_file)
+    return f"{frame.filename}:{frame.lineno} in {frame.name}()" if frame else "workload"
+
+
+def _import_file(path: Path) -> ModuleType:
+    name = path.stem if path.stem.isidentifier() and path.stem not in sys.modules else f"torchlab_workload_{abs(hash(path))}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise WorkloadError(f"workload file {path} cannot be imported as Python.")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # dataclasses and pickling look modules up by name
+    if str(path.parent) not in sys.path:  # let the file import its neighbours
+        sys.path.insert(0, str(path.parent))
+    try:
+        module_spec.loader.exec_module(module)
+    except SyntaxError as error:
+        del sys.modules[name]
+        raise WorkloadError(f"{error.filename}:{error.lineno}: syntax error: {error.msg}.") from None
+    except Exception as error:
+        del sys.modules[name]
+        raise WorkloadError(
+            f"{_frame_text(error.__traceback__, path)}: importing the workload file raised "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    return module
+
+
+def _import_module(name: str) -> ModuleType:
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name and name.startswith(error.name):
+            raise WorkloadError(
+                f"cannot import workload module {name!r}: no module named {error.name!r} "
+                f"(run from the directory that contains it, or install it)."
+            ) from None
+        raise WorkloadError(f"{_frame_text(error.__traceback__, None)}: importing {name} raised {error}") from error
+    except SyntaxError as error:
+        raise WorkloadError(f"{error.filename}:{error.lineno}: syntax error: {error.msg}.") from None
+    except Exception as error:
+        raise WorkloadError(
+            f"{_frame_text(error.__traceback__, None)}: importing {name} raised {type(error).__name__}: {error}"
+        ) from error
+
+
+def _required_parameters(function) -> list[str]:
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return []
+    return [
+        name for name, parameter in signature.parameters.items()
+        if parameter.default is inspect.Parameter.empty
+        and parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+    ]
+
+
+def _package_dir(name: str) -> str | None:
+    module = sys.modules.get(name)
+    file = getattr(module, "__file__", None)
+    return str(Path(file).resolve().parent) if file else None

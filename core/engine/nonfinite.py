@@ -1,0 +1,142 @@
+"""Where did the NaN come from? Localise a non-finite loss or gradient to a module.
+
+Runs only after a non-finite value was seen, so it may be thorough: it replays the failing batch with
+temporary hooks on every module and reports the first place a value went non-finite, in this order:
+a parameter already non-finite; the input batch; the first module (in execution order) whose output
+is non-finite; the loss function; then, in backward order, the first module whose input gradient is
+non-finite while its output gradient was finite, i.e. the module whose backward produced it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torchlab.core.engine.probes import ROOT_MODULE_NAME
+
+
+def localise_nonfinite(
+    model: torch.nn.Module,
+    run_loss: Callable[[], torch.Tensor],
+    batch: Any,
+) -> dict[str, Any]:
+    """Return ``{"phase", "module", "detail"}`` for the first non-finite value when replaying a batch.
+
+    ``run_loss`` computes the loss on ``batch`` under the run's autocast; gradients it leaves are
+    discarded by the caller.
+    """
+    for name, module in model.named_modules():
+        for param_name, param in module.named_parameters(recurse=False):
+            if not torch.isfinite(param).all():
+                return _report("parameters", name, f"parameter {_qualified(name, param_name)} holds NaN/Inf")
+    if _has_nonfinite(batch):
+        return _report("input", None, "the input batch already holds NaN/Inf")
+
+    tracer = _Tracer(model)
+    try:
+        loss = run_loss()
+        if tracer.first_nonfinite_output is not None:
+            name = tracer.first_nonfinite_output
+            return _report("forward", name, f"the output of {_display(name)} is the first non-finite value")
+        if not torch.isfinite(loss.detach()).all():
+            return _report("loss", None, "every module output is finite; the loss function made the NaN/Inf")
+        loss.backward()
+        name = tracer.backward_culprit()
+        if name is not None:
+            return _report("backward", name, f"the backward pass of {_display(name)} produced the first NaN/Inf gradient")
+    finally:
+        tracer.remove()
+    for name, module in model.named_modules():
+        for param in module.parameters(recurse=False):
+            if param.grad is not None and not torch.isfinite(param.grad).all():
+                return _report("backward", name, f"the gradient of {_display(name)} holds NaN/Inf")
+    return _report("unknown", None, "the replayed step was finite (a non-deterministic NaN?)")
+
+
+class _Tracer:
+    """Temporary hooks recording where values first become non-finite, forward and backward."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.first_nonfinite_output: str | None = None
+        self._output_grad_finite: dict[str, bool] = {}
+        self._candidates: list[str] = []
+        self._handles = []
+        for name, module in model.named_modules():
+            self._handles.append(module.register_forward_pre_hook(self._pre_hook(name)))
+            self._handles.append(module.register_forward_hook(self._hook(name)))
+
+    def _pre_hook(self, name: str):
+        def hook(module, inputs):
+            for tensor in _tensors(inputs):
+                if tensor.requires_grad:
+                    tensor.register_hook(self._input_grad_hook(name))
+
+        return hook
+
+    def _hook(self, name: str):
+        def hook(module, inputs, output):
+            for tensor in _tensors(output):
+                if self.first_nonfinite_output is None and not torch.isfinite(tensor.detach()).all():
+                    self.first_nonfinite_output = name
+                if tensor.requires_grad:
+                    tensor.register_hook(self._output_grad_hook(name))
+
+        return hook
+
+    def _output_grad_hook(self, name: str):
+        def hook(grad):
+            finite = bool(torch.isfinite(grad).all())
+            self._output_grad_finite[name] = self._output_grad_finite.get(name, True) and finite
+
+        return hook
+
+    def _input_grad_hook(self, name: str):
+        def hook(grad):
+            if not torch.isfinite(grad).all() and self._output_grad_finite.get(name, True):
+                self._candidates.append(name)
+
+        return hook
+
+    def backward_culprit(self) -> str | None:
+        """The first candidate in backward order, preferring its innermost submodule on the same tensor."""
+        if not self._candidates:
+            return None
+        culprit = self._candidates[0]
+        for name in self._candidates[1:]:
+            if culprit == "" or name.startswith(culprit + "."):
+                culprit = name
+        return culprit
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def _tensors(value: Any):
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point():
+            yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+
+
+def _has_nonfinite(batch: Any) -> bool:
+    return any(not torch.isfinite(tensor).all() for tensor in _tensors(batch))
+
+
+def _report(phase: str, module: str | None, detail: str) -> dict[str, Any]:
+    return {"phase": phase, "module": None if module is None else (module or ROOT_MODULE_NAME), "detail": detail}
+
+
+def _display(name: str) -> str:
+    return f"module {name!r}" if name else "the model's top level"
+
+
+def _qualified(module_name: str, param_name: str) -> str:
+    return f"{module_name}.{param_name}" if module_name else param_name

@@ -1,0 +1,419 @@
+"""The channel between the supervisor and rank 0: typed messages over a Unix socket, as the app's are.
+
+Rank 0 reports (metrics, events, telemetry, and at the end its outcome) and the supervisor sends it
+commands, which rank 0 broadcasts to the other ranks at its next step boundary. The supervisor serves
+a socket (0600, in the 0700 runtime directory) and rank 0 connects, proving with a token (inherited in
+the environment, never on a command line) that it is the rank this supervisor launched.
+
+The guarantees are the app socket's: every line is one message of this protocol (``RankMessage``,
+decoded and validated by ``protocol.decode``; nothing is unpickled); a line that is not one is answered
+with ``ChannelRefused`` and journalled (``line_refused``, at most a burst a minute), and the reading goes
+on; a line over the length cap is skipped to its newline and refused the same way. When the channel
+breaks (rank 0 gone without its outcome, or the supervisor gone), neither side goes on silently: rank 0
+stops at its next step boundary, and the supervisor reports the run as failed with the reason
+(``RankChannel.broken``), unless the launcher names a rank that failed first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import secrets
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from torchlab.core.wire.errors import StorageError
+from torchlab.core.wire.line_reader import LineReader
+from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.wire.protocol import Message, ProtocolError, decode
+from torchlab.core.wire.runtime import listen_privately, runtime_dir
+from torchlab.core.wire.throttle import RefusedLines
+from torchlab.core.engine.trainer import Command, Stop, WorldSizeChange, command_from_json, command_to_json
+
+#: A report of a model with many thousands of modules is a long line (a name and a norm per module, twice);
+#: longer than this is no report of ours.
+MAX_LINE_BYTES = 64 << 20
+#: How long the supervisor waits for rank 0 to connect and say hello (its imports came before).
+HELLO_TIMEOUT_S = 30.0
+OUTCOME_STATUSES = ("finished", "stopped", "nonfinite", "failed", "relaunch", "usage")
+_DICT_OR_NULL = (dict, type(None))
+
+
+@dataclass(frozen=True)
+class RankMessage(Message):
+    """Base of the rank channel's messages: a protocol of its own, which the app's socket does not read."""
+
+    registry: ClassVar[dict[str, type[Message]]] = {}
+    max_line_bytes: ClassVar[int] = MAX_LINE_BYTES
+
+
+@dataclass(frozen=True)
+class RankHello(RankMessage):
+    """Rank 0's first line: the token the supervisor put in its environment."""
+
+    type: ClassVar[str] = "hello"
+    schema: ClassVar = {"token": (str,)}
+    token: str
+
+
+@dataclass(frozen=True)
+class MetricsReport(RankMessage):
+    """One metrics.jsonl record, as rank 0's trainer reported it."""
+
+    type: ClassVar[str] = "metrics"
+    schema: ClassVar = {"record": (dict,)}
+    record: dict
+
+    def validate(self) -> None:
+        if not _is_int(self.record.get("step")):
+            raise ProtocolError("metrics.record: needs an integer step")
+
+
+@dataclass(frozen=True)
+class EventReport(RankMessage):
+    """One events.jsonl record."""
+
+    type: ClassVar[str] = "event"
+    schema: ClassVar = {"record": (dict,)}
+    record: dict
+
+    def validate(self) -> None:
+        if not isinstance(self.record.get("event"), str) or not _is_int(self.record.get("step")):
+            raise ProtocolError("event.record: needs an event name and an integer step")
+
+
+@dataclass(frozen=True)
+class TelemetryReport(RankMessage):
+    type: ClassVar[str] = "telemetry"
+    schema: ClassVar = {"sample": (dict,)}
+    sample: dict
+
+
+@dataclass(frozen=True)
+class Outcome(RankMessage):
+    """Rank 0's last line: how its run ended, and the commands it never handled (for the next trainer)."""
+
+    type: ClassVar[str] = "outcome"
+    schema: ClassVar = {
+        "status": (str,), "step": (int,), "message": (str,), "kind": (str,), "relaunch": _DICT_OR_NULL, "unhandled": (list,),
+    }
+    status: str
+    step: int
+    message: str = ""
+    kind: str = ""
+    relaunch: dict | None = None  # a WorldSizeChange's fields
+    unhandled: list = dataclasses.field(default_factory=list)  # command_to_json objects
+
+    def validate(self) -> None:
+        if self.status not in OUTCOME_STATUSES:
+            raise ProtocolError(f"outcome.status: not one of {', '.join(OUTCOME_STATUSES)}")
+        try:
+            self.world_size_change()
+            self.unhandled_commands()
+        except (KeyError, TypeError, ValueError):
+            raise ProtocolError("outcome: a relaunch or an unhandled command that is not one") from None
+
+    def world_size_change(self) -> WorldSizeChange | None:
+        return None if self.relaunch is None else WorldSizeChange(**self.relaunch)
+
+    def unhandled_commands(self) -> list[Command]:
+        return [command_from_json(data) for data in self.unhandled]
+
+
+@dataclass(frozen=True)
+class CommandMessage(RankMessage):
+    """A command for rank 0 (``trainer.command_to_json``'s form), from the supervisor."""
+
+    type: ClassVar[str] = "command"
+    schema: ClassVar = {"command": (dict,)}
+    command: dict
+
+    def validate(self) -> None:
+        try:
+            self.as_command()
+        except (KeyError, TypeError, ValueError):
+            raise ProtocolError("command: not a command") from None
+
+    @classmethod
+    def of(cls, command: Command) -> CommandMessage:
+        return cls(command=command_to_json(command))
+
+    def as_command(self) -> Command:
+        return command_from_json(self.command)
+
+
+@dataclass(frozen=True)
+class ChannelRefused(RankMessage):
+    """The answer to a line the other side could not read; it goes on reading."""
+
+    type: ClassVar[str] = "refused"
+    schema: ClassVar = {"reason": (str,)}
+    reason: str
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _how_it_ended(error: BaseException) -> str:
+    return "closed by the other side" if isinstance(error, EOFError) else f"{type(error).__name__}: {error}"
+
+
+def _send(connection: socket.socket, message: RankMessage) -> None:
+    connection.sendall(message.encode())
+
+
+# ---------------------------------------------------------------------- the supervisor's end
+
+
+class RankChannel:
+    """The supervisor's end: serves rank 0 and passes its reports to ``observer``.
+
+    ``step`` says the run's step (for the journal's records of refused lines). After the ranks ended,
+    ``close()`` returns the commands rank 0 never took; ``outcome`` is rank 0's last word, ``broken``
+    why the channel ended without one (empty when it did not), ``storage_failure`` a write that failed.
+    """
+
+    def __init__(self, observer: TrainerObserver, step: Callable[[], int]) -> None:
+        self.observer = observer
+        self.token = secrets.token_hex(16)
+        self.path = runtime_dir() / f"ranks-{secrets.token_hex(6)}.sock"
+        self.outcome: Outcome | None = None
+        self.broken = ""
+        #: a record rank 0 sent could not be written to the run directory: the ranks were asked to stop
+        self.storage_failure: StorageError | None = None
+        self._step = step
+        self._refusals = RefusedLines("rank channel")
+        self._lock = threading.Lock()
+        self._connection: socket.socket | None = None
+        self._queued: list[Command] = []
+        self._closed = False
+        self._listener = listen_privately(self.path, 4)
+        self._listener.settimeout(0.25)
+        self._thread = threading.Thread(target=self._serve, name="torchlab-rank-channel", daemon=True)
+        self._thread.start()
+
+    def send(self, command: Command) -> None:
+        """To rank 0 now, or as soon as it connects."""
+        with self._lock:
+            if self._connection is None:
+                self._queued.append(command)
+                return
+            try:
+                _send(self._connection, CommandMessage.of(command))
+            except OSError:
+                self._queued.append(command)  # rank 0 is going away; handed to the next trainer
+
+    def close(self) -> list[Command]:
+        """After the ranks ended: read what rank 0 sent last, stop serving; return commands never delivered."""
+        self._thread.join(timeout=10.0)
+        self._closed = True
+        self._listener.close()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        unrecorded = self._refusals.unrecorded(self._step())
+        if unrecorded:
+            try:
+                self.observer.on_event(unrecorded)
+            except StorageError as error:
+                self.storage_failure = self.storage_failure or error
+        with self._lock:
+            queued, self._queued = self._queued, []
+        return queued + (self.outcome.unhandled_commands() if self.outcome is not None else [])
+
+    def _serve(self) -> None:
+        while not self._closed:
+            try:
+                connection, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if self._welcomed(connection):  # then relayed rank 0's reports until the end
+                return  # one rank 0 per launch
+
+    def _welcomed(self, connection: socket.socket) -> bool:
+        """Rank 0's hello with this launch's token; anything else is refused and that connection closed."""
+        reader = LineReader(connection, MAX_LINE_BYTES)
+        try:
+            hello = decode(reader.next_line(deadline=time.monotonic() + HELLO_TIMEOUT_S), RankMessage)
+            if not isinstance(hello, RankHello) or not hmac.compare_digest(hello.token.encode(), self.token.encode()):
+                raise ProtocolError("expected rank 0's hello with this launch's token")
+        except (ProtocolError, EOFError, OSError) as error:
+            self._refuse(connection, str(error), before_hello=True)
+            _close(connection)
+            return False
+        connection.settimeout(None)
+        with self._lock:
+            self._connection = connection
+            queued, self._queued = self._queued, []
+        for command in queued:
+            self.send(command)
+        self._relay(connection, reader)
+        return True
+
+    def _relay(self, connection: socket.socket, reader: LineReader) -> None:
+        """Rank 0's reports until it closes the channel; ``broken`` says how it ended if no outcome came."""
+        while True:
+            try:
+                message = decode(reader.next_line(), RankMessage)
+            except ProtocolError as error:
+                self._refuse(connection, str(error), before_hello=False)
+                continue
+            except (EOFError, OSError) as error:
+                ended_by = _how_it_ended(error)
+                break
+            self._dispatch_or_stop(message, connection)
+        with self._lock:
+            self._connection = None
+        if self.outcome is None:
+            self.broken = f"the channel from rank 0 ended before it reported how its run ended ({ended_by})"
+        _close(connection)
+
+    def _refuse(self, connection: socket.socket, reason: str, *, before_hello: bool) -> None:
+        try:
+            _send(connection, ChannelRefused(reason=reason))
+        except OSError:
+            pass  # rank 0 is gone; the journal still says what came
+        self._journal_refusal(reason, before_hello=before_hello, by="supervisor")
+
+    def _journal_refusal(self, reason: str, *, before_hello: bool, by: str) -> None:
+        record = self._refusals.record(self._step(), reason, before_hello=before_hello, refused_by=by)
+        if record is None:
+            return
+        try:
+            self.observer.on_event(record)
+        except StorageError as error:
+            self._storage_failed(error)
+
+    def _dispatch_or_stop(self, message: RankMessage, connection: socket.socket) -> None:
+        """Pass a report on; if the run directory cannot take it (a full disk), stop the ranks at their next
+        step boundary rather than let them train on with nothing written."""
+        try:
+            self._dispatch(message, connection)
+        except StorageError as error:
+            self._storage_failed(error)
+
+    def _storage_failed(self, error: StorageError) -> None:
+        if self.storage_failure is None:
+            self.storage_failure = error
+            self.send(Stop("a file of the run could not be written"))
+
+    def _dispatch(self, message: RankMessage, connection: socket.socket) -> None:
+        if isinstance(message, MetricsReport):
+            self.observer.on_metrics(message.record)
+        elif isinstance(message, EventReport):
+            self.observer.on_event(message.record)
+        elif isinstance(message, TelemetryReport):
+            self.observer.on_telemetry(message.sample)
+        elif isinstance(message, Outcome):
+            self.outcome = message
+        elif isinstance(message, ChannelRefused):  # rank 0 could not read a command we sent
+            self._journal_refusal(message.reason, before_hello=False, by="rank 0")
+        else:
+            self._refuse(connection, f"{message.type} is not a report", before_hello=False)
+
+
+def _close(connection: socket.socket) -> None:
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    connection.close()
+
+
+# ---------------------------------------------------------------------- rank 0's end
+
+
+class SupervisorLink(TrainerObserver):
+    """Rank 0's end: sends its trainer's records to the supervisor; queues the supervisor's commands
+    into the trainer. If the channel breaks, the run stops at the next step boundary, and says why on
+    rank 0's stderr (its log in the run's ranks/ folder)."""
+
+    def __init__(self, path: Path, token: str) -> None:
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._socket.connect(str(path))
+        self._lock = threading.Lock()
+        self.trainer = None
+        self.broken = ""
+        self._closing = False
+        self._send(RankHello(token=token))
+
+    def attach(self, trainer) -> None:
+        """Start taking commands for ``trainer`` (anything with ``submit`` and ``request_stop``)."""
+        self.trainer = trainer
+        threading.Thread(target=self._read_commands, name="torchlab-supervisor-link", daemon=True).start()
+
+    def on_metrics(self, record: dict[str, Any]) -> None:
+        self._send(MetricsReport(record=record))
+
+    def on_event(self, record: dict[str, Any]) -> None:
+        self._send(EventReport(record=record))
+
+    def on_telemetry(self, sample: dict[str, Any]) -> None:
+        self._send(TelemetryReport(sample=sample))
+
+    def send_outcome(self, status: str, step: int, message: str = "", *, relaunch: WorldSizeChange | None = None,
+                     kind: str = "", unhandled: list[Command] = ()) -> None:
+        self._send(Outcome(
+            status=status, step=step, message=message, kind=kind,
+            relaunch=dataclasses.asdict(relaunch) if relaunch else None,
+            unhandled=[command_to_json(command) for command in unhandled],
+        ))
+
+    def close(self) -> None:
+        """After the outcome: the end of the channel is no longer news."""
+        self._closing = True
+        _close(self._socket)
+
+    def _send(self, message: RankMessage) -> None:
+        with self._lock:
+            if self.broken:
+                return
+            try:
+                _send(self._socket, message)
+            except OSError as error:
+                self._break(f"could not send to the supervisor ({type(error).__name__}: {error})")
+
+    def _break(self, reason: str) -> None:
+        if self._closing:
+            return
+        if not self.broken:
+            self.broken = reason
+            print(f"torchlab rank 0: the channel to the supervisor broke: {reason}; stopping at the next step boundary",
+                  file=sys.stderr, flush=True)
+        if self.trainer is not None:
+            self.trainer.request_stop("the supervisor went away")
+
+    def _read_commands(self) -> None:
+        reader = LineReader(self._socket, MAX_LINE_BYTES)
+        while True:
+            try:
+                message = decode(reader.next_line(), RankMessage)
+            except ProtocolError as error:
+                self._answer_refused(str(error))
+                continue
+            except (EOFError, OSError) as error:
+                self._break(_how_it_ended(error))
+                return
+            if isinstance(message, CommandMessage):
+                self.trainer.submit(message.as_command())
+            elif isinstance(message, ChannelRefused):  # the supervisor could not read a report of ours
+                print(f"torchlab rank 0: the supervisor refused a report: {message.reason}", file=sys.stderr, flush=True)
+            else:
+                self._answer_refused(f"{message.type} is not a command")
+
+    def _answer_refused(self, reason: str) -> None:
+        with self._lock:
+            try:
+                _send(self._socket, ChannelRefused(reason=reason))
+            except OSError:
+                pass  # the reader sees the end of the channel next

@@ -1,0 +1,478 @@
+"""The supervisor: one stable process that owns a run's reporting while its ranks come and go.
+
+::
+
+    supervisor (the headless process, or the app's trainer process)          rank processes
+      observers: run directory, impact table, progress bar or app outbox
+      world size 1: the Trainer, in this process (no launcher, fast start)
+      world size N: elastic_launch (torchrun's machinery; its rendezvous   python -m torchlab.core.engine.ranks
+                    on 127.0.0.1 only) ─── starts N ──────────────────▶    (gloo on CPU; nccl, one GPU each)
+                    ◀── rank 0: metrics, events, outcome ── Unix socket ──  rank 0 broadcasts the commands
+                    ── commands ──────────────────────────▶ typed messages  at each step boundary
+
+A change of world size ends the current trainer (or ranks) with a checkpoint and the outcome
+``relaunch``; the supervisor starts the new size from that checkpoint, and acknowledges the change
+(``option_applied``, at the step it takes effect) once the new trainer reports ``run_started``.
+
+A rank that fails takes the run down with it: the launcher stops the other ranks, and the supervisor
+reports the first rank that failed (``@record`` gives its traceback) as the run's error. Rank processes
+die with their supervisor (parent-death signal), so none is ever left behind.
+
+Under ``torchrun`` (several nodes, or a launcher of your own) there is no relaunch: each process is a
+rank with its world size fixed by the launcher, rank 0 reports in-process, and a change is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+
+from torchlab.core.engine import loopback_rendezvous
+from torchlab.core.engine.checkpoint import checkpoint_file
+from torchlab.core.wire.config import TrainConfig, build_config, load_config_file
+from torchlab.core.engine.distributed import RankContext, check_world_size, rank_from_environment
+from torchlab.core.wire.errors import ConfigError, StorageError, TorchlabError, WorkloadError
+from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.wire.options import OptionRefused
+from torchlab.core.engine.rank_channel import RankChannel, SupervisorLink
+from torchlab.core.wire.runtime import die_with_parent
+from torchlab.core.wire.storage import make_folder, write_atomically
+from torchlab.core.engine.trainer import (
+    Command,
+    RunOutcome,
+    Stop,
+    Trainer,
+    WorldSizeChange,
+    resolve_device,
+)
+
+TOKEN_VARIABLE = "TORCHLAB_SUPERVISOR_TOKEN"
+#: How long the supervisor waits for rank processes to leave after it asked them to (SIGTERM), before SIGKILL.
+TERMINATE_GRACE_S = 10.0
+_PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote worker crash|NCCL communicator was aborted", re.I)
+
+
+class Supervisor:
+    """Runs ``config`` at its world size and reports to ``observers``; API as the Trainer's: ``submit``,
+    ``request_stop``, ``run``, ``step``. Under ``torchrun`` (``external`` given) it is one rank of many."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        observers: Iterable[TrainerObserver],
+        run_dir: Path,
+        resume_from: Path | None = None,
+        explicit_options: Iterable[str] = (),
+        workload=None,
+        external: RankContext | None = None,
+        resume_note: dict[str, Any] | None = None,
+    ) -> None:
+        """``workload``: already loaded (seeded first) for the first in-process trainer; later ones load
+        their own, as a fresh process would. ``external``: this process is a rank that torchrun started.
+        ``resume_note``: what the resume changed (``changes``, ``message``, ``level``), reported as the event
+        ``resume_changed_settings`` once the checkpoint has loaded."""
+        self.config = config
+        self.observers = list(observers)
+        self.run_dir = Path(run_dir)
+        self.resume_from = resume_from
+        self.explicit_options = set(explicit_options)
+        self.external = external
+        self._workload = workload
+        self.step = 0
+        self.trainer: Trainer | None = None
+        self._relay = _Relay(self)
+        self._lock = threading.Lock()
+        self._pending: list[Command] = []  # commands that arrived while no trainer or rank 0 could take them
+        self._channel: RankChannel | None = None
+        self._signalled_stop: Stop | None = None
+        self._acknowledge: WorldSizeChange | None = None
+        self._resume_note = resume_note
+        if external is not None:
+            self.world_size = external.world_size
+            self.config = _with_world_size(config, external.world_size)
+            self.explicit_options.add("world_size")
+        else:
+            self.world_size = initial_world_size(config, resume_from, self.explicit_options)
+            self.config = _with_world_size(config, self.world_size)
+
+    # ------------------------------------------------------------------ the Trainer's API
+    def submit(self, command: Command) -> None:
+        with self._lock:
+            if self.trainer is not None:
+                self.trainer.submit(command)
+            elif self._channel is not None:
+                self._channel.send(command)
+            else:
+                self._pending.append(command)
+
+    def request_stop(self, reason: str) -> None:
+        """Safe in a signal handler: attribute stores only; the run loop forwards the stop to the ranks."""
+        self._signalled_stop = Stop(reason)
+        trainer = self.trainer
+        if trainer is not None:
+            trainer.request_stop(reason)
+
+    # ------------------------------------------------------------------ running
+    def prepare(self) -> None:
+        """Check the world size; at world size 1 (or under torchrun) build the trainer here, so a bad
+        workload fails before training starts (WorkloadError, ConfigError), exactly as without ranks."""
+        if self.external is None and self.world_size > 1:
+            try:
+                check_world_size(self.world_size, device=resolve_device(self.config.device),
+                                 batch_size=self.config.batch_size or self.world_size)
+            except OptionRefused as refusal:
+                raise ConfigError(f"world_size (--world-size) {self.world_size}: {refusal}.") from None
+        elif self.trainer is None:
+            self._build_trainer(self.config, self.resume_from, self.explicit_options)
+
+    def run(self) -> RunOutcome:
+        config, resume, explicit = self.config, self.resume_from, self.explicit_options
+        while True:
+            if self.world_size == 1 or self.external is not None:
+                outcome = self._run_here(config, resume, explicit)
+            else:
+                outcome = self._run_ranks(config, resume, explicit)
+            if outcome.status != "relaunch":
+                return outcome
+            change = outcome.relaunch
+            self._emit_event({"event": "relaunching", "step": outcome.step, "time": time.time(),
+                              "world_size": change.value, "previous": change.previous})
+            self._acknowledge = change
+            self.world_size = change.value
+            config = _with_world_size(config, change.value)
+            resume, explicit = self.run_dir / "checkpoints" / "last.pt", {"world_size"}
+
+    def _emit_event(self, record: dict[str, Any]) -> None:
+        for observer in self.observers:
+            observer.on_event(record)
+
+    def _build_trainer(self, config: TrainConfig, resume: Path | None, explicit: set[str]) -> Trainer:
+        from torchlab.core.engine.seeding import seed_everything
+        from torchlab.core.engine.loading import load_workload
+
+        workload, self._workload = self._workload, None
+        if workload is None:
+            seed_everything(config.seed)
+            workload = load_workload(config.workload)
+        trainer = Trainer(
+            config,
+            workload,
+            observers=[self._relay],
+            checkpoint_dir=self.run_dir / "checkpoints",
+            profiles_dir=self.run_dir / "profiles",
+            resume_from=resume,
+            explicit_options=explicit,
+            ranks=self.external,
+            can_relaunch=self.external is None,
+        )
+        with self._lock:
+            self.trainer = trainer
+            pending, self._pending = self._pending, []
+        for command in pending:
+            trainer.submit(command)
+        if self._signalled_stop is not None:
+            trainer.request_stop(self._signalled_stop.reason)
+        return trainer
+
+    def _run_here(self, config: TrainConfig, resume: Path | None, explicit: set[str]) -> RunOutcome:
+        trainer = self.trainer or self._build_trainer(config, resume, explicit)
+        try:
+            return trainer.run()
+        finally:
+            with self._lock:
+                self.trainer = None
+                self._pending = trainer.pending_commands() + self._pending
+            del trainer
+            gc.collect()  # the model and optimizer of this size go before the next size loads its own
+            if torch.cuda.is_initialized():
+                torch.cuda.empty_cache()  # and their cached GPU memory, which rank 0 will want on this GPU
+
+    def _run_ranks(self, config: TrainConfig, resume: Path | None, explicit: set[str]) -> RunOutcome:
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+        from torchlab.core.engine.telemetry import TelemetrySampler
+
+        loopback_rendezvous.register()
+        logs = self.run_dir / "ranks"
+        make_folder(logs)  # as private as the run directory
+        rank_config = logs / "config.toml"
+        write_atomically(rank_config, config.to_toml())
+        channel = RankChannel(self._relay, step=lambda: self.step)
+        with self._lock:
+            self._channel = channel
+            pending, self._pending = self._pending, []
+        for command in pending:
+            channel.send(command)
+        args = ["-m", "torchlab.core.engine.ranks", "--run-dir", str(self.run_dir), "--config", str(rank_config),
+                "--socket", str(channel.path), "--explicit-options", ",".join(sorted(explicit))]
+        if resume is not None:
+            args += ["--resume", str(resume)]
+        launch = LaunchConfig(
+            min_nodes=1, max_nodes=1, nproc_per_node=self.world_size,
+            run_id=f"torchlab-{uuid.uuid4().hex[:12]}",
+            rdzv_backend=loopback_rendezvous.BACKEND, rdzv_endpoint="",  # a store on 127.0.0.1 only
+            max_restarts=0, monitor_interval=0.1, start_method="spawn",
+            logs_specs=DefaultLogsSpecs(log_dir=str(logs), redirects=Std.ALL),
+        )
+        failure: list[BaseException] = []
+
+        def launcher() -> None:
+            try:
+                elastic_launch(launch, sys.executable)(*args)
+            except BaseException as error:  # reported by the supervisor's thread below
+                failure.append(error)
+
+        os.environ[TOKEN_VARIABLE] = channel.token  # children inherit it; it never appears on a command line
+        # The launcher warns that, off the main thread, it cannot forward signals to its workers (ours
+        # need none: they die with this process, and stop on a command), and logs each rank's failure,
+        # which the supervisor reports itself, with the rank that caused it.
+        logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+        sampler = None
+        if config.telemetry_interval > 0:
+            sampler = TelemetrySampler(torch.device("cpu"), self._relay.on_telemetry, lambda: self.step, config.telemetry_interval)
+            sampler.start()
+        # The launcher runs on its own thread, so this thread's signal handlers stay the run's own
+        # (Ctrl-C: stop at a boundary with a checkpoint) instead of the launcher's (terminate at once).
+        thread = threading.Thread(target=launcher, name="torchlab-launcher", daemon=True)
+        stop_sent = False
+        try:
+            thread.start()
+            while thread.is_alive():
+                thread.join(0.1)
+                if self._signalled_stop is not None and not stop_sent:
+                    channel.send(self._signalled_stop)
+                    stop_sent = True
+        finally:
+            if thread.is_alive():  # leaving early (a second Ctrl-C): take the ranks down with us
+                _terminate_ranks()
+                thread.join(TERMINATE_GRACE_S + 5.0)
+            if sampler is not None:
+                sampler.stop()
+            os.environ.pop(TOKEN_VARIABLE, None)
+            with self._lock:
+                self._channel = None
+                self._pending = channel.close() + self._pending
+        outcome = channel.outcome
+        if channel.storage_failure is not None:  # the run directory could not be written: that ended the run
+            message = str(channel.storage_failure)
+            try:
+                self._relay.on_event({"event": "error", "step": self.step + 1, "time": time.time(), "message": message, "traceback": ""})
+            except StorageError:
+                pass  # the journal is what could not be written; the outcome carries the message
+            return RunOutcome("failed", self.step, message, kind="StorageError")
+        if outcome is not None and outcome.status == "usage":
+            raise (ConfigError if outcome.kind == "ConfigError" else WorkloadError)(outcome.message)
+        if failure:
+            error = failure[0]
+            if isinstance(error, ChildFailedError):
+                rank, message, trace, exitcode = root_cause(error)
+            else:
+                rank, message, trace, exitcode = None, f"the launcher failed: {type(error).__name__}: {error}", "", None
+            self._relay.on_event({"event": "error", "step": self.step + 1, "time": time.time(), "message": message,
+                                  "traceback": trace, "rank": rank, "exitcode": exitcode})
+            return RunOutcome("failed", self.step, message)
+        if outcome is None:
+            message = f"rank 0 stopped reporting: {channel.broken or 'its channel to the supervisor never opened'}"
+            self._relay.on_event({"event": "error", "step": self.step + 1, "time": time.time(), "message": message, "traceback": ""})
+            return RunOutcome("failed", self.step, message, kind="RankChannelError")
+        return RunOutcome(outcome.status, outcome.step, outcome.message, outcome.world_size_change(), outcome.kind)
+
+
+class _Relay(TrainerObserver):
+    """Passes every record on to the supervisor's observers; tracks the step; acknowledges a world-size
+    change when the relaunched trainer reports ``run_started``."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+
+    def on_metrics(self, record: dict[str, Any]) -> None:
+        self.supervisor.step = record["step"]
+        for observer in self.supervisor.observers:
+            observer.on_metrics(record)
+
+    def on_event(self, record: dict[str, Any]) -> None:
+        for observer in self.supervisor.observers:
+            observer.on_event(record)
+        change = self.supervisor._acknowledge
+        note = self.supervisor._resume_note
+        if record["event"] == "resumed_from_checkpoint" and note is not None:
+            self.supervisor._resume_note = None
+            self.on_event({"event": "resume_changed_settings", "step": record["step"], "time": time.time(), **note})
+        if record["event"] == "run_started":
+            self.supervisor.step = record["step"]
+            if change is not None:
+                self.supervisor._acknowledge = None
+                self.on_event({
+                    "event": "option_applied", "step": change.step, "time": time.time(), "option": "world_size",
+                    "value": change.value, "previous": change.previous, "display": str(change.value),
+                    "source": change.source,
+                })
+
+    def on_telemetry(self, sample: dict[str, Any]) -> None:
+        for observer in self.supervisor.observers:
+            observer.on_telemetry(sample)
+
+
+def root_cause(error) -> tuple[int, str, str, int]:
+    """The rank whose failure brought the others down: (rank, message, traceback, exit code).
+
+    When one rank fails, the launcher stops the rest with SIGTERM, and ranks blocked in a collective
+    fail on the lost peer; those are effects. Of the others, the earliest (then the lowest rank) wins.
+    """
+    def describe(rank: int, failure) -> tuple[int, str, str, int]:
+        data = failure.message
+        text = data.get("message", "") if isinstance(data, dict) else str(data)
+        trace = data.get("extraInfo", {}).get("py_callstack", "") if isinstance(data, dict) else ""
+        if failure.exitcode < 0:
+            return rank, f"rank {rank} was killed by signal {-failure.exitcode} ({failure.signal_name()})", "", failure.exitcode
+        if not trace:
+            text = f"exited with code {failure.exitcode}"
+        return rank, f"rank {rank} failed: {text}", trace, failure.exitcode
+
+    described = [describe(rank, failure) for rank, failure in error.failures.items()]
+
+    def is_effect(item: tuple[int, str, str, int]) -> bool:
+        return item[3] == -signal.SIGTERM or bool(_PEER_LOST.search(item[1]))
+
+    timestamps = {rank: failure.timestamp for rank, failure in error.failures.items()}
+    return min(described, key=lambda item: (is_effect(item), timestamps[item[0]], item[0]))
+
+
+def _terminate_ranks() -> None:
+    """SIGTERM this process's rank children (then SIGKILL after a grace period): no rank outlives its run."""
+    me = psutil.Process()
+    ranks = []
+    for child in me.children(recursive=True):
+        try:
+            if "torchlab.core.engine.ranks" in " ".join(child.cmdline()):
+                ranks.append(child)
+        except psutil.Error:
+            continue
+    for process in ranks:
+        try:
+            process.terminate()
+        except psutil.Error:
+            continue
+    _, alive = psutil.wait_procs(ranks, timeout=TERMINATE_GRACE_S)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.Error:
+            continue
+
+
+def initial_world_size(config: TrainConfig, resume: Path | None, explicit_options: Iterable[str]) -> int:
+    """--world-size when given; else a resumed run keeps the world size its checkpoint trained with."""
+    if "world_size" in explicit_options or resume is None:
+        return config.options.world_size
+    try:  # memory-mapped: only the small options entry is read
+        state = torch.load(checkpoint_file(resume), map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # missing or unreadable: the trainer says why when it loads it
+        return config.options.world_size
+    return int(state.get("options", {}).get("world_size", 1))
+
+
+def _with_world_size(config: TrainConfig, world_size: int) -> TrainConfig:
+    return dataclasses.replace(config, options=config.options.with_value("world_size", world_size))
+
+
+# ---------------------------------------------------------------------- a rank process
+
+
+def run_quiet_rank(config: TrainConfig, context: RankContext, *, run_dir: Path, resume: Path | None,
+                   explicit_options: Iterable[str]) -> RunOutcome:
+    """A rank other than 0 under torchrun (headless or worker): trains its share; reports and writes nothing."""
+    from torchlab.core.engine.seeding import seed_everything
+    from torchlab.core.engine.loading import load_workload
+
+    seed_everything(config.seed)
+    workload = load_workload(config.workload)
+    supervisor = Supervisor(config, observers=[], run_dir=run_dir, resume_from=resume,
+                            explicit_options=explicit_options, workload=workload, external=context)
+    supervisor.prepare()
+    return supervisor.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return record(_rank_main)(argv)
+
+
+def _rank_main(argv: list[str] | None) -> int:
+    from torchlab.core.engine.distributed import close_process_group
+    from torchlab.core.engine.seeding import seed_everything
+    from torchlab.core.engine.loading import load_workload
+
+    die_with_parent(signal.SIGKILL)  # no rank outlives the process that launched it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # stopping is the supervisor's decision, sent as a command
+    parser = argparse.ArgumentParser(prog="python -m torchlab.core.engine.ranks", description="One rank of a torchlab run (started by its supervisor).")
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--socket", type=Path, required=True)
+    parser.add_argument("--resume", type=Path)
+    parser.add_argument("--explicit-options", default="")
+    args = parser.parse_args(argv)
+    context = rank_from_environment(supervised=True)
+    if context is None:
+        parser.error("RANK and WORLD_SIZE are not set: rank processes are started by the supervisor's launcher")
+    link = SupervisorLink(args.socket, os.environ[TOKEN_VARIABLE]) if context.rank == 0 else None
+    try:
+        config = build_config(load_config_file(args.config), {})
+        seed_everything(config.seed)
+        workload = load_workload(config.workload)
+        trainer = Trainer(
+            config,
+            workload,
+            observers=[link] if link else [],
+            checkpoint_dir=args.run_dir / "checkpoints",
+            profiles_dir=args.run_dir / "profiles",
+            resume_from=args.resume,
+            explicit_options=[name for name in args.explicit_options.split(",") if name],
+            ranks=context,
+            can_relaunch=True,
+            samples_telemetry=False,  # the supervisor samples the whole process tree, itself and every rank
+        )
+    except TorchlabError as error:
+        if link is not None:
+            link.on_event({"event": "error", "step": 0, "time": time.time(), "message": str(error), "traceback": "", "rank": 0})
+            link.send_outcome("usage", 0, str(error), kind=type(error).__name__)
+            link.close()
+        return 2
+    if link is not None:
+        link.attach(trainer)
+    try:
+        outcome = trainer.run()
+    except TorchlabError as error:  # the first step failed on the workload: already reported as an event
+        if link is not None:
+            link.send_outcome("usage", trainer.step, str(error), kind=type(error).__name__)
+            link.close()
+        return 2
+    if link is not None:
+        link.send_outcome(outcome.status, outcome.step, outcome.message, relaunch=outcome.relaunch,
+                          kind=outcome.kind, unhandled=trainer.pending_commands())
+        link.close()
+    close_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,888 @@
+"""The trainer: one loop that owns the model, and applies option changes at optimizer-step boundaries.
+
+Anything may *request* a change at any time, from any thread (``submit``); the loop applies queued
+requests only between optimizer steps, after a full accumulation cycle, and acknowledges each with the
+step it took effect at (``option_applied``) or refuses it with a reason (``option_refused``). Scripted
+changes (``--at``) enter through the same queue, so they exercise the same path as the app's keys.
+
+Numbering: optimizer steps count from 1. A change "applied at step S" is in force for step S and after.
+Each step moves exactly one small tensor to the host (loss, norms, flags packed together): that is the
+only synchronisation point per step.
+
+Data parallel (``ranks`` given: world size > 1, or any size under torchrun): every rank runs this loop
+on its share of each global batch, with the model in DistributedDataParallel. Rank 0 alone takes commands and reports; at each step
+boundary it broadcasts the commands it took, so all ranks apply them at the same step (core/engine/distributed.py).
+A change of world size cannot happen inside a process: the trainer checkpoints and ends with the outcome
+``relaunch``, and its supervisor (core/engine/ranks.py) starts the new ranks from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchlab.core.engine.activation_checkpointing import ActivationCheckpointing
+from torchlab.core.engine.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
+from torchlab.core.wire.config import MAX_PROFILE_STEPS, TrainConfig, config_from_toml
+from torchlab.core.engine.data import BatchStream, DataPosition, evaluation_batches
+from torchlab.core.engine.distributed import (
+    PACKET_BYTES,
+    Collectives,
+    RankContext,
+    check_world_size,
+    encode_packet,
+    open_process_group,
+    rank_device,
+    seed_rank,
+    wrap_model,
+)
+from torchlab.core.wire.errors import ConfigError, NonFiniteError, StorageError, WorkloadError, shown
+from torchlab.core.engine.loading import describe_code, user_frame
+from torchlab.core.engine.nonfinite import localise_nonfinite
+from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.wire.options import LiveOptions, OptionRefused, format_option_value, parse_option_value
+from torchlab.core.engine.precision import Precision, make_precision
+from torchlab.core.engine.profiler import ProfilerSnapshot
+from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, ProbeCadence, clip_by_total_norm
+from torchlab.core.engine.schedule import make_scheduler
+from torchlab.core.engine.telemetry import TelemetrySampler
+from torchlab.core.workload import Workload
+
+DEFAULT_BATCH_SIZE = 32
+#: With ranks, the per-rank figures (step time, data wait, memory, RSS) are gathered at most this often.
+RANK_FIGURES_INTERVAL_S = 1.0
+#: fp16 skips are routine; this many in a row means the model itself makes NaN/Inf.
+MAX_CONSECUTIVE_FP16_SKIPS = 25
+
+
+# Commands: what the app, the CLI's --at, or a signal handler can ask of a running trainer.
+@dataclass(frozen=True)
+class SetOption:
+    option: str
+    value: Any
+    source: str = "api"
+
+
+@dataclass(frozen=True)
+class Pause:
+    pass
+
+
+@dataclass(frozen=True)
+class Resume:
+    pass
+
+
+@dataclass(frozen=True)
+class Stop:
+    reason: str = "requested"
+
+
+@dataclass(frozen=True)
+class SaveCheckpoint:
+    pass
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Profile the next ``steps`` optimizer steps (after one warm-up step)."""
+
+    steps: int = 5
+    source: str = "api"
+
+
+Command = SetOption | Pause | Resume | Stop | SaveCheckpoint | Profile
+
+
+def command_to_json(command: Command) -> dict[str, Any]:
+    """A command as a JSON object: how rank 0 broadcasts it to the other ranks, and how a supervisor sends it."""
+    if isinstance(command, SetOption):
+        return {"command": "set", "option": command.option, "value": _jsonable(command.value), "source": command.source}
+    if isinstance(command, Stop):
+        return {"command": "stop", "reason": command.reason}
+    if isinstance(command, Profile):
+        return {"command": "profile", "steps": command.steps, "source": command.source}
+    return {"command": {Pause: "pause", Resume: "resume", SaveCheckpoint: "save_checkpoint"}[type(command)]}
+
+
+def command_from_json(data: dict[str, Any]) -> Command:
+    kind = data.get("command")
+    if kind == "set":
+        return SetOption(str(data["option"]), data["value"], str(data.get("source", "api")))
+    if kind == "stop":
+        return Stop(str(data.get("reason", "requested")))
+    if kind == "profile":
+        return Profile(int(data["steps"]), str(data.get("source", "api")))
+    simple = {"pause": Pause, "resume": Resume, "save_checkpoint": SaveCheckpoint}
+    if kind not in simple:
+        raise ValueError(f"not a command: {data!r}")
+    return simple[kind]()
+
+
+@dataclass(frozen=True)
+class WorldSizeChange:
+    """A requested world size that takes a relaunch: in force from ``step``, asked for by ``source``."""
+
+    value: int
+    previous: int
+    step: int
+    source: str
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a run ended: ``finished`` (all steps), ``stopped`` (on request), ``nonfinite``, ``failed``, or
+    ``relaunch`` (checkpointed for a change of world size, which ``relaunch`` describes)."""
+
+    status: str
+    step: int
+    message: str = ""
+    relaunch: WorldSizeChange | None = None
+    kind: str = ""  # for ``failed``: the class of the error ("StorageError": a file of the run could not be written)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device (--device) {name}: this machine has no usable CUDA device; use cpu or auto.")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"device (--device) {name}: only {torch.cuda.device_count()} CUDA device(s) here.")
+    return device
+
+
+class Trainer:
+    """Trains ``workload`` under ``config``; call ``run()`` once. Thread-safe: ``submit``."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        workload: Workload,
+        *,
+        observers: Iterable[TrainerObserver] = (),
+        checkpoint_dir: Path | None = None,
+        profiles_dir: Path | None = None,
+        resume_from: Path | None = None,
+        explicit_options: Iterable[str] = (),
+        ranks: RankContext | None = None,
+        can_relaunch: bool = False,
+        samples_telemetry: bool = True,
+    ) -> None:
+        """``ranks``: this process's place among data-parallel ranks (None: a single process).
+        ``can_relaunch``: a supervisor will act on the ``relaunch`` outcome, so world-size changes are possible.
+        ``samples_telemetry``: False where the supervisor samples for the whole process tree (rank 0 of its ranks)."""
+        self.config = config
+        self.workload = workload
+        # A supervised world size of 1 trains in-process; under torchrun even one rank is a real rank
+        # (process group and DDP, so `torchrun --nproc-per-node 1` exercises the data-parallel path).
+        self.ranks = ranks if ranks is not None and (ranks.world_size > 1 or not ranks.supervised) else None
+        self.world_size = self.ranks.world_size if self.ranks else 1
+        self.reports = self.ranks is None or self.ranks.reports
+        self.observers = list(observers) if self.reports else []
+        self.checkpoint_dir = checkpoint_dir
+        self.profiles_dir = profiles_dir
+        self.can_relaunch = can_relaunch and checkpoint_dir is not None and (self.ranks is None or self.ranks.supervised)
+        self.samples_telemetry = samples_telemetry
+        self._profiling: ProfilerSnapshot | None = None
+        self._profile_builds: list[threading.Thread] = []
+        self.device = resolve_device(rank_device(config.device, self.ranks) if self.ranks else config.device)
+        self.batch_size = config.batch_size or workload.batch_size or DEFAULT_BATCH_SIZE
+        self.collectives: Collectives | None = None
+        if self.ranks is not None:
+            try:
+                check_world_size(self.world_size, device=self.device, batch_size=self.batch_size)
+            except OptionRefused as refusal:
+                raise ConfigError(f"world_size (--world-size) {self.world_size}: {refusal}.") from None
+            open_process_group(self.ranks, self.device)
+            self.collectives = Collectives(self.ranks, self.device)
+
+        self.model = workload.model.to(self.device)
+        self.model.train()
+        self.optimizer = _make_optimizer(self.model, config)
+        self.scheduler = make_scheduler(self.optimizer, config)
+        self.data = BatchStream(
+            workload.dataset,
+            batch_size=self.batch_size,
+            collate_fn=workload.collate_fn,
+            workers=config.workers,
+            seed=config.seed,
+            device=self.device,
+            rank=self.ranks.rank if self.ranks else 0,
+            world_size=self.world_size,
+        )
+        self.checkpointing = ActivationCheckpointing(self.model, workload.checkpoint_blocks)
+        self.grad_probe = GradNormProbe(self.model)
+        self.cadence = ProbeCadence(config.probe_every)
+        self.activation_probe = ActivationStatsProbe(self.model, self.grad_probe.module_names)
+        self.grad_scaler: torch.amp.GradScaler | None = None
+        self.precision: Precision = make_precision("off", self.device, self._get_grad_scaler)
+        self.options = LiveOptions()
+
+        self.step = 0
+        self.first_step_of_process = 1
+        self._commands: queue.Queue[Command] = queue.Queue()
+        self._paused = False
+        self._stop: Stop | None = None
+        self._signalled_stop: Stop | None = None
+        self._relaunch: WorldSizeChange | None = None
+        self._scripted_through = 0  # the last step whose --at and --profile-at entries were queued
+        self._probe_next = False  # rank 0's probe decision for the next step, shared with every rank
+        self._figures_next = False  # likewise: whether the next report gathers the per-rank figures
+        self._figures_gathered_at = -math.inf
+        self._consecutive_skips = 0
+        self._last_checkpoint_step: int | None = None
+        self._started = time.monotonic()
+        self._elapsed_before = 0.0  # training time of earlier processes of this run (resumed, relaunched)
+        self._last_batch: Any = None
+        self._resumed: dict[str, Any] | None = None  # reported when the run starts, once nothing more can fail
+
+        initial = config.options
+        if resume_from is not None:
+            initial = self._restore(load_checkpoint(resume_from, map_location=self.device), config, explicit_options)
+        elif self.ranks is not None and self.ranks.rank > 0:
+            seed_rank(config.seed, 0, self.ranks.rank)  # same model and data as rank 0; its own dropout
+        self._enact_initial_options(initial)
+        # DDP last: it registers its hooks on the parameters the optimizer already holds, and broadcasts
+        # rank 0's weights. The loss function gets the wrapper (that is what averages the gradients).
+        self.ddp = wrap_model(self.model, self.device) if self.ranks is not None else None
+        self.forward_model: torch.nn.Module = self.ddp if self.ddp is not None else self.model
+        self.rank_hosts = self.collectives.describe_ranks() if self.collectives is not None else None
+
+    # ----------------------------------------------------------------- control API (any thread)
+    def submit(self, command: Command) -> None:
+        """Queue a command; it is applied at the next optimizer-step boundary."""
+        self._commands.put(command)
+
+    def request_stop(self, reason: str) -> None:
+        """Stop at the next boundary. Safe in a signal handler: one attribute store, no lock taken
+        (``submit`` takes the queue's lock, which the interrupted main thread may hold)."""
+        self._signalled_stop = Stop(reason)
+
+    # ----------------------------------------------------------------- the loop
+    def run(self) -> RunOutcome:
+        if self._resumed is not None:
+            self._emit_event("resumed_from_checkpoint", **self._resumed)
+        self._emit_event(
+            "run_started",
+            step=self.step,
+            device=str(self.device),
+            batch_size=self.batch_size,
+            steps=self.config.steps,
+            options=self.options.as_dict(),
+            modules=self.grad_probe.module_names,
+            module_params=self.grad_probe.param_counts,
+            checkpoint_blocks=list(self.checkpointing.blocks),
+            world_size=self.world_size,
+            ranks=self.rank_hosts,
+        )
+        self._started = time.monotonic()
+        sampler = None
+        if self.config.telemetry_interval > 0 and self.reports and self.samples_telemetry:
+            sampler = TelemetrySampler(self.device, self._emit_telemetry, lambda: self.step, self.config.telemetry_interval)
+            sampler.start()
+        try:
+            return self._run_loop()
+        finally:
+            if sampler is not None:
+                sampler.stop()
+            if self._profiling is not None:  # the run ended mid-recording: nothing complete to report
+                self._profiling.abandon()
+                self._profiling = None
+            for builder in self._profile_builds:  # a snapshot the user asked for is worth the wait
+                builder.join()
+
+    def _run_loop(self) -> RunOutcome:
+        try:
+            while self.step < self.config.steps and self.train_steps(1):
+                pass
+        except NonFiniteError as error:
+            report = dict(error.report)
+            self._emit_event("nonfinite", step=report.pop("step"), message=str(error), **report)
+            return RunOutcome("nonfinite", self.step, str(error))
+        except WorkloadError as error:
+            self._emit_event("error", step=self.step + 1, message=str(error), traceback=traceback.format_exc())
+            raise
+        except Exception as error:
+            if self.ranks is not None and self.ranks.supervised:
+                raise  # the supervisor reports it with the rank it happened on (and stops the other ranks)
+            return self._failed(error)
+        try:
+            if self._relaunch is not None:
+                self._save_checkpoint(reason="world_size")  # always: the options changed since any earlier one
+                return RunOutcome("relaunch", self.step, relaunch=self._relaunch)
+            if self._last_checkpoint_step != self.step and self.step > 0:
+                self._save_checkpoint(reason="final")
+        except StorageError as error:  # the last checkpoint could not be written: the run failed, said as such
+            if self.ranks is not None and self.ranks.supervised:
+                raise
+            return self._failed(error)
+        status = "stopped" if self._stop is not None else "finished"
+        self._emit_event("run_ended", step=self.step, status=status)
+        return RunOutcome(status, self.step, self._stop.reason if self._stop else "")
+
+    def _failed(self, error: Exception) -> RunOutcome:
+        """Report an error that ended the run, and keep the last completed step if it is not saved yet."""
+        message = str(error) if isinstance(error, StorageError) else f"{type(error).__name__}: {error}"
+        try:
+            self._emit_event("error", step=self.step + 1, message=message, traceback=traceback.format_exc())
+            if self.step > 0 and self._last_checkpoint_step != self.step and self.ranks is None:
+                # The last completed step is intact. Not with ranks: the others may be gone, and a
+                # checkpoint takes every rank (their RNG states); the last one written stays as it was.
+                self._save_checkpoint(reason="error")
+        except StorageError as storage:  # the disk that failed may fail again; the app still got the error
+            if str(storage) != message:
+                message = f"{message} (then: {storage})"
+        return RunOutcome("failed", self.step, message, kind=type(error).__name__)
+
+    def train_steps(self, count: int) -> bool:
+        """Apply queued commands and train up to ``count`` optimizer steps; False once a stop was requested.
+
+        ``run()`` is this in a loop with error handling and reporting around it; benchmarks call it
+        directly to interleave the engine with other code. Errors propagate as they are.
+        """
+        for _ in range(count):
+            self._at_step_boundary()
+            if self._stop is not None or self._relaunch is not None:
+                return False
+            self._train_one_step()
+            self._after_step()
+        return True
+
+    def _train_one_step(self) -> None:
+        step = self.step + 1
+        options = self.options
+        started = time.perf_counter()
+        is_report = self._is_report_step(step)
+        sample_activations = (
+            is_report and self.config.act_stats_every > 0 and step % self.config.act_stats_every == 0
+        )
+        if sample_activations:
+            self.activation_probe.attach()
+
+        loss_sum = torch.zeros((), device=self.device)
+        data_wait = 0.0
+        for micro in range(options.accum):
+            waited = time.perf_counter()
+            batch = self.data.next_batch()
+            data_wait += time.perf_counter() - waited
+            self._last_batch = batch
+            # With ranks, gradients are averaged once per optimizer step: on the last micro-batch's backward.
+            syncing = self.ddp is None or micro == options.accum - 1
+            with contextlib.nullcontext() if syncing else self.ddp.no_sync():
+                loss = self._compute_loss(batch, step)
+                self.precision.backward(loss / options.accum)
+            loss_sum += loss.detach().float()
+        activations = self.activation_probe.detach() if sample_activations else None
+        self.precision.unscale_(self.optimizer)
+        if self.collectives is not None:  # every rank then sees the same loss and stops on the same NaN
+            loss_sum = self.collectives.mean_loss(loss_sum)
+
+        # Gradient norms: measured when the probe is due, and always when clipping needs them (then free).
+        # With ranks, rank 0's cadence decides for all (shared at the boundary), so a non-finite gradient
+        # is seen by every rank at the same step.
+        probe_due = is_report and (self._probe_next if self.collectives is not None else self.cadence.should_probe(step))
+        norms = None
+        if probe_due or options.clip is not None:
+            probe_started = time.perf_counter()
+            norms = self.grad_probe.measure()
+            probe_cost = time.perf_counter() - probe_started
+            if probe_due and norms is not None:
+                self.cadence.record_probe(step, probe_cost)
+        clipped = clip_by_total_norm(norms, options.clip) if options.clip is not None and norms is not None else None
+
+        # One host transfer for everything this step reports. On CUDA this is the step's sync point.
+        packed = [loss_sum.view(1) / options.accum]
+        if norms is not None:
+            packed.append(norms.total.view(1))
+        if clipped is not None:
+            packed.append(clipped.float().view(1))
+        if probe_due and norms is not None:
+            packed.append(norms.per_module)
+        if activations is not None:
+            packed.append(activations.reshape(-1))
+        values = torch.cat(packed).tolist()
+
+        loss_value = values.pop(0)
+        total_norm = values.pop(0) if norms is not None else None
+        did_clip = bool(values.pop(0)) if clipped is not None else None
+        finite = math.isfinite(loss_value) and (total_norm is None or math.isfinite(total_norm))
+        if not finite and not self.precision.tolerates_nonfinite:
+            self._raise_nonfinite(step, loss_value, total_norm)
+
+        lr_used = self.optimizer.param_groups[0]["lr"]
+        stepped = self.precision.step(self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self._apply_lr_scale()
+        self.step = step
+        if not stepped:
+            self._count_skip(step)
+        else:
+            self._consecutive_skips = 0
+
+        step_time = time.perf_counter() - started
+        self.cadence.record_step(step_time)
+        if not is_report:
+            return
+        rank_figures = None
+        if self.collectives is not None and self._figures_next:
+            rank_figures = self.collectives.gather_figures(step_time, data_wait)
+            self._figures_gathered_at = time.monotonic()
+        if not self.reports:
+            return
+        record: dict[str, Any] = {
+            "step": step,
+            "time": time.time(),
+            "elapsed_s": round(self._elapsed(), 3),
+            "epoch": self.data.position.epoch,
+            "loss": loss_value,
+            "lr": lr_used,
+            "samples_per_s": self.batch_size * options.accum / step_time,  # the global batch, all ranks together
+            "step_time_s": step_time,
+            "grad_norm_total": total_norm,
+            "clipped": did_clip,
+            "grad_norms": None,
+            "skipped": not stepped,
+            **options.as_dict(),
+        }
+        if probe_due and norms is not None:
+            module_norms = values[: len(self.grad_probe.module_names)]
+            del values[: len(module_norms)]
+            record["grad_norms"] = dict(zip(self.grad_probe.module_names, module_norms))
+        if activations is not None:
+            names = self.activation_probe.module_names
+            record["act_stats"] = {
+                name: values[3 * i : 3 * i + 3] for i, name in enumerate(names) if not math.isnan(values[3 * i])
+            }
+        if rank_figures is not None:
+            record["ranks"] = rank_figures
+        if self._is_eval_step(step):
+            record["val_loss"] = self._evaluate()  # rank 0 alone, on the model without its DDP wrapper
+        self._emit_metrics(record)
+
+    def _compute_loss(self, batch: Any, step: int) -> torch.Tensor:
+        """The workload's loss for one micro-batch; on the first step, failures name the user's code."""
+        try:
+            with self.precision.autocast():
+                loss = self.workload.loss_fn(self.forward_model, batch)
+        except Exception as error:
+            # Out of memory is a resource problem, not a model that cannot eat its batch: say it as is.
+            if step != self.first_step_of_process or isinstance(error, torch.OutOfMemoryError):
+                raise
+            frame = user_frame(error.__traceback__)
+            where = f"{frame.filename}:{frame.lineno} in {frame.name}()" if frame else describe_code(self.workload.loss_fn)
+            raise WorkloadError(
+                f"{where}: the first training step failed: {type(error).__name__}: {error}. "
+                f"The model cannot train on the batches its dataset gives (batch: {_describe_batch(batch)})."
+            ) from error
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+            got = f"a tensor of shape {list(loss.shape)} and dtype {loss.dtype}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise WorkloadError(
+                f"{describe_code(self.workload.loss_fn)}: loss_fn must return a scalar floating-point tensor, "
+                f"got {got} (reduce it, e.g. with .mean())."
+            )
+        if not loss.requires_grad:
+            raise WorkloadError(
+                f"{describe_code(self.workload.loss_fn)}: the loss does not require grad, so nothing can train "
+                f"(was it computed under torch.no_grad(), or detached?)."
+            )
+        return loss
+
+    def _raise_nonfinite(self, step: int, loss_value: float, total_norm: float | None) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        batch = self._last_batch
+
+        def replay() -> torch.Tensor:
+            with self.precision.autocast():
+                return self.workload.loss_fn(self.model, batch)
+
+        report = localise_nonfinite(self.model, replay, batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        report.update(step=step, loss=loss_value, grad_norm_total=total_norm)
+        where = f" in {report['module']}" if report["module"] else ""
+        raise NonFiniteError(
+            f"step {step}: non-finite {'loss' if not math.isfinite(loss_value) else 'gradient'} "
+            f"({report['phase']}{where}): {report['detail']}",
+            report,
+        )
+
+    def _count_skip(self, step: int) -> None:
+        self._consecutive_skips += 1
+        scale = self.grad_scaler.get_scale() if self.grad_scaler is not None else None
+        self._emit_event("step_skipped", step=step, reason="fp16 overflow: the scaler lowered its scale", scale=scale)
+        if self._consecutive_skips >= MAX_CONSECUTIVE_FP16_SKIPS:
+            self._raise_nonfinite(step, math.nan, None)
+
+    def _after_step(self) -> None:
+        if self._profiling is not None and self._profiling.after_step(self.step):
+            self._profile_builds.append(self._profiling.builder)
+            self._profiling = None
+        every = self.config.checkpoint_every
+        if every and self.step % every == 0 and self.step < self.config.steps:
+            self._save_checkpoint(reason="periodic")
+
+    def _is_report_step(self, step: int) -> bool:
+        return step % self.config.log_every == 0 or step == self.config.steps
+
+    def _is_eval_step(self, step: int) -> bool:
+        every = self.config.eval_every
+        return self.workload.val_dataset is not None and every > 0 and (step % every == 0 or step == self.config.steps)
+
+    def _evaluate(self) -> float:
+        self.model.eval()
+        total, count = torch.zeros((), device=self.device), 0
+        try:
+            with torch.inference_mode(), self.precision.autocast():
+                for batch in evaluation_batches(
+                    self.workload.val_dataset,
+                    batch_size=self.batch_size,
+                    collate_fn=self.workload.collate_fn,
+                    limit=self.config.eval_batches,
+                    device=self.device,
+                ):
+                    total += self.workload.loss_fn(self.model, batch).float()
+                    count += 1
+        finally:
+            self.model.train()
+        return total.item() / max(count, 1)
+
+    # ----------------------------------------------------------------- options and commands
+    def _at_step_boundary(self) -> None:
+        next_step = self.step + 1
+        # A relaunched run has already queued the scripted entries of the boundary it was relaunched at.
+        if self.reports and next_step > self._scripted_through:
+            for change in self.config.at:
+                if change.step == next_step:
+                    self.submit(SetOption(change.option, change.value, source="--at"))
+            if next_step in self.config.profile_at:
+                self.submit(Profile(self.config.profile_steps, source="--profile-at"))
+        self._scripted_through = max(self._scripted_through, next_step)
+        unsent: list[Command] = []
+        while True:
+            commands = self._take_commands() if self.reports else []
+            more = False
+            if self.collectives is not None:
+                commands, more = self._share_commands(unsent + commands, unsent)
+            for command in commands:
+                self._handle(command)
+            waiting = self._paused and self._stop is None and self._relaunch is None
+            if not waiting and not more:
+                return
+
+    def _take_commands(self) -> list[Command]:
+        """What is queued; while paused, wait up to 0.25 s for the first. A signalled stop goes last."""
+        commands: list[Command] = []
+        if self._signalled_stop is None:
+            waiting = self._paused and self._stop is None and self._relaunch is None
+            try:
+                commands.append(self._commands.get(block=waiting, timeout=0.25))
+                while True:
+                    commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                pass
+        if self._signalled_stop is not None:
+            commands.append(self._signalled_stop)
+        return commands
+
+    def _share_commands(self, commands: list[Command], unsent: list[Command]) -> tuple[list[Command], bool]:
+        """Rank 0's commands (as many as fit one packet; ``unsent`` keeps the rest) to every rank, with
+        rank 0's decision whether the next step measures gradient norms. Returns the commands and
+        whether more packets follow at this boundary."""
+        payload = None
+        if self.reports:
+            # Per-rank figures are for a live table (latest wins): gathered on report steps, at most
+            # every RANK_FIGURES_INTERVAL_S, not at the price of one more collective on every step.
+            next_step = self.step + 1
+            figures = self._is_report_step(next_step) and time.monotonic() - self._figures_gathered_at >= RANK_FIGURES_INTERVAL_S
+            payload = {"probe": self.cadence.should_probe(next_step), "figures": figures, "commands": []}
+            unsent.clear()
+            for index, command in enumerate(commands):
+                payload["commands"].append(command_to_json(command))
+                if len(encode_packet({**payload, "more": True})) > PACKET_BYTES:
+                    payload["commands"].pop()
+                    unsent.extend(commands[index:])
+                    break
+            payload["more"] = bool(unsent)
+        packet = self.collectives.share(payload)
+        self._probe_next = bool(packet["probe"])
+        self._figures_next = bool(packet["figures"])
+        return [command_from_json(data) for data in packet["commands"]], bool(packet["more"])
+
+    def pending_commands(self) -> list[Command]:
+        """Commands still queued (after the run ended): a supervisor hands them to the next trainer."""
+        commands: list[Command] = []
+        while True:
+            try:
+                commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _handle(self, command: Command) -> None:
+        next_step = self.step + 1
+        if isinstance(command, SetOption):
+            self._set_option(command, next_step)
+        elif isinstance(command, Pause):
+            if not self._paused:
+                self._paused = True
+                self._emit_event("paused", step=self.step)
+        elif isinstance(command, Resume):
+            if self._paused:
+                self._paused = False
+                self._emit_event("resumed", step=next_step)
+        elif isinstance(command, Stop):
+            self._stop = command
+            self._paused = False
+            if self._relaunch is not None:  # a stop wins over a relaunch asked for at the same boundary
+                change, self._relaunch = self._relaunch, None
+                self.options = self.options.with_value("world_size", self.world_size)
+                self._emit_event("option_refused", step=next_step, option="world_size", value=change.value,
+                                 reason="the run stops at this step", source=change.source)
+        elif isinstance(command, SaveCheckpoint):
+            if self.step > 0:
+                self._save_checkpoint(reason="requested")
+        elif isinstance(command, Profile):
+            if self.reports:  # one profile per run: rank 0's
+                self._start_profile(command, next_step)
+
+    def _start_profile(self, command: Profile, step: int) -> None:
+        reason = None
+        if self._profiling is not None:
+            reason = f"a profile is already recording (from step {self._profiling.first_step})"
+        elif self.profiles_dir is None:
+            reason = "this run has no directory to write profiles to"
+        elif not 1 <= command.steps <= MAX_PROFILE_STEPS:
+            reason = f"profile steps must be from 1 to {MAX_PROFILE_STEPS}, got {shown(command.steps)}"
+        if reason is not None:
+            self._emit_event("option_refused", step=step, option="profile", value=command.steps, reason=reason, source=command.source)
+            return
+        self._profiling = ProfilerSnapshot(
+            self.device, self.profiles_dir / f"{step:07d}", step, command.steps, on_ready=self._profile_ready,
+        )
+        self._emit_event("profile_started", step=step, steps=command.steps, warmup=1, source=command.source)
+
+    def _profile_ready(self, report: dict[str, Any]) -> None:
+        """Called on the profiler's background thread once the tables are written."""
+        self._emit_event("profile", step=report["last_step"], **report)
+
+    def _set_option(self, command: SetOption, step: int) -> None:
+        option = command.option
+        try:
+            value = parse_option_value(option, command.value)
+            previous = getattr(self.options, option)
+            self._enact(option, value)
+        except OptionRefused as refusal:
+            self._emit_event(
+                "option_refused", step=step, option=option, value=_jsonable(command.value),
+                reason=str(refusal), source=command.source,
+            )
+            return
+        if option == "world_size":
+            # A new world size takes new processes: checkpoint and end with "relaunch" after this boundary;
+            # the supervisor acknowledges the change once the new ranks train.
+            self._relaunch = WorldSizeChange(value, self.world_size, step, command.source) if value != self.world_size else None
+            if self._relaunch is not None:
+                self.options = self.options.with_value(option, value)
+                return
+        self.options = self.options.with_value(option, value)
+        if option == "lr_scale":
+            self._apply_lr_scale()
+        if self.device.type == "cuda":  # each option segment reports its own peak memory
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._emit_event(
+            "option_applied", step=step, option=option, value=value, previous=previous,
+            display=format_option_value(option, value), source=command.source,
+        )
+
+    def _enact(self, option: str, value: Any) -> None:
+        """Make ``option=value`` real on this run, or raise OptionRefused without changing anything."""
+        if option == "amp":
+            self.precision = make_precision(value, self.device, self._get_grad_scaler)
+        elif option == "checkpointing":
+            if value and not self.checkpointing.blocks:
+                raise OptionRefused(
+                    "this model has no checkpoint blocks (no ModuleList/Sequential with several children); "
+                    "name them in Workload.checkpoint_blocks"
+                )
+            self.checkpointing.enable() if value else self.checkpointing.disable()
+        elif option == "world_size" and value != self.world_size:
+            if self.ranks is not None and not self.ranks.supervised:
+                raise OptionRefused(
+                    f"the world size is fixed by the launcher that started these ranks (torchrun); to train with "
+                    f"{value}, stop the run and start it again with --nproc-per-node and --resume"
+                )
+            check_world_size(value, device=self.device, batch_size=self.batch_size)
+            if not self.can_relaunch:
+                raise OptionRefused(
+                    "this trainer has no supervisor to relaunch it with another world size (or no checkpoint "
+                    "directory to relaunch from)"
+                )
+
+    def _enact_initial_options(self, options: LiveOptions) -> None:
+        if options.world_size != self.world_size:
+            raise ConfigError(
+                f"world_size (--world-size) {options.world_size}: this process trains as one of {self.world_size}; "
+                f"ranks are started by torchlab-tui's supervisor or by torchrun."
+            )
+        for option, value in options.as_dict().items():
+            try:
+                self._enact(option, value)
+            except OptionRefused as refusal:
+                raise ConfigError(f"{option} (--{option.replace('_', '-')}) {format_option_value(option, value)}: {refusal}.") from None
+        self.options = options
+        self._apply_lr_scale()
+
+    def _apply_lr_scale(self) -> None:
+        for group, scheduled in zip(self.optimizer.param_groups, self._scheduled_lrs()):
+            group["lr"] = scheduled * self.options.lr_scale
+
+    def _scheduled_lrs(self) -> list[float]:
+        """What the schedule gives now: LambdaLR's own ``base_lr * lambda(last_epoch)``, computed from its
+        base LRs as they are (a resume with another ``--lr`` sets them after the state loaded)."""
+        epoch = self.scheduler.last_epoch
+        return [base * factor(epoch) for base, factor in zip(self.scheduler.base_lrs, self.scheduler.lr_lambdas)]
+
+    def _get_grad_scaler(self) -> torch.amp.GradScaler:
+        if self.grad_scaler is None:
+            self.grad_scaler = torch.amp.GradScaler(self.device.type)
+        return self.grad_scaler
+
+    # ----------------------------------------------------------------- checkpoints
+    def _save_checkpoint(self, reason: str) -> None:
+        """Every rank calls this at the same step (its RNG state is part of the checkpoint); rank 0 writes."""
+        if self.checkpoint_dir is None:
+            return
+        rng = capture_rng_state()
+        rng_by_rank = self.collectives.gather_objects(rng) if self.collectives is not None else None
+        self._last_checkpoint_step = self.step
+        if not self.reports:
+            return
+        state = {
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "grad_scaler": self.grad_scaler.state_dict() if self.grad_scaler is not None else None,
+            "rng": rng,
+            "data": self.data.position.as_dict(),
+            "options": self.options.as_dict(),
+            "config": self.config.to_toml(),
+            # A checkpoint for a relaunch is taken after its boundary's commands and scripted changes were
+            # handled; the relaunched run must not queue those scripted changes again.
+            "scripted_through": self._scripted_through if reason == "world_size" else self.step,
+            "elapsed_s": self._elapsed(),
+        }
+        if rng_by_rank is not None:
+            state["rng_by_rank"] = rng_by_rank
+        path = save_checkpoint(self.checkpoint_dir, self.step, state, keep=self.config.keep_checkpoints)
+        self._emit_event("checkpoint", step=self.step, path=str(path), reason=reason)
+
+    def _restore(self, state: dict[str, Any], config: TrainConfig, explicit_options: Iterable[str]) -> LiveOptions:
+        """Load a checkpoint; return the options to run with (the checkpoint's, unless given explicitly).
+
+        The configuration may differ from the checkpoint's (an override given with ``--resume``): the
+        optimizer's state is kept only for the same optimizer, and the LR and weight decay are this
+        configuration's, not the ones saved in the optimizer's and scheduler's state."""
+        stored = config_from_toml(state["config"], "the checkpoint's configuration") if "config" in state else config
+        configured = [{"initial_lr": group["initial_lr"], "weight_decay": group["weight_decay"]} for group in self.optimizer.param_groups]
+        try:
+            self.model.load_state_dict(state["model"])
+            if stored.optimizer == config.optimizer:
+                self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as error:
+            raise ConfigError(f"--resume: the checkpoint does not fit this workload's model: {error}") from None
+        self.scheduler.load_state_dict(state["scheduler"])
+        for group, settings in zip(self.optimizer.param_groups, configured):
+            group.update(settings)
+        self.scheduler.base_lrs = [settings["initial_lr"] for settings in configured]
+        if state.get("grad_scaler") is not None:
+            self._get_grad_scaler().load_state_dict(state["grad_scaler"])
+        self._restore_rng(state)
+        self.data.restore(DataPosition.from_dict(state["data"], self.batch_size))
+        self.step = state["step"]
+        self._scripted_through = state.get("scripted_through", self.step)
+        self._elapsed_before = float(state.get("elapsed_s", 0.0))
+        self.first_step_of_process = self.step + 1
+        self._last_checkpoint_step = self.step
+        options = LiveOptions(**state["options"])
+        for name in explicit_options:
+            options = options.with_value(name, getattr(config.options, name))
+        self._resumed = {"step": self.step, "options": options.as_dict()}
+        return options
+
+    def _restore_rng(self, state: dict[str, Any]) -> None:
+        """Rank 0 (or the single process) continues the saved stream; rank r continues its own if the
+        checkpoint has one for this world size, else starts a fresh stream derived from (seed, step, r)."""
+        rank = self.ranks.rank if self.ranks is not None else 0
+        by_rank = state.get("rng_by_rank")
+        if rank == 0:
+            restore_rng_state(state["rng"])
+        elif by_rank is not None and len(by_rank) == self.world_size:
+            restore_rng_state(by_rank[rank])
+        else:
+            seed_rank(self.config.seed, state["step"], rank)
+
+    # ----------------------------------------------------------------- reporting
+    def _elapsed(self) -> float:
+        """Training time of the whole run: this process's, and that of the processes it resumed from."""
+        return self._elapsed_before + time.monotonic() - self._started
+
+    def _emit_metrics(self, record: dict[str, Any]) -> None:
+        for observer in self.observers:
+            observer.on_metrics(record)
+
+    def _emit_telemetry(self, sample: dict[str, Any]) -> None:
+        for observer in self.observers:
+            observer.on_telemetry(sample)
+
+    def _emit_event(self, event: str, *, step: int, **fields: Any) -> None:
+        """To every observer, even when one cannot write (a full disk must not keep the app uninformed)."""
+        record = {"event": event, "step": step, "time": time.time(), **fields}
+        failure: StorageError | None = None
+        for observer in self.observers:
+            try:
+                observer.on_event(record)
+            except StorageError as error:
+                failure = failure or error
+        if failure is not None:
+            raise failure
+
+
+def _make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW or SGD; weight decay only on matrices (not biases or norm gains), as nanoGPT and most LLM code."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise WorkloadError(f"the model {type(model).__name__} has no trainable parameters.")
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    groups = [group for group in groups if group["params"]]
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=config.lr, momentum=0.9)
+    return torch.optim.AdamW(groups, lr=config.lr)
+
+
+def _describe_batch(batch: Any) -> str:
+    if isinstance(batch, torch.Tensor):
+        return f"tensor{list(batch.shape)} {str(batch.dtype).removeprefix('torch.')}"
+    if isinstance(batch, (list, tuple)):
+        return "(" + ", ".join(_describe_batch(item) for item in batch) + ")"
+    if isinstance(batch, dict):
+        return "{" + ", ".join(f"{key}: {_describe_batch(value)}" for key, value in batch.items()) + "}"
+    return type(batch).__name__
+
+
+def _jsonable(value: Any) -> Any:
+    return value if isinstance(value, (str, int, float, bool)) or value is None else repr(value)

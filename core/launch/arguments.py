@@ -1,0 +1,138 @@
+"""The command line's words: its flags, how they become the settings layers of a TrainConfig, and the
+exit codes. Shared by every launcher (the ``torchlab-tui`` command, the trainer process the app starts,
+headless runs, ``--resume``) without importing any of them, and without torch.
+
+Exit codes: 0 finished or stopped on request; 1 the workload raised during training, or a run file could
+not be written; 2 a usage, config or workload error (message names the setting, file or line); 3 stopped
+on a non-finite loss or gradient; 130 interrupted (Ctrl-C), after saving a checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from torchlab.core.engine.loading import SAMPLES
+from torchlab.core.wire.config import OPTIMIZERS, SCHEDULES, TrainConfig, build_config, load_config_file
+from torchlab.core.wire.options import AMP_MODES
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NONFINITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+def exit_code(status: str) -> int:
+    """The exit status of a process whose run ended with ``status`` (a RunOutcome's)."""
+    return {"nonfinite": EXIT_NONFINITE, "failed": EXIT_FAILED}.get(status, EXIT_OK)
+
+
+# Flags that set a top-level setting of the same name (dest == setting).
+_SETTING_FLAGS = (
+    "steps", "batch_size", "seed", "device", "optimizer", "lr", "weight_decay", "schedule", "warmup_steps",
+    "workers", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "log_every",
+    "probe_every", "act_stats_every", "telemetry_interval", "profile_steps", "shared_run_dir",
+)
+_OPTION_FLAGS = ("amp", "checkpointing", "clip", "accum", "lr_scale", "world_size")
+
+
+def installed_version() -> str:
+    """The version of the installed distribution: pyproject.toml's, through the package metadata."""
+    try:
+        return metadata.version("torchlab-tui")
+    except metadata.PackageNotFoundError:  # imported from a checkout that was never installed
+        return "(not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="torchlab-tui",
+        description="A terminal workbench for PyTorch training: change a run while it trains, and see the effect.",
+        epilog="Live options can also be scripted: --at 50:amp=bf16 --at 120:clip=1.0 (repeatable). "
+        "A run detached with d (or by a hang-up) trains on: `torchlab-tui attach [RUN]` lists runs and reconnects.",
+    )
+    parser.add_argument(
+        "workload", nargs="?", default=None,
+        help=f"a built-in sample ({', '.join(SAMPLES)}; default tiny_gpt), path/to/file.py:factory or package.module:factory",
+    )
+    parser.add_argument("--headless", action="store_true", help="train with a progress bar instead of the app")
+    parser.add_argument("--config", type=Path, metavar="FILE.toml", help="settings file (a run's config.toml works)")
+    parser.add_argument("--run-dir", type=Path, metavar="DIR", help="this run's directory (default: runs/<time>-<workload>)")
+    parser.add_argument("--runs-root", type=Path, default=Path("runs"), metavar="DIR", help="where new run directories go (default: runs)")
+    parser.add_argument(
+        "--shared-run-dir", action=argparse.BooleanOptionalAction, default=None,
+        help="make a new run directory and its files follow your umask (0755 and 0644 under umask 022), for others "
+        "to read; by default only you can (0700, files 0600, whatever the umask). An existing run directory keeps its "
+        "mode, and what a resume adds follows it",
+    )
+    parser.add_argument("--resume", type=Path, metavar="PATH", help="a checkpoint file, or a run directory to continue from its last.pt")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
+
+    training = parser.add_argument_group("training")
+    training.add_argument("--steps", type=int, metavar="N", help="optimizer steps to train to (default 200)")
+    training.add_argument("--batch-size", type=int, metavar="N", help="per-step micro-batch size (default: the workload's, else 32)")
+    training.add_argument("--seed", type=int, metavar="N", help="random seed (default 0)")
+    training.add_argument("--device", metavar="auto|cpu|cuda[:N]", help="where to train (default auto)")
+    training.add_argument("--optimizer", choices=OPTIMIZERS, help="default adamw")
+    training.add_argument("--lr", type=float, metavar="LR", help="peak learning rate (default 1e-3)")
+    training.add_argument("--weight-decay", type=float, metavar="WD", help="AdamW/SGD weight decay on matrices (default 0.01)")
+    training.add_argument("--schedule", choices=SCHEDULES, help="LR schedule (default cosine with warmup)")
+    training.add_argument("--warmup-steps", type=int, metavar="N", help="cosine warmup (default 5%% of steps)")
+    training.add_argument("--workers", type=int, metavar="N", help="DataLoader worker processes (default 0)")
+    training.add_argument("--eval-every", type=int, metavar="N", help="validation every N steps, 0 = off (default 50)")
+    training.add_argument("--eval-batches", type=int, metavar="N", help="validation batches per evaluation (default 20)")
+    training.add_argument("--checkpoint-every", type=int, metavar="N", help="checkpoint every N steps, 0 = only at the end (default 100)")
+    training.add_argument("--keep-checkpoints", type=int, metavar="N", help="step checkpoints kept besides last.pt (default 3)")
+
+    live = parser.add_argument_group("live options (change while training: keys in the app, --at headless)")
+    live.add_argument("--amp", choices=AMP_MODES, help="autocast precision (default off; fp16 needs CUDA)")
+    live.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=None, help="activation checkpointing of the model's blocks")
+    live.add_argument("--clip", metavar="NORM|off", help="clip the global grad norm to NORM (default off)")
+    live.add_argument("--accum", type=int, metavar="N", help="gradient accumulation micro-steps per optimizer step (default 1)")
+    live.add_argument("--lr-scale", type=float, metavar="X", help="multiply the schedule's LR (default 1)")
+    live.add_argument("--world-size", type=int, metavar="N",
+                      help="data-parallel ranks, one per GPU or CPU core; the global batch stays --batch-size (default 1)")
+    live.add_argument("--at", action="append", default=[], metavar="STEP:OPTION=VALUE", help="apply a live change for optimizer step STEP")
+
+    probes = parser.add_argument_group("probes")
+    probes.add_argument("--log-every", type=int, metavar="N", help="report metrics every N steps (default 1)")
+    probes.add_argument("--probe-every", metavar="N|auto", help="per-module grad norms every N steps, 0 = off, auto = within 1%% of step time (default auto)")
+    probes.add_argument("--act-stats-every", type=int, metavar="N", help="activation statistics every N steps, 0 = off (default 0)")
+    probes.add_argument("--profile-at", type=int, action="append", metavar="STEP", help="profile from optimizer step STEP (repeatable)")
+    probes.add_argument("--profile-steps", type=int, metavar="N", help="steps a profiler snapshot records, after 1 warm-up (default 5)")
+    probes.add_argument("--telemetry-interval", type=float, metavar="SECONDS", help="GPU/host sampling period, 0 = off (default 1)")
+    return parser
+
+
+def setting_layers(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The settings of the ``--config`` file and of the flags, as ``build_config`` layers."""
+    file_settings: dict[str, Any] = load_config_file(args.config) if args.config else {}
+    flags: dict[str, Any] = {name: getattr(args, name) for name in _SETTING_FLAGS if getattr(args, name) is not None}
+    if "probe_every" in flags and flags["probe_every"] != "auto":
+        flags["probe_every"] = _int_or_text(flags["probe_every"])
+    if args.workload is not None:
+        flags["workload"] = args.workload
+    if args.profile_at:
+        flags["profile_at"] = list(args.profile_at)
+    flags["options"] = {name: getattr(args, name) for name in _OPTION_FLAGS if getattr(args, name) is not None}
+    flags["at"] = list(args.at)
+    return file_settings, flags
+
+
+def resolve_config(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
+    """The merged config, and the names of live options given explicitly (flags or file).
+
+    With ``--resume``, this is what the flags alone say (checked here, without torch); the trainer's
+    process starts from the checkpoint's configuration instead (core/launch/resume.py).
+    """
+    file_settings, flags = setting_layers(args)
+    config = build_config(file_settings, flags)
+    explicit = set(file_settings.get("options", {})) | set(flags["options"])
+    return config, explicit
+
+
+def _int_or_text(value: str) -> int | str:
+    try:
+        return int(value)
+    except ValueError:
+        return value

@@ -1,0 +1,125 @@
+"""``torchlab-tui attach [RUN]``: list this user's runs, and open the workbench on a running one.
+
+A run detached with ``d`` (or by a hang-up: the SSH connection dropped, the tmux pane was killed)
+keeps training; its entry in the runtime directory (core/wire/runtime.py) says where it is. ``attach``
+with no argument lists every run, and opens the one live run if there is exactly one; ``attach RUN``
+opens RUN, named by its name (a unique prefix will do) or by its run directory. A run that ended
+while nobody was attached is reported once, with its run directory, and its entry removed.
+
+A second app on a run that already has one is refused (by the trainer, and said here first): one
+app controls a run; read-only viewers would need a second, weaker kind of token, and ``q`` in one
+app must not surprise another.
+
+Standard library and the app only: no torch in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+
+from torchlab.core.wire.errors import TorchlabError
+from torchlab.core.wire.runtime import FINAL_STATES, RunEntry, find_run, list_runs
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="torchlab-tui attach", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", nargs="?", help="the run's name (or a unique prefix) or its run directory")
+    args = parser.parse_args(argv)
+    try:
+        return _attach(args)
+    except TorchlabError as error:  # a runtime directory that is not safe to use, say
+        print(f"torchlab-tui attach: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _attach(args: argparse.Namespace) -> int:
+    if args.run is None:
+        entries = list_runs()
+        print(format_runs(entries) if entries else "No runs: start one with `torchlab-tui WORKLOAD`.")
+        forget_gone_runs(entries)
+        live = [entry for entry in entries if entry.live]
+        if len(live) != 1:
+            if len(live) > 1:
+                print("\nSeveral runs are live: `torchlab-tui attach NAME` opens one.")
+            return EXIT_OK
+        entry = live[0]
+    else:
+        try:
+            entry = find_run(args.run)
+        except LookupError as error:
+            print(f"torchlab-tui attach: {error}", file=sys.stderr)
+            return EXIT_USAGE
+    return open_run(entry)
+
+
+def open_run(entry: RunEntry) -> int:
+    """The workbench on ``entry``'s trainer, or, if that trainer has ended, what became of it."""
+    name, info = entry.endpoint.name, entry.info
+    state = entry.state
+    if state in FINAL_STATES or state == "gone":
+        how = (f"{state} at step {info.get('step')}" if state != "gone"
+               else f"gone without a word at step {info.get('step')} (killed?); its last checkpoint is in the run directory")
+        print(f"{name}: {how}.\nRun directory: {info.get('run_dir')}")
+        entry.endpoint.remove()
+        return EXIT_OK
+    if info.get("attached"):
+        print(f"torchlab-tui attach: another app is attached to {name}; quit or detach it first (one app controls a run).",
+              file=sys.stderr)
+        return EXIT_FAILED
+    gc.disable()  # until tune_garbage_collection(): the app's imports are all kept, nothing to collect
+    try:
+        from torchlab.tui.app import make_app, tune_garbage_collection
+        from torchlab.tui.link import ProcessLink
+
+        link = ProcessLink.attach(entry)
+        app = make_app(lambda: link, workload=info.get("workload"))
+    except BaseException:
+        gc.enable()
+        raise
+    tune_garbage_collection()  # freezes what exists, then enables the collector
+    app.run()
+    if link.refused is not None:
+        print(f"torchlab-tui attach: {name}: {link.refused}", file=sys.stderr)
+        return EXIT_FAILED
+    if app.run_state.detached:
+        print(f"Detached: {name} keeps training. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
+    print(f"Run directory: {info.get('run_dir')}", file=sys.stderr)
+    return app.return_code or EXIT_OK
+
+
+def forget_gone_runs(entries: list[RunEntry]) -> None:
+    """Runs whose trainer died without a word (``kill -9``, killed while starting) are listed once, then
+    their files go: otherwise they would stay in every listing as "gone" forever."""
+    gone = [entry for entry in entries if entry.state == "gone"]
+    for entry in gone:
+        entry.endpoint.remove()
+    if gone:
+        print(f"\n{'A run' if len(gone) == 1 else f'{len(gone)} runs'} ended without a word (killed?): listed this once. "
+              "A run directory keeps its last checkpoint: `torchlab-tui --resume RUN_DIR` continues it.")
+
+
+def format_runs(entries: list[RunEntry]) -> str:
+    rows = [("NAME", "WORKLOAD", "STEP", "STATE", "SINCE", "RUN DIRECTORY")]
+    now = time.time()
+    for entry in entries:
+        info = entry.info
+        steps = f"/{info['steps']}" if info.get("steps") else ""
+        state = entry.state + (" (app attached)" if entry.live and info.get("attached") else "")
+        rows.append((entry.endpoint.name, str(info.get("workload", "")), f"{info.get('step', 0)}{steps}", state,
+                     _since(now - float(info.get("started") or now)), str(info.get("run_dir", ""))))
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+
+
+def _since(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    if minutes < 1:
+        return f"{int(seconds)}s"
+    if minutes < 60:
+        return f"{minutes}m"
+    return f"{minutes // 60}h{minutes % 60:02d}m"

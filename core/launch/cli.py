@@ -1,0 +1,90 @@
+"""``torchlab-tui``: the command line. Parses flags (core/launch/arguments.py) into a TrainConfig and hands
+it to a runner: the app (default; the trainer runs in a child process), a headless run (``--headless``),
+or ``attach``.
+
+This module imports no torch: the app's process must stay torch-free, and a usage error should be
+reported in milliseconds. The exit codes are arguments.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import traceback
+
+from torchlab.core.launch.arguments import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser, resolve_config
+from torchlab.core.wire.config import TrainConfig, build_config, load_config_file
+from torchlab.core.wire.errors import ConfigError, StorageError, TorchlabError
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["attach"]:
+        from torchlab.core.launch.attach import main as attach
+
+        return attach(arguments[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        config, _ = resolve_config(args)  # the flags checked before anything starts, torch or not
+        if not args.headless:
+            return run_app(config, args, list(sys.argv[1:] if argv is None else argv))
+        from torchlab.core.launch.headless import run_headless  # imports torch
+        from torchlab.core.launch.resume import plan_training
+
+        return run_headless(plan_training(args), run_dir=args.run_dir, runs_root=args.runs_root)
+    except TorchlabError as error:
+        if args.debug:
+            traceback.print_exc()
+        print(f"torchlab-tui: error: {error}", file=sys.stderr)
+        return EXIT_FAILED if isinstance(error, StorageError) else EXIT_USAGE  # a full disk is no usage error
+    except KeyboardInterrupt:  # a second Ctrl-C during a headless run: abort at once, as it said it would
+        print("torchlab-tui: aborted; the checkpoints written so far are kept.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> int:
+    """The workbench: the app in this process (no torch), the trainer in a child with the same flags."""
+    gc.disable()  # until tune_garbage_collection(): the app's imports are all kept, nothing to collect
+    try:
+        from torchlab.core.engine.loading import check_spec, workload_label
+        from torchlab.core.wire.rundir import choose_run_dir, create_run_dir
+        from torchlab.tui.app import make_app, tune_garbage_collection
+        from torchlab.tui.link import ProcessLink
+
+        workload = config.workload if args.resume is None else resumed_workload(args)
+        if workload:
+            check_spec(workload)  # a missing file is said here, before the screen changes
+        run_dir = create_run_dir(choose_run_dir(args.run_dir, args.resume, args.runs_root, workload_label(workload) if workload else "resumed"),
+                                 shared=config.shared_run_dir)
+        links: list[ProcessLink] = []
+        app = make_app(lambda: links.append(ProcessLink(run_dir, argv)) or links[-1], workload=workload)
+    except BaseException:
+        gc.enable()
+        raise
+    tune_garbage_collection()  # freezes what exists, then enables the collector
+    app.run()
+    if app.run_state.detached and links and links[-1].endpoint_name:
+        name = links[-1].endpoint_name
+        print(f"Detached: the trainer keeps training. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
+    print(f"Run directory: {run_dir}", file=sys.stderr)
+    return app.return_code or EXIT_OK
+
+
+def resumed_workload(args: argparse.Namespace) -> str | None:
+    """The workload a ``--resume`` continues, told without torch (the app's process): the one given, else
+    the one in the run's ``config.toml``. The trainer's process reads the checkpoint itself (core/launch/resume.py)."""
+    from torchlab.core.wire.rundir import run_dir_of_checkpoint
+
+    if not args.resume.exists():
+        raise ConfigError(f"--resume {args.resume}: no such checkpoint file or run directory.")
+    if args.workload is not None:
+        return args.workload
+    run_dir = run_dir_of_checkpoint(args.resume)
+    if run_dir is None:
+        return None  # a checkpoint outside its run: the app shows the trainer's word once it has read it
+    return build_config(load_config_file(run_dir / "config.toml")).workload
+
+
+if __name__ == "__main__":
+    sys.exit(main())

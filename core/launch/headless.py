@@ -1,0 +1,192 @@
+"""Headless runs: the engine with a Rich progress bar, writing the same run directory as the app.
+
+Ctrl-C (or SIGTERM) asks the trainer to stop at the next step boundary, so the final checkpoint is
+a consistent one; a second Ctrl-C aborts at once. This process is the run's supervisor
+(core/engine/ranks.py): at world size 1 it trains itself, above that it starts the ranks and reports for
+them. Started by ``torchrun`` instead, each process is one rank and only rank 0 reports.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from torchlab.core.launch.arguments import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK, exit_code
+from torchlab.core.engine.distributed import rank_from_environment
+from torchlab.core.engine.seeding import seed_everything
+from torchlab.core.wire.errors import TorchlabError
+from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.wire.options import format_option_value
+from torchlab.core.wire.impact import ImpactTracker
+from torchlab.core.engine.loading import check_spec, load_workload, workload_label
+from torchlab.core.engine.ranks import Supervisor, initial_world_size, run_quiet_rank
+from torchlab.core.launch.resume import ConfigRecord, TrainingPlan
+from torchlab.core.wire.rundir import RunDirectory, choose_run_dir
+
+
+def run_headless(
+    plan: TrainingPlan,
+    *,
+    run_dir: Path | None,
+    runs_root: Path,
+    console: Console | None = None,
+) -> int:
+    console = console or Console(stderr=True, soft_wrap=True)
+    config, resume, explicit_options = plan.config, plan.resume, plan.explicit_options
+    external = rank_from_environment(supervised=False)  # started by torchrun: one rank of several
+    if external is not None and external.rank != 0:
+        path = choose_run_dir(run_dir, resume, runs_root, workload_label(config.workload))
+        outcome = run_quiet_rank(config, external, run_dir=path, resume=resume, explicit_options=explicit_options)
+        return exit_code(outcome.status)
+    check_spec(config.workload)
+    workload = None
+    if external is not None or initial_world_size(config, resume, explicit_options) == 1:
+        seed_everything(config.seed)
+        workload = load_workload(config.workload)  # a bad workload fails here, before any directory exists
+    directory = RunDirectory(choose_run_dir(run_dir, resume, runs_root, workload_label(config.workload)),
+                             shared=config.shared_run_dir)
+    progress = HeadlessProgress(config.steps, console)
+    try:
+        config_record = ConfigRecord(directory, plan)
+        config_record.write_for_new_run()
+        supervisor = Supervisor(
+            config,
+            observers=[directory, config_record, ImpactTracker(directory.path / "impact.json"), progress],
+            run_dir=directory.path,
+            resume_from=resume,
+            explicit_options=explicit_options,
+            workload=workload,
+            external=external,
+            resume_note=plan.resume_note(),
+        )
+        try:
+            supervisor.prepare()
+        except TorchlabError as error:
+            directory.record_error(str(error))
+            raise
+        stop_on_signal = _StopOnSignal(supervisor, console)
+        with stop_on_signal, progress:
+            outcome = supervisor.run()
+    finally:
+        directory.close()
+
+    console.print(f"Run directory: {directory.path}")
+    if outcome.status == "nonfinite":
+        console.print(f"[bold red]Stopped on a non-finite value:[/] {outcome.message}")
+        return EXIT_NONFINITE
+    if outcome.status == "failed" and outcome.kind == "StorageError":  # the message says what is intact and what to do
+        console.print(f"[bold red]Stopped after step {outcome.step}:[/] {outcome.message}")
+        return EXIT_FAILED
+    if outcome.status == "failed":
+        console.print(f"[bold red]Training failed at step {outcome.step + 1}:[/] {outcome.message}")
+        console.print(f"Traceback in {directory.path / 'events.jsonl'}; the last checkpoint is in {directory.checkpoints}.")
+        return EXIT_FAILED
+    if stop_on_signal.interrupted:
+        console.print(f"Interrupted at step {outcome.step}; resume with --resume {directory.path}")
+        return EXIT_INTERRUPTED
+    console.print(f"{outcome.status.capitalize()} at step {outcome.step}. {progress.summary()}")
+    return EXIT_OK
+
+
+class HeadlessProgress(TrainerObserver):
+    """A trainer observer that draws a progress bar and prints events above it."""
+
+    def __init__(self, total_steps: int, console: Console) -> None:
+        self.console = console
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss [cyan]{task.fields[loss]}"),
+            TextColumn("{task.fields[rate]} samples/s"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,  # the summary line replaces the bar when the run ends
+        )
+        self._task = self._progress.add_task("training", total=total_steps, loss="—", rate="—")
+        self.first_loss: float | None = None
+        self.last_record: dict[str, Any] | None = None
+
+    def __enter__(self) -> HeadlessProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._progress.stop()
+
+    def on_metrics(self, record: dict[str, Any]) -> None:
+        if self.first_loss is None:
+            self.first_loss = record["loss"]
+        self.last_record = record
+        self._progress.update(
+            self._task, completed=record["step"], loss=f"{record['loss']:.4f}", rate=f"{record['samples_per_s']:,.0f}"
+        )
+        if "val_loss" in record:
+            self.console.print(f"step {record['step']}: val_loss {record['val_loss']:.4f}")
+
+    def on_event(self, record: dict[str, Any]) -> None:
+        event, step = record["event"], record["step"]
+        if event == "run_started":
+            self._progress.update(self._task, completed=step, description=f"training on {record['device']}")
+        elif event == "option_applied":
+            self.console.print(f"step {step}: [green]{record['option']} = {record['display']}[/] (was {format_option_value(record['option'], record['previous'])})")
+        elif event == "option_refused":
+            self.console.print(f"step {step}: [yellow]refused {record['option']} = {record['value']}[/]: {record['reason']}")
+        elif event == "checkpoint":
+            self.console.print(f"step {step}: checkpoint {record['path']}")
+        elif event == "profile":
+            if record.get("error"):
+                self.console.print(f"step {step}: [red]profile failed[/]: {record['error']}")
+            else:
+                top = ", ".join(f"{row['name']} {row[record['sort']] / 1000:.1f} ms" for row in record["rows"][:3])
+                self.console.print(f"steps {record['first_step']}–{step}: profile in {record['dir']} (top: {top})")
+        elif event == "step_skipped":
+            self.console.print(f"step {step}: [yellow]step skipped[/]: {record['reason']}")
+        elif event == "resume_changed_settings":
+            style = "yellow" if record["level"] == "warning" else "default"
+            warning = "warning: " if record["level"] == "warning" else ""
+            self.console.print(f"step {step}: [{style}]{warning}{escape(record['message'])}[/]")
+        elif event in ("paused", "resumed", "resumed_from_checkpoint"):
+            self.console.print(f"step {step}: {event.replace('_', ' ')}")
+        elif event == "relaunching":
+            self.console.print(f"step {step}: relaunching with {record['world_size']} rank(s) (was {record['previous']})")
+
+    def summary(self) -> str:
+        if self.last_record is None or self.first_loss is None:
+            return ""
+        text = f"loss {self.first_loss:.4f} → {self.last_record['loss']:.4f}"
+        if "val_loss" in self.last_record:
+            text += f", val_loss {self.last_record['val_loss']:.4f}"
+        return text + "."
+
+
+class _StopOnSignal:
+    """SIGINT/SIGTERM: stop at the next step boundary (checkpoint kept); a second SIGINT aborts."""
+
+    def __init__(self, trainer: Supervisor, console: Console) -> None:
+        self.trainer, self.console = trainer, console
+        self.interrupted = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopOnSignal:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.interrupted and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.interrupted = True
+        self.trainer.request_stop("interrupted")
+        self.console.print("Stopping at the next step boundary and saving a checkpoint (Ctrl-C again to abort).")
+

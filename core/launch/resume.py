@@ -1,0 +1,175 @@
+"""What a run trains with, decided in the trainer's process: the flags, or with ``--resume`` the
+checkpoint's own configuration, with any flag given beside it as an override.
+
+Every checkpoint keeps the whole resolved configuration of its run (``TrainConfig.to_toml``), so
+``--resume RUN_DIR`` alone continues the run as it was started (workload, seed, lr, schedule, warm-up,
+steps, batch size, optimizer, scripted ``--at`` changes) and its live options as they were at the
+checkpoint. Precedence, lowest first: defaults, the checkpoint's configuration, ``--config``, flags.
+
+An override that makes the resumed run differ from one that was never stopped (``BREAKS_EXACTNESS``)
+is said in one warning line, on the CLI, in the app and in ``events.jsonl``; the run goes on. A larger
+``--steps`` extends the run: the LR schedule re-plans its decay from the checkpoint's step
+(core/engine/schedule.py), with no jump at the boundary.
+
+``config.toml`` is the record of how the run was started: a resume rewrites it only once the checkpoint
+has loaded and only if the configuration changed, and keeps the earlier one beside it
+(``config.before-step-NNNNNNN.toml``). A resume that fails leaves it as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from torchlab.core.engine.checkpoint import checkpoint_file, load_checkpoint
+from torchlab.core.launch.arguments import resolve_config, setting_layers
+from torchlab.core.wire.config import TrainConfig, build_config, settings_from_toml
+from torchlab.core.wire.errors import ConfigError
+from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.wire.options import format_option_value
+from torchlab.core.wire.rundir import RunDirectory
+
+#: Settings whose change on a resume makes the run differ from one that was never stopped.
+BREAKS_EXACTNESS = ("workload", "seed", "batch_size", "lr", "weight_decay", "schedule", "warmup_steps", "optimizer")
+#: Derived from other settings, or the record of a change rather than a setting of its own.
+#: Not settings of the training: options are compared at the checkpoint's step; shared_run_dir concerns
+#: only a new run directory (an existing one keeps its modes), so a resume does not change it.
+_NOT_COMPARED = ("options", "schedule_extensions", "shared_run_dir")
+
+
+@dataclass(frozen=True)
+class SettingChange:
+    """A setting whose value on this resume differs from the checkpoint's."""
+
+    setting: str
+    stored: Any
+    value: Any
+
+    @property
+    def breaks_exactness(self) -> bool:
+        return self.setting in BREAKS_EXACTNESS
+
+    def describe(self) -> str:
+        return f"{self.setting} {_shown(self.setting, self.stored)} → {_shown(self.setting, self.value)}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"setting": self.setting, "stored": _jsonable(self.stored), "value": _jsonable(self.value),
+                "breaks_exactness": self.breaks_exactness}
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """The configuration to train with; with a resume, the checkpoint and what the flags changed."""
+
+    config: TrainConfig
+    explicit_options: set[str]
+    resume: Path | None = None  # the checkpoint file
+    changes: tuple[SettingChange, ...] = ()
+    config_changed: bool = False  # the resolved configuration differs from the checkpoint's
+
+    def resume_note(self) -> dict[str, Any] | None:
+        """What the supervisor reports as ``resume_changed_settings`` once the checkpoint has loaded."""
+        if not self.changes:
+            return None
+        level = "warning" if any(change.breaks_exactness for change in self.changes) else "info"
+        return {"changes": [change.as_dict() for change in self.changes], "message": self.describe_changes(), "level": level}
+
+    def describe_changes(self) -> str:
+        """One line for the user: the overrides that break exactness as a warning, or the others plainly."""
+        breaking = [change.describe() for change in self.changes if change.breaks_exactness]
+        others = [change.describe() for change in self.changes if not change.breaks_exactness]
+        if breaking:
+            text = f"resumed with {_and(breaking)}: from here on the run differs from one that was never stopped"
+            return text + (f"; also {_and(others)}" if others else "")
+        return f"resumed with {_and(others)}"
+
+
+def plan_training(args: argparse.Namespace) -> TrainingPlan:
+    """The configuration a trainer process runs with, from the parsed command line."""
+    if args.resume is None:
+        config, explicit = resolve_config(args)
+        return TrainingPlan(config, explicit)
+    checkpoint = checkpoint_file(args.resume)
+    state = load_checkpoint(checkpoint, mmap=True)  # memory-mapped: the tensors are not read
+    stored_text = state.get("config")
+    if not isinstance(stored_text, str):
+        raise ConfigError(f"--resume {checkpoint}: the checkpoint holds no configuration to continue with.")
+    stored_settings = settings_from_toml(stored_text, f"the configuration in {checkpoint}")
+    stored = build_config(stored_settings)
+    file_settings, flags = setting_layers(args)
+    layers = [stored_settings, file_settings, flags]
+    config = build_config(*layers)
+    step = int(state["step"])
+    if config.steps != stored.steps:
+        config = build_config(*layers, _extension(stored, config, step, checkpoint))
+    explicit = set(file_settings.get("options", {})) | set(flags["options"])
+    changes = [
+        SettingChange(f.name, _comparable(stored, f.name), _comparable(config, f.name))
+        for f in fields(TrainConfig)
+        if f.name not in _NOT_COMPARED and _comparable(stored, f.name) != _comparable(config, f.name)
+    ]
+    live_at_checkpoint = state.get("options", {})
+    for name in sorted(explicit - {"world_size"}):  # the world size is the supervisor's to say
+        value = getattr(config.options, name)
+        if name in live_at_checkpoint and live_at_checkpoint[name] != value:
+            changes.append(SettingChange(name, live_at_checkpoint[name], value))
+    return TrainingPlan(config, explicit, checkpoint, tuple(changes), config_changed=config != stored)
+
+
+def _extension(stored: TrainConfig, config: TrainConfig, step: int, checkpoint: Path) -> dict[str, Any]:
+    """The settings that make a new total of steps continue the schedule where the checkpoint left it."""
+    if config.steps < step:
+        raise ConfigError(
+            f"steps (--steps) {config.steps}: {checkpoint.name} is at step {step} already; give a total of at least "
+            f"{step} to continue it (the run was started for {stored.steps} steps)."
+        )
+    layer: dict[str, Any] = {"schedule_extensions": [*stored.schedule_extensions, (step, stored.steps)]}
+    if config.warmup_steps is None:  # a default warm-up follows the total: keep the one the run had
+        layer["warmup_steps"] = stored.resolved_warmup_steps
+    return layer
+
+
+class ConfigRecord(TrainerObserver):
+    """Writes the run's ``config.toml``: at once for a new run; for a resumed one, once its checkpoint
+    has loaded (the trainer reports ``resumed_from_checkpoint``) and only if the configuration changed."""
+
+    def __init__(self, directory: RunDirectory, plan: TrainingPlan) -> None:
+        self.directory, self.plan = directory, plan
+        self._pending = plan.resume is not None  # a relaunch for a new world size resumes too: not ours
+
+    def write_for_new_run(self) -> None:
+        if self.plan.resume is None:
+            self.directory.write_config(self.plan.config.to_toml())
+
+    def on_event(self, record: dict[str, Any]) -> None:
+        if record["event"] != "resumed_from_checkpoint" or not self._pending:
+            return
+        self._pending = False
+        if not (self.directory.path / "config.toml").exists():  # resumed into a directory of its own
+            self.directory.write_config(self.plan.config.to_toml())
+        elif self.plan.config_changed:
+            self.directory.replace_config(self.plan.config.to_toml(), record["step"])
+
+
+def _comparable(config: TrainConfig, name: str) -> Any:
+    return config.resolved_warmup_steps if name == "warmup_steps" else getattr(config, name)
+
+
+def _shown(setting: str, value: Any) -> str:
+    if setting in ("amp", "checkpointing", "clip", "accum", "lr_scale", "world_size"):
+        return format_option_value(setting, value)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(str(item) for item in value) + "]"
+    return "default" if value is None else str(value)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_jsonable(item) for item in value]
+    return value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

@@ -1,0 +1,458 @@
+"""The trainer process the app starts: ``python -m torchlab.core.launch.worker --run-dir DIR --socket S --token-file T -- ARGS``.
+
+ARGS are the training flags of ``torchlab-tui`` (the same parser); the run directory is on the command
+line so ``ps`` tells which run a process belongs to. The process serves its socket at once, so the
+app connects while torch and the workload load, then trains and reports through the Outbox.
+
+It never outlives its app by accident: when the app goes away without detaching (quit, crash,
+``kill -9``: the parent-death signal, a ``getppid`` poll, or the socket closing, whichever comes
+first), the trainer stops at the next step boundary, writes a final checkpoint and exits. After a
+detach (the app's ``d``, or its hang-up) it trains on alone and waits for ``torchlab-tui attach``;
+the run's entry in the runtime directory (core/wire/runtime.py) says where it is and how far it got.
+
+This process is the run's supervisor (core/engine/ranks.py): at world size 1 it trains itself; above that it
+starts the ranks and relays rank 0's reports, and it stays the app's one endpoint across world-size
+changes. Under ``torchrun`` each process runs this module as one rank: rank 0 serves the socket and
+reports, the others only train.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from torchlab.core.wire import protocol as p
+from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE, build_parser, exit_code
+from torchlab.core.wire.control_server import ControlServer
+from torchlab.core.wire.errors import StorageError, TorchlabError
+from torchlab.core.wire.impact import ImpactTracker
+from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.wire.outbox import Outbox
+from torchlab.core.wire.runtime import Endpoint, die_with_parent
+from torchlab.core.wire.throttle import RefusedLines
+
+#: The parent-death signal: its own signal, so that a detached trainer can ignore it while a plain
+#: SIGTERM (someone's ``kill``) still stops it.
+PARENT_DEATH_SIGNAL = signal.SIGUSR2
+PARENT_POLL_S = 0.5
+REGISTRY_INTERVAL_S = 2.0
+FIRST_CLIENT_GRACE_S = 10.0
+IMPACT_INTERVAL_S = 1.0
+
+_STATE_OF_EVENT = {"run_started": "running", "paused": "paused", "resumed": "running"}
+
+
+class OutboxReporter(TrainerObserver):
+    """Trainer observer that turns trainer records into protocol messages in the Outbox.
+
+    Given the run's ImpactTracker (an observer placed before this one), it also sends the impact
+    table: when a segment starts and otherwise at most once per ``IMPACT_INTERVAL_S``.
+    """
+
+    def __init__(self, outbox: Outbox, impact: ImpactTracker | None = None, on_run_started=None) -> None:
+        self.outbox = outbox
+        self.impact = impact
+        self.on_run_started = on_run_started  # called with each run_started record (the Welcome is built from it)
+        self.state = "starting"
+        self.step = 0
+        self._impact_sent_at = 0.0
+        self._impact_segments = 0
+
+    def on_telemetry(self, sample: dict[str, Any]) -> None:
+        self.outbox.add_latest(p.Telemetry(sample=sample))
+
+    def on_metrics(self, record: dict[str, Any]) -> None:
+        self.step = record["step"]
+        self._send_impact()
+        norms = record.get("grad_norms")
+        self.outbox.add_metrics({key: value for key, value in record.items() if key not in ("grad_norms", "act_stats", "ranks")})
+        if norms is not None:
+            self.outbox.add_latest(p.GradNorms(step=record["step"], norms=list(norms.values()), total=record["grad_norm_total"]))
+        if record.get("ranks") is not None:
+            self.outbox.add_latest(p.Ranks(step=record["step"], ranks=record["ranks"]))
+
+    def on_event(self, record: dict[str, Any]) -> None:
+        event, step = record["event"], record["step"]
+        if event == "run_started" and self.on_run_started is not None:
+            self.on_run_started(record)
+        if event in _STATE_OF_EVENT:
+            self.set_state(_STATE_OF_EVENT[event], step)
+        elif event == "run_ended":
+            self._send_impact(force=True)
+            self.set_state(record["status"], step)
+        elif event == "option_applied":
+            self.outbox.add_event(p.OptionApplied(
+                option=record["option"], value=record["value"], previous=record["previous"], step=step, source=record["source"]))
+        elif event == "option_refused":
+            self.outbox.add_event(p.OptionRefused(
+                option=record["option"], value=record["value"], reason=record["reason"], step=step, source=record["source"]))
+        elif event == "checkpoint":
+            self.outbox.add_event(p.CheckpointSaved(step=step, path=record["path"], reason=record["reason"]))
+        elif event == "nonfinite":
+            self.outbox.add_event(p.NonFinite(
+                step=step, phase=record["phase"], module=record["module"], detail=record["detail"], message=record["message"]))
+            self.set_state("failed", step, record["message"])
+        elif event == "error":
+            self.outbox.add_event(p.Error(message=record["message"], traceback=record["traceback"], step=step))
+            self.set_state("failed", step, record["message"])
+        elif event == "step_skipped":
+            self.outbox.add_event(p.Log(level="warning", text=f"step skipped: {record['reason']}", step=step))
+        elif event == "profile":
+            self.outbox.add_event(p.ProfileReady(
+                first_step=record["first_step"], last_step=record["last_step"], dir=record["dir"],
+                rows=record.get("rows", []), rows_by_shape=record.get("rows_by_shape", []),
+                sort=record.get("sort", "self_cpu_us"), build_s=record["build_s"], error=record.get("error")))
+        elif event == "profile_started":
+            self.outbox.add_event(p.Log(level="info", text=f"profiling {record['steps']} steps after 1 warm-up", step=step))
+        elif event == "relaunching":
+            self.set_state("relaunching", step, f"{record['previous']} → {record['world_size']}")
+        elif event == "resumed_from_checkpoint":
+            self.outbox.add_event(p.Log(level="info", text=f"resumed from the checkpoint of step {step}", step=step))
+        elif event == "resume_changed_settings":
+            self.outbox.add_event(p.Log(level=record["level"], text=record["message"], step=step))
+
+    def _send_impact(self, force: bool = False) -> None:
+        if self.impact is None:
+            return
+        now = time.monotonic()
+        segments = len(self.impact.segments)
+        if force or segments != self._impact_segments or now - self._impact_sent_at >= IMPACT_INTERVAL_S:
+            self._impact_sent_at, self._impact_segments = now, segments
+            self.outbox.add_latest(p.Impact(segments=self.impact.table()))
+
+    def set_state(self, state: str, step: int, detail: str = "") -> None:
+        self.state, self.step = state, step
+        self.outbox.add_event(p.State(state=state, step=step, detail=detail))
+
+
+class Worker:
+    """Owns the trainer, the control server, and the rules for when to stop."""
+
+    def __init__(self, run_dir: Path, endpoint: Endpoint, token: str, training_args: list[str]) -> None:
+        self.run_dir = run_dir
+        self.endpoint = endpoint
+        self.training_args = training_args
+        #: after a detach, the app going away does not stop the run (until another app attaches)
+        self.detached = False
+        self.attached = False
+        self.outbox = Outbox()
+        self.reporter = OutboxReporter(self.outbox, on_run_started=self._on_run_started)
+        self.trainer = None  # the run's Supervisor, once built: the Trainer's API, whatever the world size
+        self._config = None
+        self._welcome: p.Welcome | None = None
+        self._ready = threading.Event()
+        self._parent = os.getppid()
+        self._started = time.time()
+        # The registry thread and the main thread both write the entry: one at a time, and nothing
+        # after the final one (a registry write begun before it landed after it: "running" forever).
+        self._publish_lock = threading.Lock()
+        self._final_published = False
+        # Refused lines go to the run's journal, at most a burst a minute. Until the run directory is open
+        # they wait in ``_unjournalled`` (the throttle bounds them); once it is closed they are dropped.
+        self._refusals = RefusedLines("app socket")
+        self._journal_lock = threading.Lock()
+        self._journal: TrainerObserver | None = None
+        self._journal_closed = False
+        self._unjournalled: list[dict[str, Any]] = []
+        self.server = ControlServer(
+            endpoint.socket_path, token, self.outbox,
+            welcome=self._wait_for_welcome, on_command=self._on_command,
+            on_client_gone=self._on_client_gone, on_client_attached=self._on_client_attached,
+            on_refused=self._journal_refusal,
+        )
+        self.reporter.set_state("starting", 0)
+
+    # ------------------------------------------------------------------ running
+    def run(self) -> int:
+        from torchlab.core.engine.distributed import rank_from_environment
+        from torchlab.core.engine.ranks import Supervisor
+        from torchlab.core.launch.resume import ConfigRecord, plan_training
+        from torchlab.core.wire.rundir import RunDirectory
+
+        args = build_parser().parse_args(self.training_args)
+        directory = RunDirectory(self.run_dir)
+        self._open_journal(directory)
+        try:
+            try:
+                plan = plan_training(args)
+                self._config = plan.config
+                config_record = ConfigRecord(directory, plan)
+                config_record.write_for_new_run()
+                impact = ImpactTracker(directory.path / "impact.json")
+                self.reporter.impact = impact
+                supervisor = Supervisor(
+                    plan.config,
+                    observers=[directory, config_record, impact, self.reporter],
+                    run_dir=directory.path,
+                    resume_from=plan.resume,
+                    explicit_options=plan.explicit_options,
+                    external=rank_from_environment(supervised=False),  # rank 0 under torchrun
+                    resume_note=plan.resume_note(),
+                )
+                supervisor.prepare()  # seeds and loads the workload where it trains here (a bad one fails now)
+                self.trainer = supervisor
+            except TorchlabError as error:
+                directory.record_error(str(error))
+                self._fail_before_training(str(error), "")
+                return EXIT_USAGE
+            try:
+                outcome = self.trainer.run()  # the Welcome is ready once the trainer reports run_started
+            except TorchlabError as error:  # the first step could not run (a workload error)
+                self._fail_before_training(str(error), traceback.format_exc())
+                return EXIT_USAGE
+            finally:
+                if not self._ready.is_set():  # ranks that failed before training: the app still gets an answer
+                    self._welcome = p.Welcome(run=self._run_info(None), modules=[], options={}, state=self.reporter.state, step=self.reporter.step)
+                    self._ready.set()
+        finally:
+            self._close_journal()
+            directory.close()
+        return exit_code(outcome.status)
+
+    def _fail_before_training(self, message: str, trace: str) -> None:
+        self.outbox.add_event(p.Error(message=message, traceback=trace, step=self.reporter.step))
+        self.reporter.set_state("failed", self.reporter.step, message)
+        if not self._ready.is_set():
+            self._welcome = p.Welcome(run=self._run_info(None), modules=[], options={}, state="failed", step=0)
+        self._ready.set()
+
+    def _on_run_started(self, record: dict[str, Any]) -> None:
+        """The trainer (or rank 0) is up: describe the run to apps that connect from now on."""
+        self._welcome = p.Welcome(
+            run=self._run_info(record),
+            modules=[{"name": name, "params": count} for name, count in zip(record["modules"], record["module_params"])],
+            options=record["options"],
+            state="running",
+            step=record["step"],
+        )
+        self._ready.set()
+
+    def _run_info(self, started: dict[str, Any] | None) -> dict[str, Any]:
+        config, started = self._config, started or {}
+        return {
+            "workload": config.workload if config else "",
+            "run_dir": str(self.run_dir),
+            "device": started.get("device", ""),
+            "steps": config.steps if config else 0,
+            "batch_size": started.get("batch_size", 0),
+            "pid": os.getpid(),
+            "started": self._started,
+            "checkpoint_blocks": started.get("checkpoint_blocks", []),
+            "world_size": started.get("world_size", 1),
+            "ranks": started.get("ranks") or [],
+        }
+
+    # ------------------------------------------------------------------ control
+    def _wait_for_welcome(self) -> p.Welcome | None:
+        """The run described as it is now (an app attaching later sees the current state and options)."""
+        self._ready.wait()
+        welcome = self._welcome
+        if welcome is None or self.trainer is None:
+            return welcome
+        options = getattr(self.trainer, "options", None)
+        return replace(
+            welcome, state=self.reporter.state, step=self.reporter.step,
+            options=options.as_dict() if options is not None else welcome.options,
+        )
+
+    def _on_command(self, command: p.Message) -> None:
+        from torchlab.core.engine import trainer as t
+
+        trainer = self.trainer
+        if trainer is None:
+            self.outbox.add_event(p.Log(level="warning", text=f"{command.type}: the trainer is still starting; try again"))
+            return
+        if isinstance(command, p.SetCommand):
+            trainer.submit(t.SetOption(command.option, command.value, source="app"))
+        elif isinstance(command, p.PauseCommand):
+            trainer.submit(t.Pause())
+        elif isinstance(command, p.ResumeCommand):
+            trainer.submit(t.Resume())
+        elif isinstance(command, p.StopCommand):
+            trainer.submit(t.Stop("stopped from the app"))
+        elif isinstance(command, p.SaveCheckpointCommand):
+            trainer.submit(t.SaveCheckpoint())
+        elif isinstance(command, p.ProfileCommand):
+            trainer.submit(t.Profile(command.steps, source="app"))
+        elif isinstance(command, p.DetachCommand):
+            self._detach()
+        else:
+            self._refuse(f"{command.type} is not a command")
+
+    def _refuse(self, reason: str) -> None:
+        self.outbox.add_event(p.Refused(reason=reason))
+        self._journal_refusal(reason, False)
+
+    # ------------------------------------------------------------------ refused lines in the journal
+    def _open_journal(self, directory: TrainerObserver) -> None:
+        with self._journal_lock:
+            self._journal, waiting, self._unjournalled = directory, self._unjournalled, []
+            for record in waiting:
+                self._write_refusal(record)
+
+    def _close_journal(self) -> None:
+        with self._journal_lock:
+            unrecorded = self._refusals.unrecorded(self.reporter.step)
+            if unrecorded and self._journal is not None:
+                self._write_refusal(unrecorded)
+            self._journal, self._journal_closed = None, True
+
+    def _journal_refusal(self, reason: str, before_hello: bool) -> None:
+        """A line refused on the app's socket, in ``events.jsonl`` (at most a burst a minute; the next record
+        let through says how many were held back). Called on connection threads: it never raises."""
+        record = self._refusals.record(self.reporter.step, reason, before_hello=before_hello)
+        if record is None:
+            return
+        with self._journal_lock:
+            if self._journal is not None:
+                self._write_refusal(record)
+            elif not self._journal_closed:  # the run directory is not open yet
+                self._unjournalled.append(record)
+
+    def _write_refusal(self, record: dict[str, Any]) -> None:
+        try:
+            self._journal.on_event(record)
+        except StorageError:
+            # The run directory kept the failure, as for any write it failed (the telemetry sampler's): the next
+            # metrics row raises it and the run stops, saying which file could not be written. This thread, a
+            # connection's, goes on reading.
+            pass
+
+    def _detach(self) -> None:
+        """From now on the app may leave: the run goes on, and another app may attach."""
+        self.detached = True
+        self.outbox.add_event(p.OptionApplied(
+            option="detach", value=None, previous=None, step=self.reporter.step, source="app"))
+        self.publish()
+
+    def _on_client_attached(self) -> None:
+        self.attached = True
+        self.detached = False  # this app, too, stops the run if it goes away without detaching
+        self.publish()
+
+    def _on_client_gone(self) -> None:
+        self.attached = False
+        if self.detached:
+            self.publish()
+        else:
+            self.stop("the app went away")
+
+    def parent_gone(self) -> None:
+        """The app that started this trainer ended (the parent-death signal or the getppid poll)."""
+        if not self.detached:
+            self.stop("the app's process ended")
+
+    # ------------------------------------------------------------------ the runtime directory entry
+    def info(self) -> dict[str, Any]:
+        config = self._config
+        return {
+            "pid": os.getpid(),
+            "run_dir": str(self.run_dir.resolve()),
+            "workload": config.workload if config else (self.training_args[:1] or [""])[0],
+            "started": self._started,
+            "state": self.reporter.state,
+            "step": self.reporter.step,
+            "steps": config.steps if config else None,
+            "attached": self.attached,
+            "training_args": self.training_args,  # what a restart from the app needs
+        }
+
+    def publish(self, *, final: bool = False) -> None:
+        """Rewrite this run's entry for ``attach`` (best effort: a full /tmp must not stop training)."""
+        with self._publish_lock:
+            if self._final_published:
+                return
+            self._final_published = final
+            try:
+                self.endpoint.write_info(self.info())
+            except OSError:
+                pass
+
+    def keep_published(self) -> None:
+        last = None
+        while True:
+            current = (self.reporter.state, self.reporter.step, self.attached)
+            if current != last:
+                self.publish()
+                last = current
+            time.sleep(REGISTRY_INTERVAL_S)
+
+    def stop(self, reason: str) -> None:
+        """Stop at the next step boundary (final checkpoint), or at once if training never started."""
+        if self.trainer is None:  # still importing torch or loading: nothing to save, nothing to attach to later
+            self.endpoint.remove()
+            os._exit(EXIT_OK)
+        self.trainer.request_stop(reason)
+
+    def watch_parent(self) -> None:
+        """Stop when the app's process is gone (kill -9 leaves no other trace), unless detached."""
+        die_with_parent(PARENT_DEATH_SIGNAL)  # the fastest of the three signs
+        while os.getppid() == self._parent:
+            time.sleep(PARENT_POLL_S)
+        self.parent_gone()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torchlab.core.launch.worker", description=__doc__)
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--socket", type=Path, required=True)
+    parser.add_argument("--token-file", type=Path, required=True)
+    parser.add_argument("training_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    training_args = args.training_args[1:] if args.training_args[:1] == ["--"] else args.training_args
+    if "WORLD_SIZE" in os.environ and os.environ.get("RANK", "0") != "0":
+        return _quiet_rank(args.run_dir, training_args)  # under torchrun: rank 0 serves the app
+    endpoint = Endpoint(args.socket, args.token_file)
+    if not args.token_file.exists():  # started by hand (torchrun on a node): make the token, readable only by you
+        endpoint.create_token()
+    token = endpoint.read_token()
+    worker = Worker(args.run_dir, endpoint, token, training_args)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda *_: worker.stop("the trainer received a termination signal"))  # lock-free
+    signal.signal(PARENT_DEATH_SIGNAL, lambda *_: worker.parent_gone())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the app, which decides what to do
+    threading.Thread(target=worker.watch_parent, name="torchlab-parent-watch", daemon=True).start()
+    threading.Thread(target=worker.keep_published, name="torchlab-registry", daemon=True).start()
+    try:
+        code = worker.run()
+    finally:
+        # A run that failed (or ended) before its app connected waits a little for the app, so the
+        # app can show why instead of "the trainer exited with code 2".
+        if not worker.detached:
+            worker.server.wait_for_first_client(timeout_s=FIRST_CLIENT_GRACE_S)
+        worker.outbox.close()
+        worker.server.flush(timeout_s=2.0)  # the app should see the final state or the error
+        worker.server.close()
+        worker.publish(final=True)  # a detached run's entry stays, so attach can say how it ended
+        if not worker.attached:
+            endpoint.remove(keep_info=worker.detached)
+    return code
+
+
+def _quiet_rank(run_dir: Path, training_args: list[str]) -> int:
+    from torchlab.core.engine.distributed import rank_from_environment
+    from torchlab.core.engine.ranks import run_quiet_rank
+
+    from torchlab.core.launch.resume import plan_training
+
+    args = build_parser().parse_args(training_args)
+    try:
+        plan = plan_training(args)
+        outcome = run_quiet_rank(plan.config, rank_from_environment(supervised=False), run_dir=run_dir,
+                                 resume=plan.resume, explicit_options=plan.explicit_options)
+    except TorchlabError as error:
+        print(f"torchlab worker, rank {os.environ.get('RANK')}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    return exit_code(outcome.status)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

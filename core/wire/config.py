@@ -1,0 +1,324 @@
+"""Run configuration: one keyword-only dataclass, validated where it is built.
+
+Precedence, lowest first: defaults, then a ``--config`` TOML file, then command-line flags. Every error
+names the setting (and the file, for TOML) so the user knows what to change. The resolved configuration
+is written to the run directory as ``config.toml``, which ``--config`` reads back.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from torchlab.core.wire.errors import ConfigError, shown
+from torchlab.core.wire.options import LiveOptions, OptionRefused, format_option_value, parse_option_value
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+OPTIMIZERS = ("adamw", "sgd")
+#: NumPy's legacy seeding (numpy.random.seed) takes 32-bit seeds; a larger one raised deep inside a run.
+MAX_SEED = 2**32 - 1
+#: torch keeps a device index in 8 signed bits: "cuda:200" became "cuda:-56".
+MAX_CUDA_INDEX = 127
+#: Seconds between system samples, at most: a longer wait overflowed the sampler's timer (1e30 did).
+MAX_TELEMETRY_INTERVAL_S = 3600.0
+#: Steps one profiler snapshot may record: each adds its events to a trace held in memory until the snapshot ends.
+MAX_PROFILE_STEPS = 1000
+SCHEDULES = ("constant", "cosine", "onecycle")
+
+
+def usable_cpus() -> int:
+    """The CPU cores this process may run on (its affinity, which a container or taskset narrows)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def max_workers() -> int:
+    """The most data-loader workers a run may ask for here: each is a process with a copy of the dataset,
+    so ``--workers 1000`` (a typo) forked a thousand and brought a 2-core box to a load of 200."""
+    return max(8, 4 * usable_cpus())
+_AT_PATTERN = re.compile(r"^\s*(\d+)\s*:\s*([A-Za-z_]+)\s*=\s*(.*?)\s*$")
+
+
+@dataclass(frozen=True)
+class ScheduledChange:
+    """A scripted live change (``--at STEP:OPTION=VALUE``): takes effect for optimizer step ``step``."""
+
+    step: int
+    option: str
+    value: str
+
+    @classmethod
+    def parse(cls, text: str) -> ScheduledChange:
+        match = _AT_PATTERN.match(text)
+        if not match:
+            raise ConfigError(
+                f"--at {shown(text)} is not of the form STEP:OPTION=VALUE (for example --at 50:amp=bf16)."
+            )
+        step, option, value = int(match.group(1)), match.group(2), match.group(3)
+        if step < 1:
+            raise ConfigError(f"--at {shown(text)}: STEP counts optimizer steps from 1, got {step}.")
+        try:
+            parse_option_value(option, value)
+        except OptionRefused as refusal:
+            raise ConfigError(f"--at {shown(text)}: {refusal}.") from None
+        return cls(step, option, value)
+
+    def __str__(self) -> str:
+        return f"{self.step}:{self.option}={self.value}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Everything a run needs besides the workload itself."""
+
+    workload: str = "tiny_gpt"
+    steps: int = 200
+    batch_size: int | None = None  # None: the workload's own, else 32
+    seed: int = 0
+    device: str = "auto"
+    optimizer: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    schedule: str = "cosine"
+    warmup_steps: int | None = None  # None: 5 % of steps
+    workers: int = 0
+    eval_every: int = 50
+    eval_batches: int = 20
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 3
+    log_every: int = 1
+    probe_every: int | str = "auto"
+    act_stats_every: int = 0
+    telemetry_interval: float = 1.0  # seconds between system samples; 0 = off
+    profile_at: tuple[int, ...] = ()  # optimizer steps at which a profiler snapshot starts
+    profile_steps: int = 5
+    #: False: a new run directory is 0700 and its files 0600, whatever the umask (the checkpoints are the
+    #: user's weights); True: they follow the umask, for colleagues to read. An existing one keeps its mode.
+    shared_run_dir: bool = False
+    options: LiveOptions = field(default_factory=LiveOptions)
+    at: tuple[ScheduledChange, ...] = ()
+    #: Each time a resume changed ``steps``: (the step resumed at, the total before). The LR schedule
+    #: re-plans its decay from that step (core/engine/schedule.py), so the LR has no jump at the boundary.
+    schedule_extensions: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.workload, str) and self.workload.strip() != "", "workload",
+               "must name a sample (mlp, convnet, tiny_gpt), path/to/file.py:factory or package.module:factory",
+               self.workload)
+        _check_int(self.steps, "steps", minimum=1)
+        if self.batch_size is not None:
+            _check_int(self.batch_size, "batch_size", minimum=1)
+        _check_int(self.seed, "seed", minimum=0, hint=f"a whole number from 0 to {MAX_SEED} (NumPy's seeds are 32-bit)",
+                   maximum=MAX_SEED)
+        _check(isinstance(self.device, str) and _is_device(self.device),
+               "device", f"must be auto, cpu, cuda or cuda:N with N from 0 to {MAX_CUDA_INDEX}", self.device)
+        _check(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {', '.join(OPTIMIZERS)}", self.optimizer)
+        _check_float(self.lr, "lr", positive=True)
+        _check_float(self.weight_decay, "weight_decay", positive=False)
+        _check(self.schedule in SCHEDULES, "schedule", f"must be one of {', '.join(SCHEDULES)}", self.schedule)
+        if self.warmup_steps is not None:
+            _check_int(self.warmup_steps, "warmup_steps", minimum=0)
+        _check_int(self.workers, "workers", minimum=0, maximum=max_workers(),
+                   hint=f"a whole number from 0 (load in the training process) to {max_workers()} on this machine "
+                        f"({usable_cpus()} usable CPU cores; more workers than cores only compete)")
+        for name in ("eval_every", "checkpoint_every", "act_stats_every"):
+            _check_int(getattr(self, name), name, minimum=0)
+        _check_int(self.eval_batches, "eval_batches", minimum=1)
+        _check_int(self.keep_checkpoints, "keep_checkpoints", minimum=1)
+        _check_int(self.log_every, "log_every", minimum=1)
+        _check_float(self.telemetry_interval, "telemetry_interval", positive=False)
+        _check(self.telemetry_interval <= MAX_TELEMETRY_INTERVAL_S, "telemetry_interval",
+               f"must be at most {MAX_TELEMETRY_INTERVAL_S:g} seconds (0 turns it off)", self.telemetry_interval)
+        _check_int(self.profile_steps, "profile_steps", minimum=1, maximum=MAX_PROFILE_STEPS,
+                   hint=f"a whole number from 1 to {MAX_PROFILE_STEPS}")
+        _check(isinstance(self.shared_run_dir, bool), "shared_run_dir", "must be true or false", self.shared_run_dir)
+        _check(isinstance(self.profile_at, tuple) and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in self.profile_at),
+               "profile_at", "must be optimizer steps ≥ 1", self.profile_at)
+        if self.probe_every != "auto":
+            _check_int(self.probe_every, "probe_every", minimum=0,
+                       hint="a number of steps (0 = off) or \"auto\"")
+        _check(isinstance(self.options, LiveOptions), "options", "must be a LiveOptions", self.options)
+        for change in self.at:
+            _check(isinstance(change, ScheduledChange), "at", "must hold STEP:OPTION=VALUE changes", change)
+        _check(_are_extensions(self.schedule_extensions) and all(step <= self.steps for step, _ in self.schedule_extensions),
+               "schedule_extensions", "must be [step, steps before] pairs with increasing steps, each step ≤ its totals",
+               self.schedule_extensions)
+
+    @property
+    def resolved_warmup_steps(self) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else max(1, round(0.05 * self.steps))
+
+    def to_toml(self) -> str:
+        """The configuration as TOML that ``load_config_file`` (and ``config_from_toml``) read back."""
+        lines = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("options", "at") or value is None:
+                continue
+            lines.append(f"{f.name} = {_toml_value(value)}")
+        if self.at:
+            lines.append(f"at = [{', '.join(_toml_value(str(change)) for change in self.at)}]")
+        lines.append("")
+        lines.append("[options]")
+        for name, value in self.options.as_dict().items():
+            lines.append(f"{name} = {_toml_value(format_option_value(name, value) if value is None else value)}")
+        return "\n".join(lines) + "\n"
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Read a TOML config into keyword arguments for ``build_config`` (unknown keys are errors)."""
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"--config {path}: no such file.") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"--config {path}: not valid TOML: {error}.") from None
+    except RecursionError:
+        raise ConfigError(f"--config {path}: not valid TOML here: its arrays or tables are nested too deeply to read.") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"--config {path}: not UTF-8 text (byte {error.start}); a TOML file must be UTF-8.") from None
+    except OSError as error:  # a directory, no permission
+        raise ConfigError(f"--config {path}: cannot be read: {error.strerror or error}.") from None
+    return _settings_from_mapping(data, source=str(path))
+
+
+def config_from_toml(text: str, source: str) -> TrainConfig:
+    """A configuration written by ``TrainConfig.to_toml`` (a checkpoint keeps one), read back."""
+    return build_config(settings_from_toml(text, source))
+
+
+def settings_from_toml(text: str, source: str) -> dict[str, Any]:
+    """The settings of TOML text, as ``load_config_file`` gives them for a file."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{source}: not valid TOML: {error}.") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: not valid TOML here: its arrays or tables are nested too deeply to read.") from None
+    return _settings_from_mapping(data, source)
+
+
+def build_config(*layers: Mapping[str, Any]) -> TrainConfig:
+    """Merge defaults and ``layers`` (later wins: a file, then flags) into a validated TrainConfig.
+
+    Each mapping holds top-level settings plus an ``options`` mapping of live options (raw values,
+    parsed here) and ``at`` as a list of strings; the ``at`` lists add up (an entry given twice counts once).
+    """
+    merged: dict[str, Any] = {}
+    option_values: dict[str, Any] = {}
+    at: list[str] = []
+    for settings in layers:
+        for key, value in settings.items():
+            if key == "options":
+                option_values.update(value)
+            elif key == "at":
+                at.extend(str(entry) for entry in value)
+            else:
+                merged[key] = value
+    options = LiveOptions()
+    for name, raw in option_values.items():
+        try:
+            options = options.with_value(name, parse_option_value(name, raw))
+        except OptionRefused as refusal:
+            raise ConfigError(f"options.{name} (--{name.replace('_', '-')}): {refusal}.") from None
+    if "profile_at" in merged:
+        if not isinstance(merged["profile_at"], (list, tuple)):
+            raise ConfigError(f"profile_at (--profile-at) must be a list of steps; got {shown(merged['profile_at'])}.")
+        merged["profile_at"] = tuple(merged["profile_at"])
+    if "schedule_extensions" in merged:
+        extensions = merged["schedule_extensions"]
+        if not isinstance(extensions, (list, tuple)) or not all(isinstance(pair, (list, tuple)) for pair in extensions):
+            raise ConfigError(f"schedule_extensions must be a list of [step, steps before] pairs; got {shown(extensions)}.")
+        merged["schedule_extensions"] = tuple(tuple(pair) for pair in extensions)
+    changes = tuple(dict.fromkeys(ScheduledChange.parse(text) for text in at))
+    try:
+        return TrainConfig(**merged, options=options, at=changes)
+    except TypeError as error:  # an unknown keyword slipped past the checks above
+        raise ConfigError(str(error)) from None
+
+
+def _settings_from_mapping(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+    known = {f.name for f in fields(TrainConfig)}
+    settings: dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "options":
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{source}: [options] must be a table of live options.")
+            for option in value:
+                if option not in LiveOptions.__dataclass_fields__:
+                    raise ConfigError(f"{source}: unknown option options.{option}{_suggest(option, LiveOptions.__dataclass_fields__)}.")
+            settings["options"] = dict(value)
+        elif key == "at":
+            if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+                raise ConfigError(f'{source}: at must be a list of "STEP:OPTION=VALUE" strings.')
+            settings["at"] = list(value)
+        elif key in known:
+            settings[key] = value
+        else:
+            raise ConfigError(f"{source}: unknown setting {shown(key)}{_suggest(key, known)}.")
+    return settings
+
+
+def _suggest(name: str, candidates) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _is_device(name: str) -> bool:
+    match = re.fullmatch(r"auto|cpu|cuda(?::(\d{1,4}))?", name)
+    return match is not None and (match.group(1) is None or int(match.group(1)) <= MAX_CUDA_INDEX)
+
+
+def _are_extensions(extensions: Any) -> bool:
+    if not isinstance(extensions, tuple):
+        return False
+    previous_step = -1
+    for pair in extensions:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(n, int) and not isinstance(n, bool) for n in pair)):
+            return False
+        step, total_before = pair
+        if not (previous_step < step <= total_before):
+            return False
+        previous_step = step
+    return True
+
+
+def _check(ok: bool, setting: str, requirement: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(f"{setting} (--{setting.replace('_', '-')}) {requirement}; got {shown(value)}.")
+
+
+def _check_int(value: Any, setting: str, *, minimum: int, hint: str | None = None, maximum: int | None = None) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum and (maximum is None or value <= maximum)
+    _check(ok, setting, f"must be {hint or f'a whole number ≥ {minimum}'}", value)
+
+
+def _check_float(value: Any, setting: str, *, positive: bool) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > 0 if positive else value >= 0)
+    _check(ok, setting, "must be a positive number" if positive else "must be a number ≥ 0", value)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'

@@ -1,0 +1,268 @@
+"""The trainer's socket: one Unix socket, a token checked before anything else, one controlling app.
+
+Each connection has a reader thread (commands in) and a sender thread (events out, from the Outbox
+through the connection's own cursor). The trainer thread never touches a socket. A connection that
+sends garbage is answered with ``Refused`` and closed; the trainer and other connections go on. Every
+refused line is also passed to ``on_refused`` (the worker journals it); a connection that hangs up
+without a word (``attach`` probing whether anyone serves the socket) is no refused line.
+
+Before its hello a connection has ``HELLO_TIMEOUT_S`` in all to send it, and at most
+``MAX_AWAITING_HELLO`` connections wait for theirs at once: each holds a thread and a descriptor, so a
+burst of idle connections must not exhaust either (the next one is refused at once, without a thread).
+
+Standard library only, plus the protocol: what a command *does* is the ``on_command`` callback's
+business (the worker maps commands onto the trainer).
+"""
+
+from __future__ import annotations
+
+import hmac
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from torchlab.core.wire.errors import shown
+from torchlab.core.wire.line_reader import LineReader
+from torchlab.core.wire.outbox import Cursor, Outbox
+from torchlab.core.wire.protocol import (
+    MAX_LINE_BYTES,
+    PROTOCOL_VERSION,
+    Hello,
+    Message,
+    ProtocolError,
+    Refused,
+    Welcome,
+    decode,
+)
+from torchlab.core.wire.runtime import listen_privately
+
+HELLO_TIMEOUT_S = 5.0
+MAX_AWAITING_HELLO = 64
+#: How long the accept loop waits after ``accept`` failed for want of descriptors or memory (EMFILE and
+#: the like): the connections holding them end within HELLO_TIMEOUT_S, and then the app can connect again.
+ACCEPT_RETRY_S = 0.1
+SEND_TIMEOUT_S = 10.0
+#: Reports gather this long between two sends to one app (an event goes at once). The app reads at
+#: 20 Hz, so this delays nothing it shows; at 300 steps/s it is 50 messages a second instead of 300,
+#: and at 50k reports/s the app decoded and folded ~200 small batches a second, each with its overhead.
+GATHER_S = 0.02
+
+
+class ControlServer:
+    """Serves ``socket_path`` until ``close()``.
+
+    ``welcome`` is called for each authenticated client and blocks until the run can describe itself
+    (the trainer is built); ``on_command`` receives every later command, detach included (the
+    worker decides whether to accept it); ``on_client_attached()`` once a client is welcomed and
+    ``on_client_gone()`` when the controlling client leaves, whichever way; ``on_refused(reason,
+    before_hello)`` after each refusal was answered (on a connection's thread, or the accept loop's: it
+    must not block, nor raise).
+    """
+
+    def __init__(
+        self,
+        socket_path: Path,
+        token: str,
+        outbox: Outbox,
+        *,
+        welcome: Callable[[], Welcome | None],
+        on_command: Callable[[Message], None],
+        on_client_gone: Callable[[], None],
+        on_client_attached: Callable[[], None] = lambda: None,
+        on_refused: Callable[[str, bool], None] = lambda reason, before_hello: None,
+    ) -> None:
+        self.socket_path = Path(socket_path)
+        self._token = token
+        self._outbox = outbox
+        self._welcome = welcome
+        self._on_command = on_command
+        self._on_client_gone = on_client_gone
+        self._on_client_attached = on_client_attached
+        self._on_refused = on_refused
+        self._awaiting_hello = 0  # connections accepted whose hello has not been read yet
+        self._awaiting_lock = threading.Lock()
+        self._controller: socket.socket | None = None
+        self._controller_lock = threading.Lock()
+        self._closed = threading.Event()
+        self._senders: list[threading.Thread] = []
+        self._first_client_served = threading.Event()
+        self._listener = self._listen()
+        self._accept_thread = threading.Thread(target=self._accept_loop, name="torchlab-accept", daemon=True)
+        self._accept_thread.start()
+
+    def _listen(self) -> socket.socket:
+        if self.socket_path.exists():
+            self.socket_path.unlink()
+        listener = listen_privately(self.socket_path, socket.SOMAXCONN)  # a burst (a scan, say) must not crowd out the app
+        listener.settimeout(0.25)
+        return listener
+
+    def close(self) -> None:
+        self._closed.set()
+        self._outbox.close()
+        self._listener.close()
+        with self._controller_lock:
+            if self._controller is not None:
+                _shutdown(self._controller)
+        try:
+            self.socket_path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def wait_for_first_client(self, timeout_s: float) -> bool:
+        """Wait until some app has been welcomed (so an early failure still reaches it)."""
+        return self._first_client_served.wait(timeout_s)
+
+    def flush(self, timeout_s: float) -> None:
+        """After ``outbox.close()``: wait up to ``timeout_s`` for senders to deliver what is left."""
+        deadline = time.monotonic() + timeout_s
+        for sender in self._senders:
+            sender.join(max(0.0, deadline - time.monotonic()))
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self._closed.is_set():  # the listener was closed
+                    return
+                # Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS): this connection is lost, but the
+                # socket must go on serving, or the app could never attach again.
+                self._closed.wait(ACCEPT_RETRY_S)
+                continue
+            with self._awaiting_lock:
+                admitted = self._awaiting_hello < MAX_AWAITING_HELLO
+                self._awaiting_hello += admitted
+            if not admitted:
+                connection.setblocking(False)  # this thread accepts for everyone: it never waits on one peer
+                self._refuse(connection, f"too many connections awaiting hello (at most {MAX_AWAITING_HELLO}); try again", before_hello=True)
+                continue
+            threading.Thread(target=self._serve, args=(connection,), name="torchlab-connection", daemon=True).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        try:
+            hello = self._read_hello(connection)
+        finally:
+            with self._awaiting_lock:
+                self._awaiting_hello -= 1
+        if hello is not None:
+            self._serve_app(connection, hello)
+
+    def _read_hello(self, connection: socket.socket) -> LineReader | None:
+        """The reader of a connection that said a hello with this run's token, or None (refused, closed)."""
+        reader = LineReader(connection, MAX_LINE_BYTES)
+        try:
+            hello = decode(reader.next_line(deadline=time.monotonic() + HELLO_TIMEOUT_S))
+        except (ProtocolError, OSError, EOFError) as error:
+            if isinstance(error, EOFError) and not reader.received:  # a probe: it said nothing, so nothing was refused
+                _refuse(connection, f"expected a hello with a token first: {error}")
+            else:
+                self._refuse(connection, f"expected a hello with a token first: {error}", before_hello=True)
+            return None
+        if not isinstance(hello, Hello):
+            self._refuse(connection, f"the first message must be hello, not {hello.type}", before_hello=True)
+            return None
+        if hello.version != PROTOCOL_VERSION:
+            self._refuse(connection, f"protocol version {shown(hello.version)} is not supported; this trainer speaks {PROTOCOL_VERSION}",
+                         before_hello=True)
+            return None
+        if not hmac.compare_digest(hello.token.encode(), self._token.encode()):
+            self._refuse(connection, "wrong token: this run's token file is readable only by the user who started it", before_hello=True)
+            return None
+        return reader
+
+    def _serve_app(self, connection: socket.socket, reader: LineReader) -> None:
+        with self._controller_lock:
+            taken = self._controller is not None
+            if not taken:
+                self._controller = connection
+        if taken:
+            self._refuse(connection, "another app is already attached to this run", before_hello=True)
+            return
+        try:
+            welcome = self._welcome()
+            if welcome is None or self._closed.is_set():
+                return
+            connection.settimeout(SEND_TIMEOUT_S)
+            connection.sendall(welcome.encode())
+            sender = threading.Thread(target=self._send_loop, args=(connection,), name="torchlab-sender", daemon=True)
+            sender.start()
+            self._senders.append(sender)
+            self._first_client_served.set()
+            self._on_client_attached()
+            connection.settimeout(None)
+            self._read_commands(connection, reader)
+        except OSError:
+            pass  # the client vanished mid-handshake; it is treated as gone below
+        finally:
+            with self._controller_lock:
+                self._controller = None
+            _shutdown(connection)
+            if not self._closed.is_set():
+                self._on_client_gone()
+
+    def _read_commands(self, connection: socket.socket, reader: LineReader) -> None:
+        """Dispatch commands until the client leaves."""
+        while not self._closed.is_set():
+            try:
+                line = reader.next_line()
+            except (EOFError, OSError):
+                return
+            except ProtocolError as error:
+                # An over-long line. Closing the connection, as before the hello, would be the app going
+                # away, which stops the run: refused, and the reader skips to the line's end.
+                _send_quietly(connection, Refused(reason=str(error)))
+                self._on_refused(str(error), False)
+                continue
+            try:
+                command = decode(line)
+            except ProtocolError as error:
+                _send_quietly(connection, Refused(reason=str(error)))
+                self._on_refused(str(error), False)
+                continue
+            self._on_command(command)  # detach too: whether to accept it is the worker's decision
+
+    def _refuse(self, connection: socket.socket, reason: str, *, before_hello: bool) -> None:
+        """Answer with the reason, close the connection, and pass the refusal on."""
+        _refuse(connection, reason)
+        self._on_refused(reason, before_hello)
+
+    def _send_loop(self, connection: socket.socket) -> None:
+        cursor = Cursor()
+        while True:
+            messages = self._outbox.take(cursor, timeout=0.5)
+            if messages is None:
+                return
+            if not messages:
+                continue
+            try:
+                connection.sendall(b"".join(message.encode() for message in messages))
+            except OSError:  # the client went away or stopped reading for SEND_TIMEOUT_S
+                _shutdown(connection)
+                return
+            self._outbox.wait_for_event(cursor, GATHER_S)
+
+
+def _refuse(connection: socket.socket, reason: str) -> None:
+    _send_quietly(connection, Refused(reason=reason))
+    _shutdown(connection)
+
+
+def _send_quietly(connection: socket.socket, message: Message) -> None:
+    """Best effort: a client that is gone cannot be told anything more."""
+    try:
+        connection.sendall(message.encode())
+    except OSError:
+        pass
+
+
+def _shutdown(connection: socket.socket) -> None:
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed by the peer
+    connection.close()

@@ -1,0 +1,413 @@
+"""The wire protocol between the app and the trainer: typed, versioned messages as JSON lines.
+
+Standard library only: the app imports this without torch. One message is one line of UTF-8 JSON,
+``{"v": 2, "type": "<name>", ...fields}``, at most ``MAX_LINE_BYTES``. Nothing is ever unpickled.
+``decode`` turns a line into a message object or raises ``ProtocolError`` with a reason fit to send
+back; a peer that receives garbage answers with a ``Refused`` event and goes on (or closes only that
+connection), never crashes.
+
+Commands go from the app to the trainer; events from the trainer to the app. Per-module gradient norms
+travel as arrays aligned with the module names sent once in ``Welcome``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+from torchlab.core.wire import strict_json
+from torchlab.core.wire.errors import SHOWN_CHARS, shown
+
+PROTOCOL_VERSION = 2  # 2: metrics as a dict of columns
+MAX_LINE_BYTES = 1 << 20
+#: A live option's name and a value typed for it are short; longer ones are refused before anything echoes them.
+MAX_OPTION_CHARS = 64
+MAX_VALUE_CHARS = 256
+#: No option or count is this large; a larger integer (JSON reads up to 4,300 digits) is refused as a
+#: message, before float() of it can overflow or a record repeats it.
+MAX_COMMAND_INT = 10**18
+
+_JSON_SCALAR = (str, int, float, bool, type(None))
+
+
+class ProtocolError(ValueError):
+    """A line that is not a valid message; the text says why."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base of every message; subclasses set ``type`` and declare their fields."""
+
+    type: ClassVar[str] = ""
+    #: field name -> accepted Python types, for validation of decoded values
+    schema: ClassVar[dict[str, tuple[type, ...]]] = {}
+    #: this protocol's messages by type. A subclass that declares its own registry is the base of another
+    #: protocol (the rank channel's, core/engine/rank_channel.py), whose lines ``decode`` reads apart from these.
+    registry: ClassVar[dict[str, type[Message]]] = {}
+    #: the longest line this protocol reads
+    max_line_bytes: ClassVar[int] = MAX_LINE_BYTES
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.type:
+            if cls.type in cls.registry:
+                raise TypeError(f"two messages are named {cls.type!r}")
+            cls.registry[cls.type] = cls
+
+    def encode(self) -> bytes:
+        """One line: the message as JSON, NaN/Inf as null, ending in a newline."""
+        payload = {"v": PROTOCOL_VERSION, "type": self.type}
+        payload.update({f.name: getattr(self, f.name) for f in fields(self)})
+        return (strict_json.dumps(payload) + "\n").encode("utf-8")
+
+    def validate(self) -> None:
+        """Checks across fields, after each field's type was checked; raise ProtocolError."""
+
+
+def _cut(text: str) -> str:
+    """A name a peer chose, unquoted, at most ``SHOWN_CHARS`` characters."""
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+
+
+def _some(items: list, shown: int = 3) -> str:
+    """The first ``shown`` of ``items`` and how many more: a peer decides how many there are."""
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return ", ".join(items[:shown]) + more
+
+
+def decode(line: bytes | str, protocol: type[Message] = Message) -> Message:
+    """Parse one line into a message of ``protocol`` (the app's by default), validating version, type and
+    every field."""
+    if isinstance(line, bytes):
+        if len(line) > protocol.max_line_bytes:
+            raise ProtocolError(f"message of {len(line)} bytes exceeds the limit of {protocol.max_line_bytes}")
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError("message is not UTF-8") from None
+    try:
+        payload = json.loads(line)
+    except (ValueError, RecursionError):  # ValueError: bad JSON, or an integer over Python's 4300-digit limit
+        raise ProtocolError("message is not valid JSON (or holds a number too long to read, or nests too deep)") from None
+    if not isinstance(payload, dict):
+        raise ProtocolError("message must be a JSON object")
+    version = payload.pop("v", None)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {shown(version)} is not supported; this side speaks version {PROTOCOL_VERSION}")
+    kind = payload.pop("type", None)
+    cls = protocol.registry.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown message type {shown(kind)}")
+    declared = {f.name: f for f in fields(cls)}
+    unknown = set(payload) - set(declared)
+    if unknown:
+        raise ProtocolError(f"{kind}: unknown field(s) {_some([_cut(name) for name in sorted(unknown)])}")
+    for name, spec in declared.items():
+        if name not in payload:
+            if _has_default(spec):
+                continue
+            raise ProtocolError(f"{kind}: missing field {name!r}")
+        value = payload[name]
+        accepted = cls.schema.get(name, _JSON_SCALAR)
+        if isinstance(value, bool) and bool not in accepted:
+            raise ProtocolError(f"{kind}.{name}: expected {_names(accepted)}, got a boolean")
+        if isinstance(value, int) and not isinstance(value, bool) and int not in accepted and float in accepted:
+            payload[name] = float(value)
+        elif not isinstance(value, accepted):
+            raise ProtocolError(f"{kind}.{name}: expected {_names(accepted)}, got {type(value).__name__}")
+    message = cls(**payload)
+    message.validate()
+    return message
+
+
+def _has_default(spec) -> bool:
+    from dataclasses import MISSING
+
+    return spec.default is not MISSING or spec.default_factory is not MISSING
+
+
+def _names(types: tuple[type, ...]) -> str:
+    return " or ".join("null" if t is type(None) else t.__name__ for t in types)
+
+
+_OPT_STR = (str, type(None))
+_NUMBER = (int, float)
+_OPT_NUMBER = (int, float, type(None))
+
+# ----------------------------------------------------------------------------- commands (app -> trainer)
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    """The first command on a connection: proves the client may control this run."""
+
+    type: ClassVar[str] = "hello"
+    schema: ClassVar = {"version": (int,), "token": (str,), "client": (str,)}
+    version: int
+    token: str
+    client: str = "torchlab-tui"
+
+
+@dataclass(frozen=True)
+class PauseCommand(Message):
+    type: ClassVar[str] = "pause"
+
+
+@dataclass(frozen=True)
+class ResumeCommand(Message):
+    type: ClassVar[str] = "resume"
+
+
+@dataclass(frozen=True)
+class StopCommand(Message):
+    """Stop at the next step boundary, write a final checkpoint, exit."""
+
+    type: ClassVar[str] = "stop"
+
+
+@dataclass(frozen=True)
+class SetCommand(Message):
+    """Change a live option at the next step boundary; answered by OptionApplied or OptionRefused."""
+
+    type: ClassVar[str] = "set"
+    schema: ClassVar = {"option": (str,), "value": _JSON_SCALAR}
+    option: str
+    value: str | int | float | bool | None
+
+    def validate(self) -> None:
+        # Bounded, so that no command can echo a huge value into the refusal and the run's journal.
+        if len(self.option) > MAX_OPTION_CHARS:
+            raise ProtocolError(f"set.option: longer than {MAX_OPTION_CHARS} characters")
+        if isinstance(self.value, str) and len(self.value) > MAX_VALUE_CHARS:
+            raise ProtocolError(f"set.value: longer than {MAX_VALUE_CHARS} characters")
+        _check_magnitude("set.value", self.value)
+
+
+@dataclass(frozen=True)
+class ProfileCommand(Message):
+    type: ClassVar[str] = "profile"
+    schema: ClassVar = {"steps": (int,)}
+    steps: int = 5
+
+    def validate(self) -> None:
+        _check_magnitude("profile.steps", self.steps)
+
+
+def _check_magnitude(field_name: str, value: Any) -> None:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_COMMAND_INT:
+        raise ProtocolError(f"{field_name}: {shown(value)} is out of range (at most 1e18 in size)")
+
+
+@dataclass(frozen=True)
+class SaveCheckpointCommand(Message):
+    type: ClassVar[str] = "save_checkpoint"
+
+
+@dataclass(frozen=True)
+class DetachCommand(Message):
+    """The app leaves on purpose; the trainer keeps training."""
+
+    type: ClassVar[str] = "detach"
+
+
+# ----------------------------------------------------------------------------- events (trainer -> app)
+
+
+@dataclass(frozen=True)
+class Welcome(Message):
+    """Answer to Hello: the run, its module tree (names once; later arrays follow this order)."""
+
+    type: ClassVar[str] = "welcome"
+    schema: ClassVar = {
+        "run": (dict,), "modules": (list,), "options": (dict,), "state": (str,), "step": (int,),
+    }
+    run: dict
+    modules: list  # [{"name": str, "params": int}], in the order of GradNorms.norms
+    options: dict
+    state: str
+    step: int
+
+
+@dataclass(frozen=True)
+class State(Message):
+    """The run's state: starting, running, paused, stopped, finished, failed."""
+
+    type: ClassVar[str] = "state"
+    schema: ClassVar = {"state": (str,), "step": (int,), "detail": (str,)}
+    state: str
+    step: int
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Metrics(Message):
+    """A batch of per-step reports, oldest first, as columns: each metrics.jsonl key -> its values.
+
+    Columns are the metrics.jsonl keys (step, loss, lr, samples_per_s, step_time_s, ...), all of one
+    length; a value a report does not have (val_loss off eval steps) is null. One list per column, not
+    one per report: at 50k reports/s the app decodes and garbage-collects ~20 lists a batch, not ~1000.
+    """
+
+    type: ClassVar[str] = "metrics"
+    schema: ClassVar = {"columns": (dict,)}
+    columns: dict
+
+    @classmethod
+    def from_records(cls, records: list[dict]) -> Metrics:
+        names = dict.fromkeys(key for record in records for key in record)
+        return cls(columns={name: [record.get(name) for record in records] for name in names})
+
+    @property
+    def records(self) -> list[dict]:
+        """The reports as dicts (convenient; the columns are faster)."""
+        names = list(self.columns)
+        return [dict(zip(names, row)) for row in zip(*self.columns.values())]
+
+    def validate(self) -> None:
+        lengths = {len(values) if isinstance(values, list) else -1 for values in self.columns.values()}
+        if -1 in lengths:
+            raise ProtocolError("metrics.columns: every column must be a list of values")
+        if len(lengths) > 1:
+            raise ProtocolError(f"metrics.columns: columns must be of one length, got lengths [{_some([str(n) for n in sorted(lengths)])}]")
+
+
+@dataclass(frozen=True)
+class GradNorms(Message):
+    """Per-module gradient norms at ``step``, aligned with Welcome.modules; null where not measured."""
+
+    type: ClassVar[str] = "grad_norms"
+    schema: ClassVar = {"step": (int,), "norms": (list,), "total": _OPT_NUMBER}
+    step: int
+    norms: list
+    total: float | None = None
+
+
+@dataclass(frozen=True)
+class Telemetry(Message):
+    """A system sample (host, GPUs, allocator); the newest replaces an unsent older one."""
+
+    type: ClassVar[str] = "telemetry"
+    schema: ClassVar = {"sample": (dict,)}
+    sample: dict
+
+
+@dataclass(frozen=True)
+class OptionApplied(Message):
+    type: ClassVar[str] = "option_applied"
+    schema: ClassVar = {"option": (str,), "value": _JSON_SCALAR, "previous": _JSON_SCALAR, "step": (int,), "source": (str,)}
+    option: str
+    value: str | int | float | bool | None
+    previous: str | int | float | bool | None
+    step: int
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class OptionRefused(Message):
+    type: ClassVar[str] = "option_refused"
+    schema: ClassVar = {"option": (str,), "value": _JSON_SCALAR, "reason": (str,), "step": (int,), "source": (str,)}
+    option: str
+    value: str | int | float | bool | None
+    reason: str
+    step: int
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class CheckpointSaved(Message):
+    type: ClassVar[str] = "checkpoint"
+    schema: ClassVar = {"step": (int,), "path": (str,), "reason": (str,)}
+    step: int
+    path: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Log(Message):
+    """A line for the app's event log: trainer.log output, warnings, notices."""
+
+    type: ClassVar[str] = "log"
+    schema: ClassVar = {"level": (str,), "text": (str,), "step": _OPT_NUMBER}
+    level: str
+    text: str
+    step: int | None = None
+
+
+@dataclass(frozen=True)
+class Error(Message):
+    """The run failed: the message, the traceback, and where the last checkpoint is."""
+
+    type: ClassVar[str] = "error"
+    schema: ClassVar = {"message": (str,), "traceback": (str,), "step": (int,), "checkpoint": _OPT_STR}
+    message: str
+    traceback: str
+    step: int
+    checkpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class NonFinite(Message):
+    """NaN/Inf stopped the run: where it began (phase, module) and the step."""
+
+    type: ClassVar[str] = "nonfinite"
+    schema: ClassVar = {"step": (int,), "phase": (str,), "module": _OPT_STR, "detail": (str,), "message": (str,)}
+    step: int
+    phase: str
+    module: str | None
+    detail: str
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class ProfileReady(Message):
+    """A profiler snapshot's tables: top rows by op, and by op and input shape; files in ``dir``."""
+
+    type: ClassVar[str] = "profile_ready"
+    schema: ClassVar = {
+        "first_step": (int,), "last_step": (int,), "dir": (str,), "rows": (list,), "rows_by_shape": (list,),
+        "sort": (str,), "build_s": _NUMBER, "error": _OPT_STR,
+    }
+    first_step: int
+    last_step: int
+    dir: str
+    rows: list = field(default_factory=list)
+    rows_by_shape: list = field(default_factory=list)
+    sort: str = "self_cpu_us"
+    build_s: float = 0.0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Impact(Message):
+    """The impact table so far: one row per option segment (``ImpactTracker.table()``); newest wins."""
+
+    type: ClassVar[str] = "impact"
+    schema: ClassVar = {"segments": (list,)}
+    segments: list
+
+
+@dataclass(frozen=True)
+class Ranks(Message):
+    """Per-rank figures at ``step`` when training data-parallel (gathered on report steps, at most once a
+    second), in rank order; the newest replaces an unsent older one. Each entry: ``rank``, ``step_time_s``, ``data_wait_s`` (time waiting for batches),
+    ``allocated_bytes``, ``reserved_bytes``, ``peak_allocated_bytes`` (CUDA allocator; null on CPU), ``rss_bytes``.
+    A rank much slower than the others (a straggler) holds every rank back at each all-reduce."""
+
+    type: ClassVar[str] = "ranks"
+    schema: ClassVar = {"step": (int,), "ranks": (list,)}
+    step: int
+    ranks: list
+
+
+@dataclass(frozen=True)
+class Refused(Message):
+    """A protocol-level refusal: wrong token, wrong version, malformed message. Says why."""
+
+    type: ClassVar[str] = "refused"
+    schema: ClassVar = {"reason": (str,)}
+    reason: str
+
+
+COMMANDS = (Hello, PauseCommand, ResumeCommand, StopCommand, SetCommand, ProfileCommand, SaveCheckpointCommand, DetachCommand)
+EVENTS = (Welcome, State, Metrics, GradNorms, Telemetry, OptionApplied, OptionRefused, CheckpointSaved, Log, Error, NonFinite, ProfileReady, Impact, Ranks, Refused)

@@ -1,0 +1,272 @@
+"""The run directory: what a run leaves behind, the same whether it ran headless or in the app.
+
+    <run>/config.toml              resolved configuration at start (a changed one on resume: the earlier
+                                   one is kept as config.before-step-NNNNNNN.toml)
+    <run>/metrics.jsonl            one JSON object per report, each step once
+    <run>/metrics.replaced.jsonl   rows a resume replayed, moved aside from metrics.jsonl
+    <run>/events.jsonl             option changes, checkpoints, errors; each has event, step, time
+    <run>/system.jsonl             telemetry samples: time, step, host, gpus, torch
+    <run>/checkpoints/             step-NNNNNNN.pt and last.pt
+
+A run directory torchlab makes is private: 0700, and everything created in it 0600 (folders 0700),
+whatever the umask, as ssh-keygen writes a private key. ``shared_run_dir`` (``--shared-run-dir``) makes
+it follow the umask instead (0755 and 0644 under the usual 022). What is made in a folder follows that
+folder (core/wire/storage.py), so a resume keeps the run's choice, and a ``chmod`` of the directory since:
+torchlab never changes the mode of a directory or file that exists.
+
+Every line of every ``.jsonl`` file parses, after any fault: a line is written whole or not at all, and
+a torn last line (a power cut) is cut off when the file is opened, with a ``journal_repaired`` event.
+A failed write is a ``StorageError`` that names the file and says what is intact (core/wire/storage.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from torchlab.core.wire import strict_json
+from torchlab.core.wire.errors import ConfigError, StorageError
+from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.wire.storage import (
+    JsonLines, fsync_directory, make_folder, parse_line, remedy, storage_error, temporary_name, write_atomically,
+    write_new_file,
+)
+
+#: Where ``metrics.jsonl``'s rows that a resume replays go, so that the file holds each step once.
+REPLACED_METRICS = "metrics.replaced.jsonl"
+_UNTOUCHED = "and the checkpoints are untouched"
+
+
+class RunDirectory(TrainerObserver):
+    """Writes the run directory's journals as the trainer reports, and its ``config.toml``.
+
+    A write that fails on a thread the failure cannot stop (the telemetry sampler's, the profiler's
+    table builder's) is kept, and the next metrics row raises it: the run stops at its next journal line.
+    """
+
+    def __init__(self, path: Path, *, shared: bool = False) -> None:
+        """Open the run directory at ``path``, making it (``shared``: see ``create_run_dir``) if it is new."""
+        self.path = Path(path)
+        self.checkpoints = self.path / "checkpoints"
+        self.profiles = self.path / "profiles"
+        create_run_dir(self.path, shared=shared)
+        # One lock per journal: events also come from the profiler's builder thread, samples from the
+        # sampler's. Only moving metrics aside holds two (metrics, then events); nothing takes them the other way.
+        self._events_lock = threading.Lock()
+        self._metrics_lock = threading.Lock()
+        self._system_lock = threading.Lock()
+        self._failure_lock = threading.Lock()
+        self._failure: StorageError | None = None  # a failed write that no caller could act on yet
+        journals: list[JsonLines] = []
+        try:
+            for name in ("events.jsonl", "metrics.jsonl", "system.jsonl"):
+                journals.append(JsonLines(self.path / name, intact=_UNTOUCHED))
+        except StorageError:
+            for journal in journals:
+                journal.close()
+            raise
+        self._events, self._metrics, self._system = journals
+        for journal in journals:
+            self._report_repair(journal)
+
+    # ----------------------------------------------------------------- config.toml
+    def write_config(self, toml_text: str) -> None:
+        write_atomically(self.path / "config.toml", toml_text)
+
+    def replace_config(self, toml_text: str, step: int) -> Path:
+        """Write a changed configuration, keeping the current ``config.toml`` as
+        ``config.before-step-NNNNNNN.toml`` (``-2``, ``-3``, ... if that name is taken); the kept file's path.
+
+        The new text is written to a temporary file first, so a full disk leaves ``config.toml`` as it was.
+        """
+        current = self.path / "config.toml"
+        kept = self.path / f"config.before-step-{step:07d}.toml"
+        number = 1
+        while kept.exists():
+            number += 1
+            kept = self.path / f"config.before-step-{step:07d}-{number}.toml"
+        staged = temporary_name(current)
+        try:
+            try:
+                write_new_file(staged, toml_text.encode("utf-8"))
+                os.rename(current, kept)
+                try:
+                    os.rename(staged, current)
+                except OSError:
+                    os.rename(kept, current)  # back as it was
+                    raise
+            except BaseException:
+                staged.unlink(missing_ok=True)
+                raise
+            fsync_directory(self.path)
+        except OSError as error:
+            raise storage_error(error, f"config.toml in {self.path}",
+                                f"config.toml is as it was: {remedy(error)}, then try again.") from error
+        return kept
+
+    # ----------------------------------------------------------------- journals
+    def on_metrics(self, record: dict[str, Any]) -> None:
+        with self._failure_lock:
+            failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+        with self._metrics_lock:
+            self._metrics.append(to_json_line(record))
+
+    def on_event(self, record: dict[str, Any]) -> None:
+        try:
+            with self._events_lock:
+                self._events.append(to_json_line(record))
+        except StorageError as error:  # raised here too, but the caller may be the profiler's builder thread
+            self._keep_failure(error)
+            raise
+        if record["event"] == "resumed_from_checkpoint":  # before the first row of the resumed run lands
+            self._move_replayed_metrics_aside(record["step"])
+
+    def record_error(self, message: str, *, step: int = 0, traceback: str = "") -> StorageError | None:
+        """An error from before the trainer could report it itself (a workload that cannot be built).
+
+        The caller shows that error; a journal that cannot take it must not hide it behind its own, so a
+        failed write is returned (to mention, if the caller likes), not raised."""
+        try:
+            self.on_event({"event": "error", "step": step, "time": time.time(), "message": message, "traceback": traceback})
+        except StorageError as error:
+            return error
+        return None
+
+    def on_telemetry(self, sample: dict[str, Any]) -> None:
+        try:
+            with self._system_lock:
+                if self._system.closed:
+                    return
+                self._system.append(to_json_line(sample))
+        except StorageError as error:  # the sampler's thread: the next metrics row raises it
+            self._keep_failure(error)
+
+    def close(self) -> None:
+        for lock, journal in ((self._metrics_lock, self._metrics), (self._events_lock, self._events),
+                              (self._system_lock, self._system)):
+            with lock:
+                journal.close()
+
+    def _keep_failure(self, error: StorageError) -> None:
+        with self._failure_lock:
+            self._failure = self._failure or error
+
+    # ----------------------------------------------------------------- repairs
+    def _report_repair(self, journal: JsonLines) -> None:
+        if not journal.bytes_dropped:
+            return
+        last = journal.last_record() or {}
+        step = last.get("step") if isinstance(last.get("step"), int) else 0
+        self.on_event({
+            "event": "journal_repaired", "step": step, "time": time.time(), "file": journal.path.name,
+            "bytes_dropped": journal.bytes_dropped,
+            "message": f"{journal.path.name} ended in a torn line (a write cut short); its {journal.bytes_dropped} bytes were dropped",
+        })
+
+    def _move_replayed_metrics_aside(self, step: int) -> None:
+        """Move the rows after ``step`` (which the resumed run is about to train again) from the end of
+        ``metrics.jsonl`` to the end of ``metrics.replaced.jsonl``, and say so in an event.
+
+        Rows are in step order (this is what keeps them so), so the replayed ones are the file's tail:
+        copied to the side file first, then cut off. A crash between the two leaves them in both files,
+        never in neither; a resume at a step with no rows after it (a relaunch) changes nothing.
+        """
+        with self._metrics_lock:
+            start, replayed = self._metrics.size(), []
+            for offset, line in self._metrics.lines_from_end():
+                row = parse_line(line)
+                if row is None or not isinstance(row.get("step"), int) or row["step"] <= step:
+                    break
+                start = offset
+                replayed.append(row["step"])
+            if not replayed:
+                return
+            first, last = min(replayed), max(replayed)
+            side_path = self.path / REPLACED_METRICS
+            created = not side_path.exists()
+            side = JsonLines(side_path, intact="and metrics.jsonl is as it was")
+            try:
+                self._report_repair(side)
+                side.append_from(self._metrics, start, self._metrics.size())
+            except StorageError:
+                if created:  # nothing of this run's files changes but the journal's line
+                    side_path.unlink(missing_ok=True)
+                raise
+            finally:
+                side.close()
+            try:
+                self._metrics.truncate(start)
+            except OSError as error:  # the copy is whole in the side file; metrics.jsonl still has the rows too
+                raise storage_error(
+                    error, f"metrics.jsonl in {self.path} (cutting off the rows of steps {first}–{last}, which this "
+                    f"resume trains again)", f"they are in {REPLACED_METRICS} already: {remedy(error)}, then resume.",
+                ) from error
+        with self._events_lock:
+            self._events.append(to_json_line({
+                "event": "metrics_moved_aside", "step": step, "time": time.time(), "rows": len(replayed),
+                "first_step": first, "last_step": last, "file": REPLACED_METRICS,
+                "message": f"the {len(replayed)} rows of steps {first}–{last} in metrics.jsonl, which this resume trains "
+                           f"again, were moved to {REPLACED_METRICS}",
+            }))
+
+
+def to_json_line(record: dict[str, Any]) -> str:
+    """One line of strict JSON (NaN and Inf become null: other tools choke on the bare tokens)."""
+    return strict_json.dumps(record) + "\n"
+
+
+def new_run_path(root: Path, label: str) -> Path:
+    """``root/<YYYYmmdd-HHMMSS>-<label>``, with a suffix if two runs start in the same second."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    safe_label = re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("._") or "run"
+    path = Path(root) / f"{stamp}-{safe_label}"
+    suffix = 1
+    while path.exists():
+        suffix += 1
+        path = Path(root) / f"{stamp}-{safe_label}-{suffix}"
+    return path
+
+
+def run_dir_of_checkpoint(resume: Path | None) -> Path | None:
+    """The run directory a ``--resume`` path belongs to (a run directory, or a file in its checkpoints/)."""
+    if resume is None:
+        return None
+    resume = Path(resume)
+    for candidate in (resume, resume.parent.parent if resume.is_file() else resume.parent):
+        if (candidate / "config.toml").exists() and (candidate / "checkpoints").is_dir():
+            return candidate
+    return None
+
+
+def create_run_dir(path: Path, *, shared: bool = False) -> Path:
+    """Make the run directory and its ``checkpoints/``, or say in one sentence why it cannot be one: a path
+    that is a file (``--run-dir /etc/passwd``), under something that is not a folder, or not writable.
+
+    A new run directory is 0700 (``shared``: 0777 less the umask); the folders above it that are missing
+    (the runs root) follow the umask, as ``mkdir -p`` makes them. An existing one keeps its mode.
+    """
+    path = Path(path)
+    try:
+        if path.exists() and not path.is_dir():  # mkdir says "File exists": true, but not the fault
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
+        path.mkdir(mode=0o777 if shared else 0o700, parents=True, exist_ok=True)
+        make_folder(path / "checkpoints")
+    except OSError as error:
+        where = error.filename if error.filename and str(error.filename) != str(path / "checkpoints") else path
+        message = f"run directory {path}: cannot be made ({where}: {error.strerror or error})"
+        if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+            raise StorageError(f"{message}: {remedy(error)}, then try again.") from None
+        raise ConfigError(f"{message}; give --run-dir (or --runs-root) a folder you can write to.") from None
+    return path
+
+
+def choose_run_dir(run_dir: Path | None, resume: Path | None, runs_root: Path, label: str) -> Path:
+    """``--run-dir`` if given; else the resumed run's own directory; else a new one under ``runs_root``."""
+    return run_dir or run_dir_of_checkpoint(resume) or new_run_path(runs_root, label)
