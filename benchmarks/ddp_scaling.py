@@ -57,13 +57,13 @@ def _time_collectives(calls: int) -> dict[str, float]:
     import torch.distributed as dist
 
     from torchlab.core.engine.distributed import Collectives, open_process_group, rank_from_environment
-    from torchlab.core.engine.trainer import SetOption, command_to_json
+    from torchlab.core.wire.protocol import SetCommand
 
     context = rank_from_environment(supervised=True)
     device = torch.device("cpu")
     open_process_group(context, device)
     collectives = Collectives(context, device)
-    payload = {"probe": True, "more": False, "commands": [command_to_json(SetOption("clip", 0.5, "app"))]}
+    payload = {"probe": True, "more": False, "commands": [SetCommand("clip", 0.5, "app").json_text()]}
     empty = {"probe": False, "more": False, "commands": []}
 
     def timed(function) -> float:

@@ -8,7 +8,7 @@ import torch
 from torchlab.core.wire.observer import TrainerObserver
 from trainers import make_trainer
 from torchlab.core.engine.checkpoint import load_checkpoint
-from torchlab.core.engine.trainer import Stop
+from torchlab.core.wire.protocol import StopCommand
 
 pytestmark = pytest.mark.gpu
 
@@ -37,7 +37,7 @@ def test_resume_is_bit_exact_on_cuda(tmp_path):
     class StopAt6(TrainerObserver):
         def on_metrics(self, record):
             if record["step"] == 6:
-                first.submit(Stop("test"))
+                first.submit(StopCommand("test"))
 
     first.observers.append(StopAt6())
     first.run()

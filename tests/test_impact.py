@@ -9,7 +9,9 @@ import pytest
 from trainers import TINY
 from torchlab.core.launch.arguments import EXIT_OK
 from torchlab.core.launch.cli import main
+from torchlab.core.wire.events import ProfileStarted, RunStarted
 from torchlab.core.wire.impact import ImpactTracker
+from torchlab.core.wire.protocol import ProfileReady
 
 
 def record(step, step_time, loss, **options):
@@ -55,10 +57,10 @@ def test_profiled_steps_stay_out_of_the_medians():
     tracker = ImpactTracker()
     for step in range(1, 5):
         tracker.on_metrics(record(step, 0.10, 1.0))
-    tracker.on_event({"event": "profile_started", "step": 5})
+    tracker.on_event(ProfileStarted(step=5, steps=7))
     for step in range(5, 13):  # under the profiler, then beside the table build: 10x slower, most of the segment
         tracker.on_metrics(record(step, 1.0, 1.0))
-    tracker.on_event({"event": "profile", "step": 12})
+    tracker.on_event(ProfileReady(first_step=6, last_step=12, dir="profiles/0000005"))
     for step in range(13, 15):
         tracker.on_metrics(record(step, 0.10, 1.0))
     [segment] = tracker.table()
@@ -70,7 +72,8 @@ def test_a_fresh_processes_first_steps_stay_out_of_the_medians():
     tracker = ImpactTracker()
     for step in range(1, 21):
         tracker.on_metrics(record(step, 0.10, 1.0))
-    tracker.on_event({"event": "run_started", "step": 20})  # relaunched with two ranks
+    tracker.on_event(RunStarted(step=20, device="cpu", batch_size=32, steps=100, options={}, modules=[], module_params=[],
+                                checkpoint_blocks=[], world_size=2, ranks=None))  # relaunched with two ranks
     for step in range(21, 30):
         tracker.on_metrics(record(step, 2.0 if step < 26 else 0.05, 1.0, world_size=2))
     first, second = tracker.table()

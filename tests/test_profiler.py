@@ -8,7 +8,7 @@ import json
 from trainers import TINY, make_trainer
 from torchlab.core.launch.arguments import EXIT_OK
 from torchlab.core.launch.cli import main
-from torchlab.core.engine.trainer import Profile
+from torchlab.core.wire.protocol import ProfileCommand
 
 
 def test_a_snapshot_profiles_the_next_steps_and_writes_three_files(tmp_path):
@@ -17,7 +17,7 @@ def test_a_snapshot_profiles_the_next_steps_and_writes_three_files(tmp_path):
     [started] = seen.of("profile_started")
     [report] = seen.of("profile")
     assert started["step"] == 3 and (report["first_step"], report["last_step"]) == (4, 7)  # 1 warm-up, 4 recorded
-    assert "error" not in report
+    assert report["error"] is None
     names = [row["name"] for row in report["rows"]]
     assert any(name in ("aten::addmm", "aten::mm") for name in names)
     assert report["rows"][0]["self_cpu_us"] >= report["rows"][-1]["self_cpu_us"] > 0 or len(report["rows"]) == 1
@@ -32,8 +32,8 @@ def test_a_snapshot_profiles_the_next_steps_and_writes_three_files(tmp_path):
 
 def test_a_second_request_while_recording_is_refused(tmp_path):
     trainer, seen = make_trainer(steps=8, profiles_dir=tmp_path, telemetry_interval=0)
-    trainer.submit(Profile(3))
-    trainer.submit(Profile(3))
+    trainer.submit(ProfileCommand(3))
+    trainer.submit(ProfileCommand(3))
     trainer.run()
     [refusal] = seen.of("option_refused")
     assert refusal["option"] == "profile" and "already recording" in refusal["reason"]

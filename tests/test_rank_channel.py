@@ -16,8 +16,8 @@ import pytest
 
 from torchlab.core.engine import rank_channel as rc
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.protocol import ProtocolError, Welcome, decode
-from torchlab.core.engine.trainer import SetOption, Stop, WorldSizeChange
+from torchlab.core.engine.outcome import WorldSizeChange
+from torchlab.core.wire.protocol import PROTOCOL_VERSION, Hello, ProtocolError, SetCommand, StopCommand, Welcome, decode
 
 
 class Recorder(TrainerObserver):
@@ -28,8 +28,8 @@ class Recorder(TrainerObserver):
     def on_metrics(self, record):
         self.metrics.append(record)
 
-    def on_event(self, record):
-        self.events.append(record)
+    def on_event(self, event):
+        self.events.append(event.journal_record())
 
     def refusals(self) -> list[dict]:
         return [event for event in self.events if event["event"] == "line_refused"]
@@ -72,12 +72,12 @@ GARBAGE = [
     b"not json\n",
     b"\xff\xfe not utf-8\n",
     b"[" * 100_000 + b"\n",  # nested too deep
-    b'{"v": 2, "type": "metrics", "record": {"step": ' + b"9" * 5000 + b"}}\n",  # a number too long to read
-    b'{"v": 2, "type": "metrics", "record": {"loss": 1.0}}\n',  # no step
-    b'{"v": 2, "type": "event", "record": {"event": 7, "step": 1}}\n',
-    b'{"v": 2, "type": "outcome", "status": "exploded", "step": 3}\n',
-    b'{"v": 2, "type": "welcome", "run": {}}\n',  # the app's protocol, not this one
-    b'{"v": 2, "type": "command", "command": {"command": "set"}}\n',  # a command is not a report
+    b'{"v": 3, "type": "metrics", "record": {"step": ' + b"9" * 5000 + b"}}\n",  # a number too long to read
+    b'{"v": 3, "type": "metrics", "record": {"loss": 1.0}}\n',  # no step
+    b'{"v": 3, "type": "event", "event": "{\\"v\\": 3, \\"type\\": \\"pause\\"}"}\n',  # a command, not an event
+    b'{"v": 3, "type": "outcome", "status": "exploded", "step": 3}\n',
+    b'{"v": 3, "type": "welcome", "run": {}}\n',  # the app's protocol, not this one
+    b'{"v": 3, "type": "command", "command": {"command": "set"}}\n',  # a command is not a report
 ]
 
 
@@ -126,7 +126,7 @@ def test_a_line_over_the_cap_is_skipped_to_its_newline_and_refused(supervisor_en
     monkeypatch.setattr(rc, "MAX_LINE_BYTES", 4096)
     channel, recorder, connect = supervisor_end
     rank0 = connect(channel.token)
-    rank0.send(b'{"v": 2, "type": "telemetry", "sample": {"x": "' + b"y" * 20_000 + b'"}}\n' + metrics_line(7))
+    rank0.send(b'{"v": 3, "type": "telemetry", "sample": {"x": "' + b"y" * 20_000 + b'"}}\n' + metrics_line(7))
     assert "exceeds the limit of 4096 bytes" in rank0.read().reason
     until(lambda: recorder.metrics, "the report after the long line")
     assert recorder.metrics == [{"step": 7, "loss": 2.5}]
@@ -163,14 +163,16 @@ def test_a_connection_without_the_token_is_refused_and_rank_0_still_gets_in(supe
 
 def test_commands_reach_rank_0_typed_and_the_outcome_comes_back_with_what_it_did_not_handle(supervisor_end):
     channel, recorder, connect = supervisor_end
-    channel.send(SetOption("clip", "0.5", "app"))  # before rank 0 connects: queued
+    channel.send(SetCommand("clip", "0.5", "app"))  # before rank 0 connects: queued
     rank0 = connect(channel.token)
-    assert rank0.read() == rc.CommandMessage(command={"command": "set", "option": "clip", "value": "0.5", "source": "app"})
+    message = rank0.read()
+    assert message == rc.CommandMessage(command=SetCommand("clip", "0.5", "app").json_text())
+    assert message.as_command() == SetCommand("clip", "0.5", "app")
     rank0.send(rc.Outcome(status="relaunch", step=9, relaunch={"value": 2, "previous": 1, "step": 9, "source": "app"},
-                          unhandled=[{"command": "stop", "reason": "later"}]).encode())
+                          unhandled=[StopCommand("later").json_text()]).encode())
     until(lambda: channel.outcome, "the outcome")
     rank0.close()
-    assert channel.close() == [Stop("later")]
+    assert channel.close() == [StopCommand("later")]
     assert channel.outcome.world_size_change() == WorldSizeChange(2, 1, 9, "app") and not channel.broken
 
 
@@ -216,13 +218,15 @@ def rank0_end(tmp_path):
 
 def test_rank_0_refuses_a_bad_command_line_and_takes_the_next(rank0_end, capfd):
     link, supervisor, trainer = rank0_end
-    for line in GARBAGE[:4] + [b'{"v": 2, "type": "command", "command": {"command": "launch-missiles"}}\n',
+    not_a_trainer_command = rc.CommandMessage(command=Hello(version=PROTOCOL_VERSION, token="x").json_text()).json_text()
+    for line in GARBAGE[:4] + [f'{{"v": {PROTOCOL_VERSION}, "type": "command", "command": "{{\\"launch\\": 1}}"}}\n'.encode(),
+                               (not_a_trainer_command + "\n").encode(),
                                rc.MetricsReport(record={"step": 1}).encode()]:
         supervisor.send(line)
         assert isinstance(supervisor.read(), rc.ChannelRefused)
-    supervisor.send(rc.CommandMessage.of(SetOption("accum", "2", "app")).encode())
+    supervisor.send(rc.CommandMessage.of(SetCommand("accum", "2", "app")).encode())
     until(lambda: trainer.commands, "the command")
-    assert trainer.commands == [SetOption("accum", "2", "app")] and not trainer.stopped.is_set()
+    assert trainer.commands == [SetCommand("accum", "2", "app")] and not trainer.stopped.is_set()
     supervisor.send(rc.ChannelRefused(reason="metrics.record: needs an integer step").encode())
     until(lambda: "the supervisor refused a report: metrics.record" in capfd.readouterr().err, "rank 0 to say so")
 

@@ -10,7 +10,7 @@ from trainers import make_trainer
 from torchlab.core.engine.checkpoint import load_checkpoint, save_checkpoint
 from torchlab.core.wire.errors import StorageError
 from torchlab.core.wire.errors import ConfigError
-from torchlab.core.engine.trainer import Stop
+from torchlab.core.wire.protocol import StopCommand
 
 
 class StopAt(TrainerObserver):
@@ -19,7 +19,7 @@ class StopAt(TrainerObserver):
 
     def on_metrics(self, record):
         if record["step"] == self.step:
-            self.trainer.submit(Stop("test"))
+            self.trainer.submit(StopCommand("test"))
 
 
 @pytest.mark.parametrize("settings", [

@@ -30,6 +30,8 @@ from torchlab.core.wire import storage
 from torchlab.core.engine.checkpoint import load_checkpoint, save_checkpoint
 from torchlab.core.wire.errors import ConfigError, StorageError
 from torchlab.core.wire.impact import ImpactTracker
+from torchlab.core.wire.events import ResumedFromCheckpoint
+from torchlab.core.wire.protocol import Error
 from torchlab.core.wire.rundir import RunDirectory
 
 
@@ -146,7 +148,7 @@ def test_a_failed_telemetry_write_stops_the_run_at_its_next_metrics_row(tmp_path
     directory.on_telemetry({"time": 1.0, "step": 1, "host": {}})  # on the sampler's thread: does not raise
     with pytest.raises(StorageError, match="no space left on device writing system.jsonl"):
         directory.on_metrics(metrics_row(2))
-    directory.on_event({"event": "error", "step": 2, "time": 2.0, "message": "..."})  # the error is still journaled
+    directory.on_event(Error(step=2, message="...", traceback=""))  # the error is still journaled
     directory.close()
     assert [e["event"] for e in jsonl(tmp_path / "events.jsonl")] == ["error"]
 
@@ -212,9 +214,9 @@ def test_a_resume_with_no_row_after_its_step_moves_nothing(tmp_path, monkeypatch
     for step in range(1, 6):
         directory.on_metrics(metrics_row(step, grad_norms={f"layer{i}": float(i) for i in range(step * 3)}))
     before = (tmp_path / "metrics.jsonl").read_bytes()
-    directory.on_event({"event": "resumed_from_checkpoint", "step": 5, "time": 1.0})
+    directory.on_event(ResumedFromCheckpoint(step=5))
     assert (tmp_path / "metrics.jsonl").read_bytes() == before and not (tmp_path / "metrics.replaced.jsonl").exists()
-    directory.on_event({"event": "resumed_from_checkpoint", "step": 3, "time": 2.0})
+    directory.on_event(ResumedFromCheckpoint(step=3))
     directory.on_metrics(metrics_row(4))
     directory.close()
     assert [row["step"] for row in jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4]
@@ -230,7 +232,7 @@ def test_a_side_file_the_disk_cannot_take_leaves_metrics_as_it_was(tmp_path, mon
     before = (tmp_path / "metrics.jsonl").read_bytes()
     fail_writes_to(monkeypatch, "metrics.replaced.jsonl", after_bytes=20)
     with pytest.raises(StorageError, match="no space left on device writing metrics.replaced.jsonl .*metrics.jsonl is as it was"):
-        directory.on_event({"event": "resumed_from_checkpoint", "step": 2, "time": 1.0})
+        directory.on_event(ResumedFromCheckpoint(step=2))
     monkeypatch.undo()
     directory.close()
     assert (tmp_path / "metrics.jsonl").read_bytes() == before

@@ -11,7 +11,8 @@ import torch
 from torchlab.core.wire.observer import TrainerObserver
 from trainers import TINY, make_trainer
 from torchlab.core.wire.errors import ConfigError
-from torchlab.core.engine.trainer import Pause, Resume, SaveCheckpoint, SetOption, Stop
+from torchlab.core.wire.events import Paused
+from torchlab.core.wire.protocol import PauseCommand, ResumeCommand, SaveCheckpointCommand, SetCommand, StopCommand
 
 
 def test_scripted_change_takes_effect_at_its_step_and_is_acknowledged():
@@ -39,7 +40,7 @@ def test_change_submitted_from_another_thread_applies_at_a_step_boundary():
         def on_metrics(self, record):
             if record["step"] == 3:
                 submitted_at["step"] = 3
-                threading.Thread(target=trainer.submit, args=(SetOption("lr_scale", "0.5", "test"),)).start()
+                threading.Thread(target=trainer.submit, args=(SetCommand("lr_scale", "0.5", "test"),)).start()
 
     trainer.observers.append(SubmitOnStep3())
     trainer.run()
@@ -53,8 +54,8 @@ def test_change_submitted_from_another_thread_applies_at_a_step_boundary():
 
 def test_invalid_changes_are_refused_with_a_reason_and_the_run_goes_on():
     trainer, seen = make_trainer(steps=6, at=["2:amp=fp16", "3:world_size=3"])
-    trainer.submit(SetOption("accum", "zero"))
-    trainer.submit(SetOption("warp_drive", "on"))
+    trainer.submit(SetCommand("accum", "zero"))
+    trainer.submit(SetCommand("warp_drive", "on"))
     assert trainer.run().status == "finished"
     refused = {(e["option"], e["step"]): e["reason"] for e in seen.of("option_refused")}
     assert "fp16 needs CUDA" in refused[("amp", 2)]
@@ -135,13 +136,13 @@ def test_pause_holds_at_a_boundary_and_resume_continues():
     class PauseAtStep2(TrainerObserver):
         def on_metrics(self, record):
             if record["step"] == 2:
-                trainer.submit(Pause())
+                trainer.submit(PauseCommand())
 
-        def on_event(self, record):
-            if record["event"] == "paused":
+        def on_event(self, event):
+            if isinstance(event, Paused):
                 # The loop is now blocked waiting for a command; no step runs until Resume arrives.
                 assert len(seen.metrics) == 2
-                threading.Thread(target=lambda: (trainer.submit(Resume()), resumed.set())).start()
+                threading.Thread(target=lambda: (trainer.submit(ResumeCommand()), resumed.set())).start()
 
     trainer.observers.append(PauseAtStep2())
     assert trainer.run().status == "finished"
@@ -156,7 +157,7 @@ def test_stop_request_ends_the_run_with_a_final_checkpoint(tmp_path):
     class StopAtStep4(TrainerObserver):
         def on_metrics(self, record):
             if record["step"] == 4:
-                trainer.submit(Stop("test"))
+                trainer.submit(StopCommand("test"))
 
     trainer.observers.append(StopAtStep4())
     outcome = trainer.run()
@@ -167,7 +168,7 @@ def test_stop_request_ends_the_run_with_a_final_checkpoint(tmp_path):
 
 def test_save_checkpoint_command_writes_one_at_the_boundary(tmp_path):
     trainer, seen = make_trainer(steps=3, checkpoint_dir=tmp_path, checkpoint_every=0)
-    trainer.submit(SaveCheckpoint())  # before step 1: nothing trained yet, nothing to save
+    trainer.submit(SaveCheckpointCommand())  # before step 1: nothing trained yet, nothing to save
     trainer.run()
     assert [e["reason"] for e in seen.of("checkpoint")] == ["final"]
 

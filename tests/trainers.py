@@ -14,6 +14,7 @@ from torchlab.core.wire.config import build_config
 from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.engine.loading import load_workload
 from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.wire.protocol import Message
 from torchlab.core.engine.trainer import Trainer
 
 WORKLOADS = Path(__file__).parent / "workloads"
@@ -34,8 +35,8 @@ class Recorder(TrainerObserver):
     def on_metrics(self, record: dict[str, Any]) -> None:
         self.metrics.append(record)
 
-    def on_event(self, record: dict[str, Any]) -> None:
-        self.events.append(record)
+    def on_event(self, event: Message) -> None:
+        self.events.append(event.journal_record())  # as events.jsonl has it
 
     def of(self, event: str) -> list[dict[str, Any]]:
         return [record for record in self.events if record["event"] == event]

@@ -42,7 +42,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer
 
 from torchlab.core.wire import protocol
-from torchlab.core.wire.options import format_option_value, parse_option_value
+from torchlab.core.wire.options import LIVE_OPTIONS, OPTIONS_BY_NAME, Number
 from torchlab.tui.log_tail import LogTail
 from torchlab.tui.state import Failure, RunState
 from torchlab.tui.widgets.event_log import EventLog
@@ -110,12 +110,7 @@ class KeyAction:
 
 KEY_ACTIONS = (
     KeyAction("space", "toggle_pause", "Pause", "Pause or resume training", key_display="space"),
-    KeyAction("a", "cycle_amp", "AMP", "Cycle mixed precision: off → bf16 → fp16 → off"),
-    KeyAction("c", "toggle_checkpointing", "Ckpt", "Toggle activation checkpointing of the model's blocks"),
-    KeyAction("g", "prompt('clip')", "Clip", "Set the max gradient norm to clip to (empty = off)"),
-    KeyAction("m", "prompt('accum')", "Accum", "Set gradient accumulation steps"),
-    KeyAction("l", "prompt('lr_scale')", "LR×", "Set the learning-rate scale (multiplies the schedule)"),
-    KeyAction("w", "prompt('world_size')", "World", "Set the number of training processes", show=False),
+    *(KeyAction(o.key, f"change_option('{o.name}')", o.footer, o.help, show=o.in_footer) for o in LIVE_OPTIONS),
     KeyAction("p", "profile", "Profile", f"Profile the next {PROFILE_STEPS} steps", show=False),
     KeyAction("P", "profiles", "Profiles", "Profiles: list the snapshots, open a table, compare two", show=False),
     KeyAction("i", "impact", "Impact", "Impact table: what each option change cost or saved", show=False),
@@ -126,17 +121,9 @@ KEY_ACTIONS = (
     KeyAction("question_mark", "help", "Help", "Show every key", key_display="?"),
 )
 
-#: (option, prompt title, hint)
-PROMPTS = {
-    "clip": ("Clip gradients to a max global norm", "a positive number, e.g. 1.0; empty or off = no clipping"),
-    "accum": ("Gradient accumulation steps", "a whole number from 1; the batch per optimizer step grows with it"),
-    "lr_scale": ("Learning-rate scale", "a factor above 0 that multiplies the schedule, e.g. 0.5"),
-    "world_size": ("World size", "the number of training processes (ranks), from 1; the trainer checkpoints and relaunches them"),
-}
-
 #: Actions that talk to the trainer: not while a dialog is open (its keys are the dialog's).
 TRAINER_ACTIONS = frozenset(
-    {"toggle_pause", "cycle_amp", "toggle_checkpointing", "prompt", "profile", "save_checkpoint", "detach"}
+    {"toggle_pause", "change_option", "profile", "save_checkpoint", "detach"}
 )
 #: Actions that open a view: from the main screen only, so views do not pile up on each other.
 VIEW_ACTIONS = frozenset({"profiles", "impact", "system"})
@@ -456,24 +443,21 @@ class TorchlabApp(App[int]):
         else:
             self.notify(f"the run is {state}: there is nothing to pause or resume", severity="warning")
 
-    def action_cycle_amp(self) -> None:
-        self.set_option("amp", self.run_state.next_amp_mode())
+    def action_change_option(self, name: str) -> None:
+        """An option's key: the next value of a mode or a switch, or a prompt for a number."""
+        option = OPTIONS_BY_NAME[name]
+        current = self.run_state.option(name)
+        if not isinstance(option, Number):
+            self.set_option(name, option.next_value(current, lambda value: self.run_state.was_refused(name, value)))
+            return
 
-    def action_toggle_checkpointing(self) -> None:
-        self.set_option("checkpointing", not bool(self.run_state.option("checkpointing")))
+        from torchlab.tui.screens.prompt import Chosen, OptionPrompt
 
-    def action_prompt(self, option: str) -> None:
-        title, hint = PROMPTS.get(option, (option, ""))
-        current = self.run_state.option(option)
-        shown = format_option_value(option, current) if current is not None or option == "clip" else ""
+        def chosen(answer: Chosen | None) -> None:
+            if answer is not None:
+                self.set_option(name, answer.value)
 
-        def chosen(text: str | None) -> None:
-            if text is not None:
-                self.set_option(option, parse_option_value(option, text))
-
-        from torchlab.tui.screens.prompt import OptionPrompt
-
-        self.push_screen(OptionPrompt(option, title, current=shown, hint=hint), callback=chosen)
+        self.push_screen(OptionPrompt(option, current=option.shown_in_prompt(current)), callback=chosen)
 
     def set_option(self, option: str, value: Any) -> None:
         """Ask the trainer to change a live option at the next step boundary."""

@@ -31,12 +31,12 @@ from torchlab.core.wire.control_server import HELLO_TIMEOUT_S
 from torchlab.core.wire.protocol import (
     PROTOCOL_VERSION,
     DetachCommand,
+    Detached,
     Error,
     Hello,
     Log,
     Message,
     Metrics,
-    OptionApplied,
     Refused,
     ProtocolError,
     State,
@@ -307,7 +307,7 @@ class ProcessLink:
             self.last_step = step
         if isinstance(message, State) and message.state in FINAL_STATES:
             self._final_state_seen = True
-        if isinstance(message, OptionApplied) and message.option == "detach":
+        if isinstance(message, Detached):
             self._on_detached()
         elif isinstance(message, Welcome):
             self._welcomed = True

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from torchlab.core.wire import protocol
-from torchlab.core.wire.options import OPTION_NAMES, format_option_value
+from torchlab.core.wire.options import OPTION_NAMES, OPTIONS_BY_NAME, format_option_value
 from torchlab.tui.thinning import Series
 
 if TYPE_CHECKING:
@@ -48,8 +48,6 @@ IMPACT_SETTLE_STEPS = 20
 #: and the excess is at least STRAGGLER_MIN_SHARE of the median step time (``flag_stragglers`` says why).
 STRAGGLER_RATIO = 1.3
 STRAGGLER_MIN_SHARE = 0.05
-
-AMP_CYCLE = ("off", "bf16", "fp16")
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 
@@ -208,10 +206,7 @@ class RunState:
     def note_request(self, option: str, value: Any) -> None:
         """The app sent a SetCommand: remember it until the answer comes, and log that it is on its way."""
         self.pending[option] = value
-        if option == "world_size":
-            when = "at the next step the trainer checkpoints and relaunches its ranks"
-        else:
-            when = "applies at the next step"
+        when = OPTIONS_BY_NAME[option].takes_effect
         self.log("info", f"requested {option} = {format_option_value(option, value)} ({when})")
 
     def note_profile_request(self) -> None:
@@ -240,15 +235,9 @@ class RunState:
             return self.pending[name]
         return self.options.get(name)
 
-    def next_amp_mode(self) -> str:
-        """The AMP mode after the current one: off -> bf16 -> fp16 -> off, skipping modes refused here."""
-        current = str(self.option("amp") or "off")
-        position = AMP_CYCLE.index(current) if current in AMP_CYCLE else 0
-        for offset in range(1, len(AMP_CYCLE) + 1):
-            candidate = AMP_CYCLE[(position + offset) % len(AMP_CYCLE)]
-            if ("amp", candidate) not in self.refused:
-                return candidate
-        return "off"
+    def was_refused(self, option: str, value: Any) -> bool:
+        """The trainer refused ``option = value`` on this run (a key that cycles skips it from then on)."""
+        return (option, format_option_value(option, value)) in self.refused
 
     def eta_s(self) -> float | None:
         """Seconds to the last step at the recent pace, or None when unknown."""
@@ -463,7 +452,7 @@ class RunState:
 
     def _on_option_applied(self, event: protocol.OptionApplied) -> None:
         self.pending.pop(event.option, None)
-        shown = format_option_value(event.option, event.value) if event.option in OPTION_NAMES else str(event.value)
+        shown = format_option_value(event.option, event.value)
         if event.option in OPTION_NAMES:
             self.options[event.option] = event.value
             self._applied_at[event.option] = event.step
@@ -472,19 +461,20 @@ class RunState:
             text = f"{event.option} = {shown} applied at step {event.step} (was {previous})"
             if event.option == "world_size":
                 self._world_size_changed(event)
-        elif event.option == "detach":
-            if not self.detach_requested:  # history replayed on attach: an earlier app's detach
-                self.log("info", f"an earlier app detached at step {event.step}", event.step)
-                return
-            self.detached = True
-            text = f"detached at step {event.step}: the trainer keeps training"
         else:
             text = f"{event.option} = {shown} applied at step {event.step}"
         self.log("applied", text, event.step, notify=True)
 
+    def _on_detached(self, event: protocol.Detached) -> None:
+        if not self.detach_requested:  # history replayed on attach: an earlier app's detach
+            self.log("info", f"an earlier app detached at step {event.step}", event.step)
+            return
+        self.detached = True
+        self.log("applied", f"detached at step {event.step}: the trainer keeps training", event.step, notify=True)
+
     def _on_option_refused(self, event: protocol.OptionRefused) -> None:
         self.pending.pop(event.option, None)
-        shown = format_option_value(event.option, event.value) if event.option in OPTION_NAMES else str(event.value)
+        shown = format_option_value(event.option, event.value)
         self.refused.add((event.option, shown))
         if event.option == "profile":
             self.profile_pending = False
@@ -603,6 +593,7 @@ _HANDLERS = {
     protocol.Telemetry: RunState._on_telemetry,
     protocol.OptionApplied: RunState._on_option_applied,
     protocol.OptionRefused: RunState._on_option_refused,
+    protocol.Detached: RunState._on_detached,
     protocol.CheckpointSaved: RunState._on_checkpoint,
     protocol.Log: RunState._on_log,
     protocol.Error: RunState._on_error,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import json
+import gc
 import os
 import re
 import shutil
@@ -122,8 +123,10 @@ class ProfilerSnapshot:
         trace = staging / "trace.json"
         self._profile.export_chrome_trace(str(trace))
         # Let the recording go: after a failed export its results hold the half-written trace open (a
-        # full disk stays full until they are freed), and, either way, much memory.
+        # full disk stays full until they are freed), and, either way, much memory. They sit in reference
+        # cycles, so they are freed at the collector's next pass, whenever that comes: collect them now.
         self._profile = None
+        gc.collect()
         if not trace.exists():  # the exporter logs its failure on stderr and returns as if it had written it
             raise _export_failure(staging)
         match_folder_privacy(trace)  # torch created it with the umask's mode

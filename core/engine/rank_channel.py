@@ -31,10 +31,11 @@ from typing import Any, ClassVar
 from torchlab.core.wire.errors import StorageError
 from torchlab.core.wire.line_reader import LineReader
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.protocol import Message, ProtocolError, decode
+from torchlab.core.wire.events import TRAINER_EVENTS
+from torchlab.core.wire.protocol import Message, ProtocolError, StopCommand, TrainerCommand, decode, trainer_command
 from torchlab.core.wire.runtime import listen_privately, runtime_dir
 from torchlab.core.wire.throttle import RefusedLines
-from torchlab.core.engine.trainer import Command, Stop, WorldSizeChange, command_from_json, command_to_json
+from torchlab.core.engine.outcome import WorldSizeChange
 
 #: A report of a model with many thousands of modules is a long line (a name and a norm per module, twice);
 #: longer than this is no report of ours.
@@ -77,15 +78,24 @@ class MetricsReport(RankMessage):
 
 @dataclass(frozen=True)
 class EventReport(RankMessage):
-    """One events.jsonl record."""
+    """One of the trainer's typed events (core/wire/events.py, or an app protocol message), as its protocol text."""
 
     type: ClassVar[str] = "event"
-    schema: ClassVar = {"record": (dict,)}
-    record: dict
+    schema: ClassVar = {"event": (str,)}
+    event: str
 
     def validate(self) -> None:
-        if not isinstance(self.record.get("event"), str) or not _is_int(self.record.get("step")):
-            raise ProtocolError("event.record: needs an event name and an integer step")
+        self.as_event()  # a ProtocolError says what is wrong with it
+
+    @classmethod
+    def of(cls, event: Message) -> EventReport:
+        return cls(event=event.json_text())
+
+    def as_event(self) -> Message:
+        event = decode(self.event)
+        if not isinstance(event, TRAINER_EVENTS):
+            raise ProtocolError(f"event: {event.type} is not an event a trainer reports")
+        return event
 
 
 @dataclass(frozen=True)
@@ -108,7 +118,7 @@ class Outcome(RankMessage):
     message: str = ""
     kind: str = ""
     relaunch: dict | None = None  # a WorldSizeChange's fields
-    unhandled: list = dataclasses.field(default_factory=list)  # command_to_json objects
+    unhandled: list = dataclasses.field(default_factory=list)  # trainer commands, each its protocol line
 
     def validate(self) -> None:
         if self.status not in OUTCOME_STATUSES:
@@ -122,17 +132,17 @@ class Outcome(RankMessage):
     def world_size_change(self) -> WorldSizeChange | None:
         return None if self.relaunch is None else WorldSizeChange(**self.relaunch)
 
-    def unhandled_commands(self) -> list[Command]:
-        return [command_from_json(data) for data in self.unhandled]
+    def unhandled_commands(self) -> list[TrainerCommand]:
+        return [trainer_command(line) for line in self.unhandled]
 
 
 @dataclass(frozen=True)
 class CommandMessage(RankMessage):
-    """A command for rank 0 (``trainer.command_to_json``'s form), from the supervisor."""
+    """A command for rank 0, from the supervisor: the trainer command as its own protocol line."""
 
     type: ClassVar[str] = "command"
-    schema: ClassVar = {"command": (dict,)}
-    command: dict
+    schema: ClassVar = {"command": (str,)}
+    command: str
 
     def validate(self) -> None:
         try:
@@ -141,11 +151,11 @@ class CommandMessage(RankMessage):
             raise ProtocolError("command: not a command") from None
 
     @classmethod
-    def of(cls, command: Command) -> CommandMessage:
-        return cls(command=command_to_json(command))
+    def of(cls, command: TrainerCommand) -> CommandMessage:
+        return cls(command=command.json_text())
 
-    def as_command(self) -> Command:
-        return command_from_json(self.command)
+    def as_command(self) -> TrainerCommand:
+        return trainer_command(self.command)
 
 
 @dataclass(frozen=True)
@@ -192,14 +202,14 @@ class RankChannel:
         self._refusals = RefusedLines("rank channel")
         self._lock = threading.Lock()
         self._connection: socket.socket | None = None
-        self._queued: list[Command] = []
+        self._queued: list[TrainerCommand] = []
         self._closed = False
         self._listener = listen_privately(self.path, 4)
         self._listener.settimeout(0.25)
         self._thread = threading.Thread(target=self._serve, name="torchlab-rank-channel", daemon=True)
         self._thread.start()
 
-    def send(self, command: Command) -> None:
+    def send(self, command: TrainerCommand) -> None:
         """To rank 0 now, or as soon as it connects."""
         with self._lock:
             if self._connection is None:
@@ -210,7 +220,7 @@ class RankChannel:
             except OSError:
                 self._queued.append(command)  # rank 0 is going away; handed to the next trainer
 
-    def close(self) -> list[Command]:
+    def close(self) -> list[TrainerCommand]:
         """After the ranks ended: read what rank 0 sent last, stop serving; return commands never delivered."""
         self._thread.join(timeout=10.0)
         self._closed = True
@@ -305,13 +315,13 @@ class RankChannel:
     def _storage_failed(self, error: StorageError) -> None:
         if self.storage_failure is None:
             self.storage_failure = error
-            self.send(Stop("a file of the run could not be written"))
+            self.send(StopCommand("a file of the run could not be written"))
 
     def _dispatch(self, message: RankMessage, connection: socket.socket) -> None:
         if isinstance(message, MetricsReport):
             self.observer.on_metrics(message.record)
         elif isinstance(message, EventReport):
-            self.observer.on_event(message.record)
+            self.observer.on_event(message.as_event())
         elif isinstance(message, TelemetryReport):
             self.observer.on_telemetry(message.sample)
         elif isinstance(message, Outcome):
@@ -355,18 +365,18 @@ class SupervisorLink(TrainerObserver):
     def on_metrics(self, record: dict[str, Any]) -> None:
         self._send(MetricsReport(record=record))
 
-    def on_event(self, record: dict[str, Any]) -> None:
-        self._send(EventReport(record=record))
+    def on_event(self, event: Message) -> None:
+        self._send(EventReport.of(event))
 
     def on_telemetry(self, sample: dict[str, Any]) -> None:
         self._send(TelemetryReport(sample=sample))
 
     def send_outcome(self, status: str, step: int, message: str = "", *, relaunch: WorldSizeChange | None = None,
-                     kind: str = "", unhandled: list[Command] = ()) -> None:
+                     kind: str = "", unhandled: list[TrainerCommand] = ()) -> None:
         self._send(Outcome(
             status=status, step=step, message=message, kind=kind,
             relaunch=dataclasses.asdict(relaunch) if relaunch else None,
-            unhandled=[command_to_json(command) for command in unhandled],
+            unhandled=[command.json_text() for command in unhandled],
         ))
 
     def close(self) -> None:

@@ -33,7 +33,6 @@ import re
 import signal
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -48,18 +47,14 @@ from torchlab.core.wire.config import TrainConfig, build_config, load_config_fil
 from torchlab.core.engine.distributed import RankContext, check_world_size, rank_from_environment
 from torchlab.core.wire.errors import ConfigError, StorageError, TorchlabError, WorkloadError
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import OptionRefused
+from torchlab.core.wire.options import WORLD_SIZE, OptionRefused
 from torchlab.core.engine.rank_channel import RankChannel, SupervisorLink
 from torchlab.core.wire.runtime import die_with_parent
 from torchlab.core.wire.storage import make_folder, write_atomically
-from torchlab.core.engine.trainer import (
-    Command,
-    RunOutcome,
-    Stop,
-    Trainer,
-    WorldSizeChange,
-    resolve_device,
-)
+from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
+from torchlab.core.wire.events import Relaunching, ResumeChangedSettings, ResumedFromCheckpoint, RunStarted
+from torchlab.core.wire.protocol import Error, Message, OptionApplied, StopCommand, TrainerCommand
+from torchlab.core.engine.trainer import Trainer, resolve_device
 
 TOKEN_VARIABLE = "TORCHLAB_SUPERVISOR_TOKEN"
 #: How long the supervisor waits for rank processes to leave after it asked them to (SIGTERM), before SIGKILL.
@@ -98,9 +93,9 @@ class Supervisor:
         self.trainer: Trainer | None = None
         self._relay = _Relay(self)
         self._lock = threading.Lock()
-        self._pending: list[Command] = []  # commands that arrived while no trainer or rank 0 could take them
+        self._pending: list[TrainerCommand] = []  # commands that arrived while no trainer or rank 0 could take them
         self._channel: RankChannel | None = None
-        self._signalled_stop: Stop | None = None
+        self._signalled_stop: StopCommand | None = None
         self._acknowledge: WorldSizeChange | None = None
         self._resume_note = resume_note
         if external is not None:
@@ -112,7 +107,7 @@ class Supervisor:
             self.config = _with_world_size(config, self.world_size)
 
     # ------------------------------------------------------------------ the Trainer's API
-    def submit(self, command: Command) -> None:
+    def submit(self, command: TrainerCommand) -> None:
         with self._lock:
             if self.trainer is not None:
                 self.trainer.submit(command)
@@ -123,7 +118,7 @@ class Supervisor:
 
     def request_stop(self, reason: str) -> None:
         """Safe in a signal handler: attribute stores only; the run loop forwards the stop to the ranks."""
-        self._signalled_stop = Stop(reason)
+        self._signalled_stop = StopCommand(reason)
         trainer = self.trainer
         if trainer is not None:
             trainer.request_stop(reason)
@@ -151,16 +146,15 @@ class Supervisor:
             if outcome.status != "relaunch":
                 return outcome
             change = outcome.relaunch
-            self._emit_event({"event": "relaunching", "step": outcome.step, "time": time.time(),
-                              "world_size": change.value, "previous": change.previous})
+            self._emit(Relaunching(step=outcome.step, world_size=change.value, previous=change.previous))
             self._acknowledge = change
             self.world_size = change.value
             config = _with_world_size(config, change.value)
             resume, explicit = self.run_dir / "checkpoints" / "last.pt", {"world_size"}
 
-    def _emit_event(self, record: dict[str, Any]) -> None:
+    def _emit(self, event: Message) -> None:
         for observer in self.observers:
-            observer.on_event(record)
+            observer.on_event(event)
 
     def _build_trainer(self, config: TrainConfig, resume: Path | None, explicit: set[str]) -> Trainer:
         from torchlab.core.engine.seeding import seed_everything
@@ -274,7 +268,7 @@ class Supervisor:
         if channel.storage_failure is not None:  # the run directory could not be written: that ended the run
             message = str(channel.storage_failure)
             try:
-                self._relay.on_event({"event": "error", "step": self.step + 1, "time": time.time(), "message": message, "traceback": ""})
+                self._relay.on_event(Error(step=self.step + 1, message=message, traceback=""))
             except StorageError:
                 pass  # the journal is what could not be written; the outcome carries the message
             return RunOutcome("failed", self.step, message, kind="StorageError")
@@ -286,12 +280,11 @@ class Supervisor:
                 rank, message, trace, exitcode = root_cause(error)
             else:
                 rank, message, trace, exitcode = None, f"the launcher failed: {type(error).__name__}: {error}", "", None
-            self._relay.on_event({"event": "error", "step": self.step + 1, "time": time.time(), "message": message,
-                                  "traceback": trace, "rank": rank, "exitcode": exitcode})
+            self._relay.on_event(Error(step=self.step + 1, message=message, traceback=trace, rank=rank, exitcode=exitcode))
             return RunOutcome("failed", self.step, message)
         if outcome is None:
             message = f"rank 0 stopped reporting: {channel.broken or 'its channel to the supervisor never opened'}"
-            self._relay.on_event({"event": "error", "step": self.step + 1, "time": time.time(), "message": message, "traceback": ""})
+            self._relay.on_event(Error(step=self.step + 1, message=message, traceback=""))
             return RunOutcome("failed", self.step, message, kind="RankChannelError")
         return RunOutcome(outcome.status, outcome.step, outcome.message, outcome.world_size_change(), outcome.kind)
 
@@ -308,23 +301,22 @@ class _Relay(TrainerObserver):
         for observer in self.supervisor.observers:
             observer.on_metrics(record)
 
-    def on_event(self, record: dict[str, Any]) -> None:
+    def on_event(self, event: Message) -> None:
         for observer in self.supervisor.observers:
-            observer.on_event(record)
+            observer.on_event(event)
         change = self.supervisor._acknowledge
         note = self.supervisor._resume_note
-        if record["event"] == "resumed_from_checkpoint" and note is not None:
+        if isinstance(event, ResumedFromCheckpoint) and note is not None:
             self.supervisor._resume_note = None
-            self.on_event({"event": "resume_changed_settings", "step": record["step"], "time": time.time(), **note})
-        if record["event"] == "run_started":
-            self.supervisor.step = record["step"]
+            self.on_event(ResumeChangedSettings(step=event.step, **note))
+        if isinstance(event, RunStarted):
+            self.supervisor.step = event.step
             if change is not None:
                 self.supervisor._acknowledge = None
-                self.on_event({
-                    "event": "option_applied", "step": change.step, "time": time.time(), "option": "world_size",
-                    "value": change.value, "previous": change.previous, "display": str(change.value),
-                    "source": change.source,
-                })
+                self.on_event(OptionApplied(
+                    step=change.step, option=WORLD_SIZE.name, value=change.value, previous=change.previous,
+                    display=WORLD_SIZE.format(change.value), source=change.source,
+                ))
 
     def on_telemetry(self, sample: dict[str, Any]) -> None:
         for observer in self.supervisor.observers:
@@ -453,7 +445,7 @@ def _rank_main(argv: list[str] | None) -> int:
         )
     except TorchlabError as error:
         if link is not None:
-            link.on_event({"event": "error", "step": 0, "time": time.time(), "message": str(error), "traceback": "", "rank": 0})
+            link.on_event(Error(step=0, message=str(error), traceback="", rank=0))
             link.send_outcome("usage", 0, str(error), kind=type(error).__name__)
             link.close()
         return 2

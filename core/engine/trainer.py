@@ -24,8 +24,7 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +49,17 @@ from torchlab.core.wire.errors import ConfigError, NonFiniteError, StorageError,
 from torchlab.core.engine.loading import describe_code, user_frame
 from torchlab.core.engine.nonfinite import localise_nonfinite
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import LiveOptions, OptionRefused, format_option_value, parse_option_value
+from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
+from torchlab.core.wire.options import (
+    ACCUM, AMP, CHECKPOINTING, CLIP, LIVE_OPTIONS, LR_SCALE, WORLD_SIZE, LiveOption, LiveOptions, OptionRefused, live_option,
+)
+from torchlab.core.wire.events import (
+    Paused, ProfileStarted, Resumed, ResumedFromCheckpoint, RunEnded, RunStarted, StepSkipped,
+)
+from torchlab.core.wire import protocol as p
+from torchlab.core.wire.protocol import (
+    PauseCommand, ProfileCommand, ResumeCommand, SaveCheckpointCommand, SetCommand, StopCommand, TrainerCommand, trainer_command,
+)
 from torchlab.core.engine.precision import Precision, make_precision
 from torchlab.core.engine.profiler import ProfilerSnapshot
 from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, ProbeCadence, clip_by_total_norm
@@ -65,92 +74,6 @@ RANK_FIGURES_INTERVAL_S = 1.0
 MAX_CONSECUTIVE_FP16_SKIPS = 25
 
 
-# Commands: what the app, the CLI's --at, or a signal handler can ask of a running trainer.
-@dataclass(frozen=True)
-class SetOption:
-    option: str
-    value: Any
-    source: str = "api"
-
-
-@dataclass(frozen=True)
-class Pause:
-    pass
-
-
-@dataclass(frozen=True)
-class Resume:
-    pass
-
-
-@dataclass(frozen=True)
-class Stop:
-    reason: str = "requested"
-
-
-@dataclass(frozen=True)
-class SaveCheckpoint:
-    pass
-
-
-@dataclass(frozen=True)
-class Profile:
-    """Profile the next ``steps`` optimizer steps (after one warm-up step)."""
-
-    steps: int = 5
-    source: str = "api"
-
-
-Command = SetOption | Pause | Resume | Stop | SaveCheckpoint | Profile
-
-
-def command_to_json(command: Command) -> dict[str, Any]:
-    """A command as a JSON object: how rank 0 broadcasts it to the other ranks, and how a supervisor sends it."""
-    if isinstance(command, SetOption):
-        return {"command": "set", "option": command.option, "value": _jsonable(command.value), "source": command.source}
-    if isinstance(command, Stop):
-        return {"command": "stop", "reason": command.reason}
-    if isinstance(command, Profile):
-        return {"command": "profile", "steps": command.steps, "source": command.source}
-    return {"command": {Pause: "pause", Resume: "resume", SaveCheckpoint: "save_checkpoint"}[type(command)]}
-
-
-def command_from_json(data: dict[str, Any]) -> Command:
-    kind = data.get("command")
-    if kind == "set":
-        return SetOption(str(data["option"]), data["value"], str(data.get("source", "api")))
-    if kind == "stop":
-        return Stop(str(data.get("reason", "requested")))
-    if kind == "profile":
-        return Profile(int(data["steps"]), str(data.get("source", "api")))
-    simple = {"pause": Pause, "resume": Resume, "save_checkpoint": SaveCheckpoint}
-    if kind not in simple:
-        raise ValueError(f"not a command: {data!r}")
-    return simple[kind]()
-
-
-@dataclass(frozen=True)
-class WorldSizeChange:
-    """A requested world size that takes a relaunch: in force from ``step``, asked for by ``source``."""
-
-    value: int
-    previous: int
-    step: int
-    source: str
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    """How a run ended: ``finished`` (all steps), ``stopped`` (on request), ``nonfinite``, ``failed``, or
-    ``relaunch`` (checkpointed for a change of world size, which ``relaunch`` describes)."""
-
-    status: str
-    step: int
-    message: str = ""
-    relaunch: WorldSizeChange | None = None
-    kind: str = ""  # for ``failed``: the class of the error ("StorageError": a file of the run could not be written)
-
-
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -161,6 +84,20 @@ def resolve_device(name: str) -> torch.device:
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ConfigError(f"device (--device) {name}: only {torch.cuda.device_count()} CUDA device(s) here.")
     return device
+
+
+#: Each live option's enact hook (a Trainer method), by option name: filled by ``@enacts`` below.
+_ENACT_HOOKS: dict[str, Callable[[Trainer, Any], bool | None]] = {}
+
+
+def enacts(option: LiveOption) -> Callable[[Callable], Callable]:
+    """Register the decorated Trainer method as the hook that makes ``option``'s values real."""
+
+    def register(hook: Callable) -> Callable:
+        _ENACT_HOOKS[option.name] = hook
+        return hook
+
+    return register
 
 
 class Trainer:
@@ -232,10 +169,10 @@ class Trainer:
 
         self.step = 0
         self.first_step_of_process = 1
-        self._commands: queue.Queue[Command] = queue.Queue()
+        self._commands: queue.Queue[TrainerCommand] = queue.Queue()
         self._paused = False
-        self._stop: Stop | None = None
-        self._signalled_stop: Stop | None = None
+        self._stop: StopCommand | None = None
+        self._signalled_stop: StopCommand | None = None
         self._relaunch: WorldSizeChange | None = None
         self._scripted_through = 0  # the last step whose --at and --profile-at entries were queued
         self._probe_next = False  # rank 0's probe decision for the next step, shared with every rank
@@ -246,7 +183,7 @@ class Trainer:
         self._started = time.monotonic()
         self._elapsed_before = 0.0  # training time of earlier processes of this run (resumed, relaunched)
         self._last_batch: Any = None
-        self._resumed: dict[str, Any] | None = None  # reported when the run starts, once nothing more can fail
+        self._resumed: ResumedFromCheckpoint | None = None  # reported when the run starts, once nothing more can fail
 
         initial = config.options
         if resume_from is not None:
@@ -261,21 +198,20 @@ class Trainer:
         self.rank_hosts = self.collectives.describe_ranks() if self.collectives is not None else None
 
     # ----------------------------------------------------------------- control API (any thread)
-    def submit(self, command: Command) -> None:
+    def submit(self, command: TrainerCommand) -> None:
         """Queue a command; it is applied at the next optimizer-step boundary."""
         self._commands.put(command)
 
     def request_stop(self, reason: str) -> None:
         """Stop at the next boundary. Safe in a signal handler: one attribute store, no lock taken
         (``submit`` takes the queue's lock, which the interrupted main thread may hold)."""
-        self._signalled_stop = Stop(reason)
+        self._signalled_stop = StopCommand(reason)
 
     # ----------------------------------------------------------------- the loop
     def run(self) -> RunOutcome:
         if self._resumed is not None:
-            self._emit_event("resumed_from_checkpoint", **self._resumed)
-        self._emit_event(
-            "run_started",
+            self._emit(self._resumed)
+        self._emit(RunStarted(
             step=self.step,
             device=str(self.device),
             batch_size=self.batch_size,
@@ -286,7 +222,7 @@ class Trainer:
             checkpoint_blocks=list(self.checkpointing.blocks),
             world_size=self.world_size,
             ranks=self.rank_hosts,
-        )
+        ))
         self._started = time.monotonic()
         sampler = None
         if self.config.telemetry_interval > 0 and self.reports and self.samples_telemetry:
@@ -300,24 +236,30 @@ class Trainer:
             if self._profiling is not None:  # the run ended mid-recording: nothing complete to report
                 self._profiling.abandon()
                 self._profiling = None
-            for builder in self._profile_builds:  # a snapshot the user asked for is worth the wait
-                builder.join()
+            self._wait_for_profile_builds()  # a snapshot the user asked for is worth the wait
+
+    def _wait_for_profile_builds(self) -> None:
+        for builder in self._profile_builds:
+            builder.join()
+        self._profile_builds.clear()
 
     def _run_loop(self) -> RunOutcome:
         try:
             while self.step < self.config.steps and self.train_steps(1):
                 pass
         except NonFiniteError as error:
-            report = dict(error.report)
-            self._emit_event("nonfinite", step=report.pop("step"), message=str(error), **report)
+            self._emit(p.NonFinite(message=str(error), **error.report))
             return RunOutcome("nonfinite", self.step, str(error))
         except WorkloadError as error:
-            self._emit_event("error", step=self.step + 1, message=str(error), traceback=traceback.format_exc())
+            self._emit(p.Error(step=self.step + 1, message=str(error), traceback=traceback.format_exc()))
             raise
         except Exception as error:
             if self.ranks is not None and self.ranks.supervised:
                 raise  # the supervisor reports it with the rank it happened on (and stops the other ranks)
             return self._failed(error)
+        # A profile still being built holds its files (a trace of a few MB): on a disk near full, the last
+        # checkpoint is written once the build is done, and a build that failed has removed what it wrote.
+        self._wait_for_profile_builds()
         try:
             if self._relaunch is not None:
                 self._save_checkpoint(reason="world_size")  # always: the options changed since any earlier one
@@ -329,14 +271,14 @@ class Trainer:
                 raise
             return self._failed(error)
         status = "stopped" if self._stop is not None else "finished"
-        self._emit_event("run_ended", step=self.step, status=status)
+        self._emit(RunEnded(step=self.step, status=status))
         return RunOutcome(status, self.step, self._stop.reason if self._stop else "")
 
     def _failed(self, error: Exception) -> RunOutcome:
         """Report an error that ended the run, and keep the last completed step if it is not saved yet."""
         message = str(error) if isinstance(error, StorageError) else f"{type(error).__name__}: {error}"
         try:
-            self._emit_event("error", step=self.step + 1, message=message, traceback=traceback.format_exc())
+            self._emit(p.Error(step=self.step + 1, message=message, traceback=traceback.format_exc()))
             if self.step > 0 and self._last_checkpoint_step != self.step and self.ranks is None:
                 # The last completed step is intact. Not with ranks: the others may be gone, and a
                 # checkpoint takes every rank (their RNG states); the last one written stays as it was.
@@ -521,7 +463,7 @@ class Trainer:
     def _count_skip(self, step: int) -> None:
         self._consecutive_skips += 1
         scale = self.grad_scaler.get_scale() if self.grad_scaler is not None else None
-        self._emit_event("step_skipped", step=step, reason="fp16 overflow: the scaler lowered its scale", scale=scale)
+        self._emit(StepSkipped(step=step, reason="fp16 overflow: the scaler lowered its scale", scale=scale))
         if self._consecutive_skips >= MAX_CONSECUTIVE_FP16_SKIPS:
             self._raise_nonfinite(step, math.nan, None)
 
@@ -565,11 +507,11 @@ class Trainer:
         if self.reports and next_step > self._scripted_through:
             for change in self.config.at:
                 if change.step == next_step:
-                    self.submit(SetOption(change.option, change.value, source="--at"))
+                    self.submit(SetCommand(change.option, change.value, source="--at"))
             if next_step in self.config.profile_at:
-                self.submit(Profile(self.config.profile_steps, source="--profile-at"))
+                self.submit(ProfileCommand(self.config.profile_steps, source="--profile-at"))
         self._scripted_through = max(self._scripted_through, next_step)
-        unsent: list[Command] = []
+        unsent: list[TrainerCommand] = []
         while True:
             commands = self._take_commands() if self.reports else []
             more = False
@@ -581,9 +523,9 @@ class Trainer:
             if not waiting and not more:
                 return
 
-    def _take_commands(self) -> list[Command]:
+    def _take_commands(self) -> list[TrainerCommand]:
         """What is queued; while paused, wait up to 0.25 s for the first. A signalled stop goes last."""
-        commands: list[Command] = []
+        commands: list[TrainerCommand] = []
         if self._signalled_stop is None:
             waiting = self._paused and self._stop is None and self._relaunch is None
             try:
@@ -596,7 +538,7 @@ class Trainer:
             commands.append(self._signalled_stop)
         return commands
 
-    def _share_commands(self, commands: list[Command], unsent: list[Command]) -> tuple[list[Command], bool]:
+    def _share_commands(self, commands: list[TrainerCommand], unsent: list[TrainerCommand]) -> tuple[list[TrainerCommand], bool]:
         """Rank 0's commands (as many as fit one packet; ``unsent`` keeps the rest) to every rank, with
         rank 0's decision whether the next step measures gradient norms. Returns the commands and
         whether more packets follow at this boundary."""
@@ -609,7 +551,7 @@ class Trainer:
             payload = {"probe": self.cadence.should_probe(next_step), "figures": figures, "commands": []}
             unsent.clear()
             for index, command in enumerate(commands):
-                payload["commands"].append(command_to_json(command))
+                payload["commands"].append(command.json_text())  # the protocol's own line
                 if len(encode_packet({**payload, "more": True})) > PACKET_BYTES:
                     payload["commands"].pop()
                     unsent.extend(commands[index:])
@@ -618,45 +560,45 @@ class Trainer:
         packet = self.collectives.share(payload)
         self._probe_next = bool(packet["probe"])
         self._figures_next = bool(packet["figures"])
-        return [command_from_json(data) for data in packet["commands"]], bool(packet["more"])
+        return [trainer_command(line) for line in packet["commands"]], bool(packet["more"])
 
-    def pending_commands(self) -> list[Command]:
+    def pending_commands(self) -> list[TrainerCommand]:
         """Commands still queued (after the run ended): a supervisor hands them to the next trainer."""
-        commands: list[Command] = []
+        commands: list[TrainerCommand] = []
         while True:
             try:
                 commands.append(self._commands.get_nowait())
             except queue.Empty:
                 return commands
 
-    def _handle(self, command: Command) -> None:
+    def _handle(self, command: TrainerCommand) -> None:
         next_step = self.step + 1
-        if isinstance(command, SetOption):
+        if isinstance(command, SetCommand):
             self._set_option(command, next_step)
-        elif isinstance(command, Pause):
+        elif isinstance(command, PauseCommand):
             if not self._paused:
                 self._paused = True
-                self._emit_event("paused", step=self.step)
-        elif isinstance(command, Resume):
+                self._emit(Paused(step=self.step))
+        elif isinstance(command, ResumeCommand):
             if self._paused:
                 self._paused = False
-                self._emit_event("resumed", step=next_step)
-        elif isinstance(command, Stop):
+                self._emit(Resumed(step=next_step))
+        elif isinstance(command, StopCommand):
             self._stop = command
             self._paused = False
             if self._relaunch is not None:  # a stop wins over a relaunch asked for at the same boundary
                 change, self._relaunch = self._relaunch, None
                 self.options = self.options.with_value("world_size", self.world_size)
-                self._emit_event("option_refused", step=next_step, option="world_size", value=change.value,
-                                 reason="the run stops at this step", source=change.source)
-        elif isinstance(command, SaveCheckpoint):
+                self._emit(p.OptionRefused(step=next_step, option=WORLD_SIZE.name, value=change.value,
+                                         reason="the run stops at this step", source=change.source))
+        elif isinstance(command, SaveCheckpointCommand):
             if self.step > 0:
                 self._save_checkpoint(reason="requested")
-        elif isinstance(command, Profile):
+        elif isinstance(command, ProfileCommand):
             if self.reports:  # one profile per run: rank 0's
                 self._start_profile(command, next_step)
 
-    def _start_profile(self, command: Profile, step: int) -> None:
+    def _start_profile(self, command: ProfileCommand, step: int) -> None:
         reason = None
         if self._profiling is not None:
             reason = f"a profile is already recording (from step {self._profiling.first_step})"
@@ -665,69 +607,44 @@ class Trainer:
         elif not 1 <= command.steps <= MAX_PROFILE_STEPS:
             reason = f"profile steps must be from 1 to {MAX_PROFILE_STEPS}, got {shown(command.steps)}"
         if reason is not None:
-            self._emit_event("option_refused", step=step, option="profile", value=command.steps, reason=reason, source=command.source)
+            self._emit(p.OptionRefused(step=step, option="profile", value=command.steps, reason=reason, source=command.source))
             return
         self._profiling = ProfilerSnapshot(
             self.device, self.profiles_dir / f"{step:07d}", step, command.steps, on_ready=self._profile_ready,
         )
-        self._emit_event("profile_started", step=step, steps=command.steps, warmup=1, source=command.source)
+        self._emit(ProfileStarted(step=step, steps=command.steps, warmup=1, source=command.source))
 
     def _profile_ready(self, report: dict[str, Any]) -> None:
         """Called on the profiler's background thread once the tables are written."""
-        self._emit_event("profile", step=report["last_step"], **report)
+        self._emit(p.ProfileReady(**report))
 
-    def _set_option(self, command: SetOption, step: int) -> None:
-        option = command.option
+    def _set_option(self, command: SetCommand, step: int) -> None:
         try:
-            value = parse_option_value(option, command.value)
-            previous = getattr(self.options, option)
-            self._enact(option, value)
+            option = live_option(command.option)
+            value = option.parse(command.value)
+            previous = getattr(self.options, option.name)
+            in_force = self._enact(option, value)
         except OptionRefused as refusal:
-            self._emit_event(
-                "option_refused", step=step, option=option, value=_jsonable(command.value),
-                reason=str(refusal), source=command.source,
-            )
+            self._emit(p.OptionRefused(
+                step=step, option=command.option, value=_jsonable(command.value), reason=str(refusal), source=command.source,
+            ))
             return
-        if option == "world_size":
+        self.options = self.options.with_value(option.name, value)
+        if not in_force:
             # A new world size takes new processes: checkpoint and end with "relaunch" after this boundary;
             # the supervisor acknowledges the change once the new ranks train.
-            self._relaunch = WorldSizeChange(value, self.world_size, step, command.source) if value != self.world_size else None
-            if self._relaunch is not None:
-                self.options = self.options.with_value(option, value)
-                return
-        self.options = self.options.with_value(option, value)
-        if option == "lr_scale":
-            self._apply_lr_scale()
+            self._relaunch = WorldSizeChange(value, self.world_size, step, command.source)
+            return
         if self.device.type == "cuda":  # each option segment reports its own peak memory
             torch.cuda.reset_peak_memory_stats(self.device)
-        self._emit_event(
-            "option_applied", step=step, option=option, value=value, previous=previous,
-            display=format_option_value(option, value), source=command.source,
-        )
+        self._emit(p.OptionApplied(
+            step=step, option=option.name, value=value, previous=previous, display=option.format(value), source=command.source,
+        ))
 
-    def _enact(self, option: str, value: Any) -> None:
-        """Make ``option=value`` real on this run, or raise OptionRefused without changing anything."""
-        if option == "amp":
-            self.precision = make_precision(value, self.device, self._get_grad_scaler)
-        elif option == "checkpointing":
-            if value and not self.checkpointing.blocks:
-                raise OptionRefused(
-                    "this model has no checkpoint blocks (no ModuleList/Sequential with several children); "
-                    "name them in Workload.checkpoint_blocks"
-                )
-            self.checkpointing.enable() if value else self.checkpointing.disable()
-        elif option == "world_size" and value != self.world_size:
-            if self.ranks is not None and not self.ranks.supervised:
-                raise OptionRefused(
-                    f"the world size is fixed by the launcher that started these ranks (torchrun); to train with "
-                    f"{value}, stop the run and start it again with --nproc-per-node and --resume"
-                )
-            check_world_size(value, device=self.device, batch_size=self.batch_size)
-            if not self.can_relaunch:
-                raise OptionRefused(
-                    "this trainer has no supervisor to relaunch it with another world size (or no checkpoint "
-                    "directory to relaunch from)"
-                )
+    def _enact(self, option: LiveOption, value: Any) -> bool:
+        """Make ``option=value`` real on this run with the option's hook, or raise OptionRefused without
+        changing anything. False: the change is not in force yet (it takes a relaunch)."""
+        return _ENACT_HOOKS[option.name](self, value) is not False
 
     def _enact_initial_options(self, options: LiveOptions) -> None:
         if options.world_size != self.world_size:
@@ -735,17 +652,65 @@ class Trainer:
                 f"world_size (--world-size) {options.world_size}: this process trains as one of {self.world_size}; "
                 f"ranks are started by torchlab-tui's supervisor or by torchrun."
             )
-        for option, value in options.as_dict().items():
+        for option, value in options.items():
             try:
                 self._enact(option, value)
             except OptionRefused as refusal:
-                raise ConfigError(f"{option} (--{option.replace('_', '-')}) {format_option_value(option, value)}: {refusal}.") from None
+                raise ConfigError(f"{option.name} ({option.flag}) {option.format(value)}: {refusal}.") from None
         self.options = options
-        self._apply_lr_scale()
 
-    def _apply_lr_scale(self) -> None:
+    # ----------------------------------------------------------------- each live option's hook
+    # One per option of the registry (core/wire/options.py), called at a step boundary with the parsed
+    # value before ``self.options`` changes; it raises OptionRefused for what this run cannot do, having
+    # changed nothing. Returning False: not in force yet (the world size, after a relaunch).
+
+    @enacts(AMP)
+    def _enact_amp(self, mode: str) -> None:
+        self.precision = make_precision(mode, self.device, self._get_grad_scaler)
+
+    @enacts(CHECKPOINTING)
+    def _enact_checkpointing(self, on: bool) -> None:
+        if on and not self.checkpointing.blocks:
+            raise OptionRefused(
+                "this model has no checkpoint blocks (no ModuleList/Sequential with several children); "
+                "name them in Workload.checkpoint_blocks"
+            )
+        self.checkpointing.enable() if on else self.checkpointing.disable()
+
+    @enacts(CLIP)
+    def _enact_clip(self, max_norm: float | None) -> None:
+        """Read at each step (``_train_one_step``): nothing to change here."""
+
+    @enacts(ACCUM)
+    def _enact_accum(self, micro_steps: int) -> None:
+        """Read at each step (``_train_one_step``): nothing to change here."""
+
+    @enacts(LR_SCALE)
+    def _enact_lr_scale(self, scale: float) -> None:
+        self._apply_lr_scale(scale)
+
+    @enacts(WORLD_SIZE)
+    def _enact_world_size(self, size: int) -> bool:
+        if size == self.world_size:
+            return True
+        if self.ranks is not None and not self.ranks.supervised:
+            raise OptionRefused(
+                f"the world size is fixed by the launcher that started these ranks (torchrun); to train with "
+                f"{size}, stop the run and start it again with --nproc-per-node and --resume"
+            )
+        check_world_size(size, device=self.device, batch_size=self.batch_size)
+        if not self.can_relaunch:
+            raise OptionRefused(
+                "this trainer has no supervisor to relaunch it with another world size (or no checkpoint "
+                "directory to relaunch from)"
+            )
+        return False
+
+    def _apply_lr_scale(self, scale: float | None = None) -> None:
+        """The schedule's LR times ``scale`` (by default the one in force), on every parameter group."""
+        scale = self.options.lr_scale if scale is None else scale
         for group, scheduled in zip(self.optimizer.param_groups, self._scheduled_lrs()):
-            group["lr"] = scheduled * self.options.lr_scale
+            group["lr"] = scheduled * scale
 
     def _scheduled_lrs(self) -> list[float]:
         """What the schedule gives now: LambdaLR's own ``base_lr * lambda(last_epoch)``, computed from its
@@ -786,7 +751,7 @@ class Trainer:
         if rng_by_rank is not None:
             state["rng_by_rank"] = rng_by_rank
         path = save_checkpoint(self.checkpoint_dir, self.step, state, keep=self.config.keep_checkpoints)
-        self._emit_event("checkpoint", step=self.step, path=str(path), reason=reason)
+        self._emit(p.CheckpointSaved(step=self.step, path=str(path), reason=reason))
 
     def _restore(self, state: dict[str, Any], config: TrainConfig, explicit_options: Iterable[str]) -> LiveOptions:
         """Load a checkpoint; return the options to run with (the checkpoint's, unless given explicitly).
@@ -818,7 +783,7 @@ class Trainer:
         options = LiveOptions(**state["options"])
         for name in explicit_options:
             options = options.with_value(name, getattr(config.options, name))
-        self._resumed = {"step": self.step, "options": options.as_dict()}
+        self._resumed = ResumedFromCheckpoint(step=self.step, options=options.as_dict())
         return options
 
     def _restore_rng(self, state: dict[str, Any]) -> None:
@@ -846,17 +811,21 @@ class Trainer:
         for observer in self.observers:
             observer.on_telemetry(sample)
 
-    def _emit_event(self, event: str, *, step: int, **fields: Any) -> None:
+    def _emit(self, event: p.Message) -> None:
         """To every observer, even when one cannot write (a full disk must not keep the app uninformed)."""
-        record = {"event": event, "step": step, "time": time.time(), **fields}
         failure: StorageError | None = None
         for observer in self.observers:
             try:
-                observer.on_event(record)
+                observer.on_event(event)
             except StorageError as error:
                 failure = failure or error
         if failure is not None:
             raise failure
+
+
+_WITHOUT_HOOK = [option.name for option in LIVE_OPTIONS if option.name not in _ENACT_HOOKS]
+if _WITHOUT_HOOK:  # a live option added to the registry without its hook: say so at import, not at its first use
+    raise TypeError(f"live option(s) without an enact hook in the Trainer (@enacts): {', '.join(_WITHOUT_HOOK)}")
 
 
 def _make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:

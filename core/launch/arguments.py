@@ -16,7 +16,7 @@ from typing import Any
 
 from torchlab.core.engine.loading import SAMPLES
 from torchlab.core.wire.config import OPTIMIZERS, SCHEDULES, TrainConfig, build_config, load_config_file
-from torchlab.core.wire.options import AMP_MODES
+from torchlab.core.wire.options import LIVE_OPTIONS, OPTION_NAMES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NONFINITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -32,7 +32,6 @@ _SETTING_FLAGS = (
     "workers", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "log_every",
     "probe_every", "act_stats_every", "telemetry_interval", "profile_steps", "shared_run_dir",
 )
-_OPTION_FLAGS = ("amp", "checkpointing", "clip", "accum", "lr_scale", "world_size")
 
 
 def installed_version() -> str:
@@ -85,13 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     training.add_argument("--keep-checkpoints", type=int, metavar="N", help="step checkpoints kept besides last.pt (default 3)")
 
     live = parser.add_argument_group("live options (change while training: keys in the app, --at headless)")
-    live.add_argument("--amp", choices=AMP_MODES, help="autocast precision (default off; fp16 needs CUDA)")
-    live.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=None, help="activation checkpointing of the model's blocks")
-    live.add_argument("--clip", metavar="NORM|off", help="clip the global grad norm to NORM (default off)")
-    live.add_argument("--accum", type=int, metavar="N", help="gradient accumulation micro-steps per optimizer step (default 1)")
-    live.add_argument("--lr-scale", type=float, metavar="X", help="multiply the schedule's LR (default 1)")
-    live.add_argument("--world-size", type=int, metavar="N",
-                      help="data-parallel ranks, one per GPU or CPU core; the global batch stays --batch-size (default 1)")
+    for option in LIVE_OPTIONS:
+        option.add_flag(live)
     live.add_argument("--at", action="append", default=[], metavar="STEP:OPTION=VALUE", help="apply a live change for optimizer step STEP")
 
     probes = parser.add_argument_group("probes")
@@ -114,7 +108,7 @@ def setting_layers(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
         flags["workload"] = args.workload
     if args.profile_at:
         flags["profile_at"] = list(args.profile_at)
-    flags["options"] = {name: getattr(args, name) for name in _OPTION_FLAGS if getattr(args, name) is not None}
+    flags["options"] = {name: getattr(args, name) for name in OPTION_NAMES if getattr(args, name) is not None}
     flags["at"] = list(args.at)
     return file_settings, flags
 

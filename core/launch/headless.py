@@ -19,8 +19,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torchlab.core.launch.arguments import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK, exit_code
 from torchlab.core.engine.distributed import rank_from_environment
 from torchlab.core.engine.seeding import seed_everything
+from torchlab.core.wire import events
+from torchlab.core.wire import protocol as p
 from torchlab.core.wire.errors import TorchlabError
 from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.wire.protocol import Message
 from torchlab.core.wire.options import format_option_value
 from torchlab.core.wire.impact import ImpactTracker
 from torchlab.core.engine.loading import check_spec, load_workload, workload_label
@@ -130,32 +133,34 @@ class HeadlessProgress(TrainerObserver):
         if "val_loss" in record:
             self.console.print(f"step {record['step']}: val_loss {record['val_loss']:.4f}")
 
-    def on_event(self, record: dict[str, Any]) -> None:
-        event, step = record["event"], record["step"]
-        if event == "run_started":
-            self._progress.update(self._task, completed=step, description=f"training on {record['device']}")
-        elif event == "option_applied":
-            self.console.print(f"step {step}: [green]{record['option']} = {record['display']}[/] (was {format_option_value(record['option'], record['previous'])})")
-        elif event == "option_refused":
-            self.console.print(f"step {step}: [yellow]refused {record['option']} = {record['value']}[/]: {record['reason']}")
-        elif event == "checkpoint":
-            self.console.print(f"step {step}: checkpoint {record['path']}")
-        elif event == "profile":
-            if record.get("error"):
-                self.console.print(f"step {step}: [red]profile failed[/]: {record['error']}")
-            else:
-                top = ", ".join(f"{row['name']} {row[record['sort']] / 1000:.1f} ms" for row in record["rows"][:3])
-                self.console.print(f"steps {record['first_step']}–{step}: profile in {record['dir']} (top: {top})")
-        elif event == "step_skipped":
-            self.console.print(f"step {step}: [yellow]step skipped[/]: {record['reason']}")
-        elif event == "resume_changed_settings":
-            style = "yellow" if record["level"] == "warning" else "default"
-            warning = "warning: " if record["level"] == "warning" else ""
-            self.console.print(f"step {step}: [{style}]{warning}{escape(record['message'])}[/]")
-        elif event in ("paused", "resumed", "resumed_from_checkpoint"):
-            self.console.print(f"step {step}: {event.replace('_', ' ')}")
-        elif event == "relaunching":
-            self.console.print(f"step {step}: relaunching with {record['world_size']} rank(s) (was {record['previous']})")
+    def on_event(self, event: Message) -> None:
+        match event:
+            case events.RunStarted():
+                self._progress.update(self._task, completed=event.step, description=f"training on {event.device}")
+            case p.OptionApplied():
+                self.say(event.step, f"[green]{event.option} = {event.display}[/] (was {format_option_value(event.option, event.previous)})")
+            case p.OptionRefused():
+                self.say(event.step, f"[yellow]refused {event.option} = {event.value}[/]: {event.reason}")
+            case p.CheckpointSaved():
+                self.say(event.step, f"checkpoint {event.path}")
+            case p.ProfileReady() if event.error:
+                self.say(event.step, f"[red]profile failed[/]: {event.error}")
+            case p.ProfileReady():
+                top = ", ".join(f"{row['name']} {row[event.sort] / 1000:.1f} ms" for row in event.rows[:3])
+                self.console.print(f"steps {event.first_step}–{event.last_step}: profile in {event.dir} (top: {top})")
+            case events.StepSkipped():
+                self.say(event.step, f"[yellow]step skipped[/]: {event.reason}")
+            case events.ResumeChangedSettings():
+                style, warning = ("yellow", "warning: ") if event.level == "warning" else ("default", "")
+                self.say(event.step, f"[{style}]{warning}{escape(event.message)}[/]")
+            case events.Paused() | events.Resumed() | events.ResumedFromCheckpoint():
+                self.say(event.step, event.type.replace("_", " "))
+            case events.Relaunching():
+                self.say(event.step, f"relaunching with {event.world_size} rank(s) (was {event.previous})")
+
+    def say(self, step: int, text: str) -> None:
+        """A line above the progress bar, about ``step`` (Rich markup)."""
+        self.console.print(f"step {step}: {text}")
 
     def summary(self) -> str:
         if self.last_record is None or self.first_loss is None:

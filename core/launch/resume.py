@@ -27,8 +27,10 @@ from torchlab.core.engine.checkpoint import checkpoint_file, load_checkpoint
 from torchlab.core.launch.arguments import resolve_config, setting_layers
 from torchlab.core.wire.config import TrainConfig, build_config, settings_from_toml
 from torchlab.core.wire.errors import ConfigError
+from torchlab.core.wire.events import ResumedFromCheckpoint
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import format_option_value
+from torchlab.core.wire.options import OPTION_NAMES, format_option_value
+from torchlab.core.wire.protocol import Message
 from torchlab.core.wire.rundir import RunDirectory
 
 #: Settings whose change on a resume makes the run differ from one that was never stopped.
@@ -143,14 +145,14 @@ class ConfigRecord(TrainerObserver):
         if self.plan.resume is None:
             self.directory.write_config(self.plan.config.to_toml())
 
-    def on_event(self, record: dict[str, Any]) -> None:
-        if record["event"] != "resumed_from_checkpoint" or not self._pending:
+    def on_event(self, event: Message) -> None:
+        if not isinstance(event, ResumedFromCheckpoint) or not self._pending:
             return
         self._pending = False
         if not (self.directory.path / "config.toml").exists():  # resumed into a directory of its own
             self.directory.write_config(self.plan.config.to_toml())
         elif self.plan.config_changed:
-            self.directory.replace_config(self.plan.config.to_toml(), record["step"])
+            self.directory.replace_config(self.plan.config.to_toml(), event.step)
 
 
 def _comparable(config: TrainConfig, name: str) -> Any:
@@ -158,7 +160,7 @@ def _comparable(config: TrainConfig, name: str) -> Any:
 
 
 def _shown(setting: str, value: Any) -> str:
-    if setting in ("amp", "checkpointing", "clip", "accum", "lr_scale", "world_size"):
+    if setting in OPTION_NAMES:
         return format_option_value(setting, value)
     if isinstance(value, tuple):
         return "[" + ", ".join(str(item) for item in value) + "]"

@@ -29,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
 from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE, build_parser, exit_code
 from torchlab.core.wire.control_server import ControlServer
@@ -47,8 +48,6 @@ REGISTRY_INTERVAL_S = 2.0
 FIRST_CLIENT_GRACE_S = 10.0
 IMPACT_INTERVAL_S = 1.0
 
-_STATE_OF_EVENT = {"run_started": "running", "paused": "paused", "resumed": "running"}
-
 
 class OutboxReporter(TrainerObserver):
     """Trainer observer that turns trainer records into protocol messages in the Outbox.
@@ -60,7 +59,7 @@ class OutboxReporter(TrainerObserver):
     def __init__(self, outbox: Outbox, impact: ImpactTracker | None = None, on_run_started=None) -> None:
         self.outbox = outbox
         self.impact = impact
-        self.on_run_started = on_run_started  # called with each run_started record (the Welcome is built from it)
+        self.on_run_started = on_run_started  # called with each RunStarted (the Welcome is built from it)
         self.state = "starting"
         self.step = 0
         self._impact_sent_at = 0.0
@@ -79,45 +78,34 @@ class OutboxReporter(TrainerObserver):
         if record.get("ranks") is not None:
             self.outbox.add_latest(p.Ranks(step=record["step"], ranks=record["ranks"]))
 
-    def on_event(self, record: dict[str, Any]) -> None:
-        event, step = record["event"], record["step"]
-        if event == "run_started" and self.on_run_started is not None:
-            self.on_run_started(record)
-        if event in _STATE_OF_EVENT:
-            self.set_state(_STATE_OF_EVENT[event], step)
-        elif event == "run_ended":
-            self._send_impact(force=True)
-            self.set_state(record["status"], step)
-        elif event == "option_applied":
-            self.outbox.add_event(p.OptionApplied(
-                option=record["option"], value=record["value"], previous=record["previous"], step=step, source=record["source"]))
-        elif event == "option_refused":
-            self.outbox.add_event(p.OptionRefused(
-                option=record["option"], value=record["value"], reason=record["reason"], step=step, source=record["source"]))
-        elif event == "checkpoint":
-            self.outbox.add_event(p.CheckpointSaved(step=step, path=record["path"], reason=record["reason"]))
-        elif event == "nonfinite":
-            self.outbox.add_event(p.NonFinite(
-                step=step, phase=record["phase"], module=record["module"], detail=record["detail"], message=record["message"]))
-            self.set_state("failed", step, record["message"])
-        elif event == "error":
-            self.outbox.add_event(p.Error(message=record["message"], traceback=record["traceback"], step=step))
-            self.set_state("failed", step, record["message"])
-        elif event == "step_skipped":
-            self.outbox.add_event(p.Log(level="warning", text=f"step skipped: {record['reason']}", step=step))
-        elif event == "profile":
-            self.outbox.add_event(p.ProfileReady(
-                first_step=record["first_step"], last_step=record["last_step"], dir=record["dir"],
-                rows=record.get("rows", []), rows_by_shape=record.get("rows_by_shape", []),
-                sort=record.get("sort", "self_cpu_us"), build_s=record["build_s"], error=record.get("error")))
-        elif event == "profile_started":
-            self.outbox.add_event(p.Log(level="info", text=f"profiling {record['steps']} steps after 1 warm-up", step=step))
-        elif event == "relaunching":
-            self.set_state("relaunching", step, f"{record['previous']} → {record['world_size']}")
-        elif event == "resumed_from_checkpoint":
-            self.outbox.add_event(p.Log(level="info", text=f"resumed from the checkpoint of step {step}", step=step))
-        elif event == "resume_changed_settings":
-            self.outbox.add_event(p.Log(level=record["level"], text=record["message"], step=step))
+    def on_event(self, event: p.Message) -> None:
+        match event:
+            case events.RunStarted():
+                if self.on_run_started is not None:
+                    self.on_run_started(event)
+                self.set_state("running", event.step)
+            case events.Paused():
+                self.set_state("paused", event.step)
+            case events.Resumed():
+                self.set_state("running", event.step)
+            case events.RunEnded():
+                self._send_impact(force=True)
+                self.set_state(event.status, event.step)
+            case p.NonFinite() | p.Error():
+                self.outbox.add_event(event)
+                self.set_state("failed", event.step, event.message)
+            case p.OptionApplied() | p.OptionRefused() | p.CheckpointSaved() | p.ProfileReady():
+                self.outbox.add_event(event)
+            case events.StepSkipped():
+                self.outbox.add_event(p.Log(level="warning", text=f"step skipped: {event.reason}", step=event.step))
+            case events.ProfileStarted():
+                self.outbox.add_event(p.Log(level="info", text=f"profiling {event.steps} steps after 1 warm-up", step=event.step))
+            case events.Relaunching():
+                self.set_state("relaunching", event.step, f"{event.previous} → {event.world_size}")
+            case events.ResumedFromCheckpoint():
+                self.outbox.add_event(p.Log(level="info", text=f"resumed from the checkpoint of step {event.step}", step=event.step))
+            case events.ResumeChangedSettings():
+                self.outbox.add_event(p.Log(level=event.level, text=event.message, step=event.step))
 
     def _send_impact(self, force: bool = False) -> None:
         if self.impact is None:
@@ -161,7 +149,7 @@ class Worker:
         self._journal_lock = threading.Lock()
         self._journal: TrainerObserver | None = None
         self._journal_closed = False
-        self._unjournalled: list[dict[str, Any]] = []
+        self._unjournalled: list[events.LineRefused] = []
         self.server = ControlServer(
             endpoint.socket_path, token, self.outbox,
             welcome=self._wait_for_welcome, on_command=self._on_command,
@@ -224,30 +212,30 @@ class Worker:
             self._welcome = p.Welcome(run=self._run_info(None), modules=[], options={}, state="failed", step=0)
         self._ready.set()
 
-    def _on_run_started(self, record: dict[str, Any]) -> None:
+    def _on_run_started(self, started: events.RunStarted) -> None:
         """The trainer (or rank 0) is up: describe the run to apps that connect from now on."""
         self._welcome = p.Welcome(
-            run=self._run_info(record),
-            modules=[{"name": name, "params": count} for name, count in zip(record["modules"], record["module_params"])],
-            options=record["options"],
+            run=self._run_info(started),
+            modules=[{"name": name, "params": count} for name, count in zip(started.modules, started.module_params)],
+            options=started.options,
             state="running",
-            step=record["step"],
+            step=started.step,
         )
         self._ready.set()
 
-    def _run_info(self, started: dict[str, Any] | None) -> dict[str, Any]:
-        config, started = self._config, started or {}
+    def _run_info(self, started: events.RunStarted | None) -> dict[str, Any]:
+        config = self._config
         return {
             "workload": config.workload if config else "",
             "run_dir": str(self.run_dir),
-            "device": started.get("device", ""),
+            "device": started.device if started else "",
             "steps": config.steps if config else 0,
-            "batch_size": started.get("batch_size", 0),
+            "batch_size": started.batch_size if started else 0,
             "pid": os.getpid(),
             "started": self._started,
-            "checkpoint_blocks": started.get("checkpoint_blocks", []),
-            "world_size": started.get("world_size", 1),
-            "ranks": started.get("ranks") or [],
+            "checkpoint_blocks": started.checkpoint_blocks if started else [],
+            "world_size": started.world_size if started else 1,
+            "ranks": (started.ranks if started else None) or [],
         }
 
     # ------------------------------------------------------------------ control
@@ -264,28 +252,15 @@ class Worker:
         )
 
     def _on_command(self, command: p.Message) -> None:
-        from torchlab.core.engine import trainer as t
-
         trainer = self.trainer
-        if trainer is None:
-            self.outbox.add_event(p.Log(level="warning", text=f"{command.type}: the trainer is still starting; try again"))
-            return
-        if isinstance(command, p.SetCommand):
-            trainer.submit(t.SetOption(command.option, command.value, source="app"))
-        elif isinstance(command, p.PauseCommand):
-            trainer.submit(t.Pause())
-        elif isinstance(command, p.ResumeCommand):
-            trainer.submit(t.Resume())
-        elif isinstance(command, p.StopCommand):
-            trainer.submit(t.Stop("stopped from the app"))
-        elif isinstance(command, p.SaveCheckpointCommand):
-            trainer.submit(t.SaveCheckpoint())
-        elif isinstance(command, p.ProfileCommand):
-            trainer.submit(t.Profile(command.steps, source="app"))
-        elif isinstance(command, p.DetachCommand):
+        if isinstance(command, p.DetachCommand):
             self._detach()
-        else:
+        elif not isinstance(command, p.TRAINER_COMMANDS):
             self._refuse(f"{command.type} is not a command")
+        elif trainer is None:
+            self.outbox.add_event(p.Log(level="warning", text=f"{command.type}: the trainer is still starting; try again"))
+        else:
+            trainer.submit(_from_the_app(command))
 
     def _refuse(self, reason: str) -> None:
         self.outbox.add_event(p.Refused(reason=reason))
@@ -317,7 +292,7 @@ class Worker:
             elif not self._journal_closed:  # the run directory is not open yet
                 self._unjournalled.append(record)
 
-    def _write_refusal(self, record: dict[str, Any]) -> None:
+    def _write_refusal(self, record: events.LineRefused | events.LinesRefusedUnrecorded) -> None:
         try:
             self._journal.on_event(record)
         except StorageError:
@@ -329,8 +304,7 @@ class Worker:
     def _detach(self) -> None:
         """From now on the app may leave: the run goes on, and another app may attach."""
         self.detached = True
-        self.outbox.add_event(p.OptionApplied(
-            option="detach", value=None, previous=None, step=self.reporter.step, source="app"))
+        self.outbox.add_event(p.Detached(step=self.reporter.step))
         self.publish()
 
     def _on_client_attached(self) -> None:
@@ -398,6 +372,15 @@ class Worker:
         while os.getppid() == self._parent:
             time.sleep(PARENT_POLL_S)
         self.parent_gone()
+
+
+def _from_the_app(command: p.TrainerCommand) -> p.TrainerCommand:
+    """The command as the trainer journals it: asked for by the app, whatever source the line claimed."""
+    if isinstance(command, (p.SetCommand, p.ProfileCommand)):
+        return replace(command, source="app")
+    if isinstance(command, p.StopCommand):
+        return replace(command, reason="stopped from the app")
+    return command
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchlab.core.wire.events import ProfileStarted, RunEnded, RunStarted
 from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.wire.options import OPTION_NAMES, format_option_value
+from torchlab.core.wire.protocol import Message, ProfileReady
 from torchlab.core.wire.storage import write_atomically
 
-OPTION_KEYS = ("amp", "checkpointing", "clip", "accum", "lr_scale", "world_size")
 WARMUP_STEPS = 2  # the first steps after a change pay one-off costs (allocator, autotuning)
 #: A new trainer process (start, resume, a world-size relaunch) warms up for longer: its first steps'
 #: times stay out of the medians too, or a segment that begins with a relaunch looks slow.
@@ -94,7 +96,7 @@ class ImpactTracker(TrainerObserver):
         self._warming_up = 0  # steps of a freshly started process still to leave out of the medians
 
     def on_metrics(self, record: dict[str, Any]) -> None:
-        options = {key: record.get(key) for key in OPTION_KEYS}
+        options = {key: record.get(key) for key in OPTION_NAMES}
         current = self.segments[-1] if self.segments else None
         if current is None or current.options != options:
             change = "start" if current is None else _describe_change(current.options, options)
@@ -115,15 +117,14 @@ class ImpactTracker(TrainerObserver):
         if rss is not None:
             segment.peak_rss_bytes = max(segment.peak_rss_bytes or 0, rss)
 
-    def on_event(self, record: dict[str, Any]) -> None:
-        event = record["event"]
-        if event == "run_started":
+    def on_event(self, event: Message) -> None:
+        if isinstance(event, RunStarted):
             self._warming_up = PROCESS_WARMUP_STEPS
-        elif event == "profile_started":
+        elif isinstance(event, ProfileStarted):
             self._profiling = True
-        elif event == "profile":
+        elif isinstance(event, ProfileReady):
             self._profiling = False
-        elif event == "run_ended":
+        elif isinstance(event, RunEnded):
             self.write()
 
     def table(self) -> list[dict[str, Any]]:
@@ -169,13 +170,5 @@ def _change(before: float | None, after: float | None) -> float | None:
 
 
 def _describe_change(before: dict[str, Any], after: dict[str, Any]) -> str:
-    changed = [f"{key}={_show(after[key])}" for key in OPTION_KEYS if before.get(key) != after.get(key)]
+    changed = [f"{key}={format_option_value(key, after[key])}" for key in OPTION_NAMES if before.get(key) != after.get(key)]
     return ", ".join(changed)
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "off"
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return str(value)

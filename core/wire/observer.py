@@ -1,8 +1,10 @@
-"""What the trainer reports to: the base of every observer. Standard library only."""
+"""What the trainer reports to: the base of every observer. Torch-free."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from torchlab.core.wire.protocol import Message
 
 
 class TrainerObserver:
@@ -15,7 +17,8 @@ class TrainerObserver:
     def on_metrics(self, record: dict[str, Any]) -> None:
         pass
 
-    def on_event(self, record: dict[str, Any]) -> None:
+    def on_event(self, event: Message) -> None:
+        """A typed event (core/wire/events.py, or a protocol message the app also gets)."""
         pass
 
     def on_telemetry(self, sample: dict[str, Any]) -> None:

@@ -1,20 +1,27 @@
-"""Live options: the settings that may change while a run trains, and how their values are parsed.
+"""Live options: the settings that may change while a run trains. Each is one ``LiveOption`` object in
+``LIVE_OPTIONS``, and everything else is generated from or dispatched through that registry.
 
-Values arrive as strings (command line, `--at`, a UI prompt) or as JSON values (the protocol); both go
-through ``parse_option_value``, the one place that turns them into typed values or refuses them with a
-reason the user can act on. Whether a value is possible on *this* run (fp16 needs CUDA, checkpointing
-needs blocks) is decided by the trainer, which knows the device and the model.
+An option owns its name, how a value is parsed (from a command line, ``--at``, a TOML file, a prompt
+or a protocol message: strings and JSON values alike) and shown back, its refusal of values no run
+could take (``OptionRefused`` with a reason the user can act on), its command-line flag, its key, its
+prompt and its row in the app's options panel. What makes a value real is the trainer's: it enacts
+each option with the hook registered for that name (core/engine/trainer.py, ``@enacts``), and refuses
+what *this* run cannot do (fp16 without CUDA, checkpointing of a model without blocks).
+
+Adding an option: one ``LiveOption`` here, appended to ``LIVE_OPTIONS``, and its enact hook in the
+trainer (the README's "Adding a live option").
 """
 
 from __future__ import annotations
 
+import argparse
 import math
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, make_dataclass, replace
 from typing import Any
 
 from torchlab.core.wire.errors import shown
 
-AMP_MODES = ("off", "bf16", "fp16")
 _OFF_WORDS = {"off", "none", "no", "false", "0", ""}
 _ON_WORDS = {"on", "yes", "true", "1"}
 
@@ -24,45 +31,73 @@ class OptionRefused(ValueError):
 
 
 @dataclass(frozen=True, kw_only=True)
-class LiveOptions:
-    """The options in force for an optimizer step. ``clip`` is a max global grad norm, or None for off."""
+class LiveOption:
+    """One live option. Subclasses say what its values are (``Choice``, ``Switch``, ``Number``)."""
 
-    amp: str = "off"
-    checkpointing: bool = False
-    clip: float | None = None
-    accum: int = 1
-    lr_scale: float = 1.0
-    world_size: int = 1
+    name: str  #: the key in LiveOptions, commands, events, metrics.jsonl and config.toml's [options]
+    default: Any
+    label: str  #: the options panel's row
+    short: str  #: the one-line options panel (small terminals)
+    key: str  #: the app's key
+    footer: str  #: the key's label in the footer
+    help: str  #: the key's help line and command-palette entry
+    flag_help: str  #: the command-line flag's help
+    in_footer: bool = True
+    #: what the app says a request will do, in the event log
+    takes_effect: str = "applies at the next step"
 
-    def with_value(self, option: str, value: Any) -> LiveOptions:
-        return replace(self, **{option: value})
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def parse(self, value: Any) -> Any:
+        """``value`` as this option's typed value, or OptionRefused saying why not."""
+        raise NotImplementedError
 
+    def format(self, value: Any) -> str:
+        """The value as a user would type it back (``clip=off``, ``checkpointing=on``)."""
+        return str(value)
 
-OPTION_NAMES = tuple(LiveOptions.__dataclass_fields__)
+    def add_flag(self, group: argparse._ArgumentGroup) -> None:
+        """The command-line flag; its raw text is parsed with the settings (core/wire/config.py), so a bad
+        value is refused with the same words as in a TOML file or a prompt."""
+        group.add_argument(self.flag, dest=self.name, metavar=self.metavar, help=self.flag_help)
 
-
-def parse_option_value(option: str, value: Any) -> Any:
-    """Return ``value`` as the typed value of ``option``, or raise OptionRefused saying why not."""
-    if option not in OPTION_NAMES:
-        raise OptionRefused(f"unknown option {shown(option)}; the live options are: {', '.join(OPTION_NAMES)}")
-    parser = _PARSERS[option]
-    return parser(value)
-
-
-def _parse_amp(value: Any) -> str:
-    text = str(value).strip().lower() if value is not None else "off"
-    if text in _OFF_WORDS:
-        return "off"
-    if text not in AMP_MODES:
-        raise OptionRefused(f"amp must be one of {', '.join(AMP_MODES)}, got {shown(value)}")
-    return text
+    metavar: str = "VALUE"
 
 
-def _parse_bool(name: str):
-    def parse(value: Any) -> bool:
+@dataclass(frozen=True, kw_only=True)
+class Choice(LiveOption):
+    """One of a few named modes; its key cycles through them, skipping those this run refused."""
+
+    choices: tuple[str, ...]
+
+    def parse(self, value: Any) -> str:
+        text = str(value).strip().lower() if value is not None else "off"
+        if text in _OFF_WORDS and "off" in self.choices:
+            return "off"
+        if text not in self.choices:
+            raise OptionRefused(f"{self.name} must be one of {', '.join(self.choices)}, got {shown(value)}")
+        return text
+
+    def add_flag(self, group: argparse._ArgumentGroup) -> None:
+        group.add_argument(self.flag, dest=self.name, choices=self.choices, help=self.flag_help)
+
+    def next_value(self, current: Any, refused: Callable[[str], bool]) -> str:
+        """The mode after ``current`` in the cycle, skipping those ``refused``; "off" if all are."""
+        position = self.choices.index(current) if current in self.choices else 0
+        for offset in range(1, len(self.choices) + 1):
+            candidate = self.choices[(position + offset) % len(self.choices)]
+            if not refused(candidate):
+                return candidate
+        return self.default
+
+
+@dataclass(frozen=True, kw_only=True)
+class Switch(LiveOption):
+    """On or off; its key toggles it."""
+
+    def parse(self, value: Any) -> bool:
         if isinstance(value, bool):
             return value
         text = str(value).strip().lower()
@@ -70,70 +105,156 @@ def _parse_bool(name: str):
             return True
         if text in _OFF_WORDS:
             return False
-        raise OptionRefused(f"{name} must be on or off, got {shown(value)}")
+        raise OptionRefused(f"{self.name} must be on or off, got {shown(value)}")
 
-    return parse
+    def format(self, value: Any) -> str:
+        return "on" if value else "off"
 
+    def add_flag(self, group: argparse._ArgumentGroup) -> None:
+        group.add_argument(self.flag, dest=self.name, action=argparse.BooleanOptionalAction, default=None, help=self.flag_help)
 
-def _parse_clip(value: Any) -> float | None:
-    if value is None or (isinstance(value, str) and value.strip().lower() in _OFF_WORDS):
-        return None
-    number = _to_float("clip", value)
-    if not number > 0:
-        raise OptionRefused(f"clip must be a positive max grad norm, or off; got {shown(value)}")
-    return number
+    def next_value(self, current: Any, refused: Callable[[bool], bool]) -> bool:
+        return not bool(current)
 
 
-def _parse_positive_int(name: str, maximum: int):
-    def parse(value: Any) -> int:
-        if isinstance(value, bool):
-            raise OptionRefused(f"{name} must be a whole number from 1 to {maximum}, got {shown(value)}")
-        try:
-            number = int(str(value).strip()) if not isinstance(value, int) else value
-        except ValueError:
-            raise OptionRefused(f"{name} must be a whole number from 1 to {maximum}, got {shown(value)}") from None
-        if not 1 <= number <= maximum:
-            raise OptionRefused(f"{name} must be a whole number from 1 to {maximum}, got {shown(value)}")
+@dataclass(frozen=True, kw_only=True)
+class Number(LiveOption):
+    """A number typed in a prompt: whole or not, within bounds, and (``off_allowed``) "off" for None."""
+
+    whole: bool = False
+    minimum: float = 1  #: the smallest value (``above``: values must exceed it)
+    above: bool = False
+    maximum: float = math.inf
+    off_allowed: bool = False
+    #: what a value must be, for refusals ("a positive max grad norm, or off")
+    must_be: str = ""
+    prompt: str  #: the prompt's title
+    hint: str  #: the prompt's hint under the input
+
+    def parse(self, value: Any) -> int | float | None:
+        if self.off_allowed and (value is None or (isinstance(value, str) and value.strip().lower() in _OFF_WORDS)):
+            return None
+        number = self._number(value)
+        low_ok = number > self.minimum if self.above else number >= self.minimum
+        if not (low_ok and number <= self.maximum):
+            raise self._refusal(value)
         return number
 
-    return parse
+    def _number(self, value: Any) -> int | float:
+        if isinstance(value, bool):
+            raise self._refusal(value) if self.whole else OptionRefused(f"{self.name} must be a number, got {shown(value)}")
+        if self.whole:
+            try:
+                return value if isinstance(value, int) else int(str(value).strip())
+            except ValueError:
+                raise self._refusal(value) from None
+        try:
+            number = float(value) if isinstance(value, (int, float)) else float(str(value).strip())
+        except ValueError:
+            raise OptionRefused(f"{self.name} must be a number, got {shown(value)}") from None
+        except OverflowError:  # an integer too large for a float (a 400-digit one from a socket)
+            raise OptionRefused(f"{self.name} must be a finite number, got {shown(value)}") from None
+        if not math.isfinite(number):
+            raise OptionRefused(f"{self.name} must be a finite number, got {shown(value)}")
+        return number
+
+    def _refusal(self, value: Any) -> OptionRefused:
+        return OptionRefused(f"{self.name} must be {self.must_be}, got {shown(value)}")
+
+    def format(self, value: Any) -> str:
+        return "off" if value is None else str(value)
+
+    def shown_in_prompt(self, value: Any) -> str:
+        """The current value, pre-filled in the prompt."""
+        return self.format(value) if value is not None or self.off_allowed else ""
 
 
-def _parse_lr_scale(value: Any) -> float:
-    number = _to_float("lr_scale", value)
-    if not 0 < number <= 1000:
-        raise OptionRefused(f"lr_scale must be a factor above 0 and at most 1000, got {shown(value)}")
-    return number
+AMP = Choice(
+    name="amp", default="off", choices=("off", "bf16", "fp16"),
+    label="amp", short="amp", key="a", footer="AMP",
+    help="Cycle mixed precision: off → bf16 → fp16 → off",
+    flag_help="autocast precision (default off; fp16 needs CUDA)",
+)
+CHECKPOINTING = Switch(
+    name="checkpointing", default=False,
+    label="checkpointing", short="ckpt", key="c", footer="Ckpt",
+    help="Toggle activation checkpointing of the model's blocks",
+    flag_help="activation checkpointing of the model's blocks",
+)
+CLIP = Number(
+    name="clip", default=None, minimum=0, above=True, off_allowed=True, must_be="a positive max grad norm, or off",
+    label="clip norm", short="clip", key="g", footer="Clip", metavar="NORM|off",
+    help="Set the max gradient norm to clip to (empty = off)",
+    prompt="Clip gradients to a max global norm", hint="a positive number, e.g. 1.0; empty or off = no clipping",
+    flag_help="clip the global grad norm to NORM (default off)",
+)
+ACCUM = Number(
+    name="accum", default=1, whole=True, minimum=1, maximum=4096, must_be="a whole number from 1 to 4096",
+    label="accumulation", short="accum", key="m", footer="Accum", metavar="N",
+    help="Set gradient accumulation steps",
+    prompt="Gradient accumulation steps", hint="a whole number from 1; the batch per optimizer step grows with it",
+    flag_help="gradient accumulation micro-steps per optimizer step (default 1)",
+)
+LR_SCALE = Number(
+    name="lr_scale", default=1.0, minimum=0, above=True, maximum=1000, must_be="a factor above 0 and at most 1000",
+    label="lr scale", short="lr×", key="l", footer="LR×", metavar="X",
+    help="Set the learning-rate scale (multiplies the schedule)",
+    prompt="Learning-rate scale", hint="a factor above 0 that multiplies the schedule, e.g. 0.5",
+    flag_help="multiply the schedule's LR (default 1)",
+)
+WORLD_SIZE = Number(
+    name="world_size", default=1, whole=True, minimum=1, maximum=1024, must_be="a whole number from 1 to 1024",
+    label="world size", short="ws", key="w", footer="World", metavar="N", in_footer=False,
+    help="Set the number of training processes",
+    prompt="World size", hint="the number of training processes (ranks), from 1; the trainer checkpoints and relaunches them",
+    flag_help="data-parallel ranks, one per GPU or CPU core; the global batch stays --batch-size (default 1)",
+    takes_effect="at the next step the trainer checkpoints and relaunches its ranks",
+)
+
+#: Every live option, in the order the app and the command line list them.
+LIVE_OPTIONS: tuple[LiveOption, ...] = (AMP, CHECKPOINTING, CLIP, ACCUM, LR_SCALE, WORLD_SIZE)
+OPTIONS_BY_NAME: dict[str, LiveOption] = {option.name: option for option in LIVE_OPTIONS}
+OPTION_NAMES = tuple(OPTIONS_BY_NAME)
 
 
-def _to_float(name: str, value: Any) -> float:
-    if isinstance(value, bool):
-        raise OptionRefused(f"{name} must be a number, got {shown(value)}")
-    try:
-        number = float(str(value).strip()) if not isinstance(value, (int, float)) else float(value)
-    except ValueError:
-        raise OptionRefused(f"{name} must be a number, got {shown(value)}") from None
-    except OverflowError:  # an integer too large for a float (a 400-digit one from a socket)
-        raise OptionRefused(f"{name} must be a finite number, got {shown(value)}") from None
-    if not math.isfinite(number):
-        raise OptionRefused(f"{name} must be a finite number, got {shown(value)}")
-    return number
+def live_option(name: Any) -> LiveOption:
+    """The option called ``name``, or OptionRefused naming the ones there are."""
+    option = OPTIONS_BY_NAME.get(name) if isinstance(name, str) else None
+    if option is None:
+        raise OptionRefused(f"unknown option {shown(name)}; the live options are: {', '.join(OPTION_NAMES)}")
+    return option
 
 
-_PARSERS = {
-    "amp": _parse_amp,
-    "checkpointing": _parse_bool("checkpointing"),
-    "clip": _parse_clip,
-    "accum": _parse_positive_int("accum", 4096),
-    "lr_scale": _parse_lr_scale,
-    "world_size": _parse_positive_int("world_size", 1024),
-}
+def parse_option_value(name: str, value: Any) -> Any:
+    """``value`` as the typed value of the option ``name``, or OptionRefused saying why not."""
+    return live_option(name).parse(value)
 
 
-def format_option_value(option: str, value: Any) -> str:
-    """The value as a user would type it back (``clip=off``, ``checkpointing=on``)."""
-    if option == "clip" and value is None:
-        return "off"
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return str(value)
+def format_option_value(name: str, value: Any) -> str:
+    """The value as a user would type it back; a name that is no option (a journal's "profile") as it is."""
+    option = OPTIONS_BY_NAME.get(name)
+    return option.format(value) if option is not None else str(value)
+
+
+class _LiveOptionsBase:
+    def with_value(self, option: str, value: Any) -> LiveOptions:
+        return replace(self, **{option: value})
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in OPTION_NAMES}
+
+    def items(self) -> Iterator[tuple[LiveOption, Any]]:
+        """Each option with its value in force."""
+        return ((option, getattr(self, option.name)) for option in LIVE_OPTIONS)
+
+
+#: The options in force for an optimizer step: a frozen dataclass with one field per live option (``clip``
+#: is a max global grad norm, or None for off), generated from the registry.
+LiveOptions = make_dataclass(
+    "LiveOptions",
+    [(option.name, Any, field(default=option.default)) for option in LIVE_OPTIONS],
+    bases=(_LiveOptionsBase,),
+    frozen=True,
+    kw_only=True,
+)
+LiveOptions.__module__ = __name__

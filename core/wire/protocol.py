@@ -13,16 +13,19 @@ travel as arrays aligned with the module names sent once in ``Welcome``.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from torchlab.core.wire import strict_json
 from torchlab.core.wire.errors import SHOWN_CHARS, shown
 
-PROTOCOL_VERSION = 2  # 2: metrics as a dict of columns
+PROTOCOL_VERSION = 3  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached
 MAX_LINE_BYTES = 1 << 20
-#: A live option's name and a value typed for it are short; longer ones are refused before anything echoes them.
+#: A live option's name, a command's source and a value typed for it are short; longer ones are refused
+#: before anything echoes them.
 MAX_OPTION_CHARS = 64
+MAX_SOURCE_CHARS = 64
 MAX_VALUE_CHARS = 256
 #: No option or count is this large; a larger integer (JSON reads up to 4,300 digits) is refused as a
 #: message, before float() of it can overflow or a record repeats it.
@@ -47,6 +50,8 @@ class Message:
     registry: ClassVar[dict[str, type[Message]]] = {}
     #: the longest line this protocol reads
     max_line_bytes: ClassVar[int] = MAX_LINE_BYTES
+    #: the event's name in the run's journal, where it differs from ``type``
+    journal_name: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -57,12 +62,23 @@ class Message:
 
     def encode(self) -> bytes:
         """One line: the message as JSON, NaN/Inf as null, ending in a newline."""
+        return (self.json_text() + "\n").encode("utf-8")
+
+    def json_text(self) -> str:
+        """The message as JSON text, without the newline: how a command travels inside another message
+        (rank 0's broadcast to its ranks, a supervisor's command to rank 0), read back by ``decode``."""
         payload = {"v": PROTOCOL_VERSION, "type": self.type}
         payload.update({f.name: getattr(self, f.name) for f in fields(self)})
-        return (strict_json.dumps(payload) + "\n").encode("utf-8")
+        return strict_json.dumps(payload)
 
     def validate(self) -> None:
         """Checks across fields, after each field's type was checked; raise ProtocolError."""
+
+    def journal_record(self) -> dict[str, Any]:
+        """The event as its line in ``events.jsonl``: ``event``, ``step``, the time it is written, its fields."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        step = values.pop("step", getattr(self, "step", None))
+        return {"event": self.journal_name or self.type, "step": step, "time": time.time(), **values}
 
 
 def _cut(text: str) -> str:
@@ -132,10 +148,14 @@ def _names(types: tuple[type, ...]) -> str:
 
 
 _OPT_STR = (str, type(None))
+_OPT_INT = (int, type(None))
 _NUMBER = (int, float)
 _OPT_NUMBER = (int, float, type(None))
 
 # ----------------------------------------------------------------------------- commands (app -> trainer)
+# The trainer takes these objects as they are: from the app's socket (the worker stamps ``source="app"``),
+# from ``--at`` and ``--profile-at``, from a signal handler, and, as these same lines, from rank 0 to the
+# other ranks and from a supervisor to rank 0.
 
 
 @dataclass(frozen=True)
@@ -161,9 +181,14 @@ class ResumeCommand(Message):
 
 @dataclass(frozen=True)
 class StopCommand(Message):
-    """Stop at the next step boundary, write a final checkpoint, exit."""
+    """Stop at the next step boundary, write a final checkpoint, exit; ``reason`` goes to the run's outcome."""
 
     type: ClassVar[str] = "stop"
+    schema: ClassVar = {"reason": (str,)}
+    reason: str = "requested"
+
+    def validate(self) -> None:
+        _check_length("stop.reason", self.reason, MAX_VALUE_CHARS)
 
 
 @dataclass(frozen=True)
@@ -171,27 +196,37 @@ class SetCommand(Message):
     """Change a live option at the next step boundary; answered by OptionApplied or OptionRefused."""
 
     type: ClassVar[str] = "set"
-    schema: ClassVar = {"option": (str,), "value": _JSON_SCALAR}
+    schema: ClassVar = {"option": (str,), "value": _JSON_SCALAR, "source": (str,)}
     option: str
     value: str | int | float | bool | None
+    source: str = "app"
 
     def validate(self) -> None:
         # Bounded, so that no command can echo a huge value into the refusal and the run's journal.
-        if len(self.option) > MAX_OPTION_CHARS:
-            raise ProtocolError(f"set.option: longer than {MAX_OPTION_CHARS} characters")
-        if isinstance(self.value, str) and len(self.value) > MAX_VALUE_CHARS:
-            raise ProtocolError(f"set.value: longer than {MAX_VALUE_CHARS} characters")
+        _check_length("set.option", self.option, MAX_OPTION_CHARS)
+        _check_length("set.source", self.source, MAX_SOURCE_CHARS)
+        if isinstance(self.value, str):
+            _check_length("set.value", self.value, MAX_VALUE_CHARS)
         _check_magnitude("set.value", self.value)
 
 
 @dataclass(frozen=True)
 class ProfileCommand(Message):
+    """Profile the next ``steps`` optimizer steps (after one warm-up step)."""
+
     type: ClassVar[str] = "profile"
-    schema: ClassVar = {"steps": (int,)}
+    schema: ClassVar = {"steps": (int,), "source": (str,)}
     steps: int = 5
+    source: str = "app"
 
     def validate(self) -> None:
         _check_magnitude("profile.steps", self.steps)
+        _check_length("profile.source", self.source, MAX_SOURCE_CHARS)
+
+
+def _check_length(field_name: str, text: str, limit: int) -> None:
+    if len(text) > limit:
+        raise ProtocolError(f"{field_name}: longer than {limit} characters")
 
 
 def _check_magnitude(field_name: str, value: Any) -> None:
@@ -206,9 +241,22 @@ class SaveCheckpointCommand(Message):
 
 @dataclass(frozen=True)
 class DetachCommand(Message):
-    """The app leaves on purpose; the trainer keeps training."""
+    """The app leaves on purpose; the trainer keeps training. Answered by Detached."""
 
     type: ClassVar[str] = "detach"
+
+
+#: What a trainer acts on at a step boundary (Hello and Detach are the connection's, not the trainer's).
+TrainerCommand = PauseCommand | ResumeCommand | StopCommand | SetCommand | ProfileCommand | SaveCheckpointCommand
+TRAINER_COMMANDS = (PauseCommand, ResumeCommand, StopCommand, SetCommand, ProfileCommand, SaveCheckpointCommand)
+
+
+def trainer_command(line: str) -> TrainerCommand:
+    """One encoded trainer command (a line of this protocol) back as its object, or ProtocolError."""
+    command = decode(line)
+    if not isinstance(command, TRAINER_COMMANDS):
+        raise ProtocolError(f"{command.type} is not a command for the trainer")
+    return command
 
 
 # ----------------------------------------------------------------------------- events (trainer -> app)
@@ -295,12 +343,14 @@ class Telemetry(Message):
 @dataclass(frozen=True)
 class OptionApplied(Message):
     type: ClassVar[str] = "option_applied"
-    schema: ClassVar = {"option": (str,), "value": _JSON_SCALAR, "previous": _JSON_SCALAR, "step": (int,), "source": (str,)}
+    schema: ClassVar = {"option": (str,), "value": _JSON_SCALAR, "previous": _JSON_SCALAR, "step": (int,), "source": (str,),
+                        "display": (str,)}
     option: str
     value: str | int | float | bool | None
     previous: str | int | float | bool | None
     step: int
     source: str = ""
+    display: str = ""  # the value as the user would type it back ("off", "on")
 
 
 @dataclass(frozen=True)
@@ -312,6 +362,15 @@ class OptionRefused(Message):
     reason: str
     step: int
     source: str = ""
+
+
+@dataclass(frozen=True)
+class Detached(Message):
+    """The answer to DetachCommand: from ``step`` on, the app may leave and the trainer trains on."""
+
+    type: ClassVar[str] = "detached"
+    schema: ClassVar = {"step": (int,)}
+    step: int
 
 
 @dataclass(frozen=True)
@@ -339,11 +398,14 @@ class Error(Message):
     """The run failed: the message, the traceback, and where the last checkpoint is."""
 
     type: ClassVar[str] = "error"
-    schema: ClassVar = {"message": (str,), "traceback": (str,), "step": (int,), "checkpoint": _OPT_STR}
+    schema: ClassVar = {"message": (str,), "traceback": (str,), "step": (int,), "checkpoint": _OPT_STR, "rank": _OPT_INT,
+                        "exitcode": _OPT_INT}
     message: str
     traceback: str
     step: int
     checkpoint: str | None = None
+    rank: int | None = None  # with ranks: the one it happened on, and how its process ended
+    exitcode: int | None = None
 
 
 @dataclass(frozen=True)
@@ -351,12 +413,15 @@ class NonFinite(Message):
     """NaN/Inf stopped the run: where it began (phase, module) and the step."""
 
     type: ClassVar[str] = "nonfinite"
-    schema: ClassVar = {"step": (int,), "phase": (str,), "module": _OPT_STR, "detail": (str,), "message": (str,)}
+    schema: ClassVar = {"step": (int,), "phase": (str,), "module": _OPT_STR, "detail": (str,), "message": (str,),
+                        "loss": _OPT_NUMBER, "grad_norm_total": _OPT_NUMBER}
     step: int
     phase: str
     module: str | None
     detail: str
     message: str = ""
+    loss: float | None = None  # the step's loss and total gradient norm, as far as they were measured
+    grad_norm_total: float | None = None
 
 
 @dataclass(frozen=True)
@@ -364,6 +429,7 @@ class ProfileReady(Message):
     """A profiler snapshot's tables: top rows by op, and by op and input shape; files in ``dir``."""
 
     type: ClassVar[str] = "profile_ready"
+    journal_name: ClassVar[str] = "profile"
     schema: ClassVar = {
         "first_step": (int,), "last_step": (int,), "dir": (str,), "rows": (list,), "rows_by_shape": (list,),
         "sort": (str,), "build_s": _NUMBER, "error": _OPT_STR,
@@ -376,6 +442,11 @@ class ProfileReady(Message):
     sort: str = "self_cpu_us"
     build_s: float = 0.0
     error: str | None = None
+
+    @property
+    def step(self) -> int:
+        """The step it is reported at: its last."""
+        return self.last_step
 
 
 @dataclass(frozen=True)
@@ -410,4 +481,4 @@ class Refused(Message):
 
 
 COMMANDS = (Hello, PauseCommand, ResumeCommand, StopCommand, SetCommand, ProfileCommand, SaveCheckpointCommand, DetachCommand)
-EVENTS = (Welcome, State, Metrics, GradNorms, Telemetry, OptionApplied, OptionRefused, CheckpointSaved, Log, Error, NonFinite, ProfileReady, Impact, Ranks, Refused)
+EVENTS = (Welcome, State, Metrics, GradNorms, Telemetry, OptionApplied, OptionRefused, Detached, CheckpointSaved, Log, Error, NonFinite, ProfileReady, Impact, Ranks, Refused)

@@ -31,7 +31,9 @@ from typing import Any
 
 from torchlab.core.wire import strict_json
 from torchlab.core.wire.errors import ConfigError, StorageError
+from torchlab.core.wire.events import JournalRepaired, MetricsMovedAside, ResumedFromCheckpoint
 from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.wire.protocol import Error, Message
 from torchlab.core.wire.storage import (
     JsonLines, fsync_directory, make_folder, parse_line, remedy, storage_error, temporary_name, write_atomically,
     write_new_file,
@@ -118,15 +120,15 @@ class RunDirectory(TrainerObserver):
         with self._metrics_lock:
             self._metrics.append(to_json_line(record))
 
-    def on_event(self, record: dict[str, Any]) -> None:
+    def on_event(self, event: Message) -> None:
         try:
             with self._events_lock:
-                self._events.append(to_json_line(record))
+                self._events.append(to_json_line(event.journal_record()))
         except StorageError as error:  # raised here too, but the caller may be the profiler's builder thread
             self._keep_failure(error)
             raise
-        if record["event"] == "resumed_from_checkpoint":  # before the first row of the resumed run lands
-            self._move_replayed_metrics_aside(record["step"])
+        if isinstance(event, ResumedFromCheckpoint):  # before the first row of the resumed run lands
+            self._move_replayed_metrics_aside(event.step)
 
     def record_error(self, message: str, *, step: int = 0, traceback: str = "") -> StorageError | None:
         """An error from before the trainer could report it itself (a workload that cannot be built).
@@ -134,7 +136,7 @@ class RunDirectory(TrainerObserver):
         The caller shows that error; a journal that cannot take it must not hide it behind its own, so a
         failed write is returned (to mention, if the caller likes), not raised."""
         try:
-            self.on_event({"event": "error", "step": step, "time": time.time(), "message": message, "traceback": traceback})
+            self.on_event(Error(step=step, message=message, traceback=traceback))
         except StorageError as error:
             return error
         return None
@@ -164,11 +166,10 @@ class RunDirectory(TrainerObserver):
             return
         last = journal.last_record() or {}
         step = last.get("step") if isinstance(last.get("step"), int) else 0
-        self.on_event({
-            "event": "journal_repaired", "step": step, "time": time.time(), "file": journal.path.name,
-            "bytes_dropped": journal.bytes_dropped,
-            "message": f"{journal.path.name} ended in a torn line (a write cut short); its {journal.bytes_dropped} bytes were dropped",
-        })
+        self.on_event(JournalRepaired(
+            step=step, file=journal.path.name, bytes_dropped=journal.bytes_dropped,
+            message=f"{journal.path.name} ended in a torn line (a write cut short); its {journal.bytes_dropped} bytes were dropped",
+        ))
 
     def _move_replayed_metrics_aside(self, step: int) -> None:
         """Move the rows after ``step`` (which the resumed run is about to train again) from the end of
@@ -209,12 +210,11 @@ class RunDirectory(TrainerObserver):
                     f"resume trains again)", f"they are in {REPLACED_METRICS} already: {remedy(error)}, then resume.",
                 ) from error
         with self._events_lock:
-            self._events.append(to_json_line({
-                "event": "metrics_moved_aside", "step": step, "time": time.time(), "rows": len(replayed),
-                "first_step": first, "last_step": last, "file": REPLACED_METRICS,
-                "message": f"the {len(replayed)} rows of steps {first}–{last} in metrics.jsonl, which this resume trains "
-                           f"again, were moved to {REPLACED_METRICS}",
-            }))
+            self._events.append(to_json_line(MetricsMovedAside(
+                step=step, rows=len(replayed), first_step=first, last_step=last, file=REPLACED_METRICS,
+                message=f"the {len(replayed)} rows of steps {first}–{last} in metrics.jsonl, which this resume trains "
+                        f"again, were moved to {REPLACED_METRICS}",
+            ).journal_record()))
 
 
 def to_json_line(record: dict[str, Any]) -> str:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+
+from torchlab.core.wire.events import LineRefused, LinesRefusedUnrecorded
 
 
 class Throttle:
@@ -57,17 +58,16 @@ class RefusedLines:
         self.channel = channel
         self.throttle = Throttle()
 
-    def record(self, step: int, reason: str, *, before_hello: bool, **details: Any) -> dict[str, Any] | None:
-        """The ``line_refused`` record to write for this refusal, or None to hold it back (it is counted)."""
+    def record(self, step: int, reason: str, *, before_hello: bool, refused_by: str = "") -> LineRefused | None:
+        """The event to journal for this refusal, or None to hold it back (it is counted)."""
         held_back = self.throttle.admit()
         if held_back is None:
             return None
-        return {"event": "line_refused", "step": step, "time": time.time(), "channel": self.channel, **details,
-                "before_hello": before_hello, "reason": reason, "held_back": held_back}
+        return LineRefused(step=step, channel=self.channel, reason=reason, before_hello=before_hello, refused_by=refused_by, held_back=held_back)
 
-    def unrecorded(self, step: int) -> dict[str, Any] | None:
-        """At the end: the record of the refusals held back since the last one written, if any were."""
+    def unrecorded(self, step: int) -> LinesRefusedUnrecorded | None:
+        """At the end: the event of the refusals held back since the last one written, if any were."""
         count = self.throttle.flush()
         if not count:
             return None
-        return {"event": "lines_refused_unrecorded", "step": step, "time": time.time(), "channel": self.channel, "count": count}
+        return LinesRefusedUnrecorded(step=step, channel=self.channel, count=count)

@@ -35,9 +35,9 @@ def _started(run_dir: Path, *args: str) -> tuple[ProcessLink, Collected]:
     return link, Collected(link)
 
 
-def _detach(link: ProcessLink, seen: Collected) -> p.OptionApplied:
+def _detach(link: ProcessLink, seen: Collected) -> p.Detached:
     link.send(p.DetachCommand())
-    acknowledgement = seen.until(lambda m: isinstance(m, p.OptionApplied) and m.option == "detach")
+    acknowledgement = seen.until(lambda m: isinstance(m, p.Detached))
     link.close(detach=True)
     return acknowledgement
 

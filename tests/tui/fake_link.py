@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from torchlab.core.wire import protocol
+from torchlab.core.wire.options import LiveOptions
 
 RUN_DIR = "runs/20250101-120000-tiny_gpt"
-OPTIONS = {"amp": "off", "checkpointing": False, "clip": None, "accum": 1, "lr_scale": 1.0, "world_size": 1}
+OPTIONS = LiveOptions().as_dict()
 
 
 def module_names(blocks: int = 4) -> list[str]:
@@ -176,7 +177,6 @@ class FakeLink:
         self.relaunched: list[protocol.Message] = []  # what the next drain after a relaunch's checkpoint releases
         # Scripted answers for the paths the tests take (the real trainer profiles and detaches).
         self.profile_refusal = "a profile is already recording (from step 118)"
-        self.detach_refusal = "this trainer cannot detach"
         self.detach_acknowledged = True
         #: what a restart would resume from (the real link reads the run's checkpoints), and how the trainer exited
         self.checkpoint_to_restart_from: str | None = "step-0000100.pt, step 100"
@@ -213,13 +213,14 @@ class FakeLink:
         elif isinstance(command, protocol.ProfileCommand):
             self.push(protocol.OptionRefused("profile", command.steps, self.profile_refusal, at, "app"))
         elif isinstance(command, protocol.DetachCommand):
-            self.push(protocol.OptionRefused("detach", None, self.detach_refusal, at, "app"))
+            if self.detach_acknowledged:
+                self.push(protocol.Detached(self.step))
 
     def close(self, *, detach: bool = False) -> None:
         self.closed = {"detach": detach}
 
     def detach_and_wait(self, timeout_s: float = 3.0) -> bool:
-        """A hang-up's detach: acknowledged unless ``detach_acknowledged`` is False (an old trainer)."""
+        """A hang-up's detach: acknowledged unless ``detach_acknowledged`` is False (a trainer that hangs)."""
         self.sent.append(protocol.DetachCommand())
         return self.detach_acknowledged
 

@@ -163,6 +163,7 @@ async def test_space_pauses_and_resumes(app: TorchlabApp, link: FakeLink) -> Non
 
 
 async def test_profile_save_and_detach_are_sent_and_answered(app: TorchlabApp, link: FakeLink) -> None:
+    link.detach_acknowledged = False  # a trainer too busy to answer yet: the app waits where it is
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("p", "s", "d")
         assert [type(c) for c in link.sent] == [protocol.ProfileCommand, protocol.SaveCheckpointCommand, protocol.DetachCommand]
@@ -170,15 +171,15 @@ async def test_profile_save_and_detach_are_sent_and_answered(app: TorchlabApp, l
         text = log_text(app)
         assert "profile = 5 refused: a profile is already recording (from step 118)" in text
         assert "checkpoint saved at step 121 (requested)" in text
-        assert "detach refused: this trainer cannot detach" in text
-        assert link.closed is None  # a refused detach leaves the app where it was
+        assert "detach requested: the app leaves once the trainer confirms" in text
+        assert link.closed is None and not app.run_state.detached
 
 
 async def detach_confirmed(app: TorchlabApp, pilot, link: FakeLink) -> None:
     """``d``, and the trainer's acknowledgement of it; then the app leaves."""
     await pilot.press("d")
     link.queue.clear()
-    link.push(protocol.OptionApplied("detach", True, None, 121, "app"))
+    link.push(protocol.Detached(121))
     await answer(app, pilot)
     await app.workers.wait_for_complete()
     await pilot.pause()
@@ -192,7 +193,7 @@ async def test_confirmed_detach_closes_the_link_without_stopping_the_trainer(app
 
 async def test_an_earlier_apps_detach_replayed_on_attach_does_not_make_this_app_leave(app: TorchlabApp, link: FakeLink) -> None:
     async with app.run_test(size=SIZE) as pilot:
-        link.push(protocol.OptionApplied("detach", None, None, 40, "app"))  # from the history ring
+        link.push(protocol.Detached(40))  # from the history ring
         await answer(app, pilot)
         assert not app.run_state.detached and link.closed is None
         assert "an earlier app detached at step 40" in log_text(app)

@@ -7,6 +7,7 @@ import math
 from fake_link import grad_norms, module_names, ranks, record, training_events, welcome
 
 from torchlab.core.wire import protocol
+from torchlab.core.wire.options import AMP
 from torchlab.tui.state import (
     RankFigures,
     RunState,
@@ -75,11 +76,15 @@ def test_applied_and_refused_answers_are_logged_with_their_step() -> None:
 
 def test_amp_cycle_skips_modes_refused_on_this_run() -> None:
     state = fed([welcome(0)])
-    assert state.next_amp_mode() == "bf16"
+
+    def next_amp_mode() -> str:
+        return AMP.next_value(state.option("amp"), lambda mode: state.was_refused("amp", mode))
+
+    assert next_amp_mode() == "bf16"
     state.options["amp"] = "bf16"
-    assert state.next_amp_mode() == "fp16"
+    assert next_amp_mode() == "fp16"
     state.apply(protocol.OptionRefused("amp", "fp16", "fp16 needs CUDA", 3, "app"))
-    assert state.next_amp_mode() == "off"
+    assert next_amp_mode() == "off"
 
 
 def test_error_and_nonfinite_become_a_failure() -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -9,14 +12,21 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label, Static
 
-from torchlab.core.wire.options import OptionRefused, parse_option_value
+from torchlab.core.wire.options import Number, OptionRefused
 
 
-class OptionPrompt(ModalScreen[str | None]):
-    """Asks for a new value of ``option``; dismisses with the text typed (valid), or None when cancelled.
+@dataclass(frozen=True)
+class Chosen:
+    """The prompt's answer: the value typed, parsed (None is a value too: clip's "off")."""
 
-    Validation uses ``parse_option_value``, the same parser the trainer applies, so what it accepts here
-    is what the trainer will accept (except for facts only the trainer knows, like the device).
+    value: Any
+
+
+class OptionPrompt(ModalScreen[Chosen | None]):
+    """Asks for a new value of ``option``; dismisses with it parsed, or with None when cancelled.
+
+    The option's own parser checks it, the one the trainer applies, so what it accepts here is what the
+    trainer will accept (except for facts only the trainer knows, like the device).
     """
 
     DEFAULT_CSS = """
@@ -40,18 +50,15 @@ class OptionPrompt(ModalScreen[str | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, option: str, title: str, *, current: str = "", hint: str = "") -> None:
+    def __init__(self, option: Number, *, current: str = "") -> None:
         super().__init__()
         self.option = option
-        self.prompt_title = title
         self.current = current
-        self.hint = hint
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
-            yield Label(self.prompt_title, id="prompt-title")
-            if self.hint:
-                yield Label(self.hint, id="prompt-hint")
+            yield Label(self.option.prompt, id="prompt-title")
+            yield Label(self.option.hint, id="prompt-hint")
             yield Input(value=self.current, id="prompt-input", select_on_focus=True)
             yield Static("", id="prompt-error")
             yield Label("enter apply · esc cancel", id="prompt-keys")
@@ -63,13 +70,12 @@ class OptionPrompt(ModalScreen[str | None]):
 
     @on(Input.Submitted, "#prompt-input")
     def _submitted(self, event: Input.Submitted) -> None:
-        text = event.value.strip()
         try:
-            parse_option_value(self.option, text)
+            value = self.option.parse(event.value.strip())
         except OptionRefused as refusal:
             self.query_one("#prompt-error", Static).update(str(refusal))
             return
-        self.dismiss(text)
+        self.dismiss(Chosen(value))
 
     @on(Input.Changed, "#prompt-input")
     def _changed(self) -> None:

@@ -6,22 +6,11 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from torchlab.core.wire.options import format_option_value
+from torchlab.core.wire.options import LIVE_OPTIONS
 from torchlab.tui.state import RunState
 
-#: (option, label, short label for the one-line form, key)
-OPTION_ROWS = (
-    ("amp", "amp", "amp", "a"),
-    ("checkpointing", "checkpointing", "ckpt", "c"),
-    ("clip", "clip norm", "clip", "g"),
-    ("accum", "accumulation", "accum", "m"),
-    ("lr_scale", "lr scale", "lr×", "l"),
-    ("world_size", "world size", "ws", "w"),
-)
-
-
 class OptionsPanel(Static):
-    """Current amp / checkpointing / clip / accum / lr scale / world size; one line when ``compact``."""
+    """Every live option in force, in the registry's order; one line when ``compact``."""
 
     DEFAULT_CSS = """
     OptionsPanel {
@@ -47,20 +36,19 @@ class OptionsPanel(Static):
 
     def _render_text(self, state: RunState) -> Text:
         text = Text()
-        for index, (option, label, short, key) in enumerate(OPTION_ROWS):
-            current = state.options.get(option)
-            shown = format_option_value(option, current) if option in state.options else "–"
+        for index, option in enumerate(LIVE_OPTIONS):
+            shown = option.format(state.options[option.name]) if option.name in state.options else "–"
             if self.compact:
                 if index:
                     text.append(" · ", style="dim")
-                text.append(f"{short} ", style="dim")
+                text.append(f"{option.short} ", style="dim")
                 text.append(shown, style="bold")
             else:
                 if index:
                     text.append("\n")
-                text.append(f" {key} ", style="bold reverse")
-                text.append(f" {label:<14}", style="dim")
+                text.append(f" {option.key} ", style="bold reverse")
+                text.append(f" {option.label:<14}", style="dim")
                 text.append(shown, style="bold")
-            if option in state.pending:
-                text.append(f" → {format_option_value(option, state.pending[option])}…", style="italic yellow")
+            if option.name in state.pending:
+                text.append(f" → {option.format(state.pending[option.name])}…", style="italic yellow")
         return text

@@ -1,0 +1,185 @@
+"""What a trainer reports that only its observers see: the run's journal (``events.jsonl``), the progress
+line of a headless run, the impact tracker, the supervisor of its ranks.
+
+The trainer emits typed events and nothing else. Those the app receives as they are (an option applied
+or refused, a checkpoint, an error, a non-finite stop, a profile) are the protocol's own messages
+(core/wire/protocol.py); the ones here are turned by the app's reporter into what the app shows (a
+``State``, a ``Log`` line, the ``Welcome``). Both kinds are messages of one protocol: rank 0 sends them
+to its supervisor as their protocol text, and ``Message.journal_record`` is their line in the journal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from torchlab.core.wire.protocol import CheckpointSaved, Error, Message, NonFinite, OptionApplied, OptionRefused, ProfileReady
+
+_OPT_NUMBER = (int, float, type(None))
+_OPT_LIST = (list, type(None))
+
+
+@dataclass(frozen=True)
+class RunStarted(Message):
+    """The trainer (or rank 0) is ready and trains from ``step``: the run as the app's Welcome describes it."""
+
+    type: ClassVar[str] = "run_started"
+    schema: ClassVar = {
+        "step": (int,), "device": (str,), "batch_size": (int,), "steps": (int,), "options": (dict,), "modules": (list,),
+        "module_params": (list,), "checkpoint_blocks": (list,), "world_size": (int,), "ranks": _OPT_LIST,
+    }
+    step: int
+    device: str
+    batch_size: int
+    steps: int
+    options: dict
+    modules: list  # module names, in the order of per-module figures
+    module_params: list  # parameters per module, aligned with ``modules``
+    checkpoint_blocks: list
+    world_size: int
+    ranks: list | None  # each rank's host and pid, with ranks; null without
+
+
+@dataclass(frozen=True)
+class RunEnded(Message):
+    """The loop ended without an error: ``finished`` (every step) or ``stopped`` (on request)."""
+
+    type: ClassVar[str] = "run_ended"
+    schema: ClassVar = {"step": (int,), "status": (str,)}
+    step: int
+    status: str
+
+
+@dataclass(frozen=True)
+class Paused(Message):
+    type: ClassVar[str] = "paused"
+    schema: ClassVar = {"step": (int,)}
+    step: int
+
+
+@dataclass(frozen=True)
+class Resumed(Message):
+    """Training goes on after a pause, from ``step``."""
+
+    type: ClassVar[str] = "resumed"
+    schema: ClassVar = {"step": (int,)}
+    step: int
+
+
+@dataclass(frozen=True)
+class StepSkipped(Message):
+    """fp16's scaler found Inf/NaN gradients and skipped the optimizer step (and lowered its scale)."""
+
+    type: ClassVar[str] = "step_skipped"
+    schema: ClassVar = {"step": (int,), "reason": (str,), "scale": _OPT_NUMBER}
+    step: int
+    reason: str
+    scale: float | None = None
+
+
+@dataclass(frozen=True)
+class ProfileStarted(Message):
+    """A profiler snapshot records ``steps`` steps after ``warmup`` from ``step``."""
+
+    type: ClassVar[str] = "profile_started"
+    schema: ClassVar = {"step": (int,), "steps": (int,), "warmup": (int,), "source": (str,)}
+    step: int
+    steps: int
+    warmup: int = 1
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class ResumedFromCheckpoint(Message):
+    """This process continues a run from its checkpoint of ``step``, with ``options`` in force."""
+
+    type: ClassVar[str] = "resumed_from_checkpoint"
+    schema: ClassVar = {"step": (int,), "options": (dict,)}
+    step: int
+    options: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ResumeChangedSettings(Message):
+    """A resume ran with settings other than the checkpoint's: which, and whether the run stays exact."""
+
+    type: ClassVar[str] = "resume_changed_settings"
+    schema: ClassVar = {"step": (int,), "level": (str,), "message": (str,), "changes": (list,)}
+    step: int
+    level: str
+    message: str
+    changes: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Relaunching(Message):
+    """The supervisor stops the ranks and starts ``world_size`` new ones from the checkpoint of ``step``."""
+
+    type: ClassVar[str] = "relaunching"
+    schema: ClassVar = {"step": (int,), "world_size": (int,), "previous": (int,)}
+    step: int
+    world_size: int
+    previous: int
+
+
+@dataclass(frozen=True)
+class LineRefused(Message):
+    """A line refused on ``channel`` (the app's socket, the rank channel), and why; ``held_back`` lines were
+    not journalled before it (at most a burst a minute is: core/wire/throttle.py)."""
+
+    type: ClassVar[str] = "line_refused"
+    schema: ClassVar = {"step": (int,), "channel": (str,), "reason": (str,), "before_hello": (bool,), "refused_by": (str,),
+                        "held_back": (int,)}
+    step: int
+    channel: str
+    reason: str
+    before_hello: bool = False
+    refused_by: str = ""  # which side refused it, on the rank channel
+    held_back: int = 0
+
+
+@dataclass(frozen=True)
+class LinesRefusedUnrecorded(Message):
+    """When the journal closes: ``count`` refused lines that the throttle held back and never wrote."""
+
+    type: ClassVar[str] = "lines_refused_unrecorded"
+    schema: ClassVar = {"step": (int,), "channel": (str,), "count": (int,)}
+    step: int
+    channel: str
+    count: int
+
+
+
+@dataclass(frozen=True)
+class JournalRepaired(Message):
+    """A journal of the run ended in a torn line (a write cut short): its last ``bytes_dropped`` bytes went."""
+
+    type: ClassVar[str] = "journal_repaired"
+    schema: ClassVar = {"step": (int,), "file": (str,), "bytes_dropped": (int,), "message": (str,)}
+    step: int
+    file: str
+    bytes_dropped: int
+    message: str
+
+
+@dataclass(frozen=True)
+class MetricsMovedAside(Message):
+    """A resume trains steps ``first_step``..``last_step`` again: their ``rows`` of metrics.jsonl went to ``file``."""
+
+    type: ClassVar[str] = "metrics_moved_aside"
+    schema: ClassVar = {"step": (int,), "rows": (int,), "first_step": (int,), "last_step": (int,), "file": (str,), "message": (str,)}
+    step: int
+    rows: int
+    first_step: int
+    last_step: int
+    file: str
+    message: str
+
+
+#: Every event a trainer, its supervisor or its journal's writers emit: the ones above, and the protocol's
+#: messages the app receives as they are.
+TRAINER_EVENTS = (
+    RunStarted, RunEnded, Paused, Resumed, StepSkipped, ProfileStarted, ResumedFromCheckpoint, ResumeChangedSettings,
+    Relaunching, LineRefused, LinesRefusedUnrecorded, JournalRepaired, MetricsMovedAside,
+    OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady,
+)

@@ -1,0 +1,79 @@
+"""The live-option registry: every option's flag, key, prompt, panel row, palette entry and trainer hook
+come from its one object in core/wire/options.py, so none can be missing or disagree with another."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchlab.core.engine.trainer import _ENACT_HOOKS
+from torchlab.core.launch.arguments import build_parser, resolve_config
+from torchlab.core.wire import protocol as p
+from torchlab.core.wire.options import LIVE_OPTIONS, OPTION_NAMES, Choice, LiveOptions, Number, OptionRefused, Switch
+from torchlab.tui.app import KEY_ACTIONS
+
+#: A value each option accepts that is not its default, as typed on a command line, and its parsed form.
+TYPED = {"amp": ("bf16", "bf16"), "checkpointing": (None, True), "clip": ("0.5", 0.5), "accum": ("4", 4),
+         "lr_scale": ("0.25", 0.25), "world_size": ("2", 2)}
+
+
+def test_the_examples_cover_every_option() -> None:
+    assert set(TYPED) == set(OPTION_NAMES)
+
+
+@pytest.mark.parametrize("option", LIVE_OPTIONS, ids=lambda o: o.name)
+def test_each_option_has_a_flag_that_sets_it(option) -> None:
+    text, value = TYPED[option.name]
+    args = build_parser().parse_args(["mlp", option.flag] + ([text] if text is not None else []))
+    config, explicit = resolve_config(args)
+    assert getattr(config.options, option.name) == value and explicit == {option.name}
+    assert getattr(LiveOptions(), option.name) == option.default
+
+
+@pytest.mark.parametrize("option", LIVE_OPTIONS, ids=lambda o: o.name)
+def test_each_option_has_its_key_and_the_trainer_a_hook(option) -> None:
+    keys = {key.key: key for key in KEY_ACTIONS}
+    assert keys[option.key].action == f"change_option('{option.name}')"
+    assert keys[option.key].help == option.help
+    assert option.name in _ENACT_HOOKS
+
+
+def test_no_two_options_share_a_key_and_no_option_takes_another_actions_key() -> None:
+    keys = [key.key for key in KEY_ACTIONS]
+    assert len(keys) == len(set(keys))
+
+
+@pytest.mark.parametrize("option", LIVE_OPTIONS, ids=lambda o: o.name)
+def test_what_an_option_shows_reads_back_as_the_same_value(option) -> None:
+    _, value = TYPED[option.name]
+    assert option.parse(option.format(value)) == value
+    assert option.parse(option.format(option.default)) == option.default
+
+
+def test_a_mode_cycles_past_what_this_run_refused_and_a_switch_toggles() -> None:
+    amp = next(o for o in LIVE_OPTIONS if isinstance(o, Choice))
+    assert amp.next_value("off", lambda mode: False) == "bf16"
+    assert amp.next_value("bf16", lambda mode: mode == "fp16") == "off"
+    switch = next(o for o in LIVE_OPTIONS if isinstance(o, Switch))
+    assert switch.next_value(False, lambda value: False) is True
+
+
+@pytest.mark.parametrize("option", [o for o in LIVE_OPTIONS if isinstance(o, Number)], ids=lambda o: o.name)
+def test_a_number_refuses_what_is_out_of_its_bounds_saying_what_it_must_be(option) -> None:
+    too_large = [str(option.maximum * 2)] if option.maximum != float("inf") else []
+    for bad in ["-1", "nan", "x", True, *too_large]:
+        with pytest.raises(OptionRefused, match=rf"^{option.name} must be "):
+            option.parse(bad)
+
+
+@pytest.mark.parametrize("command", [
+    p.SetCommand("clip", "0.5", "--at"), p.SetCommand("amp", None), p.StopCommand("interrupted"),
+    p.ProfileCommand(3, "--profile-at"), p.PauseCommand(), p.ResumeCommand(), p.SaveCheckpointCommand(),
+], ids=lambda c: c.type)
+def test_a_trainer_command_travels_between_ranks_as_its_own_protocol_text(command) -> None:
+    assert p.trainer_command(command.json_text()) == command
+
+
+@pytest.mark.parametrize("command", [p.DetachCommand(), p.Hello(version=p.PROTOCOL_VERSION, token="t")], ids=lambda c: c.type)
+def test_what_is_not_the_trainers_is_not_taken_as_a_trainer_command(command) -> None:
+    with pytest.raises(p.ProtocolError, match="is not a command for the trainer"):
+        p.trainer_command(command.json_text())
