@@ -51,7 +51,7 @@ from torchlab.core.engine.loading import describe_code, user_frame
 from torchlab.core.engine.nonfinite import localise_nonfinite
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import LiveOptions, OptionRefused, format_option_value, parse_option_value
-from torchlab.core.engine.precision import Precision, make_precision
+from torchlab.core.engine.precision import Precision, Precisions
 from torchlab.core.engine.profiler import ProfilerSnapshot
 from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, ProbeCadence, clip_by_total_norm
 from torchlab.core.engine.schedule import make_scheduler
@@ -226,8 +226,8 @@ class Trainer:
         self.grad_probe = GradNormProbe(self.model)
         self.cadence = ProbeCadence(config.probe_every)
         self.activation_probe = ActivationStatsProbe(self.model, self.grad_probe.module_names)
-        self.grad_scaler: torch.amp.GradScaler | None = None
-        self.precision: Precision = make_precision("off", self.device, self._get_grad_scaler)
+        self.precisions = Precisions(self.device)  # keeps the fp16 GradScaler across modes and checkpoints
+        self.precision: Precision = self.precisions.make("off")
         self.options = LiveOptions()
 
         self.step = 0
@@ -520,8 +520,7 @@ class Trainer:
 
     def _count_skip(self, step: int) -> None:
         self._consecutive_skips += 1
-        scale = self.grad_scaler.get_scale() if self.grad_scaler is not None else None
-        self._emit_event("step_skipped", step=step, reason="fp16 overflow: the scaler lowered its scale", scale=scale)
+        self._emit_event("step_skipped", step=step, **self.precision.skipped_step())
         if self._consecutive_skips >= MAX_CONSECUTIVE_FP16_SKIPS:
             self._raise_nonfinite(step, math.nan, None)
 
@@ -708,7 +707,7 @@ class Trainer:
     def _enact(self, option: str, value: Any) -> None:
         """Make ``option=value`` real on this run, or raise OptionRefused without changing anything."""
         if option == "amp":
-            self.precision = make_precision(value, self.device, self._get_grad_scaler)
+            self.precision = self.precisions.make(value)
         elif option == "checkpointing":
             if value and not self.checkpointing.blocks:
                 raise OptionRefused(
@@ -753,11 +752,6 @@ class Trainer:
         epoch = self.scheduler.last_epoch
         return [base * factor(epoch) for base, factor in zip(self.scheduler.base_lrs, self.scheduler.lr_lambdas)]
 
-    def _get_grad_scaler(self) -> torch.amp.GradScaler:
-        if self.grad_scaler is None:
-            self.grad_scaler = torch.amp.GradScaler(self.device.type)
-        return self.grad_scaler
-
     # ----------------------------------------------------------------- checkpoints
     def _save_checkpoint(self, reason: str) -> None:
         """Every rank calls this at the same step (its RNG state is part of the checkpoint); rank 0 writes."""
@@ -773,7 +767,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "grad_scaler": self.grad_scaler.state_dict() if self.grad_scaler is not None else None,
+            "grad_scaler": self.precisions.state_dict(),
             "rng": rng,
             "data": self.data.position.as_dict(),
             "options": self.options.as_dict(),
@@ -806,8 +800,7 @@ class Trainer:
         for group, settings in zip(self.optimizer.param_groups, configured):
             group.update(settings)
         self.scheduler.base_lrs = [settings["initial_lr"] for settings in configured]
-        if state.get("grad_scaler") is not None:
-            self._get_grad_scaler().load_state_dict(state["grad_scaler"])
+        self.precisions.load_state_dict(state.get("grad_scaler"))
         self._restore_rng(state)
         self.data.restore(DataPosition.from_dict(state["data"], self.batch_size))
         self.step = state["step"]
