@@ -362,6 +362,7 @@ class Trainer:
         return True
 
     def _train_one_step(self) -> None:
+        """One optimizer step, read top to bottom; its one host transfer is its only synchronisation point."""
         step = self.step + 1
         options = self.options  # commands change them only between steps: fixed for this one
         started = time.perf_counter()
@@ -395,9 +396,13 @@ class Trainer:
 
         lr_used = self.optimizer.param_groups[0]["lr"]  # before the schedule moves it on
         stepped = self._optimizer_step(step)
+        step_time = time.perf_counter() - started  # the step's own time: reporting it is not part of it
+        self.cadence.record_step(step_time)
+        if not is_report:
+            return
 
         grad_norms, act_stats = host.vector("grad_norms"), host.vector("act_stats")
-        report = StepReport(
+        self._report(StepReport(
             step=step,
             options=options,
             loss=loss,
@@ -407,12 +412,9 @@ class Trainer:
             clipped=host.flag("clipped"),
             grad_norms=dict(zip(self.grad_probe.module_names, grad_norms)) if grad_norms is not None else None,
             act_stats=stats_by_module(self.activation_probe.module_names, act_stats) if act_stats is not None else None,
-            step_time_s=time.perf_counter() - started,
+            step_time_s=step_time,
             data_wait_s=data_wait,
-        )
-        self.cadence.record_step(report.step_time_s)
-        if is_report:
-            self._report(report)
+        ))
 
     def _forward_backward(self, step: int, accum: int, sample_activations: bool) -> tuple[torch.Tensor, float, torch.Tensor | None]:
         """Forward and backward over ``accum`` micro-batches, each loss divided by ``accum`` so that the
