@@ -1,15 +1,18 @@
 """Mixed precision as small objects: the loop calls the same hooks whatever the mode.
 
-``make_precision`` is the one place where the string ``"fp16"`` becomes behaviour; it refuses modes the
-device cannot run, with the reason. The fp16 GradScaler is created when fp16 is first chosen and then
-kept by the trainer (and saved in checkpoints), so switching fp16 off and on again keeps its scale.
+As in Lightning Fabric's precision plugins, the hooks of ``Precision`` are the plain PyTorch calls and
+each mixed mode overrides what it must; the loop never branches on a mode, and never sees the fp16
+GradScaler. ``make_precision`` is the one place where the string ``"fp16"`` becomes behaviour; it
+refuses modes the device cannot run, with the reason. ``Precisions`` makes them for the trainer and
+keeps the one GradScaler: created when fp16 is first chosen, kept while another mode runs (switching fp16
+off and on again keeps its scale), saved in checkpoints and restored from them.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import ContextManager
+from typing import Any, ContextManager
 
 import torch
 
@@ -40,6 +43,10 @@ class Precision:
         optimizer.step()
         return True
 
+    def skipped_step(self) -> dict[str, Any]:
+        """Why the last ``step`` was skipped, as the ``step_skipped`` event's fields (only fp16 skips)."""
+        return {"reason": f"amp={self.name} skipped the optimizer step", "scale": None}
+
 
 class BF16Precision(Precision):
     name = "bf16"
@@ -49,6 +56,8 @@ class BF16Precision(Precision):
 
 
 class FP16Precision(Precision):
+    """fp16 autocast with loss scaling: ``scaler`` is lent by ``Precisions``, which keeps it across modes."""
+
     name = "fp16"
     tolerates_nonfinite = True
 
@@ -72,11 +81,16 @@ class FP16Precision(Precision):
         # The scaler lowers its scale exactly when it found Inf/NaN and skipped the step.
         return self.scaler.get_scale() >= scale_before
 
+    def skipped_step(self) -> dict[str, Any]:
+        return {"reason": "fp16 overflow: the scaler lowered its scale", "scale": self.scaler.get_scale()}
+
 
 def make_precision(
     name: str, device: torch.device, get_scaler: Callable[[], torch.amp.GradScaler]
 ) -> Precision:
-    """Build the precision for ``name`` on ``device``, or raise OptionRefused with the reason."""
+    """Build the precision for ``name`` on ``device``, or raise OptionRefused with the reason.
+
+    ``get_scaler`` is called only once fp16 is accepted, so a refused fp16 creates no GradScaler."""
     if name == "off":
         return Precision(device)
     if name == "bf16":
@@ -90,3 +104,31 @@ def make_precision(
             )
         return FP16Precision(device, get_scaler())
     raise OptionRefused(f"amp must be one of off, bf16, fp16, got {name!r}")
+
+
+class Precisions:
+    """The precision modes of one run on ``device``, and the state that outlives a mode: the GradScaler.
+
+    The trainer holds one of these, asks it for the ``Precision`` of each mode it switches to, and puts
+    ``state_dict()`` in its checkpoints under ``"grad_scaler"`` (None until fp16 was first chosen)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._grad_scaler: torch.amp.GradScaler | None = None
+
+    def make(self, name: str) -> Precision:
+        """The precision for ``name``, or OptionRefused with the reason (nothing changes then)."""
+        return make_precision(name, self.device, self._get_grad_scaler)
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return self._grad_scaler.state_dict() if self._grad_scaler is not None else None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Restore a checkpoint's GradScaler; None (a run that never chose fp16) leaves none."""
+        if state is not None:
+            self._get_grad_scaler().load_state_dict(state)
+
+    def _get_grad_scaler(self) -> torch.amp.GradScaler:
+        if self._grad_scaler is None:
+            self._grad_scaler = torch.amp.GradScaler(self.device.type)
+        return self._grad_scaler

@@ -60,10 +60,11 @@ from torchlab.core.wire import protocol as p
 from torchlab.core.wire.protocol import (
     PauseCommand, ProfileCommand, ResumeCommand, SaveCheckpointCommand, SetCommand, StopCommand, TrainerCommand, trainer_command,
 )
-from torchlab.core.engine.precision import Precision, make_precision
+from torchlab.core.engine.precision import Precision, Precisions
 from torchlab.core.engine.profiler import ProfilerSnapshot
-from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, ProbeCadence, clip_by_total_norm
+from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, GradNorms, ProbeCadence, clip_by_total_norm
 from torchlab.core.engine.schedule import make_scheduler
+from torchlab.core.engine.step_report import HostTransfer, StepReport, stats_by_module
 from torchlab.core.engine.telemetry import TelemetrySampler
 from torchlab.core.workload import Workload
 
@@ -163,8 +164,8 @@ class Trainer:
         self.grad_probe = GradNormProbe(self.model)
         self.cadence = ProbeCadence(config.probe_every)
         self.activation_probe = ActivationStatsProbe(self.model, self.grad_probe.module_names)
-        self.grad_scaler: torch.amp.GradScaler | None = None
-        self.precision: Precision = make_precision("off", self.device, self._get_grad_scaler)
+        self.precisions = Precisions(self.device)  # keeps the fp16 GradScaler across modes and checkpoints
+        self.precision: Precision = self.precisions.make("off")
         self.options = LiveOptions()
 
         self.step = 0
@@ -303,114 +304,139 @@ class Trainer:
         return True
 
     def _train_one_step(self) -> None:
+        """One optimizer step, read top to bottom; its one host transfer is its only synchronisation point."""
         step = self.step + 1
-        options = self.options
+        options = self.options  # commands change them only between steps: fixed for this one
         started = time.perf_counter()
         is_report = self._is_report_step(step)
-        sample_activations = (
-            is_report and self.config.act_stats_every > 0 and step % self.config.act_stats_every == 0
-        )
-        if sample_activations:
-            self.activation_probe.attach()
+        sample_activations = is_report and self.config.act_stats_every > 0 and step % self.config.act_stats_every == 0
 
-        loss_sum = torch.zeros((), device=self.device)
-        data_wait = 0.0
-        for micro in range(options.accum):
-            waited = time.perf_counter()
-            batch = self.data.next_batch()
-            data_wait += time.perf_counter() - waited
-            self._last_batch = batch
-            # With ranks, gradients are averaged once per optimizer step: on the last micro-batch's backward.
-            syncing = self.ddp is None or micro == options.accum - 1
-            with contextlib.nullcontext() if syncing else self.ddp.no_sync():
-                loss = self._compute_loss(batch, step)
-                self.precision.backward(loss / options.accum)
-            loss_sum += loss.detach().float()
-        activations = self.activation_probe.detach() if sample_activations else None
-        self.precision.unscale_(self.optimizer)
+        loss_sum, data_wait, activations = self._forward_backward(step, options.accum, sample_activations)
+        self.precision.unscale_(self.optimizer)  # fp16: true-scale gradients before they are measured or clipped
         if self.collectives is not None:  # every rank then sees the same loss and stops on the same NaN
             loss_sum = self.collectives.mean_loss(loss_sum)
-
-        # Gradient norms: measured when the probe is due, and always when clipping needs them (then free).
         # With ranks, rank 0's cadence decides for all (shared at the boundary), so a non-finite gradient
         # is seen by every rank at the same step.
         probe_due = is_report and (self._probe_next if self.collectives is not None else self.cadence.should_probe(step))
-        norms = None
-        if probe_due or options.clip is not None:
-            probe_started = time.perf_counter()
-            norms = self.grad_probe.measure()
-            probe_cost = time.perf_counter() - probe_started
-            if probe_due and norms is not None:
-                self.cadence.record_probe(step, probe_cost)
-        clipped = clip_by_total_norm(norms, options.clip) if options.clip is not None and norms is not None else None
+        norms, clipped = self._measure_and_clip(step, probe_due, options.clip)
 
         # One host transfer for everything this step reports. On CUDA this is the step's sync point.
-        packed = [loss_sum.view(1) / options.accum]
-        if norms is not None:
-            packed.append(norms.total.view(1))
-        if clipped is not None:
-            packed.append(clipped.float().view(1))
-        if probe_due and norms is not None:
-            packed.append(norms.per_module)
-        if activations is not None:
-            packed.append(activations.reshape(-1))
-        values = torch.cat(packed).tolist()
+        transfer = HostTransfer()
+        transfer.add("loss", loss_sum / options.accum)
+        transfer.add("grad_norm_total", norms.total if norms is not None else None)
+        transfer.add("clipped", clipped)
+        transfer.add("grad_norms", norms.per_module if probe_due and norms is not None else None)
+        transfer.add("act_stats", activations)
+        host = transfer.to_host()
+        loss, total_norm = host.scalar("loss"), host.scalar("grad_norm_total")
 
-        loss_value = values.pop(0)
-        total_norm = values.pop(0) if norms is not None else None
-        did_clip = bool(values.pop(0)) if clipped is not None else None
-        finite = math.isfinite(loss_value) and (total_norm is None or math.isfinite(total_norm))
+        # NaN/Inf stops the run before the optimizer step, so the weights and the last checkpoint stay
+        # good; under fp16 it is routine overflow, and the precision skips the step instead.
+        finite = math.isfinite(loss) and (total_norm is None or math.isfinite(total_norm))
         if not finite and not self.precision.tolerates_nonfinite:
-            self._raise_nonfinite(step, loss_value, total_norm)
+            self._raise_nonfinite(step, loss, total_norm)
 
-        lr_used = self.optimizer.param_groups[0]["lr"]
+        lr_used = self.optimizer.param_groups[0]["lr"]  # before the schedule moves it on
+        stepped = self._optimizer_step(step)
+        step_time = time.perf_counter() - started  # the step's own time: reporting it is not part of it
+        self.cadence.record_step(step_time)
+        if not is_report:
+            return
+
+        grad_norms, act_stats = host.vector("grad_norms"), host.vector("act_stats")
+        self._report(StepReport(
+            step=step,
+            options=options,
+            loss=loss,
+            lr=lr_used,
+            stepped=stepped,
+            grad_norm_total=total_norm,
+            clipped=host.flag("clipped"),
+            grad_norms=dict(zip(self.grad_probe.module_names, grad_norms)) if grad_norms is not None else None,
+            act_stats=stats_by_module(self.activation_probe.module_names, act_stats) if act_stats is not None else None,
+            step_time_s=step_time,
+            data_wait_s=data_wait,
+        ))
+
+    def _forward_backward(self, step: int, accum: int, sample_activations: bool) -> tuple[torch.Tensor, float, torch.Tensor | None]:
+        """Forward and backward over ``accum`` micro-batches, each loss divided by ``accum`` so that the
+        gradients are those of the mean. Returns the summed loss (on the device: no sync), the seconds spent
+        waiting for data, and the activation statistics (on the device) when this step samples them."""
+        if sample_activations:
+            self.activation_probe.attach()  # hooks only on sampled steps: on every step they cost ~35 %
+        loss_sum = torch.zeros((), device=self.device)
+        data_wait = 0.0
+        for micro in range(accum):
+            waited = time.perf_counter()
+            batch = self.data.next_batch()
+            data_wait += time.perf_counter() - waited
+            self._last_batch = batch  # the non-finite guard replays it
+            # With ranks, gradients are averaged once per optimizer step: on the last micro-batch's backward.
+            syncing = self.ddp is None or micro == accum - 1
+            with contextlib.nullcontext() if syncing else self.ddp.no_sync():
+                loss = self._compute_loss(batch, step)
+                self.precision.backward(loss / accum)
+            loss_sum += loss.detach().float()
+        activations = self.activation_probe.detach() if sample_activations else None
+        return loss_sum, data_wait, activations
+
+    def _measure_and_clip(self, step: int, probe_due: bool, clip: float | None) -> tuple[GradNorms | None, torch.Tensor | None]:
+        """Gradient norms on the device: measured when the probe is due, and always when clipping needs
+        them (then the probe costs nothing more); clipping reuses them rather than read the gradients again.
+        Returns the norms (None: not measured, or no gradient) and whether clipping fired (a device bool)."""
+        if not probe_due and clip is None:
+            return None, None
+        probe_started = time.perf_counter()
+        norms = self.grad_probe.measure()
+        if probe_due and norms is not None:
+            self.cadence.record_probe(step, time.perf_counter() - probe_started)  # the cadence follows its cost
+        clipped = clip_by_total_norm(norms, clip) if clip is not None and norms is not None else None
+        return norms, clipped
+
+    def _optimizer_step(self, step: int) -> bool:
+        """The optimizer step (which the precision may skip: fp16 overflow), then the LR schedule's; from
+        here ``self.step`` is ``step``. Returns whether the optimizer stepped."""
         stepped = self.precision.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        self._apply_lr_scale()
+        self._apply_lr_scale()  # the live scale multiplies whatever the schedule set
         self.step = step
         if not stepped:
             self._count_skip(step)
         else:
             self._consecutive_skips = 0
+        return stepped
 
-        step_time = time.perf_counter() - started
-        self.cadence.record_step(step_time)
-        if not is_report:
-            return
+    def _report(self, report: StepReport) -> None:
+        """A report step: the per-rank figures when due (a collective: every rank takes part), then rank 0
+        writes the metrics record and sends it to the observers."""
         rank_figures = None
         if self.collectives is not None and self._figures_next:
-            rank_figures = self.collectives.gather_figures(step_time, data_wait)
+            rank_figures = self.collectives.gather_figures(report.step_time_s, report.data_wait_s)
             self._figures_gathered_at = time.monotonic()
         if not self.reports:
             return
         record: dict[str, Any] = {
-            "step": step,
+            "step": report.step,
             "time": time.time(),
             "elapsed_s": round(self._elapsed(), 3),
             "epoch": self.data.position.epoch,
-            "loss": loss_value,
-            "lr": lr_used,
-            "samples_per_s": self.batch_size * options.accum / step_time,  # the global batch, all ranks together
-            "step_time_s": step_time,
-            "grad_norm_total": total_norm,
-            "clipped": did_clip,
-            "grad_norms": None,
-            "skipped": not stepped,
-            **options.as_dict(),
+            "loss": report.loss,
+            "lr": report.lr,
+            # The global batch, all ranks together.
+            "samples_per_s": self.batch_size * report.options.accum / report.step_time_s,
+            "step_time_s": report.step_time_s,
+            "grad_norm_total": report.grad_norm_total,
+            "clipped": report.clipped,
+            "grad_norms": report.grad_norms,
+            "skipped": not report.stepped,
+            **report.options.as_dict(),
         }
-        if probe_due and norms is not None:
-            module_norms = values[: len(self.grad_probe.module_names)]
-            del values[: len(module_norms)]
-            record["grad_norms"] = dict(zip(self.grad_probe.module_names, module_norms))
-        if activations is not None:
-            names = self.activation_probe.module_names
-            record["act_stats"] = {
-                name: values[3 * i : 3 * i + 3] for i, name in enumerate(names) if not math.isnan(values[3 * i])
-            }
+        if report.act_stats is not None:
+            record["act_stats"] = report.act_stats
         if rank_figures is not None:
             record["ranks"] = rank_figures
-        if self._is_eval_step(step):
+        if self._is_eval_step(report.step):
             record["val_loss"] = self._evaluate()  # rank 0 alone, on the model without its DDP wrapper
         self._emit_metrics(record)
 
@@ -462,8 +488,7 @@ class Trainer:
 
     def _count_skip(self, step: int) -> None:
         self._consecutive_skips += 1
-        scale = self.grad_scaler.get_scale() if self.grad_scaler is not None else None
-        self._emit(StepSkipped(step=step, reason="fp16 overflow: the scaler lowered its scale", scale=scale))
+        self._emit(StepSkipped(step=step, **self.precision.skipped_step()))
         if self._consecutive_skips >= MAX_CONSECUTIVE_FP16_SKIPS:
             self._raise_nonfinite(step, math.nan, None)
 
@@ -666,7 +691,7 @@ class Trainer:
 
     @enacts(AMP)
     def _enact_amp(self, mode: str) -> None:
-        self.precision = make_precision(mode, self.device, self._get_grad_scaler)
+        self.precision = self.precisions.make(mode)
 
     @enacts(CHECKPOINTING)
     def _enact_checkpointing(self, on: bool) -> None:
@@ -718,11 +743,6 @@ class Trainer:
         epoch = self.scheduler.last_epoch
         return [base * factor(epoch) for base, factor in zip(self.scheduler.base_lrs, self.scheduler.lr_lambdas)]
 
-    def _get_grad_scaler(self) -> torch.amp.GradScaler:
-        if self.grad_scaler is None:
-            self.grad_scaler = torch.amp.GradScaler(self.device.type)
-        return self.grad_scaler
-
     # ----------------------------------------------------------------- checkpoints
     def _save_checkpoint(self, reason: str) -> None:
         """Every rank calls this at the same step (its RNG state is part of the checkpoint); rank 0 writes."""
@@ -738,7 +758,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "grad_scaler": self.grad_scaler.state_dict() if self.grad_scaler is not None else None,
+            "grad_scaler": self.precisions.state_dict(),
             "rng": rng,
             "data": self.data.position.as_dict(),
             "options": self.options.as_dict(),
@@ -771,8 +791,7 @@ class Trainer:
         for group, settings in zip(self.optimizer.param_groups, configured):
             group.update(settings)
         self.scheduler.base_lrs = [settings["initial_lr"] for settings in configured]
-        if state.get("grad_scaler") is not None:
-            self._get_grad_scaler().load_state_dict(state["grad_scaler"])
+        self.precisions.load_state_dict(state.get("grad_scaler"))
         self._restore_rng(state)
         self.data.restore(DataPosition.from_dict(state["data"], self.batch_size))
         self.step = state["step"]

@@ -1,0 +1,89 @@
+"""What one optimizer step reports, and the one host transfer it is read from.
+
+Everything a step reports is computed on the device (the loss, gradient norms, whether clipping fired,
+activation statistics) and moved to the host together: one ``torch.cat(...).tolist()``. On CUDA that
+transfer waits for the device, so it is the step's only synchronisation point. ``HostTransfer`` owns the
+layout of the packed tensor, so the loop reads its results back by name, never by position.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from torchlab.core.wire.options import LiveOptions
+
+
+class HostTransfer:
+    """Device tensors gathered under names, then moved to the host in one transfer (``to_host``)."""
+
+    def __init__(self) -> None:
+        self._parts: list[torch.Tensor] = []
+        self._spans: dict[str, tuple[int, int]] = {}
+        self._size = 0
+
+    def add(self, name: str, tensor: torch.Tensor | None) -> None:
+        """Queue ``tensor`` (any shape: flattened; any dtype: as fp32) under ``name``; None queues nothing."""
+        if tensor is None:
+            return
+        if tensor.dim() != 1:
+            tensor = tensor.reshape(-1)
+        if tensor.dtype != torch.float32:
+            tensor = tensor.float()
+        end = self._size + tensor.shape[0]
+        self._parts.append(tensor)
+        self._spans[name] = (self._size, end)
+        self._size = end
+
+    def to_host(self) -> HostValues:
+        return HostValues(torch.cat(self._parts).tolist(), self._spans)
+
+
+class HostValues:
+    """The host's copy of a ``HostTransfer``, read by name; a name that was not queued reads as None."""
+
+    def __init__(self, values: list[float], spans: dict[str, tuple[int, int]]) -> None:
+        self._values = values
+        self._spans = spans
+
+    def scalar(self, name: str) -> float | None:
+        span = self._spans.get(name)
+        return self._values[span[0]] if span is not None else None
+
+    def flag(self, name: str) -> bool | None:
+        value = self.scalar(name)
+        return bool(value) if value is not None else None
+
+    def vector(self, name: str) -> list[float] | None:
+        span = self._spans.get(name)
+        return self._values[span[0] : span[1]] if span is not None else None
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One optimizer step as the host sees it after the step's transfer.
+
+    ``lr`` is the LR the step used (the schedule has moved on since); ``stepped`` is False when the
+    precision skipped the optimizer step (fp16 overflow). ``grad_norm_total`` and ``clipped`` are None
+    on steps that did not measure or clip; ``grad_norms`` (per module) on steps the probe did not report;
+    ``act_stats`` (per module: mean, std, max |x|) on steps that did not sample them."""
+
+    step: int
+    options: LiveOptions  # in force for this step: commands change them only between steps
+    loss: float
+    lr: float
+    stepped: bool
+    grad_norm_total: float | None
+    clipped: bool | None
+    grad_norms: dict[str, float] | None
+    act_stats: dict[str, list[float]] | None
+    step_time_s: float
+    data_wait_s: float
+
+
+def stats_by_module(module_names: list[str], table: list[float]) -> dict[str, list[float]]:
+    """A flattened [modules, 3] statistics table as {module: [mean, std, max |x|]}, leaving out the
+    modules that did not run this step (NaN rows)."""
+    return {name: table[3 * i : 3 * i + 3] for i, name in enumerate(module_names) if not math.isnan(table[3 * i])}
