@@ -16,11 +16,13 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torchlab.core.wire import protocol
 from torchlab.core.wire.options import OPTION_NAMES, format_option_value
+from torchlab.tui.gradient_flags import flag_for
+from torchlab.tui.stragglers import RankFigures, flag_stragglers
 from torchlab.tui.thinning import Series
 
 if TYPE_CHECKING:
@@ -32,26 +34,14 @@ RUN_STATES = ("connecting", "starting", "running", "paused", "relaunching", "sto
 
 #: Gradient-norm trend length kept per module (the sparkline in the table).
 TREND_LENGTH = 16
-#: A module whose norm is below this absolute value, or below VANISHING_RATIO x the layer median, is vanishing.
-VANISHING_NORM = 1e-7
-VANISHING_RATIO = 1e-3
-#: A module above EXPLODING_RATIO x the layer median, or RISING_FACTOR x its own recent median, is exploding.
-EXPLODING_RATIO = 100.0
-RISING_FACTOR = 10.0
 #: How many recent records the ETA averages step time over.
 ETA_WINDOW = 20
 #: Telemetry samples kept for the system panel's memory history (about 1 Hz: five minutes).
 TELEMETRY_HISTORY = 300
 #: A segment's verdict goes to the event log once it has this many steps (its medians have settled).
 IMPACT_SETTLE_STEPS = 20
-#: A rank straggles when its step time or data wait is above this many times the other ranks' median
-#: and the excess is at least STRAGGLER_MIN_SHARE of the median step time (``flag_stragglers`` says why).
-STRAGGLER_RATIO = 1.3
-STRAGGLER_MIN_SHARE = 0.05
 
 AMP_CYCLE = ("off", "bf16", "fp16")
-
-SPARK_CHARS = "▁▂▃▄▅▆▇█"
 
 
 @dataclass(frozen=True)
@@ -74,28 +64,6 @@ class Failure:
     detail: str  # the traceback, or the non-finite report
     step: int | None
     checkpoint: str | None = None
-
-
-@dataclass(frozen=True)
-class RankFigures:
-    """One rank's figures from the trainer's ``Ranks`` message, compared with the other ranks'.
-
-    A figure the rank could not measure is None (the CUDA allocator's on a CPU rank). ``step_vs_others`` and
-    ``wait_vs_others`` are this rank's step time and data wait over the other ranks' median; ``flag`` names
-    the figure that makes it a straggler ("step time" or "data wait"), or is empty.
-    """
-
-    rank: int
-    step_time_s: float | None
-    data_wait_s: float | None
-    allocated_bytes: float | None
-    reserved_bytes: float | None
-    peak_allocated_bytes: float | None
-    rss_bytes: float | None
-    host: str = ""
-    step_vs_others: float | None = None
-    wait_vs_others: float | None = None
-    flag: str = ""
 
 
 @dataclass
@@ -614,136 +582,8 @@ _HANDLERS = {
 }
 
 
-def flag_stragglers(ranks: list[RankFigures]) -> list[RankFigures]:
-    """Each rank compared with the median of the *other* ranks, and flagged when it straggles.
-
-    A rank is a straggler when its step time, or its data wait, is above STRAGGLER_RATIO (1.3) times the
-    other ranks' median, and that excess is at least STRAGGLER_MIN_SHARE (5 %) of the median step time.
-
-    - The others' median, not the median of all: with two ranks the median of all is the pair's mean,
-      which halves any gap; and one straggler among many does not move the others' median.
-    - 1.3x: ranks of one run on one host differ by 5-15 % from report to report (measured: tiny_gpt, two
-      CPU ranks, 220-300 ms steps); 30 % is past that noise, and a rank that far behind holds every rank
-      back by as much at each all-reduce.
-    - The floor: a data wait of 0.6 ms against 0.4 ms is 1.5x but costs nothing worth a flag.
-    - Both figures: the gradient all-reduce makes every rank wait for the slowest, so a rank that computes
-      slowly raises every rank's step time alike; what stays visible per rank is the wait for its batch
-      (a slow loader or disk) and work a rank does outside the shared part of the step.
-    """
-    step_times = [figures.step_time_s for figures in ranks]
-    waits = [figures.data_wait_s for figures in ranks]
-    known_steps = [value for value in step_times if value is not None]
-    typical_step = statistics.median(known_steps) if known_steps else None
-    flagged = []
-    for index, figures in enumerate(ranks):
-        step_ratio, step_excess = _against_others(step_times, index)
-        wait_ratio, wait_excess = _against_others(waits, index)
-        floor = STRAGGLER_MIN_SHARE * typical_step if typical_step else 0.0
-        flag = ""
-        if step_ratio is not None and step_ratio > STRAGGLER_RATIO and step_excess >= floor:
-            flag = "step time"
-        elif wait_ratio is not None and wait_ratio > STRAGGLER_RATIO and wait_excess >= floor and typical_step:
-            flag = "data wait"
-        flagged.append(replace(figures, step_vs_others=step_ratio, wait_vs_others=wait_ratio, flag=flag))
-    return flagged
-
-
-def _against_others(values: list[float | None], index: int) -> tuple[float | None, float]:
-    """``values[index]`` over the median of the other known values, and its excess over that median."""
-    value = values[index]
-    others = [other for position, other in enumerate(values) if position != index and other is not None]
-    if value is None or not others:
-        return None, 0.0
-    typical = statistics.median(others)
-    if typical <= 0:
-        return (None if value <= 0 else math.inf), value - typical
-    return value / typical, value - typical
-
-
 def _processes(count: int) -> str:
     return f"{count} process" if count == 1 else f"{count} processes"
-
-
-def flag_for(norm: float | None, ratio: float | None, trend: list[float]) -> str:
-    """Why a module's gradient deserves a look: "non-finite", "exploding", "vanishing", or ""."""
-    if norm is None:
-        return ""
-    if not math.isfinite(norm):
-        return "non-finite"
-    if ratio is not None and ratio > EXPLODING_RATIO:
-        return "exploding"
-    # Rising fast: against the median of its own recent past, so one earlier spike does not hide the next.
-    earlier = [value for value in trend[:-1] if math.isfinite(value)][-8:]
-    if len(earlier) >= 3:
-        typical = statistics.median(earlier)
-        if typical > 0 and norm > RISING_FACTOR * typical:
-            return "exploding"
-    if norm < VANISHING_NORM or (ratio is not None and ratio < VANISHING_RATIO):
-        return "vanishing"
-    return ""
-
-
-def sparkline(values: list[float] | deque[float], width: int = TREND_LENGTH) -> str:
-    """The last ``width`` values as ▁..█ bars scaled between their own min and max."""
-    finite = [value for value in list(values)[-width:] if math.isfinite(value)]
-    if not finite:
-        return ""
-    low, high = min(finite), max(finite)
-    span = high - low
-    if span <= 0:
-        return SPARK_CHARS[3] * len(finite)
-    top = len(SPARK_CHARS) - 1
-    return "".join(SPARK_CHARS[round((value - low) / span * top)] for value in finite)
-
-
-def group_name(module: str) -> str:
-    """The group a module belongs to: its name up to the first numeric part (``blocks.0``), else its first part."""
-    parts = module.split(".")
-    for index, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[: index + 1])
-    return parts[0]
-
-
-def combine_norms(norms: list[float | None]) -> float | None:
-    """The norm of a group of modules: parameters are disjoint, so squares add."""
-    present = [norm for norm in norms if norm is not None]
-    if not present:
-        return None
-    return math.sqrt(sum(norm * norm for norm in present))
-
-
-def format_duration(seconds: float | None) -> str:
-    """``1:02:03`` or ``2:03``; "–" when unknown."""
-    if seconds is None or not math.isfinite(seconds) or seconds < 0:
-        return "–"
-    whole = int(round(seconds))
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
-
-
-def format_number(value: float | None, digits: int = 4) -> str:
-    """A figure short enough for a narrow column: 0.0123, 1.23e-05, 12345."""
-    if value is None:
-        return "–"
-    if not math.isfinite(value):
-        return str(value)
-    magnitude = abs(value)
-    if magnitude != 0 and (magnitude < 1e-3 or magnitude >= 1e5):
-        return f"{value:.{max(1, digits - 2)}e}"
-    return f"{value:.{digits}g}"
-
-
-def format_ratio(value: float | None) -> str:
-    """A ratio to the median in at most 5 characters: 0.42, 17, <.01, >999."""
-    if value is None or not math.isfinite(value):
-        return "–"
-    if value < 0.01:
-        return "<.01"
-    if value >= 1000:
-        return ">999"
-    return f"{value:.2g}" if value < 100 else f"{value:.0f}"
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -7,17 +7,10 @@ import math
 from fake_link import grad_norms, module_names, ranks, record, training_events, welcome
 
 from torchlab.core.wire import protocol
-from torchlab.tui.state import (
-    RankFigures,
-    RunState,
-    combine_norms,
-    flag_for,
-    flag_stragglers,
-    format_duration,
-    format_ratio,
-    group_name,
-    sparkline,
-)
+from torchlab.tui.formatting import format_duration, format_ratio, sparkline
+from torchlab.tui.gradient_flags import combine_norms, flag_for, group_name
+from torchlab.tui.state import RunState
+from torchlab.tui.stragglers import RankFigures, flag_stragglers
 
 
 def fed(events) -> RunState:

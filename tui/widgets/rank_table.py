@@ -17,7 +17,8 @@ from textual.geometry import Size
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from torchlab.tui.state import RankFigures, RunState
+from torchlab.tui.state import RunState
+from torchlab.tui.stragglers import RankFigures
 from torchlab.tui.units import format_bytes
 from torchlab.tui.widgets.system_panel import NA
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from torchlab.tui.state import RunState, format_number
+from torchlab.tui.formatting import format_number
+from torchlab.tui.state import RunState
 
 
 class StatsBar(Static):

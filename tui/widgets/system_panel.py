@@ -16,10 +16,10 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from torchlab.tui.formatting import SPARK_CHARS
 from torchlab.tui.state import RunState, finite_number
 from torchlab.tui.units import byte_unit, format_bytes, three_digits
 
-SPARK_CHARS = "▁▂▃▄▅▆▇█"
 PARTIAL_BLOCKS = " ▏▎▍▌▋▊▉"
 #: Width of the label column ("mem", "util", "alloc", ...).
 LABEL_WIDTH = 6
