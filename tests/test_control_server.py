@@ -16,9 +16,12 @@ import pytest
 from torchlab.core.wire import control_server as cs
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.outbox import Outbox
+from torchlab.core.wire.payloads import RunInfo
 
 TOKEN = "ab" * 16
 WAIT_S = 30.0
+RUN = RunInfo(workload="tiny", run_dir="/runs/x", device="cpu", steps=10, batch_size=4, pid=1, started=0.0,
+              checkpoint_blocks=[], world_size=1, ranks=[])
 
 
 class Served:
@@ -30,7 +33,7 @@ class Served:
         self.changed = threading.Condition()
         self.server = cs.ControlServer(
             directory / "s.sock", TOKEN, Outbox(),
-            welcome=lambda: p.Welcome(run={}, modules=[], options={}, state="running", step=0),
+            welcome=lambda: p.Welcome(run=RUN, modules=[], options={}, state="running", step=0),
             on_command=lambda command: self._keep(self.commands, command),
             on_client_gone=lambda: None,
             on_refused=lambda reason, before_hello: self._keep(self.refused, (reason, before_hello)),
@@ -80,7 +83,7 @@ def test_refused_lines_are_passed_on_before_and_after_the_hello_and_a_probe_is_n
     assert "expected a hello" in answer(stranger).reason
     served.until(lambda: len(served.refused) == 1)
     app = served.app()
-    app.sendall(b'{"v": 2, "type": "' + b"x" * 100_000 + b'"}\n')
+    app.sendall(b'{"v": 3, "type": "' + b"x" * 100_000 + b'"}\n')
     served.until(lambda: len(served.refused) == 2)
     app.sendall(p.PauseCommand().encode())
     served.until(lambda: served.commands)
@@ -92,7 +95,7 @@ def test_refused_lines_are_passed_on_before_and_after_the_hello_and_a_probe_is_n
 
 def test_a_line_cut_off_by_the_peer_hanging_up_is_a_refused_line(served):
     stranger = served.connect()
-    stranger.sendall(b'{"v": 2, "type": "hel')
+    stranger.sendall(b'{"v": 3, "type": "hel')
     stranger.shutdown(socket.SHUT_WR)
     assert "connection closed" in answer(stranger).reason
     served.until(lambda: served.refused == [("expected a hello with a token first: connection closed", True)])

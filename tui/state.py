@@ -5,9 +5,11 @@ changed (each part has a version counter that ``apply`` bumps). Keeping this sep
 makes the rules testable without a terminal: how an acknowledgement is worded, when a gradient is
 flagged, what a resumed run does to the curves.
 
-Events come from another process and their nested payloads (run info, module list, metric records) are
-not validated by the protocol layer, so every field is read defensively: a surprising value becomes a
-warning in the event log, never an exception that takes the app down.
+Events come from another process. The protocol validates every field of every message, the payloads
+nested in them included (the run, its modules, system samples, rank figures, impact segments), so those
+are read as they are. What it leaves open is read defensively: the metrics columns, the gradient norms'
+length against the module list, the options, a state name; a surprising value there becomes a warning in
+the event log, never an exception that takes the app down.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from torchlab.core.wire import protocol
 from torchlab.core.wire.options import OPTION_NAMES, format_option_value
+from torchlab.core.wire.payloads import ImpactSegment, RankProcess, TelemetrySample
 from torchlab.tui.gradient_flags import flag_for
-from torchlab.tui.stragglers import RankFigures, flag_stragglers
+from torchlab.tui.stragglers import ComparedRank, flag_stragglers
 from torchlab.tui.thinning import Series
 
 if TYPE_CHECKING:
@@ -102,16 +105,17 @@ class RunState:
         self.last_record: dict[str, Any] = {}
         self.elapsed_s: float | None = None
         self.recent_step_times: deque[float] = deque(maxlen=ETA_WINDOW)
-        self.telemetry: dict[str, Any] = {}
+        #: the newest system sample (None until the first arrives)
+        self.telemetry: TelemetrySample | None = None
         #: the last TELEMETRY_HISTORY samples, oldest first (the system panel's memory history)
-        self.telemetry_history: deque[dict[str, Any]] = deque(maxlen=TELEMETRY_HISTORY)
+        self.telemetry_history: deque[TelemetrySample] = deque(maxlen=TELEMETRY_HISTORY)
         #: profiler snapshots of this run, in order of arrival
         self.profiles: list[ProfileSnapshot] = []
         #: a snapshot was asked for and has not arrived (nor been refused) yet
         self.profile_pending = False
         #: the impact table: one row per option segment (``ImpactTracker.table()``), newest message wins
-        self.impact: list[dict[str, Any]] = []
-        self._impact_logged: set[tuple[Any, str]] = set()
+        self.impact: list[ImpactSegment] = []
+        self._impact_logged: set[tuple[int, str]] = set()
         self.failure: Failure | None = None
         #: option -> value the app asked for and the trainer has not answered yet
         self.pending: dict[str, Any] = {}
@@ -130,8 +134,8 @@ class RunState:
         self.telemetry_version = 0
         self.profiles_version = 0
         self.impact_version = 0
-        #: per-rank figures of the newest ``Ranks`` message, in rank order (empty at world size 1)
-        self.ranks: list[RankFigures] = []
+        #: per-rank figures of the newest ``Ranks`` message, compared, in rank order (empty at world size 1)
+        self.ranks: list[ComparedRank] = []
         #: the step the rank figures were gathered at
         self.ranks_step: int | None = None
         #: rank -> host, from the trainer's welcome (shown when the ranks span several hosts)
@@ -245,23 +249,18 @@ class RunState:
     # ------------------------------------------------------------------ handlers
 
     def _on_welcome(self, event: protocol.Welcome) -> None:
-        run = event.run if isinstance(event.run, dict) else {}
-        self.workload = str(run.get("workload") or self.workload)
-        self.device = str(run.get("device") or "")
-        self.run_dir = str(run.get("run_dir") or "")
-        self.total_steps = _int_or_none(run.get("steps"))
-        self.started = _float_or_none(run.get("started"))
-        modules = []
-        for entry in event.modules:
-            if isinstance(entry, dict) and isinstance(entry.get("name"), str):
-                modules.append(ModuleStats(entry["name"], _int_or_none(entry.get("params")) or 0))
-            else:
-                self.log("warning", f"ignored a malformed module entry in the trainer's welcome: {entry!r}")
+        run = event.run
+        self.workload = run.workload or self.workload
+        self.device = run.device
+        self.run_dir = run.run_dir
+        self.total_steps = run.steps
+        self.started = run.started
+        modules = [ModuleStats(module.name, module.params) for module in event.modules]
         if [m.name for m in modules] != [m.name for m in self.modules]:
             self.modules = modules
             self.modules_version += 1
         self._set_options(event.options)
-        self._start_ranks(run.get("ranks"))
+        self._start_ranks(run.ranks)
         # A run resumed from a checkpoint re-trains the steps after it: drop them from the curves.
         if event.step < self.step:
             for series in (self.loss, self.val_loss, self.lr, self.samples_per_s, self.step_time):
@@ -412,22 +411,19 @@ class RunState:
         )
 
     def _on_impact(self, event: protocol.Impact) -> None:
-        segments = [segment for segment in event.segments if isinstance(segment, dict)]
-        if len(segments) != len(event.segments):
-            self.log("warning", f"ignored {len(event.segments) - len(segments)} malformed impact segment(s)")
-        self.impact = segments
+        self.impact = list(event.segments)
         self.impact_version += 1
         # A segment's verdict, once its medians have settled, goes to the event log (once): the
         # answer to "what did that change do" lands where the change itself was acknowledged.
-        for segment in segments[1:]:
-            first, last = _int_or_none(segment.get("first_step")), _int_or_none(segment.get("last_step"))
-            verdict = segment.get("verdict")
-            key = (first, str(segment.get("change")))
-            if first is None or last is None or not isinstance(verdict, str) or key in self._impact_logged:
+        for segment in self.impact[1:]:
+            first, last = segment.first_step, segment.last_step
+            key = (first, segment.change)
+            if key in self._impact_logged:
                 continue
-            if last - first + 1 >= IMPACT_SETTLE_STEPS and (segment.get("speedup") is not None or segment.get("memory_change") is not None):
+            if last - first + 1 >= IMPACT_SETTLE_STEPS and (segment.speedup is not None or segment.memory_change is not None):
                 self._impact_logged.add(key)
-                self.log("impact", f"{verdict} (steps {first}–{last}; i shows the impact table)", last, notify=True, toast=verdict)
+                self.log("impact", f"{segment.verdict} (steps {first}–{last}; i shows the impact table)", last,
+                         notify=True, toast=segment.verdict)
 
     def _on_option_applied(self, event: protocol.OptionApplied) -> None:
         self.pending.pop(event.option, None)
@@ -489,13 +485,10 @@ class RunState:
         self.ranks, self.ranks_step = [], None
         self.ranks_version += 1
 
-    def _start_ranks(self, described: Any) -> None:
+    def _start_ranks(self, described: list[RankProcess]) -> None:
         """A (new) trainer's welcome: forget the figures of any earlier one; note where each rank runs."""
-        self.ranks, self.ranks_step, self.rank_hosts = [], None, {}
-        for entry in described if isinstance(described, list) else []:
-            rank = _int_or_none(entry.get("rank")) if isinstance(entry, dict) else None
-            if rank is not None and isinstance(entry.get("host"), str):
-                self.rank_hosts[rank] = entry["host"]
+        self.ranks, self.ranks_step = [], None
+        self.rank_hosts = {process.rank: process.host for process in described}
         self.ranks_version += 1
 
     def _on_ranks(self, event: protocol.Ranks) -> None:
@@ -503,23 +496,8 @@ class RunState:
         world-size change (a latest-wins message of ranks that are gone)."""
         if self.world_size <= 1 or event.step < self._applied_at.get("world_size", 0):
             return
-        ranks = []
-        for entry in event.ranks:
-            rank = _int_or_none(entry.get("rank")) if isinstance(entry, dict) else None
-            if rank is None:
-                self.log("warning", f"ignored a malformed entry in the trainer's rank figures: {entry!r}")
-                continue
-            ranks.append(RankFigures(
-                rank=rank,
-                step_time_s=finite_number(entry.get("step_time_s")),
-                data_wait_s=finite_number(entry.get("data_wait_s")),
-                allocated_bytes=finite_number(entry.get("allocated_bytes")),
-                reserved_bytes=finite_number(entry.get("reserved_bytes")),
-                peak_allocated_bytes=finite_number(entry.get("peak_allocated_bytes")),
-                rss_bytes=finite_number(entry.get("rss_bytes")),
-                host=self.rank_hosts.get(rank, ""),
-            ))
-        self.ranks = flag_stragglers(sorted(ranks, key=lambda figures: figures.rank))
+        in_order = sorted(event.ranks, key=lambda figures: figures.rank)
+        self.ranks = flag_stragglers([ComparedRank(figures, self.rank_hosts.get(figures.rank, "")) for figures in in_order])
         self.ranks_step = event.step
         self.ranks_version += 1
 
@@ -602,12 +580,6 @@ def _float_or_none(value: Any) -> float | None:
     if isinstance(value, (int, float)):
         return float(value)
     return None
-
-
-def finite_number(value: Any) -> float | None:
-    """``value`` as a float if it is a finite number (not a bool), else None: for figures from the trainer."""
-    number = _float_or_none(value)
-    return number if number is not None and math.isfinite(number) else None
 
 
 def _all_finite_numbers(values: Sequence[Any]) -> bool:

@@ -9,6 +9,8 @@ import math
 import statistics
 from dataclasses import dataclass, replace
 
+from torchlab.core.wire.payloads import RankFigures
+
 #: A rank straggles when its step time or data wait is above this many times the other ranks' median
 #: and the excess is at least STRAGGLER_MIN_SHARE of the median step time (``flag_stragglers`` says why).
 STRAGGLER_RATIO = 1.3
@@ -16,28 +18,22 @@ STRAGGLER_MIN_SHARE = 0.05
 
 
 @dataclass(frozen=True)
-class RankFigures:
-    """One rank's figures from the trainer's ``Ranks`` message, compared with the other ranks'.
+class ComparedRank:
+    """One rank's figures (from the trainer's ``Ranks`` message) and where it runs, compared with the other ranks'.
 
-    A figure the rank could not measure is None (the CUDA allocator's on a CPU rank). ``step_vs_others`` and
-    ``wait_vs_others`` are this rank's step time and data wait over the other ranks' median; ``flag`` names
-    the figure that makes it a straggler ("step time" or "data wait"), or is empty.
+    ``step_vs_others`` and ``wait_vs_others`` are this rank's step time and data wait over the other ranks'
+    median (None where a figure is missing); ``flag`` names the figure that makes it a straggler ("step time"
+    or "data wait"), or is empty.
     """
 
-    rank: int
-    step_time_s: float | None
-    data_wait_s: float | None
-    allocated_bytes: float | None
-    reserved_bytes: float | None
-    peak_allocated_bytes: float | None
-    rss_bytes: float | None
+    figures: RankFigures
     host: str = ""
     step_vs_others: float | None = None
     wait_vs_others: float | None = None
     flag: str = ""
 
 
-def flag_stragglers(ranks: list[RankFigures]) -> list[RankFigures]:
+def flag_stragglers(ranks: list[ComparedRank]) -> list[ComparedRank]:
     """Each rank compared with the median of the *other* ranks, and flagged when it straggles.
 
     A rank is a straggler when its step time, or its data wait, is above STRAGGLER_RATIO (1.3) times the
@@ -53,12 +49,12 @@ def flag_stragglers(ranks: list[RankFigures]) -> list[RankFigures]:
       slowly raises every rank's step time alike; what stays visible per rank is the wait for its batch
       (a slow loader or disk) and work a rank does outside the shared part of the step.
     """
-    step_times = [figures.step_time_s for figures in ranks]
-    waits = [figures.data_wait_s for figures in ranks]
+    step_times = [rank.figures.step_time_s for rank in ranks]
+    waits = [rank.figures.data_wait_s for rank in ranks]
     known_steps = [value for value in step_times if value is not None]
     typical_step = statistics.median(known_steps) if known_steps else None
     flagged = []
-    for index, figures in enumerate(ranks):
+    for index, rank in enumerate(ranks):
         step_ratio, step_excess = _against_others(step_times, index)
         wait_ratio, wait_excess = _against_others(waits, index)
         floor = STRAGGLER_MIN_SHARE * typical_step if typical_step else 0.0
@@ -67,7 +63,7 @@ def flag_stragglers(ranks: list[RankFigures]) -> list[RankFigures]:
             flag = "step time"
         elif wait_ratio is not None and wait_ratio > STRAGGLER_RATIO and wait_excess >= floor and typical_step:
             flag = "data wait"
-        flagged.append(replace(figures, step_vs_others=step_ratio, wait_vs_others=wait_ratio, flag=flag))
+        flagged.append(replace(rank, step_vs_others=step_ratio, wait_vs_others=wait_ratio, flag=flag))
     return flagged
 
 

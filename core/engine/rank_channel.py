@@ -31,7 +31,8 @@ from typing import Any, ClassVar
 from torchlab.core.wire.errors import StorageError
 from torchlab.core.wire.line_reader import LineReader
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.protocol import Message, ProtocolError, decode
+from torchlab.core.wire.payloads import RankFigures, TelemetrySample
+from torchlab.core.wire.protocol import Message, ProtocolError, decode, read_payload
 from torchlab.core.wire.runtime import listen_privately, runtime_dir
 from torchlab.core.wire.throttle import RefusedLines
 from torchlab.core.engine.trainer import Command, Stop, WorldSizeChange, command_from_json, command_to_json
@@ -73,6 +74,15 @@ class MetricsReport(RankMessage):
     def validate(self) -> None:
         if not _is_int(self.record.get("step")):
             raise ProtocolError("metrics.record: needs an integer step")
+        self.as_reported()  # per-rank figures that are not RankFigures are refused here, as any bad line
+
+    def as_reported(self) -> dict[str, Any]:
+        """The record as rank 0's trainer made it: its per-rank figures, JSON objects on this channel, read
+        back as RankFigures (``read_payload`` raises ProtocolError for any that is not one)."""
+        figures = self.record.get("ranks")
+        if figures is None:
+            return self.record
+        return {**self.record, "ranks": read_payload(list[RankFigures], figures, "metrics.record.ranks")}
 
 
 @dataclass(frozen=True)
@@ -91,8 +101,8 @@ class EventReport(RankMessage):
 @dataclass(frozen=True)
 class TelemetryReport(RankMessage):
     type: ClassVar[str] = "telemetry"
-    schema: ClassVar = {"sample": (dict,)}
-    sample: dict
+    schema: ClassVar = {"sample": (TelemetrySample,)}
+    sample: TelemetrySample
 
 
 @dataclass(frozen=True)
@@ -309,7 +319,7 @@ class RankChannel:
 
     def _dispatch(self, message: RankMessage, connection: socket.socket) -> None:
         if isinstance(message, MetricsReport):
-            self.observer.on_metrics(message.record)
+            self.observer.on_metrics(message.as_reported())
         elif isinstance(message, EventReport):
             self.observer.on_event(message.record)
         elif isinstance(message, TelemetryReport):
@@ -358,7 +368,7 @@ class SupervisorLink(TrainerObserver):
     def on_event(self, record: dict[str, Any]) -> None:
         self._send(EventReport(record=record))
 
-    def on_telemetry(self, sample: dict[str, Any]) -> None:
+    def on_telemetry(self, sample: TelemetrySample) -> None:
         self._send(TelemetryReport(sample=sample))
 
     def send_outcome(self, status: str, step: int, message: str = "", *, relaunch: WorldSizeChange | None = None,

@@ -48,6 +48,7 @@ from torchlab.core.wire.config import TrainConfig, build_config, load_config_fil
 from torchlab.core.engine.distributed import RankContext, check_world_size, rank_from_environment
 from torchlab.core.wire.errors import ConfigError, StorageError, TorchlabError, WorkloadError
 from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.wire.options import OptionRefused
 from torchlab.core.engine.rank_channel import RankChannel, SupervisorLink
 from torchlab.core.wire.runtime import die_with_parent
@@ -326,7 +327,7 @@ class _Relay(TrainerObserver):
                     "source": change.source,
                 })
 
-    def on_telemetry(self, sample: dict[str, Any]) -> None:
+    def on_telemetry(self, sample: TelemetrySample) -> None:
         for observer in self.supervisor.observers:
             observer.on_telemetry(sample)
 

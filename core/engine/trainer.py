@@ -56,6 +56,7 @@ from torchlab.core.engine.profiler import ProfilerSnapshot
 from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, ProbeCadence, clip_by_total_norm
 from torchlab.core.engine.schedule import make_scheduler
 from torchlab.core.engine.telemetry import TelemetrySampler
+from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.workload import Workload
 
 DEFAULT_BATCH_SIZE = 32
@@ -842,7 +843,7 @@ class Trainer:
         for observer in self.observers:
             observer.on_metrics(record)
 
-    def _emit_telemetry(self, sample: dict[str, Any]) -> None:
+    def _emit_telemetry(self, sample: TelemetrySample) -> None:
         for observer in self.observers:
             observer.on_telemetry(sample)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchlab.core.wire.payloads import TelemetrySample
+
 
 class TrainerObserver:
     """Receives every report, event and telemetry sample; override what you need (each defaults to nothing).
@@ -18,5 +20,5 @@ class TrainerObserver:
     def on_event(self, record: dict[str, Any]) -> None:
         pass
 
-    def on_telemetry(self, sample: dict[str, Any]) -> None:
+    def on_telemetry(self, sample: TelemetrySample) -> None:
         pass
