@@ -21,20 +21,21 @@ from pathlib import Path
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.control_server import ControlServer
 from torchlab.core.wire.outbox import Outbox
+from torchlab.core.wire.payloads import ModuleInfo, RunInfo
 
 
 class Firehose:
     def __init__(self, modules: int) -> None:
         self.outbox = Outbox()
         self.step = 0
-        self.modules = [{"name": f"blocks.{i // 4}.layer{i % 4}", "params": 1024} for i in range(modules)]
+        self.modules = [ModuleInfo(f"blocks.{i // 4}.layer{i % 4}", 1024) for i in range(modules)]
         self.options = {"amp": "off", "checkpointing": False, "clip": None, "accum": 1, "lr_scale": 1.0, "world_size": 1}
         self.sent = 0
 
     def welcome(self) -> p.Welcome:
         return p.Welcome(
-            run={"workload": "firehose", "run_dir": "", "device": "cpu", "steps": 10**9, "batch_size": 1,
-                 "pid": os.getpid(), "started": time.time(), "checkpoint_blocks": []},
+            run=RunInfo(workload="firehose", run_dir="", device="cpu", steps=10**9, batch_size=1, pid=os.getpid(),
+                        started=time.time(), checkpoint_blocks=[], world_size=1, ranks=[]),
             modules=self.modules, options=dict(self.options), state="running", step=self.step,
         )
 

@@ -16,9 +16,12 @@ import pytest
 from torchlab.core.wire import control_server as cs
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.outbox import Outbox
+from torchlab.core.wire.payloads import RunInfo
 
 TOKEN = "ab" * 16
 WAIT_S = 30.0
+RUN = RunInfo(workload="tiny", run_dir="/runs/x", device="cpu", steps=10, batch_size=4, pid=1, started=0.0,
+              checkpoint_blocks=[], world_size=1, ranks=[])
 
 
 class Served:
@@ -30,7 +33,7 @@ class Served:
         self.changed = threading.Condition()
         self.server = cs.ControlServer(
             directory / "s.sock", TOKEN, Outbox(),
-            welcome=lambda: p.Welcome(run={}, modules=[], options={}, state="running", step=0),
+            welcome=lambda: p.Welcome(run=RUN, modules=[], options={}, state="running", step=0),
             on_command=lambda command: self._keep(self.commands, command),
             on_client_gone=lambda: None,
             on_refused=lambda reason, before_hello: self._keep(self.refused, (reason, before_hello)),

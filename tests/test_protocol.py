@@ -2,27 +2,59 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import threading
+from typing import Any, get_args, get_origin
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from torchlab.core.wire import payloads
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.outbox import Cursor, Outbox
+from torchlab.core.wire.payloads import (
+    AllocatorSample,
+    GpuSample,
+    HostSample,
+    ImpactSegment,
+    ModuleInfo,
+    RankFigures,
+    RankProcess,
+    RunInfo,
+    TelemetrySample,
+)
+
+RUN = RunInfo(workload="tiny_gpt", run_dir="/runs/x", device="cpu", steps=200, batch_size=32, pid=7, started=1.7e9,
+              checkpoint_blocks=["blocks.0", "blocks.1"], world_size=2,
+              ranks=[RankProcess(rank=0, host="node-a", pid=11, device="cpu"), RankProcess(rank=1, host="node-a", pid=12, device="cpu")])
+SAMPLE = TelemetrySample(
+    time=1.7e9, step=12, gpu_status="1 GPU(s)",
+    host=HostSample(cpu_percent=12.5, cpu_count=16, trainer_cpu_percent=98.0, ram_used_bytes=5 << 30, ram_total_bytes=16 << 30,
+                    trainer_rss_bytes=812 << 20, trainer_processes=3),
+    gpus=[GpuSample(index=0, name="NVIDIA H100", memory_used_bytes=41 << 30, memory_total_bytes=80 << 30, utilization_percent=87.0,
+                    temperature_c=62.0, power_w=312.4, power_limit_w=None, sm_clock_mhz=1980.0, this_run_memory_bytes=None)],
+    torch=AllocatorSample(device="cuda:0", allocated_bytes=12 << 30, reserved_bytes=14 << 30, peak_allocated_bytes=None),
+)
+SEGMENT = ImpactSegment(
+    change="start", options={"amp": "off", "clip": None}, first_step=1, last_step=40, median_step_time_s=0.12,
+    median_samples_per_s=266.7, peak_allocated_bytes=None, peak_rss_bytes=900 << 20, loss_slope_per_100_steps=-2.4,
+    speedup=None, memory_change=None, verdict="start",
+)
 
 EXAMPLES = [
     p.Hello(version=1, token="ab" * 32, client="test"),
     p.PauseCommand(), p.ResumeCommand(), p.StopCommand(), p.StopCommand(reason="interrupted"),
     p.SetCommand(option="amp", value="bf16"), p.SetCommand(option="clip", value=None), p.SetCommand(option="accum", value=4, source="--at"),
     p.ProfileCommand(steps=5), p.ProfileCommand(steps=3, source="--profile-at"), p.SaveCheckpointCommand(), p.DetachCommand(),
-    p.Welcome(run={"workload": "tiny_gpt", "pid": 7}, modules=[{"name": "blocks.0.attn.qkv", "params": 49536}],
+    p.Welcome(run=RUN, modules=[ModuleInfo(name="blocks.0.attn.qkv", params=49536)],
               options={"amp": "off", "clip": None}, state="running", step=12),
     p.State(state="paused", step=3, detail="from the app"),
     p.Metrics.from_records([{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.4, "val_loss": 2.6}]),
     p.GradNorms(step=4, norms=[0.5, None, 1.25], total=1.4),
-    p.Telemetry(sample={"host": {"cpu_percent": 12.5}, "gpus": []}),
+    p.Telemetry(sample=SAMPLE),
     p.OptionApplied(option="amp", value="bf16", previous="off", step=8, source="app"),
     p.OptionRefused(option="amp", value="fp16", reason="fp16 needs CUDA", step=8, source="app"),
     p.Detached(step=9),
@@ -32,9 +64,9 @@ EXAMPLES = [
     p.NonFinite(step=6, phase="forward", module="blocks.2.mlp", detail="output non-finite", message="step 6: ..."),
     p.ProfileReady(first_step=11, last_step=15, dir="/runs/x/profiles/0000010",
                    rows=[{"name": "aten::mm", "calls": 30, "self_cpu_us": 1200.5}], sort="self_cpu_us", build_s=0.4),
-    p.Impact(segments=[{"change": "start", "first_step": 1, "last_step": 40, "median_step_time_s": 0.12, "speedup": None}]),
-    p.Ranks(step=12, ranks=[{"rank": 0, "step_time_s": 0.05, "data_wait_s": 0.001, "allocated_bytes": None,
-                             "reserved_bytes": None, "peak_allocated_bytes": None, "rss_bytes": 3.3e8}]),
+    p.Impact(segments=[SEGMENT]),
+    p.Ranks(step=12, ranks=[RankFigures(rank=0, step_time_s=0.05, data_wait_s=0.001, allocated_bytes=None,
+                                        reserved_bytes=None, peak_allocated_bytes=None, rss_bytes=3.3e8)]),
     p.Refused(reason="wrong token"),
 ]
 
@@ -115,6 +147,140 @@ def test_arbitrary_bytes_decode_or_are_refused_never_crash(data):
         pass
 
 
+# ------------------------------------------------------------------------------ nested payloads
+
+PAYLOAD_TYPES = {kind for _, kind in inspect.getmembers(payloads, inspect.isclass) if dataclasses.is_dataclass(kind)}
+
+
+def payloads_in(value: Any) -> list[Any]:
+    """Every payload object inside ``value`` (a message, a payload, a list), depth first."""
+    if isinstance(value, list):
+        return [found for item in value for found in payloads_in(item)]
+    if not dataclasses.is_dataclass(value):
+        return []
+    inner = [found for spec in dataclasses.fields(value) for found in payloads_in(getattr(value, spec.name))]
+    return inner if isinstance(value, p.Message) else [value, *inner]
+
+
+def test_every_payload_type_has_an_example_and_round_trips_inside_its_message():
+    assert {type(found) for message in EXAMPLES for found in payloads_in(message)} == PAYLOAD_TYPES
+    for message in EXAMPLES:
+        decoded = p.decode(message.encode())
+        assert payloads_in(decoded) == payloads_in(message)
+        assert [type(found) for found in payloads_in(decoded)] == [type(found) for found in payloads_in(message)]
+
+
+def test_payloads_keep_their_json_field_names():
+    """The wire, system.jsonl, metrics.jsonl and impact.json write a payload as the object of its fields."""
+    sample = json.loads(p.Telemetry(sample=SAMPLE).encode())["sample"]
+    assert set(sample) == {"time", "step", "host", "gpus", "gpu_status", "torch"}
+    assert sample["gpus"][0]["memory_used_bytes"] == 41 << 30 and sample["torch"]["peak_allocated_bytes"] is None
+    assert json.loads(p.Impact(segments=[SEGMENT]).encode())["segments"] == [dataclasses.asdict(SEGMENT)]
+
+
+def line_with(message: p.Message, path: list[str | int], value: Any) -> str:
+    """``message`` as a line of JSON, with the value at ``path`` (keys and indices) replaced by ``value``."""
+    data = json.loads(message.encode())
+    target = data
+    for step in path[:-1]:
+        target = target[step]
+    target[path[-1]] = value
+    return json.dumps(data)
+
+
+TELEMETRY, WELCOME, IMPACT, RANKS = (next(m for m in EXAMPLES if isinstance(m, kind)) for kind in (p.Telemetry, p.Welcome, p.Impact, p.Ranks))
+
+
+@pytest.mark.parametrize("message, path, value, reason", [
+    (TELEMETRY, ["sample", "gpus", 0, "memory_used_bytes"], "41",
+     "telemetry.sample.gpus[0].memory_used_bytes: expected int or null, got str"),
+    (TELEMETRY, ["sample", "host"], [], "telemetry.sample.host: expected dict, got list"),
+    (TELEMETRY, ["sample", "host", "cpu_percent"], None, "telemetry.sample.host.cpu_percent: expected float, got null"),
+    (TELEMETRY, ["sample", "torch", "allocated_bytes"], 10**30, "telemetry.sample.torch.allocated_bytes: 1000000000000000000000000000000 is out of range"),
+    (TELEMETRY, ["sample", "gpus", 0, "power_w"], float("inf"), "telemetry.sample.gpus[0].power_w: inf is not a finite number"),
+    (WELCOME, ["run", "ranks", 1, "pid"], True, "welcome.run.ranks[1].pid: expected int, got a boolean"),
+    (WELCOME, ["run", "checkpoint_blocks", 1], 3, "welcome.run.checkpoint_blocks[1]: expected str, got int"),
+    (WELCOME, ["modules", 0], "blocks.0", "welcome.modules[0]: expected dict, got str"),
+    (WELCOME, ["modules", 0, "nom"], 1, "welcome.modules[0]: unknown field(s) nom"),
+    (WELCOME, ["run"], {"workload": "tiny_gpt"}, "welcome.run: missing field 'run_dir'"),
+    (IMPACT, ["segments", 0, "speedup"], "fast", "impact.segments[0].speedup: expected float or null, got str"),
+    (IMPACT, ["segments"], {"change": "start"}, "impact.segments: expected list, got dict"),
+    (RANKS, ["ranks", 0, "step_time_s"], float("nan"), "ranks.ranks[0].step_time_s: nan is not a finite number"),
+    (RANKS, ["ranks", 0, "rank"], 0.5, "ranks.ranks[0].rank: expected int, got float"),
+], ids=lambda value: "" if not isinstance(value, str) else value[:40])
+def test_a_malformed_nested_payload_is_refused_with_its_path(message, path, value, reason):
+    with pytest.raises(p.ProtocolError) as refused:
+        p.decode(line_with(message, path, value))
+    assert str(refused.value).startswith(reason)
+
+
+def conforms(value: Any, accepted: tuple) -> bool:
+    """Whether ``value`` is of a schema's ``accepted`` types, nested payloads and their lists checked through."""
+    for kind in accepted:
+        if dataclasses.is_dataclass(kind) and isinstance(value, kind):
+            return all(conforms(getattr(value, spec.name), kind.schema[spec.name]) for spec in dataclasses.fields(kind))
+        if get_origin(kind) is list and isinstance(value, list):
+            return all(conforms(item, get_args(kind)) for item in value)
+        if isinstance(kind, type) and not dataclasses.is_dataclass(kind) and isinstance(value, kind) and not (
+                isinstance(value, bool) and kind is not bool):
+            return True
+    return False
+
+
+def locations(value: Any, path: tuple = ()) -> list[tuple]:
+    """The path of every value inside a decoded JSON ``value``."""
+    found = [path] if path else []
+    if isinstance(value, dict):
+        found += [location for key, item in value.items() for location in locations(item, (*path, key))]
+    elif isinstance(value, list):
+        found += [location for index, item in enumerate(value) for location in locations(item, (*path, index))]
+    return found
+
+
+def shown_path(kind: str, path: tuple) -> str:
+    return kind + "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path)
+
+
+any_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=20), children, max_size=3),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data())
+def test_a_nested_payload_changed_anywhere_decodes_typed_or_is_refused_at_that_path(data):
+    """Replace any value inside a payload, drop a field, or add one: decode either reads a message whose every
+    payload has its declared types (the app reads them as they are), or refuses it naming where it went wrong."""
+    message = data.draw(st.sampled_from([TELEMETRY, WELCOME, IMPACT, RANKS]))
+    original = json.loads(message.encode())
+    path = data.draw(st.sampled_from([location for location in locations(original) if location[0] not in ("v", "type")]))
+    edit = data.draw(st.sampled_from(["replace", "drop", "add"]))
+    changed = json.loads(message.encode())
+    parent = changed
+    for step in path[:-1]:
+        parent = parent[step]
+    if edit == "replace" or isinstance(parent, list):
+        parent[path[-1]] = data.draw(any_json)
+    elif edit == "drop":
+        del parent[path[-1]]
+    else:
+        parent[data.draw(st.text(min_size=1, max_size=20))] = data.draw(any_json)
+        path = path[:-1]
+    try:
+        decoded = p.decode(json.dumps(changed))
+    except p.ProtocolError as error:
+        reason = str(error)
+        assert len(reason) <= MAX_REASON_CHARS
+        where = shown_path(message.type, path)
+        # At the value changed, or at the object it is in (a field dropped or added, or a list's whole type).
+        assert reason.startswith(where) or reason.startswith(shown_path(message.type, path[:-1]) + ":"), (reason, where)
+        return
+    for spec in dataclasses.fields(decoded):
+        assert conforms(getattr(decoded, spec.name), type(decoded).schema.get(spec.name, p._JSON_SCALAR)), spec.name
+
+
 # ------------------------------------------------------------------------------ the outbox
 
 
@@ -133,10 +299,10 @@ def test_outbox_keeps_only_the_latest_grad_norms_and_telemetry():
     outbox, cursor = Outbox(), Cursor()
     for step in range(1, 100):
         outbox.add_latest(p.GradNorms(step=step, norms=[float(step)]))
-        outbox.add_latest(p.Telemetry(sample={"step": step}))
+        outbox.add_latest(p.Telemetry(sample=dataclasses.replace(SAMPLE, step=step)))
     taken = outbox.take(cursor, timeout=0)
     assert [(m.type, getattr(m, "step", None)) for m in taken] == [("grad_norms", 99), ("telemetry", None)]
-    assert taken[1].sample == {"step": 99}
+    assert taken[1].sample.step == 99
 
 
 def test_a_slow_reader_loses_old_metrics_but_never_an_acknowledgement():

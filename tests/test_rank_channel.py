@@ -17,6 +17,7 @@ import pytest
 from torchlab.core.engine import rank_channel as rc
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.engine.outcome import WorldSizeChange
+from torchlab.core.wire.payloads import RankFigures
 from torchlab.core.wire.protocol import PROTOCOL_VERSION, Hello, ProtocolError, SetCommand, StopCommand, Welcome, decode
 
 
@@ -247,3 +248,19 @@ def test_the_channel_speaks_its_own_protocol_not_the_apps():
         decode(outcome.encode())  # the app's socket does not read rank 0's messages
     with pytest.raises(ProtocolError, match="unknown message type 'welcome'"):
         decode(Welcome(run={}, modules=[], options={}, state="running", step=0).encode(), rc.RankMessage)
+
+
+def test_rank_0s_per_rank_figures_reach_the_supervisor_typed_and_malformed_ones_are_refused(supervisor_end):
+    """A metrics report carries the ranks' figures as JSON objects; the supervisor's observers get them back as
+    RankFigures, and a report whose figures are not is refused (with where) like any bad line."""
+    channel, recorder, connect = supervisor_end
+    rank0 = connect(channel.token)
+    figures = [RankFigures(rank, 0.25, 0.0004, None, None, None, 4.0e8) for rank in range(2)]
+    rank0.send(rc.MetricsReport(record={"step": 1, "loss": 2.5, "ranks": figures}).encode())
+    malformed = {"step": 2, "ranks": [{"rank": 0, "step_time_s": "slow"}]}
+    rank0.send(rc.MetricsReport(record=malformed).encode())
+    refusal = rank0.read()
+    assert isinstance(refusal, rc.ChannelRefused)
+    assert refusal.reason.startswith("metrics.record.ranks[0].step_time_s: expected float or null, got str")
+    until(lambda: recorder.metrics, "the report with figures")
+    assert recorder.metrics == [{"step": 1, "loss": 2.5, "ranks": figures}]

@@ -10,20 +10,30 @@ import torch
 from trainers import make_trainer
 from torchlab.core.engine.nvml import Nvml
 from torchlab.core.engine.telemetry import TelemetrySampler
+from torchlab.core.wire import protocol
 
 
 def test_a_sample_has_host_figures_and_says_why_there_is_no_gpu():
     sampler = TelemetrySampler(torch.device("cpu"), on_sample=lambda s: None, current_step=lambda: 7)
     sample = sampler.sample()
     sampler.stop()
-    assert sample["step"] == 7 and set(sample) >= {"time", "host", "gpus", "gpu_status", "torch"}
-    host = sample["host"]
-    assert host["ram_total_bytes"] > host["ram_used_bytes"] > 0
-    assert host["trainer_rss_bytes"] > 50 * 2**20  # this process imported torch
-    assert 0 <= host["cpu_percent"] <= 100 * host["cpu_count"]
+    assert sample.step == 7
+    host = sample.host
+    assert host.ram_total_bytes > host.ram_used_bytes > 0
+    assert host.trainer_rss_bytes > 50 * 2**20  # this process imported torch
+    assert 0 <= host.cpu_percent <= 100 * host.cpu_count
     if not torch.cuda.is_available():
-        assert sample["gpus"] == [] and sample["gpu_status"].startswith("no GPU: ")
-        assert sample["torch"]["allocated_bytes"] is None
+        assert sample.gpus == [] and sample.gpu_status.startswith("no GPU: ")
+        assert sample.torch.allocated_bytes is None
+
+
+def test_a_real_sample_is_what_the_protocol_reads():
+    """What psutil and NVML give fits the sample's declared types: the app decodes the sampler's samples as sent."""
+    sampler = TelemetrySampler(torch.device("cpu"), on_sample=lambda s: None, current_step=lambda: 7)
+    sample = sampler.sample()
+    sampler.stop()
+    message = protocol.Telemetry(sample=sample)
+    assert protocol.decode(message.encode()) == message
 
 
 def test_samples_arrive_while_training_and_land_in_system_jsonl(tmp_path):
@@ -68,7 +78,9 @@ def test_nvml_gives_real_numbers_on_a_gpu():
     torch.ones(1024, 1024, device="cuda")
     sample = sampler.sample()
     sampler.stop()
-    [first, *_] = sample["gpus"]
-    assert first["memory_total_bytes"] > first["memory_used_bytes"] > 0
-    assert 0 <= first["utilization_percent"] <= 100 and first["temperature_c"] > 0
-    assert first["name"] and sample["torch"]["allocated_bytes"] >= 4 * 1024 * 1024
+    [first, *_] = sample.gpus
+    assert first.memory_total_bytes > first.memory_used_bytes > 0
+    assert 0 <= first.utilization_percent <= 100 and first.temperature_c > 0
+    assert first.name and sample.torch.allocated_bytes >= 4 * 1024 * 1024
+    message = protocol.Telemetry(sample=sample)
+    assert protocol.decode(message.encode()) == message

@@ -15,6 +15,7 @@ from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.engine.loading import load_workload
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.protocol import Message
+from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.engine.trainer import Trainer
 
 WORKLOADS = Path(__file__).parent / "workloads"
@@ -27,9 +28,9 @@ class Recorder(TrainerObserver):
     def __init__(self) -> None:
         self.metrics: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
-        self.telemetry: list[dict[str, Any]] = []
+        self.telemetry: list[TelemetrySample] = []
 
-    def on_telemetry(self, sample: dict[str, Any]) -> None:
+    def on_telemetry(self, sample: TelemetrySample) -> None:
         self.telemetry.append(sample)
 
     def on_metrics(self, record: dict[str, Any]) -> None:

@@ -5,9 +5,11 @@ changed (each part has a version counter that ``apply`` bumps). Keeping this sep
 makes the rules testable without a terminal: how an acknowledgement is worded, when a gradient is
 flagged, what a resumed run does to the curves.
 
-Events come from another process and their nested payloads (run info, module list, metric records) are
-not validated by the protocol layer, so every field is read defensively: a surprising value becomes a
-warning in the event log, never an exception that takes the app down.
+Events come from another process. The protocol validates every field of every message, the payloads
+nested in them included (the run, its modules, system samples, rank figures, impact segments), so those
+are read as they are. What it leaves open is read defensively: the metrics columns, the gradient norms'
+length against the module list, the options, a state name; a surprising value there becomes a warning in
+the event log, never an exception that takes the app down.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torchlab.core.wire import protocol
 from torchlab.core.wire.options import OPTION_NAMES, OPTIONS_BY_NAME, format_option_value
+from torchlab.core.wire.payloads import ImpactSegment, RankProcess, TelemetrySample
+from torchlab.tui.gradient_flags import flag_for
+from torchlab.tui.stragglers import ComparedRank, flag_stragglers
 from torchlab.tui.thinning import Series
 
 if TYPE_CHECKING:
@@ -32,24 +37,13 @@ RUN_STATES = ("connecting", "starting", "running", "paused", "relaunching", "sto
 
 #: Gradient-norm trend length kept per module (the sparkline in the table).
 TREND_LENGTH = 16
-#: A module whose norm is below this absolute value, or below VANISHING_RATIO x the layer median, is vanishing.
-VANISHING_NORM = 1e-7
-VANISHING_RATIO = 1e-3
-#: A module above EXPLODING_RATIO x the layer median, or RISING_FACTOR x its own recent median, is exploding.
-EXPLODING_RATIO = 100.0
-RISING_FACTOR = 10.0
 #: How many recent records the ETA averages step time over.
 ETA_WINDOW = 20
 #: Telemetry samples kept for the system panel's memory history (about 1 Hz: five minutes).
 TELEMETRY_HISTORY = 300
 #: A segment's verdict goes to the event log once it has this many steps (its medians have settled).
 IMPACT_SETTLE_STEPS = 20
-#: A rank straggles when its step time or data wait is above this many times the other ranks' median
-#: and the excess is at least STRAGGLER_MIN_SHARE of the median step time (``flag_stragglers`` says why).
-STRAGGLER_RATIO = 1.3
-STRAGGLER_MIN_SHARE = 0.05
 
-SPARK_CHARS = "▁▂▃▄▅▆▇█"
 
 
 @dataclass(frozen=True)
@@ -72,28 +66,6 @@ class Failure:
     detail: str  # the traceback, or the non-finite report
     step: int | None
     checkpoint: str | None = None
-
-
-@dataclass(frozen=True)
-class RankFigures:
-    """One rank's figures from the trainer's ``Ranks`` message, compared with the other ranks'.
-
-    A figure the rank could not measure is None (the CUDA allocator's on a CPU rank). ``step_vs_others`` and
-    ``wait_vs_others`` are this rank's step time and data wait over the other ranks' median; ``flag`` names
-    the figure that makes it a straggler ("step time" or "data wait"), or is empty.
-    """
-
-    rank: int
-    step_time_s: float | None
-    data_wait_s: float | None
-    allocated_bytes: float | None
-    reserved_bytes: float | None
-    peak_allocated_bytes: float | None
-    rss_bytes: float | None
-    host: str = ""
-    step_vs_others: float | None = None
-    wait_vs_others: float | None = None
-    flag: str = ""
 
 
 @dataclass
@@ -132,16 +104,17 @@ class RunState:
         self.last_record: dict[str, Any] = {}
         self.elapsed_s: float | None = None
         self.recent_step_times: deque[float] = deque(maxlen=ETA_WINDOW)
-        self.telemetry: dict[str, Any] = {}
+        #: the newest system sample (None until the first arrives)
+        self.telemetry: TelemetrySample | None = None
         #: the last TELEMETRY_HISTORY samples, oldest first (the system panel's memory history)
-        self.telemetry_history: deque[dict[str, Any]] = deque(maxlen=TELEMETRY_HISTORY)
+        self.telemetry_history: deque[TelemetrySample] = deque(maxlen=TELEMETRY_HISTORY)
         #: profiler snapshots of this run, in order of arrival
         self.profiles: list[ProfileSnapshot] = []
         #: a snapshot was asked for and has not arrived (nor been refused) yet
         self.profile_pending = False
         #: the impact table: one row per option segment (``ImpactTracker.table()``), newest message wins
-        self.impact: list[dict[str, Any]] = []
-        self._impact_logged: set[tuple[Any, str]] = set()
+        self.impact: list[ImpactSegment] = []
+        self._impact_logged: set[tuple[int, str]] = set()
         self.failure: Failure | None = None
         #: option -> value the app asked for and the trainer has not answered yet
         self.pending: dict[str, Any] = {}
@@ -160,8 +133,8 @@ class RunState:
         self.telemetry_version = 0
         self.profiles_version = 0
         self.impact_version = 0
-        #: per-rank figures of the newest ``Ranks`` message, in rank order (empty at world size 1)
-        self.ranks: list[RankFigures] = []
+        #: per-rank figures of the newest ``Ranks`` message, compared, in rank order (empty at world size 1)
+        self.ranks: list[ComparedRank] = []
         #: the step the rank figures were gathered at
         self.ranks_step: int | None = None
         #: rank -> host, from the trainer's welcome (shown when the ranks span several hosts)
@@ -266,23 +239,18 @@ class RunState:
     # ------------------------------------------------------------------ handlers
 
     def _on_welcome(self, event: protocol.Welcome) -> None:
-        run = event.run if isinstance(event.run, dict) else {}
-        self.workload = str(run.get("workload") or self.workload)
-        self.device = str(run.get("device") or "")
-        self.run_dir = str(run.get("run_dir") or "")
-        self.total_steps = _int_or_none(run.get("steps"))
-        self.started = _float_or_none(run.get("started"))
-        modules = []
-        for entry in event.modules:
-            if isinstance(entry, dict) and isinstance(entry.get("name"), str):
-                modules.append(ModuleStats(entry["name"], _int_or_none(entry.get("params")) or 0))
-            else:
-                self.log("warning", f"ignored a malformed module entry in the trainer's welcome: {entry!r}")
+        run = event.run
+        self.workload = run.workload or self.workload
+        self.device = run.device
+        self.run_dir = run.run_dir
+        self.total_steps = run.steps
+        self.started = run.started
+        modules = [ModuleStats(module.name, module.params) for module in event.modules]
         if [m.name for m in modules] != [m.name for m in self.modules]:
             self.modules = modules
             self.modules_version += 1
         self._set_options(event.options)
-        self._start_ranks(run.get("ranks"))
+        self._start_ranks(run.ranks)
         # A run resumed from a checkpoint re-trains the steps after it: drop them from the curves.
         if event.step < self.step:
             for series in (self.loss, self.val_loss, self.lr, self.samples_per_s, self.step_time):
@@ -433,22 +401,19 @@ class RunState:
         )
 
     def _on_impact(self, event: protocol.Impact) -> None:
-        segments = [segment for segment in event.segments if isinstance(segment, dict)]
-        if len(segments) != len(event.segments):
-            self.log("warning", f"ignored {len(event.segments) - len(segments)} malformed impact segment(s)")
-        self.impact = segments
+        self.impact = list(event.segments)
         self.impact_version += 1
         # A segment's verdict, once its medians have settled, goes to the event log (once): the
         # answer to "what did that change do" lands where the change itself was acknowledged.
-        for segment in segments[1:]:
-            first, last = _int_or_none(segment.get("first_step")), _int_or_none(segment.get("last_step"))
-            verdict = segment.get("verdict")
-            key = (first, str(segment.get("change")))
-            if first is None or last is None or not isinstance(verdict, str) or key in self._impact_logged:
+        for segment in self.impact[1:]:
+            first, last = segment.first_step, segment.last_step
+            key = (first, segment.change)
+            if key in self._impact_logged:
                 continue
-            if last - first + 1 >= IMPACT_SETTLE_STEPS and (segment.get("speedup") is not None or segment.get("memory_change") is not None):
+            if last - first + 1 >= IMPACT_SETTLE_STEPS and (segment.speedup is not None or segment.memory_change is not None):
                 self._impact_logged.add(key)
-                self.log("impact", f"{verdict} (steps {first}–{last}; i shows the impact table)", last, notify=True, toast=verdict)
+                self.log("impact", f"{segment.verdict} (steps {first}–{last}; i shows the impact table)", last,
+                         notify=True, toast=segment.verdict)
 
     def _on_option_applied(self, event: protocol.OptionApplied) -> None:
         self.pending.pop(event.option, None)
@@ -511,13 +476,10 @@ class RunState:
         self.ranks, self.ranks_step = [], None
         self.ranks_version += 1
 
-    def _start_ranks(self, described: Any) -> None:
+    def _start_ranks(self, described: list[RankProcess]) -> None:
         """A (new) trainer's welcome: forget the figures of any earlier one; note where each rank runs."""
-        self.ranks, self.ranks_step, self.rank_hosts = [], None, {}
-        for entry in described if isinstance(described, list) else []:
-            rank = _int_or_none(entry.get("rank")) if isinstance(entry, dict) else None
-            if rank is not None and isinstance(entry.get("host"), str):
-                self.rank_hosts[rank] = entry["host"]
+        self.ranks, self.ranks_step = [], None
+        self.rank_hosts = {process.rank: process.host for process in described}
         self.ranks_version += 1
 
     def _on_ranks(self, event: protocol.Ranks) -> None:
@@ -525,23 +487,8 @@ class RunState:
         world-size change (a latest-wins message of ranks that are gone)."""
         if self.world_size <= 1 or event.step < self._applied_at.get("world_size", 0):
             return
-        ranks = []
-        for entry in event.ranks:
-            rank = _int_or_none(entry.get("rank")) if isinstance(entry, dict) else None
-            if rank is None:
-                self.log("warning", f"ignored a malformed entry in the trainer's rank figures: {entry!r}")
-                continue
-            ranks.append(RankFigures(
-                rank=rank,
-                step_time_s=finite_number(entry.get("step_time_s")),
-                data_wait_s=finite_number(entry.get("data_wait_s")),
-                allocated_bytes=finite_number(entry.get("allocated_bytes")),
-                reserved_bytes=finite_number(entry.get("reserved_bytes")),
-                peak_allocated_bytes=finite_number(entry.get("peak_allocated_bytes")),
-                rss_bytes=finite_number(entry.get("rss_bytes")),
-                host=self.rank_hosts.get(rank, ""),
-            ))
-        self.ranks = flag_stragglers(sorted(ranks, key=lambda figures: figures.rank))
+        in_order = sorted(event.ranks, key=lambda figures: figures.rank)
+        self.ranks = flag_stragglers([ComparedRank(figures, self.rank_hosts.get(figures.rank, "")) for figures in in_order])
         self.ranks_step = event.step
         self.ranks_version += 1
 
@@ -605,136 +552,8 @@ _HANDLERS = {
 }
 
 
-def flag_stragglers(ranks: list[RankFigures]) -> list[RankFigures]:
-    """Each rank compared with the median of the *other* ranks, and flagged when it straggles.
-
-    A rank is a straggler when its step time, or its data wait, is above STRAGGLER_RATIO (1.3) times the
-    other ranks' median, and that excess is at least STRAGGLER_MIN_SHARE (5 %) of the median step time.
-
-    - The others' median, not the median of all: with two ranks the median of all is the pair's mean,
-      which halves any gap; and one straggler among many does not move the others' median.
-    - 1.3x: ranks of one run on one host differ by 5-15 % from report to report (measured: tiny_gpt, two
-      CPU ranks, 220-300 ms steps); 30 % is past that noise, and a rank that far behind holds every rank
-      back by as much at each all-reduce.
-    - The floor: a data wait of 0.6 ms against 0.4 ms is 1.5x but costs nothing worth a flag.
-    - Both figures: the gradient all-reduce makes every rank wait for the slowest, so a rank that computes
-      slowly raises every rank's step time alike; what stays visible per rank is the wait for its batch
-      (a slow loader or disk) and work a rank does outside the shared part of the step.
-    """
-    step_times = [figures.step_time_s for figures in ranks]
-    waits = [figures.data_wait_s for figures in ranks]
-    known_steps = [value for value in step_times if value is not None]
-    typical_step = statistics.median(known_steps) if known_steps else None
-    flagged = []
-    for index, figures in enumerate(ranks):
-        step_ratio, step_excess = _against_others(step_times, index)
-        wait_ratio, wait_excess = _against_others(waits, index)
-        floor = STRAGGLER_MIN_SHARE * typical_step if typical_step else 0.0
-        flag = ""
-        if step_ratio is not None and step_ratio > STRAGGLER_RATIO and step_excess >= floor:
-            flag = "step time"
-        elif wait_ratio is not None and wait_ratio > STRAGGLER_RATIO and wait_excess >= floor and typical_step:
-            flag = "data wait"
-        flagged.append(replace(figures, step_vs_others=step_ratio, wait_vs_others=wait_ratio, flag=flag))
-    return flagged
-
-
-def _against_others(values: list[float | None], index: int) -> tuple[float | None, float]:
-    """``values[index]`` over the median of the other known values, and its excess over that median."""
-    value = values[index]
-    others = [other for position, other in enumerate(values) if position != index and other is not None]
-    if value is None or not others:
-        return None, 0.0
-    typical = statistics.median(others)
-    if typical <= 0:
-        return (None if value <= 0 else math.inf), value - typical
-    return value / typical, value - typical
-
-
 def _processes(count: int) -> str:
     return f"{count} process" if count == 1 else f"{count} processes"
-
-
-def flag_for(norm: float | None, ratio: float | None, trend: list[float]) -> str:
-    """Why a module's gradient deserves a look: "non-finite", "exploding", "vanishing", or ""."""
-    if norm is None:
-        return ""
-    if not math.isfinite(norm):
-        return "non-finite"
-    if ratio is not None and ratio > EXPLODING_RATIO:
-        return "exploding"
-    # Rising fast: against the median of its own recent past, so one earlier spike does not hide the next.
-    earlier = [value for value in trend[:-1] if math.isfinite(value)][-8:]
-    if len(earlier) >= 3:
-        typical = statistics.median(earlier)
-        if typical > 0 and norm > RISING_FACTOR * typical:
-            return "exploding"
-    if norm < VANISHING_NORM or (ratio is not None and ratio < VANISHING_RATIO):
-        return "vanishing"
-    return ""
-
-
-def sparkline(values: list[float] | deque[float], width: int = TREND_LENGTH) -> str:
-    """The last ``width`` values as ▁..█ bars scaled between their own min and max."""
-    finite = [value for value in list(values)[-width:] if math.isfinite(value)]
-    if not finite:
-        return ""
-    low, high = min(finite), max(finite)
-    span = high - low
-    if span <= 0:
-        return SPARK_CHARS[3] * len(finite)
-    top = len(SPARK_CHARS) - 1
-    return "".join(SPARK_CHARS[round((value - low) / span * top)] for value in finite)
-
-
-def group_name(module: str) -> str:
-    """The group a module belongs to: its name up to the first numeric part (``blocks.0``), else its first part."""
-    parts = module.split(".")
-    for index, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[: index + 1])
-    return parts[0]
-
-
-def combine_norms(norms: list[float | None]) -> float | None:
-    """The norm of a group of modules: parameters are disjoint, so squares add."""
-    present = [norm for norm in norms if norm is not None]
-    if not present:
-        return None
-    return math.sqrt(sum(norm * norm for norm in present))
-
-
-def format_duration(seconds: float | None) -> str:
-    """``1:02:03`` or ``2:03``; "–" when unknown."""
-    if seconds is None or not math.isfinite(seconds) or seconds < 0:
-        return "–"
-    whole = int(round(seconds))
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
-
-
-def format_number(value: float | None, digits: int = 4) -> str:
-    """A figure short enough for a narrow column: 0.0123, 1.23e-05, 12345."""
-    if value is None:
-        return "–"
-    if not math.isfinite(value):
-        return str(value)
-    magnitude = abs(value)
-    if magnitude != 0 and (magnitude < 1e-3 or magnitude >= 1e5):
-        return f"{value:.{max(1, digits - 2)}e}"
-    return f"{value:.{digits}g}"
-
-
-def format_ratio(value: float | None) -> str:
-    """A ratio to the median in at most 5 characters: 0.42, 17, <.01, >999."""
-    if value is None or not math.isfinite(value):
-        return "–"
-    if value < 0.01:
-        return "<.01"
-    if value >= 1000:
-        return ">999"
-    return f"{value:.2g}" if value < 100 else f"{value:.0f}"
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -753,12 +572,6 @@ def _float_or_none(value: Any) -> float | None:
     if isinstance(value, (int, float)):
         return float(value)
     return None
-
-
-def finite_number(value: Any) -> float | None:
-    """``value`` as a float if it is a finite number (not a bool), else None: for figures from the trainer."""
-    number = _float_or_none(value)
-    return number if number is not None and math.isfinite(number) else None
 
 
 def _all_finite_numbers(values: Sequence[Any]) -> bool:

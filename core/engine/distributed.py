@@ -34,11 +34,10 @@ from torchlab.core.wire import strict_json
 from torchlab.core.wire.config import usable_cpus
 from torchlab.core.engine.loopback_rendezvous import keep_ranks_on_loopback
 from torchlab.core.wire.options import OptionRefused
+from torchlab.core.wire.payloads import RankFigures
 
 #: Bytes of one boundary packet: a length prefix and the JSON of the commands (a handful of small objects).
 PACKET_BYTES = 1024
-#: Per-rank figures, in this order, gathered to rank 0 on report steps.
-RANK_FIGURES = ("step_time_s", "data_wait_s", "allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "rss_bytes")
 
 
 @dataclass(frozen=True)
@@ -178,8 +177,9 @@ class Collectives:
         return reduced.reshape(()) / self.context.world_size
 
     # ---- report steps
-    def gather_figures(self, step_time_s: float, data_wait_s: float) -> list[dict[str, float | None]]:
-        """Every rank's figures (RANK_FIGURES), in rank order; rank 0 uses them, the others discard them."""
+    def gather_figures(self, step_time_s: float, data_wait_s: float) -> list[RankFigures]:
+        """Every rank's figures, in rank order; rank 0 uses them, the others discard them. A figure a rank
+        could not measure (the allocator's on a CPU rank) travels as NaN in the gathered tensor, and is None."""
         if self.device.type == "cuda":
             memory = [float(torch.cuda.memory_allocated(self.device)), float(torch.cuda.memory_reserved(self.device)),
                       float(torch.cuda.max_memory_allocated(self.device))]
@@ -189,14 +189,12 @@ class Collectives:
             rss = float(self._process.memory_info().rss)
         except psutil.Error:
             rss = float("nan")
+        # In the order of RankFigures' fields after ``rank``.
         mine = torch.tensor([step_time_s, data_wait_s, *memory, rss], dtype=torch.float64, device=self._wire)
         everyone = [torch.empty_like(mine) for _ in range(self.context.world_size)]
         dist.all_gather(everyone, mine)
         table = torch.stack(everyone).cpu().tolist()
-        return [
-            {"rank": rank, **{name: (None if value != value else value) for name, value in zip(RANK_FIGURES, row)}}
-            for rank, row in enumerate(table)
-        ]
+        return [RankFigures(rank, *(None if value != value else value for value in row)) for rank, row in enumerate(table)]
 
     # ---- checkpoints
     def gather_objects(self, value: Any) -> list[Any]:

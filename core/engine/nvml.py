@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from torchlab.core.wire.payloads import GpuSample
+
 try:
     import pynvml
 except ImportError:  # nvidia-ml-py is a dependency, but a broken install must not stop training
@@ -34,8 +36,8 @@ class Nvml:
         if not self.handles:
             self.unavailable = "NVML sees no GPU"
 
-    def sample(self, pids: Iterable[int]) -> list[dict[str, Any]]:
-        """One dict per GPU; ``this_run_memory_bytes`` sums the memory NVML attributes to ``pids``."""
+    def sample(self, pids: Iterable[int]) -> list[GpuSample]:
+        """One sample per GPU; ``this_run_memory_bytes`` sums the memory NVML attributes to ``pids``."""
         if self.unavailable:
             return []
         wanted = set(pids)
@@ -47,18 +49,18 @@ class Nvml:
             limit_mw = _read(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
             processes = _read(pynvml.nvmlDeviceGetComputeRunningProcesses, handle) or []
             ours = [p.usedGpuMemory for p in processes if p.pid in wanted and p.usedGpuMemory is not None]
-            gpus.append({
-                "index": index,
-                "name": _read(pynvml.nvmlDeviceGetName, handle),
-                "memory_used_bytes": memory.used if memory else None,
-                "memory_total_bytes": memory.total if memory else None,
-                "utilization_percent": utilisation.gpu if utilisation else None,
-                "temperature_c": _read(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU),
-                "power_w": power_mw / 1000 if power_mw is not None else None,
-                "power_limit_w": limit_mw / 1000 if limit_mw is not None else None,
-                "sm_clock_mhz": _read(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM),
-                "this_run_memory_bytes": sum(ours) if processes else None,
-            })
+            gpus.append(GpuSample(
+                index=index,
+                name=_read(pynvml.nvmlDeviceGetName, handle),
+                memory_used_bytes=memory.used if memory else None,
+                memory_total_bytes=memory.total if memory else None,
+                utilization_percent=utilisation.gpu if utilisation else None,
+                temperature_c=_read(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU),
+                power_w=power_mw / 1000 if power_mw is not None else None,
+                power_limit_w=limit_mw / 1000 if limit_mw is not None else None,
+                sm_clock_mhz=_read(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM),
+                this_run_memory_bytes=sum(ours) if processes else None,
+            ))
         return gpus
 
     def close(self) -> None:

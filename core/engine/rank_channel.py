@@ -32,7 +32,8 @@ from torchlab.core.wire.errors import StorageError
 from torchlab.core.wire.line_reader import LineReader
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.events import TRAINER_EVENTS
-from torchlab.core.wire.protocol import Message, ProtocolError, StopCommand, TrainerCommand, decode, trainer_command
+from torchlab.core.wire.protocol import decode, Message, ProtocolError, read_payload, StopCommand, trainer_command, TrainerCommand
+from torchlab.core.wire.payloads import RankFigures, TelemetrySample
 from torchlab.core.wire.runtime import listen_privately, runtime_dir
 from torchlab.core.wire.throttle import RefusedLines
 from torchlab.core.engine.outcome import WorldSizeChange
@@ -74,6 +75,15 @@ class MetricsReport(RankMessage):
     def validate(self) -> None:
         if not _is_int(self.record.get("step")):
             raise ProtocolError("metrics.record: needs an integer step")
+        self.as_reported()  # per-rank figures that are not RankFigures are refused here, as any bad line
+
+    def as_reported(self) -> dict[str, Any]:
+        """The record as rank 0's trainer made it: its per-rank figures, JSON objects on this channel, read
+        back as RankFigures (``read_payload`` raises ProtocolError for any that is not one)."""
+        figures = self.record.get("ranks")
+        if figures is None:
+            return self.record
+        return {**self.record, "ranks": read_payload(list[RankFigures], figures, "metrics.record.ranks")}
 
 
 @dataclass(frozen=True)
@@ -101,8 +111,8 @@ class EventReport(RankMessage):
 @dataclass(frozen=True)
 class TelemetryReport(RankMessage):
     type: ClassVar[str] = "telemetry"
-    schema: ClassVar = {"sample": (dict,)}
-    sample: dict
+    schema: ClassVar = {"sample": (TelemetrySample,)}
+    sample: TelemetrySample
 
 
 @dataclass(frozen=True)
@@ -319,7 +329,7 @@ class RankChannel:
 
     def _dispatch(self, message: RankMessage, connection: socket.socket) -> None:
         if isinstance(message, MetricsReport):
-            self.observer.on_metrics(message.record)
+            self.observer.on_metrics(message.as_reported())
         elif isinstance(message, EventReport):
             self.observer.on_event(message.as_event())
         elif isinstance(message, TelemetryReport):
@@ -368,7 +378,7 @@ class SupervisorLink(TrainerObserver):
     def on_event(self, event: Message) -> None:
         self._send(EventReport.of(event))
 
-    def on_telemetry(self, sample: dict[str, Any]) -> None:
+    def on_telemetry(self, sample: TelemetrySample) -> None:
         self._send(TelemetryReport(sample=sample))
 
     def send_outcome(self, status: str, step: int, message: str = "", *, relaunch: WorldSizeChange | None = None,

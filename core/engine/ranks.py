@@ -48,6 +48,7 @@ from torchlab.core.engine.distributed import RankContext, check_world_size, rank
 from torchlab.core.wire.errors import ConfigError, StorageError, TorchlabError, WorkloadError
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import WORLD_SIZE, OptionRefused
+from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.engine.rank_channel import RankChannel, SupervisorLink
 from torchlab.core.wire.runtime import die_with_parent
 from torchlab.core.wire.storage import make_folder, write_atomically
@@ -318,7 +319,7 @@ class _Relay(TrainerObserver):
                     display=WORLD_SIZE.format(change.value), source=change.source,
                 ))
 
-    def on_telemetry(self, sample: dict[str, Any]) -> None:
+    def on_telemetry(self, sample: TelemetrySample) -> None:
         for observer in self.supervisor.observers:
             observer.on_telemetry(sample)
 

@@ -1,10 +1,10 @@
 """System telemetry: a sampler thread in the trainer, about once a second.
 
-Each sample: ``time``, ``step``, ``host`` (CPU %, RAM, the RSS of the trainer and its children, such
-as DataLoader workers), ``gpus`` (a list, from NVML; empty with ``gpu_status`` saying why), and
-``torch`` (the CUDA caching allocator: allocated, reserved, and the peak since the last reset, which
-the trainer does at each option change). The thread only reads; the training thread never waits for
-it, and NVML calls do not synchronise CUDA.
+Each sample is a ``TelemetrySample`` (core/wire/payloads.py): ``time``, ``step``, ``host`` (CPU %, RAM,
+the RSS of the trainer and its children, such as DataLoader workers), ``gpus`` (from NVML; empty with
+``gpu_status`` saying why), and ``torch`` (the CUDA caching allocator: allocated, reserved, and the peak
+since the last reset, which the trainer does at each option change). The thread only reads; the
+training thread never waits for it, and NVML calls do not synchronise CUDA.
 """
 
 from __future__ import annotations
@@ -12,19 +12,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import psutil
 import torch
 
 from torchlab.core.engine.nvml import Nvml
+from torchlab.core.wire.payloads import AllocatorSample, HostSample, TelemetrySample
 
 
 class TelemetrySampler:
     def __init__(
         self,
         device: torch.device,
-        on_sample: Callable[[dict[str, Any]], None],
+        on_sample: Callable[[TelemetrySample], None],
         current_step: Callable[[], int],
         interval_s: float = 1.0,
     ) -> None:
@@ -52,17 +52,17 @@ class TelemetrySampler:
         while not self._stop.wait(self.interval_s):
             self.on_sample(self.sample())
 
-    def sample(self) -> dict[str, Any]:
+    def sample(self) -> TelemetrySample:
         processes = [self._process, *self._children()]
         gpus = self.nvml.sample(p.pid for p in processes)
-        return {
-            "time": time.time(),
-            "step": self.current_step(),
-            "host": self._host(processes),
-            "gpus": gpus,
-            "gpu_status": f"no GPU: {self.nvml.unavailable}" if self.nvml.unavailable else f"{len(gpus)} GPU(s)",
-            "torch": self._allocator(),
-        }
+        return TelemetrySample(
+            time=time.time(),
+            step=self.current_step(),
+            host=self._host(processes),
+            gpus=gpus,
+            gpu_status=f"no GPU: {self.nvml.unavailable}" if self.nvml.unavailable else f"{len(gpus)} GPU(s)",
+            torch=self._allocator(),
+        )
 
     def _children(self) -> list[psutil.Process]:
         try:
@@ -70,7 +70,7 @@ class TelemetrySampler:
         except psutil.Error:
             return []
 
-    def _host(self, processes: list[psutil.Process]) -> dict[str, Any]:
+    def _host(self, processes: list[psutil.Process]) -> HostSample:
         memory = psutil.virtual_memory()
         rss = 0
         for process in processes:
@@ -78,22 +78,22 @@ class TelemetrySampler:
                 rss += process.memory_info().rss
             except psutil.Error:  # a DataLoader worker that just exited
                 continue
-        return {
-            "cpu_percent": psutil.cpu_percent(None),
-            "cpu_count": psutil.cpu_count(),
-            "trainer_cpu_percent": self._process.cpu_percent(None),
-            "ram_used_bytes": memory.total - memory.available,
-            "ram_total_bytes": memory.total,
-            "trainer_rss_bytes": rss,
-            "trainer_processes": len(processes),
-        }
+        return HostSample(
+            cpu_percent=psutil.cpu_percent(None),
+            cpu_count=psutil.cpu_count(),
+            trainer_cpu_percent=self._process.cpu_percent(None),
+            ram_used_bytes=memory.total - memory.available,
+            ram_total_bytes=memory.total,
+            trainer_rss_bytes=rss,
+            trainer_processes=len(processes),
+        )
 
-    def _allocator(self) -> dict[str, Any]:
+    def _allocator(self) -> AllocatorSample:
         if self.device.type != "cuda":
-            return {"device": str(self.device), "allocated_bytes": None, "reserved_bytes": None, "peak_allocated_bytes": None}
-        return {
-            "device": str(self.device),
-            "allocated_bytes": torch.cuda.memory_allocated(self.device),
-            "reserved_bytes": torch.cuda.memory_reserved(self.device),
-            "peak_allocated_bytes": torch.cuda.max_memory_allocated(self.device),
-        }
+            return AllocatorSample(device=str(self.device), allocated_bytes=None, reserved_bytes=None, peak_allocated_bytes=None)
+        return AllocatorSample(
+            device=str(self.device),
+            allocated_bytes=torch.cuda.memory_allocated(self.device),
+            reserved_bytes=torch.cuda.memory_reserved(self.device),
+            peak_allocated_bytes=torch.cuda.max_memory_allocated(self.device),
+        )

@@ -66,6 +66,7 @@ from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, Gra
 from torchlab.core.engine.schedule import make_scheduler
 from torchlab.core.engine.step_report import HostTransfer, StepReport, stats_by_module
 from torchlab.core.engine.telemetry import TelemetrySampler
+from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.workload import Workload
 
 DEFAULT_BATCH_SIZE = 32
@@ -826,7 +827,7 @@ class Trainer:
         for observer in self.observers:
             observer.on_metrics(record)
 
-    def _emit_telemetry(self, sample: dict[str, Any]) -> None:
+    def _emit_telemetry(self, sample: TelemetrySample) -> None:
         for observer in self.observers:
             observer.on_telemetry(sample)
 

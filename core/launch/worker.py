@@ -37,6 +37,7 @@ from torchlab.core.wire.errors import StorageError, TorchlabError
 from torchlab.core.wire.impact import ImpactTracker
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.outbox import Outbox
+from torchlab.core.wire.payloads import ModuleInfo, RankProcess, RunInfo, TelemetrySample
 from torchlab.core.wire.runtime import Endpoint, die_with_parent
 from torchlab.core.wire.throttle import RefusedLines
 
@@ -65,7 +66,7 @@ class OutboxReporter(TrainerObserver):
         self._impact_sent_at = 0.0
         self._impact_segments = 0
 
-    def on_telemetry(self, sample: dict[str, Any]) -> None:
+    def on_telemetry(self, sample: TelemetrySample) -> None:
         self.outbox.add_latest(p.Telemetry(sample=sample))
 
     def on_metrics(self, record: dict[str, Any]) -> None:
@@ -75,7 +76,7 @@ class OutboxReporter(TrainerObserver):
         self.outbox.add_metrics({key: value for key, value in record.items() if key not in ("grad_norms", "act_stats", "ranks")})
         if norms is not None:
             self.outbox.add_latest(p.GradNorms(step=record["step"], norms=list(norms.values()), total=record["grad_norm_total"]))
-        if record.get("ranks") is not None:
+        if record.get("ranks") is not None:  # RankFigures, from the ranks' collectives
             self.outbox.add_latest(p.Ranks(step=record["step"], ranks=record["ranks"]))
 
     def on_event(self, event: p.Message) -> None:
@@ -216,27 +217,28 @@ class Worker:
         """The trainer (or rank 0) is up: describe the run to apps that connect from now on."""
         self._welcome = p.Welcome(
             run=self._run_info(started),
-            modules=[{"name": name, "params": count} for name, count in zip(started.modules, started.module_params)],
+            modules=[ModuleInfo(name, count) for name, count in zip(started.modules, started.module_params)],
             options=started.options,
             state="running",
             step=started.step,
         )
         self._ready.set()
 
-    def _run_info(self, started: events.RunStarted | None) -> dict[str, Any]:
+    def _run_info(self, started: events.RunStarted | None) -> RunInfo:
+        """The run as the trainer's RunStarted describes it (None: the trainer never started)."""
         config = self._config
-        return {
-            "workload": config.workload if config else "",
-            "run_dir": str(self.run_dir),
-            "device": started.device if started else "",
-            "steps": config.steps if config else 0,
-            "batch_size": started.batch_size if started else 0,
-            "pid": os.getpid(),
-            "started": self._started,
-            "checkpoint_blocks": started.checkpoint_blocks if started else [],
-            "world_size": started.world_size if started else 1,
-            "ranks": (started.ranks if started else None) or [],
-        }
+        return RunInfo(
+            workload=config.workload if config else "",
+            run_dir=str(self.run_dir),
+            device=started.device if started else "",
+            steps=config.steps if config else 0,
+            batch_size=started.batch_size if started else 0,
+            pid=os.getpid(),
+            started=self._started,
+            checkpoint_blocks=started.checkpoint_blocks if started else [],
+            world_size=started.world_size if started else 1,
+            ranks=[RankProcess(rank["rank"], rank["host"], rank["pid"], rank["device"]) for rank in (started.ranks if started else None) or []],
+        )
 
     # ------------------------------------------------------------------ control
     def _wait_for_welcome(self) -> p.Welcome | None:

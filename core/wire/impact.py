@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from torchlab.core.wire.events import ProfileStarted, RunEnded, RunStarted
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import OPTION_NAMES, format_option_value
 from torchlab.core.wire.protocol import Message, ProfileReady
+from torchlab.core.wire.payloads import ImpactSegment, TelemetrySample
 from torchlab.core.wire.storage import write_atomically
 
 WARMUP_STEPS = 2  # the first steps after a change pay one-off costs (allocator, autotuning)
@@ -70,18 +71,26 @@ class Segment:
             return None
         return 100 * (self._n * self._sxy - self._sx * self._sy) / denominator
 
-    def summary(self) -> dict[str, Any]:
-        return {
-            "change": self.change,
-            "options": self.options,
-            "first_step": self.first_step,
-            "last_step": self.last_step,
-            "median_step_time_s": statistics.median(self.step_times) if self.step_times else None,
-            "median_samples_per_s": statistics.median(self.throughputs) if self.throughputs else None,
-            "peak_allocated_bytes": self.peak_allocated_bytes,
-            "peak_rss_bytes": self.peak_rss_bytes,
-            "loss_slope_per_100_steps": self.loss_slope_per_100,
-        }
+    def summary(self, previous: ImpactSegment | None) -> ImpactSegment:
+        """This segment as a row of the table, compared with the row of the segment before it."""
+        step_time = statistics.median(self.step_times) if self.step_times else None
+        memory = _memory(self.peak_allocated_bytes, self.peak_rss_bytes)
+        speedup = _ratio(previous and previous.median_step_time_s, step_time)
+        memory_change = _change(previous and _memory(previous.peak_allocated_bytes, previous.peak_rss_bytes), memory)
+        return ImpactSegment(
+            change=self.change,
+            options=self.options,
+            first_step=self.first_step,
+            last_step=self.last_step,
+            median_step_time_s=step_time,
+            median_samples_per_s=statistics.median(self.throughputs) if self.throughputs else None,
+            peak_allocated_bytes=self.peak_allocated_bytes,
+            peak_rss_bytes=self.peak_rss_bytes,
+            loss_slope_per_100_steps=self.loss_slope_per_100,
+            speedup=speedup,
+            memory_change=memory_change,
+            verdict=verdict(self.change, speedup, memory_change),
+        )
 
 
 class ImpactTracker(TrainerObserver):
@@ -106,16 +115,14 @@ class ImpactTracker(TrainerObserver):
         self.segments[-1].add(record, timed=not self._profiling and self._warming_up <= 0)
         self._warming_up -= 1
 
-    def on_telemetry(self, sample: dict[str, Any]) -> None:
+    def on_telemetry(self, sample: TelemetrySample) -> None:
         if not self.segments:
             return
         segment = self.segments[-1]
-        allocated = (sample.get("torch") or {}).get("peak_allocated_bytes")
-        rss = (sample.get("host") or {}).get("trainer_rss_bytes")
+        allocated = sample.torch.peak_allocated_bytes
         if allocated is not None:
             segment.peak_allocated_bytes = max(segment.peak_allocated_bytes or 0, allocated)
-        if rss is not None:
-            segment.peak_rss_bytes = max(segment.peak_rss_bytes or 0, rss)
+        segment.peak_rss_bytes = max(segment.peak_rss_bytes or 0, sample.host.trainer_rss_bytes)
 
     def on_event(self, event: Message) -> None:
         if isinstance(event, RunStarted):
@@ -127,38 +134,32 @@ class ImpactTracker(TrainerObserver):
         elif isinstance(event, RunEnded):
             self.write()
 
-    def table(self) -> list[dict[str, Any]]:
+    def table(self) -> list[ImpactSegment]:
         """Segment summaries, each with ratios to the segment before it."""
-        rows = []
-        previous = None
+        rows: list[ImpactSegment] = []
         for segment in self.segments:
-            row = segment.summary()
-            row["speedup"] = _ratio(previous and previous["median_step_time_s"], row["median_step_time_s"])
-            row["memory_change"] = _change(previous and _memory(previous), _memory(row))
-            row["verdict"] = verdict(row)
-            rows.append(row)
-            previous = row
+            rows.append(segment.summary(rows[-1] if rows else None))
         return rows
 
     def write(self) -> None:
         """Replace ``impact.json`` whole (a reader never sees half of it); a full disk is a StorageError."""
         if self.path is not None:
-            write_atomically(self.path, json.dumps(self.table(), indent=1), then="resume")
+            write_atomically(self.path, json.dumps([asdict(row) for row in self.table()], indent=1), then="resume")
 
 
-def verdict(row: dict[str, Any]) -> str:
+def verdict(change: str, speedup: float | None, memory_change: float | None) -> str:
     """One line a person reads: ``amp=bf16: 1.72x faster, -38 % memory``."""
     parts = []
-    if row.get("speedup") is not None:
-        speedup = row["speedup"]
+    if speedup is not None:
         parts.append(f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower")
-    if row.get("memory_change") is not None:
-        parts.append(f"{100 * row['memory_change']:+.0f} % memory")
-    return f"{row['change']}: {', '.join(parts)}" if parts else row["change"]
+    if memory_change is not None:
+        parts.append(f"{100 * memory_change:+.0f} % memory")
+    return f"{change}: {', '.join(parts)}" if parts else change
 
 
-def _memory(row: dict[str, Any]) -> int | None:
-    return row["peak_allocated_bytes"] if row["peak_allocated_bytes"] is not None else row["peak_rss_bytes"]
+def _memory(peak_allocated_bytes: int | None, peak_rss_bytes: int | None) -> int | None:
+    """The memory a segment is judged by: the allocator's peak where there is one (CUDA), else the RSS."""
+    return peak_allocated_bytes if peak_allocated_bytes is not None else peak_rss_bytes
 
 
 def _ratio(before: float | None, after: float | None) -> float | None:

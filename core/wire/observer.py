@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchlab.core.wire.protocol import Message
+from torchlab.core.wire.payloads import TelemetrySample
 
 
 class TrainerObserver:
@@ -21,5 +22,5 @@ class TrainerObserver:
         """A typed event (core/wire/events.py, or a protocol message the app also gets)."""
         pass
 
-    def on_telemetry(self, sample: dict[str, Any]) -> None:
+    def on_telemetry(self, sample: TelemetrySample) -> None:
         pass

@@ -7,20 +7,25 @@ back; a peer that receives garbage answers with a ``Refused`` event and goes on 
 connection), never crashes.
 
 Commands go from the app to the trainer; events from the trainer to the app. Per-module gradient norms
-travel as arrays aligned with the module names sent once in ``Welcome``.
+travel as arrays aligned with the module names sent once in ``Welcome``. The payloads nested in events (the
+run, its modules, a system sample, the ranks' figures, the impact table) are typed too
+(``core/wire/payloads.py``), and ``decode`` validates them field by field: a reason names the path of what
+is wrong, ``telemetry.sample.gpus[0].memory_used_bytes: expected int or null, got str``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Any, ClassVar, TypeVar, get_args, get_origin
 
 from torchlab.core.wire import strict_json
 from torchlab.core.wire.errors import SHOWN_CHARS, shown
+from torchlab.core.wire.payloads import ImpactSegment, ModuleInfo, RankFigures, RunInfo, TelemetrySample
 
-PROTOCOL_VERSION = 3  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached
+PROTOCOL_VERSION = 3  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field
 MAX_LINE_BYTES = 1 << 20
 #: A live option's name, a command's source and a value typed for it are short; longer ones are refused
 #: before anything echoes them.
@@ -30,8 +35,11 @@ MAX_VALUE_CHARS = 256
 #: No option or count is this large; a larger integer (JSON reads up to 4,300 digits) is refused as a
 #: message, before float() of it can overflow or a record repeats it.
 MAX_COMMAND_INT = 10**18
+#: A figure in an event's payload (a byte count, a step) fits in 64 bits.
+MAX_PAYLOAD_INT = 2**63
 
 _JSON_SCALAR = (str, int, float, bool, type(None))
+T = TypeVar("T")
 
 
 class ProtocolError(ValueError):
@@ -115,36 +123,77 @@ def decode(line: bytes | str, protocol: type[Message] = Message) -> Message:
     cls = protocol.registry.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ProtocolError(f"unknown message type {shown(kind)}")
-    declared = {f.name: f for f in fields(cls)}
-    unknown = set(payload) - set(declared)
-    if unknown:
-        raise ProtocolError(f"{kind}: unknown field(s) {_some([_cut(name) for name in sorted(unknown)])}")
-    for name, spec in declared.items():
-        if name not in payload:
-            if _has_default(spec):
-                continue
-            raise ProtocolError(f"{kind}: missing field {name!r}")
-        value = payload[name]
-        accepted = cls.schema.get(name, _JSON_SCALAR)
-        if isinstance(value, bool) and bool not in accepted:
-            raise ProtocolError(f"{kind}.{name}: expected {_names(accepted)}, got a boolean")
-        if isinstance(value, int) and not isinstance(value, bool) and int not in accepted and float in accepted:
-            payload[name] = float(value)
-        elif not isinstance(value, accepted):
-            raise ProtocolError(f"{kind}.{name}: expected {_names(accepted)}, got {type(value).__name__}")
-    message = cls(**payload)
+    message = _read_object(cls, payload, kind)
     message.validate()
     return message
 
 
-def _has_default(spec) -> bool:
-    from dataclasses import MISSING
+def read_payload(kind: Any, data: Any, path: str) -> Any:
+    """A JSON value read as ``kind`` (a payload type of ``core/wire/payloads.py``, or ``list[`` one ``]``),
+    validated field by field as ``decode`` reads one nested in a message; a ProtocolError names the ``path``
+    of what is wrong."""
+    return _read_value(data, (kind,), path, nested=True)
 
-    return spec.default is not MISSING or spec.default_factory is not MISSING
+
+def _read_object(kind: type[T], payload: dict[str, Any], path: str) -> T:
+    """A JSON object as the dataclass ``kind`` (a message, or a payload nested in one): no unknown field, none
+    missing, each of its schema's types."""
+    declared = {f.name: f for f in fields(kind)}
+    unknown = set(payload) - set(declared)
+    if unknown:
+        raise ProtocolError(f"{path}: unknown field(s) {_some([_cut(name) for name in sorted(unknown)])}")
+    nested = not issubclass(kind, Message)
+    values = {}
+    for name, spec in declared.items():
+        if name in payload:
+            values[name] = _read_value(payload[name], kind.schema.get(name, _JSON_SCALAR), f"{path}.{name}", nested)
+        elif spec.default is MISSING and spec.default_factory is MISSING:
+            raise ProtocolError(f"{path}: missing field {name!r}")
+    return kind(**values)
 
 
-def _names(types: tuple[type, ...]) -> str:
-    return " or ".join("null" if t is type(None) else t.__name__ for t in types)
+def _read_value(value: Any, accepted: tuple, path: str, nested: bool) -> Any:
+    """``value`` if it is of an ``accepted`` type: an int where only a float is accepted becomes a float, a JSON
+    object where a payload type is accepted becomes that payload, a list where ``list[T]`` is accepted a list
+    of ``T``, each read the same way (``path[index]``).
+
+    In a payload (``nested``) a figure is a finite number of at most 64 bits: NaN and Inf travel as null
+    (``strict_json``), so the app draws what it reads without checking each figure again."""
+    if nested and isinstance(value, float) and not math.isfinite(value):
+        raise ProtocolError(f"{path}: {value} is not a finite number (NaN and Infinity travel as null)")
+    if nested and isinstance(value, int) and not isinstance(value, bool) and abs(value) >= MAX_PAYLOAD_INT:
+        raise ProtocolError(f"{path}: {shown(value)} is out of range (at most 64 bits)")
+    if isinstance(value, bool) and bool not in accepted:
+        raise ProtocolError(f"{path}: expected {_names(accepted)}, got a boolean")
+    if isinstance(value, int) and not isinstance(value, bool) and int not in accepted and float in accepted:
+        return float(value)  # only payloads accept a float alone, and their ints are at most 64 bits
+    if isinstance(value, dict):
+        payload_kind = next((kind for kind in accepted if is_dataclass(kind)), None)
+        if payload_kind is not None:
+            return _read_object(payload_kind, value, path)
+    if isinstance(value, list):
+        item_kind = next((get_args(kind)[0] for kind in accepted if get_origin(kind) is list), None)
+        if item_kind is not None:
+            return [_read_value(item, (item_kind,), f"{path}[{index}]", nested) for index, item in enumerate(value)]
+    plain = tuple(kind for kind in accepted if isinstance(kind, type) and not is_dataclass(kind))
+    if not isinstance(value, plain):
+        raise ProtocolError(f"{path}: expected {_names(accepted)}, got {_name(type(value))}")
+    return value
+
+
+def _names(types: tuple) -> str:
+    """How a schema's types read in a reason: a payload reads as the dict it travels as, ``list[T]`` as list."""
+    return " or ".join(_name(kind) for kind in types)
+
+
+def _name(kind: Any) -> str:
+    if kind is type(None):
+        return "null"
+    if is_dataclass(kind):
+        return "dict"
+    if get_origin(kind) is list:
+        return "list"
+    return kind.__name__
 
 
 _OPT_STR = (str, type(None))
@@ -268,10 +317,10 @@ class Welcome(Message):
 
     type: ClassVar[str] = "welcome"
     schema: ClassVar = {
-        "run": (dict,), "modules": (list,), "options": (dict,), "state": (str,), "step": (int,),
+        "run": (RunInfo,), "modules": (list[ModuleInfo],), "options": (dict,), "state": (str,), "step": (int,),
     }
-    run: dict
-    modules: list  # [{"name": str, "params": int}], in the order of GradNorms.norms
+    run: RunInfo
+    modules: list[ModuleInfo]  # in the order of GradNorms.norms
     options: dict
     state: str
     step: int
@@ -336,8 +385,8 @@ class Telemetry(Message):
     """A system sample (host, GPUs, allocator); the newest replaces an unsent older one."""
 
     type: ClassVar[str] = "telemetry"
-    schema: ClassVar = {"sample": (dict,)}
-    sample: dict
+    schema: ClassVar = {"sample": (TelemetrySample,)}
+    sample: TelemetrySample
 
 
 @dataclass(frozen=True)
@@ -454,21 +503,20 @@ class Impact(Message):
     """The impact table so far: one row per option segment (``ImpactTracker.table()``); newest wins."""
 
     type: ClassVar[str] = "impact"
-    schema: ClassVar = {"segments": (list,)}
-    segments: list
+    schema: ClassVar = {"segments": (list[ImpactSegment],)}
+    segments: list[ImpactSegment]
 
 
 @dataclass(frozen=True)
 class Ranks(Message):
     """Per-rank figures at ``step`` when training data-parallel (gathered on report steps, at most once a
-    second), in rank order; the newest replaces an unsent older one. Each entry: ``rank``, ``step_time_s``, ``data_wait_s`` (time waiting for batches),
-    ``allocated_bytes``, ``reserved_bytes``, ``peak_allocated_bytes`` (CUDA allocator; null on CPU), ``rss_bytes``.
-    A rank much slower than the others (a straggler) holds every rank back at each all-reduce."""
+    second), in rank order; the newest replaces an unsent older one. A rank much slower than the others (a
+    straggler) holds every rank back at each all-reduce."""
 
     type: ClassVar[str] = "ranks"
-    schema: ClassVar = {"step": (int,), "ranks": (list,)}
+    schema: ClassVar = {"step": (int,), "ranks": (list[RankFigures],)}
     step: int
-    ranks: list
+    ranks: list[RankFigures]
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from torchlab.core.wire.errors import ConfigError, StorageError
 from torchlab.core.wire.events import JournalRepaired, MetricsMovedAside, ResumedFromCheckpoint
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.protocol import Error, Message
+from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.wire.storage import (
     JsonLines, fsync_directory, make_folder, parse_line, remedy, storage_error, temporary_name, write_atomically,
     write_new_file,
@@ -141,7 +142,7 @@ class RunDirectory(TrainerObserver):
             return error
         return None
 
-    def on_telemetry(self, sample: dict[str, Any]) -> None:
+    def on_telemetry(self, sample: TelemetrySample) -> None:
         try:
             with self._system_lock:
                 if self._system.closed:

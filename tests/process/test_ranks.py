@@ -150,7 +150,7 @@ def test_the_app_changes_the_world_size_and_the_trainer_stays_its_endpoint(tmp_p
         ack = seen.until(lambda m: isinstance(m, p.OptionApplied) and m.option == "world_size")
         assert (ack.value, ack.previous, ack.source) == (2, 1, "app")
         ranks = seen.until(lambda m: isinstance(m, p.Ranks))
-        assert [r["rank"] for r in ranks.ranks] == [0, 1] and ranks.step >= ack.step
+        assert [r.rank for r in ranks.ranks] == [0, 1] and ranks.step >= ack.step
         link.send(p.PauseCommand())  # every rank waits at the boundary; rank 0 keeps them in step
         paused = seen.until(lambda m: isinstance(m, p.State) and m.state == "paused")
         link.send(p.ResumeCommand())
@@ -212,8 +212,8 @@ def test_the_worker_under_torchrun_serves_the_app_from_rank_0(tmp_path):
     try:
         client = connect(socket_path, token)
         welcome = next(client)
-        assert isinstance(welcome, p.Welcome) and welcome.run["world_size"] == 2 and len(welcome.run["ranks"]) == 2
-        assert next(m for m in client if isinstance(m, p.Ranks)).ranks[1]["rank"] == 1
+        assert isinstance(welcome, p.Welcome) and welcome.run.world_size == 2 and len(welcome.run.ranks) == 2
+        assert next(m for m in client if isinstance(m, p.Ranks)).ranks[1].rank == 1
         client.send(p.SetCommand(option="world_size", value=1))
         refusal = next(m for m in client if isinstance(m, p.OptionRefused))
         assert "fixed by the launcher" in refusal.reason

@@ -62,9 +62,9 @@ def link_for(tmp_path):
 def test_the_trainer_process_reports_and_obeys_the_app(link_for):
     link, seen = link_for(f"{TINY}:workload", "--steps", "100000", "--checkpoint-every", "0")
     welcome = seen.until(lambda m: isinstance(m, p.Welcome))
-    assert [module["name"] for module in welcome.modules][:2] == ["stem", "body.0.0"]
-    assert welcome.modules[0]["params"] == 8 * 16 + 16
-    assert welcome.run["run_dir"] == str(link.run_dir) and welcome.run["pid"] == link.pid
+    assert [module.name for module in welcome.modules][:2] == ["stem", "body.0.0"]
+    assert welcome.modules[0].params == 8 * 16 + 16
+    assert welcome.run.run_dir == str(link.run_dir) and welcome.run.pid == link.pid
     seen.until(lambda m: isinstance(m, p.Metrics) and m.records[-1]["step"] >= 3)
     norms = seen.until(lambda m: isinstance(m, p.GradNorms))
     assert len(norms.norms) == len(welcome.modules)
@@ -73,8 +73,8 @@ def test_the_trainer_process_reports_and_obeys_the_app(link_for):
     ack = seen.until(lambda m: isinstance(m, p.OptionApplied))
     assert (ack.option, ack.value, ack.previous, ack.source) == ("clip", 0.5, None, "app")
     impact = seen.until(lambda m: isinstance(m, p.Impact) and len(m.segments) == 2)
-    assert [row["change"] for row in impact.segments] == ["start", "clip=0.5"]
-    assert impact.segments[1]["first_step"] == ack.step
+    assert [row.change for row in impact.segments] == ["start", "clip=0.5"]
+    assert impact.segments[1].first_step == ack.step
     link.send(p.SetCommand(option="amp", value="fp16"))
     refusal = seen.until(lambda m: isinstance(m, p.OptionRefused))
     assert "fp16 needs CUDA" in refusal.reason and refusal.step > ack.step - 1

@@ -12,11 +12,22 @@ the drain after it (in between, the real trainer says nothing for seconds).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from torchlab.core.wire import protocol
 from torchlab.core.wire.options import LiveOptions
+from torchlab.core.wire.payloads import (
+    AllocatorSample,
+    GpuSample,
+    HostSample,
+    ImpactSegment,
+    ModuleInfo,
+    RankFigures,
+    RunInfo,
+    TelemetrySample,
+)
 
 RUN_DIR = "runs/20250101-120000-tiny_gpt"
 OPTIONS = LiveOptions().as_dict()
@@ -31,13 +42,14 @@ def module_names(blocks: int = 4) -> list[str]:
 
 def welcome(step: int = 0, *, modules: list[str] | None = None, steps: int = 200, state: str = "running", options: dict | None = None) -> protocol.Welcome:
     names = modules if modules is not None else module_names()
+    options = dict(OPTIONS if options is None else options)
     return protocol.Welcome(
-        run={
-            "workload": "tiny_gpt", "run_dir": RUN_DIR, "device": "cpu", "steps": steps, "batch_size": 32,
-            "pid": 4242, "started": 1_700_000_000.0, "checkpoint_blocks": [f"blocks.{i}" for i in range(4)],
-        },
-        modules=[{"name": name, "params": 1000 + 37 * index * index} for index, name in enumerate(names)],
-        options=dict(OPTIONS if options is None else options),
+        run=RunInfo(
+            workload="tiny_gpt", run_dir=RUN_DIR, device="cpu", steps=steps, batch_size=32, pid=4242,
+            started=1_700_000_000.0, checkpoint_blocks=[f"blocks.{i}" for i in range(4)], world_size=options["world_size"], ranks=[],
+        ),
+        modules=[ModuleInfo(name, 1000 + 37 * index * index) for index, name in enumerate(names)],
+        options=options,
         state=state,
         step=step,
     )
@@ -91,30 +103,29 @@ def training_events(steps: int = 120, *, names: list[str] | None = None, world_s
 NO_GPU = "no GPU: no NVIDIA driver (NVML library not found)"
 
 
-def gpu(index: int = 0, *, used_gib: float = 41.2, **overrides: Any) -> dict[str, Any]:
+def gpu(index: int = 0, *, used_gib: float = 41.2, **overrides: Any) -> GpuSample:
     """One GPU as ``core/engine/nvml.py`` reports it."""
-    data = {
-        "index": index, "name": "NVIDIA H100 80GB HBM3", "memory_used_bytes": int(used_gib * 2**30),
-        "memory_total_bytes": int(79.6 * 2**30), "utilization_percent": 87, "temperature_c": 62, "power_w": 312.4,
-        "power_limit_w": 700.0, "sm_clock_mhz": 1980, "this_run_memory_bytes": int(40.1 * 2**30),
-    }
-    data.update(overrides)
-    return data
+    sample = GpuSample(
+        index=index, name="NVIDIA H100 80GB HBM3", memory_used_bytes=int(used_gib * 2**30),
+        memory_total_bytes=int(79.6 * 2**30), utilization_percent=87.0, temperature_c=62.0, power_w=312.4,
+        power_limit_w=700.0, sm_clock_mhz=1980.0, this_run_memory_bytes=int(40.1 * 2**30),
+    )
+    return replace(sample, **overrides)
 
 
-def telemetry(step: int = 120, *, gpus: list[dict[str, Any]] | None = None, rss_mib: float = 812, t: float = 0.0) -> protocol.Telemetry:
+def telemetry(step: int = 120, *, gpus: list[GpuSample] | None = None, rss_mib: float = 812, t: float = 0.0) -> protocol.Telemetry:
     """A system sample like the trainer's sampler sends; without ``gpus``, a box with no NVIDIA driver."""
     gpus = gpus or []
     on_gpu = bool(gpus)
-    return protocol.Telemetry(sample={
-        "time": 1_700_000_000.0 + t, "step": step,
-        "host": {"cpu_percent": 23.0, "cpu_count": 16, "trainer_cpu_percent": 98.0, "ram_used_bytes": int(21.0 * 2**30),
-                 "ram_total_bytes": int(125.7 * 2**30), "trainer_rss_bytes": int(rss_mib * 2**20), "trainer_processes": 3},
-        "gpus": gpus,
-        "gpu_status": f"{len(gpus)} GPU(s)" if on_gpu else NO_GPU,
-        "torch": {"device": "cuda:0" if on_gpu else "cpu", "allocated_bytes": 12 * 2**30 if on_gpu else None,
-                  "reserved_bytes": 14 * 2**30 if on_gpu else None, "peak_allocated_bytes": 13 * 2**30 if on_gpu else None},
-    })
+    return protocol.Telemetry(sample=TelemetrySample(
+        time=1_700_000_000.0 + t, step=step,
+        host=HostSample(cpu_percent=23.0, cpu_count=16, trainer_cpu_percent=98.0, ram_used_bytes=int(21.0 * 2**30),
+                        ram_total_bytes=int(125.7 * 2**30), trainer_rss_bytes=int(rss_mib * 2**20), trainer_processes=3),
+        gpus=gpus,
+        gpu_status=f"{len(gpus)} GPU(s)" if on_gpu else NO_GPU,
+        torch=AllocatorSample(device="cuda:0" if on_gpu else "cpu", allocated_bytes=12 * 2**30 if on_gpu else None,
+                              reserved_bytes=14 * 2**30 if on_gpu else None, peak_allocated_bytes=13 * 2**30 if on_gpu else None),
+    ))
 
 
 def profile_row(name: str, self_cpu_us: float, *, calls: int = 10, shapes: str = "", memory: int = 0) -> dict[str, Any]:
@@ -146,17 +157,17 @@ def profile_ready(first_step: int, *, scale: float = 1.0, directory: str | None 
 
 def impact(*, bf16_steps: int = 40) -> protocol.Impact:
     """Two segments: the start, then amp=bf16 at step 121, 1.72x faster with 38 % less memory."""
-    start = {
-        "change": "start", "options": dict(OPTIONS), "first_step": 1, "last_step": 120, "median_step_time_s": 0.0172,
-        "median_samples_per_s": 1860.0, "peak_allocated_bytes": None, "peak_rss_bytes": 900 * 2**20,
-        "loss_slope_per_100_steps": -2.41, "speedup": None, "memory_change": None, "verdict": "start",
-    }
-    bf16 = {
-        "change": "amp=bf16", "options": {**OPTIONS, "amp": "bf16"}, "first_step": 121, "last_step": 120 + bf16_steps,
-        "median_step_time_s": 0.0100, "median_samples_per_s": 3200.0, "peak_allocated_bytes": None,
-        "peak_rss_bytes": 558 * 2**20, "loss_slope_per_100_steps": -0.52, "speedup": 1.72, "memory_change": -0.38,
-        "verdict": "amp=bf16: 1.72x faster, -38 % memory",
-    }
+    start = ImpactSegment(
+        change="start", options=dict(OPTIONS), first_step=1, last_step=120, median_step_time_s=0.0172,
+        median_samples_per_s=1860.0, peak_allocated_bytes=None, peak_rss_bytes=900 * 2**20,
+        loss_slope_per_100_steps=-2.41, speedup=None, memory_change=None, verdict="start",
+    )
+    bf16 = ImpactSegment(
+        change="amp=bf16", options={**OPTIONS, "amp": "bf16"}, first_step=121, last_step=120 + bf16_steps,
+        median_step_time_s=0.0100, median_samples_per_s=3200.0, peak_allocated_bytes=None,
+        peak_rss_bytes=558 * 2**20, loss_slope_per_100_steps=-0.52, speedup=1.72, memory_change=-0.38,
+        verdict="amp=bf16: 1.72x faster, -38 % memory",
+    )
     return protocol.Impact(segments=[start, bf16])
 
 
@@ -271,13 +282,12 @@ def ranks(step: int = 120, *, count: int = 2, step_time_s: float = 0.25, slow: d
     e.g. ``{1: {"data_wait_s": 0.05}}``. Allocator figures only ``on_gpu`` (null on CPU, as the trainer sends)."""
     figures = []
     for rank in range(count):
-        entry = {
-            "rank": rank, "step_time_s": step_time_s + 0.005 * rank, "data_wait_s": 0.0004,
-            "allocated_bytes": 11 * 2**30 if on_gpu else None, "reserved_bytes": 13 * 2**30 if on_gpu else None,
-            "peak_allocated_bytes": 12 * 2**30 if on_gpu else None, "rss_bytes": (380 + rank) * 2**20,
-        }
-        entry.update((slow or {}).get(rank, {}))
-        figures.append(entry)
+        entry = RankFigures(
+            rank=rank, step_time_s=step_time_s + 0.005 * rank, data_wait_s=0.0004,
+            allocated_bytes=11 * 2**30 if on_gpu else None, reserved_bytes=13 * 2**30 if on_gpu else None,
+            peak_allocated_bytes=12 * 2**30 if on_gpu else None, rss_bytes=(380 + rank) * 2**20,
+        )
+        figures.append(replace(entry, **(slow or {}).get(rank, {})))
     return protocol.Ranks(step=step, ranks=figures)
 
 

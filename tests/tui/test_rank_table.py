@@ -3,11 +3,14 @@ and what the app shows while the trainer relaunches its ranks. Driven by a FakeL
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from fake_link import FakeLink, quiet_app, ranks, telemetry, training_events
 
 from torchlab.core.wire import protocol
+from torchlab.core.wire.payloads import RankProcess
 from torchlab.tui.app import TorchlabApp
 from torchlab.tui.screens.prompt import OptionPrompt
 from torchlab.tui.widgets.event_log import EventLog
@@ -106,8 +109,8 @@ async def test_many_ranks_show_the_flagged_and_the_slowest_and_count_the_rest() 
 
 async def test_ranks_on_several_hosts_get_a_host_column() -> None:
     first = training_events(world_size=2)
-    run = {**first[0].run, "ranks": [{"rank": 0, "host": "node-a", "pid": 11, "device": "cuda:0"},
-                                     {"rank": 1, "host": "node-b", "pid": 12, "device": "cuda:0"}]}
+    run = replace(first[0].run, ranks=[RankProcess(rank=0, host="node-a", pid=11, device="cuda:0"),
+                                       RankProcess(rank=1, host="node-b", pid=12, device="cuda:0")])
     first[0] = protocol.Welcome(run=run, modules=first[0].modules, options=first[0].options, state="running", step=0)
     link = FakeLink(first + [ranks(120, on_gpu=True)])
     app = quiet_app(link)

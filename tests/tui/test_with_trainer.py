@@ -138,7 +138,7 @@ async def test_a_real_profile_opens_as_a_table_and_an_option_change_adds_an_impa
         await pilot.press("escape", "escape")
 
         await pilot.press("c")
-        await until(pilot, lambda: any(row.get("change") == "checkpointing=on" for row in state.impact),
+        await until(pilot, lambda: any(row.change == "checkpointing=on" for row in state.impact),
                     what="an impact segment for checkpointing=on")
         await pilot.press("i")
         assert isinstance(app.screen, ImpactScreen)

@@ -6,8 +6,6 @@ the cursor stays where it is.
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -15,9 +13,10 @@ from textual.containers import Vertical
 from textual.widgets import DataTable, Label, Static
 
 from torchlab.core.wire.impact import WARMUP_STEPS
+from torchlab.core.wire.payloads import ImpactSegment
 from torchlab.tui.profiles import format_bytes, format_us
 from torchlab.tui.screens.view_screen import ViewScreen
-from torchlab.tui.state import RunState, finite_number
+from torchlab.tui.state import RunState
 
 #: (key, header)
 COLUMNS = (
@@ -31,25 +30,23 @@ COLUMNS = (
 )
 
 
-def segment_cells(segment: dict[str, Any]) -> list[Text]:
+def segment_cells(segment: ImpactSegment) -> list[Text]:
     """One segment as table cells, in ``COLUMNS`` order; a missing figure reads "–"."""
-    first, last = segment.get("first_step"), segment.get("last_step")
-    steps = f"{first}–{last}" if isinstance(first, int) and isinstance(last, int) else "–"
-    step_time = finite_number(segment.get("median_step_time_s"))
-    samples = finite_number(segment.get("median_samples_per_s"))
-    allocated, rss = finite_number(segment.get("peak_allocated_bytes")), finite_number(segment.get("peak_rss_bytes"))
+    steps = f"{segment.first_step}–{segment.last_step}"
+    step_time = segment.median_step_time_s
+    samples = segment.median_samples_per_s
+    allocated, rss = segment.peak_allocated_bytes, segment.peak_rss_bytes
     if allocated is not None:
         memory = f"{format_bytes(allocated)} alloc"
     elif rss is not None:
         memory = f"{format_bytes(rss)} rss"
     else:
         memory = "–"
-    slope = finite_number(segment.get("loss_slope_per_100_steps"))
+    slope = segment.loss_slope_per_100_steps
     # The verdict repeats the change ("amp=bf16: 1.72x faster, ..."): the table shows what follows it.
-    change = str(segment.get("change") or "")
-    verdict = str(segment.get("verdict") or "")
+    change, verdict = segment.change, segment.verdict
     verdict = verdict[len(change) + 2 :] if verdict.startswith(change + ": ") else ("" if verdict == change else verdict)
-    speedup = finite_number(segment.get("speedup"))
+    speedup = segment.speedup
     verdict_style = "" if speedup is None else ("green" if speedup >= 1.05 else ("red" if speedup <= 0.95 else ""))
     return [
         Text(change, style="bold"),
@@ -110,12 +107,12 @@ class ImpactScreen(ViewScreen):
             else:
                 table.add_row(*cells, key=key)
         latest = self.query_one("#impact-latest", Static)
-        changed = [segment for segment in segments[1:] if segment.get("verdict")]
+        changed = [segment for segment in segments[1:] if segment.verdict]
         if changed:
             newest = changed[-1]
             text = Text("latest: ", style="dim")
-            text.append(str(newest["verdict"]), style="bold")
-            text.append(f" (steps {newest.get('first_step')}–{newest.get('last_step')})", style="dim")
+            text.append(newest.verdict, style="bold")
+            text.append(f" (steps {newest.first_step}–{newest.last_step})", style="dim")
             latest.update(text)
         else:
             latest.update(Text("no option change yet: this run has one segment", style="dim"))

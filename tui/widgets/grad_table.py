@@ -21,7 +21,9 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Input, Static
 
-from torchlab.tui.state import ModuleStats, RunState, combine_norms, flag_for, format_number, format_ratio, group_name, sparkline
+from torchlab.tui.formatting import format_number, format_ratio, sparkline
+from torchlab.tui.gradient_flags import combine_norms, flag_for, group_name
+from torchlab.tui.state import ModuleStats, RunState
 from torchlab.tui.widgets.row_view import Cell, Column, RowView
 
 #: The flat view is the default up to this many modules; above it, the grouped view.

@@ -17,7 +17,8 @@ from textual.geometry import Size
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from torchlab.tui.state import RankFigures, RunState
+from torchlab.tui.state import RunState
+from torchlab.tui.stragglers import ComparedRank
 from torchlab.tui.units import format_bytes
 from torchlab.tui.widgets.system_panel import NA
 
@@ -36,23 +37,23 @@ class RankColumn:
 
     header: str
     width: int
-    cell: Callable[[RankFigures], str]
-    flags: str = ""  # "step time", "data wait" (RankFigures.flag), or "" for figures that flag nothing
+    cell: Callable[[ComparedRank], str]
+    flags: str = ""  # "step time", "data wait" (ComparedRank.flag), or "" for figures that flag nothing
     align: str = "right"
 
 
 def _host_column(width: int) -> RankColumn:
-    return RankColumn("host", width, lambda figures: _clip(figures.host, width), align="left")
+    return RankColumn("host", width, lambda row: _clip(row.host, width), align="left")
 
 
-RANK = RankColumn("rank", 4, lambda figures: str(figures.rank))
-STEP = RankColumn("step", 7, lambda figures: format_seconds(figures.step_time_s), flags="step time")
-VERSUS = RankColumn("vs others", 9, lambda figures: format_versus(figures.step_vs_others), flags="step time")
-WAIT = RankColumn("data wait", 9, lambda figures: format_seconds(figures.data_wait_s), flags="data wait")
-ALLOC = RankColumn("alloc", 8, lambda figures: _size(figures.allocated_bytes))
-PEAK = RankColumn("peak", 8, lambda figures: _size(figures.peak_allocated_bytes))
-RESERVED = RankColumn("reserved", 8, lambda figures: _size(figures.reserved_bytes))
-RSS = RankColumn("rss", 8, lambda figures: _size(figures.rss_bytes))
+RANK = RankColumn("rank", 4, lambda row: str(row.figures.rank))
+STEP = RankColumn("step", 7, lambda row: format_seconds(row.figures.step_time_s), flags="step time")
+VERSUS = RankColumn("vs others", 9, lambda row: format_versus(row.step_vs_others), flags="step time")
+WAIT = RankColumn("data wait", 9, lambda row: format_seconds(row.figures.data_wait_s), flags="data wait")
+ALLOC = RankColumn("alloc", 8, lambda row: _size(row.figures.allocated_bytes))
+PEAK = RankColumn("peak", 8, lambda row: _size(row.figures.peak_allocated_bytes))
+RESERVED = RankColumn("reserved", 8, lambda row: _size(row.figures.reserved_bytes))
+RSS = RankColumn("rss", 8, lambda row: _size(row.figures.rss_bytes))
 #: The flag in words ("data wait 6.7× others") needs this much room after the figures, or it is left out
 #: (the ⚑ beside the rank and the flagged figure's colour still say it).
 FLAG_WORDS_MIN = 14
@@ -114,20 +115,20 @@ def table_text(state: RunState | None, width: int, max_rows: int) -> Text:
     columns, flag_words = layout_columns(ranks, width)
     shown = _rows_to_show(ranks, max_rows)
     lines = [_header(columns)]
-    lines += [_row(figures, columns, flag_words) for figures in shown]
-    shown_ranks = {figures.rank for figures in shown}
-    hidden = [figures for figures in ranks if figures.rank not in shown_ranks]
+    lines += [_row(row, columns, flag_words) for row in shown]
+    shown_ranks = {row.figures.rank for row in shown}
+    hidden = [row for row in ranks if row.figures.rank not in shown_ranks]
     if hidden:
-        flagged = sum(1 for figures in hidden if figures.flag)
+        flagged = sum(1 for row in hidden if row.flag)
         lines.append(Text(f"… and {len(hidden)} more ranks, {flagged or 'none'} flagged", style="dim"))
     return Text("\n").join(lines)
 
 
-def layout_columns(ranks: list[RankFigures], width: int) -> tuple[list[RankColumn], int]:
+def layout_columns(ranks: list[ComparedRank], width: int) -> tuple[list[RankColumn], int]:
     """The columns that fit ``width``, and the room left for the flag in words (0: none): the figures
     first, then the hosts (when the ranks span several), the flag's words, peak and reserved memory."""
-    on_cuda = any(figures.allocated_bytes is not None for figures in ranks)
-    hosts = {figures.host for figures in ranks if figures.host}
+    on_cuda = any(row.figures.allocated_bytes is not None for row in ranks)
+    hosts = {row.host for row in ranks if row.host}
     columns = [RANK, STEP, VERSUS, WAIT, ALLOC, RSS]
     used = _width(columns)
     if len(hosts) > 1:
@@ -165,36 +166,36 @@ def _header(columns: list[RankColumn]) -> Text:
     return text
 
 
-def _row(figures: RankFigures, columns: list[RankColumn], flag_words: int) -> Text:
+def _row(row: ComparedRank, columns: list[RankColumn], flag_words: int) -> Text:
     text = Text()
     for index, column in enumerate(columns):
         if index:
             text.append(GAP)
-        if column is RANK and figures.flag:
-            text.append(_align(f"{FLAG_MARK} {figures.rank}", column), style=FLAG_STYLE)
+        if column is RANK and row.flag:
+            text.append(_align(f"{FLAG_MARK} {row.figures.rank}", column), style=FLAG_STYLE)
         else:
-            style = FLAG_STYLE if figures.flag and column.flags == figures.flag else ""
-            text.append(_align(column.cell(figures), column), style=style)
-    if flag_words and figures.flag:
+            style = FLAG_STYLE if row.flag and column.flags == row.flag else ""
+            text.append(_align(column.cell(row), column), style=style)
+    if flag_words and row.flag:
         text.append(GAP)
-        text.append(_clip(flag_text(figures), flag_words), style=FLAG_STYLE)
+        text.append(_clip(flag_text(row), flag_words), style=FLAG_STYLE)
     return text
 
 
-def flag_text(figures: RankFigures) -> str:
+def flag_text(row: ComparedRank) -> str:
     """``data wait 6.7× others``: the figure that makes the rank a straggler, against the others' median."""
-    ratio = figures.wait_vs_others if figures.flag == "data wait" else figures.step_vs_others
+    ratio = row.wait_vs_others if row.flag == "data wait" else row.step_vs_others
     times = f" {_ratio(ratio)} others" if ratio is not None else ""
-    return f"{figures.flag}{times}"
+    return f"{row.flag}{times}"
 
 
-def _rows_to_show(ranks: list[RankFigures], max_rows: int) -> list[RankFigures]:
+def _rows_to_show(ranks: list[ComparedRank], max_rows: int) -> list[ComparedRank]:
     """Every rank when they fit; else the flagged, then the slowest, in rank order, with a line for the rest."""
     if len(ranks) <= max_rows:
         return list(ranks)
     room = max(1, max_rows - 1)
-    interesting = sorted(ranks, key=lambda figures: (not figures.flag, -(figures.step_time_s or 0.0), figures.rank))[:room]
-    return sorted(interesting, key=lambda figures: figures.rank)
+    interesting = sorted(ranks, key=lambda row: (not row.flag, -(row.figures.step_time_s or 0.0), row.figures.rank))[:room]
+    return sorted(interesting, key=lambda row: row.figures.rank)
 
 
 def _align(value: str, column: RankColumn) -> str:
@@ -214,24 +215,24 @@ def summary_line(state: RunState | None, width: int) -> Text:
     ranks = state.ranks
     line = Text()
     line.append(f"{len(ranks)} ranks", style="bold")
-    flagged = [figures for figures in ranks if figures.flag]
+    flagged = [row for row in ranks if row.flag]
     if flagged:
-        worst = max(flagged, key=lambda figures: (figures.wait_vs_others if figures.flag == "data wait" else figures.step_vs_others) or 0.0)
+        worst = max(flagged, key=lambda row: (row.wait_vs_others if row.flag == "data wait" else row.step_vs_others) or 0.0)
         line.append(" · ", style="dim")
-        line.append(f"{FLAG_MARK} rank {worst.rank} straggles: {flag_text(worst)}", style=FLAG_STYLE)
+        line.append(f"{FLAG_MARK} rank {worst.figures.rank} straggles: {flag_text(worst)}", style=FLAG_STYLE)
         if len(flagged) > 1:
             line.append(f" (+{len(flagged) - 1} more)", style=FLAG_STYLE)
-    timed = [figures for figures in ranks if figures.step_time_s is not None]
+    timed = [row for row in ranks if row.figures.step_time_s is not None]
     if timed:
-        slowest = max(timed, key=lambda figures: figures.step_time_s or 0.0)
+        slowest = max(timed, key=lambda row: row.figures.step_time_s or 0.0)
         line.append(" · ", style="dim")
         line.append("slowest ", style="dim")
-        line.append(f"rank {slowest.rank} {format_versus(slowest.step_vs_others)}", style="bold")
-        line.append(f" ({format_seconds(slowest.step_time_s)})")
+        line.append(f"rank {slowest.figures.rank} {format_versus(slowest.step_vs_others)}", style="bold")
+        line.append(f" ({format_seconds(slowest.figures.step_time_s)})")
     for label, values, formatter in (
-        ("data wait", [figures.data_wait_s for figures in ranks], format_seconds),
-        ("alloc", [figures.allocated_bytes for figures in ranks], _size),
-        ("rss", [figures.rss_bytes for figures in ranks], _size),
+        ("data wait", [row.figures.data_wait_s for row in ranks], format_seconds),
+        ("alloc", [row.figures.allocated_bytes for row in ranks], _size),
+        ("rss", [row.figures.rss_bytes for row in ranks], _size),
     ):
         known = [value for value in values if value is not None]
         if known:  # no allocator on a CPU run: left out here (the table says n/a)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from torchlab.tui.state import RunState, format_duration
+from torchlab.tui.formatting import format_duration
+from torchlab.tui.state import RunState
 
 #: State name -> (symbol, style) for the state badge.
 STATE_BADGES = {

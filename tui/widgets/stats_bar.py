@@ -5,7 +5,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from torchlab.tui.state import RunState, format_number
+from torchlab.tui.formatting import format_number
+from torchlab.tui.state import RunState
 
 
 class StatsBar(Static):
@@ -48,7 +49,6 @@ class StatsBar(Static):
             figure("grad", f"{format_number(float(total), 3)}{clipped}")
         if state.val_loss.last is not None:
             figure("val", format_number(state.val_loss.last), "bold yellow")
-        host = state.telemetry.get("host") if isinstance(state.telemetry, dict) else None
-        if isinstance(host, dict) and isinstance(host.get("cpu_percent"), (int, float)):
-            figure("cpu", f"{host['cpu_percent']:.0f}%")
+        if state.telemetry is not None:
+            figure("cpu", f"{state.telemetry.host.cpu_percent:.0f}%")
         self.update(text, layout=False)

@@ -10,16 +10,16 @@ not read arrives as None and reads "n/a"; a box without NVIDIA says why, in plac
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from torchlab.tui.state import RunState, finite_number
+from torchlab.core.wire.payloads import AllocatorSample, GpuSample, HostSample, TelemetrySample
+from torchlab.tui.formatting import SPARK_CHARS
+from torchlab.tui.state import RunState
 from torchlab.tui.units import byte_unit, format_bytes, three_digits
 
-SPARK_CHARS = "▁▂▃▄▅▆▇█"
 PARTIAL_BLOCKS = " ▏▎▍▌▋▊▉"
 #: Width of the label column ("mem", "util", "alloc", ...).
 LABEL_WIDTH = 6
@@ -56,7 +56,7 @@ class SystemPanel(Widget):
 
     def render(self) -> Text:
         state = self._state
-        sample = state.telemetry if state is not None and isinstance(state.telemetry, dict) else {}
+        sample = state.telemetry if state is not None else None
         history = list(state.telemetry_history) if state is not None else []
         width = max(self.content_size.width, 10)
         if self.compact:
@@ -66,17 +66,15 @@ class SystemPanel(Widget):
 
 # ---------------------------------------------------------------------- the full panel
 
-def panel_text(sample: dict[str, Any], history: Sequence[dict[str, Any]], width: int, height: int) -> Text:
+def panel_text(sample: TelemetrySample | None, history: Sequence[TelemetrySample], width: int, height: int) -> Text:
     """The panel's lines for a ``width`` x ``height`` area (lines past ``height`` are dropped by the widget)."""
-    if not sample:
+    if sample is None:
         return Text("waiting for the first system sample…", style="dim italic")
-    gpus = [gpu for gpu in _list(sample.get("gpus")) if isinstance(gpu, dict)]
-    host = _dict(sample.get("host"))
-    allocator = _dict(sample.get("torch"))
+    gpus = sample.gpus
     # Bars take under half the width: the figures after them (" 40.7/79.6 GiB · run 40.1 GiB") must fit.
     bar_width = max(4, min(MAX_BAR_WIDTH, int((width - LABEL_WIDTH) * 0.45)))
     lines: list[Text] = []
-    host_lines = _host_lines(host, allocator, bar_width)
+    host_lines = _host_lines(sample.host, sample.torch, bar_width)
     history_line = _history_line(gpus, history, max(bar_width, width - LABEL_WIDTH - 28))
     if gpus:
         room = max(height, 1) - len(host_lines) - 1  # lines left for the GPUs, after host figures and the history
@@ -88,35 +86,33 @@ def panel_text(sample: dict[str, Any], history: Sequence[dict[str, Any]], width:
         else:
             lines += _gpus_summary_lines(gpus, width)
     else:
-        status = str(sample.get("gpu_status") or "no GPU")
-        lines.append(Text(status, style="bold yellow"))
+        lines.append(Text(sample.gpu_status, style="bold yellow"))
     lines.append(history_line)
     lines += host_lines
     return Text("\n").join(lines)
 
 
-def _gpu_lines(gpu: dict[str, Any], bar_width: int) -> list[Text]:
+def _gpu_lines(gpu: GpuSample, bar_width: int) -> list[Text]:
     """Three lines for one GPU: name with temperature, power and clock; memory bar; utilisation bar."""
-    used, total = finite_number(gpu.get("memory_used_bytes")), finite_number(gpu.get("memory_total_bytes"))
-    utilisation = finite_number(gpu.get("utilization_percent"))
-    title = Text.assemble((f"GPU{gpu.get('index', '?')} ", "bold"), (str(gpu.get("name") or "unnamed GPU"), "bold"))
+    used, total = gpu.memory_used_bytes, gpu.memory_total_bytes
+    utilisation = gpu.utilization_percent
+    title = Text.assemble((f"GPU{gpu.index} ", "bold"), (gpu.name or "unnamed GPU", "bold"))
     title.append(f"  {_temperature(gpu)}  {_power(gpu)}  {_clock(gpu)}", style="")
     memory = _labelled_bar("mem", _fraction(used, total), bar_width)
     memory.append(f" {_pair(used, total)}")
-    ours = finite_number(gpu.get("this_run_memory_bytes"))
-    if ours is not None:
-        memory.append(f" · run {format_bytes(ours)}", style="dim")
+    if gpu.this_run_memory_bytes is not None:
+        memory.append(f" · run {format_bytes(gpu.this_run_memory_bytes)}", style="dim")
     util = _labelled_bar("util", None if utilisation is None else utilisation / 100, bar_width, BUSY_STYLE)
     util.append(f" {_percent(utilisation)}")
     return [title, memory, util]
 
 
-def _gpu_line(gpu: dict[str, Any], width: int) -> Text:
+def _gpu_line(gpu: GpuSample, width: int) -> Text:
     """One line for one GPU of several: ``0 mem ▆▆▆░░ 41/80 GiB  util ▇▇░ 87 %  62°C 312 W``."""
-    used, total = finite_number(gpu.get("memory_used_bytes")), finite_number(gpu.get("memory_total_bytes"))
-    utilisation = finite_number(gpu.get("utilization_percent"))
+    used, total = gpu.memory_used_bytes, gpu.memory_total_bytes
+    utilisation = gpu.utilization_percent
     small_bar = max(3, min(12, (width - 44) // 2))
-    line = Text(f"{gpu.get('index', '?')} ", style="bold")
+    line = Text(f"{gpu.index} ", style="bold")
     line.append_text(_bar(_fraction(used, total), small_bar))
     line.append(f" {_pair(used, total)}  ")
     line.append_text(_bar(None if utilisation is None else utilisation / 100, small_bar, BUSY_STYLE))
@@ -124,70 +120,61 @@ def _gpu_line(gpu: dict[str, Any], width: int) -> Text:
     return line
 
 
-def _gpus_summary_lines(gpus: list[dict[str, Any]], width: int) -> list[Text]:
+def _gpus_summary_lines(gpus: list[GpuSample], width: int) -> list[Text]:
     """Too many GPUs for a line each: totals, then utilisation per GPU in one line."""
-    used = _sum(finite_number(gpu.get("memory_used_bytes")) for gpu in gpus)
-    total = _sum(finite_number(gpu.get("memory_total_bytes")) for gpu in gpus)
-    utilisations = [finite_number(gpu.get("utilization_percent")) for gpu in gpus]
+    used = _sum(gpu.memory_used_bytes for gpu in gpus)
+    total = _sum(gpu.memory_total_bytes for gpu in gpus)
+    utilisations = [gpu.utilization_percent for gpu in gpus]
     known = [value for value in utilisations if value is not None]
-    temperatures = [value for value in (finite_number(gpu.get("temperature_c")) for gpu in gpus) if value is not None]
-    powers = [value for value in (finite_number(gpu.get("power_w")) for gpu in gpus) if value is not None]
+    temperatures = [gpu.temperature_c for gpu in gpus if gpu.temperature_c is not None]
+    powers = [gpu.power_w for gpu in gpus if gpu.power_w is not None]
     head = Text(f"{len(gpus)} GPUs ", style="bold")
     head.append(f"mem {_pair(used, total)}  util avg {_percent(sum(known) / len(known) if known else None)}")
     head.append(f"  max {max(temperatures):.0f}°C" if temperatures else f"  {NA} °C")
     head.append(f"  {sum(powers):.0f} W" if powers else f"  {NA} W")
     per_gpu = Text("util ", style="dim")
-    per_gpu.append(" ".join(f"{gpu.get('index', '?')}:{_percent(value, unit='%')}" for gpu, value in zip(gpus, utilisations)))
+    per_gpu.append(" ".join(f"{gpu.index}:{_percent(value, unit='%')}" for gpu, value in zip(gpus, utilisations)))
     return [head, per_gpu]
 
 
-def _host_lines(host: dict[str, Any], allocator: dict[str, Any], bar_width: int) -> list[Text]:
-    cpu = finite_number(host.get("cpu_percent"))
-    cpu_line = _labelled_bar("cpu", None if cpu is None else cpu / 100, bar_width, BUSY_STYLE)
-    cpu_line.append(f" {_percent(cpu)}")
-    cores = finite_number(host.get("cpu_count"))
-    if cores is not None:
-        cpu_line.append(f" of {cores:.0f}", style="dim")
-    trainer_cpu = finite_number(host.get("trainer_cpu_percent"))
-    if trainer_cpu is not None:
-        cpu_line.append(f" · trainer {trainer_cpu:.0f} %", style="dim")
-    used, total = finite_number(host.get("ram_used_bytes")), finite_number(host.get("ram_total_bytes"))
+def _host_lines(host: HostSample, allocator: AllocatorSample, bar_width: int) -> list[Text]:
+    cpu_line = _labelled_bar("cpu", host.cpu_percent / 100, bar_width, BUSY_STYLE)
+    cpu_line.append(f" {_percent(host.cpu_percent)}")
+    if host.cpu_count is not None:
+        cpu_line.append(f" of {host.cpu_count:.0f}", style="dim")
+    cpu_line.append(f" · trainer {host.trainer_cpu_percent:.0f} %", style="dim")
+    used, total = host.ram_used_bytes, host.ram_total_bytes
     ram_line = _labelled_bar("ram", _fraction(used, total), bar_width)
     ram_line.append(f" {_pair(used, total)}")
-    rss = finite_number(host.get("trainer_rss_bytes"))
-    processes = finite_number(host.get("trainer_processes"))
+    processes = host.trainer_processes
     trainer = Text("rss".ljust(LABEL_WIDTH), style="dim")
-    trainer.append(format_bytes(rss, missing=NA), style="bold")
-    if processes is not None:
-        trainer.append(f" · {processes:.0f} process{'es' if processes != 1 else ''}")
-    allocated = finite_number(allocator.get("allocated_bytes"))
-    if allocated is None:  # no CUDA allocator (a CPU run): one line says so, beside the RSS
-        device = str(allocator.get("device") or "")
+    trainer.append(format_bytes(host.trainer_rss_bytes, missing=NA), style="bold")
+    trainer.append(f" · {processes:.0f} process{'es' if processes != 1 else ''}")
+    if allocator.allocated_bytes is None:  # no CUDA allocator (a CPU run): one line says so, beside the RSS
+        device = allocator.device
         trainer.append(f" · alloc {NA}" + (f" on {device}" if device else ""), style="dim")
         return [cpu_line, ram_line, trainer]
-    reserved, peak = finite_number(allocator.get("reserved_bytes")), finite_number(allocator.get("peak_allocated_bytes"))
     alloc = Text("alloc".ljust(LABEL_WIDTH), style="dim")
-    alloc.append(format_bytes(allocated), style="bold")
-    alloc.append(f" · reserved {format_bytes(reserved, missing=NA)}")
-    alloc.append(f" · peak {format_bytes(peak, missing=NA)}")
+    alloc.append(format_bytes(allocator.allocated_bytes), style="bold")
+    alloc.append(f" · reserved {format_bytes(allocator.reserved_bytes, missing=NA)}")
+    alloc.append(f" · peak {format_bytes(allocator.peak_allocated_bytes, missing=NA)}")
     return [cpu_line, ram_line, trainer, alloc]
 
 
-def _history_line(gpus: list[dict[str, Any]], history: Sequence[dict[str, Any]], room: int) -> Text:
+def _history_line(gpus: list[GpuSample], history: Sequence[TelemetrySample], room: int) -> Text:
     """GPU memory used over the last samples, from 0 to the GPUs' total (so the headroom shows); without
     GPUs, the trainer's RSS between its own low and high (so growth shows)."""
     line = Text("hist".ljust(LABEL_WIDTH), style="dim")
     recent = list(history)[-room:]
     if gpus:
-        values = [_sum(finite_number(gpu.get("memory_used_bytes")) for gpu in _dicts(sample.get("gpus"))) for sample in recent]
-        totals = [_sum(finite_number(gpu.get("memory_total_bytes")) for gpu in _dicts(sample.get("gpus"))) for sample in recent]
+        values = [_sum(gpu.memory_used_bytes for gpu in sample.gpus) for sample in recent]
+        totals = [_sum(gpu.memory_total_bytes for gpu in sample.gpus) for sample in recent]
         ceiling = max((value for value in totals if value), default=None)
         line.append(spark(values, 0.0, ceiling), style="cyan")
         what = " GPU mem"
     else:
-        values = [finite_number(_dict(sample.get("host")).get("trainer_rss_bytes")) for sample in recent]
-        known = [value for value in values if value is not None]
-        low, high = (min(known), max(known)) if known else (None, None)
+        values = [sample.host.trainer_rss_bytes for sample in recent]
+        low, high = (min(values), max(values)) if values else (None, None)
         what = f" rss {_range(low, high)}" if low is not None and high is not None and _range(low, high) != _range(high, high) else " rss"
         if low is not None and high is not None:
             low = min(low, high * (1 - MIN_RSS_SPAN))  # a change of a few pages must not draw as ▁ to █
@@ -199,40 +186,37 @@ def _history_line(gpus: list[dict[str, Any]], history: Sequence[dict[str, Any]],
 
 # ---------------------------------------------------------------------- one line for small terminals
 
-def summary_line(sample: dict[str, Any], width: int) -> Text:
+def summary_line(sample: TelemetrySample | None, width: int) -> Text:
     """``gpu0 41.2/79.6 GiB 87 % 62°C · cpu 23 % · ram 5.1/15.6 GiB · rss 812 MiB``, or "no GPU: …" first."""
-    if not sample:
+    if sample is None:
         return Text("system: waiting for the first sample…", style="dim italic")
-    gpus = [gpu for gpu in _list(sample.get("gpus")) if isinstance(gpu, dict)]
-    host = _dict(sample.get("host"))
+    gpus, host = sample.gpus, sample.host
     rest = Text()
-    cpu = finite_number(host.get("cpu_percent"))
-    used, total = finite_number(host.get("ram_used_bytes")), finite_number(host.get("ram_total_bytes"))
-    rss = finite_number(host.get("trainer_rss_bytes"))
-    processes = finite_number(host.get("trainer_processes"))
-    for label, value in (("cpu", _percent(cpu)), ("ram", _pair(used, total)), ("rss", format_bytes(rss, missing=NA))):
+    processes = host.trainer_processes
+    for label, value in (("cpu", _percent(host.cpu_percent)), ("ram", _pair(host.ram_used_bytes, host.ram_total_bytes)),
+                         ("rss", format_bytes(host.trainer_rss_bytes, missing=NA))):
         rest.append(" · ", style="dim")
         rest.append(f"{label} ", style="dim")
         rest.append(value, style="bold")
-    if processes is not None and processes > 1:
+    if processes > 1:
         rest.append(f" ×{processes:.0f}")
     line = Text()
     if not gpus:
-        status = str(sample.get("gpu_status") or "no GPU")
+        status = sample.gpu_status
         room = max(6, width - rest.cell_len)
         line.append(status if len(status) <= room else status[: room - 1] + "…", style="bold yellow")
     elif len(gpus) <= 2:
         for position, gpu in enumerate(gpus):
             if position:
                 line.append(" · ", style="dim")
-            gpu_used, gpu_total = finite_number(gpu.get("memory_used_bytes")), finite_number(gpu.get("memory_total_bytes"))
-            line.append(f"gpu{gpu.get('index', '?')} ", style="dim")
+            gpu_used, gpu_total = gpu.memory_used_bytes, gpu.memory_total_bytes
+            line.append(f"gpu{gpu.index} ", style="dim")
             line.append(_pair(gpu_used, gpu_total), style=_level_style(_fraction(gpu_used, gpu_total)))
-            line.append(f" {_percent(finite_number(gpu.get('utilization_percent')))} {_temperature(gpu)}")
+            line.append(f" {_percent(gpu.utilization_percent)} {_temperature(gpu)}")
     else:
-        gpu_used = _sum(finite_number(gpu.get("memory_used_bytes")) for gpu in gpus)
-        gpu_total = _sum(finite_number(gpu.get("memory_total_bytes")) for gpu in gpus)
-        known = [value for value in (finite_number(gpu.get("utilization_percent")) for gpu in gpus) if value is not None]
+        gpu_used = _sum(gpu.memory_used_bytes for gpu in gpus)
+        gpu_total = _sum(gpu.memory_total_bytes for gpu in gpus)
+        known = [gpu.utilization_percent for gpu in gpus if gpu.utilization_percent is not None]
         line.append(f"{len(gpus)} GPUs ", style="dim")
         line.append(_pair(gpu_used, gpu_total), style=_level_style(_fraction(gpu_used, gpu_total)))
         line.append(f" util {_percent(sum(known) / len(known) if known else None)}")
@@ -304,13 +288,13 @@ def _percent(value: float | None, unit: str = " %") -> str:
     return f"{value:.0f}{unit}" if value is not None else NA
 
 
-def _temperature(gpu: dict[str, Any]) -> str:
-    value = finite_number(gpu.get("temperature_c"))
+def _temperature(gpu: GpuSample) -> str:
+    value = gpu.temperature_c
     return f"{value:.0f}°C" if value is not None else f"{NA} °C"
 
 
-def _power(gpu: dict[str, Any], with_limit: bool = True) -> str:
-    power, limit = finite_number(gpu.get("power_w")), finite_number(gpu.get("power_limit_w"))
+def _power(gpu: GpuSample, with_limit: bool = True) -> str:
+    power, limit = gpu.power_w, gpu.power_limit_w
     if power is None:
         return f"{NA} W"
     if with_limit and limit is not None:
@@ -318,8 +302,8 @@ def _power(gpu: dict[str, Any], with_limit: bool = True) -> str:
     return f"{power:.0f} W"
 
 
-def _clock(gpu: dict[str, Any]) -> str:
-    value = finite_number(gpu.get("sm_clock_mhz"))
+def _clock(gpu: GpuSample) -> str:
+    value = gpu.sm_clock_mhz
     return f"{value:.0f} MHz" if value is not None else f"{NA} MHz"
 
 
@@ -327,9 +311,8 @@ def _fraction(used: float | None, total: float | None) -> float | None:
     return used / total if used is not None and total else None
 
 
-def _span_s(samples: Sequence[dict[str, Any]]) -> float | None:
-    times = [value for value in (finite_number(sample.get("time")) for sample in samples) if value is not None]
-    return times[-1] - times[0] if len(times) >= 2 else None
+def _span_s(samples: Sequence[TelemetrySample]) -> float | None:
+    return samples[-1].time - samples[0].time if len(samples) >= 2 else None
 
 
 def _duration(seconds: float) -> str:
@@ -341,14 +324,3 @@ def _sum(values: Iterable[float | None]) -> float | None:
     present = [value for value in values if value is not None]
     return sum(present) if present else None
 
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _dicts(value: Any) -> list[dict[str, Any]]:
-    return [item for item in _list(value) if isinstance(item, dict)]

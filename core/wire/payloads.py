@@ -1,0 +1,199 @@
+"""The payloads nested in the protocol's events: what the run is, its modules, a system sample, the ranks'
+figures, the impact table's rows. Standard library only.
+
+Each is a frozen dataclass that its producer builds directly (the worker, the telemetry sampler, the ranks'
+collectives, the impact tracker) and the app reads by attribute. ``protocol.decode`` validates them field by
+field, like a message's own fields, with the same ``schema`` convention: field name -> accepted types, JSON
+scalars when a field is not listed; a payload type there is a JSON object read as that payload, and
+``list[T]`` a list whose every item is read as ``T``. On the wire each is the JSON object of its fields (the
+names below are the JSON keys), which is also how it appears in ``system.jsonl``, ``metrics.jsonl``,
+``events.jsonl`` and ``impact.json``.
+
+A figure that can be missing is ``None`` (NaN and Inf travel as null too): a CPU run has no allocator
+figures, a GPU may hide its power draw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+_NULL = type(None)
+_INT = (int,)
+_OPT_INT = (int, _NULL)
+_NUMBER = (float,)  # an int is read as a float
+_OPT_NUMBER = (float, _NULL)
+_OPT_STR = (str, _NULL)
+
+
+# ----------------------------------------------------------------------------- Welcome: the run
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """One module whose gradient norm is measured, in the order of ``GradNorms.norms``."""
+
+    schema: ClassVar[dict[str, tuple]] = {"name": (str,), "params": _INT}
+    name: str
+    params: int
+
+
+@dataclass(frozen=True)
+class RankProcess:
+    """Where one data-parallel rank runs (gathered once at start, as in ``run_started``)."""
+
+    schema: ClassVar[dict[str, tuple]] = {"rank": _INT, "host": (str,), "pid": _INT, "device": (str,)}
+    rank: int
+    host: str
+    pid: int
+    device: str
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """The run an app attached to. ``device`` and ``batch_size`` are known once the trainer started (empty
+    and 0 before); ``steps`` is the step the run trains to (0 when its settings could not be read);
+    ``ranks`` lists the ranks above world size 1 (empty for a single process)."""
+
+    schema: ClassVar[dict[str, tuple]] = {
+        "workload": (str,), "run_dir": (str,), "device": (str,), "steps": _INT, "batch_size": _INT, "pid": _INT,
+        "started": _NUMBER, "checkpoint_blocks": (list[str],), "world_size": _INT, "ranks": (list[RankProcess],),
+    }
+    workload: str
+    run_dir: str
+    device: str
+    steps: int
+    batch_size: int
+    pid: int
+    started: float  # the trainer process's start, seconds since the epoch
+    checkpoint_blocks: list[str]
+    world_size: int
+    ranks: list[RankProcess]
+
+
+# ----------------------------------------------------------------------------- Telemetry: a system sample
+
+
+@dataclass(frozen=True)
+class HostSample:
+    """The host's CPU and RAM, and the trainer's share: its CPU, and the RSS of it and its children (DataLoader
+    workers, ranks) together. ``cpu_count`` is None where the OS does not say."""
+
+    schema: ClassVar[dict[str, tuple]] = {
+        "cpu_percent": _NUMBER, "cpu_count": _OPT_INT, "trainer_cpu_percent": _NUMBER, "ram_used_bytes": _INT,
+        "ram_total_bytes": _INT, "trainer_rss_bytes": _INT, "trainer_processes": _INT,
+    }
+    cpu_percent: float
+    cpu_count: int | None
+    trainer_cpu_percent: float
+    ram_used_bytes: int
+    ram_total_bytes: int
+    trainer_rss_bytes: int
+    trainer_processes: int
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU as NVML reports it; each figure None where this GPU hides it. ``this_run_memory_bytes``: the
+    memory NVML attributes to this run's processes (None where it lists no processes, as in some containers)."""
+
+    schema: ClassVar[dict[str, tuple]] = {
+        "index": _INT, "name": _OPT_STR, "memory_used_bytes": _OPT_INT, "memory_total_bytes": _OPT_INT,
+        "utilization_percent": _OPT_NUMBER, "temperature_c": _OPT_NUMBER, "power_w": _OPT_NUMBER,
+        "power_limit_w": _OPT_NUMBER, "sm_clock_mhz": _OPT_NUMBER, "this_run_memory_bytes": _OPT_INT,
+    }
+    index: int
+    name: str | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    utilization_percent: float | None
+    temperature_c: float | None
+    power_w: float | None
+    power_limit_w: float | None
+    sm_clock_mhz: float | None
+    this_run_memory_bytes: int | None
+
+
+@dataclass(frozen=True)
+class AllocatorSample:
+    """The CUDA caching allocator on the trainer's device: None throughout on a CPU run. The peak is since its
+    last reset, which the trainer does at each option change."""
+
+    schema: ClassVar[dict[str, tuple]] = {
+        "device": (str,), "allocated_bytes": _OPT_INT, "reserved_bytes": _OPT_INT, "peak_allocated_bytes": _OPT_INT,
+    }
+    device: str
+    allocated_bytes: int | None
+    reserved_bytes: int | None
+    peak_allocated_bytes: int | None
+
+
+@dataclass(frozen=True)
+class TelemetrySample:
+    """One system sample, about once a second: the host, the GPUs (empty, with ``gpu_status`` saying why, on a
+    box without NVIDIA), and the allocator (``torch``, as in ``system.jsonl``)."""
+
+    schema: ClassVar[dict[str, tuple]] = {
+        "time": _NUMBER, "step": _INT, "host": (HostSample,), "gpus": (list[GpuSample],), "gpu_status": (str,),
+        "torch": (AllocatorSample,),
+    }
+    time: float
+    step: int
+    host: HostSample
+    gpus: list[GpuSample]
+    gpu_status: str
+    torch: AllocatorSample
+
+
+# ----------------------------------------------------------------------------- Ranks: per-rank figures
+
+
+@dataclass(frozen=True)
+class RankFigures:
+    """One rank's figures on a report step: its step time, its wait for batches, the CUDA allocator's memory
+    (None on a CPU rank) and its RSS; None where the rank could not measure a figure."""
+
+    schema: ClassVar[dict[str, tuple]] = {
+        "rank": _INT, "step_time_s": _OPT_NUMBER, "data_wait_s": _OPT_NUMBER, "allocated_bytes": _OPT_NUMBER,
+        "reserved_bytes": _OPT_NUMBER, "peak_allocated_bytes": _OPT_NUMBER, "rss_bytes": _OPT_NUMBER,
+    }
+    rank: int
+    step_time_s: float | None
+    data_wait_s: float | None
+    allocated_bytes: float | None
+    reserved_bytes: float | None
+    peak_allocated_bytes: float | None
+    rss_bytes: float | None
+
+
+# ----------------------------------------------------------------------------- Impact: the table's rows
+
+
+@dataclass(frozen=True)
+class ImpactSegment:
+    """The steps between two option changes, summarised (one row of ``impact.json``, in its key order).
+
+    Medians leave out the first steps after a change; peak memory is the allocator's, else the trainer's RSS
+    (None until a sample came); the loss slope is per 100 steps (None under three losses). ``speedup`` and
+    ``memory_change`` compare with the segment before (None for the first, or where a figure is missing);
+    ``verdict`` says it in words: ``amp=bf16: 1.72x faster, -38 % memory``.
+    """
+
+    schema: ClassVar[dict[str, tuple]] = {
+        "change": (str,), "options": (dict,), "first_step": _INT, "last_step": _INT,
+        "median_step_time_s": _OPT_NUMBER, "median_samples_per_s": _OPT_NUMBER, "peak_allocated_bytes": _OPT_INT,
+        "peak_rss_bytes": _OPT_INT, "loss_slope_per_100_steps": _OPT_NUMBER, "speedup": _OPT_NUMBER,
+        "memory_change": _OPT_NUMBER, "verdict": (str,),
+    }
+    change: str  # "start", or the options that changed: "amp=bf16, accum=2"
+    options: dict[str, Any]  # every live option's value in this segment
+    first_step: int
+    last_step: int
+    median_step_time_s: float | None
+    median_samples_per_s: float | None
+    peak_allocated_bytes: int | None
+    peak_rss_bytes: int | None
+    loss_slope_per_100_steps: float | None
+    speedup: float | None
+    memory_change: float | None  # a fraction: -0.38 is 38 % less
+    verdict: str

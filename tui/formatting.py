@@ -1,0 +1,59 @@
+"""How the app writes its figures in narrow columns: durations, numbers, ratios, and sparklines.
+
+Byte counts have their own module (``units.py``). Each formatter takes None for a figure not known yet
+and writes "–" for it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+SPARK_CHARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float] | deque[float], width: int | None = None) -> str:
+    """The last ``width`` values (all by default) as ▁..█ bars scaled between their own min and max."""
+    recent = list(values) if width is None else list(values)[-width:]
+    finite = [value for value in recent if math.isfinite(value)]
+    if not finite:
+        return ""
+    low, high = min(finite), max(finite)
+    span = high - low
+    if span <= 0:
+        return SPARK_CHARS[3] * len(finite)
+    top = len(SPARK_CHARS) - 1
+    return "".join(SPARK_CHARS[round((value - low) / span * top)] for value in finite)
+
+
+def format_duration(seconds: float | None) -> str:
+    """``1:02:03`` or ``2:03``; "–" when unknown."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "–"
+    whole = int(round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def format_number(value: float | None, digits: int = 4) -> str:
+    """A figure short enough for a narrow column: 0.0123, 1.23e-05, 12345."""
+    if value is None:
+        return "–"
+    if not math.isfinite(value):
+        return str(value)
+    magnitude = abs(value)
+    if magnitude != 0 and (magnitude < 1e-3 or magnitude >= 1e5):
+        return f"{value:.{max(1, digits - 2)}e}"
+    return f"{value:.{digits}g}"
+
+
+def format_ratio(value: float | None) -> str:
+    """A ratio to the median in at most 5 characters: 0.42, 17, <.01, >999."""
+    if value is None or not math.isfinite(value):
+        return "–"
+    if value < 0.01:
+        return "<.01"
+    if value >= 1000:
+        return ">999"
+    return f"{value:.2g}" if value < 100 else f"{value:.0f}"

@@ -1,0 +1,52 @@
+"""Which module's gradient deserves a look: vanishing, exploding (against the other modules, or against its own
+recent past), or non-finite; and modules grouped by block (``blocks.0``), so that a model with a thousand of
+them is read a group at a time and a group is flagged by the same rules.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+#: A module whose norm is below this absolute value, or below VANISHING_RATIO x the layer median, is vanishing.
+VANISHING_NORM = 1e-7
+VANISHING_RATIO = 1e-3
+#: A module above EXPLODING_RATIO x the layer median, or RISING_FACTOR x its own recent median, is exploding.
+EXPLODING_RATIO = 100.0
+RISING_FACTOR = 10.0
+
+
+def flag_for(norm: float | None, ratio: float | None, trend: list[float]) -> str:
+    """Why a module's gradient deserves a look: "non-finite", "exploding", "vanishing", or ""."""
+    if norm is None:
+        return ""
+    if not math.isfinite(norm):
+        return "non-finite"
+    if ratio is not None and ratio > EXPLODING_RATIO:
+        return "exploding"
+    # Rising fast: against the median of its own recent past, so one earlier spike does not hide the next.
+    earlier = [value for value in trend[:-1] if math.isfinite(value)][-8:]
+    if len(earlier) >= 3:
+        typical = statistics.median(earlier)
+        if typical > 0 and norm > RISING_FACTOR * typical:
+            return "exploding"
+    if norm < VANISHING_NORM or (ratio is not None and ratio < VANISHING_RATIO):
+        return "vanishing"
+    return ""
+
+
+def group_name(module: str) -> str:
+    """The group a module belongs to: its name up to the first numeric part (``blocks.0``), else its first part."""
+    parts = module.split(".")
+    for index, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: index + 1])
+    return parts[0]
+
+
+def combine_norms(norms: list[float | None]) -> float | None:
+    """The norm of a group of modules: parameters are disjoint, so squares add."""
+    present = [norm for norm in norms if norm is not None]
+    if not present:
+        return None
+    return math.sqrt(sum(norm * norm for norm in present))
