@@ -42,6 +42,7 @@ class LiveOption:
     footer: str  #: the key's label in the footer
     help: str  #: the key's help line and command-palette entry
     flag_help: str  #: the command-line flag's help
+    metavar: str = "VALUE"  #: the flag's value in --help
     in_footer: bool = True
     #: what the app says a request will do, in the event log
     takes_effect: str = "applies at the next step"
@@ -62,8 +63,6 @@ class LiveOption:
         """The command-line flag; its raw text is parsed with the settings (core/wire/config.py), so a bad
         value is refused with the same words as in a TOML file or a prompt."""
         group.add_argument(self.flag, dest=self.name, metavar=self.metavar, help=self.flag_help)
-
-    metavar: str = "VALUE"
 
 
 @dataclass(frozen=True, kw_only=True)
