@@ -51,7 +51,8 @@ IMPACT_INTERVAL_S = 1.0
 
 
 class OutboxReporter(TrainerObserver):
-    """Trainer observer that turns trainer records into protocol messages in the Outbox.
+    """Trainer observer that puts the trainer's events in the Outbox: those the app receives as they are, and the
+    others as the State or Log line the app shows.
 
     Given the run's ImpactTracker (an observer placed before this one), it also sends the impact
     table: when a segment starts and otherwise at most once per ``IMPACT_INTERVAL_S``.
