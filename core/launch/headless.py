@@ -96,6 +96,12 @@ def run_headless(
     return EXIT_OK
 
 
+#: How often the bar is drawn. Rich's default, 10 a second, costs ~1.2 ms of Python per frame (its
+#: thread holds the GIL meanwhile): ~1.2 % of the training on a 10 ms step. Four frames a second show
+#: the same figures; the step count, loss and rate are read, not watched move.
+PROGRESS_FRAMES_PER_S = 4
+
+
 class HeadlessProgress(TrainerObserver):
     """A trainer observer that draws a progress bar and prints events above it."""
 
@@ -111,6 +117,7 @@ class HeadlessProgress(TrainerObserver):
             TimeRemainingColumn(),
             console=console,
             transient=True,  # the summary line replaces the bar when the run ends
+            refresh_per_second=PROGRESS_FRAMES_PER_S,
         )
         self._task = self._progress.add_task("training", total=total_steps, loss="—", rate="—")
         self.first_loss: float | None = None
