@@ -170,9 +170,9 @@ class Collectives:
         return everyone
 
     # ---- every step
-    def mean_loss(self, loss_sum: torch.Tensor) -> torch.Tensor:
-        """The mean over ranks of ``loss_sum`` (each rank's mean over an equal share of the global batch)."""
-        reduced = loss_sum.detach().float().reshape(1).clone()
+    def mean_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The mean over ranks of ``loss`` (each rank's mean over an equal share of the global batch)."""
+        reduced = loss.detach().float().reshape(1).clone()
         dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
         return reduced.reshape(()) / self.context.world_size
 

@@ -38,7 +38,9 @@ class HostTransfer:
         self._size = end
 
     def to_host(self) -> HostValues:
-        return HostValues(torch.cat(self._parts).tolist(), self._spans)
+        # A step that reports the loss alone (most steps, between probes) skips the concatenation's copy.
+        packed = self._parts[0] if len(self._parts) == 1 else torch.cat(self._parts)
+        return HostValues(packed.tolist(), self._spans)
 
 
 class HostValues:

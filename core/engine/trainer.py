@@ -312,10 +312,10 @@ class Trainer:
         is_report = self._is_report_step(step)
         sample_activations = is_report and self.config.act_stats_every > 0 and step % self.config.act_stats_every == 0
 
-        loss_sum, data_wait, activations = self._forward_backward(step, options.accum, sample_activations)
+        loss, data_wait, activations = self._forward_backward(step, options.accum, sample_activations)
         self.precision.unscale_(self.optimizer)  # fp16: true-scale gradients before they are measured or clipped
         if self.collectives is not None:  # every rank then sees the same loss and stops on the same NaN
-            loss_sum = self.collectives.mean_loss(loss_sum)
+            loss = self.collectives.mean_loss(loss)
         # With ranks, rank 0's cadence decides for all (shared at the boundary), so a non-finite gradient
         # is seen by every rank at the same step.
         probe_due = is_report and (self._probe_next if self.collectives is not None else self.cadence.should_probe(step))
@@ -323,7 +323,7 @@ class Trainer:
 
         # One host transfer for everything this step reports. On CUDA this is the step's sync point.
         transfer = HostTransfer()
-        transfer.add("loss", loss_sum / options.accum)
+        transfer.add("loss", loss)
         transfer.add("grad_norm_total", norms.total if norms is not None else None)
         transfer.add("clipped", clipped)
         transfer.add("grad_norms", norms.per_module if probe_due and norms is not None else None)
@@ -361,11 +361,14 @@ class Trainer:
 
     def _forward_backward(self, step: int, accum: int, sample_activations: bool) -> tuple[torch.Tensor, float, torch.Tensor | None]:
         """Forward and backward over ``accum`` micro-batches, each loss divided by ``accum`` so that the
-        gradients are those of the mean. Returns the summed loss (on the device: no sync), the seconds spent
-        waiting for data, and the activation statistics (on the device) when this step samples them."""
+        gradients are those of the mean. Returns the mean loss (fp32, on the device: no sync), the seconds
+        spent waiting for data, and the activation statistics (on the device) when this step samples them.
+
+        With one micro-batch (the common case) nothing is divided or summed: each such op is an autograd
+        node or a kernel, ~20 us of a 10 ms step on a CPU."""
         if sample_activations:
             self.activation_probe.attach()  # hooks only on sampled steps: on every step they cost ~35 %
-        loss_sum = torch.zeros((), device=self.device)
+        losses = []
         data_wait = 0.0
         for micro in range(accum):
             waited = time.perf_counter()
@@ -376,10 +379,11 @@ class Trainer:
             syncing = self.ddp is None or micro == accum - 1
             with contextlib.nullcontext() if syncing else self.ddp.no_sync():
                 loss = self._compute_loss(batch, step)
-                self.precision.backward(loss / accum)
-            loss_sum += loss.detach().float()
+                self.precision.backward(loss / accum if accum > 1 else loss)
+            losses.append(loss.detach())
+        mean_loss = losses[0].float() if accum == 1 else torch.stack(losses).float().mean()
         activations = self.activation_probe.detach() if sample_activations else None
-        return loss_sum, data_wait, activations
+        return mean_loss, data_wait, activations
 
     def _measure_and_clip(self, step: int, probe_due: bool, clip: float | None) -> tuple[GradNorms | None, torch.Tensor | None]:
         """Gradient norms on the device: measured when the probe is due, and always when clipping needs
