@@ -6,6 +6,7 @@ ENOSPC, exactly as a full filesystem does.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -52,6 +53,76 @@ def test_a_full_disk_mid_run_fails_the_run_with_that_message_and_keeps_the_last_
     assert "writing the checkpoint of step 4" in outcome.message and "step-0000002.pt" in outcome.message
     [error] = seen.of("error")
     assert error["message"] == outcome.message  # the app hears it even though the disk cannot record it
+    assert load_checkpoint(tmp_path / "last.pt")["step"] == 2
+
+
+def test_a_periodic_checkpoint_that_fails_while_made_durable_stops_the_run_before_the_next_row(tmp_path, monkeypatch):
+    """A periodic checkpoint's fsync and renames run while the next step trains; a disk that fails only
+    there (an fsync's EIO) still stops the run before that step's metrics row, naming the checkpoint."""
+    from torchlab.core.engine import checkpoint as checkpoint_module
+
+    real_fsync = os.fsync
+
+    def fsync_failing_for_step_4(descriptor: int) -> None:
+        if os.readlink(f"/proc/self/fd/{descriptor}").endswith(f".step-0000004.pt.tmp-{os.getpid()}"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(checkpoint_module.os, "fsync", fsync_failing_for_step_4)
+    trainer, seen = make_trainer(steps=8, checkpoint_dir=tmp_path, checkpoint_every=2, telemetry_interval=0)
+    outcome = trainer.run()
+    assert outcome.status == "failed" and outcome.kind == "StorageError"
+    assert outcome.message.startswith(f"input/output error writing the checkpoint of step 4 in {tmp_path}; ")
+    assert "step-0000002.pt" in outcome.message and "(then:" not in outcome.message  # no other checkpoint tried
+    assert [record["step"] for record in seen.metrics] == [1, 2, 3, 4]  # step 5 trained, its row never written
+    assert [event["step"] for event in seen.of("checkpoint")] == [2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step-0000002.pt"]  # no temporary left
+    assert load_checkpoint(tmp_path / "last.pt")["step"] == 2
+
+
+def test_a_periodic_checkpoint_is_reported_before_the_next_row_and_is_whole(tmp_path):
+    trainer, seen = make_trainer(steps=7, checkpoint_dir=tmp_path, checkpoint_every=2, telemetry_interval=0,
+                                 keep_checkpoints=2)
+    order = []
+    seen.on_metrics = lambda record: order.append(("row", record["step"]))
+    seen.on_event = lambda event: order.append((event.journal_record()["event"], event.journal_record()["step"]))
+    assert trainer.run().status == "finished"
+    assert [item for item in order if item[0] in ("row", "checkpoint")] == [
+        ("row", 1), ("row", 2), ("checkpoint", 2), ("row", 3), ("row", 4), ("checkpoint", 4), ("row", 5), ("row", 6),
+        ("checkpoint", 6), ("row", 7), ("checkpoint", 7)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step-0000006.pt", "step-0000007.pt"]
+    assert load_checkpoint(tmp_path / "last.pt")["step"] == 7
+
+
+def test_a_periodic_checkpoint_is_reported_while_the_run_is_paused_after_it(tmp_path):
+    """Paused right after a periodic checkpoint, the run reports it at once, not when the pause ends."""
+    import threading
+
+    from torchlab.core.wire.protocol import PauseCommand, StopCommand
+
+    trainer, seen = make_trainer(steps=50, checkpoint_dir=tmp_path, checkpoint_every=2, telemetry_interval=0)
+    paused = threading.Event()
+    reported = threading.Event()
+
+    def on_metrics(record) -> None:
+        if record["step"] == 2:
+            trainer.submit(PauseCommand())
+            paused.set()
+
+    def on_event(event) -> None:
+        if event.journal_record()["event"] == "checkpoint":
+            reported.set()
+
+    seen.on_metrics, seen.on_event = on_metrics, on_event
+    runner = threading.Thread(target=trainer.run)
+    runner.start()
+    try:
+        assert paused.wait(60)
+        assert reported.wait(60)  # while paused at step 2: nothing else would report it
+        assert trainer.step == 2
+    finally:
+        trainer.submit(StopCommand())
+        runner.join(60)
     assert load_checkpoint(tmp_path / "last.pt")["step"] == 2
 
 

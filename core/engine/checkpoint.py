@@ -3,7 +3,10 @@
 A checkpoint is written to a temporary file in the same directory, fsynced, and renamed over its
 final name, so a crash mid-write (``kill -9``, a full disk) leaves the previous checkpoint intact; a
 failed write removes its temporary file, and one left by a killed process is removed by the next save. ``last.pt`` is a hard link to
-the newest one, replaced atomically the same way. In a private run directory the temporary file is
+the newest one, replaced atomically the same way. Two phases: ``write_checkpoint`` writes every byte
+(where a full disk shows); ``WrittenCheckpoint.publish`` makes it durable and gives it its name, which is
+waiting on the disk (~10 ms here, three fsyncs' worth), so the trainer may let it run on a thread while
+the next step trains. In a private run directory the temporary file is
 created 0600 (core/wire/storage.py), so the weights are never readable by others, not even mid-write.
 Loading uses ``weights_only=True``: a checkpoint holds tensors and plain values, never objects that
 run code when read.
@@ -14,6 +17,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import threading
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -38,33 +42,88 @@ def save_checkpoint(directory: Path, step: int, state: dict[str, Any], keep: int
     A failed write (a full disk) raises a StorageError that says what is intact, and leaves no
     temporary file: the directory is as it was.
     """
+    return write_checkpoint(directory, step, state, keep).publish()
+
+
+def write_checkpoint(directory: Path, step: int, state: dict[str, Any], keep: int) -> WrittenCheckpoint:
+    """``save_checkpoint``'s first phase: every byte written to the temporary file, which is closed (a
+    full disk fails here, as in ``save_checkpoint``). Then ``publish`` it, at once or on a thread."""
     directory = Path(directory)
     path = directory / step_file_name(step)
     temporary = directory / f".{path.name}.tmp-{os.getpid()}"
     remove_abandoned_temporaries(directory, _TEMPORARY)  # of writers killed mid-write
     try:
-        _write_checkpoint(temporary, {"format": FORMAT_VERSION, **state})
-        os.replace(temporary, path)
+        descriptor = _write_checkpoint(temporary, {"format": FORMAT_VERSION, **state})
     except BaseException as error:
         temporary.unlink(missing_ok=True)
         if not isinstance(error, OSError):
             raise
         raise storage_error(error, f"the checkpoint of step {step} in {directory}", _what_is_intact(directory, error)) from error
-    link = directory / f".last.pt.tmp-{os.getpid()}"
-    try:
-        link.unlink(missing_ok=True)
-        os.link(path, link)
-        os.replace(link, directory / "last.pt")
-        fsync_directory(directory)
-    except OSError as error:
-        link.unlink(missing_ok=True)
-        raise storage_error(
-            error, f"last.pt in {directory}",
-            f"{path.name} is written whole, but last.pt still points at the checkpoint before it: {remedy(error)}, "
-            f"then resume from {path}.",
-        ) from error
-    _prune(directory, keep)
-    return path
+    return WrittenCheckpoint(directory, step, path, temporary, descriptor, keep)
+
+
+class WrittenCheckpoint:
+    """A checkpoint whose bytes are all in its temporary file, not yet durable nor under its name.
+
+    ``publish`` fsyncs it, renames it to ``step-NNNNNNN.pt``, points ``last.pt`` at it, fsyncs the
+    directory and prunes the oldest: waiting on the disk, not work. ``publish_in_background`` does the
+    same on a thread; ``wait`` then joins it and returns the path, or raises what ``publish`` would have.
+    Until it is published the previous checkpoint is what ``last.pt`` points at, whole.
+    """
+
+    def __init__(self, directory: Path, step: int, path: Path, temporary: Path, descriptor: int, keep: int) -> None:
+        self.directory, self.step, self.path, self.keep = directory, step, path, keep
+        self._temporary = temporary
+        self._descriptor = descriptor  # a duplicate of the writer's: its write errors are still ours to see
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def publish(self) -> Path:
+        try:
+            try:
+                os.fsync(self._descriptor)
+            finally:
+                os.close(self._descriptor)
+            os.replace(self._temporary, self.path)
+        except BaseException as error:
+            self._temporary.unlink(missing_ok=True)
+            if not isinstance(error, OSError):
+                raise
+            raise storage_error(error, f"the checkpoint of step {self.step} in {self.directory}",
+                                _what_is_intact(self.directory, error)) from error
+        link = self.directory / f".last.pt.tmp-{os.getpid()}"
+        try:
+            link.unlink(missing_ok=True)
+            os.link(self.path, link)
+            os.replace(link, self.directory / "last.pt")
+            fsync_directory(self.directory)
+        except OSError as error:
+            link.unlink(missing_ok=True)
+            raise storage_error(
+                error, f"last.pt in {self.directory}",
+                f"{self.path.name} is written whole, but last.pt still points at the checkpoint before it: "
+                f"{remedy(error)}, then resume from {self.path}.",
+            ) from error
+        _prune(self.directory, self.keep)
+        return self.path
+
+    def publish_in_background(self) -> None:
+        self._thread = threading.Thread(target=self._publish_keeping_error, name="torchlab-checkpoint", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> Path:
+        """Join the background publish; its path, or the error it raised (a StorageError for a failed write)."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.path
+
+    def _publish_keeping_error(self) -> None:
+        try:
+            self.publish()
+        except BaseException as error:  # raised on the trainer's thread by wait()
+            self._error = error
 
 
 class _RecordingWriter:
@@ -90,21 +149,27 @@ class _RecordingWriter:
         self._handle.flush()
 
 
-def _write_checkpoint(path: Path, contents: dict[str, Any]) -> None:
-    """``torch.save`` into ``path``, fsynced; a failed write raises an OSError (or carries one as its cause)."""
+def _write_checkpoint(path: Path, contents: dict[str, Any]) -> int:
+    """``torch.save`` into ``path``, every byte written and the file closed; a failed write raises an OSError
+    (or carries one as its cause). Returns a duplicate of its descriptor, for ``WrittenCheckpoint`` to fsync:
+    one open file, so a write error the disk reports only at the fsync is still seen there."""
     handle = open(path, "wb", opener=create_file)  # the mode is set at creation: private from the first byte
     writer = _RecordingWriter(handle)
+    descriptor = -1
     try:
         try:
             torch.save(contents, writer)
             handle.flush()
-            os.fsync(handle.fileno())
+            descriptor = os.dup(handle.fileno())
         finally:
             handle.close()  # flushes what torch wrote last: on a full disk, this is the write that fails
-    except RuntimeError as error:
-        if writer.error is None:  # not a failed write: a bug, or a value torch cannot save
-            raise
+    except BaseException as error:
+        if descriptor >= 0:
+            os.close(descriptor)
+        if not isinstance(error, RuntimeError) or writer.error is None:  # a RuntimeError without one: a bug,
+            raise                                                        # or a value torch cannot save
         raise writer.error from None  # the RuntimeError says only "unexpected pos"
+    return descriptor
 
 
 def checkpoint_file(path: Path) -> Path:

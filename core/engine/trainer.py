@@ -31,7 +31,13 @@ from typing import Any
 import torch
 
 from torchlab.core.engine.activation_checkpointing import ActivationCheckpointing
-from torchlab.core.engine.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
+from torchlab.core.engine.checkpoint import (
+    WrittenCheckpoint,
+    capture_rng_state,
+    load_checkpoint,
+    restore_rng_state,
+    write_checkpoint,
+)
 from torchlab.core.wire.config import MAX_PROFILE_STEPS, TrainConfig, config_from_toml
 from torchlab.core.engine.data import BatchStream, DataPosition, evaluation_batches
 from torchlab.core.engine.distributed import (
@@ -182,6 +188,7 @@ class Trainer:
         self._figures_gathered_at = -math.inf
         self._consecutive_skips = 0
         self._last_checkpoint_step: int | None = None
+        self._publishing: WrittenCheckpoint | None = None  # a periodic checkpoint made durable on its thread
         self._started = time.monotonic()
         self._elapsed_before = 0.0  # training time of earlier processes of this run (resumed, relaunched)
         self._last_batch: Any = None
@@ -247,8 +254,11 @@ class Trainer:
 
     def _run_loop(self) -> RunOutcome:
         try:
-            while self.step < self.config.steps and self.train_steps(1):
-                pass
+            try:
+                while self.step < self.config.steps and self.train_steps(1):
+                    pass
+            finally:  # a checkpoint that failed did so before what ended the loop: its StorageError wins
+                self._finish_checkpoint()
         except NonFiniteError as error:
             self._emit(p.NonFinite(message=str(error), **error.report))
             return RunOutcome("nonfinite", self.step, str(error))
@@ -498,6 +508,7 @@ class Trainer:
             self._raise_nonfinite(step, math.nan, None)
 
     def _after_step(self) -> None:
+        self._finish_checkpoint()  # started after the step before (when no metrics row waited for it)
         if self._profiling is not None and self._profiling.after_step(self.step):
             self._profile_builds.append(self._profiling.builder)
             self._profiling = None
@@ -552,6 +563,8 @@ class Trainer:
             waiting = self._paused and self._stop is None and self._relaunch is None
             if not waiting and not more:
                 return
+            if waiting:  # a checkpoint made durable on its thread is reported now, not when the pause ends
+                self._finish_checkpoint()
 
     def _take_commands(self) -> list[TrainerCommand]:
         """What is queued; while paused, wait up to 0.25 s for the first. A signalled stop goes last."""
@@ -750,7 +763,13 @@ class Trainer:
 
     # ----------------------------------------------------------------- checkpoints
     def _save_checkpoint(self, reason: str) -> None:
-        """Every rank calls this at the same step (its RNG state is part of the checkpoint); rank 0 writes."""
+        """Every rank calls this at the same step (its RNG state is part of the checkpoint); rank 0 writes.
+
+        A periodic checkpoint is written here, and made durable (fsyncs, renames: waiting on the disk) on a
+        thread while the next step trains; that step waits for it before its metrics row (``_finish_checkpoint``),
+        so a checkpoint that fails stops the run before another row is written, as one written at once does.
+        The others (final, requested, relaunch, error) are made durable here."""
+        self._finish_checkpoint()  # one at a time, in step order
         if self.checkpoint_dir is None:
             return
         rng = capture_rng_state()
@@ -775,8 +794,27 @@ class Trainer:
         }
         if rng_by_rank is not None:
             state["rng_by_rank"] = rng_by_rank
-        path = save_checkpoint(self.checkpoint_dir, self.step, state, keep=self.config.keep_checkpoints)
-        self._emit(p.CheckpointSaved(step=self.step, path=str(path), reason=reason))
+        written = write_checkpoint(self.checkpoint_dir, self.step, state, keep=self.config.keep_checkpoints)
+        if reason == "periodic":
+            written.publish_in_background()
+            self._publishing = written
+            return
+        self._emit(p.CheckpointSaved(step=self.step, path=str(written.publish()), reason=reason))
+
+    def _finish_checkpoint(self) -> None:
+        """Wait for the periodic checkpoint being made durable on its thread, and report it; or raise the
+        StorageError that says why it failed."""
+        written, self._publishing = self._publishing, None
+        if written is None:
+            return
+        try:
+            path = written.wait()
+        except StorageError:
+            # As when a checkpoint fails at once: no other is written on that disk, so the message's
+            # "the previous checkpoint is intact" stays what to resume from.
+            self._last_checkpoint_step = self.step
+            raise
+        self._emit(p.CheckpointSaved(step=written.step, path=str(path), reason="periodic"))
 
     def _restore(self, state: dict[str, Any], config: TrainConfig, explicit_options: Iterable[str]) -> LiveOptions:
         """Load a checkpoint; return the options to run with (the checkpoint's, unless given explicitly).
@@ -828,6 +866,7 @@ class Trainer:
         return self._elapsed_before + time.monotonic() - self._started
 
     def _emit_metrics(self, record: dict[str, Any]) -> None:
+        self._finish_checkpoint()  # the step's row comes after the checkpoint before it is safe, or not at all
         for observer in self.observers:
             observer.on_metrics(record)
 
