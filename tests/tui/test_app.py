@@ -232,6 +232,7 @@ async def test_error_event_opens_the_error_screen_and_restart_resumes(app: Torch
         link.push(protocol.Error("RuntimeError: boom", "Traceback (most recent call last):\n  ...\nRuntimeError: boom", 121, "runs/x/checkpoints/last.pt"))
         await answer(app, pilot)
         assert isinstance(app.screen, ErrorScreen)
+        assert app.focused is app.screen.query_one("#restart")  # enter restarts
         assert app.run_state.state == "failed"
         # The app stays responsive underneath: it keeps taking events, and trainer keys are off while the dialog is up.
         link.push(protocol.Log("warning", "late line", 121))

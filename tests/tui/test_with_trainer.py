@@ -35,6 +35,11 @@ async def until(pilot, condition, timeout: float = 60.0, what: str = "") -> None
         await pilot.pause(0.05)
 
 
+def error_screen_shown(app) -> bool:
+    """The error screen is on top and mounted: its widgets can be read and its keys pressed."""
+    return isinstance(app.screen, ErrorScreen) and app.screen.is_mounted
+
+
 def app_with_trainer(run_dir: Path, *args: str):
     links: list[ProcessLink] = []
 
@@ -91,7 +96,7 @@ async def test_a_workload_that_raises_shows_the_error_and_the_app_stays_up(tmp_p
     run_dir = tmp_path / "run"
     app, links = app_with_trainer(run_dir, f"{TINY}:raises_at_step_4", "--steps", "6", "--checkpoint-every", "1")
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, ErrorScreen), what="the error screen")
+        await until(pilot, lambda: error_screen_shown(app), what="the error screen")
         assert "simulated failure inside the model" in app.run_state.failure.message
         assert "tiny.py" in app.run_state.failure.detail  # the traceback names the user's file
         await pilot.press("escape")  # close the screen: the app is still there and answers keys
@@ -102,7 +107,7 @@ async def test_a_workload_that_raises_shows_the_error_and_the_app_stays_up(tmp_p
         app.restart_trainer()  # what the error screen's Restart and the palette do
         await until(pilot, lambda: len(links) == 1 and app.run_state.state in ("running", "finished", "failed")
                     and app.run_state.step >= 3, what="the restarted trainer")
-        await until(pilot, lambda: isinstance(app.screen, ErrorScreen) or app.run_state.state == "finished",
+        await until(pilot, lambda: error_screen_shown(app) or app.run_state.state == "finished",
                     what="the resumed run to end")
         resumed = [e for e in events_of(run_dir) if e["event"] == "resumed_from_checkpoint"]
         assert resumed and resumed[0]["step"] == 3
@@ -179,7 +184,7 @@ async def test_a_trainer_killed_mid_run_is_reported_at_its_last_step_and_restart
         await until(pilot, lambda: state.step >= 12, what="a few checkpoints")
         link = links[0]
         os.kill(link.pid, signal.SIGKILL)
-        await until(pilot, lambda: isinstance(app.screen, ErrorScreen), what="the error screen")
+        await until(pilot, lambda: error_screen_shown(app), what="the error screen")
         reached = link.last_step
         assert reached >= 12 and app.screen.failure.step == reached  # not "failed at step 0"
         assert f"after step {reached}" in app.screen.failure.message
@@ -194,7 +199,7 @@ async def test_a_trainer_killed_mid_run_is_reported_at_its_last_step_and_restart
         resumed = [e for e in events_of(run_dir) if e["event"] == "resumed_from_checkpoint"]
         assert resumed and resumed[-1]["step"] == int(checkpoint[5:12])
         os.kill(link.pid, signal.SIGKILL)
-        await until(pilot, lambda: isinstance(app.screen, ErrorScreen), what="the error screen again")
+        await until(pilot, lambda: error_screen_shown(app), what="the error screen again")
         await pilot.press("q")
         await until(pilot, lambda: not app.is_running, what="the app to exit")
     assert app.return_code == 1  # the run failed: the exit status says so
@@ -207,7 +212,7 @@ async def test_a_trainer_killed_mid_run_is_reported_at_its_last_step_and_restart
 async def test_the_app_exits_as_the_trainer_did_when_the_user_quits_from_the_error_screen(tmp_path, factory, expected):
     app, links = app_with_trainer(tmp_path / "run", f"{TINY}:{factory}", "--steps", "50")
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, ErrorScreen), what="the error screen")
+        await until(pilot, lambda: error_screen_shown(app), what="the error screen")
         await pilot.press("q")
         await until(pilot, lambda: not app.is_running, what="the app to exit")
     assert links[0].trainer_exit_code == expected

@@ -44,6 +44,8 @@ class ErrorScreen(ModalScreen[str]):
     ErrorScreen #error-buttons Button { margin-left: 1; min-width: 10; }
     """
 
+    AUTO_FOCUS = "#restart"  # on activation, by Textual: also safe when a key dismisses it at once
+
     BINDINGS = [
         Binding("r", "choose('restart')", "Restart"),
         Binding("escape", "choose('close')", "Close"),
@@ -72,9 +74,6 @@ class ErrorScreen(ModalScreen[str]):
                              tooltip=f"Start a new trainer from {self.restart_from}" if self.restart_from else "Start the run over")
                 yield Button("Close", id="close")
                 yield Button("Quit", id="quit", variant="error")
-
-    def on_mount(self) -> None:
-        self.query_one("#restart", Button).focus()
 
     @on(Button.Pressed)
     def _pressed(self, event: Button.Pressed) -> None:
