@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     probes = parser.add_argument_group("probes")
     probes.add_argument("--log-every", type=int, metavar="N", help="report metrics every N steps (default 1)")
-    probes.add_argument("--probe-every", metavar="N|auto", help="per-module grad norms every N steps, 0 = off, auto = within 1%% of step time (default auto)")
+    probes.add_argument("--probe-every", metavar="N|auto", help="per-module grad norms every N steps, 0 = off, auto = within ~1%% of step time (default auto)")
     probes.add_argument("--act-stats-every", type=int, metavar="N", help="activation statistics every N steps, 0 = off (default 0)")
     probes.add_argument("--profile-at", type=int, action="append", metavar="STEP", help="profile from optimizer step STEP (repeatable)")
     probes.add_argument("--profile-steps", type=int, metavar="N", help="steps a profiler snapshot records, after 1 warm-up (default 5)")
