@@ -155,7 +155,7 @@ class Trainer:
 
         self.model = workload.model.to(self.device)
         self.model.train()
-        self.optimizer = _make_optimizer(self.model, config)
+        self.optimizer = make_optimizer(self.model, config)
         self.scheduler = make_scheduler(self.optimizer, config)
         self.data = BatchStream(
             workload.dataset,
@@ -891,7 +891,7 @@ if _WITHOUT_HOOK:  # a live option added to the registry without its hook: say s
     raise TypeError(f"live option(s) without an enact hook in the Trainer (@enacts): {', '.join(_WITHOUT_HOOK)}")
 
 
-def _make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     """AdamW or SGD; weight decay only on matrices (not biases or norm gains), as nanoGPT and most LLM code."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
