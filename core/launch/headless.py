@@ -122,6 +122,7 @@ class HeadlessProgress(TrainerObserver):
         self._task = self._progress.add_task("training", total=total_steps, loss="—", rate="—")
         self.first_loss: float | None = None
         self.last_record: dict[str, Any] | None = None
+        self._step_time_s: float | None = None  # smoothed: the bar shows a rate, not one step's hiccup
 
     def __enter__(self) -> HeadlessProgress:
         self._progress.start()
@@ -134,11 +135,16 @@ class HeadlessProgress(TrainerObserver):
         if self.first_loss is None:
             self.first_loss = record["loss"]
         self.last_record = record
-        self._progress.update(
-            self._task, completed=record["step"], loss=f"{record['loss']:.4f}", rate=f"{record['samples_per_s']:,.0f}"
-        )
+        self._progress.update(self._task, completed=record["step"], loss=f"{record['loss']:.4f}", rate=f"{self.rate(record):,.0f}")
         if "val_loss" in record:
             self.console.print(f"step {record['step']}: val_loss {record['val_loss']:.4f}")
+
+    def rate(self, record: dict[str, Any]) -> float:
+        """Samples a second over the last ~10 steps (an exponential average of the step time): a frame
+        drawn twice a second would otherwise show whichever single step came last."""
+        step_time = record["step_time_s"]
+        self._step_time_s = step_time if self._step_time_s is None else 0.9 * self._step_time_s + 0.1 * step_time
+        return record["samples_per_s"] * step_time / self._step_time_s
 
     def on_event(self, event: Message) -> None:
         match event:
