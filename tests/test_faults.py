@@ -109,8 +109,11 @@ def test_a_periodic_checkpoint_is_reported_while_the_run_is_paused_after_it(tmp_
             trainer.submit(PauseCommand())
             paused.set()
 
+    names = []
+
     def on_event(event) -> None:
-        if event.journal_record()["event"] == "checkpoint":
+        names.append(event.journal_record()["event"])
+        if names[-1] == "checkpoint":
             reported.set()
 
     seen.on_metrics, seen.on_event = on_metrics, on_event
@@ -120,6 +123,7 @@ def test_a_periodic_checkpoint_is_reported_while_the_run_is_paused_after_it(tmp_
         assert paused.wait(60)
         assert reported.wait(60)  # while paused at step 2: nothing else would report it
         assert trainer.step == 2
+        assert names.index("checkpoint") < names.index("paused")  # step 2's checkpoint, then the pause at its end
     finally:
         trainer.submit(StopCommand())
         runner.join(60)

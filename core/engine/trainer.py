@@ -559,12 +559,13 @@ class Trainer:
             if self.collectives is not None:
                 commands, more = self._share_commands(unsent + commands, unsent)
             for command in commands:
+                # The checkpoint of the step before is reported before what the command does (paused at
+                # step 46 comes after step 46's checkpoint), and never left waiting for a pause to end.
+                self._finish_checkpoint()
                 self._handle(command)
             waiting = self._paused and self._stop is None and self._relaunch is None
             if not waiting and not more:
                 return
-            if waiting:  # a checkpoint made durable on its thread is reported now, not when the pause ends
-                self._finish_checkpoint()
 
     def _take_commands(self) -> list[TrainerCommand]:
         """What is queued; while paused, wait up to 0.25 s for the first. A signalled stop goes last."""
