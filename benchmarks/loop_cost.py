@@ -430,15 +430,7 @@ def components(step_ms: float | None) -> None:
     from torchlab.core.launch.worker import OutboxReporter
 
     def cost_us(call, repeat: int) -> float:
-        """Median CPU time of ``call`` in microseconds (of 5 batches of ``repeat`` calls)."""
-        call()
-        batches = []
-        for _ in range(5):
-            started = time.thread_time()
-            for _ in range(repeat):
-                call()
-            batches.append(1e6 * (time.thread_time() - started) / repeat)
-        return statistics.median(batches)
+        return 1000 * thread_cpu_ms(call, repeat)
 
     class Rows(TrainerObserver):
         def __init__(self) -> None:

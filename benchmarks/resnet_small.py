@@ -19,28 +19,11 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from torchlab.core.workload import Workload
+from torchlab.sample_models.convnet import Stage  # two 3x3 conv + BatchNorm with a residual shortcut
 
 BATCH_SIZE = 32
 SAMPLES = 8192  # 256 batches: an epoch boundary falls inside a 400-step run, as it would in real training
 CLASSES = 10
-
-
-class Block(nn.Module):
-    """Two 3x3 conv + BatchNorm with a residual shortcut (a 1x1 projection where the shape changes)."""
-
-    def __init__(self, channels_in: int, channels_out: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(channels_in, channels_out, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(channels_out)
-        self.conv2 = nn.Conv2d(channels_out, channels_out, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(channels_out)
-        self.shortcut = nn.Identity()
-        if stride != 1 or channels_in != channels_out:
-            self.shortcut = nn.Conv2d(channels_in, channels_out, 1, stride=stride, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
-        return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
 
 
 class SmallResNet(nn.Module):
@@ -50,7 +33,7 @@ class SmallResNet(nn.Module):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
         self.blocks = nn.Sequential(
-            Block(width, width, 2), Block(width, 2 * width, 2), Block(2 * width, 2 * width, 1),
+            Stage(width, width, 2), Stage(width, 2 * width, 2), Stage(2 * width, 2 * width, 1),
         )
         self.head = nn.Linear(2 * width, CLASSES)
 
