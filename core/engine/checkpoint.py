@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from torchlab.core.wire.errors import ConfigError
+from torchlab.core.wire.errors import ConfigError, StorageError
 from torchlab.core.wire.runtime import remove_abandoned_temporaries
 from torchlab.core.wire.storage import create_file, fsync_directory, remedy, storage_error
 
@@ -58,8 +58,14 @@ def write_checkpoint(directory: Path, step: int, state: dict[str, Any], keep: in
         temporary.unlink(missing_ok=True)
         if not isinstance(error, OSError):
             raise
-        raise storage_error(error, f"the checkpoint of step {step} in {directory}", _what_is_intact(directory, error)) from error
+        raise _write_failure(error, directory, step) from error
     return WrittenCheckpoint(directory, step, path, temporary, descriptor, keep)
+
+
+def _write_failure(error: OSError, directory: Path, step: int) -> StorageError:
+    """The StorageError for a failed write (or fsync, or rename) of the checkpoint of ``step``: what
+    failed, and what is intact to resume from."""
+    return storage_error(error, f"the checkpoint of step {step} in {directory}", _what_is_intact(directory, error))
 
 
 class WrittenCheckpoint:
@@ -89,8 +95,7 @@ class WrittenCheckpoint:
             self._temporary.unlink(missing_ok=True)
             if not isinstance(error, OSError):
                 raise
-            raise storage_error(error, f"the checkpoint of step {self.step} in {self.directory}",
-                                _what_is_intact(self.directory, error)) from error
+            raise _write_failure(error, self.directory, self.step) from error
         link = self.directory / f".last.pt.tmp-{os.getpid()}"
         try:
             link.unlink(missing_ok=True)
