@@ -223,3 +223,21 @@ def test_a_runtime_directory_that_is_not_safe_is_one_paragraph_for_attach_and_fo
     assert run_cli(tmp_path, f"{TINY}:without_dropout", "--steps", "2", "--world-size", "2") == EXIT_USAGE
     err = capsys.readouterr().err
     assert f"torchlab-tui: error: {unsafe} has mode 755, not 700" in err and "Traceback" not in err
+
+
+def test_a_new_run_into_the_run_dir_of_an_earlier_one_is_refused_and_that_run_is_kept(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert run_cli(tmp_path, f"{TINY}:workload", "--steps", "3", "--run-dir", str(run_dir)) == EXIT_OK
+    rows = (run_dir / "metrics.jsonl").read_text()
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    capsys.readouterr()
+
+    assert run_cli(tmp_path, f"{TINY}:workload", "--steps", "5", "--run-dir", str(run_dir)) == EXIT_USAGE
+    error = capsys.readouterr().err
+    assert f"--run-dir {run_dir} already holds a run" in error and f"--resume {run_dir}" in error
+    assert "Traceback" not in error
+    assert (run_dir / "metrics.jsonl").read_text() == rows  # not a row added
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == checkpoints
+
+    assert run_cli(tmp_path, "--resume", str(run_dir), "--steps", "5") == EXIT_OK  # what the message says works
+    assert [row["step"] for row in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5]

@@ -29,7 +29,7 @@ from torchlab.core.wire.impact import ImpactTracker
 from torchlab.core.engine.loading import check_spec, load_workload, workload_label
 from torchlab.core.engine.ranks import Supervisor, initial_world_size, run_quiet_rank
 from torchlab.core.launch.resume import ConfigRecord, TrainingPlan
-from torchlab.core.wire.rundir import RunDirectory, choose_run_dir
+from torchlab.core.wire.rundir import RunDirectory, choose_run_dir, refuse_a_used_run_dir
 
 
 def run_headless(
@@ -47,6 +47,7 @@ def run_headless(
         outcome = run_quiet_rank(config, external, run_dir=path, resume=resume, explicit_options=explicit_options)
         return exit_code(outcome.status)
     check_spec(config.workload)
+    refuse_a_used_run_dir(run_dir, resume)
     workload = None
     if external is not None or initial_world_size(config, resume, explicit_options) == 1:
         seed_everything(config.seed)

@@ -271,3 +271,20 @@ def create_run_dir(path: Path, *, shared: bool = False) -> Path:
 def choose_run_dir(run_dir: Path | None, resume: Path | None, runs_root: Path, label: str) -> Path:
     """``--run-dir`` if given; else the resumed run's own directory; else a new one under ``runs_root``."""
     return run_dir or run_dir_of_checkpoint(resume) or new_run_path(runs_root, label)
+
+
+def refuse_a_used_run_dir(run_dir: Path | None, resume: Path | None) -> None:
+    """A new run (no ``--resume``) given the ``--run-dir`` of an earlier run would append its rows to that
+    run's journals (step 1 twice in ``metrics.jsonl``) and prune its checkpoints: refuse it, saying how
+    to go on. A directory without journal rows or checkpoints (made, never trained in) is free."""
+    if run_dir is None or resume is not None:
+        return
+    run_dir = Path(run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    trained = (metrics.is_file() and metrics.stat().st_size > 0) or (run_dir / "checkpoints" / "last.pt").exists()
+    if trained:
+        raise ConfigError(
+            f"--run-dir {run_dir} already holds a run (its metrics and checkpoints): a new run there would mix "
+            f"its rows with that run's and prune its checkpoints. Continue it with --resume {run_dir}, or give "
+            f"another --run-dir."
+        )
