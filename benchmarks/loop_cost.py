@@ -205,8 +205,8 @@ def interleaved(rounds: int, block: int, warmup: int, variants: list[str]) -> No
     trainer = trainers["engine"]
     bar = next(observer for observer in trainer.observers if isinstance(observer, HeadlessProgress))
     with bar:
-        bar._progress.live.auto_refresh = False  # no refresh thread: its frames are drawn here, timed
-        frame_ms = thread_cpu_ms(bar._progress.live.refresh, 20)
+        bar._live.auto_refresh = False  # no refresh thread: its frames are drawn here, timed
+        frame_ms = thread_cpu_ms(bar._live.refresh, 20)
     sampler = TelemetrySampler(trainer.device, trainer._emit_telemetry, lambda: trainer.step)
     sample_ms = thread_cpu_ms(lambda: trainer._emit_telemetry(sampler.sample()), 10)
     clock_ms_per_s = frame_ms * PROGRESS_FRAMES_PER_S + sample_ms * 1.0
@@ -511,11 +511,11 @@ def components(step_ms: float | None) -> None:
     threading.Thread(target=drain, daemon=True).start()
     console = Console(file=os.fdopen(slave, "w"), force_terminal=True, width=120)
     progress = HeadlessProgress(10**9, console)
-    frames_per_s = progress._progress.live.refresh_per_second
-    progress._progress.live.auto_refresh = False  # frames drawn here, timed, not by its thread
+    frames_per_s = progress._live.refresh_per_second
+    progress._live.auto_refresh = False  # frames drawn here, timed, not by its thread
     with progress:
         update = cost_us(lambda: progress.on_metrics(next(cycle)), len(records))
-        frame = cost_us(progress._progress.live.refresh, 20)
+        frame = cost_us(progress._live.refresh, 20)
     row("HeadlessProgress.on_metrics (the bar's update)", update, "")
     row(f"progress bar frames ({frames_per_s:g}/s, Rich's thread)", frame * frames_per_s / per_s, f"{frame / 1000:.2f} ms a frame")
     sampler = TelemetrySampler(trainer.device, lambda sample: None, lambda: 0)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import io
+import time
 
 import pytest
 
 from rich.console import Console
 
 from torchlab.core.launch.headless import HeadlessProgress
+from torchlab.core.wire.events import RunStarted
 
 
 def row(step: int, step_time_s: float, batch: int = 32) -> dict:
@@ -23,3 +25,37 @@ def test_the_rate_is_smoothed_over_steps_so_one_slow_step_does_not_read_as_the_s
     assert 250 < after_hiccup < 400  # the average step is now ~0.11 s; one step's own rate would read 32
     recovering = [progress.rate(row(step, 0.010)) for step in range(22, 100)]
     assert recovering[-1] > 3000  # back to the speed it trains at
+
+
+def frame(progress: HeadlessProgress, width: int) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    with console.capture() as captured:
+        console.print(progress._live.renderable)
+    return captured.get()
+
+
+@pytest.mark.parametrize("width", [120, 80, 50])
+def test_the_bar_is_one_line_at_any_width_with_the_figures_of_the_last_row(width):
+    progress = HeadlessProgress(1000, Console(file=io.StringIO()))
+    progress.on_event(RunStarted(step=0, device="cpu", batch_size=32, steps=1000, options={}, modules=[], module_params=[],
+                                 checkpoint_blocks=[], world_size=1, ranks=None))
+    for step in range(1, 341):
+        progress.on_metrics(row(step, 0.010))
+    line = frame(progress, width)
+    assert line.count("\n") == 1 and len(line.rstrip("\n")) <= width
+    assert line.startswith("training on cpu")
+    if width >= 80:
+        assert " 340/1000 loss 2.0000 3,200 samples/s " in line
+        assert "━" in line  # the bar itself, narrowed to fit
+
+
+def test_the_time_left_is_the_steps_to_go_at_the_pace_of_the_frames_so_far(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    progress = HeadlessProgress(1000, Console(file=io.StringIO()))
+    assert frame(progress, 120).rstrip().endswith("0:00:00 -:--:--")  # no pace yet
+    for step in range(1, 101):
+        progress.on_metrics(row(step, 0.010))
+    clock[0] += 10.0  # 100 steps in 10 s: 900 to go take 90 s
+    frame(progress, 120)
+    assert frame(progress, 120).rstrip().endswith("0:00:10 0:01:30")
