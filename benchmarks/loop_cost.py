@@ -21,7 +21,8 @@ start-up left out. On a VM whose speed drifts by a third over seconds this canno
 cent; each run gives two figures:
 
   best     ms/step of its fastest window of 100 consecutive steps: the speed while nothing else slowed
-           the machine. Every such window holds exactly one periodic checkpoint (every 100 steps).
+           the machine. A run of a few seconds writes no periodic checkpoint (``--checkpoint-every
+           auto``: at most one a minute), only its final one, which no window holds.
   mean     (t[last] - t[from]) / (last - from), drift and all.
 """
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
+import math
 import os
 import random
 import resource
@@ -134,9 +136,11 @@ def interleaved(rounds: int, block: int, warmup: int, variants: list[str]) -> No
     another, hits both alike at the scale of a block (10 steps: ~0.15 s).
 
     The engine is what ``--headless`` runs: the run directory's journals, the impact tracker, the bar's
-    update per row, probes on ``auto``, a checkpoint every 100 steps (its fsyncs on their thread). Two
-    threads of ``--headless`` run on a clock, not per step, so they cannot be split into blocks: the Rich
-    bar's refresh (4 frames a second) and the telemetry sampler (1 a second). Their cost is measured
+    update per row, probes on ``auto``, periodic checkpoints on ``auto`` (its fsyncs on their thread; the
+    minute between two is of wall time, the other runners' blocks included, so the engine writes more of
+    them here than it would alone: the figure errs against it). Two threads of ``--headless`` run on a
+    clock, not per step, so they cannot be split into blocks: the bar's refresh (2 frames a second) and
+    the telemetry sampler (1 a second). Their cost is measured
     here as CPU time per frame and per sample, and added to the engine's time as if every such CPU
     millisecond stopped training for a millisecond (an upper bound: they run beside torch's threads).
     Each of ``variants`` ("no-bar,no-journals", ...) is one more engine, with those parts left out."""
@@ -417,6 +421,7 @@ def components(step_ms: float | None) -> None:
 
     from torchlab.core.wire import protocol
     from torchlab.core.wire.config import build_config
+    from torchlab.core.engine.checkpoint import AUTO_CHECKPOINT_BUDGET, AUTO_CHECKPOINT_MIN_INTERVAL_S, AUTO_CHECKPOINT_STEPS
     from torchlab.core.engine.seeding import seed_everything
     from torchlab.core.launch.headless import HeadlessProgress
     from torchlab.core.wire.events import RunStarted
@@ -545,8 +550,12 @@ def components(step_ms: float | None) -> None:
         trainer.train_steps(1)
         on_thread.append(written + sum(waits))
     checkpoint_ms = 1000 * statistics.median(on_thread)
-    row("periodic checkpoint (every 100 steps)", 1000 * checkpoint_ms / 100,
-        f"{checkpoint_ms:.1f} ms of the training thread's time a checkpoint (wall)")
+    # --checkpoint-every auto: the first 100th step once max(a minute, 100 x a checkpoint's cost) has passed
+    wait_s = max(AUTO_CHECKPOINT_MIN_INTERVAL_S, checkpoint_ms / 1000 / AUTO_CHECKPOINT_BUDGET)
+    every = AUTO_CHECKPOINT_STEPS * math.ceil(wait_s / step_s / AUTO_CHECKPOINT_STEPS)
+    row("periodic checkpoint (auto cadence)", 1000 * checkpoint_ms / every,
+        f"{checkpoint_ms:.1f} ms of the training thread's time (wall) every {every} steps; "
+        f"{1000 * checkpoint_ms / AUTO_CHECKPOINT_STEPS:.1f} us/step if every 100")
     row("garbage collection", 1e6 * collections["cpu"] / 300, "the run's collections, per step")
     directory.close()
 
@@ -558,7 +567,7 @@ def components(step_ms: float | None) -> None:
           f"= {100 * total / (1e6 * step_s):.1f} % of a {1000 * step_s:.2f} ms step")
 
 
-#: Every window of this many consecutive steps holds one periodic checkpoint (the default, every 100).
+#: The steps of a window of ``steady_figures``' fastest.
 WINDOW_STEPS = 100
 
 

@@ -99,6 +99,7 @@ def test_resume_continues_in_the_same_run_directory(tmp_path):
     ([f"{TINY}:workload", "--at", "5:turbo=on"], "unknown option 'turbo'"),
     ([f"{TINY}:workload", "--amp", "fp16"], "fp16 needs CUDA"),
     ([f"{TINY}:workload", "--probe-every", "often"], "probe_every (--probe-every) must be a number of steps (0 = off) or \"auto\""),
+    ([f"{TINY}:workload", "--checkpoint-every", "hourly"], "checkpoint_every (--checkpoint-every) must be a number of steps (0 = only at the end) or \"auto\""),
     ([f"{TINY}:workload", "--resume", "/nonexistent/last.pt"], "--resume /nonexistent/last.pt: no such checkpoint file"),
     ([f"{TINY}:workload", "--batch-size", "1000"], "the dataset has 256 samples, fewer than one batch of 1000"),
     ([f"{TINY}:workload", "--seed", "4294967296"], "seed (--seed) must be a whole number from 0 to 4294967295"),

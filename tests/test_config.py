@@ -76,7 +76,7 @@ def test_warmup_defaults_to_five_percent_of_steps():
     ({"optimizer": "lion"}, "optimizer (--optimizer) must be one of adamw, sgd"),
     ({"schedule": "linear"}, "schedule (--schedule)"), ({"workers": 1.5}, "workers (--workers)"),
     ({"steps": True}, "steps (--steps)"), ({"weight_decay": float("nan")}, "weight_decay (--weight-decay)"),
-    ({"probe_every": -1}, "probe_every (--probe-every)"), ({"workload": " "}, "workload (--workload)"),
+    ({"probe_every": -1}, "probe_every (--probe-every)"), ({"checkpoint_every": -5}, "checkpoint_every (--checkpoint-every)"), ({"workload": " "}, "workload (--workload)"),
     ({"shared_run_dir": "yes"}, "shared_run_dir (--shared-run-dir) must be true or false; got 'yes'"),
     ({"telemetry_interval": 1e30}, "telemetry_interval (--telemetry-interval) must be at most 3600 seconds"),
     ({"profile_steps": 10**30}, "profile_steps (--profile-steps) must be a whole number from 1 to 1000"),

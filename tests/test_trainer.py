@@ -10,6 +10,7 @@ import torch
 
 from torchlab.core.wire.observer import TrainerObserver
 from trainers import TINY, make_trainer
+from torchlab.core.engine.checkpoint import CheckpointCadence
 from torchlab.core.wire.errors import ConfigError
 from torchlab.core.wire.events import Paused
 from torchlab.core.wire.protocol import PauseCommand, ResumeCommand, SaveCheckpointCommand, SetCommand, StopCommand
@@ -171,6 +172,44 @@ def test_save_checkpoint_command_writes_one_at_the_boundary(tmp_path):
     trainer.submit(SaveCheckpointCommand())  # before step 1: nothing trained yet, nothing to save
     trainer.run()
     assert [e["reason"] for e in seen.of("checkpoint")] == ["final"]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_auto_checkpoints_fall_on_every_100th_step_once_a_minute_and_100_times_their_cost_have_passed():
+    clock = FakeClock()
+    cadence = CheckpointCadence("auto", clock=clock)
+    clock.now += 59
+    assert not cadence.due(100)  # 59 s after the start: a crash would lose under a minute
+    clock.now += 1
+    assert not cadence.due(150) and cadence.due(200)  # on a multiple of 100 only
+    cadence.record(2.0)  # that one took 2 s of training: the next waits 200 s, not 60
+    clock.now += 100
+    assert not cadence.due(300)
+    clock.now += 100
+    assert cadence.due(400)
+    cadence.record(0.01)
+    clock.now += 60
+    assert cadence.due(500)
+
+
+@pytest.mark.parametrize(("every", "due"), [(7, [7, 14, 21]), (0, [])])
+def test_a_fixed_checkpoint_cadence_is_every_nth_step_whatever_the_time(every, due):
+    cadence = CheckpointCadence(every, clock=FakeClock())
+    assert [step for step in range(1, 22) if cadence.due(step)] == due
+
+
+def test_a_fast_run_with_the_default_cadence_writes_no_periodic_checkpoint_in_its_first_minute(tmp_path):
+    trainer, seen = make_trainer(steps=210, checkpoint_dir=tmp_path)  # a few seconds: steps 100 and 200 are due by count
+    assert trainer.config.checkpoint_every == "auto"
+    trainer.run()
+    assert [(e["step"], e["reason"]) for e in seen.of("checkpoint")] == [(210, "final")]
 
 
 def test_validation_loss_is_reported_on_eval_steps():

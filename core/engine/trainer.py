@@ -32,6 +32,7 @@ import torch
 
 from torchlab.core.engine.activation_checkpointing import ActivationCheckpointing
 from torchlab.core.engine.checkpoint import (
+    CheckpointCadence,
     WrittenCheckpoint,
     capture_rng_state,
     load_checkpoint,
@@ -170,6 +171,7 @@ class Trainer:
         self.checkpointing = ActivationCheckpointing(self.model, workload.checkpoint_blocks)
         self.grad_probe = GradNormProbe(self.model)
         self.cadence = ProbeCadence(config.probe_every)
+        self.checkpoint_cadence = CheckpointCadence(config.checkpoint_every)
         self.activation_probe = ActivationStatsProbe(self.model, self.grad_probe.module_names)
         self.precisions = Precisions(self.device)  # keeps the fp16 GradScaler across modes and checkpoints
         self.precision: Precision = self.precisions.make("off")
@@ -185,6 +187,7 @@ class Trainer:
         self._scripted_through = 0  # the last step whose --at and --profile-at entries were queued
         self._probe_next = False  # rank 0's probe decision for the next step, shared with every rank
         self._figures_next = False  # likewise: whether the next report gathers the per-rank figures
+        self._checkpoint_next = False  # likewise: whether a periodic checkpoint follows the next step
         self._figures_gathered_at = -math.inf
         self._consecutive_skips = 0
         self._last_checkpoint_step: int | None = None
@@ -512,8 +515,8 @@ class Trainer:
         if self._profiling is not None and self._profiling.after_step(self.step):
             self._profile_builds.append(self._profiling.builder)
             self._profiling = None
-        every = self.config.checkpoint_every
-        if every and self.step % every == 0 and self.step < self.config.steps:
+        due = self._checkpoint_next if self.collectives is not None else self.checkpoint_cadence.due(self.step)
+        if due and self.step < self.config.steps:
             self._save_checkpoint(reason="periodic")
 
     def _is_report_step(self, step: int) -> bool:
@@ -584,15 +587,17 @@ class Trainer:
 
     def _share_commands(self, commands: list[TrainerCommand], unsent: list[TrainerCommand]) -> tuple[list[TrainerCommand], bool]:
         """Rank 0's commands (as many as fit one packet; ``unsent`` keeps the rest) to every rank, with
-        rank 0's decision whether the next step measures gradient norms. Returns the commands and
-        whether more packets follow at this boundary."""
+        rank 0's decisions whether the next step measures gradient norms and is followed by a periodic
+        checkpoint (every rank takes part in one). Returns the commands and whether more packets follow
+        at this boundary."""
         payload = None
         if self.reports:
             # Per-rank figures are for a live table (latest wins): gathered on report steps, at most
             # every RANK_FIGURES_INTERVAL_S, not at the price of one more collective on every step.
             next_step = self.step + 1
             figures = self._is_report_step(next_step) and time.monotonic() - self._figures_gathered_at >= RANK_FIGURES_INTERVAL_S
-            payload = {"probe": self.cadence.should_probe(next_step), "figures": figures, "commands": []}
+            payload = {"probe": self.cadence.should_probe(next_step), "figures": figures,
+                       "checkpoint": self.checkpoint_cadence.due(next_step), "commands": []}
             unsent.clear()
             for index, command in enumerate(commands):
                 payload["commands"].append(command.json_text())  # the protocol's own line
@@ -604,6 +609,7 @@ class Trainer:
         packet = self.collectives.share(payload)
         self._probe_next = bool(packet["probe"])
         self._figures_next = bool(packet["figures"])
+        self._checkpoint_next = bool(packet["checkpoint"])
         return [trainer_command(line) for line in packet["commands"]], bool(packet["more"])
 
     def pending_commands(self) -> list[TrainerCommand]:
@@ -773,6 +779,7 @@ class Trainer:
         self._finish_checkpoint()  # one at a time, in step order
         if self.checkpoint_dir is None:
             return
+        started = time.perf_counter()
         rng = capture_rng_state()
         rng_by_rank = self.collectives.gather_objects(rng) if self.collectives is not None else None
         self._last_checkpoint_step = self.step
@@ -796,6 +803,7 @@ class Trainer:
         if rng_by_rank is not None:
             state["rng_by_rank"] = rng_by_rank
         written = write_checkpoint(self.checkpoint_dir, self.step, state, keep=self.config.keep_checkpoints)
+        self.checkpoint_cadence.record(time.perf_counter() - started)
         if reason == "periodic":
             written.publish_in_background()
             self._publishing = written

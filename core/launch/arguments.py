@@ -80,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     training.add_argument("--workers", type=int, metavar="N", help="DataLoader worker processes (default 0)")
     training.add_argument("--eval-every", type=int, metavar="N", help="validation every N steps, 0 = off (default 50)")
     training.add_argument("--eval-batches", type=int, metavar="N", help="validation batches per evaluation (default 20)")
-    training.add_argument("--checkpoint-every", type=int, metavar="N", help="checkpoint every N steps, 0 = only at the end (default 100)")
+    training.add_argument("--checkpoint-every", metavar="N|auto",
+                          help="checkpoint every N steps, 0 = only at the end, auto = every 100th step once a minute "
+                               "has passed and within 1%% of the time (default auto)")
     training.add_argument("--keep-checkpoints", type=int, metavar="N", help="step checkpoints kept besides last.pt (default 3)")
 
     live = parser.add_argument_group("live options (change while training: keys in the app, --at headless)")
@@ -102,8 +104,9 @@ def setting_layers(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     """The settings of the ``--config`` file and of the flags, as ``build_config`` layers."""
     file_settings: dict[str, Any] = load_config_file(args.config) if args.config else {}
     flags: dict[str, Any] = {name: getattr(args, name) for name in _SETTING_FLAGS if getattr(args, name) is not None}
-    if "probe_every" in flags and flags["probe_every"] != "auto":
-        flags["probe_every"] = _int_or_text(flags["probe_every"])
+    for name in ("probe_every", "checkpoint_every"):
+        if name in flags and flags[name] != "auto":
+            flags[name] = _int_or_text(flags[name])
     if args.workload is not None:
         flags["workload"] = args.workload
     if args.profile_at:

@@ -97,7 +97,7 @@ class TrainConfig:
     workers: int = 0
     eval_every: int = 50
     eval_batches: int = 20
-    checkpoint_every: int = 100
+    checkpoint_every: int | str = "auto"  # see core/engine/checkpoint.py's CheckpointCadence
     keep_checkpoints: int = 3
     log_every: int = 1
     probe_every: int | str = "auto"
@@ -134,7 +134,7 @@ class TrainConfig:
         _check_int(self.workers, "workers", minimum=0, maximum=max_workers(),
                    hint=f"a whole number from 0 (load in the training process) to {max_workers()} on this machine "
                         f"({usable_cpus()} usable CPU cores; more workers than cores only compete)")
-        for name in ("eval_every", "checkpoint_every", "act_stats_every"):
+        for name in ("eval_every", "act_stats_every"):
             _check_int(getattr(self, name), name, minimum=0)
         _check_int(self.eval_batches, "eval_batches", minimum=1)
         _check_int(self.keep_checkpoints, "keep_checkpoints", minimum=1)
@@ -147,6 +147,9 @@ class TrainConfig:
         _check(isinstance(self.shared_run_dir, bool), "shared_run_dir", "must be true or false", self.shared_run_dir)
         _check(isinstance(self.profile_at, tuple) and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in self.profile_at),
                "profile_at", "must be optimizer steps ≥ 1", self.profile_at)
+        if self.checkpoint_every != "auto":
+            _check_int(self.checkpoint_every, "checkpoint_every", minimum=0,
+                       hint="a number of steps (0 = only at the end) or \"auto\"")
         if self.probe_every != "auto":
             _check_int(self.probe_every, "probe_every", minimum=0,
                        hint="a number of steps (0 = off) or \"auto\"")
