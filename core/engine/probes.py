@@ -86,12 +86,14 @@ class ProbeCadence:
     smallest that keeps its cost under ``budget`` of the step time. On steps where clipping is on, the
     norms are computed anyway, so the probe is free and always reports.
 
-    The budget is half the 1 % the probes may cost, because the probe's own timing sees only part of
-    what it costs the step: on ``benchmarks/resnet_small.py`` (CPU) a probe timed itself at 0.35-0.42 ms
-    while steps with it took 0.57-1.4 ms longer than steps without (``benchmarks/README.md``).
+    The budget is a quarter of the 1 % the probes may cost, because the probe's own timing sees only
+    part of what it costs: on ``benchmarks/resnet_small.py`` (CPU) a probe timed itself at 0.35-0.42 ms
+    while steps with it took 0.57-1.4 ms longer than steps without (1.6-3.5x; the per-module figures'
+    transfer, their record and its encoding come on top), so 0.25 % timed is 0.4-0.9 % of the training.
+    At 10 ms a step that is a probe every ~10 steps: 10 tables a second, more than a screen shows.
     """
 
-    def __init__(self, every: int | str, budget: float = 0.005) -> None:
+    def __init__(self, every: int | str, budget: float = 0.0025) -> None:
         self.fixed = None if every == "auto" else int(every)
         self.budget = budget
         self._probe_cost_s: float | None = None
