@@ -260,5 +260,5 @@ class _StopOnSignal:
             raise KeyboardInterrupt
         self.interrupted = True
         self.trainer.request_stop("interrupted")
-        self.console.print("Stopping at the next step boundary and saving a checkpoint (Ctrl-C again to abort).")
+        self.console.print("Stopping at the next step boundary, with a checkpoint (Ctrl-C again aborts).")
 
