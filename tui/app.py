@@ -115,6 +115,7 @@ KEY_ACTIONS = (
     KeyAction("P", "profiles", "Profiles", "Profiles: list the snapshots, open a table, compare two", show=False),
     KeyAction("i", "impact", "Impact", "Impact table: what each option change cost or saved", show=False),
     KeyAction("t", "system", "System", "System: every GPU, host CPU/RAM, trainer memory and its history", show=False),
+    KeyAction("M", "memory", "Memory", "Memory by kind: parameters, gradients, optimizer state, activations by module", show=False),
     KeyAction("s", "save_checkpoint", "Save", "Save a checkpoint now"),
     KeyAction("d", "detach", "Detach", "Leave the app; the trainer keeps training (reattach later)", show=False),
     KeyAction("q", "quit", "Quit", "Quit: stop the trainer after a final checkpoint"),
@@ -491,6 +492,11 @@ class TorchlabApp(App[int]):
         from torchlab.tui.screens.impact_screen import ImpactScreen
 
         self.push_screen(ImpactScreen(self.run_state))
+
+    def action_memory(self) -> None:
+        from torchlab.tui.screens.memory_screen import MemoryScreen
+
+        self.push_screen(MemoryScreen(self.run_state))
 
     def action_system(self) -> None:
         from torchlab.tui.screens.system_screen import SystemScreen

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchlab.core.wire import protocol
 from torchlab.core.wire.options import OPTION_NAMES, OPTIONS_BY_NAME, format_option_value
-from torchlab.core.wire.payloads import ImpactSegment, RankProcess, TelemetrySample
+from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, RankProcess, TelemetrySample
 from torchlab.tui.gradient_flags import flag_for
 from torchlab.tui.stragglers import ComparedRank, flag_stragglers
 from torchlab.tui.thinning import Series
@@ -108,6 +108,8 @@ class RunState:
         self.telemetry: TelemetrySample | None = None
         #: the last TELEMETRY_HISTORY samples, oldest first (the system panel's memory history)
         self.telemetry_history: deque[TelemetrySample] = deque(maxlen=TELEMETRY_HISTORY)
+        #: the newest memory breakdown by kind (None until a step measured it)
+        self.memory: MemoryBreakdown | None = None
         #: profiler snapshots of this run, in order of arrival
         self.profiles: list[ProfileSnapshot] = []
         #: a snapshot was asked for and has not arrived (nor been refused) yet
@@ -133,6 +135,7 @@ class RunState:
         self.telemetry_version = 0
         self.profiles_version = 0
         self.impact_version = 0
+        self.memory_version = 0
         #: per-rank figures of the newest ``Ranks`` message, compared, in rank order (empty at world size 1)
         self.ranks: list[ComparedRank] = []
         #: the step the rank figures were gathered at
@@ -375,6 +378,10 @@ class RunState:
         self.telemetry_version += 1
         self.header_version += 1
 
+    def _on_memory(self, event: protocol.Memory) -> None:
+        self.memory = event.breakdown
+        self.memory_version += 1
+
     def _on_profile_ready(self, event: protocol.ProfileReady) -> None:
         from torchlab.tui.profiles import ProfileSnapshot  # with the first snapshot, not at start-up
 
@@ -538,6 +545,7 @@ _HANDLERS = {
     protocol.Metrics: RunState._on_metrics,
     protocol.GradNorms: RunState._on_grad_norms,
     protocol.Telemetry: RunState._on_telemetry,
+    protocol.Memory: RunState._on_memory,
     protocol.OptionApplied: RunState._on_option_applied,
     protocol.OptionRefused: RunState._on_option_refused,
     protocol.Detached: RunState._on_detached,

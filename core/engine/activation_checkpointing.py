@@ -56,6 +56,10 @@ class ActivationCheckpointing:
         for block in self.blocks.values():
             block.forward = _checkpointed_forward(block)
 
+    def wrapped_blocks(self) -> list[torch.nn.Module]:
+        """The blocks checkpointed now."""
+        return [block for block in self.blocks.values() if "forward" in vars(block)]
+
     def disable(self) -> None:
         for block in self.blocks.values():
             if "forward" in vars(block):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from torchlab.core.wire.options import LiveOptions
+from torchlab.core.wire.payloads import MemoryBreakdown
 
 
 class HostTransfer:
@@ -70,7 +71,8 @@ class StepReport:
     ``lr`` is the LR the step used (the schedule has moved on since); ``stepped`` is False when the
     precision skipped the optimizer step (fp16 overflow). ``grad_norm_total`` and ``clipped`` are None
     on steps that did not measure or clip; ``grad_norms`` (per module) on steps the probe did not report;
-    ``act_stats`` (per module: mean, std, max |x|) on steps that did not sample them."""
+    ``act_stats`` (per module: mean, std, max |x|) on steps that did not sample them; ``memory`` (by kind) on
+    steps that did not measure it."""
 
     step: int
     options: LiveOptions  # in force for this step: commands change them only between steps
@@ -83,6 +85,7 @@ class StepReport:
     act_stats: dict[str, list[float]] | None
     step_time_s: float
     data_wait_s: float
+    memory: MemoryBreakdown | None = None
 
 
 def stats_by_module(module_names: list[str], table: list[float]) -> dict[str, list[float]]:

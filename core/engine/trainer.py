@@ -70,6 +70,7 @@ from torchlab.core.wire.protocol import (
 from torchlab.core.engine.precision import Precision, Precisions
 from torchlab.core.engine.profiler import ProfilerSnapshot
 from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, GradNorms, ProbeCadence, clip_by_total_norm
+from torchlab.core.engine.memory import MemoryCadence, MemoryProbe, SavedTensorCount
 from torchlab.core.engine.schedule import make_scheduler
 from torchlab.core.engine.step_report import HostTransfer, StepReport, stats_by_module
 from torchlab.core.engine.telemetry import TelemetrySampler
@@ -173,6 +174,8 @@ class Trainer:
         self.cadence = ProbeCadence(config.probe_every)
         self.checkpoint_cadence = CheckpointCadence(config.checkpoint_every)
         self.activation_probe = ActivationStatsProbe(self.model, self.grad_probe.module_names)
+        self.memory_probe = MemoryProbe(self.model, self.checkpointing.wrapped_blocks)
+        self.memory_cadence = MemoryCadence(config.memory_every)
         self.precisions = Precisions(self.device)  # keeps the fp16 GradScaler across modes and checkpoints
         self.precision: Precision = self.precisions.make("off")
         self.options = LiveOptions()
@@ -324,8 +327,11 @@ class Trainer:
         started = time.perf_counter()
         is_report = self._is_report_step(step)
         sample_activations = is_report and self.config.act_stats_every > 0 and step % self.config.act_stats_every == 0
+        # Rank 0 reports memory (every rank holds alike); never under the profiler, whose trace would show the hooks.
+        measure_memory = is_report and self.reports and self._profiling is None and self.memory_cadence.due(step)
 
-        loss, data_wait, activations = self._forward_backward(step, options.accum, sample_activations)
+        loss, data_wait, activations, saved = self._forward_backward(step, options.accum, sample_activations, measure_memory)
+        gradients_bytes = self.memory_probe.gradients_bytes() if saved is not None else 0
         self.precision.unscale_(self.optimizer)  # fp16: true-scale gradients before they are measured or clipped
         if self.collectives is not None:  # every rank then sees the same loss and stops on the same NaN
             loss = self.collectives.mean_loss(loss)
@@ -356,6 +362,10 @@ class Trainer:
         self.cadence.record_step(step_time)
         if not is_report:
             return
+        memory = None
+        if saved is not None:
+            memory = self.memory_probe.breakdown(step, saved, gradients_bytes, self.optimizer, self.device)
+            self.memory_cadence.measured()
 
         grad_norms, act_stats = host.vector("grad_norms"), host.vector("act_stats")
         self._report(StepReport(
@@ -370,12 +380,16 @@ class Trainer:
             act_stats=stats_by_module(self.activation_probe.module_names, act_stats) if act_stats is not None else None,
             step_time_s=step_time,
             data_wait_s=data_wait,
+            memory=memory,
         ))
 
-    def _forward_backward(self, step: int, accum: int, sample_activations: bool) -> tuple[torch.Tensor, float, torch.Tensor | None]:
+    def _forward_backward(
+        self, step: int, accum: int, sample_activations: bool, measure_memory: bool,
+    ) -> tuple[torch.Tensor, float, torch.Tensor | None, SavedTensorCount | None]:
         """Forward and backward over ``accum`` micro-batches, each loss divided by ``accum`` so that the
         gradients are those of the mean. Returns the mean loss (fp32, on the device: no sync), the seconds
-        spent waiting for data, and the activation statistics (on the device) when this step samples them.
+        spent waiting for data, the activation statistics (on the device) when this step samples them, and
+        what the first micro-batch's forward saved for backward when this step measures memory.
 
         With one micro-batch (the common case) nothing is divided or summed: each such op is an autograd
         node or a kernel, ~20 us of a 10 ms step on a CPU."""
@@ -383,6 +397,7 @@ class Trainer:
             self.activation_probe.attach()  # hooks only on sampled steps: on every step they cost ~35 %
         losses = []
         data_wait = 0.0
+        saved = None
         for micro in range(accum):
             waited = time.perf_counter()
             batch = self.data.next_batch()
@@ -391,12 +406,16 @@ class Trainer:
             # With ranks, gradients are averaged once per optimizer step: on the last micro-batch's backward.
             syncing = self.ddp is None or micro == accum - 1
             with contextlib.nullcontext() if syncing else self.ddp.no_sync():
-                loss = self._compute_loss(batch, step)
+                if measure_memory and micro == 0:
+                    with self.memory_probe.counting_saved_tensors() as saved:
+                        loss = self._compute_loss(batch, step)
+                else:
+                    loss = self._compute_loss(batch, step)
                 self.precision.backward(loss / accum if accum > 1 else loss)
             losses.append(loss.detach())
         mean_loss = losses[0].float() if accum == 1 else torch.stack(losses).float().mean()
         activations = self.activation_probe.detach() if sample_activations else None
-        return mean_loss, data_wait, activations
+        return mean_loss, data_wait, activations, saved
 
     def _measure_and_clip(self, step: int, probe_due: bool, clip: float | None) -> tuple[GradNorms | None, torch.Tensor | None]:
         """Gradient norms on the device: measured when the probe is due, and always when clipping needs
@@ -452,6 +471,8 @@ class Trainer:
         }
         if report.act_stats is not None:
             record["act_stats"] = report.act_stats
+        if report.memory is not None:
+            record["memory"] = report.memory
         if rank_figures is not None:
             record["ranks"] = rank_figures
         if self._is_eval_step(report.step):

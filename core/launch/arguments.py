@@ -30,7 +30,7 @@ def exit_code(status: str) -> int:
 _SETTING_FLAGS = (
     "steps", "batch_size", "seed", "device", "optimizer", "lr", "weight_decay", "schedule", "warmup_steps",
     "workers", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "log_every",
-    "probe_every", "act_stats_every", "telemetry_interval", "profile_steps", "shared_run_dir",
+    "probe_every", "act_stats_every", "memory_every", "telemetry_interval", "profile_steps", "shared_run_dir",
 )
 
 
@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     probes.add_argument("--log-every", type=int, metavar="N", help="report metrics every N steps (default 1)")
     probes.add_argument("--probe-every", metavar="N|auto", help="per-module grad norms every N steps, 0 = off, auto = within ~1%% of step time (default auto)")
     probes.add_argument("--act-stats-every", type=int, metavar="N", help="activation statistics every N steps, 0 = off (default 0)")
+    probes.add_argument("--memory-every", metavar="N|auto",
+                        help="memory by kind (saved activations, per module) every N steps, 0 = off, auto = at most once a second (default auto)")
     probes.add_argument("--profile-at", type=int, action="append", metavar="STEP", help="profile from optimizer step STEP (repeatable)")
     probes.add_argument("--profile-steps", type=int, metavar="N", help="steps a profiler snapshot records, after 1 warm-up (default 5)")
     probes.add_argument("--telemetry-interval", type=float, metavar="SECONDS", help="GPU/host sampling period, 0 = off (default 1)")
@@ -104,7 +106,7 @@ def setting_layers(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     """The settings of the ``--config`` file and of the flags, as ``build_config`` layers."""
     file_settings: dict[str, Any] = load_config_file(args.config) if args.config else {}
     flags: dict[str, Any] = {name: getattr(args, name) for name in _SETTING_FLAGS if getattr(args, name) is not None}
-    for name in ("probe_every", "checkpoint_every"):
+    for name in ("probe_every", "checkpoint_every", "memory_every"):
         if name in flags and flags[name] != "auto":
             flags[name] = _int_or_text(flags[name])
     if args.workload is not None:

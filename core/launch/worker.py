@@ -74,7 +74,9 @@ class OutboxReporter(TrainerObserver):
         self.step = record["step"]
         self._send_impact()
         norms = record.get("grad_norms")
-        self.outbox.add_metrics({key: value for key, value in record.items() if key not in ("grad_norms", "act_stats", "ranks")})
+        self.outbox.add_metrics({key: value for key, value in record.items() if key not in ("grad_norms", "act_stats", "ranks", "memory")})
+        if record.get("memory") is not None:  # MemoryBreakdown, on the steps that measured it
+            self.outbox.add_latest(p.Memory(breakdown=record["memory"]))
         if norms is not None:
             self.outbox.add_latest(p.GradNorms(step=record["step"], norms=list(norms.values()), total=record["grad_norm_total"]))
         if record.get("ranks") is not None:  # RankFigures, from the ranks' collectives

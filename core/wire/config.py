@@ -102,6 +102,7 @@ class TrainConfig:
     log_every: int = 1
     probe_every: int | str = "auto"
     act_stats_every: int = 0
+    memory_every: int | str = "auto"  # see core/engine/memory.py's MemoryCadence
     telemetry_interval: float = 1.0  # seconds between system samples; 0 = off
     profile_at: tuple[int, ...] = ()  # optimizer steps at which a profiler snapshot starts
     profile_steps: int = 5
@@ -150,6 +151,9 @@ class TrainConfig:
         if self.checkpoint_every != "auto":
             _check_int(self.checkpoint_every, "checkpoint_every", minimum=0,
                        hint="a number of steps (0 = only at the end) or \"auto\"")
+        if self.memory_every != "auto":
+            _check_int(self.memory_every, "memory_every", minimum=0,
+                       hint="a number of steps (0 = off) or \"auto\"")
         if self.probe_every != "auto":
             _check_int(self.probe_every, "probe_every", minimum=0,
                        hint="a number of steps (0 = off) or \"auto\"")

@@ -19,7 +19,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from torchlab.core.wire.protocol import GradNorms, Impact, Message, Metrics, Ranks, Telemetry
+from torchlab.core.wire.protocol import GradNorms, Impact, Memory, Message, Metrics, Ranks, Telemetry
 
 MAX_RECORDS_PER_MESSAGE = 1000
 
@@ -53,7 +53,7 @@ class Outbox:
             self._metrics.append((self._metrics_seq, record))
             self._lock.notify_all()
 
-    def add_latest(self, message: GradNorms | Telemetry | Impact | Ranks) -> None:
+    def add_latest(self, message: GradNorms | Memory | Telemetry | Impact | Ranks) -> None:
         with self._lock:
             self._latest_seq += 1
             self._latest[type(message)] = (self._latest_seq, message)

@@ -145,6 +145,46 @@ class TelemetrySample:
     torch: AllocatorSample
 
 
+# ----------------------------------------------------------------------------- Memory: by kind, measured
+
+
+@dataclass(frozen=True)
+class ModuleBytes:
+    """The activation bytes saved for backward while ``module`` was the innermost module running (its own
+    ops, not its children's); ``(root)`` the model's own code, ``(loss_fn)`` the workload's code outside it."""
+
+    schema: ClassVar[dict[str, tuple]] = {"module": (str,), "bytes": _INT}
+    module: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """The bytes training holds in tensors at ``step``, by kind, measured on that step (core/engine/memory.py):
+    the same on CPU as on CUDA, unlike the process RSS, which only grows. ``activations_bytes`` are the tensors
+    autograd saved for backward in one micro-batch's forward, each storage once; ``by_module`` splits them,
+    largest first. ``allocator_peak_bytes``: on CUDA, the caching allocator's peak since the segment began
+    (None on a CPU)."""
+
+    schema: ClassVar[dict[str, tuple]] = {
+        "step": _INT, "parameters_bytes": _INT, "gradients_bytes": _INT, "optimizer_bytes": _INT,
+        "activations_bytes": _INT, "allocator_peak_bytes": _OPT_INT, "by_module": (list[ModuleBytes],),
+    }
+    step: int
+    parameters_bytes: int  # parameters and buffers
+    gradients_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    allocator_peak_bytes: int | None
+    by_module: list[ModuleBytes]
+
+    @property
+    def total_bytes(self) -> int:
+        """The four kinds added up: at most what the tensors of training hold at once (in backward, gradients
+        are made as activations are freed)."""
+        return self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
+
+
 # ----------------------------------------------------------------------------- Ranks: per-rank figures
 
 

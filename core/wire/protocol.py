@@ -23,9 +23,9 @@ from typing import Any, ClassVar, TypeVar, get_args, get_origin
 
 from torchlab.core.wire import strict_json
 from torchlab.core.wire.errors import SHOWN_CHARS, shown
-from torchlab.core.wire.payloads import ImpactSegment, ModuleInfo, RankFigures, RunInfo, TelemetrySample
+from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample
 
-PROTOCOL_VERSION = 3  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field
+PROTOCOL_VERSION = 4  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind
 MAX_LINE_BYTES = 1 << 20
 #: A live option's name, a command's source and a value typed for it are short; longer ones are refused
 #: before anything echoes them.
@@ -381,6 +381,16 @@ class GradNorms(Message):
 
 
 @dataclass(frozen=True)
+class Memory(Message):
+    """The bytes training holds in tensors, by kind, on the newest step that measured them; the newest replaces
+    an unsent older one."""
+
+    type: ClassVar[str] = "memory"
+    schema: ClassVar = {"breakdown": (MemoryBreakdown,)}
+    breakdown: MemoryBreakdown
+
+
+@dataclass(frozen=True)
 class Telemetry(Message):
     """A system sample (host, GPUs, allocator); the newest replaces an unsent older one."""
 
@@ -529,4 +539,4 @@ class Refused(Message):
 
 
 COMMANDS = (Hello, PauseCommand, ResumeCommand, StopCommand, SetCommand, ProfileCommand, SaveCheckpointCommand, DetachCommand)
-EVENTS = (Welcome, State, Metrics, GradNorms, Telemetry, OptionApplied, OptionRefused, Detached, CheckpointSaved, Log, Error, NonFinite, ProfileReady, Impact, Ranks, Refused)
+EVENTS = (Welcome, State, Metrics, GradNorms, Memory, Telemetry, OptionApplied, OptionRefused, Detached, CheckpointSaved, Log, Error, NonFinite, ProfileReady, Impact, Ranks, Refused)

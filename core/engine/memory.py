@@ -1,0 +1,155 @@
+"""Memory by kind, measured on the tensors themselves: the same figures on a CPU as on CUDA.
+
+The process RSS cannot say what an option did to memory: it only grows (a profiler snapshot took a
+trainer from 0.4 to 1.5 GiB for good), and it counts Python, libraries and the allocator's cache.
+On a sampled step ``MemoryProbe`` counts what training holds, each storage once (a view, a tied
+weight, a tensor saved twice all count once):
+
+- parameters (and buffers), gradients, optimizer state: the storages behind them, after backward;
+- activations saved for backward: every tensor autograd saves in the forward, as a
+  ``torch.autograd.graph.saved_tensors_hooks`` pack hook sees it (the hook returns the tensor itself:
+  nothing changes but the count), parameters left out. Inside a block under activation checkpointing
+  the checkpoint's own hooks take the tensors (they are recomputed, not kept), so they are not counted;
+  the block's inputs, which the recompute keeps, are. Under autocast the low-precision copies of the
+  weights that the ops save are counted: they are held for backward too.
+
+Each activation byte is charged to the innermost module running when it was saved (forward hooks on
+every module, present only on the sampled step's forward), ``(loss_fn)`` outside the model. With
+gradient accumulation one micro-batch's forward is measured: the next one's activations are made
+after the previous backward freed them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+import torch
+
+from torchlab.core.engine.probes import ROOT_MODULE_NAME
+from torchlab.core.wire.payloads import MemoryBreakdown, ModuleBytes
+
+#: Where the workload's own code (its ``loss_fn`` around the model) saved tensors.
+OUTSIDE_THE_MODEL = "(loss_fn)"
+#: ``--memory-every auto``: a sampled step at most this often, so its hooks cost a fixed share of a second.
+AUTO_MEMORY_INTERVAL_S = 1.0
+
+
+class MemoryCadence:
+    """Decides on which steps memory is measured: every ``every`` steps (0 = never), or ``"auto"``: the first
+    step after ``AUTO_MEMORY_INTERVAL_S`` has passed since the last measured one. A measured step costs the
+    hooks' Python, ~1 us per saved tensor and module (``benchmarks/memory_cost.py``): once a second that is
+    a share of a second whatever the step time, where every N steps would cost most on the fastest steps."""
+
+    def __init__(self, every: int | str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.fixed = None if every == "auto" else int(every)
+        self._clock = clock
+        self._last_at = -float("inf")
+
+    def due(self, step: int) -> bool:
+        if self.fixed is not None:
+            return self.fixed > 0 and step % self.fixed == 0
+        return self._clock() - self._last_at >= AUTO_MEMORY_INTERVAL_S
+
+    def measured(self) -> None:
+        self._last_at = self._clock()
+
+
+class SavedTensorCount:
+    """The bytes saved for backward during one forward, by the innermost module running."""
+
+    def __init__(self, not_counted: set[int], modules: dict[torch.nn.Module, str], keeps_inputs: set[torch.nn.Module]) -> None:
+        self.bytes = 0
+        self.by_module: dict[str, int] = {}
+        self._seen = set(not_counted)  # storages (by address) counted already, or not to count: the parameters'
+        self._modules = modules
+        self._keeps_inputs = keeps_inputs
+        self._running: list[str] = []
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        self._count(tensor)
+        return tensor
+
+    def enter(self, module: torch.nn.Module, args: tuple) -> None:
+        self._running.append(self._modules[module])
+        if module in self._keeps_inputs:  # checkpointed: its inputs are what the recompute keeps
+            for value in args:
+                if isinstance(value, torch.Tensor):
+                    self._count(value)
+
+    def leave(self, module: torch.nn.Module, args: tuple, output: object) -> None:
+        self._running.pop()
+
+    def _count(self, tensor: torch.Tensor) -> None:
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # no storage of its own (sparse, some tensor subclasses)
+            return
+        address, size = storage.data_ptr(), storage.nbytes()
+        if size == 0 or address == 0 or address in self._seen:
+            return
+        self._seen.add(address)
+        owner = self._running[-1] if self._running else OUTSIDE_THE_MODEL
+        self.bytes += size
+        self.by_module[owner] = self.by_module.get(owner, 0) + size
+
+
+class MemoryProbe:
+    """Counts a sampled step's memory by kind (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, checkpointed_blocks: Callable[[], Iterable[torch.nn.Module]]) -> None:
+        self.model = model
+        self._modules = {module: name or ROOT_MODULE_NAME for name, module in model.named_modules()}
+        self._checkpointed_blocks = checkpointed_blocks
+
+    @contextlib.contextmanager
+    def counting_saved_tensors(self) -> Iterator[SavedTensorCount]:
+        """Around one forward: counts what it saves for backward. Its hooks are gone when it exits."""
+        count = SavedTensorCount(_storages(self._model_tensors()), self._modules, set(self._checkpointed_blocks()))
+        handles = []
+        try:
+            for module in self._modules:
+                handles.append(module.register_forward_pre_hook(count.enter))
+                handles.append(module.register_forward_hook(count.leave, always_call=True))
+            with torch.autograd.graph.saved_tensors_hooks(count.pack, _unpack):
+                yield count
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def breakdown(self, step: int, saved: SavedTensorCount, gradients_bytes: int, optimizer: torch.optim.Optimizer,
+                  device: torch.device) -> MemoryBreakdown:
+        """The step's figures, once its optimizer step is taken (its state exists from the first)."""
+        parameters = _storages(self._model_tensors())
+        optimizer_tensors = (value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor))
+        return MemoryBreakdown(
+            step=step,
+            parameters_bytes=sum(parameters.values()),
+            gradients_bytes=gradients_bytes,
+            optimizer_bytes=sum(size for address, size in _storages(optimizer_tensors).items() if address not in parameters),
+            activations_bytes=saved.bytes,
+            allocator_peak_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+            by_module=[ModuleBytes(name, size) for name, size in sorted(saved.by_module.items(), key=lambda item: -item[1])],
+        )
+
+    def gradients_bytes(self) -> int:
+        """The gradients' storages, read after backward and before they are set to None."""
+        return sum(_storages(p.grad for p in self.model.parameters() if p.grad is not None).values())
+
+    def _model_tensors(self) -> Iterator[torch.Tensor]:
+        yield from self.model.parameters()
+        yield from self.model.buffers()
+
+
+def _storages(tensors: Iterable[torch.Tensor]) -> dict[int, int]:
+    """Each distinct storage behind ``tensors``: its address -> its bytes."""
+    found: dict[int, int] = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        found[storage.data_ptr()] = storage.nbytes()
+    return found
+
+
+def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
