@@ -155,8 +155,9 @@ def profile_ready(first_step: int, *, scale: float = 1.0, directory: str | None 
     )
 
 
-def impact(*, bf16_steps: int = 40) -> protocol.Impact:
-    """Two segments: the start, then amp=bf16 at step 121, 1.72x faster with 38 % less memory."""
+def impact(*, bf16_steps: int = 40, clip_steps: int = 0) -> protocol.Impact:
+    """Two segments: the start, then amp=bf16 at step 121, 1.72x faster with 38 % less memory; with
+    ``clip_steps``, a third after them, clip=1.0, whose step time is within the noise of bf16's."""
     start = ImpactSegment(
         change="start", options=dict(OPTIONS), first_step=1, last_step=120, median_step_time_s=0.0172,
         step_time_low_s=0.0166, step_time_high_s=0.0178, median_samples_per_s=1860.0, peak_allocated_bytes=None,
@@ -168,7 +169,14 @@ def impact(*, bf16_steps: int = 40) -> protocol.Impact:
         peak_allocated_bytes=None, peak_rss_bytes=558 * 2**20, loss_slope_per_100_steps=-0.52, speedup=1.72,
         memory_change=-0.38, verdict="amp=bf16: 1.72x faster, -38 % memory",
     )
-    return protocol.Impact(segments=[start, bf16])
+    clip = ImpactSegment(
+        change="clip=1.0", options={**OPTIONS, "amp": "bf16", "clip": 1.0}, first_step=121 + bf16_steps,
+        last_step=120 + bf16_steps + clip_steps, median_step_time_s=0.0103, step_time_low_s=0.0095,
+        step_time_high_s=0.0118, median_samples_per_s=3110.0, peak_allocated_bytes=None, peak_rss_bytes=560 * 2**20,
+        loss_slope_per_100_steps=-0.31, speedup=None, memory_change=0.0036,
+        verdict="clip=1.0: no clear difference (±20 %), +0 % memory",
+    )
+    return protocol.Impact(segments=[start, bf16, clip] if clip_steps else [start, bf16])
 
 
 class FakeLink:
