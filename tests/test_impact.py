@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
+import random
+import re
 
 import pytest
 
@@ -10,7 +13,7 @@ from trainers import TINY
 from torchlab.core.launch.arguments import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.events import ProfileStarted, RunStarted
-from torchlab.core.wire.impact import ImpactTracker
+from torchlab.core.wire.impact import ImpactTracker, median_interval
 from torchlab.core.wire.payloads import AllocatorSample, HostSample, TelemetrySample
 from torchlab.core.wire.protocol import ProfileReady
 
@@ -31,15 +34,15 @@ def sample(peak_allocated_bytes, trainer_rss_bytes):
 
 def test_a_change_starts_a_segment_with_its_speed_memory_and_slope():
     tracker = ImpactTracker()
-    for step in range(1, 11):
+    for step in range(1, 21):
         tracker.on_metrics(record(step, 0.10, 3.0 - 0.01 * step))
         tracker.on_telemetry(sample(1000, 5000))
-    for step in range(11, 21):
+    for step in range(21, 41):
         tracker.on_metrics(record(step, 0.05, 2.9 - 0.02 * step, amp="bf16"))
         tracker.on_telemetry(sample(600, 5000))
     first, second = tracker.table()
-    assert (first.change, first.first_step, first.last_step) == ("start", 1, 10)
-    assert (second.change, second.first_step, second.last_step) == ("amp=bf16", 11, 20)
+    assert (first.change, first.first_step, first.last_step) == ("start", 1, 20)
+    assert (second.change, second.first_step, second.last_step) == ("amp=bf16", 21, 40)
     assert second.speedup == pytest.approx(2.0) and second.memory_change == pytest.approx(-0.4)
     assert second.loss_slope_per_100_steps == pytest.approx(-2.0)
     assert second.verdict == "amp=bf16: 2.00x faster, -40 % memory"
@@ -51,7 +54,7 @@ def test_without_cuda_the_memory_figure_is_the_trainer_rss():
     tracker.on_telemetry(sample(None, 2000))
     tracker.on_metrics(record(2, 0.1, 1.0, checkpointing=True))
     tracker.on_telemetry(sample(None, 1500))
-    assert tracker.table()[1].verdict == "checkpointing=on: 1.00x faster, -25 % memory"
+    assert tracker.table()[1].verdict == "checkpointing=on: too few steps to judge, -25 % memory"
 
 
 def test_segments_appear_in_the_run_directory_after_an_at_change(tmp_path):
@@ -59,11 +62,15 @@ def test_segments_appear_in_the_run_directory_after_an_at_change(tmp_path):
                  "--at", "5:clip=0.5", "--at", "9:accum=2", "--telemetry-interval", "0"]) == EXIT_OK
     table = json.loads((tmp_path / "run" / "impact.json").read_text())
     assert list(table[0]) == [  # the format scripts read (README, "What a run leaves")
-        "change", "options", "first_step", "last_step", "median_step_time_s", "median_samples_per_s", "peak_allocated_bytes",
-        "peak_rss_bytes", "loss_slope_per_100_steps", "speedup", "memory_change", "verdict"]
+        "change", "options", "first_step", "last_step", "median_step_time_s", "step_time_low_s", "step_time_high_s",
+        "median_samples_per_s", "peak_allocated_bytes", "peak_rss_bytes", "loss_slope_per_100_steps", "speedup",
+        "memory_change", "verdict"]
     assert [(row["change"], row["first_step"], row["last_step"]) for row in table] == [
         ("start", 1, 4), ("clip=0.5", 5, 8), ("accum=2", 9, 12)]
-    assert table[2]["speedup"] is not None and table[2]["median_samples_per_s"] > 0
+    assert table[2]["median_samples_per_s"] > 0
+    # Four steps a segment are too few for an interval, so nothing is said about speed.
+    assert table[2]["step_time_low_s"] is None and table[2]["speedup"] is None
+    assert table[2]["verdict"].startswith("accum=2: too few steps to judge")
 
 
 def test_profiled_steps_stay_out_of_the_medians():
@@ -87,8 +94,89 @@ def test_a_fresh_processes_first_steps_stay_out_of_the_medians():
         tracker.on_metrics(record(step, 0.10, 1.0))
     tracker.on_event(RunStarted(step=20, device="cpu", batch_size=32, steps=100, options={}, modules=[], module_params=[],
                                 checkpoint_blocks=[], world_size=2, ranks=None))  # relaunched with two ranks
-    for step in range(21, 30):
+    for step in range(21, 41):
         tracker.on_metrics(record(step, 2.0 if step < 26 else 0.05, 1.0, world_size=2))
     first, second = tracker.table()
     assert second.median_step_time_s == pytest.approx(0.05)
     assert second.verdict.startswith("world_size=2: 2.00x faster")
+
+
+# ---------------------------------------------------------------------- verdicts with their noise
+
+
+def drifting_step_times(rng, steps, *, first=0, period=150, drift=0.15, jitter=0.05, base_s=0.010):
+    """Step times of a busy machine: the speed drifts slowly (±``drift``, one cycle every ``period`` steps)
+    and each step jitters around it; neighbouring steps are alike, so they are not independent draws."""
+    return [base_s * (1 + drift * math.sin(2 * math.pi * (first + i) / period)) * math.exp(rng.gauss(0, jitter))
+            for i in range(steps)]
+
+
+def two_segments(before, after, **change):
+    """The tracker after ``before``'s steps, then ``after``'s under the changed option."""
+    tracker = ImpactTracker()
+    for step, step_time in enumerate(before + after, start=1):
+        tracker.on_metrics(record(step, step_time, 1.0, **(change if step > len(before) else {})))
+    return tracker.table()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_segment_from_the_same_drifting_machine_is_no_clear_difference(seed):
+    """An option that does nothing, on a machine whose speed drifts: the medians differ, the verdict must not."""
+    step_times = drifting_step_times(random.Random(seed), 400)
+    first, second = two_segments(step_times[:200], step_times[200:], clip=1.0)
+    assert second.speedup is None
+    assert re.fullmatch(r"clip=1\.0: no clear difference \(±\d+ %\)", second.verdict)
+    if seed == 4:  # the drift leaves the medians 6 % apart: by medians alone, "1.07x faster"
+        assert first.median_step_time_s / second.median_step_time_s > 1.05
+
+
+def test_a_real_change_of_one_and_a_half_times_is_slower():
+    rng = random.Random(1)
+    before = drifting_step_times(rng, 200, period=100)
+    after = [1.5 * step_time for step_time in drifting_step_times(rng, 200, first=200, period=100)]
+    first, second = two_segments(before, after, checkpointing=True)
+    assert second.speedup == pytest.approx(1 / 1.5, rel=0.03)
+    slower = re.fullmatch(r"checkpointing=on: (\d\.\d\d)x slower", second.verdict)
+    assert slower and float(slower.group(1)) == pytest.approx(1.5, rel=0.03)
+    assert second.step_time_low_s > first.step_time_high_s
+
+
+def test_a_burst_of_slow_steps_in_the_middle_widens_the_interval():
+    """A neighbour process slows 40 % of the segment by half: the median hardly moves, the interval must."""
+    steady = drifting_step_times(random.Random(2), 300, drift=0)
+    burst = [1.5 * step_time if 100 <= index < 220 else step_time for index, step_time in enumerate(steady)]
+    before, quiet = two_segments(steady, steady, clip=1.0)
+    _, noisy = two_segments(steady, burst, clip=1.0)
+
+    def relative_width(segment):
+        return (segment.step_time_high_s - segment.step_time_low_s) / segment.median_step_time_s
+
+    assert relative_width(quiet) < 0.05
+    assert relative_width(noisy) > 0.3
+    assert noisy.median_step_time_s < 1.1 * quiet.median_step_time_s
+    assert noisy.step_time_low_s <= noisy.median_step_time_s <= noisy.step_time_high_s
+    assert noisy.speedup is None and "no clear difference" in noisy.verdict
+
+
+def test_too_few_timed_steps_give_no_interval_and_no_speed_verdict():
+    """Ten timed steps are the least: ten steps after a change, one of them left out as warm-up, are too few."""
+    tracker = ImpactTracker()
+    for step in range(1, 31):
+        tracker.on_metrics(record(step, 0.10, 1.0))
+    for step in range(31, 41):
+        tracker.on_metrics(record(step, 0.05, 1.0, clip=1.0))
+    _, short = tracker.table()
+    assert (short.step_time_low_s, short.step_time_high_s, short.speedup) == (None, None, None)
+    assert short.median_step_time_s == pytest.approx(0.05)
+    assert short.verdict == "clip=1.0: too few steps to judge"
+    tracker.on_metrics(record(41, 0.05, 1.0, clip=1.0))
+    assert tracker.table()[1].verdict == "clip=1.0: 2.00x faster"
+
+
+def test_the_interval_runs_between_inner_block_medians():
+    """100 steps make 20 blocks of 5; the 90 % interval of their median runs from the 6th to the 15th."""
+    step_times = [float(1 + index // 5) for index in range(100)]  # block b's steps all take b + 1
+    random.Random(3).shuffle(blocks := [step_times[start:start + 5] for start in range(0, 100, 5)])
+    assert median_interval([time for block in blocks for time in block]) == (6.0, 15.0)
+    assert median_interval(step_times[:9]) is None
+    assert median_interval(step_times[:10]) == (1.0, 2.0)  # 5 blocks of 2: their whole range

@@ -1,9 +1,12 @@
 """The impact table: what each option change cost or saved, read off the run instead of guessed.
 
-Every change of a live option starts a new segment. Per segment: median step time and samples/s,
-peak allocator memory (CUDA; the trainer resets the peak at each change) and peak trainer RSS, and
-the loss slope (least squares, per 100 steps). Each segment is compared with the one before it:
-"amp=bf16: 1.72x faster, -38 % memory".
+Every change of a live option starts a new segment. Per segment: median step time with its 90 %
+interval, median samples/s, peak allocator memory (CUDA; the trainer resets the peak at each change)
+and peak trainer RSS, and the loss slope (least squares, per 100 steps). Each segment is compared
+with the one before it: "amp=bf16: 1.72x faster, -38 % memory" when the two step-time intervals do
+not overlap, "amp=bf16: no clear difference (±6 %), -38 % memory" when they do. The loss slope is
+shown, never judged: loss falls faster early in any run, so a later segment's flatter slope says
+nothing about its option.
 
 Streaming and standard library only: the trainer's run directory and the app use the same class.
 """
@@ -11,8 +14,10 @@ Streaming and standard library only: the trainer's run directory and the app use
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +36,17 @@ PROCESS_WARMUP_STEPS = 5
 #: Step times a segment keeps for its medians: the most recent ones, so a 100k-step segment costs
 #: the same to summarise (about once a second, for the app) as a short one.
 MEDIAN_WINDOW = 4096
+#: Fewer timed steps than this give no interval, and no speed verdict against the segment before.
+MIN_TIMED_STEPS = 10
+#: The interval is built from the medians of consecutive blocks of steps: at least MIN_BLOCKS (below
+#: five, even their whole range covers the median less than 90 % of the time), one per STEPS_PER_BLOCK
+#: steps up to MAX_BLOCKS. More, shorter blocks would be more correlated with their neighbours (a
+#: slowdown lasting seconds spans several), which is what made an interval over single steps too narrow.
+MIN_BLOCKS = 5
+MAX_BLOCKS = 20
+STEPS_PER_BLOCK = 5
+#: Each end of the interval misses the median at most this often (binomial tail): a 90 % interval.
+TAIL_PROBABILITY = 0.05
 
 
 @dataclass
@@ -74,8 +90,14 @@ class Segment:
     def summary(self, previous: ImpactSegment | None) -> ImpactSegment:
         """This segment as a row of the table, compared with the row of the segment before it."""
         step_time = statistics.median(self.step_times) if self.step_times else None
+        interval = median_interval(self.step_times)
+        if step_time is not None and interval is not None:
+            # Where steps alternate between two speeds, the median of them all can fall just outside the
+            # inner block medians: the interval always holds the figure it is shown beside.
+            interval = min(interval[0], step_time), max(interval[1], step_time)
+        speedup, speed = compare_step_times(previous, step_time, interval)
+        low, high = interval or (None, None)
         memory = _memory(self.peak_allocated_bytes, self.peak_rss_bytes)
-        speedup = _ratio(previous and previous.median_step_time_s, step_time)
         memory_change = _change(previous and _memory(previous.peak_allocated_bytes, previous.peak_rss_bytes), memory)
         return ImpactSegment(
             change=self.change,
@@ -83,13 +105,15 @@ class Segment:
             first_step=self.first_step,
             last_step=self.last_step,
             median_step_time_s=step_time,
+            step_time_low_s=low,
+            step_time_high_s=high,
             median_samples_per_s=statistics.median(self.throughputs) if self.throughputs else None,
             peak_allocated_bytes=self.peak_allocated_bytes,
             peak_rss_bytes=self.peak_rss_bytes,
             loss_slope_per_100_steps=self.loss_slope_per_100,
             speedup=speedup,
             memory_change=memory_change,
-            verdict=verdict(self.change, speedup, memory_change),
+            verdict=verdict(self.change, speed, memory_change),
         )
 
 
@@ -147,11 +171,77 @@ class ImpactTracker(TrainerObserver):
             write_atomically(self.path, json.dumps([asdict(row) for row in self.table()], indent=1), then="resume")
 
 
-def verdict(change: str, speedup: float | None, memory_change: float | None) -> str:
-    """One line a person reads: ``amp=bf16: 1.72x faster, -38 % memory``."""
-    parts = []
-    if speedup is not None:
-        parts.append(f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower")
+def median_interval(step_times: Sequence[float]) -> tuple[float, float] | None:
+    """A 90 % interval of the median step time; None under ``MIN_TIMED_STEPS`` steps.
+
+    Step times are not independent draws: a VM's speed drifts over seconds, a neighbour process starts
+    and stops. An interval that treats each step as a draw is far too narrow, and a verdict built on it
+    calls that drift an effect. So the steps, in order, are cut into consecutive blocks, and the blocks'
+    medians are taken as the independent draws: a slowdown lasting many steps moves whole blocks and
+    widens the interval, while step-to-step jitter stays inside a block. The interval is the
+    distribution-free one for a median: from the j-th lowest to the j-th highest block median, with j as
+    large as a binomial(blocks, 1/2) tail allows; it covers the median 90-98 % of the time, as the
+    number of blocks goes (20 blocks: the 6th to the 15th, 96 %; 5 to 7: their whole range). With the
+    median itself, two sorts of at most ``MEDIAN_WINDOW`` times: cheap at the app's once a second.
+    """
+    count = len(step_times)
+    if count < MIN_TIMED_STEPS:
+        return None
+    blocks = min(MAX_BLOCKS, max(MIN_BLOCKS, count // STEPS_PER_BLOCK))
+    times = list(step_times)
+    bounds = [count * index // blocks for index in range(blocks + 1)]
+    block_medians = sorted(statistics.median(times[start:end]) for start, end in zip(bounds, bounds[1:]))
+    lowest = _order_statistic_index(blocks)
+    return block_medians[lowest], block_medians[blocks - 1 - lowest]
+
+
+def _order_statistic_index(draws: int) -> int:
+    """Where in the sorted draws (from 0) an interval of their median starts: the largest index whose draw
+    lies above the median with probability at most ``TAIL_PROBABILITY``. Draw j lies above it when at most
+    j draws fall below it, and how many fall below is binomial(draws, 1/2)."""
+
+    def at_most_below(j: int) -> float:
+        return sum(math.comb(draws, below) for below in range(j + 1)) / 2**draws
+
+    index = 0
+    while at_most_below(index + 1) <= TAIL_PROBABILITY:
+        index += 1
+    return index
+
+
+def compare_step_times(
+    previous: ImpactSegment | None, median: float | None, interval: tuple[float, float] | None
+) -> tuple[float | None, str | None]:
+    """``(speedup, words)``: this segment's step time (its median and interval) against the one before.
+
+    Faster or slower only when the two intervals do not overlap; then ``speedup`` is the ratio of the
+    medians. Otherwise ``speedup`` is None and the words say "no clear difference (±x %)", x being the
+    largest change both intervals allow: this segment's high end over the earlier one's low end, or
+    its low end under the earlier one's high end, whichever is further from 1. A change that small can
+    hide in the noise. A segment (this or the one before) without an interval: "too few steps to judge".
+    """
+    if previous is None:
+        return None, None
+    before_median, before_low, before_high = previous.median_step_time_s, previous.step_time_low_s, previous.step_time_high_s
+    if median is None or interval is None or before_median is None or before_low is None or before_high is None:
+        return None, "too few steps to judge"
+    low, high = interval
+    if high < before_low or low > before_high:
+        speedup = before_median / median
+        return speedup, f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"
+    hidden = max(high / before_low - 1, 1 - low / before_high)
+    return None, f"no clear difference ({plus_minus(hidden)})"
+
+
+def plus_minus(fraction: float) -> str:
+    """``±4 %``; a spread under 1 % with one decimal (``±0.4 %``), so that it never reads as none."""
+    percent = 100 * fraction
+    return f"±{percent:.0f} %" if percent >= 1 else f"±{percent:.1f} %"
+
+
+def verdict(change: str, speed: str | None, memory_change: float | None) -> str:
+    """One line a person reads: ``amp=bf16: 1.72x faster, -38 % memory``; ``speed`` from ``compare_step_times``."""
+    parts = [speed] if speed is not None else []
     if memory_change is not None:
         parts.append(f"{100 * memory_change:+.0f} % memory")
     return f"{change}: {', '.join(parts)}" if parts else change
@@ -160,10 +250,6 @@ def verdict(change: str, speedup: float | None, memory_change: float | None) -> 
 def _memory(peak_allocated_bytes: int | None, peak_rss_bytes: int | None) -> int | None:
     """The memory a segment is judged by: the allocator's peak where there is one (CUDA), else the RSS."""
     return peak_allocated_bytes if peak_allocated_bytes is not None else peak_rss_bytes
-
-
-def _ratio(before: float | None, after: float | None) -> float | None:
-    return before / after if before and after else None
 
 
 def _change(before: float | None, after: float | None) -> float | None:

@@ -217,10 +217,15 @@ class ImpactSegment:
     (None until a sample came); the loss slope is per 100 steps (None under three losses). ``speedup`` and
     ``memory_change`` compare with the segment before (None for the first, or where a figure is missing);
     ``verdict`` says it in words: ``amp=bf16: 1.72x faster, -38 % memory``.
+
+    ``step_time_low_s`` to ``step_time_high_s`` is a 90 % interval of the median step time (None under ten
+    timed steps; ``core/wire/impact.py`` says how it is built). Speed is judged only where the two segments'
+    intervals do not overlap: elsewhere ``speedup`` is None and the verdict says ``no clear difference (±6 %)``.
     """
 
     schema: ClassVar[dict[str, tuple]] = {
         "change": (str,), "options": (dict,), "first_step": _INT, "last_step": _INT,
+        "step_time_low_s": _OPT_NUMBER, "step_time_high_s": _OPT_NUMBER,
         "median_step_time_s": _OPT_NUMBER, "median_samples_per_s": _OPT_NUMBER, "peak_allocated_bytes": _OPT_INT,
         "peak_rss_bytes": _OPT_INT, "loss_slope_per_100_steps": _OPT_NUMBER, "speedup": _OPT_NUMBER,
         "memory_change": _OPT_NUMBER, "verdict": (str,),
@@ -230,10 +235,12 @@ class ImpactSegment:
     first_step: int
     last_step: int
     median_step_time_s: float | None
+    step_time_low_s: float | None
+    step_time_high_s: float | None
     median_samples_per_s: float | None
     peak_allocated_bytes: int | None
     peak_rss_bytes: int | None
     loss_slope_per_100_steps: float | None
-    speedup: float | None
+    speedup: float | None  # the earlier median over this one: 2.0 is twice as fast
     memory_change: float | None  # a fraction: -0.38 is 38 % less
     verdict: str

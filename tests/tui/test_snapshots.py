@@ -157,5 +157,14 @@ def test_profile_compare_80x24(snap_compare) -> None:
     assert snap_compare(profiled_app(), terminal_size=(80, 24), run_before=compare_profiles)
 
 
+def impact_app() -> TorchlabApp:
+    """Three segments: the start, amp=bf16 clearly faster, then clip=1.0 within the noise of bf16."""
+    return snapshot_app(impact(bf16_steps=40, clip_steps=30))
+
+
 def test_impact_screen_80x24(snap_compare) -> None:
-    assert snap_compare(profiled_app(), terminal_size=(80, 24), run_before=open_impact)
+    assert snap_compare(impact_app(), terminal_size=(80, 24), run_before=open_impact)
+
+
+def test_impact_screen_160x48(snap_compare) -> None:
+    assert snap_compare(impact_app(), terminal_size=(160, 48), run_before=open_impact)

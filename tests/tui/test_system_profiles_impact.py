@@ -269,7 +269,7 @@ async def test_impact_rows_and_the_verdict_in_the_log_and_the_table() -> None:
         table = screen.query_one(DataTable)
         assert column(table, "change") == ["start", "amp=bf16"]
         assert column(table, "steps") == ["1–120", "121–180"]
-        assert column(table, "step_time") == ["17.2 ms", "10 ms"]
+        assert column(table, "step_time") == ["17.2 ms ±3 %", "10 ms ±4 %"]  # ±: the wider side of the 90 % interval
         assert column(table, "samples") == ["1,860", "3,200"]
         assert column(table, "memory") == ["900 MiB rss", "558 MiB rss"]
         assert column(table, "slope") == ["-2.41", "-0.52"]
@@ -279,6 +279,12 @@ async def test_impact_rows_and_the_verdict_in_the_log_and_the_table() -> None:
         link.push(impact(bf16_steps=90))  # updates arrive while it is open: rows change in place
         await answer(app, pilot)
         assert column(table, "steps")[1] == "121–210" and table.cursor_row == 1
+        link.push(impact(bf16_steps=90, clip_steps=30))  # a change whose step time is within the noise
+        await answer(app, pilot)
+        assert column(table, "step_time")[2] == "10.3 ms ±15 %"
+        assert column(table, "verdict")[2] == "no clear difference (±20 %), +0 % memory"
+        verdicts = list(table.get_column("verdict"))
+        assert verdicts[1].style == "green" and verdicts[2].style == ""  # only a clear difference is coloured
         await pilot.press("a")
         assert link.sent == []  # trainer keys are off while a view is open
         await pilot.press("i")

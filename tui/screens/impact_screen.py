@@ -1,7 +1,9 @@
 """The impact table: one row per option segment, so "bf16: 1.7x faster, -38 % memory" is read, not guessed.
 
-Live: the trainer sends the table about once a second and at every change; rows update in place, so
-the cursor stays where it is.
+Each step time shows its 90 % interval as "±x %" beside it, and the verdict sits next to it: it says
+faster or slower only when the intervals of the two segments do not overlap, so the noise of a busy
+machine reads as noise. Live: the trainer sends the table about once a second and at every change;
+rows update in place, so the cursor stays where it is.
 """
 
 from __future__ import annotations
@@ -12,28 +14,28 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Label, Static
 
-from torchlab.core.wire.impact import WARMUP_STEPS
+from torchlab.core.wire.impact import MIN_TIMED_STEPS, WARMUP_STEPS, plus_minus
 from torchlab.core.wire.payloads import ImpactSegment
 from torchlab.tui.profiles import format_bytes, format_us
 from torchlab.tui.screens.view_screen import ViewScreen
 from torchlab.tui.state import RunState
 
-#: (key, header)
+#: (key, header): the verdict beside the step time it judges, so that both fit in 80 columns
 COLUMNS = (
     ("change", "change"),
     ("steps", "steps"),
     ("step_time", "step time"),
+    ("verdict", "vs the segment before"),
     ("samples", "samples/s"),
     ("memory", "peak memory"),
     ("slope", "loss slope"),
-    ("verdict", "vs the segment before"),
 )
 
 
 def segment_cells(segment: ImpactSegment) -> list[Text]:
     """One segment as table cells, in ``COLUMNS`` order; a missing figure reads "–"."""
     steps = f"{segment.first_step}–{segment.last_step}"
-    step_time = segment.median_step_time_s
+    step_time = step_time_text(segment)
     samples = segment.median_samples_per_s
     allocated, rss = segment.peak_allocated_bytes, segment.peak_rss_bytes
     if allocated is not None:
@@ -51,16 +53,29 @@ def segment_cells(segment: ImpactSegment) -> list[Text]:
     return [
         Text(change, style="bold"),
         Text(steps, justify="right"),
-        Text(format_us(step_time * 1e6) if step_time is not None else "–", justify="right"),
+        Text(step_time, justify="right"),
+        Text(verdict or "–", style=verdict_style),
         Text(f"{samples:,.0f}" if samples is not None else "–", justify="right"),
         Text(memory, justify="right"),
         Text(f"{slope:+.3g}" if slope is not None else "–", justify="right"),
-        Text(verdict or "–", style=verdict_style),
     ]
 
 
+def step_time_text(segment: ImpactSegment) -> str:
+    """``12.3 ms ±4 %``: the median and how far its 90 % interval reaches on its wider side (an interval
+    need not be symmetric: a burst of slow steps stretches only its upper end); the median alone where
+    there were too few steps for an interval."""
+    median, low, high = segment.median_step_time_s, segment.step_time_low_s, segment.step_time_high_s
+    if median is None:
+        return "–"
+    if low is None or high is None or median <= 0:
+        return format_us(median * 1e6)
+    return f"{format_us(median * 1e6)} {plus_minus(max(high - median, median - low) / median)}"
+
+
 class ImpactScreen(ViewScreen):
-    """Per segment: median step time, samples/s, peak memory, loss slope, and the verdict against the one before."""
+    """Per segment: median step time with its interval, the verdict against the one before, samples/s, peak
+    memory and loss slope."""
 
     BINDINGS = [Binding("i", "close", "Back", show=False)]
 
@@ -76,8 +91,10 @@ class ImpactScreen(ViewScreen):
             yield Static("", id="impact-empty", classes="view-empty")
             yield Static(
                 f"Each option change starts a segment. Step time and samples/s are medians, without the first {WARMUP_STEPS} "
-                "steps after a change; peak memory: the CUDA allocator's, else the trainer's RSS; loss slope: per 100 steps. "
-                "The verdict compares a segment with the one before it.",
+                "steps after a change; ± is how far the step time's 90 % interval reaches. The verdict calls a segment "
+                "faster or slower than the one before only when their intervals do not overlap, and needs "
+                f"{MIN_TIMED_STEPS} timed steps on each side. Peak memory: the CUDA allocator's, else the trainer's RSS; "
+                "loss slope: per 100 steps, not judged (loss falls faster early in any run).",
                 classes="view-status",
             )
             yield Label("esc back · change an option on the main screen (a, c, g, m, l) to start a new segment", classes="view-keys")
