@@ -14,7 +14,7 @@ from torchlab.core.launch.arguments import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.events import ProfileStarted, RunStarted
 from torchlab.core.wire.impact import ImpactTracker, median_interval
-from torchlab.core.wire.payloads import AllocatorSample, HostSample, TelemetrySample
+from torchlab.core.wire.payloads import AllocatorSample, HostSample, MemoryBreakdown, TelemetrySample
 from torchlab.core.wire.protocol import ProfileReady
 
 
@@ -45,16 +45,38 @@ def test_a_change_starts_a_segment_with_its_speed_memory_and_slope():
     assert (second.change, second.first_step, second.last_step) == ("amp=bf16", 21, 40)
     assert second.speedup == pytest.approx(2.0) and second.memory_change == pytest.approx(-0.4)
     assert second.loss_slope_per_100_steps == pytest.approx(-2.0)
-    assert second.verdict == "amp=bf16: 2.00x faster, -40 % memory"
+    assert second.verdict == "amp=bf16: 2.00x faster, memory -40 %"  # the allocator's peak (a CUDA run)
 
 
-def test_without_cuda_the_memory_figure_is_the_trainer_rss():
+def memory(step, activations, others=1000, allocator_peak=None):
+    """A memory step's breakdown: ``others`` bytes each of parameters, gradients and optimizer state."""
+    return MemoryBreakdown(step=step, parameters_bytes=others, gradients_bytes=others, optimizer_bytes=others,
+                           activations_bytes=activations, allocator_peak_bytes=allocator_peak, by_module=[])
+
+
+def test_without_cuda_memory_is_the_tensors_and_never_the_rss_which_a_profile_inflates():
     tracker = ImpactTracker()
-    tracker.on_metrics(record(1, 0.1, 1.0))
-    tracker.on_telemetry(sample(None, 2000))
-    tracker.on_metrics(record(2, 0.1, 1.0, checkpointing=True))
-    tracker.on_telemetry(sample(None, 1500))
-    assert tracker.table()[1].verdict == "checkpointing=on: too few steps to judge, -25 % memory"
+    for step in range(1, 11):
+        tracker.on_metrics({**record(step, 0.1, 1.0), **({"memory": memory(step, 4000)} if step % 5 == 0 else {})})
+        tracker.on_telemetry(sample(None, 400 << 20))
+    tracker.on_event(ProfileStarted(step=11, steps=2))  # a profiler snapshot in the middle of the next segment
+    for step in range(11, 21):
+        if step == 14:
+            tracker.on_event(ProfileReady(first_step=12, last_step=13, dir="profiles/0000011"))
+        tracker.on_metrics({**record(step, 0.1, 1.0, checkpointing=True), **({"memory": memory(step, 1000)} if step % 5 == 0 else {})})
+        tracker.on_telemetry(sample(None, 1500 << 20))  # the RSS after a profile: up by 1.1 GiB, for good
+    first, second = tracker.table()
+    assert (first.activations_bytes, first.tensor_bytes) == (4000, 7000)
+    assert (second.activations_bytes, second.tensor_bytes) == (1000, 4000)
+    assert second.verdict == "checkpointing=on: too few steps to judge, activations -75 %, memory -43 %"
+
+
+def test_an_option_that_moves_no_tensor_says_same_memory():
+    tracker = ImpactTracker()
+    for step in range(1, 41):
+        options = {"lr_scale": 0.5} if step > 20 else {}
+        tracker.on_metrics({**record(step, 0.1, 1.0, **options), "memory": memory(step, 4000)})
+    assert tracker.table()[1].verdict.endswith(", same memory") and tracker.table()[1].memory_change == 0.0
 
 
 def test_segments_appear_in_the_run_directory_after_an_at_change(tmp_path):
@@ -63,8 +85,8 @@ def test_segments_appear_in_the_run_directory_after_an_at_change(tmp_path):
     table = json.loads((tmp_path / "run" / "impact.json").read_text())
     assert list(table[0]) == [  # the format scripts read (README, "What a run leaves")
         "change", "options", "first_step", "last_step", "median_step_time_s", "step_time_low_s", "step_time_high_s",
-        "median_samples_per_s", "peak_allocated_bytes", "peak_rss_bytes", "loss_slope_per_100_steps", "speedup",
-        "memory_change", "verdict"]
+        "median_samples_per_s", "peak_allocated_bytes", "activations_bytes", "tensor_bytes", "loss_slope_per_100_steps",
+        "speedup", "memory_change", "activations_change", "verdict"]
     assert [(row["change"], row["first_step"], row["last_step"]) for row in table] == [
         ("start", 1, 4), ("clip=0.5", 5, 8), ("accum=2", 9, 12)]
     assert table[2]["median_samples_per_s"] > 0
@@ -180,3 +202,17 @@ def test_the_interval_runs_between_inner_block_medians():
     assert median_interval([time for block in blocks for time in block]) == (6.0, 15.0)
     assert median_interval(step_times[:9]) is None
     assert median_interval(step_times[:10]) == (1.0, 2.0)  # 5 blocks of 2: their whole range
+
+
+def test_checkpointing_on_a_residual_cnn_shows_fewer_activation_bytes_and_a_profile_between_changes_nothing(tmp_path):
+    run = tmp_path / "run"
+    residual_cnn = TINY.replace(":workload", ":residual_cnn")
+    assert main([residual_cnn, "--headless", "--steps", "30", "--run-dir", str(run), "--at", "11:checkpointing=on",
+                 "--memory-every", "2", "--profile-at", "20", "--profile-steps", "2"]) == EXIT_OK
+    start, checkpointed = json.loads((run / "impact.json").read_text())
+    assert checkpointed["change"] == "checkpointing=on"
+    assert checkpointed["activations_bytes"] < 0.8 * start["activations_bytes"]
+    assert "activations -" in checkpointed["verdict"] and checkpointed["activations_change"] < -0.2
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    before_the_profile = {row["memory"]["activations_bytes"] for row in rows if "memory" in row and 11 <= row["step"] < 20}
+    assert before_the_profile == {checkpointed["activations_bytes"]}  # the segment's figure, profile or not

@@ -6,50 +6,29 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import TensorDataset
 
-from trainers import make_trainer
+from trainers import WORKLOADS, make_trainer
+from torchlab.core.engine.loading import load_workload
 from torchlab.core.engine.memory import OUTSIDE_THE_MODEL, MemoryCadence, MemoryProbe
 from torchlab.core.wire.payloads import MemoryBreakdown
-from torchlab.core.workload import Workload
-from torchlab.sample_models.convnet import Stage
 
-
-class ResidualCNN(nn.Module):
-    """Not one of the samples: a stem, three residual stages with BatchNorm, a head."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
-        self.blocks = nn.Sequential(Stage(16, 16, 1), Stage(16, 32, 2), Stage(32, 32, 1))
-        self.head = nn.Linear(32, 10)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks(self.stem(images)).mean(dim=(2, 3)))
-
-
-def residual_cnn() -> Workload:
-    generator = torch.Generator().manual_seed(3)
-    data = TensorDataset(torch.randn(256, 3, 16, 16, generator=generator), torch.randint(10, (256,), generator=generator))
-    return Workload(model=ResidualCNN(), dataset=data, batch_size=32,
-                    loss_fn=lambda model, batch: F.cross_entropy(model(batch[0]), batch[1]))
+RESIDUAL_CNN = f"{WORKLOADS / 'tiny.py'}:residual_cnn"
 
 
 def measured(options: dict, steps: int = 3, **settings) -> MemoryBreakdown:
-    trainer, seen = make_trainer(workload=residual_cnn(), steps=steps, memory_every=1, options=options, **settings)
+    trainer, seen = make_trainer(RESIDUAL_CNN, steps=steps, memory_every=1, options=options, **settings)
     trainer.run()
     return seen.metrics[-1]["memory"]
 
 
 def test_parameters_gradients_and_optimizer_state_are_their_storages_counted_once():
     memory = measured({})
-    parameter_bytes = sum(p.numel() * 4 for p in ResidualCNN().parameters())
-    buffer_bytes = sum(b.numel() * b.element_size() for b in ResidualCNN().buffers())
-    assert memory.parameters_bytes == parameter_bytes + buffer_bytes
+    model = load_workload(RESIDUAL_CNN).model
+    parameter_bytes = sum(p.numel() * 4 for p in model.parameters())
+    assert memory.parameters_bytes == parameter_bytes + sum(b.numel() * b.element_size() for b in model.buffers())
     assert memory.gradients_bytes == parameter_bytes
-    assert memory.optimizer_bytes == 2 * parameter_bytes + 4 * len(list(ResidualCNN().parameters()))  # AdamW: two moments, a step each
+    assert memory.optimizer_bytes == 2 * parameter_bytes + 4 * len(list(model.parameters()))  # AdamW: two moments, a step each
     assert memory.allocator_peak_bytes is None  # no CUDA allocator on a CPU
 
 
@@ -93,13 +72,13 @@ def test_the_hooks_are_gone_after_the_measured_forward():
 
 
 def test_measured_steps_follow_the_cadence_and_are_written_in_metrics(tmp_path):
-    trainer, seen = make_trainer(workload=residual_cnn(), steps=6, memory_every=3)
+    trainer, seen = make_trainer(RESIDUAL_CNN, steps=6, memory_every=3)
     trainer.run()
     assert [record["step"] for record in seen.metrics if "memory" in record] == [3, 6]
 
 
 def test_memory_is_not_measured_under_the_profiler(tmp_path):
-    trainer, seen = make_trainer(workload=residual_cnn(), steps=6, memory_every=1, profile_at=[2], profile_steps=2,
+    trainer, seen = make_trainer(RESIDUAL_CNN, steps=6, memory_every=1, profile_at=[2], profile_steps=2,
                                  profiles_dir=tmp_path)
     trainer.run()
     profiled = {record["step"] for record in seen.metrics if "memory" not in record}

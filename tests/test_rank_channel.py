@@ -17,7 +17,7 @@ import pytest
 from torchlab.core.engine import rank_channel as rc
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.engine.outcome import WorldSizeChange
-from torchlab.core.wire.payloads import RankFigures
+from torchlab.core.wire.payloads import MemoryBreakdown, ModuleBytes, RankFigures
 from torchlab.core.wire.protocol import PROTOCOL_VERSION, Hello, ProtocolError, SetCommand, StopCommand, Welcome, decode
 
 
@@ -264,3 +264,17 @@ def test_rank_0s_per_rank_figures_reach_the_supervisor_typed_and_malformed_ones_
     assert refusal.reason.startswith("metrics.record.ranks[0].step_time_s: expected float or null, got str")
     until(lambda: recorder.metrics, "the report with figures")
     assert recorder.metrics == [{"step": 1, "loss": 2.5, "ranks": figures}]
+
+
+def test_rank_0s_memory_breakdown_reaches_the_supervisor_typed_and_a_malformed_one_is_refused(supervisor_end):
+    """The impact tracker beside the supervisor reads a MemoryBreakdown: the channel's JSON object is read back as one."""
+    channel, recorder, connect = supervisor_end
+    rank0 = connect(channel.token)
+    memory = MemoryBreakdown(step=1, parameters_bytes=10, gradients_bytes=10, optimizer_bytes=20, activations_bytes=400,
+                             allocator_peak_bytes=None, by_module=[ModuleBytes("body.0", 400)])
+    rank0.send(rc.MetricsReport(record={"step": 1, "loss": 2.5, "memory": memory}).encode())
+    rank0.send(rc.MetricsReport(record={"step": 2, "memory": {"step": 2}}).encode())
+    refusal = rank0.read()
+    assert isinstance(refusal, rc.ChannelRefused) and refusal.reason.startswith("metrics.record.memory")
+    until(lambda: recorder.metrics, "the report with its memory")
+    assert recorder.metrics == [{"step": 1, "loss": 2.5, "memory": memory}]

@@ -33,7 +33,7 @@ from torchlab.core.wire.line_reader import LineReader
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.events import TRAINER_EVENTS
 from torchlab.core.wire.protocol import decode, Message, ProtocolError, read_payload, StopCommand, trainer_command, TrainerCommand
-from torchlab.core.wire.payloads import RankFigures, TelemetrySample
+from torchlab.core.wire.payloads import MemoryBreakdown, RankFigures, TelemetrySample
 from torchlab.core.wire.runtime import listen_privately, runtime_dir
 from torchlab.core.wire.throttle import RefusedLines
 from torchlab.core.engine.outcome import WorldSizeChange
@@ -78,12 +78,18 @@ class MetricsReport(RankMessage):
         self.as_reported()  # per-rank figures that are not RankFigures are refused here, as any bad line
 
     def as_reported(self) -> dict[str, Any]:
-        """The record as rank 0's trainer made it: its per-rank figures, JSON objects on this channel, read
-        back as RankFigures (``read_payload`` raises ProtocolError for any that is not one)."""
-        figures = self.record.get("ranks")
-        if figures is None:
-            return self.record
-        return {**self.record, "ranks": read_payload(list[RankFigures], figures, "metrics.record.ranks")}
+        """The record as rank 0's trainer made it: its payloads, JSON objects on this channel, read back as
+        the payloads they were (the per-rank figures as RankFigures, the memory as a MemoryBreakdown;
+        ``read_payload`` raises ProtocolError for any that is not one)."""
+        record = self.record
+        for key, kind in _RECORD_PAYLOADS.items():
+            if record.get(key) is not None:
+                record = {**record, key: read_payload(kind, record[key], f"metrics.record.{key}")}
+        return record
+
+
+#: The keys of a metrics record whose values are payloads, and their types.
+_RECORD_PAYLOADS = {"ranks": list[RankFigures], "memory": MemoryBreakdown}
 
 
 @dataclass(frozen=True)

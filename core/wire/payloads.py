@@ -213,10 +213,13 @@ class RankFigures:
 class ImpactSegment:
     """The steps between two option changes, summarised (one row of ``impact.json``, in its key order).
 
-    Medians leave out the first steps after a change; peak memory is the allocator's, else the trainer's RSS
-    (None until a sample came); the loss slope is per 100 steps (None under three losses). ``speedup`` and
-    ``memory_change`` compare with the segment before (None for the first, or where a figure is missing);
-    ``verdict`` says it in words: ``amp=bf16: 1.72x faster, -38 % memory``.
+    Medians leave out the first steps after a change. Memory is measured on the tensors (``MemoryBreakdown``;
+    None until a memory step came): ``activations_bytes`` and ``tensor_bytes``; ``peak_allocated_bytes`` is the
+    CUDA allocator's peak (None on a CPU), and the memory a segment is judged by where there is one, else
+    ``tensor_bytes``. The loss slope is per 100 steps (None under three losses). ``speedup``,
+    ``memory_change`` and ``activations_change`` compare with the segment before (None for the first, or
+    where a figure is missing); ``verdict`` says it in words: ``amp=bf16: 1.72x faster, activations -45 %,
+    memory -38 %``.
 
     ``step_time_low_s`` to ``step_time_high_s`` is a 90 % interval of the median step time (None under ten
     timed steps; ``core/wire/impact.py`` says how it is built). Speed is judged only where the two segments'
@@ -227,8 +230,8 @@ class ImpactSegment:
         "change": (str,), "options": (dict,), "first_step": _INT, "last_step": _INT,
         "step_time_low_s": _OPT_NUMBER, "step_time_high_s": _OPT_NUMBER,
         "median_step_time_s": _OPT_NUMBER, "median_samples_per_s": _OPT_NUMBER, "peak_allocated_bytes": _OPT_INT,
-        "peak_rss_bytes": _OPT_INT, "loss_slope_per_100_steps": _OPT_NUMBER, "speedup": _OPT_NUMBER,
-        "memory_change": _OPT_NUMBER, "verdict": (str,),
+        "activations_bytes": _OPT_INT, "tensor_bytes": _OPT_INT, "loss_slope_per_100_steps": _OPT_NUMBER,
+        "speedup": _OPT_NUMBER, "memory_change": _OPT_NUMBER, "activations_change": _OPT_NUMBER, "verdict": (str,),
     }
     change: str  # "start", or the options that changed: "amp=bf16, accum=2"
     options: dict[str, Any]  # every live option's value in this segment
@@ -239,8 +242,10 @@ class ImpactSegment:
     step_time_high_s: float | None
     median_samples_per_s: float | None
     peak_allocated_bytes: int | None
-    peak_rss_bytes: int | None
+    activations_bytes: int | None  # saved for backward, the most a memory step of the segment measured
+    tensor_bytes: int | None  # parameters + gradients + optimizer state + activations, likewise
     loss_slope_per_100_steps: float | None
     speedup: float | None  # the earlier median over this one: 2.0 is twice as fast
     memory_change: float | None  # a fraction: -0.38 is 38 % less
+    activations_change: float | None  # likewise, of ``activations_bytes``
     verdict: str

@@ -258,7 +258,7 @@ async def test_impact_rows_and_the_verdict_in_the_log_and_the_table() -> None:
         assert "1.72x faster" not in log_text(app)  # five steps: the medians have not settled
         link.push(impact(bf16_steps=40))
         await answer(app, pilot)
-        assert "amp=bf16: 1.72x faster, -38 % memory (steps 121–160; i shows the impact table)" in log_text(app)
+        assert "amp=bf16: 1.72x faster, activations -46 %, memory -36 % (steps 121–160; i shows the impact table)" in log_text(app)
         link.push(impact(bf16_steps=60))
         await answer(app, pilot)
         assert log_text(app).count("1.72x faster") == 1  # told once per segment
@@ -271,10 +271,11 @@ async def test_impact_rows_and_the_verdict_in_the_log_and_the_table() -> None:
         assert column(table, "steps") == ["1–120", "121–180"]
         assert column(table, "step_time") == ["17.2 ms ±3 %", "10 ms ±4 %"]  # ±: the wider side of the 90 % interval
         assert column(table, "samples") == ["1,860", "3,200"]
-        assert column(table, "memory") == ["900 MiB rss", "558 MiB rss"]
+        assert column(table, "activations") == ["48 MiB", "26 MiB"]  # saved for backward, measured
+        assert column(table, "memory") == ["61 MiB", "39 MiB"]  # the tensors' total on a CPU run, never the RSS
         assert column(table, "slope") == ["-2.41", "-0.52"]
-        assert column(table, "verdict") == ["–", "1.72x faster, -38 % memory"]
-        assert "latest: amp=bf16: 1.72x faster, -38 % memory" in str(screen.query_one("#impact-latest").content)
+        assert column(table, "verdict") == ["–", "1.72x faster, activations -46 %, memory -36 %"]
+        assert "latest: amp=bf16: 1.72x faster, activations -46 %, memory -36 %" in str(screen.query_one("#impact-latest").content)
         table.move_cursor(row=1)
         link.push(impact(bf16_steps=90))  # updates arrive while it is open: rows change in place
         await answer(app, pilot)
@@ -282,7 +283,7 @@ async def test_impact_rows_and_the_verdict_in_the_log_and_the_table() -> None:
         link.push(impact(bf16_steps=90, clip_steps=30))  # a change whose step time is within the noise
         await answer(app, pilot)
         assert column(table, "step_time")[2] == "10.3 ms ±15 %"
-        assert column(table, "verdict")[2] == "no clear difference (±20 %), +0 % memory"
+        assert column(table, "verdict")[2] == "no clear difference (±20 %), same memory"
         verdicts = list(table.get_column("verdict"))
         assert verdicts[1].style == "green" and verdicts[2].style == ""  # only a clear difference is coloured
         await pilot.press("a")

@@ -222,3 +222,29 @@ def slow_to_load() -> Workload:
 
     time.sleep(60)
     return workload()
+
+
+class ResidualCNN(nn.Module):
+    """Not one of the samples: a stem, three residual stages with BatchNorm, a head (for memory by kind)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torchlab.sample_models.convnet import Stage  # two 3x3 conv + BatchNorm with a shortcut
+
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.blocks = nn.Sequential(Stage(16, 16, 1), Stage(16, 32, 2), Stage(32, 32, 1))
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(images)).mean(dim=(2, 3)))
+
+
+def _classification_loss(model: nn.Module, batch) -> torch.Tensor:
+    images, labels = batch
+    return nn.functional.cross_entropy(model(images), labels)
+
+
+def residual_cnn() -> Workload:
+    generator = torch.Generator().manual_seed(3)
+    data = TensorDataset(torch.randn(256, 3, 16, 16, generator=generator), torch.randint(10, (256,), generator=generator))
+    return Workload(model=ResidualCNN(), dataset=data, batch_size=32, loss_fn=_classification_loss)

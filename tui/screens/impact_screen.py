@@ -27,7 +27,8 @@ COLUMNS = (
     ("step_time", "step time"),
     ("verdict", "vs the segment before"),
     ("samples", "samples/s"),
-    ("memory", "peak memory"),
+    ("activations", "activations"),
+    ("memory", "memory"),
     ("slope", "loss slope"),
 )
 
@@ -37,13 +38,8 @@ def segment_cells(segment: ImpactSegment) -> list[Text]:
     steps = f"{segment.first_step}–{segment.last_step}"
     step_time = step_time_text(segment)
     samples = segment.median_samples_per_s
-    allocated, rss = segment.peak_allocated_bytes, segment.peak_rss_bytes
-    if allocated is not None:
-        memory = f"{format_bytes(allocated)} alloc"
-    elif rss is not None:
-        memory = f"{format_bytes(rss)} rss"
-    else:
-        memory = "–"
+    allocated, tensors = segment.peak_allocated_bytes, segment.tensor_bytes
+    memory = f"{format_bytes(allocated)} peak" if allocated is not None else format_bytes(tensors)
     slope = segment.loss_slope_per_100_steps
     # The verdict repeats the change ("amp=bf16: 1.72x faster, ..."): the table shows what follows it.
     change, verdict = segment.change, segment.verdict
@@ -56,6 +52,7 @@ def segment_cells(segment: ImpactSegment) -> list[Text]:
         Text(step_time, justify="right"),
         Text(verdict or "–", style=verdict_style),
         Text(f"{samples:,.0f}" if samples is not None else "–", justify="right"),
+        Text(format_bytes(segment.activations_bytes), justify="right"),
         Text(memory, justify="right"),
         Text(f"{slope:+.3g}" if slope is not None else "–", justify="right"),
     ]
@@ -74,7 +71,7 @@ def step_time_text(segment: ImpactSegment) -> str:
 
 
 class ImpactScreen(ViewScreen):
-    """Per segment: median step time with its interval, the verdict against the one before, samples/s, peak
+    """Per segment: median step time with its interval, the verdict against the one before, samples/s,
     memory and loss slope."""
 
     BINDINGS = [Binding("i", "close", "Back", show=False)]
@@ -93,7 +90,7 @@ class ImpactScreen(ViewScreen):
                 f"Each option change starts a segment. Step time and samples/s are medians, without the first {WARMUP_STEPS} "
                 "steps after a change; ± is how far the step time's 90 % interval reaches. The verdict calls a segment "
                 "faster or slower than the one before only when their intervals do not overlap, and needs "
-                f"{MIN_TIMED_STEPS} timed steps on each side. Peak memory: the CUDA allocator's, else the trainer's RSS; "
+                f"{MIN_TIMED_STEPS} timed steps on each side. Activations: saved for backward; memory: the CUDA allocator's peak, else the tensors' total (M shows them); "
                 "loss slope: per 100 steps, not judged (loss falls faster early in any run).",
                 classes="view-status",
             )
