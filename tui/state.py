@@ -116,7 +116,8 @@ class RunState:
         self.profile_pending = False
         #: the impact table: one row per option segment (``ImpactTracker.table()``), newest message wins
         self.impact: list[ImpactSegment] = []
-        self._impact_logged: set[tuple[int, str]] = set()
+        #: (first step, change) of each segment whose verdict went to the log -> whether it was a clear one
+        self._impact_logged: dict[tuple[int, str], bool] = {}
         self.failure: Failure | None = None
         #: option -> value the app asked for and the trainer has not answered yet
         self.pending: dict[str, Any] = {}
@@ -410,15 +411,16 @@ class RunState:
     def _on_impact(self, event: protocol.Impact) -> None:
         self.impact = list(event.segments)
         self.impact_version += 1
-        # A segment's verdict, once its medians have settled, goes to the event log (once): the
-        # answer to "what did that change do" lands where the change itself was acknowledged.
+        # A segment's verdict, once its medians have settled, goes to the event log: the answer to "what
+        # did that change do" lands where the change itself was acknowledged. Once; and once more if it
+        # said "no clear difference" at first and the step times became clear later.
         for segment in self.impact[1:]:
             first, last = segment.first_step, segment.last_step
-            key = (first, segment.change)
-            if key in self._impact_logged:
+            key, clear = (first, segment.change), segment.speedup is not None
+            if self._impact_logged.get(key) is True or (key in self._impact_logged and not clear):
                 continue
-            if last - first + 1 >= IMPACT_SETTLE_STEPS and (segment.speedup is not None or segment.memory_change is not None):
-                self._impact_logged.add(key)
+            if last - first + 1 >= IMPACT_SETTLE_STEPS and (clear or segment.memory_change is not None):
+                self._impact_logged[key] = clear
                 self.log("impact", f"{segment.verdict} (steps {first}–{last}; i shows the impact table)", last,
                          notify=True, toast=segment.verdict)
 

@@ -1,7 +1,7 @@
 """The wire protocol between the app and the trainer: typed, versioned messages as JSON lines.
 
 Standard library only: the app imports this without torch. One message is one line of UTF-8 JSON,
-``{"v": 2, "type": "<name>", ...fields}``, at most ``MAX_LINE_BYTES``. Nothing is ever unpickled.
+``{"v": 4, "type": "<name>", ...fields}``, at most ``MAX_LINE_BYTES``. Nothing is ever unpickled.
 ``decode`` turns a line into a message object or raises ``ProtocolError`` with a reason fit to send
 back; a peer that receives garbage answers with a ``Refused`` event and goes on (or closes only that
 connection), never crashes.

@@ -322,3 +322,26 @@ async def test_new_views_are_in_the_help_and_the_command_palette() -> None:
         await impact_command.callback()
         await pilot.pause()
         assert isinstance(app.screen, ImpactScreen)
+
+
+async def test_a_verdict_unclear_when_it_settled_is_logged_again_once_the_step_times_are_clear() -> None:
+    import dataclasses
+
+    def unclear(bf16_steps: int) -> protocol.Impact:
+        start, bf16 = impact(bf16_steps=bf16_steps).segments
+        return protocol.Impact(segments=[start, dataclasses.replace(
+            bf16, speedup=None, verdict="amp=bf16: no clear difference (±30 %), activations -46 %, memory -36 %")])
+
+    app, link = app_with(unclear(40))
+    async with app.run_test(size=SMALL) as pilot:
+        await answer(app, pilot)
+        assert log_text(app).count("amp=bf16: no clear difference (±30 %)") == 1
+        link.push(unclear(50))
+        await answer(app, pilot)
+        assert log_text(app).count("amp=bf16: no clear difference") == 1  # the same answer is not repeated
+        link.push(impact(bf16_steps=80))
+        await answer(app, pilot)
+        assert log_text(app).count("amp=bf16: 1.72x faster") == 1  # the answer, once it is one
+        link.push(impact(bf16_steps=120))
+        await answer(app, pilot)
+        assert log_text(app).count("amp=bf16") == 2
