@@ -55,6 +55,12 @@ EXAMPLES = [
     p.State(state="paused", step=3, detail="from the app"),
     p.Metrics.from_records([{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.4, "val_loss": 2.6}]),
     p.GradNorms(step=4, norms=[0.5, None, 1.25], total=1.4),
+    p.TrialCommand(option="amp", value="bf16", steps=20, source="app"),
+    p.TrialResult(step=40, option="amp", value="bf16", steps=20, source="app", arms=[
+        payloads.TrialArm(label=label, steps=20, median_step_time_s=0.01, step_time_low_s=0.0098, step_time_high_s=0.0103,
+                          activations_bytes=1 << 20, tensor_bytes=3 << 20, losses=[2.5, 2.25], error=None)
+        for label in ("amp=bf16", "as it is")]),
+    p.TrialResult(step=41, option="amp", value="fp16", steps=20, arms=[], error="amp=fp16 cannot run here: fp16 needs CUDA"),
     p.Memory(breakdown=payloads.MemoryBreakdown(
         step=4, parameters_bytes=4096, gradients_bytes=4096, optimizer_bytes=8200, activations_bytes=65536,
         allocator_peak_bytes=None, by_module=[payloads.ModuleBytes("blocks.0.attn", 65000), payloads.ModuleBytes("(loss_fn)", 536)],

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from torchlab.core.wire import protocol
 from torchlab.core.wire.options import OPTION_NAMES, OPTIONS_BY_NAME, format_option_value
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, RankProcess, TelemetrySample
+from torchlab.core.wire.trials import describe_trial
 from torchlab.tui.gradient_flags import flag_for
 from torchlab.tui.stragglers import ComparedRank, flag_stragglers
 from torchlab.tui.thinning import Series
@@ -379,6 +380,13 @@ class RunState:
         self.telemetry_version += 1
         self.header_version += 1
 
+    def _on_trial_result(self, event: protocol.TrialResult) -> None:
+        first, *rest = describe_trial(event)
+        level = "warning" if event.error is not None or rest else "impact"
+        self.log(level, first, event.step, notify=True, toast=first)
+        for line in rest:
+            self.log("warning", line.strip(), event.step)
+
     def _on_memory(self, event: protocol.Memory) -> None:
         self.memory = event.breakdown
         self.memory_version += 1
@@ -548,6 +556,7 @@ _HANDLERS = {
     protocol.GradNorms: RunState._on_grad_norms,
     protocol.Telemetry: RunState._on_telemetry,
     protocol.Memory: RunState._on_memory,
+    protocol.TrialResult: RunState._on_trial_result,
     protocol.OptionApplied: RunState._on_option_applied,
     protocol.OptionRefused: RunState._on_option_refused,
     protocol.Detached: RunState._on_detached,

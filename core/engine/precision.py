@@ -128,6 +128,13 @@ class Precisions:
         if state is not None:
             self._get_grad_scaler().load_state_dict(state)
 
+    def restore(self, state: dict[str, Any] | None) -> None:
+        """As ``load_state_dict``, and a scaler made since (a trial of fp16) is dropped where ``state`` had none."""
+        if state is None:
+            self._grad_scaler = None
+        else:
+            self.load_state_dict(state)
+
     def _get_grad_scaler(self) -> torch.amp.GradScaler:
         if self._grad_scaler is None:
             self._grad_scaler = torch.amp.GradScaler(self.device.type)

@@ -39,7 +39,7 @@ from torchlab.core.engine.checkpoint import (
     restore_rng_state,
     write_checkpoint,
 )
-from torchlab.core.wire.config import MAX_PROFILE_STEPS, TrainConfig, config_from_toml
+from torchlab.core.wire.config import MAX_PROFILE_STEPS, MAX_TRIAL_STEPS, TrainConfig, config_from_toml
 from torchlab.core.engine.data import BatchStream, DataPosition, evaluation_batches
 from torchlab.core.engine.distributed import (
     PACKET_BYTES,
@@ -61,16 +61,18 @@ from torchlab.core.wire.options import (
     ACCUM, AMP, CHECKPOINTING, CLIP, LIVE_OPTIONS, LR_SCALE, WORLD_SIZE, LiveOption, LiveOptions, OptionRefused, live_option,
 )
 from torchlab.core.wire.events import (
-    Paused, ProfileStarted, Resumed, ResumedFromCheckpoint, RunEnded, RunStarted, StepSkipped,
+    Paused, ProfileStarted, Resumed, ResumedFromCheckpoint, RunEnded, RunStarted, StepSkipped, TrialStarted,
 )
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.protocol import (
-    PauseCommand, ProfileCommand, ResumeCommand, SaveCheckpointCommand, SetCommand, StopCommand, TrainerCommand, trainer_command,
+    PauseCommand, ProfileCommand, ResumeCommand, SaveCheckpointCommand, SetCommand, StopCommand, TrainerCommand, TrialCommand,
+    trainer_command,
 )
 from torchlab.core.engine.precision import Precision, Precisions
 from torchlab.core.engine.profiler import ProfilerSnapshot
 from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, GradNorms, ProbeCadence, clip_by_total_norm
 from torchlab.core.engine.memory import MemoryCadence, MemoryProbe, SavedTensorCount
+from torchlab.core.engine.trials import AS_IT_IS, MEMORY_STEP, ArmRecord, TrainingSnapshot, TrialStopped
 from torchlab.core.engine.schedule import make_scheduler
 from torchlab.core.engine.step_report import HostTransfer, StepReport, stats_by_module
 from torchlab.core.engine.telemetry import TelemetrySampler
@@ -573,6 +575,9 @@ class Trainer:
             for change in self.config.at:
                 if change.step == next_step:
                     self.submit(SetCommand(change.option, change.value, source="--at"))
+            for trial in self.config.trials:  # after the changes of this boundary: tried from where they leave it
+                if trial.step == next_step:
+                    self.submit(TrialCommand(trial.option, trial.value, self.config.trial_steps, source="--trial"))
             if next_step in self.config.profile_at:
                 self.submit(ProfileCommand(self.config.profile_steps, source="--profile-at"))
         self._scripted_through = max(self._scripted_through, next_step)
@@ -668,6 +673,92 @@ class Trainer:
         elif isinstance(command, ProfileCommand):
             if self.reports:  # one profile per run: rank 0's
                 self._start_profile(command, next_step)
+        elif isinstance(command, TrialCommand):
+            self._run_trial(command, next_step)  # every rank: their steps' collectives pair up
+
+    # ----------------------------------------------------------------- controlled trials
+    def _run_trial(self, command: TrialCommand, step: int) -> None:
+        """Two arms of ``command.steps`` steps from this boundary's state on the same batches, the option changed
+        and as it is; then the state as it was (core/engine/trials.py). Answered by one TrialResult."""
+
+        def answer(arms: list, error: str | None = None) -> None:
+            self._emit(p.TrialResult(step=step, option=command.option, value=_jsonable(command.value), steps=command.steps,
+                                     arms=arms, error=error, source=command.source))
+
+        try:
+            option = live_option(command.option)
+            value = option.parse(command.value)
+        except OptionRefused as refusal:
+            return answer([], str(refusal))
+        if option is WORLD_SIZE:
+            return answer([], "a trial cannot change the world size: that relaunches the ranks (w changes it for good)")
+        if not 1 <= command.steps <= MAX_TRIAL_STEPS:
+            return answer([], f"a trial runs 1 to {MAX_TRIAL_STEPS} steps an arm, got {shown(command.steps)}")
+        if self._profiling is not None:
+            return answer([], "a profile is recording; try again once it is ready")
+        before = self.options
+        snapshot = TrainingSnapshot.take(self.model, self.optimizer, self.scheduler, self.precisions.state_dict(), self.data.position)
+
+        def put_back() -> None:
+            self.options = before
+            self._enact(option, getattr(before, option.name))
+            snapshot.restore(self.model, self.optimizer, self.scheduler)
+            self.precisions.restore(snapshot.grad_scaler)
+            self.data.restore(snapshot.data)
+            self._apply_lr_scale()
+
+        try:
+            self._enact(option, value)
+        except OptionRefused as refusal:
+            put_back()
+            return answer([], f"{option.name}={option.format(value)} cannot run here: {refusal}")
+        self._emit(TrialStarted(step=step, option=option.name, value=_jsonable(value), steps=command.steps, source=command.source))
+        arms = []
+        for label in (f"{option.name}={option.format(value)}", AS_IT_IS):
+            record = ArmRecord(label)
+            try:
+                if label != AS_IT_IS:
+                    self.options = before.with_value(option.name, value)
+                    self._apply_lr_scale()
+                for index in range(command.steps):
+                    self._trial_step(record, index)
+            except TrialStopped as stopped:
+                record.error = str(stopped)
+            except torch.OutOfMemoryError as error:
+                record.error = f"out of memory: {str(error).splitlines()[0]}"
+            finally:
+                put_back()
+            arms.append(record.result())
+        answer(arms)
+
+    def _trial_step(self, record: ArmRecord, index: int) -> None:
+        """One optimizer step of a trial's arm: ``_train_one_step`` without its report (nothing is written,
+        the step counter stays), timed, its loss read, memory measured on its ``MEMORY_STEP``."""
+        step, options = self.step + 1, self.options
+        measure_memory = index == MEMORY_STEP and self.reports
+        started = time.perf_counter()
+        loss, _, _, saved = self._forward_backward(step, options.accum, False, measure_memory)
+        gradients_bytes = self.memory_probe.gradients_bytes() if saved is not None else 0
+        self.precision.unscale_(self.optimizer)
+        if self.collectives is not None:
+            loss = self.collectives.mean_loss(loss)
+        if options.clip is not None:
+            norms = self.grad_probe.measure()
+            if norms is not None:
+                clip_by_total_norm(norms, options.clip)
+        value = loss.item()  # a trial reports every loss: one transfer a step, as training's own
+        if not math.isfinite(value) and not self.precision.tolerates_nonfinite:
+            raise TrialStopped(f"the loss became {value} at its step {index + 1}")
+        self.precision.step(self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self._apply_lr_scale()
+        elapsed = time.perf_counter() - started
+        record.losses.append(value)
+        if index not in (0, MEMORY_STEP):  # the first pays the change's one-off costs, the other the memory hooks
+            record.step_times.append(elapsed)
+        if saved is not None:
+            record.memory = self.memory_probe.breakdown(step, saved, gradients_bytes, self.optimizer, self.device)
 
     def _start_profile(self, command: ProfileCommand, step: int) -> None:
         reason = None

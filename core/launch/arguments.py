@@ -30,7 +30,7 @@ def exit_code(status: str) -> int:
 _SETTING_FLAGS = (
     "steps", "batch_size", "seed", "device", "optimizer", "lr", "weight_decay", "schedule", "warmup_steps",
     "workers", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "log_every",
-    "probe_every", "act_stats_every", "memory_every", "telemetry_interval", "profile_steps", "shared_run_dir",
+    "probe_every", "act_stats_every", "memory_every", "trial_steps", "telemetry_interval", "profile_steps", "shared_run_dir",
 )
 
 
@@ -89,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     for option in LIVE_OPTIONS:
         option.add_flag(live)
     live.add_argument("--at", action="append", default=[], metavar="STEP:OPTION=VALUE", help="apply a live change for optimizer step STEP")
+    live.add_argument("--trial", action="append", default=[], metavar="STEP:OPTION=VALUE",
+                      help="before step STEP, try OPTION=VALUE for --trial-steps steps against as many as it is, on the "
+                           "same batches from the same state, then train on as if untried (results in trials.jsonl)")
+    live.add_argument("--trial-steps", type=int, metavar="K", help="the steps of each arm of a trial (default 20)")
 
     probes = parser.add_argument_group("probes")
     probes.add_argument("--log-every", type=int, metavar="N", help="report metrics every N steps (default 1)")
@@ -115,6 +119,7 @@ def setting_layers(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
         flags["profile_at"] = list(args.profile_at)
     flags["options"] = {name: getattr(args, name) for name in OPTION_NAMES if getattr(args, name) is not None}
     flags["at"] = list(args.at)
+    flags["trials"] = list(args.trial)
     return file_settings, flags
 
 

@@ -29,6 +29,7 @@ from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.protocol import Message
 from torchlab.core.wire.options import format_option_value
 from torchlab.core.wire.impact import ImpactTracker
+from torchlab.core.wire.trials import describe_trial
 from torchlab.core.engine.loading import check_spec, load_workload, workload_label
 from torchlab.core.engine.ranks import Supervisor, initial_world_size, run_quiet_rank
 from torchlab.core.launch.resume import ConfigRecord, TrainingPlan
@@ -168,6 +169,11 @@ class HeadlessProgress(TrainerObserver):
             case p.ProfileReady():
                 top = ", ".join(f"{row['name']} {row[event.sort] / 1000:.1f} ms" for row in event.rows[:3])
                 self.console.print(f"steps {event.first_step}–{event.last_step}: profile in {event.dir} (top: {top})")
+            case events.TrialStarted():
+                self.say(event.step, f"trying {event.option} = {event.value} for {event.steps} steps against as many as it is")
+            case p.TrialResult():
+                for line in describe_trial(event):
+                    self.say(event.step, escape(line))
             case events.StepSkipped():
                 self.say(event.step, f"[yellow]step skipped[/]: {event.reason}")
             case events.ResumeChangedSettings():

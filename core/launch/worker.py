@@ -98,8 +98,11 @@ class OutboxReporter(TrainerObserver):
             case p.NonFinite() | p.Error():
                 self.outbox.add_event(event)
                 self.set_state("failed", event.step, event.message)
-            case p.OptionApplied() | p.OptionRefused() | p.CheckpointSaved() | p.ProfileReady():
+            case p.OptionApplied() | p.OptionRefused() | p.CheckpointSaved() | p.ProfileReady() | p.TrialResult():
                 self.outbox.add_event(event)
+            case events.TrialStarted():
+                self.outbox.add_event(p.Log(level="info", text=f"trying {event.option} = {event.value} for {event.steps} steps "
+                                                               f"against as many as it is", step=event.step))
             case events.StepSkipped():
                 self.outbox.add_event(p.Log(level="warning", text=f"step skipped: {event.reason}", step=event.step))
             case events.ProfileStarted():

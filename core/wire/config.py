@@ -34,6 +34,7 @@ MAX_CUDA_INDEX = 127
 MAX_TELEMETRY_INTERVAL_S = 3600.0
 #: Steps one profiler snapshot may record: each adds its events to a trace held in memory until the snapshot ends.
 MAX_PROFILE_STEPS = 1000
+MAX_TRIAL_STEPS = 1000
 SCHEDULES = ("constant", "cosine", "onecycle")
 
 
@@ -54,26 +55,27 @@ _AT_PATTERN = re.compile(r"^\s*(\d+)\s*:\s*([A-Za-z_]+)\s*=\s*(.*?)\s*$")
 
 @dataclass(frozen=True)
 class ScheduledChange:
-    """A scripted live change (``--at STEP:OPTION=VALUE``): takes effect for optimizer step ``step``."""
+    """A scripted live change (``--at STEP:OPTION=VALUE``): takes effect for optimizer step ``step``. Also a
+    scripted trial (``--trial STEP:OPTION=VALUE``): tried at the boundary before step ``step``."""
 
     step: int
     option: str
     value: str
 
     @classmethod
-    def parse(cls, text: str) -> ScheduledChange:
+    def parse(cls, text: str, flag: str = "--at") -> ScheduledChange:
         match = _AT_PATTERN.match(text)
         if not match:
             raise ConfigError(
-                f"--at {shown(text)} is not of the form STEP:OPTION=VALUE (for example --at 50:amp=bf16)."
+                f"{flag} {shown(text)} is not of the form STEP:OPTION=VALUE (for example {flag} 50:amp=bf16)."
             )
         step, option, value = int(match.group(1)), match.group(2), match.group(3)
         if step < 1:
-            raise ConfigError(f"--at {shown(text)}: STEP counts optimizer steps from 1, got {step}.")
+            raise ConfigError(f"{flag} {shown(text)}: STEP counts optimizer steps from 1, got {step}.")
         try:
             parse_option_value(option, value)
         except OptionRefused as refusal:
-            raise ConfigError(f"--at {shown(text)}: {refusal}.") from None
+            raise ConfigError(f"{flag} {shown(text)}: {refusal}.") from None
         return cls(step, option, value)
 
     def __str__(self) -> str:
@@ -111,6 +113,8 @@ class TrainConfig:
     shared_run_dir: bool = False
     options: LiveOptions = field(default_factory=LiveOptions)
     at: tuple[ScheduledChange, ...] = ()
+    trials: tuple[ScheduledChange, ...] = ()  # --trial STEP:OPTION=VALUE (core/engine/trials.py)
+    trial_steps: int = 20  # the steps of each arm of a trial
     #: Each time a resume changed ``steps``: (the step resumed at, the total before). The LR schedule
     #: re-plans its decay from that step (core/engine/schedule.py), so the LR has no jump at the boundary.
     schedule_extensions: tuple[tuple[int, int], ...] = ()
@@ -160,6 +164,10 @@ class TrainConfig:
         _check(isinstance(self.options, LiveOptions), "options", "must be a LiveOptions", self.options)
         for change in self.at:
             _check(isinstance(change, ScheduledChange), "at", "must hold STEP:OPTION=VALUE changes", change)
+        for trial in self.trials:
+            _check(isinstance(trial, ScheduledChange), "trials", "must hold STEP:OPTION=VALUE trials", trial)
+        _check_int(self.trial_steps, "trial_steps", minimum=1, maximum=MAX_TRIAL_STEPS,
+                   hint=f"a whole number from 1 to {MAX_TRIAL_STEPS}")
         _check(_are_extensions(self.schedule_extensions) and all(step <= self.steps for step, _ in self.schedule_extensions),
                "schedule_extensions", "must be [step, steps before] pairs with increasing steps, each step ≤ its totals",
                self.schedule_extensions)
@@ -173,11 +181,12 @@ class TrainConfig:
         lines = []
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("options", "at") or value is None:
+            if f.name in ("options", "at", "trials") or value is None:
                 continue
             lines.append(f"{f.name} = {_toml_value(value)}")
-        if self.at:
-            lines.append(f"at = [{', '.join(_toml_value(str(change)) for change in self.at)}]")
+        for name in ("at", "trials"):
+            if getattr(self, name):
+                lines.append(f"{name} = [{', '.join(_toml_value(str(change)) for change in getattr(self, name))}]")
         lines.append("")
         lines.append("[options]")
         for name, value in self.options.as_dict().items():
@@ -228,12 +237,15 @@ def build_config(*layers: Mapping[str, Any]) -> TrainConfig:
     merged: dict[str, Any] = {}
     option_values: dict[str, Any] = {}
     at: list[str] = []
+    trials: list[str] = []
     for settings in layers:
         for key, value in settings.items():
             if key == "options":
                 option_values.update(value)
             elif key == "at":
                 at.extend(str(entry) for entry in value)
+            elif key == "trials":
+                trials.extend(str(entry) for entry in value)
             else:
                 merged[key] = value
     options = LiveOptions()
@@ -252,8 +264,9 @@ def build_config(*layers: Mapping[str, Any]) -> TrainConfig:
             raise ConfigError(f"schedule_extensions must be a list of [step, steps before] pairs; got {shown(extensions)}.")
         merged["schedule_extensions"] = tuple(tuple(pair) for pair in extensions)
     changes = tuple(dict.fromkeys(ScheduledChange.parse(text) for text in at))
+    scripted_trials = tuple(dict.fromkeys(ScheduledChange.parse(text, "--trial") for text in trials))
     try:
-        return TrainConfig(**merged, options=options, at=changes)
+        return TrainConfig(**merged, options=options, at=changes, trials=scripted_trials)
     except TypeError as error:  # an unknown keyword slipped past the checks above
         raise ConfigError(str(error)) from None
 
@@ -269,10 +282,10 @@ def _settings_from_mapping(data: Mapping[str, Any], source: str) -> dict[str, An
                 if option not in LiveOptions.__dataclass_fields__:
                     raise ConfigError(f"{source}: unknown option options.{option}{_suggest(option, LiveOptions.__dataclass_fields__)}.")
             settings["options"] = dict(value)
-        elif key == "at":
+        elif key in ("at", "trials"):
             if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-                raise ConfigError(f'{source}: at must be a list of "STEP:OPTION=VALUE" strings.')
-            settings["at"] = list(value)
+                raise ConfigError(f'{source}: {key} must be a list of "STEP:OPTION=VALUE" strings.')
+            settings[key] = list(value)
         elif key in known:
             settings[key] = value
         else:

@@ -13,10 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from torchlab.core.wire.protocol import CheckpointSaved, Error, Message, NonFinite, OptionApplied, OptionRefused, ProfileReady
+from torchlab.core.wire.protocol import (
+    CheckpointSaved, Error, Message, NonFinite, OptionApplied, OptionRefused, ProfileReady, TrialResult,
+)
 
 _OPT_NUMBER = (int, float, type(None))
 _OPT_LIST = (list, type(None))
+_JSON_SCALAR_OR_NONE = (str, int, float, bool, type(None))
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,20 @@ class ProfileStarted(Message):
     step: int
     steps: int
     warmup: int = 1
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class TrialStarted(Message):
+    """A controlled trial of ``option`` = ``value`` runs two arms of ``steps`` steps from ``step``'s boundary;
+    a TrialResult follows."""
+
+    type: ClassVar[str] = "trial_started"
+    schema: ClassVar = {"step": (int,), "option": (str,), "value": _JSON_SCALAR_OR_NONE, "steps": (int,), "source": (str,)}
+    step: int
+    option: str
+    value: str | int | float | bool | None
+    steps: int
     source: str = ""
 
 
@@ -179,7 +196,7 @@ class MetricsMovedAside(Message):
 #: Every event a trainer, its supervisor or its journal's writers emit: the ones above, and the protocol's
 #: messages the app receives as they are.
 TRAINER_EVENTS = (
-    RunStarted, RunEnded, Paused, Resumed, StepSkipped, ProfileStarted, ResumedFromCheckpoint, ResumeChangedSettings,
-    Relaunching, LineRefused, LinesRefusedUnrecorded, JournalRepaired, MetricsMovedAside,
-    OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady,
+    RunStarted, RunEnded, Paused, Resumed, StepSkipped, ProfileStarted, TrialStarted, ResumedFromCheckpoint,
+    ResumeChangedSettings, Relaunching, LineRefused, LinesRefusedUnrecorded, JournalRepaired, MetricsMovedAside,
+    OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult,
 )

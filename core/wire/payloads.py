@@ -185,6 +185,32 @@ class MemoryBreakdown:
         return self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
 
 
+# ----------------------------------------------------------------------------- Trials: one option, two arms
+
+
+@dataclass(frozen=True)
+class TrialArm:
+    """One arm of a controlled trial: ``steps`` steps from the same state on the same batches, with the options
+    ``label`` says ("as it is", or the change: "amp=bf16"). Step time as the impact table gives it (median and
+    90 % interval, None under ten timed steps), the memory a step of it measured, and the loss of each step.
+    ``error`` says why the arm could not run (fp16 on a CPU, out of memory); its figures are then None/empty."""
+
+    schema: ClassVar[dict[str, tuple]] = {
+        "label": (str,), "steps": _INT, "median_step_time_s": _OPT_NUMBER, "step_time_low_s": _OPT_NUMBER,
+        "step_time_high_s": _OPT_NUMBER, "activations_bytes": _OPT_INT, "tensor_bytes": _OPT_INT,
+        "losses": (list[float],), "error": _OPT_STR,
+    }
+    label: str
+    steps: int  # the steps it ran (fewer than asked when it failed part way)
+    median_step_time_s: float | None
+    step_time_low_s: float | None
+    step_time_high_s: float | None
+    activations_bytes: int | None
+    tensor_bytes: int | None
+    losses: list[float]
+    error: str | None
+
+
 # ----------------------------------------------------------------------------- Ranks: per-rank figures
 
 

@@ -23,9 +23,9 @@ from typing import Any, ClassVar, TypeVar, get_args, get_origin
 
 from torchlab.core.wire import strict_json
 from torchlab.core.wire.errors import SHOWN_CHARS, shown
-from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample
+from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample, TrialArm
 
-PROTOCOL_VERSION = 4  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval
+PROTOCOL_VERSION = 4  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials
 MAX_LINE_BYTES = 1 << 20
 #: A live option's name, a command's source and a value typed for it are short; longer ones are refused
 #: before anything echoes them.
@@ -260,6 +260,26 @@ class SetCommand(Message):
 
 
 @dataclass(frozen=True)
+class TrialCommand(Message):
+    """Try ``option`` = ``value`` for ``steps`` steps against as many as it is, from the same state on the same
+    batches, then go on as if nothing was tried; answered by TrialResult (which says why, if it could not run)."""
+
+    type: ClassVar[str] = "trial"
+    schema: ClassVar = {"option": (str,), "value": _JSON_SCALAR, "steps": (int,), "source": (str,)}
+    option: str
+    value: str | int | float | bool | None
+    steps: int
+    source: str = "app"
+
+    def validate(self) -> None:
+        _check_length("trial.option", self.option, MAX_OPTION_CHARS)
+        _check_length("trial.source", self.source, MAX_SOURCE_CHARS)
+        if isinstance(self.value, str):
+            _check_length("trial.value", self.value, MAX_VALUE_CHARS)
+        _check_magnitude("trial.value", self.value)
+
+
+@dataclass(frozen=True)
 class ProfileCommand(Message):
     """Profile the next ``steps`` optimizer steps (after one warm-up step)."""
 
@@ -297,7 +317,7 @@ class DetachCommand(Message):
 
 #: What a trainer acts on at a step boundary (Hello and Detach are the connection's, not the trainer's).
 TrainerCommand = PauseCommand | ResumeCommand | StopCommand | SetCommand | ProfileCommand | SaveCheckpointCommand
-TRAINER_COMMANDS = (PauseCommand, ResumeCommand, StopCommand, SetCommand, ProfileCommand, SaveCheckpointCommand)
+TRAINER_COMMANDS = (PauseCommand, ResumeCommand, StopCommand, SetCommand, ProfileCommand, SaveCheckpointCommand, TrialCommand)
 
 
 def trainer_command(line: str) -> TrainerCommand:
@@ -378,6 +398,24 @@ class GradNorms(Message):
     step: int
     norms: list
     total: float | None = None
+
+
+@dataclass(frozen=True)
+class TrialResult(Message):
+    """A controlled trial of ``option`` = ``value`` from ``step`` (core/engine/trials.py): its two arms, the
+    changed one first, or ``error`` when it could not run at all (then ``arms`` is empty). Training went on
+    from ``step`` as if no trial had run."""
+
+    type: ClassVar[str] = "trial_result"
+    schema: ClassVar = {"step": (int,), "option": (str,), "value": _JSON_SCALAR, "steps": (int,), "arms": (list[TrialArm],),
+                        "error": _OPT_STR, "source": (str,)}
+    step: int
+    option: str
+    value: str | int | float | bool | None
+    steps: int
+    arms: list[TrialArm]
+    error: str | None = None
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -538,5 +576,5 @@ class Refused(Message):
     reason: str
 
 
-COMMANDS = (Hello, PauseCommand, ResumeCommand, StopCommand, SetCommand, ProfileCommand, SaveCheckpointCommand, DetachCommand)
-EVENTS = (Welcome, State, Metrics, GradNorms, Memory, Telemetry, OptionApplied, OptionRefused, Detached, CheckpointSaved, Log, Error, NonFinite, ProfileReady, Impact, Ranks, Refused)
+COMMANDS = (Hello, PauseCommand, ResumeCommand, StopCommand, SetCommand, ProfileCommand, SaveCheckpointCommand, TrialCommand, DetachCommand)
+EVENTS = (Welcome, State, Metrics, GradNorms, Memory, TrialResult, Telemetry, OptionApplied, OptionRefused, Detached, CheckpointSaved, Log, Error, NonFinite, ProfileReady, Impact, Ranks, Refused)

@@ -33,7 +33,7 @@ from torchlab.core.wire import strict_json
 from torchlab.core.wire.errors import ConfigError, StorageError
 from torchlab.core.wire.events import JournalRepaired, MetricsMovedAside, ResumedFromCheckpoint
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.protocol import Error, Message
+from torchlab.core.wire.protocol import Error, Message, TrialResult
 from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.wire.storage import (
     JsonLines, fsync_directory, make_folder, parse_line, remedy, storage_error, temporary_name, write_atomically,
@@ -67,13 +67,13 @@ class RunDirectory(TrainerObserver):
         self._failure: StorageError | None = None  # a failed write that no caller could act on yet
         journals: list[JsonLines] = []
         try:
-            for name in ("events.jsonl", "metrics.jsonl", "system.jsonl"):
+            for name in ("events.jsonl", "metrics.jsonl", "system.jsonl", "trials.jsonl"):
                 journals.append(JsonLines(self.path / name, intact=_UNTOUCHED))
         except StorageError:
             for journal in journals:
                 journal.close()
             raise
-        self._events, self._metrics, self._system = journals
+        self._events, self._metrics, self._system, self._trials = journals
         for journal in journals:
             self._report_repair(journal)
 
@@ -125,6 +125,8 @@ class RunDirectory(TrainerObserver):
         try:
             with self._events_lock:
                 self._events.append(to_json_line(event.journal_record()))
+                if isinstance(event, TrialResult):  # also on its own, for a script: one line per trial
+                    self._trials.append(to_json_line(event.journal_record()))
         except StorageError as error:  # raised here too, but the caller may be the profiler's builder thread
             self._keep_failure(error)
             raise
@@ -153,7 +155,7 @@ class RunDirectory(TrainerObserver):
 
     def close(self) -> None:
         for lock, journal in ((self._metrics_lock, self._metrics), (self._events_lock, self._events),
-                              (self._system_lock, self._system)):
+                              (self._events_lock, self._trials), (self._system_lock, self._system)):
             with lock:
                 journal.close()
 

@@ -345,3 +345,19 @@ async def test_a_verdict_unclear_when_it_settled_is_logged_again_once_the_step_t
         link.push(impact(bf16_steps=120))
         await answer(app, pilot)
         assert log_text(app).count("amp=bf16") == 2
+
+
+async def test_a_trials_result_lands_in_the_log_and_one_that_could_not_run_says_why() -> None:
+    from torchlab.core.wire.payloads import TrialArm
+
+    arms = [TrialArm(label=label, steps=20, median_step_time_s=ms / 1000, step_time_low_s=0.99 * ms / 1000,
+                     step_time_high_s=1.01 * ms / 1000, activations_bytes=size, tensor_bytes=size + 100, losses=[2.5], error=None)
+            for label, ms, size in (("checkpointing=on", 13.3, 100), ("as it is", 10.0, 1000))]
+    app, _ = app_with(protocol.TrialResult(step=121, option="checkpointing", value="on", steps=20, arms=arms),
+                      protocol.TrialResult(step=130, option="amp", value="fp16", steps=20, arms=[],
+                                           error="amp=fp16 cannot run here: fp16 needs CUDA"))
+    async with app.run_test(size=SMALL) as pilot:
+        await answer(app, pilot)
+        text = log_text(app)
+        assert "trial checkpointing=on from step 121, 20 steps each on the same batches: 1.33x slower, activations -90 %" in text
+        assert "trial amp=fp16 from step 130 could not run: amp=fp16 cannot run here: fp16 needs CUDA" in text

@@ -1,0 +1,116 @@
+"""Controlled trials (core/engine/trials.py): two arms on the same batches from the same state, then undone."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainers import TINY, WORKLOADS, make_trainer
+from torchlab.core.launch.arguments import EXIT_OK
+from torchlab.core.launch.cli import main
+from torchlab.core.wire import strict_json
+from torchlab.core.wire.protocol import TrialCommand
+from torchlab.core.wire.trials import describe_trial
+
+RESIDUAL_CNN = f"{WORKLOADS / 'tiny.py'}:residual_cnn"
+
+
+def trial_results(seen) -> list[dict]:
+    """The trial_result records as trials.jsonl holds them (their arms as JSON objects)."""
+    return [json.loads(strict_json.dumps(record)) for record in seen.of("trial_result")]
+
+
+def losses(seen) -> list[float]:
+    return [record["loss"] for record in seen.metrics]
+
+
+@pytest.mark.parametrize("option, value", [("lr_scale", "0.5"), ("amp", "bf16"), ("checkpointing", "on"), ("clip", "0.1"),
+                                           ("accum", "2")])
+def test_a_run_with_a_trial_has_the_losses_of_the_run_without_one_bit_for_bit(option, value):
+    settings = dict(steps=16, seed=5, checkpoint_every=0, options={"clip": 1.0} if option != "clip" else {})
+    untried_trainer, untried = make_trainer(TINY, **settings)
+    untried_trainer.run()
+    trainer, tried = make_trainer(TINY, trials=[f"6:{option}={value}"], trial_steps=4, **settings)
+    trainer.run()
+    [result] = trial_results(tried)
+    assert result["error"] is None and [arm["steps"] for arm in result["arms"]] == [4, 4]
+    assert losses(tried) == losses(untried)  # every training step, bit for bit
+    assert trainer.options == untried_trainer.options
+
+
+def test_the_arms_start_from_the_same_state_on_the_same_batches():
+    trainer, seen = make_trainer(TINY, steps=8, seed=2, trials=["5:lr_scale=1.0"], trial_steps=5)
+    trainer.run()
+    changed, as_it_is = trial_results(seen)[0]["arms"]
+    assert changed["label"] == "lr_scale=1.0" and as_it_is["label"] == "as it is"
+    assert changed["losses"] == as_it_is["losses"]  # the same option value: the same steps, bit for bit
+    straight_trainer, straight = make_trainer(TINY, steps=8, seed=2)
+    straight_trainer.run()
+    assert as_it_is["losses"][0] == losses(straight)[4]  # an arm's first step is the training's next one
+
+
+def test_a_trial_of_lr_scale_shows_the_same_memory_and_another_loss():
+    trainer, seen = make_trainer(RESIDUAL_CNN, steps=4, trials=["3:lr_scale=4"], trial_steps=4)
+    trainer.run()
+    result = trial_results(seen)[0]
+    changed, as_it_is = result["arms"]
+    assert changed["activations_bytes"] == as_it_is["activations_bytes"] and changed["tensor_bytes"] == as_it_is["tensor_bytes"]
+    assert changed["losses"][0] == as_it_is["losses"][0] and changed["losses"][1:] != as_it_is["losses"][1:]
+
+
+def test_a_trial_of_checkpointing_shows_fewer_activation_bytes_in_the_changed_arm():
+    trainer, seen = make_trainer(RESIDUAL_CNN, steps=4, trials=["3:checkpointing=on"], trial_steps=4)
+    trainer.run()
+    changed, as_it_is = trial_results(seen)[0]["arms"]
+    assert changed["activations_bytes"] < 0.8 * as_it_is["activations_bytes"]
+    assert changed["losses"] == as_it_is["losses"]  # the same numbers, less memory
+    assert trainer.checkpointing.wrapped_blocks() == []  # and it is off again
+
+
+@pytest.mark.parametrize("option, value, reason", [
+    ("amp", "fp16", "amp=fp16 cannot run here: fp16 needs CUDA"),
+    ("world_size", "2", "a trial cannot change the world size"),
+    ("clip", "-1", "clip must be a positive max grad norm"),
+])
+def test_a_trial_that_cannot_run_says_why_and_training_goes_on(option, value, reason):
+    trainer, seen = make_trainer(TINY, steps=6, checkpoint_every=0)
+    trainer.submit(TrialCommand(option, value, 3, source="test"))
+    outcome = trainer.run()
+    [result] = trial_results(seen)
+    assert result["arms"] == [] and reason in result["error"]
+    assert outcome.status == "finished" and outcome.step == 6
+
+
+def test_headless_writes_every_trial_to_trials_jsonl_and_prints_it(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main([TINY, "--headless", "--steps", "10", "--run-dir", str(run), "--trial", "4:amp=bf16", "--trial", "7:amp=fp16",
+                 "--trial-steps", "12"]) == EXIT_OK
+    first, second = [json.loads(line) for line in (run / "trials.jsonl").read_text().splitlines()]
+    assert (first["step"], first["option"], first["value"], first["steps"], first["source"]) == (4, "amp", "bf16", 12, "--trial")
+    assert [arm["label"] for arm in first["arms"]] == ["amp=bf16", "as it is"]
+    assert all(len(arm["losses"]) == 12 and arm["median_step_time_s"] > 0 and arm["step_time_low_s"] for arm in first["arms"])
+    assert second["arms"] == [] and "fp16 needs CUDA" in second["error"]
+    err = capsys.readouterr().err
+    assert "step 4: trial amp=bf16 from step 4, 12 steps each on the same batches: " in err and "loss " in err
+    assert "step 7: trial amp=fp16 from step 7 could not run" in err
+
+
+def test_a_bad_trial_flag_is_a_usage_error_naming_the_flag(tmp_path, capsys):
+    assert main([TINY, "--headless", "--steps", "3", "--run-dir", str(tmp_path / "run"), "--trial", "4:turbo=on"]) == 2
+    assert "--trial '4:turbo=on': unknown option 'turbo'" in capsys.readouterr().err
+
+
+def test_the_description_reads_the_two_arms():
+    from torchlab.core.wire.payloads import TrialArm
+    from torchlab.core.wire.protocol import TrialResult
+
+    def arm(label, ms, activations):
+        return TrialArm(label=label, steps=20, median_step_time_s=ms / 1000, step_time_low_s=0.98 * ms / 1000,
+                        step_time_high_s=1.02 * ms / 1000, activations_bytes=activations, tensor_bytes=activations + 100,
+                        losses=[2.5, 2.25], error=None)
+
+    result = TrialResult(step=40, option="checkpointing", value="on", steps=20,
+                         arms=[arm("checkpointing=on", 13.3, 100), arm("as it is", 10.0, 1000)])
+    assert describe_trial(result) == ["trial checkpointing=on from step 40, 20 steps each on the same batches: 1.33x slower, "
+                                      "activations -90 %, memory -82 %, loss 2.3750 vs 2.3750 (mean), 2.2500 vs 2.2500 (last)"]
