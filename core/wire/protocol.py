@@ -251,12 +251,7 @@ class SetCommand(Message):
     source: str = "app"
 
     def validate(self) -> None:
-        # Bounded, so that no command can echo a huge value into the refusal and the run's journal.
-        _check_length("set.option", self.option, MAX_OPTION_CHARS)
-        _check_length("set.source", self.source, MAX_SOURCE_CHARS)
-        if isinstance(self.value, str):
-            _check_length("set.value", self.value, MAX_VALUE_CHARS)
-        _check_magnitude("set.value", self.value)
+        _check_option_command(self)
 
 
 @dataclass(frozen=True)
@@ -272,11 +267,16 @@ class TrialCommand(Message):
     source: str = "app"
 
     def validate(self) -> None:
-        _check_length("trial.option", self.option, MAX_OPTION_CHARS)
-        _check_length("trial.source", self.source, MAX_SOURCE_CHARS)
-        if isinstance(self.value, str):
-            _check_length("trial.value", self.value, MAX_VALUE_CHARS)
-        _check_magnitude("trial.value", self.value)
+        _check_option_command(self)
+
+
+def _check_option_command(command: SetCommand | TrialCommand) -> None:
+    """Bounded, so that no command can echo a huge value into the refusal and the run's journal."""
+    _check_length(f"{command.type}.option", command.option, MAX_OPTION_CHARS)
+    _check_length(f"{command.type}.source", command.source, MAX_SOURCE_CHARS)
+    if isinstance(command.value, str):
+        _check_length(f"{command.type}.value", command.value, MAX_VALUE_CHARS)
+    _check_magnitude(f"{command.type}.value", command.value)
 
 
 @dataclass(frozen=True)

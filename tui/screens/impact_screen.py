@@ -76,11 +76,6 @@ class ImpactScreen(ViewScreen):
 
     BINDINGS = [Binding("i", "close", "Back", show=False)]
 
-    def __init__(self, state: RunState) -> None:
-        super().__init__()
-        self.state = state
-        self._seen_version = -1
-
     def compose(self) -> ComposeResult:
         with Vertical(id="view"):
             yield Static("", id="impact-latest")

@@ -56,11 +56,6 @@ class MemoryScreen(ViewScreen):
 
     BINDINGS = [Binding("M", "close", "Back", show=False)]
 
-    def __init__(self, state: RunState) -> None:
-        super().__init__()
-        self.state = state
-        self._seen_version = -1
-
     def compose(self) -> ComposeResult:
         with Vertical(id="view"):
             yield Label("", id="memory-status", classes="view-status")

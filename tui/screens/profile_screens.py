@@ -78,10 +78,8 @@ class ProfileListScreen(ViewScreen):
     ]
 
     def __init__(self, state: RunState) -> None:
-        super().__init__()
-        self.state = state
+        super().__init__(state)
         self.marked: list[int] = []  # snapshot numbers, at most two
-        self._seen_version = -1
 
     def compose(self) -> ComposeResult:
         with Vertical(id="view"):

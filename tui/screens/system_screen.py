@@ -28,9 +28,7 @@ class SystemScreen(ViewScreen):
     BINDINGS = [Binding("t", "close", "Back", show=False)]
 
     def __init__(self, state: RunState) -> None:
-        super().__init__()
-        self.state = state
-        self._seen_version = -1
+        super().__init__(state)
         self._seen_ranks: tuple[bool, int] | None = None
 
     def compose(self) -> ComposeResult:

@@ -39,6 +39,11 @@ class ViewScreen(ModalScreen[None]):
 
     BINDINGS = [Binding("escape,q", "close", "Back")]
 
+    def __init__(self, state: RunState | None = None) -> None:
+        super().__init__()
+        self.state = state  # the run this view follows (None: a view of something fixed, a profile table)
+        self._seen_version = -1  # the version of its part of the state that it last drew
+
     def show_state(self, state: RunState) -> None:
         """Redraw from the run state if what this view shows changed (called at every app redraw)."""
 
