@@ -92,6 +92,7 @@ def test_headless_writes_every_trial_to_trials_jsonl_and_prints_it(tmp_path, cap
     assert all(len(arm["losses"]) == 12 and arm["median_step_time_s"] > 0 and arm["step_time_low_s"] for arm in first["arms"])
     assert second["arms"] == [] and "fp16 needs CUDA" in second["error"]
     err = capsys.readouterr().err
+    assert "step 4: trying amp = bf16 for 12 steps against as many as it is" in err
     assert "step 4: trial amp=bf16 from step 4, 12 steps each on the same batches: " in err and "loss " in err
     assert "step 7: trial amp=fp16 from step 7 could not run" in err
 

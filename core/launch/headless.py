@@ -170,7 +170,7 @@ class HeadlessProgress(TrainerObserver):
                 top = ", ".join(f"{row['name']} {row[event.sort] / 1000:.1f} ms" for row in event.rows[:3])
                 self.console.print(f"steps {event.first_step}–{event.last_step}: profile in {event.dir} (top: {top})")
             case events.TrialStarted():
-                self.say(event.step, f"trying {event.option} = {event.value} for {event.steps} steps against as many as it is")
+                self.say(event.step, f"trying {event.option} = {format_option_value(event.option, event.value)} for {event.steps} steps against as many as it is")
             case p.TrialResult():
                 for line in describe_trial(event):
                     self.say(event.step, escape(line))

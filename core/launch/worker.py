@@ -31,6 +31,7 @@ from typing import Any
 
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
+from torchlab.core.wire.options import format_option_value
 from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE, build_parser, exit_code
 from torchlab.core.wire.control_server import ControlServer
 from torchlab.core.wire.errors import StorageError, TorchlabError
@@ -101,7 +102,8 @@ class OutboxReporter(TrainerObserver):
             case p.OptionApplied() | p.OptionRefused() | p.CheckpointSaved() | p.ProfileReady() | p.TrialResult():
                 self.outbox.add_event(event)
             case events.TrialStarted():
-                self.outbox.add_event(p.Log(level="info", text=f"trying {event.option} = {event.value} for {event.steps} steps "
+                shown = format_option_value(event.option, event.value)
+                self.outbox.add_event(p.Log(level="info", text=f"trying {event.option} = {shown} for {event.steps} steps "
                                                                f"against as many as it is", step=event.step))
             case events.StepSkipped():
                 self.outbox.add_event(p.Log(level="warning", text=f"step skipped: {event.reason}", step=event.step))
