@@ -43,6 +43,7 @@ from textual.widgets import Footer
 
 from torchlab.core.wire import protocol
 from torchlab.core.wire.options import LIVE_OPTIONS, OPTIONS_BY_NAME, Number
+from torchlab.core.wire.trials import TRIAL_HINT, parse_trial
 from torchlab.tui.log_tail import LogTail
 from torchlab.tui.state import Failure, RunState
 from torchlab.tui.widgets.event_log import EventLog
@@ -115,6 +116,7 @@ KEY_ACTIONS = (
     KeyAction("P", "profiles", "Profiles", "Profiles: list the snapshots, open a table, compare two", show=False),
     KeyAction("i", "impact", "Impact", "Impact table: what each option change cost or saved", show=False),
     KeyAction("t", "system", "System", "System: every GPU, host CPU/RAM, trainer memory and its history", show=False),
+    KeyAction("T", "try_option", "Trial", "Trial: try an option for a few steps on the same batches, then undo it", show=False),
     KeyAction("M", "memory", "Memory", "Memory by kind: parameters, gradients, optimizer state, activations by module", show=False),
     KeyAction("s", "save_checkpoint", "Save", "Save a checkpoint now"),
     KeyAction("d", "detach", "Detach", "Leave the app; the trainer keeps training (reattach later)", show=False),
@@ -124,10 +126,10 @@ KEY_ACTIONS = (
 
 #: Actions that talk to the trainer: not while a dialog is open (its keys are the dialog's).
 TRAINER_ACTIONS = frozenset(
-    {"toggle_pause", "change_option", "profile", "save_checkpoint", "detach"}
+    {"toggle_pause", "change_option", "profile", "save_checkpoint", "detach", "try_option"}
 )
 #: Actions that open a view: from the main screen only, so views do not pile up on each other.
-VIEW_ACTIONS = frozenset({"profiles", "impact", "system"})
+VIEW_ACTIONS = frozenset({"profiles", "impact", "system", "memory"})
 
 
 class TorchlabApp(App[int]):
@@ -458,7 +460,20 @@ class TorchlabApp(App[int]):
             if answer is not None:
                 self.set_option(name, answer.value)
 
-        self.push_screen(OptionPrompt(option, current=option.shown_in_prompt(current)), callback=chosen)
+        self.push_screen(OptionPrompt(option.prompt, option.hint, option.parse, current=option.shown_in_prompt(current)),
+                         callback=chosen)
+
+    def action_try_option(self) -> None:
+        """A controlled trial: OPTION=VALUE [STEPS] typed, checked, and sent; the result comes to the log."""
+        from torchlab.tui.screens.prompt import Chosen, OptionPrompt
+
+        def chosen(answer: Chosen | None) -> None:
+            if answer is not None and self.send(answer.value):
+                command = answer.value
+                self._requested(f"trial of {command.option} = {command.value} for {command.steps} steps requested "
+                                f"(from the next step boundary; training waits for it)")
+
+        self.push_screen(OptionPrompt("Try an option for a few steps, then undo it", TRIAL_HINT, parse_trial), callback=chosen)
 
     def set_option(self, option: str, value: Any) -> None:
         """Ask the trainer to change a live option at the next step boundary."""

@@ -73,6 +73,7 @@ from torchlab.core.engine.profiler import ProfilerSnapshot
 from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, GradNorms, ProbeCadence, clip_by_total_norm
 from torchlab.core.engine.memory import MemoryCadence, MemoryProbe, SavedTensorCount
 from torchlab.core.engine.trials import AS_IT_IS, MEMORY_STEP, ArmRecord, TrainingSnapshot, TrialStopped
+from torchlab.core.wire.trials import NO_WORLD_SIZE_TRIAL
 from torchlab.core.engine.schedule import make_scheduler
 from torchlab.core.engine.step_report import HostTransfer, StepReport, stats_by_module
 from torchlab.core.engine.telemetry import TelemetrySampler
@@ -691,7 +692,7 @@ class Trainer:
         except OptionRefused as refusal:
             return answer([], str(refusal))
         if option is WORLD_SIZE:
-            return answer([], "a trial cannot change the world size: that relaunches the ranks (w changes it for good)")
+            return answer([], NO_WORLD_SIZE_TRIAL)
         if not 1 <= command.steps <= MAX_TRIAL_STEPS:
             return answer([], f"a trial runs 1 to {MAX_TRIAL_STEPS} steps an arm, got {shown(command.steps)}")
         if self._profiling is not None:

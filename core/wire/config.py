@@ -35,6 +35,7 @@ MAX_TELEMETRY_INTERVAL_S = 3600.0
 #: Steps one profiler snapshot may record: each adds its events to a trace held in memory until the snapshot ends.
 MAX_PROFILE_STEPS = 1000
 MAX_TRIAL_STEPS = 1000
+DEFAULT_TRIAL_STEPS = 20
 SCHEDULES = ("constant", "cosine", "onecycle")
 
 
@@ -114,7 +115,7 @@ class TrainConfig:
     options: LiveOptions = field(default_factory=LiveOptions)
     at: tuple[ScheduledChange, ...] = ()
     trials: tuple[ScheduledChange, ...] = ()  # --trial STEP:OPTION=VALUE (core/engine/trials.py)
-    trial_steps: int = 20  # the steps of each arm of a trial
+    trial_steps: int = DEFAULT_TRIAL_STEPS  # the steps of each arm of a trial
     #: Each time a resume changed ``steps``: (the step resumed at, the total before). The LR schedule
     #: re-plans its decay from that step (core/engine/schedule.py), so the LR has no jump at the boundary.
     schedule_extensions: tuple[tuple[int, int], ...] = ()

@@ -1,4 +1,5 @@
-"""A controlled trial's result in words, for the headless printer and the app's log (standard library only).
+"""Controlled trials on the wire's side (standard library only): a trial typed in the app, read into its
+command, and a trial's result in words, for the headless printer and the app's log.
 
     trial amp=bf16 from step 40, 20 steps each on the same batches: 1.72x faster, activations -46 %,
     memory -36 %; loss 2.3012 vs 2.3007 (mean), 2.2101 vs 2.2098 (last)
@@ -9,11 +10,34 @@ where the 90 % intervals do not overlap), the changed arm against the arm as it 
 
 from __future__ import annotations
 
+import re
 import statistics
 
+from torchlab.core.wire.config import DEFAULT_TRIAL_STEPS, MAX_TRIAL_STEPS
 from torchlab.core.wire.impact import compare_step_times
+from torchlab.core.wire.options import WORLD_SIZE, OptionRefused, parse_option_value
 from torchlab.core.wire.payloads import TrialArm
-from torchlab.core.wire.protocol import TrialResult
+from torchlab.core.wire.protocol import TrialCommand, TrialResult
+
+#: Why the world size is not tried (the trainer says it too): it is not a change inside one process.
+NO_WORLD_SIZE_TRIAL = "a trial cannot change the world size: that relaunches the ranks (w changes it for good)"
+#: What the app's trial prompt says to type.
+TRIAL_HINT = f"OPTION=VALUE [STEPS], e.g. amp=bf16 or checkpointing=on 40 ({DEFAULT_TRIAL_STEPS} steps an arm if not said)"
+_TRIAL = re.compile(r"\s*([A-Za-z_]+)\s*=\s*(\S+)(?:\s+(\d+))?\s*")
+
+
+def parse_trial(text: str) -> TrialCommand:
+    """``amp=bf16`` or ``checkpointing=on 40`` as the command that asks for it; OptionRefused says what is wrong."""
+    match = _TRIAL.fullmatch(text)
+    if match is None:
+        raise OptionRefused(f"type OPTION=VALUE, then the steps if not {DEFAULT_TRIAL_STEPS}: amp=bf16 40")
+    option, value, steps = match.group(1), match.group(2), int(match.group(3) or DEFAULT_TRIAL_STEPS)
+    parse_option_value(option, value)
+    if option == WORLD_SIZE.name:
+        raise OptionRefused(NO_WORLD_SIZE_TRIAL)
+    if not 1 <= steps <= MAX_TRIAL_STEPS:
+        raise OptionRefused(f"a trial runs 1 to {MAX_TRIAL_STEPS} steps an arm, got {steps}")
+    return TrialCommand(option, value, steps)
 
 
 def describe_trial(result: TrialResult) -> list[str]:

@@ -361,3 +361,25 @@ async def test_a_trials_result_lands_in_the_log_and_one_that_could_not_run_says_
         text = log_text(app)
         assert "trial checkpointing=on from step 121, 20 steps each on the same batches: 1.33x slower, activations -90 %" in text
         assert "trial amp=fp16 from step 130 could not run: amp=fp16 cannot run here: fp16 needs CUDA" in text
+
+
+async def test_t_asks_for_a_trial_checks_it_as_the_trainer_would_and_sends_it() -> None:
+    from torchlab.tui.screens.prompt import OptionPrompt
+
+    app, link = app_with()
+    async with app.run_test(size=SMALL) as pilot:
+        await answer(app, pilot)
+        await pilot.press("T")
+        prompt = app.screen
+        assert isinstance(prompt, OptionPrompt)
+        for typed, error in (("turbo=on", "unknown option 'turbo'"), ("world_size=2", "a trial cannot change the world size"),
+                             ("amp bf16", "type OPTION=VALUE"), ("clip=1.0 0", "a trial runs 1 to 1000 steps an arm, got 0")):
+            await pilot.press(*typed, "enter")
+            assert error in prompt.error_text and link.sent == []
+            prompt.query_one("#prompt-input").value = ""
+        await pilot.press(*"checkpointing=on 8", "enter")
+        assert link.sent == [protocol.TrialCommand("checkpointing", "on", 8)]
+        assert "trial of checkpointing = on for 8 steps requested" in log_text(app)
+        await pilot.press("M")  # views do not open over one another; T is a trainer key, off in a view
+        await pilot.press("T")
+        assert not isinstance(app.screen, OptionPrompt)

@@ -1,7 +1,9 @@
-"""A one-field dialog for a live option: it checks the value as the trainer would before anything is sent."""
+"""A one-field dialog (a live option's value, a trial to run): it checks what is typed as the trainer would
+before anything is sent."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +14,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label, Static
 
-from torchlab.core.wire.options import Number, OptionRefused
+from torchlab.core.wire.options import OptionRefused
 
 
 @dataclass(frozen=True)
@@ -23,10 +25,11 @@ class Chosen:
 
 
 class OptionPrompt(ModalScreen[Chosen | None]):
-    """Asks for a new value of ``option``; dismisses with it parsed, or with None when cancelled.
+    """Asks for a value; dismisses with it parsed by ``parse``, or with None when cancelled.
 
-    The option's own parser checks it, the one the trainer applies, so what it accepts here is what the
-    trainer will accept (except for facts only the trainer knows, like the device).
+    ``parse`` raises OptionRefused with what is wrong. For a live option it is the option's own parser, the
+    one the trainer applies, so what it accepts here is what the trainer will accept (except for facts only
+    the trainer knows, like the device).
     """
 
     DEFAULT_CSS = """
@@ -50,15 +53,16 @@ class OptionPrompt(ModalScreen[Chosen | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, option: Number, *, current: str = "") -> None:
+    def __init__(self, title: str, hint: str, parse: Callable[[str], Any], *, current: str = "") -> None:
         super().__init__()
-        self.option = option
+        self.title_text, self.hint = title, hint
+        self.parse = parse
         self.current = current
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
-            yield Label(self.option.prompt, id="prompt-title")
-            yield Label(self.option.hint, id="prompt-hint")
+            yield Label(self.title_text, id="prompt-title")
+            yield Label(self.hint, id="prompt-hint")
             yield Input(value=self.current, id="prompt-input", select_on_focus=True)
             yield Static("", id="prompt-error")
             yield Label("enter apply · esc cancel", id="prompt-keys")
@@ -71,7 +75,7 @@ class OptionPrompt(ModalScreen[Chosen | None]):
     @on(Input.Submitted, "#prompt-input")
     def _submitted(self, event: Input.Submitted) -> None:
         try:
-            value = self.option.parse(event.value.strip())
+            value = self.parse(event.value.strip())
         except OptionRefused as refusal:
             self.query_one("#prompt-error", Static).update(str(refusal))
             return
