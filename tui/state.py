@@ -119,6 +119,8 @@ class RunState:
         self.impact: list[ImpactSegment] = []
         #: (first step, change) of each segment whose verdict went to the log -> whether it was a clear one
         self._impact_logged: dict[tuple[int, str], bool] = {}
+        #: the controlled trials of this run, in order (each one's two arms)
+        self.trials: list[protocol.TrialResult] = []
         self.failure: Failure | None = None
         #: option -> value the app asked for and the trainer has not answered yet
         self.pending: dict[str, Any] = {}
@@ -381,6 +383,8 @@ class RunState:
         self.header_version += 1
 
     def _on_trial_result(self, event: protocol.TrialResult) -> None:
+        self.trials.append(event)
+        self.impact_version += 1  # the impact view lists them
         first, *rest = describe_trial(event)
         level = "warning" if event.error is not None or rest else "impact"
         self.log(level, first, event.step, notify=True, toast=first)

@@ -292,6 +292,14 @@ async def test_impact_rows_and_the_verdict_in_the_log_and_the_table() -> None:
         assert not isinstance(app.screen, ImpactScreen)
 
 
+async def test_impact_without_trials_shows_no_trials_table() -> None:
+    app, _ = app_with(impact())
+    async with app.run_test(size=SMALL) as pilot:
+        await answer(app, pilot)
+        await pilot.press("i")
+        assert not app.screen.query_one("#trials-table").display
+
+
 async def test_impact_before_any_segment_says_so() -> None:
     from torchlab.tui.screens.impact_screen import ImpactScreen
 
@@ -361,6 +369,11 @@ async def test_a_trials_result_lands_in_the_log_and_one_that_could_not_run_says_
         text = log_text(app)
         assert "trial checkpointing=on from step 121, 20 steps each on the same batches: 1.33x slower, activations -90 %" in text
         assert "trial amp=fp16 from step 130 could not run: amp=fp16 cannot run here: fp16 needs CUDA" in text
+        await pilot.press("i")  # and the impact view lists them under the segments
+        trials = app.screen.query_one("#trials-table")
+        assert column(trials, "trial") == ["checkpointing=on", "amp=fp16"]
+        verdicts = column(trials, "verdict")
+        assert verdicts[0].startswith("1.33x slower, activations -90 %") and verdicts[1].startswith("could not run: ")
 
 
 async def test_t_asks_for_a_trial_checks_it_as_the_trainer_would_and_sends_it() -> None:

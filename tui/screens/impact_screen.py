@@ -16,6 +16,8 @@ from textual.widgets import DataTable, Label, Static
 
 from torchlab.core.wire.impact import MIN_TIMED_STEPS, WARMUP_STEPS, plus_minus
 from torchlab.core.wire.payloads import ImpactSegment
+from torchlab.core.wire.protocol import TrialResult
+from torchlab.core.wire.trials import trial_verdict
 from torchlab.tui.profiles import format_bytes, format_us
 from torchlab.tui.screens.view_screen import ViewScreen
 from torchlab.tui.state import RunState
@@ -70,9 +72,26 @@ def step_time_text(segment: ImpactSegment) -> str:
     return f"{format_us(median * 1e6)} {plus_minus(max(high - median, median - low) / median)}"
 
 
+#: (key, header) of the trials' table
+TRIAL_COLUMNS = (("step", "step"), ("trial", "trial"), ("steps", "steps"), ("verdict", "vs as it is"))
+
+
+def trial_cells(result: TrialResult) -> list[Text]:
+    """One trial as table cells, in ``TRIAL_COLUMNS`` order."""
+    trial = result.arms[0].label if result.arms else f"{result.option}={result.value}"
+    style = "yellow" if result.error is not None or any(arm.error for arm in result.arms) else ""
+    return [Text(str(result.step), justify="right"), Text(trial, style="bold"), Text(str(result.steps), justify="right"),
+            Text(trial_verdict(result), style=style)]
+
+
 class ImpactScreen(ViewScreen):
     """Per segment: median step time with its interval, the verdict against the one before, samples/s,
     memory and loss slope."""
+
+    DEFAULT_CSS = """
+    ImpactScreen #trials-title { text-style: bold; padding: 1 0 0 0; }
+    ImpactScreen #trials-table { max-height: 40%; }
+    """
 
     BINDINGS = [Binding("i", "close", "Back", show=False)]
 
@@ -81,6 +100,9 @@ class ImpactScreen(ViewScreen):
             yield Static("", id="impact-latest")
             yield DataTable(id="impact-table", cursor_type="row", zebra_stripes=True)
             yield Static("", id="impact-empty", classes="view-empty")
+            yield Label("trials (T): each changed option against as it is, same batches, same state",
+                        id="trials-title")
+            yield DataTable(id="trials-table", cursor_type="row", zebra_stripes=True)
             yield Static(
                 f"Each option change starts a segment. Step time and samples/s are medians, without the first {WARMUP_STEPS} "
                 "steps after a change; ± is how far the step time's 90 % interval reaches. The verdict calls a segment "
@@ -93,9 +115,12 @@ class ImpactScreen(ViewScreen):
 
     def on_mount(self) -> None:
         self.query_one("#view").border_title = "impact of each option change"
-        table = self.query_one(DataTable)
+        table = self.query_one("#impact-table", DataTable)
         for key, label in COLUMNS:
             table.add_column(label, key=key)
+        trials = self.query_one("#trials-table", DataTable)
+        for key, label in TRIAL_COLUMNS:
+            trials.add_column(label, key=key)
         self.show_state(self.state)
         table.focus()
 
@@ -103,7 +128,7 @@ class ImpactScreen(ViewScreen):
         if state.impact_version == self._seen_version:
             return
         self._seen_version = state.impact_version
-        table = self.query_one(DataTable)
+        table = self.query_one("#impact-table", DataTable)
         segments = state.impact
         if len(segments) < table.row_count:  # a new trainer (restart) began a new table
             table.clear()
@@ -128,3 +153,7 @@ class ImpactScreen(ViewScreen):
         empty = self.query_one("#impact-empty", Static)
         empty.display = not segments
         empty.update("No segments yet: the first starts with the first metrics." if not segments else "")
+        trials = self.query_one("#trials-table", DataTable)
+        for result in state.trials[trials.row_count:]:
+            trials.add_row(*trial_cells(result))
+        trials.display = self.query_one("#trials-title").display = bool(state.trials)
