@@ -288,3 +288,15 @@ def test_more_ranks_than_gpus_are_refused():
     gpus = torch.cuda.device_count()
     with pytest.raises(OptionRefused, match=f"{gpus + 1} ranks need {gpus + 1} GPUs, one each; this machine has {gpus}"):
         check_world_size(gpus + 1, device=torch.device("cuda"), batch_size=16 * (gpus + 1))
+
+
+def test_every_rank_runs_a_trial_and_the_run_goes_on_as_without_it(tmp_path):
+    """With two ranks the trial's arms run on both (their gradients are averaged step by step), and the
+    run's losses after it are those of the same run without it."""
+    settings = [f"{TINY}:workload", "--world-size", "2", "--steps", "14", "--checkpoint-every", "0", "--seed", "4"]
+    assert headless(tmp_path / "plain", *settings) == EXIT_OK
+    assert headless(tmp_path / "tried", *settings, "--trial", "6:clip=0.5", "--trial-steps", "4") == EXIT_OK
+    [trial] = read_jsonl(tmp_path / "tried" / "trials.jsonl")
+    assert trial["error"] is None and [len(arm["losses"]) for arm in trial["arms"]] == [4, 4]
+    plain, tried = (read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("plain", "tried"))
+    assert [row["loss"] for row in tried] == [row["loss"] for row in plain]
