@@ -128,6 +128,16 @@ def test_fewer_steps_than_the_checkpoint_has_is_a_clear_error(tmp_path, capsys):
     assert "Traceback" not in err
 
 
+def test_resuming_a_finished_run_with_no_flag_says_there_is_nothing_to_train_and_how_to_go_on(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert headless(f"{TINY}:workload", "--steps", "6", "--run-dir", str(run_dir)) == EXIT_OK
+    capsys.readouterr()
+    assert headless("--resume", str(run_dir)) == EXIT_OK
+    err = capsys.readouterr().err
+    assert "Nothing to train: the run is at step 6, its --steps. Resume with --steps N (N > 6) to train further." in err
+    assert sorted(metrics(run_dir)) == list(range(1, 7))
+
+
 def test_a_resume_that_fails_changes_nothing_in_the_run_directory(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert headless(f"{TINY}:workload", "--steps", "4", "--run-dir", str(run_dir)) == EXIT_OK

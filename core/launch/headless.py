@@ -97,7 +97,11 @@ def run_headless(
     if stop_on_signal.interrupted:
         console.print(f"Interrupted at step {outcome.step}; resume with --resume {directory.path}")
         return EXIT_INTERRUPTED
-    console.print(f"{outcome.status.capitalize()} at step {outcome.step}. {progress.summary()}")
+    if outcome.status == "finished" and progress.last_record is None and outcome.step >= config.steps:
+        console.print(f"Nothing to train: the run is at step {outcome.step}, its --steps. Resume with --steps N "
+                      f"(N > {outcome.step}) to train further.")
+        return EXIT_OK
+    console.print(f"{outcome.status.capitalize()} at step {outcome.step}. {progress.summary()}".rstrip())
     return EXIT_OK
 
 
