@@ -436,15 +436,20 @@ class Trainer:
     def _optimizer_step(self, step: int) -> bool:
         """The optimizer step (which the precision may skip: fp16 overflow), then the LR schedule's; from
         here ``self.step`` is ``step``. Returns whether the optimizer stepped."""
-        stepped = self.precision.step(self.optimizer)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        self._apply_lr_scale()  # the live scale multiplies whatever the schedule set
+        stepped = self._step_optimizer_and_schedule()
         self.step = step
         if not stepped:
             self._count_skip(step)
         else:
             self._consecutive_skips = 0
+        return stepped
+
+    def _step_optimizer_and_schedule(self) -> bool:
+        """What a training step and a trial's step both end with; False where the precision skipped the step."""
+        stepped = self.precision.step(self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self._apply_lr_scale()  # the live scale multiplies whatever the schedule set
         return stepped
 
     def _report(self, report: StepReport) -> None:
@@ -743,17 +748,11 @@ class Trainer:
         self.precision.unscale_(self.optimizer)
         if self.collectives is not None:
             loss = self.collectives.mean_loss(loss)
-        if options.clip is not None:
-            norms = self.grad_probe.measure()
-            if norms is not None:
-                clip_by_total_norm(norms, options.clip)
+        self._measure_and_clip(step, False, options.clip)  # clips where clipping is on; no probe
         value = loss.item()  # a trial reports every loss: one transfer a step, as training's own
         if not math.isfinite(value) and not self.precision.tolerates_nonfinite:
             raise TrialStopped(f"the loss became {value} at its step {index + 1}")
-        self.precision.step(self.optimizer)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        self._apply_lr_scale()
+        self._step_optimizer_and_schedule()
         elapsed = time.perf_counter() - started
         record.losses.append(value)
         if index not in (0, MEMORY_STEP):  # the first pays the change's one-off costs, the other the memory hooks
