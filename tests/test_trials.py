@@ -82,6 +82,20 @@ def test_a_trial_that_cannot_run_says_why_and_training_goes_on(option, value, re
     assert outcome.status == "finished" and outcome.step == 6
 
 
+def test_an_arm_that_runs_out_of_memory_on_the_cpu_says_so_and_training_goes_on():
+    settings = dict(steps=8, seed=3, checkpoint_every=0)
+    trainer, seen = make_trainer(f"{WORKLOADS / 'tiny.py'}:out_of_memory_under_bf16", trials=["4:amp=bf16"], trial_steps=3, **settings)
+    outcome = trainer.run()
+    changed, as_it_is = trial_results(seen)[0]["arms"]
+    assert changed["steps"] == 0 and changed["error"].startswith("out of memory: [enforce fail")
+    assert "can't allocate memory" in changed["error"]
+    assert as_it_is["error"] is None and len(as_it_is["losses"]) == 3
+    assert outcome.status == "finished" and outcome.step == 8
+    untried_trainer, untried = make_trainer(f"{WORKLOADS / 'tiny.py'}:out_of_memory_under_bf16", **settings)
+    untried_trainer.run()
+    assert losses(seen) == losses(untried)
+
+
 def test_headless_writes_every_trial_to_trials_jsonl_and_prints_it(tmp_path, capsys):
     run = tmp_path / "run"
     assert main([TINY, "--headless", "--steps", "10", "--run-dir", str(run), "--trial", "4:amp=bf16", "--trial", "7:amp=fp16",
@@ -95,6 +109,37 @@ def test_headless_writes_every_trial_to_trials_jsonl_and_prints_it(tmp_path, cap
     assert "step 4: trying amp = bf16 for 12 steps against as many as it is" in err
     assert "step 4: trial amp=bf16 from step 4, 12 steps each on the same batches: " in err and "loss " in err
     assert "step 7: trial amp=fp16 from step 7 could not run" in err
+
+
+def test_a_trial_says_how_far_it_is_at_each_arms_start_and_the_journal_keeps_only_its_start_and_result(tmp_path):
+    trainer, seen = make_trainer(TINY, steps=6, checkpoint_every=0, trials=["4:clip=0.5"], trial_steps=3)
+    trainer.run()
+    progress = seen.of("trial_progress")
+    starts = [(record["arm"], record["done"]) for record in progress if record["done"] == 0]
+    assert starts == [(1, 0), (2, 0)]
+    assert all((record["step"], record["label"], record["steps"]) == (4, "clip=0.5", 3) for record in progress)
+    run = tmp_path / "run"
+    assert main([TINY, "--headless", "--steps", "6", "--run-dir", str(run), "--trial", "4:clip=0.5", "--trial-steps", "3"]) == EXIT_OK
+    journal = [json.loads(line)["event"] for line in (run / "events.jsonl").read_text().splitlines()]
+    assert "trial_started" in journal and "trial_result" in journal and "trial_progress" not in journal
+
+
+def test_the_bar_says_how_far_a_trial_is_while_it_runs():
+    import io
+
+    from rich.console import Console
+
+    from torchlab.core.launch.headless import HeadlessProgress
+    from torchlab.core.wire.protocol import TrialProgress, TrialResult
+
+    progress = HeadlessProgress(100, Console(file=io.StringIO()))
+    progress.on_event(TrialProgress(step=41, label="amp=bf16", arm=2, done=12, steps=20))
+    console = Console(file=io.StringIO(), width=100, color_system=None)
+    with console.capture() as captured:
+        console.print(progress._live.renderable)
+    assert captured.get().startswith("trying amp=bf16: as it is 12/20 ━")
+    progress.on_event(TrialResult(step=41, option="amp", value="bf16", steps=20, arms=[], error="stopped"))
+    assert progress.trial is None
 
 
 def test_a_bad_trial_flag_is_a_usage_error_naming_the_flag(tmp_path, capsys):

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from torchlab.core.wire import protocol
 from torchlab.core.wire.options import OPTION_NAMES, OPTIONS_BY_NAME, format_option_value
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, RankProcess, TelemetrySample
-from torchlab.core.wire.trials import describe_trial
+from torchlab.core.wire.trials import describe_trial, trial_label
 from torchlab.tui.gradient_flags import flag_for
 from torchlab.tui.stragglers import ComparedRank, flag_stragglers
 from torchlab.tui.thinning import Series
@@ -121,6 +121,8 @@ class RunState:
         self._impact_logged: dict[tuple[int, str], bool] = {}
         #: the controlled trials of this run, in order (each one's two arms)
         self.trials: list[protocol.TrialResult] = []
+        #: the running trial's progress; None when none runs (see ``running_trial``)
+        self.trial_progress: protocol.TrialProgress | None = None
         self.failure: Failure | None = None
         #: option -> value the app asked for and the trainer has not answered yet
         self.pending: dict[str, Any] = {}
@@ -382,7 +384,24 @@ class RunState:
         self.telemetry_version += 1
         self.header_version += 1
 
+    def running_trial(self) -> protocol.TrialProgress | None:
+        """The trial running now: its progress while training has not gone past the step it began at (progress
+        is sent as the newest value, apart from the ordered events, so one may land after the trial's result)."""
+        progress = self.trial_progress
+        if progress is None or progress.step <= self.step or self.state != "running":
+            return None
+        return progress
+
+    def _on_trial_progress(self, event: protocol.TrialProgress) -> None:
+        last = self.trials[-1] if self.trials else None
+        if last is not None and last.step == event.step and trial_label(last) == event.label:
+            return  # the trial's result is in: this progress was sent before it and came after it
+        self.trial_progress = event
+        self.header_version += 1
+
     def _on_trial_result(self, event: protocol.TrialResult) -> None:
+        self.trial_progress = None
+        self.header_version += 1
         self.trials.append(event)
         self.impact_version += 1  # the impact view lists them
         first, *rest = describe_trial(event)
@@ -561,6 +580,7 @@ _HANDLERS = {
     protocol.Telemetry: RunState._on_telemetry,
     protocol.Memory: RunState._on_memory,
     protocol.TrialResult: RunState._on_trial_result,
+    protocol.TrialProgress: RunState._on_trial_progress,
     protocol.OptionApplied: RunState._on_option_applied,
     protocol.OptionRefused: RunState._on_option_refused,
     protocol.Detached: RunState._on_detached,

@@ -155,3 +155,11 @@ def _storages(tensors: Iterable[torch.Tensor]) -> dict[int, int]:
 
 def _unpack(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocation that failed: CUDA's ``torch.OutOfMemoryError``, or the CPU allocator's
+    RuntimeError ("DefaultCPUAllocator: can't allocate memory"), which torch does not type."""
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+    )

@@ -66,14 +66,14 @@ from torchlab.core.wire.events import (
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.protocol import (
     PauseCommand, ProfileCommand, ResumeCommand, SaveCheckpointCommand, SetCommand, StopCommand, TrainerCommand, TrialCommand,
-    trainer_command,
+    TrialProgress, trainer_command,
 )
 from torchlab.core.engine.precision import Precision, Precisions
 from torchlab.core.engine.profiler import ProfilerSnapshot
 from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, GradNorms, ProbeCadence, clip_by_total_norm
-from torchlab.core.engine.memory import MemoryCadence, MemoryProbe, SavedTensorCount
-from torchlab.core.engine.trials import AS_IT_IS, MEMORY_STEP, ArmRecord, TrainingSnapshot, TrialStopped
-from torchlab.core.wire.trials import NO_WORLD_SIZE_TRIAL
+from torchlab.core.engine.memory import MemoryCadence, MemoryProbe, SavedTensorCount, out_of_memory
+from torchlab.core.engine.trials import MEMORY_STEP, ArmRecord, TrainingSnapshot, TrialOutOfMemory, TrialStopped
+from torchlab.core.wire.trials import AS_IT_IS, NO_WORLD_SIZE_TRIAL
 from torchlab.core.engine.schedule import make_scheduler
 from torchlab.core.engine.step_report import HostTransfer, StepReport, stats_by_module
 from torchlab.core.engine.telemetry import TelemetrySampler
@@ -83,6 +83,8 @@ from torchlab.core.workload import Workload
 DEFAULT_BATCH_SIZE = 32
 #: With ranks, the per-rank figures (step time, data wait, memory, RSS) are gathered at most this often.
 RANK_FIGURES_INTERVAL_S = 1.0
+#: A running trial says how far it is at most this often (and at each arm's start).
+TRIAL_PROGRESS_INTERVAL_S = 0.25
 #: fp16 skips are routine; this many in a row means the model itself makes NaN/Inf.
 MAX_CONSECUTIVE_FP16_SKIPS = 25
 
@@ -195,6 +197,7 @@ class Trainer:
         self._figures_next = False  # likewise: whether the next report gathers the per-rank figures
         self._checkpoint_next = False  # likewise: whether a periodic checkpoint follows the next step
         self._figures_gathered_at = -math.inf
+        self._trial_progress_at = -math.inf
         self._consecutive_skips = 0
         self._last_checkpoint_step: int | None = None
         self._publishing: WrittenCheckpoint | None = None  # a periodic checkpoint made durable on its thread
@@ -494,7 +497,7 @@ class Trainer:
                 loss = self.workload.loss_fn(self.forward_model, batch)
         except Exception as error:
             # Out of memory is a resource problem, not a model that cannot eat its batch: say it as is.
-            if step != self.first_step_of_process or isinstance(error, torch.OutOfMemoryError):
+            if step != self.first_step_of_process or out_of_memory(error):
                 raise
             frame = user_frame(error.__traceback__)
             where = f"{frame.filename}:{frame.lineno} in {frame.name}()" if frame else describe_code(self.workload.loss_fn)
@@ -702,6 +705,10 @@ class Trainer:
             return answer([], f"a trial runs 1 to {MAX_TRIAL_STEPS} steps an arm, got {shown(command.steps)}")
         if self._profiling is not None:
             return answer([], "a profile is recording; try again once it is ready")
+        if self.collectives is not None and self.step > 0 and self._last_checkpoint_step != self.step:
+            # With ranks an arm that runs out of memory on one rank stops the run (TrialOutOfMemory): saved
+            # here, it resumes from this step, as if the trial had not run.
+            self._save_checkpoint(reason="trial")
         before = self.options
         snapshot = TrainingSnapshot.take(self.model, self.optimizer, self.scheduler, self.precisions.state_dict(), self.data.position)
 
@@ -719,23 +726,40 @@ class Trainer:
             put_back()
             return answer([], f"{option.name}={option.format(value)} cannot run here: {refusal}")
         self._emit(TrialStarted(step=step, option=option.name, value=_jsonable(value), steps=command.steps, source=command.source))
-        arms = []
-        for label in (f"{option.name}={option.format(value)}", AS_IT_IS):
+        arms, changed = [], f"{option.name}={option.format(value)}"
+        for arm, label in enumerate((changed, AS_IT_IS), start=1):
             record = ArmRecord(label)
+            self._report_trial_progress(TrialProgress(step=step, label=changed, arm=arm, done=0, steps=command.steps), now=True)
             try:
                 if label != AS_IT_IS:
                     self.options = before.with_value(option.name, value)
                     self._apply_lr_scale()
                 for index in range(command.steps):
                     self._trial_step(record, index)
+                    self._report_trial_progress(TrialProgress(step=step, label=changed, arm=arm, done=index + 1, steps=command.steps))
             except TrialStopped as stopped:
                 record.error = str(stopped)
-            except torch.OutOfMemoryError as error:
+            except Exception as error:
+                if not out_of_memory(error):
+                    raise
+                if self.collectives is not None:  # the other ranks wait inside this step's collectives
+                    saved = None if self.checkpoint_dir is None else step - 1
+                    raise TrialOutOfMemory(label, len(record.losses) + 1, command.steps, self.world_size, saved, error) from error
                 record.error = f"out of memory: {str(error).splitlines()[0]}"
             finally:
                 put_back()
             arms.append(record.result())
         answer(arms)
+
+    def _report_trial_progress(self, progress: TrialProgress, now: bool = False) -> None:
+        """At most every ``TRIAL_PROGRESS_INTERVAL_S`` (an arm's start at once): the app's header and the bar
+        say how far a trial is, which no step report does while one runs. Rank 0 reports for every rank."""
+        if not self.reports:
+            return
+        clock = time.monotonic()
+        if now or clock - self._trial_progress_at >= TRIAL_PROGRESS_INTERVAL_S:
+            self._trial_progress_at = clock
+            self._emit(progress)
 
     def _trial_step(self, record: ArmRecord, index: int) -> None:
         """One optimizer step of a trial's arm: ``_train_one_step`` without its report (nothing is written,
@@ -908,8 +932,9 @@ class Trainer:
             "options": self.options.as_dict(),
             "config": self.config.to_toml(),
             # A checkpoint for a relaunch is taken after its boundary's commands and scripted changes were
-            # handled; the relaunched run must not queue those scripted changes again.
-            "scripted_through": self._scripted_through if reason == "world_size" else self.step,
+            # queued; the relaunched run must not queue those scripted changes again. Nor must a run resumed
+            # from the one taken before a trial queue that trial again: it stopped the run the first time.
+            "scripted_through": self._scripted_through if reason in ("world_size", "trial") else self.step,
             "elapsed_s": self._elapsed(),
         }
         if rng_by_rank is not None:

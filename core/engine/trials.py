@@ -26,8 +26,6 @@ from torchlab.core.engine.data import DataPosition
 from torchlab.core.wire.impact import median_interval
 from torchlab.core.wire.payloads import MemoryBreakdown, TrialArm
 
-#: The arm that keeps the options as they are.
-AS_IT_IS = "as it is"
 #: The step of an arm whose memory is measured: its second, once the first paid its one-off costs.
 MEMORY_STEP = 1
 
@@ -91,4 +89,24 @@ class ArmRecord:
             tensor_bytes=self.memory.total_bytes if self.memory else None,
             losses=list(self.losses),
             error=self.error,
+        )
+
+
+class TrialOutOfMemory(RuntimeError):
+    """With ranks, an arm that ran out of memory on this rank: the other ranks are inside the step's collectives
+    and cannot leave the arm with it, so the run stops (the launcher stops the other ranks) rather than let
+    their steps pair up with the wrong ones. The trainer saved a checkpoint before the trial to resume from."""
+
+    def __init__(self, arm: str, step: int, steps: int, world_size: int, saved_step: int | None, error: BaseException) -> None:
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if saved_step is None:
+            then = "Nothing was saved before the trial (this run keeps no checkpoints)."
+        elif saved_step == 0:
+            then = "It had not trained a step before the trial: start it again."
+        else:
+            then = (f"It was saved at step {saved_step}, before the trial: resume it (restart in the app, or --resume "
+                    f"RUN_DIR) to go on from there as if the trial had not run.")
+        super().__init__(
+            f"out of memory in a trial's arm {arm!r} at its step {step} of {steps} ({first_line}). With {world_size} "
+            f"ranks one rank cannot leave an arm alone (the others wait in its collectives), so the run stopped. {then}"
         )

@@ -29,7 +29,7 @@ from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.protocol import Message
 from torchlab.core.wire.options import format_option_value
 from torchlab.core.wire.impact import ImpactTracker
-from torchlab.core.wire.trials import describe_trial
+from torchlab.core.wire.trials import describe_trial, trial_progress_text
 from torchlab.core.engine.loading import check_spec, load_workload, workload_label
 from torchlab.core.engine.ranks import Supervisor, initial_world_size, run_quiet_rank
 from torchlab.core.launch.resume import ConfigRecord, TrainingPlan
@@ -83,19 +83,19 @@ def run_headless(
     finally:
         directory.close()
 
-    console.print(f"Run directory: {directory.path}")
+    console.print(f"Run directory: {escape(str(directory.path))}")
     if outcome.status == "nonfinite":
-        console.print(f"[bold red]Stopped on a non-finite value:[/] {outcome.message}")
+        console.print(f"[bold red]Stopped on a non-finite value:[/] {escape(outcome.message)}")
         return EXIT_NONFINITE
     if outcome.status == "failed" and outcome.kind == "StorageError":  # the message says what is intact and what to do
-        console.print(f"[bold red]Stopped after step {outcome.step}:[/] {outcome.message}")
+        console.print(f"[bold red]Stopped after step {outcome.step}:[/] {escape(outcome.message)}")
         return EXIT_FAILED
     if outcome.status == "failed":
-        console.print(f"[bold red]Training failed at step {outcome.step + 1}:[/] {outcome.message}")
-        console.print(f"Traceback in {directory.path / 'events.jsonl'}; the last checkpoint is in {directory.checkpoints}.")
+        console.print(f"[bold red]Training failed at step {outcome.step + 1}:[/] {escape(outcome.message)}")
+        console.print(escape(f"Traceback in {directory.path / 'events.jsonl'}; the last checkpoint is in {directory.checkpoints}."))
         return EXIT_FAILED
     if stop_on_signal.interrupted:
-        console.print(f"Interrupted at step {outcome.step}; resume with --resume {directory.path}")
+        console.print(escape(f"Interrupted at step {outcome.step}; resume with --resume {directory.path}"))
         return EXIT_INTERRUPTED
     if outcome.status == "finished" and progress.last_record is None and outcome.step >= config.steps:
         console.print(f"Nothing to train: the run is at step {outcome.step}, its --steps. Resume with --steps N "
@@ -126,6 +126,7 @@ class HeadlessProgress(TrainerObserver):
         self.console = console
         self.total_steps = total_steps
         self.description = "training"
+        self.trial: p.TrialProgress | None = None  # while a trial runs: the bar says how far it is
         self.step = 0
         self.loss: float | None = None
         self.samples_per_s: float | None = None
@@ -163,23 +164,26 @@ class HeadlessProgress(TrainerObserver):
             case events.RunStarted():
                 self.step, self.description = event.step, f"training on {event.device}"
             case p.OptionApplied():
-                self.say(event.step, f"[green]{event.option} = {event.display}[/] (was {format_option_value(event.option, event.previous)})")
+                self.say(event.step, f"[green]{event.option} = {escape(event.display)}[/] (was {escape(format_option_value(event.option, event.previous))})")
             case p.OptionRefused():
-                self.say(event.step, f"[yellow]refused {event.option} = {event.value}[/]: {event.reason}")
+                self.say(event.step, f"[yellow]refused {escape(event.option)} = {escape(str(event.value))}[/]: {escape(event.reason)}")
             case p.CheckpointSaved():
-                self.say(event.step, f"checkpoint {event.path}")
+                self.say(event.step, escape(f"checkpoint {event.path}"))
             case p.ProfileReady() if event.error:
-                self.say(event.step, f"[red]profile failed[/]: {event.error}")
+                self.say(event.step, f"[red]profile failed[/]: {escape(event.error)}")
             case p.ProfileReady():
                 top = ", ".join(f"{row['name']} {row[event.sort] / 1000:.1f} ms" for row in event.rows[:3])
-                self.console.print(f"steps {event.first_step}–{event.last_step}: profile in {event.dir} (top: {top})")
+                self.console.print(escape(f"steps {event.first_step}–{event.last_step}: profile in {event.dir} (top: {top})"))
             case events.TrialStarted():
-                self.say(event.step, f"trying {event.option} = {format_option_value(event.option, event.value)} for {event.steps} steps against as many as it is")
+                self.say(event.step, escape(f"trying {event.option} = {format_option_value(event.option, event.value)} for {event.steps} steps against as many as it is"))
+            case p.TrialProgress():
+                self.trial = event
             case p.TrialResult():
+                self.trial = None
                 for line in describe_trial(event):
                     self.say(event.step, escape(line))
             case events.StepSkipped():
-                self.say(event.step, f"[yellow]step skipped[/]: {event.reason}")
+                self.say(event.step, f"[yellow]step skipped[/]: {escape(event.reason)}")
             case events.ResumeChangedSettings():
                 style, warning = ("yellow", "warning: ") if event.level == "warning" else ("default", "")
                 self.say(event.step, f"[{style}]{warning}{escape(event.message)}[/]")
@@ -225,7 +229,7 @@ class _BarLine:
             f" {step:>{len(str(total))}}/{total} loss ", (loss, "cyan"), f" {rate} samples/s ",
             (_clock(now - progress._started), "progress.elapsed"), " ", (_clock(self._seconds_left(step, total)), "progress.remaining"),
         )
-        head = Text(progress.description, style="bold")
+        head = Text(progress.description if progress.trial is None else trial_progress_text(progress.trial), style="bold")
         width = max(0, min(BAR_WIDTH, options.max_width - head.cell_len - tail.cell_len - 1))
         filled = width if total <= 0 else min(width, round(width * step / total))
         line = Text.assemble(head, " ", ("━" * filled, "bar.complete"), ("━" * (width - filled), "bar.back"), tail)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from torchlab.core.wire.protocol import (
-    CheckpointSaved, Error, Message, NonFinite, OptionApplied, OptionRefused, ProfileReady, TrialResult,
+    CheckpointSaved, Error, Message, NonFinite, OptionApplied, OptionRefused, ProfileReady, TrialProgress, TrialResult,
 )
 
 _OPT_NUMBER = (int, float, type(None))
@@ -198,5 +198,5 @@ class MetricsMovedAside(Message):
 TRAINER_EVENTS = (
     RunStarted, RunEnded, Paused, Resumed, StepSkipped, ProfileStarted, TrialStarted, ResumedFromCheckpoint,
     ResumeChangedSettings, Relaunching, LineRefused, LinesRefusedUnrecorded, JournalRepaired, MetricsMovedAside,
-    OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult,
+    OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult, TrialProgress,
 )

@@ -6,7 +6,7 @@ new since its own cursor. Three kinds of content, three rules:
 - metrics records: a ring of the last ``metrics_capacity`` reports. A connection that falls behind
   skips ahead (old reports are dropped for it, never queued without bound). A new connection gets
   the ring first, so its curves are full at once.
-- latest-wins values (gradient norms, telemetry, the impact table, per-rank figures): only the newest
+- latest-wins values (gradient norms, telemetry, the impact table, per-rank figures, a trial's progress): only the newest
   is kept and sent.
 - everything else (acknowledgements, state changes, checkpoints, errors): kept in order and never
   dropped for a connection that keeps up; the ring for them is large (``events_capacity``) because
@@ -19,7 +19,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from torchlab.core.wire.protocol import GradNorms, Impact, Memory, Message, Metrics, Ranks, Telemetry
+from torchlab.core.wire.protocol import GradNorms, Impact, Memory, Message, Metrics, Ranks, Telemetry, TrialProgress
 
 MAX_RECORDS_PER_MESSAGE = 1000
 
@@ -53,7 +53,7 @@ class Outbox:
             self._metrics.append((self._metrics_seq, record))
             self._lock.notify_all()
 
-    def add_latest(self, message: GradNorms | Memory | Telemetry | Impact | Ranks) -> None:
+    def add_latest(self, message: GradNorms | Memory | Telemetry | Impact | Ranks | TrialProgress) -> None:
         with self._lock:
             self._latest_seq += 1
             self._latest[type(message)] = (self._latest_seq, message)

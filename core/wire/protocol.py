@@ -1,7 +1,7 @@
 """The wire protocol between the app and the trainer: typed, versioned messages as JSON lines.
 
 Standard library only: the app imports this without torch. One message is one line of UTF-8 JSON,
-``{"v": 4, "type": "<name>", ...fields}``, at most ``MAX_LINE_BYTES``. Nothing is ever unpickled.
+``{"v": 5, "type": "<name>", ...fields}``, at most ``MAX_LINE_BYTES``. Nothing is ever unpickled.
 ``decode`` turns a line into a message object or raises ``ProtocolError`` with a reason fit to send
 back; a peer that receives garbage answers with a ``Refused`` event and goes on (or closes only that
 connection), never crashes.
@@ -25,7 +25,7 @@ from torchlab.core.wire import strict_json
 from torchlab.core.wire.errors import SHOWN_CHARS, shown
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample, TrialArm
 
-PROTOCOL_VERSION = 4  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials
+PROTOCOL_VERSION = 5  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials; 5: a trial's progress
 MAX_LINE_BYTES = 1 << 20
 #: A live option's name, a command's source and a value typed for it are short; longer ones are refused
 #: before anything echoes them.
@@ -60,6 +60,8 @@ class Message:
     max_line_bytes: ClassVar[int] = MAX_LINE_BYTES
     #: the event's name in the run's journal, where it differs from ``type``
     journal_name: ClassVar[str] = ""
+    #: whether the run's journal (``events.jsonl``) keeps it: False for news that is not history
+    journalled: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -416,6 +418,28 @@ class TrialResult(Message):
     arms: list[TrialArm]
     error: str | None = None
     source: str = ""
+
+
+@dataclass(frozen=True)
+class TrialProgress(Message):
+    """How far the trial begun at ``step`` is: ``done`` of ``steps`` steps of its arm ``arm`` (1: ``label``, the
+    option changed; 2: as it is). The newest replaces an unsent older one; the journal keeps the trial's start
+    and its result, not this."""
+
+    type: ClassVar[str] = "trial_progress"
+    journalled: ClassVar[bool] = False
+    schema: ClassVar = {"step": (int,), "label": (str,), "arm": (int,), "done": (int,), "steps": (int,)}
+    step: int
+    label: str
+    arm: int
+    done: int
+    steps: int
+
+    def validate(self) -> None:
+        if self.arm not in (1, 2):
+            raise ProtocolError(f"trial_progress: arm must be 1 or 2, got {shown(self.arm)}")
+        if not 0 <= self.done <= self.steps:
+            raise ProtocolError(f"trial_progress: done must be from 0 to steps ({shown(self.steps)}), got {shown(self.done)}")
 
 
 @dataclass(frozen=True)

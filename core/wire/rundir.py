@@ -122,6 +122,8 @@ class RunDirectory(TrainerObserver):
             self._metrics.append(to_json_line(record))
 
     def on_event(self, event: Message) -> None:
+        if not event.journalled:
+            return
         try:
             with self._events_lock:
                 self._events.append(to_json_line(event.journal_record()))

@@ -17,10 +17,12 @@ from torchlab.core.wire.config import DEFAULT_TRIAL_STEPS, MAX_TRIAL_STEPS
 from torchlab.core.wire.impact import compare_step_times
 from torchlab.core.wire.options import WORLD_SIZE, OptionRefused, parse_option_value
 from torchlab.core.wire.payloads import TrialArm
-from torchlab.core.wire.protocol import TrialCommand, TrialResult
+from torchlab.core.wire.protocol import TrialCommand, TrialProgress, TrialResult
 
 #: Why the world size is not tried (the trainer says it too): it is not a change inside one process.
 NO_WORLD_SIZE_TRIAL = "a trial cannot change the world size: that relaunches the ranks (w changes it for good)"
+#: The label of a trial's second arm, which keeps the options as they are.
+AS_IT_IS = "as it is"
 #: What the app's trial prompt says to type.
 TRIAL_HINT = f"OPTION=VALUE [STEPS], e.g. amp=bf16 or checkpointing=on 40 ({DEFAULT_TRIAL_STEPS} steps an arm if not said)"
 _TRIAL = re.compile(r"\s*([A-Za-z_]+)\s*=\s*(\S+)(?:\s+(\d+))?\s*")
@@ -49,6 +51,18 @@ def describe_trial(result: TrialResult) -> list[str]:
     lines = [f"{head}: {trial_verdict(result)}"]
     lines += [f"  {arm.label} stopped after {arm.steps} steps: {arm.error}" for arm in result.arms if arm.error]
     return lines
+
+
+def trial_label(result: TrialResult) -> str:
+    """``clip=0.5``: the trial's changed arm, as its progress and its first arm name it."""
+    return result.arms[0].label if result.arms else f"{result.option}={result.value}"
+
+
+def trial_progress_text(progress: TrialProgress) -> str:
+    """``trying clip=0.5 7/20`` in the changed arm, ``trying clip=0.5: as it is 7/20`` in the other: the app's header
+    and the headless bar while a trial runs."""
+    arm = "" if progress.arm == 1 else f": {AS_IT_IS}"
+    return f"trying {progress.label}{arm} {progress.done}/{progress.steps}"
 
 
 def trial_verdict(result: TrialResult) -> str:

@@ -300,3 +300,24 @@ def test_every_rank_runs_a_trial_and_the_run_goes_on_as_without_it(tmp_path):
     assert trial["error"] is None and [len(arm["losses"]) for arm in trial["arms"]] == [4, 4]
     plain, tried = (read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("plain", "tried"))
     assert [row["loss"] for row in tried] == [row["loss"] for row in plain]
+
+
+def test_an_arm_out_of_memory_on_one_rank_stops_the_run_saved_before_the_trial_instead_of_hanging(tmp_path, capsys):
+    """Rank 1 alone runs out of memory in the changed arm: the others are inside the step's collectives, so
+    the run stops with a reason (never a hang, never ranks whose steps pair up with the wrong ones), from a
+    checkpoint taken before the trial; the resumed run trains on as the run without the trial."""
+    run = tmp_path / "run"
+    workload = f"{TINY}:rank_1_out_of_memory_under_bf16"
+    settings = ["--world-size", "2", "--checkpoint-every", "0", "--seed", "4"]
+    assert headless(run, workload, *settings, "--steps", "8", "--trial", "5:amp=bf16", "--trial-steps", "3") == EXIT_FAILED
+    events = read_jsonl(run / "events.jsonl")
+    [error] = [e for e in events if e["event"] == "error"]
+    assert error["rank"] == 1 and "out of memory in a trial's arm 'amp=bf16' at its step 1 of 3" in error["message"]
+    assert "It was saved at step 4, before the trial" in error["message"]
+    assert not any(alive(pid) for pid in rank_pids(events))
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] == 4
+    assert "at its step 1 of 3 ([enforce fail at alloc_cpu.cpp" in capsys.readouterr().err  # printed as it is, not as markup
+    assert main(["--resume", str(run), "--headless", "--telemetry-interval", "0"]) == EXIT_OK
+    assert headless(tmp_path / "plain", workload, *settings, "--steps", "8") == EXIT_OK
+    resumed, plain = (read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("run", "plain"))
+    assert [row["loss"] for row in resumed] == [row["loss"] for row in plain]

@@ -376,6 +376,29 @@ async def test_a_trials_result_lands_in_the_log_and_one_that_could_not_run_says_
         assert verdicts[0].startswith("1.33x slower, activations -90 %") and verdicts[1].startswith("could not run: ")
 
 
+async def test_the_header_says_how_far_a_running_trial_is_and_forgets_it_once_its_result_is_in() -> None:
+    from torchlab.tui.widgets.run_header import RunHeader
+
+    def header(app: TorchlabApp) -> str:
+        return str(app.query_one(RunHeader).content)
+
+    app, link = app_with(protocol.TrialProgress(step=121, label="checkpointing=on", arm=1, done=7, steps=20))
+    async with app.run_test(size=SMALL) as pilot:
+        await answer(app, pilot)
+        assert "running, trying checkpointing=on 7/20  step 120/" in header(app)
+        link.push(protocol.TrialProgress(step=121, label="checkpointing=on", arm=2, done=3, steps=20))
+        await answer(app, pilot)
+        assert "trying checkpointing=on: as it is 3/20" in header(app)
+        link.push(protocol.TrialResult(step=121, option="checkpointing", value="on", steps=20, arms=[], error="stopped"))
+        await answer(app, pilot)
+        assert "trying" not in header(app)
+        # The progress is the newest value, sent apart from the ordered events: one can land after the result,
+        # or (to an app that attaches) long after the trial. Training past its step says it is over.
+        link.push(protocol.TrialProgress(step=121, label="checkpointing=on", arm=2, done=20, steps=20))
+        await answer(app, pilot)
+        assert "trying" not in header(app)
+
+
 async def test_t_asks_for_a_trial_checks_it_as_the_trainer_would_and_sends_it() -> None:
     from torchlab.tui.screens.prompt import OptionPrompt
 

@@ -180,6 +180,29 @@ def rank_1_killed_at_step_4() -> Workload:
     return Workload(model=TinyNet(extra=FailsOnRank(1, calls=3, how="kill")), dataset=_regression_data(), loss_fn=mse_loss, batch_size=16)
 
 
+class OutOfMemoryUnderAutocast(nn.Module):
+    """Under CPU autocast (amp=bf16), on rank ``rank`` (the launcher's RANK; every process if None): an
+    allocation the CPU allocator refuses, as a model too big for bf16's extra copies would meet."""
+
+    def __init__(self, rank: int | None = None) -> None:
+        super().__init__()
+        self.armed = rank is None or os.environ.get("RANK") == str(rank)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.armed and torch.is_autocast_enabled("cpu"):
+            torch.empty(2**50, dtype=torch.uint8)  # 1 PiB: "DefaultCPUAllocator: can't allocate memory"
+        return x
+
+
+def out_of_memory_under_bf16() -> Workload:
+    return Workload(model=TinyNet(extra=OutOfMemoryUnderAutocast()), dataset=_regression_data(), loss_fn=mse_loss, batch_size=16)
+
+
+def rank_1_out_of_memory_under_bf16() -> Workload:
+    return Workload(model=TinyNet(extra=OutOfMemoryUnderAutocast(rank=1)), dataset=_regression_data(), loss_fn=mse_loss,
+                    batch_size=16)
+
+
 class _HookThatFailsOnItsThirdCall:
     def __init__(self) -> None:
         self.calls = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from torchlab.core.wire.trials import trial_progress_text
 from torchlab.tui.formatting import format_duration
 from torchlab.tui.state import RunState
 
@@ -45,12 +46,15 @@ class RunHeader(Static):
         text.append(f"{symbol} {state.state}", style=style)
         if state.state == "relaunching" and state.state_detail:  # "2 → 1": the world size it goes to
             text.append(f" {state.state_detail}", style=style)
+        trial = state.running_trial()
+        if trial is not None:  # training waits for it: say so where the state is
+            text.append(f", {trial_progress_text(trial)}", style="bold magenta")
         total = f"/{state.total_steps}" if state.total_steps else ""
         text.append(f"  step {state.step}{total}")
         if state.total_steps:
             text.append(f" {100 * state.step / state.total_steps:.0f}%", style="dim")
         text.append(f"  elapsed {format_duration(state.elapsed_s)}")
-        eta = state.eta_s()
+        eta = state.eta_s() if trial is None else None  # a trial's steps do not count towards the run's
         if eta is not None:
             text.append(f"  ETA {format_duration(eta)}")
         self.update(text, layout=False)
