@@ -73,7 +73,7 @@ class PlainLoop:
         from torchlab.core.engine.loading import load_workload
         from torchlab.core.engine.schedule import make_scheduler
         from torchlab.core.engine.seeding import seed_everything
-        from torchlab.core.engine.trainer import make_optimizer
+        from torchlab.core.engine.optimization import make_optimizer
         from torchlab.core.wire.config import build_config
 
         config = build_config({}, {"workload": SPEC, "steps": steps, "options": {}, "at": []})

@@ -12,7 +12,7 @@ The factory runs in the trainer process only, after seeding, so model initialisa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,12 +21,28 @@ from torch.utils.data import Dataset, IterableDataset
 
 from torchlab.core.wire.errors import WorkloadError
 
-LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
+LossFn = Callable[[torch.nn.Module, Any], torch.Tensor | Mapping[str, torch.Tensor]]
+OptimizerFactory = Callable[[torch.nn.Module], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer, int], torch.optim.lr_scheduler.LRScheduler]
 
 
 @dataclass(kw_only=True)
 class Workload:
     """A model, its data, and how to compute a scalar loss from one batch.
+
+    ``loss_fn(model, batch)`` returns the loss, a scalar floating-point tensor, or a mapping with ``"loss"``
+    and the workload's own metrics, each a scalar tensor or a number (``{"loss": loss, "accuracy": acc}``,
+    Lightning's ``training_step`` convention). The metrics are reduced on the device with the loss (no extra
+    host transfer), averaged over micro-batches and ranks, reported under ``metrics`` in ``metrics.jsonl``,
+    evaluated on ``val_dataset`` too (``val_metrics``) and plotted by the app. The same names every step.
+
+    ``optimizer(model)`` returns the run's optimizer (any ``torch.optim.Optimizer``, any parameter groups; a
+    group's ``"name"`` entry names its LR in reports), built on the model it is given (already on the run's
+    device). ``scheduler(optimizer, total_steps)`` returns its ``LRScheduler``, stepped once per optimizer
+    step. Left as None, ``--optimizer``/``--lr``/``--weight-decay`` and ``--schedule``/``--warmup-steps``
+    build them. The live ``lr_scale`` multiplies every group's scheduled LR; checkpoints and exact resume
+    cover both. A resume with another ``--steps`` builds the workload's scheduler for the new total and
+    steps it to the step resumed at (the LR is what that plan says there, which may differ from before).
 
     ``checkpoint_blocks`` names the submodules that activation checkpointing wraps (qualified names,
     as in ``model.named_modules()``); left as None, they are the children of the largest
@@ -40,6 +56,8 @@ class Workload:
     collate_fn: Callable[[list], Any] | None = None
     batch_size: int | None = None
     checkpoint_blocks: Sequence[str] | None = None
+    optimizer: OptimizerFactory | None = None
+    scheduler: SchedulerFactory | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, torch.nn.Module):
@@ -59,6 +77,10 @@ class Workload:
             raise WorkloadError("Workload.loss_fn must be callable as loss_fn(model, batch) -> scalar tensor.")
         if self.collate_fn is not None and not callable(self.collate_fn):
             raise WorkloadError("Workload.collate_fn must be callable or None.")
+        if self.optimizer is not None and not callable(self.optimizer):
+            raise WorkloadError("Workload.optimizer must be callable as optimizer(model) -> torch.optim.Optimizer, or None.")
+        if self.scheduler is not None and not callable(self.scheduler):
+            raise WorkloadError("Workload.scheduler must be callable as scheduler(optimizer, total_steps) -> LRScheduler, or None.")
         if self.batch_size is not None and (
             isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1
         ):

@@ -14,7 +14,7 @@ from torchlab.core.wire.events import RunStarted
 
 
 def row(step: int, step_time_s: float, batch: int = 32) -> dict:
-    return {"step": step, "loss": 2.0, "step_time_s": step_time_s, "samples_per_s": batch / step_time_s}
+    return {"step": step, "loss": 2.0, "lr": 1e-3, "step_time_s": step_time_s, "samples_per_s": batch / step_time_s}
 
 
 def test_the_rate_is_smoothed_over_steps_so_one_slow_step_does_not_read_as_the_speed():
@@ -59,3 +59,29 @@ def test_the_time_left_is_the_steps_to_go_at_the_pace_of_the_frames_so_far(monke
     clock[0] += 10.0  # 100 steps in 10 s: 900 to go take 90 s
     frame(progress, 120)
     assert frame(progress, 120).rstrip().endswith("0:00:10 0:01:30")
+
+
+def test_through_a_pipe_a_training_line_is_printed_every_ten_seconds_and_at_the_end(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    progress = HeadlessProgress(30, Console(file=out, width=200))  # a file: no terminal, no bar
+    assert progress.prints_lines
+    for step in range(1, 31):
+        record = {**row(step, 0.5), "metrics": {"accuracy": step / 40}}
+        if step % 4 == 0:
+            record["grad_norm_total"] = 0.8771
+        progress.on_metrics(record)
+        clock[0] += 0.5  # 2 steps a second: a line at steps 1, 21 and the last
+    lines = out.getvalue().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["step 1/30", "step 21/30", "step 30/30"]
+    assert lines[1] == "step 21/30: loss 2.0000, lr 0.001, 64 samples/s, grad norm 0.877, accuracy 0.525"
+    assert "grad norm" not in lines[0]  # not measured yet: not made up
+
+
+def test_on_a_terminal_the_bar_says_it_all_and_no_lines_are_printed():
+    out = io.StringIO()
+    progress = HeadlessProgress(30, Console(file=out, force_terminal=True))
+    for step in range(1, 31):
+        progress.on_metrics(row(step, 0.5))
+    assert not progress.prints_lines and out.getvalue() == ""

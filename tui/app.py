@@ -48,7 +48,8 @@ from torchlab.tui.log_tail import LogTail
 from torchlab.tui.state import Failure, RunState
 from torchlab.tui.widgets.event_log import EventLog
 from torchlab.tui.widgets.grad_table import GradTable
-from torchlab.tui.widgets.line_chart import ChartLine, LineChart
+from torchlab.tui.widgets.charts import SPEED, Charts
+from torchlab.tui.widgets.line_chart import LineChart
 from torchlab.tui.widgets.options_panel import OptionsPanel
 from torchlab.tui.widgets.rank_table import RankTable
 from torchlab.tui.widgets.run_header import RunHeader
@@ -117,6 +118,7 @@ KEY_ACTIONS = (
     KeyAction("i", "impact", "Impact", "Impact table: what each option change cost or saved", show=False),
     KeyAction("t", "system", "System", "System: every GPU, host CPU/RAM, trainer memory and its history", show=False),
     KeyAction("T", "try_option", "Trial", "Trial: try an option for a few steps on the same batches, then undo it", show=False),
+    KeyAction("n", "next_chart", "Chart", "Chart: samples/s or one of the workload's own metrics, in turn", show=False),
     KeyAction("M", "memory", "Memory", "Memory by kind: parameters, gradients, optimizer state, activations by module", show=False),
     KeyAction("s", "save_checkpoint", "Save", "Save a checkpoint now"),
     KeyAction("d", "detach", "Detach", "Leave the app; the trainer keeps training (reattach later)", show=False),
@@ -180,10 +182,7 @@ class TorchlabApp(App[int]):
         yield RunHeader(id="header")
         yield StatsBar(id="stats")
         with Horizontal(id="main"):
-            with Vertical(id="charts"):
-                yield LineChart(ChartLine(state.loss, "loss"), ChartLine(state.val_loss, "val loss"), id="loss-chart")
-                yield LineChart(ChartLine(state.lr, "lr", style=2), id="lr-chart")
-                yield LineChart(ChartLine(state.samples_per_s, "samples/s"), id="speed-chart")
+            yield Charts(state, id="charts")
             with Vertical(id="side"):
                 yield GradTable(refresh_interval=self.grad_refresh_interval, id="grads")
                 yield RankTable(id="ranks")  # above world size 1, on a large terminal
@@ -195,9 +194,6 @@ class TorchlabApp(App[int]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#loss-chart").border_title = "loss · [$warning]val loss[/]"
-        self.query_one("#lr-chart").border_title = "learning rate"
-        self.query_one("#speed-chart").border_title = "samples/s"
         self.query_one("#grads").border_title = "gradient norms"
         self.query_one("#options").border_title = "options"
         self.query_one("#system").border_title = "system"
@@ -328,6 +324,7 @@ class TorchlabApp(App[int]):
             self.query_one(RunHeader).show(state)
             self.query_one(StatsBar).show(state)
         if state.metrics_version != self._seen["metrics"]:
+            self.query_one(Charts).show()
             self._redraw_a_chart(state)
         self.query_one(GradTable).show(state)
         if state.options_version != self._seen["options"]:
@@ -481,6 +478,12 @@ class TorchlabApp(App[int]):
             self.run_state.note_request(option, value)
             self.run_state.options_version += 1
             self._refresh_view()
+
+    def action_next_chart(self) -> None:
+        shown = self.query_one(Charts).next_chart()
+        if shown == SPEED and not self.run_state.workload_metrics:
+            self.notify("the workload reports no metrics of its own: return {\"loss\": ..., \"accuracy\": ...} "
+                        "from loss_fn to chart them", timeout=4, markup=False)
 
     def action_profile(self) -> None:
         if self.send(protocol.ProfileCommand(steps=PROFILE_STEPS)):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,9 @@ TREND_LENGTH = 16
 ETA_WINDOW = 20
 #: Telemetry samples kept for the system panel's memory history (about 1 Hz: five minutes).
 TELEMETRY_HISTORY = 300
+#: The most LR groups and workload metrics kept as series (each is a chart line); names cut to this many characters.
+MAX_NAMED_SERIES = 32
+MAX_SERIES_NAME_CHARS = 40
 #: A segment's verdict goes to the event log once it has this many steps (its medians have settled).
 IMPACT_SETTLE_STEPS = 20
 
@@ -102,6 +105,12 @@ class RunState:
         self.lr = Series()
         self.samples_per_s = Series()
         self.step_time = Series()
+        #: each parameter group's LR by the group's name, where the workload's optimizer has several
+        self.group_lrs: dict[str, Series] = {}
+        #: the workload's own metrics (loss_fn's mapping) by name: (training, validation)
+        self.workload_metrics: dict[str, tuple[Series, Series]] = {}
+        #: moves when a group or a metric appears (the charts then show it)
+        self.named_series_version = 0
         self.last_record: dict[str, Any] = {}
         self.elapsed_s: float | None = None
         self.recent_step_times: deque[float] = deque(maxlen=ETA_WINDOW)
@@ -262,7 +271,8 @@ class RunState:
         self._start_ranks(run.ranks)
         # A run resumed from a checkpoint re-trains the steps after it: drop them from the curves.
         if event.step < self.step:
-            for series in (self.loss, self.val_loss, self.lr, self.samples_per_s, self.step_time):
+            for series in (self.loss, self.val_loss, self.lr, self.samples_per_s, self.step_time, *self.group_lrs.values(),
+                           *(line for pair in self.workload_metrics.values() for line in pair)):
                 series.truncate_after(event.step)
             self.metrics_version += 1
         self.step = event.step
@@ -328,6 +338,9 @@ class RunState:
                 points = [(step, value) for step, value in zip(steps, values) if _is_finite_number(value)]
                 if points:
                     series.extend([step for step, _ in points], [value for _, value in points])
+        self._take_named(steps, columns.get("lrs"), self.group_lrs, lambda name: self.group_lrs.setdefault(name, Series()))
+        self._take_named(steps, columns.get("metrics"), self.workload_metrics, lambda name: self._metric_pair(name)[0])
+        self._take_named(steps, columns.get("val_metrics"), self.workload_metrics, lambda name: self._metric_pair(name)[1])
         times = columns.get("step_time_s")
         if times is not None:
             times = times[-self.recent_step_times.maxlen :]
@@ -371,6 +384,33 @@ class RunState:
         self.grad_total = _float_or_none(event.total)
         self._flags_stale = True
         self.grads_version += 1
+
+    def _take_named(self, steps: list[int], rows: list | None, table: dict[str, Any], series_of: Callable[[str], Series]) -> None:
+        """A column of {name: value} per row (``lrs``, ``metrics``, ``val_metrics``; null on rows without one)
+        into ``table``'s series, one per name (at most ``MAX_NAMED_SERIES``); a new name makes the charts show it."""
+        if rows is None:
+            return
+        known = len(table)
+        points: dict[str, tuple[list[int], list[float]]] = {}
+        for step, row in zip(steps, rows):
+            if not isinstance(row, dict):
+                continue
+            for name, value in row.items():
+                if not isinstance(name, str) or not _is_finite_number(value):
+                    continue
+                name = name[:MAX_SERIES_NAME_CHARS]
+                if name not in points and name not in table and len(table) + len(points) >= MAX_NAMED_SERIES:
+                    continue
+                xs, ys = points.setdefault(name, ([], []))
+                xs.append(step)
+                ys.append(value)
+        for name, (xs, ys) in points.items():
+            series_of(name).extend(xs, ys)
+        if len(table) != known:
+            self.named_series_version += 1
+
+    def _metric_pair(self, name: str) -> tuple[Series, Series]:
+        return self.workload_metrics.setdefault(name, (Series(), Series()))
 
     def _flag_modules(self) -> None:
         median = self.median_norm()

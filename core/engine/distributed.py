@@ -8,7 +8,8 @@ it needs to keep its ranks in lock-step:
 - ``share`` (every step boundary): rank 0's commands, as one small JSON packet broadcast as a uint8
   tensor, so every rank applies the same changes at the same step. One collective; nothing is
   unpickled (the packet is JSON).
-- ``mean_loss`` (every step): the global mean loss, so every rank makes the same non-finite decision.
+- ``mean_loss`` (every step): the global mean loss (and the workload's metrics), so every rank makes the same
+  non-finite decision.
 - ``gather_figures`` (report steps, at most once a second; rank 0 decides and says so in the boundary
   packet): each rank's step time, data wait, allocator memory and RSS, so a straggler is visible.
 
@@ -170,11 +171,14 @@ class Collectives:
         return everyone
 
     # ---- every step
-    def mean_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """The mean over ranks of ``loss`` (each rank's mean over an equal share of the global batch)."""
-        reduced = loss.detach().float().reshape(1).clone()
+    def mean_loss(self, loss: torch.Tensor, metrics: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The mean over ranks of ``loss`` (each rank's mean over an equal share of the global batch) and of the
+        workload's ``metrics`` vector, in one all-reduce."""
+        parts = [loss.detach().float().reshape(1)] + ([metrics.float()] if metrics is not None else [])
+        reduced = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
         dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
-        return reduced.reshape(()) / self.context.world_size
+        reduced = reduced / self.context.world_size
+        return reduced[0], (reduced[1:] if metrics is not None else None)
 
     # ---- report steps
     def gather_figures(self, step_time_s: float, data_wait_s: float) -> list[RankFigures]:

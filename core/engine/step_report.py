@@ -86,6 +86,8 @@ class StepReport:
     step_time_s: float
     data_wait_s: float
     memory: MemoryBreakdown | None = None
+    metrics: dict[str, float] | None = None  # the workload's own (loss_fn's mapping), averaged over micro-batches and ranks
+    lrs: dict[str, float] | None = None  # each parameter group's LR, where the workload's optimizer has several
 
 
 def stats_by_module(module_names: list[str], table: list[float]) -> dict[str, list[float]]:

@@ -24,6 +24,7 @@ import queue
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,8 @@ from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, Gra
 from torchlab.core.engine.memory import MemoryCadence, MemoryProbe, SavedTensorCount, out_of_memory
 from torchlab.core.engine.trials import MEMORY_STEP, ArmRecord, TrainingSnapshot, TrialOutOfMemory, TrialStopped
 from torchlab.core.wire.trials import AS_IT_IS, NO_WORLD_SIZE_TRIAL
-from torchlab.core.engine.schedule import make_scheduler
+from torchlab.core.engine.loss_output import MetricNames, read_loss_output
+from torchlab.core.engine.optimization import LearningRates, build_optimizer, build_scheduler, group_names
 from torchlab.core.engine.step_report import HostTransfer, StepReport, stats_by_module
 from torchlab.core.engine.telemetry import TelemetrySampler
 from torchlab.core.wire.payloads import TelemetrySample
@@ -162,8 +164,12 @@ class Trainer:
 
         self.model = workload.model.to(self.device)
         self.model.train()
-        self.optimizer = make_optimizer(self.model, config)
-        self.scheduler = make_scheduler(self.optimizer, config)
+        self.optimizer = build_optimizer(self.model, config, workload)
+        self.scheduler = build_scheduler(self.optimizer, config, workload)
+        self.lrs = LearningRates(self.optimizer, self.scheduler)
+        self.metric_names = MetricNames()  # the workload's own metrics, named by its first step
+        #: each group's name, where the workload's optimizer has several: each group's LR is then reported
+        self.lr_groups = group_names(self.optimizer) if workload.optimizer is not None and len(self.optimizer.param_groups) > 1 else None
         self.data = BatchStream(
             workload.dataset,
             batch_size=self.batch_size,
@@ -336,11 +342,11 @@ class Trainer:
         # Rank 0 reports memory (every rank holds alike); never under the profiler, whose trace would show the hooks.
         measure_memory = is_report and self.reports and self._profiling is None and self.memory_cadence.due(step)
 
-        loss, data_wait, activations, saved = self._forward_backward(step, options.accum, sample_activations, measure_memory)
+        loss, metrics, data_wait, activations, saved = self._forward_backward(step, options.accum, sample_activations, measure_memory)
         gradients_bytes = self.memory_probe.gradients_bytes() if saved is not None else 0
         self.precision.unscale_(self.optimizer)  # fp16: true-scale gradients before they are measured or clipped
         if self.collectives is not None:  # every rank then sees the same loss and stops on the same NaN
-            loss = self.collectives.mean_loss(loss)
+            loss, metrics = self.collectives.mean_loss(loss, metrics)
         # With ranks, rank 0's cadence decides for all (shared at the boundary), so a non-finite gradient
         # is seen by every rank at the same step.
         probe_due = is_report and (self._probe_next if self.collectives is not None else self.cadence.should_probe(step))
@@ -353,6 +359,7 @@ class Trainer:
         transfer.add("clipped", clipped)
         transfer.add("grad_norms", norms.per_module if probe_due and norms is not None else None)
         transfer.add("act_stats", activations)
+        transfer.add("metrics", metrics)
         host = transfer.to_host()
         loss, total_norm = host.scalar("loss"), host.scalar("grad_norm_total")
 
@@ -362,7 +369,7 @@ class Trainer:
         if not finite and not self.precision.tolerates_nonfinite:
             self._raise_nonfinite(step, loss, total_norm)
 
-        lr_used = self.optimizer.param_groups[0]["lr"]  # before the schedule moves it on
+        lrs_used = [group["lr"] for group in self.optimizer.param_groups]  # before the schedule moves them on
         stepped = self._optimizer_step(step)
         step_time = time.perf_counter() - started  # the step's own time: reporting it is not part of it
         self.cadence.record_step(step_time)
@@ -373,12 +380,12 @@ class Trainer:
             memory = self.memory_probe.breakdown(step, saved, gradients_bytes, self.optimizer, self.device)
             self.memory_cadence.measured()
 
-        grad_norms, act_stats = host.vector("grad_norms"), host.vector("act_stats")
+        grad_norms, act_stats, metric_values = host.vector("grad_norms"), host.vector("act_stats"), host.vector("metrics")
         self._report(StepReport(
             step=step,
             options=options,
             loss=loss,
-            lr=lr_used,
+            lr=lrs_used[0],
             stepped=stepped,
             grad_norm_total=total_norm,
             clipped=host.flag("clipped"),
@@ -387,13 +394,16 @@ class Trainer:
             step_time_s=step_time,
             data_wait_s=data_wait,
             memory=memory,
+            metrics=dict(zip(self.metric_names.names, metric_values)) if metric_values is not None else None,
+            lrs=dict(zip(self.lr_groups, lrs_used)) if self.lr_groups is not None else None,
         ))
 
     def _forward_backward(
         self, step: int, accum: int, sample_activations: bool, measure_memory: bool,
-    ) -> tuple[torch.Tensor, float, torch.Tensor | None, SavedTensorCount | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, float, torch.Tensor | None, SavedTensorCount | None]:
         """Forward and backward over ``accum`` micro-batches, each loss divided by ``accum`` so that the
-        gradients are those of the mean. Returns the mean loss (fp32, on the device: no sync), the seconds
+        gradients are those of the mean. Returns the mean loss (fp32, on the device: no sync), the mean of the
+        workload's own metrics (a vector in ``metric_names`` order, on the device; None without any), the seconds
         spent waiting for data, the activation statistics (on the device) when this step samples them, and
         what the first micro-batch's forward saved for backward when this step measures memory.
 
@@ -401,7 +411,7 @@ class Trainer:
         node or a kernel, ~20 us of a 10 ms step on a CPU."""
         if sample_activations:
             self.activation_probe.attach()  # hooks only on sampled steps: on every step they cost ~35 %
-        losses = []
+        losses, metrics = [], []
         data_wait = 0.0
         saved = None
         for micro in range(accum):
@@ -414,14 +424,18 @@ class Trainer:
             with contextlib.nullcontext() if syncing else self.ddp.no_sync():
                 if measure_memory and micro == 0:
                     with self.memory_probe.counting_saved_tensors() as saved:
-                        loss = self._compute_loss(batch, step)
+                        loss, named = self._compute_loss(batch, step)
                 else:
-                    loss = self._compute_loss(batch, step)
+                    loss, named = self._compute_loss(batch, step)
                 self.precision.backward(loss / accum if accum > 1 else loss)
             losses.append(loss.detach())
+            metrics.append(self.metric_names.stack(named, describe_code(self.workload.loss_fn), step))
         mean_loss = losses[0].float() if accum == 1 else torch.stack(losses).float().mean()
+        mean_metrics = None
+        if metrics[0] is not None:
+            mean_metrics = metrics[0] if accum == 1 else torch.stack(metrics).mean(dim=0)
         activations = self.activation_probe.detach() if sample_activations else None
-        return mean_loss, data_wait, activations, saved
+        return mean_loss, mean_metrics, data_wait, activations, saved
 
     def _measure_and_clip(self, step: int, probe_due: bool, clip: float | None) -> tuple[GradNorms | None, torch.Tensor | None]:
         """Gradient norms on the device: measured when the probe is due, and always when clipping needs
@@ -451,8 +465,7 @@ class Trainer:
         """What a training step and a trial's step both end with; False where the precision skipped the step."""
         stepped = self.precision.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        self._apply_lr_scale()  # the live scale multiplies whatever the schedule set
+        self.lrs.step(self.options.lr_scale)  # the live scale multiplies whatever the schedule set
         return stepped
 
     def _report(self, report: StepReport) -> None:
@@ -480,6 +493,10 @@ class Trainer:
             "skipped": not report.stepped,
             **report.options.as_dict(),
         }
+        if report.lrs is not None:
+            record["lrs"] = report.lrs
+        if report.metrics is not None:
+            record["metrics"] = report.metrics
         if report.act_stats is not None:
             record["act_stats"] = report.act_stats
         if report.memory is not None:
@@ -487,14 +504,17 @@ class Trainer:
         if rank_figures is not None:
             record["ranks"] = rank_figures
         if self._is_eval_step(report.step):
-            record["val_loss"] = self._evaluate()  # rank 0 alone, on the model without its DDP wrapper
+            record["val_loss"], val_metrics = self._evaluate()  # rank 0 alone, on the model without its DDP wrapper
+            if val_metrics is not None:
+                record["val_metrics"] = val_metrics
         self._emit_metrics(record)
 
-    def _compute_loss(self, batch: Any, step: int) -> torch.Tensor:
-        """The workload's loss for one micro-batch; on the first step, failures name the user's code."""
+    def _compute_loss(self, batch: Any, step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The workload's loss for one micro-batch, and its own metrics (core/engine/loss_output.py); on the first
+        step, failures name the user's code."""
         try:
             with self.precision.autocast():
-                loss = self.workload.loss_fn(self.forward_model, batch)
+                output = self.workload.loss_fn(self.forward_model, batch)
         except Exception as error:
             # Out of memory is a resource problem, not a model that cannot eat its batch: say it as is.
             if step != self.first_step_of_process or out_of_memory(error):
@@ -505,6 +525,7 @@ class Trainer:
                 f"{where}: the first training step failed: {type(error).__name__}: {error}. "
                 f"The model cannot train on the batches its dataset gives (batch: {_describe_batch(batch)})."
             ) from error
+        loss, metrics = read_loss_output(output, describe_code(self.workload.loss_fn), self.device)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
             got = f"a tensor of shape {list(loss.shape)} and dtype {loss.dtype}" if isinstance(loss, torch.Tensor) else type(loss).__name__
             raise WorkloadError(
@@ -516,7 +537,7 @@ class Trainer:
                 f"{describe_code(self.workload.loss_fn)}: the loss does not require grad, so nothing can train "
                 f"(was it computed under torch.no_grad(), or detached?)."
             )
-        return loss
+        return loss, metrics
 
     def _raise_nonfinite(self, step: int, loss_value: float, total_norm: float | None) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -558,9 +579,13 @@ class Trainer:
         every = self.config.eval_every
         return self.workload.val_dataset is not None and every > 0 and (step % every == 0 or step == self.config.steps)
 
-    def _evaluate(self) -> float:
+    def _evaluate(self) -> tuple[float, dict[str, float] | None]:
+        """The mean loss over the validation batches, and the workload's own metrics over them; one host
+        transfer for both."""
         self.model.eval()
+        where = describe_code(self.workload.loss_fn)
         total, count = torch.zeros((), device=self.device), 0
+        metric_totals: torch.Tensor | None = None
         try:
             with torch.inference_mode(), self.precision.autocast():
                 for batch in evaluation_batches(
@@ -570,11 +595,18 @@ class Trainer:
                     limit=self.config.eval_batches,
                     device=self.device,
                 ):
-                    total += self.workload.loss_fn(self.model, batch).float()
+                    loss, named = read_loss_output(self.workload.loss_fn(self.model, batch), where, self.device)
+                    total += loss.float()
+                    metrics = self.metric_names.stack(named, where, self.step)
+                    if metrics is not None:
+                        metric_totals = metrics if metric_totals is None else metric_totals + metrics
                     count += 1
         finally:
             self.model.train()
-        return total.item() / max(count, 1)
+        if metric_totals is None:
+            return total.item() / max(count, 1), None
+        values = torch.cat([total.reshape(1), metric_totals]).tolist()
+        return values[0] / max(count, 1), {name: value / max(count, 1) for name, value in zip(self.metric_names.names, values[1:])}
 
     # ----------------------------------------------------------------- options and commands
     def _at_step_boundary(self) -> None:
@@ -716,6 +748,7 @@ class Trainer:
             self.options = before
             self._enact(option, getattr(before, option.name))
             snapshot.restore(self.model, self.optimizer, self.scheduler)
+            self.lrs.read_schedule()
             self.precisions.restore(snapshot.grad_scaler)
             self.data.restore(snapshot.data)
             self._apply_lr_scale()
@@ -767,11 +800,11 @@ class Trainer:
         step, options = self.step + 1, self.options
         measure_memory = index == MEMORY_STEP and self.reports
         started = time.perf_counter()
-        loss, _, _, saved = self._forward_backward(step, options.accum, False, measure_memory)
+        loss, _, _, _, saved = self._forward_backward(step, options.accum, False, measure_memory)
         gradients_bytes = self.memory_probe.gradients_bytes() if saved is not None else 0
         self.precision.unscale_(self.optimizer)
         if self.collectives is not None:
-            loss = self.collectives.mean_loss(loss)
+            loss, _ = self.collectives.mean_loss(loss, None)
         self._measure_and_clip(step, False, options.clip)  # clips where clipping is on; no probe
         value = loss.item()  # a trial reports every loss: one transfer a step, as training's own
         if not math.isfinite(value) and not self.precision.tolerates_nonfinite:
@@ -894,15 +927,7 @@ class Trainer:
 
     def _apply_lr_scale(self, scale: float | None = None) -> None:
         """The schedule's LR times ``scale`` (by default the one in force), on every parameter group."""
-        scale = self.options.lr_scale if scale is None else scale
-        for group, scheduled in zip(self.optimizer.param_groups, self._scheduled_lrs()):
-            group["lr"] = scheduled * scale
-
-    def _scheduled_lrs(self) -> list[float]:
-        """What the schedule gives now: LambdaLR's own ``base_lr * lambda(last_epoch)``, computed from its
-        base LRs as they are (a resume with another ``--lr`` sets them after the state loaded)."""
-        epoch = self.scheduler.last_epoch
-        return [base * factor(epoch) for base, factor in zip(self.scheduler.base_lrs, self.scheduler.lr_lambdas)]
+        self.lrs.apply(self.options.lr_scale if scale is None else scale)
 
     # ----------------------------------------------------------------- checkpoints
     def _save_checkpoint(self, reason: str) -> None:
@@ -965,21 +990,33 @@ class Trainer:
     def _restore(self, state: dict[str, Any], config: TrainConfig, explicit_options: Iterable[str]) -> LiveOptions:
         """Load a checkpoint; return the options to run with (the checkpoint's, unless given explicitly).
 
-        The configuration may differ from the checkpoint's (an override given with ``--resume``): the
-        optimizer's state is kept only for the same optimizer, and the LR and weight decay are this
-        configuration's, not the ones saved in the optimizer's and scheduler's state."""
+        The configuration may differ from the checkpoint's (an override given with ``--resume``): the built-in
+        optimizer's state is kept only for the same optimizer, and its LR and weight decay are this
+        configuration's, not the ones saved in the optimizer's and scheduler's state. A workload's own optimizer
+        and scheduler are restored as saved; where ``--steps`` changed, the workload's scheduler is the one its
+        factory builds for the new total, stepped to this step (torchlab re-plans only its own schedules)."""
         stored = config_from_toml(state["config"], "the checkpoint's configuration") if "config" in state else config
+        own_optimizer, own_scheduler = self.workload.optimizer is not None, self.workload.scheduler is not None
         configured = [{"initial_lr": group["initial_lr"], "weight_decay": group["weight_decay"]} for group in self.optimizer.param_groups]
         try:
             self.model.load_state_dict(state["model"])
-            if stored.optimizer == config.optimizer:
+            if own_optimizer or stored.optimizer == config.optimizer:
                 self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as error:
-            raise ConfigError(f"--resume: the checkpoint does not fit this workload's model: {error}") from None
-        self.scheduler.load_state_dict(state["scheduler"])
-        for group, settings in zip(self.optimizer.param_groups, configured):
-            group.update(settings)
-        self.scheduler.base_lrs = [settings["initial_lr"] for settings in configured]
+            raise ConfigError(f"--resume: the checkpoint does not fit this workload's model and optimizer: {error}") from None
+        if own_scheduler and stored.steps != config.steps:
+            with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()": on purpose, a replay
+                warnings.simplefilter("ignore", UserWarning)
+                for _ in range(state["step"]):  # the factory's plan for the new total, from its start
+                    self.lrs.step(1.0)
+        else:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if not own_optimizer:
+            for group, settings in zip(self.optimizer.param_groups, configured):
+                group.update(settings)
+        if not own_scheduler:
+            self.scheduler.base_lrs = [settings["initial_lr"] for settings in configured]
+        self.lrs.read_schedule()
         self.precisions.load_state_dict(state.get("grad_scaler"))
         self._restore_rng(state)
         self.data.restore(DataPosition.from_dict(state["data"], self.batch_size))
@@ -1035,21 +1072,6 @@ class Trainer:
 _WITHOUT_HOOK = [option.name for option in LIVE_OPTIONS if option.name not in _ENACT_HOOKS]
 if _WITHOUT_HOOK:  # a live option added to the registry without its hook: say so at import, not at its first use
     raise TypeError(f"live option(s) without an enact hook in the Trainer (@enacts): {', '.join(_WITHOUT_HOOK)}")
-
-
-def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW or SGD; weight decay only on matrices (not biases or norm gains), as nanoGPT and most LLM code."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise WorkloadError(f"the model {type(model).__name__} has no trainable parameters.")
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
-    groups = [group for group in groups if group["params"]]
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=config.lr, momentum=0.9)
-    return torch.optim.AdamW(groups, lr=config.lr)
 
 
 def _describe_batch(batch: Any) -> str:

@@ -9,6 +9,7 @@ them. Started by ``torchrun`` instead, each process is one rank and only rank 0 
 from __future__ import annotations
 
 import collections
+import math
 import signal
 import time
 from pathlib import Path
@@ -112,6 +113,9 @@ PROGRESS_FRAMES_PER_S = 2
 #: The bar's widest; it narrows on a narrow terminal, so the line never wraps.
 BAR_WIDTH = 40
 
+#: Where no bar can be drawn (output to a pipe or a file: nohup, CI logs), a training line this often.
+PIPE_LINE_INTERVAL_S = 10.0
+
 
 class HeadlessProgress(TrainerObserver):
     """A trainer observer that draws a progress bar and prints events above it.
@@ -133,6 +137,10 @@ class HeadlessProgress(TrainerObserver):
         self.first_loss: float | None = None
         self.last_record: dict[str, Any] | None = None
         self._step_time_s: float | None = None  # smoothed: the bar shows a rate, not one step's hiccup
+        self._grad_norm: float | None = None  # the newest measured (the probe does not run every step)
+        #: no terminal to draw a bar on: a line of figures every PIPE_LINE_INTERVAL_S instead
+        self.prints_lines = not console.is_terminal
+        self._line_printed_at = -math.inf
         self._started = time.monotonic()
         self._live = Live(_BarLine(self), console=console, transient=True, refresh_per_second=PROGRESS_FRAMES_PER_S)
 
@@ -149,8 +157,24 @@ class HeadlessProgress(TrainerObserver):
             self.first_loss = record["loss"]
         self.last_record = record
         self.step, self.loss, self.samples_per_s = record["step"], record["loss"], self.rate(record)
+        if record.get("grad_norm_total") is not None:
+            self._grad_norm = record["grad_norm_total"]
+        if self.prints_lines:
+            now = time.monotonic()
+            if now - self._line_printed_at >= PIPE_LINE_INTERVAL_S or record["step"] >= self.total_steps:
+                self._line_printed_at = now
+                self.console.print(escape(self.training_line(record)))
         if "val_loss" in record:
-            self.console.print(f"step {record['step']}: val_loss {record['val_loss']:.4f}")
+            extra = "".join(f", val {name} {value:.4g}" for name, value in record.get("val_metrics", {}).items())
+            self.console.print(escape(f"step {record['step']}: val_loss {record['val_loss']:.4f}{extra}"))
+
+    def training_line(self, record: dict[str, Any]) -> str:
+        """``step 340/1000: loss 2.3456, lr 1.20e-03, 12,345 samples/s, grad norm 0.871, accuracy 0.91``."""
+        parts = [f"loss {record['loss']:.4f}", f"lr {record['lr']:.3g}", f"{self.samples_per_s:,.0f} samples/s"]
+        if self._grad_norm is not None:
+            parts.append(f"grad norm {self._grad_norm:.3g}")
+        parts += [f"{name} {value:.4g}" for name, value in record.get("metrics", {}).items()]
+        return f"step {record['step']}/{self.total_steps}: " + ", ".join(parts)
 
     def rate(self, record: dict[str, Any]) -> float:
         """Samples a second over the last ~10 steps (an exponential average of the step time): a frame

@@ -321,3 +321,11 @@ def test_an_arm_out_of_memory_on_one_rank_stops_the_run_saved_before_the_trial_i
     assert headless(tmp_path / "plain", workload, *settings, "--steps", "8") == EXIT_OK
     resumed, plain = (read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("run", "plain"))
     assert [row["loss"] for row in resumed] == [row["loss"] for row in plain]
+
+def test_the_workloads_metrics_are_the_mean_over_ranks_in_the_steps_one_all_reduce(tmp_path):
+    run = tmp_path / "run"
+    workload = f"{WORKLOADS / 'own_training.py'}:rank_accuracy"
+    assert headless(run, workload, "--world-size", "2", "--steps", "4", "--checkpoint-every", "0", "--eval-every", "0") == EXIT_OK
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [row["metrics"]["rank"] for row in rows] == [0.5] * 4  # ranks 0 and 1
+    assert set(rows[0]["lrs"]) == {"body", "head"}

@@ -1,0 +1,121 @@
+"""The optimizer and its LR schedule, built-in (``--optimizer``, ``--schedule``) or the workload's own, and the
+live ``lr_scale`` on top of either.
+
+The scale must not feed back into the schedule. Built-in schedules are closed forms of the step, but a
+workload's scheduler may be chainable (``CosineAnnealingLR``, ``StepLR``, ``ExponentialLR`` compute the next LR
+from the LR in the group): scaling the group's LR in place would compound at every step. ``LearningRates`` keeps
+the schedule's own LR for each group: the groups hold it while the scheduler steps, and the scaled LR while the
+optimizer steps. A checkpoint holds the scheduler's state, whose last LRs are the schedule's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
+
+from torchlab.core.engine.schedule import make_scheduler
+from torchlab.core.wire.config import TrainConfig
+from torchlab.core.wire.errors import WorkloadError
+from torchlab.core.engine.loading import describe_code
+from torchlab.core.workload import Workload
+
+
+def build_optimizer(model: torch.nn.Module, config: TrainConfig, workload: Workload) -> torch.optim.Optimizer:
+    """The workload's ``optimizer(model)``, checked, or the built-in one that ``--optimizer`` names."""
+    if workload.optimizer is None:
+        return make_optimizer(model, config)
+    optimizer = _call(workload.optimizer, "optimizer(model)", model)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise WorkloadError(f"{describe_code(workload.optimizer)}: Workload.optimizer must return a torch.optim.Optimizer, "
+                            f"got {type(optimizer).__name__}.")
+    owned = {id(parameter) for parameter in model.parameters()}
+    foreign = sum(1 for group in optimizer.param_groups for tensor in group["params"] if id(tensor) not in owned)
+    if foreign:
+        raise WorkloadError(
+            f"{describe_code(workload.optimizer)}: Workload.optimizer returned an optimizer over {foreign} tensor(s) that "
+            f"are not the model's parameters: build it from the model it is given (optimizer(model)), not from another "
+            f"copy of it."
+        )
+    if not any(group["params"] for group in optimizer.param_groups):
+        raise WorkloadError(f"{describe_code(workload.optimizer)}: Workload.optimizer returned an optimizer with no parameters.")
+    return optimizer
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig, workload: Workload) -> LRScheduler:
+    """The workload's ``scheduler(optimizer, total_steps)``, checked, or the built-in one ``--schedule`` names.
+    It is stepped once per optimizer step; ``total_steps`` is the run's ``--steps``."""
+    if workload.scheduler is None:
+        return make_scheduler(optimizer, config)
+    scheduler = _call(workload.scheduler, "scheduler(optimizer, total_steps)", optimizer, config.steps)
+    where = describe_code(workload.scheduler)
+    if isinstance(scheduler, ReduceLROnPlateau):
+        raise WorkloadError(f"{where}: Workload.scheduler returned ReduceLROnPlateau, which steps on a metric, not once "
+                            f"per optimizer step; torchlab cannot step it. Use a schedule of the step (or none).")
+    if not isinstance(scheduler, LRScheduler):
+        raise WorkloadError(f"{where}: Workload.scheduler must return a torch.optim.lr_scheduler.LRScheduler, "
+                            f"got {type(scheduler).__name__}.")
+    if scheduler.optimizer is not optimizer:
+        raise WorkloadError(f"{where}: Workload.scheduler must schedule the optimizer it is given, not another one.")
+    return scheduler
+
+
+def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW or SGD; weight decay only on matrices (not biases or norm gains), as nanoGPT and most LLM code."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise WorkloadError(f"the model {type(model).__name__} has no trainable parameters.")
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    groups = [group for group in groups if group["params"]]
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=config.lr, momentum=0.9)
+    return torch.optim.AdamW(groups, lr=config.lr)
+
+
+def group_names(optimizer: torch.optim.Optimizer) -> list[str]:
+    """Each parameter group's name: its ``"name"`` entry where the workload gave one, else its index."""
+    return [group["name"] if isinstance(group.get("name"), str) and group["name"] else str(index)
+            for index, group in enumerate(optimizer.param_groups)]
+
+
+class LearningRates:
+    """The schedule's own LR for each parameter group, and the groups' LRs with the live scale on them."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, scheduler: LRScheduler) -> None:
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.scheduled: list[float] = []
+        self.read_schedule()
+
+    def read_schedule(self) -> None:
+        """Take the schedule's LRs from the scheduler, as built or as a state it loaded left it. A ``LambdaLR``'s
+        is its closed form of the base LRs (a resume with another ``--lr`` sets those after the state loaded)."""
+        if isinstance(self.scheduler, LambdaLR):
+            epoch = self.scheduler.last_epoch
+            self.scheduled = [base * factor(epoch) for base, factor in zip(self.scheduler.base_lrs, self.scheduler.lr_lambdas)]
+        else:
+            self.scheduled = [float(lr) for lr in self.scheduler.get_last_lr()]
+
+    def step(self, scale: float) -> None:
+        """The schedule's step, from its own LRs (never the scaled ones), then the scale on what it gives."""
+        for group, lr in zip(self.optimizer.param_groups, self.scheduled):
+            group["lr"] = lr
+        self.scheduler.step()
+        self.scheduled = [float(group["lr"]) for group in self.optimizer.param_groups]
+        self.apply(scale)
+
+    def apply(self, scale: float) -> None:
+        for group, lr in zip(self.optimizer.param_groups, self.scheduled):
+            group["lr"] = lr * scale
+
+
+def _call(factory: Callable, shown_as: str, *args):
+    try:
+        return factory(*args)
+    except WorkloadError:
+        raise
+    except Exception as error:
+        raise WorkloadError(f"{describe_code(factory)}: Workload.{shown_as} failed: {type(error).__name__}: {error}") from error

@@ -1,0 +1,56 @@
+"""The workload's own metrics and parameter groups in the app's charts (issue 15), driven by a FakeLink."""
+
+from __future__ import annotations
+
+import pytest
+
+from fake_link import FakeLink, quiet_app, record, training_events
+
+from torchlab.core.wire import protocol
+from torchlab.tui.widgets.line_chart import LineChart
+
+pytestmark = pytest.mark.asyncio
+
+
+def own_rows(first: int, last: int, *, evaluate_at: int | None = None) -> protocol.Metrics:
+    rows = []
+    for step in range(first, last + 1):
+        row = record(step, lrs={"body": 0.05 - step * 1e-4, "head": 0.2 - step * 4e-4}, metrics={"accuracy": step / 200})
+        if step == evaluate_at:
+            row["val_metrics"] = {"accuracy": 0.5}
+        rows.append(row)
+    return protocol.Metrics.from_records(rows)
+
+
+def lines(app, chart_id: str) -> list[str]:
+    return [line.label for line in app.query_one(f"#{chart_id}", LineChart).lines]
+
+
+async def test_each_groups_lr_is_a_line_and_the_first_metric_takes_the_third_chart_with_its_validation() -> None:
+    link = FakeLink(training_events(20) + [own_rows(21, 60, evaluate_at=50)])
+    app = quiet_app(link)
+    async with app.run_test(size=(160, 48)) as pilot:
+        app.poll_now()
+        await pilot.pause()
+        assert lines(app, "lr-chart") == ["body", "head"]
+        assert "body" in str(app.query_one("#lr-chart").border_title) and "head" in str(app.query_one("#lr-chart").border_title)
+        assert lines(app, "speed-chart") == ["accuracy", "val accuracy"]
+        accuracy, val_accuracy = app.run_state.workload_metrics["accuracy"]
+        assert accuracy.last == pytest.approx(60 / 200) and len(accuracy) == 40 and val_accuracy.last == 0.5
+        assert app.run_state.group_lrs["head"].last == pytest.approx(0.2 - 60 * 4e-4)
+        await pilot.press("n")  # back to samples/s, then the metric again
+        assert lines(app, "speed-chart") == ["samples/s"]
+        await pilot.press("n")
+        assert lines(app, "speed-chart") == ["accuracy", "val accuracy"]
+
+
+async def test_without_metrics_the_charts_are_as_before_and_n_says_how_to_get_some() -> None:
+    link = FakeLink(training_events(30))
+    app = quiet_app(link)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.poll_now()
+        await pilot.pause()
+        assert lines(app, "lr-chart") == ["lr"] and lines(app, "speed-chart") == ["samples/s"]
+        await pilot.press("n")
+        assert lines(app, "speed-chart") == ["samples/s"]
+        assert any("return {\"loss\": ..., \"accuracy\": ...}" in str(toast.message) for toast in app._notifications)

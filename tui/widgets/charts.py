@@ -1,0 +1,79 @@
+"""The three charts of the main screen: loss and val loss, the learning rate (each parameter group's, where the
+workload's optimizer has several), and samples/s or one of the workload's own metrics (``n`` cycles them)."""
+
+from __future__ import annotations
+
+from textual.containers import Vertical
+from textual.markup import escape
+
+from torchlab.tui.state import RunState
+from torchlab.tui.widgets.line_chart import ChartLine, LineChart
+
+#: The markup colour of a chart's line of each style (LineChart's ``line-chart--series-N``), for its title.
+_LINE_COLOURS = ("", "$warning", "$success")
+#: What the third chart shows when it does not show one of the workload's metrics.
+SPEED = "samples/s"
+
+
+class Charts(Vertical):
+    """Owns which lines each chart draws; the app redraws them as the state grows (``LineChart.data_changed``)."""
+
+    def __init__(self, state: RunState, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.state = state
+        #: what the third chart shows: ``SPEED`` or a metric's name; None until the user or a metric chose
+        self.third: str | None = None
+        self._seen_version = -1
+
+    def compose(self):
+        state = self.state
+        yield LineChart(ChartLine(state.loss, "loss"), ChartLine(state.val_loss, "val loss"), id="loss-chart")
+        yield LineChart(ChartLine(state.lr, "lr", style=2), id="lr-chart")
+        yield LineChart(ChartLine(state.samples_per_s, SPEED), id="speed-chart")
+
+    def on_mount(self) -> None:
+        self.query_one("#loss-chart").border_title = "loss · [$warning]val loss[/]"
+        self.query_one("#lr-chart").border_title = "learning rate"
+        self._show_third()
+
+    def show(self) -> None:
+        """Follow a group or a metric the trainer reported for the first time."""
+        if self.state.named_series_version == self._seen_version:
+            return
+        self._seen_version = self.state.named_series_version
+        groups = list(self.state.group_lrs.items())
+        if groups:
+            shown = groups[: len(_LINE_COLOURS)]
+            chart = self.query_one("#lr-chart", LineChart)
+            chart.lines = [ChartLine(series, name, style=index) for index, (name, series) in enumerate(shown)]
+            more = f" +{len(groups) - len(shown)}" if len(groups) > len(shown) else ""
+            chart.border_title = "lr " + " · ".join(_coloured(name, index) for index, (name, _) in enumerate(shown)) + more
+            chart.data_changed()
+        if self.third is None and self.state.workload_metrics:  # the workload said what it cares about: show it
+            self.third = next(iter(self.state.workload_metrics))
+        self._show_third()
+
+    def next_chart(self) -> str:
+        """Show the next of samples/s and the workload's metrics on the third chart; returns its name."""
+        choices = [SPEED, *self.state.workload_metrics]
+        current = self.third if self.third in choices else SPEED
+        self.third = choices[(choices.index(current) + 1) % len(choices)]
+        self._show_third()
+        return self.third
+
+    def _show_third(self) -> None:
+        chart = self.query_one("#speed-chart", LineChart)
+        pair = self.state.workload_metrics.get(self.third) if self.third is not None else None
+        if pair is None:
+            chart.lines = [ChartLine(self.state.samples_per_s, SPEED)]
+            chart.border_title = SPEED
+        else:
+            name = self.third
+            chart.lines = [ChartLine(pair[0], name), ChartLine(pair[1], f"val {name}")]
+            chart.border_title = f"{escape(name)} · [$warning]val {escape(name)}[/]"
+        chart.data_changed()
+
+
+def _coloured(name: str, style: int) -> str:
+    colour = _LINE_COLOURS[style]
+    return f"[{colour}]{escape(name)}[/]" if colour else escape(name)
