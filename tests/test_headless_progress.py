@@ -77,6 +77,8 @@ def test_through_a_pipe_a_training_line_is_printed_every_ten_seconds_and_at_the_
     assert [line.split(":")[0] for line in lines] == ["step 1/30", "step 21/30", "step 30/30"]
     assert lines[1] == "step 21/30: loss 2.0000, lr 0.001, 64 samples/s, grad norm 0.877, accuracy 0.525"
     assert "grad norm" not in lines[0]  # not measured yet: not made up
+    assert progress.training_line({**row(31, 0.5), "lrs": {"body": 0.05, "head": 0.2}}).startswith(
+        "step 31/30: loss 2.0000, lr body 0.05 head 0.2, ")
 
 
 def test_on_a_terminal_the_bar_says_it_all_and_no_lines_are_printed():

@@ -110,3 +110,12 @@ def test_metrics_that_break_the_contract_stop_the_run_with_one_paragraph(tmp_pat
     assert main([f"{OWN}:{factory}", "--headless", "--steps", "5", "--run-dir", str(tmp_path / "run")]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert message in " ".join(err.split()) and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--lr", "0.01"], "lr (--lr) 0.01: this workload gives its own optimizer"),
+    (["--schedule", "onecycle"], "schedule (--schedule) 'onecycle': this workload gives its own scheduler"),
+])
+def test_a_setting_the_workloads_own_optimizer_or_scheduler_replaces_is_refused_not_ignored(tmp_path, capsys, flags, message):
+    assert main([f"{OWN}:workload", "--headless", "--steps", "2", *flags, "--run-dir", str(tmp_path / "run")]) == EXIT_USAGE
+    assert message in " ".join(capsys.readouterr().err.split())

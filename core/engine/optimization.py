@@ -17,7 +17,7 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
 
 from torchlab.core.engine.schedule import make_scheduler
 from torchlab.core.wire.config import TrainConfig
-from torchlab.core.wire.errors import WorkloadError
+from torchlab.core.wire.errors import ConfigError, WorkloadError
 from torchlab.core.engine.loading import describe_code
 from torchlab.core.workload import Workload
 
@@ -26,6 +26,8 @@ def build_optimizer(model: torch.nn.Module, config: TrainConfig, workload: Workl
     """The workload's ``optimizer(model)``, checked, or the built-in one that ``--optimizer`` names."""
     if workload.optimizer is None:
         return make_optimizer(model, config)
+    _refuse_settings_it_replaces(config, ("optimizer", "lr", "weight_decay"), workload.optimizer, "optimizer",
+                                 "set them in it, or scale its LR live with --lr-scale")
     optimizer = _call(workload.optimizer, "optimizer(model)", model)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise WorkloadError(f"{describe_code(workload.optimizer)}: Workload.optimizer must return a torch.optim.Optimizer, "
@@ -48,6 +50,9 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig, workl
     It is stepped once per optimizer step; ``total_steps`` is the run's ``--steps``."""
     if workload.scheduler is None:
         return make_scheduler(optimizer, config)
+    # Not warmup_steps: a resume that changes --steps sets it (to keep the built-in warm-up where it was).
+    _refuse_settings_it_replaces(config, ("schedule",), workload.scheduler, "scheduler", "plan them in it",
+                                 replaced=("schedule", "warmup_steps"))
     scheduler = _call(workload.scheduler, "scheduler(optimizer, total_steps)", optimizer, config.steps)
     where = describe_code(workload.scheduler)
     if isinstance(scheduler, ReduceLROnPlateau):
@@ -110,6 +115,19 @@ class LearningRates:
     def apply(self, scale: float) -> None:
         for group, lr in zip(self.optimizer.param_groups, self.scheduled):
             group["lr"] = lr * scale
+
+
+def _refuse_settings_it_replaces(config: TrainConfig, names: tuple[str, ...], factory: Callable, field: str, instead: str,
+                                 replaced: tuple[str, ...] | None = None) -> None:
+    """A setting the workload's own factory replaces, given a value of its own (not its default), would be
+    ignored without a word: say so instead, naming it."""
+    given = [name for name in names if getattr(config, name) != TrainConfig.__dataclass_fields__[name].default]
+    if given:
+        flags = ["--" + name.replace("_", "-") for name in replaced or names]
+        listed = ", ".join(flags[:-1]) + " and " + flags[-1] if len(flags) > 1 else flags[0]
+        settings = ", ".join(f"{name} (--{name.replace('_', '-')}) {getattr(config, name)!r}" for name in given)
+        raise ConfigError(f"{settings}: this workload gives its own {field} ({describe_code(factory)}), so {listed} do "
+                          f"not apply: {instead}.")
 
 
 def _call(factory: Callable, shown_as: str, *args):

@@ -169,8 +169,11 @@ class HeadlessProgress(TrainerObserver):
             self.console.print(escape(f"step {record['step']}: val_loss {record['val_loss']:.4f}{extra}"))
 
     def training_line(self, record: dict[str, Any]) -> str:
-        """``step 340/1000: loss 2.3456, lr 1.20e-03, 12,345 samples/s, grad norm 0.871, accuracy 0.91``."""
-        parts = [f"loss {record['loss']:.4f}", f"lr {record['lr']:.3g}", f"{self.samples_per_s:,.0f} samples/s"]
+        """``step 340/1000: loss 2.3456, lr 0.0012, 12,345 samples/s, grad norm 0.871, accuracy 0.91`` (``lr body 0.05
+        head 0.2`` where the workload's optimizer has several groups)."""
+        lrs = record.get("lrs") or {}
+        lr = " ".join(f"{name} {value:.3g}" for name, value in lrs.items()) if lrs else f"{record['lr']:.3g}"
+        parts = [f"loss {record['loss']:.4f}", f"lr {lr}", f"{self.samples_per_s:,.0f} samples/s"]
         if self._grad_norm is not None:
             parts.append(f"grad norm {self._grad_norm:.3g}")
         parts += [f"{name} {value:.4g}" for name, value in record.get("metrics", {}).items()]
