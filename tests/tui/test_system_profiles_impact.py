@@ -385,7 +385,7 @@ async def test_the_header_says_how_far_a_running_trial_is_and_forgets_it_once_it
     app, link = app_with(protocol.TrialProgress(step=121, label="checkpointing=on", arm=1, done=7, steps=20))
     async with app.run_test(size=SMALL) as pilot:
         await answer(app, pilot)
-        assert "running, trying checkpointing=on 7/20  step 120/" in header(app)
+        assert "● trying checkpointing=on 7/20  step 120/" in header(app)
         link.push(protocol.TrialProgress(step=121, label="checkpointing=on", arm=2, done=3, steps=20))
         await answer(app, pilot)
         assert "trying checkpointing=on: as it is 3/20" in header(app)

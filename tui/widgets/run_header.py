@@ -43,12 +43,13 @@ class RunHeader(Static):
         if state.device:
             text.append(f" on {state.device}")
         text.append("  ")
-        text.append(f"{symbol} {state.state}", style=style)
+        trial = state.running_trial()
+        if trial is not None:  # training waits for it: the trial is the state (and fits 80 columns with the step)
+            text.append(f"{symbol} {trial_progress_text(trial)}", style="bold magenta")
+        else:
+            text.append(f"{symbol} {state.state}", style=style)
         if state.state == "relaunching" and state.state_detail:  # "2 → 1": the world size it goes to
             text.append(f" {state.state_detail}", style=style)
-        trial = state.running_trial()
-        if trial is not None:  # training waits for it: say so where the state is
-            text.append(f", {trial_progress_text(trial)}", style="bold magenta")
         total = f"/{state.total_steps}" if state.total_steps else ""
         text.append(f"  step {state.step}{total}")
         if state.total_steps:
