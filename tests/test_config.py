@@ -37,7 +37,7 @@ def test_bad_option_values_are_refused_with_the_reason(option, text, reason):
 
 def test_option_values_format_as_a_user_types_them():
     assert [format_option_value(k, v) for k, v in LiveOptions(clip=None, checkpointing=True).as_dict().items()] == [
-        "off", "on", "off", "1", "1.0", "1"]
+        "off", "on", "off", "1", "1.0", "1", "200"]
 
 
 def test_scheduled_change_parses_and_refuses_bad_forms():
@@ -54,7 +54,7 @@ def test_flags_override_the_file_and_options_merge():
         {"steps": 20, "options": {"clip": "off"}, "at": ["4:amp=off"]},
     )
     assert (config.steps, config.lr) == (20, 0.01)
-    assert config.options == LiveOptions(clip=None, amp="bf16")
+    assert config.options == LiveOptions(clip=None, amp="bf16", steps=20)
     assert [str(change) for change in config.at] == ["3:accum=2", "4:amp=off"]
 
 

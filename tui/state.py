@@ -368,6 +368,8 @@ class RunState:
         if changed:
             self.options.update(changed)
             self.options_version += 1
+            if isinstance(changed.get("steps"), int):  # the run's total, changed while it trains
+                self.total_steps = changed["steps"]
         self.metrics_version += 1
         self.header_version += 1
 
@@ -506,6 +508,9 @@ class RunState:
             text = f"{event.option} = {shown} applied at step {event.step} (was {previous})"
             if event.option == "world_size":
                 self._world_size_changed(event)
+            if event.option == "steps":
+                self.total_steps = event.value
+                self.header_version += 1
         else:
             text = f"{event.option} = {shown} applied at step {event.step}"
         self.log("applied", text, event.step, notify=True)

@@ -10,6 +10,7 @@ optimizer steps. A checkpoint holds the scheduler's state, whose last LRs are th
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -64,6 +65,29 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig, workl
     if scheduler.optimizer is not optimizer:
         raise WorkloadError(f"{where}: Workload.scheduler must schedule the optimizer it is given, not another one.")
     return scheduler
+
+
+def replan_schedule(scheduler: LRScheduler, optimizer: torch.optim.Optimizer, config: TrainConfig, workload: Workload,
+                    step: int) -> LRScheduler:
+    """The schedule for ``config``'s new total, at ``step``. A built-in one re-plans its decay from ``step``
+    (``config.schedule_extensions``), so the LR goes on without a jump; the workload's own is built by its
+    factory for the new total and stepped to ``step`` (its LR there is what its plan says)."""
+    if workload.scheduler is None:
+        replanned = make_scheduler(optimizer, config)
+        replanned.load_state_dict(scheduler.state_dict())  # its step count and base LRs; the plan is the new one
+        return replanned
+    replanned = build_scheduler(optimizer, config, workload)
+    step_to(replanned, optimizer, step)
+    return replanned
+
+
+def step_to(scheduler: LRScheduler, optimizer: torch.optim.Optimizer, step: int) -> None:
+    """Step a fresh ``scheduler`` ``step`` times, from its own LRs, as training would have."""
+    lrs = LearningRates(optimizer, scheduler)
+    with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()": on purpose, a replay
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(step):
+            lrs.step(1.0)
 
 
 def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:

@@ -19,12 +19,12 @@ A change of world size cannot happen inside a process: the trainer checkpoints a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import queue
 import threading
 import time
 import traceback
-import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,7 @@ from torchlab.core.engine.nonfinite import localise_nonfinite
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
 from torchlab.core.wire.options import (
-    ACCUM, AMP, CHECKPOINTING, CLIP, LIVE_OPTIONS, LR_SCALE, WORLD_SIZE, LiveOption, LiveOptions, OptionRefused, live_option,
+    ACCUM, AMP, CHECKPOINTING, CLIP, LIVE_OPTIONS, LR_SCALE, STEPS, WORLD_SIZE, LiveOption, LiveOptions, OptionRefused, live_option,
 )
 from torchlab.core.wire.events import (
     Paused, ProfileStarted, Resumed, ResumedFromCheckpoint, RunEnded, RunStarted, StepSkipped, TrialStarted,
@@ -74,9 +74,9 @@ from torchlab.core.engine.profiler import ProfilerSnapshot
 from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, GradNorms, ProbeCadence, clip_by_total_norm
 from torchlab.core.engine.memory import MemoryCadence, MemoryProbe, SavedTensorCount, out_of_memory
 from torchlab.core.engine.trials import MEMORY_STEP, ArmRecord, TrainingSnapshot, TrialOutOfMemory, TrialStopped
-from torchlab.core.wire.trials import AS_IT_IS, NO_WORLD_SIZE_TRIAL
+from torchlab.core.wire.trials import AS_IT_IS, NOT_TRIED
 from torchlab.core.engine.loss_output import MetricNames, read_loss_output
-from torchlab.core.engine.optimization import LearningRates, build_optimizer, build_scheduler, group_names
+from torchlab.core.engine.optimization import LearningRates, build_optimizer, build_scheduler, group_names, replan_schedule, step_to
 from torchlab.core.engine.step_report import HostTransfer, StepReport, stats_by_module
 from torchlab.core.engine.telemetry import TelemetrySampler
 from torchlab.core.wire.payloads import TelemetrySample
@@ -731,8 +731,8 @@ class Trainer:
             value = option.parse(command.value)
         except OptionRefused as refusal:
             return answer([], str(refusal))
-        if option is WORLD_SIZE:
-            return answer([], NO_WORLD_SIZE_TRIAL)
+        if option.name in NOT_TRIED:
+            return answer([], NOT_TRIED[option.name])
         if not 1 <= command.steps <= MAX_TRIAL_STEPS:
             return answer([], f"a trial runs 1 to {MAX_TRIAL_STEPS} steps an arm, got {shown(command.steps)}")
         if self._profiling is not None:
@@ -908,6 +908,27 @@ class Trainer:
     def _enact_lr_scale(self, scale: float) -> None:
         self._apply_lr_scale(scale)
 
+    @enacts(STEPS)
+    def _enact_steps(self, total: int) -> None:
+        """Train to step ``total``: the loop, the final evaluation and checkpoint follow ``self.config.steps``;
+        the schedule re-plans from here as a resume with ``--steps`` does (core/engine/schedule.py)."""
+        if total == self.config.steps:
+            return
+        if total < self.step:
+            raise OptionRefused(f"the run is at step {self.step} already: train to step {self.step} or later")
+        extensions = self.config.schedule_extensions
+        if not extensions or extensions[-1][0] != self.step:  # a second change at one boundary keeps the first's
+            extensions = (*extensions, (self.step, self.config.steps))
+        try:
+            config = dataclasses.replace(self.config, steps=total, schedule_extensions=extensions,
+                                         warmup_steps=self.config.resolved_warmup_steps)  # the warm-up stays where it is
+        except ConfigError as error:
+            raise OptionRefused(str(error).rstrip(".")) from None
+        self.scheduler = replan_schedule(self.scheduler, self.optimizer, config, self.workload, self.step)
+        self.lrs = LearningRates(self.optimizer, self.scheduler)
+        self.lrs.apply(self.options.lr_scale)
+        self.config = config
+
     @enacts(WORLD_SIZE)
     def _enact_world_size(self, size: int) -> bool:
         if size == self.world_size:
@@ -1005,10 +1026,7 @@ class Trainer:
         except (RuntimeError, ValueError, KeyError) as error:
             raise ConfigError(f"--resume: the checkpoint does not fit this workload's model and optimizer: {error}") from None
         if own_scheduler and stored.steps != config.steps:
-            with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()": on purpose, a replay
-                warnings.simplefilter("ignore", UserWarning)
-                for _ in range(state["step"]):  # the factory's plan for the new total, from its start
-                    self.lrs.step(1.0)
+            step_to(self.scheduler, self.optimizer, state["step"])  # the factory's plan for the new total
         else:
             self.scheduler.load_state_dict(state["scheduler"])
         if not own_optimizer:
@@ -1028,6 +1046,7 @@ class Trainer:
         options = LiveOptions(**state["options"])
         for name in explicit_options:
             options = options.with_value(name, getattr(config.options, name))
+        options = options.with_value(STEPS.name, config.steps)  # the checkpoint's total, or a resume's --steps
         self._resumed = ResumedFromCheckpoint(step=self.step, options=options.as_dict())
         return options
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from torchlab.core.engine.loading import SAMPLES
 from torchlab.core.wire.config import OPTIMIZERS, SCHEDULES, TrainConfig, build_config, load_config_file
-from torchlab.core.wire.options import LIVE_OPTIONS, OPTION_NAMES
+from torchlab.core.wire.options import LIVE_OPTIONS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NONFINITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     live = parser.add_argument_group("live options (change while training: keys in the app, --at headless)")
     for option in LIVE_OPTIONS:
-        option.add_flag(live)
+        if not option.setting:  # a setting's flag is among the settings' (--steps)
+            option.add_flag(live)
     live.add_argument("--at", action="append", default=[], metavar="STEP:OPTION=VALUE", help="apply a live change for optimizer step STEP")
     live.add_argument("--trial", action="append", default=[], metavar="STEP:OPTION=VALUE",
                       help="before step STEP, try OPTION=VALUE for --trial-steps steps against as many as it is, on the "
@@ -117,7 +118,7 @@ def setting_layers(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
         flags["workload"] = args.workload
     if args.profile_at:
         flags["profile_at"] = list(args.profile_at)
-    flags["options"] = {name: getattr(args, name) for name in OPTION_NAMES if getattr(args, name) is not None}
+    flags["options"] = {o.name: getattr(args, o.name) for o in LIVE_OPTIONS if not o.setting and getattr(args, o.name) is not None}
     flags["at"] = list(args.at)
     flags["trials"] = list(args.trial)
     return file_settings, flags

@@ -28,7 +28,7 @@ from torchlab.core.wire import protocol as p
 from torchlab.core.wire.errors import TorchlabError
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.protocol import Message
-from torchlab.core.wire.options import format_option_value
+from torchlab.core.wire.options import STEPS, format_option_value
 from torchlab.core.wire.impact import ImpactTracker
 from torchlab.core.wire.trials import describe_trial, trial_progress_text
 from torchlab.core.engine.loading import check_spec, load_workload, workload_label
@@ -191,6 +191,8 @@ class HeadlessProgress(TrainerObserver):
             case events.RunStarted():
                 self.step, self.description = event.step, f"training on {event.device}"
             case p.OptionApplied():
+                if event.option == STEPS.name:
+                    self.total_steps = event.value
                 self.say(event.step, f"[green]{event.option} = {escape(event.display)}[/] (was {escape(format_option_value(event.option, event.previous))})")
             case p.OptionRefused():
                 self.say(event.step, f"[yellow]refused {escape(event.option)} = {escape(str(event.value))}[/]: {escape(event.reason)}")

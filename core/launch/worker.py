@@ -31,7 +31,7 @@ from typing import Any
 
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.options import format_option_value
+from torchlab.core.wire.options import STEPS, format_option_value
 from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE, build_parser, exit_code
 from torchlab.core.wire.control_server import ControlServer
 from torchlab.core.wire.errors import StorageError, TorchlabError
@@ -65,6 +65,7 @@ class OutboxReporter(TrainerObserver):
         self.on_run_started = on_run_started  # called with each RunStarted (the Welcome is built from it)
         self.state = "starting"
         self.step = 0
+        self.total_steps: int | None = None  # as the trainer says it (RunStarted, then a live steps change)
         self._impact_sent_at = 0.0
         self._impact_segments = 0
 
@@ -86,6 +87,7 @@ class OutboxReporter(TrainerObserver):
     def on_event(self, event: p.Message) -> None:
         match event:
             case events.RunStarted():
+                self.total_steps = event.steps
                 if self.on_run_started is not None:
                     self.on_run_started(event)
                 self.set_state("running", event.step)
@@ -100,6 +102,8 @@ class OutboxReporter(TrainerObserver):
                 self.outbox.add_event(event)
                 self.set_state("failed", event.step, event.message)
             case p.OptionApplied() | p.OptionRefused() | p.CheckpointSaved() | p.ProfileReady() | p.TrialResult():
+                if isinstance(event, p.OptionApplied) and event.option == STEPS.name:
+                    self.total_steps = event.value
                 self.outbox.add_event(event)
             case events.TrialStarted():
                 shown = format_option_value(event.option, event.value)
@@ -241,7 +245,7 @@ class Worker:
             workload=config.workload if config else "",
             run_dir=str(self.run_dir),
             device=started.device if started else "",
-            steps=config.steps if config else 0,
+            steps=self.reporter.total_steps or (config.steps if config else 0),
             batch_size=started.batch_size if started else 0,
             pid=os.getpid(),
             started=self._started,
@@ -346,7 +350,7 @@ class Worker:
             "started": self._started,
             "state": self.reporter.state,
             "step": self.reporter.step,
-            "steps": config.steps if config else None,
+            "steps": self.reporter.total_steps or (config.steps if config else None),
             "attached": self.attached,
             "training_args": self.training_args,  # what a restart from the app needs
         }

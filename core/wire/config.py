@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from torchlab.core.wire.errors import ConfigError, shown
-from torchlab.core.wire.options import LiveOptions, OptionRefused, format_option_value, parse_option_value
+from torchlab.core.wire.options import LIVE_OPTIONS, OPTIONS_BY_NAME, LiveOptions, OptionRefused, format_option_value, parse_option_value
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -163,6 +163,9 @@ class TrainConfig:
             _check_int(self.probe_every, "probe_every", minimum=0,
                        hint="a number of steps (0 = off) or \"auto\"")
         _check(isinstance(self.options, LiveOptions), "options", "must be a LiveOptions", self.options)
+        for option in LIVE_OPTIONS:  # a live option that is a setting starts at the setting's value (--steps)
+            if option.setting and getattr(self.options, option.name) != getattr(self, option.name):
+                object.__setattr__(self, "options", self.options.with_value(option.name, getattr(self, option.name)))
         for change in self.at:
             _check(isinstance(change, ScheduledChange), "at", "must hold STEP:OPTION=VALUE changes", change)
         for trial in self.trials:
@@ -191,6 +194,8 @@ class TrainConfig:
         lines.append("")
         lines.append("[options]")
         for name, value in self.options.as_dict().items():
+            if OPTIONS_BY_NAME[name].setting:  # written above, as its setting
+                continue
             lines.append(f"{name} = {_toml_value(format_option_value(name, value) if value is None else value)}")
         return "\n".join(lines) + "\n"
 
@@ -282,6 +287,8 @@ def _settings_from_mapping(data: Mapping[str, Any], source: str) -> dict[str, An
             for option in value:
                 if option not in LiveOptions.__dataclass_fields__:
                     raise ConfigError(f"{source}: unknown option options.{option}{_suggest(option, LiveOptions.__dataclass_fields__)}.")
+                if OPTIONS_BY_NAME[option].setting:
+                    raise ConfigError(f"{source}: options.{option} is set at the top level, as {option} = ..., not in [options].")
             settings["options"] = dict(value)
         elif key in ("at", "trials"):
             if not isinstance(value, list) or not all(isinstance(item, str) for item in value):

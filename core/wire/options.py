@@ -44,8 +44,13 @@ class LiveOption:
     flag_help: str  #: the command-line flag's help
     metavar: str = "VALUE"  #: the flag's value in --help
     in_footer: bool = True
+    #: a row of the app's options panel (``steps`` is not: the header shows it, "step 59/2000")
+    in_panel: bool = True
     #: what the app says a request will do, in the event log
     takes_effect: str = "applies at the next step"
+    #: its start value is the run's setting of the same name (``--steps``; ``steps`` at the top of a TOML file),
+    #: which owns the flag and the key; the option carries it on from there as it changes
+    setting: bool = False
 
     @property
     def flag(self) -> str:
@@ -210,8 +215,16 @@ WORLD_SIZE = Number(
     takes_effect="at the next step the trainer checkpoints and relaunches its ranks",
 )
 
+STEPS = Number(
+    name="steps", default=200, whole=True, minimum=1, maximum=10**9, must_be="a whole number of steps from 1 to 10^9",
+    label="steps", short="steps", key="e", footer="Steps", metavar="N", in_footer=False,
+    help="Set the step the run ends at: extend or shorten it while it trains",
+    prompt="Train to step", hint="the step to end at, not below the current one; the LR schedule goes on without a jump",
+    flag_help="optimizer steps to train to (default 200)", setting=True, in_panel=False,
+)
+
 #: Every live option, in the order the app and the command line list them.
-LIVE_OPTIONS: tuple[LiveOption, ...] = (AMP, CHECKPOINTING, CLIP, ACCUM, LR_SCALE, WORLD_SIZE)
+LIVE_OPTIONS: tuple[LiveOption, ...] = (AMP, CHECKPOINTING, CLIP, ACCUM, LR_SCALE, WORLD_SIZE, STEPS)
 OPTIONS_BY_NAME: dict[str, LiveOption] = {option.name: option for option in LIVE_OPTIONS}
 OPTION_NAMES = tuple(OPTIONS_BY_NAME)
 

@@ -15,12 +15,15 @@ import statistics
 
 from torchlab.core.wire.config import DEFAULT_TRIAL_STEPS, MAX_TRIAL_STEPS
 from torchlab.core.wire.impact import compare_step_times
-from torchlab.core.wire.options import WORLD_SIZE, OptionRefused, parse_option_value
+from torchlab.core.wire.options import STEPS, WORLD_SIZE, OptionRefused, parse_option_value
 from torchlab.core.wire.payloads import TrialArm
 from torchlab.core.wire.protocol import TrialCommand, TrialProgress, TrialResult
 
-#: Why the world size is not tried (the trainer says it too): it is not a change inside one process.
-NO_WORLD_SIZE_TRIAL = "a trial cannot change the world size: that relaunches the ranks (w changes it for good)"
+#: The options a trial cannot try, and why (the app's prompt and the trainer say the same).
+NOT_TRIED = {
+    WORLD_SIZE.name: "a trial cannot change the world size: that relaunches the ranks (w changes it for good)",
+    STEPS.name: "a trial cannot change the run's length: its arms run as many steps as it says (e changes it for good)",
+}
 #: The label of a trial's second arm, which keeps the options as they are.
 AS_IT_IS = "as it is"
 #: What the app's trial prompt says to type.
@@ -35,8 +38,8 @@ def parse_trial(text: str) -> TrialCommand:
         raise OptionRefused(f"type OPTION=VALUE, then the steps if not {DEFAULT_TRIAL_STEPS}: amp=bf16 40")
     option, value, steps = match.group(1), match.group(2), int(match.group(3) or DEFAULT_TRIAL_STEPS)
     parse_option_value(option, value)
-    if option == WORLD_SIZE.name:
-        raise OptionRefused(NO_WORLD_SIZE_TRIAL)
+    if option in NOT_TRIED:
+        raise OptionRefused(NOT_TRIED[option])
     if not 1 <= steps <= MAX_TRIAL_STEPS:
         raise OptionRefused(f"a trial runs 1 to {MAX_TRIAL_STEPS} steps an arm, got {steps}")
     return TrialCommand(option, value, steps)

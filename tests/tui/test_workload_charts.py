@@ -38,19 +38,30 @@ async def test_each_groups_lr_is_a_line_and_the_first_metric_takes_the_third_cha
         accuracy, val_accuracy = app.run_state.workload_metrics["accuracy"]
         assert accuracy.last == pytest.approx(60 / 200) and len(accuracy) == 40 and val_accuracy.last == 0.5
         assert app.run_state.group_lrs["head"].last == pytest.approx(0.2 - 60 * 4e-4)
-        await pilot.press("n")  # back to samples/s, then the metric again
+        await pilot.press("f")  # back to samples/s, then the metric again
         assert lines(app, "speed-chart") == ["samples/s"]
-        await pilot.press("n")
+        await pilot.press("f")
         assert lines(app, "speed-chart") == ["accuracy", "val accuracy"]
 
 
-async def test_without_metrics_the_charts_are_as_before_and_n_says_how_to_get_some() -> None:
+async def test_without_metrics_the_charts_are_as_before_and_f_says_how_to_get_some() -> None:
     link = FakeLink(training_events(30))
     app = quiet_app(link)
     async with app.run_test(size=(80, 24)) as pilot:
         app.poll_now()
         await pilot.pause()
         assert lines(app, "lr-chart") == ["lr"] and lines(app, "speed-chart") == ["samples/s"]
-        await pilot.press("n")
+        await pilot.press("f")
         assert lines(app, "speed-chart") == ["samples/s"]
         assert any("return {\"loss\": ..., \"accuracy\": ...}" in str(toast.message) for toast in app._notifications)
+
+
+async def test_a_change_of_steps_moves_the_headers_total_and_its_percentage() -> None:
+    from torchlab.tui.widgets.run_header import RunHeader
+
+    applied = protocol.OptionApplied(step=21, option="steps", value=500, previous=200, display="500", source="app")
+    app = quiet_app(FakeLink(training_events(20) + [applied]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.poll_now()
+        await pilot.pause()
+        assert "step 20/500 4%" in str(app.query_one(RunHeader).content)

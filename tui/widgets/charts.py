@@ -1,5 +1,5 @@
 """The three charts of the main screen: loss and val loss, the learning rate (each parameter group's, where the
-workload's optimizer has several), and samples/s or one of the workload's own metrics (``n`` cycles them)."""
+workload's optimizer has several), and samples/s or one of the workload's own metrics (``f`` cycles them)."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ class OptionsPanel(Static):
 
     def _render_text(self, state: RunState) -> Text:
         text = Text()
-        for index, option in enumerate(LIVE_OPTIONS):
+        for index, option in enumerate(option for option in LIVE_OPTIONS if option.in_panel):
             shown = option.format(state.options[option.name]) if option.name in state.options else "–"
             if self.compact:
                 if index:
