@@ -38,6 +38,9 @@ async def test_each_groups_lr_is_a_line_and_the_first_metric_takes_the_third_cha
         accuracy, val_accuracy = app.run_state.workload_metrics["accuracy"]
         assert accuracy.last == pytest.approx(60 / 200) and len(accuracy) == 40 and val_accuracy.last == 0.5
         assert app.run_state.group_lrs["head"].last == pytest.approx(0.2 - 60 * 4e-4)
+        from torchlab.tui.widgets.stats_bar import StatsBar
+
+        assert "accuracy 0.3" in str(app.query_one(StatsBar).content)  # its newest figure, beside the loss
         await pilot.press("f")  # back to samples/s, then the metric again
         assert lines(app, "speed-chart") == ["samples/s"]
         await pilot.press("f")
@@ -65,3 +68,14 @@ async def test_a_change_of_steps_moves_the_headers_total_and_its_percentage() ->
         app.poll_now()
         await pilot.pause()
         assert "step 20/500 4%" in str(app.query_one(RunHeader).content)
+
+
+async def test_on_a_short_screen_the_workloads_metric_takes_the_lr_charts_place() -> None:
+    app = quiet_app(FakeLink(training_events(20) + [own_rows(21, 40)]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.poll_now()
+        await pilot.pause()
+        assert app.query_one("#speed-chart").display and not app.query_one("#lr-chart").display
+        await pilot.press("f")  # samples/s: the LR chart is back, as without metrics
+        await pilot.pause()
+        assert app.query_one("#lr-chart").display and not app.query_one("#speed-chart").display

@@ -64,6 +64,7 @@ class Charts(Vertical):
     def _show_third(self) -> None:
         chart = self.query_one("#speed-chart", LineChart)
         pair = self.state.workload_metrics.get(self.third) if self.third is not None else None
+        self.set_class(pair is not None, "-metric")  # on a short screen, a metric takes the LR chart's place
         if pair is None:
             chart.lines = [ChartLine(self.state.samples_per_s, SPEED)]
             chart.border_title = SPEED

@@ -49,6 +49,9 @@ class StatsBar(Static):
             figure("grad", f"{format_number(float(total), 3)}{clipped}")
         if state.val_loss.last is not None:
             figure("val", format_number(state.val_loss.last), "bold yellow")
+        for name, (train, _) in list(state.workload_metrics.items())[:1]:  # the workload's first metric (accuracy)
+            if train.last is not None:
+                figure(name, format_number(train.last))
         if state.telemetry is not None:
             figure("cpu", f"{state.telemetry.host.cpu_percent:.0f}%")
         self.update(text, layout=False)
