@@ -31,6 +31,7 @@ _SETTING_FLAGS = (
     "steps", "batch_size", "seed", "device", "optimizer", "lr", "weight_decay", "schedule", "warmup_steps",
     "workers", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "log_every",
     "probe_every", "act_stats_every", "memory_every", "trial_steps", "telemetry_interval", "profile_steps", "shared_run_dir",
+    "tensorboard",
 )
 
 
@@ -63,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         "to read; by default only you can (0700, files 0600, whatever the umask). An existing run directory keeps its "
         "mode, and what a resume adds follows it",
     )
+    parser.add_argument("--tensorboard", type=lambda text: str(Path(text).expanduser().absolute()), metavar="DIR",
+                        help="write TensorBoard event files to DIR while training (the tensorboard extra); kept by a resume")
     parser.add_argument("--resume", type=Path, metavar="PATH", help="a checkpoint file, or a run directory to continue from its last.pt")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
     parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")

@@ -23,6 +23,7 @@ from rich.text import Text
 from torchlab.core.launch.arguments import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK, exit_code
 from torchlab.core.engine.distributed import rank_from_environment
 from torchlab.core.engine.seeding import seed_everything
+from torchlab.core.engine.tensorboard import tensorboard_observers
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.errors import TorchlabError
@@ -57,6 +58,7 @@ def run_headless(
     if external is not None or initial_world_size(config, resume, explicit_options) == 1:
         seed_everything(config.seed)
         workload = load_workload(config.workload)  # a bad workload fails here, before any directory exists
+    tensorboard = tensorboard_observers(config)  # TensorBoard not installed: said before a directory exists
     directory = RunDirectory(choose_run_dir(run_dir, resume, runs_root, workload_label(config.workload)),
                              shared=config.shared_run_dir)
     progress = HeadlessProgress(config.steps, console)
@@ -65,7 +67,7 @@ def run_headless(
         config_record.write_for_new_run()
         supervisor = Supervisor(
             config,
-            observers=[directory, config_record, ImpactTracker(directory.path / "impact.json"), progress],
+            observers=[directory, config_record, ImpactTracker(directory.path / "impact.json"), progress, *tensorboard],
             run_dir=directory.path,
             resume_from=resume,
             explicit_options=explicit_options,

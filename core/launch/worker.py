@@ -177,6 +177,7 @@ class Worker:
     def run(self) -> int:
         from torchlab.core.engine.distributed import rank_from_environment
         from torchlab.core.engine.ranks import Supervisor
+        from torchlab.core.engine.tensorboard import tensorboard_observers
         from torchlab.core.launch.resume import ConfigRecord, plan_training
         from torchlab.core.wire.rundir import RunDirectory
 
@@ -193,7 +194,7 @@ class Worker:
                 self.reporter.impact = impact
                 supervisor = Supervisor(
                     plan.config,
-                    observers=[directory, config_record, impact, self.reporter],
+                    observers=[directory, config_record, impact, self.reporter, *tensorboard_observers(plan.config)],
                     run_dir=directory.path,
                     resume_from=plan.resume,
                     explicit_options=plan.explicit_options,

@@ -112,6 +112,8 @@ class TrainConfig:
     #: False: a new run directory is 0700 and its files 0600, whatever the umask (the checkpoints are the
     #: user's weights); True: they follow the umask, for colleagues to read. An existing one keeps its mode.
     shared_run_dir: bool = False
+    #: a directory where TensorBoard event files are written while training (core/engine/tensorboard.py); None: not
+    tensorboard: str | None = None
     options: LiveOptions = field(default_factory=LiveOptions)
     at: tuple[ScheduledChange, ...] = ()
     trials: tuple[ScheduledChange, ...] = ()  # --trial STEP:OPTION=VALUE (core/engine/trials.py)
@@ -151,6 +153,9 @@ class TrainConfig:
         _check_int(self.profile_steps, "profile_steps", minimum=1, maximum=MAX_PROFILE_STEPS,
                    hint=f"a whole number from 1 to {MAX_PROFILE_STEPS}")
         _check(isinstance(self.shared_run_dir, bool), "shared_run_dir", "must be true or false", self.shared_run_dir)
+        if self.tensorboard is not None:
+            _check(isinstance(self.tensorboard, str) and self.tensorboard.strip() != "", "tensorboard",
+                   "must be a directory to write TensorBoard event files to", self.tensorboard)
         _check(isinstance(self.profile_at, tuple) and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in self.profile_at),
                "profile_at", "must be optimizer steps ≥ 1", self.profile_at)
         if self.checkpoint_every != "auto":

@@ -1,0 +1,182 @@
+"""A run's figures as TensorBoard event files, written with ``torch.utils.tensorboard`` (the ``tensorboard``
+extra): while it trains (``--tensorboard DIR``, ``LiveTensorBoard``) or afterwards from its files
+(``torchlab-tui export RUN --tensorboard DIR``, core/launch/export.py).
+
+Tags: ``train/loss``, ``train/lr`` (``train/lr/<group>`` for a workload's optimizer with several groups),
+``train/samples_per_s``, ``train/step_time_s``, ``train/grad_norm_total``, ``val/loss``, the workload's own
+metrics as ``train/<name>`` and ``val/<name>``, ``grad_norm/<module>``, ``memory/<kind>`` (bytes); option
+changes as text under ``options``; profiler traces as ``plugins/profile/step-<N>/torchlab.pt.trace.json``,
+where the PyTorch Profiler plugin of TensorBoard finds them.
+
+Serialising a scalar costs ~0.1 ms (measured here), so a training step with 30 modules' norms would pay 3 ms:
+the live writer does its work on a thread of its own, and writes at most ``LIVE_ROWS_PER_S`` rows a second
+(every row of a slower run; evaluation rows always). ``export`` writes every row.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from torchlab.core.wire import events
+from torchlab.core.wire import protocol as p
+from torchlab.core.wire.errors import ConfigError
+from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.wire.options import format_option_value
+
+#: While training, at most this many metrics rows a second go to TensorBoard: each costs ~0.1 ms a scalar on
+#: the writer's thread (holding the GIL the training thread needs), ~3 ms for a row with 30 modules' norms.
+LIVE_ROWS_PER_S = 5
+#: The name a profiler trace takes under ``plugins/profile/step-<N>/`` (the plugin reads ``*.pt.trace.json``).
+TRACE_NAME = "torchlab.pt.trace.json"
+_MEMORY_KINDS = ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "allocator_peak_bytes")
+INSTALL_HINT = "pip install 'torchlab-tui[tensorboard]' (or pip install tensorboard)"
+
+
+def summary_writer_class(directory: Path) -> type:
+    """torch's ``SummaryWriter``, or a ConfigError saying how to install what it needs."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # torch's module imports tensorboard, which is an extra
+        raise ConfigError(f"tensorboard (--tensorboard) {directory}: TensorBoard is not installed: {INSTALL_HINT}.") from None
+    return SummaryWriter
+
+
+class TensorBoardWriter:
+    """Metrics rows (as ``metrics.jsonl`` holds them, or as the trainer reports them), option changes and
+    profiler traces into event files under ``directory``."""
+
+    def __init__(self, directory: Path, purge_step: int | None = None) -> None:
+        SummaryWriter = summary_writer_class(directory)
+        self.directory = directory
+        try:
+            # purge_step: a resumed run hides what an earlier process wrote after the step it resumed at
+            self._writer = SummaryWriter(str(directory), purge_step=purge_step)
+        except OSError as error:
+            raise ConfigError(f"tensorboard (--tensorboard) {directory}: cannot be written: {error.strerror or error}.") from None
+
+    def write_row(self, row: dict[str, Any]) -> None:
+        step, walltime = row["step"], row.get("time")
+
+        def scalar(tag: str, value: Any) -> None:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._writer.add_scalar(tag, value, step, walltime=walltime)
+
+        for key in ("loss", "samples_per_s", "step_time_s", "grad_norm_total"):
+            scalar(f"train/{key}", row.get(key))
+        lrs = row.get("lrs")
+        if isinstance(lrs, dict):
+            for group, lr in lrs.items():
+                scalar(f"train/lr/{group}", lr)
+        else:
+            scalar("train/lr", row.get("lr"))
+        scalar("val/loss", row.get("val_loss"))
+        for prefix, key in (("train", "metrics"), ("val", "val_metrics")):
+            for name, value in (row.get(key) or {}).items():
+                scalar(f"{prefix}/{name}", value)
+        for module, norm in (row.get("grad_norms") or {}).items():
+            scalar(f"grad_norm/{module}", norm)
+        memory = row.get("memory")
+        if dataclasses.is_dataclass(memory):
+            memory = dataclasses.asdict(memory)
+        if isinstance(memory, dict):
+            for kind in _MEMORY_KINDS:
+                scalar(f"memory/{kind.removesuffix('_bytes')}", memory.get(kind))
+
+    def write_option_change(self, step: int, option: str, value: Any, previous: Any, source: str) -> None:
+        text = f"step {step}: {option} = {format_option_value(option, value)} (was {format_option_value(option, previous)})"
+        self._writer.add_text("options", text + (f", from {source}" if source else ""), step)
+
+    def add_trace(self, step: int, trace: Path) -> None:
+        """A profiler snapshot's Chrome trace, where TensorBoard's PyTorch Profiler plugin reads it."""
+        target = self.directory / "plugins" / "profile" / f"step-{step}" / TRACE_NAME
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(trace, target)
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class LiveTensorBoard(TrainerObserver):
+    """``--tensorboard DIR`` while training: what the trainer reports is queued (a deque append on the training
+    thread) and written on a thread of this observer's own; closed when the run ends."""
+
+    def __init__(self, directory: Path) -> None:
+        summary_writer_class(directory)  # not installed: said before training starts
+        self.directory = directory
+        self.writer: TensorBoardWriter | None = None  # opened when the run starts, at the step it starts from
+        self._queue: collections.deque[tuple[str, Any]] = collections.deque()
+        self._wake = threading.Event()
+        self._row_written_at = -1.0
+        self._closing = False
+        self._thread = threading.Thread(target=self._write, name="tensorboard", daemon=True)
+        self._thread.start()
+
+    def on_metrics(self, record: dict[str, Any]) -> None:
+        if self.writer is None or self._closing:
+            return
+        now = time.monotonic()
+        if "val_loss" in record or now - self._row_written_at >= 1 / LIVE_ROWS_PER_S:
+            self._row_written_at = now
+            self._queue.append(("row", record))
+            self._wake.set()
+
+    def on_event(self, event: p.Message) -> None:
+        match event:
+            case events.RunStarted() if self.writer is None:
+                # A resumed run hides what an earlier process wrote after the step it resumed at.
+                self.writer = TensorBoardWriter(self.directory, purge_step=event.step + 1 if event.step else None)
+                return
+            case p.OptionApplied():
+                self._queue.append(("option", event))
+            case p.ProfileReady() if not event.error:
+                self._queue.append(("profile", event))
+            case events.RunEnded() | p.Error() | p.NonFinite():
+                self.close()
+                return
+            case _:
+                return
+        self._wake.set()
+
+    def close(self) -> None:
+        """Write what is queued, then close the files (the run ended; idempotent)."""
+        if self._closing:
+            return
+        self._closing = True
+        self._wake.set()
+        if self.writer is not None:
+            self._thread.join(timeout=30)
+
+    def _write(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self.writer is None:  # closed before the run started
+                return
+            while self._queue:
+                kind, item = self._queue.popleft()
+                if kind == "row":
+                    self.writer.write_row(item)
+                elif kind == "option":
+                    self.writer.write_option_change(item.step, item.option, item.value, item.previous, item.source)
+                else:
+                    trace = Path(item.dir) / "trace.json"
+                    if trace.exists():
+                        self.writer.add_trace(item.first_step, trace)
+            self.writer.flush()
+            if self._closing:
+                self.writer.close()
+                return
+
+
+def tensorboard_observers(config) -> list[LiveTensorBoard]:
+    """The run's live TensorBoard writer where ``--tensorboard`` asked for one."""
+    return [LiveTensorBoard(Path(config.tensorboard))] if config.tensorboard else []

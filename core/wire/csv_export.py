@@ -1,0 +1,70 @@
+"""A run's ``metrics.jsonl`` as one flat CSV, for spreadsheets and pandas (``torchlab-tui export RUN --csv FILE``).
+
+Nested values become dotted columns: ``lrs.head``, ``metrics.accuracy``, ``grad_norms.blocks.0.attn``,
+``memory.activations_bytes``, ``act_stats.<module>.mean``/``.std``/``.max_abs``, ``ranks.1.step_time_s``. The
+columns are every key any row has, in the order they first appear; a row without one leaves it empty.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from torchlab.core.wire.errors import StorageError
+
+_ACT_STATS = ("mean", "std", "max_abs")
+
+
+def flat_row(row: dict[str, Any]) -> dict[str, Any]:
+    """One metrics row as dotted column -> a number, text or boolean."""
+    flat: dict[str, Any] = {}
+
+    def put(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                put(f"{prefix}.{key}", item)
+        elif isinstance(value, list):
+            names = _ACT_STATS if prefix.startswith("act_stats.") and len(value) == len(_ACT_STATS) else range(len(value))
+            for name, item in zip(names, value):
+                put(f"{prefix}.{name}", item)
+        else:
+            flat[prefix] = value
+
+    for key, value in row.items():
+        put(key, value)
+    return flat
+
+
+def write_csv(metrics: Path, target: Path) -> int:
+    """``metrics`` (a run's metrics.jsonl) as the CSV ``target``; returns the rows written. Read twice: once for
+    the columns, once for the rows, so a long run is never held in memory whole."""
+    columns: dict[str, None] = {}
+    for row in rows_of(metrics):
+        columns.update(dict.fromkeys(flat_row(row)))
+    count = 0
+    try:
+        with open(target, "w", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(columns), restval="")
+            writer.writeheader()
+            for row in rows_of(metrics):
+                writer.writerow(flat_row(row))
+                count += 1
+    except OSError as error:
+        raise StorageError(f"--csv {target}: cannot be written: {error.strerror or error}.") from None
+    return count
+
+
+def rows_of(path: Path) -> Iterator[dict[str, Any]]:
+    """Each row of a run's JSON-lines file (metrics.jsonl, events.jsonl) that has a step; a line that is not a
+    JSON object (a write torn by a crash, which a resume repairs) is left out, as the app leaves it out."""
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                yield row

@@ -1,0 +1,100 @@
+"""A run's figures for other tools (issue 16): TensorBoard event files while training (``--tensorboard``) and
+afterwards (``export --tensorboard``), read back with TensorBoard's own reader; one flat CSV (``export --csv``)."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from trainers import TINY, WORKLOADS
+from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE
+from torchlab.core.launch.cli import main
+
+OWN = WORKLOADS / "own_training.py"
+
+
+def events_in(directory: Path) -> EventAccumulator:
+    accumulator = EventAccumulator(str(directory), size_guidance={"scalars": 0, "tensors": 0})
+    accumulator.Reload()
+    return accumulator
+
+
+def steps_of(accumulator: EventAccumulator, tag: str) -> list[int]:
+    return [event.step for event in accumulator.Scalars(tag)]
+
+
+def texts_of(accumulator: EventAccumulator, tag: str) -> list[str]:
+    return [event.tensor_proto.string_val[0].decode() for event in accumulator.Tensors(f"{tag}/text_summary")]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A run of the workload with its own groups and accuracy: an option change, a profile, evaluations."""
+    root = tmp_path_factory.mktemp("export")
+    assert main([f"{OWN}:workload", "--headless", "--steps", "24", "--eval-every", "8", "--at", "10:clip=0.5",
+                 "--profile-at", "12", "--profile-steps", "2", "--tensorboard", str(root / "live"),
+                 "--run-dir", str(root / "run")]) == EXIT_OK
+    return root
+
+
+def test_while_training_the_scalars_option_changes_and_profile_go_to_tensorboard(trained):
+    live = events_in(trained / "live")
+    tags = set(live.Tags()["scalars"])
+    assert {"train/loss", "train/lr/body", "train/lr/head", "train/accuracy", "val/loss", "val/accuracy",
+            "train/samples_per_s", "grad_norm/head", "grad_norm/body.0"} <= tags
+    assert steps_of(live, "val/loss") == [8, 16, 24]  # evaluations always; training rows at most 5 a second
+    assert texts_of(live, "options") == ["step 10: clip = 0.5 (was off), from --at"]
+    assert (trained / "live" / "plugins" / "profile" / "step-13" / "torchlab.pt.trace.json").stat().st_size > 1000
+
+
+def test_export_writes_every_row_and_a_flat_csv(trained, capsys):
+    assert main(["export", str(trained / "run"), "--tensorboard", str(trained / "exported"), "--csv", str(trained / "m.csv")]) == EXIT_OK
+    exported = events_in(trained / "exported")
+    assert steps_of(exported, "train/loss") == list(range(1, 25))
+    assert steps_of(exported, "train/accuracy") == list(range(1, 25))
+    assert texts_of(exported, "options") == ["step 10: clip = 0.5 (was off), from --at"]
+    assert len(list((trained / "exported" / "plugins" / "profile").glob("step-*/torchlab.pt.trace.json"))) == 1
+    with open(trained / "m.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [int(row["step"]) for row in rows] == list(range(1, 25))
+    assert {"lrs.body", "lrs.head", "metrics.accuracy", "val_metrics.accuracy", "grad_norms.head", "clip"} <= set(rows[0])
+    assert rows[7]["val_metrics.accuracy"] != "" and rows[6]["val_metrics.accuracy"] == ""
+    assert float(rows[-1]["metrics.accuracy"]) > 0.5
+    assert "24 rows" in capsys.readouterr().err
+
+
+def test_a_torn_last_line_is_left_out_of_the_csv(tmp_path):
+    run = tmp_path / "run"
+    assert main([TINY, "--headless", "--steps", "5", "--eval-every", "0", "--run-dir", str(run)]) == EXIT_OK
+    with open(run / "metrics.jsonl", "a") as handle:
+        handle.write('{"step": 6, "loss": 1.')  # a crash in the middle of a write
+    assert main(["export", str(run), "--csv", str(tmp_path / "m.csv")]) == EXIT_OK
+    assert len((tmp_path / "m.csv").read_text().splitlines()) == 1 + 5
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["export", "nowhere"], "say what to write: --tensorboard DIR, --csv FILE, or both"),
+    (["export", "nowhere", "--csv", "m.csv"], "nowhere: no metrics.jsonl here; give a run directory"),
+])
+def test_export_says_what_is_wrong_in_one_line(argv, message, capsys):
+    assert main(argv) == EXIT_USAGE
+    assert message in capsys.readouterr().err
+
+
+def test_without_tensorboard_installed_the_flag_says_how_to_install_it_before_training(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as without the extra
+    assert main([TINY, "--headless", "--steps", "2", "--tensorboard", str(tmp_path / "tb"), "--run-dir", str(tmp_path / "run")]) == EXIT_USAGE
+    assert "TensorBoard is not installed: pip install 'torchlab-tui[tensorboard]'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # nothing started
+
+
+def test_a_resumed_run_hides_what_the_first_process_wrote_after_its_checkpoint(tmp_path):
+    run, board = tmp_path / "run", tmp_path / "tb"
+    assert main([TINY, "--headless", "--steps", "12", "--eval-every", "4", "--checkpoint-every", "4",
+                 "--tensorboard", str(board), "--run-dir", str(run)]) == EXIT_OK
+    assert main(["--resume", str(run / "checkpoints" / "step-0000008.pt"), "--headless", "--steps", "16"]) == EXIT_OK
+    assert steps_of(events_in(board), "val/loss") == [4, 8, 12, 16]  # 12 once: the resumed process's
