@@ -134,3 +134,32 @@ def test_a_socket_listens_privately_without_touching_the_process_umask(tmp_path,
             listener.accept()[0].close()
     finally:
         listener.close()
+
+
+def test_the_attach_listing_fits_80_columns_with_each_runs_step_and_its_directory_under_it(tmp_path, monkeypatch, capsys):
+    import socket
+
+    from torchlab.core.launch.attach import main as attach
+
+    (tmp_path / "xdg").mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
+    live = Endpoint.create("20261123-204626-tiny_gpt")
+    live.write_info({"pid": os.getpid(), "state": "running", "step": 1240, "steps": 20000, "started": time.time() - 750,
+                     "attached": True, "workload": "/home/someone/projects/models/transformer.py:workload",
+                     "run_dir": "/home/someone/projects/models/runs/20261123-204626-transformer"})
+    other = Endpoint.create("20261123-210000-mlp")  # two live runs: attach lists them and opens neither
+    other.write_info({"pid": os.getpid(), "state": "paused", "step": 7, "steps": 200, "started": time.time() - 5,
+                      "workload": "mlp", "run_dir": "runs/20261123-210000-mlp"})
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as served, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as also:
+        served.bind(str(live.socket_path))
+        served.listen(1)
+        also.bind(str(other.socket_path))
+        also.listen(1)
+        assert attach([]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3].split()[:3] == ["20261123-210000-mlp", "7/200", "paused"] and lines[4] == "  mlp · runs/20261123-210000-mlp"
+    assert lines[0].split() == ["NAME", "STEP", "STATE", "STARTED"]
+    assert lines[1].split()[:2] == ["20261123-204626-tiny_gpt", "1240/20000"] and "running, app attached" in lines[1]
+    assert lines[1].endswith("12m ago")
+    assert lines[2] == "  /home/someone/projects/models/transformer.py:workload · /home/someone/projects/models/runs/20261123-204626-transformer"
+    assert all(len(line) <= 80 for line in lines[:2] + lines[3:5])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 import time
 
@@ -104,16 +105,30 @@ def forget_gone_runs(entries: list[RunEntry]) -> None:
 
 
 def format_runs(entries: list[RunEntry]) -> str:
-    rows = [("NAME", "WORKLOAD", "STEP", "STATE", "SINCE", "RUN DIRECTORY")]
+    """One line a run (name, step, state, how long ago it started) and, under it, its workload and directory:
+    the listing fits 80 columns whatever the paths (a long one runs past the edge on its own line, not into
+    the next column)."""
+    rows = [("NAME", "STEP", "STATE", "STARTED")]
+    places = []
     now = time.time()
     for entry in entries:
         info = entry.info
         steps = f"/{info['steps']}" if info.get("steps") else ""
-        state = entry.state + (" (app attached)" if entry.live and info.get("attached") else "")
-        rows.append((entry.endpoint.name, str(info.get("workload", "")), f"{info.get('step', 0)}{steps}", state,
-                     _since(now - float(info.get("started") or now)), str(info.get("run_dir", ""))))
+        state = entry.state + (", app attached" if entry.live and info.get("attached") else "")
+        rows.append((entry.endpoint.name, f"{info.get('step', 0)}{steps}", state, _since(now - float(info.get("started") or now)) + " ago"))
+        places.append(f"  {info.get('workload', '') or '?'} · {_home(str(info.get('run_dir', '')))}")
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(rows[0], widths)).rstrip()]
+    for row, place in zip(rows[1:], places):
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        lines.append(place)
+    return "\n".join(lines)
+
+
+def _home(path: str) -> str:
+    """``~/runs/x`` for a path under the home directory: shorter, and still one a shell reads back."""
+    home = os.path.expanduser("~")
+    return "~" + path[len(home):] if home not in ("", "/") and (path == home or path.startswith(home + os.sep)) else path
 
 
 def _since(seconds: float) -> str:
