@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE
-from torchlab.core.wire.csv_export import rows_of, write_csv
+from torchlab.core.wire.csv_export import write_csv
+from torchlab.core.wire.rundir import rows_of
 from torchlab.core.wire.errors import ConfigError, StorageError, TorchlabError
 
 

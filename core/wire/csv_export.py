@@ -8,12 +8,11 @@ columns are every key any row has, in the order they first appear; a row without
 from __future__ import annotations
 
 import csv
-import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from torchlab.core.wire.errors import StorageError
+from torchlab.core.wire.rundir import rows_of
 
 _ACT_STATS = ("mean", "std", "max_abs")
 
@@ -55,16 +54,3 @@ def write_csv(metrics: Path, target: Path) -> int:
     except OSError as error:
         raise StorageError(f"--csv {target}: cannot be written: {error.strerror or error}.") from None
     return count
-
-
-def rows_of(path: Path) -> Iterator[dict[str, Any]]:
-    """Each row of a run's JSON-lines file (metrics.jsonl, events.jsonl) that has a step; a line that is not a
-    JSON object (a write torn by a crash, which a resume repairs) is left out, as the app leaves it out."""
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict) and isinstance(row.get("step"), int):
-                yield row

@@ -22,10 +22,12 @@ A failed write is a ``StorageError`` that names the file and says what is intact
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +227,19 @@ class RunDirectory(TrainerObserver):
 def to_json_line(record: dict[str, Any]) -> str:
     """One line of strict JSON (NaN and Inf become null: other tools choke on the bare tokens)."""
     return strict_json.dumps(record) + "\n"
+
+
+def rows_of(path: Path) -> Iterator[dict[str, Any]]:
+    """Each row of a run's JSON-lines file (metrics.jsonl, events.jsonl) that has a step; a line that is not a
+    JSON object (a write torn by a crash, which a resume repairs) is left out, as the app leaves it out."""
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                yield row
 
 
 def new_run_path(root: Path, label: str) -> Path:

@@ -42,6 +42,9 @@ class LineChart(Widget):
         "line-chart--series-0",
         "line-chart--series-1",
         "line-chart--series-2",
+        "line-chart--series-3",
+        "line-chart--series-4",
+        "line-chart--series-5",
     }
 
     DEFAULT_CSS = """
@@ -54,7 +57,12 @@ class LineChart(Widget):
     LineChart > .line-chart--series-0 { color: $primary-lighten-2; }
     LineChart > .line-chart--series-1 { color: $warning; }
     LineChart > .line-chart--series-2 { color: $success; }
+    LineChart > .line-chart--series-3 { color: $accent; }
+    LineChart > .line-chart--series-4 { color: $error; }
+    LineChart > .line-chart--series-5 { color: $secondary; }
     """
+    #: the styles there are: a chart of more lines reuses them in turn
+    STYLES = 6
 
     def __init__(
         self,
@@ -69,6 +77,9 @@ class LineChart(Widget):
         self.lines = list(lines)
         self.value_format = value_format
         self.empty_text = empty_text
+        #: what x is, under the chart's left end ("step 1"), and how its two ends are written
+        self.x_name = "step"
+        self.x_format: Callable[[float], str] = lambda x: str(int(x))
         self._strips: list[Strip] | None = None
         self._strips_size: tuple[int, int] = (0, 0)
 
@@ -127,7 +138,7 @@ class LineChart(Widget):
             _plot_path(pixels, cells, owner, index)
 
         series_styles = [
-            self.get_component_rich_style(f"line-chart--series-{(i if line.style is None else line.style) % 3}")
+            self.get_component_rich_style(f"line-chart--series-{(i if line.style is None else line.style) % self.STYLES}")
             for i, line in enumerate(self.lines)
         ]
         labels = self._y_labels(y_low, y_high, plot_height)
@@ -165,8 +176,8 @@ class LineChart(Widget):
         return labels
 
     def _x_axis(self, low: float, high: float, width: int) -> str:
-        left = f"step {int(low)}"
-        right = f"{int(high)}"
+        left = f"{self.x_name} {self.x_format(low)}"
+        right = self.x_format(high)
         gap = width - _LABEL_WIDTH - 1 - len(left) - len(right)
         if gap < 1:
             return right.rjust(width)

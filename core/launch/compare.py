@@ -1,0 +1,45 @@
+"""``torchlab-tui compare RUN_A RUN_B [...]``: runs compared on one screen (tui/screens/compare_screen.py), from
+their files: their curves against step or training time, the settings that differ, their option changes.
+
+Standard library and the app only: no torch in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from textual.app import App
+
+from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE
+from torchlab.core.wire.errors import TorchlabError
+from torchlab.tui.run_history import RunHistory
+from torchlab.tui.screens.compare_screen import CompareScreen
+
+
+class CompareApp(App[int]):
+    """The compare screen alone; leaving it (esc, q) ends the command."""
+
+    TITLE = "torchlab compare"
+
+    def __init__(self, runs: list[RunHistory]) -> None:
+        super().__init__()
+        self.runs = runs
+
+    def on_mount(self) -> None:
+        self.push_screen(CompareScreen(self.runs), callback=lambda _: self.exit(EXIT_OK))
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="torchlab-tui compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", type=Path, nargs="+", metavar="RUN", help="run directories (runs/<time>-<workload>)")
+    args = parser.parse_args(argv)
+    try:
+        if len(args.runs) < 2:
+            raise TorchlabError("give two runs or more to compare: torchlab-tui compare RUN_A RUN_B")
+        runs = [RunHistory.load(path) for path in args.runs]
+    except TorchlabError as error:
+        print(f"torchlab-tui compare: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    return CompareApp(runs).run() or EXIT_OK

@@ -1,0 +1,83 @@
+"""Runs compared (issue 16): ``torchlab-tui compare`` from run directories, and its screen at 80x24 and 160x48.
+
+The runs are written here, deterministic (the files a trainer writes, with made-up figures), so the snapshots
+are stable; tests/test_export.py-style real runs would move with the machine's speed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from torchlab.core.launch.compare import CompareApp, main
+from torchlab.core.wire.config import build_config
+from torchlab.tui.run_history import RunHistory, differences
+from torchlab.tui.widgets.line_chart import LineChart
+
+
+def write_run(root: Path, name: str, *, lr: float, clip_at: int | None = None, steps: int = 120) -> Path:
+    run = root / name
+    run.mkdir(parents=True)
+    settings = {"workload": "tiny_gpt", "steps": steps, "lr": lr, "options": {}, "at": [f"{clip_at}:clip=0.5"] if clip_at else []}
+    (run / "config.toml").write_text(build_config(settings).to_toml())
+    rows = []
+    for step in range(1, steps + 1):
+        row = {"step": step, "elapsed_s": step * (0.05 if clip_at is None else 0.06), "loss": 4 * math.exp(-step * lr * 20) + 1,
+               "lr": lr, "samples_per_s": 640.0, "metrics": {"accuracy": 1 - math.exp(-step * lr * 20)}}
+        if step % 40 == 0:
+            row["val_loss"], row["val_metrics"] = row["loss"] + 0.1, {"accuracy": row["metrics"]["accuracy"] - 0.05}
+        rows.append(json.dumps(row))
+    (run / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    events = [{"event": "run_started", "step": 0}]
+    if clip_at:
+        events.append({"event": "option_applied", "step": clip_at, "option": "clip", "value": 0.5, "previous": None})
+    (run / "events.jsonl").write_text("\n".join(map(json.dumps, events)) + "\n")
+    return run
+
+
+@pytest.fixture
+def runs(tmp_path) -> list[Path]:
+    return [write_run(tmp_path, "20261123-090000-tiny_gpt", lr=0.001),
+            write_run(tmp_path, "20261123-100000-tiny_gpt", lr=0.003, clip_at=60)]
+
+
+def test_a_run_is_read_from_its_files_with_its_settings_changes_and_figures(runs):
+    first, second = (RunHistory.load(path) for path in runs)
+    assert second.changes == ["step 60: clip = 0.5"]
+    assert first.figures()[:4] == ["loss", "val_loss", "lr", "samples_per_s"]
+    assert {"metrics.accuracy", "val_metrics.accuracy"} <= set(first.figures())
+    assert len(first.by_step["loss"]) == 120 and len(first.by_step["val_loss"]) == 3
+    assert differences([first, second]) == [("lr", ["0.001", "0.003"]), ("at", ["—", "[60:clip=0.5]"])]
+
+
+@pytest.mark.asyncio
+async def test_f_and_x_change_the_figure_and_the_axis(runs):
+    app = CompareApp([RunHistory.load(path) for path in runs])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        chart = app.screen.query_one("#compare-chart", LineChart)
+        assert [line.label for line in chart.lines] == ["20261123-090000-tiny_gpt", "20261123-100000-tiny_gpt"]
+        assert "loss against step (1 of 6 figures)" in str(app.screen.query_one("#compare-status").content)
+        await pilot.press("f")
+        assert "val loss against step" in str(app.screen.query_one("#compare-status").content)
+        await pilot.press("x")
+        assert chart.x_name == "time" and "val loss against training time" in str(app.screen.query_one("#compare-status").content)
+        await pilot.press("escape")
+    assert app.return_code == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["only-one"], "give two runs or more to compare"),
+    (["a", "b"], "a: no metrics.jsonl here; give run directories"),
+])
+def test_compare_says_what_is_wrong_in_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)])
+def test_the_compare_screen(runs, snap_compare, size):
+    assert snap_compare(CompareApp([RunHistory.load(path) for path in runs]), terminal_size=size)

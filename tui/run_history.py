@@ -1,0 +1,130 @@
+"""A finished or running run as its files tell it, for comparing runs: its curves (against step and against
+training time), its settings (``config.toml``) and the option changes it went through (``events.jsonl``).
+
+Standard library and the wire only (no torch): ``torchlab-tui compare`` and the app read runs the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchlab.core.wire.config import settings_from_toml
+from torchlab.core.wire.errors import ConfigError
+from torchlab.core.wire.options import format_option_value
+from torchlab.core.wire.rundir import rows_of
+from torchlab.tui.thinning import Series
+
+#: The figures every run has, by their key in metrics.jsonl, and how a chart names them.
+FIGURES = {"loss": "loss", "val_loss": "val loss", "lr": "learning rate", "samples_per_s": "samples/s"}
+
+
+@dataclass
+class RunHistory:
+    """One run's curves, settings and option changes."""
+
+    path: Path
+    #: setting -> value as config.toml holds it; live options as ``options.<name>``
+    settings: dict[str, Any] = field(default_factory=dict)
+    #: "step 40: amp = bf16", in order
+    changes: list[str] = field(default_factory=list)
+    #: figure key (``loss``, ``metrics.accuracy``, ``val_metrics.accuracy``...) -> its series against step
+    by_step: dict[str, Series] = field(default_factory=dict)
+    #: the same against the run's training time in seconds (``elapsed_s``)
+    by_time: dict[str, Series] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @classmethod
+    def load(cls, path: Path) -> RunHistory:
+        """Read ``path`` (a run directory); ConfigError says why it cannot be compared."""
+        metrics = path / "metrics.jsonl"
+        if not metrics.is_file():
+            raise ConfigError(f"{path}: no metrics.jsonl here; give run directories (runs/<time>-<workload>)")
+        history = cls(path)
+        points: dict[str, tuple[list[float], list[float], list[float]]] = {}
+        for row in rows_of(metrics):
+            step, elapsed = row["step"], row.get("elapsed_s")
+            for key, value in _figures(row):
+                steps, times, values = points.setdefault(key, ([], [], []))
+                steps.append(step)
+                times.append(elapsed if _number(elapsed) else math.nan)
+                values.append(value)
+        for key, (steps, times, values) in points.items():
+            history.by_step[key] = _series(steps, values)
+            timed = [(t, v) for t, v in zip(times, values) if not math.isnan(t)]
+            history.by_time[key] = _series([t for t, _ in timed], [v for _, v in timed])
+        config = path / "config.toml"
+        if config.is_file():
+            try:
+                settings = settings_from_toml(config.read_text(encoding="utf-8"), str(config))
+            except (ConfigError, OSError, UnicodeDecodeError):
+                settings = {}
+            options = settings.pop("options", {})
+            history.settings = {**{key: _shown(value) for key, value in settings.items()},
+                                **{f"options.{name}": format_option_value(name, value) for name, value in options.items()}}
+        events = path / "events.jsonl"
+        if events.is_file():
+            for record in rows_of(events):
+                if record.get("event") == "option_applied":
+                    option = str(record.get("option"))
+                    history.changes.append(f"step {record['step']}: {option} = {format_option_value(option, record.get('value'))}")
+        return history
+
+    def figures(self) -> list[str]:
+        """The figures this run has, the common ones first, then the workload's own."""
+        return sorted(self.by_step, key=lambda key: (key not in FIGURES, list(FIGURES).index(key) if key in FIGURES else 0, key))
+
+
+def figure_name(key: str) -> str:
+    """``loss`` -> "loss", ``metrics.accuracy`` -> "accuracy", ``val_metrics.accuracy`` -> "val accuracy"."""
+    if key in FIGURES:
+        return FIGURES[key]
+    kind, _, name = key.partition(".")
+    return f"val {name}" if kind == "val_metrics" else name
+
+
+def differences(runs: list[RunHistory]) -> list[tuple[str, list[str]]]:
+    """The settings whose values are not the same in every run: (setting, each run's value), in the order of the
+    first run's config.toml. Where the runs came from (``workload``) is a difference like any other."""
+    keys: dict[str, None] = {}
+    for run in runs:
+        keys.update(dict.fromkeys(run.settings))
+    rows = []
+    for key in keys:
+        values = [run.settings.get(key, "—") for run in runs]
+        if len(set(values)) > 1:
+            rows.append((key, values))
+    return rows
+
+
+def _figures(row: dict[str, Any]) -> Iterator[tuple[str, float]]:
+    for key in FIGURES:
+        if _number(row.get(key)):
+            yield key, float(row[key])
+    for kind in ("metrics", "val_metrics"):
+        for name, value in (row.get(kind) or {}).items() if isinstance(row.get(kind), dict) else ():
+            if _number(value):
+                yield f"{kind}.{name}", float(value)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _series(xs: list[float], ys: list[float]) -> Series:
+    series = Series()
+    ordered = sorted(zip(xs, ys), key=lambda point: point[0])  # a resumed run's rows may come back in order only once
+    series.extend([x for x, _ in ordered], [y for _, y in ordered])
+    return series
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_shown(item) for item in value) + "]"
+    return str(value)
