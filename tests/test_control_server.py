@@ -30,12 +30,13 @@ class Served:
     def __init__(self, directory: Path) -> None:
         self.commands: list[p.Message] = []
         self.refused: list[tuple[str, bool]] = []
+        self.gone = 0
         self.changed = threading.Condition()
         self.server = cs.ControlServer(
             directory / "s.sock", TOKEN, Outbox(),
             welcome=lambda: p.Welcome(run=RUN, modules=[], options={}, state="running", step=0),
             on_command=lambda command: self._keep(self.commands, command),
-            on_client_gone=lambda: None,
+            on_client_gone=lambda: self._keep([], setattr(self, "gone", self.gone + 1)),
             on_refused=lambda reason, before_hello: self._keep(self.refused, (reason, before_hello)),
         )
 
@@ -54,10 +55,10 @@ class Served:
         client.connect(str(self.server.socket_path))
         return client
 
-    def app(self) -> socket.socket:
-        """A connection that said the right hello and got its Welcome."""
+    def app(self, view: bool = False) -> socket.socket:
+        """A connection that said the right hello and got its Welcome (``view``: as a read-only viewer)."""
         client = self.connect()
-        client.sendall(p.Hello(version=p.PROTOCOL_VERSION, token=TOKEN).encode())
+        client.sendall(p.Hello(version=p.PROTOCOL_VERSION, token=TOKEN, view=view).encode())
         assert answer(client).type == "welcome"
         return client
 
@@ -179,3 +180,39 @@ def test_an_over_long_line_from_the_app_is_refused_and_the_next_one_read(served)
     served.until(lambda: served.commands == [p.PauseCommand()])
     assert [before_hello for _, before_hello in served.refused] == [False] * 3
     assert "exceeds the limit" in served.refused[2][0] and "not valid JSON" in served.refused[0][0]
+
+
+def test_viewers_get_the_stream_beside_the_app_their_commands_are_refused_and_their_going_is_nothing(served):
+    app = served.app()
+    viewers = [served.app(view=True) for _ in range(3)]  # three viewers beside the one app that controls
+    served.server._outbox.add_event(p.Log(level="info", text="for everyone", step=1))
+    for client in [app, *viewers]:
+        assert answer(client) == p.Log(level="info", text="for everyone", step=1)
+    viewers[0].sendall(p.PauseCommand().encode())
+    assert answer(viewers[0]) == p.Refused(reason=cs.READ_ONLY)
+    for viewer in viewers:
+        viewer.close()
+    app.sendall(p.ResumeCommand().encode())
+    served.until(lambda: served.commands == [p.ResumeCommand()])  # the viewer's pause never reached the run
+    assert served.gone == 0  # viewers leaving is not the app leaving (which stops a run)
+    intruder = served.connect()
+    intruder.sendall(p.Hello(version=p.PROTOCOL_VERSION, token="guess", view=True).encode())
+    assert "wrong token" in answer(intruder).reason  # viewing takes the owner's token too
+    app.close()
+    served.until(lambda: served.gone == 1)
+
+
+def test_viewers_are_bounded(served):
+    viewers = [served.app(view=True) for _ in range(cs.MAX_VIEWERS)]
+    one_more = served.connect()
+    one_more.sendall(p.Hello(version=p.PROTOCOL_VERSION, token=TOKEN, view=True).encode())
+    assert answer(one_more).reason == f"too many viewers of this run (at most {cs.MAX_VIEWERS})"
+    viewers[0].close()
+    for _ in range(1000):  # a place freed is taken again, once the server has read the hang-up
+        again = served.connect()
+        again.sendall(p.Hello(version=p.PROTOCOL_VERSION, token=TOKEN, view=True).encode())
+        if answer(again).type == "welcome":
+            break
+    else:
+        pytest.fail("the place a viewer left was never free again")
+    served.app()  # and the app's own place was never theirs

@@ -1,4 +1,8 @@
-"""The trainer's socket: one Unix socket, a token checked before anything else, one controlling app.
+"""The trainer's socket: one Unix socket, a token checked before anything else, one controlling app and any
+number of read-only viewers (up to ``MAX_VIEWERS``: each holds two threads).
+
+A viewer (a hello with ``view``) gets what the controlling app gets, history first; a command from it is
+refused, and its going away, however it goes, is nothing to the run: only the controlling app's is.
 
 Each connection has a reader thread (commands in) and a sender thread (events out, from the Outbox
 through the connection's own cursor). The trainer thread never touches a socket. A connection that
@@ -39,6 +43,9 @@ from torchlab.core.wire.protocol import (
 from torchlab.core.wire.runtime import listen_privately
 
 HELLO_TIMEOUT_S = 5.0
+MAX_VIEWERS = 32
+#: What a viewer's command is answered with (its app refuses the keys itself; this is for any other client).
+READ_ONLY = "this is a read-only view of the run: commands come from the app that controls it"
 MAX_AWAITING_HELLO = 64
 #: How long the accept loop waits after ``accept`` failed for want of descriptors or memory (EMFILE and
 #: the like): the connections holding them end within HELLO_TIMEOUT_S, and then the app can connect again.
@@ -84,7 +91,8 @@ class ControlServer:
         self._awaiting_hello = 0  # connections accepted whose hello has not been read yet
         self._awaiting_lock = threading.Lock()
         self._controller: socket.socket | None = None
-        self._controller_lock = threading.Lock()
+        self._controller_lock = threading.Lock()  # and the viewers' count
+        self._viewers: set[socket.socket] = set()
         self._closed = threading.Event()
         self._senders: list[threading.Thread] = []
         self._first_client_served = threading.Event()
@@ -104,8 +112,9 @@ class ControlServer:
         self._outbox.close()
         self._listener.close()
         with self._controller_lock:
-            if self._controller is not None:
-                _shutdown(self._controller)
+            for connection in [self._controller, *self._viewers]:
+                if connection is not None:
+                    _shutdown(connection)
         try:
             self.socket_path.unlink()
         except FileNotFoundError:
@@ -149,11 +158,17 @@ class ControlServer:
         finally:
             with self._awaiting_lock:
                 self._awaiting_hello -= 1
-        if hello is not None:
-            self._serve_app(connection, hello)
+        if hello is None:
+            return
+        reader, view = hello
+        if view:
+            self._serve_viewer(connection, reader)
+        else:
+            self._serve_app(connection, reader)
 
-    def _read_hello(self, connection: socket.socket) -> LineReader | None:
-        """The reader of a connection that said a hello with this run's token, or None (refused, closed)."""
+    def _read_hello(self, connection: socket.socket) -> tuple[LineReader, bool] | None:
+        """The reader of a connection that said a hello with this run's token and whether it asked to view only,
+        or None (refused, closed)."""
         reader = LineReader(connection, MAX_LINE_BYTES)
         try:
             hello = decode(reader.next_line(deadline=time.monotonic() + HELLO_TIMEOUT_S))
@@ -173,7 +188,7 @@ class ControlServer:
         if not hmac.compare_digest(hello.token.encode(), self._token.encode()):
             self._refuse(connection, "wrong token: this run's token file is readable only by the user who started it", before_hello=True)
             return None
-        return reader
+        return reader, hello.view
 
     def _serve_app(self, connection: socket.socket, reader: LineReader) -> None:
         with self._controller_lock:
@@ -204,6 +219,39 @@ class ControlServer:
             _shutdown(connection)
             if not self._closed.is_set():
                 self._on_client_gone()
+
+    def _serve_viewer(self, connection: socket.socket, reader: LineReader) -> None:
+        with self._controller_lock:
+            admitted = len(self._viewers) < MAX_VIEWERS
+            if admitted:
+                self._viewers.add(connection)
+        if not admitted:
+            self._refuse(connection, f"too many viewers of this run (at most {MAX_VIEWERS})", before_hello=True)
+            return
+        try:
+            welcome = self._welcome()
+            if welcome is None or self._closed.is_set():
+                return
+            connection.settimeout(SEND_TIMEOUT_S)
+            connection.sendall(welcome.encode())
+            sender = threading.Thread(target=self._send_loop, args=(connection,), name="torchlab-viewer-sender", daemon=True)
+            sender.start()
+            self._senders.append(sender)  # flush() delivers the run's end to viewers too
+            connection.settimeout(None)
+            while not self._closed.is_set():
+                try:
+                    reader.next_line()
+                except (EOFError, OSError):
+                    return
+                except ProtocolError:
+                    pass  # an over-long line: refused below like any other
+                _send_quietly(connection, Refused(reason=READ_ONLY))
+        except OSError:
+            pass
+        finally:
+            with self._controller_lock:
+                self._viewers.discard(connection)
+            _shutdown(connection)
 
     def _read_commands(self, connection: socket.socket, reader: LineReader) -> None:
         """Dispatch commands until the client leaves."""

@@ -25,7 +25,7 @@ from torchlab.core.wire import strict_json
 from torchlab.core.wire.errors import SHOWN_CHARS, shown
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample, TrialArm
 
-PROTOCOL_VERSION = 5  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials; 5: a trial's progress
+PROTOCOL_VERSION = 5  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials; 5: a trial's progress, read-only viewers (hello's view)
 MAX_LINE_BYTES = 1 << 20
 #: A live option's name, a command's source and a value typed for it are short; longer ones are refused
 #: before anything echoes them.
@@ -211,13 +211,15 @@ _OPT_NUMBER = (int, float, type(None))
 
 @dataclass(frozen=True)
 class Hello(Message):
-    """The first command on a connection: proves the client may control this run."""
+    """The first command on a connection: proves the client is the run's owner (the token). ``view``: a
+    read-only viewer, any number of them beside the one app that controls the run."""
 
     type: ClassVar[str] = "hello"
-    schema: ClassVar = {"version": (int,), "token": (str,), "client": (str,)}
+    schema: ClassVar = {"version": (int,), "token": (str,), "client": (str,), "view": (bool,)}
     version: int
     token: str
     client: str = "torchlab-tui"
+    view: bool = False
 
 
 @dataclass(frozen=True)
