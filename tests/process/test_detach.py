@@ -50,7 +50,8 @@ def _until(condition, timeout: float = 60.0, what: str = "condition") -> None:
 
 
 def _last_step(run_dir: Path) -> int:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    """The step of the last whole row: the trainer may be in the middle of writing the next one."""
+    lines = (run_dir / "metrics.jsonl").read_text().split("\n")[:-1]  # what follows the last newline is unfinished
     return json.loads(lines[-1])["step"] if lines else 0
 
 
