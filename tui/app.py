@@ -231,6 +231,7 @@ class TorchlabApp(App[int]):
             self._show_failure(Failure("error", f"could not start the trainer: {error}", traceback.format_exc(), None))
             return
         self._link_closed = False
+        self.run_state.read_only = self.read_only
         self._follow_trainer_log()
 
     def _follow_trainer_log(self) -> None:
@@ -296,8 +297,25 @@ class TorchlabApp(App[int]):
             if line.strip():
                 self.run_state.log("trainer", line)
 
+    @property
+    def read_only(self) -> bool:
+        """A viewer (``attach --view``): it watches the run beside the app that controls it."""
+        return bool(getattr(self.link, "view", False))
+
+    def _refuse_in_view(self, subject: str) -> bool:
+        """True, said at once, when this app is a read-only view (before a prompt asks for a value that would
+        go nowhere)."""
+        if not self.read_only:
+            return False
+        self.run_state.log("refused", f"{subject}: this is a read-only view; the app that controls the run changes it",
+                           notify=True)
+        self._refresh_view()
+        return True
+
     def send(self, command: protocol.Message) -> bool:
         """Send a command to the trainer; False (and a message saying why) when there is no trainer to send to."""
+        if self._refuse_in_view(command.type.replace("_", " ")):
+            return False
         if self.link is None or self._link_closed:
             self.run_state.log("refused", f"{command.type}: no trainer is connected", notify=True)
             self._refresh_view()
@@ -446,6 +464,8 @@ class TorchlabApp(App[int]):
     def action_change_option(self, name: str) -> None:
         """An option's key: the next value of a mode or a switch, or a prompt for a number."""
         option = OPTIONS_BY_NAME[name]
+        if self._refuse_in_view(name):
+            return
         current = self.run_state.option(name)
         if not isinstance(option, Number):
             self.set_option(name, option.next_value(current, lambda value: self.run_state.was_refused(name, value)))
@@ -463,6 +483,9 @@ class TorchlabApp(App[int]):
     def action_try_option(self) -> None:
         """A controlled trial: OPTION=VALUE [STEPS] typed, checked, and sent; the result comes to the log."""
         from torchlab.tui.screens.prompt import Chosen, OptionPrompt
+
+        if self._refuse_in_view("trial"):
+            return
 
         def chosen(answer: Chosen | None) -> None:
             if answer is not None and self.send(answer.value):
@@ -552,6 +575,9 @@ class TorchlabApp(App[int]):
         if self.link is None or self._link_closed:
             self.exit(return_code=self.outcome_exit_code())
             return
+        if self.read_only:  # a viewer leaves; the run goes on as it is
+            self._close_link(True)
+            return
         if detach:
             where = self.link.run_dir or self.run_state.run_dir
             self.notify(f"detached: the trainer keeps training in {where}")
@@ -576,7 +602,7 @@ class TorchlabApp(App[int]):
         """The app's exit status tells how the run ended, as a headless run's does: 0 finished, stopped or
         detached; 1 failed; 2 the trainer refused its input (a workload or setting error); 3 non-finite."""
         state = self.run_state
-        if state.detached or state.failure is None:
+        if state.detached or state.failure is None or self.read_only:  # a viewer's leaving says nothing of the run
             return 0
         if state.failure.kind == "nonfinite":
             return 3

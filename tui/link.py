@@ -86,13 +86,18 @@ class ProcessLink:
         self.arrived = threading.Event()
         #: the newest step the trainer reported: what a trainer that died without a word had reached
         self.last_step = 0
+        #: a read-only viewer (``attach``): its app refuses the keys that change the run
+        self.view = False
 
     @classmethod
-    def attach(cls, entry: RunEntry) -> ProcessLink:
-        """A link to the running trainer of ``entry``; ``start()`` connects to it instead of spawning one."""
+    def attach(cls, entry: RunEntry, *, view: bool = False) -> ProcessLink:
+        """A link to the running trainer of ``entry``; ``start()`` connects to it instead of spawning one.
+        ``view``: a read-only viewer, beside the app that controls the run; it sends nothing, and closing it
+        only disconnects."""
         link = cls(Path(entry.info["run_dir"]), list(entry.info.get("training_args") or []))
         link._endpoint = entry.endpoint
         link._attached_pid = entry.info["pid"]
+        link.view = view
         return link
 
     # ------------------------------------------------------------------ app-facing API
@@ -190,7 +195,7 @@ class ProcessLink:
         """
         self._closing = True
         if self._attached_pid is not None:
-            return self._close_attached(detach, grace_s)
+            return self._close_attached(detach or self.view, grace_s)  # a viewer never stops the run
         process = self.process
         if process is None:
             return None
@@ -291,7 +296,7 @@ class ProcessLink:
                 time.sleep(0.05)
                 continue
             connection.settimeout(HELLO_TIMEOUT_S)
-            connection.sendall(Hello(version=PROTOCOL_VERSION, token=self._endpoint.read_token()).encode())
+            connection.sendall(Hello(version=PROTOCOL_VERSION, token=self._endpoint.read_token(), view=self.view).encode())
             connection.settimeout(None)
             return connection
         return None

@@ -133,6 +133,8 @@ class RunState:
         #: the running trial's progress; None when none runs (see ``running_trial``)
         self.trial_progress: protocol.TrialProgress | None = None
         self.failure: Failure | None = None
+        #: this app is a read-only view (``attach --view``): the header says so
+        self.read_only = False
         #: option -> value the app asked for and the trainer has not answered yet
         self.pending: dict[str, Any] = {}
         #: (option, formatted value) pairs the trainer refused on this run, e.g. ("amp", "fp16") on CPU

@@ -6,9 +6,10 @@ with no argument lists every run, and opens the one live run if there is exactly
 opens RUN, named by its name (a unique prefix will do) or by its run directory. A run that ended
 while nobody was attached is reported once, with its run directory, and its entry removed.
 
-A second app on a run that already has one is refused (by the trainer, and said here first): one
-app controls a run; read-only viewers would need a second, weaker kind of token, and ``q`` in one
-app must not surprise another.
+A second app on a run that already has one is refused (by the trainer, and said here first): one app
+controls a run, so ``q`` in one app never surprises another. ``attach --view`` opens a read-only viewer
+instead, beside it: any number of them, the same token (only the run's owner can view), keys that would
+change the run refused on the spot, and quitting one leaves the run as it is.
 
 Standard library and the app only: no torch in this process.
 """
@@ -30,6 +31,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="torchlab-tui attach", description=__doc__.split("\n\n")[0])
     parser.add_argument("run", nargs="?", help="the run's name (or a unique prefix) or its run directory")
+    parser.add_argument("--view", action="store_true",
+                        help="watch it read-only, beside the app that controls it (any number of viewers; quitting one leaves the run as it is)")
     args = parser.parse_args(argv)
     try:
         return _attach(args)
@@ -55,10 +58,10 @@ def _attach(args: argparse.Namespace) -> int:
         except LookupError as error:
             print(f"torchlab-tui attach: {error}", file=sys.stderr)
             return EXIT_USAGE
-    return open_run(entry)
+    return open_run(entry, view=args.view)
 
 
-def open_run(entry: RunEntry) -> int:
+def open_run(entry: RunEntry, *, view: bool = False) -> int:
     """The workbench on ``entry``'s trainer, or, if that trainer has ended, what became of it."""
     name, info = entry.endpoint.name, entry.info
     state = entry.state
@@ -68,8 +71,9 @@ def open_run(entry: RunEntry) -> int:
         print(f"{name}: {how}.\nRun directory: {info.get('run_dir')}")
         entry.endpoint.remove()
         return EXIT_OK
-    if info.get("attached"):
-        print(f"torchlab-tui attach: another app is attached to {name}; quit or detach it first (one app controls a run).",
+    if info.get("attached") and not view:
+        print(f"torchlab-tui attach: another app is attached to {name}; quit or detach it first (one app controls a run), "
+              f"or watch it read-only: torchlab-tui attach --view {name}",
               file=sys.stderr)
         return EXIT_FAILED
     gc.disable()  # until tune_garbage_collection(): the app's imports are all kept, nothing to collect
@@ -77,7 +81,7 @@ def open_run(entry: RunEntry) -> int:
         from torchlab.tui.app import make_app, tune_garbage_collection
         from torchlab.tui.link import ProcessLink
 
-        link = ProcessLink.attach(entry)
+        link = ProcessLink.attach(entry, view=view)
         app = make_app(lambda: link, workload=info.get("workload"))
     except BaseException:
         gc.enable()
@@ -87,7 +91,9 @@ def open_run(entry: RunEntry) -> int:
     if link.refused is not None:
         print(f"torchlab-tui attach: {name}: {link.refused}", file=sys.stderr)
         return EXIT_FAILED
-    if app.run_state.detached:
+    if view:
+        print(f"Stopped viewing {name}; it goes on as it was.", file=sys.stderr)
+    elif app.run_state.detached:
         print(f"Detached: {name} keeps training. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
     print(f"Run directory: {info.get('run_dir')}", file=sys.stderr)
     return app.return_code or EXIT_OK

@@ -1,6 +1,6 @@
 """``torchlab-tui``: the command line. Parses flags (core/launch/arguments.py) into a TrainConfig and hands
 it to a runner: the app (default; the trainer runs in a child process), a headless run (``--headless``),
-``attach``, ``compare`` or ``export``.
+``attach``, ``serve``, ``compare`` or ``export``.
 
 This module imports no torch: the app's process must stay torch-free, and a usage error should be
 reported in milliseconds. The exit codes are arguments.py's.
@@ -24,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
         from torchlab.core.launch.attach import main as attach
 
         return attach(arguments[1:])
+    if arguments[:1] == ["serve"]:
+        from torchlab.core.launch.serve import main as serve
+
+        return serve(arguments[1:])
     if arguments[:1] == ["compare"]:
         from torchlab.core.launch.compare import main as compare
 

@@ -42,6 +42,8 @@ class RunHeader(Static):
         text.append(state.workload or "…", style="bold")
         if state.device:
             text.append(f" on {state.device}")
+        if state.read_only:
+            text.append(" · view only", style="bold cyan")
         text.append("  ")
         trial = state.running_trial()
         if trial is not None:  # training waits for it: the trial is the state (and fits 80 columns with the step)

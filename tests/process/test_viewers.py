@@ -1,0 +1,101 @@
+"""Read-only viewers (issue 16) on a real trainer: beside the one app that controls it, any number of viewers
+get the run with its history; what they send is refused; one killed with SIGKILL leaves the run training."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_worker import TINY, Collected
+from torchlab.core.wire import protocol as p
+from torchlab.core.wire.control_server import READ_ONLY
+from torchlab.core.wire.runtime import list_runs
+from torchlab.tui.link import ProcessLink
+
+VIEWER = """
+import socket, sys
+from torchlab.core.wire.protocol import PROTOCOL_VERSION, Hello
+client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+client.connect(sys.argv[1])
+client.sendall(Hello(version=PROTOCOL_VERSION, token=open(sys.argv[2]).read(), view=True).encode())
+client.recv(1 << 16)
+print("viewing", flush=True)
+while client.recv(1 << 16):
+    pass
+"""
+
+
+def paused(seen: Collected) -> bool:
+    return any(isinstance(m, p.State) and m.state == "paused" for m in seen.messages)
+
+
+@pytest.fixture(autouse=True)
+def private_runtime_dir(tmp_path, monkeypatch):
+    runtime = tmp_path / "xdg"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+
+
+@pytest.fixture
+def controlled(tmp_path):
+    """A run, and the link of the app that controls it."""
+    link = ProcessLink(tmp_path / "run", [f"{TINY}:workload", "--checkpoint-every", "0", "--steps", "100000"])
+    link.start()
+    seen = Collected(link)
+    seen.until(lambda m: isinstance(m, p.Metrics))
+    yield link, seen
+    link.close()
+
+
+def test_viewers_see_the_run_their_commands_are_refused_and_one_killed_leaves_it_training(controlled):
+    link, seen = controlled
+    [entry] = list_runs()
+    viewers = [ProcessLink.attach(entry, view=True) for _ in range(2)]
+    views = []
+    for viewer in viewers:
+        viewer.start()
+        views.append(Collected(viewer))
+    for view in views:
+        view.until(lambda m: isinstance(m, p.Metrics))  # history and the live stream, as the app gets them
+    viewers[0].send(p.PauseCommand())
+    assert views[0].until(lambda m: isinstance(m, p.Refused)).reason == READ_ONLY
+    killed = subprocess.Popen([sys.executable, "-c", VIEWER, str(entry.endpoint.socket_path), str(entry.endpoint.token_path)],
+                              stdout=subprocess.PIPE, text=True)
+    assert killed.stdout.readline().strip() == "viewing"
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.wait()
+    for viewer in viewers:
+        viewer.close()  # a viewer closing only disconnects
+    link.send(p.SetCommand("clip", 0.5))
+    applied = seen.until(lambda m: isinstance(m, p.OptionApplied))
+    assert applied.option == "clip" and not paused(seen)  # the viewer's pause never reached the run
+    step = applied.step
+    seen.until(lambda m: isinstance(m, p.Metrics) and m.columns["step"][-1] > step + 5)  # and it trains on
+
+
+@pytest.mark.asyncio
+async def test_the_viewers_app_refuses_keys_on_the_spot_and_leaving_it_leaves_the_run(controlled):
+    from torchlab.tui.app import make_app
+    from torchlab.tui.widgets.event_log import EventLog
+    from torchlab.tui.widgets.run_header import RunHeader
+
+    link, seen = controlled
+    [entry] = list_runs()
+    app = make_app(lambda: ProcessLink.attach(entry, view=True), workload="tiny", poll_interval=0.05)
+    async with app.run_test(size=(80, 24)) as pilot:
+        while app.run_state.step == 0:
+            await pilot.pause(0.05)
+        assert "view only" in str(app.query_one(RunHeader).content)
+        await pilot.press("a", "space", "s")
+        text = "\n".join(app.query_one(EventLog).lines_written)
+        assert "amp: this is a read-only view" in text and "pause: this is a read-only view" in text
+        assert "save checkpoint: this is a read-only view" in text
+        await pilot.press("q")
+    assert app.return_code == 0
+    seen.until(lambda m: isinstance(m, p.Metrics) and m.columns["step"][-1] > app.run_state.step + 5)
+    assert not seen.of(p.OptionApplied) and not paused(seen) and link.process.poll() is None
