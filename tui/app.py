@@ -626,9 +626,10 @@ class TorchlabApp(App[int]):
         for key in KEY_ACTIONS:
             if key.action in ("quit", "help"):
                 continue
-            yield SystemCommand(f"{key.help} [{key.key_display or key.key}]", key.help, self._palette_callback(key.action))
-        yield SystemCommand("Restart the trainer from the last checkpoint", "After a failure: resume the run", self.restart_trainer)
-        yield SystemCommand("Help: every key [?]", "Show the keys of the workbench", self.action_help)
+            yield SystemCommand(key.help, f"key {key.key_display or key.key}", self._palette_callback(key.action))
+        yield SystemCommand("Restart the trainer from the last checkpoint", "after a failure or a stop: resume the run",
+                            self.restart_trainer)
+        yield SystemCommand("Help: every key of the workbench", "key ?", self.action_help)
 
     def _palette_callback(self, action: str) -> Callable[[], Any]:
         async def run() -> None:

@@ -417,6 +417,19 @@ async def test_help_screen_and_command_palette_list_every_action(app: TorchlabAp
             assert words in titles
 
 
+async def test_the_command_palette_lists_each_entry_once(app: TorchlabApp) -> None:
+    from torchlab.tui.app import KEY_ACTIONS
+
+    async with app.run_test(size=SIZE):
+        ours = [command for command in app.get_system_commands(app.screen) if command.help.startswith("key ")]
+        titles = [command.title for command in ours]
+        assert len(titles) == len(set(titles))
+        assert all(command.title != command.help for command in app.get_system_commands(app.screen))
+        # Each key once, its key beside it: "Save a checkpoint now" · "key s".
+        expected = {k.help: f"key {k.key_display or k.key}" for k in KEY_ACTIONS if k.action not in ("quit", "help")}
+        assert {command.title: command.help for command in ours if command.title in expected} == expected
+
+
 async def test_command_palette_action_runs(app: TorchlabApp, link: FakeLink) -> None:
     async with app.run_test(size=SIZE) as pilot:
         command = next(c for c in app.get_system_commands(app.screen) if "mixed precision" in c.title)
