@@ -302,8 +302,10 @@ class TorchlabApp(App[int]):
 
     def send(self, command: protocol.Message) -> bool:
         """Send a command to the trainer; False (and a message saying why) when there is no trainer to send to."""
+        if self._run_has_ended(_command_subject(command)):
+            return False
         if self.link is None or self._link_closed:
-            self.run_state.log("refused", f"{command.type}: no trainer is connected", notify=True)
+            self.run_state.log("refused", f"{_command_subject(command)}: no trainer is connected", notify=True)
             self._refresh_view()
             return False
         if self.run_state.state == "connecting":
@@ -317,6 +319,16 @@ class TorchlabApp(App[int]):
             self.run_state.log("error", f"could not send {command.type} to the trainer: {error}", notify=True)
             self._refresh_view()
             return False
+        return True
+
+    def _run_has_ended(self, subject: str) -> bool:
+        """True, said at once as space says it, when no trainer is left to answer (the link would only say
+        later that nothing is connected, after the app had logged the request as sent)."""
+        ended = self.run_state.ended
+        if ended is None:
+            return False
+        self.run_state.log("refused", f"{subject}: {ended}; nothing was sent", notify=True)
+        self._refresh_view()
         return True
 
     # ------------------------------------------------------------------ drawing
@@ -444,11 +456,14 @@ class TorchlabApp(App[int]):
             if self.send(protocol.PauseCommand()):
                 self._requested("pause requested (takes effect at the end of the current step)")
         else:
-            self.notify(f"the run is {state}: there is nothing to pause or resume", severity="warning")
+            why = self.run_state.ended or f"the run is {state}"
+            self.notify(f"{why}: there is nothing to pause or resume", severity="warning")
 
     def action_change_option(self, name: str) -> None:
         """An option's key: the next value of a mode or a switch, or a prompt for a number."""
         option = OPTIONS_BY_NAME[name]
+        if self._run_has_ended(name):  # before a prompt asks for a value that would go nowhere
+            return
         current = self.run_state.option(name)
         if not isinstance(option, Number):
             self.set_option(name, option.next_value(current, lambda value: self.run_state.was_refused(name, value)))
@@ -467,6 +482,9 @@ class TorchlabApp(App[int]):
         """A controlled trial: OPTION=VALUE [STEPS] typed, checked, and sent; the result comes to the log."""
         from torchlab.tui.screens.prompt import Chosen, OptionPrompt
 
+        if self._run_has_ended("trial"):
+            return
+
         def chosen(answer: Chosen | None) -> None:
             if answer is not None and self.send(answer.value):
                 command = answer.value
@@ -479,7 +497,6 @@ class TorchlabApp(App[int]):
         """Ask the trainer to change a live option at the next step boundary."""
         if self.send(protocol.SetCommand(option, value)):
             self.run_state.note_request(option, value)
-            self.run_state.options_version += 1
             self._refresh_view()
 
     def action_profile(self) -> None:
@@ -640,6 +657,13 @@ class TorchlabApp(App[int]):
     @on(GradTable.ViewChanged)
     def _grad_view_changed(self, event: GradTable.ViewChanged) -> None:
         self.notify(event.description, timeout=2)
+
+
+def _command_subject(command: protocol.Message) -> str:
+    """What a command is about, as the user asked for it: the option's name, or the command's."""
+    if isinstance(command, protocol.SetCommand):
+        return command.option
+    return "trial" if isinstance(command, protocol.TrialCommand) else command.type.replace("_", " ")
 
 
 def tune_garbage_collection() -> None:

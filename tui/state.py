@@ -36,6 +36,15 @@ if TYPE_CHECKING:
 #: trainer restarts its ranks for a new world size (the app's own: the trainer says "running" throughout).
 RUN_STATES = ("connecting", "starting", "running", "paused", "relaunching", "stopped", "finished", "failed", "detached")
 
+#: The states in which no trainer is left to answer a key, and how the app says so (the same words for
+#: every key: space, an option, a profile, a checkpoint).
+ENDED = {
+    "finished": "the run is finished",
+    "stopped": "the run is stopped",
+    "failed": "the run failed",
+    "detached": "the app has detached from the run",
+}
+
 #: Gradient-norm trend length kept per module (the sparkline in the table).
 TREND_LENGTH = 16
 #: How many recent records the ETA averages step time over.
@@ -122,8 +131,11 @@ class RunState:
         #: the controlled trials of this run, in order (each one's two arms)
         self.trials: list[protocol.TrialResult] = []
         self.failure: Failure | None = None
-        #: option -> value the app asked for and the trainer has not answered yet
+        #: option -> value the app asked for and the trainer has not answered yet (the newest request of
+        #: those still unanswered: the trainer answers an option's commands in the order they were sent)
         self.pending: dict[str, Any] = {}
+        #: option -> the app's requests not answered yet, oldest first
+        self._unanswered: dict[str, deque[Any]] = {}
         #: (option, formatted value) pairs the trainer refused on this run, e.g. ("amp", "fp16") on CPU
         self.refused: set[tuple[str, str]] = set()
         self._new_log: list[LogEntry] = []
@@ -185,9 +197,32 @@ class RunState:
 
     def note_request(self, option: str, value: Any) -> None:
         """The app sent a SetCommand: remember it until the answer comes, and log that it is on its way."""
+        self._unanswered.setdefault(option, deque()).append(value)
         self.pending[option] = value
+        self.options_version += 1
         when = OPTIONS_BY_NAME[option].takes_effect
         self.log("info", f"requested {option} = {format_option_value(option, value)} ({when})")
+
+    def _answered(self, option: str, source: str) -> None:
+        """The trainer answered (applied or refused) the oldest unanswered request of the app for ``option``:
+        what stays pending is the newest request after it, or nothing. Answers to others (``--at``) are not ours."""
+        waiting = self._unanswered.get(option)
+        if source != "app" or not waiting:
+            return
+        waiting.popleft()
+        if waiting:
+            self.pending[option] = waiting[-1]
+        else:
+            del self._unanswered[option]
+            self.pending.pop(option, None)
+        self.options_version += 1
+
+    def _forget_requests(self) -> None:
+        """No trainer will answer what was asked of the one before (the run ended, or a new one welcomed us)."""
+        if self.pending or self._unanswered:
+            self.pending.clear()
+            self._unanswered.clear()
+            self.options_version += 1
 
     def note_profile_request(self) -> None:
         """The app asked for a profiler snapshot: the list says one is on its way until it arrives."""
@@ -214,6 +249,11 @@ class RunState:
         if name in self.pending:
             return self.pending[name]
         return self.options.get(name)
+
+    @property
+    def ended(self) -> str | None:
+        """How the app says that no trainer is left to answer a key ("the run is finished"); None while one is."""
+        return ENDED.get(self.state)
 
     def was_refused(self, option: str, value: Any) -> bool:
         """The trainer refused ``option = value`` on this run (a key that cycles skips it from then on)."""
@@ -266,7 +306,7 @@ class RunState:
         self.step = event.step
         self._set_state(event.state, "")
         self.failure = None
-        self.pending.clear()
+        self._forget_requests()
         where = f" on {self.device}" if self.device else ""
         self.log("info", f"connected to the trainer of {self.workload or 'the run'}{where}: {len(modules)} modules, at step {event.step}", event.step)
         self.header_version += 1
@@ -437,7 +477,7 @@ class RunState:
                          notify=True, toast=segment.verdict)
 
     def _on_option_applied(self, event: protocol.OptionApplied) -> None:
-        self.pending.pop(event.option, None)
+        self._answered(event.option, event.source)
         shown = format_option_value(event.option, event.value)
         if event.option in OPTION_NAMES:
             self.options[event.option] = event.value
@@ -459,7 +499,7 @@ class RunState:
         self.log("applied", f"detached at step {event.step}: the trainer keeps training", event.step, notify=True)
 
     def _on_option_refused(self, event: protocol.OptionRefused) -> None:
-        self.pending.pop(event.option, None)
+        self._answered(event.option, event.source)
         shown = format_option_value(event.option, event.value)
         self.refused.add((event.option, shown))
         if event.option == "profile":
@@ -539,6 +579,8 @@ class RunState:
     def _set_state(self, state: str, detail: str) -> None:
         if state not in RUN_STATES:
             self.log("warning", f"the trainer reported an unknown state {state!r}")
+        if state in ENDED:  # the requests it had not answered never will be
+            self._forget_requests()
         self.state = state
         self.state_detail = detail
         if state != "relaunching":

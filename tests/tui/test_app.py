@@ -459,6 +459,46 @@ async def test_keys_before_the_trainer_says_hello_are_refused_locally() -> None:
         assert "the trainer is still starting" in log_text(app)
 
 
+@pytest.mark.parametrize("final, said", [
+    (protocol.State("finished", 120), "the run is finished"),
+    (protocol.Error("RuntimeError: boom", "tb", 121), "the run failed"),
+], ids=["finished", "failed"])
+async def test_keys_that_talk_to_the_trainer_say_at_once_that_the_run_has_ended(app: TorchlabApp, link: FakeLink,
+                                                                                final, said) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        link.push(final)
+        await answer(app, pilot)
+        if isinstance(app.screen, ErrorScreen):
+            await pilot.press("escape")
+            await pilot.pause()
+        app.query_one(EventLog).lines_written.clear()
+        await pilot.press("a", "g")
+        assert not isinstance(app.screen, OptionPrompt)  # no prompt for a value that would go nowhere
+        await pilot.press("c", "p", "s", "T")
+        await pilot.pause()
+        assert not isinstance(app.screen, OptionPrompt)
+        assert link.sent == []
+        text = log_text(app)
+        for subject in ("amp", "clip", "checkpointing", "profile", "save checkpoint", "trial"):
+            assert f"{subject}: {said}; nothing was sent" in text
+        assert "requested" not in text and "not connected" not in text
+        await pilot.press("space")
+        await pilot.pause()
+        assert f"{said}: there is nothing to pause or resume" in [n.message for n in app._notifications]
+
+
+async def test_a_refused_change_stops_showing_as_pending_in_the_options_line(link: FakeLink) -> None:
+    app = quiet_app(link)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("a")
+        await answer(app, pilot)
+        await pilot.press("a")  # fp16: a CPU trainer refuses it
+        assert "amp bf16 → fp16…" in options_text(app)
+        await answer(app, pilot)
+        assert "refused" in log_text(app)
+        assert "→" not in options_text(app) and "amp bf16" in options_text(app)
+
+
 async def test_restart_is_not_offered_while_the_run_is_going(app: TorchlabApp, link: FakeLink) -> None:
     async with app.run_test(size=SIZE) as pilot:
         app.restart_trainer()
