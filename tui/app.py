@@ -44,7 +44,7 @@ from textual.widgets import Footer
 from torchlab.core.wire import protocol
 from torchlab.core.wire.options import LIVE_OPTIONS, OPTIONS_BY_NAME, Number
 from torchlab.core.wire.trials import TRIAL_HINT, parse_trial
-from torchlab.tui.log_tail import LogTail
+from torchlab.tui.log_tail import LogTail, is_native_torch_log
 from torchlab.tui.state import Failure, RunState
 from torchlab.tui.widgets.event_log import EventLog
 from torchlab.tui.widgets.grad_table import GradTable
@@ -297,7 +297,7 @@ class TorchlabApp(App[int]):
             self._log_tail = None
             return
         for line in lines:
-            if line.strip():
+            if line.strip() and not is_native_torch_log(line):
                 self.run_state.log("trainer", line)
 
     def send(self, command: protocol.Message) -> bool:

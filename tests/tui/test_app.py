@@ -387,7 +387,7 @@ async def test_a_large_model_starts_grouped_and_a_group_drills_down(link: FakeLi
         assert len(grads.displayed_keys) == 125
 
 
-async def test_trainer_log_lines_appear_in_the_event_log(tmp_path: Path) -> None:
+async def test_trainer_log_lines_appear_in_the_event_log_but_torchs_cpp_log_does_not(tmp_path: Path) -> None:
     log_file = tmp_path / "trainer.log"
     log_file.write_text("torch warming up\n")
     link = FakeLink(log_path=log_file)
@@ -395,13 +395,15 @@ async def test_trainer_log_lines_appear_in_the_event_log(tmp_path: Path) -> None
     async with app.run_test(size=SIZE) as pilot:
         app._poll_trainer_log()
         with log_file.open("a") as handle:
-            handle.write("UserWarning: something\npartial")
+            handle.write("[W1123 21:00:42.901699812 CPUAllocator.cpp:245] Memory block of unknown size was allocated\n"
+                         "UserWarning: something\npartial")
         app._poll_trainer_log()
         app.poll_now()
         await pilot.pause()
         text = log_text(app)
         assert "torch warming up" in text and "UserWarning: something" in text
         assert "partial" not in text
+        assert "CPUAllocator" not in text  # torch's C++ log stays in trainer.log
 
 
 async def test_help_screen_and_command_palette_list_every_action(app: TorchlabApp) -> None:
