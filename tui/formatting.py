@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
+
+from rich.text import Text
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 
@@ -57,3 +60,25 @@ def format_ratio(value: float | None) -> str:
     if value >= 1000:
         return ">999"
     return f"{value:.2g}" if value < 100 else f"{value:.0f}"
+
+
+def fit_parts(parts: Sequence[Text], width: int, separator: Text | str = "") -> Text:
+    """``parts`` joined by ``separator`` in at most ``width`` cells, leaving out whole parts that do not fit.
+
+    A line of figures is never cut in the middle of one (``samples/s 1,2…``): a part that does not fit
+    is left out, and a later, shorter one may still come. Parts come most important first; the first always
+    stays, cut with "…" only when it alone is wider than the line.
+    """
+    separator = Text(separator) if isinstance(separator, str) else separator
+    line = Text()
+    for part in parts:
+        if not part:
+            continue
+        gap = separator if line else Text()
+        if line and line.cell_len + gap.cell_len + part.cell_len > width:
+            continue
+        line.append_text(gap)
+        line.append_text(part)
+    if line.cell_len > width:
+        line.truncate(width, overflow="ellipsis")
+    return line

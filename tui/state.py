@@ -268,6 +268,12 @@ class RunState:
             return 0.0
         return remaining * statistics.fmean(self.recent_step_times)
 
+    def within_run(self, path: str) -> str:
+        """A path of the run as the user finds it in its directory (``checkpoints/step-0000400.pt``), or as given
+        when it lies elsewhere: a whole path does not fit an 80-column event log."""
+        run_dir = self.run_dir.rstrip("/")
+        return path[len(run_dir) + 1 :] if run_dir and path.startswith(run_dir + "/") else path
+
     @property
     def world_size(self) -> int:
         """The number of ranks training now, as the trainer last said (1 before it said)."""
@@ -453,8 +459,7 @@ class RunState:
             return
         self.log(
             "profile",
-            f"profile {snapshot.label} ready: P opens the table · files in {event.dir}/ "
-            "(table.txt, table.csv, trace.json → ui.perfetto.dev or chrome://tracing)",
+            f"profile {snapshot.label} ready: P opens the table · {self.within_run(event.dir)}/",
             event.last_step,
             notify=True,
             toast=f"profile {snapshot.label} ready: P opens the table",
@@ -509,8 +514,10 @@ class RunState:
         self.log("refused", f"{event.option}{value} refused: {event.reason}", event.step, notify=True)
 
     def _on_checkpoint(self, event: protocol.CheckpointSaved) -> None:
-        why = " (for the world-size change)" if event.reason == "world_size" else (f" ({event.reason})" if event.reason else "")
-        self.log("checkpoint", f"checkpoint saved at step {event.step}{why}: {event.path}", event.step, notify=event.reason == "requested")
+        # The step is the line's own (its first column): the rest fits 80 columns.
+        why = " (world-size change)" if event.reason == "world_size" else (f" ({event.reason})" if event.reason else "")
+        self.log("checkpoint", f"checkpoint saved{why}: {self.within_run(event.path)}", event.step,
+                 notify=event.reason == "requested")
         if event.reason == "world_size":
             self._begin_relaunch(event.step)
 
@@ -527,7 +534,7 @@ class RunState:
         self.ranks, self.ranks_step, self.rank_hosts = [], None, {}
         self.ranks_version += 1
         to = f" as {_processes(target)}" if target is not None else ""
-        self.log("info", f"relaunching{to} from the checkpoint of step {step}: stopping the ranks, starting the new ones…",
+        self.log("info", f"relaunching{to} from the checkpoint of step {step}…",
                  step, notify=True, toast=f"relaunching{to}…")
 
     def _world_size_changed(self, event: protocol.OptionApplied) -> None:

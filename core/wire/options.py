@@ -207,7 +207,7 @@ WORLD_SIZE = Number(
     help="Set the number of training processes",
     prompt="World size", hint="the number of training processes (ranks), from 1; the trainer checkpoints and relaunches them",
     flag_help="data-parallel ranks, one per GPU or CPU core; the global batch stays --batch-size (default 1)",
-    takes_effect="at the next step the trainer checkpoints and relaunches its ranks",
+    takes_effect="checkpoint and relaunch at the next step",
 )
 
 #: Every live option, in the order the app and the command line list them.

@@ -128,6 +128,21 @@ class AllocatorSample:
     peak_allocated_bytes: int | None
 
 
+#: How ``TelemetrySample.gpu_status`` begins on a box without a GPU the trainer can read: "no GPU: <why>".
+NO_GPU = "no GPU"
+
+
+def no_gpu_status(why: str) -> str:
+    """The ``gpu_status`` of a sample without GPUs."""
+    return f"{NO_GPU}: {why}"
+
+
+def why_no_gpu(status: str) -> str:
+    """The reason in a ``gpu_status`` made by ``no_gpu_status``, or the status as it is."""
+    prefix = f"{NO_GPU}: "
+    return status[len(prefix):] if status.startswith(prefix) else status
+
+
 @dataclass(frozen=True)
 class TelemetrySample:
     """One system sample, about once a second: the host, the GPUs (empty, with ``gpu_status`` saying why, on a

@@ -261,7 +261,7 @@ class FakeLink:
 
     def _answer_set(self, command: protocol.SetCommand, at: int) -> protocol.Message:
         if command.option == "amp" and command.value == "fp16":
-            return protocol.OptionRefused("amp", "fp16", "fp16 needs CUDA; this run trains on cpu", at, "app")
+            return protocol.OptionRefused("amp", "fp16", "fp16 needs CUDA; this run is on cpu: use bf16", at, "app")
         if command.option == "world_size":
             return self._relaunch(command.value, at)
         previous = self.options.get(command.option)

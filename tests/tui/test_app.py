@@ -69,7 +69,7 @@ async def test_amp_key_cycles_and_every_answer_shows_with_its_step(app: Torchlab
         await pilot.press("a")
         assert link.sent[-1] == protocol.SetCommand("amp", "fp16")
         await answer(app, pilot)
-        assert "amp = fp16 refused: fp16 needs CUDA; this run trains on cpu" in log_text(app)
+        assert "amp = fp16 refused: fp16 needs CUDA; this run is on cpu: use bf16" in log_text(app)
         assert app.run_state.options["amp"] == "bf16"
 
         # fp16 was refused on this run: the cycle goes on to off instead of asking again.
@@ -170,7 +170,7 @@ async def test_profile_save_and_detach_are_sent_and_answered(app: TorchlabApp, l
         await answer(app, pilot)
         text = log_text(app)
         assert "profile = 5 refused: a profile is already recording (from step 118)" in text
-        assert "checkpoint saved at step 121 (requested)" in text
+        assert "121 ◆ checkpoint saved (requested): checkpoints/step-0000121.pt" in text
         assert "detach requested: the app leaves once the trainer confirms" in text
         assert link.closed is None and not app.run_state.detached
 
@@ -499,6 +499,79 @@ async def test_a_refused_change_stops_showing_as_pending_in_the_options_line(lin
         await answer(app, pilot)
         assert "refused" in log_text(app)
         assert "→" not in options_text(app) and "amp bf16" in options_text(app)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)])
+async def test_toasts_do_not_cover_the_newest_events_nor_the_runs_header(link: FakeLink, size) -> None:
+    from textual.widgets._toast import Toast
+
+    app = quiet_app(link)
+    async with app.run_test(size=size, notifications=True) as pilot:
+        await pilot.press("a")
+        await answer(app, pilot)
+        await pilot.press("c")
+        await answer(app, pilot)
+        await pilot.pause()
+        toasts = list(app.screen.query(Toast))
+        assert len(toasts) == 2  # "amp = bf16 applied…", "checkpointing = on applied…"
+        events = app.query_one(EventLog).region
+        for toast in toasts:
+            assert not toast.region.overlaps(events)
+            assert toast.region.y >= 2  # the header and the figures stay readable
+
+
+async def test_at_80x24_the_lines_of_a_session_each_fit_one_row_of_the_event_log(link: FakeLink) -> None:
+    from fake_link import RUN_DIR, profile_ready
+
+    app = quiet_app(link)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("a")
+        await answer(app, pilot)
+        await pilot.press("a", "c", "s", "p")  # fp16 refused on a CPU, checkpointing on, a checkpoint, a profile
+        await answer(app, pilot)
+        await pilot.press("w", "2", "enter")
+        link.push(protocol.CheckpointSaved(400, f"{RUN_DIR}/checkpoints/step-0000400.pt", "periodic"), profile_ready(12))
+        await answer(app, pilot)
+        await answer(app, pilot)  # the relaunch's second half
+        log = app.query_one(EventLog)
+        text = log_text(app)
+        for said in ("applied at step", "refused: fp16 needs CUDA", "checkpoint saved (periodic)", "profile #1",
+                     "checkpoint saved (world-size change)"):
+            assert said in text
+        assert len(log.lines) == len(log.lines_written)  # not one wrapped to a second row
+        assert max(line.cell_length for line in log.lines) <= log.scrollable_content_region.width
+
+
+async def test_at_80x24_no_line_of_the_main_screen_is_cut_in_the_middle_of_a_figure() -> None:
+    from fake_link import telemetry
+
+    from torchlab.tui.widgets.run_header import RunHeader
+    from torchlab.tui.widgets.stats_bar import StatsBar
+    from torchlab.tui.widgets.system_panel import SystemPanel
+
+    # Wide figures: a long run far along, every figure of the stats line present, an option pending.
+    events = [welcome(98_765, steps=1_000_000), protocol.State("running", 98_765),
+              protocol.Metrics.from_records([record(98_766 + i, grad_norm_total=12.345, clipped=True, val_loss=1.2345,
+                                                    samples_per_s=123_456.0) for i in range(30)]),
+              telemetry()]
+    link = FakeLink(events)
+    app = quiet_app(link)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("m", "1", "6", "enter")  # accum 1 → 16… pending
+        await pilot.pause()
+        lines = {
+            "header": app.query_one(RunHeader), "stats": app.query_one(StatsBar), "options": app.query_one(OptionsPanel),
+            "status": app.query_one("#grad-status"),
+        }
+        for name, widget in lines.items():
+            text = widget.render_line(0).text.rstrip()
+            assert "…" not in text.replace("16…", ""), f"{name}: {text!r}"  # the pending mark is the only ellipsis
+            assert len(text) <= widget.size.width, f"{name}: {text!r}"
+        system = app.query_one(SystemPanel).render_line(0).text.rstrip()
+        assert "…" not in system and system.startswith("no GPU · cpu")
+        # What fits is there; what does not (the ETA) is left out whole.
+        assert lines["header"].render_line(0).text.rstrip() == " torchlab  tiny_gpt on cpu  ● running  step 98795/1000000 10%  elapsed 26:22"
+        assert "1 → 16…" in lines["options"].render_line(0).text
 
 
 async def test_restart_is_not_offered_while_the_run_is_going(app: TorchlabApp, link: FakeLink) -> None:

@@ -131,7 +131,7 @@ async def test_a_real_profile_opens_as_a_table_and_an_option_change_adds_an_impa
         [snapshot] = state.profiles
         assert snapshot.error is None
         shown = "\n".join(app.query_one(EventLog).lines_written)
-        assert f"ready: P opens the table · files in {snapshot.dir}/" in shown
+        assert f"ready: P opens the table · profiles/{Path(snapshot.dir).name}/" in shown
         assert (Path(snapshot.dir) / "trace.json").exists() and (Path(snapshot.dir) / "table.csv").exists()
 
         await pilot.press("P")

@@ -13,17 +13,19 @@ import math
 import time
 from dataclasses import dataclass
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
 from textual.reactive import reactive
-from textual.widgets import Input, Static
+from textual.widgets import Input
 
 from torchlab.tui.formatting import format_number, format_ratio, sparkline
 from torchlab.tui.gradient_flags import combine_norms, flag_for, group_name
 from torchlab.tui.state import ModuleStats, RunState
+from torchlab.tui.widgets.fitted_line import FittedLine
 from torchlab.tui.widgets.row_view import Cell, Column, RowView
 
 #: The flat view is the default up to this many modules; above it, the grouped view.
@@ -139,7 +141,7 @@ class GradTable(Vertical):
         self.refresh_interval = refresh_interval
         self._last_update = -math.inf
         self._state: RunState | None = None
-        self._status_text = ""
+        self._status_parts: list[str] = []
         self._modules_version = -1
         self._grads_version = -1
         self._rows: dict[str, GradRow] = {}  # displayed rows by key
@@ -149,7 +151,7 @@ class GradTable(Vertical):
     def compose(self) -> ComposeResult:
         yield Input(placeholder="/ filter modules", id="grad-filter")
         yield RowView(id="grad-data")
-        yield Static("no gradient norms yet", id="grad-status")
+        yield FittedLine(separator=" · ", id="grad-status")
 
     def on_mount(self) -> None:
         self._build_columns()
@@ -308,26 +310,23 @@ class GradTable(Vertical):
 
     def _show_status(self) -> None:
         state = self._state
-        status = self.query_one("#grad-status", Static)
         if state is None or not state.modules:
-            self._status_text = "no modules yet"
-            status.update(self._status_text, layout=False)  # one line, always: no reflow of the screen
-            return
-        flagged = sum(1 for module in state.modules if module.flag)
-        parts = [f"{flagged} flagged"] if flagged else []
-        parts.append(f"{len(state.modules)} modules")
-        if self.grouped:
-            parts.append("grouped")
-        if self.filter_text:
-            parts.append(f"{len(self._rows)} match")
-        parts.append(SORTS[self.sort_by] if self.sort_by == "order" else f"by {SORTS[self.sort_by]}")
-        if state.grad_step is not None:
-            parts.append(f"step {state.grad_step}")
-        keys = "  / filter o sort v group" if self.layout_columns.params else ""
-        text = " · ".join(parts) + keys
-        if text != self._status_text:  # called at 10 Hz: repaint only when it says something new
-            self._status_text = text
-            status.update(text, layout=False)
+            parts = ["no modules yet"]
+        else:
+            flagged = sum(1 for module in state.modules if module.flag)
+            parts = [f"{flagged} flagged"] if flagged else []
+            parts.append(f"{len(state.modules)} modules")
+            if self.grouped:
+                parts.append("grouped")
+            if self.filter_text:
+                parts.append(f"{len(self._rows)} match")
+            parts.append(SORTS[self.sort_by] if self.sort_by == "order" else f"by {SORTS[self.sort_by]}")
+            if state.grad_step is not None:
+                parts.append(f"step {state.grad_step}")
+            parts.append("/ filter o sort v group")  # the first to go when the line is short
+        if parts != self._status_parts:  # called at 10 Hz: repaint only when it says something new
+            self._status_parts = parts
+            self.query_one("#grad-status", FittedLine).set_parts([Text(part) for part in parts])
 
     # ------------------------------------------------------------------ reactions
 

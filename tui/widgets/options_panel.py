@@ -7,6 +7,7 @@ from textual.reactive import reactive
 from textual.widgets import Static
 
 from torchlab.core.wire.options import LIVE_OPTIONS
+from torchlab.tui.formatting import fit_parts
 from torchlab.tui.state import RunState
 
 class OptionsPanel(Static):
@@ -34,21 +35,23 @@ class OptionsPanel(Static):
         if self._state is not None:
             self.update(self._render_text(self._state))
 
+    def on_resize(self) -> None:
+        if self._state is not None and self.compact:  # the one line fits its width again
+            self.update(self._render_text(self._state))
+
     def _render_text(self, state: RunState) -> Text:
-        text = Text()
-        for index, option in enumerate(LIVE_OPTIONS):
+        items = []
+        for option in LIVE_OPTIONS:
             shown = option.format(state.options[option.name]) if option.name in state.options else "–"
             if self.compact:
-                if index:
-                    text.append(" · ", style="dim")
-                text.append(f"{option.short} ", style="dim")
-                text.append(shown, style="bold")
+                item = Text.assemble((f"{option.short} ", "dim"), (shown, "bold"))
             else:
-                if index:
-                    text.append("\n")
-                text.append(f" {option.key} ", style="bold reverse")
-                text.append(f" {option.label:<14}", style="dim")
-                text.append(shown, style="bold")
+                item = Text.assemble((f" {option.key} ", "bold reverse"), (f" {option.label:<14}", "dim"), (shown, "bold"))
             if option.name in state.pending:
-                text.append(f" → {option.format(state.pending[option.name])}…", style="italic yellow")
-        return text
+                item.append(f" → {option.format(state.pending[option.name])}…", style="italic yellow")
+            items.append(item)
+        if self.compact:
+            # Whole options only: one that does not fit is left out (a larger terminal lists them all), never cut.
+            width = self.content_size.width
+            return fit_parts(items, width if width > 0 else 10_000, Text(" · ", style="dim"))
+        return Text("\n").join(items)
