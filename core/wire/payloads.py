@@ -15,7 +15,7 @@ figures, a GPU may hide its power draw.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 _NULL = type(None)
@@ -31,11 +31,13 @@ _OPT_STR = (str, _NULL)
 
 @dataclass(frozen=True)
 class ModuleInfo:
-    """One module whose gradient norm is measured, in the order of ``GradNorms.norms``."""
+    """One module whose gradient norm is measured, in the order of ``GradNorms.norms``. ``tied``: the other
+    modules that hold some of its parameters (GPT-2's ``lm_head`` for ``transformer.wte``), counted here once."""
 
-    schema: ClassVar[dict[str, tuple]] = {"name": (str,), "params": _INT}
+    schema: ClassVar[dict[str, tuple]] = {"name": (str,), "params": _INT, "tied": (list[str],)}
     name: str
     params: int
+    tied: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The wire protocol between the app and the trainer: typed, versioned messages as JSON lines.
 
 Standard library only: the app imports this without torch. One message is one line of UTF-8 JSON,
-``{"v": 4, "type": "<name>", ...fields}``, at most ``MAX_LINE_BYTES``. Nothing is ever unpickled.
+``{"v": 5, "type": "<name>", ...fields}``, at most ``MAX_LINE_BYTES``. Nothing is ever unpickled.
 ``decode`` turns a line into a message object or raises ``ProtocolError`` with a reason fit to send
 back; a peer that receives garbage answers with a ``Refused`` event and goes on (or closes only that
 connection), never crashes.
@@ -25,7 +25,7 @@ from torchlab.core.wire import strict_json
 from torchlab.core.wire.errors import SHOWN_CHARS, shown
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample, TrialArm
 
-PROTOCOL_VERSION = 4  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials
+PROTOCOL_VERSION = 5  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials; 5: a module's tied names
 MAX_LINE_BYTES = 1 << 20
 #: A live option's name, a command's source and a value typed for it are short; longer ones are refused
 #: before anything echoes them.
