@@ -42,9 +42,10 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer
 
 from torchlab.core.wire import protocol
-from torchlab.core.wire.options import LIVE_OPTIONS, OPTIONS_BY_NAME, Number
+from torchlab.core.wire.options import CHECKPOINTING, LIVE_OPTIONS, OPTIONS_BY_NAME, Number
 from torchlab.core.wire.trials import TRIAL_HINT, parse_trial
 from torchlab.tui.log_tail import LogTail, is_native_torch_log
+from torchlab.tui.names import describe_blocks
 from torchlab.tui.state import Failure, RunState
 from torchlab.tui.widgets.event_log import EventLog
 from torchlab.tui.widgets.grad_table import GradTable
@@ -539,7 +540,9 @@ class TorchlabApp(App[int]):
         self._leave(detach=False)
 
     def action_help(self) -> None:
-        keys = [(k.key_display or k.key, k.help) for k in KEY_ACTIONS]
+        blocks = self.run_state.checkpoint_blocks
+        wraps = {CHECKPOINTING.key: f": {describe_blocks(blocks)}" if blocks else " (which ones: once the trainer has said)"}
+        keys = [(k.key_display or k.key, k.help + wraps.get(k.key, "")) for k in KEY_ACTIONS]
         keys += [("/", "Filter the gradient table by module name (enter/esc back)"), ("o", "Cycle the gradient table's sort"),
                  ("v", "Grouped / per-module gradient view"), ("enter", "On a group: show its modules"),
                  ("ctrl+p", "Command palette")]

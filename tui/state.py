@@ -84,6 +84,8 @@ class ModuleStats:
 
     name: str
     params: int
+    #: the other modules that hold some of its parameters (tied: counted here once)
+    tied: tuple[str, ...] = ()
     norm: float | None = None
     trend: deque[float] = field(default_factory=lambda: deque(maxlen=TREND_LENGTH))
     ratio: float | None = None
@@ -97,6 +99,8 @@ class RunState:
         self.workload = workload or ""
         self.device = ""
         self.run_dir = ""
+        #: the submodules activation checkpointing wraps (the trainer's choice, or the workload's)
+        self.checkpoint_blocks: list[str] = []
         self.total_steps: int | None = None
         self.started: float | None = None
         self.state = "connecting"
@@ -296,10 +300,11 @@ class RunState:
         self.workload = run.workload or self.workload
         self.device = run.device
         self.run_dir = run.run_dir
+        self.checkpoint_blocks = list(run.checkpoint_blocks)
         self.total_steps = run.steps
         self.started = run.started
-        modules = [ModuleStats(module.name, module.params) for module in event.modules]
-        if [m.name for m in modules] != [m.name for m in self.modules]:
+        modules = [ModuleStats(module.name, module.params, tuple(module.tied)) for module in event.modules]
+        if [(m.name, m.tied) for m in modules] != [(m.name, m.tied) for m in self.modules]:
             self.modules = modules
             self.modules_version += 1
         self._set_options(event.options)

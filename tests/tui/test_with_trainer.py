@@ -92,6 +92,28 @@ async def test_keys_change_a_real_run_and_quit_leaves_no_trainer(tmp_path):
     assert (run_dir / "checkpoints" / "last.pt").exists()
 
 
+async def test_a_model_with_long_alike_names_and_a_tied_head_reads_well_from_a_real_trainer(tmp_path):
+    from torchlab.tui.screens.help_screen import HelpScreen
+
+    long_names = str(Path(__file__).parent.parent / "workloads" / "long_names.py")
+    app, links = app_with_trainer(tmp_path / "run", f"{long_names}:workload", "--steps", "100000", "--checkpoint-every", "0")
+    async with app.run_test(size=(80, 24)) as pilot:
+        state = app.run_state
+        await until(pilot, lambda: state.modules and state.grad_step is not None, what="module rows and norms")
+        grads = app.query_one(GradTable)
+        keys = grads.displayed_keys
+        labels = [grads.table.get_cell(key, "module").rstrip() for key in keys]
+        assert len(keys) == 35 and "lm_head" not in keys and len(set(labels)) == len(labels)
+        [embeddings] = [module for module in state.modules if module.tied]
+        assert (embeddings.name, embeddings.tied) == ("bert.embeddings.word_embeddings", ("lm_head",))
+        assert labels[keys.index(embeddings.name)].endswith("= lm_head")
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        assert dict(app.screen.keys)["c"].endswith(": bert.encoder.layer.0–3 (4 blocks)")
+        await pilot.press("escape", "q")
+        await until(pilot, lambda: not app.is_running, what="the app to exit after q")
+
+
 async def test_a_workload_that_raises_shows_the_error_and_the_app_stays_up(tmp_path):
     run_dir = tmp_path / "run"
     app, links = app_with_trainer(run_dir, f"{TINY}:raises_at_step_4", "--steps", "6", "--checkpoint-every", "1")

@@ -6,9 +6,11 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from torchlab.core.wire.options import LIVE_OPTIONS
+from torchlab.core.wire.options import CHECKPOINTING, LIVE_OPTIONS
 from torchlab.tui.formatting import fit_parts
+from torchlab.tui.names import describe_blocks
 from torchlab.tui.state import RunState
+
 
 class OptionsPanel(Static):
     """Every live option in force, in the registry's order; one line when ``compact``."""
@@ -36,7 +38,7 @@ class OptionsPanel(Static):
             self.update(self._render_text(self._state))
 
     def on_resize(self) -> None:
-        if self._state is not None and self.compact:  # the one line fits its width again
+        if self._state is not None:  # what fits the width again
             self.update(self._render_text(self._state))
 
     def _render_text(self, state: RunState) -> Text:
@@ -54,4 +56,10 @@ class OptionsPanel(Static):
             # Whole options only: one that does not fit is left out (a larger terminal lists them all), never cut.
             width = self.content_size.width
             return fit_parts(items, width if width > 0 else 10_000, Text(" · ", style="dim"))
+        if state.checkpoint_blocks:  # what the checkpointing key wraps; in full on the help screen (?)
+            blocks = state.checkpoint_blocks
+            wraps = f" {CHECKPOINTING.key} wraps {describe_blocks(blocks)}"
+            if len(wraps) > self.content_size.width > 0:
+                wraps = f" {CHECKPOINTING.key} wraps {len(blocks)} block{'s' if len(blocks) != 1 else ''} (see ?)"
+            items.append(Text(wraps, style="dim"))
         return Text("\n").join(items)
