@@ -42,7 +42,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer
 
 from torchlab.core.wire import protocol
-from torchlab.core.wire.options import CHECKPOINTING, LIVE_OPTIONS, OPTIONS_BY_NAME, Number
+from torchlab.core.wire.options import CHECKPOINTING, LIVE_OPTIONS, OPTIONS_BY_NAME, Number, format_option_value
 from torchlab.core.wire.trials import TRIAL_HINT, parse_trial
 from torchlab.tui.log_tail import LogTail, is_native_torch_log
 from torchlab.tui.names import describe_blocks
@@ -87,7 +87,7 @@ class LinkLike(Protocol):
     def drain(self) -> list[protocol.Message]: ...
     def send(self, command: protocol.Message) -> None: ...
     def close(self, *, detach: bool = False) -> None: ...
-    def restart(self, resume: bool) -> None: ...
+    def restart(self, resume: bool, options: dict[str, Any] | None = None) -> None: ...
     def restart_point(self) -> str | None: ...
     def detach_and_wait(self, timeout_s: float) -> bool: ...
 
@@ -404,22 +404,27 @@ class TorchlabApp(App[int]):
         from torchlab.tui.screens.error_screen import ErrorScreen  # screens load when first shown: a faster start
 
         restart_from = self.link.restart_point() if self.link is not None else None
-        self.push_screen(ErrorScreen(failure, restart_from), callback=self._failure_choice)
+        # Options for the restart only where there is a trainer to restart (not one that could not start).
+        options = dict(self.run_state.options) if self.link is not None else None
+        self.push_screen(ErrorScreen(failure, restart_from, options, self.run_state.was_refused), callback=self._failure_choice)
 
-    def _failure_choice(self, choice: str | None) -> None:
-        from torchlab.tui.screens.error_screen import CLOSE, QUIT, RESTART
+    def _failure_choice(self, choice: object) -> None:
+        from torchlab.tui.screens.error_screen import CLOSE, QUIT, Restart
 
         self._error_screen_open = False
-        if choice == RESTART:
-            self.restart_trainer()
+        if isinstance(choice, Restart):
+            # What the screen showed is what the restart trains with: an option changed after the checkpoint
+            # is told too, as the checkpoint holds its earlier value.
+            self.restart_trainer({**self.run_state.changed_since_checkpoint(), **choice.options})
         elif choice == QUIT:
             self._leave(detach=False)
         elif choice == CLOSE:
-            self.run_state.log("info", "the run has stopped; press q to quit, or ctrl+p → Restart to resume it")
+            self.run_state.log("info", "the run has stopped: q quits; ctrl+p → Restart sets options and resumes it")
             self._refresh_view()
 
-    def restart_trainer(self) -> None:
-        """Start a new trainer that resumes from the run's last checkpoint (after a failure).
+    def restart_trainer(self, options: dict[str, Any] | None = None) -> None:
+        """Start a new trainer that resumes from the run's last checkpoint (after a failure), with ``options``
+        (set on the error screen) in force from its first step.
 
         On the main thread on purpose: the link's ``start`` must be (the trainer's parent-death signal
         follows the thread that spawned it), and the old trainer has already ended.
@@ -427,12 +432,15 @@ class TorchlabApp(App[int]):
         if self.link is not None and self.run_state.state in ("running", "paused", "starting", "relaunching"):
             self.notify("the run is still going: restart is for a run that failed or stopped", severity="warning")
             return
-        self.run_state.log("info", "restarting the trainer from the last checkpoint…", notify=True)
+        options = options or {}
+        given = ", ".join(f"{name} = {format_option_value(name, value)}" for name, value in options.items())
+        self.run_state.log("info", f"restarting the trainer from the last checkpoint{' with ' + given if given else ''}…",
+                           notify=True)
         if self.link is None:
             self._start_link()
         else:
             try:
-                self.link.restart(resume=True)
+                self.link.restart(resume=True, options=options)
             except Exception as error:  # shown on the error screen again, with its traceback
                 self._show_failure(Failure("error", f"could not restart the trainer: {error}", traceback.format_exc(), None))
                 return
@@ -648,8 +656,16 @@ class TorchlabApp(App[int]):
                 continue
             yield SystemCommand(key.help, f"key {key.key_display or key.key}", self._palette_callback(key.action))
         yield SystemCommand("Restart the trainer from the last checkpoint", "after a failure or a stop: resume the run",
-                            self.restart_trainer)
+                            self._restart_from_palette)
         yield SystemCommand("Help: every key of the workbench", "key ?", self.action_help)
+
+    def _restart_from_palette(self) -> None:
+        """After a failure, the error screen again (its options go with the restart); else restart at once."""
+        failure = self.run_state.failure
+        if failure is not None and self.run_state.state == "failed":
+            self._show_failure(failure)
+        else:
+            self.restart_trainer()
 
     def _palette_callback(self, action: str) -> Callable[[], Any]:
         async def run() -> None:

@@ -145,6 +145,8 @@ class RunState:
         self._new_log: list[LogEntry] = []
         #: option -> step its last acknowledged change took effect at
         self._applied_at: dict[str, int] = {}
+        #: the step of the newest checkpoint the trainer reported (what a restart resumes from), if any
+        self.checkpoint_step: int | None = None
         # Version counters: the app redraws a part only when its counter moved.
         self.header_version = 0
         self.metrics_version = 0
@@ -259,6 +261,14 @@ class RunState:
         """How the app says that no trainer is left to answer a key ("the run is finished"); None while one is."""
         return ENDED.get(self.state)
 
+    def changed_since_checkpoint(self) -> dict[str, Any]:
+        """The options in force whose last change came after the newest checkpoint: a restart from it would
+        go back to their earlier values unless it is told these (the error screen shows these values)."""
+        if self.checkpoint_step is None:
+            return {}
+        return {name: self.options[name] for name, step in self._applied_at.items()
+                if step > self.checkpoint_step and name in self.options}
+
     def was_refused(self, option: str, value: Any) -> bool:
         """The trainer refused ``option = value`` on this run (a key that cycles skips it from then on)."""
         return (option, format_option_value(option, value)) in self.refused
@@ -309,6 +319,8 @@ class RunState:
             self.modules_version += 1
         self._set_options(event.options)
         self._start_ranks(run.ranks)
+        # Changes after the step it starts from are not in force in it (a run resumed from a checkpoint).
+        self._applied_at = {name: step for name, step in self._applied_at.items() if step <= event.step}
         # A run resumed from a checkpoint re-trains the steps after it: drop them from the curves.
         if event.step < self.step:
             for series in (self.loss, self.val_loss, self.lr, self.samples_per_s, self.step_time):
@@ -519,6 +531,7 @@ class RunState:
         self.log("refused", f"{event.option}{value} refused: {event.reason}", event.step, notify=True)
 
     def _on_checkpoint(self, event: protocol.CheckpointSaved) -> None:
+        self.checkpoint_step = event.step
         # The step is the line's own (its first column): the rest fits 80 columns.
         why = " (world-size change)" if event.reason == "world_size" else (f" ({event.reason})" if event.reason else "")
         self.log("checkpoint", f"checkpoint saved{why}: {self.within_run(event.path)}", event.step,

@@ -64,6 +64,11 @@ class LiveOption:
         value is refused with the same words as in a TOML file or a prompt."""
         group.add_argument(self.flag, dest=self.name, metavar=self.metavar, help=self.flag_help)
 
+    def flag_arguments(self, value: Any) -> list[str]:
+        """The command-line words that set this option to ``value`` (what ``add_flag`` reads back): how the app
+        restarts a run with options set on its error screen (``--resume RUN --lr-scale 0.5 --clip 1.0``)."""
+        return [self.flag, self.format(value)]
+
 
 @dataclass(frozen=True, kw_only=True)
 class Choice(LiveOption):
@@ -111,6 +116,9 @@ class Switch(LiveOption):
 
     def add_flag(self, group: argparse._ArgumentGroup) -> None:
         group.add_argument(self.flag, dest=self.name, action=argparse.BooleanOptionalAction, default=None, help=self.flag_help)
+
+    def flag_arguments(self, value: Any) -> list[str]:
+        return [self.flag if value else "--no-" + self.flag[2:]]
 
     def next_value(self, current: Any, refused: Callable[[bool], bool]) -> bool:
         return not bool(current)

@@ -195,6 +195,8 @@ class FakeLink:
         self.started = False
         self.closed: dict[str, bool] | None = None
         self.restarts: list[bool] = []
+        #: the options each restart was asked to apply from its first step (set on the error screen)
+        self.restart_options: list[dict[str, Any]] = []
         self.run_dir: Path | None = None
         self.log_path = log_path
         self.step = 0
@@ -250,9 +252,10 @@ class FakeLink:
         self.sent.append(protocol.DetachCommand())
         return self.detach_acknowledged
 
-    def restart(self, resume: bool) -> None:
+    def restart(self, resume: bool, options: dict[str, Any] | None = None) -> None:
         self.restarts.append(resume)
-        self.push(welcome(100), protocol.State("running", 100))
+        self.restart_options.append(dict(options or {}))
+        self.push(welcome(100, options={**self.options, **(options or {})}), protocol.State("running", 100))
 
     def restart_point(self) -> str | None:
         return self.checkpoint_to_restart_from

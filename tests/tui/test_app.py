@@ -251,6 +251,45 @@ async def test_error_event_opens_the_error_screen_and_restart_resumes(app: Torch
         assert link.sent[-1] == protocol.SetCommand("checkpointing", True)
 
 
+async def test_options_set_on_the_error_screen_go_with_the_restart_from_its_first_step(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=(80, 24)) as pilot:
+        link.push(protocol.NonFinite(121, "forward", "blocks.2.mlp.fc", "output of blocks.2.mlp.fc is nan", "non-finite output"))
+        await answer(app, pilot)
+        screen = app.screen
+        assert isinstance(screen, ErrorScreen)
+        await pilot.press("l")  # as on the main screen: a number is asked for, checked as the trainer would
+        assert isinstance(app.screen, OptionPrompt)
+        await pilot.press(*"0.5", "enter", "g", *"1.0", "enter", "a")
+        await pilot.pause()
+        assert app.screen is screen and screen.changed == {"lr_scale": 0.5, "clip": 1.0, "amp": "bf16"}
+        assert str(screen.query_one("#error-option-lr_scale").content) == "l lr× 1.0 → 0.5"
+        assert str(screen.query_one("#error-option-accum").content) == "m accum 1"
+        await pilot.press("a", "a")  # bf16 → fp16 → off: back to what the run had, so nothing to change
+        assert "amp" not in screen.changed
+        await pilot.press("r")
+        await pilot.pause()
+        assert link.restart_options == [{"lr_scale": 0.5, "clip": 1.0}]
+        assert "restarting the trainer from the last checkpoint with lr_scale = 0.5, clip = 1.0…" in log_text(app)
+        await answer(app, pilot)
+        assert app.run_state.options["lr_scale"] == 0.5 and app.run_state.options["clip"] == 1.0
+        assert "lr× 0.5" in options_text(app)
+
+
+async def test_a_restart_keeps_an_option_changed_after_the_last_checkpoint_as_the_error_screen_showed_it(
+        app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        link.push(protocol.CheckpointSaved(110, "runs/x/checkpoints/step-0000110.pt", "periodic"))
+        await answer(app, pilot)
+        await pilot.press("c")  # checkpointing on at step 121: the checkpoint of step 110 has it off
+        await answer(app, pilot)
+        link.push(protocol.Error("RuntimeError: boom", "tb", 125))
+        await answer(app, pilot)
+        assert str(app.screen.query_one("#error-option-checkpointing").content) == "c ckpt on"
+        await pilot.press("r")
+        await pilot.pause()
+        assert link.restart_options == [{"checkpointing": True}]
+
+
 async def test_restart_truncates_curves_after_the_checkpoint_step(app: TorchlabApp, link: FakeLink) -> None:
     async with app.run_test(size=SIZE) as pilot:
         assert app.run_state.loss.xs[-1] == 120
