@@ -290,6 +290,23 @@ async def test_a_restart_keeps_an_option_changed_after_the_last_checkpoint_as_th
         assert link.restart_options == [{"checkpointing": True}]
 
 
+async def test_after_a_failure_the_palettes_restart_opens_the_error_screen_to_set_options_first(app: TorchlabApp,
+                                                                                              link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        link.push(protocol.Error("RuntimeError: boom", "tb", 121))
+        await answer(app, pilot)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, ErrorScreen) and link.restarts == []
+        restart = next(c for c in app.get_system_commands(app.screen) if c.title.startswith("Restart the trainer"))
+        restart.callback()
+        await pilot.pause()
+        assert isinstance(app.screen, ErrorScreen) and link.restarts == []
+        await pilot.press("r")
+        await pilot.pause()
+        assert link.restarts == [True]
+
+
 async def test_restart_truncates_curves_after_the_checkpoint_step(app: TorchlabApp, link: FakeLink) -> None:
     async with app.run_test(size=SIZE) as pilot:
         assert app.run_state.loss.xs[-1] == 120
