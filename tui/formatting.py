@@ -62,23 +62,32 @@ def format_ratio(value: float | None) -> str:
     return f"{value:.2g}" if value < 100 else f"{value:.0f}"
 
 
-def fit_parts(parts: Sequence[Text], width: int, separator: Text | str = "") -> Text:
+def fit_parts(parts: Sequence[Text], width: int, separator: Text | str = "", importance: Sequence[int] | None = None) -> Text:
     """``parts`` joined by ``separator`` in at most ``width`` cells, leaving out whole parts that do not fit.
 
     A line of figures is never cut in the middle of one (``samples/s 1,2…``): a part that does not fit
-    is left out, and a later, shorter one may still come. Parts come most important first; the first always
-    stays, cut with "…" only when it alone is wider than the line.
+    is left out, and a less important one that does may still come. Parts are taken most important first:
+    in their order, or that of the indices in ``importance``; the line keeps their order. The first taken
+    always stays, cut with "…" only when it alone is wider than the line.
     """
     separator = Text(separator) if isinstance(separator, str) else separator
-    line = Text()
-    for part in parts:
+    taken: set[int] = set()
+    used = 0
+    for index in importance if importance is not None else range(len(parts)):
+        part = parts[index]
         if not part:
             continue
-        gap = separator if line else Text()
-        if line and line.cell_len + gap.cell_len + part.cell_len > width:
+        needed = part.cell_len + (separator.cell_len if taken else 0)
+        if taken and used + needed > width:
             continue
-        line.append_text(gap)
-        line.append_text(part)
+        taken.add(index)
+        used += needed
+    line = Text()
+    for index, part in enumerate(parts):
+        if index in taken:
+            if line:
+                line.append_text(separator)  # appended, not joined: Text.join would dim the parts with its style
+            line.append_text(part)
     if line.cell_len > width:
         line.truncate(width, overflow="ellipsis")
     return line

@@ -25,10 +25,12 @@ class FittedLine(Static):
         super().__init__(id=id, classes=classes)
         self.separator = separator
         self._parts: list[Text] = []
+        self._importance: list[int] | None = None
 
-    def set_parts(self, parts: Sequence[Text]) -> None:
-        """Show these parts, as many as fit."""
+    def set_parts(self, parts: Sequence[Text], importance: Sequence[int] | None = None) -> None:
+        """Show these parts, as many as fit, taken in their order or that of ``importance`` (``fit_parts``)."""
         self._parts = list(parts)
+        self._importance = list(importance) if importance is not None else None
         self._fit()
 
     def on_resize(self) -> None:
@@ -37,4 +39,4 @@ class FittedLine(Static):
     def _fit(self) -> None:
         width = self.content_size.width
         # Before the first layout the width is 0: show everything, the resize that follows fits it.
-        self.update(fit_parts(self._parts, width if width > 0 else 10_000, self.separator), layout=False)
+        self.update(fit_parts(self._parts, width if width > 0 else 10_000, self.separator, self._importance), layout=False)

@@ -46,8 +46,7 @@ class RunHeader(FittedLine):
         step = Text(f"step {state.step}{total}")
         if state.total_steps:
             step.append(f" {100 * state.step / state.total_steps:.0f}%", style="dim")
-        parts = [run, badge, step, Text(f"elapsed {format_duration(state.elapsed_s)}")]
         eta = state.eta_s()
-        if eta is not None:
-            parts.append(Text(f"ETA {format_duration(eta)}"))
-        self.set_parts(parts)
+        parts = [run, badge, step, Text(f"elapsed {format_duration(state.elapsed_s)}"),
+                 Text(f"ETA {format_duration(eta)}") if eta is not None else Text()]
+        self.set_parts(parts, importance=(0, 1, 2, 4, 3))  # where only one fits, the ETA
