@@ -31,6 +31,14 @@ def test_each_option_has_a_flag_that_sets_it(option) -> None:
 
 
 @pytest.mark.parametrize("option", LIVE_OPTIONS, ids=lambda o: o.name)
+def test_the_words_that_set_an_option_on_a_command_line_read_back_as_its_value(option) -> None:
+    """What the app passes to the trainer it restarts with options set on the error screen."""
+    for value in (TYPED[option.name][1], option.default):
+        config, explicit = resolve_config(build_parser().parse_args(["mlp", *option.flag_arguments(value)]))
+        assert getattr(config.options, option.name) == value and explicit == {option.name}
+
+
+@pytest.mark.parametrize("option", LIVE_OPTIONS, ids=lambda o: o.name)
 def test_each_option_has_its_key_and_the_trainer_a_hook(option) -> None:
     keys = {key.key: key for key in KEY_ACTIONS}
     assert keys[option.key].action == f"change_option('{option.name}')"

@@ -65,6 +65,18 @@ def test_per_module_norms_equal_the_naive_reference():
     assert norms.total.item() == pytest.approx(torch.linalg.vector_norm(torch.stack([g.norm() for g in all_grads])).item(), rel=1e-5)
 
 
+def test_tied_parameters_are_named_once_with_the_other_modules_that_hold_them():
+    model = TiedNet()
+    model.decoder = nn.Linear(6, 10)  # ties its weight too, but keeps a bias of its own: it keeps its row
+    model.decoder.weight = model.embed.weight
+    probe = GradNormProbe(model)
+    tied = dict(zip(probe.module_names, probe.tied_names))
+    assert tied["embed"] == ["head", "decoder"]  # head has no parameter of its own left, so no row: named here
+    assert "head" not in tied and tied["decoder"] == []
+    assert all(names == [] for name, names in tied.items() if name != "embed")
+    assert probe.param_counts[probe.module_names.index("decoder")] == 10  # its bias only
+
+
 def test_clipping_from_measured_norms_matches_clip_grad_norm():
     torch.manual_seed(0)
     model, reference = TiedNet(), TiedNet()

@@ -75,7 +75,7 @@ GARBAGE = [
     b"[" * 100_000 + b"\n",  # nested too deep
     b'{"v": 5, "type": "metrics", "record": {"step": ' + b"9" * 5000 + b"}}\n",  # a number too long to read
     b'{"v": 5, "type": "metrics", "record": {"loss": 1.0}}\n',  # no step
-    b'{"v": 5, "type": "event", "event": "{\\"v\\": 4, \\"type\\": \\"pause\\"}"}\n',  # a command, not an event
+    b'{"v": 5, "type": "event", "event": "{\\"v\\": 5, \\"type\\": \\"pause\\"}"}\n',  # a command, not an event
     b'{"v": 5, "type": "outcome", "status": "exploded", "step": 3}\n',
     b'{"v": 5, "type": "welcome", "run": {}}\n',  # the app's protocol, not this one
     b'{"v": 5, "type": "command", "command": {"command": "set"}}\n',  # a command is not a report

@@ -42,9 +42,10 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer
 
 from torchlab.core.wire import protocol
-from torchlab.core.wire.options import LIVE_OPTIONS, OPTIONS_BY_NAME, Number
+from torchlab.core.wire.options import CHECKPOINTING, LIVE_OPTIONS, OPTIONS_BY_NAME, Number, format_option_value
 from torchlab.core.wire.trials import TRIAL_HINT, parse_trial
-from torchlab.tui.log_tail import LogTail
+from torchlab.tui.log_tail import LogTail, is_native_torch_log
+from torchlab.tui.names import describe_blocks
 from torchlab.tui.state import Failure, RunState
 from torchlab.tui.widgets.event_log import EventLog
 from torchlab.tui.widgets.grad_table import GradTable
@@ -87,7 +88,7 @@ class LinkLike(Protocol):
     def drain(self) -> list[protocol.Message]: ...
     def send(self, command: protocol.Message) -> None: ...
     def close(self, *, detach: bool = False) -> None: ...
-    def restart(self, resume: bool) -> None: ...
+    def restart(self, resume: bool, options: dict[str, Any] | None = None) -> None: ...
     def restart_point(self) -> str | None: ...
     def detach_and_wait(self, timeout_s: float) -> bool: ...
 
@@ -294,7 +295,7 @@ class TorchlabApp(App[int]):
             self._log_tail = None
             return
         for line in lines:
-            if line.strip():
+            if line.strip() and not is_native_torch_log(line):
                 self.run_state.log("trainer", line)
 
     @property
@@ -314,10 +315,10 @@ class TorchlabApp(App[int]):
 
     def send(self, command: protocol.Message) -> bool:
         """Send a command to the trainer; False (and a message saying why) when there is no trainer to send to."""
-        if self._refuse_in_view(command.type.replace("_", " ")):
+        if self._refuse_in_view(_command_subject(command)) or self._run_has_ended(_command_subject(command)):
             return False
         if self.link is None or self._link_closed:
-            self.run_state.log("refused", f"{command.type}: no trainer is connected", notify=True)
+            self.run_state.log("refused", f"{_command_subject(command)}: no trainer is connected", notify=True)
             self._refresh_view()
             return False
         if self.run_state.state == "connecting":
@@ -331,6 +332,16 @@ class TorchlabApp(App[int]):
             self.run_state.log("error", f"could not send {command.type} to the trainer: {error}", notify=True)
             self._refresh_view()
             return False
+        return True
+
+    def _run_has_ended(self, subject: str) -> bool:
+        """True, said at once as space says it, when no trainer is left to answer (the link would only say
+        later that nothing is connected, after the app had logged the request as sent)."""
+        ended = self.run_state.ended
+        if ended is None:
+            return False
+        self.run_state.log("refused", f"{subject}: {ended}; nothing was sent", notify=True)
+        self._refresh_view()
         return True
 
     # ------------------------------------------------------------------ drawing
@@ -406,22 +417,27 @@ class TorchlabApp(App[int]):
         from torchlab.tui.screens.error_screen import ErrorScreen  # screens load when first shown: a faster start
 
         restart_from = self.link.restart_point() if self.link is not None else None
-        self.push_screen(ErrorScreen(failure, restart_from), callback=self._failure_choice)
+        # Options for the restart only where there is a trainer to restart (not one that could not start).
+        options = dict(self.run_state.options) if self.link is not None else None
+        self.push_screen(ErrorScreen(failure, restart_from, options, self.run_state.was_refused), callback=self._failure_choice)
 
-    def _failure_choice(self, choice: str | None) -> None:
-        from torchlab.tui.screens.error_screen import CLOSE, QUIT, RESTART
+    def _failure_choice(self, choice: object) -> None:
+        from torchlab.tui.screens.error_screen import CLOSE, QUIT, Restart
 
         self._error_screen_open = False
-        if choice == RESTART:
-            self.restart_trainer()
+        if isinstance(choice, Restart):
+            # What the screen showed is what the restart trains with: an option changed after the checkpoint
+            # is told too, as the checkpoint holds its earlier value.
+            self.restart_trainer({**self.run_state.changed_since_checkpoint(), **choice.options})
         elif choice == QUIT:
             self._leave(detach=False)
         elif choice == CLOSE:
-            self.run_state.log("info", "the run has stopped; press q to quit, or ctrl+p → Restart to resume it")
+            self.run_state.log("info", "the run has stopped: q quits; ctrl+p → Restart sets options and resumes it")
             self._refresh_view()
 
-    def restart_trainer(self) -> None:
-        """Start a new trainer that resumes from the run's last checkpoint (after a failure).
+    def restart_trainer(self, options: dict[str, Any] | None = None) -> None:
+        """Start a new trainer that resumes from the run's last checkpoint (after a failure), with ``options``
+        (set on the error screen) in force from its first step.
 
         On the main thread on purpose: the link's ``start`` must be (the trainer's parent-death signal
         follows the thread that spawned it), and the old trainer has already ended.
@@ -429,12 +445,15 @@ class TorchlabApp(App[int]):
         if self.link is not None and self.run_state.state in ("running", "paused", "starting", "relaunching"):
             self.notify("the run is still going: restart is for a run that failed or stopped", severity="warning")
             return
-        self.run_state.log("info", "restarting the trainer from the last checkpoint…", notify=True)
+        options = options or {}
+        given = ", ".join(f"{name} = {format_option_value(name, value)}" for name, value in options.items())
+        self.run_state.log("info", f"restarting the trainer from the last checkpoint{' with ' + given if given else ''}…",
+                           notify=True)
         if self.link is None:
             self._start_link()
         else:
             try:
-                self.link.restart(resume=True)
+                self.link.restart(resume=True, options=options)
             except Exception as error:  # shown on the error screen again, with its traceback
                 self._show_failure(Failure("error", f"could not restart the trainer: {error}", traceback.format_exc(), None))
                 return
@@ -459,12 +478,13 @@ class TorchlabApp(App[int]):
             if self.send(protocol.PauseCommand()):
                 self._requested("pause requested (takes effect at the end of the current step)")
         else:
-            self.notify(f"the run is {state}: there is nothing to pause or resume", severity="warning")
+            why = self.run_state.ended or f"the run is {state}"
+            self.notify(f"{why}: there is nothing to pause or resume", severity="warning")
 
     def action_change_option(self, name: str) -> None:
         """An option's key: the next value of a mode or a switch, or a prompt for a number."""
         option = OPTIONS_BY_NAME[name]
-        if self._refuse_in_view(name):
+        if self._refuse_in_view(name) or self._run_has_ended(name):  # before a prompt asks for a value that would go nowhere
             return
         current = self.run_state.option(name)
         if not isinstance(option, Number):
@@ -484,7 +504,7 @@ class TorchlabApp(App[int]):
         """A controlled trial: OPTION=VALUE [STEPS] typed, checked, and sent; the result comes to the log."""
         from torchlab.tui.screens.prompt import Chosen, OptionPrompt
 
-        if self._refuse_in_view("trial"):
+        if self._refuse_in_view("trial") or self._run_has_ended("trial"):
             return
 
         def chosen(answer: Chosen | None) -> None:
@@ -499,7 +519,6 @@ class TorchlabApp(App[int]):
         """Ask the trainer to change a live option at the next step boundary."""
         if self.send(protocol.SetCommand(option, value)):
             self.run_state.note_request(option, value)
-            self.run_state.options_version += 1
             self._refresh_view()
 
     def action_next_chart(self) -> None:
@@ -548,7 +567,9 @@ class TorchlabApp(App[int]):
         self._leave(detach=False)
 
     def action_help(self) -> None:
-        keys = [(k.key_display or k.key, k.help) for k in KEY_ACTIONS]
+        blocks = self.run_state.checkpoint_blocks
+        wraps = {CHECKPOINTING.key: f": {describe_blocks(blocks)}" if blocks else " (which ones: once the trainer has said)"}
+        keys = [(k.key_display or k.key, k.help + wraps.get(k.key, "")) for k in KEY_ACTIONS]
         keys += [("/", "Filter the gradient table by module name (enter/esc back)"), ("o", "Cycle the gradient table's sort"),
                  ("v", "Grouped / per-module gradient view"), ("enter", "On a group: show its modules"),
                  ("ctrl+p", "Command palette")]
@@ -655,9 +676,18 @@ class TorchlabApp(App[int]):
         for key in KEY_ACTIONS:
             if key.action in ("quit", "help"):
                 continue
-            yield SystemCommand(f"{key.help} [{key.key_display or key.key}]", key.help, self._palette_callback(key.action))
-        yield SystemCommand("Restart the trainer from the last checkpoint", "After a failure: resume the run", self.restart_trainer)
-        yield SystemCommand("Help: every key [?]", "Show the keys of the workbench", self.action_help)
+            yield SystemCommand(key.help, f"key {key.key_display or key.key}", self._palette_callback(key.action))
+        yield SystemCommand("Restart the trainer from the last checkpoint", "after a failure or a stop: resume the run",
+                            self._restart_from_palette)
+        yield SystemCommand("Help: every key of the workbench", "key ?", self.action_help)
+
+    def _restart_from_palette(self) -> None:
+        """After a failure, the error screen again (its options go with the restart); else restart at once."""
+        failure = self.run_state.failure
+        if failure is not None and self.run_state.state == "failed":
+            self._show_failure(failure)
+        else:
+            self.restart_trainer()
 
     def _palette_callback(self, action: str) -> Callable[[], Any]:
         async def run() -> None:
@@ -668,6 +698,13 @@ class TorchlabApp(App[int]):
     @on(GradTable.ViewChanged)
     def _grad_view_changed(self, event: GradTable.ViewChanged) -> None:
         self.notify(event.description, timeout=2)
+
+
+def _command_subject(command: protocol.Message) -> str:
+    """What a command is about, as the user asked for it: the option's name, or the command's."""
+    if isinstance(command, protocol.SetCommand):
+        return command.option
+    return "trial" if isinstance(command, protocol.TrialCommand) else command.type.replace("_", " ")
 
 
 def tune_garbage_collection() -> None:

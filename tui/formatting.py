@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
+
+from rich.text import Text
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 
@@ -57,3 +60,34 @@ def format_ratio(value: float | None) -> str:
     if value >= 1000:
         return ">999"
     return f"{value:.2g}" if value < 100 else f"{value:.0f}"
+
+
+def fit_parts(parts: Sequence[Text], width: int, separator: Text | str = "", importance: Sequence[int] | None = None) -> Text:
+    """``parts`` joined by ``separator`` in at most ``width`` cells, leaving out whole parts that do not fit.
+
+    A line of figures is never cut in the middle of one (``samples/s 1,2…``): a part that does not fit
+    is left out, and a less important one that does may still come. Parts are taken most important first:
+    in their order, or that of the indices in ``importance``; the line keeps their order. The first taken
+    always stays, cut with "…" only when it alone is wider than the line.
+    """
+    separator = Text(separator) if isinstance(separator, str) else separator
+    taken: set[int] = set()
+    used = 0
+    for index in importance if importance is not None else range(len(parts)):
+        part = parts[index]
+        if not part:
+            continue
+        needed = part.cell_len + (separator.cell_len if taken else 0)
+        if taken and used + needed > width:
+            continue
+        taken.add(index)
+        used += needed
+    line = Text()
+    for index, part in enumerate(parts):
+        if index in taken:
+            if line:
+                line.append_text(separator)  # appended, not joined: Text.join would dim the parts with its style
+            line.append_text(part)
+    if line.cell_len > width:
+        line.truncate(width, overflow="ellipsis")
+    return line

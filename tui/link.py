@@ -26,8 +26,10 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 from torchlab.core.wire.control_server import HELLO_TIMEOUT_S
+from torchlab.core.wire.options import OPTIONS_BY_NAME
 from torchlab.core.wire.protocol import (
     PROTOCOL_VERSION,
     DetachCommand,
@@ -132,21 +134,23 @@ class ProcessLink:
         self._reader = threading.Thread(target=self._read_events, name="torchlab-link-reader", daemon=True)
         self._reader.start()
 
-    def restart(self, resume: bool = True) -> None:
+    def restart(self, resume: bool = True, options: dict[str, Any] | None = None) -> None:
         """After the trainer ended: start a new one in the same run directory, from its last checkpoint.
 
-        ``--resume RUN_DIR`` alone: the checkpoint holds the run's whole configuration and its live options
-        as they were, which the flags the run was started with would override. With no checkpoint yet,
-        the run starts again from those flags."""
+        ``--resume RUN_DIR``: the checkpoint holds the run's whole configuration and its live options as they
+        were, which the flags the run was started with would override. ``options`` (set on the error screen)
+        go with it as their flags, in force from the restart's first step (the trainer journals them as
+        ``resume_changed_settings``). With no checkpoint yet, the run starts again from its first flags and these."""
         self.close()
         self._attached_pid = None  # an attached app restarts the run as its own child
         checkpoint = last_checkpoint(self.run_dir / "checkpoints") if resume else None
         # The new trainer starts at its checkpoint's step: killed before it reports, that is how far it got.
         self.last_step = (checkpoint[1] or 0) if checkpoint is not None else 0
+        flags = [word for name, value in (options or {}).items() for word in OPTIONS_BY_NAME[name].flag_arguments(value)]
         if checkpoint is not None:
-            self._spawn(["--resume", str(self.run_dir)])
+            self._spawn(["--resume", str(self.run_dir), *flags])
         else:
-            self._spawn(self.training_args)
+            self._spawn([*self.training_args, *flags])
 
     def restart_point(self) -> str | None:
         """What ``restart`` resumes from, as the user knows it ("step-0000550.pt, step 550"), or None when

@@ -4,11 +4,28 @@ The trainer's stdout and stderr go to a file (printing to the terminal would scr
 and the app shows new lines of it in the event log. Reads are bounded per call, a line is only
 emitted once its newline arrived, and a file that shrank (rotated or rewritten) is followed from its
 start again.
+
+Not every line is for the event log: torch's C++ side logs to stderr in its own format (c10's
+``[W1123 07:45:12.901699812 CPUAllocator.cpp:245] Memory block of unknown size…`` from the profiler,
+the profiler's ``USDT:2026-11-23 21:00:42 30607:30607 SyncActivityProfilerHandler.cpp:52] profiler_start``).
+Those stay in ``trainer.log``, where they are next to the rest of the trainer's output; the event log is for
+what the user can act on, and at 80x24 a burst of them pushed the acknowledgements out of its six lines.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+#: The head of a line torch's C++ code logged: ``[W1123 07:45:12.9 file.cpp:245]``, ``[W file.cpp:245]``
+#: (older c10), ``USDT:…`` or ``STAGE:…`` then the time and ids (the profiler's), each ending in its source
+#: file and line.
+_NATIVE_LOG_HEAD = re.compile(r"(\[[IWEF]|[A-Z]{2,8}:)[^\]\n]{0,80}?[\w-]+\.(?:cpp|cc|cu|cuh|c|h|hpp):\d+\] ")
+
+
+def is_native_torch_log(line: str) -> bool:
+    """Whether ``line`` is a log line of torch's C++ side (it stays in trainer.log, out of the event log)."""
+    return _NATIVE_LOG_HEAD.match(line) is not None
 
 
 class LogTail:

@@ -36,6 +36,15 @@ if TYPE_CHECKING:
 #: trainer restarts its ranks for a new world size (the app's own: the trainer says "running" throughout).
 RUN_STATES = ("connecting", "starting", "running", "paused", "relaunching", "stopped", "finished", "failed", "detached")
 
+#: The states in which no trainer is left to answer a key, and how the app says so (the same words for
+#: every key: space, an option, a profile, a checkpoint).
+ENDED = {
+    "finished": "the run is finished",
+    "stopped": "the run is stopped",
+    "failed": "the run failed",
+    "detached": "the app has detached from the run",
+}
+
 #: Gradient-norm trend length kept per module (the sparkline in the table).
 TREND_LENGTH = 16
 #: How many recent records the ETA averages step time over.
@@ -78,6 +87,8 @@ class ModuleStats:
 
     name: str
     params: int
+    #: the other modules that hold some of its parameters (tied: counted here once)
+    tied: tuple[str, ...] = ()
     norm: float | None = None
     trend: deque[float] = field(default_factory=lambda: deque(maxlen=TREND_LENGTH))
     ratio: float | None = None
@@ -91,6 +102,8 @@ class RunState:
         self.workload = workload or ""
         self.device = ""
         self.run_dir = ""
+        #: the submodules activation checkpointing wraps (the trainer's choice, or the workload's)
+        self.checkpoint_blocks: list[str] = []
         self.total_steps: int | None = None
         self.started: float | None = None
         self.state = "connecting"
@@ -135,13 +148,18 @@ class RunState:
         self.failure: Failure | None = None
         #: this app is a read-only view (``attach --view``): the header says so
         self.read_only = False
-        #: option -> value the app asked for and the trainer has not answered yet
+        #: option -> value the app asked for and the trainer has not answered yet (the newest request of
+        #: those still unanswered: the trainer answers an option's commands in the order they were sent)
         self.pending: dict[str, Any] = {}
+        #: option -> the app's requests not answered yet, oldest first
+        self._unanswered: dict[str, deque[Any]] = {}
         #: (option, formatted value) pairs the trainer refused on this run, e.g. ("amp", "fp16") on CPU
         self.refused: set[tuple[str, str]] = set()
         self._new_log: list[LogEntry] = []
         #: option -> step its last acknowledged change took effect at
         self._applied_at: dict[str, int] = {}
+        #: the step of the newest checkpoint the trainer reported (what a restart resumes from), if any
+        self.checkpoint_step: int | None = None
         # Version counters: the app redraws a part only when its counter moved.
         self.header_version = 0
         self.metrics_version = 0
@@ -198,9 +216,32 @@ class RunState:
 
     def note_request(self, option: str, value: Any) -> None:
         """The app sent a SetCommand: remember it until the answer comes, and log that it is on its way."""
+        self._unanswered.setdefault(option, deque()).append(value)
         self.pending[option] = value
+        self.options_version += 1
         when = OPTIONS_BY_NAME[option].takes_effect
         self.log("info", f"requested {option} = {format_option_value(option, value)} ({when})")
+
+    def _answered(self, option: str, source: str) -> None:
+        """The trainer answered (applied or refused) the oldest unanswered request of the app for ``option``:
+        what stays pending is the newest request after it, or nothing. Answers to others (``--at``) are not ours."""
+        waiting = self._unanswered.get(option)
+        if source != "app" or not waiting:
+            return
+        waiting.popleft()
+        if waiting:
+            self.pending[option] = waiting[-1]
+        else:
+            del self._unanswered[option]
+            self.pending.pop(option, None)
+        self.options_version += 1
+
+    def _forget_requests(self) -> None:
+        """No trainer will answer what was asked of the one before (the run ended, or a new one welcomed us)."""
+        if self.pending or self._unanswered:
+            self.pending.clear()
+            self._unanswered.clear()
+            self.options_version += 1
 
     def note_profile_request(self) -> None:
         """The app asked for a profiler snapshot: the list says one is on its way until it arrives."""
@@ -228,6 +269,19 @@ class RunState:
             return self.pending[name]
         return self.options.get(name)
 
+    @property
+    def ended(self) -> str | None:
+        """How the app says that no trainer is left to answer a key ("the run is finished"); None while one is."""
+        return ENDED.get(self.state)
+
+    def changed_since_checkpoint(self) -> dict[str, Any]:
+        """The options in force whose last change came after the newest checkpoint: a restart from it would
+        go back to their earlier values unless it is told these (the error screen shows these values)."""
+        if self.checkpoint_step is None:
+            return {}
+        return {name: self.options[name] for name, step in self._applied_at.items()
+                if step > self.checkpoint_step and name in self.options}
+
     def was_refused(self, option: str, value: Any) -> bool:
         """The trainer refused ``option = value`` on this run (a key that cycles skips it from then on)."""
         return (option, format_option_value(option, value)) in self.refused
@@ -240,6 +294,12 @@ class RunState:
         if remaining <= 0:
             return 0.0
         return remaining * statistics.fmean(self.recent_step_times)
+
+    def within_run(self, path: str) -> str:
+        """A path of the run as the user finds it in its directory (``checkpoints/step-0000400.pt``), or as given
+        when it lies elsewhere: a whole path does not fit an 80-column event log."""
+        run_dir = self.run_dir.rstrip("/")
+        return path[len(run_dir) + 1 :] if run_dir and path.startswith(run_dir + "/") else path
 
     @property
     def world_size(self) -> int:
@@ -263,14 +323,17 @@ class RunState:
         self.workload = run.workload or self.workload
         self.device = run.device
         self.run_dir = run.run_dir
+        self.checkpoint_blocks = list(run.checkpoint_blocks)
         self.total_steps = run.steps
         self.started = run.started
-        modules = [ModuleStats(module.name, module.params) for module in event.modules]
-        if [m.name for m in modules] != [m.name for m in self.modules]:
+        modules = [ModuleStats(module.name, module.params, tuple(module.tied)) for module in event.modules]
+        if [(m.name, m.tied) for m in modules] != [(m.name, m.tied) for m in self.modules]:
             self.modules = modules
             self.modules_version += 1
         self._set_options(event.options)
         self._start_ranks(run.ranks)
+        # Changes after the step it starts from are not in force in it (a run resumed from a checkpoint).
+        self._applied_at = {name: step for name, step in self._applied_at.items() if step <= event.step}
         # A run resumed from a checkpoint re-trains the steps after it: drop them from the curves.
         if event.step < self.step:
             for series in (self.loss, self.val_loss, self.lr, self.samples_per_s, self.step_time, *self.group_lrs.values(),
@@ -280,7 +343,7 @@ class RunState:
         self.step = event.step
         self._set_state(event.state, "")
         self.failure = None
-        self.pending.clear()
+        self._forget_requests()
         where = f" on {self.device}" if self.device else ""
         self.log("info", f"connected to the trainer of {self.workload or 'the run'}{where}: {len(modules)} modules, at step {event.step}", event.step)
         self.header_version += 1
@@ -476,8 +539,7 @@ class RunState:
             return
         self.log(
             "profile",
-            f"profile {snapshot.label} ready: P opens the table · files in {event.dir}/ "
-            "(table.txt, table.csv, trace.json → ui.perfetto.dev or chrome://tracing)",
+            f"profile {snapshot.label} ready: P opens the table · {self.within_run(event.dir)}/",
             event.last_step,
             notify=True,
             toast=f"profile {snapshot.label} ready: P opens the table",
@@ -500,7 +562,7 @@ class RunState:
                          notify=True, toast=segment.verdict)
 
     def _on_option_applied(self, event: protocol.OptionApplied) -> None:
-        self.pending.pop(event.option, None)
+        self._answered(event.option, event.source)
         shown = format_option_value(event.option, event.value)
         if event.option in OPTION_NAMES:
             self.options[event.option] = event.value
@@ -525,7 +587,7 @@ class RunState:
         self.log("applied", f"detached at step {event.step}: the trainer keeps training", event.step, notify=True)
 
     def _on_option_refused(self, event: protocol.OptionRefused) -> None:
-        self.pending.pop(event.option, None)
+        self._answered(event.option, event.source)
         shown = format_option_value(event.option, event.value)
         self.refused.add((event.option, shown))
         if event.option == "profile":
@@ -535,8 +597,11 @@ class RunState:
         self.log("refused", f"{event.option}{value} refused: {event.reason}", event.step, notify=True)
 
     def _on_checkpoint(self, event: protocol.CheckpointSaved) -> None:
-        why = " (for the world-size change)" if event.reason == "world_size" else (f" ({event.reason})" if event.reason else "")
-        self.log("checkpoint", f"checkpoint saved at step {event.step}{why}: {event.path}", event.step, notify=event.reason == "requested")
+        self.checkpoint_step = event.step
+        # The step is the line's own (its first column): the rest fits 80 columns.
+        why = " (world-size change)" if event.reason == "world_size" else (f" ({event.reason})" if event.reason else "")
+        self.log("checkpoint", f"checkpoint saved{why}: {self.within_run(event.path)}", event.step,
+                 notify=event.reason == "requested")
         if event.reason == "world_size":
             self._begin_relaunch(event.step)
 
@@ -553,7 +618,7 @@ class RunState:
         self.ranks, self.ranks_step, self.rank_hosts = [], None, {}
         self.ranks_version += 1
         to = f" as {_processes(target)}" if target is not None else ""
-        self.log("info", f"relaunching{to} from the checkpoint of step {step}: stopping the ranks, starting the new ones…",
+        self.log("info", f"relaunching{to} from the checkpoint of step {step}…",
                  step, notify=True, toast=f"relaunching{to}…")
 
     def _world_size_changed(self, event: protocol.OptionApplied) -> None:
@@ -605,6 +670,8 @@ class RunState:
     def _set_state(self, state: str, detail: str) -> None:
         if state not in RUN_STATES:
             self.log("warning", f"the trainer reported an unknown state {state!r}")
+        if state in ENDED:  # the requests it had not answered never will be
+            self._forget_requests()
         self.state = state
         self.state_detail = detail
         if state != "relaunching":

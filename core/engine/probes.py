@@ -27,24 +27,36 @@ class GradNorms:
 
 
 class GradNormProbe:
-    """Per-module gradient norms for every module that owns parameters, keyed by qualified name."""
+    """Per-module gradient norms for every module that owns parameters, keyed by qualified name.
+
+    Tied parameters (GPT-2's ``lm_head.weight`` is ``transformer.wte.weight``) count once, for the first
+    module that owns them; ``tied_names`` keeps the names of the other modules that hold them, so the app can
+    say where ``lm_head`` went (a module whose every parameter is tied has no row of its own)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.module_names: list[str] = []
         self.param_counts: list[int] = []  # parameters each module owns, aligned with module_names
+        #: per module (aligned with module_names): the other modules that hold some of its parameters
+        self.tied_names: list[list[str]] = []
         self._params: list[torch.nn.Parameter] = []
         owners: list[int] = []
-        seen: set[int] = set()  # tied weights count once, for the first module that owns them
+        first_owner: dict[int, int] = {}  # id(parameter) -> index of the module it counts for
         for name, module in model.named_modules():
-            owned = [
-                p for p in module.parameters(recurse=False) if p.requires_grad and id(p) not in seen
-            ]
+            name = name or ROOT_MODULE_NAME
+            trainable = [p for p in module.parameters(recurse=False) if p.requires_grad]
+            for parameter in trainable:
+                owner = first_owner.get(id(parameter))
+                if owner is not None and name not in self.tied_names[owner]:
+                    self.tied_names[owner].append(name)
+            owned = [p for p in trainable if id(p) not in first_owner]
             if not owned:
                 continue
-            seen.update(id(p) for p in owned)
-            owners.extend([len(self.module_names)] * len(owned))
-            self.module_names.append(name or ROOT_MODULE_NAME)
+            index = len(self.module_names)
+            first_owner.update((id(p), index) for p in owned)
+            owners.extend([index] * len(owned))
+            self.module_names.append(name)
             self.param_counts.append(sum(p.numel() for p in owned))
+            self.tied_names.append([])
             self._params.extend(owned)
         self._owner_index_cpu = torch.tensor(owners, dtype=torch.long)
         self._owner_index: torch.Tensor | None = None

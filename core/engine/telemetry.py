@@ -18,7 +18,7 @@ import psutil
 import torch
 
 from torchlab.core.engine.nvml import Nvml
-from torchlab.core.wire.payloads import AllocatorSample, HostSample, TelemetrySample
+from torchlab.core.wire.payloads import AllocatorSample, HostSample, TelemetrySample, no_gpu_status
 
 
 class TelemetrySampler:
@@ -61,7 +61,7 @@ class TelemetrySampler:
             step=self.current_step(),
             host=self._host(processes),
             gpus=gpus,
-            gpu_status=f"no GPU: {self.nvml.unavailable}" if self.nvml.unavailable else f"{len(gpus)} GPU(s)",
+            gpu_status=no_gpu_status(self.nvml.unavailable) if self.nvml.unavailable else f"{len(gpus)} GPU(s)",
             torch=self._allocator(),
         )
 

@@ -246,6 +246,7 @@ class Trainer:
             options=self.options.as_dict(),
             modules=self.grad_probe.module_names,
             module_params=self.grad_probe.param_counts,
+            module_tied=self.grad_probe.tied_names,
             checkpoint_blocks=list(self.checkpointing.blocks),
             world_size=self.world_size,
             ranks=self.rank_hosts,

@@ -232,7 +232,8 @@ class Worker:
         """The trainer (or rank 0) is up: describe the run to apps that connect from now on."""
         self._welcome = p.Welcome(
             run=self._run_info(started),
-            modules=[ModuleInfo(name, count) for name, count in zip(started.modules, started.module_params)],
+            modules=[ModuleInfo(name, count, list(tied)) for name, count, tied
+                     in zip(started.modules, started.module_params, started.module_tied or [[]] * len(started.modules))],
             options=started.options,
             state="running",
             step=started.step,

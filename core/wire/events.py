@@ -30,6 +30,7 @@ class RunStarted(Message):
     schema: ClassVar = {
         "step": (int,), "device": (str,), "batch_size": (int,), "steps": (int,), "options": (dict,), "modules": (list,),
         "module_params": (list,), "checkpoint_blocks": (list,), "world_size": (int,), "ranks": _OPT_LIST,
+        "module_tied": (list,),
     }
     step: int
     device: str
@@ -41,6 +42,8 @@ class RunStarted(Message):
     checkpoint_blocks: list
     world_size: int
     ranks: list | None  # each rank's host and pid, with ranks; null without
+    #: per module, aligned with ``modules``: the other modules holding some of its (tied) parameters
+    module_tied: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)

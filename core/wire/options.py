@@ -69,6 +69,11 @@ class LiveOption:
         value is refused with the same words as in a TOML file or a prompt."""
         group.add_argument(self.flag, dest=self.name, metavar=self.metavar, help=self.flag_help)
 
+    def flag_arguments(self, value: Any) -> list[str]:
+        """The command-line words that set this option to ``value`` (what ``add_flag`` reads back): how the app
+        restarts a run with options set on its error screen (``--resume RUN --lr-scale 0.5 --clip 1.0``)."""
+        return [self.flag, self.format(value)]
+
 
 @dataclass(frozen=True, kw_only=True)
 class Choice(LiveOption):
@@ -116,6 +121,9 @@ class Switch(LiveOption):
 
     def add_flag(self, group: argparse._ArgumentGroup) -> None:
         group.add_argument(self.flag, dest=self.name, action=argparse.BooleanOptionalAction, default=None, help=self.flag_help)
+
+    def flag_arguments(self, value: Any) -> list[str]:
+        return [self.flag if value else "--no-" + self.flag[2:]]
 
     def next_value(self, current: Any, refused: Callable[[bool], bool]) -> bool:
         return not bool(current)
@@ -212,7 +220,7 @@ WORLD_SIZE = Number(
     help="Set the number of training processes",
     prompt="World size", hint="the number of training processes (ranks), from 1; the trainer checkpoints and relaunches them",
     flag_help="data-parallel ranks, one per GPU or CPU core; the global batch stays --batch-size (default 1)",
-    takes_effect="at the next step the trainer checkpoints and relaunches its ranks",
+    takes_effect="checkpoint and relaunch at the next step",
 )
 
 STEPS = Number(

@@ -15,7 +15,7 @@ figures, a GPU may hide its power draw.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 _NULL = type(None)
@@ -31,11 +31,13 @@ _OPT_STR = (str, _NULL)
 
 @dataclass(frozen=True)
 class ModuleInfo:
-    """One module whose gradient norm is measured, in the order of ``GradNorms.norms``."""
+    """One module whose gradient norm is measured, in the order of ``GradNorms.norms``. ``tied``: the other
+    modules that hold some of its parameters (GPT-2's ``lm_head`` for ``transformer.wte``), counted here once."""
 
-    schema: ClassVar[dict[str, tuple]] = {"name": (str,), "params": _INT}
+    schema: ClassVar[dict[str, tuple]] = {"name": (str,), "params": _INT, "tied": (list[str],)}
     name: str
     params: int
+    tied: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,21 @@ class AllocatorSample:
     allocated_bytes: int | None
     reserved_bytes: int | None
     peak_allocated_bytes: int | None
+
+
+#: How ``TelemetrySample.gpu_status`` begins on a box without a GPU the trainer can read: "no GPU: <why>".
+NO_GPU = "no GPU"
+
+
+def no_gpu_status(why: str) -> str:
+    """The ``gpu_status`` of a sample without GPUs."""
+    return f"{NO_GPU}: {why}"
+
+
+def why_no_gpu(status: str) -> str:
+    """The reason in a ``gpu_status`` made by ``no_gpu_status``, or the status as it is."""
+    prefix = f"{NO_GPU}: "
+    return status[len(prefix):] if status.startswith(prefix) else status
 
 
 @dataclass(frozen=True)

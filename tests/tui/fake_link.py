@@ -40,15 +40,19 @@ def module_names(blocks: int = 4) -> list[str]:
     return names + ["ln_f", "head"]
 
 
-def welcome(step: int = 0, *, modules: list[str] | None = None, steps: int = 200, state: str = "running", options: dict | None = None) -> protocol.Welcome:
+def welcome(step: int = 0, *, modules: list[str] | None = None, steps: int = 200, state: str = "running", options: dict | None = None,
+            tied: dict[str, list[str]] | None = None, blocks: list[str] | None = None) -> protocol.Welcome:
+    """``tied``: module -> the other modules holding its tied parameters; ``blocks``: the checkpoint blocks."""
     names = modules if modules is not None else module_names()
     options = dict(OPTIONS if options is None else options)
+    blocks = blocks if blocks is not None else [f"blocks.{i}" for i in range(4)]
     return protocol.Welcome(
         run=RunInfo(
             workload="tiny_gpt", run_dir=RUN_DIR, device="cpu", steps=steps, batch_size=32, pid=4242,
-            started=1_700_000_000.0, checkpoint_blocks=[f"blocks.{i}" for i in range(4)], world_size=options["world_size"], ranks=[],
+            started=1_700_000_000.0, checkpoint_blocks=blocks, world_size=options["world_size"], ranks=[],
         ),
-        modules=[ModuleInfo(name, 1000 + 37 * index * index) for index, name in enumerate(names)],
+        modules=[ModuleInfo(name, 1000 + 37 * index * index, list((tied or {}).get(name, [])))
+                 for index, name in enumerate(names)],
         options=options,
         state=state,
         step=step,
@@ -89,10 +93,12 @@ def grad_norms(step: int, names: list[str] | None = None) -> protocol.GradNorms:
     return protocol.GradNorms(step=step, norms=norms, total=total)
 
 
-def training_events(steps: int = 120, *, names: list[str] | None = None, world_size: int = 1) -> list[protocol.Message]:
+def training_events(steps: int = 120, *, names: list[str] | None = None, world_size: int = 1,
+                    tied: dict[str, list[str]] | None = None, blocks: list[str] | None = None) -> list[protocol.Message]:
     """Welcome, running, ``steps`` metrics records in batches, and grad norms every 2 steps."""
     options = {**OPTIONS, "world_size": world_size}
-    events: list[protocol.Message] = [welcome(0, modules=names, options=options), protocol.State("running", 0)]
+    events: list[protocol.Message] = [welcome(0, modules=names, options=options, tied=tied, blocks=blocks),
+                                      protocol.State("running", 0)]
     for start in range(1, steps + 1, 20):
         batch = list(range(start, min(start + 20, steps + 1)))
         events.append(protocol.Metrics.from_records([record(step, world_size=world_size) for step in batch]))
@@ -189,6 +195,8 @@ class FakeLink:
         self.started = False
         self.closed: dict[str, bool] | None = None
         self.restarts: list[bool] = []
+        #: the options each restart was asked to apply from its first step (set on the error screen)
+        self.restart_options: list[dict[str, Any]] = []
         self.run_dir: Path | None = None
         self.log_path = log_path
         self.step = 0
@@ -244,9 +252,10 @@ class FakeLink:
         self.sent.append(protocol.DetachCommand())
         return self.detach_acknowledged
 
-    def restart(self, resume: bool) -> None:
+    def restart(self, resume: bool, options: dict[str, Any] | None = None) -> None:
         self.restarts.append(resume)
-        self.push(welcome(100), protocol.State("running", 100))
+        self.restart_options.append(dict(options or {}))
+        self.push(welcome(100, options={**self.options, **(options or {})}), protocol.State("running", 100))
 
     def restart_point(self) -> str | None:
         return self.checkpoint_to_restart_from
@@ -261,7 +270,7 @@ class FakeLink:
 
     def _answer_set(self, command: protocol.SetCommand, at: int) -> protocol.Message:
         if command.option == "amp" and command.value == "fp16":
-            return protocol.OptionRefused("amp", "fp16", "fp16 needs CUDA; this run trains on cpu", at, "app")
+            return protocol.OptionRefused("amp", "fp16", "fp16 needs CUDA; this run is on cpu: use bf16", at, "app")
         if command.option == "world_size":
             return self._relaunch(command.value, at)
         previous = self.options.get(command.option)
@@ -306,3 +315,18 @@ def quiet_app(link):
     from torchlab.tui.app import make_app
 
     return make_app(link, poll_interval=3600, log_poll_interval=3600, grad_refresh_interval=0)
+
+
+def long_names_events(steps: int = 120) -> list[protocol.Message]:
+    """A run of ``tests/workloads/long_names.py`` (HuggingFace BERT's names, a tied lm_head) as its trainer
+    names it: the modules come from the trainer's own probe."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "workloads"))
+    import long_names
+
+    modules = long_names.module_names()
+    names = [name for name, _, _ in modules]
+    tied = {name: others for name, _, others in modules if others}
+    blocks = [f"bert.encoder.layer.{index}" for index in range(long_names.LAYERS)]
+    return training_events(steps, names=names, tied=tied, blocks=blocks)

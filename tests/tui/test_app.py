@@ -69,7 +69,7 @@ async def test_amp_key_cycles_and_every_answer_shows_with_its_step(app: Torchlab
         await pilot.press("a")
         assert link.sent[-1] == protocol.SetCommand("amp", "fp16")
         await answer(app, pilot)
-        assert "amp = fp16 refused: fp16 needs CUDA; this run trains on cpu" in log_text(app)
+        assert "amp = fp16 refused: fp16 needs CUDA; this run is on cpu: use bf16" in log_text(app)
         assert app.run_state.options["amp"] == "bf16"
 
         # fp16 was refused on this run: the cycle goes on to off instead of asking again.
@@ -170,7 +170,7 @@ async def test_profile_save_and_detach_are_sent_and_answered(app: TorchlabApp, l
         await answer(app, pilot)
         text = log_text(app)
         assert "profile = 5 refused: a profile is already recording (from step 118)" in text
-        assert "checkpoint saved at step 121 (requested)" in text
+        assert "121 ◆ checkpoint saved (requested): checkpoints/step-0000121.pt" in text
         assert "detach requested: the app leaves once the trainer confirms" in text
         assert link.closed is None and not app.run_state.detached
 
@@ -249,6 +249,62 @@ async def test_error_event_opens_the_error_screen_and_restart_resumes(app: Torch
         assert app.run_state.step == 100  # resumed from the checkpoint at step 100
         await pilot.press("c")
         assert link.sent[-1] == protocol.SetCommand("checkpointing", True)
+
+
+async def test_options_set_on_the_error_screen_go_with_the_restart_from_its_first_step(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=(80, 24)) as pilot:
+        link.push(protocol.NonFinite(121, "forward", "blocks.2.mlp.fc", "output of blocks.2.mlp.fc is nan", "non-finite output"))
+        await answer(app, pilot)
+        screen = app.screen
+        assert isinstance(screen, ErrorScreen)
+        await pilot.press("l")  # as on the main screen: a number is asked for, checked as the trainer would
+        assert isinstance(app.screen, OptionPrompt)
+        await pilot.press(*"0.5", "enter", "g", *"1.0", "enter", "a")
+        await pilot.pause()
+        assert app.screen is screen and screen.changed == {"lr_scale": 0.5, "clip": 1.0, "amp": "bf16"}
+        assert str(screen.query_one("#error-option-lr_scale").content) == "l lr× 1.0 → 0.5"
+        assert str(screen.query_one("#error-option-accum").content) == "m accum 1"
+        await pilot.press("a", "a")  # bf16 → fp16 → off: back to what the run had, so nothing to change
+        assert "amp" not in screen.changed
+        await pilot.press("r")
+        await pilot.pause()
+        assert link.restart_options == [{"lr_scale": 0.5, "clip": 1.0}]
+        assert "restarting the trainer from the last checkpoint with lr_scale = 0.5, clip = 1.0…" in log_text(app)
+        await answer(app, pilot)
+        assert app.run_state.options["lr_scale"] == 0.5 and app.run_state.options["clip"] == 1.0
+        assert "lr× 0.5" in options_text(app)
+
+
+async def test_a_restart_keeps_an_option_changed_after_the_last_checkpoint_as_the_error_screen_showed_it(
+        app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        link.push(protocol.CheckpointSaved(110, "runs/x/checkpoints/step-0000110.pt", "periodic"))
+        await answer(app, pilot)
+        await pilot.press("c")  # checkpointing on at step 121: the checkpoint of step 110 has it off
+        await answer(app, pilot)
+        link.push(protocol.Error("RuntimeError: boom", "tb", 125))
+        await answer(app, pilot)
+        assert str(app.screen.query_one("#error-option-checkpointing").content) == "c ckpt on"
+        await pilot.press("r")
+        await pilot.pause()
+        assert link.restart_options == [{"checkpointing": True}]
+
+
+async def test_after_a_failure_the_palettes_restart_opens_the_error_screen_to_set_options_first(app: TorchlabApp,
+                                                                                              link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        link.push(protocol.Error("RuntimeError: boom", "tb", 121))
+        await answer(app, pilot)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, ErrorScreen) and link.restarts == []
+        restart = next(c for c in app.get_system_commands(app.screen) if c.title.startswith("Restart the trainer"))
+        restart.callback()
+        await pilot.pause()
+        assert isinstance(app.screen, ErrorScreen) and link.restarts == []
+        await pilot.press("r")
+        await pilot.pause()
+        assert link.restarts == [True]
 
 
 async def test_restart_truncates_curves_after_the_checkpoint_step(app: TorchlabApp, link: FakeLink) -> None:
@@ -387,7 +443,7 @@ async def test_a_large_model_starts_grouped_and_a_group_drills_down(link: FakeLi
         assert len(grads.displayed_keys) == 125
 
 
-async def test_trainer_log_lines_appear_in_the_event_log(tmp_path: Path) -> None:
+async def test_trainer_log_lines_appear_in_the_event_log_but_torchs_cpp_log_does_not(tmp_path: Path) -> None:
     log_file = tmp_path / "trainer.log"
     log_file.write_text("torch warming up\n")
     link = FakeLink(log_path=log_file)
@@ -395,13 +451,15 @@ async def test_trainer_log_lines_appear_in_the_event_log(tmp_path: Path) -> None
     async with app.run_test(size=SIZE) as pilot:
         app._poll_trainer_log()
         with log_file.open("a") as handle:
-            handle.write("UserWarning: something\npartial")
+            handle.write("[W1123 21:00:42.901699812 CPUAllocator.cpp:245] Memory block of unknown size was allocated\n"
+                         "UserWarning: something\npartial")
         app._poll_trainer_log()
         app.poll_now()
         await pilot.pause()
         text = log_text(app)
         assert "torch warming up" in text and "UserWarning: something" in text
         assert "partial" not in text
+        assert "CPUAllocator" not in text  # torch's C++ log stays in trainer.log
 
 
 async def test_help_screen_and_command_palette_list_every_action(app: TorchlabApp) -> None:
@@ -415,6 +473,19 @@ async def test_help_screen_and_command_palette_list_every_action(app: TorchlabAp
                       "learning-rate scale", "training processes", "Profile", "Save a checkpoint", "trainer keeps training",
                       "Restart the trainer"):
             assert words in titles
+
+
+async def test_the_command_palette_lists_each_entry_once(app: TorchlabApp) -> None:
+    from torchlab.tui.app import KEY_ACTIONS
+
+    async with app.run_test(size=SIZE):
+        ours = [command for command in app.get_system_commands(app.screen) if command.help.startswith("key ")]
+        titles = [command.title for command in ours]
+        assert len(titles) == len(set(titles))
+        assert all(command.title != command.help for command in app.get_system_commands(app.screen))
+        # Each key once, its key beside it: "Save a checkpoint now" · "key s".
+        expected = {k.help: f"key {k.key_display or k.key}" for k in KEY_ACTIONS if k.action not in ("quit", "help")}
+        assert {command.title: command.help for command in ours if command.title in expected} == expected
 
 
 async def test_command_palette_action_runs(app: TorchlabApp, link: FakeLink) -> None:
@@ -444,6 +515,119 @@ async def test_keys_before_the_trainer_says_hello_are_refused_locally() -> None:
         await pilot.press("a", "space")
         assert link.sent == []
         assert "the trainer is still starting" in log_text(app)
+
+
+@pytest.mark.parametrize("final, said", [
+    (protocol.State("finished", 120), "the run is finished"),
+    (protocol.Error("RuntimeError: boom", "tb", 121), "the run failed"),
+], ids=["finished", "failed"])
+async def test_keys_that_talk_to_the_trainer_say_at_once_that_the_run_has_ended(app: TorchlabApp, link: FakeLink,
+                                                                                final, said) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        link.push(final)
+        await answer(app, pilot)
+        if isinstance(app.screen, ErrorScreen):
+            await pilot.press("escape")
+            await pilot.pause()
+        app.query_one(EventLog).lines_written.clear()
+        await pilot.press("a", "g")
+        assert not isinstance(app.screen, OptionPrompt)  # no prompt for a value that would go nowhere
+        await pilot.press("c", "p", "s", "T")
+        await pilot.pause()
+        assert not isinstance(app.screen, OptionPrompt)
+        assert link.sent == []
+        text = log_text(app)
+        for subject in ("amp", "clip", "checkpointing", "profile", "save checkpoint", "trial"):
+            assert f"{subject}: {said}; nothing was sent" in text
+        assert "requested" not in text and "not connected" not in text
+        await pilot.press("space")
+        await pilot.pause()
+        assert f"{said}: there is nothing to pause or resume" in [n.message for n in app._notifications]
+
+
+async def test_a_refused_change_stops_showing_as_pending_in_the_options_line(link: FakeLink) -> None:
+    app = quiet_app(link)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("a")
+        await answer(app, pilot)
+        await pilot.press("a")  # fp16: a CPU trainer refuses it
+        assert "amp bf16 → fp16…" in options_text(app)
+        await answer(app, pilot)
+        assert "refused" in log_text(app)
+        assert "→" not in options_text(app) and "amp bf16" in options_text(app)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)])
+async def test_toasts_do_not_cover_the_newest_events_nor_the_runs_header(link: FakeLink, size) -> None:
+    from textual.widgets._toast import Toast
+
+    app = quiet_app(link)
+    async with app.run_test(size=size, notifications=True) as pilot:
+        await pilot.press("a")
+        await answer(app, pilot)
+        await pilot.press("c")
+        await answer(app, pilot)
+        await pilot.pause()
+        toasts = list(app.screen.query(Toast))
+        assert len(toasts) == 2  # "amp = bf16 applied…", "checkpointing = on applied…"
+        events = app.query_one(EventLog).region
+        for toast in toasts:
+            assert not toast.region.overlaps(events)
+            assert toast.region.y >= 2  # the header and the figures stay readable
+
+
+async def test_at_80x24_the_lines_of_a_session_each_fit_one_row_of_the_event_log(link: FakeLink) -> None:
+    from fake_link import RUN_DIR, profile_ready
+
+    app = quiet_app(link)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("a")
+        await answer(app, pilot)
+        await pilot.press("a", "c", "s", "p")  # fp16 refused on a CPU, checkpointing on, a checkpoint, a profile
+        await answer(app, pilot)
+        await pilot.press("w", "2", "enter")
+        link.push(protocol.CheckpointSaved(400, f"{RUN_DIR}/checkpoints/step-0000400.pt", "periodic"), profile_ready(12))
+        await answer(app, pilot)
+        await answer(app, pilot)  # the relaunch's second half
+        log = app.query_one(EventLog)
+        text = log_text(app)
+        for said in ("applied at step", "refused: fp16 needs CUDA", "checkpoint saved (periodic)", "profile #1",
+                     "checkpoint saved (world-size change)"):
+            assert said in text
+        assert len(log.lines) == len(log.lines_written)  # not one wrapped to a second row
+        assert max(line.cell_length for line in log.lines) <= log.scrollable_content_region.width
+
+
+async def test_at_80x24_no_line_of_the_main_screen_is_cut_in_the_middle_of_a_figure() -> None:
+    from fake_link import telemetry
+
+    from torchlab.tui.widgets.run_header import RunHeader
+    from torchlab.tui.widgets.stats_bar import StatsBar
+    from torchlab.tui.widgets.system_panel import SystemPanel
+
+    # Wide figures: a long run far along, every figure of the stats line present, an option pending.
+    events = [welcome(98_765, steps=1_000_000), protocol.State("running", 98_765),
+              protocol.Metrics.from_records([record(98_766 + i, grad_norm_total=12.345, clipped=True, val_loss=1.2345,
+                                                    samples_per_s=123_456.0) for i in range(30)]),
+              telemetry()]
+    link = FakeLink(events)
+    app = quiet_app(link)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("m", "1", "6", "enter")  # accum 1 → 16… pending
+        await pilot.pause()
+        lines = {
+            "header": app.query_one(RunHeader), "stats": app.query_one(StatsBar), "options": app.query_one(OptionsPanel),
+            "status": app.query_one("#grad-status"),
+        }
+        for name, widget in lines.items():
+            text = widget.render_line(0).text.rstrip()
+            assert "…" not in text.replace("16…", ""), f"{name}: {text!r}"  # the pending mark is the only ellipsis
+            assert len(text) <= widget.size.width, f"{name}: {text!r}"
+        system = app.query_one(SystemPanel).render_line(0).text.rstrip()
+        assert "…" not in system and system.startswith("no GPU · cpu")
+        # What fits is there; what does not is left out whole: of the elapsed time and the ETA, the ETA stays.
+        assert lines["header"].render_line(0).text.rstrip() == " torchlab  tiny_gpt on cpu  ● running  step 98795/1000000 10%  ETA 3:58:41"
+        assert "1 → 16…" in lines["options"].render_line(0).text
 
 
 async def test_restart_is_not_offered_while_the_run_is_going(app: TorchlabApp, link: FakeLink) -> None:

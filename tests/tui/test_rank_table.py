@@ -157,10 +157,10 @@ async def test_from_1_to_2_the_app_says_relaunching_then_shows_the_new_ranks() -
         await pilot.press("w", "2", "enter")
         assert link.sent == [protocol.SetCommand("world_size", 2)]
         assert "world size    1 → 2…" in str(app.query_one(OptionsPanel).content)
-        assert "requested world_size = 2 (at the next step the trainer checkpoints and relaunches its ranks)" in log_text(app)
+        assert "requested world_size = 2 (checkpoint and relaunch at the next step)" in log_text(app)
         await answer(app, pilot)  # the checkpoint for the relaunch; then the trainer is silent for seconds
         assert "↻ relaunching 1 → 2" in header_text(app) and "ETA" not in header_text(app)
-        assert "120 ◆ checkpoint saved at step 120 (for the world-size change)" in log_text(app)
+        assert "120 ◆ checkpoint saved (world-size change): checkpoints/step-0000120.pt" in log_text(app)
         assert "relaunching as 2 processes from the checkpoint of step 120" in log_text(app)
         assert table(app).display and shown(table(app)) == ["relaunching as 2 processes… figures once the new ranks train"]
         await answer(app, pilot)  # the new ranks train

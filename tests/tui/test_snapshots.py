@@ -6,7 +6,7 @@ SVGs under ``__snapshots__/`` before accepting them.
 
 from __future__ import annotations
 
-from fake_link import FakeLink, gpu, impact, profile_ready, quiet_app, ranks, telemetry, training_events
+from fake_link import FakeLink, gpu, impact, long_names_events, profile_ready, quiet_app, ranks, telemetry, training_events
 
 from torchlab.core.wire import protocol
 from torchlab.tui.app import TorchlabApp
@@ -168,3 +168,16 @@ def test_impact_screen_80x24(snap_compare) -> None:
 
 def test_impact_screen_160x48(snap_compare) -> None:
     assert snap_compare(impact_app(), terminal_size=(160, 48), run_before=open_impact)
+
+
+def long_names_app() -> TorchlabApp:
+    """HuggingFace BERT's module names (tests/workloads/long_names.py, as its trainer names them), a tied lm_head."""
+    return quiet_app(FakeLink(long_names_events() + system_samples()))
+
+
+def test_long_similar_module_names_80x24(snap_compare) -> None:
+    assert snap_compare(long_names_app(), terminal_size=(80, 24), run_before=settle)
+
+
+def test_long_similar_module_names_160x48(snap_compare) -> None:
+    assert snap_compare(long_names_app(), terminal_size=(160, 48), run_before=settle)

@@ -152,6 +152,30 @@ def test_a_late_batch_of_earlier_steps_does_not_undo_an_acknowledged_change() ->
     assert state.options["amp"] == "off"
 
 
+def test_a_change_is_pending_until_its_own_answer_and_never_after_a_refusal_or_the_end_of_the_run() -> None:
+    state = fed([welcome(10)])
+    state.note_request("checkpointing", True)
+    state.note_request("checkpointing", False)  # the second press supersedes the first
+    assert state.pending == {"checkpointing": False}
+    state.apply(protocol.OptionApplied("checkpointing", True, False, 11, "app"))
+    assert state.pending == {"checkpointing": False}  # the first answer is not the one still on its way
+    state.apply(protocol.OptionApplied("checkpointing", False, True, 11, "app"))
+    assert state.pending == {}
+
+    state.note_request("amp", "fp16")
+    version = state.options_version
+    state.apply(protocol.OptionApplied("amp", "bf16", "off", 12, "--at"))  # a scripted change: not our answer
+    assert state.pending == {"amp": "fp16"}
+    state.apply(protocol.OptionRefused("amp", "fp16", "fp16 needs CUDA", 12, "app"))
+    assert state.pending == {} and state.options_version > version  # the options panel redraws without it
+
+    state.note_request("clip", 1.0)
+    version = state.options_version
+    state.apply(protocol.State("finished", 13))  # the trainer will never answer it
+    assert state.pending == {} and state.options_version > version
+    assert state.option("clip") is None
+
+
 # ---------------------------------------------------------------------- ranks
 
 
@@ -196,7 +220,7 @@ def test_a_world_size_change_is_a_relaunch_until_it_is_acknowledged() -> None:
     state.apply(protocol.OptionApplied("world_size", 2, 1, 21, "app"))
     assert (state.state, state.world_size, state.relaunch_to) == ("running", 2, None)
     texts = [entry.text for entry in state.take_log()]
-    assert "relaunching as 2 processes from the checkpoint of step 20: stopping the ranks, starting the new ones…" in texts
+    assert "relaunching as 2 processes from the checkpoint of step 20…" in texts
     assert "training at step 20" not in texts  # the acknowledgement says it, with its step
     assert "world_size = 2 applied at step 21 (was 1)" in texts
     state.apply(ranks(19))  # gathered before the change, by ranks that are gone

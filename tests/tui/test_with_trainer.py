@@ -92,6 +92,28 @@ async def test_keys_change_a_real_run_and_quit_leaves_no_trainer(tmp_path):
     assert (run_dir / "checkpoints" / "last.pt").exists()
 
 
+async def test_a_model_with_long_alike_names_and_a_tied_head_reads_well_from_a_real_trainer(tmp_path):
+    from torchlab.tui.screens.help_screen import HelpScreen
+
+    long_names = str(Path(__file__).parent.parent / "workloads" / "long_names.py")
+    app, links = app_with_trainer(tmp_path / "run", f"{long_names}:workload", "--steps", "100000", "--checkpoint-every", "0")
+    async with app.run_test(size=(80, 24)) as pilot:
+        state = app.run_state
+        await until(pilot, lambda: state.modules and state.grad_step is not None, what="module rows and norms")
+        grads = app.query_one(GradTable)
+        keys = grads.displayed_keys
+        labels = [grads.table.get_cell(key, "module").rstrip() for key in keys]
+        assert len(keys) == 35 and "lm_head" not in keys and len(set(labels)) == len(labels)
+        [embeddings] = [module for module in state.modules if module.tied]
+        assert (embeddings.name, embeddings.tied) == ("bert.embeddings.word_embeddings", ("lm_head",))
+        assert labels[keys.index(embeddings.name)].endswith("= lm_head")
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        assert dict(app.screen.keys)["c"].endswith(": bert.encoder.layer.0–3 (4 blocks)")
+        await pilot.press("escape", "q")
+        await until(pilot, lambda: not app.is_running, what="the app to exit after q")
+
+
 async def test_a_workload_that_raises_shows_the_error_and_the_app_stays_up(tmp_path):
     run_dir = tmp_path / "run"
     app, links = app_with_trainer(run_dir, f"{TINY}:raises_at_step_4", "--steps", "6", "--checkpoint-every", "1")
@@ -131,7 +153,7 @@ async def test_a_real_profile_opens_as_a_table_and_an_option_change_adds_an_impa
         [snapshot] = state.profiles
         assert snapshot.error is None
         shown = "\n".join(app.query_one(EventLog).lines_written)
-        assert f"ready: P opens the table · files in {snapshot.dir}/" in shown
+        assert f"ready: P opens the table · profiles/{Path(snapshot.dir).name}/" in shown
         assert (Path(snapshot.dir) / "trace.json").exists() and (Path(snapshot.dir) / "table.csv").exists()
 
         await pilot.press("P")
@@ -151,6 +173,43 @@ async def test_a_real_profile_opens_as_a_table_and_an_option_change_adds_an_impa
         assert changes[0] == "start" and "checkpointing=on" in changes
         await pilot.press("escape", "q")
         await until(pilot, lambda: not app.is_running, what="the app to exit after q")
+
+
+async def test_a_run_that_went_nan_restarts_with_the_lr_scale_and_clip_set_on_its_error_screen(tmp_path):
+    run_dir = tmp_path / "run"
+    app, links = app_with_trainer(run_dir, f"{TINY}:nan_in_forward", "--steps", "50", "--checkpoint-every", "1")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: error_screen_shown(app), what="the error screen of the NaN")
+        assert app.run_state.failure.kind == "nonfinite"
+        await pilot.press("l", *"0.5", "enter", "g", *"1.0", "enter")
+        await until(pilot, lambda: app.screen.changed == {"lr_scale": 0.5, "clip": 1.0}, what="both options set")
+        stopped_at = app.run_state.checkpoint_step
+        await pilot.press("r")
+        link = links[0]
+        await until(pilot, lambda: app.run_state.state in ("running", "failed") and link.pid is not None
+                    and any(e["event"] == "resumed_from_checkpoint" for e in events_of(run_dir)), what="the restarted trainer")
+        assert link.process.args[-7:] == ["--", "--resume", str(run_dir), "--lr-scale", "0.5", "--clip", "1.0"]
+        resumed = [e for e in events_of(run_dir) if e["event"] == "resumed_from_checkpoint"][-1]
+        assert resumed["step"] == stopped_at and resumed["options"]["lr_scale"] == 0.5 and resumed["options"]["clip"] == 1.0
+        [changed] = [e for e in events_of(run_dir) if e["event"] == "resume_changed_settings"]
+        assert {change["setting"] for change in changed["changes"]} == {"lr_scale", "clip"}
+        # The restarted trainer's first step trains with them (it goes NaN again a few steps on: the poison is
+        # in its forward, not in its learning rate; what matters here is what its steps ran with).
+        first = await first_metrics_after(pilot, run_dir, stopped_at)
+        assert first["step"] == stopped_at + 1 and first["lr_scale"] == 0.5 and first["clip"] == 1.0
+        await until(pilot, lambda: app.run_state.state in ("failed", "finished"), what="the restarted run to end")
+        await until(pilot, lambda: error_screen_shown(app), what="its error screen")
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, what="exit")
+
+
+async def first_metrics_after(pilot, run_dir: Path, step: int) -> dict:
+    def rows() -> list[dict]:
+        path = run_dir / "metrics.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    await until(pilot, lambda: any(row["step"] > step for row in rows()), what=f"a metrics row after step {step}")
+    return min((row for row in rows() if row["step"] > step), key=lambda row: row["step"])
 
 
 @pytest.mark.skipif(usable_cpus() < 2, reason="two ranks need two CPU cores")

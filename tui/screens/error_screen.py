@@ -1,26 +1,42 @@
-"""The run failed: say why, show the traceback or the non-finite report, and offer a way on."""
+"""The run failed: say why, show the traceback or the non-finite report, and offer a way on, with the
+options the restart should train with (a NaN is often fixed by a lower LR scale or clipping, before the
+restart reproduces it)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
+from torchlab.core.wire.options import LIVE_OPTIONS, OPTIONS_BY_NAME, Choice, Number, Switch
 from torchlab.tui.state import Failure
 
-#: What the screen dismisses with.
-RESTART, CLOSE, QUIT = "restart", "close", "quit"
+#: What the screen dismisses with, besides a ``Restart``.
+CLOSE, QUIT = "close", "quit"
 
 
-class ErrorScreen(ModalScreen[str]):
-    """Shows a ``Failure``; dismisses with "restart", "close" (look at the run) or "quit".
+@dataclass(frozen=True)
+class Restart:
+    """Restart the run; ``options`` set on the screen apply from the restarted trainer's first step."""
 
-    The app underneath keeps draining the link and drawing, so the curves up to the failure stay
-    visible behind the dialog and after it closes.
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class ErrorScreen(ModalScreen[Restart | str]):
+    """Shows a ``Failure``; dismisses with a ``Restart``, "close" (look at the run) or "quit".
+
+    With the run's ``options`` given, each live option's key sets it for the restart, as on the main screen
+    (a mode or a switch cycles, a number is asked for), generated from the registry like the main screen's.
+    The app underneath keeps draining the link and drawing, so the curves up to the failure stay visible
+    behind the dialog and after it closes.
     """
 
     DEFAULT_CSS = """
@@ -39,6 +55,9 @@ class ErrorScreen(ModalScreen[str]):
     ErrorScreen #error-title { text-style: bold; color: $error; width: 1fr; }
     ErrorScreen #error-message { width: 1fr; margin-bottom: 1; }
     ErrorScreen #error-detail-scroll { height: 1fr; border: round $panel; }
+    ErrorScreen #error-options-title { color: $text-muted; width: 1fr; margin-top: 1; }
+    ErrorScreen #error-options { grid-size: 3; grid-gutter: 0 1; height: auto; }
+    ErrorScreen #error-options Static { height: 1; text-wrap: nowrap; text-overflow: ellipsis; }
     ErrorScreen #error-keys { color: $text-muted; width: 1fr; }
     ErrorScreen #error-buttons { height: auto; align-horizontal: right; }
     ErrorScreen #error-buttons Button { margin-left: 1; min-width: 10; }
@@ -47,16 +66,25 @@ class ErrorScreen(ModalScreen[str]):
     AUTO_FOCUS = "#restart"  # on activation, by Textual: also safe when a key dismisses it at once
 
     BINDINGS = [
-        Binding("r", "choose('restart')", "Restart"),
+        Binding("r", "restart", "Restart"),
         Binding("escape", "choose('close')", "Close"),
         Binding("q", "choose('quit')", "Quit"),
+        *(Binding(option.key, f"set_option('{option.name}')", option.footer, show=False) for option in LIVE_OPTIONS),
     ]
 
-    def __init__(self, failure: Failure, restart_from: str | None = None) -> None:
-        """``restart_from``: the checkpoint a restart resumes from (None: there is none, it starts over)."""
+    def __init__(self, failure: Failure, restart_from: str | None = None, options: dict[str, Any] | None = None,
+                 refused: Callable[[str, Any], bool] = lambda option, value: False) -> None:
+        """``restart_from``: the checkpoint a restart resumes from (None: there is none, it starts over).
+        ``options``: the live options the restart would train with; None where a restart cannot take any
+        (the trainer never started). ``refused``: whether this run refused ``option = value`` (a mode's key
+        skips it)."""
         super().__init__()
         self.failure = failure
         self.restart_from = restart_from
+        self.options = options
+        self.refused = refused
+        #: option -> the value set on this screen, where it differs from ``options``
+        self.changed: dict[str, Any] = {}
 
     def compose(self) -> ComposeResult:
         failure = self.failure
@@ -67,6 +95,11 @@ class ErrorScreen(ModalScreen[str]):
             yield Static(Text(failure.message), id="error-message")
             with VerticalScroll(id="error-detail-scroll"):
                 yield Static(Text(failure.detail or "(no details)"), id="error-detail")
+            if self.options is not None:
+                yield Label("The restart's options, from its first step (their keys set them):", id="error-options-title")
+                with Grid(id="error-options"):
+                    for option in LIVE_OPTIONS:
+                        yield Static(self._option_text(option.name), id=f"error-option-{option.name}")
             restart = f"r restarts from {self.restart_from}" if self.restart_from else "r starts the run over (no checkpoint yet)"
             yield Label(f"{restart} · esc closes this to look at the run · q quits", id="error-keys")
             with Horizontal(id="error-buttons"):
@@ -75,9 +108,58 @@ class ErrorScreen(ModalScreen[str]):
                 yield Button("Close", id="close")
                 yield Button("Quit", id="quit", variant="error")
 
+    def value(self, name: str) -> Any:
+        """The value the restart would train with: set here, else the run's."""
+        return self.changed[name] if name in self.changed else (self.options or {}).get(name)
+
+    def _option_text(self, name: str) -> Text:
+        option = OPTIONS_BY_NAME[name]
+        text = Text.assemble((f"{option.key} ", "bold"), (f"{option.short} ", "dim"))
+        before = (self.options or {}).get(name, option.default)
+        if name in self.changed:
+            text.append(f"{option.format(before)} → ", style="dim")
+            text.append(option.format(self.changed[name]), style="bold yellow")
+        else:
+            text.append(option.format(before), style="bold")
+        return text
+
+    def _set(self, name: str, value: Any) -> None:
+        before = (self.options or {}).get(name, OPTIONS_BY_NAME[name].default)
+        if OPTIONS_BY_NAME[name].format(value) == OPTIONS_BY_NAME[name].format(before):
+            self.changed.pop(name, None)  # set back to what it was: nothing to change
+        else:
+            self.changed[name] = value
+        self.query_one(f"#error-option-{name}", Static).update(self._option_text(name))
+
+    def action_set_option(self, name: str) -> None:
+        if self.options is None:
+            return
+        option = OPTIONS_BY_NAME[name]
+        current = self.value(name)
+        if isinstance(option, (Choice, Switch)):
+            self._set(name, option.next_value(current, lambda value: self.refused(name, value)))
+        elif isinstance(option, Number):
+            self._ask(name, option, current)
+
+    def _ask(self, name: str, option: Number, current: Any) -> None:
+        from torchlab.tui.screens.prompt import Chosen, OptionPrompt
+
+        def chosen(answer: Chosen | None) -> None:
+            if answer is not None:
+                self._set(name, answer.value)
+
+        self.app.push_screen(OptionPrompt(f"{option.prompt}, for the restart", option.hint, option.parse,
+                                          current=option.shown_in_prompt(current)), callback=chosen)
+
     @on(Button.Pressed)
     def _pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(event.button.id or CLOSE)
+        if event.button.id == "restart":
+            self.action_restart()
+        else:
+            self.dismiss(event.button.id or CLOSE)
+
+    def action_restart(self) -> None:
+        self.dismiss(Restart(dict(self.changed)))
 
     def action_choose(self, choice: str) -> None:
         self.dismiss(choice)

@@ -113,7 +113,7 @@ class ProfileListScreen(ViewScreen):
                 ops, top_op = Text(str(len(snapshot.rows)), justify="right"), Text(snapshot.top_op())
             table.add_row(
                 self._mark(snapshot.number), Text(str(snapshot.number), justify="right"), snapshot.steps, ops, top_op,
-                Text(f"{snapshot.build_s:.1f} s", justify="right"), Text(self._folder(snapshot.dir), style="dim"),
+                Text(f"{snapshot.build_s:.1f} s", justify="right"), Text(self.state.within_run(snapshot.dir), style="dim"),
                 key=str(snapshot.number),
             )
         if state.profiles:
@@ -128,12 +128,8 @@ class ProfileListScreen(ViewScreen):
                           "each snapshot appears here when its tables are built.")
         else:
             status.update(f"{count} snapshot{'s' if count != 1 else ''} of this run{coming} · enter opens the table · "
-                          "mark two with space, then c compares them")
-
-    def _folder(self, directory: str) -> str:
-        """The snapshot's folder inside the run directory (``profiles/0000011``), or as sent when elsewhere."""
-        run_dir = self.state.run_dir.rstrip("/")
-        return directory[len(run_dir) + 1 :] if run_dir and directory.startswith(run_dir + "/") else directory
+                          "mark two with space, then c compares them · in each folder: trace.json (ui.perfetto.dev or "
+                          "chrome://tracing), table.txt, table.csv")
 
     def _mark(self, number: int) -> Text:
         if number not in self.marked:

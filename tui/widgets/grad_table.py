@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
 from textual.reactive import reactive
-from textual.widgets import Input, Static
+from textual.widgets import Input
 
 from torchlab.tui.formatting import format_number, format_ratio, sparkline
 from torchlab.tui.gradient_flags import combine_norms, flag_for, group_name
+from torchlab.tui.names import shorten_names
 from torchlab.tui.state import ModuleStats, RunState
+from torchlab.tui.widgets.fitted_line import FittedLine
 from torchlab.tui.widgets.row_view import Cell, Column, RowView
 
 #: The flat view is the default up to this many modules; above it, the grouped view.
@@ -37,26 +40,39 @@ FLAG_RANK = {"non-finite": 3, "exploding": 2, "vanishing": 1, "": 0}
 
 @dataclass(frozen=True)
 class ColumnLayout:
-    """Column widths for one table width; cells carry their own gaps (columns have no padding)."""
+    """Column widths for one table width; cells carry their own gaps (columns have no padding). The module
+    column takes the width the others leave (``name``, set when the layout is chosen)."""
 
-    name: int
     params: bool
     trend: int
     flag_words: bool
+    name: int = 0
 
     @property
-    def width(self) -> int:
-        return self.name + 1 + (7 if self.params else 0) + 8 + self.trend + 2 + RATIO_WIDTH + (13 if self.flag_words else 2)
+    def others(self) -> int:
+        """The width of every column but the module's (and the gap after it)."""
+        trend = self.trend + 2 if self.trend else 0
+        return 1 + (7 if self.params else 0) + 8 + trend + RATIO_WIDTH + (13 if self.flag_words else 2)
 
 
 #: "0.055" is five characters; one more keeps it off the trend sparkline (cells have no padding).
 RATIO_WIDTH = 6
+#: A module column this wide shows most names whole, or cut with both ends readable: a layout with more
+#: columns is taken only if it leaves the names at least this much (or all they need).
+NAME_WIDTH = 24
+#: The narrowest trend a layout may keep and still be chosen to show the names whole.
+WHOLE_NAMES_TREND = 8
 
-#: From widest to narrowest; the table takes the first that fits its width.
+#: From the most columns to the fewest; the table takes the first that shows every name whole without giving
+#: up the trend (``WHOLE_NAMES_TREND``), else the first that leaves the names room (``NAME_WIDTH``) and tells
+#: every row shown from the others, else the one that leaves them the most.
 LAYOUTS = (
-    ColumnLayout(name=22, params=True, trend=16, flag_words=True),
-    ColumnLayout(name=20, params=True, trend=8, flag_words=True),
-    ColumnLayout(name=15, params=False, trend=8, flag_words=False),
+    ColumnLayout(params=True, trend=16, flag_words=True),
+    ColumnLayout(params=True, trend=8, flag_words=True),
+    ColumnLayout(params=False, trend=8, flag_words=True),
+    ColumnLayout(params=False, trend=8, flag_words=False),
+    ColumnLayout(params=False, trend=4, flag_words=False),
+    ColumnLayout(params=False, trend=0, flag_words=False),
 )
 
 
@@ -73,7 +89,9 @@ class GradRow:
     flag: str
     flagged_count: int
     position: int  # order in the model
-    members: tuple[str, ...] = ()  # the modules of a group (a filter matches a group by any of them)
+    #: the modules of a group, or the other modules holding a module's tied parameters: the filter finds
+    #: a row by any of them
+    members: tuple[str, ...] = ()
 
 
 class GradTable(Vertical):
@@ -139,28 +157,28 @@ class GradTable(Vertical):
         self.refresh_interval = refresh_interval
         self._last_update = -math.inf
         self._state: RunState | None = None
-        self._status_text = ""
+        self._status_parts: list[str] = []
         self._modules_version = -1
         self._grads_version = -1
         self._rows: dict[str, GradRow] = {}  # displayed rows by key
+        self._labels: dict[str, str] = {}  # row key -> its label as shown, shortened to the module column
+        #: (the labels of the rows shown, a width) -> those labels shortened to it: they change with the rows
+        #: shown and the width, not with the norms, which update twice a second
+        self._shortened: tuple[tuple[frozenset[str], int], dict[str, str]] | None = None
         self._auto_grouped = False
-        self.layout_columns = LAYOUTS[-1]
+        self.layout_columns = replace(LAYOUTS[-1], name=15)
 
     def compose(self) -> ComposeResult:
         yield Input(placeholder="/ filter modules", id="grad-filter")
         yield RowView(id="grad-data")
-        yield Static("no gradient norms yet", id="grad-status")
+        yield FittedLine(separator=" · ", id="grad-status")
 
     def on_mount(self) -> None:
-        self._build_columns()
+        self._rebuild_rows()
 
     def on_resize(self) -> None:
-        available = self.table.content_size.width - 1  # room for the vertical scrollbar
-        layout = next((layout for layout in LAYOUTS if layout.width <= available), LAYOUTS[-1])
-        if layout != self.layout_columns:
-            self.layout_columns = layout
-            self._build_columns()
-            self._show_status()
+        self._rebuild_rows()
+        self._show_status()
 
     @property
     def table(self) -> RowView:
@@ -200,9 +218,12 @@ class GradTable(Vertical):
         return rows
 
     def _module_row(self, position: int, module: ModuleStats) -> GradRow:
+        # Tied parameters count once, here: the other modules that hold them are named beside it (and found
+        # by the filter), so lm_head is not simply missing from the table.
+        tied = f" = {', '.join(module.tied)}" if module.tied else ""
         return GradRow(
             key=module.name,
-            label=module.name,
+            label=module.name + tied,
             params=module.params,
             norm=module.norm,
             trend=sparkline(module.trend, self.layout_columns.trend),
@@ -210,6 +231,7 @@ class GradTable(Vertical):
             flag=module.flag,
             flagged_count=1 if module.flag else 0,
             position=position,
+            members=module.tied,
         )
 
     def _group_rows(self, modules: list[ModuleStats]) -> list[GradRow]:
@@ -240,7 +262,7 @@ class GradTable(Vertical):
                     flag=worst,
                     flagged_count=sum(1 for m in members if m.flag),
                     position=position,
-                    members=tuple(m.name for m in members),
+                    members=tuple(name for m in members for name in (m.name, *m.tied)),
                 )
             )
         return rows
@@ -263,18 +285,49 @@ class GradTable(Vertical):
         columns = [Column("module", "module", layout.name + 1)]
         if layout.params:
             columns.append(Column("params", "params", 7, "right"))
+        columns.append(Column("norm", "norm", 8, "right"))
+        if layout.trend:
+            columns.append(Column("trend", "  trend" if layout.trend >= 5 else " trend", layout.trend + 2))
         columns += [
-            Column("norm", "norm", 8, "right"),
-            Column("trend", "  trend", layout.trend + 2),
             Column("ratio", "×med", RATIO_WIDTH, "right"),
             Column("flag", " flag" if layout.flag_words else "", 13 if layout.flag_words else 2),
         ]
         self.table.set_columns(columns)
-        self._rebuild_rows()
+
+    def _choose_layout(self, labels: list[str]) -> ColumnLayout:
+        """The layout with the most columns that leaves the module names room and tells the rows apart."""
+        available = self.table.content_size.width - 1  # room for the vertical scrollbar
+        if available <= 0:  # not laid out yet: the resize that follows chooses
+            return self.layout_columns
+        needed = max((len(label) for label in labels), default=0)
+        needed = max(needed, len("module"))  # the header's
+        fitting = [replace(layout, name=available - layout.others) for layout in LAYOUTS if available - layout.others >= 8]
+        if not fitting:
+            return replace(LAYOUTS[-1], name=max(8, available - LAYOUTS[-1].others))
+        # Whole names, where leaving out the parameter counts and the flags' words is enough: the names say
+        # which row is which, the counts do not change, and a flag keeps its mark.
+        whole = next((layout for layout in fitting if layout.trend >= WHOLE_NAMES_TREND and layout.name >= needed), None)
+        if whole is not None:
+            return replace(whole, name=needed)
+        for layout in fitting:
+            if layout.name >= min(needed, NAME_WIDTH) and self._unique(labels, layout.name):
+                return replace(layout, name=min(layout.name, needed))
+        widest = fitting[-1]
+        return replace(widest, name=min(widest.name, max(needed, 1)))
+
+    def _unique(self, labels: list[str], width: int) -> bool:
+        shortened = self._shorten(labels, width)
+        return len(set(shortened.values())) == len(shortened)
+
+    def _shorten(self, labels: list[str], width: int) -> dict[str, str]:
+        key = (frozenset(labels), width)
+        if self._shortened is None or self._shortened[0] != key:
+            self._shortened = (key, dict(zip(labels, shorten_names(labels, width))))
+        return self._shortened[1]
 
     def _cells_for(self, row: GradRow) -> tuple[Cell, ...]:
         layout = self.layout_columns
-        label = row.label if len(row.label) <= layout.name else "…" + row.label[-(layout.name - 1):]
+        label = self._labels.get(row.key, row.label)
         style = FLAG_STYLES.get(row.flag, "")
         mark = FLAG_MARKS.get(row.flag, "")
         if not layout.flag_words:
@@ -284,18 +337,31 @@ class GradTable(Vertical):
         cells: tuple[Cell, ...] = ((label, style),)
         if layout.params:
             cells += ((_short_count(row.params), "dim"),)
+        cells += ((format_number(row.norm, 3), ""),)
+        if layout.trend:
+            cells += (("  " + row.trend, "cyan"),)
         return cells + (
-            (format_number(row.norm, 3), ""),
-            ("  " + row.trend, "cyan"),
             (format_ratio(row.ratio), ""),
             (" " + mark if mark else "", style),
         )
 
     def _rebuild_rows(self) -> None:
-        """Recompute every row from the state and show them sorted; the view redraws only what changed."""
-        if not self.table.columns:
-            return
-        self._rows = {row.key: row for row in self._compute_rows()}
+        """Recompute every row from the state and show them sorted; the view redraws only what changed.
+
+        The columns follow the rows shown and the width: the module column takes what the others leave, and
+        names that do not fit are cut in the middle so that no two rows read alike (torchlab/tui/names.py)."""
+        rows = self._compute_rows()
+        labels = [row.label for row in rows]
+        layout = self._choose_layout(labels)
+        if layout != self.layout_columns or not self.table.columns:
+            trend_changed = layout.trend != self.layout_columns.trend
+            self.layout_columns = layout
+            self._build_columns()
+            if trend_changed:  # the sparklines are drawn to the trend column's width
+                rows = self._compute_rows()
+        shortened = self._shorten(labels, layout.name)
+        self._labels = {row.key: shortened[row.label] for row in rows}
+        self._rows = {row.key: row for row in rows}
         self._apply_sort()
 
     def _update_rows(self) -> None:
@@ -308,26 +374,23 @@ class GradTable(Vertical):
 
     def _show_status(self) -> None:
         state = self._state
-        status = self.query_one("#grad-status", Static)
         if state is None or not state.modules:
-            self._status_text = "no modules yet"
-            status.update(self._status_text, layout=False)  # one line, always: no reflow of the screen
-            return
-        flagged = sum(1 for module in state.modules if module.flag)
-        parts = [f"{flagged} flagged"] if flagged else []
-        parts.append(f"{len(state.modules)} modules")
-        if self.grouped:
-            parts.append("grouped")
-        if self.filter_text:
-            parts.append(f"{len(self._rows)} match")
-        parts.append(SORTS[self.sort_by] if self.sort_by == "order" else f"by {SORTS[self.sort_by]}")
-        if state.grad_step is not None:
-            parts.append(f"step {state.grad_step}")
-        keys = "  / filter o sort v group" if self.layout_columns.params else ""
-        text = " · ".join(parts) + keys
-        if text != self._status_text:  # called at 10 Hz: repaint only when it says something new
-            self._status_text = text
-            status.update(text, layout=False)
+            parts = ["no modules yet"]
+        else:
+            flagged = sum(1 for module in state.modules if module.flag)
+            parts = [f"{flagged} flagged"] if flagged else []
+            parts.append(f"{len(state.modules)} modules")
+            if self.grouped:
+                parts.append("grouped")
+            if self.filter_text:
+                parts.append(f"{len(self._rows)} match")
+            parts.append(SORTS[self.sort_by] if self.sort_by == "order" else f"by {SORTS[self.sort_by]}")
+            if state.grad_step is not None:
+                parts.append(f"step {state.grad_step}")
+            parts.append("/ filter o sort v group")  # the first to go when the line is short
+        if parts != self._status_parts:  # called at 10 Hz: repaint only when it says something new
+            self._status_parts = parts
+            self.query_one("#grad-status", FittedLine).set_parts([Text(part) for part in parts])
 
     # ------------------------------------------------------------------ reactions
 

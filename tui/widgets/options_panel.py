@@ -6,8 +6,11 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from torchlab.core.wire.options import LIVE_OPTIONS
+from torchlab.core.wire.options import CHECKPOINTING, LIVE_OPTIONS
+from torchlab.tui.formatting import fit_parts
+from torchlab.tui.names import describe_blocks
 from torchlab.tui.state import RunState
+
 
 class OptionsPanel(Static):
     """Every live option in force, in the registry's order; one line when ``compact``."""
@@ -34,21 +37,29 @@ class OptionsPanel(Static):
         if self._state is not None:
             self.update(self._render_text(self._state))
 
+    def on_resize(self) -> None:
+        if self._state is not None:  # what fits the width again
+            self.update(self._render_text(self._state))
+
     def _render_text(self, state: RunState) -> Text:
-        text = Text()
-        for index, option in enumerate(option for option in LIVE_OPTIONS if option.in_panel):
+        items = []
+        for option in (option for option in LIVE_OPTIONS if option.in_panel):
             shown = option.format(state.options[option.name]) if option.name in state.options else "–"
             if self.compact:
-                if index:
-                    text.append(" · ", style="dim")
-                text.append(f"{option.short} ", style="dim")
-                text.append(shown, style="bold")
+                item = Text.assemble((f"{option.short} ", "dim"), (shown, "bold"))
             else:
-                if index:
-                    text.append("\n")
-                text.append(f" {option.key} ", style="bold reverse")
-                text.append(f" {option.label:<14}", style="dim")
-                text.append(shown, style="bold")
+                item = Text.assemble((f" {option.key} ", "bold reverse"), (f" {option.label:<14}", "dim"), (shown, "bold"))
             if option.name in state.pending:
-                text.append(f" → {option.format(state.pending[option.name])}…", style="italic yellow")
-        return text
+                item.append(f" → {option.format(state.pending[option.name])}…", style="italic yellow")
+            items.append(item)
+        if self.compact:
+            # Whole options only: one that does not fit is left out (a larger terminal lists them all), never cut.
+            width = self.content_size.width
+            return fit_parts(items, width if width > 0 else 10_000, Text(" · ", style="dim"))
+        if state.checkpoint_blocks:  # what the checkpointing key wraps; in full on the help screen (?)
+            blocks = state.checkpoint_blocks
+            wraps = f" {CHECKPOINTING.key} wraps {describe_blocks(blocks)}"
+            if len(wraps) > self.content_size.width > 0:
+                wraps = f" {CHECKPOINTING.key} wraps {len(blocks)} block{'s' if len(blocks) != 1 else ''} (see ?)"
+            items.append(Text(wraps, style="dim"))
+        return Text("\n").join(items)

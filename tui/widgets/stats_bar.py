@@ -3,37 +3,32 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from torchlab.tui.formatting import format_number
 from torchlab.tui.state import RunState
+from torchlab.tui.widgets.fitted_line import FittedLine
 
 
-class StatsBar(Static):
-    """Current loss (and validation loss), LR, samples/s, step time and total grad norm, most important first."""
+class StatsBar(FittedLine):
+    """Current loss (and validation loss), LR, samples/s, step time and total grad norm, most important first;
+    what does not fit is left out whole, from the end."""
 
     DEFAULT_CSS = """
     StatsBar {
         height: 1;
         padding: 0 1;
-        text-wrap: nowrap;
-        text-overflow: ellipsis;
     }
     """
 
     def show(self, state: RunState) -> None:
         record = state.last_record
-        text = Text()
         if not record:
-            text.append("no metrics yet", style="dim italic")
-            self.update(text, layout=False)
+            self.set_parts([Text("no metrics yet", style="dim italic")])
             return
+        parts: list[Text] = []
 
         def figure(label: str, value: str, style: str = "bold") -> None:
-            if text:
-                text.append("  ")
-            text.append(f"{label} ", style="dim")
-            text.append(value, style=style)
+            parts.append(Text.assemble((f"{label} ", "dim"), (value, style)))
 
         figure("loss", format_number(state.loss.last))
         figure("lr", format_number(state.lr.last, 3))
@@ -54,4 +49,4 @@ class StatsBar(Static):
                 figure(name, format_number(train.last))
         if state.telemetry is not None:
             figure("cpu", f"{state.telemetry.host.cpu_percent:.0f}%")
-        self.update(text, layout=False)
+        self.set_parts(parts)

@@ -15,8 +15,8 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from torchlab.core.wire.payloads import AllocatorSample, GpuSample, HostSample, TelemetrySample
-from torchlab.tui.formatting import SPARK_CHARS
+from torchlab.core.wire.payloads import NO_GPU, AllocatorSample, GpuSample, HostSample, TelemetrySample, why_no_gpu
+from torchlab.tui.formatting import SPARK_CHARS, fit_parts
 from torchlab.tui.state import RunState
 from torchlab.tui.units import byte_unit, format_bytes, three_digits
 
@@ -25,6 +25,8 @@ PARTIAL_BLOCKS = " ▏▎▍▌▋▊▉"
 LABEL_WIDTH = 6
 #: Bars never grow past this, however wide the panel: the figures beside them matter more.
 MAX_BAR_WIDTH = 40
+#: The widest figure a bar has beside it (" 121.0/125.7 GiB"): a narrow panel shortens the bar, not the figure.
+FIGURE_WIDTH = 16
 NA = "n/a"
 #: Utilisation bars are not a warning when full (a busy GPU is the point): one colour, whatever the level.
 BUSY_STYLE = "bold cyan"
@@ -67,13 +69,17 @@ class SystemPanel(Widget):
 # ---------------------------------------------------------------------- the full panel
 
 def panel_text(sample: TelemetrySample | None, history: Sequence[TelemetrySample], width: int, height: int) -> Text:
-    """The panel's lines for a ``width`` x ``height`` area (lines past ``height`` are dropped by the widget)."""
+    """The panel's lines for a ``width`` x ``height`` area (lines past ``height`` are dropped by the widget).
+
+    Each line is built of parts, most important first, and keeps those that fit: a figure is left out
+    whole, never cut in the middle (``trai…``)."""
     if sample is None:
         return Text("waiting for the first system sample…", style="dim italic")
     gpus = sample.gpus
-    # Bars take under half the width: the figures after them (" 40.7/79.6 GiB · run 40.1 GiB") must fit.
-    bar_width = max(4, min(MAX_BAR_WIDTH, int((width - LABEL_WIDTH) * 0.45)))
-    lines: list[Text] = []
+    # Bars take under half the width: the figures after them (" 40.7/79.6 GiB · run 40.1 GiB") must fit, the
+    # first of them (" 21.0/125.7 GiB") beside the bar however narrow the panel.
+    bar_width = max(4, min(MAX_BAR_WIDTH, int((width - LABEL_WIDTH) * 0.45), width - LABEL_WIDTH - FIGURE_WIDTH))
+    lines: list[list[Text]] = []
     host_lines = _host_lines(sample.host, sample.torch, bar_width)
     history_line = _history_line(gpus, history, max(bar_width, width - LABEL_WIDTH - 28))
     if gpus:
@@ -84,43 +90,46 @@ def panel_text(sample: TelemetrySample | None, history: Sequence[TelemetrySample
         elif len(gpus) <= room:
             lines += [_gpu_line(gpu, width) for gpu in gpus]
         else:
-            lines += _gpus_summary_lines(gpus, width)
+            lines += _gpus_summary_lines(gpus)
     else:
-        lines.append(Text(sample.gpu_status, style="bold yellow"))
+        lines.append([Text(NO_GPU, style="bold yellow"), Text(f": {why_no_gpu(sample.gpu_status)}", style="yellow")])
     lines.append(history_line)
     lines += host_lines
-    return Text("\n").join(lines)
+    return Text("\n").join(fit_parts(parts, width) for parts in lines)
 
 
-def _gpu_lines(gpu: GpuSample, bar_width: int) -> list[Text]:
+def _gpu_lines(gpu: GpuSample, bar_width: int) -> list[list[Text]]:
     """Three lines for one GPU: name with temperature, power and clock; memory bar; utilisation bar."""
     used, total = gpu.memory_used_bytes, gpu.memory_total_bytes
     utilisation = gpu.utilization_percent
     title = Text.assemble((f"GPU{gpu.index} ", "bold"), (gpu.name or "unnamed GPU", "bold"))
-    title.append(f"  {_temperature(gpu)}  {_power(gpu)}  {_clock(gpu)}", style="")
     memory = _labelled_bar("mem", _fraction(used, total), bar_width)
     memory.append(f" {_pair(used, total)}")
-    if gpu.this_run_memory_bytes is not None:
-        memory.append(f" · run {format_bytes(gpu.this_run_memory_bytes)}", style="dim")
+    run = [Text(f" · run {format_bytes(gpu.this_run_memory_bytes)}", style="dim")] if gpu.this_run_memory_bytes is not None else []
     util = _labelled_bar("util", None if utilisation is None else utilisation / 100, bar_width, BUSY_STYLE)
     util.append(f" {_percent(utilisation)}")
-    return [title, memory, util]
+    return [
+        [title, Text(f"  {_temperature(gpu)}"), Text(f"  {_power(gpu)}"), Text(f"  {_clock(gpu)}")],
+        [memory, *run],
+        [util],
+    ]
 
 
-def _gpu_line(gpu: GpuSample, width: int) -> Text:
+def _gpu_line(gpu: GpuSample, width: int) -> list[Text]:
     """One line for one GPU of several: ``0 mem ▆▆▆░░ 41/80 GiB  util ▇▇░ 87 %  62°C 312 W``."""
     used, total = gpu.memory_used_bytes, gpu.memory_total_bytes
     utilisation = gpu.utilization_percent
     small_bar = max(3, min(12, (width - 44) // 2))
-    line = Text(f"{gpu.index} ", style="bold")
-    line.append_text(_bar(_fraction(used, total), small_bar))
-    line.append(f" {_pair(used, total)}  ")
-    line.append_text(_bar(None if utilisation is None else utilisation / 100, small_bar, BUSY_STYLE))
-    line.append(f" {_percent(utilisation)}  {_temperature(gpu)} {_power(gpu, with_limit=False)}")
-    return line
+    memory = Text(f"{gpu.index} ", style="bold")
+    memory.append_text(_bar(_fraction(used, total), small_bar))
+    memory.append(f" {_pair(used, total)}")
+    util = Text("  ")
+    util.append_text(_bar(None if utilisation is None else utilisation / 100, small_bar, BUSY_STYLE))
+    util.append(f" {_percent(utilisation)}")
+    return [memory, util, Text(f"  {_temperature(gpu)}"), Text(f" {_power(gpu, with_limit=False)}")]
 
 
-def _gpus_summary_lines(gpus: list[GpuSample], width: int) -> list[Text]:
+def _gpus_summary_lines(gpus: list[GpuSample]) -> list[list[Text]]:
     """Too many GPUs for a line each: totals, then utilisation per GPU in one line."""
     used = _sum(gpu.memory_used_bytes for gpu in gpus)
     total = _sum(gpu.memory_total_bytes for gpu in gpus)
@@ -128,40 +137,44 @@ def _gpus_summary_lines(gpus: list[GpuSample], width: int) -> list[Text]:
     known = [value for value in utilisations if value is not None]
     temperatures = [gpu.temperature_c for gpu in gpus if gpu.temperature_c is not None]
     powers = [gpu.power_w for gpu in gpus if gpu.power_w is not None]
-    head = Text(f"{len(gpus)} GPUs ", style="bold")
-    head.append(f"mem {_pair(used, total)}  util avg {_percent(sum(known) / len(known) if known else None)}")
-    head.append(f"  max {max(temperatures):.0f}°C" if temperatures else f"  {NA} °C")
-    head.append(f"  {sum(powers):.0f} W" if powers else f"  {NA} W")
-    per_gpu = Text("util ", style="dim")
-    per_gpu.append(" ".join(f"{gpu.index}:{_percent(value, unit='%')}" for gpu, value in zip(gpus, utilisations)))
+    head = [
+        Text.assemble((f"{len(gpus)} GPUs ", "bold"), f"mem {_pair(used, total)}"),
+        Text(f"  util avg {_percent(sum(known) / len(known) if known else None)}"),
+        Text(f"  max {max(temperatures):.0f}°C" if temperatures else f"  {NA} °C"),
+        Text(f"  {sum(powers):.0f} W" if powers else f"  {NA} W"),
+    ]
+    per_gpu = [Text("util", style="dim")]
+    per_gpu += [Text(f" {gpu.index}:{_percent(value, unit='%')}") for gpu, value in zip(gpus, utilisations)]
     return [head, per_gpu]
 
 
-def _host_lines(host: HostSample, allocator: AllocatorSample, bar_width: int) -> list[Text]:
+def _host_lines(host: HostSample, allocator: AllocatorSample, bar_width: int) -> list[list[Text]]:
     cpu_line = _labelled_bar("cpu", host.cpu_percent / 100, bar_width, BUSY_STYLE)
     cpu_line.append(f" {_percent(host.cpu_percent)}")
     if host.cpu_count is not None:
         cpu_line.append(f" of {host.cpu_count:.0f}", style="dim")
-    cpu_line.append(f" · trainer {host.trainer_cpu_percent:.0f} %", style="dim")
+    cpu = [cpu_line, Text(f" · trainer {host.trainer_cpu_percent:.0f} %", style="dim")]
     used, total = host.ram_used_bytes, host.ram_total_bytes
     ram_line = _labelled_bar("ram", _fraction(used, total), bar_width)
     ram_line.append(f" {_pair(used, total)}")
     processes = host.trainer_processes
-    trainer = Text("rss".ljust(LABEL_WIDTH), style="dim")
-    trainer.append(format_bytes(host.trainer_rss_bytes, missing=NA), style="bold")
-    trainer.append(f" · {processes:.0f} process{'es' if processes != 1 else ''}")
+    rss = Text("rss".ljust(LABEL_WIDTH), style="dim")
+    rss.append(format_bytes(host.trainer_rss_bytes, missing=NA), style="bold")
+    trainer = [rss, Text(f" · {processes:.0f} process{'es' if processes != 1 else ''}")]
     if allocator.allocated_bytes is None:  # no CUDA allocator (a CPU run): one line says so, beside the RSS
         device = allocator.device
-        trainer.append(f" · alloc {NA}" + (f" on {device}" if device else ""), style="dim")
-        return [cpu_line, ram_line, trainer]
+        trainer.append(Text(f" · alloc {NA}" + (f" on {device}" if device else ""), style="dim"))
+        return [cpu, [ram_line], trainer]
     alloc = Text("alloc".ljust(LABEL_WIDTH), style="dim")
     alloc.append(format_bytes(allocator.allocated_bytes), style="bold")
-    alloc.append(f" · reserved {format_bytes(allocator.reserved_bytes, missing=NA)}")
-    alloc.append(f" · peak {format_bytes(allocator.peak_allocated_bytes, missing=NA)}")
-    return [cpu_line, ram_line, trainer, alloc]
+    return [cpu, [ram_line], trainer, [
+        alloc,
+        Text(f" · reserved {format_bytes(allocator.reserved_bytes, missing=NA)}"),
+        Text(f" · peak {format_bytes(allocator.peak_allocated_bytes, missing=NA)}"),
+    ]]
 
 
-def _history_line(gpus: list[GpuSample], history: Sequence[TelemetrySample], room: int) -> Text:
+def _history_line(gpus: list[GpuSample], history: Sequence[TelemetrySample], room: int) -> list[Text]:
     """GPU memory used over the last samples, from 0 to the GPUs' total (so the headroom shows); without
     GPUs, the trainer's RSS between its own low and high (so growth shows)."""
     line = Text("hist".ljust(LABEL_WIDTH), style="dim")
@@ -180,48 +193,44 @@ def _history_line(gpus: list[GpuSample], history: Sequence[TelemetrySample], roo
             low = min(low, high * (1 - MIN_RSS_SPAN))  # a change of a few pages must not draw as ▁ to █
         line.append(spark(values, low, high), style="cyan")
     span = _span_s(recent)
-    line.append(what + (f", {_duration(span)}" if span else ""), style="dim")
-    return line
+    return [line, Text(what + (f", {_duration(span)}" if span else ""), style="dim")]
 
 
 # ---------------------------------------------------------------------- one line for small terminals
 
 def summary_line(sample: TelemetrySample | None, width: int) -> Text:
-    """``gpu0 41.2/79.6 GiB 87 % 62°C · cpu 23 % · ram 5.1/15.6 GiB · rss 812 MiB``, or "no GPU: …" first."""
+    """``gpu0 41.2/79.6 GiB 87 % 62°C · cpu 23 % · ram 5.1/15.6 GiB · rss 812 MiB``, or ``no GPU · cpu …``
+    (why there is none comes last, where it fits: ``t`` shows it in full); whole figures only."""
     if sample is None:
         return Text("system: waiting for the first sample…", style="dim italic")
     gpus, host = sample.gpus, sample.host
-    rest = Text()
-    processes = host.trainer_processes
-    for label, value in (("cpu", _percent(host.cpu_percent)), ("ram", _pair(host.ram_used_bytes, host.ram_total_bytes)),
-                         ("rss", format_bytes(host.trainer_rss_bytes, missing=NA))):
-        rest.append(" · ", style="dim")
-        rest.append(f"{label} ", style="dim")
-        rest.append(value, style="bold")
-    if processes > 1:
-        rest.append(f" ×{processes:.0f}")
-    line = Text()
+    parts: list[Text] = []
     if not gpus:
-        status = sample.gpu_status
-        room = max(6, width - rest.cell_len)
-        line.append(status if len(status) <= room else status[: room - 1] + "…", style="bold yellow")
+        parts.append(Text(NO_GPU, style="bold yellow"))
     elif len(gpus) <= 2:
-        for position, gpu in enumerate(gpus):
-            if position:
-                line.append(" · ", style="dim")
+        for gpu in gpus:
             gpu_used, gpu_total = gpu.memory_used_bytes, gpu.memory_total_bytes
-            line.append(f"gpu{gpu.index} ", style="dim")
-            line.append(_pair(gpu_used, gpu_total), style=_level_style(_fraction(gpu_used, gpu_total)))
-            line.append(f" {_percent(gpu.utilization_percent)} {_temperature(gpu)}")
+            part = Text(f"gpu{gpu.index} ", style="dim")
+            part.append(_pair(gpu_used, gpu_total), style=_level_style(_fraction(gpu_used, gpu_total)))
+            part.append(f" {_percent(gpu.utilization_percent)} {_temperature(gpu)}")
+            parts.append(part)
     else:
         gpu_used = _sum(gpu.memory_used_bytes for gpu in gpus)
         gpu_total = _sum(gpu.memory_total_bytes for gpu in gpus)
         known = [gpu.utilization_percent for gpu in gpus if gpu.utilization_percent is not None]
-        line.append(f"{len(gpus)} GPUs ", style="dim")
-        line.append(_pair(gpu_used, gpu_total), style=_level_style(_fraction(gpu_used, gpu_total)))
-        line.append(f" util {_percent(sum(known) / len(known) if known else None)}")
-    line.append_text(rest)
-    return line
+        part = Text(f"{len(gpus)} GPUs ", style="dim")
+        part.append(_pair(gpu_used, gpu_total), style=_level_style(_fraction(gpu_used, gpu_total)))
+        part.append(f" util {_percent(sum(known) / len(known) if known else None)}")
+        parts.append(part)
+    processes = host.trainer_processes
+    for label, value in (("cpu", _percent(host.cpu_percent)), ("ram", _pair(host.ram_used_bytes, host.ram_total_bytes)),
+                         ("rss", format_bytes(host.trainer_rss_bytes, missing=NA))):
+        parts.append(Text.assemble((f"{label} ", "dim"), (value, "bold")))
+    if processes > 1:
+        parts[-1].append(f" ×{processes:.0f}")
+    if not gpus:
+        parts.append(Text(why_no_gpu(sample.gpu_status), style="dim"))
+    return fit_parts(parts, width, Text(" · ", style="dim"))
 
 
 # ---------------------------------------------------------------------- drawing helpers
