@@ -333,7 +333,8 @@ class RunState:
         self._forget_requests()
         where = f" on {self.device}" if self.device else ""
         workload = short_workload(self.workload) or "the run"
-        self.log("info", f"connected to the trainer of {workload}{where}: {len(modules)} modules, at step {event.step}", event.step)
+        # The step is the line's own (its first column): "connected" fits 80 columns with a workload's file name.
+        self.log("info", f"connected to the trainer of {workload}{where}: {len(modules)} modules", event.step)
         self.header_version += 1
 
     def _on_state(self, event: protocol.State) -> None:
