@@ -122,7 +122,7 @@ class Idle:
     def drain(self): return []
     def send(self, command): pass
     def close(self, *, detach=False): pass
-    def restart(self, resume=True): pass
+    def restart(self, resume=True, options=None): pass
 
 async def main():
     app = make_app(Idle())

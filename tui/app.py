@@ -432,7 +432,7 @@ class TorchlabApp(App[int]):
         elif choice == QUIT:
             self._leave(detach=False)
         elif choice == CLOSE:
-            self.run_state.log("info", "the run has stopped: q quits; ctrl+p → Restart sets options and resumes it")
+            self.run_state.log("info", "q quits; ctrl+p → Restart sets options and resumes the run")
             self._refresh_view()
 
     def restart_trainer(self, options: dict[str, Any] | None = None) -> None:

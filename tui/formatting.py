@@ -62,6 +62,15 @@ def format_ratio(value: float | None) -> str:
     return f"{value:.2g}" if value < 100 else f"{value:.0f}"
 
 
+def short_workload(workload: str) -> str:
+    """A workload as a line has room for it: ``tiny.py:workload`` for ``/work/models/tiny.py:workload`` (the
+    run directory and ``trainer.log`` keep the whole path); a sample or a module path as it is."""
+    file, colon, factory = workload.rpartition(":")
+    if colon and "/" in file:
+        return f"{file.rsplit('/', 1)[-1]}:{factory}"
+    return workload
+
+
 def fit_parts(parts: Sequence[Text], width: int, separator: Text | str = "", importance: Sequence[int] | None = None) -> Text:
     """``parts`` joined by ``separator`` in at most ``width`` cells, leaving out whole parts that do not fit.
 

@@ -25,6 +25,7 @@ from torchlab.core.wire import protocol
 from torchlab.core.wire.options import OPTION_NAMES, OPTIONS_BY_NAME, format_option_value
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, RankProcess, TelemetrySample
 from torchlab.core.wire.trials import describe_trial, trial_label
+from torchlab.tui.formatting import short_workload
 from torchlab.tui.gradient_flags import flag_for
 from torchlab.tui.stragglers import ComparedRank, flag_stragglers
 from torchlab.tui.thinning import Series
@@ -345,7 +346,9 @@ class RunState:
         self.failure = None
         self._forget_requests()
         where = f" on {self.device}" if self.device else ""
-        self.log("info", f"connected to the trainer of {self.workload or 'the run'}{where}: {len(modules)} modules, at step {event.step}", event.step)
+        workload = short_workload(self.workload) or "the run"
+        # The step is the line's own (its first column): "connected" fits 80 columns with a workload's file name.
+        self.log("info", f"connected to the trainer of {workload}{where}: {len(modules)} modules", event.step)
         self.header_version += 1
 
     def _on_state(self, event: protocol.State) -> None:

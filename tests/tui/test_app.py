@@ -576,6 +576,22 @@ async def test_toasts_do_not_cover_the_newest_events_nor_the_runs_header(link: F
             assert toast.region.y >= 2  # the header and the figures stay readable
 
 
+async def test_a_workload_given_by_its_path_is_named_by_its_file_so_the_header_keeps_the_step() -> None:
+    import dataclasses
+
+    from torchlab.tui.widgets.run_header import RunHeader
+
+    first = welcome(0)
+    events = [dataclasses.replace(first, run=dataclasses.replace(first.run, workload="/home/me/work/models/my_model.py:workload")),
+              protocol.State("running", 0), protocol.Metrics.from_records([record(1)])]
+    app = quiet_app(FakeLink(events))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.query_one(RunHeader).render_line(0).text.startswith(
+            " torchlab  my_model.py:workload on cpu  ● running  step 1/200")
+        assert "connected to the trainer of my_model.py:workload on cpu" in log_text(app)
+
+
 async def test_at_80x24_the_lines_of_a_session_each_fit_one_row_of_the_event_log(link: FakeLink) -> None:
     from fake_link import RUN_DIR, profile_ready
 

@@ -27,7 +27,7 @@ def test_welcome_fills_the_run_and_the_module_list() -> None:
     assert (state.workload, state.device, state.total_steps, state.state) == ("tiny_gpt", "cpu", 200, "running")
     assert [m.name for m in state.modules] == module_names()
     assert state.options["amp"] == "off"
-    assert "connected to the trainer of tiny_gpt on cpu: 28 modules, at step 0" in [e.text for e in state.take_log()]
+    assert ("info", "connected to the trainer of tiny_gpt on cpu: 28 modules", 0) in [(e.level, e.text, e.step) for e in state.take_log()]
 
 
 def test_metrics_fill_the_curves_and_the_header_figures() -> None:

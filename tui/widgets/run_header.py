@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from torchlab.core.wire.trials import trial_progress_text
-from torchlab.tui.formatting import format_duration
+from torchlab.tui.formatting import format_duration, short_workload
 from torchlab.tui.state import RunState
 from torchlab.tui.widgets.fitted_line import FittedLine
 
@@ -37,7 +37,7 @@ class RunHeader(FittedLine):
     def show(self, state: RunState) -> None:
         """Redraw from the run state (called by the app's refresh timer when the header changed)."""
         symbol, style = STATE_BADGES.get(state.state, ("?", "bold magenta"))
-        run = Text.assemble((" torchlab ", "bold reverse"), " ", (state.workload or "…", "bold"))
+        run = Text.assemble((" torchlab ", "bold reverse"), " ", (short_workload(state.workload) or "…", "bold"))
         if state.device:
             run.append(f" on {state.device}")
         if state.read_only:
