@@ -679,7 +679,28 @@ class TorchlabApp(App[int]):
             yield SystemCommand(key.help, f"key {key.key_display or key.key}", self._palette_callback(key.action))
         yield SystemCommand("Restart the trainer from the last checkpoint", "after a failure or a stop: resume the run",
                             self._restart_from_palette)
+        yield SystemCommand("Compare with an earlier run of this workload", "the newest one before it, in the same runs folder",
+                            self.compare_with_earlier_run)
         yield SystemCommand("Help: every key of the workbench", "key ?", self.action_help)
+
+    def compare_with_earlier_run(self) -> None:
+        """This run beside the newest earlier run of its workload (``torchlab-tui compare`` on the two)."""
+        from torchlab.core.wire.errors import ConfigError
+        from torchlab.tui.run_history import RunHistory, earlier_run
+        from torchlab.tui.screens.compare_screen import CompareScreen
+
+        here = Path(self.run_state.run_dir) if self.run_state.run_dir else None
+        before = earlier_run(here) if here is not None else None
+        if before is None:
+            where = here.parent if here is not None else "its runs folder"
+            self.notify(f"no earlier run of this workload in {where} to compare with", severity="warning")
+            return
+        try:
+            runs = [RunHistory.load(before), RunHistory.load(here)]
+        except ConfigError as error:
+            self.notify(str(error), severity="warning")
+            return
+        self.push_screen(CompareScreen(runs))
 
     def _restart_from_palette(self) -> None:
         """After a failure, the error screen again (its options go with the restart); else restart at once."""

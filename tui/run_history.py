@@ -128,3 +128,21 @@ def _shown(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_shown(item) for item in value) + "]"
     return str(value)
+
+
+def earlier_run(run_dir: Path) -> Path | None:
+    """The newest run before ``run_dir`` of the same workload in the same runs folder (run directories are named
+    by when they started), or None."""
+    workload = _workload(run_dir)
+    if workload is None or not run_dir.parent.is_dir():
+        return None
+    earlier = [path for path in run_dir.parent.iterdir()
+               if path.name < run_dir.name and (path / "metrics.jsonl").is_file() and _workload(path) == workload]
+    return max(earlier, key=lambda path: path.name, default=None)
+
+
+def _workload(run_dir: Path) -> str | None:
+    try:
+        return settings_from_toml((run_dir / "config.toml").read_text(encoding="utf-8"), "config.toml").get("workload", "tiny_gpt")
+    except (OSError, UnicodeDecodeError, ConfigError):
+        return None

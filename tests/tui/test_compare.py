@@ -81,3 +81,34 @@ def test_compare_says_what_is_wrong_in_one_line(argv, message, capsys):
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)])
 def test_the_compare_screen(runs, snap_compare, size):
     assert snap_compare(CompareApp([RunHistory.load(path) for path in runs]), terminal_size=size)
+
+
+def test_the_earlier_run_is_the_newest_before_this_one_of_the_same_workload(tmp_path):
+    from torchlab.tui.run_history import earlier_run
+
+    first = write_run(tmp_path, "20261123-090000-tiny_gpt", lr=0.001)
+    second = write_run(tmp_path, "20261123-100000-tiny_gpt", lr=0.003)
+    other = tmp_path / "20261123-093000-mlp"
+    other.mkdir()
+    (other / "config.toml").write_text(build_config({"workload": "mlp"}).to_toml())
+    (other / "metrics.jsonl").write_text("")
+    later = write_run(tmp_path, "20261123-110000-tiny_gpt", lr=0.01)
+    assert earlier_run(later) == second and earlier_run(second) == first and earlier_run(first) is None
+
+
+@pytest.mark.asyncio
+async def test_the_palette_compares_the_live_run_with_its_earlier_one(runs):
+    from dataclasses import replace
+
+    from fake_link import FakeLink, quiet_app, training_events
+    from torchlab.tui.screens.compare_screen import CompareScreen
+
+    events = training_events(20)
+    events[0] = replace(events[0], run=replace(events[0].run, run_dir=str(runs[1])))  # the Welcome: this run's directory
+    app = quiet_app(FakeLink(events))
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.poll_now()
+        await pilot.pause()
+        app.compare_with_earlier_run()
+        await pilot.pause()
+        assert isinstance(app.screen, CompareScreen) and [run.path for run in app.screen.runs] == runs
