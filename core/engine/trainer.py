@@ -58,7 +58,8 @@ from torchlab.core.engine.nonfinite import localise_nonfinite
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
 from torchlab.core.wire.options import (
-    ACCUM, AMP, CHECKPOINTING, CLIP, LIVE_OPTIONS, LR_SCALE, WORLD_SIZE, LiveOption, LiveOptions, OptionRefused, live_option,
+    ACCUM, AMP, CHECKPOINTING, CLIP, LIVE_OPTIONS, LR_SCALE, PIN_MEMORY, WORKERS, WORLD_SIZE, LiveOption, LiveOptions,
+    OptionRefused, live_option,
 )
 from torchlab.core.wire.events import (
     Paused, ProfileStarted, Resumed, ResumedFromCheckpoint, RunEnded, RunStarted, StepSkipped, TrialStarted,
@@ -102,7 +103,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 #: Each live option's enact hook (a Trainer method), by option name: filled by ``@enacts`` below.
-_ENACT_HOOKS: dict[str, Callable[[Trainer, Any], bool | None]] = {}
+_ENACT_HOOKS: dict[str, Callable[[Trainer, Any], bool | str | None]] = {}
 
 
 def enacts(option: LiveOption) -> Callable[[Callable], Callable]:
@@ -164,11 +165,10 @@ class Trainer:
         self.model.train()
         self.optimizer = make_optimizer(self.model, config)
         self.scheduler = make_scheduler(self.optimizer, config)
-        self.data = BatchStream(
+        self.data = BatchStream(  # its workers and pinned memory are live options, set with the others below
             workload.dataset,
             batch_size=self.batch_size,
             collate_fn=workload.collate_fn,
-            workers=config.workers,
             seed=config.seed,
             device=self.device,
             rank=self.ranks.rank if self.ranks else 0,
@@ -478,6 +478,7 @@ class Trainer:
             "clipped": report.clipped,
             "grad_norms": report.grad_norms,
             "skipped": not report.stepped,
+            "data_wait_s": report.data_wait_s,
             **report.options.as_dict(),
         }
         if report.act_stats is not None:
@@ -696,7 +697,7 @@ class Trainer:
 
         try:
             option = live_option(command.option)
-            value = option.parse(command.value)
+            value = self._for_this_device(option, option.parse(command.value))
         except OptionRefused as refusal:
             return answer([], str(refusal))
         if option is WORLD_SIZE:
@@ -807,16 +808,16 @@ class Trainer:
     def _set_option(self, command: SetCommand, step: int) -> None:
         try:
             option = live_option(command.option)
-            value = option.parse(command.value)
+            value = self._for_this_device(option, option.parse(command.value))
             previous = getattr(self.options, option.name)
-            in_force = self._enact(option, value)
+            outcome = self._enact(option, value)
         except OptionRefused as refusal:
             self._emit(p.OptionRefused(
                 step=step, option=command.option, value=_jsonable(command.value), reason=str(refusal), source=command.source,
             ))
             return
         self.options = self.options.with_value(option.name, value)
-        if not in_force:
+        if outcome is False:
             # A new world size takes new processes: checkpoint and end with "relaunch" after this boundary;
             # the supervisor acknowledges the change once the new ranks train.
             self._relaunch = WorldSizeChange(value, self.world_size, step, command.source)
@@ -825,12 +826,21 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.device)
         self._emit(p.OptionApplied(
             step=step, option=option.name, value=value, previous=previous, display=option.format(value), source=command.source,
+            detail=outcome if isinstance(outcome, str) else "",
         ))
 
-    def _enact(self, option: LiveOption, value: Any) -> bool:
+    def _enact(self, option: LiveOption, value: Any) -> bool | str | None:
         """Make ``option=value`` real on this run with the option's hook, or raise OptionRefused without
-        changing anything. False: the change is not in force yet (it takes a relaunch)."""
-        return _ENACT_HOOKS[option.name](self, value) is not False
+        changing anything. False: the change is not in force yet (it takes a relaunch); a string: what the
+        change did, said with its acknowledgement."""
+        return _ENACT_HOOKS[option.name](self, value)
+
+    def _for_this_device(self, option: LiveOption, value: Any) -> Any:
+        """``value``, or for pin_memory's ``auto`` (None) what it is on this run's device: on with CUDA, off
+        elsewhere, as the DataLoader always had it before it was a live option."""
+        if option is PIN_MEMORY and value is None:
+            return self.device.type == "cuda"
+        return value
 
     def _enact_initial_options(self, options: LiveOptions) -> None:
         if options.world_size != self.world_size:
@@ -838,6 +848,7 @@ class Trainer:
                 f"world_size (--world-size) {options.world_size}: this process trains as one of {self.world_size}; "
                 f"ranks are started by torchlab-tui's supervisor or by torchrun."
             )
+        options = options.with_value(PIN_MEMORY.name, self._for_this_device(PIN_MEMORY, options.pin_memory))
         for option, value in options.items():
             try:
                 self._enact(option, value)
@@ -862,6 +873,29 @@ class Trainer:
                 "name them in Workload.checkpoint_blocks"
             )
         self.checkpointing.enable() if on else self.checkpointing.disable()
+
+    @enacts(WORKERS)
+    def _enact_workers(self, workers: int) -> str | None:
+        if workers == self.data.workers:
+            return None
+        self.data.configure(workers=workers)
+        return self._loader_restarts()
+
+    @enacts(PIN_MEMORY)
+    def _enact_pin_memory(self, pinned: bool) -> str | None:
+        if pinned and self.device.type != "cuda":
+            raise OptionRefused(
+                f"pinned memory speeds up copies of batches from the host to a CUDA device; this run trains on "
+                f"{self.device.type}, where batches are not copied"
+            )
+        if pinned == self.data.pin_memory:
+            return None
+        self.data.configure(pin_memory=pinned)
+        return self._loader_restarts()
+
+    def _loader_restarts(self) -> str:
+        position = self.data.position
+        return f"the data loader starts again at sample {position.samples:,} of epoch {position.epoch}"
 
     @enacts(CLIP)
     def _enact_clip(self, max_norm: float | None) -> None:
@@ -988,7 +1022,9 @@ class Trainer:
         self._elapsed_before = float(state.get("elapsed_s", 0.0))
         self.first_step_of_process = self.step + 1
         self._last_checkpoint_step = self.step
-        options = LiveOptions(**state["options"])
+        # A checkpoint from before an option was live has no value for it: the configuration's (workers was a
+        # setting of the configuration, which still reads it), else the default.
+        options = LiveOptions(**{**config.options.as_dict(), **state["options"]})
         for name in explicit_options:
             options = options.with_value(name, getattr(config.options, name))
         self._resumed = ResumedFromCheckpoint(step=self.step, options=options.as_dict())

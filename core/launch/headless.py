@@ -164,7 +164,8 @@ class HeadlessProgress(TrainerObserver):
             case events.RunStarted():
                 self.step, self.description = event.step, f"training on {event.device}"
             case p.OptionApplied():
-                self.say(event.step, f"[green]{event.option} = {escape(event.display)}[/] (was {escape(format_option_value(event.option, event.previous))})")
+                detail = f": {escape(event.detail)}" if event.detail else ""
+                self.say(event.step, f"[green]{event.option} = {escape(event.display)}[/] (was {escape(format_option_value(event.option, event.previous))}){detail}")
             case p.OptionRefused():
                 self.say(event.step, f"[yellow]refused {escape(event.option)} = {escape(str(event.value))}[/]: {escape(event.reason)}")
             case p.CheckpointSaved():

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from torchlab.core.wire.options import LIVE_OPTIONS
+from torchlab.core.wire.options import LIVE_OPTIONS, LiveOption
 from torchlab.tui.state import RunState
 
 class OptionsPanel(Static):
@@ -20,7 +20,9 @@ class OptionsPanel(Static):
     """
 
     compact: reactive[bool] = reactive(False)
-    """One line (``amp off · ckpt on · …``) instead of a key/label/value table: for small terminals."""
+    """One line (``amp off · ckpt on · …``) instead of a key/label/value table: for small terminals. It has the
+    options whose keys the footer shows, and the others only where they are not off or at their default
+    (``workers 2``, ``pin on``, ``ws 2``): eight options do not fit in 80 columns."""
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
@@ -36,7 +38,8 @@ class OptionsPanel(Static):
 
     def _render_text(self, state: RunState) -> Text:
         text = Text()
-        for index, option in enumerate(LIVE_OPTIONS):
+        options = LIVE_OPTIONS if not self.compact else [option for option in LIVE_OPTIONS if _on_the_line(option, state)]
+        for index, option in enumerate(options):
             shown = option.format(state.options[option.name]) if option.name in state.options else "–"
             if self.compact:
                 if index:
@@ -52,3 +55,9 @@ class OptionsPanel(Static):
             if option.name in state.pending:
                 text.append(f" → {option.format(state.pending[option.name])}…", style="italic yellow")
         return text
+
+
+def _on_the_line(option: LiveOption, state: RunState) -> bool:
+    """Whether the one-line panel shows ``option``: a footer key's always, another one changed or being changed."""
+    value = state.options.get(option.name)
+    return option.in_footer or option.name in state.pending or not (value is None or value is False or value == option.default)
