@@ -164,3 +164,15 @@ def test_an_iterable_dataset_gives_the_same_batches_whatever_the_workers_and_a_c
     changing.configure(workers=0)
     seen += firsts(changing, 5)
     assert seen == expected
+
+
+def test_a_peeked_batch_is_the_next_one_and_a_new_loader_starts_where_the_peek_was():
+    data = torch.utils.data.TensorDataset(torch.arange(12.0))
+    straight = BatchStream(data, batch_size=3, collate_fn=None, seed=5, device=torch.device("cpu"))
+    expected = [straight.next_batch()[0].tolist() for _ in range(6)]
+    peeking = BatchStream(data, batch_size=3, collate_fn=None, seed=5, device=torch.device("cpu"))
+    taken = [peeking.next_batch()[0].tolist() for _ in range(3)]
+    assert peeking.peek_batch()[0].tolist() == expected[3] and peeking.position == DataPosition(0, 9)
+    peeking.configure(workers=1)
+    taken += [peeking.next_batch()[0].tolist() for _ in range(3)]
+    assert taken == expected

@@ -143,20 +143,33 @@ class BatchStream:
                 )
         self.position = DataPosition()
         self._iterator: Iterator | None = None
+        self._peeked: Any = None  # the batch at the position, fetched by peek_batch and not yet taken
 
     def restore(self, position: DataPosition) -> None:
         self.position = DataPosition(position.epoch, position.samples)
-        self._iterator = None
+        self._iterator, self._peeked = None, None
 
     def configure(self, *, workers: int | None = None, pin_memory: bool | None = None) -> None:
         """Load with ``workers`` processes and/or ``pinned`` memory from the next batch on: the loader open now
         (with the batches its workers prefetched) is dropped, and the next batch opens one at the position."""
         self.workers = self.workers if workers is None else workers
         self.pin_memory = self.pin_memory if pin_memory is None else pin_memory
-        self._iterator = None  # its workers exit as it is collected; the next batch is read anew
+        self._iterator, self._peeked = None, None  # its workers exit as it is collected; the next batch is read anew
 
     def next_batch(self) -> Any:
         """The batch at the position, on the device; the position moves past it."""
+        batch = self._peeked if self._peeked is not None else self._fetch()
+        self._peeked = None
+        self.position.samples += self.batch_size
+        return batch
+
+    def peek_batch(self) -> Any:
+        """The batch at the position, on the device, without moving past it: ``next_batch`` returns it."""
+        if self._peeked is None:
+            self._peeked = self._fetch()
+        return self._peeked
+
+    def _fetch(self) -> Any:
         if self._iterator is None:
             self._iterator = self._open_epoch()
         try:
@@ -167,7 +180,6 @@ class BatchStream:
             self.position = DataPosition(self.position.epoch + 1, 0)
             self._iterator = self._open_epoch()
             batch = next(self._iterator)
-        self.position.samples += self.batch_size
         return move_to_device(batch, self.device)
 
     def _open_epoch(self) -> Iterator:

@@ -72,7 +72,9 @@ class StepReport:
     precision skipped the optimizer step (fp16 overflow). ``grad_norm_total`` and ``clipped`` are None
     on steps that did not measure or clip; ``grad_norms`` (per module) on steps the probe did not report;
     ``act_stats`` (per module: mean, std, max |x|) on steps that did not sample them; ``memory`` (by kind) on
-    steps that did not measure it."""
+    steps that did not measure it. ``compiling``: torch.compile compiled during the step; ``ran_eagerly``: the
+    step ran the model uncompiled although compile is on (it sampled activation statistics). The impact table
+    leaves the times of both out."""
 
     step: int
     options: LiveOptions  # in force for this step: commands change them only between steps
@@ -86,6 +88,8 @@ class StepReport:
     step_time_s: float
     data_wait_s: float
     memory: MemoryBreakdown | None = None
+    compiling: bool = False
+    ran_eagerly: bool = False
 
 
 def stats_by_module(module_names: list[str], table: list[float]) -> dict[str, list[float]]:

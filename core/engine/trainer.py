@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from torchlab.core.engine.activation_checkpointing import ActivationCheckpointing
+from torchlab.core.engine.compiling import compile_model, compile_on_batch, compiled_graphs, failure_reason
 from torchlab.core.engine.checkpoint import (
     CheckpointCadence,
     WrittenCheckpoint,
@@ -58,11 +59,11 @@ from torchlab.core.engine.nonfinite import localise_nonfinite
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
 from torchlab.core.wire.options import (
-    ACCUM, AMP, CHECKPOINTING, CLIP, LIVE_OPTIONS, LR_SCALE, PIN_MEMORY, WORKERS, WORLD_SIZE, LiveOption, LiveOptions,
+    ACCUM, AMP, CHECKPOINTING, CLIP, COMPILE, LIVE_OPTIONS, LR_SCALE, PIN_MEMORY, WORKERS, WORLD_SIZE, LiveOption, LiveOptions,
     OptionRefused, live_option,
 )
 from torchlab.core.wire.events import (
-    Paused, ProfileStarted, Resumed, ResumedFromCheckpoint, RunEnded, RunStarted, StepSkipped, TrialStarted,
+    CompileStarted, Paused, ProfileStarted, Resumed, ResumedFromCheckpoint, RunEnded, RunStarted, StepSkipped, TrialStarted,
 )
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.protocol import (
@@ -184,6 +185,7 @@ class Trainer:
         self.precisions = Precisions(self.device)  # keeps the fp16 GradScaler across modes and checkpoints
         self.precision: Precision = self.precisions.make("off")
         self.options = LiveOptions()
+        self._compiled: torch.nn.Module | None = None  # the model as torch.compile runs it, while compile is on
 
         self.step = 0
         self.first_step_of_process = 1
@@ -211,6 +213,13 @@ class Trainer:
             initial = self._restore(load_checkpoint(resume_from, map_location=self.device), config, explicit_options)
         elif self.ranks is not None and self.ranks.rank > 0:
             seed_rank(config.seed, 0, self.ranks.rank)  # same model and data as rank 0; its own dropout
+        if initial.compile:
+            # Compiling runs a batch through the model (with DDP, the wrapper made below) and takes seconds to
+            # minutes: it happens at the first step boundary, where a failure is a refusal and training goes on
+            # uncompiled, as for a change asked for later. Rank 0 takes it to every rank, as any command.
+            initial = initial.with_value(COMPILE.name, False)
+            if self.reports:
+                self.submit(SetCommand(COMPILE.name, COMPILE.format(True), source="start"))
         self._enact_initial_options(initial)
         # DDP last: it registers its hooks on the parameters the optimizer already holds, and broadcasts
         # rank 0's weights. The loss function gets the wrapper (that is what averages the gradients).
@@ -333,8 +342,11 @@ class Trainer:
         started = time.perf_counter()
         is_report = self._is_report_step(step)
         sample_activations = is_report and self.config.act_stats_every > 0 and step % self.config.act_stats_every == 0
-        # Rank 0 reports memory (every rank holds alike); never under the profiler, whose trace would show the hooks.
-        measure_memory = is_report and self.reports and self._profiling is None and self.memory_cadence.due(step)
+        # Rank 0 reports memory (every rank holds alike); never under the profiler, whose trace would show the hooks,
+        # nor on a compiled run's step that runs uncompiled (its activations are not the compiled model's).
+        measure_memory = (is_report and self.reports and self._profiling is None and not self._runs_eagerly(sample_activations)
+                          and self.memory_cadence.due(step))
+        graphs = compiled_graphs() if self._compiled is not None else None
 
         loss, data_wait, activations, saved = self._forward_backward(step, options.accum, sample_activations, measure_memory)
         gradients_bytes = self.memory_probe.gradients_bytes() if saved is not None else 0
@@ -368,6 +380,8 @@ class Trainer:
         self.cadence.record_step(step_time)
         if not is_report:
             return
+        # torch.compile compiled again in this step (a guard failed): its time is compile time, not training's.
+        compiling = graphs is not None and compiled_graphs() != graphs
         memory = None
         if saved is not None:
             memory = self.memory_probe.breakdown(step, saved, gradients_bytes, self.optimizer, self.device)
@@ -387,6 +401,8 @@ class Trainer:
             step_time_s=step_time,
             data_wait_s=data_wait,
             memory=memory,
+            compiling=compiling,
+            ran_eagerly=self._runs_eagerly(sample_activations),
         ))
 
     def _forward_backward(
@@ -401,6 +417,7 @@ class Trainer:
         node or a kernel, ~20 us of a 10 ms step on a CPU."""
         if sample_activations:
             self.activation_probe.attach()  # hooks only on sampled steps: on every step they cost ~35 %
+        model = self._eager_model() if self._runs_eagerly(sample_activations) else self.forward_model
         losses = []
         data_wait = 0.0
         saved = None
@@ -414,14 +431,20 @@ class Trainer:
             with contextlib.nullcontext() if syncing else self.ddp.no_sync():
                 if measure_memory and micro == 0:
                     with self.memory_probe.counting_saved_tensors() as saved:
-                        loss = self._compute_loss(batch, step)
+                        loss = self._compute_loss(batch, step, model)
                 else:
-                    loss = self._compute_loss(batch, step)
+                    loss = self._compute_loss(batch, step, model)
                 self.precision.backward(loss / accum if accum > 1 else loss)
             losses.append(loss.detach())
         mean_loss = losses[0].float() if accum == 1 else torch.stack(losses).float().mean()
         activations = self.activation_probe.detach() if sample_activations else None
         return mean_loss, data_wait, activations, saved
+
+    def _runs_eagerly(self, sample_activations: bool) -> bool:
+        """Whether this step runs the model uncompiled although compile is on: a step that samples activation
+        statistics does, because hooks added to a compiled model do not fire (torch.compile traced the modules
+        without them). Its time is left out of the impact medians."""
+        return sample_activations and self._compiled is not None
 
     def _measure_and_clip(self, step: int, probe_due: bool, clip: float | None) -> tuple[GradNorms | None, torch.Tensor | None]:
         """Gradient norms on the device: measured when the probe is due, and always when clipping needs
@@ -481,6 +504,10 @@ class Trainer:
             "data_wait_s": report.data_wait_s,
             **report.options.as_dict(),
         }
+        if report.compiling:
+            record["compiling"] = True
+        if report.ran_eagerly:
+            record["eager"] = True
         if report.act_stats is not None:
             record["act_stats"] = report.act_stats
         if report.memory is not None:
@@ -491,11 +518,12 @@ class Trainer:
             record["val_loss"] = self._evaluate()  # rank 0 alone, on the model without its DDP wrapper
         self._emit_metrics(record)
 
-    def _compute_loss(self, batch: Any, step: int) -> torch.Tensor:
-        """The workload's loss for one micro-batch; on the first step, failures name the user's code."""
+    def _compute_loss(self, batch: Any, step: int, model: torch.nn.Module | None = None) -> torch.Tensor:
+        """The workload's loss for one micro-batch (through ``model``, by default the one steps run); on the
+        first step, failures name the user's code."""
         try:
             with self.precision.autocast():
-                loss = self.workload.loss_fn(self.forward_model, batch)
+                loss = self.workload.loss_fn(model if model is not None else self.forward_model, batch)
         except Exception as error:
             # Out of memory is a resource problem, not a model that cannot eat its batch: say it as is.
             if step != self.first_step_of_process or out_of_memory(error):
@@ -832,7 +860,7 @@ class Trainer:
     def _enact(self, option: LiveOption, value: Any) -> bool | str | None:
         """Make ``option=value`` real on this run with the option's hook, or raise OptionRefused without
         changing anything. False: the change is not in force yet (it takes a relaunch); a string: what the
-        change did, said with its acknowledgement."""
+        change did, said with its acknowledgement ("compiled in 21.3 s")."""
         return _ENACT_HOOKS[option.name](self, value)
 
     def _for_this_device(self, option: LiveOption, value: Any) -> Any:
@@ -862,17 +890,47 @@ class Trainer:
     # changed nothing. Returning False: not in force yet (the world size, after a relaunch).
 
     @enacts(AMP)
-    def _enact_amp(self, mode: str) -> None:
-        self.precision = self.precisions.make(mode)
+    def _enact_amp(self, mode: str) -> str | None:
+        precision = self.precisions.make(mode)
+        compiled = None
+        if self._compiled is not None and mode != self.precision.name:
+            # Autocast is part of what a compiled graph assumes: compile for the new precision now, not in a step.
+            compiled = self._compile_now(self._compiled, precision, f"with amp={mode}")
+        self.precision = precision
+        return compiled
 
     @enacts(CHECKPOINTING)
-    def _enact_checkpointing(self, on: bool) -> None:
+    def _enact_checkpointing(self, on: bool) -> str | None:
         if on and not self.checkpointing.blocks:
             raise OptionRefused(
                 "this model has no checkpoint blocks (no ModuleList/Sequential with several children); "
                 "name them in Workload.checkpoint_blocks"
             )
+        was_on = bool(self.checkpointing.wrapped_blocks())
         self.checkpointing.enable() if on else self.checkpointing.disable()
+        if self._compiled is None or on == was_on:
+            return None
+        try:  # the blocks' forward changed under the compiled graph: compile the model with it now, not in a step
+            return self._compile_now(self._compiled, self.precision, f"with checkpointing={CHECKPOINTING.format(on)}")
+        except OptionRefused:
+            self.checkpointing.disable() if on else self.checkpointing.enable()
+            raise
+
+    @enacts(COMPILE)
+    def _enact_compile(self, on: bool) -> str | None:
+        """The model the steps run: torch.compile's (of the DDP wrapper with ranks, as PyTorch advises, so that
+        its graphs break at DDP's gradient buckets), or the model itself. ``self.model`` is never replaced:
+        checkpoints, evaluation and the non-finite guard use it as it is (core/engine/compiling.py)."""
+        if not on:
+            if self._compiled is not None:
+                self._compiled, self.forward_model = None, self._eager_model()
+            return None
+        if self._compiled is not None:
+            return None
+        compiled = compile_model(self._eager_model())
+        said = self._compile_now(compiled, self.precision, "")
+        self._compiled, self.forward_model = compiled, compiled
+        return said
 
     @enacts(WORKERS)
     def _enact_workers(self, workers: int) -> str | None:
@@ -893,9 +951,32 @@ class Trainer:
         self.data.configure(pin_memory=pinned)
         return self._loader_restarts()
 
+    def _eager_model(self) -> torch.nn.Module:
+        """What the loss function gets when nothing is compiled: the DDP wrapper with ranks, else the model."""
+        return self.ddp if self.ddp is not None else self.model
+
     def _loader_restarts(self) -> str:
         position = self.data.position
         return f"the data loader starts again at sample {position.samples:,} of epoch {position.epoch}"
+
+    def _compile_now(self, compiled: torch.nn.Module, precision: Precision, what: str) -> str:
+        """Compile ``compiled``'s forward and backward at this boundary on a batch (the last step's, or the
+        next one, left for the step), changing nothing else (core/engine/compiling.py); say how long it took,
+        or raise OptionRefused with torch.compile's reason."""
+        batch = self._last_batch if self._last_batch is not None else self.data.peek_batch()
+        self._emit(CompileStarted(step=self.step + 1, detail=what))  # seconds to minutes: say why training waits
+
+        def forward_and_backward() -> None:
+            with precision.autocast():
+                loss = self.workload.loss_fn(compiled, batch)
+            loss.backward()
+
+        try:
+            seconds = compile_on_batch(self.model, forward_and_backward)
+        except Exception as error:  # whatever stops the compiled model from training: the change is refused
+            raise OptionRefused(f"torch.compile could not compile this model{' ' + what if what else ''}: "
+                                f"{failure_reason(error)}; it trains on as it was") from None
+        return f"compiled{' ' + what if what else ''} in {seconds:.1f} s, outside the step times"
 
     @enacts(CLIP)
     def _enact_clip(self, max_norm: float | None) -> None:

@@ -177,6 +177,8 @@ class HeadlessProgress(TrainerObserver):
                 self.console.print(escape(f"steps {event.first_step}–{event.last_step}: profile in {event.dir} (top: {top})"))
             case events.TrialStarted():
                 self.say(event.step, escape(f"trying {event.option} = {format_option_value(event.option, event.value)} for {event.steps} steps against as many as it is"))
+            case events.CompileStarted():
+                self.say(event.step, escape(event.text()))
             case p.TrialProgress():
                 self.trial = event
             case p.TrialResult():

@@ -3,7 +3,9 @@
 Every change of a live option starts a new segment. Per segment: median step time with its 90 %
 interval, median samples/s, median data wait (the part of a step spent waiting for its batches), memory,
 and the loss slope (least squares, per 100 steps). Steps whose time says nothing about the options stay
-out of the medians: the first after a change or a (re)start, and those under the profiler. Memory is what
+out of the medians: the first after a change or a (re)start, those under the profiler, those during which
+torch.compile compiled (``compiling`` in the record) and those a compiled run ran uncompiled to sample
+activation statistics (``eager``). Memory is what
 the tensors hold, measured on the trainer's memory steps (core/engine/memory.py): the activations saved
 for backward, and the total with parameters, gradients and optimizer state; on CUDA the memory figure
 is the allocator's peak (the trainer resets it at each change). Never the process RSS, which only
@@ -76,8 +78,10 @@ class Segment:
     _sxy: float = 0.0
 
     def add(self, record: dict[str, Any], timed: bool = True) -> None:
-        """One report; ``timed=False`` keeps its step time out of the medians (a profiled step)."""
+        """One report; ``timed=False`` keeps its step time out of the medians (a profiled step), as does the
+        record itself where it says it compiled or ran uncompiled."""
         self.last_step = record["step"]
+        timed = timed and not record.get("compiling") and not record.get("eager")
         if timed and (record["step"] - self.first_step >= WARMUP_STEPS or not self.step_times):
             self.step_times.append(record["step_time_s"])
             self.throughputs.append(record["samples_per_s"])

@@ -233,6 +233,14 @@ WORLD_SIZE = Number(
     takes_effect="at the next step the trainer checkpoints and relaunches its ranks",
 )
 
+COMPILE = Switch(
+    name="compile", default=False,
+    label="compile", short="compile", key="C", footer="Compile", in_footer=False,
+    help="Toggle torch.compile of the model (it compiles at the next step boundary)",
+    flag_help="torch.compile the model (default mode, inductor), at the first step boundary; "
+              "if it cannot compile, the run says why and trains uncompiled",
+    takes_effect="compiles at the next step boundary: seconds to a minute the first time, training waits",
+)
 WORKERS = Number(
     name="workers", default=0, whole=True, minimum=0, maximum=max_workers(),
     must_be=f"a whole number from 0 (load in the training process) to {max_workers()} on this machine "
@@ -253,7 +261,7 @@ PIN_MEMORY = Switch(
 )
 
 #: Every live option, in the order the app and the command line list them.
-LIVE_OPTIONS: tuple[LiveOption, ...] = (AMP, CHECKPOINTING, CLIP, ACCUM, LR_SCALE, WORKERS, PIN_MEMORY, WORLD_SIZE)
+LIVE_OPTIONS: tuple[LiveOption, ...] = (AMP, CHECKPOINTING, COMPILE, CLIP, ACCUM, LR_SCALE, WORKERS, PIN_MEMORY, WORLD_SIZE)
 OPTIONS_BY_NAME: dict[str, LiveOption] = {option.name: option for option in LIVE_OPTIONS}
 OPTION_NAMES = tuple(OPTIONS_BY_NAME)
 

@@ -107,7 +107,7 @@ class ImpactScreen(ViewScreen):
             yield DataTable(id="trials-table", cursor_type="row", zebra_stripes=True)
             yield Static(
                 f"Each option change starts a segment. Step time, samples/s and data wait (for batches) are medians, without "
-                f"the first {WARMUP_STEPS} steps after a change; ± is how far the step time's 90 % interval "
+                f"the first {WARMUP_STEPS} steps after a change or steps that compiled; ± is how far the step time's 90 % interval "
                 "reaches. The verdict calls a segment faster or slower than the one before only when their intervals do not "
                 f"overlap, and needs {MIN_TIMED_STEPS} timed steps on each side. Activations: saved for backward; memory: the CUDA allocator's peak, else the tensors' total (M shows them); "
                 "loss slope: per 100 steps, not judged (loss falls faster early in any run).",

@@ -22,7 +22,7 @@ class OptionsPanel(Static):
     compact: reactive[bool] = reactive(False)
     """One line (``amp off · ckpt on · …``) instead of a key/label/value table: for small terminals. It has the
     options whose keys the footer shows, and the others only where they are not off or at their default
-    (``workers 2``, ``pin on``, ``ws 2``): eight options do not fit in 80 columns."""
+    (``compile on``, ``workers 2``, ``ws 2``): nine options do not fit in 80 columns."""
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
