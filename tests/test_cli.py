@@ -108,7 +108,7 @@ def test_resume_continues_in_the_same_run_directory(tmp_path):
     ([f"{TINY}:workload", "--run-dir", "/etc/passwd"], "run directory /etc/passwd: cannot be made (/etc/passwd: Not a directory)"),
     ([f"{TINY}:workload", "--run-dir", "/proc/1/nope"], "run directory /proc/1/nope: cannot be made"),
     ([f"{TINY}:workload", "--telemetry-interval", "1e30"], "telemetry_interval (--telemetry-interval) must be at most 3600 seconds"),
-    ([f"{TINY}:workload", "--workers", "1000"], "workers (--workers) must be a whole number from 0 (load in the training process) to"),
+    ([f"{TINY}:workload", "--workers", "1000"], "workers (--workers): workers must be a whole number from 0 (load in the training process) to"),
     ([f"{TINY}:workload", "--at", "5:amp=" + "x" * 5000], "amp must be one of off, bf16, fp16, got 'xxxxxxxx"),
 ])
 def test_bad_input_exits_2_with_a_message_naming_the_fault(tmp_path, capsys, args, message):

@@ -6,7 +6,7 @@ import tomllib
 
 import pytest
 
-from torchlab.core.wire.config import ScheduledChange, TrainConfig, build_config
+from torchlab.core.wire.config import ScheduledChange, TrainConfig, build_config, load_config_file
 from torchlab.core.wire.errors import ConfigError, WorkloadError
 from torchlab.core.engine.loading import check_spec, workload_label
 from torchlab.core.wire.options import LiveOptions, OptionRefused, format_option_value, parse_option_value
@@ -28,7 +28,7 @@ def test_option_values_parse_from_text_and_json(option, text, value):
     ("clip", "-1", "positive max grad norm"), ("clip", "nan", "finite number"), ("clip", True, "must be a number"),
     ("accum", "0", "whole number from 1"), ("accum", "2.5", "whole number"), ("accum", True, "whole number"),
     ("lr_scale", "-1", "above 0"), ("lr_scale", "inf", "finite"),
-    ("speed", "11", "unknown option 'speed'; the live options are: amp, checkpointing, clip, accum, lr_scale, world_size"),
+    ("speed", "11", "unknown option 'speed'; the live options are: amp, checkpointing, compile, clip, accum, lr_scale, workers, pin_memory, world_size"),
 ])
 def test_bad_option_values_are_refused_with_the_reason(option, text, reason):
     with pytest.raises(OptionRefused, match=reason.replace("(", r"\(")):
@@ -37,7 +37,7 @@ def test_bad_option_values_are_refused_with_the_reason(option, text, reason):
 
 def test_option_values_format_as_a_user_types_them():
     assert [format_option_value(k, v) for k, v in LiveOptions(clip=None, checkpointing=True).as_dict().items()] == [
-        "off", "on", "off", "1", "1.0", "1", "200"]
+        "off", "on", "off", "off", "1", "1.0", "0", "auto", "1", "200"]
 
 
 def test_scheduled_change_parses_and_refuses_bad_forms():
@@ -74,7 +74,7 @@ def test_warmup_defaults_to_five_percent_of_steps():
 @pytest.mark.parametrize("settings, setting", [
     ({"batch_size": 0}, "batch_size (--batch-size)"), ({"seed": -1}, "seed (--seed)"),
     ({"optimizer": "lion"}, "optimizer (--optimizer) must be one of adamw, sgd"),
-    ({"schedule": "linear"}, "schedule (--schedule)"), ({"workers": 1.5}, "workers (--workers)"),
+    ({"schedule": "linear"}, "schedule (--schedule)"),
     ({"steps": True}, "steps (--steps)"), ({"weight_decay": float("nan")}, "weight_decay (--weight-decay)"),
     ({"probe_every": -1}, "probe_every (--probe-every)"), ({"checkpoint_every": -5}, "checkpoint_every (--checkpoint-every)"), ({"workload": " "}, "workload (--workload)"),
     ({"shared_run_dir": "yes"}, "shared_run_dir (--shared-run-dir) must be true or false; got 'yes'"),
@@ -117,8 +117,26 @@ def test_an_integer_too_large_for_a_float_is_a_refused_option_value():
 
 def test_more_data_loader_workers_than_the_machine_can_run_is_refused():
     """``--workers 1000`` (found by fuzzing the CLI) forked a thousand workers: a load of 200 on 2 cores."""
-    from torchlab.core.wire.config import max_workers
+    from torchlab.core.wire.options import max_workers
 
-    with pytest.raises(ConfigError, match=rf"workers \(--workers\) must be a whole number from 0 .* to {max_workers()} on this machine"):
-        TrainConfig(workers=1000)
-    assert TrainConfig(workers=max_workers()).workers == max_workers()
+    with pytest.raises(ConfigError, match=rf"workers \(--workers\): workers must be a whole number from 0 .* to {max_workers()} on this machine"):
+        build_config({"options": {"workers": 1000}})
+    with pytest.raises(ConfigError, match=r"workers \(--workers\): workers must be a whole number"):
+        build_config({"options": {"workers": 1.5}})
+    assert build_config({"options": {"workers": max_workers()}}).options.workers == max_workers()
+
+
+def test_workers_at_the_top_level_of_a_config_file_still_sets_the_live_option(tmp_path):
+    """It was a setting before it became a live option: files written then, and the config.toml of older runs
+    (kept in their checkpoints too), say ``workers = 2`` at the top level."""
+    old = tmp_path / "old.toml"
+    old.write_text("steps = 5\nworkers = 2\n")
+    assert build_config(load_config_file(old)).options.workers == 2
+    both = tmp_path / "both.toml"
+    both.write_text("workers = 2\n[options]\nworkers = 1\n")
+    with pytest.raises(ConfigError, match="workers is set twice, at the top level and in \\[options\\]"):
+        load_config_file(both)
+    written = build_config(load_config_file(old)).to_toml()
+    assert "[options]" in written and "\nworkers = 2\n" in written.split("[options]")[1]
+
+

@@ -1,20 +1,56 @@
-"""Data position: worker processes and iterable datasets give the same batches, and resume exactly."""
+"""Data position: worker processes and iterable datasets give the same batches, and resume exactly; the workers
+and pinned memory change while a run trains without a sample skipped or read twice."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils.data import IterableDataset
 
 from trainers import make_trainer
 from torchlab.core.engine.data import BatchStream, DataPosition
+from torchlab.core.wire.errors import ConfigError
 
 
 def test_worker_processes_give_the_same_training_as_the_main_process():
-    single, seen_single = make_trainer(steps=6, workers=0)
+    single, seen_single = make_trainer(steps=6, options={"workers": 0})
     single.run()
-    parallel, seen_parallel = make_trainer(steps=6, workers=2)
+    parallel, seen_parallel = make_trainer(steps=6, options={"workers": 2})
     parallel.run()
     assert [r["loss"] for r in seen_parallel.metrics] == [r["loss"] for r in seen_single.metrics]
+
+
+def test_a_run_whose_workers_change_has_the_losses_of_one_that_never_changed():
+    """16 batches an epoch: the changes fall mid-epoch, and 2 workers are in force across the epoch's end."""
+    steady, seen_steady = make_trainer(steps=20)
+    steady.run()
+    changing, seen = make_trainer(steps=20, at=["3:workers=2", "9:workers=1", "14:workers=0", "15:workers=2", "19:workers=1"])
+    changing.run()
+    assert [record["loss"] for record in seen.metrics] == [record["loss"] for record in seen_steady.metrics]
+    changes = [(event["step"], event["value"], event["detail"]) for event in seen.of("option_applied")]
+    assert changes == [
+        (3, 2, "the data loader starts again at sample 32 of epoch 0"),
+        (9, 1, "the data loader starts again at sample 128 of epoch 0"),
+        (14, 0, "the data loader starts again at sample 208 of epoch 0"),
+        (15, 2, "the data loader starts again at sample 224 of epoch 0"),
+        (19, 1, "the data loader starts again at sample 32 of epoch 1"),
+    ]
+    assert [record["workers"] for record in seen.metrics][1:4] == [0, 2, 2]
+    assert changing.data._iterator._num_workers == 1  # the loader in use has the workers last asked for
+    assert all(record["data_wait_s"] >= 0 for record in seen.metrics)
+
+
+def test_pinned_memory_is_refused_on_a_cpu_run_and_its_default_there_is_off():
+    trainer, seen = make_trainer(steps=2, at=["2:pin_memory=on"])
+    assert trainer.options.pin_memory is False  # auto: on with CUDA only, as the DataLoader always had it
+    trainer.run()
+    [refusal] = seen.of("option_refused")
+    assert refusal["option"] == "pin_memory" and refusal["step"] == 2
+    assert refusal["reason"] == ("pinned memory speeds up copies of batches from the host to a CUDA device; this run "
+                                 "trains on cpu, where batches are not copied")
+    assert trainer.data.pin_memory is False
+    with pytest.raises(ConfigError, match=r"^pin_memory \(--pin-memory\) on: pinned memory speeds up copies"):
+        make_trainer(steps=2, options={"pin_memory": "on"})
 
 
 class Counting(IterableDataset):
@@ -104,3 +140,39 @@ def test_iterable_datasets_are_sliced_per_global_batch():
     resumed = local_batches(Counting(21), world_size=2, rank=1, batch_size=4, count=1, position=DataPosition(0, 8))
     assert resumed == [[10.0, 11.0]]
 
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_an_iterable_dataset_gives_the_same_batches_whatever_the_workers_and_a_change_skips_none(workers):
+    """Without a split by worker, each worker yielded the whole stream: every batch came ``workers`` times."""
+
+    def firsts(stream: BatchStream, count: int) -> list[float]:
+        return [stream.next_batch()[0].item() for _ in range(count)]
+
+    def stream(loading: int) -> BatchStream:
+        return BatchStream(Counting(22), batch_size=4, collate_fn=None, workers=loading, seed=0, device=torch.device("cpu"))
+
+    expected = firsts(stream(0), 12)  # 5 batches an epoch: crosses two epoch ends
+    assert expected[:6] == [0.0, 4.0, 8.0, 12.0, 16.0, 0.0]
+    assert firsts(stream(workers), 12) == expected
+    changing = stream(0)
+    seen = firsts(changing, 3)
+    changing.configure(workers=workers)
+    seen += firsts(changing, 1)
+    assert changing._iterator._num_workers == workers  # at once: not only from the next epoch on
+    seen += firsts(changing, 3)
+    changing.configure(workers=0)
+    seen += firsts(changing, 5)
+    assert seen == expected
+
+
+def test_a_peeked_batch_is_the_next_one_and_a_new_loader_starts_where_the_peek_was():
+    data = torch.utils.data.TensorDataset(torch.arange(12.0))
+    straight = BatchStream(data, batch_size=3, collate_fn=None, seed=5, device=torch.device("cpu"))
+    expected = [straight.next_batch()[0].tolist() for _ in range(6)]
+    peeking = BatchStream(data, batch_size=3, collate_fn=None, seed=5, device=torch.device("cpu"))
+    taken = [peeking.next_batch()[0].tolist() for _ in range(3)]
+    assert peeking.peek_batch()[0].tolist() == expected[3] and peeking.position == DataPosition(0, 9)
+    peeking.configure(workers=1)
+    taken += [peeking.next_batch()[0].tolist() for _ in range(3)]
+    assert taken == expected

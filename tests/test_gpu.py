@@ -1,4 +1,5 @@
-"""CUDA paths: fp16 with its GradScaler, bf16, and a bit-exact resume on the GPU. Skipped without CUDA."""
+"""CUDA paths: fp16 with its GradScaler, bf16, a bit-exact resume, pinned memory and compile on the GPU. Skipped
+without CUDA (not yet run on one: no GPU was at hand when the last two were written)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,21 @@ def test_resume_is_bit_exact_on_cuda(tmp_path):
     resumed, seen_resumed = make_trainer(resume_from=tmp_path, **settings)
     resumed.run()
     assert [r["loss"] for r in seen_resumed.metrics] == [r["loss"] for r in seen_straight.metrics[6:]]
+
+
+def test_pinned_memory_is_on_by_default_with_cuda_and_switches_off_and_on_at_a_step():
+    untouched, seen_untouched = make_trainer(steps=8, device="cuda")
+    untouched.run()
+    trainer, seen = make_trainer(steps=8, device="cuda", at=["3:pin_memory=off", "6:pin_memory=on", "7:workers=1"])
+    assert trainer.options.pin_memory is True  # auto, as the DataLoader always had it on CUDA
+    trainer.run()
+    assert [r["pin_memory"] for r in seen.metrics] == [True, True, False, False, False, True, True, True]
+    assert trainer.data._iterator._pin_memory is True and trainer.data._iterator._num_workers == 1
+    assert [r["loss"] for r in seen.metrics] == [r["loss"] for r in seen_untouched.metrics]
+
+
+def test_compile_on_cuda_applies_at_a_step_and_resumes_with_the_models_own_keys(tmp_path):
+    trainer, seen = make_trainer(steps=6, device="cuda", checkpoint_dir=tmp_path, at=["3:compile=on", "5:amp=bf16"])
+    assert trainer.run().status == "finished"
+    assert [event["option"] for event in seen.of("option_applied")] == ["compile", "amp"]
+    assert not any("_orig_mod" in key for key in load_checkpoint(tmp_path / "last.pt")["model"])

@@ -85,7 +85,8 @@ def test_segments_appear_in_the_run_directory_after_an_at_change(tmp_path):
     table = json.loads((tmp_path / "run" / "impact.json").read_text())
     assert list(table[0]) == [  # the format scripts read (README, "What a run leaves")
         "change", "options", "first_step", "last_step", "median_step_time_s", "step_time_low_s", "step_time_high_s",
-        "median_samples_per_s", "peak_allocated_bytes", "activations_bytes", "tensor_bytes", "loss_slope_per_100_steps",
+        "median_samples_per_s", "median_data_wait_s", "peak_allocated_bytes", "activations_bytes", "tensor_bytes",
+        "loss_slope_per_100_steps",
         "speedup", "memory_change", "activations_change", "verdict"]
     assert [(row["change"], row["first_step"], row["last_step"]) for row in table] == [
         ("start", 1, 4), ("clip=0.5", 5, 8), ("accum=2", 9, 12)]
@@ -216,3 +217,17 @@ def test_checkpointing_on_a_residual_cnn_shows_fewer_activation_bytes_and_a_prof
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     before_the_profile = {row["memory"]["activations_bytes"] for row in rows if "memory" in row and 11 <= row["step"] < 20}
     assert before_the_profile == {checkpointed["activations_bytes"]}  # the segment's figure, profile or not
+
+
+def test_the_verdict_says_how_the_data_wait_moved_where_it_moved_by_a_share_of_a_step():
+    tracker = ImpactTracker()
+    for step in range(1, 21):
+        tracker.on_metrics({**record(step, 0.020, 1.0), "data_wait_s": 0.0042})
+    for step in range(21, 41):
+        tracker.on_metrics({**record(step, 0.016, 1.0, workers=2), "data_wait_s": 0.0001})
+    for step in range(41, 61):
+        tracker.on_metrics({**record(step, 0.016, 1.0, workers=3), "data_wait_s": 0.0003})
+    start, two, three = tracker.table()
+    assert start.median_data_wait_s == 0.0042 and two.median_data_wait_s == 0.0001
+    assert two.verdict == "workers=2: 1.25x faster, data wait 4.2 → 0.1 ms"
+    assert three.verdict.startswith("workers=3: no clear difference")  # 0.2 ms: under 5 % of a 16 ms step

@@ -13,7 +13,8 @@ from torchlab.tui.app import KEY_ACTIONS
 
 #: A value each option accepts that is not its default, as typed on a command line, and its parsed form.
 TYPED = {"amp": ("bf16", "bf16"), "checkpointing": (None, True), "clip": ("0.5", 0.5), "accum": ("4", 4),
-         "lr_scale": ("0.25", 0.25), "world_size": ("2", 2), "steps": ("500", 500)}
+         "lr_scale": ("0.25", 0.25), "world_size": ("2", 2), "compile": (None, True), "workers": ("2", 2),
+         "pin_memory": (None, True), "steps": ("500", 500)}
 
 
 def test_the_examples_cover_every_option() -> None:

@@ -26,7 +26,7 @@ def losses(seen) -> list[float]:
 
 
 @pytest.mark.parametrize("option, value", [("lr_scale", "0.5"), ("amp", "bf16"), ("checkpointing", "on"), ("clip", "0.1"),
-                                           ("accum", "2")])
+                                           ("accum", "2"), ("compile", "on"), ("workers", "2")])
 def test_a_run_with_a_trial_has_the_losses_of_the_run_without_one_bit_for_bit(option, value):
     settings = dict(steps=16, seed=5, checkpoint_every=0, options={"clip": 1.0} if option != "clip" else {})
     untried_trainer, untried = make_trainer(TINY, **settings)

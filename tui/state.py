@@ -573,6 +573,8 @@ class RunState:
             self.options_version += 1
             previous = format_option_value(event.option, event.previous)
             text = f"{event.option} = {shown} applied at step {event.step} (was {previous})"
+            if event.detail:
+                text += f": {event.detail}"
             if event.option == "world_size":
                 self._world_size_changed(event)
             if event.option == "steps":

@@ -6,7 +6,8 @@ replaced, so parameter names, the state dict, optimizer state and hooks are unto
 
 BatchNorm inside a block would update its running statistics twice per step (forward and the
 recompute during backward); the recompute context restores them, so checkpointing changes memory and
-speed, never the model's numbers.
+speed, never the model's numbers. Under torch.compile the recompute is part of the compiled backward,
+which updates no buffer: there the block is checkpointed without that context (torch.compile accepts none).
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ def _checkpointed_forward(block: torch.nn.Module):
     def forward(*args, **kwargs):
         if not torch.is_grad_enabled():  # evaluation: nothing to recompute
             return plain_forward(*args, **kwargs)
+        if torch.compiler.is_compiling():
+            # Compiled, the recompute is the backward graph's (AOTAutograd's partitioner): it updates no buffer,
+            # and torch.compile refuses a context_fn other than selective checkpointing's.
+            return checkpoint(plain_forward, *args, use_reentrant=False, **kwargs)
         return checkpoint(plain_forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
 
     return forward

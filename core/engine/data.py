@@ -9,6 +9,13 @@ reads P[0:b], P[b:2b], ... as it always did. Iterable datasets are read in order
 b consecutive samples and rank r takes its slice of them; a resume skips the consumed samples.
 Neither path touches the global RNG (the DataLoader gets its own generator), which is what makes a
 resume bit-exact.
+
+The number of worker processes and pinned memory are live options: changing either drops the loader and
+opens a new one at the position (``configure``), so no sample is skipped or read twice, and the batches are
+the same whatever the number of workers: the sampler alone orders a map-style dataset, and an iterable
+one is split among the workers by whole batches in the order the DataLoader reads them back (worker k of
+W takes batches k, k + W, ...). A dataset that draws random numbers in ``__getitem__`` is the exception:
+in the training process (0 workers) it draws from the global RNG, in a worker from that worker's seed.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
 
 from torchlab.core.wire.errors import WorkloadError
 
@@ -71,7 +78,12 @@ class ResumableDistributedSampler(DistributedSampler):
 
 
 class _RankSlices(IterableDataset):
-    """An iterable dataset's samples from ``skip`` on, cut into global batches; this rank's share of each."""
+    """An iterable dataset's samples from ``skip`` on, cut into global batches; this rank's share of each.
+
+    In a DataLoader worker, only the batches that worker's turn brings: the loader asks its W workers for
+    batches in turn (batch i from worker i mod W), so worker k yields batches k, k + W, ... and the loader
+    hands them out in the dataset's order. Each worker reads the whole stream and skips the others' batches
+    (without the split, each worker yielded every batch: W copies of each)."""
 
     def __init__(self, dataset: IterableDataset, *, skip: int, global_batch: int, rank: int, world_size: int) -> None:
         self.dataset, self.skip, self.global_batch = dataset, skip, global_batch
@@ -79,12 +91,15 @@ class _RankSlices(IterableDataset):
         self.first, self.last = rank * local, (rank + 1) * local
 
     def __iter__(self) -> Iterator[Any]:
+        worker = get_worker_info()
+        turn, turns = (worker.id, worker.num_workers) if worker is not None else (0, 1)
         samples = itertools.islice(iter(self.dataset), self.skip, None)
-        while True:
+        for index in itertools.count():
             chunk = list(itertools.islice(samples, self.global_batch))
             if len(chunk) < self.global_batch:  # drop_last, on every rank alike
                 return
-            yield from chunk[self.first : self.last]
+            if index % turns == turn:
+                yield from chunk[self.first : self.last]
 
 
 class BatchStream:
@@ -100,7 +115,8 @@ class BatchStream:
         *,
         batch_size: int,
         collate_fn: Callable[[list], Any] | None,
-        workers: int,
+        workers: int = 0,
+        pin_memory: bool = False,
         seed: int,
         device: torch.device,
         rank: int = 0,
@@ -114,6 +130,7 @@ class BatchStream:
         self.rank, self.world_size = rank, world_size
         self.collate_fn = collate_fn
         self.workers = workers
+        self.pin_memory = pin_memory
         self.seed = seed
         self.device = device
         self.iterable = isinstance(dataset, IterableDataset)
@@ -126,12 +143,33 @@ class BatchStream:
                 )
         self.position = DataPosition()
         self._iterator: Iterator | None = None
+        self._peeked: Any = None  # the batch at the position, fetched by peek_batch and not yet taken
 
     def restore(self, position: DataPosition) -> None:
         self.position = DataPosition(position.epoch, position.samples)
-        self._iterator = None
+        self._iterator, self._peeked = None, None
+
+    def configure(self, *, workers: int | None = None, pin_memory: bool | None = None) -> None:
+        """Load with ``workers`` processes and/or ``pinned`` memory from the next batch on: the loader open now
+        (with the batches its workers prefetched) is dropped, and the next batch opens one at the position."""
+        self.workers = self.workers if workers is None else workers
+        self.pin_memory = self.pin_memory if pin_memory is None else pin_memory
+        self._iterator, self._peeked = None, None  # its workers exit as it is collected; the next batch is read anew
 
     def next_batch(self) -> Any:
+        """The batch at the position, on the device; the position moves past it."""
+        batch = self._peeked if self._peeked is not None else self._fetch()
+        self._peeked = None
+        self.position.samples += self.batch_size
+        return batch
+
+    def peek_batch(self) -> Any:
+        """The batch at the position, on the device, without moving past it: ``next_batch`` returns it."""
+        if self._peeked is None:
+            self._peeked = self._fetch()
+        return self._peeked
+
+    def _fetch(self) -> Any:
         if self._iterator is None:
             self._iterator = self._open_epoch()
         try:
@@ -142,7 +180,6 @@ class BatchStream:
             self.position = DataPosition(self.position.epoch + 1, 0)
             self._iterator = self._open_epoch()
             batch = next(self._iterator)
-        self.position.samples += self.batch_size
         return move_to_device(batch, self.device)
 
     def _open_epoch(self) -> Iterator:
@@ -152,7 +189,7 @@ class BatchStream:
             batch_size=self.local_batch_size,
             collate_fn=self.collate_fn,
             num_workers=self.workers,
-            pin_memory=self.device.type == "cuda",
+            pin_memory=self.pin_memory,
             drop_last=True,
             generator=generator,
         )

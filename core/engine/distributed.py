@@ -32,9 +32,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from torchlab.core.wire import strict_json
-from torchlab.core.wire.config import usable_cpus
 from torchlab.core.engine.loopback_rendezvous import keep_ranks_on_loopback
-from torchlab.core.wire.options import OptionRefused
+from torchlab.core.wire.options import OptionRefused, usable_cpus
 from torchlab.core.wire.payloads import RankFigures
 
 #: Bytes of one boundary packet: a length prefix and the JSON of the commands (a handful of small objects).

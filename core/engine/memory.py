@@ -17,13 +17,16 @@ Each activation byte is charged to the innermost module of the model running whe
 (global module forward hooks, present only on the measured forward: registering a pair on each module
 cost 0.4 ms for 25 modules, the global pair ~0.25 ms in all), ``(loss_fn)`` outside the model. With
 gradient accumulation one micro-batch's forward is measured: the next one's activations are made
-after the previous backward freed them.
+after the previous backward freed them. Under torch.compile the model runs as compiled graphs whose
+modules no hook sees: what the graphs save (the compiled model's activations, fewer than eager's) is
+charged to the model as a whole, ``(root)``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
@@ -36,6 +39,9 @@ from torchlab.core.wire.payloads import MemoryBreakdown, ModuleBytes
 OUTSIDE_THE_MODEL = "(loss_fn)"
 #: ``--memory-every auto``: a sampled step at most this often, so its hooks cost a fixed share of a second.
 AUTO_MEMORY_INTERVAL_S = 1.0
+#: torch warns that global module hooks also fire for the wrapper torch.compile returns. Here they do, and charge
+#: nothing to it: the wrapper is no module of the model, what is saved inside it goes to the model's modules.
+_COMPILED_WRAPPER_WARNING = r"Using `torch.compile\(module\)` when there are global hooks on modules"
 
 
 class MemoryCadence:
@@ -117,7 +123,8 @@ class MemoryProbe:
         try:
             leaving = register_module_forward_hook(count.leave, always_call=True)
             try:
-                with torch.autograd.graph.saved_tensors_hooks(count.pack, _unpack):
+                with torch.autograd.graph.saved_tensors_hooks(count.pack, _unpack), warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message=_COMPILED_WRAPPER_WARNING, category=UserWarning)
                     yield count
             finally:
                 leaving.remove()

@@ -72,7 +72,9 @@ class StepReport:
     precision skipped the optimizer step (fp16 overflow). ``grad_norm_total`` and ``clipped`` are None
     on steps that did not measure or clip; ``grad_norms`` (per module) on steps the probe did not report;
     ``act_stats`` (per module: mean, std, max |x|) on steps that did not sample them; ``memory`` (by kind) on
-    steps that did not measure it."""
+    steps that did not measure it. ``compiling``: torch.compile compiled during the step; ``ran_eagerly``: the
+    step ran the model uncompiled although compile is on (it sampled activation statistics). The impact table
+    leaves the times of both out."""
 
     step: int
     options: LiveOptions  # in force for this step: commands change them only between steps
@@ -88,6 +90,8 @@ class StepReport:
     memory: MemoryBreakdown | None = None
     metrics: dict[str, float] | None = None  # the workload's own (loss_fn's mapping), averaged over micro-batches and ranks
     lrs: dict[str, float] | None = None  # each parameter group's LR, where the workload's optimizer has several
+    compiling: bool = False
+    ran_eagerly: bool = False
 
 
 def stats_by_module(module_names: list[str], table: list[float]) -> dict[str, list[float]]:

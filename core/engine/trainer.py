@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from torchlab.core.engine.activation_checkpointing import ActivationCheckpointing
+from torchlab.core.engine.compiling import compile_model, compile_on_batch, compiled_graphs, failure_reason
 from torchlab.core.engine.checkpoint import (
     CheckpointCadence,
     WrittenCheckpoint,
@@ -59,10 +60,11 @@ from torchlab.core.engine.nonfinite import localise_nonfinite
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
 from torchlab.core.wire.options import (
-    ACCUM, AMP, CHECKPOINTING, CLIP, LIVE_OPTIONS, LR_SCALE, STEPS, WORLD_SIZE, LiveOption, LiveOptions, OptionRefused, live_option,
+    ACCUM, AMP, CHECKPOINTING, CLIP, COMPILE, LIVE_OPTIONS, LR_SCALE, PIN_MEMORY, STEPS, WORKERS, WORLD_SIZE, LiveOption,
+    LiveOptions, OptionRefused, live_option,
 )
 from torchlab.core.wire.events import (
-    Paused, ProfileStarted, Resumed, ResumedFromCheckpoint, RunEnded, RunStarted, StepSkipped, TrialStarted,
+    CompileStarted, Paused, ProfileStarted, Resumed, ResumedFromCheckpoint, RunEnded, RunStarted, StepSkipped, TrialStarted,
 )
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.protocol import (
@@ -104,7 +106,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 #: Each live option's enact hook (a Trainer method), by option name: filled by ``@enacts`` below.
-_ENACT_HOOKS: dict[str, Callable[[Trainer, Any], bool | None]] = {}
+_ENACT_HOOKS: dict[str, Callable[[Trainer, Any], bool | str | None]] = {}
 
 
 def enacts(option: LiveOption) -> Callable[[Callable], Callable]:
@@ -170,11 +172,10 @@ class Trainer:
         self.metric_names = MetricNames()  # the workload's own metrics, named by its first step
         #: each group's name, where the workload's optimizer has several: each group's LR is then reported
         self.lr_groups = group_names(self.optimizer) if workload.optimizer is not None and len(self.optimizer.param_groups) > 1 else None
-        self.data = BatchStream(
+        self.data = BatchStream(  # its workers and pinned memory are live options, set with the others below
             workload.dataset,
             batch_size=self.batch_size,
             collate_fn=workload.collate_fn,
-            workers=config.workers,
             seed=config.seed,
             device=self.device,
             rank=self.ranks.rank if self.ranks else 0,
@@ -190,6 +191,7 @@ class Trainer:
         self.precisions = Precisions(self.device)  # keeps the fp16 GradScaler across modes and checkpoints
         self.precision: Precision = self.precisions.make("off")
         self.options = LiveOptions()
+        self._compiled: torch.nn.Module | None = None  # the model as torch.compile runs it, while compile is on
 
         self.step = 0
         self.first_step_of_process = 1
@@ -217,6 +219,13 @@ class Trainer:
             initial = self._restore(load_checkpoint(resume_from, map_location=self.device), config, explicit_options)
         elif self.ranks is not None and self.ranks.rank > 0:
             seed_rank(config.seed, 0, self.ranks.rank)  # same model and data as rank 0; its own dropout
+        if initial.compile:
+            # Compiling runs a batch through the model (with DDP, the wrapper made below) and takes seconds to
+            # minutes: it happens at the first step boundary, where a failure is a refusal and training goes on
+            # uncompiled, as for a change asked for later. Rank 0 takes it to every rank, as any command.
+            initial = initial.with_value(COMPILE.name, False)
+            if self.reports:
+                self.submit(SetCommand(COMPILE.name, COMPILE.format(True), source="start"))
         self._enact_initial_options(initial)
         # DDP last: it registers its hooks on the parameters the optimizer already holds, and broadcasts
         # rank 0's weights. The loss function gets the wrapper (that is what averages the gradients).
@@ -340,8 +349,11 @@ class Trainer:
         started = time.perf_counter()
         is_report = self._is_report_step(step)
         sample_activations = is_report and self.config.act_stats_every > 0 and step % self.config.act_stats_every == 0
-        # Rank 0 reports memory (every rank holds alike); never under the profiler, whose trace would show the hooks.
-        measure_memory = is_report and self.reports and self._profiling is None and self.memory_cadence.due(step)
+        # Rank 0 reports memory (every rank holds alike); never under the profiler, whose trace would show the hooks,
+        # nor on a compiled run's step that runs uncompiled (its activations are not the compiled model's).
+        measure_memory = (is_report and self.reports and self._profiling is None and not self._runs_eagerly(sample_activations)
+                          and self.memory_cadence.due(step))
+        graphs = compiled_graphs() if self._compiled is not None else None
 
         loss, metrics, data_wait, activations, saved = self._forward_backward(step, options.accum, sample_activations, measure_memory)
         gradients_bytes = self.memory_probe.gradients_bytes() if saved is not None else 0
@@ -376,6 +388,8 @@ class Trainer:
         self.cadence.record_step(step_time)
         if not is_report:
             return
+        # torch.compile compiled again in this step (a guard failed): its time is compile time, not training's.
+        compiling = graphs is not None and compiled_graphs() != graphs
         memory = None
         if saved is not None:
             memory = self.memory_probe.breakdown(step, saved, gradients_bytes, self.optimizer, self.device)
@@ -397,6 +411,8 @@ class Trainer:
             memory=memory,
             metrics=dict(zip(self.metric_names.names, metric_values)) if metric_values is not None else None,
             lrs=dict(zip(self.lr_groups, lrs_used)) if self.lr_groups is not None else None,
+            compiling=compiling,
+            ran_eagerly=self._runs_eagerly(sample_activations),
         ))
 
     def _forward_backward(
@@ -412,6 +428,7 @@ class Trainer:
         node or a kernel, ~20 us of a 10 ms step on a CPU."""
         if sample_activations:
             self.activation_probe.attach()  # hooks only on sampled steps: on every step they cost ~35 %
+        model = self._eager_model() if self._runs_eagerly(sample_activations) else self.forward_model
         losses, metrics = [], []
         data_wait = 0.0
         saved = None
@@ -425,9 +442,9 @@ class Trainer:
             with contextlib.nullcontext() if syncing else self.ddp.no_sync():
                 if measure_memory and micro == 0:
                     with self.memory_probe.counting_saved_tensors() as saved:
-                        loss, named = self._compute_loss(batch, step)
+                        loss, named = self._compute_loss(batch, step, model)
                 else:
-                    loss, named = self._compute_loss(batch, step)
+                    loss, named = self._compute_loss(batch, step, model)
                 self.precision.backward(loss / accum if accum > 1 else loss)
             losses.append(loss.detach())
             metrics.append(self.metric_names.stack(named, describe_code(self.workload.loss_fn), step))
@@ -437,6 +454,12 @@ class Trainer:
             mean_metrics = metrics[0] if accum == 1 else torch.stack(metrics).mean(dim=0)
         activations = self.activation_probe.detach() if sample_activations else None
         return mean_loss, mean_metrics, data_wait, activations, saved
+
+    def _runs_eagerly(self, sample_activations: bool) -> bool:
+        """Whether this step runs the model uncompiled although compile is on: a step that samples activation
+        statistics does, because hooks added to a compiled model do not fire (torch.compile traced the modules
+        without them). Its time is left out of the impact medians."""
+        return sample_activations and self._compiled is not None
 
     def _measure_and_clip(self, step: int, probe_due: bool, clip: float | None) -> tuple[GradNorms | None, torch.Tensor | None]:
         """Gradient norms on the device: measured when the probe is due, and always when clipping needs
@@ -492,12 +515,17 @@ class Trainer:
             "clipped": report.clipped,
             "grad_norms": report.grad_norms,
             "skipped": not report.stepped,
+            "data_wait_s": report.data_wait_s,
             **report.options.as_dict(),
         }
         if report.lrs is not None:
             record["lrs"] = report.lrs
         if report.metrics is not None:
             record["metrics"] = report.metrics
+        if report.compiling:
+            record["compiling"] = True
+        if report.ran_eagerly:
+            record["eager"] = True
         if report.act_stats is not None:
             record["act_stats"] = report.act_stats
         if report.memory is not None:
@@ -510,12 +538,12 @@ class Trainer:
                 record["val_metrics"] = val_metrics
         self._emit_metrics(record)
 
-    def _compute_loss(self, batch: Any, step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The workload's loss for one micro-batch, and its own metrics (core/engine/loss_output.py); on the first
-        step, failures name the user's code."""
+    def _compute_loss(self, batch: Any, step: int, model: torch.nn.Module | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The workload's loss for one micro-batch (through ``model``, by default the one steps run), and its own
+        metrics (core/engine/loss_output.py); on the first step, failures name the user's code."""
         try:
             with self.precision.autocast():
-                output = self.workload.loss_fn(self.forward_model, batch)
+                output = self.workload.loss_fn(model if model is not None else self.forward_model, batch)
         except Exception as error:
             # Out of memory is a resource problem, not a model that cannot eat its batch: say it as is.
             if step != self.first_step_of_process or out_of_memory(error):
@@ -729,7 +757,7 @@ class Trainer:
 
         try:
             option = live_option(command.option)
-            value = option.parse(command.value)
+            value = self._for_this_device(option, option.parse(command.value))
         except OptionRefused as refusal:
             return answer([], str(refusal))
         if option.name in NOT_TRIED:
@@ -841,16 +869,16 @@ class Trainer:
     def _set_option(self, command: SetCommand, step: int) -> None:
         try:
             option = live_option(command.option)
-            value = option.parse(command.value)
+            value = self._for_this_device(option, option.parse(command.value))
             previous = getattr(self.options, option.name)
-            in_force = self._enact(option, value)
+            outcome = self._enact(option, value)
         except OptionRefused as refusal:
             self._emit(p.OptionRefused(
                 step=step, option=command.option, value=_jsonable(command.value), reason=str(refusal), source=command.source,
             ))
             return
         self.options = self.options.with_value(option.name, value)
-        if not in_force:
+        if outcome is False:
             # A new world size takes new processes: checkpoint and end with "relaunch" after this boundary;
             # the supervisor acknowledges the change once the new ranks train.
             self._relaunch = WorldSizeChange(value, self.world_size, step, command.source)
@@ -859,12 +887,21 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.device)
         self._emit(p.OptionApplied(
             step=step, option=option.name, value=value, previous=previous, display=option.format(value), source=command.source,
+            detail=outcome if isinstance(outcome, str) else "",
         ))
 
-    def _enact(self, option: LiveOption, value: Any) -> bool:
+    def _enact(self, option: LiveOption, value: Any) -> bool | str | None:
         """Make ``option=value`` real on this run with the option's hook, or raise OptionRefused without
-        changing anything. False: the change is not in force yet (it takes a relaunch)."""
-        return _ENACT_HOOKS[option.name](self, value) is not False
+        changing anything. False: the change is not in force yet (it takes a relaunch); a string: what the
+        change did, said with its acknowledgement ("compiled in 21.3 s")."""
+        return _ENACT_HOOKS[option.name](self, value)
+
+    def _for_this_device(self, option: LiveOption, value: Any) -> Any:
+        """``value``, or for pin_memory's ``auto`` (None) what it is on this run's device: on with CUDA, off
+        elsewhere, as the DataLoader always had it before it was a live option."""
+        if option is PIN_MEMORY and value is None:
+            return self.device.type == "cuda"
+        return value
 
     def _enact_initial_options(self, options: LiveOptions) -> None:
         if options.world_size != self.world_size:
@@ -872,6 +909,7 @@ class Trainer:
                 f"world_size (--world-size) {options.world_size}: this process trains as one of {self.world_size}; "
                 f"ranks are started by torchlab-tui's supervisor or by torchrun."
             )
+        options = options.with_value(PIN_MEMORY.name, self._for_this_device(PIN_MEMORY, options.pin_memory))
         for option, value in options.items():
             try:
                 self._enact(option, value)
@@ -885,17 +923,93 @@ class Trainer:
     # changed nothing. Returning False: not in force yet (the world size, after a relaunch).
 
     @enacts(AMP)
-    def _enact_amp(self, mode: str) -> None:
-        self.precision = self.precisions.make(mode)
+    def _enact_amp(self, mode: str) -> str | None:
+        precision = self.precisions.make(mode)
+        compiled = None
+        if self._compiled is not None and mode != self.precision.name:
+            # Autocast is part of what a compiled graph assumes: compile for the new precision now, not in a step.
+            compiled = self._compile_now(self._compiled, precision, f"with amp={mode}")
+        self.precision = precision
+        return compiled
 
     @enacts(CHECKPOINTING)
-    def _enact_checkpointing(self, on: bool) -> None:
+    def _enact_checkpointing(self, on: bool) -> str | None:
         if on and not self.checkpointing.blocks:
             raise OptionRefused(
                 "this model has no checkpoint blocks (no ModuleList/Sequential with several children); "
                 "name them in Workload.checkpoint_blocks"
             )
+        was_on = bool(self.checkpointing.wrapped_blocks())
         self.checkpointing.enable() if on else self.checkpointing.disable()
+        if self._compiled is None or on == was_on:
+            return None
+        try:  # the blocks' forward changed under the compiled graph: compile the model with it now, not in a step
+            return self._compile_now(self._compiled, self.precision, f"with checkpointing={CHECKPOINTING.format(on)}")
+        except OptionRefused:
+            self.checkpointing.disable() if on else self.checkpointing.enable()
+            raise
+
+    @enacts(COMPILE)
+    def _enact_compile(self, on: bool) -> str | None:
+        """The model the steps run: torch.compile's (of the DDP wrapper with ranks, as PyTorch advises, so that
+        its graphs break at DDP's gradient buckets), or the model itself. ``self.model`` is never replaced:
+        checkpoints, evaluation and the non-finite guard use it as it is (core/engine/compiling.py)."""
+        if not on:
+            if self._compiled is not None:
+                self._compiled, self.forward_model = None, self._eager_model()
+            return None
+        if self._compiled is not None:
+            return None
+        compiled = compile_model(self._eager_model())
+        said = self._compile_now(compiled, self.precision, "")
+        self._compiled, self.forward_model = compiled, compiled
+        return said
+
+    @enacts(WORKERS)
+    def _enact_workers(self, workers: int) -> str | None:
+        if workers == self.data.workers:
+            return None
+        self.data.configure(workers=workers)
+        return self._loader_restarts()
+
+    @enacts(PIN_MEMORY)
+    def _enact_pin_memory(self, pinned: bool) -> str | None:
+        if pinned and self.device.type != "cuda":
+            raise OptionRefused(
+                f"pinned memory speeds up copies of batches from the host to a CUDA device; this run trains on "
+                f"{self.device.type}, where batches are not copied"
+            )
+        if pinned == self.data.pin_memory:
+            return None
+        self.data.configure(pin_memory=pinned)
+        return self._loader_restarts()
+
+    def _eager_model(self) -> torch.nn.Module:
+        """What the loss function gets when nothing is compiled: the DDP wrapper with ranks, else the model."""
+        return self.ddp if self.ddp is not None else self.model
+
+    def _loader_restarts(self) -> str:
+        position = self.data.position
+        return f"the data loader starts again at sample {position.samples:,} of epoch {position.epoch}"
+
+    def _compile_now(self, compiled: torch.nn.Module, precision: Precision, what: str) -> str:
+        """Compile ``compiled``'s forward and backward at this boundary on a batch (the last step's, or the
+        next one, left for the step), changing nothing else (core/engine/compiling.py); say how long it took,
+        or raise OptionRefused with torch.compile's reason."""
+        batch = self._last_batch if self._last_batch is not None else self.data.peek_batch()
+        self._emit(CompileStarted(step=self.step + 1, detail=what))  # seconds to minutes: say why training waits
+
+        def forward_and_backward() -> None:
+            with precision.autocast():
+                loss = self.workload.loss_fn(compiled, batch)
+            loss.backward()
+
+        try:
+            seconds = compile_on_batch(self.model, forward_and_backward)
+        except Exception as error:  # whatever stops the compiled model from training: the change is refused
+            raise OptionRefused(f"torch.compile could not compile this model{' ' + what if what else ''}: "
+                                f"{failure_reason(error)}; it trains on as it was") from None
+        return f"compiled{' ' + what if what else ''} in {seconds:.1f} s, outside the step times"
 
     @enacts(CLIP)
     def _enact_clip(self, max_norm: float | None) -> None:
@@ -1044,7 +1158,9 @@ class Trainer:
         self._elapsed_before = float(state.get("elapsed_s", 0.0))
         self.first_step_of_process = self.step + 1
         self._last_checkpoint_step = self.step
-        options = LiveOptions(**state["options"])
+        # A checkpoint from before an option was live has no value for it: the configuration's (workers was a
+        # setting of the configuration, which still reads it), else the default.
+        options = LiveOptions(**{**config.options.as_dict(), **state["options"]})
         for name in explicit_options:
             options = options.with_value(name, getattr(config.options, name))
         options = options.with_value(STEPS.name, config.steps)  # the checkpoint's total, or a resume's --steps

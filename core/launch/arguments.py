@@ -29,7 +29,7 @@ def exit_code(status: str) -> int:
 # Flags that set a top-level setting of the same name (dest == setting).
 _SETTING_FLAGS = (
     "steps", "batch_size", "seed", "device", "optimizer", "lr", "weight_decay", "schedule", "warmup_steps",
-    "workers", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "log_every",
+    "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "log_every",
     "probe_every", "act_stats_every", "memory_every", "trial_steps", "telemetry_interval", "profile_steps", "shared_run_dir",
     "tensorboard",
 )
@@ -80,7 +80,6 @@ def build_parser() -> argparse.ArgumentParser:
     training.add_argument("--weight-decay", type=float, metavar="WD", help="AdamW/SGD weight decay on matrices (default 0.01)")
     training.add_argument("--schedule", choices=SCHEDULES, help="LR schedule (default cosine with warmup)")
     training.add_argument("--warmup-steps", type=int, metavar="N", help="cosine warmup (default 5%% of steps)")
-    training.add_argument("--workers", type=int, metavar="N", help="DataLoader worker processes (default 0)")
     training.add_argument("--eval-every", type=int, metavar="N", help="validation every N steps, 0 = off (default 50)")
     training.add_argument("--eval-batches", type=int, metavar="N", help="validation batches per evaluation (default 20)")
     training.add_argument("--checkpoint-every", metavar="N|auto",

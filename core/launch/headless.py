@@ -195,7 +195,8 @@ class HeadlessProgress(TrainerObserver):
             case p.OptionApplied():
                 if event.option == STEPS.name:
                     self.total_steps = event.value
-                self.say(event.step, f"[green]{event.option} = {escape(event.display)}[/] (was {escape(format_option_value(event.option, event.previous))})")
+                detail = f": {escape(event.detail)}" if event.detail else ""
+                self.say(event.step, f"[green]{event.option} = {escape(event.display)}[/] (was {escape(format_option_value(event.option, event.previous))}){detail}")
             case p.OptionRefused():
                 self.say(event.step, f"[yellow]refused {escape(event.option)} = {escape(str(event.value))}[/]: {escape(event.reason)}")
             case p.CheckpointSaved():
@@ -207,6 +208,8 @@ class HeadlessProgress(TrainerObserver):
                 self.console.print(escape(f"steps {event.first_step}–{event.last_step}: profile in {event.dir} (top: {top})"))
             case events.TrialStarted():
                 self.say(event.step, escape(f"trying {event.option} = {format_option_value(event.option, event.value)} for {event.steps} steps against as many as it is"))
+            case events.CompileStarted():
+                self.say(event.step, escape(event.text()))
             case p.TrialProgress():
                 self.trial = event
             case p.TrialResult():

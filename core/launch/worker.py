@@ -109,6 +109,8 @@ class OutboxReporter(TrainerObserver):
                 shown = format_option_value(event.option, event.value)
                 self.outbox.add_event(p.Log(level="info", text=f"trying {event.option} = {shown} for {event.steps} steps "
                                                                f"against as many as it is", step=event.step))
+            case events.CompileStarted():
+                self.outbox.add_event(p.Log(level="info", text=event.text(), step=event.step))
             case p.TrialProgress():
                 self.outbox.add_latest(event)
             case events.StepSkipped():

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import math
-import os
 import re
 import sys
 from collections.abc import Mapping
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from torchlab.core.wire.errors import ConfigError, shown
-from torchlab.core.wire.options import LIVE_OPTIONS, OPTIONS_BY_NAME, LiveOptions, OptionRefused, format_option_value, parse_option_value
+from torchlab.core.wire.options import LIVE_OPTIONS, OPTIONS_BY_NAME, WORKERS, LiveOptions, OptionRefused, format_option_value, parse_option_value
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,18 +38,6 @@ DEFAULT_TRIAL_STEPS = 20
 SCHEDULES = ("constant", "cosine", "onecycle")
 
 
-def usable_cpus() -> int:
-    """The CPU cores this process may run on (its affinity, which a container or taskset narrows)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def max_workers() -> int:
-    """The most data-loader workers a run may ask for here: each is a process with a copy of the dataset,
-    so ``--workers 1000`` (a typo) forked a thousand and brought a 2-core box to a load of 200."""
-    return max(8, 4 * usable_cpus())
 _AT_PATTERN = re.compile(r"^\s*(\d+)\s*:\s*([A-Za-z_]+)\s*=\s*(.*?)\s*$")
 
 
@@ -97,7 +84,6 @@ class TrainConfig:
     weight_decay: float = 0.01
     schedule: str = "cosine"
     warmup_steps: int | None = None  # None: 5 % of steps
-    workers: int = 0
     eval_every: int = 50
     eval_batches: int = 20
     checkpoint_every: int | str = "auto"  # see core/engine/checkpoint.py's CheckpointCadence
@@ -139,9 +125,6 @@ class TrainConfig:
         _check(self.schedule in SCHEDULES, "schedule", f"must be one of {', '.join(SCHEDULES)}", self.schedule)
         if self.warmup_steps is not None:
             _check_int(self.warmup_steps, "warmup_steps", minimum=0)
-        _check_int(self.workers, "workers", minimum=0, maximum=max_workers(),
-                   hint=f"a whole number from 0 (load in the training process) to {max_workers()} on this machine "
-                        f"({usable_cpus()} usable CPU cores; more workers than cores only compete)")
         for name in ("eval_every", "act_stats_every"):
             _check_int(getattr(self, name), name, minimum=0)
         _check_int(self.eval_batches, "eval_batches", minimum=1)
@@ -286,7 +269,14 @@ def _settings_from_mapping(data: Mapping[str, Any], source: str) -> dict[str, An
     known = {f.name for f in fields(TrainConfig)}
     settings: dict[str, Any] = {}
     for key, value in data.items():
-        if key == "options":
+        if key == WORKERS.name:
+            # A setting before it became a live option: config files and the config.toml of older runs (and
+            # their checkpoints) have it at the top level, where it still counts, as [options] workers.
+            options = data.get("options")
+            if isinstance(options, Mapping) and WORKERS.name in options:
+                raise ConfigError(f"{source}: workers is set twice, at the top level and in [options]; keep one.")
+            settings.setdefault("options", {})[WORKERS.name] = value
+        elif key == "options":
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{source}: [options] must be a table of live options.")
             for option in value:
@@ -294,7 +284,7 @@ def _settings_from_mapping(data: Mapping[str, Any], source: str) -> dict[str, An
                     raise ConfigError(f"{source}: unknown option options.{option}{_suggest(option, LiveOptions.__dataclass_fields__)}.")
                 if OPTIONS_BY_NAME[option].setting:
                     raise ConfigError(f"{source}: options.{option} is set at the top level, as {option} = ..., not in [options].")
-            settings["options"] = dict(value)
+            settings["options"] = {**settings.get("options", {}), **value}
         elif key in ("at", "trials"):
             if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
                 raise ConfigError(f'{source}: {key} must be a list of "STEP:OPTION=VALUE" strings.')

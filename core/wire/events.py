@@ -110,6 +110,21 @@ class TrialStarted(Message):
 
 
 @dataclass(frozen=True)
+class CompileStarted(Message):
+    """torch.compile compiles the model at ``step``'s boundary (``detail``: what for, "with amp=bf16", or empty);
+    training waits for it. The option_applied or option_refused of the change that asked for it follows."""
+
+    type: ClassVar[str] = "compile_started"
+    schema: ClassVar = {"step": (int,), "detail": (str,)}
+    step: int
+    detail: str = ""
+
+    def text(self) -> str:
+        """What the app's log and the headless output say."""
+        return f"compiling the model{' ' + self.detail if self.detail else ''} (torch.compile): training waits for it"
+
+
+@dataclass(frozen=True)
 class ResumedFromCheckpoint(Message):
     """This process continues a run from its checkpoint of ``step``, with ``options`` in force."""
 
@@ -199,7 +214,7 @@ class MetricsMovedAside(Message):
 #: Every event a trainer, its supervisor or its journal's writers emit: the ones above, and the protocol's
 #: messages the app receives as they are.
 TRAINER_EVENTS = (
-    RunStarted, RunEnded, Paused, Resumed, StepSkipped, ProfileStarted, TrialStarted, ResumedFromCheckpoint,
+    RunStarted, RunEnded, Paused, Resumed, StepSkipped, ProfileStarted, TrialStarted, CompileStarted, ResumedFromCheckpoint,
     ResumeChangedSettings, Relaunching, LineRefused, LinesRefusedUnrecorded, JournalRepaired, MetricsMovedAside,
     OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult, TrialProgress,
 )

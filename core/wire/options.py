@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, make_dataclass, replace
 from typing import Any
@@ -24,6 +25,21 @@ from torchlab.core.wire.errors import shown
 
 _OFF_WORDS = {"off", "none", "no", "false", "0", ""}
 _ON_WORDS = {"on", "yes", "true", "1"}
+_AUTO_WORD = "auto"
+
+
+def usable_cpus() -> int:
+    """The CPU cores this process may run on (its affinity, which a container or taskset narrows)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def max_workers() -> int:
+    """The most data-loader workers a run may ask for here: each is a process with a copy of the dataset,
+    so ``--workers 1000`` (a typo) forked a thousand and brought a 2-core box to a load of 200."""
+    return max(8, 4 * usable_cpus())
 
 
 class OptionRefused(ValueError):
@@ -104,19 +120,26 @@ class Choice(LiveOption):
 
 @dataclass(frozen=True, kw_only=True)
 class Switch(LiveOption):
-    """On or off; its key toggles it."""
+    """On or off; its key toggles it. With ``auto`` (what it means, for the help), "auto" is a value too: None,
+    which the trainer makes on or off for its device when the run starts."""
 
-    def parse(self, value: Any) -> bool:
+    auto: str = ""
+
+    def parse(self, value: Any) -> bool | None:
         if isinstance(value, bool):
             return value
-        text = str(value).strip().lower()
+        text = str(value).strip().lower() if value is not None else (_AUTO_WORD if self.auto else "off")
         if text in _ON_WORDS:
             return True
         if text in _OFF_WORDS:
             return False
-        raise OptionRefused(f"{self.name} must be on or off, got {shown(value)}")
+        if self.auto and text == _AUTO_WORD:
+            return None
+        raise OptionRefused(f"{self.name} must be on{', off or auto' if self.auto else ' or off'}, got {shown(value)}")
 
     def format(self, value: Any) -> str:
+        if value is None and self.auto:
+            return _AUTO_WORD
         return "on" if value else "off"
 
     def add_flag(self, group: argparse._ArgumentGroup) -> None:
@@ -231,8 +254,35 @@ STEPS = Number(
     flag_help="optimizer steps to train to (default 200)", setting=True, in_panel=False,
 )
 
+COMPILE = Switch(
+    name="compile", default=False,
+    label="compile", short="compile", key="C", footer="Compile", in_footer=False,
+    help="Toggle torch.compile of the model (it compiles at the next step boundary)",
+    flag_help="torch.compile the model (default mode, inductor), at the first step boundary; "
+              "if it cannot compile, the run says why and trains uncompiled",
+    takes_effect="compiles at the next step boundary: seconds to a minute the first time, training waits",
+)
+WORKERS = Number(
+    name="workers", default=0, whole=True, minimum=0, maximum=max_workers(),
+    must_be=f"a whole number from 0 (load in the training process) to {max_workers()} on this machine "
+            f"({usable_cpus()} usable CPU cores; more workers than cores only compete)",
+    label="data workers", short="workers", key="W", footer="Workers", metavar="N", in_footer=False,
+    help="Set the number of DataLoader worker processes",
+    prompt="DataLoader worker processes",
+    hint="0 loads in the training process; the batches are the same whatever the number",
+    flag_help="DataLoader worker processes (default 0); the batches and their order are the same whatever the number",
+    takes_effect="applies at the next step: the loader restarts where it is",
+)
+PIN_MEMORY = Switch(
+    name="pin_memory", default=None, auto="on with CUDA, off without",
+    label="pin memory", short="pin", key="n", footer="Pin", in_footer=False,
+    help="Toggle pinned (page-locked) host memory for batches, CUDA only",
+    flag_help="load batches into page-locked memory, for faster copies to a GPU (CUDA only; default: on with CUDA)",
+    takes_effect="applies at the next step: the loader restarts where it is",
+)
+
 #: Every live option, in the order the app and the command line list them.
-LIVE_OPTIONS: tuple[LiveOption, ...] = (AMP, CHECKPOINTING, CLIP, ACCUM, LR_SCALE, WORLD_SIZE, STEPS)
+LIVE_OPTIONS: tuple[LiveOption, ...] = (AMP, CHECKPOINTING, COMPILE, CLIP, ACCUM, LR_SCALE, WORKERS, PIN_MEMORY, WORLD_SIZE, STEPS)
 OPTIONS_BY_NAME: dict[str, LiveOption] = {option.name: option for option in LIVE_OPTIONS}
 OPTION_NAMES = tuple(OPTIONS_BY_NAME)
 

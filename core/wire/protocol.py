@@ -25,7 +25,7 @@ from torchlab.core.wire import strict_json
 from torchlab.core.wire.errors import SHOWN_CHARS, shown
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample, TrialArm
 
-PROTOCOL_VERSION = 5  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials; 5: a trial's progress, read-only viewers (hello's view), a module's tied names
+PROTOCOL_VERSION = 6  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials; 5: a trial's progress, read-only viewers (hello's view), a module's tied names; 6: what an applied option did (its detail), impact segments' data wait
 MAX_LINE_BYTES = 1 << 20
 #: A live option's name, a command's source and a value typed for it are short; longer ones are refused
 #: before anything echoes them.
@@ -467,13 +467,14 @@ class Telemetry(Message):
 class OptionApplied(Message):
     type: ClassVar[str] = "option_applied"
     schema: ClassVar = {"option": (str,), "value": _JSON_SCALAR, "previous": _JSON_SCALAR, "step": (int,), "source": (str,),
-                        "display": (str,)}
+                        "display": (str,), "detail": (str,)}
     option: str
     value: str | int | float | bool | None
     previous: str | int | float | bool | None
     step: int
     source: str = ""
     display: str = ""  # the value as the user would type it back ("off", "on")
+    detail: str = ""  # what the change did besides, where it says something ("the data loader starts again at sample 640 of epoch 1")
 
 
 @dataclass(frozen=True)

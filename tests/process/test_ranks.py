@@ -75,6 +75,22 @@ def test_world_size_2_from_the_start_trains_and_takes_live_changes_on_every_rank
     assert not any(alive(pid) for pid in rank_pids(events))
 
 
+def test_world_size_2_compiles_the_ddp_wrapper_on_every_rank_and_checkpoints_the_models_own_keys(tmp_path):
+    """torch.compile of the DDP module (as PyTorch advises); gradient accumulation's no_sync still holds under it,
+    and a rank one step behind (compiling on its own) would have stopped the collectives."""
+    run = tmp_path / "run"
+    code = headless(run, f"{TINY}:workload", "--world-size", "2", "--steps", "10", "--checkpoint-every", "0",
+                    "--at", "3:compile=on", "--at", "6:accum=2", "--at", "8:compile=off")
+    assert code == EXIT_OK
+    metrics, events = read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "events.jsonl")
+    applied = [(e["step"], e["option"], e["detail"].split(" in ")[0]) for e in events if e["event"] == "option_applied"]
+    assert applied == [(3, "compile", "compiled"), (6, "accum", ""), (8, "compile", "")]
+    assert [m["compile"] for m in metrics] == [False, False, True, True, True, True, True, False, False, False]
+    assert not any(m.get("compiling") for m in metrics)
+    state = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert not any(key.startswith(("_orig_mod.", "module.")) for key in state["model"])
+
+
 def test_live_world_size_1_to_2_to_1_continues_the_run(tmp_path):
     run = tmp_path / "run"
     code = headless(run, f"{TINY}:workload", "--steps", "10", "--checkpoint-every", "0",

@@ -271,3 +271,23 @@ def residual_cnn() -> Workload:
     generator = torch.Generator().manual_seed(3)
     data = TensorDataset(torch.randn(256, 3, 16, 16, generator=generator), torch.randint(10, (256,), generator=generator))
     return Workload(model=ResidualCNN(), dataset=data, batch_size=32, loss_fn=_classification_loss)
+
+
+class GradientPenalty(nn.Module):
+    """TinyNet plus a penalty on the gradient of its output with respect to its input, taken inside forward
+    (``create_graph``, as a WGAN-GP critic does): it trains uncompiled; torch.compile cannot train it (its
+    compiled backward cannot be differentiated again)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = TinyNet()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.detach().requires_grad_()
+        y = self.net(x)
+        (slope,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+        return y + 0.01 * slope.square().sum(dim=1, keepdim=True)
+
+
+def gradient_penalty() -> Workload:
+    return Workload(model=GradientPenalty(), dataset=_regression_data(), loss_fn=mse_loss, batch_size=16)

@@ -29,6 +29,7 @@ COLUMNS = (
     ("step_time", "step time"),
     ("verdict", "vs the segment before"),
     ("samples", "samples/s"),
+    ("data_wait", "data wait"),
     ("activations", "activations"),
     ("memory", "memory"),
     ("slope", "loss slope"),
@@ -54,6 +55,7 @@ def segment_cells(segment: ImpactSegment) -> list[Text]:
         Text(step_time, justify="right"),
         Text(verdict or "–", style=verdict_style),
         Text(f"{samples:,.0f}" if samples is not None else "–", justify="right"),
+        Text(format_us(segment.median_data_wait_s * 1e6) if segment.median_data_wait_s is not None else "–", justify="right"),
         Text(format_bytes(segment.activations_bytes), justify="right"),
         Text(memory, justify="right"),
         Text(f"{slope:+.3g}" if slope is not None else "–", justify="right"),
@@ -104,10 +106,10 @@ class ImpactScreen(ViewScreen):
                         id="trials-title")
             yield DataTable(id="trials-table", cursor_type="row", zebra_stripes=True)
             yield Static(
-                f"Each option change starts a segment. Step time and samples/s are medians, without the first {WARMUP_STEPS} "
-                "steps after a change; ± is how far the step time's 90 % interval reaches. The verdict calls a segment "
-                "faster or slower than the one before only when their intervals do not overlap, and needs "
-                f"{MIN_TIMED_STEPS} timed steps on each side. Activations: saved for backward; memory: the CUDA allocator's peak, else the tensors' total (M shows them); "
+                f"Each option change starts a segment. Step time, samples/s and data wait (for batches) are medians, without "
+                f"the first {WARMUP_STEPS} steps after a change or steps that compiled; ± is how far the step time's 90 % interval "
+                "reaches. The verdict calls a segment faster or slower than the one before only when their intervals do not "
+                f"overlap, and needs {MIN_TIMED_STEPS} timed steps on each side. Activations: saved for backward; memory: the CUDA allocator's peak, else the tensors' total (M shows them); "
                 "loss slope: per 100 steps, not judged (loss falls faster early in any run).",
                 classes="view-status",
             )

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from torchlab.core.wire.options import CHECKPOINTING, LIVE_OPTIONS
+from torchlab.core.wire.options import CHECKPOINTING, LIVE_OPTIONS, LiveOption
 from torchlab.tui.formatting import fit_parts
 from torchlab.tui.names import describe_blocks
 from torchlab.tui.state import RunState
@@ -23,7 +23,9 @@ class OptionsPanel(Static):
     """
 
     compact: reactive[bool] = reactive(False)
-    """One line (``amp off · ckpt on · …``) instead of a key/label/value table: for small terminals."""
+    """One line (``amp off · ckpt on · …``) instead of a key/label/value table: for small terminals. It has the
+    options whose keys the footer shows, and the others only where they are not off or at their default
+    (``compile on``, ``workers 2``, ``ws 2``): nine options do not fit in 80 columns."""
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
@@ -43,7 +45,8 @@ class OptionsPanel(Static):
 
     def _render_text(self, state: RunState) -> Text:
         items = []
-        for option in (option for option in LIVE_OPTIONS if option.in_panel):
+        shown = [option for option in LIVE_OPTIONS if option.in_panel]
+        for option in shown if not self.compact else [option for option in shown if _on_the_line(option, state)]:
             shown = option.format(state.options[option.name]) if option.name in state.options else "–"
             if self.compact:
                 item = Text.assemble((f"{option.short} ", "dim"), (shown, "bold"))
@@ -63,3 +66,9 @@ class OptionsPanel(Static):
                 wraps = f" {CHECKPOINTING.key} wraps {len(blocks)} block{'s' if len(blocks) != 1 else ''} (see ?)"
             items.append(Text(wraps, style="dim"))
         return Text("\n").join(items)
+
+
+def _on_the_line(option: LiveOption, state: RunState) -> bool:
+    """Whether the one-line panel shows ``option``: a footer key's always, another one changed or being changed."""
+    value = state.options.get(option.name)
+    return option.in_footer or option.name in state.pending or not (value is None or value is False or value == option.default)
