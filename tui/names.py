@@ -1,15 +1,17 @@
 """Module names shortened to a column's width, so that each row can still be told from the others.
 
 A name that fits is shown as it is. One that does not is cut in the middle, keeping both ends: the start
-names the model's part (``transformer``), the end the layer (``attn.c_attn``), so
-``transformer.h.0.attn.c_attn`` reads ``trans…0.attn.c_attn``. Cut from the left only, as before, three rows
-of a HuggingFace ResNet read ``…0.layer.0.convolution`` alike.
+names the model's part (``transformer``), the end the layer (``attn.c_attn``), so in 23 characters
+``transformer.h.0.attn.c_attn`` reads ``transfo…h.0.attn.c_attn``. Cut from the left only, as before, the
+rows of a HuggingFace ResNet's four stages read ``…0.layer.0.convolution`` alike.
 
 A shortened name must name one row: a label ``head…tail`` is kept only if no other name shown starts with
 ``head`` and ends with ``tail`` (a reader could not tell those apart, even where the two labels differ by
-where the cut falls). Where no single cut tells a name from its neighbours (they differ at two places far
-from both ends: ``stages.0.layers.1`` in the middle of 52 characters), the label keeps the part that
-differs between two cuts: ``res…0.layers.1…olution``.
+where the cut falls). Where no single cut tells a name from its neighbours (they differ at places far from
+both ends: the stage and layer indices in the middle of 52 characters), the label keeps the part that
+differs between two cuts, in 30 characters ``res…0.layers.1.layer.0…olution``; where even that is too
+wide, a run of each place that differs (``r…0…1…0…olution``), and where those do not fit either, the
+preferred cut: the table then gives the names more room (torchlab/tui/widgets/grad_table.py).
 """
 
 from __future__ import annotations
