@@ -21,6 +21,7 @@ def entry(tmp_path, monkeypatch) -> RunEntry:
 async def test_the_page_takes_the_printed_key_then_its_cookie_and_refuses_any_other_request(entry):
     server = serve.keyed_server(entry, control=False, port=serve.free_port())
     assert server.host == "127.0.0.1"
+    assert server.command.startswith("exec env TORCHLAB_SERVED=1 ")  # the tab's app is the server's child, and dies with it
     assert server.command.endswith(f"-m torchlab.core.launch.cli attach --view {entry.endpoint.name}")
     async with TestClient(TestServer(await server._make_app())) as client:
         assert (await client.get("/")).status == 403

@@ -19,11 +19,13 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import signal
 import sys
 import time
 
+from torchlab.core.launch.serve import SERVED_BY_PARENT
 from torchlab.core.wire.errors import TorchlabError
-from torchlab.core.wire.runtime import FINAL_STATES, RunEntry, find_run, list_runs
+from torchlab.core.wire.runtime import FINAL_STATES, RunEntry, die_with_parent, find_run, list_runs
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -76,6 +78,8 @@ def open_run(entry: RunEntry, *, view: bool = False) -> int:
               f"or watch it read-only: torchlab-tui attach --view {name}",
               file=sys.stderr)
         return EXIT_FAILED
+    if os.environ.get(SERVED_BY_PARENT):  # a browser tab's app (torchlab-tui serve): it ends with the server
+        die_with_parent(signal.SIGKILL)
     gc.disable()  # until tune_garbage_collection(): the app's imports are all kept, nothing to collect
     try:
         from torchlab.tui.app import make_app, tune_garbage_collection

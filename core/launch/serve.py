@@ -25,6 +25,8 @@ from torchlab.core.wire.runtime import FINAL_STATES, RunEntry, find_run, list_ru
 HOST = "127.0.0.1"
 COOKIE = "torchlab_key"
 INSTALL_HINT = "pip install 'torchlab-tui[serve]' (or pip install textual-serve)"
+#: Set in the environment of the app each browser tab runs: it ends when the server does (attach.py).
+SERVED_BY_PARENT = "TORCHLAB_SERVED"
 
 
 def main(argv: list[str]) -> int:
@@ -79,7 +81,10 @@ def keyed_server(entry: RunEntry, *, control: bool, port: int):
     except ImportError:
         raise TorchlabError(f"the browser view needs textual-serve: {INSTALL_HINT}") from None
 
-    command = [sys.executable, "-m", "torchlab.core.launch.cli", "attach", *([] if control else ["--view"]), entry.endpoint.name]
+    # exec: the app is the server's child, not a shell's; SERVED_BY_PARENT: it dies with the server (a tab's app
+    # left behind when the server was killed kept running, spinning a core, under a shell nobody waited on).
+    command = "exec " + shlex.join(["env", f"{SERVED_BY_PARENT}=1", sys.executable, "-m", "torchlab.core.launch.cli", "attach",
+                                    *([] if control else ["--view"]), entry.endpoint.name])
 
     class KeyedServer(Server):
         key = secrets.token_urlsafe(24)
@@ -106,4 +111,4 @@ def keyed_server(entry: RunEntry, *, control: bool, port: int):
                 response.set_cookie(COOKIE, self.key, httponly=True, samesite="Strict")
             return response
 
-    return KeyedServer(shlex.join(command), host=HOST, port=port, title=f"torchlab · {entry.endpoint.name}")
+    return KeyedServer(command, host=HOST, port=port, title=f"torchlab · {entry.endpoint.name}")
