@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainers import TINY, WORKLOADS, make_trainer
+from workloads.own_training import onecycle_head_lrs
 from torchlab.core.launch.arguments import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.config import ConfigError, build_config, settings_from_toml
@@ -65,15 +66,7 @@ def test_a_workloads_own_scheduler_is_built_again_for_the_new_total():
     """OneCycleLR raises once stepped past its total: extended live, it is the factory's for the new total."""
     trainer, seen = make_trainer(f"{WORKLOADS / 'own_training.py'}:onecycle", steps=10, checkpoint_every=0, at=["6:steps=20"])
     assert trainer.run().step == 20
-    import torch
-
-    probe = torch.optim.SGD([{"params": [torch.zeros(1, requires_grad=True)]}, {"params": [torch.zeros(1, requires_grad=True)]}], lr=0.1)
-    plan = torch.optim.lr_scheduler.OneCycleLR(probe, max_lr=[0.1, 0.4], total_steps=20)
-    planned = []
-    for _ in range(20):
-        planned.append(probe.param_groups[1]["lr"])
-        probe.step()
-        plan.step()
+    planned = onecycle_head_lrs(20)
     assert [seen.at(step)["lrs"]["head"] for step in range(6, 21)] == pytest.approx(planned[5:], rel=1e-9)
 
 

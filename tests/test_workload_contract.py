@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainers import WORKLOADS, make_trainer
+from workloads.own_training import onecycle_head_lrs
 from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.errors import WorkloadError
@@ -77,15 +78,7 @@ def test_a_resume_with_more_steps_builds_the_workloads_scheduler_for_the_new_tot
     run = tmp_path / "run"
     assert main([f"{OWN}:onecycle", "--headless", "--steps", "10", "--eval-every", "0", "--run-dir", str(run)]) == EXIT_OK
     assert main(["--resume", str(run), "--headless", "--steps", "20"]) == EXIT_OK
-    import torch
-
-    probe = torch.optim.SGD([{"params": [torch.zeros(1, requires_grad=True)]}, {"params": [torch.zeros(1, requires_grad=True)]}], lr=0.1)
-    plan = torch.optim.lr_scheduler.OneCycleLR(probe, max_lr=[0.1, 0.4], total_steps=20)
-    planned = []
-    for _ in range(20):
-        planned.append(probe.param_groups[1]["lr"])
-        probe.step()
-        plan.step()
+    planned = onecycle_head_lrs(20)
     after = [row for row in rows(run) if row["step"] > 10]
     assert [row["step"] for row in after] == list(range(11, 21))
     assert [row["lrs"]["head"] for row in after] == pytest.approx(planned[10:], rel=1e-9)

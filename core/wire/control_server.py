@@ -199,14 +199,8 @@ class ControlServer:
             self._refuse(connection, "another app is already attached to this run", before_hello=True)
             return
         try:
-            welcome = self._welcome()
-            if welcome is None or self._closed.is_set():
+            if not self._welcome_and_stream(connection):
                 return
-            connection.settimeout(SEND_TIMEOUT_S)
-            connection.sendall(welcome.encode())
-            sender = threading.Thread(target=self._send_loop, args=(connection,), name="torchlab-sender", daemon=True)
-            sender.start()
-            self._senders.append(sender)
             self._first_client_served.set()
             self._on_client_attached()
             connection.settimeout(None)
@@ -229,14 +223,8 @@ class ControlServer:
             self._refuse(connection, f"too many viewers of this run (at most {MAX_VIEWERS})", before_hello=True)
             return
         try:
-            welcome = self._welcome()
-            if welcome is None or self._closed.is_set():
+            if not self._welcome_and_stream(connection):
                 return
-            connection.settimeout(SEND_TIMEOUT_S)
-            connection.sendall(welcome.encode())
-            sender = threading.Thread(target=self._send_loop, args=(connection,), name="torchlab-viewer-sender", daemon=True)
-            sender.start()
-            self._senders.append(sender)  # flush() delivers the run's end to viewers too
             connection.settimeout(None)
             while not self._closed.is_set():
                 try:
@@ -252,6 +240,19 @@ class ControlServer:
             with self._controller_lock:
                 self._viewers.discard(connection)
             _shutdown(connection)
+
+    def _welcome_and_stream(self, connection: socket.socket) -> bool:
+        """Send the Welcome, then the stream from the Outbox on a sender thread (``flush`` waits for it, so a
+        viewer gets the run's end too); False when the run cannot describe itself or the server is closing."""
+        welcome = self._welcome()
+        if welcome is None or self._closed.is_set():
+            return False
+        connection.settimeout(SEND_TIMEOUT_S)
+        connection.sendall(welcome.encode())
+        sender = threading.Thread(target=self._send_loop, args=(connection,), name="torchlab-sender", daemon=True)
+        sender.start()
+        self._senders.append(sender)
+        return True
 
     def _read_commands(self, connection: socket.socket, reader: LineReader) -> None:
         """Dispatch commands until the client leaves."""

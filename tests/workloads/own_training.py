@@ -65,6 +65,19 @@ def onecycle() -> Workload:
     return built
 
 
+def onecycle_head_lrs(total_steps: int) -> list[float]:
+    """The head group's LR at each step of ``onecycle``'s schedule planned for ``total_steps`` (what a run extended
+    to that total must follow)."""
+    probe = torch.optim.SGD([{"params": [torch.zeros(1, requires_grad=True)]}, {"params": [torch.zeros(1, requires_grad=True)]}], lr=0.1)
+    plan = torch.optim.lr_scheduler.OneCycleLR(probe, max_lr=[0.1, 0.4], total_steps=total_steps)
+    lrs = []
+    for _ in range(total_steps):
+        lrs.append(probe.param_groups[1]["lr"])
+        probe.step()
+        plan.step()
+    return lrs
+
+
 def not_an_optimizer() -> Workload:
     built = workload()
     built.optimizer = lambda model: "sgd"
