@@ -308,7 +308,7 @@ class TorchlabApp(App[int]):
         go nowhere)."""
         if not self.read_only:
             return False
-        self.run_state.log("refused", f"{subject}: this is a read-only view; the app that controls the run changes it",
+        self.run_state.log("refused", f"{subject}: read-only view (the controlling app changes the run)",
                            notify=True)
         self._refresh_view()
         return True

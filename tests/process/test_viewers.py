@@ -93,8 +93,8 @@ async def test_the_viewers_app_refuses_keys_on_the_spot_and_leaving_it_leaves_th
         assert "view only" in str(app.query_one(RunHeader).content)
         await pilot.press("a", "space", "s")
         text = "\n".join(app.query_one(EventLog).lines_written)
-        assert "amp: this is a read-only view" in text and "pause: this is a read-only view" in text
-        assert "save checkpoint: this is a read-only view" in text
+        assert "amp: read-only view" in text and "pause: read-only view" in text
+        assert "save checkpoint: read-only view" in text
         await pilot.press("q")
     assert app.return_code == 0
     seen.until(lambda m: isinstance(m, p.Metrics) and m.columns["step"][-1] > app.run_state.step + 5)
