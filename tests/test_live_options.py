@@ -35,8 +35,10 @@ def test_each_option_has_a_flag_that_sets_it(option) -> None:
 def test_the_words_that_set_an_option_on_a_command_line_read_back_as_its_value(option) -> None:
     """What the app passes to the trainer it restarts with options set on the error screen."""
     for value in (TYPED[option.name][1], option.default):
-        config, explicit = resolve_config(build_parser().parse_args(["mlp", *option.flag_arguments(value)]))
-        assert getattr(config.options, option.name) == value and explicit == (set() if option.setting else {option.name})
+        words = option.flag_arguments(value)  # none for a switch's auto: the flag not given
+        config, explicit = resolve_config(build_parser().parse_args(["mlp", *words]))
+        assert getattr(config.options, option.name) == value
+        assert explicit == (set() if option.setting or not words else {option.name})
 
 
 @pytest.mark.parametrize("option", LIVE_OPTIONS, ids=lambda o: o.name)

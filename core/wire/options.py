@@ -146,6 +146,8 @@ class Switch(LiveOption):
         group.add_argument(self.flag, dest=self.name, action=argparse.BooleanOptionalAction, default=None, help=self.flag_help)
 
     def flag_arguments(self, value: Any) -> list[str]:
+        if value is None and self.auto:  # auto is the flag not given
+            return []
         return [self.flag if value else "--no-" + self.flag[2:]]
 
     def next_value(self, current: Any, refused: Callable[[bool], bool]) -> bool:
