@@ -90,11 +90,6 @@ def open_process_group(context: RankContext, device: torch.device) -> None:
         dist.init_process_group("gloo")
 
 
-def close_process_group() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def check_world_size(world_size: int, *, device: torch.device, batch_size: int) -> None:
     """Refuse a world size this machine or this run cannot have, saying why."""
     if batch_size % world_size:

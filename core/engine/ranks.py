@@ -36,7 +36,7 @@ import threading
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import psutil
 import torch
@@ -404,14 +404,13 @@ def run_quiet_rank(config: TrainConfig, context: RankContext, *, run_dir: Path, 
     return supervisor.run()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> NoReturn:
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    return record(_rank_main)(argv)
+    record(_rank_main)(argv)
 
 
-def _rank_main(argv: list[str] | None) -> int:
-    from torchlab.core.engine.distributed import close_process_group
+def _rank_main(argv: list[str] | None) -> NoReturn:
     from torchlab.core.engine.seeding import seed_everything
     from torchlab.core.engine.loading import load_workload
 
@@ -449,7 +448,7 @@ def _rank_main(argv: list[str] | None) -> int:
             link.on_event(Error(step=0, message=str(error), traceback="", rank=0))
             link.send_outcome("usage", 0, str(error), kind=type(error).__name__)
             link.close()
-        return 2
+        leave_without_teardown(2)
     if link is not None:
         link.attach(trainer)
     try:
@@ -458,14 +457,29 @@ def _rank_main(argv: list[str] | None) -> int:
         if link is not None:
             link.send_outcome("usage", trainer.step, str(error), kind=type(error).__name__)
             link.close()
-        return 2
+        leave_without_teardown(2)
     if link is not None:
         link.send_outcome(outcome.status, outcome.step, outcome.message, relaunch=outcome.relaunch,
                           kind=outcome.kind, unhandled=trainer.pending_commands())
         link.close()
-    close_process_group()
-    return 0
+    leave_without_teardown(0)
+
+
+def leave_without_teardown(code: int) -> NoReturn:
+    """End this rank now, skipping torch's teardown of the process group.
+
+    Freeing the DDP reducer frees its gloo process group, whose destructor joins gloo's worker threads while
+    holding the GIL. A worker that is still dropping the last collective's tensors (created in Python, so
+    their release needs the GIL) then waits for the GIL for ever, and the rank never exits: seen under load
+    with torch 2.13, the supervisor waiting on a finished run. By the time a rank leaves, everything it
+    writes is written and closed (checkpoints are published before ``run`` returns; the link is closed),
+    and its launcher reads only the exit code.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
