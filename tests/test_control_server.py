@@ -60,11 +60,13 @@ class Served:
         client = self.connect()
         client.sendall(p.Hello(version=p.PROTOCOL_VERSION, token=TOKEN, view=view).encode())
         assert answer(client).type == "welcome"
+        assert answer(client) == p.Replayed(events=0)  # the run had no past
         return client
 
 
 def answer(client: socket.socket) -> p.Message:
-    return p.decode(client.makefile("rb").readline())
+    """The next message (read a byte at a time: a buffered reader per call would swallow the one after)."""
+    return p.decode(client.makefile("rb", buffering=0).readline())
 
 
 @pytest.fixture
@@ -84,7 +86,7 @@ def test_refused_lines_are_passed_on_before_and_after_the_hello_and_a_probe_is_n
     assert "expected a hello" in answer(stranger).reason
     served.until(lambda: len(served.refused) == 1)
     app = served.app()
-    app.sendall(b'{"v": 6, "type": "' + b"x" * 100_000 + b'"}\n')
+    app.sendall(b'{"v": 7, "type": "' + b"x" * 100_000 + b'"}\n')
     served.until(lambda: len(served.refused) == 2)
     app.sendall(p.PauseCommand().encode())
     served.until(lambda: served.commands)
@@ -96,7 +98,7 @@ def test_refused_lines_are_passed_on_before_and_after_the_hello_and_a_probe_is_n
 
 def test_a_line_cut_off_by_the_peer_hanging_up_is_a_refused_line(served):
     stranger = served.connect()
-    stranger.sendall(b'{"v": 6, "type": "hel')
+    stranger.sendall(b'{"v": 7, "type": "hel')
     stranger.shutdown(socket.SHUT_WR)
     assert "connection closed" in answer(stranger).reason
     served.until(lambda: served.refused == [("expected a hello with a token first: connection closed", True)])
@@ -200,6 +202,21 @@ def test_viewers_get_the_stream_beside_the_app_their_commands_are_refused_and_th
     assert "wrong token" in answer(intruder).reason  # viewing takes the owner's token too
     app.close()
     served.until(lambda: served.gone == 1)
+
+
+def test_a_connection_gets_the_runs_past_then_a_marker_then_news(served):
+    outbox = served.server._outbox
+    outbox.add_event(p.State(state="running", step=0))
+    outbox.add_metrics({"step": 1, "loss": 2.5})
+    outbox.add_event(p.OptionApplied(option="clip", value=1.0, previous=None, step=5, source="app"))
+    viewer = served.connect()
+    viewer.sendall(p.Hello(version=p.PROTOCOL_VERSION, token=TOKEN, view=True).encode())
+    assert answer(viewer).type == "welcome"
+    past = [answer(viewer) for _ in range(4)]
+    assert past == [p.Metrics.from_records([{"step": 1, "loss": 2.5}]), p.State(state="running", step=0),
+                    p.OptionApplied(option="clip", value=1.0, previous=None, step=5, source="app"), p.Replayed(events=2)]
+    outbox.add_event(p.Log(level="info", text="news", step=6))
+    assert answer(viewer) == p.Log(level="info", text="news", step=6)
 
 
 def test_viewers_are_bounded(served):

@@ -238,7 +238,7 @@ class TorchlabApp(App[int]):
     def _follow_trainer_log(self) -> None:
         path = getattr(self.link, "log_path", None)
         if path is not None and (self._log_tail is None or self._log_tail.path != Path(path)):
-            self._log_tail = LogTail(Path(path))
+            self._log_tail = LogTail(Path(path), start=getattr(self.link, "log_start", 0))
 
     def poll_now(self) -> None:
         """Take what the link buffered, fold all of it into the state, redraw what changed (start-up, tests)."""

@@ -90,6 +90,8 @@ class ProcessLink:
         self.last_step = 0
         #: a read-only viewer (``attach``): its app refuses the keys that change the run
         self.view = False
+        #: the size of ``log_path`` when this link spawned or found its trainer: what lies before is not news
+        self.log_start = 0
 
     @classmethod
     def attach(cls, entry: RunEntry, *, view: bool = False) -> ProcessLink:
@@ -105,6 +107,7 @@ class ProcessLink:
     # ------------------------------------------------------------------ app-facing API
     def start(self) -> None:
         """Spawn the trainer (or, attached, find it) and begin connecting; returns at once. Main thread only."""
+        self.log_start = _size(self.log_path)
         if self._attached_pid is not None:
             self._closing = False
             self._reader = threading.Thread(target=self._read_events, name="torchlab-link-reader", daemon=True)
@@ -407,3 +410,10 @@ def _tail(path: Path, limit: int = 4000) -> str:
     except OSError:
         return ""
     return data[-limit:].decode("utf-8", errors="replace")
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

@@ -1,9 +1,11 @@
 """Follow ``trainer.log`` from where the last read stopped, the way ``tail -f`` does, without blocking.
 
 The trainer's stdout and stderr go to a file (printing to the terminal would scribble over the app),
-and the app shows new lines of it in the event log. Reads are bounded per call, a line is only
-emitted once its newline arrived, and a file that shrank (rotated or rewritten) is followed from its
-start again.
+and the app shows new lines of it in the event log: those written since its link started, not the
+file's older ones (an earlier trainer's, or, attached, the run's output before this app came: at the
+end of the log they read as news, below the replayed events they are older than). Reads are bounded
+per call, a line is only emitted once its newline arrived, and a file that shrank (rotated or
+rewritten) is followed from its start again.
 
 Not every line is for the event log: torch's C++ side logs to stderr in its own format (c10's
 ``[W1123 07:45:12.901699812 CPUAllocator.cpp:245] Memory block of unknown size…`` from the profiler,
@@ -31,11 +33,12 @@ def is_native_torch_log(line: str) -> bool:
 class LogTail:
     """New complete lines of a growing text file, per call to ``read_lines``."""
 
-    def __init__(self, path: Path, *, max_bytes: int = 64 * 1024, initial_bytes: int = 16 * 1024) -> None:
+    def __init__(self, path: Path, *, start: int = 0, max_bytes: int = 64 * 1024) -> None:
+        """``start``: the file's size when the trainer whose lines are news began writing to it (the link's
+        ``log_start``)."""
         self.path = Path(path)
         self.max_bytes = max_bytes
-        self.initial_bytes = initial_bytes
-        self._offset: int | None = None  # None: not opened yet
+        self._offset = start
         self._partial = b""
 
     def read_lines(self) -> list[str]:
@@ -44,12 +47,7 @@ class LogTail:
             size = self.path.stat().st_size
         except FileNotFoundError:
             return []
-        skip_first_line = False
-        if self._offset is None:
-            # Attaching to a long run: start near the end, at a line boundary.
-            self._offset = max(0, size - self.initial_bytes)
-            skip_first_line = self._offset > 0
-        elif size < self._offset:
+        if size < self._offset:
             self._offset, self._partial = 0, b""
         if size == self._offset:
             return []
@@ -59,8 +57,6 @@ class LogTail:
         self._offset += len(data)
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
-        if skip_first_line and lines:
-            lines.pop(0)
         if len(self._partial) > self.max_bytes:  # a line without end: show what there is
             lines.append(self._partial)
             self._partial = b""

@@ -157,6 +157,12 @@ class RunState:
         #: (option, formatted value) pairs the trainer refused on this run, e.g. ("amp", "fp16") on CPU
         self.refused: set[tuple[str, str]] = set()
         self._new_log: list[LogEntry] = []
+        #: between a Welcome and its Replayed: the run's past is being folded (logged, never toasted)
+        self._replaying = False
+        #: toasts the past would have raised (one says instead where they are)
+        self._past_toasts = 0
+        #: the "connected" line, logged after the past so that the log ends with the newest events
+        self._connected: LogEntry | None = None
         #: option -> step its last acknowledged change took effect at
         self._applied_at: dict[str, int] = {}
         #: the step of the newest checkpoint the trainer reported (what a restart resumes from), if any
@@ -255,6 +261,8 @@ class RunState:
         self._set_state("starting", "restarting from the last checkpoint")
 
     def log(self, level: str, text: str, step: int | None = None, *, notify: bool = False, toast: str | None = None) -> None:
+        if notify and self._replaying:  # old news: on an 80x24 screen a toast each covered the whole view
+            notify, self._past_toasts = False, self._past_toasts + 1
         self._new_log.append(LogEntry(level, text, step, notify, toast))
 
     def take_log(self) -> list[LogEntry]:
@@ -348,8 +356,20 @@ class RunState:
         where = f" on {self.device}" if self.device else ""
         workload = short_workload(self.workload) or "the run"
         # The step is the line's own (its first column): "connected" fits 80 columns with a workload's file name.
-        self.log("info", f"connected to the trainer of {workload}{where}: {len(modules)} modules", event.step)
+        # It is logged once the run's past (which the trainer sends next) is in the log above it.
+        self._connected = LogEntry("info", f"connected to the trainer of {workload}{where}: {len(modules)} modules", event.step)
+        self._replaying, self._past_toasts = True, 0
         self.header_version += 1
+
+    def _on_replayed(self, event: protocol.Replayed) -> None:
+        """The run's past is folded: log that this app connected, and say once where the past is."""
+        self._replaying = False
+        if self._connected is not None:
+            self._new_log.append(self._connected)
+            self._connected = None
+        if self._past_toasts:
+            self.log("info", f"attached at step {self.step}: the run's {event.events} earlier events are above",
+                     self.step, notify=True)
 
     def _on_state(self, event: protocol.State) -> None:
         previous = self.state
@@ -693,6 +713,7 @@ class RunState:
 
 _HANDLERS = {
     protocol.Welcome: RunState._on_welcome,
+    protocol.Replayed: RunState._on_replayed,
     protocol.State: RunState._on_state,
     protocol.Metrics: RunState._on_metrics,
     protocol.GradNorms: RunState._on_grad_norms,

@@ -282,6 +282,11 @@ class ControlServer:
 
     def _send_loop(self, connection: socket.socket) -> None:
         cursor = Cursor()
+        try:
+            connection.sendall(b"".join(message.encode() for message in self._outbox.take_past(cursor)))
+        except OSError:
+            _shutdown(connection)
+            return
         while True:
             messages = self._outbox.take(cursor, timeout=0.5)
             if messages is None:

@@ -19,7 +19,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from torchlab.core.wire.protocol import GradNorms, Impact, Memory, Message, Metrics, Ranks, Telemetry, TrialProgress
+from torchlab.core.wire.protocol import GradNorms, Impact, Memory, Message, Metrics, Ranks, Replayed, Telemetry, TrialProgress
 
 MAX_RECORDS_PER_MESSAGE = 1000
 
@@ -85,6 +85,13 @@ class Outbox:
                 return
             self._event_added.wait(timeout)
 
+    def take_past(self, cursor: Cursor) -> list[Message]:
+        """Everything held now, without waiting, ending in ``Replayed``: a connection's first send. The app
+        folds what comes before the marker as the run's past (into its log, without a toast per old event)."""
+        with self._lock:
+            events = sum(1 for seq, _ in self._events if seq > cursor.events)
+            return [*self._take_new(cursor), Replayed(events=events)]
+
     def take(self, cursor: Cursor, timeout: float) -> list[Message] | None:
         """What is new for ``cursor`` (waiting up to ``timeout``); None once closed and drained."""
         with self._lock:
@@ -92,18 +99,22 @@ class Outbox:
                 if self._closed:
                     return None
                 self._lock.wait(timeout)
-            messages: list[Message] = []
-            records = [record for seq, record in self._metrics if seq > cursor.metrics]
-            for start in range(0, len(records), MAX_RECORDS_PER_MESSAGE):
-                messages.append(Metrics.from_records(records[start : start + MAX_RECORDS_PER_MESSAGE]))
-            cursor.metrics = self._metrics_seq
-            for kind, (seq, message) in self._latest.items():
-                if seq > cursor.latest.get(kind, 0):
-                    messages.append(message)
-                    cursor.latest[kind] = seq
-            messages.extend(message for seq, message in self._events if seq > cursor.events)
-            cursor.events = self._events_seq
-            return messages
+            return self._take_new(cursor)
+
+    def _take_new(self, cursor: Cursor) -> list[Message]:
+        """What is new for ``cursor``: reports, newest values, then events in order. Called under the lock."""
+        messages: list[Message] = []
+        records = [record for seq, record in self._metrics if seq > cursor.metrics]
+        for start in range(0, len(records), MAX_RECORDS_PER_MESSAGE):
+            messages.append(Metrics.from_records(records[start : start + MAX_RECORDS_PER_MESSAGE]))
+        cursor.metrics = self._metrics_seq
+        for kind, (seq, message) in self._latest.items():
+            if seq > cursor.latest.get(kind, 0):
+                messages.append(message)
+                cursor.latest[kind] = seq
+        messages.extend(message for seq, message in self._events if seq > cursor.events)
+        cursor.events = self._events_seq
+        return messages
 
     def _has_new(self, cursor: Cursor) -> bool:
         return (

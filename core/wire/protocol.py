@@ -25,7 +25,7 @@ from torchlab.core.wire import strict_json
 from torchlab.core.wire.errors import SHOWN_CHARS, shown
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample, TrialArm
 
-PROTOCOL_VERSION = 6  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials; 5: a trial's progress, read-only viewers (hello's view), a module's tied names; 6: what an applied option did (its detail), impact segments' data wait
+PROTOCOL_VERSION = 7  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials; 5: a trial's progress, read-only viewers (hello's view), a module's tied names; 6: what an applied option did (its detail), impact segments' data wait; 7: Replayed ends a connection's past
 MAX_LINE_BYTES = 1 << 20
 #: A live option's name, a command's source and a value typed for it are short; longer ones are refused
 #: before anything echoes them.
@@ -351,6 +351,18 @@ class Welcome(Message):
 
 
 @dataclass(frozen=True)
+class Replayed(Message):
+    """Sent once on each connection, right after the run's past (the reports and events held before the app
+    connected): what follows is news. The app folds the past into its state and log, with one toast for it
+    at most, and logs that it connected after the past, so that its log ends with the newest events."""
+
+    type: ClassVar[str] = "replayed"
+    schema: ClassVar = {"events": (int,)}
+    journalled: ClassVar[bool] = False
+    events: int  # how many of the past's messages were events (acknowledgements, states, checkpoints, logs)
+
+
+@dataclass(frozen=True)
 class State(Message):
     """The run's state: starting, running, paused, stopped, finished, failed."""
 
@@ -604,4 +616,4 @@ class Refused(Message):
 
 
 COMMANDS = (Hello, PauseCommand, ResumeCommand, StopCommand, SetCommand, ProfileCommand, SaveCheckpointCommand, TrialCommand, DetachCommand)
-EVENTS = (Welcome, State, Metrics, GradNorms, Memory, TrialResult, Telemetry, OptionApplied, OptionRefused, Detached, CheckpointSaved, Log, Error, NonFinite, ProfileReady, Impact, Ranks, Refused)
+EVENTS = (Welcome, Replayed, State, Metrics, GradNorms, Memory, TrialResult, Telemetry, OptionApplied, OptionRefused, Detached, CheckpointSaved, Log, Error, NonFinite, ProfileReady, Impact, Ranks, Refused)

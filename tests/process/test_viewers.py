@@ -99,3 +99,44 @@ async def test_the_viewers_app_refuses_keys_on_the_spot_and_leaving_it_leaves_th
     assert app.return_code == 0
     seen.until(lambda m: isinstance(m, p.Metrics) and m.columns["step"][-1] > app.run_state.step + 5)
     assert not seen.of(p.OptionApplied) and not paused(seen) and link.process.poll() is None
+
+
+@pytest.mark.asyncio
+async def test_attaching_replays_the_past_into_the_log_with_one_toast_and_the_newest_lines_last(controlled):
+    """Re-attaching used to raise a toast per old acknowledgement (~16 covered an 80x24 screen), log
+    "connected" above the replayed past, and end the log with the trainer's old output."""
+    from torchlab.tui.app import make_app
+    from torchlab.tui.widgets.event_log import EventLog
+
+    link, seen = controlled
+    for value in (0.5, None, 0.25, None):
+        link.send(p.SetCommand("clip", value))
+        seen.until(lambda m: isinstance(m, p.OptionApplied) and m.value == value)
+    with open(link.log_path, "a") as log:
+        log.write("printed by the workload before anyone attached\n")
+    [entry] = list_runs()
+    app = make_app(lambda: ProcessLink.attach(entry, view=True), workload="tiny", poll_interval=0.05)
+    toasts: list[str] = []
+    notify = app.notify
+    app.notify = lambda message, **kwargs: (toasts.append(message), notify(message, **kwargs))  # type: ignore[method-assign]
+    async with app.run_test(size=(80, 24)) as pilot:
+        log = app.query_one(EventLog)
+        for _ in range(1200):
+            if any(line.startswith("attached at step") for line in _texts(log)):
+                break
+            await pilot.pause(0.05)
+        lines = _texts(log)
+        assert lines[-2].startswith("connected to the trainer of") and lines[-1].startswith("attached at step")
+        assert sum("clip" in line for line in lines) >= 4  # the past is in the log, oldest first
+        assert toasts == [lines[-1]]
+        assert not any("before anyone attached" in line for line in lines)
+        with open(link.log_path, "a") as output:
+            output.write("printed after the viewer came\n")
+        while not any("after the viewer came" in line for line in _texts(log)):
+            await pilot.pause(0.05)
+        await pilot.press("q")
+
+
+def _texts(log) -> list[str]:
+    """The event log's lines without their step column and mark ("   120 · connected to…")."""
+    return [line[9:] for line in log.lines_written]

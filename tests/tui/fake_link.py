@@ -187,6 +187,18 @@ def impact(*, bf16_steps: int = 40, clip_steps: int = 0) -> protocol.Impact:
     return protocol.Impact(segments=[start, bf16, clip] if clip_steps else [start, bf16])
 
 
+def past_ended(events: list[protocol.Message]) -> list[protocol.Message]:
+    """``events`` with a ``Replayed`` after each Welcome not followed by one, as the trainer's server sends
+    (here the run has no past: what follows the welcome is news, as for an app that started the run)."""
+    out: list[protocol.Message] = []
+    for index, event in enumerate(events):
+        out.append(event)
+        following = events[index + 1] if index + 1 < len(events) else None
+        if isinstance(event, protocol.Welcome) and not isinstance(following, protocol.Replayed):
+            out.append(protocol.Replayed(events=0))
+    return out
+
+
 class FakeLink:
     """Implements the app's link interface; ``sent`` holds every command the app sent, in order."""
 
@@ -218,7 +230,7 @@ class FakeLink:
         self.run_dir = Path(RUN_DIR)
 
     def drain(self) -> list[protocol.Message]:
-        out, self.queue = self.queue, []
+        out, self.queue = past_ended(self.queue), []
         self.queue, self.relaunched = self.relaunched, []
         for event in out:
             if isinstance(event, protocol.Metrics):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from fake_link import grad_norms, module_names, ranks, record, training_events, welcome
+from fake_link import grad_norms, module_names, past_ended, ranks, record, training_events, welcome
 
 from torchlab.core.wire import protocol
 from torchlab.core.wire.options import AMP
@@ -17,7 +17,7 @@ from torchlab.tui.stragglers import ComparedRank, flag_stragglers
 
 def fed(events) -> RunState:
     state = RunState()
-    for event in events:
+    for event in past_ended(list(events)):
         state.apply(event)
     return state
 
@@ -235,3 +235,29 @@ def test_back_to_world_size_1_forgets_the_ranks() -> None:
     assert state.state == "relaunching" and state.state_detail == "" and state.ranks == []
     state.apply(protocol.OptionApplied("world_size", 1, 2, 21, "script"))
     assert (state.state, state.world_size, state.has_ranks, state.ranks) == ("running", 1, False, [])
+
+
+def test_the_runs_past_is_logged_above_connected_with_one_toast_for_all_of_it() -> None:
+    """Attaching to a run that took changes: a toast per old acknowledgement covered an 80x24 screen, and the
+    replayed past came after the "connected" line, so the log ended with old news."""
+    state = RunState()
+    past = [protocol.State("starting", 0), protocol.State("running", 0), protocol.OptionApplied("amp", "bf16", "off", 40, "app"),
+            protocol.OptionApplied("clip", 1.0, None, 80, "app"), protocol.State("paused", 90),
+            protocol.State("running", 90)]
+    for event in [welcome(120), *past, protocol.Replayed(events=len(past))]:
+        state.apply(event)
+    entries = state.take_log()
+    assert entries[-2].text.startswith("connected to the trainer of tiny_gpt") and entries[-2].step == 120
+    assert entries[-1].text == "attached at step 120: the run's 6 earlier events are above" and entries[-1].notify
+    assert not any(entry.notify for entry in entries[:-1])
+    assert [entry.step for entry in entries[:-2]] == [0, 0, 40, 80, 90, 90]  # oldest first, as they happened
+    state.apply(protocol.OptionApplied("clip", None, 1.0, 121, "app"))
+    assert [entry.notify for entry in state.take_log()] == [True]  # news is told as before
+
+
+def test_a_past_with_nothing_to_tell_adds_no_line() -> None:
+    state = RunState()
+    for event in [welcome(0, state="starting"), protocol.State("running", 0), protocol.Replayed(events=1)]:
+        state.apply(event)
+    assert [entry.text for entry in state.take_log()] == ["training at step 0",
+                                                          "connected to the trainer of tiny_gpt on cpu: 28 modules"]
