@@ -45,10 +45,15 @@ class Viewer:
         self._thread.start()
 
     def _read(self) -> None:
-        while chunk := self.socket.recv(1 << 16):
-            self.received += len(chunk)
+        try:
+            while chunk := self.socket.recv(1 << 16):
+                self.received += len(chunk)
+        except OSError:  # closed under it by ``close``
+            pass
 
     def close(self) -> None:
+        self.socket.shutdown(socket.SHUT_RDWR)
+        self._thread.join()
         self.socket.close()
 
 

@@ -342,6 +342,19 @@ def test_a_new_reader_gets_the_history_replayed_in_batches():
     assert [len(m.records) for m in taken] == [1000, 1000, 500]
 
 
+def test_a_connections_past_is_what_the_outbox_holds_then_a_marker_with_its_events_counted():
+    outbox, cursor = Outbox(events_capacity=3), Cursor()
+    for step in range(1, 6):
+        outbox.add_metrics({"step": step})
+        outbox.add_event(p.State(state="running", step=step))
+    past = outbox.take_past(cursor)
+    assert [r["step"] for r in past[0].records] == [1, 2, 3, 4, 5]
+    assert [m.step for m in past[1:-1]] == [3, 4, 5]  # the oldest events left the ring
+    assert past[-1] == p.Replayed(events=3)
+    outbox.add_event(p.State(state="paused", step=6))
+    assert outbox.take(cursor, timeout=0) == [p.State(state="paused", step=6)]
+
+
 def test_a_sender_letting_reports_gather_is_woken_by_an_event_not_by_reports():
     outbox, cursor = Outbox(), Cursor()
     outbox.take(cursor, timeout=0)
