@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -190,3 +192,10 @@ def test_a_step_that_compiles_again_is_marked_as_compile_time():
     torch._dynamo.reset()  # the compiled graphs are gone: the next step compiles lazily, as after a failed guard
     trainer.run()
     assert [bool(record.get("compiling")) for record in seen.metrics] == [False, False, True, False]
+
+
+def test_the_trainer_imports_torch_compiles_machinery_only_once_something_is_compiled():
+    """torch._dynamo (and inductor with it) took 3 s to import at every trainer's start."""
+    code = "import sys, torchlab.core.engine.trainer; print('torch._dynamo' in sys.modules, 'torch._inductor' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["False", "False"]
