@@ -15,18 +15,25 @@ per-round throughput ratio to the bare loop (bare time / variant time), with its
 
     python benchmarks/probe_overhead.py                     # tiny_gpt, the default sample
     python benchmarks/probe_overhead.py --workload mlp --rounds 12
+    python benchmarks/probe_overhead.py --device cuda --json probe.json   # on a GPU (benchmarks/gpu_pass.sh)
+
+On CUDA each block is timed between two synchronizations, so it counts the kernels and not only their
+launches, and the bare loop pins its batches as the engine's loader does there.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import random
 import statistics
 import time
 import warnings
+from pathlib import Path
 
 import torch
+from torch.utils._pytree import tree_map
 
 from torchlab.core.wire.config import build_config
 from torchlab.core.engine.seeding import seed_everything
@@ -37,13 +44,17 @@ from torchlab.core.engine.trainer import Trainer
 class BareLoop:
     """The loop every PyTorch user writes; the baseline."""
 
-    def __init__(self, workload, batch_size: int, lr: float, naive_hooks: bool = False) -> None:
-        self.model = workload.model
+    def __init__(self, workload, batch_size: int, lr: float, naive_hooks: bool = False,
+                 device: torch.device = torch.device("cpu")) -> None:
+        self.device = device
+        self.model = workload.model.to(device)
         self.loss_fn = workload.loss_fn
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
         generator = torch.Generator().manual_seed(0)
+        # Pinned on CUDA, as the engine's loader is there by default (its pin_memory option).
         self.loader = torch.utils.data.DataLoader(
-            workload.dataset, batch_size=batch_size, shuffle=True, drop_last=True, generator=generator
+            workload.dataset, batch_size=batch_size, shuffle=True, drop_last=True, generator=generator,
+            pin_memory=device.type == "cuda",
         )
         self.batches = iter(self.loader)
         self.norms: dict[str, float] = {}
@@ -68,6 +79,7 @@ class BareLoop:
             except StopIteration:
                 self.batches = iter(self.loader)
                 batch = next(self.batches)
+            batch = tree_map(lambda value: value.to(self.device, non_blocking=True) if isinstance(value, torch.Tensor) else value, batch)
             loss = self.loss_fn(self.model, batch)
             loss.backward()
             self.optimizer.step()
@@ -75,9 +87,9 @@ class BareLoop:
             loss.item()
 
 
-def make_engine(workload, spec: str, batch_size: int, lr: float, probe_every) -> Trainer:
+def make_engine(workload, spec: str, batch_size: int, lr: float, probe_every, device: str = "cpu") -> Trainer:
     config = build_config({}, {
-        "workload": spec, "steps": 10**9, "batch_size": batch_size, "lr": lr, "schedule": "constant",
+        "workload": spec, "steps": 10**9, "batch_size": batch_size, "lr": lr, "schedule": "constant", "device": device,
         "eval_every": 0, "checkpoint_every": 0, "probe_every": probe_every, "options": {}, "at": [],
     })
     return Trainer(config, workload, observers=[])
@@ -90,7 +102,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps-per-block", type=int, default=10)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N: every variant trains there")
+    parser.add_argument("--json", type=Path, help="also write the figures here (the GPU pass collects them)")
     args = parser.parse_args()
+    device = torch.device(args.device)
 
     seed_everything(0)
     template = load_workload(args.workload)
@@ -100,16 +115,21 @@ def main() -> None:
         return copy.deepcopy(template)
 
     runners = {
-        "bare": BareLoop(fresh(), batch_size, args.lr),
-        "engine-off": make_engine(fresh(), args.workload, batch_size, args.lr, 0),
-        "engine-every": make_engine(fresh(), args.workload, batch_size, args.lr, 1),
-        "engine-auto": make_engine(fresh(), args.workload, batch_size, args.lr, "auto"),
-        "naive-hooks": BareLoop(fresh(), batch_size, args.lr, naive_hooks=True),
+        "bare": BareLoop(fresh(), batch_size, args.lr, device=device),
+        "engine-off": make_engine(fresh(), args.workload, batch_size, args.lr, 0, args.device),
+        "engine-every": make_engine(fresh(), args.workload, batch_size, args.lr, 1, args.device),
+        "engine-auto": make_engine(fresh(), args.workload, batch_size, args.lr, "auto", args.device),
+        "naive-hooks": BareLoop(fresh(), batch_size, args.lr, naive_hooks=True, device=device),
     }
     params = sum(p.numel() for p in template.model.parameters())
     modules = len(runners["engine-every"].grad_probe.module_names)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
     print(f"workload {args.workload}: {params:,} parameters in {modules} parameter-owning modules, "
-          f"batch {batch_size}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+          f"batch {batch_size}, torch {torch.__version__}, {where}")
+
+    def synchronize() -> None:
+        if device.type == "cuda":  # a block's time is its kernels' too, not only their launches
+            torch.cuda.synchronize(device)
 
     for runner in runners.values():  # warm-up: allocator, autograd caches, first DataLoader epoch
         runner.train_steps(3)
@@ -119,16 +139,21 @@ def main() -> None:
     for _ in range(args.rounds):
         random.shuffle(order)
         for name in order:
+            synchronize()
             started = time.perf_counter()
             runners[name].train_steps(args.steps_per_block)
+            synchronize()
             block_times[name].append(time.perf_counter() - started)
 
     bare = block_times["bare"]
+    figures: dict[str, dict[str, float]] = {}
     print(f"\n{'variant':<14} {'ms/step':>9} {'throughput vs bare':>19} {'IQR':>15}")
     for name, times in block_times.items():
         ratios = [b / t for b, t in zip(bare, times)]
         quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-        print(f"{name:<14} {1000 * statistics.median(times) / args.steps_per_block:>9.1f} "
+        figures[name] = {"ms_per_step": 1000 * statistics.median(times) / args.steps_per_block,
+                         "vs_bare": statistics.median(ratios), "iqr_low": quartiles[0], "iqr_high": quartiles[2]}
+        print(f"{name:<14} {figures[name]['ms_per_step']:>9.1f} "
               f"{statistics.median(ratios):>19.3f} {f'{quartiles[0]:.3f}–{quartiles[2]:.3f}':>15}")
     auto, every = runners["engine-auto"], runners["engine-every"]
     probe_ms = 1000 * every.cadence.probe_cost_s
@@ -136,6 +161,13 @@ def main() -> None:
     print(f"\nThe probe's own timing (foreach norms + per-module sums, on the training thread): "
           f"{probe_ms:.2f} ms per step = {100 * probe_ms / step_ms:.1f} % of the step.")
     print(f"engine-auto settled on a probe every {auto.cadence.interval} step(s).")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "workload": args.workload, "parameters": params, "batch_size": batch_size, "device": where,
+            "torch": torch.__version__, "rounds": args.rounds, "steps_per_block": args.steps_per_block,
+            "variants": figures, "probe_ms": probe_ms, "probe_share": probe_ms / step_ms,
+            "auto_interval": auto.cadence.interval,
+        }, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The GPU pass (issue 17): every CUDA path of the workbench run and measured, in one script that runs
+# unchanged on any Linux machine with an NVIDIA GPU, torch (CUDA) and no network.
+#
+#     bash benchmarks/gpu_wheels.sh                 # first, where there is a network: wheels into .whl/
+#     bash benchmarks/gpu_pass.sh all               # on the GPU machine, from the checkout's root
+#     bash benchmarks/gpu_pass.sh tests             # or a stage at a time (a machine lent for 10-minute
+#     bash benchmarks/gpu_pass.sh screens probe     #  commands takes three calls: tests; screens probe;
+#     bash benchmarks/gpu_pass.sh syncs lightning   #  syncs lightning)
+#
+# Stages:
+#   tests      the whole suite: `-m gpu` first (fp16 with its GradScaler, bf16, checkpointing, bit-exact
+#              resume, pinned memory, compile, NVML, NCCL through torchrun on one GPU, world size 2 on one
+#              GPU refused), then everything else
+#   screens    the real app on a real trainer on the GPU, driven by keys (benchmarks/gpu_screens.py):
+#              NVML's figures, fp16 on/off/on, checkpointing's effect on the allocator peak and the
+#              activation bytes; SVG captures and the screens as text
+#   probe      probe_overhead.py on a launch-bound model (tiny_gpt) and a GPU-bound one (gpt100m.py)
+#   syncs      host syncs per step per option, and what one per step costs (host_syncs.py)
+#   lightning  the same workloads under Lightning with its grad_norm logging (lightning_overhead.py)
+#
+# What it writes goes to $OUT (set by the machine's runner) or /tmp/gpu-pass: one log per stage, the
+# benchmarks' JSON, env.txt. Python packages come from .whl/ into /tmp/site; torch is the machine's own.
+# DEVICE=cpu runs the same stages on a CPU, to check the script itself where there is no GPU (with
+# wheels fetched for that machine's Python: PYTHON_VERSION=3.11 bash benchmarks/gpu_wheels.sh).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+out=${OUT:-/tmp/gpu-pass}
+mkdir -p "$out"
+python=${PYTHON:-python3}
+device=${DEVICE:-cuda}
+stages=("$@")
+[[ ${#stages[@]} -eq 0 || ${stages[0]} == all ]] && stages=(tests screens probe syncs lightning)
+
+fail() { echo "gpu_pass.sh: $*" >&2; exit 2; }
+
+setup() {
+    [[ -d .whl ]] || fail "no .whl/ beside the checkout: run benchmarks/gpu_wheels.sh where there is a network, and carry .whl/"
+    [[ $device == cpu ]] || "$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
+        || fail "torch sees no CUDA device here ($("$python" -c 'import torch; print(torch.__version__)' 2>&1)): this pass is for a GPU machine"
+    rm -rf /tmp/site
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+        || fail "the wheels in .whl/ did not install (were they fetched for this Python? PYTHON_VERSION in gpu_wheels.sh)"
+    # The checkout itself, built and installed as a user's pip would (not editable): what is tested is the
+    # package. Built from a copy of what git tracks or would track: setuptools reuses a stale build/ folder,
+    # and a wheel built beside one carried modules deleted long ago.
+    local source
+    source=$(mktemp -d)
+    if git rev-parse --git-dir >/dev/null 2>&1; then
+        git ls-files --cached --others --exclude-standard -z | tar --null -cf - -T - | tar -xf - -C "$source"
+    else  # a copy of the tree without its .git
+        tar --exclude=./build --exclude=./.venv --exclude=./.whl --exclude=./dist -cf - . | tar -xf - -C "$source"
+    fi
+    "$python" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target /tmp/site "$source" \
+        || fail "the checkout did not build (setuptools >= 68 is needed in the machine's Python)"
+    export PYTHONPATH=/tmp/site PATH="/tmp/site/bin:$PATH"
+    {
+        date -u
+        nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1
+        "$python" - <<'EOF'
+import platform, torch, textual, importlib.metadata as md
+gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+print(f"python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda}), {gpu}, "
+      f"textual {textual.__version__}")
+for name in ("torchlab-tui", "nvidia-ml-py", "lightning", "pytorch-lightning", "pytest"):
+    try:
+        print(f"{name} {md.version(name)}")
+    except md.PackageNotFoundError:
+        print(f"{name}: not installed")
+EOF
+        git log --oneline -1 2>/dev/null || true
+    } > "$out/env.txt" 2>&1
+    cat "$out/env.txt"
+}
+
+run_stage() {
+    local stage=$1 log="$out/$1.log"
+    echo "=== $stage ($(date -u +%T))"
+    case $stage in
+        tests)
+            # shellcheck disable=SC2086  # PYTEST_ARGS: extra pytest arguments, one per word
+            {
+                "$python" -m pytest -q -m gpu -p no:cacheprovider -o timeout=300 ${PYTEST_ARGS:-}
+                echo "--- the rest of the suite"
+                "$python" -m pytest -q -m "not gpu" -p no:cacheprovider -o timeout=300 ${PYTEST_ARGS:-}
+            } 2>&1 | tee "$log" ;;
+        screens)
+            "$python" benchmarks/gpu_screens.py --device "$device" --out "$out/screens" 2>&1 | tee "$log" ;;
+        probe)
+            {
+                "$python" benchmarks/probe_overhead.py --device "$device" --rounds 20 --json "$out/probe_tiny_gpt.json"
+                "$python" benchmarks/probe_overhead.py --device "$device" --workload benchmarks/gpt100m.py:workload \
+                    --rounds 8 --steps-per-block 5 --json "$out/probe_gpt100m.json"
+            } 2>&1 | tee "$log" ;;
+        syncs)
+            {
+                "$python" benchmarks/host_syncs.py --device "$device" --json "$out/syncs_tiny_gpt.json"
+                "$python" benchmarks/host_syncs.py --device "$device" --workload gpt100m --json "$out/syncs_gpt100m.json"
+            } 2>&1 | tee "$log" ;;
+        lightning)
+            {
+                "$python" benchmarks/lightning_overhead.py --device "$device" --json "$out/lightning_tiny_gpt.json"
+                "$python" benchmarks/lightning_overhead.py --device "$device" --workload gpt100m --json "$out/lightning_gpt100m.json"
+            } 2>&1 | tee "$log" ;;
+        *) fail "no stage '$stage': tests, screens, probe, syncs, lightning or all" ;;
+    esac
+}
+
+for stage in "${stages[@]}"; do
+    case $stage in tests|screens|probe|syncs|lightning) ;; *) fail "no stage '$stage': tests, screens, probe, syncs, lightning or all" ;; esac
+done
+setup
+status=0
+for stage in "${stages[@]}"; do
+    run_stage "$stage" || status=1
+done
+echo "gpu_pass.sh: done ($(date -u +%T)); what it wrote is in $out"
+exit $status
