@@ -53,6 +53,9 @@ def _attach(args: argparse.Namespace) -> int:
             if len(live) > 1:
                 print("\nSeveral runs are live: `torchlab-tui attach NAME` opens one.")
             return EXIT_OK
+        if not sys.stdout.isatty():  # a listing piped or captured: the app would draw into the pipe
+            print(f"\nNot opened (the output is not a terminal): `torchlab-tui attach {live[0].endpoint.name}` from one.")
+            return EXIT_OK
         entry = live[0]
     else:
         try:

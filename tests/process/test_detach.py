@@ -165,3 +165,20 @@ def test_after_a_detach_the_apps_death_does_not_stop_the_trainer(tmp_path):
     finally:
         if alive(trainer):
             os.kill(trainer, signal.SIGKILL)
+
+
+def test_attach_without_a_name_only_lists_when_its_output_is_not_a_terminal(tmp_path, capsys):
+    """Piped (`torchlab-tui attach | head`), it drew the app's escape codes into the pipe of a live run."""
+    run_dir = tmp_path / "run"
+    link, seen = _started(run_dir, "--steps", "1000000")
+    seen.until(lambda m: isinstance(m, p.Metrics))
+    _detach(link, seen)
+    try:
+        assert attach_main([]) == 0
+        said = capsys.readouterr().out
+        name = find_run(link.endpoint_name).endpoint.name
+        assert f"Not opened (the output is not a terminal): `torchlab-tui attach {name}` from one." in said
+        assert link.process.poll() is None
+    finally:
+        os.kill(link.pid, signal.SIGTERM)
+        link.process.wait(timeout=60)
