@@ -29,6 +29,8 @@ out=${OUT:-/tmp/gpu-pass}
 mkdir -p "$out"
 python=${PYTHON:-python3}
 device=${DEVICE:-cuda}
+# On a CPU the ~92M-parameter GPT takes seconds a step: the check of the script trains a small one instead.
+[[ $device == cpu ]] && export TORCHLAB_GPT100M_SMALL=1
 stages=("$@")
 [[ ${#stages[@]} -eq 0 || ${stages[0]} == all ]] && stages=(tests screens probe syncs lightning)
 
@@ -39,8 +41,6 @@ setup() {
     [[ $device == cpu ]] || "$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
         || fail "torch sees no CUDA device here ($("$python" -c 'import torch; print(torch.__version__)' 2>&1)): this pass is for a GPU machine"
     rm -rf /tmp/site
-    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-        || fail "the wheels in .whl/ did not install (were they fetched for this Python? PYTHON_VERSION in gpu_wheels.sh)"
     # The checkout itself, built and installed as a user's pip would (not editable): what is tested is the
     # package. Built from a copy of what git tracks or would track: setuptools reuses a stale build/ folder,
     # and a wheel built beside one carried modules deleted long ago.
@@ -51,8 +51,12 @@ setup() {
     else  # a copy of the tree without its .git
         tar --exclude=./build --exclude=./.venv --exclude=./.whl --exclude=./dist -cf - . | tar -xf - -C "$source"
     fi
-    "$python" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target /tmp/site "$source" \
-        || fail "the checkout did not build (setuptools >= 68 is needed in the machine's Python)"
+    # One install of the wheels and the checkout together: pip --target installs each package's scripts into
+    # one bin/, and a second install into the same target leaves out (or, with --upgrade, replaces) that folder.
+    "$python" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir \
+        --target /tmp/site .whl/*.whl "$source" \
+        || fail "the wheels in .whl/ or the checkout did not install (wheels fetched for another Python? PYTHON_VERSION in gpu_wheels.sh; setuptools >= 68 is needed to build the checkout)"
+    [[ -x /tmp/site/bin/torchlab-tui ]] || fail "the install left no torchlab-tui script in /tmp/site/bin"
     export PYTHONPATH=/tmp/site PATH="/tmp/site/bin:$PATH"
     {
         date -u

@@ -45,8 +45,12 @@ class BareLoop:
     """The loop every PyTorch user writes; the baseline."""
 
     def __init__(self, workload, batch_size: int, lr: float, naive_hooks: bool = False,
-                 device: torch.device = torch.device("cpu")) -> None:
+                 device: torch.device = torch.device("cpu"), reads_loss_every_step: bool = True) -> None:
+        """``reads_loss_every_step=False``: the losses are added up on the device and read once a block
+        (``host_syncs.py`` times what the one read a step costs on a GPU)."""
         self.device = device
+        self.reads_loss_every_step = reads_loss_every_step
+        self.loss_sum = torch.zeros((), device=device)
         self.model = workload.model.to(device)
         self.loss_fn = workload.loss_fn
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
@@ -84,7 +88,12 @@ class BareLoop:
             loss.backward()
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            loss.item()
+            if self.reads_loss_every_step:
+                loss.item()  # what every training loop does to print its loss: a host sync on a GPU
+            else:
+                self.loss_sum += loss.detach()
+        if not self.reads_loss_every_step:
+            self.loss_sum.item()
 
 
 def make_engine(workload, spec: str, batch_size: int, lr: float, probe_every, device: str = "cpu") -> Trainer:

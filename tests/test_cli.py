@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import shutil
 import subprocess
 import re
 import sys
@@ -156,7 +158,9 @@ def test_exception_mid_run_exits_1_with_traceback_and_keeps_a_checkpoint(tmp_pat
 
 
 def test_console_script_end_to_end(tmp_path):
-    script = Path(sys.executable).parent / "torchlab-tui"
+    # Beside the interpreter in a venv; on PATH where the package went elsewhere (gpu_pass.sh's pip --target).
+    script = shutil.which("torchlab-tui", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    assert script is not None, "no torchlab-tui console script beside the interpreter or on PATH"
     done = subprocess.run(
         [str(script), f"{TINY}:workload", "--headless", "--steps", "5", "--run-dir", str(tmp_path / "run")],
         capture_output=True, text=True, timeout=120,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ def test_importing_the_app_does_not_import_torch() -> None:
 
 
 def test_the_import_linter_contract_holds() -> None:
-    lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    lint = shutil.which("lint-imports", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
     if lint is None:
         pytest.skip("import-linter is not installed (pip install -e '.[dev]')")
     result = subprocess.run([lint], cwd=ROOT, capture_output=True, text=True, timeout=120)
