@@ -568,13 +568,19 @@ class Trainer:
             )
         return loss, metrics
 
+    def _loss_alone(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        """The loss ``loss_fn`` gives on ``batch``, its metrics (if it returns a mapping) left out: for the
+        passes that only backpropagate it, the compile at a boundary and the non-finite guard's replay."""
+        loss, _ = read_loss_output(self.workload.loss_fn(model, batch), describe_code(self.workload.loss_fn), self.device)
+        return loss
+
     def _raise_nonfinite(self, step: int, loss_value: float, total_norm: float | None) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         batch = self._last_batch
 
         def replay() -> torch.Tensor:
             with self.precision.autocast():
-                return self.workload.loss_fn(self.model, batch)
+                return self._loss_alone(self.model, batch)
 
         report = localise_nonfinite(self.model, replay, batch)
         self.optimizer.zero_grad(set_to_none=True)
@@ -1001,7 +1007,7 @@ class Trainer:
 
         def forward_and_backward() -> None:
             with precision.autocast():
-                loss = self.workload.loss_fn(compiled, batch)
+                loss = self._loss_alone(compiled, batch)
             loss.backward()
 
         try:
