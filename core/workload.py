@@ -28,25 +28,43 @@ SchedulerFactory = Callable[[torch.optim.Optimizer, int], torch.optim.lr_schedul
 
 @dataclass(kw_only=True)
 class Workload:
-    """A model, its data, and how to compute a scalar loss from one batch.
+    """A model, its data, and how to compute a scalar loss from one batch. Each field:
 
-    ``loss_fn(model, batch)`` returns the loss, a scalar floating-point tensor, or a mapping with ``"loss"``
-    and the workload's own metrics, each a scalar tensor or a number (``{"loss": loss, "accuracy": acc}``,
-    Lightning's ``training_step`` convention). The metrics are reduced on the device with the loss (no extra
+    ``model`` (required): any ``torch.nn.Module``. The trainer moves it to the run's device; checkpoints hold its
+    own state dict.
+
+    ``dataset`` (required): any map-style (``__getitem__`` and ``__len__``) or iterable torch ``Dataset``. A
+    map-style one is shuffled each epoch from ``--seed``; the batches and their order are the same whatever the
+    number of data-loader workers.
+
+    ``loss_fn(model, batch)`` (required) returns the loss, a scalar floating-point tensor, or a mapping with
+    ``"loss"`` and the workload's own metrics, each a scalar tensor or a number (``{"loss": loss, "accuracy":
+    acc}``, Lightning's ``training_step`` convention). The batch is the loader's, on the device (tensors inside
+    tuples, lists, dicts and namedtuples moved). The metrics are reduced on the device with the loss (no extra
     host transfer), averaged over micro-batches and ranks, reported under ``metrics`` in ``metrics.jsonl``,
     evaluated on ``val_dataset`` too (``val_metrics``) and plotted by the app. The same names every step.
+
+    ``val_dataset``: evaluated with ``loss_fn`` (no gradients, in order) every ``--eval-every`` steps and at
+    the last, on its first ``--eval-batches`` batches: ``val_loss`` and ``val_metrics``. None: no evaluation.
+
+    ``collate_fn``: makes one batch of a list of samples, for ``dataset`` and ``val_dataset`` (the
+    ``DataLoader``'s ``collate_fn``). None: PyTorch's default, which stacks tensors.
+
+    ``batch_size``: samples per micro-batch (with ranks, all ranks together). ``--batch-size`` overrides it;
+    both None: 32.
+
+    ``checkpoint_blocks`` names the submodules that activation checkpointing wraps (qualified names,
+    as in ``model.named_modules()``); left as None, they are the children of the largest
+    ``ModuleList``/``Sequential`` in the model.
 
     ``optimizer(model)`` returns the run's optimizer (any ``torch.optim.Optimizer``, any parameter groups; a
     group's ``"name"`` entry names its LR in reports), built on the model it is given (already on the run's
     device). ``scheduler(optimizer, total_steps)`` returns its ``LRScheduler``, stepped once per optimizer
     step. Left as None, ``--optimizer``/``--lr``/``--weight-decay`` and ``--schedule``/``--warmup-steps``
     build them. The live ``lr_scale`` multiplies every group's scheduled LR; checkpoints and exact resume
-    cover both. A resume with another ``--steps`` builds the workload's scheduler for the new total and
-    steps it to the step resumed at (the LR is what that plan says there, which may differ from before).
-
-    ``checkpoint_blocks`` names the submodules that activation checkpointing wraps (qualified names,
-    as in ``model.named_modules()``); left as None, they are the children of the largest
-    ``ModuleList``/``Sequential`` in the model.
+    cover both. A change of the run's length (a resume with another ``--steps``, or the live ``steps``)
+    builds the workload's scheduler for the new total and steps it to the step it is at: the LR is what that
+    plan says there, which may differ from before (torchlab's own schedules continue without a jump).
     """
 
     model: torch.nn.Module

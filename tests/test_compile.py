@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from trainers import TINY, make_trainer
+from trainers import TINY, WORKLOADS, make_trainer
 from torchlab.core.engine.checkpoint import load_checkpoint
 from torchlab.core.launch.arguments import EXIT_OK
 from torchlab.core.launch.cli import main
@@ -24,6 +24,8 @@ from torchlab.core.wire.impact import ImpactTracker
 
 GRADIENT_PENALTY = TINY.replace(":workload", ":gradient_penalty")
 RESIDUAL_CNN = TINY.replace(":workload", ":residual_cnn")
+#: Its loss_fn returns {"loss": ..., "accuracy": ...}, as a user's with metrics does.
+WITH_METRICS = f"{WORKLOADS / 'own_training.py'}:workload"
 
 
 def losses(seen) -> list[float]:
@@ -50,6 +52,18 @@ def test_compile_applies_at_a_step_boundary_with_its_compile_time_outside_the_st
     assert compiled.activations_bytes < eager.activations_bytes == eager_again.activations_bytes
     assert {entry.module for entry in compiled.by_module} == {"(root)", "(loss_fn)"}
     assert trainer.forward_model is trainer.model
+
+
+def test_a_workload_whose_loss_fn_returns_its_metrics_compiles_and_reports_them_compiled():
+    """Seen with a HuggingFace ResNet whose loss_fn returned {"loss", "acc"}: C was refused with
+    "'dict' object has no attribute 'backward'" (the compile at the boundary backpropagated loss_fn's mapping)."""
+    trainer, seen = make_trainer(WITH_METRICS, steps=4, at=["3:compile=on"])
+    trainer.run()
+    assert not seen.of("option_refused")
+    [event] = applied(seen, "compile")
+    assert event["step"] == 3 and event["detail"].startswith("compiled in ")
+    assert [record["compile"] for record in seen.metrics] == [False, False, True, True]
+    assert all(0.0 <= record["metrics"]["accuracy"] <= 1.0 for record in seen.metrics)
 
 
 def test_headless_says_when_it_compiles_and_how_long_it_took(tmp_path, capsys):

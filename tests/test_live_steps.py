@@ -70,6 +70,27 @@ def test_a_workloads_own_scheduler_is_built_again_for_the_new_total():
     assert [seen.at(step)["lrs"]["head"] for step in range(6, 21)] == pytest.approx(planned[5:], rel=1e-9)
 
 
+def test_where_a_workloads_own_scheduler_moves_the_lr_at_the_change_the_acknowledgement_says_so():
+    """Seen with a HuggingFace GPT-2's cosine over 3,000 steps cut to 150 at step 119: the LR fell from 1.0e-03 to
+    1.0e-04 at the change while the prompt promised no jump, and nothing said so."""
+    own = f"{WORKLOADS / 'own_training.py'}:workload"
+    unchanged, seen_unchanged = make_trainer(own, steps=40, checkpoint_every=0)
+    unchanged.run()
+    trainer, seen = make_trainer(own, steps=40, checkpoint_every=0, at=["20:steps=22"])
+    trainer.run()
+    [event] = [event for event in seen.of("option_applied") if event["option"] == "steps"]
+    planned, moved = seen_unchanged.at(20)["lrs"]["body"], seen.at(20)["lrs"]["body"]
+    assert moved < planned / 2  # the cosine planned for 22 steps is near its end at step 20
+    assert event["detail"] == f"the workload's scheduler, built for 22 steps, moves the LR (group body) {planned:.1e} → {moved:.1e}"
+
+
+def test_torchlabs_own_schedule_goes_on_without_a_word_about_the_lr():
+    trainer, seen = make_trainer(TINY, steps=40, checkpoint_every=0, at=["20:steps=80"])
+    trainer.run()
+    [event] = [event for event in seen.of("option_applied") if event["option"] == "steps"]
+    assert not event["detail"]
+
+
 def test_a_trial_of_steps_is_refused():
     trainer, seen = make_trainer(TINY, steps=4, checkpoint_every=0)
     trainer.submit(TrialCommand("steps", 100, 2, source="test"))

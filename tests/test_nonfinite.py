@@ -44,3 +44,22 @@ def test_nan_in_input_data_is_blamed_on_the_data():
     trainer, seen = make_trainer(workload=workload, steps=3, batch_size=8)
     assert trainer.run().status == "nonfinite"
     assert seen.of("nonfinite")[0]["phase"] == "input"
+
+
+def test_nan_made_in_a_backward_pass_is_localised_when_loss_fn_returns_metrics_too():
+    """The guard's replay backpropagates the loss alone: a loss_fn returning {"loss": ..., "error": ...} once made
+    the replay fail with "'dict' object has no attribute 'detach'" instead of naming the module."""
+    spec = importlib.util.spec_from_file_location("tiny_for_nan_metrics", TINY_FILE)
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    reference = tiny.nan_in_backward()
+
+    def loss_and_error(model, batch):
+        loss = tiny.mse_loss(model, batch)
+        return {"loss": loss, "error": loss.detach().sqrt()}
+
+    workload = Workload(model=reference.model, dataset=reference.dataset, loss_fn=loss_and_error, batch_size=16)
+    trainer, seen = make_trainer(workload=workload, steps=5, probe_every=1)
+    assert trainer.run().status == "nonfinite"
+    [report] = seen.of("nonfinite")
+    assert (report["step"], report["phase"], report["module"]) == (1, "backward", "extra")

@@ -112,3 +112,18 @@ def test_metrics_that_break_the_contract_stop_the_run_with_one_paragraph(tmp_pat
 def test_a_setting_the_workloads_own_optimizer_or_scheduler_replaces_is_refused_not_ignored(tmp_path, capsys, flags, message):
     assert main([f"{OWN}:workload", "--headless", "--steps", "2", *flags, "--run-dir", str(tmp_path / "run")]) == EXIT_USAGE
     assert message in " ".join(capsys.readouterr().err.split())
+
+
+def test_every_field_of_workload_is_described_in_its_docstring_and_in_the_readme():
+    """The contract is public API: a field a user cannot read about in either place is one they guess at (the
+    README once listed collate_fn and batch_size by name only)."""
+    import dataclasses
+    import re
+
+    from torchlab.core.workload import Workload
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    table_rows = {match.group(1): match.group(2) for match in re.finditer(r"^\| `(\w+)` \| [^|]+ \| (.+) \|$", readme, re.M)}
+    for field in dataclasses.fields(Workload):
+        assert re.search(rf"``{field.name}(\(|``)", Workload.__doc__), f"Workload's docstring does not describe {field.name}"
+        assert len(table_rows.get(field.name, "")) > 20, f"README's table of Workload fields has no row for {field.name}"

@@ -568,13 +568,19 @@ class Trainer:
             )
         return loss, metrics
 
+    def _loss_alone(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        """The loss ``loss_fn`` gives on ``batch``, its metrics (if it returns a mapping) left out: for the
+        passes that only backpropagate it, the compile at a boundary and the non-finite guard's replay."""
+        loss, _ = read_loss_output(self.workload.loss_fn(model, batch), describe_code(self.workload.loss_fn), self.device)
+        return loss
+
     def _raise_nonfinite(self, step: int, loss_value: float, total_norm: float | None) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         batch = self._last_batch
 
         def replay() -> torch.Tensor:
             with self.precision.autocast():
-                return self.workload.loss_fn(self.model, batch)
+                return self._loss_alone(self.model, batch)
 
         report = localise_nonfinite(self.model, replay, batch)
         self.optimizer.zero_grad(set_to_none=True)
@@ -1001,7 +1007,7 @@ class Trainer:
 
         def forward_and_backward() -> None:
             with precision.autocast():
-                loss = self.workload.loss_fn(compiled, batch)
+                loss = self._loss_alone(compiled, batch)
             loss.backward()
 
         try:
@@ -1024,11 +1030,13 @@ class Trainer:
         self._apply_lr_scale(scale)
 
     @enacts(STEPS)
-    def _enact_steps(self, total: int) -> None:
+    def _enact_steps(self, total: int) -> str | None:
         """Train to step ``total``: the loop, the final evaluation and checkpoint follow ``self.config.steps``;
-        the schedule re-plans from here as a resume with ``--steps`` does (core/engine/schedule.py)."""
+        the schedule re-plans from here as a resume with ``--steps`` does (core/engine/schedule.py). A workload's
+        own scheduler, built again for the new total, may set another LR here: that is said, not left to be
+        found in the chart."""
         if total == self.config.steps:
-            return
+            return None
         if total < self.step:
             raise OptionRefused(f"the run is at step {self.step} already: train to step {self.step} or later")
         extensions = self.config.schedule_extensions
@@ -1039,10 +1047,17 @@ class Trainer:
                                          warmup_steps=self.config.resolved_warmup_steps)  # the warm-up stays where it is
         except ConfigError as error:
             raise OptionRefused(str(error).rstrip(".")) from None
+        before = self.lrs.scheduled[0] * self.options.lr_scale
         self.scheduler = replan_schedule(self.scheduler, self.optimizer, config, self.workload, self.step)
         self.lrs = LearningRates(self.optimizer, self.scheduler)
         self.lrs.apply(self.options.lr_scale)
         self.config = config
+        after = self.lrs.scheduled[0] * self.options.lr_scale
+        if self.workload.scheduler is None or math.isclose(before, after, rel_tol=1e-3):
+            return None
+        groups = group_names(self.optimizer)
+        group = f" (group {groups[0]})" if len(groups) > 1 else ""
+        return f"the workload's scheduler, built for {total:,} steps, moves the LR{group} {before:.1e} → {after:.1e}"
 
     @enacts(WORLD_SIZE)
     def _enact_world_size(self, size: int) -> bool:

@@ -252,7 +252,8 @@ STEPS = Number(
     name="steps", default=200, whole=True, minimum=1, maximum=10**9, must_be="a whole number of steps from 1 to 10^9",
     label="steps", short="steps", key="e", footer="Steps", metavar="N", in_footer=False,
     help="Set the step the run ends at: extend or shorten it while it trains",
-    prompt="Train to step", hint="the step to end at, not below the current one; the LR schedule goes on without a jump",
+    prompt="Train to step", hint="the step to end at, not below the current one; torchlab's LR schedules go on without a jump, "
+         "a workload's own scheduler is built again for the new total",
     flag_help="optimizer steps to train to (default 200)", setting=True, in_panel=False,
 )
 

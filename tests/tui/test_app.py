@@ -614,6 +614,42 @@ async def test_at_80x24_the_lines_of_a_session_each_fit_one_row_of_the_event_log
         assert max(line.cell_length for line in log.lines) <= log.scrollable_content_region.width
 
 
+async def test_at_80x24_an_entry_too_long_for_a_row_goes_on_under_its_text_not_under_the_steps(link: FakeLink) -> None:
+    """Seen in tmux with a HuggingFace model: a refusal's reason and transformers' warnings went on at column 0,
+    under the step column, so a reader could not tell where one entry ended and the next began."""
+    reason = ("torch.compile could not compile this model: AttributeError: 'dict' object has no attribute "
+              "'backward'; it trains on as it was")
+    link.push(protocol.OptionRefused("compile", True, reason, 124, "app"))
+    app = quiet_app(link)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await answer(app, pilot)
+        log = app.query_one(EventLog)
+        rows = [line.text for line in log.lines]
+        first = next(index for index, row in enumerate(rows) if "compile = on refused" in row)
+        assert rows[first].startswith("   124 ✗ compile = on refused: torch.compile")
+        continued = rows[first + 1:first + 3]
+        assert continued and all(row.startswith(" " * 9) and row[9] != " " for row in continued)
+        assert " ".join(row.strip() for row in rows[first:first + 3]).endswith("it trains on as it was")
+        assert max(line.cell_length for line in log.lines) <= log.scrollable_content_region.width
+
+
+async def test_at_80x24_the_error_screen_shows_the_nan_report_whole_with_its_step(link: FakeLink) -> None:
+    """Seen in tmux with a HuggingFace GPT-2 at a huge LR: the report's box had one row, which read "The backward in
+    transformer.h.1.ln_1 became non-finite at step" with the step and the rest of the report below the fold."""
+    detail = "the backward pass of module 'transformer.h.1.ln_1' produced the first NaN/Inf gradient"
+    link.push(protocol.NonFinite(4, "backward", "transformer.h.1.ln_1", detail,
+                                 f"step 4: non-finite gradient (backward in transformer.h.1.ln_1): {detail}"))
+    app = quiet_app(link)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await answer(app, pilot)
+        await pilot.pause()
+        assert isinstance(app.screen, ErrorScreen)
+        report = app.screen.query_one("#error-detail-scroll")
+        shown = report.scrollable_content_region.height
+        assert shown >= 4 and report.max_scroll_y == 0  # the whole report, without scrolling
+        assert app.screen.query_one("#restart").region.height > 0  # and the way on still there
+
+
 async def test_at_80x24_no_line_of_the_main_screen_is_cut_in_the_middle_of_a_figure() -> None:
     from fake_link import telemetry
 

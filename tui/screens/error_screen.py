@@ -61,6 +61,10 @@ class ErrorScreen(ModalScreen[Restart | str]):
     ErrorScreen #error-keys { color: $text-muted; width: 1fr; }
     ErrorScreen #error-buttons { height: auto; align-horizontal: right; }
     ErrorScreen #error-buttons Button { margin-left: 1; min-width: 10; }
+    /* On a short terminal (80x24) every row goes to the report: at 90% it had one, cut before the step. */
+    ErrorScreen.-short > #error-dialog { width: 100%; height: 100%; }
+    ErrorScreen.-short #error-message { margin-bottom: 0; }
+    ErrorScreen.-short #error-options-title { margin-top: 0; }
     """
 
     AUTO_FOCUS = "#restart"  # on activation, by Textual: also safe when a key dismisses it at once

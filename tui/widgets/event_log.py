@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.table import Table
 from rich.text import Text
 from textual.widgets import RichLog
 
@@ -39,9 +40,19 @@ class EventLog(RichLog):
     def add(self, entry: LogEntry) -> None:
         mark, style = LEVEL_MARKS.get(entry.level, ("·", ""))
         step = f"{entry.step:>6}" if entry.step is not None else " " * 6
-        text = Text.assemble((step, "dim"), " ", (mark, style), " ")
-        text.append(entry.text, style="dim" if entry.level == "trainer" else ("red" if entry.level == "error" else ""))
-        self.write(text)
-        self.lines_written.append(text.plain)
+        gutter = Text.assemble((step, "dim"), " ", (mark, style), " ")
+        body = Text(entry.text, style="dim" if entry.level == "trainer" else ("red" if entry.level == "error" else ""))
+        self.write(_hanging(gutter, body))
+        self.lines_written.append(gutter.plain + body.plain)
         if len(self.lines_written) > self.max_lines:
             del self.lines_written[: len(self.lines_written) - self.max_lines]
+
+
+def _hanging(gutter: Text, body: Text) -> Table:
+    """The entry with a hanging indent: where the text needs a second row (a long reason, a trainer's warning at
+    80 columns) it goes on under the text, so the step column shows only steps and each entry reads as one."""
+    grid = Table.grid()
+    grid.add_column(width=gutter.cell_len, no_wrap=True)
+    grid.add_column(ratio=1, overflow="fold")  # a path longer than the row is folded, not cut
+    grid.add_row(gutter, body)
+    return grid
