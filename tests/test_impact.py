@@ -6,6 +6,7 @@ import json
 import math
 import random
 import re
+from collections import deque
 
 import pytest
 
@@ -13,7 +14,7 @@ from trainers import TINY
 from torchlab.core.launch.arguments import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.events import ProfileStarted, RunStarted
-from torchlab.core.wire.impact import ImpactTracker, median_interval
+from torchlab.core.wire.impact import WARMUP_STEPS, ImpactTracker, median_interval
 from torchlab.core.wire.payloads import AllocatorSample, HostSample, MemoryBreakdown, TelemetrySample
 from torchlab.core.wire.protocol import ProfileReady
 
@@ -182,18 +183,33 @@ def test_a_burst_of_slow_steps_in_the_middle_widens_the_interval():
 
 
 def test_too_few_timed_steps_give_no_interval_and_no_speed_verdict():
-    """Ten timed steps are the least: ten steps after a change, one of them left out as warm-up, are too few."""
+    """Ten timed steps are the least: eleven steps after a change, the first two left out as warm-up, are too few."""
     tracker = ImpactTracker()
     for step in range(1, 31):
         tracker.on_metrics(record(step, 0.10, 1.0))
-    for step in range(31, 41):
+    for step in range(31, 42):
         tracker.on_metrics(record(step, 0.05, 1.0, clip=1.0))
     _, short = tracker.table()
     assert (short.step_time_low_s, short.step_time_high_s, short.speedup) == (None, None, None)
     assert short.median_step_time_s == pytest.approx(0.05)
     assert short.verdict == "clip=1.0: too few steps to judge"
-    tracker.on_metrics(record(41, 0.05, 1.0, clip=1.0))
+    tracker.on_metrics(record(42, 0.05, 1.0, clip=1.0))
     assert tracker.table()[1].verdict == "clip=1.0: 2.00x faster"
+
+
+def test_every_warm_up_step_after_a_change_stays_out_of_the_medians():
+    """The first ``WARMUP_STEPS`` steps of a segment pay one-off costs: none of them is timed, the first included.
+    A segment made only of them has no step time at all rather than a warm-up step's."""
+    tracker = ImpactTracker()
+    for step in range(1, 21):
+        tracker.on_metrics(record(step, 0.10, 1.0))
+    for step in range(21, 21 + WARMUP_STEPS):  # the allocator's first blocks, a first autotune: 5x slower
+        tracker.on_metrics(record(step, 0.50, 1.0, amp="bf16"))
+    assert tracker.table()[1].median_step_time_s is None and tracker.table()[1].median_samples_per_s is None
+    for step in range(21 + WARMUP_STEPS, 31):
+        tracker.on_metrics(record(step, 0.05, 1.0, amp="bf16"))
+    assert tracker.segments[1].step_times == deque([0.05] * (10 - WARMUP_STEPS))
+    assert tracker.table()[1].median_step_time_s == pytest.approx(0.05)
 
 
 def test_the_interval_runs_between_inner_block_medians():

@@ -78,11 +78,12 @@ class Segment:
     _sxy: float = 0.0
 
     def add(self, record: dict[str, Any], timed: bool = True) -> None:
-        """One report; ``timed=False`` keeps its step time out of the medians (a profiled step), as does the
-        record itself where it says it compiled or ran uncompiled."""
+        """One report; ``timed=False`` keeps its step time out of the medians (a profiled step), as do the record
+        itself where it says it compiled or ran uncompiled, and the segment's first ``WARMUP_STEPS`` steps. A
+        segment of warm-up steps only has no step time: a warm-up step's would read as the option's."""
         self.last_step = record["step"]
         timed = timed and not record.get("compiling") and not record.get("eager")
-        if timed and (record["step"] - self.first_step >= WARMUP_STEPS or not self.step_times):
+        if timed and record["step"] - self.first_step >= WARMUP_STEPS:
             self.step_times.append(record["step_time_s"])
             self.throughputs.append(record["samples_per_s"])
             if record.get("data_wait_s") is not None:
