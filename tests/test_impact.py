@@ -14,7 +14,7 @@ from trainers import TINY
 from torchlab.core.launch.arguments import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.events import ProfileStarted, RunStarted
-from torchlab.core.wire.impact import WARMUP_STEPS, ImpactTracker, median_interval
+from torchlab.core.wire.impact import WARMUP_STEPS, ImpactTracker, median_interval, noise_words
 from torchlab.core.wire.payloads import AllocatorSample, HostSample, MemoryBreakdown, TelemetrySample
 from torchlab.core.wire.protocol import ProfileReady
 
@@ -247,3 +247,14 @@ def test_the_verdict_says_how_the_data_wait_moved_where_it_moved_by_a_share_of_a
     assert start.median_data_wait_s == 0.0042 and two.median_data_wait_s == 0.0001
     assert two.verdict == "workers=2: 1.25x faster, data wait 4.2 → 0.1 ms"
     assert three.verdict.startswith("workers=3: no clear difference")  # 0.2 ms: under 5 % of a 16 ms step
+
+
+def test_a_spread_of_100_percent_or_more_reads_as_a_ratio_of_step_times():
+    """"±400 %" is true but reads as nothing: from ±100 % on, the verdict says how far apart the step times may be."""
+    steady = [0.10] * 20
+    noisy = [0.10] * WARMUP_STEPS + [0.05] * 20 + [0.50] * 20  # 20 blocks: the 6th to the 15th span 0.05 to 0.5
+    _, segment = two_segments(steady, noisy, clip=1.0)
+    assert segment.speedup is None
+    assert segment.verdict == "clip=1.0: no clear difference (step times varied up to 5.0x)"
+    assert noise_words(0.995) == "±100 %" and noise_words(1.0) == "step times varied up to 2.0x"
+    assert noise_words(50.4) == "step times varied up to 51x"

@@ -244,8 +244,8 @@ def compare_step_times(
     Faster or slower only when the two intervals do not overlap; then ``speedup`` is the ratio of the
     medians. Otherwise ``speedup`` is None and the words say "no clear difference (±x %)", x being the
     largest change both intervals allow: this segment's high end over the earlier one's low end, or
-    its low end under the earlier one's high end, whichever is further from 1. A change that small can
-    hide in the noise. A segment (this or the one before) without an interval: "too few steps to judge".
+    its low end under the earlier one's high end, whichever is further from 1 (``noise_words``: from ±100 %
+    on, "step times varied up to 3.3x"). A change that small can hide in the noise. A segment (this or the one before) without an interval: "too few steps to judge".
     """
     if previous is None:
         return None, None
@@ -257,7 +257,22 @@ def compare_step_times(
         speedup = before_median / median
         return speedup, f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"
     hidden = max(high / before_low - 1, 1 - low / before_high)
-    return None, f"no clear difference ({plus_minus(hidden)})"
+    return None, f"no clear difference ({noise_words(hidden)})"
+
+
+#: From this spread on, ``noise_words`` says it as a ratio: "±234 %" is true, but reads as nothing.
+SPREAD_AS_RATIO = 1.0
+
+
+def noise_words(hidden: float) -> str:
+    """How large a change the noise could hide, for "no clear difference (...)": ``±6 %`` (``plus_minus``), and
+    from ``SPREAD_AS_RATIO`` (±100 %) on, as the ratio of step times the two intervals allow: ``step times
+    varied up to 3.3x``. Only "slower" reaches it (a step time cannot fall by 100 %), so the ratio is
+    ``1 + hidden``. The one wording of the noise: impact.json's verdict, the app's table and log, a trial's line."""
+    if hidden < SPREAD_AS_RATIO:
+        return plus_minus(hidden)
+    ratio = 1 + hidden
+    return f"step times varied up to {ratio:.1f}x" if ratio < 10 else f"step times varied up to {ratio:.0f}x"
 
 
 def plus_minus(fraction: float) -> str:
