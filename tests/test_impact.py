@@ -14,7 +14,7 @@ from trainers import TINY
 from torchlab.core.launch.arguments import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.events import ProfileStarted, RunStarted
-from torchlab.core.wire.impact import WARMUP_STEPS, ImpactTracker, median_interval, noise_words
+from torchlab.core.wire.impact import WARMUP_STEPS, ImpactTracker, Segment, median_interval, noise_words
 from torchlab.core.wire.payloads import AllocatorSample, HostSample, MemoryBreakdown, TelemetrySample
 from torchlab.core.wire.protocol import ProfileReady
 
@@ -258,3 +258,21 @@ def test_a_spread_of_100_percent_or_more_reads_as_a_ratio_of_step_times():
     assert segment.verdict == "clip=1.0: no clear difference (step times varied up to 5.0x)"
     assert noise_words(0.995) == "±100 %" and noise_words(1.0) == "step times varied up to 2.0x"
     assert noise_words(50.4) == "step times varied up to 51x"
+
+
+def test_a_closed_segment_is_summarised_once_and_its_row_stays_what_a_fresh_summary_gives(monkeypatch):
+    """The app asks for the table every second on the training thread: only the newest segment is summarised again."""
+    tracker = ImpactTracker()
+    summarised = []
+    summary = Segment.summary
+    monkeypatch.setattr(Segment, "summary", lambda self, previous: summarised.append(self.change) or summary(self, previous))
+    for step in range(1, 61):
+        options = {"clip": 1.0} if 20 < step <= 40 else {"clip": 1.0, "accum": 2} if step > 40 else {}
+        tracker.on_metrics(record(step, 0.10 if step <= 20 else 0.05, 3.0 - 0.01 * step, **options))
+        tracker.table()
+    # Each segment: once per table() while it is the newest (20 reports), once more when the next one began.
+    assert [summarised.count(change) for change in ("start", "clip=1.0", "accum=2")] == [21, 21, 20]
+    fresh = []
+    for segment in tracker.segments:
+        fresh.append(summary(segment, fresh[-1] if fresh else None))
+    assert tracker.table() == fresh and fresh[1].verdict == "clip=1.0: 2.00x faster"

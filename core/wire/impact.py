@@ -155,6 +155,7 @@ class ImpactTracker(TrainerObserver):
         # the table build): their times say what profiling costs, not what the options do.
         self._profiling = False
         self._warming_up = 0  # steps of a freshly started process still to leave out of the medians
+        self._closed_rows: list[ImpactSegment] = []  # the rows of every segment but the newest, which no report changes
 
     def on_metrics(self, record: dict[str, Any]) -> None:
         options = {key: record.get(key) for key in OPTION_NAMES}
@@ -186,11 +187,17 @@ class ImpactTracker(TrainerObserver):
             self.write()
 
     def table(self) -> list[ImpactSegment]:
-        """Segment summaries, each with ratios to the segment before it."""
-        rows: list[ImpactSegment] = []
-        for segment in self.segments:
-            rows.append(segment.summary(rows[-1] if rows else None))
-        return rows
+        """Segment summaries, each with ratios to the segment before it.
+
+        Only the newest segment still changes (reports and telemetry go to it alone), so the others' rows are
+        summarised once, when the next segment begins, and kept: the app asks for the table about once a
+        second, on the training thread, and a row costs two sorts of up to ``MEDIAN_WINDOW`` step times."""
+        for segment in self.segments[len(self._closed_rows) : -1]:
+            self._closed_rows.append(segment.summary(self._closed_rows[-1] if self._closed_rows else None))
+        if not self.segments:
+            return []
+        newest = self.segments[-1].summary(self._closed_rows[-1] if self._closed_rows else None)
+        return [*self._closed_rows, newest]
 
     def write(self) -> None:
         """Replace ``impact.json`` whole (a reader never sees half of it); a full disk is a StorageError."""
