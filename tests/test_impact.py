@@ -15,7 +15,7 @@ from torchlab.core.launch.arguments import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.events import ProfileStarted, RunStarted
 from torchlab.core.wire.impact import WARMUP_STEPS, ImpactTracker, Segment, median_interval, noise_words
-from torchlab.core.wire.payloads import AllocatorSample, HostSample, MemoryBreakdown, TelemetrySample
+from torchlab.core.wire.payloads import AllocatorSample, GpuSample, HostSample, MemoryBreakdown, TelemetrySample
 from torchlab.core.wire.protocol import ProfileReady
 
 
@@ -24,10 +24,10 @@ def record(step, step_time, loss, **options):
     return {"step": step, "step_time_s": step_time, "samples_per_s": 32 / step_time, "loss": loss, **base, **options}
 
 
-def sample(peak_allocated_bytes, trainer_rss_bytes):
-    """A telemetry sample with the two figures the impact table reads."""
+def sample(peak_allocated_bytes, trainer_rss_bytes, gpus=()):
+    """A telemetry sample with the figures the impact table reads (and the RSS, which it must not)."""
     return TelemetrySample(
-        time=1.0, step=1, gpus=[], gpu_status="no GPU", torch=AllocatorSample("cpu", None, None, peak_allocated_bytes),
+        time=1.0, step=1, gpus=list(gpus), gpu_status="no GPU", torch=AllocatorSample("cpu", None, None, peak_allocated_bytes),
         host=HostSample(cpu_percent=10.0, cpu_count=2, trainer_cpu_percent=90.0, ram_used_bytes=1, ram_total_bytes=2,
                         trainer_rss_bytes=trainer_rss_bytes, trainer_processes=1),
     )
@@ -86,7 +86,7 @@ def test_segments_appear_in_the_run_directory_after_an_at_change(tmp_path):
     table = json.loads((tmp_path / "run" / "impact.json").read_text())
     assert list(table[0]) == [  # the format scripts read (README, "What a run leaves")
         "change", "options", "first_step", "last_step", "median_step_time_s", "step_time_low_s", "step_time_high_s",
-        "median_samples_per_s", "median_data_wait_s", "peak_allocated_bytes", "activations_bytes", "tensor_bytes",
+        "median_samples_per_s", "median_data_wait_s", "peak_allocated_bytes", "nvml_run_bytes", "activations_bytes", "tensor_bytes",
         "loss_slope_per_100_steps",
         "speedup", "memory_change", "activations_change", "verdict"]
     assert [(row["change"], row["first_step"], row["last_step"]) for row in table] == [
@@ -276,3 +276,27 @@ def test_a_closed_segment_is_summarised_once_and_its_row_stays_what_a_fresh_summ
     for segment in tracker.segments:
         fresh.append(summary(segment, fresh[-1] if fresh else None))
     assert tracker.table() == fresh and fresh[1].verdict == "clip=1.0: 2.00x faster"
+
+
+def nvml_gpu(index, this_run_memory_bytes):
+    """A GPU as core/engine/nvml.py reports it; ``this_run_memory_bytes`` None where NVML lists no processes."""
+    return GpuSample(index=index, name="GPU", memory_used_bytes=50 << 30, memory_total_bytes=80 << 30, utilization_percent=90.0,
+                     temperature_c=60.0, power_w=300.0, power_limit_w=700.0, sm_clock_mhz=1980.0,
+                     this_run_memory_bytes=this_run_memory_bytes)
+
+
+def test_on_cuda_a_segment_carries_what_nvml_sees_of_the_run_and_without_nvml_nothing_rather_than_zero():
+    tracker = ImpactTracker()
+    for step in range(1, 11):
+        tracker.on_metrics(record(step, 0.1, 1.0))
+        # two GPUs of a two-rank run, NVML's figure moving as the allocator's cache grows
+        tracker.on_telemetry(sample(3 << 30, 1 << 30, gpus=[nvml_gpu(0, (4 << 30) + step), nvml_gpu(1, 4 << 30)]))
+    tracker.on_metrics(record(11, 0.1, 1.0, amp="bf16"))
+    tracker.on_telemetry(sample(2 << 30, 1 << 30, gpus=[nvml_gpu(0, None), nvml_gpu(1, None)]))  # a container hides them
+    first, second = tracker.table()
+    assert first.nvml_run_bytes == (8 << 30) + 10 and second.nvml_run_bytes is None
+    assert second.peak_allocated_bytes == 2 << 30 and second.memory_change == pytest.approx(-1 / 3)  # judged by the allocator
+    cpu = ImpactTracker()
+    cpu.on_metrics(record(1, 0.1, 1.0))
+    cpu.on_telemetry(sample(None, 1 << 30))  # no NVIDIA driver: no GPU at all
+    assert cpu.table()[0].nvml_run_bytes is None

@@ -8,7 +8,8 @@ torch.compile compiled (``compiling`` in the record) and those a compiled run ra
 activation statistics (``eager``). Memory is what
 the tensors hold, measured on the trainer's memory steps (core/engine/memory.py): the activations saved
 for backward, and the total with parameters, gradients and optimizer state; on CUDA the memory figure
-is the allocator's peak (the trainer resets it at each change). Never the process RSS, which only
+is the allocator's peak (the trainer resets it at each change); beside it, what NVML sees of the run
+(shown, not judged: the allocator's cache it counts only grows). Never the process RSS, which only
 grows: after a profiler snapshot it would read as the next option's cost. Each segment is compared
 with the one before it: "checkpointing=on: 1.33x slower, activations -92 %, memory -60 %" when the
 two step-time intervals do not overlap, "lr_scale=0.5: no clear difference (±6 %), same memory" when
@@ -69,6 +70,7 @@ class Segment:
     throughputs: deque[float] = field(default_factory=lambda: deque(maxlen=MEDIAN_WINDOW))
     data_waits: deque[float] = field(default_factory=lambda: deque(maxlen=MEDIAN_WINDOW))
     peak_allocated_bytes: int | None = None
+    nvml_run_bytes: int | None = None  # the most NVML attributed to the run's processes, in the segment's samples
     activations_bytes: int | None = None  # the largest measured in the segment (the same on every step of one shape)
     tensor_bytes: int | None = None  # likewise, parameters + gradients + optimizer state + activations
     _n: int = 0
@@ -135,6 +137,7 @@ class Segment:
             median_samples_per_s=statistics.median(self.throughputs) if self.throughputs else None,
             median_data_wait_s=data_wait,
             peak_allocated_bytes=self.peak_allocated_bytes,
+            nvml_run_bytes=self.nvml_run_bytes,
             activations_bytes=self.activations_bytes,
             tensor_bytes=self.tensor_bytes,
             loss_slope_per_100_steps=self.loss_slope_per_100,
@@ -175,6 +178,9 @@ class ImpactTracker(TrainerObserver):
         allocated = sample.torch.peak_allocated_bytes
         if allocated is not None:
             segment.peak_allocated_bytes = max(segment.peak_allocated_bytes or 0, allocated)
+        nvml = sample.run_gpu_memory_bytes
+        if nvml is not None:
+            segment.nvml_run_bytes = max(segment.nvml_run_bytes or 0, nvml)
 
     def on_event(self, event: Message) -> None:
         if isinstance(event, RunStarted):
