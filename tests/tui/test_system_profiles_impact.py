@@ -428,6 +428,8 @@ async def test_t_asks_for_a_trial_checks_it_as_the_trainer_would_and_sends_it() 
         await pilot.press("T")
         prompt = app.screen
         assert isinstance(prompt, OptionPrompt)
+        # The hint is read as typed, not as markup: "[STEPS]" was taken for a style tag and vanished.
+        assert str(prompt.query_one("#prompt-hint").render()).startswith("OPTION=VALUE [STEPS], e.g. amp=bf16")
         for typed, error in (("turbo=on", "unknown option 'turbo'"), ("world_size=2", "a trial cannot change the world size"),
                              ("amp bf16", "type OPTION=VALUE"), ("clip=1.0 0", "a trial runs 1 to 1000 steps an arm, got 0")):
             await pilot.press(*typed, "enter")
