@@ -6,6 +6,7 @@ import json
 import math
 import random
 import re
+from collections import deque
 
 import pytest
 
@@ -13,8 +14,8 @@ from trainers import TINY
 from torchlab.core.launch.arguments import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.events import ProfileStarted, RunStarted
-from torchlab.core.wire.impact import ImpactTracker, median_interval
-from torchlab.core.wire.payloads import AllocatorSample, HostSample, MemoryBreakdown, TelemetrySample
+from torchlab.core.wire.impact import WARMUP_STEPS, ImpactTracker, Segment, median_interval, noise_words
+from torchlab.core.wire.payloads import AllocatorSample, GpuSample, HostSample, MemoryBreakdown, TelemetrySample
 from torchlab.core.wire.protocol import ProfileReady
 
 
@@ -23,10 +24,10 @@ def record(step, step_time, loss, **options):
     return {"step": step, "step_time_s": step_time, "samples_per_s": 32 / step_time, "loss": loss, **base, **options}
 
 
-def sample(peak_allocated_bytes, trainer_rss_bytes):
-    """A telemetry sample with the two figures the impact table reads."""
+def sample(peak_allocated_bytes, trainer_rss_bytes, gpus=()):
+    """A telemetry sample with the figures the impact table reads (and the RSS, which it must not)."""
     return TelemetrySample(
-        time=1.0, step=1, gpus=[], gpu_status="no GPU", torch=AllocatorSample("cpu", None, None, peak_allocated_bytes),
+        time=1.0, step=1, gpus=list(gpus), gpu_status="no GPU", torch=AllocatorSample("cpu", None, None, peak_allocated_bytes),
         host=HostSample(cpu_percent=10.0, cpu_count=2, trainer_cpu_percent=90.0, ram_used_bytes=1, ram_total_bytes=2,
                         trainer_rss_bytes=trainer_rss_bytes, trainer_processes=1),
     )
@@ -85,7 +86,7 @@ def test_segments_appear_in_the_run_directory_after_an_at_change(tmp_path):
     table = json.loads((tmp_path / "run" / "impact.json").read_text())
     assert list(table[0]) == [  # the format scripts read (README, "What a run leaves")
         "change", "options", "first_step", "last_step", "median_step_time_s", "step_time_low_s", "step_time_high_s",
-        "median_samples_per_s", "median_data_wait_s", "peak_allocated_bytes", "activations_bytes", "tensor_bytes",
+        "median_samples_per_s", "median_data_wait_s", "peak_allocated_bytes", "nvml_run_bytes", "activations_bytes", "tensor_bytes",
         "loss_slope_per_100_steps",
         "speedup", "memory_change", "activations_change", "verdict"]
     assert [(row["change"], row["first_step"], row["last_step"]) for row in table] == [
@@ -182,18 +183,33 @@ def test_a_burst_of_slow_steps_in_the_middle_widens_the_interval():
 
 
 def test_too_few_timed_steps_give_no_interval_and_no_speed_verdict():
-    """Ten timed steps are the least: ten steps after a change, one of them left out as warm-up, are too few."""
+    """Ten timed steps are the least: eleven steps after a change, the first two left out as warm-up, are too few."""
     tracker = ImpactTracker()
     for step in range(1, 31):
         tracker.on_metrics(record(step, 0.10, 1.0))
-    for step in range(31, 41):
+    for step in range(31, 42):
         tracker.on_metrics(record(step, 0.05, 1.0, clip=1.0))
     _, short = tracker.table()
     assert (short.step_time_low_s, short.step_time_high_s, short.speedup) == (None, None, None)
     assert short.median_step_time_s == pytest.approx(0.05)
     assert short.verdict == "clip=1.0: too few steps to judge"
-    tracker.on_metrics(record(41, 0.05, 1.0, clip=1.0))
+    tracker.on_metrics(record(42, 0.05, 1.0, clip=1.0))
     assert tracker.table()[1].verdict == "clip=1.0: 2.00x faster"
+
+
+def test_every_warm_up_step_after_a_change_stays_out_of_the_medians():
+    """The first ``WARMUP_STEPS`` steps of a segment pay one-off costs: none of them is timed, the first included.
+    A segment made only of them has no step time at all rather than a warm-up step's."""
+    tracker = ImpactTracker()
+    for step in range(1, 21):
+        tracker.on_metrics(record(step, 0.10, 1.0))
+    for step in range(21, 21 + WARMUP_STEPS):  # the allocator's first blocks, a first autotune: 5x slower
+        tracker.on_metrics(record(step, 0.50, 1.0, amp="bf16"))
+    assert tracker.table()[1].median_step_time_s is None and tracker.table()[1].median_samples_per_s is None
+    for step in range(21 + WARMUP_STEPS, 31):
+        tracker.on_metrics(record(step, 0.05, 1.0, amp="bf16"))
+    assert tracker.segments[1].step_times == deque([0.05] * (10 - WARMUP_STEPS))
+    assert tracker.table()[1].median_step_time_s == pytest.approx(0.05)
 
 
 def test_the_interval_runs_between_inner_block_medians():
@@ -231,3 +247,56 @@ def test_the_verdict_says_how_the_data_wait_moved_where_it_moved_by_a_share_of_a
     assert start.median_data_wait_s == 0.0042 and two.median_data_wait_s == 0.0001
     assert two.verdict == "workers=2: 1.25x faster, data wait 4.2 → 0.1 ms"
     assert three.verdict.startswith("workers=3: no clear difference")  # 0.2 ms: under 5 % of a 16 ms step
+
+
+def test_a_spread_of_100_percent_or_more_reads_as_a_ratio_of_step_times():
+    """"±400 %" is true but reads as nothing: from ±100 % on, the verdict says how far apart the step times may be."""
+    steady = [0.10] * 20
+    noisy = [0.10] * WARMUP_STEPS + [0.05] * 20 + [0.50] * 20  # 20 blocks: the 6th to the 15th span 0.05 to 0.5
+    _, segment = two_segments(steady, noisy, clip=1.0)
+    assert segment.speedup is None
+    assert segment.verdict == "clip=1.0: no clear difference (step times varied up to 5.0x)"
+    assert noise_words(0.995) == "±100 %" and noise_words(1.0) == "step times varied up to 2.0x"
+    assert noise_words(50.4) == "step times varied up to 51x"
+
+
+def test_a_closed_segment_is_summarised_once_and_its_row_stays_what_a_fresh_summary_gives(monkeypatch):
+    """The app asks for the table every second on the training thread: only the newest segment is summarised again."""
+    tracker = ImpactTracker()
+    summarised = []
+    summary = Segment.summary
+    monkeypatch.setattr(Segment, "summary", lambda self, previous: summarised.append(self.change) or summary(self, previous))
+    for step in range(1, 61):
+        options = {"clip": 1.0} if 20 < step <= 40 else {"clip": 1.0, "accum": 2} if step > 40 else {}
+        tracker.on_metrics(record(step, 0.10 if step <= 20 else 0.05, 3.0 - 0.01 * step, **options))
+        tracker.table()
+    # Each segment: once per table() while it is the newest (20 reports), once more when the next one began.
+    assert [summarised.count(change) for change in ("start", "clip=1.0", "accum=2")] == [21, 21, 20]
+    fresh = []
+    for segment in tracker.segments:
+        fresh.append(summary(segment, fresh[-1] if fresh else None))
+    assert tracker.table() == fresh and fresh[1].verdict == "clip=1.0: 2.00x faster"
+
+
+def nvml_gpu(index, this_run_memory_bytes):
+    """A GPU as core/engine/nvml.py reports it; ``this_run_memory_bytes`` None where NVML lists no processes."""
+    return GpuSample(index=index, name="GPU", memory_used_bytes=50 << 30, memory_total_bytes=80 << 30, utilization_percent=90.0,
+                     temperature_c=60.0, power_w=300.0, power_limit_w=700.0, sm_clock_mhz=1980.0,
+                     this_run_memory_bytes=this_run_memory_bytes)
+
+
+def test_on_cuda_a_segment_carries_what_nvml_sees_of_the_run_and_without_nvml_nothing_rather_than_zero():
+    tracker = ImpactTracker()
+    for step in range(1, 11):
+        tracker.on_metrics(record(step, 0.1, 1.0))
+        # two GPUs of a two-rank run, NVML's figure moving as the allocator's cache grows
+        tracker.on_telemetry(sample(3 << 30, 1 << 30, gpus=[nvml_gpu(0, (4 << 30) + step), nvml_gpu(1, 4 << 30)]))
+    tracker.on_metrics(record(11, 0.1, 1.0, amp="bf16"))
+    tracker.on_telemetry(sample(2 << 30, 1 << 30, gpus=[nvml_gpu(0, None), nvml_gpu(1, None)]))  # a container hides them
+    first, second = tracker.table()
+    assert first.nvml_run_bytes == (8 << 30) + 10 and second.nvml_run_bytes is None
+    assert second.peak_allocated_bytes == 2 << 30 and second.memory_change == pytest.approx(-1 / 3)  # judged by the allocator
+    cpu = ImpactTracker()
+    cpu.on_metrics(record(1, 0.1, 1.0))
+    cpu.on_telemetry(sample(None, 1 << 30))  # no NVIDIA driver: no GPU at all
+    assert cpu.table()[0].nvml_run_bytes is None

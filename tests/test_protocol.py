@@ -40,7 +40,7 @@ SAMPLE = TelemetrySample(
 )
 SEGMENT = ImpactSegment(
     change="start", options={"amp": "off", "clip": None}, first_step=1, last_step=40, median_step_time_s=0.12,
-    step_time_low_s=0.11, step_time_high_s=0.13, median_samples_per_s=266.7, median_data_wait_s=0.002, peak_allocated_bytes=None,
+    step_time_low_s=0.11, step_time_high_s=0.13, median_samples_per_s=266.7, median_data_wait_s=0.002, peak_allocated_bytes=None, nvml_run_bytes=None,
     activations_bytes=48 << 20, tensor_bytes=61 << 20, loss_slope_per_100_steps=-2.4, speedup=None, memory_change=None,
     activations_change=None, verdict="start",
 )
@@ -115,22 +115,22 @@ def test_non_finite_numbers_travel_as_null():
     (b"[1, 2]", "must be a JSON object"),
     (b'{"type": "pause"}', "protocol version None is not supported"),
     (b'{"v": 99, "type": "pause"}', f"protocol version 99 is not supported; this side speaks version {p.PROTOCOL_VERSION}"),
-    (b'{"v": 7}', "unknown message type None"),
-    (b'{"v": 7, "type": "format_disk"}', "unknown message type 'format_disk'"),
-    (b'{"v": 7, "type": "set", "option": "amp"}', "set: missing field 'value'"),
-    (b'{"v": 7, "type": "set", "option": ["amp"], "value": 1}', "set.option: expected str, got list"),
-    (b'{"v": 7, "type": "set", "option": "amp", "value": {"x": 1}}', "set.value: expected str or int or float or bool or null, got dict"),
-    (b'{"v": 7, "type": "profile", "steps": true}', "profile.steps: expected int, got a boolean"),
-    (b'{"v": 7, "type": "pause", "now": true}', "pause: unknown field(s) now"),
-    (b'{"v": 7, "type": "trial_progress", "step": 4, "label": "clip=0.5", "arm": 3, "done": 1, "steps": 2}',
+    (b'{"v": 8}', "unknown message type None"),
+    (b'{"v": 8, "type": "format_disk"}', "unknown message type 'format_disk'"),
+    (b'{"v": 8, "type": "set", "option": "amp"}', "set: missing field 'value'"),
+    (b'{"v": 8, "type": "set", "option": ["amp"], "value": 1}', "set.option: expected str, got list"),
+    (b'{"v": 8, "type": "set", "option": "amp", "value": {"x": 1}}', "set.value: expected str or int or float or bool or null, got dict"),
+    (b'{"v": 8, "type": "profile", "steps": true}', "profile.steps: expected int, got a boolean"),
+    (b'{"v": 8, "type": "pause", "now": true}', "pause: unknown field(s) now"),
+    (b'{"v": 8, "type": "trial_progress", "step": 4, "label": "clip=0.5", "arm": 3, "done": 1, "steps": 2}',
      "trial_progress: arm must be 1 or 2, got 3"),
-    (b'{"v": 7, "type": "trial_progress", "step": 4, "label": "clip=0.5", "arm": 1, "done": 3, "steps": 2}',
+    (b'{"v": 8, "type": "trial_progress", "step": 4, "label": "clip=0.5", "arm": 1, "done": 3, "steps": 2}',
      "trial_progress: done must be from 0 to steps (2), got 3"),
-    (b'{"v": 7, "type": "hello", "version": 1}', "hello: missing field 'token'"),
+    (b'{"v": 8, "type": "hello", "version": 1}', "hello: missing field 'token'"),
     (b"\xff\xfe", "not UTF-8"),
-    (b'{"v": 7, "type": "metrics", "columns": {"step": [1], "loss": [2.5, 2.4]}}', "columns must be of one length, got lengths [1, 2]"),
-    (b'{"v": 7, "type": "metrics", "columns": {"step": 1}}', "every column must be a list of values"),
-    (b'{"v": 7, "type": "metrics", "columns": ["step"], "rows": [[1]]}', "unknown field(s) rows"),
+    (b'{"v": 8, "type": "metrics", "columns": {"step": [1], "loss": [2.5, 2.4]}}', "columns must be of one length, got lengths [1, 2]"),
+    (b'{"v": 8, "type": "metrics", "columns": {"step": 1}}', "every column must be a list of values"),
+    (b'{"v": 8, "type": "metrics", "columns": ["step"], "rows": [[1]]}', "unknown field(s) rows"),
     (b"[" * 100000, "not valid JSON"),
     (b" " * (p.MAX_LINE_BYTES + 1), "exceeds the limit"),
 ])
@@ -421,15 +421,15 @@ def test_a_refusal_never_echoes_more_than_a_few_hundred_characters(payload):
 
 
 @pytest.mark.parametrize("payload, shown", [
-    ({"v": 7, "type": "x" * 1_000_000}, "unknown message type 'xxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxx'"),
+    ({"v": 8, "type": "x" * 1_000_000}, "unknown message type 'xxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxx'"),
     ({"v": int("9" * 4000), "type": "pause"}, "protocol version 999999999999999999...9999999999999999999 is not supported"),
     ({"v": "v" * 100_000}, "protocol version 'vvvvvvvvvvvvvvvvv...vvvvvvvvvvvvvvvvvv' is not supported"),
-    ({"v": 7, "type": ["pause"] * 100_000}, "unknown message type ['pause', 'pause', 'pause', ...]"),
+    ({"v": 8, "type": ["pause"] * 100_000}, "unknown message type ['pause', 'pause', 'pause', ...]"),
     ({"v": {str(n) * 50: {str(m) * 50: "v" * 50 for m in range(3)} for n in range(3)}}, "protocol version {'000000"),
-    ({"v": 7, "type": "pause", **{f"{n:06d}" + "f" * 1000: 1 for n in range(1000)}},
+    ({"v": 8, "type": "pause", **{f"{n:06d}" + "f" * 1000: 1 for n in range(1000)}},
      "pause: unknown field(s) 000000" + "f" * 31 + "..., 000001"),
-    ({"v": 7, "type": "pause", **{f"{n:06d}": 1 for n in range(1000)}}, "unknown field(s) 000000, 000001, 000002 and 997 more"),
-    ({"v": 7, "type": "metrics", "columns": {str(n): [0] * n for n in range(2000)}}, "got lengths [0, 1, 2 and 1997 more]"),
+    ({"v": 8, "type": "pause", **{f"{n:06d}": 1 for n in range(1000)}}, "unknown field(s) 000000, 000001, 000002 and 997 more"),
+    ({"v": 8, "type": "metrics", "columns": {str(n): [0] * n for n in range(2000)}}, "got lengths [0, 1, 2 and 1997 more]"),
 ])
 def test_what_a_peer_sent_is_echoed_cut_short(payload, shown):
     reason = reason_of(json.dumps(payload))

@@ -160,3 +160,18 @@ def test_the_description_reads_the_two_arms():
                          arms=[arm("checkpointing=on", 13.3, 100), arm("as it is", 10.0, 1000)])
     assert describe_trial(result) == ["trial checkpointing=on from step 40, 20 steps each on the same batches: 1.33x slower, "
                                       "activations -90 %, memory -82 %, loss 2.3750 vs 2.3750 (mean), 2.2500 vs 2.2500 (last)"]
+
+
+def test_a_trial_whose_arms_are_too_noisy_to_compare_says_how_far_apart_their_step_times_may_be():
+    """The trial's line words the noise as the impact table does (one definition: ``noise_words``)."""
+    from torchlab.core.wire.payloads import TrialArm
+    from torchlab.core.wire.protocol import TrialResult
+
+    def arm(label, low, median, high):
+        return TrialArm(label=label, steps=20, median_step_time_s=median, step_time_low_s=low, step_time_high_s=high,
+                        activations_bytes=100, tensor_bytes=200, losses=[2.5], error=None)
+
+    result = TrialResult(step=60, option="amp", value="bf16", steps=20,
+                         arms=[arm("amp=bf16", 0.17, 0.26, 0.50), arm("as it is", 0.16, 0.38, 2.03)])
+    [line] = describe_trial(result)
+    assert "no clear difference (step times varied up to 3.1x)" in line  # 0.50 s against 0.16 s

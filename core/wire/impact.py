@@ -8,7 +8,8 @@ torch.compile compiled (``compiling`` in the record) and those a compiled run ra
 activation statistics (``eager``). Memory is what
 the tensors hold, measured on the trainer's memory steps (core/engine/memory.py): the activations saved
 for backward, and the total with parameters, gradients and optimizer state; on CUDA the memory figure
-is the allocator's peak (the trainer resets it at each change). Never the process RSS, which only
+is the allocator's peak (the trainer resets it at each change); beside it, what NVML sees of the run
+(shown, not judged: the allocator's cache it counts only grows). Never the process RSS, which only
 grows: after a profiler snapshot it would read as the next option's cost. Each segment is compared
 with the one before it: "checkpointing=on: 1.33x slower, activations -92 %, memory -60 %" when the
 two step-time intervals do not overlap, "lr_scale=0.5: no clear difference (±6 %), same memory" when
@@ -69,6 +70,7 @@ class Segment:
     throughputs: deque[float] = field(default_factory=lambda: deque(maxlen=MEDIAN_WINDOW))
     data_waits: deque[float] = field(default_factory=lambda: deque(maxlen=MEDIAN_WINDOW))
     peak_allocated_bytes: int | None = None
+    nvml_run_bytes: int | None = None  # the most NVML attributed to the run's processes, in the segment's samples
     activations_bytes: int | None = None  # the largest measured in the segment (the same on every step of one shape)
     tensor_bytes: int | None = None  # likewise, parameters + gradients + optimizer state + activations
     _n: int = 0
@@ -78,11 +80,12 @@ class Segment:
     _sxy: float = 0.0
 
     def add(self, record: dict[str, Any], timed: bool = True) -> None:
-        """One report; ``timed=False`` keeps its step time out of the medians (a profiled step), as does the
-        record itself where it says it compiled or ran uncompiled."""
+        """One report; ``timed=False`` keeps its step time out of the medians (a profiled step), as do the record
+        itself where it says it compiled or ran uncompiled, and the segment's first ``WARMUP_STEPS`` steps. A
+        segment of warm-up steps only has no step time: a warm-up step's would read as the option's."""
         self.last_step = record["step"]
         timed = timed and not record.get("compiling") and not record.get("eager")
-        if timed and (record["step"] - self.first_step >= WARMUP_STEPS or not self.step_times):
+        if timed and record["step"] - self.first_step >= WARMUP_STEPS:
             self.step_times.append(record["step_time_s"])
             self.throughputs.append(record["samples_per_s"])
             if record.get("data_wait_s") is not None:
@@ -134,6 +137,7 @@ class Segment:
             median_samples_per_s=statistics.median(self.throughputs) if self.throughputs else None,
             median_data_wait_s=data_wait,
             peak_allocated_bytes=self.peak_allocated_bytes,
+            nvml_run_bytes=self.nvml_run_bytes,
             activations_bytes=self.activations_bytes,
             tensor_bytes=self.tensor_bytes,
             loss_slope_per_100_steps=self.loss_slope_per_100,
@@ -154,6 +158,7 @@ class ImpactTracker(TrainerObserver):
         # the table build): their times say what profiling costs, not what the options do.
         self._profiling = False
         self._warming_up = 0  # steps of a freshly started process still to leave out of the medians
+        self._closed_rows: list[ImpactSegment] = []  # the rows of every segment but the newest, which no report changes
 
     def on_metrics(self, record: dict[str, Any]) -> None:
         options = {key: record.get(key) for key in OPTION_NAMES}
@@ -173,6 +178,9 @@ class ImpactTracker(TrainerObserver):
         allocated = sample.torch.peak_allocated_bytes
         if allocated is not None:
             segment.peak_allocated_bytes = max(segment.peak_allocated_bytes or 0, allocated)
+        nvml = sample.run_gpu_memory_bytes
+        if nvml is not None:
+            segment.nvml_run_bytes = max(segment.nvml_run_bytes or 0, nvml)
 
     def on_event(self, event: Message) -> None:
         if isinstance(event, RunStarted):
@@ -185,11 +193,17 @@ class ImpactTracker(TrainerObserver):
             self.write()
 
     def table(self) -> list[ImpactSegment]:
-        """Segment summaries, each with ratios to the segment before it."""
-        rows: list[ImpactSegment] = []
-        for segment in self.segments:
-            rows.append(segment.summary(rows[-1] if rows else None))
-        return rows
+        """Segment summaries, each with ratios to the segment before it.
+
+        Only the newest segment still changes (reports and telemetry go to it alone), so the others' rows are
+        summarised once, when the next segment begins, and kept: the app asks for the table about once a
+        second, on the training thread, and a row costs two sorts of up to ``MEDIAN_WINDOW`` step times."""
+        for segment in self.segments[len(self._closed_rows) : -1]:
+            self._closed_rows.append(segment.summary(self._closed_rows[-1] if self._closed_rows else None))
+        if not self.segments:
+            return []
+        newest = self.segments[-1].summary(self._closed_rows[-1] if self._closed_rows else None)
+        return [*self._closed_rows, newest]
 
     def write(self) -> None:
         """Replace ``impact.json`` whole (a reader never sees half of it); a full disk is a StorageError."""
@@ -243,8 +257,8 @@ def compare_step_times(
     Faster or slower only when the two intervals do not overlap; then ``speedup`` is the ratio of the
     medians. Otherwise ``speedup`` is None and the words say "no clear difference (±x %)", x being the
     largest change both intervals allow: this segment's high end over the earlier one's low end, or
-    its low end under the earlier one's high end, whichever is further from 1. A change that small can
-    hide in the noise. A segment (this or the one before) without an interval: "too few steps to judge".
+    its low end under the earlier one's high end, whichever is further from 1 (``noise_words``: from ±100 %
+    on, "step times varied up to 3.3x"). A change that small can hide in the noise. A segment (this or the one before) without an interval: "too few steps to judge".
     """
     if previous is None:
         return None, None
@@ -256,7 +270,22 @@ def compare_step_times(
         speedup = before_median / median
         return speedup, f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"
     hidden = max(high / before_low - 1, 1 - low / before_high)
-    return None, f"no clear difference ({plus_minus(hidden)})"
+    return None, f"no clear difference ({noise_words(hidden)})"
+
+
+#: From this spread on, ``noise_words`` says it as a ratio: "±234 %" is true, but reads as nothing.
+SPREAD_AS_RATIO = 1.0
+
+
+def noise_words(hidden: float) -> str:
+    """How large a change the noise could hide, for "no clear difference (...)": ``±6 %`` (``plus_minus``), and
+    from ``SPREAD_AS_RATIO`` (±100 %) on, as the ratio of step times the two intervals allow: ``step times
+    varied up to 3.3x``. Only "slower" reaches it (a step time cannot fall by 100 %), so the ratio is
+    ``1 + hidden``. The one wording of the noise: impact.json's verdict, the app's table and log, a trial's line."""
+    if hidden < SPREAD_AS_RATIO:
+        return plus_minus(hidden)
+    ratio = 1 + hidden
+    return f"step times varied up to {ratio:.1f}x" if ratio < 10 else f"step times varied up to {ratio:.0f}x"
 
 
 def plus_minus(fraction: float) -> str:

@@ -161,6 +161,14 @@ class TelemetrySample:
     gpu_status: str
     torch: AllocatorSample
 
+    @property
+    def run_gpu_memory_bytes(self) -> int | None:
+        """What NVML sees of this run: the memory it attributes to the run's processes, every GPU together (the
+        caching allocator's reserve, CUDA's context and workspaces included). None, never 0, where nothing says:
+        no NVML (a CPU box), or GPUs that list no processes (as in some containers)."""
+        seen = [gpu.this_run_memory_bytes for gpu in self.gpus if gpu.this_run_memory_bytes is not None]
+        return sum(seen) if seen else None
+
 
 # ----------------------------------------------------------------------------- Memory: by kind, measured
 
@@ -259,7 +267,8 @@ class ImpactSegment:
     Medians leave out the first steps after a change. Memory is measured on the tensors (``MemoryBreakdown``;
     None until a memory step came): ``activations_bytes`` and ``tensor_bytes``; ``peak_allocated_bytes`` is the
     CUDA allocator's peak (None on a CPU), and the memory a segment is judged by where there is one, else
-    ``tensor_bytes``. The loss slope is per 100 steps (None under three losses). ``speedup``,
+    ``tensor_bytes``. ``nvml_run_bytes`` is what NVML sees of the run (``TelemetrySample.run_gpu_memory_bytes``),
+    the most of the segment's samples: shown, not judged, as the allocator's cache only grows (None on a CPU). The loss slope is per 100 steps (None under three losses). ``speedup``,
     ``memory_change`` and ``activations_change`` compare with the segment before (None for the first, or
     where a figure is missing); ``verdict`` says it in words: ``amp=bf16: 1.72x faster, activations -45 %,
     memory -38 %``, and ``workers=2: 1.31x faster, data wait 4.2 → 0.1 ms`` where the data wait moved by 5 % of
@@ -267,14 +276,15 @@ class ImpactSegment:
 
     ``step_time_low_s`` to ``step_time_high_s`` is a 90 % interval of the median step time (None under ten
     timed steps; ``core/wire/impact.py`` says how it is built). Speed is judged only where the two segments'
-    intervals do not overlap: elsewhere ``speedup`` is None and the verdict says ``no clear difference (±6 %)``.
+    intervals do not overlap: elsewhere ``speedup`` is None and the verdict says ``no clear difference (±6 %)``, or
+    from ±100 % on ``no clear difference (step times varied up to 3.3x)``.
     """
 
     schema: ClassVar[dict[str, tuple]] = {
         "change": (str,), "options": (dict,), "first_step": _INT, "last_step": _INT,
         "step_time_low_s": _OPT_NUMBER, "step_time_high_s": _OPT_NUMBER,
         "median_step_time_s": _OPT_NUMBER, "median_samples_per_s": _OPT_NUMBER, "median_data_wait_s": _OPT_NUMBER,
-        "peak_allocated_bytes": _OPT_INT,
+        "peak_allocated_bytes": _OPT_INT, "nvml_run_bytes": _OPT_INT,
         "activations_bytes": _OPT_INT, "tensor_bytes": _OPT_INT, "loss_slope_per_100_steps": _OPT_NUMBER,
         "speedup": _OPT_NUMBER, "memory_change": _OPT_NUMBER, "activations_change": _OPT_NUMBER, "verdict": (str,),
     }
@@ -288,6 +298,7 @@ class ImpactSegment:
     median_samples_per_s: float | None
     median_data_wait_s: float | None  # of a step, waiting for its batches (the loader's own time with 0 workers)
     peak_allocated_bytes: int | None
+    nvml_run_bytes: int | None  # the most NVML attributed to the run in the segment's telemetry (CUDA; else None)
     activations_bytes: int | None  # saved for backward, the most a memory step of the segment measured
     tensor_bytes: int | None  # parameters + gradients + optimizer state + activations, likewise
     loss_slope_per_100_steps: float | None

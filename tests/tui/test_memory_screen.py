@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from fake_link import FakeLink, quiet_app, training_events
+from fake_link import FakeLink, gpu, quiet_app, telemetry, training_events
 
 from torchlab.core.wire import protocol
 from torchlab.core.wire.payloads import MemoryBreakdown, ModuleBytes
@@ -62,3 +64,22 @@ async def test_before_any_measured_step_the_view_says_when_one_comes_and_long_li
         await pilot.pause()
         rows = [str(cell) for cell in app.screen.query_one("#memory-modules").get_column("module")]
         assert len(rows) == TOP_MODULES + 1 and rows[-1] == "5 more modules"
+
+
+async def test_on_cuda_the_view_adds_the_allocator_peak_and_what_nvml_sees_and_on_a_cpu_neither() -> None:
+    on_gpu = replace(memory(100, 48), breakdown=replace(memory(100, 48).breakdown, allocator_peak_bytes=70 * MIB))
+    app = quiet_app(FakeLink(training_events() + [telemetry(gpus=[gpu(0, this_run_memory_bytes=96 * MIB)]), on_gpu]))
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.poll_now()
+        await pilot.pause()
+        await pilot.press("M")
+        lines = str(app.screen.query_one("#memory-kinds").render()).splitlines()
+        assert lines[5].startswith("allocator peak") and lines[5].endswith(" 70 MiB")
+        assert lines[6].startswith("NVML: what the GPU holds for this run") and lines[6].endswith(" 96 MiB")
+    app = quiet_app(FakeLink(training_events() + [telemetry(), memory(100, 48)]))  # a CPU: no allocator, no NVML
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.poll_now()
+        await pilot.pause()
+        await pilot.press("M")
+        lines = str(app.screen.query_one("#memory-kinds").render()).splitlines()
+        assert lines[-1].startswith("total") and not any("NVML" in line or "peak" in line for line in lines)

@@ -290,7 +290,8 @@ async def test_impact_rows_and_the_verdict_in_the_log_and_the_table() -> None:
         assert column(table, "activations") == ["48 MiB", "26 MiB"]  # saved for backward, measured
         assert column(table, "memory") == ["61 MiB", "39 MiB"]  # the tensors' total on a CPU run, never the RSS
         assert column(table, "slope") == ["-2.41", "-0.52"]
-        assert column(table, "verdict") == ["–", "1.72x faster, activations -46 %, memory -36 %"]
+        # At 80 columns the verdict wraps between its parts, never inside a figure, so the row is read whole.
+        assert column(table, "verdict") == ["–", "1.72x faster, activations -46 %,\nmemory -36 %"]
         assert "latest: amp=bf16: 1.72x faster, activations -46 %, memory -36 %" in str(screen.query_one("#impact-latest").content)
         table.move_cursor(row=1)
         link.push(impact(bf16_steps=90))  # updates arrive while it is open: rows change in place
@@ -299,7 +300,10 @@ async def test_impact_rows_and_the_verdict_in_the_log_and_the_table() -> None:
         link.push(impact(bf16_steps=90, clip_steps=30))  # a change whose step time is within the noise
         await answer(app, pilot)
         assert column(table, "step_time")[2] == "10.3 ms ±15 %"
-        assert column(table, "verdict")[2] == "no clear difference (±20 %), same memory"
+        assert column(table, "verdict")[2] == "no clear difference (±20 %),\nsame memory"
+        # The verdict and the columns before it fill the screen: neither it nor the column after it is cut at the edge.
+        up_to_verdict = sum(column.get_render_width(table) for column in list(table.ordered_columns)[:4])
+        assert table.scrollable_content_region.width <= up_to_verdict <= table.size.width
         verdicts = list(table.get_column("verdict"))
         assert verdicts[1].style == "green" and verdicts[2].style == ""  # only a clear difference is coloured
         await pilot.press("a")
@@ -424,6 +428,8 @@ async def test_t_asks_for_a_trial_checks_it_as_the_trainer_would_and_sends_it() 
         await pilot.press("T")
         prompt = app.screen
         assert isinstance(prompt, OptionPrompt)
+        # The hint is read as typed, not as markup: "[STEPS]" was taken for a style tag and vanished.
+        assert str(prompt.query_one("#prompt-hint").render()).startswith("OPTION=VALUE [STEPS], e.g. amp=bf16")
         for typed, error in (("turbo=on", "unknown option 'turbo'"), ("world_size=2", "a trial cannot change the world size"),
                              ("amp bf16", "type OPTION=VALUE"), ("clip=1.0 0", "a trial runs 1 to 1000 steps an arm, got 0")):
             await pilot.press(*typed, "enter")
@@ -435,3 +441,17 @@ async def test_t_asks_for_a_trial_checks_it_as_the_trainer_would_and_sends_it() 
         await pilot.press("M")  # views do not open over one another; T is a trainer key, off in a view
         await pilot.press("T")
         assert not isinstance(app.screen, OptionPrompt)
+
+
+def test_a_verdict_wraps_between_its_parts_and_a_wide_spread_reads_as_a_ratio() -> None:
+    from dataclasses import replace
+
+    from torchlab.tui.screens.impact_screen import step_time_text, wrap_verdict
+
+    noisy = "no clear difference (step times varied up to 7.9x), activations -44 %, memory -40 %"
+    assert wrap_verdict(noisy, 33) == "no clear difference\n(step times varied up to 7.9x),\nactivations -44 %, memory -40 %"
+    assert wrap_verdict(noisy, 200) == noisy
+    assert wrap_verdict("workers=2 data wait 4.2 → 0.1 ms", 10) == "workers=2 data wait 4.2 → 0.1 ms"  # one part: whole
+    segment = impact().segments[1]
+    assert step_time_text(replace(segment, median_step_time_s=0.314, step_time_low_s=0.2, step_time_high_s=1.225)) == "314 ms ≤3.9x"
+    assert step_time_text(replace(segment, median_step_time_s=0.314, step_time_low_s=0.2, step_time_high_s=0.5)) == "314 ms ±59 %"

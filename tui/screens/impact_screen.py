@@ -13,8 +13,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Label, Static
+from textual.widgets.data_table import ColumnKey
 
-from torchlab.core.wire.impact import MIN_TIMED_STEPS, WARMUP_STEPS, plus_minus
+from torchlab.core.wire.impact import MIN_TIMED_STEPS, SPREAD_AS_RATIO, WARMUP_STEPS, plus_minus
 from torchlab.core.wire.payloads import ImpactSegment
 from torchlab.core.wire.protocol import TrialResult
 from torchlab.core.wire.trials import trial_verdict
@@ -34,6 +35,48 @@ COLUMNS = (
     ("memory", "memory"),
     ("slope", "loss slope"),
 )
+
+
+#: Columns of a table before its verdict: their widths decide how wide the verdict may be.
+BEFORE_VERDICT = 3
+#: The narrowest a verdict is wrapped to, however many columns precede it.
+MIN_VERDICT_WIDTH = 24
+#: What the frame and a table's scrollbar take from the screen's width, and a cell's padding (one each side).
+FRAME_WIDTH, SCROLLBAR_WIDTH, CELL_PADDING = 4, 1, 2
+
+
+def wrap_verdict(verdict: str, width: int) -> str:
+    """``verdict`` in lines of at most ``width`` where it is wider: broken after a part's comma ("1.72x faster,"
+    / "memory -36 %") or before a parenthesis, never inside a figure, so at 80 columns it is read whole instead of
+    being cut mid-figure at the screen's edge. A single part wider than ``width`` keeps its line."""
+    if len(verdict) <= width:
+        return verdict
+    tokens: list[tuple[str, str]] = []  # (what joins it to the token before, the token)
+    for index, part in enumerate(verdict.split(", ")):
+        head, parenthesis, rest = part.partition(" (")
+        tokens.append(("" if index == 0 else ", ", head))
+        if parenthesis:
+            tokens.append((" ", "(" + rest))
+    lines, line = [], tokens[0][1]
+    for joiner, token in tokens[1:]:
+        if len(line) + len(joiner) + len(token) <= width:
+            line += joiner + token
+        else:
+            lines.append(line + joiner.rstrip())
+            line = token
+    return "\n".join([*lines, line])
+
+
+def verdict_width(screen_width: int, rows: list[list[Text]], headers: list[str]) -> int | None:
+    """The verdict column's width where the table is wider than the screen, else None (every column as wide as
+    its content). That width is what is left of the screen once the frame and the ``BEFORE_VERDICT`` columns
+    (each as wide as its widest cell or header, with its padding) are taken, at least ``MIN_VERDICT_WIDTH``; the
+    column is made that wide and the verdict wrapped one narrower (the scrollbar may take one), so that the
+    column after it begins past the screen's edge: neither is seen cut mid-figure, the rest is a scroll away."""
+    widths = [max([len(header), *(row[column].cell_len for row in rows)]) + CELL_PADDING for column, header in enumerate(headers)]
+    if sum(widths) <= screen_width - FRAME_WIDTH - SCROLLBAR_WIDTH:
+        return None
+    return max(MIN_VERDICT_WIDTH, screen_width - FRAME_WIDTH - sum(widths[:BEFORE_VERDICT]) - CELL_PADDING)
 
 
 def segment_cells(segment: ImpactSegment) -> list[Text]:
@@ -71,7 +114,9 @@ def step_time_text(segment: ImpactSegment) -> str:
         return "–"
     if low is None or high is None or median <= 0:
         return format_us(median * 1e6)
-    return f"{format_us(median * 1e6)} {plus_minus(max(high - median, median - low) / median)}"
+    spread = max(high - median, median - low) / median
+    # From 100 % on only the upper end can reach that far: as a ratio ("≤3.9x") it reads, as "±290 %" it does not.
+    return f"{format_us(median * 1e6)} {plus_minus(spread) if spread < SPREAD_AS_RATIO else f'≤{1 + spread:.1f}x'}"
 
 
 #: (key, header) of the trials' table
@@ -79,7 +124,7 @@ TRIAL_COLUMNS = (("step", "step"), ("trial", "trial"), ("steps", "steps"), ("ver
 
 
 def trial_cells(result: TrialResult) -> list[Text]:
-    """One trial as table cells, in ``TRIAL_COLUMNS`` order."""
+    """One trial as table cells, in ``TRIAL_COLUMNS`` order (the verdict fourth: ``BEFORE_VERDICT`` columns precede it)."""
     trial = result.arms[0].label if result.arms else f"{result.option}={result.value}"
     style = "yellow" if result.error is not None or any(arm.error for arm in result.arms) else ""
     return [Text(str(result.step), justify="right"), Text(trial, style="bold"), Text(str(result.steps), justify="right"),
@@ -107,13 +152,18 @@ class ImpactScreen(ViewScreen):
             yield DataTable(id="trials-table", cursor_type="row", zebra_stripes=True)
             yield Static(
                 f"Each option change starts a segment. Step time, samples/s and data wait (for batches) are medians, without "
-                f"the first {WARMUP_STEPS} steps after a change or steps that compiled; ± is how far the step time's 90 % interval "
-                "reaches. The verdict calls a segment faster or slower than the one before only when their intervals do not "
+                f"the first {WARMUP_STEPS} steps after a change, profiled steps or steps that compiled; ± is how far the step time's "
+                "90 % interval reaches (≤3.9x: up to 3.9 times the median). The verdict calls a segment faster or slower than the one before only when their intervals do not "
                 f"overlap, and needs {MIN_TIMED_STEPS} timed steps on each side. Activations: saved for backward; memory: the CUDA allocator's peak, else the tensors' total (M shows them); "
                 "loss slope: per 100 steps, not judged (loss falls faster early in any run).",
                 classes="view-status",
             )
             yield Label("esc back · change an option on the main screen (a, c, g, m, l) to start a new segment", classes="view-keys")
+
+    def __init__(self, state: RunState | None = None) -> None:
+        super().__init__(state)
+        self._row_heights: list[int] = []  # the lines each segment's row was added with (its verdict's)
+        self._trials_width: int | None = None  # the width the trials' verdicts were wrapped to
 
     def on_mount(self) -> None:
         self.query_one("#view").border_title = "impact of each option change"
@@ -126,22 +176,39 @@ class ImpactScreen(ViewScreen):
         self.show_state(self.state)
         table.focus()
 
+    def on_resize(self) -> None:
+        self._seen_version = -1  # the verdicts wrap to the new width at the next redraw
+
     def show_state(self, state: RunState) -> None:
         if state.impact_version == self._seen_version:
             return
         self._seen_version = state.impact_version
         table = self.query_one("#impact-table", DataTable)
         segments = state.impact
-        if len(segments) < table.row_count:  # a new trainer (restart) began a new table
+        rows = [segment_cells(segment) for segment in segments]
+        verdict_column = [key for key, _ in COLUMNS].index("verdict")
+        width = verdict_width(self.app.size.width, rows, [header for _, header in COLUMNS])
+        verdicts = table.columns[ColumnKey("verdict")]
+        verdicts.width, verdicts.auto_width = width or 0, width is None
+        if width is not None:
+            for cells in rows:
+                cells[verdict_column] = _wrapped(cells[verdict_column], width - SCROLLBAR_WIDTH)
+        heights = [len(cells[verdict_column].plain.splitlines()) or 1 for cells in rows]
+        if heights[: table.row_count] != self._row_heights:
+            # A row's height is fixed when it is added: one whose verdict now takes more (or fewer) lines, or a new
+            # trainer's table (a restart), is drawn again from the top, the cursor kept where it was.
+            cursor = table.cursor_row
             table.clear()
-        for index, segment in enumerate(segments):
-            cells = segment_cells(segment)
+            self._row_heights = []
+            table.move_cursor(row=cursor)
+        for index, cells in enumerate(rows):
             key = str(index)
             if index < table.row_count:
                 for (column, _), cell in zip(COLUMNS, cells):
                     table.update_cell(key, column, cell, update_width=True)
             else:
-                table.add_row(*cells, key=key)
+                table.add_row(*cells, key=key, height=heights[index])
+                self._row_heights.append(heights[index])
         latest = self.query_one("#impact-latest", Static)
         changed = [segment for segment in segments[1:] if segment.verdict]
         if changed:
@@ -156,6 +223,18 @@ class ImpactScreen(ViewScreen):
         empty.display = not segments
         empty.update("No segments yet: the first starts with the first metrics." if not segments else "")
         trials = self.query_one("#trials-table", DataTable)
-        for result in state.trials[trials.row_count:]:
-            trials.add_row(*trial_cells(result))
+        trial_rows = [trial_cells(result) for result in state.trials]
+        width = verdict_width(self.app.size.width, trial_rows, [header for _, header in TRIAL_COLUMNS])
+        if width != self._trials_width:  # their verdicts were wrapped to another width: again, at this one
+            trials.clear()
+            self._trials_width = width
+        for cells in trial_rows[trials.row_count :]:
+            if width is not None:  # the verdict is the trials' last column: it wraps, and nothing comes after it
+                cells[-1] = _wrapped(cells[-1], width - SCROLLBAR_WIDTH)
+            trials.add_row(*cells, height=len(cells[-1].plain.splitlines()) or 1)
         trials.display = self.query_one("#trials-title").display = bool(state.trials)
+
+
+def _wrapped(cell: Text, width: int) -> Text:
+    """A verdict cell wrapped by ``wrap_verdict``, in its style."""
+    return Text(wrap_verdict(cell.plain, width), style=cell.style, justify=cell.justify)

@@ -24,8 +24,9 @@ BAR_WIDTH = 40
 TOP_MODULES = 30
 
 
-def kind_bars(memory: MemoryBreakdown, width: int = BAR_WIDTH) -> Text:
-    """One bar per kind, scaled to the largest, then the total (and the CUDA allocator's peak where there is one)."""
+def kind_bars(memory: MemoryBreakdown, width: int = BAR_WIDTH, nvml_bytes: int | None = None) -> Text:
+    """One bar per kind, scaled to the largest, then the total; on CUDA, the allocator's peak and what NVML sees of
+    the run (``TelemetrySample.run_gpu_memory_bytes``: the allocator's cache and CUDA's context too), where known."""
     kinds = (
         ("parameters", memory.parameters_bytes),
         ("gradients", memory.gradients_bytes),
@@ -43,6 +44,8 @@ def kind_bars(memory: MemoryBreakdown, width: int = BAR_WIDTH) -> Text:
     text.append(f"{'total':<12}{' ' * width} {format_bytes(memory.total_bytes):>9}", style="bold")
     if memory.allocator_peak_bytes is not None:
         text.append(f"\n{'allocator peak since the last option change':<{12 + width}} {format_bytes(memory.allocator_peak_bytes):>9}")
+    if nvml_bytes is not None:
+        text.append(f"\n{'NVML: what the GPU holds for this run':<{12 + width}} {format_bytes(nvml_bytes):>9}")
     return text
 
 
@@ -87,7 +90,7 @@ class MemoryScreen(ViewScreen):
             kinds.update("")
             return
         status.update(f"step {memory.step} · the tensors training holds, each storage counted once")
-        kinds.update(kind_bars(memory))
+        kinds.update(kind_bars(memory, nvml_bytes=state.telemetry.run_gpu_memory_bytes if state.telemetry else None))
         for entry in memory.by_module[:TOP_MODULES]:
             share = entry.bytes / memory.activations_bytes if memory.activations_bytes else 0.0
             table.add_row(entry.module, Text(format_bytes(entry.bytes), justify="right"), Text(f"{100 * share:.0f} %", justify="right"))

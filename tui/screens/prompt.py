@@ -61,10 +61,11 @@ class OptionPrompt(ModalScreen[Chosen | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
+            # Hints and refusals are plain text: "OPTION=VALUE [STEPS]" read as markup lost its "[STEPS]".
             yield Label(self.title_text, id="prompt-title")
-            yield Label(self.hint, id="prompt-hint")
+            yield Label(self.hint, id="prompt-hint", markup=False)
             yield Input(value=self.current, id="prompt-input", select_on_focus=True)
-            yield Static("", id="prompt-error")
+            yield Static("", id="prompt-error", markup=False)
             yield Label("enter apply · esc cancel", id="prompt-keys")
 
     @property
