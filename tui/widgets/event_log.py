@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from rich.table import Table
+import re
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.segment import Segment
 from rich.text import Text
 from textual.widgets import RichLog
 
@@ -42,17 +45,61 @@ class EventLog(RichLog):
         step = f"{entry.step:>6}" if entry.step is not None else " " * 6
         gutter = Text.assemble((step, "dim"), " ", (mark, style), " ")
         body = Text(entry.text, style="dim" if entry.level == "trainer" else ("red" if entry.level == "error" else ""))
-        self.write(_hanging(gutter, body))
+        self.write(HangingEntry(gutter, body))
         self.lines_written.append(gutter.plain + body.plain)
         if len(self.lines_written) > self.max_lines:
             del self.lines_written[: len(self.lines_written) - self.max_lines]
 
 
-def _hanging(gutter: Text, body: Text) -> Table:
-    """The entry with a hanging indent: where the text needs a second row (a long reason, a trainer's warning at
-    80 columns) it goes on under the text, so the step column shows only steps and each entry reads as one."""
-    grid = Table.grid()
-    grid.add_column(width=gutter.cell_len, no_wrap=True)
-    grid.add_column(ratio=1, overflow="fold")  # a path longer than the row is folded, not cut
-    grid.add_row(gutter, body)
-    return grid
+#: Where a line may break: at a run of spaces, except one between a number and its unit ("-5 %", "22.2 s",
+#: "4.11 MiB"), which Rich's own wrap would split ("memory -5" at the end of a row, "%" under it).
+_BREAKS = re.compile(r"(?<![0-9]) +| +(?!(?:%|ms|µs|s|min|h|x|B|KiB|MiB|GiB|TiB)(?:[\s,;:.)]|$))")
+
+
+class HangingEntry:
+    """An entry with a hanging indent: where the text needs a second row (a long reason, a trainer's warning at
+    80 columns) it goes on under the text, so the step column shows only steps and each entry reads as one. Rows
+    break between words, never between a figure and its unit; a word longer than a row (a path) is folded."""
+
+    def __init__(self, gutter: Text, body: Text) -> None:
+        self.gutter, self.body = gutter, body
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        indent = self.gutter.cell_len
+        room = max(options.max_width - indent, 8)
+        for index, row in enumerate(wrap_keeping_figures(self.body, room)):
+            yield from (self.gutter if index == 0 else Text(" " * indent)).render(console)
+            yield from row.render(console)
+            yield Segment.line()
+
+
+def wrap_keeping_figures(text: Text, width: int) -> list[Text]:
+    """``text`` in rows of at most ``width`` cells, broken only where ``_BREAKS`` allows (the spaces at a break
+    dropped), a word wider than a row folded; styles kept."""
+    plain = text.plain
+    words: list[tuple[int, int]] = []  # [start, end) of each unbreakable run, spaces inside it included
+    start = 0
+    for gap in _BREAKS.finditer(plain):
+        if gap.start() > start:
+            words.append((start, gap.start()))
+        start = gap.end()
+    if start < len(plain) or not words:
+        words.append((start, len(plain)))
+    rows: list[Text] = []
+    row_start = row_end = None
+    for word_start, word_end in words:
+        while word_end - word_start > width:  # a path or a URL: fold it, after what the row already holds
+            if row_start is not None:
+                rows.append(text[row_start:row_end])
+                row_start = None
+            rows.append(text[word_start:word_start + width])
+            word_start += width
+        if row_start is not None and word_end - row_start <= width:
+            row_end = word_end
+            continue
+        if row_start is not None:
+            rows.append(text[row_start:row_end])
+        row_start, row_end = word_start, word_end
+    if row_start is not None:
+        rows.append(text[row_start:row_end])
+    return rows
