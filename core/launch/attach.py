@@ -41,6 +41,9 @@ def main(argv: list[str]) -> int:
     except TorchlabError as error:  # a runtime directory that is not safe to use, say
         print(f"torchlab-tui attach: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # `torchlab-tui attach | head -3`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not fail again
+        return EXIT_OK
 
 
 def _attach(args: argparse.Namespace) -> int:
