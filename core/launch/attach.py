@@ -104,7 +104,7 @@ def open_run(entry: RunEntry, *, view: bool = False) -> int:
     if view:
         print(f"Stopped viewing {name}; it goes on as it was.", file=sys.stderr)
     elif app.run_state.detached:
-        print(f"Detached: {name} keeps training. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
+        print(f"Detached from {name}: {app.run_state.after_detach}. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
     print(f"Run directory: {info.get('run_dir')}", file=sys.stderr)
     return app.return_code or EXIT_OK
 
