@@ -30,6 +30,14 @@ from torchlab.tui.link import ProcessLink
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = f"{ROOT / 'tests' / 'workloads' / 'tiny.py'}:workload"
+#: What the page's terminal shows as text: xterm.js's DOM rows, or its screen-reader tree. With a canvas or WebGL
+#: renderer neither holds the screen, and the script falls back to waiting ``--wait`` seconds.
+PAGE_TEXT = "(document.querySelector('.xterm-rows') || document.querySelector('.xterm-accessibility-tree') || {}).innerText || ''"
+GRADIENT_TABLE = "gradient norms"
+#: Headless, and quiet: without the last five Chromium calls home at start (updates of its components, sync,
+#: field trials, the first-run page), and this script must send nothing beyond the loopback.
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,800", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run", "--no-default-browser-check")
 
 
 async def screenshot(browser: str, url: str, out: Path, wait_s: float) -> tuple[float, str]:
@@ -38,8 +46,8 @@ async def screenshot(browser: str, url: str, out: Path, wait_s: float) -> tuple[
     import aiohttp
 
     port = free_port()
-    chromium = subprocess.Popen([browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,800",
-                                 f"--remote-debugging-port={port}", url], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    chromium = subprocess.Popen([browser, *CHROMIUM_FLAGS, f"--remote-debugging-port={port}", url],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         async with aiohttp.ClientSession() as session:
             for _ in range(200):
@@ -63,9 +71,17 @@ async def screenshot(browser: str, url: str, out: Path, wait_s: float) -> tuple[
                             return message.get("result", {})
 
                 started = time.monotonic()
-                await asyncio.sleep(wait_s)  # the page's terminal is a canvas: its text cannot be read to wait on
+                table_seen = False
+                while time.monotonic() - started < wait_s:  # the table's title, where the page's text can be read
+                    result = await call("Runtime.evaluate", expression=PAGE_TEXT)
+                    if GRADIENT_TABLE in (result.get("result", {}).get("value") or ""):
+                        table_seen = True
+                        await asyncio.sleep(1.0)  # a frame or two more of figures in it
+                        break
+                    await asyncio.sleep(0.5)
                 result = await call("Runtime.evaluate", expression="document.title")
                 text = result.get("result", {}).get("value", "")
+                text += ", gradient table read on the page" if table_seen else ", page text not readable: waited"
                 shot = await call("Page.captureScreenshot", format="png")
                 out.write_bytes(base64.b64decode(shot["data"]))
                 return time.monotonic() - started, text

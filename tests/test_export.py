@@ -76,6 +76,32 @@ def test_a_torn_last_line_is_left_out_of_the_csv(tmp_path):
     assert len((tmp_path / "m.csv").read_text().splitlines()) == 1 + 5
 
 
+def test_a_profile_a_killed_trainer_left_half_written_is_not_exported(trained, tmp_path, capsys):
+    import shutil
+
+    run = shutil.copytree(trained / "run", tmp_path / "run")
+    (run / "profiles" / ".0000020.tmp-99999").mkdir()  # the profiler's staging folder, renamed only once whole
+    (run / "profiles" / ".0000020.tmp-99999" / "trace.json").write_text('{"traceEvents": [')
+    assert main(["export", str(run), "--tensorboard", str(tmp_path / "tb")]) == EXIT_OK
+    assert [path.parent.name for path in (tmp_path / "tb" / "plugins" / "profile").glob("*/*.json")] == ["step-13"]
+    assert "1 profiler traces" in capsys.readouterr().err
+
+
+def test_another_users_private_run_is_refused_in_one_paragraph(trained, tmp_path, monkeypatch, capsys):
+    import errno
+
+    import torchlab.core.launch.export as export
+
+    def private(path, *args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))  # what a 0700 run of someone else's gives
+
+    monkeypatch.setattr(export, "open", private, raising=False)
+    assert main(["export", str(trained / "run"), "--csv", str(tmp_path / "m.csv")]) == EXIT_USAGE
+    assert capsys.readouterr().err.strip() == (f"torchlab-tui export: {trained / 'run'}: cannot be read: permission denied "
+                                               "(a run directory is private to the user who started it)")
+    assert not (tmp_path / "m.csv").exists()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["export", "nowhere"], "say what to write: --tensorboard DIR, --csv FILE, or both"),
     (["export", "nowhere", "--csv", "m.csv"], "nowhere: no metrics.jsonl here; give a run directory"),

@@ -163,3 +163,25 @@ def test_the_attach_listing_fits_80_columns_with_each_runs_step_and_its_director
     assert lines[1].endswith("12m ago")
     assert lines[2] == "  /home/someone/projects/models/transformer.py:workload · /home/someone/projects/models/runs/20261123-204626-transformer"
     assert all(len(line) <= 80 for line in lines[:2] + lines[3:5])
+
+
+def test_a_runtime_dir_that_cannot_be_made_is_one_paragraph_naming_xdg_runtime_dir(tmp_path, monkeypatch, capsys):
+    from torchlab.core.launch.attach import main as attach
+
+    not_a_folder = tmp_path / "run-user-1000"  # as after `su bob`: the first user's XDG_RUNTIME_DIR, not bob's to use
+    not_a_folder.write_text("")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(not_a_folder))
+    assert attach([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"torchlab-tui attach: {not_a_folder / 'torchlab'} cannot be used: ") and "Traceback" not in err
+    assert err.rstrip().endswith(f"XDG_RUNTIME_DIR={not_a_folder} is not a folder of yours: set XDG_RUNTIME_DIR to your own (or unset it).")
+
+
+def test_attach_listing_into_a_pipe_closed_early_ends_quietly(tmp_path):
+    (tmp_path / "xdg").mkdir(mode=0o700)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # `torchlab-tui attach | head -1`, head gone before the listing is written
+    done = subprocess.run([sys.executable, "-m", "torchlab.core.launch.cli", "attach"], stdout=write_end, stderr=subprocess.PIPE,
+                          text=True, env={**os.environ, "XDG_RUNTIME_DIR": str(tmp_path / "xdg")}, timeout=60)
+    os.close(write_end)
+    assert (done.returncode, done.stderr) == (0, "")

@@ -601,7 +601,7 @@ class TorchlabApp(App[int]):
             return
         if detach:
             where = self.link.run_dir or self.run_state.run_dir
-            self.notify(f"detached: the trainer keeps training in {where}")
+            self.notify(f"detached from {where}: {self.run_state.after_detach}")
         else:
             self.notify("stopping the trainer: saving a final checkpoint… (q again to leave at once)")
         self._close_link(detach)

@@ -16,6 +16,7 @@ from torchlab.core.wire.config import settings_from_toml
 from torchlab.core.wire.errors import ConfigError
 from torchlab.core.wire.options import format_option_value
 from torchlab.core.wire.rundir import rows_of
+from torchlab.core.wire.storage import unreadable_run
 from torchlab.tui.thinning import Series
 
 #: The figures every run has, by their key in metrics.jsonl, and how a chart names them.
@@ -43,6 +44,13 @@ class RunHistory:
     @classmethod
     def load(cls, path: Path) -> RunHistory:
         """Read ``path`` (a run directory); ConfigError says why it cannot be compared."""
+        try:
+            return cls._read(path)
+        except OSError as error:  # another user's private run (0700), say: a paragraph, not a traceback
+            raise unreadable_run(path, error) from None
+
+    @classmethod
+    def _read(cls, path: Path) -> RunHistory:
         metrics = path / "metrics.jsonl"
         if not metrics.is_file():
             raise ConfigError(f"{path}: no metrics.jsonl here; give run directories (runs/<time>-<workload>)")
@@ -55,6 +63,9 @@ class RunHistory:
                 steps.append(step)
                 times.append(elapsed if _number(elapsed) else math.nan)
                 values.append(value)
+        if not points:
+            raise ConfigError(f"{path}: metrics.jsonl has no step yet (the run has not reported one, or never started): "
+                              "nothing to compare")
         for key, (steps, times, values) in points.items():
             history.by_step[key] = _series(steps, values)
             timed = [(t, v) for t, v in zip(times, values) if not math.isnan(t)]
@@ -63,7 +74,7 @@ class RunHistory:
         if config.is_file():
             try:
                 settings = settings_from_toml(config.read_text(encoding="utf-8"), str(config))
-            except (ConfigError, OSError, UnicodeDecodeError):
+            except (ConfigError, UnicodeDecodeError):  # torn or hand-edited: the curves are still worth comparing
                 settings = {}
             options = settings.pop("options", {})
             history.settings = {**{key: _shown(value) for key, value in settings.items()},
@@ -137,8 +148,17 @@ def earlier_run(run_dir: Path) -> Path | None:
     if workload is None or not run_dir.parent.is_dir():
         return None
     earlier = [path for path in run_dir.parent.iterdir()
-               if path.name < run_dir.name and (path / "metrics.jsonl").is_file() and _workload(path) == workload]
+               if path.name < run_dir.name and _has_reported(path) and _workload(path) == workload]
     return max(earlier, key=lambda path: path.name, default=None)
+
+
+def _has_reported(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is a run of ours with something to compare: a metrics.jsonl with rows. Another user's
+    private run in the same runs folder cannot be entered, and is none of ours."""
+    try:
+        return (run_dir / "metrics.jsonl").stat().st_size > 0
+    except OSError:
+        return False
 
 
 def _workload(run_dir: Path) -> str | None:

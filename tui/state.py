@@ -188,6 +188,8 @@ class RunState:
         self.relaunch_to: int | None = None
         self.ranks_version = 0
         self.detached = False
+        #: the run was paused when this app detached: it waits, paused, for an app to attach and resume it
+        self.detached_paused = False
         #: set by the app when it asks to detach: only then does a detach acknowledgement mean "leave"
         self.detach_requested = False
         self._flags_stale = False
@@ -609,7 +611,16 @@ class RunState:
             self.log("info", f"an earlier app detached at step {event.step}", event.step)
             return
         self.detached = True
-        self.log("applied", f"detached at step {event.step}: the trainer keeps training", event.step, notify=True)
+        self.detached_paused = self.state == "paused"
+        self.log("applied", f"detached at step {event.step}: {self.after_detach}", event.step, notify=True)
+
+    @property
+    def after_detach(self) -> str:
+        """What the run does once this app has detached: "keeps training" would be a lie about a paused run,
+        which waits, holding its memory, until someone attaches (a stop or SIGTERM still ends it)."""
+        if self.detached_paused:
+            return "the run stays paused: nothing trains until you attach and resume it (space)"
+        return "the trainer keeps training"
 
     def _on_option_refused(self, event: protocol.OptionRefused) -> None:
         self._answered(event.option, event.source)

@@ -41,6 +41,9 @@ def main(argv: list[str]) -> int:
     except TorchlabError as error:  # a runtime directory that is not safe to use, say
         print(f"torchlab-tui attach: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # `torchlab-tui attach | head -3`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not fail again
+        return EXIT_OK
 
 
 def _attach(args: argparse.Namespace) -> int:
@@ -101,7 +104,7 @@ def open_run(entry: RunEntry, *, view: bool = False) -> int:
     if view:
         print(f"Stopped viewing {name}; it goes on as it was.", file=sys.stderr)
     elif app.run_state.detached:
-        print(f"Detached: {name} keeps training. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
+        print(f"Detached from {name}: {app.run_state.after_detach}. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
     print(f"Run directory: {info.get('run_dir')}", file=sys.stderr)
     return app.return_code or EXIT_OK
 

@@ -79,7 +79,7 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
     app.run()
     if app.run_state.detached and links and links[-1].endpoint_name:
         name = links[-1].endpoint_name
-        print(f"Detached: the trainer keeps training. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
+        print(f"Detached: {app.run_state.after_detach}. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
     print(f"Run directory: {run_dir}", file=sys.stderr)
     return app.return_code or EXIT_OK
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE
 from torchlab.core.wire.csv_export import write_csv
 from torchlab.core.wire.rundir import rows_of
+from torchlab.core.wire.storage import unreadable_run
 from torchlab.core.wire.errors import ConfigError, StorageError, TorchlabError
 
 
@@ -34,8 +35,13 @@ def _export(args: argparse.Namespace) -> int:
     if args.tensorboard is None and args.csv is None:
         raise ConfigError("say what to write: --tensorboard DIR, --csv FILE, or both")
     metrics = args.run / "metrics.jsonl"
-    if not metrics.is_file():
-        raise ConfigError(f"{args.run}: no metrics.jsonl here; give a run directory (runs/<time>-<workload>)")
+    try:
+        with open(metrics, "rb"):  # another user's private run (0700): said here, before anything is written
+            pass
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise ConfigError(f"{args.run}: no metrics.jsonl here; give a run directory (runs/<time>-<workload>)") from None
+    except OSError as error:
+        raise unreadable_run(args.run, error) from None
     if args.csv is not None:
         rows = write_csv(metrics, args.csv)
         print(f"{args.csv}: {rows} rows", file=sys.stderr)
@@ -61,11 +67,20 @@ def export_tensorboard(run: Path, directory: Path) -> tuple[int, int, int]:
                 writer.write_option_change(record["step"], record.get("option", "?"), record.get("value"),
                                            record.get("previous"), record.get("source", ""))
                 changes += 1
-        for trace in sorted((run / "profiles").glob("*/trace.json")):
-            writer.add_trace(int(trace.parent.name) + 1, trace)  # profiles/<the step before>/: the first profiled step
+        for step, trace in completed_traces(run / "profiles"):
+            writer.add_trace(step, trace)
             traces += 1
     except OSError as error:
         raise StorageError(f"--tensorboard {directory}: cannot be written: {error.strerror or error}.") from None
     finally:
         writer.close()
     return rows, changes, traces
+
+
+def completed_traces(profiles: Path) -> list[tuple[int, Path]]:
+    """(first profiled step, trace) of each complete profile: ``profiles/<the step before>/trace.json``. A hidden
+    ``.<step>.tmp-<pid>`` folder is one a trainer was killed while writing (the profiler renames it when whole)."""
+    if not profiles.is_dir():
+        return []
+    return [(int(folder.name) + 1, folder / "trace.json") for folder in sorted(profiles.iterdir())
+            if folder.name.isdigit() and (folder / "trace.json").is_file()]

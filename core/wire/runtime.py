@@ -38,10 +38,15 @@ def runtime_dir() -> Path:
     base = os.environ.get("XDG_RUNTIME_DIR")
     path = Path(base) / "torchlab" if base else Path(f"/tmp/torchlab-{os.getuid()}")
     try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    info = os.lstat(path)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        info = os.lstat(path)
+    except OSError as error:  # XDG_RUNTIME_DIR another user's (kept by ``su``, say), or gone: not a traceback
+        where = f"XDG_RUNTIME_DIR={base}" if base else str(path.parent)
+        raise RuntimeDirError(f"{path} cannot be used: {error.strerror or error}; {where} is not a folder of yours"
+                              f"{': set XDG_RUNTIME_DIR to your own (or unset it)' if base else ''}.") from None
     if not stat.S_ISDIR(info.st_mode):
         raise RuntimeDirError(f"{path} is not a directory (a symlink or file is there); remove it.")
     if info.st_uid != os.getuid():

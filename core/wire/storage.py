@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.wire.errors import StorageError
+from torchlab.core.wire.errors import ConfigError, StorageError
 
 #: A file is read back from its end this much at a time (a line longer than this takes several reads).
 TAIL_CHUNK = 64 * 1024
@@ -39,6 +39,12 @@ def reason(error: OSError) -> str:
     """What went wrong, as the start of a sentence: ``no space left on device``."""
     text = error.strerror or str(error) or type(error).__name__
     return text[:1].lower() + text[1:]
+
+
+def unreadable_run(run: Path, error: OSError) -> ConfigError:
+    """A run's files that cannot be read (``compare``, ``export``): another user's run is private to them."""
+    private = " (a run directory is private to the user who started it)" if error.errno in (errno.EACCES, errno.EPERM) else ""
+    return ConfigError(f"{run}: cannot be read: {reason(error)}{private}")
 
 
 def remedy(error: OSError) -> str:

@@ -191,6 +191,19 @@ async def test_confirmed_detach_closes_the_link_without_stopping_the_trainer(app
     assert link.closed == {"detach": True}
 
 
+async def test_detaching_a_paused_run_says_it_stays_paused_not_that_it_trains(app: TorchlabApp, link: FakeLink) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        link.push(protocol.State(state="paused", step=121))
+        await answer(app, pilot)
+        await pilot.press("d")
+        link.push(protocol.Detached(121))
+        await answer(app, pilot)
+        assert "detached at step 121: the run stays paused: nothing trains until you attach and resume it (space)" in log_text(app)
+        assert "keeps training" not in log_text(app)
+        await app.workers.wait_for_complete()
+    assert link.closed == {"detach": True}
+
+
 async def test_an_earlier_apps_detach_replayed_on_attach_does_not_make_this_app_leave(app: TorchlabApp, link: FakeLink) -> None:
     async with app.run_test(size=SIZE) as pilot:
         link.push(protocol.Detached(40))  # from the history ring

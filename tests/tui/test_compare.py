@@ -78,6 +78,30 @@ def test_compare_says_what_is_wrong_in_one_line(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("metrics", ["", '{"step": 1, "loss": 4.1', "not json\n"], ids=["empty", "torn", "garbage"])
+def test_a_run_with_no_step_to_show_is_refused_in_one_paragraph_not_opened_blank(runs, metrics, capsys):
+    young = runs[0].parent / "20261123-110000-tiny_gpt"
+    young.mkdir()
+    (young / "metrics.jsonl").write_text(metrics)  # a run killed at its start, mid-write
+    assert main([str(runs[0]), str(young)]) == 2
+    err = capsys.readouterr().err
+    assert f"{young}: metrics.jsonl has no step yet" in err and "Traceback" not in err
+
+
+def test_another_users_private_run_is_refused_in_one_paragraph(runs, monkeypatch, capsys):
+    import errno
+
+    import torchlab.tui.run_history as run_history
+
+    def private(path):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))  # what a 0700 run of someone else's gives
+
+    monkeypatch.setattr(run_history, "rows_of", private)
+    assert main([str(path) for path in runs]) == 2
+    assert capsys.readouterr().err.strip() == (f"torchlab-tui compare: {runs[0]}: cannot be read: permission denied "
+                                               "(a run directory is private to the user who started it)")
+
+
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)])
 def test_the_compare_screen(runs, snap_compare, size):
     assert snap_compare(CompareApp([RunHistory.load(path) for path in runs]), terminal_size=size)
@@ -92,6 +116,10 @@ def test_the_earlier_run_is_the_newest_before_this_one_of_the_same_workload(tmp_
     other.mkdir()
     (other / "config.toml").write_text(build_config({"workload": "mlp"}).to_toml())
     (other / "metrics.jsonl").write_text("")
+    killed_at_start = tmp_path / "20261123-103000-tiny_gpt"  # no step reported: nothing to compare with
+    killed_at_start.mkdir()
+    (killed_at_start / "config.toml").write_text(build_config({"workload": "tiny_gpt"}).to_toml())
+    (killed_at_start / "metrics.jsonl").write_text("")
     later = write_run(tmp_path, "20261123-110000-tiny_gpt", lr=0.01)
     assert earlier_run(later) == second and earlier_run(second) == first and earlier_run(first) is None
 
