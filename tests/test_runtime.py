@@ -165,6 +165,28 @@ def test_the_attach_listing_fits_80_columns_with_each_runs_step_and_its_director
     assert all(len(line) <= 80 for line in lines[:2] + lines[3:5])
 
 
+def test_a_run_with_a_long_name_is_listed_in_80_columns_its_name_on_a_line_of_its_own():
+    """Seen as a user: a custom workload's long file name in the run's name, attached and far along, made a
+    listing line of 91 columns."""
+    from torchlab.core.launch.attach import format_runs
+
+    class Entry:  # what format_runs reads of a RunEntry
+        def __init__(self, name: str, info: dict) -> None:
+            self.endpoint, self.info, self.state, self.live = type("E", (), {"name": name})(), info, info["state"], True
+
+    long_name = "20261124-194448-my_transformer_experiment_v2"[:47]
+    listing = format_runs([
+        Entry(long_name, {"state": "running", "attached": True, "step": 1234567, "steps": 10000000,
+                          "started": time.time() - 45000, "workload": "my_transformer_experiment_v2.py:workload",
+                          "run_dir": "runs/x"}),
+        Entry("20261124-200000-mlp", {"state": "paused", "step": 7, "steps": 200, "started": time.time(),
+                                      "workload": "mlp", "run_dir": "runs/y"}),
+    ]).splitlines()
+    assert all(len(line) <= 80 for line in listing), listing
+    assert listing[0] == long_name and listing[1].startswith("  step 1234567/10000000 · running, app attached · started 12h")
+    assert listing[3:5] == ["20261124-200000-mlp", "  step 7/200 · paused · started 0s ago"]
+
+
 def test_a_runtime_dir_that_cannot_be_made_is_one_paragraph_naming_xdg_runtime_dir(tmp_path, monkeypatch, capsys):
     from torchlab.core.launch.attach import main as attach
 

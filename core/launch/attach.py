@@ -120,10 +120,15 @@ def forget_gone_runs(entries: list[RunEntry]) -> None:
               "A run directory keeps its last checkpoint: `torchlab-tui --resume RUN_DIR` continues it.")
 
 
+#: The listing's width: a terminal of 80 columns, as over SSH on a laptop.
+LISTING_WIDTH = 80
+
+
 def format_runs(entries: list[RunEntry]) -> str:
     """One line a run (name, step, state, how long ago it started) and, under it, its workload and directory:
     the listing fits 80 columns whatever the paths (a long one runs past the edge on its own line, not into
-    the next column)."""
+    the next column). Where a long name (a workload's file name is part of it) leaves no room for the columns,
+    each run's name has a line of its own and its step, state and start the line under it."""
     rows = [("NAME", "STEP", "STATE", "STARTED")]
     places = []
     now = time.time()
@@ -134,6 +139,11 @@ def format_runs(entries: list[RunEntry]) -> str:
         rows.append((entry.endpoint.name, f"{info.get('step', 0)}{steps}", state, _since(now - float(info.get("started") or now)) + " ago"))
         places.append(f"  {info.get('workload', '') or '?'} · {_home(str(info.get('run_dir', '')))}")
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    if sum(widths) + 2 * (len(widths) - 1) > LISTING_WIDTH:
+        lines = []
+        for (name, step, state, started), place in zip(rows[1:], places):
+            lines += [name, f"  step {step} · {state} · started {started}", place]
+        return "\n".join(lines)
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(rows[0], widths)).rstrip()]
     for row, place in zip(rows[1:], places):
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
