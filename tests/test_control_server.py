@@ -233,3 +233,17 @@ def test_viewers_are_bounded(served):
     else:
         pytest.fail("the place a viewer left was never free again")
     served.app()  # and the app's own place was never theirs
+
+
+def test_viewers_that_come_and_go_leave_no_thread_behind(served):
+    """The server kept the sender thread of every connection it ever served: a run watched for weeks by viewers
+    that come and go held one each (seen in a review of the viewer code)."""
+    for _ in range(40):
+        viewer = served.app(view=True)
+        viewer.close()
+    deadline = time.monotonic() + WAIT_S  # a sender sees its connection closed within the outbox's 0.5 s wait
+    while sum(thread.is_alive() for thread in served.server._senders) > 0:
+        assert time.monotonic() < deadline, "senders of closed connections still alive"
+        time.sleep(0.05)
+    served.app(view=True)  # each new stream lets go of the senders of connections gone
+    assert len(served.server._senders) == 1

@@ -91,7 +91,7 @@ class ControlServer:
         self._awaiting_hello = 0  # connections accepted whose hello has not been read yet
         self._awaiting_lock = threading.Lock()
         self._controller: socket.socket | None = None
-        self._controller_lock = threading.Lock()  # and the viewers' count
+        self._controller_lock = threading.Lock()  # and the viewers, and the senders list
         self._viewers: set[socket.socket] = set()
         self._closed = threading.Event()
         self._senders: list[threading.Thread] = []
@@ -127,7 +127,9 @@ class ControlServer:
     def flush(self, timeout_s: float) -> None:
         """After ``outbox.close()``: wait up to ``timeout_s`` for senders to deliver what is left."""
         deadline = time.monotonic() + timeout_s
-        for sender in self._senders:
+        with self._controller_lock:
+            senders = list(self._senders)
+        for sender in senders:
             sender.join(max(0.0, deadline - time.monotonic()))
 
     def _accept_loop(self) -> None:
@@ -251,7 +253,9 @@ class ControlServer:
         connection.sendall(welcome.encode())
         sender = threading.Thread(target=self._send_loop, args=(connection,), name="torchlab-sender", daemon=True)
         sender.start()
-        self._senders.append(sender)
+        with self._controller_lock:  # connections are served on threads of their own
+            # Those of connections gone are let go: a run watched for weeks by viewers that come and go kept one each.
+            self._senders = [*(thread for thread in self._senders if thread.is_alive()), sender]
         return True
 
     def _read_commands(self, connection: socket.socket, reader: LineReader) -> None:
@@ -292,6 +296,8 @@ class ControlServer:
             if messages is None:
                 return
             if not messages:
+                if connection.fileno() < 0:  # closed by its reader (the client left) while the run said nothing new
+                    return
                 continue
             try:
                 connection.sendall(b"".join(message.encode() for message in messages))
