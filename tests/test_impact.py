@@ -49,6 +49,43 @@ def test_a_change_starts_a_segment_with_its_speed_memory_and_slope():
     assert second.verdict == "amp=bf16: 2.00x faster, memory -40 %"  # the allocator's peak (a CUDA run)
 
 
+def loaded(machine_percent, trainer_percent):
+    """A CPU box's telemetry: the machine's CPU use (of 100) and the run's own (of one CPU, two CPUs here)."""
+    return TelemetrySample(
+        time=1.0, step=1, gpus=[], gpu_status="no GPU", torch=AllocatorSample("cpu", None, None, None),
+        host=HostSample(cpu_percent=machine_percent, cpu_count=2, trainer_cpu_percent=trainer_percent, ram_used_bytes=1,
+                        ram_total_bytes=2, trainer_rss_bytes=1, trainer_processes=1),
+    )
+
+
+@pytest.mark.parametrize("neighbour", ["stopped", "steady"])
+def test_a_speed_difference_while_other_processes_load_changed_is_not_a_verdict(neighbour):
+    """Seen in tmux: "checkpointing=on: 3.42x faster" on a 2-core box while a test suite beside the run stopped.
+    Both segments' intervals were tight; what changed was the machine. Where it held steady, the verdict stands."""
+    tracker = ImpactTracker()
+    for step in range(1, 41):  # a neighbour takes a whole core (50 of the machine's 100) beside the run's one
+        tracker.on_metrics(record(step, 0.30, 2.0))
+        tracker.on_telemetry(loaded(100.0, 100.0))
+    for step in range(41, 81):
+        tracker.on_metrics(record(step, 0.10, 2.0, checkpointing=True))
+        tracker.on_telemetry(loaded(50.0, 100.0) if neighbour == "stopped" else loaded(100.0, 100.0))
+    first, second = tracker.table()
+    assert first.others_cpu_percent == pytest.approx(50.0)
+    if neighbour == "stopped":
+        assert second.others_cpu_percent == pytest.approx(0.0) and second.speedup is None
+        assert second.verdict == "checkpointing=on: speed not judged: other processes' CPU use went 50 % → 0 %"
+    else:
+        assert second.speedup == pytest.approx(3.0) and second.verdict == "checkpointing=on: 3.00x faster"
+
+
+def test_the_trainers_cpu_counts_its_data_loader_workers_so_they_are_not_other_processes():
+    from torchlab.core.wire.payloads import HostSample as Host
+
+    host = Host(cpu_percent=100.0, cpu_count=2, trainer_cpu_percent=200.0, ram_used_bytes=1, ram_total_bytes=2,
+                trainer_rss_bytes=1, trainer_processes=3)
+    assert host.others_cpu_percent == 0.0  # the main process and two workers take both CPUs
+
+
 def memory(step, activations, others=1000, allocator_peak=None):
     """A memory step's breakdown: ``others`` bytes each of parameters, gradients and optimizer state."""
     return MemoryBreakdown(step=step, parameters_bytes=others, gradients_bytes=others, optimizer_bytes=others,
@@ -86,7 +123,7 @@ def test_segments_appear_in_the_run_directory_after_an_at_change(tmp_path):
     table = json.loads((tmp_path / "run" / "impact.json").read_text())
     assert list(table[0]) == [  # the format scripts read (README, "What a run leaves")
         "change", "options", "first_step", "last_step", "median_step_time_s", "step_time_low_s", "step_time_high_s",
-        "median_samples_per_s", "median_data_wait_s", "peak_allocated_bytes", "nvml_run_bytes", "activations_bytes", "tensor_bytes",
+        "median_samples_per_s", "median_data_wait_s", "peak_allocated_bytes", "nvml_run_bytes", "others_cpu_percent", "activations_bytes", "tensor_bytes",
         "loss_slope_per_100_steps",
         "speedup", "memory_change", "activations_change", "verdict"]
     assert [(row["change"], row["first_step"], row["last_step"]) for row in table] == [

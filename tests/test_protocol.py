@@ -40,7 +40,7 @@ SAMPLE = TelemetrySample(
 )
 SEGMENT = ImpactSegment(
     change="start", options={"amp": "off", "clip": None}, first_step=1, last_step=40, median_step_time_s=0.12,
-    step_time_low_s=0.11, step_time_high_s=0.13, median_samples_per_s=266.7, median_data_wait_s=0.002, peak_allocated_bytes=None, nvml_run_bytes=None,
+    step_time_low_s=0.11, step_time_high_s=0.13, median_samples_per_s=266.7, median_data_wait_s=0.002, peak_allocated_bytes=None, nvml_run_bytes=None, others_cpu_percent=None,
     activations_bytes=48 << 20, tensor_bytes=61 << 20, loss_slope_per_100_steps=-2.4, speedup=None, memory_change=None,
     activations_change=None, verdict="start",
 )

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 
+import psutil
 import pytest
 import torch
 
@@ -25,6 +29,27 @@ def test_a_sample_has_host_figures_and_says_why_there_is_no_gpu():
     if not torch.cuda.is_available():
         assert sample.gpus == [] and sample.gpu_status.startswith("no GPU: ")
         assert sample.torch.allocated_bytes is None
+
+
+def test_the_trainers_cpu_counts_its_children_as_its_rss_does():
+    """A DataLoader worker's CPU was counted as another process's: the impact table, which now holds back a
+    speed verdict where other processes' load moved, would have held back every verdict on ``workers``."""
+    sampler = TelemetrySampler(torch.device("cpu"), on_sample=lambda s: None, current_step=lambda: 7)
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a busy worker of this "trainer"
+    try:
+        sampler.sample()  # the child's first reading only starts its measurement
+        busy = psutil.Process(child.pid)
+        started = sum(busy.cpu_times()[:2])
+        deadline = time.monotonic() + 60
+        while sum(busy.cpu_times()[:2]) - started < 0.5:  # until it has burned half a second of CPU
+            assert time.monotonic() < deadline, "the busy child got no CPU"
+            time.sleep(0.05)
+        host = sampler.sample().host
+    finally:
+        child.kill()
+        child.wait()
+        sampler.stop()
+    assert host.trainer_processes >= 2 and host.trainer_cpu_percent > 20
 
 
 def test_a_real_sample_is_what_the_protocol_reads():

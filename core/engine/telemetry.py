@@ -36,6 +36,9 @@ class TelemetrySampler:
         self.nvml = Nvml()
         self._process = psutil.Process()
         self._process.cpu_percent(None)  # the first reading only starts the measurement
+        #: the run's processes by pid, each kept from one sample to the next: a process's CPU share is measured
+        #: between two readings of the same psutil object (a DataLoader worker's first sample reads 0)
+        self._meters: dict[int, psutil.Process] = {self._process.pid: self._process}
         psutil.cpu_percent(None)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="torchlab-telemetry", daemon=True)
@@ -93,12 +96,29 @@ class TelemetrySampler:
         return HostSample(
             cpu_percent=psutil.cpu_percent(None),
             cpu_count=psutil.cpu_count(),
-            trainer_cpu_percent=self._process.cpu_percent(None),
+            trainer_cpu_percent=self._cpu_percent(processes),
             ram_used_bytes=memory.total - memory.available,
             ram_total_bytes=memory.total,
             trainer_rss_bytes=rss,
             trainer_processes=len(processes),
         )
+
+    def _cpu_percent(self, processes: list[psutil.Process]) -> float:
+        """The CPU the run's processes used since the last sample, in % of one CPU, all of them together: the
+        machine's CPU less this is what other processes took (the impact table's verdicts need to know)."""
+        meters = {}
+        total = 0.0
+        for process in processes:
+            meter = self._meters.get(process.pid)
+            if meter is None or meter != process:  # new, or its pid reused by another process since
+                meter = process
+            try:
+                total += meter.cpu_percent(None)
+            except psutil.Error:  # exited since it was listed
+                continue
+            meters[process.pid] = meter
+        self._meters = meters
+        return total
 
     def _allocator(self) -> AllocatorSample:
         if self.device.type != "cuda":

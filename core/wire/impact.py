@@ -58,6 +58,10 @@ STEPS_PER_BLOCK = 5
 TAIL_PROBABILITY = 0.05
 #: A verdict says how the data wait moved when it moved by this share of the earlier segment's step time.
 DATA_WAIT_SHOWN = 0.05
+#: Where other processes' share of the machine's CPU moved this much (in points of 100) between two segments,
+#: their step times say as much about the machine as about the option: no speed verdict is given then. On a
+#: 2-core box one busy neighbour is 50 points; a trial (both arms interleaved) compares like for like.
+LOAD_SHIFT_POINTS = 25.0
 
 
 @dataclass
@@ -71,6 +75,7 @@ class Segment:
     data_waits: deque[float] = field(default_factory=lambda: deque(maxlen=MEDIAN_WINDOW))
     peak_allocated_bytes: int | None = None
     nvml_run_bytes: int | None = None  # the most NVML attributed to the run's processes, in the segment's samples
+    others_cpu: deque[float] = field(default_factory=lambda: deque(maxlen=MEDIAN_WINDOW))  # HostSample.others_cpu_percent
     activations_bytes: int | None = None  # the largest measured in the segment (the same on every step of one shape)
     tensor_bytes: int | None = None  # likewise, parameters + gradients + optimizer state + activations
     _n: int = 0
@@ -121,6 +126,9 @@ class Segment:
             # inner block medians: the interval always holds the figure it is shown beside.
             interval = min(interval[0], step_time), max(interval[1], step_time)
         speedup, speed = compare_step_times(previous, step_time, interval)
+        others_cpu = statistics.median(self.others_cpu) if self.others_cpu else None
+        if speedup is not None and (shift := load_shift(previous, others_cpu)) is not None:
+            speedup, speed = None, shift
         low, high = interval or (None, None)
         memory = _memory(self.peak_allocated_bytes, self.tensor_bytes)
         memory_change = _change(previous and _memory(previous.peak_allocated_bytes, previous.tensor_bytes), memory)
@@ -138,6 +146,7 @@ class Segment:
             median_data_wait_s=data_wait,
             peak_allocated_bytes=self.peak_allocated_bytes,
             nvml_run_bytes=self.nvml_run_bytes,
+            others_cpu_percent=others_cpu,
             activations_bytes=self.activations_bytes,
             tensor_bytes=self.tensor_bytes,
             loss_slope_per_100_steps=self.loss_slope_per_100,
@@ -181,6 +190,7 @@ class ImpactTracker(TrainerObserver):
         nvml = sample.run_gpu_memory_bytes
         if nvml is not None:
             segment.nvml_run_bytes = max(segment.nvml_run_bytes or 0, nvml)
+        segment.others_cpu.append(sample.host.others_cpu_percent)
 
     def on_event(self, event: Message) -> None:
         if isinstance(event, RunStarted):
@@ -271,6 +281,17 @@ def compare_step_times(
         return speedup, f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"
     hidden = max(high / before_low - 1, 1 - low / before_high)
     return None, f"no clear difference ({noise_words(hidden)})"
+
+
+def load_shift(previous: ImpactSegment | None, others_cpu: float | None) -> str | None:
+    """Why a clear speed difference is not a verdict: other processes' CPU share moved by ``LOAD_SHIFT_POINTS``
+    or more between the two segments (seen: "checkpointing=on: 3.42x faster" while a test suite beside the run
+    stopped). None where it held steady, or where a segment has no telemetry."""
+    if previous is None or previous.others_cpu_percent is None or others_cpu is None:
+        return None
+    if abs(others_cpu - previous.others_cpu_percent) < LOAD_SHIFT_POINTS:
+        return None
+    return f"speed not judged: other processes' CPU use went {previous.others_cpu_percent:.0f} % → {others_cpu:.0f} %"
 
 
 #: From this spread on, ``noise_words`` says it as a ratio: "±234 %" is true, but reads as nothing.

@@ -78,8 +78,9 @@ class RunInfo:
 
 @dataclass(frozen=True)
 class HostSample:
-    """The host's CPU and RAM, and the trainer's share: its CPU, and the RSS of it and its children (DataLoader
-    workers, ranks) together. ``cpu_count`` is None where the OS does not say."""
+    """The host's CPU and RAM, and the trainer's share: the CPU and the RSS of it and its children (DataLoader
+    workers, ranks) together. ``cpu_percent`` is of the whole machine (0-100), ``trainer_cpu_percent`` of one CPU
+    (up to ``cpu_count`` x 100, as ``top`` shows a process). ``cpu_count`` is None where the OS does not say."""
 
     schema: ClassVar[dict[str, tuple]] = {
         "cpu_percent": _NUMBER, "cpu_count": _OPT_INT, "trainer_cpu_percent": _NUMBER, "ram_used_bytes": _INT,
@@ -92,6 +93,12 @@ class HostSample:
     ram_total_bytes: int
     trainer_rss_bytes: int
     trainer_processes: int
+
+    @property
+    def others_cpu_percent(self) -> float:
+        """What other processes took of the whole machine's CPU (0-100): on a shared box, a change of it between
+        two segments moves their step times as much as an option does."""
+        return max(0.0, self.cpu_percent - self.trainer_cpu_percent / (self.cpu_count or 1))
 
 
 @dataclass(frozen=True)
@@ -267,7 +274,9 @@ class ImpactSegment:
     Medians leave out the first steps after a change. Memory is measured on the tensors (``MemoryBreakdown``;
     None until a memory step came): ``activations_bytes`` and ``tensor_bytes``; ``peak_allocated_bytes`` is the
     CUDA allocator's peak (None on a CPU), and the memory a segment is judged by where there is one, else
-    ``tensor_bytes``. ``nvml_run_bytes`` is what NVML sees of the run (``TelemetrySample.run_gpu_memory_bytes``),
+    ``tensor_bytes``. ``others_cpu_percent``: the median share of the machine's CPU that other processes took
+    during the segment; where it moved by ``LOAD_SHIFT_POINTS`` from the segment before, a speed difference is not
+    judged (``speed not judged: other processes' CPU use went 5 % → 60 %``). ``nvml_run_bytes`` is what NVML sees of the run (``TelemetrySample.run_gpu_memory_bytes``),
     the most of the segment's samples: shown, not judged, as the allocator's cache only grows (None on a CPU). The loss slope is per 100 steps (None under three losses). ``speedup``,
     ``memory_change`` and ``activations_change`` compare with the segment before (None for the first, or
     where a figure is missing); ``verdict`` says it in words: ``amp=bf16: 1.72x faster, activations -45 %,
@@ -284,7 +293,7 @@ class ImpactSegment:
         "change": (str,), "options": (dict,), "first_step": _INT, "last_step": _INT,
         "step_time_low_s": _OPT_NUMBER, "step_time_high_s": _OPT_NUMBER,
         "median_step_time_s": _OPT_NUMBER, "median_samples_per_s": _OPT_NUMBER, "median_data_wait_s": _OPT_NUMBER,
-        "peak_allocated_bytes": _OPT_INT, "nvml_run_bytes": _OPT_INT,
+        "peak_allocated_bytes": _OPT_INT, "nvml_run_bytes": _OPT_INT, "others_cpu_percent": _OPT_NUMBER,
         "activations_bytes": _OPT_INT, "tensor_bytes": _OPT_INT, "loss_slope_per_100_steps": _OPT_NUMBER,
         "speedup": _OPT_NUMBER, "memory_change": _OPT_NUMBER, "activations_change": _OPT_NUMBER, "verdict": (str,),
     }
@@ -299,6 +308,7 @@ class ImpactSegment:
     median_data_wait_s: float | None  # of a step, waiting for its batches (the loader's own time with 0 workers)
     peak_allocated_bytes: int | None
     nvml_run_bytes: int | None  # the most NVML attributed to the run in the segment's telemetry (CUDA; else None)
+    others_cpu_percent: float | None  # the median share of the machine's CPU other processes took (None: no telemetry)
     activations_bytes: int | None  # saved for backward, the most a memory step of the segment measured
     tensor_bytes: int | None  # parameters + gradients + optimizer state + activations, likewise
     loss_slope_per_100_steps: float | None

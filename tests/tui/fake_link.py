@@ -167,20 +167,20 @@ def impact(*, bf16_steps: int = 40, clip_steps: int = 0) -> protocol.Impact:
     ``clip_steps``, a third after them, clip=1.0, whose step time is within the noise of bf16's."""
     start = ImpactSegment(
         change="start", options=dict(OPTIONS), first_step=1, last_step=120, median_step_time_s=0.0172,
-        step_time_low_s=0.0166, step_time_high_s=0.0178, median_samples_per_s=1860.0, median_data_wait_s=0.0009, peak_allocated_bytes=None, nvml_run_bytes=None,
+        step_time_low_s=0.0166, step_time_high_s=0.0178, median_samples_per_s=1860.0, median_data_wait_s=0.0009, peak_allocated_bytes=None, nvml_run_bytes=None, others_cpu_percent=None,
         activations_bytes=48 * 2**20, tensor_bytes=61 * 2**20, loss_slope_per_100_steps=-2.41, speedup=None,
         memory_change=None, activations_change=None, verdict="start",
     )
     bf16 = ImpactSegment(
         change="amp=bf16", options={**OPTIONS, "amp": "bf16"}, first_step=121, last_step=120 + bf16_steps,
         median_step_time_s=0.0100, step_time_low_s=0.0098, step_time_high_s=0.0104, median_samples_per_s=3200.0, median_data_wait_s=0.0009,
-        peak_allocated_bytes=None, nvml_run_bytes=None, activations_bytes=26 * 2**20, tensor_bytes=39 * 2**20, loss_slope_per_100_steps=-0.52,
+        peak_allocated_bytes=None, nvml_run_bytes=None, others_cpu_percent=None, activations_bytes=26 * 2**20, tensor_bytes=39 * 2**20, loss_slope_per_100_steps=-0.52,
         speedup=1.72, memory_change=-0.36, activations_change=-0.46, verdict="amp=bf16: 1.72x faster, activations -46 %, memory -36 %",
     )
     clip = ImpactSegment(
         change="clip=1.0", options={**OPTIONS, "amp": "bf16", "clip": 1.0}, first_step=121 + bf16_steps,
         last_step=120 + bf16_steps + clip_steps, median_step_time_s=0.0103, step_time_low_s=0.0095,
-        step_time_high_s=0.0118, median_samples_per_s=3110.0, median_data_wait_s=0.0008, peak_allocated_bytes=None, nvml_run_bytes=None, activations_bytes=26 * 2**20,
+        step_time_high_s=0.0118, median_samples_per_s=3110.0, median_data_wait_s=0.0008, peak_allocated_bytes=None, nvml_run_bytes=None, others_cpu_percent=None, activations_bytes=26 * 2**20,
         tensor_bytes=39 * 2**20, loss_slope_per_100_steps=-0.31, speedup=None, memory_change=0.0, activations_change=0.0,
         verdict="clip=1.0: no clear difference (±20 %), same memory",
     )
