@@ -475,6 +475,18 @@ async def test_trainer_log_lines_appear_in_the_event_log_but_torchs_cpp_log_does
         assert "CPUAllocator" not in text  # torch's C++ log stays in trainer.log
 
 
+@pytest.mark.parametrize("size", [(80, 24), (200, 50)])
+async def test_the_help_screens_closing_paragraph_wraps_inside_its_box(app: TorchlabApp, size) -> None:
+    """Seen in tmux at 200x50: the paragraph under the keys was one row cut at the box's edge ("... shows the st")."""
+    async with app.run_test(size=size) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        footer = app.screen.query_one("#help-footer")
+        box = footer.parent.scrollable_content_region
+        assert footer.region.right <= box.right and footer.size.height >= 2
+        assert footer.size.width >= footer.virtual_size.width
+
+
 async def test_help_screen_and_command_palette_list_every_action(app: TorchlabApp) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("question_mark")

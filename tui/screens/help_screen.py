@@ -28,7 +28,7 @@ class HelpScreen(ModalScreen[None]):
         padding: 0 1;
     }
     HelpScreen #help-title { text-style: bold; }
-    HelpScreen #help-footer { color: $text-muted; }
+    HelpScreen #help-footer { color: $text-muted; width: 100%; }  /* a Label is as wide as its text: cut at the edge */
     """
 
     BINDINGS = [Binding("escape,question_mark,q", "close", "Close")]
