@@ -86,6 +86,20 @@ def test_the_trainers_cpu_counts_its_data_loader_workers_so_they_are_not_other_p
     assert host.others_cpu_percent == 0.0  # the main process and two workers take both CPUs
 
 
+def test_a_change_of_the_runs_length_begins_no_segment():
+    """Seen as a user: ``e`` (steps) gave "steps=150: no clear difference (±768 %)", a verdict on a change that
+    does nothing to a step; the segment goes on, and the next real change is compared with all of it."""
+    tracker = ImpactTracker()
+    for step in range(1, 61):
+        options = {"steps": 200 if step <= 20 else 150}
+        if step > 40:
+            options["clip"] = 1.0
+        tracker.on_metrics(record(step, 0.1, 1.0, **options))
+    first, second = tracker.table()
+    assert (first.change, first.first_step, first.last_step) == ("start", 1, 40) and "steps" not in first.options
+    assert second.change == "clip=1.0"
+
+
 def memory(step, activations, others=1000, allocator_peak=None):
     """A memory step's breakdown: ``others`` bytes each of parameters, gradients and optimizer state."""
     return MemoryBreakdown(step=step, parameters_bytes=others, gradients_bytes=others, optimizer_bytes=others,

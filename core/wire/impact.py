@@ -33,7 +33,7 @@ from typing import Any
 
 from torchlab.core.wire.events import ProfileStarted, RunEnded, RunStarted
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import OPTION_NAMES, format_option_value
+from torchlab.core.wire.options import LIVE_OPTIONS, format_option_value
 from torchlab.core.wire.protocol import Message, ProfileReady
 from torchlab.core.wire.payloads import ImpactSegment, TelemetrySample
 from torchlab.core.wire.storage import write_atomically
@@ -62,6 +62,8 @@ DATA_WAIT_SHOWN = 0.05
 #: their step times say as much about the machine as about the option: no speed verdict is given then. On a
 #: 2-core box one busy neighbour is 50 points; a trial (both arms interleaved) compares like for like.
 LOAD_SHIFT_POINTS = 25.0
+#: The options whose changes begin a segment (``LiveOption.shapes_a_step``), in the registry's order.
+SEGMENT_OPTIONS = tuple(option.name for option in LIVE_OPTIONS if option.shapes_a_step)
 
 
 @dataclass
@@ -170,7 +172,7 @@ class ImpactTracker(TrainerObserver):
         self._closed_rows: list[ImpactSegment] = []  # the rows of every segment but the newest, which no report changes
 
     def on_metrics(self, record: dict[str, Any]) -> None:
-        options = {key: record.get(key) for key in OPTION_NAMES}
+        options = {key: record.get(key) for key in SEGMENT_OPTIONS}
         current = self.segments[-1] if self.segments else None
         if current is None or current.options != options:
             change = "start" if current is None else _describe_change(current.options, options)
@@ -359,5 +361,5 @@ def _change(before: float | None, after: float | None) -> float | None:
 
 
 def _describe_change(before: dict[str, Any], after: dict[str, Any]) -> str:
-    changed = [f"{key}={format_option_value(key, after[key])}" for key in OPTION_NAMES if before.get(key) != after.get(key)]
+    changed = [f"{key}={format_option_value(key, after[key])}" for key in SEGMENT_OPTIONS if before.get(key) != after.get(key)]
     return ", ".join(changed)

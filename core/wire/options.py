@@ -67,6 +67,9 @@ class LiveOption:
     #: its start value is the run's setting of the same name (``--steps``; ``steps`` at the top of a TOML file),
     #: which owns the flag and the key; the option carries it on from there as it changes
     setting: bool = False
+    #: its value changes what a step does and costs: the impact table begins a segment at each change of it
+    #: (the run's length, ``steps``, does not: a segment there would compare a run with itself)
+    shapes_a_step: bool = True
 
     @property
     def flag(self) -> str:
@@ -254,7 +257,7 @@ STEPS = Number(
     help="Set the step the run ends at: extend or shorten it while it trains",
     prompt="Train to step", hint="the step to end at, not below the current one; torchlab's LR schedules go on without a jump, "
          "a workload's own scheduler is built again for the new total",
-    flag_help="optimizer steps to train to (default 200)", setting=True, in_panel=False,
+    flag_help="optimizer steps to train to (default 200)", setting=True, in_panel=False, shapes_a_step=False,
 )
 
 COMPILE = Switch(
