@@ -124,3 +124,14 @@ def test_a_resumed_run_hides_what_the_first_process_wrote_after_its_checkpoint(t
                  "--tensorboard", str(board), "--run-dir", str(run)]) == EXIT_OK
     assert main(["--resume", str(run / "checkpoints" / "step-0000008.pt"), "--headless", "--steps", "16"]) == EXIT_OK
     assert steps_of(events_in(board), "val/loss") == [4, 8, 12, 16]  # 12 once: the resumed process's
+
+
+def test_the_csv_has_a_column_per_module_for_memory_by_module_whatever_its_rank_in_a_row():
+    """The list is ranked by size: as columns by place (memory.by_module.0.module) a column named another module
+    from one row to the next (seen in an export of a real run)."""
+    from torchlab.core.wire.csv_export import flat_row
+
+    first = flat_row({"step": 1, "memory": {"by_module": [{"module": "attn", "bytes": 9}, {"module": "mlp", "bytes": 4}]}})
+    later = flat_row({"step": 2, "memory": {"by_module": [{"module": "mlp", "bytes": 12}, {"module": "attn", "bytes": 9}]}})
+    assert first == {"step": 1, "memory.by_module.attn": 9, "memory.by_module.mlp": 4}
+    assert later == {"step": 2, "memory.by_module.mlp": 12, "memory.by_module.attn": 9}

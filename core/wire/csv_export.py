@@ -1,7 +1,9 @@
 """A run's ``metrics.jsonl`` as one flat CSV, for spreadsheets and pandas (``torchlab-tui export RUN --csv FILE``).
 
 Nested values become dotted columns: ``lrs.head``, ``metrics.accuracy``, ``grad_norms.blocks.0.attn``,
-``memory.activations_bytes``, ``act_stats.<module>.mean``/``.std``/``.max_abs``, ``ranks.1.step_time_s``. The
+``memory.activations_bytes``, ``memory.by_module.blocks.0.attn`` (the module's activation bytes: the list is
+ranked by size, so a column per place in it would name another module from row to row),
+``act_stats.<module>.mean``/``.std``/``.max_abs``, ``ranks.1.step_time_s``. The
 columns are every key any row has, in the order they first appear; a row without one leaves it empty.
 """
 
@@ -25,6 +27,10 @@ def flat_row(row: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, dict):
             for key, item in value.items():
                 put(f"{prefix}.{key}", item)
+        elif isinstance(value, list) and value and all(isinstance(item, dict) and "module" in item for item in value):
+            for item in value:  # per-module figures: a column per module, whatever its place in the list
+                figures = {key: figure for key, figure in item.items() if key != "module"}
+                put(f"{prefix}.{item['module']}", figures["bytes"] if list(figures) == ["bytes"] else figures)
         elif isinstance(value, list):
             names = _ACT_STATS if prefix.startswith("act_stats.") and len(value) == len(_ACT_STATS) else range(len(value))
             for name, item in zip(names, value):
