@@ -104,6 +104,7 @@ def test_headless_writes_every_trial_to_trials_jsonl_and_prints_it(tmp_path, cap
     assert (first["step"], first["option"], first["value"], first["steps"], first["source"]) == (4, "amp", "bf16", 12, "--trial")
     assert [arm["label"] for arm in first["arms"]] == ["amp=bf16", "as it is"]
     assert all(len(arm["losses"]) == 12 and arm["median_step_time_s"] > 0 and arm["step_time_low_s"] for arm in first["arms"])
+    assert all(arm["others_cpu_percent"] is None or 0 <= arm["others_cpu_percent"] <= 100 for arm in first["arms"])
     assert second["arms"] == [] and "fp16 needs CUDA" in second["error"]
     err = capsys.readouterr().err
     assert "step 4: trying amp = bf16 for 12 steps against as many as it is" in err
@@ -175,3 +176,60 @@ def test_a_trial_whose_arms_are_too_noisy_to_compare_says_how_far_apart_their_st
                          arms=[arm("amp=bf16", 0.17, 0.26, 0.50), arm("as it is", 0.16, 0.38, 2.03)])
     [line] = describe_trial(result)
     assert "no clear difference (step times varied up to 3.1x)" in line  # 0.50 s against 0.16 s
+
+
+@pytest.mark.parametrize("neighbour", ["came", "steady"])
+def test_a_trial_whose_arms_ran_under_another_load_of_other_processes_compares_no_speed(neighbour):
+    """A trial's arms run one after the other: a neighbour's job that starts between them slows the second, and
+    "1.33x slower" would be the machine's doing. Where the load held steady, the verdict stands."""
+    from torchlab.core.wire.payloads import TrialArm
+    from torchlab.core.wire.protocol import TrialResult
+
+    def arm(label, ms, others):
+        return TrialArm(label=label, steps=20, median_step_time_s=ms / 1000, step_time_low_s=0.98 * ms / 1000,
+                        step_time_high_s=1.02 * ms / 1000, activations_bytes=100, tensor_bytes=200, losses=[2.5],
+                        error=None, others_cpu_percent=others)
+
+    result = TrialResult(step=40, option="amp", value="bf16", steps=20,
+                         arms=[arm("amp=bf16", 13.3, 2.0), arm("as it is", 10.0, 52.0 if neighbour == "came" else 4.0)])
+    [line] = describe_trial(result)
+    if neighbour == "came":
+        assert ": speed not judged: other processes' CPU use went 52 % → 2 %, same activations" in line
+    else:
+        assert ": 1.33x slower, same activations" in line
+
+
+def test_the_meter_counts_a_neighbours_cpu_and_not_the_runs_own(tmp_path):
+    """OthersCpuMeter: this process's own work is the run's, a busy process outside its tree is a neighbour's."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from torchlab.core.engine.telemetry import OthersCpuMeter
+
+    meter = OthersCpuMeter()
+    meter.start()
+    spin_until = time.monotonic() + 0.5
+    while time.monotonic() < spin_until:  # the run's own work: a whole core of it
+        pass
+    own = meter.stop()
+    # A neighbour: started by a shell that exits at once, so it is no descendant of this process.
+    pid_file = tmp_path / "neighbour.pid"
+    spin = "import time\nt = time.time()\nwhile time.time() - t < 30: pass"
+    subprocess.run(["sh", "-c", f'"$0" -c "$1" & echo $! > "$2"', sys.executable, spin, str(pid_file)], check=True)
+    neighbour = psutil.Process(int(pid_file.read_text()))
+    try:
+        meter.start()
+        burned = sum(neighbour.cpu_times()[:2])
+        deadline = time.monotonic() + 60
+        while sum(neighbour.cpu_times()[:2]) - burned < 0.5:  # until the neighbour has burned half a CPU second
+            assert time.monotonic() < deadline, "the neighbour got no CPU"
+            time.sleep(0.05)
+        theirs = meter.stop()
+    finally:
+        neighbour.kill()
+    one_core = 100 / (psutil.cpu_count() or 1)
+    assert own is not None and theirs is not None
+    assert theirs > own + 0.3 * one_core, (own, theirs)

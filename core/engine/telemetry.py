@@ -160,3 +160,49 @@ def _descendant_pids(root: int) -> list[int]:
             found.append(pid)
             waiting.append(pid)
     return found
+
+
+class OthersCpuMeter:
+    """What other processes took of the machine's CPU between ``start()`` and ``stop()``, in % of the whole machine
+    (0-100): the busy time of every CPU less this process tree's own (its DataLoader workers, ranks and compile
+    workers; children it has reaped count through its ``children_*`` times). A trial's two arms run one after
+    the other: where a neighbour's load came or went between them, their step times compare the machine, not the
+    option (``core/wire/impact.py``'s ``load_shift``)."""
+
+    def __init__(self) -> None:
+        self._process = psutil.Process()
+        self._started: tuple[float, float, float] | None = None
+
+    def start(self) -> None:
+        self._started = self._readings()
+
+    def stop(self) -> float | None:
+        """The share since ``start()``; None where too little time passed to say (under 50 ms) or /proc is gone."""
+        if self._started is None:
+            return None
+        then, busy_then, own_then = self._started
+        now, busy, own = self._readings()
+        wall = (now - then) * (psutil.cpu_count() or 1)
+        if wall < 0.05:
+            return None
+        return min(100.0, max(0.0, 100 * ((busy - busy_then) - (own - own_then)) / wall))
+
+    def _readings(self) -> tuple[float, float, float]:
+        """(a clock, the machine's busy CPU seconds, this process tree's CPU seconds)."""
+        times = psutil.cpu_times()
+        # Linux counts guest time inside user and nice already; steal (other VMs) is time taken from us too.
+        busy = sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
+        mine = self._process.cpu_times()
+        own = mine.user + mine.system + mine.children_user + mine.children_system
+        try:
+            pids = _descendant_pids(self._process.pid)
+        except OSError:
+            pids = [child.pid for child in self._process.children(recursive=True)]
+        for pid in pids:
+            try:
+                child = psutil.Process(pid).cpu_times()
+            except psutil.Error:  # exited since it was listed
+                continue
+            own += child.user + child.system
+        return time.monotonic(), busy, own
+

@@ -80,7 +80,7 @@ from torchlab.core.wire.trials import AS_IT_IS, NOT_TRIED
 from torchlab.core.engine.loss_output import MetricNames, read_loss_output
 from torchlab.core.engine.optimization import LearningRates, build_optimizer, build_scheduler, group_names, replan_schedule, step_to
 from torchlab.core.engine.step_report import HostTransfer, StepReport, stats_by_module
-from torchlab.core.engine.telemetry import TelemetrySampler
+from torchlab.core.engine.telemetry import OthersCpuMeter, TelemetrySampler
 from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.workload import Workload
 
@@ -798,6 +798,8 @@ class Trainer:
         for arm, label in enumerate((changed, AS_IT_IS), start=1):
             record = ArmRecord(label)
             self._report_trial_progress(TrialProgress(step=step, label=changed, arm=arm, done=0, steps=command.steps), now=True)
+            neighbours = OthersCpuMeter()
+            neighbours.start()
             try:
                 if label != AS_IT_IS:
                     self.options = before.with_value(option.name, value)
@@ -815,6 +817,7 @@ class Trainer:
                     raise TrialOutOfMemory(label, len(record.losses) + 1, command.steps, self.world_size, saved, error) from error
                 record.error = f"out of memory: {str(error).splitlines()[0]}"
             finally:
+                record.others_cpu_percent = neighbours.stop()
                 put_back()
             arms.append(record.result())
         answer(arms)

@@ -76,6 +76,7 @@ class ArmRecord:
         self.losses: list[float] = []
         self.memory: MemoryBreakdown | None = None
         self.error: str | None = None
+        self.others_cpu_percent: float | None = None  # OthersCpuMeter's, over the arm
 
     def result(self) -> TrialArm:
         interval = median_interval(self.step_times)
@@ -89,6 +90,7 @@ class ArmRecord:
             tensor_bytes=self.memory.total_bytes if self.memory else None,
             losses=list(self.losses),
             error=self.error,
+            others_cpu_percent=self.others_cpu_percent,
         )
 
 

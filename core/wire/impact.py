@@ -129,7 +129,7 @@ class Segment:
             interval = min(interval[0], step_time), max(interval[1], step_time)
         speedup, speed = compare_step_times(previous, step_time, interval)
         others_cpu = statistics.median(self.others_cpu) if self.others_cpu else None
-        if speedup is not None and (shift := load_shift(previous, others_cpu)) is not None:
+        if speedup is not None and (shift := load_shift(previous and previous.others_cpu_percent, others_cpu)) is not None:
             speedup, speed = None, shift
         low, high = interval or (None, None)
         memory = _memory(self.peak_allocated_bytes, self.tensor_bytes)
@@ -285,15 +285,13 @@ def compare_step_times(
     return None, f"no clear difference ({noise_words(hidden)})"
 
 
-def load_shift(previous: ImpactSegment | None, others_cpu: float | None) -> str | None:
-    """Why a clear speed difference is not a verdict: other processes' CPU share moved by ``LOAD_SHIFT_POINTS``
-    or more between the two segments (seen: "checkpointing=on: 3.42x faster" while a test suite beside the run
-    stopped). None where it held steady, or where a segment has no telemetry."""
-    if previous is None or previous.others_cpu_percent is None or others_cpu is None:
+def load_shift(before: float | None, after: float | None) -> str | None:
+    """Why a clear speed difference is not a verdict: other processes' share of the machine's CPU moved by
+    ``LOAD_SHIFT_POINTS`` or more between the two (segments, or a trial's arms). Seen: "checkpointing=on: 3.42x
+    faster" while a test suite beside the run stopped. None where it held steady, or where one is not known."""
+    if before is None or after is None or abs(after - before) < LOAD_SHIFT_POINTS:
         return None
-    if abs(others_cpu - previous.others_cpu_percent) < LOAD_SHIFT_POINTS:
-        return None
-    return f"speed not judged: other processes' CPU use went {previous.others_cpu_percent:.0f} % → {others_cpu:.0f} %"
+    return f"speed not judged: other processes' CPU use went {before:.0f} % → {after:.0f} %"
 
 
 #: From this spread on, ``noise_words`` says it as a ratio: "±234 %" is true, but reads as nothing.

@@ -230,7 +230,7 @@ class TrialArm:
     schema: ClassVar[dict[str, tuple]] = {
         "label": (str,), "steps": _INT, "median_step_time_s": _OPT_NUMBER, "step_time_low_s": _OPT_NUMBER,
         "step_time_high_s": _OPT_NUMBER, "activations_bytes": _OPT_INT, "tensor_bytes": _OPT_INT,
-        "losses": (list[float],), "error": _OPT_STR,
+        "losses": (list[float],), "error": _OPT_STR, "others_cpu_percent": _OPT_NUMBER,
     }
     label: str
     steps: int  # the steps it ran (fewer than asked when it failed part way)
@@ -241,6 +241,9 @@ class TrialArm:
     tensor_bytes: int | None
     losses: list[float]
     error: str | None
+    #: what other processes took of the machine's CPU while the arm ran (0-100; None where unknown): where it moved
+    #: between the arms by ``LOAD_SHIFT_POINTS``, their speeds are not compared
+    others_cpu_percent: float | None = None
 
 
 # ----------------------------------------------------------------------------- Ranks: per-rank figures

@@ -14,7 +14,7 @@ import re
 import statistics
 
 from torchlab.core.wire.config import DEFAULT_TRIAL_STEPS, MAX_TRIAL_STEPS
-from torchlab.core.wire.impact import compare_step_times
+from torchlab.core.wire.impact import compare_step_times, load_shift
 from torchlab.core.wire.options import STEPS, WORLD_SIZE, OptionRefused, parse_option_value
 from torchlab.core.wire.payloads import TrialArm
 from torchlab.core.wire.protocol import TrialCommand, TrialProgress, TrialResult
@@ -79,7 +79,9 @@ def trial_verdict(result: TrialResult) -> str:
 def _comparison(changed: TrialArm, as_it_is: TrialArm) -> list[str]:
     parts = []
     interval = (changed.step_time_low_s, changed.step_time_high_s) if changed.step_time_low_s is not None else None
-    _, speed = compare_step_times(as_it_is, changed.median_step_time_s, interval)
+    speedup, speed = compare_step_times(as_it_is, changed.median_step_time_s, interval)
+    if speedup is not None:  # arms run one after the other: a neighbour's load that came or went is no verdict
+        speed = load_shift(as_it_is.others_cpu_percent, changed.others_cpu_percent) or speed
     parts.append(speed or "no step time")
     for name, before, after in (("activations", as_it_is.activations_bytes, changed.activations_bytes),
                                 ("memory", as_it_is.tensor_bytes, changed.tensor_bytes)):
