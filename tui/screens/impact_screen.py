@@ -151,14 +151,15 @@ class ImpactScreen(ViewScreen):
                         id="trials-title")
             yield DataTable(id="trials-table", cursor_type="row", zebra_stripes=True)
             yield Static(
-                f"Each option change starts a segment. Step time, samples/s and data wait (for batches) are medians, without "
-                f"the first {WARMUP_STEPS} steps after a change, profiled steps or steps that compiled; ± is how far the step time's "
-                "90 % interval reaches (≤3.9x: up to 3.9 times the median). The verdict calls a segment faster or slower than the one before only when their intervals do not "
-                f"overlap, and needs {MIN_TIMED_STEPS} timed steps on each side. Activations: saved for backward; memory: the CUDA allocator's peak, else the tensors' total (M shows them); "
-                "loss slope: per 100 steps, not judged (loss falls faster early in any run).",
+                f"Each option change starts a segment. Step time, samples/s and data wait are medians without a change's first "
+                f"{WARMUP_STEPS} steps, profiled or compiling steps; ± is how far the step time's 90 % interval reaches (≤3.9x: up "
+                f"to 3.9 times the median). Faster or slower only where the intervals do not overlap, with {MIN_TIMED_STEPS} timed "
+                "steps a side and other processes' CPU use steady. Activations: saved for backward; memory: the CUDA allocator's "
+                "peak, else the tensors' total (M); loss slope per 100 steps, not judged.",
                 classes="view-status",
             )
-            yield Label("esc back · change an option on the main screen (a, c, g, m, l) to start a new segment", classes="view-keys")
+            # One row at 80 columns (it ended "... to start a n…" there).
+            yield Label("esc back · change an option on the main screen to start a segment", classes="view-keys")
 
     def __init__(self, state: RunState | None = None) -> None:
         super().__init__(state)
