@@ -35,11 +35,9 @@ class TelemetrySampler:
         self.interval_s = interval_s
         self.nvml = Nvml()
         self._process = psutil.Process()
-        self._process.cpu_percent(None)  # the first reading only starts the measurement
-        #: the run's processes by pid, each kept from one sample to the next: a process's CPU share is measured
-        #: between two readings of the same psutil object (a DataLoader worker's first sample reads 0)
-        self._meters: dict[int, psutil.Process] = {self._process.pid: self._process}
-        psutil.cpu_percent(None)
+        #: (a clock, the run's CPU seconds) at the last sample: the next one says what the run used since
+        self._run_cpu_then = (time.monotonic(), run_cpu_seconds(run_processes(self._process)))
+        psutil.cpu_percent(None)  # the first reading only starts the measurement
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="torchlab-telemetry", daemon=True)
 
@@ -57,7 +55,7 @@ class TelemetrySampler:
             self.on_sample(self.sample())
 
     def sample(self) -> TelemetrySample:
-        processes = [self._process, *self._children()]
+        processes = run_processes(self._process)
         gpus = self.nvml.sample(p.pid for p in processes)
         return TelemetrySample(
             time=time.time(),
@@ -67,23 +65,6 @@ class TelemetrySampler:
             gpu_status=no_gpu_status(self.nvml.unavailable) if self.nvml.unavailable else f"{len(gpus)} GPU(s)",
             torch=self._allocator(),
         )
-
-    def _children(self) -> list[psutil.Process]:
-        """This process's children and theirs (DataLoader workers, ranks, the profile-table builder)."""
-        try:
-            pids = _descendant_pids(self._process.pid)
-        except OSError:  # no /proc to read (not Linux): psutil finds them its own way
-            try:
-                return self._process.children(recursive=True)
-            except psutil.Error:
-                return []
-        children = []
-        for pid in pids:
-            try:
-                children.append(psutil.Process(pid))
-            except psutil.Error:  # exited since
-                continue
-        return children
 
     def _host(self, processes: list[psutil.Process]) -> HostSample:
         memory = psutil.virtual_memory()
@@ -106,19 +87,10 @@ class TelemetrySampler:
     def _cpu_percent(self, processes: list[psutil.Process]) -> float:
         """The CPU the run's processes used since the last sample, in % of one CPU, all of them together: the
         machine's CPU less this is what other processes took (the impact table's verdicts need to know)."""
-        meters = {}
-        total = 0.0
-        for process in processes:
-            meter = self._meters.get(process.pid)
-            if meter is None or meter != process:  # new, or its pid reused by another process since
-                meter = process
-            try:
-                total += meter.cpu_percent(None)
-            except psutil.Error:  # exited since it was listed
-                continue
-            meters[process.pid] = meter
-        self._meters = meters
-        return total
+        then, cpu_then = self._run_cpu_then
+        now, cpu = time.monotonic(), run_cpu_seconds(processes)
+        self._run_cpu_then = (now, cpu)
+        return max(0.0, 100 * (cpu - cpu_then) / (now - then)) if now > then else 0.0
 
     def _allocator(self) -> AllocatorSample:
         if self.device.type != "cuda":
@@ -129,6 +101,38 @@ class TelemetrySampler:
             reserved_bytes=torch.cuda.memory_reserved(self.device),
             peak_allocated_bytes=torch.cuda.max_memory_allocated(self.device),
         )
+
+
+def run_processes(root: psutil.Process) -> list[psutil.Process]:
+    """``root`` and its children and theirs (DataLoader workers, ranks, compile workers, the profile-table builder)."""
+    try:
+        pids = _descendant_pids(root.pid)
+    except OSError:  # no /proc to read (not Linux): psutil finds them its own way
+        try:
+            return [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return [root]
+    children = []
+    for pid in pids:
+        try:
+            children.append(psutil.Process(pid))
+        except psutil.Error:  # exited since
+            continue
+    return [root, *children]
+
+
+def run_cpu_seconds(processes: list[psutil.Process]) -> float:
+    """The CPU time the run has used: ``processes`` (``run_processes``: the root first) and the children the root
+    has reaped (their time moved into its ``children_*``), so a worker that exits takes nothing away."""
+    root = processes[0].cpu_times()
+    total = root.user + root.system + root.children_user + root.children_system
+    for process in processes[1:]:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:  # exited since it was listed
+            continue
+        total += times.user + times.system
+    return total
 
 
 def _descendant_pids(root: int) -> list[int]:
@@ -192,17 +196,6 @@ class OthersCpuMeter:
         times = psutil.cpu_times()
         # Linux counts guest time inside user and nice already; steal (other VMs) is time taken from us too.
         busy = sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
-        mine = self._process.cpu_times()
-        own = mine.user + mine.system + mine.children_user + mine.children_system
-        try:
-            pids = _descendant_pids(self._process.pid)
-        except OSError:
-            pids = [child.pid for child in self._process.children(recursive=True)]
-        for pid in pids:
-            try:
-                child = psutil.Process(pid).cpu_times()
-            except psutil.Error:  # exited since it was listed
-                continue
-            own += child.user + child.system
+        own = run_cpu_seconds(run_processes(self._process))
         return time.monotonic(), busy, own
 

@@ -60,7 +60,7 @@ TAIL_PROBABILITY = 0.05
 DATA_WAIT_SHOWN = 0.05
 #: Where other processes' share of the machine's CPU moved this much (in points of 100) between two segments,
 #: their step times say as much about the machine as about the option: no speed verdict is given then. On a
-#: 2-core box one busy neighbour is 50 points; a trial (both arms interleaved) compares like for like.
+#: 2-core box one busy neighbour is 50 points. A trial's two arms, one after the other, are held to the same rule.
 LOAD_SHIFT_POINTS = 25.0
 #: The options whose changes begin a segment (``LiveOption.shapes_a_step``), in the registry's order.
 SEGMENT_OPTIONS = tuple(option.name for option in LIVE_OPTIONS if option.shapes_a_step)
@@ -270,8 +270,8 @@ def compare_step_times(
     medians. Otherwise ``speedup`` is None and the words say "no clear difference (±x %)", x being the
     largest change both intervals allow: this segment's high end over the earlier one's low end, or
     its low end under the earlier one's high end, whichever is further from 1 (``noise_words``: from ±100 %
-    on, "step times varied up to 3.3x"). A change that small can hide in the noise. A segment (this or the one before) without an interval: "too few steps to judge".
-    """
+    on, "step times varied up to 3.3x"). A change that small can hide in the noise. A segment (this or the
+    one before) without an interval: "too few steps to judge"."""
     if previous is None:
         return None, None
     before_median, before_low, before_high = previous.median_step_time_s, previous.step_time_low_s, previous.step_time_high_s
