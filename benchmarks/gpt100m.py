@@ -20,6 +20,9 @@ import os
 from torchlab.core.workload import Workload
 from torchlab.sample_models.tiny_gpt import make_workload
 
+#: How the benchmarks name this workload to the engine (``--workload gpt100m`` in host_syncs.py and
+#: lightning_overhead.py).
+SPEC = f"{__file__}:workload"
 FULL = {"d_model": 768, "n_layers": 12, "n_heads": 12}
 SMALL = {"d_model": 128, "n_layers": 2, "n_heads": 4}
 

@@ -33,26 +33,15 @@ from pathlib import Path
 
 import torch
 
-from probe_overhead import BareLoop
+import gpt100m
+from probe_overhead import BareLoop, make_engine
 from torchlab.core.engine.loading import load_workload
 from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.engine.trainer import Trainer
-from torchlab.core.wire.config import build_config
 
-#: --workload shorthands beside the built-in samples
-WORKLOADS = {"gpt100m": str(Path(__file__).with_name("gpt100m.py")) + ":workload"}
 #: the option settings counted, each against the engine's defaults
 SETTINGS = {"off": {}, "bf16": {"amp": "bf16"}, "fp16": {"amp": "fp16"}, "clip": {"clip": 1.0}}
 SYNC_WARNING = "synchroniz"  # "called a synchronizing CUDA operation"
-
-
-def make_engine(workload, spec: str, batch_size: int, device: str, options: dict) -> Trainer:
-    """The engine as a run builds it, less the run directory: probes, memory and metrics at their defaults."""
-    config = build_config({}, {
-        "workload": spec, "steps": 10**9, "batch_size": batch_size, "schedule": "constant", "device": device,
-        "eval_every": 0, "checkpoint_every": 0, "options": options, "at": [],
-    })
-    return Trainer(config, workload, observers=[])
 
 
 def where(warning: warnings.WarningMessage) -> str:
@@ -123,7 +112,7 @@ def main() -> None:
     parser.add_argument("--steps-per-block", type=int, default=10)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    spec = WORKLOADS.get(args.workload, args.workload)
+    spec = gpt100m.SPEC if args.workload == "gpt100m" else args.workload
     device = torch.device(args.device)
     on_cuda = device.type == "cuda"
 
@@ -142,7 +131,7 @@ def main() -> None:
         if name == "fp16" and not on_cuda:
             print(f"{name:<8} not counted: fp16 needs CUDA")
             continue
-        trainer = make_engine(copy.deepcopy(template), spec, batch_size, args.device, options)
+        trainer = make_engine(copy.deepcopy(template), spec, batch_size, 1e-3, "auto", args.device, options)
         trainer.train_steps(5)  # warm-up: the allocator, cuDNN/cuBLAS handles, the probe's cadence
         per_step, by_line = count_syncs(trainer, args.steps) if on_cuda else ([0] * args.steps, collections.Counter())
         figures["settings"][name] = {"per_step": per_step, "by_line": dict(by_line.most_common())}

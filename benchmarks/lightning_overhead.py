@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+import gpt100m
 from probe_overhead import BareLoop, make_engine
 from torchlab.core.engine.loading import load_workload
 from torchlab.core.engine.seeding import seed_everything
@@ -51,7 +52,6 @@ except ImportError:
     except ImportError:
         raise SystemExit("lightning_overhead.py needs Lightning: pip install lightning (or pytorch-lightning)") from None
 
-WORKLOADS = {"gpt100m": str(Path(__file__).with_name("gpt100m.py")) + ":workload"}
 LR = 1e-3
 
 
@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--steps-per-block", type=int, default=10)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    spec = WORKLOADS.get(args.workload, args.workload)
+    spec = gpt100m.SPEC if args.workload == "gpt100m" else args.workload
     device = torch.device(args.device)
 
     def synchronize() -> None:

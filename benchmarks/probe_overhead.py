@@ -96,10 +96,12 @@ class BareLoop:
             self.loss_sum.item()
 
 
-def make_engine(workload, spec: str, batch_size: int, lr: float, probe_every, device: str = "cpu") -> Trainer:
+def make_engine(workload, spec: str, batch_size: int, lr: float, probe_every, device: str = "cpu",
+                options: dict | None = None) -> Trainer:
+    """The engine as a run builds it, less the run directory and its observers; ``options``: live options at start."""
     config = build_config({}, {
         "workload": spec, "steps": 10**9, "batch_size": batch_size, "lr": lr, "schedule": "constant", "device": device,
-        "eval_every": 0, "checkpoint_every": 0, "probe_every": probe_every, "options": {}, "at": [],
+        "eval_every": 0, "checkpoint_every": 0, "probe_every": probe_every, "options": options or {}, "at": [],
     })
     return Trainer(config, workload, observers=[])
 
