@@ -61,8 +61,18 @@ def _label(name: str, width: int, starting: dict[str, list[str]], ending: dict[s
             return ELLIPSIS.join(runs)
     # The names differ at more places than one window holds (three indices and the last part, in 15
     # characters): keep those places, a run each. Where even they do not fit, the preferred cut.
-    rivals = [other for other in set(starting[name[:1]]) | set(ending[name[-1:]]) if other != name]
+    # Closest first (the most of both ends in common): the places where they differ are the ones a label needs
+    # anyway, and an order of its own makes the labels the same in every process (a set's order is not).
+    rivals = sorted((other for other in set(starting[name[:1]]) | set(ending[name[-1:]]) if other != name),
+                    key=lambda other: (-_ends_in_common(name, other), other))
     return _runs_label(name, width, rivals) or ELLIPSIS.join(preferred)
+
+
+def _ends_in_common(name: str, other: str) -> int:
+    """How many characters ``name`` and ``other`` share at their start and at their end together."""
+    start = next((i for i, (a, b) in enumerate(zip(name, other)) if a != b), min(len(name), len(other)))
+    end = next((i for i, (a, b) in enumerate(zip(reversed(name), reversed(other))) if a != b), min(len(name), len(other)))
+    return start + end
 
 
 def _labels(name: str, width: int) -> Iterator[tuple[str, str | None, str]]:
@@ -148,11 +158,13 @@ def _runs_label(name: str, width: int, rivals: list[str]) -> str | None:
 
 
 def _short_part_around(name: str, place: int) -> range:
-    """The dotted part of ``name`` holding ``place`` when it is short (an index: ``12``), else ``place`` alone."""
+    """The dotted part of ``name`` holding ``place`` when it is short (an index: ``12``), else ``place`` alone (a
+    dot too: "layer.1." against "layer.10." differs at the dot, and the part before it, "1", is shown already;
+    left out, the label never changed and ``_runs_label`` looped for ever)."""
     start = name.rfind(".", 0, place) + 1
     end = name.find(".", place)
     end = len(name) if end < 0 else end
-    return range(start, end) if end - start <= 3 else range(place, place + 1)
+    return range(start, end) if end - start <= 3 and start <= place < end else range(place, place + 1)
 
 
 def _fill(name: str, width: int, shown: set[int]) -> str:
