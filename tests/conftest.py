@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+from torchlab.core.wire import storage
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -18,6 +22,13 @@ def tests_runtime_dir(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_RUNTIME_DIR", str(base))
         yield base / "torchlab"
+
+
+@pytest.fixture
+def links_followed(monkeypatch):
+    """A link to /dev/full stands for a full disk: the run's files are opened through links for this test
+    (torchlab follows none, core/wire/safe_open.py)."""
+    monkeypatch.setattr(storage, "open_regular", lambda path, flags, mode: os.open(path, flags, mode))
 
 
 def pytest_collection_modifyitems(config, items):

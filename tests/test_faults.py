@@ -33,7 +33,7 @@ def _full_disk_at(path: Path) -> None:
     path.symlink_to("/dev/full")
 
 
-def test_a_full_disk_during_a_checkpoint_is_a_clear_error_and_the_previous_one_loads(tmp_path):
+def test_a_full_disk_during_a_checkpoint_is_a_clear_error_and_the_previous_one_loads(tmp_path, links_followed):
     save_checkpoint(tmp_path, 1, {"weights": torch.ones(3)}, keep=3)
     _full_disk_at(tmp_path / f".step-0000002.pt.tmp-{os.getpid()}")
     with pytest.raises(StorageError) as raised:
@@ -45,7 +45,7 @@ def test_a_full_disk_during_a_checkpoint_is_a_clear_error_and_the_previous_one_l
     assert torch.equal(load_checkpoint(tmp_path / "last.pt")["weights"], torch.ones(3))
 
 
-def test_a_full_disk_mid_run_fails_the_run_with_that_message_and_keeps_the_last_checkpoint(tmp_path):
+def test_a_full_disk_mid_run_fails_the_run_with_that_message_and_keeps_the_last_checkpoint(tmp_path, links_followed):
     trainer, seen = make_trainer(steps=6, checkpoint_dir=tmp_path, checkpoint_every=2, telemetry_interval=0)
     _full_disk_at(tmp_path / f".step-0000004.pt.tmp-{os.getpid()}")
     outcome = trainer.run()
@@ -130,7 +130,7 @@ def test_a_periodic_checkpoint_is_reported_while_the_run_is_paused_after_it(tmp_
     assert load_checkpoint(tmp_path / "last.pt")["step"] == 2
 
 
-def test_a_full_disk_for_the_metrics_stops_the_run_with_a_clear_message(tmp_path, capsys):
+def test_a_full_disk_for_the_metrics_stops_the_run_with_a_clear_message(tmp_path, capsys, links_followed):
     run = tmp_path / "run"
     run.mkdir()
     _full_disk_at(run / "metrics.jsonl")

@@ -141,7 +141,7 @@ def test_a_last_line_that_does_not_parse_is_dropped_too(tmp_path):
     assert repair["file"] == "system.jsonl" and repair["bytes_dropped"] == 301
 
 
-def test_a_failed_telemetry_write_stops_the_run_at_its_next_metrics_row(tmp_path):
+def test_a_failed_telemetry_write_stops_the_run_at_its_next_metrics_row(tmp_path, links_followed):
     """The sampler's thread cannot stop the run: the run directory keeps the failure for the training thread."""
     (tmp_path / "system.jsonl").symlink_to("/dev/full")
     directory = RunDirectory(tmp_path)
@@ -153,7 +153,7 @@ def test_a_failed_telemetry_write_stops_the_run_at_its_next_metrics_row(tmp_path
     assert [e["event"] for e in jsonl(tmp_path / "events.jsonl")] == ["error"]
 
 
-def test_an_error_the_journal_cannot_take_is_not_hidden_behind_the_journals_own(tmp_path):
+def test_an_error_the_journal_cannot_take_is_not_hidden_behind_the_journals_own(tmp_path, links_followed):
     """A resume that fails on a full disk: the user reads why the resume failed, not only that the disk is full."""
     (tmp_path / "events.jsonl").symlink_to("/dev/full")
     directory = RunDirectory(tmp_path)

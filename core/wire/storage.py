@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from torchlab.core.wire.errors import ConfigError, StorageError
+from torchlab.core.wire.safe_open import open_regular, require_real_folder
 
 #: A file is read back from its end this much at a time (a line longer than this takes several reads).
 TAIL_CHUNK = 64 * 1024
@@ -68,24 +69,26 @@ def is_private(folder: Path) -> bool:
 
 def create_file(path: Path, flags: int = os.O_WRONLY | os.O_TRUNC) -> int:
     """``os.open(path, flags | O_CREAT)``, a new file being 0600 in a private folder and 0666 (less the
-    umask) elsewhere; the descriptor. One ``stat`` of the folder: call it per file, not per write. Also
-    an ``opener`` for ``open()``."""
+    umask) elsewhere; the descriptor. Never through a link, and only a regular file (``open_regular``):
+    an UnsafeFileError otherwise. One ``stat`` of the folder: call it per file, not per write. Also an
+    ``opener`` for ``open()``."""
     path = Path(path)
-    return os.open(path, flags | os.O_CREAT, 0o600 if is_private(path.parent) else 0o666)
+    return open_regular(path, flags | os.O_CREAT, 0o600 if is_private(path.parent) else 0o666)
 
 
 def make_folder(path: Path) -> Path:
     """Make ``path`` (and any missing folder above it) unless it is a folder already: 0700 in a private
-    folder, 0777 less the umask elsewhere. An existing folder keeps its mode."""
+    folder, 0777 less the umask elsewhere. An existing folder keeps its mode; a link in its place (to a
+    folder of someone else's choosing) is an UnsafeFileError."""
     path = Path(path)
-    if path.is_dir():
+    if require_real_folder(path):
         return path
     if path.parent != path and not path.parent.is_dir():
         make_folder(path.parent)
     try:
         os.mkdir(path, 0o700 if is_private(path.parent) else 0o777)
     except FileExistsError:
-        if not path.is_dir():
+        if not require_real_folder(path):
             raise
     return path
 
