@@ -4,6 +4,7 @@ afterwards (``export --tensorboard``), read back with TensorBoard's own reader; 
 from __future__ import annotations
 
 import csv
+import json
 import sys
 from pathlib import Path
 
@@ -135,3 +136,18 @@ def test_the_csv_has_a_column_per_module_for_memory_by_module_whatever_its_rank_
     later = flat_row({"step": 2, "memory": {"by_module": [{"module": "mlp", "bytes": 12}, {"module": "attn", "bytes": 9}]}})
     assert first == {"step": 1, "memory.by_module.attn": 9, "memory.by_module.mlp": 4}
     assert later == {"step": 2, "memory.by_module.mlp": 12, "memory.by_module.attn": 9}
+
+
+def test_csv_cells_a_spreadsheet_would_evaluate_begin_with_a_quote_and_numbers_stay_numbers(tmp_path):
+    """OWASP's rule for CSV injection; a loss of -0.5 we wrote as a number is data, not a formula."""
+    run = tmp_path / "run"
+    run.mkdir()
+    row = {"step": 1, "loss": -0.5, '=HYPERLINK("http://evil")': 1.0, "grad_norms": {"=cmd|' /C calc'!A0": 2.0},
+           "notes": ["=1+1", "+1", "-1", "@SUM(A1)", "\tx", "\rx", "plain", "", "a=b"]}
+    (run / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    assert main(["export", str(run), "--csv", str(tmp_path / "m.csv")]) == EXIT_OK
+    with open(tmp_path / "m.csv", newline="") as handle:
+        header, cells = list(csv.reader(handle))
+    assert header[:4] == ["step", "loss", '\'=HYPERLINK("http://evil")', "grad_norms.=cmd|' /C calc'!A0"]
+    assert cells[:4] == ["1", "-0.5", "1.0", "2.0"]
+    assert cells[4:] == ["'=1+1", "'+1", "'-1", "'@SUM(A1)", "'\tx", "'\rx", "plain", "", "a=b"]
