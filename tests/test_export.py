@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import shutil
+import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from trainers import TINY, WORKLOADS
 from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE
 from torchlab.core.launch.cli import main
+from torchlab.core.engine.tensorboard import TRACE_NAME
 
 OWN = WORKLOADS / "own_training.py"
 
@@ -96,7 +101,7 @@ def test_another_users_private_run_is_refused_in_one_paragraph(trained, tmp_path
     def private(path, *args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", str(path))  # what a 0700 run of someone else's gives
 
-    monkeypatch.setattr(export, "open", private, raising=False)
+    monkeypatch.setattr(export, "open_regular", private)
     assert main(["export", str(trained / "run"), "--csv", str(tmp_path / "m.csv")]) == EXIT_USAGE
     assert capsys.readouterr().err.strip() == (f"torchlab-tui export: {trained / 'run'}: cannot be read: permission denied "
                                                "(a run directory is private to the user who started it)")
@@ -151,3 +156,99 @@ def test_csv_cells_a_spreadsheet_would_evaluate_begin_with_a_quote_and_numbers_s
     assert header[:4] == ["step", "loss", '\'=HYPERLINK("http://evil")', "grad_norms.=cmd|' /C calc'!A0"]
     assert cells[:4] == ["1", "-0.5", "1.0", "2.0"]
     assert cells[4:] == ["'=1+1", "'+1", "'-1", "'@SUM(A1)", "'\tx", "'\rx", "plain", "", "a=b"]
+
+
+# Issue 26: a run someone else prepared, and the paths an export writes to.
+
+SECRET = '{"event": "option_applied", "step": 3, "option": "SECRET", "value": 1}\n'  # /etc/shadow stands for
+
+
+@pytest.fixture
+def umask():
+    """The process umask is 022 for the test; the previous one is put back after it."""
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def run_copy(trained: Path, tmp_path: Path) -> Path:
+    return shutil.copytree(trained / "run", tmp_path / "run")
+
+
+def profile_folder(run: Path) -> Path:
+    return next(folder for folder in (run / "profiles").iterdir() if folder.name.isdigit())
+
+
+def files_holding(folder: Path, text: str) -> list[Path]:
+    return [path for path in folder.rglob("*") if path.is_file() and text.encode() in path.read_bytes()]
+
+
+def cli(*argv: str) -> subprocess.CompletedProcess:
+    """``torchlab-tui`` in a process of its own: a hang is a timeout, not a test run that never ends."""
+    return subprocess.run([sys.executable, "-m", "torchlab.core.launch.cli", *argv], capture_output=True, text=True, timeout=60)
+
+
+def plant_linked_trace(run: Path, secret: Path) -> Path:
+    trace = profile_folder(run) / "trace.json"
+    trace.unlink()
+    trace.symlink_to(secret)
+    return trace
+
+
+def plant_linked_profile_folder(run: Path, secret: Path) -> Path:
+    folder = profile_folder(run)
+    shutil.rmtree(folder)
+    elsewhere = secret.parent / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "trace.json").write_text(secret.read_text())
+    folder.symlink_to(elsewhere)
+    return folder
+
+
+def plant_linked_events(run: Path, secret: Path) -> Path:
+    events = run / "events.jsonl"
+    events.unlink()
+    events.symlink_to(secret)
+    return events
+
+
+@pytest.mark.parametrize("plant", [plant_linked_trace, plant_linked_profile_folder, plant_linked_events])
+def test_export_copies_no_link_in_the_run_it_reads(trained, tmp_path, capsys, plant):
+    """A ``trace.json`` linked to /etc/shadow was copied into the TensorBoard folder, world-readable (run as root)."""
+    secret = tmp_path / "shadow"
+    secret.write_text(SECRET)
+    planted = plant(run_copy(trained, tmp_path), secret)
+    assert main(["export", str(tmp_path / "run"), "--tensorboard", str(tmp_path / "tb")]) == EXIT_OK
+    assert files_holding(tmp_path / "tb", "SECRET") == []
+    assert [folder for folder in (tmp_path / "tb").rglob("*") if folder.is_dir() and not any(folder.iterdir())] == []
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "skipped" in line]
+    assert warnings == [f"torchlab-tui export: skipped {planted}: a symbolic link, which export never follows "
+                        "(it could point at any file of yours); the rest is exported"]
+
+
+def test_a_new_tensorboard_folder_is_private_and_so_is_what_is_copied_into_it(trained, tmp_path, umask):
+    assert main(["export", str(trained / "run"), "--tensorboard", str(tmp_path / "tb")]) == EXIT_OK
+    (trace,) = (tmp_path / "tb").rglob(TRACE_NAME)
+    assert mode(tmp_path / "tb") == 0o700 and mode(trace.parent) == 0o700 and mode(trace) == 0o600
+
+
+@pytest.mark.parametrize("journal", ["fifo", "link"])
+def test_a_journal_that_is_not_a_regular_file_is_refused_at_once_in_one_paragraph(tmp_path, journal):
+    """A FIFO as metrics.jsonl blocked export for ever; a link was read through."""
+    run = tmp_path / "run"
+    run.mkdir()
+    if journal == "fifo":
+        os.mkfifo(run / "metrics.jsonl")
+    else:
+        (tmp_path / "notes.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+        (run / "metrics.jsonl").symlink_to(tmp_path / "notes.jsonl")
+    done = cli("export", str(run), "--csv", str(tmp_path / "m.csv"))
+    kind = "a FIFO (named pipe)" if journal == "fifo" else "a symbolic link"
+    assert done.returncode == EXIT_USAGE
+    assert done.stderr.startswith(f"torchlab-tui export: {run / 'metrics.jsonl'} is {kind}, not a regular file")
+    assert done.stderr.count("\n") == 1
+    assert not (tmp_path / "m.csv").exists()
