@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator as PluginEventAccumulator
 
 from trainers import TINY, WORKLOADS
 from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE
@@ -252,3 +253,115 @@ def test_a_journal_that_is_not_a_regular_file_is_refused_at_once_in_one_paragrap
     assert done.stderr.startswith(f"torchlab-tui export: {run / 'metrics.jsonl'} is {kind}, not a regular file")
     assert done.stderr.count("\n") == 1
     assert not (tmp_path / "m.csv").exists()
+
+
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_csv_onto_the_runs_own_journal_is_refused_and_leaves_it_byte_identical(trained, tmp_path, force):
+    """``export RUN --csv RUN/metrics.jsonl`` cut a 78 KB journal to one header line, said "0 rows" and exited 0."""
+    run = run_copy(trained, tmp_path)
+    journal = (run / "metrics.jsonl").read_bytes()
+    done = cli("export", str(run), "--csv", str(run / "metrics.jsonl"), *force)
+    assert (done.returncode, done.stdout) == (EXIT_USAGE, "")
+    assert done.stderr == (f"torchlab-tui export: --csv {run / 'metrics.jsonl'} is in the run directory {run}: an export "
+                           "writes nothing into a run, whose own files it would replace. Give a path outside it, "
+                           f"such as --csv {tmp_path / 'run.csv'}.\n")
+    assert (run / "metrics.jsonl").read_bytes() == journal
+
+
+@pytest.mark.parametrize("target", ["run", "run/tensorboard", "other/tensorboard"])
+def test_tensorboard_into_a_run_directory_is_refused_even_with_force(trained, tmp_path, capsys, target):
+    run = run_copy(trained, tmp_path)
+    (tmp_path / "other" / "checkpoints").mkdir(parents=True)  # another run: its config and checkpoints
+    (tmp_path / "other" / "config.toml").write_text('workload = "tiny_gpt"\n')
+    before = sorted(tmp_path.rglob("*"))
+    assert main(["export", str(run), "--tensorboard", str(tmp_path / target), "--force"]) == EXIT_USAGE
+    assert "an export writes nothing into a run" in capsys.readouterr().err
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_csv_into_a_folder_holding_another_run_is_refused(trained, tmp_path, capsys):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    assert main(["export", str(trained / "run"), "--csv", str(other / "m.csv")]) == EXIT_USAGE
+    assert capsys.readouterr().err == (f"torchlab-tui export: --csv {other / 'm.csv'} is in {other}, which holds a "
+                                       "torchlab run (its metrics.jsonl): an export writes nothing into a run, whose "
+                                       f"own files it would replace. Give a path outside it, such as --csv {trained / 'run.csv'}.\n")
+    assert not (other / "m.csv").exists()
+
+
+def test_an_existing_csv_is_replaced_only_with_force(trained, tmp_path, capsys):
+    target = tmp_path / "m.csv"
+    target.write_text("a file of mine\n")
+    assert main(["export", str(trained / "run"), "--csv", str(target)]) == EXIT_USAGE
+    assert capsys.readouterr().err == (f"torchlab-tui export: --csv {target} exists: an export writes only to a new "
+                                       "file. Give another name, or add --force to replace it.\n")
+    assert target.read_text() == "a file of mine\n"
+    assert main(["export", str(trained / "run"), "--csv", str(target), "--force"]) == EXIT_OK
+    assert target.read_text().startswith("step,")
+
+
+def test_force_replaces_a_link_at_the_csv_path_and_never_writes_through_it(trained, tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the victim's notes\n")
+    link = tmp_path / "m.csv"
+    link.symlink_to(notes)
+    assert main(["export", str(trained / "run"), "--csv", str(link)]) == EXIT_USAGE
+    assert "exists (a symbolic link): an export writes only to a new file" in capsys.readouterr().err
+    assert main(["export", str(trained / "run"), "--csv", str(link), "--force"]) == EXIT_OK
+    assert notes.read_text() == "the victim's notes\n"
+    assert not link.is_symlink() and link.read_text().startswith("step,")
+    assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".")] == []  # no temporary left
+
+
+def test_a_tensorboard_folder_holding_files_is_written_into_only_with_force_and_shows_each_step_once(trained, tmp_path, capsys):
+    board = tmp_path / "tb"
+    assert main(["export", str(trained / "run"), "--tensorboard", str(board)]) == EXIT_OK
+    capsys.readouterr()
+    assert main(["export", str(trained / "run"), "--tensorboard", str(board)]) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"torchlab-tui export: --tensorboard {board} already holds files: an export writes into a new or empty "
+        "folder. Give another, or add --force to write into it (TensorBoard then shows this export in place of "
+        "what the folder held).\n")
+    assert main(["export", str(trained / "run"), "--tensorboard", str(board), "--force"]) == EXIT_OK
+    shown = PluginEventAccumulator(str(board), size_guidance={"tensors": 0})  # as TensorBoard's server reads it
+    shown.Reload()
+    assert [event.step for event in shown.Tensors("train/loss")] == list(range(1, 25))  # not twice: the first is hidden
+    assert [event.step for event in shown.Tensors("options/text_summary")] == [10]
+
+
+def test_an_empty_tensorboard_folder_of_ones_own_is_written_into(trained, tmp_path):
+    (tmp_path / "tb").mkdir(mode=0o755)
+    assert main(["export", str(trained / "run"), "--tensorboard", str(tmp_path / "tb")]) == EXIT_OK
+    assert steps_of(events_in(tmp_path / "tb"), "train/loss") == list(range(1, 25))
+
+
+def linked_folder(tmp_path: Path) -> str:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "tb").symlink_to(tmp_path / "elsewhere")
+    return "is a symbolic link: an export writes into no folder through a link"
+
+
+def folder_others_can_write(tmp_path: Path) -> str:
+    (tmp_path / "tb").mkdir()
+    (tmp_path / "tb").chmod(0o777)
+    return "can be written by other users (mode 0777)"
+
+
+@pytest.mark.parametrize("prepare", [linked_folder, folder_others_can_write])
+def test_a_tensorboard_folder_someone_else_could_have_prepared_is_refused_even_with_force(trained, tmp_path, capsys, prepare):
+    """TensorBoard names its event file by time, host and process: a link put there first would be written through."""
+    expected = prepare(tmp_path)
+    assert main(["export", str(trained / "run"), "--tensorboard", str(tmp_path / "tb"), "--force"]) == EXIT_USAGE
+    assert expected in capsys.readouterr().err
+    assert list((tmp_path / "tb").iterdir()) == []
+
+
+def test_export_help_says_what_force_does_in_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    at = next(index for index, line in enumerate(lines) if line.lstrip().startswith("--force"))
+    assert len(lines[at].split(None, 1)) == 2  # its help on the flag's own line
+    assert not any(line.startswith(" " * 10) for line in lines[at + 1:at + 2])  # and no second line

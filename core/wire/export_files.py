@@ -5,7 +5,7 @@ A run may be someone else's (a run directory in ``/tmp``), and so may the place 
 path that was a link was written through. So:
 
 - ``output_file`` writes a new file with ``O_CREAT | O_EXCL | O_NOFOLLOW``: whatever is at the path, a link
-  included, makes it fail rather than be written through. ``replace=True`` (a trace copied) writes a
+  included, makes it fail rather than be written through. ``replace=True`` (``--force``; a trace copied) writes a
   temporary file beside the path and renames it over: the name is replaced, a link at it included, and
   the file it pointed at is untouched. A reader never sees half a file, and a failed write leaves none.
 - A copy (a profiler trace into a TensorBoard folder, core/engine/tensorboard.py) reads its source with
