@@ -4,15 +4,22 @@ afterwards (``export --tensorboard``), read back with TensorBoard's own reader; 
 from __future__ import annotations
 
 import csv
+import json
+import os
+import shutil
+import stat
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator as PluginEventAccumulator
 
 from trainers import TINY, WORKLOADS
 from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE
 from torchlab.core.launch.cli import main
+from torchlab.core.engine.tensorboard import TRACE_NAME
 
 OWN = WORKLOADS / "own_training.py"
 
@@ -95,7 +102,7 @@ def test_another_users_private_run_is_refused_in_one_paragraph(trained, tmp_path
     def private(path, *args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", str(path))  # what a 0700 run of someone else's gives
 
-    monkeypatch.setattr(export, "open", private, raising=False)
+    monkeypatch.setattr(export, "open_regular", private)
     assert main(["export", str(trained / "run"), "--csv", str(tmp_path / "m.csv")]) == EXIT_USAGE
     assert capsys.readouterr().err.strip() == (f"torchlab-tui export: {trained / 'run'}: cannot be read: permission denied "
                                                "(a run directory is private to the user who started it)")
@@ -135,3 +142,226 @@ def test_the_csv_has_a_column_per_module_for_memory_by_module_whatever_its_rank_
     later = flat_row({"step": 2, "memory": {"by_module": [{"module": "mlp", "bytes": 12}, {"module": "attn", "bytes": 9}]}})
     assert first == {"step": 1, "memory.by_module.attn": 9, "memory.by_module.mlp": 4}
     assert later == {"step": 2, "memory.by_module.mlp": 12, "memory.by_module.attn": 9}
+
+
+def test_csv_cells_a_spreadsheet_would_evaluate_begin_with_a_quote_and_numbers_stay_numbers(tmp_path):
+    """OWASP's rule for CSV injection; a loss of -0.5 we wrote as a number is data, not a formula."""
+    run = tmp_path / "run"
+    run.mkdir()
+    row = {"step": 1, "loss": -0.5, '=HYPERLINK("http://evil")': 1.0, "grad_norms": {"=cmd|' /C calc'!A0": 2.0},
+           "notes": ["=1+1", "+1", "-1", "@SUM(A1)", "\tx", "\rx", "plain", "", "a=b"]}
+    (run / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    assert main(["export", str(run), "--csv", str(tmp_path / "m.csv")]) == EXIT_OK
+    with open(tmp_path / "m.csv", newline="") as handle:
+        header, cells = list(csv.reader(handle))
+    assert header[:4] == ["step", "loss", '\'=HYPERLINK("http://evil")', "grad_norms.=cmd|' /C calc'!A0"]
+    assert cells[:4] == ["1", "-0.5", "1.0", "2.0"]
+    assert cells[4:] == ["'=1+1", "'+1", "'-1", "'@SUM(A1)", "'\tx", "'\rx", "plain", "", "a=b"]
+
+
+# Issue 26: a run someone else prepared, and the paths an export writes to.
+
+SECRET = '{"event": "option_applied", "step": 3, "option": "SECRET", "value": 1}\n'  # /etc/shadow stands for
+
+
+@pytest.fixture
+def umask():
+    """The process umask is 022 for the test; the previous one is put back after it."""
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def run_copy(trained: Path, tmp_path: Path) -> Path:
+    return shutil.copytree(trained / "run", tmp_path / "run")
+
+
+def profile_folder(run: Path) -> Path:
+    return next(folder for folder in (run / "profiles").iterdir() if folder.name.isdigit())
+
+
+def files_holding(folder: Path, text: str) -> list[Path]:
+    return [path for path in folder.rglob("*") if path.is_file() and text.encode() in path.read_bytes()]
+
+
+def cli(*argv: str) -> subprocess.CompletedProcess:
+    """``torchlab-tui`` in a process of its own: a hang is a timeout, not a test run that never ends."""
+    return subprocess.run([sys.executable, "-m", "torchlab.core.launch.cli", *argv], capture_output=True, text=True, timeout=60)
+
+
+def plant_linked_trace(run: Path, secret: Path) -> Path:
+    trace = profile_folder(run) / "trace.json"
+    trace.unlink()
+    trace.symlink_to(secret)
+    return trace
+
+
+def plant_linked_profile_folder(run: Path, secret: Path) -> Path:
+    folder = profile_folder(run)
+    shutil.rmtree(folder)
+    elsewhere = secret.parent / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "trace.json").write_text(secret.read_text())
+    folder.symlink_to(elsewhere)
+    return folder
+
+
+def plant_linked_events(run: Path, secret: Path) -> Path:
+    events = run / "events.jsonl"
+    events.unlink()
+    events.symlink_to(secret)
+    return events
+
+
+@pytest.mark.parametrize("plant", [plant_linked_trace, plant_linked_profile_folder, plant_linked_events])
+def test_export_copies_no_link_in_the_run_it_reads(trained, tmp_path, capsys, plant):
+    """A ``trace.json`` linked to /etc/shadow was copied into the TensorBoard folder, world-readable (run as root)."""
+    secret = tmp_path / "shadow"
+    secret.write_text(SECRET)
+    planted = plant(run_copy(trained, tmp_path), secret)
+    assert main(["export", str(tmp_path / "run"), "--tensorboard", str(tmp_path / "tb")]) == EXIT_OK
+    assert files_holding(tmp_path / "tb", "SECRET") == []
+    assert [folder for folder in (tmp_path / "tb").rglob("*") if folder.is_dir() and not any(folder.iterdir())] == []
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "skipped" in line]
+    assert warnings == [f"torchlab-tui export: skipped {planted}: a symbolic link, which export never follows "
+                        "(it could point at any file of yours); the rest is exported"]
+
+
+def test_a_new_tensorboard_folder_is_private_and_so_is_what_is_copied_into_it(trained, tmp_path, umask):
+    assert main(["export", str(trained / "run"), "--tensorboard", str(tmp_path / "tb")]) == EXIT_OK
+    (trace,) = (tmp_path / "tb").rglob(TRACE_NAME)
+    assert mode(tmp_path / "tb") == 0o700 and mode(trace.parent) == 0o700 and mode(trace) == 0o600
+
+
+@pytest.mark.parametrize("journal", ["fifo", "link"])
+def test_a_journal_that_is_not_a_regular_file_is_refused_at_once_in_one_paragraph(tmp_path, journal):
+    """A FIFO as metrics.jsonl blocked export for ever; a link was read through."""
+    run = tmp_path / "run"
+    run.mkdir()
+    if journal == "fifo":
+        os.mkfifo(run / "metrics.jsonl")
+    else:
+        (tmp_path / "notes.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+        (run / "metrics.jsonl").symlink_to(tmp_path / "notes.jsonl")
+    done = cli("export", str(run), "--csv", str(tmp_path / "m.csv"))
+    kind = "a FIFO (named pipe)" if journal == "fifo" else "a symbolic link"
+    assert done.returncode == EXIT_USAGE
+    assert done.stderr.startswith(f"torchlab-tui export: {run / 'metrics.jsonl'} is {kind}, not a regular file")
+    assert done.stderr.count("\n") == 1
+    assert not (tmp_path / "m.csv").exists()
+
+
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_csv_onto_the_runs_own_journal_is_refused_and_leaves_it_byte_identical(trained, tmp_path, force):
+    """``export RUN --csv RUN/metrics.jsonl`` cut a 78 KB journal to one header line, said "0 rows" and exited 0."""
+    run = run_copy(trained, tmp_path)
+    journal = (run / "metrics.jsonl").read_bytes()
+    done = cli("export", str(run), "--csv", str(run / "metrics.jsonl"), *force)
+    assert (done.returncode, done.stdout) == (EXIT_USAGE, "")
+    assert done.stderr == (f"torchlab-tui export: --csv {run / 'metrics.jsonl'} is in the run directory {run}: an export "
+                           "writes nothing into a run, whose own files it would replace. Give a path outside it, "
+                           f"such as --csv {tmp_path / 'run.csv'}.\n")
+    assert (run / "metrics.jsonl").read_bytes() == journal
+
+
+@pytest.mark.parametrize("target", ["run", "run/tensorboard", "other/tensorboard"])
+def test_tensorboard_into_a_run_directory_is_refused_even_with_force(trained, tmp_path, capsys, target):
+    run = run_copy(trained, tmp_path)
+    (tmp_path / "other" / "checkpoints").mkdir(parents=True)  # another run: its config and checkpoints
+    (tmp_path / "other" / "config.toml").write_text('workload = "tiny_gpt"\n')
+    before = sorted(tmp_path.rglob("*"))
+    assert main(["export", str(run), "--tensorboard", str(tmp_path / target), "--force"]) == EXIT_USAGE
+    assert "an export writes nothing into a run" in capsys.readouterr().err
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_csv_into_a_folder_holding_another_run_is_refused(trained, tmp_path, capsys):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    assert main(["export", str(trained / "run"), "--csv", str(other / "m.csv")]) == EXIT_USAGE
+    assert capsys.readouterr().err == (f"torchlab-tui export: --csv {other / 'm.csv'} is in {other}, which holds a "
+                                       "torchlab run (its metrics.jsonl): an export writes nothing into a run, whose "
+                                       f"own files it would replace. Give a path outside it, such as --csv {trained / 'run.csv'}.\n")
+    assert not (other / "m.csv").exists()
+
+
+def test_an_existing_csv_is_replaced_only_with_force(trained, tmp_path, capsys):
+    target = tmp_path / "m.csv"
+    target.write_text("a file of mine\n")
+    assert main(["export", str(trained / "run"), "--csv", str(target)]) == EXIT_USAGE
+    assert capsys.readouterr().err == (f"torchlab-tui export: --csv {target} exists: an export writes only to a new "
+                                       "file. Give another name, or add --force to replace it.\n")
+    assert target.read_text() == "a file of mine\n"
+    assert main(["export", str(trained / "run"), "--csv", str(target), "--force"]) == EXIT_OK
+    assert target.read_text().startswith("step,")
+
+
+def test_force_replaces_a_link_at_the_csv_path_and_never_writes_through_it(trained, tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the victim's notes\n")
+    link = tmp_path / "m.csv"
+    link.symlink_to(notes)
+    assert main(["export", str(trained / "run"), "--csv", str(link)]) == EXIT_USAGE
+    assert "exists (a symbolic link): an export writes only to a new file" in capsys.readouterr().err
+    assert main(["export", str(trained / "run"), "--csv", str(link), "--force"]) == EXIT_OK
+    assert notes.read_text() == "the victim's notes\n"
+    assert not link.is_symlink() and link.read_text().startswith("step,")
+    assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".")] == []  # no temporary left
+
+
+def test_a_tensorboard_folder_holding_files_is_written_into_only_with_force_and_shows_each_step_once(trained, tmp_path, capsys):
+    board = tmp_path / "tb"
+    assert main(["export", str(trained / "run"), "--tensorboard", str(board)]) == EXIT_OK
+    capsys.readouterr()
+    assert main(["export", str(trained / "run"), "--tensorboard", str(board)]) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"torchlab-tui export: --tensorboard {board} already holds files: an export writes into a new or empty "
+        "folder. Give another, or add --force to write into it (TensorBoard then shows this export in place of "
+        "what the folder held).\n")
+    assert main(["export", str(trained / "run"), "--tensorboard", str(board), "--force"]) == EXIT_OK
+    shown = PluginEventAccumulator(str(board), size_guidance={"tensors": 0})  # as TensorBoard's server reads it
+    shown.Reload()
+    assert [event.step for event in shown.Tensors("train/loss")] == list(range(1, 25))  # not twice: the first is hidden
+    assert [event.step for event in shown.Tensors("options/text_summary")] == [10]
+
+
+def test_an_empty_tensorboard_folder_of_ones_own_is_written_into(trained, tmp_path):
+    (tmp_path / "tb").mkdir(mode=0o755)
+    assert main(["export", str(trained / "run"), "--tensorboard", str(tmp_path / "tb")]) == EXIT_OK
+    assert steps_of(events_in(tmp_path / "tb"), "train/loss") == list(range(1, 25))
+
+
+def linked_folder(tmp_path: Path) -> str:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "tb").symlink_to(tmp_path / "elsewhere")
+    return "is a symbolic link: an export writes into no folder through a link"
+
+
+def folder_others_can_write(tmp_path: Path) -> str:
+    (tmp_path / "tb").mkdir()
+    (tmp_path / "tb").chmod(0o777)
+    return "can be written by other users (mode 0777)"
+
+
+@pytest.mark.parametrize("prepare", [linked_folder, folder_others_can_write])
+def test_a_tensorboard_folder_someone_else_could_have_prepared_is_refused_even_with_force(trained, tmp_path, capsys, prepare):
+    """TensorBoard names its event file by time, host and process: a link put there first would be written through."""
+    expected = prepare(tmp_path)
+    assert main(["export", str(trained / "run"), "--tensorboard", str(tmp_path / "tb"), "--force"]) == EXIT_USAGE
+    assert expected in capsys.readouterr().err
+    assert list((tmp_path / "tb").iterdir()) == []
+
+
+def test_export_help_says_what_force_does_in_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    at = next(index for index, line in enumerate(lines) if line.lstrip().startswith("--force"))
+    assert len(lines[at].split(None, 1)) == 2  # its help on the flag's own line
+    assert not any(line.startswith(" " * 10) for line in lines[at + 1:at + 2])  # and no second line

@@ -6,7 +6,9 @@ Tags: ``train/loss``, ``train/lr`` (``train/lr/<group>`` for a workload's optimi
 ``train/samples_per_s``, ``train/step_time_s``, ``train/grad_norm_total``, ``val/loss``, the workload's own
 metrics as ``train/<name>`` and ``val/<name>``, ``grad_norm/<module>``, ``memory/<kind>`` (bytes); option
 changes as text under ``options``; profiler traces as ``plugins/profile/step-<N>/torchlab.pt.trace.json``,
-where the PyTorch Profiler plugin of TensorBoard finds them.
+where the PyTorch Profiler plugin of TensorBoard finds them. A trace is copied by a read and a write of our
+own: one that is a link (to ``/etc/shadow``, in a run someone else prepared), a FIFO or a device is refused
+(UnsafeFileError), and the copy replaces the name it goes to rather than write through a link there.
 
 Serialising a scalar costs ~0.1 ms (measured here), so a training step with 30 modules' norms would pay 3 ms:
 the live writer does its work on a thread of its own, and writes at most ``LIVE_ROWS_PER_S`` rows a second
@@ -26,8 +28,11 @@ from typing import Any
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.errors import ConfigError
+from torchlab.core.wire.export_files import COPY_CHUNK, output_file
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import format_option_value
+from torchlab.core.wire.safe_open import open_regular
+from torchlab.core.wire.storage import make_folder
 
 #: While training, at most this many metrics rows a second go to TensorBoard: each costs ~0.1 ms a scalar on
 #: the writer's thread (holding the GIL the training thread needs), ~3 ms for a row with 30 modules' norms.
@@ -93,10 +98,13 @@ class TensorBoardWriter:
         self._writer.add_text("options", text + (f", from {source}" if source else ""), step)
 
     def add_trace(self, step: int, trace: Path) -> None:
-        """A profiler snapshot's Chrome trace, where TensorBoard's PyTorch Profiler plugin reads it."""
-        target = self.directory / "plugins" / "profile" / f"step-{step}" / TRACE_NAME
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(trace, target)
+        """A profiler snapshot's Chrome trace, where TensorBoard's PyTorch Profiler plugin reads it. A ``trace``
+        that is a link, a FIFO or a device is an UnsafeFileError, and nothing is copied: a link in a run
+        someone else prepared could point at any file of the user's (``/etc/shadow`` for root)."""
+        with open(trace, "rb", opener=open_regular) as source:  # refused before a folder is made for it
+            folder = make_folder(self.directory / "plugins" / "profile" / f"step-{step}")
+            with output_file(folder / TRACE_NAME, replace=True) as target:  # a name replaced, never written through
+                shutil.copyfileobj(source, target, COPY_CHUNK)  # from handle to handle: no path, no link followed
 
     def flush(self) -> None:
         self._writer.flush()

@@ -1,21 +1,46 @@
-"""``torchlab-tui export RUN --tensorboard DIR --csv FILE``: a run's figures for other tools, from its files.
+"""``torchlab-tui export RUN --tensorboard DIR --csv FILE [--force]``: a run's figures for other tools, from its files.
 
 TensorBoard (the ``tensorboard`` extra): every metrics row's scalars, the option changes as text and the
 profiler traces (core/engine/tensorboard.py). CSV: one flat file of the metrics (core/wire/csv_export.py).
 The run may be training still: what its files hold now is exported.
+
+The run may be someone else's, and so may the paths written to (issue 26). Its ``metrics.jsonl`` and the
+paths written to are checked before anything is written:
+
+- What is read of the run is opened without following a link, and only if it is a regular file
+  (core/wire/safe_open.py). A ``metrics.jsonl`` that is a link, a FIFO or a device stops the export in one
+  paragraph (exit 2): there is nothing to export without it. An ``events.jsonl``, a profile folder or a
+  ``trace.json`` that is one is skipped with a line on stderr naming it, and the rest is exported (exit 0):
+  one planted link does not cost the user the run's figures.
+- An export writes only to a new path, or to one that exists with ``--force``; never into a run directory
+  (the exported run, or any folder holding a torchlab run: its ``metrics.jsonl``, or ``config.toml`` and
+  ``checkpoints/``), not even with ``--force``: ``--csv RUN/metrics.jsonl`` once cut a 78 KB journal to a
+  header line. Never through a link: a new ``--csv`` file is created ``O_EXCL | O_NOFOLLOW``, and
+  ``--force`` renames a new file over the old name, a link included (core/wire/export_files.py).
+- ``--tensorboard DIR`` is a new folder, made 0700, or an existing one of the user's that no one else may
+  write into: TensorBoard names its event file by time, host and process and opens it itself, so a link
+  put there first would be written through. A folder that holds files takes ``--force``, and TensorBoard
+  then shows this export in place of what the folder held (the export's event file purges earlier steps).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE
 from torchlab.core.wire.csv_export import write_csv
-from torchlab.core.wire.rundir import rows_of
-from torchlab.core.wire.storage import unreadable_run
 from torchlab.core.wire.errors import ConfigError, StorageError, TorchlabError
+from torchlab.core.wire.rundir import rows_of
+from torchlab.core.wire.safe_open import UnsafeFileError, kind_of, open_regular, require_real_folder
+from torchlab.core.wire.storage import reason, unreadable_run
+
+#: Says on stderr what was left out of an export, and goes on.
+Warn = Callable[[UnsafeFileError], None]
 
 
 def main(argv: list[str]) -> int:
@@ -23,6 +48,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("run", type=Path, help="the run directory (runs/<time>-<workload>)")
     parser.add_argument("--tensorboard", type=Path, metavar="DIR", help="write TensorBoard event files to DIR")
     parser.add_argument("--csv", type=Path, metavar="FILE", help="write the metrics as one flat CSV file")
+    parser.add_argument("--force", action="store_true", help="replace an existing FILE, write into a DIR holding files")
     args = parser.parse_args(argv)
     try:
         return _export(args)
@@ -35,52 +61,210 @@ def _export(args: argparse.Namespace) -> int:
     if args.tensorboard is None and args.csv is None:
         raise ConfigError("say what to write: --tensorboard DIR, --csv FILE, or both")
     metrics = args.run / "metrics.jsonl"
-    try:
-        with open(metrics, "rb"):  # another user's private run (0700): said here, before anything is written
-            pass
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        raise ConfigError(f"{args.run}: no metrics.jsonl here; give a run directory (runs/<time>-<workload>)") from None
-    except OSError as error:
-        raise unreadable_run(args.run, error) from None
+    require_metrics(args.run, metrics)
     if args.csv is not None:
-        rows = write_csv(metrics, args.csv)
+        refuse_csv_target(args.csv, args.run, force=args.force)
+    if args.tensorboard is not None:
+        refuse_tensorboard_target(args.tensorboard, args.run, force=args.force)
+    if args.csv is not None:
+        rows = write_csv(metrics, args.csv, replace=args.force)
         print(f"{args.csv}: {rows} rows", file=sys.stderr)
     if args.tensorboard is not None:
-        rows, changes, traces = export_tensorboard(args.run, args.tensorboard)
+        rows, changes, traces = export_tensorboard(args.run, args.tensorboard, warn=_say_skipped)
         print(f"{args.tensorboard}: {rows} rows, {changes} option changes, {traces} profiler traces; "
               f"tensorboard --logdir {args.tensorboard}", file=sys.stderr)
     return EXIT_OK
 
 
-def export_tensorboard(run: Path, directory: Path) -> tuple[int, int, int]:
-    """Every row, option change and profiler trace of ``run`` into event files under ``directory``."""
+def require_metrics(run: Path, metrics: Path) -> None:
+    """``metrics.jsonl`` is there, readable, and a regular file of its own: said before anything is written.
+    A FIFO's open returns at once and is refused (a plain ``open`` waited for a writer for ever)."""
+    try:
+        os.close(open_regular(metrics))
+    except (FileNotFoundError, NotADirectoryError):
+        raise ConfigError(f"{run}: no metrics.jsonl here; give a run directory (runs/<time>-<workload>)") from None
+    except OSError as error:  # another user's private run (0700)
+        raise unreadable_run(run, error) from None
+
+
+def refuse_csv_target(target: Path, run: Path, *, force: bool) -> None:
+    """A ConfigError unless ``--csv target`` may be written: not in a run, new (or ``force``), not a folder."""
+    refuse_a_run("--csv", target, target.parent, run, instead=f"--csv {beside_the_run(run, '.csv')}")
+    status = _status("--csv", target)
+    if status is None:
+        return
+    if stat.S_ISDIR(status.st_mode):
+        raise ConfigError(f"--csv {target} is a folder: give the name of a new file in it, or elsewhere.")
+    if not force:
+        link = stat.S_ISLNK(status.st_mode)
+        raise ConfigError(f"--csv {target} exists{' (a symbolic link)' if link else ''}: an export writes only to a "
+                          f"new file. Give another name, or add --force to replace it"
+                          f"{' (the link, not the file it points at)' if link else ''}.")
+
+
+def refuse_tensorboard_target(directory: Path, run: Path, *, force: bool) -> None:
+    """A ConfigError unless ``--tensorboard directory`` may be written: not in a run; new, or a folder (not a
+    link) of the user's that no one else may write into, and empty unless ``force``."""
+    refuse_a_run("--tensorboard", directory, directory, run, instead=f"--tensorboard {beside_the_run(run, '-tensorboard')}")
+    status = _status("--tensorboard", directory)
+    if status is None:
+        return
+    mode, theirs = status.st_mode, status.st_uid != os.geteuid()
+    if stat.S_ISLNK(mode):
+        raise ConfigError(f"--tensorboard {directory} is a symbolic link: an export writes into no folder through a "
+                          "link, which whoever made it could point at a folder of yours. Give the folder itself, "
+                          "or a new one (export makes it).")
+    if not stat.S_ISDIR(mode):
+        raise ConfigError(f"--tensorboard {directory} is {kind_of(mode)}, not a folder: give a new folder (export "
+                          "makes it) or an empty one.")
+    if theirs or mode & 0o022:
+        who = "belongs to another user" if theirs else f"can be written by other users (mode {stat.S_IMODE(mode):04o})"
+        raise ConfigError(f"--tensorboard {directory} {who}: one of them could put a link where TensorBoard writes "
+                          "its event file, and it would be written through. Give a new folder (export makes it "
+                          f"private){'' if theirs else f', or chmod go-w {directory} first'}.")
+    if not force and _holds_files("--tensorboard", directory):
+        raise ConfigError(f"--tensorboard {directory} already holds files: an export writes into a new or empty "
+                          "folder. Give another, or add --force to write into it (TensorBoard then shows this "
+                          "export in place of what the folder held).")
+
+
+def refuse_a_run(flag: str, target: Path, folder: Path, run: Path, *, instead: str) -> None:
+    """A ConfigError if ``folder`` (where ``flag target`` writes) is the run ``run`` or in it, or is or is in
+    any other folder holding a torchlab run. Paths are resolved: a link to a run is the run."""
+    exported, real = _real(run), _real(folder)
+    for above in (real, *real.parents):
+        if above == exported:
+            where = f"the run directory {run}" if above == _real(target) else f"in the run directory {run}"
+        elif holds := run_evidence(above):
+            where = f"in {above}, which holds a torchlab run (its {holds})"
+        else:
+            continue
+        raise ConfigError(f"{flag} {target} is {where}: an export writes nothing into a run, whose own files it would "
+                          f"replace. Give a path outside it, such as {instead}.")
+
+
+def beside_the_run(run: Path, suffix: str) -> Path:
+    """``runs/<run><suffix>``, beside the run directory: where a refused export could go instead. Relative to
+    the working folder where that is shorter (``../x.csv`` from inside the run, ``runs/x.csv`` above it)."""
+    beside = _real(run).with_name(_real(run).name + suffix)
+    relative = Path(os.path.relpath(beside))
+    return relative if len(str(relative)) < len(str(beside)) else beside
+
+
+def run_evidence(folder: Path) -> str | None:
+    """What in ``folder`` shows that it holds a torchlab run, or None: its ``metrics.jsonl``, or a
+    ``config.toml`` beside ``checkpoints/`` (a run that has not reported yet)."""
+    if os.path.lexists(folder / "metrics.jsonl"):
+        return "metrics.jsonl"
+    if os.path.lexists(folder / "config.toml") and os.path.isdir(folder / "checkpoints"):
+        return "config.toml and checkpoints/"
+    return None
+
+
+def _real(path: Path) -> Path:
+    """``path`` with its links followed, as far as they go (a loop of links is left as it is, not an error)."""
+    return Path(os.path.realpath(path))
+
+
+def _holds_files(flag: str, directory: Path) -> bool:
+    try:
+        with os.scandir(directory) as entries:
+            return any(entries)
+    except OSError as error:
+        raise ConfigError(f"{flag} {directory}: cannot be read: {reason(error)}.") from None
+
+
+def _status(flag: str, path: Path) -> os.stat_result | None:
+    """``os.lstat(path)``, None if nothing is there; a ConfigError naming ``flag`` if it cannot be seen."""
+    try:
+        return os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as error:
+        raise ConfigError(f"{flag} {path}: cannot be written: {reason(error)}.") from None
+
+
+def export_tensorboard(run: Path, directory: Path, *, warn: Warn) -> tuple[int, int, int]:
+    """Every row, option change and profiler trace of ``run`` into event files under ``directory`` (checked
+    by ``refuse_tensorboard_target``; made 0700 if new). An ``events.jsonl``, profile folder or trace that is
+    a link or not a regular file is left out and passed to ``warn``."""
     from torchlab.core.engine.tensorboard import TensorBoardWriter  # imports torch
 
-    writer = TensorBoardWriter(directory)
+    try:
+        make_private_folder(directory)
+    except OSError as error:
+        raise StorageError(f"--tensorboard {directory}: cannot be made: {reason(error)}.") from None
+    writer = TensorBoardWriter(directory, purge_step=0)  # hides what an earlier export (--force) wrote there
     rows = changes = traces = 0
     try:
         for row in rows_of(run / "metrics.jsonl"):
             writer.write_row(row)
             rows += 1
-        for record in rows_of(run / "events.jsonl") if (run / "events.jsonl").is_file() else ():
+        for record in journal_rows(run / "events.jsonl", warn):
             if record.get("event") == "option_applied":
                 writer.write_option_change(record["step"], record.get("option", "?"), record.get("value"),
                                            record.get("previous"), record.get("source", ""))
                 changes += 1
-        for step, trace in completed_traces(run / "profiles"):
-            writer.add_trace(step, trace)
+        for step, trace in completed_traces(run / "profiles", warn):
+            try:
+                writer.add_trace(step, trace)
+            except UnsafeFileError as refusal:
+                warn(refusal)
+                continue
             traces += 1
     except OSError as error:
-        raise StorageError(f"--tensorboard {directory}: cannot be written: {error.strerror or error}.") from None
+        raise StorageError(f"--tensorboard {directory}: cannot be written: {reason(error)}.") from None
     finally:
         writer.close()
     return rows, changes, traces
 
 
-def completed_traces(profiles: Path) -> list[tuple[int, Path]]:
+def make_private_folder(directory: Path) -> None:
+    """``directory`` made 0700 whatever the umask, unless it is there (then it keeps its mode); the folders
+    above it that are missing follow the umask, as ``mkdir -p`` makes them."""
+    if require_real_folder(directory):
+        return
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    os.mkdir(directory, 0o700)
+
+
+def journal_rows(path: Path, warn: Warn) -> Iterator[dict]:
+    """``rows_of(path)`` if it is a regular file; nothing if it is missing; nothing, and ``warn``, if it is a
+    link, a FIFO or a device."""
+    if not os.path.lexists(path):
+        return
+    try:
+        os.close(open_regular(path))
+    except UnsafeFileError as refusal:
+        warn(refusal)
+        return
+    yield from rows_of(path)
+
+
+def completed_traces(profiles: Path, warn: Warn) -> Iterator[tuple[int, Path]]:
     """(first profiled step, trace) of each complete profile: ``profiles/<the step before>/trace.json``. A hidden
-    ``.<step>.tmp-<pid>`` folder is one a trainer was killed while writing (the profiler renames it when whole)."""
-    if not profiles.is_dir():
-        return []
-    return [(int(folder.name) + 1, folder / "trace.json") for folder in sorted(profiles.iterdir())
-            if folder.name.isdigit() and (folder / "trace.json").is_file()]
+    ``.<step>.tmp-<pid>`` folder is one a trainer was killed while writing (the profiler renames it when whole).
+    A ``profiles`` or step folder that is a link is left out and passed to ``warn``; the trace is checked
+    when it is copied."""
+    try:
+        if not require_real_folder(profiles):
+            return
+    except UnsafeFileError as refusal:
+        warn(refusal)
+        return
+    for folder in sorted(profiles.iterdir()):
+        if not folder.name.isdigit():
+            continue
+        try:
+            require_real_folder(folder)
+        except UnsafeFileError as refusal:
+            warn(refusal)
+            continue
+        if os.path.lexists(folder / "trace.json"):
+            yield int(folder.name) + 1, folder / "trace.json"
+
+
+def _say_skipped(refusal: UnsafeFileError) -> None:
+    why = ("which export never follows (it could point at any file of yours)" if refusal.kind == "a symbolic link"
+           else "not a regular file")
+    print(f"torchlab-tui export: skipped {refusal.path}: {refusal.kind}, {why}; the rest is exported", file=sys.stderr)

@@ -5,6 +5,15 @@ Nested values become dotted columns: ``lrs.head``, ``metrics.accuracy``, ``grad_
 ranked by size, so a column per place in it would name another module from row to row),
 ``act_stats.<module>.mean``/``.std``/``.max_abs``, ``ranks.1.step_time_s``. The
 columns are every key any row has, in the order they first appear; a row without one leaves it empty.
+
+A cell a spreadsheet would evaluate is escaped by OWASP's rule ("CSV Injection"): text that begins with
+``=``, ``+``, ``-``, ``@``, a tab or a carriage return gets a ``'`` before it, and the csv module quotes what
+holds a comma, a quote or a line break. Names of columns are text too: a workload chooses its metrics' and
+modules' names, and a run directory may have been prepared by someone else. Numbers are not escaped: a loss
+of -0.5 is data, and a ``'`` would make the column text.
+
+The file is written through core/wire/export_files.py: created new, or (``replace``) renamed over the old
+name; never through a link.
 """
 
 from __future__ import annotations
@@ -14,9 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from torchlab.core.wire.errors import StorageError
+from torchlab.core.wire.export_files import output_file
 from torchlab.core.wire.rundir import rows_of
+from torchlab.core.wire.storage import reason
 
 _ACT_STATS = ("mean", "std", "max_abs")
+#: How a cell that a spreadsheet takes for a formula begins (OWASP).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 def flat_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -43,20 +56,30 @@ def flat_row(row: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def write_csv(metrics: Path, target: Path) -> int:
-    """``metrics`` (a run's metrics.jsonl) as the CSV ``target``; returns the rows written. Read twice: once for
-    the columns, once for the rows, so a long run is never held in memory whole."""
+def inert_cell(value: Any) -> Any:
+    """``value`` as a cell no spreadsheet evaluates: text that begins like a formula gets a ``'`` before it;
+    numbers, booleans and None are as they are."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
+def write_csv(metrics: Path, target: Path, *, replace: bool) -> int:
+    """``metrics`` (a run's metrics.jsonl) as the CSV ``target``, a new file or (``replace``) one renamed over
+    what is there; returns the rows written. Read twice: once for the columns, once for the rows, so a long run
+    is never held in memory whole."""
     columns: dict[str, None] = {}
     for row in rows_of(metrics):
         columns.update(dict.fromkeys(flat_row(row)))
     count = 0
     try:
-        with open(target, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(columns), restval="")
-            writer.writeheader()
+        with output_file(target, replace=replace, text=True) as handle:
+            writer = csv.writer(handle)
+            writer.writerow([inert_cell(column) for column in columns])
             for row in rows_of(metrics):
-                writer.writerow(flat_row(row))
+                flat = flat_row(row)
+                writer.writerow([inert_cell(flat.get(column, "")) for column in columns])
                 count += 1
     except OSError as error:
-        raise StorageError(f"--csv {target}: cannot be written: {error.strerror or error}.") from None
+        raise StorageError(f"--csv {target}: cannot be written: {reason(error)}.") from None
     return count
