@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -31,7 +33,7 @@ from torchlab.core.wire.errors import ConfigError
 from torchlab.core.wire.export_files import COPY_CHUNK, output_file
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import format_option_value
-from torchlab.core.wire.safe_open import open_regular
+from torchlab.core.wire.safe_open import UnsafeFileError, open_regular
 from torchlab.core.wire.storage import make_folder
 
 #: While training, at most this many metrics rows a second go to TensorBoard: each costs ~0.1 ms a scalar on
@@ -177,8 +179,12 @@ class LiveTensorBoard(TrainerObserver):
                     self.writer.write_option_change(item.step, item.option, item.value, item.previous, item.source)
                 else:
                     trace = Path(item.dir) / "trace.json"
-                    if trace.exists():
-                        self.writer.add_trace(item.first_step, trace)
+                    if os.path.lexists(trace):
+                        try:
+                            self.writer.add_trace(item.first_step, trace)
+                        except (OSError, UnsafeFileError) as error:  # the thread goes on writing rows
+                            print(f"torchlab: the profiler trace of step {item.first_step} was not copied to "
+                                  f"TensorBoard: {error}", file=sys.stderr)
             self.writer.flush()
             if self._closing:
                 self.writer.close()
