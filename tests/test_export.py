@@ -365,3 +365,28 @@ def test_export_help_says_what_force_does_in_one_line(capsys, monkeypatch):
     at = next(index for index, line in enumerate(lines) if line.lstrip().startswith("--force"))
     assert len(lines[at].split(None, 1)) == 2  # its help on the flag's own line
     assert not any(line.startswith(" " * 10) for line in lines[at + 1:at + 2])  # and no second line
+
+
+def test_the_live_writer_writes_the_last_row_of_a_fast_run(tmp_path):
+    """At most 5 rows a second go to TensorBoard while training; the last row is written all the same, when the
+    run ends (a 30-step run's event file ended at step 28)."""
+    from torchlab.core.engine.tensorboard import LiveTensorBoard
+    from torchlab.core.wire.events import RunEnded, RunStarted
+
+    live = LiveTensorBoard(tmp_path / "tb")
+    live.on_event(RunStarted(step=0, device="cpu", batch_size=8, steps=30, options={}, modules=[], module_params=[],
+                             checkpoint_blocks=[], world_size=1, ranks=None))
+    for step in range(1, 31):  # faster than 5 a second: most are not written
+        live.on_metrics({"step": step, "loss": 1.0 / step})
+    live.on_event(RunEnded(step=30, status="finished"))
+    written = steps_of(events_in(tmp_path / "tb"), "train/loss")
+    assert written[-1] == 30 and len(written) < 30
+
+
+def test_the_csv_has_no_column_for_a_figure_that_is_null_where_it_is_not_nested():
+    """``grad_norms`` is null on the steps the probe skips and a dict on the others: a ``grad_norms`` column was
+    empty in every row. A figure that is null in every row and nowhere nested keeps its column (``clip``)."""
+    from torchlab.core.wire.csv_export import csv_columns, flat_row
+
+    rows = [{"step": 1, "clip": None, "grad_norms": {"blocks.0.attn": 1.5}}, {"step": 2, "clip": None, "grad_norms": None}]
+    assert csv_columns(flat_row(row) for row in rows) == ["step", "clip", "grad_norms.blocks.0.attn"]

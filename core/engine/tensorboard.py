@@ -126,6 +126,7 @@ class LiveTensorBoard(TrainerObserver):
         self._queue: collections.deque[tuple[str, Any]] = collections.deque()
         self._wake = threading.Event()
         self._row_written_at = -1.0
+        self._row_held_back: dict[str, Any] | None = None  # the newest row not written: the run's last, perhaps
         self._closing = False
         self._thread = threading.Thread(target=self._write, name="tensorboard", daemon=True)
         self._thread.start()
@@ -135,9 +136,11 @@ class LiveTensorBoard(TrainerObserver):
             return
         now = time.monotonic()
         if "val_loss" in record or now - self._row_written_at >= 1 / LIVE_ROWS_PER_S:
-            self._row_written_at = now
+            self._row_written_at, self._row_held_back = now, None
             self._queue.append(("row", record))
             self._wake.set()
+        else:
+            self._row_held_back = record
 
     def on_event(self, event: p.Message) -> None:
         match event:
@@ -160,6 +163,8 @@ class LiveTensorBoard(TrainerObserver):
         """Write what is queued, then close the files (the run ended; idempotent)."""
         if self._closing:
             return
+        if self._row_held_back is not None:  # the run's last row is written, however soon after the one before
+            self._queue.append(("row", self._row_held_back))
         self._closing = True
         self._wake.set()
         if self.writer is not None:
@@ -171,6 +176,7 @@ class LiveTensorBoard(TrainerObserver):
             self._wake.clear()
             if self.writer is None:  # closed before the run started
                 return
+            closing = self._closing  # read before the drain: what close() queued before saying so is written
             while self._queue:
                 kind, item = self._queue.popleft()
                 if kind == "row":
@@ -186,7 +192,7 @@ class LiveTensorBoard(TrainerObserver):
                             print(f"torchlab: the profiler trace of step {item.first_step} was not copied to "
                                   f"TensorBoard: {error}", file=sys.stderr)
             self.writer.flush()
-            if self._closing:
+            if closing:
                 self.writer.close()
                 return
 

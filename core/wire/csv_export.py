@@ -19,6 +19,7 @@ name; never through a link.
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -64,13 +65,25 @@ def inert_cell(value: Any) -> Any:
     return value
 
 
+def csv_columns(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """The columns of flat ``rows``: every key any row has, in the order they first appear, less a figure that
+    is null wherever it is not nested (``grad_norms`` on the steps the probe skipped, ``grad_norms.<module>``
+    on the others): its column would be empty in every row."""
+    columns: dict[str, None] = {}
+    with_a_value: set[str] = set()
+    for row in rows:
+        columns.update(dict.fromkeys(row))
+        with_a_value.update(column for column, value in row.items() if value is not None)
+    parts = [column.split(".") for column in columns]
+    nested = {".".join(names[:end]) for names in parts for end in range(1, len(names))}
+    return [column for column in columns if column in with_a_value or column not in nested]
+
+
 def write_csv(metrics: Path, target: Path, *, replace: bool) -> int:
     """``metrics`` (a run's metrics.jsonl) as the CSV ``target``, a new file or (``replace``) one renamed over
     what is there; returns the rows written. Read twice: once for the columns, once for the rows, so a long run
     is never held in memory whole."""
-    columns: dict[str, None] = {}
-    for row in rows_of(metrics):
-        columns.update(dict.fromkeys(flat_row(row)))
+    columns = csv_columns(flat_row(row) for row in rows_of(metrics))
     count = 0
     try:
         with output_file(target, replace=replace, text=True) as handle:
