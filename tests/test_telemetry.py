@@ -109,3 +109,30 @@ def test_nvml_gives_real_numbers_on_a_gpu():
     assert first.name and sample.torch.allocated_bytes >= 4 * 1024 * 1024
     message = protocol.Telemetry(sample=sample)
     assert protocol.decode(message.encode()) == message
+
+
+def test_a_run_shorter_than_the_interval_has_a_sample_from_its_start_and_one_from_its_end():
+    """``torchlab-tui mlp --headless --steps 5`` (0.3 s) left system.jsonl empty: no host row in export or compare."""
+    samples = []
+    sampler = TelemetrySampler(torch.device("cpu"), on_sample=samples.append, current_step=lambda: 5, interval_s=1.0)
+    sampler.start()
+    deadline = time.monotonic() + 30
+    while not samples:  # the start's sample, long before the interval
+        assert time.monotonic() < deadline, "no sample at the start"
+        time.sleep(0.01)
+    sampler.stop()
+    assert len(samples) == 2 and samples[-1].step == 5
+
+
+def test_the_machines_cpu_is_measured_from_the_samplers_own_reading():
+    """psutil.cpu_percent(None) keeps one baseline per process: a caller in between left the sampler's first figure
+    at 'cpu 0 % of 2 · trainer 65 %', the machine less busy than the trainer on it."""
+    sampler = TelemetrySampler(torch.device("cpu"), on_sample=lambda s: None, current_step=lambda: 0)
+    started = time.process_time()
+    while time.process_time() - started < 0.3:  # this process busy for 0.3 s of CPU
+        pass
+    psutil.cpu_percent(None)  # another caller moves psutil's baseline to now
+    host = sampler.sample().host
+    sampler.stop()
+    assert host.trainer_cpu_percent > 20
+    assert host.cpu_percent * (host.cpu_count or 1) >= 0.8 * host.trainer_cpu_percent

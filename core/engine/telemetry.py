@@ -21,6 +21,10 @@ from torchlab.core.engine.nvml import Nvml
 from torchlab.core.wire.payloads import AllocatorSample, HostSample, TelemetrySample, no_gpu_status
 
 
+#: The first sample of a run comes this soon after its start (or at the interval, if that is sooner).
+FIRST_SAMPLE_AFTER_S = 0.2
+
+
 class TelemetrySampler:
     def __init__(
         self,
@@ -35,9 +39,10 @@ class TelemetrySampler:
         self.interval_s = interval_s
         self.nvml = Nvml()
         self._process = psutil.Process()
-        #: (a clock, the run's CPU seconds) at the last sample: the next one says what the run used since
-        self._run_cpu_then = (time.monotonic(), run_cpu_seconds(run_processes(self._process)))
-        psutil.cpu_percent(None)  # the first reading only starts the measurement
+        #: (a clock, the machine's busy CPU seconds, the run's CPU seconds) at the last sample: the next one says
+        #: what each used since. The machine's is our own reading: psutil.cpu_percent(None) keeps one baseline for
+        #: the whole process, which any other caller moves.
+        self._cpu_then = (time.monotonic(), machine_busy_seconds(), run_cpu_seconds(run_processes(self._process)))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="torchlab-telemetry", daemon=True)
 
@@ -45,12 +50,20 @@ class TelemetrySampler:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop sampling; a sampler that was started takes one last sample, so that a run of a fraction of a
+        second has figures from its end too."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5.0)
+        if self._thread.ident is not None:
+            self.on_sample(self.sample())
         self.nvml.close()
 
     def _loop(self) -> None:
+        # A first sample soon after the start (a 0.3 s run had none), once the CPU figures cover enough time to mean
+        # something: over a few milliseconds a busy CPU reads as 0 % or 100 %.
+        if not self._stop.wait(min(FIRST_SAMPLE_AFTER_S, self.interval_s)):
+            self.on_sample(self.sample())
         while not self._stop.wait(self.interval_s):
             self.on_sample(self.sample())
 
@@ -74,23 +87,28 @@ class TelemetrySampler:
                 rss += process.memory_info().rss
             except psutil.Error:  # a DataLoader worker that just exited
                 continue
+        machine_percent, run_percent = self._cpu_percents(processes)
         return HostSample(
-            cpu_percent=psutil.cpu_percent(None),
+            cpu_percent=machine_percent,
             cpu_count=psutil.cpu_count(),
-            trainer_cpu_percent=self._cpu_percent(processes),
+            trainer_cpu_percent=run_percent,
             ram_used_bytes=memory.total - memory.available,
             ram_total_bytes=memory.total,
             trainer_rss_bytes=rss,
             trainer_processes=len(processes),
         )
 
-    def _cpu_percent(self, processes: list[psutil.Process]) -> float:
-        """The CPU the run's processes used since the last sample, in % of one CPU, all of them together: the
-        machine's CPU less this is what other processes took (the impact table's verdicts need to know)."""
-        then, cpu_then = self._run_cpu_then
-        now, cpu = time.monotonic(), run_cpu_seconds(processes)
-        self._run_cpu_then = (now, cpu)
-        return max(0.0, 100 * (cpu - cpu_then) / (now - then)) if now > then else 0.0
+    def _cpu_percents(self, processes: list[psutil.Process]) -> tuple[float, float]:
+        """Since the last sample: the machine's CPU in % of the whole machine (0-100), and what the run's processes
+        used, all of them together, in % of one CPU. The machine's less the run's is what other processes took
+        (the impact table's verdicts need to know)."""
+        then, busy_then, run_then = self._cpu_then
+        now, busy, run = time.monotonic(), machine_busy_seconds(), run_cpu_seconds(processes)
+        self._cpu_then = (now, busy, run)
+        if now <= then:
+            return 0.0, 0.0
+        machine = 100 * (busy - busy_then) / ((now - then) * (psutil.cpu_count() or 1))
+        return min(100.0, max(0.0, machine)), max(0.0, 100 * (run - run_then) / (now - then))
 
     def _allocator(self) -> AllocatorSample:
         if self.device.type != "cuda":
@@ -193,9 +211,12 @@ class OthersCpuMeter:
 
     def _readings(self) -> tuple[float, float, float]:
         """(a clock, the machine's busy CPU seconds, this process tree's CPU seconds)."""
-        times = psutil.cpu_times()
-        # Linux counts guest time inside user and nice already; steal (other VMs) is time taken from us too.
-        busy = sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
-        own = run_cpu_seconds(run_processes(self._process))
-        return time.monotonic(), busy, own
+        return time.monotonic(), machine_busy_seconds(), run_cpu_seconds(run_processes(self._process))
+
+
+def machine_busy_seconds() -> float:
+    """The CPU seconds every CPU of the machine has been busy since boot."""
+    times = psutil.cpu_times()
+    # Linux counts guest time inside user and nice already; steal (other VMs) is time taken from us too.
+    return sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
 
