@@ -72,7 +72,8 @@ def test_compare_export_and_resume_read_a_journal_with_hostile_lines(tmp_path, c
     assert main(["export", str(run), "--csv", str(tmp_path / "metrics.csv"), "--tensorboard", str(tmp_path / "board")]) == EXIT_OK
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert f"{tmp_path / 'metrics.csv'}: 3 rows" in err
+    assert f"{tmp_path / 'metrics.csv'}: 3 rows ({len(HOSTILE)} unreadable lines of metrics.jsonl skipped)" in err
+    assert f"{tmp_path / 'board'}: 3 rows ({len(HOSTILE)} unreadable lines of metrics.jsonl skipped)," in err
     assert len((tmp_path / "metrics.csv").read_text().splitlines()) == 1 + 3
 
     assert main(["--resume", str(run), "--headless", "--steps", "5", "--telemetry-interval", "0"]) == EXIT_OK

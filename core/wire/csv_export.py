@@ -64,12 +64,12 @@ def inert_cell(value: Any) -> Any:
     return value
 
 
-def write_csv(metrics: Path, target: Path, *, replace: bool) -> int:
+def write_csv(metrics: Path, target: Path, *, replace: bool, skipped: list[int] | None = None) -> int:
     """``metrics`` (a run's metrics.jsonl) as the CSV ``target``, a new file or (``replace``) one renamed over
-    what is there; returns the rows written. Read twice: once for the columns, once for the rows, so a long run
-    is never held in memory whole."""
+    what is there; returns the rows written, and adds to ``skipped`` the lines left out (``rows_of``). Read
+    twice: once for the columns, once for the rows, so a long run is never held in memory whole."""
     columns: dict[str, None] = {}
-    for row in rows_of(metrics):
+    for row in rows_of(metrics, skipped):
         columns.update(dict.fromkeys(flat_row(row)))
     count = 0
     try:
