@@ -204,12 +204,13 @@ def test_resuming_another_users_private_run_is_one_paragraph(trained, tmp_path, 
     as_a_plain_user = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
     if shutil.which("setpriv") is None:
         pytest.skip("needs setpriv to drop root's power to read any file")
-    victim = subprocess.run([*as_a_plain_user, installed_command(), "--resume", str(run), "--headless", "--runs-root",
-                             str(tmp_path / "runs")], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert victim.returncode == EXIT_USAGE, victim.stderr
-    message = paragraph(victim.stderr)
-    assert f"--resume {run}: cannot be read: permission denied" in message
-    assert "private to the user who started it" in message
+    for resumed, where in ((run, ["--headless"]), (run, []), (run / "checkpoints" / "last.pt", [])):  # [] : the app
+        victim = subprocess.run([*as_a_plain_user, installed_command(), "--resume", str(resumed), *where, "--runs-root",
+                                 str(tmp_path / "runs")], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert victim.returncode == EXIT_USAGE, victim.stderr
+        message = paragraph(victim.stderr)
+        assert f"--resume {resumed}: cannot be read: permission denied" in message
+        assert "private to the user who started it" in message
 
 
 # ----------------------------------------------------------------------------- a digest of its contents
