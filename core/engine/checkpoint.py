@@ -498,6 +498,11 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _is_figure(value: Any) -> bool:
+    """A number as an optimizer holds it: a finite int or float, or a one-element tensor (``lr=torch.tensor(...)``)."""
+    return _is_number(value) or (isinstance(value, torch.Tensor) and value.numel() == 1)
+
+
 def _mapping(value: Any, where: str, expected: str) -> Mapping:
     if not isinstance(value, Mapping):
         raise _NotWritten(where, value, expected)
@@ -543,10 +548,10 @@ def _optimizer(value: Any, where: str, expected: str) -> None:
         if not isinstance(params, list) or not all(_is_int(index) for index in params):
             raise _NotWritten(f"{here}.params", params, "a list of parameter indices")
         for name in _GROUP_NUMBERS:
-            if name in group and not _is_number(group[name]):
+            if name in group and not _is_figure(group[name]):
                 raise _NotWritten(f"{here}.{name}", group[name], "a number")
         betas = group.get("betas", (0.9, 0.999))
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2 or not all(_is_number(beta) for beta in betas):
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2 or not all(_is_figure(beta) for beta in betas):
             raise _NotWritten(f"{here}.betas", betas, "two numbers")
 
 
@@ -560,7 +565,7 @@ def _scheduler(value: Any, where: str, expected: str) -> None:
         if name in value and not (_is_int(value[name]) and -1 <= value[name] < _MAX_COUNT):
             raise _NotWritten(f"{where}.{name}", value[name], "a whole number from -1")
     for name in ("base_lrs", "_last_lr"):
-        if name in value and not (isinstance(value[name], list) and all(_is_number(lr) for lr in value[name])):
+        if name in value and not (isinstance(value[name], list) and all(_is_figure(lr) for lr in value[name])):
             raise _NotWritten(f"{where}.{name}", value[name], "a list of numbers")
     lambdas = value.get("lr_lambdas", [])
     if not isinstance(lambdas, list) or not all(item is None or isinstance(item, Mapping) for item in lambdas):
