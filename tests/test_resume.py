@@ -91,8 +91,11 @@ def test_resume_from_a_missing_or_foreign_file_names_it(tmp_path):
     with pytest.raises(ConfigError, match="junk.pt"):
         load_checkpoint(tmp_path / "junk.pt")
     torch.save({"something": "else"}, tmp_path / "foreign.pt")
-    with pytest.raises(ConfigError, match="not a torchlab checkpoint"):
+    with pytest.raises(ConfigError, match="not a checkpoint torchlab wrote"):
         load_checkpoint(tmp_path / "foreign.pt")
+    save_checkpoint(tmp_path, 1, {"format": 99}, keep=1)  # written by torchlab's save, of another format
+    with pytest.raises(ConfigError, match="not a torchlab checkpoint of format 1"):
+        load_checkpoint(tmp_path / "last.pt")
 
 
 def test_evaluation_leaves_the_training_random_stream_alone():

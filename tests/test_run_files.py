@@ -5,7 +5,8 @@
 - The rows of ``metrics.jsonl`` that a resume trains again are moved to ``metrics.replaced.jsonl``.
 - A checkpoint, ``config.toml``, ``impact.json`` and a profile are written whole or not at all, with the
   one clear message, and leave no temporary file.
-- A truncated or corrupt checkpoint says so, and names the newest intact one beside it.
+- A truncated or corrupt checkpoint says so, and names the newest intact one beside it (a damaged one, whose digest
+  does not match, too: tests/test_resume_untrusted.py).
 """
 
 from __future__ import annotations
@@ -276,7 +277,7 @@ def test_a_truncated_last_pt_says_so_and_names_the_newest_intact_step_file(tmp_p
         load_checkpoint(tmp_path, mmap=mmap)
     message = str(raised.value)
     assert message.startswith(f"--resume {last}: truncated or not a checkpoint")
-    assert message.endswith(f"The newest intact checkpoint beside it is step-0000010.pt: resume from {tmp_path / 'step-0000010.pt'} instead.")
+    assert message.endswith(f"The newest intact checkpoint beside it is step-0000010.pt: resume from it with --resume {tmp_path / 'step-0000010.pt'}.")
     assert "weights_only" not in message and "Errno" not in message and "miniz" not in message
 
 
@@ -288,7 +289,7 @@ def test_a_corrupt_last_pt_names_the_newest_intact_step_file(tmp_path):
     with pytest.raises(ConfigError) as raised:
         load_checkpoint(tmp_path)
     assert "truncated or not a checkpoint" in str(raised.value) and "weights_only" not in str(raised.value)
-    assert f"resume from {tmp_path / 'step-0000015.pt'} instead" in str(raised.value)
+    assert f"resume from it with --resume {tmp_path / 'step-0000015.pt'}." in str(raised.value)
 
 
 def test_a_foreign_file_says_not_a_checkpoint_without_torchs_advice(tmp_path):

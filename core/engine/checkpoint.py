@@ -1,4 +1,5 @@
-"""Checkpoints written atomically, loaded without unpickling code, and the RNG state they carry.
+"""Checkpoints written atomically, ending in a digest of their contents, loaded without unpickling code,
+checked against what the trainer saves; and the RNG state they carry.
 
 A checkpoint is written to a temporary file in the same directory, fsynced, and renamed over its
 final name, so a crash mid-write (``kill -9``, a full disk) leaves the previous checkpoint intact; a
@@ -8,30 +9,61 @@ the newest one, replaced atomically the same way. Two phases: ``write_checkpoint
 waiting on the disk (~10 ms here, three fsyncs' worth), so the trainer may let it run on a thread while
 the next step trains. In a private run directory the temporary file is
 created 0600 (core/wire/storage.py), so the weights are never readable by others, not even mid-write.
-Loading uses ``weights_only=True``: a checkpoint holds tensors and plain values, never objects that
-run code when read.
+
+The digest: ``torch.save`` writes a zip archive, and torchlab gives that archive a comment (the last bytes of
+the file, which zip readers and ``torch.load`` skip): ``torchlab-sha256:`` and the sha256 of the archive as
+torch wrote it. It is inside the file, so a copy or a rename keeps it, and it costs one pass over the bytes
+being written, and one read of the file at load (about a second a GB). A file whose contents do not match it is
+"damaged" (a flipped bit on a disk or in a copy); a file without one was cut short, or written by an older
+torchlab or by something else, and is refused too: torchlab loads only checkpoints of this format. The digest
+is a check against damage, not a signature: whoever can write a file can write its digest.
+
+Loading uses ``weights_only=True``: a checkpoint holds tensors and plain values, never objects that run code
+when read. What the trainer resumes from is also checked against what its save writes
+(``load_training_state``): a ``step`` that is text, a list where a dict belongs, an RNG state that would not
+load, a value nested deeper than torchlab nests, each is one ConfigError naming the entry, before any of it is
+used. A checkpoint never names code to import: core/launch/resume.py says when its stored workload is used.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import os
 import random
 import re
+import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
 
-from torchlab.core.wire.errors import ConfigError, StorageError
+from torchlab.core.engine.loading import spec_as_shown
+from torchlab.core.wire.errors import ConfigError, StorageError, shown
+from torchlab.core.wire.strict_json import nests_deeper_than
+from torchlab.core.wire.options import OPTION_NAMES, OptionRefused, parse_option_value
 from torchlab.core.wire.runtime import remove_abandoned_temporaries
-from torchlab.core.wire.storage import create_file, fsync_directory, remedy, storage_error
+from torchlab.core.wire.safe_open import open_regular
+from torchlab.core.wire.storage import create_file, fsync_directory, remedy, storage_error, unreadable_run
 
 FORMAT_VERSION = 1
 _STEP_FILE = re.compile(r"^step-(\d{7,})\.pt$")
 _TEMPORARY = re.compile(r"^\.(?:step-\d{7,}|last)\.pt\.tmp-(\d+)$")
+
+#: The zip comment that ends every checkpoint: this prefix, then the sha256 (in hex) of the archive as torch
+#: wrote it, whose comment was empty.
+_DIGEST_PREFIX = b"torchlab-sha256:"
+_DIGEST_COMMENT_BYTES = len(_DIGEST_PREFIX) + 64
+#: A zip archive ends in its end-of-central-directory record: this signature, 22 bytes in all, the last two of
+#: them the length of the comment that follows.
+_END_SIGNATURE = b"PK\x05\x06"
+_END_RECORD_BYTES = 22
+_NO_COMMENT = b"\x00\x00"
+_TRAILER_BYTES = _END_RECORD_BYTES + _DIGEST_COMMENT_BYTES
+_READ_CHUNK = 1 << 20
 
 
 #: ``--checkpoint-every auto`` (the default): a periodic checkpoint on a multiple of this step...
@@ -173,38 +205,54 @@ class WrittenCheckpoint:
 
 
 class _RecordingWriter:
-    """The file ``torch.save`` writes to, remembering the OSError a write raised.
+    """The file ``torch.save`` writes to, remembering the OSError a write raised, and hashing what it writes.
 
     torch's zip writer turns a failed write into ``RuntimeError: [enforce fail at inline_container.cc]
     . unexpected pos 7616 vs 7510``: the reason (a full disk) is lost unless the file kept it. Writing
-    through the file (not to a BytesIO first) keeps a large checkpoint out of host memory twice.
+    through the file (not to a BytesIO first) keeps a large checkpoint out of host memory twice; hashing the
+    bytes on their way keeps the digest from costing a second read.
     """
 
     def __init__(self, handle: BinaryIO) -> None:
         self._handle = handle
         self.error: OSError | None = None
+        self.digest = hashlib.sha256()
+        self.tail = b""  # the last bytes written: the archive's end record, once torch is done
 
     def write(self, data: bytes) -> int:
         try:
-            return self._handle.write(data)
+            written = self._handle.write(data)
         except OSError as error:
             self.error = self.error or error
             raise
+        self.digest.update(data)
+        self.tail = (self.tail + bytes(data[-_END_RECORD_BYTES:]))[-_END_RECORD_BYTES:]
+        return written
 
     def flush(self) -> None:
         self._handle.flush()
 
+    def end_with_digest(self) -> None:
+        """Give the archive torch wrote its digest: the comment it ended without."""
+        if not (self.tail.startswith(_END_SIGNATURE) and self.tail.endswith(_NO_COMMENT)):
+            raise RuntimeError("torch.save wrote no zip archive that ends without a comment: there is no place for the digest")
+        self._handle.seek(-len(_NO_COMMENT), os.SEEK_END)
+        comment = _DIGEST_PREFIX + self.digest.hexdigest().encode("ascii")
+        self._handle.write(struct.pack("<H", len(comment)) + comment)
+
 
 def _write_checkpoint(path: Path, contents: dict[str, Any]) -> int:
-    """``torch.save`` into ``path``, every byte written and the file closed; a failed write raises an OSError
-    (or carries one as its cause). Returns a duplicate of its descriptor, for ``WrittenCheckpoint`` to fsync:
-    one open file, so a write error the disk reports only at the fsync is still seen there."""
+    """``torch.save`` into ``path`` and its digest after it, every byte written and the file closed; a failed write
+    raises an OSError (or carries one as its cause). Returns a duplicate of its descriptor, for
+    ``WrittenCheckpoint`` to fsync: one open file, so a write error the disk reports only at the fsync is still
+    seen there."""
     handle = open(path, "wb", opener=create_file)  # the mode is set at creation: private from the first byte
     writer = _RecordingWriter(handle)
     descriptor = -1
     try:
         try:
             torch.save(contents, writer)
+            writer.end_with_digest()
             handle.flush()
             descriptor = os.dup(handle.fileno())
         finally:
@@ -222,24 +270,42 @@ def checkpoint_file(path: Path) -> Path:
     """What ``--resume PATH`` names: a checkpoint file, or the newest one of a run directory or its
     checkpoints folder."""
     path = Path(path)
-    if path.is_dir():
-        for candidate in (path / "checkpoints" / "last.pt", path / "last.pt"):
-            if candidate.exists():
-                return candidate
-        raise ConfigError(f"--resume {path}: no checkpoints/last.pt in that directory.")
-    if not path.exists():
-        raise ConfigError(f"--resume {path}: no such checkpoint file.")
+    try:
+        if path.is_dir():
+            for candidate in (path / "checkpoints" / "last.pt", path / "last.pt"):
+                if candidate.exists():
+                    return candidate
+            raise ConfigError(f"--resume {path}: no checkpoints/last.pt in that directory.")
+        if not path.exists():
+            raise ConfigError(f"--resume {path}: no such checkpoint file.")
+    except OSError as error:  # another user's private run (0700)
+        raise ConfigError(f"--resume {unreadable_run(path, error)}") from None
     return path
 
 
 def load_checkpoint(path: Path, map_location: torch.device | str = "cpu", mmap: bool = False) -> dict[str, Any]:
-    """The checkpoint ``path`` names (see ``checkpoint_file``), or a ConfigError that says what is wrong with
-    it and, where one is beside it, which intact checkpoint to resume from instead.
+    """The checkpoint ``path`` names (see ``checkpoint_file``), its digest checked, or a ConfigError that says what
+    is wrong with it and, where one is beside it, which intact checkpoint to resume from instead.
 
     ``mmap=True`` maps the file instead of reading it: the small entries (``step``, ``config``, ``options``)
-    are there at once, a tensor's bytes only when the tensor is used.
+    are there at once, a tensor's bytes only when the tensor is used (the digest has read them once).
     """
     path = checkpoint_file(path)
+    try:
+        verdict = _digest_verdict(path)
+    except OSError as error:
+        raise ConfigError(f"--resume {unreadable_run(path, error)}") from None
+    if verdict == _NO_DIGEST:
+        raise ConfigError(
+            f"--resume {path}: truncated or not a checkpoint torchlab wrote: torchlab's checkpoints end in a sha256 "
+            f"digest of their contents, and this file does not (it was cut short, or written by an older torchlab or "
+            f"by something else).{_instead(path)}"
+        )
+    if verdict == _DAMAGED:
+        raise ConfigError(
+            f"--resume {path}: damaged: its contents do not match the sha256 digest torchlab wrote at its end (a byte "
+            f"changed on the disk or in a copy), so it is not loaded.{_instead(path)}"
+        )
     state = _read(path, map_location, mmap)
     if state is None:
         raise ConfigError(
@@ -249,6 +315,50 @@ def load_checkpoint(path: Path, map_location: torch.device | str = "cpu", mmap: 
     if state.get("format") != FORMAT_VERSION:
         raise ConfigError(f"--resume {path}: not a torchlab checkpoint of format {FORMAT_VERSION}.{_instead(path)}")
     return state
+
+
+def load_training_state(path: Path, map_location: torch.device | str = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """``load_checkpoint``, checked against what the trainer's save writes (``check_training_state``): what a
+    resume trains from."""
+    path = checkpoint_file(path)
+    state = load_checkpoint(path, map_location, mmap)
+    check_training_state(state, path)
+    return state
+
+
+_INTACT, _DAMAGED, _NO_DIGEST = "intact", "damaged", "no digest"
+
+
+def _digest_verdict(path: Path) -> str:
+    """Whether ``path`` ends in a digest (``_NO_DIGEST`` if not) that its contents match (``_INTACT``, else
+    ``_DAMAGED``). Opened as any run file is (core/wire/safe_open.py): a link or a FIFO is an UnsafeFileError."""
+    with open(path, "rb", opener=open_regular) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size < _TRAILER_BYTES:
+            return _NO_DIGEST
+        handle.seek(size - _TRAILER_BYTES)
+        trailer = handle.read(_TRAILER_BYTES)
+        comment = trailer[_END_RECORD_BYTES:]
+        if (not trailer.startswith(_END_SIGNATURE) or not comment.startswith(_DIGEST_PREFIX)
+                or trailer[_END_RECORD_BYTES - 2:_END_RECORD_BYTES] != struct.pack("<H", _DIGEST_COMMENT_BYTES)):
+            return _NO_DIGEST
+        digest = _sha256_of_start(handle, size - _DIGEST_COMMENT_BYTES - len(_NO_COMMENT))
+    digest.update(_NO_COMMENT)  # the archive as torch wrote it
+    return _INTACT if digest.hexdigest().encode("ascii") == comment[len(_DIGEST_PREFIX):] else _DAMAGED
+
+
+def _sha256_of_start(handle: BinaryIO, length: int) -> hashlib._Hash:
+    """The sha256 of the first ``length`` bytes of ``handle``'s file (fewer if it shrank meanwhile)."""
+    digest = hashlib.sha256()
+    buffer = memoryview(bytearray(_READ_CHUNK))
+    handle.seek(0)
+    while length > 0:
+        read = handle.readinto(buffer[:min(_READ_CHUNK, length)])
+        if not read:
+            break
+        digest.update(buffer[:read])
+        length -= read
+    return digest
 
 
 def _read(path: Path, map_location: torch.device | str, mmap: bool) -> dict[str, Any] | None:
@@ -266,16 +376,291 @@ def _read(path: Path, map_location: torch.device | str, mmap: bool) -> dict[str,
 
 
 def _instead(failed: Path) -> str:
-    """`` Resume from …/step-0000015.pt instead.``: the newest step file beside ``failed`` that loads, if any."""
+    """`` The newest intact checkpoint beside it is step-0000015.pt: resume from it with --resume ….``: the newest
+    step file beside ``failed`` whose digest matches and that loads, if any."""
     for candidate in sorted(failed.parent.glob("step-*.pt"), key=lambda p: p.name, reverse=True):
         if not _STEP_FILE.match(candidate.name) or os.path.samefile(candidate, failed):
             continue
-        state = _read(candidate, "cpu", mmap=True)  # mapped: the tensors are not read
-        if state is not None and state.get("format") == FORMAT_VERSION:
-            return f" The newest intact checkpoint beside it is {candidate.name}: resume from {candidate} instead."
+        if _intact(candidate):
+            return f" The newest intact checkpoint beside it is {candidate.name}: resume from it with --resume {candidate}."
     if failed.name == "last.pt":
         return " No intact step-*.pt checkpoint is beside it."
     return ""
+
+
+def _intact(candidate: Path) -> bool:
+    try:
+        if _digest_verdict(candidate) != _INTACT:
+            return False
+    except (OSError, ConfigError):  # unreadable, or a link or a FIFO in its place
+        return False
+    state = _read(candidate, "cpu", mmap=True)  # mapped: the tensors are not read again
+    return state is not None and state.get("format") == FORMAT_VERSION
+
+
+# --------------------------------------------------------------------------- what the trainer's save writes
+#: How deep a value in a checkpoint may nest: torchlab's go 4 levels deep (``optimizer.param_groups[0].params``).
+#: A deeper one was not written by it, and would take a recursive reader past Python's limit.
+MAX_NESTING = 16
+#: A count torchlab writes (a step, an epoch, a number of samples) fits in 64 bits.
+_MAX_COUNT = 2**63
+_GRAD_SCALER_ENTRIES = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+#: Numbers of a parameter group that the optimizers read as numbers (a group may hold others, of other kinds).
+_GROUP_NUMBERS = ("lr", "initial_lr", "weight_decay", "momentum", "dampening", "eps", "alpha", "lr_decay")
+_MISSING = object()
+
+
+class _NotWritten(Exception):
+    """An entry of a loaded checkpoint that torchlab's save does not write so: where it is, what it is, and what
+    torchlab writes there."""
+
+    def __init__(self, where: str, value: Any, expected: str, what: str | None = None) -> None:
+        super().__init__(where)
+        self.where, self.expected = where, expected
+        self.what = what or ("missing" if value is _MISSING else _described(value))
+
+
+def check_training_state(state: dict[str, Any], path: Path) -> None:
+    """A ConfigError naming the first entry of ``state`` (loaded from ``path``) that the trainer's save does not
+    write as it is: one paragraph, before any of it is used. Entries torchlab does not read are left alone."""
+    try:
+        _check_nesting(state)
+        for name, (check, expected) in _PARTS.items():
+            value = state.get(name, _MISSING)
+            if value is _MISSING:
+                raise _NotWritten(name, value, expected)
+            check(value, name, expected)
+        if "rng_by_rank" in state:
+            _rng_states(state["rng_by_rank"], "rng_by_rank", "a list of the ranks' random number generator states")
+    except _NotWritten as wrong:
+        raise ConfigError(
+            f"--resume {path}: not a checkpoint torchlab wrote: its {wrong.where} is {wrong.what}, where torchlab "
+            f"writes {wrong.expected}. It is not trained from: resume from a checkpoint of a run of yours."
+        ) from None
+
+
+def check_model_fits(saved: Mapping[str, Any], model_state: Mapping[str, Any], trained_with: str) -> None:
+    """A ConfigError naming the first parameters in which ``saved`` (a checkpoint's model) and ``model_state`` (the
+    workload's) differ, by name or shape: the workload given for a checkpoint must be the model it holds."""
+    differences = []
+    for name, tensor in model_state.items():
+        if name not in saved:
+            differences.append(f"the model's {name} {_shape(tensor)} is not in the checkpoint")
+        elif _shape(saved[name]) != _shape(tensor):
+            differences.append(f"{name} is {_shape(saved[name])} in the checkpoint and {_shape(tensor)} in the model")
+    differences += [f"the checkpoint's {_key(name)} {_shape(tensor)} is not in the model"
+                    for name, tensor in saved.items() if name not in model_state]
+    if not differences:
+        return
+    more = f"; and {len(differences) - 3} more" if len(differences) > 3 else ""
+    raise ConfigError(
+        f"--resume: the checkpoint does not fit this workload's model ({'; '.join(differences[:3])}{more}); the "
+        f"checkpoint was trained with {spec_as_shown(trained_with)}: give that workload, or a checkpoint of this one."
+    )
+
+
+def _shape(value: Any) -> str:
+    return "[" + ", ".join(map(str, value.shape)) + "]" if isinstance(value, torch.Tensor) else "(not a tensor)"
+
+
+def _described(value: Any) -> str:
+    """A value of a checkpoint as a message shows it: a tensor by its kind and shape, a container by its kind."""
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {shown(list(value.shape))}"
+    if isinstance(value, Mapping):
+        return "a dict"
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return f"a {type(value).__name__}"
+    return shown(value)
+
+
+def _key(name: Any) -> str:
+    """An entry's name in a message: as it is if it is a short printable name, else as ``shown`` cuts it."""
+    return name if isinstance(name, str) and name.isprintable() and 0 < len(name) <= 80 else shown(name)
+
+
+def _check_nesting(state: dict[str, Any]) -> None:
+    for name, part in state.items():
+        entries = part.items() if isinstance(part, Mapping) else [(None, part)]
+        for key, value in entries:
+            levels_above = 1 if key is None else 2  # the state's dict, and the part's
+            if nests_deeper_than(value, MAX_NESTING - levels_above):
+                where = _key(name) if key is None else f"{_key(name)}.{_key(key)}"
+                raise _NotWritten(where, value, f"values nested at most {MAX_NESTING} levels deep",
+                                  what=f"nested more than {MAX_NESTING} levels deep")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_figure(value: Any) -> bool:
+    """A number as an optimizer holds it: a finite int or float, or a one-element tensor (``lr=torch.tensor(...)``)."""
+    return _is_number(value) or (isinstance(value, torch.Tensor) and value.numel() == 1)
+
+
+def _mapping(value: Any, where: str, expected: str) -> Mapping:
+    if not isinstance(value, Mapping):
+        raise _NotWritten(where, value, expected)
+    return value
+
+
+def _count(value: Any, where: str, expected: str = "a whole number from 0") -> None:
+    if not _is_int(value) or not 0 <= value < _MAX_COUNT:
+        raise _NotWritten(where, value, expected)
+
+
+def _seconds(value: Any, where: str, expected: str) -> None:
+    if not _is_number(value) or value < 0:
+        raise _NotWritten(where, value, expected)
+
+
+def _text(value: Any, where: str, expected: str) -> None:
+    if not isinstance(value, str):
+        raise _NotWritten(where, value, expected)
+
+
+def _model(value: Any, where: str, expected: str) -> None:
+    for name, tensor in _mapping(value, where, expected).items():
+        if not isinstance(name, str):
+            raise _NotWritten(f"{where} entry", name, "a parameter's name")
+        if not isinstance(tensor, torch.Tensor) and not name.endswith("_extra_state"):
+            raise _NotWritten(f"{where}.{_key(name)}", tensor, "a tensor")
+
+
+def _optimizer(value: Any, where: str, expected: str) -> None:
+    value = _mapping(value, where, expected)
+    for index, state in _mapping(value.get("state", _MISSING), f"{where}.state", "each parameter's state by its index").items():
+        if not _is_int(index):
+            raise _NotWritten(f"{where}.state entry", index, "a parameter's index")
+        _mapping(state, f"{where}.state[{index}]", "a parameter's state")
+    groups = value.get("param_groups", _MISSING)
+    if not isinstance(groups, list):
+        raise _NotWritten(f"{where}.param_groups", groups, "a list of parameter groups")
+    for number, group in enumerate(groups):
+        here = f"{where}.param_groups[{number}]"
+        group = _mapping(group, here, "a parameter group")
+        params = group.get("params", _MISSING)
+        if not isinstance(params, list) or not all(_is_int(index) for index in params):
+            raise _NotWritten(f"{here}.params", params, "a list of parameter indices")
+        for name in _GROUP_NUMBERS:
+            if name in group and not _is_figure(group[name]):
+                raise _NotWritten(f"{here}.{name}", group[name], "a number")
+        betas = group.get("betas", (0.9, 0.999))
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2 or not all(_is_figure(beta) for beta in betas):
+            raise _NotWritten(f"{here}.betas", betas, "two numbers")
+
+
+def _scheduler(value: Any, where: str, expected: str) -> None:
+    """An LR scheduler's ``state_dict``: its ``__dict__`` less the optimizer, which ``load_state_dict`` puts back
+    into its ``__dict__`` as it is; the entries every scheduler reads as numbers are numbers."""
+    value = _mapping(value, where, expected)
+    if "optimizer" in value:
+        raise _NotWritten(f"{where}.optimizer", value["optimizer"], "nothing (a scheduler's state leaves its optimizer out)")
+    for name in ("last_epoch", "_step_count"):
+        if name in value and not (_is_int(value[name]) and -1 <= value[name] < _MAX_COUNT):
+            raise _NotWritten(f"{where}.{name}", value[name], "a whole number from -1")
+    for name in ("base_lrs", "_last_lr"):
+        if name in value and not (isinstance(value[name], list) and all(_is_figure(lr) for lr in value[name])):
+            raise _NotWritten(f"{where}.{name}", value[name], "a list of numbers")
+    lambdas = value.get("lr_lambdas", [])
+    if not isinstance(lambdas, list) or not all(item is None or isinstance(item, Mapping) for item in lambdas):
+        raise _NotWritten(f"{where}.lr_lambdas", lambdas, "a list of nothing or dicts")
+
+
+def _grad_scaler(value: Any, where: str, expected: str) -> None:
+    if value is None:
+        return
+    value = _mapping(value, where, expected)
+    for name in _GRAD_SCALER_ENTRIES:
+        if not _is_number(value.get(name, _MISSING)):
+            raise _NotWritten(f"{where}.{name}", value.get(name, _MISSING), "a number")
+
+
+def _rng_states(value: Any, where: str, expected: str) -> None:
+    if not isinstance(value, list):
+        raise _NotWritten(where, value, expected)
+    for rank, state in enumerate(value):
+        _rng(state, f"{where}[{rank}]", "a random number generator state")
+
+
+def _rng(value: Any, where: str, expected: str) -> None:
+    """What ``capture_rng_state`` saves, each state tried on a generator of its own (the process's are untouched)."""
+    value = _mapping(value, where, expected)
+    python = value.get("python", _MISSING)
+    try:
+        random.Random().setstate(_as_tuples(python))
+    except (TypeError, ValueError, OverflowError):
+        raise _NotWritten(f"{where}.python", python, "the state of Python's random module") from None
+    _byte_state(value.get("torch", _MISSING), f"{where}.torch", "torch's CPU generator state")
+    try:
+        torch.Generator().set_state(value["torch"].cpu())
+    except RuntimeError:
+        raise _NotWritten(f"{where}.torch", value["torch"], "torch's CPU generator state") from None
+    cuda = value.get("cuda", [])
+    if not isinstance(cuda, (list, tuple)):
+        raise _NotWritten(f"{where}.cuda", cuda, "a list of each CUDA generator's state")
+    for number, state in enumerate(cuda):
+        _byte_state(state, f"{where}.cuda[{number}]", "a CUDA generator's state")
+    if "numpy" in value:
+        _numpy_rng(value["numpy"], f"{where}.numpy")
+
+
+def _byte_state(value: Any, where: str, expected: str) -> None:
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8 or value.dim() != 1:
+        raise _NotWritten(where, value, f"{expected} (a 1-dimensional uint8 tensor)")
+
+
+def _numpy_rng(value: Any, where: str) -> None:
+    import numpy
+
+    expected = "numpy's random state (kind, keys, position, has_gauss, cached_gaussian)"
+    if not isinstance(value, (tuple, list)) or len(value) != 5 or not isinstance(value[1], torch.Tensor):
+        raise _NotWritten(where, value, expected)
+    kind, keys, position, has_gauss, cached = value
+    try:
+        numpy.random.RandomState().set_state((kind, keys.cpu().numpy().astype("uint32"), position, has_gauss, cached))
+    except (TypeError, ValueError, OverflowError):
+        raise _NotWritten(where, value, expected) from None
+
+
+def _data(value: Any, where: str, expected: str) -> None:
+    value = _mapping(value, where, expected)
+    _count(value.get("epoch", _MISSING), f"{where}.epoch")
+    _count(value.get("samples", _MISSING), f"{where}.samples")
+
+
+def _options(value: Any, where: str, expected: str) -> None:
+    for name, option_value in _mapping(value, where, expected).items():
+        here = f"{where}.{_key(name)}"
+        if not isinstance(name, str) or name not in OPTION_NAMES:
+            raise _NotWritten(here, option_value, f"only the live options ({', '.join(OPTION_NAMES)})")
+        try:
+            parsed = parse_option_value(name, option_value)
+        except OptionRefused as refusal:
+            raise _NotWritten(here, option_value, f"a value the option takes ({refusal})") from None
+        if type(parsed) is not type(option_value) or parsed != option_value:
+            raise _NotWritten(here, option_value, f"the option's value as it holds it ({shown(parsed)})")
+
+
+#: Each entry the trainer's save writes (core/engine/trainer.py, ``_save_checkpoint``): its check, and what it is.
+_PARTS: dict[str, tuple[Callable[[Any, str, str], None], str]] = {
+    "step": (_count, "a whole number from 0"),
+    "model": (_model, "the model's tensors by parameter name"),
+    "optimizer": (_optimizer, "the optimizer's state_dict (its state and param_groups)"),
+    "scheduler": (_scheduler, "the LR scheduler's state_dict"),
+    "grad_scaler": (_grad_scaler, "the GradScaler's state_dict, or nothing"),
+    "rng": (_rng, "the random number generators' states (python, torch, numpy, cuda)"),
+    "data": (_data, "the data position (epoch and samples)"),
+    "options": (_options, "the live options by name"),
+    "config": (_text, "the run's configuration as TOML text"),
+    "scripted_through": (_count, "a whole number from 0"),
+    "elapsed_s": (_seconds, "a number of seconds from 0"),
+}
 
 
 def capture_rng_state() -> dict[str, Any]:

@@ -3,7 +3,9 @@
 A spec is a built-in sample name (``tiny_gpt``), ``path/to/file.py:factory`` or
 ``package.module:factory`` (the ``uvicorn app:app`` convention). Every way this can go wrong becomes a
 ``WorkloadError`` that names the file and line at fault. ``check_spec`` and ``workload_label`` import
-nothing, so the app can validate a spec without torch; ``load_workload`` runs the user's code.
+nothing, so the app can validate a spec without torch; ``load_workload`` runs the user's code, so only a spec
+the user gave is loaded (core/launch/resume.py says when a checkpoint's is). ``spec_as_shown`` and
+``spec_as_typed`` repeat a spec someone else chose in a message, bounded.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import shlex
 import sys
 import traceback
 from dataclasses import dataclass
@@ -25,6 +28,8 @@ SAMPLES = {
     "convnet": "torchlab.sample_models.convnet:workload",
     "tiny_gpt": "torchlab.sample_models.tiny_gpt:workload",
 }
+#: The longest spec from someone else that a message repeats whole (a path in a deep folder fits).
+_SPEC_SHOWN_CHARS = 256
 _FORM = "a built-in sample (" + ", ".join(SAMPLES) + "), path/to/file.py:factory or package.module:factory"
 
 
@@ -55,6 +60,22 @@ def check_spec(text: str) -> WorkloadSpec:
     if not all(part.isidentifier() for part in target.split(".")):
         raise WorkloadError(f"workload {shown(text)}: {shown(target)} is not a module name or a .py file; it must be {_FORM}.")
     return WorkloadSpec(text=text, factory=factory, module=target)
+
+
+def spec_as_shown(text: str) -> str:
+    """A spec someone else chose (a checkpoint's), as a message repeats it: quoted, whole while it is short and
+    printable (the user must see exactly what would be imported), else cut as ``shown`` cuts any value."""
+    return repr(text) if _typeable(text) else shown(text)
+
+
+def spec_as_typed(text: str) -> str | None:
+    """A spec as the user would type it on a command line (quoted for a shell where it needs to be), or None for
+    one no message should print whole: long, or holding control characters (a terminal's escape codes)."""
+    return shlex.quote(text) if _typeable(text) else None
+
+
+def _typeable(text: str) -> bool:
+    return isinstance(text, str) and text.isprintable() and 0 < len(text) <= _SPEC_SHOWN_CHARS
 
 
 def workload_label(text: str) -> str:

@@ -37,7 +37,8 @@ from torchlab.core.engine.checkpoint import (
     CheckpointCadence,
     WrittenCheckpoint,
     capture_rng_state,
-    load_checkpoint,
+    check_model_fits,
+    load_training_state,
     restore_rng_state,
     write_checkpoint,
 )
@@ -216,7 +217,7 @@ class Trainer:
 
         initial = config.options
         if resume_from is not None:
-            initial = self._restore(load_checkpoint(resume_from, map_location=self.device), config, explicit_options)
+            initial = self._restore(load_training_state(resume_from, map_location=self.device), config, explicit_options)
         elif self.ranks is not None and self.ranks.rank > 0:
             seed_rank(config.seed, 0, self.ranks.rank)  # same model and data as rank 0; its own dropout
         if initial.compile:
@@ -1152,6 +1153,7 @@ class Trainer:
         stored = config_from_toml(state["config"], "the checkpoint's configuration") if "config" in state else config
         own_optimizer, own_scheduler = self.workload.optimizer is not None, self.workload.scheduler is not None
         configured = [{"initial_lr": group["initial_lr"], "weight_decay": group["weight_decay"]} for group in self.optimizer.param_groups]
+        check_model_fits(state["model"], self.model.state_dict(), stored.workload)
         try:
             self.model.load_state_dict(state["model"])
             if own_optimizer or stored.optimizer == config.optimizer:

@@ -88,15 +88,19 @@ def resumed_workload(args: argparse.Namespace) -> str | None:
     """The workload a ``--resume`` continues, told without torch (the app's process): the one given, else
     the one in the run's ``config.toml``. The trainer's process reads the checkpoint itself (core/launch/resume.py)."""
     from torchlab.core.wire.rundir import run_dir_of_checkpoint
+    from torchlab.core.wire.storage import unreadable_run
 
-    if not args.resume.exists():
-        raise ConfigError(f"--resume {args.resume}: no such checkpoint file or run directory.")
-    if args.workload is not None:
-        return args.workload
-    run_dir = run_dir_of_checkpoint(args.resume)
-    if run_dir is None:
-        return None  # a checkpoint outside its run: the app shows the trainer's word once it has read it
-    return build_config(load_config_file(run_dir / "config.toml")).workload
+    try:
+        if not args.resume.exists():
+            raise ConfigError(f"--resume {args.resume}: no such checkpoint file or run directory.")
+        if args.workload is not None:
+            return args.workload
+        run_dir = run_dir_of_checkpoint(args.resume)
+        if run_dir is None:
+            return None  # a checkpoint outside its run: the app shows the trainer's word once it has read it
+        return build_config(load_config_file(run_dir / "config.toml")).workload
+    except OSError as error:  # another user's private run (0700): as the trainer's process says it
+        raise ConfigError(f"--resume {unreadable_run(args.resume, error)}") from None
 
 
 if __name__ == "__main__":

@@ -67,13 +67,20 @@ def _export(args: argparse.Namespace) -> int:
     if args.tensorboard is not None:
         refuse_tensorboard_target(args.tensorboard, args.run, force=args.force)
     if args.csv is not None:
-        rows = write_csv(metrics, args.csv, replace=args.force)
-        print(f"{args.csv}: {rows} rows", file=sys.stderr)
+        skipped: list[int] = []
+        rows = write_csv(metrics, args.csv, replace=args.force, skipped=skipped)
+        print(f"{args.csv}: {rows} rows{_left_out(skipped)}", file=sys.stderr)
     if args.tensorboard is not None:
-        rows, changes, traces = export_tensorboard(args.run, args.tensorboard, warn=_say_skipped)
-        print(f"{args.tensorboard}: {rows} rows, {changes} option changes, {traces} profiler traces; "
-              f"tensorboard --logdir {args.tensorboard}", file=sys.stderr)
+        skipped = []
+        rows, changes, traces = export_tensorboard(args.run, args.tensorboard, warn=_say_skipped, skipped=skipped)
+        print(f"{args.tensorboard}: {rows} rows{_left_out(skipped)}, {changes} option changes, {traces} profiler "
+              f"traces; tensorboard --logdir {args.tensorboard}", file=sys.stderr)
     return EXIT_OK
+
+
+def _left_out(skipped: list[int]) -> str:
+    """`` (3 unreadable lines of metrics.jsonl skipped)``: torn, or holding what torchlab never writes."""
+    return f" ({len(skipped)} unreadable lines of metrics.jsonl skipped)" if skipped else ""
 
 
 def require_metrics(run: Path, metrics: Path) -> None:
@@ -184,10 +191,11 @@ def _status(flag: str, path: Path) -> os.stat_result | None:
         raise ConfigError(f"{flag} {path}: cannot be written: {reason(error)}.") from None
 
 
-def export_tensorboard(run: Path, directory: Path, *, warn: Warn) -> tuple[int, int, int]:
+def export_tensorboard(run: Path, directory: Path, *, warn: Warn, skipped: list[int] | None = None) -> tuple[int, int, int]:
     """Every row, option change and profiler trace of ``run`` into event files under ``directory`` (checked
     by ``refuse_tensorboard_target``; made 0700 if new). An ``events.jsonl``, profile folder or trace that is
-    a link or not a regular file is left out and passed to ``warn``."""
+    a link or not a regular file is left out and passed to ``warn``; the lines of metrics.jsonl left out
+    (``rows_of``) are added to ``skipped``."""
     from torchlab.core.engine.tensorboard import TensorBoardWriter  # imports torch
 
     try:
@@ -197,7 +205,7 @@ def export_tensorboard(run: Path, directory: Path, *, warn: Warn) -> tuple[int, 
     writer = TensorBoardWriter(directory, purge_step=0)  # hides what an earlier export (--force) wrote there
     rows = changes = traces = 0
     try:
-        for row in rows_of(run / "metrics.jsonl"):
+        for row in rows_of(run / "metrics.jsonl", skipped):
             writer.write_row(row)
             rows += 1
         for record in journal_rows(run / "events.jsonl", warn):

@@ -6,6 +6,22 @@ Every checkpoint keeps the whole resolved configuration of its run (``TrainConfi
 steps, batch size, optimizer, scripted ``--at`` changes) and its live options as they were at the
 checkpoint. Precedence, lowest first: defaults, the checkpoint's configuration, ``--config``, flags.
 
+A checkpoint never chooses the code that runs. Its stored workload is imported only when
+
+- it is a built-in sample (``mlp``, ``convnet``, ``tiny_gpt``): torchlab's own code, a fixed list; or
+- the checkpoint sits in a run directory of the user's: ``RUN/checkpoints/FILE`` beside ``RUN/config.toml``,
+  the four owned by the user running torchlab (``os.geteuid()``) and none writable by group or others, and
+  ``config.toml`` names the same workload as the checkpoint (so the checkpoint was written by the run the
+  user started there, and no one else could have put it there).
+
+Otherwise the workload is given on the command line (``torchlab-tui my_model.py:workload --resume c.pt``) or in
+``--config``: what the user typed. That goes for ``package.module:factory`` too, though only code already
+installed can be named so: importing a module runs it, and an installed module may do anything when imported
+(``antigravity`` opens a browser; a package's test helpers, a plugin), so a checkpoint from somewhere else may
+name none. The refusal is one paragraph that names the workload, says why it is not imported, and gives the
+command to run it if the user trusts it. A workload given for a checkpoint must have the checkpoint's model
+(the trainer compares parameter names and shapes, core/engine/checkpoint.py ``check_model_fits``).
+
 An override that makes the resumed run differ from one that was never stopped (``BREAKS_EXACTNESS``)
 is said in one warning line, on the CLI, in the app and in ``events.jsonl``; the run goes on. A larger
 ``--steps`` extends the run: the LR schedule re-plans its decay from the checkpoint's step
@@ -19,11 +35,15 @@ has loaded and only if the configuration changed, and keeps the earlier one besi
 from __future__ import annotations
 
 import argparse
+import os
+import pwd
+import stat
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.engine.checkpoint import checkpoint_file, load_checkpoint
+from torchlab.core.engine.checkpoint import checkpoint_file, load_training_state
+from torchlab.core.engine.loading import SAMPLES, spec_as_shown, spec_as_typed
 from torchlab.core.launch.arguments import resolve_config, setting_layers
 from torchlab.core.wire.config import TrainConfig, build_config, settings_from_toml
 from torchlab.core.wire.errors import ConfigError
@@ -32,6 +52,7 @@ from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import OPTION_NAMES, format_option_value
 from torchlab.core.wire.protocol import Message
 from torchlab.core.wire.rundir import RunDirectory
+from torchlab.core.wire.safe_open import read_regular_text
 
 #: Settings whose change on a resume makes the run differ from one that was never stopped.
 BREAKS_EXACTNESS = ("workload", "seed", "batch_size", "lr", "weight_decay", "schedule", "warmup_steps", "optimizer")
@@ -94,13 +115,12 @@ def plan_training(args: argparse.Namespace) -> TrainingPlan:
         config, explicit = resolve_config(args)
         return TrainingPlan(config, explicit)
     checkpoint = checkpoint_file(args.resume)
-    state = load_checkpoint(checkpoint, mmap=True)  # memory-mapped: the tensors are not read
-    stored_text = state.get("config")
-    if not isinstance(stored_text, str):
-        raise ConfigError(f"--resume {checkpoint}: the checkpoint holds no configuration to continue with.")
-    stored_settings = settings_from_toml(stored_text, f"the configuration in {checkpoint}")
+    state = load_training_state(checkpoint, mmap=True)  # memory-mapped: the tensors are read once, for the digest
+    stored_settings = settings_from_toml(state["config"], f"the configuration in {checkpoint}")
     stored = build_config(stored_settings)
     file_settings, flags = setting_layers(args)
+    if "workload" not in flags and "workload" not in file_settings:
+        _refuse_to_import(stored.workload, checkpoint)
     layers = [stored_settings, file_settings, flags]
     config = build_config(*layers)
     step = int(state["step"])
@@ -118,6 +138,50 @@ def plan_training(args: argparse.Namespace) -> TrainingPlan:
         if name in live_at_checkpoint and live_at_checkpoint[name] != value:
             changes.append(SettingChange(name, live_at_checkpoint[name], value))
     return TrainingPlan(config, explicit, checkpoint, tuple(changes), config_changed=config != stored)
+
+
+def _refuse_to_import(workload: str, checkpoint: Path) -> None:
+    """The ConfigError for a workload that ``checkpoint`` names and that is not to be imported on its word."""
+    reason = refusal_to_import(workload, checkpoint)
+    if reason is None:
+        return
+    typed = spec_as_typed(workload) or "path/to/file.py:factory"
+    raise ConfigError(
+        f"--resume {checkpoint}: the checkpoint names the workload {spec_as_shown(workload)}, which torchlab does not "
+        f"import on a checkpoint's word outside a run directory of yours: {reason}. Anyone can write a checkpoint, "
+        f"and the code it names would run as you. If you trust that code, give it on the command line: "
+        f"torchlab-tui {typed} --resume {checkpoint}"
+    )
+
+
+def refusal_to_import(workload: str, checkpoint: Path) -> str | None:
+    """Why the workload that ``checkpoint`` names may not be imported on its word, or None where it may be: a
+    built-in sample, or a checkpoint in a run directory of the user's whose config.toml names it (the module
+    docstring has the rule)."""
+    if workload.strip() in SAMPLES:
+        return None
+    checkpoint = Path(checkpoint)
+    folder, run = checkpoint.parent, checkpoint.parent.parent
+    config = run / "config.toml"
+    if folder.name != "checkpoints" or not config.is_file():
+        return "it is not in a run directory (RUN/checkpoints/ beside RUN/config.toml)"
+    for path in (run, folder, config, checkpoint):
+        status = os.stat(path)
+        if status.st_uid != os.geteuid():
+            return f"{path} belongs to {_user_name(status.st_uid)}"
+        if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return f"{path} may be written by other users (mode {stat.S_IMODE(status.st_mode):04o})"
+    named = settings_from_toml(read_regular_text(config), str(config)).get("workload")
+    if named != workload:
+        return f"its run's config.toml names {spec_as_shown(named) if isinstance(named, str) else 'no workload'}"
+    return None
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"user {uid}"
 
 
 def _extension(stored: TrainConfig, config: TrainConfig, step: int, checkpoint: Path) -> dict[str, Any]:

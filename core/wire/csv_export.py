@@ -79,11 +79,11 @@ def csv_columns(rows: Iterable[dict[str, Any]]) -> list[str]:
     return [column for column in columns if column in with_a_value or column not in nested]
 
 
-def write_csv(metrics: Path, target: Path, *, replace: bool) -> int:
+def write_csv(metrics: Path, target: Path, *, replace: bool, skipped: list[int] | None = None) -> int:
     """``metrics`` (a run's metrics.jsonl) as the CSV ``target``, a new file or (``replace``) one renamed over
-    what is there; returns the rows written. Read twice: once for the columns, once for the rows, so a long run
-    is never held in memory whole."""
-    columns = csv_columns(flat_row(row) for row in rows_of(metrics))
+    what is there; returns the rows written, and adds to ``skipped`` the lines left out (``rows_of``). Read
+    twice: once for the columns, once for the rows, so a long run is never held in memory whole."""
+    columns = csv_columns(flat_row(row) for row in rows_of(metrics, skipped))
     count = 0
     try:
         with output_file(target, replace=replace, text=True) as handle:

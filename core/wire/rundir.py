@@ -22,7 +22,6 @@ A failed write is a ``StorageError`` that names the file and says what is intact
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import threading
@@ -229,14 +228,18 @@ def to_json_line(record: dict[str, Any]) -> str:
     return strict_json.dumps(record) + "\n"
 
 
-def rows_of(path: Path) -> Iterator[dict[str, Any]]:
+def rows_of(path: Path, skipped: list[int] | None = None) -> Iterator[dict[str, Any]]:
     """Each row of a run's JSON-lines file (metrics.jsonl, events.jsonl) that has a step; a line that is not a
-    JSON object (a write torn by a crash, which a resume repairs) is left out, as the app leaves it out."""
+    JSON object (a write torn by a crash, which a resume repairs) is left out, as the app leaves it out, and so
+    is one that torchlab never writes (nested too deep, a number out of range: ``strict_json.loads``). The line
+    number of each line left out so is added to ``skipped``, for the reader to say how many."""
     with open(path, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
+        for number, line in enumerate(handle, start=1):
             try:
-                row = json.loads(line)
+                row = strict_json.loads(line)
             except ValueError:
+                if skipped is not None:
+                    skipped.append(number)
                 continue
             if isinstance(row, dict) and isinstance(row.get("step"), int):
                 yield row

@@ -22,13 +22,13 @@ Standard library only: the profile-table builder, a child process without torch,
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from torchlab.core.wire import strict_json
 from torchlab.core.wire.errors import ConfigError, StorageError
 from torchlab.core.wire.safe_open import open_regular, require_real_folder
 
@@ -172,11 +172,12 @@ def write_all(descriptor: int, payload: bytes | memoryview) -> None:
 
 
 def parse_line(line: bytes) -> dict[str, Any] | None:
-    """The record of a whole line (ending in a newline), or None for a torn or unparseable one."""
+    """The record of a whole line (ending in a newline), or None for a torn or unparseable one, or one holding
+    what torchlab never writes (``strict_json.loads``)."""
     if not line.endswith(b"\n"):
         return None
     try:
-        record = json.loads(line)
+        record = strict_json.loads(line)
     except ValueError:
         return None
     return record if isinstance(record, dict) else None
