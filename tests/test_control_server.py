@@ -321,3 +321,21 @@ def test_viewers_that_come_and_go_leave_no_thread_behind(served):
         time.sleep(0.05)
     served.app(view=True)  # each new stream lets go of the senders of connections gone
     assert len(served.server._senders) == 1
+
+
+def test_no_thread_to_be_had_for_a_connection_refuses_it_and_the_accept_loop_goes_on(served, monkeypatch):
+    """Thread.start raising (a process at its limit of threads) ended the accept loop: no app could attach again."""
+    real_thread, refusals = threading.Thread, []
+
+    class NoThreadOnce(real_thread):
+        def start(self):
+            if self.name == "torchlab-connection" and not refusals:
+                refusals.append(self)
+                raise RuntimeError("can't start new thread")
+            super().start()
+
+    monkeypatch.setattr(cs.threading, "Thread", NoThreadOnce)
+    stranger = served.connect()
+    stranger.settimeout(10.0)
+    assert answer(stranger).reason == "no thread to serve this connection (RuntimeError: can't start new thread); try again"
+    served.app()

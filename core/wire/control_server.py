@@ -158,7 +158,12 @@ class ControlServer:
                 self._closed.wait(ACCEPT_RETRY_S)
                 continue
             self._await_hello(connection)
-            threading.Thread(target=self._serve, args=(connection,), name="torchlab-connection", daemon=True).start()
+            try:
+                threading.Thread(target=self._serve, args=(connection,), name="torchlab-connection", daemon=True).start()
+            except RuntimeError as error:  # no thread to be had (the process's limit): this one is lost, not the socket
+                self._settle(connection)
+                connection.setblocking(False)  # this thread accepts for everyone: it never waits on one peer
+                self._refuse(connection, f"no thread to serve this connection ({fault(error)}); try again", before_hello=True)
 
     def _await_hello(self, connection: socket.socket) -> None:
         """Count ``connection`` among those awaiting their hello; if that makes too many, drop the oldest. Its
