@@ -123,32 +123,106 @@ def test_the_hello_has_its_time_in_all_however_slowly_the_bytes_come(served, mon
 
 
 def test_a_burst_of_idle_connections_is_bounded_and_the_app_keeps_its_control(served):
-    """300 connections that say nothing: the first MAX_AWAITING_HELLO wait for their hello (a thread
-    each), the others are refused at once; the attached app's commands still arrive, and once the
-    strangers are gone a new connection is heard again (the count of waiting ones went down)."""
+    """300 connections that say nothing: at most MAX_AWAITING_HELLO wait for their hello (a thread each), each
+    newer one taking the place of the oldest, which is told why and closed; the attached app's commands still
+    arrive, and once the strangers are gone a new connection is heard again (the count of waiting ones went down)."""
     app = served.app()
     strangers = [served.connect() for _ in range(300)]  # all connect: none gets EAGAIN or ECONNREFUSED
     app.sendall(p.SetCommand(option="accum", value=2).encode())
     served.until(lambda: served.commands == [p.SetCommand(option="accum", value=2)])
 
-    too_many = 300 - cs.MAX_AWAITING_HELLO
-    served.until(lambda: len(served.refused) == too_many)
-    assert set(served.refused) == {(f"too many connections awaiting hello (at most {cs.MAX_AWAITING_HELLO}); try again", True)}
-    answered = [client for client in strangers[cs.MAX_AWAITING_HELLO:] if "too many" in answer(client).reason]
-    assert len(answered) == too_many and all(client.recv(1) == b"" for client in answered)  # answered, then closed
+    dropped = 300 - cs.MAX_AWAITING_HELLO
+    served.until(lambda: len(served.refused) == dropped)
+    assert set(served.refused) == {(cs.DROPPED_FOR_A_NEWER, True)}
+    assert all(answer(client).reason == cs.DROPPED_FOR_A_NEWER and client.recv(1) == b"" for client in strangers[:dropped])
     for client in strangers:
         client.close()
 
-    served.until(lambda: len(served.refused) == too_many)  # the waiting ones hung up without a word
+    served.until(lambda: len(served.refused) == dropped)  # the waiting ones hung up without a word
     late = served.connect()
     late.sendall(p.Hello(version=p.PROTOCOL_VERSION, token="guess").encode())
-    deadline = time.monotonic() + WAIT_S
-    while "wrong token" not in (reason := answer(late).reason):  # the 64 threads may not all have ended yet
-        assert "too many" in reason and time.monotonic() < deadline
-        late = served.connect()
-        late.sendall(p.Hello(version=p.PROTOCOL_VERSION, token="guess").encode())
+    assert "wrong token" in answer(late).reason
     app.sendall(p.PauseCommand().encode())
     served.until(lambda: served.commands[-1] == p.PauseCommand())
+
+
+def test_idle_connections_never_keep_the_app_out(served, monkeypatch):
+    """64 connections that said nothing held every place before a hello: ``attach`` was refused ("too many
+    connections awaiting hello") for as long as someone kept them open. The oldest idle one now gives way."""
+    monkeypatch.setattr(cs, "HELLO_TIMEOUT_S", 120.0)  # the app gets in long before any of them times out
+    idle = [served.connect() for _ in range(cs.MAX_AWAITING_HELLO + 16)]
+    started = time.monotonic()
+    client = served.connect()
+    client.settimeout(10.0)
+    client.sendall(p.Hello(version=p.PROTOCOL_VERSION, token=TOKEN).encode())
+    assert answer(client).type == "welcome" and time.monotonic() - started < 10.0
+    assert all(_closed_for_a_newer(stranger) for stranger in idle[:17])  # the 16 too many, then one for the app
+    assert not _closed_for_a_newer(idle[17])
+    for stranger in idle:
+        stranger.close()
+
+
+def _closed_for_a_newer(client: socket.socket) -> bool:
+    client.settimeout(0.5)
+    try:
+        return answer(client).reason == cs.DROPPED_FOR_A_NEWER
+    except TimeoutError:
+        return False
+
+
+def test_a_token_that_is_not_unicode_is_refused_and_the_socket_serves_on(served, monkeypatch):
+    """A lone surrogate escaped in the hello's token ("\\ud800") read as JSON, then failed to encode for the
+    comparison: the connection's thread died with a traceback and the stranger was never answered."""
+    faults = []
+    monkeypatch.setattr(threading, "excepthook", faults.append)
+    stranger = served.connect()
+    stranger.settimeout(10.0)
+    stranger.sendall(b'{"v": 8, "type": "hello", "version": 8, "token": "\\ud800"}\n')
+    assert "not Unicode" in answer(stranger).reason
+    served.until(lambda: served.refused)
+    assert served.refused[0][0].startswith("expected a hello with a token first: message holds text that is not Unicode")
+    served.app()
+    assert faults == []
+
+
+def test_a_fault_meeting_one_connection_refuses_that_peer_and_the_socket_serves_on(served, monkeypatch):
+    """Whatever one connection's line makes go wrong in the server is that connection's end, said as one line:
+    never a dead thread, a traceback, or a client left waiting for an answer."""
+    faults, real_decode = [], cs.decode
+    monkeypatch.setattr(threading, "excepthook", faults.append)
+
+    def decode_failing_once(line):
+        monkeypatch.setattr(cs, "decode", real_decode)
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(cs, "decode", decode_failing_once)
+    stranger = served.connect()
+    stranger.settimeout(10.0)
+    stranger.sendall(p.Hello(version=p.PROTOCOL_VERSION, token=TOKEN).encode())
+    assert answer(stranger).reason == "this connection failed: KeyError: 'a bug'"
+    served.until(lambda: served.refused == [("this connection failed: KeyError: 'a bug'", True)])
+    served.app()
+    assert faults == []
+
+
+def test_a_command_the_server_fails_on_is_refused_and_the_app_stays_attached(served, monkeypatch):
+    """A fault acting on one command ended the app's connection, which is the app going away: the run stopped."""
+    faults = []
+    monkeypatch.setattr(threading, "excepthook", faults.append)
+    app = served.app()
+    keep = served.server._on_command
+
+    def failing_on_pause(command):
+        if isinstance(command, p.PauseCommand):
+            raise ValueError("a bug")
+        keep(command)
+
+    served.server._on_command = failing_on_pause
+    app.sendall(p.PauseCommand().encode())
+    assert answer(app).reason == "this command failed: ValueError: a bug"
+    app.sendall(p.ResumeCommand().encode())
+    served.until(lambda: served.commands == [p.ResumeCommand()])
+    assert served.gone == 0 and faults == [] and served.refused == [("this command failed: ValueError: a bug", False)]
 
 
 def test_accept_failing_for_want_of_descriptors_does_not_end_the_serving(served, monkeypatch):
@@ -247,3 +321,21 @@ def test_viewers_that_come_and_go_leave_no_thread_behind(served):
         time.sleep(0.05)
     served.app(view=True)  # each new stream lets go of the senders of connections gone
     assert len(served.server._senders) == 1
+
+
+def test_no_thread_to_be_had_for_a_connection_refuses_it_and_the_accept_loop_goes_on(served, monkeypatch):
+    """Thread.start raising (a process at its limit of threads) ended the accept loop: no app could attach again."""
+    real_thread, refusals = threading.Thread, []
+
+    class NoThreadOnce(real_thread):
+        def start(self):
+            if self.name == "torchlab-connection" and not refusals:
+                refusals.append(self)
+                raise RuntimeError("can't start new thread")
+            super().start()
+
+    monkeypatch.setattr(cs.threading, "Thread", NoThreadOnce)
+    stranger = served.connect()
+    stranger.settimeout(10.0)
+    assert answer(stranger).reason == "no thread to serve this connection (RuntimeError: can't start new thread); try again"
+    served.app()

@@ -434,3 +434,52 @@ def test_a_refusal_never_echoes_more_than_a_few_hundred_characters(payload):
 def test_what_a_peer_sent_is_echoed_cut_short(payload, shown):
     reason = reason_of(json.dumps(payload))
     assert shown in reason and len(reason) <= MAX_REASON_CHARS
+
+
+# ------------------------------------------------------------------------------ text that is not Unicode
+# JSON may escape half of a surrogate pair ("\ud800"); json.loads takes it, and the str it makes fails later, far
+# from the socket: encoding a hello's token to compare it killed the rank channel's accept thread (issue 26).
+
+LONE_SURROGATES = [
+    b'{"v": 8, "type": "hello", "version": 8, "token": "\\ud800"}',  # a high half alone
+    b'{"v": 8, "type": "hello", "version": 8, "token": "ab\\uDFFFcd"}',  # a low half alone, in capitals
+    b'{"v": 8, "type": "hello", "version": 8, "token": "\\ude00\\ud83d"}',  # both halves, the wrong way round
+    b'{"v": 8, "type": "set", "option": "amp", "value": "\\ud800"}',
+    b'{"v": 8, "type": "pause", "\\ud800": 1}',  # in a name
+    b'{"v": 8, "type": "metrics", "columns": {"step": [1], "note": [["\\udbff"]]}}',  # deep inside a value
+]
+
+
+@pytest.mark.parametrize("line", LONE_SURROGATES)
+def test_text_that_is_not_unicode_is_refused_as_a_message(line):
+    for form in (line, line.decode("ascii")):
+        with pytest.raises(p.ProtocolError, match=r"^message holds text that is not Unicode \(half of a surrogate pair"):
+            p.decode(form)
+
+
+def test_a_pair_of_escaped_surrogates_is_the_one_character_it_stands_for():
+    """strict_json escapes every character past ASCII, an emoji as its surrogate pair: that is valid text."""
+    hello = p.decode(b'{"v": 8, "type": "hello", "version": 8, "token": "\\ud83d\\ude00 \\u00e9"}')
+    assert hello.token == "\U0001f600 \u00e9"
+    assert p.decode(p.Hello(version=8, token="\U0001f600").encode()).token == "\U0001f600"
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet=st.characters(blacklist_categories=()), max_size=12))
+def test_whatever_decodes_can_be_encoded_compared_and_echoed(text):
+    """Any text a peer can put in a line, surrogates included: refused, or a message whose every string is Unicode."""
+    line = json.dumps({"v": p.PROTOCOL_VERSION, "type": "hello", "version": p.PROTOCOL_VERSION, "token": text})
+    try:
+        hello = p.decode(line)
+    except p.ProtocolError as error:
+        assert p.Refused(reason=str(error)).encode()
+        return
+    hello.token.encode("utf-8")  # what the socket does to compare it
+    assert hello.token == text and hello.encode()
+
+
+def test_a_line_in_a_bytearray_reads_as_in_bytes():
+    """The app's link splits a bytearray buffer into lines: each is a bytearray, checked as bytes are."""
+    assert p.decode(bytearray(p.PauseCommand().encode())) == p.PauseCommand()
+    with pytest.raises(p.ProtocolError, match="not Unicode"):
+        p.decode(bytearray(LONE_SURROGATES[0]))

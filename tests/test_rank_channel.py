@@ -284,3 +284,60 @@ def test_rank_0s_memory_breakdown_reaches_the_supervisor_typed_and_a_malformed_o
     assert isinstance(refusal, rc.ChannelRefused) and refusal.reason.startswith("metrics.record.memory")
     until(lambda: recorder.metrics, "the report with its memory")
     assert recorder.metrics == [{"step": 1, "loss": 2.5, "memory": memory}]
+
+
+def test_a_hello_whose_token_is_not_unicode_is_refused_and_rank_0_still_gets_in(supervisor_end, monkeypatch):
+    """A lone surrogate escaped in a hello's token ("\\ud800") killed the channel's accept thread when the token was
+    encoded to be compared: rank 0 could no longer connect, and a world-size-2 run failed ("rank 0 stopped reporting")."""
+    channel, recorder, connect = supervisor_end
+    faults = []
+    monkeypatch.setattr(threading, "excepthook", faults.append)
+    stranger = connect()
+    stranger.socket.settimeout(10)
+    stranger.send(b'{"v": 8, "type": "hello", "token": "\\ud800"}\n')
+    assert stranger.read().reason.startswith("message holds text that is not Unicode")
+    rank0 = connect(channel.token)
+    rank0.send(metrics_line(1))
+    until(lambda: recorder.metrics, "rank 0's report")
+    assert faults == [] and recorder.refusals()[0]["before_hello"]
+
+
+def test_a_fault_meeting_a_stranger_refuses_it_and_the_channel_serves_on(supervisor_end, monkeypatch):
+    """Whatever a connection's line makes go wrong before its hello is that connection's end, journalled as one line."""
+    channel, recorder, connect = supervisor_end
+    faults, real_decode = [], rc.decode
+    monkeypatch.setattr(threading, "excepthook", faults.append)
+
+    def decode_failing_once(line, protocol):
+        monkeypatch.setattr(rc, "decode", real_decode)
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(rc, "decode", decode_failing_once)
+    stranger = connect(channel.token)
+    stranger.socket.settimeout(10)
+    assert stranger.read().reason == "this connection failed: KeyError: 'a bug'"
+    rank0 = connect(channel.token)
+    rank0.send(metrics_line(1))
+    until(lambda: recorder.metrics, "rank 0's report")
+    assert faults == [] and recorder.refusals()[0]["reason"] == "this connection failed: KeyError: 'a bug'"
+
+
+def test_a_report_the_supervisor_fails_on_is_refused_and_the_next_one_relayed(supervisor_end, monkeypatch):
+    """A fault passing one report on ended the relay silently: rank 0's later reports and its outcome were lost."""
+    channel, recorder, connect = supervisor_end
+    faults = []
+    monkeypatch.setattr(threading, "excepthook", faults.append)
+    keep = recorder.on_metrics
+
+    def failing_on_step_1(record):
+        if record["step"] == 1:
+            raise ValueError("a bug")
+        keep(record)
+
+    monkeypatch.setattr(recorder, "on_metrics", failing_on_step_1)
+    rank0 = connect(channel.token)
+    rank0.socket.settimeout(10)
+    rank0.send(metrics_line(1) + metrics_line(2))
+    assert rank0.read().reason == "this report failed: ValueError: a bug"
+    until(lambda: recorder.metrics, "the next report")
+    assert recorder.metrics == [{"step": 2, "loss": 2.5}] and faults == []

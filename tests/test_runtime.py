@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from torchlab.core.wire.runtime import ORPHAN_TOKEN_AGE_S, Endpoint, list_runs, runtime_dir
+from torchlab.core.wire.runtime import ORPHAN_TOKEN_AGE_S, Endpoint, list_runs, printable, read_runs, runtime_dir
+from torchlab.core.wire.safe_open import UnsafeFileError
 
 
 def test_listing_runs_sweeps_what_killed_trainers_left_and_nothing_else(tmp_path, monkeypatch):
@@ -207,3 +208,171 @@ def test_attach_listing_into_a_pipe_closed_early_ends_quietly(tmp_path):
                           text=True, env={**os.environ, "XDG_RUNTIME_DIR": str(tmp_path / "xdg")}, timeout=60)
     os.close(write_end)
     assert (done.returncode, done.stderr) == (0, "")
+
+
+# ------------------------------------------------------------------------------ entries someone else made (issue 26)
+# The runtime directory is the user's own (0700): what lies in it was put there by the user's processes, or by
+# someone who could already act as the user. Still, a FIFO there must not hang a listing, a link is not followed,
+# and an entry that is not one of ours is skipped with a line, never a traceback.
+
+
+@pytest.fixture
+def runtime(tmp_path, monkeypatch):
+    (tmp_path / "xdg").mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
+    return runtime_dir()
+
+
+def bounded(call, timeout_s: float = 10.0):
+    """``call()``'s result, or a failure if it has not returned within ``timeout_s`` (a FIFO's open blocks for ever)."""
+    import threading
+
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = call()
+        except BaseException as error:  # noqa: BLE001 - handed to the test below
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    assert not thread.is_alive(), f"still blocked after {timeout_s} s"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def unblock(fifo) -> None:
+    """Open a FIFO's other end, so that a reader blocked on it (before a fix) can end."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass
+
+
+def test_a_fifo_or_a_link_as_an_entry_is_skipped_without_blocking_or_following(runtime, tmp_path):
+    good = Endpoint.create("run-good")
+    good.write_info({"pid": os.getpid(), "state": "running", "step": 3, "started": time.time(), "run_dir": "runs/x"})
+    os.mkfifo(runtime / "run-fifo.json")
+    elsewhere = tmp_path / "not-an-entry.json"
+    elsewhere.write_text('{"pid": 1, "state": "running", "run_dir": "/elsewhere"}')
+    os.symlink(elsewhere, runtime / "run-link.json")
+    try:
+        entries, skipped = bounded(read_runs)
+    finally:
+        unblock(runtime / "run-fifo.json")
+    assert [entry.endpoint.name for entry in entries] == ["run-good"]
+    assert sorted(skipped) == sorted([
+        f"{runtime / 'run-fifo.json'}: a FIFO (named pipe), not a regular file",
+        f"{runtime / 'run-link.json'}: a symbolic link, not a regular file",
+    ])
+
+
+def test_a_fifo_or_a_link_as_a_token_is_refused_in_one_paragraph(runtime, tmp_path):
+    fifo = Endpoint(runtime / "run-fifo.sock", runtime / "run-fifo.token")
+    os.mkfifo(fifo.token_path)
+    try:
+        with pytest.raises(UnsafeFileError, match="is a FIFO"):
+            bounded(fifo.read_token)
+    finally:
+        unblock(fifo.token_path)
+    someone_elses = tmp_path / "their-file"
+    someone_elses.write_text("theirs")
+    linked = Endpoint(runtime / "run-link.sock", runtime / "run-link.token")
+    os.symlink(someone_elses, linked.token_path)
+    with pytest.raises(UnsafeFileError, match="is a symbolic link"):
+        linked.read_token()
+    with pytest.raises(UnsafeFileError, match="is a symbolic link"):
+        linked.create_token()  # a new token is never written through a link
+    os.symlink(someone_elses, linked.info_path.with_suffix(f".json.tmp-{os.getpid()}"))
+    with pytest.raises(UnsafeFileError, match="is a symbolic link"):
+        linked.write_info({"state": "running"})
+    assert someone_elses.read_text() == "theirs"
+
+
+CORRUPT_ENTRIES = {
+    "started-text": ('{"pid": 1, "state": "running", "started": "abc"}', "started: expected a number, got 'abc'"),
+    "pid-huge": ('{"pid": 1180591620717411303424, "state": "running"}', "pid: expected a process id, got 1180591620717411303424"),
+    "pid-text": ('{"pid": "1", "state": "running"}', "pid: expected a process id, got '1'"),
+    "step-list": ('{"pid": 1, "step": [1]}', "step: expected a count, got [1]"),
+    "steps-infinite": ('{"pid": 1, "steps": 1e400}', "steps: expected a count or null, got inf"),
+    "started-infinite": ('{"pid": 1, "started": 1e400}', "started: expected a number, got inf"),
+    "state-number": ('{"pid": 1, "state": 5}', "state: expected text, got 5"),
+    "run-dir-dict": ('{"pid": 1, "run_dir": {"a": 1}}', "run_dir: expected text, got {'a': 1}"),
+    "args-text": ('{"pid": 1, "training_args": "--steps 5"}', "training_args: expected a list of text, got '--steps 5'"),
+    "attached-text": ('{"pid": 1, "attached": "yes"}', "attached: expected true or false, got 'yes'"),
+    "a-list": ("[1, 2, 3]", "not a JSON object"),
+    "not-json": ("{pid: 1", "not JSON (or nested too deep, or a number too long to read)"),
+    "nested": ('{"pid": ' + "[" * 100_000 + "]" * 100_000 + "}", "not JSON (or nested too deep, or a number too long to read)"),
+    "digits": ('{"pid": ' + "9" * 5000 + "}", "not JSON (or nested too deep, or a number too long to read)"),
+    "not-utf-8": ("\udcff", "not JSON (or nested too deep, or a number too long to read)"),
+}
+
+
+def test_an_entry_that_is_not_one_of_ours_is_skipped_with_why_and_the_others_listed(runtime):
+    """``"started": "abc"`` raised ValueError from the listing's sort, a 70-bit pid OverflowError from os.kill,
+    a nested one RecursionError: attach ended in a traceback, for the one bad entry, listing none."""
+    good = Endpoint.create("run-good")
+    good.write_info({"pid": os.getpid(), "state": "running", "step": 3, "steps": 10, "started": time.time(),
+                     "run_dir": "runs/x", "workload": "mlp", "attached": False, "training_args": ["mlp"]})
+    for name, (text, _) in CORRUPT_ENTRIES.items():
+        (runtime / f"run-{name}.json").write_bytes(text.encode("utf-8", "surrogateescape"))
+    entries, skipped = read_runs()
+    assert [entry.endpoint.name for entry in entries] == ["run-good"] and list_runs() == entries
+    assert sorted(skipped) == sorted(f"{runtime / f'run-{name}.json'}: {why}" for name, (_, why) in CORRUPT_ENTRIES.items())
+
+
+def test_attach_lists_the_good_runs_and_says_one_line_for_each_entry_it_skipped(runtime, capsys):
+    from torchlab.core.launch.attach import main as attach
+
+    (runtime / "run-bad.json").write_text('{"pid": 1, "state": "running", "started": "abc"}')
+    good = Endpoint.create("run-good")
+    good.write_info({"pid": os.getpid(), "state": "finished", "step": 3, "started": time.time(), "run_dir": "runs/x"})
+    assert attach([]) == 0
+    out, err = capsys.readouterr()
+    assert "run-good" in out and "run-bad" not in out
+    assert err == (f"torchlab-tui attach: skipped {runtime / 'run-bad.json'}: started: expected a number, got 'abc'; "
+                   "it is not an entry torchlab wrote: remove it.\n")
+
+
+def test_what_attach_prints_of_an_entry_shows_control_characters_escaped(runtime, capsys):
+    """A run_dir of ``\\x1b]0;evil\\x07`` retitled the terminal, ``\\x1b[2J`` cleared it: attach printed them raw."""
+    from torchlab.core.launch.attach import main as attach
+
+    evil = "\x1b]0;evil\x07/runs/\x1b[2J\u202ex"
+    name = "run-\x1b[31mred"
+    entry = Endpoint.create(name)
+    entry.write_info({"pid": os.getpid(), "state": "finished", "step": 3, "started": time.time(), "run_dir": evil,
+                      "workload": "\x1b[2Jmlp"})
+    assert attach([]) == 0
+    assert attach([name]) == 0  # a run that ended: said once, with its directory
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    assert "\\x1b]0;evil\\x07/runs/\\x1b[2J\\u202ex" in out and "run-\\x1b[31mred" in out and "\\x1b[2Jmlp" in out
+
+
+def test_printable_escapes_control_characters_and_keeps_every_other_letter():
+    assert printable("runs/été-\u4e2d\u6587 x") == "runs/été-\u4e2d\u6587 x"
+    assert printable("a\nb\tc\x1b[2J\x7f\u200b\u202e\ud800") == "a\\nb\\tc\\x1b[2J\\x7f\\u200b\\u202e\\ud800"
+
+
+def test_the_runtime_directory_is_refused_unless_it_is_the_users_own_folder_0700(tmp_path, monkeypatch):
+    """Refused as a ConfigError, which every entry point shows as one paragraph (the app included)."""
+    from torchlab.core.wire.errors import ConfigError
+    from torchlab.core.wire.runtime import RuntimeDirError
+
+    (tmp_path / "xdg").mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
+    (tmp_path / "xdg" / "torchlab").mkdir(mode=0o755)
+    with pytest.raises(RuntimeDirError, match=r"has mode 755, not 700: run chmod 700 .*torchlab\.$") as refused:
+        runtime_dir()
+    assert isinstance(refused.value, ConfigError)
+    (tmp_path / "xdg" / "torchlab").rmdir()
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    os.symlink(tmp_path / "elsewhere", tmp_path / "xdg" / "torchlab")
+    with pytest.raises(RuntimeDirError, match="is not a directory"):
+        runtime_dir()
+    (tmp_path / "xdg" / "torchlab").unlink()
+    assert runtime_dir() == tmp_path / "xdg" / "torchlab" and stat.S_IMODE(runtime_dir().stat().st_mode) == 0o700

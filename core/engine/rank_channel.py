@@ -8,7 +8,9 @@ the environment, never on a command line) that it is the rank this supervisor la
 The guarantees are the app socket's: every line is one message of this protocol (``RankMessage``,
 decoded and validated by ``protocol.decode``; nothing is unpickled); a line that is not one is answered
 with ``ChannelRefused`` and journalled (``line_refused``, at most a burst a minute), and the reading goes
-on; a line over the length cap is skipped to its newline and refused the same way. When the channel
+on; a line over the length cap is skipped to its newline and refused the same way, and so is a line that a
+fault of ours meets (a stranger's hello, a report an observer fails on): one refused line, and the channel serves
+on. When the channel
 breaks (rank 0 gone without its outcome, or the supervisor gone), neither side goes on silently: rank 0
 stops at its next step boundary, and the supervisor reports the run as failed with the reason
 (``RankChannel.broken``), unless the launcher names a rank that failed first.
@@ -32,7 +34,7 @@ from torchlab.core.wire.errors import StorageError
 from torchlab.core.wire.line_reader import LineReader
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.events import TRAINER_EVENTS
-from torchlab.core.wire.protocol import decode, Message, ProtocolError, read_payload, StopCommand, trainer_command, TrainerCommand
+from torchlab.core.wire.protocol import decode, fault, Message, ProtocolError, read_payload, StopCommand, trainer_command, TrainerCommand
 from torchlab.core.wire.payloads import MemoryBreakdown, RankFigures, TelemetrySample
 from torchlab.core.wire.runtime import listen_privately, runtime_dir
 from torchlab.core.wire.throttle import RefusedLines
@@ -263,20 +265,30 @@ class RankChannel:
                 continue
             except OSError:
                 return
-            if self._welcomed(connection):  # then relayed rank 0's reports until the end
+            reader = self._hello(connection)
+            if reader is not None:
+                self._welcome(connection, reader)  # then relays rank 0's reports until the end
                 return  # one rank 0 per launch
 
-    def _welcomed(self, connection: socket.socket) -> bool:
-        """Rank 0's hello with this launch's token; anything else is refused and that connection closed."""
+    def _hello(self, connection: socket.socket) -> LineReader | None:
+        """The reader of a connection that said rank 0's hello with this launch's token; anything else is refused
+        and that connection closed (None)."""
         reader = LineReader(connection, MAX_LINE_BYTES)
         try:
             hello = decode(reader.next_line(deadline=time.monotonic() + HELLO_TIMEOUT_S), RankMessage)
             if not isinstance(hello, RankHello) or not hmac.compare_digest(hello.token.encode(), self.token.encode()):
                 raise ProtocolError("expected rank 0's hello with this launch's token")
         except (ProtocolError, EOFError, OSError) as error:
-            self._refuse(connection, str(error), before_hello=True)
-            _close(connection)
-            return False
+            reason = str(error)
+        except Exception as error:  # a fault of ours that this peer's line met: it is refused, the channel serves on
+            reason = f"this connection failed: {fault(error)}"
+        else:
+            return reader
+        self._refuse(connection, reason, before_hello=True)
+        _close(connection)
+        return None
+
+    def _welcome(self, connection: socket.socket, reader: LineReader) -> None:
         connection.settimeout(None)
         with self._lock:
             self._connection = connection
@@ -284,20 +296,24 @@ class RankChannel:
         for command in queued:
             self.send(command)
         self._relay(connection, reader)
-        return True
 
     def _relay(self, connection: socket.socket, reader: LineReader) -> None:
         """Rank 0's reports until it closes the channel; ``broken`` says how it ended if no outcome came."""
         while True:
             try:
-                message = decode(reader.next_line(), RankMessage)
-            except ProtocolError as error:
+                line = reader.next_line()
+            except ProtocolError as error:  # over the length cap: skipped to its newline
                 self._refuse(connection, str(error), before_hello=False)
                 continue
             except (EOFError, OSError) as error:
                 ended_by = _how_it_ended(error)
                 break
-            self._dispatch_or_stop(message, connection)
+            try:
+                self._dispatch_or_stop(decode(line, RankMessage), connection)
+            except ProtocolError as error:
+                self._refuse(connection, str(error), before_hello=False)
+            except Exception as error:  # a fault of ours passing this report on: refused, and the next one read
+                self._refuse(connection, f"this report failed: {fault(error)}", before_hello=False)
         with self._lock:
             self._connection = None
         if self.outcome is None:

@@ -11,6 +11,10 @@ controls a run, so ``q`` in one app never surprises another. ``attach --view`` o
 instead, beside it: any number of them, the same token (only the run's owner can view), keys that would
 change the run refused on the spot, and quitting one leaves the run as it is.
 
+Every string it prints that came from a runtime entry or from the trainer (a run's name, its directory, its
+workload, a refusal) goes through ``runtime.printable``: control characters are shown escaped, never sent to
+the terminal. An entry that is not one (corrupt, a FIFO, a link) is skipped with one line on stderr.
+
 Standard library and the app only: no torch in this process.
 """
 
@@ -25,7 +29,7 @@ import time
 
 from torchlab.core.launch.serve import SERVED_BY_PARENT
 from torchlab.core.wire.errors import TorchlabError
-from torchlab.core.wire.runtime import FINAL_STATES, RunEntry, die_with_parent, find_run, list_runs
+from torchlab.core.wire.runtime import FINAL_STATES, RunEntry, die_with_parent, find_run, printable, read_runs
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -39,7 +43,7 @@ def main(argv: list[str]) -> int:
     try:
         return _attach(args)
     except TorchlabError as error:  # a runtime directory that is not safe to use, say
-        print(f"torchlab-tui attach: {error}", file=sys.stderr)
+        print(f"torchlab-tui attach: {printable(error)}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # `torchlab-tui attach | head -3`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not fail again
@@ -48,7 +52,9 @@ def main(argv: list[str]) -> int:
 
 def _attach(args: argparse.Namespace) -> int:
     if args.run is None:
-        entries = list_runs()
+        entries, skipped = read_runs()
+        for line in skipped:
+            print(f"torchlab-tui attach: skipped {printable(line)}; it is not an entry torchlab wrote: remove it.", file=sys.stderr)
         print(format_runs(entries) if entries else "No runs: start one with `torchlab-tui WORKLOAD`.")
         forget_gone_runs(entries)
         live = [entry for entry in entries if entry.live]
@@ -57,26 +63,27 @@ def _attach(args: argparse.Namespace) -> int:
                 print("\nSeveral runs are live: `torchlab-tui attach NAME` opens one.")
             return EXIT_OK
         if not sys.stdout.isatty():  # a listing piped or captured: the app would draw into the pipe
-            print(f"\nNot opened (the output is not a terminal): `torchlab-tui attach {live[0].endpoint.name}` from one.")
+            print(f"\nNot opened (the output is not a terminal): `torchlab-tui attach {printable(live[0].endpoint.name)}` from one.")
             return EXIT_OK
         entry = live[0]
     else:
         try:
             entry = find_run(args.run)
         except LookupError as error:
-            print(f"torchlab-tui attach: {error}", file=sys.stderr)
+            print(f"torchlab-tui attach: {printable(error)}", file=sys.stderr)
             return EXIT_USAGE
     return open_run(entry, view=args.view)
 
 
 def open_run(entry: RunEntry, *, view: bool = False) -> int:
     """The workbench on ``entry``'s trainer, or, if that trainer has ended, what became of it."""
-    name, info = entry.endpoint.name, entry.info
+    info = entry.info
+    name, run_dir = printable(entry.endpoint.name), printable(info.get("run_dir"))
     state = entry.state
     if state in FINAL_STATES or state == "gone":
         how = (f"{state} at step {info.get('step')}" if state != "gone"
                else f"gone without a word at step {info.get('step')} (killed?); its last checkpoint is in the run directory")
-        print(f"{name}: {how}.\nRun directory: {info.get('run_dir')}")
+        print(f"{name}: {printable(how)}.\nRun directory: {run_dir}")
         entry.endpoint.remove()
         return EXIT_OK
     if info.get("attached") and not view:
@@ -99,13 +106,13 @@ def open_run(entry: RunEntry, *, view: bool = False) -> int:
     tune_garbage_collection()  # freezes what exists, then enables the collector
     app.run()
     if link.refused is not None:
-        print(f"torchlab-tui attach: {name}: {link.refused}", file=sys.stderr)
+        print(f"torchlab-tui attach: {name}: {printable(link.refused)}", file=sys.stderr)
         return EXIT_FAILED
     if view:
         print(f"Stopped viewing {name}; it goes on as it was.", file=sys.stderr)
     elif app.run_state.detached:
-        print(f"Detached from {name}: {app.run_state.after_detach}. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
-    print(f"Run directory: {info.get('run_dir')}", file=sys.stderr)
+        print(f"Detached from {name}: {printable(app.run_state.after_detach)}. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
+    print(f"Run directory: {run_dir}", file=sys.stderr)
     return app.return_code or EXIT_OK
 
 
@@ -136,8 +143,9 @@ def format_runs(entries: list[RunEntry]) -> str:
         info = entry.info
         steps = f"/{info['steps']}" if info.get("steps") else ""
         state = entry.state + (", app attached" if entry.live and info.get("attached") else "")
-        rows.append((entry.endpoint.name, f"{info.get('step', 0)}{steps}", state, _since(now - float(info.get("started") or now)) + " ago"))
-        places.append(f"  {info.get('workload', '') or '?'} · {_home(str(info.get('run_dir', '')))}")
+        rows.append((printable(entry.endpoint.name), f"{info.get('step', 0)}{steps}", printable(state),
+                     _since(now - float(info.get("started") or now)) + " ago"))
+        places.append(f"  {printable(info.get('workload', '') or '?')} · {printable(_home(str(info.get('run_dir', ''))))}")
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     if sum(widths) + 2 * (len(widths) - 1) > LISTING_WIDTH:
         lines = []

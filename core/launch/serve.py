@@ -6,23 +6,37 @@ Each browser tab runs ``torchlab-tui attach --view RUN`` (read-only) in a proces
 server listens on ``127.0.0.1`` only, and a port on the loopback is open to every user of the machine, so the
 page takes a key: the link printed here carries it, the first page sets it as a cookie, and any request
 without it is refused. Only who can read this terminal (the run's owner) can open the page.
+
+A cookie goes with every request the browser makes to this host, whichever page asks: another user's page on
+``127.0.0.1`` (another port is the same site, for a cookie) or a name an attacker's DNS points at 127.0.0.1 (DNS
+rebinding) could have driven the websocket with it. So before any key or cookie counts, a request must name
+this server in its ``Host`` (127.0.0.1, localhost or [::1], at its port), and its ``Origin``, which a websocket
+from a browser always carries, must be this server's: anything else gets 403.
+
+The port is bound before the link is printed (``--port`` 0 or none: one the system chooses), so the link is
+the one served; a port that cannot be had (in use, out of range) is one paragraph and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import errno
 import hmac
 import logging
 import secrets
 import shlex
+import signal
 import socket
 import sys
 
 from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE
 from torchlab.core.wire.errors import TorchlabError
-from torchlab.core.wire.runtime import FINAL_STATES, RunEntry, find_run, list_runs
+from torchlab.core.wire.runtime import FINAL_STATES, RunEntry, find_run, list_runs, printable
 
 HOST = "127.0.0.1"
+#: The names a browser on this machine (or at the near end of ``ssh -L``) may give this server in its Host.
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 COOKIE = "torchlab_key"
 INSTALL_HINT = "pip install 'torchlab-tui[serve]' (or pip install textual-serve)"
 #: Set in the environment of the app each browser tab runs: it ends when the server does (attach.py).
@@ -33,20 +47,21 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="torchlab-tui serve", description=__doc__.split("\n\n")[0])
     parser.add_argument("run", nargs="?", help="the run's name (or a unique prefix) or its run directory; default: the one live run")
     parser.add_argument("--control", action="store_true", help="the page controls the run (one app may): not read-only")
-    parser.add_argument("--port", type=int, default=0, help="the port to listen on (default: a free one, printed)")
+    parser.add_argument("--port", type=int, default=0, help="the port to listen on (default, or 0: a free one, printed)")
     args = parser.parse_args(argv)
     try:
         entry = _chosen_run(args.run)
-        server = keyed_server(entry, control=args.control, port=args.port or free_port())
+        with listen_on(args.port) as listener:
+            server = keyed_server(entry, control=args.control, port=listener.getsockname()[1])
+            how = "controlling it" if args.control else "read-only"
+            print(f"Serving {printable(entry.endpoint.name)} ({how}) on {HOST}:{server.port}. From your machine:\n"
+                  f"  ssh -L {server.port}:{HOST}:{server.port} <this host>\n"
+                  f"  then open http://{HOST}:{server.port}/?key={server.key}\n"
+                  f"Each tab is a viewer of its own; Ctrl-C stops serving (the run goes on).", file=sys.stderr, flush=True)
+            server.serve_on(listener)
     except TorchlabError as error:
-        print(f"torchlab-tui serve: {error}", file=sys.stderr)
+        print(f"torchlab-tui serve: {printable(error)}", file=sys.stderr)
         return EXIT_USAGE
-    how = "controlling it" if args.control else "read-only"
-    print(f"Serving {entry.endpoint.name} ({how}) on {HOST}:{server.port}. From your machine:\n"
-          f"  ssh -L {server.port}:{HOST}:{server.port} <this host>\n"
-          f"  then open http://{HOST}:{server.port}/?key={server.key}\n"
-          f"Each tab is a viewer of its own; Ctrl-C stops serving (the run goes on).", file=sys.stderr, flush=True)
-    server.serve()
     return EXIT_OK
 
 
@@ -67,10 +82,45 @@ def _chosen_run(selector: str | None) -> RunEntry:
     return entry
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((HOST, 0))
-        return probe.getsockname()[1]
+def listen_on(port: int) -> socket.socket:
+    """A socket listening on ``HOST`` at ``port`` (0: one the system chooses), or TorchlabError saying why not."""
+    if not 0 <= port <= 65535:
+        raise TorchlabError(f"--port {port} is not a port: give one from 1 to 65535, or leave it out for a free one.")
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds: a port in TIME_WAIT is free
+        listener.bind((HOST, port))
+        listener.listen(socket.SOMAXCONN)
+    except OSError as error:
+        listener.close()
+        if error.errno == errno.EADDRINUSE:
+            why = "is in use (another server listens there)"
+        elif error.errno == errno.EACCES:
+            why = "needs privileges this user does not have (a port below 1024 does)"
+        else:
+            why = f"cannot be listened on ({error.strerror or error})"
+        raise TorchlabError(f"port {port} on {HOST} {why}: choose another --port, or leave it out for a free one.") from None
+    return listener
+
+
+def foreign(request, port: int) -> str | None:
+    """Why ``request`` is not one this server's own page made (its answer: 403), or None.
+
+    ``Host`` must name this server at ``port``: a rebound name (``evil.example``, resolving to 127.0.0.1) is another
+    site to the browser, so its page could read what this server answers. ``Origin``, which a browser sets and a page
+    cannot, must be this server's own (a page of another port is another origin though the same site); a websocket
+    without one is no browser's, and is refused too."""
+    authorities = {f"{name}:{port}" for name in LOOPBACK_NAMES}
+    here = f"http://{HOST}:{port}/"
+    if request.headers.get("Host", "").lower() not in authorities:
+        return (f"This view answers only at {here}, the address torchlab-tui serve printed (through SSH, forward the same "
+                f"port: ssh -L {port}:{HOST}:{port}).\n")
+    origin = request.headers.get("Origin")
+    if origin is None and request.headers.get("Upgrade", "").lower() == "websocket":
+        return "This view's websocket is opened by its own page, which says where it comes from (Origin).\n"
+    if origin is not None and origin.lower() not in {f"http://{authority}" for authority in authorities}:
+        return f"This view answers only its own page, at {here}: a page of another address or port may not use it.\n"
+    return None
 
 
 def keyed_server(entry: RunEntry, *, control: bool, port: int):
@@ -101,10 +151,21 @@ def keyed_server(entry: RunEntry, *, control: bool, port: int):
             app.middlewares.insert(0, self._require_key)
             return app
 
+        def serve_on(self, listener: socket.socket) -> None:
+            """``Server.serve`` on ``listener``, bound (and its port printed) before: the link printed is the one served."""
+            self.initialize_logging()
+            loop = asyncio.new_event_loop()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, self.request_exit)
+            web.run_app(self._make_app(), sock=listener, handle_signals=False, loop=loop, print=lambda *args: None)
+
         @web.middleware
         async def _require_key(self, request: web.Request, handler):
+            refusal = foreign(request, self.port)  # before the key: a cookie comes with a foreign page's request too
+            if refusal is not None:
+                return web.Response(status=403, text=refusal)
             given = request.query.get("key") or request.cookies.get(COOKIE, "")
-            if not hmac.compare_digest(given.encode(), self.key.encode()):
+            if not hmac.compare_digest(given.encode("utf-8", "replace"), self.key.encode()):
                 return web.Response(status=403, text="This view needs the link torchlab-tui serve printed (with its key).\n")
             response = await handler(request)
             if request.query.get("key"):  # the first page: the tab's later requests (its websocket) carry the cookie

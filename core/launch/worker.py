@@ -40,7 +40,7 @@ from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.outbox import Outbox
 from torchlab.core.wire.payloads import ModuleInfo, RankProcess, RunInfo, TelemetrySample
 from torchlab.core.wire.runtime import Endpoint, die_with_parent
-from torchlab.core.wire.throttle import RefusedLines
+from torchlab.core.wire.throttle import RefusedCommands, RefusedLines
 
 #: The parent-death signal: its own signal, so that a detached trainer can ignore it while a plain
 #: SIGTERM (someone's ``kill``) still stops it.
@@ -186,6 +186,7 @@ class Worker:
         args = build_parser().parse_args(self.training_args)
         directory = RunDirectory(self.run_dir)
         self._open_journal(directory)
+        journal = RefusedCommands(directory)  # the trainer's refusals of the app's commands: a burst a minute
         try:
             try:
                 plan = plan_training(args)
@@ -196,7 +197,7 @@ class Worker:
                 self.reporter.impact = impact
                 supervisor = Supervisor(
                     plan.config,
-                    observers=[directory, config_record, impact, self.reporter, *tensorboard_observers(plan.config)],
+                    observers=[journal, config_record, impact, self.reporter, *tensorboard_observers(plan.config)],
                     run_dir=directory.path,
                     resume_from=plan.resume,
                     explicit_options=plan.explicit_options,
@@ -219,6 +220,7 @@ class Worker:
                     self._welcome = p.Welcome(run=self._run_info(None), modules=[], options={}, state=self.reporter.state, step=self.reporter.step)
                     self._ready.set()
         finally:
+            journal.close(self.reporter.step)
             self._close_journal()
             directory.close()
         return exit_code(outcome.status)

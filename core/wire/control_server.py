@@ -12,7 +12,12 @@ without a word (``attach`` probing whether anyone serves the socket) is no refus
 
 Before its hello a connection has ``HELLO_TIMEOUT_S`` in all to send it, and at most
 ``MAX_AWAITING_HELLO`` connections wait for theirs at once: each holds a thread and a descriptor, so a
-burst of idle connections must not exhaust either (the next one is refused at once, without a thread).
+burst of idle connections must not exhaust either. A new connection takes the place of the oldest one
+waiting, which is told so and closed: idle connections, however many and however long they are kept,
+never keep out the app, whose hello comes at once.
+
+Whatever goes wrong serving one connection, a fault of ours included, is that connection's end (or that
+command's refusal), said as one refused line: never a dead thread, a traceback, or a peer left waiting.
 
 Standard library only, plus the protocol: what a command *does* is the ``on_command`` callback's
 business (the worker maps commands onto the trainer).
@@ -39,6 +44,7 @@ from torchlab.core.wire.protocol import (
     Refused,
     Welcome,
     decode,
+    fault,
 )
 from torchlab.core.wire.runtime import listen_privately
 
@@ -47,6 +53,9 @@ MAX_VIEWERS = 32
 #: What a viewer's command is answered with (its app refuses the keys itself; this is for any other client).
 READ_ONLY = "this is a read-only view of the run: commands come from the app that controls it"
 MAX_AWAITING_HELLO = 64
+#: What the oldest connection awaiting its hello is told when a new one takes its place.
+DROPPED_FOR_A_NEWER = (f"closed before a hello came: at most {MAX_AWAITING_HELLO} connections wait for theirs, "
+                       "and a newer one took this one's place; connect again and say hello at once")
 #: How long the accept loop waits after ``accept`` failed for want of descriptors or memory (EMFILE and
 #: the like): the connections holding them end within HELLO_TIMEOUT_S, and then the app can connect again.
 ACCEPT_RETRY_S = 0.1
@@ -88,7 +97,10 @@ class ControlServer:
         self._on_client_gone = on_client_gone
         self._on_client_attached = on_client_attached
         self._on_refused = on_refused
-        self._awaiting_hello = 0  # connections accepted whose hello has not been read yet
+        # Connections accepted whose hello has not been read yet, oldest first (a dict kept as an ordered set),
+        # and those of them dropped for a newer one, until their threads have seen it.
+        self._awaiting: dict[socket.socket, None] = {}
+        self._dropped: set[socket.socket] = set()
         self._awaiting_lock = threading.Lock()
         self._controller: socket.socket | None = None
         self._controller_lock = threading.Lock()  # and the viewers, and the senders list
@@ -145,28 +157,62 @@ class ControlServer:
                 # socket must go on serving, or the app could never attach again.
                 self._closed.wait(ACCEPT_RETRY_S)
                 continue
-            with self._awaiting_lock:
-                admitted = self._awaiting_hello < MAX_AWAITING_HELLO
-                self._awaiting_hello += admitted
-            if not admitted:
+            self._await_hello(connection)
+            try:
+                threading.Thread(target=self._serve, args=(connection,), name="torchlab-connection", daemon=True).start()
+            except RuntimeError as error:  # no thread to be had (the process's limit): this one is lost, not the socket
+                self._settle(connection)
                 connection.setblocking(False)  # this thread accepts for everyone: it never waits on one peer
-                self._refuse(connection, f"too many connections awaiting hello (at most {MAX_AWAITING_HELLO}); try again", before_hello=True)
-                continue
-            threading.Thread(target=self._serve, args=(connection,), name="torchlab-connection", daemon=True).start()
+                self._refuse(connection, f"no thread to serve this connection ({fault(error)}); try again", before_hello=True)
+
+    def _await_hello(self, connection: socket.socket) -> None:
+        """Count ``connection`` among those awaiting their hello; if that makes too many, drop the oldest. Its
+        thread, reading, sees the end of its input at once and says why (this thread accepts for everyone: it
+        never waits on one peer)."""
+        with self._awaiting_lock:
+            if len(self._awaiting) >= MAX_AWAITING_HELLO:
+                oldest = next(iter(self._awaiting))
+                del self._awaiting[oldest]
+                self._dropped.add(oldest)
+                try:
+                    oldest.shutdown(socket.SHUT_RD)
+                except OSError:
+                    pass  # its peer is gone already: its thread is ending
+            self._awaiting[connection] = None
+
+    def _settle(self, connection: socket.socket) -> bool:
+        """``connection`` awaits its hello no longer; whether it was dropped for a newer one."""
+        with self._awaiting_lock:
+            self._awaiting.pop(connection, None)
+            dropped = connection in self._dropped
+            self._dropped.discard(connection)
+        return dropped
+
+    def _was_dropped(self, connection: socket.socket) -> bool:
+        with self._awaiting_lock:
+            return connection in self._dropped
 
     def _serve(self, connection: socket.socket) -> None:
         try:
             hello = self._read_hello(connection)
+        except Exception as error:  # a fault of ours that this peer's line met: it is refused, the socket serves on
+            self._refuse(connection, f"this connection failed: {fault(error)}", before_hello=True)
+            hello = None
         finally:
-            with self._awaiting_lock:
-                self._awaiting_hello -= 1
+            dropped = self._settle(connection)
+        if hello is not None and dropped:  # its hello came as it was dropped: it can be read from no more
+            self._refuse(connection, DROPPED_FOR_A_NEWER, before_hello=True)
+            return
         if hello is None:
             return
         reader, view = hello
-        if view:
-            self._serve_viewer(connection, reader)
-        else:
-            self._serve_app(connection, reader)
+        try:
+            if view:
+                self._serve_viewer(connection, reader)
+            else:
+                self._serve_app(connection, reader)
+        except Exception as error:  # each cleans up after itself on the way out; the peer is told, the run journals it
+            self._refuse(connection, f"this connection failed: {fault(error)}", before_hello=False)
 
     def _read_hello(self, connection: socket.socket) -> tuple[LineReader, bool] | None:
         """The reader of a connection that said a hello with this run's token and whether it asked to view only,
@@ -175,7 +221,9 @@ class ControlServer:
         try:
             hello = decode(reader.next_line(deadline=time.monotonic() + HELLO_TIMEOUT_S))
         except (ProtocolError, OSError, EOFError) as error:
-            if isinstance(error, EOFError) and not reader.received:  # a probe: it said nothing, so nothing was refused
+            if self._was_dropped(connection):  # its input was ended here, for a newer connection
+                self._refuse(connection, DROPPED_FOR_A_NEWER, before_hello=True)
+            elif isinstance(error, EOFError) and not reader.received:  # a probe: it said nothing, so nothing was refused
                 _refuse(connection, f"expected a hello with a token first: {error}")
             else:
                 self._refuse(connection, f"expected a hello with a token first: {error}", before_hello=True)
@@ -277,7 +325,12 @@ class ControlServer:
                 _send_quietly(connection, Refused(reason=str(error)))
                 self._on_refused(str(error), False)
                 continue
-            self._on_command(command)  # detach too: whether to accept it is the worker's decision
+            try:
+                self._on_command(command)  # detach too: whether to accept it is the worker's decision
+            except Exception as error:  # a fault of ours acting on it: this command is refused, the app stays attached
+                reason = f"this command failed: {fault(error)}"
+                _send_quietly(connection, Refused(reason=reason))
+                self._on_refused(reason, False)
 
     def _refuse(self, connection: socket.socket, reason: str, *, before_hello: bool) -> None:
         """Answer with the reason, close the connection, and pass the refusal on."""

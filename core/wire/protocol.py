@@ -3,8 +3,9 @@
 Standard library only: the app imports this without torch. One message is one line of UTF-8 JSON,
 ``{"v": 5, "type": "<name>", ...fields}``, at most ``MAX_LINE_BYTES``. Nothing is ever unpickled.
 ``decode`` turns a line into a message object or raises ``ProtocolError`` with a reason fit to send
-back; a peer that receives garbage answers with a ``Refused`` event and goes on (or closes only that
-connection), never crashes.
+back (text that is not Unicode, half of a surrogate pair escaped alone, is such a line: every string of a
+decoded message can be encoded and compared); a peer that receives garbage answers with a ``Refused`` event
+and goes on (or closes only that connection), never crashes.
 
 Commands go from the app to the trainer; events from the trainer to the app. Per-module gradient norms
 travel as arrays aligned with the module names sent once in ``Welcome``. The payloads nested in events (the
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar, TypeVar, get_args, get_origin
@@ -96,16 +98,23 @@ def _cut(text: str) -> str:
     return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
 
 
+def fault(error: BaseException) -> str:
+    """A fault of ours that one peer's line met, as the refusal that ends it says it: its kind and message, cut
+    short (a message may repeat what the peer sent). Each socket answers such a fault with this, and goes on."""
+    text = f"{type(error).__name__}: {error}".encode("utf-8", "backslashreplace").decode("utf-8")  # no half surrogate
+    return text if len(text) <= 2 * SHOWN_CHARS else text[: 2 * SHOWN_CHARS - 3] + "..."
+
+
 def _some(items: list, shown: int = 3) -> str:
     """The first ``shown`` of ``items`` and how many more: a peer decides how many there are."""
     more = f" and {len(items) - shown} more" if len(items) > shown else ""
     return ", ".join(items[:shown]) + more
 
 
-def decode(line: bytes | str, protocol: type[Message] = Message) -> Message:
+def decode(line: bytes | bytearray | str, protocol: type[Message] = Message) -> Message:
     """Parse one line into a message of ``protocol`` (the app's by default), validating version, type and
     every field."""
-    if isinstance(line, bytes):
+    if isinstance(line, (bytes, bytearray)):
         if len(line) > protocol.max_line_bytes:
             raise ProtocolError(f"message of {len(line)} bytes exceeds the limit of {protocol.max_line_bytes}")
         try:
@@ -116,6 +125,7 @@ def decode(line: bytes | str, protocol: type[Message] = Message) -> Message:
         payload = json.loads(line)
     except (ValueError, RecursionError):  # ValueError: bad JSON, or an integer over Python's 4300-digit limit
         raise ProtocolError("message is not valid JSON (or holds a number too long to read, or nests too deep)") from None
+    _require_unicode(line, payload)
     if not isinstance(payload, dict):
         raise ProtocolError("message must be a JSON object")
     version = payload.pop("v", None)
@@ -128,6 +138,27 @@ def decode(line: bytes | str, protocol: type[Message] = Message) -> Message:
     message = _read_object(cls, payload, kind)
     message.validate()
     return message
+
+
+#: A JSON escape of half of a surrogate pair: the only way a decoded line can hold text that is not Unicode.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _require_unicode(line: str, payload: Any) -> None:
+    """ProtocolError if a string of ``payload`` (a name or a value, however deep) holds half of a surrogate pair.
+
+    JSON may escape one half alone (``"\\ud800"``), and ``json.loads`` takes it: the str it makes fails only when
+    it is encoded, far from the socket (the token's comparison killed an accept thread). Both halves in order are
+    one character (strict_json escapes an emoji so), which the check lets through. Only a line with such an escape
+    is checked, by encoding what it decoded to: the common line costs one regex scan."""
+    if _SURROGATE_ESCAPE.search(line) is None:
+        return
+    try:
+        json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProtocolError("message holds text that is not Unicode (half of a surrogate pair, escaped alone)") from None
+    except RecursionError:  # json.loads read this depth; its encoder may give up a little sooner
+        raise ProtocolError("message is not valid JSON (or holds a number too long to read, or nests too deep)") from None
 
 
 def read_payload(kind: Any, data: Any, path: str) -> Any:

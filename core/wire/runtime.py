@@ -2,17 +2,26 @@
 
 Standard library only, and the errors module (the app uses it too). ``$XDG_RUNTIME_DIR/torchlab``
 when that is set, else ``/tmp/torchlab-<uid>``. An existing directory is used only if it is a real
-directory (not a symlink), owned by this user, with mode 0700; anything else is refused rather than trusted.
+directory (not a symlink), owned by this user, with mode 0700; anything else is refused rather than trusted
+(``RuntimeDirError``, a ConfigError: one paragraph wherever it is met).
 
 Each run has ``<name>.sock``, ``<name>.token`` and ``<name>.json``: what ``torchlab-tui attach``
 lists (workload, run directory, step, state, since when, whether an app is attached). The trainer
 rewrites the JSON as the run goes; a detached run that ends leaves it behind with its final state,
 so ``attach`` can say the run finished and where its directory is.
+
+Tokens and entries are opened as a run's files are (core/wire/safe_open.py): never through a link, and only
+when regular, so a FIFO there cannot block a listing. An entry is read as data someone else may have written:
+one that is not a JSON object of the fields and types a trainer writes (``"started": "abc"``, a 70-bit pid,
+nesting 100,000 deep) is skipped, with a line saying why (``read_runs``), never a traceback. What ``attach``
+and ``serve`` print of an entry goes through ``printable``: a ``run_dir`` holding ``\\x1b]0;evil\\x07`` shows as
+those characters, escaped, not as a new title for the terminal.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import secrets
@@ -26,12 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.wire.errors import TorchlabError
+from torchlab.core.wire.errors import ConfigError, shown
+from torchlab.core.wire.safe_open import UnsafeFileError, open_regular, read_regular_bytes, read_regular_text
 
 
-class RuntimeDirError(OSError, TorchlabError):
+class RuntimeDirError(OSError, ConfigError):
     """The runtime directory exists but is not safe to use; the message says why (and what to do), and
-    every entry point shows it as one paragraph (it is a TorchlabError)."""
+    every entry point shows it as one paragraph (it is a ConfigError; an OSError too, as the folder's trouble is)."""
 
 
 def runtime_dir() -> Path:
@@ -56,6 +66,11 @@ def runtime_dir() -> Path:
     return path
 
 
+#: A token is 64 hexadecimal digits; an entry a few hundred bytes (its training arguments are the most of it).
+MAX_TOKEN_BYTES = 4096
+MAX_ENTRY_BYTES = 1 << 20
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """The socket a trainer serves and the file holding the token a client must present."""
@@ -72,8 +87,8 @@ class Endpoint:
         return endpoint
 
     def create_token(self) -> None:
-        """A new random token in a file only this user can read."""
-        descriptor = os.open(self.token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        """A new random token in a file only this user can read (never written through a link)."""
+        descriptor = open_regular(self.token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(descriptor, "w") as handle:
             handle.write(secrets.token_hex(32))
 
@@ -86,12 +101,13 @@ class Endpoint:
         return self.socket_path.with_suffix(".json")
 
     def read_token(self) -> str:
-        return self.token_path.read_text().strip()
+        """The token, from a regular file (UnsafeFileError for a link or a FIFO, which would block)."""
+        return read_regular_text(self.token_path, MAX_TOKEN_BYTES).strip()
 
     def write_info(self, info: dict[str, Any]) -> None:
         """Replace ``<name>.json`` atomically (0600): a reader sees the old or the new version, whole."""
         temporary = self.info_path.with_suffix(f".json.tmp-{os.getpid()}")
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        descriptor = open_regular(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(descriptor, "w") as handle:
             json.dump({**info, "name": self.name, "updated": time.time()}, handle)
         os.replace(temporary, self.info_path)
@@ -207,7 +223,13 @@ def _older_than(path: Path, age_s: float, now: float) -> bool:
 
 
 def list_runs() -> list[RunEntry]:
-    """Every run this user has in the runtime directory, oldest first (unreadable entries are skipped).
+    """Every run this user has in the runtime directory, oldest first (entries that are not one are skipped)."""
+    return read_runs()[0]
+
+
+def read_runs() -> tuple[list[RunEntry], list[str]]:
+    """Every run this user has in the runtime directory, oldest first, and a line for each entry skipped: its
+    path and why it is not a run's entry (a FIFO, a link, not JSON, a field of the wrong type).
 
     Leftovers of killed trainers are swept first (see ``sweep_leftovers``). An entry whose socket is old
     enough and refuses a connection is marked ``unserved``: its trainer is gone (``attach`` lists it once).
@@ -215,19 +237,86 @@ def list_runs() -> list[RunEntry]:
     directory = runtime_dir()
     sweep_leftovers(directory)
     now = time.time()
-    entries = []
+    entries, skipped = [], []
     for info_path in directory.glob("*.json"):
         try:
-            info = json.loads(info_path.read_text())
-        except (OSError, ValueError):
+            info = read_entry(info_path)
+        except FileNotFoundError:  # removed since the listing: a run's end, or attach forgetting one
             continue
-        if not isinstance(info, dict):
+        except (UnsafeFileError, EntryError, OSError) as error:
+            skipped.append(f"{info_path}: {_why_skipped(error)}")
             continue
         stem = info_path.with_suffix("")
         endpoint = Endpoint(stem.with_suffix(".sock"), stem.with_suffix(".token"))
-        unserved = str(info.get("state")) not in FINAL_STATES and _abandoned(endpoint.socket_path, now)
+        unserved = info.get("state") not in FINAL_STATES and _abandoned(endpoint.socket_path, now)
         entries.append(RunEntry(endpoint, info, unserved))
-    return sorted(entries, key=lambda entry: float(entry.info.get("started") or 0))
+    return sorted(entries, key=lambda entry: entry.info.get("started") or 0), skipped
+
+
+class EntryError(ValueError):
+    """An entry of the runtime directory that is not one a trainer writes; the message says what is wrong."""
+
+
+def read_entry(path: Path) -> dict[str, Any]:
+    """The run entry at ``path``: a regular file (never a link or a FIFO) of at most ``MAX_ENTRY_BYTES``, holding a
+    JSON object whose fields a trainer writes are of the types it writes them (others are let be); or EntryError,
+    UnsafeFileError or OSError saying why not."""
+    data = read_regular_bytes(path, MAX_ENTRY_BYTES + 1)
+    if len(data) > MAX_ENTRY_BYTES:
+        raise EntryError(f"larger than {MAX_ENTRY_BYTES} bytes")
+    try:
+        info = json.loads(data)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError too
+        raise EntryError("not JSON (or nested too deep, or a number too long to read)") from None
+    if not isinstance(info, dict):
+        raise EntryError("not a JSON object")
+    for key, (accepts, expected) in _ENTRY_FIELDS.items():
+        if key in info and not accepts(info[key]):
+            raise EntryError(f"{key}: expected {expected}, got {shown(info[key])}")
+    return info
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
+def _is_time(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 <= value < 1e11
+
+
+#: The fields of an entry (as core/launch/worker.py writes them) that are read, and what each must be.
+_ENTRY_FIELDS: dict[str, tuple[Any, str]] = {
+    "pid": (lambda value: _is_count(value) and 0 < value < 2**31, "a process id"),  # what os.kill takes
+    "run_dir": (lambda value: isinstance(value, str), "text"),
+    "workload": (lambda value: isinstance(value, str), "text"),
+    "name": (lambda value: isinstance(value, str), "text"),
+    "state": (lambda value: isinstance(value, str), "text"),
+    "started": (_is_time, "a number"),
+    "updated": (_is_time, "a number"),
+    "step": (_is_count, "a count"),
+    "steps": (lambda value: value is None or _is_count(value), "a count or null"),
+    "attached": (lambda value: isinstance(value, bool), "true or false"),
+    "training_args": (lambda value: isinstance(value, list) and all(isinstance(item, str) for item in value), "a list of text"),
+}
+
+
+def _why_skipped(error: UnsafeFileError | EntryError | OSError) -> str:
+    if isinstance(error, UnsafeFileError):
+        return f"{error.kind}, not a regular file"
+    if isinstance(error, OSError):
+        return error.strerror or str(error)
+    return str(error)
+
+
+def printable(text: object) -> str:
+    """``text`` as a terminal may show it: control characters (escape sequences, a bell, a bidi override, half a
+    surrogate) written as Python escapes them, ``\\x1b``; every other letter, of any script, as it is. What
+    ``attach`` and ``serve`` print of a runtime entry or of a peer goes through here: a name or path someone else
+    chose must not retitle, clear or rewrite the user's terminal."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
 def find_run(selector: str) -> RunEntry:

@@ -1,10 +1,12 @@
-"""Refused lines in the run's journal, and the limit on how often they reach it.
+"""Refusals in the run's journal, and the one rule that limits how often a peer can put one there.
 
-Refused lines (garbage on the app's socket, a bad line on the rank channel) belong in ``events.jsonl``:
-they say someone or something spoke nonsense to the run. A flood of them must not bury the run's own
-events or fill the disk, so each source journals at most ``burst`` of them per ``window_s`` and counts
-the rest; the next record let through carries that count (``held_back``), and at the end ``flush``
-gives what is left to count, so nothing goes unsaid.
+A peer can make the run refuse without end: garbage on the app's socket, a bad line on the rank channel (refused
+lines), and commands that read well but that the trainer will not carry out (a `set` of an unknown option, a
+trial it cannot run). They belong in ``events.jsonl``: they say someone or something spoke nonsense to the run.
+A flood of them must not bury the run's own events or fill the disk (a flood of unknown options added 2.5 MB/s),
+so each source journals at most ``burst`` of them per ``window_s`` and counts the rest; the count reaches the
+journal with the next one let through (a refused line's ``held_back``; before a refused command, a
+``lines_refused_unrecorded`` record), and at the end the rest is counted, so nothing goes unsaid.
 """
 
 from __future__ import annotations
@@ -12,8 +14,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
+from torchlab.core.wire.errors import StorageError
 from torchlab.core.wire.events import LineRefused, LinesRefusedUnrecorded
+from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.wire.payloads import TelemetrySample
+from torchlab.core.wire.protocol import Message, OptionRefused, TrialResult
 
 
 class Throttle:
@@ -71,3 +78,47 @@ class RefusedLines:
         if not count:
             return None
         return LinesRefusedUnrecorded(step=step, channel=self.channel, count=count)
+
+
+def refuses_a_command(event: Message) -> bool:
+    """Whether ``event`` is the trainer refusing a command it was sent: an option it will not set or a profile it
+    will not take (``option_refused``), a trial it could not run (a ``trial_result`` with an error)."""
+    return isinstance(event, OptionRefused) or (isinstance(event, TrialResult) and event.error is not None)
+
+
+class RefusedCommands(TrainerObserver):
+    """The run's journal (``journal``) as the trainer reports to it, with its refusals of commands held to the rule
+    of refused lines: at most a burst a window, the rest counted (``lines_refused_unrecorded``, channel
+    ``commands``). Everything else passes as it is. The app is told of every refusal all the same: only the
+    journal is spared. ``close`` counts what is left, at the run's end."""
+
+    channel = "commands"
+
+    def __init__(self, journal: TrainerObserver) -> None:
+        self._journal = journal
+        self._refusals = RefusedLines(self.channel)
+
+    def on_metrics(self, record: dict[str, Any]) -> None:
+        self._journal.on_metrics(record)
+
+    def on_telemetry(self, sample: TelemetrySample) -> None:
+        self._journal.on_telemetry(sample)
+
+    def on_event(self, event: Message) -> None:
+        if refuses_a_command(event):
+            held_back = self._refusals.throttle.admit()
+            if held_back is None:
+                return
+            if held_back:
+                self._journal.on_event(LinesRefusedUnrecorded(step=event.step, channel=self.channel, count=held_back))
+        self._journal.on_event(event)
+
+    def close(self, step: int) -> None:
+        """At the end: journal the count of the refusals held back since the last one written, if any were."""
+        unrecorded = self._refusals.unrecorded(step)
+        if unrecorded is None:
+            return
+        try:
+            self._journal.on_event(unrecorded)
+        except StorageError:
+            pass  # the run is over and its journal full: only this count is lost, and the run's own end stands

@@ -120,3 +120,21 @@ def test_a_number_too_large_for_any_option_is_refused_not_a_failed_run(link_for)
     seen.until(lambda m: isinstance(m, p.Metrics) and m.records[-1]["step"] > applied.step)
     assert not seen.of(p.Error) and link.process.poll() is None
     assert max(len(line) for line in (link.run_dir / "events.jsonl").read_text().splitlines()) < 4000
+
+
+def test_a_flood_of_sets_the_trainer_refuses_reaches_the_journal_as_a_burst_and_a_count(link_for):
+    """Lines refused on the socket were held to a burst a minute in events.jsonl; a `set` of an unknown option
+    reads as a valid command, and the trainer's refusal of it was journalled every time: a flood of them added
+    2.5 MB/s to the journal. Every refusal a peer can cause reaches the journal by the one rule."""
+    link, seen = link_for(f"{TINY}:workload", "--steps", "1000000", "--checkpoint-every", "0")
+    seen.until(lambda m: isinstance(m, p.Metrics))
+    flood = 2000
+    link._socket.sendall(b"".join(p.SetCommand(option=f"no_such_option_{n}", value=1).encode() for n in range(flood)))
+    seen.until(lambda m: len(seen.of(p.OptionRefused)) == flood)  # the app is told of each one
+    assert "unknown" in seen.of(p.OptionRefused)[0].reason
+    journalled = [e for e in journal(link) if e["event"] == "option_refused"]
+    assert len(journalled) == THROTTLE_BURST
+    assert link.close(grace_s=60) == 0
+    [unrecorded] = [e for e in journal(link) if e["event"] == "lines_refused_unrecorded"]
+    assert unrecorded["count"] == flood - THROTTLE_BURST and unrecorded["channel"] == "commands"
+    assert len(journal(link)) < 200
