@@ -53,7 +53,7 @@ def run_headless(
         outcome = run_quiet_rank(config, external, run_dir=path, resume=resume, explicit_options=explicit_options)
         return exit_code(outcome.status)
     check_spec(config.workload)
-    refuse_a_used_run_dir(run_dir, resume)
+    refuse_a_used_run_dir(run_dir, resume, shared=config.shared_run_dir)
     workload = None
     if external is not None or initial_world_size(config, resume, explicit_options) == 1:
         seed_everything(config.seed)
