@@ -28,8 +28,10 @@ from trainers import WORKLOADS
 from torchlab.core.launch import headless as headless_module
 from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE
 from torchlab.core.launch.cli import main
+from torchlab.core.wire.config import load_config_file
 from torchlab.core.wire.errors import ConfigError
-from torchlab.core.wire.rundir import RunDirectory, create_run_dir, run_dir_of_checkpoint
+from torchlab.core.wire.rundir import RunDirectory, create_run_dir, rows_of, run_dir_of_checkpoint
+from torchlab.core.wire.safe_open import UnsafeFileError
 
 TINY = f"{WORKLOADS / 'tiny.py'}:workload"
 
@@ -230,6 +232,80 @@ def test_the_app_says_in_one_paragraph_that_another_users_checkpoint_cannot_be_r
     err = capsys.readouterr().err.strip()
     assert err == (f"torchlab-tui: error: --resume {run / 'checkpoints' / 'last.pt'}: cannot be read: permission denied "
                    "(a run directory is private to the user who started it)")
+
+
+# ----------------------------------------------------------------------------- case 7: FIFOs and links as run files
+@pytest.mark.timeout(20)
+def test_a_fifo_as_config_is_refused_at_once(tmp_path, capsys):
+    fifo = tmp_path / "config.toml"
+    os.mkfifo(fifo)
+    err = refused(capsys, TINY, "--config", str(fifo))
+    assert err == f"--config {fifo}: a FIFO (named pipe), not a regular file: give a TOML file."
+
+
+def test_a_config_file_through_your_own_link_is_read(tmp_path):
+    real = tmp_path / "real.toml"
+    real.write_text("steps = 7\n")
+    (tmp_path / "current.toml").symlink_to(real)
+    assert load_config_file(tmp_path / "current.toml", follow_link=True)["steps"] == 7
+    with pytest.raises(UnsafeFileError, match="is a symbolic link"):
+        load_config_file(tmp_path / "current.toml")  # a run's config.toml is never read through a link
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("kind", ["fifo", "link"])
+def test_a_journal_that_is_a_fifo_or_a_link_is_refused_by_its_readers(tmp_path, capsys, kind):
+    from torchlab.core.launch.compare import main as compare
+    from torchlab.tui.run_history import RunHistory
+
+    runs = []
+    for name in ("a", "b"):
+        run = private_folder(tmp_path / name)
+        (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+        runs.append(run)
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text('{"step": 1, "loss": 42.0}\n')
+    metrics = runs[1] / "metrics.jsonl"
+    metrics.unlink()
+    os.mkfifo(metrics) if kind == "fifo" else metrics.symlink_to(secret)
+    with pytest.raises(UnsafeFileError):
+        list(rows_of(metrics))
+    with pytest.raises(UnsafeFileError):
+        RunHistory.load(runs[1])
+    assert compare([str(run) for run in runs]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"{metrics} is a" in err and "Traceback" not in err
+
+
+@pytest.mark.timeout(20)
+def test_a_fifo_as_config_toml_of_a_run_does_not_hang_compare(tmp_path):
+    from torchlab.core.wire.config import build_config
+    from torchlab.tui.run_history import RunHistory, earlier_run
+
+    earlier, later = private_folder(tmp_path / "20260101-000000-tiny"), private_folder(tmp_path / "20260102-000000-tiny")
+    (earlier / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    os.mkfifo(earlier / "config.toml")
+    (later / "config.toml").write_text(build_config({"workload": "tiny_gpt"}).to_toml())
+    assert RunHistory.load(earlier).settings == {}  # the curves are still worth comparing
+    assert earlier_run(later) is None  # a run whose workload cannot be read is not the same workload
+
+
+@pytest.mark.timeout(20)
+def test_the_apps_readers_of_trainer_log_and_profile_tables_refuse_a_fifo(tmp_path):
+    from torchlab.tui.link import _tail
+    from torchlab.tui.log_tail import LogTail
+    from torchlab.tui.profiles import read_table_csv
+
+    log = tmp_path / "trainer.log"
+    os.mkfifo(log)
+    assert _tail(log) == ""
+    tail = LogTail(log, start=-1)  # a size of 0 is never below the start: it tries to read
+    with pytest.raises(UnsafeFileError):
+        tail.read_lines()
+    table = tmp_path / "table.csv"
+    os.mkfifo(table)
+    with pytest.raises(UnsafeFileError):
+        read_table_csv(table)
 
 
 # ----------------------------------------------------------------------------- two real users

@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def setting_layers(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     """The settings of the ``--config`` file and of the flags, as ``build_config`` layers."""
-    file_settings: dict[str, Any] = load_config_file(args.config) if args.config else {}
+    file_settings: dict[str, Any] = load_config_file(args.config, follow_link=True) if args.config else {}
     flags: dict[str, Any] = {name: getattr(args, name) for name in _SETTING_FLAGS if getattr(args, name) is not None}
     for name in ("probe_every", "checkpoint_every", "memory_every"):
         if name in flags and flags[name] != "auto":
