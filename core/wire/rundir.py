@@ -12,7 +12,10 @@ A run directory torchlab makes is private: 0700, and everything created in it 06
 whatever the umask, as ssh-keygen writes a private key. ``shared_run_dir`` (``--shared-run-dir``) makes
 it follow the umask instead (0755 and 0644 under the usual 022). What is made in a folder follows that
 folder (core/wire/storage.py), so a resume keeps the run's choice, and a ``chmod`` of the directory since:
-torchlab never changes the mode of a directory or file that exists.
+torchlab never changes the mode of a directory or file that exists. What torch makes in it follows too: the
+ranks' logs (``ranks/``, core/engine/ranks.py), a profile's ``trace.json``, a ``--tensorboard`` folder
+inside the run (the event files in it are TensorBoard's, as a failing rank's ``error.json`` is torch's:
+made with the umask's mode, inside folders no one else may enter).
 
 A directory torchlab did not make may have been prepared by someone else (``/tmp/run1``, world-writable,
 ``trials.jsonl`` linked to a file of yours). A run writes only into a folder it made with ``mkdir``, or

@@ -94,8 +94,9 @@ def make_folder(path: Path) -> Path:
 
 
 def match_folder_privacy(path: Path) -> None:
-    """A file another library created in ``path``'s folder (torch's trace.json) loses its group and other
-    bits if that folder is private, as if ``create_file`` had made it."""
+    """A file or folder another library created in ``path``'s folder (torch's trace.json, the launcher's rank
+    log folders) loses its group and other bits if that folder is private, as if ``create_file`` or
+    ``make_folder`` had made it."""
     path = Path(path)
     if is_private(path.parent):
         os.chmod(path, stat.S_IMODE(os.stat(path).st_mode) & 0o700)
