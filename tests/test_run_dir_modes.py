@@ -77,12 +77,16 @@ def test_the_ranks_logs_and_a_tensorboard_folder_in_a_private_run_are_private_to
     assert mode(run_dir / "tb") == 0o700
 
 
-@pytest.mark.parametrize("mask, folders, files", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)], ids=["umask-022", "umask-077"])
+@pytest.mark.parametrize("mask, folders, files", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600), (0o002, 0o755, 0o664)],
+                         ids=["umask-022", "umask-077", "umask-002"])
 def test_a_shared_run_directory_follows_the_umask_which_can_only_make_it_stricter(tmp_path, umask, mask, folders, files):
+    """Others may read a shared run, never add to its folders: under umask 002 a group-writable run directory
+    would be refused by the next resume (anyone who can write into it could swap its files for links)."""
     umask(mask)
     run_dir = headless(tmp_path, *EVERYTHING, "--shared-run-dir")
     assert (run_dir / "profiles" / "0000002" / "trace.json").exists()
     assert modes_under(run_dir) == ({folders}, {files})
+    assert main([*EVERYTHING[:1], "--steps", "8", "--resume", str(run_dir), "--headless"]) == EXIT_OK
 
 
 def test_a_resume_keeps_the_run_directorys_choice_and_changes_no_mode(tmp_path, umask):

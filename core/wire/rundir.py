@@ -10,7 +10,8 @@
 
 A run directory torchlab makes is private: 0700, and everything created in it 0600 (folders 0700),
 whatever the umask, as ssh-keygen writes a private key. ``shared_run_dir`` (``--shared-run-dir``) makes
-it follow the umask instead (0755 and 0644 under the usual 022). What is made in a folder follows that
+it follow the umask instead (0755 and 0644 under the usual 022), less others' write permission on its
+folders (under umask 002 the folders are 0755, the files 0664). What is made in a folder follows that
 folder (core/wire/storage.py), so a resume keeps the run's choice, and a ``chmod`` of the directory since:
 torchlab never changes the mode of a directory or file that exists. What torch makes in it follows too: the
 ranks' logs (``ranks/``, core/engine/ranks.py), a profile's ``trace.json``, a ``--tensorboard`` folder
@@ -293,7 +294,7 @@ def create_run_dir(path: Path, *, shared: bool = False) -> Path:
     folder someone else could have prepared (``require_own_folder``). The directory's path: ``path``, or
     where it leads if a link is on the way (the run goes on there, whatever the link is changed to).
 
-    A new run directory is made with ``mkdir``, 0700 (``shared``: 0777 less the umask); the folders above
+    A new run directory is made with ``mkdir``, 0700 (``shared``: 0755 less the umask); the folders above
     it that are missing (the runs root) follow the umask, as ``mkdir -p`` makes them, less others' write
     permission. One that was there already (``--run-dir``, a resume, or one someone made between choosing
     the name and making it) must be yours and no one else's to write into; it keeps its mode.
@@ -306,7 +307,7 @@ def create_run_dir(path: Path, *, shared: bool = False) -> Path:
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
         _make_folders_above(real)
         try:
-            os.mkdir(real, 0o777 if shared else 0o700)
+            os.mkdir(real, 0o755 if shared else 0o700)
         except FileExistsError:
             require_own_folder(real, label, "Give another --run-dir, or make one with mkdir -m 700.")
         require_safe_folders_above(real, label)
