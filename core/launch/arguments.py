@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--headless", action="store_true", help="train with a progress bar instead of the app")
     parser.add_argument("--config", type=Path, metavar="FILE.toml", help="settings file (a run's config.toml works)")
-    parser.add_argument("--run-dir", type=Path, metavar="DIR", help="this run's directory (default: runs/<time>-<workload>)")
+    parser.add_argument("--run-dir", type=Path, metavar="DIR", help="this run's directory: a new one, or an empty folder of yours that no one else may write into "
+                        "(default: runs/<time>-<workload>)")
     parser.add_argument("--runs-root", type=Path, default=Path("runs"), metavar="DIR", help="where new run directories go (default: runs)")
     parser.add_argument(
         "--shared-run-dir", action=argparse.BooleanOptionalAction, default=None,
