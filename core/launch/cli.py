@@ -38,10 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         return export(arguments[1:])
     args = build_parser().parse_args(argv)
     try:
-        from torchlab.core.wire.rundir import refuse_a_run_dir_not_yours
-
         config, _ = resolve_config(args)  # the flags checked before anything starts, torch or not
-        refuse_a_run_dir_not_yours(args.run_dir, args.resume)  # before a checkpoint or journal of it is read
         if not args.headless:
             return run_app(config, args, list(sys.argv[1:] if argv is None else argv))
         from torchlab.core.launch.headless import run_headless  # imports torch
@@ -63,14 +60,14 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
     gc.disable()  # until tune_garbage_collection(): the app's imports are all kept, nothing to collect
     try:
         from torchlab.core.engine.loading import check_spec, workload_label
-        from torchlab.core.wire.rundir import choose_run_dir, create_run_dir, refuse_a_used_run_dir
+        from torchlab.core.wire.rundir import choose_run_dir, create_run_dir, refuse_an_unfit_run_dir
         from torchlab.tui.app import make_app, tune_garbage_collection
         from torchlab.tui.link import ProcessLink
 
         workload = config.workload if args.resume is None else resumed_workload(args)
         if workload:
             check_spec(workload)  # a missing file is said here, before the screen changes
-        refuse_a_used_run_dir(args.run_dir, args.resume, shared=config.shared_run_dir)
+        refuse_an_unfit_run_dir(args.run_dir, args.resume, shared=config.shared_run_dir)
         run_dir = create_run_dir(choose_run_dir(args.run_dir, args.resume, args.runs_root, workload_label(workload) if workload else "resumed"),
                                  shared=config.shared_run_dir)
         links: list[ProcessLink] = []

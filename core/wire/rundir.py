@@ -21,10 +21,10 @@ made with the umask's mode, inside folders no one else may enter).
 A directory torchlab did not make may have been prepared by someone else (``/tmp/run1``, world-writable,
 ``trials.jsonl`` linked to a file of yours). A run writes only into a folder it made with ``mkdir``, or
 into one that belongs to you, that no one else may write into, and whose folders above are yours or
-root's and not open to all (``/tmp``'s sticky bit is fine): ``refuse_a_run_dir_not_yours``, checked
-before a checkpoint or journal is read, and again where the directory is opened (``create_run_dir``). A new
+root's and not open to all (``/tmp``'s sticky bit is fine): ``refuse_an_unfit_run_dir``, checked before
+a workload is loaded or the directory opened, and again where it is opened (``create_run_dir``). A new
 run's ``--run-dir`` must also hold nothing but an untrained run of yours (or nothing), and be private unless
-``--shared-run-dir`` (``refuse_a_used_run_dir``): ``/``, a home folder, ``/tmp`` are refused. A ``--run-dir``
+``--shared-run-dir``: ``/``, a home folder, ``/tmp`` are refused. A ``--run-dir``
 that is a link (yours: it is your argument) is followed once, and the folder it leads to is checked and
 used. Every file of a run is opened without following a link, and only if regular (core/wire/safe_open.py).
 
@@ -55,7 +55,7 @@ from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.wire.safe_open import UnsafeFileError, kind_of, open_regular
 from torchlab.core.wire.storage import (
     JsonLines, fsync_directory, make_folder, parse_line, reason, remedy, storage_error, temporary_name,
-    write_atomically, write_new_file,
+    unreadable_run, write_atomically, write_new_file,
 )
 
 #: Where ``metrics.jsonl``'s rows that a resume replays go, so that the file holds each step once.
@@ -276,9 +276,8 @@ def new_run_path(root: Path, label: str) -> Path:
 
 
 def run_dir_of_checkpoint(resume: Path | None) -> Path | None:
-    """The run directory a ``--resume`` path belongs to (a run directory, or a file in its checkpoints/); None
-    for a checkpoint elsewhere, and for a run that cannot be looked into (another user's private one: what
-    reads the checkpoint says why it cannot)."""
+    """The run directory a ``--resume`` path belongs to (a run directory, or a file in its checkpoints/), None
+    for a checkpoint elsewhere; the OSError of a run that cannot be looked into (another user's private one)."""
     if resume is None:
         return None
     resume = Path(resume)
@@ -337,17 +336,28 @@ _MORE_RUN_FILES = re.compile(r"config\.before-step-\d+(-\d+)?\.toml|\..+\.tmp-\d
 _MAKE_ONE = "Give another --run-dir, or make one with mkdir -m 700."
 
 
-def refuse_a_run_dir_not_yours(run_dir: Path | None, resume: Path | None) -> None:
-    """Before anything is read or started: the directory this run would write into, where it is there already
-    (``--run-dir``, else the run directory of ``--resume``), is a folder of yours that no one else may write
-    into, in folders no one else may swap it in (``require_own_folder``, ``require_safe_folders_above``).
-    A new directory under the runs root is checked where it is made (``create_run_dir``)."""
+def refuse_an_unfit_run_dir(run_dir: Path | None, resume: Path | None, *, shared: bool = False) -> None:
+    """Before the run directory is opened (and before a workload is loaded): the one this run would write into
+    is yours and no one else's to write into; a new run's ``--run-dir`` holds nothing but an untrained run
+    of yours, and is private unless ``shared``. One paragraph (ConfigError) saying how to go on, otherwise."""
+    _refuse_a_run_dir_not_yours(run_dir, resume)
+    _refuse_a_used_run_dir(run_dir, resume, shared=shared)
+
+
+def _refuse_a_run_dir_not_yours(run_dir: Path | None, resume: Path | None) -> None:
+    """The directory this run would write into, where it is there already (``--run-dir``, else the run
+    directory of ``--resume``), is a folder of yours that no one else may write into, in folders no one else
+    may swap it in (``require_own_folder``, ``require_safe_folders_above``). A new directory under the runs
+    root is checked where it is made (``create_run_dir``)."""
     if run_dir is not None:
         given, remedy = Path(run_dir), _MAKE_ONE
         real = _without_links(given)
         label = f"--run-dir {_named(given, real)}"
     else:
-        given, remedy = run_dir_of_checkpoint(resume), "Give --run-dir DIR to continue it in a folder of yours."
+        try:
+            given, remedy = run_dir_of_checkpoint(resume), "Give --run-dir DIR to continue it in a folder of yours."
+        except OSError as error:  # another user's private run
+            raise ConfigError(f"--resume {unreadable_run(resume, error)}") from None
         if given is None:
             return
         real, label = given, f"the run directory of --resume {resume}"
@@ -363,14 +373,14 @@ def refuse_a_run_dir_not_yours(run_dir: Path | None, resume: Path | None) -> Non
         raise _unusable(label, given, error) from None
 
 
-def refuse_a_used_run_dir(run_dir: Path | None, resume: Path | None, *, shared: bool = False) -> None:
+def _refuse_a_used_run_dir(run_dir: Path | None, resume: Path | None, *, shared: bool) -> None:
     """A new run (no ``--resume``) goes into a ``--run-dir`` that holds nothing but an untrained run of yours
     (a directory made, never trained in) or nothing, and is private unless ``shared``.
 
     An earlier run's directory would get this run's rows appended to its journals (step 1 twice in
     ``metrics.jsonl``) and its checkpoints pruned; a home folder or ``/`` would get a run among its files; a
     folder others may enter would let them read the run without ``--shared-run-dir``. Each is refused,
-    saying how to go on. Who owns it is ``refuse_a_run_dir_not_yours``'s to check."""
+    saying how to go on. Who owns it is ``_refuse_a_run_dir_not_yours``'s to check."""
     if run_dir is None or resume is not None:
         return
     run_dir = Path(run_dir)
@@ -464,12 +474,11 @@ def _require_nothing_but_a_run(folder: Path, label: str) -> None:
 
 
 def _is(path: Path, kind, *, follow: bool = False) -> bool:
-    """Whether something of ``kind`` (``stat.S_ISDIR``...) is at ``path`` (``follow``: through a link); False
-    where nothing is, or nothing can be seen (``Path.exists`` raises PermissionError in another user's
-    private folder, and for a name too long)."""
+    """Whether something of ``kind`` (``stat.S_ISDIR``...) is at ``path``, itself (``follow``: where a link
+    leads); False where nothing is. Any other OSError (no permission, a name too long) propagates."""
     try:
         return kind((os.stat if follow else os.lstat)(path).st_mode)
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
         return False
 
 
