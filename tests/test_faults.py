@@ -132,7 +132,7 @@ def test_a_periodic_checkpoint_is_reported_while_the_run_is_paused_after_it(tmp_
 
 def test_a_full_disk_for_the_metrics_stops_the_run_with_a_clear_message(tmp_path, capsys, links_followed):
     run = tmp_path / "run"
-    run.mkdir()
+    run.mkdir(mode=0o700)  # a run is private unless --shared-run-dir
     _full_disk_at(run / "metrics.jsonl")
     code = main([TINY, "--headless", "--steps", "5", "--run-dir", str(run), "--telemetry-interval", "0"])
     assert code == EXIT_FAILED

@@ -14,6 +14,7 @@ import torch
 from trainers import WORKLOADS
 from torchlab.core.wire import storage
 from torchlab.core.engine.checkpoint import save_checkpoint
+from torchlab.core.engine.distributed import usable_cpus
 from torchlab.core.launch.arguments import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.storage import write_atomically
@@ -58,16 +59,34 @@ def test_a_run_directory_and_every_file_in_it_are_private_whatever_the_umask(tmp
     run_dir = headless(tmp_path, *EVERYTHING)
     assert (run_dir / "profiles" / "0000002" / "trace.json").exists()  # torch's own file is covered too
     assert (run_dir / "impact.json").exists() and (run_dir / "checkpoints" / "last.pt").exists()
-    assert mode(tmp_path / "runs") == 0o777 & ~mask  # the runs root is a container: the umask's
+    assert mode(tmp_path / "runs") == 0o775 & ~mask  # the runs root is a container: the umask's, less others' write
     assert modes_under(run_dir) == ({0o700}, {0o600})
 
 
-@pytest.mark.parametrize("mask, folders, files", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)], ids=["umask-022", "umask-077"])
+@pytest.mark.skipif(usable_cpus() < 2, reason="two ranks need two CPU cores")
+def test_the_ranks_logs_and_a_tensorboard_folder_in_a_private_run_are_private_too(tmp_path, umask):
+    """What torch makes in the run directory: the launcher's rank logs (ranks/<id>/attempt_0/<rank>/stdout.log)
+    and, with --tensorboard inside the run, TensorBoard's folder; its event files are TensorBoard's to make,
+    inside that folder, which no one else may enter."""
+    run_dir = tmp_path / "run"
+    assert main([f"{TINY}:workload", "--headless", "--steps", "2", "--world-size", "2", "--run-dir", str(run_dir),
+                 "--tensorboard", str(run_dir / "tb"), "--telemetry-interval", "0", "--eval-every", "0"]) == EXIT_OK
+    [stdout_log] = run_dir.glob("ranks/*/attempt_0/0/stdout.log")
+    assert (run_dir / "tb").is_dir()
+    assert modes_under(run_dir / "ranks") == ({0o700}, {0o600})
+    assert mode(run_dir / "tb") == 0o700
+
+
+@pytest.mark.parametrize("mask, folders, files", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600), (0o002, 0o755, 0o664)],
+                         ids=["umask-022", "umask-077", "umask-002"])
 def test_a_shared_run_directory_follows_the_umask_which_can_only_make_it_stricter(tmp_path, umask, mask, folders, files):
+    """Others may read a shared run, never add to its folders: under umask 002 a group-writable run directory
+    would be refused by the next resume (anyone who can write into it could swap its files for links)."""
     umask(mask)
     run_dir = headless(tmp_path, *EVERYTHING, "--shared-run-dir")
     assert (run_dir / "profiles" / "0000002" / "trace.json").exists()
     assert modes_under(run_dir) == ({folders}, {files})
+    assert main([*EVERYTHING[:1], "--steps", "8", "--resume", str(run_dir), "--headless"]) == EXIT_OK
 
 
 def test_a_resume_keeps_the_run_directorys_choice_and_changes_no_mode(tmp_path, umask):

@@ -43,6 +43,7 @@ from textual.widgets import Footer
 
 from torchlab.core.wire import protocol
 from torchlab.core.wire.options import CHECKPOINTING, LIVE_OPTIONS, OPTIONS_BY_NAME, Number, format_option_value
+from torchlab.core.wire.safe_open import UnsafeFileError
 from torchlab.core.wire.trials import TRIAL_HINT, parse_trial
 from torchlab.tui.log_tail import LogTail, is_native_torch_log
 from torchlab.tui.names import describe_blocks
@@ -290,7 +291,7 @@ class TorchlabApp(App[int]):
             return
         try:
             lines = self._log_tail.read_lines()
-        except OSError as error:
+        except (OSError, UnsafeFileError) as error:
             self.run_state.log("warning", f"cannot read {self._log_tail.path}: {error}")
             self._log_tail = None
             return

@@ -47,6 +47,7 @@ from torchlab.core.wire.protocol import (
     decode,
 )
 from torchlab.core.wire.runtime import FINAL_STATES, Endpoint, RunEntry, process_running
+from torchlab.core.wire.safe_open import UnsafeFileError, read_regular_bytes
 from torchlab.core.wire.storage import create_file
 
 CONNECT_TIMEOUT_S = 120.0  # the first import of torch on a cold disk can be slow
@@ -406,8 +407,8 @@ def code_name(signum: int) -> str:
 
 def _tail(path: Path, limit: int = 4000) -> str:
     try:
-        data = path.read_bytes()
-    except OSError:
+        data = read_regular_bytes(path)
+    except (OSError, UnsafeFileError):  # nothing to show beside the message that names the file
         return ""
     return data[-limit:].decode("utf-8", errors="replace")
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from torchlab.core.wire.safe_open import open_regular
+
 #: The head of a line torch's C++ code logged: ``[W1123 07:45:12.9 file.cpp:245]``, ``[W file.cpp:245]``
 #: (older c10), ``USDT:…`` or ``STAGE:…`` then the time and ids (the profiler's), each ending in its source
 #: file and line.
@@ -51,7 +53,7 @@ class LogTail:
             self._offset, self._partial = 0, b""
         if size == self._offset:
             return []
-        with self.path.open("rb") as handle:
+        with open(self.path, "rb", opener=open_regular) as handle:  # no link, no FIFO (UnsafeFileError)
             handle.seek(self._offset)
             data = handle.read(self.max_bytes)
         self._offset += len(data)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from torchlab.core.wire.profile_compare import compare_tables
+from torchlab.core.wire.safe_open import UnsafeFileError, open_regular
 from torchlab.tui.units import format_bytes
 
 
@@ -97,14 +98,14 @@ def snapshot_rows(snapshot: ProfileSnapshot, by_shape: bool) -> ProfileRows:
         rows = read_table_csv(Path(snapshot.dir) / name)
     except FileNotFoundError:
         return partial
-    except (OSError, csv.Error, UnicodeDecodeError) as error:
+    except (OSError, csv.Error, UnicodeDecodeError, UnsafeFileError) as error:
         return ProfileRows(partial.rows, False, f"{partial.note} ({name} unreadable: {error})")
     return ProfileRows(rows, True, f"all {len(rows)} {'op/shape pairs' if by_shape else 'ops'} ({name})")
 
 
 def read_table_csv(path: Path) -> list[dict[str, Any]]:
     """The rows of a snapshot's ``table.csv``, with its figures as numbers (None where not a number)."""
-    with open(path, newline="", encoding="utf-8") as handle:
+    with open(path, newline="", encoding="utf-8", opener=open_regular) as handle:  # no link, no FIFO
         rows = []
         for raw in csv.DictReader(handle):
             row: dict[str, Any] = {"name": raw.get("name") or "", "input_shapes": raw.get("input_shapes") or ""}

@@ -1,7 +1,9 @@
 """A finished or running run as its files tell it, for comparing runs: its curves (against step and against
 training time), its settings (``config.toml``) and the option changes it went through (``events.jsonl``).
 
-Standard library and the wire only (no torch): ``torchlab-tui compare`` and the app read runs the same way.
+Standard library and the wire only (no torch): ``torchlab-tui compare`` and the app read runs the same way. A
+run's files are read only when regular and not through a link (core/wire/safe_open.py): a FIFO would hang
+the reader, a link could show a file that is not the run's.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from torchlab.core.wire.config import settings_from_toml
 from torchlab.core.wire.errors import ConfigError
 from torchlab.core.wire.options import format_option_value
 from torchlab.core.wire.rundir import rows_of
+from torchlab.core.wire.safe_open import read_regular_text
 from torchlab.core.wire.storage import unreadable_run
 from torchlab.tui.thinning import Series
 
@@ -52,17 +55,18 @@ class RunHistory:
     @classmethod
     def _read(cls, path: Path) -> RunHistory:
         metrics = path / "metrics.jsonl"
-        if not metrics.is_file():
-            raise ConfigError(f"{path}: no metrics.jsonl here; give run directories (runs/<time>-<workload>)")
         history = cls(path)
         points: dict[str, tuple[list[float], list[float], list[float]]] = {}
-        for row in rows_of(metrics):
-            step, elapsed = row["step"], row.get("elapsed_s")
-            for key, value in _figures(row):
-                steps, times, values = points.setdefault(key, ([], [], []))
-                steps.append(step)
-                times.append(elapsed if _number(elapsed) else math.nan)
-                values.append(value)
+        try:
+            for row in rows_of(metrics):
+                step, elapsed = row["step"], row.get("elapsed_s")
+                for key, value in _figures(row):
+                    steps, times, values = points.setdefault(key, ([], [], []))
+                    steps.append(step)
+                    times.append(elapsed if _number(elapsed) else math.nan)
+                    values.append(value)
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no metrics.jsonl here; give run directories (runs/<time>-<workload>)") from None
         if not points:
             raise ConfigError(f"{path}: metrics.jsonl has no step yet (the run has not reported one, or never started): "
                               "nothing to compare")
@@ -70,21 +74,8 @@ class RunHistory:
             history.by_step[key] = _series(steps, values)
             timed = [(t, v) for t, v in zip(times, values) if not math.isnan(t)]
             history.by_time[key] = _series([t for t, _ in timed], [v for _, v in timed])
-        config = path / "config.toml"
-        if config.is_file():
-            try:
-                settings = settings_from_toml(config.read_text(encoding="utf-8"), str(config))
-            except (ConfigError, UnicodeDecodeError):  # torn or hand-edited: the curves are still worth comparing
-                settings = {}
-            options = settings.pop("options", {})
-            history.settings = {**{key: _shown(value) for key, value in settings.items()},
-                                **{f"options.{name}": format_option_value(name, value) for name, value in options.items()}}
-        events = path / "events.jsonl"
-        if events.is_file():
-            for record in rows_of(events):
-                if record.get("event") == "option_applied":
-                    option = str(record.get("option"))
-                    history.changes.append(f"step {record['step']}: {option} = {format_option_value(option, record.get('value'))}")
+        history.settings = _settings(path / "config.toml")
+        history.changes = _option_changes(path / "events.jsonl")
         return history
 
     def figures(self) -> list[str]:
@@ -112,6 +103,32 @@ def differences(runs: list[RunHistory]) -> list[tuple[str, list[str]]]:
         if len(set(values)) > 1:
             rows.append((key, values))
     return rows
+
+
+def _settings(config: Path) -> dict[str, str]:
+    """The run's settings as config.toml holds them, shown; none if it is not there, torn or hand-edited (the
+    curves are still worth comparing), or no regular file."""
+    try:
+        settings = settings_from_toml(read_regular_text(config), str(config))
+    except (FileNotFoundError, ConfigError):  # ConfigError: not TOML, or not a regular file (UnsafeFileError)
+        return {}
+    options = settings.pop("options", {})
+    return {**{key: _shown(value) for key, value in settings.items()},
+            **{f"options.{name}": format_option_value(name, value) for name, value in options.items()}}
+
+
+def _option_changes(events: Path) -> list[str]:
+    """"step 40: amp = bf16" for each option change in ``events.jsonl``, in order (none before its first event)."""
+    try:
+        records = list(rows_of(events))
+    except FileNotFoundError:
+        return []
+    changes = []
+    for record in records:
+        if record.get("event") == "option_applied":
+            option = str(record.get("option"))
+            changes.append(f"step {record['step']}: {option} = {format_option_value(option, record.get('value'))}")
+    return changes
 
 
 def _figures(row: dict[str, Any]) -> Iterator[tuple[str, float]]:
@@ -163,6 +180,6 @@ def _has_reported(run_dir: Path) -> bool:
 
 def _workload(run_dir: Path) -> str | None:
     try:
-        return settings_from_toml((run_dir / "config.toml").read_text(encoding="utf-8"), "config.toml").get("workload", "tiny_gpt")
-    except (OSError, UnicodeDecodeError, ConfigError):
+        return settings_from_toml(read_regular_text(run_dir / "config.toml"), "config.toml").get("workload", "tiny_gpt")
+    except (OSError, ConfigError):  # not there, not ours to read, not TOML, not a regular file
         return None

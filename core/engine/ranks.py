@@ -51,7 +51,7 @@ from torchlab.core.wire.options import WORLD_SIZE, OptionRefused
 from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.engine.rank_channel import RankChannel, SupervisorLink
 from torchlab.core.wire.runtime import die_with_parent
-from torchlab.core.wire.storage import make_folder, write_atomically
+from torchlab.core.wire.storage import create_file, make_folder, match_folder_privacy, write_atomically
 from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
 from torchlab.core.wire.events import Relaunching, ResumeChangedSettings, ResumedFromCheckpoint, RunStarted
 from torchlab.core.wire.protocol import Error, Message, OptionApplied, StopCommand, TrainerCommand
@@ -61,6 +61,29 @@ TOKEN_VARIABLE = "TORCHLAB_SUPERVISOR_TOKEN"
 #: How long the supervisor waits for rank processes to leave after it asked them to (SIGTERM), before SIGKILL.
 TERMINATE_GRACE_S = 10.0
 _PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote worker crash|NCCL communicator was aborted", re.I)
+
+
+def private_rank_logs(logs: Path):
+    """torch's ``DefaultLogsSpecs`` for the ranks' stdout and stderr under ``logs``, made as private as ``logs``
+    (``ranks/`` in the run directory): the launcher makes its folders with the umask's mode and opens each log
+    with ``open(path, "w")``, which keeps the mode of a file that is there. So its folders lose their group and
+    other bits as soon as they are made, inside the launcher's own 0700 folder (no one else could enter them
+    meanwhile), and each log is created here first, as ``create_file`` makes it. A rank's ``error.json``, written
+    by the rank only when it fails, is torch's, in those folders."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+
+    class PrivateLogsSpecs(DefaultLogsSpecs):
+        def reify(self, envs):
+            destinations = super().reify(envs)
+            for log in (*destinations.stdouts.values(), *destinations.stderrs.values()):
+                if log and log != os.devnull:
+                    log = Path(log)
+                    for folder in reversed(log.relative_to(logs).parents[:-1]):
+                        match_folder_privacy(logs / folder)
+                    os.close(create_file(log))
+            return destinations
+
+    return PrivateLogsSpecs(log_dir=str(logs), redirects=Std.ALL)
 
 
 class Supervisor:
@@ -199,7 +222,6 @@ class Supervisor:
                 torch.cuda.empty_cache()  # and their cached GPU memory, which rank 0 will want on this GPU
 
     def _run_ranks(self, config: TrainConfig, resume: Path | None, explicit: set[str]) -> RunOutcome:
-        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -225,7 +247,7 @@ class Supervisor:
             run_id=f"torchlab-{uuid.uuid4().hex[:12]}",
             rdzv_backend=loopback_rendezvous.BACKEND, rdzv_endpoint="",  # a store on 127.0.0.1 only
             max_restarts=0, monitor_interval=0.1, start_method="spawn",
-            logs_specs=DefaultLogsSpecs(log_dir=str(logs), redirects=Std.ALL),
+            logs_specs=private_rank_logs(logs),
         )
         failure: list[BaseException] = []
 

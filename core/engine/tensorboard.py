@@ -62,6 +62,8 @@ class TensorBoardWriter:
         SummaryWriter = summary_writer_class(directory)
         self.directory = directory
         try:
+            if not directory.is_dir():  # as private as the folder it is in (0700 in a run directory), not the umask's
+                make_folder(directory)
             # purge_step: a resumed run hides what an earlier process wrote after the step it resumed at
             self._writer = SummaryWriter(str(directory), purge_step=purge_step)
         except OSError as error:

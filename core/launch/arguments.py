@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--headless", action="store_true", help="train with a progress bar instead of the app")
     parser.add_argument("--config", type=Path, metavar="FILE.toml", help="settings file (a run's config.toml works)")
-    parser.add_argument("--run-dir", type=Path, metavar="DIR", help="this run's directory (default: runs/<time>-<workload>)")
+    parser.add_argument("--run-dir", type=Path, metavar="DIR", help="this run's directory: a new one, or an empty folder of yours that no one else may write into "
+                        "(default: runs/<time>-<workload>)")
     parser.add_argument("--runs-root", type=Path, default=Path("runs"), metavar="DIR", help="where new run directories go (default: runs)")
     parser.add_argument(
         "--shared-run-dir", action=argparse.BooleanOptionalAction, default=None,
@@ -111,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def setting_layers(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     """The settings of the ``--config`` file and of the flags, as ``build_config`` layers."""
-    file_settings: dict[str, Any] = load_config_file(args.config) if args.config else {}
+    file_settings: dict[str, Any] = load_config_file(args.config, follow_link=True) if args.config else {}
     flags: dict[str, Any] = {name: getattr(args, name) for name in _SETTING_FLAGS if getattr(args, name) is not None}
     for name in ("probe_every", "checkpoint_every", "memory_every"):
         if name in flags and flags[name] != "auto":

@@ -60,14 +60,14 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
     gc.disable()  # until tune_garbage_collection(): the app's imports are all kept, nothing to collect
     try:
         from torchlab.core.engine.loading import check_spec, workload_label
-        from torchlab.core.wire.rundir import choose_run_dir, create_run_dir, refuse_a_used_run_dir
+        from torchlab.core.wire.rundir import choose_run_dir, create_run_dir, refuse_an_unfit_run_dir
         from torchlab.tui.app import make_app, tune_garbage_collection
         from torchlab.tui.link import ProcessLink
 
         workload = config.workload if args.resume is None else resumed_workload(args)
         if workload:
             check_spec(workload)  # a missing file is said here, before the screen changes
-        refuse_a_used_run_dir(args.run_dir, args.resume)
+        refuse_an_unfit_run_dir(args.run_dir, args.resume, shared=config.shared_run_dir)
         run_dir = create_run_dir(choose_run_dir(args.run_dir, args.resume, args.runs_root, workload_label(workload) if workload else "resumed"),
                                  shared=config.shared_run_dir)
         links: list[ProcessLink] = []

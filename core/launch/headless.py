@@ -35,7 +35,7 @@ from torchlab.core.wire.trials import describe_trial, trial_progress_text
 from torchlab.core.engine.loading import check_spec, load_workload, workload_label
 from torchlab.core.engine.ranks import Supervisor, initial_world_size, run_quiet_rank
 from torchlab.core.launch.resume import ConfigRecord, TrainingPlan
-from torchlab.core.wire.rundir import RunDirectory, choose_run_dir, refuse_a_used_run_dir
+from torchlab.core.wire.rundir import RunDirectory, choose_run_dir, refuse_an_unfit_run_dir
 
 
 def run_headless(
@@ -53,7 +53,7 @@ def run_headless(
         outcome = run_quiet_rank(config, external, run_dir=path, resume=resume, explicit_options=explicit_options)
         return exit_code(outcome.status)
     check_spec(config.workload)
-    refuse_a_used_run_dir(run_dir, resume)
+    refuse_an_unfit_run_dir(run_dir, resume, shared=config.shared_run_dir)  # after the checkpoint's own checks
     workload = None
     if external is not None or initial_world_size(config, resume, explicit_options) == 1:
         seed_everything(config.seed)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ from typing import Any
 
 from torchlab.core.wire.errors import ConfigError, shown
 from torchlab.core.wire.options import LIVE_OPTIONS, OPTIONS_BY_NAME, WORKERS, LiveOptions, OptionRefused, format_option_value, parse_option_value
+from torchlab.core.wire.safe_open import UnsafeFileError, open_regular
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -188,11 +190,19 @@ class TrainConfig:
         return "\n".join(lines) + "\n"
 
 
-def load_config_file(path: Path) -> dict[str, Any]:
-    """Read a TOML config into keyword arguments for ``build_config`` (unknown keys are errors)."""
+def load_config_file(path: Path, *, follow_link: bool = False) -> dict[str, Any]:
+    """Read a TOML config into keyword arguments for ``build_config`` (unknown keys are errors).
+
+    Only a regular file: a FIFO would block for ever. A run's ``config.toml`` is read only if it is no link
+    (UnsafeFileError, core/wire/safe_open.py); ``follow_link`` is for a path the user typed (``--config``),
+    which may be a link of theirs."""
     try:
-        with open(path, "rb") as handle:
+        with open(os.path.realpath(path) if follow_link else path, "rb", opener=open_regular) as handle:
             data = tomllib.load(handle)
+    except UnsafeFileError as error:
+        if not follow_link:
+            raise
+        raise ConfigError(f"--config {path}: {error.kind}, not a regular file: give a TOML file.") from None
     except FileNotFoundError:
         raise ConfigError(f"--config {path}: no such file.") from None
     except tomllib.TOMLDecodeError as error:
@@ -201,7 +211,7 @@ def load_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"--config {path}: not valid TOML here: its arrays or tables are nested too deeply to read.") from None
     except UnicodeDecodeError as error:
         raise ConfigError(f"--config {path}: not UTF-8 text (byte {error.start}); a TOML file must be UTF-8.") from None
-    except OSError as error:  # a directory, no permission
+    except OSError as error:  # no permission
         raise ConfigError(f"--config {path}: cannot be read: {error.strerror or error}.") from None
     return _settings_from_mapping(data, source=str(path))
 

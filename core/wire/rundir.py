@@ -10,9 +10,23 @@
 
 A run directory torchlab makes is private: 0700, and everything created in it 0600 (folders 0700),
 whatever the umask, as ssh-keygen writes a private key. ``shared_run_dir`` (``--shared-run-dir``) makes
-it follow the umask instead (0755 and 0644 under the usual 022). What is made in a folder follows that
+it follow the umask instead (0755 and 0644 under the usual 022), less others' write permission on its
+folders (under umask 002 the folders are 0755, the files 0664). What is made in a folder follows that
 folder (core/wire/storage.py), so a resume keeps the run's choice, and a ``chmod`` of the directory since:
-torchlab never changes the mode of a directory or file that exists.
+torchlab never changes the mode of a directory or file that exists. What torch makes in it follows too: the
+ranks' logs (``ranks/``, core/engine/ranks.py), a profile's ``trace.json``, a ``--tensorboard`` folder
+inside the run (the event files in it are TensorBoard's, as a failing rank's ``error.json`` is torch's:
+made with the umask's mode, inside folders no one else may enter).
+
+A directory torchlab did not make may have been prepared by someone else (``/tmp/run1``, world-writable,
+``trials.jsonl`` linked to a file of yours). A run writes only into a folder it made with ``mkdir``, or
+into one that belongs to you, that no one else may write into, and whose folders above are yours or
+root's and not open to all (``/tmp``'s sticky bit is fine): ``refuse_an_unfit_run_dir``, checked before
+a workload is loaded or the directory opened, and again where it is opened (``create_run_dir``). A new
+run's ``--run-dir`` must also hold nothing but an untrained run of yours (or nothing), and be private unless
+``--shared-run-dir``: ``/``, a home folder, ``/tmp`` are refused. A ``--run-dir``
+that is a link (yours: it is your argument) is followed once, and the folder it leads to is checked and
+used. Every file of a run is opened without following a link, and only if regular (core/wire/safe_open.py).
 
 Every line of every ``.jsonl`` file parses, after any fault: a line is written whole or not at all, and
 a torn last line (a power cut) is cut off when the file is opened, with a ``journal_repaired`` event.
@@ -23,7 +37,9 @@ from __future__ import annotations
 
 import errno
 import os
+import pwd
 import re
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -31,14 +47,15 @@ from pathlib import Path
 from typing import Any
 
 from torchlab.core.wire import strict_json
-from torchlab.core.wire.errors import ConfigError, StorageError
+from torchlab.core.wire.errors import ConfigError, StorageError, shown
 from torchlab.core.wire.events import JournalRepaired, MetricsMovedAside, ResumedFromCheckpoint
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.protocol import Error, Message, TrialResult
 from torchlab.core.wire.payloads import TelemetrySample
+from torchlab.core.wire.safe_open import UnsafeFileError, kind_of, open_regular
 from torchlab.core.wire.storage import (
-    JsonLines, fsync_directory, make_folder, parse_line, remedy, storage_error, temporary_name, write_atomically,
-    write_new_file,
+    JsonLines, fsync_directory, make_folder, parse_line, reason, remedy, storage_error, temporary_name,
+    unreadable_run, write_atomically, write_new_file,
 )
 
 #: Where ``metrics.jsonl``'s rows that a resume replays go, so that the file holds each step once.
@@ -54,11 +71,11 @@ class RunDirectory(TrainerObserver):
     """
 
     def __init__(self, path: Path, *, shared: bool = False) -> None:
-        """Open the run directory at ``path``, making it (``shared``: see ``create_run_dir``) if it is new."""
-        self.path = Path(path)
+        """Open the run directory at ``path``, making it (``shared``: see ``create_run_dir``) if it is new; a
+        link on the way is followed once, here (``path`` is where it led)."""
+        self.path = create_run_dir(Path(path), shared=shared)
         self.checkpoints = self.path / "checkpoints"
         self.profiles = self.path / "profiles"
-        create_run_dir(self.path, shared=shared)
         # One lock per journal: events also come from the profiler's builder thread, samples from the
         # sampler's. Only moving metrics aside holds two (metrics, then events); nothing takes them the other way.
         self._events_lock = threading.Lock()
@@ -232,8 +249,9 @@ def rows_of(path: Path, skipped: list[int] | None = None) -> Iterator[dict[str, 
     """Each row of a run's JSON-lines file (metrics.jsonl, events.jsonl) that has a step; a line that is not a
     JSON object (a write torn by a crash, which a resume repairs) is left out, as the app leaves it out, and so
     is one that torchlab never writes (nested too deep, a number out of range: ``strict_json.loads``). The line
-    number of each line left out so is added to ``skipped``, for the reader to say how many."""
-    with open(path, encoding="utf-8", errors="replace") as handle:
+    number of each line left out so is added to ``skipped``, for the reader to say how many. Read only from a
+    regular file, not through a link (UnsafeFileError: core/wire/safe_open.py)."""
+    with open(path, encoding="utf-8", errors="replace", opener=open_regular) as handle:
         for number, line in enumerate(handle, start=1):
             try:
                 row = strict_json.loads(line)
@@ -258,36 +276,48 @@ def new_run_path(root: Path, label: str) -> Path:
 
 
 def run_dir_of_checkpoint(resume: Path | None) -> Path | None:
-    """The run directory a ``--resume`` path belongs to (a run directory, or a file in its checkpoints/)."""
+    """The run directory a ``--resume`` path belongs to (a run directory, or a file in its checkpoints/), None
+    for a checkpoint elsewhere; the OSError of a run that cannot be looked into (another user's private one)."""
     if resume is None:
         return None
     resume = Path(resume)
-    for candidate in (resume, resume.parent.parent if resume.is_file() else resume.parent):
-        if (candidate / "config.toml").exists() and (candidate / "checkpoints").is_dir():
+    for candidate in (resume, resume.parent.parent if _is(resume, stat.S_ISREG, follow=True) else resume.parent):
+        if _is(candidate / "config.toml", stat.S_ISREG) and _is(candidate / "checkpoints", stat.S_ISDIR):
             return candidate
     return None
 
 
 def create_run_dir(path: Path, *, shared: bool = False) -> Path:
     """Make the run directory and its ``checkpoints/``, or say in one sentence why it cannot be one: a path
-    that is a file (``--run-dir /etc/passwd``), under something that is not a folder, or not writable.
+    that is a file (``--run-dir /etc/passwd``), under something that is not a folder, not writable, or a
+    folder someone else could have prepared (``require_own_folder``). The directory's path: ``path``, or
+    where it leads if a link is on the way (the run goes on there, whatever the link is changed to).
 
-    A new run directory is 0700 (``shared``: 0777 less the umask); the folders above it that are missing
-    (the runs root) follow the umask, as ``mkdir -p`` makes them. An existing one keeps its mode.
+    A new run directory is made with ``mkdir``, 0700 (``shared``: 0755 less the umask); the folders above
+    it that are missing (the runs root) follow the umask, as ``mkdir -p`` makes them, less others' write
+    permission. One that was there already (``--run-dir``, a resume, or one someone made between choosing
+    the name and making it) must be yours and no one else's to write into; it keeps its mode.
     """
     path = Path(path)
+    real = _without_links(path)
+    label = f"run directory {_named(path, real)}"
     try:
-        if path.exists() and not path.is_dir():  # mkdir says "File exists": true, but not the fault
+        if os.path.exists(real) and not os.path.isdir(real):  # mkdir says "File exists": true, but not the fault
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
-        path.mkdir(mode=0o777 if shared else 0o700, parents=True, exist_ok=True)
-        make_folder(path / "checkpoints")
+        _make_folders_above(real)
+        try:
+            os.mkdir(real, 0o755 if shared else 0o700)
+        except FileExistsError:
+            require_own_folder(real, label, "Give another --run-dir, or make one with mkdir -m 700.")
+        require_safe_folders_above(real, label)
+        make_folder(real / "checkpoints")
     except OSError as error:
-        where = error.filename if error.filename and str(error.filename) != str(path / "checkpoints") else path
+        where = error.filename if error.filename and str(error.filename) != str(real / "checkpoints") else path
         message = f"run directory {path}: cannot be made ({where}: {error.strerror or error})"
         if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
             raise StorageError(f"{message}: {remedy(error)}, then try again.") from None
         raise ConfigError(f"{message}; give --run-dir (or --runs-root) a folder you can write to.") from None
-    return path
+    return real
 
 
 def choose_run_dir(run_dir: Path | None, resume: Path | None, runs_root: Path, label: str) -> Path:
@@ -295,18 +325,184 @@ def choose_run_dir(run_dir: Path | None, resume: Path | None, runs_root: Path, l
     return run_dir or run_dir_of_checkpoint(resume) or new_run_path(runs_root, label)
 
 
-def refuse_a_used_run_dir(run_dir: Path | None, resume: Path | None) -> None:
-    """A new run (no ``--resume``) given the ``--run-dir`` of an earlier run would append its rows to that
-    run's journals (step 1 twice in ``metrics.jsonl``) and prune its checkpoints: refuse it, saying how
-    to go on. A directory without journal rows or checkpoints (made, never trained in) is free."""
+# ----------------------------------------------------------------------------- folders someone else may have made
+#: The entries a run makes in its directory: a folder holding nothing else (or nothing) holds nothing but a run.
+RUN_FILES = frozenset({"config.toml", "metrics.jsonl", REPLACED_METRICS, "events.jsonl", "system.jsonl",
+                       "trials.jsonl", "impact.json", "trainer.log"})
+RUN_FOLDERS = frozenset({"checkpoints", "profiles", "ranks"})
+#: ``config.before-step-NNNNNNN.toml`` (a resume's), ``.NAME.tmp-PID`` (a write a kill cut short)
+_MORE_RUN_FILES = re.compile(r"config\.before-step-\d+(-\d+)?\.toml|\..+\.tmp-\d+")
+
+_MAKE_ONE = "Give another --run-dir, or make one with mkdir -m 700."
+
+
+def refuse_an_unfit_run_dir(run_dir: Path | None, resume: Path | None, *, shared: bool = False) -> None:
+    """Before the run directory is opened (and before a workload is loaded): the one this run would write into
+    is yours and no one else's to write into; a new run's ``--run-dir`` holds nothing but an untrained run
+    of yours, and is private unless ``shared``. One paragraph (ConfigError) saying how to go on, otherwise."""
+    _refuse_a_run_dir_not_yours(run_dir, resume)
+    _refuse_a_used_run_dir(run_dir, resume, shared=shared)
+
+
+def _refuse_a_run_dir_not_yours(run_dir: Path | None, resume: Path | None) -> None:
+    """The directory this run would write into, where it is there already (``--run-dir``, else the run
+    directory of ``--resume``), is a folder of yours that no one else may write into, in folders no one else
+    may swap it in (``require_own_folder``, ``require_safe_folders_above``). A new directory under the runs
+    root is checked where it is made (``create_run_dir``)."""
+    if run_dir is not None:
+        given, remedy = Path(run_dir), _MAKE_ONE
+        real = _without_links(given)
+        label = f"--run-dir {_named(given, real)}"
+    else:
+        try:
+            given, remedy = run_dir_of_checkpoint(resume), "Give --run-dir DIR to continue it in a folder of yours."
+        except OSError as error:  # another user's private run
+            raise ConfigError(f"--resume {unreadable_run(resume, error)}") from None
+        if given is None:
+            return
+        real, label = given, f"the run directory of --resume {resume}"
+    try:
+        try:
+            is_folder = stat.S_ISDIR(os.stat(real).st_mode)  # a name too long says so here
+        except FileNotFoundError:
+            is_folder = False  # made where it is used; anything but a folder is refused there
+        if is_folder:
+            require_own_folder(real, label, remedy)
+        require_safe_folders_above(real, label)
+    except OSError as error:
+        raise _unusable(label, given, error) from None
+
+
+def _refuse_a_used_run_dir(run_dir: Path | None, resume: Path | None, *, shared: bool) -> None:
+    """A new run (no ``--resume``) goes into a ``--run-dir`` that holds nothing but an untrained run of yours
+    (a directory made, never trained in) or nothing, and is private unless ``shared``.
+
+    An earlier run's directory would get this run's rows appended to its journals (step 1 twice in
+    ``metrics.jsonl``) and its checkpoints pruned; a home folder or ``/`` would get a run among its files; a
+    folder others may enter would let them read the run without ``--shared-run-dir``. Each is refused,
+    saying how to go on. Who owns it is ``_refuse_a_run_dir_not_yours``'s to check."""
     if run_dir is None or resume is not None:
         return
     run_dir = Path(run_dir)
-    metrics = run_dir / "metrics.jsonl"
-    trained = (metrics.is_file() and metrics.stat().st_size > 0) or (run_dir / "checkpoints" / "last.pt").exists()
+    real = _without_links(run_dir)
+    label = f"--run-dir {_named(run_dir, real)}"
+    try:
+        if not _is(real, stat.S_ISDIR, follow=True):
+            return  # nothing there yet; or not a folder, which making it says
+        _require_nothing_but_a_run(real, label)
+        metrics = real / "metrics.jsonl"
+        trained = (_is(metrics, stat.S_ISREG) and metrics.stat().st_size > 0) or _is(real / "checkpoints" / "last.pt", stat.S_ISREG)
+        mode = stat.S_IMODE(os.stat(real).st_mode)
+    except OSError as error:
+        raise _unusable(label, run_dir, error) from None
     if trained:
         raise ConfigError(
             f"--run-dir {run_dir} already holds a run (its metrics and checkpoints): a new run there would mix "
             f"its rows with that run's and prune its checkpoints. Continue it with --resume {run_dir}, or give "
             f"another --run-dir."
         )
+    if mode & 0o077 and not shared:
+        raise ConfigError(
+            f"{label} is open to other users (mode {mode:04o}), and a run is private unless --shared-run-dir: "
+            f"chmod 700 {run_dir} first, or give --shared-run-dir to let them read it."
+        )
+
+
+def require_own_folder(folder: Path, label: str, remedy: str) -> None:
+    """``folder`` (no link: ``lstat``) belongs to you and no one else may write into it, or ConfigError.
+
+    Only then is what is in it yours: in another user's folder, or one others may write into (``/tmp/run1``
+    made ``mkdir -m 777``), ``trials.jsonl`` can be a link to a file of yours, or be swapped for one between
+    two writes. Other users may read it where you chose so (``--shared-run-dir``)."""
+    status = os.lstat(folder)
+    if not stat.S_ISDIR(status.st_mode):
+        raise UnsafeFileError(folder, kind_of(status.st_mode), expected="a folder")
+    if status.st_uid != os.geteuid():
+        raise ConfigError(f"{label} belongs to {_owner(status.st_uid)}, not to you: torchlab writes a run only into "
+                          f"a folder of yours, which no one else can have prepared. {remedy}")
+    mode = stat.S_IMODE(status.st_mode)
+    if mode & 0o022:
+        raise ConfigError(f"{label} can be written by other users (mode {mode:04o}): they could swap its files for "
+                          f"links to yours. {remedy}")
+
+
+def require_safe_folders_above(folder: Path, label: str) -> None:
+    """Each folder above ``folder`` that exists is yours or root's, and not writable by everyone unless sticky
+    (``/tmp``), or ConfigError: whoever may rename entries in a folder above could move the run directory
+    away mid-run and put a folder of theirs in its place. (A group-writable one is the group's choice, as
+    OpenSSH's check of a home directory allows.)"""
+    for above in Path(os.path.abspath(folder)).parents:
+        try:
+            status = os.lstat(above)
+        except FileNotFoundError:  # made by mkdir -p, by you
+            continue
+        mode = stat.S_IMODE(status.st_mode)
+        if status.st_uid not in (os.geteuid(), 0):
+            fault = f"which belongs to {_owner(status.st_uid)}"
+        elif mode & 0o002 and not mode & stat.S_ISVTX:
+            fault = f"which other users can write into (mode {mode:04o})"
+        else:
+            continue
+        raise ConfigError(f"{label} is inside {above}, {fault}: they could put a folder of theirs in its place. "
+                          "Give a --run-dir (or --runs-root) in a folder of yours.")
+
+
+def _make_folders_above(folder: Path) -> None:
+    """``mkdir -p`` of the folders above ``folder`` (the runs root): as the umask says, but never writable by
+    everyone (``require_safe_folders_above`` would refuse what it had just made, under umask 000)."""
+    missing = []
+    for above in folder.parents:
+        if os.path.exists(above):
+            break
+        missing.append(above)
+    for above in reversed(missing):
+        try:
+            os.mkdir(above, 0o775)
+        except FileExistsError:  # made meanwhile (another run starting); checked as any folder above
+            continue
+
+
+def _require_nothing_but_a_run(folder: Path, label: str) -> None:
+    """Every entry of ``folder`` is one a run makes (a link or FIFO among them is refused where it is opened)."""
+    foreign = sorted(name for name in os.listdir(folder)
+                     if name not in RUN_FILES and name not in RUN_FOLDERS and not _MORE_RUN_FILES.fullmatch(name))
+    if foreign:
+        listed = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise ConfigError(f"{label} holds files that are not a run's ({listed}): a new run goes into an empty folder "
+                          "or one that holds an unfinished run of yours. Give another --run-dir, or leave it out for a "
+                          "new one under the runs root.")
+
+
+def _is(path: Path, kind, *, follow: bool = False) -> bool:
+    """Whether something of ``kind`` (``stat.S_ISDIR``...) is at ``path``, itself (``follow``: where a link
+    leads); False where nothing is. Any other OSError (no permission, a name too long) propagates."""
+    try:
+        return kind((os.stat if follow else os.lstat)(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+def _without_links(path: Path) -> Path:
+    """``path``, or where it leads if a link is on its way: the folder checked is the folder used."""
+    real = Path(os.path.realpath(path))
+    return path if real == Path(os.path.abspath(path)) else real
+
+
+def _named(given: Path, real: Path) -> str:
+    return str(given) if given == real else f"{given} (a link to {real})"
+
+
+def _owner(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:  # no name in the password database
+        return f"uid {uid}"
+
+
+def _unusable(label: str, run_dir: Path, error: OSError) -> ConfigError:
+    """A run directory that cannot even be looked at, in one sentence: a name too long (only a ``--run-dir``
+    can be: the others were found), no permission..."""
+    if error.errno == errno.ENAMETOOLONG:
+        return ConfigError(f"--run-dir {shown(str(run_dir))}: a name in it is longer than the 255 bytes a file name "
+                           "may have: give a shorter --run-dir.")
+    return ConfigError(f"{label}: cannot be used ({reason(error)}); give another --run-dir.")

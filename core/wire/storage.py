@@ -12,9 +12,11 @@ write gives.
   "no space left on device writing metrics.jsonl in runs/x; its lines before this one are whole ...".
 - A file or folder is created as private as the folder it is in: in a folder no one else may enter
   (no group or other bits: a run directory is made so unless ``shared_run_dir`` is set), a file is
-  created 0600 and a folder 0700, whatever the umask; elsewhere 0666 and 0777, which the umask trims
-  as usual. The mode is given to ``open``/``mkdir`` themselves, so there is no moment when a file is
-  readable by others before a ``chmod``; nothing that exists has its mode changed.
+  created 0600 and a folder 0700, whatever the umask; elsewhere 0666 and 0755, which the umask trims
+  as usual: others may read what the umask lets them, never add to or swap the entries of a folder
+  torchlab made (core/wire/rundir.py refuses a run directory they could). The mode is given to
+  ``open``/``mkdir`` themselves, so there is no moment when a file is readable by others before a
+  ``chmod``; nothing that exists has its mode changed.
 
 Standard library only: the profile-table builder, a child process without torch, writes through it too.
 """
@@ -78,7 +80,7 @@ def create_file(path: Path, flags: int = os.O_WRONLY | os.O_TRUNC) -> int:
 
 def make_folder(path: Path) -> Path:
     """Make ``path`` (and any missing folder above it) unless it is a folder already: 0700 in a private
-    folder, 0777 less the umask elsewhere. An existing folder keeps its mode; a link in its place (to a
+    folder, 0755 less the umask elsewhere. An existing folder keeps its mode; a link in its place (to a
     folder of someone else's choosing) is an UnsafeFileError."""
     path = Path(path)
     if require_real_folder(path):
@@ -86,7 +88,7 @@ def make_folder(path: Path) -> Path:
     if path.parent != path and not path.parent.is_dir():
         make_folder(path.parent)
     try:
-        os.mkdir(path, 0o700 if is_private(path.parent) else 0o777)
+        os.mkdir(path, 0o700 if is_private(path.parent) else 0o755)
     except FileExistsError:
         if not require_real_folder(path):
             raise
@@ -94,8 +96,9 @@ def make_folder(path: Path) -> Path:
 
 
 def match_folder_privacy(path: Path) -> None:
-    """A file another library created in ``path``'s folder (torch's trace.json) loses its group and other
-    bits if that folder is private, as if ``create_file`` had made it."""
+    """A file or folder another library created in ``path``'s folder (torch's trace.json, the launcher's rank
+    log folders) loses its group and other bits if that folder is private, as if ``create_file`` or
+    ``make_folder`` had made it."""
     path = Path(path)
     if is_private(path.parent):
         os.chmod(path, stat.S_IMODE(os.stat(path).st_mode) & 0o700)
