@@ -255,3 +255,59 @@ def test_a_new_run_into_the_run_dir_of_an_earlier_one_is_refused_and_that_run_is
 
     assert run_cli(tmp_path, "--resume", str(run_dir), "--steps", "5") == EXIT_OK  # what the message says works
     assert [row["step"] for row in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+
+
+MISBEHAVING = WORKLOADS / "misbehaving.py"
+
+
+@pytest.mark.parametrize("factory, message", [
+    ("len_minus_one", "Workload.dataset: Samples.__len__ (MISBEHAVING:{def __len__}) returned -1; it must return "
+                      "the number of samples, a whole number ≥ 0."),
+    ("len_raises", "Workload.dataset: Samples.__len__ (MISBEHAVING:{def __len__}) raised RuntimeError: the index file "
+                   "is missing; it must return the number of samples, a whole number ≥ 0."),
+    ("len_not_a_number", "Workload.dataset: Samples.__len__ (MISBEHAVING:{def __len__}) returned 2.5; it must return "
+                         "the number of samples, a whole number ≥ 0."),
+    ("val_len_minus_one", "Workload.val_dataset: Samples.__len__ (MISBEHAVING:{def __len__}) returned -1"),
+])
+def test_a_dataset_whose_len_is_no_number_of_samples_is_one_paragraph(tmp_path, capsys, factory, message):
+    """``__len__`` returning -1 ended in len()'s ValueError, a traceback from deep inside the engine."""
+    assert run_cli(tmp_path, f"{MISBEHAVING}:{factory}", "--steps", "3", "--eval-every", "1") == EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("torchlab-tui: error: ") and err.count("\n") == 0 and "Traceback" not in err
+    assert with_line_numbers(message, MISBEHAVING).replace("MISBEHAVING", str(MISBEHAVING)) in err
+
+
+@pytest.mark.parametrize("factory, message", [
+    ("factory_exits", "misbehaving.py:{    sys.exit()} in factory_exits(): the workload called sys.exit() in its factory "
+                      "factory_exits(), which would end torchlab with the status it names; a run whose code exits has "
+                      "failed (exit 1): raise an exception instead, and its message is shown here."),
+    ("factory_exits_3", "misbehaving.py:{sys.exit(3)} in factory_exits_3(): the workload called sys.exit(3) in its factory factory_exits_3()"),
+    ("factory_raises_system_exit", "misbehaving.py:{raise SystemExit} in factory_raises_system_exit(): the workload "
+                                   "called sys.exit() in its factory factory_raises_system_exit()"),
+    ("factory_exits_in_a_helper", "misbehaving.py:{no GPU, giving up} in _give_up(): the workload called "
+                                  "sys.exit('no GPU, giving up') in its factory factory_exits_in_a_helper()"),
+])
+def test_a_factory_that_calls_sys_exit_is_a_failed_run_naming_the_line(tmp_path, capsys, factory, message):
+    """sys.exit() in a factory ended torchlab with exit 0 (a run that finished), sys.exit(3) with 3 (a non-finite
+    loss), and nothing said."""
+    assert run_cli(tmp_path, f"{MISBEHAVING}:{factory}", "--steps", "3") == EXIT_FAILED
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("torchlab-tui: error: ") and err.count("\n") == 0 and "Traceback" not in err
+    assert with_line_numbers(message, MISBEHAVING) in err
+
+
+def test_a_loss_that_calls_sys_exit_mid_run_fails_the_run_naming_the_line(tmp_path, capsys):
+    assert run_cli(tmp_path, f"{MISBEHAVING}:loss_exits_at_step_3", "--steps", "10") == EXIT_FAILED
+    err = capsys.readouterr().err
+    expected = "misbehaving.py:{# in the loss} in loss(): the workload called sys.exit(3) while it trained"
+    assert with_line_numbers(expected, MISBEHAVING) in err and "Traceback" not in err
+    [error] = [e for e in read_jsonl(only_run_dir(tmp_path) / "events.jsonl") if e["event"] == "error"]
+    assert with_line_numbers(expected, MISBEHAVING) in error["message"]
+
+
+def test_the_console_script_exits_1_when_the_workload_calls_sys_exit_3(tmp_path):
+    """Through the real entry point: 3 is the non-finite stop's status, and a workload's own exit is no such stop."""
+    done = subprocess.run([sys.executable, "-m", "torchlab.core.launch.cli", f"{MISBEHAVING}:factory_exits_3", "--headless",
+                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == EXIT_FAILED
+    assert done.stderr.count("\n") == 1 and "called sys.exit(3)" in done.stderr and "Traceback" not in done.stderr

@@ -1,10 +1,12 @@
 """The command line's words: its flags, how they become the settings layers of a TrainConfig, and the
-exit codes. Shared by every launcher (the ``torchlab-tui`` command, the trainer process the app starts,
-headless runs, ``--resume``) without importing any of them, and without torch.
+exit code of a run's outcome. Shared by every launcher (the ``torchlab-tui`` command, the trainer process the
+app starts, headless runs, ``--resume``) without importing any of them, and without torch.
 
-Exit codes: 0 finished or stopped on request; 1 the workload raised during training, or a run file could
-not be written; 2 a usage, config or workload error (message names the setting, file or line); 3 stopped
-on a non-finite loss or gradient; 130 interrupted (Ctrl-C), after saving a checkpoint.
+The exit codes are core/wire/errors.py's (the app, which cannot import this module, exits with the same):
+0 finished or stopped on request; 1 a run that failed (the workload raised or called sys.exit while training,
+a run file could not be written); 2 a usage, config or workload error (message names the setting, file or
+line); 3 stopped on a non-finite loss or gradient; 130 interrupted (Ctrl-C), after saving a checkpoint.
+A flag's value is passed on as typed: the setting's Bounds (core/wire/config.py) parse and refuse it.
 """
 
 from __future__ import annotations
@@ -16,9 +18,8 @@ from typing import Any
 
 from torchlab.core.engine.loading import SAMPLES
 from torchlab.core.wire.config import OPTIMIZERS, SCHEDULES, TrainConfig, build_config, load_config_file
+from torchlab.core.wire.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE  # noqa: F401 (the launchers' too)
 from torchlab.core.wire.options import LIVE_OPTIONS
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NONFINITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 def exit_code(status: str) -> int:

@@ -3,7 +3,17 @@ it to a runner: the app (default; the trainer runs in a child process), a headle
 ``attach``, ``serve``, ``compare`` or ``export``.
 
 This module imports no torch: the app's process must stay torch-free, and a usage error should be
-reported in milliseconds. The exit codes are arguments.py's.
+reported in milliseconds.
+
+Exit codes, the same for the app and a headless run (core/wire/errors.py defines them):
+
+    0    finished, stopped on request (q, Ctrl-C once in the app), or detached
+    1    a run that failed: the workload raised or called sys.exit while training, a run file could not be
+         written (a full disk); the message says what is intact
+    2    bad input: a setting, flag or config file; a workload that cannot load or take its first step; a run
+         directory, runtime directory or file refused. One paragraph, never a traceback
+    3    stopped on a non-finite loss or gradient (and nothing else: a workload's own sys.exit(3) is a 1)
+    130  interrupted (a second Ctrl-C of a headless run), the checkpoints so far kept
 """
 
 from __future__ import annotations
@@ -13,9 +23,9 @@ import gc
 import sys
 import traceback
 
-from torchlab.core.launch.arguments import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser, resolve_config
+from torchlab.core.launch.arguments import EXIT_INTERRUPTED, EXIT_OK, build_parser, resolve_config
 from torchlab.core.wire.config import TrainConfig, build_config, load_config_file
-from torchlab.core.wire.errors import ConfigError, StorageError, TorchlabError
+from torchlab.core.wire.errors import ConfigError, TorchlabError, exit_status
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         print(f"torchlab-tui: error: {error}", file=sys.stderr)
-        return EXIT_FAILED if isinstance(error, StorageError) else EXIT_USAGE  # a full disk is no usage error
+        return exit_status(error)  # a full disk, a workload that exited: a failed run, no usage error
     except KeyboardInterrupt:  # a second Ctrl-C during a headless run: abort at once, as it said it would
         print("torchlab-tui: aborted; the checkpoints written so far are kept.", file=sys.stderr)
         return EXIT_INTERRUPTED

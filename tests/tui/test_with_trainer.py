@@ -264,14 +264,26 @@ async def test_a_trainer_killed_mid_run_is_reported_at_its_last_step_and_restart
     assert app.return_code == 1  # the run failed: the exit status says so
 
 
-@pytest.mark.parametrize("factory, expected", [
-    ("factory_raises", 2),  # bad input: the trainer refuses the workload before training, and exits 2
-    ("nan_in_forward", 3),
-], ids=["bad-input", "non-finite"])
-async def test_the_app_exits_as_the_trainer_did_when_the_user_quits_from_the_error_screen(tmp_path, factory, expected):
-    app, links = app_with_trainer(tmp_path / "run", f"{TINY}:{factory}", "--steps", "50")
+MISBEHAVING = str(Path(__file__).parent.parent / "workloads" / "misbehaving.py")
+
+
+@pytest.mark.parametrize("workload, expected, message", [
+    # bad input: the trainer refuses the workload before training, and exits 2
+    (f"{TINY}:factory_raises", 2, "the factory factory_raises() raised ValueError"),
+    (f"{TINY}:nan_in_forward", 3, "non-finite"),
+    # sys.exit(3) in the factory ended the trainer with 3, a non-finite stop to the app; sys.exit() with 0
+    (f"{MISBEHAVING}:factory_exits_3", 1, "the workload called sys.exit(3) in its factory factory_exits_3()"),
+    (f"{MISBEHAVING}:factory_exits", 1, "the workload called sys.exit() in its factory factory_exits()"),
+    (f"{MISBEHAVING}:loss_exits_at_step_3", 1, "the workload called sys.exit(3) while it trained"),
+    (f"{MISBEHAVING}:len_minus_one", 2, "Samples.__len__"),
+], ids=["bad-input", "non-finite", "factory-exits-3", "factory-exits", "loss-exits", "len-minus-one"])
+async def test_the_app_exits_as_the_trainer_did_when_the_user_quits_from_the_error_screen(tmp_path, workload, expected, message):
+    app, links = app_with_trainer(tmp_path / "run", workload, "--steps", "50")
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: error_screen_shown(app), what="the error screen")
+        assert message in app.screen.failure.message
+        if expected != 3:  # the user's code named by its line: one paragraph, no traceback panel
+            assert "Traceback" not in app.screen.failure.detail
         await pilot.press("q")
         await until(pilot, lambda: not app.is_running, what="the app to exit")
     assert links[0].trainer_exit_code == expected
