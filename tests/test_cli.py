@@ -311,3 +311,17 @@ def test_the_console_script_exits_1_when_the_workload_calls_sys_exit_3(tmp_path)
                            "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
     assert done.returncode == EXIT_FAILED
     assert done.stderr.count("\n") == 1 and "called sys.exit(3)" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_app_is_not_started_where_the_runtime_directory_is_refused(tmp_path):
+    """The app started, made a run directory and showed the refusal with a traceback panel; quitting it exited 0.
+    The refusal is now said before the screen changes, as a headless run says it: one paragraph, exit 2."""
+    unsafe = tmp_path / "xdg" / "torchlab"
+    unsafe.mkdir(parents=True)
+    unsafe.chmod(0o755)
+    done = subprocess.run([sys.executable, "-m", "torchlab.core.launch.cli", "mlp", "--runs-root", str(tmp_path / "runs")],
+                          env={**os.environ, "XDG_RUNTIME_DIR": str(tmp_path / "xdg")}, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_USAGE
+    assert done.stderr == f"torchlab-tui: error: {unsafe} has mode 755, not 700: run chmod 700 {unsafe}.\n"
+    assert not (tmp_path / "runs").exists()

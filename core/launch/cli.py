@@ -71,6 +71,7 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
     try:
         from torchlab.core.engine.loading import check_spec, workload_label
         from torchlab.core.wire.rundir import choose_run_dir, create_run_dir, refuse_a_used_run_dir
+        from torchlab.core.wire.runtime import runtime_dir
         from torchlab.tui.app import make_app, tune_garbage_collection
         from torchlab.tui.link import ProcessLink
 
@@ -78,6 +79,7 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
         if workload:
             check_spec(workload)  # a missing file is said here, before the screen changes
         refuse_a_used_run_dir(args.run_dir, args.resume)
+        runtime_dir()  # where the trainer's socket goes: a refusal is said here too, before a run directory exists
         run_dir = create_run_dir(choose_run_dir(args.run_dir, args.resume, args.runs_root, workload_label(workload) if workload else "resumed"),
                                  shared=config.shared_run_dir)
         links: list[ProcessLink] = []

@@ -271,7 +271,7 @@ CLIP = Number(
     bounds=Bounds(minimum=0, above=True, off=None, must_be="a positive max grad norm, or 0 or off for no clipping"),
     label="clip norm", short="clip", key="g", footer="Clip", metavar="NORM|off",
     help="Set the max gradient norm to clip to (0 or empty = off)",
-    prompt="Clip gradients to a max global norm", hint="a positive number, e.g. 1.0; 0, off or empty = no clipping",
+    prompt="Clip gradients to a max global norm", hint="a positive number, e.g. 1.0; 0 or off: no clipping",
     flag_help="clip the global grad norm to NORM (default off; 0 or off: no clipping)",
 )
 ACCUM = Number(

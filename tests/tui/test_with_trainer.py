@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from processes import alive
+from test_full_disk import small_disk  # noqa: F401 (a fixture: a 3 MB tmpfs)
 from torchlab.core.engine.distributed import usable_cpus
 from torchlab.tui.app import make_app
 from torchlab.tui.link import ProcessLink
@@ -288,3 +289,24 @@ async def test_the_app_exits_as_the_trainer_did_when_the_user_quits_from_the_err
         await until(pilot, lambda: not app.is_running, what="the app to exit")
     assert links[0].trainer_exit_code == expected
     assert app.return_code == expected
+
+
+async def test_a_full_disk_mid_run_is_its_paragraph_without_a_traceback_and_the_app_exits_1(small_disk):
+    """On a real 3 MB file system filled while the run trains: the error screen showed the trainer's traceback for a
+    full disk, torchlab's own words being all there is to say (which file, what is intact)."""
+    from test_full_disk import leave_free
+
+    run_dir = small_disk / "run"
+    app, links = app_with_trainer(run_dir, f"{small_disk / 'workload.py'}:workload", "--steps", "100000",
+                                  "--checkpoint-every", "0", "--telemetry-interval", "0", "--eval-every", "0")
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.run_state.step >= 2, what="training")
+        leave_free(small_disk, 0)
+        await until(pilot, lambda: error_screen_shown(app), what="the error screen")
+        failure = app.screen.failure
+        assert failure.message.startswith("no space left on device writing metrics.jsonl")
+        assert failure.detail == "" and not app.screen.query("#error-detail")
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, what="the app to exit")
+    assert links[0].trainer_exit_code == 1
+    assert app.return_code == 1
