@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import math
+import re
 import tomllib
+from dataclasses import fields
 
 import pytest
 
-from torchlab.core.wire.config import ScheduledChange, TrainConfig, build_config, load_config_file
+from torchlab.core.launch.arguments import build_parser, resolve_config
+from torchlab.core.wire.config import SETTING_BOUNDS, ScheduledChange, TrainConfig, build_config, load_config_file
 from torchlab.core.wire.errors import ConfigError, WorkloadError
 from torchlab.core.engine.loading import check_spec, workload_label
-from torchlab.core.wire.options import LiveOptions, OptionRefused, format_option_value, parse_option_value
+from torchlab.core.wire.options import (
+    LIVE_OPTIONS, Bounds, LiveOptions, Number, OptionRefused, format_option_value, parse_option_value,
+)
 
 
 @pytest.mark.parametrize("option, text, value", [
@@ -146,14 +152,6 @@ def test_workers_at_the_top_level_of_a_config_file_still_sets_the_live_option(tm
 # Every setting's bounds come from one definition (core/wire/options.py's Bounds): the flag, config.toml, --at and a
 # live change or a prompt (the option's parse) all take and refuse the same values. The cases are generated from the
 # registries, so a new setting or option cannot skip its bounds.
-
-from dataclasses import fields  # noqa: E402
-import math  # noqa: E402
-import re  # noqa: E402
-
-from torchlab.core.launch.arguments import build_parser, resolve_config  # noqa: E402
-from torchlab.core.wire.config import SETTING_BOUNDS  # noqa: E402
-from torchlab.core.wire.options import LIVE_OPTIONS, OPTIONS_BY_NAME, Bounds, Number  # noqa: E402
 
 #: Settings with checks of their own kind (a name, a choice, a path, a list): every other field has Bounds.
 NOT_NUMBERS = {"workload", "device", "optimizer", "schedule", "shared_run_dir", "tensorboard", "options", "at", "trials",
