@@ -92,16 +92,25 @@ def test_resume_continues_in_the_same_run_directory(tmp_path):
     ([f"{TINY}:shape_mismatch"], "tiny.py:{return self.head(self.extra} in forward(): the first training step failed: RuntimeError"),
     ([f"{TINY}:not_scalar"], "tiny.py:{def loss_per_sample}: loss_fn must return a scalar floating-point tensor, got a tensor of shape [16, 1]"),
     (["tiny.module_that_is_not_there:workload"], "cannot import workload module 'tiny.module_that_is_not_there'"),
-    ([f"{TINY}:workload", "--steps", "0"], "steps (--steps) must be a whole number ≥ 1; got 0"),
-    ([f"{TINY}:workload", "--lr", "-1"], "lr (--lr) must be a positive number; got -1.0"),
+    ([f"{TINY}:workload", "--steps", "0"], "steps (--steps) must be a whole number of steps from 1 to 10^9; got '0'"),
+    ([f"{TINY}:workload", "--steps", "99999999999999999999"], "steps (--steps) must be a whole number of steps from 1 to 10^9; got '99999999999999999999'"),
+    ([f"{TINY}:workload", "--keep-checkpoints", "1e20"], "keep_checkpoints (--keep-checkpoints) must be a whole number from 1 to 1000; got '1e20'"),
+    ([f"{TINY}:workload", "--keep-checkpoints", "100000000000000000000"], "keep_checkpoints (--keep-checkpoints) must be a whole number from 1 to 1000"),
+    ([f"{TINY}:workload", "--warmup-steps", "1000000000000"], "warmup_steps (--warmup-steps) must be a whole number of steps from 0 to 10^9; got '1000000000000'"),
+    ([f"{TINY}:workload", "--telemetry-interval", "1e-9"], "telemetry_interval (--telemetry-interval) must be 0 (off) or a number of seconds from 0.1 to 3600; got '1e-9'"),
+    ([f"{TINY}:workload", "--eval-every", "99999999999999999999999"], "eval_every (--eval-every) must be a whole number of steps from 1 to 10^9, or 0 (off)"),
+    ([f"{TINY}:workload", "--profile-at", "99999999999999999999"], "profile_at (--profile-at) must be optimizer steps from 1 to 10^9"),
+    ([f"{TINY}:workload", "--at", "99999999999999999999:amp=bf16"], "STEP must be an optimizer step from 1 to 10^9"),
+    ([f"{TINY}:workload", "--at", "1" * 5000 + ":amp=bf16"], "STEP must be an optimizer step from 1 to 10^9"),
+    ([f"{TINY}:workload", "--lr", "-1"], "lr (--lr) must be a positive number; got '-1'"),
     ([f"{TINY}:workload", "--device", "tpu"], "device (--device) must be auto, cpu, cuda or cuda:N with N from 0 to 127; got 'tpu'"),
     ([f"{TINY}:workload", "--clip", "-3"], "options.clip (--clip): clip must be a positive max grad norm"),
     ([f"{TINY}:workload", "--at", "five:amp=bf16"], "is not of the form STEP:OPTION=VALUE"),
     ([f"{TINY}:workload", "--at", "5:amp=fp32"], "amp must be one of off, bf16, fp16"),
     ([f"{TINY}:workload", "--at", "5:turbo=on"], "unknown option 'turbo'"),
     ([f"{TINY}:workload", "--amp", "fp16"], "fp16 needs CUDA"),
-    ([f"{TINY}:workload", "--probe-every", "often"], "probe_every (--probe-every) must be a number of steps (0 = off) or \"auto\""),
-    ([f"{TINY}:workload", "--checkpoint-every", "hourly"], "checkpoint_every (--checkpoint-every) must be a number of steps (0 = only at the end) or \"auto\""),
+    ([f"{TINY}:workload", "--probe-every", "often"], "probe_every (--probe-every) must be a whole number of steps from 1 to 10^9, 0 (off) or auto"),
+    ([f"{TINY}:workload", "--checkpoint-every", "hourly"], "checkpoint_every (--checkpoint-every) must be a whole number of steps from 1 to 10^9, 0 (only at the end) or auto"),
     ([f"{TINY}:workload", "--resume", "/nonexistent/last.pt"], "--resume /nonexistent/last.pt: no such checkpoint file"),
     ([f"{TINY}:workload", "--batch-size", "1000"], "the dataset has 256 samples, fewer than one batch of 1000"),
     ([f"{TINY}:workload", "--seed", "4294967296"], "seed (--seed) must be a whole number from 0 to 4294967295"),
@@ -109,7 +118,7 @@ def test_resume_continues_in_the_same_run_directory(tmp_path):
     ([f"{TINY}:workload", "--device", "cuda:200"], "with N from 0 to 127; got 'cuda:200'"),
     ([f"{TINY}:workload", "--run-dir", "/etc/passwd"], "run directory /etc/passwd: cannot be made (/etc/passwd: Not a directory)"),
     ([f"{TINY}:workload", "--run-dir", "/proc/1/nope"], "run directory /proc/1/nope: cannot be made"),
-    ([f"{TINY}:workload", "--telemetry-interval", "1e30"], "telemetry_interval (--telemetry-interval) must be at most 3600 seconds"),
+    ([f"{TINY}:workload", "--telemetry-interval", "1e30"], "telemetry_interval (--telemetry-interval) must be 0 (off) or a number of seconds from 0.1 to 3600; got '1e30'"),
     ([f"{TINY}:workload", "--workers", "1000"], "workers (--workers): workers must be a whole number from 0 (load in the training process) to"),
     ([f"{TINY}:workload", "--at", "5:amp=" + "x" * 5000], "amp must be one of off, bf16, fp16, got 'xxxxxxxx"),
 ])
@@ -131,7 +140,7 @@ def test_unknown_config_file_key_is_named_with_a_suggestion(tmp_path, capsys):
     assert "not valid TOML" in capsys.readouterr().err
     config.write_text('steps = "many"')
     assert main(["--config", str(config), "--headless"]) == EXIT_USAGE
-    assert "steps (--steps) must be a whole number ≥ 1; got 'many'" in capsys.readouterr().err
+    assert "steps (--steps) must be a whole number of steps from 1 to 10^9; got 'many'" in capsys.readouterr().err
 
 
 def test_workload_error_on_the_first_step_is_also_in_events(tmp_path):
@@ -170,7 +179,7 @@ def test_console_script_end_to_end(tmp_path):
     bad = subprocess.run([str(script), "nope.py:workload", "--headless"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
     usage = subprocess.run([str(script), "--steps", "x"], capture_output=True, text=True, timeout=60)
-    assert usage.returncode == 2 and "invalid int value: 'x'" in usage.stderr
+    assert usage.returncode == 2 and usage.stderr == "torchlab-tui: error: steps (--steps) must be a whole number of steps from 1 to 10^9; got 'x'.\n"
 
 
 def test_the_cli_module_does_not_import_torch():
@@ -246,3 +255,73 @@ def test_a_new_run_into_the_run_dir_of_an_earlier_one_is_refused_and_that_run_is
 
     assert run_cli(tmp_path, "--resume", str(run_dir), "--steps", "5") == EXIT_OK  # what the message says works
     assert [row["step"] for row in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+
+
+MISBEHAVING = WORKLOADS / "misbehaving.py"
+
+
+@pytest.mark.parametrize("factory, message", [
+    ("len_minus_one", "Workload.dataset: Samples.__len__ (MISBEHAVING:{def __len__}) returned -1; it must return "
+                      "the number of samples, a whole number ≥ 0."),
+    ("len_raises", "Workload.dataset: Samples.__len__ (MISBEHAVING:{def __len__}) raised RuntimeError: the index file "
+                   "is missing; it must return the number of samples, a whole number ≥ 0."),
+    ("len_not_a_number", "Workload.dataset: Samples.__len__ (MISBEHAVING:{def __len__}) returned 2.5; it must return "
+                         "the number of samples, a whole number ≥ 0."),
+    ("val_len_minus_one", "Workload.val_dataset: Samples.__len__ (MISBEHAVING:{def __len__}) returned -1"),
+])
+def test_a_dataset_whose_len_is_no_number_of_samples_is_one_paragraph(tmp_path, capsys, factory, message):
+    """``__len__`` returning -1 ended in len()'s ValueError, a traceback from deep inside the engine."""
+    assert run_cli(tmp_path, f"{MISBEHAVING}:{factory}", "--steps", "3", "--eval-every", "1") == EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("torchlab-tui: error: ") and err.count("\n") == 0 and "Traceback" not in err
+    assert with_line_numbers(message, MISBEHAVING).replace("MISBEHAVING", str(MISBEHAVING)) in err
+
+
+@pytest.mark.parametrize("factory, message", [
+    ("factory_exits", "misbehaving.py:{    sys.exit()} in factory_exits(): the workload called sys.exit() in its factory "
+                      "factory_exits(), which would end torchlab with the status it names; a run whose code exits has "
+                      "failed (exit 1): raise an exception instead, and its message is shown here."),
+    ("factory_exits_3", "misbehaving.py:{sys.exit(3)} in factory_exits_3(): the workload called sys.exit(3) in its factory factory_exits_3()"),
+    ("factory_raises_system_exit", "misbehaving.py:{raise SystemExit} in factory_raises_system_exit(): the workload "
+                                   "called sys.exit() in its factory factory_raises_system_exit()"),
+    ("factory_exits_in_a_helper", "misbehaving.py:{no GPU, giving up} in _give_up(): the workload called "
+                                  "sys.exit('no GPU, giving up') in its factory factory_exits_in_a_helper()"),
+])
+def test_a_factory_that_calls_sys_exit_is_a_failed_run_naming_the_line(tmp_path, capsys, factory, message):
+    """sys.exit() in a factory ended torchlab with exit 0 (a run that finished), sys.exit(3) with 3 (a non-finite
+    loss), and nothing said."""
+    assert run_cli(tmp_path, f"{MISBEHAVING}:{factory}", "--steps", "3") == EXIT_FAILED
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("torchlab-tui: error: ") and err.count("\n") == 0 and "Traceback" not in err
+    assert with_line_numbers(message, MISBEHAVING) in err
+
+
+def test_a_loss_that_calls_sys_exit_mid_run_fails_the_run_naming_the_line(tmp_path, capsys):
+    assert run_cli(tmp_path, f"{MISBEHAVING}:loss_exits_at_step_3", "--steps", "10") == EXIT_FAILED
+    err = capsys.readouterr().err
+    expected = "misbehaving.py:{# in the loss} in loss(): the workload called sys.exit(3) while it trained"
+    assert with_line_numbers(expected, MISBEHAVING) in err and "Traceback" not in err
+    [error] = [e for e in read_jsonl(only_run_dir(tmp_path) / "events.jsonl") if e["event"] == "error"]
+    assert with_line_numbers(expected, MISBEHAVING) in error["message"]
+
+
+def test_the_console_script_exits_1_when_the_workload_calls_sys_exit_3(tmp_path):
+    """Through the real entry point: 3 is the non-finite stop's status, and a workload's own exit is no such stop."""
+    done = subprocess.run([sys.executable, "-m", "torchlab.core.launch.cli", f"{MISBEHAVING}:factory_exits_3", "--headless",
+                           "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == EXIT_FAILED
+    assert done.stderr.count("\n") == 1 and "called sys.exit(3)" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_app_is_not_started_where_the_runtime_directory_is_refused(tmp_path):
+    """The app started, made a run directory and showed the refusal with a traceback panel; quitting it exited 0.
+    The refusal is now said before the screen changes, as a headless run says it: one paragraph, exit 2."""
+    unsafe = tmp_path / "xdg" / "torchlab"
+    unsafe.mkdir(parents=True)
+    unsafe.chmod(0o755)
+    done = subprocess.run([sys.executable, "-m", "torchlab.core.launch.cli", "mlp", "--runs-root", str(tmp_path / "runs")],
+                          env={**os.environ, "XDG_RUNTIME_DIR": str(tmp_path / "xdg")}, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_USAGE
+    assert done.stderr == f"torchlab-tui: error: {unsafe} has mode 755, not 700: run chmod 700 {unsafe}.\n"
+    assert not (tmp_path / "runs").exists()

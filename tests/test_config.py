@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import math
+import re
 import tomllib
+from dataclasses import fields
 
 import pytest
 
-from torchlab.core.wire.config import ScheduledChange, TrainConfig, build_config, load_config_file
+from torchlab.core.launch.arguments import build_parser, resolve_config
+from torchlab.core.wire.config import SETTING_BOUNDS, ScheduledChange, TrainConfig, build_config, load_config_file
 from torchlab.core.wire.errors import ConfigError, WorkloadError
 from torchlab.core.engine.loading import check_spec, workload_label
-from torchlab.core.wire.options import LiveOptions, OptionRefused, format_option_value, parse_option_value
+from torchlab.core.wire.options import (
+    LIVE_OPTIONS, Bounds, LiveOptions, Number, OptionRefused, format_option_value, parse_option_value,
+)
 
 
 @pytest.mark.parametrize("option, text, value", [
@@ -42,7 +48,7 @@ def test_option_values_format_as_a_user_types_them():
 
 def test_scheduled_change_parses_and_refuses_bad_forms():
     assert ScheduledChange.parse(" 50 : amp = bf16 ") == ScheduledChange(50, "amp", "bf16")
-    for text, reason in [("0:amp=bf16", "counts optimizer steps from 1"), ("amp=bf16", "STEP:OPTION=VALUE"),
+    for text, reason in [("0:amp=bf16", r"STEP must be an optimizer step from 1 to 10\^9, got .0."), ("amp=bf16", "STEP:OPTION=VALUE"),
                          ("5:accum=-2", "whole number")]:
         with pytest.raises(ConfigError, match=reason):
             ScheduledChange.parse(text)
@@ -78,7 +84,7 @@ def test_warmup_defaults_to_five_percent_of_steps():
     ({"steps": True}, "steps (--steps)"), ({"weight_decay": float("nan")}, "weight_decay (--weight-decay)"),
     ({"probe_every": -1}, "probe_every (--probe-every)"), ({"checkpoint_every": -5}, "checkpoint_every (--checkpoint-every)"), ({"workload": " "}, "workload (--workload)"),
     ({"shared_run_dir": "yes"}, "shared_run_dir (--shared-run-dir) must be true or false; got 'yes'"),
-    ({"telemetry_interval": 1e30}, "telemetry_interval (--telemetry-interval) must be at most 3600 seconds"),
+    ({"telemetry_interval": 1e30}, "telemetry_interval (--telemetry-interval) must be 0 (off) or a number of seconds from 0.1 to 3600; got 1e+30"),
     ({"profile_steps": 10**30}, "profile_steps (--profile-steps) must be a whole number from 1 to 1000"),
 ])
 def test_invalid_settings_name_the_setting(settings, setting):
@@ -140,3 +146,97 @@ def test_workers_at_the_top_level_of_a_config_file_still_sets_the_live_option(tm
     assert "[options]" in written and "\nworkers = 2\n" in written.split("[options]")[1]
 
 
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Every setting's bounds come from one definition (core/wire/options.py's Bounds): the flag, config.toml, --at and a
+# live change or a prompt (the option's parse) all take and refuse the same values. The cases are generated from the
+# registries, so a new setting or option cannot skip its bounds.
+
+#: Settings with checks of their own kind (a name, a choice, a path, a list): every other field has Bounds.
+NOT_NUMBERS = {"workload", "device", "optimizer", "schedule", "shared_run_dir", "tensorboard", "options", "at", "trials",
+               "schedule_extensions", "profile_at"}
+LIVE_NUMBERS = [option for option in LIVE_OPTIONS if isinstance(option, Number)]
+
+
+def _text(bounds: Bounds, number: float) -> str:
+    return str(int(number)) if bounds.whole else repr(float(number))
+
+
+def inside(bounds: Bounds) -> list[str]:
+    """The edges a setting takes, as typed."""
+    values = [_text(bounds, bounds.minimum + (1 if bounds.whole else 0.5) if bounds.above else bounds.minimum)]
+    if math.isfinite(bounds.maximum):
+        values.append(_text(bounds, bounds.maximum))
+    return values
+
+
+def outside(bounds: Bounds) -> list[str]:
+    """Numbers just past each edge, as typed (zero is no number past an edge where it means off)."""
+    below = bounds.minimum - 1 if bounds.whole else bounds.minimum / 2
+    values = ["-1"]
+    if below < bounds.minimum and not (bounds.can_be_off and below == 0):
+        values.append(_text(bounds, below))
+    if bounds.above and not (bounds.can_be_off and bounds.minimum == 0):
+        values.append(_text(bounds, bounds.minimum))
+    if math.isfinite(bounds.maximum):
+        values.append(_text(bounds, bounds.maximum + 1 if bounds.whole else bounds.maximum * 2))
+    return values
+
+
+def test_every_setting_has_bounds_or_a_check_of_its_own_kind():
+    assert {f.name for f in fields(TrainConfig)} == set(SETTING_BOUNDS) | NOT_NUMBERS
+    for option in LIVE_OPTIONS:
+        if option.setting:  # steps: the setting and the live option are one definition
+            assert SETTING_BOUNDS[option.name] is option.bounds
+
+
+@pytest.mark.parametrize("name", sorted(SETTING_BOUNDS))
+def test_a_settings_flag_and_its_config_file_take_and_refuse_the_same_values(name, tmp_path):
+    bounds, flag = SETTING_BOUNDS[name], "--" + name.replace("_", "-")
+    refusal = rf"^{name} \({flag}\) must be {re.escape(bounds.must_be)}; got "
+    for text in inside(bounds):
+        config, _ = resolve_config(build_parser().parse_args(["mlp", flag, text]))
+        assert getattr(config, name) == bounds.parse(name, text)
+        (tmp_path / "c.toml").write_text(f"{name} = {text}\n")
+        assert getattr(build_config(load_config_file(tmp_path / "c.toml")), name) == bounds.parse(name, text)
+    for text in [*outside(bounds), "x", "1e400"]:
+        with pytest.raises(ConfigError, match=refusal):
+            resolve_config(build_parser().parse_args(["mlp", flag, text]))
+        (tmp_path / "c.toml").write_text(f"{name} = {text if text != 'x' else repr(text)}\n")
+        with pytest.raises(ConfigError, match=refusal):
+            build_config(load_config_file(tmp_path / "c.toml"))
+
+
+@pytest.mark.parametrize("option", LIVE_NUMBERS, ids=lambda o: o.name)
+def test_a_live_number_takes_and_refuses_the_same_values_by_flag_file_at_and_live(option, tmp_path):
+    bounds, name = option.bounds, option.name
+    for text in inside(bounds):
+        value = option.parse(text)
+        assert getattr(resolve_config(build_parser().parse_args(["mlp", option.flag, text]))[0].options, name) == value
+        assert ScheduledChange.parse(f"5:{name}={text}").value == text
+    for text in outside(bounds):
+        with pytest.raises(OptionRefused, match=rf"^{name} must be {re.escape(bounds.must_be)}, got "):
+            option.parse(text)  # a live change, a prompt in the app, a value in a protocol message
+        with pytest.raises(OptionRefused, match=rf"^{name} must be {re.escape(bounds.must_be)}, got "):
+            option.parse(float(text) if not bounds.whole else int(text))  # as JSON carries it
+        with pytest.raises(ConfigError, match=re.escape(f"--at '5:{name}={text}': {name} must be {bounds.must_be}")):
+            ScheduledChange.parse(f"5:{name}={text}")
+        with pytest.raises(ConfigError, match=re.escape(bounds.must_be)):
+            resolve_config(build_parser().parse_args(["mlp", option.flag, text]))
+        if not option.setting:
+            (tmp_path / "c.toml").write_text(f"[options]\n{name} = {text}\n")
+            with pytest.raises(ConfigError, match=re.escape(bounds.must_be)):
+                build_config(load_config_file(tmp_path / "c.toml"))
+
+
+@pytest.mark.parametrize("given", ["0", "0.0", 0, 0.0, "off", None])
+def test_a_clip_of_zero_is_off_on_the_command_line_in_a_file_in_at_and_live(given, tmp_path):
+    """``--clip 0`` was off, while a live ``clip`` of 0 (a JSON number) was refused: 0 is off everywhere."""
+    assert parse_option_value("clip", given) is None  # live, and the app's prompt
+    if isinstance(given, str):
+        config, _ = resolve_config(build_parser().parse_args(["mlp", "--clip", given, "--at", f"3:clip={given}"]))
+        assert config.options.clip is None and config.at[0].value == given
+    (tmp_path / "c.toml").write_text(f"[options]\nclip = {given if not isinstance(given, str) else repr(given)}\n"
+                                     if given is not None else "")
+    assert build_config(load_config_file(tmp_path / "c.toml")).options.clip is None

@@ -71,7 +71,7 @@ def test_a_mode_cycles_past_what_this_run_refused_and_a_switch_toggles() -> None
 
 @pytest.mark.parametrize("option", [o for o in LIVE_OPTIONS if isinstance(o, Number)], ids=lambda o: o.name)
 def test_a_number_refuses_what_is_out_of_its_bounds_saying_what_it_must_be(option) -> None:
-    too_large = [str(option.maximum * 2)] if option.maximum != float("inf") else []
+    too_large = [str(option.bounds.maximum * 2)] if option.bounds.maximum != float("inf") else []
     for bad in ["-1", "nan", "x", True, *too_large]:
         with pytest.raises(OptionRefused, match=rf"^{option.name} must be "):
             option.parse(bad)
@@ -89,3 +89,16 @@ def test_a_trainer_command_travels_between_ranks_as_its_own_protocol_text(comman
 def test_what_is_not_the_trainers_is_not_taken_as_a_trainer_command(command) -> None:
     with pytest.raises(p.ProtocolError, match="is not a command for the trainer"):
         p.trainer_command(command.json_text())
+
+
+def test_a_live_clip_of_zero_turns_clipping_off_as_the_flag_does():
+    """``--clip 0`` meant off, while the same 0 sent to a running trainer (a JSON number) was refused."""
+    from trainers import make_trainer
+
+    trainer, seen = make_trainer(steps=3, options={"clip": "1.0"})
+    trainer.submit(p.SetCommand("clip", 0, "test"))
+    assert trainer.run().status == "finished"
+    assert not seen.of("option_refused")
+    [applied] = seen.of("option_applied")
+    assert (applied["option"], applied["value"], applied["previous"]) == ("clip", None, 1.0)
+    assert [record["clip"] for record in seen.metrics] == [None, None, None]

@@ -22,7 +22,7 @@ from torchlab.core.wire.storage import write_atomically
 TINY = WORKLOADS / "tiny.py"
 #: A run that writes every kind of file: journals, config.toml, impact.json, checkpoints, a profile.
 EVERYTHING = (f"{TINY}:workload", "--steps", "6", "--checkpoint-every", "2", "--at", "3:clip=0.5",
-              "--profile-at", "2", "--profile-steps", "1", "--telemetry-interval", "0.05")
+              "--profile-at", "2", "--profile-steps", "1", "--telemetry-interval", "0.1")
 
 
 @pytest.fixture

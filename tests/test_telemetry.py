@@ -65,7 +65,7 @@ def test_samples_arrive_while_training_and_land_in_system_jsonl(tmp_path):
     from torchlab.core.wire.rundir import RunDirectory
 
     directory = RunDirectory(tmp_path / "run")
-    trainer, seen = make_trainer(steps=10**6, telemetry_interval=0.02)
+    trainer, seen = make_trainer(steps=10**6, telemetry_interval=0.1)
     trainer.observers.append(directory)
 
     class StopAfterTwoSamples(type(seen)):

@@ -11,6 +11,11 @@ backs up). Commands go out through ``link.send``, which never blocks. Every chan
 is logged as requested at once, then acknowledged with the step it took effect at (or refused with
 the trainer's reason) when the answer arrives.
 
+A trainer that cannot start, or a run that fails, opens the error screen. torchlab's own refusals (a
+TorchlabError: a runtime directory, a full disk) and the machine's (an OSError) are shown as their paragraph;
+only an error that is neither, a bug, comes with its traceback. The app exits as a headless run would
+(core/wire/errors.py's codes): 2 for input the trainer or this app refused, 1 for a run that failed.
+
 This module and everything it imports stays free of torch: the app must start in well under a second
 over SSH. A subprocess test and an import-linter contract hold that line.
 """
@@ -42,6 +47,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer
 
 from torchlab.core.wire import protocol
+from torchlab.core.wire.errors import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE, TorchlabError, exit_status
 from torchlab.core.wire.options import CHECKPOINTING, LIVE_OPTIONS, OPTIONS_BY_NAME, Number, format_option_value
 from torchlab.core.wire.safe_open import UnsafeFileError
 from torchlab.core.wire.trials import TRIAL_HINT, parse_trial
@@ -171,6 +177,8 @@ class TorchlabApp(App[int]):
         self._link_closed = False
         self._leaving = False
         self._error_screen_open = False
+        #: the status to exit with when the trainer could not be started (None: it was, or it is yet to be)
+        self._start_failed_status: int | None = None
         self._hangup_thread: threading.Thread | None = None
         #: per chart: the state's metrics version it shows and when it was drawn
         self._chart_drawn: dict[LineChart, tuple[int, float]] = {}
@@ -229,9 +237,10 @@ class TorchlabApp(App[int]):
         try:
             self.link = self._link_factory()
             self.link.start()
-        except Exception as error:  # the user's config or machine: shown, with the traceback, never fatal
-            self._show_failure(Failure("error", f"could not start the trainer: {error}", traceback.format_exc(), None))
+        except Exception as error:  # the user's config or machine: shown, never fatal
+            self._trainer_did_not_start(error)
             return
+        self._start_failed_status = None
         self._link_closed = False
         self.run_state.read_only = self.read_only
         self._follow_trainer_log()
@@ -411,6 +420,17 @@ class TorchlabApp(App[int]):
             self.query_one("#ranks", RankTable).show(state)
             self.query_one("#ranks-line", RankTable).show(state)
 
+    def _trainer_did_not_start(self, error: Exception) -> None:
+        """The error screen for a trainer that could not be started, and the status the app will exit with."""
+        if isinstance(error, TorchlabError):  # torchlab's refusal: its paragraph says what to do
+            failure, self._start_failed_status = Failure("error", str(error), "", None), exit_status(error)
+        elif isinstance(error, OSError):  # the machine's (a full disk, no permission): it names the file
+            failure, self._start_failed_status = Failure("error", f"could not start the trainer: {error}", "", None), EXIT_FAILED
+        else:  # a bug: its traceback is what to report
+            failure = Failure("error", f"could not start the trainer: {error}", traceback.format_exc(), None)
+            self._start_failed_status = EXIT_FAILED
+        self._show_failure(failure)
+
     def _show_failure(self, failure: Failure) -> None:
         if self._error_screen_open:
             return
@@ -455,9 +475,10 @@ class TorchlabApp(App[int]):
         else:
             try:
                 self.link.restart(resume=True, options=options)
-            except Exception as error:  # shown on the error screen again, with its traceback
-                self._show_failure(Failure("error", f"could not restart the trainer: {error}", traceback.format_exc(), None))
+            except Exception as error:  # shown on the error screen again
+                self._trainer_did_not_start(error)
                 return
+            self._start_failed_status = None
             self._link_closed = False
             self._follow_trainer_log()
         self.run_state.mark_restarting()
@@ -622,15 +643,20 @@ class TorchlabApp(App[int]):
 
     def outcome_exit_code(self) -> int:
         """The app's exit status tells how the run ended, as a headless run's does: 0 finished, stopped or
-        detached; 1 failed; 2 the trainer refused its input (a workload or setting error); 3 non-finite."""
+        detached; 1 failed (or its trainer could not be started: a full disk); 2 the trainer (or this app, before
+        starting it) refused its input (a workload, a setting, the runtime directory); 3 non-finite."""
         state = self.run_state
-        if state.detached or state.failure is None or self.read_only:  # a viewer's leaving says nothing of the run
-            return 0
+        if state.detached or self.read_only:  # a viewer's leaving says nothing of the run
+            return EXIT_OK
+        if self._start_failed_status is not None:
+            return self._start_failed_status
+        if state.failure is None:
+            return EXIT_OK
         if state.failure.kind == "nonfinite":
-            return 3
-        if self.link is not None and self.link.trainer_exit_code == 2:
-            return 2
-        return 1
+            return EXIT_NONFINITE
+        if self.link is not None and self.link.trainer_exit_code == EXIT_USAGE:
+            return EXIT_USAGE
+        return EXIT_FAILED
 
     def on_unmount(self) -> None:
         # Any other way out (ctrl+c, an exception): the trainer still gets told, so no orphan is left;

@@ -21,6 +21,8 @@ in the training process (0 workers) it draws from the global RNG, in a worker fr
 from __future__ import annotations
 
 import itertools
+import operator
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +30,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
 
-from torchlab.core.wire.errors import WorkloadError
+from torchlab.core.engine.loading import describe_code
+from torchlab.core.wire.errors import WorkloadError, shown
 
 
 @dataclass
@@ -135,7 +138,7 @@ class BatchStream:
         self.device = device
         self.iterable = isinstance(dataset, IterableDataset)
         if not self.iterable:
-            size = len(dataset)
+            size = dataset_size(dataset, "dataset")
             if size < batch_size:
                 raise WorkloadError(
                     f"the dataset has {size} samples, fewer than one batch of {batch_size}; "
@@ -211,11 +214,32 @@ def evaluation_batches(
     and an evaluation would shift the training's dropout from then on (a run that evaluates at a step
     where another does not, such as its last one, could then not be resumed bit-exactly).
     """
+    if not isinstance(dataset, IterableDataset):
+        dataset_size(dataset, "val_dataset")
     loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, shuffle=False, generator=torch.Generator())
     for index, batch in enumerate(loader):
         if index >= limit:
             return
         yield move_to_device(batch, device)
+
+
+def dataset_size(dataset: Dataset, field: str) -> int:
+    """The samples of a map-style dataset (``Workload.field``), or a WorkloadError naming its class and ``__len__``
+    where that returns no number of samples: ``len()`` raised ValueError for -1 and TypeError for 2.5, deep in
+    the DataLoader's sampler, as a traceback."""
+    where = f"Workload.{field}: {type(dataset).__name__}.__len__ ({describe_code(type(dataset).__len__)})"
+    must = "it must return the number of samples, a whole number ≥ 0."
+    try:
+        returned = dataset.__len__()
+    except Exception as error:
+        raise WorkloadError(f"{where} raised {type(error).__name__}: {error}; {must}") from error
+    try:
+        size = operator.index(returned)  # what len() takes: an int, or a NumPy integer
+    except TypeError:
+        size = None
+    if size is None or not 0 <= size <= sys.maxsize:
+        raise WorkloadError(f"{where} returned {shown(returned)}; {must}")
+    return size
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:

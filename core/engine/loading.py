@@ -6,6 +6,9 @@ A spec is a built-in sample name (``tiny_gpt``), ``path/to/file.py:factory`` or
 nothing, so the app can validate a spec without torch; ``load_workload`` runs the user's code, so only a spec
 the user gave is loaded (core/launch/resume.py says when a checkpoint's is). ``spec_as_shown`` and
 ``spec_as_typed`` repeat a spec someone else chose in a message, bounded.
+
+The user's code may call ``sys.exit``: ``exits_as_failure`` turns its SystemExit into a ``WorkloadExited`` naming
+the line (a failed run, exit 1), wherever torchlab runs that code (its import, its factory, its training).
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ import os
 import shlex
 import sys
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, TracebackType
 
-from torchlab.core.wire.errors import TorchlabError, WorkloadError, shown
+from torchlab.core.wire.errors import TorchlabError, WorkloadError, WorkloadExited, shown
 
 SAMPLES = {
     "mlp": "torchlab.sample_models.mlp:workload",
@@ -93,7 +98,8 @@ def load_workload(text: str):
     from torchlab.core.workload import Workload  # torch is imported here, not at module import
 
     spec = check_spec(text)
-    module = _import_file(spec.file) if spec.file is not None else _import_module(spec.module)
+    with exits_as_failure("while its file was imported", spec.file):
+        module = _import_file(spec.file) if spec.file is not None else _import_module(spec.module)
     where = str(spec.file) if spec.file is not None else spec.module
     factory = getattr(module, spec.factory, None)
     if factory is None:
@@ -113,7 +119,10 @@ def load_workload(text: str):
             f"but requires {', '.join(required)}."
         )
     try:
-        workload = factory()
+        with exits_as_failure(f"in its factory {spec.factory}()", spec.file):
+            workload = factory()
+    except WorkloadExited:
+        raise
     except TorchlabError as error:
         raise WorkloadError(f"{_frame_text(error.__traceback__, spec.file)}: {error}") from None
     except Exception as error:
@@ -127,6 +136,22 @@ def load_workload(text: str):
             f"return Workload(model=..., dataset=..., loss_fn=...) from torchlab.core.workload."
         )
     return workload
+
+
+@contextmanager
+def exits_as_failure(when: str, prefer_file: Path | None = None) -> Iterator[None]:
+    """Runs the user's code (``when`` says which part, for the message): a SystemExit it raises (``sys.exit``,
+    ``exit()``) becomes a WorkloadExited naming the file and line that raised it (in ``prefer_file`` where one
+    of its frames is). A KeyboardInterrupt rises as it is: Ctrl-C interrupts a run, it does not fail it."""
+    try:
+        yield
+    except SystemExit as exit:
+        status = "" if exit.code is None else shown(exit.code)
+        raise WorkloadExited(
+            f"{_frame_text(exit.__traceback__, prefer_file)}: the workload called sys.exit({status}) {when}, which would end "
+            f"torchlab with the status it names; a run whose code exits has failed (exit 1): raise an exception "
+            f"instead, and its message is shown here."
+        ) from None
 
 
 def describe_code(function) -> str:

@@ -318,8 +318,9 @@ class Trainer:
     def _failed(self, error: Exception) -> RunOutcome:
         """Report an error that ended the run, and keep the last completed step if it is not saved yet."""
         message = str(error) if isinstance(error, StorageError) else f"{type(error).__name__}: {error}"
+        trace = "" if isinstance(error, StorageError) else traceback.format_exc()  # a full disk: the message is all
         try:
-            self._emit(p.Error(step=self.step + 1, message=message, traceback=traceback.format_exc()))
+            self._emit(p.Error(step=self.step + 1, message=message, traceback=trace))
             if self.step > 0 and self._last_checkpoint_step != self.step and self.ranks is None:
                 # The last completed step is intact. Not with ranks: the others may be gone, and a
                 # checkpoint takes every rank (their RNG states); the last one written stays as it was.

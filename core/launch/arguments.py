@@ -1,10 +1,12 @@
 """The command line's words: its flags, how they become the settings layers of a TrainConfig, and the
-exit codes. Shared by every launcher (the ``torchlab-tui`` command, the trainer process the app starts,
-headless runs, ``--resume``) without importing any of them, and without torch.
+exit code of a run's outcome. Shared by every launcher (the ``torchlab-tui`` command, the trainer process the
+app starts, headless runs, ``--resume``) without importing any of them, and without torch.
 
-Exit codes: 0 finished or stopped on request; 1 the workload raised during training, or a run file could
-not be written; 2 a usage, config or workload error (message names the setting, file or line); 3 stopped
-on a non-finite loss or gradient; 130 interrupted (Ctrl-C), after saving a checkpoint.
+The exit codes are core/wire/errors.py's (the app, which cannot import this module, exits with the same):
+0 finished or stopped on request; 1 a run that failed (the workload raised or called sys.exit while training,
+a run file could not be written); 2 a usage, config or workload error (message names the setting, file or
+line); 3 stopped on a non-finite loss or gradient; 130 interrupted (Ctrl-C), after saving a checkpoint.
+A flag's value is passed on as typed: the setting's Bounds (core/wire/config.py) parse and refuse it.
 """
 
 from __future__ import annotations
@@ -16,9 +18,8 @@ from typing import Any
 
 from torchlab.core.engine.loading import SAMPLES
 from torchlab.core.wire.config import OPTIMIZERS, SCHEDULES, TrainConfig, build_config, load_config_file
+from torchlab.core.wire.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE  # noqa: F401 (the launchers' too)
 from torchlab.core.wire.options import LIVE_OPTIONS
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NONFINITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 def exit_code(status: str) -> int:
@@ -72,21 +73,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
 
     training = parser.add_argument_group("training")
-    training.add_argument("--steps", type=int, metavar="N", help="optimizer steps to train to (default 200)")
-    training.add_argument("--batch-size", type=int, metavar="N", help="per-step micro-batch size (default: the workload's, else 32)")
-    training.add_argument("--seed", type=int, metavar="N", help="random seed (default 0)")
+    training.add_argument("--steps", metavar="N", help="optimizer steps to train to (default 200)")
+    training.add_argument("--batch-size", metavar="N", help="per-step micro-batch size (default: the workload's, else 32)")
+    training.add_argument("--seed", metavar="N", help="random seed (default 0)")
     training.add_argument("--device", metavar="auto|cpu|cuda[:N]", help="where to train (default auto)")
     training.add_argument("--optimizer", choices=OPTIMIZERS, help="default adamw")
-    training.add_argument("--lr", type=float, metavar="LR", help="peak learning rate (default 1e-3)")
-    training.add_argument("--weight-decay", type=float, metavar="WD", help="AdamW/SGD weight decay on matrices (default 0.01)")
+    training.add_argument("--lr", metavar="LR", help="peak learning rate (default 1e-3)")
+    training.add_argument("--weight-decay", metavar="WD", help="AdamW/SGD weight decay on matrices (default 0.01)")
     training.add_argument("--schedule", choices=SCHEDULES, help="LR schedule (default cosine with warmup)")
-    training.add_argument("--warmup-steps", type=int, metavar="N", help="cosine warmup (default 5%% of steps)")
-    training.add_argument("--eval-every", type=int, metavar="N", help="validation every N steps, 0 = off (default 50)")
-    training.add_argument("--eval-batches", type=int, metavar="N", help="validation batches per evaluation (default 20)")
+    training.add_argument("--warmup-steps", metavar="N", help="cosine warmup (default 5%% of steps)")
+    training.add_argument("--eval-every", metavar="N", help="validation every N steps, 0 = off (default 50)")
+    training.add_argument("--eval-batches", metavar="N", help="validation batches per evaluation (default 20)")
     training.add_argument("--checkpoint-every", metavar="N|auto",
                           help="checkpoint every N steps, 0 = only at the end, auto = every 100th step once a minute "
                                "has passed and within 1%% of the time (default auto)")
-    training.add_argument("--keep-checkpoints", type=int, metavar="N", help="step checkpoints kept besides last.pt (default 3)")
+    training.add_argument("--keep-checkpoints", metavar="N", help="step checkpoints kept besides last.pt (default 3)")
 
     live = parser.add_argument_group("live options (change while training: keys in the app, --at headless)")
     for option in LIVE_OPTIONS:
@@ -96,17 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--trial", action="append", default=[], metavar="STEP:OPTION=VALUE",
                       help="before step STEP, try OPTION=VALUE for --trial-steps steps against as many as it is, on the "
                            "same batches from the same state, then train on as if untried (results in trials.jsonl)")
-    live.add_argument("--trial-steps", type=int, metavar="K", help="the steps of each arm of a trial (default 20)")
+    live.add_argument("--trial-steps", metavar="K", help="the steps of each arm of a trial (default 20)")
 
     probes = parser.add_argument_group("probes")
-    probes.add_argument("--log-every", type=int, metavar="N", help="report metrics every N steps (default 1)")
+    probes.add_argument("--log-every", metavar="N", help="report metrics every N steps (default 1)")
     probes.add_argument("--probe-every", metavar="N|auto", help="per-module grad norms every N steps, 0 = off, auto = within ~1%% of step time (default auto)")
-    probes.add_argument("--act-stats-every", type=int, metavar="N", help="activation statistics every N steps, 0 = off (default 0)")
+    probes.add_argument("--act-stats-every", metavar="N", help="activation statistics every N steps, 0 = off (default 0)")
     probes.add_argument("--memory-every", metavar="N|auto",
                         help="memory by kind (saved activations, per module) every N steps, 0 = off, auto = at most once a second (default auto)")
-    probes.add_argument("--profile-at", type=int, action="append", metavar="STEP", help="profile from optimizer step STEP (repeatable)")
-    probes.add_argument("--profile-steps", type=int, metavar="N", help="steps a profiler snapshot records, after 1 warm-up (default 5)")
-    probes.add_argument("--telemetry-interval", type=float, metavar="SECONDS", help="GPU/host sampling period, 0 = off (default 1)")
+    probes.add_argument("--profile-at", action="append", metavar="STEP", help="profile from optimizer step STEP (repeatable)")
+    probes.add_argument("--profile-steps", metavar="N", help="steps a profiler snapshot records, after 1 warm-up (default 5)")
+    probes.add_argument("--telemetry-interval", metavar="SECONDS", help="GPU/host sampling period, 0 = off (default 1)")
     return parser
 
 
@@ -114,9 +115,6 @@ def setting_layers(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     """The settings of the ``--config`` file and of the flags, as ``build_config`` layers."""
     file_settings: dict[str, Any] = load_config_file(args.config, follow_link=True) if args.config else {}
     flags: dict[str, Any] = {name: getattr(args, name) for name in _SETTING_FLAGS if getattr(args, name) is not None}
-    for name in ("probe_every", "checkpoint_every", "memory_every"):
-        if name in flags and flags[name] != "auto":
-            flags[name] = _int_or_text(flags[name])
     if args.workload is not None:
         flags["workload"] = args.workload
     if args.profile_at:
@@ -137,10 +135,3 @@ def resolve_config(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
     config = build_config(file_settings, flags)
     explicit = set(file_settings.get("options", {})) | set(flags["options"])
     return config, explicit
-
-
-def _int_or_text(value: str) -> int | str:
-    try:
-        return int(value)
-    except ValueError:
-        return value

@@ -3,7 +3,17 @@ it to a runner: the app (default; the trainer runs in a child process), a headle
 ``attach``, ``serve``, ``compare`` or ``export``.
 
 This module imports no torch: the app's process must stay torch-free, and a usage error should be
-reported in milliseconds. The exit codes are arguments.py's.
+reported in milliseconds.
+
+Exit codes, the same for the app and a headless run (core/wire/errors.py defines them):
+
+    0    finished, stopped on request (q, Ctrl-C once in the app), or detached
+    1    a run that failed: the workload raised or called sys.exit while training, a run file could not be
+         written (a full disk); the message says what is intact
+    2    bad input: a setting, flag or config file; a workload that cannot load or take its first step; a run
+         directory, runtime directory or file refused. One paragraph, never a traceback
+    3    stopped on a non-finite loss or gradient (and nothing else: a workload's own sys.exit(3) is a 1)
+    130  interrupted (a second Ctrl-C of a headless run), the checkpoints so far kept
 """
 
 from __future__ import annotations
@@ -13,9 +23,9 @@ import gc
 import sys
 import traceback
 
-from torchlab.core.launch.arguments import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser, resolve_config
+from torchlab.core.launch.arguments import EXIT_INTERRUPTED, EXIT_OK, build_parser, resolve_config
 from torchlab.core.wire.config import TrainConfig, build_config, load_config_file
-from torchlab.core.wire.errors import ConfigError, StorageError, TorchlabError
+from torchlab.core.wire.errors import ConfigError, TorchlabError, exit_status
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         print(f"torchlab-tui: error: {error}", file=sys.stderr)
-        return EXIT_FAILED if isinstance(error, StorageError) else EXIT_USAGE  # a full disk is no usage error
+        return exit_status(error)  # a full disk, a workload that exited: a failed run, no usage error
     except KeyboardInterrupt:  # a second Ctrl-C during a headless run: abort at once, as it said it would
         print("torchlab-tui: aborted; the checkpoints written so far are kept.", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -61,6 +71,7 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
     try:
         from torchlab.core.engine.loading import check_spec, workload_label
         from torchlab.core.wire.rundir import choose_run_dir, create_run_dir, refuse_an_unfit_run_dir
+        from torchlab.core.wire.runtime import runtime_dir
         from torchlab.tui.app import make_app, tune_garbage_collection
         from torchlab.tui.link import ProcessLink
 
@@ -68,6 +79,7 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
         if workload:
             check_spec(workload)  # a missing file is said here, before the screen changes
         refuse_an_unfit_run_dir(args.run_dir, args.resume, shared=config.shared_run_dir)
+        runtime_dir()  # where the trainer's socket goes: a refusal is said here too, before a run directory exists
         run_dir = create_run_dir(choose_run_dir(args.run_dir, args.resume, args.runs_root, workload_label(workload) if workload else "resumed"),
                                  shared=config.shared_run_dir)
         links: list[ProcessLink] = []

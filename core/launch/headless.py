@@ -1,7 +1,8 @@
 """Headless runs: the engine with a Rich progress bar, writing the same run directory as the app.
 
 Ctrl-C (or SIGTERM) asks the trainer to stop at the next step boundary, so the final checkpoint is
-a consistent one; a second Ctrl-C aborts at once. This process is the run's supervisor
+a consistent one; a second Ctrl-C aborts at once. A workload that calls ``sys.exit`` fails the run (exit 1,
+core/engine/loading.py's ``exits_as_failure``): its status never passes for torchlab's own. This process is the run's supervisor
 (core/engine/ranks.py): at world size 1 it trains itself, above that it starts the ranks and reports for
 them. Started by ``torchrun`` instead, each process is one rank and only rank 0 reports.
 """
@@ -26,13 +27,13 @@ from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.engine.tensorboard import tensorboard_observers
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.errors import TorchlabError
+from torchlab.core.wire.errors import TorchlabError, WorkloadExited
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.protocol import Message
 from torchlab.core.wire.options import STEPS, format_option_value
 from torchlab.core.wire.impact import ImpactTracker
 from torchlab.core.wire.trials import describe_trial, trial_progress_text
-from torchlab.core.engine.loading import check_spec, load_workload, workload_label
+from torchlab.core.engine.loading import check_spec, exits_as_failure, load_workload, workload_label
 from torchlab.core.engine.ranks import Supervisor, initial_world_size, run_quiet_rank
 from torchlab.core.launch.resume import ConfigRecord, TrainingPlan
 from torchlab.core.wire.rundir import RunDirectory, choose_run_dir, refuse_an_unfit_run_dir
@@ -76,13 +77,19 @@ def run_headless(
             resume_note=plan.resume_note(),
         )
         try:
-            supervisor.prepare()
+            with exits_as_failure("as the run was set up"):
+                supervisor.prepare()
         except TorchlabError as error:
             directory.record_error(str(error))
             raise
         stop_on_signal = _StopOnSignal(supervisor, console)
         with stop_on_signal, progress:
-            outcome = supervisor.run()
+            try:
+                with exits_as_failure("while it trained"):
+                    outcome = supervisor.run()
+            except WorkloadExited as error:  # the trainer's journal never saw it: the run's code ended it
+                directory.record_error(str(error), step=progress.step + 1)
+                raise
     finally:
         directory.close()
 

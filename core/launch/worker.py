@@ -14,6 +14,10 @@ This process is the run's supervisor (core/engine/ranks.py): at world size 1 it 
 starts the ranks and relays rank 0's reports, and it stays the app's one endpoint across world-size
 changes. Under ``torchrun`` each process runs this module as one rank: rank 0 serves the socket and
 reports, the others only train.
+
+It exits as a headless run does (core/wire/errors.py): a TorchlabError before or at the first step is told to
+the app as its paragraph and exits with its status (2 bad input, 1 a workload that called sys.exit), a run's
+outcome with its own (1 failed, 3 non-finite).
 """
 
 from __future__ import annotations
@@ -32,9 +36,9 @@ from typing import Any
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.options import STEPS, format_option_value
-from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE, build_parser, exit_code
+from torchlab.core.launch.arguments import EXIT_OK, build_parser, exit_code
 from torchlab.core.wire.control_server import ControlServer
-from torchlab.core.wire.errors import StorageError, TorchlabError
+from torchlab.core.wire.errors import StorageError, TorchlabError, WorkloadExited, exit_status
 from torchlab.core.wire.impact import ImpactTracker
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.outbox import Outbox
@@ -178,6 +182,7 @@ class Worker:
     # ------------------------------------------------------------------ running
     def run(self) -> int:
         from torchlab.core.engine.distributed import rank_from_environment
+        from torchlab.core.engine.loading import exits_as_failure
         from torchlab.core.engine.ranks import Supervisor
         from torchlab.core.engine.tensorboard import tensorboard_observers
         from torchlab.core.launch.resume import ConfigRecord, plan_training
@@ -204,17 +209,23 @@ class Worker:
                     external=rank_from_environment(supervised=False),  # rank 0 under torchrun
                     resume_note=plan.resume_note(),
                 )
-                supervisor.prepare()  # seeds and loads the workload where it trains here (a bad one fails now)
+                with exits_as_failure("as the run was set up"):
+                    supervisor.prepare()  # seeds and loads the workload where it trains here (a bad one fails now)
                 self.trainer = supervisor
             except TorchlabError as error:
                 directory.record_error(str(error))
-                self._fail_before_training(str(error), "")
-                return EXIT_USAGE
+                self._report_failure(str(error), "")
+                return exit_status(error)
             try:
-                outcome = self.trainer.run()  # the Welcome is ready once the trainer reports run_started
+                with exits_as_failure("while it trained"):
+                    outcome = self.trainer.run()  # the Welcome is ready once the trainer reports run_started
+            except WorkloadExited as error:  # the trainer never saw it: the run's code ended it
+                directory.record_error(str(error), step=self.reporter.step + 1)
+                self._report_failure(str(error), "")
+                return exit_status(error)
             except TorchlabError as error:  # the first step could not run (a workload error)
-                self._fail_before_training(str(error), traceback.format_exc())
-                return EXIT_USAGE
+                self._report_failure(str(error), traceback.format_exc())
+                return exit_status(error)
             finally:
                 if not self._ready.is_set():  # ranks that failed before training: the app still gets an answer
                     self._welcome = p.Welcome(run=self._run_info(None), modules=[], options={}, state=self.reporter.state, step=self.reporter.step)
@@ -225,7 +236,9 @@ class Worker:
             directory.close()
         return exit_code(outcome.status)
 
-    def _fail_before_training(self, message: str, trace: str) -> None:
+    def _report_failure(self, message: str, trace: str) -> None:
+        """A failure the trainer did not report itself (it never started, or the workload's code ended it): to the
+        app, which may not have connected yet (it gets a Welcome that says so)."""
         self.outbox.add_event(p.Error(message=message, traceback=trace, step=self.reporter.step))
         self.reporter.set_state("failed", self.reporter.step, message)
         if not self._ready.is_set():
@@ -455,7 +468,7 @@ def _quiet_rank(run_dir: Path, training_args: list[str]) -> int:
                                  resume=plan.resume, explicit_options=plan.explicit_options)
     except TorchlabError as error:
         print(f"torchlab worker, rank {os.environ.get('RANK')}: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return exit_status(error)
     return exit_code(outcome.status)
 
 

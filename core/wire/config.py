@@ -3,12 +3,15 @@
 Precedence, lowest first: defaults, then a ``--config`` TOML file, then command-line flags. Every error
 names the setting (and the file, for TOML) so the user knows what to change. The resolved configuration
 is written to the run directory as ``config.toml``, which ``--config`` reads back.
+
+Each numeric setting carries its ``Bounds`` (core/wire/options.py) in its field (``bounded``): what it accepts,
+its range and what 0 or "auto" mean, defined once. A flag's text, a TOML value and a value built in code are
+all parsed with them where the TrainConfig is built; ``steps`` has the live option's own (``STEPS.bounds``).
 """
 
 from __future__ import annotations
 
 import difflib
-import math
 import os
 import re
 import sys
@@ -18,7 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from torchlab.core.wire.errors import ConfigError, shown
-from torchlab.core.wire.options import LIVE_OPTIONS, OPTIONS_BY_NAME, WORKERS, LiveOptions, OptionRefused, format_option_value, parse_option_value
+from torchlab.core.wire.options import (
+    LIVE_OPTIONS, MAX_STEPS, OPTIONS_BY_NAME, STEPS, WORKERS, Bounds, LiveOptions, OptionRefused, format_option_value,
+    parse_option_value,
+)
 from torchlab.core.wire.safe_open import UnsafeFileError, open_regular
 
 if sys.version_info >= (3, 11):
@@ -33,11 +39,37 @@ MAX_SEED = 2**32 - 1
 MAX_CUDA_INDEX = 127
 #: Seconds between system samples, at most: a longer wait overflowed the sampler's timer (1e30 did).
 MAX_TELEMETRY_INTERVAL_S = 3600.0
+#: ... and at least, unless 0 (off): each sample is a line of system.jsonl and a message to the app, and it costs
+#: ~0.6 ms of a core; 1e-9 wrote ~900 lines a second. Ten a second is more than a person reads.
+MIN_TELEMETRY_INTERVAL_S = 0.1
 #: Steps one profiler snapshot may record: each adds its events to a trace held in memory until the snapshot ends.
 MAX_PROFILE_STEPS = 1000
 MAX_TRIAL_STEPS = 1000
 DEFAULT_TRIAL_STEPS = 20
+#: Step checkpoints kept besides last.pt: each is a whole copy of the model and its optimizer (1.2 GB for 100M
+#: parameters with AdamW), so a thousand is more than any disk wants; 1e20 was taken.
+MAX_KEPT_CHECKPOINTS = 1000
+#: The largest batch: more samples than any device holds at once (the largest published batches are ~64k);
+#: a larger figure is a typo, otherwise found only when the dataset is counted.
+MAX_BATCH_SIZE = 2**24
 SCHEDULES = ("constant", "cosine", "onecycle")
+
+#: A cadence of steps (evaluations, activation statistics): every N steps, or 0 for never.
+EVERY_FEW_STEPS = Bounds(whole=True, minimum=1, maximum=MAX_STEPS, off=0, must_be="a whole number of steps from 1 to 10^9, or 0 (off)")
+#: A cadence the run can also choose itself ("auto"): core/engine/probe.py, checkpoint.py, memory.py.
+AUTO_CADENCE = Bounds(whole=True, minimum=1, maximum=MAX_STEPS, off=0, auto=True,
+                      must_be="a whole number of steps from 1 to 10^9, 0 (off) or auto")
+#: One optimizer step, as ``--at``, ``--trial`` and ``--profile-at`` name it.
+OPTIMIZER_STEP = Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="an optimizer step from 1 to 10^9")
+_PROFILE_STEPS_MUST_BE = "optimizer steps from 1 to 10^9"  # profile_at: a list of OPTIMIZER_STEPs
+#: The steps of each arm of a trial: ``--trial-steps``, and a trial typed in the app (core/wire/trials.py).
+TRIAL_STEPS = Bounds(whole=True, minimum=1, maximum=MAX_TRIAL_STEPS, must_be=f"a whole number from 1 to {MAX_TRIAL_STEPS} (steps an arm)")
+
+
+def bounded(default: Any, bounds: Bounds) -> Any:
+    """A numeric setting's field: its default and what it accepts (``None`` as a default means "the run's
+    choice", and is not parsed)."""
+    return field(default=default, metadata={"bounds": bounds})
 
 
 _AT_PATTERN = re.compile(r"^\s*(\d+)\s*:\s*([A-Za-z_]+)\s*=\s*(.*?)\s*$")
@@ -59,10 +91,9 @@ class ScheduledChange:
             raise ConfigError(
                 f"{flag} {shown(text)} is not of the form STEP:OPTION=VALUE (for example {flag} 50:amp=bf16)."
             )
-        step, option, value = int(match.group(1)), match.group(2), match.group(3)
-        if step < 1:
-            raise ConfigError(f"{flag} {shown(text)}: STEP counts optimizer steps from 1, got {step}.")
+        option, value = match.group(2), match.group(3)
         try:
+            step = OPTIMIZER_STEP.parse("STEP", match.group(1))
             parse_option_value(option, value)
         except OptionRefused as refusal:
             raise ConfigError(f"{flag} {shown(text)}: {refusal}.") from None
@@ -77,26 +108,41 @@ class TrainConfig:
     """Everything a run needs besides the workload itself."""
 
     workload: str = "tiny_gpt"
-    steps: int = 200
-    batch_size: int | None = None  # None: the workload's own, else 32
-    seed: int = 0
+    steps: int = bounded(200, STEPS.bounds)
+    #: None: the workload's own, else 32
+    batch_size: int | None = bounded(None, Bounds(whole=True, minimum=1, maximum=MAX_BATCH_SIZE,
+                                                  must_be=f"a whole number from 1 to {MAX_BATCH_SIZE}"))
+    seed: int = bounded(0, Bounds(whole=True, minimum=0, maximum=MAX_SEED,
+                                  must_be=f"a whole number from 0 to {MAX_SEED} (NumPy's seeds are 32-bit)"))
     device: str = "auto"
     optimizer: str = "adamw"
-    lr: float = 1e-3
-    weight_decay: float = 0.01
+    #: No maximum: an LR too large shows itself at once, as a non-finite loss the guard names.
+    lr: float = bounded(1e-3, Bounds(minimum=0, above=True, must_be="a positive number"))
+    weight_decay: float = bounded(0.01, Bounds(minimum=0, must_be="a number ≥ 0"))
     schedule: str = "cosine"
-    warmup_steps: int | None = None  # None: 5 % of steps
-    eval_every: int = 50
-    eval_batches: int = 20
-    checkpoint_every: int | str = "auto"  # see core/engine/checkpoint.py's CheckpointCadence
-    keep_checkpoints: int = 3
-    log_every: int = 1
-    probe_every: int | str = "auto"
-    act_stats_every: int = 0
-    memory_every: int | str = "auto"  # see core/engine/memory.py's MemoryCadence
-    telemetry_interval: float = 1.0  # seconds between system samples; 0 = off
-    profile_at: tuple[int, ...] = ()  # optimizer steps at which a profiler snapshot starts
-    profile_steps: int = 5
+    #: None: 5 % of steps. Not bounded by ``steps``: a live or resumed shortening of the run keeps the warm-up
+    #: where it was (core/engine/trainer.py, core/launch/resume.py), so it may outlast a run cut short.
+    warmup_steps: int | None = bounded(None, Bounds(whole=True, minimum=0, maximum=MAX_STEPS,
+                                                    must_be="a whole number of steps from 0 to 10^9"))
+    eval_every: int = bounded(50, EVERY_FEW_STEPS)
+    eval_batches: int = bounded(20, Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="a whole number from 1 to 10^9"))
+    #: see core/engine/checkpoint.py's CheckpointCadence
+    checkpoint_every: int | str = bounded("auto", Bounds(
+        whole=True, minimum=1, maximum=MAX_STEPS, off=0, auto=True,
+        must_be="a whole number of steps from 1 to 10^9, 0 (only at the end) or auto"))
+    keep_checkpoints: int = bounded(3, Bounds(whole=True, minimum=1, maximum=MAX_KEPT_CHECKPOINTS,
+                                              must_be=f"a whole number from 1 to {MAX_KEPT_CHECKPOINTS}"))
+    log_every: int = bounded(1, Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="a whole number of steps from 1 to 10^9"))
+    probe_every: int | str = bounded("auto", AUTO_CADENCE)
+    act_stats_every: int = bounded(0, EVERY_FEW_STEPS)
+    memory_every: int | str = bounded("auto", AUTO_CADENCE)  # see core/engine/memory.py's MemoryCadence
+    #: seconds between system samples; 0 = off
+    telemetry_interval: float = bounded(1.0, Bounds(
+        minimum=MIN_TELEMETRY_INTERVAL_S, maximum=MAX_TELEMETRY_INTERVAL_S, off=0.0,
+        must_be=f"0 (off) or a number of seconds from {MIN_TELEMETRY_INTERVAL_S:g} to {MAX_TELEMETRY_INTERVAL_S:g}"))
+    profile_at: tuple[int, ...] = ()  # optimizer steps at which a profiler snapshot starts (each OPTIMIZER_STEP)
+    profile_steps: int = bounded(5, Bounds(whole=True, minimum=1, maximum=MAX_PROFILE_STEPS,
+                                           must_be=f"a whole number from 1 to {MAX_PROFILE_STEPS}"))
     #: False: a new run directory is 0700 and its files 0600, whatever the umask (the checkpoints are the
     #: user's weights); True: they follow the umask, for colleagues to read. An existing one keeps its mode.
     shared_run_dir: bool = False
@@ -105,7 +151,7 @@ class TrainConfig:
     options: LiveOptions = field(default_factory=LiveOptions)
     at: tuple[ScheduledChange, ...] = ()
     trials: tuple[ScheduledChange, ...] = ()  # --trial STEP:OPTION=VALUE (core/engine/trials.py)
-    trial_steps: int = DEFAULT_TRIAL_STEPS  # the steps of each arm of a trial
+    trial_steps: int = bounded(DEFAULT_TRIAL_STEPS, TRIAL_STEPS)  # the steps of each arm of a trial
     #: Each time a resume changed ``steps``: (the step resumed at, the total before). The LR schedule
     #: re-plans its decay from that step (core/engine/schedule.py), so the LR has no jump at the boundary.
     schedule_extensions: tuple[tuple[int, int], ...] = ()
@@ -114,44 +160,21 @@ class TrainConfig:
         _check(isinstance(self.workload, str) and self.workload.strip() != "", "workload",
                "must name a sample (mlp, convnet, tiny_gpt), path/to/file.py:factory or package.module:factory",
                self.workload)
-        _check_int(self.steps, "steps", minimum=1)
-        if self.batch_size is not None:
-            _check_int(self.batch_size, "batch_size", minimum=1)
-        _check_int(self.seed, "seed", minimum=0, hint=f"a whole number from 0 to {MAX_SEED} (NumPy's seeds are 32-bit)",
-                   maximum=MAX_SEED)
+        for name, bounds in SETTING_BOUNDS.items():  # a flag's text becomes its number here, a TOML value is checked
+            value = getattr(self, name)
+            if value is not None or _FIELDS[name].default is not None:
+                object.__setattr__(self, name, _parse_setting(name, bounds, value))
         _check(isinstance(self.device, str) and _is_device(self.device),
                "device", f"must be auto, cpu, cuda or cuda:N with N from 0 to {MAX_CUDA_INDEX}", self.device)
         _check(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {', '.join(OPTIMIZERS)}", self.optimizer)
-        _check_float(self.lr, "lr", positive=True)
-        _check_float(self.weight_decay, "weight_decay", positive=False)
         _check(self.schedule in SCHEDULES, "schedule", f"must be one of {', '.join(SCHEDULES)}", self.schedule)
-        if self.warmup_steps is not None:
-            _check_int(self.warmup_steps, "warmup_steps", minimum=0)
-        for name in ("eval_every", "act_stats_every"):
-            _check_int(getattr(self, name), name, minimum=0)
-        _check_int(self.eval_batches, "eval_batches", minimum=1)
-        _check_int(self.keep_checkpoints, "keep_checkpoints", minimum=1)
-        _check_int(self.log_every, "log_every", minimum=1)
-        _check_float(self.telemetry_interval, "telemetry_interval", positive=False)
-        _check(self.telemetry_interval <= MAX_TELEMETRY_INTERVAL_S, "telemetry_interval",
-               f"must be at most {MAX_TELEMETRY_INTERVAL_S:g} seconds (0 turns it off)", self.telemetry_interval)
-        _check_int(self.profile_steps, "profile_steps", minimum=1, maximum=MAX_PROFILE_STEPS,
-                   hint=f"a whole number from 1 to {MAX_PROFILE_STEPS}")
         _check(isinstance(self.shared_run_dir, bool), "shared_run_dir", "must be true or false", self.shared_run_dir)
         if self.tensorboard is not None:
             _check(isinstance(self.tensorboard, str) and self.tensorboard.strip() != "", "tensorboard",
                    "must be a directory to write TensorBoard event files to", self.tensorboard)
-        _check(isinstance(self.profile_at, tuple) and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in self.profile_at),
-               "profile_at", "must be optimizer steps ≥ 1", self.profile_at)
-        if self.checkpoint_every != "auto":
-            _check_int(self.checkpoint_every, "checkpoint_every", minimum=0,
-                       hint="a number of steps (0 = only at the end) or \"auto\"")
-        if self.memory_every != "auto":
-            _check_int(self.memory_every, "memory_every", minimum=0,
-                       hint="a number of steps (0 = off) or \"auto\"")
-        if self.probe_every != "auto":
-            _check_int(self.probe_every, "probe_every", minimum=0,
-                       hint="a number of steps (0 = off) or \"auto\"")
+        _check(isinstance(self.profile_at, tuple), "profile_at", f"must be {_PROFILE_STEPS_MUST_BE}", self.profile_at)
+        object.__setattr__(self, "profile_at", tuple(_parse_setting("profile_at", OPTIMIZER_STEP, step, _PROFILE_STEPS_MUST_BE)
+                                                     for step in self.profile_at))
         _check(isinstance(self.options, LiveOptions), "options", "must be a LiveOptions", self.options)
         for option in LIVE_OPTIONS:  # a live option that is a setting starts at the setting's value (--steps)
             if option.setting and getattr(self.options, option.name) != getattr(self, option.name):
@@ -160,8 +183,6 @@ class TrainConfig:
             _check(isinstance(change, ScheduledChange), "at", "must hold STEP:OPTION=VALUE changes", change)
         for trial in self.trials:
             _check(isinstance(trial, ScheduledChange), "trials", "must hold STEP:OPTION=VALUE trials", trial)
-        _check_int(self.trial_steps, "trial_steps", minimum=1, maximum=MAX_TRIAL_STEPS,
-                   hint=f"a whole number from 1 to {MAX_TRIAL_STEPS}")
         _check(_are_extensions(self.schedule_extensions) and all(step <= self.steps for step, _ in self.schedule_extensions),
                "schedule_extensions", "must be [step, steps before] pairs with increasing steps, each step ≤ its totals",
                self.schedule_extensions)
@@ -188,6 +209,11 @@ class TrainConfig:
                 continue
             lines.append(f"{name} = {_toml_value(format_option_value(name, value) if value is None else value)}")
         return "\n".join(lines) + "\n"
+
+
+_FIELDS = {f.name: f for f in fields(TrainConfig)}
+#: Each numeric setting's Bounds, from its field: what its flag, config.toml and code may give it.
+SETTING_BOUNDS: dict[str, Bounds] = {name: f.metadata["bounds"] for name, f in _FIELDS.items() if "bounds" in f.metadata}
 
 
 def load_config_file(path: Path, *, follow_link: bool = False) -> dict[str, Any]:
@@ -335,15 +361,12 @@ def _check(ok: bool, setting: str, requirement: str, value: Any) -> None:
         raise ConfigError(f"{setting} (--{setting.replace('_', '-')}) {requirement}; got {shown(value)}.")
 
 
-def _check_int(value: Any, setting: str, *, minimum: int, hint: str | None = None, maximum: int | None = None) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum and (maximum is None or value <= maximum)
-    _check(ok, setting, f"must be {hint or f'a whole number ≥ {minimum}'}", value)
-
-
-def _check_float(value: Any, setting: str, *, positive: bool) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > 0 if positive else value >= 0)
-    _check(ok, setting, "must be a positive number" if positive else "must be a number ≥ 0", value)
+def _parse_setting(setting: str, bounds: Bounds, value: Any, must_be: str | None = None) -> Any:
+    """``value`` as the setting's number, or the ConfigError that names its flag and what it must be."""
+    try:
+        return bounds.parse(setting, value)
+    except OptionRefused:
+        raise ConfigError(f"{setting} (--{setting.replace('_', '-')}) must be {must_be or bounds.must_be}; got {shown(value)}.") from None
 
 
 def _toml_value(value: Any) -> str:

@@ -1,8 +1,9 @@
-"""The errors a user can act on.
+"""The errors a user can act on, and the exit statuses of every torchlab-tui process.
 
-Each one carries a message that names what to change (a setting, a file and line, an option). The CLI
-prints them as one paragraph and exits 2; the app shows them in a panel. Anything else that escapes
-is a bug in torchlab or an error inside the user's training step, reported with its traceback.
+Each error carries a message that names what to change (a setting, a file and line, an option). The CLI
+prints them as one paragraph and exits with ``exit_status`` (2: bad input; 1: a run that failed, such as a
+full disk); the app shows the paragraph, without a traceback, and exits with the same status. Anything else
+that escapes is a bug in torchlab or an error inside the user's training step, reported with its traceback.
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ class WorkloadError(TorchlabError):
     """The workload cannot be loaded or cannot train; the message names the file and line at fault."""
 
 
+class WorkloadExited(WorkloadError):
+    """The workload's code called ``sys.exit`` (raised SystemExit); the message names the file and line. The run
+    failed, whatever status it asked for: left to rise, it ended torchlab with that status, 0 as a finished run
+    and 3 as a non-finite stop, and nothing was said."""
+
+
 class StorageError(TorchlabError):
     """A file of the run could not be written (disk full, no permission); the message says which and
     what is still intact."""
@@ -33,6 +40,20 @@ class NonFiniteError(TorchlabError):
     def __init__(self, message: str, report: dict) -> None:
         super().__init__(message)
         self.report = report
+
+
+#: How a torchlab-tui process exits, the app's as a headless run's and every subcommand's: 0 finished, stopped on
+#: request or detached; 1 a run that failed (the workload raised or exited while training, a file could not be
+#: written); 2 bad input (a setting, a workload that cannot load or take its first step, a refused directory or
+#: file); 3 stopped on a non-finite loss or gradient, and only that; 130 interrupted (Ctrl-C).
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NONFINITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+def exit_status(error: TorchlabError) -> int:
+    """The status a process that stopped on ``error`` exits with."""
+    if isinstance(error, NonFiniteError):
+        return EXIT_NONFINITE
+    return EXIT_FAILED if isinstance(error, (StorageError, WorkloadExited)) else EXIT_USAGE
 
 
 #: How much of a value given by someone else a message repeats: each string, number and item, and the whole.

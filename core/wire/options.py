@@ -4,7 +4,10 @@
 An option owns its name, how a value is parsed (from a command line, ``--at``, a TOML file, a prompt
 or a protocol message: strings and JSON values alike) and shown back, its refusal of values no run
 could take (``OptionRefused`` with a reason the user can act on), its command-line flag, its key, its
-prompt and its row in the app's options panel. What makes a value real is the trainer's: it enacts
+prompt and its row in the app's options panel. What a number accepts is its ``Bounds``: the one definition
+of its type, range and off-word that every way of giving it goes through; the run's numeric settings
+(core/wire/config.py, ``--steps``, ``--keep-checkpoints``...) have theirs too, and ``steps`` is one definition
+as a setting and as a live option. What makes a value real is the trainer's: it enacts
 each option with the hook registered for that name (core/engine/trainer.py, ``@enacts``), and refuses
 what *this* run cannot do (fp16 without CUDA, checkpointing of a model without blocks).
 
@@ -44,6 +47,81 @@ def max_workers() -> int:
 
 class OptionRefused(ValueError):
     """A requested option change cannot be applied; the message is the reason shown to the user."""
+
+
+class _NotOff:
+    """``Bounds.off`` of a number that cannot be off."""
+
+    def __repr__(self) -> str:
+        return "NOT_OFF"
+
+
+NOT_OFF: Any = _NotOff()
+
+#: The most optimizer steps a run may be given, and the largest step a change, a trial or a profile may name.
+#: At a millisecond a step, 10^9 steps train for 12 days; a larger figure is a slip of the keyboard
+#: (``--steps 99999999999999999999`` was taken: a run that never ends).
+MAX_STEPS = 10**9
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bounds:
+    """What a number accepts: the one definition a flag, a TOML file, ``--at``, a prompt and a protocol message
+    are all parsed with (``parse``), for a live option (``Number.bounds``) and a setting (core/wire/config.py)
+    alike, so that none of them takes a value another refuses.
+
+    ``off``: the value that "off" (and 0, and nothing) stands for, where the number can be off: clip's None (no
+    clipping), eval_every's 0. 0 means off wherever a number can be off, so it never means off in one place and
+    "too small" in another. ``auto``: the word "auto" is a value too, kept as it is (a cadence the run picks)."""
+
+    #: what a value must be, for refusals: the range, and what 0 or auto mean
+    must_be: str
+    whole: bool = False
+    minimum: float = 0  #: the smallest value (``above``: values must exceed it)
+    above: bool = False
+    maximum: float = math.inf
+    off: Any = NOT_OFF
+    auto: bool = False
+
+    @property
+    def can_be_off(self) -> bool:
+        return self.off is not NOT_OFF
+
+    def parse(self, name: str, value: Any) -> Any:
+        """``value`` (text, or a number from JSON or TOML) as the number it stands for, or OptionRefused naming
+        ``name`` and what it must be."""
+        if self.auto and isinstance(value, str) and value.strip().lower() == _AUTO_WORD:
+            return _AUTO_WORD
+        if self.can_be_off and (value is None or (isinstance(value, str) and value.strip().lower() in _OFF_WORDS)):
+            return self.off
+        number = self._number(name, value)
+        if self.can_be_off and number == 0:
+            return self.off
+        low_ok = number > self.minimum if self.above else number >= self.minimum
+        if not (low_ok and number <= self.maximum):
+            raise self.refusal(name, value)
+        return number
+
+    def _number(self, name: str, value: Any) -> int | float:
+        if isinstance(value, bool):
+            raise self.refusal(name, value) if self.whole else OptionRefused(f"{name} must be a number, got {shown(value)}")
+        if self.whole:
+            try:
+                return value if isinstance(value, int) else int(str(value).strip())
+            except ValueError:  # not a whole number, or one of over 4,300 digits
+                raise self.refusal(name, value) from None
+        try:
+            number = float(value) if isinstance(value, (int, float)) else float(str(value).strip())
+        except ValueError:
+            raise OptionRefused(f"{name} must be a number, got {shown(value)}") from None
+        except OverflowError:  # an integer too large for a float (a 400-digit one from a socket)
+            raise OptionRefused(f"{name} must be a finite number, got {shown(value)}") from None
+        if not math.isfinite(number):
+            raise OptionRefused(f"{name} must be a finite number, got {shown(value)}")
+        return number
+
+    def refusal(self, name: str, value: Any) -> OptionRefused:
+        return OptionRefused(f"{name} must be {self.must_be}, got {shown(value)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,54 +237,21 @@ class Switch(LiveOption):
 
 @dataclass(frozen=True, kw_only=True)
 class Number(LiveOption):
-    """A number typed in a prompt: whole or not, within bounds, and (``off_allowed``) "off" for None."""
+    """A number typed in a prompt, within its ``bounds``."""
 
-    whole: bool = False
-    minimum: float = 1  #: the smallest value (``above``: values must exceed it)
-    above: bool = False
-    maximum: float = math.inf
-    off_allowed: bool = False
-    #: what a value must be, for refusals ("a positive max grad norm, or off")
-    must_be: str = ""
+    bounds: Bounds
     prompt: str  #: the prompt's title
     hint: str  #: the prompt's hint under the input
 
     def parse(self, value: Any) -> int | float | None:
-        if self.off_allowed and (value is None or (isinstance(value, str) and value.strip().lower() in _OFF_WORDS)):
-            return None
-        number = self._number(value)
-        low_ok = number > self.minimum if self.above else number >= self.minimum
-        if not (low_ok and number <= self.maximum):
-            raise self._refusal(value)
-        return number
-
-    def _number(self, value: Any) -> int | float:
-        if isinstance(value, bool):
-            raise self._refusal(value) if self.whole else OptionRefused(f"{self.name} must be a number, got {shown(value)}")
-        if self.whole:
-            try:
-                return value if isinstance(value, int) else int(str(value).strip())
-            except ValueError:
-                raise self._refusal(value) from None
-        try:
-            number = float(value) if isinstance(value, (int, float)) else float(str(value).strip())
-        except ValueError:
-            raise OptionRefused(f"{self.name} must be a number, got {shown(value)}") from None
-        except OverflowError:  # an integer too large for a float (a 400-digit one from a socket)
-            raise OptionRefused(f"{self.name} must be a finite number, got {shown(value)}") from None
-        if not math.isfinite(number):
-            raise OptionRefused(f"{self.name} must be a finite number, got {shown(value)}")
-        return number
-
-    def _refusal(self, value: Any) -> OptionRefused:
-        return OptionRefused(f"{self.name} must be {self.must_be}, got {shown(value)}")
+        return self.bounds.parse(self.name, value)
 
     def format(self, value: Any) -> str:
         return "off" if value is None else str(value)
 
     def shown_in_prompt(self, value: Any) -> str:
         """The current value, pre-filled in the prompt."""
-        return self.format(value) if value is not None or self.off_allowed else ""
+        return self.format(value) if value is not None or self.bounds.can_be_off else ""
 
 
 AMP = Choice(
@@ -222,28 +267,31 @@ CHECKPOINTING = Switch(
     flag_help="activation checkpointing of the model's blocks",
 )
 CLIP = Number(
-    name="clip", default=None, minimum=0, above=True, off_allowed=True, must_be="a positive max grad norm, or off",
+    name="clip", default=None,
+    bounds=Bounds(minimum=0, above=True, off=None, must_be="a positive max grad norm, or 0 or off for no clipping"),
     label="clip norm", short="clip", key="g", footer="Clip", metavar="NORM|off",
-    help="Set the max gradient norm to clip to (empty = off)",
-    prompt="Clip gradients to a max global norm", hint="a positive number, e.g. 1.0; empty or off = no clipping",
-    flag_help="clip the global grad norm to NORM (default off)",
+    help="Set the max gradient norm to clip to (0 or empty = off)",
+    prompt="Clip gradients to a max global norm", hint="a positive number, e.g. 1.0; 0 or off: no clipping",
+    flag_help="clip the global grad norm to NORM (default off; 0 or off: no clipping)",
 )
 ACCUM = Number(
-    name="accum", default=1, whole=True, minimum=1, maximum=4096, must_be="a whole number from 1 to 4096",
+    name="accum", default=1,
+    bounds=Bounds(whole=True, minimum=1, maximum=4096, must_be="a whole number from 1 to 4096"),
     label="accumulation", short="accum", key="m", footer="Accum", metavar="N",
     help="Set gradient accumulation steps",
-    prompt="Gradient accumulation steps", hint="a whole number from 1; the batch per optimizer step grows with it",
+    prompt="Gradient accumulation steps", hint="a whole number from 1 to 4096; the batch per optimizer step grows with it",
     flag_help="gradient accumulation micro-steps per optimizer step (default 1)",
 )
 LR_SCALE = Number(
-    name="lr_scale", default=1.0, minimum=0, above=True, maximum=1000, must_be="a factor above 0 and at most 1000",
+    name="lr_scale", default=1.0,
+    bounds=Bounds(minimum=0, above=True, maximum=1000, must_be="a factor above 0 and at most 1000"),
     label="lr scale", short="lr×", key="l", footer="LR×", metavar="X",
     help="Set the learning-rate scale (multiplies the schedule)",
     prompt="Learning-rate scale", hint="a factor above 0 that multiplies the schedule, e.g. 0.5",
     flag_help="multiply the schedule's LR (default 1)",
 )
 WORLD_SIZE = Number(
-    name="world_size", default=1, whole=True, minimum=1, maximum=1024, must_be="a whole number from 1 to 1024",
+    name="world_size", default=1, bounds=Bounds(whole=True, minimum=1, maximum=1024, must_be="a whole number from 1 to 1024"),
     label="world size", short="ws", key="w", footer="World", metavar="N", in_footer=False,
     help="Set the number of training processes",
     prompt="World size", hint="the number of training processes (ranks), from 1; the trainer checkpoints and relaunches them",
@@ -252,7 +300,7 @@ WORLD_SIZE = Number(
 )
 
 STEPS = Number(
-    name="steps", default=200, whole=True, minimum=1, maximum=10**9, must_be="a whole number of steps from 1 to 10^9",
+    name="steps", default=200, bounds=Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="a whole number of steps from 1 to 10^9"),
     label="steps", short="steps", key="e", footer="Steps", metavar="N", in_footer=False,
     help="Set the step the run ends at: extend or shorten it while it trains",
     prompt="Train to step", hint="the step to end at, not below the current one; torchlab's LR schedules go on without a jump, "
@@ -269,9 +317,10 @@ COMPILE = Switch(
     takes_effect="compiles at the next step boundary: seconds to a minute the first time, training waits",
 )
 WORKERS = Number(
-    name="workers", default=0, whole=True, minimum=0, maximum=max_workers(),
-    must_be=f"a whole number from 0 (load in the training process) to {max_workers()} on this machine "
-            f"({usable_cpus()} usable CPU cores; more workers than cores only compete)",
+    name="workers", default=0,
+    bounds=Bounds(whole=True, minimum=0, maximum=max_workers(),
+                  must_be=f"a whole number from 0 (load in the training process) to {max_workers()} on this machine "
+                          f"({usable_cpus()} usable CPU cores; more workers than cores only compete)"),
     label="data workers", short="workers", key="W", footer="Workers", metavar="N", in_footer=False,
     help="Set the number of DataLoader worker processes",
     prompt="DataLoader worker processes",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import statistics
 
-from torchlab.core.wire.config import DEFAULT_TRIAL_STEPS, MAX_TRIAL_STEPS
+from torchlab.core.wire.config import DEFAULT_TRIAL_STEPS, TRIAL_STEPS
 from torchlab.core.wire.impact import compare_step_times, load_shift
 from torchlab.core.wire.options import STEPS, WORLD_SIZE, OptionRefused, parse_option_value
 from torchlab.core.wire.payloads import TrialArm
@@ -36,13 +36,11 @@ def parse_trial(text: str) -> TrialCommand:
     match = _TRIAL.fullmatch(text)
     if match is None:
         raise OptionRefused(f"type OPTION=VALUE, then the steps if not {DEFAULT_TRIAL_STEPS}: amp=bf16 40")
-    option, value, steps = match.group(1), match.group(2), int(match.group(3) or DEFAULT_TRIAL_STEPS)
+    option, value = match.group(1), match.group(2)
     parse_option_value(option, value)
     if option in NOT_TRIED:
         raise OptionRefused(NOT_TRIED[option])
-    if not 1 <= steps <= MAX_TRIAL_STEPS:
-        raise OptionRefused(f"a trial runs 1 to {MAX_TRIAL_STEPS} steps an arm, got {steps}")
-    return TrialCommand(option, value, steps)
+    return TrialCommand(option, value, TRIAL_STEPS.parse("STEPS", match.group(3) or DEFAULT_TRIAL_STEPS))
 
 
 def describe_trial(result: TrialResult) -> list[str]:

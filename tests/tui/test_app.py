@@ -358,6 +358,80 @@ async def test_a_link_that_fails_to_start_shows_the_error_and_the_app_stays_up()
         assert "no trainer is connected" in log_text(app)
 
 
+def unsafe_runtime_directory(tmp_path: Path, monkeypatch) -> Path:
+    """XDG_RUNTIME_DIR/torchlab with mode 755: another user could enter it, so no trainer's socket goes there."""
+    unsafe = tmp_path / "xdg" / "torchlab"
+    unsafe.mkdir(parents=True)
+    unsafe.chmod(0o755)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
+    return unsafe
+
+
+async def leave_the_error_screen(app: TorchlabApp, pilot) -> None:
+    await pilot.press("q")
+    for _ in range(100):
+        if not app.is_running:
+            return
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+    raise AssertionError("the app did not exit")
+
+
+async def test_a_refused_runtime_directory_is_its_paragraph_without_a_traceback_and_exits_2(tmp_path, monkeypatch) -> None:
+    """The real link, refused by the runtime directory: the error screen showed a traceback panel for torchlab's own
+    refusal, and the app then exited 0."""
+    from torchlab.tui.link import ProcessLink
+
+    unsafe = unsafe_runtime_directory(tmp_path, monkeypatch)
+    link = ProcessLink(tmp_path / "run", ["mlp"])
+    app = quiet_app(lambda: link)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, ErrorScreen)
+        assert app.screen.failure.message == f"{unsafe} has mode 755, not 700: run chmod 700 {unsafe}."
+        assert app.screen.failure.detail == "" and not app.screen.query("#error-detail")  # no traceback panel
+        await leave_the_error_screen(app, pilot)
+    assert link.process is None  # no trainer was started
+    assert app.return_code == 2
+
+
+@pytest.mark.parametrize("error, status, traceback_shown", [
+    ("storage", 1, False),  # a full disk: a failed run, said in its words
+    ("no-space", 1, False),  # the machine's own error, which names the file
+    ("bug", 1, True),  # not torchlab's words: a bug, whose traceback is what to report
+])
+async def test_a_trainer_that_cannot_start_exits_as_a_failed_run_with_a_traceback_only_for_a_bug(
+        error: str, status: int, traceback_shown: bool) -> None:
+    import errno
+
+    from torchlab.core.wire.errors import StorageError
+
+    raised = {"storage": StorageError("could not write runs/x/trainer.log: No space left on device"),
+              "no-space": OSError(errno.ENOSPC, "No space left on device", "/tmp/torchlab-0/x.token"),
+              "bug": RuntimeError("an internal mistake")}[error]
+
+    def broken() -> FakeLink:
+        raise raised
+
+    app = quiet_app(broken)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, ErrorScreen)
+        assert str(raised) in app.screen.failure.message
+        assert ("Traceback" in app.screen.failure.detail) == traceback_shown
+        assert bool(app.screen.query("#error-detail")) == traceback_shown
+        await leave_the_error_screen(app, pilot)
+    assert app.return_code == status
+
+
+async def test_an_error_the_trainer_tells_without_a_traceback_shows_no_traceback_panel(app: TorchlabApp, link: FakeLink) -> None:
+    """A full disk mid-run, a workload that cannot load: the trainer's paragraph is all there is to show."""
+    async with app.run_test(size=SIZE) as pilot:
+        link.push(protocol.Error("could not write runs/x/metrics.jsonl: No space left on device", "", 121))
+        await answer(app, pilot)
+        assert isinstance(app.screen, ErrorScreen) and not app.screen.query("#error-detail")
+
+
 async def test_surprising_events_are_logged_not_fatal(app: TorchlabApp, link: FakeLink) -> None:
     async with app.run_test(size=SIZE) as pilot:
         link.push(

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from processes import alive
+from test_full_disk import small_disk  # noqa: F401 (a fixture: a 3 MB tmpfs)
 from torchlab.core.engine.distributed import usable_cpus
 from torchlab.tui.app import make_app
 from torchlab.tui.link import ProcessLink
@@ -264,15 +265,48 @@ async def test_a_trainer_killed_mid_run_is_reported_at_its_last_step_and_restart
     assert app.return_code == 1  # the run failed: the exit status says so
 
 
-@pytest.mark.parametrize("factory, expected", [
-    ("factory_raises", 2),  # bad input: the trainer refuses the workload before training, and exits 2
-    ("nan_in_forward", 3),
-], ids=["bad-input", "non-finite"])
-async def test_the_app_exits_as_the_trainer_did_when_the_user_quits_from_the_error_screen(tmp_path, factory, expected):
-    app, links = app_with_trainer(tmp_path / "run", f"{TINY}:{factory}", "--steps", "50")
+MISBEHAVING = str(Path(__file__).parent.parent / "workloads" / "misbehaving.py")
+
+
+@pytest.mark.parametrize("workload, expected, message", [
+    # bad input: the trainer refuses the workload before training, and exits 2
+    (f"{TINY}:factory_raises", 2, "the factory factory_raises() raised ValueError"),
+    (f"{TINY}:nan_in_forward", 3, "non-finite"),
+    # sys.exit(3) in the factory ended the trainer with 3, a non-finite stop to the app; sys.exit() with 0
+    (f"{MISBEHAVING}:factory_exits_3", 1, "the workload called sys.exit(3) in its factory factory_exits_3()"),
+    (f"{MISBEHAVING}:factory_exits", 1, "the workload called sys.exit() in its factory factory_exits()"),
+    (f"{MISBEHAVING}:loss_exits_at_step_3", 1, "the workload called sys.exit(3) while it trained"),
+    (f"{MISBEHAVING}:len_minus_one", 2, "Samples.__len__"),
+], ids=["bad-input", "non-finite", "factory-exits-3", "factory-exits", "loss-exits", "len-minus-one"])
+async def test_the_app_exits_as_the_trainer_did_when_the_user_quits_from_the_error_screen(tmp_path, workload, expected, message):
+    app, links = app_with_trainer(tmp_path / "run", workload, "--steps", "50")
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: error_screen_shown(app), what="the error screen")
+        assert message in app.screen.failure.message
+        if expected != 3:  # the user's code named by its line: one paragraph, no traceback panel
+            assert "Traceback" not in app.screen.failure.detail
         await pilot.press("q")
         await until(pilot, lambda: not app.is_running, what="the app to exit")
     assert links[0].trainer_exit_code == expected
     assert app.return_code == expected
+
+
+async def test_a_full_disk_mid_run_is_its_paragraph_without_a_traceback_and_the_app_exits_1(small_disk):
+    """On a real 3 MB file system filled while the run trains: the error screen showed the trainer's traceback for a
+    full disk, torchlab's own words being all there is to say (which file, what is intact)."""
+    from test_full_disk import leave_free
+
+    run_dir = small_disk / "run"
+    app, links = app_with_trainer(run_dir, f"{small_disk / 'workload.py'}:workload", "--steps", "100000",
+                                  "--checkpoint-every", "0", "--telemetry-interval", "0", "--eval-every", "0")
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.run_state.step >= 2, what="training")
+        leave_free(small_disk, 0)
+        await until(pilot, lambda: error_screen_shown(app), what="the error screen")
+        failure = app.screen.failure
+        assert failure.message.startswith("no space left on device writing metrics.jsonl")
+        assert failure.detail == "" and not app.screen.query("#error-detail")
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, what="the app to exit")
+    assert links[0].trainer_exit_code == 1
+    assert app.return_code == 1

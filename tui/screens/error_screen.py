@@ -1,6 +1,7 @@
 """The run failed: say why, show the traceback or the non-finite report, and offer a way on, with the
 options the restart should train with (a NaN is often fixed by a lower LR scale or clipping, before the
-restart reproduces it)."""
+restart reproduces it). A failure told in a paragraph alone (a refused directory, a full disk, a workload
+that cannot load) has no panel below it: there is nothing more to read."""
 
 from __future__ import annotations
 
@@ -65,6 +66,8 @@ class ErrorScreen(ModalScreen[Restart | str]):
     ErrorScreen.-short > #error-dialog { width: 100%; height: 100%; }
     ErrorScreen.-short #error-message { margin-bottom: 0; }
     ErrorScreen.-short #error-options-title { margin-top: 0; }
+    /* A paragraph alone (no traceback, no report) takes the rows it needs, on any terminal. */
+    ErrorScreen.-paragraph > #error-dialog { height: auto; max-height: 100%; }
     """
 
     AUTO_FOCUS = "#restart"  # on activation, by Textual: also safe when a key dismisses it at once
@@ -97,8 +100,11 @@ class ErrorScreen(ModalScreen[Restart | str]):
         with Vertical(id="error-dialog"):
             yield Label(f"{title}{step}", id="error-title")
             yield Static(Text(failure.message), id="error-message")
-            with VerticalScroll(id="error-detail-scroll"):
-                yield Static(Text(failure.detail or "(no details)"), id="error-detail")
+            if failure.detail:
+                with VerticalScroll(id="error-detail-scroll"):
+                    yield Static(Text(failure.detail), id="error-detail")
+            else:
+                self.add_class("-paragraph")
             if self.options is not None:
                 yield Label("The restart's options, from its first step (their keys set them):", id="error-options-title")
                 with Grid(id="error-options"):
