@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from trainers import WORKLOADS
-from torchlab.core.launch.arguments import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE
+from torchlab.core.wire.errors import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE
 from torchlab.core.launch.cli import main
 
 TINY = WORKLOADS / "tiny.py"

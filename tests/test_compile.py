@@ -18,7 +18,7 @@ import torch
 
 from trainers import TINY, WORKLOADS, make_trainer
 from torchlab.core.engine.checkpoint import load_checkpoint
-from torchlab.core.launch.arguments import EXIT_OK
+from torchlab.core.wire.errors import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.impact import ImpactTracker
 

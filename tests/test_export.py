@@ -17,7 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator as PluginEventAccumulator
 
 from trainers import TINY, WORKLOADS
-from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE
+from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE
 from torchlab.core.launch.cli import main
 from torchlab.core.engine.tensorboard import TRACE_NAME
 

@@ -20,7 +20,7 @@ import torch
 
 from trainers import TINY, make_trainer
 from torchlab.core.engine.checkpoint import load_checkpoint, save_checkpoint
-from torchlab.core.launch.arguments import EXIT_FAILED
+from torchlab.core.wire.errors import EXIT_FAILED
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.errors import StorageError
 

@@ -11,7 +11,7 @@ from collections import deque
 import pytest
 
 from trainers import TINY
-from torchlab.core.launch.arguments import EXIT_OK
+from torchlab.core.wire.errors import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.events import ProfileStarted, RunStarted
 from torchlab.core.wire.impact import WARMUP_STEPS, ImpactTracker, Segment, median_interval, noise_words

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainers import TINY
-from torchlab.core.launch.arguments import EXIT_OK
+from torchlab.core.wire.errors import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.wire import strict_json
 from torchlab.core.wire.rundir import rows_of

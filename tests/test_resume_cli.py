@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from trainers import WORKLOADS
-from torchlab.core.launch.arguments import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from torchlab.core.wire.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.config import config_from_toml
 from torchlab.core.engine.schedule import lr_factor

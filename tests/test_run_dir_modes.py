@@ -15,7 +15,7 @@ from trainers import WORKLOADS
 from torchlab.core.wire import storage
 from torchlab.core.engine.checkpoint import save_checkpoint
 from torchlab.core.engine.distributed import usable_cpus
-from torchlab.core.launch.arguments import EXIT_OK
+from torchlab.core.wire.errors import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.storage import write_atomically
 

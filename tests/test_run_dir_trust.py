@@ -25,7 +25,7 @@ import pytest
 
 from trainers import WORKLOADS
 from torchlab.core.launch import headless as headless_module
-from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE
+from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.config import load_config_file
 from torchlab.core.wire.errors import ConfigError

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from trainers import TINY, WORKLOADS, make_trainer
-from torchlab.core.launch.arguments import EXIT_OK
+from torchlab.core.wire.errors import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.wire import strict_json
 from torchlab.core.wire.protocol import TrialCommand

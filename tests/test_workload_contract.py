@@ -11,7 +11,7 @@ import pytest
 
 from trainers import WORKLOADS, make_trainer
 from workloads.own_training import onecycle_head_lrs
-from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE
+from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.errors import WorkloadError
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from torchlab.core.engine.loading import SAMPLES
 from torchlab.core.wire.config import OPTIMIZERS, SCHEDULES, TrainConfig, build_config, load_config_file
-from torchlab.core.wire.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE  # noqa: F401 (the launchers' too)
+from torchlab.core.wire.errors import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK
 from torchlab.core.wire.options import LIVE_OPTIONS
 
 

@@ -23,7 +23,8 @@ import gc
 import sys
 import traceback
 
-from torchlab.core.launch.arguments import EXIT_INTERRUPTED, EXIT_OK, build_parser, resolve_config
+from torchlab.core.launch.arguments import build_parser, resolve_config
+from torchlab.core.wire.errors import EXIT_INTERRUPTED, EXIT_OK
 from torchlab.core.wire.config import TrainConfig, build_config, load_config_file
 from torchlab.core.wire.errors import ConfigError, TorchlabError, exit_status
 

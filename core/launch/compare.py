@@ -12,7 +12,7 @@ from pathlib import Path
 
 from textual.app import App
 
-from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE
+from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE
 from torchlab.core.wire.errors import TorchlabError
 from torchlab.tui.run_history import RunHistory
 from torchlab.tui.screens.compare_screen import CompareScreen

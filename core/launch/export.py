@@ -32,7 +32,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE
+from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE
 from torchlab.core.wire.csv_export import write_csv
 from torchlab.core.wire.errors import ConfigError, StorageError, TorchlabError
 from torchlab.core.wire.rundir import rows_of

@@ -21,7 +21,8 @@ from rich.live import Live
 from rich.markup import escape
 from rich.text import Text
 
-from torchlab.core.launch.arguments import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK, exit_code
+from torchlab.core.launch.arguments import exit_code
+from torchlab.core.wire.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK
 from torchlab.core.engine.distributed import rank_from_environment
 from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.engine.tensorboard import tensorboard_observers

@@ -30,7 +30,7 @@ import signal
 import socket
 import sys
 
-from torchlab.core.launch.arguments import EXIT_OK, EXIT_USAGE
+from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE
 from torchlab.core.wire.errors import TorchlabError
 from torchlab.core.wire.runtime import FINAL_STATES, RunEntry, find_run, list_runs, printable
 

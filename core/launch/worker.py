@@ -36,7 +36,8 @@ from typing import Any
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.options import STEPS, format_option_value
-from torchlab.core.launch.arguments import EXIT_OK, build_parser, exit_code
+from torchlab.core.launch.arguments import build_parser, exit_code
+from torchlab.core.wire.errors import EXIT_OK
 from torchlab.core.wire.control_server import ControlServer
 from torchlab.core.wire.errors import StorageError, TorchlabError, WorkloadExited, exit_status
 from torchlab.core.wire.impact import ImpactTracker

@@ -24,7 +24,7 @@ from processes import alive
 from test_worker import Collected
 from torchlab.core.wire import protocol as p
 from torchlab.core.engine.checkpoint import load_checkpoint
-from torchlab.core.launch.arguments import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from torchlab.core.wire.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from torchlab.core.launch.cli import main
 from torchlab.core.engine.distributed import usable_cpus
 from torchlab.tui.link import ProcessLink
