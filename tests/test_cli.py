@@ -325,3 +325,13 @@ def test_the_app_is_not_started_where_the_runtime_directory_is_refused(tmp_path)
     assert done.returncode == EXIT_USAGE
     assert done.stderr == f"torchlab-tui: error: {unsafe} has mode 755, not 700: run chmod 700 {unsafe}.\n"
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_app_refuses_a_resume_of_a_fifo_before_the_screen_changes(tmp_path, capsys):
+    """``torchlab-tui --resume FIFO`` opened the app and showed 'The run failed at step 0' with a restart that
+    would start the run over; headless said it in one paragraph. Now both say it before anything starts."""
+    fifo = tmp_path / "last.pt"
+    os.mkfifo(fifo)
+    assert main(["--resume", str(fifo), "--runs-root", str(tmp_path)]) == EXIT_USAGE
+    assert "is a FIFO (named pipe), not a regular file" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [fifo]  # no run directory was made

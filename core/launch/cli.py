@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 import traceback
 
 from torchlab.core.launch.arguments import build_parser, resolve_config
-from torchlab.core.wire.errors import EXIT_INTERRUPTED, EXIT_OK
 from torchlab.core.wire.config import TrainConfig, build_config, load_config_file
-from torchlab.core.wire.errors import ConfigError, TorchlabError, exit_status
+from torchlab.core.wire.errors import EXIT_INTERRUPTED, EXIT_OK, ConfigError, TorchlabError, exit_status
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,11 +101,14 @@ def resumed_workload(args: argparse.Namespace) -> str | None:
     """The workload a ``--resume`` continues, told without torch (the app's process): the one given, else
     the one in the run's ``config.toml``. The trainer's process reads the checkpoint itself (core/launch/resume.py)."""
     from torchlab.core.wire.rundir import run_dir_of_checkpoint
+    from torchlab.core.wire.safe_open import open_regular
     from torchlab.core.wire.storage import unreadable_run
 
     try:
         if not args.resume.exists():
             raise ConfigError(f"--resume {args.resume}: no such checkpoint file or run directory.")
+        if not args.resume.is_dir():  # a FIFO or a link is refused here, as the trainer would, before the screen changes
+            os.close(open_regular(args.resume))
         if args.workload is not None:
             return args.workload
         run_dir = run_dir_of_checkpoint(args.resume)
