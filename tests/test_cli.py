@@ -335,3 +335,29 @@ def test_the_app_refuses_a_resume_of_a_fifo_before_the_screen_changes(tmp_path, 
     assert main(["--resume", str(fifo), "--runs-root", str(tmp_path)]) == EXIT_USAGE
     assert "is a FIFO (named pipe), not a regular file" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == [fifo]  # no run directory was made
+
+
+SUBCOMMANDS = ("attach", "serve", "compare", "export")
+
+
+def console_script() -> str:
+    """The installed ``torchlab-tui``: beside the interpreter in a venv, else on PATH (gpu_pass.sh's pip --target)."""
+    script = shutil.which("torchlab-tui", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    assert script is not None, "no torchlab-tui console script beside the interpreter or on PATH"
+    return script
+
+
+def test_help_lists_every_subcommand_with_a_line_and_how_to_learn_more():
+    shown = subprocess.run([console_script(), "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    for command in SUBCOMMANDS:
+        assert re.search(rf"^  {command} +\w", shown.stdout, re.MULTILINE), f"{command} has no line in --help:\n{shown.stdout}"
+    assert "torchlab-tui COMMAND --help" in shown.stdout
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_a_subcommands_help_is_written_for_users(command):
+    shown = subprocess.run([console_script(), command, "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert f"usage: torchlab-tui {command}" in shown.stdout
+    assert "``" not in shown.stdout and ".py" not in shown.stdout, shown.stdout

@@ -28,6 +28,7 @@ import sys
 import time
 
 from torchlab.core.launch.serve import SERVED_BY_PARENT
+from torchlab.core.launch.arguments import command_description
 from torchlab.core.wire.errors import TorchlabError
 from torchlab.core.wire.runtime import FINAL_STATES, RunEntry, die_with_parent, find_run, printable, read_runs
 
@@ -35,7 +36,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="torchlab-tui attach", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="torchlab-tui attach", description=command_description("attach"))
     parser.add_argument("run", nargs="?", help="the run's name (or a unique prefix) or its run directory")
     parser.add_argument("--view", action="store_true",
                         help="watch it read-only, beside the app that controls it (any number of viewers; quitting one leaves the run as it is)")

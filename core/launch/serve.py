@@ -30,6 +30,7 @@ import signal
 import socket
 import sys
 
+from torchlab.core.launch.arguments import command_description
 from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE
 from torchlab.core.wire.errors import TorchlabError
 from torchlab.core.wire.runtime import FINAL_STATES, RunEntry, find_run, list_runs, printable
@@ -44,7 +45,7 @@ SERVED_BY_PARENT = "TORCHLAB_SERVED"
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="torchlab-tui serve", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="torchlab-tui serve", description=command_description("serve"))
     parser.add_argument("run", nargs="?", help="the run's name (or a unique prefix) or its run directory; default: the one live run")
     parser.add_argument("--control", action="store_true", help="the page controls the run (one app may): not read-only")
     parser.add_argument("--port", type=int, default=0, help="the port to listen on (default, or 0: a free one, printed)")
