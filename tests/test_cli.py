@@ -337,7 +337,7 @@ def test_the_app_refuses_a_resume_of_a_fifo_before_the_screen_changes(tmp_path, 
     assert list(tmp_path.iterdir()) == [fifo]  # no run directory was made
 
 
-SUBCOMMANDS = ("attach", "serve", "compare", "export")
+SUBCOMMANDS = ("attach", "stop", "serve", "compare", "export")
 
 
 def console_script() -> str:

@@ -1,5 +1,5 @@
-"""The command line's words: its commands and flags (what ``--help`` says of them), how the flags become the settings layers of a TrainConfig, and the
-exit code of a run's outcome. Shared by every launcher (the ``torchlab-tui`` command, the trainer process the
+"""The command line's words: its commands and flags (what ``--help`` says of them), how the flags become the
+settings layers of a TrainConfig, and the exit code of a run's outcome. Shared by every launcher (the ``torchlab-tui`` command, the trainer process the
 app starts, headless runs, ``--resume``) without importing any of them, and without torch.
 
 The exit codes are core/wire/errors.py's (the app, which cannot import this module, exits with the same):
@@ -48,6 +48,7 @@ def installed_version() -> str:
 #: ``--help`` (cli.py runs each; one place for what a user reads of them).
 SUBCOMMANDS = {
     "attach": "list your runs, and open the workbench on a running one",
+    "stop": "stop a running run: it writes its final checkpoint and exits",
     "serve": "the workbench on a running run in a browser, over a forwarded port",
     "compare": "runs side by side: curves, the settings that differ, option changes",
     "export": "a run's figures for other tools: TensorBoard event files, CSV",
@@ -71,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     description = "A terminal workbench for PyTorch training: change a run while it trains,\nand see the effect."
     epilog = ("Live options can also be scripted: --at 50:amp=bf16 --at 120:clip=1.0\n"
               "(repeatable). A run detached with d (or by a hang-up) trains on:\n"
-              "`torchlab-tui attach [RUN]` lists runs and reconnects.")
+              "`torchlab-tui attach [RUN]` lists runs and reconnects, `torchlab-tui stop RUN`\nstops one.")
     parser = argparse.ArgumentParser(
         prog="torchlab-tui",
         usage="%(prog)s [WORKLOAD] [OPTIONS]\n       %(prog)s COMMAND [ARGS]",

@@ -58,7 +58,7 @@ def _attach(args: argparse.Namespace) -> int:
             print(f"torchlab-tui attach: skipped {printable(line)}; it is not an entry torchlab wrote: remove it.", file=sys.stderr)
         print(format_runs(entries) if entries else "No runs: start one with `torchlab-tui WORKLOAD`.")
         forget_gone_runs(entries)
-        live = [entry for entry in entries if entry.live]
+        live = live_runs(entries)
         if len(live) != 1:
             if len(live) > 1:
                 print("\nSeveral runs are live: `torchlab-tui attach NAME` opens one.")
@@ -80,12 +80,8 @@ def open_run(entry: RunEntry, *, view: bool = False) -> int:
     """The workbench on ``entry``'s trainer, or, if that trainer has ended, what became of it."""
     info = entry.info
     name, run_dir = printable(entry.endpoint.name), printable(info.get("run_dir"))
-    state = entry.state
-    if state in FINAL_STATES or state == "gone":
-        how = (f"{state} at step {info.get('step')}" if state != "gone"
-               else f"gone without a word at step {info.get('step')} (killed?); its last checkpoint is in the run directory")
-        print(f"{name}: {printable(how)}.\nRun directory: {run_dir}")
-        entry.endpoint.remove()
+    if has_ended(entry):
+        print(report_ended(entry))
         return EXIT_OK
     if info.get("attached") and not view:
         print(f"torchlab-tui attach: another app is attached to {name}; quit or detach it first (one app controls a run), "
@@ -115,6 +111,26 @@ def open_run(entry: RunEntry, *, view: bool = False) -> int:
         print(f"Detached from {name}: {printable(app.run_state.after_detach)}. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
     print(f"Run directory: {run_dir}", file=sys.stderr)
     return app.return_code or EXIT_OK
+
+
+def live_runs(entries: list[RunEntry]) -> list[RunEntry]:
+    """The runs whose trainer is still there: with no RUN named, ``attach`` and ``stop`` take the one there is."""
+    return [entry for entry in entries if entry.live]
+
+
+def has_ended(entry: RunEntry) -> bool:
+    """Its trainer said its last word (finished, stopped, failed), or died without one."""
+    return entry.state in (*FINAL_STATES, "gone")
+
+
+def report_ended(entry: RunEntry) -> str:
+    """What became of a run that is no longer running, said once: its entry is removed (``attach`` lists it no more)."""
+    info = entry.info
+    state = entry.state
+    how = (f"{state} at step {info.get('step')}" if state != "gone"
+           else f"gone without a word at step {info.get('step')} (killed?); its last checkpoint is in the run directory")
+    entry.endpoint.remove()
+    return f"{printable(entry.endpoint.name)}: {printable(how)}.\nRun directory: {printable(info.get('run_dir'))}"
 
 
 def forget_gone_runs(entries: list[RunEntry]) -> None:
