@@ -361,3 +361,27 @@ def test_a_subcommands_help_is_written_for_users(command):
     assert shown.returncode == 0, shown.stderr
     assert f"usage: torchlab-tui {command}" in shown.stdout
     assert "``" not in shown.stdout and ".py" not in shown.stdout, shown.stdout
+
+
+def test_a_file_without_a_factory_runs_its_workload_factory(tmp_path):
+    assert run_cli(tmp_path, str(TINY), "--steps", "2") == EXIT_OK  # tiny.py:workload, as uvicorn and torchrun take a file
+    assert read_jsonl(only_run_dir(tmp_path) / "metrics.jsonl")[-1]["step"] == 2
+    assert only_run_dir(tmp_path).name.endswith("-tiny")
+
+
+def test_a_file_with_no_workload_factory_lists_the_ones_it_has_without_running_it(tmp_path, capsys):
+    model = tmp_path / "my_model.py"
+    ran = tmp_path / "ran"
+    model.write_text(
+        f"open({str(ran)!r}, 'w').close()  # a side effect: the listing must not run the file\n"
+        "def build(width=8):\n    pass\n"
+        "def with_data(path):\n    pass\n"
+        "def _private():\n    pass\n"
+        "def make_model(*, depth=2, **extra):\n    pass\n"
+    )
+    assert run_cli(tmp_path, str(model)) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"torchlab-tui: error: workload file {model} defines no workload() for torchlab to call; name the factory to "
+        f"call after a colon, one of the functions it defines that take no arguments: {model}:build, {model}:make_model.\n"
+    )
+    assert not ran.exists()
