@@ -385,3 +385,17 @@ def test_a_file_with_no_workload_factory_lists_the_ones_it_has_without_running_i
         f"call after a colon, one of the functions it defines that take no arguments: {model}:build, {model}:make_model.\n"
     )
     assert not ran.exists()
+
+
+def test_a_second_attach_is_refused_with_exit_2_as_bad_input_is(tmp_path, capsys, monkeypatch):
+    from torchlab.core.launch.attach import main as attach
+    from torchlab.core.wire.runtime import Endpoint, listen_privately
+
+    runtime = tmp_path / "xdg"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    endpoint = Endpoint.create("controlled")
+    with listen_privately(endpoint.socket_path):  # a live trainer's socket, an app attached to it
+        endpoint.write_info({"pid": os.getpid(), "run_dir": str(tmp_path / "run"), "state": "running", "step": 3, "attached": True})
+        assert attach(["controlled"]) == EXIT_USAGE
+    assert "another app is attached to controlled" in capsys.readouterr().err

@@ -6,8 +6,8 @@ with no argument lists every run, and opens the one live run if there is exactly
 opens RUN, named by its name (a unique prefix will do) or by its run directory. A run that ended
 while nobody was attached is reported once, with its run directory, and its entry removed.
 
-A second app on a run that already has one is refused (by the trainer, and said here first): one app
-controls a run, so ``q`` in one app never surprises another. ``attach --view`` opens a read-only viewer
+A second app on a run that already has one is refused (by the trainer, and said here first), exit 2 as other
+refusals and bad input: one app controls a run, so ``q`` in one app never surprises another. ``attach --view`` opens a read-only viewer
 instead, beside it: any number of them, the same token (only the run's owner can view), keys that would
 change the run refused on the spot, and quitting one leaves the run as it is.
 
@@ -29,10 +29,9 @@ import time
 
 from torchlab.core.launch.serve import SERVED_BY_PARENT
 from torchlab.core.launch.arguments import command_description
-from torchlab.core.wire.errors import TorchlabError
+from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE, TorchlabError
 from torchlab.core.wire.runtime import FINAL_STATES, RunEntry, die_with_parent, find_run, printable, read_runs
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def main(argv: list[str]) -> int:
@@ -87,7 +86,7 @@ def open_run(entry: RunEntry, *, view: bool = False) -> int:
         print(f"torchlab-tui attach: another app is attached to {name}; quit or detach it first (one app controls a run), "
               f"or watch it read-only: torchlab-tui attach --view {name}",
               file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_USAGE  # a refusal, as bad input is: nothing ran, nothing failed
     if os.environ.get(SERVED_BY_PARENT):  # a browser tab's app (torchlab-tui serve): it ends with the server
         die_with_parent(signal.SIGKILL)
     gc.disable()  # until tune_garbage_collection(): the app's imports are all kept, nothing to collect
@@ -104,7 +103,7 @@ def open_run(entry: RunEntry, *, view: bool = False) -> int:
     app.run()
     if link.refused is not None:
         print(f"torchlab-tui attach: {name}: {printable(link.refused)}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_USAGE
     if view:
         print(f"Stopped viewing {name}; it goes on as it was.", file=sys.stderr)
     elif app.run_state.detached:
