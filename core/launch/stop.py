@@ -192,7 +192,9 @@ def _report(entry: RunEntry, ending: Ending) -> int:
         return EXIT_FAILED
     entry.endpoint.remove()
     print(f"{name} {printable(ending.state)} at step {ending.step}.")
-    if ending.checkpoint:
-        print(f"Final checkpoint: {printable(ending.checkpoint)}")
+    if ending.checkpoint:  # as the trainer named it, relative to where it started: said whole, for any directory
+        final = Path(ending.checkpoint)
+        shown = final if final.is_absolute() else Path(str(entry.info.get("run_dir"))) / "checkpoints" / final.name
+        print(f"Final checkpoint: {printable(shown)}")
     print(f"Run directory: {printable(entry.info.get('run_dir'))}")
     return EXIT_FAILED if ending.state == "failed" else EXIT_OK
