@@ -335,3 +335,67 @@ def test_the_app_refuses_a_resume_of_a_fifo_before_the_screen_changes(tmp_path, 
     assert main(["--resume", str(fifo), "--runs-root", str(tmp_path)]) == EXIT_USAGE
     assert "is a FIFO (named pipe), not a regular file" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == [fifo]  # no run directory was made
+
+
+SUBCOMMANDS = ("attach", "stop", "serve", "compare", "export")
+
+
+def console_script() -> str:
+    """The installed ``torchlab-tui``: beside the interpreter in a venv, else on PATH (gpu_pass.sh's pip --target)."""
+    script = shutil.which("torchlab-tui", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    assert script is not None, "no torchlab-tui console script beside the interpreter or on PATH"
+    return script
+
+
+def test_help_lists_every_subcommand_with_a_line_and_how_to_learn_more():
+    shown = subprocess.run([console_script(), "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    for command in SUBCOMMANDS:
+        assert re.search(rf"^  {command} +\w", shown.stdout, re.MULTILINE), f"{command} has no line in --help:\n{shown.stdout}"
+    assert "torchlab-tui COMMAND --help" in shown.stdout
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_a_subcommands_help_is_written_for_users(command):
+    shown = subprocess.run([console_script(), command, "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert f"usage: torchlab-tui {command}" in shown.stdout
+    assert "``" not in shown.stdout and ".py" not in shown.stdout, shown.stdout
+
+
+def test_a_file_without_a_factory_runs_its_workload_factory(tmp_path):
+    assert run_cli(tmp_path, str(TINY), "--steps", "2") == EXIT_OK  # tiny.py:workload, as uvicorn and torchrun take a file
+    assert read_jsonl(only_run_dir(tmp_path) / "metrics.jsonl")[-1]["step"] == 2
+    assert only_run_dir(tmp_path).name.endswith("-tiny")
+
+
+def test_a_file_with_no_workload_factory_lists_the_ones_it_has_without_running_it(tmp_path, capsys):
+    model = tmp_path / "my_model.py"
+    ran = tmp_path / "ran"
+    model.write_text(
+        f"open({str(ran)!r}, 'w').close()  # a side effect: the listing must not run the file\n"
+        "def build(width=8):\n    pass\n"
+        "def with_data(path):\n    pass\n"
+        "def _private():\n    pass\n"
+        "def make_model(*, depth=2, **extra):\n    pass\n"
+    )
+    assert run_cli(tmp_path, str(model)) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"torchlab-tui: error: workload file {model} defines no workload() for torchlab to call; name the factory to "
+        f"call after a colon, one of the functions it defines that take no arguments: {model}:build, {model}:make_model.\n"
+    )
+    assert not ran.exists()
+
+
+def test_a_second_attach_is_refused_with_exit_2_as_bad_input_is(tmp_path, capsys, monkeypatch):
+    from torchlab.core.launch.attach import main as attach
+    from torchlab.core.wire.runtime import Endpoint, listen_privately
+
+    runtime = tmp_path / "xdg"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    endpoint = Endpoint.create("controlled")
+    with listen_privately(endpoint.socket_path):  # a live trainer's socket, an app attached to it
+        endpoint.write_info({"pid": os.getpid(), "run_dir": str(tmp_path / "run"), "state": "running", "step": 3, "attached": True})
+        assert attach(["controlled"]) == EXIT_USAGE
+    assert "another app is attached to controlled" in capsys.readouterr().err

@@ -217,3 +217,32 @@ def test_serve_as_the_user_runs_it_listens_where_it_says_and_a_bad_port_is_one_p
     finally:
         server.kill()
         server.wait()
+
+
+@pytest.mark.asyncio
+async def test_the_page_asks_nothing_of_any_host_but_this_one(served):
+    """GPU boxes are often offline: the page must load from the server alone (its web font was asked of the internet).
+    A namespace (``xmlns="http://www.w3.org/2000/svg"``) is a name, never fetched."""
+    import asyncio
+    import re
+
+    server, port = served
+    async with asyncio.timeout(30), browser() as client:
+        async with client.get(f"http://127.0.0.1:{port}/?key={server.key}") as page:
+            html = await page.text()
+    assert page.status == 200 and "data-session-websocket-url" in html
+    fetched = re.sub(r'xmlns(:\w+)?="[^"]*"', "", html)
+    outside = [url for url in re.findall(r"https?://[^\s\"'<>)]+", fetched)
+               if not re.match(r"https?://(127\.0\.0\.1|localhost)(:\d+)?(/|$)", url)]
+    assert outside == []
+
+
+def test_without_textual_serve_the_hint_fits_an_index_and_a_checkout(entry, monkeypatch):
+    import sys
+
+    from torchlab.core.wire.errors import TorchlabError
+
+    monkeypatch.setitem(sys.modules, "textual_serve.server", None)  # as if the extra were not installed
+    with pytest.raises(TorchlabError) as missing:
+        serve.keyed_server(entry, control=False, port=8000)
+    assert "pip install 'torchlab-tui[serve]'" in str(missing.value) and "pip install '.[serve]'" in str(missing.value)

@@ -1,7 +1,9 @@
 """Turning a workload spec from the command line into a ``Workload``.
 
 A spec is a built-in sample name (``tiny_gpt``), ``path/to/file.py:factory`` or
-``package.module:factory`` (the ``uvicorn app:app`` convention). Every way this can go wrong becomes a
+``package.module:factory`` (the ``uvicorn app:app`` convention); a file alone, ``path/to/file.py``, calls its
+``workload`` (as uvicorn and torchrun take a file). A file without one is refused before it runs: its top-level
+functions that take no arguments are listed from its source (``ast``), not by importing it. Every way this can go wrong becomes a
 ``WorkloadError`` that names the file and line at fault. ``check_spec`` and ``workload_label`` import
 nothing, so the app can validate a spec without torch; ``load_workload`` runs the user's code, so only a spec
 the user gave is loaded (core/launch/resume.py says when a checkpoint's is). ``spec_as_shown`` and
@@ -13,6 +15,7 @@ the line (a failed run, exit 1), wherever torchlab runs that code (its import, i
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import inspect
@@ -35,7 +38,10 @@ SAMPLES = {
 }
 #: The longest spec from someone else that a message repeats whole (a path in a deep folder fits).
 _SPEC_SHOWN_CHARS = 256
-_FORM = "a built-in sample (" + ", ".join(SAMPLES) + "), path/to/file.py:factory or package.module:factory"
+_FORM = ("a built-in sample (" + ", ".join(SAMPLES) + "), path/to/file.py[:factory] (default: workload) "
+         "or package.module:factory")
+#: The factory a file given alone is asked for.
+DEFAULT_FACTORY = "workload"
 
 
 @dataclass(frozen=True)
@@ -55,16 +61,68 @@ def check_spec(text: str) -> WorkloadSpec:
         module, factory = SAMPLES[text].split(":")
         return WorkloadSpec(text=text, factory=factory, module=module)
     target, colon, factory = text.rpartition(":")
+    if not colon and text.endswith(".py"):
+        return _file_spec(text, text, DEFAULT_FACTORY, implied=True)
     if not colon or not target or not factory.isidentifier():
         raise WorkloadError(f"workload {shown(text)} is not {_FORM}.")
     if target.endswith(".py") or os.sep in target or "/" in target:
-        path = Path(target).expanduser()
-        if not path.is_file():
-            raise WorkloadError(f"workload file {target} does not exist (looked for {path.resolve()}).")
-        return WorkloadSpec(text=text, factory=factory, file=path.resolve())
+        return _file_spec(text, target, factory, implied=False)
     if not all(part.isidentifier() for part in target.split(".")):
         raise WorkloadError(f"workload {shown(text)}: {shown(target)} is not a module name or a .py file; it must be {_FORM}.")
     return WorkloadSpec(text=text, factory=factory, module=target)
+
+
+def _file_spec(text: str, target: str, factory: str, *, implied: bool) -> WorkloadSpec:
+    path = Path(target).expanduser()
+    if not path.is_file():
+        raise WorkloadError(f"workload file {target} does not exist (looked for {path.resolve()}).")
+    if implied:
+        _refuse_a_file_without_the_default_factory(path, target)
+    return WorkloadSpec(text=text, factory=factory, file=path.resolve())
+
+
+def _refuse_a_file_without_the_default_factory(path: Path, target: str) -> None:
+    """A file given alone must define ``workload``; if its source plainly does not, say which of its functions
+    could be named instead, from the source: listing them runs none of the user's code. A file that cannot be
+    parsed is let through, for its import to report the line at fault."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (SyntaxError, ValueError, OSError):
+        return
+    names = _top_level_names(tree.body)
+    if DEFAULT_FACTORY in names or "*" in names:  # a star import may bring it
+        return
+    candidates = [f"{target}:{node.name}" for node in tree.body
+                  if isinstance(node, ast.FunctionDef) and not node.name.startswith("_") and _takes_no_arguments(node)]
+    listed = (f"one of the functions it defines that take no arguments: {', '.join(candidates)}" if candidates
+              else "it defines no function that takes no arguments: add def workload() returning a Workload")
+    raise WorkloadError(f"workload file {target} defines no {DEFAULT_FACTORY}() for torchlab to call; name the factory "
+                        f"to call after a colon, {listed}.")
+
+
+def _top_level_names(body: list[ast.stmt]) -> set[str]:
+    """The names a module's body binds at its top level (in ``if``/``try``/``with`` blocks too, not in functions)."""
+    names: set[str] = set()
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(name.id for target in targets for name in ast.walk(target) if isinstance(name, ast.Name))
+        blocks = [getattr(node, field) for field in ("body", "orelse", "finalbody") if isinstance(getattr(node, field, None), list)]
+        for block in blocks + [handler.body for handler in getattr(node, "handlers", [])]:
+            names |= _top_level_names(block)
+    return names
+
+
+def _takes_no_arguments(function: ast.FunctionDef) -> bool:
+    arguments = function.args
+    positional = arguments.posonlyargs + arguments.args
+    return (len(arguments.defaults) == len(positional)
+            and all(default is not None for default in arguments.kw_defaults))
 
 
 def spec_as_shown(text: str) -> str:
@@ -88,9 +146,11 @@ def workload_label(text: str) -> str:
     text = text.strip()
     if text in SAMPLES:
         return text
-    target, _, factory = text.rpartition(":")
+    target, colon, factory = text.rpartition(":")
+    if not colon:  # a file given alone: its workload()
+        target, factory = text, DEFAULT_FACTORY
     stem = Path(target).stem if target.endswith(".py") else target.rsplit(".", 1)[-1]
-    return stem if factory == "workload" else f"{stem}-{factory}"
+    return stem if factory == DEFAULT_FACTORY else f"{stem}-{factory}"
 
 
 def load_workload(text: str):

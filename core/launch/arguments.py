@@ -1,5 +1,5 @@
-"""The command line's words: its flags, how they become the settings layers of a TrainConfig, and the
-exit code of a run's outcome. Shared by every launcher (the ``torchlab-tui`` command, the trainer process the
+"""The command line's words: its commands and flags (what ``--help`` says of them), how the flags become the
+settings layers of a TrainConfig, and the exit code of a run's outcome. Shared by every launcher (the ``torchlab-tui`` command, the trainer process the
 app starts, headless runs, ``--resume``) without importing any of them, and without torch.
 
 The exit codes are core/wire/errors.py's (the app, which cannot import this module, exits with the same):
@@ -44,16 +44,45 @@ def installed_version() -> str:
         return "(not installed)"
 
 
+#: The commands besides training, each with the line that ``torchlab-tui --help`` shows and that opens its own
+#: ``--help`` (cli.py runs each; one place for what a user reads of them).
+SUBCOMMANDS = {
+    "attach": "list your runs, and open the workbench on a running one",
+    "stop": "stop a running run: it writes its final checkpoint and exits",
+    "serve": "the workbench on a running run in a browser, over a forwarded port",
+    "compare": "runs side by side: curves, the settings that differ, option changes",
+    "export": "a run's figures for other tools: TensorBoard event files, CSV",
+}
+
+
+def commands_help() -> str:
+    """The commands, one line each, as git and pip list theirs."""
+    width = max(map(len, SUBCOMMANDS))
+    lines = [f"  {name.ljust(width)}  {line}" for name, line in SUBCOMMANDS.items()]
+    return "commands:\n" + "\n".join(lines) + "\n\n`torchlab-tui COMMAND --help` tells more of one."
+
+
+def command_description(name: str) -> str:
+    """What ``torchlab-tui NAME --help`` says first: its line of ``torchlab-tui --help``, as a sentence."""
+    line = SUBCOMMANDS[name]
+    return f"{line[0].upper()}{line[1:]}."
+
+
 def build_parser() -> argparse.ArgumentParser:
+    description = "A terminal workbench for PyTorch training: change a run while it trains,\nand see the effect."
+    epilog = ("Live options can also be scripted: --at 50:amp=bf16 --at 120:clip=1.0\n"
+              "(repeatable). A run detached with d (or by a hang-up) trains on:\n"
+              "`torchlab-tui attach [RUN]` lists runs and reconnects, `torchlab-tui stop RUN`\nstops one.")
     parser = argparse.ArgumentParser(
         prog="torchlab-tui",
-        description="A terminal workbench for PyTorch training: change a run while it trains, and see the effect.",
-        epilog="Live options can also be scripted: --at 50:amp=bf16 --at 120:clip=1.0 (repeatable). "
-        "A run detached with d (or by a hang-up) trains on: `torchlab-tui attach [RUN]` lists runs and reconnects.",
+        usage="%(prog)s [WORKLOAD] [OPTIONS]\n       %(prog)s COMMAND [ARGS]",
+        description=f"{description}\n\n{commands_help()}",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the commands' lines kept as they are
     )
     parser.add_argument(
         "workload", nargs="?", default=None,
-        help=f"a built-in sample ({', '.join(SAMPLES)}; default tiny_gpt), path/to/file.py:factory or package.module:factory",
+        help=f"a built-in sample ({', '.join(SAMPLES)}; default tiny_gpt), path/to/file.py[:factory] (its workload() when no factory is named) or package.module:factory",
     )
     parser.add_argument("--headless", action="store_true", help="train with a progress bar instead of the app")
     parser.add_argument("--config", type=Path, metavar="FILE.toml", help="settings file (a run's config.toml works)")

@@ -6,8 +6,8 @@ with no argument lists every run, and opens the one live run if there is exactly
 opens RUN, named by its name (a unique prefix will do) or by its run directory. A run that ended
 while nobody was attached is reported once, with its run directory, and its entry removed.
 
-A second app on a run that already has one is refused (by the trainer, and said here first): one app
-controls a run, so ``q`` in one app never surprises another. ``attach --view`` opens a read-only viewer
+A second app on a run that already has one is refused (by the trainer, and said here first), exit 2 as other
+refusals and bad input: one app controls a run, so ``q`` in one app never surprises another. ``attach --view`` opens a read-only viewer
 instead, beside it: any number of them, the same token (only the run's owner can view), keys that would
 change the run refused on the spot, and quitting one leaves the run as it is.
 
@@ -28,14 +28,14 @@ import sys
 import time
 
 from torchlab.core.launch.serve import SERVED_BY_PARENT
-from torchlab.core.wire.errors import TorchlabError
+from torchlab.core.launch.arguments import command_description
+from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE, TorchlabError
 from torchlab.core.wire.runtime import FINAL_STATES, RunEntry, die_with_parent, find_run, printable, read_runs
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="torchlab-tui attach", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="torchlab-tui attach", description=command_description("attach"))
     parser.add_argument("run", nargs="?", help="the run's name (or a unique prefix) or its run directory")
     parser.add_argument("--view", action="store_true",
                         help="watch it read-only, beside the app that controls it (any number of viewers; quitting one leaves the run as it is)")
@@ -57,7 +57,7 @@ def _attach(args: argparse.Namespace) -> int:
             print(f"torchlab-tui attach: skipped {printable(line)}; it is not an entry torchlab wrote: remove it.", file=sys.stderr)
         print(format_runs(entries) if entries else "No runs: start one with `torchlab-tui WORKLOAD`.")
         forget_gone_runs(entries)
-        live = [entry for entry in entries if entry.live]
+        live = live_runs(entries)
         if len(live) != 1:
             if len(live) > 1:
                 print("\nSeveral runs are live: `torchlab-tui attach NAME` opens one.")
@@ -79,18 +79,14 @@ def open_run(entry: RunEntry, *, view: bool = False) -> int:
     """The workbench on ``entry``'s trainer, or, if that trainer has ended, what became of it."""
     info = entry.info
     name, run_dir = printable(entry.endpoint.name), printable(info.get("run_dir"))
-    state = entry.state
-    if state in FINAL_STATES or state == "gone":
-        how = (f"{state} at step {info.get('step')}" if state != "gone"
-               else f"gone without a word at step {info.get('step')} (killed?); its last checkpoint is in the run directory")
-        print(f"{name}: {printable(how)}.\nRun directory: {run_dir}")
-        entry.endpoint.remove()
+    if has_ended(entry):
+        print(report_ended(entry))
         return EXIT_OK
     if info.get("attached") and not view:
         print(f"torchlab-tui attach: another app is attached to {name}; quit or detach it first (one app controls a run), "
               f"or watch it read-only: torchlab-tui attach --view {name}",
               file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_USAGE  # a refusal, as bad input is: nothing ran, nothing failed
     if os.environ.get(SERVED_BY_PARENT):  # a browser tab's app (torchlab-tui serve): it ends with the server
         die_with_parent(signal.SIGKILL)
     gc.disable()  # until tune_garbage_collection(): the app's imports are all kept, nothing to collect
@@ -107,13 +103,33 @@ def open_run(entry: RunEntry, *, view: bool = False) -> int:
     app.run()
     if link.refused is not None:
         print(f"torchlab-tui attach: {name}: {printable(link.refused)}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_USAGE
     if view:
         print(f"Stopped viewing {name}; it goes on as it was.", file=sys.stderr)
     elif app.run_state.detached:
         print(f"Detached from {name}: {printable(app.run_state.after_detach)}. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
     print(f"Run directory: {run_dir}", file=sys.stderr)
     return app.return_code or EXIT_OK
+
+
+def live_runs(entries: list[RunEntry]) -> list[RunEntry]:
+    """The runs whose trainer is still there: with no RUN named, ``attach`` and ``stop`` take the one there is."""
+    return [entry for entry in entries if entry.live]
+
+
+def has_ended(entry: RunEntry) -> bool:
+    """Its trainer said its last word (finished, stopped, failed), or died without one."""
+    return entry.state in (*FINAL_STATES, "gone")
+
+
+def report_ended(entry: RunEntry) -> str:
+    """What became of a run that is no longer running, said once: its entry is removed (``attach`` lists it no more)."""
+    info = entry.info
+    state = entry.state
+    how = (f"{state} at step {info.get('step')}" if state != "gone"
+           else f"gone without a word at step {info.get('step')} (killed?); its last checkpoint is in the run directory")
+    entry.endpoint.remove()
+    return f"{printable(entry.endpoint.name)}: {printable(how)}.\nRun directory: {printable(info.get('run_dir'))}"
 
 
 def forget_gone_runs(entries: list[RunEntry]) -> None:

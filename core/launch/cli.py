@@ -1,6 +1,7 @@
 """``torchlab-tui``: the command line. Parses flags (core/launch/arguments.py) into a TrainConfig and hands
 it to a runner: the app (default; the trainer runs in a child process), a headless run (``--headless``),
-``attach``, ``serve``, ``compare`` or ``export``.
+or one of the commands ``torchlab-tui --help`` lists (arguments.py's ``SUBCOMMANDS``): ``attach``, ``stop``,
+``serve``, ``compare``, ``export``.
 
 This module imports no torch: the app's process must stay torch-free, and a usage error should be
 reported in milliseconds.
@@ -35,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         from torchlab.core.launch.attach import main as attach
 
         return attach(arguments[1:])
+    if arguments[:1] == ["stop"]:
+        from torchlab.core.launch.stop import main as stop
+
+        return stop(arguments[1:])
     if arguments[:1] == ["serve"]:
         from torchlab.core.launch.serve import main as serve
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from textual.app import App
 
+from torchlab.core.launch.arguments import command_description
 from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE
 from torchlab.core.wire.errors import TorchlabError
 from torchlab.tui.run_history import RunHistory
@@ -32,7 +33,7 @@ class CompareApp(App[int]):
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="torchlab-tui compare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="torchlab-tui compare", description=command_description("compare"))
     parser.add_argument("runs", type=Path, nargs="+", metavar="RUN", help="run directories (runs/<time>-<workload>)")
     args = parser.parse_args(argv)
     try:

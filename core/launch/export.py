@@ -32,6 +32,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from torchlab.core.launch.arguments import command_description
 from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE
 from torchlab.core.wire.csv_export import write_csv
 from torchlab.core.wire.errors import ConfigError, StorageError, TorchlabError
@@ -44,7 +45,7 @@ Warn = Callable[[UnsafeFileError], None]
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="torchlab-tui export", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="torchlab-tui export", description=command_description("export"))
     parser.add_argument("run", type=Path, help="the run directory (runs/<time>-<workload>)")
     parser.add_argument("--tensorboard", type=Path, metavar="DIR", help="write TensorBoard event files to DIR")
     parser.add_argument("--csv", type=Path, metavar="FILE", help="write the metrics as one flat CSV file")

@@ -13,6 +13,9 @@ rebinding) could have driven the websocket with it. So before any key or cookie 
 this server in its ``Host`` (127.0.0.1, localhost or [::1], at its port), and its ``Origin``, which a websocket
 from a browser always carries, must be this server's: anything else gets 403.
 
+The page asks nothing of another host (textual-serve's asks the internet for a web font; ``offline_page`` takes
+that out): a GPU box is often offline.
+
 The port is bound before the link is printed (``--port`` 0 or none: one the system chooses), so the link is
 the one served; a port that cannot be had (in use, out of range) is one paragraph and exit 2.
 """
@@ -24,12 +27,14 @@ import asyncio
 import errno
 import hmac
 import logging
+import re
 import secrets
 import shlex
 import signal
 import socket
 import sys
 
+from torchlab.core.launch.arguments import command_description
 from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE
 from torchlab.core.wire.errors import TorchlabError
 from torchlab.core.wire.runtime import FINAL_STATES, RunEntry, find_run, list_runs, printable
@@ -38,13 +43,13 @@ HOST = "127.0.0.1"
 #: The names a browser on this machine (or at the near end of ``ssh -L``) may give this server in its Host.
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 COOKIE = "torchlab_key"
-INSTALL_HINT = "pip install 'torchlab-tui[serve]' (or pip install textual-serve)"
+INSTALL_HINT = "pip install 'torchlab-tui[serve]', or in a checkout of torchlab-tui pip install '.[serve]'"
 #: Set in the environment of the app each browser tab runs: it ends when the server does (attach.py).
 SERVED_BY_PARENT = "TORCHLAB_SERVED"
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="torchlab-tui serve", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="torchlab-tui serve", description=command_description("serve"))
     parser.add_argument("run", nargs="?", help="the run's name (or a unique prefix) or its run directory; default: the one live run")
     parser.add_argument("--control", action="store_true", help="the page controls the run (one app may): not read-only")
     parser.add_argument("--port", type=int, default=0, help="the port to listen on (default, or 0: a free one, printed)")
@@ -123,9 +128,21 @@ def foreign(request, port: int) -> str | None:
     return None
 
 
+#: A stylesheet the page would fetch from another host: textual-serve's page asks the internet for its web font.
+_REMOTE_STYLESHEET = re.compile(r"<link\b[^>]*\bhref=[\"']https?://[^>]*>", re.IGNORECASE)
+
+
+def offline_page(template: str) -> str:
+    """textual-serve's page with no request to another host: a GPU box is often offline, and the browser then
+    waited on the font (the terminal's font falls back to the browser's monospace, as the page itself says)."""
+    return _REMOTE_STYLESHEET.sub("", template)
+
+
 def keyed_server(entry: RunEntry, *, control: bool, port: int):
     """textual-serve's server, on the loopback, answering only requests that carry the key."""
     try:
+        import aiohttp_jinja2
+        import jinja2
         from aiohttp import web
         from textual_serve.server import Server
     except ImportError:
@@ -149,6 +166,8 @@ def keyed_server(entry: RunEntry, *, control: bool, port: int):
         async def _make_app(self) -> web.Application:
             app = await super()._make_app()
             app.middlewares.insert(0, self._require_key)
+            page = offline_page((self.templates_path / "app_index.html").read_text(encoding="utf-8"))
+            aiohttp_jinja2.setup(app, loader=jinja2.DictLoader({"app_index.html": page}))
             return app
 
         def serve_on(self, listener: socket.socket) -> None:

@@ -1,0 +1,60 @@
+"""``torchlab-tui stop``: a detached run stops through its socket, with a final checkpoint, and says where."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from test_detach import _detach, _started
+from test_worker import TINY
+from torchlab.core.launch.cli import main
+from torchlab.core.wire import protocol as p
+from torchlab.core.wire.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from torchlab.core.wire.runtime import list_runs
+
+
+@pytest.fixture(autouse=True)
+def private_runtime_dir(tmp_path, monkeypatch):
+    """Each test stops only its own runs (the runtime directory is per user, shared by every run)."""
+    runtime = tmp_path / "xdg"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+
+
+def test_stop_ends_a_detached_run_with_a_final_checkpoint_and_says_where(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    link, seen = _started(run_dir, "--steps", "1000000")
+    seen.until(lambda m: isinstance(m, p.Metrics))
+    _detach(link, seen)
+    name = link.endpoint_name
+
+    assert main(["stop", name[:10]]) == EXIT_OK
+    assert link.process.wait(timeout=30) == 0
+    said = capsys.readouterr()
+    stopped_at = int(re.search(rf"^{name} stopped at step (\d+)\.$", said.out, re.MULTILINE).group(1))
+    final = run_dir.resolve() / "checkpoints" / f"step-{stopped_at:07d}.pt"
+    assert f"\nFinal checkpoint: {final}\n" in said.out and final.exists()
+    assert f"Run directory: {run_dir.resolve()}" in said.out
+    assert f"Stopping {name}" in said.err
+    assert list_runs() == [], "a stopped run's entry is gone, as after q in its app"
+
+    assert main(["stop", str(run_dir)]) == EXIT_FAILED  # by its run directory: not running any more
+    assert capsys.readouterr().err == f"torchlab-tui stop: {run_dir} is not running (no live run has that run directory).\n"
+
+
+def test_stop_with_no_run_running_says_so_in_one_line(capsys):
+    assert main(["stop"]) == EXIT_FAILED
+    assert capsys.readouterr().err == "torchlab-tui stop: no run is running; `torchlab-tui attach` lists your runs.\n"
+    assert main(["stop", "nothing-like-it"]) == EXIT_USAGE
+    assert "no run named 'nothing-like-it'" in capsys.readouterr().err
+
+
+def test_stop_leaves_a_run_that_an_app_controls_to_that_app(tmp_path, capsys):
+    link, seen = _started(tmp_path / "run", "--steps", "1000000")
+    seen.until(lambda m: isinstance(m, p.Metrics))
+    try:
+        assert main(["stop"]) == EXIT_USAGE
+        assert "an app controls" in capsys.readouterr().err and link.process.poll() is None
+    finally:
+        link.close()
