@@ -152,11 +152,11 @@ def refuse_a_run(flag: str, target: Path, folder: Path, run: Path, *, instead: s
 
 
 def beside_the_run(run: Path, suffix: str) -> Path:
-    """``runs/<run><suffix>``, beside the run directory: where a refused export could go instead. Relative to
-    the working folder where that is shorter (``../x.csv`` from inside the run, ``runs/x.csv`` above it)."""
-    beside = _real(run).with_name(_real(run).name + suffix)
-    relative = Path(os.path.relpath(beside))
-    return relative if len(str(relative)) < len(str(beside)) else beside
+    """``/…/runs/<run><suffix>``, beside the run directory: where a refused export could go instead. Absolute, so
+    that the suggestion reads the same from any working folder (relative where shorter, it differed between a
+    checkout and its clone, and said ``../x.csv`` from inside the run)."""
+    real = _real(run)
+    return real.with_name(real.name + suffix)
 
 
 def run_evidence(folder: Path) -> str | None:
