@@ -6,6 +6,8 @@ fails leaves the run directory as it was."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import math
 from pathlib import Path
 
@@ -65,7 +67,7 @@ def test_a_run_interrupted_and_resumed_with_no_flag_matches_a_straight_run(tmp_p
                     "--run-dir", str(interrupted)) == EXIT_INTERRUPTED
     monkeypatch.delenv("TORCHLAB_TEST_INTERRUPT_AT")
     assert max(metrics(interrupted)) == 17
-    assert f"resume with --resume {interrupted}" in capsys.readouterr().err
+    assert f"resume with torchlab-tui --resume {interrupted}" in capsys.readouterr().err
 
     assert headless("--resume", str(interrupted)) == EXIT_OK  # the hint, followed literally
     expected, got = metrics(straight), metrics(interrupted)
@@ -175,3 +177,42 @@ def test_a_second_ctrl_c_aborts_with_one_line_and_keeps_the_checkpoints(tmp_path
     monkeypatch.delenv("TORCHLAB_TEST_INTERRUPT_AT")
     assert headless("--resume", str(run_dir)) == EXIT_OK
     assert sorted(metrics(run_dir)) == list(range(1, 41))
+
+
+MY_MODEL = '''
+import torch
+from torch.utils.data import TensorDataset
+from torchlab.core.workload import Workload
+
+
+def workload():
+    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    return Workload(model=torch.nn.Linear(4, 1), dataset=data, loss_fn=lambda model, batch: torch.nn.functional.mse_loss(model(batch[0]), batch[1]))
+'''
+
+
+def test_a_run_started_with_a_relative_workload_file_resumes_from_another_directory(tmp_path):
+    """Issue 27: the workload file was stored as typed (``my_model.py:workload``), so ``--resume`` from another
+    directory looked for the file there. It is stored resolved, with a comment saying what was typed where."""
+    project, elsewhere = tmp_path / "proj", tmp_path / "elsewhere"
+    project.mkdir(), elsewhere.mkdir()
+    (project / "my_model.py").write_text(MY_MODEL)
+    command = [str(Path(sys.executable).parent / "torchlab-tui"), "--headless", "--eval-every", "0", "--telemetry-interval", "0"]
+    started = subprocess.run([*command, "my_model.py:workload", "--steps", "3", "--run-dir", "runs/mine"], cwd=project,
+                             capture_output=True, text=True, timeout=120)
+    assert started.returncode == EXIT_OK, started.stderr
+    config = (project / "runs" / "mine" / "config.toml").read_text()
+    assert f'workload = "{project / "my_model.py"}:workload"' in config
+    assert f"# workload typed as my_model.py:workload in {project}" in config
+
+    resumed = subprocess.run([*command, "--resume", str(project / "runs" / "mine"), "--steps", "5"], cwd=elsewhere,
+                             capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == EXIT_OK, resumed.stderr
+    assert sorted(metrics(project / "runs" / "mine")) == [1, 2, 3, 4, 5]
+
+
+def test_the_ctrl_c_hint_names_the_run_directory_absolute(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCHLAB_TEST_INTERRUPT_AT", "3")
+    assert headless(f"{TINY}:interrupts_itself", "--steps", "10", "--run-dir", "run") == EXIT_INTERRUPTED
+    assert f"resume with torchlab-tui --resume {tmp_path / 'run'}\n" in capsys.readouterr().err

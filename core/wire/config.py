@@ -2,7 +2,8 @@
 
 Precedence, lowest first: defaults, then a ``--config`` TOML file, then command-line flags. Every error
 names the setting (and the file, for TOML) so the user knows what to change. The resolved configuration
-is written to the run directory as ``config.toml``, which ``--config`` reads back.
+is written to the run directory as ``config.toml``, which ``--config`` reads back. A workload file is recorded as
+an absolute path (core/launch/arguments.py ``workload_as_stored``), so a run resumes from any directory.
 
 Each numeric setting carries its ``Bounds`` (core/wire/options.py) in its field (``bounded``): what it accepts,
 its range and what 0 or "auto" mean, defined once. A flag's text, a TOML value and a value built in code are
@@ -191,13 +192,16 @@ class TrainConfig:
     def resolved_warmup_steps(self) -> int:
         return self.warmup_steps if self.warmup_steps is not None else max(1, round(0.05 * self.steps))
 
-    def to_toml(self) -> str:
-        """The configuration as TOML that ``load_config_file`` (and ``config_from_toml``) read back."""
+    def to_toml(self, *, workload_origin: str | None = None) -> str:
+        """The configuration as TOML that ``load_config_file`` (and ``config_from_toml``) read back.
+        ``workload_origin``: a comment above ``workload`` saying what was typed where (core/launch/arguments.py)."""
         lines = []
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in ("options", "at", "trials") or value is None:
                 continue
+            if f.name == "workload" and workload_origin:
+                lines.append("# " + "".join(char if char.isprintable() else "?" for char in workload_origin))
             lines.append(f"{f.name} = {_toml_value(value)}")
         for name in ("at", "trials"):
             if getattr(self, name):
