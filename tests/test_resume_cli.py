@@ -18,6 +18,7 @@ from torchlab.core.wire.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.config import config_from_toml
 from torchlab.core.engine.schedule import lr_factor
+from torchlab.tui.run_history import RunHistory, differences
 
 TINY = WORKLOADS / "tiny.py"
 #: Not one of them the default: a resume that forgot any of them would train differently.
@@ -216,3 +217,30 @@ def test_the_ctrl_c_hint_names_the_run_directory_absolute(tmp_path, capsys, monk
     monkeypatch.setenv("TORCHLAB_TEST_INTERRUPT_AT", "3")
     assert headless(f"{TINY}:interrupts_itself", "--steps", "10", "--run-dir", "run") == EXIT_INTERRUPTED
     assert f"resume with torchlab-tui --resume {tmp_path / 'run'}\n" in capsys.readouterr().err
+
+
+OWN_TRAINING = WORKLOADS / "own_training.py"
+
+
+def test_config_records_the_workloads_own_optimizer_and_scheduler_not_defaults_that_never_applied(tmp_path):
+    """Issue 27: a workload with its own optimizer and scheduler got ``optimizer = "adamw"``, ``lr = 0.001``,
+    ``schedule = "cosine"`` in config.toml, and compare listed them as settings that differ. The record names its
+    classes and each group's LR; the run resumes from it, and compare shows them in the rows they replace."""
+    own, plain = tmp_path / "own", tmp_path / "plain"
+    assert headless(f"{OWN_TRAINING}:workload", "--steps", "6", "--eval-every", "0", "--run-dir", str(own)) == EXIT_OK
+    config = (own / "config.toml").read_text()
+    settings = config.split("\n[")[0].splitlines()  # the top level, before the first table
+    for never_applied in ("optimizer", "lr", "weight_decay", "schedule", "warmup_steps"):
+        assert not [line for line in settings if line.startswith(f"{never_applied} =")], config
+    assert ('[from_workload]\noptimizer = "torch.optim.SGD"\ngroups = ["body", "head"]\nlr = [0.05, 0.2]\n'
+            'scheduler = "torch.optim.lr_scheduler.CosineAnnealingLR"\n') in config
+
+    assert headless("--resume", str(own), "--steps", "8") == EXIT_OK  # the record is read back, and kept
+    assert sorted(metrics(own)) == list(range(1, 9))
+    assert "[from_workload]" in (own / "config.toml").read_text() and "steps = 8" in (own / "config.toml").read_text()
+
+    assert headless(f"{TINY}:workload", "--steps", "6", "--eval-every", "0", "--run-dir", str(plain)) == EXIT_OK
+    rows = dict(differences([RunHistory.load(own), RunHistory.load(plain)]))
+    assert rows["optimizer"] == ["torch.optim.SGD (the workload's)", "adamw"]
+    assert rows["lr"] == ["body 0.05 · head 0.2 (the workload's)", "0.001"]
+    assert rows["schedule"] == ["torch.optim.lr_scheduler.CosineAnnealingLR (the workload's)", "cosine"]

@@ -45,9 +45,9 @@ from typing import Any
 from torchlab.core.engine.checkpoint import checkpoint_file, load_training_state
 from torchlab.core.engine.loading import SAMPLES, spec_as_shown, spec_as_typed
 from torchlab.core.launch.arguments import resolve_config, setting_layers, workload_origin
-from torchlab.core.wire.config import TrainConfig, build_config, settings_from_toml
+from torchlab.core.wire.config import FromWorkload, TrainConfig, build_config, settings_from_toml
 from torchlab.core.wire.errors import ConfigError
-from torchlab.core.wire.events import ResumedFromCheckpoint
+from torchlab.core.wire.events import RunStarted
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import OPTION_NAMES, format_option_value
 from torchlab.core.wire.protocol import Message
@@ -200,28 +200,34 @@ def _extension(stored: TrainConfig, config: TrainConfig, step: int, checkpoint: 
 
 
 class ConfigRecord(TrainerObserver):
-    """Writes the run's ``config.toml``: at once for a new run; for a resumed one, once its checkpoint
-    has loaded (the trainer reports ``resumed_from_checkpoint``) and only if the configuration changed."""
+    """Writes the run's ``config.toml``: at once for a new run; for a resumed one, once its checkpoint has loaded
+    (the trainer reports ``run_started``) and only if the configuration changed. Where the workload brought its own
+    optimizer or scheduler (run_started says which), config.toml records them, not the settings they replaced:
+    a new run's is written again then."""
 
     def __init__(self, directory: RunDirectory, plan: TrainingPlan) -> None:
         self.directory, self.plan = directory, plan
-        self._pending = plan.resume is not None  # a relaunch for a new world size resumes too: not ours
+        self._pending = True  # the first run_started only: a relaunch for a new world size starts again, not ours
 
     def write_for_new_run(self) -> None:
         if self.plan.resume is None:
-            self.directory.write_config(self._toml())
+            self.directory.write_config(self._toml(None))
 
     def on_event(self, event: Message) -> None:
-        if not isinstance(event, ResumedFromCheckpoint) or not self._pending:
+        if not isinstance(event, RunStarted) or not self._pending:
             return
         self._pending = False
-        if not (self.directory.path / "config.toml").exists():  # resumed into a directory of its own
-            self.directory.write_config(self._toml())
+        record = FromWorkload.from_mapping(event.from_workload, "run_started") if event.from_workload else None
+        if self.plan.resume is None:
+            if record is not None:
+                self.directory.write_config(self._toml(record))
+        elif not (self.directory.path / "config.toml").exists():  # resumed into a directory of its own
+            self.directory.write_config(self._toml(record))
         elif self.plan.config_changed:
-            self.directory.replace_config(self._toml(), event.step)
+            self.directory.replace_config(self._toml(record), event.step)
 
-    def _toml(self) -> str:
-        return self.plan.config.to_toml(workload_origin=self.plan.workload_origin)
+    def _toml(self, record: FromWorkload | None) -> str:
+        return self.plan.config.to_toml(workload_origin=self.plan.workload_origin, from_workload=record)
 
 
 def _comparable(config: TrainConfig, name: str) -> Any:
