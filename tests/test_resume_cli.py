@@ -244,3 +244,4 @@ def test_config_records_the_workloads_own_optimizer_and_scheduler_not_defaults_t
     assert rows["optimizer"] == ["torch.optim.SGD (the workload's)", "adamw"]
     assert rows["lr"] == ["body 0.05 · head 0.2 (the workload's)", "0.001"]
     assert rows["schedule"] == ["torch.optim.lr_scheduler.CosineAnnealingLR (the workload's)", "cosine"]
+    assert rows["weight_decay"] == ["the workload's", "0.01"]

@@ -147,13 +147,14 @@ class FromWorkload:
         return cls(record.get("optimizer"), tuple(groups), tuple(float(lr) for lr in lrs), record.get("scheduler"))
 
     def shown(self) -> dict[str, str]:
-        """The settings it replaces, as compare shows them: ``optimizer``, ``lr`` and ``schedule``."""
+        """The settings it replaces, as compare shows them (``optimizer``: ``torch.optim.SGD (the workload's)``)."""
         shown: dict[str, str] = {}
         if self.optimizer:
             lrs = " · ".join(f"{group} {lr:g}" for group, lr in zip(self.groups, self.lrs))
-            shown.update(optimizer=f"{self.optimizer} (the workload's)", lr=f"{lrs} (the workload's)")
+            shown.update(optimizer=f"{self.optimizer} (the workload's)", lr=f"{lrs} (the workload's)",
+                         weight_decay="the workload's")
         if self.scheduler:
-            shown["schedule"] = f"{self.scheduler} (the workload's)"
+            shown.update(schedule=f"{self.scheduler} (the workload's)", warmup_steps="the workload's")
         return shown
 
 
