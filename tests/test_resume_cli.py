@@ -6,6 +6,8 @@ fails leaves the run directory as it was."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import math
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from torchlab.core.wire.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.config import config_from_toml
 from torchlab.core.engine.schedule import lr_factor
+from torchlab.tui.run_history import RunHistory, differences
 
 TINY = WORKLOADS / "tiny.py"
 #: Not one of them the default: a resume that forgot any of them would train differently.
@@ -65,7 +68,7 @@ def test_a_run_interrupted_and_resumed_with_no_flag_matches_a_straight_run(tmp_p
                     "--run-dir", str(interrupted)) == EXIT_INTERRUPTED
     monkeypatch.delenv("TORCHLAB_TEST_INTERRUPT_AT")
     assert max(metrics(interrupted)) == 17
-    assert f"resume with --resume {interrupted}" in capsys.readouterr().err
+    assert f"resume with torchlab-tui --resume {interrupted}" in capsys.readouterr().err
 
     assert headless("--resume", str(interrupted)) == EXIT_OK  # the hint, followed literally
     expected, got = metrics(straight), metrics(interrupted)
@@ -175,3 +178,70 @@ def test_a_second_ctrl_c_aborts_with_one_line_and_keeps_the_checkpoints(tmp_path
     monkeypatch.delenv("TORCHLAB_TEST_INTERRUPT_AT")
     assert headless("--resume", str(run_dir)) == EXIT_OK
     assert sorted(metrics(run_dir)) == list(range(1, 41))
+
+
+MY_MODEL = '''
+import torch
+from torch.utils.data import TensorDataset
+from torchlab.core.workload import Workload
+
+
+def workload():
+    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    return Workload(model=torch.nn.Linear(4, 1), dataset=data, loss_fn=lambda model, batch: torch.nn.functional.mse_loss(model(batch[0]), batch[1]))
+'''
+
+
+def test_a_run_started_with_a_relative_workload_file_resumes_from_another_directory(tmp_path):
+    """Issue 27: the workload file was stored as typed (``my_model.py:workload``), so ``--resume`` from another
+    directory looked for the file there. It is stored resolved, with a comment saying what was typed where."""
+    project, elsewhere = tmp_path / "proj", tmp_path / "elsewhere"
+    project.mkdir(), elsewhere.mkdir()
+    (project / "my_model.py").write_text(MY_MODEL)
+    command = [str(Path(sys.executable).parent / "torchlab-tui"), "--headless", "--eval-every", "0", "--telemetry-interval", "0"]
+    started = subprocess.run([*command, "my_model.py:workload", "--steps", "3", "--run-dir", "runs/mine"], cwd=project,
+                             capture_output=True, text=True, timeout=120)
+    assert started.returncode == EXIT_OK, started.stderr
+    config = (project / "runs" / "mine" / "config.toml").read_text()
+    assert f'workload = "{project / "my_model.py"}:workload"' in config
+    assert f"# workload typed as my_model.py:workload in {project}" in config
+
+    resumed = subprocess.run([*command, "--resume", str(project / "runs" / "mine"), "--steps", "5"], cwd=elsewhere,
+                             capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == EXIT_OK, resumed.stderr
+    assert sorted(metrics(project / "runs" / "mine")) == [1, 2, 3, 4, 5]
+
+
+def test_the_ctrl_c_hint_names_the_run_directory_absolute(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCHLAB_TEST_INTERRUPT_AT", "3")
+    assert headless(f"{TINY}:interrupts_itself", "--steps", "10", "--run-dir", "run") == EXIT_INTERRUPTED
+    assert f"resume with torchlab-tui --resume {tmp_path / 'run'}\n" in capsys.readouterr().err
+
+
+OWN_TRAINING = WORKLOADS / "own_training.py"
+
+
+def test_config_records_the_workloads_own_optimizer_and_scheduler_not_defaults_that_never_applied(tmp_path):
+    """Issue 27: a workload with its own optimizer and scheduler got ``optimizer = "adamw"``, ``lr = 0.001``,
+    ``schedule = "cosine"`` in config.toml, and compare listed them as settings that differ. The record names its
+    classes and each group's LR; the run resumes from it, and compare shows them in the rows they replace."""
+    own, plain = tmp_path / "own", tmp_path / "plain"
+    assert headless(f"{OWN_TRAINING}:workload", "--steps", "6", "--eval-every", "0", "--run-dir", str(own)) == EXIT_OK
+    config = (own / "config.toml").read_text()
+    settings = config.split("\n[")[0].splitlines()  # the top level, before the first table
+    for never_applied in ("optimizer", "lr", "weight_decay", "schedule", "warmup_steps"):
+        assert not [line for line in settings if line.startswith(f"{never_applied} =")], config
+    assert ('[from_workload]\noptimizer = "torch.optim.SGD"\ngroups = ["body", "head"]\nlr = [0.05, 0.2]\n'
+            'scheduler = "torch.optim.lr_scheduler.CosineAnnealingLR"\n') in config
+
+    assert headless("--resume", str(own), "--steps", "8") == EXIT_OK  # the record is read back, and kept
+    assert sorted(metrics(own)) == list(range(1, 9))
+    assert "[from_workload]" in (own / "config.toml").read_text() and "steps = 8" in (own / "config.toml").read_text()
+
+    assert headless(f"{TINY}:workload", "--steps", "6", "--eval-every", "0", "--run-dir", str(plain)) == EXIT_OK
+    rows = dict(differences([RunHistory.load(own), RunHistory.load(plain)]))
+    assert rows["optimizer"] == ["torch.optim.SGD (the workload's)", "adamw"]
+    assert rows["lr"] == ["body 0.05 · head 0.2 (the workload's)", "0.001"]
+    assert rows["schedule"] == ["torch.optim.lr_scheduler.CosineAnnealingLR (the workload's)", "cosine"]
+    assert rows["weight_decay"] == ["the workload's", "0.01"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.wire.config import settings_from_toml
+from torchlab.core.wire.config import settings_as_used, settings_from_toml
 from torchlab.core.wire.errors import ConfigError
 from torchlab.core.wire.options import format_option_value
 from torchlab.core.wire.rundir import rows_of
@@ -109,7 +109,7 @@ def _settings(config: Path) -> dict[str, str]:
     """The run's settings as config.toml holds them, shown; none if it is not there, torn or hand-edited (the
     curves are still worth comparing), or no regular file."""
     try:
-        settings = settings_from_toml(read_regular_text(config), str(config))
+        settings = settings_as_used(read_regular_text(config), str(config))
     except (FileNotFoundError, ConfigError):  # ConfigError: not TOML, or not a regular file (UnsafeFileError)
         return {}
     options = settings.pop("options", {})

@@ -17,7 +17,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
 
 from torchlab.core.engine.schedule import make_scheduler
-from torchlab.core.wire.config import TrainConfig
+from torchlab.core.wire.config import FromWorkload, TrainConfig
 from torchlab.core.wire.errors import ConfigError, WorkloadError
 from torchlab.core.engine.loading import describe_code
 from torchlab.core.workload import Workload
@@ -88,6 +88,30 @@ def step_to(scheduler: LRScheduler, optimizer: torch.optim.Optimizer, step: int)
         warnings.simplefilter("ignore", UserWarning)
         for _ in range(step):
             lrs.step(1.0)
+
+
+def own_training(optimizer: torch.optim.Optimizer, scheduler: LRScheduler, workload: Workload) -> FromWorkload | None:
+    """What the workload's own optimizer and scheduler are, for the run's record (config.toml), or None where it
+    gives neither. Read as built, before a checkpoint loads: each group's ``initial_lr`` is where its schedule
+    starts (the group's LR, or what the scheduler set, as OneCycleLR's max_lr / div_factor)."""
+    if workload.optimizer is None and workload.scheduler is None:
+        return None
+    own_optimizer = workload.optimizer is not None
+    return FromWorkload(
+        optimizer=class_path(type(optimizer)) if own_optimizer else None,
+        groups=tuple(group_names(optimizer)) if own_optimizer else (),
+        lrs=tuple(float(group.get("initial_lr", group["lr"])) for group in optimizer.param_groups) if own_optimizer else (),
+        scheduler=class_path(type(scheduler)) if workload.scheduler is not None else None,
+    )
+
+
+def class_path(cls: type) -> str:
+    """A class as one imports it: ``torch.optim.SGD`` (torch.optim's public name, not torch.optim.sgd.SGD),
+    ``torch.optim.lr_scheduler.StepLR``, ``my_model.Lion``."""
+    for public in (torch.optim, torch.optim.lr_scheduler):
+        if getattr(public, cls.__name__, None) is cls:
+            return f"{public.__name__}.{cls.__name__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:

@@ -79,7 +79,9 @@ from torchlab.core.engine.memory import MemoryCadence, MemoryProbe, SavedTensorC
 from torchlab.core.engine.trials import MEMORY_STEP, ArmRecord, TrainingSnapshot, TrialOutOfMemory, TrialStopped
 from torchlab.core.wire.trials import AS_IT_IS, NOT_TRIED
 from torchlab.core.engine.loss_output import MetricNames, read_loss_output
-from torchlab.core.engine.optimization import LearningRates, build_optimizer, build_scheduler, group_names, replan_schedule, step_to
+from torchlab.core.engine.optimization import (
+    LearningRates, build_optimizer, build_scheduler, group_names, own_training, replan_schedule, step_to,
+)
 from torchlab.core.engine.step_report import HostTransfer, StepReport, stats_by_module
 from torchlab.core.engine.telemetry import OthersCpuMeter, TelemetrySampler
 from torchlab.core.wire.payloads import TelemetrySample
@@ -169,6 +171,7 @@ class Trainer:
         self.model.train()
         self.optimizer = build_optimizer(self.model, config, workload)
         self.scheduler = build_scheduler(self.optimizer, config, workload)
+        self.from_workload = own_training(self.optimizer, self.scheduler, workload)  # recorded in place of the settings
         self.lrs = LearningRates(self.optimizer, self.scheduler)
         self.metric_names = MetricNames()  # the workload's own metrics, named by its first step
         #: each group's name, where the workload's optimizer has several: each group's LR is then reported
@@ -258,6 +261,7 @@ class Trainer:
             module_params=self.grad_probe.param_counts,
             module_tied=self.grad_probe.tied_names,
             checkpoint_blocks=list(self.checkpointing.blocks),
+            from_workload=self.from_workload.as_dict() if self.from_workload else None,
             world_size=self.world_size,
             ranks=self.rank_hosts,
         ))
@@ -1111,7 +1115,7 @@ class Trainer:
             "rng": rng,
             "data": self.data.position.as_dict(),
             "options": self.options.as_dict(),
-            "config": self.config.to_toml(),
+            "config": self.config.to_toml(from_workload=self.from_workload),
             # A checkpoint for a relaunch is taken after its boundary's commands and scripted changes were
             # queued; the relaunched run must not queue those scripted changes again. Nor must a run resumed
             # from the one taken before a trial queue that trial again: it stopped the run the first time.

@@ -12,11 +12,12 @@ A flag's value is passed on as typed: the setting's Bounds (core/wire/config.py)
 from __future__ import annotations
 
 import argparse
+import os
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.engine.loading import SAMPLES
+from torchlab.core.engine.loading import SAMPLES, check_spec
 from torchlab.core.wire.config import OPTIMIZERS, SCHEDULES, TrainConfig, build_config, load_config_file
 from torchlab.core.wire.errors import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK
 from torchlab.core.wire.options import LIVE_OPTIONS
@@ -143,15 +144,33 @@ def build_parser() -> argparse.ArgumentParser:
 def setting_layers(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     """The settings of the ``--config`` file and of the flags, as ``build_config`` layers."""
     file_settings: dict[str, Any] = load_config_file(args.config, follow_link=True) if args.config else {}
+    if isinstance(file_settings.get("workload"), str):
+        file_settings["workload"] = workload_as_stored(file_settings["workload"])
     flags: dict[str, Any] = {name: getattr(args, name) for name in _SETTING_FLAGS if getattr(args, name) is not None}
     if args.workload is not None:
-        flags["workload"] = args.workload
+        flags["workload"] = workload_as_stored(args.workload)
     if args.profile_at:
         flags["profile_at"] = list(args.profile_at)
     flags["options"] = {o.name: getattr(args, o.name) for o in LIVE_OPTIONS if not o.setting and getattr(args, o.name) is not None}
     flags["at"] = list(args.at)
     flags["trials"] = list(args.trial)
     return file_settings, flags
+
+
+def workload_as_stored(typed: str) -> str:
+    """The workload as a run records it: a file as an absolute path (``/home/me/proj/my_model.py:workload``), so
+    that ``--resume`` finds it from any directory; a sample or a module path as typed (Python looks a module up
+    where the run is started, and a checkpoint's workload is compared with config.toml's as this string)."""
+    spec = check_spec(typed)
+    return f"{spec.file}:{spec.factory}" if spec.file is not None else spec.text
+
+
+def workload_origin(args: argparse.Namespace) -> str | None:
+    """Where the workload on the command line came from, for a comment in config.toml (``workload typed as
+    my_model.py:workload in /home/me/proj``), where the run records it otherwise than typed; else None."""
+    if args.workload is None or workload_as_stored(args.workload) == args.workload:
+        return None
+    return f"workload typed as {args.workload} in {os.getcwd()}"
 
 
 def resolve_config(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:

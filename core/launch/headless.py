@@ -94,7 +94,8 @@ def run_headless(
     finally:
         directory.close()
 
-    console.print(f"Run directory: {escape(str(directory.path))}")
+    run_path = directory.path.absolute()  # a hint to follow from any directory
+    console.print(f"Run directory: {escape(str(run_path))}")
     if outcome.status == "nonfinite":
         console.print(f"[bold red]Stopped on a non-finite value:[/] {escape(outcome.message)}")
         return EXIT_NONFINITE
@@ -103,10 +104,10 @@ def run_headless(
         return EXIT_FAILED
     if outcome.status == "failed":
         console.print(f"[bold red]Training failed at step {outcome.step + 1}:[/] {escape(outcome.message)}")
-        console.print(escape(f"Traceback in {directory.path / 'events.jsonl'}; the last checkpoint is in {directory.checkpoints}."))
+        console.print(escape(f"Traceback in {run_path / 'events.jsonl'}; the last checkpoint is in {run_path / 'checkpoints'}."))
         return EXIT_FAILED
     if stop_on_signal.interrupted:
-        console.print(escape(f"Interrupted at step {outcome.step}; resume with --resume {directory.path}"))
+        console.print(escape(f"Interrupted at step {outcome.step}; resume with torchlab-tui --resume {run_path}"))
         return EXIT_INTERRUPTED
     if outcome.status == "finished" and progress.last_record is None and outcome.step >= config.steps:
         console.print(f"Nothing to train: the run is at step {outcome.step}, its --steps. Resume with --steps N "

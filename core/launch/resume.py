@@ -44,10 +44,10 @@ from typing import Any
 
 from torchlab.core.engine.checkpoint import checkpoint_file, load_training_state
 from torchlab.core.engine.loading import SAMPLES, spec_as_shown, spec_as_typed
-from torchlab.core.launch.arguments import resolve_config, setting_layers
-from torchlab.core.wire.config import TrainConfig, build_config, settings_from_toml
+from torchlab.core.launch.arguments import resolve_config, setting_layers, workload_origin
+from torchlab.core.wire.config import FromWorkload, TrainConfig, build_config, settings_from_toml
 from torchlab.core.wire.errors import ConfigError
-from torchlab.core.wire.events import ResumedFromCheckpoint
+from torchlab.core.wire.events import RunStarted
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import OPTION_NAMES, format_option_value
 from torchlab.core.wire.protocol import Message
@@ -91,6 +91,7 @@ class TrainingPlan:
     resume: Path | None = None  # the checkpoint file
     changes: tuple[SettingChange, ...] = ()
     config_changed: bool = False  # the resolved configuration differs from the checkpoint's
+    workload_origin: str | None = None  # what was typed where, when the workload is recorded otherwise (a comment)
 
     def resume_note(self) -> dict[str, Any] | None:
         """What the supervisor reports as ``resume_changed_settings`` once the checkpoint has loaded."""
@@ -113,7 +114,7 @@ def plan_training(args: argparse.Namespace) -> TrainingPlan:
     """The configuration a trainer process runs with, from the parsed command line."""
     if args.resume is None:
         config, explicit = resolve_config(args)
-        return TrainingPlan(config, explicit)
+        return TrainingPlan(config, explicit, workload_origin=workload_origin(args))
     checkpoint = checkpoint_file(args.resume)
     state = load_training_state(checkpoint, mmap=True)  # memory-mapped: the tensors are read once, for the digest
     stored_settings = settings_from_toml(state["config"], f"the configuration in {checkpoint}")
@@ -137,7 +138,8 @@ def plan_training(args: argparse.Namespace) -> TrainingPlan:
         value = getattr(config.options, name)
         if name in live_at_checkpoint and live_at_checkpoint[name] != value:
             changes.append(SettingChange(name, live_at_checkpoint[name], value))
-    return TrainingPlan(config, explicit, checkpoint, tuple(changes), config_changed=config != stored)
+    return TrainingPlan(config, explicit, checkpoint, tuple(changes), config_changed=config != stored,
+                        workload_origin=workload_origin(args))
 
 
 def _refuse_to_import(workload: str, checkpoint: Path) -> None:
@@ -198,25 +200,34 @@ def _extension(stored: TrainConfig, config: TrainConfig, step: int, checkpoint: 
 
 
 class ConfigRecord(TrainerObserver):
-    """Writes the run's ``config.toml``: at once for a new run; for a resumed one, once its checkpoint
-    has loaded (the trainer reports ``resumed_from_checkpoint``) and only if the configuration changed."""
+    """Writes the run's ``config.toml``: at once for a new run; for a resumed one, once its checkpoint has loaded
+    (the trainer reports ``run_started``) and only if the configuration changed. Where the workload brought its own
+    optimizer or scheduler (run_started says which), config.toml records them, not the settings they replaced:
+    a new run's is written again then."""
 
     def __init__(self, directory: RunDirectory, plan: TrainingPlan) -> None:
         self.directory, self.plan = directory, plan
-        self._pending = plan.resume is not None  # a relaunch for a new world size resumes too: not ours
+        self._pending = True  # the first run_started only: a relaunch for a new world size starts again, not ours
 
     def write_for_new_run(self) -> None:
         if self.plan.resume is None:
-            self.directory.write_config(self.plan.config.to_toml())
+            self.directory.write_config(self._toml(None))
 
     def on_event(self, event: Message) -> None:
-        if not isinstance(event, ResumedFromCheckpoint) or not self._pending:
+        if not isinstance(event, RunStarted) or not self._pending:
             return
         self._pending = False
-        if not (self.directory.path / "config.toml").exists():  # resumed into a directory of its own
-            self.directory.write_config(self.plan.config.to_toml())
+        record = FromWorkload.from_mapping(event.from_workload, "run_started") if event.from_workload else None
+        if self.plan.resume is None:
+            if record is not None:
+                self.directory.write_config(self._toml(record))
+        elif not (self.directory.path / "config.toml").exists():  # resumed into a directory of its own
+            self.directory.write_config(self._toml(record))
         elif self.plan.config_changed:
-            self.directory.replace_config(self.plan.config.to_toml(), event.step)
+            self.directory.replace_config(self._toml(record), event.step)
+
+    def _toml(self, record: FromWorkload | None) -> str:
+        return self.plan.config.to_toml(workload_origin=self.plan.workload_origin, from_workload=record)
 
 
 def _comparable(config: TrainConfig, name: str) -> Any:

@@ -2,7 +2,8 @@
 
 Precedence, lowest first: defaults, then a ``--config`` TOML file, then command-line flags. Every error
 names the setting (and the file, for TOML) so the user knows what to change. The resolved configuration
-is written to the run directory as ``config.toml``, which ``--config`` reads back.
+is written to the run directory as ``config.toml``, which ``--config`` reads back. A workload file is recorded as
+an absolute path (core/launch/arguments.py ``workload_as_stored``), so a run resumes from any directory.
 
 Each numeric setting carries its ``Bounds`` (core/wire/options.py) in its field (``bounded``): what it accepts,
 its range and what 0 or "auto" mean, defined once. A flag's text, a TOML value and a value built in code are
@@ -103,6 +104,60 @@ class ScheduledChange:
         return f"{self.step}:{self.option}={self.value}"
 
 
+#: config.toml's table for the optimizer and scheduler a workload brought: a record of what the run used, in the
+#: place of the settings they replace, which compare shows and which is not read back as settings.
+FROM_WORKLOAD_TABLE = "from_workload"
+
+
+@dataclass(frozen=True)
+class FromWorkload:
+    """The workload's own optimizer and scheduler (``Workload(optimizer=..., scheduler=...)``), as the trainer built
+    them (core/engine/optimization.py ``own_training``): with them, ``--optimizer``, ``--lr`` and ``--weight-decay``,
+    or ``--schedule`` and ``--warmup-steps``, did not apply, so config.toml records these instead of those."""
+
+    optimizer: str | None = None  #: its class (``torch.optim.SGD``), where the workload gives the optimizer
+    groups: tuple[str, ...] = ()  #: each parameter group's name (its index where it has none)
+    lrs: tuple[float, ...] = ()  #: each group's LR at the start of its schedule
+    scheduler: str | None = None  #: its class, where the workload gives the scheduler
+
+    def replaced_settings(self) -> tuple[str, ...]:
+        return ((("optimizer", "lr", "weight_decay") if self.optimizer else ())
+                + (("schedule", "warmup_steps") if self.scheduler else ()))
+
+    def as_dict(self) -> dict[str, Any]:
+        """As config.toml's table and run_started's field hold it: what the workload does not give is left out."""
+        record: dict[str, Any] = {}
+        if self.optimizer:
+            record.update(optimizer=self.optimizer, groups=list(self.groups), lr=list(self.lrs))
+        if self.scheduler:
+            record["scheduler"] = self.scheduler
+        return record
+
+    @classmethod
+    def from_mapping(cls, record: Any, source: str) -> FromWorkload:
+        """Read back from ``as_dict``'s form (a run's config.toml, a run_started event); a ConfigError where it is not."""
+        ok = isinstance(record, Mapping) and set(record) <= {"optimizer", "groups", "lr", "scheduler"}
+        groups, lrs = (record.get("groups", []), record.get("lr", [])) if ok else ([], [])
+        ok = ok and all(isinstance(record.get(name, ""), str) for name in ("optimizer", "scheduler"))
+        ok = ok and isinstance(groups, list) and all(isinstance(name, str) for name in groups)
+        ok = ok and isinstance(lrs, list) and len(lrs) == len(groups) and all(_is_number(lr) for lr in lrs)
+        if not ok:
+            raise ConfigError(f"{source}: [{FROM_WORKLOAD_TABLE}] must hold optimizer, groups and lr (one LR a group) "
+                              f"and scheduler, as torchlab writes it.")
+        return cls(record.get("optimizer"), tuple(groups), tuple(float(lr) for lr in lrs), record.get("scheduler"))
+
+    def shown(self) -> dict[str, str]:
+        """The settings it replaces, as compare shows them (``optimizer``: ``torch.optim.SGD (the workload's)``)."""
+        shown: dict[str, str] = {}
+        if self.optimizer:
+            lrs = " · ".join(f"{group} {lr:g}" for group, lr in zip(self.groups, self.lrs))
+            shown.update(optimizer=f"{self.optimizer} (the workload's)", lr=f"{lrs} (the workload's)",
+                         weight_decay="the workload's")
+        if self.scheduler:
+            shown.update(schedule=f"{self.scheduler} (the workload's)", warmup_steps="the workload's")
+        return shown
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Everything a run needs besides the workload itself."""
@@ -191,17 +246,29 @@ class TrainConfig:
     def resolved_warmup_steps(self) -> int:
         return self.warmup_steps if self.warmup_steps is not None else max(1, round(0.05 * self.steps))
 
-    def to_toml(self) -> str:
-        """The configuration as TOML that ``load_config_file`` (and ``config_from_toml``) read back."""
+    def to_toml(self, *, workload_origin: str | None = None, from_workload: FromWorkload | None = None) -> str:
+        """The configuration as TOML that ``load_config_file`` (and ``config_from_toml``) read back.
+        ``workload_origin``: a comment above ``workload`` saying what was typed where (core/launch/arguments.py).
+        ``from_workload``: the workload's own optimizer and scheduler, recorded instead of the settings they replace
+        (their defaults never applied; left out, they read back as the defaults, which the workload's factories
+        allow)."""
+        replaced = from_workload.replaced_settings() if from_workload else ()
         lines = []
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("options", "at", "trials") or value is None:
+            if f.name in ("options", "at", "trials", *replaced) or value is None:
                 continue
+            if f.name == "workload" and workload_origin:
+                lines.append("# " + "".join(char if char.isprintable() else "?" for char in workload_origin))
             lines.append(f"{f.name} = {_toml_value(value)}")
         for name in ("at", "trials"):
             if getattr(self, name):
                 lines.append(f"{name} = [{', '.join(_toml_value(str(change)) for change in getattr(self, name))}]")
+        if from_workload:
+            lines.append("")
+            lines.append(f"# the workload's own, in place of {', '.join(replaced)}: each group's LR at the start of its schedule")
+            lines.append(f"[{FROM_WORKLOAD_TABLE}]")
+            lines.extend(f"{name} = {_toml_value(value)}" for name, value in from_workload.as_dict().items())
         lines.append("")
         lines.append("[options]")
         for name, value in self.options.as_dict().items():
@@ -245,6 +312,14 @@ def load_config_file(path: Path, *, follow_link: bool = False) -> dict[str, Any]
 def config_from_toml(text: str, source: str) -> TrainConfig:
     """A configuration written by ``TrainConfig.to_toml`` (a checkpoint keeps one), read back."""
     return build_config(settings_from_toml(text, source))
+
+
+def settings_as_used(text: str, source: str) -> dict[str, Any]:
+    """A run's config.toml as compare shows it: its settings, those the workload's own optimizer or scheduler
+    replaced shown from its record (``optimizer = torch.optim.SGD (the workload's)``)."""
+    settings = settings_from_toml(text, source)
+    record = tomllib.loads(text).get(FROM_WORKLOAD_TABLE)
+    return settings if record is None else {**settings, **FromWorkload.from_mapping(record, source).shown()}
 
 
 def settings_from_toml(text: str, source: str) -> dict[str, Any]:
@@ -325,6 +400,8 @@ def _settings_from_mapping(data: Mapping[str, Any], source: str) -> dict[str, An
             if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
                 raise ConfigError(f'{source}: {key} must be a list of "STEP:OPTION=VALUE" strings.')
             settings[key] = list(value)
+        elif key == FROM_WORKLOAD_TABLE:  # what the workload brought: a record, not a setting (settings_as_used)
+            continue
         elif key in known:
             settings[key] = value
         else:
@@ -354,6 +431,10 @@ def _are_extensions(extensions: Any) -> bool:
             return False
         previous_step = step
     return True
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _check(ok: bool, setting: str, requirement: str, value: Any) -> None:

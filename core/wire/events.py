@@ -19,6 +19,7 @@ from torchlab.core.wire.protocol import (
 
 _OPT_NUMBER = (int, float, type(None))
 _OPT_LIST = (list, type(None))
+_OPT_DICT = (dict, type(None))
 _JSON_SCALAR_OR_NONE = (str, int, float, bool, type(None))
 
 
@@ -30,7 +31,7 @@ class RunStarted(Message):
     schema: ClassVar = {
         "step": (int,), "device": (str,), "batch_size": (int,), "steps": (int,), "options": (dict,), "modules": (list,),
         "module_params": (list,), "checkpoint_blocks": (list,), "world_size": (int,), "ranks": _OPT_LIST,
-        "module_tied": (list,),
+        "module_tied": (list,), "from_workload": _OPT_DICT,
     }
     step: int
     device: str
@@ -44,6 +45,8 @@ class RunStarted(Message):
     ranks: list | None  # each rank's host and pid, with ranks; null without
     #: per module, aligned with ``modules``: the other modules holding some of its (tied) parameters
     module_tied: list = field(default_factory=list)
+    #: the workload's own optimizer and scheduler (core/wire/config.py FromWorkload.as_dict), for config.toml; None: neither
+    from_workload: dict | None = None
 
 
 @dataclass(frozen=True)
