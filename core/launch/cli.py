@@ -98,7 +98,7 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
     if app.run_state.detached and links and links[-1].endpoint_name:
         name = links[-1].endpoint_name
         print(f"Detached: {app.run_state.after_detach}. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
-    print(f"Run directory: {run_dir}", file=sys.stderr)
+    print(f"Run directory: {run_dir.absolute()}", file=sys.stderr)  # absolute: the hint works from anywhere
     return app.return_code or EXIT_OK
 
 
