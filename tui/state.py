@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torchlab.core.wire import protocol
+from torchlab.core.wire.events import COMPILING
 from torchlab.core.wire.options import OPTION_NAMES, OPTIONS_BY_NAME, format_option_value
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, RankProcess, TelemetrySample
 from torchlab.core.wire.trials import describe_trial, trial_label
@@ -128,6 +130,10 @@ class RunState:
         self.named_series_version = 0
         self.last_record: dict[str, Any] = {}
         self.elapsed_s: float | None = None
+        #: when ``elapsed_s`` arrived, by ``clock``: the header's clock runs on from it between reports
+        self.elapsed_at = 0.0
+        #: seconds that only go forward (tests stop or move it)
+        self.clock: Callable[[], float] = time.monotonic
         self.recent_step_times: deque[float] = deque(maxlen=ETA_WINDOW)
         #: the newest system sample (None until the first arrives)
         self.telemetry: TelemetrySample | None = None
@@ -302,6 +308,18 @@ class RunState:
     def was_refused(self, option: str, value: Any) -> bool:
         """The trainer refused ``option = value`` on this run (a key that cycles skips it from then on)."""
         return (option, format_option_value(option, value)) in self.refused
+
+    def elapsed_now(self) -> float | None:
+        """The run's training time now: the last report's, and while it runs the time since that report came (a
+        trial or a compile sends no report for minutes: the header held 3:22 for three, then jumped)."""
+        if self.elapsed_s is None or self.state != "running":
+            return self.elapsed_s
+        return self.elapsed_s + math.floor(self.clock() - self.elapsed_at)  # whole seconds: it shows seconds
+
+    @property
+    def compiling(self) -> bool:
+        """torch.compile compiles the model at a step's boundary: training waits for it (seconds to minutes)."""
+        return self.state == "running" and self.state_detail == COMPILING
 
     def eta_s(self) -> float | None:
         """Seconds to the last step at the recent pace, or None when unknown."""
@@ -492,7 +510,7 @@ class RunState:
         self.last_record = record
         elapsed = _float_or_none(record.get("elapsed_s"))
         if elapsed is not None:
-            self.elapsed_s = elapsed
+            self.elapsed_s, self.elapsed_at = elapsed, self.clock()
         # Reports also carry the options in force: they catch changes no acknowledgement told (--at).
         # A batch can arrive after an acknowledgement yet hold earlier steps: those must not undo it.
         last_step = _int_or_none(record.get("step")) or 0
