@@ -42,6 +42,7 @@ from textual import events, on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.css.query import NoMatches
+from textual.message import Message
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer
@@ -53,6 +54,7 @@ from torchlab.core.wire.safe_open import UnsafeFileError
 from torchlab.core.wire.trials import TRIAL_HINT, parse_trial
 from torchlab.tui.log_tail import LogTail, is_native_torch_log
 from torchlab.tui.names import describe_blocks
+from torchlab.tui.run_history import RunHistory, journal_history
 from torchlab.tui.state import Failure, RunState
 from torchlab.tui.widgets.event_log import EventLog
 from torchlab.tui.widgets.grad_table import GradTable
@@ -140,6 +142,14 @@ TRAINER_ACTIONS = frozenset(
 )
 #: Actions that open a view: from the main screen only, so views do not pile up on each other.
 VIEW_ACTIONS = frozenset({"profiles", "impact", "system", "memory"})
+
+
+@dataclass
+class HistoryRead(Message):
+    """A resumed run's journals, read off the UI thread: its history, or why it could not be read."""
+
+    history: RunHistory | None
+    error: str = ""
 
 
 class TorchlabApp(App[int]):
@@ -390,6 +400,25 @@ class TorchlabApp(App[int]):
             self._show_failure(state.failure)
         if state.detached and not self._leaving:
             self._leave(detach=True)
+        if state.history_wanted is not None:
+            self._read_history(Path(state.history_wanted))
+            state.history_wanted = None
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="history")
+    def _read_history(self, run_dir: Path) -> None:
+        """A resumed run's journals hold its earlier steps: read them off the UI thread (megabytes on a long run)."""
+        try:
+            self.post_message(HistoryRead(journal_history(run_dir)))
+        except TorchlabError as error:
+            self.post_message(HistoryRead(None, str(error)))
+
+    @on(HistoryRead)
+    def _history_read(self, message: HistoryRead) -> None:
+        if message.history is not None:
+            self.run_state.take_history(message.history)
+        elif message.error:
+            self.run_state.log("warning", f"the run's earlier steps are not shown: {message.error}")
+        self._redraw()
 
     def _redraw_a_chart(self, state: RunState) -> None:
         """Redraw the chart drawn longest ago, if it is behind the state and was drawn CHART_REFRESH_S ago."""

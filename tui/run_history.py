@@ -35,6 +35,8 @@ class RunHistory:
     settings: dict[str, Any] = field(default_factory=dict)
     #: "step 40: amp = bf16", in order
     changes: list[str] = field(default_factory=list)
+    #: the step of each of ``changes``
+    changed_at: list[int] = field(default_factory=list)
     #: figure key (``loss``, ``metrics.accuracy``, ``val_metrics.accuracy``...) -> its series against step
     by_step: dict[str, Series] = field(default_factory=dict)
     #: the same against the run's training time in seconds (``elapsed_s``)
@@ -75,12 +77,23 @@ class RunHistory:
             timed = [(t, v) for t, v in zip(times, values) if not math.isnan(t)]
             history.by_time[key] = _series([t for t, _ in timed], [v for _, v in timed])
         history.settings = _settings(path / "config.toml")
-        history.changes = _option_changes(path / "events.jsonl")
+        history.changed_at, history.changes = _option_changes(path / "events.jsonl")
         return history
 
     def figures(self) -> list[str]:
         """The figures this run has, the common ones first, then the workload's own."""
         return sorted(self.by_step, key=lambda key: (key not in FIGURES, list(FIGURES).index(key) if key in FIGURES else 0, key))
+
+
+def journal_history(run_dir: Path) -> RunHistory | None:
+    """What ``run_dir``'s journals hold, for the app to draw a resumed run's earlier steps; None when they hold
+    no step yet. ConfigError when they cannot be read (not regular files, another user's)."""
+    try:
+        return RunHistory.load(run_dir)
+    except ConfigError:
+        if _has_reported(run_dir):
+            raise
+        return None
 
 
 def figure_name(key: str) -> str:
@@ -117,18 +130,20 @@ def _settings(config: Path) -> dict[str, str]:
             **{f"options.{name}": format_option_value(name, value) for name, value in options.items()}}
 
 
-def _option_changes(events: Path) -> list[str]:
-    """"step 40: amp = bf16" for each option change in ``events.jsonl``, in order (none before its first event)."""
+def _option_changes(events: Path) -> tuple[list[int], list[str]]:
+    """Each option change in ``events.jsonl``, in order: its step, and "step 40: amp = bf16" (none before its
+    first event)."""
     try:
         records = list(rows_of(events))
     except FileNotFoundError:
-        return []
-    changes = []
+        return [], []
+    steps, changes = [], []
     for record in records:
         if record.get("event") == "option_applied":
             option = str(record.get("option"))
+            steps.append(record["step"])
             changes.append(f"step {record['step']}: {option} = {format_option_value(option, record.get('value'))}")
-    return changes
+    return steps, changes
 
 
 def _figures(row: dict[str, Any]) -> Iterator[tuple[str, float]]:

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torchlab.core.wire import protocol
+from torchlab.core.wire.events import COMPILING
 from torchlab.core.wire.options import OPTION_NAMES, OPTIONS_BY_NAME, format_option_value
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, RankProcess, TelemetrySample
 from torchlab.core.wire.trials import describe_trial, trial_label
@@ -32,6 +34,7 @@ from torchlab.tui.thinning import Series
 
 if TYPE_CHECKING:
     from torchlab.tui.profiles import ProfileSnapshot
+    from torchlab.tui.run_history import RunHistory
 
 #: The states the trainer reports, plus "connecting" before its Welcome arrives and "relaunching" while the
 #: trainer restarts its ranks for a new world size (the app's own: the trainer says "running" throughout).
@@ -127,6 +130,10 @@ class RunState:
         self.named_series_version = 0
         self.last_record: dict[str, Any] = {}
         self.elapsed_s: float | None = None
+        #: when ``elapsed_s`` arrived, by ``clock``: the header's clock runs on from it between reports
+        self.elapsed_at = 0.0
+        #: seconds that only go forward (tests stop or move it)
+        self.clock: Callable[[], float] = time.monotonic
         self.recent_step_times: deque[float] = deque(maxlen=ETA_WINDOW)
         #: the newest system sample (None until the first arrives)
         self.telemetry: TelemetrySample | None = None
@@ -192,6 +199,11 @@ class RunState:
         self.detached_paused = False
         #: set by the app when it asks to detach: only then does a detach acknowledgement mean "leave"
         self.detach_requested = False
+        #: the run directory, when the run has steps before this app connected that its reports may not bring
+        #: (a resumed run's earlier process): the app reads them from its journals (``take_history``)
+        self.history_wanted: str | None = None
+        #: the step the run stood at when this app connected: the journals' steps after it the trainer reports
+        self._history_until = 0
         self._flags_stale = False
 
     # ------------------------------------------------------------------ feeding
@@ -297,6 +309,18 @@ class RunState:
         """The trainer refused ``option = value`` on this run (a key that cycles skips it from then on)."""
         return (option, format_option_value(option, value)) in self.refused
 
+    def elapsed_now(self) -> float | None:
+        """The run's training time now: the last report's, and while it runs the time since that report came (a
+        trial or a compile sends no report for minutes: the header held 3:22 for three, then jumped)."""
+        if self.elapsed_s is None or self.state != "running":
+            return self.elapsed_s
+        return self.elapsed_s + math.floor(self.clock() - self.elapsed_at)  # whole seconds: it shows seconds
+
+    @property
+    def compiling(self) -> bool:
+        """torch.compile compiles the model at a step's boundary: training waits for it (seconds to minutes)."""
+        return self.state == "running" and self.state_detail == COMPILING
+
     def eta_s(self) -> float | None:
         """Seconds to the last step at the recent pace, or None when unknown."""
         if self.total_steps is None or not self.recent_step_times or self.state not in ("running", "starting"):
@@ -343,6 +367,8 @@ class RunState:
             self.modules_version += 1
         self._set_options(event.options)
         self._start_ranks(run.ranks)
+        if event.step > 0 and not len(self.loss) and run.run_dir:
+            self.history_wanted, self._history_until = run.run_dir, event.step
         # Changes after the step it starts from are not in force in it (a run resumed from a checkpoint).
         self._applied_at = {name: step for name, step in self._applied_at.items() if step <= event.step}
         # A run resumed from a checkpoint re-trains the steps after it: drop them from the curves.
@@ -383,13 +409,51 @@ class RunState:
             return
         if previous == "relaunching" and event.state == "running":
             return  # the new ranks train: the world_size acknowledgement that follows says so, with its step
+        if event.state == "starting":  # the trainer's process says so before it knows the step it starts from
+            self.log("info", "starting the trainer")
+            return
         if event.state == "running":
-            text = "resumed" if previous == "paused" else "training"
+            text = {"paused": "resumed", "starting": "resuming" if event.step > 0 else "training"}.get(previous, "training")
         else:
             text = event.state
         detail = f": {event.detail}" if event.detail else ""
         notify = event.state in ("paused", "finished", "stopped") or (event.state == "running" and previous == "paused")
         self.log("info", f"{text} at step {event.step}{detail}", event.step, notify=notify)
+
+    def take_history(self, history: RunHistory) -> None:
+        """The run's steps before the first this app was sent, as its journals hold them (``history_wanted``):
+        a resumed run's trainer reports only its own steps, so its chart started at the resume step."""
+        until = self._history_until
+        taken: list[float] = []
+        for key, journal in history.by_step.items():
+            series = self._journal_series(key)
+            if series is None:
+                continue
+            first_reported = series.xs[0] if len(series) else math.inf
+            xs, ys = journal.xs, journal.ys
+            keep = [index for index, x in enumerate(xs) if x <= until and x < first_reported]
+            if keep:
+                _put_before(series, [xs[i] for i in keep], [ys[i] for i in keep])
+                taken += (xs[keep[0]], xs[keep[-1]])
+        if not taken:
+            return
+        changes = [change for step, change in zip(history.changed_at, history.changes) if step <= until]
+        earlier = f"; option changes then: {', '.join(changes)}" if changes else ""
+        self.log("info", f"steps {min(taken):.0f}–{max(taken):.0f} of this run read from its metrics.jsonl{earlier}",
+                 int(max(taken)))
+        self.metrics_version += 1
+        self.named_series_version += 1
+
+    def _journal_series(self, key: str) -> Series | None:
+        """The series a figure of metrics.jsonl (run_history's key) is drawn from; None past MAX_NAMED_SERIES."""
+        common = {"loss": self.loss, "val_loss": self.val_loss, "lr": self.lr, "samples_per_s": self.samples_per_s}
+        if key in common:
+            return common[key]
+        kind, _, name = key.partition(".")
+        name = name[:MAX_SERIES_NAME_CHARS]
+        if name not in self.workload_metrics and len(self.workload_metrics) >= MAX_NAMED_SERIES:
+            return None
+        return self._metric_pair(name)[kind == "val_metrics"]
 
     def _on_metrics(self, event: protocol.Metrics) -> None:
         """A batch of reports as columns: each series grows by one column a message, no dict per report."""
@@ -446,7 +510,7 @@ class RunState:
         self.last_record = record
         elapsed = _float_or_none(record.get("elapsed_s"))
         if elapsed is not None:
-            self.elapsed_s = elapsed
+            self.elapsed_s, self.elapsed_at = elapsed, self.clock()
         # Reports also carry the options in force: they catch changes no acknowledgement told (--at).
         # A batch can arrive after an acknowledgement yet hold earlier steps: those must not undo it.
         last_step = _int_or_none(record.get("step")) or 0
@@ -748,6 +812,15 @@ _HANDLERS = {
 
 def _processes(count: int) -> str:
     return f"{count} process" if count == 1 else f"{count} processes"
+
+
+def _put_before(series: Series, xs: list[float], ys: list[float]) -> None:
+    """``series`` with the points ``xs``, ``ys`` (all before its first) in front: built again, as Series grows at its
+    end only (a few thousand points a run's journal holds, thinned by it as they go in)."""
+    kept_xs, kept_ys = series.xs, series.ys
+    series.clear()
+    series.extend(xs, ys)
+    series.extend(kept_xs, kept_ys)
 
 
 def _int_or_none(value: Any) -> int | None:

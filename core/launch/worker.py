@@ -71,6 +71,7 @@ class OutboxReporter(TrainerObserver):
         self.state = "starting"
         self.step = 0
         self.total_steps: int | None = None  # as the trainer says it (RunStarted, then a live steps change)
+        self.compiling = False  # between a CompileStarted and the answer to the change that asked for it
         self._impact_sent_at = 0.0
         self._impact_segments = 0
 
@@ -110,12 +111,17 @@ class OutboxReporter(TrainerObserver):
                 if isinstance(event, p.OptionApplied) and event.option == STEPS.name:
                     self.total_steps = event.value
                 self.outbox.add_event(event)
+                if self.compiling and isinstance(event, (p.OptionApplied, p.OptionRefused)):  # the change compiled for
+                    self.compiling = False
+                    self.set_state(self.state, self.step)
             case events.TrialStarted():
                 shown = format_option_value(event.option, event.value)
                 self.outbox.add_event(p.Log(level="info", text=f"trying {event.option} = {shown} for {event.steps} steps "
                                                                f"against as many as it is", step=event.step))
             case events.CompileStarted():
                 self.outbox.add_event(p.Log(level="info", text=event.text(), step=event.step))
+                self.compiling = True  # the app's header says so until the change's answer: no step comes meanwhile
+                self.set_state(self.state, self.step, events.COMPILING)
             case p.TrialProgress():
                 self.outbox.add_latest(event)
             case events.StepSkipped():

@@ -112,6 +112,11 @@ class TrialStarted(Message):
     source: str = ""
 
 
+#: The running state's detail from a CompileStarted until the answer to the change it compiles for: the app's
+#: header says it where it said "running" through a 70 s compile.
+COMPILING = "compiling…"
+
+
 @dataclass(frozen=True)
 class CompileStarted(Message):
     """torch.compile compiles the model at ``step``'s boundary (``detail``: what for, "with amp=bf16", or empty);

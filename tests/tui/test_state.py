@@ -250,7 +250,7 @@ def test_the_runs_past_is_logged_above_connected_with_one_toast_for_all_of_it() 
     assert entries[-2].text.startswith("connected to the trainer of tiny_gpt") and entries[-2].step == 120
     assert entries[-1].text == "attached at step 120: the run's 6 earlier events are above" and entries[-1].notify
     assert not any(entry.notify for entry in entries[:-1])
-    assert [entry.step for entry in entries[:-2]] == [0, 0, 40, 80, 90, 90]  # oldest first, as they happened
+    assert [entry.step for entry in entries[:-2]] == [None, 0, 40, 80, 90, 90]  # oldest first; "starting the trainer" knows no step
     state.apply(protocol.OptionApplied("clip", None, 1.0, 121, "app"))
     assert [entry.notify for entry in state.take_log()] == [True]  # news is told as before
 

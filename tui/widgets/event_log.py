@@ -1,12 +1,18 @@
-"""The event log: acknowledgements with their step, refusals with the reason, checkpoints, trainer output."""
+"""The event log: acknowledgements with their step, refusals with the reason, checkpoints, trainer output.
+
+RichLog renders a line once, at the width of the moment: after the terminal shrank (200x50 to 80x24) the log
+kept lines cut at the old width and its scroll position among old lines. It keeps its entries and renders
+them again when its width changes, and shows the newest line after any resize, as after any new line."""
 
 from __future__ import annotations
 
 import re
+from collections import deque
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment
 from rich.text import Text
+from textual import events
 from textual.widgets import RichLog
 
 from torchlab.tui.state import LogEntry
@@ -39,16 +45,34 @@ class EventLog(RichLog):
         super().__init__(max_lines=max_lines, min_width=20, wrap=True, markup=False, highlight=False, id=id, classes=classes)
         #: every line written, as plain text: tests and the clipboard read this, not the rendered strips
         self.lines_written: list[str] = []
+        #: what is shown, to render again at a new width (an entry is at least one line: as many are kept)
+        self._entries: deque[HangingEntry] = deque(maxlen=max_lines)
+        self._rendered_width = 0
 
     def add(self, entry: LogEntry) -> None:
         mark, style = LEVEL_MARKS.get(entry.level, ("·", ""))
         step = f"{entry.step:>6}" if entry.step is not None else " " * 6
         gutter = Text.assemble((step, "dim"), " ", (mark, style), " ")
         body = Text(entry.text, style="dim" if entry.level == "trainer" else ("red" if entry.level == "error" else ""))
-        self.write(HangingEntry(gutter, body))
+        shown = HangingEntry(gutter, body)
+        self._entries.append(shown)
+        self.write(shown)
         self.lines_written.append(gutter.plain + body.plain)
         if len(self.lines_written) > self.max_lines:
             del self.lines_written[: len(self.lines_written) - self.max_lines]
+
+    def on_resize(self, event: events.Resize) -> None:
+        """Render the entries again at a new width, and show the newest, as every new entry does (auto_scroll)."""
+        super().on_resize(event)
+        if not self._size_known:
+            return
+        width = self.scrollable_content_region.width
+        if width != self._rendered_width:
+            self._rendered_width = width
+            self.clear()
+            for entry in self._entries:
+                self.write(entry, scroll_end=False)
+        self.scroll_end(animate=False, immediate=False, x_axis=False)
 
 
 #: Where a line may break: at a run of spaces, except one between a number and its unit ("-5 %", "22.2 s",

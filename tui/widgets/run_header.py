@@ -1,4 +1,7 @@
-"""The top line: which run this is and where it stands, readable at a glance from across the room."""
+"""The top line: which run this is and where it stands, readable at a glance from across the room.
+
+It says what the trainer is doing when that is not a step (a trial's arm, a compile), and its elapsed time
+runs on from a local clock between reports: a trial or a compile sends none for minutes."""
 
 from __future__ import annotations
 
@@ -34,8 +37,24 @@ class RunHeader(FittedLine):
     }
     """
 
+    #: Seconds between redraws of the clock when no report comes.
+    TICK_S = 1.0
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._state: RunState | None = None
+
+    def on_mount(self) -> None:
+        self.set_interval(self.TICK_S, self._tick)
+
+    def _tick(self) -> None:
+        if self._state is not None and self._state.state == "running":
+            self.show(self._state)
+
     def show(self, state: RunState) -> None:
-        """Redraw from the run state (called by the app's refresh timer when the header changed)."""
+        """Redraw from the run state (called by the app's refresh timer when the header changed, and each
+        second while the run runs)."""
+        self._state = state
         symbol, style = STATE_BADGES.get(state.state, ("?", "bold magenta"))
         run = Text.assemble((" torchlab ", "bold reverse"), " ", (short_workload(state.workload) or "…", "bold"))
         if state.device:
@@ -45,6 +64,8 @@ class RunHeader(FittedLine):
         trial = state.running_trial()
         if trial is not None:  # training waits for it: the trial is the state
             badge = Text(f"{symbol} {trial_progress_text(trial)}", style="bold magenta")
+        elif state.compiling:
+            badge = Text(f"◌ {state.state_detail}", style="bold magenta")
         else:
             badge = Text(f"{symbol} {state.state}", style=style)
         if state.state == "relaunching" and state.state_detail:  # "2 → 1": the world size it goes to
@@ -54,6 +75,6 @@ class RunHeader(FittedLine):
         if state.total_steps:
             step.append(f" {100 * state.step / state.total_steps:.0f}%", style="dim")
         eta = state.eta_s() if trial is None else None  # a trial's steps do not count towards the run's
-        parts = [run, badge, step, Text(f"elapsed {format_duration(state.elapsed_s)}"),
+        parts = [run, badge, step, Text(f"elapsed {format_duration(state.elapsed_now())}"),
                  Text(f"ETA {format_duration(eta)}") if eta is not None else Text()]
         self.set_parts(parts, importance=(0, 1, 2, 4, 3))  # where only one fits, the ETA

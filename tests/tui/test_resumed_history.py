@@ -1,0 +1,77 @@
+"""A resumed run in the app: its earlier steps come from the run's journals, and the log says it resumed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from fake_link import FakeLink, quiet_app, record, welcome
+
+from torchlab.core.wire import protocol
+from torchlab.tui.widgets.event_log import EventLog
+
+pytestmark = pytest.mark.asyncio
+
+RESUMED_AT = 71
+
+
+def resumed_run(run_dir: Path) -> FakeLink:
+    """A run whose first process trained steps 1-71 (its journals hold them, an amp change at 40 among them)
+    and whose second process resumed from the checkpoint of step 71: it reports only 72 on."""
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(record(step)) + "\n" for step in range(1, RESUMED_AT + 1)))
+    (run_dir / "events.jsonl").write_text(json.dumps(
+        {"event": "option_applied", "step": 40, "time": 0.0, "option": "amp", "value": "bf16", "previous": "off", "source": "app"}) + "\n")
+    hello = welcome(RESUMED_AT)
+    hello = replace(hello, run=replace(hello.run, run_dir=str(run_dir)))
+    return FakeLink([
+        hello, protocol.State("starting", 0),
+        protocol.Log(level="info", text=f"resumed from the checkpoint of step {RESUMED_AT}", step=RESUMED_AT),
+        protocol.State("running", RESUMED_AT), protocol.Replayed(events=3),
+        protocol.Metrics.from_records([record(step) for step in range(RESUMED_AT + 1, 81)]),
+    ])
+
+
+async def test_a_resumed_run_draws_its_steps_from_before_the_resume_and_says_it_resumed(tmp_path: Path) -> None:
+    """After --resume the loss chart started at step 72 although metrics.jsonl held 1-71, and the log said
+    "0 · starting at step 0" before "71 · resumed"."""
+    app = quiet_app(resumed_run(tmp_path / "run"))
+    async with app.run_test(size=(200, 50)) as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        state = app.run_state
+        assert list(state.loss.xs) == list(range(1, 81))
+        assert list(state.loss.ys)[:RESUMED_AT] == [record(step)["loss"] for step in range(1, RESUMED_AT + 1)]
+        assert 50.0 in state.val_loss.xs  # the journal's eval step
+        log = "\n".join(app.query_one(EventLog).lines_written)
+        assert "starting at step 0" not in log
+        assert f"resuming at step {RESUMED_AT}" in log
+        assert "steps 1–71 of this run read from its metrics.jsonl; option changes then: step 40: amp = bf16" in log
+
+
+async def test_a_run_directory_without_journals_adds_nothing(tmp_path: Path) -> None:
+    """A viewer of a run whose journals are gone (or not there yet) shows what the trainer sends, no warning."""
+    link = resumed_run(tmp_path / "run")
+    (tmp_path / "run" / "metrics.jsonl").unlink()
+    app = quiet_app(link)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert list(app.run_state.loss.xs) == list(range(RESUMED_AT + 1, 81))
+        assert not any("earlier steps" in line for line in app.query_one(EventLog).lines_written)
+
+
+async def test_a_journal_that_is_a_link_is_not_read_and_the_log_says_why(tmp_path: Path) -> None:
+    link = resumed_run(tmp_path / "run")
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    metrics.rename(tmp_path / "elsewhere.jsonl")
+    metrics.symlink_to(tmp_path / "elsewhere.jsonl")
+    app = quiet_app(link)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert list(app.run_state.loss.xs) == list(range(RESUMED_AT + 1, 81))
+        assert "the run's earlier steps are not shown" in "\n".join(app.query_one(EventLog).lines_written)

@@ -1,0 +1,70 @@
+"""The header between reports: its clock runs on, and it says when the trainer compiles instead of training."""
+
+from __future__ import annotations
+
+import pytest
+
+from fake_link import FakeLink, quiet_app, training_events
+
+from torchlab.core.wire import protocol
+from torchlab.core.wire.events import COMPILING
+from torchlab.tui.widgets.run_header import RunHeader
+
+pytestmark = pytest.mark.asyncio
+
+
+def header_text(app) -> str:
+    return str(app.query_one(RunHeader).content)
+
+
+async def test_the_elapsed_time_runs_on_between_reports() -> None:
+    """During a trial no report came for three minutes: the header held "elapsed 3:22", then jumped."""
+    app = quiet_app(FakeLink(training_events(120)))  # the last report: 3.4 s of training
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.pause()
+        assert "elapsed 0:03" in header_text(app)
+        app.run_state.clock = lambda: 180.0  # three minutes later, and no report since
+        await pilot.pause(RunHeader.TICK_S * 1.5)  # the header's own timer, not a report, redraws it
+        assert "elapsed 3:03" in header_text(app)
+
+
+async def test_a_paused_runs_clock_stands_still() -> None:
+    link = FakeLink([*training_events(120), protocol.State("paused", 120)])
+    app = quiet_app(link)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.pause()
+        app.run_state.clock = lambda: 180.0
+        await pilot.pause(RunHeader.TICK_S * 1.5)
+        assert "elapsed 0:03" in header_text(app)
+
+
+async def test_the_header_says_compiling_while_torch_compile_runs() -> None:
+    """A 70 s compile showed "● running" throughout."""
+    link = FakeLink(training_events(120))
+    app = quiet_app(link)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.pause()
+        link.push(protocol.State("running", 120, COMPILING))
+        app.poll_now()
+        await pilot.pause()
+        assert "◌ compiling…" in header_text(app) and "● running" not in header_text(app)
+        link.push(protocol.OptionApplied("compile", True, False, 121, "app"), protocol.State("running", 120))
+        app.poll_now()
+        await pilot.pause()
+        assert "● running" in header_text(app) and "compiling" not in header_text(app)
+
+
+def test_the_trainer_side_says_compiling_until_the_change_is_answered() -> None:
+    """What the header's "compiling…" comes from: the worker's running state carries it from the trainer's
+    CompileStarted to the answer to the change that asked for the compile."""
+    from torchlab.core.launch.worker import OutboxReporter
+    from torchlab.core.wire.events import CompileStarted
+    from torchlab.core.wire.outbox import Cursor, Outbox
+
+    outbox = Outbox()
+    reporter = OutboxReporter(outbox)
+    reporter.set_state("running", 5)
+    reporter.on_event(CompileStarted(step=6, detail="with amp=bf16"))
+    reporter.on_event(protocol.OptionApplied("amp", "bf16", "off", 6, "app"))
+    states = [(m.state, m.step, m.detail) for m in outbox.take_past(Cursor()) if isinstance(m, protocol.State)]
+    assert states == [("running", 5, ""), ("running", 5, COMPILING), ("running", 5, "")]
