@@ -9,7 +9,8 @@ Only the timer and key handlers touch widgets; nothing blocks the UI on the trai
 shared/textual-notes.md: a buffer drained by a timer absorbs 100k+ records/s, per-message posting
 backs up). Commands go out through ``link.send``, which never blocks. Every change the user asks for
 is logged as requested at once, then acknowledged with the step it took effect at (or refused with
-the trainer's reason) when the answer arrives.
+the trainer's reason) when the answer arrives; a prompt submitted with the value it showed sends nothing and
+says so. Keys typed after the one that opens a prompt are the prompt's, however fast they come.
 
 A trainer that cannot start, or a run that fails, opens the error screen. torchlab's own refusals (a
 TorchlabError: a runtime directory, a full disk) and the machine's (an OSError) are shown as their paragraph;
@@ -116,16 +117,22 @@ class KeyAction:
     help: str
     show: bool = True
     key_display: str | None = None
+    #: a key that opens a prompt: bound with priority, so it is acted on when it arrives, before the keys typed
+    #: after it are routed (see ``TorchlabApp._open_prompt``); a focused text field (the gradient filter) still
+    #: takes it as text, as Textual leaves a key a focused Input consumes to the Input
+    opens_prompt: bool = False
 
 
 KEY_ACTIONS = (
     KeyAction("space", "toggle_pause", "Pause", "Pause or resume training", key_display="space"),
-    *(KeyAction(o.key, f"change_option('{o.name}')", o.footer, o.help, show=o.in_footer) for o in LIVE_OPTIONS),
+    *(KeyAction(o.key, f"change_option('{o.name}')", o.footer, o.help, show=o.in_footer, opens_prompt=isinstance(o, Number))
+      for o in LIVE_OPTIONS),
     KeyAction("p", "profile", "Profile", f"Profile the next {PROFILE_STEPS} steps", show=False),
     KeyAction("P", "profiles", "Profiles", "Profiles: list the snapshots, open a table, compare two", show=False),
     KeyAction("i", "impact", "Impact", "Impact table: what each option change cost or saved", show=False),
     KeyAction("t", "system", "System", "System: every GPU, host CPU/RAM, trainer memory and its history", show=False),
-    KeyAction("T", "try_option", "Trial", "Trial: try an option for a few steps on the same batches, then undo it", show=False),
+    KeyAction("T", "try_option", "Trial", "Trial: try an option for a few steps on the same batches, then undo it", show=False,
+              opens_prompt=True),
     KeyAction("f", "next_chart", "Chart", "Chart: samples/s or one of the workload's own metrics, in turn", show=False),
     KeyAction("M", "memory", "Memory", "Memory by kind: parameters, gradients, optimizer state, activations by module", show=False),
     KeyAction("s", "save_checkpoint", "Save", "Save a checkpoint now"),
@@ -150,7 +157,8 @@ class TorchlabApp(App[int]):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (COMPACT_WIDTH, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (COMPACT_HEIGHT, "-tall")]
     BINDINGS = [
-        Binding(k.key, k.action, k.label, show=k.show, key_display=k.key_display, tooltip=k.help) for k in KEY_ACTIONS
+        Binding(k.key, k.action, k.label, show=k.show, key_display=k.key_display, tooltip=k.help, priority=k.opens_prompt)
+        for k in KEY_ACTIONS
     ]
 
     def __init__(
@@ -503,7 +511,7 @@ class TorchlabApp(App[int]):
             why = self.run_state.ended or f"the run is {state}"
             self.notify(f"{why}: there is nothing to pause or resume", severity="warning")
 
-    def action_change_option(self, name: str) -> None:
+    async def action_change_option(self, name: str) -> None:
         """An option's key: the next value of a mode or a switch, or a prompt for a number."""
         option = OPTIONS_BY_NAME[name]
         if self._refuse_in_view(name) or self._run_has_ended(name):  # before a prompt asks for a value that would go nowhere
@@ -516,13 +524,28 @@ class TorchlabApp(App[int]):
         from torchlab.tui.screens.prompt import Chosen, OptionPrompt
 
         def chosen(answer: Chosen | None) -> None:
-            if answer is not None:
+            if answer is None:
+                return
+            if answer.value == current:  # Enter on the value shown: "applied (was 1)" would say a change was made
+                self._requested(f"{name} stays {format_option_value(name, current)}: nothing sent")
+            else:
                 self.set_option(name, answer.value)
 
-        self.push_screen(OptionPrompt(option.prompt, option.hint, option.parse, current=option.shown_in_prompt(current)),
-                         callback=chosen)
+        await self._open_prompt(OptionPrompt(option.prompt, option.hint, option.parse, current=option.shown_in_prompt(current)),
+                                chosen)
 
-    def action_try_option(self) -> None:
+    async def _open_prompt(self, prompt: ModalScreen[Any], chosen: Callable[[Any], None]) -> None:
+        """Push ``prompt`` and return once its input has focus: every key typed after the one that opened it is its.
+
+        Keys typed fast (``m 2 Enter``) arrive together. The key that opens a prompt is bound with priority, so
+        this runs when it arrives, before the next key is routed anywhere; and the app handles no further key
+        until this returns. Without both, ``2`` went to a widget of the main screen or to the prompt before its
+        input had focus, and was lost, while Enter, a binding looked up when it was handled, reached the input and
+        sent the value shown: "accum = 1 applied (was 1)".
+        """
+        await self.push_screen(prompt, callback=chosen)
+
+    async def action_try_option(self) -> None:
         """A controlled trial: OPTION=VALUE [STEPS] typed, checked, and sent; the result comes to the log."""
         from torchlab.tui.screens.prompt import Chosen, OptionPrompt
 
@@ -535,7 +558,7 @@ class TorchlabApp(App[int]):
                 self._requested(f"trial of {command.option} = {command.value} for {command.steps} steps requested "
                                 f"(from the next step boundary; training waits for it)")
 
-        self.push_screen(OptionPrompt("Try an option for a few steps, then undo it", TRIAL_HINT, parse_trial), callback=chosen)
+        await self._open_prompt(OptionPrompt("Try an option for a few steps, then undo it", TRIAL_HINT, parse_trial), chosen)
 
     def set_option(self, option: str, value: Any) -> None:
         """Ask the trainer to change a live option at the next step boundary."""
