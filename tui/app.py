@@ -49,7 +49,14 @@ from textual.widgets import Footer
 
 from torchlab.core.wire import protocol
 from torchlab.core.wire.errors import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE, TorchlabError, exit_status
-from torchlab.core.wire.options import CHECKPOINTING, LIVE_OPTIONS, OPTIONS_BY_NAME, Number, format_option_value
+from torchlab.core.wire.options import (
+    CHECKPOINTING,
+    LIVE_OPTIONS,
+    OPTIONS_BY_NAME,
+    Number,
+    OptionRefused,
+    format_option_value,
+)
 from torchlab.core.wire.safe_open import UnsafeFileError
 from torchlab.core.wire.trials import TRIAL_HINT, parse_trial
 from torchlab.tui.log_tail import LogTail, is_native_torch_log
@@ -192,6 +199,8 @@ class TorchlabApp(App[int]):
         self._chart_drawn: dict[LineChart, tuple[int, float]] = {}
         #: drained from the link, not yet folded into the state (a poll folds in slices)
         self._unfolded: deque[protocol.Message] = deque()
+        #: (option, value) a key's cycle skipped as this run would refuse it, and said why (once)
+        self._skips_said: set[tuple[str, Any]] = set()
 
     # ------------------------------------------------------------------ layout
 
@@ -518,7 +527,7 @@ class TorchlabApp(App[int]):
             return
         current = self.run_state.option(name)
         if not isinstance(option, Number):
-            self.set_option(name, option.next_value(current, lambda value: self.run_state.was_refused(name, value)))
+            self._next_value(name, current)
             return
 
         from torchlab.tui.screens.prompt import Chosen, OptionPrompt
@@ -531,8 +540,45 @@ class TorchlabApp(App[int]):
             else:
                 self.set_option(name, answer.value)
 
-        await self._open_prompt(OptionPrompt(option.prompt, option.hint, option.parse, current=option.shown_in_prompt(current)),
+        def parse(text: str) -> Any:  # as the option parses it, then what this run would refuse, with the reason
+            value = option.parse(text)
+            reason = self.run_state.would_refuse(name, value)
+            if reason is not None:
+                raise OptionRefused(reason)
+            return value
+
+        await self._open_prompt(OptionPrompt(option.prompt, option.hint, parse, current=option.shown_in_prompt(current)),
                                 chosen)
+
+    def _next_value(self, name: str, current: Any) -> None:
+        """A mode's key cycles past the values this run would refuse or has refused (saying why once for each); a
+        switch turned to a value the run would refuse says why and sends nothing."""
+        option = OPTIONS_BY_NAME[name]
+        state = self.run_state
+
+        def refused(value: Any) -> bool:
+            return state.was_refused(name, value) or state.would_refuse(name, value) is not None
+
+        value = option.next_value(current, refused)
+        reason = state.would_refuse(name, value)
+        if reason is not None:
+            state.log("refused", f"{name} = {option.format(value)} refused: {reason} (nothing sent)", notify=True)
+            self._refresh_view()
+            return
+        self._say_why_skipped(name, current, value)
+        self.set_option(name, value)
+
+    def _say_why_skipped(self, name: str, current: Any, chosen: Any) -> None:
+        """Once a run, for each value a key's cycle skipped between ``current`` and ``chosen`` because the run would
+        refuse it: a key that silently passes a mode by reads as a key that does not know the mode."""
+        option = OPTIONS_BY_NAME[name]
+        candidate = option.next_value(current, lambda value: False)
+        while candidate != chosen:
+            reason = self.run_state.would_refuse(name, candidate)
+            if reason is not None and (name, candidate) not in self._skips_said:
+                self._skips_said.add((name, candidate))
+                self.run_state.log("info", f"{name}: {option.format(candidate)} skipped: {reason}")
+            candidate = option.next_value(candidate, lambda value: False)
 
     async def _open_prompt(self, prompt: ModalScreen[Any], chosen: Callable[[Any], None]) -> None:
         """Push ``prompt`` and return once its input has focus: every key typed after the one that opened it is its.
