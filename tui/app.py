@@ -614,9 +614,10 @@ class TorchlabApp(App[int]):
 
     def action_next_chart(self) -> None:
         shown = self.query_one(Charts).next_chart()
-        if shown == SPEED and not self.run_state.workload_metrics:
-            self.notify("the workload reports no metrics of its own: return {\"loss\": ..., \"accuracy\": ...} "
-                        "from loss_fn to chart them", timeout=4, markup=False)
+        if shown == SPEED and not self.run_state.workload_metrics:  # in the log too: a toast alone read as nothing done
+            self.run_state.log("info", "chart: the workload reports no metrics of its own: return {\"loss\": ..., "
+                               "\"accuracy\": ...} from loss_fn to chart them", notify=True, toast="no workload metrics to chart")
+            self._refresh_view()
 
     def action_profile(self) -> None:
         if self.send(protocol.ProfileCommand(steps=PROFILE_STEPS)):

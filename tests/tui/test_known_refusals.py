@@ -101,3 +101,13 @@ async def test_the_world_size_prompt_refuses_more_ranks_than_cores_with_the_reas
         await pilot.press("backspace", "2", "enter")
         await pilot.pause()
         assert link.sent == [protocol.SetCommand("world_size", 2)]
+
+
+@pytest.mark.asyncio
+async def test_the_chart_key_with_no_workload_metrics_says_there_are_none_in_the_event_log() -> None:
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f")
+        await pilot.pause()
+        assert "chart: the workload reports no metrics of its own" in log_text(app)
