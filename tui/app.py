@@ -506,6 +506,8 @@ class TorchlabApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if (action in TRAINER_ACTIONS or action in VIEW_ACTIONS) and isinstance(self.screen, ModalScreen):
             return False
+        if action in TRAINER_ACTIONS and self.read_only:  # a viewer's footer lists only the keys that work for it
+            return False
         return True
 
     def action_toggle_pause(self) -> None:
@@ -661,7 +663,8 @@ class TorchlabApp(App[int]):
     def action_help(self) -> None:
         blocks = self.run_state.checkpoint_blocks
         wraps = {CHECKPOINTING.key: f": {describe_blocks(blocks)}" if blocks else " (which ones: once the trainer has said)"}
-        keys = [(k.key_display or k.key, k.help + wraps.get(k.key, "")) for k in KEY_ACTIONS]
+        keys = [(k.key_display or k.key, k.help + wraps.get(k.key, "")) for k in KEY_ACTIONS
+                if not (self.read_only and k.action.split("(")[0] in TRAINER_ACTIONS)]  # a viewer's keys only
         keys += [("/", "Filter the gradient table by module name (enter/esc back)"), ("o", "Cycle the gradient table's sort"),
                  ("v", "Grouped / per-module gradient view"), ("enter", "On a group: show its modules"),
                  ("ctrl+p", "Command palette")]
@@ -771,7 +774,7 @@ class TorchlabApp(App[int]):
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         for key in KEY_ACTIONS:
-            if key.action in ("quit", "help"):
+            if key.action in ("quit", "help") or (self.read_only and key.action.split("(")[0] in TRAINER_ACTIONS):
                 continue
             yield SystemCommand(key.help, f"key {key.key_display or key.key}", self._palette_callback(key.action))
         yield SystemCommand("Restart the trainer from the last checkpoint", "after a failure or a stop: resume the run",

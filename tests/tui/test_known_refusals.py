@@ -111,3 +111,20 @@ async def test_the_chart_key_with_no_workload_metrics_says_there_are_none_in_the
         await pilot.press("f")
         await pilot.pause()
         assert "chart: the workload reports no metrics of its own" in log_text(app)
+
+
+@pytest.mark.asyncio
+async def test_a_viewers_footer_shows_only_the_keys_that_work_for_a_viewer() -> None:
+    link = FakeLink()
+    link.view = True  # attach --view: read-only
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        shown = {binding.action for _, binding, enabled, _ in app.screen.active_bindings.values() if binding.show}
+        assert "quit" in shown and "help" in shown
+        assert not {"toggle_pause", "save_checkpoint"} & shown
+        assert not any(action.startswith("change_option") for action in shown)
+        await pilot.press("a", "space", "m")
+        await pilot.pause()
+        assert link.sent == []
+        assert not isinstance(app.screen, OptionPrompt)
