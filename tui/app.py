@@ -9,7 +9,8 @@ Only the timer and key handlers touch widgets; nothing blocks the UI on the trai
 shared/textual-notes.md: a buffer drained by a timer absorbs 100k+ records/s, per-message posting
 backs up). Commands go out through ``link.send``, which never blocks. Every change the user asks for
 is logged as requested at once, then acknowledged with the step it took effect at (or refused with
-the trainer's reason) when the answer arrives.
+the trainer's reason) when the answer arrives; a prompt submitted with the value it showed sends nothing and
+says so. Keys typed after the one that opens a prompt are the prompt's, however fast they come.
 
 A trainer that cannot start, or a run that fails, opens the error screen. torchlab's own refusals (a
 TorchlabError: a runtime directory, a full disk) and the machine's (an OSError) are shown as their paragraph;
@@ -49,7 +50,14 @@ from textual.widgets import Footer
 
 from torchlab.core.wire import protocol
 from torchlab.core.wire.errors import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE, TorchlabError, exit_status
-from torchlab.core.wire.options import CHECKPOINTING, LIVE_OPTIONS, OPTIONS_BY_NAME, Number, format_option_value
+from torchlab.core.wire.options import (
+    CHECKPOINTING,
+    LIVE_OPTIONS,
+    OPTIONS_BY_NAME,
+    Number,
+    OptionRefused,
+    format_option_value,
+)
 from torchlab.core.wire.safe_open import UnsafeFileError
 from torchlab.core.wire.trials import TRIAL_HINT, parse_trial
 from torchlab.tui.log_tail import LogTail, is_native_torch_log
@@ -118,16 +126,22 @@ class KeyAction:
     help: str
     show: bool = True
     key_display: str | None = None
+    #: a key that opens a prompt: bound with priority, so it is acted on when it arrives, before the keys typed
+    #: after it are routed (see ``TorchlabApp._open_prompt``); a focused text field (the gradient filter) still
+    #: takes it as text, as Textual leaves a key a focused Input consumes to the Input
+    opens_prompt: bool = False
 
 
 KEY_ACTIONS = (
     KeyAction("space", "toggle_pause", "Pause", "Pause or resume training", key_display="space"),
-    *(KeyAction(o.key, f"change_option('{o.name}')", o.footer, o.help, show=o.in_footer) for o in LIVE_OPTIONS),
+    *(KeyAction(o.key, f"change_option('{o.name}')", o.footer, o.help, show=o.in_footer, opens_prompt=isinstance(o, Number))
+      for o in LIVE_OPTIONS),
     KeyAction("p", "profile", "Profile", f"Profile the next {PROFILE_STEPS} steps", show=False),
     KeyAction("P", "profiles", "Profiles", "Profiles: list the snapshots, open a table, compare two", show=False),
     KeyAction("i", "impact", "Impact", "Impact table: what each option change cost or saved", show=False),
     KeyAction("t", "system", "System", "System: every GPU, host CPU/RAM, trainer memory and its history", show=False),
-    KeyAction("T", "try_option", "Trial", "Trial: try an option for a few steps on the same batches, then undo it", show=False),
+    KeyAction("T", "try_option", "Trial", "Trial: try an option for a few steps on the same batches, then undo it", show=False,
+              opens_prompt=True),
     KeyAction("f", "next_chart", "Chart", "Chart: samples/s or one of the workload's own metrics, in turn", show=False),
     KeyAction("M", "memory", "Memory", "Memory by kind: parameters, gradients, optimizer state, activations by module", show=False),
     KeyAction("s", "save_checkpoint", "Save", "Save a checkpoint now"),
@@ -160,7 +174,8 @@ class TorchlabApp(App[int]):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (COMPACT_WIDTH, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (COMPACT_HEIGHT, "-tall")]
     BINDINGS = [
-        Binding(k.key, k.action, k.label, show=k.show, key_display=k.key_display, tooltip=k.help) for k in KEY_ACTIONS
+        Binding(k.key, k.action, k.label, show=k.show, key_display=k.key_display, tooltip=k.help, priority=k.opens_prompt)
+        for k in KEY_ACTIONS
     ]
 
     def __init__(
@@ -194,6 +209,8 @@ class TorchlabApp(App[int]):
         self._chart_drawn: dict[LineChart, tuple[int, float]] = {}
         #: drained from the link, not yet folded into the state (a poll folds in slices)
         self._unfolded: deque[protocol.Message] = deque()
+        #: (option, value) a key's cycle skipped as this run would refuse it, and said why (once)
+        self._skips_said: set[tuple[str, Any]] = set()
 
     # ------------------------------------------------------------------ layout
 
@@ -518,6 +535,8 @@ class TorchlabApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if (action in TRAINER_ACTIONS or action in VIEW_ACTIONS) and isinstance(self.screen, ModalScreen):
             return False
+        if action in TRAINER_ACTIONS and self.read_only:  # a viewer's footer lists only the keys that work for it
+            return False
         return True
 
     def action_toggle_pause(self) -> None:
@@ -532,26 +551,78 @@ class TorchlabApp(App[int]):
             why = self.run_state.ended or f"the run is {state}"
             self.notify(f"{why}: there is nothing to pause or resume", severity="warning")
 
-    def action_change_option(self, name: str) -> None:
+    async def action_change_option(self, name: str) -> None:
         """An option's key: the next value of a mode or a switch, or a prompt for a number."""
         option = OPTIONS_BY_NAME[name]
         if self._refuse_in_view(name) or self._run_has_ended(name):  # before a prompt asks for a value that would go nowhere
             return
         current = self.run_state.option(name)
         if not isinstance(option, Number):
-            self.set_option(name, option.next_value(current, lambda value: self.run_state.was_refused(name, value)))
+            self._next_value(name, current)
             return
 
         from torchlab.tui.screens.prompt import Chosen, OptionPrompt
 
         def chosen(answer: Chosen | None) -> None:
-            if answer is not None:
+            if answer is None:
+                return
+            if answer.value == current:  # Enter on the value shown: "applied (was 1)" would say a change was made
+                self._requested(f"{name} stays {format_option_value(name, current)}: nothing sent")
+            else:
                 self.set_option(name, answer.value)
 
-        self.push_screen(OptionPrompt(option.prompt, option.hint, option.parse, current=option.shown_in_prompt(current)),
-                         callback=chosen)
+        def parse(text: str) -> Any:  # as the option parses it, then what this run would refuse, with the reason
+            value = option.parse(text)
+            reason = self.run_state.would_refuse(name, value)
+            if reason is not None:
+                raise OptionRefused(reason)
+            return value
 
-    def action_try_option(self) -> None:
+        await self._open_prompt(OptionPrompt(option.prompt, option.hint, parse, current=option.shown_in_prompt(current)),
+                                chosen)
+
+    def _next_value(self, name: str, current: Any) -> None:
+        """A mode's key cycles past the values this run would refuse or has refused (saying why once for each); a
+        switch turned to a value the run would refuse says why and sends nothing."""
+        option = OPTIONS_BY_NAME[name]
+        state = self.run_state
+
+        def refused(value: Any) -> bool:
+            return state.was_refused(name, value) or state.would_refuse(name, value) is not None
+
+        value = option.next_value(current, refused)
+        reason = state.would_refuse(name, value)
+        if reason is not None:
+            state.log("refused", f"{name} = {option.format(value)} refused: {reason} (nothing sent)", notify=True)
+            self._refresh_view()
+            return
+        self._say_why_skipped(name, current, value)
+        self.set_option(name, value)
+
+    def _say_why_skipped(self, name: str, current: Any, chosen: Any) -> None:
+        """Once a run, for each value a key's cycle skipped between ``current`` and ``chosen`` because the run would
+        refuse it: a key that silently passes a mode by reads as a key that does not know the mode."""
+        option = OPTIONS_BY_NAME[name]
+        candidate = option.next_value(current, lambda value: False)
+        while candidate != chosen:
+            reason = self.run_state.would_refuse(name, candidate)
+            if reason is not None and (name, candidate) not in self._skips_said:
+                self._skips_said.add((name, candidate))
+                self.run_state.log("info", f"{name}: {option.format(candidate)} skipped: {reason}")
+            candidate = option.next_value(candidate, lambda value: False)
+
+    async def _open_prompt(self, prompt: ModalScreen[Any], chosen: Callable[[Any], None]) -> None:
+        """Push ``prompt`` and return once its input has focus: every key typed after the one that opened it is its.
+
+        Keys typed fast (``m 2 Enter``) arrive together. The key that opens a prompt is bound with priority, so
+        this runs when it arrives, before the next key is routed anywhere; and the app handles no further key
+        until this returns. Without both, ``2`` went to a widget of the main screen or to the prompt before its
+        input had focus, and was lost, while Enter, a binding looked up when it was handled, reached the input and
+        sent the value shown: "accum = 1 applied (was 1)".
+        """
+        await self.push_screen(prompt, callback=chosen)
+
+    async def action_try_option(self) -> None:
         """A controlled trial: OPTION=VALUE [STEPS] typed, checked, and sent; the result comes to the log."""
         from torchlab.tui.screens.prompt import Chosen, OptionPrompt
 
@@ -564,7 +635,7 @@ class TorchlabApp(App[int]):
                 self._requested(f"trial of {command.option} = {command.value} for {command.steps} steps requested "
                                 f"(from the next step boundary; training waits for it)")
 
-        self.push_screen(OptionPrompt("Try an option for a few steps, then undo it", TRIAL_HINT, parse_trial), callback=chosen)
+        await self._open_prompt(OptionPrompt("Try an option for a few steps, then undo it", TRIAL_HINT, parse_trial), chosen)
 
     def set_option(self, option: str, value: Any) -> None:
         """Ask the trainer to change a live option at the next step boundary."""
@@ -574,9 +645,10 @@ class TorchlabApp(App[int]):
 
     def action_next_chart(self) -> None:
         shown = self.query_one(Charts).next_chart()
-        if shown == SPEED and not self.run_state.workload_metrics:
-            self.notify("the workload reports no metrics of its own: return {\"loss\": ..., \"accuracy\": ...} "
-                        "from loss_fn to chart them", timeout=4, markup=False)
+        if shown == SPEED and not self.run_state.workload_metrics:  # in the log too: a toast alone read as nothing done
+            self.run_state.log("info", "chart: the workload reports no metrics of its own: return {\"loss\": ..., "
+                               "\"accuracy\": ...} from loss_fn to chart them", notify=True, toast="no workload metrics to chart")
+            self._refresh_view()
 
     def action_profile(self) -> None:
         if self.send(protocol.ProfileCommand(steps=PROFILE_STEPS)):
@@ -620,7 +692,8 @@ class TorchlabApp(App[int]):
     def action_help(self) -> None:
         blocks = self.run_state.checkpoint_blocks
         wraps = {CHECKPOINTING.key: f": {describe_blocks(blocks)}" if blocks else " (which ones: once the trainer has said)"}
-        keys = [(k.key_display or k.key, k.help + wraps.get(k.key, "")) for k in KEY_ACTIONS]
+        keys = [(k.key_display or k.key, k.help + wraps.get(k.key, "")) for k in KEY_ACTIONS
+                if not (self.read_only and k.action.split("(")[0] in TRAINER_ACTIONS)]  # a viewer's keys only
         keys += [("/", "Filter the gradient table by module name (enter/esc back)"), ("o", "Cycle the gradient table's sort"),
                  ("v", "Grouped / per-module gradient view"), ("enter", "On a group: show its modules"),
                  ("ctrl+p", "Command palette")]
@@ -730,7 +803,7 @@ class TorchlabApp(App[int]):
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         for key in KEY_ACTIONS:
-            if key.action in ("quit", "help"):
+            if key.action in ("quit", "help") or (self.read_only and key.action.split("(")[0] in TRAINER_ACTIONS):
                 continue
             yield SystemCommand(key.help, f"key {key.key_display or key.key}", self._palette_callback(key.action))
         yield SystemCommand("Restart the trainer from the last checkpoint", "after a failure or a stop: resume the run",

@@ -105,6 +105,8 @@ class RunState:
     def __init__(self, workload: str | None = None) -> None:
         self.workload = workload or ""
         self.device = ""
+        #: the global batch (0 until the trainer's welcome says it)
+        self.batch_size = 0
         self.run_dir = ""
         #: the submodules activation checkpointing wraps (the trainer's choice, or the workload's)
         self.checkpoint_blocks: list[str] = []
@@ -321,6 +323,47 @@ class RunState:
         """torch.compile compiles the model at a step's boundary: training waits for it (seconds to minutes)."""
         return self.state == "running" and self.state_detail == COMPILING
 
+    def would_refuse(self, option: str, value: Any) -> str | None:
+        """Why the trainer would refuse ``option = value`` on this run, in its words, from what the app knows: the
+        device and the batch (its welcome), the machine's cores and GPUs (its system samples). None when the app
+        knows no reason; the trainer still checks what only it knows.
+
+        The app asks before it sends: a key that cycles skips such a value, a switch and a prompt refuse it with
+        this reason. The trainer's checks are core/engine/precision.py (fp16), trainer.py (pinned memory) and
+        distributed.py's ``check_world_size``; its own refusals, once made, are ``was_refused``.
+        """
+        device = self.device.split(":")[0]
+        if not device:  # before the welcome
+            return None
+        if option == "amp" and value == "fp16" and device != "cuda":
+            return f"fp16 needs CUDA; this run is on {device}: use bf16"
+        if option == "pin_memory" and value and device != "cuda":
+            return (f"pinned memory speeds up copies of batches from the host to a CUDA device; this run trains on "
+                    f"{device}, where batches are not copied")
+        if option == "world_size" and isinstance(value, int):
+            return self._world_size_refusal(value, device)
+        return None
+
+    def _world_size_refusal(self, size: int, device: str) -> str | None:
+        """A batch the ranks cannot share equally, or more ranks than the machine has GPUs (CUDA) or cores (CPU).
+        The machine's figures are all its GPUs and cores: a run may be allowed fewer, which the trainer refuses."""
+        batch = self.batch_size
+        if batch and batch % size:
+            return (f"world size {size} does not divide the batch of {batch} (the global batch stays {batch} and "
+                    f"each rank takes an equal share): choose a divisor of {batch}")
+        sample = self.telemetry
+        if sample is None:
+            return None
+        if device == "cuda":
+            gpus = len(sample.gpus)
+            if gpus and size > gpus:
+                return f"{size} ranks need {size} GPUs, one each; this machine has {gpus}"
+            return None
+        cores = sample.host.cpu_count
+        if cores and size > cores:
+            return f"{size} ranks on the CPU need {size} cores, one each; this machine has {cores}"
+        return None
+
     def eta_s(self) -> float | None:
         """Seconds to the last step at the recent pace, or None when unknown."""
         if self.total_steps is None or not self.recent_step_times or self.state not in ("running", "starting"):
@@ -357,6 +400,7 @@ class RunState:
         run = event.run
         self.workload = run.workload or self.workload
         self.device = run.device
+        self.batch_size = run.batch_size
         self.run_dir = run.run_dir
         self.checkpoint_blocks = list(run.checkpoint_blocks)
         self.total_steps = run.steps

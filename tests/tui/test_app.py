@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -57,7 +57,15 @@ async def test_module_rows_appear_after_welcome_and_grad_norms() -> None:
         assert app.run_state.grad_step == 2
 
 
-async def test_amp_key_cycles_and_every_answer_shows_with_its_step(app: TorchlabApp, link: FakeLink) -> None:
+def on_cuda(events: list[protocol.Message]) -> list[protocol.Message]:
+    """``events`` of a run on a GPU: the app then lets fp16 through, for the trainer to answer (the fake refuses it)."""
+    return [replace(event, run=replace(event.run, device="cuda:0")) if isinstance(event, protocol.Welcome) else event
+            for event in events]
+
+
+async def test_amp_key_cycles_and_every_answer_shows_with_its_step() -> None:
+    link = FakeLink(on_cuda(training_events()))
+    app = quiet_app(link)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("a")
         assert link.sent[-1] == protocol.SetCommand("amp", "bf16")
@@ -69,7 +77,7 @@ async def test_amp_key_cycles_and_every_answer_shows_with_its_step(app: Torchlab
         await pilot.press("a")
         assert link.sent[-1] == protocol.SetCommand("amp", "fp16")
         await answer(app, pilot)
-        assert "amp = fp16 refused: fp16 needs CUDA; this run is on cpu: use bf16" in log_text(app)
+        assert "amp = fp16 refused: fp16 needs CUDA" in log_text(app)
         assert app.run_state.options["amp"] == "bf16"
 
         # fp16 was refused on this run: the cycle goes on to off instead of asking again.
@@ -644,12 +652,13 @@ async def test_keys_that_talk_to_the_trainer_say_at_once_that_the_run_has_ended(
         assert f"{said}: there is nothing to pause or resume" in [n.message for n in app._notifications]
 
 
-async def test_a_refused_change_stops_showing_as_pending_in_the_options_line(link: FakeLink) -> None:
+async def test_a_refused_change_stops_showing_as_pending_in_the_options_line() -> None:
+    link = FakeLink(on_cuda(training_events()))
     app = quiet_app(link)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("a")
         await answer(app, pilot)
-        await pilot.press("a")  # fp16: a CPU trainer refuses it
+        await pilot.press("a")  # fp16: the fake trainer refuses it
         assert "amp bf16 → fp16…" in options_text(app)
         await answer(app, pilot)
         assert "refused" in log_text(app)
@@ -698,7 +707,7 @@ async def test_at_80x24_the_lines_of_a_session_each_fit_one_row_of_the_event_log
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("a")
         await answer(app, pilot)
-        await pilot.press("a", "c", "s", "p")  # fp16 refused on a CPU, checkpointing on, a checkpoint, a profile
+        await pilot.press("a", "c", "s", "p")  # fp16 skipped on a CPU, checkpointing on, a checkpoint, a profile
         await answer(app, pilot)
         await pilot.press("w", "2", "enter")
         link.push(protocol.CheckpointSaved(400, f"{RUN_DIR}/checkpoints/step-0000400.pt", "periodic"), profile_ready(12))
@@ -706,7 +715,7 @@ async def test_at_80x24_the_lines_of_a_session_each_fit_one_row_of_the_event_log
         await answer(app, pilot)  # the relaunch's second half
         log = app.query_one(EventLog)
         text = log_text(app)
-        for said in ("applied at step", "refused: fp16 needs CUDA", "checkpoint saved (periodic)", "profile #1",
+        for said in ("applied at step", "fp16 skipped: fp16 needs CUDA", "checkpoint saved (periodic)", "profile #1",
                      "checkpoint saved (world-size change)"):
             assert said in text
         assert len(log.lines) == len(log.lines_written)  # not one wrapped to a second row

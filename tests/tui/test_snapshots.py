@@ -44,7 +44,7 @@ async def settle(pilot) -> None:
 
 
 async def change_options(pilot) -> None:
-    """a (bf16, applied), a (fp16, refused on CPU), c (checkpointing on), then the answers arrive."""
+    """a (bf16, applied), a (off: fp16 skipped on CPU, saying why), c (checkpointing on), then the answers arrive."""
     await settle(pilot)
     await pilot.press("a")
     pilot.app.poll_now()

@@ -1,0 +1,88 @@
+"""Keys typed fast after the key that opens a prompt belong to that prompt, however fast they come.
+
+A terminal delivers ``m``, ``2``, Enter typed quickly (or pasted by tmux) as three key events queued
+together, before the app has handled the first. ``type_fast`` queues them the same way; Pilot's
+``press`` waits for the app to settle after each key, which hid the loss.
+"""
+
+from __future__ import annotations
+
+import pytest
+from fake_link import FakeLink, quiet_app
+
+from textual import events
+from textual.widgets import Input
+
+from torchlab.core.wire import protocol
+from torchlab.tui.app import TorchlabApp
+from torchlab.tui.screens.prompt import OptionPrompt
+from torchlab.tui.widgets.event_log import EventLog
+
+pytestmark = pytest.mark.asyncio
+
+SIZE = (80, 24)
+#: what a terminal sends for the keys with names
+CHARACTERS = {"enter": "\r", "full_stop": ".", "equals_sign": "=", "space": " "}
+
+
+def log_text(app: TorchlabApp) -> str:
+    return "\n".join(app.query_one(EventLog).lines_written)
+
+
+async def type_fast(app: TorchlabApp, pilot, *keys: str) -> None:
+    """Queue every key at once, as a terminal does when they come faster than the app handles them."""
+    for key in keys:
+        app.post_message(events.Key(key, CHARACTERS.get(key, key)))
+    await pilot.pause()
+    await pilot.pause()
+
+
+@pytest.mark.parametrize("keys, sent", [
+    (("m", "2", "enter"), protocol.SetCommand("accum", 2)),
+    (("g", "0", "full_stop", "5", "enter"), protocol.SetCommand("clip", 0.5)),
+    (("l", "0", "full_stop", "5", "enter"), protocol.SetCommand("lr_scale", 0.5)),
+], ids=["accum", "clip", "lr_scale"])
+async def test_keys_typed_ahead_go_into_the_prompt_and_its_value_is_sent(keys, sent) -> None:
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await type_fast(app, pilot, *keys)
+        assert not isinstance(app.screen, OptionPrompt)
+        assert link.sent == [sent]
+
+
+
+async def test_a_trial_typed_ahead_is_typed_into_its_prompt_not_taken_for_keys() -> None:
+    """``amp=bf16`` holds a and m, keys of their own on the main screen: inside the prompt they are text."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await type_fast(app, pilot, "T", "a", "m", "p", "equals_sign", "b", "f", "1", "6", "space", "4", "enter")
+        assert link.sent == [protocol.TrialCommand("amp", "bf16", 4)]
+
+
+@pytest.mark.parametrize("key, current, said", [
+    ("m", None, "accum stays 1: nothing sent"),
+    ("g", None, "clip stays off: nothing sent"),
+])
+async def test_a_prompt_submitted_unchanged_sends_nothing_and_says_so(key, current, said) -> None:
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await type_fast(app, pilot, key, "enter")
+        assert not isinstance(app.screen, OptionPrompt)
+        assert link.sent == []
+        assert said in log_text(app)
+        assert "applied" not in log_text(app) and "requested" not in log_text(app)
+
+
+async def test_a_prompts_key_typed_into_the_gradient_filter_is_text_there() -> None:
+    """The prompt keys are bound with priority (acted on before the focused widget sees them), yet a text field
+    that has focus still takes them as text."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("slash", *"mlp", "w", "T")
+        assert not isinstance(app.screen, OptionPrompt)
+        assert app.query_one("#grad-filter", Input).value == "mlpwT"
+        assert link.sent == []
