@@ -7,6 +7,7 @@ import pytest
 from fake_link import FakeLink, quiet_app, record, training_events
 
 from torchlab.core.wire import protocol
+from torchlab.tui.widgets.event_log import EventLog
 from torchlab.tui.widgets.line_chart import LineChart
 
 pytestmark = pytest.mark.asyncio
@@ -56,7 +57,8 @@ async def test_without_metrics_the_charts_are_as_before_and_f_says_how_to_get_so
         assert lines(app, "lr-chart") == ["lr"] and lines(app, "speed-chart") == ["samples/s"]
         await pilot.press("f")
         assert lines(app, "speed-chart") == ["samples/s"]
-        assert any("return {\"loss\": ..., \"accuracy\": ...}" in str(toast.message) for toast in app._notifications)
+        assert any("return {\"loss\": ..., \"accuracy\": ...}" in line for line in app.query_one(EventLog).lines_written)
+        assert any("no workload metrics" in str(toast.message) for toast in app._notifications)
 
 
 async def test_a_change_of_steps_moves_the_headers_total_and_its_percentage() -> None:
