@@ -19,32 +19,29 @@ torchlab or by something else, and is refused too: torchlab loads only checkpoin
 is a check against damage, not a signature: whoever can write a file can write its digest.
 
 Loading uses ``weights_only=True``: a checkpoint holds tensors and plain values, never objects that run code
-when read. What the trainer resumes from is also checked against what its save writes
-(``load_training_state``): a ``step`` that is text, a list where a dict belongs, an RNG state that would not
-load, a value nested deeper than torchlab nests, each is one ConfigError naming the entry, before any of it is
-used. A checkpoint never names code to import: core/launch/resume.py says when its stored workload is used.
+when read. What the trainer resumes from is also checked against what its save writes (``load_training_state``,
+with core/engine/checkpoint_contents.py): a ``step`` that is text, a list where a dict belongs, an RNG state that
+would not load, a value nested deeper than torchlab nests, each is one ConfigError naming the entry, before any
+of it is used. A checkpoint never names code to import: core/launch/resume.py says when its stored workload is used.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import random
 import re
 import struct
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
 
-from torchlab.core.engine.loading import spec_as_shown
-from torchlab.core.wire.errors import ConfigError, StorageError, shown
-from torchlab.core.wire.strict_json import nests_deeper_than
-from torchlab.core.wire.options import OPTION_NAMES, OptionRefused, parse_option_value
+from torchlab.core.engine.checkpoint_contents import as_tuples, check_training_state
+from torchlab.core.wire.errors import ConfigError, StorageError
 from torchlab.core.wire.runtime import remove_abandoned_temporaries
 from torchlab.core.wire.safe_open import open_regular
 from torchlab.core.wire.storage import create_file, fsync_directory, remedy, storage_error, unreadable_run
@@ -398,271 +395,6 @@ def _intact(candidate: Path) -> bool:
     return state is not None and state.get("format") == FORMAT_VERSION
 
 
-# --------------------------------------------------------------------------- what the trainer's save writes
-#: How deep a value in a checkpoint may nest: torchlab's go 4 levels deep (``optimizer.param_groups[0].params``).
-#: A deeper one was not written by it, and would take a recursive reader past Python's limit.
-MAX_NESTING = 16
-#: A count torchlab writes (a step, an epoch, a number of samples) fits in 64 bits.
-_MAX_COUNT = 2**63
-_GRAD_SCALER_ENTRIES = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
-#: Numbers of a parameter group that the optimizers read as numbers (a group may hold others, of other kinds).
-_GROUP_NUMBERS = ("lr", "initial_lr", "weight_decay", "momentum", "dampening", "eps", "alpha", "lr_decay")
-_MISSING = object()
-
-
-class _NotWritten(Exception):
-    """An entry of a loaded checkpoint that torchlab's save does not write so: where it is, what it is, and what
-    torchlab writes there."""
-
-    def __init__(self, where: str, value: Any, expected: str, what: str | None = None) -> None:
-        super().__init__(where)
-        self.where, self.expected = where, expected
-        self.what = what or ("missing" if value is _MISSING else _described(value))
-
-
-def check_training_state(state: dict[str, Any], path: Path) -> None:
-    """A ConfigError naming the first entry of ``state`` (loaded from ``path``) that the trainer's save does not
-    write as it is: one paragraph, before any of it is used. Entries torchlab does not read are left alone."""
-    try:
-        _check_nesting(state)
-        for name, (check, expected) in _PARTS.items():
-            value = state.get(name, _MISSING)
-            if value is _MISSING:
-                raise _NotWritten(name, value, expected)
-            check(value, name, expected)
-        if "rng_by_rank" in state:
-            _rng_states(state["rng_by_rank"], "rng_by_rank", "a list of the ranks' random number generator states")
-    except _NotWritten as wrong:
-        raise ConfigError(
-            f"--resume {path}: not a checkpoint torchlab wrote: its {wrong.where} is {wrong.what}, where torchlab "
-            f"writes {wrong.expected}. It is not trained from: resume from a checkpoint of a run of yours."
-        ) from None
-
-
-def check_model_fits(saved: Mapping[str, Any], model_state: Mapping[str, Any], trained_with: str) -> None:
-    """A ConfigError naming the first parameters in which ``saved`` (a checkpoint's model) and ``model_state`` (the
-    workload's) differ, by name or shape: the workload given for a checkpoint must be the model it holds."""
-    differences = []
-    for name, tensor in model_state.items():
-        if name not in saved:
-            differences.append(f"the model's {name} {_shape(tensor)} is not in the checkpoint")
-        elif _shape(saved[name]) != _shape(tensor):
-            differences.append(f"{name} is {_shape(saved[name])} in the checkpoint and {_shape(tensor)} in the model")
-    differences += [f"the checkpoint's {_key(name)} {_shape(tensor)} is not in the model"
-                    for name, tensor in saved.items() if name not in model_state]
-    if not differences:
-        return
-    more = f"; and {len(differences) - 3} more" if len(differences) > 3 else ""
-    raise ConfigError(
-        f"--resume: the checkpoint does not fit this workload's model ({'; '.join(differences[:3])}{more}); the "
-        f"checkpoint was trained with {spec_as_shown(trained_with)}: give that workload, or a checkpoint of this one."
-    )
-
-
-def _shape(value: Any) -> str:
-    return "[" + ", ".join(map(str, value.shape)) + "]" if isinstance(value, torch.Tensor) else "(not a tensor)"
-
-
-def _described(value: Any) -> str:
-    """A value of a checkpoint as a message shows it: a tensor by its kind and shape, a container by its kind."""
-    if isinstance(value, torch.Tensor):
-        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {shown(list(value.shape))}"
-    if isinstance(value, Mapping):
-        return "a dict"
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return f"a {type(value).__name__}"
-    return shown(value)
-
-
-def _key(name: Any) -> str:
-    """An entry's name in a message: as it is if it is a short printable name, else as ``shown`` cuts it."""
-    return name if isinstance(name, str) and name.isprintable() and 0 < len(name) <= 80 else shown(name)
-
-
-def _check_nesting(state: dict[str, Any]) -> None:
-    for name, part in state.items():
-        entries = part.items() if isinstance(part, Mapping) else [(None, part)]
-        for key, value in entries:
-            levels_above = 1 if key is None else 2  # the state's dict, and the part's
-            if nests_deeper_than(value, MAX_NESTING - levels_above):
-                where = _key(name) if key is None else f"{_key(name)}.{_key(key)}"
-                raise _NotWritten(where, value, f"values nested at most {MAX_NESTING} levels deep",
-                                  what=f"nested more than {MAX_NESTING} levels deep")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_figure(value: Any) -> bool:
-    """A number as an optimizer holds it: a finite int or float, or a one-element tensor (``lr=torch.tensor(...)``)."""
-    return _is_number(value) or (isinstance(value, torch.Tensor) and value.numel() == 1)
-
-
-def _mapping(value: Any, where: str, expected: str) -> Mapping:
-    if not isinstance(value, Mapping):
-        raise _NotWritten(where, value, expected)
-    return value
-
-
-def _count(value: Any, where: str, expected: str = "a whole number from 0") -> None:
-    if not _is_int(value) or not 0 <= value < _MAX_COUNT:
-        raise _NotWritten(where, value, expected)
-
-
-def _seconds(value: Any, where: str, expected: str) -> None:
-    if not _is_number(value) or value < 0:
-        raise _NotWritten(where, value, expected)
-
-
-def _text(value: Any, where: str, expected: str) -> None:
-    if not isinstance(value, str):
-        raise _NotWritten(where, value, expected)
-
-
-def _model(value: Any, where: str, expected: str) -> None:
-    for name, tensor in _mapping(value, where, expected).items():
-        if not isinstance(name, str):
-            raise _NotWritten(f"{where} entry", name, "a parameter's name")
-        if not isinstance(tensor, torch.Tensor) and not name.endswith("_extra_state"):
-            raise _NotWritten(f"{where}.{_key(name)}", tensor, "a tensor")
-
-
-def _optimizer(value: Any, where: str, expected: str) -> None:
-    value = _mapping(value, where, expected)
-    for index, state in _mapping(value.get("state", _MISSING), f"{where}.state", "each parameter's state by its index").items():
-        if not _is_int(index):
-            raise _NotWritten(f"{where}.state entry", index, "a parameter's index")
-        _mapping(state, f"{where}.state[{index}]", "a parameter's state")
-    groups = value.get("param_groups", _MISSING)
-    if not isinstance(groups, list):
-        raise _NotWritten(f"{where}.param_groups", groups, "a list of parameter groups")
-    for number, group in enumerate(groups):
-        here = f"{where}.param_groups[{number}]"
-        group = _mapping(group, here, "a parameter group")
-        params = group.get("params", _MISSING)
-        if not isinstance(params, list) or not all(_is_int(index) for index in params):
-            raise _NotWritten(f"{here}.params", params, "a list of parameter indices")
-        for name in _GROUP_NUMBERS:
-            if name in group and not _is_figure(group[name]):
-                raise _NotWritten(f"{here}.{name}", group[name], "a number")
-        betas = group.get("betas", (0.9, 0.999))
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2 or not all(_is_figure(beta) for beta in betas):
-            raise _NotWritten(f"{here}.betas", betas, "two numbers")
-
-
-def _scheduler(value: Any, where: str, expected: str) -> None:
-    """An LR scheduler's ``state_dict``: its ``__dict__`` less the optimizer, which ``load_state_dict`` puts back
-    into its ``__dict__`` as it is; the entries every scheduler reads as numbers are numbers."""
-    value = _mapping(value, where, expected)
-    if "optimizer" in value:
-        raise _NotWritten(f"{where}.optimizer", value["optimizer"], "nothing (a scheduler's state leaves its optimizer out)")
-    for name in ("last_epoch", "_step_count"):
-        if name in value and not (_is_int(value[name]) and -1 <= value[name] < _MAX_COUNT):
-            raise _NotWritten(f"{where}.{name}", value[name], "a whole number from -1")
-    for name in ("base_lrs", "_last_lr"):
-        if name in value and not (isinstance(value[name], list) and all(_is_figure(lr) for lr in value[name])):
-            raise _NotWritten(f"{where}.{name}", value[name], "a list of numbers")
-    lambdas = value.get("lr_lambdas", [])
-    if not isinstance(lambdas, list) or not all(item is None or isinstance(item, Mapping) for item in lambdas):
-        raise _NotWritten(f"{where}.lr_lambdas", lambdas, "a list of nothing or dicts")
-
-
-def _grad_scaler(value: Any, where: str, expected: str) -> None:
-    if value is None:
-        return
-    value = _mapping(value, where, expected)
-    for name in _GRAD_SCALER_ENTRIES:
-        if not _is_number(value.get(name, _MISSING)):
-            raise _NotWritten(f"{where}.{name}", value.get(name, _MISSING), "a number")
-
-
-def _rng_states(value: Any, where: str, expected: str) -> None:
-    if not isinstance(value, list):
-        raise _NotWritten(where, value, expected)
-    for rank, state in enumerate(value):
-        _rng(state, f"{where}[{rank}]", "a random number generator state")
-
-
-def _rng(value: Any, where: str, expected: str) -> None:
-    """What ``capture_rng_state`` saves, each state tried on a generator of its own (the process's are untouched)."""
-    value = _mapping(value, where, expected)
-    python = value.get("python", _MISSING)
-    try:
-        random.Random().setstate(_as_tuples(python))
-    except (TypeError, ValueError, OverflowError):
-        raise _NotWritten(f"{where}.python", python, "the state of Python's random module") from None
-    _byte_state(value.get("torch", _MISSING), f"{where}.torch", "torch's CPU generator state")
-    try:
-        torch.Generator().set_state(value["torch"].cpu())
-    except RuntimeError:
-        raise _NotWritten(f"{where}.torch", value["torch"], "torch's CPU generator state") from None
-    cuda = value.get("cuda", [])
-    if not isinstance(cuda, (list, tuple)):
-        raise _NotWritten(f"{where}.cuda", cuda, "a list of each CUDA generator's state")
-    for number, state in enumerate(cuda):
-        _byte_state(state, f"{where}.cuda[{number}]", "a CUDA generator's state")
-    if "numpy" in value:
-        _numpy_rng(value["numpy"], f"{where}.numpy")
-
-
-def _byte_state(value: Any, where: str, expected: str) -> None:
-    if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8 or value.dim() != 1:
-        raise _NotWritten(where, value, f"{expected} (a 1-dimensional uint8 tensor)")
-
-
-def _numpy_rng(value: Any, where: str) -> None:
-    import numpy
-
-    expected = "numpy's random state (kind, keys, position, has_gauss, cached_gaussian)"
-    if not isinstance(value, (tuple, list)) or len(value) != 5 or not isinstance(value[1], torch.Tensor):
-        raise _NotWritten(where, value, expected)
-    kind, keys, position, has_gauss, cached = value
-    try:
-        numpy.random.RandomState().set_state((kind, keys.cpu().numpy().astype("uint32"), position, has_gauss, cached))
-    except (TypeError, ValueError, OverflowError):
-        raise _NotWritten(where, value, expected) from None
-
-
-def _data(value: Any, where: str, expected: str) -> None:
-    value = _mapping(value, where, expected)
-    _count(value.get("epoch", _MISSING), f"{where}.epoch")
-    _count(value.get("samples", _MISSING), f"{where}.samples")
-
-
-def _options(value: Any, where: str, expected: str) -> None:
-    for name, option_value in _mapping(value, where, expected).items():
-        here = f"{where}.{_key(name)}"
-        if not isinstance(name, str) or name not in OPTION_NAMES:
-            raise _NotWritten(here, option_value, f"only the live options ({', '.join(OPTION_NAMES)})")
-        try:
-            parsed = parse_option_value(name, option_value)
-        except OptionRefused as refusal:
-            raise _NotWritten(here, option_value, f"a value the option takes ({refusal})") from None
-        if type(parsed) is not type(option_value) or parsed != option_value:
-            raise _NotWritten(here, option_value, f"the option's value as it holds it ({shown(parsed)})")
-
-
-#: Each entry the trainer's save writes (core/engine/trainer.py, ``_save_checkpoint``): its check, and what it is.
-_PARTS: dict[str, tuple[Callable[[Any, str, str], None], str]] = {
-    "step": (_count, "a whole number from 0"),
-    "model": (_model, "the model's tensors by parameter name"),
-    "optimizer": (_optimizer, "the optimizer's state_dict (its state and param_groups)"),
-    "scheduler": (_scheduler, "the LR scheduler's state_dict"),
-    "grad_scaler": (_grad_scaler, "the GradScaler's state_dict, or nothing"),
-    "rng": (_rng, "the random number generators' states (python, torch, numpy, cuda)"),
-    "data": (_data, "the data position (epoch and samples)"),
-    "options": (_options, "the live options by name"),
-    "config": (_text, "the run's configuration as TOML text"),
-    "scripted_through": (_count, "a whole number from 0"),
-    "elapsed_s": (_seconds, "a number of seconds from 0"),
-}
-
-
 def capture_rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -677,7 +409,7 @@ def capture_rng_state() -> dict[str, Any]:
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(_as_tuples(state["python"]))
+    random.setstate(as_tuples(state["python"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -686,13 +418,6 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
         kind, keys, position, has_gauss, cached = state["numpy"]
         numpy.random.set_state((kind, keys.numpy().astype("uint32"), position, has_gauss, cached))
-
-
-def _as_tuples(value: Any) -> Any:
-    """``random.setstate`` wants tuples; a round trip through a checkpoint may give lists."""
-    if isinstance(value, (list, tuple)):
-        return tuple(_as_tuples(item) for item in value)
-    return value
 
 
 def _what_is_intact(directory: Path, error: OSError) -> str:

@@ -33,11 +33,11 @@ import torch
 
 from torchlab.core.engine.activation_checkpointing import ActivationCheckpointing
 from torchlab.core.engine.compiling import compile_model, compile_on_batch, compiled_graphs, failure_reason
+from torchlab.core.engine.checkpoint_contents import check_model_fits
 from torchlab.core.engine.checkpoint import (
     CheckpointCadence,
     WrittenCheckpoint,
     capture_rng_state,
-    check_model_fits,
     load_training_state,
     restore_rng_state,
     write_checkpoint,
