@@ -104,16 +104,6 @@ async def test_the_world_size_prompt_refuses_more_ranks_than_cores_with_the_reas
 
 
 @pytest.mark.asyncio
-async def test_the_chart_key_with_no_workload_metrics_says_there_are_none_in_the_event_log() -> None:
-    link = FakeLink()
-    app = quiet_app(link)
-    async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("f")
-        await pilot.pause()
-        assert "chart: the workload reports no metrics of its own" in log_text(app)
-
-
-@pytest.mark.asyncio
 async def test_a_viewers_footer_shows_only_the_keys_that_work_for_a_viewer() -> None:
     link = FakeLink()
     link.view = True  # attach --view: read-only
