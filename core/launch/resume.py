@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import pwd
 import stat
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -51,7 +50,7 @@ from torchlab.core.wire.events import RunStarted
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import OPTION_NAMES, format_option_value
 from torchlab.core.wire.protocol import Message
-from torchlab.core.wire.rundir import RunDirectory
+from torchlab.core.wire.rundir import RunDirectory, owner_name
 from torchlab.core.wire.safe_open import read_regular_text
 
 #: Settings whose change on a resume makes the run differ from one that was never stopped.
@@ -170,20 +169,13 @@ def refusal_to_import(workload: str, checkpoint: Path) -> str | None:
     for path in (run, folder, config, checkpoint):
         status = os.stat(path)
         if status.st_uid != os.geteuid():
-            return f"{path} belongs to {_user_name(status.st_uid)}"
+            return f"{path} belongs to {owner_name(status.st_uid)}"
         if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             return f"{path} may be written by other users (mode {stat.S_IMODE(status.st_mode):04o})"
     named = settings_from_toml(read_regular_text(config), str(config)).get("workload")
     if named != workload:
         return f"its run's config.toml names {spec_as_shown(named) if isinstance(named, str) else 'no workload'}"
     return None
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"user {uid}"
 
 
 def _extension(stored: TrainConfig, config: TrainConfig, step: int, checkpoint: Path) -> dict[str, Any]:

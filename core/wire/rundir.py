@@ -418,7 +418,7 @@ def require_own_folder(folder: Path, label: str, remedy: str) -> None:
     if not stat.S_ISDIR(status.st_mode):
         raise UnsafeFileError(folder, kind_of(status.st_mode), expected="a folder")
     if status.st_uid != os.geteuid():
-        raise ConfigError(f"{label} belongs to {_owner(status.st_uid)}, not to you: torchlab writes a run only into "
+        raise ConfigError(f"{label} belongs to {owner_name(status.st_uid)}, not to you: torchlab writes a run only into "
                           f"a folder of yours, which no one else can have prepared. {remedy}")
     mode = stat.S_IMODE(status.st_mode)
     if mode & 0o022:
@@ -438,7 +438,7 @@ def require_safe_folders_above(folder: Path, label: str) -> None:
             continue
         mode = stat.S_IMODE(status.st_mode)
         if status.st_uid not in (os.geteuid(), 0):
-            fault = f"which belongs to {_owner(status.st_uid)}"
+            fault = f"which belongs to {owner_name(status.st_uid)}"
         elif mode & 0o002 and not mode & stat.S_ISVTX:
             fault = f"which other users can write into (mode {mode:04o})"
         else:
@@ -492,7 +492,8 @@ def _named(given: Path, real: Path) -> str:
     return str(given) if given == real else f"{given} (a link to {real})"
 
 
-def _owner(uid: int) -> str:
+def owner_name(uid: int) -> str:
+    """``alice (uid 1001)``: who owns a file, as a refusal names them."""
     try:
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:  # no name in the password database
