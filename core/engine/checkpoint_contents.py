@@ -20,13 +20,11 @@ import torch
 from torchlab.core.engine.loading import spec_as_shown
 from torchlab.core.wire.errors import ConfigError, shown
 from torchlab.core.wire.options import OPTION_NAMES, OptionRefused, parse_option_value
-from torchlab.core.wire.strict_json import nests_deeper_than
+from torchlab.core.wire.strict_json import MAX_INT, nests_deeper_than  # a count torchlab writes fits in 64 bits
 
 #: How deep a value in a checkpoint may nest: torchlab's go 4 levels deep (``optimizer.param_groups[0].params``).
 #: A deeper one was not written by it, and would take a recursive reader past Python's limit.
 MAX_NESTING = 16
-#: A count torchlab writes (a step, an epoch, a number of samples) fits in 64 bits.
-_MAX_COUNT = 2**63
 _GRAD_SCALER_ENTRIES = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 #: Numbers of a parameter group that the optimizers read as numbers (a group may hold others, of other kinds).
 _GROUP_NUMBERS = ("lr", "initial_lr", "weight_decay", "momentum", "dampening", "eps", "alpha", "lr_decay")
@@ -133,7 +131,7 @@ def _mapping(value: Any, where: str, expected: str) -> Mapping:
 
 
 def _count(value: Any, where: str, expected: str = "a whole number from 0") -> None:
-    if not _is_int(value) or not 0 <= value < _MAX_COUNT:
+    if not _is_int(value) or not 0 <= value < MAX_INT:
         raise _NotWritten(where, value, expected)
 
 
@@ -185,7 +183,7 @@ def _scheduler(value: Any, where: str, expected: str) -> None:
     if "optimizer" in value:
         raise _NotWritten(f"{where}.optimizer", value["optimizer"], "nothing (a scheduler's state leaves its optimizer out)")
     for name in ("last_epoch", "_step_count"):
-        if name in value and not (_is_int(value[name]) and -1 <= value[name] < _MAX_COUNT):
+        if name in value and not (_is_int(value[name]) and -1 <= value[name] < MAX_INT):
             raise _NotWritten(f"{where}.{name}", value[name], "a whole number from -1")
     for name in ("base_lrs", "_last_lr"):
         if name in value and not (isinstance(value[name], list) and all(_is_figure(lr) for lr in value[name])):

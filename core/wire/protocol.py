@@ -37,8 +37,6 @@ MAX_VALUE_CHARS = 256
 #: No option or count is this large; a larger integer (JSON reads up to 4,300 digits) is refused as a
 #: message, before float() of it can overflow or a record repeats it.
 MAX_COMMAND_INT = 10**18
-#: A figure in an event's payload (a byte count, a step) fits in 64 bits.
-MAX_PAYLOAD_INT = 2**63
 
 _JSON_SCALAR = (str, int, float, bool, type(None))
 T = TypeVar("T")
@@ -194,7 +192,8 @@ def _read_value(value: Any, accepted: tuple, path: str, nested: bool) -> Any:
     (``strict_json``), so the app draws what it reads without checking each figure again."""
     if nested and isinstance(value, float) and not math.isfinite(value):
         raise ProtocolError(f"{path}: {value} is not a finite number (NaN and Infinity travel as null)")
-    if nested and isinstance(value, int) and not isinstance(value, bool) and abs(value) >= MAX_PAYLOAD_INT:
+    # A figure in an event's payload (a byte count, a step) fits in 64 bits, as any torchlab writes.
+    if nested and isinstance(value, int) and not isinstance(value, bool) and abs(value) >= strict_json.MAX_INT:
         raise ProtocolError(f"{path}: {shown(value)} is out of range (at most 64 bits)")
     if isinstance(value, bool) and bool not in accepted:
         raise ProtocolError(f"{path}: expected {_names(accepted)}, got a boolean")
