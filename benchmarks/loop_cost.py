@@ -211,8 +211,8 @@ def interleaved(rounds: int, block: int, warmup: int, variants: list[str]) -> No
     with bar:
         bar._live.auto_refresh = False  # no refresh thread: its frames are drawn here, timed
         frame_ms = thread_cpu_ms(bar._live.refresh, 20)
-    sampler = TelemetrySampler(trainer.device, trainer._emit_telemetry, lambda: trainer.step)
-    sample_ms = thread_cpu_ms(lambda: trainer._emit_telemetry(sampler.sample()), 10)
+    sampler = TelemetrySampler(trainer.device, trainer.reporter.telemetry, lambda: trainer.step)
+    sample_ms = thread_cpu_ms(lambda: trainer.reporter.telemetry(sampler.sample()), 10)
     clock_ms_per_s = frame_ms * PROGRESS_FRAMES_PER_S + sample_ms * 1.0
     for directory in closing:
         directory.close()
@@ -468,26 +468,27 @@ def components(step_ms: float | None) -> None:
     records = rows.rows[-300:]
     step_s = step_ms / 1000 if step_ms else step_s
     per_s = 1 / step_s
-    interval = trainer.cadence.interval
+    cadence = trainer.instruments.cadence
+    interval = cadence.interval
     print(f"per step of {1000 * step_s:.2f} ms; probe every "
-          f"{interval} step(s) at {1000 * trainer.cadence.probe_cost_s:.2f} ms (its own timing)\n")
+          f"{interval} step(s) at {1000 * cadence.probe_cost_s:.2f} ms (its own timing)\n")
     table: list[tuple[str, float, str]] = []
 
     def row(name: str, per_step_us: float, how: str) -> None:
         table.append((name, per_step_us, how))
 
-    row("gradient-norm probe (auto cadence)", 1e6 * trainer.cadence.probe_cost_s / interval,
-        f"{1e3 * trainer.cadence.probe_cost_s:.2f} ms every {interval} steps (self-timed, in the loop)")
+    row("gradient-norm probe (auto cadence)", 1e6 * cadence.probe_cost_s / interval,
+        f"{1e3 * cadence.probe_cost_s:.2f} ms every {interval} steps (self-timed, in the loop)")
     loss = torch.tensor(2.5)
-    per_module = torch.rand(len(trainer.grad_probe.module_names))
+    per_module = torch.rand(len(trainer.instruments.grad_probe.module_names))
     packing = cost_us(lambda: torch.cat([loss.view(1), loss.view(1), per_module]).tolist(), 2000)
     item = cost_us(loss.item, 2000)
     row("a probe step's host transfer: torch.cat(...).tolist() vs loss.item()", (packing - item) / interval,
         f"{packing:.1f} vs {item:.1f} us, every {interval} steps")
-    row("scheduler.step() + _apply_lr_scale()", cost_us(trainer.scheduler.step, 500) + cost_us(trainer._apply_lr_scale, 2000), "")
+    row("scheduler.step() + scale_lr()", cost_us(trainer.scheduler.step, 500) + cost_us(lambda: trainer.parts.optimization.scale_lr(1.0), 2000), "")
     options = trainer.options
     row("options.as_dict() in the record", cost_us(options.as_dict, 2000), "")
-    row("_at_step_boundary() with nothing queued", cost_us(trainer._at_step_boundary, 2000), "")
+    row("the step boundary with nothing queued", cost_us(trainer.boundary.apply, 2000), "")
 
     directory = RunDirectory(scratch / "run")
     cycle = iter(records * 100)
@@ -530,21 +531,22 @@ def components(step_ms: float | None) -> None:
     record = sampler.sample()
     row("  + RunDirectory.on_telemetry", cost_us(lambda: directory.on_telemetry(record), 50) / per_s, "")
 
-    trainer.config = build_config({}, {"workload": SPEC, "steps": 10**9, "checkpoint_every": 100, "options": {}, "at": []})
+    trainer.parts.config = build_config({}, {"workload": SPEC, "steps": 10**9, "checkpoint_every": 100, "options": {}, "at": []})
     waits: list[float] = []
-    finish = getattr(trainer, "_finish_checkpoint", None)  # where the next step waits for the checkpoint's thread
-    if finish is not None:
-        def timed_finish() -> None:
-            began = time.perf_counter()
-            finish()
-            waits.append(time.perf_counter() - began)
+    checkpoints = trainer.checkpoints
+    finish = checkpoints.finish  # where the next step waits for the checkpoint's thread
 
-        trainer._finish_checkpoint = timed_finish
+    def timed_finish() -> None:
+        began = time.perf_counter()
+        finish()
+        waits.append(time.perf_counter() - began)
+
+    checkpoints.finish = timed_finish
     on_thread = []
     for _ in range(7):
-        trainer.step += 1
+        trainer.parts.progress.step += 1
         began = time.perf_counter()
-        trainer._save_checkpoint("periodic")
+        checkpoints.save("periodic")
         written = time.perf_counter() - began
         waits.clear()
         trainer.train_steps(1)

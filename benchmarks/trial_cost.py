@@ -3,9 +3,9 @@
 
     .venv/bin/python benchmarks/trial_cost.py                  # resnet_small and tiny_gpt, 20 repeats
 
-Timed directly, medians: ``TrainingSnapshot.take``; putting it back (``restore`` of the model, optimizer,
-schedule and RNG, and the data stream reopened at its position, up to its first batch, less a batch's
-usual wait), twice; against the trainer's checkpoint of the same state written, published and loaded
+Timed directly, medians: ``TrainingParts.snapshot``; putting it back (``restore`` of the model, optimizer,
+schedule, GradScaler, RNG and data position, and the data stream reopened there, up to its first batch, less
+a batch's usual wait), twice; against the trainer's checkpoint of the same state written, published and loaded
 back into the model, optimizer and schedule. Timing the trial whole against 2K steps timed beside it
 does not resolve this on a VM whose speed drifts by a third over seconds.
 """
@@ -39,7 +39,7 @@ def measure(name: str, rounds: int) -> None:
     seed_everything(config.seed)
     trainer = Trainer(config, load_workload(spec), observers=[], checkpoint_dir=scratch)
     trainer.train_steps(5)
-    from torchlab.core.engine.trials import TrainingSnapshot
+    parts = trainer.parts
 
     def timed(call, repeat: int = rounds) -> float:
         times = []
@@ -49,13 +49,13 @@ def measure(name: str, rounds: int) -> None:
             times.append(time.perf_counter() - started)
         return statistics.median(times)
 
-    snapshot = TrainingSnapshot.take(trainer.model, trainer.optimizer, trainer.scheduler, None, trainer.data.position)
-    take = timed(lambda: TrainingSnapshot.take(trainer.model, trainer.optimizer, trainer.scheduler, None, trainer.data.position))
-    restore = timed(lambda: snapshot.restore(trainer.model, trainer.optimizer, trainer.scheduler))
+    snapshot = parts.snapshot()
+    take = timed(parts.snapshot)
+    restore = timed(lambda: parts.restore(snapshot))  # its data position too: the loader reopens at the next batch
 
     def reopen() -> None:
-        trainer.data.restore(snapshot.data)
-        trainer.data.next_batch()
+        parts.data.load_state_dict(snapshot["data"])
+        parts.data.next_batch()
 
     batch = timed(trainer.data.next_batch)
     reopened = timed(reopen) - batch

@@ -51,7 +51,7 @@ def test_compile_applies_at_a_step_boundary_with_its_compile_time_outside_the_st
     eager, compiled, eager_again = seen.at(2)["memory"], seen.at(4)["memory"], seen.at(6)["memory"]
     assert compiled.activations_bytes < eager.activations_bytes == eager_again.activations_bytes
     assert {entry.module for entry in compiled.by_module} == {"(root)", "(loss_fn)"}
-    assert trainer.forward_model is trainer.model
+    assert trainer.parts.model.running is trainer.model
 
 
 def test_a_workload_whose_loss_fn_returns_its_metrics_compiles_and_reports_them_compiled():
@@ -157,7 +157,7 @@ def test_a_trial_on_a_compiled_run_leaves_the_runs_losses_as_they_were():
     [result] = seen.of("trial_result")
     assert result["error"] is None and [arm.steps for arm in result["arms"]] == [3, 3]
     assert losses(seen) == losses(seen_untried)
-    assert trainer.options == untried.options and trainer.forward_model is not trainer.model
+    assert trainer.options == untried.options and trainer.parts.model.running is not trainer.model
 
 
 def test_a_checkpointing_change_that_cannot_compile_is_refused_and_leaves_the_blocks_as_they_were(monkeypatch):
@@ -166,12 +166,12 @@ def test_a_checkpointing_change_that_cannot_compile_is_refused_and_leaves_the_bl
 
     trainer, seen = make_trainer(steps=4, options={"compile": True}, at=["3:checkpointing=on"])
     trainer.train_steps(2)
-    monkeypatch.setattr("torchlab.core.engine.trainer.compile_on_batch", fails)
+    monkeypatch.setattr("torchlab.core.engine.option_hooks.compile_on_batch", fails)
     trainer.run()
     [refusal] = seen.of("option_refused")
     assert refusal["option"] == "checkpointing"
     assert refusal["reason"].startswith("torch.compile could not compile this model with checkpointing=on: RuntimeError: simulated")
-    assert trainer.checkpointing.wrapped_blocks() == [] and trainer.options.checkpointing is False
+    assert trainer.parts.model.checkpointing.wrapped_blocks() == [] and trainer.options.checkpointing is False
 
 
 def test_activation_statistics_under_compile_come_from_an_uncompiled_step_left_out_of_the_impact():

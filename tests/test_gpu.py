@@ -18,7 +18,7 @@ def test_fp16_trains_on_cuda_with_a_grad_scaler_saved_in_checkpoints(tmp_path):
     trainer, seen = make_trainer(steps=12, device="cuda", checkpoint_dir=tmp_path, at=["4:amp=fp16", "9:amp=off"])
     assert trainer.run().status == "finished"
     assert [r["amp"] for r in seen.metrics][3:9] == ["fp16"] * 5 + ["off"]
-    assert trainer.precisions.state_dict() is not None  # the GradScaler is kept after switching back off
+    assert trainer.parts.precisions.state_dict() is not None  # the GradScaler is kept after switching back off
     assert load_checkpoint(tmp_path / "last.pt")["grad_scaler"]["scale"] > 0
     assert all(p.is_cuda and p.dtype == torch.float32 for p in trainer.model.parameters())
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchlab.core.engine.trainer import _ENACT_HOOKS
+from torchlab.core.engine.option_hooks import _ENACT_HOOKS
 from torchlab.core.launch.arguments import build_parser, resolve_config
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.options import LIVE_OPTIONS, OPTION_NAMES, Choice, LiveOptions, Number, OptionRefused, Switch

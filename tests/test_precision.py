@@ -86,7 +86,7 @@ def test_a_checkpoints_grad_scaler_is_restored_and_saved_again_while_fp16_is_off
 def test_an_fp16_overflow_skips_the_step_and_reports_the_scale_until_too_many_in_a_row():
     trainer, seen = make_trainer(f"{WORKLOADS / 'tiny.py'}:nan_in_backward", steps=40)
     # fp16 is refused on this CPU run; the loop is the same whatever built the precision.
-    trainer.precision = FP16Precision(CPU, torch.amp.GradScaler("cpu"))
+    trainer.parts.precisions.current = FP16Precision(CPU, torch.amp.GradScaler("cpu"))
     before = [p.detach().clone() for p in trainer.model.parameters()]
 
     outcome = trainer.run()

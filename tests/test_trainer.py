@@ -88,7 +88,7 @@ def test_a_world_size_change_needs_a_supervisor_to_relaunch():
 def test_a_world_size_change_checkpoints_and_ends_for_a_relaunch(tmp_path):
     trainer, seen = make_trainer(steps=8, checkpoint_dir=tmp_path, checkpoint_every=0, batch_size=16,
                                  at=["3:world_size=2", "3:clip=0.5", "4:accum=2"])
-    trainer.can_relaunch = True  # as the supervisor builds it
+    trainer.parts.world.can_relaunch = True  # as the supervisor builds it
     outcome = trainer.run()
     assert (outcome.status, outcome.step) == ("relaunch", 2)
     assert (outcome.relaunch.value, outcome.relaunch.previous, outcome.relaunch.step) == (2, 1, 3)
@@ -120,7 +120,7 @@ def test_checkpointing_toggles_in_place_without_renaming_parameters():
     trainer.run()
     assert [r["checkpointing"] for r in seen.metrics] == [False, True, True, True, False, False]
     assert [name for name, _ in trainer.model.named_parameters()] == names_before
-    assert not any("forward" in vars(block) for block in trainer.checkpointing.blocks.values())
+    assert not any("forward" in vars(block) for block in trainer.parts.model.checkpointing.blocks.values())
 
 
 def test_checkpointing_refused_when_the_model_has_no_blocks():
@@ -226,7 +226,7 @@ def test_metrics_carry_the_documented_keys():
     required = {"step", "loss", "lr", "samples_per_s", "step_time_s", "grad_norm_total", "grad_norms",
                 "amp", "checkpointing", "clip", "accum", "world_size"}
     assert required <= set(seen.metrics[0])
-    assert set(seen.metrics[0]["grad_norms"]) == set(trainer.grad_probe.module_names)
+    assert set(seen.metrics[0]["grad_norms"]) == set(trainer.instruments.grad_probe.module_names)
 
 
 def test_sgd_and_onecycle_schedule_train():

@@ -65,7 +65,7 @@ def test_a_trial_of_checkpointing_shows_fewer_activation_bytes_in_the_changed_ar
     changed, as_it_is = trial_results(seen)[0]["arms"]
     assert changed["activations_bytes"] < 0.8 * as_it_is["activations_bytes"]
     assert changed["losses"] == as_it_is["losses"]  # the same numbers, less memory
-    assert trainer.checkpointing.wrapped_blocks() == []  # and it is off again
+    assert trainer.parts.model.checkpointing.wrapped_blocks() == []  # and it is off again
 
 
 @pytest.mark.parametrize("option, value, reason", [

@@ -19,8 +19,8 @@ torchlab or by something else, and is refused too: torchlab loads only checkpoin
 is a check against damage, not a signature: whoever can write a file can write its digest.
 
 Loading uses ``weights_only=True``: a checkpoint holds tensors and plain values, never objects that run code
-when read. What the trainer resumes from is also checked against what its save writes (``load_training_state``,
-with core/engine/checkpoint_contents.py): a ``step`` that is text, a list where a dict belongs, an RNG state that
+when read. What the trainer resumes from is also checked against what its save writes, and read as a typed
+record (``load_training_state``, with core/engine/checkpoint_contents.py): a ``step`` that is text, a list where a dict belongs, an RNG state that
 would not load, a value nested deeper than torchlab nests, each is one ConfigError naming the entry, before any
 of it is used. A checkpoint never names code to import: core/launch/resume.py says when its stored workload is used.
 """
@@ -40,7 +40,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from torchlab.core.engine.checkpoint_contents import as_tuples, check_training_state
+from torchlab.core.engine.checkpoint_contents import TrainingState, as_tuples
 from torchlab.core.wire.errors import ConfigError, StorageError
 from torchlab.core.wire.runtime import remove_abandoned_temporaries
 from torchlab.core.wire.safe_open import open_regular
@@ -314,13 +314,18 @@ def load_checkpoint(path: Path, map_location: torch.device | str = "cpu", mmap: 
     return state
 
 
-def load_training_state(path: Path, map_location: torch.device | str = "cpu", mmap: bool = False) -> dict[str, Any]:
-    """``load_checkpoint``, checked against what the trainer's save writes (``check_training_state``): what a
-    resume trains from."""
+def load_training_state(path: Path, map_location: torch.device | str = "cpu", mmap: bool = False) -> TrainingState:
+    """``load_checkpoint``, checked against what the trainer's save writes and read as its record
+    (core/engine/checkpoint_contents.py): what a resume trains from."""
     path = checkpoint_file(path)
-    state = load_checkpoint(path, map_location, mmap)
-    check_training_state(state, path)
-    return state
+    return TrainingState.read(load_checkpoint(path, map_location, mmap), path)
+
+
+def peek_checkpoint(path: Path) -> Any:
+    """What the checkpoint ``path`` names holds, memory-mapped, without checking its digest or its entries (the
+    small entries are read at once, no tensor's bytes): for a glance before the trainer loads it; raises
+    whatever reading it raises."""
+    return torch.load(checkpoint_file(path), map_location="cpu", weights_only=True, mmap=True)
 
 
 _INTACT, _DAMAGED, _NO_DIGEST = "intact", "damaged", "no digest"

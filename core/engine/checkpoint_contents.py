@@ -1,10 +1,15 @@
-"""What a checkpoint the trainer resumes from must hold: each entry as the trainer's save writes it.
+"""What a checkpoint holds: ``TrainingState``, one typed field per entry of the file, and the checks that a
+checkpoint the trainer resumes from holds each entry as the trainer's save writes it.
+
+The trainer's parts give their ``state_dict`` to a ``TrainingState`` (core/engine/parts.py gathers them) and
+take it back from one; this module is the one place that reads a checkpoint's entries by name: the trainer,
+the supervisor (``saved_world_size``) and the resume (core/launch/resume.py) read the record's fields.
 
 A checkpoint is loaded with ``weights_only=True``, so it runs no code; but what loads may still be crafted (a
 ``step`` of ``"abc"``, a list where the optimizer's state belongs, an RNG state ``torch.set_rng_state`` rejects,
-a value nested thousands deep). ``check_training_state`` names the first such entry in one ConfigError, before
-any of it is used; ``check_model_fits`` compares a checkpoint's weights with the model a workload built.
-core/engine/checkpoint.py loads and writes checkpoints; this module only judges what one holds.
+a value nested thousands deep). ``TrainingState.read`` (with ``check_training_state``) names the first such entry
+in one ConfigError, before any of it is used; ``check_model_fits`` compares a checkpoint's weights with the model
+a workload built. core/engine/checkpoint.py loads and writes checkpoint files; this module only says what one holds.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +35,55 @@ _GRAD_SCALER_ENTRIES = ("scale", "growth_factor", "backoff_factor", "growth_inte
 #: Numbers of a parameter group that the optimizers read as numbers (a group may hold others, of other kinds).
 _GROUP_NUMBERS = ("lr", "initial_lr", "weight_decay", "momentum", "dampening", "eps", "alpha", "lr_decay")
 _MISSING = object()
+
+
+@dataclass
+class TrainingState:
+    """A checkpoint's contents as the trainer writes and reads them: one field per entry of the file, under the
+    entry's name (the file's format is unchanged: ``contents()`` is what ``torch.save`` writes).
+
+    ``data`` is the data position (``epoch``, ``samples``), ``options`` the live options by name, ``config`` the
+    run's configuration as TOML; ``scripted_through`` the last step whose ``--at``, ``--trial`` and
+    ``--profile-at`` entries were queued; ``elapsed_s`` the run's training time; ``rng_by_rank`` each rank's
+    generators, where the run had ranks (rank 0's are ``rng``)."""
+
+    step: int
+    model: dict[str, Any]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    grad_scaler: dict[str, Any] | None
+    rng: dict[str, Any]
+    data: dict[str, int]
+    options: dict[str, Any]
+    config: str
+    scripted_through: int
+    elapsed_s: float
+    rng_by_rank: list[dict[str, Any]] | None = None
+
+    @classmethod
+    def read(cls, contents: dict[str, Any], path: Path) -> TrainingState:
+        """The record of ``contents`` (loaded from ``path``), each entry checked first (``check_training_state``)."""
+        check_training_state(contents, path)
+        return cls(**{field.name: contents[field.name] for field in fields(cls) if field.name in contents})
+
+    def contents(self) -> dict[str, Any]:
+        """The entries the file holds, in the order the trainer has always written them; ``rng_by_rank`` only
+        with ranks. Not ``dataclasses.asdict``, which would copy every tensor's dict."""
+        contents = {field.name: getattr(self, field.name) for field in fields(self)}
+        if self.rng_by_rank is None:
+            del contents["rng_by_rank"]
+        return contents
+
+
+def saved_world_size(contents: Any) -> int | None:
+    """The world size a checkpoint's live options hold (1 where they hold none: from before it was live), or None
+    where they are not what the trainer writes (the trainer says why when it loads the checkpoint)."""
+    options = contents.get("options", {}) if isinstance(contents, Mapping) else None
+    try:
+        _options(options, "options", "the live options by name")
+    except _NotWritten:
+        return None
+    return options.get("world_size", 1)
 
 
 class _NotWritten(Exception):
@@ -268,7 +323,7 @@ def _options(value: Any, where: str, expected: str) -> None:
             raise _NotWritten(here, option_value, f"the option's value as it holds it ({shown(parsed)})")
 
 
-#: Each entry the trainer's save writes (core/engine/trainer.py, ``_save_checkpoint``): its check, and what it is.
+#: Each entry the trainer's save writes (``TrainingState``'s fields, ``rng_by_rank`` aside): its check, and what it is.
 _PARTS: dict[str, tuple[Callable[[Any, str, str], None], str]] = {
     "step": (_count, "a whole number from 0"),
     "model": (_model, "the model's tensors by parameter name"),

@@ -8,7 +8,7 @@ world size: a run resumed with w' ranks starts each rank at P[s + r::w'], and a 
 reads P[0:b], P[b:2b], ... as it always did. Iterable datasets are read in order: each global batch is
 b consecutive samples and rank r takes its slice of them; a resume skips the consumed samples.
 Neither path touches the global RNG (the DataLoader gets its own generator), which is what makes a
-resume bit-exact.
+resume bit-exact. The position is ``BatchStream``'s whole state (``state_dict``, ``load_state_dict``).
 
 The number of worker processes and pinned memory are live options: changing either drops the loader and
 opens a new one at the position (``configure``), so no sample is skipped or read twice, and the batches are
@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import operator
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -147,10 +148,21 @@ class BatchStream:
         self.position = DataPosition()
         self._iterator: Iterator | None = None
         self._peeked: Any = None  # the batch at the position, fetched by peek_batch and not yet taken
+        #: The batch ``next_batch`` returned last: the non-finite guard replays it, a compile at a boundary runs it.
+        self.last_batch: Any = None
+        #: Seconds ``next_batch`` made its caller wait since ``take_wait`` was last called.
+        self._waited_s = 0.0
 
     def restore(self, position: DataPosition) -> None:
         self.position = DataPosition(position.epoch, position.samples)
         self._iterator, self._peeked = None, None
+
+    def state_dict(self) -> dict[str, int]:
+        """The position, as checkpoints hold it under ``"data"``: the stream's only state (its loader reopens there)."""
+        return self.position.as_dict()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.restore(DataPosition.from_dict(state, self.batch_size))
 
     def configure(self, *, workers: int | None = None, pin_memory: bool | None = None) -> None:
         """Load with ``workers`` processes and/or ``pinned`` memory from the next batch on: the loader open now
@@ -160,11 +172,20 @@ class BatchStream:
         self._iterator, self._peeked = None, None  # its workers exit as it is collected; the next batch is read anew
 
     def next_batch(self) -> Any:
-        """The batch at the position, on the device; the position moves past it."""
+        """The batch at the position, on the device; the position moves past it. The time it took is the
+        caller's wait for data (``take_wait``)."""
+        started = time.perf_counter()
         batch = self._peeked if self._peeked is not None else self._fetch()
         self._peeked = None
         self.position.samples += self.batch_size
+        self.last_batch = batch
+        self._waited_s += time.perf_counter() - started
         return batch
+
+    def take_wait(self) -> float:
+        """The seconds ``next_batch`` took since the last call: a step's wait for its data."""
+        waited, self._waited_s = self._waited_s, 0.0
+        return waited
 
     def peek_batch(self) -> Any:
         """The batch at the position, on the device, without moving past it: ``next_batch`` returns it."""

@@ -1,19 +1,25 @@
-"""What a workload's ``loss_fn`` returns: the loss, or a mapping of the loss and the workload's own metrics.
+"""The workload's ``loss_fn`` as the trainer calls it (``LossFunction``), and what it returns: the loss, or a
+mapping of the loss and the workload's own metrics.
 
 ``{"loss": loss, "accuracy": accuracy}`` is Lightning's ``training_step`` convention. The metrics stay on the
 device: the trainer stacks them beside the loss, averages them over micro-batches and ranks, and reads them in
 the step's one host transfer (core/engine/step_report.py). Their names are fixed by the first step, so a
-metric's column means the same thing in every row of ``metrics.jsonl``.
+metric's column means the same thing in every row of ``metrics.jsonl``. A loss that is no scalar, or that
+does not require grad, and a first step that fails in the user's code, are WorkloadErrors naming that code.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
+from torchlab.core.engine.data import evaluation_batches
+from torchlab.core.engine.loading import describe_code, user_frame
+from torchlab.core.engine.memory import out_of_memory
 from torchlab.core.wire.errors import WorkloadError, shown
+from torchlab.core.workload import Workload
 
 #: The longest metric name a report carries (names are keys in every metrics row and chart titles).
 MAX_METRIC_NAME_CHARS = 40
@@ -71,3 +77,92 @@ class MetricNames:
             return None
         first = metrics[self.names[0]]
         return torch.stack([metrics[name].to(first.device) for name in self.names])
+
+
+class LossFunction:
+    """The workload's ``loss_fn`` as the steps call it: its loss checked, its own metrics stacked in the order
+    their names were first seen (``metric_names``), its errors on the first step of a process named in the user's
+    code. ``first_step`` says which step is that first one (a resumed process starts after its checkpoint)."""
+
+    def __init__(self, workload: Workload, device: torch.device, first_step: Callable[[], int]) -> None:
+        self.workload, self.device = workload, device
+        self.loss_fn = workload.loss_fn
+        self.where = describe_code(workload.loss_fn)
+        self.metric_names = MetricNames()
+        self._first_step = first_step
+
+    def __call__(self, model: torch.nn.Module, batch: Any, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The loss of one micro-batch through ``model``, and the workload's metrics as one vector (None without)."""
+        try:
+            output = self.loss_fn(model, batch)
+        except Exception as error:
+            # Out of memory is a resource problem, not a model that cannot eat its batch: say it as is.
+            if step != self._first_step() or out_of_memory(error):
+                raise
+            frame = user_frame(error.__traceback__)
+            where = f"{frame.filename}:{frame.lineno} in {frame.name}()" if frame else self.where
+            raise WorkloadError(
+                f"{where}: the first training step failed: {type(error).__name__}: {error}. "
+                f"The model cannot train on the batches its dataset gives (batch: {describe_batch(batch)})."
+            ) from error
+        loss, metrics = read_loss_output(output, self.where, self.device)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+            got = f"a tensor of shape {list(loss.shape)} and dtype {loss.dtype}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise WorkloadError(
+                f"{self.where}: loss_fn must return a scalar floating-point tensor, got {got} (reduce it, e.g. with .mean())."
+            )
+        if not loss.requires_grad:
+            raise WorkloadError(
+                f"{self.where}: the loss does not require grad, so nothing can train "
+                f"(was it computed under torch.no_grad(), or detached?)."
+            )
+        return loss, self.metric_names.stack(metrics, self.where, step)
+
+    def alone(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        """The loss ``loss_fn`` gives on ``batch``, its metrics (if it returns a mapping) left out: for the passes
+        that only backpropagate it, the compile at a boundary and the non-finite guard's replay."""
+        loss, _ = read_loss_output(self.loss_fn(model, batch), self.where, self.device)
+        return loss
+
+    def evaluate(self, model: torch.nn.Module, *, batch_size: int, limit: int, autocast: Callable[[], Any],
+                 step: int) -> tuple[float, dict[str, float] | None]:
+        """The mean loss over the first ``limit`` validation batches, and the workload's own metrics over them;
+        one host transfer for both."""
+        model.eval()
+        total, count = torch.zeros((), device=self.device), 0
+        metric_totals: torch.Tensor | None = None
+        try:
+            with torch.inference_mode(), autocast():
+                for batch in evaluation_batches(self.workload.val_dataset, batch_size=batch_size,
+                                                collate_fn=self.workload.collate_fn, limit=limit, device=self.device):
+                    loss, named = read_loss_output(self.loss_fn(model, batch), self.where, self.device)
+                    total += loss.float()
+                    metrics = self.metric_names.stack(named, self.where, step)
+                    if metrics is not None:
+                        metric_totals = metrics if metric_totals is None else metric_totals + metrics
+                    count += 1
+        finally:
+            model.train()
+        if metric_totals is None:
+            return total.item() / max(count, 1), None
+        values = torch.cat([total.reshape(1), metric_totals]).tolist()
+        return values[0] / max(count, 1), {name: value / max(count, 1) for name, value in zip(self.metric_names.names, values[1:])}
+
+
+def mean_of_micro_batches(losses: list[torch.Tensor], metrics: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The mean loss (fp32, on the device: no sync) and metrics of a step's micro-batches. With one micro-batch (the
+    common case) nothing is stacked: each such op is a kernel, ~20 us of a 10 ms step on a CPU."""
+    if len(losses) == 1:
+        return losses[0].float(), metrics[0]
+    mean_metrics = torch.stack(metrics).mean(dim=0) if metrics[0] is not None else None
+    return torch.stack(losses).float().mean(), mean_metrics
+
+
+def describe_batch(batch: Any) -> str:
+    if isinstance(batch, torch.Tensor):
+        return f"tensor{list(batch.shape)} {str(batch.dtype).removeprefix('torch.')}"
+    if isinstance(batch, (list, tuple)):
+        return "(" + ", ".join(describe_batch(item) for item in batch) + ")"
+    if isinstance(batch, dict):
+        return "{" + ", ".join(f"{key}: {describe_batch(value)}" for key, value in batch.items()) + "}"
+    return type(batch).__name__

@@ -5,16 +5,36 @@ temporary hooks on every module and reports the first place a value went non-fin
 a parameter already non-finite; the input batch; the first module (in execution order) whose output
 is non-finite; the loss function; then, in backward order, the first module whose input gradient is
 non-finite while its output gradient was finite, i.e. the module whose backward produced it.
+``stop_on_nonfinite`` is the trainer's guard: it localises the step's NaN and stops the run with it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
 from torchlab.core.engine.probes import ROOT_MODULE_NAME
+from torchlab.core.wire.errors import NonFiniteError
+
+
+def stop_on_nonfinite(step: int, loss_value: float, total_norm: float | None, *, model: torch.nn.Module,
+                      optimizer: torch.optim.Optimizer, run_loss: Callable[[], torch.Tensor], batch: Any) -> NoReturn:
+    """Raise the NonFiniteError of ``step`` (its loss, or its gradients' total norm, is NaN/Inf), naming where the
+    NaN came from: ``run_loss`` replays ``batch``, the step's last. The step's gradients are dropped, before the
+    replay and after it, and the weights are as the step before left them."""
+    optimizer.zero_grad(set_to_none=True)
+    report = localise_nonfinite(model, run_loss, batch)
+    optimizer.zero_grad(set_to_none=True)
+    report.update(step=step, loss=loss_value, grad_norm_total=total_norm)
+    where = f" in {report['module']}" if report["module"] else ""
+    raise NonFiniteError(
+        f"step {step}: non-finite {'loss' if not math.isfinite(loss_value) else 'gradient'} "
+        f"({report['phase']}{where}): {report['detail']}",
+        report,
+    )
 
 
 def localise_nonfinite(

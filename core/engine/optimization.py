@@ -1,5 +1,5 @@
 """The optimizer and its LR schedule, built-in (``--optimizer``, ``--schedule``) or the workload's own, and the
-live ``lr_scale`` on top of either.
+live ``lr_scale`` on top of either: ``Optimization``, the trainer's part that owns all three and their state.
 
 The scale must not feed back into the schedule. Built-in schedules are closed forms of the step, but a
 workload's scheduler may be chainable (``CosineAnnealingLR``, ``StepLR``, ``ExponentialLR`` compute the next LR
@@ -133,6 +133,70 @@ def group_names(optimizer: torch.optim.Optimizer) -> list[str]:
     """Each parameter group's name: its ``"name"`` entry where the workload gave one, else its index."""
     return [group["name"] if isinstance(group.get("name"), str) and group["name"] else str(index)
             for index, group in enumerate(optimizer.param_groups)]
+
+
+class Optimization:
+    """The trainer's optimization part: the optimizer, its LR schedule, and the live LR scale on top of both.
+
+    ``state_dict`` is the optimizer's and the scheduler's, which checkpoints hold under ``"optimizer"`` and
+    ``"scheduler"``; the scale is a live option, saved with the others."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, scheduler: LRScheduler) -> None:
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.lrs = LearningRates(optimizer, scheduler)
+        self.lr_scale = 1.0  # until the lr_scale option is enacted
+
+    def step_schedule(self) -> None:
+        """The schedule's step, from its own LRs, then the live scale on what it gives."""
+        self.lrs.step(self.lr_scale)
+
+    def scale_lr(self, scale: float) -> None:
+        """The schedule's LR times ``scale`` on every parameter group, from now on."""
+        self.lr_scale = scale
+        self.lrs.apply(scale)
+
+    def state_dict(self) -> dict[str, dict]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, dict]) -> None:
+        """Both states as saved (gradients dropped first), and the scale in force on the schedule's LRs."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.lrs.read_schedule()
+        self.lrs.apply(self.lr_scale)
+
+    def load_resumed(self, state: dict[str, dict], stored: TrainConfig, config: TrainConfig, workload: Workload,
+                     step: int) -> None:
+        """A checkpoint's optimizer and schedule, under a configuration that may differ from ``stored``, the one it
+        was saved with (an override given with ``--resume``): the built-in optimizer's state is kept only for the
+        same optimizer, and its LR and weight decay are this configuration's, not the ones saved in the optimizer's
+        and scheduler's state. A workload's own optimizer and scheduler are restored as saved; where ``--steps``
+        changed, the workload's scheduler is the one its factory builds for the new total, stepped to ``step``
+        (torchlab re-plans only its own schedules)."""
+        own_optimizer, own_scheduler = workload.optimizer is not None, workload.scheduler is not None
+        configured = [{"initial_lr": group["initial_lr"], "weight_decay": group["weight_decay"]} for group in self.optimizer.param_groups]
+        if own_optimizer or stored.optimizer == config.optimizer:
+            try:
+                self.optimizer.load_state_dict(state["optimizer"])
+            except (RuntimeError, ValueError, KeyError) as error:
+                raise ConfigError(f"--resume: the checkpoint does not fit this workload's model and optimizer: {error}") from None
+        if own_scheduler and stored.steps != config.steps:
+            step_to(self.scheduler, self.optimizer, step)  # the factory's plan for the new total
+        else:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if not own_optimizer:
+            for group, settings in zip(self.optimizer.param_groups, configured):
+                group.update(settings)
+        if not own_scheduler:
+            self.scheduler.base_lrs = [settings["initial_lr"] for settings in configured]
+        self.lrs.read_schedule()
+
+    def replan(self, config: TrainConfig, workload: Workload, step: int) -> None:
+        """The schedule for ``config``'s new total from ``step`` on (``replan_schedule``), the scale on it."""
+        self.scheduler = replan_schedule(self.scheduler, self.optimizer, config, workload, step)
+        self.lrs = LearningRates(self.optimizer, self.scheduler)
+        self.lrs.apply(self.lr_scale)
 
 
 class LearningRates:

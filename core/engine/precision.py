@@ -3,9 +3,10 @@
 As in Lightning Fabric's precision plugins, the hooks of ``Precision`` are the plain PyTorch calls and
 each mixed mode overrides what it must; the loop never branches on a mode, and never sees the fp16
 GradScaler. ``make_precision`` is the one place where the string ``"fp16"`` becomes behaviour; it
-refuses modes the device cannot run, with the reason. ``Precisions`` makes them for the trainer and
-keeps the one GradScaler: created when fp16 is first chosen, kept while another mode runs (switching fp16
-off and on again keeps its scale), saved in checkpoints and restored from them.
+refuses modes the device cannot run, with the reason. ``Precisions`` is the trainer's precision part: the
+mode in force (``current``), and the one GradScaler: created when fp16 is first chosen, kept while another
+mode runs (switching fp16 off and on again keeps its scale), saved in checkpoints and restored from them
+(``state_dict``, ``load_state_dict``).
 """
 
 from __future__ import annotations
@@ -106,14 +107,16 @@ def make_precision(
 
 
 class Precisions:
-    """The precision modes of one run on ``device``, and the state that outlives a mode: the GradScaler.
+    """The precision of one run on ``device``: the mode in force (``current``, full precision until the amp
+    option is enacted), and the state that outlives a mode: the GradScaler.
 
-    The trainer holds one of these, asks it for the ``Precision`` of each mode it switches to, and puts
-    ``state_dict()`` in its checkpoints under ``"grad_scaler"`` (None until fp16 was first chosen)."""
+    Its ``state_dict`` is the GradScaler's, in checkpoints under ``"grad_scaler"`` (None until fp16 was first
+    chosen)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._grad_scaler: torch.amp.GradScaler | None = None
+        self.current: Precision = Precision(device)
 
     def make(self, name: str) -> Precision:
         """The precision for ``name``, or OptionRefused with the reason (nothing changes then)."""
@@ -123,16 +126,12 @@ class Precisions:
         return self._grad_scaler.state_dict() if self._grad_scaler is not None else None
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        """Restore a checkpoint's GradScaler; None (a run that never chose fp16) leaves none."""
-        if state is not None:
-            self._get_grad_scaler().load_state_dict(state)
-
-    def restore(self, state: dict[str, Any] | None) -> None:
-        """As ``load_state_dict``, and a scaler made since (a trial of fp16) is dropped where ``state`` had none."""
+        """Restore a saved GradScaler into the one the fp16 mode holds; None (saved before fp16 was first chosen)
+        leaves none: a scaler made since (a trial of fp16) is dropped."""
         if state is None:
             self._grad_scaler = None
         else:
-            self.load_state_dict(state)
+            self._get_grad_scaler().load_state_dict(state)
 
     def _get_grad_scaler(self) -> torch.amp.GradScaler:
         if self._grad_scaler is None:

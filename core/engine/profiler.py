@@ -9,6 +9,9 @@ disk mid-profile leaves nothing behind, and the ``profile`` event carries the er
 In a private run directory the folders are 0700 and the files 0600, as everywhere in it (core/wire/storage.py).
 ``key_averages()`` in the trainer's own process took 3.2 s for five steps of tiny_gpt and, holding
 the GIL, slowed the training steps beside it 6x; a process of its own does not compete for the GIL.
+
+``Profiling`` is the trainer's side: a ``profile`` command starts a snapshot (one at a time, rank 0's),
+each step boundary marks it, and the run waits for the tables being built before it ends.
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from torchlab.core.wire.errors import StorageError
+from torchlab.core.wire import protocol as p
+from torchlab.core.wire.config import MAX_PROFILE_STEPS
+from torchlab.core.wire.errors import StorageError, shown
+from torchlab.core.wire.events import ProfileStarted
 from torchlab.core.engine.profile_tables import EXIT_STORAGE
 from torchlab.core.wire.runtime import process_running
 from torchlab.core.wire.storage import fsync_directory, make_folder, match_folder_privacy, remedy, storage_error
@@ -40,6 +46,53 @@ TABLES_TIMEOUT_S = 600
 #: A file system with less free space than this, just after the trace failed to export, was full.
 _FULL_BELOW_BYTES = 1 << 20
 _STAGING = re.compile(r"^\.\d{7,}\.tmp-(\d+)(?:-replaced)?$")
+
+
+class Profiling:
+    """The run's profiler snapshots: at most one recording (``recording``), and the tables of the finished ones
+    being built on their threads. Events go to ``emit``."""
+
+    def __init__(self, device: torch.device, directory: Path | None, emit: Callable[[p.Message], None]) -> None:
+        self.device, self.directory, self.emit = device, directory, emit
+        self.recording: ProfilerSnapshot | None = None
+        self._builds: list[threading.Thread] = []
+
+    def start(self, command: p.ProfileCommand, step: int) -> None:
+        """Profile ``command.steps`` steps from ``step``, or refuse with the reason."""
+        reason = None
+        if self.recording is not None:
+            reason = f"a profile is already recording (from step {self.recording.first_step})"
+        elif self.directory is None:
+            reason = "this run has no directory to write profiles to"
+        elif not 1 <= command.steps <= MAX_PROFILE_STEPS:
+            reason = f"profile steps must be from 1 to {MAX_PROFILE_STEPS}, got {shown(command.steps)}"
+        if reason is not None:
+            self.emit(p.OptionRefused(step=step, option="profile", value=command.steps, reason=reason, source=command.source))
+            return
+        self.recording = ProfilerSnapshot(self.device, self.directory / f"{step:07d}", step, command.steps, on_ready=self._ready)
+        self.emit(ProfileStarted(step=step, steps=command.steps, warmup=1, source=command.source))
+
+    def after_step(self, step: int) -> None:
+        """Mark the boundary after ``step``; a complete recording goes on to build its tables in the background."""
+        if self.recording is not None and self.recording.after_step(step):
+            self._builds.append(self.recording.builder)
+            self.recording = None
+
+    def abandon(self) -> None:
+        """The run ended mid-recording: nothing complete to report."""
+        if self.recording is not None:
+            self.recording.abandon()
+            self.recording = None
+
+    def wait_for_builds(self) -> None:
+        """A snapshot the user asked for is worth the wait (and holds its files until it is built)."""
+        for builder in self._builds:
+            builder.join()
+        self._builds.clear()
+
+    def _ready(self, report: dict[str, Any]) -> None:
+        """Called on the profiler's background thread once the tables are written."""
+        self.emit(p.ProfileReady(**report))
 
 
 class ProfilerSnapshot:

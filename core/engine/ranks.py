@@ -42,7 +42,8 @@ import psutil
 import torch
 
 from torchlab.core.engine import loopback_rendezvous
-from torchlab.core.engine.checkpoint import checkpoint_file
+from torchlab.core.engine.checkpoint import peek_checkpoint
+from torchlab.core.engine.checkpoint_contents import saved_world_size
 from torchlab.core.wire.config import TrainConfig, build_config, load_config_file
 from torchlab.core.engine.distributed import RankContext, check_world_size, rank_from_environment
 from torchlab.core.wire.errors import ConfigError, StorageError, TorchlabError, WorkloadError
@@ -55,7 +56,8 @@ from torchlab.core.wire.storage import create_file, make_folder, match_folder_pr
 from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
 from torchlab.core.wire.events import Relaunching, ResumeChangedSettings, ResumedFromCheckpoint, RunStarted
 from torchlab.core.wire.protocol import Error, Message, OptionApplied, StopCommand, TrainerCommand
-from torchlab.core.engine.trainer import Trainer, resolve_device
+from torchlab.core.engine.parts import resolve_device
+from torchlab.core.engine.trainer import Trainer
 
 TOKEN_VARIABLE = "TORCHLAB_SUPERVISOR_TOKEN"
 #: How long the supervisor waits for rank processes to leave after it asked them to (SIGTERM), before SIGKILL.
@@ -222,9 +224,6 @@ class Supervisor:
                 torch.cuda.empty_cache()  # and their cached GPU memory, which rank 0 will want on this GPU
 
     def _run_ranks(self, config: TrainConfig, resume: Path | None, explicit: set[str]) -> RunOutcome:
-        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
         from torchlab.core.engine.telemetry import TelemetrySampler
 
         loopback_rendezvous.register()
@@ -242,6 +241,30 @@ class Supervisor:
                 "--socket", str(channel.path), "--explicit-options", ",".join(sorted(explicit))]
         if resume is not None:
             args += ["--resume", str(resume)]
+        os.environ[TOKEN_VARIABLE] = channel.token  # children inherit it; it never appears on a command line
+        sampler = None
+        if config.telemetry_interval > 0:
+            sampler = TelemetrySampler(torch.device("cpu"), self._relay.on_telemetry, lambda: self.step, config.telemetry_interval)
+            sampler.start()
+        try:
+            failure = self._launch(args, logs, channel)
+        finally:
+            if sampler is not None:
+                sampler.stop()
+            os.environ.pop(TOKEN_VARIABLE, None)
+            with self._lock:
+                self._channel = None
+                self._pending = channel.close() + self._pending
+        return self._outcome_of_ranks(channel, failure)
+
+    def _launch(self, args: list[str], logs: Path, channel: RankChannel) -> BaseException | None:
+        """Start the ranks with torch's elastic launcher and wait for them; what the launcher raised, if anything.
+
+        The launcher runs on its own thread, so this thread's signal handlers stay the run's own (Ctrl-C: stop at
+        a boundary with a checkpoint) instead of the launcher's (terminate at once); a stop signalled meanwhile
+        goes to rank 0 as a command."""
+        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
         launch = LaunchConfig(
             min_nodes=1, max_nodes=1, nproc_per_node=self.world_size,
             run_id=f"torchlab-{uuid.uuid4().hex[:12]}",
@@ -254,20 +277,13 @@ class Supervisor:
         def launcher() -> None:
             try:
                 elastic_launch(launch, sys.executable)(*args)
-            except BaseException as error:  # reported by the supervisor's thread below
+            except BaseException as error:  # reported by the supervisor's thread
                 failure.append(error)
 
-        os.environ[TOKEN_VARIABLE] = channel.token  # children inherit it; it never appears on a command line
         # The launcher warns that, off the main thread, it cannot forward signals to its workers (ours
         # need none: they die with this process, and stop on a command), and logs each rank's failure,
         # which the supervisor reports itself, with the rank that caused it.
         logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
-        sampler = None
-        if config.telemetry_interval > 0:
-            sampler = TelemetrySampler(torch.device("cpu"), self._relay.on_telemetry, lambda: self.step, config.telemetry_interval)
-            sampler.start()
-        # The launcher runs on its own thread, so this thread's signal handlers stay the run's own
-        # (Ctrl-C: stop at a boundary with a checkpoint) instead of the launcher's (terminate at once).
         thread = threading.Thread(target=launcher, name="torchlab-launcher", daemon=True)
         stop_sent = False
         try:
@@ -281,12 +297,12 @@ class Supervisor:
             if thread.is_alive():  # leaving early (a second Ctrl-C): take the ranks down with us
                 _terminate_ranks()
                 thread.join(TERMINATE_GRACE_S + 5.0)
-            if sampler is not None:
-                sampler.stop()
-            os.environ.pop(TOKEN_VARIABLE, None)
-            with self._lock:
-                self._channel = None
-                self._pending = channel.close() + self._pending
+        return failure[0] if failure else None
+
+    def _outcome_of_ranks(self, channel: RankChannel, failure: BaseException | None) -> RunOutcome:
+        """How the ranks' run ended: rank 0's outcome, or the failure that ended it, reported."""
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
         outcome = channel.outcome
         if channel.storage_failure is not None:  # the run directory could not be written: that ended the run
             message = str(channel.storage_failure)
@@ -297,12 +313,11 @@ class Supervisor:
             return RunOutcome("failed", self.step, message, kind="StorageError")
         if outcome is not None and outcome.status == "usage":
             raise (ConfigError if outcome.kind == "ConfigError" else WorkloadError)(outcome.message)
-        if failure:
-            error = failure[0]
-            if isinstance(error, ChildFailedError):
-                rank, message, trace, exitcode = root_cause(error)
+        if failure is not None:
+            if isinstance(failure, ChildFailedError):
+                rank, message, trace, exitcode = root_cause(failure)
             else:
-                rank, message, trace, exitcode = None, f"the launcher failed: {type(error).__name__}: {error}", "", None
+                rank, message, trace, exitcode = None, f"the launcher failed: {type(failure).__name__}: {failure}", "", None
             self._relay.on_event(Error(step=self.step + 1, message=message, traceback=trace, rank=rank, exitcode=exitcode))
             return RunOutcome("failed", self.step, message)
         if outcome is None:
@@ -399,10 +414,10 @@ def initial_world_size(config: TrainConfig, resume: Path | None, explicit_option
     if "world_size" in explicit_options or resume is None:
         return config.options.world_size
     try:  # memory-mapped: only the small options entry is read
-        state = torch.load(checkpoint_file(resume), map_location="cpu", weights_only=True, mmap=True)
+        saved = saved_world_size(peek_checkpoint(resume))
     except Exception:  # missing or unreadable: the trainer says why when it loads it
         return config.options.world_size
-    return int(state.get("options", {}).get("world_size", 1))
+    return config.options.world_size if saved is None else saved
 
 
 def _with_world_size(config: TrainConfig, world_size: int) -> TrainConfig:

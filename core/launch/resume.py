@@ -116,14 +116,14 @@ def plan_training(args: argparse.Namespace) -> TrainingPlan:
         return TrainingPlan(config, explicit, workload_origin=workload_origin(args))
     checkpoint = checkpoint_file(args.resume)
     state = load_training_state(checkpoint, mmap=True)  # memory-mapped: the tensors are read once, for the digest
-    stored_settings = settings_from_toml(state["config"], f"the configuration in {checkpoint}")
+    stored_settings = settings_from_toml(state.config, f"the configuration in {checkpoint}")
     stored = build_config(stored_settings)
     file_settings, flags = setting_layers(args)
     if "workload" not in flags and "workload" not in file_settings:
         _refuse_to_import(stored.workload, checkpoint)
     layers = [stored_settings, file_settings, flags]
     config = build_config(*layers)
-    step = int(state["step"])
+    step = state.step
     if config.steps != stored.steps:
         config = build_config(*layers, _extension(stored, config, step, checkpoint))
     explicit = set(file_settings.get("options", {})) | set(flags["options"])
@@ -132,7 +132,7 @@ def plan_training(args: argparse.Namespace) -> TrainingPlan:
         for f in fields(TrainConfig)
         if f.name not in _NOT_COMPARED and _comparable(stored, f.name) != _comparable(config, f.name)
     ]
-    live_at_checkpoint = state.get("options", {})
+    live_at_checkpoint = state.options
     for name in sorted(explicit - {"world_size"}):  # the world size is the supervisor's to say
         value = getattr(config.options, name)
         if name in live_at_checkpoint and live_at_checkpoint[name] != value:

@@ -8,11 +8,11 @@ prompt and its row in the app's options panel. What a number accepts is its ``Bo
 of its type, range and off-word that every way of giving it goes through; the run's numeric settings
 (core/wire/config.py, ``--steps``, ``--keep-checkpoints``...) have theirs too, and ``steps`` is one definition
 as a setting and as a live option. What makes a value real is the trainer's: it enacts
-each option with the hook registered for that name (core/engine/trainer.py, ``@enacts``), and refuses
+each option with the hook registered for that name (core/engine/option_hooks.py, ``@enacts``), and refuses
 what *this* run cannot do (fp16 without CUDA, checkpointing of a model without blocks).
 
-Adding an option: one ``LiveOption`` here, appended to ``LIVE_OPTIONS``, and its enact hook in the
-trainer (the README's "Adding a live option").
+Adding an option: one ``LiveOption`` here, appended to ``LIVE_OPTIONS``, and its enact hook in
+core/engine/option_hooks.py (the README's "Adding a live option").
 """
 
 from __future__ import annotations

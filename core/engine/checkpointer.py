@@ -1,0 +1,125 @@
+"""The run's checkpoints, saved and resumed from: what the parts return, gathered in one place.
+
+As torchtitan's ``CheckpointManager``, the checkpointer knows nothing of the parts' insides: a save writes
+``TrainingParts.state_dict()`` (core/engine/parts.py), the typed record of core/engine/checkpoint_contents.py,
+as the file core/engine/checkpoint.py writes; a resume reads that record back into the parts, each with its own
+``load_state_dict``. Every rank calls ``save`` at the same step (each rank's RNG state is part of the
+checkpoint); rank 0 writes.
+
+A periodic checkpoint is written at once and made durable (fsyncs, renames: waiting on the disk) on a thread
+while the next step trains; that step waits for it before its metrics row (``finish``), so a checkpoint that
+fails stops the run before another row is written, as one written at once does. The others (final, requested,
+relaunch, trial, error) are made durable before ``save`` returns.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from torchlab.core.engine.checkpoint import CheckpointCadence, WrittenCheckpoint, load_training_state, write_checkpoint
+from torchlab.core.engine.checkpoint_contents import TrainingState, check_model_fits
+from torchlab.core.engine.distributed import seed_rank
+from torchlab.core.engine.parts import TrainingParts
+from torchlab.core.wire import protocol as p
+from torchlab.core.wire.config import config_from_toml
+from torchlab.core.wire.errors import ConfigError, StorageError
+from torchlab.core.wire.events import ResumedFromCheckpoint
+from torchlab.core.wire.options import STEPS, LiveOptions
+
+
+class Checkpointer:
+    """Saves the parts' state to ``directory`` (None: the run keeps no checkpoints) and resumes them from one."""
+
+    def __init__(self, parts: TrainingParts, directory: Path | None) -> None:
+        self.parts, self.directory = parts, directory
+        self.cadence = CheckpointCadence(parts.config.checkpoint_every)
+        self.last_step: int | None = None  # the step of the last checkpoint written (or resumed from)
+        self.resumed: ResumedFromCheckpoint | None = None  # reported when the run starts, once nothing more can fail
+        self._publishing: WrittenCheckpoint | None = None  # a periodic checkpoint made durable on its thread
+
+    def save(self, reason: str) -> None:
+        """A checkpoint of this step, for ``reason`` (``periodic``, ``final``, ``requested``, ``world_size``,
+        ``trial``, ``error``); see the module docstring."""
+        self.finish()  # one at a time, in step order
+        if self.directory is None:
+            return
+        parts = self.parts
+        started = time.perf_counter()
+        collectives = parts.world.collectives
+        rng_by_rank = collectives.gather_objects(parts.rngs.state_dict()) if collectives is not None else None
+        step = self.last_step = parts.progress.step
+        if not parts.world.reports:
+            return
+        state = parts.state_dict()
+        state.rng_by_rank = rng_by_rank
+        if reason not in ("world_size", "trial"):
+            # A checkpoint for a relaunch is taken after its boundary's commands and scripted changes were
+            # queued; the relaunched run must not queue those scripted changes again. Nor must a run resumed
+            # from the one taken before a trial queue that trial again: it stopped the run the first time.
+            state.scripted_through = step
+        written = write_checkpoint(self.directory, step, state.contents(), keep=parts.config.keep_checkpoints)
+        self.cadence.record(time.perf_counter() - started)
+        if reason == "periodic":
+            written.publish_in_background()
+            self._publishing = written
+            return
+        parts.reporter.emit(p.CheckpointSaved(step=step, path=str(written.publish()), reason=reason))
+
+    def finish(self) -> None:
+        """Wait for the periodic checkpoint being made durable on its thread, and report it; or raise the
+        StorageError that says why it failed."""
+        written, self._publishing = self._publishing, None
+        if written is None:
+            return
+        try:
+            path = written.wait()
+        except StorageError:
+            # As when a checkpoint fails at once: no other is written on that disk, so the message's
+            # "the previous checkpoint is intact" stays what to resume from.
+            self.last_step = self.parts.progress.step
+            raise
+        self.parts.reporter.emit(p.CheckpointSaved(step=written.step, path=str(path), reason="periodic"))
+
+    def resume(self, path: Path, explicit_options: Iterable[str]) -> LiveOptions:
+        """Load the checkpoint ``path`` names into the parts; return the options to run with: the checkpoint's,
+        but those given explicitly, and the configuration's total of steps (the checkpoint's, or ``--steps``).
+
+        The configuration may differ from the checkpoint's (an override given with ``--resume``): the model must
+        be the checkpoint's, and the optimizer and schedule follow their own rules (``Optimization.load_resumed``).
+        A checkpoint from before an option was live has no value for it: the configuration's (workers was a
+        setting of the configuration, which still reads it), else the default."""
+        parts, config = self.parts, self.parts.config
+        state = load_training_state(path, map_location=parts.device)
+        stored = config_from_toml(state.config, "the checkpoint's configuration")
+        check_model_fits(state.model, parts.model.state_dict(), stored.workload)
+        try:
+            parts.model.load_state_dict(state.model)
+        except (RuntimeError, ValueError, KeyError) as error:
+            raise ConfigError(f"--resume: the checkpoint does not fit this workload's model and optimizer: {error}") from None
+        parts.optimization.load_resumed({"optimizer": state.optimizer, "scheduler": state.scheduler}, stored, config,
+                                        parts.workload, state.step)
+        parts.precisions.load_state_dict(state.grad_scaler)
+        self._resume_random_states(state)
+        parts.data.load_state_dict(state.data)
+        parts.progress.load_state_dict({"step": state.step, "scripted_through": state.scripted_through,
+                                        "elapsed_s": state.elapsed_s})
+        self.last_step = state.step
+        options = LiveOptions(**{**config.options.as_dict(), **state.options})
+        for name in explicit_options:
+            options = options.with_value(name, getattr(config.options, name))
+        options = options.with_value(STEPS.name, config.steps)  # the checkpoint's total, or a resume's --steps
+        self.resumed = ResumedFromCheckpoint(step=state.step, options=options.as_dict())
+        return options
+
+    def _resume_random_states(self, state: TrainingState) -> None:
+        """Rank 0 (or the single process) continues the saved stream; rank r continues its own if the
+        checkpoint has one for this world size, else starts a fresh stream derived from (seed, step, r)."""
+        world = self.parts.world
+        if world.rank == 0:
+            self.parts.rngs.load_state_dict(state.rng)
+        elif state.rng_by_rank is not None and len(state.rng_by_rank) == world.size:
+            self.parts.rngs.load_state_dict(state.rng_by_rank[world.rank])
+        else:
+            seed_rank(self.parts.config.seed, state.step, world.rank)

@@ -1,0 +1,200 @@
+"""What a step measures besides training, and when: the step's instruments, behind two calls of the loop.
+
+``Instruments.plan`` decides before a step what it measures (``StepPlan``): per-module gradient norms when the
+probe's cadence says so (core/engine/probes.py), activation statistics every ``--act-stats-every`` report steps,
+memory by kind when its cadence says so (core/engine/memory.py), and whether the step reports at all. With
+ranks, rank 0's decisions for the next step (``NextStep``) are shared at the boundary, so every rank takes part
+in the same collectives. ``Instruments.watch`` measures one step (``StepWatch``): its clock, the hooks of a
+sampled step, the gradients' norms and bytes, torch.compile's graphs compiled during it, and its one host
+transfer; ``StepWatch.finish`` gives the step's ``StepReport``.
+
+A trial's steps are planned by the trial (core/engine/trials.py): they measure memory once, report nothing,
+and teach the cadences nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ContextManager
+
+import torch
+
+from torchlab.core.engine.compiling import compiled_graphs
+from torchlab.core.engine.memory import MemoryCadence, MemoryProbe, SavedTensorCount
+from torchlab.core.engine.parts import TrainingParts
+from torchlab.core.engine.profiler import Profiling
+from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, GradNorms, ProbeCadence
+from torchlab.core.engine.step_report import HostTransfer, HostValues, StepReport, stats_by_module
+
+_NOTHING = contextlib.nullcontext()
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """What one step measures besides training, decided before it starts.
+
+    ``report``: its figures go to a metrics row; ``activations``: activation statistics (hooks on this step
+    only; a compiled model runs uncompiled for it, since hooks added to a compiled model do not fire);
+    ``memory``: memory by kind (the first micro-batch's forward counted); ``probe``: per-module gradient norms.
+    ``trial``: a trial's step, whose figures teach the cadences nothing."""
+
+    report: bool = False
+    activations: bool = False
+    memory: bool = False
+    probe: bool = False
+    trial: bool = False
+
+
+#: A step that reports nothing and measures nothing (between report steps, with ``--log-every`` above 1).
+QUIET = StepPlan()
+
+
+@dataclass
+class NextStep:
+    """Rank 0's decisions for the next step, shared with every rank at the boundary (core/engine/commands.py):
+    whether it measures gradient norms, whether its report gathers each rank's figures, and whether a periodic
+    checkpoint follows it. Every rank then takes part in the same collectives at the same step."""
+
+    probe: bool = False
+    figures: bool = False
+    checkpoint: bool = False
+
+
+class Instruments:
+    """The probes of one run and their cadences (see the module docstring)."""
+
+    def __init__(self, parts: TrainingParts, profiling: Profiling) -> None:
+        self.parts, self.profiling = parts, profiling
+        model = parts.model.model
+        self.grad_probe = GradNormProbe(model)
+        self.cadence = ProbeCadence(parts.config.probe_every)
+        self.activation_probe = ActivationStatsProbe(model, self.grad_probe.module_names)
+        self.memory_probe = MemoryProbe(model, parts.model.checkpointing.wrapped_blocks)
+        self.memory_cadence = MemoryCadence(parts.config.memory_every)
+        self.next_step = NextStep()  # with ranks: set at each boundary, from rank 0's decisions
+        self.figures_gathered_at = -math.inf  # with ranks: when a report last gathered each rank's figures
+
+    def is_report_step(self, step: int) -> bool:
+        config = self.parts.config
+        return step % config.log_every == 0 or step == config.steps
+
+    def plan(self, step: int) -> StepPlan:
+        """What training's step ``step`` measures. Rank 0 reports memory (every rank holds alike); never under the
+        profiler, nor on a compiled run's step that runs uncompiled (its activations are not the compiled model's).
+        With ranks, rank 0's probe decision holds for every rank, so a non-finite gradient is seen by every rank
+        at the same step."""
+        if not self.is_report_step(step):
+            return QUIET
+        parts, every = self.parts, self.parts.config.act_stats_every
+        activations = every > 0 and step % every == 0
+        eager = activations and parts.model.compiled is not None
+        memory = (parts.world.reports and self.profiling.recording is None and not eager
+                  and self.memory_cadence.due(step))
+        probe = self.next_step.probe if parts.world.collectives is not None else self.cadence.should_probe(step)
+        return StepPlan(report=True, activations=activations, memory=memory, probe=probe)
+
+    def watch(self, plan: StepPlan, step: int) -> StepWatch:
+        """Start measuring ``step``: its clock starts now."""
+        return StepWatch(self, plan, step)
+
+
+class StepWatch:
+    """One step's instruments, from its start to its ``StepReport``."""
+
+    def __init__(self, instruments: Instruments, plan: StepPlan, step: int) -> None:
+        self._started = time.perf_counter()
+        self.instruments, self.plan, self.step = instruments, plan, step
+        self.options = instruments.parts.options  # commands change them only between steps: fixed for this one
+        self._graphs = compiled_graphs() if plan.report and instruments.parts.model.compiled is not None else None
+        self._saved: SavedTensorCount | None = None
+        self._gradients_bytes = 0
+        self._act_stats: torch.Tensor | None = None
+        if plan.activations:
+            instruments.activation_probe.attach()  # hooks only on sampled steps: on every step they cost ~35 %
+
+    def forward(self) -> ContextManager:
+        """Around a micro-batch's forward: on a memory step, the first one's tensors saved for backward are
+        counted (the next one's activations are made after the previous backward freed them)."""
+        if self.plan.memory and self._saved is None:
+            return self._counting_saved_tensors()
+        return _NOTHING
+
+    @contextlib.contextmanager
+    def _counting_saved_tensors(self) -> Iterator[None]:
+        with self.instruments.memory_probe.counting_saved_tensors() as saved:
+            self._saved = saved
+            yield
+
+    def gradients(self, clipping: bool) -> GradNorms | None:
+        """After the backward passes: the hooks of a sampled step removed, the gradients' bytes counted on a memory
+        step, and their norms measured on the device when the probe is due or clipping needs them (then the probe
+        costs nothing more). None: not measured, or no gradient."""
+        instruments = self.instruments
+        if self.plan.activations:
+            self._act_stats = instruments.activation_probe.detach()
+        if self._saved is not None:
+            self._gradients_bytes = instruments.memory_probe.gradients_bytes()
+        if not self.plan.probe and not clipping:
+            return None
+        probe_started = time.perf_counter()
+        norms = instruments.grad_probe.measure()
+        if self.plan.probe and norms is not None:
+            instruments.cadence.record_probe(self.step, time.perf_counter() - probe_started)  # it follows its cost
+        return norms
+
+    def to_host(self, loss: torch.Tensor, norms: GradNorms | None, clipped: torch.Tensor | None,
+                metrics: torch.Tensor | None) -> HostValues:
+        """Everything this step reports, moved to the host in one transfer: on CUDA, the step's sync point."""
+        transfer = HostTransfer()
+        transfer.add("loss", loss)
+        transfer.add("grad_norm_total", norms.total if norms is not None else None)
+        transfer.add("clipped", clipped)
+        transfer.add("grad_norms", norms.per_module if self.plan.probe and norms is not None else None)
+        transfer.add("act_stats", self._act_stats)
+        transfer.add("metrics", metrics)
+        return transfer.to_host()
+
+    def finish(self, host: HostValues, loss: float, grad_norm_total: float | None, stepped: bool,
+               lrs_used: list[float]) -> StepReport:
+        """The step as the host sees it, once its optimizer step is taken (the optimizer's state, counted on a
+        memory step, exists from the first). Its time is the step's own: reporting it is not part of it."""
+        step_time = time.perf_counter() - self._started
+        instruments, parts, plan = self.instruments, self.instruments.parts, self.plan
+        memory = None
+        if self._saved is not None:
+            memory = instruments.memory_probe.breakdown(self.step, self._saved, self._gradients_bytes,
+                                                        parts.optimization.optimizer, parts.device)
+        if not plan.trial:
+            instruments.cadence.record_step(step_time)
+            if memory is not None:
+                instruments.memory_cadence.measured()
+        # torch.compile compiled again in this step (a guard failed): its time is compile time, not training's.
+        compiling = self._graphs is not None and compiled_graphs() != self._graphs
+        grad_norms, act_stats, metrics = host.vector("grad_norms"), host.vector("act_stats"), host.vector("metrics")
+        lr_groups, metric_names = parts.lr_groups, parts.loss.metric_names.names
+        return StepReport(
+            step=self.step,
+            options=self.options,
+            loss=loss,
+            lr=lrs_used[0],
+            stepped=stepped,
+            grad_norm_total=grad_norm_total,
+            clipped=host.flag("clipped"),
+            grad_norms=_named(instruments.grad_probe.module_names, grad_norms),
+            act_stats=stats_by_module(instruments.activation_probe.module_names, act_stats) if act_stats is not None else None,
+            step_time_s=step_time,
+            data_wait_s=parts.data.take_wait(),
+            memory=memory,
+            metrics=_named(metric_names, metrics),
+            lrs=_named(lr_groups, lrs_used),
+            compiling=compiling,
+            ran_eagerly=plan.activations and parts.model.compiled is not None,
+        )
+
+
+def _named(names: Any, values: list[float] | None) -> dict[str, float] | None:
+    return dict(zip(names, values)) if names is not None and values is not None else None

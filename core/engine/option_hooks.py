@@ -1,0 +1,270 @@
+"""Each live option's hook: what makes a value real on this run's parts, at a step boundary.
+
+One hook per option of the registry (core/wire/options.py), registered with ``@enacts``: called with the parsed
+value before ``parts.options`` changes, it raises OptionRefused for what this run cannot do, having changed
+nothing. It returns None, a sentence that says what the change did (said with its acknowledgement: "compiled in
+21.3 s"), or False where the change is not in force yet (a world size takes a relaunch). A live option added to
+the registry without its hook is a TypeError at import, not at its first use.
+
+``apply_change`` is a ``set`` command at a boundary (acknowledged or refused, with the step it took effect at);
+``enact_initial`` the options a run starts with, where a refusal is the ConfigError of the flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torchlab.core.engine.compiling import compile_model, compile_on_batch, failure_reason
+from torchlab.core.engine.distributed import check_world_size
+from torchlab.core.engine.optimization import group_names
+from torchlab.core.engine.outcome import WorldSizeChange
+from torchlab.core.engine.parts import TrainingParts
+from torchlab.core.engine.precision import Precision
+from torchlab.core.wire import protocol as p
+from torchlab.core.wire.errors import ConfigError
+from torchlab.core.wire.events import CompileStarted
+from torchlab.core.wire.options import (
+    ACCUM, AMP, CHECKPOINTING, CLIP, COMPILE, LIVE_OPTIONS, LR_SCALE, PIN_MEMORY, STEPS, WORKERS, WORLD_SIZE, LiveOption,
+    LiveOptions, OptionRefused, live_option,
+)
+
+#: Each live option's hook, by option name: filled by ``@enacts`` below.
+_ENACT_HOOKS: dict[str, Callable[[TrainingParts, Any], bool | str | None]] = {}
+
+
+def enacts(option: LiveOption) -> Callable[[Callable], Callable]:
+    """Register the decorated function as the hook that makes ``option``'s values real."""
+
+    def register(hook: Callable) -> Callable:
+        _ENACT_HOOKS[option.name] = hook
+        return hook
+
+    return register
+
+
+def enact(parts: TrainingParts, option: LiveOption, value: Any) -> bool | str | None:
+    """Make ``option=value`` real on this run with the option's hook, or raise OptionRefused without changing
+    anything (see the module docstring for what it returns)."""
+    return _ENACT_HOOKS[option.name](parts, value)
+
+
+def for_this_device(parts: TrainingParts, option: LiveOption, value: Any) -> Any:
+    """``value``, or for pin_memory's ``auto`` (None) what it is on this run's device: on with CUDA, off
+    elsewhere, as the DataLoader always had it before it was a live option."""
+    if option is PIN_MEMORY and value is None:
+        return parts.device.type == "cuda"
+    return value
+
+
+def apply_change(parts: TrainingParts, command: p.SetCommand, step: int) -> WorldSizeChange | None:
+    """A ``set`` command at the boundary before ``step``: enacted and acknowledged, or refused with the reason
+    (the run goes on unchanged). A new world size takes new processes: it is returned, for the trainer to
+    checkpoint and end with ``relaunch`` after this boundary; the supervisor acknowledges it once the new ranks train."""
+    try:
+        option = live_option(command.option)
+        value = for_this_device(parts, option, option.parse(command.value))
+        previous = getattr(parts.options, option.name)
+        outcome = enact(parts, option, value)
+    except OptionRefused as refusal:
+        parts.reporter.emit(p.OptionRefused(
+            step=step, option=command.option, value=jsonable(command.value), reason=str(refusal), source=command.source,
+        ))
+        return None
+    parts.options = parts.options.with_value(option.name, value)
+    if outcome is False:
+        return WorldSizeChange(value, parts.world.size, step, command.source)
+    if parts.device.type == "cuda":  # each option segment reports its own peak memory
+        torch.cuda.reset_peak_memory_stats(parts.device)
+    parts.reporter.emit(p.OptionApplied(
+        step=step, option=option.name, value=value, previous=previous, display=option.format(value), source=command.source,
+        detail=outcome if isinstance(outcome, str) else "",
+    ))
+    return None
+
+
+def enact_initial(parts: TrainingParts, options: LiveOptions) -> None:
+    """The options the run starts with, each enacted; one this run cannot take is the ConfigError of its flag."""
+    if options.world_size != parts.world.size:
+        raise ConfigError(
+            f"world_size (--world-size) {options.world_size}: this process trains as one of {parts.world.size}; "
+            f"ranks are started by torchlab-tui's supervisor or by torchrun."
+        )
+    options = options.with_value(PIN_MEMORY.name, for_this_device(parts, PIN_MEMORY, options.pin_memory))
+    for option, value in options.items():
+        try:
+            enact(parts, option, value)
+        except OptionRefused as refusal:
+            raise ConfigError(f"{option.name} ({option.flag}) {option.format(value)}: {refusal}.") from None
+    parts.options = options
+
+
+def jsonable(value: Any) -> Any:
+    """A value a command carried, as an event repeats it."""
+    return value if isinstance(value, (str, int, float, bool)) or value is None else repr(value)
+
+
+# ---------------------------------------------------------------------- each live option's hook
+
+@enacts(AMP)
+def _enact_amp(parts: TrainingParts, mode: str) -> str | None:
+    precision = parts.precisions.make(mode)
+    compiled = None
+    if parts.model.compiled is not None and mode != parts.precisions.current.name:
+        # Autocast is part of what a compiled graph assumes: compile for the new precision now, not in a step.
+        compiled = compile_now(parts, parts.model.compiled, precision, f"with amp={mode}")
+    parts.precisions.current = precision
+    return compiled
+
+
+@enacts(CHECKPOINTING)
+def _enact_checkpointing(parts: TrainingParts, on: bool) -> str | None:
+    checkpointing = parts.model.checkpointing
+    if on and not checkpointing.blocks:
+        raise OptionRefused(
+            "this model has no checkpoint blocks (no ModuleList/Sequential with several children); "
+            "name them in Workload.checkpoint_blocks"
+        )
+    was_on = bool(checkpointing.wrapped_blocks())
+    checkpointing.enable() if on else checkpointing.disable()
+    if parts.model.compiled is None or on == was_on:
+        return None
+    try:  # the blocks' forward changed under the compiled graph: compile the model with it now, not in a step
+        return compile_now(parts, parts.model.compiled, parts.precisions.current, f"with checkpointing={CHECKPOINTING.format(on)}")
+    except OptionRefused:
+        checkpointing.disable() if on else checkpointing.enable()
+        raise
+
+
+@enacts(COMPILE)
+def _enact_compile(parts: TrainingParts, on: bool) -> str | None:
+    """The model the steps run: torch.compile's (of the DDP wrapper with ranks, as PyTorch advises, so that its
+    graphs break at DDP's gradient buckets), or the model itself (core/engine/compiling.py)."""
+    if not on:
+        parts.model.set_compiled(None)
+        return None
+    if parts.model.compiled is not None:
+        return None
+    compiled = compile_model(parts.model.eager)
+    said = compile_now(parts, compiled, parts.precisions.current, "")
+    parts.model.set_compiled(compiled)
+    return said
+
+
+@enacts(WORKERS)
+def _enact_workers(parts: TrainingParts, workers: int) -> str | None:
+    if workers == parts.data.workers:
+        return None
+    parts.data.configure(workers=workers)
+    return _loader_restarts(parts)
+
+
+@enacts(PIN_MEMORY)
+def _enact_pin_memory(parts: TrainingParts, pinned: bool) -> str | None:
+    if pinned and parts.device.type != "cuda":
+        raise OptionRefused(
+            f"pinned memory speeds up copies of batches from the host to a CUDA device; this run trains on "
+            f"{parts.device.type}, where batches are not copied"
+        )
+    if pinned == parts.data.pin_memory:
+        return None
+    parts.data.configure(pin_memory=pinned)
+    return _loader_restarts(parts)
+
+
+@enacts(CLIP)
+def _enact_clip(parts: TrainingParts, max_norm: float | None) -> None:
+    """Read at each step (``Trainer.train_step``): nothing to change here."""
+
+
+@enacts(ACCUM)
+def _enact_accum(parts: TrainingParts, micro_steps: int) -> None:
+    """Read at each step (``Trainer.train_step``): nothing to change here."""
+
+
+@enacts(LR_SCALE)
+def _enact_lr_scale(parts: TrainingParts, scale: float) -> None:
+    parts.optimization.scale_lr(scale)
+
+
+@enacts(STEPS)
+def _enact_steps(parts: TrainingParts, total: int) -> str | None:
+    """Train to step ``total``: the loop, the final evaluation and checkpoint follow ``parts.config.steps``; the
+    schedule re-plans from here as a resume with ``--steps`` does (core/engine/schedule.py). A workload's own
+    scheduler, built again for the new total, may set another LR here: that is said, not left to be found in
+    the chart."""
+    config, step, optimization = parts.config, parts.progress.step, parts.optimization
+    if total == config.steps:
+        return None
+    if total < step:
+        raise OptionRefused(f"the run is at step {step} already: train to step {step} or later")
+    extensions = config.schedule_extensions
+    if not extensions or extensions[-1][0] != step:  # a second change at one boundary keeps the first's
+        extensions = (*extensions, (step, config.steps))
+    try:
+        replanned = dataclasses.replace(config, steps=total, schedule_extensions=extensions,
+                                        warmup_steps=config.resolved_warmup_steps)  # the warm-up stays where it is
+    except ConfigError as error:
+        raise OptionRefused(str(error).rstrip(".")) from None
+    before = optimization.lrs.scheduled[0] * optimization.lr_scale
+    optimization.replan(replanned, parts.workload, step)
+    parts.config = replanned
+    after = optimization.lrs.scheduled[0] * optimization.lr_scale
+    if parts.workload.scheduler is None or math.isclose(before, after, rel_tol=1e-3):
+        return None
+    groups = group_names(optimization.optimizer)
+    group = f" (group {groups[0]})" if len(groups) > 1 else ""
+    return f"the workload's scheduler, built for {total:,} steps, moves the LR{group} {before:.1e} → {after:.1e}"
+
+
+@enacts(WORLD_SIZE)
+def _enact_world_size(parts: TrainingParts, size: int) -> bool:
+    world = parts.world
+    if size == world.size:
+        return True
+    if world.ranks is not None and not world.ranks.supervised:
+        raise OptionRefused(
+            f"the world size is fixed by the launcher that started these ranks (torchrun); to train with "
+            f"{size}, stop the run and start it again with --nproc-per-node and --resume"
+        )
+    check_world_size(size, device=parts.device, batch_size=parts.batch_size)
+    if not world.can_relaunch:
+        raise OptionRefused(
+            "this trainer has no supervisor to relaunch it with another world size (or no checkpoint "
+            "directory to relaunch from)"
+        )
+    return False
+
+
+def _loader_restarts(parts: TrainingParts) -> str:
+    position = parts.data.position
+    return f"the data loader starts again at sample {position.samples:,} of epoch {position.epoch}"
+
+
+def compile_now(parts: TrainingParts, compiled: torch.nn.Module, precision: Precision, what: str) -> str:
+    """Compile ``compiled``'s forward and backward at this boundary on a batch (the last step's, or the next one,
+    left for the step), changing nothing else (core/engine/compiling.py); say how long it took, or raise
+    OptionRefused with torch.compile's reason."""
+    batch = parts.data.last_batch if parts.data.last_batch is not None else parts.data.peek_batch()
+    parts.reporter.emit(CompileStarted(step=parts.progress.step + 1, detail=what))  # seconds to minutes: say why training waits
+
+    def forward_and_backward() -> None:
+        with precision.autocast():
+            loss = parts.loss.alone(compiled, batch)
+        loss.backward()
+
+    try:
+        seconds = compile_on_batch(parts.model.model, forward_and_backward)
+    except Exception as error:  # whatever stops the compiled model from training: the change is refused
+        raise OptionRefused(f"torch.compile could not compile this model{' ' + what if what else ''}: "
+                            f"{failure_reason(error)}; it trains on as it was") from None
+    return f"compiled{' ' + what if what else ''} in {seconds:.1f} s, outside the step times"
+
+
+_WITHOUT_HOOK = [option.name for option in LIVE_OPTIONS if option.name not in _ENACT_HOOKS]
+if _WITHOUT_HOOK:  # a live option added to the registry without its hook: say so at import, not at its first use
+    raise TypeError(f"live option(s) without an enact hook (core/engine/option_hooks.py, @enacts): {', '.join(_WITHOUT_HOOK)}")
