@@ -3,9 +3,9 @@
 
     .venv/bin/python benchmarks/trial_cost.py                  # resnet_small and tiny_gpt, 20 repeats
 
-Timed directly, medians: ``TrainingParts.snapshot``; putting it back (``restore`` of the model, optimizer,
-schedule, GradScaler, RNG and data position, and the data stream reopened there, up to its first batch, less
-a batch's usual wait), twice; against the trainer's checkpoint of the same state written, published and loaded
+Timed directly, medians: ``Checkpointer.snapshot``; putting it back (``restore`` of the model, optimizer,
+schedule, GradScaler, RNG, data position and options, and the data stream reopened there, up to its first
+batch, less a batch's usual wait), twice; against the trainer's checkpoint of the same state written, published and loaded
 back into the model, optimizer and schedule. Timing the trial whole against 2K steps timed beside it
 does not resolve this on a VM whose speed drifts by a third over seconds.
 """
@@ -39,7 +39,7 @@ def measure(name: str, rounds: int) -> None:
     seed_everything(config.seed)
     trainer = Trainer(config, load_workload(spec), observers=[], checkpoint_dir=scratch)
     trainer.train_steps(5)
-    parts = trainer.parts
+    parts, checkpoints = trainer.parts, trainer.checkpoints
 
     def timed(call, repeat: int = rounds) -> float:
         times = []
@@ -49,9 +49,9 @@ def measure(name: str, rounds: int) -> None:
             times.append(time.perf_counter() - started)
         return statistics.median(times)
 
-    snapshot = parts.snapshot()
-    take = timed(parts.snapshot)
-    restore = timed(lambda: parts.restore(snapshot))  # its data position too: the loader reopens at the next batch
+    snapshot = checkpoints.snapshot()
+    take = timed(checkpoints.snapshot)
+    restore = timed(lambda: checkpoints.restore(snapshot))  # its data position too: the loader reopens at the next batch
 
     def reopen() -> None:
         parts.data.load_state_dict(snapshot["data"])

@@ -18,6 +18,7 @@ from torchlab.core.engine.optimization import Optimization
 from torchlab.core.engine.parts import Progress, RandomStates
 from torchlab.core.engine.precision import Precisions
 from torchlab.core.wire.errors import ConfigError
+from torchlab.core.wire.options import OptionRefused
 
 SCALER_STATE = {"scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000, "_growth_tracker": 7}
 
@@ -95,21 +96,38 @@ def test_optimization_round_trip_restores_moments_and_schedule_under_the_scale_i
     assert moments == [True, True]
 
 
+def test_the_options_round_trip_enacts_what_differs_and_a_refused_one_changes_nothing():
+    trainer, _ = make_trainer(steps=20)
+    trainer.train_steps(2)
+    options = trainer.checkpoints.states["options"]
+    saved = options.state_dict()
+    scheduled = trainer.parts.optimization.lrs.scheduled[0]
+    options.load_state_dict({**saved, "lr_scale": 0.25, "checkpointing": True})
+    assert trainer.options.lr_scale == 0.25 and trainer.optimizer.param_groups[0]["lr"] == 0.25 * scheduled
+    assert trainer.parts.model.checkpointing.wrapped_blocks()  # enacted, not only held
+    options.load_state_dict(saved)
+    assert trainer.options.as_dict() == saved and trainer.optimizer.param_groups[0]["lr"] == scheduled
+    assert trainer.parts.model.checkpointing.wrapped_blocks() == []
+    with pytest.raises(OptionRefused, match="fp16 needs CUDA"):
+        options.load_state_dict({**saved, "amp": "fp16"})
+    assert options.state_dict() == saved and trainer.parts.precisions.current.name == "off"
+
+
 def test_a_snapshot_put_back_trains_on_as_if_the_steps_after_it_never_ran():
     trainer, _ = make_trainer(steps=20, options={"clip": "0.5"})
     trainer.train_steps(3)
-    snapshot = trainer.parts.snapshot()
+    snapshot = trainer.checkpoints.snapshot()
     ahead = _losses(trainer, 4)
-    trainer.parts.restore(snapshot)
+    trainer.checkpoints.restore(snapshot)
     assert _losses(trainer, 4) == ahead  # the same weights, moments, LR, random numbers and batches
-    trainer.parts.restore(snapshot)  # as often as needed: the snapshot itself is never trained on
+    trainer.checkpoints.restore(snapshot)  # as often as needed: the snapshot itself is never trained on
     assert _losses(trainer, 4) == ahead
 
 
 def test_the_checkpoint_is_what_the_parts_return_as_one_record(tmp_path):
     trainer, _ = make_trainer(steps=20, options={"lr_scale": "0.5"})
     trainer.train_steps(5)
-    state = trainer.parts.state_dict()
+    state = trainer.checkpoints.state_dict()
     assert (state.step, state.options["lr_scale"], state.data) == (5, 0.5, trainer.data.state_dict())
     assert state.grad_scaler is None and state.rng_by_rank is None and "rng_by_rank" not in state.contents()
     buffer = io.BytesIO()
@@ -127,7 +145,7 @@ def test_the_record_has_a_field_for_each_entry_the_checks_know():
 def test_a_record_is_read_only_once_its_entries_are_checked(tmp_path):
     trainer, _ = make_trainer(steps=4)
     trainer.train_steps(2)
-    contents = trainer.parts.state_dict().contents()
+    contents = trainer.checkpoints.state_dict().contents()
     with pytest.raises(ConfigError, match="its step is 'two', where torchlab writes a whole number from 0"):
         TrainingState.read({**contents, "step": "two"}, tmp_path / "c.pt")
 

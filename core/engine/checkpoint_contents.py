@@ -1,7 +1,7 @@
 """What a checkpoint holds: ``TrainingState``, one typed field per entry of the file, and the checks that a
 checkpoint the trainer resumes from holds each entry as the trainer's save writes it.
 
-The trainer's parts give their ``state_dict`` to a ``TrainingState`` (core/engine/parts.py gathers them) and
+The trainer's parts give their ``state_dict`` to a ``TrainingState`` (core/engine/checkpointer.py gathers them) and
 take it back from one; this module is the one place that reads a checkpoint's entries by name: the trainer,
 the supervisor (``saved_world_size``) and the resume (core/launch/resume.py) read the record's fields.
 

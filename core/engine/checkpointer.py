@@ -1,9 +1,11 @@
 """The run's checkpoints, saved and resumed from: what the parts return, gathered in one place.
 
-As torchtitan's ``CheckpointManager``, the checkpointer knows nothing of the parts' insides: a save writes
-``TrainingParts.state_dict()`` (core/engine/parts.py), the typed record of core/engine/checkpoint_contents.py,
-as the file core/engine/checkpoint.py writes; a resume reads that record back into the parts, each with its own
-``load_state_dict``. Every rank calls ``save`` at the same step (each rank's RNG state is part of the
+As torchtitan's ``CheckpointManager(states={...})``, the checkpointer holds the parts by the name of their entry
+(``states``) and knows nothing of their insides: ``state_dict`` gathers what each returns into the typed record
+of core/engine/checkpoint_contents.py (``TrainingState``), which a save writes as the file core/engine/checkpoint.py
+writes; a resume reads that record back into the parts, each with its own ``load_state_dict``. A trial's
+``snapshot`` is the same calls on the parts a step (or the trial) changes, copied in memory, and ``restore``
+their ``load_state_dict``. Every rank calls ``save`` at the same step (each rank's RNG state is part of the
 checkpoint); rank 0 writes.
 
 A periodic checkpoint is written at once and made durable (fsyncs, renames: waiting on the disk) on a thread
@@ -14,19 +16,26 @@ relaunch, trial, error) are made durable before ``save`` returns.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from torchlab.core.engine.checkpoint import CheckpointCadence, WrittenCheckpoint, load_training_state, write_checkpoint
 from torchlab.core.engine.checkpoint_contents import TrainingState, check_model_fits
 from torchlab.core.engine.distributed import seed_rank
-from torchlab.core.engine.parts import TrainingParts
+from torchlab.core.engine.option_hooks import OptionsInForce
+from torchlab.core.engine.parts import Stateful, TrainingParts
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.config import config_from_toml
 from torchlab.core.wire.errors import ConfigError, StorageError
 from torchlab.core.wire.events import ResumedFromCheckpoint
 from torchlab.core.wire.options import STEPS, LiveOptions
+
+#: The parts a trial's snapshot copies: what a step changes, and the options the trial changes. Not the progress:
+#: a trial takes no step, and its time is the run's.
+TRIAL_STATES = ("model", "optimization", "grad_scaler", "rng", "data", "options")
 
 
 class Checkpointer:
@@ -34,10 +43,44 @@ class Checkpointer:
 
     def __init__(self, parts: TrainingParts, directory: Path | None) -> None:
         self.parts, self.directory = parts, directory
+        #: Each part with state, by the name of its entry in a checkpoint ("optimization": "optimizer" and
+        #: "scheduler"; "progress": "step", "scripted_through" and "elapsed_s").
+        self.states: dict[str, Stateful] = {
+            "model": parts.model, "optimization": parts.optimization, "grad_scaler": parts.precisions,
+            "rng": parts.rngs, "data": parts.data, "options": OptionsInForce(parts), "progress": parts.progress,
+        }
         self.cadence = CheckpointCadence(parts.config.checkpoint_every)
         self.last_step: int | None = None  # the step of the last checkpoint written (or resumed from)
         self.resumed: ResumedFromCheckpoint | None = None  # reported when the run starts, once nothing more can fail
         self._publishing: WrittenCheckpoint | None = None  # a periodic checkpoint made durable on its thread
+
+    def state_dict(self) -> TrainingState:
+        """The training state as each part gives it: what a checkpoint holds (``rng_by_rank`` is ``save``'s)."""
+        states = self.states
+        optimization, progress = states["optimization"].state_dict(), states["progress"].state_dict()
+        return TrainingState(
+            step=progress["step"],
+            model=states["model"].state_dict(),
+            optimizer=optimization["optimizer"],
+            scheduler=optimization["scheduler"],
+            grad_scaler=states["grad_scaler"].state_dict(),
+            rng=states["rng"].state_dict(),
+            data=states["data"].state_dict(),
+            options=states["options"].state_dict(),
+            config=self.parts.config.to_toml(from_workload=self.parts.from_workload),
+            scripted_through=progress["scripted_through"],
+            elapsed_s=progress["elapsed_s"],
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy in memory of what a trial changes (``TRIAL_STATES``, each part's ``state_dict``), for ``restore``."""
+        return {name: copy.deepcopy(self.states[name].state_dict()) for name in TRIAL_STATES}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Put back what ``snapshot`` copied, as often as needed: each part loads a copy of its state (a loaded
+        optimizer state may share the tensors it was given, which the next steps change in place)."""
+        for name, state in snapshot.items():
+            self.states[name].load_state_dict(copy.deepcopy(state))
 
     def save(self, reason: str) -> None:
         """A checkpoint of this step, for ``reason`` (``periodic``, ``final``, ``requested``, ``world_size``,
@@ -52,7 +95,7 @@ class Checkpointer:
         step = self.last_step = parts.progress.step
         if not parts.world.reports:
             return
-        state = parts.state_dict()
+        state = self.state_dict()
         state.rng_by_rank = rng_by_rank
         if reason not in ("world_size", "trial"):
             # A checkpoint for a relaunch is taken after its boundary's commands and scripted changes were

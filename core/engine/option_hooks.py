@@ -7,7 +7,8 @@ nothing. It returns None, a sentence that says what the change did (said with it
 the registry without its hook is a TypeError at import, not at its first use.
 
 ``apply_change`` is a ``set`` command at a boundary (acknowledged or refused, with the step it took effect at);
-``enact_initial`` the options a run starts with, where a refusal is the ConfigError of the flag.
+``enact_initial`` the options a run starts with, where a refusal is the ConfigError of the flag;
+``OptionsInForce`` the options as a part of the training state, which a trial changes and puts back.
 """
 
 from __future__ import annotations
@@ -101,6 +102,26 @@ def enact_initial(parts: TrainingParts, options: LiveOptions) -> None:
         except OptionRefused as refusal:
             raise ConfigError(f"{option.name} ({option.flag}) {option.format(value)}: {refusal}.") from None
     parts.options = options
+
+
+class OptionsInForce:
+    """The live options as a part of the training state: ``state_dict`` is their values by name (what checkpoints
+    hold under ``"options"``); ``load_state_dict`` enacts each value that differs from the one in force, then holds
+    them all, or raises OptionRefused having changed nothing where the first it enacts is refused (a trial's arm
+    changes an option with it, and its snapshot puts the options back with it)."""
+
+    def __init__(self, parts: TrainingParts) -> None:
+        self.parts = parts
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.parts.options.as_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        options = LiveOptions(**state)
+        for option, value in options.items():
+            if value != getattr(self.parts.options, option.name):
+                enact(self.parts, option, value)
+        self.parts.options = options
 
 
 def jsonable(value: Any) -> Any:

@@ -1,21 +1,18 @@
-"""The trainer's parts, each owning its state, and the one place that gathers them into a checkpoint's record.
+"""The trainer's parts, each owning its state: what the loop trains with (``TrainingParts``).
 
-As in torchtitan's trainer (``CheckpointManager(states={...})``), every part that has state has ``state_dict``
-and ``load_state_dict``: the model (``ModelForms``: the model and the forms the steps run it in), the optimizer
-and schedule (core/engine/optimization.py ``Optimization``), the precision with its GradScaler
-(core/engine/precision.py ``Precisions``), the data position (core/engine/data.py ``BatchStream``), the random
-number generators (``RandomStates``) and how far the run is (``Progress``); the live options are a value
-(``LiveOptions``) whose hooks make them real (core/engine/option_hooks.py).
-
-``TrainingParts.state_dict`` gathers what they return into the checkpoint's record (core/engine/checkpoint_contents.py
-``TrainingState``). A trial's snapshot (``TrainingParts.snapshot``) is the same calls on the parts a step changes,
-copied in memory, and putting it back is their ``load_state_dict``: the trial leaves no trace on training.
+As in torchtitan's trainer, every part that has state has ``state_dict`` and ``load_state_dict``: the model
+(``ModelForms``: the model and the forms the steps run it in), the optimizer and schedule
+(core/engine/optimization.py ``Optimization``), the precision with its GradScaler (core/engine/precision.py
+``Precisions``), the data position (core/engine/data.py ``BatchStream``), the random number generators
+(``RandomStates``) and how far the run is (``Progress``). The live options in force are a value here
+(``TrainingParts.options``); their part, whose ``load_state_dict`` enacts them, is core/engine/option_hooks.py's.
+core/engine/checkpointer.py gathers the parts by name, as torchtitan's ``CheckpointManager(states={...})``: a
+checkpoint is what they return, and a trial's snapshot is the same calls, in memory.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import time
 from collections.abc import Iterable
 from typing import Any, ContextManager, Protocol
@@ -24,7 +21,6 @@ import torch
 
 from torchlab.core.engine.activation_checkpointing import ActivationCheckpointing
 from torchlab.core.engine.checkpoint import capture_rng_state, restore_rng_state
-from torchlab.core.engine.checkpoint_contents import TrainingState
 from torchlab.core.engine.data import BatchStream
 from torchlab.core.engine.loss_output import LossFunction
 from torchlab.core.engine.distributed import (
@@ -230,36 +226,3 @@ class TrainingParts:
             collectives = Collectives(ranks, device)
         world = World(ranks, collectives, can_relaunch and (ranks is None or ranks.supervised))
         return cls(config, workload, world, device, batch_size, reporter)
-
-    # ------------------------------------------------------------------ state
-    def stepped(self) -> dict[str, Stateful]:
-        """The parts a training step changes, by the name of their entry in a checkpoint."""
-        return {"model": self.model, "optimization": self.optimization, "grad_scaler": self.precisions,
-                "rng": self.rngs, "data": self.data}
-
-    def state_dict(self) -> TrainingState:
-        """The training state as each part gives it: what a checkpoint holds (``rng_by_rank`` is the caller's)."""
-        optimization, progress = self.optimization.state_dict(), self.progress.state_dict()
-        return TrainingState(
-            step=progress["step"],
-            model=self.model.state_dict(),
-            optimizer=optimization["optimizer"],
-            scheduler=optimization["scheduler"],
-            grad_scaler=self.precisions.state_dict(),
-            rng=self.rngs.state_dict(),
-            data=self.data.state_dict(),
-            options=self.options.as_dict(),
-            config=self.config.to_toml(from_workload=self.from_workload),
-            scripted_through=progress["scripted_through"],
-            elapsed_s=progress["elapsed_s"],
-        )
-
-    def snapshot(self) -> dict[str, Any]:
-        """A copy in memory of what a step changes (each part's ``state_dict``), for ``restore``."""
-        return {name: copy.deepcopy(part.state_dict()) for name, part in self.stepped().items()}
-
-    def restore(self, snapshot: dict[str, Any]) -> None:
-        """Put back what ``snapshot`` copied, as often as needed: each part loads a copy of its state (a loaded
-        optimizer state may share the tensors it was given, which the next steps change in place)."""
-        for name, part in self.stepped().items():
-            part.load_state_dict(copy.deepcopy(snapshot[name]))

@@ -31,6 +31,7 @@ import torch
 
 from torchlab.core.engine.checkpointer import Checkpointer
 from torchlab.core.engine.commands import StepBoundary
+from torchlab.core.engine.data import BatchStream
 from torchlab.core.engine.distributed import RankContext, seed_rank
 from torchlab.core.engine.instruments import Instruments, StepPlan
 from torchlab.core.engine.loss_output import mean_of_micro_batches
@@ -136,7 +137,7 @@ class Trainer:
         return self.parts.optimization.scheduler
 
     @property
-    def data(self):
+    def data(self) -> BatchStream:
         return self.parts.data
 
     @property
@@ -311,9 +312,9 @@ class Trainer:
             if not math.isfinite(loss_value):
                 raise TrialStopped(loss_value)
             return
-        self._nonfinite(step, loss_value, total_norm)
+        self._raise_nonfinite(step, loss_value, total_norm)
 
-    def _nonfinite(self, step: int, loss_value: float, total_norm: float | None) -> None:
+    def _raise_nonfinite(self, step: int, loss_value: float, total_norm: float | None) -> None:
         parts = self.parts
         precision, batch = parts.precisions.current, parts.data.last_batch
 
@@ -332,7 +333,7 @@ class Trainer:
         self._consecutive_skips += 1
         self.reporter.emit(StepSkipped(step=report.step, **self.parts.precisions.current.skipped_step()))
         if self._consecutive_skips >= MAX_CONSECUTIVE_FP16_SKIPS:
-            self._nonfinite(report.step, math.nan, None)
+            self._raise_nonfinite(report.step, math.nan, None)
 
     def _report(self, report: StepReport) -> None:
         """A report step: each rank's figures when due (a collective: every rank takes part), then rank 0 writes

@@ -1,9 +1,9 @@
 """Controlled trials: "what would bf16 do?", measured on this run rather than guessed, then undone.
 
-A trial of ``option = value`` at a step boundary copies the training state (``TrainingParts.snapshot``: each
+A trial of ``option = value`` at a step boundary copies the training state (``Checkpointer.snapshot``: each
 part a step changes gives its ``state_dict``: the model's, the optimizer's and the schedule's, the GradScaler,
-every RNG and the data position), runs K steps with the option changed, puts the state back (each part's
-``load_state_dict``), runs K steps as it is, on the same batches from the same state, and puts the state back
+every RNG, the data position, and the live options), runs K steps with the option changed (the options part's
+``load_state_dict`` enacts it), puts the state back (each part's ``load_state_dict``), runs K steps as it is, on the same batches from the same state, and puts the state back
 again. Training then goes on exactly as if no trial had run: the same weights, optimizer moments, LR, random
 numbers and next batch, so a run with a trial and a run without one have bit-identical losses at every
 training step (``tests/test_trials.py``). An arm's steps are training's own step (``Trainer.train_step``),
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from torchlab.core.engine.checkpointer import Checkpointer
 from torchlab.core.engine.instruments import StepPlan
 from torchlab.core.engine.memory import out_of_memory
-from torchlab.core.engine.option_hooks import enact, for_this_device, jsonable
+from torchlab.core.engine.option_hooks import for_this_device, jsonable
 from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.engine.profiler import Profiling
 from torchlab.core.engine.step_report import StepReport
@@ -73,30 +73,23 @@ class Trials:
             # With ranks an arm that runs out of memory on one rank stops the run (TrialOutOfMemory): saved
             # here, it resumes from this step, as if the trial had not run.
             self.checkpoints.save(reason="trial")
-        before, snapshot = parts.options, parts.snapshot()
-
-        def put_back() -> None:
-            parts.options = before
-            enact(parts, option, getattr(before, option.name))
-            parts.restore(snapshot)
-
+        snapshot = self.checkpoints.snapshot()  # what a step changes, and the options
+        options = self.checkpoints.states["options"]
+        changed = f"{option.name}={option.format(value)}"
         try:
-            enact(parts, option, value)
+            options.load_state_dict({**snapshot["options"], option.name: value})  # enacted for the first arm
         except OptionRefused as refusal:
-            put_back()
-            return answer([], f"{option.name}={option.format(value)} cannot run here: {refusal}")
+            self.checkpoints.restore(snapshot)
+            return answer([], f"{changed} cannot run here: {refusal}")
         parts.reporter.emit(TrialStarted(step=step, option=option.name, value=jsonable(value), steps=command.steps,
                                          source=command.source))
-        changed = f"{option.name}={option.format(value)}"
         arms = []
         for arm, label in enumerate((changed, AS_IT_IS), start=1):
-            if label != AS_IT_IS:
-                parts.options = before.with_value(option.name, value)
             try:
                 arms.append(self._arm(ArmRecord(label), TrialProgress(step=step, label=changed, arm=arm, done=0,
                                                                       steps=command.steps)).result())
             finally:
-                put_back()
+                self.checkpoints.restore(snapshot)  # the options too: the second arm runs as it is
         answer(arms)
 
     def _refusal(self, option: LiveOption, command: TrialCommand) -> str | None:
