@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable
 from typing import Any, ContextManager, Protocol
 
 import torch
@@ -81,9 +80,9 @@ class ModelForms:
     while compile is on torch.compile's (of the wrapper with ranks, as PyTorch advises). ``model`` itself is never
     replaced: its ``state_dict`` is what checkpoints hold, and evaluation and the non-finite guard use it as it is."""
 
-    def __init__(self, model: torch.nn.Module, checkpoint_blocks: Iterable[str] | None) -> None:
+    def __init__(self, model: torch.nn.Module, checkpointing: ActivationCheckpointing) -> None:
         self.model = model
-        self.checkpointing = ActivationCheckpointing(model, checkpoint_blocks)
+        self.checkpointing = checkpointing  # its blocks wrapped in place: the same model, another forward
         self.ddp: torch.nn.Module | None = None
         self.compiled: torch.nn.Module | None = None  # the model as torch.compile runs it, while compile is on
         self.running: torch.nn.Module = model  # what a step's loss function gets
@@ -189,9 +188,9 @@ class TrainingParts:
                  reporter: Reporter) -> None:
         self.config, self.workload, self.world, self.device, self.batch_size = config, workload, world, device, batch_size
         self.reporter = reporter
-        self.model = ModelForms(workload.model.to(device), workload.checkpoint_blocks)
-        self.model.model.train()
-        optimizer = build_optimizer(self.model.model, config, workload)
+        model = workload.model.to(device)
+        model.train()
+        optimizer = build_optimizer(model, config, workload)
         self.optimization = Optimization(optimizer, build_scheduler(optimizer, config, workload))
         #: what the workload's own optimizer and scheduler are, recorded in place of the settings they replace
         self.from_workload: FromWorkload | None = own_training(optimizer, self.optimization.scheduler, workload)
@@ -201,6 +200,7 @@ class TrainingParts:
             workload.dataset, batch_size=batch_size, collate_fn=workload.collate_fn, seed=config.seed, device=device,
             rank=world.rank, world_size=world.size,
         )
+        self.model = ModelForms(model, ActivationCheckpointing(model, workload.checkpoint_blocks))
         self.precisions = Precisions(device)  # the mode in force, and the fp16 GradScaler across modes and checkpoints
         self.rngs = RandomStates()
         self.progress = Progress()
