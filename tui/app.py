@@ -49,6 +49,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer
 
 from torchlab.core.wire import protocol
+from torchlab.core.wire.config import DEFAULT_PROFILE_STEPS
 from torchlab.core.wire.errors import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE, TorchlabError, exit_status
 from torchlab.core.wire.options import (
     CHECKPOINTING,
@@ -77,8 +78,6 @@ from torchlab.tui.widgets.system_panel import SystemPanel
 #: Below this width or height the layout drops borders and side panels (80x24 must read well).
 COMPACT_WIDTH = 110
 COMPACT_HEIGHT = 34
-#: Steps a profiler snapshot covers.
-PROFILE_STEPS = 5
 #: Each curve redraws at most this often (the figures in the header follow every poll), and at most
 #: one chart per poll: at 50k reports a second, redrawing three charts on every poll cost more than
 #: folding the reports in, and three in one frame made that frame the slowest of all.
@@ -136,7 +135,7 @@ KEY_ACTIONS = (
     KeyAction("space", "toggle_pause", "Pause", "Pause or resume training", key_display="space"),
     *(KeyAction(o.key, f"change_option('{o.name}')", o.footer, o.help, show=o.in_footer, opens_prompt=isinstance(o, Number))
       for o in LIVE_OPTIONS),
-    KeyAction("p", "profile", "Profile", f"Profile the next {PROFILE_STEPS} steps", show=False),
+    KeyAction("p", "profile", "Profile", f"Profile the next {DEFAULT_PROFILE_STEPS} steps", show=False),
     KeyAction("P", "profiles", "Profiles", "Profiles: list the snapshots, open a table, compare two", show=False),
     KeyAction("i", "impact", "Impact", "Impact table: what each option change cost or saved", show=False),
     KeyAction("t", "system", "System", "System: every GPU, host CPU/RAM, trainer memory and its history", show=False),
@@ -651,9 +650,9 @@ class TorchlabApp(App[int]):
             self._refresh_view()
 
     def action_profile(self) -> None:
-        if self.send(protocol.ProfileCommand(steps=PROFILE_STEPS)):
+        if self.send(protocol.ProfileCommand(steps=DEFAULT_PROFILE_STEPS)):
             self.run_state.note_profile_request()
-            self._requested(f"profiler snapshot of the next {PROFILE_STEPS} steps requested")
+            self._requested(f"profiler snapshot of the next {DEFAULT_PROFILE_STEPS} steps requested")
 
     def action_save_checkpoint(self) -> None:
         if self.send(protocol.SaveCheckpointCommand()):

@@ -24,6 +24,7 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar, TypeVar, get_args, get_origin
 
 from torchlab.core.wire import strict_json
+from torchlab.core.wire.config import DEFAULT_PROFILE_STEPS
 from torchlab.core.wire.errors import SHOWN_CHARS, shown
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample, TrialArm
 
@@ -319,7 +320,7 @@ class ProfileCommand(Message):
 
     type: ClassVar[str] = "profile"
     schema: ClassVar = {"steps": (int,), "source": (str,)}
-    steps: int = 5
+    steps: int = DEFAULT_PROFILE_STEPS
     source: str = "app"
 
     def validate(self) -> None:
