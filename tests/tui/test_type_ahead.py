@@ -16,6 +16,7 @@ from textual.widgets import Input
 
 from torchlab.core.wire import protocol
 from torchlab.tui.app import TorchlabApp
+from torchlab.tui.screens.error_screen import ErrorScreen
 from torchlab.tui.screens.prompt import OptionPrompt
 from torchlab.tui.widgets.event_log import EventLog
 
@@ -136,3 +137,23 @@ async def test_a_prompts_key_typed_into_the_gradient_filter_is_text_there() -> N
         assert not isinstance(app.screen, OptionPrompt)
         assert app.query_one("#grad-filter", Input).value == "mlpwT"
         assert link.sent == []
+
+
+@pytest.mark.parametrize("keys, changed", [
+    (("m", "2", "enter"), {"accum": 2}),
+    (("l", "0", "full_stop", "5", "enter", "g", "1", "enter"), {"lr_scale": 0.5, "clip": 1.0}),
+], ids=["accum", "lr_scale-then-clip"])
+async def test_keys_typed_ahead_into_the_error_screens_prompts_set_the_restarts_options(keys, changed) -> None:
+    """The error screen's number keys open their prompts as the main screen's do: ``m 2 Enter`` typed fast put
+    the 2 nowhere and the Enter on the focused Restart button, which restarted the run with accum unchanged."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        link.push(protocol.NonFinite(121, "forward", "blocks.2.mlp.fc", "output of blocks.2.mlp.fc is nan", "non-finite output"))
+        app.poll_now()
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, ErrorScreen)
+        await type_fast(app, pilot, *keys)
+        assert app.screen is screen and screen.changed == changed
+        assert link.restarts == []

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from textual import events
-from textual.app import ComposeResult
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
@@ -126,3 +126,16 @@ class OptionPrompt(ModalScreen[Chosen | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+async def open_prompt(app: App[Any], prompt: OptionPrompt, chosen: Callable[[Chosen | None], None]) -> None:
+    """Push ``prompt`` and return once its field has focus: every key typed after the one that opened it is its.
+
+    The one way the app opens a prompt (the main screen's and the error screen's). Call it from the action of
+    a key bound with priority, and await it. Keys typed fast (``m 2 Enter``) arrive together. A priority
+    binding runs when its key arrives, before the next key is routed anywhere; and the app handles no further
+    key until this returns. Without both, ``2`` went to a widget of the screen beneath or to the prompt before
+    its field had focus, and was lost, while Enter, a binding looked up when it was handled, reached the field
+    and sent the value shown: "accum = 1 applied (was 1)".
+    """
+    await app.push_screen(prompt, callback=chosen)
