@@ -35,7 +35,7 @@ class Served:
         self.server = cs.ControlServer(
             directory / "s.sock", TOKEN, Outbox(),
             welcome=lambda: p.Welcome(run=RUN, modules=[], options={}, state="running", step=0),
-            on_command=lambda command: self._keep(self.commands, command),
+            on_command=lambda command, client: self._keep(self.commands, command),
             on_client_gone=lambda: self._keep([], setattr(self, "gone", self.gone + 1)),
             on_refused=lambda reason, before_hello: self._keep(self.refused, (reason, before_hello)),
         )
@@ -212,10 +212,10 @@ def test_a_command_the_server_fails_on_is_refused_and_the_app_stays_attached(ser
     app = served.app()
     keep = served.server._on_command
 
-    def failing_on_pause(command):
+    def failing_on_pause(command, client):
         if isinstance(command, p.PauseCommand):
             raise ValueError("a bug")
-        keep(command)
+        keep(command, client)
 
     served.server._on_command = failing_on_pause
     app.sendall(p.PauseCommand().encode())

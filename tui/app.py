@@ -126,7 +126,7 @@ class KeyAction:
     show: bool = True
     key_display: str | None = None
     #: a key that opens a prompt: bound with priority, so it is acted on when it arrives, before the keys typed
-    #: after it are routed (see ``TorchlabApp._open_prompt``); a focused text field (the gradient filter) still
+    #: after it are routed (see ``prompt.open_prompt``); a focused text field (the gradient filter) still
     #: takes it as text, as Textual leaves a key a focused Input consumes to the Input
     opens_prompt: bool = False
 
@@ -560,7 +560,7 @@ class TorchlabApp(App[int]):
             self._next_value(name, current)
             return
 
-        from torchlab.tui.screens.prompt import Chosen, OptionPrompt
+        from torchlab.tui.screens.prompt import Chosen, OptionPrompt, open_prompt
 
         def chosen(answer: Chosen | None) -> None:
             if answer is None:
@@ -577,8 +577,8 @@ class TorchlabApp(App[int]):
                 raise OptionRefused(reason)
             return value
 
-        await self._open_prompt(OptionPrompt(option.prompt, option.hint, parse, current=option.shown_in_prompt(current)),
-                                chosen)
+        await open_prompt(self, OptionPrompt(option.prompt, option.hint, parse, current=option.shown_in_prompt(current)),
+                          chosen)
 
     def _next_value(self, name: str, current: Any) -> None:
         """A mode's key cycles past the values this run would refuse or has refused (saying why once for each); a
@@ -610,20 +610,9 @@ class TorchlabApp(App[int]):
                 self.run_state.log("info", f"{name}: {option.format(candidate)} skipped: {reason}")
             candidate = option.next_value(candidate, lambda value: False)
 
-    async def _open_prompt(self, prompt: ModalScreen[Any], chosen: Callable[[Any], None]) -> None:
-        """Push ``prompt`` and return once its input has focus: every key typed after the one that opened it is its.
-
-        Keys typed fast (``m 2 Enter``) arrive together. The key that opens a prompt is bound with priority, so
-        this runs when it arrives, before the next key is routed anywhere; and the app handles no further key
-        until this returns. Without both, ``2`` went to a widget of the main screen or to the prompt before its
-        input had focus, and was lost, while Enter, a binding looked up when it was handled, reached the input and
-        sent the value shown: "accum = 1 applied (was 1)".
-        """
-        await self.push_screen(prompt, callback=chosen)
-
     async def action_try_option(self) -> None:
         """A controlled trial: OPTION=VALUE [STEPS] typed, checked, and sent; the result comes to the log."""
-        from torchlab.tui.screens.prompt import Chosen, OptionPrompt
+        from torchlab.tui.screens.prompt import Chosen, OptionPrompt, open_prompt
 
         if self._refuse_in_view("trial") or self._run_has_ended("trial"):
             return
@@ -634,7 +623,7 @@ class TorchlabApp(App[int]):
                 self._requested(f"trial of {command.option} = {command.value} for {command.steps} steps requested "
                                 f"(from the next step boundary; training waits for it)")
 
-        await self._open_prompt(OptionPrompt("Try an option for a few steps, then undo it", TRIAL_HINT, parse_trial), chosen)
+        await open_prompt(self, OptionPrompt("Try an option for a few steps, then undo it", TRIAL_HINT, parse_trial), chosen)
 
     def set_option(self, option: str, value: Any) -> None:
         """Ask the trainer to change a live option at the next step boundary."""

@@ -3,7 +3,8 @@ a final checkpoint, and say where that checkpoint is.
 
 RUN is found as ``attach`` finds it (a name or a unique prefix, a run directory, or with none the one live run).
 ``stop`` is a client of the run's socket like the app: a hello with the run's token (readable only by the user
-who started it), as the one app that controls the run, then the stop command; it reads the run's events until
+who started it) and its own name (the run journals who stopped it), as the one app that controls the run, then
+the stop command; it reads the run's events until
 the trainer closes the connection, and waits for its process to end. A step can be long (a large model, a
 compile): every ``PROGRESS_S`` it says where the run is, and after ``STOP_WAIT_S`` it gives up waiting (the run
 still stops: the stop was asked, and its controlling client has gone).
@@ -42,6 +43,8 @@ from torchlab.core.wire.protocol import (
 )
 from torchlab.core.wire.runtime import FINAL_STATES, RunEntry, find_run, list_runs, printable, process_running
 
+#: The name ``stop`` gives in its hello: the run's journal and event log say it was "stopped by `torchlab-tui stop`".
+STOP_CLIENT = "torchlab-tui stop"
 #: How long ``stop`` waits for the run to end, and how often it says it is still waiting.
 STOP_WAIT_S = 300.0
 PROGRESS_S = 10.0
@@ -115,12 +118,12 @@ def stop(entry: RunEntry) -> int:
         try:
             connection.settimeout(WELCOME_TIMEOUT_S)
             connection.connect(str(entry.endpoint.socket_path))
-            connection.sendall(Hello(version=PROTOCOL_VERSION, token=entry.endpoint.read_token()).encode())
+            connection.sendall(Hello(version=PROTOCOL_VERSION, token=entry.endpoint.read_token(), client=STOP_CLIENT).encode())
             reader = LineReader(connection, MAX_LINE_BYTES)
             welcome = _answer(reader, ending, time.monotonic() + WELCOME_TIMEOUT_S, name)
             if welcome.state in FINAL_STATES:
                 raise NotRunning(f"{name} is not running: {welcome.state} at step {welcome.step}.")
-            connection.sendall(StopCommand(reason="torchlab-tui stop").encode())
+            connection.sendall(StopCommand().encode())  # the run words the reason itself, from the hello's name
             print(f"Stopping {name} (at step {ending.step}): it writes its final checkpoint once its step ends.",
                   file=sys.stderr, flush=True)
         except (ConnectionRefusedError, FileNotFoundError, EOFError):

@@ -37,6 +37,7 @@ from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.options import STEPS, format_option_value
 from torchlab.core.launch.arguments import build_parser, exit_code
+from torchlab.core.launch.stop import STOP_CLIENT
 from torchlab.core.wire.errors import EXIT_OK
 from torchlab.core.wire.control_server import ControlServer
 from torchlab.core.wire.errors import StorageError, TorchlabError, WorkloadExited, exit_status
@@ -134,6 +135,9 @@ class OutboxReporter(TrainerObserver):
                 self.outbox.add_event(p.Log(level="info", text=f"resumed from the checkpoint of step {event.step}", step=event.step))
             case events.ResumeChangedSettings():
                 self.outbox.add_event(p.Log(level=event.level, text=event.message, step=event.step))
+            case events.StopRequested():
+                self.outbox.add_event(p.Log(level="info", text=f"{event.reason} (at the end of this step, with a final "
+                                                               "checkpoint)", step=event.step))
 
     def _send_impact(self, force: bool = False) -> None:
         if self.impact is None:
@@ -293,7 +297,7 @@ class Worker:
             options=options.as_dict() if options is not None else welcome.options,
         )
 
-    def _on_command(self, command: p.Message) -> None:
+    def _on_command(self, command: p.Message, client: str) -> None:
         trainer = self.trainer
         if isinstance(command, p.DetachCommand):
             self._detach()
@@ -302,7 +306,18 @@ class Worker:
         elif trainer is None:
             self.outbox.add_event(p.Log(level="warning", text=f"{command.type}: the trainer is still starting; try again"))
         else:
-            trainer.submit(_from_the_app(command))
+            command = _from_the_client(command, client)
+            trainer.submit(command)
+            if isinstance(command, p.StopCommand):
+                self._tell_stop_requested(command.reason)
+
+    def _tell_stop_requested(self, reason: str) -> None:
+        """Who asked the run to stop, in its journal and the event log: the run's end says only that it stopped."""
+        requested = events.StopRequested(step=self.reporter.step, reason=reason)
+        self.reporter.on_event(requested)
+        with self._journal_lock:
+            if self._journal is not None:
+                self._write_to_journal(requested)
 
     def _refuse(self, reason: str) -> None:
         self.outbox.add_event(p.Refused(reason=reason))
@@ -313,13 +328,13 @@ class Worker:
         with self._journal_lock:
             self._journal, waiting, self._unjournalled = directory, self._unjournalled, []
             for record in waiting:
-                self._write_refusal(record)
+                self._write_to_journal(record)
 
     def _close_journal(self) -> None:
         with self._journal_lock:
             unrecorded = self._refusals.unrecorded(self.reporter.step)
             if unrecorded and self._journal is not None:
-                self._write_refusal(unrecorded)
+                self._write_to_journal(unrecorded)
             self._journal, self._journal_closed = None, True
 
     def _journal_refusal(self, reason: str, before_hello: bool) -> None:
@@ -330,11 +345,11 @@ class Worker:
             return
         with self._journal_lock:
             if self._journal is not None:
-                self._write_refusal(record)
+                self._write_to_journal(record)
             elif not self._journal_closed:  # the run directory is not open yet
                 self._unjournalled.append(record)
 
-    def _write_refusal(self, record: events.LineRefused | events.LinesRefusedUnrecorded) -> None:
+    def _write_to_journal(self, record: events.LineRefused | events.LinesRefusedUnrecorded | events.StopRequested) -> None:
         try:
             self._journal.on_event(record)
         except StorageError:
@@ -416,12 +431,13 @@ class Worker:
         self.parent_gone()
 
 
-def _from_the_app(command: p.TrainerCommand) -> p.TrainerCommand:
-    """The command as the trainer journals it: asked for by the app, whatever source the line claimed."""
+def _from_the_client(command: p.TrainerCommand, client: str) -> p.TrainerCommand:
+    """The command as the trainer journals it: asked for by the app, whatever source the line claimed; a stop says
+    who asked by the name the client gave in its hello (``torchlab-tui stop`` names itself), in these words only."""
     if isinstance(command, (p.SetCommand, p.ProfileCommand)):
         return replace(command, source="app")
     if isinstance(command, p.StopCommand):
-        return replace(command, reason="stopped from the app")
+        return replace(command, reason="stopped by `torchlab-tui stop`" if client == STOP_CLIENT else "stopped from the app")
     return command
 
 

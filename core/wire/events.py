@@ -219,10 +219,21 @@ class MetricsMovedAside(Message):
     message: str
 
 
+@dataclass(frozen=True)
+class StopRequested(Message):
+    """A client of the run's socket asked it to stop: ``reason`` says who (the app, ``torchlab-tui stop``), in the
+    trainer process's words (core/launch/worker.py), never in the client's."""
+
+    type: ClassVar[str] = "stop_requested"
+    schema: ClassVar = {"step": (int,), "reason": (str,)}
+    step: int
+    reason: str
+
+
 #: Every event a trainer, its supervisor or its journal's writers emit: the ones above, and the protocol's
 #: messages the app receives as they are.
 TRAINER_EVENTS = (
     RunStarted, RunEnded, Paused, Resumed, StepSkipped, ProfileStarted, TrialStarted, CompileStarted, ResumedFromCheckpoint,
     ResumeChangedSettings, Relaunching, LineRefused, LinesRefusedUnrecorded, JournalRepaired, MetricsMovedAside,
-    OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult, TrialProgress,
+    StopRequested, OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult, TrialProgress,
 )

@@ -1,4 +1,5 @@
-"""Keys typed fast after the key that opens a prompt belong to that prompt, however fast they come.
+"""Keys typed fast after the key that opens a prompt belong to that prompt, however fast they come, and act
+there in the order typed.
 
 A terminal delivers ``m``, ``2``, Enter typed quickly (or pasted by tmux) as three key events queued
 together, before the app has handled the first. ``type_fast`` queues them the same way; Pilot's
@@ -15,14 +16,15 @@ from textual.widgets import Input
 
 from torchlab.core.wire import protocol
 from torchlab.tui.app import TorchlabApp
+from torchlab.tui.screens.error_screen import ErrorScreen
 from torchlab.tui.screens.prompt import OptionPrompt
 from torchlab.tui.widgets.event_log import EventLog
 
 pytestmark = pytest.mark.asyncio
 
 SIZE = (80, 24)
-#: what a terminal sends for the keys with names
-CHARACTERS = {"enter": "\r", "full_stop": ".", "equals_sign": "=", "space": " "}
+#: what a terminal sends for the keys with names (tmux's BSpace is DEL); the others (left, home) send no character
+CHARACTERS = {"enter": "\r", "full_stop": ".", "equals_sign": "=", "space": " ", "backspace": "\x7f", "escape": "\x1b"}
 
 
 def log_text(app: TorchlabApp) -> str:
@@ -32,7 +34,7 @@ def log_text(app: TorchlabApp) -> str:
 async def type_fast(app: TorchlabApp, pilot, *keys: str) -> None:
     """Queue every key at once, as a terminal does when they come faster than the app handles them."""
     for key in keys:
-        app.post_message(events.Key(key, CHARACTERS.get(key, key)))
+        app.post_message(events.Key(key, CHARACTERS.get(key, key if len(key) == 1 else None)))
     await pilot.pause()
     await pilot.pause()
 
@@ -51,7 +53,6 @@ async def test_keys_typed_ahead_go_into_the_prompt_and_its_value_is_sent(keys, s
         assert link.sent == [sent]
 
 
-
 async def test_a_trial_typed_ahead_is_typed_into_its_prompt_not_taken_for_keys() -> None:
     """``amp=bf16`` holds a and m, keys of their own on the main screen: inside the prompt they are text."""
     link = FakeLink()
@@ -59,6 +60,56 @@ async def test_a_trial_typed_ahead_is_typed_into_its_prompt_not_taken_for_keys()
     async with app.run_test(size=SIZE) as pilot:
         await type_fast(app, pilot, "T", "a", "m", "p", "equals_sign", "b", "f", "1", "6", "space", "4", "enter")
         assert link.sent == [protocol.TrialCommand("amp", "bf16", 4)]
+
+
+@pytest.mark.parametrize("opens, keys, sent", [
+    ("m", ("backspace", "4", "enter"), protocol.SetCommand("accum", 4)),
+    ("l", ("end", "backspace", "backspace", "backspace", "0", "full_stop", "5", "enter"), protocol.SetCommand("lr_scale", 0.5)),
+    ("g", ("backspace", "1", "5", "home", "0", "full_stop", "delete", "enter"), protocol.SetCommand("clip", 0.5)),
+], ids=["accum", "lr_scale", "clip"])
+async def test_a_burst_of_keys_into_an_open_prompt_acts_in_the_order_typed(opens, keys, sent) -> None:
+    """tmux's ``send-keys BSpace 4 Enter`` into the open accum prompt sent nothing and said "got ''": the 4 was
+    typed over the selected 1, then the backspace, bound in the field and acted on only once it had bubbled up
+    to the app, deleted the 4, and Enter submitted the empty field. An editing key acts where a character does."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press(opens)
+        assert isinstance(app.screen, OptionPrompt)
+        await type_fast(app, pilot, *keys)
+        assert not isinstance(app.screen, OptionPrompt)
+        assert link.sent == [sent]
+
+
+async def test_a_value_refused_in_a_burst_stays_refused_on_screen() -> None:
+    """The refusal of what Enter submitted is the last word: the field's edits before Enter clear an earlier
+    refusal, never this one."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await type_fast(app, pilot, "m", "9", "x", "enter")
+        assert isinstance(app.screen, OptionPrompt)
+        assert app.screen.error_text == "accum must be a whole number from 1 to 4096, got '9x'"
+        await type_fast(app, pilot, "backspace")
+        assert app.screen.error_text == ""
+        assert link.sent == []
+
+
+@pytest.mark.parametrize("keys, sent", [
+    (("backspace", "4", "enter", "l", "0", "full_stop", "5", "enter"),
+     [protocol.SetCommand("accum", 4), protocol.SetCommand("lr_scale", 0.5)]),
+    (("5", "escape", "g", "2", "enter"), [protocol.SetCommand("clip", 2.0)]),
+], ids=["after-enter", "after-escape"])
+async def test_keys_typed_after_a_prompt_is_answered_go_to_the_screen_beneath(keys, sent) -> None:
+    """A key that reached the prompt's field after Enter or Esc is not the field's: it was typed for the main
+    screen, where ``l`` or ``g`` opens the next prompt."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("m")
+        await type_fast(app, pilot, *keys)
+        assert not isinstance(app.screen, OptionPrompt)
+        assert link.sent == sent
 
 
 @pytest.mark.parametrize("key, current, said", [
@@ -86,3 +137,23 @@ async def test_a_prompts_key_typed_into_the_gradient_filter_is_text_there() -> N
         assert not isinstance(app.screen, OptionPrompt)
         assert app.query_one("#grad-filter", Input).value == "mlpwT"
         assert link.sent == []
+
+
+@pytest.mark.parametrize("keys, changed", [
+    (("m", "2", "enter"), {"accum": 2}),
+    (("l", "0", "full_stop", "5", "enter", "g", "1", "enter"), {"lr_scale": 0.5, "clip": 1.0}),
+], ids=["accum", "lr_scale-then-clip"])
+async def test_keys_typed_ahead_into_the_error_screens_prompts_set_the_restarts_options(keys, changed) -> None:
+    """The error screen's number keys open their prompts as the main screen's do: ``m 2 Enter`` typed fast put
+    the 2 nowhere and the Enter on the focused Restart button, which restarted the run with accum unchanged."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        link.push(protocol.NonFinite(121, "forward", "blocks.2.mlp.fc", "output of blocks.2.mlp.fc is nan", "non-finite output"))
+        app.poll_now()
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, ErrorScreen)
+        await type_fast(app, pilot, *keys)
+        assert app.screen is screen and screen.changed == changed
+        assert link.restarts == []
