@@ -15,7 +15,7 @@ import pytest
 from torchlab.core.launch.compare import CompareApp, main
 from torchlab.core.wire.config import build_config
 from torchlab.tui.run_history import RunHistory, differences
-from torchlab.tui.widgets.line_chart import LineChart
+from torchlab.tui.widgets.line_chart import LineChart, marker
 
 
 def write_run(root: Path, name: str, *, lr: float, clip_at: int | None = None, steps: int = 120) -> Path:
@@ -140,3 +140,29 @@ async def test_the_palette_compares_the_live_run_with_its_earlier_one(runs):
         app.compare_with_earlier_run()
         await pilot.pause()
         assert isinstance(app.screen, CompareScreen) and [run.path for run in app.screen.runs] == runs
+
+
+def screen_text(app) -> str:
+    """What the terminal shows, as text: the screen drawn through the app's filters (NO_COLOR's among them)."""
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
+@pytest.mark.asyncio
+async def test_without_colour_each_run_has_its_own_marker_in_the_plot_and_the_legend(runs, monkeypatch):
+    """Under NO_COLOR the runs' lines were the same grey braille, the legend's ━━ the same for each run (and the
+    chart's blank cells, drawn without a style, stopped the app: 'NoneType' object has no attribute 'color')."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = CompareApp([RunHistory.load(path) for path in runs])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.no_color
+        shown = screen_text(app)
+        legend = str(app.screen.query_one("#compare-legend").render())
+        chart = app.screen.query_one("#compare-chart", LineChart)
+        first, second = (marker(style) for style in range(2))
+        assert first != second
+        assert f"━{first}━ 20261123-090000-tiny_gpt" in legend and f"━{second}━ 20261123-100000-tiny_gpt" in legend
+        plot = "".join(chart.render_line(y).text for y in range(chart.size.height))
+        assert first in plot and second in plot
+        assert plot.count(first) >= 2 and plot.count(second) >= 2  # along each line, not at one point
+        assert f"━{first}━ 20261123-090000-tiny_gpt" in shown  # as the terminal shows it

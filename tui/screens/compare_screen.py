@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Label, Static
 from torchlab.tui.formatting import format_duration
 from torchlab.tui.run_history import RunHistory, differences, figure_name
 from torchlab.tui.screens.view_screen import ViewScreen
-from torchlab.tui.widgets.line_chart import ChartLine, LineChart
+from torchlab.tui.widgets.line_chart import ChartLine, LineChart, marker
 
 class CompareScreen(ViewScreen):
     """A figure of each run, against step or time (``f`` the next figure, ``x`` step/time), then the settings
@@ -87,7 +87,8 @@ class CompareScreen(ViewScreen):
                 lines.append(ChartLine(series, run.name, style=style))
             if index:
                 legend.append("  ")
-            legend.append("━━ ", style=chart.get_component_rich_style(f"line-chart--series-{style}"))
+            # The line's marker as well as its colour: without colour (NO_COLOR), the marker says which run is which.
+            legend.append(f"━{marker(style)}━ ", style=chart.get_component_rich_style(f"line-chart--series-{style}"))
             legend.append(run.name + ("" if series is not None and len(series) else " (has no such figure)"))
         chart.lines = lines
         chart.x_name = "time" if self.by_time else "step"
