@@ -77,14 +77,38 @@ class RunInfo:
 
 
 @dataclass(frozen=True)
+class ProcessSample:
+    """One process of the run: the trainer, a rank, a DataLoader worker. ``name`` says which, in words ("trainer",
+    "rank 1", "data worker", "compile worker", else the OS's name for it); ``cpu_percent`` is of one CPU, as ``top``
+    shows it; the disk figures are bytes a second since the last sample, None where the OS does not say."""
+
+    schema: ClassVar[dict[str, tuple]] = {
+        "pid": _INT, "name": (str,), "cpu_percent": _NUMBER, "rss_bytes": _INT, "read_bytes_per_s": _OPT_NUMBER,
+        "write_bytes_per_s": _OPT_NUMBER,
+    }
+    pid: int
+    name: str
+    cpu_percent: float
+    rss_bytes: int
+    read_bytes_per_s: float | None
+    write_bytes_per_s: float | None
+
+
+@dataclass(frozen=True)
 class HostSample:
     """The host's CPU and RAM, and the trainer's share: the CPU and the RSS of it and its children (DataLoader
     workers, ranks) together. ``cpu_percent`` is of the whole machine (0-100), ``trainer_cpu_percent`` of one CPU
-    (up to ``cpu_count`` x 100, as ``top`` shows a process). ``cpu_count`` is None where the OS does not say."""
+    (up to ``cpu_count`` x 100, as ``top`` shows a process). ``cpu_count`` is None where the OS does not say.
+
+    Then the detail the full-size view shows: each core's load (0-100, the mean of which is ``cpu_percent``), the
+    run's processes (the trainer first, then the busiest), and the disk bytes a second the run's processes read and
+    write. A sample written before these were taken has none of them: empty, and None."""
 
     schema: ClassVar[dict[str, tuple]] = {
         "cpu_percent": _NUMBER, "cpu_count": _OPT_INT, "trainer_cpu_percent": _NUMBER, "ram_used_bytes": _INT,
         "ram_total_bytes": _INT, "trainer_rss_bytes": _INT, "trainer_processes": _INT,
+        "cpu_percent_per_core": (list[float],), "processes": (list[ProcessSample],),
+        "io_read_bytes_per_s": _OPT_NUMBER, "io_write_bytes_per_s": _OPT_NUMBER,
     }
     cpu_percent: float
     cpu_count: int | None
@@ -93,6 +117,10 @@ class HostSample:
     ram_total_bytes: int
     trainer_rss_bytes: int
     trainer_processes: int
+    cpu_percent_per_core: list[float] = field(default_factory=list)
+    processes: list[ProcessSample] = field(default_factory=list)
+    io_read_bytes_per_s: float | None = None
+    io_write_bytes_per_s: float | None = None
 
     @property
     def others_cpu_percent(self) -> float:

@@ -18,7 +18,8 @@ VIEW_ROWS = 32
 
 
 class SystemScreen(ViewScreen):
-    """Every GPU, host CPU and RAM, the trainer's memory and its history; live."""
+    """Every GPU, host CPU and RAM, the trainer's memory and its history, each core, the run's processes and its disk
+    reads and writes; live."""
 
     DEFAULT_CSS = """
     SystemScreen SystemPanel { height: 1fr; }
