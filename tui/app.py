@@ -10,7 +10,8 @@ shared/textual-notes.md: a buffer drained by a timer absorbs 100k+ records/s, pe
 backs up). Commands go out through ``link.send``, which never blocks. Every change the user asks for
 is logged as requested at once, then acknowledged with the step it took effect at (or refused with
 the trainer's reason) when the answer arrives; a prompt submitted with the value it showed sends nothing and
-says so. Keys typed after the one that opens a prompt are the prompt's, however fast they come.
+says so. Keys typed after the one that opens a prompt are the prompt's, however fast they come, and each key
+of the main screen acts when it arrives, in the order typed (``MainScreen``).
 
 A trainer that cannot start, or a run that fails, opens the error screen. torchlab's own refusals (a
 TorchlabError: a runtime directory, a full disk) and the machine's (an OSError) are shown as their paragraph;
@@ -125,22 +126,17 @@ class KeyAction:
     help: str
     show: bool = True
     key_display: str | None = None
-    #: a key that opens a prompt: bound with priority, so it is acted on when it arrives, before the keys typed
-    #: after it are routed (see ``prompt.open_prompt``); a focused text field (the gradient filter) still
-    #: takes it as text, as Textual leaves a key a focused Input consumes to the Input
-    opens_prompt: bool = False
 
 
 KEY_ACTIONS = (
     KeyAction("space", "toggle_pause", "Pause", "Pause or resume training", key_display="space"),
-    *(KeyAction(o.key, f"change_option('{o.name}')", o.footer, o.help, show=o.in_footer, opens_prompt=isinstance(o, Number))
+    *(KeyAction(o.key, f"change_option('{o.name}')", o.footer, o.help, show=o.in_footer)
       for o in LIVE_OPTIONS),
     KeyAction("p", "profile", "Profile", f"Profile the next {DEFAULT_PROFILE_STEPS} steps", show=False),
     KeyAction("P", "profiles", "Profiles", "Profiles: list the snapshots, open a table, compare two", show=False),
     KeyAction("i", "impact", "Impact", "Impact table: what each option change cost or saved", show=False),
     KeyAction("t", "system", "System", "System: every GPU, host CPU/RAM, trainer memory and its history", show=False),
-    KeyAction("T", "try_option", "Trial", "Trial: try an option for a few steps on the same batches, then undo it", show=False,
-              opens_prompt=True),
+    KeyAction("T", "try_option", "Trial", "Trial: try an option for a few steps on the same batches, then undo it", show=False),
     KeyAction("f", "next_chart", "Chart", "Chart: samples/s or one of the workload's own metrics, in turn", show=False),
     KeyAction("M", "memory", "Memory", "Memory by kind: parameters, gradients, optimizer state, activations by module", show=False),
     KeyAction("s", "save_checkpoint", "Save", "Save a checkpoint now"),
@@ -149,12 +145,37 @@ KEY_ACTIONS = (
     KeyAction("question_mark", "help", "Help", "Show every key", key_display="?"),
 )
 
-#: Actions that talk to the trainer: not while a dialog is open (its keys are the dialog's).
+#: Actions that talk to the trainer: not while a dialog is open (the palette opened over one; the keys that run
+#: them are ``MainScreen``'s, and act only while it is on top).
 TRAINER_ACTIONS = frozenset(
     {"toggle_pause", "change_option", "profile", "save_checkpoint", "detach", "try_option"}
 )
 #: Actions that open a view: from the main screen only, so views do not pile up on each other.
 VIEW_ACTIONS = frozenset({"profiles", "impact", "system", "memory"})
+
+
+class MainScreen(Screen[None]):
+    """The workbench's screen: its keys (``KEY_ACTIONS``) act on the app, and only while it is on top.
+
+    Each key is bound with priority, so it acts when it arrives, before the key typed after it is routed: keys
+    come together when typed fast, and a key without priority is looked up only once it has bubbled up from the
+    focused widget. By then the ``m`` after it, which opens a prompt when it arrives (``prompt.open_prompt``),
+    had covered this screen, and ``a m 2 Enter`` set accum and lost the ``a``. The keys are this screen's, not
+    the app's, because Textual looks a priority binding up from the screen on top: a dialog or view pushed over
+    this one (help, a prompt, the error screen, the palette) keeps its own keys (``q`` closes help), where app
+    bindings with priority would take them before it, and ctrl+q (the app's) still quits from anywhere. A focused
+    text field (the gradient filter) still takes them as text: Textual leaves a key an Input consumes to it.
+
+    Each key is bound once more without priority, for a key that reached the app only after the view it was
+    routed to had closed: in ``i i s`` typed fast, ``s`` arrives while the impact table is still on top (its
+    closing ``i`` has no priority and is on its way up), goes to the table, and comes up to the app once this
+    screen is back on top, where only a binding without priority is looked up.
+    """
+
+    BINDINGS = [
+        Binding(k.key, f"app.{k.action}", k.label, show=k.show, key_display=k.key_display, tooltip=k.help, priority=priority)
+        for priority in (True, False) for k in KEY_ACTIONS
+    ]
 
 
 @dataclass
@@ -172,10 +193,6 @@ class TorchlabApp(App[int]):
     TITLE = "torchlab-tui"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (COMPACT_WIDTH, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (COMPACT_HEIGHT, "-tall")]
-    BINDINGS = [
-        Binding(k.key, k.action, k.label, show=k.show, key_display=k.key_display, tooltip=k.help, priority=k.opens_prompt)
-        for k in KEY_ACTIONS
-    ]
 
     def __init__(
         self,
@@ -212,6 +229,10 @@ class TorchlabApp(App[int]):
         self._skips_said: set[tuple[str, Any]] = set()
 
     # ------------------------------------------------------------------ layout
+
+    def get_default_screen(self) -> Screen:
+        """The screen ``compose`` fills: it holds the workbench's keys (``MainScreen``)."""
+        return MainScreen(id="_default")
 
     def compose(self) -> ComposeResult:
         state = self.run_state

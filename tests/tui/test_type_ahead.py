@@ -12,11 +12,17 @@ import pytest
 from fake_link import FakeLink, quiet_app
 
 from textual import events
+from textual.command import CommandPalette
 from textual.widgets import Input
 
 from torchlab.core.wire import protocol
 from torchlab.tui.app import TorchlabApp
 from torchlab.tui.screens.error_screen import ErrorScreen
+from torchlab.tui.screens.help_screen import HelpScreen
+from torchlab.tui.screens.impact_screen import ImpactScreen
+from torchlab.tui.screens.memory_screen import MemoryScreen
+from torchlab.tui.screens.profile_screens import ProfileListScreen
+from torchlab.tui.screens.system_screen import SystemScreen
 from torchlab.tui.screens.prompt import OptionPrompt
 from torchlab.tui.widgets.event_log import EventLog
 
@@ -157,3 +163,91 @@ async def test_keys_typed_ahead_into_the_error_screens_prompts_set_the_restarts_
         await type_fast(app, pilot, *keys)
         assert app.screen is screen and screen.changed == changed
         assert link.restarts == []
+
+
+@pytest.mark.parametrize("keys, sent", [
+    (("a", "m", "2", "enter"), [protocol.SetCommand("amp", "bf16"), protocol.SetCommand("accum", 2)]),
+    (("s", "l", "0", "full_stop", "5", "enter"), [protocol.SaveCheckpointCommand(), protocol.SetCommand("lr_scale", 0.5)]),
+    (("space", "g", "1", "enter", "c"), [protocol.PauseCommand(), protocol.SetCommand("clip", 1.0),
+                                        protocol.SetCommand("checkpointing", True)]),
+], ids=["amp-then-accum", "save-then-lr_scale", "pause-then-clip-then-checkpointing"])
+async def test_a_key_typed_just_before_a_prompts_key_acts_first(keys, sent) -> None:
+    """``a m 2 Enter`` typed fast set accum to 2 and lost the ``a``: a key without priority is looked up only once
+    it has bubbled up from the focused widget, and by then ``m`` (acted on when it arrived) had opened its prompt,
+    which keeps the main screen's keys from it. Each main-screen key acts when it arrives, in the order typed."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await type_fast(app, pilot, *keys)
+        assert not isinstance(app.screen, OptionPrompt)
+        assert link.sent == sent
+
+
+@pytest.mark.parametrize("opens, shown, closes", [
+    ("question_mark", HelpScreen, "q"),
+    ("question_mark", HelpScreen, "question_mark"),
+    ("i", ImpactScreen, "i"),
+    ("i", ImpactScreen, "q"),
+    ("t", SystemScreen, "t"),
+    ("M", MemoryScreen, "M"),
+    ("P", ProfileListScreen, "P"),
+])
+async def test_a_screen_over_the_main_one_keeps_its_own_keys_and_the_main_ones_do_nothing_there(opens, shown, closes) -> None:
+    """The main screen's keys act when they arrive, yet only while it is on top: ``q`` closes help rather than
+    quitting, ``i`` closes the impact table it opened, and ``a``, space, ``s``, ``m`` on a view send nothing and
+    open no prompt."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press(opens)
+        assert isinstance(app.screen, shown)
+        await pilot.press("a", "space", "s", "m")
+        assert isinstance(app.screen, shown) and link.sent == []
+        await pilot.press(closes)
+        await app.workers.wait_for_complete()
+        assert not isinstance(app.screen, shown) and link.closed is None  # closed, not quit
+        await pilot.press("a")
+        assert link.sent == [protocol.SetCommand("amp", "bf16")]
+
+
+async def test_the_main_screens_keys_typed_into_the_command_palette_are_its_search() -> None:
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+p")
+        assert isinstance(app.screen, CommandPalette)
+        await pilot.press("s", "a", "space", "q", "m", "question_mark")
+        assert app.screen.query_one(Input).value == "sa qm?"
+        await app.workers.wait_for_complete()
+        assert isinstance(app.screen, CommandPalette) and link.sent == [] and link.closed is None
+
+
+async def test_ctrl_q_quits_from_a_screen_over_the_main_one() -> None:
+    """ctrl+q is the app's, not the main screen's: it quits from help as from anywhere."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("ctrl+q")
+        await app.workers.wait_for_complete()
+        assert link.closed == {"detach": False}  # here: leaving run_test closes the link whatever was pressed
+
+
+@pytest.mark.parametrize("keys", [
+    ("question_mark", "q", "a"),
+    ("question_mark", "escape", "a"),
+    ("i", "i", "a"),
+    ("t", "t", "a"),
+    ("M", "M", "a"),
+    ("P", "escape", "a"),
+])
+async def test_a_key_typed_just_after_a_views_closing_key_acts_on_the_main_screen(keys) -> None:
+    """A view's closing key has no priority: the key typed after it arrives while the view is still on top, goes
+    there, and comes up to the app only once the view has closed. It acts on the main screen as typed."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await type_fast(app, pilot, *keys)
+        assert app.screen is app.screen_stack[0]
+        assert link.sent == [protocol.SetCommand("amp", "bf16")]
