@@ -46,7 +46,6 @@ MAX_LINE_BYTES = 64 << 20
 #: How long the supervisor waits for rank 0 to connect and say hello (its imports came before).
 HELLO_TIMEOUT_S = 30.0
 OUTCOME_STATUSES = ("finished", "stopped", "nonfinite", "failed", "relaunch", "usage")
-_DICT_OR_NULL = (dict, type(None))
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,6 @@ class RankHello(RankMessage):
     """Rank 0's first line: the token the supervisor put in its environment."""
 
     type: ClassVar[str] = "hello"
-    schema: ClassVar = {"token": (str,)}
     token: str
 
 
@@ -71,7 +69,6 @@ class MetricsReport(RankMessage):
     """One metrics.jsonl record, as rank 0's trainer reported it."""
 
     type: ClassVar[str] = "metrics"
-    schema: ClassVar = {"record": (dict,)}
     record: dict
 
     def validate(self) -> None:
@@ -99,7 +96,6 @@ class EventReport(RankMessage):
     """One of the trainer's typed events (core/wire/events.py, or an app protocol message), as its protocol text."""
 
     type: ClassVar[str] = "event"
-    schema: ClassVar = {"event": (str,)}
     event: str
 
     def validate(self) -> None:
@@ -119,7 +115,6 @@ class EventReport(RankMessage):
 @dataclass(frozen=True)
 class TelemetryReport(RankMessage):
     type: ClassVar[str] = "telemetry"
-    schema: ClassVar = {"sample": (TelemetrySample,)}
     sample: TelemetrySample
 
 
@@ -128,9 +123,6 @@ class Outcome(RankMessage):
     """Rank 0's last line: how its run ended, and the commands it never handled (for the next trainer)."""
 
     type: ClassVar[str] = "outcome"
-    schema: ClassVar = {
-        "status": (str,), "step": (int,), "message": (str,), "kind": (str,), "relaunch": _DICT_OR_NULL, "unhandled": (list,),
-    }
     status: str
     step: int
     message: str = ""
@@ -159,7 +151,6 @@ class CommandMessage(RankMessage):
     """A command for rank 0, from the supervisor: the trainer command as its own protocol line."""
 
     type: ClassVar[str] = "command"
-    schema: ClassVar = {"command": (str,)}
     command: str
 
     def validate(self) -> None:
@@ -181,7 +172,6 @@ class ChannelRefused(RankMessage):
     """The answer to a line the other side could not read; it goes on reading."""
 
     type: ClassVar[str] = "refused"
-    schema: ClassVar = {"reason": (str,)}
     reason: str
 
 

@@ -16,11 +16,7 @@ from typing import ClassVar
 from torchlab.core.wire.protocol import (
     CheckpointSaved, Error, Message, NonFinite, OptionApplied, OptionRefused, ProfileReady, TrialProgress, TrialResult,
 )
-
-_OPT_NUMBER = (int, float, type(None))
-_OPT_LIST = (list, type(None))
-_OPT_DICT = (dict, type(None))
-_JSON_SCALAR_OR_NONE = (str, int, float, bool, type(None))
+from torchlab.core.wire.typed_json import JsonScalar
 
 
 @dataclass(frozen=True)
@@ -28,11 +24,6 @@ class RunStarted(Message):
     """The trainer (or rank 0) is ready and trains from ``step``: the run as the app's Welcome describes it."""
 
     type: ClassVar[str] = "run_started"
-    schema: ClassVar = {
-        "step": (int,), "device": (str,), "batch_size": (int,), "steps": (int,), "options": (dict,), "modules": (list,),
-        "module_params": (list,), "checkpoint_blocks": (list,), "world_size": (int,), "ranks": _OPT_LIST,
-        "module_tied": (list,), "from_workload": _OPT_DICT,
-    }
     step: int
     device: str
     batch_size: int
@@ -54,7 +45,6 @@ class RunEnded(Message):
     """The loop ended without an error: ``finished`` (every step) or ``stopped`` (on request)."""
 
     type: ClassVar[str] = "run_ended"
-    schema: ClassVar = {"step": (int,), "status": (str,)}
     step: int
     status: str
 
@@ -62,7 +52,6 @@ class RunEnded(Message):
 @dataclass(frozen=True)
 class Paused(Message):
     type: ClassVar[str] = "paused"
-    schema: ClassVar = {"step": (int,)}
     step: int
 
 
@@ -71,7 +60,6 @@ class Resumed(Message):
     """Training goes on after a pause, from ``step``."""
 
     type: ClassVar[str] = "resumed"
-    schema: ClassVar = {"step": (int,)}
     step: int
 
 
@@ -80,7 +68,6 @@ class StepSkipped(Message):
     """fp16's scaler found Inf/NaN gradients and skipped the optimizer step (and lowered its scale)."""
 
     type: ClassVar[str] = "step_skipped"
-    schema: ClassVar = {"step": (int,), "reason": (str,), "scale": _OPT_NUMBER}
     step: int
     reason: str
     scale: float | None = None
@@ -91,7 +78,6 @@ class ProfileStarted(Message):
     """A profiler snapshot records ``steps`` steps after ``warmup`` from ``step``."""
 
     type: ClassVar[str] = "profile_started"
-    schema: ClassVar = {"step": (int,), "steps": (int,), "warmup": (int,), "source": (str,)}
     step: int
     steps: int
     warmup: int = 1
@@ -104,10 +90,9 @@ class TrialStarted(Message):
     a TrialResult follows."""
 
     type: ClassVar[str] = "trial_started"
-    schema: ClassVar = {"step": (int,), "option": (str,), "value": _JSON_SCALAR_OR_NONE, "steps": (int,), "source": (str,)}
     step: int
     option: str
-    value: str | int | float | bool | None
+    value: JsonScalar
     steps: int
     source: str = ""
 
@@ -123,7 +108,6 @@ class CompileStarted(Message):
     training waits for it. The option_applied or option_refused of the change that asked for it follows."""
 
     type: ClassVar[str] = "compile_started"
-    schema: ClassVar = {"step": (int,), "detail": (str,)}
     step: int
     detail: str = ""
 
@@ -137,7 +121,6 @@ class ResumedFromCheckpoint(Message):
     """This process continues a run from its checkpoint of ``step``, with ``options`` in force."""
 
     type: ClassVar[str] = "resumed_from_checkpoint"
-    schema: ClassVar = {"step": (int,), "options": (dict,)}
     step: int
     options: dict = field(default_factory=dict)
 
@@ -147,7 +130,6 @@ class ResumeChangedSettings(Message):
     """A resume ran with settings other than the checkpoint's: which, and whether the run stays exact."""
 
     type: ClassVar[str] = "resume_changed_settings"
-    schema: ClassVar = {"step": (int,), "level": (str,), "message": (str,), "changes": (list,)}
     step: int
     level: str
     message: str
@@ -159,7 +141,6 @@ class Relaunching(Message):
     """The supervisor stops the ranks and starts ``world_size`` new ones from the checkpoint of ``step``."""
 
     type: ClassVar[str] = "relaunching"
-    schema: ClassVar = {"step": (int,), "world_size": (int,), "previous": (int,)}
     step: int
     world_size: int
     previous: int
@@ -171,8 +152,6 @@ class LineRefused(Message):
     not journalled before it (at most a burst a minute is: core/wire/throttle.py)."""
 
     type: ClassVar[str] = "line_refused"
-    schema: ClassVar = {"step": (int,), "channel": (str,), "reason": (str,), "before_hello": (bool,), "refused_by": (str,),
-                        "held_back": (int,)}
     step: int
     channel: str
     reason: str
@@ -186,7 +165,6 @@ class LinesRefusedUnrecorded(Message):
     """When the journal closes: ``count`` refused lines that the throttle held back and never wrote."""
 
     type: ClassVar[str] = "lines_refused_unrecorded"
-    schema: ClassVar = {"step": (int,), "channel": (str,), "count": (int,)}
     step: int
     channel: str
     count: int
@@ -198,7 +176,6 @@ class JournalRepaired(Message):
     """A journal of the run ended in a torn line (a write cut short): its last ``bytes_dropped`` bytes went."""
 
     type: ClassVar[str] = "journal_repaired"
-    schema: ClassVar = {"step": (int,), "file": (str,), "bytes_dropped": (int,), "message": (str,)}
     step: int
     file: str
     bytes_dropped: int
@@ -210,7 +187,6 @@ class MetricsMovedAside(Message):
     """A resume trains steps ``first_step``..``last_step`` again: their ``rows`` of metrics.jsonl went to ``file``."""
 
     type: ClassVar[str] = "metrics_moved_aside"
-    schema: ClassVar = {"step": (int,), "rows": (int,), "first_step": (int,), "last_step": (int,), "file": (str,), "message": (str,)}
     step: int
     rows: int
     first_step: int
@@ -225,7 +201,6 @@ class StopRequested(Message):
     trainer process's words (core/launch/worker.py), never in the client's."""
 
     type: ClassVar[str] = "stop_requested"
-    schema: ClassVar = {"step": (int,), "reason": (str,)}
     step: int
     reason: str
 
