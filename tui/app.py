@@ -60,6 +60,7 @@ from torchlab.core.wire.options import (
     OptionRefused,
     format_option_value,
 )
+from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.safe_open import UnsafeFileError
 from torchlab.core.wire.trials import TRIAL_HINT, parse_trial
 from torchlab.tui.log_tail import LogTail, is_native_torch_log
@@ -378,7 +379,7 @@ class TorchlabApp(App[int]):
             self.run_state.log("refused", f"{_command_subject(command)}: no trainer is connected", notify=True)
             self._refresh_view()
             return False
-        if self.run_state.state == "connecting":
+        if self.run_state.state == RunStatus.CONNECTING:
             # Before the welcome the trainer is still importing torch; the link would answer with an error.
             self.run_state.log("refused", f"{command.type}: the trainer is still starting; try again in a moment", notify=True)
             self._refresh_view()
@@ -489,11 +490,11 @@ class TorchlabApp(App[int]):
     def _trainer_did_not_start(self, error: Exception) -> None:
         """The error screen for a trainer that could not be started, and the status the app will exit with."""
         if isinstance(error, TorchlabError):  # torchlab's refusal: its paragraph says what to do
-            failure, self._start_failed_status = Failure("error", str(error), "", None), exit_status(error)
+            failure, self._start_failed_status = Failure(RunStatus.FAILED, str(error), "", None), exit_status(error)
         elif isinstance(error, OSError):  # the machine's (a full disk, no permission): it names the file
-            failure, self._start_failed_status = Failure("error", f"could not start the trainer: {error}", "", None), EXIT_FAILED
+            failure, self._start_failed_status = Failure(RunStatus.FAILED, f"could not start the trainer: {error}", "", None), EXIT_FAILED
         else:  # a bug: its traceback is what to report
-            failure = Failure("error", f"could not start the trainer: {error}", traceback.format_exc(), None)
+            failure = Failure(RunStatus.FAILED, f"could not start the trainer: {error}", traceback.format_exc(), None)
             self._start_failed_status = EXIT_FAILED
         self._show_failure(failure)
 
@@ -529,7 +530,7 @@ class TorchlabApp(App[int]):
         On the main thread on purpose: the link's ``start`` must be (the trainer's parent-death signal
         follows the thread that spawned it), and the old trainer has already ended.
         """
-        if self.link is not None and self.run_state.state in ("running", "paused", "starting", "relaunching"):
+        if self.link is not None and self.run_state.state in (RunStatus.RUNNING, RunStatus.PAUSED, RunStatus.STARTING, RunStatus.RELAUNCHING):
             self.notify("the run is still going: restart is for a run that failed or stopped", severity="warning")
             return
         options = options or {}
@@ -561,10 +562,10 @@ class TorchlabApp(App[int]):
 
     def action_toggle_pause(self) -> None:
         state = self.run_state.state
-        if state == "paused":
+        if state == RunStatus.PAUSED:
             if self.send(protocol.ResumeCommand()):
                 self._requested("resume requested")
-        elif state in ("running", "starting", "relaunching"):  # while relaunching: the new ranks start paused
+        elif state in (RunStatus.RUNNING, RunStatus.STARTING, RunStatus.RELAUNCHING):  # while relaunching: the new ranks start paused
             if self.send(protocol.PauseCommand()):
                 self._requested("pause requested (takes effect at the end of the current step)")
         else:
@@ -763,7 +764,7 @@ class TorchlabApp(App[int]):
             return self._start_failed_status
         if state.failure is None:
             return EXIT_OK
-        if state.failure.kind == "nonfinite":
+        if state.failure.kind == RunStatus.NONFINITE:
             return EXIT_NONFINITE
         if self.link is not None and self.link.trainer_exit_code == EXIT_USAGE:
             return EXIT_USAGE
@@ -843,7 +844,7 @@ class TorchlabApp(App[int]):
     def _restart_from_palette(self) -> None:
         """After a failure, the error screen again (its options go with the restart); else restart at once."""
         failure = self.run_state.failure
-        if failure is not None and self.run_state.state == "failed":
+        if failure is not None and self.run_state.state == RunStatus.FAILED:
             self._show_failure(failure)
         else:
             self.restart_trainer()

@@ -26,6 +26,7 @@ from torchlab.core.wire import protocol
 from torchlab.core.wire.events import COMPILING
 from torchlab.core.wire.options import OPTION_NAMES, OPTIONS_BY_NAME, format_option_value
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, RankProcess, TelemetrySample
+from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.trials import describe_trial, trial_label
 from torchlab.tui.formatting import short_workload
 from torchlab.tui.gradient_flags import flag_for
@@ -36,17 +37,18 @@ if TYPE_CHECKING:
     from torchlab.tui.profiles import ProfileSnapshot
     from torchlab.tui.run_history import RunHistory
 
-#: The states the trainer reports, plus "connecting" before its Welcome arrives and "relaunching" while the
-#: trainer restarts its ranks for a new world size (the app's own: the trainer says "running" throughout).
-RUN_STATES = ("connecting", "starting", "running", "paused", "relaunching", "stopped", "finished", "failed", "detached")
+#: The states the trainer reports, plus "connecting" before its Welcome arrives, "relaunching" while the trainer
+#: restarts its ranks for a new world size (the app's own: the trainer says "running" throughout) and "detached".
+RUN_STATES = (RunStatus.CONNECTING, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.PAUSED, RunStatus.RELAUNCHING,
+              RunStatus.STOPPED, RunStatus.FINISHED, RunStatus.FAILED, RunStatus.DETACHED)
 
 #: The states in which no trainer is left to answer a key, and how the app says so (the same words for
 #: every key: space, an option, a profile, a checkpoint).
 ENDED = {
-    "finished": "the run is finished",
-    "stopped": "the run is stopped",
-    "failed": "the run failed",
-    "detached": "the app has detached from the run",
+    RunStatus.FINISHED: "the run is finished",
+    RunStatus.STOPPED: "the run is stopped",
+    RunStatus.FAILED: "the run failed",
+    RunStatus.DETACHED: "the app has detached from the run",
 }
 
 #: Gradient-norm trend length kept per module (the sparkline in the table).
@@ -78,7 +80,7 @@ class LogEntry:
 class Failure:
     """Why the run stopped: an exception in the workload or a non-finite loss/gradient."""
 
-    kind: str  # "error" or "nonfinite"
+    kind: RunStatus  # FAILED (an error) or NONFINITE
     message: str
     detail: str  # the traceback, or the non-finite report
     step: int | None
@@ -112,7 +114,7 @@ class RunState:
         self.checkpoint_blocks: list[str] = []
         self.total_steps: int | None = None
         self.started: float | None = None
-        self.state = "connecting"
+        self.state: str = RunStatus.CONNECTING
         self.state_detail = ""
         self.step = 0
         self.options: dict[str, Any] = {}
@@ -274,7 +276,7 @@ class RunState:
     def mark_restarting(self) -> None:
         """A new trainer is on its way after a failure: clear the failure, wait for its welcome."""
         self.failure = None
-        self._set_state("starting", "restarting from the last checkpoint")
+        self._set_state(RunStatus.STARTING, "restarting from the last checkpoint")
 
     def log(self, level: str, text: str, step: int | None = None, *, notify: bool = False, toast: str | None = None) -> None:
         if notify and self._replaying:  # old news: on an 80x24 screen a toast each covered the whole view
@@ -314,14 +316,14 @@ class RunState:
     def elapsed_now(self) -> float | None:
         """The run's training time now: the last report's, and while it runs the time since that report came (a
         trial or a compile sends no report for minutes: the header held 3:22 for three, then jumped)."""
-        if self.elapsed_s is None or self.state != "running":
+        if self.elapsed_s is None or self.state != RunStatus.RUNNING:
             return self.elapsed_s
         return self.elapsed_s + math.floor(self.clock() - self.elapsed_at)  # whole seconds: it shows seconds
 
     @property
     def compiling(self) -> bool:
         """torch.compile compiles the model at a step's boundary: training waits for it (seconds to minutes)."""
-        return self.state == "running" and self.state_detail == COMPILING
+        return self.state == RunStatus.RUNNING and self.state_detail == COMPILING
 
     def would_refuse(self, option: str, value: Any) -> str | None:
         """Why the trainer would refuse ``option = value`` on this run, in its words, from what the app knows: the
@@ -366,7 +368,7 @@ class RunState:
 
     def eta_s(self) -> float | None:
         """Seconds to the last step at the recent pace, or None when unknown."""
-        if self.total_steps is None or not self.recent_step_times or self.state not in ("running", "starting"):
+        if self.total_steps is None or not self.recent_step_times or self.state not in (RunStatus.RUNNING, RunStatus.STARTING):
             return None
         remaining = self.total_steps - self.step
         if remaining <= 0:
@@ -388,7 +390,7 @@ class RunState:
     @property
     def has_ranks(self) -> bool:
         """Whether anything rank-related is worth its space: above world size 1, or relaunching to it."""
-        return self.world_size > 1 or (self.state == "relaunching" and (self.relaunch_to or 1) > 1)
+        return self.world_size > 1 or (self.state == RunStatus.RELAUNCHING and (self.relaunch_to or 1) > 1)
 
     def median_norm(self) -> float | None:
         values = [m.norm for m in self.modules if m.norm is not None and math.isfinite(m.norm)]
@@ -447,21 +449,23 @@ class RunState:
         previous = self.state
         self.step = max(self.step, event.step)
         self._set_state(event.state, event.detail)
-        if event.state == "detached":
+        if event.state == RunStatus.DETACHED:
             self.detached = True
-        if event.state == previous or event.state == "failed":  # a failure is told by its Error event
+        if event.state == previous or event.state == RunStatus.FAILED:  # a failure is told by its Error event
             return
-        if previous == "relaunching" and event.state == "running":
+        if previous == RunStatus.RELAUNCHING and event.state == RunStatus.RUNNING:
             return  # the new ranks train: the world_size acknowledgement that follows says so, with its step
-        if event.state == "starting":  # the trainer's process says so before it knows the step it starts from
+        if event.state == RunStatus.STARTING:  # the trainer's process says so before it knows the step it starts from
             self.log("info", "starting the trainer")
             return
-        if event.state == "running":
-            text = {"paused": "resumed", "starting": "resuming" if event.step > 0 else "training"}.get(previous, "training")
+        if event.state == RunStatus.RUNNING:
+            text = {RunStatus.PAUSED: "resumed", RunStatus.STARTING: "resuming" if event.step > 0 else "training"}.get(
+                previous, "training")
         else:
             text = event.state
         detail = f": {event.detail}" if event.detail else ""
-        notify = event.state in ("paused", "finished", "stopped") or (event.state == "running" and previous == "paused")
+        notify = event.state in (RunStatus.PAUSED, RunStatus.FINISHED, RunStatus.STOPPED) or (
+            event.state == RunStatus.RUNNING and previous == RunStatus.PAUSED)
         self.log("info", f"{text} at step {event.step}{detail}", event.step, notify=notify)
 
     def take_history(self, history: RunHistory) -> None:
@@ -628,7 +632,7 @@ class RunState:
         """The trial running now: its progress while training has not gone past the step it began at (progress
         is sent as the newest value, apart from the ordered events, so one may land after the trial's result)."""
         progress = self.trial_progress
-        if progress is None or progress.step <= self.step or self.state != "running":
+        if progress is None or progress.step <= self.step or self.state != RunStatus.RUNNING:
             return None
         return progress
 
@@ -719,7 +723,7 @@ class RunState:
             self.log("info", f"an earlier app detached at step {event.step}", event.step)
             return
         self.detached = True
-        self.detached_paused = self.state == "paused"
+        self.detached_paused = self.state == RunStatus.PAUSED
         self.log("applied", f"detached at step {event.step}: {self.after_detach}", event.step, notify=True)
 
     @property
@@ -758,7 +762,7 @@ class RunState:
         target = _int_or_none(self.pending.get("world_size"))  # None: a scripted change (--at)
         self.relaunch_to = target
         current = self.world_size
-        self._set_state("relaunching", f"{current} → {target}" if target is not None else "")
+        self._set_state(RunStatus.RELAUNCHING, f"{current} → {target}" if target is not None else "")
         self.ranks, self.ranks_step, self.rank_hosts = [], None, {}
         self.ranks_version += 1
         to = f" as {_processes(target)}" if target is not None else ""
@@ -767,8 +771,8 @@ class RunState:
 
     def _world_size_changed(self, event: protocol.OptionApplied) -> None:
         """A new world size trains: figures from before the change describe ranks that are gone."""
-        if self.state == "relaunching":
-            self._set_state("running", "")
+        if self.state == RunStatus.RELAUNCHING:
+            self._set_state(RunStatus.RUNNING, "")
         self.ranks, self.ranks_step = [], None
         self.ranks_version += 1
 
@@ -794,18 +798,18 @@ class RunState:
         self.log(level, event.text, step, notify=level == "error")
 
     def _on_error(self, event: protocol.Error) -> None:
-        self.failure = Failure("error", event.message, event.traceback, event.step, event.checkpoint)
+        self.failure = Failure(RunStatus.FAILED, event.message, event.traceback, event.step, event.checkpoint)
         self.failure_version += 1
-        self._set_state("failed", event.message)
+        self._set_state(RunStatus.FAILED, event.message)
         self.log("error", f"the run failed at step {event.step}: {event.message}", event.step, notify=True)
 
     def _on_nonfinite(self, event: protocol.NonFinite) -> None:
         where = f" in {event.module}" if event.module else ""
         report = f"The {event.phase}{where} became non-finite at step {event.step}.\n\n{event.detail}".rstrip()
         message = event.message or f"non-finite {event.phase}{where} at step {event.step}"
-        self.failure = Failure("nonfinite", message, report, event.step)
+        self.failure = Failure(RunStatus.NONFINITE, message, report, event.step)
         self.failure_version += 1
-        self._set_state("failed", message)
+        self._set_state(RunStatus.FAILED, message)
         self.log("error", message, event.step, notify=True)
 
     def _on_refused(self, event: protocol.Refused) -> None:
@@ -818,7 +822,7 @@ class RunState:
             self._forget_requests()
         self.state = state
         self.state_detail = detail
-        if state != "relaunching":
+        if state != RunStatus.RELAUNCHING:
             self.relaunch_to = None
         self.header_version += 1
 

@@ -60,6 +60,7 @@ from torchlab.core.engine.loading import describe_code, user_frame
 from torchlab.core.engine.nonfinite import localise_nonfinite
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
+from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.options import (
     ACCUM, AMP, CHECKPOINTING, CLIP, COMPILE, LIVE_OPTIONS, LR_SCALE, PIN_MEMORY, STEPS, WORKERS, WORLD_SIZE, LiveOption,
     LiveOptions, OptionRefused, live_option,
@@ -294,7 +295,7 @@ class Trainer:
                 self._finish_checkpoint()
         except NonFiniteError as error:
             self._emit(p.NonFinite(message=str(error), **error.report))
-            return RunOutcome("nonfinite", self.step, str(error))
+            return RunOutcome(RunStatus.NONFINITE, self.step, str(error))
         except WorkloadError as error:
             self._emit(p.Error(step=self.step + 1, message=str(error), traceback=traceback.format_exc()))
             raise
@@ -308,14 +309,14 @@ class Trainer:
         try:
             if self._relaunch is not None:
                 self._save_checkpoint(reason="world_size")  # always: the options changed since any earlier one
-                return RunOutcome("relaunch", self.step, relaunch=self._relaunch)
+                return RunOutcome(RunStatus.RELAUNCH, self.step, relaunch=self._relaunch)
             if self._last_checkpoint_step != self.step and self.step > 0:
                 self._save_checkpoint(reason="final")
         except StorageError as error:  # the last checkpoint could not be written: the run failed, said as such
             if self.ranks is not None and self.ranks.supervised:
                 raise
             return self._failed(error)
-        status = "stopped" if self._stop is not None else "finished"
+        status = RunStatus.STOPPED if self._stop is not None else RunStatus.FINISHED
         self._emit(RunEnded(step=self.step, status=status))
         return RunOutcome(status, self.step, self._stop.reason if self._stop else "")
 
@@ -332,7 +333,7 @@ class Trainer:
         except StorageError as storage:  # the disk that failed may fail again; the app still got the error
             if str(storage) != message:
                 message = f"{message} (then: {storage})"
-        return RunOutcome("failed", self.step, message, kind=type(error).__name__)
+        return RunOutcome(RunStatus.FAILED, self.step, message, error=type(error))
 
     def train_steps(self, count: int) -> bool:
         """Apply queued commands and train up to ``count`` optimizer steps; False once a stop was requested.

@@ -22,12 +22,13 @@ from torchlab.core.engine.loading import SAMPLES, check_spec
 from torchlab.core.wire.config import DEFAULT_WORKLOAD, SETTINGS, TrainConfig, build_config, load_config_file
 from torchlab.core.wire.errors import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK
 from torchlab.core.wire.options import LIVE_OPTIONS
+from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.settings import Group
 
 
-def exit_code(status: str) -> int:
+def exit_code(status: RunStatus) -> int:
     """The exit status of a process whose run ended with ``status`` (a RunOutcome's)."""
-    return {"nonfinite": EXIT_NONFINITE, "failed": EXIT_FAILED}.get(status, EXIT_OK)
+    return {RunStatus.NONFINITE: EXIT_NONFINITE, RunStatus.FAILED: EXIT_FAILED}.get(status, EXIT_OK)
 
 
 def installed_version() -> str:

@@ -28,10 +28,11 @@ from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.engine.tensorboard import tensorboard_observers
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.errors import TorchlabError, WorkloadExited
+from torchlab.core.wire.errors import StorageError, TorchlabError, WorkloadExited
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.protocol import Message
 from torchlab.core.wire.options import STEPS, format_option_value
+from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.impact import ImpactTracker
 from torchlab.core.wire.trials import describe_trial, trial_progress_text
 from torchlab.core.engine.loading import check_spec, exits_as_failure, load_workload, workload_label
@@ -96,20 +97,20 @@ def run_headless(
 
     run_path = directory.path.absolute()  # a hint to follow from any directory
     console.print(f"Run directory: {escape(str(run_path))}")
-    if outcome.status == "nonfinite":
+    if outcome.status == RunStatus.NONFINITE:
         console.print(f"[bold red]Stopped on a non-finite value:[/] {escape(outcome.message)}")
         return EXIT_NONFINITE
-    if outcome.status == "failed" and outcome.kind == "StorageError":  # the message says what is intact and what to do
+    if outcome.failed_with(StorageError):  # the message says what is intact and what to do
         console.print(f"[bold red]Stopped after step {outcome.step}:[/] {escape(outcome.message)}")
         return EXIT_FAILED
-    if outcome.status == "failed":
+    if outcome.status == RunStatus.FAILED:
         console.print(f"[bold red]Training failed at step {outcome.step + 1}:[/] {escape(outcome.message)}")
         console.print(escape(f"Traceback in {run_path / 'events.jsonl'}; the last checkpoint is in {run_path / 'checkpoints'}."))
         return EXIT_FAILED
     if stop_on_signal.interrupted:
         console.print(escape(f"Interrupted at step {outcome.step}; resume with torchlab-tui --resume {run_path}"))
         return EXIT_INTERRUPTED
-    if outcome.status == "finished" and progress.last_record is None and outcome.step >= config.steps:
+    if outcome.status == RunStatus.FINISHED and progress.last_record is None and outcome.step >= config.steps:
         console.print(f"Nothing to train: the run is at step {outcome.step}, its --steps. Resume with --steps N "
                       f"(N > {outcome.step}) to train further.")
         return EXIT_OK

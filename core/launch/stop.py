@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchlab.core.launch.arguments import command_description
-from torchlab.core.launch.attach import has_ended, live_runs, report_ended
+from torchlab.core.launch.attach import live_runs, report_ended
 from torchlab.core.wire.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, TorchlabError
 from torchlab.core.wire.line_reader import LineReader
 from torchlab.core.wire.protocol import (
@@ -41,7 +41,8 @@ from torchlab.core.wire.protocol import (
     Welcome,
     decode,
 )
-from torchlab.core.wire.runtime import FINAL_STATES, RunEntry, find_run, list_runs, printable, process_running
+from torchlab.core.wire.run_status import FINAL_STATES, RunStatus
+from torchlab.core.wire.runtime import RunEntry, find_run, list_runs, printable, process_running
 
 #: The name ``stop`` gives in its hello: the run's journal and event log say it was "stopped by `torchlab-tui stop`".
 STOP_CLIENT = "torchlab-tui stop"
@@ -66,7 +67,7 @@ class StopRefused(Exception):
 class Ending:
     """What the run said while it stopped: its last state and step, and its last checkpoint."""
 
-    state: str = "running"
+    state: str = RunStatus.RUNNING
     step: int = 0
     checkpoint: str | None = None
 
@@ -102,7 +103,7 @@ def running_run(selector: str | None) -> RunEntry:
         if Path(selector).is_dir():  # a run directory whose run ended, and whose entry attach has already reported
             raise NotRunning(f"{selector} is not running (no live run has that run directory).") from None
         raise
-    if has_ended(entry):
+    if entry.ended:
         raise NotRunning(f"not running: {report_ended(entry)}")
     return entry
 
@@ -200,4 +201,4 @@ def _report(entry: RunEntry, ending: Ending) -> int:
         shown = final if final.is_absolute() else Path(str(entry.info.get("run_dir"))) / "checkpoints" / final.name
         print(f"Final checkpoint: {printable(shown)}")
     print(f"Run directory: {printable(entry.info.get('run_dir'))}")
-    return EXIT_FAILED if ending.state == "failed" else EXIT_OK
+    return EXIT_FAILED if ending.state == RunStatus.FAILED else EXIT_OK

@@ -45,6 +45,7 @@ from torchlab.core.wire.impact import ImpactTracker
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.outbox import Outbox
 from torchlab.core.wire.payloads import ModuleInfo, RankProcess, RunInfo, TelemetrySample
+from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.runtime import Endpoint, die_with_parent
 from torchlab.core.wire.throttle import RefusedCommands, RefusedLines
 
@@ -69,7 +70,7 @@ class OutboxReporter(TrainerObserver):
         self.outbox = outbox
         self.impact = impact
         self.on_run_started = on_run_started  # called with each RunStarted (the Welcome is built from it)
-        self.state = "starting"
+        self.state = RunStatus.STARTING
         self.step = 0
         self.total_steps: int | None = None  # as the trainer says it (RunStarted, then a live steps change)
         self.compiling = False  # between a CompileStarted and the answer to the change that asked for it
@@ -97,17 +98,17 @@ class OutboxReporter(TrainerObserver):
                 self.total_steps = event.steps
                 if self.on_run_started is not None:
                     self.on_run_started(event)
-                self.set_state("running", event.step)
+                self.set_state(RunStatus.RUNNING, event.step)
             case events.Paused():
-                self.set_state("paused", event.step)
+                self.set_state(RunStatus.PAUSED, event.step)
             case events.Resumed():
-                self.set_state("running", event.step)
+                self.set_state(RunStatus.RUNNING, event.step)
             case events.RunEnded():
                 self._send_impact(force=True)
                 self.set_state(event.status, event.step)
             case p.NonFinite() | p.Error():
                 self.outbox.add_event(event)
-                self.set_state("failed", event.step, event.message)
+                self.set_state(RunStatus.FAILED, event.step, event.message)
             case p.OptionApplied() | p.OptionRefused() | p.CheckpointSaved() | p.ProfileReady() | p.TrialResult():
                 if isinstance(event, p.OptionApplied) and event.option == STEPS.name:
                     self.total_steps = event.value
@@ -130,7 +131,7 @@ class OutboxReporter(TrainerObserver):
             case events.ProfileStarted():
                 self.outbox.add_event(p.Log(level="info", text=f"profiling {event.steps} steps after 1 warm-up", step=event.step))
             case events.Relaunching():
-                self.set_state("relaunching", event.step, f"{event.previous} → {event.world_size}")
+                self.set_state(RunStatus.RELAUNCHING, event.step, f"{event.previous} → {event.world_size}")
             case events.ResumedFromCheckpoint():
                 self.outbox.add_event(p.Log(level="info", text=f"resumed from the checkpoint of step {event.step}", step=event.step))
             case events.ResumeChangedSettings():
@@ -188,7 +189,7 @@ class Worker:
             on_client_gone=self._on_client_gone, on_client_attached=self._on_client_attached,
             on_refused=self._journal_refusal,
         )
-        self.reporter.set_state("starting", 0)
+        self.reporter.set_state(RunStatus.STARTING, 0)
 
     # ------------------------------------------------------------------ running
     def run(self) -> int:
@@ -251,9 +252,9 @@ class Worker:
         """A failure the trainer did not report itself (it never started, or the workload's code ended it): to the
         app, which may not have connected yet (it gets a Welcome that says so)."""
         self.outbox.add_event(p.Error(message=message, traceback=trace, step=self.reporter.step))
-        self.reporter.set_state("failed", self.reporter.step, message)
+        self.reporter.set_state(RunStatus.FAILED, self.reporter.step, message)
         if not self._ready.is_set():
-            self._welcome = p.Welcome(run=self._run_info(None), modules=[], options={}, state="failed", step=0)
+            self._welcome = p.Welcome(run=self._run_info(None), modules=[], options={}, state=RunStatus.FAILED, step=0)
         self._ready.set()
 
     def _on_run_started(self, started: events.RunStarted) -> None:
@@ -263,7 +264,7 @@ class Worker:
             modules=[ModuleInfo(name, count, list(tied)) for name, count, tied
                      in zip(started.modules, started.module_params, started.module_tied or [[]] * len(started.modules))],
             options=started.options,
-            state="running",
+            state=RunStatus.RUNNING,
             step=started.step,
         )
         self._ready.set()

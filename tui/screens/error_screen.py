@@ -18,6 +18,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
 from torchlab.core.wire.options import LIVE_OPTIONS, OPTIONS_BY_NAME, Choice, Number, Switch
+from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.state import Failure
 
 #: What the screen dismisses with, besides a ``Restart``.
@@ -98,7 +99,7 @@ class ErrorScreen(ModalScreen[Restart | str]):
 
     def compose(self) -> ComposeResult:
         failure = self.failure
-        title = "The run stopped on a non-finite value" if failure.kind == "nonfinite" else "The run failed"
+        title = "The run stopped on a non-finite value" if failure.kind == RunStatus.NONFINITE else "The run failed"
         step = f" at step {failure.step}" if failure.step is not None else ""
         with Vertical(id="error-dialog"):
             yield Label(f"{title}{step}", id="error-title")
