@@ -862,9 +862,13 @@ class TorchlabApp(App[int]):
 
 def _command_subject(command: protocol.Message) -> str:
     """What a command is about, as the user asked for it: the option's name, or the command's."""
-    if isinstance(command, protocol.SetCommand):
-        return command.option
-    return "trial" if isinstance(command, protocol.TrialCommand) else command.type.replace("_", " ")
+    match command:
+        case protocol.SetCommand():
+            return command.option
+        case protocol.TrialCommand():
+            return "trial"
+        case _:
+            return command.type.replace("_", " ")
 
 
 def tune_garbage_collection() -> None:

@@ -319,14 +319,15 @@ class ProcessLink:
         step = (message.columns.get("step") or [None])[-1] if isinstance(message, Metrics) else getattr(message, "step", None)
         if isinstance(message, (State, Welcome, Metrics)) and isinstance(step, int) and not isinstance(step, bool):
             self.last_step = step
-        if isinstance(message, State) and message.state in FINAL_STATES:
-            self._final_state_seen = True
-        if isinstance(message, Detached):
-            self._on_detached()
-        elif isinstance(message, Welcome):
-            self._welcomed = True
-        elif isinstance(message, Refused) and not self._welcomed:
-            self.refused = message.reason
+        match message:
+            case State() if message.state in FINAL_STATES:
+                self._final_state_seen = True
+            case Detached():
+                self._on_detached()
+            case Welcome():
+                self._welcomed = True
+            case Refused() if not self._welcomed:
+                self.refused = message.reason
         self._push(message)
 
     def _trainer_alive(self) -> bool:

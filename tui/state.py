@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torchlab.core.wire import protocol
-from torchlab.core.wire.events import COMPILING
+from torchlab.core.wire.events import COMPILING, describe
 from torchlab.core.wire.options import OPTION_NAMES, OPTIONS_BY_NAME, format_option_value
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, RankProcess, TelemetrySample
 from torchlab.core.wire.run_status import RunStatus
@@ -230,14 +230,58 @@ class RunState:
             self._flag_modules()
 
     def _fold(self, event: protocol.Message) -> None:
-        handler = _HANDLERS.get(type(event))
-        if handler is None:
-            self.log("warning", f"ignored an unexpected message from the trainer: {type(event).__name__}")
-            return
         try:
-            handler(self, event)
+            self._dispatch(event)
         except (TypeError, ValueError, KeyError, AttributeError, IndexError) as error:
             self.log("warning", f"could not read a {event.type!r} message from the trainer: {error}")
+
+    def _dispatch(self, event: protocol.Message) -> None:
+        """The handler of each message the app takes, the most frequent first."""
+        match event:
+            case protocol.Metrics():
+                self._on_metrics(event)
+            case protocol.GradNorms():
+                self._on_grad_norms(event)
+            case protocol.Telemetry():
+                self._on_telemetry(event)
+            case protocol.Memory():
+                self._on_memory(event)
+            case protocol.Ranks():
+                self._on_ranks(event)
+            case protocol.Impact():
+                self._on_impact(event)
+            case protocol.TrialProgress():
+                self._on_trial_progress(event)
+            case protocol.State():
+                self._on_state(event)
+            case protocol.Welcome():
+                self._on_welcome(event)
+            case protocol.Replayed():
+                self._on_replayed(event)
+            case protocol.TrialResult():
+                self._on_trial_result(event)
+            case protocol.OptionApplied():
+                self._on_option_applied(event)
+            case protocol.OptionRefused():
+                self._on_option_refused(event)
+            case protocol.Detached():
+                self._on_detached(event)
+            case protocol.CheckpointSaved():
+                self._on_checkpoint(event)
+            case protocol.Log():
+                self._on_log(event)
+            case protocol.Error():
+                self._on_error(event)
+            case protocol.NonFinite():
+                self._on_nonfinite(event)
+            case protocol.Refused():
+                self._on_refused(event)
+            case protocol.ProfileReady():
+                self._on_profile_ready(event)
+            case _ if (sentence := describe(event)) is not None:  # the trainer's news in words (a compile, a trial)
+                self.log("warning" if sentence.warning else "info", sentence.text, event.step)
+            case _:
+                self.log("warning", f"ignored an unexpected message from the trainer: {type(event).__name__}")
 
     def note_request(self, option: str, value: Any) -> None:
         """The app sent a SetCommand: remember it until the answer comes, and log that it is on its way."""
@@ -833,29 +877,6 @@ class RunState:
         self.options = dict(options)
         self.options_version += 1
 
-
-_HANDLERS = {
-    protocol.Welcome: RunState._on_welcome,
-    protocol.Replayed: RunState._on_replayed,
-    protocol.State: RunState._on_state,
-    protocol.Metrics: RunState._on_metrics,
-    protocol.GradNorms: RunState._on_grad_norms,
-    protocol.Telemetry: RunState._on_telemetry,
-    protocol.Memory: RunState._on_memory,
-    protocol.TrialResult: RunState._on_trial_result,
-    protocol.TrialProgress: RunState._on_trial_progress,
-    protocol.OptionApplied: RunState._on_option_applied,
-    protocol.OptionRefused: RunState._on_option_refused,
-    protocol.Detached: RunState._on_detached,
-    protocol.CheckpointSaved: RunState._on_checkpoint,
-    protocol.Log: RunState._on_log,
-    protocol.Error: RunState._on_error,
-    protocol.NonFinite: RunState._on_nonfinite,
-    protocol.Refused: RunState._on_refused,
-    protocol.ProfileReady: RunState._on_profile_ready,
-    protocol.Impact: RunState._on_impact,
-    protocol.Ranks: RunState._on_ranks,
-}
 
 
 def _processes(count: int) -> str:

@@ -363,18 +363,19 @@ class RankChannel:
             self.send(StopCommand("a file of the run could not be written"))
 
     def _dispatch(self, message: RankMessage, connection: socket.socket) -> None:
-        if isinstance(message, MetricsReport):
-            self.observer.on_metrics(message.as_reported())
-        elif isinstance(message, EventReport):
-            self.observer.on_event(message.as_event())
-        elif isinstance(message, TelemetryReport):
-            self.observer.on_telemetry(message.sample)
-        elif isinstance(message, Outcome):
-            self.outcome = message
-        elif isinstance(message, ChannelRefused):  # rank 0 could not read a command we sent
-            self._journal_refusal(message.reason, before_hello=False, by="rank 0")
-        else:
-            self._refuse(connection, f"{message.type} is not a report", before_hello=False)
+        match message:
+            case MetricsReport():
+                self.observer.on_metrics(message.as_reported())
+            case EventReport():
+                self.observer.on_event(message.as_event())
+            case TelemetryReport():
+                self.observer.on_telemetry(message.sample)
+            case Outcome():
+                self.outcome = message
+            case ChannelRefused():  # rank 0 could not read a command we sent
+                self._journal_refusal(message.reason, before_hello=False, by="rank 0")
+            case _:
+                self._refuse(connection, f"{message.type} is not a report", before_hello=False)
 
 
 def _close(connection: socket.socket) -> None:
@@ -454,12 +455,13 @@ class SupervisorLink(TrainerObserver):
             except (EOFError, OSError) as error:
                 self._break(_how_it_ended(error))
                 return
-            if isinstance(message, CommandMessage):
-                self.trainer.submit(message.as_command())
-            elif isinstance(message, ChannelRefused):  # the supervisor could not read a report of ours
-                print(f"torchlab rank 0: the supervisor refused a report: {message.reason}", file=sys.stderr, flush=True)
-            else:
-                self._answer_refused(f"{message.type} is not a command")
+            match message:
+                case CommandMessage():
+                    self.trainer.submit(message.as_command())
+                case ChannelRefused():  # the supervisor could not read a report of ours
+                    print(f"torchlab rank 0: the supervisor refused a report: {message.reason}", file=sys.stderr, flush=True)
+                case _:
+                    self._answer_refused(f"{message.type} is not a command")
 
     def _answer_refused(self, reason: str) -> None:
         with self._lock:

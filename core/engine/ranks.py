@@ -330,17 +330,18 @@ class _Relay(TrainerObserver):
             observer.on_event(event)
         change = self.supervisor._acknowledge
         note = self.supervisor._resume_note
-        if isinstance(event, ResumedFromCheckpoint) and note is not None:
-            self.supervisor._resume_note = None
-            self.on_event(ResumeChangedSettings(step=event.step, **note))
-        if isinstance(event, RunStarted):
-            self.supervisor.step = event.step
-            if change is not None:
-                self.supervisor._acknowledge = None
-                self.on_event(OptionApplied(
-                    step=change.step, option=WORLD_SIZE.name, value=change.value, previous=change.previous,
-                    display=WORLD_SIZE.format(change.value), source=change.source,
-                ))
+        match event:
+            case ResumedFromCheckpoint() if note is not None:
+                self.supervisor._resume_note = None
+                self.on_event(ResumeChangedSettings(step=event.step, **note))
+            case RunStarted():
+                self.supervisor.step = event.step
+                if change is not None:
+                    self.supervisor._acknowledge = None
+                    self.on_event(OptionApplied(
+                        step=change.step, option=WORLD_SIZE.name, value=change.value, previous=change.previous,
+                        display=WORLD_SIZE.format(change.value), source=change.source,
+                    ))
 
     def on_telemetry(self, sample: TelemetrySample) -> None:
         for observer in self.supervisor.observers:

@@ -732,32 +732,29 @@ class Trainer:
 
     def _handle(self, command: TrainerCommand) -> None:
         next_step = self.step + 1
-        if isinstance(command, SetCommand):
-            self._set_option(command, next_step)
-        elif isinstance(command, PauseCommand):
-            if not self._paused:
+        match command:
+            case SetCommand():
+                self._set_option(command, next_step)
+            case PauseCommand() if not self._paused:
                 self._paused = True
                 self._emit(Paused(step=self.step))
-        elif isinstance(command, ResumeCommand):
-            if self._paused:
+            case ResumeCommand() if self._paused:
                 self._paused = False
                 self._emit(Resumed(step=next_step))
-        elif isinstance(command, StopCommand):
-            self._stop = command
-            self._paused = False
-            if self._relaunch is not None:  # a stop wins over a relaunch asked for at the same boundary
-                change, self._relaunch = self._relaunch, None
-                self.options = self.options.with_value("world_size", self.world_size)
-                self._emit(p.OptionRefused(step=next_step, option=WORLD_SIZE.name, value=change.value,
-                                         reason="the run stops at this step", source=change.source))
-        elif isinstance(command, SaveCheckpointCommand):
-            if self.step > 0:
+            case StopCommand():
+                self._stop = command
+                self._paused = False
+                if self._relaunch is not None:  # a stop wins over a relaunch asked for at the same boundary
+                    change, self._relaunch = self._relaunch, None
+                    self.options = self.options.with_value("world_size", self.world_size)
+                    self._emit(p.OptionRefused(step=next_step, option=WORLD_SIZE.name, value=change.value,
+                                             reason="the run stops at this step", source=change.source))
+            case SaveCheckpointCommand() if self.step > 0:
                 self._save_checkpoint(reason="requested")
-        elif isinstance(command, ProfileCommand):
-            if self.reports:  # one profile per run: rank 0's
+            case ProfileCommand() if self.reports:  # one profile per run: rank 0's
                 self._start_profile(command, next_step)
-        elif isinstance(command, TrialCommand):
-            self._run_trial(command, next_step)  # every rank: their steps' collectives pair up
+            case TrialCommand():
+                self._run_trial(command, next_step)  # every rank: their steps' collectives pair up
 
     # ----------------------------------------------------------------- controlled trials
     def _run_trial(self, command: TrialCommand, step: int) -> None:

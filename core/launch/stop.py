@@ -143,13 +143,14 @@ def stop(entry: RunEntry) -> int:
 
 def _answer(reader: LineReader, ending: Ending, deadline: float, name: str) -> Welcome:
     """The trainer's answer to the hello: its Welcome, or StopRefused saying why it refused."""
-    message = decode(reader.next_line(deadline=deadline))
-    if isinstance(message, Refused):
-        raise StopRefused(f"{name} refused the stop: {message.reason}")
-    if not isinstance(message, Welcome):
-        raise StopRefused(f"{name} answered with {message.type}, not a welcome: is it a torchlab run of this version?")
-    ending.state, ending.step = message.state, message.step
-    return message
+    match message := decode(reader.next_line(deadline=deadline)):
+        case Welcome():
+            ending.state, ending.step = message.state, message.step
+            return message
+        case Refused():
+            raise StopRefused(f"{name} refused the stop: {message.reason}")
+        case _:
+            raise StopRefused(f"{name} answered with {message.type}, not a welcome: is it a torchlab run of this version?")
 
 
 def _until_closed(reader: LineReader, ending: Ending, name: str) -> bool:
@@ -175,12 +176,13 @@ def _until_closed(reader: LineReader, ending: Ending, name: str) -> bool:
 
 
 def _note(message: object, ending: Ending) -> None:
-    if isinstance(message, State):
-        ending.state, ending.step = message.state, message.step
-    elif isinstance(message, Metrics) and message.columns.get("step"):
-        ending.step = int(message.columns["step"][-1])
-    elif isinstance(message, CheckpointSaved):
-        ending.checkpoint = message.path
+    match message:
+        case State():
+            ending.state, ending.step = message.state, message.step
+        case Metrics() if message.columns.get("step"):
+            ending.step = int(message.columns["step"][-1])
+        case CheckpointSaved():
+            ending.checkpoint = message.path
 
 
 def _report(entry: RunEntry, ending: Ending) -> int:

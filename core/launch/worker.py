@@ -35,7 +35,7 @@ from typing import Any
 
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.options import STEPS, format_option_value
+from torchlab.core.wire.options import STEPS
 from torchlab.core.launch.arguments import build_parser, exit_code
 from torchlab.core.launch.stop import STOP_CLIENT
 from torchlab.core.wire.errors import EXIT_OK
@@ -59,8 +59,8 @@ IMPACT_INTERVAL_S = 1.0
 
 
 class OutboxReporter(TrainerObserver):
-    """Trainer observer that puts the trainer's events in the Outbox: those the app receives as they are, and the
-    others as the State or Log line the app shows.
+    """Trainer observer that puts the trainer's events in the Outbox: the run's changes of state as the State the
+    app shows, the others as they are (the app says them in words with ``events.describe``, as headless does).
 
     Given the run's ImpactTracker (an observer placed before this one), it also sends the impact
     table: when a segment starts and otherwise at most once per ``IMPACT_INTERVAL_S``.
@@ -116,29 +116,17 @@ class OutboxReporter(TrainerObserver):
                 if self.compiling and isinstance(event, (p.OptionApplied, p.OptionRefused)):  # the change compiled for
                     self.compiling = False
                     self.set_state(self.state, self.step)
-            case events.TrialStarted():
-                shown = format_option_value(event.option, event.value)
-                self.outbox.add_event(p.Log(level="info", text=f"trying {event.option} = {shown} for {event.steps} steps "
-                                                               f"against as many as it is", step=event.step))
             case events.CompileStarted():
-                self.outbox.add_event(p.Log(level="info", text=event.text(), step=event.step))
+                self.outbox.add_event(event)
                 self.compiling = True  # the app's header says so until the change's answer: no step comes meanwhile
                 self.set_state(self.state, self.step, events.COMPILING)
             case p.TrialProgress():
                 self.outbox.add_latest(event)
-            case events.StepSkipped():
-                self.outbox.add_event(p.Log(level="warning", text=f"step skipped: {event.reason}", step=event.step))
-            case events.ProfileStarted():
-                self.outbox.add_event(p.Log(level="info", text=f"profiling {event.steps} steps after 1 warm-up", step=event.step))
             case events.Relaunching():
                 self.set_state(RunStatus.RELAUNCHING, event.step, f"{event.previous} → {event.world_size}")
-            case events.ResumedFromCheckpoint():
-                self.outbox.add_event(p.Log(level="info", text=f"resumed from the checkpoint of step {event.step}", step=event.step))
-            case events.ResumeChangedSettings():
-                self.outbox.add_event(p.Log(level=event.level, text=event.message, step=event.step))
-            case events.StopRequested():
-                self.outbox.add_event(p.Log(level="info", text=f"{event.reason} (at the end of this step, with a final "
-                                                               "checkpoint)", step=event.step))
+            case (events.TrialStarted() | events.StepSkipped() | events.ProfileStarted() | events.ResumedFromCheckpoint()
+                  | events.ResumeChangedSettings() | events.StopRequested()):
+                self.outbox.add_event(event)  # the app says it in words: events.describe
 
     def _send_impact(self, force: bool = False) -> None:
         if self.impact is None:
@@ -299,18 +287,18 @@ class Worker:
         )
 
     def _on_command(self, command: p.Message, client: str) -> None:
-        trainer = self.trainer
-        if isinstance(command, p.DetachCommand):
-            self._detach()
-        elif not isinstance(command, p.TRAINER_COMMANDS):
-            self._refuse(f"{command.type} is not a command")
-        elif trainer is None:
-            self.outbox.add_event(p.Log(level="warning", text=f"{command.type}: the trainer is still starting; try again"))
-        else:
-            command = _from_the_client(command, client)
-            trainer.submit(command)
-            if isinstance(command, p.StopCommand):
-                self._tell_stop_requested(command.reason)
+        match command:
+            case p.DetachCommand():
+                self._detach()
+            case p.TrainerCommand() if self.trainer is None:
+                self.outbox.add_event(p.Log(level="warning", text=f"{command.type}: the trainer is still starting; try again"))
+            case p.TrainerCommand():
+                command = _from_the_client(command, client)
+                self.trainer.submit(command)
+                if isinstance(command, p.StopCommand):
+                    self._tell_stop_requested(command.reason)
+            case _:
+                self._refuse(f"{command.type} is not a command")
 
     def _tell_stop_requested(self, reason: str) -> None:
         """Who asked the run to stop, in its journal and the event log: the run's end says only that it stopped."""

@@ -3,9 +3,11 @@ line of a headless run, the impact tracker, the supervisor of its ranks.
 
 The trainer emits typed events and nothing else. Those the app receives as they are (an option applied
 or refused, a checkpoint, an error, a non-finite stop, a profile) are the protocol's own messages
-(core/wire/protocol.py); the ones here are turned by the app's reporter into what the app shows (a
-``State``, a ``Log`` line, the ``Welcome``). Both kinds are messages of one protocol: rank 0 sends them
-to its supervisor as their protocol text, and ``Message.journal_record`` is their line in the journal.
+(core/wire/protocol.py); of the ones here, the app's reporter turns the run's changes of state into a ``State``
+and the ``Welcome``, and sends the app those a person reads as a sentence as they are. Both kinds are messages
+of one protocol: rank 0 sends them to its supervisor as their protocol text, and ``Message.journal_record`` is
+their line in the journal. ``describe`` makes an event's sentence, the one place it is made: the app's event
+log and a headless run's output say the same words.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import ClassVar
 from torchlab.core.wire.protocol import (
     CheckpointSaved, Error, Message, NonFinite, OptionApplied, OptionRefused, ProfileReady, TrialProgress, TrialResult,
 )
+from torchlab.core.wire.options import format_option_value
 from torchlab.core.wire.typed_json import JsonScalar
 
 
@@ -110,10 +113,6 @@ class CompileStarted(Message):
     type: ClassVar[str] = "compile_started"
     step: int
     detail: str = ""
-
-    def text(self) -> str:
-        """What the app's log and the headless output say."""
-        return f"compiling the model{' ' + self.detail if self.detail else ''} (torch.compile): training waits for it"
 
 
 @dataclass(frozen=True)
@@ -212,3 +211,40 @@ TRAINER_EVENTS = (
     ResumeChangedSettings, Relaunching, LineRefused, LinesRefusedUnrecorded, JournalRepaired, MetricsMovedAside,
     StopRequested, OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult, TrialProgress,
 )
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """An event as a person reads it; ``warning``: said as one (the app's log marks it, headless writes "warning:")."""
+
+    text: str
+    warning: bool = False
+
+
+def describe(event: Message) -> Sentence | None:
+    """The sentence for ``event``, or None where what it says is a state, a figure or a table that the app and
+    headless each show their own way."""
+    match event:
+        case TrialStarted():
+            value = format_option_value(event.option, event.value)
+            return Sentence(f"trying {event.option} = {value} for {event.steps} steps against as many as it is")
+        case CompileStarted():
+            return Sentence(f"compiling the model{' ' + event.detail if event.detail else ''} (torch.compile): training waits for it")
+        case StepSkipped():
+            return Sentence(f"step skipped: {event.reason}", warning=True)
+        case ProfileStarted():
+            return Sentence(f"profiling {event.steps} steps after {event.warmup} warm-up")
+        case ResumedFromCheckpoint():
+            return Sentence(f"resumed from the checkpoint of step {event.step}")
+        case ResumeChangedSettings():
+            return Sentence(event.message, warning=event.level == "warning")
+        case Paused():
+            return Sentence("paused")
+        case Resumed():
+            return Sentence("resumed")
+        case Relaunching():
+            return Sentence(f"relaunching with {event.world_size} rank(s) (was {event.previous})")
+        case StopRequested():
+            return Sentence(f"{event.reason} (at the end of this step, with a final checkpoint)")
+        case _:
+            return None

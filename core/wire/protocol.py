@@ -13,6 +13,20 @@ run, its modules, a system sample, the ranks' figures, the impact table) are typ
 (``core/wire/payloads.py``), and ``decode`` validates them field by field: a reason names the path of what
 is wrong, ``telemetry.sample.gpus[0].memory_used_bytes: expected int or null, got str``. Each field is declared
 once, as its annotation: core/wire/typed_json.py reads a JSON value as the type the annotation names.
+
+Every process takes typed messages apart one way, a ``match`` on the message's class::
+
+    match message:
+        case MetricsReport(): ...
+        case OptionApplied() | OptionRefused(): ...
+        case ProfileReady() if message.error: ...
+        case _: ...
+
+Not a dict of handlers by type, nor a chain of ``isinstance``: a ``match`` reads top to bottom as the list of
+what a process takes, with what it does beside each; it takes several types in one case and a condition
+(``if message.error``) where a handler table needs a second dispatch inside the handler; its last case says
+what happens to anything else. It costs at most about 1 µs a message among the app's 21 cases (a dict's lookup:
+0.1 µs), nothing beside what the app does with the message; per-step reports travel in batches.
 """
 
 from __future__ import annotations
@@ -178,17 +192,22 @@ class Hello(Message):
 
 
 @dataclass(frozen=True)
-class PauseCommand(Message):
+class TrainerCommand(Message):
+    """Base of what a trainer acts on at a step boundary (Hello and Detach are the connection's, not the trainer's)."""
+
+
+@dataclass(frozen=True)
+class PauseCommand(TrainerCommand):
     type: ClassVar[str] = "pause"
 
 
 @dataclass(frozen=True)
-class ResumeCommand(Message):
+class ResumeCommand(TrainerCommand):
     type: ClassVar[str] = "resume"
 
 
 @dataclass(frozen=True)
-class StopCommand(Message):
+class StopCommand(TrainerCommand):
     """Stop at the next step boundary, write a final checkpoint, exit; ``reason`` goes to the run's outcome."""
 
     type: ClassVar[str] = "stop"
@@ -199,7 +218,7 @@ class StopCommand(Message):
 
 
 @dataclass(frozen=True)
-class SetCommand(Message):
+class SetCommand(TrainerCommand):
     """Change a live option at the next step boundary; answered by OptionApplied or OptionRefused."""
 
     type: ClassVar[str] = "set"
@@ -212,7 +231,7 @@ class SetCommand(Message):
 
 
 @dataclass(frozen=True)
-class TrialCommand(Message):
+class TrialCommand(TrainerCommand):
     """Try ``option`` = ``value`` for ``steps`` steps against as many as it is, from the same state on the same
     batches, then go on as if nothing was tried; answered by TrialResult (which says why, if it could not run)."""
 
@@ -236,7 +255,7 @@ def _check_option_command(command: SetCommand | TrialCommand) -> None:
 
 
 @dataclass(frozen=True)
-class ProfileCommand(Message):
+class ProfileCommand(TrainerCommand):
     """Profile the next ``steps`` optimizer steps (after one warm-up step)."""
 
     type: ClassVar[str] = "profile"
@@ -259,7 +278,7 @@ def _check_magnitude(field_name: str, value: Any) -> None:
 
 
 @dataclass(frozen=True)
-class SaveCheckpointCommand(Message):
+class SaveCheckpointCommand(TrainerCommand):
     type: ClassVar[str] = "save_checkpoint"
 
 
@@ -270,15 +289,10 @@ class DetachCommand(Message):
     type: ClassVar[str] = "detach"
 
 
-#: What a trainer acts on at a step boundary (Hello and Detach are the connection's, not the trainer's).
-TrainerCommand = PauseCommand | ResumeCommand | StopCommand | SetCommand | ProfileCommand | SaveCheckpointCommand
-TRAINER_COMMANDS = (PauseCommand, ResumeCommand, StopCommand, SetCommand, ProfileCommand, SaveCheckpointCommand, TrialCommand)
-
-
 def trainer_command(line: str) -> TrainerCommand:
     """One encoded trainer command (a line of this protocol) back as its object, or ProtocolError."""
     command = decode(line)
-    if not isinstance(command, TRAINER_COMMANDS):
+    if not isinstance(command, TrainerCommand):
         raise ProtocolError(f"{command.type} is not a command for the trainer")
     return command
 

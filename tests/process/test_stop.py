@@ -12,6 +12,7 @@ from test_worker import TINY, Collected
 from torchlab.core.launch.cli import main
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from torchlab.core.wire.events import StopRequested, describe
 from torchlab.core.wire.runtime import list_runs
 from torchlab.tui.link import ProcessLink
 
@@ -65,11 +66,11 @@ def test_the_journal_and_the_event_log_say_the_run_was_stopped_by_torchlab_tui_s
     try:
         watched.until(lambda m: isinstance(m, p.Metrics))
         assert main(["stop", link.endpoint_name]) == EXIT_OK
-        said = watched.until(lambda m: isinstance(m, p.Log) and m.text.startswith("stopped"))
+        said = watched.until(lambda m: isinstance(m, StopRequested))
     finally:
         viewer.close()
     assert link.process.wait(timeout=30) == 0
-    assert said.text == "stopped by `torchlab-tui stop` (at the end of this step, with a final checkpoint)"
+    assert describe(said).text == "stopped by `torchlab-tui stop` (at the end of this step, with a final checkpoint)"
     assert stops_journalled(run_dir) == ["stopped by `torchlab-tui stop`"]
 
 
@@ -78,10 +79,10 @@ def test_a_stop_from_the_app_is_journalled_and_told_as_from_the_app(tmp_path):
     link, seen = _started(run_dir, "--steps", "1000000")
     seen.until(lambda m: isinstance(m, p.Metrics))
     link.send(p.StopCommand(reason="anything a client claims"))
-    said = seen.until(lambda m: isinstance(m, p.Log) and m.text.startswith("stopped"))
+    said = seen.until(lambda m: isinstance(m, StopRequested))
     assert link.process.wait(timeout=30) == 0
     link.close()
-    assert said.text == "stopped from the app (at the end of this step, with a final checkpoint)"
+    assert describe(said).text == "stopped from the app (at the end of this step, with a final checkpoint)"
     assert stops_journalled(run_dir) == ["stopped from the app"]
 
 
