@@ -43,7 +43,7 @@ from torchlab.core.wire.errors import SHOWN_CHARS, shown
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample, TrialArm
 from torchlab.core.wire.typed_json import JsonObject, JsonScalar, UnreadableValue, first_few, read_object, read_value
 
-PROTOCOL_VERSION = 8  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials; 5: a trial's progress, read-only viewers (hello's view), a module's tied names; 6: what an applied option did (its detail), impact segments' data wait; 7: Replayed ends a connection's past; 8: impact segments carry what NVML sees (nvml_run_bytes)
+PROTOCOL_VERSION = 9  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials; 5: a trial's progress, read-only viewers (hello's view), a module's tied names; 6: what an applied option did (its detail), impact segments' data wait; 7: Replayed ends a connection's past; 8: impact segments carry what NVML sees (nvml_run_bytes); 9: the events the worker once sent as Log lines travel typed (trial and profile started, compiling, a skipped step, resumed, the settings a resume changed, a stop requested), a host sample carries per-core load and the run's processes
 MAX_LINE_BYTES = 1 << 20
 #: A live option's name, a command's source and a value typed for it are short; longer ones are refused
 #: before anything echoes them.
