@@ -5,10 +5,10 @@ the screen on top before it has handled the one typed before it. Textual acts on
 once its key has come up from that widget to the app, and looks it up there on the screen on top by then, which a
 key after it may have changed. The workbench keeps the order in two ways:
 
-- a key that changes what takes the keys after it (opens or closes a screen) is bound with priority and acts as
-  it arrives, before the next key is routed;
-- every other key acts where it was routed, as it gets there (``act_on_key``): on a view
-  (``screens.view_screen.OverlayScreen``).
+- a key that changes what takes the keys after it (opens or closes a screen, moves the focus into or out of the
+  gradient filter) is bound with priority and acts as it arrives, before the next key is routed;
+- every other key acts where it was routed, as it gets there (``act_on_key``): in a text field
+  (``widgets.in_order_input``) and on a view (``screens.view_screen.OverlayScreen``).
 
 And an Esc typed with a key close behind it is taken as the two keys it was (``as_typed``).
 """

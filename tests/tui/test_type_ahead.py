@@ -298,6 +298,41 @@ async def test_keys_typed_on_a_view_before_its_closing_key_stay_the_views(keys) 
         assert link.sent == [] and link.closed is None
 
 
+async def test_every_key_typed_fast_after_slash_goes_into_the_gradient_filter() -> None:
+    """``/blocks`` typed fast opened the lr× prompt: ``/`` focused the filter only once it had come up to the
+    app, and ``l``, routed before that, was the main screen's key."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await type_fast(app, pilot, "slash", *"blocks.0.mlp")
+        assert not isinstance(app.screen, OptionPrompt)
+        assert app.query_one("#grad-filter", Input).value == "blocks.0.mlp"
+        assert link.sent == []
+
+
+async def test_an_editing_key_typed_fast_into_the_gradient_filter_acts_in_the_order_typed() -> None:
+    """``/blockx BSpace s.1`` typed fast filtered by ``blockxs.``: the backspace, a binding, acted only once it had
+    come up to the app, and deleted the 1 typed after it."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await type_fast(app, pilot, "slash", *"blockx", "backspace", "s", "full_stop", "1")
+        assert app.query_one("#grad-filter", Input).value == "blocks.1"
+        assert link.sent == []
+
+
+@pytest.mark.parametrize("leave, shown", [("enter", "mlp"), ("escape", "")])
+async def test_the_keys_typed_fast_after_leaving_the_gradient_filter_act_on_the_main_screen(leave, shown) -> None:
+    """Enter keeps the filter, Esc clears it; either way the keys typed after it are the main screen's again."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await type_fast(app, pilot, "slash", *"mlp", leave, "a", "m", "2", "enter")
+        assert app.query_one("#grad-filter", Input).value == shown
+        assert app.focused is app.query_one(GradTable).table
+        assert link.sent == [protocol.SetCommand("amp", "bf16"), protocol.SetCommand("accum", 2)]
+
+
 @pytest.mark.parametrize("typed, sent", [
     ("?\x1bm2\r", [protocol.SetCommand("accum", 2)]),
     ("i\x1bl0.5\r", [protocol.SetCommand("lr_scale", 0.5)]),
