@@ -63,6 +63,7 @@ from torchlab.core.wire.options import (
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.safe_open import UnsafeFileError
 from torchlab.core.wire.trials import TRIAL_HINT, parse_trial
+from torchlab.tui.key_order import as_typed
 from torchlab.tui.log_tail import LogTail, is_native_torch_log
 from torchlab.tui.names import describe_blocks
 from torchlab.tui.run_history import RunHistory, journal_history
@@ -166,16 +167,13 @@ class MainScreen(Screen[None]):
     this one (help, a prompt, the error screen, the palette) keeps its own keys (``q`` closes help), where app
     bindings with priority would take them before it, and ctrl+q (the app's) still quits from anywhere. A focused
     text field (the gradient filter) still takes them as text: Textual leaves a key an Input consumes to it.
-
-    Each key is bound once more without priority, for a key that reached the app only after the view it was
-    routed to had closed: in ``i i s`` typed fast, ``s`` arrives while the impact table is still on top (its
-    closing ``i`` has no priority and is on its way up), goes to the table, and comes up to the app once this
-    screen is back on top, where only a binding without priority is looked up.
+    A view closes as its closing key arrives too (``view_screen.OverlayScreen``), so in ``i i s`` typed fast the
+    ``s`` arrives with this screen back on top.
     """
 
     BINDINGS = [
-        Binding(k.key, f"app.{k.action}", k.label, show=k.show, key_display=k.key_display, tooltip=k.help, priority=priority)
-        for priority in (True, False) for k in KEY_ACTIONS
+        Binding(k.key, f"app.{k.action}", k.label, show=k.show, key_display=k.key_display, tooltip=k.help, priority=True)
+        for k in KEY_ACTIONS
     ]
 
 
@@ -552,6 +550,13 @@ class TorchlabApp(App[int]):
         self._refresh_view()
 
     # ------------------------------------------------------------------ actions
+
+    async def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.Key) and not event.is_forwarded:  # as it arrives, before Textual routes it
+            for key in as_typed(event, self.screen.active_bindings):
+                await super().on_event(key)
+            return
+        await super().on_event(event)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if (action in TRAINER_ACTIONS or action in VIEW_ACTIONS) and isinstance(self.screen, ModalScreen):

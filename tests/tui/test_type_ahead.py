@@ -25,12 +25,14 @@ from torchlab.tui.screens.profile_screens import ProfileListScreen
 from torchlab.tui.screens.system_screen import SystemScreen
 from torchlab.tui.screens.prompt import OptionPrompt
 from torchlab.tui.widgets.event_log import EventLog
+from torchlab.tui.widgets.grad_table import GradTable
 
 pytestmark = pytest.mark.asyncio
 
 SIZE = (80, 24)
 #: what a terminal sends for the keys with names (tmux's BSpace is DEL); the others (left, home) send no character
-CHARACTERS = {"enter": "\r", "full_stop": ".", "equals_sign": "=", "space": " ", "backspace": "\x7f", "escape": "\x1b"}
+CHARACTERS = {"enter": "\r", "full_stop": ".", "equals_sign": "=", "space": " ", "backspace": "\x7f", "escape": "\x1b",
+              "slash": "/", "question_mark": "?"}
 
 
 def log_text(app: TorchlabApp) -> str:
@@ -243,11 +245,115 @@ async def test_ctrl_q_quits_from_a_screen_over_the_main_one() -> None:
     ("P", "escape", "a"),
 ])
 async def test_a_key_typed_just_after_a_views_closing_key_acts_on_the_main_screen(keys) -> None:
-    """A view's closing key has no priority: the key typed after it arrives while the view is still on top, goes
-    there, and comes up to the app only once the view has closed. It acts on the main screen as typed."""
+    """A view closes as its closing key arrives, so the key typed after it, however fast, acts on the main screen."""
     link = FakeLink()
     app = quiet_app(link)
     async with app.run_test(size=SIZE) as pilot:
         await type_fast(app, pilot, *keys)
         assert app.screen is app.screen_stack[0]
         assert link.sent == [protocol.SetCommand("amp", "bf16")]
+
+
+@pytest.mark.parametrize("keys, sent", [
+    (("question_mark", "escape", "m", "2", "enter"), [protocol.SetCommand("accum", 2)]),
+    (("i", "escape", "l", "0", "full_stop", "5", "enter"), [protocol.SetCommand("lr_scale", 0.5)]),
+    (("i", "i", "m", "2", "enter"), [protocol.SetCommand("accum", 2)]),
+    (("question_mark", "q", "a", "m", "2", "enter"), [protocol.SetCommand("amp", "bf16"), protocol.SetCommand("accum", 2)]),
+    (("t", "t", "g", "1", "enter"), [protocol.SetCommand("clip", 1.0)]),
+    (("M", "q", "m", "2", "enter"), [protocol.SetCommand("accum", 2)]),
+    (("P", "P", "l", "2", "enter"), [protocol.SetCommand("lr_scale", 2.0)]),
+], ids=["help-esc", "impact-esc", "impact-i", "help-q-then-amp", "system-t", "memory-q", "profiles-P"])
+async def test_a_prompt_opened_in_the_burst_that_closes_a_view_gets_the_keys_typed_after_it(keys, sent) -> None:
+    """``? Esc m 2 Enter`` typed fast sent nothing: the keys after Esc reached help, which was still on top (its
+    Esc, without priority, was on its way up to the app), came up to the app once it had closed, and there ``m``
+    opened the accum prompt, while ``2``, come up behind it, was looked up as the prompt's key and lost."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await type_fast(app, pilot, *keys)
+        assert app.screen is app.screen_stack[0]
+        assert link.sent == sent
+
+
+@pytest.mark.parametrize("keys", [
+    ("question_mark", "a", "o", "q"),
+    ("question_mark", "m", "2", "v", "escape"),
+    ("i", "s", "down", "space", "i"),
+    ("t", "a", "o", "escape"),
+    ("M", "v", "M"),
+    ("P", "m", "o", "P"),
+])
+async def test_keys_typed_on_a_view_before_its_closing_key_stay_the_views(keys) -> None:
+    """The main screen's keys do nothing on a view. Typed fast on one just before the key that closes it, as it
+    arrives, they reach the view after it has closed, and are not the main screen's either: ``o`` does not sort
+    the gradient table, ``v`` does not group it, ``down`` does not move its cursor."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        grads = app.query_one(GradTable)
+        await type_fast(app, pilot, *keys)
+        await app.workers.wait_for_complete()
+        assert app.screen is app.screen_stack[0]
+        assert (grads.sort_by, grads.grouped, grads.table.cursor_row) == ("order", False, 0)
+        assert link.sent == [] and link.closed is None
+
+
+async def test_every_key_typed_fast_after_slash_goes_into_the_gradient_filter() -> None:
+    """``/blocks`` typed fast opened the lr× prompt: ``/`` focused the filter only once it had come up to the
+    app, and ``l``, routed before that, was the main screen's key."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await type_fast(app, pilot, "slash", *"blocks.0.mlp")
+        assert not isinstance(app.screen, OptionPrompt)
+        assert app.query_one("#grad-filter", Input).value == "blocks.0.mlp"
+        assert link.sent == []
+
+
+async def test_an_editing_key_typed_fast_into_the_gradient_filter_acts_in_the_order_typed() -> None:
+    """``/blockx BSpace s.1`` typed fast filtered by ``blockxs.``: the backspace, a binding, acted only once it had
+    come up to the app, and deleted the 1 typed after it."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await type_fast(app, pilot, "slash", *"blockx", "backspace", "s", "full_stop", "1")
+        assert app.query_one("#grad-filter", Input).value == "blocks.1"
+        assert link.sent == []
+
+
+@pytest.mark.parametrize("leave, shown", [("enter", "mlp"), ("escape", "")])
+async def test_the_keys_typed_fast_after_leaving_the_gradient_filter_act_on_the_main_screen(leave, shown) -> None:
+    """Enter keeps the filter, Esc clears it; either way the keys typed after it are the main screen's again."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await type_fast(app, pilot, "slash", *"mlp", leave, "a", "m", "2", "enter")
+        assert app.query_one("#grad-filter", Input).value == shown
+        assert app.focused is app.query_one(GradTable).table
+        assert link.sent == [protocol.SetCommand("amp", "bf16"), protocol.SetCommand("accum", 2)]
+
+
+@pytest.mark.parametrize("typed, sent", [
+    ("?\x1bm2\r", [protocol.SetCommand("accum", 2)]),
+    ("i\x1bl0.5\r", [protocol.SetCommand("lr_scale", 0.5)]),
+    ("m5\x1ba", [protocol.SetCommand("amp", "bf16")]),
+], ids=["help-esc-accum", "impact-esc-lr_scale", "prompt-esc-amp"])
+async def test_esc_with_a_key_close_behind_it_acts_as_the_two_keys_typed(typed, sent) -> None:
+    """A terminal sends Esc as one byte, and Alt+m as Esc then m: Textual reads an Esc with a key close behind it
+    as Alt and that key. ``? Esc m 2 Enter`` in one tmux send-keys reached the app as ``? alt+m 2 Enter``, and help
+    stayed open. The bytes here are what tmux writes; the keys are as the app's terminal parser reads them."""
+    from textual._xterm_parser import XTermParser
+
+    parser = XTermParser(debug=False)
+    keys = [token for token in parser.feed(typed) if isinstance(token, events.Key)]
+    keys += [token for token in parser.feed("") if isinstance(token, events.Key)]  # the end: the Esc's wait is over
+    assert any(key.key.startswith("alt+") for key in keys)
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        for key in keys:
+            app.post_message(key)
+        await pilot.pause()
+        await pilot.pause()
+        assert app.screen is app.screen_stack[0]
+        assert link.sent == sent

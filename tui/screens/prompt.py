@@ -12,9 +12,10 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Input, Label, Static
+from textual.widgets import Label, Static
 
 from torchlab.core.wire.options import OptionRefused
+from torchlab.tui.widgets.in_order_input import InOrderInput
 
 
 @dataclass(frozen=True)
@@ -24,16 +25,10 @@ class Chosen:
     value: Any
 
 
-class InOrderInput(Input):
-    """An Input whose every key acts when it reaches the field, so a burst of keys acts in the order typed.
-
-    Textual's Input types a character as it takes the key, while an editing key (backspace, home, enter) and the
-    dialog's esc are bindings, acted on only once the key has bubbled up to the app. Keys that come together
-    (tmux's ``send-keys BSpace 4 Enter``) are all in the field's queue by then: 4 replaced the selected value,
-    the backspace then deleted the 4, and Enter submitted an empty field. Here a bound key runs its binding as
-    it arrives, and Enter answers at once (``answer``), not through a message queued behind the keys after it.
-    A key that reaches the field after the prompt was answered was typed for the screen beneath: it goes back to
-    the app, which routes it there.
+class PromptField(InOrderInput):
+    """The prompt's field: each key acts as it reaches it (``InOrderInput``), and Enter answers at once (``answer``),
+    not through a message queued behind the keys after it. A key that reaches the field after the prompt was
+    answered was typed for the screen beneath: it goes back to the app, which routes it there.
     """
 
     def __init__(self, value: str, answer: Callable[[str], None], **kwargs: Any) -> None:
@@ -44,16 +39,8 @@ class InOrderInput(Input):
     async def _on_key(self, event: events.Key) -> None:
         if not self.screen.is_active:  # answered (or covered): the key is for the screen now on top
             event.stop()
-            event.prevent_default()  # else Input's own handler, next in line, types it here
+            event.prevent_default()  # else InOrderInput's and Input's handlers, next in line, act on it here
             self.app.post_message(events.Key(event.key, event.character))
-            return
-        if event.is_printable:
-            return  # Input's own handler types it
-        bound = self.screen.active_bindings.get(event.key)
-        if bound is not None and bound.enabled and not bound.binding.priority:  # the app ran priority ones already
-            event.stop()
-            event.prevent_default()
-            await self.app.run_action(bound.binding.action, bound.node)
 
     async def action_submit(self) -> None:
         self.answer(self.value)
@@ -99,7 +86,7 @@ class OptionPrompt(ModalScreen[Chosen | None]):
             # Hints and refusals are plain text: "OPTION=VALUE [STEPS]" read as markup lost its "[STEPS]".
             yield Label(self.title_text, id="prompt-title")
             yield Label(self.hint, id="prompt-hint", markup=False)
-            yield InOrderInput(self.current, self._submitted, id="prompt-input", select_on_focus=True)
+            yield PromptField(self.current, self._submitted, id="prompt-input", select_on_focus=True)
             yield Static("", id="prompt-error", markup=False)
             yield Label("enter apply · esc cancel", id="prompt-keys")
 
@@ -119,7 +106,7 @@ class OptionPrompt(ModalScreen[Chosen | None]):
     def on_mount(self) -> None:
         # A watcher runs as the value changes: Input.Changed, a message queued behind the keys of a burst,
         # cleared the refusal of an Enter that came after the edits it reported.
-        self.watch(self.query_one(InOrderInput), "value", self._edited, init=False)
+        self.watch(self.query_one(PromptField), "value", self._edited, init=False)
 
     def _edited(self) -> None:
         self.query_one("#prompt-error", Static).update("")
