@@ -34,6 +34,8 @@ from torchlab.tui.widgets.charts import SPEED, Charts
 class KeyActions:
     """The actions of ``TorchlabApp``: its keys, its palette entries, and ``send``."""
 
+    # ------------------------------------------------------------------ sending
+
     def _refuse_in_view(self, subject: str) -> bool:
         """True, said at once, when this app is a read-only view (before a prompt asks for a value that would
         go nowhere)."""
@@ -74,6 +76,8 @@ class KeyActions:
         self.run_state.log("refused", f"{subject}: {ended}; nothing was sent", notify=True)
         self._refresh_view()
         return True
+
+    # ------------------------------------------------------------------ keys
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if (action in TRAINER_ACTIONS or action in VIEW_ACTIONS) and isinstance(self.screen, ModalScreen):
