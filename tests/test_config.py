@@ -10,12 +10,13 @@ from dataclasses import fields
 import pytest
 
 from torchlab.core.launch.arguments import build_parser, resolve_config
-from torchlab.core.wire.config import SETTING_BOUNDS, ScheduledChange, TrainConfig, build_config, load_config_file
+from torchlab.core.wire.config import SETTINGS, STEPS_SETTING, ScheduledChange, TrainConfig, build_config, load_config_file
 from torchlab.core.wire.errors import ConfigError, WorkloadError
 from torchlab.core.engine.loading import check_spec, workload_label
 from torchlab.core.wire.options import (
-    LIVE_OPTIONS, Bounds, LiveOptions, Number, OptionRefused, format_option_value, parse_option_value,
+    LIVE_OPTIONS, STEPS, Bounds, LiveOptions, Number, OptionRefused, format_option_value, parse_option_value,
 )
+from torchlab.core.wire.settings import NumberSetting
 
 
 @pytest.mark.parametrize("option, text, value", [
@@ -86,11 +87,22 @@ def test_warmup_defaults_to_five_percent_of_steps():
     ({"shared_run_dir": "yes"}, "shared_run_dir (--shared-run-dir) must be true or false; got 'yes'"),
     ({"telemetry_interval": 1e30}, "telemetry_interval (--telemetry-interval) must be 0 (off) or a number of seconds from 0.1 to 3600; got 1e+30"),
     ({"profile_steps": 10**30}, "profile_steps (--profile-steps) must be a whole number from 1 to 1000"),
+    ({"profile_at": (3, 0)}, "profile_at (--profile-at) must be optimizer steps from 1 to 10^9; got 0."),
+    ({"tensorboard": " "}, "tensorboard (--tensorboard) must be a directory to write TensorBoard event files to; got ' '."),
+    ({"device": "cuda:128"}, "device (--device) must be auto, cpu, cuda or cuda:N with N from 0 to 127; got 'cuda:128'."),
 ])
 def test_invalid_settings_name_the_setting(settings, setting):
     with pytest.raises(ConfigError) as raised:
         TrainConfig(**settings)
     assert str(raised.value).startswith(setting)
+
+
+def test_profile_steps_in_a_config_file_must_be_a_list(tmp_path):
+    (tmp_path / "c.toml").write_text("profile_at = 50\n")
+    with pytest.raises(ConfigError, match=r"^profile_at \(--profile-at\) must be a list of steps; got 50\.$"):
+        build_config(load_config_file(tmp_path / "c.toml"))
+    (tmp_path / "c.toml").write_text("profile_at = [50, 200]\n")
+    assert build_config(load_config_file(tmp_path / "c.toml")).profile_at == (50, 200)
 
 
 def test_workload_specs_are_checked_without_importing(tmp_path):
@@ -153,9 +165,11 @@ def test_workers_at_the_top_level_of_a_config_file_still_sets_the_live_option(tm
 # live change or a prompt (the option's parse) all take and refuse the same values. The cases are generated from the
 # registries, so a new setting or option cannot skip its bounds.
 
-#: Settings with checks of their own kind (a name, a choice, a path, a list): every other field has Bounds.
-NOT_NUMBERS = {"workload", "device", "optimizer", "schedule", "shared_run_dir", "tensorboard", "options", "at", "trials",
-               "schedule_extensions", "profile_at"}
+#: TrainConfig's fields that are no setting with a flag of its own: the positional workload, the live options, the
+#: scripted changes and trials (--at, --trial), and what a resume records.
+NOT_SETTINGS = {"workload", "options", "at", "trials", "schedule_extensions"}
+#: The settings that are numbers, each with its Bounds.
+NUMBER_SETTINGS = {setting.name: setting for setting in SETTINGS if isinstance(setting, NumberSetting)}
 LIVE_NUMBERS = [option for option in LIVE_OPTIONS if isinstance(option, Number)]
 
 
@@ -184,16 +198,29 @@ def outside(bounds: Bounds) -> list[str]:
     return values
 
 
-def test_every_setting_has_bounds_or_a_check_of_its_own_kind():
-    assert {f.name for f in fields(TrainConfig)} == set(SETTING_BOUNDS) | NOT_NUMBERS
-    for option in LIVE_OPTIONS:
-        if option.setting:  # steps: the setting and the live option are one definition
-            assert SETTING_BOUNDS[option.name] is option.bounds
+def test_every_field_is_a_declared_setting_with_the_declared_default():
+    declared = {setting.name: setting for setting in SETTINGS}
+    assert len(declared) == len(SETTINGS) and set(declared) | NOT_SETTINGS == {f.name for f in fields(TrainConfig)}
+    assert not set(declared) & NOT_SETTINGS
+    for f in fields(TrainConfig):
+        if f.name in declared:
+            assert f.default == declared[f.name].default, f.name
+    # steps: the setting and the live option are one definition
+    assert STEPS_SETTING.bounds is STEPS.bounds and STEPS_SETTING.default == STEPS.default
 
 
-@pytest.mark.parametrize("name", sorted(SETTING_BOUNDS))
+def test_every_setting_has_a_flag_whose_help_states_the_declared_default():
+    helps = {action.dest: action.help for action in build_parser()._actions}
+    assert set(helps) >= {setting.name for setting in SETTINGS}
+    for setting, stated in [("lr", "peak learning rate (default 0.001)"), ("batch_size", "(default: the workload's, else 32)"),
+                            ("warmup_steps", "(default: 5%% of steps)"), ("checkpoint_every", "(default auto)"),
+                            ("telemetry_interval", "(default 1)"), ("steps", "optimizer steps to train to (default 200)")]:
+        assert helps[setting].endswith(stated), setting
+
+
+@pytest.mark.parametrize("name", sorted(NUMBER_SETTINGS))
 def test_a_settings_flag_and_its_config_file_take_and_refuse_the_same_values(name, tmp_path):
-    bounds, flag = SETTING_BOUNDS[name], "--" + name.replace("_", "-")
+    bounds, flag = NUMBER_SETTINGS[name].bounds, "--" + name.replace("_", "-")
     refusal = rf"^{name} \({flag}\) must be {re.escape(bounds.must_be)}; got "
     for text in inside(bounds):
         config, _ = resolve_config(build_parser().parse_args(["mlp", flag, text]))

@@ -35,7 +35,7 @@ class Served:
         self.server = cs.ControlServer(
             directory / "s.sock", TOKEN, Outbox(),
             welcome=lambda: p.Welcome(run=RUN, modules=[], options={}, state="running", step=0),
-            on_command=lambda command: self._keep(self.commands, command),
+            on_command=lambda command, client: self._keep(self.commands, command),
             on_client_gone=lambda: self._keep([], setattr(self, "gone", self.gone + 1)),
             on_refused=lambda reason, before_hello: self._keep(self.refused, (reason, before_hello)),
         )
@@ -86,7 +86,7 @@ def test_refused_lines_are_passed_on_before_and_after_the_hello_and_a_probe_is_n
     assert "expected a hello" in answer(stranger).reason
     served.until(lambda: len(served.refused) == 1)
     app = served.app()
-    app.sendall(b'{"v": 8, "type": "' + b"x" * 100_000 + b'"}\n')
+    app.sendall(b'{"v": 9, "type": "' + b"x" * 100_000 + b'"}\n')
     served.until(lambda: len(served.refused) == 2)
     app.sendall(p.PauseCommand().encode())
     served.until(lambda: served.commands)
@@ -98,7 +98,7 @@ def test_refused_lines_are_passed_on_before_and_after_the_hello_and_a_probe_is_n
 
 def test_a_line_cut_off_by_the_peer_hanging_up_is_a_refused_line(served):
     stranger = served.connect()
-    stranger.sendall(b'{"v": 8, "type": "hel')
+    stranger.sendall(b'{"v": 9, "type": "hel')
     stranger.shutdown(socket.SHUT_WR)
     assert "connection closed" in answer(stranger).reason
     served.until(lambda: served.refused == [("expected a hello with a token first: connection closed", True)])
@@ -177,7 +177,7 @@ def test_a_token_that_is_not_unicode_is_refused_and_the_socket_serves_on(served,
     monkeypatch.setattr(threading, "excepthook", faults.append)
     stranger = served.connect()
     stranger.settimeout(10.0)
-    stranger.sendall(b'{"v": 8, "type": "hello", "version": 8, "token": "\\ud800"}\n')
+    stranger.sendall(b'{"v": 9, "type": "hello", "version": 8, "token": "\\ud800"}\n')
     assert "not Unicode" in answer(stranger).reason
     served.until(lambda: served.refused)
     assert served.refused[0][0].startswith("expected a hello with a token first: message holds text that is not Unicode")
@@ -212,10 +212,10 @@ def test_a_command_the_server_fails_on_is_refused_and_the_app_stays_attached(ser
     app = served.app()
     keep = served.server._on_command
 
-    def failing_on_pause(command):
+    def failing_on_pause(command, client):
         if isinstance(command, p.PauseCommand):
             raise ValueError("a bug")
-        keep(command)
+        keep(command, client)
 
     served.server._on_command = failing_on_pause
     app.sendall(p.PauseCommand().encode())

@@ -71,7 +71,7 @@ def test_a_periodic_checkpoint_that_fails_while_made_durable_stops_the_run_befor
     monkeypatch.setattr(checkpoint_module.os, "fsync", fsync_failing_for_step_4)
     trainer, seen = make_trainer(steps=8, checkpoint_dir=tmp_path, checkpoint_every=2, telemetry_interval=0)
     outcome = trainer.run()
-    assert outcome.status == "failed" and outcome.kind == "StorageError"
+    assert outcome.status == "failed" and outcome.error is StorageError
     assert outcome.message.startswith(f"input/output error writing the checkpoint of step 4 in {tmp_path}; ")
     assert "step-0000002.pt" in outcome.message and "(then:" not in outcome.message  # no other checkpoint tried
     assert [record["step"] for record in seen.metrics] == [1, 2, 3, 4]  # step 5 trained, its row never written

@@ -9,7 +9,7 @@ from torchlab.core.engine.option_hooks import _ENACT_HOOKS
 from torchlab.core.launch.arguments import build_parser, resolve_config
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.options import LIVE_OPTIONS, OPTION_NAMES, Choice, LiveOptions, Number, OptionRefused, Switch
-from torchlab.tui.app import KEY_ACTIONS
+from torchlab.tui.app_keys import KEY_ACTIONS
 
 #: A value each option accepts that is not its default, as typed on a command line, and its parsed form.
 TYPED = {"amp": ("bf16", "bf16"), "checkpointing": (None, True), "clip": ("0.5", 0.5), "accum": ("4", 4),

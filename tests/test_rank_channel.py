@@ -18,9 +18,11 @@ import pytest
 
 from torchlab.core.engine import rank_channel as rc
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.engine.outcome import WorldSizeChange
+from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
+from torchlab.core.wire.errors import ConfigError, StorageError, WorkloadError
 from torchlab.core.wire.payloads import MemoryBreakdown, ModuleBytes, RankFigures
 from torchlab.core.wire.protocol import PROTOCOL_VERSION, Hello, ProtocolError, SetCommand, StopCommand, Welcome, decode
+from torchlab.core.wire.run_status import RunStatus
 
 
 class Recorder(TrainerObserver):
@@ -75,12 +77,12 @@ GARBAGE = [
     b"not json\n",
     b"\xff\xfe not utf-8\n",
     b"[" * 100_000 + b"\n",  # nested too deep
-    b'{"v": 8, "type": "metrics", "record": {"step": ' + b"9" * 5000 + b"}}\n",  # a number too long to read
-    b'{"v": 8, "type": "metrics", "record": {"loss": 1.0}}\n',  # no step
-    b'{"v": 8, "type": "event", "event": "{\\"v\\": 6, \\"type\\": \\"pause\\"}"}\n',  # a command, not an event
-    b'{"v": 8, "type": "outcome", "status": "exploded", "step": 3}\n',
-    b'{"v": 8, "type": "welcome", "run": {}}\n',  # the app's protocol, not this one
-    b'{"v": 8, "type": "command", "command": {"command": "set"}}\n',  # a command is not a report
+    b'{"v": 9, "type": "metrics", "record": {"step": ' + b"9" * 5000 + b"}}\n",  # a number too long to read
+    b'{"v": 9, "type": "metrics", "record": {"loss": 1.0}}\n',  # no step
+    b'{"v": 9, "type": "event", "event": "{\\"v\\": 6, \\"type\\": \\"pause\\"}"}\n',  # a command, not an event
+    b'{"v": 9, "type": "outcome", "status": "exploded", "step": 3}\n',
+    b'{"v": 9, "type": "welcome", "run": {}}\n',  # the app's protocol, not this one
+    b'{"v": 9, "type": "command", "command": {"command": "set"}}\n',  # a command is not a report
 ]
 
 
@@ -129,7 +131,7 @@ def test_a_line_over_the_cap_is_skipped_to_its_newline_and_refused(supervisor_en
     monkeypatch.setattr(rc, "MAX_LINE_BYTES", 4096)
     channel, recorder, connect = supervisor_end
     rank0 = connect(channel.token)
-    rank0.send(b'{"v": 8, "type": "telemetry", "sample": {"x": "' + b"y" * 20_000 + b'"}}\n' + metrics_line(7))
+    rank0.send(b'{"v": 9, "type": "telemetry", "sample": {"x": "' + b"y" * 20_000 + b'"}}\n' + metrics_line(7))
     assert "exceeds the limit of 4096 bytes" in rank0.read().reason
     until(lambda: recorder.metrics, "the report after the long line")
     assert recorder.metrics == [{"step": 7, "loss": 2.5}]
@@ -177,6 +179,23 @@ def test_commands_reach_rank_0_typed_and_the_outcome_comes_back_with_what_it_did
     rank0.close()
     assert channel.close() == [StopCommand("later")]
     assert channel.outcome.world_size_change() == WorldSizeChange(2, 1, 9, "app") and not channel.broken
+
+
+@pytest.mark.parametrize("error", [StorageError, ConfigError, WorkloadError, None])
+def test_the_error_that_ended_rank_0s_run_reaches_the_supervisor_as_its_class(error):
+    """Its class crosses the channel as a name; the supervisor gets the class back (a full disk is told apart by
+    type, not by comparing names), and a class of the workload's own comes back as no class rather than a guess."""
+    sent = RunOutcome(RunStatus.FAILED, 7, "no space left", error=error)
+    received = decode(rc.Outcome.of(sent, []).encode(), rc.RankMessage).as_run_outcome()
+    assert received == sent and received.status is RunStatus.FAILED
+    assert received.failed_with(StorageError) == (error is StorageError)
+    workloads_own = RunOutcome(RunStatus.FAILED, 7, "boom", error=type("DataCorrupted", (RuntimeError,), {}))
+    assert decode(rc.Outcome.of(workloads_own, []).encode(), rc.RankMessage).as_run_outcome().error is None
+
+
+def test_an_outcome_whose_status_is_not_one_a_loop_ends_with_is_refused():
+    with pytest.raises(ProtocolError, match="outcome.status: not one of finished, stopped, nonfinite, failed, relaunch, usage"):
+        decode(rc.Outcome(status="running", step=3).encode(), rc.RankMessage)
 
 
 def test_rank_0_gone_without_its_outcome_is_a_broken_channel_with_the_reason(supervisor_end):
@@ -294,7 +313,7 @@ def test_a_hello_whose_token_is_not_unicode_is_refused_and_rank_0_still_gets_in(
     monkeypatch.setattr(threading, "excepthook", faults.append)
     stranger = connect()
     stranger.socket.settimeout(10)
-    stranger.send(b'{"v": 8, "type": "hello", "token": "\\ud800"}\n')
+    stranger.send(b'{"v": 9, "type": "hello", "token": "\\ud800"}\n')
     assert stranger.read().reason.startswith("message holds text that is not Unicode")
     rank0 = connect(channel.token)
     rank0.send(metrics_line(1))

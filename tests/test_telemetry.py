@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -136,3 +137,75 @@ def test_the_machines_cpu_is_measured_from_the_samplers_own_reading():
     sampler.stop()
     assert host.trainer_cpu_percent > 20
     assert host.cpu_percent * (host.cpu_count or 1) >= 0.8 * host.trainer_cpu_percent
+
+
+def test_a_sample_has_each_cores_load_and_each_of_the_runs_processes_with_its_cpu_memory_and_disk_writes(tmp_path):
+    """The full-size system view (``t``) of a CPU run was five lines of figures and ~45 blank rows: a sample held the
+    machine's CPU as one figure and the run's processes as one RSS. It now holds each core's load, and each process
+    of the run with its CPU, RSS and disk reads and writes, so the view can show them."""
+    written = tmp_path / "written"
+    # A worker of this "trainer" that writes 8 MiB to disk once told to, then keeps one core busy.
+    script = (f"import os, sys\nsys.stdin.readline()\nwith open({str(written)!r}, 'wb') as f:\n"
+              "    f.write(os.urandom(8 << 20)); f.flush(); os.fsync(f.fileno())\nwhile True: pass")
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE)
+    sampler = TelemetrySampler(torch.device("cpu"), on_sample=lambda s: None, current_step=lambda: 7)
+    try:
+        sampler.sample()  # the child's first reading: what it does from now on is measured
+        child.stdin.write(b"go\n")
+        child.stdin.flush()
+        busy = psutil.Process(child.pid)
+        deadline = time.monotonic() + 60
+        while not (written.exists() and written.stat().st_size == 8 << 20 and sum(busy.cpu_times()[:2]) > 0.5):
+            assert time.monotonic() < deadline, "the child neither wrote nor ran"
+            time.sleep(0.05)
+        host = sampler.sample().host
+    finally:
+        child.kill()
+        child.wait()
+        sampler.stop()
+    cores = host.cpu_percent_per_core
+    assert len(cores) == len(psutil.cpu_times(percpu=True)) and all(0 <= load <= 100 for load in cores)
+    assert sum(cores) / len(cores) == pytest.approx(host.cpu_percent, abs=0.1)  # the machine's figure is their mean
+    trainer, *others = host.processes
+    assert trainer.pid == os.getpid() and trainer.name == "trainer" and trainer.rss_bytes > 50 * 2**20
+    [worker] = [process for process in others if process.pid == child.pid]
+    assert worker.cpu_percent > 20 and worker.rss_bytes > 0
+    if worker.write_bytes_per_s is None:
+        pytest.skip("this machine does not let a process read its children's /proc/<pid>/io")
+    assert worker.write_bytes_per_s > 0 and host.io_write_bytes_per_s >= worker.write_bytes_per_s
+
+
+def test_a_rank_is_named_by_its_rank_and_a_data_loader_worker_as_one():
+    """What the view lists beside each process: 'rank 1' for a rank the launcher started (its RANK), 'data worker'
+    for a DataLoader's worker (torch names those pt_data_worker)."""
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "torchlab.core.engine.ranks"],
+                            env={**os.environ, "RANK": "1"})
+    worker = subprocess.Popen([sys.executable, "-c", "import ctypes, time\nctypes.CDLL(None).prctl(15, b'pt_data_worker')\n"
+                               "time.sleep(60)"])  # PR_SET_NAME, as torch names its DataLoader workers
+    sampler = TelemetrySampler(torch.device("cpu"), on_sample=lambda s: None, current_step=lambda: 0)
+    try:
+        deadline = time.monotonic() + 30
+        while psutil.Process(worker.pid).name() != "pt_data_worker":
+            assert time.monotonic() < deadline, "the worker never named itself"
+            time.sleep(0.05)
+        names = {process.pid: process.name for process in sampler.sample().host.processes}
+    finally:
+        for child in (rank, worker):
+            child.kill()
+            child.wait()
+        sampler.stop()
+    assert names[os.getpid()] == "trainer" and names[rank.pid] == "rank 1" and names[worker.pid] == "data worker"
+
+
+def test_a_line_of_system_jsonl_written_before_cores_and_processes_were_sampled_is_still_read():
+    from torchlab.core.wire.payloads import TelemetrySample
+
+    line = json.loads(
+        '{"time":1795622294.89,"step":0,"host":{"cpu_percent":99.2,"cpu_count":2,"trainer_cpu_percent":96.8,'
+        '"ram_used_bytes":1088856064,"ram_total_bytes":25276510208,"trainer_rss_bytes":343916544,"trainer_processes":1},'
+        '"gpus":[],"gpu_status":"no GPU: no NVIDIA driver (NVML library not found)","torch":{"device":"cpu",'
+        '"allocated_bytes":null,"reserved_bytes":null,"peak_allocated_bytes":null}}')
+    sample = protocol.read_payload(TelemetrySample, line, "system.jsonl")
+    assert sample.host.trainer_rss_bytes == 343916544
+    assert sample.host.cpu_percent_per_core == [] and sample.host.processes == []
+    assert sample.host.io_read_bytes_per_s is None and sample.host.io_write_bytes_per_s is None

@@ -10,7 +10,12 @@ shared/textual-notes.md: a buffer drained by a timer absorbs 100k+ records/s, pe
 backs up). Commands go out through ``link.send``, which never blocks. Every change the user asks for
 is logged as requested at once, then acknowledged with the step it took effect at (or refused with
 the trainer's reason) when the answer arrives; a prompt submitted with the value it showed sends nothing and
-says so. Keys typed after the one that opens a prompt are the prompt's, however fast they come.
+says so. Keys typed after the one that opens a prompt are the prompt's, however fast they come, and each key
+of the main screen acts when it arrives, in the order typed (``app_keys.MainScreen``).
+
+The app is one class written in four modules, one job each: this one holds its state, the link and the
+drawing; ``app_keys`` its key table and main screen; ``app_actions`` what the keys do and ``send``;
+``app_leaving`` quitting, detaching, a hang-up and the exit status.
 
 A trainer that cannot start, or a run that fails, opens the error screen. torchlab's own refusals (a
 TorchlabError: a runtime directory, a full disk) and the machine's (an OSError) are shown as their paragraph;
@@ -24,49 +29,40 @@ over SSH. A subprocess test and an import-linter contract hold that line.
 from __future__ import annotations
 
 import asyncio
-import errno
 import gc
-import os
 import signal
-import sys
-import termios
 import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from textual import events, on, work
-from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import Binding
+from textual.app import App, ComposeResult
 from textual.css.query import NoMatches
 from textual.message import Message
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen, Screen
+from textual.screen import Screen
 from textual.widgets import Footer
 
 from torchlab.core.wire import protocol
-from torchlab.core.wire.errors import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE, TorchlabError, exit_status
-from torchlab.core.wire.options import (
-    CHECKPOINTING,
-    LIVE_OPTIONS,
-    OPTIONS_BY_NAME,
-    Number,
-    OptionRefused,
-    format_option_value,
-)
+from torchlab.core.wire.errors import EXIT_FAILED, TorchlabError, exit_status
+from torchlab.core.wire.options import format_option_value
+from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.safe_open import UnsafeFileError
-from torchlab.core.wire.trials import TRIAL_HINT, parse_trial
+from torchlab.tui.app_actions import KeyActions
+from torchlab.tui.app_keys import MainScreen
+from torchlab.tui.app_leaving import Leaving
+from torchlab.tui.key_order import as_typed
 from torchlab.tui.log_tail import LogTail, is_native_torch_log
-from torchlab.tui.names import describe_blocks
 from torchlab.tui.run_history import RunHistory, journal_history
 from torchlab.tui.state import Failure, RunState
 from torchlab.tui.widgets.event_log import EventLog
 from torchlab.tui.widgets.grad_table import GradTable
-from torchlab.tui.widgets.charts import SPEED, Charts
+from torchlab.tui.widgets.charts import Charts
 from torchlab.tui.widgets.line_chart import LineChart
 from torchlab.tui.widgets.options_panel import OptionsPanel
 from torchlab.tui.widgets.rank_table import RankTable
@@ -77,8 +73,6 @@ from torchlab.tui.widgets.system_panel import SystemPanel
 #: Below this width or height the layout drops borders and side panels (80x24 must read well).
 COMPACT_WIDTH = 110
 COMPACT_HEIGHT = 34
-#: Steps a profiler snapshot covers.
-PROFILE_STEPS = 5
 #: Each curve redraws at most this often (the figures in the header follow every poll), and at most
 #: one chart per poll: at 50k reports a second, redrawing three charts on every poll cost more than
 #: folding the reports in, and three in one frame made that frame the slowest of all.
@@ -91,8 +85,6 @@ FOLD_PAUSE_S = 0.004
 #: loop for 50-90 ms at 50k reports a second. What is left to collect is mostly Textual's strips (their
 #: caches hold themselves); a young generation of 50k took 27-57 ms a collection, of 20k 15-28 ms.
 GC_THRESHOLDS = (20_000, 10, 100)
-#: After a hang-up, how long the app waits for the trainer to acknowledge the detach before it goes.
-HANGUP_DETACH_TIMEOUT_S = 3.0
 
 
 class LinkLike(Protocol):
@@ -116,48 +108,6 @@ class LinkLike(Protocol):
 LinkFactory = Callable[[], LinkLike]
 
 
-@dataclass(frozen=True)
-class KeyAction:
-    """One key of the workbench: binding, footer label, help and command-palette text in one place."""
-
-    key: str
-    action: str
-    label: str
-    help: str
-    show: bool = True
-    key_display: str | None = None
-    #: a key that opens a prompt: bound with priority, so it is acted on when it arrives, before the keys typed
-    #: after it are routed (see ``TorchlabApp._open_prompt``); a focused text field (the gradient filter) still
-    #: takes it as text, as Textual leaves a key a focused Input consumes to the Input
-    opens_prompt: bool = False
-
-
-KEY_ACTIONS = (
-    KeyAction("space", "toggle_pause", "Pause", "Pause or resume training", key_display="space"),
-    *(KeyAction(o.key, f"change_option('{o.name}')", o.footer, o.help, show=o.in_footer, opens_prompt=isinstance(o, Number))
-      for o in LIVE_OPTIONS),
-    KeyAction("p", "profile", "Profile", f"Profile the next {PROFILE_STEPS} steps", show=False),
-    KeyAction("P", "profiles", "Profiles", "Profiles: list the snapshots, open a table, compare two", show=False),
-    KeyAction("i", "impact", "Impact", "Impact table: what each option change cost or saved", show=False),
-    KeyAction("t", "system", "System", "System: every GPU, host CPU/RAM, trainer memory and its history", show=False),
-    KeyAction("T", "try_option", "Trial", "Trial: try an option for a few steps on the same batches, then undo it", show=False,
-              opens_prompt=True),
-    KeyAction("f", "next_chart", "Chart", "Chart: samples/s or one of the workload's own metrics, in turn", show=False),
-    KeyAction("M", "memory", "Memory", "Memory by kind: parameters, gradients, optimizer state, activations by module", show=False),
-    KeyAction("s", "save_checkpoint", "Save", "Save a checkpoint now"),
-    KeyAction("d", "detach", "Detach", "Leave the app; the trainer keeps training (reattach later)", show=False),
-    KeyAction("q", "quit", "Quit", "Quit: stop the trainer after a final checkpoint"),
-    KeyAction("question_mark", "help", "Help", "Show every key", key_display="?"),
-)
-
-#: Actions that talk to the trainer: not while a dialog is open (its keys are the dialog's).
-TRAINER_ACTIONS = frozenset(
-    {"toggle_pause", "change_option", "profile", "save_checkpoint", "detach", "try_option"}
-)
-#: Actions that open a view: from the main screen only, so views do not pile up on each other.
-VIEW_ACTIONS = frozenset({"profiles", "impact", "system", "memory"})
-
-
 @dataclass
 class HistoryRead(Message):
     """A resumed run's journals, read off the UI thread: its history, or why it could not be read."""
@@ -166,17 +116,13 @@ class HistoryRead(Message):
     error: str = ""
 
 
-class TorchlabApp(App[int]):
+class TorchlabApp(KeyActions, Leaving, App[int]):
     """The live workbench. Build it with ``make_app`` (the CLI and the tests both do)."""
 
     CSS_PATH = "app.tcss"
     TITLE = "torchlab-tui"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (COMPACT_WIDTH, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (COMPACT_HEIGHT, "-tall")]
-    BINDINGS = [
-        Binding(k.key, k.action, k.label, show=k.show, key_display=k.key_display, tooltip=k.help, priority=k.opens_prompt)
-        for k in KEY_ACTIONS
-    ]
 
     def __init__(
         self,
@@ -213,6 +159,10 @@ class TorchlabApp(App[int]):
         self._skips_said: set[tuple[str, Any]] = set()
 
     # ------------------------------------------------------------------ layout
+
+    def get_default_screen(self) -> Screen:
+        """The screen ``compose`` fills: it holds the workbench's keys (``MainScreen``)."""
+        return MainScreen(id="_default")
 
     def compose(self) -> ComposeResult:
         state = self.run_state
@@ -340,46 +290,6 @@ class TorchlabApp(App[int]):
         """A viewer (``attach --view``): it watches the run beside the app that controls it."""
         return bool(getattr(self.link, "view", False))
 
-    def _refuse_in_view(self, subject: str) -> bool:
-        """True, said at once, when this app is a read-only view (before a prompt asks for a value that would
-        go nowhere)."""
-        if not self.read_only:
-            return False
-        self.run_state.log("refused", f"{subject}: read-only view (the controlling app changes the run)",
-                           notify=True)
-        self._refresh_view()
-        return True
-
-    def send(self, command: protocol.Message) -> bool:
-        """Send a command to the trainer; False (and a message saying why) when there is no trainer to send to."""
-        if self._refuse_in_view(_command_subject(command)) or self._run_has_ended(_command_subject(command)):
-            return False
-        if self.link is None or self._link_closed:
-            self.run_state.log("refused", f"{_command_subject(command)}: no trainer is connected", notify=True)
-            self._refresh_view()
-            return False
-        if self.run_state.state == "connecting":
-            # Before the welcome the trainer is still importing torch; the link would answer with an error.
-            self.run_state.log("refused", f"{command.type}: the trainer is still starting; try again in a moment", notify=True)
-            self._refresh_view()
-            return False
-        try:
-            self.link.send(command)
-        except Exception as error:  # told to the user; the app goes on
-            self.run_state.log("error", f"could not send {command.type} to the trainer: {error}", notify=True)
-            self._refresh_view()
-            return False
-        return True
-
-    def _run_has_ended(self, subject: str) -> bool:
-        """True, said at once as space says it, when no trainer is left to answer (the link would only say
-        later that nothing is connected, after the app had logged the request as sent)."""
-        ended = self.run_state.ended
-        if ended is None:
-            return False
-        self.run_state.log("refused", f"{subject}: {ended}; nothing was sent", notify=True)
-        self._refresh_view()
-        return True
 
     # ------------------------------------------------------------------ drawing
 
@@ -469,11 +379,11 @@ class TorchlabApp(App[int]):
     def _trainer_did_not_start(self, error: Exception) -> None:
         """The error screen for a trainer that could not be started, and the status the app will exit with."""
         if isinstance(error, TorchlabError):  # torchlab's refusal: its paragraph says what to do
-            failure, self._start_failed_status = Failure("error", str(error), "", None), exit_status(error)
+            failure, self._start_failed_status = Failure(RunStatus.FAILED, str(error), "", None), exit_status(error)
         elif isinstance(error, OSError):  # the machine's (a full disk, no permission): it names the file
-            failure, self._start_failed_status = Failure("error", f"could not start the trainer: {error}", "", None), EXIT_FAILED
+            failure, self._start_failed_status = Failure(RunStatus.FAILED, f"could not start the trainer: {error}", "", None), EXIT_FAILED
         else:  # a bug: its traceback is what to report
-            failure = Failure("error", f"could not start the trainer: {error}", traceback.format_exc(), None)
+            failure = Failure(RunStatus.FAILED, f"could not start the trainer: {error}", traceback.format_exc(), None)
             self._start_failed_status = EXIT_FAILED
         self._show_failure(failure)
 
@@ -509,7 +419,7 @@ class TorchlabApp(App[int]):
         On the main thread on purpose: the link's ``start`` must be (the trainer's parent-death signal
         follows the thread that spawned it), and the old trainer has already ended.
         """
-        if self.link is not None and self.run_state.state in ("running", "paused", "starting", "relaunching"):
+        if self.link is not None and self.run_state.state in (RunStatus.RUNNING, RunStatus.PAUSED, RunStatus.STARTING, RunStatus.RELAUNCHING):
             self.notify("the run is still going: restart is for a run that failed or stopped", severity="warning")
             return
         options = options or {}
@@ -530,331 +440,18 @@ class TorchlabApp(App[int]):
         self.run_state.mark_restarting()
         self._refresh_view()
 
-    # ------------------------------------------------------------------ actions
+    # ------------------------------------------------------------------ keys
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if (action in TRAINER_ACTIONS or action in VIEW_ACTIONS) and isinstance(self.screen, ModalScreen):
-            return False
-        if action in TRAINER_ACTIONS and self.read_only:  # a viewer's footer lists only the keys that work for it
-            return False
-        return True
-
-    def action_toggle_pause(self) -> None:
-        state = self.run_state.state
-        if state == "paused":
-            if self.send(protocol.ResumeCommand()):
-                self._requested("resume requested")
-        elif state in ("running", "starting", "relaunching"):  # while relaunching: the new ranks start paused
-            if self.send(protocol.PauseCommand()):
-                self._requested("pause requested (takes effect at the end of the current step)")
-        else:
-            why = self.run_state.ended or f"the run is {state}"
-            self.notify(f"{why}: there is nothing to pause or resume", severity="warning")
-
-    async def action_change_option(self, name: str) -> None:
-        """An option's key: the next value of a mode or a switch, or a prompt for a number."""
-        option = OPTIONS_BY_NAME[name]
-        if self._refuse_in_view(name) or self._run_has_ended(name):  # before a prompt asks for a value that would go nowhere
+    async def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.Key) and not event.is_forwarded:  # as it arrives, before Textual routes it
+            for key in as_typed(event, self.screen.active_bindings):
+                await super().on_event(key)
             return
-        current = self.run_state.option(name)
-        if not isinstance(option, Number):
-            self._next_value(name, current)
-            return
-
-        from torchlab.tui.screens.prompt import Chosen, OptionPrompt
-
-        def chosen(answer: Chosen | None) -> None:
-            if answer is None:
-                return
-            if answer.value == current:  # Enter on the value shown: "applied (was 1)" would say a change was made
-                self._requested(f"{name} stays {format_option_value(name, current)}: nothing sent")
-            else:
-                self.set_option(name, answer.value)
-
-        def parse(text: str) -> Any:  # as the option parses it, then what this run would refuse, with the reason
-            value = option.parse(text)
-            reason = self.run_state.would_refuse(name, value)
-            if reason is not None:
-                raise OptionRefused(reason)
-            return value
-
-        await self._open_prompt(OptionPrompt(option.prompt, option.hint, parse, current=option.shown_in_prompt(current)),
-                                chosen)
-
-    def _next_value(self, name: str, current: Any) -> None:
-        """A mode's key cycles past the values this run would refuse or has refused (saying why once for each); a
-        switch turned to a value the run would refuse says why and sends nothing."""
-        option = OPTIONS_BY_NAME[name]
-        state = self.run_state
-
-        def refused(value: Any) -> bool:
-            return state.was_refused(name, value) or state.would_refuse(name, value) is not None
-
-        value = option.next_value(current, refused)
-        reason = state.would_refuse(name, value)
-        if reason is not None:
-            state.log("refused", f"{name} = {option.format(value)} refused: {reason} (nothing sent)", notify=True)
-            self._refresh_view()
-            return
-        self._say_why_skipped(name, current, value)
-        self.set_option(name, value)
-
-    def _say_why_skipped(self, name: str, current: Any, chosen: Any) -> None:
-        """Once a run, for each value a key's cycle skipped between ``current`` and ``chosen`` because the run would
-        refuse it: a key that silently passes a mode by reads as a key that does not know the mode."""
-        option = OPTIONS_BY_NAME[name]
-        candidate = option.next_value(current, lambda value: False)
-        while candidate != chosen:
-            reason = self.run_state.would_refuse(name, candidate)
-            if reason is not None and (name, candidate) not in self._skips_said:
-                self._skips_said.add((name, candidate))
-                self.run_state.log("info", f"{name}: {option.format(candidate)} skipped: {reason}")
-            candidate = option.next_value(candidate, lambda value: False)
-
-    async def _open_prompt(self, prompt: ModalScreen[Any], chosen: Callable[[Any], None]) -> None:
-        """Push ``prompt`` and return once its input has focus: every key typed after the one that opened it is its.
-
-        Keys typed fast (``m 2 Enter``) arrive together. The key that opens a prompt is bound with priority, so
-        this runs when it arrives, before the next key is routed anywhere; and the app handles no further key
-        until this returns. Without both, ``2`` went to a widget of the main screen or to the prompt before its
-        input had focus, and was lost, while Enter, a binding looked up when it was handled, reached the input and
-        sent the value shown: "accum = 1 applied (was 1)".
-        """
-        await self.push_screen(prompt, callback=chosen)
-
-    async def action_try_option(self) -> None:
-        """A controlled trial: OPTION=VALUE [STEPS] typed, checked, and sent; the result comes to the log."""
-        from torchlab.tui.screens.prompt import Chosen, OptionPrompt
-
-        if self._refuse_in_view("trial") or self._run_has_ended("trial"):
-            return
-
-        def chosen(answer: Chosen | None) -> None:
-            if answer is not None and self.send(answer.value):
-                command = answer.value
-                self._requested(f"trial of {command.option} = {command.value} for {command.steps} steps requested "
-                                f"(from the next step boundary; training waits for it)")
-
-        await self._open_prompt(OptionPrompt("Try an option for a few steps, then undo it", TRIAL_HINT, parse_trial), chosen)
-
-    def set_option(self, option: str, value: Any) -> None:
-        """Ask the trainer to change a live option at the next step boundary."""
-        if self.send(protocol.SetCommand(option, value)):
-            self.run_state.note_request(option, value)
-            self._refresh_view()
-
-    def action_next_chart(self) -> None:
-        shown = self.query_one(Charts).next_chart()
-        if shown == SPEED and not self.run_state.workload_metrics:  # in the log too: a toast alone read as nothing done
-            self.run_state.log("info", "chart: the workload reports no metrics of its own: return {\"loss\": ..., "
-                               "\"accuracy\": ...} from loss_fn to chart them", notify=True, toast="no workload metrics to chart")
-            self._refresh_view()
-
-    def action_profile(self) -> None:
-        if self.send(protocol.ProfileCommand(steps=PROFILE_STEPS)):
-            self.run_state.note_profile_request()
-            self._requested(f"profiler snapshot of the next {PROFILE_STEPS} steps requested")
-
-    def action_save_checkpoint(self) -> None:
-        if self.send(protocol.SaveCheckpointCommand()):
-            self._requested("checkpoint requested (saved at the end of the current step)")
-
-    def action_detach(self) -> None:
-        self.run_state.detach_requested = True
-        if self.send(protocol.DetachCommand()):
-            self._requested("detach requested: the app leaves once the trainer confirms")
-
-    # The views are imported when first opened: they are not part of the first frame (start-up time).
-
-    def action_profiles(self) -> None:
-        from torchlab.tui.screens.profile_screens import ProfileListScreen
-
-        self.push_screen(ProfileListScreen(self.run_state))
-
-    def action_impact(self) -> None:
-        from torchlab.tui.screens.impact_screen import ImpactScreen
-
-        self.push_screen(ImpactScreen(self.run_state))
-
-    def action_memory(self) -> None:
-        from torchlab.tui.screens.memory_screen import MemoryScreen
-
-        self.push_screen(MemoryScreen(self.run_state))
-
-    def action_system(self) -> None:
-        from torchlab.tui.screens.system_screen import SystemScreen
-
-        self.push_screen(SystemScreen(self.run_state))
-
-    async def action_quit(self) -> None:
-        self._leave(detach=False)
-
-    def action_help(self) -> None:
-        blocks = self.run_state.checkpoint_blocks
-        wraps = {CHECKPOINTING.key: f": {describe_blocks(blocks)}" if blocks else " (which ones: once the trainer has said)"}
-        keys = [(k.key_display or k.key, k.help + wraps.get(k.key, "")) for k in KEY_ACTIONS
-                if not (self.read_only and k.action.split("(")[0] in TRAINER_ACTIONS)]  # a viewer's keys only
-        keys += [("/", "Filter the gradient table by module name (enter/esc back)"), ("o", "Cycle the gradient table's sort"),
-                 ("v", "Grouped / per-module gradient view"), ("enter", "On a group: show its modules"),
-                 ("ctrl+p", "Command palette")]
-        from torchlab.tui.screens.help_screen import HelpScreen
-
-        self.push_screen(HelpScreen(keys))
-
-    def _requested(self, text: str) -> None:
-        self.run_state.log("info", text)
-        self._refresh_view()
-
-    # ------------------------------------------------------------------ leaving
-
-    def _leave(self, *, detach: bool) -> None:
-        """Close the link off the UI thread (a final checkpoint can take seconds), then exit.
-
-        A second ``q`` while the trainer is still saving exits at once; the link's own clean-up
-        (the trainer's parent-death handling) still ends the trainer.
-        """
-        if self._leaving:
-            self.exit(return_code=self.outcome_exit_code())
-            return
-        self._leaving = True
-        if self.link is None or self._link_closed:
-            self.exit(return_code=self.outcome_exit_code())
-            return
-        if self.read_only:  # a viewer leaves; the run goes on as it is
-            self._close_link(True)
-            return
-        if detach:
-            where = self.link.run_dir or self.run_state.run_dir
-            self.notify(f"detached from {where}: {self.run_state.after_detach}")
-        else:
-            self.notify("stopping the trainer: saving a final checkpoint… (q again to leave at once)")
-        self._close_link(detach)
-
-    @work(exclusive=True, group="link-close", exit_on_error=False)
-    async def _close_link(self, detach: bool) -> None:
-        link = self.link
-        self._link_closed = True
-        try:
-            if link is not None:
-                # In a thread: the trainer's final checkpoint can take seconds, and the UI keeps drawing meanwhile.
-                await asyncio.to_thread(link.close, detach=detach)
-        except Exception as error:  # said on the way out: the terminal is all that is left to tell
-            self.exit(1, 1, f"torchlab-tui: could not stop the trainer cleanly: {error}")
-            return
-        self.exit(return_code=self.outcome_exit_code())
-
-    def outcome_exit_code(self) -> int:
-        """The app's exit status tells how the run ended, as a headless run's does: 0 finished, stopped or
-        detached; 1 failed (or its trainer could not be started: a full disk); 2 the trainer (or this app, before
-        starting it) refused its input (a workload, a setting, the runtime directory); 3 non-finite."""
-        state = self.run_state
-        if state.detached or self.read_only:  # a viewer's leaving says nothing of the run
-            return EXIT_OK
-        if self._start_failed_status is not None:
-            return self._start_failed_status
-        if state.failure is None:
-            return EXIT_OK
-        if state.failure.kind == "nonfinite":
-            return EXIT_NONFINITE
-        if self.link is not None and self.link.trainer_exit_code == EXIT_USAGE:
-            return EXIT_USAGE
-        return EXIT_FAILED
-
-    def on_unmount(self) -> None:
-        # Any other way out (ctrl+c, an exception): the trainer still gets told, so no orphan is left;
-        # unless the terminal is gone, which is a hang-up whichever noticed first: then it trains on.
-        if self._hangup_thread is not None:
-            self._hangup_thread.join(HANGUP_DETACH_TIMEOUT_S + 2.0)
-        elif self.link is not None and not self._link_closed:
-            if terminal_hung_up():
-                self._detach_after_hangup()
-            else:
-                self._link_closed = True
-                self.link.close(detach=False)
-
-    # ------------------------------------------------------------------ hang-up
-
-    def _on_hangup(self, signum: int, frame: object) -> None:
-        """SIGHUP: the SSH connection dropped or the tmux pane was killed. Detach, then go.
-
-        A signal handler takes no locks and touches no widget: a thread asks the trainer to go on.
-        """
-        if self._hangup_thread is None:
-            self._hangup_thread = threading.Thread(target=self._detach_after_hangup, name="torchlab-hangup", daemon=True)
-            self._hangup_thread.start()
-
-    def _detach_after_hangup(self) -> None:
-        link = self.link
-        if link is not None and not self._link_closed:
-            self._link_closed = True
-            detached = link.detach_and_wait(HANGUP_DETACH_TIMEOUT_S)
-            link.close(detach=detached)  # not acknowledged (an old trainer): it stops, as a quit would
-        if terminal_hung_up():
-            # No screen is left to restore, and Textual's goodbye to the terminal would block on it
-            # forever: the trainer has its answer, so the app ends here.
-            os._exit(0)
-        try:
-            self.call_from_thread(self.exit, 0)
-        except RuntimeError:  # the app had already stopped
-            pass
-
-    # ------------------------------------------------------------------ command palette
-
-    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
-        for key in KEY_ACTIONS:
-            if key.action in ("quit", "help") or (self.read_only and key.action.split("(")[0] in TRAINER_ACTIONS):
-                continue
-            yield SystemCommand(key.help, f"key {key.key_display or key.key}", self._palette_callback(key.action))
-        yield SystemCommand("Restart the trainer from the last checkpoint", "after a failure or a stop: resume the run",
-                            self._restart_from_palette)
-        yield SystemCommand("Compare with an earlier run of this workload", "the newest one before it, in the same runs folder",
-                            self.compare_with_earlier_run)
-        yield SystemCommand("Help: every key of the workbench", "key ?", self.action_help)
-
-    def compare_with_earlier_run(self) -> None:
-        """This run beside the newest earlier run of its workload (``torchlab-tui compare`` on the two)."""
-        from torchlab.core.wire.errors import ConfigError
-        from torchlab.tui.run_history import RunHistory, earlier_run
-        from torchlab.tui.screens.compare_screen import CompareScreen
-
-        here = Path(self.run_state.run_dir) if self.run_state.run_dir else None
-        before = earlier_run(here) if here is not None else None
-        if before is None:
-            where = here.parent if here is not None else "its runs folder"
-            self.notify(f"no earlier run of this workload in {where} to compare with", severity="warning")
-            return
-        try:
-            runs = [RunHistory.load(before), RunHistory.load(here)]
-        except ConfigError as error:
-            self.notify(str(error), severity="warning")
-            return
-        self.push_screen(CompareScreen(runs))
-
-    def _restart_from_palette(self) -> None:
-        """After a failure, the error screen again (its options go with the restart); else restart at once."""
-        failure = self.run_state.failure
-        if failure is not None and self.run_state.state == "failed":
-            self._show_failure(failure)
-        else:
-            self.restart_trainer()
-
-    def _palette_callback(self, action: str) -> Callable[[], Any]:
-        async def run() -> None:
-            await self.run_action(action)
-
-        return run
+        await super().on_event(event)
 
     @on(GradTable.ViewChanged)
     def _grad_view_changed(self, event: GradTable.ViewChanged) -> None:
         self.notify(event.description, timeout=2)
-
-
-def _command_subject(command: protocol.Message) -> str:
-    """What a command is about, as the user asked for it: the option's name, or the command's."""
-    if isinstance(command, protocol.SetCommand):
-        return command.option
-    return "trial" if isinstance(command, protocol.TrialCommand) else command.type.replace("_", " ")
 
 
 def tune_garbage_collection() -> None:
@@ -868,19 +465,6 @@ def tune_garbage_collection() -> None:
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
     gc.enable()
-
-
-def terminal_hung_up() -> bool:
-    """True when this process's terminal has hung up (every terminal call fails with EIO)."""
-    for stream in (sys.__stdin__, sys.__stdout__):
-        try:
-            termios.tcgetattr(stream.fileno())
-        except termios.error as error:
-            if error.args and error.args[0] == errno.EIO:
-                return True
-        except (AttributeError, OSError, ValueError):  # no such stream, or not a file
-            continue
-    return False
 
 
 def make_app(

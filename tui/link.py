@@ -46,7 +46,8 @@ from torchlab.core.wire.protocol import (
     Welcome,
     decode,
 )
-from torchlab.core.wire.runtime import FINAL_STATES, Endpoint, RunEntry, process_running
+from torchlab.core.wire.run_status import FINAL_STATES, RunStatus
+from torchlab.core.wire.runtime import Endpoint, RunEntry, process_running
 from torchlab.core.wire.safe_open import UnsafeFileError, read_regular_bytes
 from torchlab.core.wire.storage import create_file
 
@@ -318,14 +319,15 @@ class ProcessLink:
         step = (message.columns.get("step") or [None])[-1] if isinstance(message, Metrics) else getattr(message, "step", None)
         if isinstance(message, (State, Welcome, Metrics)) and isinstance(step, int) and not isinstance(step, bool):
             self.last_step = step
-        if isinstance(message, State) and message.state in FINAL_STATES:
-            self._final_state_seen = True
-        if isinstance(message, Detached):
-            self._on_detached()
-        elif isinstance(message, Welcome):
-            self._welcomed = True
-        elif isinstance(message, Refused) and not self._welcomed:
-            self.refused = message.reason
+        match message:
+            case State() if message.state in FINAL_STATES:
+                self._final_state_seen = True
+            case Detached():
+                self._on_detached()
+            case Welcome():
+                self._welcomed = True
+            case Refused() if not self._welcomed:
+                self.refused = message.reason
         self._push(message)
 
     def _trainer_alive(self) -> bool:
@@ -338,7 +340,7 @@ class ProcessLink:
         if self._attached_pid is not None:
             if self.refused is not None:  # the run is fine, this app may not have it: leave, saying why
                 self._push(Log(level="error", text=f"could not attach: {self.refused}"))
-                self._push(State(state="detached", step=0, detail=self.refused))
+                self._push(State(state=RunStatus.DETACHED, step=0, detail=self.refused))
             elif not (self._closing or self._final_state_seen):
                 cause = "is gone (it ended without a word: killed?)" if not process_running(self._attached_pid) else "closed the connection"
                 self._report_trainer_lost(self._attached_pid, cause)
@@ -360,7 +362,7 @@ class ProcessLink:
             traceback=_tail(self.log_path),
             step=self.last_step,
         ))
-        self._push(State(state="failed", step=self.last_step, detail=cause))
+        self._push(State(state=RunStatus.FAILED, step=self.last_step, detail=cause))
 
     def _push(self, message: Message) -> None:
         with self._buffer_lock:

@@ -10,44 +10,45 @@ nested in them included (the run, its modules, system samples, rank figures, imp
 are read as they are. What it leaves open is read defensively: the metrics columns, the gradient norms'
 length against the module list, the options, a state name; a surprising value there becomes a warning in
 the event log, never an exception that takes the app down.
+
+``RunState`` is one class written in five modules, one job each. This one holds its fields, the reducer
+(``_dispatch``: a ``match`` on each message's class) and the handlers of the run's course (welcome, state,
+acknowledgements, checkpoints, failures) and of the app's requests. The others fold one kind of news:
+``state_metrics`` the curves and gradient norms, ``state_measurements`` telemetry, memory, profiles, impact
+and trials, ``state_ranks`` the ranks and a relaunch; ``state_figures`` reads the fields to work out what
+the app shows but is not told (an ETA, why a value would be refused). Numbers from fields the protocol
+leaves open go through ``unchecked_numbers``.
 """
 
 from __future__ import annotations
 
-import math
-import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torchlab.core.wire import protocol
-from torchlab.core.wire.events import COMPILING
+from torchlab.core.wire.events import describe
 from torchlab.core.wire.options import OPTION_NAMES, OPTIONS_BY_NAME, format_option_value
-from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, RankProcess, TelemetrySample
-from torchlab.core.wire.trials import describe_trial, trial_label
+from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, TelemetrySample
+from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.formatting import short_workload
-from torchlab.tui.gradient_flags import flag_for
-from torchlab.tui.stragglers import ComparedRank, flag_stragglers
+from torchlab.tui.state_figures import ENDED, RunFigures
+from torchlab.tui.state_measurements import Measurements
+from torchlab.tui.state_metrics import MetricsFolding
+from torchlab.tui.state_ranks import RanksAndRelaunch
+from torchlab.tui.stragglers import ComparedRank
 from torchlab.tui.thinning import Series
+from torchlab.tui.unchecked_numbers import int_or_none
 
 if TYPE_CHECKING:
     from torchlab.tui.profiles import ProfileSnapshot
-    from torchlab.tui.run_history import RunHistory
 
-#: The states the trainer reports, plus "connecting" before its Welcome arrives and "relaunching" while the
-#: trainer restarts its ranks for a new world size (the app's own: the trainer says "running" throughout).
-RUN_STATES = ("connecting", "starting", "running", "paused", "relaunching", "stopped", "finished", "failed", "detached")
-
-#: The states in which no trainer is left to answer a key, and how the app says so (the same words for
-#: every key: space, an option, a profile, a checkpoint).
-ENDED = {
-    "finished": "the run is finished",
-    "stopped": "the run is stopped",
-    "failed": "the run failed",
-    "detached": "the app has detached from the run",
-}
+#: The states the trainer reports, plus "connecting" before its Welcome arrives, "relaunching" while the trainer
+#: restarts its ranks for a new world size (the app's own: the trainer says "running" throughout) and "detached".
+RUN_STATES = (RunStatus.CONNECTING, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.PAUSED, RunStatus.RELAUNCHING,
+              RunStatus.STOPPED, RunStatus.FINISHED, RunStatus.FAILED, RunStatus.DETACHED)
 
 #: Gradient-norm trend length kept per module (the sparkline in the table).
 TREND_LENGTH = 16
@@ -55,11 +56,6 @@ TREND_LENGTH = 16
 ETA_WINDOW = 20
 #: Telemetry samples kept for the system panel's memory history (about 1 Hz: five minutes).
 TELEMETRY_HISTORY = 300
-#: The most LR groups and workload metrics kept as series (each is a chart line); names cut to this many characters.
-MAX_NAMED_SERIES = 32
-MAX_SERIES_NAME_CHARS = 40
-#: A segment's verdict goes to the event log once it has this many steps (its medians have settled).
-IMPACT_SETTLE_STEPS = 20
 
 
 
@@ -78,7 +74,7 @@ class LogEntry:
 class Failure:
     """Why the run stopped: an exception in the workload or a non-finite loss/gradient."""
 
-    kind: str  # "error" or "nonfinite"
+    kind: RunStatus  # FAILED (an error) or NONFINITE
     message: str
     detail: str  # the traceback, or the non-finite report
     step: int | None
@@ -99,7 +95,7 @@ class ModuleStats:
     flag: str = ""  # "", "vanishing", "exploding", "non-finite"
 
 
-class RunState:
+class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
     """Everything the app draws, updated one protocol event at a time by ``apply``."""
 
     def __init__(self, workload: str | None = None) -> None:
@@ -112,7 +108,7 @@ class RunState:
         self.checkpoint_blocks: list[str] = []
         self.total_steps: int | None = None
         self.started: float | None = None
-        self.state = "connecting"
+        self.state: str = RunStatus.CONNECTING
         self.state_detail = ""
         self.step = 0
         self.options: dict[str, Any] = {}
@@ -228,14 +224,58 @@ class RunState:
             self._flag_modules()
 
     def _fold(self, event: protocol.Message) -> None:
-        handler = _HANDLERS.get(type(event))
-        if handler is None:
-            self.log("warning", f"ignored an unexpected message from the trainer: {type(event).__name__}")
-            return
         try:
-            handler(self, event)
+            self._dispatch(event)
         except (TypeError, ValueError, KeyError, AttributeError, IndexError) as error:
             self.log("warning", f"could not read a {event.type!r} message from the trainer: {error}")
+
+    def _dispatch(self, event: protocol.Message) -> None:
+        """The handler of each message the app takes, the most frequent first."""
+        match event:
+            case protocol.Metrics():
+                self._on_metrics(event)
+            case protocol.GradNorms():
+                self._on_grad_norms(event)
+            case protocol.Telemetry():
+                self._on_telemetry(event)
+            case protocol.Memory():
+                self._on_memory(event)
+            case protocol.Ranks():
+                self._on_ranks(event)
+            case protocol.Impact():
+                self._on_impact(event)
+            case protocol.TrialProgress():
+                self._on_trial_progress(event)
+            case protocol.State():
+                self._on_state(event)
+            case protocol.Welcome():
+                self._on_welcome(event)
+            case protocol.Replayed():
+                self._on_replayed(event)
+            case protocol.TrialResult():
+                self._on_trial_result(event)
+            case protocol.OptionApplied():
+                self._on_option_applied(event)
+            case protocol.OptionRefused():
+                self._on_option_refused(event)
+            case protocol.Detached():
+                self._on_detached(event)
+            case protocol.CheckpointSaved():
+                self._on_checkpoint(event)
+            case protocol.Log():
+                self._on_log(event)
+            case protocol.Error():
+                self._on_error(event)
+            case protocol.NonFinite():
+                self._on_nonfinite(event)
+            case protocol.Refused():
+                self._on_refused(event)
+            case protocol.ProfileReady():
+                self._on_profile_ready(event)
+            case _ if (sentence := describe(event)) is not None:  # the trainer's news in words (a compile, a trial)
+                self.log("warning" if sentence.warning else "info", sentence.text, event.step)
+            case _:
+                self.log("warning", f"ignored an unexpected message from the trainer: {type(event).__name__}")
 
     def note_request(self, option: str, value: Any) -> None:
         """The app sent a SetCommand: remember it until the answer comes, and log that it is on its way."""
@@ -274,7 +314,7 @@ class RunState:
     def mark_restarting(self) -> None:
         """A new trainer is on its way after a failure: clear the failure, wait for its welcome."""
         self.failure = None
-        self._set_state("starting", "restarting from the last checkpoint")
+        self._set_state(RunStatus.STARTING, "restarting from the last checkpoint")
 
     def log(self, level: str, text: str, step: int | None = None, *, notify: bool = False, toast: str | None = None) -> None:
         if notify and self._replaying:  # old news: on an 80x24 screen a toast each covered the whole view
@@ -286,115 +326,7 @@ class RunState:
         entries, self._new_log = self._new_log, []
         return entries
 
-    # ------------------------------------------------------------------ derived figures
-
-    def option(self, name: str) -> Any:
-        """The value in force, or the one requested and not yet answered (so repeated keys cycle on)."""
-        if name in self.pending:
-            return self.pending[name]
-        return self.options.get(name)
-
-    @property
-    def ended(self) -> str | None:
-        """How the app says that no trainer is left to answer a key ("the run is finished"); None while one is."""
-        return ENDED.get(self.state)
-
-    def changed_since_checkpoint(self) -> dict[str, Any]:
-        """The options in force whose last change came after the newest checkpoint: a restart from it would
-        go back to their earlier values unless it is told these (the error screen shows these values)."""
-        if self.checkpoint_step is None:
-            return {}
-        return {name: self.options[name] for name, step in self._applied_at.items()
-                if step > self.checkpoint_step and name in self.options}
-
-    def was_refused(self, option: str, value: Any) -> bool:
-        """The trainer refused ``option = value`` on this run (a key that cycles skips it from then on)."""
-        return (option, format_option_value(option, value)) in self.refused
-
-    def elapsed_now(self) -> float | None:
-        """The run's training time now: the last report's, and while it runs the time since that report came (a
-        trial or a compile sends no report for minutes: the header held 3:22 for three, then jumped)."""
-        if self.elapsed_s is None or self.state != "running":
-            return self.elapsed_s
-        return self.elapsed_s + math.floor(self.clock() - self.elapsed_at)  # whole seconds: it shows seconds
-
-    @property
-    def compiling(self) -> bool:
-        """torch.compile compiles the model at a step's boundary: training waits for it (seconds to minutes)."""
-        return self.state == "running" and self.state_detail == COMPILING
-
-    def would_refuse(self, option: str, value: Any) -> str | None:
-        """Why the trainer would refuse ``option = value`` on this run, in its words, from what the app knows: the
-        device and the batch (its welcome), the machine's cores and GPUs (its system samples). None when the app
-        knows no reason; the trainer still checks what only it knows.
-
-        The app asks before it sends: a key that cycles skips such a value, a switch and a prompt refuse it with
-        this reason. The trainer's checks are core/engine/precision.py (fp16), trainer.py (pinned memory) and
-        distributed.py's ``check_world_size``; its own refusals, once made, are ``was_refused``.
-        """
-        device = self.device.split(":")[0]
-        if not device:  # before the welcome
-            return None
-        if option == "amp" and value == "fp16" and device != "cuda":
-            return f"fp16 needs CUDA; this run is on {device}: use bf16"
-        if option == "pin_memory" and value and device != "cuda":
-            return (f"pinned memory speeds up copies of batches from the host to a CUDA device; this run trains on "
-                    f"{device}, where batches are not copied")
-        if option == "world_size" and isinstance(value, int):
-            return self._world_size_refusal(value, device)
-        return None
-
-    def _world_size_refusal(self, size: int, device: str) -> str | None:
-        """A batch the ranks cannot share equally, or more ranks than the machine has GPUs (CUDA) or cores (CPU).
-        The machine's figures are all its GPUs and cores: a run may be allowed fewer, which the trainer refuses."""
-        batch = self.batch_size
-        if batch and batch % size:
-            return (f"world size {size} does not divide the batch of {batch} (the global batch stays {batch} and "
-                    f"each rank takes an equal share): choose a divisor of {batch}")
-        sample = self.telemetry
-        if sample is None:
-            return None
-        if device == "cuda":
-            gpus = len(sample.gpus)
-            if gpus and size > gpus:
-                return f"{size} ranks need {size} GPUs, one each; this machine has {gpus}"
-            return None
-        cores = sample.host.cpu_count
-        if cores and size > cores:
-            return f"{size} ranks on the CPU need {size} cores, one each; this machine has {cores}"
-        return None
-
-    def eta_s(self) -> float | None:
-        """Seconds to the last step at the recent pace, or None when unknown."""
-        if self.total_steps is None or not self.recent_step_times or self.state not in ("running", "starting"):
-            return None
-        remaining = self.total_steps - self.step
-        if remaining <= 0:
-            return 0.0
-        return remaining * statistics.fmean(self.recent_step_times)
-
-    def within_run(self, path: str) -> str:
-        """A path of the run as the user finds it in its directory (``checkpoints/step-0000400.pt``), or as given
-        when it lies elsewhere: a whole path does not fit an 80-column event log."""
-        run_dir = self.run_dir.rstrip("/")
-        return path[len(run_dir) + 1 :] if run_dir and path.startswith(run_dir + "/") else path
-
-    @property
-    def world_size(self) -> int:
-        """The number of ranks training now, as the trainer last said (1 before it said)."""
-        value = _int_or_none(self.options.get("world_size"))
-        return value if value is not None and value > 0 else 1
-
-    @property
-    def has_ranks(self) -> bool:
-        """Whether anything rank-related is worth its space: above world size 1, or relaunching to it."""
-        return self.world_size > 1 or (self.state == "relaunching" and (self.relaunch_to or 1) > 1)
-
-    def median_norm(self) -> float | None:
-        values = [m.norm for m in self.modules if m.norm is not None and math.isfinite(m.norm)]
-        return statistics.median(values) if values else None
-
-    # ------------------------------------------------------------------ handlers
+    # ------------------------------------------------------------------ handlers (the run's course and the app's requests)
 
     def _on_welcome(self, event: protocol.Welcome) -> None:
         run = event.run
@@ -447,252 +379,24 @@ class RunState:
         previous = self.state
         self.step = max(self.step, event.step)
         self._set_state(event.state, event.detail)
-        if event.state == "detached":
+        if event.state == RunStatus.DETACHED:
             self.detached = True
-        if event.state == previous or event.state == "failed":  # a failure is told by its Error event
+        if event.state == previous or event.state == RunStatus.FAILED:  # a failure is told by its Error event
             return
-        if previous == "relaunching" and event.state == "running":
+        if previous == RunStatus.RELAUNCHING and event.state == RunStatus.RUNNING:
             return  # the new ranks train: the world_size acknowledgement that follows says so, with its step
-        if event.state == "starting":  # the trainer's process says so before it knows the step it starts from
+        if event.state == RunStatus.STARTING:  # the trainer's process says so before it knows the step it starts from
             self.log("info", "starting the trainer")
             return
-        if event.state == "running":
-            text = {"paused": "resumed", "starting": "resuming" if event.step > 0 else "training"}.get(previous, "training")
+        if event.state == RunStatus.RUNNING:
+            text = {RunStatus.PAUSED: "resumed", RunStatus.STARTING: "resuming" if event.step > 0 else "training"}.get(
+                previous, "training")
         else:
             text = event.state
         detail = f": {event.detail}" if event.detail else ""
-        notify = event.state in ("paused", "finished", "stopped") or (event.state == "running" and previous == "paused")
+        notify = event.state in (RunStatus.PAUSED, RunStatus.FINISHED, RunStatus.STOPPED) or (
+            event.state == RunStatus.RUNNING and previous == RunStatus.PAUSED)
         self.log("info", f"{text} at step {event.step}{detail}", event.step, notify=notify)
-
-    def take_history(self, history: RunHistory) -> None:
-        """The run's steps before the first this app was sent, as its journals hold them (``history_wanted``):
-        a resumed run's trainer reports only its own steps, so its chart started at the resume step."""
-        until = self._history_until
-        taken: list[float] = []
-        for key, journal in history.by_step.items():
-            series = self._journal_series(key)
-            if series is None:
-                continue
-            first_reported = series.xs[0] if len(series) else math.inf
-            xs, ys = journal.xs, journal.ys
-            keep = [index for index, x in enumerate(xs) if x <= until and x < first_reported]
-            if keep:
-                _put_before(series, [xs[i] for i in keep], [ys[i] for i in keep])
-                taken += (xs[keep[0]], xs[keep[-1]])
-        if not taken:
-            return
-        changes = [change for step, change in zip(history.changed_at, history.changes) if step <= until]
-        earlier = f"; option changes then: {', '.join(changes)}" if changes else ""
-        self.log("info", f"steps {min(taken):.0f}–{max(taken):.0f} of this run read from its metrics.jsonl{earlier}",
-                 int(max(taken)))
-        self.metrics_version += 1
-        self.named_series_version += 1
-
-    def _journal_series(self, key: str) -> Series | None:
-        """The series a figure of metrics.jsonl (run_history's key) is drawn from; None past MAX_NAMED_SERIES."""
-        common = {"loss": self.loss, "val_loss": self.val_loss, "lr": self.lr, "samples_per_s": self.samples_per_s}
-        if key in common:
-            return common[key]
-        kind, _, name = key.partition(".")
-        name = name[:MAX_SERIES_NAME_CHARS]
-        if name not in self.workload_metrics and len(self.workload_metrics) >= MAX_NAMED_SERIES:
-            return None
-        return self._metric_pair(name)[kind == "val_metrics"]
-
-    def _on_metrics(self, event: protocol.Metrics) -> None:
-        """A batch of reports as columns: each series grows by one column a message, no dict per report."""
-        columns = event.columns
-        if not isinstance(columns, dict) or not all(isinstance(values, list) for values in columns.values()):
-            self.log("warning", "ignored a metrics batch that is not columns of values")
-            return
-        if "step" not in columns:
-            self.log("warning", "ignored a metrics batch without a step column")
-            return
-        if len(set(map(len, columns.values()))) > 1:
-            self.log("warning", f"ignored a metrics batch whose {len(columns)} columns differ in length")
-            return
-        steps = columns["step"]
-        if not steps:
-            return
-        # The checks run per column too, in C where they can: a Python call per record per series cost
-        # most of the app's time at 50k records/s; a per-value check still cost 2 us a record.
-        if set(map(type, steps)) != {int}:
-            checked = [_int_or_none(step) for step in steps]
-            if None in checked:
-                self.log("warning", f"ignored {checked.count(None)} metrics row(s) without a step")
-                kept = [index for index, step in enumerate(checked) if step is not None]
-                if not kept:
-                    return
-                columns = {name: [values[index] for index in kept] for name, values in columns.items()}
-            steps = [step for step in checked if step is not None]
-        self.step = max(self.step, max(steps))
-        for key, series in (("loss", self.loss), ("lr", self.lr), ("samples_per_s", self.samples_per_s), ("step_time_s", self.step_time), ("val_loss", self.val_loss)):
-            values = columns.get(key)
-            if values is None:
-                continue
-            if _all_finite_numbers(values):
-                series.extend(steps, values)
-            elif set(map(type, values)) != {type(None)}:  # e.g. val_loss, present on a few steps only
-                points = [(step, value) for step, value in zip(steps, values) if _is_finite_number(value)]
-                if points:
-                    series.extend([step for step, _ in points], [value for _, value in points])
-        self._take_named(steps, columns.get("lrs"), self.group_lrs, lambda name: self.group_lrs.setdefault(name, Series()))
-        self._take_named(steps, columns.get("metrics"), self.workload_metrics, lambda name: self._metric_pair(name)[0])
-        self._take_named(steps, columns.get("val_metrics"), self.workload_metrics, lambda name: self._metric_pair(name)[1])
-        times = columns.get("step_time_s")
-        if times is not None:
-            times = times[-self.recent_step_times.maxlen :]
-            if not (_all_finite_numbers(times) and min(times) >= 0):
-                times = [value for value in times if _is_finite_number(value) and value >= 0]
-            self.recent_step_times.extend(times)
-        skipped = columns.get("skipped")
-        if skipped is not None and True in skipped:
-            for step, was_skipped in zip(steps, skipped):
-                if was_skipped is True:
-                    self.log("warning", "optimizer step skipped (fp16 overflow: the scaler lowered its scale)", step)
-        record = {name: values[-1] for name, values in columns.items()}
-        self.last_record = record
-        elapsed = _float_or_none(record.get("elapsed_s"))
-        if elapsed is not None:
-            self.elapsed_s, self.elapsed_at = elapsed, self.clock()
-        # Reports also carry the options in force: they catch changes no acknowledgement told (--at).
-        # A batch can arrive after an acknowledgement yet hold earlier steps: those must not undo it.
-        last_step = _int_or_none(record.get("step")) or 0
-        changed = {
-            name: record[name]
-            for name in OPTION_NAMES
-            if name in record and self.options.get(name) != record[name] and last_step >= self._applied_at.get(name, 0)
-        }
-        if changed:
-            self.options.update(changed)
-            self.options_version += 1
-            if isinstance(changed.get("steps"), int):  # the run's total, changed while it trains
-                self.total_steps = changed["steps"]
-        self.metrics_version += 1
-        self.header_version += 1
-
-    def _on_grad_norms(self, event: protocol.GradNorms) -> None:
-        if len(event.norms) != len(self.modules):
-            self.log("warning", f"gradient norms for {len(event.norms)} modules, but the trainer named {len(self.modules)}; ignored")
-            return
-        for module, value in zip(self.modules, event.norms):
-            norm = _float_or_none(value)
-            module.norm = norm
-            if norm is not None:
-                module.trend.append(norm)
-        self.grad_step = event.step
-        self.grad_total = _float_or_none(event.total)
-        self._flags_stale = True
-        self.grads_version += 1
-
-    def _take_named(self, steps: list[int], rows: list | None, table: dict[str, Any], series_of: Callable[[str], Series]) -> None:
-        """A column of {name: value} per row (``lrs``, ``metrics``, ``val_metrics``; null on rows without one)
-        into ``table``'s series, one per name (at most ``MAX_NAMED_SERIES``); a new name makes the charts show it."""
-        if rows is None:
-            return
-        known = len(table)
-        points: dict[str, tuple[list[int], list[float]]] = {}
-        for step, row in zip(steps, rows):
-            if not isinstance(row, dict):
-                continue
-            for name, value in row.items():
-                if not isinstance(name, str) or not _is_finite_number(value):
-                    continue
-                name = name[:MAX_SERIES_NAME_CHARS]
-                if name not in points and name not in table and len(table) + len(points) >= MAX_NAMED_SERIES:
-                    continue
-                xs, ys = points.setdefault(name, ([], []))
-                xs.append(step)
-                ys.append(value)
-        for name, (xs, ys) in points.items():
-            series_of(name).extend(xs, ys)
-        if len(table) != known:
-            self.named_series_version += 1
-
-    def _metric_pair(self, name: str) -> tuple[Series, Series]:
-        return self.workload_metrics.setdefault(name, (Series(), Series()))
-
-    def _flag_modules(self) -> None:
-        median = self.median_norm()
-        for module in self.modules:
-            module.ratio = module.norm / median if module.norm is not None and median else None
-            module.flag = flag_for(module.norm, module.ratio, list(module.trend))
-
-    def _on_telemetry(self, event: protocol.Telemetry) -> None:
-        self.telemetry = event.sample
-        self.telemetry_history.append(event.sample)
-        self.telemetry_version += 1
-        self.header_version += 1
-
-    def running_trial(self) -> protocol.TrialProgress | None:
-        """The trial running now: its progress while training has not gone past the step it began at (progress
-        is sent as the newest value, apart from the ordered events, so one may land after the trial's result)."""
-        progress = self.trial_progress
-        if progress is None or progress.step <= self.step or self.state != "running":
-            return None
-        return progress
-
-    def _on_trial_progress(self, event: protocol.TrialProgress) -> None:
-        last = self.trials[-1] if self.trials else None
-        if last is not None and last.step == event.step and trial_label(last) == event.label:
-            return  # the trial's result is in: this progress was sent before it and came after it
-        self.trial_progress = event
-        self.header_version += 1
-
-    def _on_trial_result(self, event: protocol.TrialResult) -> None:
-        self.trial_progress = None
-        self.header_version += 1
-        self.trials.append(event)
-        self.impact_version += 1  # the impact view lists them
-        first, *rest = describe_trial(event)
-        level = "warning" if event.error is not None or rest else "impact"
-        self.log(level, first, event.step, notify=True, toast=first)
-        for line in rest:
-            self.log("warning", line.strip(), event.step)
-
-    def _on_memory(self, event: protocol.Memory) -> None:
-        self.memory = event.breakdown
-        self.memory_version += 1
-
-    def _on_profile_ready(self, event: protocol.ProfileReady) -> None:
-        from torchlab.tui.profiles import ProfileSnapshot  # with the first snapshot, not at start-up
-
-        rows = [row for row in event.rows if isinstance(row, dict)]
-        rows_by_shape = [row for row in event.rows_by_shape if isinstance(row, dict)]
-        snapshot = ProfileSnapshot(
-            number=len(self.profiles) + 1, first_step=event.first_step, last_step=event.last_step, dir=event.dir,
-            rows=rows, rows_by_shape=rows_by_shape, sort=event.sort, build_s=float(event.build_s), error=event.error,
-        )
-        self.profiles.append(snapshot)
-        self.profile_pending = False
-        self.profiles_version += 1
-        if event.error:
-            self.log("warning", f"profile {snapshot.label} failed: {event.error} (P lists the snapshots)", event.last_step,
-                     notify=True, toast=f"profile {snapshot.label} failed (P lists the snapshots)")
-            return
-        self.log(
-            "profile",
-            f"profile {snapshot.label} ready: P opens the table · {self.within_run(event.dir)}/",
-            event.last_step,
-            notify=True,
-            toast=f"profile {snapshot.label} ready: P opens the table",
-        )
-
-    def _on_impact(self, event: protocol.Impact) -> None:
-        self.impact = list(event.segments)
-        self.impact_version += 1
-        # A segment's verdict, once its medians have settled, goes to the event log: the answer to "what
-        # did that change do" lands where the change itself was acknowledged. Once; and once more if it
-        # said "no clear difference" at first and the step times became clear later.
-        for segment in self.impact[1:]:
-            first, last = segment.first_step, segment.last_step
-            key, clear = (first, segment.change), segment.speedup is not None
-            if self._impact_logged.get(key) is True or (key in self._impact_logged and not clear):
-                continue
-            if last - first + 1 >= IMPACT_SETTLE_STEPS and (clear or segment.memory_change is not None):
-                self._impact_logged[key] = clear
-                self.log("impact", f"{segment.verdict} (steps {first}–{last}; i shows the impact table)", last,
-                         notify=True, toast=segment.verdict)
 
     def _on_option_applied(self, event: protocol.OptionApplied) -> None:
         self._answered(event.option, event.source)
@@ -719,16 +423,8 @@ class RunState:
             self.log("info", f"an earlier app detached at step {event.step}", event.step)
             return
         self.detached = True
-        self.detached_paused = self.state == "paused"
+        self.detached_paused = self.state == RunStatus.PAUSED
         self.log("applied", f"detached at step {event.step}: {self.after_detach}", event.step, notify=True)
-
-    @property
-    def after_detach(self) -> str:
-        """What the run does once this app has detached: "keeps training" would be a lie about a paused run,
-        which waits, holding its memory, until someone attaches (a stop or SIGTERM still ends it)."""
-        if self.detached_paused:
-            return "the run stays paused: nothing trains until you attach and resume it (space)"
-        return "the trainer keeps training"
 
     def _on_option_refused(self, event: protocol.OptionRefused) -> None:
         self._answered(event.option, event.source)
@@ -749,63 +445,24 @@ class RunState:
         if event.reason == "world_size":
             self._begin_relaunch(event.step)
 
-    # ---- world size and ranks
-
-    def _begin_relaunch(self, step: int) -> None:
-        """The trainer checkpointed for a new world size: it now stops every rank and starts the new ones
-        (seconds: each imports torch and joins the rendezvous), during which no step is reported. The
-        trainer says nothing between this checkpoint and the new ranks' first report, so the app says it."""
-        target = _int_or_none(self.pending.get("world_size"))  # None: a scripted change (--at)
-        self.relaunch_to = target
-        current = self.world_size
-        self._set_state("relaunching", f"{current} → {target}" if target is not None else "")
-        self.ranks, self.ranks_step, self.rank_hosts = [], None, {}
-        self.ranks_version += 1
-        to = f" as {_processes(target)}" if target is not None else ""
-        self.log("info", f"relaunching{to} from the checkpoint of step {step}…",
-                 step, notify=True, toast=f"relaunching{to}…")
-
-    def _world_size_changed(self, event: protocol.OptionApplied) -> None:
-        """A new world size trains: figures from before the change describe ranks that are gone."""
-        if self.state == "relaunching":
-            self._set_state("running", "")
-        self.ranks, self.ranks_step = [], None
-        self.ranks_version += 1
-
-    def _start_ranks(self, described: list[RankProcess]) -> None:
-        """A (new) trainer's welcome: forget the figures of any earlier one; note where each rank runs."""
-        self.ranks, self.ranks_step = [], None
-        self.rank_hosts = {process.rank: process.host for process in described}
-        self.ranks_version += 1
-
-    def _on_ranks(self, event: protocol.Ranks) -> None:
-        """Per-rank figures (latest wins). Ignored at world size 1, and when gathered before the last
-        world-size change (a latest-wins message of ranks that are gone)."""
-        if self.world_size <= 1 or event.step < self._applied_at.get("world_size", 0):
-            return
-        in_order = sorted(event.ranks, key=lambda figures: figures.rank)
-        self.ranks = flag_stragglers([ComparedRank(figures, self.rank_hosts.get(figures.rank, "")) for figures in in_order])
-        self.ranks_step = event.step
-        self.ranks_version += 1
-
     def _on_log(self, event: protocol.Log) -> None:
         level = event.level if event.level in ("warning", "error") else "info"
-        step = _int_or_none(event.step)
+        step = int_or_none(event.step)
         self.log(level, event.text, step, notify=level == "error")
 
     def _on_error(self, event: protocol.Error) -> None:
-        self.failure = Failure("error", event.message, event.traceback, event.step, event.checkpoint)
+        self.failure = Failure(RunStatus.FAILED, event.message, event.traceback, event.step, event.checkpoint)
         self.failure_version += 1
-        self._set_state("failed", event.message)
+        self._set_state(RunStatus.FAILED, event.message)
         self.log("error", f"the run failed at step {event.step}: {event.message}", event.step, notify=True)
 
     def _on_nonfinite(self, event: protocol.NonFinite) -> None:
         where = f" in {event.module}" if event.module else ""
         report = f"The {event.phase}{where} became non-finite at step {event.step}.\n\n{event.detail}".rstrip()
         message = event.message or f"non-finite {event.phase}{where} at step {event.step}"
-        self.failure = Failure("nonfinite", message, report, event.step)
+        self.failure = Failure(RunStatus.NONFINITE, message, report, event.step)
         self.failure_version += 1
-        self._set_state("failed", message)
+        self._set_state(RunStatus.FAILED, message)
         self.log("error", message, event.step, notify=True)
 
     def _on_refused(self, event: protocol.Refused) -> None:
@@ -818,7 +475,7 @@ class RunState:
             self._forget_requests()
         self.state = state
         self.state_detail = detail
-        if state != "relaunching":
+        if state != RunStatus.RELAUNCHING:
             self.relaunch_to = None
         self.header_version += 1
 
@@ -828,70 +485,3 @@ class RunState:
             return
         self.options = dict(options)
         self.options_version += 1
-
-
-_HANDLERS = {
-    protocol.Welcome: RunState._on_welcome,
-    protocol.Replayed: RunState._on_replayed,
-    protocol.State: RunState._on_state,
-    protocol.Metrics: RunState._on_metrics,
-    protocol.GradNorms: RunState._on_grad_norms,
-    protocol.Telemetry: RunState._on_telemetry,
-    protocol.Memory: RunState._on_memory,
-    protocol.TrialResult: RunState._on_trial_result,
-    protocol.TrialProgress: RunState._on_trial_progress,
-    protocol.OptionApplied: RunState._on_option_applied,
-    protocol.OptionRefused: RunState._on_option_refused,
-    protocol.Detached: RunState._on_detached,
-    protocol.CheckpointSaved: RunState._on_checkpoint,
-    protocol.Log: RunState._on_log,
-    protocol.Error: RunState._on_error,
-    protocol.NonFinite: RunState._on_nonfinite,
-    protocol.Refused: RunState._on_refused,
-    protocol.ProfileReady: RunState._on_profile_ready,
-    protocol.Impact: RunState._on_impact,
-    protocol.Ranks: RunState._on_ranks,
-}
-
-
-def _processes(count: int) -> str:
-    return f"{count} process" if count == 1 else f"{count} processes"
-
-
-def _put_before(series: Series, xs: list[float], ys: list[float]) -> None:
-    """``series`` with the points ``xs``, ``ys`` (all before its first) in front: built again, as Series grows at its
-    end only (a few thousand points a run's journal holds, thinned by it as they go in)."""
-    kept_xs, kept_ys = series.xs, series.ys
-    series.clear()
-    series.extend(xs, ys)
-    series.extend(kept_xs, kept_ys)
-
-
-def _int_or_none(value: Any) -> int | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and math.isfinite(value):
-        return int(value)
-    return None
-
-
-def _float_or_none(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    return None
-
-
-def _all_finite_numbers(values: Sequence[Any]) -> bool:
-    """True if every value is an int or float (not a bool) and finite; checked in C, not per value.
-
-    A sum is finite only if every term is (a huge finite sum that overflows just takes the slow path).
-    """
-    return set(map(type, values)) <= {int, float} and math.isfinite(sum(values))
-
-
-def _is_finite_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -157,29 +157,26 @@ class StepBoundary:
     def _handle(self, command: TrainerCommand) -> None:
         parts = self.parts
         next_step = parts.progress.step + 1
-        if isinstance(command, SetCommand):
-            self.relaunch = apply_change(parts, command, next_step) or self.relaunch
-        elif isinstance(command, PauseCommand):
-            if not self.paused:
+        match command:
+            case SetCommand():
+                self.relaunch = apply_change(parts, command, next_step) or self.relaunch
+            case PauseCommand() if not self.paused:
                 self.paused = True
                 parts.reporter.emit(Paused(step=parts.progress.step))
-        elif isinstance(command, ResumeCommand):
-            if self.paused:
+            case ResumeCommand() if self.paused:
                 self.paused = False
                 parts.reporter.emit(Resumed(step=next_step))
-        elif isinstance(command, StopCommand):
-            self.stop = command
-            self.paused = False
-            if self.relaunch is not None:  # a stop wins over a relaunch asked for at the same boundary
-                change, self.relaunch = self.relaunch, None
-                parts.options = parts.options.with_value("world_size", parts.world.size)
-                parts.reporter.emit(p.OptionRefused(step=next_step, option=WORLD_SIZE.name, value=change.value,
-                                                    reason="the run stops at this step", source=change.source))
-        elif isinstance(command, SaveCheckpointCommand):
-            if parts.progress.step > 0:
+            case StopCommand():
+                self.stop = command
+                self.paused = False
+                if self.relaunch is not None:  # a stop wins over a relaunch asked for at the same boundary
+                    change, self.relaunch = self.relaunch, None
+                    parts.options = parts.options.with_value("world_size", parts.world.size)
+                    parts.reporter.emit(p.OptionRefused(step=next_step, option=WORLD_SIZE.name, value=change.value,
+                                                        reason="the run stops at this step", source=change.source))
+            case SaveCheckpointCommand() if parts.progress.step > 0:
                 self.checkpoints.save(reason="requested")
-        elif isinstance(command, ProfileCommand):
-            if parts.world.reports:  # one profile per run: rank 0's
+            case ProfileCommand() if parts.world.reports:  # one profile per run: rank 0's
                 self.profiling.start(command, next_step)
-        elif isinstance(command, TrialCommand):
-            self.trials.run(command, next_step)  # every rank: their steps' collectives pair up
+            case TrialCommand():
+                self.trials.run(command, next_step)  # every rank: their steps' collectives pair up

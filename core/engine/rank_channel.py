@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from torchlab.core.wire.errors import StorageError
+from torchlab.core.wire.errors import ConfigError, NonFiniteError, StorageError, WorkloadError, WorkloadExited
 from torchlab.core.wire.line_reader import LineReader
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.events import TRAINER_EVENTS
@@ -38,15 +38,14 @@ from torchlab.core.wire.protocol import decode, fault, Message, ProtocolError, r
 from torchlab.core.wire.payloads import MemoryBreakdown, RankFigures, TelemetrySample
 from torchlab.core.wire.runtime import listen_privately, runtime_dir
 from torchlab.core.wire.throttle import RefusedLines
-from torchlab.core.engine.outcome import WorldSizeChange
+from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
+from torchlab.core.wire.run_status import OUTCOMES, RunStatus
 
 #: A report of a model with many thousands of modules is a long line (a name and a norm per module, twice);
 #: longer than this is no report of ours.
 MAX_LINE_BYTES = 64 << 20
 #: How long the supervisor waits for rank 0 to connect and say hello (its imports came before).
 HELLO_TIMEOUT_S = 30.0
-OUTCOME_STATUSES = ("finished", "stopped", "nonfinite", "failed", "relaunch", "usage")
-_DICT_OR_NULL = (dict, type(None))
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,6 @@ class RankHello(RankMessage):
     """Rank 0's first line: the token the supervisor put in its environment."""
 
     type: ClassVar[str] = "hello"
-    schema: ClassVar = {"token": (str,)}
     token: str
 
 
@@ -71,7 +69,6 @@ class MetricsReport(RankMessage):
     """One metrics.jsonl record, as rank 0's trainer reported it."""
 
     type: ClassVar[str] = "metrics"
-    schema: ClassVar = {"record": (dict,)}
     record: dict
 
     def validate(self) -> None:
@@ -99,7 +96,6 @@ class EventReport(RankMessage):
     """One of the trainer's typed events (core/wire/events.py, or an app protocol message), as its protocol text."""
 
     type: ClassVar[str] = "event"
-    schema: ClassVar = {"event": (str,)}
     event: str
 
     def validate(self) -> None:
@@ -119,33 +115,52 @@ class EventReport(RankMessage):
 @dataclass(frozen=True)
 class TelemetryReport(RankMessage):
     type: ClassVar[str] = "telemetry"
-    schema: ClassVar = {"sample": (TelemetrySample,)}
     sample: TelemetrySample
+
+
+#: The errors rank 0's outcome may name that its supervisor tells apart, by name: where the name that crossed the
+#: channel becomes a class again, and the only place.
+ERRORS_BY_NAME: dict[str, type[Exception]] = {
+    kind.__name__: kind for kind in (ConfigError, WorkloadError, WorkloadExited, StorageError, NonFiniteError)
+}
 
 
 @dataclass(frozen=True)
 class Outcome(RankMessage):
-    """Rank 0's last line: how its run ended, and the commands it never handled (for the next trainer)."""
+    """Rank 0's last line: how its run ended (a RunOutcome, whose error travels as its class's name), and the
+    commands it never handled (for the next trainer)."""
 
     type: ClassVar[str] = "outcome"
-    schema: ClassVar = {
-        "status": (str,), "step": (int,), "message": (str,), "kind": (str,), "relaunch": _DICT_OR_NULL, "unhandled": (list,),
-    }
     status: str
     step: int
     message: str = ""
-    kind: str = ""
+    kind: str = ""  # the class of the error that ended it: the name of one of ``ERRORS_BY_NAME``, or of another
     relaunch: dict | None = None  # a WorldSizeChange's fields
     unhandled: list = dataclasses.field(default_factory=list)  # trainer commands, each its protocol line
 
     def validate(self) -> None:
-        if self.status not in OUTCOME_STATUSES:
-            raise ProtocolError(f"outcome.status: not one of {', '.join(OUTCOME_STATUSES)}")
+        if self.status not in OUTCOMES:
+            raise ProtocolError(f"outcome.status: not one of {', '.join(OUTCOMES)}")
         try:
             self.world_size_change()
             self.unhandled_commands()
         except (KeyError, TypeError, ValueError):
             raise ProtocolError("outcome: a relaunch or an unhandled command that is not one") from None
+
+    @classmethod
+    def of(cls, outcome: RunOutcome, unhandled: list[TrainerCommand]) -> Outcome:
+        return cls(
+            status=outcome.status, step=outcome.step, message=outcome.message,
+            kind=outcome.error.__name__ if outcome.error is not None else "",
+            relaunch=dataclasses.asdict(outcome.relaunch) if outcome.relaunch else None,
+            unhandled=[command.json_text() for command in unhandled],
+        )
+
+    def as_run_outcome(self) -> RunOutcome:
+        """The outcome as rank 0's trainer returned it; its error's class found again by name (None: another class
+        than the supervisor acts on)."""
+        return RunOutcome(RunStatus(self.status), self.step, self.message, self.world_size_change(),
+                          error=ERRORS_BY_NAME.get(self.kind))
 
     def world_size_change(self) -> WorldSizeChange | None:
         return None if self.relaunch is None else WorldSizeChange(**self.relaunch)
@@ -159,7 +174,6 @@ class CommandMessage(RankMessage):
     """A command for rank 0, from the supervisor: the trainer command as its own protocol line."""
 
     type: ClassVar[str] = "command"
-    schema: ClassVar = {"command": (str,)}
     command: str
 
     def validate(self) -> None:
@@ -181,7 +195,6 @@ class ChannelRefused(RankMessage):
     """The answer to a line the other side could not read; it goes on reading."""
 
     type: ClassVar[str] = "refused"
-    schema: ClassVar = {"reason": (str,)}
     reason: str
 
 
@@ -350,18 +363,19 @@ class RankChannel:
             self.send(StopCommand("a file of the run could not be written"))
 
     def _dispatch(self, message: RankMessage, connection: socket.socket) -> None:
-        if isinstance(message, MetricsReport):
-            self.observer.on_metrics(message.as_reported())
-        elif isinstance(message, EventReport):
-            self.observer.on_event(message.as_event())
-        elif isinstance(message, TelemetryReport):
-            self.observer.on_telemetry(message.sample)
-        elif isinstance(message, Outcome):
-            self.outcome = message
-        elif isinstance(message, ChannelRefused):  # rank 0 could not read a command we sent
-            self._journal_refusal(message.reason, before_hello=False, by="rank 0")
-        else:
-            self._refuse(connection, f"{message.type} is not a report", before_hello=False)
+        match message:
+            case MetricsReport():
+                self.observer.on_metrics(message.as_reported())
+            case EventReport():
+                self.observer.on_event(message.as_event())
+            case TelemetryReport():
+                self.observer.on_telemetry(message.sample)
+            case Outcome():
+                self.outcome = message
+            case ChannelRefused():  # rank 0 could not read a command we sent
+                self._journal_refusal(message.reason, before_hello=False, by="rank 0")
+            case _:
+                self._refuse(connection, f"{message.type} is not a report", before_hello=False)
 
 
 def _close(connection: socket.socket) -> None:
@@ -403,13 +417,8 @@ class SupervisorLink(TrainerObserver):
     def on_telemetry(self, sample: TelemetrySample) -> None:
         self._send(TelemetryReport(sample=sample))
 
-    def send_outcome(self, status: str, step: int, message: str = "", *, relaunch: WorldSizeChange | None = None,
-                     kind: str = "", unhandled: list[TrainerCommand] = ()) -> None:
-        self._send(Outcome(
-            status=status, step=step, message=message, kind=kind,
-            relaunch=dataclasses.asdict(relaunch) if relaunch else None,
-            unhandled=[command.json_text() for command in unhandled],
-        ))
+    def send_outcome(self, outcome: RunOutcome, unhandled: list[TrainerCommand] = ()) -> None:
+        self._send(Outcome.of(outcome, unhandled))
 
     def close(self) -> None:
         """After the outcome: the end of the channel is no longer news."""
@@ -446,12 +455,13 @@ class SupervisorLink(TrainerObserver):
             except (EOFError, OSError) as error:
                 self._break(_how_it_ended(error))
                 return
-            if isinstance(message, CommandMessage):
-                self.trainer.submit(message.as_command())
-            elif isinstance(message, ChannelRefused):  # the supervisor could not read a report of ours
-                print(f"torchlab rank 0: the supervisor refused a report: {message.reason}", file=sys.stderr, flush=True)
-            else:
-                self._answer_refused(f"{message.type} is not a command")
+            match message:
+                case CommandMessage():
+                    self.trainer.submit(message.as_command())
+                case ChannelRefused():  # the supervisor could not read a report of ours
+                    print(f"torchlab rank 0: the supervisor refused a report: {message.reason}", file=sys.stderr, flush=True)
+                case _:
+                    self._answer_refused(f"{message.type} is not a command")
 
     def _answer_refused(self, reason: str) -> None:
         with self._lock:

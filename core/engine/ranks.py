@@ -54,6 +54,7 @@ from torchlab.core.engine.rank_channel import RankChannel, SupervisorLink
 from torchlab.core.wire.runtime import die_with_parent
 from torchlab.core.wire.storage import create_file, make_folder, match_folder_privacy, write_atomically
 from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
+from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.events import Relaunching, ResumeChangedSettings, ResumedFromCheckpoint, RunStarted
 from torchlab.core.wire.protocol import Error, Message, OptionApplied, StopCommand, TrainerCommand
 from torchlab.core.engine.parts import resolve_device
@@ -169,7 +170,7 @@ class Supervisor:
                 outcome = self._run_here(config, resume, explicit)
             else:
                 outcome = self._run_ranks(config, resume, explicit)
-            if outcome.status != "relaunch":
+            if outcome.status != RunStatus.RELAUNCH:
                 return outcome
             change = outcome.relaunch
             self._emit(Relaunching(step=outcome.step, world_size=change.value, previous=change.previous))
@@ -310,21 +311,21 @@ class Supervisor:
                 self._relay.on_event(Error(step=self.step + 1, message=message, traceback=""))
             except StorageError:
                 pass  # the journal is what could not be written; the outcome carries the message
-            return RunOutcome("failed", self.step, message, kind="StorageError")
-        if outcome is not None and outcome.status == "usage":
-            raise (ConfigError if outcome.kind == "ConfigError" else WorkloadError)(outcome.message)
+            return RunOutcome(RunStatus.FAILED, self.step, message, error=StorageError)
+        if outcome is not None and outcome.status == RunStatus.USAGE:
+            raise (ConfigError if outcome.as_run_outcome().failed_with(ConfigError) else WorkloadError)(outcome.message)
         if failure is not None:
             if isinstance(failure, ChildFailedError):
                 rank, message, trace, exitcode = root_cause(failure)
             else:
                 rank, message, trace, exitcode = None, f"the launcher failed: {type(failure).__name__}: {failure}", "", None
             self._relay.on_event(Error(step=self.step + 1, message=message, traceback=trace, rank=rank, exitcode=exitcode))
-            return RunOutcome("failed", self.step, message)
+            return RunOutcome(RunStatus.FAILED, self.step, message)
         if outcome is None:
             message = f"rank 0 stopped reporting: {channel.broken or 'its channel to the supervisor never opened'}"
             self._relay.on_event(Error(step=self.step + 1, message=message, traceback=""))
-            return RunOutcome("failed", self.step, message, kind="RankChannelError")
-        return RunOutcome(outcome.status, outcome.step, outcome.message, outcome.world_size_change(), outcome.kind)
+            return RunOutcome(RunStatus.FAILED, self.step, message)
+        return outcome.as_run_outcome()
 
 
 class _Relay(TrainerObserver):
@@ -344,17 +345,18 @@ class _Relay(TrainerObserver):
             observer.on_event(event)
         change = self.supervisor._acknowledge
         note = self.supervisor._resume_note
-        if isinstance(event, ResumedFromCheckpoint) and note is not None:
-            self.supervisor._resume_note = None
-            self.on_event(ResumeChangedSettings(step=event.step, **note))
-        if isinstance(event, RunStarted):
-            self.supervisor.step = event.step
-            if change is not None:
-                self.supervisor._acknowledge = None
-                self.on_event(OptionApplied(
-                    step=change.step, option=WORLD_SIZE.name, value=change.value, previous=change.previous,
-                    display=WORLD_SIZE.format(change.value), source=change.source,
-                ))
+        match event:
+            case ResumedFromCheckpoint() if note is not None:
+                self.supervisor._resume_note = None
+                self.on_event(ResumeChangedSettings(step=event.step, **note))
+            case RunStarted():
+                self.supervisor.step = event.step
+                if change is not None:
+                    self.supervisor._acknowledge = None
+                    self.on_event(OptionApplied(
+                        step=change.step, option=WORLD_SIZE.name, value=change.value, previous=change.previous,
+                        display=WORLD_SIZE.format(change.value), source=change.source,
+                    ))
 
     def on_telemetry(self, sample: TelemetrySample) -> None:
         for observer in self.supervisor.observers:
@@ -483,7 +485,7 @@ def _rank_main(argv: list[str] | None) -> NoReturn:
     except TorchlabError as error:
         if link is not None:
             link.on_event(Error(step=0, message=str(error), traceback="", rank=0))
-            link.send_outcome("usage", 0, str(error), kind=type(error).__name__)
+            link.send_outcome(RunOutcome(RunStatus.USAGE, 0, str(error), error=type(error)))
             link.close()
         leave_without_teardown(2)
     if link is not None:
@@ -492,12 +494,11 @@ def _rank_main(argv: list[str] | None) -> NoReturn:
         outcome = trainer.run()
     except TorchlabError as error:  # the first step failed on the workload: already reported as an event
         if link is not None:
-            link.send_outcome("usage", trainer.step, str(error), kind=type(error).__name__)
+            link.send_outcome(RunOutcome(RunStatus.USAGE, trainer.step, str(error), error=type(error)))
             link.close()
         leave_without_teardown(2)
     if link is not None:
-        link.send_outcome(outcome.status, outcome.step, outcome.message, relaunch=outcome.relaunch,
-                          kind=outcome.kind, unhandled=trainer.pending_commands())
+        link.send_outcome(outcome, unhandled=trainer.pending_commands())
         link.close()
     leave_without_teardown(0)
 

@@ -125,7 +125,8 @@ class LiveTensorBoard(TrainerObserver):
         summary_writer_class(directory)  # not installed: said before training starts
         self.directory = directory
         self.writer: TensorBoardWriter | None = None  # opened when the run starts, at the step it starts from
-        self._queue: collections.deque[tuple[str, Any]] = collections.deque()
+        #: a metrics row (a dict), an option applied or a profile, as the trainer reported it
+        self._queue: collections.deque[dict[str, Any] | p.OptionApplied | p.ProfileReady] = collections.deque()
         self._wake = threading.Event()
         self._row_written_at = -1.0
         self._row_held_back: dict[str, Any] | None = None  # the newest row not written: the run's last, perhaps
@@ -139,7 +140,7 @@ class LiveTensorBoard(TrainerObserver):
         now = time.monotonic()
         if "val_loss" in record or now - self._row_written_at >= 1 / LIVE_ROWS_PER_S:
             self._row_written_at, self._row_held_back = now, None
-            self._queue.append(("row", record))
+            self._queue.append(record)
             self._wake.set()
         else:
             self._row_held_back = record
@@ -151,9 +152,9 @@ class LiveTensorBoard(TrainerObserver):
                 self.writer = TensorBoardWriter(self.directory, purge_step=event.step + 1 if event.step else None)
                 return
             case p.OptionApplied():
-                self._queue.append(("option", event))
+                self._queue.append(event)
             case p.ProfileReady() if not event.error:
-                self._queue.append(("profile", event))
+                self._queue.append(event)
             case events.RunEnded() | p.Error() | p.NonFinite():
                 self.close()
                 return
@@ -166,7 +167,7 @@ class LiveTensorBoard(TrainerObserver):
         if self._closing:
             return
         if self._row_held_back is not None:  # the run's last row is written, however soon after the one before
-            self._queue.append(("row", self._row_held_back))
+            self._queue.append(self._row_held_back)
         self._closing = True
         self._wake.set()
         if self.writer is not None:
@@ -180,23 +181,26 @@ class LiveTensorBoard(TrainerObserver):
                 return
             closing = self._closing  # read before the drain: what close() queued before saying so is written
             while self._queue:
-                kind, item = self._queue.popleft()
-                if kind == "row":
-                    self.writer.write_row(item)
-                elif kind == "option":
-                    self.writer.write_option_change(item.step, item.option, item.value, item.previous, item.source)
-                else:
-                    trace = Path(item.dir) / "trace.json"
-                    if os.path.lexists(trace):
-                        try:
-                            self.writer.add_trace(item.first_step, trace)
-                        except (OSError, UnsafeFileError) as error:  # the thread goes on writing rows
-                            print(f"torchlab: the profiler trace of step {item.first_step} was not copied to "
-                                  f"TensorBoard: {error}", file=sys.stderr)
+                match item := self._queue.popleft():
+                    case dict():
+                        self.writer.write_row(item)
+                    case p.OptionApplied():
+                        self.writer.write_option_change(item.step, item.option, item.value, item.previous, item.source)
+                    case p.ProfileReady():
+                        self._copy_trace(item)
             self.writer.flush()
             if closing:
                 self.writer.close()
                 return
+
+    def _copy_trace(self, profile: p.ProfileReady) -> None:
+        trace = Path(profile.dir) / "trace.json"
+        if os.path.lexists(trace):
+            try:
+                self.writer.add_trace(profile.first_step, trace)
+            except (OSError, UnsafeFileError) as error:  # the thread goes on writing rows
+                print(f"torchlab: the profiler trace of step {profile.first_step} was not copied to "
+                      f"TensorBoard: {error}", file=sys.stderr)
 
 
 def tensorboard_observers(config) -> list[LiveTensorBoard]:

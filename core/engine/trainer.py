@@ -38,6 +38,7 @@ from torchlab.core.engine.loss_output import mean_of_micro_batches
 from torchlab.core.engine.nonfinite import stop_on_nonfinite
 from torchlab.core.engine.option_hooks import enact_initial
 from torchlab.core.engine.outcome import RunOutcome
+from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.engine.parts import Reporter, TrainingParts
 from torchlab.core.engine.probes import clip_by_total_norm
 from torchlab.core.engine.profiler import Profiling
@@ -204,7 +205,7 @@ class Trainer:
                 self.checkpoints.finish()
         except NonFiniteError as error:
             self.reporter.emit(p.NonFinite(message=str(error), **error.report))
-            return RunOutcome("nonfinite", progress.step, str(error))
+            return RunOutcome(RunStatus.NONFINITE, progress.step, str(error))
         except WorkloadError as error:
             self.reporter.emit(p.Error(step=progress.step + 1, message=str(error), traceback=traceback.format_exc()))
             raise
@@ -223,14 +224,14 @@ class Trainer:
         try:
             if boundary.relaunch is not None:
                 self.checkpoints.save(reason="world_size")  # always: the options changed since any earlier one
-                return RunOutcome("relaunch", step, relaunch=boundary.relaunch)
+                return RunOutcome(RunStatus.RELAUNCH, step, relaunch=boundary.relaunch)
             if self.checkpoints.last_step != step and step > 0:
                 self.checkpoints.save(reason="final")
         except StorageError as error:  # the last checkpoint could not be written: the run failed, said as such
             if self.parts.world.supervised:
                 raise
             return self._failed(error)
-        status = "stopped" if boundary.stop is not None else "finished"
+        status = RunStatus.STOPPED if boundary.stop is not None else RunStatus.FINISHED
         self.reporter.emit(RunEnded(step=step, status=status))
         return RunOutcome(status, step, boundary.stop.reason if boundary.stop else "")
 
@@ -248,7 +249,7 @@ class Trainer:
         except StorageError as storage:  # the disk that failed may fail again; the app still got the error
             if str(storage) != message:
                 message = f"{message} (then: {storage})"
-        return RunOutcome("failed", step, message, kind=type(error).__name__)
+        return RunOutcome(RunStatus.FAILED, step, message, error=type(error))
 
     # ----------------------------------------------------------------- the loop
     def train_steps(self, count: int) -> bool:

@@ -30,7 +30,8 @@ import time
 from torchlab.core.launch.serve import SERVED_BY_PARENT
 from torchlab.core.launch.arguments import command_description
 from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE, TorchlabError
-from torchlab.core.wire.runtime import FINAL_STATES, RunEntry, die_with_parent, find_run, printable, read_runs
+from torchlab.core.wire.run_status import RunStatus
+from torchlab.core.wire.runtime import RunEntry, die_with_parent, find_run, printable, read_runs
 
 
 
@@ -79,7 +80,7 @@ def open_run(entry: RunEntry, *, view: bool = False) -> int:
     """The workbench on ``entry``'s trainer, or, if that trainer has ended, what became of it."""
     info = entry.info
     name, run_dir = printable(entry.endpoint.name), printable(info.get("run_dir"))
-    if has_ended(entry):
+    if entry.ended:
         print(report_ended(entry))
         return EXIT_OK
     if info.get("attached") and not view:
@@ -117,16 +118,11 @@ def live_runs(entries: list[RunEntry]) -> list[RunEntry]:
     return [entry for entry in entries if entry.live]
 
 
-def has_ended(entry: RunEntry) -> bool:
-    """Its trainer said its last word (finished, stopped, failed), or died without one."""
-    return entry.state in (*FINAL_STATES, "gone")
-
-
 def report_ended(entry: RunEntry) -> str:
     """What became of a run that is no longer running, said once: its entry is removed (``attach`` lists it no more)."""
     info = entry.info
     state = entry.state
-    how = (f"{state} at step {info.get('step')}" if state != "gone"
+    how = (f"{state} at step {info.get('step')}" if state != RunStatus.GONE
            else f"gone without a word at step {info.get('step')} (killed?); its last checkpoint is in the run directory")
     entry.endpoint.remove()
     return f"{printable(entry.endpoint.name)}: {printable(how)}.\nRun directory: {printable(info.get('run_dir'))}"
@@ -135,7 +131,7 @@ def report_ended(entry: RunEntry) -> str:
 def forget_gone_runs(entries: list[RunEntry]) -> None:
     """Runs whose trainer died without a word (``kill -9``, killed while starting) are listed once, then
     their files go: otherwise they would stay in every listing as "gone" forever."""
-    gone = [entry for entry in entries if entry.state == "gone"]
+    gone = [entry for entry in entries if entry.state == RunStatus.GONE]
     for entry in gone:
         entry.endpoint.remove()
     if gone:

@@ -28,13 +28,15 @@ from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.engine.tensorboard import tensorboard_observers
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.errors import TorchlabError, WorkloadExited
+from torchlab.core.wire.errors import StorageError, TorchlabError, WorkloadExited
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.protocol import Message
 from torchlab.core.wire.options import STEPS, format_option_value
+from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.impact import ImpactTracker
 from torchlab.core.wire.trials import describe_trial, trial_progress_text
 from torchlab.core.engine.loading import check_spec, exits_as_failure, load_workload, workload_label
+from torchlab.core.engine.outcome import RunOutcome
 from torchlab.core.engine.ranks import Supervisor, initial_world_size, run_quiet_rank
 from torchlab.core.launch.resume import ConfigRecord, TrainingPlan
 from torchlab.core.wire.rundir import RunDirectory, choose_run_dir, refuse_an_unfit_run_dir
@@ -93,23 +95,28 @@ def run_headless(
                 raise
     finally:
         directory.close()
+    return _report(outcome, directory.path.absolute(), progress, interrupted=stop_on_signal.interrupted, steps=config.steps)
 
-    run_path = directory.path.absolute()  # a hint to follow from any directory
+
+def _report(outcome: RunOutcome, run_path: Path, progress: HeadlessProgress, *, interrupted: bool, steps: int) -> int:
+    """How the run ended, said after its progress bar, and the process's exit status. ``run_path`` is absolute: a
+    hint to follow from any directory."""
+    console = progress.console
     console.print(f"Run directory: {escape(str(run_path))}")
-    if outcome.status == "nonfinite":
+    if outcome.status == RunStatus.NONFINITE:
         console.print(f"[bold red]Stopped on a non-finite value:[/] {escape(outcome.message)}")
         return EXIT_NONFINITE
-    if outcome.status == "failed" and outcome.kind == "StorageError":  # the message says what is intact and what to do
+    if outcome.failed_with(StorageError):  # the message says what is intact and what to do
         console.print(f"[bold red]Stopped after step {outcome.step}:[/] {escape(outcome.message)}")
         return EXIT_FAILED
-    if outcome.status == "failed":
+    if outcome.status == RunStatus.FAILED:
         console.print(f"[bold red]Training failed at step {outcome.step + 1}:[/] {escape(outcome.message)}")
         console.print(escape(f"Traceback in {run_path / 'events.jsonl'}; the last checkpoint is in {run_path / 'checkpoints'}."))
         return EXIT_FAILED
-    if stop_on_signal.interrupted:
+    if interrupted:
         console.print(escape(f"Interrupted at step {outcome.step}; resume with torchlab-tui --resume {run_path}"))
         return EXIT_INTERRUPTED
-    if outcome.status == "finished" and progress.last_record is None and outcome.step >= config.steps:
+    if outcome.status == RunStatus.FINISHED and progress.last_record is None and outcome.step >= steps:
         console.print(f"Nothing to train: the run is at step {outcome.step}, its --steps. Resume with --steps N "
                       f"(N > {outcome.step}) to train further.")
         return EXIT_OK
@@ -215,25 +222,15 @@ class HeadlessProgress(TrainerObserver):
             case p.ProfileReady():
                 top = ", ".join(f"{row['name']} {row[event.sort] / 1000:.1f} ms" for row in event.rows[:3])
                 self.console.print(escape(f"steps {event.first_step}–{event.last_step}: profile in {event.dir} (top: {top})"))
-            case events.TrialStarted():
-                self.say(event.step, escape(f"trying {event.option} = {format_option_value(event.option, event.value)} for {event.steps} steps against as many as it is"))
-            case events.CompileStarted():
-                self.say(event.step, escape(event.text()))
             case p.TrialProgress():
                 self.trial = event
             case p.TrialResult():
                 self.trial = None
                 for line in describe_trial(event):
                     self.say(event.step, escape(line))
-            case events.StepSkipped():
-                self.say(event.step, f"[yellow]step skipped[/]: {escape(event.reason)}")
-            case events.ResumeChangedSettings():
-                style, warning = ("yellow", "warning: ") if event.level == "warning" else ("default", "")
-                self.say(event.step, f"[{style}]{warning}{escape(event.message)}[/]")
-            case events.Paused() | events.Resumed() | events.ResumedFromCheckpoint():
-                self.say(event.step, event.type.replace("_", " "))
-            case events.Relaunching():
-                self.say(event.step, f"relaunching with {event.world_size} rank(s) (was {event.previous})")
+            case _ if (sentence := events.describe(event)) is not None:  # the same words as the app's event log
+                text = escape(sentence.text)
+                self.say(event.step, f"[yellow]warning: {text}[/]" if sentence.warning else text)
 
     def say(self, step: int, text: str) -> None:
         """A line above the progress bar, about ``step`` (Rich markup)."""

@@ -37,7 +37,7 @@ import sys
 from torchlab.core.launch.arguments import command_description
 from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE
 from torchlab.core.wire.errors import TorchlabError
-from torchlab.core.wire.runtime import FINAL_STATES, RunEntry, find_run, list_runs, printable
+from torchlab.core.wire.runtime import RunEntry, find_run, list_runs, printable
 
 HOST = "127.0.0.1"
 #: The names a browser on this machine (or at the near end of ``ssh -L``) may give this server in its Host.
@@ -82,7 +82,7 @@ def _chosen_run(selector: str | None) -> RunEntry:
             raise TorchlabError("no live run to serve" if not live else
                                 f"{len(live)} live runs: name one (torchlab-tui attach lists them)")
         entry = live[0]
-    if entry.state in FINAL_STATES or entry.state == "gone":
+    if entry.ended:
         raise TorchlabError(f"{entry.endpoint.name} is {entry.state}: there is nothing live to serve")
     return entry
 

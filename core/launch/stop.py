@@ -3,7 +3,8 @@ a final checkpoint, and say where that checkpoint is.
 
 RUN is found as ``attach`` finds it (a name or a unique prefix, a run directory, or with none the one live run).
 ``stop`` is a client of the run's socket like the app: a hello with the run's token (readable only by the user
-who started it), as the one app that controls the run, then the stop command; it reads the run's events until
+who started it) and its own name (the run journals who stopped it), as the one app that controls the run, then
+the stop command; it reads the run's events until
 the trainer closes the connection, and waits for its process to end. A step can be long (a large model, a
 compile): every ``PROGRESS_S`` it says where the run is, and after ``STOP_WAIT_S`` it gives up waiting (the run
 still stops: the stop was asked, and its controlling client has gone).
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchlab.core.launch.arguments import command_description
-from torchlab.core.launch.attach import has_ended, live_runs, report_ended
+from torchlab.core.launch.attach import live_runs, report_ended
 from torchlab.core.wire.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, TorchlabError
 from torchlab.core.wire.line_reader import LineReader
 from torchlab.core.wire.protocol import (
@@ -40,8 +41,11 @@ from torchlab.core.wire.protocol import (
     Welcome,
     decode,
 )
-from torchlab.core.wire.runtime import FINAL_STATES, RunEntry, find_run, list_runs, printable, process_running
+from torchlab.core.wire.run_status import FINAL_STATES, RunStatus
+from torchlab.core.wire.runtime import RunEntry, find_run, list_runs, printable, process_running
 
+#: The name ``stop`` gives in its hello: the run's journal and event log say it was "stopped by `torchlab-tui stop`".
+STOP_CLIENT = "torchlab-tui stop"
 #: How long ``stop`` waits for the run to end, and how often it says it is still waiting.
 STOP_WAIT_S = 300.0
 PROGRESS_S = 10.0
@@ -63,7 +67,7 @@ class StopRefused(Exception):
 class Ending:
     """What the run said while it stopped: its last state and step, and its last checkpoint."""
 
-    state: str = "running"
+    state: str = RunStatus.RUNNING
     step: int = 0
     checkpoint: str | None = None
 
@@ -99,7 +103,7 @@ def running_run(selector: str | None) -> RunEntry:
         if Path(selector).is_dir():  # a run directory whose run ended, and whose entry attach has already reported
             raise NotRunning(f"{selector} is not running (no live run has that run directory).") from None
         raise
-    if has_ended(entry):
+    if entry.ended:
         raise NotRunning(f"not running: {report_ended(entry)}")
     return entry
 
@@ -115,12 +119,12 @@ def stop(entry: RunEntry) -> int:
         try:
             connection.settimeout(WELCOME_TIMEOUT_S)
             connection.connect(str(entry.endpoint.socket_path))
-            connection.sendall(Hello(version=PROTOCOL_VERSION, token=entry.endpoint.read_token()).encode())
+            connection.sendall(Hello(version=PROTOCOL_VERSION, token=entry.endpoint.read_token(), client=STOP_CLIENT).encode())
             reader = LineReader(connection, MAX_LINE_BYTES)
             welcome = _answer(reader, ending, time.monotonic() + WELCOME_TIMEOUT_S, name)
             if welcome.state in FINAL_STATES:
                 raise NotRunning(f"{name} is not running: {welcome.state} at step {welcome.step}.")
-            connection.sendall(StopCommand(reason="torchlab-tui stop").encode())
+            connection.sendall(StopCommand().encode())  # the run words the reason itself, from the hello's name
             print(f"Stopping {name} (at step {ending.step}): it writes its final checkpoint once its step ends.",
                   file=sys.stderr, flush=True)
         except (ConnectionRefusedError, FileNotFoundError, EOFError):
@@ -139,13 +143,14 @@ def stop(entry: RunEntry) -> int:
 
 def _answer(reader: LineReader, ending: Ending, deadline: float, name: str) -> Welcome:
     """The trainer's answer to the hello: its Welcome, or StopRefused saying why it refused."""
-    message = decode(reader.next_line(deadline=deadline))
-    if isinstance(message, Refused):
-        raise StopRefused(f"{name} refused the stop: {message.reason}")
-    if not isinstance(message, Welcome):
-        raise StopRefused(f"{name} answered with {message.type}, not a welcome: is it a torchlab run of this version?")
-    ending.state, ending.step = message.state, message.step
-    return message
+    match message := decode(reader.next_line(deadline=deadline)):
+        case Welcome():
+            ending.state, ending.step = message.state, message.step
+            return message
+        case Refused():
+            raise StopRefused(f"{name} refused the stop: {message.reason}")
+        case _:
+            raise StopRefused(f"{name} answered with {message.type}, not a welcome: is it a torchlab run of this version?")
 
 
 def _until_closed(reader: LineReader, ending: Ending, name: str) -> bool:
@@ -171,12 +176,13 @@ def _until_closed(reader: LineReader, ending: Ending, name: str) -> bool:
 
 
 def _note(message: object, ending: Ending) -> None:
-    if isinstance(message, State):
-        ending.state, ending.step = message.state, message.step
-    elif isinstance(message, Metrics) and message.columns.get("step"):
-        ending.step = int(message.columns["step"][-1])
-    elif isinstance(message, CheckpointSaved):
-        ending.checkpoint = message.path
+    match message:
+        case State():
+            ending.state, ending.step = message.state, message.step
+        case Metrics() if message.columns.get("step"):
+            ending.step = int(message.columns["step"][-1])
+        case CheckpointSaved():
+            ending.checkpoint = message.path
 
 
 def _report(entry: RunEntry, ending: Ending) -> int:
@@ -197,4 +203,4 @@ def _report(entry: RunEntry, ending: Ending) -> int:
         shown = final if final.is_absolute() else Path(str(entry.info.get("run_dir"))) / "checkpoints" / final.name
         print(f"Final checkpoint: {printable(shown)}")
     print(f"Run directory: {printable(entry.info.get('run_dir'))}")
-    return EXIT_FAILED if ending.state == "failed" else EXIT_OK
+    return EXIT_FAILED if ending.state == RunStatus.FAILED else EXIT_OK

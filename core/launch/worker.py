@@ -35,8 +35,9 @@ from typing import Any
 
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.options import STEPS, format_option_value
+from torchlab.core.wire.options import STEPS
 from torchlab.core.launch.arguments import build_parser, exit_code
+from torchlab.core.launch.stop import STOP_CLIENT
 from torchlab.core.wire.errors import EXIT_OK
 from torchlab.core.wire.control_server import ControlServer
 from torchlab.core.wire.errors import StorageError, TorchlabError, WorkloadExited, exit_status
@@ -44,6 +45,7 @@ from torchlab.core.wire.impact import ImpactTracker
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.outbox import Outbox
 from torchlab.core.wire.payloads import ModuleInfo, RankProcess, RunInfo, TelemetrySample
+from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.runtime import Endpoint, die_with_parent
 from torchlab.core.wire.throttle import RefusedCommands, RefusedLines
 
@@ -57,8 +59,8 @@ IMPACT_INTERVAL_S = 1.0
 
 
 class OutboxReporter(TrainerObserver):
-    """Trainer observer that puts the trainer's events in the Outbox: those the app receives as they are, and the
-    others as the State or Log line the app shows.
+    """Trainer observer that puts the trainer's events in the Outbox: the run's changes of state as the State the
+    app shows, the others as they are (the app says them in words with ``events.describe``, as headless does).
 
     Given the run's ImpactTracker (an observer placed before this one), it also sends the impact
     table: when a segment starts and otherwise at most once per ``IMPACT_INTERVAL_S``.
@@ -68,7 +70,7 @@ class OutboxReporter(TrainerObserver):
         self.outbox = outbox
         self.impact = impact
         self.on_run_started = on_run_started  # called with each RunStarted (the Welcome is built from it)
-        self.state = "starting"
+        self.state = RunStatus.STARTING
         self.step = 0
         self.total_steps: int | None = None  # as the trainer says it (RunStarted, then a live steps change)
         self.compiling = False  # between a CompileStarted and the answer to the change that asked for it
@@ -96,17 +98,17 @@ class OutboxReporter(TrainerObserver):
                 self.total_steps = event.steps
                 if self.on_run_started is not None:
                     self.on_run_started(event)
-                self.set_state("running", event.step)
+                self.set_state(RunStatus.RUNNING, event.step)
             case events.Paused():
-                self.set_state("paused", event.step)
+                self.set_state(RunStatus.PAUSED, event.step)
             case events.Resumed():
-                self.set_state("running", event.step)
+                self.set_state(RunStatus.RUNNING, event.step)
             case events.RunEnded():
                 self._send_impact(force=True)
                 self.set_state(event.status, event.step)
             case p.NonFinite() | p.Error():
                 self.outbox.add_event(event)
-                self.set_state("failed", event.step, event.message)
+                self.set_state(RunStatus.FAILED, event.step, event.message)
             case p.OptionApplied() | p.OptionRefused() | p.CheckpointSaved() | p.ProfileReady() | p.TrialResult():
                 if isinstance(event, p.OptionApplied) and event.option == STEPS.name:
                     self.total_steps = event.value
@@ -114,26 +116,17 @@ class OutboxReporter(TrainerObserver):
                 if self.compiling and isinstance(event, (p.OptionApplied, p.OptionRefused)):  # the change compiled for
                     self.compiling = False
                     self.set_state(self.state, self.step)
-            case events.TrialStarted():
-                shown = format_option_value(event.option, event.value)
-                self.outbox.add_event(p.Log(level="info", text=f"trying {event.option} = {shown} for {event.steps} steps "
-                                                               f"against as many as it is", step=event.step))
             case events.CompileStarted():
-                self.outbox.add_event(p.Log(level="info", text=event.text(), step=event.step))
+                self.outbox.add_event(event)
                 self.compiling = True  # the app's header says so until the change's answer: no step comes meanwhile
                 self.set_state(self.state, self.step, events.COMPILING)
             case p.TrialProgress():
                 self.outbox.add_latest(event)
-            case events.StepSkipped():
-                self.outbox.add_event(p.Log(level="warning", text=f"step skipped: {event.reason}", step=event.step))
-            case events.ProfileStarted():
-                self.outbox.add_event(p.Log(level="info", text=f"profiling {event.steps} steps after 1 warm-up", step=event.step))
             case events.Relaunching():
-                self.set_state("relaunching", event.step, f"{event.previous} → {event.world_size}")
-            case events.ResumedFromCheckpoint():
-                self.outbox.add_event(p.Log(level="info", text=f"resumed from the checkpoint of step {event.step}", step=event.step))
-            case events.ResumeChangedSettings():
-                self.outbox.add_event(p.Log(level=event.level, text=event.message, step=event.step))
+                self.set_state(RunStatus.RELAUNCHING, event.step, f"{event.previous} → {event.world_size}")
+            case (events.TrialStarted() | events.StepSkipped() | events.ProfileStarted() | events.ResumedFromCheckpoint()
+                  | events.ResumeChangedSettings() | events.StopRequested()):
+                self.outbox.add_event(event)  # the app says it in words: events.describe
 
     def _send_impact(self, force: bool = False) -> None:
         if self.impact is None:
@@ -184,7 +177,7 @@ class Worker:
             on_client_gone=self._on_client_gone, on_client_attached=self._on_client_attached,
             on_refused=self._journal_refusal,
         )
-        self.reporter.set_state("starting", 0)
+        self.reporter.set_state(RunStatus.STARTING, 0)
 
     # ------------------------------------------------------------------ running
     def run(self) -> int:
@@ -247,9 +240,9 @@ class Worker:
         """A failure the trainer did not report itself (it never started, or the workload's code ended it): to the
         app, which may not have connected yet (it gets a Welcome that says so)."""
         self.outbox.add_event(p.Error(message=message, traceback=trace, step=self.reporter.step))
-        self.reporter.set_state("failed", self.reporter.step, message)
+        self.reporter.set_state(RunStatus.FAILED, self.reporter.step, message)
         if not self._ready.is_set():
-            self._welcome = p.Welcome(run=self._run_info(None), modules=[], options={}, state="failed", step=0)
+            self._welcome = p.Welcome(run=self._run_info(None), modules=[], options={}, state=RunStatus.FAILED, step=0)
         self._ready.set()
 
     def _on_run_started(self, started: events.RunStarted) -> None:
@@ -259,7 +252,7 @@ class Worker:
             modules=[ModuleInfo(name, count, list(tied)) for name, count, tied
                      in zip(started.modules, started.module_params, started.module_tied or [[]] * len(started.modules))],
             options=started.options,
-            state="running",
+            state=RunStatus.RUNNING,
             step=started.step,
         )
         self._ready.set()
@@ -293,16 +286,27 @@ class Worker:
             options=options.as_dict() if options is not None else welcome.options,
         )
 
-    def _on_command(self, command: p.Message) -> None:
-        trainer = self.trainer
-        if isinstance(command, p.DetachCommand):
-            self._detach()
-        elif not isinstance(command, p.TRAINER_COMMANDS):
-            self._refuse(f"{command.type} is not a command")
-        elif trainer is None:
-            self.outbox.add_event(p.Log(level="warning", text=f"{command.type}: the trainer is still starting; try again"))
-        else:
-            trainer.submit(_from_the_app(command))
+    def _on_command(self, command: p.Message, client: str) -> None:
+        match command:
+            case p.DetachCommand():
+                self._detach()
+            case p.TrainerCommand() if self.trainer is None:
+                self.outbox.add_event(p.Log(level="warning", text=f"{command.type}: the trainer is still starting; try again"))
+            case p.TrainerCommand():
+                command = _from_the_client(command, client)
+                self.trainer.submit(command)
+                if isinstance(command, p.StopCommand):
+                    self._tell_stop_requested(command.reason)
+            case _:
+                self._refuse(f"{command.type} is not a command")
+
+    def _tell_stop_requested(self, reason: str) -> None:
+        """Who asked the run to stop, in its journal and the event log: the run's end says only that it stopped."""
+        requested = events.StopRequested(step=self.reporter.step, reason=reason)
+        self.reporter.on_event(requested)
+        with self._journal_lock:
+            if self._journal is not None:
+                self._write_to_journal(requested)
 
     def _refuse(self, reason: str) -> None:
         self.outbox.add_event(p.Refused(reason=reason))
@@ -313,13 +317,13 @@ class Worker:
         with self._journal_lock:
             self._journal, waiting, self._unjournalled = directory, self._unjournalled, []
             for record in waiting:
-                self._write_refusal(record)
+                self._write_to_journal(record)
 
     def _close_journal(self) -> None:
         with self._journal_lock:
             unrecorded = self._refusals.unrecorded(self.reporter.step)
             if unrecorded and self._journal is not None:
-                self._write_refusal(unrecorded)
+                self._write_to_journal(unrecorded)
             self._journal, self._journal_closed = None, True
 
     def _journal_refusal(self, reason: str, before_hello: bool) -> None:
@@ -330,11 +334,11 @@ class Worker:
             return
         with self._journal_lock:
             if self._journal is not None:
-                self._write_refusal(record)
+                self._write_to_journal(record)
             elif not self._journal_closed:  # the run directory is not open yet
                 self._unjournalled.append(record)
 
-    def _write_refusal(self, record: events.LineRefused | events.LinesRefusedUnrecorded) -> None:
+    def _write_to_journal(self, record: events.LineRefused | events.LinesRefusedUnrecorded | events.StopRequested) -> None:
         try:
             self._journal.on_event(record)
         except StorageError:
@@ -416,12 +420,13 @@ class Worker:
         self.parent_gone()
 
 
-def _from_the_app(command: p.TrainerCommand) -> p.TrainerCommand:
-    """The command as the trainer journals it: asked for by the app, whatever source the line claimed."""
+def _from_the_client(command: p.TrainerCommand, client: str) -> p.TrainerCommand:
+    """The command as the trainer journals it: asked for by the app, whatever source the line claimed; a stop says
+    who asked by the name the client gave in its hello (``torchlab-tui stop`` names itself), in these words only."""
     if isinstance(command, (p.SetCommand, p.ProfileCommand)):
         return replace(command, source="app")
     if isinstance(command, p.StopCommand):
-        return replace(command, reason="stopped from the app")
+        return replace(command, reason="stopped by `torchlab-tui stop`" if client == STOP_CLIENT else "stopped from the app")
     return command
 
 

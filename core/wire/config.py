@@ -5,9 +5,12 @@ names the setting (and the file, for TOML) so the user knows what to change. The
 is written to the run directory as ``config.toml``, which ``--config`` reads back. A workload file is recorded as
 an absolute path (core/launch/arguments.py ``workload_as_stored``), so a run resumes from any directory.
 
-Each numeric setting carries its ``Bounds`` (core/wire/options.py) in its field (``bounded``): what it accepts,
-its range and what 0 or "auto" mean, defined once. A flag's text, a TOML value and a value built in code are
-all parsed with them where the TrainConfig is built; ``steps`` has the live option's own (``STEPS.bounds``).
+Each setting that is not live is one declaration here (a ``Setting``, core/wire/settings.py; in ``SETTINGS``): its
+default, what it accepts (a number's ``Bounds``, core/wire/options.py, with its range and what 0 or "auto" mean;
+a choice; a check), its flag and help. TrainConfig's field defaults, the checks where a TrainConfig is built, the
+flags (core/launch/arguments.py) and the list of settings a command line sets all come from those declarations,
+so a flag's text, a TOML value and a value built in code are checked alike; ``steps`` is the live option's own
+(``STEPS``).
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ from torchlab.core.wire.options import (
     parse_option_value,
 )
 from torchlab.core.wire.safe_open import UnsafeFileError, open_regular
+from torchlab.core.wire.settings import ChoiceSetting, NumberSetting, Setting, StepsSetting, SwitchSetting, TextSetting
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
+DEFAULT_WORKLOAD = "tiny_gpt"
 OPTIMIZERS = ("adamw", "sgd")
 #: NumPy's legacy seeding (numpy.random.seed) takes 32-bit seeds; a larger one raised deep inside a run.
 MAX_SEED = 2**32 - 1
@@ -45,6 +50,8 @@ MAX_TELEMETRY_INTERVAL_S = 3600.0
 MIN_TELEMETRY_INTERVAL_S = 0.1
 #: Steps one profiler snapshot may record: each adds its events to a trace held in memory until the snapshot ends.
 MAX_PROFILE_STEPS = 1000
+#: Steps a profiler snapshot records unless told: ``--profile-steps``, the app's ``p`` and a profile message's default.
+DEFAULT_PROFILE_STEPS = 5
 MAX_TRIAL_STEPS = 1000
 DEFAULT_TRIAL_STEPS = 20
 #: Step checkpoints kept besides last.pt: each is a whole copy of the model and its optimizer (1.2 GB for 100M
@@ -62,15 +69,8 @@ AUTO_CADENCE = Bounds(whole=True, minimum=1, maximum=MAX_STEPS, off=0, auto=True
                       must_be="a whole number of steps from 1 to 10^9, 0 (off) or auto")
 #: One optimizer step, as ``--at``, ``--trial`` and ``--profile-at`` name it.
 OPTIMIZER_STEP = Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="an optimizer step from 1 to 10^9")
-_PROFILE_STEPS_MUST_BE = "optimizer steps from 1 to 10^9"  # profile_at: a list of OPTIMIZER_STEPs
 #: The steps of each arm of a trial: ``--trial-steps``, and a trial typed in the app (core/wire/trials.py).
 TRIAL_STEPS = Bounds(whole=True, minimum=1, maximum=MAX_TRIAL_STEPS, must_be=f"a whole number from 1 to {MAX_TRIAL_STEPS} (steps an arm)")
-
-
-def bounded(default: Any, bounds: Bounds) -> Any:
-    """A numeric setting's field: its default and what it accepts (``None`` as a default means "the run's
-    choice", and is not parsed)."""
-    return field(default=default, metadata={"bounds": bounds})
 
 
 _AT_PATTERN = re.compile(r"^\s*(\d+)\s*:\s*([A-Za-z_]+)\s*=\s*(.*?)\s*$")
@@ -102,6 +102,16 @@ class ScheduledChange:
 
     def __str__(self) -> str:
         return f"{self.step}:{self.option}={self.value}"
+
+
+def _is_device(name: str) -> bool:
+    match = re.fullmatch(r"auto|cpu|cuda(?::(\d{1,4}))?", name)
+    return match is not None and (match.group(1) is None or int(match.group(1)) <= MAX_CUDA_INDEX)
+
+
+def _absolute_path(typed: str) -> str:
+    """A directory typed on the command line, as a run records it: the same from any directory (a resume)."""
+    return str(Path(typed).expanduser().absolute())
 
 
 #: config.toml's table for the optimizer and scheduler a workload brought: a record of what the run used, in the
@@ -158,55 +168,168 @@ class FromWorkload:
         return shown
 
 
+#: The settings that are not live, each declared once (core/wire/settings.py): TrainConfig's field defaults, the
+#: checks, the flags and their help come from here. In the order ``torchlab-tui --help`` lists them under their
+#: headings (config.toml follows TrainConfig's fields). ``steps`` is the live option's own (STEPS): one definition.
+STEPS_SETTING = NumberSetting(
+    name=STEPS.name, default=STEPS.default, bounds=STEPS.bounds,
+    group="training", metavar=STEPS.metavar, help=STEPS.flag_help,
+)
+BATCH_SIZE = NumberSetting(
+    name="batch_size", default=None,
+    bounds=Bounds(whole=True, minimum=1, maximum=MAX_BATCH_SIZE, must_be=f"a whole number from 1 to {MAX_BATCH_SIZE}"),
+    group="training", help="per-step micro-batch size", default_means="the workload's, else 32",
+)
+SEED = NumberSetting(
+    name="seed", default=0,
+    bounds=Bounds(whole=True, minimum=0, maximum=MAX_SEED,
+                  must_be=f"a whole number from 0 to {MAX_SEED} (NumPy's seeds are 32-bit)"),
+    group="training", help="random seed",
+)
+DEVICE = TextSetting(
+    name="device", default="auto",
+    accepts=_is_device, requirement=f"must be auto, cpu, cuda or cuda:N with N from 0 to {MAX_CUDA_INDEX}",
+    group="training", metavar="auto|cpu|cuda[:N]", help="where to train",
+)
+OPTIMIZER = ChoiceSetting(name="optimizer", default="adamw", choices=OPTIMIZERS, group="training", help="optimizer")
+LR = NumberSetting(
+    name="lr", default=1e-3,
+    # No maximum: an LR too large shows itself at once, as a non-finite loss the guard names.
+    bounds=Bounds(minimum=0, above=True, must_be="a positive number"),
+    group="training", metavar="LR", help="peak learning rate",
+)
+WEIGHT_DECAY = NumberSetting(
+    name="weight_decay", default=0.01,
+    bounds=Bounds(minimum=0, must_be="a number ≥ 0"),
+    group="training", metavar="WD", help="AdamW/SGD weight decay on matrices",
+)
+SCHEDULE = ChoiceSetting(
+    name="schedule", default="cosine", choices=SCHEDULES,
+    group="training", help="LR schedule; cosine warms up first",
+)
+WARMUP_STEPS = NumberSetting(
+    name="warmup_steps", default=None,
+    # Not bounded by ``steps``: a live or resumed shortening of the run keeps the warm-up where it was
+    # (core/engine/trainer.py, core/launch/resume.py), so it may outlast a run cut short.
+    bounds=Bounds(whole=True, minimum=0, maximum=MAX_STEPS, must_be="a whole number of steps from 0 to 10^9"),
+    group="training", help="cosine warmup", default_means="5% of steps",  # TrainConfig.resolved_warmup_steps
+)
+EVAL_EVERY = NumberSetting(
+    name="eval_every", default=50, bounds=EVERY_FEW_STEPS,
+    group="training", help="validation every N steps, 0 = off",
+)
+EVAL_BATCHES = NumberSetting(
+    name="eval_batches", default=20,
+    bounds=Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="a whole number from 1 to 10^9"),
+    group="training", help="validation batches per evaluation",
+)
+CHECKPOINT_EVERY = NumberSetting(  # see core/engine/checkpoint.py's CheckpointCadence
+    name="checkpoint_every", default="auto",
+    bounds=Bounds(whole=True, minimum=1, maximum=MAX_STEPS, off=0, auto=True,
+                  must_be="a whole number of steps from 1 to 10^9, 0 (only at the end) or auto"),
+    group="training", metavar="N|auto",
+    help="checkpoint every N steps, 0 = only at the end, auto = every 100th step once a minute has passed and within "
+         "1% of the time",
+)
+KEEP_CHECKPOINTS = NumberSetting(
+    name="keep_checkpoints", default=3,
+    bounds=Bounds(whole=True, minimum=1, maximum=MAX_KEPT_CHECKPOINTS,
+                  must_be=f"a whole number from 1 to {MAX_KEPT_CHECKPOINTS}"),
+    group="training", help="step checkpoints kept besides last.pt",
+)
+#: False: a new run directory is 0700 and its files 0600, whatever the umask (the checkpoints are the
+#: user's weights); True: they follow the umask, for colleagues to read. An existing one keeps its mode.
+SHARED_RUN_DIR = SwitchSetting(
+    name="shared_run_dir", default=False, group="run",
+    help="make a new run directory and its files follow your umask (0755 and 0644 under umask 022), for others to read; "
+         "by default only you can (0700, files 0600, whatever the umask). An existing run directory keeps its mode, and "
+         "what a resume adds follows it",
+)
+#: A directory where TensorBoard event files are written while training (core/engine/tensorboard.py); None: not.
+TENSORBOARD = TextSetting(
+    name="tensorboard", default=None,
+    accepts=lambda text: text.strip() != "", requirement="must be a directory to write TensorBoard event files to",
+    group="run", metavar="DIR", from_flag=_absolute_path,
+    help="write TensorBoard event files to DIR while training (the tensorboard extra); kept by a resume",
+)
+TRIAL_STEPS_SETTING = NumberSetting(
+    name="trial_steps", default=DEFAULT_TRIAL_STEPS, bounds=TRIAL_STEPS,
+    group="live", metavar="K", help="the steps of each arm of a trial",
+)
+LOG_EVERY = NumberSetting(
+    name="log_every", default=1,
+    bounds=Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="a whole number of steps from 1 to 10^9"),
+    group="probes", help="report metrics every N steps",
+)
+PROBE_EVERY = NumberSetting(
+    name="probe_every", default="auto", bounds=AUTO_CADENCE,
+    group="probes", metavar="N|auto", help="per-module grad norms every N steps, 0 = off, auto = within ~1% of step time",
+)
+ACT_STATS_EVERY = NumberSetting(
+    name="act_stats_every", default=0, bounds=EVERY_FEW_STEPS,
+    group="probes", help="activation statistics every N steps, 0 = off",
+)
+MEMORY_EVERY = NumberSetting(  # see core/engine/memory.py's MemoryCadence
+    name="memory_every", default="auto", bounds=AUTO_CADENCE,
+    group="probes", metavar="N|auto",
+    help="memory by kind (saved activations, per module) every N steps, 0 = off, auto = at most once a second",
+)
+PROFILE_AT = StepsSetting(  # the optimizer steps at which a profiler snapshot starts
+    name="profile_at", default=(), bounds=OPTIMIZER_STEP, must_be="optimizer steps from 1 to 10^9",
+    group="probes", help="profile from optimizer step STEP (repeatable)",
+)
+PROFILE_STEPS = NumberSetting(
+    name="profile_steps", default=DEFAULT_PROFILE_STEPS,
+    bounds=Bounds(whole=True, minimum=1, maximum=MAX_PROFILE_STEPS, must_be=f"a whole number from 1 to {MAX_PROFILE_STEPS}"),
+    group="probes", help="steps a profiler snapshot records, after 1 warm-up",
+)
+TELEMETRY_INTERVAL = NumberSetting(
+    name="telemetry_interval", default=1.0,
+    bounds=Bounds(minimum=MIN_TELEMETRY_INTERVAL_S, maximum=MAX_TELEMETRY_INTERVAL_S, off=0.0,
+                  must_be=f"0 (off) or a number of seconds from {MIN_TELEMETRY_INTERVAL_S:g} to {MAX_TELEMETRY_INTERVAL_S:g}"),
+    group="probes", metavar="SECONDS", help="GPU/host sampling period, 0 = off",
+)
+
+SETTINGS: tuple[Setting, ...] = (
+    SHARED_RUN_DIR, TENSORBOARD,
+    STEPS_SETTING, BATCH_SIZE, SEED, DEVICE, OPTIMIZER, LR, WEIGHT_DECAY, SCHEDULE, WARMUP_STEPS, EVAL_EVERY,
+    EVAL_BATCHES, CHECKPOINT_EVERY, KEEP_CHECKPOINTS,
+    TRIAL_STEPS_SETTING,
+    LOG_EVERY, PROBE_EVERY, ACT_STATS_EVERY, MEMORY_EVERY, PROFILE_AT, PROFILE_STEPS, TELEMETRY_INTERVAL,
+)
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """Everything a run needs besides the workload itself."""
+    """Everything a run needs besides the workload itself. Each setting's default is its declaration's (above),
+    where its meaning is said; the other fields are the workload, the live options and records of the run."""
 
-    workload: str = "tiny_gpt"
-    steps: int = bounded(200, STEPS.bounds)
-    #: None: the workload's own, else 32
-    batch_size: int | None = bounded(None, Bounds(whole=True, minimum=1, maximum=MAX_BATCH_SIZE,
-                                                  must_be=f"a whole number from 1 to {MAX_BATCH_SIZE}"))
-    seed: int = bounded(0, Bounds(whole=True, minimum=0, maximum=MAX_SEED,
-                                  must_be=f"a whole number from 0 to {MAX_SEED} (NumPy's seeds are 32-bit)"))
-    device: str = "auto"
-    optimizer: str = "adamw"
-    #: No maximum: an LR too large shows itself at once, as a non-finite loss the guard names.
-    lr: float = bounded(1e-3, Bounds(minimum=0, above=True, must_be="a positive number"))
-    weight_decay: float = bounded(0.01, Bounds(minimum=0, must_be="a number ≥ 0"))
-    schedule: str = "cosine"
-    #: None: 5 % of steps. Not bounded by ``steps``: a live or resumed shortening of the run keeps the warm-up
-    #: where it was (core/engine/trainer.py, core/launch/resume.py), so it may outlast a run cut short.
-    warmup_steps: int | None = bounded(None, Bounds(whole=True, minimum=0, maximum=MAX_STEPS,
-                                                    must_be="a whole number of steps from 0 to 10^9"))
-    eval_every: int = bounded(50, EVERY_FEW_STEPS)
-    eval_batches: int = bounded(20, Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="a whole number from 1 to 10^9"))
-    #: see core/engine/checkpoint.py's CheckpointCadence
-    checkpoint_every: int | str = bounded("auto", Bounds(
-        whole=True, minimum=1, maximum=MAX_STEPS, off=0, auto=True,
-        must_be="a whole number of steps from 1 to 10^9, 0 (only at the end) or auto"))
-    keep_checkpoints: int = bounded(3, Bounds(whole=True, minimum=1, maximum=MAX_KEPT_CHECKPOINTS,
-                                              must_be=f"a whole number from 1 to {MAX_KEPT_CHECKPOINTS}"))
-    log_every: int = bounded(1, Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="a whole number of steps from 1 to 10^9"))
-    probe_every: int | str = bounded("auto", AUTO_CADENCE)
-    act_stats_every: int = bounded(0, EVERY_FEW_STEPS)
-    memory_every: int | str = bounded("auto", AUTO_CADENCE)  # see core/engine/memory.py's MemoryCadence
-    #: seconds between system samples; 0 = off
-    telemetry_interval: float = bounded(1.0, Bounds(
-        minimum=MIN_TELEMETRY_INTERVAL_S, maximum=MAX_TELEMETRY_INTERVAL_S, off=0.0,
-        must_be=f"0 (off) or a number of seconds from {MIN_TELEMETRY_INTERVAL_S:g} to {MAX_TELEMETRY_INTERVAL_S:g}"))
-    profile_at: tuple[int, ...] = ()  # optimizer steps at which a profiler snapshot starts (each OPTIMIZER_STEP)
-    profile_steps: int = bounded(5, Bounds(whole=True, minimum=1, maximum=MAX_PROFILE_STEPS,
-                                           must_be=f"a whole number from 1 to {MAX_PROFILE_STEPS}"))
-    #: False: a new run directory is 0700 and its files 0600, whatever the umask (the checkpoints are the
-    #: user's weights); True: they follow the umask, for colleagues to read. An existing one keeps its mode.
-    shared_run_dir: bool = False
-    #: a directory where TensorBoard event files are written while training (core/engine/tensorboard.py); None: not
-    tensorboard: str | None = None
+    workload: str = DEFAULT_WORKLOAD
+    steps: int = STEPS_SETTING.default
+    batch_size: int | None = BATCH_SIZE.default
+    seed: int = SEED.default
+    device: str = DEVICE.default
+    optimizer: str = OPTIMIZER.default
+    lr: float = LR.default
+    weight_decay: float = WEIGHT_DECAY.default
+    schedule: str = SCHEDULE.default
+    warmup_steps: int | None = WARMUP_STEPS.default
+    eval_every: int = EVAL_EVERY.default
+    eval_batches: int = EVAL_BATCHES.default
+    checkpoint_every: int | str = CHECKPOINT_EVERY.default
+    keep_checkpoints: int = KEEP_CHECKPOINTS.default
+    log_every: int = LOG_EVERY.default
+    probe_every: int | str = PROBE_EVERY.default
+    act_stats_every: int = ACT_STATS_EVERY.default
+    memory_every: int | str = MEMORY_EVERY.default
+    telemetry_interval: float = TELEMETRY_INTERVAL.default
+    profile_at: tuple[int, ...] = PROFILE_AT.default
+    profile_steps: int = PROFILE_STEPS.default
+    shared_run_dir: bool = SHARED_RUN_DIR.default
+    tensorboard: str | None = TENSORBOARD.default
     options: LiveOptions = field(default_factory=LiveOptions)
     at: tuple[ScheduledChange, ...] = ()
     trials: tuple[ScheduledChange, ...] = ()  # --trial STEP:OPTION=VALUE (core/engine/trials.py)
-    trial_steps: int = bounded(DEFAULT_TRIAL_STEPS, TRIAL_STEPS)  # the steps of each arm of a trial
+    trial_steps: int = TRIAL_STEPS_SETTING.default
     #: Each time a resume changed ``steps``: (the step resumed at, the total before). The LR schedule
     #: re-plans its decay from that step (core/engine/schedule.py), so the LR has no jump at the boundary.
     schedule_extensions: tuple[tuple[int, int], ...] = ()
@@ -215,21 +338,8 @@ class TrainConfig:
         _check(isinstance(self.workload, str) and self.workload.strip() != "", "workload",
                "must name a sample (mlp, convnet, tiny_gpt), path/to/file.py:factory or package.module:factory",
                self.workload)
-        for name, bounds in SETTING_BOUNDS.items():  # a flag's text becomes its number here, a TOML value is checked
-            value = getattr(self, name)
-            if value is not None or _FIELDS[name].default is not None:
-                object.__setattr__(self, name, _parse_setting(name, bounds, value))
-        _check(isinstance(self.device, str) and _is_device(self.device),
-               "device", f"must be auto, cpu, cuda or cuda:N with N from 0 to {MAX_CUDA_INDEX}", self.device)
-        _check(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {', '.join(OPTIMIZERS)}", self.optimizer)
-        _check(self.schedule in SCHEDULES, "schedule", f"must be one of {', '.join(SCHEDULES)}", self.schedule)
-        _check(isinstance(self.shared_run_dir, bool), "shared_run_dir", "must be true or false", self.shared_run_dir)
-        if self.tensorboard is not None:
-            _check(isinstance(self.tensorboard, str) and self.tensorboard.strip() != "", "tensorboard",
-                   "must be a directory to write TensorBoard event files to", self.tensorboard)
-        _check(isinstance(self.profile_at, tuple), "profile_at", f"must be {_PROFILE_STEPS_MUST_BE}", self.profile_at)
-        object.__setattr__(self, "profile_at", tuple(_parse_setting("profile_at", OPTIMIZER_STEP, step, _PROFILE_STEPS_MUST_BE)
-                                                     for step in self.profile_at))
+        for setting in SETTINGS:  # a flag's text becomes its number here, a TOML value is checked
+            object.__setattr__(self, setting.name, setting.check(getattr(self, setting.name)))
         _check(isinstance(self.options, LiveOptions), "options", "must be a LiveOptions", self.options)
         for option in LIVE_OPTIONS:  # a live option that is a setting starts at the setting's value (--steps)
             if option.setting and getattr(self.options, option.name) != getattr(self, option.name):
@@ -276,11 +386,6 @@ class TrainConfig:
                 continue
             lines.append(f"{name} = {_toml_value(format_option_value(name, value) if value is None else value)}")
         return "\n".join(lines) + "\n"
-
-
-_FIELDS = {f.name: f for f in fields(TrainConfig)}
-#: Each numeric setting's Bounds, from its field: what its flag, config.toml and code may give it.
-SETTING_BOUNDS: dict[str, Bounds] = {name: f.metadata["bounds"] for name, f in _FIELDS.items() if "bounds" in f.metadata}
 
 
 def load_config_file(path: Path, *, follow_link: bool = False) -> dict[str, Any]:
@@ -359,10 +464,6 @@ def build_config(*layers: Mapping[str, Any]) -> TrainConfig:
             options = options.with_value(name, parse_option_value(name, raw))
         except OptionRefused as refusal:
             raise ConfigError(f"options.{name} (--{name.replace('_', '-')}): {refusal}.") from None
-    if "profile_at" in merged:
-        if not isinstance(merged["profile_at"], (list, tuple)):
-            raise ConfigError(f"profile_at (--profile-at) must be a list of steps; got {shown(merged['profile_at'])}.")
-        merged["profile_at"] = tuple(merged["profile_at"])
     if "schedule_extensions" in merged:
         extensions = merged["schedule_extensions"]
         if not isinstance(extensions, (list, tuple)) or not all(isinstance(pair, (list, tuple)) for pair in extensions):
@@ -414,11 +515,6 @@ def _suggest(name: str, candidates) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _is_device(name: str) -> bool:
-    match = re.fullmatch(r"auto|cpu|cuda(?::(\d{1,4}))?", name)
-    return match is not None and (match.group(1) is None or int(match.group(1)) <= MAX_CUDA_INDEX)
-
-
 def _are_extensions(extensions: Any) -> bool:
     if not isinstance(extensions, tuple):
         return False
@@ -440,14 +536,6 @@ def _is_number(value: Any) -> bool:
 def _check(ok: bool, setting: str, requirement: str, value: Any) -> None:
     if not ok:
         raise ConfigError(f"{setting} (--{setting.replace('_', '-')}) {requirement}; got {shown(value)}.")
-
-
-def _parse_setting(setting: str, bounds: Bounds, value: Any, must_be: str | None = None) -> Any:
-    """``value`` as the setting's number, or the ConfigError that names its flag and what it must be."""
-    try:
-        return bounds.parse(setting, value)
-    except OptionRefused:
-        raise ConfigError(f"{setting} (--{setting.replace('_', '-')}) must be {must_be or bounds.must_be}; got {shown(value)}.") from None
 
 
 def _toml_value(value: Any) -> str:

@@ -71,10 +71,10 @@ class ControlServer:
 
     ``welcome`` is called for each authenticated client and blocks until the run can describe itself
     (the trainer is built); ``on_command`` receives every later command, detach included (the
-    worker decides whether to accept it); ``on_client_attached()`` once a client is welcomed and
-    ``on_client_gone()`` when the controlling client leaves, whichever way; ``on_refused(reason,
-    before_hello)`` after each refusal was answered (on a connection's thread, or the accept loop's: it
-    must not block, nor raise).
+    worker decides whether to accept it), with the name the client gave in its hello (``Hello.client``);
+    ``on_client_attached()`` once a client is welcomed and ``on_client_gone()`` when the controlling
+    client leaves, whichever way; ``on_refused(reason, before_hello)`` after each refusal was answered (on
+    a connection's thread, or the accept loop's: it must not block, nor raise).
     """
 
     def __init__(
@@ -84,7 +84,7 @@ class ControlServer:
         outbox: Outbox,
         *,
         welcome: Callable[[], Welcome | None],
-        on_command: Callable[[Message], None],
+        on_command: Callable[[Message, str], None],
         on_client_gone: Callable[[], None],
         on_client_attached: Callable[[], None] = lambda: None,
         on_refused: Callable[[str, bool], None] = lambda reason, before_hello: None,
@@ -205,18 +205,18 @@ class ControlServer:
             return
         if hello is None:
             return
-        reader, view = hello
+        reader, said = hello
         try:
-            if view:
+            if said.view:
                 self._serve_viewer(connection, reader)
             else:
-                self._serve_app(connection, reader)
+                self._serve_app(connection, reader, said.client)
         except Exception as error:  # each cleans up after itself on the way out; the peer is told, the run journals it
             self._refuse(connection, f"this connection failed: {fault(error)}", before_hello=False)
 
-    def _read_hello(self, connection: socket.socket) -> tuple[LineReader, bool] | None:
-        """The reader of a connection that said a hello with this run's token and whether it asked to view only,
-        or None (refused, closed)."""
+    def _read_hello(self, connection: socket.socket) -> tuple[LineReader, Hello] | None:
+        """The reader of a connection that said a hello with this run's token, and that hello (whether it asked to
+        view only, the client's name), or None (refused, closed)."""
         reader = LineReader(connection, MAX_LINE_BYTES)
         try:
             hello = decode(reader.next_line(deadline=time.monotonic() + HELLO_TIMEOUT_S))
@@ -238,9 +238,9 @@ class ControlServer:
         if not hmac.compare_digest(hello.token.encode(), self._token.encode()):
             self._refuse(connection, "wrong token: this run's token file is readable only by the user who started it", before_hello=True)
             return None
-        return reader, hello.view
+        return reader, hello
 
-    def _serve_app(self, connection: socket.socket, reader: LineReader) -> None:
+    def _serve_app(self, connection: socket.socket, reader: LineReader, client: str) -> None:
         with self._controller_lock:
             taken = self._controller is not None
             if not taken:
@@ -254,7 +254,7 @@ class ControlServer:
             self._first_client_served.set()
             self._on_client_attached()
             connection.settimeout(None)
-            self._read_commands(connection, reader)
+            self._read_commands(connection, reader, client)
         except OSError:
             pass  # the client vanished mid-handshake; it is treated as gone below
         finally:
@@ -306,8 +306,8 @@ class ControlServer:
             self._senders = [*(thread for thread in self._senders if thread.is_alive()), sender]
         return True
 
-    def _read_commands(self, connection: socket.socket, reader: LineReader) -> None:
-        """Dispatch commands until the client leaves."""
+    def _read_commands(self, connection: socket.socket, reader: LineReader, client: str) -> None:
+        """Dispatch commands, with the name the client gave in its hello, until the client leaves."""
         while not self._closed.is_set():
             try:
                 line = reader.next_line()
@@ -326,7 +326,7 @@ class ControlServer:
                 self._on_refused(str(error), False)
                 continue
             try:
-                self._on_command(command)  # detach too: whether to accept it is the worker's decision
+                self._on_command(command, client)  # detach too: whether to accept it is the worker's decision
             except Exception as error:  # a fault of ours acting on it: this command is refused, the app stays attached
                 reason = f"this command failed: {fault(error)}"
                 _send_quietly(connection, Refused(reason=reason))

@@ -3,9 +3,11 @@ line of a headless run, the impact tracker, the supervisor of its ranks.
 
 The trainer emits typed events and nothing else. Those the app receives as they are (an option applied
 or refused, a checkpoint, an error, a non-finite stop, a profile) are the protocol's own messages
-(core/wire/protocol.py); the ones here are turned by the app's reporter into what the app shows (a
-``State``, a ``Log`` line, the ``Welcome``). Both kinds are messages of one protocol: rank 0 sends them
-to its supervisor as their protocol text, and ``Message.journal_record`` is their line in the journal.
+(core/wire/protocol.py); of the ones here, the app's reporter turns the run's changes of state into a ``State``
+and the ``Welcome``, and sends the app those a person reads as a sentence as they are. Both kinds are messages
+of one protocol: rank 0 sends them to its supervisor as their protocol text, and ``Message.journal_record`` is
+their line in the journal. ``describe`` makes an event's sentence, the one place it is made: the app's event
+log and a headless run's output say the same words.
 """
 
 from __future__ import annotations
@@ -16,11 +18,8 @@ from typing import ClassVar
 from torchlab.core.wire.protocol import (
     CheckpointSaved, Error, Message, NonFinite, OptionApplied, OptionRefused, ProfileReady, TrialProgress, TrialResult,
 )
-
-_OPT_NUMBER = (int, float, type(None))
-_OPT_LIST = (list, type(None))
-_OPT_DICT = (dict, type(None))
-_JSON_SCALAR_OR_NONE = (str, int, float, bool, type(None))
+from torchlab.core.wire.options import format_option_value
+from torchlab.core.wire.typed_json import JsonScalar
 
 
 @dataclass(frozen=True)
@@ -28,11 +27,6 @@ class RunStarted(Message):
     """The trainer (or rank 0) is ready and trains from ``step``: the run as the app's Welcome describes it."""
 
     type: ClassVar[str] = "run_started"
-    schema: ClassVar = {
-        "step": (int,), "device": (str,), "batch_size": (int,), "steps": (int,), "options": (dict,), "modules": (list,),
-        "module_params": (list,), "checkpoint_blocks": (list,), "world_size": (int,), "ranks": _OPT_LIST,
-        "module_tied": (list,), "from_workload": _OPT_DICT,
-    }
     step: int
     device: str
     batch_size: int
@@ -54,7 +48,6 @@ class RunEnded(Message):
     """The loop ended without an error: ``finished`` (every step) or ``stopped`` (on request)."""
 
     type: ClassVar[str] = "run_ended"
-    schema: ClassVar = {"step": (int,), "status": (str,)}
     step: int
     status: str
 
@@ -62,7 +55,6 @@ class RunEnded(Message):
 @dataclass(frozen=True)
 class Paused(Message):
     type: ClassVar[str] = "paused"
-    schema: ClassVar = {"step": (int,)}
     step: int
 
 
@@ -71,7 +63,6 @@ class Resumed(Message):
     """Training goes on after a pause, from ``step``."""
 
     type: ClassVar[str] = "resumed"
-    schema: ClassVar = {"step": (int,)}
     step: int
 
 
@@ -80,7 +71,6 @@ class StepSkipped(Message):
     """fp16's scaler found Inf/NaN gradients and skipped the optimizer step (and lowered its scale)."""
 
     type: ClassVar[str] = "step_skipped"
-    schema: ClassVar = {"step": (int,), "reason": (str,), "scale": _OPT_NUMBER}
     step: int
     reason: str
     scale: float | None = None
@@ -91,7 +81,6 @@ class ProfileStarted(Message):
     """A profiler snapshot records ``steps`` steps after ``warmup`` from ``step``."""
 
     type: ClassVar[str] = "profile_started"
-    schema: ClassVar = {"step": (int,), "steps": (int,), "warmup": (int,), "source": (str,)}
     step: int
     steps: int
     warmup: int = 1
@@ -104,10 +93,9 @@ class TrialStarted(Message):
     a TrialResult follows."""
 
     type: ClassVar[str] = "trial_started"
-    schema: ClassVar = {"step": (int,), "option": (str,), "value": _JSON_SCALAR_OR_NONE, "steps": (int,), "source": (str,)}
     step: int
     option: str
-    value: str | int | float | bool | None
+    value: JsonScalar
     steps: int
     source: str = ""
 
@@ -123,13 +111,8 @@ class CompileStarted(Message):
     training waits for it. The option_applied or option_refused of the change that asked for it follows."""
 
     type: ClassVar[str] = "compile_started"
-    schema: ClassVar = {"step": (int,), "detail": (str,)}
     step: int
     detail: str = ""
-
-    def text(self) -> str:
-        """What the app's log and the headless output say."""
-        return f"compiling the model{' ' + self.detail if self.detail else ''} (torch.compile): training waits for it"
 
 
 @dataclass(frozen=True)
@@ -137,7 +120,6 @@ class ResumedFromCheckpoint(Message):
     """This process continues a run from its checkpoint of ``step``, with ``options`` in force."""
 
     type: ClassVar[str] = "resumed_from_checkpoint"
-    schema: ClassVar = {"step": (int,), "options": (dict,)}
     step: int
     options: dict = field(default_factory=dict)
 
@@ -147,7 +129,6 @@ class ResumeChangedSettings(Message):
     """A resume ran with settings other than the checkpoint's: which, and whether the run stays exact."""
 
     type: ClassVar[str] = "resume_changed_settings"
-    schema: ClassVar = {"step": (int,), "level": (str,), "message": (str,), "changes": (list,)}
     step: int
     level: str
     message: str
@@ -159,7 +140,6 @@ class Relaunching(Message):
     """The supervisor stops the ranks and starts ``world_size`` new ones from the checkpoint of ``step``."""
 
     type: ClassVar[str] = "relaunching"
-    schema: ClassVar = {"step": (int,), "world_size": (int,), "previous": (int,)}
     step: int
     world_size: int
     previous: int
@@ -171,8 +151,6 @@ class LineRefused(Message):
     not journalled before it (at most a burst a minute is: core/wire/throttle.py)."""
 
     type: ClassVar[str] = "line_refused"
-    schema: ClassVar = {"step": (int,), "channel": (str,), "reason": (str,), "before_hello": (bool,), "refused_by": (str,),
-                        "held_back": (int,)}
     step: int
     channel: str
     reason: str
@@ -186,7 +164,6 @@ class LinesRefusedUnrecorded(Message):
     """When the journal closes: ``count`` refused lines that the throttle held back and never wrote."""
 
     type: ClassVar[str] = "lines_refused_unrecorded"
-    schema: ClassVar = {"step": (int,), "channel": (str,), "count": (int,)}
     step: int
     channel: str
     count: int
@@ -198,7 +175,6 @@ class JournalRepaired(Message):
     """A journal of the run ended in a torn line (a write cut short): its last ``bytes_dropped`` bytes went."""
 
     type: ClassVar[str] = "journal_repaired"
-    schema: ClassVar = {"step": (int,), "file": (str,), "bytes_dropped": (int,), "message": (str,)}
     step: int
     file: str
     bytes_dropped: int
@@ -210,7 +186,6 @@ class MetricsMovedAside(Message):
     """A resume trains steps ``first_step``..``last_step`` again: their ``rows`` of metrics.jsonl went to ``file``."""
 
     type: ClassVar[str] = "metrics_moved_aside"
-    schema: ClassVar = {"step": (int,), "rows": (int,), "first_step": (int,), "last_step": (int,), "file": (str,), "message": (str,)}
     step: int
     rows: int
     first_step: int
@@ -219,10 +194,57 @@ class MetricsMovedAside(Message):
     message: str
 
 
+@dataclass(frozen=True)
+class StopRequested(Message):
+    """A client of the run's socket asked it to stop: ``reason`` says who (the app, ``torchlab-tui stop``), in the
+    trainer process's words (core/launch/worker.py), never in the client's."""
+
+    type: ClassVar[str] = "stop_requested"
+    step: int
+    reason: str
+
+
 #: Every event a trainer, its supervisor or its journal's writers emit: the ones above, and the protocol's
 #: messages the app receives as they are.
 TRAINER_EVENTS = (
     RunStarted, RunEnded, Paused, Resumed, StepSkipped, ProfileStarted, TrialStarted, CompileStarted, ResumedFromCheckpoint,
     ResumeChangedSettings, Relaunching, LineRefused, LinesRefusedUnrecorded, JournalRepaired, MetricsMovedAside,
-    OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult, TrialProgress,
+    StopRequested, OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult, TrialProgress,
 )
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """An event as a person reads it; ``warning``: said as one (the app's log marks it, headless writes "warning:")."""
+
+    text: str
+    warning: bool = False
+
+
+def describe(event: Message) -> Sentence | None:
+    """The sentence for ``event``, or None where what it says is a state, a figure or a table that the app and
+    headless each show their own way."""
+    match event:
+        case TrialStarted():
+            value = format_option_value(event.option, event.value)
+            return Sentence(f"trying {event.option} = {value} for {event.steps} steps against as many as it is")
+        case CompileStarted():
+            return Sentence(f"compiling the model{' ' + event.detail if event.detail else ''} (torch.compile): training waits for it")
+        case StepSkipped():
+            return Sentence(f"step skipped: {event.reason}", warning=True)
+        case ProfileStarted():
+            return Sentence(f"profiling {event.steps} steps after {event.warmup} warm-up")
+        case ResumedFromCheckpoint():
+            return Sentence(f"resumed from the checkpoint of step {event.step}")
+        case ResumeChangedSettings():
+            return Sentence(event.message, warning=event.level == "warning")
+        case Paused():
+            return Sentence("paused")
+        case Resumed():
+            return Sentence("resumed")
+        case Relaunching():
+            return Sentence(f"relaunching with {event.world_size} rank(s) (was {event.previous})")
+        case StopRequested():
+            return Sentence(f"{event.reason} (at the end of this step, with a final checkpoint)")
+        case _:
+            return None

@@ -195,14 +195,15 @@ class ImpactTracker(TrainerObserver):
         segment.others_cpu.append(sample.host.others_cpu_percent)
 
     def on_event(self, event: Message) -> None:
-        if isinstance(event, RunStarted):
-            self._warming_up = PROCESS_WARMUP_STEPS
-        elif isinstance(event, ProfileStarted):
-            self._profiling = True
-        elif isinstance(event, ProfileReady):
-            self._profiling = False
-        elif isinstance(event, RunEnded):
-            self.write()
+        match event:
+            case RunStarted():
+                self._warming_up = PROCESS_WARMUP_STEPS
+            case ProfileStarted():
+                self._profiling = True
+            case ProfileReady():
+                self._profiling = False
+            case RunEnded():
+                self.write()
 
     def table(self) -> list[ImpactSegment]:
         """Segment summaries, each with ratios to the segment before it.

@@ -305,7 +305,7 @@ STEPS = Number(
     help="Set the step the run ends at: extend or shorten it while it trains",
     prompt="Train to step", hint="the step to end at, not below the current one; torchlab's LR schedules go on without a jump, "
          "a workload's own scheduler is built again for the new total",
-    flag_help="optimizer steps to train to (default 200)", setting=True, in_panel=False, shapes_a_step=False,
+    flag_help="optimizer steps to train to", setting=True, in_panel=False, shapes_a_step=False,  # its setting states the default
 )
 
 COMPILE = Switch(

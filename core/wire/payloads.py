@@ -3,11 +3,10 @@ figures, the impact table's rows. Standard library only.
 
 Each is a frozen dataclass that its producer builds directly (the worker, the telemetry sampler, the ranks'
 collectives, the impact tracker) and the app reads by attribute. ``protocol.decode`` validates them field by
-field, like a message's own fields, with the same ``schema`` convention: field name -> accepted types, JSON
-scalars when a field is not listed; a payload type there is a JSON object read as that payload, and
-``list[T]`` a list whose every item is read as ``T``. On the wire each is the JSON object of its fields (the
-names below are the JSON keys), which is also how it appears in ``system.jsonl``, ``metrics.jsonl``,
-``events.jsonl`` and ``impact.json``.
+field, like a message's own fields, as their annotations declare (core/wire/typed_json.py): a payload type is a
+JSON object read as that payload, ``list[T]`` a list whose every item is read as ``T``, a ``float`` any finite
+number. On the wire each is the JSON object of its fields (the names below are the JSON keys), which is also how
+it appears in ``system.jsonl``, ``metrics.jsonl``, ``events.jsonl`` and ``impact.json``.
 
 A figure that can be missing is ``None`` (NaN and Inf travel as null too): a CPU run has no allocator
 figures, a GPU may hide its power draw.
@@ -16,35 +15,28 @@ figures, a GPU may hide its power draw.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
-_NULL = type(None)
-_INT = (int,)
-_OPT_INT = (int, _NULL)
-_NUMBER = (float,)  # an int is read as a float
-_OPT_NUMBER = (float, _NULL)
-_OPT_STR = (str, _NULL)
+from torchlab.core.wire.typed_json import JsonObject
 
 
 # ----------------------------------------------------------------------------- Welcome: the run
 
 
 @dataclass(frozen=True)
-class ModuleInfo:
+class ModuleInfo(JsonObject):
     """One module whose gradient norm is measured, in the order of ``GradNorms.norms``. ``tied``: the other
     modules that hold some of its parameters (GPT-2's ``lm_head`` for ``transformer.wte``), counted here once."""
 
-    schema: ClassVar[dict[str, tuple]] = {"name": (str,), "params": _INT, "tied": (list[str],)}
     name: str
     params: int
     tied: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
-class RankProcess:
+class RankProcess(JsonObject):
     """Where one data-parallel rank runs (gathered once at start, as in ``run_started``)."""
 
-    schema: ClassVar[dict[str, tuple]] = {"rank": _INT, "host": (str,), "pid": _INT, "device": (str,)}
     rank: int
     host: str
     pid: int
@@ -52,15 +44,11 @@ class RankProcess:
 
 
 @dataclass(frozen=True)
-class RunInfo:
+class RunInfo(JsonObject):
     """The run an app attached to. ``device`` and ``batch_size`` are known once the trainer started (empty
     and 0 before); ``steps`` is the step the run trains to (0 when its settings could not be read);
     ``ranks`` lists the ranks above world size 1 (empty for a single process)."""
 
-    schema: ClassVar[dict[str, tuple]] = {
-        "workload": (str,), "run_dir": (str,), "device": (str,), "steps": _INT, "batch_size": _INT, "pid": _INT,
-        "started": _NUMBER, "checkpoint_blocks": (list[str],), "world_size": _INT, "ranks": (list[RankProcess],),
-    }
     workload: str
     run_dir: str
     device: str
@@ -77,15 +65,29 @@ class RunInfo:
 
 
 @dataclass(frozen=True)
-class HostSample:
+class ProcessSample(JsonObject):
+    """One process of the run: the trainer, a rank, a DataLoader worker. ``name`` says which, in words ("trainer",
+    "rank 1", "data worker", "compile worker", else the OS's name for it); ``cpu_percent`` is of one CPU, as ``top``
+    shows it; the disk figures are bytes a second since the last sample, None where the OS does not say."""
+
+    pid: int
+    name: str
+    cpu_percent: float
+    rss_bytes: int
+    read_bytes_per_s: float | None
+    write_bytes_per_s: float | None
+
+
+@dataclass(frozen=True)
+class HostSample(JsonObject):
     """The host's CPU and RAM, and the trainer's share: the CPU and the RSS of it and its children (DataLoader
     workers, ranks) together. ``cpu_percent`` is of the whole machine (0-100), ``trainer_cpu_percent`` of one CPU
-    (up to ``cpu_count`` x 100, as ``top`` shows a process). ``cpu_count`` is None where the OS does not say."""
+    (up to ``cpu_count`` x 100, as ``top`` shows a process). ``cpu_count`` is None where the OS does not say.
 
-    schema: ClassVar[dict[str, tuple]] = {
-        "cpu_percent": _NUMBER, "cpu_count": _OPT_INT, "trainer_cpu_percent": _NUMBER, "ram_used_bytes": _INT,
-        "ram_total_bytes": _INT, "trainer_rss_bytes": _INT, "trainer_processes": _INT,
-    }
+    Then the detail the full-size view shows: each core's load (0-100, the mean of which is ``cpu_percent``), the
+    run's processes (the trainer first, then the busiest), and the disk bytes a second the run's processes read and
+    write. A sample written before these were taken has none of them: empty, and None."""
+
     cpu_percent: float
     cpu_count: int | None
     trainer_cpu_percent: float
@@ -93,6 +95,10 @@ class HostSample:
     ram_total_bytes: int
     trainer_rss_bytes: int
     trainer_processes: int
+    cpu_percent_per_core: list[float] = field(default_factory=list)
+    processes: list[ProcessSample] = field(default_factory=list)
+    io_read_bytes_per_s: float | None = None
+    io_write_bytes_per_s: float | None = None
 
     @property
     def others_cpu_percent(self) -> float:
@@ -102,15 +108,10 @@ class HostSample:
 
 
 @dataclass(frozen=True)
-class GpuSample:
+class GpuSample(JsonObject):
     """One GPU as NVML reports it; each figure None where this GPU hides it. ``this_run_memory_bytes``: the
     memory NVML attributes to this run's processes (None where it lists no processes, as in some containers)."""
 
-    schema: ClassVar[dict[str, tuple]] = {
-        "index": _INT, "name": _OPT_STR, "memory_used_bytes": _OPT_INT, "memory_total_bytes": _OPT_INT,
-        "utilization_percent": _OPT_NUMBER, "temperature_c": _OPT_NUMBER, "power_w": _OPT_NUMBER,
-        "power_limit_w": _OPT_NUMBER, "sm_clock_mhz": _OPT_NUMBER, "this_run_memory_bytes": _OPT_INT,
-    }
     index: int
     name: str | None
     memory_used_bytes: int | None
@@ -124,13 +125,10 @@ class GpuSample:
 
 
 @dataclass(frozen=True)
-class AllocatorSample:
+class AllocatorSample(JsonObject):
     """The CUDA caching allocator on the trainer's device: None throughout on a CPU run. The peak is since its
     last reset, which the trainer does at each option change."""
 
-    schema: ClassVar[dict[str, tuple]] = {
-        "device": (str,), "allocated_bytes": _OPT_INT, "reserved_bytes": _OPT_INT, "peak_allocated_bytes": _OPT_INT,
-    }
     device: str
     allocated_bytes: int | None
     reserved_bytes: int | None
@@ -153,14 +151,10 @@ def why_no_gpu(status: str) -> str:
 
 
 @dataclass(frozen=True)
-class TelemetrySample:
+class TelemetrySample(JsonObject):
     """One system sample, about once a second: the host, the GPUs (empty, with ``gpu_status`` saying why, on a
     box without NVIDIA), and the allocator (``torch``, as in ``system.jsonl``)."""
 
-    schema: ClassVar[dict[str, tuple]] = {
-        "time": _NUMBER, "step": _INT, "host": (HostSample,), "gpus": (list[GpuSample],), "gpu_status": (str,),
-        "torch": (AllocatorSample,),
-    }
     time: float
     step: int
     host: HostSample
@@ -181,27 +175,22 @@ class TelemetrySample:
 
 
 @dataclass(frozen=True)
-class ModuleBytes:
+class ModuleBytes(JsonObject):
     """The activation bytes saved for backward while ``module`` was the innermost module running (its own
     ops, not its children's); ``(root)`` the model's own code, ``(loss_fn)`` the workload's code outside it."""
 
-    schema: ClassVar[dict[str, tuple]] = {"module": (str,), "bytes": _INT}
     module: str
     bytes: int
 
 
 @dataclass(frozen=True)
-class MemoryBreakdown:
+class MemoryBreakdown(JsonObject):
     """The bytes training holds in tensors at ``step``, by kind, measured on that step (core/engine/memory.py):
     the same on CPU as on CUDA, unlike the process RSS, which only grows. ``activations_bytes`` are the tensors
     autograd saved for backward in one micro-batch's forward, each storage once; ``by_module`` splits them,
     largest first. ``allocator_peak_bytes``: on CUDA, the caching allocator's peak since the segment began
     (None on a CPU)."""
 
-    schema: ClassVar[dict[str, tuple]] = {
-        "step": _INT, "parameters_bytes": _INT, "gradients_bytes": _INT, "optimizer_bytes": _INT,
-        "activations_bytes": _INT, "allocator_peak_bytes": _OPT_INT, "by_module": (list[ModuleBytes],),
-    }
     step: int
     parameters_bytes: int  # parameters and buffers
     gradients_bytes: int
@@ -221,17 +210,12 @@ class MemoryBreakdown:
 
 
 @dataclass(frozen=True)
-class TrialArm:
+class TrialArm(JsonObject):
     """One arm of a controlled trial: ``steps`` steps from the same state on the same batches, with the options
     ``label`` says ("as it is", or the change: "amp=bf16"). Step time as the impact table gives it (median and
     90 % interval, None under ten timed steps), the memory a step of it measured, and the loss of each step.
     ``error`` says why the arm could not run (fp16 on a CPU, out of memory); its figures are then None/empty."""
 
-    schema: ClassVar[dict[str, tuple]] = {
-        "label": (str,), "steps": _INT, "median_step_time_s": _OPT_NUMBER, "step_time_low_s": _OPT_NUMBER,
-        "step_time_high_s": _OPT_NUMBER, "activations_bytes": _OPT_INT, "tensor_bytes": _OPT_INT,
-        "losses": (list[float],), "error": _OPT_STR, "others_cpu_percent": _OPT_NUMBER,
-    }
     label: str
     steps: int  # the steps it ran (fewer than asked when it failed part way)
     median_step_time_s: float | None
@@ -250,14 +234,10 @@ class TrialArm:
 
 
 @dataclass(frozen=True)
-class RankFigures:
+class RankFigures(JsonObject):
     """One rank's figures on a report step: its step time, its wait for batches, the CUDA allocator's memory
     (None on a CPU rank) and its RSS; None where the rank could not measure a figure."""
 
-    schema: ClassVar[dict[str, tuple]] = {
-        "rank": _INT, "step_time_s": _OPT_NUMBER, "data_wait_s": _OPT_NUMBER, "allocated_bytes": _OPT_NUMBER,
-        "reserved_bytes": _OPT_NUMBER, "peak_allocated_bytes": _OPT_NUMBER, "rss_bytes": _OPT_NUMBER,
-    }
     rank: int
     step_time_s: float | None
     data_wait_s: float | None
@@ -271,7 +251,7 @@ class RankFigures:
 
 
 @dataclass(frozen=True)
-class ImpactSegment:
+class ImpactSegment(JsonObject):
     """The steps between two option changes, summarised (one row of ``impact.json``, in its key order).
 
     Medians leave out the first steps after a change. Memory is measured on the tensors (``MemoryBreakdown``;
@@ -292,14 +272,6 @@ class ImpactSegment:
     from ±100 % on ``no clear difference (step times varied up to 3.3x)``.
     """
 
-    schema: ClassVar[dict[str, tuple]] = {
-        "change": (str,), "options": (dict,), "first_step": _INT, "last_step": _INT,
-        "step_time_low_s": _OPT_NUMBER, "step_time_high_s": _OPT_NUMBER,
-        "median_step_time_s": _OPT_NUMBER, "median_samples_per_s": _OPT_NUMBER, "median_data_wait_s": _OPT_NUMBER,
-        "peak_allocated_bytes": _OPT_INT, "nvml_run_bytes": _OPT_INT, "others_cpu_percent": _OPT_NUMBER,
-        "activations_bytes": _OPT_INT, "tensor_bytes": _OPT_INT, "loss_slope_per_100_steps": _OPT_NUMBER,
-        "speedup": _OPT_NUMBER, "memory_change": _OPT_NUMBER, "activations_change": _OPT_NUMBER, "verdict": (str,),
-    }
     change: str  # "start", or the options that changed: "amp=bf16, accum=2"
     options: dict[str, Any]  # every live option's value in this segment
     first_step: int

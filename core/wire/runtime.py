@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from torchlab.core.wire.errors import ConfigError, shown
+from torchlab.core.wire.run_status import FINAL_STATES, RunStatus
 from torchlab.core.wire.safe_open import UnsafeFileError, open_regular, read_regular_bytes, read_regular_text
 
 
@@ -117,10 +118,6 @@ class Endpoint:
             path.unlink(missing_ok=True)
 
 
-#: Run states after which a trainer is gone for good.
-FINAL_STATES = ("finished", "stopped", "failed")
-
-
 @dataclass(frozen=True)
 class RunEntry:
     """One run in the runtime directory, as ``attach`` lists it."""
@@ -139,12 +136,17 @@ class RunEntry:
         """
         state = str(self.info.get("state", "?"))
         if state not in FINAL_STATES and (self.unserved or not process_running(self.info.get("pid"))):
-            return "gone"
+            return RunStatus.GONE
         return state
 
     @property
+    def ended(self) -> bool:
+        """Its trainer said its last word (finished, stopped, failed), or died without one."""
+        return self.state in FINAL_STATES or self.state == RunStatus.GONE
+
+    @property
     def live(self) -> bool:
-        return self.state not in (*FINAL_STATES, "gone") and self.endpoint.socket_path.exists()
+        return not self.ended and self.endpoint.socket_path.exists()
 
 
 #: A socket refusing connections this long after it was made has no server (a trainer listens right after

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
 from test_detach import _detach, _started
-from test_worker import TINY
+from test_worker import TINY, Collected
 from torchlab.core.launch.cli import main
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from torchlab.core.wire.events import StopRequested, describe
 from torchlab.core.wire.runtime import list_runs
+from torchlab.tui.link import ProcessLink
 
 
 @pytest.fixture(autouse=True)
@@ -41,6 +44,46 @@ def test_stop_ends_a_detached_run_with_a_final_checkpoint_and_says_where(tmp_pat
 
     assert main(["stop", str(run_dir)]) == EXIT_FAILED  # by its run directory: not running any more
     assert capsys.readouterr().err == f"torchlab-tui stop: {run_dir} is not running (no live run has that run directory).\n"
+
+
+def stops_journalled(run_dir) -> list[str]:
+    """The reason of each stop the run's journal records as asked."""
+    records = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return [record["reason"] for record in records if record["event"] == "stop_requested"]
+
+
+def test_the_journal_and_the_event_log_say_the_run_was_stopped_by_torchlab_tui_stop(tmp_path, capsys):
+    """The worker worded every stop from the socket "stopped from the app", and journalled no reason at all: the
+    run's events.jsonl and a viewer's event log did not say who stopped it."""
+    run_dir = tmp_path / "run"
+    link, seen = _started(run_dir, "--steps", "1000000")
+    seen.until(lambda m: isinstance(m, p.Metrics))
+    _detach(link, seen)
+    [entry] = list_runs()
+    viewer = ProcessLink.attach(entry, view=True)
+    viewer.start()
+    watched = Collected(viewer)
+    try:
+        watched.until(lambda m: isinstance(m, p.Metrics))
+        assert main(["stop", link.endpoint_name]) == EXIT_OK
+        said = watched.until(lambda m: isinstance(m, StopRequested))
+    finally:
+        viewer.close()
+    assert link.process.wait(timeout=30) == 0
+    assert describe(said).text == "stopped by `torchlab-tui stop` (at the end of this step, with a final checkpoint)"
+    assert stops_journalled(run_dir) == ["stopped by `torchlab-tui stop`"]
+
+
+def test_a_stop_from_the_app_is_journalled_and_told_as_from_the_app(tmp_path):
+    run_dir = tmp_path / "run"
+    link, seen = _started(run_dir, "--steps", "1000000")
+    seen.until(lambda m: isinstance(m, p.Metrics))
+    link.send(p.StopCommand(reason="anything a client claims"))
+    said = seen.until(lambda m: isinstance(m, StopRequested))
+    assert link.process.wait(timeout=30) == 0
+    link.close()
+    assert describe(said).text == "stopped from the app (at the end of this step, with a final checkpoint)"
+    assert stops_journalled(run_dir) == ["stopped from the app"]
 
 
 def test_stop_with_no_run_running_says_so_in_one_line(capsys):

@@ -24,6 +24,7 @@ from torchlab.core.wire.payloads import (
     HostSample,
     ImpactSegment,
     ModuleInfo,
+    ProcessSample,
     RankFigures,
     RunInfo,
     TelemetrySample,
@@ -120,14 +121,31 @@ def gpu(index: int = 0, *, used_gib: float = 41.2, **overrides: Any) -> GpuSampl
     return replace(sample, **overrides)
 
 
-def telemetry(step: int = 120, *, gpus: list[GpuSample] | None = None, rss_mib: float = 812, t: float = 0.0) -> protocol.Telemetry:
-    """A system sample like the trainer's sampler sends; without ``gpus``, a box with no NVIDIA driver."""
+def cpu_run_processes() -> list[ProcessSample]:
+    """A CPU run's processes as the sampler lists them: the trainer, then its two DataLoader workers."""
+    return [ProcessSample(pid=4242, name="trainer", cpu_percent=98.0, rss_bytes=int(700 * 2**20),
+                          read_bytes_per_s=0.0, write_bytes_per_s=41.5 * 2**20),
+            ProcessSample(pid=4250, name="data worker", cpu_percent=31.0, rss_bytes=int(56 * 2**20),
+                          read_bytes_per_s=1.5 * 2**20, write_bytes_per_s=0.0),
+            ProcessSample(pid=4251, name="data worker", cpu_percent=29.5, rss_bytes=int(56 * 2**20),
+                          read_bytes_per_s=1.2 * 2**20, write_bytes_per_s=0.0)]
+
+
+def telemetry(step: int = 120, *, gpus: list[GpuSample] | None = None, rss_mib: float = 812, t: float = 0.0,
+              cores: list[float] | None = None, processes: list[ProcessSample] | None = None) -> protocol.Telemetry:
+    """A system sample like the trainer's sampler sends; without ``gpus``, a box with no NVIDIA driver. Without
+    ``cores`` and ``processes``, a sample as the sampler wrote them before it took those (no disk figures either)."""
     gpus = gpus or []
+    processes = processes or []
+    reads = [process.read_bytes_per_s for process in processes if process.read_bytes_per_s is not None]
+    writes = [process.write_bytes_per_s for process in processes if process.write_bytes_per_s is not None]
     on_gpu = bool(gpus)
     return protocol.Telemetry(sample=TelemetrySample(
         time=1_700_000_000.0 + t, step=step,
         host=HostSample(cpu_percent=23.0, cpu_count=16, trainer_cpu_percent=98.0, ram_used_bytes=int(21.0 * 2**30),
-                        ram_total_bytes=int(125.7 * 2**30), trainer_rss_bytes=int(rss_mib * 2**20), trainer_processes=3),
+                        ram_total_bytes=int(125.7 * 2**30), trainer_rss_bytes=int(rss_mib * 2**20), trainer_processes=3,
+                        cpu_percent_per_core=cores or [], processes=processes,
+                        io_read_bytes_per_s=sum(reads) if reads else None, io_write_bytes_per_s=sum(writes) if writes else None),
         gpus=gpus,
         gpu_status=f"{len(gpus)} GPU(s)" if on_gpu else NO_GPU,
         torch=AllocatorSample(device="cuda:0" if on_gpu else "cpu", allocated_bytes=12 * 2**30 if on_gpu else None,

@@ -583,7 +583,7 @@ async def test_help_screen_and_command_palette_list_every_action(app: TorchlabAp
 
 
 async def test_the_command_palette_lists_each_entry_once(app: TorchlabApp) -> None:
-    from torchlab.tui.app import KEY_ACTIONS
+    from torchlab.tui.app_keys import KEY_ACTIONS
 
     async with app.run_test(size=SIZE):
         ours = [command for command in app.get_system_commands(app.screen) if command.help.startswith("key ")]

@@ -15,13 +15,14 @@ import pytest
 from torchlab.core.launch.compare import CompareApp, main
 from torchlab.core.wire.config import build_config
 from torchlab.tui.run_history import RunHistory, differences
-from torchlab.tui.widgets.line_chart import LineChart
+from torchlab.tui.widgets.line_chart import LineChart, marker
 
 
-def write_run(root: Path, name: str, *, lr: float, clip_at: int | None = None, steps: int = 120) -> Path:
+def write_run(root: Path, name: str, *, lr: float, clip_at: int | None = None, steps: int = 120,
+              workload: str = "tiny_gpt") -> Path:
     run = root / name
     run.mkdir(parents=True)
-    settings = {"workload": "tiny_gpt", "steps": steps, "lr": lr, "options": {}, "at": [f"{clip_at}:clip=0.5"] if clip_at else []}
+    settings = {"workload": workload, "steps": steps, "lr": lr, "options": {}, "at": [f"{clip_at}:clip=0.5"] if clip_at else []}
     (run / "config.toml").write_text(build_config(settings).to_toml())
     rows = []
     for step in range(1, steps + 1):
@@ -140,3 +141,67 @@ async def test_the_palette_compares_the_live_run_with_its_earlier_one(runs):
         app.compare_with_earlier_run()
         await pilot.pause()
         assert isinstance(app.screen, CompareScreen) and [run.path for run in app.screen.runs] == runs
+
+
+def screen_text(app) -> str:
+    """What the terminal shows, as text: the screen drawn through the app's filters (NO_COLOR's among them)."""
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
+@pytest.mark.asyncio
+async def test_at_80_columns_both_runs_values_of_a_long_setting_are_on_screen(tmp_path):
+    """At 80x24 the second run's column was cut at the terminal's edge: with the workload files' paths as their
+    values, 'torch.optim.lr_scheduler.StepLR (the workload's)' and the like, only the first run's could be read."""
+    first = write_run(tmp_path, "20261125-160041-my_model", lr=0.001,
+                      workload="/home/researcher/projects/vision/experiments/baseline_model.py:workload")
+    second = write_run(tmp_path, "20261125-170512-my_model", lr=0.003,
+                       workload="/home/researcher/projects/vision/experiments/wider_model_v2.py:workload")
+    app = CompareApp([RunHistory.load(first), RunHistory.load(second)])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        shown = screen_text(app)
+        # A path goes on over lines of its column, broken between its folders: each part on screen, whole.
+        for value in ("/home/researcher/projects/", "baseline_model.py:workload", "wider_model_v2.py:workload", "0.001", "0.003"):
+            assert value in shown, shown
+        assert "20261125-160041-my_model" in shown.split("setting")[1], shown  # each column says whose it is
+        assert "20261125-170512-my_model" in shown.split("setting")[1], shown
+        await pilot.resize_terminal(200, 50)  # wider: each path on one line
+        await pilot.pause()
+        shown = screen_text(app)
+        for value in ("/home/researcher/projects/vision/experiments/baseline_model.py:workload",
+                      "/home/researcher/projects/vision/experiments/wider_model_v2.py:workload"):
+            assert value in shown, shown
+
+
+@pytest.mark.asyncio
+async def test_without_colour_each_run_has_its_own_marker_in_the_plot_and_the_legend(runs, monkeypatch):
+    """Under NO_COLOR the runs' lines were the same grey braille, the legend's ━━ the same for each run (and the
+    chart's blank cells, drawn without a style, stopped the app: 'NoneType' object has no attribute 'color')."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = CompareApp([RunHistory.load(path) for path in runs])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.no_color
+        shown = screen_text(app)
+        legend = str(app.screen.query_one("#compare-legend").render())
+        chart = app.screen.query_one("#compare-chart", LineChart)
+        first, second = (marker(style) for style in range(2))
+        assert first != second
+        assert f"━{first}━ 20261123-090000-tiny_gpt" in legend and f"━{second}━ 20261123-100000-tiny_gpt" in legend
+        plot = "".join(chart.render_line(y).text for y in range(chart.size.height))
+        assert first in plot and second in plot
+        assert plot.count(first) >= 2 and plot.count(second) >= 2  # along each line, not at one point
+        assert f"━{first}━ 20261123-090000-tiny_gpt" in shown  # as the terminal shows it
+
+
+@pytest.mark.asyncio
+async def test_at_80_columns_three_runs_each_have_a_column_and_a_legend_entry_that_keeps_its_marker_by_its_name(runs):
+    """With three runs the legend ran past the width, and its last marker ended one line, its run's name began the next."""
+    third = write_run(runs[0].parent, "20261123-110000-tiny_gpt", lr=0.01)
+    app = CompareApp([RunHistory.load(path) for path in [*runs, third]])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        shown = screen_text(app)
+        for style, run in enumerate([*runs, third]):
+            assert f"━{marker(style)}━ {run.name}" in shown, shown  # on one line of the screen
+        assert all(value in shown for value in ("0.001", "0.003", "0.01 ")), shown

@@ -110,7 +110,7 @@ async def test_a_viewers_footer_shows_only_the_keys_that_work_for_a_viewer() -> 
     app = quiet_app(link)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        shown = {binding.action for _, binding, enabled, _ in app.screen.active_bindings.values() if binding.show}
+        shown = {binding.action.removeprefix("app.") for _, binding, enabled, _ in app.screen.active_bindings.values() if binding.show}
         assert "quit" in shown and "help" in shown
         assert not {"toggle_pause", "save_checkpoint"} & shown
         assert not any(action.startswith("change_option") for action in shown)

@@ -84,7 +84,7 @@ def test_amp_cycle_skips_modes_refused_on_this_run() -> None:
 def test_error_and_nonfinite_become_a_failure() -> None:
     state = fed([welcome(0), protocol.Error("boom", "Traceback ...", 5, "ckpt/last.pt")])
     assert state.state == "failed" and state.failure is not None
-    assert (state.failure.kind, state.failure.message, state.failure.checkpoint) == ("error", "boom", "ckpt/last.pt")
+    assert (state.failure.kind, state.failure.message, state.failure.checkpoint) == ("failed", "boom", "ckpt/last.pt")
     state.apply(protocol.NonFinite(6, "forward", "blocks.1.attn", "output max |x| = inf", ""))
     assert state.failure.kind == "nonfinite"
     assert "blocks.1.attn" in state.failure.detail and "step 6" in state.failure.message

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_link import NO_GPU, FakeLink, gpu, impact, profile_ready, profile_row, quiet_app, telemetry, training_events
+from fake_link import NO_GPU, FakeLink, cpu_run_processes, gpu, impact, profile_ready, profile_row, quiet_app, telemetry, training_events
 
 from torchlab.core.wire import protocol
 from torchlab.tui.app import TorchlabApp
@@ -19,6 +19,8 @@ pytestmark = pytest.mark.asyncio
 
 WIDE = (160, 48)
 SMALL = (80, 24)
+#: Sixteen cores, each busy its own amount (as % of that core).
+CORE_LOADS = [95.0, 12.0, 40.0, 7.0, 100.0, 0.0, 63.0, 21.0, 88.0, 3.0, 50.0, 76.0, 14.0, 31.0, 9.0, 58.0]
 
 
 def log_text(app: TorchlabApp) -> str:
@@ -70,6 +72,17 @@ async def test_the_panel_leaves_out_whole_figures_that_do_not_fit_its_width(gpus
     assert any(line.startswith("rss") for line in lines)
 
 
+@pytest.mark.parametrize("width", [30, 39, 58])
+async def test_the_cores_and_processes_leave_out_whole_columns_that_do_not_fit_its_width(width: int) -> None:
+    from torchlab.tui.widgets.system_panel import panel_text as draw
+
+    sample = telemetry(cores=CORE_LOADS, processes=cpu_run_processes()).sample
+    lines = draw(sample, [sample], width, 30).plain.splitlines()
+    assert all(len(line) <= width and "…" not in line for line in lines), lines
+    assert any(line.startswith("cores") for line in lines) and any("4242  trainer" in line for line in lines), lines
+    assert any(line.startswith("disk  read 2.7 MiB/s") for line in lines), lines
+
+
 async def test_a_small_terminal_gets_one_summary_line_and_t_opens_the_full_panel() -> None:
     app, _ = app_with(telemetry())
     async with app.run_test(size=SMALL) as pilot:
@@ -91,6 +104,33 @@ async def test_a_small_terminal_gets_one_summary_line_and_t_opens_the_full_panel
         assert "900 MiB" in detail.render().plain
         await pilot.press("escape")
         assert not isinstance(app.screen, SystemScreen)
+
+
+@pytest.mark.parametrize("size", [SMALL, (200, 50)], ids=["80x24", "200x50"])
+async def test_t_on_a_cpu_run_shows_a_bar_per_core_the_runs_processes_and_their_disk_io(size) -> None:
+    """On a machine without a GPU the full-size view was five lines of figures and ~45 blank rows: it now has each
+    core's load, the run's processes (the trainer, its DataLoader workers) with CPU, RSS and disk rates, and the
+    run's disk reads and writes."""
+    import re
+
+    from torchlab.tui.screens.system_screen import SystemScreen
+
+    app, _ = app_with(telemetry(cores=CORE_LOADS, processes=cpu_run_processes()))
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        await pilot.press("t")
+        assert isinstance(app.screen, SystemScreen)
+        panel = app.screen.query_one(SystemPanel)
+        lines = panel.render().plain.splitlines()[:panel.content_size.height]  # what fits the view
+        text = "\n".join(lines)
+        cores = {int(index): float(load) for index, load in re.findall(r"(?<![\d.])(\d+) [█▏▎▍▌▋▊▉░]+ +(\d+) %", text)}
+        assert cores == dict(enumerate(CORE_LOADS)), text  # every core, each with its bar and its load
+        trainer = next(line for line in lines if "4242" in line)
+        assert re.search(r"4242 +trainer +98 % +700 MiB", trainer) and "41.5 MiB/s" in trainer, text
+        workers = [line for line in lines if "data worker" in line]
+        assert len(workers) == 2 and re.search(r"4250 +data worker +31 % +56 MiB +1.5 MiB/s", workers[0]), text
+        assert re.search(r"disk +read 2.7 MiB/s · write 41.5 MiB/s", text), text
+        assert len(lines) >= 12  # it was five
 
 
 async def test_a_gpu_sample_shows_memory_utilisation_temperature_power_and_allocator() -> None:

@@ -81,3 +81,30 @@ async def test_on_a_short_screen_the_workloads_metric_takes_the_lr_charts_place(
         await pilot.press("f")  # samples/s: the LR chart is back, as without metrics
         await pilot.pause()
         assert app.query_one("#lr-chart").display and not app.query_one("#speed-chart").display
+
+
+async def test_without_colour_each_line_of_a_chart_has_its_own_marker_and_its_title_names_it(monkeypatch) -> None:
+    """Under NO_COLOR the LR groups, the loss and val loss, a metric and its validation were lines of the same grey,
+    told apart by a colour the terminal does not show (and the app stopped: a chart's blank cells had no style,
+    which the monochrome filter cannot take)."""
+    from torchlab.tui.widgets.line_chart import marker
+
+    monkeypatch.setenv("NO_COLOR", "1")
+    link = FakeLink(training_events(20) + [own_rows(21, 120, evaluate_at=100)])
+    app = quiet_app(link)
+    async with app.run_test(size=(160, 48)) as pilot:
+        app.poll_now()
+        await pilot.pause()
+        assert app.no_color
+        first, second = marker(0), marker(1)
+        for chart_id, names in (("lr-chart", ("body", "head")), ("loss-chart", ("loss", "val loss")),
+                                ("speed-chart", ("accuracy", "val accuracy"))):
+            chart = app.query_one(f"#{chart_id}", LineChart)
+            title = chart.border_title.plain if hasattr(chart.border_title, "plain") else str(chart.border_title)
+            assert f"{first} {names[0]}" in title and f"{second} {names[1]}" in title, title
+            plot = "".join(chart.render_line(y).text for y in range(chart.size.height))
+            assert first in plot and second in plot, (chart_id, plot)
+        await pilot.press("f")  # one line, samples/s: nothing to tell apart, no marker
+        speed = app.query_one("#speed-chart", LineChart)
+        await pilot.pause()
+        assert not {first, second} & set("".join(speed.render_line(y).text for y in range(speed.size.height)))

@@ -18,6 +18,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
 from torchlab.core.wire.options import LIVE_OPTIONS, OPTIONS_BY_NAME, Choice, Number, Switch
+from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.state import Failure
 
 #: What the screen dismisses with, besides a ``Restart``.
@@ -72,11 +73,14 @@ class ErrorScreen(ModalScreen[Restart | str]):
 
     AUTO_FOCUS = "#restart"  # on activation, by Textual: also safe when a key dismisses it at once
 
+    #: With priority, each key acts when it arrives, in the order typed: a number's key opens its prompt before
+    #: the keys typed after it are routed (see ``prompt.open_prompt``). The screen has no text field to take them.
     BINDINGS = [
-        Binding("r", "restart", "Restart"),
-        Binding("escape", "choose('close')", "Close"),
-        Binding("q", "choose('quit')", "Quit"),
-        *(Binding(option.key, f"set_option('{option.name}')", option.footer, show=False) for option in LIVE_OPTIONS),
+        Binding("r", "restart", "Restart", priority=True),
+        Binding("escape", "choose('close')", "Close", priority=True),
+        Binding("q", "choose('quit')", "Quit", priority=True),
+        *(Binding(option.key, f"set_option('{option.name}')", option.footer, show=False, priority=True)
+          for option in LIVE_OPTIONS),
     ]
 
     def __init__(self, failure: Failure, restart_from: str | None = None, options: dict[str, Any] | None = None,
@@ -95,7 +99,7 @@ class ErrorScreen(ModalScreen[Restart | str]):
 
     def compose(self) -> ComposeResult:
         failure = self.failure
-        title = "The run stopped on a non-finite value" if failure.kind == "nonfinite" else "The run failed"
+        title = "The run stopped on a non-finite value" if failure.kind == RunStatus.NONFINITE else "The run failed"
         step = f" at step {failure.step}" if failure.step is not None else ""
         with Vertical(id="error-dialog"):
             yield Label(f"{title}{step}", id="error-title")
@@ -141,7 +145,7 @@ class ErrorScreen(ModalScreen[Restart | str]):
             self.changed[name] = value
         self.query_one(f"#error-option-{name}", Static).update(self._option_text(name))
 
-    def action_set_option(self, name: str) -> None:
+    async def action_set_option(self, name: str) -> None:
         if self.options is None:
             return
         option = OPTIONS_BY_NAME[name]
@@ -149,17 +153,17 @@ class ErrorScreen(ModalScreen[Restart | str]):
         if isinstance(option, (Choice, Switch)):
             self._set(name, option.next_value(current, lambda value: self.refused(name, value)))
         elif isinstance(option, Number):
-            self._ask(name, option, current)
+            await self._ask(name, option, current)
 
-    def _ask(self, name: str, option: Number, current: Any) -> None:
-        from torchlab.tui.screens.prompt import Chosen, OptionPrompt
+    async def _ask(self, name: str, option: Number, current: Any) -> None:
+        from torchlab.tui.screens.prompt import Chosen, OptionPrompt, open_prompt
 
         def chosen(answer: Chosen | None) -> None:
             if answer is not None:
                 self._set(name, answer.value)
 
-        self.app.push_screen(OptionPrompt(f"{option.prompt}, for the restart", option.hint, option.parse,
-                                          current=option.shown_in_prompt(current)), callback=chosen)
+        await open_prompt(self.app, OptionPrompt(f"{option.prompt}, for the restart", option.hint, option.parse,
+                                                 current=option.shown_in_prompt(current)), chosen)
 
     @on(Button.Pressed)
     def _pressed(self, event: Button.Pressed) -> None:

@@ -1,16 +1,16 @@
-"""The ``?`` screen: every key of the workbench and what it does, in one place."""
+"""The ``?`` screen: every key of the workbench and what it does, in one place; ``?``, escape or q closes it."""
 
 from __future__ import annotations
 
 from rich.table import Table
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
+from torchlab.tui.screens.view_screen import OverlayScreen, closing_key
 
-class HelpScreen(ModalScreen[None]):
+
+class HelpScreen(OverlayScreen):
     """Lists ``(key, description)`` pairs given by the app, so the help never disagrees with the bindings."""
 
     DEFAULT_CSS = """
@@ -31,7 +31,7 @@ class HelpScreen(ModalScreen[None]):
     HelpScreen #help-footer { color: $text-muted; width: 100%; }  /* a Label is as wide as its text: cut at the edge */
     """
 
-    BINDINGS = [Binding("escape,question_mark,q", "close", "Close")]
+    BINDINGS = [closing_key("escape,question_mark,q", "Close", show=True)]
 
     def __init__(self, keys: list[tuple[str, str]]) -> None:
         super().__init__()
@@ -51,6 +51,3 @@ class HelpScreen(ModalScreen[None]):
                 "or why the trainer refused it. Every action is also in the command palette (ctrl+p).",
                 id="help-footer",
             )
-
-    def action_close(self) -> None:
-        self.dismiss(None)

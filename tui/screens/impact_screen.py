@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Label, Static
 from textual.widgets.data_table import ColumnKey
@@ -20,7 +19,7 @@ from torchlab.core.wire.payloads import ImpactSegment
 from torchlab.core.wire.protocol import TrialResult
 from torchlab.core.wire.trials import trial_verdict
 from torchlab.tui.profiles import format_bytes, format_us
-from torchlab.tui.screens.view_screen import ViewScreen
+from torchlab.tui.screens.view_screen import ViewScreen, closing_key
 from torchlab.tui.state import RunState
 
 #: (key, header): the verdict beside the step time it judges, so that both fit in 80 columns
@@ -140,7 +139,7 @@ class ImpactScreen(ViewScreen):
     ImpactScreen #trials-table { max-height: 40%; }
     """
 
-    BINDINGS = [Binding("i", "close", "Back", show=False)]
+    BINDINGS = [closing_key("i")]
 
     def compose(self) -> ComposeResult:
         with Vertical(id="view"):

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Label, Static
 
 from torchlab.core.wire.payloads import MemoryBreakdown
-from torchlab.tui.screens.view_screen import ViewScreen
+from torchlab.tui.screens.view_screen import ViewScreen, closing_key
 from torchlab.tui.state import RunState
 from torchlab.tui.units import format_bytes
 
@@ -57,7 +56,7 @@ class MemoryScreen(ViewScreen):
     MemoryScreen #memory-modules-title { padding: 1 0 0 0; text-style: bold; }
     """
 
-    BINDINGS = [Binding("M", "close", "Back", show=False)]
+    BINDINGS = [closing_key("M")]
 
     def compose(self) -> ComposeResult:
         with Vertical(id="view"):

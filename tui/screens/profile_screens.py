@@ -38,7 +38,7 @@ from torchlab.tui.profiles import (
     top,
     total,
 )
-from torchlab.tui.screens.view_screen import ViewScreen
+from torchlab.tui.screens.view_screen import ViewScreen, closing_key
 from torchlab.tui.state import RunState
 
 #: Input shapes can be long lists of lists: cut to what leaves the figures on screen (at most this wide;
@@ -74,7 +74,7 @@ class ProfileListScreen(ViewScreen):
     BINDINGS = [
         Binding("space", "mark", "Mark"),
         Binding("c", "compare", "Compare"),
-        Binding("P", "close", "Back", show=False),
+        closing_key("P"),
     ]
 
     def __init__(self, state: RunState) -> None:

@@ -1,5 +1,5 @@
 """A one-field dialog (a live option's value, a trial to run): it checks what is typed as the trainer would
-before anything is sent."""
+before anything is sent, and acts on the keys typed into it in the order they were typed, however fast."""
 
 from __future__ import annotations
 
@@ -7,14 +7,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from textual import on
-from textual.app import ComposeResult
+from textual import events
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Input, Label, Static
+from textual.widgets import Label, Static
 
 from torchlab.core.wire.options import OptionRefused
+from torchlab.tui.widgets.in_order_input import InOrderInput
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,27 @@ class Chosen:
     """The prompt's answer: the value typed, parsed (None is a value too: clip's "off")."""
 
     value: Any
+
+
+class PromptField(InOrderInput):
+    """The prompt's field: each key acts as it reaches it (``InOrderInput``), and Enter answers at once (``answer``),
+    not through a message queued behind the keys after it. A key that reaches the field after the prompt was
+    answered was typed for the screen beneath: it goes back to the app, which routes it there.
+    """
+
+    def __init__(self, value: str, answer: Callable[[str], None], **kwargs: Any) -> None:
+        """``answer`` takes the field's text on Enter."""
+        super().__init__(value=value, **kwargs)
+        self.answer = answer
+
+    async def _on_key(self, event: events.Key) -> None:
+        if not self.screen.is_active:  # answered (or covered): the key is for the screen now on top
+            event.stop()
+            event.prevent_default()  # else InOrderInput's and Input's handlers, next in line, act on it here
+            self.app.post_message(events.Key(event.key, event.character))
+
+    async def action_submit(self) -> None:
+        self.answer(self.value)
 
 
 class OptionPrompt(ModalScreen[Chosen | None]):
@@ -64,7 +86,7 @@ class OptionPrompt(ModalScreen[Chosen | None]):
             # Hints and refusals are plain text: "OPTION=VALUE [STEPS]" read as markup lost its "[STEPS]".
             yield Label(self.title_text, id="prompt-title")
             yield Label(self.hint, id="prompt-hint", markup=False)
-            yield Input(value=self.current, id="prompt-input", select_on_focus=True)
+            yield PromptField(self.current, self._submitted, id="prompt-input", select_on_focus=True)
             yield Static("", id="prompt-error", markup=False)
             yield Label("enter apply · esc cancel", id="prompt-keys")
 
@@ -73,18 +95,34 @@ class OptionPrompt(ModalScreen[Chosen | None]):
         """What is wrong with the input, as shown; empty when nothing is."""
         return str(self.query_one("#prompt-error", Static).content)
 
-    @on(Input.Submitted, "#prompt-input")
-    def _submitted(self, event: Input.Submitted) -> None:
+    def _submitted(self, text: str) -> None:
         try:
-            value = self.parse(event.value.strip())
+            value = self.parse(text.strip())
         except OptionRefused as refusal:
             self.query_one("#prompt-error", Static).update(str(refusal))
             return
         self.dismiss(Chosen(value))
 
-    @on(Input.Changed, "#prompt-input")
-    def _changed(self) -> None:
+    def on_mount(self) -> None:
+        # A watcher runs as the value changes: Input.Changed, a message queued behind the keys of a burst,
+        # cleared the refusal of an Enter that came after the edits it reported.
+        self.watch(self.query_one(PromptField), "value", self._edited, init=False)
+
+    def _edited(self) -> None:
         self.query_one("#prompt-error", Static).update("")
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+async def open_prompt(app: App[Any], prompt: OptionPrompt, chosen: Callable[[Chosen | None], None]) -> None:
+    """Push ``prompt`` and return once its field has focus: every key typed after the one that opened it is its.
+
+    The one way the app opens a prompt (the main screen's and the error screen's). Call it from the action of
+    a key bound with priority, and await it. Keys typed fast (``m 2 Enter``) arrive together. A priority
+    binding runs when its key arrives, before the next key is routed anywhere; and the app handles no further
+    key until this returns. Without both, ``2`` went to a widget of the screen beneath or to the prompt before
+    its field had focus, and was lost, while Enter, a binding looked up when it was handled, reached the field
+    and sent the value shown: "accum = 1 applied (was 1)".
+    """
+    await app.push_screen(prompt, callback=chosen)

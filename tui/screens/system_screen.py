@@ -4,11 +4,10 @@ main screen has room for one line of each."""
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import Label
 
-from torchlab.tui.screens.view_screen import ViewScreen
+from torchlab.tui.screens.view_screen import ViewScreen, closing_key
 from torchlab.tui.state import RunState
 from torchlab.tui.widgets.rank_table import RankTable
 from torchlab.tui.widgets.system_panel import SystemPanel
@@ -18,14 +17,15 @@ VIEW_ROWS = 32
 
 
 class SystemScreen(ViewScreen):
-    """Every GPU, host CPU and RAM, the trainer's memory and its history; live."""
+    """Every GPU, host CPU and RAM, the trainer's memory and its history, each core, the run's processes and its disk
+    reads and writes; live."""
 
     DEFAULT_CSS = """
     SystemScreen SystemPanel { height: 1fr; }
     SystemScreen RankTable { max-height: 60%; border-top: solid $panel-lighten-2; border-title-color: $text; }
     """
 
-    BINDINGS = [Binding("t", "close", "Back", show=False)]
+    BINDINGS = [closing_key("t")]
 
     def __init__(self, state: RunState) -> None:
         super().__init__(state)

@@ -1,5 +1,8 @@
 """The three charts of the main screen: loss and val loss, the learning rate (each parameter group's, where the
-workload's optimizer has several), and samples/s or one of the workload's own metrics (``f`` cycles them)."""
+workload's optimizer has several), and samples/s or one of the workload's own metrics (``f`` cycles them).
+
+A chart of several lines names each in its title with the line's marker and colour (``● loss · ▲ val loss``):
+the marker tells them apart where colour does not show (NO_COLOR)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from textual.containers import Vertical
 from textual.markup import escape
 
 from torchlab.tui.state import RunState
-from torchlab.tui.widgets.line_chart import ChartLine, LineChart
+from torchlab.tui.widgets.line_chart import ChartLine, LineChart, marker
 
 #: The markup colour of a chart's line of each style (LineChart's ``line-chart--series-N``), for its title.
 _LINE_COLOURS = ("", "$warning", "$success")
@@ -32,7 +35,7 @@ class Charts(Vertical):
         yield LineChart(ChartLine(state.samples_per_s, SPEED), id="speed-chart")
 
     def on_mount(self) -> None:
-        self.query_one("#loss-chart").border_title = "loss · [$warning]val loss[/]"
+        self.query_one("#loss-chart").border_title = _titled(["loss", "val loss"])
         self.query_one("#lr-chart").border_title = "learning rate"
         self._show_third()
 
@@ -47,7 +50,7 @@ class Charts(Vertical):
             chart = self.query_one("#lr-chart", LineChart)
             chart.lines = [ChartLine(series, name, style=index) for index, (name, series) in enumerate(shown)]
             more = f" +{len(groups) - len(shown)}" if len(groups) > len(shown) else ""
-            chart.border_title = "lr " + " · ".join(_coloured(name, index) for index, (name, _) in enumerate(shown)) + more
+            chart.border_title = "lr " + _titled([name for name, _ in shown]) + more
             chart.data_changed()
         if self.third is None and self.state.workload_metrics:  # the workload said what it cares about: show it
             self.third = next(iter(self.state.workload_metrics))
@@ -71,10 +74,18 @@ class Charts(Vertical):
         else:
             name = self.third
             chart.lines = [ChartLine(pair[0], name), ChartLine(pair[1], f"val {name}")]
-            chart.border_title = f"{escape(name)} · [$warning]val {escape(name)}[/]"
+            chart.border_title = _titled([name, f"val {name}"])
         chart.data_changed()
 
 
-def _coloured(name: str, style: int) -> str:
+def _titled(names: list[str]) -> str:
+    """A title naming the lines of a chart in their styles 0, 1, 2 (at most three): each name after its line's
+    marker, in its line's colour. A line alone has no marker (LineChart draws none), so its name stands alone."""
+    if len(names) == 1:
+        return escape(names[0])
+    return " · ".join(_coloured(f"{marker(style)} {escape(name)}", style) for style, name in enumerate(names))
+
+
+def _coloured(markup: str, style: int) -> str:
     colour = _LINE_COLOURS[style]
-    return f"[{colour}]{escape(name)}[/]" if colour else escape(name)
+    return f"[{colour}]{markup}[/]" if colour else markup

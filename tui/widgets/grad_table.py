@@ -4,7 +4,9 @@ The rows are drawn by ``RowView`` (the Line API), not ``DataTable``: any ``DataT
 re-renders every visible row, which at 2 Hz cost 50-100 ms a frame; ``RowView`` redraws only the lines
 whose text changed. The cursor stays on its module across updates and re-sorts, and the scroll position
 stays where the user left it. A model with hundreds of modules starts in the grouped view, one row per
-``blocks.N``-style prefix, and Enter on a group drills into it.
+``blocks.N``-style prefix, and Enter on a group drills into it. ``/`` filters the rows by name: every key typed
+after it goes into the filter, however fast, until Enter (keep the filter) or Esc (clear it) gives the keys back
+to the table and the app (``key_order``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from torchlab.tui.gradient_flags import combine_norms, flag_for, group_name
 from torchlab.tui.names import shorten_names
 from torchlab.tui.state import ModuleStats, RunState
 from torchlab.tui.widgets.fitted_line import FittedLine
+from torchlab.tui.widgets.in_order_input import InOrderInput
 from torchlab.tui.widgets.row_view import Cell, Column, RowView
 
 #: The flat view is the default up to this many modules; above it, the grouped view.
@@ -125,10 +128,12 @@ class GradTable(Vertical):
 
     BINDINGS = [
         # Not in the footer: it is for the app's keys; the status line and the help screen name these.
-        Binding("slash", "focus_filter", "Filter", show=False),
+        # The keys into and out of the filter act as they arrive (priority, key_order.py): see action_focus_filter.
+        Binding("slash", "focus_filter", "Filter", show=False, priority=True),
         Binding("o", "cycle_sort", "Sort", show=False),
         Binding("v", "toggle_grouped", "Group", show=False),
-        Binding("escape", "clear_filter", "Clear filter", show=False),
+        Binding("enter", "keep_filter", "Keep filter", show=False, priority=True),
+        Binding("escape", "clear_filter", "Clear filter", show=False, priority=True),
     ]
 
     grouped: reactive[bool] = reactive(False)
@@ -169,7 +174,7 @@ class GradTable(Vertical):
         self.layout_columns = replace(LAYOUTS[-1], name=15)
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder="/ filter modules", id="grad-filter")
+        yield InOrderInput(placeholder="/ filter modules", id="grad-filter")
         yield RowView(id="grad-data")
         yield FittedLine(separator=" · ", id="grad-status")
 
@@ -409,12 +414,30 @@ class GradTable(Vertical):
             self._apply_sort()
             self._show_status()
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "keep_filter":  # Enter on the table drills into a group
+            return self.screen.focused is self.query_one("#grad-filter", Input)
+        return True
+
     def action_focus_filter(self) -> None:
-        self.query_one("#grad-filter", Input).focus()
+        """Focus the filter now: the key typed after ``/`` is routed as soon as this returns.
+
+        Keys typed fast arrive together. ``/`` without priority acted only once it had come up from the table to
+        the app, and ``Widget.focus`` moves the focus later still: ``/blocks`` typed fast put the ``l`` on the main
+        screen, where it opened the lr× prompt. With ``/`` acting as it arrives and the focus moved at once, every
+        key after it goes to the field, in order; Enter and Esc leave it the same way, so the keys after them are
+        the main screen's again.
+        """
+        self.screen.set_focus(self.query_one("#grad-filter", Input))
+
+    def action_keep_filter(self) -> None:
+        # Back to the table so the app's letter keys mean their actions again.
+        self.screen.set_focus(self.table)
 
     def action_clear_filter(self) -> None:
-        self.query_one("#grad-filter", Input).value = ""
-        self.table.focus()
+        field = self.query_one("#grad-filter", Input)
+        self.screen.set_focus(self.table)
+        field.call_later(field.clear)  # behind the keys typed before Esc, on their way to the field
 
     def action_cycle_sort(self) -> None:
         names = list(SORTS)
@@ -428,11 +451,6 @@ class GradTable(Vertical):
     @on(Input.Changed, "#grad-filter")
     def _filter_changed(self, event: Input.Changed) -> None:
         self.filter_text = event.value
-
-    @on(Input.Submitted, "#grad-filter")
-    def _filter_submitted(self) -> None:
-        # Back to the table so the app's letter keys mean their actions again.
-        self.table.focus()
 
     @on(RowView.HeaderSelected)
     def _header_selected(self, event: RowView.HeaderSelected) -> None:

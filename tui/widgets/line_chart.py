@@ -5,6 +5,11 @@ here only needs lines, a y range and the first/last step. Each terminal cell hol
 grid, so an 60x10 cell chart has 120x40 pixels; every series is min/max-thinned to about two points a
 pixel column before drawing (spikes survive), and the drawn strips are cached until the data or the
 size changes. Redraw cost is a few milliseconds regardless of history length.
+
+Where a chart has several lines, colour alone does not tell them apart (NO_COLOR, a monochrome terminal,
+a colour-blind reader): each line also carries its own marker (``marker(style)``: ● ▲ ■ ◆ ▼ ○) every few
+columns along it and at its newest point, and whatever names the lines (a title, a legend) shows the marker
+beside each name.
 """
 
 from __future__ import annotations
@@ -22,6 +27,16 @@ from torchlab.tui.thinning import Series
 # Braille dot bits, indexed [row 0..3][column 0..1] within a cell (Unicode 2800 block layout).
 _DOTS = ((0x01, 0x08), (0x02, 0x10), (0x04, 0x20), (0x40, 0x80))
 _LABEL_WIDTH = 9
+#: The marker of each line style, in the order of ``line-chart--series-N``: shapes that differ in outline, not only
+#: in colour.
+MARKERS = ("●", "▲", "■", "◆", "▼", "○")
+#: Cells without a line: a style of their own, never None (Textual's NO_COLOR filter reads every cell's style).
+_NO_STYLE = Style()
+
+
+def marker(style: int) -> str:
+    """The marker of the lines drawn in ``style`` (``ChartLine.style``): what a title or legend shows beside a name."""
+    return MARKERS[style % len(MARKERS)]
 
 
 @dataclass(frozen=True)
@@ -96,7 +111,7 @@ class LineChart(Widget):
         if self._strips is None or self._strips_size != (width, height):
             self._strips = self._draw(width, height)
             self._strips_size = (width, height)
-        return self._strips[y] if 0 <= y < len(self._strips) else Strip.blank(width)
+        return self._strips[y] if 0 <= y < len(self._strips) else Strip.blank(width, _NO_STYLE)
 
     # ------------------------------------------------------------------ drawing
 
@@ -109,7 +124,7 @@ class LineChart(Widget):
         show_x_axis = height >= 3
         plot_height = height - 1 if show_x_axis else height
         if plot_width < 2 or plot_height < 1:
-            return [Strip.blank(width) for _ in range(height)]
+            return [Strip.blank(width, _NO_STYLE) for _ in range(height)]
         pixel_w, pixel_h = plot_width * 2, plot_height * 4
         thinned = [line.series.thinned(pixel_w * 2) for line in self.lines]
         points = [(xs, ys) for xs, ys in thinned if xs]
@@ -128,32 +143,51 @@ class LineChart(Widget):
 
         cells = [[0] * plot_width for _ in range(plot_height)]
         owner = [[-1] * plot_width for _ in range(plot_height)]
+        paths = {}
         for index, (xs, ys) in enumerate(thinned):
             if not xs:
                 continue
-            pixels = [
+            paths[index] = [
                 (round((x - x_low) / x_span * (pixel_w - 1)), round((y_high - y) / y_span * (pixel_h - 1)))
                 for x, y in zip(xs, ys)
             ]
-            _plot_path(pixels, cells, owner, index)
+            _plot_path(paths[index], cells, owner, index)
+        marks = self._marks(paths, plot_width) if len(self.lines) > 1 else {}
 
-        series_styles = [
-            self.get_component_rich_style(f"line-chart--series-{(i if line.style is None else line.style) % self.STYLES}")
-            for i, line in enumerate(self.lines)
-        ]
+        series_styles = [self.get_component_rich_style(f"line-chart--series-{self.style_of(i) % self.STYLES}")
+                         for i in range(len(self.lines))]
+        markers = [marker(self.style_of(i)) for i in range(len(self.lines))]
         labels = self._y_labels(y_low, y_high, plot_height)
         strips: list[Strip] = []
         for row in range(plot_height):
             segments = [Segment(labels[row].rjust(_LABEL_WIDTH)[:_LABEL_WIDTH], axis_style), Segment("┤" if labels[row].strip() else "│", axis_style)]
-            segments.extend(_row_segments(cells[row], owner[row], series_styles))
+            for column, index in marks.get(row, {}).items():
+                owner[row][column] = index
+            row_marks = {column: markers[index] for column, index in marks.get(row, {}).items()}
+            segments.extend(_row_segments(cells[row], owner[row], series_styles, row_marks))
             strips.append(Strip(segments, width))
         if show_x_axis:
             strips.append(Strip([Segment(self._x_axis(x_low, x_high, width), axis_style)], width))
         return strips
 
+    def _marks(self, paths: dict[int, list[tuple[int, int]]], plot_width: int) -> dict[int, dict[int, int]]:
+        """Where each line's marker goes: row -> {column: the line's index}. Each line's markers are set off from the
+        others' by a share of their spacing, so lines that run together still show each one's."""
+        marks: dict[int, dict[int, int]] = {}
+        spacing = max(8, plot_width // 6)
+        for index, pixels in paths.items():
+            for row, column in _marker_cells(pixels, spacing, offset=index * spacing // len(self.lines)):
+                marks.setdefault(row, {})[column] = index
+        return marks
+
+    def style_of(self, index: int) -> int:
+        """The style (colour and marker) of the chart's line at ``index``: its own, or its position."""
+        style = self.lines[index].style
+        return index if style is None else style
+
     def _draw_empty(self, width: int, height: int) -> list[Strip]:
         style = self.get_component_rich_style("line-chart--empty")
-        strips = [Strip.blank(width) for _ in range(height)]
+        strips = [Strip.blank(width, _NO_STYLE) for _ in range(height)]
         text = self.empty_text[:width]
         strips[height // 2] = Strip([Segment(text.center(width), style)], width)
         return strips
@@ -205,18 +239,36 @@ def _plot_path(pixels: list[tuple[int, int]], cells: list[list[int]], owner: lis
         previous = current
 
 
-def _row_segments(row: list[int], owners: list[int], styles: list[Style]) -> list[Segment]:
-    """One row of braille cells, grouped into runs of the same series so there are few segments."""
+def _marker_cells(pixels: list[tuple[int, int]], spacing: int, offset: int) -> list[tuple[int, int]]:
+    """The (row, column) cells of a line where its marker goes: its first point at or after ``offset`` and then
+    one every ``spacing`` columns or more (each point of a sparse line, such as an evaluation every 50 steps), and its
+    newest point, which takes the place of a marker too close before it."""
+    first_in_column: dict[int, int] = {}
+    for px, py in pixels:
+        first_in_column.setdefault(px >> 1, py >> 2)
+    chosen, next_at = [], offset
+    for column in sorted(first_in_column):
+        if column >= next_at:
+            chosen.append(column)
+            next_at = column + spacing
+    newest_x, newest_y = pixels[-1]
+    while chosen and (newest_x >> 1) - chosen[-1] < spacing // 2:
+        chosen.pop()
+    return [(first_in_column[column], column) for column in chosen] + [(newest_y >> 2, newest_x >> 1)]
+
+
+def _row_segments(row: list[int], owners: list[int], styles: list[Style], marks: dict[int, str]) -> list[Segment]:
+    """One row of braille cells (a marker in place of the cells in ``marks``), grouped into runs of the same series
+    so there are few segments."""
     segments: list[Segment] = []
     run: list[str] = []
     run_owner = -2
-    for bits, who in zip(row, owners):
+    for column, (bits, who) in enumerate(zip(row, owners)):
         if who != run_owner and run:
-            segments.append(Segment("".join(run), styles[run_owner] if run_owner >= 0 else None))
+            segments.append(Segment("".join(run), styles[run_owner] if run_owner >= 0 else _NO_STYLE))
             run = []
         run_owner = who
-        run.append(chr(0x2800 + bits) if bits else " ")
+        run.append(marks.get(column) or (chr(0x2800 + bits) if bits else " "))
     if run:
-        segments.append(Segment("".join(run), styles[run_owner] if run_owner >= 0 else None))
+        segments.append(Segment("".join(run), styles[run_owner] if run_owner >= 0 else _NO_STYLE))
     return segments
-

@@ -17,6 +17,7 @@ from textual.geometry import Size
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.state import RunState
 from torchlab.tui.stragglers import ComparedRank
 from torchlab.tui.units import format_bytes
@@ -246,7 +247,7 @@ def _waiting_text(state: RunState | None) -> str | None:
     """What to say instead of figures, or None when there are figures to show."""
     if state is None or not state.has_ranks:
         return "single process: no per-rank figures"
-    if state.state == "relaunching":
+    if state.state == RunStatus.RELAUNCHING:
         count = state.relaunch_to
         if count == 1:
             return "relaunching as a single process…"

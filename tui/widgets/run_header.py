@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.trials import trial_progress_text
 from torchlab.tui.formatting import format_duration, short_workload
 from torchlab.tui.state import RunState
@@ -14,14 +15,14 @@ from torchlab.tui.widgets.fitted_line import FittedLine
 
 #: State name -> (symbol, style) for the state badge.
 STATE_BADGES = {
-    "connecting": ("◌", "italic"),
-    "starting": ("◌", "bold yellow"),
-    "running": ("●", "bold green"),
-    "paused": ("❚❚", "bold yellow"),
-    "relaunching": ("↻", "bold yellow"),
-    "stopped": ("■", "bold"),
-    "finished": ("✔", "bold green"),
-    "failed": ("✖", "bold red"),
+    RunStatus.CONNECTING: ("◌", "italic"),
+    RunStatus.STARTING: ("◌", "bold yellow"),
+    RunStatus.RUNNING: ("●", "bold green"),
+    RunStatus.PAUSED: ("❚❚", "bold yellow"),
+    RunStatus.RELAUNCHING: ("↻", "bold yellow"),
+    RunStatus.STOPPED: ("■", "bold"),
+    RunStatus.FINISHED: ("✔", "bold green"),
+    RunStatus.FAILED: ("✖", "bold red"),
 }
 
 
@@ -48,7 +49,7 @@ class RunHeader(FittedLine):
         self.set_interval(self.TICK_S, self._tick)
 
     def _tick(self) -> None:
-        if self._state is not None and self._state.state == "running":
+        if self._state is not None and self._state.state == RunStatus.RUNNING:
             self.show(self._state)
 
     def show(self, state: RunState) -> None:
@@ -68,7 +69,7 @@ class RunHeader(FittedLine):
             badge = Text(f"◌ {state.state_detail}", style="bold magenta")
         else:
             badge = Text(f"{symbol} {state.state}", style=style)
-        if state.state == "relaunching" and state.state_detail:  # "2 → 1": the world size it goes to
+        if state.state == RunStatus.RELAUNCHING and state.state_detail:  # "2 → 1": the world size it goes to
             badge.append(f" {state.state_detail}", style=style)
         total = f"/{state.total_steps}" if state.total_steps else ""
         step = Text(f"step {state.step}{total}")

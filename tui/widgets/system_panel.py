@@ -1,10 +1,12 @@
 """What the hardware is doing: per-GPU memory and utilisation, temperature and power, host CPU and RAM,
-the trainer's RSS, and a short memory history.
+the trainer's RSS, and a short memory history; where there is room (the full-size view, ``t``), the run's
+disk reads and writes, a bar per core, and the run's processes with their CPU, RSS and disk rates.
 
 Drawn from the newest telemetry sample and the state's bounded history of them, at whatever size the
 panel has: one line per figure in a bordered panel, one GPU per line when several GPUs would not fit
 otherwise, or a single summary line (``compact``) on a small terminal. Any figure the trainer could
 not read arrives as None and reads "n/a"; a box without NVIDIA says why, in place of the GPU lines.
+A sample from before the trainer took cores and processes (an older run's) shows the lines it has.
 """
 
 from __future__ import annotations
@@ -15,7 +17,15 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from torchlab.core.wire.payloads import NO_GPU, AllocatorSample, GpuSample, HostSample, TelemetrySample, why_no_gpu
+from torchlab.core.wire.payloads import (
+    NO_GPU,
+    AllocatorSample,
+    GpuSample,
+    HostSample,
+    ProcessSample,
+    TelemetrySample,
+    why_no_gpu,
+)
 from torchlab.tui.formatting import SPARK_CHARS, fit_parts
 from torchlab.tui.state import RunState
 from torchlab.tui.units import byte_unit, format_bytes, three_digits
@@ -32,6 +42,16 @@ NA = "n/a"
 BUSY_STYLE = "bold cyan"
 #: The RSS history is drawn between its low and high, but over at least this fraction of the high.
 MIN_RSS_SPAN = 0.05
+#: A core's bar is at most this wide; cores go side by side while theirs stay comfortable, and closer where rows
+#: are few, down to the narrowest: below it, each core is one ▁..█ cell.
+MAX_CORE_BAR = 20
+COMFORTABLE_CORE_BAR = 10
+MIN_CORE_BAR = 4
+MAX_CORE_COLUMNS = 4
+#: The process table's figures after its pid and name: (title, width).
+PROCESS_COLUMNS = (("cpu", 6), ("rss", 10), ("read/s", 12), ("write/s", 12))
+#: Cells of cores side by side are this far apart.
+CORE_GAP = 3
 
 
 class SystemPanel(Widget):
@@ -95,6 +115,7 @@ def panel_text(sample: TelemetrySample | None, history: Sequence[TelemetrySample
         lines.append([Text(NO_GPU, style="bold yellow"), Text(f": {why_no_gpu(sample.gpu_status)}", style="yellow")])
     lines.append(history_line)
     lines += host_lines
+    lines += _detail_lines(sample.host, width, max(height, 1) - len(lines))
     return Text("\n").join(fit_parts(parts, width) for parts in lines)
 
 
@@ -172,6 +193,80 @@ def _host_lines(host: HostSample, allocator: AllocatorSample, bar_width: int) ->
         Text(f" · reserved {format_bytes(allocator.reserved_bytes, missing=NA)}"),
         Text(f" · peak {format_bytes(allocator.peak_allocated_bytes, missing=NA)}"),
     ]]
+
+
+def _detail_lines(host: HostSample, width: int, room: int) -> list[list[Text]]:
+    """What fills the rows left (``room``): the run's disk rates, a bar per core, then the run's processes; the
+    cores take at most half the rows when processes follow, so both show."""
+    lines: list[list[Text]] = []
+    if room >= 1 and (host.io_read_bytes_per_s is not None or host.io_write_bytes_per_s is not None):
+        disk = Text("disk".ljust(LABEL_WIDTH), style="dim")
+        disk.append(f"read {_rate(host.io_read_bytes_per_s)}")
+        lines.append([disk, Text(f" · write {_rate(host.io_write_bytes_per_s)}"), Text(" · the run's processes", style="dim")])
+    room -= len(lines)
+    if host.cpu_percent_per_core and room >= 1:
+        cores = _core_lines(host.cpu_percent_per_core, width, room // 2 if host.processes and room >= 4 else room)
+        lines += cores
+        room -= len(cores)
+    if host.processes and room >= 2:
+        lines += _process_lines(host.processes, host.trainer_processes, room)
+    return lines
+
+
+def _core_lines(loads: Sequence[float], width: int, rows: int) -> list[list[Text]]:
+    """A bar per core (``0 ████░░ 95 %   1 █░░░░░ 12 %``), up to four side by side while the bars stay readable (as
+    htop lays them out), more where ``rows`` are few; where even the narrowest bars do not fit, one ▁..█ cell per
+    core."""
+    digits = len(str(len(loads) - 1))
+    room = width - LABEL_WIDTH
+
+    def bar_width(columns: int) -> int:  # a cell is "NN " + bar + " 100 %"
+        return min(MAX_CORE_BAR, (room - (columns - 1) * CORE_GAP) // columns - digits - 7)
+
+    comfortable = [count for count in range(1, min(len(loads), MAX_CORE_COLUMNS) + 1) if bar_width(count) >= COMFORTABLE_CORE_BAR]
+    columns = max(comfortable, default=1)
+    while -(-len(loads) // columns) > rows and columns < len(loads) and bar_width(columns + 1) >= MIN_CORE_BAR:
+        columns += 1
+    per_column = -(-len(loads) // columns)
+    if bar_width(columns) >= MIN_CORE_BAR and per_column <= rows:
+        return [[_core_row(loads, range(row, len(loads), per_column), digits, bar_width(columns), label=row == 0)]
+                for row in range(per_column)]
+    per_line = max(1, room)
+    return [[Text("cores".ljust(LABEL_WIDTH) if start == 0 else " " * LABEL_WIDTH, style="dim"),
+             Text(spark(loads[start:start + per_line], 0.0, 100.0), style=BUSY_STYLE)]
+            for start in range(0, len(loads), per_line)][:max(rows, 1)]
+
+
+def _core_row(loads: Sequence[float], indices: Sequence[int], digits: int, bar: int, label: bool) -> Text:
+    line = Text("cores".ljust(LABEL_WIDTH) if label else " " * LABEL_WIDTH, style="dim")
+    for position, index in enumerate(indices):
+        if position:
+            line.append(" " * CORE_GAP)
+        line.append(f"{index:>{digits}} ", style="dim")
+        line.append_text(_bar(loads[index] / 100, bar, BUSY_STYLE))
+        line.append(f" {loads[index]:>3.0f} %")
+    return line
+
+
+def _process_lines(processes: Sequence[ProcessSample], count: int, rows: int) -> list[list[Text]]:
+    """A header, then a row per process of the run (the trainer first, then the busiest), as many as ``rows``
+    hold; the last row says how many more there are (``count`` is all of the run's, listed or not). A narrow
+    panel leaves out whole columns, the disk rates first."""
+    everyone = len(processes) == count and count <= rows - 1
+    shown = list(processes) if everyone else list(processes)[:max(0, rows - 2)]
+    if not shown:  # a header over "+3 more": the rss line says as much
+        return []
+    lines = [[Text(f"{'pid':>7}  {'process':<14}", style="dim"), *(Text(f"{title:>{width}}", style="dim")
+                                                                   for title, width in PROCESS_COLUMNS)]]
+    for process in shown:
+        name = process.name if len(process.name) <= 14 else process.name[:13] + "…"
+        figures = (_percent(process.cpu_percent), format_bytes(process.rss_bytes, missing=NA),
+                   _rate(process.read_bytes_per_s), _rate(process.write_bytes_per_s))
+        lines.append([Text.assemble((f"{process.pid:>7}  ", "dim"), (f"{name:<14}", "bold")),
+                      *(Text(f"{figure:>{width}}") for figure, (_, width) in zip(figures, PROCESS_COLUMNS))])
+    if len(shown) < count:
+        lines.append([Text(f"{'':>7}  +{count - len(shown)} more of the run's {count} processes", style="dim")])
+    return lines
 
 
 def _history_line(gpus: list[GpuSample], history: Sequence[TelemetrySample], room: int) -> list[Text]:
@@ -285,6 +380,11 @@ def _pair(used: float | None, total: float | None) -> str:
     shown_used = f"{used / scale:.1f}" if used is not None else NA
     shown_total = f"{total / scale:.1f}" if total is not None else NA
     return f"{shown_used}/{shown_total} {unit}"
+
+
+def _rate(bytes_per_s: float | None) -> str:
+    """``41.5 MiB/s``; n/a where the OS does not say."""
+    return f"{format_bytes(bytes_per_s)}/s" if bytes_per_s is not None else NA
 
 
 def _range(low: float, high: float) -> str:

@@ -1,0 +1,85 @@
+"""What the run measured besides its curves: system samples, the memory breakdown, profiler snapshots, the impact
+table and the controlled trials, and the event-log lines they are worth.
+
+A part of ``RunState`` (state.py), which holds the fields and dispatches each message here.
+"""
+
+from __future__ import annotations
+
+from torchlab.core.wire import protocol
+from torchlab.core.wire.trials import describe_trial, trial_label
+
+#: A segment's verdict goes to the event log once it has this many steps (its medians have settled).
+IMPACT_SETTLE_STEPS = 20
+
+
+class Measurements:
+    """How ``RunState`` takes telemetry, memory, profiles, impact segments and trials."""
+
+    def _on_telemetry(self, event: protocol.Telemetry) -> None:
+        self.telemetry = event.sample
+        self.telemetry_history.append(event.sample)
+        self.telemetry_version += 1
+        self.header_version += 1
+
+    def _on_trial_progress(self, event: protocol.TrialProgress) -> None:
+        last = self.trials[-1] if self.trials else None
+        if last is not None and last.step == event.step and trial_label(last) == event.label:
+            return  # the trial's result is in: this progress was sent before it and came after it
+        self.trial_progress = event
+        self.header_version += 1
+
+    def _on_trial_result(self, event: protocol.TrialResult) -> None:
+        self.trial_progress = None
+        self.header_version += 1
+        self.trials.append(event)
+        self.impact_version += 1  # the impact view lists them
+        first, *rest = describe_trial(event)
+        level = "warning" if event.error is not None or rest else "impact"
+        self.log(level, first, event.step, notify=True, toast=first)
+        for line in rest:
+            self.log("warning", line.strip(), event.step)
+
+    def _on_memory(self, event: protocol.Memory) -> None:
+        self.memory = event.breakdown
+        self.memory_version += 1
+
+    def _on_profile_ready(self, event: protocol.ProfileReady) -> None:
+        from torchlab.tui.profiles import ProfileSnapshot  # with the first snapshot, not at start-up
+
+        rows = [row for row in event.rows if isinstance(row, dict)]
+        rows_by_shape = [row for row in event.rows_by_shape if isinstance(row, dict)]
+        snapshot = ProfileSnapshot(
+            number=len(self.profiles) + 1, first_step=event.first_step, last_step=event.last_step, dir=event.dir,
+            rows=rows, rows_by_shape=rows_by_shape, sort=event.sort, build_s=float(event.build_s), error=event.error,
+        )
+        self.profiles.append(snapshot)
+        self.profile_pending = False
+        self.profiles_version += 1
+        if event.error:
+            self.log("warning", f"profile {snapshot.label} failed: {event.error} (P lists the snapshots)", event.last_step,
+                     notify=True, toast=f"profile {snapshot.label} failed (P lists the snapshots)")
+            return
+        self.log(
+            "profile",
+            f"profile {snapshot.label} ready: P opens the table · {self.within_run(event.dir)}/",
+            event.last_step,
+            notify=True,
+            toast=f"profile {snapshot.label} ready: P opens the table",
+        )
+
+    def _on_impact(self, event: protocol.Impact) -> None:
+        self.impact = list(event.segments)
+        self.impact_version += 1
+        # A segment's verdict, once its medians have settled, goes to the event log: the answer to "what
+        # did that change do" lands where the change itself was acknowledged. Once; and once more if it
+        # said "no clear difference" at first and the step times became clear later.
+        for segment in self.impact[1:]:
+            first, last = segment.first_step, segment.last_step
+            key, clear = (first, segment.change), segment.speedup is not None
+            if self._impact_logged.get(key) is True or (key in self._impact_logged and not clear):
+                continue
+            if last - first + 1 >= IMPACT_SETTLE_STEPS and (clear or segment.memory_change is not None):
+                self._impact_logged[key] = clear
+                self.log("impact", f"{segment.verdict} (steps {first}–{last}; i shows the impact table)", last,
+                         notify=True, toast=segment.verdict)

@@ -1,0 +1,193 @@
+"""The run's curves and gradient norms: the metrics columns and gradient norms the trainer reports, folded into
+series (``thinning.Series``), the steps before this app connected read from the run's journals, and each module's
+gradient flag.
+
+A part of ``RunState`` (state.py), which holds the fields and dispatches each message here; split off because the
+metrics path is the hot one (50k reports a second): its checks run per column, in C where they can.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from torchlab.core.wire import protocol
+from torchlab.core.wire.options import OPTION_NAMES
+from torchlab.tui.gradient_flags import flag_for
+from torchlab.tui.thinning import Series
+from torchlab.tui.unchecked_numbers import all_finite_numbers, float_or_none, int_or_none, is_finite_number
+
+if TYPE_CHECKING:
+    from torchlab.tui.run_history import RunHistory
+
+#: The most LR groups and workload metrics kept as series (each is a chart line); names cut to this many characters.
+MAX_NAMED_SERIES = 32
+MAX_SERIES_NAME_CHARS = 40
+
+
+class MetricsFolding:
+    """How ``RunState`` folds metrics reports, gradient norms and a resumed run's history into its series."""
+
+    def take_history(self, history: RunHistory) -> None:
+        """The run's steps before the first this app was sent, as its journals hold them (``history_wanted``):
+        a resumed run's trainer reports only its own steps, so its chart started at the resume step."""
+        until = self._history_until
+        taken: list[float] = []
+        for key, journal in history.by_step.items():
+            series = self._journal_series(key)
+            if series is None:
+                continue
+            first_reported = series.xs[0] if len(series) else math.inf
+            xs, ys = journal.xs, journal.ys
+            keep = [index for index, x in enumerate(xs) if x <= until and x < first_reported]
+            if keep:
+                _put_before(series, [xs[i] for i in keep], [ys[i] for i in keep])
+                taken += (xs[keep[0]], xs[keep[-1]])
+        if not taken:
+            return
+        changes = [change for step, change in zip(history.changed_at, history.changes) if step <= until]
+        earlier = f"; option changes then: {', '.join(changes)}" if changes else ""
+        self.log("info", f"steps {min(taken):.0f}–{max(taken):.0f} of this run read from its metrics.jsonl{earlier}",
+                 int(max(taken)))
+        self.metrics_version += 1
+        self.named_series_version += 1
+
+    def _journal_series(self, key: str) -> Series | None:
+        """The series a figure of metrics.jsonl (run_history's key) is drawn from; None past MAX_NAMED_SERIES."""
+        common = {"loss": self.loss, "val_loss": self.val_loss, "lr": self.lr, "samples_per_s": self.samples_per_s}
+        if key in common:
+            return common[key]
+        kind, _, name = key.partition(".")
+        name = name[:MAX_SERIES_NAME_CHARS]
+        if name not in self.workload_metrics and len(self.workload_metrics) >= MAX_NAMED_SERIES:
+            return None
+        return self._metric_pair(name)[kind == "val_metrics"]
+
+    def _on_metrics(self, event: protocol.Metrics) -> None:
+        """A batch of reports as columns: each series grows by one column a message, no dict per report."""
+        columns = event.columns
+        if not isinstance(columns, dict) or not all(isinstance(values, list) for values in columns.values()):
+            self.log("warning", "ignored a metrics batch that is not columns of values")
+            return
+        if "step" not in columns:
+            self.log("warning", "ignored a metrics batch without a step column")
+            return
+        if len(set(map(len, columns.values()))) > 1:
+            self.log("warning", f"ignored a metrics batch whose {len(columns)} columns differ in length")
+            return
+        steps = columns["step"]
+        if not steps:
+            return
+        # The checks run per column too, in C where they can: a Python call per record per series cost
+        # most of the app's time at 50k records/s; a per-value check still cost 2 us a record.
+        if set(map(type, steps)) != {int}:
+            checked = [int_or_none(step) for step in steps]
+            if None in checked:
+                self.log("warning", f"ignored {checked.count(None)} metrics row(s) without a step")
+                kept = [index for index, step in enumerate(checked) if step is not None]
+                if not kept:
+                    return
+                columns = {name: [values[index] for index in kept] for name, values in columns.items()}
+            steps = [step for step in checked if step is not None]
+        self.step = max(self.step, max(steps))
+        for key, series in (("loss", self.loss), ("lr", self.lr), ("samples_per_s", self.samples_per_s), ("step_time_s", self.step_time), ("val_loss", self.val_loss)):
+            values = columns.get(key)
+            if values is None:
+                continue
+            if all_finite_numbers(values):
+                series.extend(steps, values)
+            elif set(map(type, values)) != {type(None)}:  # e.g. val_loss, present on a few steps only
+                points = [(step, value) for step, value in zip(steps, values) if is_finite_number(value)]
+                if points:
+                    series.extend([step for step, _ in points], [value for _, value in points])
+        self._take_named(steps, columns.get("lrs"), self.group_lrs, lambda name: self.group_lrs.setdefault(name, Series()))
+        self._take_named(steps, columns.get("metrics"), self.workload_metrics, lambda name: self._metric_pair(name)[0])
+        self._take_named(steps, columns.get("val_metrics"), self.workload_metrics, lambda name: self._metric_pair(name)[1])
+        times = columns.get("step_time_s")
+        if times is not None:
+            times = times[-self.recent_step_times.maxlen :]
+            if not (all_finite_numbers(times) and min(times) >= 0):
+                times = [value for value in times if is_finite_number(value) and value >= 0]
+            self.recent_step_times.extend(times)
+        skipped = columns.get("skipped")
+        if skipped is not None and True in skipped:
+            for step, was_skipped in zip(steps, skipped):
+                if was_skipped is True:
+                    self.log("warning", "optimizer step skipped (fp16 overflow: the scaler lowered its scale)", step)
+        record = {name: values[-1] for name, values in columns.items()}
+        self.last_record = record
+        elapsed = float_or_none(record.get("elapsed_s"))
+        if elapsed is not None:
+            self.elapsed_s, self.elapsed_at = elapsed, self.clock()
+        # Reports also carry the options in force: they catch changes no acknowledgement told (--at).
+        # A batch can arrive after an acknowledgement yet hold earlier steps: those must not undo it.
+        last_step = int_or_none(record.get("step")) or 0
+        changed = {
+            name: record[name]
+            for name in OPTION_NAMES
+            if name in record and self.options.get(name) != record[name] and last_step >= self._applied_at.get(name, 0)
+        }
+        if changed:
+            self.options.update(changed)
+            self.options_version += 1
+            if isinstance(changed.get("steps"), int):  # the run's total, changed while it trains
+                self.total_steps = changed["steps"]
+        self.metrics_version += 1
+        self.header_version += 1
+
+    def _on_grad_norms(self, event: protocol.GradNorms) -> None:
+        if len(event.norms) != len(self.modules):
+            self.log("warning", f"gradient norms for {len(event.norms)} modules, but the trainer named {len(self.modules)}; ignored")
+            return
+        for module, value in zip(self.modules, event.norms):
+            norm = float_or_none(value)
+            module.norm = norm
+            if norm is not None:
+                module.trend.append(norm)
+        self.grad_step = event.step
+        self.grad_total = float_or_none(event.total)
+        self._flags_stale = True
+        self.grads_version += 1
+
+    def _take_named(self, steps: list[int], rows: list | None, table: dict[str, Any], series_of: Callable[[str], Series]) -> None:
+        """A column of {name: value} per row (``lrs``, ``metrics``, ``val_metrics``; null on rows without one)
+        into ``table``'s series, one per name (at most ``MAX_NAMED_SERIES``); a new name makes the charts show it."""
+        if rows is None:
+            return
+        known = len(table)
+        points: dict[str, tuple[list[int], list[float]]] = {}
+        for step, row in zip(steps, rows):
+            if not isinstance(row, dict):
+                continue
+            for name, value in row.items():
+                if not isinstance(name, str) or not is_finite_number(value):
+                    continue
+                name = name[:MAX_SERIES_NAME_CHARS]
+                if name not in points and name not in table and len(table) + len(points) >= MAX_NAMED_SERIES:
+                    continue
+                xs, ys = points.setdefault(name, ([], []))
+                xs.append(step)
+                ys.append(value)
+        for name, (xs, ys) in points.items():
+            series_of(name).extend(xs, ys)
+        if len(table) != known:
+            self.named_series_version += 1
+
+    def _metric_pair(self, name: str) -> tuple[Series, Series]:
+        return self.workload_metrics.setdefault(name, (Series(), Series()))
+
+    def _flag_modules(self) -> None:
+        median = self.median_norm()
+        for module in self.modules:
+            module.ratio = module.norm / median if module.norm is not None and median else None
+            module.flag = flag_for(module.norm, module.ratio, list(module.trend))
+
+
+def _put_before(series: Series, xs: list[float], ys: list[float]) -> None:
+    """``series`` with the points ``xs``, ``ys`` (all before its first) in front: built again, as Series grows at its
+    end only (a few thousand points a run's journal holds, thinned by it as they go in)."""
+    kept_xs, kept_ys = series.xs, series.ys
+    series.clear()
+    series.extend(xs, ys)
+    series.extend(kept_xs, kept_ys)

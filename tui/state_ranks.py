@@ -1,0 +1,58 @@
+"""The run's ranks: their hosts from the welcome, the per-rank figures compared (stragglers flagged), and a
+relaunch for a new world size, during which the trainer reports no step and the app says what is going on.
+
+A part of ``RunState`` (state.py), which holds the fields and dispatches each message here.
+"""
+
+from __future__ import annotations
+
+from torchlab.core.wire import protocol
+from torchlab.core.wire.payloads import RankProcess
+from torchlab.core.wire.run_status import RunStatus
+from torchlab.tui.stragglers import ComparedRank, flag_stragglers
+from torchlab.tui.unchecked_numbers import int_or_none
+
+
+class RanksAndRelaunch:
+    """How ``RunState`` follows the ranks and a change of world size."""
+
+    def _begin_relaunch(self, step: int) -> None:
+        """The trainer checkpointed for a new world size: it now stops every rank and starts the new ones
+        (seconds: each imports torch and joins the rendezvous), during which no step is reported. The
+        trainer says nothing between this checkpoint and the new ranks' first report, so the app says it."""
+        target = int_or_none(self.pending.get("world_size"))  # None: a scripted change (--at)
+        self.relaunch_to = target
+        current = self.world_size
+        self._set_state(RunStatus.RELAUNCHING, f"{current} → {target}" if target is not None else "")
+        self.ranks, self.ranks_step, self.rank_hosts = [], None, {}
+        self.ranks_version += 1
+        to = f" as {_processes(target)}" if target is not None else ""
+        self.log("info", f"relaunching{to} from the checkpoint of step {step}…",
+                 step, notify=True, toast=f"relaunching{to}…")
+
+    def _world_size_changed(self, event: protocol.OptionApplied) -> None:
+        """A new world size trains: figures from before the change describe ranks that are gone."""
+        if self.state == RunStatus.RELAUNCHING:
+            self._set_state(RunStatus.RUNNING, "")
+        self.ranks, self.ranks_step = [], None
+        self.ranks_version += 1
+
+    def _start_ranks(self, described: list[RankProcess]) -> None:
+        """A (new) trainer's welcome: forget the figures of any earlier one; note where each rank runs."""
+        self.ranks, self.ranks_step = [], None
+        self.rank_hosts = {process.rank: process.host for process in described}
+        self.ranks_version += 1
+
+    def _on_ranks(self, event: protocol.Ranks) -> None:
+        """Per-rank figures (latest wins). Ignored at world size 1, and when gathered before the last
+        world-size change (a latest-wins message of ranks that are gone)."""
+        if self.world_size <= 1 or event.step < self._applied_at.get("world_size", 0):
+            return
+        in_order = sorted(event.ranks, key=lambda figures: figures.rank)
+        self.ranks = flag_stragglers([ComparedRank(figures, self.rank_hosts.get(figures.rank, "")) for figures in in_order])
+        self.ranks_step = event.step
+        self.ranks_version += 1
+
+
+def _processes(count: int) -> str:
+    return f"{count} process" if count == 1 else f"{count} processes"
