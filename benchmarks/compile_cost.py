@@ -44,7 +44,7 @@ def measure(name: str, rounds: int, block: int) -> None:
     from torchlab.core.engine.seeding import seed_everything
     from torchlab.core.engine.trainer import Trainer
     from torchlab.core.wire import protocol as p
-    from torchlab.core.wire.config import build_config
+    from torchlab.core.records.config import build_config
     from torchlab.core.wire.observer import TrainerObserver
 
     class Answers(TrainerObserver):

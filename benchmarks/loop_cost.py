@@ -74,7 +74,7 @@ class PlainLoop:
         from torchlab.core.engine.schedule import make_scheduler
         from torchlab.core.engine.seeding import seed_everything
         from torchlab.core.engine.optimization import make_optimizer
-        from torchlab.core.wire.config import build_config
+        from torchlab.core.records.config import build_config
 
         config = build_config({}, {"workload": SPEC, "steps": steps, "options": {}, "at": []})
         seed_everything(seed)  # as the engine does before the factory: the same initial weights
@@ -152,9 +152,9 @@ def interleaved(rounds: int, block: int, warmup: int, variants: list[str]) -> No
     from torchlab.core.engine.telemetry import TelemetrySampler
     from torchlab.core.engine.trainer import Trainer
     from torchlab.core.launch.headless import PROGRESS_FRAMES_PER_S, HeadlessProgress
-    from torchlab.core.wire.config import build_config
-    from torchlab.core.wire.impact import ImpactTracker
-    from torchlab.core.wire.rundir import RunDirectory
+    from torchlab.core.records.config import build_config
+    from torchlab.core.analysis.impact import ImpactTracker
+    from torchlab.core.records.rundir import RunDirectory
 
     terminal = Terminal()
     console = Console(file=os.fdopen(terminal.slave, "w", closefd=False), force_terminal=True, width=120)
@@ -420,16 +420,16 @@ def components(step_ms: float | None) -> None:
     from rich.console import Console
 
     from torchlab.core.wire import protocol
-    from torchlab.core.wire.config import build_config
+    from torchlab.core.records.config import build_config
     from torchlab.core.engine.checkpoint import AUTO_CHECKPOINT_BUDGET, AUTO_CHECKPOINT_MIN_INTERVAL_S, AUTO_CHECKPOINT_STEPS
     from torchlab.core.engine.seeding import seed_everything
     from torchlab.core.launch.headless import HeadlessProgress
     from torchlab.core.wire.events import RunStarted
-    from torchlab.core.wire.impact import ImpactTracker
+    from torchlab.core.analysis.impact import ImpactTracker
     from torchlab.core.engine.loading import load_workload
     from torchlab.core.wire.observer import TrainerObserver
     from torchlab.core.wire.outbox import Outbox
-    from torchlab.core.wire.rundir import RunDirectory, to_json_line
+    from torchlab.core.records.rundir import RunDirectory, to_json_line
     from torchlab.core.engine.telemetry import TelemetrySampler
     from torchlab.core.engine.trainer import Trainer
     from torchlab.core.launch.worker import OutboxReporter

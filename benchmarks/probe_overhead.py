@@ -35,10 +35,10 @@ from pathlib import Path
 import torch
 from torch.utils._pytree import tree_map
 
-from torchlab.core.wire.config import build_config
-from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.engine.loading import load_workload
+from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.engine.trainer import Trainer
+from torchlab.core.records.config import build_config
 
 
 class BareLoop:

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
-from torchlab.core.wire.config import build_config
-from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.engine.loading import load_workload
 from torchlab.core.engine.profiler import ProfilerSnapshot
+from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.engine.telemetry import TelemetrySampler
 from torchlab.core.engine.trainer import Trainer
+from torchlab.core.records.config import build_config
 
 
 def make_trainer(spec: str) -> Trainer:

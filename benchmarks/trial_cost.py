@@ -30,7 +30,7 @@ def measure(name: str, rounds: int) -> None:
     from torchlab.core.engine.loading import load_workload
     from torchlab.core.engine.seeding import seed_everything
     from torchlab.core.engine.trainer import Trainer
-    from torchlab.core.wire.config import build_config
+    from torchlab.core.records.config import build_config
 
     spec = WORKLOADS[name]
     scratch = Path(tempfile.mkdtemp(prefix="trial-cost-"))

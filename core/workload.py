@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from torchlab.core.wire.errors import WorkloadError
+from torchlab.core.errors import WorkloadError
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor | Mapping[str, torch.Tensor]]
 OptimizerFactory = Callable[[torch.nn.Module], torch.optim.Optimizer]

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from torchlab.core.wire import storage
+from torchlab.core.records import storage
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -27,7 +27,7 @@ def tests_runtime_dir(tmp_path_factory):
 @pytest.fixture
 def links_followed(monkeypatch):
     """A link to /dev/full stands for a full disk: the run's files are opened through links for this test
-    (torchlab follows none, core/wire/safe_open.py)."""
+    (torchlab follows none, core/safe_open.py)."""
     monkeypatch.setattr(storage, "open_regular", lambda path, flags, mode: os.open(path, flags, mode))
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from trainers import WORKLOADS
-from torchlab.core.wire.errors import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE
+from torchlab.core.errors import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE
 from torchlab.core.launch.cli import main
 
 TINY = WORKLOADS / "tiny.py"
@@ -184,7 +184,7 @@ def test_console_script_end_to_end(tmp_path):
 
 def test_the_cli_module_does_not_import_torch():
     """The app's process runs the CLI; torch must load only in the trainer (or a headless run)."""
-    code = "import sys, torchlab.core.launch.cli, torchlab.core.wire.config, torchlab.core.engine.loading; sys.exit('torch' in sys.modules)"
+    code = "import sys, torchlab.core.launch.cli, torchlab.core.records.config, torchlab.core.engine.loading; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from trainers import TINY, WORKLOADS, make_trainer
+from torchlab.core.analysis.impact import ImpactTracker
 from torchlab.core.engine.checkpoint import load_checkpoint
-from torchlab.core.wire.errors import EXIT_OK
+from torchlab.core.errors import EXIT_OK
 from torchlab.core.launch.cli import main
-from torchlab.core.wire.impact import ImpactTracker
 
 GRADIENT_PENALTY = TINY.replace(":workload", ":gradient_penalty")
 RESIDUAL_CNN = TINY.replace(":workload", ":residual_cnn")

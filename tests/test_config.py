@@ -9,14 +9,14 @@ from dataclasses import fields
 
 import pytest
 
-from torchlab.core.launch.arguments import build_parser, resolve_config
-from torchlab.core.wire.config import SETTINGS, STEPS_SETTING, ScheduledChange, TrainConfig, build_config, load_config_file
-from torchlab.core.wire.errors import ConfigError, WorkloadError
 from torchlab.core.engine.loading import check_spec, workload_label
+from torchlab.core.errors import ConfigError, WorkloadError
+from torchlab.core.launch.arguments import build_parser, resolve_config
+from torchlab.core.records.config import SETTINGS, STEPS_SETTING, ScheduledChange, TrainConfig, build_config, load_config_file
+from torchlab.core.records.settings import NumberSetting
 from torchlab.core.wire.options import (
     LIVE_OPTIONS, STEPS, Bounds, LiveOptions, Number, OptionRefused, format_option_value, parse_option_value,
 )
-from torchlab.core.wire.settings import NumberSetting
 
 
 @pytest.mark.parametrize("option, text, value", [

@@ -9,7 +9,7 @@ from torch.utils.data import IterableDataset
 
 from trainers import make_trainer
 from torchlab.core.engine.data import BatchStream, DataPosition
-from torchlab.core.wire.errors import ConfigError
+from torchlab.core.errors import ConfigError
 
 
 def test_worker_processes_give_the_same_training_as_the_main_process():

@@ -17,9 +17,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator as PluginEventAccumulator
 
 from trainers import TINY, WORKLOADS
-from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE
-from torchlab.core.launch.cli import main
 from torchlab.core.engine.tensorboard import TRACE_NAME
+from torchlab.core.errors import EXIT_OK, EXIT_USAGE
+from torchlab.core.launch.cli import main
 
 OWN = WORKLOADS / "own_training.py"
 
@@ -136,7 +136,7 @@ def test_a_resumed_run_hides_what_the_first_process_wrote_after_its_checkpoint(t
 def test_the_csv_has_a_column_per_module_for_memory_by_module_whatever_its_rank_in_a_row():
     """The list is ranked by size: as columns by place (memory.by_module.0.module) a column named another module
     from one row to the next (seen in an export of a real run)."""
-    from torchlab.core.wire.csv_export import flat_row
+    from torchlab.core.records.csv_export import flat_row
 
     first = flat_row({"step": 1, "memory": {"by_module": [{"module": "attn", "bytes": 9}, {"module": "mlp", "bytes": 4}]}})
     later = flat_row({"step": 2, "memory": {"by_module": [{"module": "mlp", "bytes": 12}, {"module": "attn", "bytes": 9}]}})
@@ -386,7 +386,7 @@ def test_the_live_writer_writes_the_last_row_of_a_fast_run(tmp_path):
 def test_the_csv_has_no_column_for_a_figure_that_is_null_where_it_is_not_nested():
     """``grad_norms`` is null on the steps the probe skips and a dict on the others: a ``grad_norms`` column was
     empty in every row. A figure that is null in every row and nowhere nested keeps its column (``clip``)."""
-    from torchlab.core.wire.csv_export import csv_columns, flat_row
+    from torchlab.core.records.csv_export import csv_columns, flat_row
 
     rows = [{"step": 1, "clip": None, "grad_norms": {"blocks.0.attn": 1.5}}, {"step": 2, "clip": None, "grad_norms": None}]
     assert csv_columns(flat_row(row) for row in rows) == ["step", "clip", "grad_norms.blocks.0.attn"]

@@ -20,9 +20,9 @@ import torch
 
 from trainers import TINY, make_trainer
 from torchlab.core.engine.checkpoint import load_checkpoint, save_checkpoint
-from torchlab.core.wire.errors import EXIT_FAILED
+from torchlab.core.errors import EXIT_FAILED
+from torchlab.core.errors import StorageError
 from torchlab.core.launch.cli import main
-from torchlab.core.wire.errors import StorageError
 
 WORKLOADS = Path(__file__).parent / "workloads" / "tiny.py"
 

@@ -13,9 +13,9 @@ import string
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from torchlab.core.errors import ConfigError
 from torchlab.core.launch.arguments import build_parser, resolve_config
-from torchlab.core.wire.config import ScheduledChange, TrainConfig, build_config, load_config_file
-from torchlab.core.wire.errors import ConfigError
+from torchlab.core.records.config import ScheduledChange, TrainConfig, build_config, load_config_file
 from torchlab.core.wire.options import OPTION_NAMES, OptionRefused, format_option_value, parse_option_value
 
 SETTING_NAMES = sorted(f.name for f in TrainConfig.__dataclass_fields__.values()) + ["stesp", "lr_rate", "options", "at"]

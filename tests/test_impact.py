@@ -11,10 +11,10 @@ from collections import deque
 import pytest
 
 from trainers import TINY
-from torchlab.core.wire.errors import EXIT_OK
+from torchlab.core.analysis.impact import WARMUP_STEPS, ImpactTracker, Segment, median_interval, noise_words
+from torchlab.core.errors import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.events import ProfileStarted, RunStarted
-from torchlab.core.wire.impact import WARMUP_STEPS, ImpactTracker, Segment, median_interval, noise_words
 from torchlab.core.wire.payloads import AllocatorSample, GpuSample, HostSample, MemoryBreakdown, TelemetrySample
 from torchlab.core.wire.protocol import ProfileReady
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from trainers import TINY
-from torchlab.core.wire.errors import EXIT_OK
+from torchlab.core.errors import EXIT_OK
 from torchlab.core.launch.cli import main
+from torchlab.core.records.rundir import rows_of
+from torchlab.core.records.storage import parse_line
 from torchlab.core.wire import strict_json
-from torchlab.core.wire.rundir import rows_of
-from torchlab.core.wire.storage import parse_line
 from torchlab.tui.run_history import RunHistory
 
 HOSTILE = {

@@ -10,9 +10,9 @@ import pytest
 
 from trainers import TINY, WORKLOADS, make_trainer
 from workloads.own_training import onecycle_head_lrs
-from torchlab.core.wire.errors import EXIT_OK
+from torchlab.core.errors import EXIT_OK
 from torchlab.core.launch.cli import main
-from torchlab.core.wire.config import ConfigError, build_config, settings_from_toml
+from torchlab.core.records.config import ConfigError, build_config, settings_from_toml
 from torchlab.core.wire.protocol import TrialCommand
 
 

@@ -6,7 +6,7 @@ import csv
 import json
 
 from trainers import TINY, make_trainer
-from torchlab.core.wire.errors import EXIT_OK
+from torchlab.core.errors import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.protocol import ProfileCommand
 

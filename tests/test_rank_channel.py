@@ -17,9 +17,9 @@ import time
 import pytest
 
 from torchlab.core.engine import rank_channel as rc
-from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
-from torchlab.core.wire.errors import ConfigError, StorageError, WorkloadError
+from torchlab.core.errors import ConfigError, StorageError, WorkloadError
+from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.payloads import MemoryBreakdown, ModuleBytes, RankFigures
 from torchlab.core.wire.protocol import PROTOCOL_VERSION, Hello, ProtocolError, SetCommand, StopCommand, Welcome, decode
 from torchlab.core.wire.run_status import RunStatus

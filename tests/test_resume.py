@@ -8,8 +8,8 @@ import torch
 from torchlab.core.wire.observer import TrainerObserver
 from trainers import make_trainer
 from torchlab.core.engine.checkpoint import load_checkpoint, save_checkpoint
-from torchlab.core.wire.errors import StorageError
-from torchlab.core.wire.errors import ConfigError
+from torchlab.core.errors import StorageError
+from torchlab.core.errors import ConfigError
 from torchlab.core.wire.protocol import StopCommand
 
 

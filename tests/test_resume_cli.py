@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from trainers import WORKLOADS
-from torchlab.core.wire.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from torchlab.core.launch.cli import main
-from torchlab.core.wire.config import config_from_toml
 from torchlab.core.engine.schedule import lr_factor
+from torchlab.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from torchlab.core.launch.cli import main
+from torchlab.core.records.config import config_from_toml
 from torchlab.tui.run_history import RunHistory, differences
 
 TINY = WORKLOADS / "tiny.py"

@@ -22,10 +22,10 @@ import torch
 
 from trainers import TINY, WORKLOADS
 from torchlab.core.engine.checkpoint import load_checkpoint, save_checkpoint
-from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE
+from torchlab.core.errors import EXIT_OK, EXIT_USAGE
+from torchlab.core.errors import ConfigError
 from torchlab.core.launch.cli import main
 from torchlab.core.launch.resume import refusal_to_import
-from torchlab.core.wire.errors import ConfigError
 
 EVIL = """\
 from pathlib import Path

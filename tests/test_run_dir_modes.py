@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from trainers import WORKLOADS
-from torchlab.core.wire import storage
 from torchlab.core.engine.checkpoint import save_checkpoint
 from torchlab.core.engine.distributed import usable_cpus
-from torchlab.core.wire.errors import EXIT_OK
+from torchlab.core.errors import EXIT_OK
 from torchlab.core.launch.cli import main
-from torchlab.core.wire.storage import write_atomically
+from torchlab.core.records import storage
+from torchlab.core.records.storage import write_atomically
 
 TINY = WORKLOADS / "tiny.py"
 #: A run that writes every kind of file: journals, config.toml, impact.json, checkpoints, a profile.

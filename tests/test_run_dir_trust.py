@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 
 from trainers import WORKLOADS
+from torchlab.core.errors import EXIT_OK, EXIT_USAGE
+from torchlab.core.errors import ConfigError
 from torchlab.core.launch import headless as headless_module
-from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE
 from torchlab.core.launch.cli import main
-from torchlab.core.wire.config import load_config_file
-from torchlab.core.wire.errors import ConfigError
-from torchlab.core.wire.rundir import RunDirectory, create_run_dir, rows_of
-from torchlab.core.wire.safe_open import UnsafeFileError
+from torchlab.core.records.config import load_config_file
+from torchlab.core.records.rundir import RunDirectory, create_run_dir, rows_of
+from torchlab.core.safe_open import UnsafeFileError
 
 TINY = f"{WORKLOADS / 'tiny.py'}:workload"
 
@@ -240,7 +240,7 @@ def test_a_journal_that_is_a_fifo_or_a_link_is_refused_by_its_readers(tmp_path, 
 
 @pytest.mark.timeout(20)
 def test_a_fifo_as_config_toml_of_a_run_does_not_hang_compare(tmp_path):
-    from torchlab.core.wire.config import build_config
+    from torchlab.core.records.config import build_config
     from torchlab.tui.run_history import RunHistory, earlier_run
 
     earlier, later = private_folder(tmp_path / "20260101-000000-tiny"), private_folder(tmp_path / "20260102-000000-tiny")

@@ -24,16 +24,16 @@ import pytest
 import torch
 
 from trainers import make_trainer
+from torchlab.core.analysis.impact import ImpactTracker
 from torchlab.core.engine import checkpoint as checkpoint_module
 from torchlab.core.engine import profiler as profiler_module
 from torchlab.core.engine import profile_tables
-from torchlab.core.wire import storage
 from torchlab.core.engine.checkpoint import load_checkpoint, save_checkpoint
-from torchlab.core.wire.errors import ConfigError, StorageError
-from torchlab.core.wire.impact import ImpactTracker
+from torchlab.core.errors import ConfigError, StorageError
+from torchlab.core.records import storage
+from torchlab.core.records.rundir import RunDirectory
 from torchlab.core.wire.events import ResumedFromCheckpoint
 from torchlab.core.wire.protocol import Error
-from torchlab.core.wire.rundir import RunDirectory
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from torchlab.core.safe_open import UnsafeFileError
 from torchlab.core.wire.runtime import ORPHAN_TOKEN_AGE_S, Endpoint, list_runs, printable, read_runs, runtime_dir
-from torchlab.core.wire.safe_open import UnsafeFileError
 
 
 def test_listing_runs_sweeps_what_killed_trainers_left_and_nothing_else(tmp_path, monkeypatch):
@@ -360,7 +360,7 @@ def test_printable_escapes_control_characters_and_keeps_every_other_letter():
 
 def test_the_runtime_directory_is_refused_unless_it_is_the_users_own_folder_0700(tmp_path, monkeypatch):
     """Refused as a ConfigError, which every entry point shows as one paragraph (the app included)."""
-    from torchlab.core.wire.errors import ConfigError
+    from torchlab.core.errors import ConfigError
     from torchlab.core.wire.runtime import RuntimeDirError
 
     (tmp_path / "xdg").mkdir(mode=0o700)

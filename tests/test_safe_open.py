@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from torchlab.core.wire.safe_open import UnsafeFileError, open_regular, read_regular_bytes, require_real_folder
-from torchlab.core.wire.storage import JsonLines, create_file, make_folder
+from torchlab.core.records.storage import JsonLines, create_file, make_folder
+from torchlab.core.safe_open import UnsafeFileError, open_regular, read_regular_bytes, require_real_folder
 
 
 def test_a_link_is_refused_and_its_target_untouched(tmp_path):

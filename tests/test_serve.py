@@ -240,7 +240,7 @@ async def test_the_page_asks_nothing_of_any_host_but_this_one(served):
 def test_without_textual_serve_the_hint_fits_an_index_and_a_checkout(entry, monkeypatch):
     import sys
 
-    from torchlab.core.wire.errors import TorchlabError
+    from torchlab.core.errors import TorchlabError
 
     monkeypatch.setitem(sys.modules, "textual_serve.server", None)  # as if the extra were not installed
     with pytest.raises(TorchlabError) as missing:

@@ -63,7 +63,7 @@ def test_a_real_sample_is_what_the_protocol_reads():
 
 
 def test_samples_arrive_while_training_and_land_in_system_jsonl(tmp_path):
-    from torchlab.core.wire.rundir import RunDirectory
+    from torchlab.core.records.rundir import RunDirectory
 
     directory = RunDirectory(tmp_path / "run")
     trainer, seen = make_trainer(steps=10**6, telemetry_interval=0.1)

@@ -11,7 +11,7 @@ import torch
 from torchlab.core.wire.observer import TrainerObserver
 from trainers import TINY, make_trainer
 from torchlab.core.engine.checkpoint import CheckpointCadence
-from torchlab.core.wire.errors import ConfigError
+from torchlab.core.errors import ConfigError
 from torchlab.core.wire.events import Paused
 from torchlab.core.wire.protocol import PauseCommand, ResumeCommand, SaveCheckpointCommand, SetCommand, StopCommand
 

@@ -7,11 +7,11 @@ import json
 import pytest
 
 from trainers import TINY, WORKLOADS, make_trainer
-from torchlab.core.wire.errors import EXIT_OK
+from torchlab.core.analysis.trials import describe_trial
+from torchlab.core.errors import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.wire import strict_json
 from torchlab.core.wire.protocol import TrialCommand
-from torchlab.core.wire.trials import describe_trial
 
 RESIDUAL_CNN = f"{WORKLOADS / 'tiny.py'}:residual_cnn"
 

@@ -11,9 +11,9 @@ import pytest
 
 from trainers import WORKLOADS, make_trainer
 from workloads.own_training import onecycle_head_lrs
-from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE
+from torchlab.core.errors import EXIT_OK, EXIT_USAGE
+from torchlab.core.errors import WorkloadError
 from torchlab.core.launch.cli import main
-from torchlab.core.wire.errors import WorkloadError
 
 OWN = WORKLOADS / "own_training.py"
 BODY_LR, HEAD_LR, ETA_MIN = 0.05, 0.2, 0.001

@@ -10,13 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.wire.config import build_config
-from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.engine.loading import load_workload
-from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.protocol import Message
-from torchlab.core.wire.payloads import TelemetrySample
+from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.engine.trainer import Trainer
+from torchlab.core.records.config import build_config
+from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.wire.payloads import TelemetrySample
+from torchlab.core.wire.protocol import Message
 
 WORKLOADS = Path(__file__).parent / "workloads"
 TINY = f"{WORKLOADS / 'tiny.py'}:workload"

@@ -20,7 +20,7 @@ drawing; ``app_keys`` its key table and main screen; ``app_actions`` what the ke
 A trainer that cannot start, or a run that fails, opens the error screen. torchlab's own refusals (a
 TorchlabError: a runtime directory, a full disk) and the machine's (an OSError) are shown as their paragraph;
 only an error that is neither, a bug, comes with its traceback. The app exits as a headless run would
-(core/wire/errors.py's codes): 2 for input the trainer or this app refused, 1 for a run that failed.
+(core/errors.py's codes): 2 for input the trainer or this app refused, 1 for a run that failed.
 
 This module and everything it imports stays free of torch: the app must start in well under a second
 over SSH. A subprocess test and an import-linter contract hold that line.
@@ -48,11 +48,11 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer
 
+from torchlab.core.errors import EXIT_FAILED, TorchlabError, exit_status
+from torchlab.core.safe_open import UnsafeFileError
 from torchlab.core.wire import protocol
-from torchlab.core.wire.errors import EXIT_FAILED, TorchlabError, exit_status
 from torchlab.core.wire.options import format_option_value
 from torchlab.core.wire.run_status import RunStatus
-from torchlab.core.wire.safe_open import UnsafeFileError
 from torchlab.tui.app_actions import KeyActions
 from torchlab.tui.app_keys import MainScreen
 from torchlab.tui.app_leaving import Leaving
@@ -60,9 +60,9 @@ from torchlab.tui.key_order import as_typed
 from torchlab.tui.log_tail import LogTail, is_native_torch_log
 from torchlab.tui.run_history import RunHistory, journal_history
 from torchlab.tui.state import Failure, RunState
+from torchlab.tui.widgets.charts import Charts
 from torchlab.tui.widgets.event_log import EventLog
 from torchlab.tui.widgets.grad_table import GradTable
-from torchlab.tui.widgets.charts import Charts
 from torchlab.tui.widgets.line_chart import LineChart
 from torchlab.tui.widgets.options_panel import OptionsPanel
 from torchlab.tui.widgets.rank_table import RankTable

@@ -21,11 +21,11 @@ from typing import Any
 from textual.app import SystemCommand
 from textual.screen import ModalScreen, Screen
 
+from torchlab.core.analysis.trials import TRIAL_HINT, parse_trial
 from torchlab.core.wire import protocol
-from torchlab.core.wire.config import DEFAULT_PROFILE_STEPS
 from torchlab.core.wire.options import CHECKPOINTING, OPTIONS_BY_NAME, Number, OptionRefused, format_option_value
+from torchlab.core.wire.protocol import DEFAULT_PROFILE_STEPS
 from torchlab.core.wire.run_status import RunStatus
-from torchlab.core.wire.trials import TRIAL_HINT, parse_trial
 from torchlab.tui.app_keys import KEY_ACTIONS, TRAINER_ACTIONS, VIEW_ACTIONS
 from torchlab.tui.names import describe_blocks
 from torchlab.tui.widgets.charts import SPEED, Charts
@@ -254,7 +254,7 @@ class KeyActions:
 
     def compare_with_earlier_run(self) -> None:
         """This run beside the newest earlier run of its workload (``torchlab-tui compare`` on the two)."""
-        from torchlab.core.wire.errors import ConfigError
+        from torchlab.core.errors import ConfigError
         from torchlab.tui.run_history import RunHistory, earlier_run
         from torchlab.tui.screens.compare_screen import CompareScreen
 

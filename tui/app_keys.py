@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from textual.binding import Binding
 from textual.screen import Screen
 
-from torchlab.core.wire.config import DEFAULT_PROFILE_STEPS
 from torchlab.core.wire.options import LIVE_OPTIONS
+from torchlab.core.wire.protocol import DEFAULT_PROFILE_STEPS
 
 @dataclass(frozen=True)
 class KeyAction:

@@ -16,7 +16,7 @@ import threading
 
 from textual import work
 
-from torchlab.core.wire.errors import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE
+from torchlab.core.errors import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, EXIT_USAGE
 from torchlab.core.wire.run_status import RunStatus
 
 #: After a hang-up, how long the app waits for the trainer to acknowledge the detach before it goes.

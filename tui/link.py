@@ -28,6 +28,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from torchlab.core.records.storage import create_file
+from torchlab.core.safe_open import UnsafeFileError, read_regular_bytes
 from torchlab.core.wire.control_server import HELLO_TIMEOUT_S
 from torchlab.core.wire.options import OPTIONS_BY_NAME
 from torchlab.core.wire.protocol import (
@@ -48,8 +50,6 @@ from torchlab.core.wire.protocol import (
 )
 from torchlab.core.wire.run_status import FINAL_STATES, RunStatus
 from torchlab.core.wire.runtime import Endpoint, RunEntry, process_running
-from torchlab.core.wire.safe_open import UnsafeFileError, read_regular_bytes
-from torchlab.core.wire.storage import create_file
 
 CONNECT_TIMEOUT_S = 120.0  # the first import of torch on a cold disk can be slow
 STOP_GRACE_S = 30.0  # time for the current step and the final checkpoint

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from torchlab.core.wire.safe_open import open_regular
+from torchlab.core.safe_open import open_regular
 
 #: The head of a line torch's C++ code logged: ``[W1123 07:45:12.9 file.cpp:245]``, ``[W file.cpp:245]``
 #: (older c10), ``USDT:…`` or ``STAGE:…`` then the time and ids (the profiler's), each ending in its source

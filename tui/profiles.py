@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.wire.profile_compare import compare_tables
-from torchlab.core.wire.safe_open import UnsafeFileError, open_regular
+from torchlab.core.analysis.profile_compare import compare_tables
+from torchlab.core.safe_open import UnsafeFileError, open_regular
 from torchlab.tui.units import format_bytes
 
 

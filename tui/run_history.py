@@ -1,8 +1,8 @@
 """A finished or running run as its files tell it, for comparing runs: its curves (against step and against
 training time), its settings (``config.toml``) and the option changes it went through (``events.jsonl``).
 
-Standard library and the wire only (no torch): ``torchlab-tui compare`` and the app read runs the same way. A
-run's files are read only when regular and not through a link (core/wire/safe_open.py): a FIFO would hang
+Standard library and the torch-free packages only: ``torchlab-tui compare`` and the app read runs the same way. A
+run's files are read only when regular and not through a link (core/safe_open.py): a FIFO would hang
 the reader, a link could show a file that is not the run's.
 """
 
@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.wire.config import settings_as_used, settings_from_toml
-from torchlab.core.wire.errors import ConfigError
+from torchlab.core.errors import ConfigError
+from torchlab.core.records.config import settings_as_used, settings_from_toml
+from torchlab.core.records.rundir import rows_of
+from torchlab.core.records.storage import unreadable_run
+from torchlab.core.safe_open import read_regular_text
 from torchlab.core.wire.options import format_option_value
-from torchlab.core.wire.rundir import rows_of
-from torchlab.core.wire.safe_open import read_regular_text
-from torchlab.core.wire.storage import unreadable_run
 from torchlab.tui.thinning import Series
 
 #: The figures every run has, by their key in metrics.jsonl, and how a chart names them.

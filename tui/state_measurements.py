@@ -6,8 +6,8 @@ A part of ``RunState`` (state.py), which holds the fields and dispatches each me
 
 from __future__ import annotations
 
+from torchlab.core.analysis.trials import describe_trial, trial_label
 from torchlab.core.wire import protocol
-from torchlab.core.wire.trials import describe_trial, trial_label
 
 #: A segment's verdict goes to the event log once it has this many steps (its medians have settled).
 IMPACT_SETTLE_STEPS = 20

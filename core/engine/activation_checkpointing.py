@@ -20,7 +20,7 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
-from torchlab.core.wire.errors import WorkloadError
+from torchlab.core.errors import WorkloadError
 
 
 def default_checkpoint_blocks(model: torch.nn.Module) -> list[str]:

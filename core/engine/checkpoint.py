@@ -8,7 +8,7 @@ the newest one, replaced atomically the same way. Two phases: ``write_checkpoint
 (where a full disk shows); ``WrittenCheckpoint.publish`` makes it durable and gives it its name, which is
 waiting on the disk (~10 ms here, three fsyncs' worth), so the trainer may let it run on a thread while
 the next step trains. In a private run directory the temporary file is
-created 0600 (core/wire/storage.py), so the weights are never readable by others, not even mid-write.
+created 0600 (core/records/storage.py), so the weights are never readable by others, not even mid-write.
 
 The digest: ``torch.save`` writes a zip archive, and torchlab gives that archive a comment (the last bytes of
 the file, which zip readers and ``torch.load`` skip): ``torchlab-sha256:`` and the sha256 of the archive as
@@ -41,10 +41,10 @@ from typing import Any, BinaryIO
 import torch
 
 from torchlab.core.engine.checkpoint_contents import TrainingState, as_tuples
-from torchlab.core.wire.errors import ConfigError, StorageError
+from torchlab.core.errors import ConfigError, StorageError
+from torchlab.core.records.storage import create_file, fsync_directory, remedy, storage_error, unreadable_run
+from torchlab.core.safe_open import open_regular
 from torchlab.core.wire.runtime import remove_abandoned_temporaries
-from torchlab.core.wire.safe_open import open_regular
-from torchlab.core.wire.storage import create_file, fsync_directory, remedy, storage_error, unreadable_run
 
 FORMAT_VERSION = 1
 _STEP_FILE = re.compile(r"^step-(\d{7,})\.pt$")
@@ -333,7 +333,7 @@ _INTACT, _DAMAGED, _NO_DIGEST = "intact", "damaged", "no digest"
 
 def _digest_verdict(path: Path) -> str:
     """Whether ``path`` ends in a digest (``_NO_DIGEST`` if not) that its contents match (``_INTACT``, else
-    ``_DAMAGED``). Opened as any run file is (core/wire/safe_open.py): a link or a FIFO is an UnsafeFileError."""
+    ``_DAMAGED``). Opened as any run file is (core/safe_open.py): a link or a FIFO is an UnsafeFileError."""
     with open(path, "rb", opener=open_regular) as handle:
         size = os.fstat(handle.fileno()).st_size
         if size < _TRAILER_BYTES:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from torchlab.core.engine.loading import spec_as_shown
-from torchlab.core.wire.errors import ConfigError, shown
+from torchlab.core.errors import ConfigError, shown
 from torchlab.core.wire.options import OPTION_NAMES, OptionRefused, parse_option_value
 from torchlab.core.wire.strict_json import MAX_INT, nests_deeper_than  # a count torchlab writes fits in 64 bits
 

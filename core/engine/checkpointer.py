@@ -27,9 +27,9 @@ from torchlab.core.engine.checkpoint_contents import TrainingState, check_model_
 from torchlab.core.engine.distributed import seed_rank
 from torchlab.core.engine.option_hooks import OptionsInForce
 from torchlab.core.engine.parts import Stateful, TrainingParts
+from torchlab.core.errors import ConfigError, StorageError
+from torchlab.core.records.config import config_from_toml
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.config import config_from_toml
-from torchlab.core.wire.errors import ConfigError, StorageError
 from torchlab.core.wire.events import ResumedFromCheckpoint
 from torchlab.core.wire.options import STEPS, LiveOptions
 

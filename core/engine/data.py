@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
 
 from torchlab.core.engine.loading import describe_code
-from torchlab.core.wire.errors import WorkloadError, shown
+from torchlab.core.errors import WorkloadError, shown
 
 
 @dataclass

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, TracebackType
 
-from torchlab.core.wire.errors import TorchlabError, WorkloadError, WorkloadExited, shown
+from torchlab.core.errors import TorchlabError, WorkloadError, WorkloadExited, shown
 
 SAMPLES = {
     "mlp": "torchlab.sample_models.mlp:workload",

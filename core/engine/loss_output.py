@@ -18,7 +18,7 @@ import torch
 from torchlab.core.engine.data import evaluation_batches
 from torchlab.core.engine.loading import describe_code, user_frame
 from torchlab.core.engine.memory import out_of_memory
-from torchlab.core.wire.errors import WorkloadError, shown
+from torchlab.core.errors import WorkloadError, shown
 from torchlab.core.workload import Workload
 
 #: The longest metric name a report carries (names are keys in every metrics row and chart titles).

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import torch
 
 from torchlab.core.engine.probes import ROOT_MODULE_NAME
-from torchlab.core.wire.errors import NonFiniteError
+from torchlab.core.errors import NonFiniteError
 
 
 def stop_on_nonfinite(step: int, loss_value: float, total_norm: float | None, *, model: torch.nn.Module,

@@ -16,10 +16,10 @@ from collections.abc import Callable
 import torch
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
 
-from torchlab.core.engine.schedule import make_scheduler
-from torchlab.core.wire.config import FromWorkload, TrainConfig
-from torchlab.core.wire.errors import ConfigError, WorkloadError
 from torchlab.core.engine.loading import describe_code
+from torchlab.core.engine.schedule import make_scheduler
+from torchlab.core.errors import ConfigError, WorkloadError
+from torchlab.core.records.config import FromWorkload, TrainConfig
 from torchlab.core.workload import Workload
 
 

@@ -26,8 +26,8 @@ from torchlab.core.engine.optimization import group_names
 from torchlab.core.engine.outcome import WorldSizeChange
 from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.engine.precision import Precision
+from torchlab.core.errors import ConfigError
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.errors import ConfigError
 from torchlab.core.wire.events import CompileStarted
 from torchlab.core.wire.options import (
     ACCUM, AMP, CHECKPOINTING, CLIP, COMPILE, LIVE_OPTIONS, LR_SCALE, PIN_MEMORY, STEPS, WORKERS, WORLD_SIZE, LiveOption,

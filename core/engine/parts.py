@@ -21,14 +21,14 @@ import torch
 from torchlab.core.engine.activation_checkpointing import ActivationCheckpointing
 from torchlab.core.engine.checkpoint import capture_rng_state, restore_rng_state
 from torchlab.core.engine.data import BatchStream
-from torchlab.core.engine.loss_output import LossFunction
 from torchlab.core.engine.distributed import (
     Collectives, RankContext, check_world_size, open_process_group, rank_device, wrap_model,
 )
+from torchlab.core.engine.loss_output import LossFunction
 from torchlab.core.engine.optimization import Optimization, build_optimizer, build_scheduler, group_names, own_training
 from torchlab.core.engine.precision import Precisions
-from torchlab.core.wire.config import FromWorkload, TrainConfig
-from torchlab.core.wire.errors import ConfigError, StorageError
+from torchlab.core.errors import ConfigError, StorageError
+from torchlab.core.records.config import FromWorkload, TrainConfig
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import LiveOptions, OptionRefused
 from torchlab.core.wire.payloads import TelemetrySample

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.wire.safe_open import read_regular_bytes
-from torchlab.core.wire.storage import replace_file
+from torchlab.core.records.storage import replace_file
+from torchlab.core.safe_open import read_regular_bytes
 
 COLUMNS = (
     "name", "input_shapes", "calls", "self_cpu_us", "cpu_total_us", "self_device_us", "device_total_us",
@@ -249,7 +249,7 @@ def write_tables(directory: Path) -> dict[str, Any]:
 
     Each table replaces its file whole (temporary file, rename); an OSError (a full disk) propagates.
     """
-    trace = json.loads(read_regular_bytes(directory / "trace.json"))  # no link, no FIFO (core/wire/safe_open.py)
+    trace = json.loads(read_regular_bytes(directory / "trace.json"))  # no link, no FIFO (core/safe_open.py)
     rows, rows_by_shape, sort = build_tables(trace)
     replace_file(directory / "table.txt", format_table(rows).encode("utf-8"))
     replace_file(directory / "table_by_shape.txt", format_table(rows_by_shape).encode("utf-8"))

@@ -6,7 +6,7 @@ second) and then waits on a child process, ``python -m torchlab.core.engine.prof
 the trace and writes ``table.txt``, ``table_by_shape.txt``, ``table.csv`` and ``table_by_shape.csv``.
 All of it is written into a hidden staging folder renamed to ``profiles/<step>`` once complete: a full
 disk mid-profile leaves nothing behind, and the ``profile`` event carries the error instead of tables.
-In a private run directory the folders are 0700 and the files 0600, as everywhere in it (core/wire/storage.py).
+In a private run directory the folders are 0700 and the files 0600, as everywhere in it (core/records/storage.py).
 ``key_averages()`` in the trainer's own process took 3.2 s for five steps of tiny_gpt and, holding
 the GIL, slowed the training steps beside it 6x; a process of its own does not compete for the GIL.
 
@@ -33,13 +33,13 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from torchlab.core.wire import protocol as p
-from torchlab.core.wire.config import MAX_PROFILE_STEPS
-from torchlab.core.wire.errors import StorageError, shown
-from torchlab.core.wire.events import ProfileStarted
 from torchlab.core.engine.profile_tables import EXIT_STORAGE
+from torchlab.core.errors import StorageError, shown
+from torchlab.core.records.config import MAX_PROFILE_STEPS
+from torchlab.core.records.storage import fsync_directory, make_folder, match_folder_privacy, remedy, storage_error
+from torchlab.core.wire import protocol as p
+from torchlab.core.wire.events import ProfileStarted
 from torchlab.core.wire.runtime import process_running
-from torchlab.core.wire.storage import fsync_directory, make_folder, match_folder_privacy, remedy, storage_error
 
 #: A trace of many steps of a large model can take a while to read; past this the snapshot reports an error.
 TABLES_TIMEOUT_S = 600

@@ -30,16 +30,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from torchlab.core.wire.errors import ConfigError, NonFiniteError, StorageError, WorkloadError, WorkloadExited
+from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
+from torchlab.core.errors import ConfigError, NonFiniteError, StorageError, WorkloadError, WorkloadExited
+from torchlab.core.wire.events import TRAINER_EVENTS
 from torchlab.core.wire.line_reader import LineReader
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.events import TRAINER_EVENTS
-from torchlab.core.wire.protocol import decode, fault, Message, ProtocolError, read_payload, StopCommand, trainer_command, TrainerCommand
 from torchlab.core.wire.payloads import MemoryBreakdown, RankFigures, TelemetrySample
+from torchlab.core.wire.protocol import decode, fault, Message, ProtocolError, read_payload, StopCommand, trainer_command, TrainerCommand
+from torchlab.core.wire.run_status import OUTCOMES, RunStatus
 from torchlab.core.wire.runtime import listen_privately, runtime_dir
 from torchlab.core.wire.throttle import RefusedLines
-from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
-from torchlab.core.wire.run_status import OUTCOMES, RunStatus
 
 #: A report of a model with many thousands of modules is a long line (a name and a norm per module, twice);
 #: longer than this is no report of ours.

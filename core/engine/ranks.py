@@ -44,21 +44,21 @@ import torch
 from torchlab.core.engine import loopback_rendezvous
 from torchlab.core.engine.checkpoint import peek_checkpoint
 from torchlab.core.engine.checkpoint_contents import saved_world_size
-from torchlab.core.wire.config import TrainConfig, build_config, load_config_file
 from torchlab.core.engine.distributed import RankContext, check_world_size, rank_from_environment
-from torchlab.core.wire.errors import ConfigError, StorageError, TorchlabError, WorkloadError
+from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
+from torchlab.core.engine.parts import resolve_device
+from torchlab.core.engine.rank_channel import RankChannel, SupervisorLink
+from torchlab.core.engine.trainer import Trainer
+from torchlab.core.errors import ConfigError, StorageError, TorchlabError, WorkloadError
+from torchlab.core.records.config import TrainConfig, build_config, load_config_file
+from torchlab.core.records.storage import create_file, make_folder, match_folder_privacy, write_atomically
+from torchlab.core.wire.events import Relaunching, ResumeChangedSettings, ResumedFromCheckpoint, RunStarted
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import WORLD_SIZE, OptionRefused
 from torchlab.core.wire.payloads import TelemetrySample
-from torchlab.core.engine.rank_channel import RankChannel, SupervisorLink
-from torchlab.core.wire.runtime import die_with_parent
-from torchlab.core.wire.storage import create_file, make_folder, match_folder_privacy, write_atomically
-from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
-from torchlab.core.wire.run_status import RunStatus
-from torchlab.core.wire.events import Relaunching, ResumeChangedSettings, ResumedFromCheckpoint, RunStarted
 from torchlab.core.wire.protocol import Error, Message, OptionApplied, StopCommand, TrainerCommand
-from torchlab.core.engine.parts import resolve_device
-from torchlab.core.engine.trainer import Trainer
+from torchlab.core.wire.run_status import RunStatus
+from torchlab.core.wire.runtime import die_with_parent
 
 TOKEN_VARIABLE = "TORCHLAB_SUPERVISOR_TOKEN"
 #: How long the supervisor waits for rank processes to leave after it asked them to (SIGTERM), before SIGKILL.

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from torchlab.core.wire.config import TrainConfig
+from torchlab.core.records.config import TrainConfig
 
 #: OneCycle, as in Smith & Topin and torch's OneCycleLR defaults: start at max/25, peak at 30 %, end at max/1e4.
 ONECYCLE_START_DIVISOR = 25.0

@@ -279,7 +279,7 @@ class OthersCpuMeter:
     (0-100): the busy time of every CPU less this process tree's own (its DataLoader workers, ranks and compile
     workers; children it has reaped count through its ``children_*`` times). A trial's two arms run one after
     the other: where a neighbour's load came or went between them, their step times compare the machine, not the
-    option (``core/wire/impact.py``'s ``load_shift``)."""
+    option (``core/analysis/impact.py``'s ``load_shift``)."""
 
     def __init__(self) -> None:
         self._process = psutil.Process()

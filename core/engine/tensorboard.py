@@ -27,14 +27,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torchlab.core.errors import ConfigError
+from torchlab.core.records.export_files import COPY_CHUNK, output_file
+from torchlab.core.records.storage import make_folder
+from torchlab.core.safe_open import UnsafeFileError, open_regular
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.errors import ConfigError
-from torchlab.core.wire.export_files import COPY_CHUNK, output_file
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import format_option_value
-from torchlab.core.wire.safe_open import UnsafeFileError, open_regular
-from torchlab.core.wire.storage import make_folder
 
 #: While training, at most this many metrics rows a second go to TensorBoard: each costs ~0.1 ms a scalar on
 #: the writer's thread (holding the GIL the training thread needs), ~3 ms for a row with 30 modules' norms.

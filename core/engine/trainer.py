@@ -38,20 +38,20 @@ from torchlab.core.engine.loss_output import mean_of_micro_batches
 from torchlab.core.engine.nonfinite import stop_on_nonfinite
 from torchlab.core.engine.option_hooks import enact_initial
 from torchlab.core.engine.outcome import RunOutcome
-from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.engine.parts import Reporter, TrainingParts
 from torchlab.core.engine.probes import clip_by_total_norm
 from torchlab.core.engine.profiler import Profiling
 from torchlab.core.engine.step_report import StepReport, metrics_record
 from torchlab.core.engine.telemetry import TelemetrySampler
 from torchlab.core.engine.trials import Trials, TrialStopped
+from torchlab.core.errors import NonFiniteError, StorageError, WorkloadError
+from torchlab.core.records.config import TrainConfig
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.config import TrainConfig
-from torchlab.core.wire.errors import NonFiniteError, StorageError, WorkloadError
 from torchlab.core.wire.events import RunEnded, RunStarted, StepSkipped
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import COMPILE, LiveOptions
 from torchlab.core.wire.protocol import SetCommand, TrainerCommand
+from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.workload import Workload
 
 #: fp16 skips are routine; this many in a row means the model itself makes NaN/Inf.

@@ -20,6 +20,8 @@ import statistics
 import time
 from collections.abc import Callable
 
+from torchlab.core.analysis.impact import median_interval
+from torchlab.core.analysis.trials import AS_IT_IS, NOT_TRIED
 from torchlab.core.engine.checkpointer import Checkpointer
 from torchlab.core.engine.instruments import StepPlan
 from torchlab.core.engine.memory import out_of_memory
@@ -28,15 +30,13 @@ from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.engine.profiler import Profiling
 from torchlab.core.engine.step_report import StepReport
 from torchlab.core.engine.telemetry import OthersCpuMeter
+from torchlab.core.errors import shown
+from torchlab.core.records.config import MAX_TRIAL_STEPS
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.config import MAX_TRIAL_STEPS
-from torchlab.core.wire.errors import shown
 from torchlab.core.wire.events import TrialStarted
-from torchlab.core.wire.impact import median_interval
 from torchlab.core.wire.options import LiveOption, OptionRefused, live_option
 from torchlab.core.wire.payloads import MemoryBreakdown, TrialArm
 from torchlab.core.wire.protocol import TrialCommand, TrialProgress
-from torchlab.core.wire.trials import AS_IT_IS, NOT_TRIED
 
 #: The step of an arm whose memory is measured: its second, once the first paid its one-off costs.
 MEMORY_STEP = 1

@@ -27,9 +27,9 @@ import signal
 import sys
 import time
 
-from torchlab.core.launch.serve import SERVED_BY_PARENT
+from torchlab.core.errors import EXIT_OK, EXIT_USAGE, TorchlabError
 from torchlab.core.launch.arguments import command_description
-from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE, TorchlabError
+from torchlab.core.launch.serve import SERVED_BY_PARENT
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.runtime import RunEntry, die_with_parent, find_run, printable, read_runs
 

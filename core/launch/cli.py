@@ -6,7 +6,7 @@ or one of the commands ``torchlab-tui --help`` lists (arguments.py's ``SUBCOMMAN
 This module imports no torch: the app's process must stay torch-free, and a usage error should be
 reported in milliseconds.
 
-Exit codes, the same for the app and a headless run (core/wire/errors.py defines them):
+Exit codes, the same for the app and a headless run (core/errors.py defines them):
 
     0    finished, stopped on request (q, Ctrl-C once in the app), or detached
     1    a run that failed: the workload raised or called sys.exit while training, a run file could not be
@@ -25,9 +25,9 @@ import os
 import sys
 import traceback
 
+from torchlab.core.errors import EXIT_INTERRUPTED, EXIT_OK, ConfigError, TorchlabError, exit_status
 from torchlab.core.launch.arguments import build_parser, resolve_config
-from torchlab.core.wire.config import TrainConfig, build_config, load_config_file
-from torchlab.core.wire.errors import EXIT_INTERRUPTED, EXIT_OK, ConfigError, TorchlabError, exit_status
+from torchlab.core.records.config import TrainConfig, build_config, load_config_file
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +76,7 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
     gc.disable()  # until tune_garbage_collection(): the app's imports are all kept, nothing to collect
     try:
         from torchlab.core.engine.loading import check_spec, workload_label
-        from torchlab.core.wire.rundir import choose_run_dir, create_run_dir, refuse_an_unfit_run_dir
+        from torchlab.core.records.rundir import choose_run_dir, create_run_dir, refuse_an_unfit_run_dir
         from torchlab.core.wire.runtime import runtime_dir
         from torchlab.tui.app import make_app, tune_garbage_collection
         from torchlab.tui.link import ProcessLink
@@ -105,9 +105,9 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
 def resumed_workload(args: argparse.Namespace) -> str | None:
     """The workload a ``--resume`` continues, told without torch (the app's process): the one given, else
     the one in the run's ``config.toml``. The trainer's process reads the checkpoint itself (core/launch/resume.py)."""
-    from torchlab.core.wire.rundir import run_dir_of_checkpoint
-    from torchlab.core.wire.safe_open import open_regular
-    from torchlab.core.wire.storage import unreadable_run
+    from torchlab.core.records.rundir import run_dir_of_checkpoint
+    from torchlab.core.safe_open import open_regular
+    from torchlab.core.records.storage import unreadable_run
 
     try:
         if not args.resume.exists():

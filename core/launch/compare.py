@@ -12,9 +12,9 @@ from pathlib import Path
 
 from textual.app import App
 
+from torchlab.core.errors import EXIT_OK, EXIT_USAGE
+from torchlab.core.errors import TorchlabError
 from torchlab.core.launch.arguments import command_description
-from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE
-from torchlab.core.wire.errors import TorchlabError
 from torchlab.tui.run_history import RunHistory
 from torchlab.tui.screens.compare_screen import CompareScreen
 

@@ -1,14 +1,14 @@
 """``torchlab-tui export RUN --tensorboard DIR --csv FILE [--force]``: a run's figures for other tools, from its files.
 
 TensorBoard (the ``tensorboard`` extra): every metrics row's scalars, the option changes as text and the
-profiler traces (core/engine/tensorboard.py). CSV: one flat file of the metrics (core/wire/csv_export.py).
+profiler traces (core/engine/tensorboard.py). CSV: one flat file of the metrics (core/records/csv_export.py).
 The run may be training still: what its files hold now is exported.
 
 The run may be someone else's, and so may the paths written to (issue 26). Its ``metrics.jsonl`` and the
 paths written to are checked before anything is written:
 
 - What is read of the run is opened without following a link, and only if it is a regular file
-  (core/wire/safe_open.py). A ``metrics.jsonl`` that is a link, a FIFO or a device stops the export in one
+  (core/safe_open.py). A ``metrics.jsonl`` that is a link, a FIFO or a device stops the export in one
   paragraph (exit 2): there is nothing to export without it. An ``events.jsonl``, a profile folder or a
   ``trace.json`` that is one is skipped with a line on stderr naming it, and the rest is exported (exit 0):
   one planted link does not cost the user the run's figures.
@@ -16,7 +16,7 @@ paths written to are checked before anything is written:
   (the exported run, or any folder holding a torchlab run: its ``metrics.jsonl``, or ``config.toml`` and
   ``checkpoints/``), not even with ``--force``: ``--csv RUN/metrics.jsonl`` once cut a 78 KB journal to a
   header line. Never through a link: a new ``--csv`` file is created ``O_EXCL | O_NOFOLLOW``, and
-  ``--force`` renames a new file over the old name, a link included (core/wire/export_files.py).
+  ``--force`` renames a new file over the old name, a link included (core/records/export_files.py).
 - ``--tensorboard DIR`` is a new folder, made 0700, or an existing one of the user's that no one else may
   write into: TensorBoard names its event file by time, host and process and opens it itself, so a link
   put there first would be written through. A folder that holds files takes ``--force``, and TensorBoard
@@ -32,13 +32,13 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from torchlab.core.errors import EXIT_OK, EXIT_USAGE
+from torchlab.core.errors import ConfigError, StorageError, TorchlabError
 from torchlab.core.launch.arguments import command_description
-from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE
-from torchlab.core.wire.csv_export import write_csv
-from torchlab.core.wire.errors import ConfigError, StorageError, TorchlabError
-from torchlab.core.wire.rundir import rows_of
-from torchlab.core.wire.safe_open import UnsafeFileError, kind_of, open_regular, require_real_folder
-from torchlab.core.wire.storage import reason, unreadable_run
+from torchlab.core.records.csv_export import write_csv
+from torchlab.core.records.rundir import rows_of
+from torchlab.core.records.storage import reason, unreadable_run
+from torchlab.core.safe_open import UnsafeFileError, kind_of, open_regular, require_real_folder
 
 #: Says on stderr what was left out of an export, and goes on.
 Warn = Callable[[UnsafeFileError], None]

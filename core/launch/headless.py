@@ -21,25 +21,25 @@ from rich.live import Live
 from rich.markup import escape
 from rich.text import Text
 
-from torchlab.core.launch.arguments import exit_code
-from torchlab.core.wire.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK
+from torchlab.core.analysis.impact import ImpactTracker
+from torchlab.core.analysis.trials import describe_trial, trial_progress_text
 from torchlab.core.engine.distributed import rank_from_environment
-from torchlab.core.engine.seeding import seed_everything
-from torchlab.core.engine.tensorboard import tensorboard_observers
-from torchlab.core.wire import events
-from torchlab.core.wire import protocol as p
-from torchlab.core.wire.errors import StorageError, TorchlabError, WorkloadExited
-from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.protocol import Message
-from torchlab.core.wire.options import STEPS, format_option_value
-from torchlab.core.wire.run_status import RunStatus
-from torchlab.core.wire.impact import ImpactTracker
-from torchlab.core.wire.trials import describe_trial, trial_progress_text
 from torchlab.core.engine.loading import check_spec, exits_as_failure, load_workload, workload_label
 from torchlab.core.engine.outcome import RunOutcome
 from torchlab.core.engine.ranks import Supervisor, initial_world_size, run_quiet_rank
+from torchlab.core.engine.seeding import seed_everything
+from torchlab.core.engine.tensorboard import tensorboard_observers
+from torchlab.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK
+from torchlab.core.errors import StorageError, TorchlabError, WorkloadExited
+from torchlab.core.launch.arguments import exit_code
 from torchlab.core.launch.resume import ConfigRecord, TrainingPlan
-from torchlab.core.wire.rundir import RunDirectory, choose_run_dir, refuse_an_unfit_run_dir
+from torchlab.core.records.rundir import RunDirectory, choose_run_dir, refuse_an_unfit_run_dir
+from torchlab.core.wire import events
+from torchlab.core.wire import protocol as p
+from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.wire.options import STEPS, format_option_value
+from torchlab.core.wire.protocol import Message
+from torchlab.core.wire.run_status import RunStatus
 
 
 def run_headless(

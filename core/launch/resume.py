@@ -43,15 +43,15 @@ from typing import Any
 
 from torchlab.core.engine.checkpoint import checkpoint_file, load_training_state
 from torchlab.core.engine.loading import SAMPLES, spec_as_shown, spec_as_typed
+from torchlab.core.errors import ConfigError
 from torchlab.core.launch.arguments import resolve_config, setting_layers, workload_origin
-from torchlab.core.wire.config import FromWorkload, TrainConfig, build_config, settings_from_toml
-from torchlab.core.wire.errors import ConfigError
+from torchlab.core.records.config import FromWorkload, TrainConfig, build_config, settings_from_toml
+from torchlab.core.records.rundir import RunDirectory, owner_name
+from torchlab.core.safe_open import read_regular_text
 from torchlab.core.wire.events import RunStarted
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import OPTION_NAMES, format_option_value
 from torchlab.core.wire.protocol import Message
-from torchlab.core.wire.rundir import RunDirectory, owner_name
-from torchlab.core.wire.safe_open import read_regular_text
 
 #: Settings whose change on a resume makes the run differ from one that was never stopped.
 BREAKS_EXACTNESS = ("workload", "seed", "batch_size", "lr", "weight_decay", "schedule", "warmup_steps", "optimizer")

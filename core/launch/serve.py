@@ -34,9 +34,9 @@ import signal
 import socket
 import sys
 
+from torchlab.core.errors import EXIT_OK, EXIT_USAGE
+from torchlab.core.errors import TorchlabError
 from torchlab.core.launch.arguments import command_description
-from torchlab.core.wire.errors import EXIT_OK, EXIT_USAGE
-from torchlab.core.wire.errors import TorchlabError
 from torchlab.core.wire.runtime import RunEntry, find_run, list_runs, printable
 
 HOST = "127.0.0.1"

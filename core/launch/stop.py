@@ -24,9 +24,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchlab.core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, TorchlabError
 from torchlab.core.launch.arguments import command_description
 from torchlab.core.launch.attach import live_runs, report_ended
-from torchlab.core.wire.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, TorchlabError
 from torchlab.core.wire.line_reader import LineReader
 from torchlab.core.wire.protocol import (
     MAX_LINE_BYTES,

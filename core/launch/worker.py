@@ -15,7 +15,7 @@ starts the ranks and relays rank 0's reports, and it stays the app's one endpoin
 changes. Under ``torchrun`` each process runs this module as one rank: rank 0 serves the socket and
 reports, the others only train.
 
-It exits as a headless run does (core/wire/errors.py): a TorchlabError before or at the first step is told to
+It exits as a headless run does (core/errors.py): a TorchlabError before or at the first step is told to
 the app as its paragraph and exits with its status (2 bad input, 1 a workload that called sys.exit), a run's
 outcome with its own (1 failed, 3 non-finite).
 """
@@ -33,16 +33,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.wire import events
-from torchlab.core.wire import protocol as p
-from torchlab.core.wire.options import STEPS
+from torchlab.core.analysis.impact import ImpactTracker
+from torchlab.core.errors import EXIT_OK
+from torchlab.core.errors import StorageError, TorchlabError, WorkloadExited, exit_status
 from torchlab.core.launch.arguments import build_parser, exit_code
 from torchlab.core.launch.stop import STOP_CLIENT
-from torchlab.core.wire.errors import EXIT_OK
+from torchlab.core.wire import events
+from torchlab.core.wire import protocol as p
 from torchlab.core.wire.control_server import ControlServer
-from torchlab.core.wire.errors import StorageError, TorchlabError, WorkloadExited, exit_status
-from torchlab.core.wire.impact import ImpactTracker
 from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.wire.options import STEPS
 from torchlab.core.wire.outbox import Outbox
 from torchlab.core.wire.payloads import ModuleInfo, RankProcess, RunInfo, TelemetrySample
 from torchlab.core.wire.run_status import RunStatus
@@ -186,7 +186,7 @@ class Worker:
         from torchlab.core.engine.ranks import Supervisor
         from torchlab.core.engine.tensorboard import tensorboard_observers
         from torchlab.core.launch.resume import ConfigRecord, plan_training
-        from torchlab.core.wire.rundir import RunDirectory
+        from torchlab.core.records.rundir import RunDirectory
 
         args = build_parser().parse_args(self.training_args)
         directory = RunDirectory(self.run_dir)

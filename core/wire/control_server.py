@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from torchlab.core.wire.errors import shown
+from torchlab.core.errors import shown
 from torchlab.core.wire.line_reader import LineReader
 from torchlab.core.wire.outbox import Cursor, Outbox
 from torchlab.core.wire.protocol import (

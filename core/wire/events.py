@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from torchlab.core.wire.options import format_option_value
 from torchlab.core.wire.protocol import (
     CheckpointSaved, Error, Message, NonFinite, OptionApplied, OptionRefused, ProfileReady, TrialProgress, TrialResult,
 )
-from torchlab.core.wire.options import format_option_value
 from torchlab.core.wire.typed_json import JsonScalar
 
 
@@ -39,7 +39,7 @@ class RunStarted(Message):
     ranks: list | None  # each rank's host and pid, with ranks; null without
     #: per module, aligned with ``modules``: the other modules holding some of its (tied) parameters
     module_tied: list = field(default_factory=list)
-    #: the workload's own optimizer and scheduler (core/wire/config.py FromWorkload.as_dict), for config.toml; None: neither
+    #: the workload's own optimizer and scheduler (core/records/config.py FromWorkload.as_dict), for config.toml; None: neither
     from_workload: dict | None = None
 
 

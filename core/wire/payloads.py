@@ -267,7 +267,7 @@ class ImpactSegment(JsonObject):
     a step or more.
 
     ``step_time_low_s`` to ``step_time_high_s`` is a 90 % interval of the median step time (None under ten
-    timed steps; ``core/wire/impact.py`` says how it is built). Speed is judged only where the two segments'
+    timed steps; ``core/analysis/impact.py`` says how it is built). Speed is judged only where the two segments'
     intervals do not overlap: elsewhere ``speedup`` is None and the verdict says ``no clear difference (±6 %)``, or
     from ±100 % on ``no clear difference (step times varied up to 3.3x)``.
     """

@@ -37,9 +37,8 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from torchlab.core.errors import SHOWN_CHARS, shown
 from torchlab.core.wire import strict_json
-from torchlab.core.wire.config import DEFAULT_PROFILE_STEPS
-from torchlab.core.wire.errors import SHOWN_CHARS, shown
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample, TrialArm
 from torchlab.core.wire.typed_json import JsonObject, JsonScalar, UnreadableValue, first_few, read_object, read_value
 
@@ -252,6 +251,10 @@ def _check_option_command(command: SetCommand | TrialCommand) -> None:
     if isinstance(command.value, str):
         _check_length(f"{command.type}.value", command.value, MAX_VALUE_CHARS)
     _check_magnitude(f"{command.type}.value", command.value)
+
+
+#: Steps a profiler snapshot records unless told: ``--profile-steps``, the app's ``p`` and a profile message's default.
+DEFAULT_PROFILE_STEPS = 5
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ lists (workload, run directory, step, state, since when, whether an app is attac
 rewrites the JSON as the run goes; a detached run that ends leaves it behind with its final state,
 so ``attach`` can say the run finished and where its directory is.
 
-Tokens and entries are opened as a run's files are (core/wire/safe_open.py): never through a link, and only
+Tokens and entries are opened as a run's files are (core/safe_open.py): never through a link, and only
 when regular, so a FIFO there cannot block a listing. An entry is read as data someone else may have written:
 one that is not a JSON object of the fields and types a trainer writes (``"started": "abc"``, a 70-bit pid,
 nesting 100,000 deep) is skipped, with a line saying why (``read_runs``), never a traceback. What ``attach``
@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.wire.errors import ConfigError, shown
+from torchlab.core.errors import ConfigError, shown
+from torchlab.core.safe_open import UnsafeFileError, open_regular, read_regular_bytes, read_regular_text
 from torchlab.core.wire.run_status import FINAL_STATES, RunStatus
-from torchlab.core.wire.safe_open import UnsafeFileError, open_regular, read_regular_bytes, read_regular_text
 
 
 class RuntimeDirError(OSError, ConfigError):

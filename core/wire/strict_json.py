@@ -8,7 +8,7 @@ fields. Standard library only; the protocol, the run directory's .jsonl files an
 else (issue 26), and Python's own ``json.loads`` takes a value nested 5,000 deep (RecursionError, in it or in
 the reader that walks it), a 5,000-digit integer (ValueError: Python's limit on int()), a 400-digit one (which
 ``float()`` of it overflows), ``1e400`` (Infinity) and the bare ``NaN``. Each is an ``UnreadableJson`` (a
-ValueError), which every reader of a run's journals (core/wire/rundir.py ``rows_of``, core/wire/storage.py
+ValueError), which every reader of a run's journals (core/records/rundir.py ``rows_of``, core/records/storage.py
 ``parse_line``) leaves out as it leaves out a torn line.
 """
 

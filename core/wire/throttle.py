@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from torchlab.core.wire.errors import StorageError
+from torchlab.core.errors import StorageError
 from torchlab.core.wire.events import LineRefused, LinesRefusedUnrecorded
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.payloads import TelemetrySample

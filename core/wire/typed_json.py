@@ -29,8 +29,8 @@ import typing
 from dataclasses import MISSING, fields, is_dataclass
 from typing import Any, TypeVar, get_args, get_origin
 
+from torchlab.core.errors import SHOWN_CHARS, shown
 from torchlab.core.wire import strict_json
-from torchlab.core.wire.errors import SHOWN_CHARS, shown
 
 #: A JSON value that is neither an array nor an object: what a live option's value is on the wire.
 JsonScalar = str | int | float | bool | None

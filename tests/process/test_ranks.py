@@ -22,11 +22,11 @@ import torch
 from trainers import WORKLOADS, make_trainer
 from processes import alive
 from test_worker import Collected
-from torchlab.core.wire import protocol as p
 from torchlab.core.engine.checkpoint import load_checkpoint
-from torchlab.core.wire.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from torchlab.core.launch.cli import main
 from torchlab.core.engine.distributed import usable_cpus
+from torchlab.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from torchlab.core.launch.cli import main
+from torchlab.core.wire import protocol as p
 from torchlab.tui.link import ProcessLink
 
 TINY = WORKLOADS / "tiny.py"

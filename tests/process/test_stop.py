@@ -9,9 +9,9 @@ import pytest
 
 from test_detach import _detach, _started
 from test_worker import TINY, Collected
+from torchlab.core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from torchlab.core.launch.cli import main
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from torchlab.core.wire.events import StopRequested, describe
 from torchlab.core.wire.runtime import list_runs
 from torchlab.tui.link import ProcessLink

@@ -412,7 +412,7 @@ async def test_a_trainer_that_cannot_start_exits_as_a_failed_run_with_a_tracebac
         error: str, status: int, traceback_shown: bool) -> None:
     import errno
 
-    from torchlab.core.wire.errors import StorageError
+    from torchlab.core.errors import StorageError
 
     raised = {"storage": StorageError("could not write runs/x/trainer.log: No space left on device"),
               "no-space": OSError(errno.ENOSPC, "No space left on device", "/tmp/torchlab-0/x.token"),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from torchlab.core.launch.compare import CompareApp, main
-from torchlab.core.wire.config import build_config
+from torchlab.core.records.config import build_config
 from torchlab.tui.run_history import RunHistory, differences
 from torchlab.tui.widgets.line_chart import LineChart, marker
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from torchlab.core.wire.profile_compare import compare_tables
+from torchlab.core.analysis.profile_compare import compare_tables
 from torchlab.tui.profiles import (
     ProfileSnapshot,
     compare_entries,

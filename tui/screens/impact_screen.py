@@ -14,10 +14,10 @@ from textual.containers import Vertical
 from textual.widgets import DataTable, Label, Static
 from textual.widgets.data_table import ColumnKey
 
-from torchlab.core.wire.impact import MIN_TIMED_STEPS, SPREAD_AS_RATIO, WARMUP_STEPS, plus_minus
+from torchlab.core.analysis.impact import MIN_TIMED_STEPS, SPREAD_AS_RATIO, WARMUP_STEPS, plus_minus
+from torchlab.core.analysis.trials import trial_verdict
 from torchlab.core.wire.payloads import ImpactSegment
 from torchlab.core.wire.protocol import TrialResult
-from torchlab.core.wire.trials import trial_verdict
 from torchlab.tui.profiles import format_bytes, format_us
 from torchlab.tui.screens.view_screen import ViewScreen, closing_key
 from torchlab.tui.state import RunState

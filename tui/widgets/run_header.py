@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from torchlab.core.analysis.trials import trial_progress_text
 from torchlab.core.wire.run_status import RunStatus
-from torchlab.core.wire.trials import trial_progress_text
 from torchlab.tui.formatting import format_duration, short_workload
 from torchlab.tui.state import RunState
 from torchlab.tui.widgets.fitted_line import FittedLine

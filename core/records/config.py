@@ -5,7 +5,7 @@ names the setting (and the file, for TOML) so the user knows what to change. The
 is written to the run directory as ``config.toml``, which ``--config`` reads back. A workload file is recorded as
 an absolute path (core/launch/arguments.py ``workload_as_stored``), so a run resumes from any directory.
 
-Each setting that is not live is one declaration here (a ``Setting``, core/wire/settings.py; in ``SETTINGS``): its
+Each setting that is not live is one declaration here (a ``Setting``, core/records/settings.py; in ``SETTINGS``): its
 default, what it accepts (a number's ``Bounds``, core/wire/options.py, with its range and what 0 or "auto" mean;
 a choice; a check), its flag and help. TrainConfig's field defaults, the checks where a TrainConfig is built, the
 flags (core/launch/arguments.py) and the list of settings a command line sets all come from those declarations,
@@ -24,13 +24,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.wire.errors import ConfigError, shown
+from torchlab.core.errors import ConfigError, shown
+from torchlab.core.records.settings import ChoiceSetting, NumberSetting, Setting, StepsSetting, SwitchSetting, TextSetting
+from torchlab.core.safe_open import UnsafeFileError, open_regular
 from torchlab.core.wire.options import (
     LIVE_OPTIONS, MAX_STEPS, OPTIONS_BY_NAME, STEPS, WORKERS, Bounds, LiveOptions, OptionRefused, format_option_value,
     parse_option_value,
 )
-from torchlab.core.wire.safe_open import UnsafeFileError, open_regular
-from torchlab.core.wire.settings import ChoiceSetting, NumberSetting, Setting, StepsSetting, SwitchSetting, TextSetting
+from torchlab.core.wire.protocol import DEFAULT_PROFILE_STEPS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -50,8 +51,6 @@ MAX_TELEMETRY_INTERVAL_S = 3600.0
 MIN_TELEMETRY_INTERVAL_S = 0.1
 #: Steps one profiler snapshot may record: each adds its events to a trace held in memory until the snapshot ends.
 MAX_PROFILE_STEPS = 1000
-#: Steps a profiler snapshot records unless told: ``--profile-steps``, the app's ``p`` and a profile message's default.
-DEFAULT_PROFILE_STEPS = 5
 MAX_TRIAL_STEPS = 1000
 DEFAULT_TRIAL_STEPS = 20
 #: Step checkpoints kept besides last.pt: each is a whole copy of the model and its optimizer (1.2 GB for 100M
@@ -69,7 +68,7 @@ AUTO_CADENCE = Bounds(whole=True, minimum=1, maximum=MAX_STEPS, off=0, auto=True
                       must_be="a whole number of steps from 1 to 10^9, 0 (off) or auto")
 #: One optimizer step, as ``--at``, ``--trial`` and ``--profile-at`` name it.
 OPTIMIZER_STEP = Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="an optimizer step from 1 to 10^9")
-#: The steps of each arm of a trial: ``--trial-steps``, and a trial typed in the app (core/wire/trials.py).
+#: The steps of each arm of a trial: ``--trial-steps``, and a trial typed in the app (core/analysis/trials.py).
 TRIAL_STEPS = Bounds(whole=True, minimum=1, maximum=MAX_TRIAL_STEPS, must_be=f"a whole number from 1 to {MAX_TRIAL_STEPS} (steps an arm)")
 
 
@@ -168,7 +167,7 @@ class FromWorkload:
         return shown
 
 
-#: The settings that are not live, each declared once (core/wire/settings.py): TrainConfig's field defaults, the
+#: The settings that are not live, each declared once (core/records/settings.py): TrainConfig's field defaults, the
 #: checks, the flags and their help come from here. In the order ``torchlab-tui --help`` lists them under their
 #: headings (config.toml follows TrainConfig's fields). ``steps`` is the live option's own (STEPS): one definition.
 STEPS_SETTING = NumberSetting(
@@ -392,7 +391,7 @@ def load_config_file(path: Path, *, follow_link: bool = False) -> dict[str, Any]
     """Read a TOML config into keyword arguments for ``build_config`` (unknown keys are errors).
 
     Only a regular file: a FIFO would block for ever. A run's ``config.toml`` is read only if it is no link
-    (UnsafeFileError, core/wire/safe_open.py); ``follow_link`` is for a path the user typed (``--config``),
+    (UnsafeFileError, core/safe_open.py); ``follow_link`` is for a path the user typed (``--config``),
     which may be a link of theirs."""
     try:
         with open(os.path.realpath(path) if follow_link else path, "rb", opener=open_regular) as handle:

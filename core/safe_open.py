@@ -9,7 +9,7 @@ export would copy it), a FIFO that blocks a reader for ever. Every open of a run
 open return at once so that ``fstat`` can refuse it, and anything that is not a regular file (a FIFO, a
 device, a socket, a folder) is refused with one paragraph. Folders are checked with ``lstat`` by
 ``require_real_folder``; the run directory's owner and mode are checked where a run begins
-(core/wire/rundir.py), and once no one else may write into it, no one else can swap its entries.
+(core/records/rundir.py), and once no one else may write into it, no one else can swap its entries.
 
 Standard library only (the profile-table builder, a child process without torch, writes through it).
 """
@@ -22,7 +22,7 @@ import os
 import stat
 from pathlib import Path
 
-from torchlab.core.wire.errors import ConfigError
+from torchlab.core.errors import ConfigError
 
 #: What an entry is, as a message names it.
 _KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),

@@ -14,7 +14,7 @@ write gives.
   (no group or other bits: a run directory is made so unless ``shared_run_dir`` is set), a file is
   created 0600 and a folder 0700, whatever the umask; elsewhere 0666 and 0755, which the umask trims
   as usual: others may read what the umask lets them, never add to or swap the entries of a folder
-  torchlab made (core/wire/rundir.py refuses a run directory they could). The mode is given to
+  torchlab made (core/records/rundir.py refuses a run directory they could). The mode is given to
   ``open``/``mkdir`` themselves, so there is no moment when a file is readable by others before a
   ``chmod``; nothing that exists has its mode changed.
 
@@ -30,9 +30,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from torchlab.core.errors import ConfigError, StorageError
+from torchlab.core.safe_open import open_regular, require_real_folder
 from torchlab.core.wire import strict_json
-from torchlab.core.wire.errors import ConfigError, StorageError
-from torchlab.core.wire.safe_open import open_regular, require_real_folder
 
 #: A file is read back from its end this much at a time (a line longer than this takes several reads).
 TAIL_CHUNK = 64 * 1024

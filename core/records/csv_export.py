@@ -12,7 +12,7 @@ holds a comma, a quote or a line break. Names of columns are text too: a workloa
 modules' names, and a run directory may have been prepared by someone else. Numbers are not escaped: a loss
 of -0.5 is data, and a ``'`` would make the column text.
 
-The file is written through core/wire/export_files.py: created new, or (``replace``) renamed over the old
+The file is written through core/records/export_files.py: created new, or (``replace``) renamed over the old
 name; never through a link.
 """
 
@@ -23,10 +23,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.wire.errors import StorageError
-from torchlab.core.wire.export_files import output_file
-from torchlab.core.wire.rundir import rows_of
-from torchlab.core.wire.storage import reason
+from torchlab.core.errors import StorageError
+from torchlab.core.records.export_files import output_file
+from torchlab.core.records.rundir import rows_of
+from torchlab.core.records.storage import reason
 
 _ACT_STATS = ("mean", "std", "max_abs")
 #: How a cell that a spreadsheet takes for a formula begins (OWASP).

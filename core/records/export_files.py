@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from torchlab.core.wire.storage import create_file, fsync_directory, temporary_name
+from torchlab.core.records.storage import create_file, fsync_directory, temporary_name
 
 #: A file is copied this much at a time (a profiler trace can be hundreds of megabytes).
 COPY_CHUNK = 1024 * 1024

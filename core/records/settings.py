@@ -1,4 +1,4 @@
-"""How a run's settings that are not live are declared: each is one ``Setting`` (core/wire/config.py declares them
+"""How a run's settings that are not live are declared: each is one ``Setting`` (core/records/config.py declares them
 all, in ``SETTINGS``), as each live option is one ``LiveOption`` (core/wire/options.py).
 
 A setting owns its name, its default, what it accepts (a number's ``Bounds``, a few choices, on or off, a text
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from torchlab.core.wire.errors import ConfigError, shown
+from torchlab.core.errors import ConfigError, shown
 from torchlab.core.wire.options import Bounds, OptionRefused
 
 #: The heading of ``torchlab-tui --help`` a setting's flag is listed under: "run" beside ``--run-dir`` at the top,

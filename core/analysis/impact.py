@@ -31,12 +31,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchlab.core.records.storage import write_atomically
 from torchlab.core.wire.events import ProfileStarted, RunEnded, RunStarted
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import LIVE_OPTIONS, format_option_value
-from torchlab.core.wire.protocol import Message, ProfileReady
 from torchlab.core.wire.payloads import ImpactSegment, TelemetrySample
-from torchlab.core.wire.storage import write_atomically
+from torchlab.core.wire.protocol import Message, ProfileReady
 
 WARMUP_STEPS = 2  # the first steps after a change pay one-off costs (allocator, autotuning)
 #: A new trainer process (start, resume, a world-size relaunch) warms up for longer: its first steps'

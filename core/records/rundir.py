@@ -12,7 +12,7 @@ A run directory torchlab makes is private: 0700, and everything created in it 06
 whatever the umask, as ssh-keygen writes a private key. ``shared_run_dir`` (``--shared-run-dir``) makes
 it follow the umask instead (0755 and 0644 under the usual 022), less others' write permission on its
 folders (under umask 002 the folders are 0755, the files 0664). What is made in a folder follows that
-folder (core/wire/storage.py), so a resume keeps the run's choice, and a ``chmod`` of the directory since:
+folder (core/records/storage.py), so a resume keeps the run's choice, and a ``chmod`` of the directory since:
 torchlab never changes the mode of a directory or file that exists. What torch makes in it follows too: the
 ranks' logs (``ranks/``, core/engine/ranks.py), a profile's ``trace.json``, a ``--tensorboard`` folder
 inside the run (the event files in it are TensorBoard's, as a failing rank's ``error.json`` is torch's:
@@ -26,11 +26,11 @@ a workload is loaded or the directory opened, and again where it is opened (``cr
 run's ``--run-dir`` must also hold nothing but an untrained run of yours (or nothing), and be private unless
 ``--shared-run-dir``: ``/``, a home folder, ``/tmp`` are refused. A ``--run-dir``
 that is a link (yours: it is your argument) is followed once, and the folder it leads to is checked and
-used. Every file of a run is opened without following a link, and only if regular (core/wire/safe_open.py).
+used. Every file of a run is opened without following a link, and only if regular (core/safe_open.py).
 
 Every line of every ``.jsonl`` file parses, after any fault: a line is written whole or not at all, and
 a torn last line (a power cut) is cut off when the file is opened, with a ``journal_repaired`` event.
-A failed write is a ``StorageError`` that names the file and says what is intact (core/wire/storage.py).
+A failed write is a ``StorageError`` that names the file and says what is intact (core/records/storage.py).
 """
 
 from __future__ import annotations
@@ -46,17 +46,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.wire import strict_json
-from torchlab.core.wire.errors import ConfigError, StorageError, shown
-from torchlab.core.wire.events import JournalRepaired, MetricsMovedAside, ResumedFromCheckpoint
-from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.protocol import Error, Message, TrialResult
-from torchlab.core.wire.payloads import TelemetrySample
-from torchlab.core.wire.safe_open import UnsafeFileError, kind_of, open_regular
-from torchlab.core.wire.storage import (
+from torchlab.core.errors import ConfigError, StorageError, shown
+from torchlab.core.records.storage import (
     JsonLines, fsync_directory, make_folder, parse_line, reason, remedy, storage_error, temporary_name,
     unreadable_run, write_atomically, write_new_file,
 )
+from torchlab.core.safe_open import UnsafeFileError, kind_of, open_regular
+from torchlab.core.wire import strict_json
+from torchlab.core.wire.events import JournalRepaired, MetricsMovedAside, ResumedFromCheckpoint
+from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.wire.payloads import TelemetrySample
+from torchlab.core.wire.protocol import Error, Message, TrialResult
 
 #: Where ``metrics.jsonl``'s rows that a resume replays go, so that the file holds each step once.
 REPLACED_METRICS = "metrics.replaced.jsonl"
@@ -250,7 +250,7 @@ def rows_of(path: Path, skipped: list[int] | None = None) -> Iterator[dict[str, 
     JSON object (a write torn by a crash, which a resume repairs) is left out, as the app leaves it out, and so
     is one that torchlab never writes (nested too deep, a number out of range: ``strict_json.loads``). The line
     number of each line left out so is added to ``skipped``, for the reader to say how many. Read only from a
-    regular file, not through a link (UnsafeFileError: core/wire/safe_open.py)."""
+    regular file, not through a link (UnsafeFileError: core/safe_open.py)."""
     with open(path, encoding="utf-8", errors="replace", opener=open_regular) as handle:
         for number, line in enumerate(handle, start=1):
             try:

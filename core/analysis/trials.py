@@ -1,4 +1,4 @@
-"""Controlled trials on the wire's side (standard library only): a trial typed in the app, read into its
+"""Controlled trials in words (standard library only): a trial typed in the app, read into its
 command, and a trial's result in words, for the headless printer and the app's log.
 
     trial amp=bf16 from step 40, 20 steps each on the same batches: 1.72x faster, activations -46 %,
@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 import statistics
 
-from torchlab.core.wire.config import DEFAULT_TRIAL_STEPS, TRIAL_STEPS
-from torchlab.core.wire.impact import compare_step_times, load_shift
+from torchlab.core.analysis.impact import compare_step_times, load_shift
+from torchlab.core.records.config import DEFAULT_TRIAL_STEPS, TRIAL_STEPS
 from torchlab.core.wire.options import STEPS, WORLD_SIZE, OptionRefused, parse_option_value
 from torchlab.core.wire.payloads import TrialArm
 from torchlab.core.wire.protocol import TrialCommand, TrialProgress, TrialResult
