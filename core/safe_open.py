@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import pwd
 import stat
 from pathlib import Path
 
@@ -95,6 +96,27 @@ def require_real_folder(path: Path | str) -> bool:
     if not stat.S_ISDIR(mode):
         raise UnsafeFileError(path, kind_of(mode), expected="a folder")
     return True
+
+
+def who_else_may_write(status: os.stat_result) -> str | None:
+    """Why what ``status`` describes may have been prepared or changed by someone else, or None where only you
+    could have: it belongs to another user, or other users may write into it (group or others). The one rule
+    for a run directory, a checkpoint named on the command line and an export's folder; each caller says what
+    the fault means for it."""
+    if status.st_uid != os.geteuid():
+        return f"belongs to {owner_name(status.st_uid)}"
+    mode = stat.S_IMODE(status.st_mode)
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"can be written by other users (mode {mode:04o})"
+    return None
+
+
+def owner_name(uid: int) -> str:
+    """``alice (uid 1001)``: who owns a file, as a refusal names them."""
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:  # no name in the password database
+        return f"uid {uid}"
 
 
 def _lstat_kind(path: Path | str) -> str:

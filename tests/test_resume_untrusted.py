@@ -114,7 +114,7 @@ def test_a_run_directory_others_may_write_to_is_not_trusted(trained, tmp_path, c
     run.chmod(0o777)
     assert main(["--resume", str(run), "--headless", "--steps", "4"]) == EXIT_USAGE
     message = paragraph(capsys.readouterr().err)
-    assert f"{run} may be written by other users (mode 0777)" in message
+    assert f"{run} can be written by other users (mode 0777)" in message
     assert f"torchlab-tui {TINY} --resume {run / 'checkpoints' / 'last.pt'}" in message
     run.chmod(0o700)
     assert main(["--resume", str(run), "--headless", "--steps", "4", "--telemetry-interval", "0"]) == EXIT_OK

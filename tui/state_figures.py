@@ -71,7 +71,7 @@ class RunFigures:
         knows no reason; the trainer still checks what only it knows.
 
         The app asks before it sends: a key that cycles skips such a value, a switch and a prompt refuse it with
-        this reason. The trainer's checks are core/engine/precision.py (fp16), trainer.py (pinned memory) and
+        this reason. The trainer's checks are core/engine/precision.py (fp16), option_hooks.py (pinned memory) and
         distributed.py's ``check_world_size``; its own refusals, once made, are ``was_refused``.
         """
         device = self.device.split(":")[0]

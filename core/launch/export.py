@@ -32,13 +32,12 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from torchlab.core.errors import EXIT_OK, EXIT_USAGE
-from torchlab.core.errors import ConfigError, StorageError, TorchlabError
+from torchlab.core.errors import EXIT_OK, EXIT_USAGE, ConfigError, StorageError, TorchlabError
 from torchlab.core.launch.arguments import command_description
 from torchlab.core.records.csv_export import write_csv
 from torchlab.core.records.rundir import rows_of
 from torchlab.core.records.storage import reason, unreadable_run
-from torchlab.core.safe_open import UnsafeFileError, kind_of, open_regular, require_real_folder
+from torchlab.core.safe_open import UnsafeFileError, kind_of, open_regular, require_real_folder, who_else_may_write
 
 #: Says on stderr what was left out of an export, and goes on.
 Warn = Callable[[UnsafeFileError], None]
@@ -117,7 +116,7 @@ def refuse_tensorboard_target(directory: Path, run: Path, *, force: bool) -> Non
     status = _status("--tensorboard", directory)
     if status is None:
         return
-    mode, theirs = status.st_mode, status.st_uid != os.geteuid()
+    mode, fault = status.st_mode, who_else_may_write(status)
     if stat.S_ISLNK(mode):
         raise ConfigError(f"--tensorboard {directory} is a symbolic link: an export writes into no folder through a "
                           "link, which whoever made it could point at a folder of yours. Give the folder itself, "
@@ -125,9 +124,9 @@ def refuse_tensorboard_target(directory: Path, run: Path, *, force: bool) -> Non
     if not stat.S_ISDIR(mode):
         raise ConfigError(f"--tensorboard {directory} is {kind_of(mode)}, not a folder: give a new folder (export "
                           "makes it) or an empty one.")
-    if theirs or mode & 0o022:
-        who = "belongs to another user" if theirs else f"can be written by other users (mode {stat.S_IMODE(mode):04o})"
-        raise ConfigError(f"--tensorboard {directory} {who}: one of them could put a link where TensorBoard writes "
+    if fault is not None:
+        theirs = status.st_uid != os.geteuid()
+        raise ConfigError(f"--tensorboard {directory} {fault}: one of them could put a link where TensorBoard writes "
                           "its event file, and it would be written through. Give a new folder (export makes it "
                           f"private){'' if theirs else f', or chmod go-w {directory} first'}.")
     if not force and _holds_files("--tensorboard", directory):

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import stat
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -46,8 +45,8 @@ from torchlab.core.engine.loading import SAMPLES, spec_as_shown, spec_as_typed
 from torchlab.core.errors import ConfigError
 from torchlab.core.launch.arguments import resolve_config, setting_layers, workload_origin
 from torchlab.core.records.config import FromWorkload, TrainConfig, build_config, settings_from_toml
-from torchlab.core.records.rundir import RunDirectory, owner_name
-from torchlab.core.safe_open import read_regular_text
+from torchlab.core.records.rundir import RunDirectory
+from torchlab.core.safe_open import read_regular_text, who_else_may_write
 from torchlab.core.wire.events import RunStarted
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import OPTION_NAMES, format_option_value
@@ -167,11 +166,9 @@ def refusal_to_import(workload: str, checkpoint: Path) -> str | None:
     if folder.name != "checkpoints" or not config.is_file():
         return "it is not in a run directory (RUN/checkpoints/ beside RUN/config.toml)"
     for path in (run, folder, config, checkpoint):
-        status = os.stat(path)
-        if status.st_uid != os.geteuid():
-            return f"{path} belongs to {owner_name(status.st_uid)}"
-        if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            return f"{path} may be written by other users (mode {stat.S_IMODE(status.st_mode):04o})"
+        fault = who_else_may_write(os.stat(path))
+        if fault is not None:
+            return f"{path} {fault}"
     named = settings_from_toml(read_regular_text(config), str(config)).get("workload")
     if named != workload:
         return f"its run's config.toml names {spec_as_shown(named) if isinstance(named, str) else 'no workload'}"

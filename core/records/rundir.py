@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import errno
 import os
-import pwd
 import re
 import stat
 import threading
@@ -51,7 +50,7 @@ from torchlab.core.records.storage import (
     JsonLines, fsync_directory, make_folder, parse_line, reason, remedy, storage_error, temporary_name,
     unreadable_run, write_atomically, write_new_file,
 )
-from torchlab.core.safe_open import UnsafeFileError, kind_of, open_regular
+from torchlab.core.safe_open import UnsafeFileError, kind_of, open_regular, owner_name, who_else_may_write
 from torchlab.core.wire import strict_json
 from torchlab.core.wire.events import JournalRepaired, MetricsMovedAside, ResumedFromCheckpoint
 from torchlab.core.wire.observer import TrainerObserver
@@ -417,13 +416,13 @@ def require_own_folder(folder: Path, label: str, remedy: str) -> None:
     status = os.lstat(folder)
     if not stat.S_ISDIR(status.st_mode):
         raise UnsafeFileError(folder, kind_of(status.st_mode), expected="a folder")
+    fault = who_else_may_write(status)
+    if fault is None:
+        return
     if status.st_uid != os.geteuid():
-        raise ConfigError(f"{label} belongs to {owner_name(status.st_uid)}, not to you: torchlab writes a run only into "
-                          f"a folder of yours, which no one else can have prepared. {remedy}")
-    mode = stat.S_IMODE(status.st_mode)
-    if mode & 0o022:
-        raise ConfigError(f"{label} can be written by other users (mode {mode:04o}): they could swap its files for "
-                          f"links to yours. {remedy}")
+        raise ConfigError(f"{label} {fault}, not to you: torchlab writes a run only into a folder of yours, which no "
+                          f"one else can have prepared. {remedy}")
+    raise ConfigError(f"{label} {fault}: they could swap its files for links to yours. {remedy}")
 
 
 def require_safe_folders_above(folder: Path, label: str) -> None:
@@ -490,14 +489,6 @@ def _without_links(path: Path) -> Path:
 
 def _named(given: Path, real: Path) -> str:
     return str(given) if given == real else f"{given} (a link to {real})"
-
-
-def owner_name(uid: int) -> str:
-    """``alice (uid 1001)``: who owns a file, as a refusal names them."""
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:  # no name in the password database
-        return f"uid {uid}"
 
 
 def _unusable(label: str, run_dir: Path, error: OSError) -> ConfigError:
