@@ -13,6 +13,7 @@ import os
 import sys
 import termios
 import threading
+from pathlib import Path
 
 from textual import work
 
@@ -81,6 +82,20 @@ class Leaving:
         if self.link is not None and self.link.trainer_exit_code == EXIT_USAGE:
             return EXIT_USAGE
         return EXIT_FAILED
+
+    def how_to_continue(self, run_dir: Path) -> str | None:
+        """For the terminal after a quit: how to continue a run stopped before its last step, as a headless run
+        interrupted says it. None where there is nothing to continue (the run finished, failed, was detached, or
+        left no checkpoint) or this app only watched it."""
+        state = self.run_state
+        if state.detached or self.read_only or state.failure is not None or self._start_failed_status is not None:
+            return None
+        if state.total_steps is None or state.step >= state.total_steps:
+            return None
+        if not (run_dir / "checkpoints" / "last.pt").exists():
+            return None
+        return (f"Stopped before its {state.total_steps} steps; continue it with "
+                f"torchlab-tui --resume {run_dir.absolute()}")
 
     def on_unmount(self) -> None:
         # Any other way out (ctrl+c, an exception): the trainer still gets told, so no orphan is left;

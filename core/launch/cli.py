@@ -99,6 +99,8 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
         name = links[-1].endpoint_name
         print(f"Detached: {app.run_state.after_detach}. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
     print(f"Run directory: {run_dir.absolute()}", file=sys.stderr)  # absolute: the hint works from anywhere
+    if (continuing := app.how_to_continue(run_dir)) is not None:
+        print(continuing, file=sys.stderr)
     return app.return_code or EXIT_OK
 
 
