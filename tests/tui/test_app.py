@@ -22,8 +22,6 @@ from torchlab.tui.widgets.grad_table import GradTable
 from torchlab.tui.widgets.line_chart import LineChart
 from torchlab.tui.widgets.options_panel import OptionsPanel
 
-pytestmark = pytest.mark.asyncio
-
 SIZE = (120, 40)
 
 

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
-
 from fake_link import FakeLink, quiet_app, training_events
 
 from torchlab.core.wire import protocol
 from torchlab.tui.widgets.event_log import EventLog
-
-pytestmark = pytest.mark.asyncio
 
 
 async def test_shrinking_the_terminal_keeps_the_newest_lines_in_view_at_the_new_width() -> None:

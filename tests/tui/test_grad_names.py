@@ -12,8 +12,6 @@ from torchlab.tui.screens.help_screen import HelpScreen
 from torchlab.tui.widgets.grad_table import GradTable
 from torchlab.tui.widgets.options_panel import OptionsPanel
 
-pytestmark = pytest.mark.asyncio
-
 WORD_EMBEDDINGS = "bert.embeddings.word_embeddings"
 
 

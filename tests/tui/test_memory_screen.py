@@ -12,8 +12,6 @@ from torchlab.core.wire import protocol
 from torchlab.core.wire.payloads import MemoryBreakdown, ModuleBytes
 from torchlab.tui.screens.memory_screen import TOP_MODULES, MemoryScreen
 
-pytestmark = pytest.mark.asyncio
-
 MIB = 2**20
 
 

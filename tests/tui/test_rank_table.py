@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
-
 from fake_link import FakeLink, quiet_app, ranks, telemetry, training_events
 
 from torchlab.core.wire import protocol
@@ -18,8 +16,6 @@ from torchlab.tui.widgets.grad_table import GradTable
 from torchlab.tui.widgets.options_panel import OptionsPanel
 from torchlab.tui.widgets.rank_table import RankTable
 from torchlab.tui.widgets.run_header import RunHeader
-
-pytestmark = pytest.mark.asyncio
 
 WIDE = (160, 48)
 SMALL = (80, 24)

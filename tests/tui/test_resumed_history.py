@@ -6,14 +6,10 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
-
 from fake_link import FakeLink, quiet_app, record, welcome
 
 from torchlab.core.wire import protocol
 from torchlab.tui.widgets.event_log import EventLog
-
-pytestmark = pytest.mark.asyncio
 
 RESUMED_AT = 71
 

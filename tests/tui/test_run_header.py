@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-
 from fake_link import FakeLink, quiet_app, training_events
 
 from torchlab.core.wire import protocol
 from torchlab.core.wire.events import COMPILING
 from torchlab.tui.widgets.run_header import RunHeader
-
-pytestmark = pytest.mark.asyncio
 
 
 def header_text(app) -> str:

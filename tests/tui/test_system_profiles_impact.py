@@ -15,8 +15,6 @@ from torchlab.tui.state import TELEMETRY_HISTORY
 from torchlab.tui.widgets.event_log import EventLog
 from torchlab.tui.widgets.system_panel import SystemPanel
 
-pytestmark = pytest.mark.asyncio
-
 WIDE = (160, 48)
 SMALL = (80, 24)
 #: Sixteen cores, each busy its own amount (as % of that core).

@@ -27,8 +27,6 @@ from torchlab.tui.screens.prompt import OptionPrompt
 from torchlab.tui.widgets.event_log import EventLog
 from torchlab.tui.widgets.grad_table import GradTable
 
-pytestmark = pytest.mark.asyncio
-
 SIZE = (80, 24)
 #: what a terminal sends for the keys with names (tmux's BSpace is DEL); the others (left, home) send no character
 CHARACTERS = {"enter": "\r", "full_stop": ".", "equals_sign": "=", "space": " ", "backspace": "\x7f", "escape": "\x1b",

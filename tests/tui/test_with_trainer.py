@@ -22,8 +22,6 @@ from torchlab.tui.widgets.event_log import EventLog
 from torchlab.tui.widgets.grad_table import GradTable
 from torchlab.tui.widgets.rank_table import RankTable
 
-pytestmark = pytest.mark.asyncio
-
 TINY = str(Path(__file__).parent.parent / "workloads" / "tiny.py")
 SIZE = (120, 40)
 

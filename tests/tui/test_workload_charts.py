@@ -10,8 +10,6 @@ from torchlab.core.wire import protocol
 from torchlab.tui.widgets.event_log import EventLog
 from torchlab.tui.widgets.line_chart import LineChart
 
-pytestmark = pytest.mark.asyncio
-
 
 def own_rows(first: int, last: int, *, evaluate_at: int | None = None) -> protocol.Metrics:
     rows = []
