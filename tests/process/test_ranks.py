@@ -159,7 +159,7 @@ def test_the_app_changes_the_world_size_and_the_trainer_stays_its_endpoint(tmp_p
     link.start()
     try:
         seen = Collected(link)
-        seen.until(lambda m: isinstance(m, p.Metrics) and m.records[-1]["step"] >= 2)
+        seen.until(lambda m: isinstance(m, p.Metrics) and m.rows[-1].step >= 2)
         link.send(p.SetCommand(option="world_size", value=2))
         relaunching = seen.until(lambda m: isinstance(m, p.State) and m.state == "relaunching")
         assert relaunching.detail == "1 → 2"
@@ -170,7 +170,7 @@ def test_the_app_changes_the_world_size_and_the_trainer_stays_its_endpoint(tmp_p
         link.send(p.PauseCommand())  # every rank waits at the boundary; rank 0 keeps them in step
         paused = seen.until(lambda m: isinstance(m, p.State) and m.state == "paused")
         link.send(p.ResumeCommand())
-        seen.until(lambda m: isinstance(m, p.Metrics) and m.records[-1]["step"] > paused.step + 1)
+        seen.until(lambda m: isinstance(m, p.Metrics) and m.rows[-1].step > paused.step + 1)
     finally:
         assert link.close(grace_s=60) == 0
     events = read_jsonl(tmp_path / "run" / "events.jsonl")
