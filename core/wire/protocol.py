@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 
 from torchlab.core.errors import SHOWN_CHARS, shown
 from torchlab.core.wire import strict_json
-from torchlab.core.wire.metrics_row import SET_ONLY, MetricsRow
+from torchlab.core.wire.metrics_row import SET_ONLY, MetricsRow, columns_of
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample, TrialArm
 from torchlab.core.wire.typed_json import JsonObject, JsonScalar, UnreadableValue, first_few, read_object, read_value
 
@@ -357,9 +357,7 @@ class Metrics(Message):
 
     @classmethod
     def from_rows(cls, rows: list[MetricsRow]) -> Metrics:
-        objects = [row.json_object() for row in rows]
-        names = dict.fromkeys(key for row in objects for key in row if key not in cls.SENT_APART)
-        return cls(columns={name: [row.get(name) for row in objects] for name in names})
+        return cls(columns=columns_of(rows, leave_out=cls.SENT_APART))
 
     @property
     def rows(self) -> list[MetricsRow]:
