@@ -121,9 +121,9 @@ def test_data_parallel_gradient_norms_equal_the_single_process_ones(tmp_path):
     single.run()
     assert len(parallel) == len(seen.metrics) == 4
     for ours, theirs in zip(parallel, seen.metrics):
-        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
-        assert ours["grad_norm_total"] == pytest.approx(theirs["grad_norm_total"], rel=1e-5)
-        assert ours["grad_norms"] == pytest.approx(theirs["grad_norms"], rel=1e-4)
+        assert ours["loss"] == pytest.approx(theirs.loss, rel=1e-5)
+        assert ours["grad_norm_total"] == pytest.approx(theirs.grad_norm_total, rel=1e-5)
+        assert ours["grad_norms"] == pytest.approx(theirs.grad_norms, rel=1e-4)
 
 
 @pytest.mark.parametrize("factory, message", [
