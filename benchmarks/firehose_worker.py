@@ -20,6 +20,8 @@ from pathlib import Path
 
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.control_server import ControlServer
+from torchlab.core.wire.metrics_row import MetricsRow
+from torchlab.core.wire.options import LiveOptions
 from torchlab.core.wire.outbox import Outbox
 from torchlab.core.wire.payloads import ModuleInfo, RunInfo
 
@@ -29,36 +31,36 @@ class Firehose:
         self.outbox = Outbox()
         self.step = 0
         self.modules = [ModuleInfo(f"blocks.{i // 4}.layer{i % 4}", 1024) for i in range(modules)]
-        self.options = {"amp": "off", "checkpointing": False, "clip": None, "accum": 1, "lr_scale": 1.0, "world_size": 1}
+        self.options = LiveOptions(pin_memory=False)
         self.sent = 0
 
     def welcome(self) -> p.Welcome:
         return p.Welcome(
             run=RunInfo(workload="firehose", run_dir="", device="cpu", steps=10**9, batch_size=1, pid=os.getpid(),
                         started=time.time(), checkpoint_blocks=[], world_size=1, ranks=[]),
-            modules=self.modules, options=dict(self.options), state="running", step=self.step,
+            modules=self.modules, options=self.options.as_dict(), state="running", step=self.step,
         )
 
     def on_command(self, command: p.Message) -> None:
         if isinstance(command, p.SetCommand):
-            previous = self.options.get(command.option)
-            self.options[command.option] = command.value
+            previous = getattr(self.options, command.option, None)
+            self.options = self.options.with_value(command.option, command.value)
             self.outbox.add_event(p.OptionApplied(
                 option=command.option, value=command.value, previous=previous, step=self.step + 1, source="app"))
         elif isinstance(command, p.StopCommand):
             os._exit(0)
 
-    def record(self) -> dict:
+    def row(self) -> MetricsRow:
         self.step += 1
         loss = 4.0 * 0.9995 ** self.step + 0.05 * random.random()
-        return {"step": self.step, "time": time.time(), "elapsed_s": 0.0, "loss": loss, "lr": 1e-3,
-                "samples_per_s": 1e5, "step_time_s": 1e-5, "grad_norm_total": 1.0, "clipped": None,
-                "skipped": False, **self.options}
+        return MetricsRow(step=self.step, time=time.time(), elapsed_s=0.0, epoch=0, loss=loss, lr=1e-3, samples_per_s=1e5,
+                          step_time_s=1e-5, grad_norm_total=1.0, clipped=None, grad_norms=None, skipped=False,
+                          data_wait_s=0.0, options=self.options)
 
     def run(self, rate: float) -> None:
         started = time.perf_counter()
         while True:
-            self.outbox.add_metrics(self.record())
+            self.outbox.add_metrics(self.row())
             if self.step % 100 == 0:  # latest-wins anyway: the app sees at most one per drain
                 self.outbox.add_latest(p.GradNorms(step=self.step, norms=[random.random() for _ in self.modules], total=1.0))
             self.sent += 1

@@ -427,6 +427,7 @@ def components(step_ms: float | None) -> None:
     from torchlab.core.wire.events import RunStarted
     from torchlab.core.analysis.impact import ImpactTracker
     from torchlab.core.engine.loading import load_workload
+    from torchlab.core.wire.metrics_row import MetricsRow
     from torchlab.core.wire.observer import TrainerObserver
     from torchlab.core.wire.outbox import Outbox
     from torchlab.core.records.rundir import RunDirectory, to_json_line
@@ -439,10 +440,10 @@ def components(step_ms: float | None) -> None:
 
     class Rows(TrainerObserver):
         def __init__(self) -> None:
-            self.rows: list[dict] = []
+            self.rows: list[MetricsRow] = []
 
-        def on_metrics(self, record: dict) -> None:
-            self.rows.append(record)
+        def on_metrics(self, row: MetricsRow) -> None:
+            self.rows.append(row)
 
     scratch = Path(tempfile.mkdtemp(prefix="loop-cost-parts-"))
     seed_everything(0)
@@ -466,6 +467,7 @@ def components(step_ms: float | None) -> None:
     step_s = (time.perf_counter() - started) / 300
     gc.callbacks.remove(on_gc)
     records = rows.rows[-300:]
+    cycle = iter(records * 100)
     step_s = step_ms / 1000 if step_ms else step_s
     per_s = 1 / step_s
     cadence = trainer.instruments.cadence
@@ -487,21 +489,19 @@ def components(step_ms: float | None) -> None:
         f"{packing:.1f} vs {item:.1f} us, every {interval} steps")
     row("scheduler.step() + scale_lr()", cost_us(trainer.scheduler.step, 500) + cost_us(lambda: trainer.parts.optimization.scale_lr(1.0), 2000), "")
     options = trainer.options
-    row("options.as_dict() in the record", cost_us(options.as_dict, 2000), "")
+    row("MetricsRow.json_object() (each row written or sent)", cost_us(lambda: next(cycle).json_object(), len(records)), "")
     row("the step boundary with nothing queued", cost_us(trainer.boundary.apply, 2000), "")
 
     directory = RunDirectory(scratch / "run")
-    cycle = iter(records * 100)
     row("RunDirectory.on_metrics (encode + append)", cost_us(lambda: directory.on_metrics(next(cycle)), len(records)), "")
-    row("  of which the encoding", cost_us(lambda: to_json_line(next(cycle)), len(records)), "strict_json")
+    row("  of which the encoding", cost_us(lambda: to_json_line(next(cycle).json_object()), len(records)), "json_object + strict_json")
     impact = ImpactTracker(scratch / "impact.json")
     impact.on_event(RunStarted(step=0, device="cpu", batch_size=32, steps=10**9, options=options.as_dict(), modules=[],
                                module_params=[], checkpoint_blocks=[], world_size=1, ranks=None))
     row("ImpactTracker.on_metrics", cost_us(lambda: impact.on_metrics(next(cycle)), len(records)), "")
     reporter = OutboxReporter(Outbox())
     row("OutboxReporter.on_metrics (the app's trainer only)", cost_us(lambda: reporter.on_metrics(next(cycle)), len(records)), "")
-    plain_rows = [{key: value for key, value in record.items() if key not in ("grad_norms", "act_stats", "ranks")} for record in records]
-    row("  its sender thread: rows encoded for the socket", cost_us(lambda: protocol.Metrics.from_records(plain_rows[:20]).encode(), 50) / 20,
+    row("  its sender thread: rows encoded for the socket", cost_us(lambda: protocol.Metrics.from_rows(records[:20]).encode(), 50) / 20,
         "per row, in batches of 20")
 
     master, slave = pty.openpty()  # Rich draws as for a person only on a terminal

@@ -34,13 +34,14 @@ def measure(name: str, rounds: int, block: int) -> None:
     from torchlab.core.engine.seeding import seed_everything
     from torchlab.core.engine.trainer import Trainer
     from torchlab.core.records.config import build_config
+    from torchlab.core.wire.metrics_row import MetricsRow
     from torchlab.core.wire.observer import TrainerObserver
 
     class Last(TrainerObserver):
-        record: dict | None = None
+        row: MetricsRow | None = None
 
-        def on_metrics(self, record: dict) -> None:
-            self.record = record
+        def on_metrics(self, row: MetricsRow) -> None:
+            self.row = row
 
     spec = WORKLOADS[name]
     scratch = Path(tempfile.mkdtemp(prefix="memory-cost-"))
@@ -52,7 +53,7 @@ def measure(name: str, rounds: int, block: int) -> None:
         trainers[variant] = Trainer(config, load_workload(spec), observers=[last] if every else [],
                                     checkpoint_dir=scratch / variant)
         trainers[variant].train_steps(5)
-    memory = last.record["memory"]
+    memory = last.row.memory
     times: dict[str, list[float]] = {variant: [] for variant in trainers}
     order = list(trainers)
     for _ in range(rounds):

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "tui"))
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "tests" / "tui"), str(Path(__file__).resolve().parent.parent / "tests")]
 
 from fake_link import FakeLink, quiet_app, record, training_events  # noqa: E402
 
@@ -32,7 +32,7 @@ async def measure(history: int) -> tuple[float, float]:
         charts = list(app.query(LineChart))
         chart_times, frame_times = [], []
         for step in range(history + 1, history + 11):
-            link.push(protocol.Metrics.from_records([record(step)]))
+            link.push(protocol.Metrics.from_rows([record(step)]))
             app.poll_now()
             started = time.perf_counter()
             for chart in charts:

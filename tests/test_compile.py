@@ -8,6 +8,7 @@ hit torch's caches. These tests compile the tiny workload a few times, so they t
 
 from __future__ import annotations
 
+from dataclasses import replace
 import json
 import re
 import subprocess
@@ -16,6 +17,7 @@ import sys
 import pytest
 import torch
 
+from metrics_rows import metrics_row
 from trainers import TINY, WORKLOADS, make_trainer
 from torchlab.core.analysis.impact import ImpactTracker
 from torchlab.core.engine.checkpoint import load_checkpoint
@@ -29,7 +31,7 @@ WITH_METRICS = f"{WORKLOADS / 'own_training.py'}:workload"
 
 
 def losses(seen) -> list[float]:
-    return [record["loss"] for record in seen.metrics]
+    return [record.loss for record in seen.metrics]
 
 
 def applied(seen, option: str) -> list[dict]:
@@ -44,11 +46,11 @@ def test_compile_applies_at_a_step_boundary_with_its_compile_time_outside_the_st
     assert [(event["event"], event["step"]) for event in seen.events if event["event"] != "run_started"][:2] == [
         ("compile_started", 3), ("option_applied", 3)]
     assert on["detail"].startswith("compiled in ") and on["detail"].endswith(" s, outside the step times")
-    assert [record["compile"] for record in seen.metrics] == [False, False, True, True, False, False]
-    assert not any(record.get("compiling") for record in seen.metrics)  # it all compiled at the boundary
+    assert [record.options.compile for record in seen.metrics] == [False, False, True, True, False, False]
+    assert not any(record.compiling for record in seen.metrics)  # it all compiled at the boundary
     # The compiled steps ran the compiled graph: it saves fewer activations than the modules do one by one,
     # as one graph no module hook sees inside (the memory probe charges it to the model as a whole).
-    eager, compiled, eager_again = seen.at(2)["memory"], seen.at(4)["memory"], seen.at(6)["memory"]
+    eager, compiled, eager_again = seen.at(2).memory, seen.at(4).memory, seen.at(6).memory
     assert compiled.activations_bytes < eager.activations_bytes == eager_again.activations_bytes
     assert {entry.module for entry in compiled.by_module} == {"(root)", "(loss_fn)"}
     assert trainer.parts.model.running is trainer.model
@@ -62,8 +64,8 @@ def test_a_workload_whose_loss_fn_returns_its_metrics_compiles_and_reports_them_
     assert not seen.of("option_refused")
     [event] = applied(seen, "compile")
     assert event["step"] == 3 and event["detail"].startswith("compiled in ")
-    assert [record["compile"] for record in seen.metrics] == [False, False, True, True]
-    assert all(0.0 <= record["metrics"]["accuracy"] <= 1.0 for record in seen.metrics)
+    assert [record.options.compile for record in seen.metrics] == [False, False, True, True]
+    assert all(0.0 <= record.metrics["accuracy"] <= 1.0 for record in seen.metrics)
 
 
 def test_headless_says_when_it_compiles_and_how_long_it_took(tmp_path, capsys):
@@ -114,7 +116,7 @@ def test_without_a_working_cpp_compiler_compile_is_refused_and_training_goes_on(
     assert refusal["step"] == 1 and refusal["source"] == "start"
     assert "No working C++ compiler" in refusal["reason"]
     assert refusal["reason"].endswith("install a C++ compiler such as g++, or name one in CXX); it trains on as it was")
-    assert [record["compile"] for record in seen.metrics] == [False] * 4
+    assert [record.options.compile for record in seen.metrics] == [False] * 4
 
 
 def test_a_checkpoint_of_a_compiled_run_has_the_models_own_keys_and_resumes_bit_exact(tmp_path):
@@ -140,9 +142,9 @@ def test_checkpointing_and_amp_switched_under_compile_compile_again_at_the_bound
     trainer.run()
     assert applied(seen, "checkpointing")[0]["detail"].startswith("compiled with checkpointing=on in ")
     assert applied(seen, "amp")[0]["detail"].startswith("compiled with amp=bf16 in ")
-    assert not seen.of("option_refused") and not any(record.get("compiling") for record in seen.metrics)
+    assert not seen.of("option_refused") and not any(record.compiling for record in seen.metrics)
     # Checkpointing works compiled: fewer activations saved; BatchNorm's statistics count each step once.
-    assert seen.at(4)["memory"].activations_bytes < seen.at(2)["memory"].activations_bytes
+    assert seen.at(4).memory.activations_bytes < seen.at(2).memory.activations_bytes
     assert all(int(buffer) == 7 for name, buffer in trainer.model.named_buffers() if name.endswith("num_batches_tracked"))
 
 
@@ -178,21 +180,20 @@ def test_activation_statistics_under_compile_come_from_an_uncompiled_step_left_o
     """Hooks added to a compiled model never fire: a sampled step runs the model uncompiled instead."""
     trainer, seen = make_trainer(steps=6, options={"compile": True}, act_stats_every=3, memory_every=1)
     trainer.run()
-    sampled = [record for record in seen.metrics if record.get("act_stats")]
-    assert [record["step"] for record in sampled] == [3, 6]
-    assert all(record.get("eager") and "memory" not in record for record in sampled)
-    assert set(sampled[0]["act_stats"]) >= {"stem", "head", "body.0.0"}
-    assert not any(record.get("eager") for record in seen.metrics if record["step"] % 3)
+    sampled = [record for record in seen.metrics if record.act_stats]
+    assert [record.step for record in sampled] == [3, 6]
+    assert all(record.eager and record.memory is None for record in sampled)
+    assert set(sampled[0].act_stats) >= {"stem", "head", "body.0.0"}
+    assert not any(record.eager for record in seen.metrics if record.step % 3)
 
 
 def test_the_impact_medians_leave_out_steps_that_compiled_or_ran_uncompiled():
     tracker = ImpactTracker()
     for step in range(1, 31):
-        record = {"step": step, "loss": 1.0, "step_time_s": 0.010, "samples_per_s": 100.0, "data_wait_s": 0.001,
-                  "compile": True}
+        row = metrics_row(step, loss=1.0, step_time_s=0.010, samples_per_s=100.0, data_wait_s=0.001, compile=True)
         if step % 3 == 0:
-            record.update(step_time_s=2.0, samples_per_s=0.5, data_wait_s=0.5, **({"compiling": True} if step % 2 else {"eager": True}))
-        tracker.on_metrics(record)
+            row = replace(row, step_time_s=2.0, samples_per_s=0.5, data_wait_s=0.5, **({"compiling": True} if step % 2 else {"eager": True}))
+        tracker.on_metrics(row)
     [segment] = tracker.table()
     assert segment.median_step_time_s == 0.010 and segment.step_time_high_s == 0.010
     assert segment.median_data_wait_s == 0.001
@@ -205,7 +206,7 @@ def test_a_step_that_compiles_again_is_marked_as_compile_time():
     trainer.train_steps(2)
     torch._dynamo.reset()  # the compiled graphs are gone: the next step compiles lazily, as after a failed guard
     trainer.run()
-    assert [bool(record.get("compiling")) for record in seen.metrics] == [False, False, True, False]
+    assert [bool(record.compiling) for record in seen.metrics] == [False, False, True, False]
 
 
 def test_the_trainer_imports_torch_compiles_machinery_only_once_something_is_compiled():

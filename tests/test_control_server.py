@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from metrics_rows import metrics_row
 from torchlab.core.wire import control_server as cs
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.outbox import Outbox
@@ -281,13 +282,13 @@ def test_viewers_get_the_stream_beside_the_app_their_commands_are_refused_and_th
 def test_a_connection_gets_the_runs_past_then_a_marker_then_news(served):
     outbox = served.server._outbox
     outbox.add_event(p.State(state="running", step=0))
-    outbox.add_metrics({"step": 1, "loss": 2.5})
+    outbox.add_metrics(metrics_row(1, loss=2.5))
     outbox.add_event(p.OptionApplied(option="clip", value=1.0, previous=None, step=5, source="app"))
     viewer = served.connect()
     viewer.sendall(p.Hello(version=p.PROTOCOL_VERSION, token=TOKEN, view=True).encode())
     assert answer(viewer).type == "welcome"
     past = [answer(viewer) for _ in range(4)]
-    assert past == [p.Metrics.from_records([{"step": 1, "loss": 2.5}]), p.State(state="running", step=0),
+    assert past == [p.Metrics.from_rows([metrics_row(1, loss=2.5)]), p.State(state="running", step=0),
                     p.OptionApplied(option="clip", value=1.0, previous=None, step=5, source="app"), p.Replayed(events=2)]
     outbox.add_event(p.Log(level="info", text="news", step=6))
     assert answer(viewer) == p.Log(level="info", text="news", step=6)

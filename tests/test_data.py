@@ -17,7 +17,7 @@ def test_worker_processes_give_the_same_training_as_the_main_process():
     single.run()
     parallel, seen_parallel = make_trainer(steps=6, options={"workers": 2})
     parallel.run()
-    assert [r["loss"] for r in seen_parallel.metrics] == [r["loss"] for r in seen_single.metrics]
+    assert [r.loss for r in seen_parallel.metrics] == [r.loss for r in seen_single.metrics]
 
 
 def test_a_run_whose_workers_change_has_the_losses_of_one_that_never_changed():
@@ -26,7 +26,7 @@ def test_a_run_whose_workers_change_has_the_losses_of_one_that_never_changed():
     steady.run()
     changing, seen = make_trainer(steps=20, at=["3:workers=2", "9:workers=1", "14:workers=0", "15:workers=2", "19:workers=1"])
     changing.run()
-    assert [record["loss"] for record in seen.metrics] == [record["loss"] for record in seen_steady.metrics]
+    assert [record.loss for record in seen.metrics] == [record.loss for record in seen_steady.metrics]
     changes = [(event["step"], event["value"], event["detail"]) for event in seen.of("option_applied")]
     assert changes == [
         (3, 2, "the data loader starts again at sample 32 of epoch 0"),
@@ -35,9 +35,9 @@ def test_a_run_whose_workers_change_has_the_losses_of_one_that_never_changed():
         (15, 2, "the data loader starts again at sample 224 of epoch 0"),
         (19, 1, "the data loader starts again at sample 32 of epoch 1"),
     ]
-    assert [record["workers"] for record in seen.metrics][1:4] == [0, 2, 2]
+    assert [record.options.workers for record in seen.metrics][1:4] == [0, 2, 2]
     assert changing.data._iterator._num_workers == 1  # the loader in use has the workers last asked for
-    assert all(record["data_wait_s"] >= 0 for record in seen.metrics)
+    assert all(record.data_wait_s >= 0 for record in seen.metrics)
 
 
 def test_pinned_memory_is_refused_on_a_cpu_run_and_its_default_there_is_off():

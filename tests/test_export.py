@@ -16,6 +16,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator as PluginEventAccumulator
 
+from metrics_rows import metrics_row
 from trainers import TINY, WORKLOADS
 from torchlab.core.engine.tensorboard import TRACE_NAME
 from torchlab.core.errors import EXIT_OK, EXIT_USAGE
@@ -377,7 +378,7 @@ def test_the_live_writer_writes_the_last_row_of_a_fast_run(tmp_path):
     live.on_event(RunStarted(step=0, device="cpu", batch_size=8, steps=30, options={}, modules=[], module_params=[],
                              checkpoint_blocks=[], world_size=1, ranks=None))
     for step in range(1, 31):  # faster than 5 a second: most are not written
-        live.on_metrics({"step": step, "loss": 1.0 / step})
+        live.on_metrics(metrics_row(step, loss=1.0 / step))
     live.on_event(RunEnded(step=30, status="finished"))
     written = steps_of(events_in(tmp_path / "tb"), "train/loss")
     assert written[-1] == 30 and len(written) < 30

@@ -74,7 +74,7 @@ def test_a_periodic_checkpoint_that_fails_while_made_durable_stops_the_run_befor
     assert outcome.status == "failed" and outcome.error is StorageError
     assert outcome.message.startswith(f"input/output error writing the checkpoint of step 4 in {tmp_path}; ")
     assert "step-0000002.pt" in outcome.message and "(then:" not in outcome.message  # no other checkpoint tried
-    assert [record["step"] for record in seen.metrics] == [1, 2, 3, 4]  # step 5 trained, its row never written
+    assert [record.step for record in seen.metrics] == [1, 2, 3, 4]  # step 5 trained, its row never written
     assert [event["step"] for event in seen.of("checkpoint")] == [2]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step-0000002.pt"]  # no temporary left
     assert load_checkpoint(tmp_path / "last.pt")["step"] == 2
@@ -84,7 +84,7 @@ def test_a_periodic_checkpoint_is_reported_before_the_next_row_and_is_whole(tmp_
     trainer, seen = make_trainer(steps=7, checkpoint_dir=tmp_path, checkpoint_every=2, telemetry_interval=0,
                                  keep_checkpoints=2)
     order = []
-    seen.on_metrics = lambda record: order.append(("row", record["step"]))
+    seen.on_metrics = lambda row: order.append(("row", row.step))
     seen.on_event = lambda event: order.append((event.journal_record()["event"], event.journal_record()["step"]))
     assert trainer.run().status == "finished"
     assert [item for item in order if item[0] in ("row", "checkpoint")] == [
@@ -104,8 +104,8 @@ def test_a_periodic_checkpoint_is_reported_while_the_run_is_paused_after_it(tmp_
     paused = threading.Event()
     reported = threading.Event()
 
-    def on_metrics(record) -> None:
-        if record["step"] == 2:
+    def on_metrics(row) -> None:
+        if row.step == 2:
             trainer.submit(PauseCommand())
             paused.set()
 

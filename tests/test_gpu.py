@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 def test_fp16_trains_on_cuda_with_a_grad_scaler_saved_in_checkpoints(tmp_path):
     trainer, seen = make_trainer(steps=12, device="cuda", checkpoint_dir=tmp_path, at=["4:amp=fp16", "9:amp=off"])
     assert trainer.run().status == "finished"
-    assert [r["amp"] for r in seen.metrics][3:9] == ["fp16"] * 5 + ["off"]
+    assert [r.options.amp for r in seen.metrics][3:9] == ["fp16"] * 5 + ["off"]
     assert trainer.parts.precisions.state_dict() is not None  # the GradScaler is kept after switching back off
     assert load_checkpoint(tmp_path / "last.pt")["grad_scaler"]["scale"] > 0
     assert all(p.is_cuda and p.dtype == torch.float32 for p in trainer.model.parameters())
@@ -26,7 +26,7 @@ def test_fp16_trains_on_cuda_with_a_grad_scaler_saved_in_checkpoints(tmp_path):
 def test_bf16_and_checkpointing_on_cuda():
     trainer, seen = make_trainer(steps=6, device="cuda", options={"amp": "bf16", "checkpointing": "on", "clip": "1.0"})
     assert trainer.run().status == "finished"
-    assert all(r["grad_norm_total"] is not None for r in seen.metrics)
+    assert all(r.grad_norm_total is not None for r in seen.metrics)
 
 
 def test_resume_is_bit_exact_on_cuda(tmp_path):
@@ -36,15 +36,15 @@ def test_resume_is_bit_exact_on_cuda(tmp_path):
     first, _ = make_trainer(checkpoint_dir=tmp_path, checkpoint_every=0, **settings)
 
     class StopAt6(TrainerObserver):
-        def on_metrics(self, record):
-            if record["step"] == 6:
+        def on_metrics(self, row):
+            if row.step == 6:
                 first.submit(StopCommand("test"))
 
     first.observers.append(StopAt6())
     first.run()
     resumed, seen_resumed = make_trainer(resume_from=tmp_path, **settings)
     resumed.run()
-    assert [r["loss"] for r in seen_resumed.metrics] == [r["loss"] for r in seen_straight.metrics[6:]]
+    assert [r.loss for r in seen_resumed.metrics] == [r.loss for r in seen_straight.metrics[6:]]
 
 
 def test_pinned_memory_is_on_by_default_with_cuda_and_switches_off_and_on_at_a_step():
@@ -53,9 +53,9 @@ def test_pinned_memory_is_on_by_default_with_cuda_and_switches_off_and_on_at_a_s
     trainer, seen = make_trainer(steps=8, device="cuda", at=["3:pin_memory=off", "6:pin_memory=on", "7:workers=1"])
     assert trainer.options.pin_memory is True  # auto, as the DataLoader always had it on CUDA
     trainer.run()
-    assert [r["pin_memory"] for r in seen.metrics] == [True, True, False, False, False, True, True, True]
+    assert [r.options.pin_memory for r in seen.metrics] == [True, True, False, False, False, True, True, True]
     assert trainer.data._iterator._pin_memory is True and trainer.data._iterator._num_workers == 1
-    assert [r["loss"] for r in seen.metrics] == [r["loss"] for r in seen_untouched.metrics]
+    assert [r.loss for r in seen.metrics] == [r.loss for r in seen_untouched.metrics]
 
 
 def test_compile_on_cuda_applies_at_a_step_and_resumes_with_the_models_own_keys(tmp_path):

@@ -9,12 +9,14 @@ import pytest
 
 from rich.console import Console
 
+from metrics_rows import metrics_row
 from torchlab.core.launch.headless import HeadlessProgress
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.events import RunStarted
 
 
-def row(step: int, step_time_s: float, batch: int = 32) -> dict:
-    return {"step": step, "loss": 2.0, "lr": 1e-3, "step_time_s": step_time_s, "samples_per_s": batch / step_time_s}
+def row(step: int, step_time_s: float, batch: int = 32, **given) -> MetricsRow:
+    return metrics_row(step, loss=2.0, lr=1e-3, step_time_s=step_time_s, samples_per_s=batch / step_time_s, **given)
 
 
 def test_the_rate_is_smoothed_over_steps_so_one_slow_step_does_not_read_as_the_speed():
@@ -68,16 +70,13 @@ def test_through_a_pipe_a_training_line_is_printed_every_ten_seconds_and_at_the_
     progress = HeadlessProgress(30, Console(file=out, width=200))  # a file: no terminal, no bar
     assert progress.prints_lines
     for step in range(1, 31):
-        record = {**row(step, 0.5), "metrics": {"accuracy": step / 40}}
-        if step % 4 == 0:
-            record["grad_norm_total"] = 0.8771
-        progress.on_metrics(record)
+        progress.on_metrics(row(step, 0.5, metrics={"accuracy": step / 40}, grad_norm_total=0.8771 if step % 4 == 0 else None))
         clock[0] += 0.5  # 2 steps a second: a line at steps 1, 21 and the last
     lines = out.getvalue().splitlines()
     assert [line.split(":")[0] for line in lines] == ["step 1/30", "step 21/30", "step 30/30"]
     assert lines[1] == "step 21/30: loss 2.0000, lr 0.001, 64 samples/s, grad norm 0.877, accuracy 0.525"
     assert "grad norm" not in lines[0]  # not measured yet: not made up
-    assert progress.training_line({**row(31, 0.5), "lrs": {"body": 0.05, "head": 0.2}}).startswith(
+    assert progress.training_line(row(31, 0.5, lrs={"body": 0.05, "head": 0.2})).startswith(
         "step 31/30: loss 2.0000, lr body 0.05 head 0.2, ")
 
 

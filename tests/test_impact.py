@@ -10,6 +10,7 @@ from collections import deque
 
 import pytest
 
+from metrics_rows import metrics_row
 from trainers import TINY
 from torchlab.core.analysis.impact import WARMUP_STEPS, ImpactTracker, Segment, median_interval, noise_words
 from torchlab.core.errors import EXIT_OK
@@ -19,9 +20,9 @@ from torchlab.core.wire.payloads import AllocatorSample, GpuSample, HostSample, 
 from torchlab.core.wire.protocol import ProfileReady
 
 
-def record(step, step_time, loss, **options):
-    base = {"amp": "off", "checkpointing": False, "clip": None, "accum": 1, "lr_scale": 1.0, "world_size": 1}
-    return {"step": step, "step_time_s": step_time, "samples_per_s": 32 / step_time, "loss": loss, **base, **options}
+def record(step, step_time, loss, **given):
+    """A row of ``step_time`` and ``loss``; ``given``: options (``amp="bf16"``) or its other fields (no data wait unless given)."""
+    return metrics_row(step, step_time_s=step_time, samples_per_s=32 / step_time, loss=loss, **{"data_wait_s": None, **given})
 
 
 def sample(peak_allocated_bytes, trainer_rss_bytes, gpus=()):
@@ -109,13 +110,13 @@ def memory(step, activations, others=1000, allocator_peak=None):
 def test_without_cuda_memory_is_the_tensors_and_never_the_rss_which_a_profile_inflates():
     tracker = ImpactTracker()
     for step in range(1, 11):
-        tracker.on_metrics({**record(step, 0.1, 1.0), **({"memory": memory(step, 4000)} if step % 5 == 0 else {})})
+        tracker.on_metrics(record(step, 0.1, 1.0, memory=memory(step, 4000) if step % 5 == 0 else None))
         tracker.on_telemetry(sample(None, 400 << 20))
     tracker.on_event(ProfileStarted(step=11, steps=2))  # a profiler snapshot in the middle of the next segment
     for step in range(11, 21):
         if step == 14:
             tracker.on_event(ProfileReady(first_step=12, last_step=13, dir="profiles/0000011"))
-        tracker.on_metrics({**record(step, 0.1, 1.0, checkpointing=True), **({"memory": memory(step, 1000)} if step % 5 == 0 else {})})
+        tracker.on_metrics(record(step, 0.1, 1.0, checkpointing=True, memory=memory(step, 1000) if step % 5 == 0 else None))
         tracker.on_telemetry(sample(None, 1500 << 20))  # the RSS after a profile: up by 1.1 GiB, for good
     first, second = tracker.table()
     assert (first.activations_bytes, first.tensor_bytes) == (4000, 7000)
@@ -127,7 +128,7 @@ def test_an_option_that_moves_no_tensor_says_same_memory():
     tracker = ImpactTracker()
     for step in range(1, 41):
         options = {"lr_scale": 0.5} if step > 20 else {}
-        tracker.on_metrics({**record(step, 0.1, 1.0, **options), "memory": memory(step, 4000)})
+        tracker.on_metrics(record(step, 0.1, 1.0, **options, memory=memory(step, 4000)))
     assert tracker.table()[1].verdict.endswith(", same memory") and tracker.table()[1].memory_change == 0.0
 
 
@@ -289,11 +290,11 @@ def test_checkpointing_on_a_residual_cnn_shows_fewer_activation_bytes_and_a_prof
 def test_the_verdict_says_how_the_data_wait_moved_where_it_moved_by_a_share_of_a_step():
     tracker = ImpactTracker()
     for step in range(1, 21):
-        tracker.on_metrics({**record(step, 0.020, 1.0), "data_wait_s": 0.0042})
+        tracker.on_metrics(record(step, 0.020, 1.0, data_wait_s=0.0042))
     for step in range(21, 41):
-        tracker.on_metrics({**record(step, 0.016, 1.0, workers=2), "data_wait_s": 0.0001})
+        tracker.on_metrics(record(step, 0.016, 1.0, workers=2, data_wait_s=0.0001))
     for step in range(41, 61):
-        tracker.on_metrics({**record(step, 0.016, 1.0, workers=3), "data_wait_s": 0.0003})
+        tracker.on_metrics(record(step, 0.016, 1.0, workers=3, data_wait_s=0.0003))
     start, two, three = tracker.table()
     assert start.median_data_wait_s == 0.0042 and two.median_data_wait_s == 0.0001
     assert two.verdict == "workers=2: 1.25x faster, data wait 4.2 → 0.1 ms"

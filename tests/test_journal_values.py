@@ -11,7 +11,7 @@ import pytest
 from trainers import TINY
 from torchlab.core.errors import EXIT_OK
 from torchlab.core.launch.cli import main
-from torchlab.core.records.rundir import rows_of
+from torchlab.core.records.rundir import SkippedLine, rows_of
 from torchlab.core.records.storage import parse_line
 from torchlab.core.wire import strict_json
 from torchlab.tui.run_history import RunHistory
@@ -48,9 +48,10 @@ def test_what_torchlab_writes_reads_back_as_it_was():
 
 def test_rows_of_leaves_hostile_lines_out_and_counts_them(tmp_path):
     journal_with_hostile_lines(tmp_path / "metrics.jsonl")
-    skipped: list[int] = []
+    skipped: list[SkippedLine] = []
     assert [row["step"] for row in rows_of(tmp_path / "metrics.jsonl", skipped)] == [1, 7]
-    assert skipped == list(range(2, 2 + len(HOSTILE)))  # line numbers
+    assert [line.number for line in skipped] == list(range(2, 2 + len(HOSTILE)))
+    assert skipped[0].reason == "nested more than 32 levels deep"
 
 
 def _run_with_hostile_lines(tmp_path: Path) -> Path:
@@ -72,8 +73,9 @@ def test_compare_export_and_resume_read_a_journal_with_hostile_lines(tmp_path, c
     assert main(["export", str(run), "--csv", str(tmp_path / "metrics.csv"), "--tensorboard", str(tmp_path / "board")]) == EXIT_OK
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert f"{tmp_path / 'metrics.csv'}: 3 rows ({len(HOSTILE)} unreadable lines of metrics.jsonl skipped)" in err
-    assert f"{tmp_path / 'board'}: 3 rows ({len(HOSTILE)} unreadable lines of metrics.jsonl skipped)," in err
+    said = f"3 rows ({len(HOSTILE)} unreadable lines of metrics.jsonl skipped; line 4: nested more than 32 levels deep)"
+    assert f"{tmp_path / 'metrics.csv'}: {said}" in err
+    assert f"{tmp_path / 'board'}: {said}," in err
     assert len((tmp_path / "metrics.csv").read_text().splitlines()) == 1 + 3
 
     assert main(["--resume", str(run), "--headless", "--steps", "5", "--telemetry-interval", "0"]) == EXIT_OK

@@ -101,4 +101,4 @@ def test_a_live_clip_of_zero_turns_clipping_off_as_the_flag_does():
     assert not seen.of("option_refused")
     [applied] = seen.of("option_applied")
     assert (applied["option"], applied["value"], applied["previous"]) == ("clip", None, 1.0)
-    assert [record["clip"] for record in seen.metrics] == [None, None, None]
+    assert [record.options.clip for record in seen.metrics] == [None, None, None]

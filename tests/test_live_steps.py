@@ -40,9 +40,9 @@ def test_the_lr_goes_on_without_a_jump_at_the_change():
     plain.run()
     longer, seen_longer = make_trainer(TINY, steps=40, checkpoint_every=0, at=["20:steps=80"])
     longer.run()
-    assert [seen_longer.at(step)["lr"] for step in range(1, 21)] == [seen_plain.at(step)["lr"] for step in range(1, 21)]
-    assert seen_longer.metrics[-1]["step"] == 80
-    before, at_change, after = (seen_longer.at(step)["lr"] for step in (19, 20, 21))
+    assert [seen_longer.at(step).lr for step in range(1, 21)] == [seen_plain.at(step).lr for step in range(1, 21)]
+    assert seen_longer.metrics[-1].step == 80
+    before, at_change, after = (seen_longer.at(step).lr for step in (19, 20, 21))
     assert before > at_change > after and (before - at_change) > (at_change - after)  # slower decay from here
 
 
@@ -50,7 +50,7 @@ def test_shortening_ends_the_run_there_with_its_final_checkpoint_and_never_below
     trainer, seen = make_trainer(TINY, steps=40, checkpoint_every=0, checkpoint_dir=tmp_path, at=["10:steps=15"])
     outcome = trainer.run()
     assert not seen.of("option_refused")  # 3 before the first step is a run of 3 steps, replaced by --at 10 later
-    assert outcome.status == "finished" and outcome.step == 15 and seen.metrics[-1]["step"] == 15
+    assert outcome.status == "finished" and outcome.step == 15 and seen.metrics[-1].step == 15
     assert [event["step"] for event in seen.of("checkpoint")] == [15]
 
 
@@ -59,7 +59,7 @@ def test_a_total_below_the_current_step_is_refused_with_the_step():
     trainer.run()
     [refused] = seen.of("option_refused")
     assert refused["reason"] == "the run is at step 8 already: train to step 8 or later"
-    assert seen.metrics[-1]["step"] == 12
+    assert seen.metrics[-1].step == 12
 
 
 def test_a_workloads_own_scheduler_is_built_again_for_the_new_total():
@@ -67,7 +67,7 @@ def test_a_workloads_own_scheduler_is_built_again_for_the_new_total():
     trainer, seen = make_trainer(f"{WORKLOADS / 'own_training.py'}:onecycle", steps=10, checkpoint_every=0, at=["6:steps=20"])
     assert trainer.run().step == 20
     planned = onecycle_head_lrs(20)
-    assert [seen.at(step)["lrs"]["head"] for step in range(6, 21)] == pytest.approx(planned[5:], rel=1e-9)
+    assert [seen.at(step).lrs["head"] for step in range(6, 21)] == pytest.approx(planned[5:], rel=1e-9)
 
 
 def test_where_a_workloads_own_scheduler_moves_the_lr_at_the_change_the_acknowledgement_says_so():
@@ -79,7 +79,7 @@ def test_where_a_workloads_own_scheduler_moves_the_lr_at_the_change_the_acknowle
     trainer, seen = make_trainer(own, steps=40, checkpoint_every=0, at=["20:steps=22"])
     trainer.run()
     [event] = [event for event in seen.of("option_applied") if event["option"] == "steps"]
-    planned, moved = seen_unchanged.at(20)["lrs"]["body"], seen.at(20)["lrs"]["body"]
+    planned, moved = seen_unchanged.at(20).lrs["body"], seen.at(20).lrs["body"]
     assert moved < planned / 2  # the cosine planned for 22 steps is near its end at step 20
     assert event["detail"] == f"the workload's scheduler, built for 22 steps, moves the LR (group body) {planned:.1e} → {moved:.1e}"
 

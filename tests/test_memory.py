@@ -19,7 +19,7 @@ RESIDUAL_CNN = f"{WORKLOADS / 'tiny.py'}:residual_cnn"
 def measured(options: dict, steps: int = 3, **settings) -> MemoryBreakdown:
     trainer, seen = make_trainer(RESIDUAL_CNN, steps=steps, memory_every=1, options=options, **settings)
     trainer.run()
-    return seen.metrics[-1]["memory"]
+    return seen.metrics[-1].memory
 
 
 def test_parameters_gradients_and_optimizer_state_are_their_storages_counted_once():
@@ -76,14 +76,14 @@ def test_the_hooks_are_gone_after_the_measured_forward():
 def test_measured_steps_follow_the_cadence_and_are_written_in_metrics(tmp_path):
     trainer, seen = make_trainer(RESIDUAL_CNN, steps=6, memory_every=3)
     trainer.run()
-    assert [record["step"] for record in seen.metrics if "memory" in record] == [3, 6]
+    assert [record.step for record in seen.metrics if record.memory is not None] == [3, 6]
 
 
 def test_memory_is_not_measured_under_the_profiler(tmp_path):
     trainer, seen = make_trainer(RESIDUAL_CNN, steps=6, memory_every=1, profile_at=[2], profile_steps=2,
                                  profiles_dir=tmp_path)
     trainer.run()
-    profiled = {record["step"] for record in seen.metrics if "memory" not in record}
+    profiled = {record.step for record in seen.metrics if record.memory is None}
     assert profiled and 1 not in profiled  # the profiler's steps, and only those, are left out
 
 

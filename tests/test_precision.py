@@ -93,7 +93,7 @@ def test_an_fp16_overflow_skips_the_step_and_reports_the_scale_until_too_many_in
     skipped = seen.of("step_skipped")
     assert [e["scale"] for e in skipped[:3]] == [2.0**15, 2.0**14, 2.0**13]
     assert skipped[0]["reason"] == "fp16 overflow: the scaler lowered its scale"
-    assert all(record["skipped"] for record in seen.metrics)
+    assert all(record.skipped for record in seen.metrics)
     assert all(torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))
     # Routine for a while; 25 skips in a row means the model itself makes NaN: then it is an error.
     assert len(skipped) == 25 and outcome.status == "nonfinite" and outcome.step == 25

@@ -118,20 +118,20 @@ def test_probe_cadence_auto_keeps_the_probe_within_budget():
 def test_fixed_probe_interval_reports_norms_only_on_those_steps():
     trainer, seen = make_trainer(steps=6, probe_every=3)
     trainer.run()
-    assert [r["step"] for r in seen.metrics if r["grad_norms"] is not None] == [3, 6]
+    assert [r.step for r in seen.metrics if r.grad_norms is not None] == [3, 6]
 
 
 def test_clipping_makes_the_total_norm_available_every_step():
     trainer, seen = make_trainer(steps=4, probe_every=0, options={"clip": "1.0"})
     trainer.run()
-    assert all(r["grad_norm_total"] is not None and r["grad_norms"] is None for r in seen.metrics)
+    assert all(r.grad_norm_total is not None and r.grad_norms is None for r in seen.metrics)
 
 
 def test_activation_stats_are_sampled_and_hooks_removed_between_samples():
     trainer, seen = make_trainer(steps=4, act_stats_every=2)
     trainer.run()
-    assert [r["step"] for r in seen.metrics if "act_stats" in r] == [2, 4]
-    stats = seen.at(2)["act_stats"]["stem"]
+    assert [r.step for r in seen.metrics if r.act_stats is not None] == [2, 4]
+    stats = seen.at(2).act_stats["stem"]
     mean, std, max_abs = stats
     assert std > 0 and max_abs >= abs(mean)
     assert all(not module._forward_hooks for module in trainer.model.modules())
@@ -143,8 +143,8 @@ def test_activation_stats_count_once_under_checkpointing():
     plain.run()
     ckpt, seen_ckpt = make_trainer(steps=2, act_stats_every=1, options={"checkpointing": "on"})
     ckpt.run()
-    for name, values in seen_plain.at(2)["act_stats"].items():
-        assert seen_ckpt.at(2)["act_stats"][name] == pytest.approx(values, rel=1e-5, abs=1e-7), name
+    for name, values in seen_plain.at(2).act_stats.items():
+        assert seen_ckpt.at(2).act_stats[name] == pytest.approx(values, rel=1e-5, abs=1e-7), name
 
 
 def test_activation_probe_reads_the_first_tensor_of_a_tuple_output():

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from metrics_rows import metrics_row
 from torchlab.core.wire import payloads
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.outbox import Cursor, Outbox
@@ -59,7 +60,7 @@ EXAMPLES = [
               options={"amp": "off", "clip": None}, state="running", step=12),
     p.Replayed(events=16),
     p.State(state="paused", step=3, detail="from the app"),
-    p.Metrics.from_records([{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.4, "val_loss": 2.6}]),
+    p.Metrics.from_rows([metrics_row(1, loss=2.5), metrics_row(2, loss=2.4, val_loss=2.6)]),
     p.GradNorms(step=4, norms=[0.5, None, 1.25], total=1.4),
     p.TrialCommand(option="amp", value="bf16", steps=20, source="app"),
     p.TrialResult(step=40, option="amp", value="bf16", steps=20, source="app", arms=[
@@ -101,11 +102,13 @@ def test_every_message_round_trips_as_one_json_line(message):
     assert p.decode(line.decode().strip()) == message
 
 
-def test_metrics_travel_as_columns_and_read_back_as_records():
-    message = p.Metrics.from_records([{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.4, "val_loss": 2.6}])
-    assert message.columns == {"step": [1, 2], "loss": [2.5, 2.4], "val_loss": [None, 2.6]}
-    assert p.decode(message.encode()).records == [
-        {"step": 1, "loss": 2.5, "val_loss": None}, {"step": 2, "loss": 2.4, "val_loss": 2.6}]
+def test_metrics_travel_as_columns_and_read_back_as_rows():
+    rows = [metrics_row(1, loss=2.5, grad_norms={"head": 0.5}), metrics_row(2, loss=2.4, val_loss=2.6, amp="bf16")]
+    message = p.Metrics.from_rows(rows)
+    assert message.columns["step"] == [1, 2] and message.columns["loss"] == [2.5, 2.4]
+    assert message.columns["val_loss"] == [None, 2.6] and message.columns["amp"] == ["off", "bf16"]
+    assert "grad_norms" not in message.columns  # the norms travel as GradNorms, aligned with the module names
+    assert p.decode(message.encode()).rows == [dataclasses.replace(rows[0], grad_norms=None), rows[1]]
 
 
 def test_non_finite_numbers_travel_as_null():
@@ -307,12 +310,12 @@ def test_a_nested_payload_changed_anywhere_decodes_typed_or_is_refused_at_that_p
 
 def test_outbox_sends_everything_in_order_to_a_reader_that_keeps_up():
     outbox, cursor = Outbox(), Cursor()
-    outbox.add_metrics({"step": 1})
+    outbox.add_metrics(metrics_row(1))
     outbox.add_event(p.State(state="running", step=1))
-    outbox.add_metrics({"step": 2})
+    outbox.add_metrics(metrics_row(2))
     taken = outbox.take(cursor, timeout=0)
     assert [m.type for m in taken] == ["metrics", "state"]
-    assert [r["step"] for r in taken[0].records] == [1, 2]
+    assert [r.step for r in taken[0].rows] == [1, 2]
     assert outbox.take(cursor, timeout=0) == []
 
 
@@ -329,30 +332,30 @@ def test_outbox_keeps_only_the_latest_grad_norms_and_telemetry():
 def test_a_slow_reader_loses_old_metrics_but_never_an_acknowledgement():
     outbox, slow = Outbox(metrics_capacity=100), Cursor()
     for step in range(1, 5001):
-        outbox.add_metrics({"step": step})
+        outbox.add_metrics(metrics_row(step))
         if step % 1000 == 0:
             outbox.add_event(p.OptionApplied(option="accum", value=step, previous=None, step=step))
     taken = outbox.take(slow, timeout=0)
-    records = [r for m in taken if isinstance(m, p.Metrics) for r in m.records]
-    assert [r["step"] for r in records] == list(range(4901, 5001))  # bounded: the newest 100
+    rows = [r for m in taken if isinstance(m, p.Metrics) for r in m.rows]
+    assert [r.step for r in rows] == list(range(4901, 5001))  # bounded: the newest 100
     assert [m.step for m in taken if isinstance(m, p.OptionApplied)] == [1000, 2000, 3000, 4000, 5000]
 
 
 def test_a_new_reader_gets_the_history_replayed_in_batches():
     outbox = Outbox()
     for step in range(1, 2501):
-        outbox.add_metrics({"step": step})
+        outbox.add_metrics(metrics_row(step))
     taken = outbox.take(Cursor(), timeout=0)
-    assert [len(m.records) for m in taken] == [1000, 1000, 500]
+    assert [len(m.columns["step"]) for m in taken] == [1000, 1000, 500]
 
 
 def test_a_connections_past_is_what_the_outbox_holds_then_a_marker_with_its_events_counted():
     outbox, cursor = Outbox(events_capacity=3), Cursor()
     for step in range(1, 6):
-        outbox.add_metrics({"step": step})
+        outbox.add_metrics(metrics_row(step))
         outbox.add_event(p.State(state="running", step=step))
     past = outbox.take_past(cursor)
-    assert [r["step"] for r in past[0].records] == [1, 2, 3, 4, 5]
+    assert [r.step for r in past[0].rows] == [1, 2, 3, 4, 5]
     assert [m.step for m in past[1:-1]] == [3, 4, 5]  # the oldest events left the ring
     assert past[-1] == p.Replayed(events=3)
     outbox.add_event(p.State(state="paused", step=6))
@@ -365,7 +368,7 @@ def test_a_sender_letting_reports_gather_is_woken_by_an_event_not_by_reports():
     waiter = threading.Thread(target=outbox.wait_for_event, args=(cursor, 60.0))
     waiter.start()
     for step in range(1, 101):
-        outbox.add_metrics({"step": step})
+        outbox.add_metrics(metrics_row(step))
         outbox.add_latest(p.GradNorms(step=step, norms=[1.0]))
     waiter.join(timeout=0.2)
     assert waiter.is_alive(), "reports and latest-wins values do not cut the gathering short"

@@ -16,9 +16,11 @@ import time
 
 import pytest
 
+from metrics_rows import metrics_row
 from torchlab.core.engine import rank_channel as rc
 from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
 from torchlab.core.errors import ConfigError, StorageError, WorkloadError
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.payloads import MemoryBreakdown, ModuleBytes, RankFigures
 from torchlab.core.wire.protocol import PROTOCOL_VERSION, Hello, ProtocolError, SetCommand, StopCommand, Welcome, decode
@@ -27,11 +29,11 @@ from torchlab.core.wire.run_status import RunStatus
 
 class Recorder(TrainerObserver):
     def __init__(self) -> None:
-        self.metrics: list[dict] = []
+        self.metrics: list[MetricsRow] = []
         self.events: list[dict] = []
 
-    def on_metrics(self, record):
-        self.metrics.append(record)
+    def on_metrics(self, row):
+        self.metrics.append(row)
 
     def on_event(self, event):
         self.events.append(event.journal_record())
@@ -108,7 +110,7 @@ def supervisor_end():
 
 
 def metrics_line(step: int) -> bytes:
-    return rc.MetricsReport(record={"step": step, "loss": 2.5}).encode()
+    return rc.MetricsReport.of(metrics_row(step, loss=2.5)).encode()
 
 
 def test_a_bad_line_from_rank_0_is_refused_journalled_and_the_reports_after_it_still_arrive(supervisor_end):
@@ -121,7 +123,7 @@ def test_a_bad_line_from_rank_0_is_refused_journalled_and_the_reports_after_it_s
         assert isinstance(refusal, rc.ChannelRefused) and len(refusal.reason) < 300
         rank0.send(metrics_line(number))
     until(lambda: len(recorder.metrics) == len(GARBAGE) + 1, "every report")
-    assert [m["step"] for m in recorder.metrics] == list(range(1, len(GARBAGE) + 2))
+    assert [m.step for m in recorder.metrics] == list(range(1, len(GARBAGE) + 2))
     refused = recorder.refusals()
     assert len(refused) == len(GARBAGE) and {r["channel"] for r in refused} == {"rank channel"}
     assert refused[0]["step"] == 41 and refused[0]["refused_by"] == "supervisor" and not refused[0]["before_hello"]
@@ -134,7 +136,7 @@ def test_a_line_over_the_cap_is_skipped_to_its_newline_and_refused(supervisor_en
     rank0.send(b'{"v": 9, "type": "telemetry", "sample": {"x": "' + b"y" * 20_000 + b'"}}\n' + metrics_line(7))
     assert "exceeds the limit of 4096 bytes" in rank0.read().reason
     until(lambda: recorder.metrics, "the report after the long line")
-    assert recorder.metrics == [{"step": 7, "loss": 2.5}]
+    assert recorder.metrics == [metrics_row(7, loss=2.5)]
 
 
 def test_a_flood_of_bad_lines_reaches_the_journal_as_a_burst_and_a_count(supervisor_end):
@@ -262,7 +264,7 @@ def test_rank_0_stops_its_run_and_says_why_when_the_supervisor_goes(rank0_end, c
     supervisor.close()
     assert trainer.stopped.wait(30) and trainer.stop_reason == "the supervisor went away"
     assert "the channel to the supervisor broke: closed by the other side" in capfd.readouterr().err
-    link.on_metrics({"step": 2})  # sending on a broken channel is quiet now: the run is stopping
+    link.on_metrics(metrics_row(2))  # sending on a broken channel is quiet now: the run is stopping
     assert link.broken
 
 
@@ -281,14 +283,14 @@ def test_rank_0s_per_rank_figures_reach_the_supervisor_typed_and_malformed_ones_
     channel, recorder, connect = supervisor_end
     rank0 = connect(channel.token)
     figures = [RankFigures(rank, 0.25, 0.0004, None, None, None, 4.0e8) for rank in range(2)]
-    rank0.send(rc.MetricsReport(record={"step": 1, "loss": 2.5, "ranks": figures}).encode())
-    malformed = {"step": 2, "ranks": [{"rank": 0, "step_time_s": "slow"}]}
+    rank0.send(rc.MetricsReport.of(metrics_row(1, loss=2.5, ranks=figures)).encode())
+    malformed = {**metrics_row(2).json_object(), "ranks": [{"rank": 0, "step_time_s": "slow"}]}
     rank0.send(rc.MetricsReport(record=malformed).encode())
     refusal = rank0.read()
     assert isinstance(refusal, rc.ChannelRefused)
     assert refusal.reason.startswith("metrics.record.ranks[0].step_time_s: expected float or null, got str")
     until(lambda: recorder.metrics, "the report with figures")
-    assert recorder.metrics == [{"step": 1, "loss": 2.5, "ranks": figures}]
+    assert recorder.metrics == [metrics_row(1, loss=2.5, ranks=figures)]
 
 
 def test_rank_0s_memory_breakdown_reaches_the_supervisor_typed_and_a_malformed_one_is_refused(supervisor_end):
@@ -297,12 +299,12 @@ def test_rank_0s_memory_breakdown_reaches_the_supervisor_typed_and_a_malformed_o
     rank0 = connect(channel.token)
     memory = MemoryBreakdown(step=1, parameters_bytes=10, gradients_bytes=10, optimizer_bytes=20, activations_bytes=400,
                              allocator_peak_bytes=None, by_module=[ModuleBytes("body.0", 400)])
-    rank0.send(rc.MetricsReport(record={"step": 1, "loss": 2.5, "memory": memory}).encode())
-    rank0.send(rc.MetricsReport(record={"step": 2, "memory": {"step": 2}}).encode())
+    rank0.send(rc.MetricsReport.of(metrics_row(1, loss=2.5, memory=memory)).encode())
+    rank0.send(rc.MetricsReport(record={**metrics_row(2).json_object(), "memory": {"step": 2}}).encode())
     refusal = rank0.read()
     assert isinstance(refusal, rc.ChannelRefused) and refusal.reason.startswith("metrics.record.memory")
     until(lambda: recorder.metrics, "the report with its memory")
-    assert recorder.metrics == [{"step": 1, "loss": 2.5, "memory": memory}]
+    assert recorder.metrics == [metrics_row(1, loss=2.5, memory=memory)]
 
 
 def test_a_hello_whose_token_is_not_unicode_is_refused_and_rank_0_still_gets_in(supervisor_end, monkeypatch):
@@ -348,10 +350,10 @@ def test_a_report_the_supervisor_fails_on_is_refused_and_the_next_one_relayed(su
     monkeypatch.setattr(threading, "excepthook", faults.append)
     keep = recorder.on_metrics
 
-    def failing_on_step_1(record):
-        if record["step"] == 1:
+    def failing_on_step_1(row):
+        if row.step == 1:
             raise ValueError("a bug")
-        keep(record)
+        keep(row)
 
     monkeypatch.setattr(recorder, "on_metrics", failing_on_step_1)
     rank0 = connect(channel.token)
@@ -359,4 +361,4 @@ def test_a_report_the_supervisor_fails_on_is_refused_and_the_next_one_relayed(su
     rank0.send(metrics_line(1) + metrics_line(2))
     assert rank0.read().reason == "this report failed: ValueError: a bug"
     until(lambda: recorder.metrics, "the next report")
-    assert recorder.metrics == [{"step": 2, "loss": 2.5}] and faults == []
+    assert recorder.metrics == [metrics_row(2, loss=2.5)] and faults == []

@@ -18,7 +18,7 @@ class StopAt(TrainerObserver):
         self.trainer, self.step = trainer, step
 
     def on_metrics(self, record):
-        if record["step"] == self.step:
+        if record.step == self.step:
             self.trainer.submit(StopCommand("test"))
 
 
@@ -36,8 +36,8 @@ def test_resume_continues_bit_exact(tmp_path, settings):
 
     resumed, seen_resumed = make_trainer(steps=20, checkpoint_dir=tmp_path, resume_from=tmp_path / "last.pt", **settings)
     resumed.run()
-    assert [r["step"] for r in seen_resumed.metrics] == list(range(11, 21))
-    assert [r["loss"] for r in seen_resumed.metrics] == [r["loss"] for r in seen_straight.metrics[10:]]
+    assert [r.step for r in seen_resumed.metrics] == list(range(11, 21))
+    assert [r.loss for r in seen_resumed.metrics] == [r.loss for r in seen_straight.metrics[10:]]
     for (name, a), (_, b) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items()):
         assert torch.equal(a, b), name
     assert resumed.options == straight.options
@@ -104,4 +104,4 @@ def test_evaluation_leaves_the_training_random_stream_alone():
     evaluating.run()
     plain, seen_plain = make_trainer(steps=8, eval_every=0)
     plain.run()
-    assert [r["loss"] for r in seen_evaluating.metrics] == [r["loss"] for r in seen_plain.metrics]
+    assert [r.loss for r in seen_evaluating.metrics] == [r.loss for r in seen_plain.metrics]

@@ -23,13 +23,14 @@ from pathlib import Path
 
 import pytest
 
+from metrics_rows import metrics_row
 from trainers import WORKLOADS
 from torchlab.core.errors import EXIT_OK, EXIT_USAGE
 from torchlab.core.errors import ConfigError
 from torchlab.core.launch import headless as headless_module
 from torchlab.core.launch.cli import main
 from torchlab.core.records.config import load_config_file
-from torchlab.core.records.rundir import RunDirectory, create_run_dir, rows_of
+from torchlab.core.records.rundir import RunDirectory, create_run_dir, metrics_rows, rows_of, to_json_line
 from torchlab.core.safe_open import UnsafeFileError
 
 TINY = f"{WORKLOADS / 'tiny.py'}:workload"
@@ -222,15 +223,17 @@ def test_a_journal_that_is_a_fifo_or_a_link_is_refused_by_its_readers(tmp_path, 
     runs = []
     for name in ("a", "b"):
         run = private_folder(tmp_path / name)
-        (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+        (run / "metrics.jsonl").write_text(to_json_line(metrics_row(1, loss=1.0).json_object()))
         runs.append(run)
     secret = tmp_path / "secret.jsonl"
-    secret.write_text('{"step": 1, "loss": 42.0}\n')
+    secret.write_text(to_json_line(metrics_row(1, loss=42.0).json_object()))
     metrics = runs[1] / "metrics.jsonl"
     metrics.unlink()
     os.mkfifo(metrics) if kind == "fifo" else metrics.symlink_to(secret)
     with pytest.raises(UnsafeFileError):
         list(rows_of(metrics))
+    with pytest.raises(UnsafeFileError):
+        list(metrics_rows(metrics))
     with pytest.raises(UnsafeFileError):
         RunHistory.load(runs[1])
     assert compare([str(run) for run in runs]) == EXIT_USAGE
@@ -244,7 +247,7 @@ def test_a_fifo_as_config_toml_of_a_run_does_not_hang_compare(tmp_path):
     from torchlab.tui.run_history import RunHistory, earlier_run
 
     earlier, later = private_folder(tmp_path / "20260101-000000-tiny"), private_folder(tmp_path / "20260102-000000-tiny")
-    (earlier / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    (earlier / "metrics.jsonl").write_text(to_json_line(metrics_row(1, loss=1.0).json_object()))
     os.mkfifo(earlier / "config.toml")
     (later / "config.toml").write_text(build_config({"workload": "tiny_gpt"}).to_toml())
     assert RunHistory.load(earlier).settings == {}  # the curves are still worth comparing

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from metrics_rows import metrics_row as any_row
 from trainers import make_trainer
 from torchlab.core.analysis.impact import ImpactTracker
 from torchlab.core.engine import checkpoint as checkpoint_module
@@ -33,6 +34,7 @@ from torchlab.core.errors import ConfigError, StorageError
 from torchlab.core.records import storage
 from torchlab.core.records.rundir import RunDirectory
 from torchlab.core.wire.events import ResumedFromCheckpoint
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.protocol import Error
 
 
@@ -97,8 +99,8 @@ class _FileThatFills:
         self._handle.close()
 
 
-def metrics_row(step: int, **extra) -> dict:
-    return {"step": step, "loss": 1.0 / step, **extra}
+def metrics_row(step: int, **extra) -> MetricsRow:
+    return any_row(step, loss=1.0 / step, **extra)
 
 
 # ----------------------------------------------------------------------------- whole lines
@@ -118,7 +120,7 @@ def test_a_line_the_disk_cannot_take_is_not_written_at_all(tmp_path, monkeypatch
 
 
 def test_a_torn_last_line_is_cut_off_when_the_run_directory_opens_and_an_event_says_so(tmp_path):
-    whole = "".join(json.dumps(metrics_row(step)) + "\n" for step in (1, 2, 3))
+    whole = "".join(json.dumps(metrics_row(step).json_object()) + "\n" for step in (1, 2, 3))
     (tmp_path / "metrics.jsonl").write_text(whole + '{"step": 4, "lo')
     (tmp_path / "events.jsonl").write_text('{"event": "run_started", "step": 0, "time": 1.0}\n{"event": "checkp')
     directory = RunDirectory(tmp_path)
@@ -134,7 +136,7 @@ def test_a_torn_last_line_is_cut_off_when_the_run_directory_opens_and_an_event_s
 
 def test_a_last_line_that_does_not_parse_is_dropped_too(tmp_path):
     """A power cut can leave a file ending in a block of zeros (and a newline after them)."""
-    whole = json.dumps(metrics_row(1)) + "\n"
+    whole = json.dumps(metrics_row(1).json_object()) + "\n"
     (tmp_path / "system.jsonl").write_bytes(whole.encode() + b"\0" * 300 + b"\n")
     RunDirectory(tmp_path).close()
     assert (tmp_path / "system.jsonl").read_text() == whole
@@ -335,12 +337,12 @@ def test_a_changed_configuration_keeps_the_earlier_one_beside_it(tmp_path, monke
 
 def test_impact_json_is_replaced_whole_or_left_as_it_was(tmp_path, monkeypatch):
     tracker = ImpactTracker(tmp_path / "impact.json")
-    tracker.on_metrics({"step": 1, "step_time_s": 0.1, "samples_per_s": 160.0, "loss": 1.0, "amp": "off"})
+    tracker.on_metrics(any_row(1, step_time_s=0.1, samples_per_s=160.0, loss=1.0, amp="off"))
     tracker.write()
     before = (tmp_path / "impact.json").read_text()
     fail_writes_to(monkeypatch, f".impact.json.tmp-{os.getpid()}", after_bytes=10)
     with pytest.raises(StorageError, match="no space left on device writing impact.json"):
-        tracker.on_metrics({"step": 2, "step_time_s": 0.1, "samples_per_s": 160.0, "loss": 0.9, "amp": "bf16"})
+        tracker.on_metrics(any_row(2, step_time_s=0.1, samples_per_s=160.0, loss=0.9, amp="bf16"))
     monkeypatch.undo()
     assert (tmp_path / "impact.json").read_text() == before and temporaries(tmp_path) == []
 

@@ -22,7 +22,7 @@ def test_sample_learns_under_the_engine(name):
     workload = module.make_workload(**sizes)
     trainer, seen = make_trainer(name, workload=workload, steps=60, eval_every=60, **settings)
     assert trainer.run().status == "finished"
-    losses = [record["loss"] for record in seen.metrics]
+    losses = [record.loss for record in seen.metrics]
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < 0.7 * first, f"{name}: loss {first:.3f} -> {last:.3f}"
-    assert seen.metrics[-1]["val_loss"] < first
+    assert seen.metrics[-1].val_loss < first

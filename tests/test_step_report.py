@@ -53,4 +53,4 @@ def test_a_training_step_reads_the_device_once(monkeypatch, settings):
         monkeypatch.setattr(torch.Tensor, name, counted)
     trainer.train_steps(1)
     assert reads == ["tolist in step_report.py"]
-    assert seen.metrics[-1]["step"] == 3
+    assert seen.metrics[-1].step == 3

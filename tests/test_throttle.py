@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from metrics_rows import metrics_row
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.protocol import OptionApplied, OptionRefused, TrialResult
 from torchlab.core.wire.throttle import RefusedCommands, Throttle, refuses_a_command
@@ -26,13 +28,13 @@ def test_flush_gives_what_is_left_to_count_at_the_end():
 class Journal(TrainerObserver):
     def __init__(self) -> None:
         self.records: list[dict] = []
-        self.metrics: list[dict] = []
+        self.metrics: list[MetricsRow] = []
 
     def on_event(self, event):
         self.records.append(event.journal_record())
 
-    def on_metrics(self, record):
-        self.metrics.append(record)
+    def on_metrics(self, row):
+        self.metrics.append(row)
 
 
 def test_refused_commands_reach_the_journal_by_the_rule_of_refused_lines():
@@ -44,14 +46,14 @@ def test_refused_commands_reach_the_journal_by_the_rule_of_refused_lines():
         throttled.on_event(OptionRefused(option=f"nope{step}", value=1, reason="unknown option", step=step))
         throttled.on_event(TrialResult(step=step, option="nope", value=1, steps=5, arms=[], error="unknown option"))
     throttled.on_event(OptionApplied(option="clip", value=0.5, previous=None, step=5000))
-    throttled.on_metrics({"step": 5000})
+    throttled.on_metrics(metrics_row(5000))
     throttled.close(step=5001)
 
     burst = Throttle().burst
     assert [r["event"] for r in journal.records] == ["option_refused", "trial_result"] * (burst // 2) + [
         "option_applied", "lines_refused_unrecorded"]
     assert journal.records[-1] == {**journal.records[-1], "channel": "commands", "count": 2 * 5000 - burst, "step": 5001}
-    assert journal.metrics == [{"step": 5000}]
+    assert journal.metrics == [metrics_row(5000)]
     finished = TrialResult(step=1, option="clip", value=0.5, steps=5, arms=[])
     assert refuses_a_command(OptionRefused(option="x", value=1, reason="r", step=1)) and not refuses_a_command(finished)
 

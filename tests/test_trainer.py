@@ -25,10 +25,10 @@ def test_scripted_change_takes_effect_at_its_step_and_is_acknowledged():
         ("clip", 5, 0.5, None),
         ("accum", 6, 2, 1),
     ]
-    assert seen.at(4)["clip"] is None and seen.at(5)["clip"] == 0.5
-    assert seen.at(5)["accum"] == 1 and seen.at(6)["accum"] == 2
+    assert seen.at(4).options.clip is None and seen.at(5).options.clip == 0.5
+    assert seen.at(5).options.accum == 1 and seen.at(6).options.accum == 2
     # Clipping is reported from the step it applies: the pre-clip norm and whether it fired.
-    assert seen.at(4)["clipped"] is None and isinstance(seen.at(5)["clipped"], bool)
+    assert seen.at(4).clipped is None and isinstance(seen.at(5).clipped, bool)
     # Two micro-batches per step from step 6: the data position advances twice as fast.
     assert trainer.data.position.samples == (5 + 3 * 2) * 16
 
@@ -39,7 +39,7 @@ def test_change_submitted_from_another_thread_applies_at_a_step_boundary():
 
     class SubmitOnStep3(TrainerObserver):
         def on_metrics(self, record):
-            if record["step"] == 3:
+            if record.step == 3:
                 submitted_at["step"] = 3
                 threading.Thread(target=trainer.submit, args=(SetCommand("lr_scale", "0.5", "test"),)).start()
 
@@ -48,9 +48,9 @@ def test_change_submitted_from_another_thread_applies_at_a_step_boundary():
     [ack] = seen.of("option_applied")
     assert ack["step"] > submitted_at["step"]
     before, after = seen.at(ack["step"] - 1), seen.at(ack["step"])
-    assert before["lr_scale"] == 1.0 and after["lr_scale"] == 0.5
+    assert before.options.lr_scale == 1.0 and after.options.lr_scale == 0.5
     # The scale multiplies the schedule's LR from that step on.
-    assert after["lr"] == pytest.approx(0.5 * trainer.scheduler.lr_lambdas[0](ack["step"] - 1) * 1e-3)
+    assert after.lr == pytest.approx(0.5 * trainer.scheduler.lr_lambdas[0](ack["step"] - 1) * 1e-3)
 
 
 def test_invalid_changes_are_refused_with_a_reason_and_the_run_goes_on():
@@ -63,7 +63,7 @@ def test_invalid_changes_are_refused_with_a_reason_and_the_run_goes_on():
     assert "world size 3 does not divide the batch of 16" in refused[("world_size", 3)]
     assert "whole number" in refused[("accum", 1)]
     assert "unknown option" in refused[("warp_drive", 1)]
-    assert all(record["amp"] == "off" and record["world_size"] == 1 for record in seen.metrics)
+    assert all(record.options.amp == "off" and record.options.world_size == 1 for record in seen.metrics)
 
 
 def test_world_size_limits_are_refused_with_the_reason():
@@ -109,16 +109,16 @@ def test_fp16_at_start_on_cpu_is_a_config_error_naming_the_flag():
 def test_bf16_autocast_trains_on_cpu_and_keeps_parameters_fp32():
     trainer, seen = make_trainer(steps=6, at=["3:amp=bf16"])
     trainer.run()
-    assert [r["amp"] for r in seen.metrics] == ["off", "off", "bf16", "bf16", "bf16", "bf16"]
+    assert [r.options.amp for r in seen.metrics] == ["off", "off", "bf16", "bf16", "bf16", "bf16"]
     assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
-    assert all(math.isfinite(r["loss"]) for r in seen.metrics)
+    assert all(math.isfinite(r.loss) for r in seen.metrics)
 
 
 def test_checkpointing_toggles_in_place_without_renaming_parameters():
     trainer, seen = make_trainer(steps=6, at=["2:checkpointing=on", "5:checkpointing=off"])
     names_before = [name for name, _ in trainer.model.named_parameters()]
     trainer.run()
-    assert [r["checkpointing"] for r in seen.metrics] == [False, True, True, True, False, False]
+    assert [r.options.checkpointing for r in seen.metrics] == [False, True, True, True, False, False]
     assert [name for name, _ in trainer.model.named_parameters()] == names_before
     assert not any("forward" in vars(block) for block in trainer.parts.model.checkpointing.blocks.values())
 
@@ -136,7 +136,7 @@ def test_pause_holds_at_a_boundary_and_resume_continues():
 
     class PauseAtStep2(TrainerObserver):
         def on_metrics(self, record):
-            if record["step"] == 2:
+            if record.step == 2:
                 trainer.submit(PauseCommand())
 
         def on_event(self, event):
@@ -157,7 +157,7 @@ def test_stop_request_ends_the_run_with_a_final_checkpoint(tmp_path):
 
     class StopAtStep4(TrainerObserver):
         def on_metrics(self, record):
-            if record["step"] == 4:
+            if record.step == 4:
                 trainer.submit(StopCommand("test"))
 
     trainer.observers.append(StopAtStep4())
@@ -215,8 +215,8 @@ def test_a_fast_run_with_the_default_cadence_writes_no_periodic_checkpoint_in_it
 def test_validation_loss_is_reported_on_eval_steps():
     trainer, seen = make_trainer(steps=6, eval_every=3)
     trainer.run()
-    assert [r["step"] for r in seen.metrics if "val_loss" in r] == [3, 6]
-    assert all(r["val_loss"] > 0 for r in seen.metrics if "val_loss" in r)
+    assert [r.step for r in seen.metrics if r.val_loss is not None] == [3, 6]
+    assert all(r.val_loss > 0 for r in seen.metrics if r.val_loss is not None)
     assert trainer.model.training
 
 
@@ -225,13 +225,13 @@ def test_metrics_carry_the_documented_keys():
     trainer.run()
     required = {"step", "loss", "lr", "samples_per_s", "step_time_s", "grad_norm_total", "grad_norms",
                 "amp", "checkpointing", "clip", "accum", "world_size"}
-    assert required <= set(seen.metrics[0])
-    assert set(seen.metrics[0]["grad_norms"]) == set(trainer.instruments.grad_probe.module_names)
+    assert required <= set(seen.metrics[0].json_object())  # as metrics.jsonl has them
+    assert set(seen.metrics[0].grad_norms) == set(trainer.instruments.grad_probe.module_names)
 
 
 def test_sgd_and_onecycle_schedule_train():
     trainer, seen = make_trainer(steps=20, optimizer="sgd", schedule="onecycle", lr=0.05)
     trainer.run()
-    lrs = [r["lr"] for r in seen.metrics]
+    lrs = [r.lr for r in seen.metrics]
     assert lrs.index(max(lrs)) == pytest.approx(6, abs=1)  # peak at 30 % of the run
-    assert seen.metrics[-1]["loss"] < seen.metrics[0]["loss"]
+    assert seen.metrics[-1].loss < seen.metrics[0].loss

@@ -22,7 +22,7 @@ def trial_results(seen) -> list[dict]:
 
 
 def losses(seen) -> list[float]:
-    return [record["loss"] for record in seen.metrics]
+    return [record.loss for record in seen.metrics]
 
 
 @pytest.mark.parametrize("option, value", [("lr_scale", "0.5"), ("amp", "bf16"), ("checkpointing", "on"), ("clip", "0.1"),

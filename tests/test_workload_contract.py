@@ -33,22 +33,22 @@ def test_the_workloads_optimizer_scheduler_and_accuracy_train_and_are_reported()
     trainer.run()
     first, last = seen.metrics[0], seen.metrics[-1]
     assert [group["name"] for group in trainer.optimizer.param_groups] == ["body", "head"]
-    assert first["lrs"] == {"body": pytest.approx(BODY_LR), "head": pytest.approx(HEAD_LR)} and first["lr"] == first["lrs"]["body"]
-    assert last["lrs"]["head"] == pytest.approx(cosine(HEAD_LR, 39, 40), rel=1e-12)
-    assert set(first["metrics"]) == {"accuracy"} and 0 <= first["metrics"]["accuracy"] <= 1
-    assert last["metrics"]["accuracy"] > 0.8 > first["metrics"]["accuracy"]  # it learns, and the figure follows
+    assert first.lrs == {"body": pytest.approx(BODY_LR), "head": pytest.approx(HEAD_LR)} and first.lr == first.lrs["body"]
+    assert last.lrs["head"] == pytest.approx(cosine(HEAD_LR, 39, 40), rel=1e-12)
+    assert set(first.metrics) == {"accuracy"} and 0 <= first.metrics["accuracy"] <= 1
+    assert last.metrics["accuracy"] > 0.8 > first.metrics["accuracy"]  # it learns, and the figure follows
     evaluated = seen.at(40)
-    assert set(evaluated["val_metrics"]) == {"accuracy"} and evaluated["val_metrics"]["accuracy"] > 0.8
-    assert "val_metrics" not in seen.at(39)
+    assert set(evaluated.val_metrics) == {"accuracy"} and evaluated.val_metrics["accuracy"] > 0.8
+    assert seen.at(39).val_metrics is None
 
 
 def test_lr_scale_multiplies_every_groups_scheduled_lr_without_feeding_back_into_a_chainable_schedule():
     trainer, seen = make_trainer(f"{OWN}:workload", steps=30, checkpoint_every=0, at=["11:lr_scale=0.5", "21:lr_scale=1"])
     trainer.run()
     for row in seen.metrics:
-        scale = 0.5 if 11 <= row["step"] <= 20 else 1.0
+        scale = 0.5 if 11 <= row.step <= 20 else 1.0
         for name, base in (("body", BODY_LR), ("head", HEAD_LR)):
-            assert row["lrs"][name] == pytest.approx(scale * cosine(base, row["step"] - 1, 30), rel=1e-9), (row["step"], name)
+            assert row.lrs[name] == pytest.approx(scale * cosine(base, row.step - 1, 30), rel=1e-9), (row.step, name)
 
 
 def test_the_metrics_are_the_mean_over_micro_batches():
@@ -57,7 +57,7 @@ def test_the_metrics_are_the_mean_over_micro_batches():
     halves, seen_halves = make_trainer(f"{OWN}:workload", steps=1, batch_size=32, checkpoint_every=0, options={"accum": 2})
     halves.run()
     # The same 64 samples, as one batch or two micro-batches of 32: the same accuracy (a mean of equal halves).
-    assert seen_halves.metrics[0]["metrics"]["accuracy"] == pytest.approx(seen_whole.metrics[0]["metrics"]["accuracy"])
+    assert seen_halves.metrics[0].metrics["accuracy"] == pytest.approx(seen_whole.metrics[0].metrics["accuracy"])
 
 
 def test_a_run_with_its_own_optimizer_and_scheduler_resumes_bit_for_bit(tmp_path):

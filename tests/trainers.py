@@ -14,6 +14,7 @@ from torchlab.core.engine.loading import load_workload
 from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.engine.trainer import Trainer
 from torchlab.core.records.config import build_config
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.wire.protocol import Message
@@ -26,15 +27,15 @@ class Recorder(TrainerObserver):
     """A trainer observer that keeps every report, event and telemetry sample, for assertions."""
 
     def __init__(self) -> None:
-        self.metrics: list[dict[str, Any]] = []
+        self.metrics: list[MetricsRow] = []
         self.events: list[dict[str, Any]] = []
         self.telemetry: list[TelemetrySample] = []
 
     def on_telemetry(self, sample: TelemetrySample) -> None:
         self.telemetry.append(sample)
 
-    def on_metrics(self, record: dict[str, Any]) -> None:
-        self.metrics.append(record)
+    def on_metrics(self, row: MetricsRow) -> None:
+        self.metrics.append(row)
 
     def on_event(self, event: Message) -> None:
         self.events.append(event.journal_record())  # as events.jsonl has it
@@ -42,8 +43,8 @@ class Recorder(TrainerObserver):
     def of(self, event: str) -> list[dict[str, Any]]:
         return [record for record in self.events if record["event"] == event]
 
-    def at(self, step: int) -> dict[str, Any]:
-        return next(record for record in self.metrics if record["step"] == step)
+    def at(self, step: int) -> MetricsRow:
+        return next(row for row in self.metrics if row.step == step)
 
 
 def make_trainer(

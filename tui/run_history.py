@@ -16,9 +16,10 @@ from typing import Any
 
 from torchlab.core.errors import ConfigError
 from torchlab.core.records.config import settings_as_used, settings_from_toml
-from torchlab.core.records.rundir import rows_of
+from torchlab.core.records.rundir import metrics_rows, rows_of
 from torchlab.core.records.storage import unreadable_run
 from torchlab.core.safe_open import read_regular_text
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.options import format_option_value
 from torchlab.tui.thinning import Series
 
@@ -60,12 +61,12 @@ class RunHistory:
         history = cls(path)
         points: dict[str, tuple[list[float], list[float], list[float]]] = {}
         try:
-            for row in rows_of(metrics):
-                step, elapsed = row["step"], row.get("elapsed_s")
+            for row in metrics_rows(metrics):
+                elapsed = row.elapsed_s if _number(row.elapsed_s) else math.nan
                 for key, value in _figures(row):
                     steps, times, values = points.setdefault(key, ([], [], []))
-                    steps.append(step)
-                    times.append(elapsed if _number(elapsed) else math.nan)
+                    steps.append(row.step)
+                    times.append(elapsed)
                     values.append(value)
         except FileNotFoundError:
             raise ConfigError(f"{path}: no metrics.jsonl here; give run directories (runs/<time>-<workload>)") from None
@@ -146,12 +147,13 @@ def _option_changes(events: Path) -> tuple[list[int], list[str]]:
     return steps, changes
 
 
-def _figures(row: dict[str, Any]) -> Iterator[tuple[str, float]]:
-    for key in FIGURES:
-        if _number(row.get(key)):
-            yield key, float(row[key])
-    for kind in ("metrics", "val_metrics"):
-        for name, value in (row.get(kind) or {}).items() if isinstance(row.get(kind), dict) else ():
+def _figures(row: MetricsRow) -> Iterator[tuple[str, float]]:
+    """Each finite figure of ``row`` a chart draws, under its key (``FIGURES``, ``metrics.<name>``, ``val_metrics.<name>``)."""
+    for key, value in (("loss", row.loss), ("val_loss", row.val_loss), ("lr", row.lr), ("samples_per_s", row.samples_per_s)):
+        if _number(value):
+            yield key, float(value)
+    for kind, figures in (("metrics", row.metrics), ("val_metrics", row.val_metrics)):
+        for name, value in (figures or {}).items():
             if _number(value):
                 yield f"{kind}.{name}", float(value)
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchlab.core.wire import protocol
 from torchlab.core.wire.events import describe
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.options import OPTION_NAMES, OPTIONS_BY_NAME, format_option_value
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, TelemetrySample
 from torchlab.core.wire.run_status import RunStatus
@@ -126,7 +127,8 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
         self.workload_metrics: dict[str, tuple[Series, Series]] = {}
         #: moves when a group or a metric appears (the charts then show it)
         self.named_series_version = 0
-        self.last_record: dict[str, Any] = {}
+        #: the newest metrics row (the last of its batch), None before the first
+        self.last_row: MetricsRow | None = None
         self.elapsed_s: float | None = None
         #: when ``elapsed_s`` arrived, by ``clock``: the header's clock runs on from it between reports
         self.elapsed_at = 0.0

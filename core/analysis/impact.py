@@ -4,7 +4,7 @@ Every change of a live option starts a new segment. Per segment: median step tim
 interval, median samples/s, median data wait (the part of a step spent waiting for its batches), memory,
 and the loss slope (least squares, per 100 steps). Steps whose time says nothing about the options stay
 out of the medians: the first after a change or a (re)start, those under the profiler, those during which
-torch.compile compiled (``compiling`` in the record) and those a compiled run ran uncompiled to sample
+torch.compile compiled (``compiling`` in the row) and those a compiled run ran uncompiled to sample
 activation statistics (``eager``). Memory is what
 the tensors hold, measured on the trainer's memory steps (core/engine/memory.py): the activations saved
 for backward, and the total with parameters, gradients and optimizer state; on CUDA the memory figure
@@ -33,6 +33,7 @@ from typing import Any
 
 from torchlab.core.records.storage import write_atomically
 from torchlab.core.wire.events import ProfileStarted, RunEnded, RunStarted
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import LIVE_OPTIONS, format_option_value
 from torchlab.core.wire.payloads import ImpactSegment, TelemetrySample
@@ -86,26 +87,26 @@ class Segment:
     _sxx: float = 0.0
     _sxy: float = 0.0
 
-    def add(self, record: dict[str, Any], timed: bool = True) -> None:
-        """One report; ``timed=False`` keeps its step time out of the medians (a profiled step), as do the record
+    def add(self, row: MetricsRow, timed: bool = True) -> None:
+        """One report; ``timed=False`` keeps its step time out of the medians (a profiled step), as do the row
         itself where it says it compiled or ran uncompiled, and the segment's first ``WARMUP_STEPS`` steps. A
         segment of warm-up steps only has no step time: a warm-up step's would read as the option's."""
-        self.last_step = record["step"]
-        timed = timed and not record.get("compiling") and not record.get("eager")
-        if timed and record["step"] - self.first_step >= WARMUP_STEPS:
-            self.step_times.append(record["step_time_s"])
-            self.throughputs.append(record["samples_per_s"])
-            if record.get("data_wait_s") is not None:
-                self.data_waits.append(record["data_wait_s"])
-        memory = record.get("memory")
-        if memory is not None:  # a MemoryBreakdown, on the trainer's memory steps
+        self.last_step = row.step
+        timed = timed and not row.compiling and not row.eager
+        if timed and row.step - self.first_step >= WARMUP_STEPS:
+            self.step_times.append(row.step_time_s)
+            self.throughputs.append(row.samples_per_s)
+            if row.data_wait_s is not None:
+                self.data_waits.append(row.data_wait_s)
+        memory = row.memory
+        if memory is not None:  # on the trainer's memory steps
             self.activations_bytes = max(self.activations_bytes or 0, memory.activations_bytes)
             self.tensor_bytes = max(self.tensor_bytes or 0, memory.total_bytes)
             if memory.allocator_peak_bytes is not None:
                 self.peak_allocated_bytes = max(self.peak_allocated_bytes or 0, memory.allocator_peak_bytes)
-        loss = record.get("loss")
-        if loss is not None and loss == loss:  # NaN never enters the slope
-            x = float(record["step"])
+        loss = row.loss
+        if loss == loss:  # NaN never enters the slope
+            x = float(row.step)
             self._n += 1
             self._sx += x
             self._sy += loss
@@ -171,15 +172,15 @@ class ImpactTracker(TrainerObserver):
         self._warming_up = 0  # steps of a freshly started process still to leave out of the medians
         self._closed_rows: list[ImpactSegment] = []  # the rows of every segment but the newest, which no report changes
 
-    def on_metrics(self, record: dict[str, Any]) -> None:
-        options = {key: record.get(key) for key in SEGMENT_OPTIONS}
+    def on_metrics(self, row: MetricsRow) -> None:
+        options = {key: getattr(row.options, key) for key in SEGMENT_OPTIONS}
         current = self.segments[-1] if self.segments else None
         if current is None or current.options != options:
             change = "start" if current is None else _describe_change(current.options, options)
-            self.segments.append(Segment(options=options, change=change, first_step=record["step"]))
+            self.segments.append(Segment(options=options, change=change, first_step=row.step))
             if current is not None:
                 self.write()
-        self.segments[-1].add(record, timed=not self._profiling and self._warming_up <= 0)
+        self.segments[-1].add(row, timed=not self._profiling and self._warming_up <= 0)
         self._warming_up -= 1
 
     def on_telemetry(self, sample: TelemetrySample) -> None:

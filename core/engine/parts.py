@@ -29,6 +29,7 @@ from torchlab.core.engine.optimization import Optimization, build_optimizer, bui
 from torchlab.core.engine.precision import Precisions
 from torchlab.core.errors import ConfigError, StorageError
 from torchlab.core.records.config import FromWorkload, TrainConfig
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import LiveOptions, OptionRefused
 from torchlab.core.wire.payloads import TelemetrySample
@@ -172,9 +173,9 @@ class Reporter:
         if failure is not None:
             raise failure
 
-    def metrics(self, record: dict[str, Any]) -> None:
+    def metrics(self, row: MetricsRow) -> None:
         for observer in self.observers:
-            observer.on_metrics(record)
+            observer.on_metrics(row)
 
     def telemetry(self, sample: TelemetrySample) -> None:
         for observer in self.observers:

@@ -28,18 +28,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
 from torchlab.core.errors import ConfigError, NonFiniteError, StorageError, WorkloadError, WorkloadExited
 from torchlab.core.wire.events import TRAINER_EVENTS
 from torchlab.core.wire.line_reader import LineReader
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.payloads import MemoryBreakdown, RankFigures, TelemetrySample
-from torchlab.core.wire.protocol import decode, fault, Message, ProtocolError, read_payload, StopCommand, trainer_command, TrainerCommand
+from torchlab.core.wire.payloads import TelemetrySample
+from torchlab.core.wire.protocol import decode, fault, Message, ProtocolError, StopCommand, trainer_command, TrainerCommand
 from torchlab.core.wire.run_status import OUTCOMES, RunStatus
 from torchlab.core.wire.runtime import listen_privately, runtime_dir
 from torchlab.core.wire.throttle import RefusedLines
+from torchlab.core.wire.typed_json import UnreadableValue
 
 #: A report of a model with many thousands of modules is a long line (a name and a norm per module, twice);
 #: longer than this is no report of ours.
@@ -66,29 +68,25 @@ class RankHello(RankMessage):
 
 @dataclass(frozen=True)
 class MetricsReport(RankMessage):
-    """One metrics.jsonl record, as rank 0's trainer reported it."""
+    """One metrics row, as rank 0's trainer reported it: its JSON object (``MetricsRow.json_object``)."""
 
     type: ClassVar[str] = "metrics"
     record: dict
 
+    @classmethod
+    def of(cls, row: MetricsRow) -> MetricsReport:
+        return cls(record=row.json_object())
+
     def validate(self) -> None:
-        if not _is_int(self.record.get("step")):
-            raise ProtocolError("metrics.record: needs an integer step")
-        self.as_reported()  # per-rank figures that are not RankFigures are refused here, as any bad line
+        self.as_reported()  # a row that does not read back (per-rank figures that are not RankFigures...) is refused here, as any bad line
 
-    def as_reported(self) -> dict[str, Any]:
-        """The record as rank 0's trainer made it: its payloads, JSON objects on this channel, read back as
-        the payloads they were (the per-rank figures as RankFigures, the memory as a MemoryBreakdown;
-        ``read_payload`` raises ProtocolError for any that is not one)."""
-        record = self.record
-        for key, kind in _RECORD_PAYLOADS.items():
-            if record.get(key) is not None:
-                record = {**record, key: read_payload(kind, record[key], f"metrics.record.{key}")}
-        return record
-
-
-#: The keys of a metrics record whose values are payloads, and their types.
-_RECORD_PAYLOADS = {"ranks": list[RankFigures], "memory": MemoryBreakdown}
+    def as_reported(self) -> MetricsRow:
+        """The row as rank 0's trainer made it, read back with its payloads (the per-rank figures as RankFigures,
+        the memory as a MemoryBreakdown); a ProtocolError says why a record is not one."""
+        try:
+            return MetricsRow.from_json(self.record, "metrics.record")
+        except UnreadableValue as error:
+            raise ProtocolError(str(error)) from None
 
 
 @dataclass(frozen=True)
@@ -196,10 +194,6 @@ class ChannelRefused(RankMessage):
 
     type: ClassVar[str] = "refused"
     reason: str
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _how_it_ended(error: BaseException) -> str:
@@ -408,8 +402,8 @@ class SupervisorLink(TrainerObserver):
         self.trainer = trainer
         threading.Thread(target=self._read_commands, name="torchlab-supervisor-link", daemon=True).start()
 
-    def on_metrics(self, record: dict[str, Any]) -> None:
-        self._send(MetricsReport(record=record))
+    def on_metrics(self, row: MetricsRow) -> None:
+        self._send(MetricsReport.of(row))
 
     def on_event(self, event: Message) -> None:
         self._send(EventReport.of(event))

@@ -53,6 +53,7 @@ from torchlab.core.errors import ConfigError, StorageError, TorchlabError, Workl
 from torchlab.core.records.config import TrainConfig, build_config, load_config_file
 from torchlab.core.records.storage import create_file, make_folder, match_folder_privacy, write_atomically
 from torchlab.core.wire.events import Relaunching, ResumeChangedSettings, ResumedFromCheckpoint, RunStarted
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import WORLD_SIZE, OptionRefused
 from torchlab.core.wire.payloads import TelemetrySample
@@ -335,10 +336,10 @@ class _Relay(TrainerObserver):
     def __init__(self, supervisor: Supervisor) -> None:
         self.supervisor = supervisor
 
-    def on_metrics(self, record: dict[str, Any]) -> None:
-        self.supervisor.step = record["step"]
+    def on_metrics(self, row: MetricsRow) -> None:
+        self.supervisor.step = row.step
         for observer in self.supervisor.observers:
-            observer.on_metrics(record)
+            observer.on_metrics(row)
 
     def on_event(self, event: Message) -> None:
         for observer in self.supervisor.observers:

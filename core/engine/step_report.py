@@ -5,7 +5,8 @@ activation statistics) and moved to the host together: one ``torch.cat(...).toli
 transfer waits for the device, so it is the step's only synchronisation point. ``HostTransfer`` owns the
 layout of the packed tensor, so the loop reads its results back by name, never by position.
 
-``metrics_record`` is the one place a row of ``metrics.jsonl`` (and of the app's charts) is built.
+``metrics_row`` is the one place a row of ``metrics.jsonl`` (and of the app's charts) is built: a ``MetricsRow``
+(core/wire/metrics_row.py).
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
 import torch
 
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.options import LiveOptions
 from torchlab.core.wire.payloads import MemoryBreakdown, RankFigures
 
@@ -105,45 +105,37 @@ def stats_by_module(module_names: list[str], table: list[float]) -> dict[str, li
     return {name: table[3 * i : 3 * i + 3] for i, name in enumerate(module_names) if not math.isnan(table[3 * i])}
 
 
-def metrics_record(report: StepReport, *, elapsed_s: float, epoch: int, batch_size: int,
-                   rank_figures: list[RankFigures] | None,
-                   evaluate: Callable[[], tuple[float, dict[str, float] | None]] | None) -> dict[str, Any]:
+def metrics_row(report: StepReport, *, elapsed_s: float, epoch: int, batch_size: int,
+                rank_figures: list[RankFigures] | None,
+                evaluate: Callable[[], tuple[float, dict[str, float] | None]] | None) -> MetricsRow:
     """The metrics row of a report step: ``report``, the run's training time and epoch, each rank's figures
     where they were gathered, and the validation loss (and metrics) where ``evaluate`` is given: called last, so
     that the row's time and elapsed time are those of the step, not of the evaluation after it. ``batch_size``
     is the global batch, all ranks together."""
-    record: dict[str, Any] = {
-        "step": report.step,
-        "time": time.time(),
-        "elapsed_s": round(elapsed_s, 3),
-        "epoch": epoch,
-        "loss": report.loss,
-        "lr": report.lr,
-        "samples_per_s": batch_size * report.options.accum / report.step_time_s,
-        "step_time_s": report.step_time_s,
-        "grad_norm_total": report.grad_norm_total,
-        "clipped": report.clipped,
-        "grad_norms": report.grad_norms,
-        "skipped": not report.stepped,
-        "data_wait_s": report.data_wait_s,
-        **report.options.as_dict(),
-    }
-    if report.lrs is not None:
-        record["lrs"] = report.lrs
-    if report.metrics is not None:
-        record["metrics"] = report.metrics
-    if report.compiling:
-        record["compiling"] = True
-    if report.ran_eagerly:
-        record["eager"] = True
-    if report.act_stats is not None:
-        record["act_stats"] = report.act_stats
-    if report.memory is not None:
-        record["memory"] = report.memory
-    if rank_figures is not None:
-        record["ranks"] = rank_figures
-    if evaluate is not None:
-        record["val_loss"], val_metrics = evaluate()
-        if val_metrics is not None:
-            record["val_metrics"] = val_metrics
-    return record
+    now = time.time()
+    val_loss, val_metrics = evaluate() if evaluate is not None else (None, None)
+    return MetricsRow(
+        step=report.step,
+        time=now,
+        elapsed_s=round(elapsed_s, 3),
+        epoch=epoch,
+        loss=report.loss,
+        lr=report.lr,
+        samples_per_s=batch_size * report.options.accum / report.step_time_s,
+        step_time_s=report.step_time_s,
+        grad_norm_total=report.grad_norm_total,
+        clipped=report.clipped,
+        grad_norms=report.grad_norms,
+        skipped=not report.stepped,
+        data_wait_s=report.data_wait_s,
+        options=report.options,
+        lrs=report.lrs,
+        metrics=report.metrics,
+        compiling=report.compiling,
+        eager=report.ran_eagerly,
+        act_stats=report.act_stats,
+        memory=report.memory,
+        ranks=rank_figures,
+        val_loss=val_loss,
+        val_metrics=val_metrics,
+    )

@@ -18,7 +18,6 @@ the live writer does its work on a thread of its own, and writes at most ``LIVE_
 from __future__ import annotations
 
 import collections
-import dataclasses
 import os
 import shutil
 import sys
@@ -33,6 +32,7 @@ from torchlab.core.records.storage import make_folder
 from torchlab.core.safe_open import UnsafeFileError, open_regular
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import format_option_value
 
@@ -41,7 +41,6 @@ from torchlab.core.wire.options import format_option_value
 LIVE_ROWS_PER_S = 5
 #: The name a profiler trace takes under ``plugins/profile/step-<N>/`` (the plugin reads ``*.pt.trace.json``).
 TRACE_NAME = "torchlab.pt.trace.json"
-_MEMORY_KINDS = ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "allocator_peak_bytes")
 INSTALL_HINT = "pip install 'torchlab-tui[tensorboard]' (or pip install tensorboard)"
 
 
@@ -55,7 +54,7 @@ def summary_writer_class(directory: Path) -> type:
 
 
 class TensorBoardWriter:
-    """Metrics rows (as ``metrics.jsonl`` holds them, or as the trainer reports them), option changes and
+    """Metrics rows (read back from ``metrics.jsonl``, or as the trainer reports them), option changes and
     profiler traces into event files under ``directory``."""
 
     def __init__(self, directory: Path, purge_step: int | None = None) -> None:
@@ -69,33 +68,35 @@ class TensorBoardWriter:
         except OSError as error:
             raise ConfigError(f"tensorboard (--tensorboard) {directory}: cannot be written: {error.strerror or error}.") from None
 
-    def write_row(self, row: dict[str, Any]) -> None:
-        step, walltime = row["step"], row.get("time")
+    def write_row(self, row: MetricsRow) -> None:
+        step, walltime = row.step, row.time
 
-        def scalar(tag: str, value: Any) -> None:
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+        def scalar(tag: str, value: float | None) -> None:
+            if value is not None:  # None: not measured on this step, or not finite when written
                 self._writer.add_scalar(tag, value, step, walltime=walltime)
 
-        for key in ("loss", "samples_per_s", "step_time_s", "grad_norm_total"):
-            scalar(f"train/{key}", row.get(key))
-        lrs = row.get("lrs")
-        if isinstance(lrs, dict):
-            for group, lr in lrs.items():
+        scalar("train/loss", row.loss)
+        scalar("train/samples_per_s", row.samples_per_s)
+        scalar("train/step_time_s", row.step_time_s)
+        scalar("train/grad_norm_total", row.grad_norm_total)
+        if row.lrs is not None:
+            for group, lr in row.lrs.items():
                 scalar(f"train/lr/{group}", lr)
         else:
-            scalar("train/lr", row.get("lr"))
-        scalar("val/loss", row.get("val_loss"))
-        for prefix, key in (("train", "metrics"), ("val", "val_metrics")):
-            for name, value in (row.get(key) or {}).items():
+            scalar("train/lr", row.lr)
+        scalar("val/loss", row.val_loss)
+        for prefix, figures in (("train", row.metrics), ("val", row.val_metrics)):
+            for name, value in (figures or {}).items():
                 scalar(f"{prefix}/{name}", value)
-        for module, norm in (row.get("grad_norms") or {}).items():
+        for module, norm in (row.grad_norms or {}).items():
             scalar(f"grad_norm/{module}", norm)
-        memory = row.get("memory")
-        if dataclasses.is_dataclass(memory):
-            memory = dataclasses.asdict(memory)
-        if isinstance(memory, dict):
-            for kind in _MEMORY_KINDS:
-                scalar(f"memory/{kind.removesuffix('_bytes')}", memory.get(kind))
+        memory = row.memory
+        if memory is not None:
+            scalar("memory/parameters", memory.parameters_bytes)
+            scalar("memory/gradients", memory.gradients_bytes)
+            scalar("memory/optimizer", memory.optimizer_bytes)
+            scalar("memory/activations", memory.activations_bytes)
+            scalar("memory/allocator_peak", memory.allocator_peak_bytes)
 
     def write_option_change(self, step: int, option: str, value: Any, previous: Any, source: str) -> None:
         text = f"step {step}: {option} = {format_option_value(option, value)} (was {format_option_value(option, previous)})"
@@ -125,25 +126,25 @@ class LiveTensorBoard(TrainerObserver):
         summary_writer_class(directory)  # not installed: said before training starts
         self.directory = directory
         self.writer: TensorBoardWriter | None = None  # opened when the run starts, at the step it starts from
-        #: a metrics row (a dict), an option applied or a profile, as the trainer reported it
-        self._queue: collections.deque[dict[str, Any] | p.OptionApplied | p.ProfileReady] = collections.deque()
+        #: a metrics row, an option applied or a profile, as the trainer reported it
+        self._queue: collections.deque[MetricsRow | p.OptionApplied | p.ProfileReady] = collections.deque()
         self._wake = threading.Event()
         self._row_written_at = -1.0
-        self._row_held_back: dict[str, Any] | None = None  # the newest row not written: the run's last, perhaps
+        self._row_held_back: MetricsRow | None = None  # the newest row not written: the run's last, perhaps
         self._closing = False
         self._thread = threading.Thread(target=self._write, name="tensorboard", daemon=True)
         self._thread.start()
 
-    def on_metrics(self, record: dict[str, Any]) -> None:
+    def on_metrics(self, row: MetricsRow) -> None:
         if self.writer is None or self._closing:
             return
         now = time.monotonic()
-        if "val_loss" in record or now - self._row_written_at >= 1 / LIVE_ROWS_PER_S:
+        if row.val_loss is not None or now - self._row_written_at >= 1 / LIVE_ROWS_PER_S:
             self._row_written_at, self._row_held_back = now, None
-            self._queue.append(record)
+            self._queue.append(row)
             self._wake.set()
         else:
-            self._row_held_back = record
+            self._row_held_back = row
 
     def on_event(self, event: p.Message) -> None:
         match event:
@@ -182,7 +183,7 @@ class LiveTensorBoard(TrainerObserver):
             closing = self._closing  # read before the drain: what close() queued before saying so is written
             while self._queue:
                 match item := self._queue.popleft():
-                    case dict():
+                    case MetricsRow():
                         self.writer.write_row(item)
                     case p.OptionApplied():
                         self.writer.write_option_change(item.step, item.option, item.value, item.previous, item.source)

@@ -41,7 +41,7 @@ from torchlab.core.engine.outcome import RunOutcome
 from torchlab.core.engine.parts import Reporter, TrainingParts
 from torchlab.core.engine.probes import clip_by_total_norm
 from torchlab.core.engine.profiler import Profiling
-from torchlab.core.engine.step_report import StepReport, metrics_record
+from torchlab.core.engine.step_report import StepReport, metrics_row
 from torchlab.core.engine.telemetry import TelemetrySampler
 from torchlab.core.engine.trials import Trials, TrialStopped
 from torchlab.core.errors import NonFiniteError, StorageError, WorkloadError
@@ -346,11 +346,11 @@ class Trainer:
             instruments.figures_gathered_at = time.monotonic()
         if not parts.world.reports:
             return
-        record = metrics_record(report, elapsed_s=parts.progress.elapsed(), epoch=parts.data.position.epoch,
-                                batch_size=parts.batch_size, rank_figures=rank_figures,
-                                evaluate=self._evaluate if self._is_eval_step(report.step) else None)
+        row = metrics_row(report, elapsed_s=parts.progress.elapsed(), epoch=parts.data.position.epoch,
+                          batch_size=parts.batch_size, rank_figures=rank_figures,
+                          evaluate=self._evaluate if self._is_eval_step(report.step) else None)
         self.checkpoints.finish()  # the step's row comes after the checkpoint before it is safe, or not at all
-        self.reporter.metrics(record)
+        self.reporter.metrics(row)
 
     def _after_step(self, step: int) -> None:
         self.checkpoints.finish()  # started after the step before (when no metrics row waited for it)

@@ -35,7 +35,7 @@ from pathlib import Path
 from torchlab.core.errors import EXIT_OK, EXIT_USAGE, ConfigError, StorageError, TorchlabError
 from torchlab.core.launch.arguments import command_description
 from torchlab.core.records.csv_export import write_csv
-from torchlab.core.records.rundir import rows_of
+from torchlab.core.records.rundir import SkippedLine, metrics_rows, rows_of
 from torchlab.core.records.storage import reason, unreadable_run
 from torchlab.core.safe_open import UnsafeFileError, kind_of, open_regular, require_real_folder, who_else_may_write
 
@@ -67,7 +67,7 @@ def _export(args: argparse.Namespace) -> int:
     if args.tensorboard is not None:
         refuse_tensorboard_target(args.tensorboard, args.run, force=args.force)
     if args.csv is not None:
-        skipped: list[int] = []
+        skipped: list[SkippedLine] = []
         rows = write_csv(metrics, args.csv, replace=args.force, skipped=skipped)
         print(f"{args.csv}: {rows} rows{_left_out(skipped)}", file=sys.stderr)
     if args.tensorboard is not None:
@@ -78,9 +78,14 @@ def _export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _left_out(skipped: list[int]) -> str:
-    """`` (3 unreadable lines of metrics.jsonl skipped)``: torn, or holding what torchlab never writes."""
-    return f" ({len(skipped)} unreadable lines of metrics.jsonl skipped)" if skipped else ""
+def _left_out(skipped: list[SkippedLine]) -> str:
+    """`` (3 unreadable lines of metrics.jsonl skipped; line 7: ...)``: torn, or holding what torchlab never writes;
+    the first one's reason is said."""
+    if not skipped:
+        return ""
+    first = skipped[0]
+    reason = repr(first.reason)[1:-1]  # a line someone else wrote may hold a terminal's escapes
+    return f" ({len(skipped)} unreadable lines of metrics.jsonl skipped; line {first.number}: {reason})"
 
 
 def require_metrics(run: Path, metrics: Path) -> None:
@@ -191,11 +196,11 @@ def _status(flag: str, path: Path) -> os.stat_result | None:
         raise ConfigError(f"{flag} {path}: cannot be written: {reason(error)}.") from None
 
 
-def export_tensorboard(run: Path, directory: Path, *, warn: Warn, skipped: list[int] | None = None) -> tuple[int, int, int]:
+def export_tensorboard(run: Path, directory: Path, *, warn: Warn, skipped: list[SkippedLine] | None = None) -> tuple[int, int, int]:
     """Every row, option change and profiler trace of ``run`` into event files under ``directory`` (checked
     by ``refuse_tensorboard_target``; made 0700 if new). An ``events.jsonl``, profile folder or trace that is
     a link or not a regular file is left out and passed to ``warn``; the lines of metrics.jsonl left out
-    (``rows_of``) are added to ``skipped``."""
+    (``metrics_rows``) are added to ``skipped``."""
     from torchlab.core.engine.tensorboard import TensorBoardWriter  # imports torch
 
     try:
@@ -205,7 +210,7 @@ def export_tensorboard(run: Path, directory: Path, *, warn: Warn, skipped: list[
     writer = TensorBoardWriter(directory, purge_step=0)  # hides what an earlier export (--force) wrote there
     rows = changes = traces = 0
     try:
-        for row in rows_of(run / "metrics.jsonl", skipped):
+        for row in metrics_rows(run / "metrics.jsonl", skipped):
             writer.write_row(row)
             rows += 1
         for record in journal_rows(run / "events.jsonl", warn):

@@ -36,6 +36,7 @@ from torchlab.core.launch.resume import ConfigRecord, TrainingPlan
 from torchlab.core.records.rundir import RunDirectory, choose_run_dir, refuse_an_unfit_run_dir
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import STEPS, format_option_value
 from torchlab.core.wire.protocol import Message
@@ -116,7 +117,7 @@ def _report(outcome: RunOutcome, run_path: Path, progress: HeadlessProgress, *, 
     if interrupted:
         console.print(escape(f"Interrupted at step {outcome.step}; resume with torchlab-tui --resume {run_path}"))
         return EXIT_INTERRUPTED
-    if outcome.status == RunStatus.FINISHED and progress.last_record is None and outcome.step >= steps:
+    if outcome.status == RunStatus.FINISHED and progress.last_row is None and outcome.step >= steps:
         console.print(f"Nothing to train: the run is at step {outcome.step}, its --steps. Resume with --steps N "
                       f"(N > {outcome.step}) to train further.")
         return EXIT_OK
@@ -153,7 +154,7 @@ class HeadlessProgress(TrainerObserver):
         self.loss: float | None = None
         self.samples_per_s: float | None = None
         self.first_loss: float | None = None
-        self.last_record: dict[str, Any] | None = None
+        self.last_row: MetricsRow | None = None
         self._step_time_s: float | None = None  # smoothed: the bar shows a rate, not one step's hiccup
         self._grad_norm: float | None = None  # the newest measured (the probe does not run every step)
         #: no terminal to draw a bar on: a line of figures every PIPE_LINE_INTERVAL_S instead
@@ -170,39 +171,39 @@ class HeadlessProgress(TrainerObserver):
     def __exit__(self, *exc_info) -> None:
         self._live.stop()
 
-    def on_metrics(self, record: dict[str, Any]) -> None:
+    def on_metrics(self, row: MetricsRow) -> None:
         if self.first_loss is None:
-            self.first_loss = record["loss"]
-        self.last_record = record
-        self.step, self.loss, self.samples_per_s = record["step"], record["loss"], self.rate(record)
-        if record.get("grad_norm_total") is not None:
-            self._grad_norm = record["grad_norm_total"]
+            self.first_loss = row.loss
+        self.last_row = row
+        self.step, self.loss, self.samples_per_s = row.step, row.loss, self.rate(row)
+        if row.grad_norm_total is not None:
+            self._grad_norm = row.grad_norm_total
         if self.prints_lines:
             now = time.monotonic()
-            if now - self._line_printed_at >= PIPE_LINE_INTERVAL_S or record["step"] >= self.total_steps:
+            if now - self._line_printed_at >= PIPE_LINE_INTERVAL_S or row.step >= self.total_steps:
                 self._line_printed_at = now
-                self.console.print(escape(self.training_line(record)))
-        if "val_loss" in record:
-            extra = "".join(f", val {name} {value:.4g}" for name, value in record.get("val_metrics", {}).items())
-            self.console.print(escape(f"step {record['step']}: val_loss {record['val_loss']:.4f}{extra}"))
+                self.console.print(escape(self.training_line(row)))
+        if row.val_loss is not None:
+            extra = "".join(f", val {name} {_number(value, '.4g')}" for name, value in (row.val_metrics or {}).items())
+            self.console.print(escape(f"step {row.step}: val_loss {row.val_loss:.4f}{extra}"))
 
-    def training_line(self, record: dict[str, Any]) -> str:
+    def training_line(self, row: MetricsRow) -> str:
         """``step 340/1000: loss 2.3456, lr 0.0012, 12,345 samples/s, grad norm 0.871, accuracy 0.91`` (``lr body 0.05
         head 0.2`` where the workload's optimizer has several groups)."""
-        lrs = record.get("lrs") or {}
-        lr = " ".join(f"{name} {value:.3g}" for name, value in lrs.items()) if lrs else f"{record['lr']:.3g}"
-        parts = [f"loss {record['loss']:.4f}", f"lr {lr}", f"{self.samples_per_s:,.0f} samples/s"]
+        lrs = row.lrs or {}
+        lr = " ".join(f"{name} {_number(value, '.3g')}" for name, value in lrs.items()) if lrs else f"{row.lr:.3g}"
+        parts = [f"loss {row.loss:.4f}", f"lr {lr}", f"{self.samples_per_s:,.0f} samples/s"]
         if self._grad_norm is not None:
             parts.append(f"grad norm {self._grad_norm:.3g}")
-        parts += [f"{name} {value:.4g}" for name, value in record.get("metrics", {}).items()]
-        return f"step {record['step']}/{self.total_steps}: " + ", ".join(parts)
+        parts += [f"{name} {_number(value, '.4g')}" for name, value in (row.metrics or {}).items()]
+        return f"step {row.step}/{self.total_steps}: " + ", ".join(parts)
 
-    def rate(self, record: dict[str, Any]) -> float:
+    def rate(self, row: MetricsRow) -> float:
         """Samples a second over the last ~10 steps (an exponential average of the step time): a frame
         drawn twice a second would otherwise show whichever single step came last."""
-        step_time = record["step_time_s"]
+        step_time = row.step_time_s
         self._step_time_s = step_time if self._step_time_s is None else 0.9 * self._step_time_s + 0.1 * step_time
-        return record["samples_per_s"] * step_time / self._step_time_s
+        return row.samples_per_s * step_time / self._step_time_s
 
     def on_event(self, event: Message) -> None:
         match event:
@@ -237,11 +238,11 @@ class HeadlessProgress(TrainerObserver):
         self.console.print(f"step {step}: {text}")
 
     def summary(self) -> str:
-        if self.last_record is None or self.first_loss is None:
+        if self.last_row is None or self.first_loss is None:
             return ""
-        text = f"loss {self.first_loss:.4f} → {self.last_record['loss']:.4f}"
-        if "val_loss" in self.last_record:
-            text += f", val_loss {self.last_record['val_loss']:.4f}"
+        text = f"loss {self.first_loss:.4f} → {self.last_row.loss:.4f}"
+        if self.last_row.val_loss is not None:
+            text += f", val_loss {self.last_row.val_loss:.4f}"
         return text + "."
 
 
@@ -281,6 +282,11 @@ class _BarLine:
         if step <= first_step or now <= first_time:
             return None
         return max(0, total - step) * (now - first_time) / (step - first_step)
+
+
+def _number(value: float | None, spec: str) -> str:
+    """A figure of a row's mapping (a workload's metric, a group's LR); None is one that was not finite."""
+    return format(math.nan if value is None else value, spec)
 
 
 def _clock(seconds: float | None) -> str:

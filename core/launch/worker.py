@@ -41,6 +41,7 @@ from torchlab.core.launch.stop import STOP_CLIENT
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.control_server import ControlServer
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import STEPS
 from torchlab.core.wire.outbox import Outbox
@@ -80,17 +81,16 @@ class OutboxReporter(TrainerObserver):
     def on_telemetry(self, sample: TelemetrySample) -> None:
         self.outbox.add_latest(p.Telemetry(sample=sample))
 
-    def on_metrics(self, record: dict[str, Any]) -> None:
-        self.step = record["step"]
+    def on_metrics(self, row: MetricsRow) -> None:
+        self.step = row.step
         self._send_impact()
-        norms = record.get("grad_norms")
-        self.outbox.add_metrics({key: value for key, value in record.items() if key not in ("grad_norms", "act_stats", "ranks", "memory")})
-        if record.get("memory") is not None:  # MemoryBreakdown, on the steps that measured it
-            self.outbox.add_latest(p.Memory(breakdown=record["memory"]))
-        if norms is not None:
-            self.outbox.add_latest(p.GradNorms(step=record["step"], norms=list(norms.values()), total=record["grad_norm_total"]))
-        if record.get("ranks") is not None:  # RankFigures, from the ranks' collectives
-            self.outbox.add_latest(p.Ranks(step=record["step"], ranks=record["ranks"]))
+        self.outbox.add_metrics(row)  # the Metrics message leaves out what is sent apart here (p.Metrics.SENT_APART)
+        if row.memory is not None:  # on the steps that measured it
+            self.outbox.add_latest(p.Memory(breakdown=row.memory))
+        if row.grad_norms is not None:
+            self.outbox.add_latest(p.GradNorms(step=row.step, norms=list(row.grad_norms.values()), total=row.grad_norm_total))
+        if row.ranks is not None:  # from the ranks' collectives
+            self.outbox.add_latest(p.Ranks(step=row.step, ranks=row.ranks))
 
     def on_event(self, event: p.Message) -> None:
         match event:

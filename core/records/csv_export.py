@@ -14,6 +14,11 @@ of -0.5 is data, and a ``'`` would make the column text.
 
 The file is written through core/records/export_files.py: created new, or (``replace``) renamed over the old
 name; never through a link.
+
+The lines are read as the JSON objects they are (``rows_of``), not as ``MetricsRow`` (core/wire/metrics_row.py) as
+the other readers of ``metrics.jsonl`` read them: a CSV is the file's figures flat, every key any line holds, and a
+line that is no row of today's shape (a key a later version or someone else added, a figure missing) is still
+exported whole, its cells made inert like any other.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 
 from torchlab.core.errors import StorageError
 from torchlab.core.records.export_files import output_file
-from torchlab.core.records.rundir import rows_of
+from torchlab.core.records.rundir import SkippedLine, rows_of
 from torchlab.core.records.storage import reason
 
 _ACT_STATS = ("mean", "std", "max_abs")
@@ -79,7 +84,7 @@ def csv_columns(rows: Iterable[dict[str, Any]]) -> list[str]:
     return [column for column in columns if column in with_a_value or column not in nested]
 
 
-def write_csv(metrics: Path, target: Path, *, replace: bool, skipped: list[int] | None = None) -> int:
+def write_csv(metrics: Path, target: Path, *, replace: bool, skipped: list[SkippedLine] | None = None) -> int:
     """``metrics`` (a run's metrics.jsonl) as the CSV ``target``, a new file or (``replace``) one renamed over
     what is there; returns the rows written, and adds to ``skipped`` the lines left out (``rows_of``). Read
     twice: once for the columns, once for the rows, so a long run is never held in memory whole."""

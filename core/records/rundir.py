@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from torchlab.core.errors import ConfigError, StorageError, shown
 from torchlab.core.records.storage import (
@@ -53,6 +53,7 @@ from torchlab.core.records.storage import (
 from torchlab.core.safe_open import UnsafeFileError, kind_of, open_regular, owner_name, who_else_may_write
 from torchlab.core.wire import strict_json
 from torchlab.core.wire.events import JournalRepaired, MetricsMovedAside, ResumedFromCheckpoint
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.wire.protocol import Error, Message, TrialResult
@@ -130,13 +131,13 @@ class RunDirectory(TrainerObserver):
         return kept
 
     # ----------------------------------------------------------------- journals
-    def on_metrics(self, record: dict[str, Any]) -> None:
+    def on_metrics(self, row: MetricsRow) -> None:
         with self._failure_lock:
             failure, self._failure = self._failure, None
         if failure is not None:
             raise failure
         with self._metrics_lock:
-            self._metrics.append(to_json_line(record))
+            self._metrics.append(to_json_line(row.json_object()))
 
     def on_event(self, event: Message) -> None:
         if not event.journalled:
@@ -244,22 +245,46 @@ def to_json_line(record: dict[str, Any]) -> str:
     return strict_json.dumps(record) + "\n"
 
 
-def rows_of(path: Path, skipped: list[int] | None = None) -> Iterator[dict[str, Any]]:
+class SkippedLine(NamedTuple):
+    """A line of a run's journal that its reader left out: its number, and why."""
+
+    number: int
+    reason: str
+
+
+def rows_of(path: Path, skipped: list[SkippedLine] | None = None) -> Iterator[dict[str, Any]]:
     """Each row of a run's JSON-lines file (metrics.jsonl, events.jsonl) that has a step; a line that is not a
     JSON object (a write torn by a crash, which a resume repairs) is left out, as the app leaves it out, and so
     is one that torchlab never writes (nested too deep, a number out of range: ``strict_json.loads``). The line
-    number of each line left out so is added to ``skipped``, for the reader to say how many. Read only from a
+    number of each line left out so, and why, is added to ``skipped``, for the reader to say. Read only from a
     regular file, not through a link (UnsafeFileError: core/safe_open.py)."""
     with open(path, encoding="utf-8", errors="replace", opener=open_regular) as handle:
         for number, line in enumerate(handle, start=1):
             try:
                 row = strict_json.loads(line)
-            except ValueError:
+            except ValueError as error:
                 if skipped is not None:
-                    skipped.append(number)
+                    skipped.append(SkippedLine(number, str(error)))
                 continue
             if isinstance(row, dict) and isinstance(row.get("step"), int):
                 yield row
+
+
+def metrics_rows(path: Path, skipped: list[SkippedLine] | None = None) -> Iterator[MetricsRow]:
+    """Each row of a run's ``metrics.jsonl`` (or ``metrics.replaced.jsonl``) read back as a ``MetricsRow``
+    (``MetricsRow.from_json``: old lines too); a line that is none (torn by a crash, holding what torchlab never
+    writes, or of another shape: a figure missing or of another type) is left out, and its number and why are
+    added to ``skipped``, for the reader to say. Read only from a regular file, not through a link
+    (UnsafeFileError: core/safe_open.py)."""
+    with open(path, encoding="utf-8", errors="replace", opener=open_regular) as handle:
+        for number, line in enumerate(handle, start=1):
+            try:
+                row = MetricsRow.from_json(strict_json.loads(line))
+            except ValueError as error:  # UnreadableJson, UnreadableValue
+                if skipped is not None:
+                    skipped.append(SkippedLine(number, str(error)))
+                continue
+            yield row
 
 
 def new_run_path(root: Path, label: str) -> Path:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.protocol import Message
 from torchlab.core.wire.payloads import TelemetrySample
 
@@ -15,7 +14,7 @@ class TrainerObserver:
     training thread (telemetry: on the sampler's thread), so they must be quick.
     """
 
-    def on_metrics(self, record: dict[str, Any]) -> None:
+    def on_metrics(self, row: MetricsRow) -> None:
         pass
 
     def on_event(self, event: Message) -> None:

@@ -3,7 +3,7 @@
 The trainer thread only appends (under a lock, O(1)); each connection's sender thread reads what is
 new since its own cursor. Three kinds of content, three rules:
 
-- metrics records: a ring of the last ``metrics_capacity`` reports. A connection that falls behind
+- metrics rows: a ring of the last ``metrics_capacity`` reports. A connection that falls behind
   skips ahead (old reports are dropped for it, never queued without bound). A new connection gets
   the ring first, so its curves are full at once.
 - latest-wins values (gradient norms, telemetry, the impact table, per-rank figures, a trial's progress): only the newest
@@ -21,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.protocol import GradNorms, Impact, Memory, Message, Metrics, Ranks, Replayed, Telemetry, TrialProgress
 
 MAX_RECORDS_PER_MESSAGE = 1000
@@ -41,7 +42,7 @@ class Outbox:
         self._lock = threading.Condition()
         # Signalled only for events and close: a sender letting reports gather waits on this one.
         self._event_added = threading.Condition(self._lock)
-        self._metrics: deque[tuple[int, dict]] = deque(maxlen=metrics_capacity)
+        self._metrics: deque[tuple[int, MetricsRow]] = deque(maxlen=metrics_capacity)
         self._events: deque[tuple[int, Message]] = deque(maxlen=events_capacity)
         self._metrics_seq = 0
         self._events_seq = 0
@@ -50,10 +51,10 @@ class Outbox:
         self._closed = False
 
     # ---- producer side (the trainer thread): never blocks beyond a short lock
-    def add_metrics(self, record: dict) -> None:
+    def add_metrics(self, row: MetricsRow) -> None:
         with self._lock:
             self._metrics_seq += 1
-            self._metrics.append((self._metrics_seq, record))
+            self._metrics.append((self._metrics_seq, row))
             self._lock.notify_all()
 
     def add_latest(self, message: GradNorms | Memory | Telemetry | Impact | Ranks | TrialProgress) -> None:
@@ -93,7 +94,8 @@ class Outbox:
         folds what comes before the marker as the run's past (into its log, without a toast per old event)."""
         with self._lock:
             events = min(len(self._events), self._events_seq - cursor.events)
-            return [*self._take_new(cursor), Replayed(events=events)]
+            rows, others = self._take_new(cursor)
+        return [*_batches(rows), *others, Replayed(events=events)]
 
     def take(self, cursor: Cursor, timeout: float) -> list[Message] | None:
         """What is new for ``cursor`` (waiting up to ``timeout``); None once closed and drained."""
@@ -102,14 +104,14 @@ class Outbox:
                 if self._closed:
                     return None
                 self._lock.wait(timeout)
-            return self._take_new(cursor)
+            rows, others = self._take_new(cursor)
+        return [*_batches(rows), *others]
 
-    def _take_new(self, cursor: Cursor) -> list[Message]:
-        """What is new for ``cursor``: reports, newest values, then events in order. Called under the lock."""
+    def _take_new(self, cursor: Cursor) -> tuple[list[MetricsRow], list[Message]]:
+        """What is new for ``cursor``: reports, then newest values and events in order. Called under the lock;
+        the reports become messages after it (``_batches``), so that the trainer never waits for their columns."""
         messages: list[Message] = []
-        records = [record for _, record in _newest(self._metrics, self._metrics_seq - cursor.metrics)]
-        for start in range(0, len(records), MAX_RECORDS_PER_MESSAGE):
-            messages.append(Metrics.from_records(records[start : start + MAX_RECORDS_PER_MESSAGE]))
+        rows = [row for _, row in _newest(self._metrics, self._metrics_seq - cursor.metrics)]
         cursor.metrics = self._metrics_seq
         for kind, (seq, message) in self._latest.items():
             if seq > cursor.latest.get(kind, 0):
@@ -117,7 +119,7 @@ class Outbox:
                 cursor.latest[kind] = seq
         messages.extend(message for _, message in _newest(self._events, self._events_seq - cursor.events))
         cursor.events = self._events_seq
-        return messages
+        return rows, messages
 
     def _has_new(self, cursor: Cursor) -> bool:
         return (
@@ -125,6 +127,11 @@ class Outbox:
             or self._events_seq > cursor.events
             or any(seq > cursor.latest.get(kind, 0) for kind, (seq, _) in self._latest.items())
         )
+
+
+def _batches(rows: list[MetricsRow]) -> list[Message]:
+    """``rows`` as Metrics messages of at most ``MAX_RECORDS_PER_MESSAGE`` rows each, oldest first."""
+    return [Metrics.from_rows(rows[start : start + MAX_RECORDS_PER_MESSAGE]) for start in range(0, len(rows), MAX_RECORDS_PER_MESSAGE)]
 
 
 def _newest(ring: deque[tuple[int, T]], count: int) -> list[tuple[int, T]]:

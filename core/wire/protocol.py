@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 
 from torchlab.core.errors import SHOWN_CHARS, shown
 from torchlab.core.wire import strict_json
+from torchlab.core.wire.metrics_row import SET_ONLY, MetricsRow, columns_of
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample, TrialArm
 from torchlab.core.wire.typed_json import JsonObject, JsonScalar, UnreadableValue, first_few, read_object, read_value
 
@@ -338,26 +339,38 @@ class State(Message):
 
 @dataclass(frozen=True)
 class Metrics(Message):
-    """A batch of per-step reports, oldest first, as columns: each metrics.jsonl key -> its values.
+    """A batch of metrics rows (core/wire/metrics_row.py), oldest first, as columns: each key of a row's JSON
+    object -> its values.
 
-    Columns are the metrics.jsonl keys (step, loss, lr, samples_per_s, step_time_s, ...), all of one
-    length; a value a report does not have (val_loss off eval steps) is null. One list per column, not
-    one per report: at 50k reports/s the app decodes and garbage-collects ~20 lists a batch, not ~1000.
+    Columns are the keys of ``MetricsRow.json_object`` (step, loss, lr, samples_per_s, step_time_s, the options...),
+    all of one length, less those ``SENT_APART``; a value a row does not have (val_loss off eval steps) is null. One
+    list per column, not one per row: at 50k rows/s the app decodes and garbage-collects ~20 lists a batch, not
+    ~1000, and folds each column into its series in one call. So the app reads the columns (tui/state_metrics.py),
+    and ``rows`` is for the rest (tests, tools): a ``MetricsRow`` built per row cost the app more than its share.
     """
 
     type: ClassVar[str] = "metrics"
+    #: the fields of a row that travel in messages of their own (GradNorms, Memory, Ranks: the newest wins) or not
+    #: at all (activation statistics), and so are None in ``rows``
+    SENT_APART: ClassVar[tuple[str, ...]] = ("grad_norms", "act_stats", "memory", "ranks")
     columns: dict
 
     @classmethod
-    def from_records(cls, records: list[dict]) -> Metrics:
-        names = dict.fromkeys(key for record in records for key in record)
-        return cls(columns={name: [record.get(name) for record in records] for name in names})
+    def from_rows(cls, rows: list[MetricsRow]) -> Metrics:
+        return cls(columns=columns_of(rows, leave_out=cls.SENT_APART))
 
     @property
-    def records(self) -> list[dict]:
-        """The reports as dicts (convenient; the columns are faster)."""
-        names = list(self.columns)
-        return [dict(zip(names, row)) for row in zip(*self.columns.values())]
+    def rows(self) -> list[MetricsRow]:
+        """The rows, oldest first (see ``row``)."""
+        return [self.row(index) for index in range(len(next(iter(self.columns.values()), [])))]
+
+    def row(self, index: int) -> MetricsRow:
+        """The row at ``index`` (-1: the newest), read as a line of ``metrics.jsonl`` is (``MetricsRow.from_json``:
+        UnreadableValue for one that is not a row). A column holds null where a row lacks a field: a field a row
+        has only where it is set (``val_loss``...) reads as absent there (an evaluation's loss that was not finite
+        too)."""
+        values = {name: column[index] for name, column in self.columns.items()}
+        return MetricsRow.from_json({name: value for name, value in values.items() if value is not None or name not in SET_ONLY})
 
     def validate(self) -> None:
         lengths = {len(values) if isinstance(values, list) else -1 for values in self.columns.values()}

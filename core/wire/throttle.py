@@ -14,10 +14,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from torchlab.core.errors import StorageError
 from torchlab.core.wire.events import LineRefused, LinesRefusedUnrecorded
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.wire.protocol import Message, OptionRefused, TrialResult
@@ -98,8 +98,8 @@ class RefusedCommands(TrainerObserver):
         self._journal = journal
         self._refusals = RefusedLines(self.channel)
 
-    def on_metrics(self, record: dict[str, Any]) -> None:
-        self._journal.on_metrics(record)
+    def on_metrics(self, row: MetricsRow) -> None:
+        self._journal.on_metrics(row)
 
     def on_telemetry(self, sample: TelemetrySample) -> None:
         self._journal.on_telemetry(sample)

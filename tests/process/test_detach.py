@@ -58,7 +58,7 @@ def _last_step(run_dir: Path) -> int:
 def test_a_detached_trainer_trains_on_and_attach_replays_its_history(tmp_path):
     run_dir = tmp_path / "run"
     link, seen = _started(run_dir, "--steps", "1000000")
-    seen.until(lambda m: isinstance(m, p.Metrics) and m.records[-1]["step"] >= 20)
+    seen.until(lambda m: isinstance(m, p.Metrics) and m.rows[-1].step >= 20)
     detached_at = _detach(link, seen).step
     assert link.process.poll() is None, "detaching must not stop the trainer"
 
@@ -74,7 +74,7 @@ def test_a_detached_trainer_trains_on_and_attach_replays_its_history(tmp_path):
     welcome = again.until(lambda m: isinstance(m, p.Welcome))
     assert welcome.state == "running" and welcome.step > detached_at
     again.until(lambda m: isinstance(m, p.Metrics))
-    assert again.of(p.Metrics)[0].records[0]["step"] == 1, "the curves are full at once: history replays from the ring"
+    assert again.of(p.Metrics)[0].rows[0].step == 1, "the curves are full at once: history replays from the ring"
     _until(lambda: find_run(link.endpoint_name).info["attached"], what="the entry to say an app is attached")
 
     second = ProcessLink.attach(find_run(link.endpoint_name))  # one app per run: a second is turned away

@@ -32,7 +32,7 @@ def test_after_the_hello_an_unreadable_or_oversized_set_is_refused_and_the_run_t
 
     link.send(p.SetCommand(option="accum", value="2"))
     applied = seen.until(lambda m: isinstance(m, p.OptionApplied) and m.option == "accum")
-    seen.until(lambda m: isinstance(m, p.Metrics) and m.records[-1]["step"] > applied.step)  # still training
+    seen.until(lambda m: isinstance(m, p.Metrics) and m.rows[-1].step > applied.step)  # still training
     assert link.process.poll() is None
     journal = (link.run_dir / "events.jsonl").read_text().splitlines()
     assert max(len(line) for line in journal) < 4000, "a value was echoed into the journal"
@@ -50,7 +50,7 @@ def test_before_the_hello_an_unreadable_line_ends_only_that_connection(link_for)
             assert answer and p.decode(answer).type == "refused"  # then the trainer closed this connection
     link.send(p.SetCommand(option="accum", value="2"))
     applied = seen.until(lambda m: isinstance(m, p.OptionApplied) and m.option == "accum")
-    seen.until(lambda m: isinstance(m, p.Metrics) and m.records[-1]["step"] > applied.step)
+    seen.until(lambda m: isinstance(m, p.Metrics) and m.rows[-1].step > applied.step)
     assert link.process.poll() is None
 
 
@@ -97,7 +97,7 @@ def test_refused_lines_are_journalled_a_burst_a_minute_before_and_after_the_hell
     assert all(r["reason"] == "message is not valid JSON (or holds a number too long to read, or nests too deep)" for r in records[1:])
     link.send(p.SetCommand(option="accum", value="2"))
     applied = seen.until(lambda m: isinstance(m, p.OptionApplied) and m.option == "accum")
-    seen.until(lambda m: isinstance(m, p.Metrics) and m.records[-1]["step"] > applied.step)
+    seen.until(lambda m: isinstance(m, p.Metrics) and m.rows[-1].step > applied.step)
     assert link.close(grace_s=60) == 0  # the run ends: what the journal held back is counted there
     events = [json.loads(line) for line in (link.run_dir / "events.jsonl").read_text().splitlines()]
     refused = [e for e in events if e["event"] == "line_refused"]
@@ -117,7 +117,7 @@ def test_a_number_too_large_for_any_option_is_refused_not_a_failed_run(link_for)
     assert all("is out of range" in m.reason and len(m.reason) < 300 for m in seen.of(p.Refused))
     link.send(p.SetCommand(option="accum", value="2"))
     applied = seen.until(lambda m: isinstance(m, p.OptionApplied) and m.option == "accum")
-    seen.until(lambda m: isinstance(m, p.Metrics) and m.records[-1]["step"] > applied.step)
+    seen.until(lambda m: isinstance(m, p.Metrics) and m.rows[-1].step > applied.step)
     assert not seen.of(p.Error) and link.process.poll() is None
     assert max(len(line) for line in (link.run_dir / "events.jsonl").read_text().splitlines()) < 4000
 

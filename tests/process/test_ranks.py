@@ -121,9 +121,9 @@ def test_data_parallel_gradient_norms_equal_the_single_process_ones(tmp_path):
     single.run()
     assert len(parallel) == len(seen.metrics) == 4
     for ours, theirs in zip(parallel, seen.metrics):
-        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
-        assert ours["grad_norm_total"] == pytest.approx(theirs["grad_norm_total"], rel=1e-5)
-        assert ours["grad_norms"] == pytest.approx(theirs["grad_norms"], rel=1e-4)
+        assert ours["loss"] == pytest.approx(theirs.loss, rel=1e-5)
+        assert ours["grad_norm_total"] == pytest.approx(theirs.grad_norm_total, rel=1e-5)
+        assert ours["grad_norms"] == pytest.approx(theirs.grad_norms, rel=1e-4)
 
 
 @pytest.mark.parametrize("factory, message", [
@@ -159,7 +159,7 @@ def test_the_app_changes_the_world_size_and_the_trainer_stays_its_endpoint(tmp_p
     link.start()
     try:
         seen = Collected(link)
-        seen.until(lambda m: isinstance(m, p.Metrics) and m.records[-1]["step"] >= 2)
+        seen.until(lambda m: isinstance(m, p.Metrics) and m.rows[-1].step >= 2)
         link.send(p.SetCommand(option="world_size", value=2))
         relaunching = seen.until(lambda m: isinstance(m, p.State) and m.state == "relaunching")
         assert relaunching.detail == "1 → 2"
@@ -170,7 +170,7 @@ def test_the_app_changes_the_world_size_and_the_trainer_stays_its_endpoint(tmp_p
         link.send(p.PauseCommand())  # every rank waits at the boundary; rank 0 keeps them in step
         paused = seen.until(lambda m: isinstance(m, p.State) and m.state == "paused")
         link.send(p.ResumeCommand())
-        seen.until(lambda m: isinstance(m, p.Metrics) and m.records[-1]["step"] > paused.step + 1)
+        seen.until(lambda m: isinstance(m, p.Metrics) and m.rows[-1].step > paused.step + 1)
     finally:
         assert link.close(grace_s=60) == 0
     events = read_jsonl(tmp_path / "run" / "events.jsonl")

@@ -65,7 +65,7 @@ def test_the_trainer_process_reports_and_obeys_the_app(link_for):
     assert [module.name for module in welcome.modules][:2] == ["stem", "body.0.0"]
     assert welcome.modules[0].params == 8 * 16 + 16
     assert welcome.run.run_dir == str(link.run_dir) and welcome.run.pid == link.pid
-    seen.until(lambda m: isinstance(m, p.Metrics) and m.records[-1]["step"] >= 3)
+    seen.until(lambda m: isinstance(m, p.Metrics) and m.rows[-1].step >= 3)
     norms = seen.until(lambda m: isinstance(m, p.GradNorms))
     assert len(norms.norms) == len(welcome.modules)
 
@@ -88,9 +88,9 @@ def test_the_trainer_process_reports_and_obeys_the_app(link_for):
     paused = seen.until(lambda m: isinstance(m, p.State) and m.state == "paused")
     link.send(p.ResumeCommand())
     seen.until(lambda m: isinstance(m, p.State) and m.state == "running" and m.step > paused.step)
-    records = [r for m in seen.of(p.Metrics) for r in m.records]
-    assert next(r for r in records if r["step"] == ack.step)["clip"] == 0.5
-    assert next(r for r in records if r["step"] == ack.step - 1)["clip"] is None
+    rows = [r for m in seen.of(p.Metrics) for r in m.rows]
+    assert next(r for r in rows if r.step == ack.step).options.clip == 0.5
+    assert next(r for r in rows if r.step == ack.step - 1).options.clip is None
 
     assert link.close() == 0
     events = [json.loads(line) for line in (link.run_dir / "events.jsonl").read_text().splitlines()]
@@ -168,8 +168,8 @@ def test_only_the_token_holder_controls_and_garbage_is_refused(link_for):
     link._socket.sendall(f'{{"v": {p.PROTOCOL_VERSION}, "type": "set", "option": 3}}\n'.encode())  # malformed from the app itself
     refused = seen.until(lambda m: isinstance(m, p.Refused))
     assert "set.option: expected str" in refused.reason
-    count = len([r for m in seen.of(p.Metrics) for r in m.records])
-    seen.until(lambda m: isinstance(m, p.Metrics) and len([r for x in seen.of(p.Metrics) for r in x.records]) > count)
+    count = sum(len(m.columns["step"]) for m in seen.of(p.Metrics))
+    seen.until(lambda m: isinstance(m, p.Metrics) and sum(len(x.columns["step"]) for x in seen.of(p.Metrics)) > count)
 
 
 APP_STAND_IN = """

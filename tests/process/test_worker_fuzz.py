@@ -76,7 +76,7 @@ def trains_on_and_obeys(link, seen, accum: int) -> None:
     link.send(p.ResumeCommand())  # a fuzzed pause may have paused it
     link.send(p.SetCommand(option="accum", value=str(accum)))
     applied = seen.until(lambda m: isinstance(m, p.OptionApplied) and m.option == "accum" and m.value == accum)
-    seen.until(lambda m: isinstance(m, p.Metrics) and m.records[-1]["step"] > applied.step)
+    seen.until(lambda m: isinstance(m, p.Metrics) and m.rows[-1].step > applied.step)
     assert link.process.poll() is None
 
 

@@ -16,7 +16,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from metrics_rows import metrics_row
+
 from torchlab.core.wire import protocol
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.options import LiveOptions
 from torchlab.core.wire.payloads import (
     AllocatorSample,
@@ -61,8 +64,8 @@ def welcome(step: int = 0, *, modules: list[str] | None = None, steps: int = 200
     )
 
 
-def record(step: int, **overrides: Any) -> dict[str, Any]:
-    """A metrics record like the trainer's, with a smooth deterministic loss and one spike at step 77."""
+def record(step: int, **overrides: Any) -> MetricsRow:
+    """A metrics row like the trainer's, with a smooth deterministic loss and one spike at step 77."""
     loss = 4.5 * math.exp(-step / 40) + 1.2 + 0.05 * math.sin(step)
     if step == 77:
         loss = 5.0
@@ -70,14 +73,14 @@ def record(step: int, **overrides: Any) -> dict[str, Any]:
     lr = 1e-3 * step / warmup if step <= warmup else 1e-3 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / 190))
     samples = 2000 + 150 * math.sin(step / 7)
     data = {
-        "step": step, "time": 1_700_000_000.0 + step * 0.016, "elapsed_s": round(step * 0.016 + 1.5, 3),
+        "time": 1_700_000_000.0 + step * 0.016, "elapsed_s": round(step * 0.016 + 1.5, 3),
         "loss": loss, "lr": lr, "samples_per_s": samples, "step_time_s": 32 / samples,
         "grad_norm_total": 0.8 + 0.1 * math.cos(step / 5), "clipped": None, "skipped": False, **OPTIONS,
     }
     if step % 50 == 0:
         data["val_loss"] = loss + 0.08
     data.update(overrides)
-    return data
+    return metrics_row(step, **data)
 
 
 def grad_norms(step: int, names: list[str] | None = None) -> protocol.GradNorms:
@@ -103,7 +106,7 @@ def training_events(steps: int = 120, *, names: list[str] | None = None, world_s
                                       protocol.State("running", 0)]
     for start in range(1, steps + 1, 20):
         batch = list(range(start, min(start + 20, steps + 1)))
-        events.append(protocol.Metrics.from_records([record(step, world_size=world_size) for step in batch]))
+        events.append(protocol.Metrics.from_rows([record(step, world_size=world_size) for step in batch]))
         events.extend(grad_norms(step, names) for step in batch if step % 2 == 0)
     return events
 
@@ -252,7 +255,7 @@ class FakeLink:
         self.queue, self.relaunched = self.relaunched, []
         for event in out:
             if isinstance(event, protocol.Metrics):
-                self.step = max([self.step] + [r["step"] for r in event.records if isinstance(r.get("step"), int)])
+                self.step = max([self.step] + [step for step in event.columns.get("step", []) if isinstance(step, int)])
             elif isinstance(event, (protocol.State, protocol.Welcome)):
                 self.step = max(self.step, event.step)
                 self.state = event.state

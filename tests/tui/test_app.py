@@ -506,7 +506,7 @@ async def test_new_norms_update_in_place_keeping_cursor_and_scroll(link: FakeLin
         row, scroll = table.cursor_row, table.scroll_y
         assert row == 30 and scroll > 0
         before = str(table.get_cell("layers.30.linear", "norm"))
-        link.push(protocol.Metrics.from_records([record(21)]), grad_norms(21, names))
+        link.push(protocol.Metrics.from_rows([record(21)]), grad_norms(21, names))
         link.push(protocol.GradNorms(22, [float(i) for i in range(40)], 1.0))
         await answer(app, pilot)
         assert str(table.get_cell("layers.30.linear", "norm")) != before
@@ -689,7 +689,7 @@ async def test_a_workload_given_by_its_path_is_named_by_its_file_so_the_header_k
 
     first = welcome(0)
     events = [dataclasses.replace(first, run=dataclasses.replace(first.run, workload="/home/me/work/models/my_model.py:workload")),
-              protocol.State("running", 0), protocol.Metrics.from_records([record(1)])]
+              protocol.State("running", 0), protocol.Metrics.from_rows([record(1)])]
     app = quiet_app(FakeLink(events))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
@@ -765,7 +765,7 @@ async def test_at_80x24_no_line_of_the_main_screen_is_cut_in_the_middle_of_a_fig
 
     # Wide figures: a long run far along, every figure of the stats line present, an option pending.
     events = [welcome(98_765, steps=1_000_000), protocol.State("running", 98_765),
-              protocol.Metrics.from_records([record(98_766 + i, grad_norm_total=12.345, clipped=True, val_loss=1.2345,
+              protocol.Metrics.from_rows([record(98_766 + i, grad_norm_total=12.345, clipped=True, val_loss=1.2345,
                                                     samples_per_s=123_456.0) for i in range(30)]),
               telemetry()]
     link = FakeLink(events)
@@ -801,7 +801,7 @@ async def test_a_burst_of_reports_is_folded_in_slices_and_a_key_is_answered_befo
     app = quiet_app(link)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        link.push(*[protocol.Metrics.from_records([record(step)]) for step in range(21, 321)])
+        link.push(*[protocol.Metrics.from_rows([record(step)]) for step in range(21, 321)])
         steps_when_answered: list[int] = []
         toggle_pause = app.action_toggle_pause
 
@@ -831,7 +831,7 @@ async def test_charts_are_redrawn_one_per_poll_and_at_most_every_chart_refresh_s
         for chart in charts:
             chart.data_changed = lambda chart=chart: redrawn.append(chart)
         monkeypatch.setattr(app_module, "CHART_REFRESH_S", 0.0)
-        link.push(protocol.Metrics.from_records([record(21)]))
+        link.push(protocol.Metrics.from_rows([record(21)]))
         app.poll_now()
         assert len(redrawn) == 1, "one chart a poll"
         app.poll_now()
@@ -839,7 +839,7 @@ async def test_charts_are_redrawn_one_per_poll_and_at_most_every_chart_refresh_s
         app.poll_now()
         assert sorted(redrawn, key=charts.index) == charts, "then the others, each once, then none: all are current"
         monkeypatch.setattr(app_module, "CHART_REFRESH_S", 3600.0)
-        link.push(protocol.Metrics.from_records([record(22)]))
+        link.push(protocol.Metrics.from_rows([record(22)]))
         app.poll_now()
         app.poll_now()
         assert len(redrawn) == len(charts), "none again within CHART_REFRESH_S of its last drawing"

@@ -11,9 +11,11 @@ import math
 from pathlib import Path
 
 import pytest
+from metrics_rows import metrics_row
 
 from torchlab.core.launch.compare import CompareApp, main
 from torchlab.core.records.config import build_config
+from torchlab.core.wire import strict_json
 from torchlab.tui.run_history import RunHistory, differences
 from torchlab.tui.widgets.line_chart import LineChart, marker
 
@@ -26,11 +28,11 @@ def write_run(root: Path, name: str, *, lr: float, clip_at: int | None = None, s
     (run / "config.toml").write_text(build_config(settings).to_toml())
     rows = []
     for step in range(1, steps + 1):
-        row = {"step": step, "elapsed_s": step * (0.05 if clip_at is None else 0.06), "loss": 4 * math.exp(-step * lr * 20) + 1,
-               "lr": lr, "samples_per_s": 640.0, "metrics": {"accuracy": 1 - math.exp(-step * lr * 20)}}
-        if step % 40 == 0:
-            row["val_loss"], row["val_metrics"] = row["loss"] + 0.1, {"accuracy": row["metrics"]["accuracy"] - 0.05}
-        rows.append(json.dumps(row))
+        loss, accuracy = 4 * math.exp(-step * lr * 20) + 1, 1 - math.exp(-step * lr * 20)
+        evaluated = {"val_loss": loss + 0.1, "val_metrics": {"accuracy": accuracy - 0.05}} if step % 40 == 0 else {}
+        row = metrics_row(step, elapsed_s=step * (0.05 if clip_at is None else 0.06), loss=loss, lr=lr, samples_per_s=640.0,
+                          metrics={"accuracy": accuracy}, **evaluated)
+        rows.append(strict_json.dumps(row.json_object()))
     (run / "metrics.jsonl").write_text("\n".join(rows) + "\n")
     events = [{"event": "run_started", "step": 0}]
     if clip_at:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fake_link import FakeLink, quiet_app, record, welcome
 
-from torchlab.core.wire import protocol
+from torchlab.core.wire import protocol, strict_json
 from torchlab.tui.widgets.event_log import EventLog
 
 RESUMED_AT = 71
@@ -18,7 +18,7 @@ def resumed_run(run_dir: Path) -> FakeLink:
     """A run whose first process trained steps 1-71 (its journals hold them, an amp change at 40 among them)
     and whose second process resumed from the checkpoint of step 71: it reports only 72 on."""
     run_dir.mkdir()
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(record(step)) + "\n" for step in range(1, RESUMED_AT + 1)))
+    (run_dir / "metrics.jsonl").write_text("".join(strict_json.dumps(record(step).json_object()) + "\n" for step in range(1, RESUMED_AT + 1)))
     (run_dir / "events.jsonl").write_text(json.dumps(
         {"event": "option_applied", "step": 40, "time": 0.0, "option": "amp", "value": "bf16", "previous": "off", "source": "app"}) + "\n")
     hello = welcome(RESUMED_AT)
@@ -27,7 +27,7 @@ def resumed_run(run_dir: Path) -> FakeLink:
         hello, protocol.State("starting", 0),
         protocol.Log(level="info", text=f"resumed from the checkpoint of step {RESUMED_AT}", step=RESUMED_AT),
         protocol.State("running", RESUMED_AT), protocol.Replayed(events=3),
-        protocol.Metrics.from_records([record(step) for step in range(RESUMED_AT + 1, 81)]),
+        protocol.Metrics.from_rows([record(step) for step in range(RESUMED_AT + 1, 81)]),
     ])
 
 
@@ -40,7 +40,7 @@ async def test_a_resumed_run_draws_its_steps_from_before_the_resume_and_says_it_
         await pilot.pause()
         state = app.run_state
         assert list(state.loss.xs) == list(range(1, 81))
-        assert list(state.loss.ys)[:RESUMED_AT] == [record(step)["loss"] for step in range(1, RESUMED_AT + 1)]
+        assert list(state.loss.ys)[:RESUMED_AT] == [record(step).loss for step in range(1, RESUMED_AT + 1)]
         assert 50.0 in state.val_loss.xs  # the journal's eval step
         log = "\n".join(app.query_one(EventLog).lines_written)
         assert "starting at step 0" not in log

@@ -35,19 +35,19 @@ def test_metrics_fill_the_curves_and_the_header_figures() -> None:
     assert len(state.loss) == 120 and state.step == 120
     assert state.loss.ys[76] == 5.0  # the spike at step 77
     assert len(state.val_loss) == 2  # eval steps 50 and 100
-    assert state.elapsed_s == record(120)["elapsed_s"]
+    assert state.elapsed_s == record(120).elapsed_s
     eta = state.eta_s()
     assert eta is not None and math.isclose(eta, 80 * sum(state.recent_step_times) / len(state.recent_step_times))
 
 
 def test_non_finite_and_missing_metric_values_are_left_out_of_the_curves() -> None:
-    state = fed([welcome(0), protocol.Metrics.from_records([record(1, loss=None), record(2, loss=float("nan")), record(3)])])
+    state = fed([welcome(0), protocol.Metrics.from_rows([record(1, loss=None), record(2, loss=float("nan")), record(3)])])
     assert list(state.loss.xs) == [3.0]
     assert state.step == 3
 
 
 def test_option_changes_in_records_update_the_options() -> None:
-    state = fed([welcome(0), protocol.Metrics.from_records([record(1, accum=4)])])
+    state = fed([welcome(0), protocol.Metrics.from_rows([record(1, accum=4)])])
     assert state.options["accum"] == 4
 
 
@@ -146,9 +146,9 @@ def test_small_helpers() -> None:
 def test_a_late_batch_of_earlier_steps_does_not_undo_an_acknowledged_change() -> None:
     state = fed([welcome(0)])
     state.apply(protocol.OptionApplied("amp", "bf16", "off", 11, "app"))
-    state.apply(protocol.Metrics.from_records([record(9), record(10)]))  # amp "off" in force back then
+    state.apply(protocol.Metrics.from_rows([record(9), record(10)]))  # amp "off" in force back then
     assert state.options["amp"] == "bf16"
-    state.apply(protocol.Metrics.from_records([record(11, amp="bf16"), record(12, amp="off")]))  # later --at change
+    state.apply(protocol.Metrics.from_rows([record(11, amp="bf16"), record(12, amp="off")]))  # later --at change
     assert state.options["amp"] == "off"
 
 

@@ -21,8 +21,8 @@ class StatsBar(FittedLine):
     """
 
     def show(self, state: RunState) -> None:
-        record = state.last_record
-        if not record:
+        row = state.last_row
+        if row is None:
             self.set_parts([Text("no metrics yet", style="dim italic")])
             return
         parts: list[Text] = []
@@ -38,10 +38,9 @@ class StatsBar(FittedLine):
         step_time = state.step_time.last
         if step_time is not None:
             figure("step", f"{step_time * 1000:.1f} ms")
-        total = record.get("grad_norm_total")
-        if isinstance(total, (int, float)) and not isinstance(total, bool):
-            clipped = " clipped" if record.get("clipped") else ""
-            figure("grad", f"{format_number(float(total), 3)}{clipped}")
+        if row.grad_norm_total is not None:
+            clipped = " clipped" if row.clipped else ""
+            figure("grad", f"{format_number(row.grad_norm_total, 3)}{clipped}")
         if state.val_loss.last is not None:
             figure("val", format_number(state.val_loss.last), "bold yellow")
         for name, (train, _) in list(state.workload_metrics.items())[:1]:  # the workload's first metric (accuracy)
