@@ -372,7 +372,8 @@ def test_a_segment_too_short_to_judge_is_skipped_over_and_the_next_verdict_says_
     start, accum, clip, lr = tracker.table()
     assert accum.verdict == "accum=2: too few steps to judge" and accum.baseline_step == 1
     assert clip.speedup == pytest.approx(2.0) and clip.baseline_step == 1
-    assert clip.verdict == "clip=1.0: 2.00x faster, activations -50 %, memory -29 % (vs the start)"
+    assert clip.verdict == ("clip=1.0: 2.00x faster, activations -50 %, memory -29 % "
+                           "(vs the start, changed since: clip=1.0, accum=2)")
     assert lr.baseline_step == 22 and lr.verdict.startswith("lr_scale=0.5: no clear difference")  # the one before: not named
     assert "(vs " not in lr.verdict and start.baseline_step is None and start.verdict == "start"
 
@@ -401,7 +402,7 @@ def test_a_row_compared_with_any_other_is_judged_from_the_two_rows_figures_as_th
     assert compare_segments(clip, start) == clip  # the trainer's own row, again
     against_start = compare_segments(bf16, start, name_baseline=True)
     assert against_start.speedup == pytest.approx(4.0) and against_start.baseline_step == 1
-    assert against_start.verdict == "amp=bf16: 4.00x faster (vs the start)"
+    assert against_start.verdict == "amp=bf16: 4.00x faster (vs the start, changed since: amp=bf16, clip=1.0)"
     assert compare_segments(start, bf16).verdict == "start: 4.00x slower"  # an earlier row against a later baseline
     assert compare_segments(replace(bf16, verdict="anything"), None).verdict == "amp=bf16"
 

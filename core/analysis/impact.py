@@ -16,9 +16,10 @@ with the nearest one before it that has enough timed steps for an interval (``ne
 "lr_scale=0.5: no clear difference (±6 %, segments ran in turn, ...), same memory" when they do; "workers=2: 1.31x
 faster, data wait 4.2 → 0.1 ms" where the data wait moved by at least ``DATA_WAIT_SHOWN`` of the earlier step time.
 A segment too short to judge (a one-step ``accum=2``) is skipped over: the next one is compared with the one
-before it, and its verdict names it ("(vs clip=1.0 at step 21)"). The app compares every row with a baseline the
-user chooses through the same ``compare_segments``. The loss slope is shown, never judged: loss falls faster
-early in any run, so a later segment's flatter slope says nothing about its option.
+before it, and its verdict names it and what differs from it: "(vs the start, changed since: clip=1.0,
+accum=2)". The app compares every row with a baseline the user chooses through the same ``compare_segments``.
+The loss slope is shown, never judged: loss falls faster early in any run, so a later segment's flatter slope
+says nothing about its option.
 
 Segments run one after the other and cannot be interleaved as a trial's arms are, so a load that changed
 between them can decide their verdict: where it is "no clear difference", its noise says so and suggests a trial.
@@ -164,7 +165,8 @@ def compare_segments(row: ImpactSegment, baseline: ImpactSegment | None, *, name
     ``activations_change``, ``baseline_step`` and ``verdict`` (the first row, without a baseline: none, and the
     change alone). The one definition of a verdict: the trainer's table (against ``nearest_judged``) and the app's
     (against the row the user marked, or the start) both come from here. ``name_baseline``: the verdict ends
-    saying which segment it was compared with, "(vs the start)", where no column header says it."""
+    saying which segment it was compared with and every option that differs from it, "(vs the start, changed since:
+    clip=1.0, accum=2)", where no column header says it."""
     interval = (row.step_time_low_s, row.step_time_high_s) if row.step_time_low_s is not None and row.step_time_high_s is not None else None
     speedup, speed = compare_step_times(baseline, row.median_step_time_s, interval, in_turn=True)
     if speedup is not None and (shift := load_shift(baseline and baseline.others_cpu_percent, row.others_cpu_percent)) is not None:
@@ -173,8 +175,8 @@ def compare_segments(row: ImpactSegment, baseline: ImpactSegment | None, *, name
                             _memory(row.peak_allocated_bytes, row.tensor_bytes))
     activations_change = _change(baseline and baseline.activations_bytes, row.activations_bytes)
     words = verdict(row.change, speed, activations_change, memory_change, data_wait_moved(baseline, row.median_data_wait_s))
-    if name_baseline and baseline is not None:
-        words += f" (vs {segment_name(baseline)})"
+    if name_baseline and baseline is not None:  # what it is compared with differs in more than this row's change
+        words += f" (vs {segment_name(baseline)}, changed since: {_describe_change(baseline.options, row.options)})"
     return replace(row, speedup=speedup, memory_change=memory_change, activations_change=activations_change, verdict=words,
                    baseline_step=baseline.first_step if baseline is not None else None)
 

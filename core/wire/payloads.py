@@ -265,8 +265,8 @@ class ImpactSegment(JsonObject):
     nearest before it with enough timed steps to judge, so a segment too short is skipped over (None for the first,
     or where a figure is missing; an ``impact.json`` from before the field compared with the segment just before);
     ``verdict`` says it in words: ``amp=bf16: 1.72x faster, activations -45 %, memory -38 %``, ending ``(vs clip=1.0
-    at step 21)`` where its baseline is not the segment just before, and ``workers=2: 1.31x faster, data wait 4.2 →
-    0.1 ms`` where the data wait moved by 5 % of a step or more.
+    at step 21, changed since: amp=bf16, accum=2)`` where its baseline is not the segment just before, and
+    ``workers=2: 1.31x faster, data wait 4.2 → 0.1 ms`` where the data wait moved by 5 % of a step or more.
 
     ``step_time_low_s`` to ``step_time_high_s`` is a 90 % interval of the median step time (None under ten
     timed steps; ``core/analysis/impact.py`` says how it is built). Speed is judged only where the two segments'
