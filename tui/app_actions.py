@@ -41,9 +41,7 @@ class KeyActions:
         go nowhere)."""
         if not self.read_only:
             return False
-        self.run_state.log("refused", f"{subject}: read-only view (the controlling app changes the run)",
-                           notify=True)
-        self._refresh_view()
+        self.refuse_request(f"{subject}: read-only view (the controlling app changes the run)")
         return True
 
     def send(self, command: protocol.Message) -> bool:
@@ -51,8 +49,7 @@ class KeyActions:
         if self._refuse_in_view(_command_subject(command)) or self._run_has_ended(_command_subject(command)):
             return False
         if self.link is None or self._link_closed:
-            self.run_state.log("refused", f"{_command_subject(command)}: no trainer is connected", notify=True)
-            self._refresh_view()
+            self.refuse_request(f"{_command_subject(command)}: no trainer is connected")
             return False
         if self.run_state.state == RunStatus.CONNECTING:
             # Before the welcome the trainer is still importing torch; the link would answer with an error.
@@ -73,8 +70,7 @@ class KeyActions:
         ended = self.run_state.ended
         if ended is None:
             return False
-        self.run_state.log("refused", f"{subject}: {ended}; nothing was sent", notify=True)
-        self._refresh_view()
+        self.refuse_request(f"{subject}: {ended}; nothing was sent")
         return True
 
     # ------------------------------------------------------------------ keys
@@ -140,8 +136,7 @@ class KeyActions:
         value = option.next_value(current, refused)
         reason = state.would_refuse(name, value)
         if reason is not None:
-            state.log("refused", f"{name} = {option.format(value)} refused: {reason} (nothing sent)", notify=True)
-            self._refresh_view()
+            self.refuse_request(f"{name} = {option.format(value)} refused: {reason} (nothing sent)")
             return
         self._say_why_skipped(name, current, value)
         self.set_option(name, value)
@@ -166,12 +161,22 @@ class KeyActions:
             return
 
         def chosen(answer: Chosen | None) -> None:
-            if answer is not None and self.send(answer.value):
-                command = answer.value
-                self._requested(f"trial of {command.option} = {command.value} for {command.steps} steps requested "
-                                f"(from the next step boundary; training waits for it)")
+            if answer is not None:
+                self.request_trial(answer.value)
 
         await open_prompt(self, OptionPrompt("Try an option for a few steps, then undo it", TRIAL_HINT, parse_trial), chosen)
+
+    def request_trial(self, command: protocol.TrialCommand, why: str = "") -> None:
+        """Send a controlled trial and log it as requested: the trial prompt's and the impact view's ``T`` (the row's
+        change; ``why`` says how it was chosen from the row)."""
+        if self.send(command):
+            self._requested(f"trial of {command.option} = {command.value} for {command.steps} steps requested{why} "
+                            f"(from the next step boundary; training waits for it)")
+
+    def refuse_request(self, text: str) -> None:
+        """A request the app will not send, with the reason: in the log, and as a toast."""
+        self.run_state.log("refused", text, notify=True)
+        self._refresh_view()
 
     def set_option(self, option: str, value: Any) -> None:
         """Ask the trainer to change a live option at the next step boundary."""

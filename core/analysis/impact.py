@@ -11,11 +11,18 @@ for backward, and the total with parameters, gradients and optimizer state; on C
 is the allocator's peak (the trainer resets it at each change); beside it, what NVML sees of the run
 (shown, not judged: the allocator's cache it counts only grows). Never the process RSS, which only
 grows: after a profiler snapshot it would read as the next option's cost. Each segment is compared
-with the one before it: "checkpointing=on: 1.33x slower, activations -92 %, memory -60 %" when the
-two step-time intervals do not overlap, "lr_scale=0.5: no clear difference (±6 %), same memory" when
-they do; "workers=2: 1.31x faster, data wait 4.2 → 0.1 ms" where the data wait moved by at least
-``DATA_WAIT_SHOWN`` of the earlier step time. The loss slope is shown, never judged: loss falls faster early in any run, so a later
-segment's flatter slope says nothing about its option.
+with the nearest one before it that has enough timed steps for an interval (``nearest_judged``): "checkpointing=on:
+1.33x slower, activations -92 %, memory -60 %" when the two step-time intervals do not overlap,
+"lr_scale=0.5: no clear difference (±6 %, segments ran in turn, ...), same memory" when they do; "workers=2: 1.31x
+faster, data wait 4.2 → 0.1 ms" where the data wait moved by at least ``DATA_WAIT_SHOWN`` of the earlier step time.
+A segment too short to judge (a one-step ``accum=2``) is skipped over: the next one is compared with the one
+before it, and its verdict names it and what differs from it: "(vs the start, changed since: clip=1.0,
+accum=2)". The app compares every row with a baseline the user chooses through the same ``compare_segments``.
+The loss slope is shown, never judged: loss falls faster early in any run, so a later segment's flatter slope
+says nothing about its option.
+
+Segments run one after the other and cannot be interleaved as a trial's arms are, so a load that changed
+between them can decide their verdict: where it is "no clear difference", its noise says so and suggests a trial.
 
 Streaming and standard library only: the trainer's run directory and the app use the same class.
 """
@@ -27,7 +34,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +43,7 @@ from torchlab.core.wire.events import ProfileStarted, RunEnded, RunStarted
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import LIVE_OPTIONS, format_option_value
-from torchlab.core.wire.payloads import ImpactSegment, TelemetrySample
+from torchlab.core.wire.payloads import ImpactSegment, TelemetrySample, TrialArm
 from torchlab.core.wire.protocol import Message, ProfileReady
 
 WARMUP_STEPS = 2  # the first steps after a change pay one-off costs (allocator, autotuning)
@@ -46,7 +53,7 @@ PROCESS_WARMUP_STEPS = 5
 #: Step times a segment keeps for its medians: the most recent ones, so a 100k-step segment costs
 #: the same to summarise (about once a second, for the app) as a short one.
 MEDIAN_WINDOW = 4096
-#: Fewer timed steps than this give no interval, and no speed verdict against the segment before.
+#: Fewer timed steps than this give no interval, and no speed verdict: a later segment is compared with an earlier one.
 MIN_TIMED_STEPS = 10
 #: The interval is built from the medians of consecutive blocks of steps: at least MIN_BLOCKS (below
 #: five, even their whole range covers the median less than 90 % of the time), one per STEPS_PER_BLOCK
@@ -120,24 +127,16 @@ class Segment:
             return None
         return 100 * (self._n * self._sxy - self._sx * self._sy) / denominator
 
-    def summary(self, previous: ImpactSegment | None) -> ImpactSegment:
-        """This segment as a row of the table, compared with the row of the segment before it."""
+    def summary(self, baseline: ImpactSegment | None, *, name_baseline: bool = False) -> ImpactSegment:
+        """This segment as a row of the table, compared with ``baseline`` (``compare_segments``)."""
         step_time = statistics.median(self.step_times) if self.step_times else None
         interval = median_interval(self.step_times)
         if step_time is not None and interval is not None:
             # Where steps alternate between two speeds, the median of them all can fall just outside the
             # inner block medians: the interval always holds the figure it is shown beside.
             interval = min(interval[0], step_time), max(interval[1], step_time)
-        speedup, speed = compare_step_times(previous, step_time, interval)
-        others_cpu = statistics.median(self.others_cpu) if self.others_cpu else None
-        if speedup is not None and (shift := load_shift(previous and previous.others_cpu_percent, others_cpu)) is not None:
-            speedup, speed = None, shift
         low, high = interval or (None, None)
-        memory = _memory(self.peak_allocated_bytes, self.tensor_bytes)
-        memory_change = _change(previous and _memory(previous.peak_allocated_bytes, previous.tensor_bytes), memory)
-        activations_change = _change(previous and previous.activations_bytes, self.activations_bytes)
-        data_wait = statistics.median(self.data_waits) if self.data_waits else None
-        return ImpactSegment(
+        figures = ImpactSegment(
             change=self.change,
             options=self.options,
             first_step=self.first_step,
@@ -146,18 +145,52 @@ class Segment:
             step_time_low_s=low,
             step_time_high_s=high,
             median_samples_per_s=statistics.median(self.throughputs) if self.throughputs else None,
-            median_data_wait_s=data_wait,
+            median_data_wait_s=statistics.median(self.data_waits) if self.data_waits else None,
             peak_allocated_bytes=self.peak_allocated_bytes,
             nvml_run_bytes=self.nvml_run_bytes,
-            others_cpu_percent=others_cpu,
+            others_cpu_percent=statistics.median(self.others_cpu) if self.others_cpu else None,
             activations_bytes=self.activations_bytes,
             tensor_bytes=self.tensor_bytes,
             loss_slope_per_100_steps=self.loss_slope_per_100,
-            speedup=speedup,
-            memory_change=memory_change,
-            activations_change=activations_change,
-            verdict=verdict(self.change, speed, activations_change, memory_change, data_wait_moved(previous, data_wait)),
+            speedup=None,
+            memory_change=None,
+            activations_change=None,
+            verdict=self.change,
         )
+        return compare_segments(figures, baseline, name_baseline=name_baseline)
+
+
+def compare_segments(row: ImpactSegment, baseline: ImpactSegment | None, *, name_baseline: bool = False) -> ImpactSegment:
+    """``row`` judged against ``baseline`` from the two rows' figures alone: its ``speedup``, ``memory_change``,
+    ``activations_change``, ``baseline_step`` and ``verdict`` (the first row, without a baseline: none, and the
+    change alone). The one definition of a verdict: the trainer's table (against ``nearest_judged``) and the app's
+    (against the row the user marked, or the start) both come from here. ``name_baseline``: the verdict ends
+    saying which segment it was compared with and every option that differs from it, "(vs the start, changed since:
+    clip=1.0, accum=2)", where no column header says it."""
+    interval = (row.step_time_low_s, row.step_time_high_s) if row.step_time_low_s is not None and row.step_time_high_s is not None else None
+    speedup, speed = compare_step_times(baseline, row.median_step_time_s, interval, in_turn=True)
+    if speedup is not None and (shift := load_shift(baseline and baseline.others_cpu_percent, row.others_cpu_percent)) is not None:
+        speedup, speed = None, shift
+    memory_change = _change(baseline and _memory(baseline.peak_allocated_bytes, baseline.tensor_bytes),
+                            _memory(row.peak_allocated_bytes, row.tensor_bytes))
+    activations_change = _change(baseline and baseline.activations_bytes, row.activations_bytes)
+    words = verdict(row.change, speed, activations_change, memory_change, data_wait_moved(baseline, row.median_data_wait_s))
+    if name_baseline and baseline is not None:  # what it is compared with differs in more than this row's change
+        words += f" (vs {segment_name(baseline)}, changed since: {_describe_change(baseline.options, row.options)})"
+    return replace(row, speedup=speedup, memory_change=memory_change, activations_change=activations_change, verdict=words,
+                   baseline_step=baseline.first_step if baseline is not None else None)
+
+
+def nearest_judged(rows: Sequence[ImpactSegment]) -> ImpactSegment | None:
+    """The row the segment after ``rows`` is compared with: the nearest with a step-time interval (enough timed steps
+    to judge), so that a segment too short to judge (a one-step ``accum=2``) never blocks the next verdict. Where
+    none has one, the last row (the verdict then says "too few steps to judge"); None for the first segment."""
+    return next((row for row in reversed(rows) if row.step_time_low_s is not None), rows[-1] if rows else None)
+
+
+def segment_name(row: ImpactSegment) -> str:
+    """A segment as a verdict or a header names it: "the start", "clip=1.0 at step 21"."""
+    return "the start" if row.change == "start" else f"{row.change} at step {row.first_step}"
 
 
 class ImpactTracker(TrainerObserver):
@@ -207,17 +240,22 @@ class ImpactTracker(TrainerObserver):
                 self.write()
 
     def table(self) -> list[ImpactSegment]:
-        """Segment summaries, each with ratios to the segment before it.
+        """Segment summaries, each with ratios to the nearest earlier segment with enough timed steps.
 
         Only the newest segment still changes (reports and telemetry go to it alone), so the others' rows are
         summarised once, when the next segment begins, and kept: the app asks for the table about once a
         second, on the training thread, and a row costs two sorts of up to ``MEDIAN_WINDOW`` step times."""
         for segment in self.segments[len(self._closed_rows) : -1]:
-            self._closed_rows.append(segment.summary(self._closed_rows[-1] if self._closed_rows else None))
+            self._closed_rows.append(self._summary(segment))
         if not self.segments:
             return []
-        newest = self.segments[-1].summary(self._closed_rows[-1] if self._closed_rows else None)
-        return [*self._closed_rows, newest]
+        return [*self._closed_rows, self._summary(self.segments[-1])]
+
+    def _summary(self, segment: Segment) -> ImpactSegment:
+        """``segment``'s row against the nearest earlier row judged (``nearest_judged``), named where it is not the
+        row just before."""
+        baseline = nearest_judged(self._closed_rows)
+        return segment.summary(baseline, name_baseline=baseline is not None and baseline is not self._closed_rows[-1])
 
     def write(self) -> None:
         """Replace ``impact.json`` whole (a reader never sees half of it); a full disk is a StorageError."""
@@ -264,16 +302,18 @@ def _order_statistic_index(draws: int) -> int:
 
 
 def compare_step_times(
-    previous: ImpactSegment | None, median: float | None, interval: tuple[float, float] | None
+    previous: ImpactSegment | TrialArm | None, median: float | None, interval: tuple[float, float] | None,
+    *, in_turn: bool = False,
 ) -> tuple[float | None, str | None]:
-    """``(speedup, words)``: this segment's step time (its median and interval) against the one before.
+    """``(speedup, words)``: this segment's step time (its median and interval) against an earlier one's.
 
     Faster or slower only when the two intervals do not overlap; then ``speedup`` is the ratio of the
     medians. Otherwise ``speedup`` is None and the words say "no clear difference (±x %)", x being the
     largest change both intervals allow: this segment's high end over the earlier one's low end, or
     its low end under the earlier one's high end, whichever is further from 1 (``noise_words``: from ±100 %
-    on, "step times varied up to 3.3x"). A change that small can hide in the noise. A segment (this or the
-    one before) without an interval: "too few steps to judge"."""
+    on, "step times varied up to 3.3x"). A change that small can hide in the noise. ``in_turn``: the two ran one
+    after the other (the impact table's segments), and the noise says so (``IN_TURN``). A segment (this or the
+    earlier one) without an interval: "too few steps to judge"."""
     if previous is None:
         return None, None
     before_median, before_low, before_high = previous.median_step_time_s, previous.step_time_low_s, previous.step_time_high_s
@@ -284,7 +324,13 @@ def compare_step_times(
         speedup = before_median / median
         return speedup, f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"
     hidden = max(high / before_low - 1, 1 - low / before_high)
-    return None, f"no clear difference ({noise_words(hidden)})"
+    return None, f"no clear difference ({noise_words(hidden)}{', ' + IN_TURN if in_turn else ''})"
+
+
+#: What the noise of two segments adds: they ran one after the other, not interleaved as a trial's arms, so a load
+#: that changed between them can decide the verdict; a trial of the change judges it better. In parts of at most 23
+#: characters between commas: the app's table wraps a verdict there (``impact_screen.wrap_verdict``), at 80 columns.
+IN_TURN = "segments ran in turn, so load changes sway it, try a trial"
 
 
 def load_shift(before: float | None, after: float | None) -> str | None:

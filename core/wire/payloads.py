@@ -261,15 +261,17 @@ class ImpactSegment(JsonObject):
     during the segment; where it moved by ``LOAD_SHIFT_POINTS`` from the segment before, a speed difference is not
     judged (``speed not judged: other processes' CPU use went 5 % → 60 %``). ``nvml_run_bytes`` is what NVML sees of the run (``TelemetrySample.run_gpu_memory_bytes``),
     the most of the segment's samples: shown, not judged, as the allocator's cache only grows (None on a CPU). The loss slope is per 100 steps (None under three losses). ``speedup``,
-    ``memory_change`` and ``activations_change`` compare with the segment before (None for the first, or
-    where a figure is missing); ``verdict`` says it in words: ``amp=bf16: 1.72x faster, activations -45 %,
-    memory -38 %``, and ``workers=2: 1.31x faster, data wait 4.2 → 0.1 ms`` where the data wait moved by 5 % of
-    a step or more.
+    ``memory_change`` and ``activations_change`` compare with the segment that begins at ``baseline_step``: the
+    nearest before it with enough timed steps to judge, so a segment too short is skipped over (None for the first,
+    or where a figure is missing; an ``impact.json`` from before the field compared with the segment just before);
+    ``verdict`` says it in words: ``amp=bf16: 1.72x faster, activations -45 %, memory -38 %``, ending ``(vs clip=1.0
+    at step 21, changed since: amp=bf16, accum=2)`` where its baseline is not the segment just before, and
+    ``workers=2: 1.31x faster, data wait 4.2 → 0.1 ms`` where the data wait moved by 5 % of a step or more.
 
     ``step_time_low_s`` to ``step_time_high_s`` is a 90 % interval of the median step time (None under ten
     timed steps; ``core/analysis/impact.py`` says how it is built). Speed is judged only where the two segments'
-    intervals do not overlap: elsewhere ``speedup`` is None and the verdict says ``no clear difference (±6 %)``, or
-    from ±100 % on ``no clear difference (step times varied up to 3.3x)``.
+    intervals do not overlap: elsewhere ``speedup`` is None and the verdict says ``no clear difference (±6 %, segments
+    ran in turn, ...)``, or from ±100 % on ``no clear difference (step times varied up to 3.3x, ...)``.
     """
 
     change: str  # "start", or the options that changed: "amp=bf16, accum=2"
@@ -287,7 +289,8 @@ class ImpactSegment(JsonObject):
     activations_bytes: int | None  # saved for backward, the most a memory step of the segment measured
     tensor_bytes: int | None  # parameters + gradients + optimizer state + activations, likewise
     loss_slope_per_100_steps: float | None
-    speedup: float | None  # the earlier median over this one: 2.0 is twice as fast
+    speedup: float | None  # the baseline's median over this one: 2.0 is twice as fast
     memory_change: float | None  # a fraction: -0.38 is 38 % less
     activations_change: float | None  # likewise, of ``activations_bytes``
     verdict: str
+    baseline_step: int | None = None  # the first step of the segment it is compared with (None: the first segment)

@@ -18,6 +18,7 @@ from typing import Any
 
 from metrics_rows import metrics_row
 
+from torchlab.core.analysis.impact import IN_TURN
 from torchlab.core.wire import protocol
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.options import LiveOptions
@@ -197,13 +198,14 @@ def impact(*, bf16_steps: int = 40, clip_steps: int = 0) -> protocol.Impact:
         median_step_time_s=0.0100, step_time_low_s=0.0098, step_time_high_s=0.0104, median_samples_per_s=3200.0, median_data_wait_s=0.0009,
         peak_allocated_bytes=None, nvml_run_bytes=None, others_cpu_percent=None, activations_bytes=26 * 2**20, tensor_bytes=39 * 2**20, loss_slope_per_100_steps=-0.52,
         speedup=1.72, memory_change=-0.36, activations_change=-0.46, verdict="amp=bf16: 1.72x faster, activations -46 %, memory -36 %",
+        baseline_step=1,
     )
     clip = ImpactSegment(
         change="clip=1.0", options={**OPTIONS, "amp": "bf16", "clip": 1.0}, first_step=121 + bf16_steps,
         last_step=120 + bf16_steps + clip_steps, median_step_time_s=0.0103, step_time_low_s=0.0095,
         step_time_high_s=0.0118, median_samples_per_s=3110.0, median_data_wait_s=0.0008, peak_allocated_bytes=None, nvml_run_bytes=None, others_cpu_percent=None, activations_bytes=26 * 2**20,
         tensor_bytes=39 * 2**20, loss_slope_per_100_steps=-0.31, speedup=None, memory_change=0.0, activations_change=0.0,
-        verdict="clip=1.0: no clear difference (±20 %), same memory",
+        verdict=f"clip=1.0: no clear difference (±20 %, {IN_TURN}), same memory", baseline_step=121,
     )
     return protocol.Impact(segments=[start, bf16, clip] if clip_steps else [start, bf16])
 

@@ -338,7 +338,8 @@ async def test_impact_rows_and_the_verdict_in_the_log_and_the_table() -> None:
         link.push(impact(bf16_steps=90, clip_steps=30))  # a change whose step time is within the noise
         await answer(app, pilot)
         assert column(table, "step_time")[2] == "10.3 ms ±15 %"
-        assert column(table, "verdict")[2] == "no clear difference (±20 %),\nsame memory"
+        assert column(table, "verdict")[2] == ("no clear difference (±20 %,\nsegments ran in turn,\n"
+                                               "so load changes sway it, try a trial),\nsame memory")
         # The verdict and the columns before it fill the screen: neither it nor the column after it is cut at the edge.
         up_to_verdict = sum(column.get_render_width(table) for column in list(table.ordered_columns)[:4])
         assert table.scrollable_content_region.width <= up_to_verdict <= table.size.width
@@ -366,6 +367,102 @@ async def test_impact_before_any_segment_says_so() -> None:
         await pilot.press("i")
         assert isinstance(app.screen, ImpactScreen)
         assert "No segments yet" in str(app.screen.query_one("#impact-empty").content)
+
+
+async def open_impact_view(app: TorchlabApp, pilot):
+    from textual.widgets import DataTable
+
+    from torchlab.tui.screens.impact_screen import ImpactScreen
+
+    await answer(app, pilot)
+    await pilot.press("i")
+    assert isinstance(app.screen, ImpactScreen)
+    return app.screen, app.screen.query_one("#impact-table", DataTable)
+
+
+def verdict_header(table) -> str:
+    return str(table.columns[next(key for key in table.columns if key.value == "verdict")].label)
+
+
+async def test_a_baseline_marked_or_the_start_is_what_every_verdict_compares_with_through_live_updates() -> None:
+    """Issue 29: b marks the row under the cursor as every row's baseline, s the run's start; the app judges each
+    row against it with the trainer's own ``compare_segments``, and the choice holds while the table updates."""
+    app, link = app_with(impact(bf16_steps=40, clip_steps=30))
+    async with app.run_test(size=WIDE) as pilot:
+        screen, table = await open_impact_view(app, pilot)
+        assert verdict_header(table) == "vs the segment before"
+        assert column(table, "verdict")[1] == "1.72x faster, activations -46 %, memory -36 %"
+        await pilot.press("down", "down", "b")  # clip=1.0, within the noise of bf16 but clearly faster than the start
+        assert verdict_header(table) == "vs clip=1.0 at step 161" and table.cursor_row == 2
+        assert column(table, "verdict") == ["1.67x slower, activations +85 %, memory +56 %",
+                                            "no clear difference (±17 %, segments ran in turn,\nso load changes sway it, try a trial), same memory",
+                                            "baseline"]
+        assert list(table.get_column("verdict"))[0].style == "red"
+        link.push(impact(bf16_steps=40, clip_steps=60))  # the trainer's next table: rows change in place
+        await answer(app, pilot)
+        assert column(table, "steps")[2] == "161–220" and verdict_header(table) == "vs clip=1.0 at step 161"
+        assert column(table, "verdict")[2] == "baseline" and table.cursor_row == 2
+        await pilot.press("s")
+        assert verdict_header(table) == "vs the start" and table.cursor_row == 2
+        assert column(table, "verdict") == ["baseline", "1.72x faster, activations -46 %, memory -36 %",
+                                            "1.67x faster, activations -46 %, memory -36 %"]
+        await pilot.press("s")  # again: the trainer's verdicts, each against the segment before
+        assert verdict_header(table) == "vs the segment before"
+        assert column(table, "verdict")[2].startswith("no clear difference (±20 %")
+        await pilot.press("b", "b")  # b on the baseline row: back too
+        assert verdict_header(table) == "vs the segment before" and link.sent == []
+        assert "b row as baseline · s vs the start · T trial of the row's change" in str(screen.query_one(".view-keys").content)
+
+
+async def test_at_160_columns_a_long_verdict_wraps_so_that_every_column_stays_on_the_screen() -> None:
+    """The noise of segments run in turn lengthens a verdict: at 160 columns it wraps beside samples/s, memory and the
+    loss slope rather than pushing them past the screen's edge (at 80 they are a scroll away, as before)."""
+    app, _ = app_with(impact(bf16_steps=40, clip_steps=30))
+    async with app.run_test(size=WIDE) as pilot:
+        _, table = await open_impact_view(app, pilot)
+        assert sum(column.get_render_width(table) for column in table.ordered_columns) <= table.scrollable_content_region.width
+        assert column(table, "verdict")[2] == ("no clear difference (±20 %, segments ran in turn,\n"
+                                               "so load changes sway it, try a trial), same memory")
+
+
+def several_changes() -> protocol.Impact:
+    """The fake table with a fourth row that changed two options at once, and a fifth that changed the world size."""
+    from dataclasses import replace
+
+    start, bf16, clip = impact(bf16_steps=40, clip_steps=30).segments
+    both = replace(clip, change="accum=2, lr_scale=0.5", options={**clip.options, "accum": 2, "lr_scale": 0.5},
+                   first_step=191, last_step=200)
+    ranks = replace(both, change="world_size=2", options={**both.options, "world_size": 2}, first_step=201, last_step=210)
+    fp16 = replace(ranks, change="amp=fp16", options={**ranks.options, "amp": "fp16"}, first_step=211, last_step=220)
+    return protocol.Impact(segments=[start, bf16, clip, both, ranks, fp16])
+
+
+async def test_t_on_a_row_tries_its_change_as_the_trial_prompt_would_and_says_why_where_it_cannot() -> None:
+    from torchlab.core.records.config import DEFAULT_TRIAL_STEPS
+
+    app, link = app_with(several_changes())
+    async with app.run_test(size=WIDE) as pilot:
+        await answer(app, pilot)
+        await pilot.press("a")  # the run now has amp=bf16: a trial of the bf16 row tries the value it changed from
+        await answer(app, pilot)
+        assert link.sent == [protocol.SetCommand("amp", "bf16")]
+        screen, table = await open_impact_view(app, pilot)
+        await pilot.press("down", "T")
+        assert link.sent[1:] == [protocol.TrialCommand("amp", "off", DEFAULT_TRIAL_STEPS)]
+        assert (f"trial of amp = off for {DEFAULT_TRIAL_STEPS} steps requested (the row's change undone: the run has "
+                "amp=bf16 now)") in log_text(app)
+        await pilot.press("down", "T")
+        assert link.sent[2:] == [protocol.TrialCommand("clip", "1.0", DEFAULT_TRIAL_STEPS)]
+        assert f"trial of clip = 1.0 for {DEFAULT_TRIAL_STEPS} steps requested (from the next step boundary" in log_text(app)
+        for row, why in ((0, "trial of start: the start changed no option: choose the row of a change (nothing sent)"),
+                         (3, "trial of accum=2, lr_scale=0.5: a trial tries one option; this row changed accum and lr_scale "
+                             "at once"),
+                         (4, "trial of world_size=2: a trial cannot change the world size"),
+                         (5, "trial of amp=fp16: fp16 needs CUDA; this run is on cpu")):
+            table.move_cursor(row=row)
+            await pilot.press("T")
+            assert why in log_text(app) and len(link.sent) == 3
+        assert isinstance(app.screen, type(screen))  # the view stays open
 
 
 # ---------------------------------------------------------------------- keys

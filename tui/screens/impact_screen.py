@@ -4,20 +4,31 @@ Each step time shows its 90 % interval as "±x %" beside it, and the verdict sit
 faster or slower only when the intervals of the two segments do not overlap, so the noise of a busy
 machine reads as noise. Live: the trainer sends the table about once a second and at every change;
 rows update in place, so the cursor stays where it is.
+
+The trainer compares each segment with the nearest one before it that it could judge. ``b`` makes the row under
+the cursor the baseline of every row instead, ``s`` the run's start; the app then judges each row against it with
+``compare_segments``, the trainer's own definition of a verdict, from the rows' figures. Segments ran one after
+the other, so ``T`` tries a row's change as a controlled trial, whose arms run on the same batches from one state.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Label, Static
 from textual.widgets.data_table import ColumnKey
 
-from torchlab.core.analysis.impact import MIN_TIMED_STEPS, SPREAD_AS_RATIO, WARMUP_STEPS, plus_minus
-from torchlab.core.analysis.trials import trial_verdict
+from torchlab.core.analysis.impact import (
+    MIN_TIMED_STEPS, SEGMENT_OPTIONS, SPREAD_AS_RATIO, WARMUP_STEPS, compare_segments, plus_minus, segment_name,
+)
+from torchlab.core.analysis.trials import parse_trial, trial_verdict
+from torchlab.core.wire.options import OptionRefused, format_option_value, parse_option_value
 from torchlab.core.wire.payloads import ImpactSegment
-from torchlab.core.wire.protocol import TrialResult
+from torchlab.core.wire.protocol import TrialCommand, TrialResult
 from torchlab.tui.profiles import format_bytes, format_us
 from torchlab.tui.screens.view_screen import ViewScreen, closing_key
 from torchlab.tui.state import RunState
@@ -27,7 +38,7 @@ COLUMNS = (
     ("change", "change"),
     ("steps", "steps"),
     ("step_time", "step time"),
-    ("verdict", "vs the segment before"),
+    ("verdict", "vs the segment before"),  # or the baseline chosen: ``baseline_header``
     ("samples", "samples/s"),
     ("data_wait", "data wait"),
     ("activations", "activations"),
@@ -40,6 +51,9 @@ COLUMNS = (
 BEFORE_VERDICT = 3
 #: The narrowest a verdict is wrapped to, however many columns precede it.
 MIN_VERDICT_WIDTH = 24
+#: The narrowest a verdict is wrapped to so that every column after it stays on the screen: narrower, it would take
+#: more lines than the columns after it are worth, and those go a scroll away instead.
+MIN_VERDICT_BESIDE = 40
 #: What the frame and a table's scrollbar take from the screen's width, and a cell's padding (one each side).
 FRAME_WIDTH, SCROLLBAR_WIDTH, CELL_PADDING = 4, 1, 2
 
@@ -68,18 +82,26 @@ def wrap_verdict(verdict: str, width: int) -> str:
 
 def verdict_width(screen_width: int, rows: list[list[Text]], headers: list[str]) -> int | None:
     """The verdict column's width where the table is wider than the screen, else None (every column as wide as
-    its content). That width is what is left of the screen once the frame and the ``BEFORE_VERDICT`` columns
-    (each as wide as its widest cell or header, with its padding) are taken, at least ``MIN_VERDICT_WIDTH``; the
-    column is made that wide and the verdict wrapped one narrower (the scrollbar may take one), so that the
-    column after it begins past the screen's edge: neither is seen cut mid-figure, the rest is a scroll away."""
+    its content). Where the other columns (each as wide as its widest cell or header, with its padding) leave the
+    verdict ``MIN_VERDICT_BESIDE`` or more, that is its width: a long verdict wraps, and every column stays on the
+    screen (at 160 columns, "no clear difference (±20 %, segments ran in turn, ...)" pushed samples/s and memory past
+    its edge). Else it is what is left once the frame and the ``BEFORE_VERDICT`` columns are taken, at least
+    ``MIN_VERDICT_WIDTH``, so that the column after it begins past the screen's edge: neither is seen cut
+    mid-figure, the rest is a scroll away. The column is made that wide and the verdict wrapped one narrower (the
+    scrollbar may take one)."""
     widths = [max([len(header), *(row[column].cell_len for row in rows)]) + CELL_PADDING for column, header in enumerate(headers)]
-    if sum(widths) <= screen_width - FRAME_WIDTH - SCROLLBAR_WIDTH:
+    room = screen_width - FRAME_WIDTH - SCROLLBAR_WIDTH
+    if sum(widths) <= room:
         return None
+    beside_the_others = room - (sum(widths) - widths[BEFORE_VERDICT]) - CELL_PADDING
+    if beside_the_others >= MIN_VERDICT_BESIDE:
+        return beside_the_others
     return max(MIN_VERDICT_WIDTH, screen_width - FRAME_WIDTH - sum(widths[:BEFORE_VERDICT]) - CELL_PADDING)
 
 
-def segment_cells(segment: ImpactSegment) -> list[Text]:
-    """One segment as table cells, in ``COLUMNS`` order; a missing figure reads "–"."""
+def segment_cells(segment: ImpactSegment, *, baseline: bool = False) -> list[Text]:
+    """One segment as table cells, in ``COLUMNS`` order; a missing figure reads "–". ``baseline``: the row every
+    other is compared with, which its verdict cell says."""
     steps = f"{segment.first_step}–{segment.last_step}"
     step_time = step_time_text(segment)
     samples = segment.median_samples_per_s
@@ -91,6 +113,8 @@ def segment_cells(segment: ImpactSegment) -> list[Text]:
     verdict = verdict[len(change) + 2 :] if verdict.startswith(change + ": ") else ("" if verdict == change else verdict)
     speedup = segment.speedup
     verdict_style = "" if speedup is None else ("green" if speedup >= 1.05 else ("red" if speedup <= 0.95 else ""))
+    if baseline:
+        verdict, verdict_style = "baseline", "bold reverse"
     return [
         Text(change, style="bold"),
         Text(steps, justify="right"),
@@ -118,6 +142,47 @@ def step_time_text(segment: ImpactSegment) -> str:
     return f"{format_us(median * 1e6)} {plus_minus(spread) if spread < SPREAD_AS_RATIO else f'≤{1 + spread:.1f}x'}"
 
 
+@dataclass(frozen=True)
+class RowTrial:
+    """The trial that ``T`` on an impact row asks for, and how it was chosen from the row (for the log)."""
+
+    command: TrialCommand
+    why: str
+
+
+def row_trial(segments: list[ImpactSegment], index: int, state: RunState) -> RowTrial:
+    """A controlled trial of row ``index``'s change (option=value), checked as the trial prompt checks one, or
+    OptionRefused saying why there is none: the start changed nothing, a trial tries one option, not the world size.
+
+    Where the run has the row's value already, a trial of it would compare the run with itself: the trial is of
+    the value the row changed from (``checkpointing=off`` against the run as it is, with checkpointing on)."""
+    if not 0 <= index < len(segments):
+        raise OptionRefused("no row under the cursor")
+    row = segments[index]
+    if index == 0:
+        raise OptionRefused(f"the {row.change} changed no option: choose the row of a change")
+    before = segments[index - 1].options
+    changed = [name for name in SEGMENT_OPTIONS if before.get(name) != row.options.get(name)]
+    if len(changed) != 1:
+        raise OptionRefused(f"a trial tries one option; this row changed {' and '.join(changed) or 'none'} at once: "
+                            f"T on the main screen tries one of them")
+    name = changed[0]
+    value, why = row.options.get(name), ""
+    if value == state.option(name):
+        value = before.get(name)
+        why = f" (the row's change undone: the run has {name}={format_option_value(name, row.options.get(name))} now)"
+    command = parse_trial(f"{name}={format_option_value(name, value)}")  # refuses what the prompt refuses
+    reason = state.would_refuse(name, parse_option_value(name, command.value))
+    if reason is not None:
+        raise OptionRefused(reason)
+    return RowTrial(command, why)
+
+
+def baseline_header(baseline: ImpactSegment | None) -> str:
+    """The verdict column's header: what every row is compared with."""
+    return COLUMNS[3][1] if baseline is None else f"vs {segment_name(baseline)}"
+
+
 #: (key, header) of the trials' table
 TRIAL_COLUMNS = (("step", "step"), ("trial", "trial"), ("steps", "steps"), ("verdict", "vs as it is"))
 
@@ -139,7 +204,12 @@ class ImpactScreen(ViewScreen):
     ImpactScreen #trials-table { max-height: 40%; }
     """
 
-    BINDINGS = [closing_key("i")]
+    BINDINGS = [
+        closing_key("i"),
+        Binding("b", "mark_baseline", "Baseline"),
+        Binding("s", "baseline_start", "Vs start"),
+        Binding("T", "trial_row", "Trial"),
+    ]
 
     def compose(self) -> ComposeResult:
         with Vertical(id="view"):
@@ -153,28 +223,80 @@ class ImpactScreen(ViewScreen):
                 f"Each option change starts a segment. Step time, samples/s and data wait are medians without a change's first "
                 f"{WARMUP_STEPS} steps, profiled or compiling steps; ± is how far the step time's 90 % interval reaches (≤3.9x: up "
                 f"to 3.9 times the median). Faster or slower only where the intervals do not overlap, with {MIN_TIMED_STEPS} timed "
-                "steps a side and other processes' CPU use steady. Activations: saved for backward; memory: the CUDA allocator's "
+                "steps a side (a shorter segment is skipped over) and other processes' CPU use steady; segments ran in turn, so "
+                "a changing load can decide: T runs a trial. Activations: saved for backward; memory: the CUDA allocator's "
                 "peak, else the tensors' total (M); loss slope per 100 steps, not judged.",
                 classes="view-status",
             )
             # One row at 80 columns (it ended "... to start a n…" there).
-            yield Label("esc back · change an option on the main screen to start a segment", classes="view-keys")
+            yield Label("b row as baseline · s vs the start · T trial of the row's change · esc back", classes="view-keys")
 
     def __init__(self, state: RunState | None = None) -> None:
         super().__init__(state)
         self._row_heights: list[int] = []  # the lines each segment's row was added with (its verdict's)
         self._trials_width: int | None = None  # the width the trials' verdicts were wrapped to
+        #: the first step of the row every row is compared with (``b``, ``s``); None: the trainer's own verdicts
+        self.baseline_step: int | None = None
+        self._header = COLUMNS[3][1]  # the verdict column's header, as drawn
 
     def on_mount(self) -> None:
         self.query_one("#view").border_title = "impact of each option change"
-        table = self.query_one("#impact-table", DataTable)
-        for key, label in COLUMNS:
-            table.add_column(label, key=key)
+        self._add_columns(self.query_one("#impact-table", DataTable))
         trials = self.query_one("#trials-table", DataTable)
         for key, label in TRIAL_COLUMNS:
             trials.add_column(label, key=key)
         self.show_state(self.state)
-        table.focus()
+        self.query_one("#impact-table", DataTable).focus()
+
+    def _add_columns(self, table: DataTable) -> None:
+        for key, label in COLUMNS:
+            table.add_column(self._header if key == "verdict" else label, key=key)
+
+    # ------------------------------------------------------------------ keys
+
+    def action_mark_baseline(self) -> None:
+        """The row under the cursor becomes every row's baseline; on the baseline again, back to the trainer's."""
+        segments = self.state.impact
+        row = self.query_one("#impact-table", DataTable).cursor_row
+        if 0 <= row < len(segments):
+            step = segments[row].first_step
+            self._choose_baseline(None if step == self.baseline_step else step)
+
+    def action_baseline_start(self) -> None:
+        """Every row compared with the run's start (its first segment); again: back to the trainer's."""
+        segments = self.state.impact
+        if segments:
+            step = segments[0].first_step
+            self._choose_baseline(None if step == self.baseline_step else step)
+
+    def _choose_baseline(self, step: int | None) -> None:
+        self.baseline_step = step
+        self._seen_version = -1
+        self.show_state(self.state)
+
+    def action_trial_row(self) -> None:
+        """A controlled trial of the change of the row under the cursor, sent as the trial prompt sends one."""
+        segments = self.state.impact
+        index = self.query_one("#impact-table", DataTable).cursor_row
+        try:
+            trial = row_trial(segments, index, self.state)
+        except OptionRefused as refusal:
+            change = segments[index].change if 0 <= index < len(segments) else "the impact table"
+            self.app.refuse_request(f"trial of {change}: {refusal} (nothing sent)")
+            return
+        self.app.request_trial(trial.command, trial.why)
+
+    # ------------------------------------------------------------------ drawing
+
+    def shown_rows(self, segments: list[ImpactSegment]) -> tuple[list[ImpactSegment], ImpactSegment | None]:
+        """The rows as the table shows them, and the baseline chosen (None: the trainer's verdicts, each against
+        the segment before it that it could judge). A chosen baseline that the table no longer holds (a new
+        trainer's table) is forgotten."""
+        baseline = next((row for row in segments if row.first_step == self.baseline_step), None)
+        if baseline is None:
+            self.baseline_step = None
+            return segments, None
+        return [row if row is baseline else compare_segments(row, baseline) for row in segments], baseline
 
     def on_resize(self) -> None:
         self._seen_version = -1  # the verdicts wrap to the new width at the next redraw
@@ -184,10 +306,17 @@ class ImpactScreen(ViewScreen):
             return
         self._seen_version = state.impact_version
         table = self.query_one("#impact-table", DataTable)
-        segments = state.impact
-        rows = [segment_cells(segment) for segment in segments]
+        segments, baseline = self.shown_rows(state.impact)
+        cursor = table.cursor_row  # where it goes back to once the rows are there again, if they are drawn anew
+        if baseline_header(baseline) != self._header:  # a header is set when its column is added: the columns again
+            self._header = baseline_header(baseline)
+            table.clear(columns=True)
+            self._add_columns(table)
+            self._row_heights = []
+        rows = [segment_cells(segment, baseline=segment is baseline) for segment in segments]
         verdict_column = [key for key, _ in COLUMNS].index("verdict")
-        width = verdict_width(self.app.size.width, rows, [header for _, header in COLUMNS])
+        headers = [self._header if key == "verdict" else header for key, header in COLUMNS]
+        width = verdict_width(self.app.size.width, rows, headers)
         verdicts = table.columns[ColumnKey("verdict")]
         verdicts.width, verdicts.auto_width = width or 0, width is None
         if width is not None:
@@ -197,10 +326,8 @@ class ImpactScreen(ViewScreen):
         if heights[: table.row_count] != self._row_heights:
             # A row's height is fixed when it is added: one whose verdict now takes more (or fewer) lines, or a new
             # trainer's table (a restart), is drawn again from the top, the cursor kept where it was.
-            cursor = table.cursor_row
             table.clear()
             self._row_heights = []
-            table.move_cursor(row=cursor)
         for index, cells in enumerate(rows):
             key = str(index)
             if index < table.row_count:
@@ -209,6 +336,13 @@ class ImpactScreen(ViewScreen):
             else:
                 table.add_row(*cells, key=key, height=heights[index])
                 self._row_heights.append(heights[index])
+        if table.cursor_row != cursor and cursor < table.row_count:
+            table.move_cursor(row=cursor)
+        self._show_latest(state.impact)
+        self._show_trials(state.trials)
+
+    def _show_latest(self, segments: list[ImpactSegment]) -> None:
+        """The newest change's verdict as the trainer gave it, whatever the baseline chosen; or why there is none."""
         latest = self.query_one("#impact-latest", Static)
         changed = [segment for segment in segments[1:] if segment.verdict]
         if changed:
@@ -222,8 +356,10 @@ class ImpactScreen(ViewScreen):
         empty = self.query_one("#impact-empty", Static)
         empty.display = not segments
         empty.update("No segments yet: the first starts with the first metrics." if not segments else "")
+
+    def _show_trials(self, results: list[TrialResult]) -> None:
         trials = self.query_one("#trials-table", DataTable)
-        trial_rows = [trial_cells(result) for result in state.trials]
+        trial_rows = [trial_cells(result) for result in results]
         width = verdict_width(self.app.size.width, trial_rows, [header for _, header in TRIAL_COLUMNS])
         if width != self._trials_width:  # their verdicts were wrapped to another width: again, at this one
             trials.clear()
@@ -232,7 +368,7 @@ class ImpactScreen(ViewScreen):
             if width is not None:  # the verdict is the trials' last column: it wraps, and nothing comes after it
                 cells[-1] = _wrapped(cells[-1], width - SCROLLBAR_WIDTH)
             trials.add_row(*cells, height=len(cells[-1].plain.splitlines()) or 1)
-        trials.display = self.query_one("#trials-title").display = bool(state.trials)
+        trials.display = self.query_one("#trials-title").display = bool(results)
 
 
 def _wrapped(cell: Text, width: int) -> Text:
