@@ -65,7 +65,8 @@ EXAMPLES = [
     p.TrialResult(step=40, option="amp", value="bf16", steps=20, source="app", arms=[
         payloads.TrialArm(label=label, steps=20, median_step_time_s=0.01, step_time_low_s=0.0098, step_time_high_s=0.0103,
                           activations_bytes=1 << 20, tensor_bytes=3 << 20, losses=[2.5, 2.25], error=None)
-        for label in ("amp=bf16", "as it is")]),
+        for label in ("amp=bf16", "as it is")],
+        speed=payloads.TrialSpeed(ratio=0.58, low=0.55, high=0.61, verdict="faster", pairs=10)),
     p.TrialResult(step=41, option="amp", value="fp16", steps=20, arms=[], error="amp=fp16 cannot run here: fp16 needs CUDA"),
     p.Memory(breakdown=payloads.MemoryBreakdown(
         step=4, parameters_bytes=4096, gradients_bytes=4096, optimizer_bytes=8200, activations_bytes=65536,
@@ -119,22 +120,22 @@ def test_non_finite_numbers_travel_as_null():
     (b"[1, 2]", "must be a JSON object"),
     (b'{"type": "pause"}', "protocol version None is not supported"),
     (b'{"v": 99, "type": "pause"}', f"protocol version 99 is not supported; this side speaks version {p.PROTOCOL_VERSION}"),
-    (b'{"v": 9}', "unknown message type None"),
-    (b'{"v": 9, "type": "format_disk"}', "unknown message type 'format_disk'"),
-    (b'{"v": 9, "type": "set", "option": "amp"}', "set: missing field 'value'"),
-    (b'{"v": 9, "type": "set", "option": ["amp"], "value": 1}', "set.option: expected str, got list"),
-    (b'{"v": 9, "type": "set", "option": "amp", "value": {"x": 1}}', "set.value: expected str or int or float or bool or null, got dict"),
-    (b'{"v": 9, "type": "profile", "steps": true}', "profile.steps: expected int, got a boolean"),
-    (b'{"v": 9, "type": "pause", "now": true}', "pause: unknown field(s) now"),
-    (b'{"v": 9, "type": "trial_progress", "step": 4, "label": "clip=0.5", "arm": 3, "done": 1, "steps": 2}',
+    (b'{"v": 10}', "unknown message type None"),
+    (b'{"v": 10, "type": "format_disk"}', "unknown message type 'format_disk'"),
+    (b'{"v": 10, "type": "set", "option": "amp"}', "set: missing field 'value'"),
+    (b'{"v": 10, "type": "set", "option": ["amp"], "value": 1}', "set.option: expected str, got list"),
+    (b'{"v": 10, "type": "set", "option": "amp", "value": {"x": 1}}', "set.value: expected str or int or float or bool or null, got dict"),
+    (b'{"v": 10, "type": "profile", "steps": true}', "profile.steps: expected int, got a boolean"),
+    (b'{"v": 10, "type": "pause", "now": true}', "pause: unknown field(s) now"),
+    (b'{"v": 10, "type": "trial_progress", "step": 4, "label": "clip=0.5", "arm": 3, "done": 1, "steps": 2}',
      "trial_progress: arm must be 1 or 2, got 3"),
-    (b'{"v": 9, "type": "trial_progress", "step": 4, "label": "clip=0.5", "arm": 1, "done": 3, "steps": 2}',
+    (b'{"v": 10, "type": "trial_progress", "step": 4, "label": "clip=0.5", "arm": 1, "done": 3, "steps": 2}',
      "trial_progress: done must be from 0 to steps (2), got 3"),
-    (b'{"v": 9, "type": "hello", "version": 1}', "hello: missing field 'token'"),
+    (b'{"v": 10, "type": "hello", "version": 1}', "hello: missing field 'token'"),
     (b"\xff\xfe", "not UTF-8"),
-    (b'{"v": 9, "type": "metrics", "columns": {"step": [1], "loss": [2.5, 2.4]}}', "columns must be of one length, got lengths [1, 2]"),
-    (b'{"v": 9, "type": "metrics", "columns": {"step": 1}}', "every column must be a list of values"),
-    (b'{"v": 9, "type": "metrics", "columns": ["step"], "rows": [[1]]}', "unknown field(s) rows"),
+    (b'{"v": 10, "type": "metrics", "columns": {"step": [1], "loss": [2.5, 2.4]}}', "columns must be of one length, got lengths [1, 2]"),
+    (b'{"v": 10, "type": "metrics", "columns": {"step": 1}}', "every column must be a list of values"),
+    (b'{"v": 10, "type": "metrics", "columns": ["step"], "rows": [[1]]}', "unknown field(s) rows"),
     (b"[" * 100000, "not valid JSON"),
     (b" " * (p.MAX_LINE_BYTES + 1), "exceeds the limit"),
 ])
@@ -425,15 +426,15 @@ def test_a_refusal_never_echoes_more_than_a_few_hundred_characters(payload):
 
 
 @pytest.mark.parametrize("payload, shown", [
-    ({"v": 9, "type": "x" * 1_000_000}, "unknown message type 'xxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxx'"),
+    ({"v": 10, "type": "x" * 1_000_000}, "unknown message type 'xxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxx'"),
     ({"v": int("9" * 4000), "type": "pause"}, "protocol version 999999999999999999...9999999999999999999 is not supported"),
     ({"v": "v" * 100_000}, "protocol version 'vvvvvvvvvvvvvvvvv...vvvvvvvvvvvvvvvvvv' is not supported"),
-    ({"v": 9, "type": ["pause"] * 100_000}, "unknown message type ['pause', 'pause', 'pause', ...]"),
+    ({"v": 10, "type": ["pause"] * 100_000}, "unknown message type ['pause', 'pause', 'pause', ...]"),
     ({"v": {str(n) * 50: {str(m) * 50: "v" * 50 for m in range(3)} for n in range(3)}}, "protocol version {'000000"),
-    ({"v": 9, "type": "pause", **{f"{n:06d}" + "f" * 1000: 1 for n in range(1000)}},
+    ({"v": 10, "type": "pause", **{f"{n:06d}" + "f" * 1000: 1 for n in range(1000)}},
      "pause: unknown field(s) 000000" + "f" * 31 + "..., 000001"),
-    ({"v": 9, "type": "pause", **{f"{n:06d}": 1 for n in range(1000)}}, "unknown field(s) 000000, 000001, 000002 and 997 more"),
-    ({"v": 9, "type": "metrics", "columns": {str(n): [0] * n for n in range(2000)}}, "got lengths [0, 1, 2 and 1997 more]"),
+    ({"v": 10, "type": "pause", **{f"{n:06d}": 1 for n in range(1000)}}, "unknown field(s) 000000, 000001, 000002 and 997 more"),
+    ({"v": 10, "type": "metrics", "columns": {str(n): [0] * n for n in range(2000)}}, "got lengths [0, 1, 2 and 1997 more]"),
 ])
 def test_what_a_peer_sent_is_echoed_cut_short(payload, shown):
     reason = reason_of(json.dumps(payload))
@@ -445,12 +446,12 @@ def test_what_a_peer_sent_is_echoed_cut_short(payload, shown):
 # from the socket: encoding a hello's token to compare it killed the rank channel's accept thread (issue 26).
 
 LONE_SURROGATES = [
-    b'{"v": 9, "type": "hello", "version": 8, "token": "\\ud800"}',  # a high half alone
-    b'{"v": 9, "type": "hello", "version": 8, "token": "ab\\uDFFFcd"}',  # a low half alone, in capitals
-    b'{"v": 9, "type": "hello", "version": 8, "token": "\\ude00\\ud83d"}',  # both halves, the wrong way round
-    b'{"v": 9, "type": "set", "option": "amp", "value": "\\ud800"}',
-    b'{"v": 9, "type": "pause", "\\ud800": 1}',  # in a name
-    b'{"v": 9, "type": "metrics", "columns": {"step": [1], "note": [["\\udbff"]]}}',  # deep inside a value
+    b'{"v": 10, "type": "hello", "version": 8, "token": "\\ud800"}',  # a high half alone
+    b'{"v": 10, "type": "hello", "version": 8, "token": "ab\\uDFFFcd"}',  # a low half alone, in capitals
+    b'{"v": 10, "type": "hello", "version": 8, "token": "\\ude00\\ud83d"}',  # both halves, the wrong way round
+    b'{"v": 10, "type": "set", "option": "amp", "value": "\\ud800"}',
+    b'{"v": 10, "type": "pause", "\\ud800": 1}',  # in a name
+    b'{"v": 10, "type": "metrics", "columns": {"step": [1], "note": [["\\udbff"]]}}',  # deep inside a value
 ]
 
 
@@ -463,7 +464,7 @@ def test_text_that_is_not_unicode_is_refused_as_a_message(line):
 
 def test_a_pair_of_escaped_surrogates_is_the_one_character_it_stands_for():
     """strict_json escapes every character past ASCII, an emoji as its surrogate pair: that is valid text."""
-    hello = p.decode(b'{"v": 9, "type": "hello", "version": 8, "token": "\\ud83d\\ude00 \\u00e9"}')
+    hello = p.decode(b'{"v": 10, "type": "hello", "version": 8, "token": "\\ud83d\\ude00 \\u00e9"}')
     assert hello.token == "\U0001f600 \u00e9"
     assert p.decode(p.Hello(version=8, token="\U0001f600").encode()).token == "\U0001f600"
 
@@ -487,3 +488,19 @@ def test_a_line_in_a_bytearray_reads_as_in_bytes():
     assert p.decode(bytearray(p.PauseCommand().encode())) == p.PauseCommand()
     with pytest.raises(p.ProtocolError, match="not Unicode"):
         p.decode(bytearray(LONE_SURROGATES[0]))
+
+
+def test_a_trial_recorded_before_its_arms_were_interleaved_reads_with_no_speed_and_is_judged_off_its_arms():
+    """A ``trials.jsonl`` line of protocol 9 has no ``speed``: it reads as it did, its speed compared off the arms."""
+    from torchlab.core.analysis.trials import trial_verdict
+
+    old_line = {"event": "trial_result", "step": 40, "time": 1764150000.0, "option": "checkpointing", "value": "on",
+                "steps": 20, "source": "--trial", "error": None, "arms": [
+                    {"label": label, "steps": 20, "median_step_time_s": ms / 1000, "step_time_low_s": 0.98 * ms / 1000,
+                     "step_time_high_s": 1.02 * ms / 1000, "activations_bytes": 100, "tensor_bytes": 200,
+                     "losses": [2.5], "error": None, "others_cpu_percent": 3.0}
+                    for label, ms in (("checkpointing=on", 13.3), ("as it is", 10.0))]}
+    fields = {key: value for key, value in old_line.items() if key not in ("event", "time")}
+    result = p.decode(json.dumps({"v": p.PROTOCOL_VERSION, "type": "trial_result", **fields}))
+    assert result.speed is None and [arm.label for arm in result.arms] == ["checkpointing=on", "as it is"]
+    assert trial_verdict(result).startswith("1.33x slower, same activations, same memory")

@@ -46,17 +46,17 @@ odd_numbers = st.sampled_from(["9" * 5000, "-" + "9" * 4301, "9" * 400, "1e999",
                                "1.7976931348623157e308", "4.9e-324", "1" + "0" * 4299, "0." + "0" * 5000 + "1"])
 numbered = st.builds(
     lambda template, number: template.replace("N", number).encode() + b"\n", st.sampled_from([
-        '{"v": 9, "type": "set", "option": "clip", "value": N}', '{"v": 9, "type": "set", "option": "lr_scale", "value": N}',
-        '{"v": 9, "type": "set", "option": "accum", "value": N}', '{"v": 9, "type": "profile", "steps": N}',
-        '{"v": N, "type": "pause"}', '{"v": 9, "type": N}', '{"v": 9, "type": "hello", "version": N, "token": "x"}',
-        '{"v": 9, "type": "pause", "N": 1}', "N", "[N]"]), odd_numbers)
+        '{"v": 10, "type": "set", "option": "clip", "value": N}', '{"v": 10, "type": "set", "option": "lr_scale", "value": N}',
+        '{"v": 10, "type": "set", "option": "accum", "value": N}', '{"v": 10, "type": "profile", "steps": N}',
+        '{"v": N, "type": "pause"}', '{"v": 10, "type": N}', '{"v": 10, "type": "hello", "version": N, "token": "x"}',
+        '{"v": 10, "type": "pause", "N": 1}', "N", "[N]"]), odd_numbers)
 DEEP = 100_000
 deep_nesting = st.sampled_from([
     b"[" * DEEP + b"\n", b"[" * DEEP + b"]" * DEEP + b"\n", b'{"a":' * DEEP + b"1" + b"}" * DEEP + b"\n",
-    b'{"v": 9, "type": "set", "option": "clip", "value": ' + b"[" * DEEP + b"]" * DEEP + b"}\n",
-    b'{"v": 9, "type": ' + b"[" * 500 + b"]" * 500 + b"}\n",  # deep enough to read, echoed cut short
+    b'{"v": 10, "type": "set", "option": "clip", "value": ' + b"[" * DEEP + b"]" * DEEP + b"}\n",
+    b'{"v": 10, "type": ' + b"[" * 500 + b"]" * 500 + b"}\n",  # deep enough to read, echoed cut short
 ])
-invalid_utf8 = st.builds(lambda raw, at: (b'{"v": 9, "type": "set", "option": "clip", "value": "' + raw + b'"}')[:at] + raw + b"\n",
+invalid_utf8 = st.builds(lambda raw, at: (b'{"v": 10, "type": "set", "option": "clip", "value": "' + raw + b'"}')[:at] + raw + b"\n",
                          st.sampled_from([b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\x80"]),
                          st.integers(0, 60))
 #: At the cap (read and refused as JSON) and one byte over it (refused as too long).
