@@ -1,13 +1,18 @@
-"""What a controlled trial costs beyond its 2K steps: the state's copy, and the two times it is put back
-(the arms' own steps are training steps like any). The goal (issue 14): at most a checkpoint's save and load.
+"""What a controlled trial costs beyond its 2K steps: the state's copies and loads (the arms' own steps are
+training steps like any). The goal (issue 14): at most a checkpoint's save and load.
 
-    .venv/bin/python benchmarks/trial_cost.py                  # resnet_small and tiny_gpt, 20 repeats
+    .venv/bin/python benchmarks/trial_cost.py                  # resnet_small and tiny_gpt, 20 repeats, K = 20
 
-Timed directly, medians: ``Checkpointer.snapshot``; putting it back (``restore`` of the model, optimizer,
-schedule, GradScaler, RNG, data position and options, and the data stream reopened there, up to its first
-batch, less a batch's usual wait), twice; against the trainer's checkpoint of the same state written, published and loaded
-back into the model, optimizer and schedule. Timing the trial whole against 2K steps timed beside it
-does not resolve this on a VM whose speed drifts by a third over seconds.
+Timed directly, medians: ``Checkpointer.snapshot`` (a copy); putting a state back (``restore`` of the model,
+optimizer, schedule, GradScaler, RNG, data position and options, and the data stream reopened there, up to its
+first batch, less a batch's usual wait), with the copy ``restore`` makes of a state it will load again and
+without it (``last_use``). A trial whose arms ran one after the other (before issue 29) copied the state once and
+put it back twice, with copies. Interleaved (core/engine/trials.py), it copies the state once, then at each change
+of arm (one per pair of blocks: K // BLOCK_STEPS) copies the arm it leaves and loads the other's (the first time
+the trial's own snapshot, with a copy; after that without), and at the end loads the snapshot without a copy.
+Against the trainer's checkpoint of the same state written, published and loaded back into the model, optimizer
+and schedule. Timing the trial whole against 2K steps timed beside it does not resolve this on a VM whose speed
+drifts by a third over seconds.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ sys.path.insert(0, str(ROOT))
 WORKLOADS = {"resnet_small": f"{ROOT / 'benchmarks' / 'resnet_small.py'}:workload", "tiny_gpt": "tiny_gpt"}
 
 
-def measure(name: str, rounds: int) -> None:
+def measure(name: str, rounds: int, steps: int) -> None:
     from torchlab.core.engine.checkpoint import load_checkpoint, write_checkpoint
+    from torchlab.core.engine.trials import BLOCK_STEPS
     from torchlab.core.engine.loading import load_workload
     from torchlab.core.engine.seeding import seed_everything
     from torchlab.core.engine.trainer import Trainer
@@ -52,6 +58,8 @@ def measure(name: str, rounds: int) -> None:
     snapshot = checkpoints.snapshot()
     take = timed(checkpoints.snapshot)
     restore = timed(lambda: checkpoints.restore(snapshot))  # its data position too: the loader reopens at the next batch
+    copies = [checkpoints.snapshot() for _ in range(rounds)]
+    load = timed(lambda: checkpoints.restore(copies.pop(), last_use=True))
 
     def reopen() -> None:
         parts.data.load_state_dict(snapshot["data"])
@@ -69,18 +77,23 @@ def measure(name: str, rounds: int) -> None:
         trainer.scheduler.load_state_dict(loaded["scheduler"])
 
     saved_and_loaded = timed(checkpoint)
-    overhead = take + 2 * (restore + reopened)
-    print(f"{name}: a trial's overhead {1000 * overhead:.1f} ms (copy {1000 * take:.1f}, put back 2 x ({1000 * restore:.1f} "
-          f"+ data {1000 * reopened:.1f})); a checkpoint's save and load {1000 * saved_and_loaded:.1f} ms")
+    sequential = take + 2 * (restore + reopened)
+    switches = max(1, steps // BLOCK_STEPS)
+    interleaved = take + switches * take + restore + switches * load + (switches + 1) * reopened
+    print(f"{name}: copy {1000 * take:.1f} ms, put back {1000 * restore:.1f} (without its copy {1000 * load:.1f}) + data "
+          f"{1000 * reopened:.1f}; a trial's overhead, arms one after the other {1000 * sequential:.1f} ms, interleaved "
+          f"(K = {steps}, {switches} changes of arm) {1000 * interleaved:.1f} ms; a checkpoint's save and load "
+          f"{1000 * saved_and_loaded:.1f} ms")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), action="append")
     parser.add_argument("--rounds", type=int, default=20, help="repeats of each timing")
+    parser.add_argument("--steps", type=int, default=20, help="K, the steps an arm of the trial costed")
     args = parser.parse_args()
     for name in args.workload or sorted(WORKLOADS):
-        measure(name, args.rounds)
+        measure(name, args.rounds, args.steps)
 
 
 if __name__ == "__main__":

@@ -66,7 +66,8 @@ EXAMPLES = [
     p.TrialResult(step=40, option="amp", value="bf16", steps=20, source="app", arms=[
         payloads.TrialArm(label=label, steps=20, median_step_time_s=0.01, step_time_low_s=0.0098, step_time_high_s=0.0103,
                           activations_bytes=1 << 20, tensor_bytes=3 << 20, losses=[2.5, 2.25], error=None)
-        for label in ("amp=bf16", "as it is")]),
+        for label in ("amp=bf16", "as it is")],
+        speed=payloads.TrialSpeed(ratio=0.58, low=0.55, high=0.61, verdict="faster", pairs=10)),
     p.TrialResult(step=41, option="amp", value="fp16", steps=20, arms=[], error="amp=fp16 cannot run here: fp16 needs CUDA"),
     p.Memory(breakdown=payloads.MemoryBreakdown(
         step=4, parameters_bytes=4096, gradients_bytes=4096, optimizer_bytes=8200, activations_bytes=65536,
@@ -490,3 +491,19 @@ def test_a_line_in_a_bytearray_reads_as_in_bytes():
     assert p.decode(bytearray(p.PauseCommand().encode())) == p.PauseCommand()
     with pytest.raises(p.ProtocolError, match="not Unicode"):
         p.decode(bytearray(LONE_SURROGATES[0]))
+
+
+def test_a_trial_recorded_before_its_arms_were_interleaved_reads_with_no_speed_and_is_judged_off_its_arms():
+    """A ``trials.jsonl`` line of protocol 9 has no ``speed``: it reads as it did, its speed compared off the arms."""
+    from torchlab.core.analysis.trials import trial_verdict
+
+    old_line = {"event": "trial_result", "step": 40, "time": 1764150000.0, "option": "checkpointing", "value": "on",
+                "steps": 20, "source": "--trial", "error": None, "arms": [
+                    {"label": label, "steps": 20, "median_step_time_s": ms / 1000, "step_time_low_s": 0.98 * ms / 1000,
+                     "step_time_high_s": 1.02 * ms / 1000, "activations_bytes": 100, "tensor_bytes": 200,
+                     "losses": [2.5], "error": None, "others_cpu_percent": 3.0}
+                    for label, ms in (("checkpointing=on", 13.3), ("as it is", 10.0))]}
+    fields = {key: value for key, value in old_line.items() if key not in ("event", "time")}
+    result = p.decode(json.dumps({"v": p.PROTOCOL_VERSION, "type": "trial_result", **fields}))
+    assert result.speed is None and [arm.label for arm in result.arms] == ["checkpointing=on", "as it is"]
+    assert trial_verdict(result).startswith("1.33x slower, same activations, same memory")

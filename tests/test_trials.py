@@ -233,3 +233,58 @@ def test_the_meter_counts_a_neighbours_cpu_and_not_the_runs_own(tmp_path):
     one_core = 100 / (psutil.cpu_count() or 1)
     assert own is not None and theirs is not None
     assert theirs > own + 0.3 * one_core, (own, theirs)
+
+
+def test_each_arm_runs_its_k_consecutive_steps_across_its_interleaved_blocks():
+    """Blocks of an arm go on from where its last block left it: the arm as it is takes, over its blocks, the very
+    steps training then takes, and the changed arm those of a run changed at that step (``--at``), bit for bit."""
+    settings = dict(steps=12, seed=7, checkpoint_every=0)
+    trainer, seen = make_trainer(TINY, trials=["5:lr_scale=0.5"], trial_steps=7, **settings)
+    trainer.run()
+    changed, as_it_is = trial_results(seen)[0]["arms"]
+    straight_trainer, straight = make_trainer(TINY, **settings)
+    straight_trainer.run()
+    assert as_it_is["losses"] == losses(straight)[4:11]  # steps 5 to 11, through 3 blocks
+    changed_trainer, changed_run = make_trainer(TINY, at=["5:lr_scale=0.5"], **settings)
+    changed_trainer.run()
+    assert changed["losses"] == losses(changed_run)[4:11]
+
+
+def test_a_trial_records_its_speed_verdict_in_trials_jsonl_and_says_it(tmp_path, capsys):
+    from torchlab.core.analysis.trial_speed import speed_verdict, speed_words
+    from torchlab.core.wire.payloads import TrialSpeed
+
+    run = tmp_path / "run"
+    assert main([TINY, "--headless", "--steps", "6", "--run-dir", str(run), "--trial", "4:checkpointing=on",
+                 "--trial-steps", "12"]) == EXIT_OK
+    [line] = [json.loads(text) for text in (run / "trials.jsonl").read_text().splitlines()]
+    speed = line["speed"]
+    assert set(speed) == {"ratio", "low", "high", "verdict", "pairs"} and speed["pairs"] == 6  # 12 steps: 6 blocks of 2
+    assert 0 < speed["low"] <= speed["ratio"] <= speed["high"]
+    assert speed["verdict"] == speed_verdict(speed["low"], speed["high"])
+    assert f"step 4: trial checkpointing=on from step 4, 12 steps each on the same batches: {speed_words(TrialSpeed(**speed))}, " \
+        in capsys.readouterr().err
+
+
+def test_an_a_a_trial_whose_interval_straddles_the_margin_names_no_direction():
+    """Both arms the same code (lr_scale at the value it has), their step times a few per cent apart at random: the
+    interval holds 1 and reaches past the margin, and the verdict names no direction. The step times are set (a
+    seeded draw in place of the clock), so that the test says the same on any machine."""
+    import dataclasses
+    import random
+
+    from torchlab.core.analysis.trial_speed import NO_CLEAR_DIFFERENCE, SPEED_MARGIN
+
+    trainer, seen = make_trainer(TINY, steps=6, seed=2, checkpoint_every=0, trials=["4:lr_scale=1.0"], trial_steps=20)
+    draws, step = random.Random(11), trainer.trials.train_step
+
+    def jittered(plan):
+        return dataclasses.replace(step(plan), step_time_s=0.010 * (1 + draws.uniform(-0.08, 0.08)))
+
+    trainer.trials.train_step = jittered
+    trainer.run()
+    [result] = trial_results(seen)
+    speed = result["speed"]
+    assert speed["pairs"] == 10 and speed["verdict"] == NO_CLEAR_DIFFERENCE
+    assert speed["low"] < 1 < speed["high"] and (speed["low"] < 1 - SPEED_MARGIN or speed["high"] > 1 + SPEED_MARGIN)
+    assert result["arms"][0]["losses"] == result["arms"][1]["losses"]

@@ -4,8 +4,11 @@ command, and a trial's result in words, for the headless printer and the app's l
     trial amp=bf16 from step 40, 20 steps each on the same batches: 1.72x faster, activations -46 %,
     memory -36 %; loss 2.3012 vs 2.3007 (mean), 2.2101 vs 2.2098 (last)
 
-Speed is judged as the impact table judges two segments (``compare_step_times``: faster or slower only
-where the 90 % intervals do not overlap), the changed arm against the arm as it is.
+Speed is the trial's own verdict (``TrialResult.speed``, core/analysis/trial_speed.py): its arms ran interleaved
+in blocks, and the ratio of their step times has a 90 % interval from the blocks' pairs, ``1.71x slower
+(1.64–1.79)``. A trial without one (recorded before the arms were interleaved, or too short to pair its blocks)
+is judged as the impact table judges two segments (``compare_step_times``: faster or slower only where the
+arms' 90 % intervals do not overlap), as it was.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import re
 import statistics
 
 from torchlab.core.analysis.impact import compare_step_times, load_shift
+from torchlab.core.analysis.trial_speed import speed_words
 from torchlab.core.records.config import DEFAULT_TRIAL_STEPS, TRIAL_STEPS
 from torchlab.core.wire.options import STEPS, WORLD_SIZE, OptionRefused, parse_option_value
 from torchlab.core.wire.payloads import TrialArm
@@ -71,16 +75,22 @@ def trial_verdict(result: TrialResult) -> str:
     trial could not run."""
     if result.error is not None or len(result.arms) != 2:
         return f"could not run: {result.error}"
-    return ", ".join(_comparison(*result.arms))
+    speed = speed_words(result.speed) if result.speed is not None else _speed_of_arms(*result.arms)
+    return ", ".join([speed, *_comparison(*result.arms)])
 
 
-def _comparison(changed: TrialArm, as_it_is: TrialArm) -> list[str]:
-    parts = []
+def _speed_of_arms(changed: TrialArm, as_it_is: TrialArm) -> str:
+    """A trial without a speed record: its arms' step times compared as two segments of the impact table."""
     interval = (changed.step_time_low_s, changed.step_time_high_s) if changed.step_time_low_s is not None else None
     speedup, speed = compare_step_times(as_it_is, changed.median_step_time_s, interval)
     if speedup is not None:  # arms run one after the other: a neighbour's load that came or went is no verdict
         speed = load_shift(as_it_is.others_cpu_percent, changed.others_cpu_percent) or speed
-    parts.append(speed or "no step time")
+    return speed or "no step time"
+
+
+def _comparison(changed: TrialArm, as_it_is: TrialArm) -> list[str]:
+    """Memory and loss: the changed arm against the arm as it is."""
+    parts = []
     for name, before, after in (("activations", as_it_is.activations_bytes, changed.activations_bytes),
                                 ("memory", as_it_is.tensor_bytes, changed.tensor_bytes)):
         if before and after is not None:

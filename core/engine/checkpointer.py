@@ -76,11 +76,13 @@ class Checkpointer:
         """A copy in memory of what a trial changes (``TRIAL_STATES``, each part's ``state_dict``), for ``restore``."""
         return {name: copy.deepcopy(self.states[name].state_dict()) for name in TRIAL_STATES}
 
-    def restore(self, snapshot: dict[str, Any]) -> None:
+    def restore(self, snapshot: dict[str, Any], last_use: bool = False) -> None:
         """Put back what ``snapshot`` copied, as often as needed: each part loads a copy of its state (a loaded
-        optimizer state may share the tensors it was given, which the next steps change in place)."""
+        optimizer state may share the tensors it was given, which the next steps change in place). ``last_use``:
+        the snapshot is not put back again, so its tensors are loaded as they are, without the copy (half the cost
+        of a trial's switch between its arms)."""
         for name, state in snapshot.items():
-            self.states[name].load_state_dict(copy.deepcopy(state))
+            self.states[name].load_state_dict(state if last_use else copy.deepcopy(state))
 
     def save(self, reason: str) -> None:
         """A checkpoint of this step, for ``reason`` (``periodic``, ``final``, ``requested``, ``world_size``,

@@ -2,16 +2,28 @@
 
 A trial of ``option = value`` at a step boundary copies the training state (``Checkpointer.snapshot``: each
 part a step changes gives its ``state_dict``: the model's, the optimizer's and the schedule's, the GradScaler,
-every RNG, the data position, and the live options), runs K steps with the option changed (the options part's
-``load_state_dict`` enacts it), puts the state back (each part's ``load_state_dict``), runs K steps as it is, on the same batches from the same state, and puts the state back
-again. Training then goes on exactly as if no trial had run: the same weights, optimizer moments, LR, random
-numbers and next batch, so a run with a trial and a run without one have bit-identical losses at every
-training step (``tests/test_trials.py``). An arm's steps are training's own step (``Trainer.train_step``),
-planned to report nothing (``StepPlan(trial=True)``).
+every RNG, the data position, and the live options) and runs two arms of K steps from it, on the same batches:
+the option changed (the options part's ``load_state_dict`` enacts it) and as it is. Then it puts the state back,
+and training goes on exactly as if no trial had run: the same weights, optimizer moments, LR, random numbers and
+next batch, so a run with a trial and a run without one have bit-identical losses at every training step
+(``tests/test_trials.py``). An arm's steps are training's own step (``Trainer.train_step``), planned to report
+nothing (``StepPlan(trial=True)``).
 
-The copy is in memory (a clone of each tensor), not a checkpoint on disk: a trial costs its 2K steps,
-a state dict's copy and two loads. Each arm reports what the impact table would: its step time (median
-and 90 % interval), its memory by kind on one step, and the loss of each step.
+**Interleaved.** The arms do not run one after the other, where a load that came between them would decide
+their speeds: they alternate in blocks of about ``BLOCK_STEPS`` steps, A B B A A B ..., the i-th block of each
+arm being the same steps of it on the same batches, one right after the other. Each block goes on from where its
+arm's previous block ended: leaving an arm copies its state (``snapshot``), entering the other loads that arm's
+copy (``restore``, without a second copy: each is loaded once). So each arm's K steps are the K consecutive steps
+from the snapshot that one arm run whole would take, bit for bit (its losses compare as before), and the trial
+takes no step more than its 2K: what interleaving adds is a copy and a load at each change of arm (one every two
+blocks, A B B A), measured by ``benchmarks/trial_cost.py``. The pairs of blocks give the speed verdict
+(core/analysis/trial_speed.py): a pair's two blocks run within a fraction of a second of each other, so a
+neighbour's load or a VM's drift falls on both.
+
+Each arm reports what the impact table would: its step time (median and 90 % interval, of all its steps but its
+first and its memory step), its memory by kind on one step, and the loss of each step. A block's figure for its
+pair is the median of its steps but its first (which pays for the change of arm: the data stream reopened at the
+arm's position, caches cold) and the memory step (its hooks).
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ import time
 from collections.abc import Callable
 
 from torchlab.core.analysis.impact import median_interval
+from torchlab.core.analysis.trial_speed import paired_speed
 from torchlab.core.analysis.trials import AS_IT_IS, NOT_TRIED
 from torchlab.core.engine.checkpointer import Checkpointer
 from torchlab.core.engine.instruments import StepPlan
@@ -35,11 +48,14 @@ from torchlab.core.records.config import MAX_TRIAL_STEPS
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import TrialStarted
 from torchlab.core.wire.options import LiveOption, OptionRefused, live_option
-from torchlab.core.wire.payloads import MemoryBreakdown, TrialArm
+from torchlab.core.wire.payloads import MemoryBreakdown, TrialArm, TrialSpeed
 from torchlab.core.wire.protocol import TrialCommand, TrialProgress
 
-#: The step of an arm whose memory is measured: its second, once the first paid its one-off costs.
-MEMORY_STEP = 1
+#: Steps in a block of an arm (K // BLOCK_STEPS blocks an arm, K spread evenly over them: at least one). Short, so
+#: that a pair's two timed steps run within a few steps of each other (a busy machine's speed moves over tenths of
+#: a second) and a trial of K = 20 has ten pairs; the price is a change of arm (a state copy and a load, about a
+#: step of a small model) every two blocks.
+BLOCK_STEPS = 2
 #: A running trial says how far it is at most this often (and at each arm's start).
 TRIAL_PROGRESS_INTERVAL_S = 0.25
 
@@ -54,12 +70,14 @@ class Trials:
 
     def run(self, command: TrialCommand, step: int) -> None:
         """Two arms of ``command.steps`` steps from this boundary's state on the same batches, the option changed
-        and as it is; then the state as it was. Answered by one TrialResult, or one that says why it could not run."""
+        and as it is, interleaved; then the state as it was. Answered by one TrialResult, or one that says why it
+        could not run."""
         parts = self.parts
 
-        def answer(arms: list, error: str | None = None) -> None:
+        def answer(arms: list, error: str | None = None, speed: TrialSpeed | None = None) -> None:
             parts.reporter.emit(p.TrialResult(step=step, option=command.option, value=jsonable(command.value),
-                                              steps=command.steps, arms=arms, error=error, source=command.source))
+                                              steps=command.steps, arms=arms, error=error, source=command.source,
+                                              speed=speed))
 
         try:
             option = live_option(command.option)
@@ -83,14 +101,38 @@ class Trials:
             return answer([], f"{changed} cannot run here: {refusal}")
         parts.reporter.emit(TrialStarted(step=step, option=option.name, value=jsonable(value), steps=command.steps,
                                          source=command.source))
-        arms = []
-        for arm, label in enumerate((changed, AS_IT_IS), start=1):
-            try:
-                arms.append(self._arm(ArmRecord(label), TrialProgress(step=step, label=changed, arm=arm, done=0,
-                                                                      steps=command.steps)).result())
-            finally:
-                self.checkpoints.restore(snapshot)  # the options too: the second arm runs as it is
-        answer(arms)
+        arms = [ArmRecord(changed), ArmRecord(AS_IT_IS)]
+        neighbours = OthersCpuMeter()
+        neighbours.start()
+        try:
+            self._interleave(arms, snapshot, TrialProgress(step=step, label=changed, arm=1, done=0, steps=command.steps))
+        finally:
+            self.checkpoints.restore(snapshot, last_use=True)  # the options too: training goes on as it is
+        others_cpu_percent = neighbours.stop()  # over the whole trial: its arms take turns
+        for arm in arms:
+            arm.others_cpu_percent = others_cpu_percent
+        speed = None if any(arm.error for arm in arms) else paired_speed(arms[0].block_times, arms[1].block_times)
+        answer([arm.result() for arm in arms], speed=speed)
+
+    def _interleave(self, arms: list[ArmRecord], snapshot: dict, progress: TrialProgress) -> None:
+        """The arms' blocks in turn, A B B A A B ...: each from where its arm's last block left it (the first arm's
+        state is the live one, enacted; the second's begins as ``snapshot``). An arm that stopped runs no more blocks;
+        the other runs the rest of its own."""
+        saved: list[dict | None] = [None, snapshot]  # where each arm goes on from, while another runs
+        live = 0  # the arm whose state the parts hold
+        blocks = arm_blocks(progress.steps)
+        memory_step = blocks[1][0] if len(blocks) > 1 else 1  # a step no pair times: after a change of arm
+        for index, (start, end) in enumerate(blocks):
+            for arm in (0, 1) if index % 2 == 0 else (1, 0):
+                if arms[arm].error is not None:
+                    continue
+                if arm != live:
+                    if arms[live].error is None:
+                        saved[live] = self.checkpoints.snapshot()
+                    self.checkpoints.restore(saved[arm], last_use=saved[arm] is not snapshot)  # snapshot: again at the end
+                    saved[arm], live = None, arm
+                block = TrialProgress(step=progress.step, label=progress.label, arm=arm + 1, done=start, steps=progress.steps)
+                self._block(arms[arm], block, end, memory_step)
 
     def _refusal(self, option: LiveOption, command: TrialCommand) -> str | None:
         """Why this trial cannot run now, or None."""
@@ -102,18 +144,21 @@ class Trials:
             return "a profile is recording; try again once it is ready"
         return None
 
-    def _arm(self, record: ArmRecord, progress: TrialProgress) -> ArmRecord:
-        """One arm's steps, measured into ``record``. Its loss turning NaN, or the CPU's memory running out,
-        ends the arm with the reason; with ranks, running out of memory stops the run (``TrialOutOfMemory``)."""
-        self._report_progress(progress, now=True)
-        neighbours = OthersCpuMeter()
-        neighbours.start()
+    def _block(self, record: ArmRecord, progress: TrialProgress, end: int, memory_step: int) -> None:
+        """An arm's steps from ``progress.done`` to ``end``, measured into ``record`` (its memory on ``memory_step``,
+        once the arm's first step paid the change's one-off costs). Its loss turning NaN, or the
+        CPU's memory running out, ends the arm with the reason; with ranks, running out of memory stops the run
+        (``TrialOutOfMemory``)."""
+        self._report_progress(progress, now=progress.done == 0)
+        start, timed = progress.done, []
         try:
-            for index in range(progress.steps):
-                report = self.train_step(StepPlan(memory=index == MEMORY_STEP and self.parts.world.reports, trial=True))
+            for index in range(start, end):
+                report = self.train_step(StepPlan(memory=index == memory_step and self.parts.world.reports, trial=True))
                 record.losses.append(report.loss)
-                if index not in (0, MEMORY_STEP):  # the first pays the change's one-off costs, the other the memory hooks
+                if index not in (0, memory_step):  # the arm's first pays the change's one-off costs, the other the hooks
                     record.step_times.append(report.step_time_s)
+                    if index != start:  # a block's first pays for the change of arm: its pair's figure leaves it out
+                        timed.append(report.step_time_s)
                 if report.memory is not None:
                     record.memory = report.memory
                 progress = TrialProgress(step=progress.step, label=progress.label, arm=progress.arm, done=index + 1,
@@ -130,8 +175,7 @@ class Trials:
                 raise TrialOutOfMemory(record.label, len(record.losses) + 1, progress.steps, world.size, saved, error) from error
             record.error = f"out of memory: {str(error).splitlines()[0]}"
         finally:
-            record.others_cpu_percent = neighbours.stop()
-        return record
+            record.block_times.append(statistics.median(timed) if timed and record.error is None else None)
 
     def _report_progress(self, progress: TrialProgress, now: bool = False) -> None:
         """At most every ``TRIAL_PROGRESS_INTERVAL_S`` (an arm's start at once): the app's header and the bar
@@ -142,6 +186,13 @@ class Trials:
         if now or clock - self._progress_at >= TRIAL_PROGRESS_INTERVAL_S:
             self._progress_at = clock
             self.parts.reporter.emit(progress)
+
+
+def arm_blocks(steps: int) -> list[tuple[int, int]]:
+    """An arm's blocks as (first step, end) from 0: ``steps // BLOCK_STEPS`` of them (at least one), as even as can be."""
+    count = max(1, steps // BLOCK_STEPS)
+    bounds = [steps * index // count for index in range(count + 1)]
+    return list(zip(bounds, bounds[1:]))
 
 
 class TrialStopped(Exception):
@@ -158,10 +209,11 @@ class ArmRecord:
     def __init__(self, label: str) -> None:
         self.label = label
         self.step_times: list[float] = []
+        self.block_times: list[float | None] = []  # each block's median step time (None: none timed, or it stopped)
         self.losses: list[float] = []
         self.memory: MemoryBreakdown | None = None
         self.error: str | None = None
-        self.others_cpu_percent: float | None = None  # OthersCpuMeter's, over the arm
+        self.others_cpu_percent: float | None = None  # OthersCpuMeter's, over the trial (its arms take turns)
 
     def result(self) -> TrialArm:
         interval = median_interval(self.step_times)

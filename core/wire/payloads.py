@@ -230,6 +230,20 @@ class TrialArm(JsonObject):
     others_cpu_percent: float | None = None
 
 
+@dataclass(frozen=True)
+class TrialSpeed(JsonObject):
+    """A trial's speed verdict (core/analysis/trial_speed.py): ``ratio`` is the changed arm's step time over the arm
+    as it is (1.7: 70 % slower), from the pairs of blocks its interleaved arms ran on the same batches; ``low`` and
+    ``high`` its 90 % interval; ``verdict`` "slower", "faster" or "no clear difference" (a direction only where the
+    whole interval lies beyond the practical margin, 0.97-1.03x); ``pairs`` how many pairs of blocks it rests on."""
+
+    ratio: float
+    low: float
+    high: float
+    verdict: str
+    pairs: int
+
+
 # ----------------------------------------------------------------------------- Ranks: per-rank figures
 
 

@@ -40,10 +40,10 @@ from typing import Any, ClassVar
 from torchlab.core.errors import SHOWN_CHARS, shown
 from torchlab.core.wire import strict_json
 from torchlab.core.wire.metrics_row import SET_ONLY, MetricsRow, columns_of
-from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample, TrialArm
+from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample, TrialArm, TrialSpeed
 from torchlab.core.wire.typed_json import JsonObject, JsonScalar, UnreadableValue, first_few, read_object, read_value
 
-PROTOCOL_VERSION = 10  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials; 5: a trial's progress, read-only viewers (hello's view), a module's tied names; 6: what an applied option did (its detail), impact segments' data wait; 7: Replayed ends a connection's past; 8: impact segments carry what NVML sees (nvml_run_bytes); 9: the events the worker once sent as Log lines travel typed (trial and profile started, compiling, a skipped step, resumed, the settings a resume changed, a stop requested), a host sample carries per-core load and the run's processes; 10: impact segments say which segment they are compared with (baseline_step)
+PROTOCOL_VERSION = 10  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials; 5: a trial's progress, read-only viewers (hello's view), a module's tied names; 6: what an applied option did (its detail), impact segments' data wait; 7: Replayed ends a connection's past; 8: impact segments carry what NVML sees (nvml_run_bytes); 9: the events the worker once sent as Log lines travel typed (trial and profile started, compiling, a skipped step, resumed, the settings a resume changed, a stop requested), a host sample carries per-core load and the run's processes; 10: impact segments say which segment they are compared with (baseline_step), and a trial's result its speed verdict (its arms interleaved)
 MAX_LINE_BYTES = 1 << 20
 #: A live option's name, a command's source and a value typed for it are short; longer ones are refused
 #: before anything echoes them.
@@ -394,7 +394,9 @@ class GradNorms(Message):
 class TrialResult(Message):
     """A controlled trial of ``option`` = ``value`` from ``step`` (core/engine/trials.py): its two arms, the
     changed one first, or ``error`` when it could not run at all (then ``arms`` is empty). Training went on
-    from ``step`` as if no trial had run."""
+    from ``step`` as if no trial had run. ``speed``: the changed arm's step time over the other's, with its interval
+    and verdict; None where the arms ran too few blocks to pair (or one stopped), and in a trial recorded before
+    its arms were interleaved (protocol 9's ``trials.jsonl`` lines): their speed is read off the arms, as then."""
 
     type: ClassVar[str] = "trial_result"
     step: int
@@ -404,6 +406,7 @@ class TrialResult(Message):
     arms: list[TrialArm]
     error: str | None = None
     source: str = ""
+    speed: TrialSpeed | None = None
 
 
 @dataclass(frozen=True)
