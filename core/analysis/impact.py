@@ -42,7 +42,7 @@ from torchlab.core.records.storage import write_atomically
 from torchlab.core.wire.events import ProfileStarted, RunEnded, RunStarted
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import LIVE_OPTIONS, format_option_value
+from torchlab.core.wire.options import LIVE_OPTIONS, LiveOptions, format_option_value
 from torchlab.core.wire.payloads import ImpactSegment, TelemetrySample, TrialArm
 from torchlab.core.wire.protocol import Message, ProfileReady
 
@@ -204,9 +204,16 @@ class ImpactTracker(TrainerObserver):
         self._profiling = False
         self._warming_up = 0  # steps of a freshly started process still to leave out of the medians
         self._closed_rows: list[ImpactSegment] = []  # the rows of every segment but the newest, which no report changes
+        # The last row's options, and the segment options read from them: rows share the options object that
+        # was in force (a frozen value) until a command changes it, so it is read once per change, not per row.
+        self._options_in_force: LiveOptions | None = None
+        self._segment_options: dict[str, Any] = {}
 
     def on_metrics(self, row: MetricsRow) -> None:
-        options = {key: getattr(row.options, key) for key in SEGMENT_OPTIONS}
+        if row.options is not self._options_in_force:  # a new value only where a command changed the options
+            self._options_in_force = row.options
+            self._segment_options = {key: getattr(row.options, key) for key in SEGMENT_OPTIONS}
+        options = self._segment_options
         current = self.segments[-1] if self.segments else None
         if current is None or current.options != options:
             change = "start" if current is None else _describe_change(current.options, options)

@@ -115,9 +115,11 @@ class StepBoundary:
     def _take(self) -> list[TrainerCommand]:
         """What is queued; while paused, wait up to 0.25 s for the first. A signalled stop goes last."""
         commands: list[TrainerCommand] = []
-        if self._signalled_stop is None:
+        waits = self.paused and not self.ends_run
+        # Nearly every boundary finds the queue empty: said by ``empty()``, not by raising ``queue.Empty``.
+        if self._signalled_stop is None and (waits or not self._commands.empty()):
             try:
-                commands.append(self._commands.get(block=self.paused and not self.ends_run, timeout=0.25))
+                commands.append(self._commands.get(block=waits, timeout=0.25))
                 while True:
                     commands.append(self._commands.get_nowait())
             except queue.Empty:

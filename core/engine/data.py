@@ -265,6 +265,8 @@ def dataset_size(dataset: Dataset, field: str) -> int:
 
 def move_to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, torch.Tensor):
+        if batch.is_cpu and device.type == "cpu":  # what ``.to`` would return, without its call (each step, each tensor)
+            return batch
         return batch.to(device, non_blocking=device.type == "cuda")
     if isinstance(batch, dict):
         return {key: move_to_device(value, device) for key, value in batch.items()}

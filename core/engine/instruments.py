@@ -51,6 +51,9 @@ class StepPlan:
 
 #: A step that reports nothing and measures nothing (between report steps, with ``--log-every`` above 1).
 QUIET = StepPlan()
+#: Every report step's plan, by (activations, memory, probe): made once, not each step.
+_REPORT_PLANS = {(activations, memory, probe): StepPlan(report=True, activations=activations, memory=memory, probe=probe)
+                 for activations in (False, True) for memory in (False, True) for probe in (False, True)}
 
 
 @dataclass
@@ -95,7 +98,7 @@ class Instruments:
         memory = (parts.world.reports and self.profiling.recording is None and not eager
                   and self.memory_cadence.due(step))
         probe = self.next_step.probe if parts.world.collectives is not None else self.cadence.should_probe(step)
-        return StepPlan(report=True, activations=activations, memory=memory, probe=probe)
+        return _REPORT_PLANS[activations, memory, probe]
 
     def watch(self, plan: StepPlan, step: int) -> StepWatch:
         """Start measuring ``step``: its clock starts now."""

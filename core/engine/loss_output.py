@@ -67,7 +67,7 @@ class MetricNames:
         names = tuple(metrics)
         if self.names is None:
             self.names = names
-        elif set(names) != set(self.names):
+        elif names != self.names and set(names) != set(self.names):  # the same order (every step): no sets made
             raise WorkloadError(
                 f"{where}: loss_fn returned the metrics {', '.join(self.names) or 'none'} on the first step and "
                 f"{', '.join(names) or 'none'} on step {step}: return the same ones every step (NaN for one that has "
@@ -153,7 +153,8 @@ def mean_of_micro_batches(losses: list[torch.Tensor], metrics: list[torch.Tensor
     """The mean loss (fp32, on the device: no sync) and metrics of a step's micro-batches. With one micro-batch (the
     common case) nothing is stacked: each such op is a kernel, ~20 us of a 10 ms step on a CPU."""
     if len(losses) == 1:
-        return losses[0].float(), metrics[0]
+        loss = losses[0]
+        return loss if loss.dtype == torch.float32 else loss.float(), metrics[0]
     mean_metrics = torch.stack(metrics).mean(dim=0) if metrics[0] is not None else None
     return torch.stack(losses).float().mean(), mean_metrics
 

@@ -217,12 +217,16 @@ class LearningRates:
             self.scheduled = [float(lr) for lr in self.scheduler.get_last_lr()]
 
     def step(self, scale: float) -> None:
-        """The schedule's step, from its own LRs (never the scaled ones), then the scale on what it gives."""
-        for group, lr in zip(self.optimizer.param_groups, self.scheduled):
-            group["lr"] = lr
+        """The schedule's step, from its own LRs (never the scaled ones), then the scale on what it gives. At a
+        scale of 1 (the default) the groups hold the schedule's own LRs already, and what it gives is what they keep."""
+        groups = self.optimizer.param_groups
+        if scale != 1.0:
+            for group, lr in zip(groups, self.scheduled):
+                group["lr"] = lr
         self.scheduler.step()
-        self.scheduled = [float(group["lr"]) for group in self.optimizer.param_groups]
-        self.apply(scale)
+        self.scheduled = [float(group["lr"]) for group in groups]
+        if scale != 1.0:
+            self.apply(scale)
 
     def apply(self, scale: float) -> None:
         for group, lr in zip(self.optimizer.param_groups, self.scheduled):

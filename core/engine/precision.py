@@ -19,6 +19,8 @@ import torch
 
 from torchlab.core.wire.options import OptionRefused
 
+_NOTHING = contextlib.nullcontext()  # reusable: one for every step
+
 
 class Precision:
     """Full precision: every hook is the plain PyTorch call."""
@@ -31,7 +33,7 @@ class Precision:
         self.device = device
 
     def autocast(self) -> ContextManager:
-        return contextlib.nullcontext()
+        return _NOTHING
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()

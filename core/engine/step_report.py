@@ -34,19 +34,22 @@ class HostTransfer:
         """Queue ``tensor`` (any shape: flattened; any dtype: as fp32) under ``name``; None queues nothing."""
         if tensor is None:
             return
-        if tensor.dim() != 1:
-            tensor = tensor.reshape(-1)
         if tensor.dtype != torch.float32:
             tensor = tensor.float()
-        end = self._size + tensor.shape[0]
+        end = self._size + tensor.numel()
         self._parts.append(tensor)
         self._spans[name] = (self._size, end)
         self._size = end
 
     def to_host(self) -> HostValues:
-        # A step that reports the loss alone (most steps, between probes) skips the concatenation's copy.
-        packed = self._parts[0] if len(self._parts) == 1 else torch.cat(self._parts)
-        return HostValues(packed.tolist(), self._spans)
+        if len(self._parts) == 1:
+            # A step that reports the loss alone (most steps, between probes): no concatenation, and a scalar is
+            # read as it is (its reshape was a kernel call each step, as the copy of a concatenation is).
+            only = self._parts[0]
+            values = [only.tolist()] if only.dim() == 0 else only.reshape(-1).tolist()
+        else:
+            values = torch.cat([part.reshape(-1) for part in self._parts]).tolist()
+        return HostValues(values, self._spans)
 
 
 class HostValues:
@@ -69,7 +72,7 @@ class HostValues:
         return self._values[span[0] : span[1]] if span is not None else None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ is a C call per field, and one is made each step
 class StepReport:
     """One optimizer step as the host sees it after the step's transfer.
 

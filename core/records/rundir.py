@@ -132,10 +132,11 @@ class RunDirectory(TrainerObserver):
 
     # ----------------------------------------------------------------- journals
     def on_metrics(self, row: MetricsRow) -> None:
-        with self._failure_lock:
-            failure, self._failure = self._failure, None
-        if failure is not None:
-            raise failure
+        if self._failure is not None:  # read without the lock (every row): taken only to take the failure
+            with self._failure_lock:
+                failure, self._failure = self._failure, None
+            if failure is not None:
+                raise failure
         with self._metrics_lock:
             self._metrics.append(to_json_line(row.json_object()))
 
