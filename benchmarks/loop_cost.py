@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/loop_cost.py                          # interleaved in one process (default)
     .venv/bin/python benchmarks/loop_cost.py --variant no-bar,no-probes   # also an engine without those parts
     .venv/bin/python benchmarks/loop_cost.py --components             # each part's CPU time alone, per step
+    .venv/bin/python benchmarks/loop_cost.py --python-work 100        # the engine's Python per step, counted
     .venv/bin/python benchmarks/loop_cost.py --processes --pairs 7 --worker   # whole processes
 
 The workload (``benchmarks/resnet_small.py``: a small residual CNN with BatchNorm, batch 32 of
@@ -409,6 +410,71 @@ def runner_table(args: argparse.Namespace) -> dict[str, object]:
     return runners
 
 
+def python_work(steps: int) -> None:
+    """The engine's own Python per step against the plain loop's, counted rather than timed: bytecodes executed
+    (``sys.settrace`` with ``f_trace_opcodes``) and calls into C (``sys.setprofile``), over ``steps`` steps of each
+    after 300 of warm-up. A count does not move with the machine's load, where a time on this shared VM moves by a
+    third. The engine is ``interleaved``'s (bar, journals, impact tracker) with the parts that run on a clock left
+    out: memory by kind once a second, checkpoints once a minute and the probe's self-timed cadence would run on
+    every step under the tracer, which makes a step ~50x slower. What is counted is the work every step does."""
+    from collections import Counter
+
+    from rich.console import Console
+
+    from torchlab.core.analysis.impact import ImpactTracker
+    from torchlab.core.engine.loading import load_workload
+    from torchlab.core.engine.seeding import seed_everything
+    from torchlab.core.engine.trainer import Trainer
+    from torchlab.core.launch.headless import HeadlessProgress
+    from torchlab.core.records.config import build_config
+    from torchlab.core.records.rundir import RunDirectory
+
+    terminal = Terminal()
+    console = Console(file=os.fdopen(terminal.slave, "w", closefd=False), force_terminal=True, width=120)
+    scratch = Path(tempfile.mkdtemp(prefix="loop-cost-work-"))
+    directory = RunDirectory(scratch / "engine")
+    settings = {"workload": SPEC, "steps": 10**9, "options": {}, "at": [], "probe_every": 0, "memory_every": 0,
+                "checkpoint_every": 0}
+    config = build_config({}, settings)
+    seed_everything(config.seed)
+    observers = [HeadlessProgress(10**9, console), directory, ImpactTracker(directory.path / "impact.json")]
+    runners = {"engine": Trainer(config, load_workload(SPEC), observers=observers,
+                                 checkpoint_dir=directory.checkpoints).train_steps,
+               "plain": PlainLoop(0).train_steps}
+    counts: Counter[str] = Counter()
+
+    def on_opcode(frame, event, arg):
+        if event == "call":
+            frame.f_trace_opcodes = True
+        elif event == "opcode":
+            counts["opcodes"] += 1
+        return on_opcode
+
+    def on_call(frame, event, arg) -> None:
+        if event == "c_call":
+            counts["c_calls"] += 1
+
+    per_step = {}
+    for name, train in runners.items():
+        train(300)
+        counts.clear()
+        sys.settrace(on_opcode)
+        sys.setprofile(on_call)
+        try:
+            train(steps)
+        finally:
+            sys.settrace(None)
+            sys.setprofile(None)
+        per_step[name] = {key: value / steps for key, value in counts.items()}
+    directory.close()
+    terminal.close()
+    shutil.rmtree(scratch)
+    engine, plain = per_step["engine"], per_step["plain"]
+    print(f"per step, over {steps} steps of each: engine {engine['opcodes']:.0f} bytecodes, {engine['c_calls']:.0f} calls "
+          f"into C; plain loop {plain['opcodes']:.0f} and {plain['c_calls']:.0f}; the engine's own: "
+          f"{engine['opcodes'] - plain['opcodes']:.0f} bytecodes, {engine['c_calls'] - plain['c_calls']:.0f} calls into C")
+
+
 def components(step_ms: float | None) -> None:
     """Where the engine's own time goes, per step: each part timed alone (CPU time of the thread that runs
     it, medians), on the records and state of a real run of the workload, scaled to one step of
@@ -621,6 +687,8 @@ def main() -> None:
     parser.add_argument("--no-tty", action="store_true", help="children's output discarded, not on a terminal")
     parser.add_argument("--components", action="store_true",
                         help="instead: time each part of the engine's per-step work alone, in this process")
+    parser.add_argument("--python-work", type=int, metavar="STEPS",
+                        help="instead: count the Python the engine runs per step beyond the plain loop's, over STEPS steps")
     parser.add_argument("--step-ms", type=float, help="with --components: the step time to scale to (default: measured)")
     parser.add_argument("--plain-loop", type=Path, metavar="OUT", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -629,6 +697,9 @@ def main() -> None:
         return
     if args.components:
         components(args.step_ms)
+        return
+    if args.python_work:
+        python_work(args.python_work)
         return
     if not args.processes:
         interleaved(args.rounds, args.block, warmup=args.from_step, variants=args.variant)
