@@ -12,6 +12,7 @@
 #   tests      the whole suite: `-m gpu` first (fp16 with its GradScaler, bf16, checkpointing, bit-exact
 #              resume, pinned memory, compile, NVML, NCCL through torchrun on one GPU, world size 2 on one
 #              GPU refused), then everything else
+#   gpu-tests  only the `-m gpu` tests (CI runs the rest on a CPU)
 #   screens    the real app on a real trainer on the GPU, driven by keys (benchmarks/gpu_screens.py):
 #              NVML's figures, fp16 on/off/on, checkpointing's effect on the allocator peak and the
 #              activation bytes; SVG captures and the screens as text
@@ -77,41 +78,41 @@ EOF
     cat "$out/env.txt"
 }
 
-run_stage() {
-    local stage=$1 log="$out/$1.log"
-    echo "=== $stage ($(date -u +%T))"
-    case $stage in
-        tests)
-            # shellcheck disable=SC2086  # PYTEST_ARGS: extra pytest arguments, one per word
-            {
-                "$python" -m pytest -q -m gpu -p no:cacheprovider -o timeout=300 ${PYTEST_ARGS:-}
-                echo "--- the rest of the suite"
-                "$python" -m pytest -q -m "not gpu" -p no:cacheprovider -o timeout=300 ${PYTEST_ARGS:-}
-            } 2>&1 | tee "$log" ;;
-        screens)
-            "$python" benchmarks/gpu_screens.py --device "$device" --out "$out/screens" 2>&1 | tee "$log" ;;
-        probe)
-            {
-                "$python" benchmarks/probe_overhead.py --device "$device" --rounds 20 --json "$out/probe_tiny_gpt.json"
-                "$python" benchmarks/probe_overhead.py --device "$device" --workload benchmarks/gpt100m.py:workload \
-                    --rounds 8 --steps-per-block 5 --json "$out/probe_gpt100m.json"
-            } 2>&1 | tee "$log" ;;
-        syncs)
-            {
-                "$python" benchmarks/host_syncs.py --device "$device" --json "$out/syncs_tiny_gpt.json"
-                "$python" benchmarks/host_syncs.py --device "$device" --workload gpt100m --json "$out/syncs_gpt100m.json"
-            } 2>&1 | tee "$log" ;;
-        lightning)
-            {
-                "$python" benchmarks/lightning_overhead.py --device "$device" --json "$out/lightning_tiny_gpt.json"
-                "$python" benchmarks/lightning_overhead.py --device "$device" --workload gpt100m --json "$out/lightning_gpt100m.json"
-            } 2>&1 | tee "$log" ;;
-        *) fail "no stage '$stage': tests, screens, probe, syncs, lightning or all" ;;
+# What each stage runs, as one shell command line (run under its time limit by run_stage).
+stage_command() {
+    case $1 in
+        tests) echo '"$python" -m pytest -q -m gpu -p no:cacheprovider -o timeout=300 ${PYTEST_ARGS:-}
+                     echo "--- the rest of the suite"
+                     "$python" -m pytest -q -m "not gpu" -p no:cacheprovider -o timeout=300 ${PYTEST_ARGS:-}' ;;
+        gpu-tests) echo '"$python" -m pytest -q -m gpu -p no:cacheprovider -o timeout=300 ${PYTEST_ARGS:-}' ;;
+        screens) echo '"$python" benchmarks/gpu_screens.py --device "$device" --out "$out/screens"' ;;
+        probe) echo '"$python" benchmarks/probe_overhead.py --device "$device" --rounds 20 --json "$out/probe_tiny_gpt.json"
+                     "$python" benchmarks/probe_overhead.py --device "$device" --workload benchmarks/gpt100m.py:workload \
+                         --rounds 8 --steps-per-block 5 --json "$out/probe_gpt100m.json"' ;;
+        syncs) echo '"$python" benchmarks/host_syncs.py --device "$device" --json "$out/syncs_tiny_gpt.json"
+                     "$python" benchmarks/host_syncs.py --device "$device" --workload gpt100m --json "$out/syncs_gpt100m.json"' ;;
+        lightning) echo '"$python" benchmarks/lightning_overhead.py --device "$device" --json "$out/lightning_tiny_gpt.json"
+                         "$python" benchmarks/lightning_overhead.py --device "$device" --workload gpt100m \
+                             --json "$out/lightning_gpt100m.json"' ;;
+        *) return 1 ;;
     esac
 }
 
+# A stage runs under its limit, <STAGE>_LIMIT_S seconds (TESTS_LIMIT_S, GPU_TESTS_LIMIT_S, SCREENS_LIMIT_S, ...;
+# none by default): a machine lent for a few minutes still gets every stage's log, each cut short at worst.
+run_stage() {
+    local stage=$1 log="$out/$1.log" limit_name
+    limit_name="$(echo "${stage//-/_}" | tr '[:lower:]' '[:upper:]')_LIMIT_S"
+    echo "=== $stage ($(date -u +%T))${!limit_name:+, at most ${!limit_name} s}"
+    export python device out
+    timeout -k 10 "${!limit_name:-0}" bash -c "$(stage_command "$stage")" 2>&1 | tee "$log"
+    local status=${PIPESTATUS[0]}
+    [[ $status == 124 ]] && echo "gpu_pass.sh: the $stage stage ran past ${!limit_name} s and was stopped" | tee -a "$log"
+    return "$status"
+}
+
 for stage in "${stages[@]}"; do
-    case $stage in tests|screens|probe|syncs|lightning) ;; *) fail "no stage '$stage': tests, screens, probe, syncs, lightning or all" ;; esac
+    stage_command "$stage" >/dev/null || fail "no stage '$stage': tests, gpu-tests, screens, probe, syncs, lightning or all"
 done
 setup
 status=0

@@ -71,9 +71,12 @@ class Session:
 
     async def set_amp(self, value: str) -> str:
         """Press ``a`` until amp is ``value`` or the trainer refuses a value; the outcome. A value refused
-        earlier is not asked again (the key skips it, as it does for a user)."""
+        earlier, or one the app knows this run cannot take, is not asked (the key skips it, as it does for a user)."""
         if self.state.was_refused("amp", value):
             return "not asked: refused earlier on this run"
+        reason = self.state.would_refuse("amp", value)
+        if reason is not None:  # the key skips a value the app knows this run cannot take (fp16 on a CPU)
+            return f"skipped by the key: {reason}"
         for _ in range(3):
             before, refusals = self.state.options.get("amp"), len(self.state.refused)
             await self.pilot.press("a")

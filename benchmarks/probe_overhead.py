@@ -133,7 +133,7 @@ def main() -> None:
         "naive-hooks": BareLoop(fresh(), batch_size, args.lr, naive_hooks=True, device=device),
     }
     params = sum(p.numel() for p in template.model.parameters())
-    modules = len(runners["engine-every"].grad_probe.module_names)
+    modules = len(runners["engine-every"].instruments.grad_probe.module_names)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
     print(f"workload {args.workload}: {params:,} parameters in {modules} parameter-owning modules, "
           f"batch {batch_size}, torch {torch.__version__}, {where}")
@@ -167,17 +167,17 @@ def main() -> None:
         print(f"{name:<14} {figures[name]['ms_per_step']:>9.1f} "
               f"{statistics.median(ratios):>19.3f} {f'{quartiles[0]:.3f}–{quartiles[2]:.3f}':>15}")
     auto, every = runners["engine-auto"], runners["engine-every"]
-    probe_ms = 1000 * every.cadence.probe_cost_s
+    probe_ms = 1000 * every.instruments.cadence.probe_cost_s
     step_ms = 1000 * statistics.median(block_times["engine-every"]) / args.steps_per_block
     print(f"\nThe probe's own timing (foreach norms + per-module sums, on the training thread): "
           f"{probe_ms:.2f} ms per step = {100 * probe_ms / step_ms:.1f} % of the step.")
-    print(f"engine-auto settled on a probe every {auto.cadence.interval} step(s).")
+    print(f"engine-auto settled on a probe every {auto.instruments.cadence.interval} step(s).")
     if args.json:
         args.json.write_text(json.dumps({
             "workload": args.workload, "parameters": params, "batch_size": batch_size, "device": where,
             "torch": torch.__version__, "rounds": args.rounds, "steps_per_block": args.steps_per_block,
             "variants": figures, "probe_ms": probe_ms, "probe_share": probe_ms / step_ms,
-            "auto_interval": auto.cadence.interval,
+            "auto_interval": auto.instruments.cadence.interval,
         }, indent=1))
 
 
