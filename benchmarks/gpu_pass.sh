@@ -90,10 +90,11 @@ stage_command() {
                      "$python" benchmarks/probe_overhead.py --device "$device" --workload benchmarks/gpt100m.py:workload \
                          --rounds 8 --steps-per-block 5 --json "$out/probe_gpt100m.json"' ;;
         syncs) echo '"$python" benchmarks/host_syncs.py --device "$device" --json "$out/syncs_tiny_gpt.json"
-                     "$python" benchmarks/host_syncs.py --device "$device" --workload gpt100m --json "$out/syncs_gpt100m.json"' ;;
+                     "$python" benchmarks/host_syncs.py --device "$device" --workload gpt100m --steps 10 --rounds 8 \
+                         --json "$out/syncs_gpt100m.json"' ;;
         lightning) echo '"$python" benchmarks/lightning_overhead.py --device "$device" --json "$out/lightning_tiny_gpt.json"
                          "$python" benchmarks/lightning_overhead.py --device "$device" --workload gpt100m \
-                             --json "$out/lightning_gpt100m.json"' ;;
+                             --rounds 6 --steps-per-block 5 --json "$out/lightning_gpt100m.json"' ;;
         *) return 1 ;;
     esac
 }
