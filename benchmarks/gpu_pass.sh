@@ -18,6 +18,7 @@
 #              activation bytes; SVG captures and the screens as text
 #   probe      probe_overhead.py on a launch-bound model (tiny_gpt) and a GPU-bound one (gpt100m.py)
 #   syncs      host syncs per step per option, and what one per step costs (host_syncs.py)
+#   gaps       where the GPU waits for the host, in the engine's steps and a bare loop's (benchmarks/gpu_gaps.py)
 #   lightning  the same workloads under Lightning with its grad_norm logging (lightning_overhead.py)
 #
 # What it writes goes to $OUT (set by the machine's runner) or /tmp/gpu-pass: one log per stage, the
@@ -33,7 +34,7 @@ device=${DEVICE:-cuda}
 # On a CPU the ~92M-parameter GPT takes seconds a step: the check of the script trains a small one instead.
 [[ $device == cpu ]] && export TORCHLAB_GPT100M_SMALL=1
 stages=("$@")
-[[ ${#stages[@]} -eq 0 || ${stages[0]} == all ]] && stages=(tests screens probe syncs lightning)
+[[ ${#stages[@]} -eq 0 || ${stages[0]} == all ]] && stages=(tests screens probe syncs gaps lightning)
 
 fail() { echo "gpu_pass.sh: $*" >&2; exit 2; }
 
@@ -92,6 +93,8 @@ stage_command() {
         syncs) echo '"$python" benchmarks/host_syncs.py --device "$device" --json "$out/syncs_tiny_gpt.json"
                      "$python" benchmarks/host_syncs.py --device "$device" --workload gpt100m --steps 10 --rounds 8 \
                          --json "$out/syncs_gpt100m.json"' ;;
+        gaps) echo '"$python" benchmarks/gpu_gaps.py --device "$device" --workload gpt100m --json "$out/gaps_gpt100m.json"
+                    "$python" benchmarks/gpu_gaps.py --device "$device" --workload tiny_gpt --json "$out/gaps_tiny_gpt.json"' ;;
         lightning) echo '"$python" benchmarks/lightning_overhead.py --device "$device" --json "$out/lightning_tiny_gpt.json"
                          "$python" benchmarks/lightning_overhead.py --device "$device" --workload gpt100m \
                              --rounds 6 --steps-per-block 5 --json "$out/lightning_gpt100m.json"' ;;
@@ -113,7 +116,7 @@ run_stage() {
 }
 
 for stage in "${stages[@]}"; do
-    stage_command "$stage" >/dev/null || fail "no stage '$stage': tests, gpu-tests, screens, probe, syncs, lightning or all"
+    stage_command "$stage" >/dev/null || fail "no stage '$stage': tests, gpu-tests, screens, probe, syncs, gaps, lightning or all"
 done
 setup
 status=0

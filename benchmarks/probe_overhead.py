@@ -45,11 +45,16 @@ class BareLoop:
     """The loop every PyTorch user writes; the baseline."""
 
     def __init__(self, workload, batch_size: int, lr: float, naive_hooks: bool = False,
-                 device: torch.device = torch.device("cpu"), reads_loss_every_step: bool = True) -> None:
+                 device: torch.device = torch.device("cpu"), reads_loss_every_step: bool = True,
+                 fetches_before_reading: bool = False) -> None:
         """``reads_loss_every_step=False``: the losses are added up on the device and read once a block
-        (``host_syncs.py`` times what the one read a step costs on a GPU)."""
+        (``host_syncs.py`` times what the one read a step costs on a GPU). ``fetches_before_reading``: the next
+        step's batch is fetched and its copy queued before the loss is read, so the host's data work overlaps
+        the GPU's instead of following the sync."""
         self.device = device
         self.reads_loss_every_step = reads_loss_every_step
+        self.fetches_before_reading = fetches_before_reading
+        self._fetched = None
         self.loss_sum = torch.zeros((), device=device)
         self.model = workload.model.to(device)
         self.loss_fn = workload.loss_fn
@@ -76,18 +81,23 @@ class BareLoop:
 
         return hook
 
+    def _next_batch(self):
+        try:
+            batch = next(self.batches)
+        except StopIteration:
+            self.batches = iter(self.loader)
+            batch = next(self.batches)
+        return tree_map(lambda value: value.to(self.device, non_blocking=True) if isinstance(value, torch.Tensor) else value, batch)
+
     def train_steps(self, count: int) -> None:
         for _ in range(count):
-            try:
-                batch = next(self.batches)
-            except StopIteration:
-                self.batches = iter(self.loader)
-                batch = next(self.batches)
-            batch = tree_map(lambda value: value.to(self.device, non_blocking=True) if isinstance(value, torch.Tensor) else value, batch)
+            batch, self._fetched = (self._fetched, None) if self._fetched is not None else (self._next_batch(), None)
             loss = self.loss_fn(self.model, batch)
             loss.backward()
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+            if self.fetches_before_reading:
+                self._fetched = self._next_batch()
             if self.reads_loss_every_step:
                 loss.item()  # what every training loop does to print its loss: a host sync on a GPU
             else:

@@ -414,15 +414,17 @@ def capture_rng_state() -> dict[str, Any]:
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
+    """The generators as ``capture_rng_state`` saw them. Their states are host bytes wherever the checkpoint was
+    mapped: a resume on CUDA loads every tensor onto the GPU, and torch's setters take CPU tensors only."""
     random.setstate(as_tuples(state["python"]))
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([generator.cpu() for generator in state["cuda"]])
     if "numpy" in state:
         import numpy
 
         kind, keys, position, has_gauss, cached = state["numpy"]
-        numpy.random.set_state((kind, keys.numpy().astype("uint32"), position, has_gauss, cached))
+        numpy.random.set_state((kind, keys.cpu().numpy().astype("uint32"), position, has_gauss, cached))
 
 
 def _what_is_intact(directory: Path, error: OSError) -> str:
