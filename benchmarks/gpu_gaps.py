@@ -19,18 +19,15 @@ import argparse
 import collections
 import copy
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks import gpt100m  # noqa: E402
-from benchmarks.probe_overhead import BareLoop, make_engine  # noqa: E402
-from torchlab.core.engine.loading import load_workload  # noqa: E402
-from torchlab.core.engine.seeding import seed_everything  # noqa: E402
+import gpt100m
+from probe_overhead import BareLoop, make_engine
+from torchlab.core.engine.loading import load_workload
+from torchlab.core.engine.seeding import seed_everything
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST_CATEGORIES = ("cpu_op", "cuda_runtime", "cuda_driver")

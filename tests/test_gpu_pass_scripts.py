@@ -1,0 +1,33 @@
+"""The GPU pass's scripts still run against today's engine, checked on a CPU with the smallest sample.
+
+A machine with a GPU is lent for minutes, rarely: a script that broke since it last ran (the engine moved
+an attribute it reads) spends them. On 2026-11-27 ``probe_overhead.py`` failed that way on the H100. Each
+script here runs its whole path once on a sample (``mlp``; ``tiny_gpt`` where the naive hooks need a model
+without in-place activations), a step or two a variant; what it measures on a CPU is not
+read (the sync counts are zero by construction there), only that it ran to its JSON.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.mark.parametrize(("script", "arguments"), [
+    ("probe_overhead", ["--workload", "tiny_gpt", "--rounds", "1", "--steps-per-block", "1"]),
+    ("host_syncs", ["--workload", "mlp", "--device", "cpu", "--steps", "1", "--rounds", "1", "--steps-per-block", "1"]),
+    ("gpu_gaps", ["--workload", "mlp", "--device", "cpu", "--steps", "1"]),
+])
+def test_the_script_runs_to_its_figures(script, arguments, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # as when run as a script: its siblings import by name
+    module = importlib.import_module(script)
+    figures = tmp_path / "figures.json"
+    monkeypatch.setattr(sys, "argv", [module.__file__, *arguments, "--json", str(figures)])
+    module.main()
+    assert json.loads(figures.read_text())["workload"] == arguments[1]
