@@ -18,6 +18,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -31,7 +33,7 @@ from torchlab.core.engine import profiler as profiler_module
 from torchlab.core.engine import profile_tables
 from torchlab.core.engine.checkpoint import load_checkpoint, save_checkpoint
 from torchlab.core.errors import ConfigError, StorageError
-from torchlab.core.records import storage
+from torchlab.core.records import rundir, storage
 from torchlab.core.records.rundir import RunDirectory
 from torchlab.core.wire.events import ResumedFromCheckpoint
 from torchlab.core.wire.metrics_row import MetricsRow
@@ -39,6 +41,13 @@ from torchlab.core.wire.protocol import Error
 
 
 # ----------------------------------------------------------------------------- helpers
+@pytest.fixture(autouse=True)
+def rows_written_as_they_come(monkeypatch):
+    """Each row written as it comes, as a run's are when its steps are 50 ms or more apart: these tests are about
+    what one write does. Rows held and written together: the tests under "held rows" below."""
+    monkeypatch.setattr(rundir, "ROWS_WRITTEN_AT_ONCE_BELOW_S", 0.0)
+
+
 def jsonl(path: Path) -> list[dict]:
     """Every line of a .jsonl file, parsed: a line that does not parse fails the test."""
     return [json.loads(line) for line in path.read_text().splitlines(keepends=True) if _whole(line, path)]
@@ -165,9 +174,72 @@ def test_an_error_the_journal_cannot_take_is_not_hidden_behind_the_journals_own(
     assert isinstance(failure, StorageError) and "writing events.jsonl" in str(failure)
 
 
+# ----------------------------------------------------------------------------- held rows
+@pytest.fixture
+def held_rows(monkeypatch):
+    """The run's own rule (rows under 50 ms apart held), on a clock the test moves."""
+    monkeypatch.setattr(rundir, "ROWS_WRITTEN_AT_ONCE_BELOW_S", 0.05)
+    clock = types.SimpleNamespace(now=100.0)
+    monkeypatch.setattr(rundir, "time", types.SimpleNamespace(monotonic=lambda: clock.now, strftime=time.strftime))
+    return clock
+
+
+def steps_in(path: Path) -> list[int]:
+    return [row["step"] for row in jsonl(path)] if path.exists() else []
+
+
+def test_fast_rows_are_held_and_written_before_the_next_event_line(tmp_path, held_rows):
+    directory = RunDirectory(tmp_path)
+    for step in range(1, 6):
+        directory.on_metrics(metrics_row(step))
+        held_rows.now += 0.01
+    assert steps_in(tmp_path / "metrics.jsonl") == [1]  # the first came after none: written at once
+    directory.on_event(Error(step=6, message="any event", traceback=""))
+    assert steps_in(tmp_path / "metrics.jsonl") == [1, 2, 3, 4, 5]
+    directory.on_metrics(metrics_row(6))  # 10 ms after the last: held
+    held_rows.now += 1.0
+    directory.on_metrics(metrics_row(7))  # a second after the last: written, and what was held with it
+    assert steps_in(tmp_path / "metrics.jsonl") == [1, 2, 3, 4, 5, 6, 7]
+    directory.close()
+
+
+def test_rows_are_held_at_most_a_quarter_second_and_32_at_a_time_and_closing_writes_them(tmp_path, held_rows):
+    directory = RunDirectory(tmp_path)
+    directory.on_metrics(metrics_row(1))
+    for step in range(2, 2 + rundir.HELD_ROWS):
+        held_rows.now += 0.001
+        directory.on_metrics(metrics_row(step))
+    assert steps_in(tmp_path / "metrics.jsonl") == list(range(1, 2 + rundir.HELD_ROWS))  # 32 held: written
+    step = 2 + rundir.HELD_ROWS
+    while held_rows.now < 100.0 + rundir.HELD_FOR_S + 0.2:
+        held_rows.now += 0.04
+        directory.on_metrics(metrics_row(step))
+        written = steps_in(tmp_path / "metrics.jsonl")
+        assert step - written[-1] <= rundir.HELD_FOR_S / 0.04 + 1  # none held longer than a quarter second
+        step += 1
+    directory.on_metrics(metrics_row(step))
+    directory.close()
+    assert steps_in(tmp_path / "metrics.jsonl") == list(range(1, step + 1))
+
+
+def test_held_rows_the_disk_cannot_take_are_not_written_at_all_and_the_event_says_so(tmp_path, monkeypatch, held_rows):
+    directory = RunDirectory(tmp_path)
+    directory.on_metrics(metrics_row(1))
+    for step in (2, 3):
+        held_rows.now += 0.01
+        directory.on_metrics(metrics_row(step))
+    before = (tmp_path / "metrics.jsonl").read_bytes()
+    fail_writes_to(monkeypatch, "metrics.jsonl", after_bytes=30)
+    with pytest.raises(StorageError, match="no space left on device writing metrics.jsonl"):
+        directory.on_event(Error(step=4, message="any event", traceback=""))
+    monkeypatch.undo()
+    directory.close()
+    assert (tmp_path / "metrics.jsonl").read_bytes() == before  # rows 2 and 3 whole or not at all: not
+
+
 # ----------------------------------------------------------------------------- replayed rows
 KILLED = textwrap.dedent("""
-    import itertools, os, signal
+    import itertools, os, signal, time
     from tiny import workload as tiny
 
     def workload():
@@ -177,6 +249,7 @@ KILLED = textwrap.dedent("""
             calls = itertools.count(1)
 
             def kill(module, inputs, output):
+                time.sleep(0.06)  # steps over 50 ms apart: each row is written as it comes (rundir.py)
                 if next(calls) == int(kill_at):
                     os.kill(os.getpid(), signal.SIGKILL)
 
