@@ -93,6 +93,17 @@ def test_clipping_from_measured_norms_matches_clip_grad_norm():
             torch.testing.assert_close(ours.grad, theirs.grad)
 
 
+def test_the_total_alone_is_the_same_number_as_with_the_module_sums():
+    """Clipping between the probe's steps asks for the total alone: the clip must not depend on whether the
+    (self-timed, so unpredictable) probe ran on that step, or a resumed run would clip differently."""
+    model = TiedNet()
+    backward_once(model)
+    probe = GradNormProbe(model)
+    whole, total_only = probe.measure(), probe.measure(per_module=False)
+    assert total_only.per_module is None and whole.per_module is not None
+    assert torch.equal(total_only.total, whole.total)
+
+
 def test_clipping_does_not_fire_below_the_limit():
     model = TiedNet()
     backward_once(model)

@@ -144,7 +144,7 @@ class StepWatch:
         if not self.plan.probe and not clipping:
             return None
         probe_started = time.perf_counter()
-        norms = instruments.grad_probe.measure()
+        norms = instruments.grad_probe.measure(per_module=self.plan.probe)
         if self.plan.probe and norms is not None:
             instruments.cadence.record_probe(self.step, time.perf_counter() - probe_started)  # it follows its cost
         return norms
@@ -156,7 +156,7 @@ class StepWatch:
         transfer.add("loss", loss)
         transfer.add("grad_norm_total", norms.total if norms is not None else None)
         transfer.add("clipped", clipped)
-        transfer.add("grad_norms", norms.per_module if self.plan.probe and norms is not None else None)
+        transfer.add("grad_norms", norms.per_module if norms is not None else None)  # None between the probe's steps
         transfer.add("act_stats", self._act_stats)
         transfer.add("metrics", metrics)
         return transfer.to_host()

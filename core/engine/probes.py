@@ -18,11 +18,11 @@ ROOT_MODULE_NAME = "(root)"  # parameters owned directly by the top-level model
 
 @dataclass
 class GradNorms:
-    """Device tensors: ``per_module`` [modules], ``total`` [] (both fp32), plus the grads measured."""
+    """Device tensors: ``per_module`` [modules] (None: only the total was asked for), ``total`` [] (both fp32),
+    plus the grads measured."""
 
-    per_module: torch.Tensor
+    per_module: torch.Tensor | None
     total: torch.Tensor
-    param_norms: torch.Tensor
     grads: list[torch.Tensor]
 
 
@@ -61,23 +61,27 @@ class GradNormProbe:
         self._owner_index_cpu = torch.tensor(owners, dtype=torch.long)
         self._owner_index: torch.Tensor | None = None
 
-    def measure(self) -> GradNorms | None:
-        """Norms of the current gradients, on the device; None when no parameter has a gradient."""
+    def measure(self, per_module: bool = True) -> GradNorms | None:
+        """Norms of the current gradients, on the device; None when no parameter has a gradient. ``per_module``
+        False: the total alone, as clipping between the probe's steps needs (the module sums are 3 more kernels).
+        The total is the same arithmetic either way, so a clipped step does not depend on whether it was probed."""
         present = [i for i, p in enumerate(self._params) if p.grad is not None]
         if not present:
             return None
         grads = [self._params[i].grad for i in present]
         device = grads[0].device
-        param_norms = torch.stack(torch._foreach_norm(grads)).float()
+        squares = torch.stack(torch._foreach_norm(grads)).float().square()
+        total = squares.sum().sqrt()
+        if not per_module:
+            return GradNorms(per_module=None, total=total, grads=grads)
         if len(present) == len(self._params):
             if self._owner_index is None or self._owner_index.device != device:
                 self._owner_index = self._owner_index_cpu.to(device)
             owner_index = self._owner_index
         else:  # some parameters got no gradient this step (unused branches)
             owner_index = self._owner_index_cpu[present].to(device)
-        squares = param_norms.square()
-        per_module = torch.zeros(len(self.module_names), device=device).index_add_(0, owner_index, squares)
-        return GradNorms(per_module=per_module.sqrt(), total=squares.sum().sqrt(), param_norms=param_norms, grads=grads)
+        module_sums = torch.zeros(len(self.module_names), device=device).index_add_(0, owner_index, squares)
+        return GradNorms(per_module=module_sums.sqrt(), total=total, grads=grads)
 
 
 def clip_by_total_norm(norms: GradNorms, max_norm: float) -> torch.Tensor:
