@@ -34,9 +34,10 @@ HOST_CATEGORIES = ("cpu_op", "cuda_runtime", "cuda_driver")
 MIN_GAP_US = 20.0
 
 
-def busy_intervals(events: list[dict]) -> list[tuple[float, float]]:
-    """The GPU's work (kernels, copies, sets) merged into disjoint intervals, in µs of the trace's clock."""
-    spans = sorted((e["ts"], e["ts"] + e.get("dur", 0.0)) for e in events if e.get("cat") in GPU_CATEGORIES)
+def busy_intervals(events: list[dict], categories: tuple[str, ...] = GPU_CATEGORIES) -> list[tuple[float, float]]:
+    """The events of ``categories`` (by default the GPU's work: kernels, copies, sets) merged into disjoint
+    intervals, in µs of the trace's clock."""
+    spans = sorted((e["ts"], e["ts"] + e.get("dur", 0.0)) for e in events if e.get("cat") in categories)
     merged: list[list[float]] = []
     for start, end in spans:
         if merged and start <= merged[-1][1]:
@@ -66,7 +67,7 @@ def host_work_in(gaps: list[tuple[float, float]], events: list[dict]) -> collect
 
 def uncovered(gaps: list[tuple[float, float]], events: list[dict]) -> float:
     """µs of the idle gaps during which no host operator or runtime call ran: the host in plain Python."""
-    host = busy_intervals([{**e, "cat": "kernel"} for e in events if e.get("cat") in HOST_CATEGORIES])
+    host = busy_intervals(events, HOST_CATEGORIES)
     covered = 0.0
     for gap_start, gap_end in gaps:
         for start, end in host:

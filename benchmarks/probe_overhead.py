@@ -91,7 +91,8 @@ class BareLoop:
 
     def train_steps(self, count: int) -> None:
         for _ in range(count):
-            batch, self._fetched = (self._fetched, None) if self._fetched is not None else (self._next_batch(), None)
+            batch = self._fetched if self._fetched is not None else self._next_batch()
+            self._fetched = None
             loss = self.loss_fn(self.model, batch)
             loss.backward()
             self.optimizer.step()

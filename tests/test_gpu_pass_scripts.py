@@ -20,7 +20,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 @pytest.mark.parametrize(("script", "arguments"), [
-    ("probe_overhead", ["--workload", "tiny_gpt", "--rounds", "1", "--steps-per-block", "1"]),
+    ("probe_overhead", ["--workload", "tiny_gpt", "--batch-size", "2", "--rounds", "1", "--steps-per-block", "1"]),
     ("host_syncs", ["--workload", "mlp", "--device", "cpu", "--steps", "1", "--rounds", "1", "--steps-per-block", "1"]),
     ("gpu_gaps", ["--workload", "mlp", "--device", "cpu", "--steps", "1"]),
 ])

@@ -8,11 +8,12 @@ import random
 
 import pytest
 
+from trial_records import trial_arm
 from torchlab.core.analysis.trial_speed import (
     FASTER, MIN_PAIRS, NO_CLEAR_DIFFERENCE, SLOWER, SPEED_MARGIN, _signed_rank_depth, paired_speed, speed_words,
 )
 from torchlab.core.analysis.trials import describe_trial
-from torchlab.core.wire.payloads import TrialArm, TrialSpeed
+from torchlab.core.wire.payloads import TrialSpeed
 from torchlab.core.wire.protocol import TrialResult
 
 
@@ -69,9 +70,7 @@ def test_the_words_say_the_ratio_and_its_interval(speed, words):
 
 def test_the_event_sentence_of_a_trial_says_its_speed_verdict_with_its_interval():
     def arm(label, ms, activations):
-        return TrialArm(label=label, steps=20, median_step_time_s=ms / 1000, step_time_low_s=0.5 * ms / 1000,
-                        step_time_high_s=2 * ms / 1000, activations_bytes=activations, tensor_bytes=activations + 100,
-                        losses=[2.5, 2.25], error=None)
+        return trial_arm(label, ms, spread=(0.5, 2), activations=activations, losses=(2.5, 2.25))
 
     result = TrialResult(step=40, option="checkpointing", value="on", steps=20,
                          arms=[arm("checkpointing=on", 17.1, 100), arm("as it is", 10.0, 1000)],

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from trainers import TINY, WORKLOADS, make_trainer
+from trial_records import trial_arm
 from torchlab.core.analysis.trials import describe_trial
 from torchlab.core.errors import EXIT_OK
 from torchlab.core.launch.cli import main
@@ -149,16 +150,11 @@ def test_a_bad_trial_flag_is_a_usage_error_naming_the_flag(tmp_path, capsys):
 
 
 def test_the_description_reads_the_two_arms():
-    from torchlab.core.wire.payloads import TrialArm
     from torchlab.core.wire.protocol import TrialResult
 
-    def arm(label, ms, activations):
-        return TrialArm(label=label, steps=20, median_step_time_s=ms / 1000, step_time_low_s=0.98 * ms / 1000,
-                        step_time_high_s=1.02 * ms / 1000, activations_bytes=activations, tensor_bytes=activations + 100,
-                        losses=[2.5, 2.25], error=None)
-
     result = TrialResult(step=40, option="checkpointing", value="on", steps=20,
-                         arms=[arm("checkpointing=on", 13.3, 100), arm("as it is", 10.0, 1000)])
+                         arms=[trial_arm("checkpointing=on", 13.3, activations=100, losses=(2.5, 2.25)),
+                               trial_arm("as it is", 10.0, activations=1000, losses=(2.5, 2.25))])
     assert describe_trial(result) == ["trial checkpointing=on from step 40, 20 steps each on the same batches: 1.33x slower, "
                                       "activations -90 %, memory -82 %, loss 2.3750 vs 2.3750 (mean), 2.2500 vs 2.2500 (last)"]
 
@@ -182,16 +178,11 @@ def test_a_trial_whose_arms_are_too_noisy_to_compare_says_how_far_apart_their_st
 def test_a_trial_whose_arms_ran_under_another_load_of_other_processes_compares_no_speed(neighbour):
     """A trial's arms run one after the other: a neighbour's job that starts between them slows the second, and
     "1.33x slower" would be the machine's doing. Where the load held steady, the verdict stands."""
-    from torchlab.core.wire.payloads import TrialArm
     from torchlab.core.wire.protocol import TrialResult
 
-    def arm(label, ms, others):
-        return TrialArm(label=label, steps=20, median_step_time_s=ms / 1000, step_time_low_s=0.98 * ms / 1000,
-                        step_time_high_s=1.02 * ms / 1000, activations_bytes=100, tensor_bytes=200, losses=[2.5],
-                        error=None, others_cpu_percent=others)
-
     result = TrialResult(step=40, option="amp", value="bf16", steps=20,
-                         arms=[arm("amp=bf16", 13.3, 2.0), arm("as it is", 10.0, 52.0 if neighbour == "came" else 4.0)])
+                         arms=[trial_arm("amp=bf16", 13.3, others=2.0),
+                               trial_arm("as it is", 10.0, others=52.0 if neighbour == "came" else 4.0)])
     [line] = describe_trial(result)
     if neighbour == "came":
         assert ": speed not judged: other processes' CPU use went 52 % → 2 %, same activations" in line

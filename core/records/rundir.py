@@ -31,7 +31,7 @@ used. Every file of a run is opened without following a link, and only if regula
 ``metrics.jsonl`` takes a row as it comes while steps are slower than ``ROWS_WRITTEN_AT_ONCE_BELOW_S`` apart; faster
 rows are held and written together (at most ``HELD_ROWS`` of them, none held over ``HELD_FOR_S``), and before any
 event line: every event finds the rows reported before it written. Encoding and writing a row costs ~140 µs
-between a step's kernels (on a 2-core VM, ~1.2 % of a 12 ms step) and ~10 µs in a batch; a run killed with
+between a step's kernels (on a 2-core VM, ~1.2 % of a 12 ms step) and ~30 µs in a batch; a run killed with
 ``kill -9`` loses at most the last quarter second of rows, which the steps after its last checkpoint, trained
 again on resume, write anew.
 
