@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from trainers import make_trainer
-from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, ProbeCadence, clip_by_total_norm
+from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, ProbeCadence, clip_by_total_norm, clipped
 
 
 def naive_module_norms(model: nn.Module) -> dict[str, float]:
@@ -86,8 +86,8 @@ def test_clipping_from_measured_norms_matches_clip_grad_norm():
     max_norm = 0.05
     expected_total = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm, foreach=True)
     norms = GradNormProbe(model).measure()
-    fired = clip_by_total_norm(norms, max_norm)
-    assert bool(fired) and norms.total.item() == pytest.approx(expected_total.item(), rel=1e-6)
+    clip_by_total_norm(norms, max_norm)
+    assert clipped(norms.total.item(), max_norm) and norms.total.item() == pytest.approx(expected_total.item(), rel=1e-6)
     for ours, theirs in zip(model.parameters(), reference.parameters()):
         if theirs.grad is not None:
             torch.testing.assert_close(ours.grad, theirs.grad)
@@ -109,7 +109,8 @@ def test_clipping_does_not_fire_below_the_limit():
     backward_once(model)
     before = [p.grad.clone() for p in model.parameters() if p.grad is not None]
     norms = GradNormProbe(model).measure()
-    assert not bool(clip_by_total_norm(norms, max_norm=1e6))
+    clip_by_total_norm(norms, max_norm=1e6)
+    assert clipped(norms.total.item(), 1e6) is False and clipped(norms.total.item(), None) is None
     after = [p.grad for p in model.parameters() if p.grad is not None]
     for a, b in zip(before, after):
         torch.testing.assert_close(a, b)

@@ -67,7 +67,7 @@ EXAMPLES = [
         payloads.TrialArm(label=label, steps=20, median_step_time_s=0.01, step_time_low_s=0.0098, step_time_high_s=0.0103,
                           activations_bytes=1 << 20, tensor_bytes=3 << 20, losses=[2.5, 2.25], error=None)
         for label in ("amp=bf16", "as it is")],
-        speed=payloads.TrialSpeed(ratio=0.58, low=0.55, high=0.61, verdict="faster", pairs=10)),
+        speed=payloads.TrialSpeed(ratio=0.58, low=0.55, high=0.61, verdict="faster", pairs=10, steps=20)),
     p.TrialResult(step=41, option="amp", value="fp16", steps=20, arms=[], error="amp=fp16 cannot run here: fp16 needs CUDA"),
     p.Memory(breakdown=payloads.MemoryBreakdown(
         step=4, parameters_bytes=4096, gradients_bytes=4096, optimizer_bytes=8200, activations_bytes=65536,

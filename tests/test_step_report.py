@@ -17,15 +17,23 @@ def test_a_host_transfer_reads_each_tensor_back_by_its_name_whatever_was_left_ou
     transfer = HostTransfer()
     transfer.add("loss", torch.tensor(2.5))
     transfer.add("grad_norm_total", None)  # not measured this step
-    transfer.add("clipped", torch.tensor(True))
+    transfer.add("metrics", torch.tensor(True))  # any dtype: read as fp32
     transfer.add("grad_norms", torch.tensor([1.0, 2.0, 3.0]))
     transfer.add("act_stats", torch.arange(6.0).reshape(2, 3))
     host = transfer.to_host()
     assert host.scalar("loss") == 2.5
     assert host.scalar("grad_norm_total") is None and host.vector("grad_norm_total") is None
-    assert host.flag("clipped") is True
+    assert host.scalar("metrics") == 1.0
     assert host.vector("grad_norms") == [1.0, 2.0, 3.0]
     assert host.vector("act_stats") == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_scalars_alone_come_back_in_one_stack_as_a_mix_comes_back_in_one_cat():
+    transfer = HostTransfer()
+    transfer.add("loss", torch.tensor(2.5))
+    transfer.add("grad_norm_total", torch.tensor(0.75, dtype=torch.float64))
+    host = transfer.to_host()
+    assert host.scalar("loss") == 2.5 and host.scalar("grad_norm_total") == 0.75 and host.vector("loss") == [2.5]
 
 
 # Every way a tensor's value reaches Python; on CUDA each one waits for the device.

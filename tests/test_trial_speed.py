@@ -25,7 +25,7 @@ def test_the_interval_starts_where_the_signed_rank_tables_say():
 
 
 def test_pairs_of_a_clear_slowdown_are_judged_slower_with_the_ratio_inside_its_interval():
-    speed = paired_speed([17.1, 17.3, 16.9, 17.2, 17.0, 17.4], [10.0, 10.1, 9.9, 10.0, 10.0, 10.1])
+    speed = paired_speed([17.1, 17.3, 16.9, 17.2, 17.0, 17.4], [10.0, 10.1, 9.9, 10.0, 10.0, 10.1], 12)
     assert speed.verdict == SLOWER and speed.pairs == 6
     assert 1 + SPEED_MARGIN < speed.low <= speed.ratio <= speed.high and speed.ratio == pytest.approx(1.71, abs=0.01)
 
@@ -34,7 +34,7 @@ def test_one_pair_a_burst_hit_on_one_side_does_not_undo_a_clear_verdict():
     """Ten pairs, one of them with the unchanged arm's block slowed 2x by a neighbour: one rank among ten."""
     changed = [17.0 + 0.1 * (i % 3) for i in range(10)]
     as_it_is = [10.0] * 9 + [20.0]
-    speed = paired_speed(changed, as_it_is)
+    speed = paired_speed(changed, as_it_is, 20)
     assert speed.verdict == SLOWER and speed.low > 1.6
 
 
@@ -42,27 +42,27 @@ def test_an_a_a_trial_whose_interval_straddles_the_margin_names_no_direction():
     draws = random.Random(4)
     as_it_is = [10 * (1 + draws.uniform(-0.1, 0.1)) for _ in range(10)]
     changed = [10 * (1 + draws.uniform(-0.1, 0.1)) for _ in range(10)]
-    speed = paired_speed(changed, as_it_is)
+    speed = paired_speed(changed, as_it_is, 20)
     assert speed.low < 1 + SPEED_MARGIN < speed.high  # it reaches past the margin, and holds 1 too
     assert speed.verdict == NO_CLEAR_DIFFERENCE
 
 
 def test_an_interval_that_leaves_out_1_but_not_the_margin_names_no_direction():
     """1.01-1.02x is surely not 1, and still no difference worth a word."""
-    speed = paired_speed([10.15, 10.16, 10.14, 10.15, 10.17, 10.13], [10.0] * 6)
+    speed = paired_speed([10.15, 10.16, 10.14, 10.15, 10.17, 10.13], [10.0] * 6, 12)
     assert 1 < speed.low and speed.high < 1 + SPEED_MARGIN and speed.verdict == NO_CLEAR_DIFFERENCE
 
 
 def test_too_few_pairs_give_no_verdict_and_missing_blocks_are_left_out():
-    assert paired_speed([1.0] * (MIN_PAIRS - 1), [1.0] * (MIN_PAIRS - 1)) is None
-    assert paired_speed([2.0, None, 2.0, 2.0, 2.0, 2.0], [1.0, 1.0, None, 1.0, 1.0, 1.0]) is None  # 4 whole pairs
-    assert paired_speed([2.0, None, 2.0, 2.0, 2.0, 2.0, 2.1], [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]).pairs == 6
+    assert paired_speed([1.0] * (MIN_PAIRS - 1), [1.0] * (MIN_PAIRS - 1), 8) is None
+    assert paired_speed([2.0, None, 2.0, 2.0, 2.0, 2.0], [1.0, 1.0, None, 1.0, 1.0, 1.0], 12) is None  # 4 whole pairs
+    assert paired_speed([2.0, None, 2.0, 2.0, 2.0, 2.0, 2.1], [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], 14).pairs == 6
 
 
 @pytest.mark.parametrize("speed, words", [
-    (TrialSpeed(ratio=1.71, low=1.64, high=1.79, verdict=SLOWER, pairs=10), "1.71x slower (1.64–1.79)"),
-    (TrialSpeed(ratio=0.5, low=0.4, high=0.625, verdict=FASTER, pairs=10), "2.00x faster (1.60–2.50)"),
-    (TrialSpeed(ratio=1.01, low=0.98, high=1.05, verdict=NO_CLEAR_DIFFERENCE, pairs=10), "no clear difference (0.98–1.05x)"),
+    (TrialSpeed(ratio=1.71, low=1.64, high=1.79, verdict=SLOWER, pairs=10, steps=20), "1.71x slower (1.64–1.79)"),
+    (TrialSpeed(ratio=0.5, low=0.4, high=0.625, verdict=FASTER, pairs=10, steps=20), "2.00x faster (1.60–2.50)"),
+    (TrialSpeed(ratio=1.01, low=0.98, high=1.05, verdict=NO_CLEAR_DIFFERENCE, pairs=10, steps=20), "no clear difference (0.98–1.05x)"),
 ])
 def test_the_words_say_the_ratio_and_its_interval(speed, words):
     assert speed_words(speed) == words
@@ -74,7 +74,7 @@ def test_the_event_sentence_of_a_trial_says_its_speed_verdict_with_its_interval(
 
     result = TrialResult(step=40, option="checkpointing", value="on", steps=20,
                          arms=[arm("checkpointing=on", 17.1, 100), arm("as it is", 10.0, 1000)],
-                         speed=TrialSpeed(ratio=1.71, low=1.64, high=1.79, verdict=SLOWER, pairs=10))
+                         speed=TrialSpeed(ratio=1.71, low=1.64, high=1.79, verdict=SLOWER, pairs=10, steps=20))
     assert describe_trial(result) == ["trial checkpointing=on from step 40, 20 steps each on the same batches: 1.71x slower "
                                       "(1.64–1.79), activations -90 %, memory -82 %, loss 2.3750 vs 2.3750 (mean), "
                                       "2.2500 vs 2.2500 (last)"]
@@ -83,6 +83,6 @@ def test_the_event_sentence_of_a_trial_says_its_speed_verdict_with_its_interval(
 def test_a_ratio_and_its_inverse_are_judged_alike():
     """Logarithms: the arms swapped give the inverse ratio, the inverse interval and the opposite direction."""
     changed, as_it_is = [12.0, 12.5, 11.8, 12.2, 12.9, 12.1], [10.0, 10.2, 9.9, 10.1, 10.4, 10.0]
-    forward, backward = paired_speed(changed, as_it_is), paired_speed(as_it_is, changed)
+    forward, backward = paired_speed(changed, as_it_is, 12), paired_speed(as_it_is, changed, 12)
     assert forward.verdict == SLOWER and backward.verdict == FASTER
     assert math.isclose(forward.ratio * backward.ratio, 1) and math.isclose(forward.low * backward.high, 1)

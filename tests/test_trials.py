@@ -140,6 +140,10 @@ def test_the_bar_says_how_far_a_trial_is_while_it_runs():
     with console.capture() as captured:
         console.print(progress._live.renderable)
     assert captured.get().startswith("trying amp=bf16: as it is 12/20 ━")
+    progress.on_event(TrialProgress(step=41, label="amp=bf16", arm=1, done=34, steps=100, timing=True))
+    with console.capture() as captured:
+        console.print(progress._live.renderable)
+    assert captured.get().startswith("timing amp=bf16 34/100 ━")  # past its K steps, timing on (at most 100)
     progress.on_event(TrialResult(step=41, option="amp", value="bf16", steps=20, arms=[], error="stopped"))
     assert progress.trial is None
 
@@ -209,7 +213,7 @@ def test_the_meter_counts_a_neighbours_cpu_and_not_the_runs_own(tmp_path):
     # A neighbour: started by a shell that exits at once, so it is no descendant of this process.
     pid_file = tmp_path / "neighbour.pid"
     spin = "import time\nt = time.time()\nwhile time.time() - t < 30: pass"
-    subprocess.run(["sh", "-c", f'"$0" -c "$1" & echo $! > "$2"', sys.executable, spin, str(pid_file)], check=True)
+    subprocess.run(["sh", "-c", '"$0" -c "$1" & echo $! > "$2"', sys.executable, spin, str(pid_file)], check=True)
     neighbour = psutil.Process(int(pid_file.read_text()))
     try:
         meter.start()
@@ -250,11 +254,15 @@ def test_a_trial_records_its_speed_verdict_in_trials_jsonl_and_says_it(tmp_path,
                  "--trial-steps", "12"]) == EXIT_OK
     [line] = [json.loads(text) for text in (run / "trials.jsonl").read_text().splitlines()]
     speed = line["speed"]
-    assert set(speed) == {"ratio", "low", "high", "verdict", "pairs"} and speed["pairs"] == 6  # 12 steps: 6 blocks of 2
+    assert set(speed) == {"ratio", "low", "high", "verdict", "pairs", "steps"}
+    # 12 steps: 6 blocks of 2, and as many more as it took to narrow the interval (timed up to 60 steps an arm)
+    assert 12 <= speed["steps"] <= 60 and speed["pairs"] == speed["steps"] // 2
     assert 0 < speed["low"] <= speed["ratio"] <= speed["high"]
     assert speed["verdict"] == speed_verdict(speed["low"], speed["high"])
-    assert f"step 4: trial checkpointing=on from step 4, 12 steps each on the same batches: {speed_words(TrialSpeed(**speed))}, " \
-        in capsys.readouterr().err
+    timed = f" over {speed['steps']} steps each" if speed["steps"] > 12 else ""
+    assert f"step 4: trial checkpointing=on from step 4, 12 steps each on the same batches: " \
+           f"{speed_words(TrialSpeed(**speed))}{timed}, " in capsys.readouterr().err
+    assert len(line["arms"][0]["losses"]) == len(line["arms"][1]["losses"]) == 12  # the steps past 12 time alone
 
 
 def test_an_a_a_trial_whose_interval_straddles_the_margin_names_no_direction():
@@ -279,6 +287,62 @@ def test_an_a_a_trial_whose_interval_straddles_the_margin_names_no_direction():
     assert speed["pairs"] == 10 and speed["verdict"] == NO_CLEAR_DIFFERENCE
     assert speed["low"] < 1 < speed["high"] and (speed["low"] < 1 - SPEED_MARGIN or speed["high"] > 1 + SPEED_MARGIN)
     assert result["arms"][0]["losses"] == result["arms"][1]["losses"]
+
+
+def _timed_trial(times_ms, steps=10, trial_steps=10, stop_at=None):
+    """A trial of lr_scale=1.0 (both arms the same code) whose steps take ``times_ms(call)`` milliseconds, the
+    ``call``-th of the trial's steps counted across both arms: the clock set, so the timing rule is what is tested.
+    ``stop_at``: that call's loss is NaN (raises as an arm's NaN loss does)."""
+    import dataclasses
+
+    from torchlab.core.engine.trials import TrialStopped
+
+    trainer, seen = make_trainer(TINY, steps=steps, seed=3, checkpoint_every=0, trials=["3:lr_scale=1.0"],
+                                 trial_steps=trial_steps)
+    step, calls = trainer.trials.train_step, []
+
+    def clocked(plan):
+        calls.append(plan)
+        if len(calls) == stop_at:
+            raise TrialStopped(float("nan"))
+        return dataclasses.replace(step(plan), step_time_s=times_ms(len(calls)) / 1000)
+
+    trainer.trials.train_step = clocked
+    trainer.run()
+    [result] = trial_results(seen)
+    return result, len(calls)
+
+
+def test_a_trial_whose_pairs_leave_a_wide_interval_times_on_past_its_k_steps_until_it_is_narrow():
+    """Ten steps an arm on a machine that wobbles by ±30 % step to step, then steady: the arms go on, a pair of
+    blocks at a time, until the interval is within PRECISE_WIDTH; their losses are still their first ten."""
+    from torchlab.core.analysis.trial_speed import PRECISE_WIDTH
+
+    result, calls = _timed_trial(lambda call: 10 * (1.3 if call % 3 == 0 else 0.75) if call <= 20 else 10.0)
+    speed = result["speed"]
+    assert 10 < speed["steps"] < 50 and calls == 2 * speed["steps"]  # both arms, no step more than they timed
+    assert speed["high"] <= PRECISE_WIDTH * speed["low"] and speed["pairs"] == speed["steps"] // 2
+    assert [len(arm["losses"]) for arm in result["arms"]] == [10, 10] and result["error"] is None
+
+
+def test_timing_stops_at_five_times_k_however_wide_the_interval_and_at_k_where_it_is_narrow_at_once():
+    from torchlab.core.engine.trials import timing_cap
+
+    draws = __import__("random").Random(5)
+    wide, calls = _timed_trial(lambda call: 10 * draws.choice([0.5, 1.0, 2.0]))
+    assert wide["speed"]["steps"] == timing_cap(10) == 50 and calls == 100
+    steady, calls = _timed_trial(lambda call: 10.0)
+    assert steady["speed"]["steps"] == 10 and calls == 20
+    assert timing_cap(1) == 5 and timing_cap(40) == 100 and timing_cap(300) == 300
+
+
+def test_a_nan_loss_past_the_k_steps_ends_the_timing_not_the_arm():
+    """Step 13 of the changed arm (the trial's 25th step: blocks of two, A B B A ...) turns NaN: its ten compared
+    steps stand, the speed rests on the pairs timed before it, and training goes on."""
+    result, calls = _timed_trial(lambda call: 10 * (1.3 if call % 3 == 0 else 0.75), stop_at=25)
+    assert [arm["error"] for arm in result["arms"]] == [None, None]
+    assert [len(arm["losses"]) for arm in result["arms"]] == [10, 10]
+    assert result["speed"] is not None and result["speed"]["pairs"] == 6 and calls == 25
 
 
 def test_a_snapshots_copy_shares_nothing_training_can_change():

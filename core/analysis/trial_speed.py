@@ -24,6 +24,15 @@ A verdict names a direction only where the whole interval lies beyond ``SPEED_MA
 0.97-1.03x). A 90 % interval misses the true ratio one time in ten; with the margin, identical arms (whose
 true ratio is 1) are called slower or faster only where noise puts the whole interval 3 % away, which
 ``benchmarks/trial_power.py`` measures (benchmarks/README.md).
+
+**Timed until precise.** K steps an arm give K / 2 pairs; on a machine whose speed wobbles from one step to the
+next (a VM's neighbours, a burst of another job) ten pairs leave an interval of ±10-20 %, too wide to tell a
+change of a few per cent from none. So a trial goes on timing past its K steps, a pair of blocks at a time, until
+its interval's ends are within ``PRECISE_WIDTH`` of each other (``precise_enough``) or its arms have run
+``timing_cap(K)`` steps each (core/engine/trials.py). The rule looks at the interval's width alone, never at where
+it lies, so stopping on it does not favour a direction: identical arms still name none as rarely as the margin
+allows (measured in benchmarks/README.md), where stopping at the first interval beyond the margin would make a
+direction more likely with every look.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from functools import lru_cache
 
 from torchlab.core.wire.payloads import TrialSpeed
 
@@ -44,13 +54,17 @@ TAIL_PROBABILITY = 0.05
 #: Above this many pairs the signed-rank statistic's distribution is taken as normal (it is within a rank of the
 #: exact one there), not counted exactly: counting costs pairs cubed.
 EXACT_PAIRS = 60
+#: A trial times on past its K steps while its interval's high end is more than this many times its low end (about
+#: ±6 % around the ratio): narrow enough that a change of 3 % or less reads "no clear difference" inside 0.9-1.1x.
+PRECISE_WIDTH = 1.12
 SLOWER, FASTER, NO_CLEAR_DIFFERENCE = "slower", "faster", "no clear difference"
 
 
-def paired_speed(changed: Sequence[float | None], as_it_is: Sequence[float | None]) -> TrialSpeed | None:
+def paired_speed(changed: Sequence[float | None], as_it_is: Sequence[float | None], steps: int) -> TrialSpeed | None:
     """The changed arm's step time over the unchanged arm's, from their blocks' step times in pairs (the i-th of
     each; a pair with a missing or non-positive time is left out): the Hodges-Lehmann ratio, its 90 % signed-rank
-    interval and verdict (see the module docstring). None under ``MIN_PAIRS`` pairs."""
+    interval and verdict (see the module docstring), timed over ``steps`` steps an arm. None under ``MIN_PAIRS``
+    pairs."""
     logs = [math.log(a / b) for a, b in zip(changed, as_it_is) if a is not None and b is not None and a > 0 and b > 0]
     if len(logs) < MIN_PAIRS:
         return None
@@ -58,7 +72,12 @@ def paired_speed(changed: Sequence[float | None], as_it_is: Sequence[float | Non
     inward = _signed_rank_depth(len(logs))
     low, high = math.exp(walsh[inward]), math.exp(walsh[len(walsh) - 1 - inward])
     return TrialSpeed(ratio=math.exp(statistics.median(walsh)), low=low, high=high, verdict=speed_verdict(low, high),
-                      pairs=len(logs))
+                      pairs=len(logs), steps=steps)
+
+
+def precise_enough(speed: TrialSpeed | None) -> bool:
+    """Whether a trial can stop timing: its interval's high end at most ``PRECISE_WIDTH`` times its low end."""
+    return speed is not None and speed.high <= PRECISE_WIDTH * speed.low
 
 
 def speed_verdict(low: float, high: float) -> str:
@@ -81,6 +100,7 @@ def speed_words(speed: TrialSpeed) -> str:
     return f"{NO_CLEAR_DIFFERENCE} ({speed.low:.2f}–{speed.high:.2f}x)"
 
 
+@lru_cache(maxsize=None)
 def _signed_rank_depth(pairs: int) -> int:
     """Where the interval starts in the sorted Walsh averages (from 0; it ends as far in from the top): the largest w
     with P(W <= w) <= ``TAIL_PROBABILITY``, W the signed-rank statistic of ``pairs`` pairs with no effect (the sum of

@@ -64,10 +64,10 @@ def trial_label(result: TrialResult) -> str:
 
 
 def trial_progress_text(progress: TrialProgress) -> str:
-    """``trying clip=0.5 7/20`` in the changed arm, ``trying clip=0.5: as it is 7/20`` in the other: the app's header
-    and the headless bar while a trial runs."""
+    """``trying clip=0.5 7/20`` in the changed arm, ``trying clip=0.5: as it is 7/20`` in the other, ``timing clip=0.5
+    34/100`` past the K steps (at most 100): the app's header and the headless bar while a trial runs."""
     arm = "" if progress.arm == 1 else f": {AS_IT_IS}"
-    return f"trying {progress.label}{arm} {progress.done}/{progress.steps}"
+    return f"{'timing' if progress.timing else 'trying'} {progress.label}{arm} {progress.done}/{progress.steps}"
 
 
 def trial_verdict(result: TrialResult) -> str:
@@ -76,6 +76,8 @@ def trial_verdict(result: TrialResult) -> str:
     if result.error is not None or len(result.arms) != 2:
         return f"could not run: {result.error}"
     speed = speed_words(result.speed) if result.speed is not None else _speed_of_arms(*result.arms)
+    if result.speed is not None and result.speed.steps > result.steps:  # K steps' pairs left the interval wide
+        speed += f" over {result.speed.steps} steps each"
     return ", ".join([speed, *_comparison(*result.arms)])
 
 

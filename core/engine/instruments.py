@@ -149,19 +149,17 @@ class StepWatch:
             instruments.cadence.record_probe(self.step, time.perf_counter() - probe_started)  # it follows its cost
         return norms
 
-    def to_host(self, loss: torch.Tensor, norms: GradNorms | None, clipped: torch.Tensor | None,
-                metrics: torch.Tensor | None) -> HostValues:
+    def to_host(self, loss: torch.Tensor, norms: GradNorms | None, metrics: torch.Tensor | None) -> HostValues:
         """Everything this step reports, moved to the host in one transfer: on CUDA, the step's sync point."""
         transfer = HostTransfer()
         transfer.add("loss", loss)
         transfer.add("grad_norm_total", norms.total if norms is not None else None)
-        transfer.add("clipped", clipped)
         transfer.add("grad_norms", norms.per_module if norms is not None else None)  # None between the probe's steps
         transfer.add("act_stats", self._act_stats)
         transfer.add("metrics", metrics)
         return transfer.to_host()
 
-    def finish(self, host: HostValues, loss: float, grad_norm_total: float | None, stepped: bool,
+    def finish(self, host: HostValues, loss: float, grad_norm_total: float | None, clipped: bool | None, stepped: bool,
                lrs_used: list[float]) -> StepReport:
         """The step as the host sees it, once its optimizer step is taken (the optimizer's state, counted on a
         memory step, exists from the first). Its time is the step's own: reporting it is not part of it."""
@@ -186,7 +184,7 @@ class StepWatch:
             lr=lrs_used[0],
             stepped=stepped,
             grad_norm_total=grad_norm_total,
-            clipped=host.flag("clipped"),
+            clipped=clipped,
             grad_norms=_named(instruments.grad_probe.module_names, grad_norms),
             act_stats=stats_by_module(instruments.activation_probe.module_names, act_stats) if act_stats is not None else None,
             step_time_s=step_time,

@@ -70,8 +70,8 @@ class GradNormProbe:
             return None
         grads = [self._params[i].grad for i in present]
         device = grads[0].device
-        squares = torch.stack(torch._foreach_norm(grads)).float().square()
-        total = squares.sum().sqrt()
+        norms = torch.stack(torch._foreach_norm(grads)).float()
+        total = torch.linalg.vector_norm(norms)  # one kernel (as clip_grad_norm_ does), not a square, a sum and a root
         if not per_module:
             return GradNorms(per_module=None, total=total, grads=grads)
         if len(present) == len(self._params):
@@ -80,19 +80,27 @@ class GradNormProbe:
             owner_index = self._owner_index
         else:  # some parameters got no gradient this step (unused branches)
             owner_index = self._owner_index_cpu[present].to(device)
-        module_sums = torch.zeros(len(self.module_names), device=device).index_add_(0, owner_index, squares)
+        module_sums = torch.zeros(len(self.module_names), device=device).index_add_(0, owner_index, norms.square())
         return GradNorms(per_module=module_sums.sqrt(), total=total, grads=grads)
 
 
-def clip_by_total_norm(norms: GradNorms, max_norm: float) -> torch.Tensor:
+def clip_by_total_norm(norms: GradNorms, max_norm: float) -> None:
     """Scale the measured gradients so their global norm is at most ``max_norm``, reusing the norms.
 
-    Same arithmetic as ``clip_grad_norm_(foreach=True)``, without reading the gradients a second time.
-    Returns a device bool tensor: whether clipping fired.
+    Same arithmetic as ``clip_grad_norm_(foreach=True)``, without reading the gradients a second time. Whether it
+    fired is the host's to say, from the total it reads anyway (``clipped``): a comparison on the device would be a
+    kernel, and a value in the step's transfer, more each clipped step.
     """
     clip_coef = max_norm / (norms.total + 1e-6)
     torch._foreach_mul_(norms.grads, torch.clamp(clip_coef, max=1.0))
-    return norms.total > max_norm
+
+
+def clipped(total_norm: float | None, max_norm: float | None) -> bool | None:
+    """Whether clipping to ``max_norm`` scaled a step's gradients, from their total norm; None where it did not clip
+    (no limit, or no gradient)."""
+    if max_norm is None or total_norm is None:
+        return None
+    return total_norm > max_norm
 
 
 class ProbeCadence:

@@ -47,6 +47,8 @@ class HostTransfer:
             # read as it is (its reshape was a kernel call each step, as the copy of a concatenation is).
             only = self._parts[0]
             values = [only.tolist()] if only.dim() == 0 else only.reshape(-1).tolist()
+        elif all(part.dim() == 0 for part in self._parts):  # the loss and the total norm of a clipped step
+            values = torch.stack(self._parts).tolist()  # one kernel, where a reshape each and a cat are three
         else:
             values = torch.cat([part.reshape(-1) for part in self._parts]).tolist()
         return HostValues(values, self._spans)
@@ -62,10 +64,6 @@ class HostValues:
     def scalar(self, name: str) -> float | None:
         span = self._spans.get(name)
         return self._values[span[0]] if span is not None else None
-
-    def flag(self, name: str) -> bool | None:
-        value = self.scalar(name)
-        return bool(value) if value is not None else None
 
     def vector(self, name: str) -> list[float] | None:
         span = self._spans.get(name)

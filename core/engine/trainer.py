@@ -39,7 +39,7 @@ from torchlab.core.engine.nonfinite import stop_on_nonfinite
 from torchlab.core.engine.option_hooks import enact_initial
 from torchlab.core.engine.outcome import RunOutcome
 from torchlab.core.engine.parts import Reporter, TrainingParts
-from torchlab.core.engine.probes import clip_by_total_norm
+from torchlab.core.engine.probes import clip_by_total_norm, clipped
 from torchlab.core.engine.profiler import Profiling
 from torchlab.core.engine.step_report import StepReport, metrics_row
 from torchlab.core.engine.telemetry import TelemetrySampler
@@ -294,8 +294,9 @@ class Trainer:
         if parts.world.collectives is not None:  # every rank then sees the same loss and stops on the same NaN
             loss, mean_metrics = parts.world.collectives.mean_loss(loss, mean_metrics)
         norms = watch.gradients(clipping=clip is not None)  # measured when the probe is due or clipping needs them
-        clipped = clip_by_total_norm(norms, clip) if clip is not None and norms is not None else None
-        host = watch.to_host(loss, norms, clipped, mean_metrics)  # like nanoGPT's loss.item(): on CUDA, a sync
+        if clip is not None and norms is not None:
+            clip_by_total_norm(norms, clip)
+        host = watch.to_host(loss, norms, mean_metrics)  # like nanoGPT's loss.item(): on CUDA, a sync
         loss_value, total_norm = host.scalar("loss"), host.scalar("grad_norm_total")
         if not precision.tolerates_nonfinite and not _finite(loss_value, total_norm):  # fp16 skips the step instead
             self._stop_on_nonfinite(plan, step, loss_value, total_norm)  # before the optimizer step: weights stay good
@@ -303,7 +304,7 @@ class Trainer:
         stepped = precision.step(optimizer)  # fp16: scaler.step(optimizer) and scaler.update(); False: skipped
         optimizer.zero_grad(set_to_none=True)
         parts.optimization.step_schedule()  # the schedule's next LR, times the live scale
-        return watch.finish(host, loss_value, total_norm, stepped, lrs_used)
+        return watch.finish(host, loss_value, total_norm, clipped(total_norm, clip), stepped, lrs_used)
 
     def _stop_on_nonfinite(self, plan: StepPlan, step: int, loss_value: float, total_norm: float | None) -> None:
         """NaN/Inf stops the run before the optimizer step, so the weights and the last checkpoint stay good (under

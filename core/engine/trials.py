@@ -14,11 +14,14 @@ their speeds: they alternate in blocks of about ``BLOCK_STEPS`` steps, A B B A A
 arm being the same steps of it on the same batches, one right after the other. Each block goes on from where its
 arm's previous block ended: leaving an arm copies its state (``snapshot``), entering the other loads that arm's
 copy (``restore``, without a second copy: each is loaded once). So each arm's K steps are the K consecutive steps
-from the snapshot that one arm run whole would take, bit for bit (its losses compare as before), and the trial
-takes no step more than its 2K: what interleaving adds is a copy and a load at each change of arm (one every two
-blocks, A B B A), measured by ``benchmarks/trial_cost.py``. The pairs of blocks give the speed verdict
+from the snapshot that one arm run whole would take, bit for bit (its losses compare as before); what interleaving
+adds is a copy and a load at each change of arm (one every two blocks, A B B A), measured by
+``benchmarks/trial_cost.py``. The pairs of blocks give the speed verdict
 (core/analysis/trial_speed.py): a pair's two blocks run within a fraction of a second of each other, so a
-neighbour's load or a VM's drift falls on both.
+neighbour's load or a VM's drift falls on both. Where K steps' pairs leave the interval wide (``precise_enough``),
+the arms go on in blocks past their K steps, for timing alone, until it is narrow or they reach ``timing_cap(K)``
+steps each: those steps' losses are not compared, and one that turns NaN or runs out of memory ends the timing,
+not the arm. With ranks, rank 0's figures decide for every rank (their steps' collectives pair up).
 
 Each arm reports what the impact table would: its step time (median and 90 % interval, of all its steps but its
 first and its memory step), its memory by kind on one step, and the loss of each step. A block's figure for its
@@ -28,12 +31,13 @@ arm's position, caches cold) and the memory step (its hooks).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
 
 from torchlab.core.analysis.impact import median_interval
-from torchlab.core.analysis.trial_speed import paired_speed
+from torchlab.core.analysis.trial_speed import paired_speed, precise_enough
 from torchlab.core.analysis.trials import AS_IT_IS, NOT_TRIED
 from torchlab.core.engine.checkpointer import Checkpointer
 from torchlab.core.engine.instruments import StepPlan
@@ -56,6 +60,9 @@ from torchlab.core.wire.protocol import TrialCommand, TrialProgress
 #: a second) and a trial of K = 20 has ten pairs; the price is a change of arm (a state copy and a load, about a
 #: step of a small model) every two blocks.
 BLOCK_STEPS = 2
+#: A trial times past its K steps an arm (while its interval is wide) up to 5K steps an arm and at most this many,
+#: never fewer than K: a trial of 20 steps on a noisy machine takes up to five times as long, not more.
+TIMING_STEPS_CAP = 100
 #: A running trial says how far it is at most this often (and at each arm's start).
 TRIAL_PROGRESS_INTERVAL_S = 0.25
 
@@ -111,28 +118,52 @@ class Trials:
         others_cpu_percent = neighbours.stop()  # over the whole trial: its arms take turns
         for arm in arms:
             arm.others_cpu_percent = others_cpu_percent
-        speed = None if any(arm.error for arm in arms) else paired_speed(arms[0].block_times, arms[1].block_times)
+        speed = None if any(arm.error for arm in arms) else paired_speed(arms[0].block_times, arms[1].block_times,
+                                                                         arms[0].timed_steps)
         answer([arm.result() for arm in arms], speed=speed)
 
     def _interleave(self, arms: list[ArmRecord], snapshot: dict, progress: TrialProgress) -> None:
         """The arms' blocks in turn, A B B A A B ...: each from where its arm's last block left it (the first arm's
         state is the live one, enacted; the second's begins as ``snapshot``). An arm that stopped runs no more blocks;
-        the other runs the rest of its own."""
+        the other runs the rest of its own. Past the K steps, blocks for timing alone while ``_times_on``."""
         saved: list[dict | None] = [None, snapshot]  # where each arm goes on from, while another runs
         live = 0  # the arm whose state the parts hold
-        blocks = arm_blocks(progress.steps)
+        compared = progress.steps
+        blocks = arm_blocks(compared)
         memory_step = blocks[1][0] if len(blocks) > 1 else 1  # a step no pair times: after a change of arm
-        for index, (start, end) in enumerate(blocks):
+        cap = timing_cap(compared)
+        index = 0
+        while True:
+            if index < len(blocks):
+                start, end = blocks[index]
+            elif blocks[-1][1] < cap and self._times_on(arms):
+                start, end = blocks[-1][1], min(blocks[-1][1] + BLOCK_STEPS, cap)
+                blocks.append((start, end))
+            else:
+                return
             for arm in (0, 1) if index % 2 == 0 else (1, 0):
-                if arms[arm].error is not None:
-                    continue
+                if arms[arm].error is not None or any(record.timing_ended for record in arms):
+                    continue  # an arm that stopped runs no more blocks; past K, neither does the other
                 if arm != live:
                     if arms[live].error is None:
                         saved[live] = self.checkpoints.snapshot()
                     self.checkpoints.restore(saved[arm], last_use=saved[arm] is not snapshot)  # snapshot: again at the end
                     saved[arm], live = None, arm
-                block = TrialProgress(step=progress.step, label=progress.label, arm=arm + 1, done=start, steps=progress.steps)
-                self._block(arms[arm], block, end, memory_step)
+                timing = start >= compared  # past K: the steps say how far the timing may go
+                block = TrialProgress(step=progress.step, label=progress.label, arm=arm + 1, done=start,
+                                      steps=cap if timing else compared, timing=timing)
+                self._block(arms[arm], block, end, memory_step, compared)
+            index += 1
+
+    def _times_on(self, arms: list[ArmRecord]) -> bool:
+        """Whether the arms time another pair of blocks past their K steps: while both run and their interval is
+        wider than ``precise_enough`` allows. With ranks, rank 0's answer is every rank's."""
+        more = not any(arm.error or arm.timing_ended for arm in arms) and not precise_enough(
+            paired_speed(arms[0].block_times, arms[1].block_times, arms[0].timed_steps))
+        collectives = self.parts.world.collectives
+        if collectives is not None:
+            more = bool(collectives.share({"more": more} if self.parts.world.reports else None)["more"])
+        return more
 
     def _refusal(self, option: LiveOption, command: TrialCommand) -> str | None:
         """Why this trial cannot run now, or None."""
@@ -144,38 +175,46 @@ class Trials:
             return "a profile is recording; try again once it is ready"
         return None
 
-    def _block(self, record: ArmRecord, progress: TrialProgress, end: int, memory_step: int) -> None:
+    def _block(self, record: ArmRecord, progress: TrialProgress, end: int, memory_step: int, compared: int) -> None:
         """An arm's steps from ``progress.done`` to ``end``, measured into ``record`` (its memory on ``memory_step``,
-        once the arm's first step paid the change's one-off costs). Its loss turning NaN, or the
-        CPU's memory running out, ends the arm with the reason; with ranks, running out of memory stops the run
-        (``TrialOutOfMemory``)."""
+        once the arm's first step paid the change's one-off costs; the losses of its first ``compared``). Its loss
+        turning NaN, or the CPU's memory running out, ends the arm with the reason (past ``compared``, the timing
+        alone); with ranks, running out of memory stops the run (``TrialOutOfMemory``)."""
         self._report_progress(progress, now=progress.done == 0)
         start, timed = progress.done, []
         try:
             for index in range(start, end):
                 report = self.train_step(StepPlan(memory=index == memory_step and self.parts.world.reports, trial=True))
-                record.losses.append(report.loss)
+                if index < compared:
+                    record.losses.append(report.loss)
                 if index not in (0, memory_step):  # the arm's first pays the change's one-off costs, the other the hooks
                     record.step_times.append(report.step_time_s)
                     if index != start:  # a block's first pays for the change of arm: its pair's figure leaves it out
                         timed.append(report.step_time_s)
                 if report.memory is not None:
                     record.memory = report.memory
-                progress = TrialProgress(step=progress.step, label=progress.label, arm=progress.arm, done=index + 1,
-                                         steps=progress.steps)
+                record.timed_steps = index + 1
+                progress = dataclasses.replace(progress, done=index + 1)
                 self._report_progress(progress)
         except TrialStopped as stopped:
-            record.error = f"the loss became {stopped.loss} at its step {len(record.losses) + 1}"
+            if start >= compared:
+                record.timing_ended = True
+            else:
+                record.error = f"the loss became {stopped.loss} at its step {len(record.losses) + 1}"
         except Exception as error:
             if not out_of_memory(error):
                 raise
             world = self.parts.world
             if world.collectives is not None:  # the other ranks wait inside this step's collectives
                 saved = None if self.checkpoints.directory is None else progress.step - 1
-                raise TrialOutOfMemory(record.label, len(record.losses) + 1, progress.steps, world.size, saved, error) from error
-            record.error = f"out of memory: {str(error).splitlines()[0]}"
+                raise TrialOutOfMemory(record.label, record.timed_steps + 1, progress.steps, world.size, saved, error) from error
+            if start >= compared:
+                record.timing_ended = True
+            else:
+                record.error = f"out of memory: {str(error).splitlines()[0]}"
         finally:
-            record.block_times.append(statistics.median(timed) if timed and record.error is None else None)
+            ended = record.error is not None or record.timing_ended
+            record.block_times.append(statistics.median(timed) if timed and not ended else None)
 
     def _report_progress(self, progress: TrialProgress, now: bool = False) -> None:
         """At most every ``TRIAL_PROGRESS_INTERVAL_S`` (an arm's start at once): the app's header and the bar
@@ -186,6 +225,12 @@ class Trials:
         if now or clock - self._progress_at >= TRIAL_PROGRESS_INTERVAL_S:
             self._progress_at = clock
             self.parts.reporter.emit(progress)
+
+
+def timing_cap(steps: int) -> int:
+    """The most steps an arm of a trial of ``steps`` runs to time its speed: 5K, at most ``TIMING_STEPS_CAP``, at
+    least K."""
+    return max(steps, min(5 * steps, TIMING_STEPS_CAP))
 
 
 def arm_blocks(steps: int) -> list[tuple[int, int]]:
@@ -210,6 +255,8 @@ class ArmRecord:
         self.label = label
         self.step_times: list[float] = []
         self.block_times: list[float | None] = []  # each block's median step time (None: none timed, or it stopped)
+        self.timed_steps = 0  # the steps it ran: its K, and those past them for timing alone
+        self.timing_ended = False  # a step past its K turned NaN or ran out of memory: no more timing
         self.losses: list[float] = []
         self.memory: MemoryBreakdown | None = None
         self.error: str | None = None

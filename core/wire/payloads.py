@@ -235,13 +235,15 @@ class TrialSpeed(JsonObject):
     """A trial's speed verdict (core/analysis/trial_speed.py): ``ratio`` is the changed arm's step time over the arm
     as it is (1.7: 70 % slower), from the pairs of blocks its interleaved arms ran on the same batches; ``low`` and
     ``high`` its 90 % interval; ``verdict`` "slower", "faster" or "no clear difference" (a direction only where the
-    whole interval lies beyond the practical margin, 0.97-1.03x); ``pairs`` how many pairs of blocks it rests on."""
+    whole interval lies beyond the practical margin, 0.97-1.03x); ``pairs`` how many pairs of blocks it rests on;
+    ``steps`` how many steps each arm ran to time it: the trial's K, or more where K's pairs left the interval wide."""
 
     ratio: float
     low: float
     high: float
     verdict: str
     pairs: int
+    steps: int
 
 
 # ----------------------------------------------------------------------------- Ranks: per-rank figures

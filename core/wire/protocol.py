@@ -43,7 +43,7 @@ from torchlab.core.wire.metrics_row import SET_ONLY, MetricsRow, columns_of
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample, TrialArm, TrialSpeed
 from torchlab.core.wire.typed_json import JsonObject, JsonScalar, UnreadableValue, first_few, read_object, read_value
 
-PROTOCOL_VERSION = 10  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials; 5: a trial's progress, read-only viewers (hello's view), a module's tied names; 6: what an applied option did (its detail), impact segments' data wait; 7: Replayed ends a connection's past; 8: impact segments carry what NVML sees (nvml_run_bytes); 9: the events the worker once sent as Log lines travel typed (trial and profile started, compiling, a skipped step, resumed, the settings a resume changed, a stop requested), a host sample carries per-core load and the run's processes; 10: impact segments say which segment they are compared with (baseline_step), and a trial's result its speed verdict (its arms interleaved)
+PROTOCOL_VERSION = 10  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials; 5: a trial's progress, read-only viewers (hello's view), a module's tied names; 6: what an applied option did (its detail), impact segments' data wait; 7: Replayed ends a connection's past; 8: impact segments carry what NVML sees (nvml_run_bytes); 9: the events the worker once sent as Log lines travel typed (trial and profile started, compiling, a skipped step, resumed, the settings a resume changed, a stop requested), a host sample carries per-core load and the run's processes; 10: impact segments say which segment they are compared with (baseline_step), and a trial's result its speed verdict (its arms interleaved, timed on past K while its interval is wide, which its progress says)
 MAX_LINE_BYTES = 1 << 20
 #: A live option's name, a command's source and a value typed for it are short; longer ones are refused
 #: before anything echoes them.
@@ -412,8 +412,9 @@ class TrialResult(Message):
 @dataclass(frozen=True)
 class TrialProgress(Message):
     """How far the trial begun at ``step`` is: ``done`` of ``steps`` steps of its arm ``arm`` (1: ``label``, the
-    option changed; 2: as it is). The newest replaces an unsent older one; the journal keeps the trial's start
-    and its result, not this."""
+    option changed; 2: as it is). ``timing``: past the trial's K steps, timing on until its speed's interval is
+    narrow, ``steps`` then the most it may run. The newest replaces an unsent older one; the journal keeps the
+    trial's start and its result, not this."""
 
     type: ClassVar[str] = "trial_progress"
     journalled: ClassVar[bool] = False
@@ -422,6 +423,7 @@ class TrialProgress(Message):
     arm: int
     done: int
     steps: int
+    timing: bool = False
 
     def validate(self) -> None:
         if self.arm not in (1, 2):
