@@ -152,6 +152,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="K: steps an arm")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--block", type=int, help="steps in a block of an arm (the engine's BLOCK_STEPS if not said)")
+    parser.add_argument("--width", type=float, help="how narrow an interval stops the timing (high / low; the engine's "
+                        "PRECISE_WIDTH if not said)")
     parser.add_argument("--only-aa", action="store_true", help="the A/A trials alone")
     parser.add_argument("--no-load", action="store_true", help="no injected load (the machine as it is)")
     args = parser.parse_args()
@@ -160,6 +162,10 @@ def main() -> None:
           f"K = {args.steps}, {'no injected load' if args.no_load else 'one core busy in 0.4-2.5 s bursts'}")
     load = None if args.no_load else busy_bursts(args.seed, Path(tempfile.mkdtemp(prefix="trial-power-")) / "load.pid")
     try:
+        if args.width is not None:
+            from torchlab.core.analysis import trial_speed
+
+            trial_speed.PRECISE_WIDTH = args.width
         if args.block is not None:
             from torchlab.core.engine import trials
 
@@ -184,7 +190,9 @@ def main() -> None:
         if load is not None:
             os.kill(load, signal.SIGKILL)
 
-    print(f"(block of {trials_block()} steps)")
+    from torchlab.core.analysis.trial_speed import PRECISE_WIDTH
+
+    print(f"(block of {trials_block()} steps, timed on until the interval is within {PRECISE_WIDTH}x end to end)")
     slower = sum(speed.verdict == "slower" and speed.low > 1.03 for speed in outcomes["checkpointing=on"])
     clear = sum(speed.verdict == "no clear difference" and speed.low >= 0.9 and speed.high <= 1.1
                 for speed in outcomes["clip=1.0"])
