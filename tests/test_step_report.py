@@ -43,8 +43,8 @@ ENGINE = str(Path(trainer_module.__file__).parent)
 
 @pytest.mark.parametrize("settings", [
     {},
-    {"options": {"clip": "0.5", "accum": "2"}, "probe_every": 1, "act_stats_every": 1},
-], ids=["defaults", "clip-probe-activations"])
+    {"options": {"clip": "0.5", "accum": "2", "split": "2"}, "probe_every": 1, "act_stats_every": 1},
+], ids=["defaults", "clip-split-probe-activations"])
 def test_a_training_step_reads_the_device_once(monkeypatch, settings):
     trainer, seen = make_trainer(steps=6, **settings)
     trainer.train_steps(2)  # past the first step's set-up and the first epoch's shuffle

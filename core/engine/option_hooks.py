@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from torchlab.core.engine.batch_split import check_split
 from torchlab.core.engine.compiling import compile_model, compile_on_batch, failure_reason
 from torchlab.core.engine.distributed import check_world_size
 from torchlab.core.engine.optimization import group_names
@@ -30,7 +31,7 @@ from torchlab.core.errors import ConfigError
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import CompileStarted
 from torchlab.core.wire.options import (
-    ACCUM, AMP, CHECKPOINTING, CLIP, COMPILE, LIVE_OPTIONS, LR_SCALE, PIN_MEMORY, STEPS, WORKERS, WORLD_SIZE, LiveOption,
+    ACCUM, AMP, CHECKPOINTING, CLIP, COMPILE, LIVE_OPTIONS, LR_SCALE, PIN_MEMORY, SPLIT, STEPS, WORKERS, WORLD_SIZE, LiveOption,
     LiveOptions, OptionRefused, live_option,
 )
 
@@ -205,6 +206,16 @@ def _enact_clip(parts: TrainingParts, max_norm: float | None) -> None:
 @enacts(ACCUM)
 def _enact_accum(parts: TrainingParts, micro_steps: int) -> None:
     """Read at each step (``Trainer.train_step``): nothing to change here."""
+
+
+@enacts(SPLIT)
+def _enact_split(parts: TrainingParts, pieces: int) -> None:
+    """Read at each step (``Trainer.train_step``); refused here where the run's batches cannot be cut that fine,
+    judged by the last batch (before the first step, the next one: fetched now, it is the one the step takes, and
+    no checkpoint lies between)."""
+    if pieces > 1:
+        data = parts.data
+        check_split(data.last_batch if data.last_batch is not None else data.peek_batch(), pieces)
 
 
 @enacts(LR_SCALE)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from torchlab.core.engine.batch_split import split_batch
 from torchlab.core.engine.checkpointer import Checkpointer
 from torchlab.core.engine.commands import StepBoundary
 from torchlab.core.engine.data import BatchStream
@@ -277,18 +278,25 @@ class Trainer:
         it measures besides; its one host transfer is its only synchronisation point."""
         parts, step = self.parts, self.parts.progress.step + 1
         precision, optimizer, data = parts.precisions.current, parts.optimization.optimizer, parts.data
-        accum, clip = parts.options.accum, parts.options.clip
+        accum, clip, split = parts.options.accum, parts.options.clip, parts.options.split
         model = parts.model.for_step(eager=plan.activations)  # hooks added to a compiled model would not fire
         watch = self.instruments.watch(plan, step)  # the step's clock; activation hooks on a sampled step
         losses, metrics = [], []
         for micro in range(accum):
-            batch = data.next_batch()
-            with parts.model.gradient_sync(micro == accum - 1):  # DDP: averaged on the last micro-batch's backward
-                with watch.forward(), precision.autocast():  # a memory step counts the first forward's saved tensors
-                    loss, metric_values = parts.loss(model, batch, step)
-                precision.backward(loss / accum if accum > 1 else loss)  # fp16: scaler.scale(loss).backward()
-            losses.append(loss.detach())
-            metrics.append(metric_values)
+            pieces = split_batch(data.next_batch(), split)  # the batch itself, weighted 1, unless split
+            for index, (piece, share) in enumerate(pieces):
+                last = micro == accum - 1 and index == len(pieces) - 1
+                with parts.model.gradient_sync(last):  # DDP: averaged on the step's last backward
+                    with watch.forward(), precision.autocast():  # a memory step counts the first forward's saved tensors
+                        loss, metric_values = parts.loss(model, piece, step)
+                    weight = share / accum  # each piece's share of the step's samples: the gradients add up to the mean's
+                    precision.backward(loss * weight if weight != 1 else loss)  # fp16: scaler.scale(loss).backward()
+                if index == 0:
+                    losses.append(loss.detach() if share == 1 else loss.detach().float() * share)
+                    metrics.append(metric_values if share == 1 or metric_values is None else metric_values * share)
+                else:  # the micro-batch's loss and metrics: its pieces' weighted by their shares
+                    losses[-1] = losses[-1] + loss.detach().float() * share
+                    metrics[-1] = metrics[-1] + metric_values * share if metric_values is not None else None
         precision.unscale_(optimizer)  # fp16: true-scale gradients, before they are measured or clipped
         loss, mean_metrics = mean_of_micro_batches(losses, metrics)
         if parts.world.collectives is not None:  # every rank then sees the same loss and stops on the same NaN

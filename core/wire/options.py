@@ -282,6 +282,17 @@ ACCUM = Number(
     prompt="Gradient accumulation steps", hint="a whole number from 1 to 4096; the batch per optimizer step grows with it",
     flag_help="gradient accumulation micro-steps per optimizer step (default 1)",
 )
+SPLIT = Number(
+    name="split", default=1,
+    bounds=Bounds(whole=True, minimum=1, maximum=4096, must_be="a whole number of pieces from 1 to 4096"),
+    label="batch split", short="split", key="k", footer="Split", metavar="N", in_footer=False,
+    help="Split each batch into pieces run in turn: less memory, the same gradient",
+    prompt="Split each batch into pieces", hint="a whole number from 1; each piece's activations alone are alive at once, "
+         "the step's samples and gradient stay the same",
+    flag_help="cut each batch into N pieces along its first dimension, run one after another with their gradients "
+              "accumulated: the same samples and gradient per step (for a loss that is a mean over the batch), a "
+              "fraction of the activations' memory (default 1)",
+)
 LR_SCALE = Number(
     name="lr_scale", default=1.0,
     bounds=Bounds(minimum=0, above=True, maximum=1000, must_be="a factor above 0 and at most 1000"),
@@ -337,7 +348,8 @@ PIN_MEMORY = Switch(
 )
 
 #: Every live option, in the order the app and the command line list them.
-LIVE_OPTIONS: tuple[LiveOption, ...] = (AMP, CHECKPOINTING, COMPILE, CLIP, ACCUM, LR_SCALE, WORKERS, PIN_MEMORY, WORLD_SIZE, STEPS)
+LIVE_OPTIONS: tuple[LiveOption, ...] = (AMP, CHECKPOINTING, COMPILE, CLIP, ACCUM, SPLIT, LR_SCALE, WORKERS, PIN_MEMORY,
+                                         WORLD_SIZE, STEPS)
 OPTIONS_BY_NAME: dict[str, LiveOption] = {option.name: option for option in LIVE_OPTIONS}
 OPTION_NAMES = tuple(OPTIONS_BY_NAME)
 

@@ -113,13 +113,14 @@ def test_live_world_size_1_to_2_to_1_continues_the_run(tmp_path):
 
 
 def test_data_parallel_gradient_norms_equal_the_single_process_ones(tmp_path):
-    """Same global batch, averaged gradients: the same norms, per module and in total (and the same loss)."""
+    """Same global batch, averaged gradients: the same norms, per module and in total (and the same loss), with each
+    rank's batch split in pieces too (their gradients averaged across ranks once, on the step's last backward)."""
     settings = ["--steps", "4", "--accum", "2", "--probe-every", "1", "--checkpoint-every", "0"]
-    assert headless(tmp_path / "ddp", f"{TINY}:without_dropout", "--world-size", "2", *settings) == EXIT_OK
+    assert headless(tmp_path / "ddp", f"{TINY}:without_dropout", "--world-size", "2", "--split", "3", *settings) == EXIT_OK
     parallel = read_jsonl(tmp_path / "ddp" / "metrics.jsonl")
     single, seen = make_trainer(f"{TINY}:without_dropout", steps=4, probe_every=1, options={"accum": "2"})
     single.run()
-    assert len(parallel) == len(seen.metrics) == 4
+    assert len(parallel) == len(seen.metrics) == 4 and {row["split"] for row in parallel} == {3}
     for ours, theirs in zip(parallel, seen.metrics):
         assert ours["loss"] == pytest.approx(theirs.loss, rel=1e-5)
         assert ours["grad_norm_total"] == pytest.approx(theirs.grad_norm_total, rel=1e-5)

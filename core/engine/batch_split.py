@@ -1,0 +1,79 @@
+"""A batch cut into pieces along its first dimension, each with its share of the samples (live option ``split``).
+
+The trainer runs a step's batch as ``split`` pieces one after another, each piece's loss weighted by its share of
+the batch's samples before its backward, so the gradients add up to the whole batch's: the same samples and the
+same gradient per optimizer step (to float rounding), where a loss is a mean over the batch's samples (the
+default reduction), with a fraction of the activations' memory alive at once. A batch of 5 in two pieces is 3 and
+2 samples, weighted 3/5 and 2/5: an odd batch stays exact. This is ``accum`` without a larger batch: the
+optimizer step sees what it saw before, only the peak memory changes (Composer's
+``device_train_microbatch_size``; what OOM rescue lowers first, issue 30). Statistics the model takes over its
+batch (BatchNorm's) are the piece's, as under DDP they are each rank's.
+
+What splits: a tensor (along dim 0), and tuples, lists and dicts of them, nested; a list of plain values, one a
+sample (a batch's texts), is cut with them; other values (a number, a string) go to every piece as they are. Every
+tensor with a first dimension must have the batch's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from torchlab.core.wire.options import OptionRefused
+
+
+def batch_samples(batch: Any) -> int:
+    """The samples in ``batch``: the first dimension its tensors share. OptionRefused where it has no tensor with
+    one, or two that disagree."""
+    sizes = {tensor.shape[0] for tensor in _tensors(batch) if tensor.dim() > 0}
+    if len(sizes) != 1:
+        found = "no tensor with a first dimension" if not sizes else f"tensors of {sorted(sizes)} rows"
+        raise OptionRefused(f"a batch splits along the first dimension its tensors share; this run's has {found}")
+    return sizes.pop()
+
+
+def split_batch(batch: Any, pieces: int) -> list[tuple[Any, float]]:
+    """``batch`` as ``pieces`` pieces (as even as can be: torch.tensor_split's), each with its share of the samples;
+    a batch of fewer samples (an epoch's last) in as many pieces as it has. One piece, the batch itself, where
+    ``pieces`` is 1. OptionRefused where it has no first dimension to cut along."""
+    if pieces == 1:
+        return [(batch, 1.0)]
+    samples = batch_samples(batch)
+    pieces = min(pieces, samples)
+    bounds = [samples * index // pieces for index in range(pieces + 1)]
+    return [(_piece(batch, start, end, samples), (end - start) / samples) for start, end in zip(bounds, bounds[1:])]
+
+
+def check_split(batch: Any, pieces: int) -> None:
+    """OptionRefused where a batch like ``batch`` cannot be cut into ``pieces``: no first dimension, or fewer
+    samples."""
+    samples = batch_samples(batch)
+    if samples < pieces:
+        raise OptionRefused(f"a batch of {samples} sample{'s' if samples != 1 else ''} cannot be split in {pieces}: "
+                            f"at most {samples} here")
+
+
+def _piece(value: Any, start: int, end: int, samples: int) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value[start:end] if value.dim() > 0 else value
+    if isinstance(value, Mapping):
+        return type(value)({key: _piece(item, start, end, samples) for key, item in value.items()})
+    if isinstance(value, (list, tuple)):
+        if len(value) == samples and not any(isinstance(item, (torch.Tensor, Mapping, list, tuple)) for item in value):
+            items = value[start:end]  # one plain value per sample (a batch's texts, its ids)
+        else:
+            items = [_piece(item, start, end, samples) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    return value
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, Mapping):
+        return [tensor for item in value.values() for tensor in _tensors(item)]
+    if isinstance(value, (list, tuple)):
+        return [tensor for item in value for tensor in _tensors(item)]
+    return []
