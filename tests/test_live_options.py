@@ -12,7 +12,7 @@ from torchlab.core.wire.options import LIVE_OPTIONS, OPTION_NAMES, Choice, LiveO
 from torchlab.tui.app_keys import KEY_ACTIONS
 
 #: A value each option accepts that is not its default, as typed on a command line, and its parsed form.
-TYPED = {"amp": ("bf16", "bf16"), "checkpointing": (None, True), "clip": ("0.5", 0.5), "accum": ("4", 4), "split": ("2", 2),
+TYPED = {"amp": ("bf16", "bf16"), "checkpointing": (None, True), "clip": ("0.5", 0.5), "accum": ("4", 4), "split": ("2", 2), "oom_rescue": (None, False),
          "lr_scale": ("0.25", 0.25), "world_size": ("2", 2), "compile": (None, True), "workers": ("2", 2),
          "pin_memory": (None, True), "steps": ("500", 500)}
 
@@ -24,7 +24,8 @@ def test_the_examples_cover_every_option() -> None:
 @pytest.mark.parametrize("option", LIVE_OPTIONS, ids=lambda o: o.name)
 def test_each_option_has_a_flag_that_sets_it(option) -> None:
     text, value = TYPED[option.name]
-    args = build_parser().parse_args(["mlp", option.flag] + ([text] if text is not None else []))
+    typed = option.flag_arguments(value) if isinstance(option, Switch) else [option.flag, text]  # --no-oom-rescue
+    args = build_parser().parse_args(["mlp", *typed])
     config, explicit = resolve_config(args)
     # A setting's flag (--steps) sets the setting, which the option starts from: not an explicit option.
     assert getattr(config.options, option.name) == value and explicit == (set() if option.setting else {option.name})

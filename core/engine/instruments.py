@@ -111,7 +111,7 @@ class StepWatch:
     def __init__(self, instruments: Instruments, plan: StepPlan, step: int) -> None:
         self._started = time.perf_counter()
         self.instruments, self.plan, self.step = instruments, plan, step
-        self.options = instruments.parts.options  # commands change them only between steps: fixed for this one
+        self.options = instruments.parts.options  # commands change them only between steps (an OOM rescue, in one)
         self._graphs = compiled_graphs() if plan.report and instruments.parts.model.compiled is not None else None
         self._saved: SavedTensorCount | None = None
         self._gradients_bytes = 0

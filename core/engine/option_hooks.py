@@ -31,7 +31,7 @@ from torchlab.core.errors import ConfigError
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import CompileStarted
 from torchlab.core.wire.options import (
-    ACCUM, AMP, CHECKPOINTING, CLIP, COMPILE, LIVE_OPTIONS, LR_SCALE, PIN_MEMORY, SPLIT, STEPS, WORKERS, WORLD_SIZE, LiveOption,
+    ACCUM, AMP, CHECKPOINTING, CLIP, COMPILE, LIVE_OPTIONS, LR_SCALE, OOM_RESCUE, PIN_MEMORY, SPLIT, STEPS, WORKERS, WORLD_SIZE, LiveOption,
     LiveOptions, OptionRefused, live_option,
 )
 
@@ -216,6 +216,11 @@ def _enact_split(parts: TrainingParts, pieces: int) -> None:
     if pieces > 1:
         data = parts.data
         check_split(data.last_batch if data.last_batch is not None else data.peek_batch(), pieces)
+
+
+@enacts(OOM_RESCUE)
+def _enact_oom_rescue(parts: TrainingParts, on: bool) -> None:
+    """Read when a step runs out of memory (``Trainer.train_step``): nothing to change here."""
 
 
 @enacts(LR_SCALE)

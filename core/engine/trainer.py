@@ -34,9 +34,11 @@ from torchlab.core.engine.checkpointer import Checkpointer
 from torchlab.core.engine.commands import StepBoundary
 from torchlab.core.engine.data import BatchStream
 from torchlab.core.engine.distributed import RankContext, seed_rank
-from torchlab.core.engine.instruments import Instruments, StepPlan
+from torchlab.core.engine.instruments import Instruments, StepPlan, StepWatch
 from torchlab.core.engine.loss_output import mean_of_micro_batches
+from torchlab.core.engine.memory import out_of_memory
 from torchlab.core.engine.nonfinite import stop_on_nonfinite
+from torchlab.core.engine.oom_rescue import free_failed_step, next_rung
 from torchlab.core.engine.option_hooks import enact_initial
 from torchlab.core.engine.outcome import RunOutcome
 from torchlab.core.engine.parts import Reporter, TrainingParts
@@ -278,25 +280,20 @@ class Trainer:
         it measures besides; its one host transfer is its only synchronisation point."""
         parts, step = self.parts, self.parts.progress.step + 1
         precision, optimizer, data = parts.precisions.current, parts.optimization.optimizer, parts.data
-        accum, clip, split = parts.options.accum, parts.options.clip, parts.options.split
-        model = parts.model.for_step(eager=plan.activations)  # hooks added to a compiled model would not fire
+        clip = parts.options.clip
         watch = self.instruments.watch(plan, step)  # the step's clock; activation hooks on a sampled step
-        losses, metrics = [], []
-        for micro in range(accum):
-            pieces = split_batch(data.next_batch(), split)  # the batch itself, weighted 1, unless split
-            for index, (piece, share) in enumerate(pieces):
-                last = micro == accum - 1 and index == len(pieces) - 1
-                with parts.model.gradient_sync(last):  # DDP: averaged on the step's last backward
-                    with watch.forward(), precision.autocast():  # a memory step counts the first forward's saved tensors
-                        loss, metric_values = parts.loss(model, piece, step)
-                    weight = share / accum  # each piece's share of the step's samples: the gradients add up to the mean's
-                    precision.backward(loss * weight if weight != 1 else loss)  # fp16: scaler.scale(loss).backward()
-                if index == 0:
-                    losses.append(loss.detach() if share == 1 else loss.detach().float() * share)
-                    metrics.append(metric_values if share == 1 or metric_values is None else metric_values * share)
-                else:  # the micro-batch's loss and metrics: its pieces' weighted by their shares
-                    losses[-1] = losses[-1] + loss.detach().float() * share
-                    metrics[-1] = metrics[-1] + metric_values * share if metric_values is not None else None
+        taken: list = []  # the step's batches: a retry after running out of memory runs the same ones
+        while True:
+            try:
+                losses, metrics = self._forward_backward(plan, step, watch, taken)
+                break
+            except Exception as error:
+                if not (out_of_memory(error) and self._rescues(plan)):
+                    raise
+                failure = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+            free_failed_step(parts)  # out of the except: the failed attempt's frames, and what they held, are gone
+            self.reporter.emit(next_rung(parts, step, failure, taken[0] if taken else data.peek_batch()))
+            watch.options = parts.options  # the step's row says what it trained with: the rung's value
         precision.unscale_(optimizer)  # fp16: true-scale gradients, before they are measured or clipped
         loss, mean_metrics = mean_of_micro_batches(losses, metrics)
         if parts.world.collectives is not None:  # every rank then sees the same loss and stops on the same NaN
@@ -313,6 +310,37 @@ class Trainer:
         optimizer.zero_grad(set_to_none=True)
         parts.optimization.step_schedule()  # the schedule's next LR, times the live scale
         return watch.finish(host, loss_value, total_norm, clipped(total_norm, clip), stepped, lrs_used)
+
+    def _forward_backward(self, plan: StepPlan, step: int, watch: StepWatch, taken: list) -> tuple[list, list]:
+        """The step's forward and backward passes, ``accum`` micro-batches of ``split`` pieces each (the batches in
+        ``taken`` first, then new ones, added to it): the micro-batches' losses and metrics, on the device."""
+        parts, precision, data = self.parts, self.parts.precisions.current, self.parts.data
+        accum, split = parts.options.accum, parts.options.split
+        model = parts.model.for_step(eager=plan.activations)  # hooks added to a compiled model would not fire
+        losses, metrics = [], []
+        for micro in range(accum):
+            if micro == len(taken):
+                taken.append(data.next_batch())
+            pieces = split_batch(taken[micro], split)  # the batch itself, weighted 1, unless split
+            for index, (piece, share) in enumerate(pieces):
+                last = micro == accum - 1 and index == len(pieces) - 1
+                with parts.model.gradient_sync(last):  # DDP: averaged on the step's last backward
+                    with watch.forward(), precision.autocast():  # a memory step counts the first forward's saved tensors
+                        loss, metric_values = parts.loss(model, piece, step)
+                    weight = share / accum  # each piece's share of the step's samples: the gradients add up to the mean's
+                    precision.backward(loss * weight if weight != 1 else loss)  # fp16: scaler.scale(loss).backward()
+                if index == 0:
+                    losses.append(loss.detach() if share == 1 else loss.detach().float() * share)
+                    metrics.append(metric_values if share == 1 or metric_values is None else metric_values * share)
+                else:  # the micro-batch's loss and metrics: its pieces' weighted by their shares
+                    losses[-1] = losses[-1] + loss.detach().float() * share
+                    metrics[-1] = metrics[-1] + metric_values * share if metric_values is not None else None
+        return losses, metrics
+
+    def _rescues(self, plan: StepPlan) -> bool:
+        """Whether a step that ran out of memory is retried a rung down (core/engine/oom_rescue.py): with the option
+        on, in training (a trial's arm reports it), and in one process (other ranks would wait in its collectives)."""
+        return self.parts.options.oom_rescue and not plan.trial and self.parts.world.collectives is None
 
     def _stop_on_nonfinite(self, plan: StepPlan, step: int, loss_value: float, total_norm: float | None) -> None:
         """NaN/Inf stops the run before the optimizer step, so the weights and the last checkpoint stay good (under

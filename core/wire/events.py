@@ -77,6 +77,19 @@ class StepSkipped(Message):
 
 
 @dataclass(frozen=True)
+class OomRescued(Message):
+    """Step ``step`` ran out of memory (``error``, its first line) and is retried with ``option`` = ``value`` (was
+    ``previous``), which stays in force: the OOM rescue's rung (core/engine/oom_rescue.py)."""
+
+    type: ClassVar[str] = "oom_rescued"
+    step: int
+    option: str
+    value: JsonScalar
+    previous: JsonScalar
+    error: str
+
+
+@dataclass(frozen=True)
 class ProfileStarted(Message):
     """A profiler snapshot records ``steps`` steps after ``warmup`` from ``step``."""
 
@@ -207,7 +220,7 @@ class StopRequested(Message):
 #: Every event a trainer, its supervisor or its journal's writers emit: the ones above, and the protocol's
 #: messages the app receives as they are.
 TRAINER_EVENTS = (
-    RunStarted, RunEnded, Paused, Resumed, StepSkipped, ProfileStarted, TrialStarted, CompileStarted, ResumedFromCheckpoint,
+    RunStarted, RunEnded, Paused, Resumed, StepSkipped, OomRescued, ProfileStarted, TrialStarted, CompileStarted, ResumedFromCheckpoint,
     ResumeChangedSettings, Relaunching, LineRefused, LinesRefusedUnrecorded, JournalRepaired, MetricsMovedAside,
     StopRequested, OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult, TrialProgress,
 )
@@ -232,6 +245,10 @@ def describe(event: Message) -> Sentence | None:
             return Sentence(f"compiling the model{' ' + event.detail if event.detail else ''} (torch.compile): training waits for it")
         case StepSkipped():
             return Sentence(f"step skipped: {event.reason}", warning=True)
+        case OomRescued():
+            value, previous = (format_option_value(event.option, v) for v in (event.value, event.previous))
+            return Sentence(f"step {event.step} ran out of memory ({event.error}): retried with {event.option} = {value} "
+                            f"(was {previous}), in force from now on", warning=True)
         case ProfileStarted():
             return Sentence(f"profiling {event.steps} steps after {event.warmup} warm-up")
         case ResumedFromCheckpoint():

@@ -293,6 +293,13 @@ SPLIT = Number(
               "accumulated: the same samples and gradient per step (for a loss that is a mean over the batch), a "
               "fraction of the activations' memory (default 1)",
 )
+OOM_RESCUE = Switch(
+    name="oom_rescue", default=True,
+    label="oom rescue", short="oom", key="O", footer="OOM", in_footer=False, in_panel=False,
+    help="Toggle OOM rescue: a step out of memory is retried with its batch split (then checkpointing)",
+    flag_help="retry a step that runs out of memory with its batch split in two, down to one sample, then with "
+              "activation checkpointing, each kept as the option's value (default on; --no-oom-rescue: stop instead)",
+)
 LR_SCALE = Number(
     name="lr_scale", default=1.0,
     bounds=Bounds(minimum=0, above=True, maximum=1000, must_be="a factor above 0 and at most 1000"),
@@ -348,8 +355,8 @@ PIN_MEMORY = Switch(
 )
 
 #: Every live option, in the order the app and the command line list them.
-LIVE_OPTIONS: tuple[LiveOption, ...] = (AMP, CHECKPOINTING, COMPILE, CLIP, ACCUM, SPLIT, LR_SCALE, WORKERS, PIN_MEMORY,
-                                         WORLD_SIZE, STEPS)
+LIVE_OPTIONS: tuple[LiveOption, ...] = (AMP, CHECKPOINTING, COMPILE, CLIP, ACCUM, SPLIT, OOM_RESCUE, LR_SCALE, WORKERS,
+                                         PIN_MEMORY, WORLD_SIZE, STEPS)
 OPTIONS_BY_NAME: dict[str, LiveOption] = {option.name: option for option in LIVE_OPTIONS}
 OPTION_NAMES = tuple(OPTIONS_BY_NAME)
 

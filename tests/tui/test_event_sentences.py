@@ -26,6 +26,9 @@ SAID = [
      "compiling the model with amp=bf16 (torch.compile): training waits for it"),
     (events.StepSkipped(step=7, reason="fp16 gradients overflowed; the loss scale is now 32768", scale=32768.0),
      "warning: step skipped: fp16 gradients overflowed; the loss scale is now 32768"),
+    (events.OomRescued(step=7, option="split", value=2, previous=1, error="CUDA out of memory. Tried to allocate 2.00 GiB"),
+     "warning: step 7 ran out of memory (CUDA out of memory. Tried to allocate 2.00 GiB): retried with split = 2 (was 1), "
+     "in force from now on"),
     (events.ProfileStarted(step=8, steps=5), "profiling 5 steps after 1 warm-up"),
     (events.ResumedFromCheckpoint(step=9), "resumed from the checkpoint of step 9"),
     (events.ResumeChangedSettings(step=9, level="warning", message="resumed with seed 7 → 3: from here on the run differs"),

@@ -291,3 +291,36 @@ class GradientPenalty(nn.Module):
 
 def gradient_penalty() -> Workload:
     return Workload(model=GradientPenalty(), dataset=_regression_data(), loss_fn=mse_loss, batch_size=16)
+
+
+class OutOfMemoryAbove(nn.Module):
+    """A forward of more than ``samples`` samples raises CUDA's out-of-memory error, as a model too big for its
+    batch on a GPU does (the CPU tests' stand-in for a real allocation over the card)."""
+
+    def __init__(self, samples: int) -> None:
+        super().__init__()
+        self.samples = samples
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > self.samples:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB for {x.shape[0]} samples")
+        return x
+
+
+def _without_dropout(model: nn.Module) -> nn.Module:
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    return model
+
+
+def out_of_memory_above_8() -> Workload:
+    """Batches of 16; a forward of more than 8 samples runs out of memory."""
+    return Workload(model=_without_dropout(TinyNet(extra=OutOfMemoryAbove(8))), dataset=_regression_data(),
+                    loss_fn=mse_loss, batch_size=16)
+
+
+def out_of_memory_always() -> Workload:
+    """Every forward runs out of memory, however small its batch."""
+    return Workload(model=_without_dropout(TinyNet(extra=OutOfMemoryAbove(0))), dataset=_regression_data(),
+                    loss_fn=mse_loss, batch_size=16)

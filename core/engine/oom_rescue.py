@@ -1,0 +1,80 @@
+"""OOM rescue (live option ``oom_rescue``, on by default; issue 30): a step that runs out of memory is put back and
+retried one rung down a ladder, instead of ending the run.
+
+The step's forward or backward raised an allocation failure (CUDA's ``torch.OutOfMemoryError``, or the CPU
+allocator's). Nothing was applied yet: the optimizer steps after every backward. The trainer drops what the failed
+attempt held (the gradients, set to None; its autograd graph and activations, with the exception's frames; on CUDA
+the allocator's cached blocks), and retries the same step on the batches it had already taken, one rung down:
+
+1. ``split`` doubled (core/engine/batch_split.py): the same samples and the same gradient per step, half the
+   activations alive at once, down to pieces of one sample;
+2. then activation checkpointing of the model's blocks, where it has blocks and it is off;
+3. then it stops, with one paragraph: what failed, what each rung tried, what to change.
+
+Each rung is a live option's value and stays in force, as a change typed in the app would: journalled as
+``oom_rescued``, shown in the event log and the impact table, undone by the option's key, kept by ``--resume``. Not
+with ranks yet (the other ranks would wait in the failed step's collectives): there an OOM stops the run as before.
+Not in a trial's arm, where running out of memory is the arm's result.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from torchlab.core.engine.batch_split import batch_samples
+from torchlab.core.engine.option_hooks import enact
+from torchlab.core.engine.parts import TrainingParts
+from torchlab.core.errors import TorchlabError
+from torchlab.core.wire.events import OomRescued
+from torchlab.core.wire.options import CHECKPOINTING, SPLIT, LiveOption, OptionRefused
+
+
+class OutOfMemoryStop(TorchlabError):
+    """A step ran out of memory with every rung of the rescue tried (or the rescue off, or ranks)."""
+
+
+def free_failed_step(parts: TrainingParts) -> None:
+    """What a failed attempt held: its gradients, then whatever its frames kept alive, then CUDA's cached blocks.
+    Called once the exception (and its traceback's frames) is gone."""
+    parts.optimization.optimizer.zero_grad(set_to_none=True)
+    gc.collect()
+    if parts.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def next_rung(parts: TrainingParts, step: int, failure: str, batch) -> OomRescued:
+    """Enact the next rung for ``step``, whose attempt failed with ``failure`` on ``batch`` (its first), and say what
+    it changed; OutOfMemoryStop where no rung is left."""
+    options = parts.options
+    samples = _samples(batch)
+    if samples is not None and options.split < samples:
+        return _enact(parts, step, failure, SPLIT, min(2 * options.split, samples))
+    if not options.checkpointing and parts.model.checkpointing.blocks:
+        try:
+            return _enact(parts, step, failure, CHECKPOINTING, True)
+        except OptionRefused:
+            pass
+    tried = [f"split = {options.split}" + (f" (pieces of one sample: the batch has {samples})" if samples else
+                                           " (this run's batches cannot be split)")]
+    tried.append("checkpointing = on" if options.checkpointing else "no checkpointing (the model names no blocks)")
+    raise OutOfMemoryStop(
+        f"Step {step} ran out of memory ({failure}) with {' and '.join(tried)}: the OOM rescue has no rung left. "
+        f"Lower the batch size (--batch-size) or the model's size, turn on amp=bf16, or train on a device with "
+        f"more memory; the last checkpoint holds the run up to the step before."
+    )
+
+
+def _samples(batch) -> int | None:
+    try:
+        return batch_samples(batch)
+    except OptionRefused:
+        return None
+
+
+def _enact(parts: TrainingParts, step: int, failure: str, option: LiveOption, value) -> OomRescued:
+    previous = getattr(parts.options, option.name)
+    enact(parts, option, value)
+    parts.options = parts.options.with_value(option.name, value)
+    return OomRescued(step=step, option=option.name, value=value, previous=previous, error=failure)

@@ -1,0 +1,49 @@
+"""OOM rescue (core/engine/oom_rescue.py): a step out of memory is retried one rung down, and the run goes on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainers import WORKLOADS, make_trainer
+from torchlab.core.errors import EXIT_OK
+from torchlab.core.launch.cli import main
+
+TINY = WORKLOADS / "tiny.py"
+
+
+def test_a_model_out_of_memory_above_half_its_batch_trains_to_the_end_with_the_losses_of_one_without_the_limit():
+    """Batches of 16, any forward of more than 8 out of memory: step 1 is retried with split = 2 (8 and 8), which
+    stays; every step's loss is the unlimited model's, to float rounding."""
+    settings = dict(steps=6, seed=3, checkpoint_every=0)
+    rescued, seen = make_trainer(f"{TINY}:out_of_memory_above_8", **settings)
+    assert rescued.run().status == "finished"
+    [event] = seen.of("oom_rescued")
+    assert (event["step"], event["option"], event["value"], event["previous"]) == (1, "split", 2, 1)
+    assert event["error"] == "CUDA out of memory. Tried to allocate 2.00 GiB for 16 samples"
+    assert [row.options.split for row in seen.metrics] == [2] * 6  # step 1's row says what it trained with
+    unlimited, plain = make_trainer(f"{TINY}:without_dropout", **settings)
+    unlimited.run()
+    assert [row.loss for row in seen.metrics] == pytest.approx([row.loss for row in plain.metrics], rel=1e-5)
+
+
+def test_with_every_rung_tried_the_run_stops_with_a_paragraph_saying_what_was_tried(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main([f"{TINY}:out_of_memory_always", "--headless", "--steps", "3", "--run-dir", str(run)]) != EXIT_OK
+    err = capsys.readouterr().err
+    rescued = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()
+               if json.loads(line)["event"] == "oom_rescued"]
+    # 1 → 2 → 4 → 8 → 16 (pieces of one sample), then checkpointing: five rungs, then the stop
+    assert [(event["option"], event["value"]) for event in rescued] == [
+        ("split", 2), ("split", 4), ("split", 8), ("split", 16), ("checkpointing", True)]
+    assert "step 1 ran out of memory (CUDA out of memory." in err and "retried with split = 2 (was 1)" in err
+    assert "Step 1 ran out of memory" in err and "with split = 16 (pieces of one sample: the batch has 16) and " \
+        "checkpointing = on: the OOM rescue has no rung left" in err
+
+
+def test_with_the_rescue_off_an_out_of_memory_step_stops_the_run_as_it_did():
+    trainer, seen = make_trainer(f"{TINY}:out_of_memory_above_8", steps=3, checkpoint_every=0,
+                                 options={"oom_rescue": False})
+    assert trainer.run().status == "failed"
+    assert not seen.of("oom_rescued") and not seen.metrics
