@@ -21,7 +21,7 @@ def test_a_model_out_of_memory_above_half_its_batch_trains_to_the_end_with_the_l
     assert rescued.run().status == "finished"
     [event] = seen.of("oom_rescued")
     assert (event["step"], event["option"], event["value"], event["previous"]) == (1, "split", 2, 1)
-    assert event["error"] == "CUDA out of memory. Tried to allocate 2.00 GiB for 16 samples"
+    assert event["error"] == "CUDA out of memory. Tried to allocate 2.00 GiB for 16 samples" and event["note"] == ""
     assert [row.options.split for row in seen.metrics] == [2] * 6  # step 1's row says what it trained with
     unlimited, plain = make_trainer(f"{TINY}:without_dropout", **settings)
     unlimited.run()
@@ -47,3 +47,10 @@ def test_with_the_rescue_off_an_out_of_memory_step_stops_the_run_as_it_did():
                                  options={"oom_rescue": False})
     assert trainer.run().status == "failed"
     assert not seen.of("oom_rescued") and not seen.metrics
+
+
+def test_a_split_says_that_the_models_batch_norm_now_sees_each_pieces_statistics():
+    trainer, seen = make_trainer(f"{TINY}:out_of_memory_above_8_with_batch_norm", steps=2, checkpoint_every=0)
+    assert trainer.run().status == "finished"
+    [event] = seen.of("oom_rescued")
+    assert event["note"] == "1 BatchNorm layer now sees each piece's statistics, not the batch's"

@@ -50,10 +50,14 @@ def next_rung(parts: TrainingParts, step: int, failure: str, batch) -> OomRescue
     options = parts.options
     samples = _samples(batch)
     if samples is not None and options.split < samples:
-        return _enact(parts, step, failure, SPLIT, min(2 * options.split, samples))
+        batch_norms = _batch_norms(parts.model.model)
+        note = (f"{batch_norms} BatchNorm layer{'s' if batch_norms != 1 else ''} now see{'s' if batch_norms == 1 else ''} "
+                f"each piece's statistics, not the batch's" if batch_norms else "")
+        return _enact(parts, step, failure, SPLIT, min(2 * options.split, samples), note)
     if not options.checkpointing and parts.model.checkpointing.blocks:
+        note = "" if samples is not None else "this run's batches cannot be split (no first dimension their tensors share)"
         try:
-            return _enact(parts, step, failure, CHECKPOINTING, True)
+            return _enact(parts, step, failure, CHECKPOINTING, True, note)
         except OptionRefused:
             pass
     tried = [f"split = {options.split}" + (f" (pieces of one sample: the batch has {samples})" if samples else
@@ -73,8 +77,14 @@ def _samples(batch) -> int | None:
         return None
 
 
-def _enact(parts: TrainingParts, step: int, failure: str, option: LiveOption, value) -> OomRescued:
+def _batch_norms(model: torch.nn.Module) -> int:
+    """The model's BatchNorm layers (1d, 2d, 3d, lazy and synchronised): what a split changes besides memory."""
+    return sum(isinstance(module, torch.nn.modules.batchnorm._NormBase) and not isinstance(
+        module, torch.nn.modules.instancenorm._InstanceNorm) for module in model.modules())
+
+
+def _enact(parts: TrainingParts, step: int, failure: str, option: LiveOption, value, note: str) -> OomRescued:
     previous = getattr(parts.options, option.name)
     enact(parts, option, value)
     parts.options = parts.options.with_value(option.name, value)
-    return OomRescued(step=step, option=option.name, value=value, previous=previous, error=failure)
+    return OomRescued(step=step, option=option.name, value=value, previous=previous, error=failure, note=note)

@@ -79,7 +79,8 @@ class StepSkipped(Message):
 @dataclass(frozen=True)
 class OomRescued(Message):
     """Step ``step`` ran out of memory (``error``, its first line) and is retried with ``option`` = ``value`` (was
-    ``previous``), which stays in force: the OOM rescue's rung (core/engine/oom_rescue.py)."""
+    ``previous``), which stays in force: the OOM rescue's rung (core/engine/oom_rescue.py); ``note``, what else it
+    means, or empty."""
 
     type: ClassVar[str] = "oom_rescued"
     step: int
@@ -87,6 +88,9 @@ class OomRescued(Message):
     value: JsonScalar
     previous: JsonScalar
     error: str
+    #: what else the user should know of the rung: its BatchNorm now sees each piece's statistics, or why the batch
+    #: was not split
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -247,8 +251,9 @@ def describe(event: Message) -> Sentence | None:
             return Sentence(f"step skipped: {event.reason}", warning=True)
         case OomRescued():
             value, previous = (format_option_value(event.option, v) for v in (event.value, event.previous))
+            note = f"; {event.note}" if event.note else ""
             return Sentence(f"step {event.step} ran out of memory ({event.error}): retried with {event.option} = {value} "
-                            f"(was {previous}), in force from now on", warning=True)
+                            f"(was {previous}), in force from now on{note}", warning=True)
         case ProfileStarted():
             return Sentence(f"profiling {event.steps} steps after {event.warmup} warm-up")
         case ResumedFromCheckpoint():

@@ -29,6 +29,10 @@ SAID = [
     (events.OomRescued(step=7, option="split", value=2, previous=1, error="CUDA out of memory. Tried to allocate 2.00 GiB"),
      "warning: step 7 ran out of memory (CUDA out of memory. Tried to allocate 2.00 GiB): retried with split = 2 (was 1), "
      "in force from now on"),
+    (events.OomRescued(step=7, option="checkpointing", value=True, previous=False, error="CUDA out of memory.",
+                       note="this run's batches cannot be split (no first dimension their tensors share)"),
+     "warning: step 7 ran out of memory (CUDA out of memory.): retried with checkpointing = on (was off), in force "
+     "from now on; this run's batches cannot be split (no first dimension their tensors share)"),
     (events.ProfileStarted(step=8, steps=5), "profiling 5 steps after 1 warm-up"),
     (events.ResumedFromCheckpoint(step=9), "resumed from the checkpoint of step 9"),
     (events.ResumeChangedSettings(step=9, level="warning", message="resumed with seed 7 → 3: from here on the run differs"),

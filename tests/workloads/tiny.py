@@ -324,3 +324,10 @@ def out_of_memory_always() -> Workload:
     """Every forward runs out of memory, however small its batch."""
     return Workload(model=_without_dropout(TinyNet(extra=OutOfMemoryAbove(0))), dataset=_regression_data(),
                     loss_fn=mse_loss, batch_size=16)
+
+
+def out_of_memory_above_8_with_batch_norm() -> Workload:
+    """As ``out_of_memory_above_8``, with a BatchNorm layer: what a split changes besides memory."""
+    extra = nn.Sequential(nn.BatchNorm1d(16), OutOfMemoryAbove(8))
+    return Workload(model=_without_dropout(TinyNet(extra=extra)), dataset=_regression_data(), loss_fn=mse_loss,
+                    batch_size=16)
