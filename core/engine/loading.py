@@ -43,6 +43,9 @@ _FORM = ("a built-in sample (" + ", ".join(SAMPLES) + "), path/to/file.py[:facto
 #: The factory a file given alone is asked for.
 DEFAULT_FACTORY = "workload"
 
+#: A file with no such factory: this many of the functions it defines are named (a model file may define dozens).
+LISTED_FUNCTIONS = 12
+
 
 @dataclass(frozen=True)
 class WorkloadSpec:
@@ -167,9 +170,9 @@ def load_workload(text: str):
             name for name, value in vars(module).items()
             if inspect.isfunction(value) and value.__module__ == module.__name__ and not name.startswith("_")
         )
-        raise WorkloadError(
-            f"{where} has no {spec.factory!r} to call; functions it defines: {', '.join(defined) or 'none'}."
-        )
+        shown_names = ", ".join(defined[:LISTED_FUNCTIONS]) or "none"
+        more = f" and {len(defined) - LISTED_FUNCTIONS} more" if len(defined) > LISTED_FUNCTIONS else ""
+        raise WorkloadError(f"{where} has no {spec.factory!r} to call; functions it defines: {shown_names}{more}.")
     if not callable(factory):
         raise WorkloadError(f"{where}: {spec.factory!r} is a {type(factory).__name__}, not a function to call.")
     required = _required_parameters(factory)
