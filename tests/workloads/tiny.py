@@ -148,11 +148,7 @@ def bad_checkpoint_block_name() -> Workload:
 
 def without_dropout() -> Workload:
     """No randomness in the step: data-parallel gradients must equal single-process ones exactly."""
-    model = TinyNet()
-    for module in model.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
-    return Workload(model=model, dataset=_regression_data(), loss_fn=mse_loss, batch_size=16)
+    return Workload(model=_without_dropout(TinyNet()), dataset=_regression_data(), loss_fn=mse_loss, batch_size=16)
 
 
 class FailsOnRank(nn.Module):
