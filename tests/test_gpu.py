@@ -1,5 +1,6 @@
-"""CUDA paths: fp16 with its GradScaler, bf16, a bit-exact resume, pinned memory and compile on the GPU. Skipped
-without CUDA (not yet run on one: no GPU was at hand when the last two were written)."""
+"""CUDA paths: fp16 with its GradScaler, bf16, a bit-exact resume, pinned memory, compile, a real out-of-memory
+rescued and a spike rolled back from page-locked copies on the GPU. Skipped without CUDA (the last two not yet run
+on one: no GPU was at hand when they were written)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from torchlab.core.wire.observer import TrainerObserver
-from trainers import make_trainer
+from trainers import WORKLOADS, make_trainer
 from torchlab.core.engine.checkpoint import load_checkpoint
 from torchlab.core.wire.protocol import StopCommand
 
@@ -63,3 +64,27 @@ def test_compile_on_cuda_applies_at_a_step_and_resumes_with_the_models_own_keys(
     assert trainer.run().status == "finished"
     assert [event["option"] for event in seen.of("option_applied")] == ["compile", "amp"]
     assert not any("_orig_mod" in key for key in load_checkpoint(tmp_path / "last.pt")["model"])
+
+
+def test_a_real_cuda_allocation_over_the_cards_memory_is_rescued_by_a_split():
+    """16 samples ask for 1.33 times the card in one forward: CUDA's own OutOfMemoryError, the allocator's cache
+    emptied, the step retried at split = 2 (8 samples, two thirds of the card), and the run goes on."""
+    trainer, seen = make_trainer(f"{WORKLOADS / 'tiny.py'}:cuda_out_of_memory_above_8", steps=3, device="cuda",
+                                 checkpoint_every=0, memory_every=0)
+    assert trainer.run().status == "finished"
+    [event] = seen.of("oom_rescued")
+    assert (event["step"], event["option"], event["value"]) == (1, "split", 2) and "CUDA out of memory" in event["error"]
+    assert [row.options.split for row in seen.metrics] == [2, 2, 2]
+
+
+def test_a_spike_rolls_back_on_cuda_from_page_locked_copies_taken_on_a_side_stream():
+    trainer, seen = make_trainer(f"{WORKLOADS / 'tiny.py'}:spike_at_step_21", steps=30, seed=3, device="cuda",
+                                 options={"spike_guard": "rollback"})
+    trainer.train_steps(10)
+    at_10 = [tensor.clone() for tensor in trainer.model.state_dict().values()]
+    trainer.train_steps(11)
+    assert [(e["step"], e["rolled_back_to"]) for e in seen.of("spike_guarded")] == [(21, 10)]
+    assert all(torch.equal(a, b) for a, b in zip(trainer.model.state_dict().values(), at_10))
+    assert all(buffer.is_pinned() for copy in trainer.guard._copies for buffer in copy._buffers)
+    trainer.train_steps(9)
+    assert trainer.step == 30 and all(torch.isfinite(p).all() for p in trainer.model.parameters())

@@ -19,6 +19,7 @@ from torchlab.core.records.config import settings_as_used, settings_from_toml
 from torchlab.core.records.rundir import metrics_rows, rows_of
 from torchlab.core.records.storage import unreadable_run
 from torchlab.core.safe_open import read_regular_text
+from torchlab.core.wire.events import HELD_BACK
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.options import format_option_value
 from torchlab.tui.thinning import Series
@@ -42,6 +43,8 @@ class RunHistory:
     by_step: dict[str, Series] = field(default_factory=dict)
     #: the same against the run's training time in seconds (``elapsed_s``)
     by_time: dict[str, Series] = field(default_factory=dict)
+    #: the report steps whose loss or grad norm spiked (``spike`` in their row), in order
+    spikes: list[int] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -62,6 +65,8 @@ class RunHistory:
         points: dict[str, tuple[list[float], list[float], list[float]]] = {}
         try:
             for row in metrics_rows(metrics):
+                if row.spike is not None:
+                    history.spikes.append(row.step)
                 elapsed = row.elapsed_s if _number(row.elapsed_s) else math.nan
                 for key, value in _figures(row):
                     steps, times, values = points.setdefault(key, ([], [], []))
@@ -148,8 +153,9 @@ def _option_changes(events: Path) -> tuple[list[int], list[str]]:
 
 
 def _figures(row: MetricsRow) -> Iterator[tuple[str, float]]:
-    """Each finite figure of ``row`` a chart draws, under its key (``FIGURES``, ``metrics.<name>``, ``val_metrics.<name>``)."""
-    for key, value in (("loss", row.loss), ("val_loss", row.val_loss), ("lr", row.lr), ("samples_per_s", row.samples_per_s)):
+    """Each finite figure of ``row`` a chart draws, under its key (``FIGURES``, ``metrics.<name>``, ``val_metrics.<name>``):
+    not the loss of a step whose update the spike guard held back (a bad batch's, not the run's)."""
+    for key, value in (("loss", row.loss if row.spike not in HELD_BACK else None), ("val_loss", row.val_loss), ("lr", row.lr), ("samples_per_s", row.samples_per_s)):
         if _number(value):
             yield key, float(value)
     for kind, figures in (("metrics", row.metrics), ("val_metrics", row.val_metrics)):

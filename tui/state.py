@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torchlab.core.wire import protocol
-from torchlab.core.wire.events import describe
+from torchlab.core.wire.events import SpikeGuarded, describe
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.options import OPTION_NAMES, OPTIONS_BY_NAME, format_option_value
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, TelemetrySample
@@ -121,6 +121,9 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
         self.lr = Series()
         self.samples_per_s = Series()
         self.step_time = Series()
+        #: the steps whose loss or grad norm spiked (the spike guard's events, the rows' ``spike``), in order: marks
+        #: on the loss chart, whose line leaves out the steps the guard held back
+        self.spikes: list[int] = []
         #: each parameter group's LR by the group's name, where the workload's optimizer has several
         self.group_lrs: dict[str, Series] = {}
         #: the workload's own metrics (loss_fn's mapping) by name: (training, validation)
@@ -274,6 +277,9 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
                 self._on_refused(event)
             case protocol.ProfileReady():
                 self._on_profile_ready(event)
+            case SpikeGuarded():
+                self.mark_spikes([event.step])
+                self.log("warning", describe(event).text, event.step)
             case _ if (sentence := describe(event)) is not None:  # the trainer's news in words (a compile, a trial)
                 self.log("warning" if sentence.warning else "info", sentence.text, event.step)
             case _:
@@ -354,6 +360,7 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
             for series in (self.loss, self.val_loss, self.lr, self.samples_per_s, self.step_time, *self.group_lrs.values(),
                            *(line for pair in self.workload_metrics.values() for line in pair)):
                 series.truncate_after(event.step)
+            self.spikes[:] = [step for step in self.spikes if step <= event.step]  # in place: the loss chart holds it
             self.metrics_version += 1
         self.step = event.step
         self._set_state(event.state, "")

@@ -12,11 +12,13 @@ the run's clock, the options in force).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torchlab.core.wire import protocol
+from torchlab.core.wire.events import HELD_BACK
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.typed_json import UnreadableValue
 from torchlab.tui.gradient_flags import flag_for
@@ -49,6 +51,7 @@ class MetricsFolding:
             if keep:
                 _put_before(series, [xs[i] for i in keep], [ys[i] for i in keep])
                 taken += (xs[keep[0]], xs[keep[-1]])
+        self.mark_spikes([step for step in history.spikes if step <= until])
         if not taken:
             return
         changes = [change for step, change in zip(history.changed_at, history.changes) if step <= until]
@@ -57,6 +60,15 @@ class MetricsFolding:
                  int(max(taken)))
         self.metrics_version += 1
         self.named_series_version += 1
+
+    def mark_spikes(self, steps: list[int]) -> None:
+        """Steps that spiked, marked on the loss chart (each once)."""
+        for step in steps:
+            if isinstance(step, int) and not isinstance(step, bool):
+                at = bisect.bisect_left(self.spikes, step)
+                if at == len(self.spikes) or self.spikes[at] != step:
+                    self.spikes.insert(at, step)
+                    self.metrics_version += 1
 
     def _journal_series(self, key: str) -> Series | None:
         """The series a figure of metrics.jsonl (run_history's key) is drawn from; None past MAX_NAMED_SERIES."""
@@ -96,6 +108,12 @@ class MetricsFolding:
                 columns = {name: [values[index] for index in kept] for name, values in columns.items()}
             steps = [step for step in checked if step is not None]
         self.step = max(self.step, max(steps))
+        spikes = columns.get("spike")
+        if spikes is not None and any(spike is not None for spike in spikes):
+            self.mark_spikes([step for step, spike in zip(steps, spikes) if spike is not None])
+            held_back = [isinstance(spike, str) and spike in HELD_BACK for spike in spikes]
+            if True in held_back and "loss" in columns:  # a bad batch's loss, not the run's: a mark, not a point
+                columns = {**columns, "loss": [None if held else loss for held, loss in zip(held_back, columns["loss"])]}
         for key, series in (("loss", self.loss), ("lr", self.lr), ("samples_per_s", self.samples_per_s), ("step_time_s", self.step_time), ("val_loss", self.val_loss)):
             values = columns.get(key)
             if values is None:

@@ -160,7 +160,7 @@ class StepWatch:
         return transfer.to_host()
 
     def finish(self, host: HostValues, loss: float, grad_norm_total: float | None, clipped: bool | None, stepped: bool,
-               lrs_used: list[float]) -> StepReport:
+               lrs_used: list[float], spike: str | None = None) -> StepReport:
         """The step as the host sees it, once its optimizer step is taken (the optimizer's state, counted on a
         memory step, exists from the first). Its time is the step's own: reporting it is not part of it."""
         step_time = time.perf_counter() - self._started
@@ -194,6 +194,7 @@ class StepWatch:
             lrs=_named(lr_groups, lrs_used),
             compiling=compiling,
             ran_eagerly=plan.activations and parts.model.compiled is not None,
+            spike=spike,
         )
 
 

@@ -23,6 +23,7 @@ import torch
 from torchlab.core.engine.batch_split import check_split
 from torchlab.core.engine.compiling import compile_model, compile_on_batch, failure_reason
 from torchlab.core.engine.distributed import check_world_size
+from torchlab.core.engine.host_copy import check_rollback_fits
 from torchlab.core.engine.optimization import group_names
 from torchlab.core.engine.outcome import WorldSizeChange
 from torchlab.core.engine.parts import TrainingParts
@@ -31,7 +32,7 @@ from torchlab.core.errors import ConfigError
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import CompileStarted
 from torchlab.core.wire.options import (
-    ACCUM, AMP, CHECKPOINTING, CLIP, COMPILE, LIVE_OPTIONS, LR_SCALE, OOM_RESCUE, PIN_MEMORY, SPLIT, STEPS, WORKERS, WORLD_SIZE, LiveOption,
+    ACCUM, AMP, CHECKPOINTING, CLIP, COMPILE, LIVE_OPTIONS, LR_SCALE, OOM_RESCUE, PIN_MEMORY, SPIKE_GUARD, SPLIT, STEPS, WORKERS, WORLD_SIZE, LiveOption,
     LiveOptions, OptionRefused, live_option,
 )
 
@@ -221,6 +222,13 @@ def _enact_split(parts: TrainingParts, pieces: int) -> None:
 @enacts(OOM_RESCUE)
 def _enact_oom_rescue(parts: TrainingParts, on: bool) -> None:
     """Read when a step runs out of memory (``Trainer.train_step``): nothing to change here."""
+
+
+@enacts(SPIKE_GUARD)
+def _enact_spike_guard(parts: TrainingParts, mode: str) -> None:
+    """Read by the spike guard each step (core/engine/spike_guard.py); rollback's host copies must fit."""
+    if mode == "rollback" and parts.options.spike_guard != "rollback":
+        check_rollback_fits(parts)
 
 
 @enacts(LR_SCALE)

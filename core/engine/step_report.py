@@ -98,6 +98,7 @@ class StepReport:
     lrs: dict[str, float] | None = None  # each parameter group's LR, where the workload's optimizer has several
     compiling: bool = False
     ran_eagerly: bool = False
+    spike: str | None = None  # what the spike guard did with the step (core/engine/spike_guard.py), where it spiked
 
 
 def stats_by_module(module_names: list[str], table: list[float]) -> dict[str, list[float]]:
@@ -127,7 +128,7 @@ def metrics_row(report: StepReport, *, elapsed_s: float, epoch: int, batch_size:
         grad_norm_total=report.grad_norm_total,
         clipped=report.clipped,
         grad_norms=report.grad_norms,
-        skipped=not report.stepped,
+        skipped=not report.stepped and report.spike is None,  # the precision's skip: the guard's is ``spike``
         data_wait_s=report.data_wait_s,
         options=report.options,
         lrs=report.lrs,
@@ -138,5 +139,6 @@ def metrics_row(report: StepReport, *, elapsed_s: float, epoch: int, batch_size:
         memory=report.memory,
         ranks=rank_figures,
         val_loss=val_loss,
+        spike=report.spike,
         val_metrics=val_metrics,
     )

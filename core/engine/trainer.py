@@ -44,13 +44,14 @@ from torchlab.core.engine.outcome import RunOutcome
 from torchlab.core.engine.parts import Reporter, TrainingParts
 from torchlab.core.engine.probes import clip_by_total_norm, clipped
 from torchlab.core.engine.profiler import Profiling
+from torchlab.core.engine.spike_guard import SpikeGuard
 from torchlab.core.engine.step_report import StepReport, metrics_row
 from torchlab.core.engine.telemetry import TelemetrySampler
 from torchlab.core.engine.trials import Trials, TrialStopped
 from torchlab.core.errors import NonFiniteError, StorageError, WorkloadError
 from torchlab.core.records.config import TrainConfig
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.events import RunEnded, RunStarted, StepSkipped
+from torchlab.core.wire.events import HELD_BACK, RunEnded, RunStarted, StepSkipped
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import COMPILE, LiveOptions
 from torchlab.core.wire.protocol import SetCommand, TrainerCommand
@@ -90,6 +91,7 @@ class Trainer:
         self.checkpoints = Checkpointer(parts, checkpoint_dir)
         self.trials = Trials(parts, self.train_step, self.checkpoints, self.profiling)
         self.boundary = StepBoundary(parts, self.instruments, self.checkpoints, self.trials, self.profiling)
+        self.guard = SpikeGuard(parts)
         self._consecutive_skips = 0
         initial = config.options
         if resume_from is not None:
@@ -298,18 +300,28 @@ class Trainer:
         loss, mean_metrics = mean_of_micro_batches(losses, metrics)
         if parts.world.collectives is not None:  # every rank then sees the same loss and stops on the same NaN
             loss, mean_metrics = parts.world.collectives.mean_loss(loss, mean_metrics)
-        norms = watch.gradients(clipping=clip is not None)  # measured when the probe is due or clipping needs them
+        # measured when the probe is due, or clipping or the spike guard needs them
+        norms = watch.gradients(clipping=clip is not None or self.guard.on)
         if clip is not None and norms is not None:
             clip_by_total_norm(norms, clip)
         host = watch.to_host(loss, norms, mean_metrics)  # like nanoGPT's loss.item(): on CUDA, a sync
         loss_value, total_norm = host.scalar("loss"), host.scalar("grad_norm_total")
+        lrs_used = [group["lr"] for group in optimizer.param_groups]  # before the schedule moves them on
+        spike = None if plan.trial else self.guard.judge(step, loss_value, total_norm)  # None: an ordinary step
+        if spike is not None and spike.action in HELD_BACK:  # its update not applied: skipped, or rolled back
+            optimizer.zero_grad(set_to_none=True)
+            spike = self.guard.hold_back(spike)
+            return watch.finish(host, loss_value, total_norm, clipped(total_norm, clip), False, lrs_used, spike.action)
         if not precision.tolerates_nonfinite and not _finite(loss_value, total_norm):  # fp16 skips the step instead
             self._stop_on_nonfinite(plan, step, loss_value, total_norm)  # before the optimizer step: weights stay good
-        lrs_used = [group["lr"] for group in optimizer.param_groups]  # before the schedule moves them on
+        self.guard.before_update()  # CUDA: the update waits for the host copy taken at the boundary, if on its way
         stepped = precision.step(optimizer)  # fp16: scaler.step(optimizer) and scaler.update(); False: skipped
         optimizer.zero_grad(set_to_none=True)
         parts.optimization.step_schedule()  # the schedule's next LR, times the live scale
-        return watch.finish(host, loss_value, total_norm, clipped(total_norm, clip), stepped, lrs_used)
+        if spike is not None:  # let through: the guard is off (a notice), or a new level
+            self.guard.report(spike)
+        return watch.finish(host, loss_value, total_norm, clipped(total_norm, clip), stepped, lrs_used,
+                            spike.action if spike is not None else None)
 
     def _forward_backward(self, plan: StepPlan, step: int, watch: StepWatch, taken: list) -> tuple[list, list]:
         """The step's forward and backward passes, ``accum`` micro-batches of ``split`` pieces each (the batches in
@@ -364,7 +376,10 @@ class Trainer:
                           run_loss=replay, batch=batch)
 
     def _count_skip(self, report: StepReport) -> None:
-        """An optimizer step the precision skipped (fp16 overflow) is said; too many in a row stop the run."""
+        """An optimizer step the precision skipped (fp16 overflow) is said; too many in a row stop the run. One the
+        spike guard held back was said by it."""
+        if report.spike in HELD_BACK:
+            return
         if report.stepped:
             self._consecutive_skips = 0
             return
@@ -392,6 +407,7 @@ class Trainer:
     def _after_step(self, step: int) -> None:
         self.checkpoints.finish()  # started after the step before (when no metrics row waited for it)
         self.profiling.after_step(step)
+        self.guard.after_step(step)  # rollback's host copy, when due
         parts = self.parts
         due = self.instruments.next_step.checkpoint if parts.world.collectives is not None else self.checkpoints.cadence.due(step)
         if due and step < parts.config.steps:

@@ -124,7 +124,7 @@ class OutboxReporter(TrainerObserver):
                 self.outbox.add_latest(event)
             case events.Relaunching():
                 self.set_state(RunStatus.RELAUNCHING, event.step, f"{event.previous} → {event.world_size}")
-            case (events.TrialStarted() | events.StepSkipped() | events.OomRescued() | events.ProfileStarted() | events.ResumedFromCheckpoint()
+            case (events.TrialStarted() | events.StepSkipped() | events.OomRescued() | events.SpikeGuarded() | events.ProfileStarted() | events.ResumedFromCheckpoint()
                   | events.ResumeChangedSettings() | events.StopRequested()):
                 self.outbox.add_event(event)  # the app says it in words: events.describe
 

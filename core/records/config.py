@@ -255,6 +255,18 @@ TRIAL_STEPS_SETTING = NumberSetting(
     name="trial_steps", default=DEFAULT_TRIAL_STEPS, bounds=TRIAL_STEPS,
     group="live", metavar="K", help="the steps of each arm of a trial (its speed is timed on past K, up to 5K and 100, while its interval is wide)",
 )
+SPIKE_THRESHOLD = NumberSetting(
+    name="spike_threshold", default=6.0,
+    bounds=Bounds(minimum=1, maximum=1000, must_be="a number of robust deviations from 1 to 1000"),
+    group="live", metavar="Z",
+    help="the spike guard's threshold: a step whose loss or grad norm is more than Z robust deviations (1.4826 x the "
+         "median absolute deviation) above the median of the last --spike-window steps is a spike (default 6)",
+)
+SPIKE_WINDOW = NumberSetting(
+    name="spike_window", default=50,
+    bounds=Bounds(whole=True, minimum=20, maximum=10_000, must_be="a whole number of steps from 20 to 10000"),
+    group="live", metavar="N", help="the recent steps the spike guard judges a step against (default 50)",
+)
 LOG_EVERY = NumberSetting(
     name="log_every", default=1,
     bounds=Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="a whole number of steps from 1 to 10^9"),
@@ -293,7 +305,7 @@ SETTINGS: tuple[Setting, ...] = (
     SHARED_RUN_DIR, TENSORBOARD,
     STEPS_SETTING, BATCH_SIZE, SEED, DEVICE, OPTIMIZER, LR, WEIGHT_DECAY, SCHEDULE, WARMUP_STEPS, EVAL_EVERY,
     EVAL_BATCHES, CHECKPOINT_EVERY, KEEP_CHECKPOINTS,
-    TRIAL_STEPS_SETTING,
+    TRIAL_STEPS_SETTING, SPIKE_THRESHOLD, SPIKE_WINDOW,
     LOG_EVERY, PROBE_EVERY, ACT_STATS_EVERY, MEMORY_EVERY, PROFILE_AT, PROFILE_STEPS, TELEMETRY_INTERVAL,
 )
 
@@ -329,6 +341,8 @@ class TrainConfig:
     at: tuple[ScheduledChange, ...] = ()
     trials: tuple[ScheduledChange, ...] = ()  # --trial STEP:OPTION=VALUE (core/engine/trials.py)
     trial_steps: int = TRIAL_STEPS_SETTING.default
+    spike_threshold: float = SPIKE_THRESHOLD.default
+    spike_window: int = SPIKE_WINDOW.default
     #: Each time a resume changed ``steps``: (the step resumed at, the total before). The LR schedule
     #: re-plans its decay from that step (core/engine/schedule.py), so the LR has no jump at the boundary.
     schedule_extensions: tuple[tuple[int, int], ...] = ()

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from torchlab.core.wire.options import format_option_value
+from torchlab.core.wire.options import SPIKE_GUARD, format_option_value
 from torchlab.core.wire.protocol import (
     CheckpointSaved, Error, Message, NonFinite, OptionApplied, OptionRefused, ProfileReady, TrialProgress, TrialResult,
 )
@@ -90,6 +90,35 @@ class OomRescued(Message):
     error: str
     #: what else the user should know of the rung: its BatchNorm now sees each piece's statistics, or why the batch
     #: was not split
+    note: str = ""
+
+
+#: What the spike guard does with a spike (``SpikeGuarded.action``, a metrics row's ``spike``): the first two hold
+#: the step's update back.
+SKIPPED, ROLLED_BACK, LET_THROUGH, NEW_LEVEL = "skipped", "rolled_back", "let_through", "new_level"
+HELD_BACK = frozenset({SKIPPED, ROLLED_BACK})
+
+
+@dataclass(frozen=True)
+class SpikeGuarded(Message):
+    """Step ``step``'s ``measure`` (``loss`` or ``grad_norm``) was ``value``, ``z`` robust deviations above the
+    ``median`` of the last ``window`` steps, past the spike guard's ``threshold`` (core/engine/spike_guard.py); null
+    where not finite. ``action``: ``skipped`` (its update held back), ``rolled_back`` (to the state after step
+    ``rolled_back_to``), ``let_through`` (the guard off: applied) or ``new_level`` (spikes in a row: taken as the
+    run's new level, applied)."""
+
+    type: ClassVar[str] = "spike_guarded"
+    step: int
+    measure: str
+    value: float | None
+    median: float | None
+    z: float | None
+    threshold: float
+    window: int
+    action: str
+    loss: float | None = None
+    grad_norm: float | None = None
+    rolled_back_to: int | None = None
     note: str = ""
 
 
@@ -224,7 +253,7 @@ class StopRequested(Message):
 #: Every event a trainer, its supervisor or its journal's writers emit: the ones above, and the protocol's
 #: messages the app receives as they are.
 TRAINER_EVENTS = (
-    RunStarted, RunEnded, Paused, Resumed, StepSkipped, OomRescued, ProfileStarted, TrialStarted, CompileStarted, ResumedFromCheckpoint,
+    RunStarted, RunEnded, Paused, Resumed, StepSkipped, OomRescued, SpikeGuarded, ProfileStarted, TrialStarted, CompileStarted, ResumedFromCheckpoint,
     ResumeChangedSettings, Relaunching, LineRefused, LinesRefusedUnrecorded, JournalRepaired, MetricsMovedAside,
     StopRequested, OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult, TrialProgress,
 )
@@ -254,6 +283,8 @@ def describe(event: Message) -> Sentence | None:
             note = f"; {event.note}" if event.note else ""
             return Sentence(f"step {event.step} ran out of memory ({event.error}): retried with {event.option} = {value} "
                             f"(was {previous}), in force from now on{note}", warning=True)
+        case SpikeGuarded():
+            return Sentence(_spike_sentence(event), warning=True)
         case ProfileStarted():
             return Sentence(f"profiling {event.steps} steps after {event.warmup} warm-up")
         case ResumedFromCheckpoint():
@@ -270,3 +301,27 @@ def describe(event: Message) -> Sentence | None:
             return Sentence(f"{event.reason} (at the end of this step, with a final checkpoint)")
         case _:
             return None
+
+
+def _spike_sentence(event: SpikeGuarded) -> str:
+    measure = "grad norm" if event.measure == "grad_norm" else event.measure
+    if event.value is None or event.z is None or event.median is None:
+        how_far = f"{measure} not finite"
+    else:
+        factor = (f"{event.value / event.median:.3g} times the median {event.median:.4g} of the last {event.window} "
+                  f"steps, {event.z:.3g} robust deviations" if event.value > 0 and event.median > 0 else
+                  f"{event.z:.3g} robust deviations above the median {event.median:.4g} of the last {event.window} steps")
+        how_far = f"{measure} {event.value:.4g}, {factor} (threshold {event.threshold:g})"
+    match event.action:
+        case "skipped":
+            what = "its update held back, training goes on with the next batch"
+        case "rolled_back" if event.rolled_back_to is not None:
+            what = (f"rolled back to the weights and optimizer of step {event.rolled_back_to}: steps "
+                    f"{event.rolled_back_to + 1}-{event.step} undone, their batches not trained on again")
+        case "let_through":
+            what = (f"applied: the spike guard is off (key {SPIKE_GUARD.key} or {SPIKE_GUARD.flag} skip holds such a "
+                    f"step's update back)")
+        case _:
+            what = "taken as the run's new level after spikes in a row, not a spike: applied, the window starts again"
+    note = f" ({event.note})" if event.note else ""
+    return f"spike at step {event.step}: {how_far}: {what}{note}"

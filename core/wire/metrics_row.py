@@ -51,7 +51,9 @@ class MetricsRow:
     options in force. Then what only some steps have (each None, or False, elsewhere): each parameter group's LR,
     the workload's own metrics, whether torch.compile compiled during it or it ran uncompiled (the impact table
     leaves both steps' times out), each module's activation statistics (mean, std, max |x|), the memory by kind,
-    each rank's figures, the validation loss and metrics (NaN where evaluation gave a loss that is not finite)."""
+    each rank's figures, the validation loss and metrics (NaN where evaluation gave a loss that is not finite), and
+    what the spike guard did with a step that spiked (``skipped``, ``rolled_back``: its update held back, which
+    ``skipped``, the precision's, does not say; ``let_through``, ``new_level``: applied)."""
 
     step: int
     time: float
@@ -76,6 +78,8 @@ class MetricsRow:
     ranks: list[RankFigures] | None = None
     val_loss: float | None = None
     val_metrics: dict[str, float | None] | None = None
+    #: where the step's loss or grad norm spiked: what the spike guard did (core/engine/spike_guard.py)
+    spike: str | None = None
 
     def json_object(self) -> dict[str, Any]:
         """The row as its line of ``metrics.jsonl`` holds it (key for key, in order; strict_json writes it). Read

@@ -300,6 +300,14 @@ OOM_RESCUE = Switch(
     flag_help="retry a step that runs out of memory with its batch split in two, down to one sample, then with "
               "activation checkpointing, each kept as the option's value (default on; --no-oom-rescue: stop instead)",
 )
+SPIKE_GUARD = Choice(
+    name="spike_guard", default="off", choices=("off", "skip", "rollback"),
+    label="spike guard", short="spike", key="G", footer="Spike", in_footer=False,
+    help="Cycle the spike guard: off → skip (a spiking step's update held back) → rollback (to a copy 10-20 steps back)",
+    flag_help="what a step whose loss or grad norm spikes above the recent steps' gets (--spike-threshold over "
+              "--spike-window steps): off (a notice; default), skip (its update held back) or rollback (the weights and "
+              "optimizer back 10-20 steps, from copies in host memory; a second within a window halves the LR a while)",
+)
 LR_SCALE = Number(
     name="lr_scale", default=1.0,
     bounds=Bounds(minimum=0, above=True, maximum=1000, must_be="a factor above 0 and at most 1000"),
@@ -355,8 +363,8 @@ PIN_MEMORY = Switch(
 )
 
 #: Every live option, in the order the app and the command line list them.
-LIVE_OPTIONS: tuple[LiveOption, ...] = (AMP, CHECKPOINTING, COMPILE, CLIP, ACCUM, SPLIT, OOM_RESCUE, LR_SCALE, WORKERS,
-                                         PIN_MEMORY, WORLD_SIZE, STEPS)
+LIVE_OPTIONS: tuple[LiveOption, ...] = (AMP, CHECKPOINTING, COMPILE, CLIP, ACCUM, SPLIT, OOM_RESCUE, SPIKE_GUARD, LR_SCALE,
+                                         WORKERS, PIN_MEMORY, WORLD_SIZE, STEPS)
 OPTIONS_BY_NAME: dict[str, LiveOption] = {option.name: option for option in LIVE_OPTIONS}
 OPTION_NAMES = tuple(OPTIONS_BY_NAME)
 

@@ -127,6 +127,19 @@ def test_data_parallel_gradient_norms_equal_the_single_process_ones(tmp_path):
         assert ours["grad_norms"] == pytest.approx(theirs.grad_norms, rel=1e-4)
 
 
+def test_a_spike_rolls_every_rank_back_at_the_same_step_as_one_process_would(tmp_path):
+    """Step 21's batch times 1e4 on both ranks' halves: each judges the same loss (their mean) and the same norm (of
+    the averaged gradients), rolls back to step 10 and trains on with the single process's losses."""
+    settings = ["--steps", "30", "--seed", "3", "--checkpoint-every", "0", "--spike-guard", "rollback"]
+    assert headless(tmp_path / "ddp", f"{TINY}:spike_at_step_21", "--world-size", "2", *settings) == EXIT_OK
+    events = read_jsonl(tmp_path / "ddp" / "events.jsonl")
+    assert [(e["step"], e["rolled_back_to"]) for e in events if e["event"] == "spike_guarded"] == [(21, 10)]
+    single, seen = make_trainer(f"{TINY}:spike_at_step_21", steps=30, seed=3, options={"spike_guard": "rollback"})
+    single.run()
+    parallel = read_jsonl(tmp_path / "ddp" / "metrics.jsonl")
+    assert [row["loss"] for row in parallel] == pytest.approx([row.loss for row in seen.metrics], rel=1e-4)
+
+
 @pytest.mark.parametrize("factory, message", [
     ("rank_1_raises_at_step_4", "rank 1 failed: RuntimeError: simulated failure on one rank"),
     ("rank_1_killed_at_step_4", "rank 1 was killed by signal 9 (SIGKILL)"),

@@ -33,6 +33,14 @@ SAID = [
                        note="this run's batches cannot be split (no first dimension their tensors share)"),
      "warning: step 7 ran out of memory (CUDA out of memory.): retried with checkpointing = on (was off), in force "
      "from now on; this run's batches cannot be split (no first dimension their tensors share)"),
+    (events.SpikeGuarded(step=21, measure="loss", value=18479.0, median=0.7653, z=81.57, threshold=6.0, window=50,
+                         action="rolled_back", rolled_back_to=10),
+     "warning: spike at step 21: loss 1.848e+04, 2.41e+04 times the median 0.7653 of the last 50 steps, 81.6 robust "
+     "deviations (threshold 6): rolled back to the weights and optimizer of step 10: steps 11-21 undone, their batches "
+     "not trained on again"),
+    (events.SpikeGuarded(step=21, measure="grad_norm", value=None, median=0.5, z=None, threshold=6.0, window=50,
+                         action="skipped"),
+     "warning: spike at step 21: grad norm not finite: its update held back, training goes on with the next batch"),
     (events.ProfileStarted(step=8, steps=5), "profiling 5 steps after 1 warm-up"),
     (events.ResumedFromCheckpoint(step=9), "resumed from the checkpoint of step 9"),
     (events.ResumeChangedSettings(step=9, level="warning", message="resumed with seed 7 → 3: from here on the run differs"),

@@ -315,3 +315,25 @@ async def test_a_full_disk_mid_run_is_its_paragraph_without_a_traceback_and_the_
         await until(pilot, lambda: not app.is_running, what="the app to exit")
     assert links[0].trainer_exit_code == 1
     assert app.return_code == 1
+
+
+async def test_a_spike_the_guard_held_back_is_said_and_marked_on_the_loss_chart_not_drawn_in_its_line(tmp_path):
+    """One batch times 1e4 at step 21 (its loss ~2e4) under --spike-guard skip: a warning in the event log, a mark on
+    the loss chart's top row and in its title, and the line drawn without it; G cycles the guard on to rollback."""
+    from torchlab.tui.widgets.line_chart import MARK, LineChart
+
+    app, links = app_with_trainer(tmp_path / "run", f"{TINY}:spike_at_step_21", "--steps", "100000", "--seed", "3",
+                                  "--spike-guard", "skip", "--checkpoint-every", "0", "--eval-every", "0")
+    async with app.run_test(size=SIZE) as pilot:
+        state = app.run_state
+        await until(pilot, lambda: state.step >= 25 and state.spikes, what="the spike and the steps after it")
+        assert state.spikes == [21] and max(state.loss.ys) < 100
+        shown = "\n".join(app.query_one(EventLog).lines_written)
+        assert "spike at step 21: loss" in shown and "its update held back" in shown
+        chart = app.query_one("#loss-chart", LineChart)
+        await until(pilot, lambda: "spike" in str(chart.border_title), what="the chart's title")
+        assert MARK in chart.render_line(0).text
+        await pilot.press("G")
+        await until(pilot, lambda: state.options.get("spike_guard") == "rollback", what="the guard's change acknowledged")
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, what="exit")

@@ -327,3 +327,56 @@ def out_of_memory_above_8_with_batch_norm() -> Workload:
     extra = nn.Sequential(nn.BatchNorm1d(16), OutOfMemoryAbove(8))
     return Workload(model=_without_dropout(TinyNet(extra=extra)), dataset=_regression_data(), loss_fn=mse_loss,
                     batch_size=16)
+
+
+class ScalesBatchAt(nn.Module):
+    """Multiplies its input by ``factor`` on the forwards in training mode numbered in ``calls`` (a bad batch at
+    those steps, where a step is one forward): what the spike guard holds back."""
+
+    def __init__(self, calls: tuple[int, ...], factor: float) -> None:
+        super().__init__()
+        self.calls, self.scaled, self.factor = 0, calls, factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return x
+        self.calls += 1
+        return x * self.factor if self.calls in self.scaled else x
+
+
+def _sgd_regression(*scaled_calls: int) -> Workload:
+    model = _without_dropout(TinyNet())
+    model.stem = nn.Sequential(ScalesBatchAt(scaled_calls, 1e4), model.stem)
+    return Workload(model=model, dataset=_regression_data(), loss_fn=mse_loss, batch_size=16,
+                    optimizer=lambda model: torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+
+
+def spike_at_step_21() -> Workload:
+    """SGD on the regression; step 21's batch scaled by 1e4 (its loss ~1e8): without the guard, non-finite within
+    a few steps."""
+    return _sgd_regression(21)
+
+
+def spikes_at_steps_21_and_31() -> Workload:
+    return _sgd_regression(21, 31)
+
+
+def sgd_without_spike() -> Workload:
+    """``spike_at_step_21`` without the bad batch: the clean run it is compared with."""
+    return _sgd_regression()
+
+
+class AllocatesPerSample(nn.Module):
+    """Allocates a twelfth of the GPU's memory for each sample of its input, kept for backward: a real CUDA
+    allocation that fails above 8 samples (16: 1.33 times the card), as activations that outgrow it do."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        share = torch.cuda.get_device_properties(x.device).total_memory // 12
+        held = torch.zeros(x.shape[0] * share, dtype=torch.uint8, device=x.device)
+        return x + held[:1].float() * 0
+
+
+def cuda_out_of_memory_above_8() -> Workload:
+    """Batches of 16 that a GPU cannot hold in one forward, and can in two of 8."""
+    return Workload(model=_without_dropout(TinyNet(extra=AllocatesPerSample())), dataset=_regression_data(),
+                    loss_fn=mse_loss, batch_size=16)

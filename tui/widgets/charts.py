@@ -10,7 +10,7 @@ from textual.containers import Vertical
 from textual.markup import escape
 
 from torchlab.tui.state import RunState
-from torchlab.tui.widgets.line_chart import ChartLine, LineChart, marker
+from torchlab.tui.widgets.line_chart import MARK, ChartLine, LineChart, marker
 
 #: The markup colour of a chart's line of each style (LineChart's ``line-chart--series-N``), for its title.
 _LINE_COLOURS = ("", "$warning", "$success")
@@ -27,20 +27,30 @@ class Charts(Vertical):
         #: what the third chart shows: ``SPEED`` or a metric's name; None until the user or a metric chose
         self.third: str | None = None
         self._seen_version = -1
+        self._spikes_titled = False
 
     def compose(self):
         state = self.state
-        yield LineChart(ChartLine(state.loss, "loss"), ChartLine(state.val_loss, "val loss"), id="loss-chart")
+        yield LineChart(ChartLine(state.loss, "loss"), ChartLine(state.val_loss, "val loss"), marks=state.spikes,
+                        id="loss-chart")
         yield LineChart(ChartLine(state.lr, "lr", style=2), id="lr-chart")
         yield LineChart(ChartLine(state.samples_per_s, SPEED), id="speed-chart")
 
     def on_mount(self) -> None:
-        self.query_one("#loss-chart").border_title = _titled(["loss", "val loss"])
+        self._title_loss_chart()
         self.query_one("#lr-chart").border_title = "learning rate"
         self._show_third()
 
+    def _title_loss_chart(self) -> None:
+        """Its lines, and once a step spiked, what its marks are."""
+        spikes = f" · [$error]{MARK} spike[/]" if self.state.spikes else ""
+        self.query_one("#loss-chart").border_title = _titled(["loss", "val loss"]) + spikes
+
     def show(self) -> None:
-        """Follow a group or a metric the trainer reported for the first time."""
+        """Follow a group or a metric the trainer reported for the first time, and the first spike."""
+        if self.state.spikes and self._spikes_titled != bool(self.state.spikes):
+            self._spikes_titled = True
+            self._title_loss_chart()
         if self.state.named_series_version == self._seen_version:
             return
         self._seen_version = self.state.named_series_version

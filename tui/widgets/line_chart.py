@@ -10,11 +10,13 @@ Where a chart has several lines, colour alone does not tell them apart (NO_COLOR
 a colour-blind reader): each line also carries its own marker (``marker(style)``: ● ▲ ■ ◆ ▼ ○) every few
 columns along it and at its newest point, and whatever names the lines (a title, a legend) shows the marker
 beside each name.
+
+A chart may mark steps on its top row (``marks``: the loss chart's spikes, ``MARK``), in a style of their own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rich.segment import Segment
@@ -30,6 +32,8 @@ _LABEL_WIDTH = 9
 #: The marker of each line style, in the order of ``line-chart--series-N``: shapes that differ in outline, not only
 #: in colour.
 MARKERS = ("●", "▲", "■", "◆", "▼", "○")
+#: A marked step, on the chart's top row: no line's marker, and not a braille dot.
+MARK = "×"
 #: Cells without a line: a style of their own, never None (Textual's NO_COLOR filter reads every cell's style).
 _NO_STYLE = Style()
 
@@ -60,6 +64,7 @@ class LineChart(Widget):
         "line-chart--series-3",
         "line-chart--series-4",
         "line-chart--series-5",
+        "line-chart--mark",
     }
 
     DEFAULT_CSS = """
@@ -75,6 +80,7 @@ class LineChart(Widget):
     LineChart > .line-chart--series-3 { color: $accent; }
     LineChart > .line-chart--series-4 { color: $error; }
     LineChart > .line-chart--series-5 { color: $secondary; }
+    LineChart > .line-chart--mark { color: $error; text-style: bold; }
     """
     #: the styles there are: a chart of more lines reuses them in turn
     STYLES = 6
@@ -82,6 +88,7 @@ class LineChart(Widget):
     def __init__(
         self,
         *lines: ChartLine,
+        marks: Sequence[float] = (),
         value_format: Callable[[float], str] | None = None,
         empty_text: str = "waiting for the first steps…",
         name: str | None = None,
@@ -90,6 +97,8 @@ class LineChart(Widget):
     ) -> None:
         super().__init__(name=name, id=id, classes=classes)
         self.lines = list(lines)
+        #: steps marked on the top row (``MARK``), those within the lines' range of steps
+        self.marks = marks
         self.value_format = value_format
         self.empty_text = empty_text
         #: what x is, under the chart's left end ("step 1"), and how its two ends are written
@@ -157,6 +166,12 @@ class LineChart(Widget):
         series_styles = [self.get_component_rich_style(f"line-chart--series-{self.style_of(i) % self.STYLES}")
                          for i in range(len(self.lines))]
         markers = [marker(self.style_of(i)) for i in range(len(self.lines))]
+        if self.marks:  # the marked steps' style and glyph come after the lines'
+            series_styles.append(self.get_component_rich_style("line-chart--mark"))
+            markers.append(MARK)
+            for x in self.marks:
+                if x_low <= x <= x_high:
+                    marks.setdefault(0, {})[round((x - x_low) / x_span * (pixel_w - 1)) >> 1] = len(self.lines)
         labels = self._y_labels(y_low, y_high, plot_height)
         strips: list[Strip] = []
         for row in range(plot_height):

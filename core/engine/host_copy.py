@@ -1,0 +1,135 @@
+"""A copy of training state in host memory, taken without stalling the step: what the spike guard rolls back to.
+
+A trial's snapshot (core/engine/checkpointer.py ``snapshot``) clones on the device, for a trial's few seconds. The
+spike guard keeps its copies for the whole run, so they live in host memory, where they cost the GPU nothing, and
+are refilled in place every few steps (no allocation after the first). On CUDA the buffers are page-locked and
+the parameters and optimizer state go to them on a side stream, while the next step's forward and backward run;
+only that step's optimizer update, which writes those tensors in place, waits for the copy, on the device
+(``before_update``: the host never waits). A module's buffers (BatchNorm's running statistics) change in the
+forward itself: they are copied on the step's own stream, before it. On the CPU the copy is a ``copy_`` in place.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from typing import Any
+
+import psutil
+import torch
+
+from torchlab.core.engine.parts import TrainingParts
+from torchlab.core.wire.options import OptionRefused
+
+#: The share of the host's available memory that rollback's two copies may take.
+HOST_MEMORY_SHARE = 0.5
+
+
+class HostCopy:
+    """One copy of a state (a nest of dicts, lists and tensors, as ``state_dict`` returns) in host memory."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.step: int | None = None  #: the step whose end it holds
+        self._buffers: list[torch.Tensor] = []
+        self._state: Any = None
+        self._copied: torch.cuda.Event | None = None
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    @property
+    def bytes(self) -> int:
+        return sum(buffer.numel() * buffer.element_size() for buffer in self._buffers)
+
+    def capture(self, state: Any, step: int, on_step_stream: set[int] = frozenset()) -> None:
+        """Copy ``state`` (the end of ``step``) into the buffers, the same ones each time its tensors keep their
+        shapes. ``on_step_stream``: the ``data_ptr`` of tensors that the next step's forward changes (buffers)."""
+        tensors: list[torch.Tensor] = []
+        skeleton = _skeleton(state, tensors)
+        if [(t.shape, t.dtype) for t in tensors] != [(b.shape, b.dtype) for b in self._buffers]:
+            pin = self._stream is not None
+            self._buffers = [torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin) for t in tensors]
+        if self._stream is None:
+            for buffer, tensor in zip(self._buffers, tensors):
+                buffer.copy_(tensor)
+        else:
+            current = torch.cuda.current_stream(self.device)
+            self._stream.wait_stream(current)  # the tensors as the step left them
+            for buffer, tensor in zip(self._buffers, tensors):
+                if tensor.data_ptr() in on_step_stream:
+                    buffer.copy_(tensor, non_blocking=True)
+            with torch.cuda.stream(self._stream):
+                for buffer, tensor in zip(self._buffers, tensors):
+                    if tensor.data_ptr() not in on_step_stream:
+                        buffer.copy_(tensor, non_blocking=True)
+            self._copied = self._stream.record_event()
+        self._state, self.step = skeleton, step
+
+    def before_update(self) -> None:
+        """Before an optimizer step changes the tensors in place: the device waits for the copy (a no-op on CPU)."""
+        if self._copied is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._copied)
+            self._copied = None
+
+    def state(self) -> Any:
+        """The state as captured, for a part's ``load_state_dict``: a copy, so that an optimizer that keeps the
+        tensors it loads (on the CPU it does) cannot change the buffers."""
+        if self._copied is not None:
+            self._copied.synchronize()  # captured at the boundary just before: its copy may still be on its way
+            self._copied = None
+        return _filled(self._state, self._buffers)
+
+
+class _Slot:
+    """The place of the n-th tensor in a skeleton."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _skeleton(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """``value`` with each tensor replaced by its slot in ``tensors`` (appended to), everything else copied."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value.detach())
+        return _Slot(len(tensors) - 1)
+    if type(value) in (dict, OrderedDict):
+        copied = type(value)((key, _skeleton(item, tensors)) for key, item in value.items())
+        if hasattr(value, "_metadata"):
+            copied._metadata = value._metadata
+        return copied
+    if type(value) in (list, tuple):
+        return type(value)(_skeleton(item, tensors) for item in value)
+    return copy.deepcopy(value)
+
+
+def _filled(skeleton: Any, buffers: list[torch.Tensor]) -> Any:
+    """The state: each slot a clone of its buffer, everything else a copy."""
+    if isinstance(skeleton, _Slot):
+        return buffers[skeleton.index].clone()
+    if type(skeleton) in (dict, OrderedDict):
+        filled = type(skeleton)((key, _filled(item, buffers)) for key, item in skeleton.items())
+        if hasattr(skeleton, "_metadata"):
+            filled._metadata = skeleton._metadata
+        return filled
+    if type(skeleton) in (list, tuple):
+        return type(skeleton)(_filled(item, buffers) for item in skeleton)
+    return copy.deepcopy(skeleton)
+
+
+def check_rollback_fits(parts: TrainingParts, copies: int = 2) -> None:
+    """OptionRefused where the spike guard's ``copies`` host copies of the model and optimizer state would take more
+    than ``HOST_MEMORY_SHARE`` of the host's available memory (AdamW's two moments assumed where the optimizer has
+    made no state yet)."""
+    model_bytes = sum(tensor.numel() * tensor.element_size() for tensor in parts.model.state_dict().values())
+    state = parts.optimization.optimizer.state
+    optimizer_bytes = (sum(value.numel() * value.element_size() for entry in state.values() for value in entry.values()
+                           if isinstance(value, torch.Tensor)) if state else 2 * model_bytes)
+    needed = copies * (model_bytes + optimizer_bytes)
+    available = psutil.virtual_memory().available
+    if needed > HOST_MEMORY_SHARE * available:
+        raise OptionRefused(
+            f"rollback keeps {copies} copies of the model and optimizer state in host memory, {needed / 2**30:.1f} GiB, "
+            f"and this machine has {available / 2**30:.1f} GiB available: spike_guard=skip holds a spike's update back "
+            f"without a copy"
+        )

@@ -1,0 +1,269 @@
+"""Spike guard (live option ``spike_guard``: off | skip | rollback; issue 30): a step whose loss or gradient norm
+spikes, from one bad batch, is held back instead of ending the run.
+
+**What a spike is.** A step's loss, or its gradients' total norm, above the recent steps' by more than
+``--spike-threshold`` robust deviations: (value - median) / (1.4826 · MAD) over the last ``--spike-window`` steps
+that were not spikes (the median absolute deviation, scaled to a normal distribution's sigma), of the values'
+logarithms where all are positive (a norm always, a loss nearly always: their noise is a factor, and a gradient
+norm's steps late in training spread over a factor of three, which in differences were spikes every few dozen
+steps), of the values themselves where not. The deviation is never taken below 1 % (of the median, in
+differences), so that a loss that barely moves is not judged by its rounding. One-sided: a loss far below the
+recent ones is good news. Judged once the window holds ``MIN_HISTORY`` values. With the guard on, a loss or norm
+that is not finite is a spike too (except under fp16, whose scaler skips those steps itself). The loss and norm are
+the step's report's, on the host already: the guard adds no transfer; on, it has the total norm measured every
+step (one ``vector_norm`` over the per-parameter norms, as clipping does).
+
+**What is done with it.**
+- ``off``: the step is applied; a one-line notice names it and how far out it was (the first of a run of spikes),
+  and the key that turns the guard on. A loss that is not finite stops the run, as it did.
+- ``skip``: its update is not applied: the optimizer and the schedule stay as they were (as the GradScaler skips
+  fp16's overflows), and training goes on with the next batch.
+- ``rollback``: the weights and the optimizer's and schedule's state go back to the older of two copies kept in
+  host memory (core/engine/host_copy.py), taken every ``ROLLBACK_EVERY`` steps: 10 to 20 steps back. The batches
+  since are not trained on again (the data goes on). A second rollback within a window of steps halves the LR scale
+  for a cool-down of a window of steps, then puts it back, each said as the option's change.
+A guarded step is a step that did not update: step numbers go on, and the run ends at its last step as before.
+
+**A new level, not a spike.** ``SHIFT_STEPS`` spikes in a row are a change of level (of the data, of the LR a
+person set): the guard takes the last of them as it is and starts its window again from them. If they are not
+finite, the run stops as it would without the guard.
+
+Not in a trial's arm, where a spike is the arm's result; with ranks, every rank judges the same loss (averaged
+over the ranks) and the same norm (of the averaged gradients), so all decide alike, at the same step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+from torchlab.core.engine.host_copy import HostCopy
+from torchlab.core.engine.option_hooks import enact
+from torchlab.core.engine.parts import TrainingParts
+from torchlab.core.wire import protocol as p
+from torchlab.core.wire.events import LET_THROUGH, NEW_LEVEL, ROLLED_BACK, SKIPPED, SpikeGuarded
+from torchlab.core.wire.options import LR_SCALE, OptionRefused
+
+#: Values the window holds before the guard judges a step: fewer, and a median says little.
+MIN_HISTORY = 20
+#: Spikes in a row that are a new level, not a spike.
+SHIFT_STEPS = 5
+#: Steps between the host copies a rollback goes back to (two are kept: 10 to 20 steps back).
+ROLLBACK_EVERY = 10
+#: A normal distribution's sigma, from its median absolute deviation.
+MAD_TO_SIGMA = 1.4826
+#: The deviation's floor, as a share of the median: a loss that barely moves is not judged by its rounding.
+RELATIVE_FLOOR = 0.01
+
+
+
+@dataclass(frozen=True)
+class Spike:
+    """A step's ``measure`` (``loss`` or ``grad_norm``) at ``value``: ``z`` robust deviations above ``median``
+    (infinite where the value is not finite), against ``window`` recent values."""
+
+    measure: str
+    value: float
+    median: float | None
+    z: float
+    window: int
+
+
+class SpikeDetector:
+    """The recent steps' losses and norms, and the robust z-score of a new one against them."""
+
+    def __init__(self, window: int, threshold: float) -> None:
+        self.window, self.threshold = window, threshold
+        self.history: dict[str, deque[float]] = {"loss": deque(maxlen=window), "grad_norm": deque(maxlen=window)}
+
+    def judge(self, loss: float, grad_norm: float | None, nonfinite_is_spike: bool) -> Spike | None:
+        """The spike in this step's loss or norm (the loss's first), or None."""
+        for measure, value in (("loss", loss), ("grad_norm", grad_norm)):
+            if value is None:
+                continue
+            history = self.history[measure]
+            if not math.isfinite(value):
+                if nonfinite_is_spike:
+                    return Spike(measure, value, statistics.median(history) if history else None, math.inf, len(history))
+                continue
+            if len(history) < MIN_HISTORY:
+                continue
+            z = _robust_z(value, history)
+            if z > self.threshold:
+                return Spike(measure, value, statistics.median(history), z, len(history))
+        return None
+
+    def accept(self, loss: float, grad_norm: float | None) -> None:
+        """A step that was not a spike: its values join the window."""
+        for measure, value in (("loss", loss), ("grad_norm", grad_norm)):
+            if value is not None and math.isfinite(value):
+                self.history[measure].append(value)
+
+    def restart(self, values: list[tuple[float, float | None]]) -> None:
+        """The window from these steps' values alone: a new level."""
+        for history in self.history.values():
+            history.clear()
+        for loss, grad_norm in values:
+            self.accept(loss, grad_norm)
+
+
+def _robust_z(value: float, history: deque[float]) -> float:
+    """How many robust deviations ``value`` lies above the median of ``history``: of their logarithms where all are
+    positive (a norm always; a loss nearly always), where noise is a factor, not a difference (a gradient norm's
+    steps spread over a factor of three late in training); of the values themselves otherwise."""
+    if value > 0 and min(history) > 0:
+        value, history = math.log(value), [math.log(past) for past in history]
+        floor = RELATIVE_FLOOR  # a factor of 1.01
+    else:
+        floor = RELATIVE_FLOOR * abs(statistics.median(history))
+    median = statistics.median(history)
+    deviation = statistics.median([abs(past - median) for past in history])
+    return (value - median) / max(MAD_TO_SIGMA * deviation, floor, 1e-12)
+
+
+@dataclass
+class _Cooldown:
+    until: int  #: the last step at the lowered scale
+    scale: float  #: the scale the guard set
+    restore: float  #: the scale before the first rollback's cool-down
+
+
+class SpikeGuard:
+    """The spike guard of one run (see the module docstring): ``judge`` each step, ``hold_back`` a spike the guard
+    acts on, ``before_update`` before the optimizer step, ``after_step`` at the boundary."""
+
+    def __init__(self, parts: TrainingParts) -> None:
+        self.parts = parts
+        self.detector = SpikeDetector(parts.config.spike_window, parts.config.spike_threshold)
+        self._in_a_row: list[tuple[float, float | None]] = []  # the spikes of the steps just before, their values
+        self._copies: list[HostCopy] = []  # at most two, oldest first
+        self._spare: HostCopy | None = None
+        self._last_rollback: int | None = None
+        self._cooldown: _Cooldown | None = None
+
+    @property
+    def on(self) -> bool:
+        return self.parts.options.spike_guard != "off"
+
+    def judge(self, step: int, loss: float, grad_norm: float | None) -> SpikeGuarded | None:
+        """The guard's verdict on training's step ``step`` (its values on the host, before its update): None for an
+        ordinary step; else the event that says what it is and what is done: an action in ``HELD_BACK`` holds the
+        update back (``hold_back`` then does it), the others let it through (``report`` then says so)."""
+        mode = self.parts.options.spike_guard
+        nonfinite_is_spike = mode != "off" and not self.parts.precisions.current.tolerates_nonfinite
+        spike = self.detector.judge(loss, grad_norm, nonfinite_is_spike)
+        if spike is None:
+            self._in_a_row.clear()
+            self.detector.accept(loss, grad_norm)
+            return None
+        self._in_a_row.append((loss, grad_norm))
+        first = len(self._in_a_row) == 1
+        if len(self._in_a_row) >= SHIFT_STEPS:
+            if not math.isfinite(spike.value):
+                return None  # not finite, again and again: the run stops as it would without the guard
+            self.detector.restart(self._in_a_row)
+            self._in_a_row.clear()
+            return self._event(step, spike, NEW_LEVEL, loss, grad_norm) if mode != "off" else None
+        if mode == "off":
+            return self._event(step, spike, LET_THROUGH, loss, grad_norm) if first else None
+        return self._event(step, spike, ROLLED_BACK if mode == "rollback" else SKIPPED, loss, grad_norm)
+
+    def hold_back(self, verdict: SpikeGuarded) -> SpikeGuarded:
+        """Hold back the update of the step ``verdict`` judged (its gradients are dropped already): skipped, or the
+        state rolled back to the older host copy (skipped where there is none yet, said so). Reports the event."""
+        if verdict.action == ROLLED_BACK:
+            restored = self._roll_back(verdict.step)
+            if restored is None:
+                verdict = dataclasses.replace(verdict, action=SKIPPED, note="rollback had no copy to go back to yet")
+            else:
+                verdict = dataclasses.replace(verdict, rolled_back_to=restored)
+                self._cool_down(verdict.step)
+        self.parts.reporter.emit(verdict)
+        return verdict
+
+    def report(self, verdict: SpikeGuarded) -> None:
+        """A spike let through (the guard off, or a new level): said."""
+        self.parts.reporter.emit(verdict)
+
+    def before_update(self) -> None:
+        """Before the optimizer step: the device waits for the copy taken at the last boundary, if on its way."""
+        if self._copies:
+            self._copies[-1].before_update()
+
+    def after_step(self, step: int) -> None:
+        """At the boundary after ``step``: a host copy where rollback is due one; the cool-down's end."""
+        if self.parts.options.spike_guard != "rollback":
+            self._copies, self._spare = [], None  # their host memory back
+        elif not self._copies or step % ROLLBACK_EVERY == 0:
+            self._capture(step)
+        cooldown = self._cooldown
+        if cooldown is not None and step >= cooldown.until:
+            self._cooldown = None
+            if self.parts.options.lr_scale == cooldown.scale:  # not changed since by a person
+                self._set_lr_scale(step + 1, cooldown.restore, f"the cool-down after the spike guard's rollbacks ended "
+                                                               f"at step {step}")
+
+    @property
+    def copies_bytes(self) -> int:
+        """The host memory its copies hold."""
+        return sum(copy.bytes for copy in self._copies)
+
+    # ------------------------------------------------------------------ rollback
+    def _state(self) -> dict:
+        return {"model": self.parts.model.state_dict(), "optimization": self.parts.optimization.state_dict()}
+
+    def _capture(self, step: int) -> None:
+        if len(self._copies) == 2:
+            copy = self._copies.pop(0)
+        else:
+            copy, self._spare = self._spare or HostCopy(self.parts.device), None
+        buffers = {buffer.data_ptr() for buffer in self.parts.model.model.buffers()}
+        copy.capture(self._state(), step, on_step_stream=buffers)
+        self._copies.append(copy)
+
+    def _roll_back(self, step: int) -> int | None:
+        """The older copy's state loaded; it is then taken again as this step's end (a good state, from here on the
+        older one). The step the state is of, or None without a copy."""
+        if not self._copies:
+            return None
+        older = self._copies[0]
+        state = older.state()
+        self.parts.model.load_state_dict(state["model"])
+        self.parts.optimization.load_state_dict(state["optimization"])
+        restored = older.step
+        self._spare = self._copies[1] if len(self._copies) > 1 else None
+        self._copies = []
+        self._capture(step)
+        return restored
+
+    def _cool_down(self, step: int) -> None:
+        """A second rollback within a window: the LR scale halved until a window of steps from now."""
+        last, self._last_rollback = self._last_rollback, step
+        window = self.parts.config.spike_window
+        if last is None or step - last > window:
+            return
+        previous = self.parts.options.lr_scale
+        restore = self._cooldown.restore if self._cooldown is not None else previous
+        try:
+            self._set_lr_scale(step + 1, previous / 2, f"a second rollback within {window} steps (after step {last}'s): "
+                                                       f"the LR at half until step {step + window}")
+        except OptionRefused:  # the scale's floor: the cool-down goes on at the scale there is
+            return
+        self._cooldown = _Cooldown(until=step + window, scale=self.parts.options.lr_scale, restore=restore)
+
+    def _set_lr_scale(self, step: int, scale: float, why: str) -> None:
+        parts = self.parts
+        scale = LR_SCALE.parse(scale)
+        previous = parts.options.lr_scale
+        enact(parts, LR_SCALE, scale)
+        parts.options = parts.options.with_value(LR_SCALE.name, scale)
+        parts.reporter.emit(p.OptionApplied(step=step, option=LR_SCALE.name, value=scale, previous=previous,
+                                            display=LR_SCALE.format(scale), source="spike guard", detail=why))
+
+    def _event(self, step: int, spike: Spike, action: str, loss: float, grad_norm: float | None) -> SpikeGuarded:
+        return SpikeGuarded(step=step, measure=spike.measure, value=spike.value, median=spike.median, z=spike.z,
+                            threshold=self.detector.threshold, window=spike.window, action=action, loss=loss,
+                            grad_norm=grad_norm)
