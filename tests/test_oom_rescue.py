@@ -54,3 +54,51 @@ def test_a_split_says_that_the_models_batch_norm_now_sees_each_pieces_statistics
     assert trainer.run().status == "finished"
     [event] = seen.of("oom_rescued")
     assert event["note"] == "1 BatchNorm layer now sees each piece's statistics, not the batch's"
+
+
+# ---------------------------------------------------------------------- with ranks: their supervisor's decision
+
+def supervisor_at(tmp_path, step: int, checkpoint_step: int | None, **options):
+    """A supervisor of 2 ranks as rank 0's reports left it at ``step``: batch 16 (8 a rank), blocks to checkpoint."""
+    from torchlab.core.engine.ranks import Supervisor
+    from torchlab.core.records.config import build_config
+    from torchlab.core.wire.options import LiveOptions
+
+    config = build_config({}, {"workload": f"{TINY}:workload", "options": {"world_size": 2}, "at": []})
+    supervisor = Supervisor(config, observers=[], run_dir=tmp_path)
+    supervisor._in_force = LiveOptions(world_size=2, **options).as_dict()
+    supervisor._batch_size, supervisor._has_blocks, supervisor.step = 16, True, step
+    if checkpoint_step is not None:
+        supervisor._checkpoint, supervisor._checkpoint_step = tmp_path / "step.pt", checkpoint_step
+    return supervisor
+
+
+OOM = "rank 1 failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\nmore"
+
+
+def test_with_ranks_a_rank_out_of_memory_at_the_first_step_starts_them_again_from_the_start_one_rung_down(tmp_path):
+    rescue = supervisor_at(tmp_path, step=0, checkpoint_step=None)._rescue_from(1, OOM)
+    assert rescue.resume is None and rescue.options.split == 2 and rescue.options.world_size == 2
+    assert (rescue.event.step, rescue.event.option, rescue.event.error) == (1, "split", "CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert rescue.event.note == "on rank 1 of 2: the ranks start again from the start, with the options in force at step 1"
+
+
+def test_with_ranks_the_rungs_go_on_to_checkpointing_and_then_stop_with_the_paragraph(tmp_path):
+    rescue = supervisor_at(tmp_path, step=9, checkpoint_step=5, split=8)._rescue_from(0, OOM)
+    assert (rescue.event.option, rescue.event.value, rescue.resume.name) == ("checkpointing", True, "step.pt")
+    assert "(steps 6-9 train again)" in rescue.event.note
+    said = supervisor_at(tmp_path, step=9, checkpoint_step=5, split=8, checkpointing=True)._rescue_from(0, OOM)
+    assert "the OOM rescue has no rung left" in said and "pieces of one sample: the batch has 8" in said
+
+
+def test_with_ranks_no_rescue_is_made_that_cannot_hold(tmp_path):
+    without_checkpoint = supervisor_at(tmp_path, step=4, checkpoint_step=None)
+    assert "--checkpoint-every N" in without_checkpoint._rescue_from(1, OOM)
+    supervisor = supervisor_at(tmp_path, step=4, checkpoint_step=3)
+    assert supervisor._rescue_from(1, OOM).options.split == 2
+    assert "something set it back" in supervisor._rescue_from(1, OOM)  # the same step, the same rung again
+    assert supervisor_at(tmp_path, step=4, checkpoint_step=3)._rescue_from(1, "rank 1 failed: RuntimeError: boom") == ""
+    off = supervisor_at(tmp_path, step=4, checkpoint_step=3, oom_rescue=False)
+    assert off._rescue_from(1, OOM) == ""
+    trial = "rank 1 failed: TrialOutOfMemory: out of memory in a trial's arm (DefaultCPUAllocator: can't allocate memory)"
+    assert supervisor_at(tmp_path, step=4, checkpoint_step=3)._rescue_from(1, trial) == ""

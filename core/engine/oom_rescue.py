@@ -12,9 +12,11 @@ the allocator's cached blocks), and retries the same step on the batches it had 
 3. then it stops, with one paragraph: what failed, what each rung tried, what to change.
 
 Each rung is a live option's value and stays in force, as a change typed in the app would: journalled as
-``oom_rescued``, shown in the event log and the impact table, undone by the option's key, kept by ``--resume``. Not
-with ranks yet (the other ranks would wait in the failed step's collectives): there an OOM stops the run as before.
-Not in a trial's arm, where running out of memory is the arm's result.
+``oom_rescued``, shown in the event log and the impact table, undone by the option's key, kept by ``--resume``.
+With ranks no rank can retry a step alone (the others wait in its collectives): the rank's error ends the step on
+every rank, and their supervisor (core/engine/ranks.py) takes the next rung of the same ladder (``rung_after``) and
+starts them again from the run's newest checkpoint. Not in a trial's arm, where running out of memory is the arm's
+result.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from torchlab.core.engine.option_hooks import enact
 from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.errors import TorchlabError
 from torchlab.core.wire.events import OomRescued
-from torchlab.core.wire.options import CHECKPOINTING, SPLIT, LiveOption, OptionRefused
+from torchlab.core.wire.options import CHECKPOINTING, SPLIT, LiveOption, LiveOptions, OptionRefused
 
 
 class OutOfMemoryStop(TorchlabError):
@@ -44,30 +46,46 @@ def free_failed_step(parts: TrainingParts) -> None:
         torch.cuda.empty_cache()
 
 
+def rung_after(options: LiveOptions, samples: int | None, has_blocks: bool) -> tuple[LiveOption, object] | None:
+    """The ladder, one rung below ``options``: split doubled while a piece holds more than one of a batch's
+    ``samples`` (None: the batches cannot be split), then checkpointing where the model ``has_blocks``; None where
+    no rung is left. The one definition of the ladder, in one process (``next_rung``) and with ranks (their
+    supervisor, core/engine/ranks.py)."""
+    if samples is not None and options.split < samples:
+        return SPLIT, min(2 * options.split, samples)
+    if not options.checkpointing and has_blocks:
+        return CHECKPOINTING, True
+    return None
+
+
+def no_rung_left(step: int, failure: str, options: LiveOptions, samples: int | None) -> str:
+    """The paragraph a run stops with when a step ran out of memory with every rung tried."""
+    tried = [f"split = {options.split}" + (f" (pieces of one sample: the batch has {samples})" if samples else
+                                           " (this run's batches cannot be split)")]
+    tried.append("checkpointing = on" if options.checkpointing else "no checkpointing (the model names no blocks)")
+    return (f"Step {step} ran out of memory ({failure}) with {' and '.join(tried)}: the OOM rescue has no rung left. "
+            f"Lower the batch size (--batch-size) or the model's size, turn on amp=bf16, or train on a device with "
+            f"more memory; the last checkpoint holds the run up to the step before.")
+
+
 def next_rung(parts: TrainingParts, step: int, failure: str, batch) -> OomRescued:
     """Enact the next rung for ``step``, whose attempt failed with ``failure`` on ``batch`` (its first), and say what
     it changed; OutOfMemoryStop where no rung is left."""
     options = parts.options
     samples = _samples(batch)
-    if samples is not None and options.split < samples:
+    rung = rung_after(options, samples, bool(parts.model.checkpointing.blocks))
+    if rung is not None and rung[0] is SPLIT:
         batch_norms = _batch_norms(parts.model.model)
         note = (f"{batch_norms} BatchNorm layer{'s' if batch_norms != 1 else ''} now see{'s' if batch_norms == 1 else ''} "
                 f"each piece's statistics, not the batch's" if batch_norms else "")
-        return _enact(parts, step, failure, SPLIT, min(2 * options.split, samples), note)
-    if not options.checkpointing and parts.model.checkpointing.blocks:
+        return _enact(parts, step, failure, SPLIT, rung[1], note)
+    if rung is not None:
         note = "" if samples is not None else "this run's batches cannot be split (no first dimension their tensors share)"
         try:
             return _enact(parts, step, failure, CHECKPOINTING, True, note)
         except OptionRefused:
             pass
-    tried = [f"split = {options.split}" + (f" (pieces of one sample: the batch has {samples})" if samples else
-                                           " (this run's batches cannot be split)")]
-    tried.append("checkpointing = on" if options.checkpointing else "no checkpointing (the model names no blocks)")
-    raise OutOfMemoryStop(
-        f"Step {step} ran out of memory ({failure}) with {' and '.join(tried)}: the OOM rescue has no rung left. "
-        f"Lower the batch size (--batch-size) or the model's size, turn on amp=bf16, or train on a device with "
-        f"more memory; the last checkpoint holds the run up to the step before."
-    )
+    raise OutOfMemoryStop(no_rung_left(step, failure, options, samples))
 
 
 def _samples(batch) -> int | None:

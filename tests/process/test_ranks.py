@@ -140,6 +140,27 @@ def test_a_spike_rolls_every_rank_back_at_the_same_step_as_one_process_would(tmp
     assert [row["loss"] for row in parallel] == pytest.approx([row.loss for row in seen.metrics], rel=1e-4)
 
 
+def test_an_out_of_memory_on_one_rank_starts_the_ranks_again_from_the_checkpoint_one_rung_down(tmp_path):
+    """Rank 1's step 5 runs out of memory (8 samples a rank; 4 fit): the other rank waits in the step's collectives,
+    so the supervisor starts both again from step 3's checkpoint with split = 2; step 4's row, trained again, is
+    moved aside, and the run's losses are the single process's without the limit."""
+    run = tmp_path / "run"
+    assert headless(run, f"{TINY}:rank_1_out_of_memory_above_4_from_step_5", "--world-size", "2", "--steps", "8",
+                    "--checkpoint-every", "3", "--seed", "4") == EXIT_OK
+    events = read_jsonl(run / "events.jsonl")
+    [rescued] = [e for e in events if e["event"] == "oom_rescued"]
+    assert (rescued["step"], rescued["option"], rescued["value"], rescued["previous"]) == (5, "split", 2, 1)
+    assert rescued["note"] == ("on rank 1 of 2: the ranks start again from the checkpoint of step 3 (step 4 trains "
+                               "again), with the options in force at step 5")
+    assert [e["step"] for e in events if e["event"] == "metrics_moved_aside"] == [3]
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [row["step"] for row in rows] == list(range(1, 9)) and [row["split"] for row in rows] == [1] * 3 + [2] * 5
+    plain, seen = make_trainer(f"{TINY}:without_dropout", steps=8, seed=4)
+    plain.run()
+    assert [row["loss"] for row in rows] == pytest.approx([row.loss for row in seen.metrics], rel=1e-5)
+    assert events[-1]["event"] == "run_ended" and events[-1]["status"] == "finished"
+
+
 @pytest.mark.parametrize("factory, message", [
     ("rank_1_raises_at_step_4", "rank 1 failed: RuntimeError: simulated failure on one rank"),
     ("rank_1_killed_at_step_4", "rank 1 was killed by signal 9 (SIGKILL)"),

@@ -380,3 +380,23 @@ def cuda_out_of_memory_above_8() -> Workload:
     """Batches of 16 that a GPU cannot hold in one forward, and can in two of 8."""
     return Workload(model=_without_dropout(TinyNet(extra=AllocatesPerSample())), dataset=_regression_data(),
                     loss_fn=mse_loss, batch_size=16)
+
+
+class OutOfMemoryOnRank1From5th(nn.Module):
+    """On rank 1, from its 5th forward in this process on, a forward of more than 4 samples runs out of memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls, self.armed = 0, os.environ.get("RANK") == "1"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += self.training
+        if self.armed and self.calls >= 5 and x.shape[0] > 4:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB for {x.shape[0]} samples")
+        return x
+
+
+def rank_1_out_of_memory_above_4_from_step_5() -> Workload:
+    """Batches of 16, 8 a rank at world size 2: rank 1's step 5 runs out of memory; 4 samples a piece fit."""
+    return Workload(model=_without_dropout(TinyNet(extra=OutOfMemoryOnRank1From5th())), dataset=_regression_data(),
+                    loss_fn=mse_loss, batch_size=16)
