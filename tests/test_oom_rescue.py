@@ -40,6 +40,7 @@ def test_with_every_rung_tried_the_run_stops_with_a_paragraph_saying_what_was_tr
     assert "step 1 ran out of memory (CUDA out of memory." in err and "retried with split = 2 (was 1)" in err
     assert "Step 1 ran out of memory" in err and "with split = 16 (pieces of one sample: the batch has 16) and " \
         "checkpointing = on: the OOM rescue has no rung left" in err
+    assert "Memory by kind: parameters 3.82 KiB, optimizer state 0 B." in " ".join(err.split())  # no AdamW step yet
 
 
 def test_with_the_rescue_off_an_out_of_memory_step_stops_the_run_as_it_did():

@@ -29,6 +29,8 @@ from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.engine.profiler import Profiling
 from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, GradNorms, ProbeCadence
 from torchlab.core.engine.step_report import HostTransfer, HostValues, StepReport, stats_by_module
+from torchlab.core.wire.payloads import MemoryBreakdown
+from torchlab.core.wire.units import format_bytes
 
 _NOTHING = contextlib.nullcontext()
 
@@ -80,6 +82,23 @@ class Instruments:
         self.memory_cadence = MemoryCadence(parts.config.memory_every)
         self.next_step = NextStep()  # with ranks: set at each boundary, from rank 0's decisions
         self.figures_gathered_at = -math.inf  # with ranks: when a report last gathered each rank's figures
+        self.last_memory: MemoryBreakdown | None = None  # training's last step measured by kind
+
+    def memory_at_failure(self) -> str:
+        """Memory by kind as a step that ran out of memory left it, for the OOM rescue's last paragraph: what lives
+        across steps as it is now, what a step adds as last measured, and on CUDA the allocator's peak."""
+        parts, last = self.parts, self.last_memory
+        parameters, optimizer = self.memory_probe.held_bytes(parts.optimization.optimizer)
+        kinds = [f"parameters {format_bytes(parameters)}", f"optimizer state {format_bytes(optimizer)}"]
+        if last is not None:
+            kinds.append(f"at step {last.step} (the last measured) gradients {format_bytes(last.gradients_bytes)} and "
+                         f"activations saved for backward {format_bytes(last.activations_bytes)}")
+        said = f"Memory by kind: {', '.join(kinds)}"
+        if parts.device.type == "cuda":
+            total = torch.cuda.get_device_properties(parts.device).total_memory
+            said += (f"; the allocator's peak {format_bytes(torch.cuda.max_memory_allocated(parts.device))} of the "
+                     f"device's {format_bytes(total)}")
+        return said + "."
 
     def is_report_step(self, step: int) -> bool:
         config = self.parts.config
@@ -173,6 +192,7 @@ class StepWatch:
             instruments.cadence.record_step(step_time)
             if memory is not None:
                 instruments.memory_cadence.measured()
+                instruments.last_memory = memory
         # torch.compile compiled again in this step (a guard failed): its time is compile time, not training's.
         compiling = self._graphs is not None and compiled_graphs() != self._graphs
         grad_norms, act_stats, metrics = host.vector("grad_norms"), host.vector("act_stats"), host.vector("metrics")

@@ -134,17 +134,23 @@ class MemoryProbe:
     def breakdown(self, step: int, saved: SavedTensorCount, gradients_bytes: int, optimizer: torch.optim.Optimizer,
                   device: torch.device) -> MemoryBreakdown:
         """The step's figures, once its optimizer step is taken (its state exists from the first)."""
-        parameters = _storages(self._model_tensors)
-        optimizer_tensors = (value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor))
+        parameters_bytes, optimizer_bytes = self.held_bytes(optimizer)
         return MemoryBreakdown(
             step=step,
-            parameters_bytes=sum(parameters.values()),
+            parameters_bytes=parameters_bytes,
             gradients_bytes=gradients_bytes,
-            optimizer_bytes=sum(size for address, size in _storages(optimizer_tensors).items() if address not in parameters),
+            optimizer_bytes=optimizer_bytes,
             activations_bytes=saved.bytes,
             allocator_peak_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
             by_module=[ModuleBytes(name, size) for name, size in sorted(saved.by_module.items(), key=lambda item: -item[1])],
         )
+
+    def held_bytes(self, optimizer: torch.optim.Optimizer) -> tuple[int, int]:
+        """What lives across steps: the model's parameters and buffers, and the optimizer's state (not counting a
+        storage the model holds), in bytes."""
+        parameters = _storages(self._model_tensors)
+        optimizer_tensors = (value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor))
+        return sum(parameters.values()), sum(size for address, size in _storages(optimizer_tensors).items() if address not in parameters)
 
     def gradients_bytes(self) -> int:
         """The gradients' storages, read after backward and before they are set to None."""

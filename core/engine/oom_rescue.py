@@ -9,7 +9,8 @@ the allocator's cached blocks), and retries the same step on the batches it had 
 1. ``split`` doubled (core/engine/batch_split.py): the same samples and the same gradient per step, half the
    activations alive at once, down to pieces of one sample;
 2. then activation checkpointing of the model's blocks, where it has blocks and it is off;
-3. then it stops, with one paragraph: what failed, what each rung tried, what to change.
+3. then it stops, with one paragraph: what failed, what each rung tried, what to change, and the memory by kind
+   (core/engine/instruments.py ``memory_at_failure``).
 
 Each rung is a live option's value and stays in force, as a change typed in the app would: journalled as
 ``oom_rescued``, shown in the event log and the impact table, undone by the option's key, kept by ``--resume``.
@@ -22,6 +23,7 @@ result.
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 
 import torch
 
@@ -68,9 +70,9 @@ def no_rung_left(step: int, failure: str, options: LiveOptions, samples: int | N
             f"more memory; the last checkpoint holds the run up to the step before.")
 
 
-def next_rung(parts: TrainingParts, step: int, failure: str, batch) -> OomRescued:
+def next_rung(parts: TrainingParts, step: int, failure: str, batch, memory: Callable[[], str]) -> OomRescued:
     """Enact the next rung for ``step``, whose attempt failed with ``failure`` on ``batch`` (its first), and say what
-    it changed; OutOfMemoryStop where no rung is left."""
+    it changed; OutOfMemoryStop where no rung is left, its paragraph ending with ``memory()``, the memory by kind."""
     options = parts.options
     samples = _samples(batch)
     rung = rung_after(options, samples, bool(parts.model.checkpointing.blocks))
@@ -85,7 +87,7 @@ def next_rung(parts: TrainingParts, step: int, failure: str, batch) -> OomRescue
             return _enact(parts, step, failure, CHECKPOINTING, True, note)
         except OptionRefused:
             pass
-    raise OutOfMemoryStop(no_rung_left(step, failure, options, samples))
+    raise OutOfMemoryStop(f"{no_rung_left(step, failure, options, samples)} {memory()}")
 
 
 def _samples(batch) -> int | None:

@@ -294,7 +294,8 @@ class Trainer:
                     raise
                 failure = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
             free_failed_step(parts)  # out of the except: the failed attempt's frames, and what they held, are gone
-            self.reporter.emit(next_rung(parts, step, failure, taken[0] if taken else data.peek_batch()))
+            self.reporter.emit(next_rung(parts, step, failure, taken[0] if taken else data.peek_batch(),
+                                         self.instruments.memory_at_failure))
             watch.options = parts.options  # the step's row says what it trained with: the rung's value
         precision.unscale_(optimizer)  # fp16: true-scale gradients, before they are measured or clipped
         loss, mean_metrics = mean_of_micro_batches(losses, metrics)

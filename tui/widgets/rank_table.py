@@ -20,7 +20,7 @@ from textual.widget import Widget
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.state import RunState
 from torchlab.tui.stragglers import ComparedRank
-from torchlab.tui.units import format_bytes
+from torchlab.core.wire.units import format_bytes
 from torchlab.tui.widgets.system_panel import NA
 
 FLAG_STYLE = "bold yellow"

@@ -1,6 +1,7 @@
-"""How the app writes byte counts: ``512 B``, ``1.5 KiB``, ``-3 MiB``, ``1013 MiB``, ``41.2 GiB``.
+"""How torchlab writes byte counts: ``512 B``, ``1.5 KiB``, ``-3 MiB``, ``1013 MiB``, ``41.2 GiB``.
 
-One formatter for every panel and table, so a figure reads the same wherever it appears. Three
+One formatter for every panel and table, and for the trainer's own messages (the OOM rescue's last paragraph), so
+a figure reads the same wherever it appears. Three
 significant digits, and whole numbers from 100 up (``:.3g`` alone would write 1013 MiB as ``1e+03``).
 Signed: a profiler's self memory is negative when an op frees more than it allocates.
 """
