@@ -337,3 +337,17 @@ async def test_a_spike_the_guard_held_back_is_said_and_marked_on_the_loss_chart_
         await until(pilot, lambda: state.options.get("spike_guard") == "rollback", what="the guard's change acknowledged")
         await pilot.press("q")
         await until(pilot, lambda: not app.is_running, what="exit")
+
+
+async def test_an_out_of_memory_step_rescued_is_said_and_its_rung_shows_in_the_options_panel(tmp_path):
+    """A forward of more than 8 samples out of memory, batches of 16: step 1 is retried with split = 2, which the
+    event log says and the options panel shows, as a change typed with k would."""
+    app, links = app_with_trainer(tmp_path / "run", f"{TINY}:out_of_memory_above_8", "--steps", "100000",
+                                  "--checkpoint-every", "0", "--eval-every", "0")
+    async with app.run_test(size=SIZE) as pilot:
+        state = app.run_state
+        await until(pilot, lambda: state.step >= 3 and state.options.get("split") == 2, what="the rescued steps")
+        shown = "\n".join(app.query_one(EventLog).lines_written)
+        assert "step 1 ran out of memory (CUDA out of memory." in shown and "retried with split = 2 (was 1)" in shown
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, what="exit")
