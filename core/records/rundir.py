@@ -280,8 +280,9 @@ class RunDirectory(TrainerObserver):
         with self._events_lock:
             self._events.append(to_json_line(MetricsMovedAside(
                 step=step, rows=len(replayed), first_step=first, last_step=last, file=REPLACED_METRICS,
-                message=f"the {len(replayed)} rows of steps {first}–{last} in metrics.jsonl, which this resume trains "
-                        f"again, were moved to {REPLACED_METRICS}",
+                message=(f"the row of step {first}" if len(replayed) == 1 else
+                         f"the {len(replayed)} rows of steps {first}–{last}") + f" in metrics.jsonl, which this resume "
+                        f"trains again, {'was' if len(replayed) == 1 else 'were'} moved to {REPLACED_METRICS}",
             ).journal_record()))
 
 
