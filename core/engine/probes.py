@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy
 import torch
 
 ROOT_MODULE_NAME = "(root)"  # parameters owned directly by the top-level model
@@ -84,15 +85,21 @@ class GradNormProbe:
         return GradNorms(per_module=module_sums.sqrt(), total=total, grads=grads)
 
 
-def clip_by_total_norm(norms: GradNorms, max_norm: float) -> None:
-    """Scale the measured gradients so their global norm is at most ``max_norm``, reusing the norms.
+def clip_by_total_norm(norms: GradNorms, max_norm: float, total: float) -> None:
+    """Scale the measured gradients so their global norm, ``total`` (``norms.total`` as the step's transfer read it),
+    is at most ``max_norm``, reusing the norms.
 
-    Same arithmetic as ``clip_grad_norm_(foreach=True)``, without reading the gradients a second time. Whether it
-    fired is the host's to say, from the total it reads anyway (``clipped``): a comparison on the device would be a
-    kernel, and a value in the step's transfer, more each clipped step.
+    Same arithmetic as ``clip_grad_norm_(foreach=True)``, its coefficient ``max_norm / (total + 1e-6)`` in float32 as
+    the device would take it, without reading the gradients a second time; decided on the host, which reads the
+    total anyway: a step below the limit multiplies nothing (clip_grad_norm_ multiplies by 1), and no kernel computes
+    the coefficient (on a CPU the two were a third of clipping's cost: 35 of 105 us on resnet_small's 25 tensors).
+    A total that is not finite is left to what follows (fp16's scaler skips the step; otherwise it stops the run).
     """
-    clip_coef = max_norm / (norms.total + 1e-6)
-    torch._foreach_mul_(norms.grads, torch.clamp(clip_coef, max=1.0))
+    if not math.isfinite(total):
+        return
+    coefficient = numpy.float32(max_norm) / (numpy.float32(total) + numpy.float32(1e-6))
+    if coefficient < 1.0:
+        torch._foreach_mul_(norms.grads, float(coefficient))
 
 
 def clipped(total_norm: float | None, max_norm: float | None) -> bool | None:

@@ -303,8 +303,6 @@ class Trainer:
             loss, mean_metrics = parts.world.collectives.mean_loss(loss, mean_metrics)
         # measured when the probe is due, or clipping or the spike guard needs them
         norms = watch.gradients(clipping=clip is not None or self.guard.on)
-        if clip is not None and norms is not None:
-            clip_by_total_norm(norms, clip)
         host = watch.to_host(loss, norms, mean_metrics)  # like nanoGPT's loss.item(): on CUDA, a sync
         loss_value, total_norm = host.scalar("loss"), host.scalar("grad_norm_total")
         lrs_used = [group["lr"] for group in optimizer.param_groups]  # before the schedule moves them on
@@ -315,6 +313,8 @@ class Trainer:
             return watch.finish(host, loss_value, total_norm, clipped(total_norm, clip), False, lrs_used, spike.action)
         if not precision.tolerates_nonfinite and not _finite(loss_value, total_norm):  # fp16 skips the step instead
             self._stop_on_nonfinite(plan, step, loss_value, total_norm)  # before the optimizer step: weights stay good
+        if clip is not None and norms is not None:  # decided from the total the host holds: below the limit, nothing
+            clip_by_total_norm(norms, clip, total_norm)
         self.guard.before_update()  # CUDA: the update waits for the host copy taken at the boundary, if on its way
         stepped = precision.step(optimizer)  # fp16: scaler.step(optimizer) and scaler.update(); False: skipped
         optimizer.zero_grad(set_to_none=True)
