@@ -159,15 +159,15 @@ async def test_a_gpu_that_hides_fields_reads_na_and_history_is_bounded() -> None
 
 
 async def test_several_gpus_each_get_a_line_or_a_summary_when_they_do_not_fit() -> None:
-    app, link = app_with(telemetry(gpus=[gpu(index) for index in range(6)]))
+    app, link = app_with(telemetry(gpus=[gpu(index) for index in range(7)]))
     async with app.run_test(size=WIDE) as pilot:
         await pilot.pause()
-        text = panel_text(app)  # six GPUs, a CUDA allocator: 6 + 1 + 4 lines do not fit in 10
-        assert "6 GPUs mem 247.2/477.6 GiB" in text and "util 0:87% 1:87% 2:87% 3:87% 4:87% 5:87%" in text
-        link.push(telemetry(gpus=[gpu(index) for index in range(6)]))
+        text = panel_text(app)  # seven GPUs, a CUDA allocator: 7 + 1 + 4 lines do not fit in 11
+        assert "7 GPUs mem 288.4/557.2 GiB" in text and "util 0:87% 1:87% 2:87% 3:87% 4:87% 5:87% 6:87%" in text
+        link.push(telemetry(gpus=[gpu(index) for index in range(7)]))
         await pilot.press("t")  # the full view has room for every GPU
         detail = app.screen.query_one(SystemPanel).render().plain
-        assert all(f"GPU{index} NVIDIA H100" in detail for index in range(6))
+        assert all(f"GPU{index} NVIDIA H100" in detail for index in range(7))
 
 
 # ---------------------------------------------------------------------- profiler screens
