@@ -10,6 +10,7 @@ import pytest
 
 from trial_records import trial_arm
 from torchlab.core.analysis.trial_speed import (
+    ARM_NOISE,
     FASTER, MIN_PAIRS, NO_CLEAR_DIFFERENCE, SLOWER, SPEED_MARGIN, _signed_rank_depth, paired_speed, speed_words,
 )
 from torchlab.core.analysis.trials import describe_trial
@@ -47,10 +48,12 @@ def test_an_a_a_trial_whose_interval_straddles_the_margin_names_no_direction():
     assert speed.verdict == NO_CLEAR_DIFFERENCE
 
 
-def test_an_interval_that_leaves_out_1_but_not_the_margin_names_no_direction():
-    """1.01-1.02x is surely not 1, and still no difference worth a word."""
+def test_no_interval_is_narrower_than_two_copies_of_an_arm_differ():
+    """Pairs that agree to 0.1 % on 1.015x: the interval still spans the arms' own noise (ARM_NOISE, ±2.5 % at
+    90 %), so it holds 1 and names no direction."""
     speed = paired_speed([10.15, 10.16, 10.14, 10.15, 10.17, 10.13], [10.0] * 6, 12)
-    assert 1 < speed.low and speed.high < 1 + SPEED_MARGIN and speed.verdict == NO_CLEAR_DIFFERENCE
+    assert speed.low == pytest.approx(1.015 / math.exp(1.645 * ARM_NOISE), rel=2e-3)
+    assert speed.low < 1 < 1 + SPEED_MARGIN < speed.high and speed.verdict == NO_CLEAR_DIFFERENCE
 
 
 def test_too_few_pairs_give_no_verdict_and_missing_blocks_are_left_out():

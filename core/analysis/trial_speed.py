@@ -6,7 +6,7 @@ machine does over seconds (a neighbour's job, a VM's drift, throttling) falls on
 Each pair gives one ratio, the changed arm's block step time over the unchanged arm's, and the pairs are the
 draws: a load that comes and goes moves a pair's two blocks together, and the ratio cancels it.
 
-The interval is the one a paired test gives, on the ratios' logarithms: Wilcoxon's signed-rank test, whose 90 %
+The interval is the one a paired test gives, on the ratios' logarithms, widened by ``ARM_NOISE`` (below): Wilcoxon's signed-rank test, whose 90 %
 interval runs between two of the pairs' Walsh averages (the means of every two pairs' log ratios, each pair with
 itself included), counted in from each end as far as the test's exact distribution allows; the ratio is the
 Hodges-Lehmann estimate, the median of those averages. Logarithms, because a ratio and its inverse are then
@@ -54,6 +54,13 @@ TAIL_PROBABILITY = 0.05
 #: Above this many pairs the signed-rank statistic's distribution is taken as normal (it is within a rank of the
 #: exact one there), not counted exactly: counting costs pairs cubed.
 EXACT_PAIRS = 60
+#: Two copies of the same arm differ by about this much within a trial, beyond what their pairs' noise says (the
+#: copies' memory, where each arm's state was loaded): A/A trials of 50 pairs under bursts spread 3.6 % from one
+#: trial to the next where their own pairs account for 3.3 % (√(3.6² - 3.3²) ≈ 1.5), and no count of pairs averages
+#: it away. Left out, their 90 % interval held 1.00 in 137 of 160 (86 %, 6 directions); added in quadrature
+#: (``_with_arm_noise``), 144 of 160 (90 %, 3 directions): chosen on one run of 80, held on the other
+#: (benchmarks/README.md, ``trial_power.py``).
+ARM_NOISE = 0.015
 #: A trial times on past its K steps while its interval's high end is more than this many times its low end (about
 #: ±6 % around the ratio): narrow enough that a change of 3 % or less reads "no clear difference" inside 0.9-1.1x.
 PRECISE_WIDTH = 1.12
@@ -70,9 +77,18 @@ def paired_speed(changed: Sequence[float | None], as_it_is: Sequence[float | Non
         return None
     walsh = sorted((logs[i] + logs[j]) / 2 for i in range(len(logs)) for j in range(i, len(logs)))
     inward = _signed_rank_depth(len(logs))
-    low, high = math.exp(walsh[inward]), math.exp(walsh[len(walsh) - 1 - inward])
+    low, high = _with_arm_noise(walsh[inward], walsh[len(walsh) - 1 - inward])
     return TrialSpeed(ratio=math.exp(statistics.median(walsh)), low=low, high=high, verdict=speed_verdict(low, high),
                       pairs=len(logs), steps=steps)
+
+
+def _with_arm_noise(low: float, high: float) -> tuple[float, float]:
+    """The pairs' interval (the logarithms of its ends) widened by ``ARM_NOISE``, in quadrature about its middle:
+    the half-width h becomes z·√((h/z)² + ARM_NOISE²), z the normal quantile of the interval's level."""
+    z = statistics.NormalDist().inv_cdf(1 - TAIL_PROBABILITY)
+    middle, half = (high + low) / 2, (high - low) / 2
+    half = z * math.hypot(half / z, ARM_NOISE)
+    return math.exp(middle - half), math.exp(middle + half)
 
 
 def precise_enough(speed: TrialSpeed | None) -> bool:
