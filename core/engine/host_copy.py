@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -44,7 +45,12 @@ class HostCopy:
         """Copy ``state`` (the end of ``step``) into the buffers, the same ones each time its tensors keep their
         shapes. ``on_step_stream``: the ``data_ptr`` of tensors that the next step's forward changes (buffers)."""
         tensors: list[torch.Tensor] = []
-        skeleton = _skeleton(state, tensors)
+
+        def slot(tensor: torch.Tensor) -> _Slot:
+            tensors.append(tensor.detach())
+            return _Slot(len(tensors) - 1)
+
+        skeleton = _walk(state, lambda value: isinstance(value, torch.Tensor), slot)
         if [(t.shape, t.dtype) for t in tensors] != [(b.shape, b.dtype) for b in self._buffers]:
             pin = self._stream is not None
             self._buffers = [torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin) for t in tensors]
@@ -76,7 +82,8 @@ class HostCopy:
         if self._copied is not None:
             self._copied.synchronize()  # captured at the boundary just before: its copy may still be on its way
             self._copied = None
-        return _filled(self._state, self._buffers)
+        buffers = self._buffers
+        return _walk(self._state, lambda value: isinstance(value, _Slot), lambda slot: buffers[slot.index].clone())
 
 
 class _Slot:
@@ -88,33 +95,19 @@ class _Slot:
         self.index = index
 
 
-def _skeleton(value: Any, tensors: list[torch.Tensor]) -> Any:
-    """``value`` with each tensor replaced by its slot in ``tensors`` (appended to), everything else copied."""
-    if isinstance(value, torch.Tensor):
-        tensors.append(value.detach())
-        return _Slot(len(tensors) - 1)
+def _walk(value: Any, is_leaf: Callable[[Any], bool], leaf: Callable[[Any], Any]) -> Any:
+    """``value`` (a nest of dicts, lists and tuples) with each leaf (where ``is_leaf``) replaced by ``leaf`` of it,
+    everything else copied (a module's ``_metadata`` kept: ``load_state_dict`` reads its versions)."""
+    if is_leaf(value):
+        return leaf(value)
     if type(value) in (dict, OrderedDict):
-        copied = type(value)((key, _skeleton(item, tensors)) for key, item in value.items())
+        walked = type(value)((key, _walk(item, is_leaf, leaf)) for key, item in value.items())
         if hasattr(value, "_metadata"):
-            copied._metadata = value._metadata
-        return copied
+            walked._metadata = value._metadata
+        return walked
     if type(value) in (list, tuple):
-        return type(value)(_skeleton(item, tensors) for item in value)
+        return type(value)(_walk(item, is_leaf, leaf) for item in value)
     return copy.deepcopy(value)
-
-
-def _filled(skeleton: Any, buffers: list[torch.Tensor]) -> Any:
-    """The state: each slot a clone of its buffer, everything else a copy."""
-    if isinstance(skeleton, _Slot):
-        return buffers[skeleton.index].clone()
-    if type(skeleton) in (dict, OrderedDict):
-        filled = type(skeleton)((key, _filled(item, buffers)) for key, item in skeleton.items())
-        if hasattr(skeleton, "_metadata"):
-            filled._metadata = skeleton._metadata
-        return filled
-    if type(skeleton) in (list, tuple):
-        return type(skeleton)(_filled(item, buffers) for item in skeleton)
-    return copy.deepcopy(skeleton)
 
 
 def check_rollback_fits(parts: TrainingParts, copies: int = 2) -> None:
