@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torchlab.core.wire import protocol
-from torchlab.core.wire.events import SpikeGuarded, describe
+from torchlab.core.wire.events import LET_THROUGH, SpikeGuarded, describe
 from torchlab.core.wire.metrics_row import MetricsRow
-from torchlab.core.wire.options import OPTION_NAMES, OPTIONS_BY_NAME, format_option_value
+from torchlab.core.wire.options import OPTION_NAMES, OPTIONS_BY_NAME, SPIKE_GUARD, format_option_value
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, TelemetrySample
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.formatting import short_workload
@@ -279,7 +279,9 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
                 self._on_profile_ready(event)
             case SpikeGuarded():
                 self.mark_spikes([event.step])
-                self.log("warning", describe(event).text, event.step)
+                offered = event.action == LET_THROUGH  # the guard is off: its key, where it will be seen
+                self.log("warning", describe(event).text, event.step, notify=offered,
+                         toast=f"spike at step {event.step}: {SPIKE_GUARD.key} turns on the spike guard" if offered else None)
             case _ if (sentence := describe(event)) is not None:  # the trainer's news in words (a compile, a trial)
                 self.log("warning" if sentence.warning else "info", sentence.text, event.step)
             case _:

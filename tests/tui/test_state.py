@@ -261,3 +261,15 @@ def test_a_past_with_nothing_to_tell_adds_no_line() -> None:
         state.apply(event)
     assert [entry.text for entry in state.take_log()] == ["training at step 0",
                                                           "connected to the trainer of tiny_gpt on cpu: 28 modules"]
+
+
+def test_a_spike_the_guard_let_through_is_marked_and_offers_its_key_in_a_toast_one_held_back_only_in_the_log() -> None:
+    from torchlab.core.wire.events import SpikeGuarded
+
+    spike = dict(measure="loss", value=1370.0, median=0.04, z=28.1, threshold=6.0, window=50)
+    state = fed([welcome(0), SpikeGuarded(step=126, action="let_through", **spike),
+                 SpikeGuarded(step=254, action="skipped", **spike)])
+    assert state.spikes == [126, 254]
+    offered, held = [entry for entry in state.take_log() if "spike at step" in entry.text]
+    assert offered.notify and offered.toast == "spike at step 126: G turns on the spike guard"
+    assert not held.notify and held.level == "warning"
