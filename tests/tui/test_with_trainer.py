@@ -332,7 +332,7 @@ async def test_a_spike_the_guard_held_back_is_said_and_marked_on_the_loss_chart_
         assert "spike at step 21: loss" in shown and "its update held back" in shown
         chart = app.query_one("#loss-chart", LineChart)
         await until(pilot, lambda: "spike" in str(chart.border_title), what="the chart's title")
-        assert MARK in chart.render_line(0).text
+        await until(pilot, lambda: MARK in chart.render_line(0).text, what="the mark (charts redraw in turn)")
         await pilot.press("G")
         await until(pilot, lambda: state.options.get("spike_guard") == "rollback", what="the guard's change acknowledged")
         await pilot.press("q")
