@@ -187,3 +187,32 @@ def test_headless_says_the_spike_in_one_line_and_journals_it(tmp_path, capsys):
     assert [e["action"] for e in events if e["event"] == "spike_guarded"] == ["skipped"]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows if "spike" in row] == [21]
+
+
+# ---------------------------------------------------------------------- which samples
+
+def test_a_spikes_samples_are_the_dataset_indices_of_its_batches_across_an_epochs_end():
+    from torch.utils.data import Dataset
+
+    from torchlab.core.engine.data import BatchStream
+
+    class Indices(Dataset):
+        def __len__(self) -> int:
+            return 40
+
+        def __getitem__(self, index: int) -> int:
+            return index
+
+    stream = BatchStream(Indices(), batch_size=16, collate_fn=None, seed=3, device=torch.device("cpu"))
+    batches = [stream.next_batch().tolist() for _ in range(4)]  # 40 samples: two batches an epoch
+    assert stream.samples_of(1) == batches[-1] and stream.samples_of(2) == batches[-2] + batches[-1]
+    assert stream.samples_of(5) is None  # more batches than were taken
+
+
+def test_the_guard_names_a_sample_that_was_in_every_spikes_batch():
+    trainer, _ = make_trainer()
+    guard = trainer.guard
+    assert guard._suspected([1, 777, 9]) == "" and guard._suspected([4, 777, 12]) == ""
+    assert guard._suspected([777, 30, 31]) == "sample 777 was in the batch of each of the last 3 spikes: a bad record?"
+    assert guard._suspected([5, 6, 7]) == ""  # nothing shared: the count starts again
+    assert guard._suspected(None) == ""

@@ -24,6 +24,7 @@ import itertools
 import operator
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -150,6 +151,8 @@ class BatchStream:
         self._peeked: Any = None  # the batch at the position, fetched by peek_batch and not yet taken
         #: The batch ``next_batch`` returned last: the non-finite guard replays it, a compile at a boundary runs it.
         self.last_batch: Any = None
+        #: Where each recent batch began, (epoch, samples into it): the spike guard names a batch's samples by it.
+        self.taken_at: deque[tuple[int, int]] = deque(maxlen=4096)
         #: Seconds ``next_batch`` made its caller wait since ``take_wait`` was last called.
         self._waited_s = 0.0
 
@@ -177,10 +180,26 @@ class BatchStream:
         started = time.perf_counter()
         batch = self._peeked if self._peeked is not None else self._fetch()
         self._peeked = None
+        self.taken_at.append((self.position.epoch, self.position.samples))  # after the fetch: a new epoch's, if it began
         self.position.samples += self.batch_size
         self.last_batch = batch
         self._waited_s += time.perf_counter() - started
         return batch
+
+    def samples_of(self, batches: int) -> list[int] | None:
+        """The dataset indices of the last ``batches`` batches taken, all ranks' samples together (every rank takes
+        its share of the same slice of the epoch's permutation), in the order drawn; None for an IterableDataset,
+        whose samples have no index."""
+        if self.iterable or batches > len(self.taken_at):
+            return None
+        indices: list[int] = []
+        size = len(self.dataset)
+        total = size - size % self.world_size  # DistributedSampler's drop_last: P[:total_size]
+        for epoch, samples in list(self.taken_at)[-batches:]:
+            start = samples - samples % self.world_size  # as ResumableDistributedSampler rounds a start
+            generator = torch.Generator().manual_seed(epoch_seed(self.seed) + epoch)
+            indices += torch.randperm(size, generator=generator)[:total][start:start + self.batch_size].tolist()
+        return indices
 
     def take_wait(self) -> float:
         """The seconds ``next_batch`` took since the last call: a step's wait for its data."""

@@ -105,7 +105,7 @@ class SpikeGuarded(Message):
     ``median`` of the last ``window`` steps, past the spike guard's ``threshold`` (core/engine/spike_guard.py); null
     where not finite. ``action``: ``skipped`` (its update held back), ``rolled_back`` (to the state after step
     ``rolled_back_to``), ``let_through`` (the guard off: applied) or ``new_level`` (spikes in a row: taken as the
-    run's new level, applied)."""
+    run's new level, applied). ``samples``: the dataset indices of the step's batches, where it has indices."""
 
     type: ClassVar[str] = "spike_guarded"
     step: int
@@ -120,6 +120,12 @@ class SpikeGuarded(Message):
     grad_norm: float | None = None
     rolled_back_to: int | None = None
     note: str = ""
+    #: the dataset indices of the step's samples (at most ``MAX_SPIKE_SAMPLES``), where the dataset has indices
+    samples: list | None = None
+
+
+#: The most dataset indices a spike_guarded event lists.
+MAX_SPIKE_SAMPLES = 1024
 
 
 @dataclass(frozen=True)
