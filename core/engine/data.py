@@ -195,10 +195,13 @@ class BatchStream:
         indices: list[int] = []
         size = len(self.dataset)
         total = size - size % self.world_size  # DistributedSampler's drop_last: P[:total_size]
+        permutations: dict[int, torch.Tensor] = {}  # each epoch's once: a step's batches span one or two
         for epoch, samples in list(self.taken_at)[-batches:]:
+            if epoch not in permutations:
+                generator = torch.Generator().manual_seed(epoch_seed(self.seed) + epoch)
+                permutations[epoch] = torch.randperm(size, generator=generator)[:total]
             start = samples - samples % self.world_size  # as ResumableDistributedSampler rounds a start
-            generator = torch.Generator().manual_seed(epoch_seed(self.seed) + epoch)
-            indices += torch.randperm(size, generator=generator)[:total][start:start + self.batch_size].tolist()
+            indices += permutations[epoch][start:start + self.batch_size].tolist()
         return indices
 
     def take_wait(self) -> float:
