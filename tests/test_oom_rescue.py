@@ -60,18 +60,25 @@ def test_a_split_says_that_the_models_batch_norm_now_sees_each_pieces_statistics
 # ---------------------------------------------------------------------- with ranks: their supervisor's decision
 
 def supervisor_at(tmp_path, step: int, checkpoint_step: int | None, **options):
-    """A supervisor of 2 ranks as rank 0's reports left it at ``step``: batch 16 (8 a rank), blocks to checkpoint."""
-    from torchlab.core.engine.ranks import Supervisor
-    from torchlab.core.records.config import build_config
+    """The OOM rescue of a supervisor of 2 ranks as rank 0's reports left it at ``step``: batch 16 (8 a rank), blocks
+    to checkpoint, and a checkpoint of ``checkpoint_step`` where given; its ``_rescue_from`` decides on a failure."""
+    from torchlab.core.engine.rank_rescue import RankRescue
+    from torchlab.core.wire.events import RunStarted
     from torchlab.core.wire.options import LiveOptions
+    from torchlab.core.wire.protocol import CheckpointSaved
 
-    config = build_config({}, {"workload": f"{TINY}:workload", "options": {"world_size": 2}, "at": []})
-    supervisor = Supervisor(config, observers=[], run_dir=tmp_path)
-    supervisor._in_force = LiveOptions(world_size=2, **options).as_dict()
-    supervisor._batch_size, supervisor._has_blocks, supervisor.step = 16, True, step
+    rescue = RankRescue(resume_from=None)
+    in_force = LiveOptions(world_size=2, **options).as_dict()
+    rescue.observe(RunStarted(step=0, device="cpu", batch_size=16, steps=200, options=in_force, modules=[],
+                              module_params=[], checkpoint_blocks=["body.0"], world_size=2, ranks=None))
     if checkpoint_step is not None:
-        supervisor._checkpoint, supervisor._checkpoint_step = tmp_path / "step.pt", checkpoint_step
-    return supervisor
+        rescue.observe(CheckpointSaved(step=checkpoint_step, path=str(tmp_path / "step.pt")))
+
+    class At:
+        def _rescue_from(self, rank: int, message: str):
+            return rescue.rescue_from(rank, message, step=step + 1, world_size=2)
+
+    return At()
 
 
 OOM = "rank 1 failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\nmore"

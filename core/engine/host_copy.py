@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 import torch
 
+from torchlab.core.engine.memory import held_bytes
 from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.wire.options import OptionRefused
 
@@ -114,10 +115,9 @@ def check_rollback_fits(parts: TrainingParts, copies: int = 2) -> None:
     """OptionRefused where the spike guard's ``copies`` host copies of the model and optimizer state would take more
     than ``HOST_MEMORY_SHARE`` of the host's available memory (AdamW's two moments assumed where the optimizer has
     made no state yet)."""
-    model_bytes = sum(tensor.numel() * tensor.element_size() for tensor in parts.model.state_dict().values())
-    state = parts.optimization.optimizer.state
-    optimizer_bytes = (sum(value.numel() * value.element_size() for entry in state.values() for value in entry.values()
-                           if isinstance(value, torch.Tensor)) if state else 2 * model_bytes)
+    model = parts.model.model
+    model_bytes, optimizer_bytes = held_bytes([*model.parameters(), *model.buffers()], parts.optimization.optimizer)
+    optimizer_bytes = optimizer_bytes if parts.optimization.optimizer.state else 2 * model_bytes
     needed = copies * (model_bytes + optimizer_bytes)
     available = psutil.virtual_memory().available
     if needed > HOST_MEMORY_SHARE * available:

@@ -146,15 +146,20 @@ class MemoryProbe:
         )
 
     def held_bytes(self, optimizer: torch.optim.Optimizer) -> tuple[int, int]:
-        """What lives across steps: the model's parameters and buffers, and the optimizer's state (not counting a
-        storage the model holds), in bytes."""
-        parameters = _storages(self._model_tensors)
-        optimizer_tensors = (value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor))
-        return sum(parameters.values()), sum(size for address, size in _storages(optimizer_tensors).items() if address not in parameters)
+        """``held_bytes`` of this model (its tensors walked once, when the probe was made)."""
+        return held_bytes(self._model_tensors, optimizer)
 
     def gradients_bytes(self) -> int:
         """The gradients' storages, read after backward and before they are set to None."""
         return sum(_storages(p.grad for p in self._parameters if p.grad is not None).values())
+
+
+def held_bytes(model_tensors: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer) -> tuple[int, int]:
+    """What lives across steps, in bytes: the model's tensors (its parameters and buffers), and the optimizer's
+    state, not counting a storage the model holds."""
+    parameters = _storages(model_tensors)
+    optimizer_tensors = (value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor))
+    return sum(parameters.values()), sum(size for address, size in _storages(optimizer_tensors).items() if address not in parameters)
 
 
 def _storages(tensors: Iterable[torch.Tensor]) -> dict[int, int]:

@@ -36,7 +36,8 @@ from torchlab.core.wire.options import CHECKPOINTING, SPLIT, LiveOption, LiveOpt
 
 
 class OutOfMemoryStop(TorchlabError):
-    """A step ran out of memory with every rung of the rescue tried (or the rescue off, or ranks)."""
+    """A step ran out of memory with every rung of the rescue tried (with the rescue off, or in a trial's arm, the
+    allocation's own error ends the run)."""
 
 
 def free_failed_step(parts: TrainingParts) -> None:

@@ -20,7 +20,7 @@ die with their supervisor (parent-death signal), so none is ever left behind. A 
 the OOM rescue's (core/engine/oom_rescue.py), where it is on: the other ranks wait in the failed step's
 collectives, so no rank can retry the step alone; the supervisor decides the rung from the rank's failure and
 starts the ranks again from the run's newest checkpoint, with the options in force at the failure and the rung
-(``oom_rescued``); the steps since that checkpoint train again, their rows moved aside as by any resume.
+(``oom_rescued``; core/engine/rank_rescue.py).
 
 Under ``torchrun`` (several nodes, or a launcher of your own) there is no relaunch: each process is a
 rank with its world size fixed by the launcher, rank 0 reports in-process, and a change is refused.
@@ -49,20 +49,20 @@ from torchlab.core.engine import loopback_rendezvous
 from torchlab.core.engine.checkpoint import peek_checkpoint
 from torchlab.core.engine.checkpoint_contents import saved_world_size
 from torchlab.core.engine.distributed import RankContext, check_world_size, rank_from_environment
-from torchlab.core.engine.oom_rescue import no_rung_left, rung_after
 from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
+from torchlab.core.engine.rank_rescue import RankRescue, Rescue
 from torchlab.core.engine.parts import resolve_device
 from torchlab.core.engine.rank_channel import RankChannel, SupervisorLink
 from torchlab.core.engine.trainer import Trainer
 from torchlab.core.errors import ConfigError, StorageError, TorchlabError, WorkloadError
 from torchlab.core.records.config import TrainConfig, build_config, load_config_file
 from torchlab.core.records.storage import create_file, make_folder, match_folder_privacy, write_atomically
-from torchlab.core.wire.events import OomRescued, Relaunching, ResumeChangedSettings, ResumedFromCheckpoint, RunStarted
+from torchlab.core.wire.events import Relaunching, ResumeChangedSettings, ResumedFromCheckpoint, RunStarted
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import OOM_RESCUE, OPTION_NAMES, WORLD_SIZE, LiveOptions, OptionRefused
+from torchlab.core.wire.options import OPTION_NAMES, WORLD_SIZE, OptionRefused
 from torchlab.core.wire.payloads import TelemetrySample
-from torchlab.core.wire.protocol import CheckpointSaved, Error, Message, OptionApplied, StopCommand, TrainerCommand
+from torchlab.core.wire.protocol import Error, Message, OptionApplied, StopCommand, TrainerCommand
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.runtime import die_with_parent
 
@@ -131,15 +131,8 @@ class Supervisor:
         self._signalled_stop: StopCommand | None = None
         self._acknowledge: WorldSizeChange | None = None
         self._resume_note = resume_note
-        #: what rank 0 said of the run, for an OOM rescue: the options in force (its welcome, then each change), the
-        #: global batch, whether the model has blocks to checkpoint, and the newest checkpoint to start again from
-        self._in_force: dict[str, Any] | None = None
-        self._batch_size = 0
-        self._has_blocks = False
-        self._checkpoint: Path | None = resume_from
-        self._checkpoint_step: int | None = None  # its step: the resumed one's is the welcome's
-        self._rescue: _Rescue | None = None
-        self._rescued: set[tuple[int, str, Any]] = set()  # (step, option, value) of each rescue, which must hold
+        self.rank_rescue = RankRescue(resume_from)  # the OOM rescue with ranks: what rank 0 said, and its rungs
+        self._rescue: Rescue | None = None
         if external is not None:
             self.world_size = external.world_size
             self.config = _with_world_size(config, external.world_size)
@@ -337,8 +330,8 @@ class Supervisor:
         if failure is not None:
             if isinstance(failure, ChildFailedError):
                 rank, message, trace, exitcode = root_cause(failure)
-                rescue = self._rescue_from(rank, message)
-                if isinstance(rescue, _Rescue):
+                rescue = self.rank_rescue.rescue_from(rank, message, step=self.step + 1, world_size=self.world_size)
+                if isinstance(rescue, Rescue):
                     self._relay.on_event(rescue.event)
                     self._rescue = rescue
                     return RunOutcome(RunStatus.RELAUNCH, self.step)
@@ -352,54 +345,6 @@ class Supervisor:
             self._relay.on_event(Error(step=self.step + 1, message=message, traceback=""))
             return RunOutcome(RunStatus.FAILED, self.step, message)
         return outcome.as_run_outcome()
-
-
-    def _rescue_from(self, rank: int, message: str) -> _Rescue | str:
-        """The OOM rescue of rank ``rank``'s failure (``message``, as ``root_cause`` says it), or what to add to the
-        message where it is none: nothing where the failure is no allocation's or the rescue is off."""
-        failure = message.partition(": ")[2]  # "rank 1 failed: OutOfMemoryError: CUDA out of memory..."
-        kind, _, text = failure.partition(": ")
-        if not (kind == "OutOfMemoryError" or (kind == "RuntimeError" and "can't allocate memory" in text)):
-            return ""
-        if self._in_force is None or not self._in_force.get(OOM_RESCUE.name):
-            return ""
-        options = LiveOptions(**self._in_force)
-        step, first_line = self.step + 1, (text.splitlines() or [kind])[0][:200]
-        samples = self._batch_size // self.world_size if self._batch_size else None
-        rung = rung_after(options, samples, self._has_blocks)
-        if rung is None:
-            return f". {no_rung_left(step, first_line, options, samples)}"
-        option, value = rung
-        if (step, option.name, value) in self._rescued:
-            return (f". The OOM rescue started the ranks again from step {step} with {option.name} = "
-                    f"{option.format(value)} before, and the step ran out of memory with {option.name} = "
-                    f"{option.format(getattr(options, option.name))} again: something set it back (a scripted --at?)")
-        if self._checkpoint is None and self.step > 0:
-            return (". With ranks the OOM rescue starts them again from a checkpoint, and this run has none yet "
-                    "(--checkpoint-every N keeps one every N steps)")
-        self._rescued.add((step, option.name, value))
-        if self._checkpoint is None:
-            since = "the start"
-        else:
-            saved = self._checkpoint_step or 0
-            again = {step - 1: "", step - 2: f" (step {step - 1} trains again)"}.get(
-                saved, f" (steps {saved + 1}-{step - 1} train again)")
-            since = f"the checkpoint of step {saved}{again}"
-        note = (f"on rank {rank} of {self.world_size}: the ranks start again from {since}, with the options in force "
-                f"at step {step}")
-        previous = getattr(options, option.name)
-        event = OomRescued(step=step, option=option.name, value=value, previous=previous, error=first_line, note=note)
-        return _Rescue(options.with_value(option.name, value), self._checkpoint, event)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Rescue:
-    """An OOM rescue with ranks: the options they start again with, the checkpoint they start from (None: the
-    start), and the event that says so."""
-
-    options: LiveOptions
-    resume: Path | None
-    event: OomRescued
 
 
 class _Relay(TrainerObserver):
@@ -417,6 +362,7 @@ class _Relay(TrainerObserver):
     def on_event(self, event: Message) -> None:
         for observer in self.supervisor.observers:
             observer.on_event(event)
+        self.supervisor.rank_rescue.observe(event)
         change = self.supervisor._acknowledge
         note = self.supervisor._resume_note
         match event:
@@ -424,11 +370,6 @@ class _Relay(TrainerObserver):
                 self.supervisor._resume_note = None
                 self.on_event(ResumeChangedSettings(step=event.step, **note))
             case RunStarted():
-                self.supervisor._in_force = dict(event.options)
-                self.supervisor._batch_size = event.batch_size
-                self.supervisor._has_blocks = bool(event.checkpoint_blocks)
-                if self.supervisor._checkpoint_step is None:
-                    self.supervisor._checkpoint_step = event.step  # resumed from: the checkpoint of its step
                 self.supervisor.step = event.step
                 if change is not None:
                     self.supervisor._acknowledge = None
@@ -436,10 +377,6 @@ class _Relay(TrainerObserver):
                         step=change.step, option=WORLD_SIZE.name, value=change.value, previous=change.previous,
                         display=WORLD_SIZE.format(change.value), source=change.source,
                     ))
-            case OptionApplied() if self.supervisor._in_force is not None:
-                self.supervisor._in_force[event.option] = event.value
-            case CheckpointSaved():
-                self.supervisor._checkpoint, self.supervisor._checkpoint_step = Path(event.path), event.step
 
     def on_telemetry(self, sample: TelemetrySample) -> None:
         for observer in self.supervisor.observers:

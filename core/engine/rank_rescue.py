@@ -1,0 +1,95 @@
+"""The OOM rescue with ranks, their supervisor's part (core/engine/ranks.py): what rank 0 said of the run, and the
+rung a rank's allocation failure takes.
+
+No rank can retry a step alone: the others wait in its collectives. So the rank's OutOfMemoryError ends the step on
+every rank, and the supervisor takes the next rung of the OOM rescue's one ladder (core/engine/oom_rescue.py
+``rung_after``) and starts the ranks again from the run's newest checkpoint, with the options in force at the
+failure and the rung; the steps since that checkpoint train again, their rows moved aside as by any resume. For
+that it follows rank 0's reports (``observe``): its welcome (the options, the global batch, whether the model has
+blocks to checkpoint), each option applied, each checkpoint written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchlab.core.engine.oom_rescue import no_rung_left, rung_after
+from torchlab.core.wire.events import OomRescued, RunStarted
+from torchlab.core.wire.options import OOM_RESCUE, LiveOptions
+from torchlab.core.wire.protocol import CheckpointSaved, Message, OptionApplied
+
+
+@dataclass(frozen=True)
+class Rescue:
+    """An OOM rescue with ranks: the options they start again with, the checkpoint they start from (None: the
+    start), and the event that says so."""
+
+    options: LiveOptions
+    resume: Path | None
+    event: OomRescued
+
+
+class RankRescue:
+    """What the OOM rescue with ranks knows of the run, from rank 0's reports, and its decision on a failure."""
+
+    def __init__(self, resume_from: Path | None) -> None:
+        self._in_force: dict[str, Any] | None = None  # the options in force: the welcome's, then each change
+        self._batch_size = 0  # the global batch
+        self._has_blocks = False
+        self._checkpoint: Path | None = resume_from  # the newest checkpoint to start again from
+        self._checkpoint_step: int | None = None  # its step: the resumed one's is the welcome's
+        self._rescued: set[tuple[int, str, Any]] = set()  # (step, option, value) of each rescue, which must hold
+
+    def observe(self, event: Message) -> None:
+        """Follow rank 0's report ``event``."""
+        match event:
+            case RunStarted():
+                self._in_force = dict(event.options)
+                self._batch_size = event.batch_size
+                self._has_blocks = bool(event.checkpoint_blocks)
+                if self._checkpoint_step is None:
+                    self._checkpoint_step = event.step  # resumed from: the checkpoint of its step
+            case OptionApplied() if self._in_force is not None:
+                self._in_force[event.option] = event.value
+            case CheckpointSaved():
+                self._checkpoint, self._checkpoint_step = Path(event.path), event.step
+
+    def rescue_from(self, rank: int, message: str, *, step: int, world_size: int) -> Rescue | str:
+        """The rescue of rank ``rank``'s failure (``message``, as ``root_cause`` says it) in ``step`` of a run of
+        ``world_size`` ranks, or what to add to the message where there is none: nothing where the failure is no
+        allocation's or the rescue is off."""
+        failure = message.partition(": ")[2]  # "rank 1 failed: OutOfMemoryError: CUDA out of memory..."
+        kind, _, text = failure.partition(": ")
+        if not (kind == "OutOfMemoryError" or (kind == "RuntimeError" and "can't allocate memory" in text)):
+            return ""
+        if self._in_force is None or not self._in_force.get(OOM_RESCUE.name):
+            return ""
+        options = LiveOptions(**self._in_force)
+        first_line = (text.splitlines() or [kind])[0][:200]
+        samples = self._batch_size // world_size if self._batch_size else None
+        rung = rung_after(options, samples, self._has_blocks)
+        if rung is None:
+            return f". {no_rung_left(step, first_line, options, samples)}"
+        option, value = rung
+        if (step, option.name, value) in self._rescued:
+            return (f". The OOM rescue started the ranks again from step {step} with {option.name} = "
+                    f"{option.format(value)} before, and the step ran out of memory with {option.name} = "
+                    f"{option.format(getattr(options, option.name))} again: something set it back (a scripted --at?)")
+        if self._checkpoint is None and step > 1:
+            return (". With ranks the OOM rescue starts them again from a checkpoint, and this run has none yet "
+                    "(--checkpoint-every N keeps one every N steps)")
+        self._rescued.add((step, option.name, value))
+        if self._checkpoint is None:
+            since = "the start"
+        else:
+            saved = self._checkpoint_step or 0
+            again = {step - 1: "", step - 2: f" (step {step - 1} trains again)"}.get(
+                saved, f" (steps {saved + 1}-{step - 1} train again)")
+            since = f"the checkpoint of step {saved}{again}"
+        note = (f"on rank {rank} of {world_size}: the ranks start again from {since}, with the options in force at "
+                f"step {step}")
+        previous = getattr(options, option.name)
+        event = OomRescued(step=step, option=option.name, value=value, previous=previous, error=first_line, note=note)
+        return Rescue(options.with_value(option.name, value), self._checkpoint, event)
