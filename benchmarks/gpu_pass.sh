@@ -20,6 +20,8 @@
 #   syncs      host syncs per step per option, and what one per step costs (host_syncs.py)
 #   gaps       where the GPU waits for the host, in the engine's steps and a bare loop's (benchmarks/gpu_gaps.py)
 #   lightning  the same workloads under Lightning with its grad_norm logging (lightning_overhead.py)
+#   trials     a controlled trial's power on the GPU: checkpointing=on and clip=1.0 judged, A/A trials
+#              (trial_power.py, under its drifting load of one busy core)
 #
 # What it writes goes to $OUT (set by the machine's runner) or /tmp/gpu-pass: one log per stage, the
 # benchmarks' JSON, env.txt. Python packages come from .whl/ into /tmp/site; torch is the machine's own.
@@ -34,7 +36,7 @@ device=${DEVICE:-cuda}
 # On a CPU the ~92M-parameter GPT takes seconds a step: the check of the script trains a small one instead.
 [[ $device == cpu ]] && export TORCHLAB_GPT100M_SMALL=1
 stages=("$@")
-[[ ${#stages[@]} -eq 0 || ${stages[0]} == all ]] && stages=(tests screens probe syncs gaps lightning)
+[[ ${#stages[@]} -eq 0 || ${stages[0]} == all ]] && stages=(tests screens probe syncs gaps lightning trials)
 
 fail() { echo "gpu_pass.sh: $*" >&2; exit 2; }
 
@@ -98,6 +100,7 @@ stage_command() {
         lightning) echo '"$python" benchmarks/lightning_overhead.py --device "$device" --json "$out/lightning_tiny_gpt.json"
                          "$python" benchmarks/lightning_overhead.py --device "$device" --workload gpt100m \
                              --rounds 6 --steps-per-block 5 --json "$out/lightning_gpt100m.json"' ;;
+        trials) echo '"$python" benchmarks/trial_power.py --device "$device" --aa 20' ;;
         *) return 1 ;;
     esac
 }
@@ -116,7 +119,7 @@ run_stage() {
 }
 
 for stage in "${stages[@]}"; do
-    stage_command "$stage" >/dev/null || fail "no stage '$stage': tests, gpu-tests, screens, probe, syncs, gaps, lightning or all"
+    stage_command "$stage" >/dev/null || fail "no stage '$stage': tests, gpu-tests, screens, probe, syncs, gaps, lightning, trials or all"
 done
 setup
 status=0

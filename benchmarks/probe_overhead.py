@@ -4,6 +4,8 @@ Variants, each with its own copy of the same model (same initial weights) and th
 
   bare           a plain loop: DataLoader, AdamW, forward, backward, step, loss.item()
   engine-off     the torchlab Trainer with the gradient-norm probe off
+  engine-taken   on CUDA: engine-off fetching each batch when it takes it, after the step's synchronisation, not
+                 ahead of it (``BatchStream.fetch_ahead``): what fetching ahead is worth
   engine-every   the Trainer with per-module grad norms on every step   <- the goal: >= 0.98 of bare
   engine-auto    the Trainer with the self-timing cadence (default)
   naive-hooks    the bare loop plus the common naive pattern: a full backward hook per module that
@@ -143,6 +145,9 @@ def main() -> None:
         "engine-auto": make_engine(fresh(), args.workload, batch_size, args.lr, "auto", args.device),
         "naive-hooks": BareLoop(fresh(), batch_size, args.lr, naive_hooks=True, device=device),
     }
+    if device.type == "cuda":
+        runners["engine-taken"] = make_engine(fresh(), args.workload, batch_size, args.lr, 0, args.device)
+        runners["engine-taken"].data.fetches_ahead = False
     params = sum(p.numel() for p in template.model.parameters())
     modules = len(runners["engine-every"].instruments.grad_probe.module_names)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
@@ -177,6 +182,13 @@ def main() -> None:
                          "vs_bare": statistics.median(ratios), "iqr_low": quartiles[0], "iqr_high": quartiles[2]}
         print(f"{name:<14} {figures[name]['ms_per_step']:>9.1f} "
               f"{statistics.median(ratios):>19.3f} {f'{quartiles[0]:.3f}–{quartiles[2]:.3f}':>15}")
+    if "engine-taken" in block_times:  # side by side in each round: what fetching ahead saves the engine
+        ahead = [taken / off for taken, off in zip(block_times["engine-taken"], block_times["engine-off"])]
+        quartiles = statistics.quantiles(ahead, n=4) if len(ahead) > 1 else [ahead[0]] * 3
+        figures["fetch_ahead_speedup"] = {"median": statistics.median(ahead), "iqr_low": quartiles[0],
+                                          "iqr_high": quartiles[2]}
+        print(f"\nFetching ahead: engine-off {statistics.median(ahead):.4f}x as fast as engine-taken "
+              f"(IQR {quartiles[0]:.4f}-{quartiles[2]:.4f}, per round)")
     auto, every = runners["engine-auto"], runners["engine-every"]
     probe_ms = 1000 * every.instruments.cadence.probe_cost_s
     step_ms = 1000 * statistics.median(block_times["engine-every"]) / args.steps_per_block

@@ -3,6 +3,7 @@ direction (issue 29).
 
     .venv/bin/python benchmarks/trial_power.py                        # the goals' tries, 40 A/A tries, K = 20
     .venv/bin/python benchmarks/trial_power.py --tries 6 --aa 60 --steps 20 --no-load
+    python3 benchmarks/trial_power.py --device cuda --aa 20             # on a GPU (benchmarks/gpu_pass.sh trials)
 
 Trials run in this process on a real trainer (``benchmarks/resnet_small.py``, the small residual CNN of
 ``loop_cost.py``), as ``--trial`` runs them, while a child process loads the machine with a drifting load: one
@@ -66,7 +67,7 @@ def busy_bursts(seed: int, pid_file: Path) -> int:
 class TrialRunner:
     """A trainer on ``resnet_small`` that runs one trial at a time and hands back its result."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, device: str) -> None:
         from torchlab.core.engine.loading import load_workload
         from torchlab.core.engine.seeding import seed_everything
         from torchlab.core.engine.trainer import Trainer
@@ -82,7 +83,7 @@ class TrialRunner:
                     results.append(event)
 
         config = build_config({}, {"workload": SPEC, "steps": 10**9, "seed": seed, "checkpoint_every": 0,
-                                   "eval_every": 0, "memory_every": 0, "options": {}, "at": []})
+                                   "eval_every": 0, "memory_every": 0, "options": {}, "at": [], "device": device})
         seed_everything(config.seed)
         self.trainer = Trainer(config, load_workload(SPEC), observers=[Results()],
                                checkpoint_dir=Path(tempfile.mkdtemp(prefix="trial-power-")))
@@ -156,9 +157,10 @@ def main() -> None:
                         "PRECISE_WIDTH if not said)")
     parser.add_argument("--only-aa", action="store_true", help="the A/A trials alone")
     parser.add_argument("--no-load", action="store_true", help="no injected load (the machine as it is)")
+    parser.add_argument("--device", default="cpu", help="where the trials train (cuda: the GPU pass)")
     args = parser.parse_args()
 
-    print(f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} before, "
+    print(f"{time.strftime('%Y-%m-%d %H:%M')}, {args.device}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} before, "
           f"K = {args.steps}, {'no injected load' if args.no_load else 'one core busy in 0.4-2.5 s bursts'}")
     load = None if args.no_load else busy_bursts(args.seed, Path(tempfile.mkdtemp(prefix="trial-power-")) / "load.pid")
     try:
@@ -170,7 +172,7 @@ def main() -> None:
             from torchlab.core.engine import trials
 
             trials.BLOCK_STEPS = args.block
-        runner = TrialRunner(args.seed)
+        runner = TrialRunner(args.seed, args.device)
         references = [] if args.only_aa else [reference(runner)]
         schedule = [] if args.only_aa else [("checkpointing", "on"), ("clip", "1.0")] * args.tries
         random.Random(args.seed).shuffle(schedule)

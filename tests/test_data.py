@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import IterableDataset
 
-from trainers import make_trainer
+from trainers import WORKLOADS, StopAt, make_trainer
 from torchlab.core.engine.data import BatchStream, DataPosition
 from torchlab.core.errors import ConfigError
 
@@ -176,3 +176,48 @@ def test_a_peeked_batch_is_the_next_one_and_a_new_loader_starts_where_the_peek_w
     peeking.configure(workers=1)
     taken += [peeking.next_batch()[0].tolist() for _ in range(3)]
     assert taken == expected
+
+
+JITTERED = f"{WORKLOADS / 'tiny.py'}:jittered_data"
+
+
+def fetching_ahead(trainer):
+    """The trainer, its stream fetching each step's batch ahead as it does on CUDA (``BatchStream.fetch_ahead``)."""
+    trainer.data.fetches_ahead = True
+    return trainer
+
+
+def test_batches_fetched_ahead_train_as_batches_fetched_when_taken_across_an_epochs_end():
+    """16 batches an epoch: step 16's fetch ahead opens epoch 1, and its row still says epoch 0."""
+    taken, seen_taken = make_trainer(steps=20, at=["6:workers=1", "9:workers=0"])
+    taken.run()
+    ahead, seen_ahead = make_trainer(steps=20, at=["6:workers=1", "9:workers=0"])
+    fetching_ahead(ahead).run()
+    assert [row.loss for row in seen_ahead.metrics] == [row.loss for row in seen_taken.metrics]
+    assert [row.epoch for row in seen_ahead.metrics] == [0] * 16 + [1] * 4
+    assert [row.epoch for row in seen_taken.metrics] == [0] * 16 + [1] * 4
+    # the batch drawn ahead at the change stays: the new loader opens past it
+    assert [event["detail"] for event in seen_ahead.of("option_applied")] == [
+        "the data loader starts again at sample 96 of epoch 0", "the data loader starts again at sample 144 of epoch 0"]
+
+
+def test_a_resume_of_a_run_that_fetched_ahead_draws_a_datasets_random_numbers_as_the_run_did(tmp_path):
+    """The checkpoint at step 10 holds the generators from before step 11's batch was drawn ahead: the resumed run
+    draws that batch's noise again, and trains as the run that never stopped."""
+    straight, seen_straight = make_trainer(JITTERED, steps=16)
+    fetching_ahead(straight).run()
+    first, _ = make_trainer(JITTERED, steps=16, checkpoint_dir=tmp_path, checkpoint_every=0)
+    first.observers.append(StopAt(first, 10))
+    assert fetching_ahead(first).run().step == 10
+    resumed, seen_resumed = make_trainer(JITTERED, steps=16, resume_from=tmp_path / "last.pt")
+    fetching_ahead(resumed).run()
+    assert [row.loss for row in seen_resumed.metrics] == [row.loss for row in seen_straight.metrics[10:]]
+
+
+def test_a_trial_in_a_run_that_fetches_ahead_leaves_its_training_bit_for_bit():
+    untried, seen_untried = make_trainer(JITTERED, steps=12, checkpoint_every=0)
+    fetching_ahead(untried).run()
+    tried, seen_tried = make_trainer(JITTERED, steps=12, checkpoint_every=0, trials=["5:lr_scale=0.5"], trial_steps=3)
+    fetching_ahead(tried).run()
+    assert len(seen_tried.of("trial_result")) == 1
+    assert [row.loss for row in seen_tried.metrics] == [row.loss for row in seen_untried.metrics]

@@ -39,11 +39,20 @@ def test_progress_round_trip_keeps_the_step_the_scripted_step_and_the_training_t
     assert 100.0 <= resumed.elapsed() < 101.0  # the earlier processes' time, and this one's from its start
 
 
-def test_random_states_round_trip_replays_the_same_numbers():
-    states = RandomStates()
+def test_random_states_round_trip_replays_the_same_numbers_and_a_batch_drawn_ahead_is_drawn_again():
+    data = BatchStream(torch.utils.data.TensorDataset(torch.arange(8.0)), batch_size=2, collate_fn=None, seed=0,
+                       device=torch.device("cpu"))
+    states = RandomStates(data)
     saved = states.state_dict()
     drawn = (random.random(), torch.rand(3).tolist())
     states.load_state_dict(saved)
+    assert (random.random(), torch.rand(3).tolist()) == drawn
+    states.load_state_dict(saved)
+    data.peek_batch()
+    random.random(), torch.rand(3)  # as a dataset's __getitem__ would draw
+    held = states.state_dict()  # the batch at the position waits to be taken: the states from before it was drawn
+    states.load_state_dict(held)
+    data.load_state_dict(data.state_dict())
     assert (random.random(), torch.rand(3).tolist()) == drawn
 
 

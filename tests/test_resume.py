@@ -6,20 +6,10 @@ import pytest
 import torch
 
 from torchlab.core.wire.observer import TrainerObserver
-from trainers import make_trainer
+from trainers import StopAt, make_trainer
 from torchlab.core.engine.checkpoint import load_checkpoint, save_checkpoint
 from torchlab.core.errors import StorageError
 from torchlab.core.errors import ConfigError
-from torchlab.core.wire.protocol import StopCommand
-
-
-class StopAt(TrainerObserver):
-    def __init__(self, trainer, step):
-        self.trainer, self.step = trainer, step
-
-    def on_metrics(self, record):
-        if record.step == self.step:
-            self.trainer.submit(StopCommand("test"))
 
 
 @pytest.mark.parametrize("settings", [

@@ -17,7 +17,7 @@ from torchlab.core.records.config import build_config
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.payloads import TelemetrySample
-from torchlab.core.wire.protocol import Message
+from torchlab.core.wire.protocol import Message, StopCommand
 
 WORKLOADS = Path(__file__).parent / "workloads"
 TINY = f"{WORKLOADS / 'tiny.py'}:workload"
@@ -45,6 +45,17 @@ class Recorder(TrainerObserver):
 
     def at(self, step: int) -> MetricsRow:
         return next(row for row in self.metrics if row.step == step)
+
+
+class StopAt(TrainerObserver):
+    """Stops ``trainer`` once it reports ``step`` (at the boundary after it, as the app's stop would)."""
+
+    def __init__(self, trainer, step: int) -> None:
+        self.trainer, self.step = trainer, step
+
+    def on_metrics(self, row: MetricsRow) -> None:
+        if row.step == self.step:
+            self.trainer.submit(StopCommand("test"))
 
 
 def make_trainer(

@@ -286,7 +286,7 @@ def _enact_world_size(parts: TrainingParts, size: int) -> bool:
 
 
 def _loader_restarts(parts: TrainingParts) -> str:
-    position = parts.data.position
+    position = parts.data.reopens_at()
     return f"the data loader starts again at sample {position.samples:,} of epoch {position.epoch}"
 
 

@@ -119,10 +119,16 @@ class ModelForms:
 
 
 class RandomStates:
-    """The random number generators (Python's, NumPy's, torch's CPU and CUDA ones) of this process."""
+    """The random number generators (Python's, NumPy's, torch's CPU and CUDA ones) of this process, as they were
+    before the batch at ``data``'s position was drawn: a batch drawn ahead (``BatchStream.fetch_ahead``) is drawn
+    again after a restore, with the same random numbers."""
+
+    def __init__(self, data: BatchStream) -> None:
+        self.data = data
 
     def state_dict(self) -> dict[str, Any]:
-        return capture_rng_state()
+        drawn_ahead = self.data.rng_before_peek
+        return drawn_ahead if drawn_ahead is not None else capture_rng_state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         restore_rng_state(state)
@@ -203,7 +209,7 @@ class TrainingParts:
         )
         self.model = ModelForms(model, ActivationCheckpointing(model, workload.checkpoint_blocks))
         self.precisions = Precisions(device)  # the mode in force, and the fp16 GradScaler across modes and checkpoints
-        self.rngs = RandomStates()
+        self.rngs = RandomStates(self.data)
         self.progress = Progress()
         self.loss = LossFunction(workload, device, first_step=lambda: self.progress.first_step_of_process)
         self.options = LiveOptions()  # the options in force; commands change them only between steps

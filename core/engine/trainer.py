@@ -297,6 +297,8 @@ class Trainer:
             self.reporter.emit(next_rung(parts, step, failure, taken[0] if taken else data.peek_batch(),
                                          self.instruments.memory_at_failure))
             watch.options = parts.options  # the step's row says what it trained with: the rung's value
+        if step < parts.config.steps:
+            data.fetch_ahead()  # CUDA: the next step's batch, while the device runs the backward
         precision.unscale_(optimizer)  # fp16: true-scale gradients, before they are measured or clipped
         loss, mean_metrics = mean_of_micro_batches(losses, metrics)
         if parts.world.collectives is not None:  # every rank then sees the same loss and stops on the same NaN
@@ -399,7 +401,7 @@ class Trainer:
             instruments.figures_gathered_at = time.monotonic()
         if not parts.world.reports:
             return
-        row = metrics_row(report, elapsed_s=parts.progress.elapsed(), epoch=parts.data.position.epoch,
+        row = metrics_row(report, elapsed_s=parts.progress.elapsed(), epoch=parts.data.epoch,
                           batch_size=parts.batch_size, rank_figures=rank_figures,
                           evaluate=self._evaluate if self._is_eval_step(report.step) else None)
         self.checkpoints.finish()  # the step's row comes after the checkpoint before it is safe, or not at all

@@ -400,3 +400,27 @@ def rank_1_out_of_memory_above_4_from_step_5() -> Workload:
     """Batches of 16, 8 a rank at world size 2: rank 1's step 5 runs out of memory; 4 samples a piece fit."""
     return Workload(model=_without_dropout(TinyNet(extra=OutOfMemoryOnRank1From5th())), dataset=_regression_data(),
                     loss_fn=mse_loss, batch_size=16)
+
+
+class _Jittered(torch.utils.data.Dataset):
+    """``_regression_data`` with noise drawn in ``__getitem__`` from the process's generators (torch's, Python's,
+    NumPy's), as augmentations draw: which batch is drawn when decides the numbers."""
+
+    def __init__(self) -> None:
+        self.data = _regression_data()
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int):
+        import random
+
+        import numpy
+
+        inputs, targets = self.data[index]
+        jitter = 0.1 * torch.randn(inputs.shape) + 0.01 * random.random() + 0.01 * float(numpy.random.rand())
+        return inputs + jitter, targets
+
+
+def jittered_data() -> Workload:
+    return Workload(model=TinyNet(), dataset=_Jittered(), loss_fn=mse_loss, batch_size=16)
