@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from trainers import make_trainer
 from torchlab.core.engine.activation_checkpointing import ActivationCheckpointing, default_checkpoint_blocks
 from torchlab.core.engine.seeding import seed_everything
 from torchlab.sample_models import convnet, tiny_gpt
@@ -75,3 +76,12 @@ def test_checkpointed_blocks_really_recompute_in_backward():
     inner_calls.clear()
     workload.loss_fn(workload.model, batch).backward()
     assert len(inner_calls) == 1
+
+
+def test_named_blocks_alone_are_checkpointed_and_a_name_the_model_lacks_is_refused_leaving_them():
+    trainer, seen = make_trainer(steps=4, at=["2:checkpointing=body.2,body.0", "3:checkpointing=body.1,head"])
+    trainer.run()
+    assert trainer.parts.model.checkpointing.wrapped_names() == ["body.0", "body.2"]
+    [refused] = seen.of("option_refused")
+    assert refused["reason"] == "head is not among this model's checkpoint blocks (body.0, body.1, body.2)"
+    assert [row.options.checkpointing for row in seen.metrics] == [False, "body.2,body.0", "body.2,body.0", "body.2,body.0"]

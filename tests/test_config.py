@@ -31,7 +31,7 @@ def test_option_values_parse_from_text_and_json(option, text, value):
 
 @pytest.mark.parametrize("option, text, reason", [
     ("amp", "fp8", "amp must be one of off, bf16, fp16"),
-    ("checkpointing", "maybe", "checkpointing must be on or off"),
+    ("checkpointing", 3, "checkpointing must be on, off or block names separated by commas, got 3"),
     ("clip", "-1", "positive max grad norm"), ("clip", "nan", "finite number"), ("clip", True, "must be a number"),
     ("accum", "0", "whole number from 1"), ("accum", "2.5", "whole number"), ("accum", True, "whole number"),
     ("lr_scale", "-1", "above 0"), ("lr_scale", "inf", "finite"),

@@ -8,7 +8,7 @@ import pytest
 from torchlab.core.engine.option_hooks import _ENACT_HOOKS
 from torchlab.core.launch.arguments import build_parser, resolve_config
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.options import LIVE_OPTIONS, OPTION_NAMES, Choice, LiveOptions, Number, OptionRefused, Switch
+from torchlab.core.wire.options import CHECKPOINTING, LIVE_OPTIONS, OPTION_NAMES, Choice, LiveOptions, Number, OptionRefused, Switch
 from torchlab.tui.app_keys import KEY_ACTIONS
 
 #: A value each option accepts that is not its default, as typed on a command line, and its parsed form.
@@ -60,6 +60,19 @@ def test_what_an_option_shows_reads_back_as_the_same_value(option) -> None:
     _, value = TYPED[option.name]
     assert option.parse(option.format(value)) == value
     assert option.parse(option.format(option.default)) == option.default
+
+
+def test_checkpointing_takes_block_names_as_one_text_and_its_key_turns_them_off() -> None:
+    """Some of the blocks (the OOM rescue's rungs): a comma-separated text, a JSON scalar wherever options travel."""
+    chosen = CHECKPOINTING.parse(" layer.3, layer.1 ,layer.3")
+    assert chosen == "layer.3,layer.1" and CHECKPOINTING.parse(["layer.3", "layer.1"]) == chosen  # a TOML array
+    assert CHECKPOINTING.names(chosen) == ["layer.3", "layer.1"] and CHECKPOINTING.names(True) is None
+    assert CHECKPOINTING.brief(chosen) == "2 blocks" and CHECKPOINTING.format(chosen) == chosen
+    assert CHECKPOINTING.parse("1") is True and CHECKPOINTING.next_value(chosen, lambda value: False) is False
+    config, _ = resolve_config(build_parser().parse_args(["mlp", *CHECKPOINTING.flag_arguments(chosen)]))
+    assert config.options.checkpointing == chosen
+    with pytest.raises(OptionRefused, match="block names separated by commas"):
+        CHECKPOINTING.parse("layer.1,,layer.2")
 
 
 def test_a_mode_cycles_past_what_this_run_refused_and_a_switch_toggles() -> None:

@@ -110,3 +110,35 @@ def test_with_ranks_no_rescue_is_made_that_cannot_hold(tmp_path):
     assert off._rescue_from(1, OOM) == ""
     trial = "rank 1 failed: TrialOutOfMemory: out of memory in a trial's arm (DefaultCPUAllocator: can't allocate memory)"
     assert supervisor_at(tmp_path, step=4, checkpoint_step=3)._rescue_from(1, trial) == ""
+
+
+def test_checkpointing_rungs_take_the_blocks_that_saved_the_most_activations_first_and_a_resume_keeps_them(tmp_path):
+    """Measured at steps 1 and 2, blocks.1 saves the most, then blocks.3; step 3 runs out of memory with fewer than
+    two blocks checkpointed: after the splits, a quarter of the blocks (blocks.1), then half (blocks.1, blocks.3)."""
+    spec = f"{TINY}:out_of_memory_until_two_blocks_are_checkpointed"
+    trainer, seen = make_trainer(spec, steps=4, memory_every=1, checkpoint_dir=tmp_path)
+    assert trainer.run().status == "finished"
+    rungs = [(event["step"], event["option"], event["value"]) for event in seen.of("oom_rescued")]
+    assert rungs == [(3, "split", 2), (3, "split", 4), (3, "checkpointing", "blocks.1"),
+                     (3, "checkpointing", "blocks.1,blocks.3")]
+    note = seen.of("oom_rescued")[2]["note"]
+    assert note.startswith("the 1 of 4 blocks that saved the most activations at step 2 (blocks.1 ")
+    assert [row.options.checkpointing for row in seen.metrics][2:] == ["blocks.1,blocks.3"] * 2
+    resumed, _ = make_trainer(spec, steps=6, memory_every=1, resume_from=tmp_path / "last.pt")
+    assert resumed.parts.model.checkpointing.wrapped_names() == ["blocks.1", "blocks.3"]
+    assert resumed.run().status == "finished"
+
+
+def test_the_ladder_below_splits_checkpoints_a_quarter_of_the_blocks_then_half_then_all_or_all_at_once_unmeasured():
+    from torchlab.core.engine.oom_rescue import rung_after
+    from torchlab.core.wire.options import LiveOptions
+
+    blocks = [f"layer.{index}" for index in range(8)]
+    saved = {name: 100 + 10 * index for index, name in enumerate(blocks)}  # the last saves the most
+    options, values = LiveOptions(split=4), []
+    while (rung := rung_after(options, 4, blocks, saved)) is not None:
+        values.append(rung[1])
+        options = options.with_value(rung[0].name, rung[1])
+    assert values == ["layer.7,layer.6", "layer.7,layer.6,layer.5,layer.4", True]
+    assert rung_after(LiveOptions(split=4), 4, blocks, None)[1] is True
+    assert rung_after(LiveOptions(split=4), 4, [], saved) is None

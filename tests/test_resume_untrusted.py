@@ -273,6 +273,9 @@ CRAFTED = {
     "no configuration": (lambda s: s.update(config=5), "its config is 5"),
     "a grad scaler as text": (lambda s: s.update(grad_scaler="abc"), "its grad_scaler is 'abc'"),
     "nested too deep": (lambda s: s["scheduler"].update(base_lrs=_nested(200)), "its scheduler.base_lrs"),
+    "a spike window of text": (lambda s: s["spike_guard"].update(loss=["abc"]), "its spike_guard.loss is a list"),
+    "a cool-down without its end": (lambda s: s["spike_guard"].update(cooldown={"scale": 0.5, "restore": 1.0}),
+                                    "its spike_guard.cooldown is"),
 }
 
 
@@ -296,3 +299,11 @@ def test_a_crafted_but_loadable_checkpoint_is_one_paragraph_and_never_trained_fr
     message = paragraph(capsys.readouterr().err)
     assert f"--resume {path}: not a checkpoint torchlab wrote: {expected}" in message
     assert (run / "metrics.jsonl").read_bytes() == metrics
+
+
+def test_a_checkpoint_from_before_the_spike_guard_kept_its_state_resumes_with_a_fresh_window(trained, tmp_path):
+    run = copy_of(trained, tmp_path)
+    state = load_checkpoint(run / "checkpoints" / "last.pt")
+    del state["spike_guard"]
+    path = save_checkpoint(run / "checkpoints", 9, state, keep=5)
+    assert main(["--resume", str(path), "--headless", "--steps", "10", "--telemetry-interval", "0"]) == EXIT_OK

@@ -9,7 +9,7 @@ import statistics
 import pytest
 import torch
 
-from trainers import WORKLOADS, make_trainer
+from trainers import WORKLOADS, StopAt, make_trainer
 from torchlab.core.engine import host_copy
 from torchlab.core.engine.host_copy import HostCopy
 from torchlab.core.engine.spike_guard import MIN_HISTORY, SHIFT_STEPS, SpikeDetector
@@ -139,14 +139,32 @@ def test_a_rollback_restores_the_weights_and_optimizer_of_ten_to_twenty_steps_ba
     assert trainer.guard.copies_bytes > 0
 
 
-def test_a_second_rollback_within_the_window_halves_the_lr_scale_for_a_cool_down_then_puts_it_back():
-    trainer, seen = make_trainer(f"{TINY}:spikes_at_steps_21_and_31", steps=90, seed=3,
-                                 options={"spike_guard": "rollback"}, spike_window=20)
+def test_a_second_rollback_within_the_window_halves_the_lr_scale_for_a_cool_down_then_puts_it_back_resumed_too(tmp_path):
+    settings = dict(steps=56, seed=3, options={"spike_guard": "rollback"}, spike_window=20)
+    trainer, seen = make_trainer(f"{TINY}:spikes_at_steps_21_and_31", **settings)
     assert trainer.run().status == "finished"
     assert [(e["step"], e["rolled_back_to"]) for e in seen.of("spike_guarded")] == [(21, 10), (31, 21)]
     changes = [(e["step"], e["value"], e["previous"], e["source"]) for e in seen.of("option_applied")]
     assert changes == [(32, 0.5, 1.0, "spike guard"), (52, 1.0, 0.5, "spike guard")]  # 20 steps at half the LR
-    assert seen.at(40).options.lr_scale == 0.5 and seen.at(60).options.lr_scale == 1.0
+    assert seen.at(40).options.lr_scale == 0.5 and seen.at(53).options.lr_scale == 1.0
+    # Stopped in the cool-down and resumed: the checkpoint holds the guard's state, so the scale goes back at 52
+    first, _ = make_trainer(f"{TINY}:spikes_at_steps_21_and_31", checkpoint_dir=tmp_path, checkpoint_every=0, **settings)
+    first.observers.append(StopAt(first, 40))
+    assert first.run().step == 40
+    resumed, seen_resumed = make_trainer(f"{TINY}:spikes_at_steps_21_and_31", resume_from=tmp_path / "last.pt", **settings)
+    assert resumed.run().status == "finished"
+    assert [(e["step"], e["value"]) for e in seen_resumed.of("option_applied")] == [(52, 1.0)]
+    assert [row.loss for row in seen_resumed.metrics] == [row.loss for row in seen.metrics[40:]]
+
+
+def test_the_guards_window_spikes_in_a_row_and_cool_down_go_through_a_checkpoint_as_they_were(tmp_path):
+    trainer, _ = make_trainer(f"{TINY}:spikes_at_steps_21_and_31", steps=40, seed=3, checkpoint_dir=tmp_path,
+                              options={"spike_guard": "rollback"}, spike_window=20)
+    trainer.run()
+    saved = trainer.guard.state_dict()
+    assert len(saved["loss"]) == 20 and saved["cooldown"] == {"until": 51, "scale": 0.5, "restore": 1.0}
+    resumed, _ = make_trainer(f"{TINY}:spikes_at_steps_21_and_31", resume_from=tmp_path / "last.pt")
+    assert resumed.guard.state_dict() == saved and resumed.guard.detector.judge(10.0, None, True) is not None
 
 
 def test_rollback_is_refused_where_its_two_host_copies_would_not_fit(monkeypatch):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -53,13 +53,33 @@ class ActivationCheckpointing:
                     f"{type(model).__name__}; use names from model.named_modules()."
                 ) from None
 
-    def enable(self) -> None:
-        for block in self.blocks.values():
-            block.forward = _checkpointed_forward(block)
+    def enable(self, names: Iterable[str] | None = None) -> None:
+        """Checkpoint the blocks ``names`` (None: every block), and no other."""
+        chosen = set(self.blocks if names is None else names)
+        for name, block in self.blocks.items():
+            wrapped = "forward" in vars(block)
+            if name in chosen and not wrapped:
+                block.forward = _checkpointed_forward(block)
+            elif name not in chosen and wrapped:
+                del block.forward
 
     def wrapped_blocks(self) -> list[torch.nn.Module]:
         """The blocks checkpointed now."""
         return [block for block in self.blocks.values() if "forward" in vars(block)]
+
+    def wrapped_names(self) -> list[str]:
+        return [name for name, block in self.blocks.items() if "forward" in vars(block)]
+
+    def saved_by_block(self, by_module: Iterable[tuple[str, int]]) -> dict[str, int]:
+        """Each block's activation bytes in a memory measurement's ``(module, bytes)`` pairs: its own modules' and
+        its children's (a checkpointed block's are the inputs its recompute keeps)."""
+        saved = dict.fromkeys(self.blocks, 0)
+        for module, size in by_module:
+            for name in self.blocks:
+                if module == name or module.startswith(name + "."):
+                    saved[name] += size
+                    break
+        return saved
 
     def disable(self) -> None:
         for block in self.blocks.values():

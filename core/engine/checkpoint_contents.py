@@ -59,6 +59,7 @@ class TrainingState:
     scripted_through: int
     elapsed_s: float
     rng_by_rank: list[dict[str, Any]] | None = None
+    spike_guard: dict[str, Any] | None = None  # core/engine/spike_guard.py's state; not in checkpoints before it
 
     @classmethod
     def read(cls, contents: dict[str, Any], path: Path) -> TrainingState:
@@ -70,8 +71,9 @@ class TrainingState:
         """The entries the file holds, in the order the trainer has always written them; ``rng_by_rank`` only
         with ranks. Not ``dataclasses.asdict``, which would copy every tensor's dict."""
         contents = {field.name: getattr(self, field.name) for field in fields(self)}
-        if self.rng_by_rank is None:
-            del contents["rng_by_rank"]
+        for optional in ("rng_by_rank", "spike_guard"):
+            if contents[optional] is None:
+                del contents[optional]
         return contents
 
 
@@ -108,6 +110,9 @@ def check_training_state(state: dict[str, Any], path: Path) -> None:
             check(value, name, expected)
         if "rng_by_rank" in state:
             _rng_states(state["rng_by_rank"], "rng_by_rank", "a list of the ranks' random number generator states")
+        if "spike_guard" in state:
+            _spike_guard(state["spike_guard"], "spike_guard", "the spike guard's window, spikes in a row, last "
+                                                              "rollback and cool-down")
     except _NotWritten as wrong:
         raise ConfigError(
             f"--resume {path}: not a checkpoint torchlab wrote: its {wrong.where} is {wrong.what}, where torchlab "
@@ -308,6 +313,35 @@ def _data(value: Any, where: str, expected: str) -> None:
     value = _mapping(value, where, expected)
     _count(value.get("epoch", _MISSING), f"{where}.epoch")
     _count(value.get("samples", _MISSING), f"{where}.samples")
+
+
+def _spike_guard(value: Any, where: str, expected: str) -> None:
+    value = _mapping(value, where, expected)
+    for measure in ("loss", "grad_norm"):
+        values = value.get(measure, _MISSING)
+        if not isinstance(values, list) or not all(_is_number(item) for item in values):
+            raise _NotWritten(f"{where}.{measure}", values, "a list of finite numbers")
+    in_a_row = value.get("in_a_row", _MISSING)
+    if not isinstance(in_a_row, list) or not all(
+            isinstance(pair, list) and len(pair) == 2 and _is_float(pair[0]) and (pair[1] is None or _is_float(pair[1]))
+            for pair in in_a_row):
+        raise _NotWritten(f"{where}.in_a_row", in_a_row, "a list of [loss, grad norm or None] pairs")
+    last_rollback = value.get("last_rollback", _MISSING)
+    if last_rollback is not None:
+        _count(last_rollback, f"{where}.last_rollback", "a step, or None")
+    cooldown = value.get("cooldown", _MISSING)
+    if cooldown is not None:
+        cooldown = _mapping(cooldown, f"{where}.cooldown", "None, or the cool-down's until, scale and restore")
+        if set(cooldown) != {"until", "scale", "restore"}:
+            raise _NotWritten(f"{where}.cooldown", cooldown, "None, or the cool-down's until, scale and restore")
+        _count(cooldown["until"], f"{where}.cooldown.until", "a step")
+        _seconds(cooldown["scale"], f"{where}.cooldown.scale", "a positive LR scale")
+        _seconds(cooldown["restore"], f"{where}.cooldown.restore", "a positive LR scale")
+
+
+def _is_float(value: Any) -> bool:
+    """A loss or norm as the spike guard keeps one: any float (a spike's may be NaN or infinite) or int."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _options(value: Any, where: str, expected: str) -> None:

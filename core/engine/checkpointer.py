@@ -44,13 +44,14 @@ TRIAL_STATES = ("model", "optimization", "grad_scaler", "rng", "data", "options"
 class Checkpointer:
     """Saves the parts' state to ``directory`` (None: the run keeps no checkpoints) and resumes them from one."""
 
-    def __init__(self, parts: TrainingParts, directory: Path | None) -> None:
+    def __init__(self, parts: TrainingParts, directory: Path | None, spike_guard: Stateful) -> None:
         self.parts, self.directory = parts, directory
         #: Each part with state, by the name of its entry in a checkpoint ("optimization": "optimizer" and
         #: "scheduler"; "progress": "step", "scripted_through" and "elapsed_s").
         self.states: dict[str, Stateful] = {
             "model": parts.model, "optimization": parts.optimization, "grad_scaler": parts.precisions,
             "rng": parts.rngs, "data": parts.data, "options": OptionsInForce(parts), "progress": parts.progress,
+            "spike_guard": spike_guard,
         }
         self.cadence = CheckpointCadence(parts.config.checkpoint_every)
         self.last_step: int | None = None  # the step of the last checkpoint written (or resumed from)
@@ -73,6 +74,7 @@ class Checkpointer:
             config=self.parts.config.to_toml(from_workload=self.parts.from_workload),
             scripted_through=progress["scripted_through"],
             elapsed_s=progress["elapsed_s"],
+            spike_guard=states["spike_guard"].state_dict(),
         )
 
     def snapshot(self) -> dict[str, Any]:
@@ -151,6 +153,8 @@ class Checkpointer:
         parts.precisions.load_state_dict(state.grad_scaler)
         self._resume_random_states(state)
         parts.data.load_state_dict(state.data)
+        if state.spike_guard is not None:  # a checkpoint from before the guard kept its state: a fresh window
+            self.states["spike_guard"].load_state_dict(state.spike_guard)
         parts.progress.load_state_dict({"step": state.step, "scripted_through": state.scripted_through,
                                         "elapsed_s": state.elapsed_s})
         self.last_step = state.step

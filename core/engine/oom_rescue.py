@@ -8,7 +8,9 @@ the allocator's cached blocks), and retries the same step on the batches it had 
 
 1. ``split`` doubled (core/engine/batch_split.py): the same samples and the same gradient per step, half the
    activations alive at once, down to pieces of one sample;
-2. then activation checkpointing of the model's blocks, where it has blocks and it is off;
+2. then activation checkpointing of the model's blocks, where it has blocks: those that saved the most activations
+   at the last step measured by kind first, a quarter of them, then half, then all (all at once without a
+   measurement);
 3. then it stops, with one paragraph: what failed, what each rung tried, what to change, and the memory by kind
    (core/engine/instruments.py ``memory_at_failure``).
 
@@ -23,7 +25,7 @@ result.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -33,6 +35,8 @@ from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.errors import TorchlabError
 from torchlab.core.wire.events import OomRescued
 from torchlab.core.wire.options import CHECKPOINTING, SPLIT, LiveOption, LiveOptions, OptionRefused
+from torchlab.core.wire.payloads import MemoryBreakdown
+from torchlab.core.wire.units import format_bytes
 
 
 class OutOfMemoryStop(TorchlabError):
@@ -49,16 +53,26 @@ def free_failed_step(parts: TrainingParts) -> None:
         torch.cuda.empty_cache()
 
 
-def rung_after(options: LiveOptions, samples: int | None, has_blocks: bool) -> tuple[LiveOption, object] | None:
+def rung_after(options: LiveOptions, samples: int | None, blocks: Sequence[str],
+               saved: Mapping[str, int] | None) -> tuple[LiveOption, object] | None:
     """The ladder, one rung below ``options``: split doubled while a piece holds more than one of a batch's
-    ``samples`` (None: the batches cannot be split), then checkpointing where the model ``has_blocks``; None where
-    no rung is left. The one definition of the ladder, in one process (``next_rung``) and with ranks (their
-    supervisor, core/engine/ranks.py)."""
+    ``samples`` (None: the batches cannot be split), then activation checkpointing of the model's ``blocks``. Where
+    a measurement said what each block saves for backward (``saved``, bytes by block), the blocks that save the most
+    go first: a quarter of them, then half, then all; without one, all at once. None where no rung is left. The one
+    definition of the ladder, in one process (``next_rung``) and with ranks (their supervisor, which holds no
+    measurement: core/engine/rank_rescue.py)."""
     if samples is not None and options.split < samples:
         return SPLIT, min(2 * options.split, samples)
-    if not options.checkpointing and has_blocks:
-        return CHECKPOINTING, True
-    return None
+    wrapped = CHECKPOINTING.names(options.checkpointing)
+    if not blocks or wrapped is None:  # none to wrap, or all wrapped
+        return None
+    if saved:
+        for share in (4, 2):
+            target = -(-len(blocks) // share)  # rounded up
+            if len(wrapped) < target < len(blocks):
+                rest = sorted((name for name in blocks if name not in wrapped), key=lambda name: -saved.get(name, 0))
+                return CHECKPOINTING, ",".join(wrapped + rest[:target - len(wrapped)])
+    return CHECKPOINTING, True
 
 
 def no_rung_left(step: int, failure: str, options: LiveOptions, samples: int | None) -> str:
@@ -71,21 +85,29 @@ def no_rung_left(step: int, failure: str, options: LiveOptions, samples: int | N
             f"more memory; the last checkpoint holds the run up to the step before.")
 
 
-def next_rung(parts: TrainingParts, step: int, failure: str, batch, memory: Callable[[], str]) -> OomRescued:
+def next_rung(parts: TrainingParts, step: int, failure: str, batch, memory: Callable[[], str],
+              measured: MemoryBreakdown | None) -> OomRescued:
     """Enact the next rung for ``step``, whose attempt failed with ``failure`` on ``batch`` (its first), and say what
-    it changed; OutOfMemoryStop where no rung is left, its paragraph ending with ``memory()``, the memory by kind."""
-    options = parts.options
+    it changed; OutOfMemoryStop where no rung is left, its paragraph ending with ``memory()``, the memory by kind.
+    ``measured``: training's last step measured by kind, which says what each block saves for backward."""
+    options, checkpointing = parts.options, parts.model.checkpointing
     samples = _samples(batch)
-    rung = rung_after(options, samples, bool(parts.model.checkpointing.blocks))
+    saved = checkpointing.saved_by_block((part.module, part.bytes) for part in measured.by_module) if measured else None
+    rung = rung_after(options, samples, list(checkpointing.blocks), saved)
     if rung is not None and rung[0] is SPLIT:
         batch_norms = _batch_norms(parts.model.model)
         note = (f"{batch_norms} BatchNorm layer{'s' if batch_norms != 1 else ''} now see{'s' if batch_norms == 1 else ''} "
                 f"each piece's statistics, not the batch's" if batch_norms else "")
         return _enact(parts, step, failure, SPLIT, rung[1], note)
     if rung is not None:
-        note = "" if samples is not None else "this run's batches cannot be split (no first dimension their tensors share)"
+        notes = [] if samples is not None else ["this run's batches cannot be split (no first dimension their tensors share)"]
+        if isinstance(rung[1], str):
+            chosen = CHECKPOINTING.names(rung[1])
+            which = ", ".join(f"{name} {format_bytes(saved[name])}" for name in chosen)
+            notes.append(f"the {len(chosen)} of {len(checkpointing.blocks)} blocks that saved the most activations "
+                         f"at step {measured.step} ({which})")
         try:
-            return _enact(parts, step, failure, CHECKPOINTING, True, note)
+            return _enact(parts, step, failure, CHECKPOINTING, rung[1], "; ".join(notes))
         except OptionRefused:
             pass
     raise OutOfMemoryStop(f"{no_rung_left(step, failure, options, samples)} {memory()}")

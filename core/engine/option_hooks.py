@@ -145,21 +145,28 @@ def _enact_amp(parts: TrainingParts, mode: str) -> str | None:
 
 
 @enacts(CHECKPOINTING)
-def _enact_checkpointing(parts: TrainingParts, on: bool) -> str | None:
-    checkpointing = parts.model.checkpointing
-    if on and not checkpointing.blocks:
+def _enact_checkpointing(parts: TrainingParts, value: bool | str) -> str | None:
+    """On: every block; off: none; names: those blocks alone."""
+    checkpointing, names = parts.model.checkpointing, CHECKPOINTING.names(value)
+    if value and not checkpointing.blocks:
         raise OptionRefused(
             "this model has no checkpoint blocks (no ModuleList/Sequential with several children); "
             "name them in Workload.checkpoint_blocks"
         )
-    was_on = bool(checkpointing.wrapped_blocks())
-    checkpointing.enable() if on else checkpointing.disable()
-    if parts.model.compiled is None or on == was_on:
+    if names and (unknown := [name for name in names if name not in checkpointing.blocks]):
+        blocks = list(checkpointing.blocks)
+        named = ", ".join(blocks[:4]) + (f" and {len(blocks) - 4} more" if len(blocks) > 4 else "")
+        raise OptionRefused(f"{', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not among this model's "
+                            f"checkpoint blocks ({named})")
+    was = checkpointing.wrapped_names()
+    checkpointing.enable(names)
+    if parts.model.compiled is None or checkpointing.wrapped_names() == was:
         return None
     try:  # the blocks' forward changed under the compiled graph: compile the model with it now, not in a step
-        return compile_now(parts, parts.model.compiled, parts.precisions.current, f"with checkpointing={CHECKPOINTING.format(on)}")
+        return compile_now(parts, parts.model.compiled, parts.precisions.current,
+                           f"with checkpointing={CHECKPOINTING.brief(value)}")
     except OptionRefused:
-        checkpointing.disable() if on else checkpointing.enable()
+        checkpointing.enable(was)
         raise
 
 

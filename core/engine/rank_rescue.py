@@ -37,7 +37,7 @@ class RankRescue:
     def __init__(self, resume_from: Path | None) -> None:
         self._in_force: dict[str, Any] | None = None  # the options in force: the welcome's, then each change
         self._batch_size = 0  # the global batch
-        self._has_blocks = False
+        self._blocks: list[str] = []  # the model's checkpoint blocks
         self._checkpoint: Path | None = resume_from  # the newest checkpoint to start again from
         self._checkpoint_step: int | None = None  # its step: the resumed one's is the welcome's
         self._rescued: set[tuple[int, str, Any]] = set()  # (step, option, value) of each rescue, which must hold
@@ -48,7 +48,7 @@ class RankRescue:
             case RunStarted():
                 self._in_force = dict(event.options)
                 self._batch_size = event.batch_size
-                self._has_blocks = bool(event.checkpoint_blocks)
+                self._blocks = list(event.checkpoint_blocks)
                 if self._checkpoint_step is None:
                     self._checkpoint_step = event.step  # resumed from: the checkpoint of its step
             case OptionApplied() if self._in_force is not None:
@@ -69,7 +69,7 @@ class RankRescue:
         options = LiveOptions(**self._in_force)
         first_line = (text.splitlines() or [kind])[0][:200]
         samples = self._batch_size // world_size if self._batch_size else None
-        rung = rung_after(options, samples, self._has_blocks)
+        rung = rung_after(options, samples, self._blocks, None)  # no measurement here: all blocks at once
         if rung is None:
             return f". {no_rung_left(step, first_line, options, samples)}"
         option, value = rung

@@ -115,6 +115,13 @@ class SpikeDetector:
                 if robust is not None:
                     robust.gained += 1
 
+    def load(self, loss: list[float], grad_norm: list[float]) -> None:
+        """The window as a checkpoint kept it."""
+        for measure, values in (("loss", loss), ("grad_norm", grad_norm)):
+            self.history[measure].clear()
+            self.history[measure].extend(values)
+            self._robust[measure] = None
+
     def restart(self, values: list[tuple[float, float | None]]) -> None:
         """The window from these steps' values alone: a new level."""
         for measure, history in self.history.items():
@@ -176,6 +183,27 @@ class SpikeGuard:
     @property
     def on(self) -> bool:
         return self.parts.options.spike_guard != "off"
+
+    def state_dict(self) -> dict:
+        """What a resumed run needs to judge as this one would have, a checkpoint's ``spike_guard``: the window (else
+        the guard is blind for ``MIN_HISTORY`` steps after a resume, when a spike that stopped a run is likeliest), the
+        spikes in a row, the last rollback, and a cool-down in force (whose end puts the LR scale back: without it the
+        halved scale would stay). Not the host copies: a rollback before the first copy after a resume is a skip,
+        said so."""
+        cooldown = self._cooldown
+        return {
+            "loss": list(self.detector.history["loss"]),
+            "grad_norm": list(self.detector.history["grad_norm"]),
+            "in_a_row": [[loss, grad_norm] for loss, grad_norm in self._in_a_row],
+            "last_rollback": self._last_rollback,
+            "cooldown": dataclasses.asdict(cooldown) if cooldown is not None else None,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.detector.load(state["loss"], state["grad_norm"])
+        self._in_a_row = [(loss, grad_norm) for loss, grad_norm in state["in_a_row"]]
+        self._last_rollback = state["last_rollback"]
+        self._cooldown = _Cooldown(**state["cooldown"]) if state["cooldown"] is not None else None
 
     def judge(self, step: int, loss: float, grad_norm: float | None) -> SpikeGuarded | None:
         """The guard's verdict on training's step ``step`` (its values on the host, before its update): None for an

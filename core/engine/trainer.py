@@ -88,10 +88,10 @@ class Trainer:
         self.samples_telemetry = samples_telemetry
         self.profiling = Profiling(parts.device, profiles_dir, self.reporter.emit)
         self.instruments = Instruments(parts, self.profiling)
-        self.checkpoints = Checkpointer(parts, checkpoint_dir)
+        self.guard = SpikeGuard(parts)
+        self.checkpoints = Checkpointer(parts, checkpoint_dir, self.guard)
         self.trials = Trials(parts, self.train_step, self.checkpoints, self.profiling)
         self.boundary = StepBoundary(parts, self.instruments, self.checkpoints, self.trials, self.profiling)
-        self.guard = SpikeGuard(parts)
         self._consecutive_skips = 0
         initial = config.options
         if resume_from is not None:
@@ -295,7 +295,7 @@ class Trainer:
                 failure = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
             free_failed_step(parts)  # out of the except: the failed attempt's frames, and what they held, are gone
             self.reporter.emit(next_rung(parts, step, failure, taken[0] if taken else data.peek_batch(),
-                                         self.instruments.memory_at_failure))
+                                         self.instruments.memory_at_failure, self.instruments.last_memory))
             watch.options = parts.options  # the step's row says what it trained with: the rung's value
         if step < parts.config.steps:
             data.fetch_ahead()  # CUDA: the next step's batch, while the device runs the backward

@@ -161,6 +161,10 @@ class LiveOption:
         """The value as a user would type it back (``clip=off``, ``checkpointing=on``)."""
         return str(value)
 
+    def brief(self, value: Any) -> str:
+        """The value in a few characters, for the options panel (``checkpointing``'s blocks: "2 blocks")."""
+        return self.format(value)
+
     def add_flag(self, group: argparse._ArgumentGroup) -> None:
         """The command-line flag; its raw text is parsed with the settings (core/records/config.py), so a bad
         value is refused with the same words as in a TOML file or a prompt."""
@@ -236,6 +240,51 @@ class Switch(LiveOption):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Blocks(Switch):
+    """On (every block the model names), off, or some of its blocks by name: ``blocks.2,blocks.3``, held as that text
+    (a JSON scalar on the wire, in checkpoints and in rows, as every option's value is); the OOM rescue takes the
+    blocks that saved the most activations first. Its key toggles it off, and on for all of them."""
+
+    def parse(self, value: Any) -> bool | str:
+        if isinstance(value, (list, tuple)):  # a TOML array
+            names = [item.strip() if isinstance(item, str) else item for item in value]
+        elif isinstance(value, str) and value.strip().lower() not in _ON_WORDS | _OFF_WORDS:
+            names = [name.strip() for name in value.split(",")]
+        elif isinstance(value, bool) or value is None or isinstance(value, str):
+            return super().parse(value)
+        else:
+            names = []
+        if not names or not all(isinstance(name, str) and name for name in names):
+            raise OptionRefused(f"{self.name} must be on, off or block names separated by commas, got {shown(value)}")
+        return ",".join(dict.fromkeys(names))  # each block once, in the order given
+
+    @staticmethod
+    def names(value: bool | str) -> list[str] | None:
+        """The blocks a value names: None for on (all of them), none for off."""
+        if isinstance(value, str):
+            return value.split(",")
+        return None if value else []
+
+    def format(self, value: Any) -> str:
+        return value if isinstance(value, str) else super().format(value)
+
+    def brief(self, value: Any) -> str:
+        if isinstance(value, str):
+            count = len(self.names(value))
+            return f"{count} block{'s' if count != 1 else ''}"
+        return self.format(value)
+
+    def add_flag(self, group: argparse._ArgumentGroup) -> None:
+        group.add_argument(self.flag, dest=self.name, nargs="?", const=True, default=None, metavar="BLOCKS",
+                           help=self.flag_help)
+        group.add_argument("--no-" + self.flag[2:], dest=self.name, action="store_const", const=False,
+                           help=f"no {self.flag_help}")
+
+    def flag_arguments(self, value: Any) -> list[str]:
+        return [self.flag, value] if isinstance(value, str) else super().flag_arguments(value)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Number(LiveOption):
     """A number typed in a prompt, within its ``bounds``."""
 
@@ -260,11 +309,11 @@ AMP = Choice(
     help="Cycle mixed precision: off → bf16 → fp16 → off",
     flag_help="autocast precision (default off; fp16 needs CUDA)",
 )
-CHECKPOINTING = Switch(
+CHECKPOINTING = Blocks(
     name="checkpointing", default=False,
     label="checkpointing", short="ckpt", key="c", footer="Ckpt",
     help="Toggle activation checkpointing of the model's blocks",
-    flag_help="activation checkpointing of the model's blocks",
+    flag_help="activation checkpointing of the model's blocks (all of them, or BLOCKS: names separated by commas)",
 )
 CLIP = Number(
     name="clip", default=None,

@@ -424,3 +424,28 @@ class _Jittered(torch.utils.data.Dataset):
 
 def jittered_data() -> Workload:
     return Workload(model=TinyNet(), dataset=_Jittered(), loss_fn=mse_loss, batch_size=16)
+
+
+class BlocksOfWidths(nn.Module):
+    """Four blocks that save different amounts for backward (inner widths 16, 128, 32, 64: blocks.1 the most, then
+    blocks.3); from its third forward in training on, one with fewer than two of them checkpointed runs out of
+    memory, as a model that fits its card only with its largest savers checkpointed does (a CPU stand-in)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*(nn.Sequential(nn.Linear(8, width), nn.Tanh(), nn.Linear(width, 8))
+                                      for width in (16, 128, 32, 64)))
+        self.head = nn.Linear(8, 1)
+        self.forwards = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.forwards += 1
+            checkpointed = sum("forward" in vars(block) for block in self.blocks)  # what activation checkpointing wraps
+            if self.forwards > 2 and checkpointed < 2:
+                raise torch.OutOfMemoryError(f"CUDA out of memory with {checkpointed} blocks checkpointed")
+        return self.head(self.blocks(x))
+
+
+def out_of_memory_until_two_blocks_are_checkpointed() -> Workload:
+    return Workload(model=BlocksOfWidths(), dataset=_regression_data(), loss_fn=mse_loss, batch_size=4)

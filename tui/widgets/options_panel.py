@@ -47,13 +47,13 @@ class OptionsPanel(Static):
         items = []
         shown = [option for option in LIVE_OPTIONS if option.in_panel]
         for option in shown if not self.compact else [option for option in shown if _on_the_line(option, state)]:
-            shown = option.format(state.options[option.name]) if option.name in state.options else "–"
+            shown = option.brief(state.options[option.name]) if option.name in state.options else "–"
             if self.compact:
                 item = Text.assemble((f"{option.short} ", "dim"), (shown, "bold"))
             else:
                 item = Text.assemble((f" {option.key} ", "bold reverse"), (f" {option.label:<14}", "dim"), (shown, "bold"))
             if option.name in state.pending:
-                item.append(f" → {option.format(state.pending[option.name])}…", style="italic yellow")
+                item.append(f" → {option.brief(state.pending[option.name])}…", style="italic yellow")
             items.append(item)
         if self.compact:
             # Whole options only: one that does not fit is left out (a larger terminal lists them all), never cut.
