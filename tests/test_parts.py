@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from trainers import make_trainer
-from torchlab.core.engine.checkpoint_contents import _PARTS, TrainingState, saved_world_size
+from torchlab.core.engine.checkpoint_contents import _OPTIONAL_PARTS, _PARTS, TrainingState, saved_world_size
 from torchlab.core.engine.data import BatchStream
 from torchlab.core.engine.optimization import Optimization
 from torchlab.core.engine.parts import Progress, RandomStates
@@ -148,7 +148,7 @@ def test_the_checkpoint_is_what_the_parts_return_as_one_record(tmp_path):
 
 
 def test_the_record_has_a_field_for_each_entry_the_checks_know():
-    assert [field.name for field in dataclasses.fields(TrainingState)] == [*_PARTS, "rng_by_rank"]
+    assert [field.name for field in dataclasses.fields(TrainingState)] == [*_PARTS, *_OPTIONAL_PARTS]
 
 
 def test_a_record_is_read_only_once_its_entries_are_checked(tmp_path):

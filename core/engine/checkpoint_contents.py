@@ -71,7 +71,7 @@ class TrainingState:
         """The entries the file holds, in the order the trainer has always written them; ``rng_by_rank`` only
         with ranks. Not ``dataclasses.asdict``, which would copy every tensor's dict."""
         contents = {field.name: getattr(self, field.name) for field in fields(self)}
-        for optional in ("rng_by_rank", "spike_guard"):
+        for optional in _OPTIONAL_PARTS:
             if contents[optional] is None:
                 del contents[optional]
         return contents
@@ -108,11 +108,9 @@ def check_training_state(state: dict[str, Any], path: Path) -> None:
             if value is _MISSING:
                 raise _NotWritten(name, value, expected)
             check(value, name, expected)
-        if "rng_by_rank" in state:
-            _rng_states(state["rng_by_rank"], "rng_by_rank", "a list of the ranks' random number generator states")
-        if "spike_guard" in state:
-            _spike_guard(state["spike_guard"], "spike_guard", "the spike guard's window, spikes in a row, last "
-                                                              "rollback and cool-down")
+        for name, (check, expected) in _OPTIONAL_PARTS.items():
+            if name in state:
+                check(state[name], name, expected)
     except _NotWritten as wrong:
         raise ConfigError(
             f"--resume {path}: not a checkpoint torchlab wrote: its {wrong.where} is {wrong.what}, where torchlab "
@@ -370,6 +368,14 @@ _PARTS: dict[str, tuple[Callable[[Any, str, str], None], str]] = {
     "config": (_text, "the run's configuration as TOML text"),
     "scripted_through": (_count, "a whole number from 0"),
     "elapsed_s": (_seconds, "a number of seconds from 0"),
+}
+
+
+#: The entries a save writes only where they apply (``rng_by_rank``: with ranks) or that checkpoints written before
+#: them lack (``spike_guard``): checked where present.
+_OPTIONAL_PARTS: dict[str, tuple[Callable[[Any, str, str], None], str]] = {
+    "rng_by_rank": (_rng_states, "a list of the ranks' random number generator states"),
+    "spike_guard": (_spike_guard, "the spike guard's window, spikes in a row, last rollback and cool-down"),
 }
 
 
