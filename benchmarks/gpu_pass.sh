@@ -16,7 +16,8 @@
 #   screens    the real app on a real trainer on the GPU, driven by keys (benchmarks/gpu_screens.py):
 #              NVML's figures, fp16 on/off/on, checkpointing's effect on the allocator peak and the
 #              activation bytes; SVG captures and the screens as text
-#   probe      probe_overhead.py on a launch-bound model (tiny_gpt) and a GPU-bound one (gpt100m.py)
+#   probe      probe_overhead.py on a launch-bound model (tiny_gpt) and a GPU-bound one (gpt100m.py); what the
+#              optimizer-health figures cost a measured step (update_probe_cost.py)
 #   syncs      host syncs per step per option, and what one per step costs (host_syncs.py)
 #   gaps       where the GPU waits for the host, in the engine's steps and a bare loop's (benchmarks/gpu_gaps.py)
 #   lightning  the same workloads under Lightning with its grad_norm logging (lightning_overhead.py)
@@ -91,7 +92,8 @@ stage_command() {
         screens) echo '"$python" benchmarks/gpu_screens.py --device "$device" --out "$out/screens"' ;;
         probe) echo '"$python" benchmarks/probe_overhead.py --device "$device" --rounds 20 --json "$out/probe_tiny_gpt.json"
                      "$python" benchmarks/probe_overhead.py --device "$device" --workload benchmarks/gpt100m.py:workload \
-                         --rounds 8 --steps-per-block 5 --json "$out/probe_gpt100m.json"' ;;
+                         --rounds 8 --steps-per-block 5 --json "$out/probe_gpt100m.json"
+                     "$python" benchmarks/update_probe_cost.py --device "$device" --workloads tiny_gpt gpt100m' ;;
         syncs) echo '"$python" benchmarks/host_syncs.py --device "$device" --json "$out/syncs_tiny_gpt.json"
                      "$python" benchmarks/host_syncs.py --device "$device" --workload gpt100m --steps 10 --rounds 8 \
                          --json "$out/syncs_gpt100m.json"' ;;

@@ -53,7 +53,7 @@ def test_while_training_the_scalars_option_changes_and_profile_go_to_tensorboard
     live = events_in(trained / "live")
     tags = set(live.Tags()["scalars"])
     assert {"train/loss", "train/lr/body", "train/lr/head", "train/accuracy", "val/loss", "val/accuracy",
-            "train/samples_per_s", "grad_norm/head", "grad_norm/body.0"} <= tags
+            "train/samples_per_s", "grad_norm/head", "grad_norm/body.0", "update_ratio/head", "weight_norm/body.0"} <= tags
     assert steps_of(live, "val/loss") == [8, 16, 24]  # evaluations always; training rows at most 5 a second
     assert texts_of(live, "options") == ["step 10: clip = 0.5 (was off), from --at"]
     assert (trained / "live" / "plugins" / "profile" / "step-13" / "torchlab.pt.trace.json").stat().st_size > 1000
@@ -69,7 +69,9 @@ def test_export_writes_every_row_and_a_flat_csv(trained, capsys):
     with open(trained / "m.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert [int(row["step"]) for row in rows] == list(range(1, 25))
-    assert {"lrs.body", "lrs.head", "metrics.accuracy", "val_metrics.accuracy", "grad_norms.head", "clip"} <= set(rows[0])
+    assert {"lrs.body", "lrs.head", "metrics.accuracy", "val_metrics.accuracy", "grad_norms.head", "clip",
+            "update_ratios.head", "weight_norms.body.0"} <= set(rows[0])
+    assert steps_of(exported, "update_ratio/head") == [int(row["step"]) for row in rows if row["update_ratios.head"]]
     assert rows[7]["val_metrics.accuracy"] != "" and rows[6]["val_metrics.accuracy"] == ""
     assert float(rows[-1]["metrics.accuracy"]) > 0.5
     assert "24 rows" in capsys.readouterr().err
@@ -391,3 +393,10 @@ def test_the_csv_has_no_column_for_a_figure_that_is_null_where_it_is_not_nested(
 
     rows = [{"step": 1, "clip": None, "grad_norms": {"blocks.0.attn": 1.5}}, {"step": 2, "clip": None, "grad_norms": None}]
     assert csv_columns(flat_row(row) for row in rows) == ["step", "clip", "grad_norms.blocks.0.attn"]
+
+
+def test_the_csv_names_adams_moments_per_module():
+    from torchlab.core.records.csv_export import flat_row
+
+    assert flat_row({"step": 3, "adam": {"blocks.0": [0.5, 0.25]}, "update_ratios": {"blocks.0": 1e-3}}) == {
+        "step": 3, "adam.blocks.0.m": 0.5, "adam.blocks.0.sqrt_v": 0.25, "update_ratios.blocks.0": 1e-3}

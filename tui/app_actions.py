@@ -222,6 +222,11 @@ class KeyActions:
 
         self.push_screen(MemoryScreen(self.run_state))
 
+    def action_heatmap(self) -> None:
+        from torchlab.tui.screens.heatmap_screen import HeatmapScreen
+
+        self.push_screen(HeatmapScreen(self.run_state))
+
     def action_system(self) -> None:
         from torchlab.tui.screens.system_screen import SystemScreen
 

@@ -38,6 +38,8 @@ KEY_ACTIONS = (
     KeyAction("T", "try_option", "Trial", "Trial: try an option for a few steps on the same batches, then undo it", show=False),
     KeyAction("f", "next_chart", "Chart", "Chart: samples/s or one of the workload's own metrics, in turn", show=False),
     KeyAction("M", "memory", "Memory", "Memory by kind: parameters, gradients, optimizer state, activations by module", show=False),
+    KeyAction("H", "heatmap", "Heatmap", "Heatmap: modules × recent steps, by gradient norm, update ratio ‖Δθ‖/‖θ‖ or weight norm",
+              show=False),
     KeyAction("s", "save_checkpoint", "Save", "Save a checkpoint now"),
     KeyAction("d", "detach", "Detach", "Leave the app; the trainer keeps training (reattach later)", show=False),
     KeyAction("q", "quit", "Quit", "Quit: stop the trainer after a final checkpoint"),
@@ -50,7 +52,7 @@ TRAINER_ACTIONS = frozenset(
     {"toggle_pause", "change_option", "profile", "save_checkpoint", "detach", "try_option"}
 )
 #: Actions that open a view: from the main screen only, so views do not pile up on each other.
-VIEW_ACTIONS = frozenset({"profiles", "impact", "system", "memory"})
+VIEW_ACTIONS = frozenset({"profiles", "impact", "system", "memory", "heatmap"})
 
 
 class MainScreen(Screen[None]):

@@ -1,5 +1,5 @@
 """Which module's gradient deserves a look: vanishing, exploding (against the other modules, or against its own
-recent past), or non-finite; and modules grouped by block (``blocks.0``), so that a model with a thousand of
+recent past), or non-finite; or its update (‖Δθ‖/‖θ‖ of the last measured step): frozen, or thrashed; and modules grouped by block (``blocks.0``), so that a model with a thousand of
 them is read a group at a time and a group is flagged by the same rules.
 """
 
@@ -14,10 +14,14 @@ VANISHING_RATIO = 1e-3
 #: A module above EXPLODING_RATIO x the layer median, or RISING_FACTOR x its own recent median, is exploding.
 EXPLODING_RATIO = 100.0
 RISING_FACTOR = 10.0
+#: A step that moves a module's weights by less than this share of their norm (‖Δθ‖/‖θ‖) leaves it as good as
+#: frozen; by more, thrashes it. Two decades either side of the healthy ~1e-3 (core/engine/update_probe.py).
+FROZEN_UPDATE, THRASHED_UPDATE = 1e-5, 1e-1
 
 
-def flag_for(norm: float | None, ratio: float | None, trend: list[float]) -> str:
-    """Why a module's gradient deserves a look: "non-finite", "exploding", "vanishing", or ""."""
+def flag_for(norm: float | None, ratio: float | None, trend: list[float], update_ratio: float | None = None) -> str:
+    """Why a module's gradient (or its update) deserves a look: "non-finite", "exploding", "thrashed", "vanishing",
+    "frozen", or ""."""
     if norm is None:
         return ""
     if not math.isfinite(norm):
@@ -30,8 +34,12 @@ def flag_for(norm: float | None, ratio: float | None, trend: list[float]) -> str
         typical = statistics.median(earlier)
         if typical > 0 and norm > RISING_FACTOR * typical:
             return "exploding"
+    if update_ratio is not None and update_ratio > THRASHED_UPDATE:
+        return "thrashed"
     if norm < VANISHING_NORM or (ratio is not None and ratio < VANISHING_RATIO):
         return "vanishing"
+    if update_ratio is not None and update_ratio < FROZEN_UPDATE:
+        return "frozen"
     return ""
 
 

@@ -37,6 +37,7 @@ from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.formatting import short_workload
 from torchlab.tui.state_figures import ENDED, RunFigures
 from torchlab.tui.state_measurements import Measurements
+from torchlab.tui.health_history import HealthHistory
 from torchlab.tui.state_metrics import MetricsFolding
 from torchlab.tui.state_ranks import RanksAndRelaunch
 from torchlab.tui.stragglers import ComparedRank
@@ -93,7 +94,9 @@ class ModuleStats:
     norm: float | None = None
     trend: deque[float] = field(default_factory=lambda: deque(maxlen=TREND_LENGTH))
     ratio: float | None = None
-    flag: str = ""  # "", "vanishing", "exploding", "non-finite"
+    #: ‖Δθ‖/‖θ‖ of the last measured step (core/engine/update_probe.py), where it was measured
+    update_ratio: float | None = None
+    flag: str = ""  # "", "vanishing", "exploding", "non-finite", "frozen", "thrashed"
 
 
 class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
@@ -114,6 +117,8 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
         self.step = 0
         self.options: dict[str, Any] = {}
         self.modules: list[ModuleStats] = []
+        #: the recent measured steps' figures per module, for the heatmap
+        self.health = HealthHistory()
         self.grad_step: int | None = None
         self.grad_total: float | None = None
         self.loss = Series()
@@ -351,6 +356,7 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
         if [(m.name, m.tied) for m in modules] != [(m.name, m.tied) for m in self.modules]:
             self.modules = modules
             self.modules_version += 1
+            self.health.clear()  # its columns are aligned with the modules
         self._set_options(event.options)
         self._start_ranks(run.ranks)
         if event.step > 0 and not len(self.loss) and run.run_dir:

@@ -166,11 +166,14 @@ class MetricsFolding:
         if len(event.norms) != len(self.modules):
             self.log("warning", f"gradient norms for {len(event.norms)} modules, but the trainer named {len(self.modules)}; ignored")
             return
-        for module, value in zip(self.modules, event.norms):
+        ratios = event.ratios if isinstance(event.ratios, list) and len(event.ratios) == len(self.modules) else None
+        for index, (module, value) in enumerate(zip(self.modules, event.norms)):
             norm = float_or_none(value)
             module.norm = norm
             if norm is not None:
                 module.trend.append(norm)
+            module.update_ratio = float_or_none(ratios[index]) if ratios is not None else None
+        self.health.add(event.step, len(self.modules), event.norms, event.ratios, event.weights)
         self.grad_step = event.step
         self.grad_total = float_or_none(event.total)
         self._flags_stale = True
@@ -207,7 +210,7 @@ class MetricsFolding:
         median = self.median_norm()
         for module in self.modules:
             module.ratio = module.norm / median if module.norm is not None and median else None
-            module.flag = flag_for(module.norm, module.ratio, list(module.trend))
+            module.flag = flag_for(module.norm, module.ratio, list(module.trend), module.update_ratio)
 
 
 def _put_before(series: Series, xs: list[float], ys: list[float]) -> None:

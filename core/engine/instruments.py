@@ -29,6 +29,7 @@ from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.engine.profiler import Profiling
 from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, GradNorms, ProbeCadence
 from torchlab.core.engine.step_report import HostTransfer, HostValues, StepReport, stats_by_module
+from torchlab.core.engine.update_probe import UpdateFigures, UpdateProbe
 from torchlab.core.wire.payloads import MemoryBreakdown
 from torchlab.core.wire.units import format_bytes
 
@@ -83,6 +84,10 @@ class Instruments:
         self.next_step = NextStep()  # with ranks: set at each boundary, from rank 0's decisions
         self.figures_gathered_at = -math.inf  # with ranks: when a report last gathered each rank's figures
         self.last_memory: MemoryBreakdown | None = None  # training's last step measured by kind
+        self.update_probe = UpdateProbe(self.grad_probe)
+        #: a measured step's update figures on the device, until the next step's transfer reads them
+        self.update_in_flight: UpdateFigures | None = None
+        self._update_arrived: tuple[UpdateFigures, list[float]] | None = None  # read by that transfer
 
     def memory_at_failure(self) -> str:
         """Memory by kind as a step that ran out of memory left it, for the OOM rescue's last paragraph: what lives
@@ -99,6 +104,23 @@ class Instruments:
             said += (f"; the allocator's peak {format_bytes(torch.cuda.max_memory_allocated(parts.device))} of the "
                      f"device's {format_bytes(total)}")
         return said + "."
+
+    def awaits_update_figures(self, step: int) -> bool:
+        """Whether step ``step``'s update figures are on their way (its row waits for them)."""
+        return self.update_in_flight is not None and self.update_in_flight.step == step
+
+    def update_figures(self, step: int) -> dict[str, Any]:
+        """Step ``step``'s update figures as its row's fields: read by the next step's transfer, or, where none came
+        (the run ended first), read now, with a transfer of their own."""
+        arrived, self._update_arrived = self._update_arrived, None
+        in_flight = self.update_in_flight
+        if arrived is None and in_flight is not None and in_flight.step == step:
+            self.update_in_flight = None
+            arrived = (in_flight, in_flight.packed.reshape(-1).tolist())
+        if arrived is None or arrived[0].step != step:
+            return {}
+        figures, values = arrived
+        return figures.named(values, self.grad_probe.module_names)
 
     def is_report_step(self, step: int) -> bool:
         config = self.parts.config
@@ -135,6 +157,7 @@ class StepWatch:
         self._saved: SavedTensorCount | None = None
         self._gradients_bytes = 0
         self._act_stats: torch.Tensor | None = None
+        self._probe_s = 0.0  # what the probes took on the training thread: the cadence follows it
         if plan.activations:
             instruments.activation_probe.attach()  # hooks only on sampled steps: on every step they cost ~35 %
 
@@ -165,8 +188,29 @@ class StepWatch:
         probe_started = time.perf_counter()
         norms = instruments.grad_probe.measure(per_module=self.plan.probe)
         if self.plan.probe and norms is not None:
-            instruments.cadence.record_probe(self.step, time.perf_counter() - probe_started)  # it follows its cost
+            self._probe_s += time.perf_counter() - probe_started
         return norms
+
+    def before_update(self) -> list[torch.Tensor] | None:
+        """Before the optimizer step of a step the probe measures (in training, on the rank that reports): the
+        parameters' copy that ``after_update`` measures the update against."""
+        instruments, plan = self.instruments, self.plan
+        if not plan.probe or plan.trial or not instruments.parts.world.reports:
+            return None
+        started = time.perf_counter()
+        before = instruments.update_probe.before_update()
+        self._probe_s += time.perf_counter() - started
+        return before
+
+    def after_update(self, before: list[torch.Tensor] | None) -> None:
+        """After the optimizer step: its figures measured on the device, on their way with the next transfer."""
+        if before is None:
+            return
+        started = time.perf_counter()
+        instruments = self.instruments
+        instruments.update_in_flight = instruments.update_probe.after_update(self.step, before,
+                                                                             instruments.parts.optimization.optimizer)
+        self._probe_s += time.perf_counter() - started
 
     def to_host(self, loss: torch.Tensor, norms: GradNorms | None, metrics: torch.Tensor | None) -> HostValues:
         """Everything this step reports, moved to the host in one transfer: on CUDA, the step's sync point."""
@@ -176,7 +220,14 @@ class StepWatch:
         transfer.add("grad_norms", norms.per_module if norms is not None else None)  # None between the probe's steps
         transfer.add("act_stats", self._act_stats)
         transfer.add("metrics", metrics)
-        return transfer.to_host()
+        in_flight = self.instruments.update_in_flight if not self.plan.trial else None
+        if in_flight is not None:  # the last measured step's update figures travel with this transfer
+            transfer.add("update", in_flight.packed)
+        host = transfer.to_host()
+        if in_flight is not None:
+            self.instruments.update_in_flight = None
+            self.instruments._update_arrived = (in_flight, host.vector("update"))
+        return host
 
     def finish(self, host: HostValues, loss: float, grad_norm_total: float | None, clipped: bool | None, stepped: bool,
                lrs_used: list[float], spike: str | None = None) -> StepReport:
@@ -190,6 +241,8 @@ class StepWatch:
                                                         parts.optimization.optimizer, parts.device)
         if not plan.trial:
             instruments.cadence.record_step(step_time)
+            if plan.probe and self._probe_s > 0:
+                instruments.cadence.record_probe(self.step, self._probe_s)  # it follows its cost
             if memory is not None:
                 instruments.memory_cadence.measured()
                 instruments.last_memory = memory

@@ -70,19 +70,29 @@ class GradNormProbe:
         if not present:
             return None
         grads = [self._params[i].grad for i in present]
-        device = grads[0].device
         norms = torch.stack(torch._foreach_norm(grads)).float()
         total = torch.linalg.vector_norm(norms)  # one kernel (as clip_grad_norm_ does), not a square, a sum and a root
         if not per_module:
             return GradNorms(per_module=None, total=total, grads=grads)
-        if len(present) == len(self._params):
+        module_sums = self.module_sums(norms.square(), present if len(present) < len(self._params) else None)
+        return GradNorms(per_module=module_sums.sqrt(), total=total, grads=grads)
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        """The parameters measured, each once, in the order of ``module_sums``'s values."""
+        return self._params
+
+    def module_sums(self, values: torch.Tensor, present: list[int] | None = None) -> torch.Tensor:
+        """A value per parameter (of ``params``, or of those at the indices ``present``) summed per owning module, on
+        the device: [modules], zero for a module none of whose parameters is present."""
+        device = values.device
+        if present is None:
             if self._owner_index is None or self._owner_index.device != device:
                 self._owner_index = self._owner_index_cpu.to(device)
             owner_index = self._owner_index
-        else:  # some parameters got no gradient this step (unused branches)
+        else:  # some parameters only (no gradient this step: an unused branch; no Adam state)
             owner_index = self._owner_index_cpu[present].to(device)
-        module_sums = torch.zeros(len(self.module_names), device=device).index_add_(0, owner_index, norms.square())
-        return GradNorms(per_module=module_sums.sqrt(), total=total, grads=grads)
+        return torch.zeros(len(self.module_names), device=device).index_add_(0, owner_index, values)
 
 
 def clip_by_total_norm(norms: GradNorms, max_norm: float, total: float) -> None:

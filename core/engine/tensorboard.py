@@ -4,7 +4,8 @@ extra): while it trains (``--tensorboard DIR``, ``LiveTensorBoard``) or afterwar
 
 Tags: ``train/loss``, ``train/lr`` (``train/lr/<group>`` for a workload's optimizer with several groups),
 ``train/samples_per_s``, ``train/step_time_s``, ``train/grad_norm_total``, ``val/loss``, the workload's own
-metrics as ``train/<name>`` and ``val/<name>``, ``grad_norm/<module>``, ``memory/<kind>`` (bytes); option
+metrics as ``train/<name>`` and ``val/<name>``, ``grad_norm/<module>``, ``update_ratio/<module>``,
+``weight_norm/<module>``, ``adam_m/<module>`` and ``adam_sqrt_v/<module>``, ``memory/<kind>`` (bytes); option
 changes as text under ``options``; profiler traces as ``plugins/profile/step-<N>/torchlab.pt.trace.json``,
 where the PyTorch Profiler plugin of TensorBoard finds them. A trace is copied by a read and a write of our
 own: one that is a link (to ``/etc/shadow``, in a run someone else prepared), a FIFO or a device is refused
@@ -90,6 +91,13 @@ class TensorBoardWriter:
                 scalar(f"{prefix}/{name}", value)
         for module, norm in (row.grad_norms or {}).items():
             scalar(f"grad_norm/{module}", norm)
+        for module, ratio in (row.update_ratios or {}).items():
+            scalar(f"update_ratio/{module}", ratio)
+        for module, norm in (row.weight_norms or {}).items():
+            scalar(f"weight_norm/{module}", norm)
+        for module, (first, root) in (row.adam or {}).items():
+            scalar(f"adam_m/{module}", first)
+            scalar(f"adam_sqrt_v/{module}", root)
         memory = row.memory
         if memory is not None:
             scalar("memory/parameters", memory.parameters_bytes)

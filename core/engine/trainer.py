@@ -21,6 +21,7 @@ that checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import traceback
@@ -52,6 +53,7 @@ from torchlab.core.errors import NonFiniteError, StorageError, WorkloadError
 from torchlab.core.records.config import TrainConfig
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import HELD_BACK, RunEnded, RunStarted, StepSkipped
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import COMPILE, LiveOptions
 from torchlab.core.wire.protocol import SetCommand, TrainerCommand
@@ -93,6 +95,7 @@ class Trainer:
         self.trials = Trials(parts, self.train_step, self.checkpoints, self.profiling)
         self.boundary = StepBoundary(parts, self.instruments, self.checkpoints, self.trials, self.profiling)
         self._consecutive_skips = 0
+        self._held_row: MetricsRow | None = None  # a measured step's row, waiting for its update figures
         initial = config.options
         if resume_from is not None:
             initial = self.checkpoints.resume(resume_from, explicit_options)
@@ -207,7 +210,10 @@ class Trainer:
                 while progress.step < self.parts.config.steps and self.train_steps(1):
                     pass
             finally:  # a checkpoint that failed did so before what ended the loop: its StorageError wins
-                self.checkpoints.finish()
+                try:
+                    self._release_held_row()
+                finally:
+                    self.checkpoints.finish()
         except NonFiniteError as error:
             self.reporter.emit(p.NonFinite(message=str(error), **error.report))
             return RunOutcome(RunStatus.NONFINITE, progress.step, str(error))
@@ -272,6 +278,7 @@ class Trainer:
             report = self.train_step(plan)
             self.parts.progress.step = step
             self._count_skip(report)
+            self._release_held_row()  # the measured step before: its update figures came with this step's transfer
             if plan.report:
                 self._report(report)
             self._after_step(step)
@@ -318,7 +325,9 @@ class Trainer:
         if clip is not None and norms is not None:  # decided from the total the host holds: below the limit, nothing
             clip_by_total_norm(norms, clip, total_norm)
         self.guard.before_update()  # CUDA: the update waits for the host copy taken at the boundary, if on its way
+        before = watch.before_update()  # a measured step: the weights its update is measured against
         stepped = precision.step(optimizer)  # fp16: scaler.step(optimizer) and scaler.update(); False: skipped
+        watch.after_update(before)  # its figures, on their way with the next step's transfer
         optimizer.zero_grad(set_to_none=True)
         parts.optimization.step_schedule()  # the schedule's next LR, times the live scale
         if spike is not None:  # let through: the guard is off (a notice), or a new level
@@ -405,7 +414,22 @@ class Trainer:
                           batch_size=parts.batch_size, rank_figures=rank_figures,
                           evaluate=self._evaluate if self._is_eval_step(report.step) else None)
         self.checkpoints.finish()  # the step's row comes after the checkpoint before it is safe, or not at all
+        if instruments.awaits_update_figures(report.step):
+            self._held_row = row  # sent with them, after the next step's transfer (core/engine/update_probe.py)
+            return
         self.reporter.metrics(row)
+
+    def _release_held_row(self) -> None:
+        """Send the row held for its update figures, with them: read by the last transfer, or now, where the run ends
+        before another step (with nothing to read where the device failed)."""
+        row, self._held_row = self._held_row, None
+        if row is None:
+            return
+        try:
+            figures = self.instruments.update_figures(row.step)
+        except Exception:  # the error that ends the run is the one to report; the row goes without its figures
+            figures = {}
+        self.reporter.metrics(dataclasses.replace(row, **figures) if figures else row)
 
     def _after_step(self, step: int) -> None:
         self.checkpoints.finish()  # started after the step before (when no metrics row waited for it)

@@ -88,7 +88,7 @@ class OutboxReporter(TrainerObserver):
         if row.memory is not None:  # on the steps that measured it
             self.outbox.add_latest(p.Memory(breakdown=row.memory))
         if row.grad_norms is not None:
-            self.outbox.add_latest(p.GradNorms(step=row.step, norms=list(row.grad_norms.values()), total=row.grad_norm_total))
+            self.outbox.add_latest(p.GradNorms.from_row(row))
         if row.ranks is not None:  # from the ranks' collectives
             self.outbox.add_latest(p.Ranks(step=row.step, ranks=row.ranks))
 

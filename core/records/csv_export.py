@@ -3,7 +3,8 @@
 Nested values become dotted columns: ``lrs.head``, ``metrics.accuracy``, ``grad_norms.blocks.0.attn``,
 ``memory.activations_bytes``, ``memory.by_module.blocks.0.attn`` (the module's activation bytes: the list is
 ranked by size, so a column per place in it would name another module from row to row),
-``act_stats.<module>.mean``/``.std``/``.max_abs``, ``ranks.1.step_time_s``. The
+``act_stats.<module>.mean``/``.std``/``.max_abs``, ``update_ratios.<module>``, ``weight_norms.<module>``,
+``adam.<module>.m``/``.sqrt_v``, ``ranks.1.step_time_s``. The
 columns are every key any row has, in the order they first appear; a row without one leaves it empty.
 
 A cell a spreadsheet would evaluate is escaped by OWASP's rule ("CSV Injection"): text that begins with
@@ -34,6 +35,7 @@ from torchlab.core.records.rundir import SkippedLine, rows_of
 from torchlab.core.records.storage import reason
 
 _ACT_STATS = ("mean", "std", "max_abs")
+_ADAM = ("m", "sqrt_v")  # an optimizer's moments per module: ‖m‖, ‖√v‖
 #: How a cell that a spreadsheet takes for a formula begins (OWASP).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
@@ -51,7 +53,8 @@ def flat_row(row: dict[str, Any]) -> dict[str, Any]:
                 figures = {key: figure for key, figure in item.items() if key != "module"}
                 put(f"{prefix}.{item['module']}", figures["bytes"] if list(figures) == ["bytes"] else figures)
         elif isinstance(value, list):
-            names = _ACT_STATS if prefix.startswith("act_stats.") and len(value) == len(_ACT_STATS) else range(len(value))
+            names = (_ACT_STATS if prefix.startswith("act_stats.") and len(value) == len(_ACT_STATS) else
+                     _ADAM if prefix.startswith("adam.") and len(value) == len(_ADAM) else range(len(value)))
             for name, item in zip(names, value):
                 put(f"{prefix}.{name}", item)
         else:

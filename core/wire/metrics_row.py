@@ -80,6 +80,10 @@ class MetricsRow:
     val_metrics: dict[str, float | None] | None = None
     #: where the step's loss or grad norm spiked: what the spike guard did (core/engine/spike_guard.py)
     spike: str | None = None
+    #: on steps the probe measured: each module's ‖Δθ‖/‖θ‖ and ‖θ‖, and Adam's [‖m‖, ‖√v‖] (core/engine/update_probe.py)
+    update_ratios: dict[str, float | None] | None = None
+    weight_norms: dict[str, float | None] | None = None
+    adam: dict[str, list[float | None]] | None = None
 
     def json_object(self) -> dict[str, Any]:
         """The row as its line of ``metrics.jsonl`` holds it (key for key, in order; strict_json writes it). Read

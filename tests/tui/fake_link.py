@@ -84,8 +84,10 @@ def record(step: int, **overrides: Any) -> MetricsRow:
     return metrics_row(step, **data)
 
 
-def grad_norms(step: int, names: list[str] | None = None) -> protocol.GradNorms:
-    """Per-module norms: mostly ~0.1, one vanishing LayerNorm, and the head rising fast near the end."""
+def grad_norms(step: int, names: list[str] | None = None, *, updates: bool = False) -> protocol.GradNorms:
+    """Per-module norms: mostly ~0.1, one vanishing LayerNorm, and the head rising fast near the end. ``updates``:
+    with each module's update-to-weight ratio (~1e-3; blocks.2's ten times larger from step 80, as after a change;
+    the vanishing LayerNorm's frozen at 1e-7) and weight norm."""
     names = names if names is not None else module_names()
     norms: list[float | None] = []
     for index, name in enumerate(names):
@@ -96,19 +98,27 @@ def grad_norms(step: int, names: list[str] | None = None) -> protocol.GradNorms:
             norm = 5.0
         norms.append(norm)
     total = math.sqrt(sum(n * n for n in norms if n is not None))
-    return protocol.GradNorms(step=step, norms=norms, total=total)
+    if not updates:
+        return protocol.GradNorms(step=step, norms=norms, total=total)
+    ratios = [1e-7 if name == "blocks.3.ln_1" else
+              (1e-2 if name.startswith("blocks.2.") and step >= 80 else 1e-3) * (1 + 0.3 * math.sin(step / 5 + index))
+              for index, name in enumerate(names)]
+    weights = [1.0 + 0.1 * index for index in range(len(names))]
+    return protocol.GradNorms(step=step, norms=norms, total=total, ratios=ratios, weights=weights)
 
 
 def training_events(steps: int = 120, *, names: list[str] | None = None, world_size: int = 1,
-                    tied: dict[str, list[str]] | None = None, blocks: list[str] | None = None) -> list[protocol.Message]:
-    """Welcome, running, ``steps`` metrics records in batches, and grad norms every 2 steps."""
+                    tied: dict[str, list[str]] | None = None, blocks: list[str] | None = None,
+                    updates: bool = False) -> list[protocol.Message]:
+    """Welcome, running, ``steps`` metrics records in batches, and grad norms every 2 steps (``updates``: with the
+    update's figures)."""
     options = {**OPTIONS, "world_size": world_size}
     events: list[protocol.Message] = [welcome(0, modules=names, options=options, tied=tied, blocks=blocks),
                                       protocol.State("running", 0)]
     for start in range(1, steps + 1, 20):
         batch = list(range(start, min(start + 20, steps + 1)))
         events.append(protocol.Metrics.from_rows([record(step, world_size=world_size) for step in batch]))
-        events.extend(grad_norms(step, names) for step in batch if step % 2 == 0)
+        events.extend(grad_norms(step, names, updates=updates) for step in batch if step % 2 == 0)
     return events
 
 

@@ -181,3 +181,24 @@ def test_long_similar_module_names_80x24(snap_compare) -> None:
 
 def test_long_similar_module_names_160x48(snap_compare) -> None:
     assert snap_compare(long_names_app(), terminal_size=(160, 48), run_before=settle)
+
+
+def heatmap_app() -> TorchlabApp:
+    """Grad norms with their updates' figures: blocks.2's updates ten times larger from step 80."""
+    return quiet_app(FakeLink(training_events(updates=True) + system_samples()))
+
+
+async def open_heatmap(pilot) -> None:
+    await settle(pilot)
+    await pilot.press("H")
+    await settle(pilot)
+    await pilot.press("up", "left", "left")
+    await settle(pilot)
+
+
+def test_heatmap_80x24(snap_compare) -> None:
+    assert snap_compare(heatmap_app(), terminal_size=(80, 24), run_before=open_heatmap)
+
+
+def test_heatmap_200x50(snap_compare) -> None:
+    assert snap_compare(heatmap_app(), terminal_size=(200, 50), run_before=open_heatmap)

@@ -85,6 +85,17 @@ async def test_keys_change_a_real_run_and_quit_leaves_no_trainer(tmp_path):
             assert f"{option} = {value} applied at step {applied[option]}" in shown  # the app and the journal agree
         assert "amp: fp16 skipped: fp16 needs CUDA; this run is on cpu: use bf16" in shown
 
+        # The heatmap: the trainer's update ratios per module, over the steps it measured; f shows the weight norms
+        await until(pilot, lambda: state.health.has("update ratio"), what="an update ratio")
+        await pilot.press("H")
+        await until(pilot, lambda: "measured steps" in str(app.screen.query_one("#heatmap-status").content),
+                    what="the heatmap")
+        assert str(app.screen.query_one("#heatmap-status").content).startswith("update ratio (‖Δθ‖/‖θ‖")
+        assert " · step " in str(app.screen.query_one("#heatmap-cell").content)
+        await pilot.press("f")
+        assert str(app.screen.query_one("#heatmap-status").content).startswith("weight norm")
+        await pilot.press("H")
+
         trainer_pid = links[0].pid
         await pilot.press("q")
         await until(pilot, lambda: not app.is_running, what="the app to exit after q")

@@ -36,9 +36,11 @@ from torchlab.tui.widgets.row_view import Cell, Column, RowView
 GROUP_ABOVE = 48
 #: sort key name -> shown name; ``o`` cycles through them in this order
 SORTS = {"order": "model order", "norm": "norm ↓", "ratio": "×median ↓", "name": "name"}
-FLAG_STYLES = {"exploding": "bold red", "non-finite": "bold red", "vanishing": "bold blue"}
-FLAG_MARKS = {"exploding": "▲ exploding", "non-finite": "✖ non-finite", "vanishing": "▼ vanishing"}
-FLAG_RANK = {"non-finite": 3, "exploding": 2, "vanishing": 1, "": 0}
+FLAG_STYLES = {"exploding": "bold red", "non-finite": "bold red", "vanishing": "bold blue", "thrashed": "bold magenta",
+               "frozen": "bold cyan"}
+FLAG_MARKS = {"exploding": "▲ exploding", "non-finite": "✖ non-finite", "vanishing": "▼ vanishing",
+              "thrashed": "△ thrashed", "frozen": "▽ frozen"}
+FLAG_RANK = {"non-finite": 3, "exploding": 2, "thrashed": 2, "vanishing": 1, "frozen": 1, "": 0}
 
 
 @dataclass(frozen=True)

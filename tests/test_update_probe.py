@@ -1,0 +1,44 @@
+"""Optimizer health (core/engine/update_probe.py): each measured step's update-to-weight ratio per module, the weight
+norms and Adam's moments, in the step's own row although they are read with the next step's transfer."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainers import WORKLOADS, make_trainer
+from torchlab.core.wire.metrics_row import MetricsRow
+
+SETTINGS = dict(steps=5, seed=4, probe_every=1, schedule="constant", checkpoint_every=0)
+
+
+def test_the_ratios_are_true_to_the_lr_a_doubled_lr_scale_doubles_every_modules_ratio():
+    """AdamW's update is the LR times a normalised step (its decay too): from the same state and batch, step 5 at
+    twice the LR moves every module twice as far."""
+    plain, seen_plain = make_trainer(**SETTINGS)
+    plain.run()
+    doubled, seen_doubled = make_trainer(at=["5:lr_scale=2"], **SETTINGS)
+    doubled.run()
+    assert [row.update_ratios for row in seen_doubled.metrics[:4]] == [row.update_ratios for row in seen_plain.metrics[:4]]
+    before, after = seen_plain.at(5).update_ratios, seen_doubled.at(5).update_ratios
+    assert set(after) == set(seen_plain.at(5).grad_norms) and len(after) >= 5
+    assert {name: after[name] / before[name] for name in after} == pytest.approx(dict.fromkeys(after, 2.0), rel=1e-3)
+    assert all(1e-4 < ratio < 0.1 for ratio in before.values())
+
+
+def test_only_measured_rows_carry_them_each_in_order_the_last_read_as_the_run_ends():
+    trainer, seen = make_trainer(**{**SETTINGS, "steps": 6, "probe_every": 3})
+    trainer.run()
+    assert [row.step for row in seen.metrics] == list(range(1, 7))
+    measured = [row.step for row in seen.metrics if row.update_ratios is not None]
+    assert measured == [row.step for row in seen.metrics if row.grad_norms is not None] == [3, 6]
+    row = seen.at(6)  # the last step: no next transfer, read as the run ended
+    assert set(row.weight_norms) == set(row.grad_norms) and all(norm > 0 for norm in row.weight_norms.values())
+    first, root = row.adam["stem"]
+    assert first > 0 and root > 0
+    assert MetricsRow.from_json(row.json_object()) == row  # metrics.jsonl's line reads back as the row
+
+
+def test_an_optimizer_without_adams_moments_gives_ratios_and_no_moments():
+    trainer, seen = make_trainer(f"{WORKLOADS / 'tiny.py'}:sgd_without_spike", **SETTINGS)
+    trainer.run()
+    assert all(row.update_ratios and row.adam is None for row in seen.metrics)

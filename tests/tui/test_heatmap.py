@@ -1,0 +1,50 @@
+"""The heatmap's parts (tui/screens/heatmap_screen.py, tui/health_history.py): the history of measured steps, a
+block's figures from its modules', the glyph scale, and the update flags of the gradient table."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from torchlab.tui.gradient_flags import flag_for
+from torchlab.tui.health_history import HealthHistory
+from torchlab.tui.screens.heatmap_screen import Scale, grid_of
+
+MODULES = ["blocks.0.attn", "blocks.0.mlp", "head"]
+
+
+def history(*steps: int) -> HealthHistory:
+    held = HealthHistory()
+    for step in steps:
+        held.add(step, 3, [0.1, 0.2, float("nan")], [1e-3, 1e-2, None], [1.0, 3.0, 2.0])
+    return held
+
+
+def test_a_step_held_again_replaces_it_and_what_came_after_and_values_not_finite_are_blank():
+    held = history(2, 4, 6)
+    held.add(4, 3, [0.5, 0.5, 0.5], None, None)  # a resumed run trains step 4 again
+    assert list(held.steps) == [2, 4]
+    assert held.columns["grad norm"][-1] == [0.5, 0.5, 0.5] and held.columns["update ratio"][-1] == [None] * 3
+    assert held.columns["grad norm"][0][2] is None  # NaN: not drawn as a value
+
+
+def test_a_blocks_ratio_is_its_update_norm_over_its_weight_norm_and_its_norm_adds_in_squares():
+    grid = grid_of(history(2, 4), MODULES, "update ratio", grouped=True, columns=1)
+    assert grid.labels == ["blocks.0", "head"] and grid.steps == [4]
+    assert grid.cells[0][0] == pytest.approx(math.sqrt(1e-3**2 + (3e-2) ** 2) / math.sqrt(1 + 9))
+    assert grid.cells[1][0] is None
+    norms = grid_of(history(2, 4), MODULES, "grad norm", grouped=True, columns=5)
+    assert norms.steps == [2, 4] and norms.cells[0] == [pytest.approx(math.sqrt(0.05))] * 2
+
+
+def test_the_scale_spans_whole_decades_and_its_legend_reads_without_colour():
+    scale = Scale.of([[1e-7, 2e-3], [None, 0.05]])
+    assert (scale.low, scale.high) == (-7, -1)
+    assert [scale.level(value) for value in (1e-7, 1e-4, 1e-2, 0.1, 0.0, None)] == [0, 4, 6, 7, 0, None]
+    assert scale.legend().plain == "scale (log10): ▁▂▃▄▅▆▇█  ▁ 1e-7 · ▅ ≥ 1e-4 · █ 1e-1 · blank: not measured"
+
+
+@pytest.mark.parametrize("update_ratio, flag", [(1e-3, ""), (5e-6, "frozen"), (0.3, "thrashed"), (None, "")])
+def test_an_update_far_outside_its_band_is_flagged(update_ratio, flag):
+    assert flag_for(0.1, 1.0, [0.1, 0.1, 0.1], update_ratio) == flag
