@@ -18,6 +18,10 @@ from torchlab.core.wire import control_server as cs
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.outbox import Outbox
 from torchlab.core.wire.payloads import RunInfo
+from torchlab.core.wire.protocol import PROTOCOL_VERSION
+
+#: How a line of the protocol begins: its version (a test's line stays one of today's when it moves on).
+V = f'{{"v": {PROTOCOL_VERSION}'.encode()
 
 TOKEN = "ab" * 16
 WAIT_S = 30.0
@@ -87,7 +91,7 @@ def test_refused_lines_are_passed_on_before_and_after_the_hello_and_a_probe_is_n
     assert "expected a hello" in answer(stranger).reason
     served.until(lambda: len(served.refused) == 1)
     app = served.app()
-    app.sendall(b'{"v": 10, "type": "' + b"x" * 100_000 + b'"}\n')
+    app.sendall(V + b', "type": "' + b"x" * 100_000 + b'"}\n')
     served.until(lambda: len(served.refused) == 2)
     app.sendall(p.PauseCommand().encode())
     served.until(lambda: served.commands)
@@ -99,7 +103,7 @@ def test_refused_lines_are_passed_on_before_and_after_the_hello_and_a_probe_is_n
 
 def test_a_line_cut_off_by_the_peer_hanging_up_is_a_refused_line(served):
     stranger = served.connect()
-    stranger.sendall(b'{"v": 10, "type": "hel')
+    stranger.sendall(V + b', "type": "hel')
     stranger.shutdown(socket.SHUT_WR)
     assert "connection closed" in answer(stranger).reason
     served.until(lambda: served.refused == [("expected a hello with a token first: connection closed", True)])
@@ -178,7 +182,7 @@ def test_a_token_that_is_not_unicode_is_refused_and_the_socket_serves_on(served,
     monkeypatch.setattr(threading, "excepthook", faults.append)
     stranger = served.connect()
     stranger.settimeout(10.0)
-    stranger.sendall(b'{"v": 10, "type": "hello", "version": 8, "token": "\\ud800"}\n')
+    stranger.sendall(V + b', "type": "hello", "version": 8, "token": "\\ud800"}\n')
     assert "not Unicode" in answer(stranger).reason
     served.until(lambda: served.refused)
     assert served.refused[0][0].startswith("expected a hello with a token first: message holds text that is not Unicode")

@@ -28,6 +28,10 @@ from torchlab.core.wire.payloads import (
     RunInfo,
     TelemetrySample,
 )
+from torchlab.core.wire.protocol import PROTOCOL_VERSION
+
+#: How a line of the protocol begins: its version (a test's line stays one of today's when it moves on).
+V = f'{{"v": {PROTOCOL_VERSION}'.encode()
 
 RUN = RunInfo(workload="tiny_gpt", run_dir="/runs/x", device="cpu", steps=200, batch_size=32, pid=7, started=1.7e9,
               checkpoint_blocks=["blocks.0", "blocks.1"], world_size=2,
@@ -123,22 +127,22 @@ def test_non_finite_numbers_travel_as_null():
     (b"[1, 2]", "must be a JSON object"),
     (b'{"type": "pause"}', "protocol version None is not supported"),
     (b'{"v": 99, "type": "pause"}', f"protocol version 99 is not supported; this side speaks version {p.PROTOCOL_VERSION}"),
-    (b'{"v": 10}', "unknown message type None"),
-    (b'{"v": 10, "type": "format_disk"}', "unknown message type 'format_disk'"),
-    (b'{"v": 10, "type": "set", "option": "amp"}', "set: missing field 'value'"),
-    (b'{"v": 10, "type": "set", "option": ["amp"], "value": 1}', "set.option: expected str, got list"),
-    (b'{"v": 10, "type": "set", "option": "amp", "value": {"x": 1}}', "set.value: expected str or int or float or bool or null, got dict"),
-    (b'{"v": 10, "type": "profile", "steps": true}', "profile.steps: expected int, got a boolean"),
-    (b'{"v": 10, "type": "pause", "now": true}', "pause: unknown field(s) now"),
-    (b'{"v": 10, "type": "trial_progress", "step": 4, "label": "clip=0.5", "arm": 3, "done": 1, "steps": 2}',
+    (V + b'}', "unknown message type None"),
+    (V + b', "type": "format_disk"}', "unknown message type 'format_disk'"),
+    (V + b', "type": "set", "option": "amp"}', "set: missing field 'value'"),
+    (V + b', "type": "set", "option": ["amp"], "value": 1}', "set.option: expected str, got list"),
+    (V + b', "type": "set", "option": "amp", "value": {"x": 1}}', "set.value: expected str or int or float or bool or null, got dict"),
+    (V + b', "type": "profile", "steps": true}', "profile.steps: expected int, got a boolean"),
+    (V + b', "type": "pause", "now": true}', "pause: unknown field(s) now"),
+    (V + b', "type": "trial_progress", "step": 4, "label": "clip=0.5", "arm": 3, "done": 1, "steps": 2}',
      "trial_progress: arm must be 1 or 2, got 3"),
-    (b'{"v": 10, "type": "trial_progress", "step": 4, "label": "clip=0.5", "arm": 1, "done": 3, "steps": 2}',
+    (V + b', "type": "trial_progress", "step": 4, "label": "clip=0.5", "arm": 1, "done": 3, "steps": 2}',
      "trial_progress: done must be from 0 to steps (2), got 3"),
-    (b'{"v": 10, "type": "hello", "version": 1}', "hello: missing field 'token'"),
+    (V + b', "type": "hello", "version": 1}', "hello: missing field 'token'"),
     (b"\xff\xfe", "not UTF-8"),
-    (b'{"v": 10, "type": "metrics", "columns": {"step": [1], "loss": [2.5, 2.4]}}', "columns must be of one length, got lengths [1, 2]"),
-    (b'{"v": 10, "type": "metrics", "columns": {"step": 1}}', "every column must be a list of values"),
-    (b'{"v": 10, "type": "metrics", "columns": ["step"], "rows": [[1]]}', "unknown field(s) rows"),
+    (V + b', "type": "metrics", "columns": {"step": [1], "loss": [2.5, 2.4]}}', "columns must be of one length, got lengths [1, 2]"),
+    (V + b', "type": "metrics", "columns": {"step": 1}}', "every column must be a list of values"),
+    (V + b', "type": "metrics", "columns": ["step"], "rows": [[1]]}', "unknown field(s) rows"),
     (b"[" * 100000, "not valid JSON"),
     (b" " * (p.MAX_LINE_BYTES + 1), "exceeds the limit"),
 ])
@@ -429,15 +433,15 @@ def test_a_refusal_never_echoes_more_than_a_few_hundred_characters(payload):
 
 
 @pytest.mark.parametrize("payload, shown", [
-    ({"v": 10, "type": "x" * 1_000_000}, "unknown message type 'xxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxx'"),
+    ({"v": PROTOCOL_VERSION, "type": "x" * 1_000_000}, "unknown message type 'xxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxx'"),
     ({"v": int("9" * 4000), "type": "pause"}, "protocol version 999999999999999999...9999999999999999999 is not supported"),
     ({"v": "v" * 100_000}, "protocol version 'vvvvvvvvvvvvvvvvv...vvvvvvvvvvvvvvvvvv' is not supported"),
-    ({"v": 10, "type": ["pause"] * 100_000}, "unknown message type ['pause', 'pause', 'pause', ...]"),
+    ({"v": PROTOCOL_VERSION, "type": ["pause"] * 100_000}, "unknown message type ['pause', 'pause', 'pause', ...]"),
     ({"v": {str(n) * 50: {str(m) * 50: "v" * 50 for m in range(3)} for n in range(3)}}, "protocol version {'000000"),
-    ({"v": 10, "type": "pause", **{f"{n:06d}" + "f" * 1000: 1 for n in range(1000)}},
+    ({"v": PROTOCOL_VERSION, "type": "pause", **{f"{n:06d}" + "f" * 1000: 1 for n in range(1000)}},
      "pause: unknown field(s) 000000" + "f" * 31 + "..., 000001"),
-    ({"v": 10, "type": "pause", **{f"{n:06d}": 1 for n in range(1000)}}, "unknown field(s) 000000, 000001, 000002 and 997 more"),
-    ({"v": 10, "type": "metrics", "columns": {str(n): [0] * n for n in range(2000)}}, "got lengths [0, 1, 2 and 1997 more]"),
+    ({"v": PROTOCOL_VERSION, "type": "pause", **{f"{n:06d}": 1 for n in range(1000)}}, "unknown field(s) 000000, 000001, 000002 and 997 more"),
+    ({"v": PROTOCOL_VERSION, "type": "metrics", "columns": {str(n): [0] * n for n in range(2000)}}, "got lengths [0, 1, 2 and 1997 more]"),
 ])
 def test_what_a_peer_sent_is_echoed_cut_short(payload, shown):
     reason = reason_of(json.dumps(payload))
@@ -449,12 +453,12 @@ def test_what_a_peer_sent_is_echoed_cut_short(payload, shown):
 # from the socket: encoding a hello's token to compare it killed the rank channel's accept thread (issue 26).
 
 LONE_SURROGATES = [
-    b'{"v": 10, "type": "hello", "version": 8, "token": "\\ud800"}',  # a high half alone
-    b'{"v": 10, "type": "hello", "version": 8, "token": "ab\\uDFFFcd"}',  # a low half alone, in capitals
-    b'{"v": 10, "type": "hello", "version": 8, "token": "\\ude00\\ud83d"}',  # both halves, the wrong way round
-    b'{"v": 10, "type": "set", "option": "amp", "value": "\\ud800"}',
-    b'{"v": 10, "type": "pause", "\\ud800": 1}',  # in a name
-    b'{"v": 10, "type": "metrics", "columns": {"step": [1], "note": [["\\udbff"]]}}',  # deep inside a value
+    V + b', "type": "hello", "version": 8, "token": "\\ud800"}',  # a high half alone
+    V + b', "type": "hello", "version": 8, "token": "ab\\uDFFFcd"}',  # a low half alone, in capitals
+    V + b', "type": "hello", "version": 8, "token": "\\ude00\\ud83d"}',  # both halves, the wrong way round
+    V + b', "type": "set", "option": "amp", "value": "\\ud800"}',
+    V + b', "type": "pause", "\\ud800": 1}',  # in a name
+    V + b', "type": "metrics", "columns": {"step": [1], "note": [["\\udbff"]]}}',  # deep inside a value
 ]
 
 
@@ -467,7 +471,7 @@ def test_text_that_is_not_unicode_is_refused_as_a_message(line):
 
 def test_a_pair_of_escaped_surrogates_is_the_one_character_it_stands_for():
     """strict_json escapes every character past ASCII, an emoji as its surrogate pair: that is valid text."""
-    hello = p.decode(b'{"v": 10, "type": "hello", "version": 8, "token": "\\ud83d\\ude00 \\u00e9"}')
+    hello = p.decode(V + b', "type": "hello", "version": 8, "token": "\\ud83d\\ude00 \\u00e9"}')
     assert hello.token == "\U0001f600 \u00e9"
     assert p.decode(p.Hello(version=8, token="\U0001f600").encode()).token == "\U0001f600"
 

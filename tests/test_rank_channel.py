@@ -75,16 +75,18 @@ class Peer:
         return decode(line, rc.RankMessage)
 
 
+#: How a line of this protocol begins: its version, spelled as the sender spells it.
+VERSION = f'{{"v": {PROTOCOL_VERSION}, '.encode()
 GARBAGE = [
     b"not json\n",
     b"\xff\xfe not utf-8\n",
     b"[" * 100_000 + b"\n",  # nested too deep
-    b'{"v": 10, "type": "metrics", "record": {"step": ' + b"9" * 5000 + b"}}\n",  # a number too long to read
-    b'{"v": 10, "type": "metrics", "record": {"loss": 1.0}}\n',  # no step
-    b'{"v": 10, "type": "event", "event": "{\\"v\\": 6, \\"type\\": \\"pause\\"}"}\n',  # a command, not an event
-    b'{"v": 10, "type": "outcome", "status": "exploded", "step": 3}\n',
-    b'{"v": 10, "type": "welcome", "run": {}}\n',  # the app's protocol, not this one
-    b'{"v": 10, "type": "command", "command": {"command": "set"}}\n',  # a command is not a report
+    VERSION + b'"type": "metrics", "record": {"step": ' + b"9" * 5000 + b"}}\n",  # a number too long to read
+    VERSION + b'"type": "metrics", "record": {"loss": 1.0}}\n',  # no step
+    VERSION + b'"type": "event", "event": "{\\"v\\": 6, \\"type\\": \\"pause\\"}"}\n',  # a command, not an event
+    VERSION + b'"type": "outcome", "status": "exploded", "step": 3}\n',
+    VERSION + b'"type": "welcome", "run": {}}\n',  # the app's protocol, not this one
+    VERSION + b'"type": "command", "command": {"command": "set"}}\n',  # a command is not a report
 ]
 
 
@@ -133,7 +135,7 @@ def test_a_line_over_the_cap_is_skipped_to_its_newline_and_refused(supervisor_en
     monkeypatch.setattr(rc, "MAX_LINE_BYTES", 4096)
     channel, recorder, connect = supervisor_end
     rank0 = connect(channel.token)
-    rank0.send(b'{"v": 10, "type": "telemetry", "sample": {"x": "' + b"y" * 20_000 + b'"}}\n' + metrics_line(7))
+    rank0.send(VERSION + b'"type": "telemetry", "sample": {"x": "' + b"y" * 20_000 + b'"}}\n' + metrics_line(7))
     assert "exceeds the limit of 4096 bytes" in rank0.read().reason
     until(lambda: recorder.metrics, "the report after the long line")
     assert recorder.metrics == [metrics_row(7, loss=2.5)]
@@ -315,7 +317,7 @@ def test_a_hello_whose_token_is_not_unicode_is_refused_and_rank_0_still_gets_in(
     monkeypatch.setattr(threading, "excepthook", faults.append)
     stranger = connect()
     stranger.socket.settimeout(10)
-    stranger.send(b'{"v": 10, "type": "hello", "token": "\\ud800"}\n')
+    stranger.send(VERSION + b'"type": "hello", "token": "\\ud800"}\n')
     assert stranger.read().reason.startswith("message holds text that is not Unicode")
     rank0 = connect(channel.token)
     rank0.send(metrics_line(1))

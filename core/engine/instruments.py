@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ContextManager
 
@@ -158,6 +158,7 @@ class StepWatch:
         self._gradients_bytes = 0
         self._act_stats: torch.Tensor | None = None
         self._probe_s = 0.0  # what the probes took on the training thread: the cadence follows it
+        self._not_the_steps_s = 0.0  # inside its clock, but not its own work (``outside_the_step``)
         if plan.activations:
             instruments.activation_probe.attach()  # hooks only on sampled steps: on every step they cost ~35 %
 
@@ -190,6 +191,15 @@ class StepWatch:
         if self.plan.probe and norms is not None:
             self._probe_s += time.perf_counter() - probe_started
         return norms
+
+    def outside_the_step(self, work: Callable[[], None]) -> None:
+        """Do ``work`` that falls inside this step's clock but is not the step's (the row of the step before, sent
+        with its update figures): its time is left out of the step's."""
+        started = time.perf_counter()
+        try:
+            work()
+        finally:
+            self._not_the_steps_s += time.perf_counter() - started
 
     def before_update(self) -> list[torch.Tensor] | None:
         """Before the optimizer step of a step the probe measures (in training, on the rank that reports): the
@@ -233,7 +243,7 @@ class StepWatch:
                lrs_used: list[float], spike: str | None = None) -> StepReport:
         """The step as the host sees it, once its optimizer step is taken (the optimizer's state, counted on a
         memory step, exists from the first). Its time is the step's own: reporting it is not part of it."""
-        step_time = time.perf_counter() - self._started
+        step_time = time.perf_counter() - self._started - self._not_the_steps_s
         instruments, parts, plan = self.instruments, self.instruments.parts, self.plan
         memory = None
         if self._saved is not None:

@@ -278,7 +278,6 @@ class Trainer:
             report = self.train_step(plan)
             self.parts.progress.step = step
             self._count_skip(report)
-            self._release_held_row()  # the measured step before: its update figures came with this step's transfer
             if plan.report:
                 self._report(report)
             self._after_step(step)
@@ -313,6 +312,8 @@ class Trainer:
         # measured when the probe is due, or clipping or the spike guard needs them
         norms = watch.gradients(clipping=clip is not None or self.guard.on)
         host = watch.to_host(loss, norms, mean_metrics)  # like nanoGPT's loss.item(): on CUDA, a sync
+        if not plan.trial:  # the measured step before: its update figures came with this transfer, before our update
+            watch.outside_the_step(self._release_held_row)
         loss_value, total_norm = host.scalar("loss"), host.scalar("grad_norm_total")
         lrs_used = [group["lr"] for group in optimizer.param_groups]  # before the schedule moves them on
         spike = None if plan.trial else self.guard.judge(step, loss_value, total_norm)  # None: an ordinary step
@@ -420,8 +421,9 @@ class Trainer:
         self.reporter.metrics(row)
 
     def _release_held_row(self) -> None:
-        """Send the row held for its update figures, with them: read by the last transfer, or now, where the run ends
-        before another step (with nothing to read where the device failed)."""
+        """Send the row held for its update figures, with them: read by the next step's transfer (and sent before its
+        update, so that a row that cannot be written fails the run at the step it belongs to, whose checkpoint the
+        error's is), or now, where the run ends before another step (with nothing to read where the device failed)."""
         row, self._held_row = self._held_row, None
         if row is None:
             return

@@ -80,7 +80,7 @@ def test_refused_lines_are_journalled_a_burst_a_minute_before_and_after_the_hell
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stranger:
         stranger.settimeout(30)
         stranger.connect(str(link._endpoint.socket_path))
-        stranger.sendall(b'{"v": 10, "type": "' + b"x" * 100_000 + b'"}\n')
+        stranger.sendall(f'{{"v": {p.PROTOCOL_VERSION}, "type": "'.encode() + b"x" * 100_000 + b'"}\n')
         assert p.decode(stranger.makefile("rb").readline()).type == "refused"
     [first] = until_journalled(link, lambda records: len(records) == 1)
     assert first["before_hello"] is True and first["channel"] == "app socket" and first["held_back"] == 0

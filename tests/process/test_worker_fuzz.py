@@ -15,6 +15,10 @@ from hypothesis import strategies as st
 from test_worker import TINY, link_for  # noqa: F401  (link_for is a fixture)
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.throttle import Throttle
+from torchlab.core.wire.protocol import PROTOCOL_VERSION
+
+#: How a line of the protocol begins: its version (a test's line stays one of today's when it moves on).
+V = f'{{"v": {PROTOCOL_VERSION}'.encode()
 
 COMMAND_TYPES = [kind for kind in (c.type for c in p.COMMANDS) if kind != "stop"] + ["metrics", "welcome", "refused", "", "x" * 40]
 json_values = st.recursive(
@@ -45,18 +49,18 @@ lines = st.one_of(
 odd_numbers = st.sampled_from(["9" * 5000, "-" + "9" * 4301, "9" * 400, "1e999", "-1e999", "-0", "-0.0", "1e308",
                                "1.7976931348623157e308", "4.9e-324", "1" + "0" * 4299, "0." + "0" * 5000 + "1"])
 numbered = st.builds(
-    lambda template, number: template.replace("N", number).encode() + b"\n", st.sampled_from([
-        '{"v": 10, "type": "set", "option": "clip", "value": N}', '{"v": 10, "type": "set", "option": "lr_scale", "value": N}',
-        '{"v": 10, "type": "set", "option": "accum", "value": N}', '{"v": 10, "type": "profile", "steps": N}',
-        '{"v": N, "type": "pause"}', '{"v": 10, "type": N}', '{"v": 10, "type": "hello", "version": N, "token": "x"}',
-        '{"v": 10, "type": "pause", "N": 1}', "N", "[N]"]), odd_numbers)
+    lambda template, number: template.replace("V", str(p.PROTOCOL_VERSION)).replace("N", number).encode() + b"\n", st.sampled_from([
+        '{"v": V, "type": "set", "option": "clip", "value": N}', '{"v": V, "type": "set", "option": "lr_scale", "value": N}',
+        '{"v": V, "type": "set", "option": "accum", "value": N}', '{"v": V, "type": "profile", "steps": N}',
+        '{"v": N, "type": "pause"}', '{"v": V, "type": N}', '{"v": V, "type": "hello", "version": N, "token": "x"}',
+        '{"v": V, "type": "pause", "N": 1}', "N", "[N]"]), odd_numbers)
 DEEP = 100_000
 deep_nesting = st.sampled_from([
     b"[" * DEEP + b"\n", b"[" * DEEP + b"]" * DEEP + b"\n", b'{"a":' * DEEP + b"1" + b"}" * DEEP + b"\n",
-    b'{"v": 10, "type": "set", "option": "clip", "value": ' + b"[" * DEEP + b"]" * DEEP + b"}\n",
-    b'{"v": 10, "type": ' + b"[" * 500 + b"]" * 500 + b"}\n",  # deep enough to read, echoed cut short
+    V + b', "type": "set", "option": "clip", "value": ' + b"[" * DEEP + b"]" * DEEP + b"}\n",
+    V + b', "type": ' + b"[" * 500 + b"]" * 500 + b"}\n",  # deep enough to read, echoed cut short
 ])
-invalid_utf8 = st.builds(lambda raw, at: (b'{"v": 10, "type": "set", "option": "clip", "value": "' + raw + b'"}')[:at] + raw + b"\n",
+invalid_utf8 = st.builds(lambda raw, at: (V + b', "type": "set", "option": "clip", "value": "' + raw + b'"}')[:at] + raw + b"\n",
                          st.sampled_from([b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\x80"]),
                          st.integers(0, 60))
 #: At the cap (read and refused as JSON) and one byte over it (refused as too long).
