@@ -15,13 +15,17 @@ VANISHING_RATIO = 1e-3
 EXPLODING_RATIO = 100.0
 RISING_FACTOR = 10.0
 #: A step that moves a module's weights by less than this share of their norm (‖Δθ‖/‖θ‖) leaves it as good as
-#: frozen; by more, thrashes it. Two decades either side of the healthy ~1e-3 (core/engine/update_probe.py).
+#: frozen; by more, thrashes it. Two decades either side of the healthy ~1e-3 (core/engine/update_probe.py). Frozen
+#: only while the other modules learn (below FROZEN_SHARE of the median module's ratio): in a warm-up or at the end
+#: of a decay every module's ratio is that small, and none is a layer that stopped.
 FROZEN_UPDATE, THRASHED_UPDATE = 1e-5, 1e-1
+FROZEN_SHARE = 1e-2
 
 
-def flag_for(norm: float | None, ratio: float | None, trend: list[float], update_ratio: float | None = None) -> str:
+def flag_for(norm: float | None, ratio: float | None, trend: list[float], update_ratio: float | None = None,
+             update_share: float | None = None) -> str:
     """Why a module's gradient (or its update) deserves a look: "non-finite", "exploding", "thrashed", "vanishing",
-    "frozen", or ""."""
+    "frozen", or "". ``update_share``: its update ratio over the median module's."""
     if norm is None:
         return ""
     if not math.isfinite(norm):
@@ -38,7 +42,7 @@ def flag_for(norm: float | None, ratio: float | None, trend: list[float], update
         return "thrashed"
     if norm < VANISHING_NORM or (ratio is not None and ratio < VANISHING_RATIO):
         return "vanishing"
-    if update_ratio is not None and update_ratio < FROZEN_UPDATE:
+    if update_ratio is not None and update_ratio < FROZEN_UPDATE and update_share is not None and update_share < FROZEN_SHARE:
         return "frozen"
     return ""
 

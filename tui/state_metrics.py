@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import statistics
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -208,9 +209,13 @@ class MetricsFolding:
 
     def _flag_modules(self) -> None:
         median = self.median_norm()
+        updates = [module.update_ratio for module in self.modules
+                   if module.update_ratio is not None and math.isfinite(module.update_ratio)]
+        median_update = statistics.median(updates) if updates else None
         for module in self.modules:
             module.ratio = module.norm / median if module.norm is not None and median else None
-            module.flag = flag_for(module.norm, module.ratio, list(module.trend), module.update_ratio)
+            share = module.update_ratio / median_update if module.update_ratio is not None and median_update else None
+            module.flag = flag_for(module.norm, module.ratio, list(module.trend), module.update_ratio, share)
 
 
 def _put_before(series: Series, xs: list[float], ys: list[float]) -> None:

@@ -113,7 +113,8 @@ def test_live_world_size_1_to_2_to_1_continues_the_run(tmp_path):
 
 
 def test_data_parallel_gradient_norms_equal_the_single_process_ones(tmp_path):
-    """Same global batch, averaged gradients: the same norms, per module and in total (and the same loss), with each
+    """Same global batch, averaged gradients: the same norms, per module and in total (and the same loss, and the same
+    update ratios), with each
     rank's batch split in pieces too (their gradients averaged across ranks once, on the step's last backward)."""
     settings = ["--steps", "4", "--accum", "2", "--probe-every", "1", "--checkpoint-every", "0"]
     assert headless(tmp_path / "ddp", f"{TINY}:without_dropout", "--world-size", "2", "--split", "3", *settings) == EXIT_OK
@@ -125,6 +126,7 @@ def test_data_parallel_gradient_norms_equal_the_single_process_ones(tmp_path):
         assert ours["loss"] == pytest.approx(theirs.loss, rel=1e-5)
         assert ours["grad_norm_total"] == pytest.approx(theirs.grad_norm_total, rel=1e-5)
         assert ours["grad_norms"] == pytest.approx(theirs.grad_norms, rel=1e-4)
+        assert ours["update_ratios"] == pytest.approx(theirs.update_ratios, rel=1e-4)  # rank 0's: the ranks' weights are one
 
 
 def test_a_spike_rolls_every_rank_back_at_the_same_step_as_one_process_would(tmp_path):

@@ -42,9 +42,13 @@ def test_the_scale_spans_whole_decades_and_its_legend_reads_without_colour():
     scale = Scale.of([[1e-7, 2e-3], [None, 0.05]])
     assert (scale.low, scale.high) == (-7, -1)
     assert [scale.level(value) for value in (1e-7, 1e-4, 1e-2, 0.1, 0.0, None)] == [0, 4, 6, 7, 0, None]
-    assert scale.legend().plain == "scale (log10): ▁▂▃▄▅▆▇█  ▁ 1e-7 · ▅ ≥ 1e-4 · █ 1e-1 · blank: not measured"
+    assert scale.legend().plain == "scale (log10): ▁▂▃▄▅▆▇█  ▁ 1e-7 · ▅ ≥ 1e-4 · █ 0.1 · blank: not measured"
+    assert Scale(-1, 2).legend().plain.endswith("▁ 0.1 · ▅ ≥ 3.2 · █ 100 · blank: not measured")
 
 
-@pytest.mark.parametrize("update_ratio, flag", [(1e-3, ""), (5e-6, "frozen"), (0.3, "thrashed"), (None, "")])
-def test_an_update_far_outside_its_band_is_flagged(update_ratio, flag):
-    assert flag_for(0.1, 1.0, [0.1, 0.1, 0.1], update_ratio) == flag
+@pytest.mark.parametrize("update_ratio, share, flag", [
+    (1e-3, 1.0, ""), (5e-6, 1e-3, "frozen"), (0.3, 10.0, "thrashed"), (None, None, ""),
+    (5e-6, 0.5, ""),  # a warm-up's small LR: every module moves little, and none has stopped
+])
+def test_an_update_far_outside_its_band_is_flagged_frozen_only_while_the_others_learn(update_ratio, share, flag):
+    assert flag_for(0.1, 1.0, [0.1, 0.1, 0.1], update_ratio, share) == flag

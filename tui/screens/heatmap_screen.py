@@ -117,9 +117,12 @@ class Scale:
 
 
 def _power(exponent: float) -> str:
-    """10 to ``exponent`` as a legend says it: 1e-4, 3.2e-3."""
+    """10 to ``exponent`` as a legend says it: 1e-4, 3.2e-3, 0.32, 3.2, 320, 1e3."""
     whole = math.floor(exponent)
     mantissa = 10 ** (exponent - whole)
+    if -1 <= whole <= 2:
+        value = mantissa * 10**whole
+        return f"{value:.2g}" if value < 10 else f"{value:.0f}"
     return f"1e{whole}" if round(mantissa, 1) == 1 else f"{mantissa:.1f}e{whole}"
 
 
