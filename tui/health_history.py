@@ -5,6 +5,7 @@ columns are the steps that reached the app, each labelled with its own step).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any
 
@@ -51,4 +52,4 @@ class HealthHistory:
 
 def _finite(value: Any) -> float | None:
     number = float_or_none(value)
-    return number if number is not None and number == number and abs(number) != float("inf") else None
+    return number if number is not None and math.isfinite(number) else None

@@ -82,9 +82,7 @@ class ActivationCheckpointing:
         return saved
 
     def disable(self) -> None:
-        for block in self.blocks.values():
-            if "forward" in vars(block):
-                del block.forward
+        self.enable([])
 
 
 def _checkpointed_forward(block: torch.nn.Module):

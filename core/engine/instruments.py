@@ -85,9 +85,8 @@ class Instruments:
         self.figures_gathered_at = -math.inf  # with ranks: when a report last gathered each rank's figures
         self.last_memory: MemoryBreakdown | None = None  # training's last step measured by kind
         self.update_probe = UpdateProbe(self.grad_probe)
-        #: a measured step's update figures on the device, until the next step's transfer reads them
+        #: a measured step's update figures, until its row takes them (read by the next step's transfer meanwhile)
         self.update_in_flight: UpdateFigures | None = None
-        self._update_arrived: tuple[UpdateFigures, list[float]] | None = None  # read by that transfer
 
     def memory_at_failure(self) -> str:
         """Memory by kind as a step that ran out of memory left it, for the OOM rescue's last paragraph: what lives
@@ -106,20 +105,18 @@ class Instruments:
         return said + "."
 
     def awaits_update_figures(self, step: int) -> bool:
-        """Whether step ``step``'s update figures are on their way (its row waits for them)."""
-        return self.update_in_flight is not None and self.update_in_flight.step == step
+        """Whether step ``step``'s update figures are still to be read (its row waits for them)."""
+        figures = self.update_in_flight
+        return figures is not None and figures.step == step and figures.values is None
 
     def update_figures(self, step: int) -> dict[str, Any]:
         """Step ``step``'s update figures as its row's fields: read by the next step's transfer, or, where none came
         (the run ended first), read now, with a transfer of their own."""
-        arrived, self._update_arrived = self._update_arrived, None
-        in_flight = self.update_in_flight
-        if arrived is None and in_flight is not None and in_flight.step == step:
-            self.update_in_flight = None
-            arrived = (in_flight, in_flight.packed.reshape(-1).tolist())
-        if arrived is None or arrived[0].step != step:
+        figures = self.update_in_flight
+        if figures is None or figures.step != step:
             return {}
-        figures, values = arrived
+        self.update_in_flight = None
+        values = figures.values if figures.values is not None else figures.packed.reshape(-1).tolist()
         return figures.named(values, self.grad_probe.module_names)
 
     def is_report_step(self, step: int) -> bool:
@@ -231,12 +228,11 @@ class StepWatch:
         transfer.add("act_stats", self._act_stats)
         transfer.add("metrics", metrics)
         in_flight = self.instruments.update_in_flight if not self.plan.trial else None
-        if in_flight is not None:  # the last measured step's update figures travel with this transfer
+        if in_flight is not None and in_flight.values is None:  # the last measured step's update figures come along
             transfer.add("update", in_flight.packed)
         host = transfer.to_host()
-        if in_flight is not None:
-            self.instruments.update_in_flight = None
-            self.instruments._update_arrived = (in_flight, host.vector("update"))
+        if in_flight is not None and in_flight.values is None:
+            in_flight.values = host.vector("update")
         return host
 
     def finish(self, host: HostValues, loss: float, grad_norm_total: float | None, clipped: bool | None, stepped: bool,

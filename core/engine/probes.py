@@ -82,6 +82,13 @@ class GradNormProbe:
         """The parameters measured, each once, in the order of ``module_sums``'s values."""
         return self._params
 
+    def module_norms(self, tensors: list[torch.Tensor], present: list[int] | None = None, ord: float = 2) -> torch.Tensor:
+        """The ``ord``-norm of each tensor (one per parameter of ``params``, or of those at ``present``), combined per
+        owning module as one vector's 2-norm would be, on the device: [modules]. ``ord`` 1 of non-negative tensors
+        (Adam's v) gives the root of each module's sum, the norm of their square roots."""
+        norms = torch.stack(torch._foreach_norm(tensors, ord)).float()
+        return self.module_sums(norms.square() if ord == 2 else norms, present).sqrt()
+
     def module_sums(self, values: torch.Tensor, present: list[int] | None = None) -> torch.Tensor:
         """A value per parameter (of ``params``, or of those at the indices ``present``) summed per owning module, on
         the device: [modules], zero for a module none of whose parameters is present."""

@@ -11,7 +11,7 @@ module with a gradient norm:
 - where the optimizer keeps Adam's moments (``exp_avg``, ``exp_avg_sq``: Adam, AdamW, NAdam, RAdam), ‖m‖ and ‖√v‖
   (√v's norm is the root of v's sum: v ≥ 0), which tell a dead layer (both tiny) from a saturated one.
 
-Per-parameter norms come from ``torch._foreach_norm``, summed per module by the gradient probe's ``module_sums``,
+Per-parameter norms come from ``torch._foreach_norm``, combined per module by the gradient probe's ``module_norms``,
 packed into one tensor. It is not read here: the step's one host transfer was read before its optimizer step (the
 guards need the loss and norms before the update), so these figures travel with the next step's transfer, and the
 measured step's row waits for them (core/engine/trainer.py); a run that ends first reads them once more itself.
@@ -27,10 +27,11 @@ from torchlab.core.engine.probes import GradNormProbe
 
 class UpdateFigures:
     """A measured step's figures on the device, ``packed`` [k, modules] (ratios, weight norms, then Adam's ‖m‖ and
-    ‖√v‖ where it has them), until a transfer reads them (``named``)."""
+    ‖√v‖ where it has them); ``values``, the host's copy, once a transfer has read them (``named`` gives them names)."""
 
     def __init__(self, step: int, packed: torch.Tensor, has_adam: bool) -> None:
         self.step, self.packed, self.has_adam = step, packed, has_adam
+        self.values: list[float] | None = None
 
     def named(self, values: list[float], module_names: list[str]) -> dict[str, dict[str, float] | dict[str, list[float]]]:
         """The row's fields from the host's copy of ``packed``: update_ratios and weight_norms by module, and adam
@@ -62,15 +63,13 @@ class UpdateProbe:
         """The step's figures, on the device; ``before`` (``before_update``'s copy) is used up."""
         probe, params = self.grad_probe, self.grad_probe.params
         with torch.no_grad():
-            weights = probe.module_sums(torch.stack(torch._foreach_norm(before)).float().square()).sqrt()
+            weights = probe.module_norms(before)
             torch._foreach_sub_(before, params)  # θ before - θ after: the update, negated
-            updates = probe.module_sums(torch.stack(torch._foreach_norm(before)).float().square()).sqrt()
-            rows = [updates / weights, weights]
+            rows = [probe.module_norms(before) / weights, weights]
             moments = _adam_moments(params, optimizer)
             if moments is not None:
                 present, first, second = moments
-                rows.append(probe.module_sums(torch.stack(torch._foreach_norm(first)).float().square(), present).sqrt())
-                rows.append(probe.module_sums(torch.stack(torch._foreach_norm(second, 1)).float(), present).sqrt())
+                rows += [probe.module_norms(first, present), probe.module_norms(second, present, ord=1)]
             return UpdateFigures(step, torch.stack(rows), moments is not None)
 
 

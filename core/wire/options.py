@@ -250,9 +250,9 @@ class Blocks(Switch):
             names = [item.strip() if isinstance(item, str) else item for item in value]
         elif isinstance(value, str) and value.strip().lower() not in _ON_WORDS | _OFF_WORDS:
             names = [name.strip() for name in value.split(",")]
-        elif isinstance(value, bool) or value is None or isinstance(value, str):
+        elif isinstance(value, (bool, str)) or value is None:
             return super().parse(value)
-        else:
+        else:  # a number: not a count of blocks (1 was on)
             names = []
         if not names or not all(isinstance(name, str) and name for name in names):
             raise OptionRefused(f"{self.name} must be on, off or block names separated by commas, got {shown(value)}")

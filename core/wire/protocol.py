@@ -43,7 +43,7 @@ from torchlab.core.wire.metrics_row import SET_ONLY, MetricsRow, columns_of
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample, TrialArm, TrialSpeed
 from torchlab.core.wire.typed_json import JsonObject, JsonScalar, UnreadableValue, first_few, read_object, read_value
 
-PROTOCOL_VERSION = 11  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials; 5: a trial's progress, read-only viewers (hello's view), a module's tied names; 6: what an applied option did (its detail), impact segments' data wait; 7: Replayed ends a connection's past; 8: impact segments carry what NVML sees (nvml_run_bytes); 9: the events the worker once sent as Log lines travel typed (trial and profile started, compiling, a skipped step, resumed, the settings a resume changed, a stop requested), a host sample carries per-core load and the run's processes; 10: impact segments say which segment they are compared with (baseline_step), and a trial's result its speed verdict (its arms interleaved, timed on past K while its interval is wide, which its progress says); 11: a measured step's grad_norms carry its update-to-weight ratios, weight norms and Adam's moments per module
+PROTOCOL_VERSION = 11  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials; 5: a trial's progress, read-only viewers (hello's view), a module's tied names; 6: what an applied option did (its detail), impact segments' data wait; 7: Replayed ends a connection's past; 8: impact segments carry what NVML sees (nvml_run_bytes); 9: the events the worker once sent as Log lines travel typed (trial and profile started, compiling, a skipped step, resumed, the settings a resume changed, a stop requested), a host sample carries per-core load and the run's processes; 10: impact segments say which segment they are compared with (baseline_step), and a trial's result its speed verdict (its arms interleaved, timed on past K while its interval is wide, which its progress says); 11: a measured step's grad_norms carry its update-to-weight ratios and weight norms per module
 MAX_LINE_BYTES = 1 << 20
 #: A live option's name, a command's source and a value typed for it are short; longer ones are refused
 #: before anything echoes them.
@@ -385,8 +385,8 @@ class Metrics(Message):
 @dataclass(frozen=True)
 class GradNorms(Message):
     """Per-module gradient norms at ``step``, aligned with Welcome.modules; null where not measured. On a step whose
-    update was measured (core/engine/update_probe.py), in the same order: ``ratios`` (‖Δθ‖/‖θ‖), ``weights`` (‖θ‖)
-    and, where the optimizer keeps Adam's moments, ``adam`` ([‖m‖, ‖√v‖] each)."""
+    update was measured (core/engine/update_probe.py), in the same order: ``ratios`` (‖Δθ‖/‖θ‖) and ``weights`` (‖θ‖),
+    the heatmap's and the gradient flags' (Adam's moments stay in the run's files: the app shows none)."""
 
     type: ClassVar[str] = "grad_norms"
     step: int
@@ -394,7 +394,6 @@ class GradNorms(Message):
     total: float | None = None
     ratios: list | None = None
     weights: list | None = None
-    adam: list | None = None
 
     @classmethod
     def from_row(cls, row: MetricsRow) -> GradNorms:
@@ -405,7 +404,7 @@ class GradNorms(Message):
             return [figures.get(name) for name in names] if figures is not None else None
 
         return cls(step=row.step, norms=list((row.grad_norms or {}).values()), total=row.grad_norm_total,
-                   ratios=aligned(row.update_ratios), weights=aligned(row.weight_norms), adam=aligned(row.adam))
+                   ratios=aligned(row.update_ratios), weights=aligned(row.weight_norms))
 
 
 @dataclass(frozen=True)
