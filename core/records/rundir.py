@@ -32,8 +32,9 @@ used. Every file of a run is opened without following a link, and only if regula
 rows are held and written together (at most ``HELD_ROWS`` of them, none held over ``HELD_FOR_S``), and before any
 event line: every event finds the rows reported before it written. Encoding and writing a row costs ~140 µs
 between a step's kernels (on a 2-core VM, ~1.2 % of a 12 ms step) and ~30 µs in a batch; a run killed with
-``kill -9`` loses at most the last quarter second of rows, which the steps after its last checkpoint, trained
-again on resume, write anew.
+``kill -9`` loses at most the last quarter second of rows, and the row of a measured step whose next step had not yet
+reached its transfer (it waits there for its update figures: core/engine/update_probe.py); the steps after the last
+checkpoint, trained again on resume, write them anew.
 
 Every line of every ``.jsonl`` file parses, after any fault: a line is written whole or not at all, and
 a torn last line (a power cut) is cut off when the file is opened, with a ``journal_repaired`` event.
