@@ -23,6 +23,8 @@
 #   lightning  the same workloads under Lightning with its grad_norm logging (lightning_overhead.py)
 #   trials     a controlled trial's power on the GPU: checkpointing=on and clip=1.0 judged, A/A trials
 #              (trial_power.py, under its drifting load of one busy core)
+#   fsdp       FSDP2 with NCCL against DDP at world size 1 through torchrun, on the GPT: step time, memory by
+#              kind, the allocator's peak (parallel_cost.py; the `-m gpu` tests run it through the app's path too)
 #
 # What it writes goes to $OUT (set by the machine's runner) or /tmp/gpu-pass: one log per stage, the
 # benchmarks' JSON, env.txt. Python packages come from .whl/ into /tmp/site; torch is the machine's own.
@@ -37,7 +39,7 @@ device=${DEVICE:-cuda}
 # On a CPU the ~92M-parameter GPT takes seconds a step: the check of the script trains a small one instead.
 [[ $device == cpu ]] && export TORCHLAB_GPT100M_SMALL=1
 stages=("$@")
-[[ ${#stages[@]} -eq 0 || ${stages[0]} == all ]] && stages=(tests screens probe syncs gaps lightning trials)
+[[ ${#stages[@]} -eq 0 || ${stages[0]} == all ]] && stages=(tests screens probe syncs gaps lightning trials fsdp)
 
 fail() { echo "gpu_pass.sh: $*" >&2; exit 2; }
 
@@ -103,6 +105,8 @@ stage_command() {
                          "$python" benchmarks/lightning_overhead.py --device "$device" --workload gpt100m \
                              --rounds 6 --steps-per-block 5 --json "$out/lightning_gpt100m.json"' ;;
         trials) echo '"$python" benchmarks/trial_power.py --device "$device" --aa 20' ;;
+        fsdp) echo '"$python" benchmarks/parallel_cost.py --device "$device" --workload gpt100m --world-size 1 --torchrun \
+                        --segments 3 --segment 20' ;;
         *) return 1 ;;
     esac
 }
@@ -121,7 +125,7 @@ run_stage() {
 }
 
 for stage in "${stages[@]}"; do
-    stage_command "$stage" >/dev/null || fail "no stage '$stage': tests, gpu-tests, screens, probe, syncs, gaps, lightning, trials or all"
+    stage_command "$stage" >/dev/null || fail "no stage '$stage': tests, gpu-tests, screens, probe, syncs, gaps, lightning, trials, fsdp or all"
 done
 setup
 status=0

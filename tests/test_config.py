@@ -44,7 +44,7 @@ def test_bad_option_values_are_refused_with_the_reason(option, text, reason):
 
 def test_option_values_format_as_a_user_types_them():
     assert [format_option_value(k, v) for k, v in LiveOptions(clip=None, checkpointing=True).as_dict().items()] == [
-        "off", "on", "off", "off", "1", "1", "on", "off", "1.0", "0", "auto", "1", "200"]
+        "off", "on", "off", "off", "1", "1", "on", "off", "1.0", "0", "auto", "1", "ddp", "200"]
 
 
 def test_scheduled_change_parses_and_refuses_bad_forms():

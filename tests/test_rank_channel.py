@@ -18,7 +18,7 @@ import pytest
 
 from metrics_rows import metrics_row
 from torchlab.core.engine import rank_channel as rc
-from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
+from torchlab.core.engine.outcome import Relaunch, RunOutcome
 from torchlab.core.errors import ConfigError, StorageError, WorkloadError
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
@@ -177,12 +177,13 @@ def test_commands_reach_rank_0_typed_and_the_outcome_comes_back_with_what_it_did
     message = rank0.read()
     assert message == rc.CommandMessage(command=SetCommand("clip", "0.5", "app").json_text())
     assert message.as_command() == SetCommand("clip", "0.5", "app")
-    rank0.send(rc.Outcome(status="relaunch", step=9, relaunch={"value": 2, "previous": 1, "step": 9, "source": "app"},
+    rank0.send(rc.Outcome(status="relaunch", step=9, relaunch={"option": "world_size", "value": 2, "previous": 1, "step": 9,
+                                                                  "source": "app", "world_size": 2},
                           unhandled=[StopCommand("later").json_text()]).encode())
     until(lambda: channel.outcome, "the outcome")
     rank0.close()
     assert channel.close() == [StopCommand("later")]
-    assert channel.outcome.world_size_change() == WorldSizeChange(2, 1, 9, "app") and not channel.broken
+    assert channel.outcome.relaunch_change() == Relaunch("world_size", 2, 1, 9, "app", 2) and not channel.broken
 
 
 @pytest.mark.parametrize("error", [StorageError, ConfigError, WorkloadError, None])

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from torchlab.core.wire import protocol
 from torchlab.core.wire.events import LET_THROUGH, SpikeGuarded, describe
 from torchlab.core.wire.metrics_row import MetricsRow
-from torchlab.core.wire.options import OPTION_NAMES, OPTIONS_BY_NAME, SPIKE_GUARD, format_option_value
+from torchlab.core.wire.options import OPTION_NAMES, OPTIONS_BY_NAME, RELAUNCHED_BY, SPIKE_GUARD, format_option_value
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, TelemetrySample
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.formatting import short_workload
@@ -426,8 +426,8 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
             text = f"{event.option} = {shown} applied at step {event.step} (was {previous})"
             if event.detail:
                 text += f": {event.detail}"
-            if event.option == "world_size":
-                self._world_size_changed(event)
+            if event.option in RELAUNCHED_BY:
+                self._relaunched(event)
             if event.option == "steps":
                 self.total_steps = event.value
                 self.header_version += 1
@@ -456,11 +456,12 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
     def _on_checkpoint(self, event: protocol.CheckpointSaved) -> None:
         self.checkpoint_step = event.step
         # The step is the line's own (its first column): the rest fits 80 columns.
-        why = " (world-size change)" if event.reason == "world_size" else (f" ({event.reason})" if event.reason else "")
+        relaunch = event.reason in RELAUNCHED_BY
+        why = f" ({event.reason.replace('_', '-')} change)" if relaunch else (f" ({event.reason})" if event.reason else "")
         self.log("checkpoint", f"checkpoint saved{why}: {self.within_run(event.path)}", event.step,
                  notify=event.reason == "requested")
-        if event.reason == "world_size":
-            self._begin_relaunch(event.step)
+        if relaunch:
+            self._begin_relaunch(event.step, event.reason)
 
     def _on_log(self, event: protocol.Log) -> None:
         level = event.level if event.level in ("warning", "error") else "info"

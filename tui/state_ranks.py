@@ -7,6 +7,7 @@ A part of ``RunState`` (state.py), which holds the fields and dispatches each me
 from __future__ import annotations
 
 from torchlab.core.wire import protocol
+from torchlab.core.wire.options import RELAUNCHED_BY
 from torchlab.core.wire.payloads import RankProcess
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.stragglers import ComparedRank, flag_stragglers
@@ -16,22 +17,30 @@ from torchlab.tui.unchecked_numbers import int_or_none
 class RanksAndRelaunch:
     """How ``RunState`` follows the ranks and a change of world size."""
 
-    def _begin_relaunch(self, step: int) -> None:
-        """The trainer checkpointed for a new world size: it now stops every rank and starts the new ones
-        (seconds: each imports torch and joins the rendezvous), during which no step is reported. The
-        trainer says nothing between this checkpoint and the new ranks' first report, so the app says it."""
-        target = int_or_none(self.pending.get("world_size"))  # None: a scripted change (--at)
-        self.relaunch_to = target
+    def _begin_relaunch(self, step: int, option: str) -> None:
+        """The trainer checkpointed for a change that takes new ranks (a world size, ``parallel``): it now stops every
+        rank and starts the new ones (seconds: each imports torch and joins the rendezvous), during which no step is
+        reported. The trainer says nothing between this checkpoint and the new ranks' first report, so the app says
+        it."""
         current = self.world_size
-        self._set_state(RunStatus.RELAUNCHING, f"{current} → {target}" if target is not None else "")
+        if option == "world_size":
+            target = int_or_none(self.pending.get("world_size"))  # None: a scripted change (--at)
+            change = f"{current} → {target}" if target is not None else ""
+            to = f" as {_processes(target)}" if target is not None else ""
+        else:  # the same ranks, holding the model another way
+            target, wanted = current, self.pending.get(option)
+            change = f"{self.options.get(option)} → {wanted}" if wanted is not None else ""
+            to = f" with {option}={wanted}" if wanted is not None else ""
+        self.relaunch_to = target
+        self._set_state(RunStatus.RELAUNCHING, change)
         self.ranks, self.ranks_step, self.rank_hosts = [], None, {}
         self.ranks_version += 1
-        to = f" as {_processes(target)}" if target is not None else ""
         self.log("info", f"relaunching{to} from the checkpoint of step {step}…",
                  step, notify=True, toast=f"relaunching{to}…")
 
-    def _world_size_changed(self, event: protocol.OptionApplied) -> None:
-        """A new world size trains: figures from before the change describe ranks that are gone."""
+    def _relaunched(self, event: protocol.OptionApplied) -> None:
+        """New ranks train (another world size, or ``parallel``): figures from before the change describe ranks that
+        are gone."""
         if self.state == RunStatus.RELAUNCHING:
             self._set_state(RunStatus.RUNNING, "")
         self.ranks, self.ranks_step = [], None
@@ -46,7 +55,7 @@ class RanksAndRelaunch:
     def _on_ranks(self, event: protocol.Ranks) -> None:
         """Per-rank figures (latest wins). Ignored at world size 1, and when gathered before the last
         world-size change (a latest-wins message of ranks that are gone)."""
-        if self.world_size <= 1 or event.step < self._applied_at.get("world_size", 0):
+        if self.world_size <= 1 or event.step < max(self._applied_at.get(option, 0) for option in RELAUNCHED_BY):
             return
         in_order = sorted(event.ranks, key=lambda figures: figures.rank)
         self.ranks = flag_stragglers([ComparedRank(figures, self.rank_hosts.get(figures.rank, "")) for figures in in_order])

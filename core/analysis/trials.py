@@ -19,13 +19,14 @@ import statistics
 from torchlab.core.analysis.impact import compare_step_times, load_shift
 from torchlab.core.analysis.trial_speed import speed_words
 from torchlab.core.records.config import DEFAULT_TRIAL_STEPS, TRIAL_STEPS
-from torchlab.core.wire.options import STEPS, WORLD_SIZE, OptionRefused, parse_option_value
+from torchlab.core.wire.options import PARALLEL, STEPS, WORLD_SIZE, OptionRefused, parse_option_value
 from torchlab.core.wire.payloads import TrialArm
 from torchlab.core.wire.protocol import TrialCommand, TrialProgress, TrialResult
 
 #: The options a trial cannot try, and why (the app's prompt and the trainer say the same).
 NOT_TRIED = {
     WORLD_SIZE.name: "a trial cannot change the world size: that relaunches the ranks (w changes it for good)",
+    PARALLEL.name: "a trial cannot change how the ranks hold the model: that relaunches them (D changes it for good)",
     STEPS.name: "a trial cannot change the run's length: its arms run as many steps as it says (e changes it for good)",
 }
 #: The label of a trial's second arm, which keeps the options as they are.

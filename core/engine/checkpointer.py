@@ -30,11 +30,12 @@ from torchlab.core.engine.checkpoint_contents import TrainingState, check_model_
 from torchlab.core.engine.distributed import seed_rank
 from torchlab.core.engine.option_hooks import OptionsInForce
 from torchlab.core.engine.parts import Stateful, TrainingParts
+from torchlab.core.engine.sharding import whole
 from torchlab.core.errors import ConfigError, StorageError
 from torchlab.core.records.config import config_from_toml
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import ResumedFromCheckpoint
-from torchlab.core.wire.options import STEPS, LiveOptions
+from torchlab.core.wire.options import RELAUNCHED_BY, STEPS, LiveOptions
 
 #: The parts a trial's snapshot copies: what a step changes, and the options the trial changes. Not the progress:
 #: a trial takes no step, and its time is the run's.
@@ -90,8 +91,8 @@ class Checkpointer:
             self.states[name].load_state_dict(state if last_use else copy_of_state(state))
 
     def save(self, reason: str) -> None:
-        """A checkpoint of this step, for ``reason`` (``periodic``, ``final``, ``requested``, ``world_size``,
-        ``trial``, ``error``); see the module docstring."""
+        """A checkpoint of this step, for ``reason`` (``periodic``, ``final``, ``requested``, ``trial``, ``error``, or
+        the option of a relaunch: ``world_size``, ``parallel``); see the module docstring."""
         self.finish()  # one at a time, in step order
         if self.directory is None:
             return
@@ -100,11 +101,16 @@ class Checkpointer:
         collectives = parts.world.collectives
         rng_by_rank = collectives.gather_objects(parts.rngs.state_dict()) if collectives is not None else None
         step = self.last_step = parts.progress.step
-        if not parts.world.reports:
+        sharded = parts.model.sharded is not None
+        if not parts.world.reports and not sharded:
             return
         state = self.state_dict()
+        if sharded:  # every rank takes part in gathering each tensor whole; rank 0 keeps them (core/engine/sharding.py)
+            state.model, state.optimizer = whole(state.model, parts.world.reports), whole(state.optimizer, parts.world.reports)
+            if not parts.world.reports:
+                return
         state.rng_by_rank = rng_by_rank
-        if reason not in ("world_size", "trial"):
+        if reason not in (*RELAUNCHED_BY, "trial"):
             # A checkpoint for a relaunch is taken after its boundary's commands and scripted changes were
             # queued; the relaunched run must not queue those scripted changes again. Nor must a run resumed
             # from the one taken before a trial queue that trial again: it stopped the run the first time.

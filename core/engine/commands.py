@@ -11,8 +11,8 @@ so every rank applies the same changes at the same step (core/engine/distributed
 
 What each command does is its owner's: ``set`` the option hooks (core/engine/option_hooks.py), ``trial`` the
 trials (core/engine/trials.py), ``profile`` the profiler (core/engine/profiler.py), ``save_checkpoint`` the
-checkpointer (core/engine/checkpointer.py). Pause, resume and stop are the boundary's own; a stop, or a new
-world size (which takes a relaunch), ends the run after this boundary (``ends_run``).
+checkpointer (core/engine/checkpointer.py). Pause, resume and stop are the boundary's own; a stop, or a change that
+takes new ranks (a world size, ``parallel``: a relaunch), ends the run after this boundary (``ends_run``).
 """
 
 from __future__ import annotations
@@ -24,13 +24,12 @@ from torchlab.core.engine.checkpointer import Checkpointer
 from torchlab.core.engine.distributed import PACKET_BYTES, encode_packet
 from torchlab.core.engine.instruments import Instruments, NextStep
 from torchlab.core.engine.option_hooks import apply_change
-from torchlab.core.engine.outcome import WorldSizeChange
+from torchlab.core.engine.outcome import Relaunch
 from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.engine.profiler import Profiling
 from torchlab.core.engine.trials import Trials
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import Paused, Resumed
-from torchlab.core.wire.options import WORLD_SIZE
 from torchlab.core.wire.protocol import (
     PauseCommand, ProfileCommand, ResumeCommand, SaveCheckpointCommand, SetCommand, StopCommand, TrainerCommand, TrialCommand,
     trainer_command,
@@ -49,7 +48,7 @@ class StepBoundary:
         self._commands: queue.Queue[TrainerCommand] = queue.Queue()
         self.paused = False
         self.stop: StopCommand | None = None
-        self.relaunch: WorldSizeChange | None = None
+        self.relaunch: Relaunch | None = None
         self._signalled_stop: StopCommand | None = None
 
     # ----------------------------------------------------------------- any thread
@@ -74,7 +73,7 @@ class StepBoundary:
     # ----------------------------------------------------------------- the training thread
     @property
     def ends_run(self) -> bool:
-        """A stop was taken, or a new world size that takes a relaunch: no step follows this boundary."""
+        """A stop was taken, or a change that takes new ranks (a relaunch): no step follows this boundary."""
         return self.stop is not None or self.relaunch is not None
 
     def apply(self) -> None:
@@ -173,8 +172,8 @@ class StepBoundary:
                 self.paused = False
                 if self.relaunch is not None:  # a stop wins over a relaunch asked for at the same boundary
                     change, self.relaunch = self.relaunch, None
-                    parts.options = parts.options.with_value("world_size", parts.world.size)
-                    parts.reporter.emit(p.OptionRefused(step=next_step, option=WORLD_SIZE.name, value=change.value,
+                    parts.options = parts.options.with_value(change.option, change.previous)
+                    parts.reporter.emit(p.OptionRefused(step=next_step, option=change.option, value=change.value,
                                                         reason="the run stops at this step", source=change.source))
             case SaveCheckpointCommand() if parts.progress.step > 0:
                 self.checkpoints.save(reason="requested")

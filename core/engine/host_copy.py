@@ -21,6 +21,7 @@ import torch
 
 from torchlab.core.engine.memory import held_bytes
 from torchlab.core.engine.parts import TrainingParts
+from torchlab.core.engine.sharding import is_shard
 from torchlab.core.wire.options import OptionRefused
 
 #: The share of the host's available memory that rollback's two copies may take.
@@ -48,7 +49,11 @@ class HostCopy:
         tensors: list[torch.Tensor] = []
 
         def slot(tensor: torch.Tensor) -> _Slot:
-            tensors.append(tensor.detach())
+            tensor = tensor.detach()
+            if is_shard(tensor):  # sharded (FSDP2): this rank's shard is what it copies, and gets back
+                tensors.append(tensor.to_local())
+                return _Slot(len(tensors) - 1, _ShardOf(tensor))
+            tensors.append(tensor)
             return _Slot(len(tensors) - 1)
 
         skeleton = _walk(state, lambda value: isinstance(value, torch.Tensor), slot)
@@ -84,16 +89,36 @@ class HostCopy:
             self._copied.synchronize()  # captured at the boundary just before: its copy may still be on its way
             self._copied = None
         buffers = self._buffers
-        return _walk(self._state, lambda value: isinstance(value, _Slot), lambda slot: buffers[slot.index].clone())
+
+        def tensor(slot: _Slot) -> torch.Tensor:
+            copied = buffers[slot.index].clone()
+            return copied if slot.shard is None else slot.shard.made_from(copied)
+
+        return _walk(self._state, lambda value: isinstance(value, _Slot), tensor)
+
+
+class _ShardOf:
+    """What makes a shard's copy a DTensor again, as the sharded tensor it was copied from (core/engine/sharding.py)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.mesh, self.placements = tensor.device_mesh, tensor.placements
+        self.shape, self.stride, self.device = tensor.shape, tensor.stride(), tensor.to_local().device
+
+    def made_from(self, local: torch.Tensor) -> torch.Tensor:
+        """On its device: a DTensor's shards are where its mesh is (for a rollback, a shard's copy on the GPU a while)."""
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(local.to(self.device), self.mesh, self.placements, run_check=False, shape=self.shape,
+                                  stride=self.stride)
 
 
 class _Slot:
-    """The place of the n-th tensor in a skeleton."""
+    """The place of the n-th tensor in a skeleton; ``shard``: it was this rank's shard of a DTensor."""
 
-    __slots__ = ("index",)
+    __slots__ = ("index", "shard")
 
-    def __init__(self, index: int) -> None:
-        self.index = index
+    def __init__(self, index: int, shard: _ShardOf | None = None) -> None:
+        self.index, self.shard = index, shard
 
 
 def _walk(value: Any, is_leaf: Callable[[Any], bool], leaf: Callable[[Any], Any]) -> Any:

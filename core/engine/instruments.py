@@ -79,7 +79,7 @@ class Instruments:
         self.grad_probe = GradNormProbe(model)
         self.cadence = ProbeCadence(parts.config.probe_every)
         self.activation_probe = ActivationStatsProbe(model, self.grad_probe.module_names)
-        self.memory_probe = MemoryProbe(model, parts.model.checkpointing.wrapped_blocks)
+        self.memory_probe = MemoryProbe(model, parts.model.checkpointing.wrapped_blocks, parts.config.reshard_after_forward)
         self.memory_cadence = MemoryCadence(parts.config.memory_every)
         self.next_step = NextStep()  # with ranks: set at each boundary, from rank 0's decisions
         self.figures_gathered_at = -math.inf  # with ranks: when a report last gathered each rank's figures
@@ -199,10 +199,11 @@ class StepWatch:
             self._not_the_steps_s += time.perf_counter() - started
 
     def before_update(self) -> list[torch.Tensor] | None:
-        """Before the optimizer step of a step the probe measures (in training, on the rank that reports): the
-        parameters' copy that ``after_update`` measures the update against."""
+        """Before the optimizer step of a step the probe measures (in training, on the rank that reports, or on every
+        rank where the parameters are sharded): the parameters' copy that ``after_update`` measures the update
+        against."""
         instruments, plan = self.instruments, self.plan
-        if not plan.probe or plan.trial or not instruments.parts.world.reports:
+        if not plan.probe or plan.trial or not (instruments.parts.world.reports or instruments.grad_probe.sharded):
             return None
         started = time.perf_counter()
         before = instruments.update_probe.before_update()

@@ -12,6 +12,11 @@ weight, a tensor saved twice all count once):
   the checkpoint's own hooks take the tensors (they are recomputed, not kept), so they are not counted;
   the block's inputs, which the recompute keeps, are. Under autocast the low-precision copies of the
   weights that the ops save are counted: they are held for backward too.
+- parameters gathered whole (``parallel=fsdp``): a sharded block's parameters, all-gathered for its forward, that
+  its ops save for backward, are not activations: they are counted as ``gathered_bytes``, as much as is held at
+  once. With ``reshard_after_forward`` (the default) each block's are freed after its forward and gathered again
+  for its backward, so one block's at a time (the largest), with the root's, which FSDP2 never frees between
+  forward and backward; without it, every block's, from its forward to its backward.
 
 Each activation byte is charged to the innermost module of the model running when it was saved
 (global module forward hooks, present only on the measured forward: registering a pair on each module
@@ -32,6 +37,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
+from torchlab.core.engine.sharding import is_shard, local, sharded_units
 from torchlab.core.engine.probes import ROOT_MODULE_NAME
 from torchlab.core.wire.payloads import MemoryBreakdown, ModuleBytes
 
@@ -70,6 +76,10 @@ class SavedTensorCount:
     def __init__(self, not_counted: set[int], modules: dict[torch.nn.Module, str], keeps_inputs: set[torch.nn.Module]) -> None:
         self.bytes = 0
         self.by_module: dict[str, int] = {}
+        #: sharded (FSDP2): the gathered parameters' storages (by address) -> the module that gathered them, as each
+        #: gathers (``gathered_by``); and what each module's ops saved of them
+        self.gathered: dict[int, str] = {}
+        self.gathered_by_unit: dict[str, int] = {}
         self._seen = set(not_counted)  # storages (by address) counted already, or not to count: the parameters'
         self._modules = modules
         self._keeps_inputs = keeps_inputs
@@ -90,6 +100,14 @@ class SavedTensorCount:
     def leave(self, module: torch.nn.Module, args: tuple, output: object) -> None:
         self._running.pop()
 
+    def gathered_by(self, unit: torch.nn.Module, args: tuple) -> None:
+        """After FSDP2 gathered ``unit``'s parameters for its forward: they are its plain (not DTensor) parameters
+        until it frees them (those of the blocks inside it are still shards)."""
+        name = self._modules.get(unit, ROOT_MODULE_NAME)
+        for parameter in unit.parameters():
+            if not is_shard(parameter):
+                self.gathered[parameter.untyped_storage().data_ptr()] = name
+
     def _count(self, tensor: torch.Tensor) -> None:
         try:
             storage = tensor.untyped_storage()
@@ -99,6 +117,10 @@ class SavedTensorCount:
         if size == 0 or address == 0 or address in self._seen:
             return
         self._seen.add(address)
+        unit = self.gathered.get(address)
+        if unit is not None:
+            self.gathered_by_unit[unit] = self.gathered_by_unit.get(unit, 0) + size
+            return
         owner = self._running[-1] if self._running else OUTSIDE_THE_MODEL
         self.bytes += size
         self.by_module[owner] = self.by_module.get(owner, 0) + size
@@ -107,9 +129,12 @@ class SavedTensorCount:
 class MemoryProbe:
     """Counts a sampled step's memory by kind (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, checkpointed_blocks: Callable[[], Iterable[torch.nn.Module]]) -> None:
+    def __init__(self, model: torch.nn.Module, checkpointed_blocks: Callable[[], Iterable[torch.nn.Module]],
+                 reshard_after_forward: bool = True) -> None:
         self.model = model
         self._modules = {module: name or ROOT_MODULE_NAME for name, module in model.named_modules()}
+        self._sharded_units = sharded_units(model)
+        self._reshard_after_forward = reshard_after_forward
         # Walked once: ``model.parameters()`` walks every module again (0.5 ms a call on a 25-module CNN).
         self._parameters = list(model.parameters())
         self._model_tensors = self._parameters + list(model.buffers())
@@ -120,6 +145,8 @@ class MemoryProbe:
         """Around one forward: counts what it saves for backward. Its hooks are gone when it exits."""
         count = SavedTensorCount(_storages(self._model_tensors), self._modules, set(self._checkpointed_blocks()))
         entering = register_module_forward_pre_hook(count.enter)
+        # after FSDP2's own pre-forward hook, registered when it sharded the unit: the parameters are gathered then
+        gathering = [unit.register_forward_pre_hook(count.gathered_by) for unit in self._sharded_units]
         try:
             leaving = register_module_forward_hook(count.leave, always_call=True)
             try:
@@ -130,6 +157,8 @@ class MemoryProbe:
                 leaving.remove()
         finally:
             entering.remove()
+            for hook in gathering:
+                hook.remove()
 
     def breakdown(self, step: int, saved: SavedTensorCount, gradients_bytes: int, optimizer: torch.optim.Optimizer,
                   device: torch.device) -> MemoryBreakdown:
@@ -141,9 +170,17 @@ class MemoryProbe:
             gradients_bytes=gradients_bytes,
             optimizer_bytes=optimizer_bytes,
             activations_bytes=saved.bytes,
+            gathered_bytes=self._gathered_at_once(saved.gathered_by_unit),
             allocator_peak_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
             by_module=[ModuleBytes(name, size) for name, size in sorted(saved.by_module.items(), key=lambda item: -item[1])],
         )
+
+    def _gathered_at_once(self, by_unit: dict[str, int]) -> int:
+        """Of the gathered parameters saved for backward, what is held at once (see the module docstring)."""
+        if not self._reshard_after_forward:
+            return sum(by_unit.values())
+        blocks = [size for unit, size in by_unit.items() if unit != ROOT_MODULE_NAME]
+        return by_unit.get(ROOT_MODULE_NAME, 0) + max(blocks, default=0)
 
     def held_bytes(self, optimizer: torch.optim.Optimizer) -> tuple[int, int]:
         """``held_bytes`` of this model (its tensors walked once, when the probe was made)."""
@@ -166,7 +203,7 @@ def _storages(tensors: Iterable[torch.Tensor]) -> dict[int, int]:
     """Each distinct storage behind ``tensors``: its address -> its bytes."""
     found: dict[int, int] = {}
     for tensor in tensors:
-        storage = tensor.untyped_storage()
+        storage = local(tensor).untyped_storage()  # sharded (FSDP2): this rank's shard, what it holds
         found[storage.data_ptr()] = storage.nbytes()
     return found
 

@@ -25,15 +25,15 @@ from torchlab.core.engine.compiling import compile_model, compile_on_batch, fail
 from torchlab.core.engine.distributed import check_world_size
 from torchlab.core.engine.host_copy import check_rollback_fits
 from torchlab.core.engine.optimization import group_names
-from torchlab.core.engine.outcome import WorldSizeChange
+from torchlab.core.engine.outcome import Relaunch
 from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.engine.precision import Precision
 from torchlab.core.errors import ConfigError
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import CompileStarted
 from torchlab.core.wire.options import (
-    ACCUM, AMP, CHECKPOINTING, CLIP, COMPILE, LIVE_OPTIONS, LR_SCALE, OOM_RESCUE, PIN_MEMORY, SPIKE_GUARD, SPLIT, STEPS, WORKERS, WORLD_SIZE, LiveOption,
-    LiveOptions, OptionRefused, live_option,
+    ACCUM, AMP, CHECKPOINTING, CLIP, COMPILE, LIVE_OPTIONS, LR_SCALE, OOM_RESCUE, PARALLEL, PIN_MEMORY, SPIKE_GUARD, SPLIT, STEPS,
+    WORKERS, WORLD_SIZE, LiveOption, LiveOptions, OptionRefused, live_option,
 )
 
 #: Each live option's hook, by option name: filled by ``@enacts`` below.
@@ -64,10 +64,11 @@ def for_this_device(parts: TrainingParts, option: LiveOption, value: Any) -> Any
     return value
 
 
-def apply_change(parts: TrainingParts, command: p.SetCommand, step: int) -> WorldSizeChange | None:
+def apply_change(parts: TrainingParts, command: p.SetCommand, step: int) -> Relaunch | None:
     """A ``set`` command at the boundary before ``step``: enacted and acknowledged, or refused with the reason
-    (the run goes on unchanged). A new world size takes new processes: it is returned, for the trainer to
-    checkpoint and end with ``relaunch`` after this boundary; the supervisor acknowledges it once the new ranks train."""
+    (the run goes on unchanged). A new world size, or another way for the ranks to hold the model, takes new
+    processes: it is returned, for the trainer to checkpoint and end with ``relaunch`` after this boundary; the
+    supervisor acknowledges it once the new ranks train."""
     try:
         option = live_option(command.option)
         value = for_this_device(parts, option, option.parse(command.value))
@@ -80,7 +81,8 @@ def apply_change(parts: TrainingParts, command: p.SetCommand, step: int) -> Worl
         return None
     parts.options = parts.options.with_value(option.name, value)
     if outcome is False:
-        return WorldSizeChange(value, parts.world.size, step, command.source)
+        world_size = value if option is WORLD_SIZE else parts.world.size
+        return Relaunch(option.name, value, previous, step, command.source, world_size)
     if parts.device.type == "cuda":  # each option segment reports its own peak memory
         torch.cuda.reset_peak_memory_stats(parts.device)
     parts.reporter.emit(p.OptionApplied(
@@ -100,9 +102,11 @@ def enact_initial(parts: TrainingParts, options: LiveOptions) -> None:
     options = options.with_value(PIN_MEMORY.name, for_this_device(parts, PIN_MEMORY, options.pin_memory))
     for option, value in options.items():
         try:
-            enact(parts, option, value)
+            outcome = enact(parts, option, value)
         except OptionRefused as refusal:
             raise ConfigError(f"{option.name} ({option.flag}) {option.format(value)}: {refusal}.") from None
+        if option is PARALLEL and isinstance(outcome, str):  # fsdp in one process: taken, and nothing sharded yet
+            parts.reporter.emit(p.Log(level="info", text=f"{option.name}={option.format(value)}: {outcome}", step=0))
     parts.options = options
 
 
@@ -289,6 +293,29 @@ def _enact_world_size(parts: TrainingParts, size: int) -> bool:
             "this trainer has no supervisor to relaunch it with another world size (or no checkpoint "
             "directory to relaunch from)"
         )
+    return False
+
+
+@enacts(PARALLEL)
+def _enact_parallel(parts: TrainingParts, mode: str) -> bool | str | None:
+    """At the start, held for ``wrap_for_ranks``; later, a relaunch, as a new world size is. One process (world
+    size 1, not under torchrun) holds the whole model either way: the value waits for a larger world size."""
+    world, model = parts.world, parts.model
+    if world.ranks is None:
+        if mode == "fsdp":
+            return "one process holds the whole model: nothing is sharded until the world size is 2 or more"
+        return None
+    held_as = "fsdp" if model.sharded is not None else "ddp" if model.ddp is not None else None
+    if held_as is None or held_as == mode:  # the ranks start (wrap_for_ranks reads it), or nothing changes
+        return None
+    if not world.ranks.supervised:
+        raise OptionRefused(
+            f"the ranks were started by torchrun, which cannot relaunch them; to train with {mode}, stop the run and "
+            f"start it again with --parallel {mode} and --resume"
+        )
+    if not world.can_relaunch:
+        raise OptionRefused("this trainer has no supervisor to relaunch its ranks (or no checkpoint directory to "
+                            "relaunch from)")
     return False
 
 

@@ -8,24 +8,28 @@ from torchlab.core.wire.run_status import RunStatus
 
 
 @dataclass(frozen=True)
-class WorldSizeChange:
-    """A requested world size that takes a relaunch: in force from ``step``, asked for by ``source``."""
+class Relaunch:
+    """A change that takes new rank processes (``RELAUNCHED_BY``: a world size, or how the ranks hold the model),
+    ``option`` from ``previous`` to ``value``, in force from ``step``, asked for by ``source``; ``world_size`` new
+    ranks start from the checkpoint of the step before."""
 
-    value: int
-    previous: int
+    option: str
+    value: int | str
+    previous: int | str
     step: int
     source: str
+    world_size: int
 
 
 @dataclass(frozen=True)
 class RunOutcome:
     """How a run ended: ``finished`` (all steps), ``stopped`` (on request), ``nonfinite``, ``failed``, or
-    ``relaunch`` (checkpointed for a change of world size, which ``relaunch`` describes); one of ``OUTCOMES``."""
+    ``relaunch`` (checkpointed for a change that takes new ranks, which ``relaunch`` describes); one of ``OUTCOMES``."""
 
     status: RunStatus
     step: int
     message: str = ""
-    relaunch: WorldSizeChange | None = None
+    relaunch: Relaunch | None = None
     #: for ``failed`` (and rank 0's ``usage``): the class of the error that ended it, where it is known (StorageError:
     #: a file of the run could not be written)
     error: type[BaseException] | None = None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, ContextManager, Protocol
+from typing import TYPE_CHECKING, Any, ContextManager, Protocol
 
 import torch
 
@@ -27,6 +27,7 @@ from torchlab.core.engine.distributed import (
 from torchlab.core.engine.loss_output import LossFunction
 from torchlab.core.engine.optimization import Optimization, build_optimizer, build_scheduler, group_names, own_training
 from torchlab.core.engine.precision import Precisions
+from torchlab.core.engine.sharding import shard
 from torchlab.core.errors import ConfigError, StorageError
 from torchlab.core.records.config import FromWorkload, TrainConfig
 from torchlab.core.wire.metrics_row import MetricsRow
@@ -35,6 +36,9 @@ from torchlab.core.wire.options import LiveOptions, OptionRefused
 from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.wire.protocol import Message
 from torchlab.core.workload import Workload
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 DEFAULT_BATCH_SIZE = 32
 _NOTHING = contextlib.nullcontext()
@@ -77,22 +81,31 @@ class World:
 
 
 class ModelForms:
-    """The model, and the forms the steps run it in: with ranks the DDP wrapper (which averages the gradients),
-    while compile is on torch.compile's (of the wrapper with ranks, as PyTorch advises). ``model`` itself is never
-    replaced: its ``state_dict`` is what checkpoints hold, and evaluation and the non-finite guard use it as it is."""
+    """The model, and the forms the steps run it in: with ranks the DDP wrapper (which averages the gradients) or,
+    with ``parallel=fsdp``, the model itself sharded in place by FSDP2 (core/engine/sharding.py); while compile is
+    on, torch.compile's (of the wrapper with ranks, as PyTorch advises). ``model`` itself is never replaced: its
+    ``state_dict`` is what checkpoints hold (gathered whole when sharded), and evaluation and the non-finite guard
+    use it as it is."""
 
     def __init__(self, model: torch.nn.Module, checkpointing: ActivationCheckpointing) -> None:
         self.model = model
         self.checkpointing = checkpointing  # its blocks wrapped in place: the same model, another forward
         self.ddp: torch.nn.Module | None = None
+        self.sharded: FSDPModule | None = None  # the model, once FSDP2 sharded it (parallel=fsdp with ranks)
         self.compiled: torch.nn.Module | None = None  # the model as torch.compile runs it, while compile is on
         self.running: torch.nn.Module = model  # what a step's loss function gets
 
-    def wrap_for_ranks(self, device: torch.device) -> None:
-        """DDP last: it registers its hooks on the parameters the optimizer already holds, and broadcasts rank 0's
-        weights."""
-        self.ddp = wrap_model(self.model, device)
-        self.running = self.compiled if self.compiled is not None else self.ddp
+    def wrap_for_ranks(self, device: torch.device, parallel: str, optimizer: torch.optim.Optimizer,
+                       reshard_after_forward: bool) -> None:
+        """Last, once the model resumed and took its options: DDP registers its hooks on the parameters the optimizer
+        already holds, and broadcasts rank 0's weights; FSDP2 shards the blocks the activation checkpointing knows,
+        then the root, and moves the optimizer onto the shards (every rank holds the same weights: rank 0's seed,
+        or the checkpoint)."""
+        if parallel == "fsdp":
+            self.sharded = shard(self.model, list(self.checkpointing.blocks.values()), optimizer, reshard_after_forward)
+        else:
+            self.ddp = wrap_model(self.model, device)
+        self.running = self.compiled if self.compiled is not None else self.eager
 
     @property
     def eager(self) -> torch.nn.Module:
@@ -109,6 +122,9 @@ class ModelForms:
 
     def gradient_sync(self, last_micro_batch: bool) -> ContextManager:
         """With ranks, gradients are averaged once per optimizer step: on the last micro-batch's backward."""
+        if self.sharded is not None:  # FSDP2 has a setter, not a context: set before every backward
+            self.sharded.set_requires_gradient_sync(last_micro_batch)
+            return _NOTHING
         return _NOTHING if self.ddp is None or last_micro_batch else self.ddp.no_sync()
 
     def state_dict(self) -> dict[str, torch.Tensor]:

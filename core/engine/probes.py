@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 import numpy
 import torch
+import torch.distributed as dist
+
+from torchlab.core.engine.sharding import is_shard, local
 
 ROOT_MODULE_NAME = "(root)"  # parameters owned directly by the top-level model
 
@@ -61,33 +64,51 @@ class GradNormProbe:
             self._params.extend(owned)
         self._owner_index_cpu = torch.tensor(owners, dtype=torch.long)
         self._owner_index: torch.Tensor | None = None
+        #: the parameters are FSDP2's shards: each rank measures its own, and the squares are summed over the ranks
+        self.sharded = any(is_shard(parameter) for parameter in self._params)
 
     def measure(self, per_module: bool = True) -> GradNorms | None:
         """Norms of the current gradients, on the device; None when no parameter has a gradient. ``per_module``
         False: the total alone, as clipping between the probe's steps needs (the module sums are 3 more kernels).
-        The total is the same arithmetic either way, so a clipped step does not depend on whether it was probed."""
+        The total is the same arithmetic either way, so a clipped step does not depend on whether it was probed.
+        Sharded (FSDP2), each rank measures its shards and one all-reduce sums the squares: every rank then holds
+        the norms of the whole gradients (a shard's norm alone under-reports by up to √ranks)."""
         present = [i for i, p in enumerate(self._params) if p.grad is not None]
         if not present:
             return None
-        grads = [self._params[i].grad for i in present]
+        grads = [local(self._params[i].grad) for i in present]  # the shards' local tensors, scaled in place by clipping
         norms = torch.stack(torch._foreach_norm(grads)).float()
+        some = present if len(present) < len(self._params) else None
+        if self.sharded:
+            squares = norms.square()
+            sums = torch.cat([self.module_sums(squares, some) if per_module else squares[:0], squares.sum().reshape(1)])
+            dist.all_reduce(sums)
+            roots = sums.sqrt()
+            return GradNorms(per_module=roots[:-1] if per_module else None, total=roots[-1], grads=grads)
         total = torch.linalg.vector_norm(norms)  # one kernel (as clip_grad_norm_ does), not a square, a sum and a root
         if not per_module:
             return GradNorms(per_module=None, total=total, grads=grads)
-        module_sums = self.module_sums(norms.square(), present if len(present) < len(self._params) else None)
-        return GradNorms(per_module=module_sums.sqrt(), total=total, grads=grads)
+        return GradNorms(per_module=self.module_sums(norms.square(), some).sqrt(), total=total, grads=grads)
 
     @property
     def params(self) -> list[torch.nn.Parameter]:
         """The parameters measured, each once, in the order of ``module_sums``'s values."""
         return self._params
 
-    def module_norms(self, tensors: list[torch.Tensor], present: list[int] | None = None, ord: float = 2) -> torch.Tensor:
-        """The ``ord``-norm of each tensor (one per parameter of ``params``, or of those at ``present``), combined per
-        owning module as one vector's 2-norm would be, on the device: [modules]. ``ord`` 1 of non-negative tensors
-        (Adam's v) gives the root of each module's sum, the norm of their square roots."""
-        norms = torch.stack(torch._foreach_norm(tensors, ord)).float()
-        return self.module_sums(norms.square() if ord == 2 else norms, present).sqrt()
+    def module_squares(self, tensors: list[torch.Tensor], present: list[int] | None = None, ord: float = 2) -> torch.Tensor:
+        """The ``ord``-norm of each tensor (one per parameter of ``params``, or of those at ``present``; this rank's
+        shard where sharded), combined per owning module as one vector's 2-norm would be, on the device, before its
+        root: [modules]. ``ord`` 1 of non-negative tensors (Adam's v) gives each module's sum, whose root is the norm
+        of their square roots. Sharded, ``across_shards`` sums the ranks' before the root is taken."""
+        norms = torch.stack(torch._foreach_norm([local(tensor) for tensor in tensors], ord)).float()
+        return self.module_sums(norms.square() if ord == 2 else norms, present)
+
+    def across_shards(self, sums: torch.Tensor) -> torch.Tensor:
+        """``sums`` (of squares, per module) summed over the ranks where the parameters are sharded: one all-reduce,
+        which every rank calls; as it is otherwise."""
+        if self.sharded:
+            dist.all_reduce(sums)
+        return sums
 
     def module_sums(self, values: torch.Tensor, present: list[int] | None = None) -> torch.Tensor:
         """A value per parameter (of ``params``, or of those at the indices ``present``) summed per owning module, on

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
+from torchlab.core.engine.outcome import Relaunch, RunOutcome
 from torchlab.core.errors import ConfigError, NonFiniteError, StorageError, WorkloadError, WorkloadExited
 from torchlab.core.wire.events import TRAINER_EVENTS
 from torchlab.core.wire.line_reader import LineReader
@@ -133,14 +133,14 @@ class Outcome(RankMessage):
     step: int
     message: str = ""
     kind: str = ""  # the class of the error that ended it: the name of one of ``ERRORS_BY_NAME``, or of another
-    relaunch: dict | None = None  # a WorldSizeChange's fields
+    relaunch: dict | None = None  # a Relaunch's fields
     unhandled: list = dataclasses.field(default_factory=list)  # trainer commands, each its protocol line
 
     def validate(self) -> None:
         if self.status not in OUTCOMES:
             raise ProtocolError(f"outcome.status: not one of {', '.join(OUTCOMES)}")
         try:
-            self.world_size_change()
+            self.relaunch_change()
             self.unhandled_commands()
         except (KeyError, TypeError, ValueError):
             raise ProtocolError("outcome: a relaunch or an unhandled command that is not one") from None
@@ -157,11 +157,11 @@ class Outcome(RankMessage):
     def as_run_outcome(self) -> RunOutcome:
         """The outcome as rank 0's trainer returned it; its error's class found again by name (None: another class
         than the supervisor acts on)."""
-        return RunOutcome(RunStatus(self.status), self.step, self.message, self.world_size_change(),
+        return RunOutcome(RunStatus(self.status), self.step, self.message, self.relaunch_change(),
                           error=ERRORS_BY_NAME.get(self.kind))
 
-    def world_size_change(self) -> WorldSizeChange | None:
-        return None if self.relaunch is None else WorldSizeChange(**self.relaunch)
+    def relaunch_change(self) -> Relaunch | None:
+        return None if self.relaunch is None else Relaunch(**self.relaunch)
 
     def unhandled_commands(self) -> list[TrainerCommand]:
         return [trainer_command(line) for line in self.unhandled]

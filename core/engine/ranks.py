@@ -10,9 +10,10 @@
                     ◀── rank 0: metrics, events, outcome ── Unix socket ──  rank 0 broadcasts the commands
                     ── commands ──────────────────────────▶ typed messages  at each step boundary
 
-A change of world size ends the current trainer (or ranks) with a checkpoint and the outcome
-``relaunch``; the supervisor starts the new size from that checkpoint, and acknowledges the change
-(``option_applied``, at the step it takes effect) once the new trainer reports ``run_started``.
+A change of world size, or of how the ranks hold the model (``parallel``: ddp or fsdp), ends the current trainer
+(or ranks) with a checkpoint and the outcome ``relaunch``; the supervisor starts the new ranks from that checkpoint,
+and acknowledges the change (``option_applied``, at the step it takes effect) once the new trainer reports
+``run_started``.
 
 A rank that fails takes the run down with it: the launcher stops the other ranks, and the supervisor
 reports the first rank that failed (``@record`` gives its traceback) as the run's error. Rank processes
@@ -49,7 +50,7 @@ from torchlab.core.engine import loopback_rendezvous
 from torchlab.core.engine.checkpoint import peek_checkpoint
 from torchlab.core.engine.checkpoint_contents import saved_world_size
 from torchlab.core.engine.distributed import RankContext, check_world_size, rank_from_environment
-from torchlab.core.engine.outcome import RunOutcome, WorldSizeChange
+from torchlab.core.engine.outcome import Relaunch, RunOutcome
 from torchlab.core.engine.rank_rescue import RankRescue, Rescue
 from torchlab.core.engine.parts import resolve_device
 from torchlab.core.engine.rank_channel import RankChannel, SupervisorLink
@@ -60,7 +61,7 @@ from torchlab.core.records.storage import create_file, make_folder, match_folder
 from torchlab.core.wire.events import Relaunching, ResumeChangedSettings, ResumedFromCheckpoint, RunStarted
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import OPTION_NAMES, WORLD_SIZE, OptionRefused
+from torchlab.core.wire.options import OPTION_NAMES, OptionRefused, live_option
 from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.wire.protocol import Error, Message, OptionApplied, StopCommand, TrainerCommand
 from torchlab.core.wire.run_status import RunStatus
@@ -129,7 +130,7 @@ class Supervisor:
         self._pending: list[TrainerCommand] = []  # commands that arrived while no trainer or rank 0 could take them
         self._channel: RankChannel | None = None
         self._signalled_stop: StopCommand | None = None
-        self._acknowledge: WorldSizeChange | None = None
+        self._acknowledge: Relaunch | None = None
         self._resume_note = resume_note
         self.rank_rescue = RankRescue(resume_from)  # the OOM rescue with ranks: what rank 0 said, and its rungs
         self._rescue: Rescue | None = None
@@ -186,10 +187,12 @@ class Supervisor:
             if outcome.status != RunStatus.RELAUNCH:
                 return outcome
             change = outcome.relaunch
-            self._emit(Relaunching(step=outcome.step, world_size=change.value, previous=change.previous))
+            self._emit(Relaunching(step=outcome.step, option=change.option, value=change.value, previous=change.previous,
+                                   world_size=change.world_size))
             self._acknowledge = change
-            self.world_size = change.value
-            config = _with_world_size(config, change.value)
+            self.world_size = change.world_size
+            config = _with_world_size(config, change.world_size)
+            # the checkpoint's options (parallel among them), but the world size the change asked for
             resume, explicit = self.run_dir / "checkpoints" / "last.pt", {"world_size"}
 
     def _emit(self, event: Message) -> None:
@@ -374,8 +377,8 @@ class _Relay(TrainerObserver):
                 if change is not None:
                     self.supervisor._acknowledge = None
                     self.on_event(OptionApplied(
-                        step=change.step, option=WORLD_SIZE.name, value=change.value, previous=change.previous,
-                        display=WORLD_SIZE.format(change.value), source=change.source,
+                        step=change.step, option=change.option, value=change.value, previous=change.previous,
+                        display=live_option(change.option).format(change.value), source=change.source,
                     ))
 
     def on_telemetry(self, sample: TelemetrySample) -> None:

@@ -104,6 +104,8 @@ class TensorBoardWriter:
             scalar("memory/gradients", memory.gradients_bytes)
             scalar("memory/optimizer", memory.optimizer_bytes)
             scalar("memory/activations", memory.activations_bytes)
+            if memory.gathered_bytes:
+                scalar("memory/gathered", memory.gathered_bytes)
             scalar("memory/allocator_peak", memory.allocator_peak_bytes)
 
     def write_option_change(self, step: int, option: str, value: Any, previous: Any, source: str) -> None:

@@ -89,11 +89,8 @@ class Trainer:
                                                  self.reporter)
         self.samples_telemetry = samples_telemetry
         self.profiling = Profiling(parts.device, profiles_dir, self.reporter.emit)
-        self.instruments = Instruments(parts, self.profiling)
         self.guard = SpikeGuard(parts)
         self.checkpoints = Checkpointer(parts, checkpoint_dir, self.guard)
-        self.trials = Trials(parts, self.train_step, self.checkpoints, self.profiling)
-        self.boundary = StepBoundary(parts, self.instruments, self.checkpoints, self.trials, self.profiling)
         self._consecutive_skips = 0
         self._held_row: MetricsRow | None = None  # a measured step's row, waiting for its update figures
         initial = config.options
@@ -101,20 +98,20 @@ class Trainer:
             initial = self.checkpoints.resume(resume_from, explicit_options)
         elif parts.world.rank > 0:
             seed_rank(config.seed, 0, parts.world.rank)  # same model and data as rank 0; its own dropout
-        enact_initial(parts, self._compiled_at_the_first_boundary(initial))
-        if parts.world.ranks is not None:  # last: DDP wraps the model as the options left it
-            parts.model.wrap_for_ranks(parts.device)
-        self.rank_hosts = parts.world.collectives.describe_ranks() if parts.world.collectives is not None else None
-
-    def _compiled_at_the_first_boundary(self, options: LiveOptions) -> LiveOptions:
-        """Compiling runs a batch through the model (with DDP, the wrapper made last) and takes seconds to minutes:
-        it happens at the first step boundary, where a failure is a refusal and training goes on uncompiled, as for
-        a change asked for later. Rank 0 takes it to every rank, as any command."""
-        if not options.compile:
-            return options
-        if self.parts.world.reports:
+        # Compiling runs a batch through the model (with DDP, the wrapper made last) and takes seconds to minutes: it
+        # happens at the first step boundary, where a failure is a refusal and training goes on uncompiled, as for a
+        # change asked for later. Rank 0 takes it to every rank, as any command.
+        enact_initial(parts, initial.with_value(COMPILE.name, False))
+        if parts.world.ranks is not None:  # last: DDP wraps (FSDP2 shards) the model as the options left it
+            parts.model.wrap_for_ranks(parts.device, parts.options.parallel, parts.optimization.optimizer,
+                                       config.reshard_after_forward)
+        # After the sharding: the probes hold the parameters FSDP2 put in place of the model's own.
+        self.instruments = Instruments(parts, self.profiling)
+        self.trials = Trials(parts, self.train_step, self.checkpoints, self.profiling)
+        self.boundary = StepBoundary(parts, self.instruments, self.checkpoints, self.trials, self.profiling)
+        if initial.compile and parts.world.reports:
             self.submit(SetCommand(COMPILE.name, COMPILE.format(True), source="start"))
-        return options.with_value(COMPILE.name, False)
+        self.rank_hosts = parts.world.collectives.describe_ranks() if parts.world.collectives is not None else None
 
     # ----------------------------------------------------------------- what the launchers and tests read
     @property
@@ -234,7 +231,7 @@ class Trainer:
         step, boundary = self.parts.progress.step, self.boundary
         try:
             if boundary.relaunch is not None:
-                self.checkpoints.save(reason="world_size")  # always: the options changed since any earlier one
+                self.checkpoints.save(reason=boundary.relaunch.option)  # always: the options changed since any earlier one
                 return RunOutcome(RunStatus.RELAUNCH, step, relaunch=boundary.relaunch)
             if self.checkpoints.last_step != step and step > 0:
                 self.checkpoints.save(reason="final")
@@ -409,11 +406,14 @@ class Trainer:
         if parts.world.collectives is not None and instruments.next_step.figures:
             rank_figures = parts.world.collectives.gather_figures(report.step_time_s, report.data_wait_s)
             instruments.figures_gathered_at = time.monotonic()
+        evaluation = None
+        if self._is_eval_step(report.step) and (parts.world.reports or parts.model.sharded is not None):
+            evaluation = self._evaluate()  # sharded: every rank's forward takes part in gathering each block
         if not parts.world.reports:
             return
         row = metrics_row(report, elapsed_s=parts.progress.elapsed(), epoch=parts.data.epoch,
                           batch_size=parts.batch_size, rank_figures=rank_figures,
-                          evaluate=self._evaluate if self._is_eval_step(report.step) else None)
+                          evaluate=(lambda: evaluation) if evaluation is not None else None)
         self.checkpoints.finish()  # the step's row comes after the checkpoint before it is safe, or not at all
         if instruments.awaits_update_figures(report.step):
             self._held_row = row  # sent with them, after the next step's transfer (core/engine/update_probe.py)
@@ -448,7 +448,8 @@ class Trainer:
         return self.parts.workload.val_dataset is not None and every > 0 and (step % every == 0 or step == config.steps)
 
     def _evaluate(self) -> tuple[float, dict[str, float] | None]:
-        """Rank 0 alone, on the model without its DDP wrapper."""
+        """Rank 0 alone, on the model without its DDP wrapper; sharded, every rank, on the same batches (FSDP2 gathers
+        each block's parameters from all of them)."""
         parts = self.parts
         return parts.loss.evaluate(parts.model.model, batch_size=parts.batch_size, limit=parts.config.eval_batches,
                                    autocast=parts.precisions.current.autocast, step=parts.progress.step)

@@ -11,11 +11,12 @@ module with a gradient norm:
 - where the optimizer keeps Adam's moments (``exp_avg``, ``exp_avg_sq``: Adam, AdamW, NAdam, RAdam), ‖m‖ and ‖√v‖
   (√v's norm is the root of v's sum: v ≥ 0), which tell a dead layer (both tiny) from a saturated one.
 
-Per-parameter norms come from ``torch._foreach_norm``, combined per module by the gradient probe's ``module_norms``,
+Per-parameter norms come from ``torch._foreach_norm``, combined per module by the gradient probe's ``module_squares``,
 packed into one tensor. It is not read here: the step's one host transfer was read before its optimizer step (the
 guards need the loss and norms before the update), so these figures travel with the next step's transfer, and the
 measured step's row waits for them (core/engine/trainer.py); a run that ends first reads them once more itself.
-Only rank 0, which reports, measures: the ranks' weights are the same.
+Only rank 0, which reports, measures: the ranks' weights are the same; sharded (FSDP2), every rank measures its
+shards, and one all-reduce of the squares per module gives the whole parameters' norms.
 """
 
 from __future__ import annotations
@@ -63,13 +64,16 @@ class UpdateProbe:
         """The step's figures, on the device; ``before`` (``before_update``'s copy) is used up."""
         probe, params = self.grad_probe, self.grad_probe.params
         with torch.no_grad():
-            weights = probe.module_norms(before)
+            squares = [probe.module_squares(before)]
             torch._foreach_sub_(before, params)  # θ before - θ after: the update, negated
-            rows = [probe.module_norms(before) / weights, weights]
+            squares.append(probe.module_squares(before))
             moments = _adam_moments(params, optimizer)
             if moments is not None:
                 present, first, second = moments
-                rows += [probe.module_norms(first, present), probe.module_norms(second, present, ord=1)]
+                squares += [probe.module_squares(first, present), probe.module_squares(second, present, ord=1)]
+            norms = probe.across_shards(torch.stack(squares)).sqrt()  # sharded: one all-reduce for all of them
+            weights = norms[0]
+            rows = [norms[1] / weights, weights, *norms[2:]]
             return UpdateFigures(step, torch.stack(rows), moments is not None)
 
 

@@ -123,7 +123,7 @@ class OutboxReporter(TrainerObserver):
             case p.TrialProgress():
                 self.outbox.add_latest(event)
             case events.Relaunching():
-                self.set_state(RunStatus.RELAUNCHING, event.step, f"{event.previous} → {event.world_size}")
+                self.set_state(RunStatus.RELAUNCHING, event.step, event.change)
             case (events.TrialStarted() | events.StepSkipped() | events.OomRescued() | events.SpikeGuarded() | events.ProfileStarted() | events.ResumedFromCheckpoint()
                   | events.ResumeChangedSettings() | events.StopRequested()):
                 self.outbox.add_event(event)  # the app says it in words: events.describe

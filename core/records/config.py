@@ -251,6 +251,14 @@ TENSORBOARD = TextSetting(
     group="run", metavar="DIR", from_flag=_absolute_path,
     help="write TensorBoard event files to DIR while training (the tensorboard extra); kept by a resume",
 )
+#: With ``parallel=fsdp``: free each block's gathered parameters after its forward and gather them again for its
+#: backward (FSDP2's ``reshard_after_forward``, torchtitan's default), or keep them from forward to backward.
+RESHARD_AFTER_FORWARD = SwitchSetting(
+    name="reshard_after_forward", default=True, group="training",
+    help="with --parallel fsdp, free each block's gathered parameters after its forward and gather them again for its "
+         "backward (the default: the least memory); --no-reshard-after-forward keeps them, one all-gather a step "
+         "fewer for the whole model's parameters held from forward to backward",
+)
 TRIAL_STEPS_SETTING = NumberSetting(
     name="trial_steps", default=DEFAULT_TRIAL_STEPS, bounds=TRIAL_STEPS,
     group="live", metavar="K", help="the steps of each arm of a trial (its speed is timed on past K, up to 5K and 100, while its interval is wide)",
@@ -304,7 +312,7 @@ TELEMETRY_INTERVAL = NumberSetting(
 SETTINGS: tuple[Setting, ...] = (
     SHARED_RUN_DIR, TENSORBOARD,
     STEPS_SETTING, BATCH_SIZE, SEED, DEVICE, OPTIMIZER, LR, WEIGHT_DECAY, SCHEDULE, WARMUP_STEPS, EVAL_EVERY,
-    EVAL_BATCHES, CHECKPOINT_EVERY, KEEP_CHECKPOINTS,
+    EVAL_BATCHES, CHECKPOINT_EVERY, KEEP_CHECKPOINTS, RESHARD_AFTER_FORWARD,
     TRIAL_STEPS_SETTING, SPIKE_THRESHOLD, SPIKE_WINDOW,
     LOG_EVERY, PROBE_EVERY, ACT_STATS_EVERY, MEMORY_EVERY, PROFILE_AT, PROFILE_STEPS, TELEMETRY_INTERVAL,
 )
@@ -328,6 +336,7 @@ class TrainConfig:
     eval_batches: int = EVAL_BATCHES.default
     checkpoint_every: int | str = CHECKPOINT_EVERY.default
     keep_checkpoints: int = KEEP_CHECKPOINTS.default
+    reshard_after_forward: bool = RESHARD_AFTER_FORWARD.default
     log_every: int = LOG_EVERY.default
     probe_every: int | str = PROBE_EVERY.default
     act_stats_every: int = ACT_STATS_EVERY.default

@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from torchlab.core.wire.options import SPIKE_GUARD, format_option_value
 from torchlab.core.wire.protocol import (
-    CheckpointSaved, Error, Message, NonFinite, OptionApplied, OptionRefused, ProfileReady, TrialProgress, TrialResult,
+    CheckpointSaved, Error, Log, Message, NonFinite, OptionApplied, OptionRefused, ProfileReady, TrialProgress, TrialResult,
 )
 from torchlab.core.wire.typed_json import JsonScalar
 
@@ -189,12 +189,20 @@ class ResumeChangedSettings(Message):
 
 @dataclass(frozen=True)
 class Relaunching(Message):
-    """The supervisor stops the ranks and starts ``world_size`` new ones from the checkpoint of ``step``."""
+    """The supervisor stops the ranks and starts ``world_size`` new ones from the checkpoint of ``step``, for a change
+    of ``option`` (one of ``RELAUNCHED_BY``) from ``previous`` to ``value``."""
 
     type: ClassVar[str] = "relaunching"
     step: int
+    option: str
+    value: JsonScalar
+    previous: JsonScalar
     world_size: int
-    previous: int
+
+    @property
+    def change(self) -> str:
+        """The change in a few characters, for the app's header: "1 → 2", "ddp → fsdp"."""
+        return f"{self.previous} → {self.value}"
 
 
 @dataclass(frozen=True)
@@ -302,7 +310,12 @@ def describe(event: Message) -> Sentence | None:
         case Resumed():
             return Sentence("resumed")
         case Relaunching():
-            return Sentence(f"relaunching with {event.world_size} rank(s) (was {event.previous})")
+            if event.option == "world_size":
+                return Sentence(f"relaunching with {event.world_size} rank(s) (was {event.previous})")
+            return Sentence(f"relaunching the {event.world_size} rank(s) with {event.option}={event.value} "
+                            f"(was {event.previous})")
+        case Log():
+            return Sentence(event.text, warning=event.level == "warning")
         case StopRequested():
             return Sentence(f"{event.reason} (at the end of this step, with a final checkpoint)")
         case _:

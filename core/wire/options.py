@@ -373,6 +373,15 @@ WORLD_SIZE = Number(
     flag_help="data-parallel ranks, one per GPU or CPU core; the global batch stays --batch-size (default 1)",
     takes_effect="checkpoint and relaunch at the next step",
 )
+PARALLEL = Choice(
+    name="parallel", default="ddp", choices=("ddp", "fsdp"),
+    label="parallel", short="par", key="D", footer="Parallel", in_footer=False,
+    help="Switch how the ranks hold the model: ddp (a whole copy each) ↔ fsdp (sharded over them)",
+    flag_help="how the ranks hold the model: ddp (each a whole copy; default) or fsdp (FSDP2: parameters, gradients "
+              "and optimizer state sharded over the ranks, each block gathered whole only while it runs); from world "
+              "size 2",
+    takes_effect="checkpoint and relaunch the ranks at the next step",
+)
 
 STEPS = Number(
     name="steps", default=200, bounds=Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="a whole number of steps from 1 to 10^9"),
@@ -413,7 +422,9 @@ PIN_MEMORY = Switch(
 
 #: Every live option, in the order the app and the command line list them.
 LIVE_OPTIONS: tuple[LiveOption, ...] = (AMP, CHECKPOINTING, COMPILE, CLIP, ACCUM, SPLIT, OOM_RESCUE, SPIKE_GUARD, LR_SCALE,
-                                         WORKERS, PIN_MEMORY, WORLD_SIZE, STEPS)
+                                         WORKERS, PIN_MEMORY, WORLD_SIZE, PARALLEL, STEPS)
+#: The options whose change takes new rank processes: the trainer checkpoints, its supervisor starts the ranks again.
+RELAUNCHED_BY = (WORLD_SIZE.name, PARALLEL.name)
 OPTIONS_BY_NAME: dict[str, LiveOption] = {option.name: option for option in LIVE_OPTIONS}
 OPTION_NAMES = tuple(OPTIONS_BY_NAME)
 

@@ -198,12 +198,15 @@ class MemoryBreakdown(JsonObject):
     activations_bytes: int
     allocator_peak_bytes: int | None
     by_module: list[ModuleBytes]
+    #: sharded (parallel=fsdp): parameters gathered whole that forward saved for backward, as much as is held at once
+    gathered_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        """The four kinds added up: at most what the tensors of training hold at once (in backward, gradients
-        are made as activations are freed)."""
-        return self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
+        """The kinds added up: at most what the tensors of training hold at once (in backward, gradients are made as
+        activations are freed)."""
+        return (self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.gathered_bytes)
 
 
 # ----------------------------------------------------------------------------- Trials: one option, two arms

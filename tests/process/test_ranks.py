@@ -129,10 +129,12 @@ def test_data_parallel_gradient_norms_equal_the_single_process_ones(tmp_path):
         assert ours["update_ratios"] == pytest.approx(theirs.update_ratios, rel=1e-4)  # rank 0's: the ranks' weights are one
 
 
-def test_a_spike_rolls_every_rank_back_at_the_same_step_as_one_process_would(tmp_path):
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_a_spike_rolls_every_rank_back_at_the_same_step_as_one_process_would(tmp_path, parallel):
     """Step 21's batch times 1e4 on both ranks' halves: each judges the same loss (their mean) and the same norm (of
-    the averaged gradients), rolls back to step 10 and trains on with the single process's losses."""
-    settings = ["--steps", "30", "--seed", "3", "--checkpoint-every", "0", "--spike-guard", "rollback"]
+    the averaged gradients), rolls back to step 10 and trains on with the single process's losses. Sharded, each
+    rank's host copies hold its shards, made DTensors again on the way back (core/engine/host_copy.py)."""
+    settings = ["--steps", "30", "--seed", "3", "--checkpoint-every", "0", "--spike-guard", "rollback", "--parallel", parallel]
     assert headless(tmp_path / "ddp", f"{TINY}:spike_at_step_21", "--world-size", "2", *settings) == EXIT_OK
     events = read_jsonl(tmp_path / "ddp" / "events.jsonl")
     assert [(e["step"], e["rolled_back_to"]) for e in events if e["event"] == "spike_guarded"] == [(21, 10)]

@@ -317,27 +317,27 @@ class FakeLink:
     def _answer_set(self, command: protocol.SetCommand, at: int) -> protocol.Message:
         if command.option == "amp" and command.value == "fp16":
             return protocol.OptionRefused("amp", "fp16", "fp16 needs CUDA; this run is on cpu: use bf16", at, "app")
-        if command.option == "world_size":
-            return self._relaunch(command.value, at)
+        if command.option in ("world_size", "parallel"):
+            return self._relaunch(command.option, command.value, at)
         previous = self.options.get(command.option)
         self.options[command.option] = command.value
         return protocol.OptionApplied(command.option, command.value, previous, at, "app")
 
 
-    def _relaunch(self, value: int, at: int) -> protocol.Message:
+    def _relaunch(self, option: str, value: Any, at: int) -> protocol.Message:
         """As core/engine/ranks.py does: refuse a size that does not divide the batch; else checkpoint now, and
         (one drain later) resume, running, and the acknowledgement at the step the new ranks start."""
-        if 32 % value:
+        if option == "world_size" and 32 % value:
             return protocol.OptionRefused(
                 "world_size", value, f"world size {value} does not divide the batch of 32 (the global batch stays 32 "
                 "and each rank takes an equal share): choose a divisor of 32", at, "app")
-        previous, self.options["world_size"] = self.options["world_size"], value
+        previous, self.options[option] = self.options[option], value
         self.relaunched = [
             protocol.Log("info", f"resumed from the checkpoint of step {self.step}", self.step),
             protocol.State("running", self.step),
-            protocol.OptionApplied("world_size", value, previous, at, "app"),
+            protocol.OptionApplied(option, value, previous, at, "app"),
         ]
-        return protocol.CheckpointSaved(self.step, f"{RUN_DIR}/checkpoints/step-{self.step:07d}.pt", "world_size")
+        return protocol.CheckpointSaved(self.step, f"{RUN_DIR}/checkpoints/step-{self.step:07d}.pt", option)
 
 
 def ranks(step: int = 120, *, count: int = 2, step_time_s: float = 0.25, slow: dict[int, dict[str, float]] | None = None,

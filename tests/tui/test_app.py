@@ -154,6 +154,24 @@ async def test_lr_scale_and_world_size_prompts(app: TorchlabApp, link: FakeLink)
         assert "world_size = 2 applied at step 121 (was 1)" in log_text(app)
 
 
+async def test_d_switches_the_ranks_to_fsdp_through_a_relaunch(link: FakeLink) -> None:
+    link.options["world_size"] = 2
+    link.queue = list(training_events(world_size=2))
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await answer(app, pilot)
+        await pilot.press("D")
+        await pilot.pause()
+        assert link.sent[-1] == protocol.SetCommand("parallel", "fsdp")
+        await answer(app, pilot)  # the checkpoint: the ranks stop
+        assert app.run_state.state == "relaunching" and app.run_state.state_detail == "ddp → fsdp"
+        assert "relaunching with parallel=fsdp from the checkpoint of step 120" in log_text(app)
+        assert "checkpoint saved (parallel change)" in log_text(app)
+        await answer(app, pilot)  # the new ranks train
+        assert app.run_state.state == "running" and "parallel = fsdp applied at step 121 (was ddp)" in log_text(app)
+        assert app.run_state.world_size == 2
+
+
 async def test_space_pauses_and_resumes(app: TorchlabApp, link: FakeLink) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("space")

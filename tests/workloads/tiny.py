@@ -449,3 +449,27 @@ class BlocksOfWidths(nn.Module):
 
 def out_of_memory_until_two_blocks_are_checkpointed() -> Workload:
     return Workload(model=BlocksOfWidths(), dataset=_regression_data(), loss_fn=mse_loss, batch_size=4)
+
+
+class KillsRank1(nn.Module):
+    """On rank 1, where ``TINY_KILL_RANK_1_AT`` says N, SIGKILL at its N-th training forward (a micro-batch's;
+    evaluation's do not count): a crash that a resume, without the variable, trains past."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        at = os.environ.get("TINY_KILL_RANK_1_AT") if os.environ.get("RANK") == "1" else None
+        self.forwards_left = int(at) if at else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and self.forwards_left is not None:
+            self.forwards_left -= 1
+            if self.forwards_left == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return x
+
+
+def rank_1_killed_where_asked() -> Workload:
+    """``workload``, its rank 1 killed at the forward ``TINY_KILL_RANK_1_AT`` names (KillsRank1 has no parameters)."""
+    built = workload()
+    built.model.extra = KillsRank1()
+    return built

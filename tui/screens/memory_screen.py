@@ -31,7 +31,7 @@ def kind_bars(memory: MemoryBreakdown, width: int = BAR_WIDTH, nvml_bytes: int |
         ("gradients", memory.gradients_bytes),
         ("optimizer", memory.optimizer_bytes),
         ("activations", memory.activations_bytes),
-    )
+    ) + ((("gathered", memory.gathered_bytes),) if memory.gathered_bytes else ())  # parallel=fsdp: parameters gathered whole
     largest = max(size for _, size in kinds) or 1
     text = Text()
     for name, size in kinds:

@@ -1,0 +1,112 @@
+"""FSDP2 for the ranks (``parallel=fsdp``): the model sharded block by block, the optimizer moved onto the shards,
+and whole tensors gathered where a checkpoint needs them.
+
+``fully_shard`` (torch.distributed.fsdp, per-parameter DTensor sharding, as torchtitan applies it) goes on each of
+the workload's checkpoint blocks, then on the root: a block's parameters are all-gathered just before its forward
+and its gradients reduce-scattered after its backward, so no more than one block is ever whole on a rank. It is
+applied last, as DDP is, to a model that resumed, took its options and had its optimizer built as a single
+process would: the optimizer built before it still holds the parameters it replaced, so ``shard`` moves each group's
+parameters and their state (Adam's moments) onto the shards, by the parameter's name. Everything else is the same
+code for DDP and FSDP, and the losses are the same: tests/process/test_fsdp.py.
+
+Checkpoints hold whole tensors gathered on rank 0 (``whole``), in the same file as a DDP run's or a single
+process's, not torch.distributed.checkpoint's sharded folder: a run changes world size and strategy while it
+trains, and a file every world size and either strategy loads as it is keeps one resume path for all of them
+(the model is loaded into the unsharded model, then sharded: ``ModelForms.wrap_for_ranks``). Gathering costs one
+all-gather per tensor at a checkpoint, and holds one whole tensor at a time on each rank.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torchlab.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
+
+
+def is_shard(tensor: Any) -> bool:
+    """Whether ``tensor`` is a DTensor (a shard of a parameter, or of its state). DTensor is imported only where a
+    model is sharded (its import takes ~0.8 s of every trainer's start): where it is not loaded, nothing is one."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
+
+
+def sharded_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules of ``model`` that FSDP2 sharded (each gathers its parameters for its forward), or none."""
+    module = sys.modules.get("torch.distributed.fsdp")
+    return [] if module is None else [unit for unit in model.modules() if isinstance(unit, module.FSDPModule)]
+
+
+def shard(model: torch.nn.Module, blocks: list[torch.nn.Module], optimizer: torch.optim.Optimizer,
+          reshard_after_forward: bool) -> FSDPModule:
+    """``fully_shard`` on each block, then on the root, and the optimizer's parameters and state moved onto the
+    shards; the root, whose ``set_requires_gradient_sync`` holds the reduction back between micro-batches.
+    ``reshard_after_forward`` False keeps each block's parameters whole from its forward to its backward (one
+    all-gather a step instead of two, the whole model's parameters held meanwhile)."""
+    from torch.distributed.fsdp import fully_shard
+
+    before = {id(parameter): name for name, parameter in model.named_parameters(remove_duplicate=False)}
+    try:
+        for block in blocks:
+            fully_shard(block, reshard_after_forward=reshard_after_forward)
+        fully_shard(model, reshard_after_forward=reshard_after_forward)
+    except Exception as error:  # a tied parameter in two blocks, a parameter FSDP cannot shard
+        raise ConfigError(f"parallel (--parallel) fsdp: FSDP2 could not shard this model: {error}".rstrip(".") + ". "
+                          "Train it with --parallel ddp.") from None
+    _move_optimizer(optimizer, before, dict(model.named_parameters(remove_duplicate=False)))
+    return model  # type: ignore[return-value]  # fully_shard made the model an FSDPModule in place
+
+
+def _move_optimizer(optimizer: torch.optim.Optimizer, before: dict[int, str], after: dict[str, torch.nn.Parameter]) -> None:
+    """Each parameter the optimizer holds replaced by the shard ``fully_shard`` put in its place (same name), and its
+    state tensors of the parameter's shape sharded alike (from this rank's whole copy: every rank holds the same,
+    so nothing is sent); scalars (Adam's ``step``) stay as they are."""
+    moved: dict[torch.Tensor, torch.nn.Parameter] = {}
+    for group in optimizer.param_groups:
+        for index, parameter in enumerate(group["params"]):
+            name = before.get(id(parameter))
+            if name is None:
+                raise ConfigError("parallel (--parallel) fsdp: the workload's optimizer holds a tensor that is not one "
+                                  "of the model's parameters, which FSDP2 cannot shard; train it with --parallel ddp.")
+            moved[parameter] = group["params"][index] = after[name]
+    state = {}
+    for parameter, values in optimizer.state.items():
+        sharded = moved[parameter]
+        state[sharded] = {key: _sharded_like(value, parameter, sharded) for key, value in values.items()}
+    optimizer.state.clear()
+    optimizer.state.update(state)
+
+
+def _sharded_like(value: Any, whole: torch.Tensor, sharded: torch.Tensor) -> Any:
+    from torch.distributed.tensor import distribute_tensor
+
+    if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape != whole.shape:
+        return value
+    return distribute_tensor(value.to(sharded.device), sharded.device_mesh, sharded.placements, src_data_rank=None)
+
+
+def whole(value: Any, keep: bool) -> Any:
+    """``value`` (a state dict, nested) with each DTensor gathered whole: one all-gather per tensor, which every rank
+    calls in the same order. ``keep``: this rank keeps the result, on the CPU, one tensor at a time (rank 0, which
+    writes the checkpoint); the others drop each as it is gathered (None in its place)."""
+    if is_shard(value):
+        gathered = value.full_tensor()
+        return gathered.cpu() if keep else None
+    if isinstance(value, dict):
+        gathered = type(value)((key, whole(item, keep)) for key, item in value.items())
+        if hasattr(value, "_metadata"):  # a module's state dict: load_state_dict reads its versions
+            gathered._metadata = value._metadata
+        return gathered
+    if isinstance(value, (list, tuple)):
+        return type(value)(whole(item, keep) for item in value)
+    return value
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of ``tensor`` (the tensor itself where it is not sharded): what lives in its memory."""
+    return tensor._local_tensor if is_shard(tensor) else tensor

@@ -1,0 +1,122 @@
+"""FSDP2 beside DDP (``parallel=fsdp``), on the CPU with gloo, in real rank processes: the same losses and norms as
+DDP, half the memory a rank holds, a live switch each way that keeps every step once, and a crashed sharded run
+resumed with ``--resume RUN`` alone.
+
+One DDP run is the reference of every test here (``ddp``, made once): the sharded runs compare with it step by step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from test_ranks import TINY, headless, read_jsonl, rank_pids
+from processes import alive
+from torchlab.core.engine.checkpoint import load_checkpoint
+from torchlab.core.engine.distributed import usable_cpus
+from torchlab.core.errors import EXIT_FAILED, EXIT_OK
+
+pytestmark = pytest.mark.skipif(usable_cpus() < 2, reason="two ranks need two CPU cores")
+
+#: Measured every step (norms, update ratios, memory by kind), evaluated every 3: each compared at every step.
+SETTINGS = ["--world-size", "2", "--steps", "9", "--seed", "5", "--probe-every", "1", "--memory-every", "1",
+            "--eval-every", "3", "--accum", "2"]
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory) -> list[dict]:
+    run = tmp_path_factory.mktemp("ddp") / "run"
+    assert headless(run, f"{TINY}:rank_1_killed_where_asked", *SETTINGS, "--checkpoint-every", "0") == EXIT_OK
+    return read_jsonl(run / "metrics.jsonl")
+
+
+def held_by_a_rank(row: dict) -> int:
+    """Parameters, gradients and optimizer state: what lives across steps on rank 0 (the one that measures)."""
+    memory = row["memory"]
+    return memory["parameters_bytes"] + memory["gradients_bytes"] + memory["optimizer_bytes"]
+
+
+def same_training(ours: list[dict], reference: list[dict]) -> None:
+    """Losses, validation losses and every norm of each step as DDP's, to the reductions' rounding."""
+    assert [row["step"] for row in ours] == [row["step"] for row in reference]
+    for row, theirs in zip(ours, reference):
+        assert row["loss"] == pytest.approx(theirs["loss"], rel=1e-6)
+        assert row.get("val_loss") == pytest.approx(theirs.get("val_loss"), rel=1e-6)
+        assert row["grad_norm_total"] == pytest.approx(theirs["grad_norm_total"], rel=1e-5)
+        for figure in ("grad_norms", "update_ratios", "weight_norms"):  # a shard's alone would be short of up to √2
+            assert row[figure] == pytest.approx(theirs[figure], rel=1e-4), figure
+        assert row["adam"].keys() == theirs["adam"].keys()
+        for module, moments in row["adam"].items():
+            assert moments == pytest.approx(theirs["adam"][module], rel=1e-4), module
+
+
+def test_a_sharded_run_trains_as_ddp_does_holding_half_per_rank_and_resumes_after_a_crash_with_resume_alone(
+        tmp_path, monkeypatch, ddp):
+    run = tmp_path / "run"
+    monkeypatch.setenv("TINY_KILL_RANK_1_AT", "9")  # step 5's first micro-batch (accum 2)
+    assert headless(run, f"{TINY}:rank_1_killed_where_asked", *SETTINGS, "--parallel", "fsdp",
+                    "--checkpoint-every", "3") == EXIT_FAILED
+    [error] = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "error"]
+    assert error["rank"] == 1 and error["step"] == 5
+    saved = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert saved["step"] == 3 and saved["options"]["parallel"] == "fsdp"
+    assert not any(key.startswith("_fsdp") or "._checkpoint" in key for key in saved["model"])  # the model's own keys
+    monkeypatch.delenv("TINY_KILL_RANK_1_AT")
+    assert main_resume(run) == EXIT_OK
+
+    metrics, events = read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "events.jsonl")
+    assert {(row["parallel"], row["world_size"]) for row in metrics} == {("fsdp", 2)}
+    same_training(metrics, ddp)
+    for row, theirs in zip(metrics, ddp):
+        assert held_by_a_rank(row) <= 0.6 * held_by_a_rank(theirs)
+    assert events[-1]["event"] == "run_ended" and events[-1]["status"] == "finished"
+    assert not any(alive(pid) for pid in rank_pids(events))
+
+
+def main_resume(run: Path) -> int:
+    from torchlab.core.launch.cli import main
+
+    return main(["--resume", str(run), "--headless", "--telemetry-interval", "0"])
+
+
+def test_a_live_switch_ddp_to_fsdp_and_back_keeps_every_step_once_with_the_losses_of_a_run_without_it(tmp_path, ddp):
+    run = tmp_path / "run"
+    assert headless(run, f"{TINY}:rank_1_killed_where_asked", *SETTINGS, "--checkpoint-every", "0",
+                    "--at", "4:parallel=fsdp", "--at", "7:parallel=ddp") == EXIT_OK
+    metrics, events = read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "events.jsonl")
+    assert [row["parallel"] for row in metrics] == ["ddp"] * 3 + ["fsdp"] * 3 + ["ddp"] * 3
+    same_training(metrics, ddp)
+    applied = [(e["step"], e["option"], e["value"], e["previous"]) for e in events if e["event"] == "option_applied"]
+    assert applied == [(4, "parallel", "fsdp", "ddp"), (7, "parallel", "ddp", "fsdp")]
+    relaunches = [(e["step"], e["option"], e["value"], e["world_size"]) for e in events if e["event"] == "relaunching"]
+    assert relaunches == [(3, "parallel", "fsdp", 2), (6, "parallel", "ddp", 2)]
+    assert [e["step"] for e in events if e["event"] == "checkpoint" and e["reason"] == "parallel"] == [3, 6]
+    assert all(held_by_a_rank(row) <= 0.6 * held_by_a_rank(ddp[index]) for index, row in enumerate(metrics) if row["parallel"] == "fsdp")
+
+
+@pytest.mark.gpu
+def test_fsdp_with_nccl_through_the_launcher_on_one_gpu_trains_as_ddp_does(tmp_path):
+    """torchrun with one process is still a rank: FSDP2 over an NCCL group of one, amp and checkpointing changed live,
+    and the same losses as DDP's to the GPU's rounding (its kernels are not bitwise deterministic)."""
+    import subprocess
+    import sys
+
+    losses = {}
+    for parallel in ("ddp", "fsdp"):
+        run = tmp_path / parallel
+        done = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+             "-m", "torchlab.core.launch.cli", f"{TINY}:workload", "--headless", "--device", "cuda", "--steps", "8",
+             "--seed", "5", "--parallel", parallel, "--probe-every", "1", "--memory-every", "1", "--run-dir", str(run),
+             "--at", "3:amp=bf16", "--at", "5:checkpointing=on"],
+            capture_output=True, text=True, timeout=300,
+        )
+        assert done.returncode == EXIT_OK, done.stderr[-3000:]
+        metrics = read_jsonl(run / "metrics.jsonl")
+        assert [row["step"] for row in metrics] == list(range(1, 9)) and {row["parallel"] for row in metrics} == {parallel}
+        assert metrics[-1]["memory"]["allocator_peak_bytes"] > 0
+        losses[parallel] = [row["loss"] for row in metrics]
+        saved = load_checkpoint(run / "checkpoints" / "last.pt")
+        assert saved["options"]["parallel"] == parallel and not any(key.startswith("module.") for key in saved["model"])
+    assert losses["fsdp"] == pytest.approx(losses["ddp"], rel=5e-3)
