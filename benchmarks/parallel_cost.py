@@ -39,16 +39,23 @@ def run(workload: str, world_size: int, segments: int, segment: int, device: str
                    "--steps", str(segments * segment), "--run-dir", str(run_dir)]
         for index, mode in enumerate(modes[1:], start=1):
             command += ["--at", f"{1 + index * segment}:parallel={mode}"]
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        _quietly(command)
         return _jsonl(run_dir / "metrics.jsonl"), _jsonl(run_dir / "events.jsonl")
     rows: list[dict] = []
     for index, mode in enumerate(modes):
         segment_dir = run_dir.with_name(f"{run_dir.name}-{index}")
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size),
+        _quietly([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size),
                         "-m", "torchlab.core.launch.cli", *settings, "--parallel", mode, "--steps", str(segment),
-                        "--run-dir", str(segment_dir)], check=True, stdout=subprocess.DEVNULL)
+                        "--run-dir", str(segment_dir)])
         rows += [{**row, "step": row["step"] + index * segment} for row in _jsonl(segment_dir / "metrics.jsonl")]
     return rows, []
+
+
+def _quietly(command: list[str]) -> None:
+    """Run ``command``; its output only where it fails."""
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"{' '.join(command[:6])}... failed ({done.returncode}):\n{done.stderr[-3000:]}")
 
 
 def _jsonl(path: Path) -> list[dict]:
