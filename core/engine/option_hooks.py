@@ -106,7 +106,8 @@ def enact_initial(parts: TrainingParts, options: LiveOptions) -> None:
         except OptionRefused as refusal:
             raise ConfigError(f"{option.name} ({option.flag}) {option.format(value)}: {refusal}.") from None
         if option is PARALLEL and isinstance(outcome, str):  # fsdp in one process: taken, and nothing sharded yet
-            parts.reporter.emit(p.Log(level="info", text=f"{option.name}={option.format(value)}: {outcome}", step=0))
+            parts.reporter.emit(p.Log(level="info", text=f"{option.name}={option.format(value)}: {outcome}",
+                                     step=parts.progress.step))
     parts.options = options
 
 

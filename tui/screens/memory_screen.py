@@ -88,7 +88,11 @@ class MemoryScreen(ViewScreen):
             status.update("No step has measured memory yet (it is measured about once a second; --memory-every 0 turns it off).")
             kinds.update("")
             return
-        status.update(f"step {memory.step} · the tensors training holds, each storage counted once")
+        whose = ""
+        if state.world_size > 1:  # rank 0 measures; under fsdp it holds its shards, under ddp a whole copy as each rank
+            held = "its shards" if state.options.get("parallel") == "fsdp" else "a whole copy, as each rank"
+            whose = f" · rank 0 of {state.world_size}, {held}"
+        status.update(f"step {memory.step} · the tensors training holds, each storage counted once{whose}")
         kinds.update(kind_bars(memory, nvml_bytes=state.telemetry.run_gpu_memory_bytes if state.telemetry else None))
         for entry in memory.by_module[:TOP_MODULES]:
             share = entry.bytes / memory.activations_bytes if memory.activations_bytes else 0.0
