@@ -126,8 +126,9 @@ class OptionsInForce:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         options = LiveOptions(**state)
         for option, value in options.items():
-            if value != getattr(self.parts.options, option.name):
-                enact(self.parts, option, value)
+            if value != getattr(self.parts.options, option.name) and enact(self.parts, option, value) is False:
+                raise OptionRefused(f"changing {option.name} here takes new ranks (a relaunch); "
+                                    f"{option.key} changes it for good")  # amp on a sharded model: before any change
         self.parts.options = options
 
 
@@ -139,8 +140,15 @@ def jsonable(value: Any) -> Any:
 # ---------------------------------------------------------------------- each live option's hook
 
 @enacts(AMP)
-def _enact_amp(parts: TrainingParts, mode: str) -> str | None:
+def _enact_amp(parts: TrainingParts, mode: str) -> bool | str | None:
+    """Autocast, changed in place; on a sharded model, FSDP2's mixed precision policy, which is fixed where the ranks
+    shard it: a change relaunches them, as ``parallel`` does."""
     precision = parts.precisions.make(mode)
+    if parts.model.sharded is not None:
+        if mode == parts.precisions.current.name:
+            return None
+        _can_relaunch(parts, f"amp={mode}", "--amp")
+        return False
     compiled = None
     if parts.model.compiled is not None and mode != parts.precisions.current.name:
         # Autocast is part of what a compiled graph assumes: compile for the new precision now, not in a step.
@@ -309,15 +317,22 @@ def _enact_parallel(parts: TrainingParts, mode: str) -> bool | str | None:
     held_as = "fsdp" if model.sharded is not None else "ddp" if model.ddp is not None else None
     if held_as is None or held_as == mode:  # the ranks start (wrap_for_ranks reads it), or nothing changes
         return None
-    if not world.ranks.supervised:
+    _can_relaunch(parts, mode, "--parallel")
+    return False
+
+
+def _can_relaunch(parts: TrainingParts, wanted: str, flag: str) -> None:
+    """OptionRefused where the ranks cannot be relaunched for ``wanted`` (a change that takes new ranks)."""
+    world = parts.world
+    if world.ranks is not None and not world.ranks.supervised:
+        value = wanted.split("=")[-1]
         raise OptionRefused(
-            f"the ranks were started by torchrun, which cannot relaunch them; to train with {mode}, stop the run and "
-            f"start it again with --parallel {mode} and --resume"
+            f"the ranks were started by torchrun, which cannot relaunch them; to train with {wanted}, stop the run and "
+            f"start it again with {flag} {value} and --resume"
         )
     if not world.can_relaunch:
         raise OptionRefused("this trainer has no supervisor to relaunch its ranks (or no checkpoint directory to "
                             "relaunch from)")
-    return False
 
 
 def _loader_restarts(parts: TrainingParts) -> str:

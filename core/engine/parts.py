@@ -96,13 +96,15 @@ class ModelForms:
         self.running: torch.nn.Module = model  # what a step's loss function gets
 
     def wrap_for_ranks(self, device: torch.device, parallel: str, optimizer: torch.optim.Optimizer,
-                       reshard_after_forward: bool) -> None:
+                       reshard_after_forward: bool, precisions: Precisions) -> None:
         """Last, once the model resumed and took its options: DDP registers its hooks on the parameters the optimizer
         already holds, and broadcasts rank 0's weights; FSDP2 shards the blocks the activation checkpointing knows,
         then the root, and moves the optimizer onto the shards (every rank holds the same weights: rank 0's seed,
         or the checkpoint)."""
-        if parallel == "fsdp":
-            self.sharded = shard(self.model, list(self.checkpointing.blocks.values()), optimizer, reshard_after_forward)
+        if parallel == "fsdp":  # amp becomes FSDP2's mixed precision policy, fixed while the ranks live
+            precisions.shard()
+            self.sharded = shard(self.model, list(self.checkpointing.blocks.values()), optimizer, reshard_after_forward,
+                                 precisions.current.param_dtype)
         else:
             self.ddp = wrap_model(self.model, device)
         self.running = self.compiled if self.compiled is not None else self.eager

@@ -28,6 +28,8 @@ class Precision:
     name = "off"
     #: fp16 overflow is routine (the scaler skips the step); in other modes NaN/Inf is an error.
     tolerates_nonfinite = False
+    #: the dtype FSDP2 gathers a sharded model's parameters in (its MixedPrecisionPolicy): None, their own
+    param_dtype: torch.dtype | None = None
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -56,6 +58,17 @@ class BF16Precision(Precision):
 
     def autocast(self) -> ContextManager:
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
+
+class ShardedBF16Precision(Precision):
+    """bf16 on a model FSDP2 shards (``parallel=fsdp``): its MixedPrecisionPolicy gathers each block's parameters in
+    bf16 (half the communication and the gathered memory of fp32) and the forward runs in them, the gradients
+    reduced in fp32 and the output handed to the loss in fp32, as torchtitan trains; no autocast. Not autocast's
+    numbers: every op of the forward is bf16, LayerNorm's too. Set when the ranks shard (``Precisions.shard``), so a
+    change of amp there relaunches them (core/engine/option_hooks.py)."""
+
+    name = "bf16"
+    param_dtype = torch.bfloat16
 
 
 class FP16Precision(Precision):
@@ -89,9 +102,10 @@ class FP16Precision(Precision):
 
 
 def make_precision(
-    name: str, device: torch.device, get_scaler: Callable[[], torch.amp.GradScaler]
+    name: str, device: torch.device, get_scaler: Callable[[], torch.amp.GradScaler], sharded: bool = False
 ) -> Precision:
-    """Build the precision for ``name`` on ``device``, or raise OptionRefused with the reason.
+    """Build the precision for ``name`` on ``device`` (``sharded``: for a model FSDP2 shards), or raise OptionRefused
+    with the reason.
 
     ``get_scaler`` is called only once fp16 is accepted, so a refused fp16 creates no GradScaler."""
     if name == "off":
@@ -99,11 +113,14 @@ def make_precision(
     if name == "bf16":
         if device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise OptionRefused(f"bf16 is not supported by {torch.cuda.get_device_name(device)}; use fp16")
-        return BF16Precision(device)
+        return ShardedBF16Precision(device) if sharded else BF16Precision(device)
     if name == "fp16":
         if device.type != "cuda":
             # Short enough for one line of the app's event log at 80 columns, after "amp = fp16 refused: ".
             raise OptionRefused(f"fp16 needs CUDA; this run is on {device.type}: use bf16")
+        if sharded:
+            raise OptionRefused("fp16 with parallel=fsdp is not supported yet (loss scaling of sharded gradients); "
+                                "use bf16")
         return FP16Precision(device, get_scaler())
     raise OptionRefused(f"amp must be one of off, bf16, fp16, got {name!r}")
 
@@ -119,10 +136,17 @@ class Precisions:
         self.device = device
         self._grad_scaler: torch.amp.GradScaler | None = None
         self.current: Precision = Precision(device)
+        self.sharded = False  # the model is FSDP2's: amp is its mixed precision policy
 
     def make(self, name: str) -> Precision:
         """The precision for ``name``, or OptionRefused with the reason (nothing changes then)."""
-        return make_precision(name, self.device, self._get_grad_scaler)
+        return make_precision(name, self.device, self._get_grad_scaler, self.sharded)
+
+    def shard(self) -> None:
+        """The model is about to be sharded: the mode in force becomes its sharded form (``ShardedBF16Precision``),
+        or OptionRefused where it has none (fp16)."""
+        self.sharded = True
+        self.current = self.make(self.current.name)
 
     def state_dict(self) -> dict[str, Any] | None:
         return self._grad_scaler.state_dict() if self._grad_scaler is not None else None

@@ -43,18 +43,24 @@ def sharded_units(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def shard(model: torch.nn.Module, blocks: list[torch.nn.Module], optimizer: torch.optim.Optimizer,
-          reshard_after_forward: bool) -> FSDPModule:
+          reshard_after_forward: bool, param_dtype: torch.dtype | None) -> FSDPModule:
     """``fully_shard`` on each block, then on the root, and the optimizer's parameters and state moved onto the
     shards; the root, whose ``set_requires_gradient_sync`` holds the reduction back between micro-batches.
     ``reshard_after_forward`` False keeps each block's parameters whole from its forward to its backward (one
-    all-gather a step instead of two, the whole model's parameters held meanwhile)."""
-    from torch.distributed.fsdp import fully_shard
+    all-gather a step instead of two, the whole model's parameters held meanwhile). ``param_dtype`` (amp=bf16):
+    the parameters are gathered and used in it, the gradients reduced in fp32, the model's output given to the
+    loss in fp32 (core/engine/precision.py ``ShardedBF16Precision``)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     before = {id(parameter): name for name, parameter in model.named_parameters(remove_duplicate=False)}
+    policy, outermost = MixedPrecisionPolicy(), MixedPrecisionPolicy()
+    if param_dtype is not None:
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        outermost = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, output_dtype=torch.float32)
     try:
         for block in blocks:
-            fully_shard(block, reshard_after_forward=reshard_after_forward)
-        fully_shard(model, reshard_after_forward=reshard_after_forward)
+            fully_shard(block, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+        fully_shard(model, reshard_after_forward=reshard_after_forward, mp_policy=outermost)
     except Exception as error:  # a tied parameter in two blocks, a parameter FSDP cannot shard
         raise ConfigError(f"parallel (--parallel) fsdp: FSDP2 could not shard this model: {error}".rstrip(".") + ". "
                           "Train it with --parallel ddp.") from None

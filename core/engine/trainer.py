@@ -49,13 +49,13 @@ from torchlab.core.engine.spike_guard import SpikeGuard
 from torchlab.core.engine.step_report import StepReport, metrics_row
 from torchlab.core.engine.telemetry import TelemetrySampler
 from torchlab.core.engine.trials import Trials, TrialStopped
-from torchlab.core.errors import NonFiniteError, StorageError, WorkloadError
+from torchlab.core.errors import ConfigError, NonFiniteError, StorageError, WorkloadError
 from torchlab.core.records.config import TrainConfig
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import HELD_BACK, RunEnded, RunStarted, StepSkipped
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import COMPILE, LiveOptions
+from torchlab.core.wire.options import COMPILE, LiveOptions, OptionRefused
 from torchlab.core.wire.protocol import SetCommand, TrainerCommand
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.workload import Workload
@@ -103,8 +103,11 @@ class Trainer:
         # change asked for later. Rank 0 takes it to every rank, as any command.
         enact_initial(parts, initial.with_value(COMPILE.name, False))
         if parts.world.ranks is not None:  # last: DDP wraps (FSDP2 shards) the model as the options left it
-            parts.model.wrap_for_ranks(parts.device, parts.options.parallel, parts.optimization.optimizer,
-                                       config.reshard_after_forward)
+            try:
+                parts.model.wrap_for_ranks(parts.device, parts.options.parallel, parts.optimization.optimizer,
+                                           config.reshard_after_forward, parts.precisions)
+            except OptionRefused as refusal:  # amp=fp16 with parallel=fsdp
+                raise ConfigError(f"parallel (--parallel) fsdp with amp={parts.options.amp}: {refusal}.") from None
         # After the sharding: the probes hold the parameters FSDP2 put in place of the model's own.
         self.instruments = Instruments(parts, self.profiling)
         self.trials = Trials(parts, self.train_step, self.checkpoints, self.profiling)

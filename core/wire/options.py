@@ -423,8 +423,9 @@ PIN_MEMORY = Switch(
 #: Every live option, in the order the app and the command line list them.
 LIVE_OPTIONS: tuple[LiveOption, ...] = (AMP, CHECKPOINTING, COMPILE, CLIP, ACCUM, SPLIT, OOM_RESCUE, SPIKE_GUARD, LR_SCALE,
                                          WORKERS, PIN_MEMORY, WORLD_SIZE, PARALLEL, STEPS)
-#: The options whose change takes new rank processes: the trainer checkpoints, its supervisor starts the ranks again.
-RELAUNCHED_BY = (WORLD_SIZE.name, PARALLEL.name)
+#: The options whose change may take new rank processes: the trainer checkpoints, its supervisor starts the ranks
+#: again (amp only where the ranks shard the model: FSDP2's mixed precision policy is fixed while they live).
+RELAUNCHED_BY = (WORLD_SIZE.name, PARALLEL.name, AMP.name)
 OPTIONS_BY_NAME: dict[str, LiveOption] = {option.name: option for option in LIVE_OPTIONS}
 OPTION_NAMES = tuple(OPTIONS_BY_NAME)
 
