@@ -7,7 +7,7 @@ and its gradients reduce-scattered after its backward, so no more than one block
 applied last, as DDP is, to a model that resumed, took its options and had its optimizer built as a single
 process would: the optimizer built before it still holds the parameters it replaced, so ``shard`` moves each group's
 parameters and their state (Adam's moments) onto the shards, by the parameter's name. Everything else is the same
-code for DDP and FSDP, and the losses are the same: tests/process/test_fsdp.py.
+code for DDP and FSDP, and in full precision the losses are the same: tests/process/test_fsdp.py.
 
 Checkpoints hold whole tensors gathered on rank 0 (``whole``), in the same file as a DDP run's or a single
 process's, not torch.distributed.checkpoint's sharded folder: a run changes world size and strategy while it
@@ -52,6 +52,7 @@ def shard(model: torch.nn.Module, blocks: list[torch.nn.Module], optimizer: torc
     loss in fp32 (core/engine/precision.py ``ShardedBF16Precision``)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    _refuse_shared_across_blocks(blocks, model)
     before = {id(parameter): name for name, parameter in model.named_parameters(remove_duplicate=False)}
     policy, outermost = MixedPrecisionPolicy(), MixedPrecisionPolicy()
     if param_dtype is not None:
@@ -66,6 +67,23 @@ def shard(model: torch.nn.Module, blocks: list[torch.nn.Module], optimizer: torc
                           "Train it with --parallel ddp.") from None
     _move_optimizer(optimizer, before, dict(model.named_parameters(remove_duplicate=False)))
     return model  # type: ignore[return-value]  # fully_shard made the model an FSDPModule in place
+
+
+def _refuse_shared_across_blocks(blocks: list[torch.nn.Module], model: torch.nn.Module) -> None:
+    """A ConfigError naming a parameter two blocks share (a tied weight): FSDP2 shards each block's parameters as a
+    unit of their own, and fails on one held by two with a message that names nothing."""
+    block_names = {id(module): name for name, module in model.named_modules()}
+    owner: dict[int, str] = {}
+    for block in blocks:
+        name = block_names.get(id(block), "?")
+        for parameter_name, parameter in block.named_parameters():
+            first = owner.setdefault(id(parameter), name)
+            if first != name:
+                raise ConfigError(
+                    f"parallel (--parallel) fsdp: {name}.{parameter_name} is also a parameter of {first}; FSDP2 shards "
+                    f"each checkpoint block's parameters on their own, and cannot shard one two blocks share. Name "
+                    f"blocks that share none in Workload.checkpoint_blocks, or train with --parallel ddp."
+                )
 
 
 def _move_optimizer(optimizer: torch.optim.Optimizer, before: dict[int, str], after: dict[str, torch.nn.Parameter]) -> None:
