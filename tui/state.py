@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from torchlab.core.wire import protocol
 from torchlab.core.wire.events import LET_THROUGH, SpikeGuarded, describe
 from torchlab.core.wire.metrics_row import MetricsRow
-from torchlab.core.wire.options import OPTION_NAMES, OPTIONS_BY_NAME, RELAUNCHED_BY, SPIKE_GUARD, format_option_value
+from torchlab.core.wire.options import AMP, OPTION_NAMES, OPTIONS_BY_NAME, PARALLEL, RELAUNCHED_BY, SPIKE_GUARD, format_option_value
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, TelemetrySample
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.formatting import short_workload
@@ -298,6 +298,8 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
         self.pending[option] = value
         self.options_version += 1
         when = OPTIONS_BY_NAME[option].takes_effect
+        if option == AMP.name and self.world_size > 1 and self.options.get(PARALLEL.name) == "fsdp":
+            when = PARALLEL.takes_effect  # FSDP2's mixed precision is fixed while the ranks live
         self.log("info", f"requested {option} = {format_option_value(option, value)} ({when})")
 
     def _answered(self, option: str, source: str) -> None:

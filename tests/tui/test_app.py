@@ -170,6 +170,9 @@ async def test_d_switches_the_ranks_to_fsdp_through_a_relaunch(link: FakeLink) -
         await answer(app, pilot)  # the new ranks train
         assert app.run_state.state == "running" and "parallel = fsdp applied at step 121 (was ddp)" in log_text(app)
         assert app.run_state.world_size == 2
+        await pilot.press("a")  # amp on a sharded model is FSDP2's mixed precision: the request says it relaunches
+        await pilot.pause()
+        assert "requested amp = bf16 (checkpoint and relaunch the ranks at the next step)" in log_text(app)
 
 
 async def test_space_pauses_and_resumes(app: TorchlabApp, link: FakeLink) -> None:
