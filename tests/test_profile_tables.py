@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from torchlab.core.engine.profile_tables import build_tables, format_table, write_tables
+from torchlab.core.engine.profile_tables import build_tables, communication_time, format_table, write_tables
 
 
 def _profiled_trace(tmp_path):
@@ -82,9 +82,54 @@ def test_the_child_process_writes_the_tables_without_torch(tmp_path):
     done = subprocess.run([sys.executable, "-c", guard + code, str(tmp_path)], capture_output=True, text=True, check=True)
     report = json.loads(done.stdout)
     assert report["sort"] == "self_cpu_us" and report["rows"][0]["calls"] > 0
+    assert report["communication"] is None  # one process: no collective
     assert "aten::addmm" in (tmp_path / "table.txt").read_text()
     assert (tmp_path / "table.csv").read_text().startswith("name,input_shapes,calls,")
     assert "Input shapes" in (tmp_path / "table_by_shape.txt").read_text()
+
+
+def _range(name, ts, dur, *, cat="user_annotation", tid=1):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": {}}
+
+
+def test_gloo_communication_is_the_union_of_its_ranges_within_the_profiled_steps():
+    trace = {"traceEvents": [
+        _range("ProfilerStep#1", 0, 100), _range("ProfilerStep#2", 100, 100),  # the steps: 0..200
+        _range("c10d::allgather_", 5, 60, cat="cpu_op"),  # the training thread's call: not gloo's work
+        _range("gloo:all_gather", 10, 30, tid=2), _range("gloo:all_gather", 30, 40, tid=3),  # two threads: 10..70
+        _range("gloo:all_reduce", 65, 15, tid=2),  # overlaps all_gather: in both kinds, once in the whole
+        _range("gloo:all_reduce", 150, 80, tid=2),  # runs past the last step: 150..200 counts
+        _range("gloo:all_reduce", 160, 10, tid=3),  # inside the one above
+        _range("gloo:broadcast", -50, 40, tid=2),  # before the steps: not theirs
+    ]}
+    assert communication_time(trace) == {
+        "steps_us": 200, "us": 120, "share": 0.6,  # 10..80 and 150..200
+        "by_kind": [{"kind": "all_reduce", "us": 65}, {"kind": "all_gather", "us": 60}], "source": "gloo",
+    }
+
+
+def test_on_a_gpu_communication_is_nccl_kernels_by_the_kind_their_name_says():
+    trace = {"traceEvents": [
+        _range("ProfilerStep#3", 0, 100, cat="cpu_op"),
+        _range("gemm", 0, 100, cat="kernel", tid=7),  # compute beside them: not communication
+        _range("ncclDevKernel_AllGather_RING_LL", 10, 20, cat="kernel", tid=8),
+        _range("ncclKernel_AllReduce_RING_LL_Sum_float", 20, 30, cat="kernel", tid=9),
+        _range("ncclDevKernel_SendRecv", 60, 10, cat="kernel", tid=8),
+        _range("ncclDevKernel_Unheard_Of", 92, 28, cat="kernel", tid=8),  # an unknown kind, past the step's end
+    ]}
+    assert communication_time(trace) == {
+        "steps_us": 100, "us": 58, "share": 0.58,
+        "by_kind": [{"kind": "AllReduce", "us": 30}, {"kind": "AllGather", "us": 20}, {"kind": "SendRecv", "us": 10},
+                    {"kind": "ncclDevKernel_Unheard_Of", "us": 8}],
+        "source": "nccl kernels",
+    }
+
+
+def test_a_trace_without_collectives_has_no_communication():
+    single_process = {"traceEvents": [_range("ProfilerStep#1", 0, 100), _range("aten::mm", 10, 50, cat="cpu_op"),
+                                      _range("gemm", 20, 30, cat="kernel", tid=7)]}
+    assert communication_time(single_process) is None
+    assert communication_time({"traceEvents": [_range("gloo:all_reduce", 0, 10)]}) is None  # and no steps to share
 
 
 def test_text_table_columns_line_up():

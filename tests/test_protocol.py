@@ -18,6 +18,8 @@ from torchlab.core.wire import protocol as p
 from torchlab.core.wire.outbox import Cursor, Outbox
 from torchlab.core.wire.payloads import (
     AllocatorSample,
+    CollectiveTime,
+    CommunicationShare,
     GpuSample,
     HostSample,
     ImpactSegment,
@@ -86,7 +88,10 @@ EXAMPLES = [
     p.Error(message="RuntimeError: boom", traceback="Traceback ...", step=4, checkpoint="/runs/x/last.pt"),
     p.NonFinite(step=6, phase="forward", module="blocks.2.mlp", detail="output non-finite", message="step 6: ..."),
     p.ProfileReady(first_step=11, last_step=15, dir="/runs/x/profiles/0000010",
-                   rows=[{"name": "aten::mm", "calls": 30, "self_cpu_us": 1200.5}], sort="self_cpu_us", build_s=0.4),
+                   rows=[{"name": "aten::mm", "calls": 30, "self_cpu_us": 1200.5}], sort="self_cpu_us", build_s=0.4,
+                   communication=CommunicationShare(steps_us=866000.0, us=154000.0, share=0.1778, source="gloo",
+                                                    by_kind=[CollectiveTime("all_gather", 92000.0),
+                                                             CollectiveTime("all_reduce", 62000.0)])),
     p.Impact(segments=[SEGMENT]),
     p.Ranks(step=12, ranks=[RankFigures(rank=0, step_time_s=0.05, data_wait_s=0.001, allocated_bytes=None,
                                         reserved_bytes=None, peak_allocated_bytes=None, rss_bytes=3.3e8)]),

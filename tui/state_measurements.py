@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from torchlab.core.analysis.trials import describe_trial, trial_label
 from torchlab.core.wire import protocol
+from torchlab.core.wire.events import communication_sentence
 
 #: A segment's verdict goes to the event log once it has this many steps (its medians have settled).
 IMPACT_SETTLE_STEPS = 20
@@ -52,6 +53,7 @@ class Measurements:
         snapshot = ProfileSnapshot(
             number=len(self.profiles) + 1, first_step=event.first_step, last_step=event.last_step, dir=event.dir,
             rows=rows, rows_by_shape=rows_by_shape, sort=event.sort, build_s=float(event.build_s), error=event.error,
+            communication=communication_sentence(event.communication),
         )
         self.profiles.append(snapshot)
         self.profile_pending = False

@@ -14,8 +14,15 @@ self CPU and device memory (bytes allocated minus freed while it was the innermo
 grouped by name (``ProfilerStep#3`` counts as ``ProfilerStep*``, as in ``key_averages``), and by name
 and input shapes. Standard library only: no torch in this process.
 
+With ranks (DDP, FSDP2), also how much of the profiled steps' time communication ran
+(``communication_time``): the union of the collectives' intervals within the ``ProfilerStep#N`` ranges,
+in all and per kind of collective. On a GPU these are NCCL's kernels, which may overlap compute: it is the
+time communication ran, not the time a step waited for it. On the CPU they are gloo's ``gloo:<op>``
+ranges, which run on gloo's own threads while the training thread waits for them or goes on beside them.
+
 Writes ``table.txt`` and ``table_by_shape.txt`` (the top rows), ``table.csv`` and
-``table_by_shape.csv`` (every row), and prints one JSON object: ``{"rows": [...top rows by name...], "rows_by_shape": [...], "sort": COLUMN}``.
+``table_by_shape.csv`` (every row), and prints one JSON object: ``{"rows": [...top rows by name...], "rows_by_shape": [...], "sort": COLUMN,
+"communication": {...} or null}``.
 """
 
 from __future__ import annotations
@@ -47,6 +54,11 @@ _CPU_RANGES = ("cpu_op", "user_annotation")
 _DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
 _CUDA_DEVICE_TYPE = 1
 _STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
+#: NCCL's collective kernels name their kind: ``ncclDevKernel_AllGather_RING_LL``, ``ncclKernel_AllReduce_RING_LL_Sum_float``.
+_NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)(?:_|$)")
+_NCCL_KINDS = frozenset({"AllGather", "ReduceScatter", "AllReduce", "Broadcast", "Reduce", "SendRecv"})
+#: ProcessGroupGloo runs each collective inside a ``record_function`` range named ``gloo:all_gather`` and so on.
+_GLOO_PREFIX = "gloo:"
 
 
 @dataclass
@@ -219,6 +231,90 @@ def _aggregate(threads: dict[tuple[Any, Any], list[_Op]], *, by_shape: bool, sor
     return sorted(rows.values(), key=lambda row: -row[sort])
 
 
+def communication_time(trace: dict[str, Any]) -> dict[str, Any] | None:
+    """How long collectives ran within the profiled steps, or None where the trace has none (a single process).
+
+    ``{"steps_us": S, "us": C, "share": C / S, "by_kind": [{"kind": K, "us": T}, ...] largest first, "source": ...}``
+    (the fields of core/wire/payloads.py's ``CommunicationShare``). Each
+    time is a union of intervals, clipped to the ``ProfilerStep#N`` ranges: two gloo threads working at once, or
+    a collective inside another, count once. The source is NCCL's kernels where the trace has any kernel (a GPU
+    run), else gloo's ranges. A GPU's kernels may overlap compute, and gloo works on threads of its own: this is
+    the time communication ran, not the time a step waited for it.
+    """
+    events = trace.get("traceEvents") or []
+    steps = _union([_interval(event) for event in events
+                    if _is_range(event, _CPU_RANGES) and _STEP_NAME.match(str(event.get("name", "")))])
+    on_device = any(_is_range(event, ("kernel",)) for event in events)
+    intervals_by_kind: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for event in events:
+        kind = _collective_kind(event, on_device)
+        if kind is not None:
+            intervals_by_kind[kind].append(_interval(event))
+    steps_us = _length(steps)
+    if not steps_us or not intervals_by_kind:
+        return None
+    within_steps = {kind: _intersect(_union(intervals), steps) for kind, intervals in intervals_by_kind.items()}
+    communication_us = _length(_union([interval for intervals in within_steps.values() for interval in intervals]))
+    by_kind = sorted(((kind, round(_length(intervals), 3)) for kind, intervals in within_steps.items() if intervals),
+                     key=lambda pair: -pair[1])  # a kind that ran only outside the steps is not one of theirs
+    return {
+        "steps_us": round(steps_us, 3), "us": round(communication_us, 3), "share": round(communication_us / steps_us, 4),
+        "by_kind": [{"kind": kind, "us": us} for kind, us in by_kind], "source": "nccl kernels" if on_device else "gloo",
+    }
+
+
+def _collective_kind(event: dict[str, Any], on_device: bool) -> str | None:
+    """The kind of collective ``event`` is (``all_gather``, ``AllGather``), or None if it is none."""
+    name = str(event.get("name", ""))
+    if on_device:
+        if not (_is_range(event, ("kernel",)) and name.startswith("nccl")):
+            return None
+        match = _NCCL_KERNEL.match(name)
+        return match.group(1) if match and match.group(1) in _NCCL_KINDS else name  # an unknown one by its full name
+    if _is_range(event, ("user_annotation",)) and name.startswith(_GLOO_PREFIX):
+        return name.removeprefix(_GLOO_PREFIX)
+    return None
+
+
+def _is_range(event: dict[str, Any], categories: tuple[str, ...]) -> bool:
+    return event.get("ph") == "X" and event.get("cat") in categories
+
+
+def _interval(event: dict[str, Any]) -> tuple[float, float]:
+    start = float(event["ts"])
+    return start, start + float(event.get("dur", 0.0))
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The intervals merged where they overlap or touch, in order."""
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _intersect(first: list[tuple[float, float]], second: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of two merged, ordered interval lists that lie in both."""
+    common: list[tuple[float, float]] = []
+    i = j = 0
+    while i < len(first) and j < len(second):
+        start, end = max(first[i][0], second[j][0]), min(first[i][1], second[j][1])
+        if start < end:
+            common.append((start, end))
+        if first[i][1] < second[j][1]:
+            i += 1
+        else:
+            j += 1
+    return common
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(end - start for start, end in intervals)
+
+
 def format_table(rows: list[dict[str, Any]], limit: int = TEXT_ROWS) -> str:
     """A fixed-width text table of the first ``limit`` rows, times in ms, memory in MiB."""
     headers = ("Name", "Input shapes", "Calls", "Self CPU ms", "CPU total ms", "Self device ms",
@@ -259,7 +355,8 @@ def write_tables(directory: Path) -> dict[str, Any]:
         writer.writeheader()
         writer.writerows(table)
         replace_file(directory / name, text.getvalue().encode("utf-8"))
-    return {"rows": rows[:TOP_ROWS], "rows_by_shape": rows_by_shape[:TOP_ROWS], "sort": sort}
+    return {"rows": rows[:TOP_ROWS], "rows_by_shape": rows_by_shape[:TOP_ROWS], "sort": sort,
+            "communication": communication_time(trace)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,7 +39,9 @@ from torchlab.core.records.config import MAX_PROFILE_STEPS
 from torchlab.core.records.storage import fsync_directory, make_folder, match_folder_privacy, remedy, storage_error
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import ProfileStarted
+from torchlab.core.wire.payloads import CommunicationShare
 from torchlab.core.wire.runtime import process_running
+from torchlab.core.wire.typed_json import read_object
 
 #: A trace of many steps of a large model can take a while to read; past this the snapshot reports an error.
 TABLES_TIMEOUT_S = 600
@@ -92,6 +94,9 @@ class Profiling:
 
     def _ready(self, report: dict[str, Any]) -> None:
         """Called on the profiler's background thread once the tables are written."""
+        if report.get("communication") is not None:  # the child's JSON, as the payload it is
+            report = {**report, "communication": read_object(CommunicationShare, report["communication"], "communication",
+                                                             nested=True)}
         self.emit(p.ProfileReady(**report))
 
 

@@ -223,6 +223,8 @@ class HeadlessProgress(TrainerObserver):
             case p.ProfileReady():
                 top = ", ".join(f"{row['name']} {row[event.sort] / 1000:.1f} ms" for row in event.rows[:3])
                 self.console.print(escape(f"steps {event.first_step}–{event.last_step}: profile in {event.dir} (top: {top})"))
+                if (communication := events.communication_sentence(event.communication)) is not None:
+                    self.console.print(escape(f"steps {event.first_step}–{event.last_step}: {communication}"))
             case p.TrialProgress():
                 self.trial = event
             case p.TrialResult():

@@ -19,6 +19,7 @@ from torchlab.core.wire.options import SPIKE_GUARD, format_option_value
 from torchlab.core.wire.protocol import (
     CheckpointSaved, Error, Log, Message, NonFinite, OptionApplied, OptionRefused, ProfileReady, TrialProgress, TrialResult,
 )
+from torchlab.core.wire.payloads import CommunicationShare
 from torchlab.core.wire.typed_json import JsonScalar
 
 
@@ -320,6 +321,24 @@ def describe(event: Message) -> Sentence | None:
             return Sentence(f"{event.reason} (at the end of this step, with a final checkpoint)")
         case _:
             return None
+
+
+def communication_sentence(communication: CommunicationShare | None) -> str | None:
+    """A profile's communication share (``ProfileReady.communication``) in words, or None without ranks: one
+    sentence that a headless run prints and the app's profile table shows, with the kinds of collective that
+    read as 1 % of the steps or more (three at most) and what timed them in brackets. The kinds' shares need not
+    add up to the whole: two kinds running at once count once in it."""
+    if communication is None or communication.steps_us <= 0:  # no steps to take a share of (an edited line)
+        return None
+    steps_us = communication.steps_us
+    kinds = ", ".join([f"{entry.kind} {_percent(entry.us / steps_us)}" for entry in communication.by_kind
+                       if entry.us / steps_us >= 0.005][:3])
+    detail = f"{kinds}; {communication.source}" if kinds else communication.source
+    return f"communication {_percent(communication.share)} of the profiled steps' time ({detail})"
+
+
+def _percent(fraction: float) -> str:
+    return "<1 %" if 0 < fraction < 0.005 else f"{fraction * 100:.0f} %"
 
 
 def _spike_sentence(event: SpikeGuarded) -> str:

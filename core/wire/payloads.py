@@ -184,6 +184,28 @@ class ModuleBytes(JsonObject):
 
 
 @dataclass(frozen=True)
+class CollectiveTime(JsonObject):
+    """How long one kind of collective (``all_gather``; NCCL's ``AllGather``) ran within a profile's steps, in µs."""
+
+    kind: str
+    us: float
+
+
+@dataclass(frozen=True)
+class CommunicationShare(JsonObject):
+    """With ranks, how long collectives ran within a profile's steps (core/engine/profile_tables.py
+    ``communication_time``): ``us`` of the steps' ``steps_us``, ``share`` the one over the other, ``by_kind``
+    largest first, ``source`` what timed them ("nccl kernels" on a GPU, "gloo" on the CPU). Each a union of
+    intervals: two collectives at once count once in ``us``."""
+
+    steps_us: float
+    us: float
+    share: float
+    by_kind: list[CollectiveTime]
+    source: str
+
+
+@dataclass(frozen=True)
 class MemoryBreakdown(JsonObject):
     """The bytes training holds in tensors at ``step``, by kind, measured on that step (core/engine/memory.py):
     the same on CPU as on CUDA, unlike the process RSS, which only grows. ``activations_bytes`` are the tensors

@@ -40,10 +40,10 @@ from typing import Any, ClassVar
 from torchlab.core.errors import SHOWN_CHARS, shown
 from torchlab.core.wire import strict_json
 from torchlab.core.wire.metrics_row import SET_ONLY, MetricsRow, columns_of
-from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample, TrialArm, TrialSpeed
+from torchlab.core.wire.payloads import CommunicationShare, ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample, TrialArm, TrialSpeed
 from torchlab.core.wire.typed_json import JsonObject, JsonScalar, UnreadableValue, first_few, read_object, read_value
 
-PROTOCOL_VERSION = 12  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials; 5: a trial's progress, read-only viewers (hello's view), a module's tied names; 6: what an applied option did (its detail), impact segments' data wait; 7: Replayed ends a connection's past; 8: impact segments carry what NVML sees (nvml_run_bytes); 9: the events the worker once sent as Log lines travel typed (trial and profile started, compiling, a skipped step, resumed, the settings a resume changed, a stop requested), a host sample carries per-core load and the run's processes; 10: impact segments say which segment they are compared with (baseline_step), and a trial's result its speed verdict (its arms interleaved, timed on past K while its interval is wide, which its progress says); 11: a measured step's grad_norms carry its update-to-weight ratios and weight norms per module; 12: the live option parallel (ddp | fsdp), and relaunching says which option it relaunches for
+PROTOCOL_VERSION = 12  # 2: metrics as a dict of columns; 3: commands say who asked (the trainer takes them as they are), Detached, nested payloads typed and validated field by field; 4: memory by kind, impact segments carry their step time's 90 % interval, trials; 5: a trial's progress, read-only viewers (hello's view), a module's tied names; 6: what an applied option did (its detail), impact segments' data wait; 7: Replayed ends a connection's past; 8: impact segments carry what NVML sees (nvml_run_bytes); 9: the events the worker once sent as Log lines travel typed (trial and profile started, compiling, a skipped step, resumed, the settings a resume changed, a stop requested), a host sample carries per-core load and the run's processes; 10: impact segments say which segment they are compared with (baseline_step), and a trial's result its speed verdict (its arms interleaved, timed on past K while its interval is wide, which its progress says); 11: a measured step's grad_norms carry its update-to-weight ratios and weight norms per module; 12: the live option parallel (ddp | fsdp), and relaunching says which option it relaunches for, a profile's communication share
 MAX_LINE_BYTES = 1 << 20
 #: A live option's name, a command's source and a value typed for it are short; longer ones are refused
 #: before anything echoes them.
@@ -555,6 +555,8 @@ class ProfileReady(Message):
     sort: str = "self_cpu_us"
     build_s: float = 0.0
     error: str | None = None
+    #: with ranks, how long collectives ran within these steps, in all and per kind; None without ranks
+    communication: CommunicationShare | None = None
 
     @property
     def step(self) -> int:

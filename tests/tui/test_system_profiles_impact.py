@@ -287,6 +287,31 @@ async def test_compare_without_marks_takes_the_snapshot_before_and_a_failed_one_
         assert (app.screen.before.number, app.screen.after.number) == (1, 2)
 
 
+async def test_with_ranks_the_table_and_headless_say_the_communication_share_in_the_same_words() -> None:
+    import io
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from torchlab.core.launch.headless import HeadlessProgress
+
+    from torchlab.core.wire.payloads import CollectiveTime, CommunicationShare
+
+    communication = CommunicationShare(steps_us=866000.0, us=154000.0, share=0.1778, source="gloo", by_kind=[
+        CollectiveTime("all_gather", 92000.0), CollectiveTime("all_reduce", 62000.0), CollectiveTime("broadcast", 300.0)])
+    said = "communication 18 % of the profiled steps' time (all_gather 11 %, all_reduce 7 %; gloo)"
+    with_ranks = replace(profile_ready(12), communication=communication)
+    app, _ = app_with(with_ranks, profile_ready(150))
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.press("P", "up", "enter")
+        assert str(app.screen.query_one("#profile-communication").content) == said
+        await pilot.press("escape", "down", "enter")  # a single process's snapshot: no such line
+        assert app.screen.snapshot.number == 2 and not app.screen.query("#profile-communication")
+    console = Console(file=io.StringIO(), width=300, color_system=None)
+    HeadlessProgress(100, console).on_event(with_ranks)
+    assert console.file.getvalue().splitlines()[-1] == f"steps 12–16: {said}"
+
+
 async def test_a_snapshot_arriving_while_the_list_is_open_appears() -> None:
     from textual.widgets import DataTable
 

@@ -277,6 +277,8 @@ class ProfileTableScreen(_TableScreen):
     def compose(self) -> ComposeResult:
         with Vertical(id="view"):
             yield Static("", id="profile-status", classes="view-status")
+            if self.snapshot.communication is not None:  # with ranks: how much of the steps' time collectives ran
+                yield Static(Text(self.snapshot.communication), id="profile-communication", classes="view-status")
             if self.snapshot.error:
                 yield Static(Text(f"This snapshot failed: {self.snapshot.error}", style="bold red"), id="profile-error",
                              classes="view-empty")
