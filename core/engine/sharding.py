@@ -53,6 +53,7 @@ def shard(model: torch.nn.Module, blocks: list[torch.nn.Module], optimizer: torc
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     _refuse_shared_across_blocks(blocks, model)
+    _broadcast_from_rank_0(model)
     before = {id(parameter): name for name, parameter in model.named_parameters(remove_duplicate=False)}
     policy, outermost = MixedPrecisionPolicy(), MixedPrecisionPolicy()
     if param_dtype is not None:
@@ -67,6 +68,21 @@ def shard(model: torch.nn.Module, blocks: list[torch.nn.Module], optimizer: torc
                           "Train it with --parallel ddp.") from None
     _move_optimizer(optimizer, before, dict(model.named_parameters(remove_duplicate=False)))
     return model  # type: ignore[return-value]  # fully_shard made the model an FSDPModule in place
+
+
+def _broadcast_from_rank_0(model: torch.nn.Module) -> None:
+    """Every rank's parameters and buffers made rank 0's, as DDP makes them when it wraps a model: each rank shards
+    its own copy, and a model whose initialisation is not seeded alike on every rank (numpy's generator, a file
+    read per rank) would otherwise be sharded into pieces of different models. A resumed model is the checkpoint's
+    on every rank already; one broadcast per tensor, once, at the start."""
+    import torch.distributed as dist
+
+    seen: set[int] = set()
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if tensor.data_ptr() not in seen:  # a tied weight once
+                seen.add(tensor.data_ptr())
+                dist.broadcast(tensor.data, src=0)
 
 
 def _refuse_shared_across_blocks(blocks: list[torch.nn.Module], model: torch.nn.Module) -> None:

@@ -469,7 +469,13 @@ class KillsRank1(nn.Module):
 
 
 def rank_1_killed_where_asked() -> Workload:
-    """``workload``, its rank 1 killed at the forward ``TINY_KILL_RANK_1_AT`` names (KillsRank1 has no parameters)."""
+    """``workload``, its rank 1 killed at the forward ``TINY_KILL_RANK_1_AT`` names (KillsRank1 has no parameters), and
+    built with other weights on rank 1, as a model whose initialisation is not seeded would be: every rank must
+    start from rank 0's (DDP broadcasts them; a sharded model must too, before it is sharded)."""
     built = workload()
     built.model.extra = KillsRank1()
+    if os.environ.get("RANK") == "1":
+        with torch.no_grad():
+            for parameter in built.model.parameters():
+                parameter.add_(0.5)
     return built
