@@ -82,8 +82,13 @@ def replan_schedule(scheduler: LRScheduler, optimizer: torch.optim.Optimizer, co
 
 
 def step_to(scheduler: LRScheduler, optimizer: torch.optim.Optimizer, step: int) -> None:
-    """Step a fresh ``scheduler`` ``step`` times, from its own LRs, as training would have."""
+    """Step a fresh ``scheduler`` ``step`` times, from its own LRs, as training would have. The groups start from
+    them too: a chainable scheduler (LinearLR, ExponentialLR) computes each LR from the group's current one, which a
+    loaded checkpoint or the steps trained so far had moved on (a resume with another --steps replayed LinearLR's
+    warm-up from the checkpoint's LR: 2.6e-2 where the plan said 7.5e-3)."""
     lrs = LearningRates(optimizer, scheduler)
+    for group, lr in zip(optimizer.param_groups, lrs.scheduled):
+        group["lr"] = lr
     with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()": on purpose, a replay
         warnings.simplefilter("ignore", UserWarning)
         for _ in range(step):
