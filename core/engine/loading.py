@@ -23,11 +23,12 @@ import os
 import shlex
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, TracebackType
+from typing import Any
 
 from torchlab.core.errors import TorchlabError, WorkloadError, WorkloadExited, shown
 
@@ -194,11 +195,33 @@ def load_workload(text: str):
             f"{type(error).__name__}: {error}"
         ) from error
     if not isinstance(workload, Workload):
+        adapted = _adapted(workload, factory, spec.file)
+        if adapted is not None:
+            return adapted
         raise WorkloadError(
             f"{describe_code(factory)}: {spec.factory}() returned {type(workload).__name__}, not a Workload; "
-            f"return Workload(model=..., dataset=..., loss_fn=...) from torchlab.core.workload."
+            f"return Workload(model=..., dataset=..., loss_fn=...) from torchlab.core.workload, or a LightningModule."
         )
     return workload
+
+
+def _adapted(made: Any, factory: Callable, file: Path | None) -> Any:
+    """The Workload of what the factory returned where it is a LightningModule (core/engine/from_lightning.py); its
+    hooks (configure_optimizers, the data loaders) run here, and what they raise is said as the factory's would be."""
+    from torchlab.core.engine.from_lightning import lightning_workload
+
+    try:
+        with exits_as_failure("in its LightningModule's hooks", file):
+            return lightning_workload(made, describe_code(factory))
+    except TorchlabError:
+        raise
+    except Exception as error:
+        hint = ""
+        if "not attached to a `Trainer`" in str(error):
+            hint = (" The workbench trains the module without Lightning's Trainer, so self.trainer is not there: "
+                    "give what it reads (estimated_stepping_batches: the run's --steps) to the module itself.")
+        raise WorkloadError(f"{_frame_text(error.__traceback__, file)}: the LightningModule's hook raised "
+                            f"{type(error).__name__}: {str(error).rstrip('.')}.{hint}") from error
 
 
 @contextmanager

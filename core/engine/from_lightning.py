@@ -1,0 +1,341 @@
+"""A LightningModule, as it is, trained by the engine: the ``Workload`` its own hooks describe (issue 33).
+
+A factory may return a ``lightning.pytorch.LightningModule`` (or ``pytorch_lightning``'s), or a tuple of one and
+the ``LightningDataModule`` that feeds it. Nothing here imports Lightning: an object is one where Lightning is
+already loaded (the user's file imported it) and it is an instance of its class.
+
+What maps to what (the README's table says it for users):
+
+- ``training_step(batch, batch_idx)`` is the loss: a tensor, or a mapping with ``"loss"``. It runs inside the model's
+  own forward, as Lightning's strategies run it (``_LightningModuleWrapperBase``): the engine calls the model, so
+  DDP averages the gradients, FSDP2 gathers the blocks and the probes' hooks fire, while ``self(x)`` inside the step
+  is the module's plain forward. ``batch_idx`` counts the micro-batches this process trained (Lightning counts
+  within an epoch).
+- ``self.log(name, value)`` and ``self.log_dict`` during a training step are the workload's metrics, reduced as
+  metrics are (averaged over micro-batches and ranks, reported every step); the same names every step.
+- ``configure_optimizers``: an optimizer; a list or tuple of one; a dict with ``"optimizer"`` and
+  ``"lr_scheduler"`` (a scheduler, or a dict with ``"scheduler"``, ``"interval"`` and ``"frequency"``); two lists
+  ``([optimizer], [scheduler])``. A scheduler whose interval is ``"step"`` is stepped once per optimizer step,
+  every ``frequency``; an ``"epoch"`` one (Lightning's default where no interval is said) is refused for now, with
+  what to write instead, rather than stepped at the wrong rate. No scheduler: the optimizer's LR, constant, as
+  under Lightning (not torchlab's own schedule).
+- ``train_dataloader()`` (of the data module, or the module) gives the dataset, its ``collate_fn`` and batch size;
+  the engine reads the dataset with its own sampler (shuffled from ``--seed``, shared over ranks, resumable).
+  ``val_dataloader()`` gives the validation set; ``validation_step``'s logged ``val_loss`` (or its returned loss)
+  is ``val_loss``, and its logged ``val_<metric>`` the validation value of the training metric ``<metric>`` (or
+  ``train_<metric>``).
+
+Refused with one paragraph each, never trained differently: manual optimization, several optimizers, and hooks the
+engine would not call (``configure_gradient_clipping``, ``on_before_optimizer_step``, ``optimizer_step``,
+``on_train_batch_start``/``_end``, ``backward``): each names the hook and what to do.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
+
+from torchlab.core.errors import WorkloadError
+from torchlab.core.workload import Workload
+
+#: Lightning's packages, in the order they are looked for: whichever the user's file imported.
+_PACKAGES = ("lightning.pytorch", "pytorch_lightning")
+#: Hooks of the training step the engine does not call: overriding one would train differently than it says.
+_HOOKS_NOT_CALLED = {
+    "configure_gradient_clipping": "use the live option clip (--clip NORM) for the global norm",
+    "on_before_optimizer_step": "the engine measures and clips gradients itself (--clip); move what it does into "
+                                "training_step, or train this module with Lightning's Trainer",
+    "optimizer_step": "the engine takes the optimizer step (with accumulation, AMP's scaler and the guards)",
+    "on_train_batch_start": "move what it does into training_step",
+    "on_train_batch_end": "move what it does into training_step",
+    "backward": "the engine calls loss.backward() (with AMP's scaler where fp16 is on)",
+}
+
+
+def lightning_classes() -> tuple[type, type] | None:
+    """(LightningModule, LightningDataModule) of the Lightning the user's code loaded, or None where none is."""
+    for name in _PACKAGES:
+        package = sys.modules.get(name)
+        if package is not None:
+            return package.LightningModule, package.LightningDataModule
+    return None
+
+
+def lightning_workload(made: Any, where: str) -> Workload | None:
+    """The Workload of what a factory returned, where it is a LightningModule (or a tuple of one and its data
+    module); None where it is not Lightning's."""
+    classes = lightning_classes()
+    if classes is None:
+        return None
+    module_class, data_class = classes
+    if isinstance(made, module_class):
+        return LightningAdapter(made, None, where).workload()
+    if (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], module_class)
+            and isinstance(made[1], data_class)):
+        return LightningAdapter(made[0], made[1], where).workload()
+    return None
+
+
+class LoggedValues:
+    """What ``self.log`` and ``self.log_dict`` gave during one step: put in place of the module's own methods, which
+    without Lightning's Trainer only warn."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+    def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        self.values[name] = value
+
+    def log_dict(self, dictionary: Mapping[str, Any], *args: Any, **kwargs: Any) -> None:
+        self.values.update(dictionary)
+
+    def take(self) -> dict[str, Any]:
+        values, self.values = self.values, {}
+        return values
+
+
+class LightningAdapter:
+    """One LightningModule (and its data module) as a Workload; see the module docstring."""
+
+    def __init__(self, module: Any, data: Any, where: str) -> None:
+        self.module, self.data, self.where = module, data, where
+        self.logged = LoggedValues()
+        self.batch_index = 0
+        self.training_names: tuple[str, ...] | None = None
+        self._scheduler: tuple[torch.optim.Optimizer, LRScheduler | None, int] | None = None
+        self._scheduler_given = False
+
+    def workload(self) -> Workload:
+        module = self.module
+        self._refuse_what_is_not_honoured()
+        module.log, module.log_dict = self.logged.log, self.logged.log_dict  # this instance's own: the class is untouched
+        _route_forward(module)
+        source = self.data if self.data is not None else module
+        if self.data is not None:
+            self.data.prepare_data()
+            self.data.setup("fit")
+        train = self._loader(source, "train_dataloader")
+        validation = self._loader(source, "val_dataloader") if _overrides(source, "val_dataloader") else None
+        self._configure()  # refused forms fail here, as the run starts
+        return Workload(
+            model=module,
+            dataset=train.dataset,
+            loss_fn=self.loss,
+            val_dataset=validation.dataset if validation is not None else None,
+            collate_fn=train.collate_fn,
+            batch_size=train.batch_size,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+        )
+
+    # ---------------------------------------------------------------- the loss
+    def loss(self, model: torch.nn.Module, batch: Any) -> Any:
+        """``training_step`` (or, evaluating, ``validation_step``) through the model's forward, with what it logged."""
+        module = self.module
+        if module.training:
+            module._torchlab_step = ("training_step", batch, self.batch_index)
+            self.batch_index += 1
+            returned = model()
+            return self._training_output(returned, self.logged.take())
+        module._torchlab_step = ("validation_step", batch, 0)
+        returned = model()
+        return self._validation_output(returned, self.logged.take())
+
+    def _training_output(self, returned: Any, logged: dict[str, Any]) -> dict[str, Any]:
+        loss = returned["loss"] if isinstance(returned, Mapping) else returned
+        if loss is None:
+            raise WorkloadError(f"{self.where}: training_step returned None (Lightning's way to skip a batch); the "
+                                f"engine trains every batch: return the loss.")
+        metrics = {name: value for name, value in logged.items() if name != "loss"}
+        if self.training_names is None:
+            self.training_names = tuple(metrics)
+        return {"loss": loss, **metrics}
+
+    def _validation_output(self, returned: Any, logged: dict[str, Any]) -> dict[str, Any]:
+        """The validation figures under the training metrics' names: ``val_<name>`` (or ``val_<name less train_>``)
+        for each, NaN where validation logs none; the loss from the logged ``val_loss``, else the returned one."""
+        loss = logged.get("val_loss", returned["loss"] if isinstance(returned, Mapping) else returned)
+        if loss is None:
+            raise WorkloadError(f"{self.where}: validation_step neither logged val_loss nor returned a loss: "
+                                f"log it with self.log(\"val_loss\", loss).")
+        figures: dict[str, Any] = {"loss": loss}
+        for name in self.training_names or ():
+            value = logged.get(f"val_{name}", logged.get(f"val_{name.removeprefix('train_')}", math.nan))
+            figures[name] = value
+        return figures
+
+    # ---------------------------------------------------------------- the optimizer and its schedule
+    def optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        return self._configure()[0]
+
+    def scheduler(self, optimizer: torch.optim.Optimizer, total_steps: int) -> LRScheduler:
+        """The module's scheduler for ``optimizer``: the one ``configure_optimizers`` made with it, the first time;
+        for a run whose length changed (the engine then steps it to where the run is), made again by
+        ``configure_optimizers`` and moved onto ``optimizer`` (the one training holds, with its state), since the
+        module builds the two together."""
+        made, scheduler, every = self._scheduler
+        if self._scheduler_given or made is not optimizer:  # a replan: the one given is stepped already
+            fresh, scheduler, every = self._configure(again=True)
+            if scheduler is not None:
+                for group, new in zip(optimizer.param_groups, fresh.param_groups):
+                    group["initial_lr"] = new.get("initial_lr", new["lr"])
+                scheduler.optimizer = optimizer
+        self._scheduler_given = True
+        if scheduler is None:  # Lightning keeps the optimizer's LR where it has no scheduler: so does this one
+            return LambdaLR(optimizer, lambda step: 1.0)
+        return scheduler if every == 1 else EveryNSteps(scheduler, every)
+
+    def _configure(self, again: bool = False) -> tuple[torch.optim.Optimizer, LRScheduler | None, int]:
+        if self._scheduler is None or again:
+            self._scheduler = parse_configure_optimizers(self.module.configure_optimizers(), self.where)
+        return self._scheduler
+
+    # ---------------------------------------------------------------- what it cannot do
+    def _refuse_what_is_not_honoured(self) -> None:
+        module = self.module
+        if not module.automatic_optimization:
+            raise WorkloadError(
+                f"{self.where}: this LightningModule sets automatic_optimization = False (manual optimization: its "
+                f"training_step steps its optimizers itself), which the engine cannot honour: it takes the optimizer "
+                f"step, with accumulation, AMP and the guards. Return the loss from training_step and let the engine "
+                f"step, or train this module with Lightning's Trainer."
+            )
+        for hook, instead in _HOOKS_NOT_CALLED.items():
+            if _overrides(module, hook):
+                raise WorkloadError(
+                    f"{self.where}: this LightningModule overrides {hook}(), a hook the engine does not call, so it "
+                    f"would train differently than its code says: {instead}."
+                )
+
+    def _loader(self, source: Any, hook: str) -> Any:
+        loader = getattr(source, hook)()
+        if isinstance(loader, (list, tuple, dict)):
+            raise WorkloadError(f"{self.where}: {hook}() returned several loaders; the engine trains and evaluates "
+                                f"on one: return one DataLoader.")
+        if not isinstance(loader, torch.utils.data.DataLoader):
+            raise WorkloadError(f"{self.where}: {hook}() must return a torch DataLoader, got {type(loader).__name__}.")
+        if loader.batch_size is None:
+            raise WorkloadError(f"{self.where}: {hook}()'s DataLoader has a batch_sampler and no batch_size; the "
+                                f"engine samples the dataset itself: give the DataLoader a batch_size.")
+        return loader
+
+
+class EveryNSteps(LRScheduler):
+    """A step-interval scheduler with Lightning's ``frequency`` N: stepped once every N optimizer steps."""
+
+    def __init__(self, scheduler: LRScheduler, every: int) -> None:
+        self.scheduler, self.every, self.calls = scheduler, every, 0
+        self.optimizer = scheduler.optimizer  # noqa: the base class's __init__ would step the inner one: not called
+
+    def step(self, epoch: int | None = None) -> None:
+        self.calls += 1
+        if self.calls % self.every == 0:
+            self.scheduler.step()
+
+    def get_last_lr(self) -> list[float]:
+        return self.scheduler.get_last_lr()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"calls": self.calls, "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.calls = state["calls"]
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+def parse_configure_optimizers(configured: Any, where: str) -> tuple[torch.optim.Optimizer, LRScheduler | None, int]:
+    """(the optimizer, its step-interval scheduler or None, the scheduler's frequency) of what
+    ``configure_optimizers`` returned, in each form Lightning accepts for one optimizer; WorkloadError for the
+    others, naming the form."""
+    said = f"{where}: configure_optimizers()"
+    if isinstance(configured, torch.optim.Optimizer):
+        return configured, None, 1
+    if isinstance(configured, Mapping):
+        return _from_dict(configured, said)
+    if isinstance(configured, (list, tuple)):
+        if len(configured) == 2 and all(isinstance(part, (list, tuple)) for part in configured):
+            optimizers, schedulers = configured
+            optimizer = _only_optimizer(list(optimizers), said)
+            if len(schedulers) > 1:
+                raise WorkloadError(f"{said} returned {len(schedulers)} schedulers; the engine steps one.")
+            if not schedulers:
+                return optimizer, None, 1
+            return _with_scheduler(optimizer, schedulers[0], said, default_interval="epoch")
+        if len(configured) == 1 and isinstance(configured[0], Mapping):
+            return _from_dict(configured[0], said)
+        return _only_optimizer(list(configured), said), None, 1
+    if configured is None:
+        raise WorkloadError(f"{said} returned None (no optimizer); the engine needs one to train.")
+    raise WorkloadError(f"{said} returned {type(configured).__name__}, not one of the forms Lightning accepts.")
+
+
+def _only_optimizer(optimizers: list[Any], said: str) -> torch.optim.Optimizer:
+    if len(optimizers) != 1 or not isinstance(optimizers[0], torch.optim.Optimizer):
+        kinds = ", ".join(type(optimizer).__name__ for optimizer in optimizers) or "none"
+        raise WorkloadError(f"{said} returned {len(optimizers)} optimizers ({kinds}); the engine steps one optimizer "
+                            f"(several stepping at once, as a GAN's, need Lightning's Trainer). Put the parameters "
+                            f"in one optimizer's groups to give them their own LRs.")
+    return optimizers[0]
+
+
+def _from_dict(configured: Mapping[str, Any], said: str) -> tuple[torch.optim.Optimizer, LRScheduler | None, int]:
+    if "optimizer" not in configured:
+        raise WorkloadError(f"{said} returned a dict without \"optimizer\".")
+    optimizer = _only_optimizer([configured["optimizer"]], said)
+    if configured.get("lr_scheduler") is None:
+        return optimizer, None, 1
+    return _with_scheduler(optimizer, configured["lr_scheduler"], said, default_interval="epoch")
+
+
+def _with_scheduler(optimizer: torch.optim.Optimizer, entry: Any, said: str,
+                    default_interval: str) -> tuple[torch.optim.Optimizer, LRScheduler, int]:
+    settings = entry if isinstance(entry, Mapping) else {"scheduler": entry}
+    scheduler, interval = settings.get("scheduler"), settings.get("interval", default_interval)
+    frequency = settings.get("frequency", 1)
+    if not isinstance(scheduler, LRScheduler):
+        raise WorkloadError(f"{said}: its lr_scheduler must be a torch LRScheduler, got {type(scheduler).__name__}"
+                            + (" (ReduceLROnPlateau steps on a metric: not supported)" if "Plateau" in type(scheduler).__name__ else "") + ".")
+    if scheduler.optimizer is not optimizer:
+        raise WorkloadError(f"{said}: its scheduler schedules another optimizer than the one it returned.")
+    if interval != "step":
+        raise WorkloadError(
+            f"{said}: its scheduler has interval {interval!r} (Lightning's default where none is said), which steps "
+            f"it once per epoch; the engine steps a workload's scheduler once per optimizer step and does not step "
+            f"epoch schedulers yet. Return {{\"optimizer\": ..., \"lr_scheduler\": {{\"scheduler\": ..., \"interval\": "
+            f"\"step\"}}}} with a schedule of steps (its total: the run's --steps)."
+        )
+    if not isinstance(frequency, int) or isinstance(frequency, bool) or frequency < 1:
+        raise WorkloadError(f"{said}: its scheduler's frequency must be a whole number from 1, got {frequency!r}.")
+    return optimizer, scheduler, frequency
+
+
+def _overrides(obj: Any, hook: str) -> bool:
+    """Whether ``obj``'s class defines ``hook`` itself (or a class between it and Lightning's), not Lightning's own."""
+    for cls in type(obj).__mro__:
+        if hook in vars(cls):
+            return not cls.__module__.startswith(("lightning.", "pytorch_lightning."))
+    return False
+
+
+def _route_forward(module: Any) -> None:
+    """The module's forward runs the step the adapter put on it (``_torchlab_step``), once, and is its own forward
+    otherwise: the engine calls the model (so DDP's and FSDP2's forward, and the probes' hooks, wrap the step), and
+    ``self(x)`` inside ``training_step`` reaches the module's plain forward. A subclass made for this instance: its
+    class's name, its state dict's keys and its isinstance checks stay as they were."""
+    cls = type(module)
+    plain_forward = cls.forward
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        pending = self.__dict__.pop("_torchlab_step", None)
+        if pending is None:
+            return plain_forward(self, *args, **kwargs)
+        hook, batch, index = pending
+        return getattr(self, hook)(batch, index)
+
+    module.__class__ = type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__,
+                                                    "__qualname__": cls.__qualname__})

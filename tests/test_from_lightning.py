@@ -1,0 +1,96 @@
+"""A LightningModule trained as it is (core/engine/from_lightning.py): its training_step, its logged metrics, its
+optimizer's groups and step scheduler, its data loaders and validation; the live options on it; what the engine
+cannot honour refused with the reason."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("lightning")
+
+import torch  # noqa: E402
+
+from trainers import WORKLOADS, make_trainer  # noqa: E402
+from torchlab.core.engine.checkpoint import load_checkpoint  # noqa: E402
+from torchlab.core.engine.loading import load_workload  # noqa: E402
+from torchlab.core.errors import WorkloadError  # noqa: E402
+
+LIGHTNING = WORKLOADS / "lightning_module.py"
+
+
+def reference_lrs(steps: int) -> list[tuple[float, float]]:
+    """The LRs the module's own optimizer and scheduler give each step, stepped as Lightning steps them."""
+    import lightning_module
+
+    configured = lightning_module.Regressor().configure_optimizers()
+    optimizer, scheduler = configured["optimizer"], configured["lr_scheduler"]["scheduler"]
+    lrs = []
+    for _ in range(steps):
+        lrs.append(tuple(group["lr"] for group in optimizer.param_groups))
+        optimizer.step()
+        scheduler.step()
+    return lrs
+
+
+def test_a_lightning_module_trains_with_its_own_step_metrics_groups_and_step_scheduler(tmp_path):
+    trainer, seen = make_trainer(f"{LIGHTNING}:module", steps=6, eval_every=3, checkpoint_dir=tmp_path,
+                                 at=["3:amp=bf16", "4:checkpointing=on"])
+    trainer.run()
+    rows = seen.metrics
+    assert [row.step for row in rows] == list(range(1, 7))
+    assert all(set(row.metrics) == {"train_mae"} and row.metrics["train_mae"] > 0 for row in rows)
+    assert [tuple(row.lrs.values()) for row in rows] == pytest.approx(reference_lrs(6))  # warm-up per step, per group
+    assert list(rows[0].lrs) == ["body", "head"]
+    evaluated = [row for row in rows if row.val_loss is not None]
+    assert [row.step for row in evaluated] == [3, 6] and all(set(row.val_metrics) == {"train_mae"} for row in evaluated)
+    assert [(row.options.amp, row.options.checkpointing) for row in rows][2:4] == [("bf16", False), ("bf16", True)]
+    saved = load_checkpoint(tmp_path / "last.pt")
+    assert list(saved["model"]) == [f"body.{i}.0.{p}" for i in range(3) for p in ("weight", "bias")] + ["head.weight", "head.bias"]
+    assert type(trainer.parts.model.model).__name__ == "Regressor"
+
+
+def test_a_resume_continues_the_modules_schedule_where_it_was(tmp_path):
+    """Stopped at step 3 and resumed with --steps 6: the LRs of steps 4-6 are those of a run that never stopped (the
+    warm-up, a chainable LinearLR, replayed from its start, not from the checkpoint's LR); extended live, the
+    scheduler is made again by configure_optimizers and moved onto the optimizer training holds."""
+    first, _ = make_trainer(f"{LIGHTNING}:module", steps=3, checkpoint_dir=tmp_path)
+    first.run()
+    resumed, seen = make_trainer(f"{LIGHTNING}:module", steps=6, checkpoint_dir=tmp_path, resume_from=tmp_path / "last.pt")
+    resumed.run()
+    assert [tuple(row.lrs.values()) for row in seen.metrics] == pytest.approx(reference_lrs(6)[3:])
+    extended, seen = make_trainer(f"{LIGHTNING}:module", steps=3, at=["3:steps=7"])  # the live steps: made again
+    extended.run()
+    assert [tuple(row.lrs.values()) for row in seen.metrics] == pytest.approx(reference_lrs(7))
+
+
+def test_a_data_module_beside_it_feeds_it_and_no_scheduler_keeps_the_lr():
+    workload = load_workload(f"{LIGHTNING}:with_data_module")
+    assert len(workload.dataset) == 128 and len(workload.val_dataset) == 32 and workload.batch_size == 8
+    trainer, seen = make_trainer(f"{LIGHTNING}:without_scheduler", steps=3)
+    trainer.run()
+    assert {tuple(row.lrs.values()) for row in seen.metrics} == {(1e-2, 1e-3)}  # Lightning's: constant
+
+
+@pytest.mark.parametrize("factory, said", [
+    ("manual", "automatic_optimization = False (manual optimization"),
+    ("two_optimizers", "returned 2 optimizers (SGD, SGD); the engine steps one optimizer"),
+    ("epoch_scheduler", "its scheduler has interval 'epoch'"),
+    ("clips_itself", "overrides configure_gradient_clipping(), a hook the engine does not call"),
+    ("reads_the_trainer", "lightning_module.py:\\d+ in configure_optimizers\\(\\): the LightningModule's hook raised "
+                          "RuntimeError: .* not attached to a `Trainer`.*give what it reads"),
+])
+def test_what_the_engine_cannot_honour_is_refused_naming_the_hook(factory, said):
+    pattern = said if "\\" in said else said.replace("(", r"\(").replace(")", r"\)")
+    with pytest.raises(WorkloadError, match=pattern):
+        load_workload(f"{LIGHTNING}:{factory}")
+
+
+def test_no_lightning_is_loaded_by_a_run_that_does_not_use_it():
+    assert torch is not None  # imported above for the reference; the check is on a fresh process
+    import subprocess
+    import sys
+
+    code = ("import sys; from torchlab.core.engine.loading import load_workload; load_workload('mlp'); "
+            "print('lightning' in sys.modules, 'pytorch_lightning' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["False", "False"]
