@@ -57,9 +57,10 @@ class Workload:
     as in ``model.named_modules()``); left as None, they are the children of the largest
     ``ModuleList``/``Sequential`` in the model.
 
-    ``optimizer(model)`` returns the run's optimizer (any ``torch.optim.Optimizer``, any parameter groups; a
-    group's ``"name"`` entry names its LR in reports), built on the model it is given (already on the run's
-    device). ``scheduler(optimizer, total_steps)`` returns its ``LRScheduler``, stepped once per optimizer
+    ``optimizer(model)`` (or ``optimizer(model, total_steps)``, for an optimizer built together with its
+    schedule, as a LightningModule's ``configure_optimizers`` builds them) returns the run's optimizer (any
+    ``torch.optim.Optimizer``, any parameter groups; a group's ``"name"`` entry names its LR in reports), built
+    on the model it is given (already on the run's device). ``scheduler(optimizer, total_steps)`` returns its ``LRScheduler``, stepped once per optimizer
     step. Left as None, ``--optimizer``/``--lr``/``--weight-decay`` and ``--schedule``/``--warmup-steps``
     build them. The live ``lr_scale`` multiplies every group's scheduled LR; checkpoints and exact resume
     cover both. A change of the run's length (a resume with another ``--steps``, or the live ``steps``)

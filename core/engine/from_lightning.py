@@ -13,7 +13,8 @@ What maps to what (the README's table says it for users):
   within an epoch).
 - ``self.log(name, value)`` and ``self.log_dict`` during a training step are the workload's metrics, reduced as
   metrics are (averaged over micro-batches and ranks, reported every step); the same names every step.
-- ``configure_optimizers``: an optimizer; a list or tuple of one; a dict with ``"optimizer"`` and
+- ``configure_optimizers`` (with ``self.trainer`` a stand-in that gives the run's plan: ``estimated_stepping_batches``,
+  ``max_steps``, the ranks): an optimizer; a list or tuple of one; a dict with ``"optimizer"`` and
   ``"lr_scheduler"`` (a scheduler, or a dict with ``"scheduler"``, ``"interval"`` and ``"frequency"``); two lists
   ``([optimizer], [scheduler])``. A scheduler whose interval is ``"step"`` is stepped once per optimizer step,
   every ``frequency``; an ``"epoch"`` one (Lightning's default where no interval is said) is refused for now, with
@@ -121,7 +122,6 @@ class LightningAdapter:
             self.data.setup("fit")
         train = self._loader(source, "train_dataloader")
         validation = self._loader(source, "val_dataloader") if _overrides(source, "val_dataloader") else None
-        self._configure()  # refused forms fail here, as the run starts
         return Workload(
             model=module,
             dataset=train.dataset,
@@ -170,8 +170,10 @@ class LightningAdapter:
         return figures
 
     # ---------------------------------------------------------------- the optimizer and its schedule
-    def optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
-        return self._configure()[0]
+    def optimizer(self, model: torch.nn.Module, total_steps: int) -> torch.optim.Optimizer:
+        """``configure_optimizers``'s optimizer, its scheduler kept for ``scheduler``; a form the engine cannot take
+        is refused here, as the run starts."""
+        return self._configure(total_steps)[0]
 
     def scheduler(self, optimizer: torch.optim.Optimizer, total_steps: int) -> LRScheduler:
         """The module's scheduler for ``optimizer``: the one ``configure_optimizers`` made with it, the first time;
@@ -180,7 +182,7 @@ class LightningAdapter:
         module builds the two together."""
         made, scheduler, every = self._scheduler
         if self._scheduler_given or made is not optimizer:  # a replan: the one given is stepped already
-            fresh, scheduler, every = self._configure(again=True)
+            fresh, scheduler, every = self._configure(total_steps)
             if scheduler is not None:
                 for group, new in zip(optimizer.param_groups, fresh.param_groups):
                     group["initial_lr"] = new.get("initial_lr", new["lr"])
@@ -190,9 +192,16 @@ class LightningAdapter:
             return LambdaLR(optimizer, lambda step: 1.0)
         return scheduler if every == 1 else EveryNSteps(scheduler, every)
 
-    def _configure(self, again: bool = False) -> tuple[torch.optim.Optimizer, LRScheduler | None, int]:
-        if self._scheduler is None or again:
-            self._scheduler = parse_configure_optimizers(self.module.configure_optimizers(), self.where)
+    def _configure(self, total_steps: int) -> tuple[torch.optim.Optimizer, LRScheduler | None, int]:
+        """``configure_optimizers`` called with ``self.trainer`` a stand-in that knows the run's plan (``PlanOfTheRun``):
+        what a scheduler's length is read from, ``estimated_stepping_batches`` above all (OneCycleLR's total)."""
+        module = self.module
+        attached, module._trainer = module._trainer, PlanOfTheRun(total_steps)
+        try:
+            configured = module.configure_optimizers()  # what it raises is said at its line (optimization._call)
+        finally:
+            module._trainer = attached
+        self._scheduler = parse_configure_optimizers(configured, self.where)
         return self._scheduler
 
     # ---------------------------------------------------------------- what it cannot do
@@ -223,6 +232,31 @@ class LightningAdapter:
             raise WorkloadError(f"{self.where}: {hook}()'s DataLoader has a batch_sampler and no batch_size; the "
                                 f"engine samples the dataset itself: give the DataLoader a batch_size.")
         return loader
+
+
+class PlanOfTheRun:
+    """``self.trainer`` while ``configure_optimizers`` runs: what Lightning's Trainer would say of the run's plan, from
+    the run's total of optimizer steps (``--steps``, or the live ``steps`` when the schedule is made again) and the
+    ranks the launcher started. Anything else a Trainer has is not here, and says so."""
+
+    def __init__(self, total_steps: int) -> None:
+        import os
+
+        self.estimated_stepping_batches = self.max_steps = total_steps
+        self.max_epochs = None
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.global_rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.num_devices, self.num_nodes = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)), 1
+        self.is_global_zero = self.global_rank == 0
+        self.global_step = self.current_epoch = 0  # configure_optimizers runs before the first step
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"self.trainer.{name}: the workbench trains this module without Lightning's Trainer; while "
+            f"configure_optimizers runs, self.trainer gives the run's plan (estimated_stepping_batches, max_steps, "
+            f"world_size, global_rank, is_global_zero), not {name}"
+        )
 
 
 class EveryNSteps(LRScheduler):

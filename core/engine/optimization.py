@@ -10,13 +10,14 @@ optimizer steps. A checkpoint holds the scheduler's state, whose last LRs are th
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
 
-from torchlab.core.engine.loading import describe_code
+from torchlab.core.engine.loading import describe_code, user_frame
 from torchlab.core.engine.schedule import make_scheduler
 from torchlab.core.errors import ConfigError, WorkloadError
 from torchlab.core.records.config import FromWorkload, TrainConfig
@@ -29,7 +30,10 @@ def build_optimizer(model: torch.nn.Module, config: TrainConfig, workload: Workl
         return make_optimizer(model, config)
     _refuse_settings_it_replaces(config, ("optimizer", "lr", "weight_decay"), workload.optimizer, "optimizer",
                                  "set them in it, or scale its LR live with --lr-scale")
-    optimizer = _call(workload.optimizer, "optimizer(model)", model)
+    if _positional_parameters(workload.optimizer) >= 2:  # optimizer(model, total_steps): built with its schedule
+        optimizer = _call(workload.optimizer, "optimizer(model, total_steps)", model, config.steps)
+    else:
+        optimizer = _call(workload.optimizer, "optimizer(model)", model)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise WorkloadError(f"{describe_code(workload.optimizer)}: Workload.optimizer must return a torch.optim.Optimizer, "
                             f"got {type(optimizer).__name__}.")
@@ -251,10 +255,21 @@ def _refuse_settings_it_replaces(config: TrainConfig, names: tuple[str, ...], fa
                           f"not apply: {instead}.")
 
 
+def _positional_parameters(factory: Callable) -> int:
+    """How many positional arguments ``factory`` takes (a bound method's own ``self`` not counted)."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: called with the model alone
+        return 1
+    return sum(1 for parameter in parameters if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD))
+
+
 def _call(factory: Callable, shown_as: str, *args):
     try:
         return factory(*args)
     except WorkloadError:
         raise
-    except Exception as error:
-        raise WorkloadError(f"{describe_code(factory)}: Workload.{shown_as} failed: {type(error).__name__}: {error}") from error
+    except Exception as error:  # said at the user's line that raised (a LightningModule's configure_optimizers too)
+        frame = user_frame(error.__traceback__)
+        where = f"{frame.filename}:{frame.lineno} in {frame.name}()" if frame else describe_code(factory)
+        raise WorkloadError(f"{where}: Workload.{shown_as} failed: {type(error).__name__}: {str(error).rstrip('.')}.") from error

@@ -115,13 +115,25 @@ def clips_itself() -> ClipsItself:
     return ClipsItself()
 
 
-class ReadsTheTrainer(Regressor):
+class OneCycle(Regressor):
+    """OneCycleLR over the Trainer's estimated_stepping_batches, as Lightning's users write it."""
+
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(self.parameters())
-        total = self.trainer.estimated_stepping_batches  # common with OneCycleLR: no Trainer here
+        total = self.trainer.estimated_stepping_batches
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.OneCycleLR(
             optimizer, max_lr=1e-2, total_steps=total), "interval": "step"}}
 
 
-def reads_the_trainer() -> ReadsTheTrainer:
-    return ReadsTheTrainer()
+class ReadsTheLogger(Regressor):
+    def configure_optimizers(self):
+        self.trainer.logger.log_hyperparams({"lr": 1e-3})
+        return torch.optim.AdamW(self.parameters())
+
+
+def one_cycle() -> OneCycle:
+    return OneCycle()
+
+
+def reads_the_logger() -> ReadsTheLogger:
+    return ReadsTheLogger()
