@@ -91,6 +91,12 @@ def test_configure_optimizers_reads_the_runs_plan_from_self_trainer():
     assert lrs[9] < lrs[5] and lrs[19] < lrs[9]  # the cycle over 20 steps, from step 6 on: not ended at 10
 
 
+def test_a_torchmetrics_metric_logged_as_itself_is_its_value_on_the_steps_batch():
+    trainer, seen = make_trainer(f"{LIGHTNING}:with_torchmetrics", steps=3)
+    trainer.run()
+    assert all(row.metrics["metric_mae"] == pytest.approx(row.metrics["train_mae"], rel=1e-5) for row in seen.metrics)
+
+
 @pytest.mark.parametrize("factory, said", [
     ("manual", "automatic_optimization = False (manual optimization"),
     ("clips_itself", "overrides configure_gradient_clipping(), a hook the engine does not call"),

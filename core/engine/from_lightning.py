@@ -90,14 +90,24 @@ class LoggedValues:
         self.values: dict[str, Any] = {}
 
     def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
-        self.values[name] = value
+        self.values[name] = _step_value(value)
 
     def log_dict(self, dictionary: Mapping[str, Any], *args: Any, **kwargs: Any) -> None:
-        self.values.update(dictionary)
+        for name, value in dictionary.items():
+            self.log(name, value)
 
     def take(self) -> dict[str, Any]:
         values, self.values = self.values, {}
         return values
+
+
+def _step_value(value: Any) -> Any:
+    """A logged value as this step's: a torchmetrics ``Metric`` logged as itself (``self.log("acc", self.accuracy)``)
+    is its value on this step's batch, the one its ``forward`` just computed (Lightning logs the same on_step)."""
+    cached = getattr(value, "_forward_cache", None)
+    if cached is not None or hasattr(value, "compute") and hasattr(value, "update"):
+        return cached if cached is not None else value.compute()
+    return value
 
 
 class LightningAdapter:
@@ -147,7 +157,7 @@ class LightningAdapter:
         return self._validation_output(returned, self.logged.take())
 
     def _training_output(self, returned: Any, logged: dict[str, Any]) -> dict[str, Any]:
-        loss = returned["loss"] if isinstance(returned, Mapping) else returned
+        loss = returned.get("loss") if isinstance(returned, Mapping) else returned
         if loss is None:
             raise WorkloadError(f"{self.where}: training_step returned None (Lightning's way to skip a batch); the "
                                 f"engine trains every batch: return the loss.")
@@ -159,11 +169,11 @@ class LightningAdapter:
     def _validation_output(self, returned: Any, logged: dict[str, Any]) -> dict[str, Any]:
         """The validation figures under the training metrics' names: ``val_<name>`` (or ``val_<name less train_>``)
         for each, NaN where validation logs none; the loss from the logged ``val_loss``, else the returned one."""
-        loss = logged.get("val_loss", returned["loss"] if isinstance(returned, Mapping) else returned)
+        loss = logged.get("val_loss", returned.get("loss") if isinstance(returned, Mapping) else returned)
         if loss is None:
             raise WorkloadError(f"{self.where}: validation_step neither logged val_loss nor returned a loss: "
                                 f"log it with self.log(\"val_loss\", loss).")
-        figures: dict[str, Any] = {"loss": loss}
+        figures: dict[str, Any] = {"loss": torch.as_tensor(loss, dtype=torch.float32)}  # a logged float too
         for name in self.training_names or ():
             value = logged.get(f"val_{name}", logged.get(f"val_{name.removeprefix('train_')}", math.nan))
             figures[name] = value

@@ -137,3 +137,25 @@ def one_cycle() -> OneCycle:
 
 def reads_the_logger() -> ReadsTheLogger:
     return ReadsTheLogger()
+
+
+class WithTorchmetrics(Regressor):
+    """Logs a torchmetrics Metric as itself, as Lightning's docs show: its value on the step's batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import torchmetrics
+
+        self.mae = torchmetrics.MeanAbsoluteError()
+
+    def training_step(self, batch, batch_idx):
+        inputs, targets = batch
+        predictions = self(inputs)
+        self.mae(predictions, targets)
+        self.log("metric_mae", self.mae)
+        self.log("train_mae", (predictions - targets).abs().mean())
+        return nn.functional.mse_loss(predictions, targets)
+
+
+def with_torchmetrics() -> WithTorchmetrics:
+    return WithTorchmetrics()
