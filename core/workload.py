@@ -60,12 +60,16 @@ class Workload:
     ``optimizer(model)`` (or ``optimizer(model, total_steps)``, for an optimizer built together with its
     schedule, as a LightningModule's ``configure_optimizers`` builds them) returns the run's optimizer (any
     ``torch.optim.Optimizer``, any parameter groups; a group's ``"name"`` entry names its LR in reports), built
-    on the model it is given (already on the run's device). ``scheduler(optimizer, total_steps)`` returns its ``LRScheduler``, stepped once per optimizer
-    step. Left as None, ``--optimizer``/``--lr``/``--weight-decay`` and ``--schedule``/``--warmup-steps``
-    build them. The live ``lr_scale`` multiplies every group's scheduled LR; checkpoints and exact resume
-    cover both. A change of the run's length (a resume with another ``--steps``, or the live ``steps``)
-    builds the workload's scheduler for the new total and steps it to the step it is at: the LR is what that
-    plan says there, which may differ from before (torchlab's own schedules continue without a jump).
+    on the model it is given (already on the run's device). ``scheduler(optimizer, total_steps)`` returns its
+    ``LRScheduler``, stepped once per optimizer step, or with ``scheduler_interval="epoch"`` once per epoch of
+    ``dataset`` (after the optimizer step that took its last whole batch, so the next epoch trains at the new LR,
+    as Lightning steps an epoch scheduler and a plain loop steps ``StepLR``; an ``IterableDataset``'s end shows
+    only when its next epoch begins, so there the step that opened it still trains at the old LR). Left as None,
+    ``--optimizer``/``--lr``/``--weight-decay`` and ``--schedule``/``--warmup-steps`` build them. The live
+    ``lr_scale`` multiplies every group's scheduled LR; checkpoints and exact resume cover both. A change of the
+    run's length (a resume with another ``--steps``, or the live ``steps``) builds the workload's step scheduler
+    for the new total and steps it to the step it is at: the LR is what that plan says there, which may differ
+    from before (torchlab's own schedules continue without a jump); an epoch scheduler goes on as it is.
     """
 
     model: torch.nn.Module
@@ -77,6 +81,7 @@ class Workload:
     checkpoint_blocks: Sequence[str] | None = None
     optimizer: OptimizerFactory | None = None
     scheduler: SchedulerFactory | None = None
+    scheduler_interval: str = "step"
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, torch.nn.Module):
@@ -100,6 +105,11 @@ class Workload:
             raise WorkloadError("Workload.optimizer must be callable as optimizer(model) -> torch.optim.Optimizer, or None.")
         if self.scheduler is not None and not callable(self.scheduler):
             raise WorkloadError("Workload.scheduler must be callable as scheduler(optimizer, total_steps) -> LRScheduler, or None.")
+        if self.scheduler_interval not in ("step", "epoch"):
+            raise WorkloadError(f"Workload.scheduler_interval must be \"step\" or \"epoch\", got {self.scheduler_interval!r}.")
+        if self.scheduler_interval == "epoch" and self.scheduler is None:
+            raise WorkloadError("Workload.scheduler_interval is \"epoch\" but the workload gives no scheduler; torchlab's "
+                                "own schedules step per optimizer step.")
         if self.batch_size is not None and (
             isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1
         ):

@@ -106,9 +106,23 @@ def test_what_the_engine_cannot_honour_is_refused_naming_the_hook(factory, said)
         load_workload(f"{LIGHTNING}:{factory}")
 
 
+def test_a_scheduler_of_lightnings_default_interval_steps_once_an_epoch():
+    """([optimizer], [scheduler]) says no interval: Lightning's default, "epoch" (256 samples, batches of 16)."""
+    import lightning_module
+
+    trainer, seen = make_trainer(f"{LIGHTNING}:epoch_scheduler", steps=36)
+    trainer.run()
+    [optimizer], [scheduler] = lightning_module.Regressor("epoch").configure_optimizers()
+    planned = []
+    for _ in range(3):
+        planned += [tuple(group["lr"] for group in optimizer.param_groups)] * 16
+        optimizer.step()
+        scheduler.step()
+    assert [tuple(row.lrs.values()) for row in seen.metrics] == pytest.approx(planned[:36])
+
+
 @pytest.mark.parametrize("factory, said", [
     ("two_optimizers", "returned 2 optimizers (SGD, SGD); the engine steps one optimizer"),
-    ("epoch_scheduler", "its scheduler has interval 'epoch'"),
     ("reads_the_logger", "self.trainer.logger: the workbench trains this module without Lightning's Trainer"),
 ])
 def test_what_configure_optimizers_gives_that_the_engine_cannot_take_is_refused_as_the_run_starts(factory, said):

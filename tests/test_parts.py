@@ -94,7 +94,7 @@ def test_optimization_round_trip_restores_moments_and_schedule_under_the_scale_i
         sum(parameter.square().sum() for parameter in first.optimizer.param_groups[0]["params"]).backward()
         first.optimizer.step()
         first.optimizer.zero_grad()
-        first.step_schedule()
+        first.step_schedule(finished_epoch=False)
     state = first.state_dict()
     second = optimization()
     second.scale_lr(0.5)

@@ -246,6 +246,26 @@ class BatchStream:
         if self.fetches_ahead:
             self.peek_batch()
 
+    def finished_epoch(self) -> bool:
+        """Whether the last batch taken ended its epoch: no whole batch of a map-style dataset's epoch is left (or a
+        batch drawn ahead opened the next); an IterableDataset's end shows only once the next epoch's first batch is
+        taken, so for one it says so at that batch: an epoch scheduler steps one step late there."""
+        if not self.taken_at:
+            return False
+        if self._peeked is not None and self.position.epoch > self.epoch:
+            return True
+        if self.iterable:
+            return len(self.taken_at) >= 2 and self.taken_at[-1][0] > self.taken_at[-2][0]
+        return self.position.samples + self.batch_size > self._epoch_samples
+
+    @property
+    def _epoch_samples(self) -> int:
+        """The samples of an epoch, all ranks' batches together: whole batches only (the loader drops the rest), of
+        the samples DistributedSampler shares out (a multiple of the ranks)."""
+        size = len(self.dataset)
+        per_rank = (size - size % self.world_size) // self.world_size
+        return (per_rank // self.local_batch_size) * self.batch_size
+
     @property
     def epoch(self) -> int:
         """The epoch of the last batch taken: the position's may be the next one's, where a batch drawn ahead

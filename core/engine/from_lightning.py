@@ -16,18 +16,18 @@ What maps to what (the README's table says it for users):
 - ``configure_optimizers`` (with ``self.trainer`` a stand-in that gives the run's plan: ``estimated_stepping_batches``,
   ``max_steps``, the ranks): an optimizer; a list or tuple of one; a dict with ``"optimizer"`` and
   ``"lr_scheduler"`` (a scheduler, or a dict with ``"scheduler"``, ``"interval"`` and ``"frequency"``); two lists
-  ``([optimizer], [scheduler])``. A scheduler whose interval is ``"step"`` is stepped once per optimizer step,
-  every ``frequency``; an ``"epoch"`` one (Lightning's default where no interval is said) is refused for now, with
-  what to write instead, rather than stepped at the wrong rate. No scheduler: the optimizer's LR, constant, as
-  under Lightning (not torchlab's own schedule).
+  ``([optimizer], [scheduler])``. A scheduler whose interval is ``"step"`` is stepped once per optimizer step, an
+  ``"epoch"`` one (Lightning's default where no interval is said) once per epoch of the training set
+  (``Workload.scheduler_interval``), every ``frequency``. No scheduler: the optimizer's LR, constant, as under
+  Lightning (not torchlab's own schedule).
 - ``train_dataloader()`` (of the data module, or the module) gives the dataset, its ``collate_fn`` and batch size;
   the engine reads the dataset with its own sampler (shuffled from ``--seed``, shared over ranks, resumable).
   ``val_dataloader()`` gives the validation set; ``validation_step``'s logged ``val_loss`` (or its returned loss)
   is ``val_loss``, and its logged ``val_<metric>`` the validation value of the training metric ``<metric>`` (or
   ``train_<metric>``).
 
-Refused with one paragraph each, never trained differently: manual optimization, several optimizers, and hooks the
-engine would not call (``configure_gradient_clipping``, ``on_before_optimizer_step``, ``optimizer_step``,
+Refused with one paragraph each, never trained differently: manual optimization, several optimizers, several
+loaders, ``ReduceLROnPlateau``, and hooks the engine would not call (``configure_gradient_clipping``, ``on_before_optimizer_step``, ``optimizer_step``,
 ``on_train_batch_start``/``_end``, ``backward``): each names the hook and what to do.
 """
 
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Any
 
@@ -118,8 +119,9 @@ class LightningAdapter:
         self.logged = LoggedValues()
         self.batch_index = 0
         self.training_names: tuple[str, ...] | None = None
-        self._scheduler: tuple[torch.optim.Optimizer, LRScheduler | None, int] | None = None
+        self._configured: Configured | None = None
         self._scheduler_given = False
+        self._workload: Workload | None = None
 
     def workload(self) -> Workload:
         module = self.module
@@ -132,7 +134,7 @@ class LightningAdapter:
             self.data.setup("fit")
         train = self._loader(source, "train_dataloader")
         validation = self._loader(source, "val_dataloader") if _overrides(source, "val_dataloader") else None
-        return Workload(
+        self._workload = Workload(
             model=module,
             dataset=train.dataset,
             loss_fn=self.loss,
@@ -142,6 +144,7 @@ class LightningAdapter:
             optimizer=self.optimizer,
             scheduler=self.scheduler,
         )
+        return self._workload
 
     # ---------------------------------------------------------------- the loss
     def loss(self, model: torch.nn.Module, batch: Any) -> Any:
@@ -183,26 +186,29 @@ class LightningAdapter:
     def optimizer(self, model: torch.nn.Module, total_steps: int) -> torch.optim.Optimizer:
         """``configure_optimizers``'s optimizer, its scheduler kept for ``scheduler``; a form the engine cannot take
         is refused here, as the run starts."""
-        return self._configure(total_steps)[0]
+        return self._configure(total_steps).optimizer
 
     def scheduler(self, optimizer: torch.optim.Optimizer, total_steps: int) -> LRScheduler:
         """The module's scheduler for ``optimizer``: the one ``configure_optimizers`` made with it, the first time;
         for a run whose length changed (the engine then steps it to where the run is), made again by
         ``configure_optimizers`` and moved onto ``optimizer`` (the one training holds, with its state), since the
         module builds the two together."""
-        made, scheduler, every = self._scheduler
-        if self._scheduler_given or made is not optimizer:  # a replan: the one given is stepped already
-            fresh, scheduler, every = self._configure(total_steps)
-            if scheduler is not None:
-                for group, new in zip(optimizer.param_groups, fresh.param_groups):
+        configured = self._configured
+        if self._scheduler_given or configured.optimizer is not optimizer:  # a replan: the one given is stepped already
+            configured = self._configure(total_steps)
+            if configured.scheduler is not None:
+                for group, new in zip(optimizer.param_groups, configured.optimizer.param_groups):
                     group["initial_lr"] = new.get("initial_lr", new["lr"])
-                scheduler.optimizer = optimizer
+                configured.scheduler.optimizer = optimizer
         self._scheduler_given = True
+        # Known only now that configure_optimizers ran (it may read the run's plan): the engine reads it next.
+        self._workload.scheduler_interval = configured.interval
+        scheduler = configured.scheduler
         if scheduler is None:  # Lightning keeps the optimizer's LR where it has no scheduler: so does this one
             return LambdaLR(optimizer, lambda step: 1.0)
-        return scheduler if every == 1 else EveryNSteps(scheduler, every)
+        return scheduler if configured.frequency == 1 else EveryN(scheduler, configured.frequency)
 
-    def _configure(self, total_steps: int) -> tuple[torch.optim.Optimizer, LRScheduler | None, int]:
+    def _configure(self, total_steps: int) -> Configured:
         """``configure_optimizers`` called with ``self.trainer`` a stand-in that knows the run's plan (``PlanOfTheRun``):
         what a scheduler's length is read from, ``estimated_stepping_batches`` above all (OneCycleLR's total)."""
         module = self.module
@@ -211,8 +217,8 @@ class LightningAdapter:
             configured = module.configure_optimizers()  # what it raises is said at its line (optimization._call)
         finally:
             module._trainer = attached
-        self._scheduler = parse_configure_optimizers(configured, self.where)
-        return self._scheduler
+        self._configured = parse_configure_optimizers(configured, self.where)
+        return self._configured
 
     # ---------------------------------------------------------------- what it cannot do
     def _refuse_what_is_not_honoured(self) -> None:
@@ -269,8 +275,9 @@ class PlanOfTheRun:
         )
 
 
-class EveryNSteps(LRScheduler):
-    """A step-interval scheduler with Lightning's ``frequency`` N: stepped once every N optimizer steps."""
+class EveryN(LRScheduler):
+    """A scheduler with Lightning's ``frequency`` N: stepped once every N of its interval's steps (optimizer steps,
+    or epochs)."""
 
     def __init__(self, scheduler: LRScheduler, every: int) -> None:
         self.scheduler, self.every, self.calls = scheduler, every, 0
@@ -292,13 +299,23 @@ class EveryNSteps(LRScheduler):
         self.scheduler.load_state_dict(state["scheduler"])
 
 
-def parse_configure_optimizers(configured: Any, where: str) -> tuple[torch.optim.Optimizer, LRScheduler | None, int]:
-    """(the optimizer, its step-interval scheduler or None, the scheduler's frequency) of what
-    ``configure_optimizers`` returned, in each form Lightning accepts for one optimizer; WorkloadError for the
-    others, naming the form."""
+@dataclass(frozen=True)
+class Configured:
+    """What ``configure_optimizers`` gave: the optimizer, its scheduler (None: none) stepped every ``frequency``
+    steps of its ``interval``, ``"step"`` or ``"epoch"``."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: LRScheduler | None = None
+    interval: str = "step"
+    frequency: int = 1
+
+
+def parse_configure_optimizers(configured: Any, where: str) -> Configured:
+    """What ``configure_optimizers`` returned, in each form Lightning accepts for one optimizer; WorkloadError for
+    the others, naming the form."""
     said = f"{where}: configure_optimizers()"
     if isinstance(configured, torch.optim.Optimizer):
-        return configured, None, 1
+        return Configured(configured)
     if isinstance(configured, Mapping):
         return _from_dict(configured, said)
     if isinstance(configured, (list, tuple)):
@@ -308,11 +325,11 @@ def parse_configure_optimizers(configured: Any, where: str) -> tuple[torch.optim
             if len(schedulers) > 1:
                 raise WorkloadError(f"{said} returned {len(schedulers)} schedulers; the engine steps one.")
             if not schedulers:
-                return optimizer, None, 1
-            return _with_scheduler(optimizer, schedulers[0], said, default_interval="epoch")
+                return Configured(optimizer)
+            return _with_scheduler(optimizer, schedulers[0], said)
         if len(configured) == 1 and isinstance(configured[0], Mapping):
             return _from_dict(configured[0], said)
-        return _only_optimizer(list(configured), said), None, 1
+        return Configured(_only_optimizer(list(configured), said))
     if configured is None:
         raise WorkloadError(f"{said} returned None (no optimizer); the engine needs one to train.")
     raise WorkloadError(f"{said} returned {type(configured).__name__}, not one of the forms Lightning accepts.")
@@ -327,35 +344,29 @@ def _only_optimizer(optimizers: list[Any], said: str) -> torch.optim.Optimizer:
     return optimizers[0]
 
 
-def _from_dict(configured: Mapping[str, Any], said: str) -> tuple[torch.optim.Optimizer, LRScheduler | None, int]:
+def _from_dict(configured: Mapping[str, Any], said: str) -> Configured:
     if "optimizer" not in configured:
         raise WorkloadError(f"{said} returned a dict without \"optimizer\".")
     optimizer = _only_optimizer([configured["optimizer"]], said)
     if configured.get("lr_scheduler") is None:
-        return optimizer, None, 1
-    return _with_scheduler(optimizer, configured["lr_scheduler"], said, default_interval="epoch")
+        return Configured(optimizer)
+    return _with_scheduler(optimizer, configured["lr_scheduler"], said)
 
 
-def _with_scheduler(optimizer: torch.optim.Optimizer, entry: Any, said: str,
-                    default_interval: str) -> tuple[torch.optim.Optimizer, LRScheduler, int]:
+def _with_scheduler(optimizer: torch.optim.Optimizer, entry: Any, said: str) -> Configured:
     settings = entry if isinstance(entry, Mapping) else {"scheduler": entry}
-    scheduler, interval = settings.get("scheduler"), settings.get("interval", default_interval)
+    scheduler, interval = settings.get("scheduler"), settings.get("interval", "epoch")  # Lightning's default
     frequency = settings.get("frequency", 1)
     if not isinstance(scheduler, LRScheduler):
         raise WorkloadError(f"{said}: its lr_scheduler must be a torch LRScheduler, got {type(scheduler).__name__}"
                             + (" (ReduceLROnPlateau steps on a metric: not supported)" if "Plateau" in type(scheduler).__name__ else "") + ".")
     if scheduler.optimizer is not optimizer:
         raise WorkloadError(f"{said}: its scheduler schedules another optimizer than the one it returned.")
-    if interval != "step":
-        raise WorkloadError(
-            f"{said}: its scheduler has interval {interval!r} (Lightning's default where none is said), which steps "
-            f"it once per epoch; the engine steps a workload's scheduler once per optimizer step and does not step "
-            f"epoch schedulers yet. Return {{\"optimizer\": ..., \"lr_scheduler\": {{\"scheduler\": ..., \"interval\": "
-            f"\"step\"}}}} with a schedule of steps (its total: the run's --steps)."
-        )
+    if interval not in ("step", "epoch"):
+        raise WorkloadError(f"{said}: its scheduler's interval must be \"step\" or \"epoch\", got {interval!r}.")
     if not isinstance(frequency, int) or isinstance(frequency, bool) or frequency < 1:
         raise WorkloadError(f"{said}: its scheduler's frequency must be a whole number from 1, got {frequency!r}.")
-    return optimizer, scheduler, frequency
+    return Configured(optimizer, scheduler, interval, frequency)
 
 
 def _overrides(obj: Any, hook: str) -> bool:

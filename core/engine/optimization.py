@@ -150,14 +150,17 @@ class Optimization:
     ``state_dict`` is the optimizer's and the scheduler's, which checkpoints hold under ``"optimizer"`` and
     ``"scheduler"``; the scale is a live option, saved with the others."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, scheduler: LRScheduler) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, scheduler: LRScheduler, per_epoch: bool = False) -> None:
         self.optimizer, self.scheduler = optimizer, scheduler
         self.lrs = LearningRates(optimizer, scheduler)
         self.lr_scale = 1.0  # until the lr_scale option is enacted
+        self.per_epoch = per_epoch  # the workload's scheduler steps once per epoch (Workload.scheduler_interval)
 
-    def step_schedule(self) -> None:
-        """The schedule's step, from its own LRs, then the live scale on what it gives."""
-        self.lrs.step(self.lr_scale)
+    def step_schedule(self, finished_epoch: bool) -> None:
+        """After an optimizer step: the schedule's step (a per-epoch one's only where the step ``finished_epoch``),
+        from its own LRs, then the live scale on what it gives."""
+        if not self.per_epoch or finished_epoch:
+            self.lrs.step(self.lr_scale)
 
     def scale_lr(self, scale: float) -> None:
         """The schedule's LR times ``scale`` on every parameter group, from now on."""
@@ -190,7 +193,7 @@ class Optimization:
                 self.optimizer.load_state_dict(state["optimizer"])
             except (RuntimeError, ValueError, KeyError) as error:
                 raise ConfigError(f"--resume: the checkpoint does not fit this workload's model and optimizer: {error}") from None
-        if own_scheduler and stored.steps != config.steps:
+        if own_scheduler and stored.steps != config.steps and not self.per_epoch:
             step_to(self.scheduler, self.optimizer, step)  # the factory's plan for the new total
         else:
             self.scheduler.load_state_dict(state["scheduler"])
@@ -202,7 +205,10 @@ class Optimization:
         self.lrs.read_schedule()
 
     def replan(self, config: TrainConfig, workload: Workload, step: int) -> None:
-        """The schedule for ``config``'s new total from ``step`` on (``replan_schedule``), the scale on it."""
+        """The schedule for ``config``'s new total from ``step`` on (``replan_schedule``), the scale on it; a per-epoch
+        schedule goes on as it is (its steps are epochs, not a share of the run)."""
+        if self.per_epoch:
+            return
         self.scheduler = replan_schedule(self.scheduler, self.optimizer, config, workload, step)
         self.lrs = LearningRates(self.optimizer, self.scheduler)
         self.lrs.apply(self.lr_scale)

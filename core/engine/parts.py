@@ -216,7 +216,8 @@ class TrainingParts:
         model = workload.model.to(device)
         model.train()
         optimizer = build_optimizer(model, config, workload)
-        self.optimization = Optimization(optimizer, build_scheduler(optimizer, config, workload))
+        scheduler = build_scheduler(optimizer, config, workload)  # a LightningModule's sets its interval as it is made
+        self.optimization = Optimization(optimizer, scheduler, per_epoch=workload.scheduler_interval == "epoch")
         #: what the workload's own optimizer and scheduler are, recorded in place of the settings they replace
         self.from_workload: FromWorkload | None = own_training(optimizer, self.optimization.scheduler, workload)
         #: each group's name, where the workload's optimizer has several: each group's LR is then reported

@@ -130,3 +130,27 @@ def rank_accuracy() -> Workload:
     built = workload()
     built.loss_fn = loss_fn
     return built
+
+
+def _halving_each_epoch(optimizer: torch.optim.Optimizer, total_steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+
+
+def per_epoch() -> Workload:
+    """StepLR halving the LR once an epoch, stepped per epoch: 512 samples in batches of 32, 16 steps an epoch."""
+    return Workload(model=Classifier(), dataset=_blobs(512, seed=2), loss_fn=loss_and_accuracy, optimizer=two_groups,
+                    scheduler=_halving_each_epoch, scheduler_interval="epoch", batch_size=32)
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """The same 512 samples as a stream, whose end shows only when it is read past."""
+
+    def __iter__(self):
+        data = _blobs(512, seed=2)
+        return iter(data[index] for index in range(len(data)))
+
+
+def per_epoch_of_a_stream() -> Workload:
+    built = per_epoch()
+    built.dataset = _Stream()
+    return built
