@@ -27,16 +27,17 @@ What maps to what (the README's table says it for users):
   ``train_<metric>``).
 
 Refused with one paragraph each, never trained differently: manual optimization, several optimizers, several
-loaders, ``ReduceLROnPlateau``, and hooks the engine would not call (``configure_gradient_clipping``, ``on_before_optimizer_step``, ``optimizer_step``,
-``on_train_batch_start``/``_end``, ``backward``): each names the hook and what to do.
+loaders, ``ReduceLROnPlateau``, and hooks the engine would not call (``configure_gradient_clipping``,
+``on_before_optimizer_step``, ``optimizer_step``, ``on_train_batch_start``/``_end``, ``backward``): each names the
+hook and what to do.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -358,8 +359,9 @@ def _with_scheduler(optimizer: torch.optim.Optimizer, entry: Any, said: str) -> 
     scheduler, interval = settings.get("scheduler"), settings.get("interval", "epoch")  # Lightning's default
     frequency = settings.get("frequency", 1)
     if not isinstance(scheduler, LRScheduler):
-        raise WorkloadError(f"{said}: its lr_scheduler must be a torch LRScheduler, got {type(scheduler).__name__}"
-                            + (" (ReduceLROnPlateau steps on a metric: not supported)" if "Plateau" in type(scheduler).__name__ else "") + ".")
+        on_a_metric = " (it steps on a metric, which the engine does not watch)" if "Plateau" in type(scheduler).__name__ else ""
+        raise WorkloadError(f"{said}: its lr_scheduler must be a torch LRScheduler of the step or the epoch, got "
+                            f"{type(scheduler).__name__}{on_a_metric}.")
     if scheduler.optimizer is not optimizer:
         raise WorkloadError(f"{said}: its scheduler schedules another optimizer than the one it returned.")
     if interval not in ("step", "epoch"):

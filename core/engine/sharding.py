@@ -102,7 +102,8 @@ def _refuse_shared_across_blocks(blocks: list[torch.nn.Module], model: torch.nn.
                 )
 
 
-def _move_optimizer(optimizer: torch.optim.Optimizer, before: dict[int, str], after: dict[str, torch.nn.Parameter]) -> None:
+def _move_optimizer(optimizer: torch.optim.Optimizer, before: dict[int, str],
+                    after: dict[str, torch.nn.Parameter]) -> None:
     """Each parameter the optimizer holds replaced by the shard ``fully_shard`` put in its place (same name), and its
     state tensors of the parameter's shape sharded alike (from this rank's whole copy: every rank holds the same,
     so nothing is sent); scalars (Adam's ``step``) stay as they are."""
