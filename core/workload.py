@@ -61,10 +61,11 @@ class Workload:
     schedule, as a LightningModule's ``configure_optimizers`` builds them) returns the run's optimizer (any
     ``torch.optim.Optimizer``, any parameter groups; a group's ``"name"`` entry names its LR in reports), built
     on the model it is given (already on the run's device). ``scheduler(optimizer, total_steps)`` returns its
-    ``LRScheduler``, stepped once per optimizer step, or with ``scheduler_interval="epoch"`` once per epoch of
-    ``dataset`` (after the optimizer step that took its last whole batch, so the next epoch trains at the new LR,
-    as Lightning steps an epoch scheduler and a plain loop steps ``StepLR``; an ``IterableDataset``'s end shows
-    only when its next epoch begins, so there the step that opened it still trains at the old LR). Left as None,
+    ``LRScheduler``, stepped once per optimizer step. ``scheduler_interval``: ``"step"`` (that, the default) or
+    ``"epoch"``, once per epoch of ``dataset`` (after the optimizer step that took its last whole batch, so the
+    next epoch trains at the new LR, as Lightning steps an epoch scheduler and a plain loop steps ``StepLR``; an
+    ``IterableDataset``'s end shows only when its next epoch begins, so there the step that opened it still
+    trains at the old LR). Left as None,
     ``--optimizer``/``--lr``/``--weight-decay`` and ``--schedule``/``--warmup-steps`` build them. The live
     ``lr_scale`` multiplies every group's scheduled LR; checkpoints and exact resume cover both. A change of the
     run's length (a resume with another ``--steps``, or the live ``steps``) builds the workload's step scheduler
