@@ -71,6 +71,11 @@ class Workload:
     run's length (a resume with another ``--steps``, or the live ``steps``) builds the workload's step scheduler
     for the new total and steps it to the step it is at: the LR is what that plan says there, which may differ
     from before (torchlab's own schedules continue without a jump); an epoch scheduler goes on as it is.
+
+    ``before_step(step, epoch)``: called before each training step's first forward with the optimizer step it
+    trains (1, 2, …) and the epoch of ``dataset`` its first batch comes from (0, 1, …), for a loss that depends on
+    where the run is (KL annealing, a curriculum) and a LightningModule's ``self.global_step``. A trial's arms call
+    it with the steps they train, and a step retried after running out of memory calls it again.
     """
 
     model: torch.nn.Module
@@ -83,6 +88,7 @@ class Workload:
     optimizer: OptimizerFactory | None = None
     scheduler: SchedulerFactory | None = None
     scheduler_interval: str = "step"
+    before_step: Callable[[int, int], None] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, torch.nn.Module):
@@ -106,6 +112,8 @@ class Workload:
             raise WorkloadError("Workload.optimizer must be callable as optimizer(model) -> torch.optim.Optimizer, or None.")
         if self.scheduler is not None and not callable(self.scheduler):
             raise WorkloadError("Workload.scheduler must be callable as scheduler(optimizer, total_steps) -> LRScheduler, or None.")
+        if self.before_step is not None and not callable(self.before_step):
+            raise WorkloadError("Workload.before_step must be callable as before_step(step, epoch), or None.")
         if self.scheduler_interval not in ("step", "epoch"):
             raise WorkloadError(f"Workload.scheduler_interval must be \"step\" or \"epoch\", got {self.scheduler_interval!r}.")
         if self.scheduler_interval == "epoch" and self.scheduler is None:

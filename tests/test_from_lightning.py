@@ -97,6 +97,14 @@ def test_a_torchmetrics_metric_logged_as_itself_is_its_value_on_the_steps_batch(
     assert all(row.metrics["metric_mae"] == pytest.approx(row.metrics["train_mae"], rel=1e-5) for row in seen.metrics)
 
 
+def test_self_global_step_and_current_epoch_are_the_runs_and_batch_idx_counts_within_the_epoch():
+    """256 samples in batches of 16: 16 steps an epoch; global_step is the optimizer steps taken before this one."""
+    trainer, seen = make_trainer(f"{LIGHTNING}:reads_its_position", steps=20)
+    trainer.run()
+    said = [(row.metrics["global_step"], row.metrics["epoch"], row.metrics["batch_idx"]) for row in seen.metrics]
+    assert said == [(step, step // 16, step % 16) for step in range(20)]
+
+
 @pytest.mark.parametrize("factory, said", [
     ("manual", "automatic_optimization = False (manual optimization"),
     ("clips_itself", "overrides configure_gradient_clipping(), a hook the engine does not call"),

@@ -127,3 +127,15 @@ def test_every_field_of_workload_is_described_in_its_docstring_and_in_the_readme
     for field in dataclasses.fields(Workload):
         assert re.search(rf"``{field.name}(\(|``)", Workload.__doc__), f"Workload's docstring does not describe {field.name}"
         assert len(table_rows.get(field.name, "")) > 20, f"README's table of Workload fields has no row for {field.name}"
+
+
+def test_before_step_is_called_once_a_step_with_the_step_and_its_batchs_epoch():
+    """tiny's 256 samples in batches of 16, two micro-batches a step: 8 steps an epoch; called once a step."""
+    from torchlab.core.engine.loading import load_workload
+
+    calls = []
+    workload = load_workload(f"{WORKLOADS / 'tiny.py'}:workload")
+    workload.before_step = lambda step, epoch: calls.append((step, epoch))
+    trainer, _ = make_trainer(workload=workload, steps=10, options={"accum": "2"})
+    trainer.run()
+    assert calls == [(step, (step - 1) // 8) for step in range(1, 11)]

@@ -9,12 +9,12 @@ What maps to what (the README's table says it for users):
 - ``training_step(batch, batch_idx)`` is the loss: a tensor, or a mapping with ``"loss"``. It runs inside the model's
   own forward, as Lightning's strategies run it (``_LightningModuleWrapperBase``): the engine calls the model, so
   DDP averages the gradients, FSDP2 gathers the blocks and the probes' hooks fire, while ``self(x)`` inside the step
-  is the module's plain forward. ``batch_idx`` counts the micro-batches this process trained (Lightning counts
-  within an epoch).
+  is the module's plain forward. ``batch_idx`` counts the micro-batches of the epoch this process trained (from 0
+  where it resumed); ``self.global_step`` and ``self.current_epoch`` are the run's (``Workload.before_step``).
 - ``self.log(name, value)`` and ``self.log_dict`` during a training step are the workload's metrics, reduced as
   metrics are (averaged over micro-batches and ranks, reported every step); the same names every step.
 - ``configure_optimizers`` (with ``self.trainer`` a stand-in that gives the run's plan: ``estimated_stepping_batches``,
-  ``max_steps``, the ranks): an optimizer; a list or tuple of one; a dict with ``"optimizer"`` and
+  ``max_steps``, the ranks; ``PlanOfTheRun``): an optimizer; a list or tuple of one; a dict with ``"optimizer"`` and
   ``"lr_scheduler"`` (a scheduler, or a dict with ``"scheduler"``, ``"interval"`` and ``"frequency"``); two lists
   ``([optimizer], [scheduler])``. A scheduler whose interval is ``"step"`` is stepped once per optimizer step, an
   ``"epoch"`` one (Lightning's default where no interval is said) once per epoch of the training set
@@ -120,6 +120,7 @@ class LightningAdapter:
         self.logged = LoggedValues()
         self.batch_index = 0
         self.training_names: tuple[str, ...] | None = None
+        self.plan = PlanOfTheRun()
         self._configured: Configured | None = None
         self._scheduler_given = False
         self._workload: Workload | None = None
@@ -128,6 +129,7 @@ class LightningAdapter:
         module = self.module
         self._refuse_what_is_not_honoured()
         module.log, module.log_dict = self.logged.log, self.logged.log_dict  # this instance's own: the class is untouched
+        module._trainer = self.plan  # self.trainer, self.global_step, self.current_epoch: the run's
         _route_forward(module)
         source = self.data if self.data is not None else module
         if self.data is not None:
@@ -144,8 +146,16 @@ class LightningAdapter:
             batch_size=train.batch_size,
             optimizer=self.optimizer,
             scheduler=self.scheduler,
+            before_step=self.before_step,
         )
         return self._workload
+
+    def before_step(self, step: int, epoch: int) -> None:
+        """Lightning's position: ``global_step`` the optimizer steps taken before this one, ``current_epoch`` its
+        batch's epoch, ``batch_idx`` counted from 0 again in a new epoch."""
+        if epoch != self.plan.current_epoch:
+            self.batch_index = 0
+        self.plan.global_step, self.plan.current_epoch = step - 1, epoch
 
     # ---------------------------------------------------------------- the loss
     def loss(self, model: torch.nn.Module, batch: Any) -> Any:
@@ -210,14 +220,10 @@ class LightningAdapter:
         return scheduler if configured.frequency == 1 else EveryN(scheduler, configured.frequency)
 
     def _configure(self, total_steps: int) -> Configured:
-        """``configure_optimizers`` called with ``self.trainer`` a stand-in that knows the run's plan (``PlanOfTheRun``):
-        what a scheduler's length is read from, ``estimated_stepping_batches`` above all (OneCycleLR's total)."""
-        module = self.module
-        attached, module._trainer = module._trainer, PlanOfTheRun(total_steps)
-        try:
-            configured = module.configure_optimizers()  # what it raises is said at its line (optimization._call)
-        finally:
-            module._trainer = attached
+        """``configure_optimizers``, ``self.trainer`` saying the run's plan for ``total_steps`` (``PlanOfTheRun``): what a
+        scheduler's length is read from, ``estimated_stepping_batches`` above all (OneCycleLR's total)."""
+        self.plan.estimated_stepping_batches = self.plan.max_steps = total_steps
+        configured = self.module.configure_optimizers()  # what it raises is said at its line (optimization._call)
         self._configured = parse_configure_optimizers(configured, self.where)
         return self._configured
 
@@ -252,26 +258,27 @@ class LightningAdapter:
 
 
 class PlanOfTheRun:
-    """``self.trainer`` while ``configure_optimizers`` runs: what Lightning's Trainer would say of the run's plan, from
-    the run's total of optimizer steps (``--steps``, or the live ``steps`` when the schedule is made again) and the
-    ranks the launcher started. Anything else a Trainer has is not here, and says so."""
+    """``self.trainer``: what Lightning's Trainer would say of the run's plan and position: the total of optimizer
+    steps (``--steps``, or the live ``steps`` when configure_optimizers is called again), the step and epoch being
+    trained (``global_step``, ``current_epoch``: ``Workload.before_step``), the ranks the launcher started. Anything
+    else a Trainer has is not here, and says so."""
 
-    def __init__(self, total_steps: int) -> None:
+    def __init__(self) -> None:
         import os
 
-        self.estimated_stepping_batches = self.max_steps = total_steps
+        self.estimated_stepping_batches = self.max_steps = 0  # set before configure_optimizers runs
         self.max_epochs = None
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.global_rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.num_devices, self.num_nodes = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)), 1
         self.is_global_zero = self.global_rank == 0
-        self.global_step = self.current_epoch = 0  # configure_optimizers runs before the first step
+        self.global_step = self.current_epoch = 0
 
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(
-            f"self.trainer.{name}: the workbench trains this module without Lightning's Trainer; while "
-            f"configure_optimizers runs, self.trainer gives the run's plan (estimated_stepping_batches, max_steps, "
+            f"self.trainer.{name}: the workbench trains this module without Lightning's Trainer; self.trainer gives "
+            f"the run's plan and position (estimated_stepping_batches, max_steps, global_step, current_epoch, "
             f"world_size, global_rank, is_global_zero), not {name}"
         )
 

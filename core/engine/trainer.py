@@ -343,9 +343,12 @@ class Trainer:
         accum, split = parts.options.accum, parts.options.split
         model = parts.model.for_step(eager=plan.activations)  # hooks added to a compiled model would not fire
         losses, metrics = [], []
+        before_step = parts.workload.before_step
         for micro in range(accum):
             if micro == len(taken):
                 taken.append(data.next_batch())
+            if micro == 0 and before_step is not None:  # where the run is, for a loss that depends on it
+                before_step(step, data.epoch)
             pieces = split_batch(taken[micro], split)  # the batch itself, weighted 1, unless split
             for index, (piece, share) in enumerate(pieces):
                 last = micro == accum - 1 and index == len(pieces) - 1
