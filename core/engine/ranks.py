@@ -390,7 +390,9 @@ def root_cause(error) -> tuple[int, str, str, int]:
     """The rank whose failure brought the others down: (rank, message, traceback, exit code).
 
     When one rank fails, the launcher stops the rest with SIGTERM, and ranks blocked in a collective
-    fail on the lost peer; those are effects. Of the others, the earliest (then the lowest rank) wins.
+    fail on the lost peer, by an error that says so or by SIGABRT (gloo's C++ aborts a rank whose peer went:
+    "gloo::EnforceNotMet ... Connection reset by peer"); those are effects, and a rank's own error wins over
+    them even where the launcher saw them first. Of the others, the earliest (then the lowest rank) wins.
     """
     def describe(rank: int, failure) -> tuple[int, str, str, int]:
         data = failure.message
@@ -405,7 +407,7 @@ def root_cause(error) -> tuple[int, str, str, int]:
     described = [describe(rank, failure) for rank, failure in error.failures.items()]
 
     def is_effect(item: tuple[int, str, str, int]) -> bool:
-        return item[3] == -signal.SIGTERM or bool(_PEER_LOST.search(item[1]))
+        return item[3] in (-signal.SIGTERM, -signal.SIGABRT) or bool(_PEER_LOST.search(item[1]))
 
     timestamps = {rank: failure.timestamp for rank, failure in error.failures.items()}
     return min(described, key=lambda item: (is_effect(item), timestamps[item[0]], item[0]))
