@@ -35,6 +35,7 @@ hook and what to do.
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -264,8 +265,6 @@ class PlanOfTheRun:
     else a Trainer has is not here, and says so."""
 
     def __init__(self) -> None:
-        import os
-
         self.estimated_stepping_batches = self.max_steps = 0  # set before configure_optimizers runs
         self.max_epochs = None
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -330,7 +330,8 @@ class Trainer:
         stepped = precision.step(optimizer)  # fp16: scaler.step(optimizer) and scaler.update(); False: skipped
         watch.after_update(before)  # its figures, on their way with the next step's transfer
         optimizer.zero_grad(set_to_none=True)
-        parts.optimization.step_schedule(parts.data.finished_epoch())  # the next LR, times the live scale
+        optimization = parts.optimization  # the next LR, times the live scale (an epoch schedule's at an epoch's end)
+        optimization.step_schedule(optimization.per_epoch and parts.data.finished_epoch())
         if spike is not None:  # let through: the guard is off (a notice), or a new level
             self.guard.report(spike)
         return watch.finish(host, loss_value, total_norm, clipped(total_norm, clip), stepped, lrs_used,
