@@ -76,6 +76,13 @@ class Workload:
     trains (1, 2, …) and the epoch of ``dataset`` its first batch comes from (0, 1, …), for a loss that depends on
     where the run is (KL annealing, a curriculum) and a LightningModule's ``self.global_step``. A trial's arms call
     it with the steps they train, and a step retried after running out of memory calls it again.
+
+    ``settings``: the run's starting values that the workload's own code says, by the name of a torchlab setting or
+    live option (``{"steps": 500, "accum": 4, "clip": 1.0, "amp": "bf16", "checkpointing": True}``; a transformers
+    Trainer's TrainingArguments give them so). A new run takes each one that neither a flag nor ``--config`` gives,
+    in the place of torchlab's default; config.toml records them; a resume keeps the run's own (and says where the
+    workload's have changed since). The live ones go on changing live as any run's. Not ``seed``, ``device``,
+    ``world_size`` and the run's files: those are decided before the factory runs.
     """
 
     model: torch.nn.Module
@@ -89,6 +96,7 @@ class Workload:
     scheduler: SchedulerFactory | None = None
     scheduler_interval: str = "step"
     before_step: Callable[[int, int], None] | None = None
+    settings: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, torch.nn.Module):
@@ -114,6 +122,10 @@ class Workload:
             raise WorkloadError("Workload.scheduler must be callable as scheduler(optimizer, total_steps) -> LRScheduler, or None.")
         if self.before_step is not None and not callable(self.before_step):
             raise WorkloadError("Workload.before_step must be callable as before_step(step, epoch), or None.")
+        if self.settings is not None and not (isinstance(self.settings, Mapping)
+                                              and all(isinstance(name, str) for name in self.settings)):
+            raise WorkloadError("Workload.settings must map the names of torchlab's settings and live options to their "
+                                "starting values, as {\"steps\": 500, \"accum\": 4}, or be None.")
         if self.scheduler_interval not in ("step", "epoch"):
             raise WorkloadError(f"Workload.scheduler_interval must be \"step\" or \"epoch\", got {self.scheduler_interval!r}.")
         if self.scheduler_interval == "epoch" and self.scheduler is None:

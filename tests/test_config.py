@@ -267,3 +267,21 @@ def test_a_clip_of_zero_is_off_on_the_command_line_in_a_file_in_at_and_live(give
     (tmp_path / "c.toml").write_text(f"[options]\nclip = {given if not isinstance(given, str) else repr(given)}\n"
                                      if given is not None else "")
     assert build_config(load_config_file(tmp_path / "c.toml")).options.clip is None
+
+
+def test_a_workloads_own_starting_values_take_the_defaults_place_and_never_the_users():
+    from torchlab.core.errors import WorkloadError
+    from torchlab.core.records.config import with_workload_settings
+
+    config = build_config({"workload": "mlp", "steps": 40, "options": {"clip": 0.5}})
+    taken, values = with_workload_settings(config, {"steps": 500, "batch_size": 8, "clip": 1.0, "amp": "bf16",
+                                                    "accum": 1}, {"steps", "clip"}, "workload w.py")
+    assert (taken.steps, taken.batch_size, taken.options.clip, taken.options.amp, taken.options.steps) == (40, 8, 0.5, "bf16", 40)
+    assert values == {"batch_size": 8, "amp": "bf16"}  # accum 1 is what the run had: nothing taken
+    for settings, said in (({"seed": 3}, "cannot set seed: it seeds the workload's own code"),
+                           ({"acum": 2}, "names 'acum', which is no setting or live option of torchlab (did you mean 'accum'?)"),
+                           ({"accum": 0}, "Workload.settings accum = 0: "),
+                           ({"steps": -1}, "Workload.settings: steps (--steps) must be")):
+        with pytest.raises(WorkloadError) as raised:
+            with_workload_settings(config, settings, set(), "workload w.py")
+        assert str(raised.value).startswith("workload w.py: Workload.settings") and said in str(raised.value)

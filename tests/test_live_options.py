@@ -17,6 +17,17 @@ TYPED = {"amp": ("bf16", "bf16"), "checkpointing": (None, True), "clip": ("0.5",
          "pin_memory": (None, True), "steps": ("500", 500)}
 
 
+def test_a_setting_given_in_the_config_file_or_as_a_flag_is_explicit(tmp_path) -> None:
+    """What a workload's own starting values may not replace (Workload.settings): a file's settings and options, and
+    the flags', and nothing the user left to its default."""
+    file = tmp_path / "run.toml"
+    file.write_text('lr = 0.01\n[options]\nclip = 1.0\n')
+    _, explicit = resolve_config(build_parser().parse_args(["mlp", "--config", str(file), "--steps", "9", "--accum", "2"]))
+    assert explicit == {"lr", "clip", "steps", "accum"}
+    _, explicit = resolve_config(build_parser().parse_args(["mlp"]))
+    assert explicit == set()
+
+
 def test_the_examples_cover_every_option() -> None:
     assert set(TYPED) == set(OPTION_NAMES)
 
@@ -27,8 +38,8 @@ def test_each_option_has_a_flag_that_sets_it(option) -> None:
     typed = option.flag_arguments(value) if isinstance(option, Switch) else [option.flag, text]  # --no-oom-rescue
     args = build_parser().parse_args(["mlp", *typed])
     config, explicit = resolve_config(args)
-    # A setting's flag (--steps) sets the setting, which the option starts from: not an explicit option.
-    assert getattr(config.options, option.name) == value and explicit == (set() if option.setting else {option.name})
+    # A setting's flag (--steps) sets the setting, which the option starts from: given, by the setting's name.
+    assert getattr(config.options, option.name) == value and explicit == {option.name}
     assert getattr(LiveOptions(), option.name) == option.default
 
 
@@ -39,7 +50,7 @@ def test_the_words_that_set_an_option_on_a_command_line_read_back_as_its_value(o
         words = option.flag_arguments(value)  # none for a switch's auto: the flag not given
         config, explicit = resolve_config(build_parser().parse_args(["mlp", *words]))
         assert getattr(config.options, option.name) == value
-        assert explicit == (set() if option.setting or not words else {option.name})
+        assert explicit == (set() if not words else {option.name})
 
 
 @pytest.mark.parametrize("option", LIVE_OPTIONS, ids=lambda o: o.name)

@@ -36,7 +36,7 @@ def test_resume_continues_bit_exact(tmp_path, settings):
 def test_resume_keeps_the_checkpoints_options_unless_given_explicitly(tmp_path):
     first, _ = make_trainer(steps=4, checkpoint_dir=tmp_path, at=["2:clip=0.7", "3:accum=3"])
     first.run()
-    resumed, _ = make_trainer(steps=6, resume_from=tmp_path, options={"accum": "2"}, explicit_options={"accum"})
+    resumed, _ = make_trainer(steps=6, resume_from=tmp_path, options={"accum": "2"}, explicit={"accum"})
     assert resumed.options.clip == 0.7  # from the checkpoint
     assert resumed.options.accum == 2  # given on the command line: wins
 

@@ -64,7 +64,7 @@ def make_trainer(
     checkpoint_dir: Path | None = None,
     profiles_dir: Path | None = None,
     resume_from: Path | None = None,
-    explicit_options=(),
+    explicit=(),
     workload=None,
     **settings: Any,
 ) -> tuple[Trainer, Recorder]:
@@ -84,6 +84,6 @@ def make_trainer(
         checkpoint_dir=checkpoint_dir,
         profiles_dir=profiles_dir,
         resume_from=resume_from,
-        explicit_options=explicit_options,
+        explicit=explicit,
     )
     return trainer, recorder

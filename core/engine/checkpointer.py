@@ -35,7 +35,7 @@ from torchlab.core.errors import ConfigError, StorageError
 from torchlab.core.records.config import config_from_toml
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import ResumedFromCheckpoint
-from torchlab.core.wire.options import RELAUNCHED_BY, STEPS, LiveOptions
+from torchlab.core.wire.options import OPTION_NAMES, RELAUNCHED_BY, STEPS, LiveOptions
 
 #: The parts a trial's snapshot copies: what a step changes, and the options the trial changes. Not the progress:
 #: a trial takes no step, and its time is the run's.
@@ -138,7 +138,7 @@ class Checkpointer:
             raise
         self.parts.reporter.emit(p.CheckpointSaved(step=written.step, path=str(path), reason="periodic"))
 
-    def resume(self, path: Path, explicit_options: Iterable[str]) -> LiveOptions:
+    def resume(self, path: Path, explicit: Iterable[str]) -> LiveOptions:
         """Load the checkpoint ``path`` names into the parts; return the options to run with: the checkpoint's,
         but those given explicitly, and the configuration's total of steps (the checkpoint's, or ``--steps``).
 
@@ -165,7 +165,7 @@ class Checkpointer:
                                         "elapsed_s": state.elapsed_s})
         self.last_step = state.step
         options = LiveOptions(**{**config.options.as_dict(), **state.options})
-        for name in explicit_options:
+        for name in set(explicit) & set(OPTION_NAMES):  # the live options among the names given
             options = options.with_value(name, getattr(config.options, name))
         options = options.with_value(STEPS.name, config.steps)  # the checkpoint's total, or a resume's --steps
         self.resumed = ResumedFromCheckpoint(step=state.step, options=options.as_dict())

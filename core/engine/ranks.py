@@ -56,7 +56,7 @@ from torchlab.core.engine.parts import resolve_device
 from torchlab.core.engine.rank_channel import RankChannel, SupervisorLink
 from torchlab.core.engine.trainer import Trainer
 from torchlab.core.errors import ConfigError, StorageError, TorchlabError, WorkloadError
-from torchlab.core.records.config import TrainConfig, build_config, load_config_file
+from torchlab.core.records.config import TrainConfig, build_config, config_from_toml, load_config_file
 from torchlab.core.records.storage import create_file, make_folder, match_folder_privacy, write_atomically
 from torchlab.core.wire.events import Relaunching, ResumeChangedSettings, ResumedFromCheckpoint, RunStarted
 from torchlab.core.wire.metrics_row import MetricsRow
@@ -107,7 +107,7 @@ class Supervisor:
         observers: Iterable[TrainerObserver],
         run_dir: Path,
         resume_from: Path | None = None,
-        explicit_options: Iterable[str] = (),
+        explicit: Iterable[str] = (),
         workload=None,
         external: RankContext | None = None,
         resume_note: dict[str, Any] | None = None,
@@ -120,7 +120,7 @@ class Supervisor:
         self.observers = list(observers)
         self.run_dir = Path(run_dir)
         self.resume_from = resume_from
-        self.explicit_options = set(explicit_options)
+        self.explicit = set(explicit)
         self.external = external
         self._workload = workload
         self.step = 0
@@ -137,9 +137,9 @@ class Supervisor:
         if external is not None:
             self.world_size = external.world_size
             self.config = _with_world_size(config, external.world_size)
-            self.explicit_options.add("world_size")
+            self.explicit.add("world_size")
         else:
-            self.world_size = initial_world_size(config, resume_from, self.explicit_options)
+            self.world_size = initial_world_size(config, resume_from, self.explicit)
             self.config = _with_world_size(config, self.world_size)
 
     # ------------------------------------------------------------------ the Trainer's API
@@ -170,10 +170,10 @@ class Supervisor:
             except OptionRefused as refusal:
                 raise ConfigError(f"world_size (--world-size) {self.world_size}: {refusal}.") from None
         elif self.trainer is None:
-            self._build_trainer(self.config, self.resume_from, self.explicit_options)
+            self._build_trainer(self.config, self.resume_from, self.explicit)
 
     def run(self) -> RunOutcome:
-        config, resume, explicit = self.config, self.resume_from, self.explicit_options
+        config, resume, explicit = self.config, self.resume_from, self.explicit
         while True:
             if self.world_size == 1 or self.external is not None:
                 outcome = self._run_here(config, resume, explicit)
@@ -181,7 +181,8 @@ class Supervisor:
                 outcome = self._run_ranks(config, resume, explicit)
             if self._rescue is not None:  # a rank ran out of memory: the ranks start again one rung down
                 rescue, self._rescue = self._rescue, None
-                config = dataclasses.replace(config, steps=rescue.options.steps, options=rescue.options)
+                config = dataclasses.replace(configuration_at(rescue.resume, config), steps=rescue.options.steps,
+                                             options=rescue.options)
                 resume, explicit = rescue.resume, set(OPTION_NAMES)
                 continue
             if outcome.status != RunStatus.RELAUNCH:
@@ -191,9 +192,9 @@ class Supervisor:
                                    world_size=change.world_size))
             self._acknowledge = change
             self.world_size = change.world_size
-            config = _with_world_size(config, change.world_size)
-            # the checkpoint's options (parallel among them), but the world size the change asked for
+            # the checkpoint's configuration and options (parallel among them), but the world size the change asked for
             resume, explicit = self.run_dir / "checkpoints" / "last.pt", {"world_size"}
+            config = _with_world_size(configuration_at(resume, config), change.world_size)
 
     def _emit(self, event: Message) -> None:
         for observer in self.observers:
@@ -214,7 +215,7 @@ class Supervisor:
             checkpoint_dir=self.run_dir / "checkpoints",
             profiles_dir=self.run_dir / "profiles",
             resume_from=resume,
-            explicit_options=explicit,
+            explicit=explicit,
             ranks=self.external,
             can_relaunch=self.external is None,
         )
@@ -255,7 +256,7 @@ class Supervisor:
         for command in pending:
             channel.send(command)
         args = ["-m", "torchlab.core.engine.ranks", "--run-dir", str(self.run_dir), "--config", str(rank_config),
-                "--socket", str(channel.path), "--explicit-options", ",".join(sorted(explicit))]
+                "--socket", str(channel.path), "--explicit", ",".join(sorted(explicit))]
         if resume is not None:
             args += ["--resume", str(resume)]
         os.environ[TOKEN_VARIABLE] = channel.token  # children inherit it; it never appears on a command line
@@ -436,15 +437,27 @@ def _terminate_ranks() -> None:
             continue
 
 
-def initial_world_size(config: TrainConfig, resume: Path | None, explicit_options: Iterable[str]) -> int:
+def initial_world_size(config: TrainConfig, resume: Path | None, explicit: Iterable[str]) -> int:
     """--world-size when given; else a resumed run keeps the world size its checkpoint trained with."""
-    if "world_size" in explicit_options or resume is None:
+    if "world_size" in explicit or resume is None:
         return config.options.world_size
     try:  # memory-mapped: only the small options entry is read
         saved = saved_world_size(peek_checkpoint(resume))
     except Exception:  # missing or unreadable: the trainer says why when it loads it
         return config.options.world_size
     return config.options.world_size if saved is None else saved
+
+
+def configuration_at(checkpoint: Path, config: TrainConfig) -> TrainConfig:
+    """The configuration the run had when ``checkpoint`` was written, which ranks started again resume with, as
+    ``--resume`` alone would: a live change of ``steps`` and a workload's own starting values (``Workload.settings``)
+    are in it, not in the configuration the run was started with (with that one, a relaunch for a new world size
+    trained to the first total of steps). ``config`` where the checkpoint cannot be read: the trainer says why when
+    it loads it."""
+    try:
+        return config_from_toml(peek_checkpoint(checkpoint)["config"], "the checkpoint's configuration")
+    except Exception:
+        return config
 
 
 def _with_world_size(config: TrainConfig, world_size: int) -> TrainConfig:
@@ -455,7 +468,7 @@ def _with_world_size(config: TrainConfig, world_size: int) -> TrainConfig:
 
 
 def run_quiet_rank(config: TrainConfig, context: RankContext, *, run_dir: Path, resume: Path | None,
-                   explicit_options: Iterable[str]) -> RunOutcome:
+                   explicit: Iterable[str]) -> RunOutcome:
     """A rank other than 0 under torchrun (headless or worker): trains its share; reports and writes nothing."""
     from torchlab.core.engine.seeding import seed_everything
     from torchlab.core.engine.loading import load_workload
@@ -463,7 +476,7 @@ def run_quiet_rank(config: TrainConfig, context: RankContext, *, run_dir: Path, 
     seed_everything(config.seed)
     workload = load_workload(config.workload)
     supervisor = Supervisor(config, observers=[], run_dir=run_dir, resume_from=resume,
-                            explicit_options=explicit_options, workload=workload, external=context)
+                            explicit=explicit, workload=workload, external=context)
     supervisor.prepare()
     return supervisor.run()
 
@@ -485,7 +498,7 @@ def _rank_main(argv: list[str] | None) -> NoReturn:
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--socket", type=Path, required=True)
     parser.add_argument("--resume", type=Path)
-    parser.add_argument("--explicit-options", default="")
+    parser.add_argument("--explicit", default="")
     args = parser.parse_args(argv)
     context = rank_from_environment(supervised=True)
     if context is None:
@@ -502,7 +515,7 @@ def _rank_main(argv: list[str] | None) -> NoReturn:
             checkpoint_dir=args.run_dir / "checkpoints",
             profiles_dir=args.run_dir / "profiles",
             resume_from=args.resume,
-            explicit_options=[name for name in args.explicit_options.split(",") if name],
+            explicit=[name for name in args.explicit.split(",") if name],
             ranks=context,
             can_relaunch=True,
             samples_telemetry=False,  # the supervisor samples the whole process tree, itself and every rank

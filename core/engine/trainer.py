@@ -27,6 +27,7 @@ import time
 import traceback
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -49,13 +50,14 @@ from torchlab.core.engine.spike_guard import SpikeGuard
 from torchlab.core.engine.step_report import StepReport, metrics_row
 from torchlab.core.engine.telemetry import TelemetrySampler
 from torchlab.core.engine.trials import Trials, TrialStopped
+from torchlab.core.engine.workload_settings import changed_since_the_start, starting_configuration
 from torchlab.core.errors import ConfigError, NonFiniteError, StorageError, WorkloadError
 from torchlab.core.records.config import TrainConfig
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import HELD_BACK, RunEnded, RunStarted, StepSkipped
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import COMPILE, LiveOptions, OptionRefused
+from torchlab.core.wire.options import COMPILE, LiveOptions, OptionRefused, format_option_value
 from torchlab.core.wire.protocol import SetCommand, TrainerCommand
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.workload import Workload
@@ -76,17 +78,28 @@ class Trainer:
         checkpoint_dir: Path | None = None,
         profiles_dir: Path | None = None,
         resume_from: Path | None = None,
-        explicit_options: Iterable[str] = (),
+        explicit: Iterable[str] = (),
         ranks: RankContext | None = None,
         can_relaunch: bool = False,
         samples_telemetry: bool = True,
     ) -> None:
         """``ranks``: this process's place among data-parallel ranks (None: a single process).
         ``can_relaunch``: a supervisor will act on the ``relaunch`` outcome, so world-size changes are possible.
-        ``samples_telemetry``: False where the supervisor samples for the whole process tree (rank 0 of its ranks)."""
+        ``samples_telemetry``: False where the supervisor samples for the whole process tree (rank 0 of its ranks).
+        ``explicit``: the names of the settings and live options the user gave (flags, ``--config``): a resume takes
+        these options from ``config``, not the checkpoint; a new run takes the workload's own starting values
+        (``Workload.settings``) for the others."""
         self.reporter = Reporter(list(observers) if ranks is None or ranks.reports else [])
+        explicit = set(explicit)
+        #: the workload's own starting values this run took (a new run's; a resumed one keeps its configuration's)
+        self.workload_settings: dict[str, Any] = {}
+        if resume_from is None:
+            config, self.workload_settings = starting_configuration(config, workload, explicit)
         self.parts = parts = TrainingParts.build(config, workload, ranks, can_relaunch and checkpoint_dir is not None,
                                                  self.reporter)
+        if self.workload_settings:
+            taken = ", ".join(f"{name} {format_option_value(name, value)}" for name, value in self.workload_settings.items())
+            self.reporter.emit(p.Log(level="info", text=f"the workload's own starting values: {taken}", step=0))
         self.samples_telemetry = samples_telemetry
         self.profiling = Profiling(parts.device, profiles_dir, self.reporter.emit)
         self.guard = SpikeGuard(parts)
@@ -95,7 +108,10 @@ class Trainer:
         self._held_row: MetricsRow | None = None  # a measured step's row, waiting for its update figures
         initial = config.options
         if resume_from is not None:
-            initial = self.checkpoints.resume(resume_from, explicit_options)
+            initial = self.checkpoints.resume(resume_from, explicit)
+            changed = changed_since_the_start(parts.config, initial, workload, explicit)
+            if changed is not None:
+                self.reporter.emit(p.Log(level="warning", text=changed, step=parts.progress.step))
         elif parts.world.rank > 0:
             seed_rank(config.seed, 0, parts.world.rank)  # same model and data as rank 0; its own dropout
         # Compiling runs a batch through the model (with DDP, the wrapper made last) and takes seconds to minutes: it
@@ -199,6 +215,7 @@ class Trainer:
             module_tied=probe.tied_names,
             checkpoint_blocks=list(parts.model.checkpointing.blocks),
             from_workload=parts.from_workload.as_dict() if parts.from_workload else None,
+            workload_settings=self.workload_settings or None,
             world_size=parts.world.size,
             ranks=self.rank_hosts,
         )

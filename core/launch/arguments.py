@@ -142,12 +142,20 @@ def workload_origin(args: argparse.Namespace) -> str | None:
 
 
 def resolve_config(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
-    """The merged config, and the names of live options given explicitly (flags or file).
+    """The merged config, and the names of the settings and live options given explicitly (``explicit_names``).
 
     With ``--resume``, this is what the flags alone say (checked here, without torch); the trainer's
     process starts from the checkpoint's configuration instead (core/launch/resume.py).
     """
     file_settings, flags = setting_layers(args)
     config = build_config(file_settings, flags)
-    explicit = set(file_settings.get("options", {})) | set(flags["options"])
-    return config, explicit
+    return config, explicit_names(file_settings, flags)
+
+
+def explicit_names(file_settings: dict[str, Any], flags: dict[str, Any]) -> set[str]:
+    """The settings and live options the user gave, in the ``--config`` file or as a flag: a resume keeps the
+    checkpoint's values of the others, and a new run takes a workload's own starting values for them
+    (``Workload.settings``, a transformers Trainer's TrainingArguments)."""
+    layers = (file_settings, flags)
+    return ({name for layer in layers for name in layer if name not in ("options", "at", "trials", "workload")}
+            | {name for layer in layers for name in layer.get("options", {})})

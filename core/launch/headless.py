@@ -51,16 +51,16 @@ def run_headless(
     console: Console | None = None,
 ) -> int:
     console = console or Console(stderr=True, soft_wrap=True)
-    config, resume, explicit_options = plan.config, plan.resume, plan.explicit_options
+    config, resume, explicit = plan.config, plan.resume, plan.explicit
     external = rank_from_environment(supervised=False)  # started by torchrun: one rank of several
     if external is not None and external.rank != 0:
         path = choose_run_dir(run_dir, resume, runs_root, workload_label(config.workload))
-        outcome = run_quiet_rank(config, external, run_dir=path, resume=resume, explicit_options=explicit_options)
+        outcome = run_quiet_rank(config, external, run_dir=path, resume=resume, explicit=explicit)
         return exit_code(outcome.status)
     check_spec(config.workload)
     refuse_an_unfit_run_dir(run_dir, resume, shared=config.shared_run_dir)  # after the checkpoint's own checks
     workload = None
-    if external is not None or initial_world_size(config, resume, explicit_options) == 1:
+    if external is not None or initial_world_size(config, resume, explicit) == 1:
         seed_everything(config.seed)
         workload = load_workload(config.workload)  # a bad workload fails here, before any directory exists
     tensorboard = tensorboard_observers(config)  # TensorBoard not installed: said before a directory exists
@@ -75,7 +75,7 @@ def run_headless(
             observers=[directory, config_record, ImpactTracker(directory.path / "impact.json"), progress, *tensorboard],
             run_dir=directory.path,
             resume_from=resume,
-            explicit_options=explicit_options,
+            explicit=explicit,
             workload=workload,
             external=external,
             resume_note=plan.resume_note(),
@@ -96,7 +96,8 @@ def run_headless(
                 raise
     finally:
         directory.close()
-    return _report(outcome, directory.path.absolute(), progress, interrupted=stop_on_signal.interrupted, steps=config.steps)
+    return _report(outcome, directory.path.absolute(), progress, interrupted=stop_on_signal.interrupted,
+                   steps=progress.total_steps)
 
 
 def _report(outcome: RunOutcome, run_path: Path, progress: HeadlessProgress, *, interrupted: bool, steps: int) -> int:
@@ -209,6 +210,7 @@ class HeadlessProgress(TrainerObserver):
         match event:
             case events.RunStarted():
                 self.step, self.description = event.step, f"training on {event.device}"
+                self.total_steps = event.steps  # a workload's own (Workload.settings) where no flag gave it
             case p.OptionApplied():
                 if event.option == STEPS.name:
                     self.total_steps = event.value

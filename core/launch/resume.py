@@ -43,13 +43,13 @@ from typing import Any
 from torchlab.core.engine.checkpoint import checkpoint_file, load_training_state
 from torchlab.core.engine.loading import SAMPLES, spec_as_shown, spec_as_typed
 from torchlab.core.errors import ConfigError
-from torchlab.core.launch.arguments import resolve_config, setting_layers, workload_origin
-from torchlab.core.records.config import FromWorkload, TrainConfig, build_config, settings_from_toml
+from torchlab.core.launch.arguments import explicit_names, resolve_config, setting_layers, workload_origin
+from torchlab.core.records.config import FromWorkload, TrainConfig, build_config, settings_from_toml, with_workload_settings
 from torchlab.core.records.rundir import RunDirectory
 from torchlab.core.safe_open import read_regular_text, who_else_may_write
 from torchlab.core.wire.events import RunStarted
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import OPTION_NAMES, format_option_value
+from torchlab.core.wire.options import LIVE_OPTIONS, OPTION_NAMES, format_option_value
 from torchlab.core.wire.protocol import Message
 
 #: Settings whose change on a resume makes the run differ from one that was never stopped.
@@ -58,6 +58,8 @@ BREAKS_EXACTNESS = ("workload", "seed", "batch_size", "lr", "weight_decay", "sch
 #: Not settings of the training: options are compared at the checkpoint's step; shared_run_dir concerns
 #: only a new run directory (an existing one keeps its modes), so a resume does not change it.
 _NOT_COMPARED = ("options", "schedule_extensions", "shared_run_dir")
+#: The live options that are not also a setting (``steps`` is compared as a setting).
+_LIVE_ONLY = frozenset(option.name for option in LIVE_OPTIONS if not option.setting)
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ class TrainingPlan:
     """The configuration to train with; with a resume, the checkpoint and what the flags changed."""
 
     config: TrainConfig
-    explicit_options: set[str]
+    explicit: set[str]
     resume: Path | None = None  # the checkpoint file
     changes: tuple[SettingChange, ...] = ()
     config_changed: bool = False  # the resolved configuration differs from the checkpoint's
@@ -125,14 +127,14 @@ def plan_training(args: argparse.Namespace) -> TrainingPlan:
     step = state.step
     if config.steps != stored.steps:
         config = build_config(*layers, _extension(stored, config, step, checkpoint))
-    explicit = set(file_settings.get("options", {})) | set(flags["options"])
+    explicit = explicit_names(file_settings, flags)
     changes = [
         SettingChange(f.name, _comparable(stored, f.name), _comparable(config, f.name))
         for f in fields(TrainConfig)
         if f.name not in _NOT_COMPARED and _comparable(stored, f.name) != _comparable(config, f.name)
     ]
     live_at_checkpoint = state.options
-    for name in sorted(explicit - {"world_size"}):  # the world size is the supervisor's to say
+    for name in sorted(explicit & _LIVE_ONLY - {"world_size"}):  # the world size is the supervisor's to say
         value = getattr(config.options, name)
         if name in live_at_checkpoint and live_at_checkpoint[name] != value:
             changes.append(SettingChange(name, live_at_checkpoint[name], value))
@@ -191,8 +193,8 @@ def _extension(stored: TrainConfig, config: TrainConfig, step: int, checkpoint: 
 class ConfigRecord(TrainerObserver):
     """Writes the run's ``config.toml``: at once for a new run; for a resumed one, once its checkpoint has loaded
     (the trainer reports ``run_started``) and only if the configuration changed. Where the workload brought its own
-    optimizer or scheduler (run_started says which), config.toml records them, not the settings they replaced:
-    a new run's is written again then."""
+    optimizer or scheduler, or its own starting values (run_started says which), config.toml records them, not the
+    settings they replaced: a new run's is written again then."""
 
     def __init__(self, directory: RunDirectory, plan: TrainingPlan) -> None:
         self.directory, self.plan = directory, plan
@@ -207,16 +209,22 @@ class ConfigRecord(TrainerObserver):
             return
         self._pending = False
         record = FromWorkload.from_mapping(event.from_workload, "run_started") if event.from_workload else None
+        taken = event.workload_settings or {}
         if self.plan.resume is None:
-            if record is not None:
-                self.directory.write_config(self._toml(record))
+            if record is not None or taken:
+                self.directory.write_config(self._toml(record, taken))
         elif not (self.directory.path / "config.toml").exists():  # resumed into a directory of its own
             self.directory.write_config(self._toml(record))
         elif self.plan.config_changed:
             self.directory.replace_config(self._toml(record), event.step)
 
-    def _toml(self, record: FromWorkload | None) -> str:
-        return self.plan.config.to_toml(workload_origin=self.plan.workload_origin, from_workload=record)
+    def _toml(self, record: FromWorkload | None, taken: dict[str, Any] | None = None) -> str:
+        """``taken``: the workload's own starting values the new run took (its trainer's configuration holds them)."""
+        config = self.plan.config
+        if taken:
+            config, _ = with_workload_settings(config, taken, frozenset(), "run_started")
+        return config.to_toml(workload_origin=self.plan.workload_origin, from_workload=record,
+                              workload_settings=tuple(taken or ()))
 
 
 def _comparable(config: TrainConfig, name: str) -> Any:

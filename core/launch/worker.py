@@ -205,7 +205,7 @@ class Worker:
                     observers=[journal, config_record, impact, self.reporter, *tensorboard_observers(plan.config)],
                     run_dir=directory.path,
                     resume_from=plan.resume,
-                    explicit_options=plan.explicit_options,
+                    explicit=plan.explicit,
                     external=rank_from_environment(supervised=False),  # rank 0 under torchrun
                     resume_note=plan.resume_note(),
                 )
@@ -477,7 +477,7 @@ def _quiet_rank(run_dir: Path, training_args: list[str]) -> int:
     try:
         plan = plan_training(args)
         outcome = run_quiet_rank(plan.config, rank_from_environment(supervised=False), run_dir=run_dir,
-                                 resume=plan.resume, explicit_options=plan.explicit_options)
+                                 resume=plan.resume, explicit=plan.explicit)
     except TorchlabError as error:
         print(f"torchlab worker, rank {os.environ.get('RANK')}: {error}", file=sys.stderr)
         return exit_status(error)

@@ -19,12 +19,12 @@ import difflib
 import os
 import re
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.errors import ConfigError, shown
+from torchlab.core.errors import ConfigError, WorkloadError, shown
 from torchlab.core.records.settings import ChoiceSetting, NumberSetting, Setting, StepsSetting, SwitchSetting, TextSetting
 from torchlab.core.safe_open import UnsafeFileError, open_regular
 from torchlab.core.wire.options import (
@@ -378,12 +378,14 @@ class TrainConfig:
     def resolved_warmup_steps(self) -> int:
         return self.warmup_steps if self.warmup_steps is not None else max(1, round(0.05 * self.steps))
 
-    def to_toml(self, *, workload_origin: str | None = None, from_workload: FromWorkload | None = None) -> str:
+    def to_toml(self, *, workload_origin: str | None = None, from_workload: FromWorkload | None = None,
+                workload_settings: Sequence[str] = ()) -> str:
         """The configuration as TOML that ``load_config_file`` (and ``config_from_toml``) read back.
         ``workload_origin``: a comment above ``workload`` saying what was typed where (core/launch/arguments.py).
         ``from_workload``: the workload's own optimizer and scheduler, recorded instead of the settings they replace
         (their defaults never applied; left out, they read back as the defaults, which the workload's factories
-        allow)."""
+        allow). ``workload_settings``: the names whose values are the workload's own (``with_workload_settings``),
+        said in a comment below ``workload``."""
         replaced = from_workload.replaced_settings() if from_workload else ()
         lines = []
         for f in fields(self):
@@ -393,6 +395,9 @@ class TrainConfig:
             if f.name == "workload" and workload_origin:
                 lines.append("# " + "".join(char if char.isprintable() else "?" for char in workload_origin))
             lines.append(f"{f.name} = {_toml_value(value)}")
+            if f.name == "workload" and workload_settings:
+                lines.append(f"# the workload's own starting values, where neither the command line nor --config gave "
+                             f"one: {', '.join(workload_settings)}")
         for name in ("at", "trials"):
             if getattr(self, name):
                 lines.append(f"{name} = [{', '.join(_toml_value(str(change)) for change in getattr(self, name))}]")
@@ -408,6 +413,54 @@ class TrainConfig:
                 continue
             lines.append(f"{name} = {_toml_value(format_option_value(name, value) if value is None else value)}")
         return "\n".join(lines) + "\n"
+
+
+#: What ``Workload.settings`` may not set, and why: each is decided before the workload's code runs.
+NOT_THE_WORKLOADS = {
+    "seed": "it seeds the workload's own code (its factory runs after it): give --seed",
+    "device": "the run chose its device before the workload's code ran: give --device",
+    "world_size": "the ranks are started before the workload's code runs: give --world-size",
+    "shared_run_dir": "the run directory is made before the workload's code runs: give --shared-run-dir",
+    "tensorboard": "the run's writers are made before the workload's code runs: give --tensorboard",
+    "telemetry_interval": "the run's sampler starts before the workload's code runs: give --telemetry-interval",
+}
+
+
+def with_workload_settings(config: TrainConfig, settings: Mapping[str, Any], explicit: set[str] | frozenset[str],
+                           where: str) -> tuple[TrainConfig, dict[str, Any]]:
+    """``config`` with a workload's own starting values (``Workload.settings``: a transformers Trainer's
+    TrainingArguments) in the place of the defaults: each one the user gave (``explicit``: the flags and the
+    ``--config`` file) stays the user's. Returns the configuration and the values it took that differ from the ones it
+    had, by name, as the configuration holds them (what run_started reports and config.toml records). A value the
+    setting does not accept is the WorkloadError of ``where``, naming it."""
+    settings_by_name = {setting.name: setting for setting in SETTINGS}
+    top: dict[str, Any] = {}
+    options = config.options
+    for name, value in settings.items():
+        if name in NOT_THE_WORKLOADS:
+            raise WorkloadError(f"{where}: Workload.settings cannot set {name}: {NOT_THE_WORKLOADS[name]}.")
+        if name not in settings_by_name and name not in OPTIONS_BY_NAME:
+            known = [*settings_by_name, *OPTIONS_BY_NAME]
+            raise WorkloadError(f"{where}: Workload.settings names {shown(name)}, which is no setting or live option of "
+                                f"torchlab{_suggest(str(name), known)}.")
+        if name in explicit:
+            continue
+        if name in settings_by_name:
+            top[name] = value
+            continue
+        try:
+            options = options.with_value(name, parse_option_value(name, value))
+        except OptionRefused as refusal:
+            raise WorkloadError(f"{where}: Workload.settings {name} = {shown(value)}: {refusal}.") from None
+    try:
+        taken = replace(config, **top, options=options)
+    except ConfigError as error:
+        raise WorkloadError(f"{where}: Workload.settings: {error}") from None
+    def value(of: TrainConfig, name: str) -> Any:
+        return getattr(of, name) if name in settings_by_name else getattr(of.options, name)
+
+    return taken, {name: value(taken, name) for name in settings
+                   if name not in explicit and value(taken, name) != value(config, name)}
 
 
 def load_config_file(path: Path, *, follow_link: bool = False) -> dict[str, Any]:

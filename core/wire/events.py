@@ -42,6 +42,9 @@ class RunStarted(Message):
     module_tied: list = field(default_factory=list)
     #: the workload's own optimizer and scheduler (core/records/config.py FromWorkload.as_dict), for config.toml; None: neither
     from_workload: dict | None = None
+    #: the workload's own starting values the run took, by name (core/records/config.py with_workload_settings), for
+    #: config.toml; None: none
+    workload_settings: dict | None = None
 
 
 @dataclass(frozen=True)

@@ -92,8 +92,10 @@ def test_world_size_2_compiles_the_ddp_wrapper_on_every_rank_and_checkpoints_the
 
 
 def test_live_world_size_1_to_2_to_1_continues_the_run(tmp_path):
+    """Each relaunch resumes with the configuration of its checkpoint: the total of steps changed live at step 2
+    holds (the ranks were started with the first total, 8, and stopped there)."""
     run = tmp_path / "run"
-    code = headless(run, f"{TINY}:workload", "--steps", "10", "--checkpoint-every", "0",
+    code = headless(run, f"{TINY}:workload", "--steps", "8", "--checkpoint-every", "0", "--at", "2:steps=10",
                     "--at", "4:world_size=2", "--at", "4:clip=0.5", "--at", "8:world_size=1", "--at", "9:accum=2")
     assert code == EXIT_OK
     metrics, events = read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "events.jsonl")
@@ -101,7 +103,7 @@ def test_live_world_size_1_to_2_to_1_continues_the_run(tmp_path):
     assert [m["world_size"] for m in metrics] == [1, 1, 1, 2, 2, 2, 2, 1, 1, 1]
     assert [m["clip"] for m in metrics][2:4] == [None, 0.5] and metrics[8]["accum"] == 2  # scripted once each
     changes = [(e["step"], e["option"], e["value"], e["previous"]) for e in events if e["event"] == "option_applied"]
-    assert changes == [(4, "clip", 0.5, None), (4, "world_size", 2, 1), (8, "world_size", 1, 2), (9, "accum", 2, 1)]
+    assert changes == [(2, "steps", 10, 8), (4, "clip", 0.5, None), (4, "world_size", 2, 1), (8, "world_size", 1, 2), (9, "accum", 2, 1)]
     relaunch_checkpoints = [e["step"] for e in events if e["event"] == "checkpoint" and e["reason"] == "world_size"]
     assert relaunch_checkpoints == [3, 7]
     assert [e["step"] for e in events if e["event"] == "resumed_from_checkpoint"] == [3, 7]
