@@ -200,28 +200,35 @@ def load_workload(text: str):
             return adapted
         raise WorkloadError(
             f"{describe_code(factory)}: {spec.factory}() returned {type(workload).__name__}, not a Workload; "
-            f"return Workload(model=..., dataset=..., loss_fn=...) from torchlab.core.workload, or a LightningModule."
+            f"return Workload(model=..., dataset=..., loss_fn=...) from torchlab.core.workload, a LightningModule or a "
+            f"transformers Trainer."
         )
     return workload
 
 
 def _adapted(made: Any, factory: Callable, file: Path | None) -> Any:
-    """The Workload of what the factory returned where it is a LightningModule (core/engine/from_lightning.py); its
-    hooks (configure_optimizers, the data loaders) run here, and what they raise is said as the factory's would be."""
+    """The Workload of what the factory returned where it is a LightningModule (core/engine/from_lightning.py) or a
+    transformers Trainer (core/engine/from_transformers.py); their hooks (configure_optimizers, the data loaders) run
+    here, and what they raise is said as the factory's would be."""
     from torchlab.core.engine.from_lightning import lightning_workload
+    from torchlab.core.engine.from_transformers import transformers_workload
 
-    try:
-        with exits_as_failure("in its LightningModule's hooks", file):
-            return lightning_workload(made, describe_code(factory))
-    except TorchlabError:
-        raise
-    except Exception as error:
-        hint = ""
-        if "not attached to a `Trainer`" in str(error):
-            hint = (" The workbench trains the module without Lightning's Trainer, so self.trainer is not there: "
-                    "give what it reads (estimated_stepping_batches: the run's --steps) to the module itself.")
-        raise WorkloadError(f"{_frame_text(error.__traceback__, file)}: the LightningModule's hook raised "
-                            f"{type(error).__name__}: {str(error).rstrip('.')}.{hint}") from error
+    for adapt, whose in ((lightning_workload, "LightningModule"), (transformers_workload, "Trainer")):
+        try:
+            with exits_as_failure(f"in its {whose}'s hooks", file):
+                adapted = adapt(made, describe_code(factory))
+        except TorchlabError:
+            raise
+        except Exception as error:
+            hint = ""
+            if "not attached to a `Trainer`" in str(error):
+                hint = (" The workbench trains the module without Lightning's Trainer, so self.trainer is not there: "
+                        "give what it reads (estimated_stepping_batches: the run's --steps) to the module itself.")
+            raise WorkloadError(f"{_frame_text(error.__traceback__, file)}: the {whose}'s hook raised "
+                                f"{type(error).__name__}: {str(error).rstrip('.')}.{hint}") from error
+        if adapted is not None:
+            return adapted
+    return None
 
 
 @contextmanager

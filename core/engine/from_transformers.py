@@ -1,0 +1,217 @@
+"""A transformers ``Trainer``, as it is, trained by the engine (issue 33): the ``Workload`` its own parts describe.
+
+A factory may return a ``transformers.Trainer`` (or a subclass: ``Seq2SeqTrainer``, one of the user's), built as
+for ``trainer.train()`` but not started. Nothing here imports transformers: an object is one where the user's code
+imported its Trainer already and it is an instance of that class.
+
+What maps to what (the README's table says it for users):
+
+- The model is ``trainer.model``; its ``config.use_cache`` is set False, as transformers does when it checkpoints
+  activations: a key/value cache filled in a training forward is thrown away, and a recomputed block (the live
+  ``checkpointing``) would fill it twice.
+- The loss is ``trainer.compute_loss(model, batch)``: the user's override where there is one, else transformers'
+  own (the model's loss from ``labels``, label smoothing, ``compute_loss_func``), on a copy of the batch (it may pop
+  ``labels``). Not given ``num_items_in_batch``: each micro-batch's loss is its own mean, and the engine averages
+  them by samples (as transformers did before 4.46). The validation loss is the same call under ``no_grad``.
+- The data are what ``trainer.get_train_dataloader()`` and ``get_eval_dataloader()`` hold (columns the model does not
+  take removed, ``data_collator``), read with the engine's own sampler (shuffled from ``--seed``, shared over ranks,
+  resumable); one eval set.
+- The optimizer is ``trainer.create_optimizer()``: the one given as ``optimizers=(optimizer, ...)``, or the one
+  ``TrainingArguments`` describe (``optim``, ``learning_rate``, ``weight_decay`` on all but biases and norms, Adam's
+  betas and epsilon), its groups named ``decay`` and ``no_decay``. The schedule is ``trainer.create_scheduler(total,
+  optimizer)`` (``lr_scheduler_type``, ``warmup_steps``/ratio, ``lr_scheduler_kwargs``), built again for a new total
+  of steps, or the one given as ``optimizers=(..., scheduler)``, which cannot be.
+- ``TrainingArguments`` give the run's starting settings (``Workload.settings``): ``steps`` (``max_steps``, or
+  ``num_train_epochs`` of the engine's batches), ``batch_size`` (``per_device_train_batch_size`` times the ranks the
+  run starts with: the engine's batch is all ranks' together), ``accum``, ``clip`` (``max_grad_norm``; 0: off),
+  ``amp`` (``bf16``/``fp16``), ``checkpointing`` (``activation_checkpointing``, was ``gradient_checkpointing``), ``compile`` (``torch_compile``) and
+  ``eval_every`` (``eval_strategy`` "steps" or "epoch"). A flag or ``--config`` still wins over each.
+- ``trainer.state.global_step`` and ``epoch`` say where the run is before each step (``Workload.before_step``), for
+  a ``compute_loss`` that reads them.
+
+Refused with one paragraph each, never trained differently: an overridden ``training_step``, callbacks the engine
+would not call (``EarlyStoppingCallback``, the user's own), ``model_init``, several eval sets, and the arguments
+that train otherwise (DeepSpeed, transformers' own FSDP, NEFTune).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+
+from torchlab.core.errors import WorkloadError
+from torchlab.core.wire.options import OptionRefused
+from torchlab.core.workload import Workload
+
+#: Callbacks a Trainer has of its own: they print and drive ``trainer.train()``'s loop, which the engine replaces.
+_ITS_OWN_CALLBACKS = ("DefaultFlowCallback", "ProgressCallback", "PrinterCallback")
+#: Trainer methods the engine does not call: overriding one would train differently than the code says.
+_METHODS_NOT_CALLED = {
+    "training_step": "the engine runs the step itself (forward through compute_loss, backward, accumulation, AMP's "
+                     "scaler, clipping, the optimizer); move what it does into compute_loss",
+}
+
+
+def trainer_class() -> type | None:
+    """transformers' Trainer, where the user's code imported it; None where it did not."""
+    module = sys.modules.get("transformers.trainer")
+    return getattr(module, "Trainer", None) if module is not None else None
+
+
+def transformers_workload(made: Any, where: str) -> Workload | None:
+    """The Workload of what a factory returned, where it is a transformers Trainer; None where it is not."""
+    trainer_type = trainer_class()
+    if trainer_type is None or not isinstance(made, trainer_type):
+        return None
+    return TrainerAdapter(made, where).workload()
+
+
+class TrainerAdapter:
+    """One transformers Trainer as a Workload; see the module docstring."""
+
+    def __init__(self, trainer: Any, where: str) -> None:
+        self.trainer, self.where = trainer, where
+        self.args = trainer.args
+        self.given_scheduler: LRScheduler | None = trainer.lr_scheduler
+        self._scheduler_built = False
+        self._names_groups = trainer.optimizer is None  # its own groups: decay and no_decay
+
+    def workload(self) -> Workload:
+        trainer = self.trainer
+        self._refuse_what_is_not_honoured()
+        model = trainer.model
+        if getattr(getattr(model, "config", None), "use_cache", None):
+            model.config.use_cache = False
+        train = trainer.get_train_dataloader()
+        validation = self._eval_loader()
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        batch_size = self.args.per_device_train_batch_size * world_size
+        return Workload(
+            model=model,
+            dataset=train.dataset,
+            loss_fn=self.loss,
+            val_dataset=validation.dataset if validation is not None else None,
+            collate_fn=train.collate_fn,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            before_step=self.before_step,
+            settings=self.settings(train.dataset, batch_size),
+        )
+
+    # ---------------------------------------------------------------- the loss
+    def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        inputs = dict(batch) if isinstance(batch, Mapping) else batch
+        loss = self.trainer.compute_loss(model, inputs)
+        return loss[0] if isinstance(loss, tuple) else loss  # an override that returns (loss, outputs) regardless
+
+    def before_step(self, step: int, epoch: int) -> None:
+        self.trainer.state.global_step, self.trainer.state.epoch = step - 1, float(epoch)
+
+    # ---------------------------------------------------------------- the optimizer and its schedule
+    def optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        optimizer = self.trainer.create_optimizer()
+        if self._names_groups and len(optimizer.param_groups) == 2:
+            for group, name in zip(optimizer.param_groups, ("decay", "no_decay")):
+                group.setdefault("name", name)
+        return optimizer
+
+    def scheduler(self, optimizer: torch.optim.Optimizer, total_steps: int) -> LRScheduler:
+        if self.given_scheduler is not None:
+            if self._scheduler_built:
+                raise OptionRefused(
+                    "the Trainer was given its scheduler (optimizers=(optimizer, scheduler)), made for a length it "
+                    "cannot be made again for; give max_steps in TrainingArguments and let the Trainer make it"
+                )
+            self._scheduler_built = True
+            return self.given_scheduler
+        self.trainer.lr_scheduler = None  # create_scheduler makes one only where there is none
+        return self.trainer.create_scheduler(num_training_steps=total_steps, optimizer=optimizer)
+
+    # ---------------------------------------------------------------- TrainingArguments as the run's settings
+    def settings(self, dataset: Any, batch_size: int) -> dict[str, Any]:
+        args = self.args
+        accum = args.gradient_accumulation_steps
+        steps_per_epoch = self._steps_per_epoch(dataset, batch_size, accum)
+        if args.max_steps > 0:
+            steps = args.max_steps
+        elif steps_per_epoch is None:
+            raise WorkloadError(f"{self.where}: the training set has no length (an IterableDataset), so "
+                                f"num_train_epochs says no number of steps: give max_steps in TrainingArguments.")
+        else:
+            steps = max(1, math.ceil(args.num_train_epochs * steps_per_epoch))
+        settings: dict[str, Any] = {
+            "steps": steps,
+            "batch_size": batch_size,
+            "accum": accum,
+            "clip": args.max_grad_norm if args.max_grad_norm else None,
+            "amp": "bf16" if args.bf16 else "fp16" if args.fp16 else "off",
+            "checkpointing": bool(getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing),
+            "compile": bool(args.torch_compile),
+        }
+        strategy = str(getattr(args.eval_strategy, "value", args.eval_strategy))
+        if strategy == "steps" and args.eval_steps:
+            every = args.eval_steps
+            settings["eval_every"] = max(1, math.ceil(every * steps)) if every < 1 else int(every)
+        elif strategy == "epoch" and steps_per_epoch is not None:
+            settings["eval_every"] = steps_per_epoch
+        return settings
+
+    @staticmethod
+    def _steps_per_epoch(dataset: Any, batch_size: int, accum: int) -> int | None:
+        """Optimizer steps in one epoch of the engine's batches (it drops a last partial batch)."""
+        try:
+            batches = len(dataset) // batch_size
+        except TypeError:
+            return None
+        return max(1, math.ceil(batches / accum))
+
+    # ---------------------------------------------------------------- what it cannot do
+    def _eval_loader(self) -> Any:
+        eval_dataset = self.trainer.eval_dataset
+        if eval_dataset is None:
+            return None
+        if isinstance(eval_dataset, Mapping):
+            raise WorkloadError(f"{self.where}: the Trainer has {len(eval_dataset)} eval sets ({', '.join(map(str, eval_dataset))}); "
+                                f"the engine evaluates one: give eval_dataset one dataset.")
+        return self.trainer.get_eval_dataloader()
+
+    def _refuse_what_is_not_honoured(self) -> None:
+        trainer, args = self.trainer, self.args
+        said = f"{self.where}: this Trainer"
+        if trainer.model is None:
+            raise WorkloadError(f"{said} has no model (model_init makes one per trial of a hyperparameter search); "
+                                f"the engine trains one: give Trainer(model=...).")
+        for method, instead in _METHODS_NOT_CALLED.items():
+            if _overrides(trainer, method):
+                raise WorkloadError(f"{said} overrides {method}(), which the engine does not call, so it would train "
+                                    f"differently than its code says: {instead}.")
+        others = [type(callback).__name__ for callback in trainer.callback_handler.callbacks
+                  if type(callback).__name__ not in _ITS_OWN_CALLBACKS
+                  and not type(callback).__module__.startswith("transformers.integrations")]
+        if others:
+            raise WorkloadError(f"{said} has callbacks the engine does not call ({', '.join(others)}): their on_step "
+                                f"and on_evaluate hooks would never run. Remove them; the workbench stops a run from "
+                                f"the app (s) or at --steps, and guards spikes with --spike-guard.")
+        unsupported = {
+            "deepspeed": "DeepSpeed runs its own engine: train with --parallel fsdp and --world-size N instead",
+            "fsdp": "transformers' FSDP wraps the model itself: give --parallel fsdp and --world-size N instead",
+            "neftune_noise_alpha": "NEFTune adds noise to the embeddings inside trainer.train(): not here",
+        }
+        for name, instead in unsupported.items():
+            if getattr(args, name, None):
+                raise WorkloadError(f"{said}'s TrainingArguments set {name}, which the engine cannot honour: {instead}.")
+
+
+def _overrides(obj: Any, method: str) -> bool:
+    """Whether ``obj``'s class defines ``method`` itself (or a class between it and transformers'), not
+    transformers' own (a Seq2SeqTrainer is transformers')."""
+    for cls in type(obj).__mro__:
+        if method in vars(cls):
+            return not cls.__module__.startswith("transformers.")
+    return False
