@@ -48,14 +48,19 @@ class Recorder(TrainerObserver):
 
 
 class StopAt(TrainerObserver):
-    """Stops ``trainer`` once it reports ``step`` (at the boundary after it, as the app's stop would)."""
+    """Stops ``trainer`` at the boundary after ``step``, as the app's stop asked during that step would. Not on the
+    step's row: a measured step's row waits for the next step's transfer (its update figures), and whether a step
+    is measured depends on the box's load (the auto probe cadence), so a stop asked on rows came a step late."""
 
     def __init__(self, trainer, step: int) -> None:
-        self.trainer, self.step = trainer, step
+        apply = trainer.boundary.apply
 
-    def on_metrics(self, row: MetricsRow) -> None:
-        if row.step == self.step:
-            self.trainer.submit(StopCommand("test"))
+        def stop_then_apply() -> None:
+            if trainer.parts.progress.step == step:
+                trainer.submit(StopCommand("test"))
+            apply()
+
+        trainer.boundary.apply = stop_then_apply
 
 
 def make_trainer(
