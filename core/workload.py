@@ -77,6 +77,12 @@ class Workload:
     where the run is (KL annealing, a curriculum) and a LightningModule's ``self.global_step``. A trial's arms call
     it with the steps they train, and a step retried after running out of memory calls it again.
 
+    ``loss_items(batch)``: for a loss that is a mean over items within the batch (tokens with a label, where
+    sequences are padded), the number of those items in ``batch`` (a scalar tensor or a number). Each micro-batch's
+    loss is then weighed by its items over the step's, all ranks' (counted before the step's first forward), so the
+    step's gradient and loss are the mean over every item of the step, as transformers' Trainer makes them
+    (``num_items_in_batch``); None: each micro-batch weighs by its samples.
+
     ``settings``: the run's starting values that the workload's own code says, by the name of a torchlab setting or
     live option (``{"steps": 500, "accum": 4, "clip": 1.0, "amp": "bf16", "checkpointing": True}``; a transformers
     Trainer's TrainingArguments give them so). A new run takes each one that neither a flag nor ``--config`` gives,
@@ -96,6 +102,7 @@ class Workload:
     scheduler: SchedulerFactory | None = None
     scheduler_interval: str = "step"
     before_step: Callable[[int, int], None] | None = None
+    loss_items: Callable[[Any], torch.Tensor | int] | None = None
     settings: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -122,6 +129,9 @@ class Workload:
             raise WorkloadError("Workload.scheduler must be callable as scheduler(optimizer, total_steps) -> LRScheduler, or None.")
         if self.before_step is not None and not callable(self.before_step):
             raise WorkloadError("Workload.before_step must be callable as before_step(step, epoch), or None.")
+        if self.loss_items is not None and not callable(self.loss_items):
+            raise WorkloadError("Workload.loss_items must be callable as loss_items(batch) -> the items its loss "
+                                "averages over, or None.")
         if self.settings is not None and not (isinstance(self.settings, Mapping)
                                               and all(isinstance(name, str) for name in self.settings)):
             raise WorkloadError("Workload.settings must map the names of torchlab's settings and live options to their "

@@ -272,6 +272,10 @@ class BatchStream:
         opened it."""
         return self.taken_at[-1][0] if self.taken_at else self.position.epoch
 
+    def epoch_of_taken(self, back: int) -> int:
+        """The epoch of the batch taken ``back`` batches ago (1: the last; a step's first of ``accum`` taken ahead)."""
+        return self.taken_at[-back][0] if 0 < back <= len(self.taken_at) else self.epoch
+
     def _fetch(self) -> Any:
         if self._iterator is None:
             self._iterator = self._open_epoch()

@@ -174,6 +174,12 @@ class Collectives:
         reduced = reduced / self.context.world_size
         return reduced[0], (reduced[1:] if metrics is not None else None)
 
+    def total(self, count: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks of a count (a step's loss items, Workload.loss_items), in one all-reduce."""
+        summed = count.detach().float().reshape(1).clone()
+        dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+        return summed[0]
+
     # ---- report steps
     def gather_figures(self, step_time_s: float, data_wait_s: float) -> list[RankFigures]:
         """Every rank's figures, in rank order; rank 0 uses them, the others discard them. A figure a rank

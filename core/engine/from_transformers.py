@@ -9,10 +9,15 @@ What maps to what (the README's table says it for users):
 - The model is ``trainer.model``; its ``config.use_cache`` is set False, as transformers does when it checkpoints
   activations: a key/value cache filled in a training forward is thrown away, and a recomputed block (the live
   ``checkpointing``) would fill it twice.
-- The loss is ``trainer.compute_loss(model, batch)``: the user's override where there is one, else transformers'
-  own (the model's loss from ``labels``, label smoothing, ``compute_loss_func``), on a copy of the batch (it may pop
-  ``labels``). Not given ``num_items_in_batch``: each micro-batch's loss is its own mean, and the engine averages
-  them by samples (as transformers did before 4.46). The validation loss is the same call under ``no_grad``.
+- The loss is ``trainer.compute_loss(model, batch, num_items_in_batch=...)``: the user's override where there is
+  one, else transformers' own (the model's loss from ``labels``, label smoothing, ``compute_loss_func``), on a copy
+  of the batch (it may pop ``labels``). Where transformers counts the labels of a step (its ``num_items_in_batch``,
+  4.46 on: a model that takes loss kwargs, or a ``compute_loss_func``; a ``loss_is_scaled_for_ga`` said decides), the
+  micro-batch's loss is divided by its own count, and the engine weighs each by its count over the step's, all
+  ranks' (``Workload.loss_items``): the step's loss and gradient are transformers', the sum over every label of the
+  step over their count. ``average_tokens_across_devices`` is set False on the Trainer, which counts over the ranks
+  no more: the engine does (the same figure, where it is left True as by default). Elsewhere each micro-batch's
+  loss is its own mean, weighed alike. The validation loss is the same call without a count, under ``no_grad``.
 - The data are what ``trainer.get_train_dataloader()`` and ``get_eval_dataloader()`` hold (columns the model does not
   take removed, ``data_collator``), read with the engine's own sampler (shuffled from ``--seed``, shared over ranks,
   resumable); one eval set.
@@ -45,6 +50,7 @@ from typing import Any
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
+from torchlab.core.engine.batch_split import batch_samples
 from torchlab.core.errors import WorkloadError
 from torchlab.core.wire.options import OptionRefused
 from torchlab.core.workload import Workload
@@ -78,6 +84,12 @@ class TrainerAdapter:
     def __init__(self, trainer: Any, where: str) -> None:
         self.trainer, self.where = trainer, where
         self.args = trainer.args
+        said = getattr(trainer, "loss_is_scaled_for_ga", None)  # the user's word on their compute_loss, 5.x on
+        #: whether transformers would count the labels of a step and divide its loss by their number
+        self.counts_items = bool(said if said is not None else
+                                 getattr(trainer, "model_accepts_loss_kwargs", False) or trainer.compute_loss_func is not None)
+        if self.counts_items:  # the engine counts over the ranks: the Trainer must not scale by them as well
+            self.args.average_tokens_across_devices = False
         self.given_scheduler: LRScheduler | None = trainer.lr_scheduler
         self._scheduler_built = False
         self._names_groups = trainer.optimizer is None  # its own groups: decay and no_decay
@@ -96,6 +108,7 @@ class TrainerAdapter:
             model=model,
             dataset=train.dataset,
             loss_fn=self.loss,
+            loss_items=self.items if self.counts_items else None,
             val_dataset=validation.dataset if validation is not None else None,
             collate_fn=train.collate_fn,
             optimizer=self.optimizer,
@@ -107,8 +120,21 @@ class TrainerAdapter:
     # ---------------------------------------------------------------- the loss
     def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
         inputs = dict(batch) if isinstance(batch, Mapping) else batch
-        loss = self.trainer.compute_loss(model, inputs)
+        counted = self.counts_items and model.training and _has_labels(batch)
+        loss = self.trainer.compute_loss(model, inputs, num_items_in_batch=self.items(batch) if counted else None)
         return loss[0] if isinstance(loss, tuple) else loss  # an override that returns (loss, outputs) regardless
+
+    def items(self, batch: Any) -> torch.Tensor | int:
+        """The labels transformers counts in ``batch`` (``_get_num_items_in_batch``: not -100; past the first
+        position where its loss shifts them; ``shift_labels`` where the collator gives them); a batch without labels
+        counts its samples (transformers then weighs the micro-batches alike)."""
+        if not _has_labels(batch):
+            return batch_samples(batch)
+        if "shift_labels" in batch:
+            labels = batch["shift_labels"]
+        else:
+            labels = batch["labels"][..., 1:] if getattr(self.trainer, "_loss_shifts_labels", False) else batch["labels"]
+        return labels.ne(-100).sum()
 
     def before_step(self, step: int, epoch: int) -> None:
         self.trainer.state.global_step, self.trainer.state.epoch = step - 1, float(epoch)
@@ -206,6 +232,10 @@ class TrainerAdapter:
         for name, instead in unsupported.items():
             if getattr(args, name, None):
                 raise WorkloadError(f"{said}'s TrainingArguments set {name}, which the engine cannot honour: {instead}.")
+
+
+def _has_labels(batch: Any) -> bool:
+    return isinstance(batch, Mapping) and isinstance(batch.get("labels"), torch.Tensor)
 
 
 def _overrides(obj: Any, method: str) -> bool:

@@ -118,6 +118,30 @@ class LossFunction:
             )
         return loss, self.metric_names.stack(metrics, self.where, step)
 
+    def item_weights(self, pieces: list[list[Any]], collectives: Any) -> list[list[torch.Tensor]]:
+        """Each piece's weight in the step where the workload's loss is a mean over items (``Workload.loss_items``:
+        tokens with a label), in the place of its share of the samples: its items times the micro-batches and the
+        ranks, over the step's items, every rank's (one all-reduce). The engine's average over micro-batches and
+        ranks then gives the step's gradient and loss as the mean over every item of the step: transformers'
+        ``num_items_in_batch``. ``pieces``: each micro-batch's, as ``split_batch`` cut them."""
+        counts = [[self._items(piece) for piece in micro] for micro in pieces]
+        total = torch.stack([count for micro in counts for count in micro]).sum()
+        ranks = 1
+        if collectives is not None:
+            total, ranks = collectives.total(total), collectives.context.world_size
+        scale = len(pieces) * ranks / total.clamp(min=1.0)  # a step of no items: its loss weighs nothing
+        return [[count * scale for count in micro] for micro in counts]
+
+    def _items(self, piece: Any) -> torch.Tensor:
+        where = describe_code(self.workload.loss_items)
+        count = self.workload.loss_items(piece)
+        if isinstance(count, torch.Tensor) and count.numel() == 1 and not count.is_complex():
+            return count.detach().reshape(()).to(self.device, torch.float32)
+        if isinstance(count, (int, float)) and not isinstance(count, bool) and count >= 0:
+            return torch.tensor(float(count), device=self.device)
+        raise WorkloadError(f"{where}: Workload.loss_items must return the number of items a batch's loss averages "
+                            f"over (a scalar tensor or a number), got {shown(count)}.")
+
     def alone(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
         """The loss ``loss_fn`` gives on ``batch``, its metrics (if it returns a mapping) left out: for the passes
         that only backpropagate it, the compile at a boundary and the non-finite guard's replay."""

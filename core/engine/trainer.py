@@ -362,25 +362,35 @@ class Trainer:
         model = parts.model.for_step(eager=plan.activations)  # hooks added to a compiled model would not fire
         losses, metrics = [], []
         before_step = parts.workload.before_step
+        weights = None  # each piece's weight: its share of the samples, or of the items (Workload.loss_items)
+        if parts.workload.loss_items is not None:  # the step's batches first: the items of all of them are counted
+            while len(taken) < accum:
+                taken.append(data.next_batch())
+            weights = parts.loss.item_weights([[piece for piece, _ in split_batch(batch, split)] for batch in taken],
+                                              parts.world.collectives)
         for micro in range(accum):
             if micro == len(taken):
                 taken.append(data.next_batch())
             if micro == 0 and before_step is not None:  # where the run is, for a loss that depends on it
-                before_step(step, data.epoch)
+                before_step(step, data.epoch_of_taken(len(taken)))  # the epoch of the step's first batch
             pieces = split_batch(taken[micro], split)  # the batch itself, weighted 1, unless split
             for index, (piece, share) in enumerate(pieces):
+                weight = weights[micro][index] if weights is not None else share
+                whole = weights is None and share == 1  # the batch itself: its loss as it is
                 last = micro == accum - 1 and index == len(pieces) - 1
                 with parts.model.gradient_sync(last):  # DDP: averaged on the step's last backward
                     with watch.forward(), precision.autocast():  # a memory step counts the first forward's saved tensors
                         loss, metric_values = parts.loss(model, piece, step)
-                    weight = share / accum  # each piece's share of the step's samples: the gradients add up to the mean's
-                    precision.backward(loss * weight if weight != 1 else loss)  # fp16: scaler.scale(loss).backward()
+                    # each piece's weight over the micro-batches: the gradients add up to the mean's
+                    precision.backward(loss if whole and accum == 1 else loss * (weight / accum))  # fp16: scaled
+                weighted = loss.detach() if whole else loss.detach().float() * weight
+                weighted_metrics = metric_values if whole or metric_values is None else metric_values * weight
                 if index == 0:
-                    losses.append(loss.detach() if share == 1 else loss.detach().float() * share)
-                    metrics.append(metric_values if share == 1 or metric_values is None else metric_values * share)
+                    losses.append(weighted)
+                    metrics.append(weighted_metrics)
                 else:  # the micro-batch's loss and metrics: its pieces' weighted by their shares
-                    losses[-1] = losses[-1] + loss.detach().float() * share
-                    metrics[-1] = metrics[-1] + metric_values * share if metric_values is not None else None
+                    losses[-1] = losses[-1] + weighted
+                    metrics[-1] = metrics[-1] + weighted_metrics if metric_values is not None else None
         return losses, metrics
 
     def _rescues(self, plan: StepPlan) -> bool:

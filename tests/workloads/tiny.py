@@ -479,3 +479,33 @@ def rank_1_killed_where_asked() -> Workload:
             for parameter in built.model.parameters():
                 parameter.add_(0.5)
     return built
+
+
+class _PaddedTokens(torch.utils.data.Dataset):
+    """Sequences of 6 tokens of which only the first count (the rest padding): one of all 6, the others' first only,
+    so no two halves of a batch of 8 hold as many tokens each (13 in all), whatever the order."""
+
+    def __init__(self, samples: int = 8) -> None:
+        generator = torch.Generator().manual_seed(3)
+        self.x = torch.randn(samples, 6, 4, generator=generator)
+        self.y = torch.randn(samples, 6, generator=generator)
+        counts = torch.ones(samples, dtype=torch.long)
+        counts[-1] = 6
+        self.mask = (torch.arange(6)[None, :] < counts[:, None]).float()
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> dict:
+        return {"x": self.x[index], "y": self.y[index], "mask": self.mask[index]}
+
+
+def masked_token_mse(model: nn.Module, batch) -> torch.Tensor:
+    errors = (model(batch["x"]).squeeze(-1) - batch["y"]) ** 2
+    return (errors * batch["mask"]).sum() / batch["mask"].sum()
+
+
+def token_mean() -> Workload:
+    """A loss that is a mean over the tokens that count, with the items it averages over (Workload.loss_items)."""
+    return Workload(model=nn.Linear(4, 1), dataset=_PaddedTokens(), loss_fn=masked_token_mse,
+                    loss_items=lambda batch: batch["mask"].sum(), batch_size=4)
