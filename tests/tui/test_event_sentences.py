@@ -46,6 +46,8 @@ SAID = [
     (events.ResumeChangedSettings(step=9, level="warning", message="resumed with seed 7 → 3: from here on the run differs"),
      "warning: resumed with seed 7 → 3: from here on the run differs"),
     (events.ResumeChangedSettings(step=9, level="info", message="resumed with steps 20 → 40"), "resumed with steps 20 → 40"),
+    (p.Log(level="info", step=0, text="the workload's own starting values: steps 300, batch_size 16, accum 2"),
+     "the workload's own starting values: steps 300, batch_size 16, accum 2"),
     (events.StopRequested(step=10, reason="stopped by `torchlab-tui stop`"),
      "stopped by `torchlab-tui stop` (at the end of this step, with a final checkpoint)"),
 ]
