@@ -127,6 +127,17 @@ def test_config_toml_records_training_arguments_and_a_resume_keeps_them_and_says
     assert [row["lrs"]["decay"] for row in rows[8:]] == pytest.approx([linear_with_warmup(step, 12) for step in range(9, 13)])
 
 
+def test_an_optimizer_and_scheduler_given_to_the_trainer_train_and_a_new_total_is_refused_saying_why():
+    trainer, seen = make_trainer(f"{HF}:given_optimizer_and_scheduler", at=["4:steps=20"])
+    trainer.run()
+    rows = seen.metrics
+    assert [row.step for row in rows] == list(range(1, 13)) and trainer.parts.from_workload.optimizer == "torch.optim.SGD"
+    assert [row.lr for row in rows][:2] == pytest.approx([0.05, 0.05 * (1 - 0.9 / 12)])
+    refused = seen.of("option_refused")
+    assert [(event["option"], event["step"]) for event in refused] == [("steps", 4)]
+    assert "the Trainer was given its scheduler (optimizers=(optimizer, scheduler))" in refused[0]["reason"]
+
+
 @pytest.mark.parametrize("factory, said", [
     ("overrides_training_step", "overrides training_step(), which the engine does not call"),
     ("early_stopping", "has callbacks the engine does not call (EarlyStoppingCallback)"),

@@ -31,8 +31,8 @@ What maps to what (the README's table says it for users):
   run starts with: the engine's batch is all ranks' together), ``accum``, ``clip`` (``max_grad_norm``; 0: off),
   ``amp`` (``bf16``/``fp16``), ``checkpointing`` (``activation_checkpointing``, was ``gradient_checkpointing``), ``compile`` (``torch_compile``) and
   ``eval_every`` (``eval_strategy`` "steps" or "epoch"). A flag or ``--config`` still wins over each.
-- ``trainer.state.global_step`` and ``epoch`` say where the run is before each step (``Workload.before_step``), for
-  a ``compute_loss`` that reads them.
+- ``trainer.state.global_step`` and ``epoch`` say where the run is before each step (``Workload.before_step``), and
+  ``max_steps`` its total, for a ``compute_loss`` that reads them.
 
 Refused with one paragraph each, never trained differently: an overridden ``training_step``, callbacks the engine
 would not call (``EarlyStoppingCallback``, the user's own), ``model_init``, several eval sets, and the arguments
@@ -148,6 +148,7 @@ class TrainerAdapter:
         return optimizer
 
     def scheduler(self, optimizer: torch.optim.Optimizer, total_steps: int) -> LRScheduler:
+        self.trainer.state.max_steps = total_steps  # the run's plan, for a compute_loss or scheduler that reads it
         if self.given_scheduler is not None:
             if self._scheduler_built:
                 raise OptionRefused(

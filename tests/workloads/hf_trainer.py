@@ -100,3 +100,12 @@ def early_stopping() -> Trainer:
                                                  save_strategy="steps", save_steps=4),
                    train_dataset=Counting(64, 0), eval_dataset=Counting(16, 1),
                    callbacks=[EarlyStoppingCallback(early_stopping_patience=2)])
+
+
+def given_optimizer_and_scheduler() -> Trainer:
+    """optimizers=(optimizer, scheduler): the user's own, made for 12 steps."""
+    network = model()
+    optimizer = torch.optim.SGD(network.parameters(), lr=0.05)
+    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.1, total_iters=12)
+    return Trainer(model=network, args=arguments(eval_strategy="no"), train_dataset=Counting(64, 0),
+                   optimizers=(optimizer, scheduler))
