@@ -25,14 +25,12 @@ import argparse
 import json
 import logging
 import os
-import random
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
+from interleaved_blocks import InterleavedBlocks
 from torchlab.core.engine.loading import load_workload
 from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.engine.trainer import Trainer
@@ -84,30 +82,13 @@ def engine(spec: str, probe_every, device: str) -> Trainer:
 
 
 class Interleave(TrainerCallback):
-    """Every ``block`` of transformers' optimizer steps: time its block, then one block of each engine runner."""
+    """transformers' optimizer steps as the host loop of interleaved blocks (benchmarks/interleaved_blocks.py)."""
 
-    def __init__(self, others: dict, block: int, warmup: int, synchronize) -> None:
-        self.others, self.block, self.warmup, self.synchronize = others, block, warmup, synchronize
-        self.times: dict[str, list[float]] = {name: [] for name in ["transformers", *others]}
-        self.started = 0.0
+    def __init__(self, blocks: InterleavedBlocks) -> None:
+        self.blocks = blocks
 
     def on_step_end(self, args, state, control, **kwargs) -> None:
-        steps = state.global_step
-        if steps < self.warmup or (steps - self.warmup) % self.block:
-            return
-        self.synchronize()
-        if steps > self.warmup:
-            self.times["transformers"].append(time.perf_counter() - self.started)
-        order = list(self.others)
-        random.shuffle(order)
-        for name in order:
-            self.synchronize()
-            started = time.perf_counter()
-            self.others[name].train_steps(self.block)
-            self.synchronize()
-            self.times[name].append(time.perf_counter() - started)
-        self.synchronize()
-        self.started = time.perf_counter()
+        self.blocks.at_step(state.global_step)
 
 
 def main() -> None:
@@ -134,30 +115,16 @@ def main() -> None:
         runner.train_steps(warmup)
     seed_everything(0)
     theirs = hf_trainer()
-    interleave = Interleave(others, args.steps_per_block, warmup, synchronize)
-    theirs.add_callback(interleave)
+    blocks = InterleavedBlocks("transformers", others, args.steps_per_block, warmup, synchronize)
+    theirs.add_callback(Interleave(blocks))
     theirs.train()
 
-    times = interleave.times
-    rounds = min(len(series) for series in times.values())
-    base = times["transformers"][:rounds]
+    rounds = blocks.rounds
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
     params = sum(p.numel() for p in theirs.model.parameters())
     print(f"GPT-2 of {params:,} parameters, batch 8 x accumulation 2 of {LENGTH} tokens, torch {torch.__version__}, "
           f"transformers {transformers.__version__}, {where}; {rounds} rounds of {args.steps_per_block} steps")
-    print(f"\n{'runner':<14} {'ms/step':>9} {'throughput vs transformers':>27} {'IQR':>15}")
-    figures = {}
-    for name in ("transformers", "engine-auto", "engine-every"):
-        series = times[name][:rounds]
-        ratios = sorted(b / t for b, t in zip(base, series))
-        figures[name] = {
-            "ms_per_step": 1000 * statistics.median(series) / args.steps_per_block,
-            "vs_transformers": statistics.median(ratios),
-            "iqr": [ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]],
-        }
-        low, high = figures[name]["iqr"]
-        print(f"{name:<14} {figures[name]['ms_per_step']:>9.1f} {figures[name]['vs_transformers']:>27.3f} "
-              f"{f'{low:.3f}–{high:.3f}':>15}")
+    figures = blocks.table(["transformers", "engine-auto", "engine-every"], against="transformers", label="transformers")
     if args.json:
         args.json.write_text(json.dumps({
             "parameters": params, "device": where, "torch": torch.__version__, "transformers": transformers.__version__,

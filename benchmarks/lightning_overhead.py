@@ -26,16 +26,14 @@ import argparse
 import copy
 import json
 import logging
-import random
-import statistics
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
 import torch
 
 import gpt100m
+from interleaved_blocks import InterleavedBlocks
 from probe_overhead import BareLoop, make_engine
 from torchlab.core.engine.loading import load_workload
 from torchlab.core.engine.seeding import seed_everything
@@ -76,31 +74,14 @@ class LoggedGradNorms(pl.LightningModule):
 
 
 class Interleave(pl.Callback):
-    """Every ``block`` of Lightning's steps: time Lightning's block, then one block of each other runner."""
+    """Lightning's steps as the host loop of interleaved blocks (benchmarks/interleaved_blocks.py)."""
 
-    def __init__(self, others: dict, block: int, warmup: int, synchronize) -> None:
-        self.others, self.block, self.warmup, self.synchronize = others, block, warmup, synchronize
-        self.times: dict[str, list[float]] = {name: [] for name in ["lightning", *others]}
-        self.steps = 0
-        self.started = 0.0
+    def __init__(self, blocks: InterleavedBlocks) -> None:
+        self.blocks, self.steps = blocks, 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_index) -> None:
         self.steps += 1
-        if self.steps < self.warmup or (self.steps - self.warmup) % self.block:
-            return
-        self.synchronize()
-        if self.steps > self.warmup:
-            self.times["lightning"].append(time.perf_counter() - self.started)
-        order = list(self.others)
-        random.shuffle(order)
-        for name in order:
-            self.synchronize()
-            started = time.perf_counter()
-            self.others[name].train_steps(self.block)
-            self.synchronize()
-            self.times[name].append(time.perf_counter() - started)
-        self.synchronize()
-        self.started = time.perf_counter()
+        self.blocks.at_step(self.steps)
 
 
 def main() -> None:
@@ -129,7 +110,7 @@ def main() -> None:
     }
     for runner in others.values():
         runner.train_steps(warmup)
-    interleave = Interleave(others, args.steps_per_block, warmup, synchronize)
+    blocks = InterleavedBlocks("lightning", others, args.steps_per_block, warmup, synchronize)
     loader = torch.utils.data.DataLoader(
         template.dataset, batch_size=batch_size, shuffle=True, drop_last=True,
         generator=torch.Generator().manual_seed(0), pin_memory=device.type == "cuda",
@@ -144,29 +125,16 @@ def main() -> None:
             accelerator="gpu" if device.type == "cuda" else "cpu", devices=[device.index or 0] if device.type == "cuda" else 1,
             max_steps=warmup + args.rounds * args.steps_per_block, max_epochs=-1, logger=CSVLogger(logs),
             log_every_n_steps=1, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
-            callbacks=[interleave], num_sanity_val_steps=0,
+            callbacks=[Interleave(blocks)], num_sanity_val_steps=0,
         )
         lightning.fit(LoggedGradNorms(copy.deepcopy(template)), train_dataloaders=loader)
 
-    times = interleave.times
-    rounds = min(len(series) for series in times.values())
-    bare = times["bare"][:rounds]
+    rounds = blocks.rounds
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
     params = sum(p.numel() for p in template.model.parameters())
     print(f"{args.workload}: {params:,} parameters, batch {batch_size}, torch {torch.__version__}, "
           f"Lightning {pl.__version__}, {where}; {rounds} rounds of {args.steps_per_block} steps")
-    print(f"\n{'runner':<14} {'ms/step':>9} {'throughput vs bare':>19} {'IQR':>15}")
-    figures = {}
-    for name in ("bare", "engine-auto", "engine-every", "lightning"):
-        series = times[name]
-        ratios = sorted(b / t for b, t in zip(bare, series[:rounds]))
-        figures[name] = {
-            "ms_per_step": 1000 * statistics.median(series[:rounds]) / args.steps_per_block,
-            "vs_bare": statistics.median(ratios),
-            "iqr": [ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]],
-        }
-        low, high = figures[name]["iqr"]
-        print(f"{name:<14} {figures[name]['ms_per_step']:>9.2f} {figures[name]['vs_bare']:>19.3f} {f'{low:.3f}–{high:.3f}':>15}")
+    figures = blocks.table(["bare", "engine-auto", "engine-every", "lightning"], against="bare", label="bare")
     if args.json:
         args.json.write_text(json.dumps({
             "workload": args.workload, "parameters": params, "batch_size": batch_size, "device": where,
