@@ -103,6 +103,18 @@ def test_amp_and_checkpointing_change_live_on_a_transformers_model():
     assert all(math.isfinite(row.loss) for row in rows) and rows[-1].loss < rows[0].loss
 
 
+def test_checkpointing_a_t5s_blocks_recomputes_what_their_forward_saved():
+    """Its decoder keeps a copy of the model's config: with use_cache left on there, the cross-attention cache filled
+    in the forward made the recomputation save 52 tensors where the forward saved 56 (CheckpointError)."""
+    plain, seen_plain = make_trainer(f"{HF}:seq2seq")
+    plain.run()
+    checkpointed, seen = make_trainer(f"{HF}:seq2seq", at=["3:checkpointing=on"])
+    checkpointed.run()
+    assert "decoder.block.0" in checkpointed.parts.model.checkpointing.blocks
+    assert [row.options.checkpointing for row in seen.metrics] == [False] * 2 + [True] * 4
+    assert [row.loss for row in seen.metrics] == pytest.approx([row.loss for row in seen_plain.metrics], rel=1e-5)
+
+
 def test_config_toml_records_training_arguments_and_a_resume_keeps_them_and_says_what_changed_since(tmp_path, monkeypatch,
                                                                                                     capsys):
     """Headless, as a user runs it: config.toml records TrainingArguments' values and says they are the workload's;

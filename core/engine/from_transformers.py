@@ -6,9 +6,10 @@ imported its Trainer already and it is an instance of that class.
 
 What maps to what (the README's table says it for users):
 
-- The model is ``trainer.model``; its ``config.use_cache`` is set False, as transformers does when it checkpoints
-  activations: a key/value cache filled in a training forward is thrown away, and a recomputed block (the live
-  ``checkpointing``) would fill it twice.
+- The model is ``trainer.model``; its configs' ``use_cache`` (the model's, and a part's own copy, as a T5's decoder
+  holds) are set False, as transformers does when it checkpoints activations: a key/value cache filled in a training
+  forward is thrown away, and a recomputed block (the live ``checkpointing``) would fill it twice (a T5 decoder's
+  cross-attention cache made its recomputation save 52 tensors where its forward saved 56).
 - The loss is ``trainer.compute_loss(model, batch, num_items_in_batch=...)``: the user's override where there is
   one, else transformers' own (the model's loss from ``labels``, label smoothing, ``compute_loss_func``), on a copy
   of the batch (it may pop ``labels``). Where transformers counts the labels of a step (its ``num_items_in_batch``,
@@ -98,8 +99,9 @@ class TrainerAdapter:
         trainer = self.trainer
         self._refuse_what_is_not_honoured()
         model = trainer.model
-        if getattr(getattr(model, "config", None), "use_cache", None):
-            model.config.use_cache = False
+        for config in {id(module.config): module.config for module in model.modules()
+                       if getattr(getattr(module, "config", None), "use_cache", None)}.values():
+            config.use_cache = False  # each part's own: a T5's decoder holds a copy of the model's config
         train = trainer.get_train_dataloader()
         validation = self._eval_loader()
         world_size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -109,3 +109,36 @@ def given_optimizer_and_scheduler() -> Trainer:
     scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.1, total_iters=12)
     return Trainer(model=network, args=arguments(eval_strategy="no"), train_dataset=Counting(64, 0),
                    optimizers=(optimizer, scheduler))
+
+
+class Reverse(Dataset):
+    """Sequences of 3 to 9 tokens to write backwards, padded by the collator below."""
+
+    def __init__(self, size: int) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.rows = [torch.randint(3, VOCAB, (int(torch.randint(3, 10, (1,), generator=generator)),), generator=generator)
+                     for _ in range(size)]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict:
+        return {"input_ids": self.rows[index], "labels": self.rows[index].flip(0)}
+
+
+def padded(rows: list) -> dict:
+    width = max(len(row["input_ids"]) for row in rows)
+    ids = torch.stack([torch.nn.functional.pad(row["input_ids"], (0, width - len(row["input_ids"]))) for row in rows])
+    labels = torch.stack([torch.nn.functional.pad(row["labels"], (0, width - len(row["labels"])), value=-100) for row in rows])
+    return {"input_ids": ids, "attention_mask": (ids != 0).long(), "labels": labels}
+
+
+def seq2seq() -> Trainer:
+    """A T5 (an encoder-decoder: its decoder keeps a copy of the model's config) trained by a Seq2SeqTrainer."""
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, T5Config, T5ForConditionalGeneration
+
+    network = T5ForConditionalGeneration(T5Config(vocab_size=VOCAB, d_model=32, d_ff=64, num_layers=2, num_heads=2,
+                                                  d_kv=16, decoder_start_token_id=0, pad_token_id=0, dropout_rate=0.0))
+    args = Seq2SeqTrainingArguments(output_dir=os.path.join(tempfile.gettempdir(), "torchlab-hf-test"), report_to="none",
+                                    max_steps=6, per_device_train_batch_size=8, learning_rate=3e-3, eval_strategy="no")
+    return Seq2SeqTrainer(model=network, args=args, train_dataset=Reverse(64), data_collator=padded)
