@@ -103,12 +103,16 @@ def test_amp_and_checkpointing_change_live_on_a_transformers_model():
     assert all(math.isfinite(row.loss) for row in rows) and rows[-1].loss < rows[0].loss
 
 
-def test_checkpointing_a_t5s_blocks_recomputes_what_their_forward_saved():
-    """Its decoder keeps a copy of the model's config: with use_cache left on there, the cross-attention cache filled
-    in the forward made the recomputation save 52 tensors where the forward saved 56 (CheckpointError)."""
-    plain, seen_plain = make_trainer(f"{HF}:seq2seq")
+@pytest.mark.parametrize("factory", ["seq2seq", "plain_workload"])
+def test_checkpointing_a_t5s_blocks_recomputes_what_their_forward_saved(factory):
+    """A T5's decoder keeps a copy of the model's config: with use_cache on there, the cross-attention cache filled in
+    the forward made the recomputation save 52 tensors where the forward saved 56 (CheckpointError). The adapter
+    turns every config's use_cache off; in a plain Workload, checkpointing calls a block without its cache, as
+    transformers' own checkpointing does."""
+    settings = {"steps": 6, "explicit": {"steps"}}
+    plain, seen_plain = make_trainer(f"{HF}:{factory}", **settings)
     plain.run()
-    checkpointed, seen = make_trainer(f"{HF}:seq2seq", at=["3:checkpointing=on"])
+    checkpointed, seen = make_trainer(f"{HF}:{factory}", at=["3:checkpointing=on"], **settings)
     checkpointed.run()
     assert "decoder.block.0" in checkpointed.parts.model.checkpointing.blocks
     assert [row.options.checkpointing for row in seen.metrics] == [False] * 2 + [True] * 4

@@ -8,6 +8,8 @@ BatchNorm inside a block would update its running statistics twice per step (for
 recompute during backward); the recompute context restores them, so checkpointing changes memory and
 speed, never the model's numbers. Under torch.compile the recompute is part of the compiled backward,
 which updates no buffer: there the block is checkpointed without that context (torch.compile accepts none).
+A block called with a key/value cache (a transformers decoder layer) is called without it, as transformers'
+own checkpointing calls its layers: the cache, filled in the forward, would change what the recompute saves.
 """
 
 from __future__ import annotations
@@ -85,6 +87,11 @@ class ActivationCheckpointing:
         self.enable([])
 
 
+#: The arguments a block takes a key/value cache by (transformers' names, old and new): a cache filled in the forward
+#: is read in the recompute, which then saves other tensors than the forward did (CheckpointError).
+CACHE_ARGUMENTS = ("cache", "past_key_values", "past_key_value", "layer_past")
+
+
 def _checkpointed_forward(block: torch.nn.Module):
     plain_forward = type(block).forward.__get__(block)
     contexts = functools.partial(_checkpoint_contexts, block)
@@ -92,6 +99,7 @@ def _checkpointed_forward(block: torch.nn.Module):
     def forward(*args, **kwargs):
         if not torch.is_grad_enabled():  # evaluation: nothing to recompute
             return plain_forward(*args, **kwargs)
+        kwargs = _without_cache(kwargs)
         if torch.compiler.is_compiling():
             # Compiled, the recompute is the backward graph's (AOTAutograd's partitioner): it updates no buffer,
             # and torch.compile refuses a context_fn other than selective checkpointing's.
@@ -99,6 +107,21 @@ def _checkpointed_forward(block: torch.nn.Module):
         return checkpoint(plain_forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
 
     return forward
+
+
+def _without_cache(kwargs: dict) -> dict:
+    """A checkpointed block's keyword arguments with no key/value cache to fill, as transformers' own checkpointing
+    calls its layers (``GradientCheckpointingLayer``): ``use_cache`` False and the cache None. A cache is for
+    generation; a training forward's is thrown away."""
+    if not (kwargs.get("use_cache") or any(kwargs.get(name) is not None for name in CACHE_ARGUMENTS)):
+        return kwargs
+    kwargs = dict(kwargs)
+    if kwargs.get("use_cache"):
+        kwargs["use_cache"] = False
+    for name in CACHE_ARGUMENTS:
+        if kwargs.get(name) is not None:
+            kwargs[name] = None
+    return kwargs
 
 
 def _checkpoint_contexts(block: torch.nn.Module):

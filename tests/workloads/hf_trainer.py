@@ -142,3 +142,13 @@ def seq2seq() -> Trainer:
     args = Seq2SeqTrainingArguments(output_dir=os.path.join(tempfile.gettempdir(), "torchlab-hf-test"), report_to="none",
                                     max_steps=6, per_device_train_batch_size=8, learning_rate=3e-3, eval_strategy="no")
     return Seq2SeqTrainer(model=network, args=args, train_dataset=Reverse(64), data_collator=padded)
+
+
+def plain_workload():
+    """A T5 in a plain Workload, its configs' use_cache left on (as they are by default): checkpointing its blocks
+    must not let the decoder's cross-attention cache be filled in the forward and read in the recompute."""
+    from torchlab.core.workload import Workload
+
+    trainer = seq2seq()
+    return Workload(model=trainer.model, dataset=Reverse(64), collate_fn=padded, batch_size=8,
+                    loss_fn=lambda network, batch: network(**batch).loss)
