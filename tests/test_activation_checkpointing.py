@@ -85,3 +85,23 @@ def test_named_blocks_alone_are_checkpointed_and_a_name_the_model_lacks_is_refus
     [refused] = seen.of("option_refused")
     assert refused["reason"] == "head is not among this model's checkpoint blocks (body.0, body.1, body.2)"
     assert [row.options.checkpointing for row in seen.metrics] == [False, "body.2,body.0", "body.2,body.0", "body.2,body.0"]
+
+
+def test_a_block_that_recomputes_otherwise_turns_checkpointing_off_and_the_step_is_retried_without_it():
+    """Its forward depends on a state it changes: under checkpointing its recomputation saves other tensors than its
+    forward did (CheckpointError), which ended the run. The step is now retried without checkpointing, which stays
+    off for the model (turning it on again is refused, saying why), and training is that of a run without it."""
+    from trainers import TINY, make_trainer
+
+    spec = TINY.replace(":workload", ":recomputes_otherwise")
+    plain, seen_plain = make_trainer(spec, steps=6)
+    plain.run()
+    trainer, seen = make_trainer(spec, steps=6, at=["3:checkpointing=on", "5:checkpointing=on"])
+    assert trainer.run().status == "finished"
+    applied = [(event["step"], event["value"], event["source"]) for event in seen.of("option_applied")]
+    assert applied == [(3, True, "--at"), (3, False, "recompute check")]
+    assert "a block's recomputation saved other tensors than its forward" in seen.of("option_applied")[1]["detail"]
+    assert [(event["step"], event["reason"][:34]) for event in seen.of("option_refused")] == [
+        (5, "checkpointing failed at step 3: a ")]
+    assert [row.options.checkpointing for row in seen.metrics] == [False] * 6
+    assert [row.loss for row in seen.metrics] == [row.loss for row in seen_plain.metrics]

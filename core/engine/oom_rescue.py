@@ -33,6 +33,7 @@ from torchlab.core.engine.batch_split import batch_samples
 from torchlab.core.engine.option_hooks import enact
 from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.errors import TorchlabError
+from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import OomRescued
 from torchlab.core.wire.options import CHECKPOINTING, SPLIT, LiveOption, LiveOptions, OptionRefused
 from torchlab.core.wire.payloads import MemoryBreakdown
@@ -51,6 +52,24 @@ def free_failed_step(parts: TrainingParts) -> None:
     gc.collect()
     if parts.device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def without_checkpointing(parts: TrainingParts, step: int, failure: str) -> p.OptionApplied:
+    """Checkpointing turned off for ``step``, whose attempt failed because a checkpointed block's recomputation saved
+    other tensors than its forward (``failure``: torch's CheckpointError, its first line): the block's forward depends
+    on a state it changes, so checkpointing cannot hold its numbers. The step is retried as the OOM rescue retries
+    one; turning checkpointing on again is refused with the reason (``ActivationCheckpointing.cannot``), and the
+    rescue's checkpointing rung with it."""
+    checkpointing, previous = parts.model.checkpointing, parts.options.checkpointing
+    enact(parts, CHECKPOINTING, False)
+    parts.options = parts.options.with_value(CHECKPOINTING.name, False)
+    checkpointing.cannot = (f"checkpointing failed at step {step}: a block's recomputation saved other tensors than "
+                            f"its forward ({failure}), so its forward depends on a state it changes (a counter, a "
+                            f"cache it fills); it stays off for this model")
+    return p.OptionApplied(option=CHECKPOINTING.name, value=False, previous=previous, step=step,
+                           source="recompute check", display=CHECKPOINTING.format(False),
+                           detail=f"{checkpointing.cannot.removeprefix(f'checkpointing failed at step {step}: ')}; "
+                                  f"the step was retried without it")
 
 
 def rung_after(options: LiveOptions, samples: int | None, blocks: Sequence[str],

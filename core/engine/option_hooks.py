@@ -161,6 +161,8 @@ def _enact_amp(parts: TrainingParts, mode: str) -> bool | str | None:
 def _enact_checkpointing(parts: TrainingParts, value: bool | str) -> str | None:
     """On: every block; off: none; names: those blocks alone."""
     checkpointing, names = parts.model.checkpointing, CHECKPOINTING.names(value)
+    if value and checkpointing.cannot:
+        raise OptionRefused(checkpointing.cannot)
     if value and not checkpointing.blocks:
         raise OptionRefused(
             "this model has no checkpoint blocks (no ModuleList/Sequential with several children); "

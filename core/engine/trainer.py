@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from torchlab.core.engine.activation_checkpointing import recomputed_otherwise
 from torchlab.core.engine.batch_split import split_batch
 from torchlab.core.engine.checkpointer import Checkpointer
 from torchlab.core.engine.commands import StepBoundary
@@ -40,7 +41,7 @@ from torchlab.core.engine.instruments import Instruments, StepPlan, StepWatch
 from torchlab.core.engine.loss_output import mean_of_micro_batches
 from torchlab.core.engine.memory import out_of_memory
 from torchlab.core.engine.nonfinite import stop_on_nonfinite
-from torchlab.core.engine.oom_rescue import free_failed_step, next_rung
+from torchlab.core.engine.oom_rescue import free_failed_step, next_rung, without_checkpointing
 from torchlab.core.engine.option_hooks import enact_initial
 from torchlab.core.engine.outcome import RunOutcome
 from torchlab.core.engine.parts import Reporter, TrainingParts
@@ -313,12 +314,16 @@ class Trainer:
                 losses, metrics = self._forward_backward(plan, step, watch, taken)
                 break
             except Exception as error:
-                if not (out_of_memory(error) and self._rescues(plan)):
+                recompute = recomputed_otherwise(error) and bool(parts.options.checkpointing) and self._retries(plan)
+                if not (recompute or out_of_memory(error) and parts.options.oom_rescue and self._retries(plan)):
                     raise
                 failure = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
             free_failed_step(parts)  # out of the except: the failed attempt's frames, and what they held, are gone
-            self.reporter.emit(next_rung(parts, step, failure, taken[0] if taken else data.peek_batch(),
-                                         self.instruments.memory_at_failure, self.instruments.last_memory))
+            if recompute:  # a block that cannot be checkpointed: the step again without it
+                self.reporter.emit(without_checkpointing(parts, step, failure))
+            else:
+                self.reporter.emit(next_rung(parts, step, failure, taken[0] if taken else data.peek_batch(),
+                                             self.instruments.memory_at_failure, self.instruments.last_memory))
             watch.options = parts.options  # the step's row says what it trained with: the rung's value
         if step < parts.config.steps:
             data.fetch_ahead()  # CUDA: the next step's batch, while the device runs the backward
@@ -393,10 +398,10 @@ class Trainer:
                     metrics[-1] = metrics[-1] + weighted_metrics if metric_values is not None else None
         return losses, metrics
 
-    def _rescues(self, plan: StepPlan) -> bool:
-        """Whether a step that ran out of memory is retried a rung down (core/engine/oom_rescue.py): with the option
-        on, in training (a trial's arm reports it), and in one process (other ranks would wait in its collectives)."""
-        return self.parts.options.oom_rescue and not plan.trial and self.parts.world.collectives is None
+    def _retries(self, plan: StepPlan) -> bool:
+        """Whether a failed step can be retried (core/engine/oom_rescue.py): in training (a trial's arm reports its
+        failure) and in one process (other ranks would wait in its collectives)."""
+        return not plan.trial and self.parts.world.collectives is None
 
     def _stop_on_nonfinite(self, plan: StepPlan, step: int, loss_value: float, total_norm: float | None) -> None:
         """NaN/Inf stops the run before the optimizer step, so the weights and the last checkpoint stay good (under

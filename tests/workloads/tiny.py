@@ -509,3 +509,25 @@ def token_mean() -> Workload:
     """A loss that is a mean over the tokens that count, with the items it averages over (Workload.loss_items)."""
     return Workload(model=nn.Linear(4, 1), dataset=_PaddedTokens(), loss_fn=masked_token_mse,
                     loss_items=lambda batch: batch["mask"].sum(), batch_size=4)
+
+
+class _CountsItsCalls(nn.Module):
+    """A block whose forward depends on a state it changes: every other call first adds 0 x sigmoid of the batch's
+    sum, the same values and gradients, but another tensor saved for backward, so its recomputation under
+    checkpointing saves other tensors than its forward did (torch's CheckpointError)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls % 2 == 0:
+            x = x + 0 * torch.sigmoid(x.sum(0, keepdim=True))
+        return torch.relu(self.linear(x))
+
+
+def recomputes_otherwise() -> Workload:
+    model = nn.Sequential(_CountsItsCalls(), _CountsItsCalls(), nn.Linear(8, 1))
+    return Workload(model=model, dataset=_regression_data(), loss_fn=mse_loss)
