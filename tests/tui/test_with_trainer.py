@@ -362,3 +362,30 @@ async def test_an_out_of_memory_step_rescued_is_said_and_its_rung_shows_in_the_o
         assert "step 1 ran out of memory (CUDA out of memory." in shown and "retried with split = 2 (was 1)" in shown
         await pilot.press("q")
         await until(pilot, lambda: not app.is_running, what="exit")
+
+
+async def test_a_transformers_trainer_in_the_app_says_its_starting_values_and_takes_amp_and_checkpointing_live(tmp_path):
+    """A factory that returns a transformers Trainer, in the app at 80x24: the event log says which starting values
+    its TrainingArguments gave, the options panel and the LR chart (its decay and no_decay groups) show them, and
+    the keys change amp and checkpointing on its GPT-2 while it trains."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from torchlab.tui.widgets.line_chart import LineChart
+
+    hf = str(Path(__file__).parent.parent / "workloads" / "hf_trainer.py")
+    app, links = app_with_trainer(tmp_path / "run", f"{hf}:workload", "--steps", "100000", "--checkpoint-every", "0")
+    async with app.run_test(size=(80, 24)) as pilot:
+        state = app.run_state
+        await until(pilot, lambda: state.step >= 2 and state.modules, what="the first steps")
+        shown = "\n".join(app.query_one(EventLog).lines_written)
+        assert "the workload's own starting values: batch_size 4, accum 2, clip 1.0, eval_every 4" in " ".join(shown.split())
+        assert (state.option("accum"), state.option("clip")) == (2, 1.0)
+        assert [line.label for line in app.query_one("#lr-chart", LineChart).lines] == ["decay", "no_decay"]
+        await pilot.press("a")
+        await until(pilot, lambda: state.option("amp") == "bf16", what="amp=bf16 acknowledged")
+        await pilot.press("c")
+        await until(pilot, lambda: state.option("checkpointing") is True, what="checkpointing acknowledged")
+        trainer_pid = links[0].pid
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, what="the app to exit after q")
+    assert app.return_code == 0 and not alive(trainer_pid)
