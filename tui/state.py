@@ -425,7 +425,8 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
             self._applied_at[event.option] = event.step
             self.options_version += 1
             previous = format_option_value(event.option, event.previous)
-            text = f"{event.option} = {shown} applied at step {event.step} (was {previous})"
+            text = (f"{event.option} = {shown} at step {event.step}: in force already, nothing changed"
+                    if event.value == event.previous else f"{event.option} = {shown} applied at step {event.step} (was {previous})")
             if event.detail:
                 text += f": {event.detail}"
             if event.option in RELAUNCHED_BY:

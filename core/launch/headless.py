@@ -215,7 +215,9 @@ class HeadlessProgress(TrainerObserver):
                 if event.option == STEPS.name:
                     self.total_steps = event.value
                 detail = f": {escape(event.detail)}" if event.detail else ""
-                self.say(event.step, f"[green]{event.option} = {escape(event.display)}[/] (was {escape(format_option_value(event.option, event.previous))}){detail}")
+                was = ("in force already, nothing changed" if event.value == event.previous else
+                       f"was {escape(format_option_value(event.option, event.previous))}")
+                self.say(event.step, f"[green]{event.option} = {escape(event.display)}[/] ({was}){detail}")
             case p.OptionRefused():
                 self.say(event.step, f"[yellow]refused {escape(event.option)} = {escape(str(event.value))}[/]: {escape(event.reason)}")
             case p.CheckpointSaved():

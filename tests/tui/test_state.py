@@ -65,6 +65,8 @@ def test_applied_and_refused_answers_are_logged_with_their_step() -> None:
     assert entries[2].text == "amp = fp16 refused: fp16 needs CUDA"
     assert entries[3].text == "clip = off applied at step 13 (was 1.0)"
     assert all(e.notify for e in entries[1:])
+    state.apply(protocol.OptionApplied("amp", "bf16", "bf16", 14, "--at"))  # a scripted change to what is in force
+    assert state.take_log()[0].text == "amp = bf16 at step 14: in force already, nothing changed"
     assert state.options["amp"] == "bf16" and not state.pending
 
 
