@@ -201,6 +201,8 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
         self.rank_hosts: dict[int, str] = {}
         #: the world size a relaunch is heading to, while ``state`` is "relaunching" (None: not known)
         self.relaunch_to: int | None = None
+        #: what a relaunch that keeps the world size is for (" with parallel=fsdp"), while ``state`` is "relaunching"
+        self.relaunch_with = ""
         self.ranks_version = 0
         self.detached = False
         #: the run was paused when this app detached: it waits, paused, for an app to attach and resume it
@@ -497,7 +499,7 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
         self.state = state
         self.state_detail = detail
         if state != RunStatus.RELAUNCHING:
-            self.relaunch_to = None
+            self.relaunch_to, self.relaunch_with = None, ""
         self.header_version += 1
 
     def _set_options(self, options: Any) -> None:

@@ -32,6 +32,7 @@ class RanksAndRelaunch:
             change = f"{self.options.get(option)} → {wanted}" if wanted is not None else ""
             to = f" with {option}={wanted}" if wanted is not None else ""
         self.relaunch_to = target
+        self.relaunch_with = to if option != "world_size" else ""
         self._set_state(RunStatus.RELAUNCHING, change)
         self.ranks, self.ranks_step, self.rank_hosts = [], None, {}
         self.ranks_version += 1

@@ -169,6 +169,19 @@ async def test_from_1_to_2_the_app_says_relaunching_then_shows_the_new_ranks() -
         assert [row.split()[0] for row in shown(table(app))[1:]] == ["0", "1"]
 
 
+async def test_a_relaunch_for_parallel_says_what_the_same_ranks_relaunch_with() -> None:
+    app, link = app_at(2, ranks(120))
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause()
+        await pilot.press("D")  # ddp -> fsdp: the same two ranks, holding the model another way
+        assert link.sent == [protocol.SetCommand("parallel", "fsdp")]
+        await answer(app, pilot)
+        assert shown(table(app)) == ["relaunching the 2 ranks with parallel=fsdp… figures once they train"]
+        await answer(app, pilot)  # the new ranks train
+        assert "parallel = fsdp applied at step 121 (was ddp)" in log_text(app)
+        assert shown(table(app)) == ["2 ranks: waiting for their first figures (gathered about once a second)"]
+
+
 async def test_back_to_world_size_1_the_rank_table_goes() -> None:
     app, link = app_at(2, ranks(120, slow=STRAGGLER))
     async with app.run_test(size=SMALL) as pilot:

@@ -249,6 +249,8 @@ def _waiting_text(state: RunState | None) -> str | None:
         return "single process: no per-rank figures"
     if state.state == RunStatus.RELAUNCHING:
         count = state.relaunch_to
+        if state.relaunch_with:  # the same ranks, holding the model another way
+            return f"relaunching the {count} ranks{state.relaunch_with}… figures once they train"
         if count == 1:
             return "relaunching as a single process…"
         target = f" as {count} processes" if count else ""
