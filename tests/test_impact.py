@@ -50,6 +50,19 @@ def test_a_change_starts_a_segment_with_its_speed_memory_and_slope():
     assert second.verdict == "amp=bf16: 2.00x faster, memory -40 %"  # the allocator's peak (a CUDA run)
 
 
+def test_with_ranks_memory_is_said_per_rank():
+    """Rank 0's figures: two ranks each hold less than one process did, while the run as a whole holds more."""
+    tracker = ImpactTracker()
+    for step in range(1, 21):
+        tracker.on_metrics(record(step, 0.10, 3.0))
+        tracker.on_telemetry(sample(1000, 5000))
+    for step in range(21, 41):
+        tracker.on_metrics(record(step, 0.06, 2.9, world_size=2))
+        tracker.on_telemetry(sample(700, 5000))
+    _, second = tracker.table()
+    assert second.verdict == "world_size=2: 1.67x faster, memory per rank -30 %"
+
+
 def loaded(machine_percent, trainer_percent):
     """A CPU box's telemetry: the machine's CPU use (of 100) and the run's own (of one CPU, two CPUs here)."""
     return TelemetrySample(

@@ -174,7 +174,9 @@ def compare_segments(row: ImpactSegment, baseline: ImpactSegment | None, *, name
     memory_change = _change(baseline and _memory(baseline.peak_allocated_bytes, baseline.tensor_bytes),
                             _memory(row.peak_allocated_bytes, row.tensor_bytes))
     activations_change = _change(baseline and baseline.activations_bytes, row.activations_bytes)
-    words = verdict(row.change, speed, activations_change, memory_change, data_wait_moved(baseline, row.median_data_wait_s))
+    ranks = max(row.options.get("world_size", 1), baseline.options.get("world_size", 1) if baseline else 1)
+    words = verdict(row.change, speed, activations_change, memory_change, data_wait_moved(baseline, row.median_data_wait_s),
+                    per_rank=ranks > 1)
     if name_baseline and baseline is not None:  # what it is compared with differs in more than this row's change
         words += f" (vs {segment_name(baseline)}, changed since: {_describe_change(baseline.options, row.options)})"
     return replace(row, speedup=speedup, memory_change=memory_change, activations_change=activations_change, verdict=words,
@@ -387,19 +389,23 @@ def _ms(seconds: float) -> str:
 
 
 def verdict(change: str, speed: str | None, activations_change: float | None, memory_change: float | None,
-            data_wait: str | None = None) -> str:
+            data_wait: str | None = None, *, per_rank: bool = False) -> str:
     """One line a person reads: ``checkpointing=on: 1.33x slower, activations -92 %, memory -60 %``;
     ``speed`` from ``compare_step_times``, ``data_wait`` from ``data_wait_moved``. Memory is measured, not
-    sampled noise: a change that rounds to 0 % is none, and where both figures say so, "same memory"."""
+    sampled noise: a change that rounds to 0 % is none, and where both figures say so, "same memory".
+    ``per_rank``: either side trained with ranks, whose memory figures are rank 0's: the words say so
+    ("world_size=2: memory per rank -30 %", where the run as a whole holds more)."""
     parts = [speed] if speed is not None else []
     if data_wait is not None:
         parts.append(data_wait)
-    changes = [(name, change) for name, change in (("activations", activations_change), ("memory", memory_change)) if change is not None]
+    of = " per rank" if per_rank else ""
+    changes = [(name + of, change) for name, change in (("activations", activations_change), ("memory", memory_change))
+               if change is not None]
     shown = [f"{name} {100 * change:+.0f} %" for name, change in changes if round(100 * change) != 0]
     if shown:
         parts.extend(shown)
     elif changes:
-        parts.append("same memory")
+        parts.append(f"same memory{of}")
     return f"{change}: {', '.join(parts)}" if parts else change
 
 
