@@ -104,3 +104,19 @@ async def test_without_colour_each_line_of_a_chart_has_its_own_marker_and_its_ti
         speed = app.query_one("#speed-chart", LineChart)
         await pilot.pause()
         assert not {first, second} & set("".join(speed.render_line(y).text for y in range(speed.size.height)))
+
+
+async def test_the_loss_chart_names_a_validation_line_once_there_is_one() -> None:
+    """A run without a validation set (or before its first evaluation) has no val loss: the title does not name one."""
+    rows = [record(step, val_loss=None) for step in range(1, 30)]
+    link = FakeLink(training_events(0) + [protocol.Metrics.from_rows(rows)])
+    app = quiet_app(link)
+    async with app.run_test(size=(120, 32)) as pilot:
+        app.poll_now()
+        await pilot.pause()
+        title = str(app.query_one("#loss-chart").border_title)
+        assert "loss" in title and "val loss" not in title
+        link.push(protocol.Metrics.from_rows([record(30, val_loss=1.5)]))
+        app.poll_now()
+        await pilot.pause()
+        assert "val loss" in str(app.query_one("#loss-chart").border_title)

@@ -28,6 +28,7 @@ class Charts(Vertical):
         self.third: str | None = None
         self._seen_version = -1
         self._spikes_titled = False
+        self._val_named: tuple[bool, bool] = (False, False)  # the loss chart's, the metric chart's: a val line named
 
     def compose(self):
         state = self.state
@@ -42,15 +43,26 @@ class Charts(Vertical):
         self._show_third()
 
     def _title_loss_chart(self) -> None:
-        """Its lines, and once a step spiked, what its marks are."""
+        """Its lines (the validation loss's once there is one: a run without a validation set has none), and once a
+        step spiked, what its marks are."""
         spikes = f" · [$error]{MARK} spike[/]" if self.state.spikes else ""
-        self.query_one("#loss-chart").border_title = _titled(["loss", "val loss"]) + spikes
+        named = ["loss", "val loss"] if len(self.state.val_loss) else ["loss"]
+        self.query_one("#loss-chart").border_title = _titled(named, lines=2) + spikes
+
+    def _val_lines_named(self) -> tuple[bool, bool]:
+        pair = self.state.workload_metrics.get(self.third) if self.third is not None else None
+        return bool(len(self.state.val_loss)), bool(pair is not None and len(pair[1]))
 
     def show(self) -> None:
-        """Follow a group or a metric the trainer reported for the first time, and the first spike."""
-        if self.state.spikes and self._spikes_titled != bool(self.state.spikes):
-            self._spikes_titled = True
+        """Follow a group or a metric the trainer reported for the first time, the first spike, and the first
+        validation figure."""
+        named = self._val_lines_named()
+        if (self.state.spikes and self._spikes_titled != bool(self.state.spikes)) or named[0] != self._val_named[0]:
+            self._spikes_titled = bool(self.state.spikes)
             self._title_loss_chart()
+        if named[1] != self._val_named[1]:
+            self._show_third()
+        self._val_named = named
         if self.state.named_series_version == self._seen_version:
             return
         self._seen_version = self.state.named_series_version
@@ -84,14 +96,15 @@ class Charts(Vertical):
         else:
             name = self.third
             chart.lines = [ChartLine(pair[0], name), ChartLine(pair[1], f"val {name}")]
-            chart.border_title = _titled([name, f"val {name}"])
+            chart.border_title = _titled([name, f"val {name}"] if len(pair[1]) else [name], lines=2)
         chart.data_changed()
 
 
-def _titled(names: list[str]) -> str:
+def _titled(names: list[str], lines: int | None = None) -> str:
     """A title naming the lines of a chart in their styles 0, 1, 2 (at most three): each name after its line's
-    marker, in its line's colour. A line alone has no marker (LineChart draws none), so its name stands alone."""
-    if len(names) == 1:
+    marker, in its line's colour. ``lines``: how many the chart draws, where it names fewer (a validation line with
+    no point yet). A line alone has no marker (LineChart draws none), so its name stands alone."""
+    if (lines or len(names)) == 1:
         return escape(names[0])
     return " · ".join(_coloured(f"{marker(style)} {escape(name)}", style) for style, name in enumerate(names))
 
