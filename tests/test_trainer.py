@@ -82,7 +82,7 @@ def test_a_world_size_change_needs_a_supervisor_to_relaunch():
     trainer, seen = make_trainer(steps=3, at=["2:world_size=2"])
     assert trainer.run().status == "finished"
     [refusal] = seen.of("option_refused")
-    assert "no supervisor to relaunch it" in refusal["reason"] or "cores" in refusal["reason"]
+    assert "no supervisor to relaunch its ranks" in refusal["reason"] or "cores" in refusal["reason"]
 
 
 def test_a_world_size_change_checkpoints_and_ends_for_a_relaunch(tmp_path):

@@ -147,7 +147,7 @@ def _enact_amp(parts: TrainingParts, mode: str) -> bool | str | None:
     if parts.model.sharded is not None:
         if mode == parts.precisions.current.name:
             return None
-        _can_relaunch(parts, f"amp={mode}", "--amp")
+        _can_relaunch(parts, f"amp={mode}", f"--amp {mode}")
         return False
     compiled = None
     if parts.model.compiled is not None and mode != parts.precisions.current.name:
@@ -293,17 +293,8 @@ def _enact_world_size(parts: TrainingParts, size: int) -> bool:
     world = parts.world
     if size == world.size:
         return True
-    if world.ranks is not None and not world.ranks.supervised:
-        raise OptionRefused(
-            f"the world size is fixed by the launcher that started these ranks (torchrun); to train with "
-            f"{size}, stop the run and start it again with --nproc-per-node and --resume"
-        )
     check_world_size(size, device=parts.device, batch_size=parts.batch_size)
-    if not world.can_relaunch:
-        raise OptionRefused(
-            "this trainer has no supervisor to relaunch it with another world size (or no checkpoint "
-            "directory to relaunch from)"
-        )
+    _can_relaunch(parts, f"{size} ranks", f"--nproc-per-node {size}")
     return False
 
 
@@ -319,18 +310,18 @@ def _enact_parallel(parts: TrainingParts, mode: str) -> bool | str | None:
     held_as = "fsdp" if model.sharded is not None else "ddp" if model.ddp is not None else None
     if held_as is None or held_as == mode:  # the ranks start (wrap_for_ranks reads it), or nothing changes
         return None
-    _can_relaunch(parts, mode, "--parallel")
+    _can_relaunch(parts, f"parallel={mode}", f"--parallel {mode}")
     return False
 
 
-def _can_relaunch(parts: TrainingParts, wanted: str, flag: str) -> None:
-    """OptionRefused where the ranks cannot be relaunched for ``wanted`` (a change that takes new ranks)."""
+def _can_relaunch(parts: TrainingParts, wanted: str, restart_with: str) -> None:
+    """OptionRefused where the ranks cannot be relaunched for ``wanted`` (a change that takes new ranks: a world
+    size, ``parallel``, ``amp`` under FSDP2), saying what to start the run again with (``restart_with``)."""
     world = parts.world
     if world.ranks is not None and not world.ranks.supervised:
-        value = wanted.split("=")[-1]
         raise OptionRefused(
-            f"the ranks were started by torchrun, which cannot relaunch them; to train with {wanted}, stop the run and "
-            f"start it again with {flag} {value} and --resume"
+            f"the ranks were started by torchrun, which fixes their number and cannot relaunch them; to train with "
+            f"{wanted}, stop the run and start it again with {restart_with} and --resume"
         )
     if not world.can_relaunch:
         raise OptionRefused("this trainer has no supervisor to relaunch its ranks (or no checkpoint directory to "

@@ -123,7 +123,7 @@ def test_fsdp_with_nccl_through_the_launcher_on_one_gpu_trains_as_ddp_does(tmp_p
         assert saved["options"]["parallel"] == parallel and not any(key.startswith("module.") for key in saved["model"])
         if refused_amp:
             [refusal] = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "option_refused"]
-            assert "started by torchrun, which cannot relaunch them" in refusal["reason"]
+            assert "started by torchrun, which fixes their number" in refusal["reason"]
     assert losses["fsdp"] == pytest.approx(losses["ddp"], rel=2e-2)
 
 

@@ -273,7 +273,7 @@ def test_the_worker_under_torchrun_serves_the_app_from_rank_0(tmp_path):
         assert next(m for m in client if isinstance(m, p.Ranks)).ranks[1].rank == 1
         client.send(p.SetCommand(option="world_size", value=1))
         refusal = next(m for m in client if isinstance(m, p.OptionRefused))
-        assert "fixed by the launcher" in refusal.reason
+        assert "started by torchrun, which fixes their number" in refusal.reason
         client.send(p.StopCommand())
         state = next(m for m in client if isinstance(m, p.State) and m.state == "stopped")
         assert state.step > 0
@@ -334,7 +334,7 @@ def test_nccl_through_the_launcher_on_one_gpu(tmp_path):
     assert [m["step"] for m in metrics] == list(range(1, 7)) and metrics[2]["amp"] == "fp16"
     assert metrics[0]["ranks"][0]["allocated_bytes"] > 0
     [refusal] = [e for e in events if e["event"] == "option_refused"]
-    assert "fixed by the launcher" in refusal["reason"]
+    assert "started by torchrun, which fixes their number" in refusal["reason"]
 
 
 @pytest.mark.gpu
