@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "workload", nargs="?", default=None,
-        help=f"a built-in sample ({', '.join(SAMPLES)}; default {DEFAULT_WORKLOAD}), path/to/file.py[:factory] (its workload() when no factory is named) or package.module:factory",
+        help=f"a built-in sample ({', '.join(SAMPLES)}; default {DEFAULT_WORKLOAD}), path/to/file.py[:factory] (its workload() when no factory is named) or package.module:factory; the factory returns a Workload, a LightningModule or a transformers Trainer",
     )
     parser.add_argument("--headless", action="store_true", help="train with a progress bar instead of the app")
     parser.add_argument("--config", type=Path, metavar="FILE.toml", help="settings file (a run's config.toml works)")
