@@ -108,6 +108,14 @@ class SavedTensorCount:
             if not is_shard(parameter):
                 self.gathered[parameter.untyped_storage().data_ptr()] = name
 
+    def released_by(self, unit: torch.nn.Module, args: tuple, output: object) -> None:
+        """After ``unit``'s forward: what its ops saved of its gathered parameters is counted, and the addresses of
+        those it frees (resharded) go back to the allocator. An activation given one of them later is no parameter:
+        left in ``gathered`` it was counted as one (a 32-byte tensor now and then, as the allocator chose)."""
+        name = self._modules.get(unit, ROOT_MODULE_NAME)
+        for address in [address for address, owner in self.gathered.items() if owner == name]:
+            del self.gathered[address]
+
     def _count(self, tensor: torch.Tensor) -> None:
         try:
             storage = tensor.untyped_storage()
@@ -147,6 +155,7 @@ class MemoryProbe:
         entering = register_module_forward_pre_hook(count.enter)
         # after FSDP2's own pre-forward hook, registered when it sharded the unit: the parameters are gathered then
         gathering = [unit.register_forward_pre_hook(count.gathered_by) for unit in self._sharded_units]
+        gathering += [unit.register_forward_hook(count.released_by, always_call=True) for unit in self._sharded_units]
         try:
             leaving = register_module_forward_hook(count.leave, always_call=True)
             try:
