@@ -271,7 +271,7 @@ def test_a_clip_of_zero_is_off_on_the_command_line_in_a_file_in_at_and_live(give
 
 def test_a_workloads_own_starting_values_take_the_defaults_place_and_never_the_users():
     from torchlab.core.errors import WorkloadError
-    from torchlab.core.records.config import with_workload_settings
+    from torchlab.core.records.starting_values import with_workload_settings
 
     config = build_config({"workload": "mlp", "steps": 40, "options": {"clip": 0.5}})
     taken, values = with_workload_settings(config, {"steps": 500, "batch_size": 8, "clip": 1.0, "amp": "bf16",

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchlab.core.records.config import TrainConfig, with_workload_settings
+from torchlab.core.records.config import TrainConfig
+from torchlab.core.records.starting_values import with_workload_settings
 from torchlab.core.wire.options import OPTIONS_BY_NAME, LiveOptions, format_option_value
 from torchlab.core.workload import Workload
 

@@ -44,7 +44,8 @@ from torchlab.core.engine.checkpoint import checkpoint_file, load_training_state
 from torchlab.core.engine.loading import SAMPLES, spec_as_shown, spec_as_typed
 from torchlab.core.errors import ConfigError
 from torchlab.core.launch.arguments import explicit_names, resolve_config, setting_layers, workload_origin
-from torchlab.core.records.config import FromWorkload, TrainConfig, build_config, settings_from_toml, with_workload_settings
+from torchlab.core.records.config import FromWorkload, TrainConfig, build_config, settings_from_toml
+from torchlab.core.records.starting_values import with_workload_settings
 from torchlab.core.records.rundir import RunDirectory
 from torchlab.core.safe_open import read_regular_text, who_else_may_write
 from torchlab.core.wire.events import RunStarted

@@ -20,11 +20,11 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.errors import ConfigError, WorkloadError, shown
+from torchlab.core.errors import ConfigError, shown
 from torchlab.core.records.settings import ChoiceSetting, NumberSetting, Setting, StepsSetting, SwitchSetting, TextSetting
 from torchlab.core.safe_open import UnsafeFileError, open_regular
 from torchlab.core.wire.options import (
@@ -415,54 +415,6 @@ class TrainConfig:
         return "\n".join(lines) + "\n"
 
 
-#: What ``Workload.settings`` may not set, and why: each is decided before the workload's code runs.
-NOT_THE_WORKLOADS = {
-    "seed": "it seeds the workload's own code (its factory runs after it): give --seed",
-    "device": "the run chose its device before the workload's code ran: give --device",
-    "world_size": "the ranks are started before the workload's code runs: give --world-size",
-    "shared_run_dir": "the run directory is made before the workload's code runs: give --shared-run-dir",
-    "tensorboard": "the run's writers are made before the workload's code runs: give --tensorboard",
-    "telemetry_interval": "the run's sampler starts before the workload's code runs: give --telemetry-interval",
-}
-
-
-def with_workload_settings(config: TrainConfig, settings: Mapping[str, Any], explicit: set[str] | frozenset[str],
-                           where: str) -> tuple[TrainConfig, dict[str, Any]]:
-    """``config`` with a workload's own starting values (``Workload.settings``: a transformers Trainer's
-    TrainingArguments) in the place of the defaults: each one the user gave (``explicit``: the flags and the
-    ``--config`` file) stays the user's. Returns the configuration and the values it took that differ from the ones it
-    had, by name, as the configuration holds them (what run_started reports and config.toml records). A value the
-    setting does not accept is the WorkloadError of ``where``, naming it."""
-    settings_by_name = {setting.name: setting for setting in SETTINGS}
-    top: dict[str, Any] = {}
-    options = config.options
-    for name, value in settings.items():
-        if name in NOT_THE_WORKLOADS:
-            raise WorkloadError(f"{where}: Workload.settings cannot set {name}: {NOT_THE_WORKLOADS[name]}.")
-        if name not in settings_by_name and name not in OPTIONS_BY_NAME:
-            known = [*settings_by_name, *OPTIONS_BY_NAME]
-            raise WorkloadError(f"{where}: Workload.settings names {shown(name)}, which is no setting or live option of "
-                                f"torchlab{_suggest(str(name), known)}.")
-        if name in explicit:
-            continue
-        if name in settings_by_name:
-            top[name] = value
-            continue
-        try:
-            options = options.with_value(name, parse_option_value(name, value))
-        except OptionRefused as refusal:
-            raise WorkloadError(f"{where}: Workload.settings {name} = {shown(value)}: {refusal}.") from None
-    try:
-        taken = replace(config, **top, options=options)
-    except ConfigError as error:
-        raise WorkloadError(f"{where}: Workload.settings: {error}") from None
-    def value(of: TrainConfig, name: str) -> Any:
-        return getattr(of, name) if name in settings_by_name else getattr(of.options, name)
-
-    return taken, {name: value(taken, name) for name in settings
-                   if name not in explicit and value(taken, name) != value(config, name)}
-
-
 def load_config_file(path: Path, *, follow_link: bool = False) -> dict[str, Any]:
     """Read a TOML config into keyword arguments for ``build_config`` (unknown keys are errors).
 
@@ -568,7 +520,7 @@ def _settings_from_mapping(data: Mapping[str, Any], source: str) -> dict[str, An
                 raise ConfigError(f"{source}: [options] must be a table of live options.")
             for option in value:
                 if option not in LiveOptions.__dataclass_fields__:
-                    raise ConfigError(f"{source}: unknown option options.{option}{_suggest(option, LiveOptions.__dataclass_fields__)}.")
+                    raise ConfigError(f"{source}: unknown option options.{option}{suggestion(option, LiveOptions.__dataclass_fields__)}.")
                 if OPTIONS_BY_NAME[option].setting:
                     raise ConfigError(f"{source}: options.{option} is set at the top level, as {option} = ..., not in [options].")
             settings["options"] = {**settings.get("options", {}), **value}
@@ -581,11 +533,12 @@ def _settings_from_mapping(data: Mapping[str, Any], source: str) -> dict[str, An
         elif key in known:
             settings[key] = value
         else:
-            raise ConfigError(f"{source}: unknown setting {shown(key)}{_suggest(key, known)}.")
+            raise ConfigError(f"{source}: unknown setting {shown(key)}{suggestion(key, known)}.")
     return settings
 
 
-def _suggest(name: str, candidates) -> str:
+def suggestion(name: str, candidates) -> str:
+    """The hint for a name that is none of ``candidates``: " (did you mean 'x'?)" with the closest, or nothing."""
     close = difflib.get_close_matches(name, list(candidates), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

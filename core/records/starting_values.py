@@ -1,0 +1,62 @@
+"""A workload's own starting values (``Workload.settings``: a transformers Trainer's TrainingArguments) taken into a
+run's configuration in the place of the defaults, never of what the user gave. Torch-free: the trainer takes them
+(core/engine/workload_settings.py) and the launcher writes the configuration they make (core/launch/resume.py
+``ConfigRecord``) with the same function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from torchlab.core.errors import ConfigError, WorkloadError, shown
+from torchlab.core.records.config import SETTINGS, TrainConfig, suggestion
+from torchlab.core.wire.options import OPTIONS_BY_NAME, OptionRefused, parse_option_value
+
+#: What ``Workload.settings`` may not set, and why: each is decided before the workload's code runs.
+NOT_THE_WORKLOADS = {
+    "seed": "it seeds the workload's own code (its factory runs after it): give --seed",
+    "device": "the run chose its device before the workload's code ran: give --device",
+    "world_size": "the ranks are started before the workload's code runs: give --world-size",
+    "shared_run_dir": "the run directory is made before the workload's code runs: give --shared-run-dir",
+    "tensorboard": "the run's writers are made before the workload's code runs: give --tensorboard",
+    "telemetry_interval": "the run's sampler starts before the workload's code runs: give --telemetry-interval",
+}
+
+
+def with_workload_settings(config: TrainConfig, settings: Mapping[str, Any], explicit: set[str] | frozenset[str],
+                           where: str) -> tuple[TrainConfig, dict[str, Any]]:
+    """``config`` with a workload's own starting values (``Workload.settings``: a transformers Trainer's
+    TrainingArguments) in the place of the defaults: each one the user gave (``explicit``: the flags and the
+    ``--config`` file) stays the user's. Returns the configuration and the values it took that differ from the ones it
+    had, by name, as the configuration holds them (what run_started reports and config.toml records). A value the
+    setting does not accept is the WorkloadError of ``where``, naming it."""
+    settings_by_name = {setting.name: setting for setting in SETTINGS}
+    top: dict[str, Any] = {}
+    options = config.options
+    for name, value in settings.items():
+        if name in NOT_THE_WORKLOADS:
+            raise WorkloadError(f"{where}: Workload.settings cannot set {name}: {NOT_THE_WORKLOADS[name]}.")
+        if name not in settings_by_name and name not in OPTIONS_BY_NAME:
+            known = [*settings_by_name, *OPTIONS_BY_NAME]
+            raise WorkloadError(f"{where}: Workload.settings names {shown(name)}, which is no setting or live option of "
+                                f"torchlab{suggestion(str(name), known)}.")
+        if name in explicit:
+            continue
+        if name in settings_by_name:
+            top[name] = value
+            continue
+        try:
+            options = options.with_value(name, parse_option_value(name, value))
+        except OptionRefused as refusal:
+            raise WorkloadError(f"{where}: Workload.settings {name} = {shown(value)}: {refusal}.") from None
+    try:
+        taken = replace(config, **top, options=options)
+    except ConfigError as error:
+        raise WorkloadError(f"{where}: Workload.settings: {error}") from None
+    def value(of: TrainConfig, name: str) -> Any:
+        return getattr(of, name) if name in settings_by_name else getattr(of.options, name)
+
+    return taken, {name: value(taken, name) for name in settings
+                   if name not in explicit and value(taken, name) != value(config, name)}
