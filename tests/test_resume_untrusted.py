@@ -307,3 +307,17 @@ def test_a_checkpoint_from_before_the_spike_guard_kept_its_state_resumes_with_a_
     del state["spike_guard"]
     path = save_checkpoint(run / "checkpoints", 9, state, keep=5)
     assert main(["--resume", str(path), "--headless", "--steps", "10", "--telemetry-interval", "0"]) == EXIT_OK
+
+
+def test_ranks_relaunched_from_a_checkpoint_import_the_workload_the_run_was_started_with(tmp_path):
+    """A relaunch takes the checkpoint's configuration (a live steps change is in it), but not its workload: the code
+    the new ranks import is the user's, never one a file names."""
+    from torchlab.core.engine.ranks import configuration_at
+    from torchlab.core.records.config import build_config
+
+    started = build_config({"workload": TINY, "steps": 10})
+    planted = build_config({"workload": f"{WORKLOADS / 'misbehaving.py'}:workload", "steps": 30})
+    path = tmp_path / "last.pt"
+    torch.save({"config": planted.to_toml()}, path)
+    relaunched = configuration_at(path, started)
+    assert relaunched.steps == 30 and relaunched.workload == TINY

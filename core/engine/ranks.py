@@ -453,11 +453,13 @@ def configuration_at(checkpoint: Path, config: TrainConfig) -> TrainConfig:
     ``--resume`` alone would: a live change of ``steps`` and a workload's own starting values (``Workload.settings``)
     are in it, not in the configuration the run was started with (with that one, a relaunch for a new world size
     trained to the first total of steps). ``config`` where the checkpoint cannot be read: the trainer says why when
-    it loads it."""
+    it loads it. The workload stays ``config``'s, the one the user started: the code the new ranks import is never
+    chosen by a file."""
     try:
-        return config_from_toml(peek_checkpoint(checkpoint)["config"], "the checkpoint's configuration")
+        stored = config_from_toml(peek_checkpoint(checkpoint)["config"], "the checkpoint's configuration")
     except Exception:
         return config
+    return dataclasses.replace(stored, workload=config.workload)
 
 
 def _with_world_size(config: TrainConfig, world_size: int) -> TrainConfig:
