@@ -8,8 +8,6 @@ import pytest
 
 pytest.importorskip("lightning")
 
-import torch  # noqa: E402
-
 from trainers import WORKLOADS, make_trainer  # noqa: E402
 from torchlab.core.engine.checkpoint import load_checkpoint  # noqa: E402
 from torchlab.core.engine.loading import load_workload  # noqa: E402
@@ -136,14 +134,3 @@ def test_a_scheduler_of_lightnings_default_interval_steps_once_an_epoch():
 def test_what_configure_optimizers_gives_that_the_engine_cannot_take_is_refused_as_the_run_starts(factory, said):
     with pytest.raises(WorkloadError, match=said.replace("(", r"\(").replace(")", r"\)")):
         make_trainer(f"{LIGHTNING}:{factory}", steps=2)
-
-
-def test_no_lightning_is_loaded_by_a_run_that_does_not_use_it():
-    assert torch is not None  # imported above for the reference; the check is on a fresh process
-    import subprocess
-    import sys
-
-    code = ("import sys; from torchlab.core.engine.loading import load_workload; load_workload('mlp'); "
-            "print('lightning' in sys.modules, 'pytorch_lightning' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert result.stdout.split() == ["False", "False"]

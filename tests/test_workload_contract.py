@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -139,3 +141,12 @@ def test_before_step_is_called_once_a_step_with_the_step_and_its_batchs_epoch():
     trainer, _ = make_trainer(workload=workload, steps=10, options={"accum": "2"})
     trainer.run()
     assert calls == [(step, (step - 1) // 8) for step in range(1, 11)]
+
+
+def test_no_adapted_library_is_loaded_by_a_run_that_does_not_use_it():
+    """Lightning and transformers are the user's imports: loading another workload loads neither (their adapters
+    recognise an object only where the user's code loaded its class)."""
+    code = ("import sys; from torchlab.core.engine.loading import load_workload; load_workload('mlp'); "
+            "print(*(name in sys.modules for name in ('lightning', 'pytorch_lightning', 'transformers')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["False", "False", "False"]
