@@ -133,13 +133,12 @@ class LossFunction:
         return [[count * scale for count in micro] for micro in counts]
 
     def _items(self, piece: Any) -> torch.Tensor:
-        where = describe_code(self.workload.loss_items)
         count = self.workload.loss_items(piece)
         if isinstance(count, torch.Tensor) and count.numel() == 1 and not count.is_complex():
             return count.detach().reshape(()).to(self.device, torch.float32)
         if isinstance(count, (int, float)) and not isinstance(count, bool) and count >= 0:
             return torch.tensor(float(count), device=self.device)
-        raise WorkloadError(f"{where}: Workload.loss_items must return the number of items a batch's loss averages "
+        raise WorkloadError(f"{describe_code(self.workload.loss_items)}: Workload.loss_items must return the number of items a batch's loss averages "
                             f"over (a scalar tensor or a number), got {shown(count)}.")
 
     def alone(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:

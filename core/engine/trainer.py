@@ -368,17 +368,18 @@ class Trainer:
         losses, metrics = [], []
         before_step = parts.workload.before_step
         weights = None  # each piece's weight: its share of the samples, or of the items (Workload.loss_items)
+        cut: list = []  # the step's batches cut in pieces (each the batch itself, weighted 1, unless split)
         if parts.workload.loss_items is not None:  # the step's batches first: the items of all of them are counted
             while len(taken) < accum:
                 taken.append(data.next_batch())
-            weights = parts.loss.item_weights([[piece for piece, _ in split_batch(batch, split)] for batch in taken],
-                                              parts.world.collectives)
+            cut = [split_batch(batch, split) for batch in taken]
+            weights = parts.loss.item_weights([[piece for piece, _ in pieces] for pieces in cut], parts.world.collectives)
         for micro in range(accum):
             if micro == len(taken):
                 taken.append(data.next_batch())
             if micro == 0 and before_step is not None:  # where the run is, for a loss that depends on it
                 before_step(step, data.epoch_of_taken(len(taken)))  # the epoch of the step's first batch
-            pieces = split_batch(taken[micro], split)  # the batch itself, weighted 1, unless split
+            pieces = cut[micro] if cut else split_batch(taken[micro], split)
             for index, (piece, share) in enumerate(pieces):
                 weight = weights[micro][index] if weights is not None else share
                 whole = weights is None and share == 1  # the batch itself: its loss as it is

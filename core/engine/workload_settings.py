@@ -1,6 +1,6 @@
 """A workload's own starting values (``Workload.settings``: a transformers Trainer's TrainingArguments) and the run.
 
-A new run takes each one the user did not give (core/records/config.py ``with_workload_settings``); every rank
+A new run takes each one the user did not give (core/records/starting_values.py ``with_workload_settings``); every rank
 takes the same, from the same code, so the ranks a supervisor starts and those torchrun starts agree without being
 told. A resumed run keeps its own, as config.toml and its checkpoint hold them (a relaunch for a new world size
 resumes too), and says where the workload's code now says otherwise: a user who edited TrainingArguments and
@@ -9,10 +9,11 @@ resumed would otherwise believe the edit took.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from torchlab.core.records.config import TrainConfig
-from torchlab.core.records.starting_values import with_workload_settings
+from torchlab.core.records.starting_values import value_of, with_workload_settings
 from torchlab.core.wire.options import OPTIONS_BY_NAME, LiveOptions, format_option_value
 from torchlab.core.workload import Workload
 
@@ -30,20 +31,13 @@ def changed_since_the_start(config: TrainConfig, options: LiveOptions, workload:
     differ. The user's explicit values are the run's by choice: not compared."""
     if not workload.settings:
         return None
-    wanted, _ = with_workload_settings(config, workload.settings, explicit, f"workload {config.workload}")
-    differ = []
-    for name in workload.settings:
-        if name in explicit:
-            continue
-        live = name in OPTIONS_BY_NAME and not OPTIONS_BY_NAME[name].setting
-        theirs = getattr(wanted.options, name) if live else getattr(wanted, name)
-        ours = getattr(options, name) if live else getattr(config, name)
-        if theirs != ours:
-            differ.append((name, theirs, ours))
+    current = dataclasses.replace(config, options=options)
+    _, differ = with_workload_settings(current, workload.settings, explicit, f"workload {config.workload}")
     if not differ:
         return None
-    said = ", ".join(f"{name} {_shown(name, theirs)} (the run's: {_shown(name, ours)})" for name, theirs, ours in differ)
-    flags = " ".join(word for name, theirs, _ in differ for word in _flag(name, theirs))
+    said = ", ".join(f"{name} {_shown(name, theirs)} (the run's: {_shown(name, value_of(current, name))})"
+                     for name, theirs in differ.items())
+    flags = " ".join(word for name, theirs in differ.items() for word in _flag(name, theirs))
     return (f"the workload's own starting values differ from the run's: {said}. A resume keeps the run's; to take the "
             f"workload's, resume with {flags}")
 

@@ -25,6 +25,9 @@ NOT_THE_WORKLOADS = {
 }
 
 
+_SETTING_NAMES = frozenset(setting.name for setting in SETTINGS)
+
+
 def with_workload_settings(config: TrainConfig, settings: Mapping[str, Any], explicit: set[str] | frozenset[str],
                            where: str) -> tuple[TrainConfig, dict[str, Any]]:
     """``config`` with a workload's own starting values (``Workload.settings``: a transformers Trainer's
@@ -32,19 +35,18 @@ def with_workload_settings(config: TrainConfig, settings: Mapping[str, Any], exp
     ``--config`` file) stays the user's. Returns the configuration and the values it took that differ from the ones it
     had, by name, as the configuration holds them (what run_started reports and config.toml records). A value the
     setting does not accept is the WorkloadError of ``where``, naming it."""
-    settings_by_name = {setting.name: setting for setting in SETTINGS}
     top: dict[str, Any] = {}
     options = config.options
     for name, value in settings.items():
         if name in NOT_THE_WORKLOADS:
             raise WorkloadError(f"{where}: Workload.settings cannot set {name}: {NOT_THE_WORKLOADS[name]}.")
-        if name not in settings_by_name and name not in OPTIONS_BY_NAME:
-            known = [*settings_by_name, *OPTIONS_BY_NAME]
+        if name not in _SETTING_NAMES and name not in OPTIONS_BY_NAME:
+            known = [setting.name for setting in SETTINGS] + list(OPTIONS_BY_NAME)
             raise WorkloadError(f"{where}: Workload.settings names {shown(name)}, which is no setting or live option of "
                                 f"torchlab{suggestion(str(name), known)}.")
         if name in explicit:
             continue
-        if name in settings_by_name:
+        if name in _SETTING_NAMES:
             top[name] = value
             continue
         try:
@@ -55,8 +57,10 @@ def with_workload_settings(config: TrainConfig, settings: Mapping[str, Any], exp
         taken = replace(config, **top, options=options)
     except ConfigError as error:
         raise WorkloadError(f"{where}: Workload.settings: {error}") from None
-    def value(of: TrainConfig, name: str) -> Any:
-        return getattr(of, name) if name in settings_by_name else getattr(of.options, name)
+    return taken, {name: value_of(taken, name) for name in settings
+                   if name not in explicit and value_of(taken, name) != value_of(config, name)}
 
-    return taken, {name: value(taken, name) for name in settings
-                   if name not in explicit and value(taken, name) != value(config, name)}
+
+def value_of(config: TrainConfig, name: str) -> Any:
+    """A setting's value (``steps`` is one), or a live option's."""
+    return getattr(config, name) if name in _SETTING_NAMES else getattr(config.options, name)
