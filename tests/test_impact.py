@@ -432,3 +432,25 @@ def test_an_impact_json_row_from_before_baseline_step_is_read():
         tracker.on_metrics(record(step, 0.10, 1.0))
     old = {key: value for key, value in asdict(tracker.table()[0]).items() if key != "baseline_step"}
     assert read_object(ImpactSegment, old, "impact.json[0]", nested=False).baseline_step is None
+
+
+def test_the_load_a_segment_is_judged_under_is_the_load_beside_its_timed_steps_not_its_seconds():
+    """Seen in tmux: "clip=1.0: 5.50x slower" while a neighbour's tests loaded one core of two. The start's steps had
+    run on a quiet machine (hundreds of fast steps), then the neighbour started during a trial at the start's end:
+    a median over the start's telemetry samples (most of them from the trial's seconds, which add no step) said the
+    load was as high as in the clip segment, so the neighbour's slowdown was judged the option's."""
+    tracker = ImpactTracker()
+    for step in range(1, 301):  # the quiet start: a sample every 10 fast steps
+        tracker.on_metrics(record(step, 0.02, 2.0))
+        if step % 10 == 0:
+            tracker.on_telemetry(loaded(96.0, 190.0))
+    for _ in range(40):  # a trial's seconds under the neighbour's load: telemetry, no row
+        tracker.on_telemetry(loaded(100.0, 100.0))
+    for step in range(301, 361):  # clip=1.0 under the neighbour's load
+        tracker.on_metrics(record(step, 0.11, 2.0, clip=1.0))
+        if step % 5 == 0:
+            tracker.on_telemetry(loaded(100.0, 100.0))
+    start, clip = tracker.table()
+    assert start.others_cpu_percent == pytest.approx(1.0)
+    assert clip.others_cpu_percent == pytest.approx(50.0) and clip.speedup is None
+    assert clip.verdict == "clip=1.0: speed not judged: other processes' CPU use went 1 % → 50 %"

@@ -85,7 +85,9 @@ class Segment:
     data_waits: deque[float] = field(default_factory=lambda: deque(maxlen=MEDIAN_WINDOW))
     peak_allocated_bytes: int | None = None
     nvml_run_bytes: int | None = None  # the most NVML attributed to the run's processes, in the segment's samples
-    others_cpu: deque[float] = field(default_factory=lambda: deque(maxlen=MEDIAN_WINDOW))  # HostSample.others_cpu_percent
+    # HostSample.others_cpu_percent as it stood at each timed step: the load beside the very steps whose times
+    # are compared (a median over time instead weighed a paused run's or a trial's seconds, and no step, alike)
+    others_cpu: deque[float] = field(default_factory=lambda: deque(maxlen=MEDIAN_WINDOW))
     activations_bytes: int | None = None  # the largest measured in the segment (the same on every step of one shape)
     tensor_bytes: int | None = None  # likewise, parameters + gradients + optimizer state + activations
     _n: int = 0
@@ -94,14 +96,17 @@ class Segment:
     _sxx: float = 0.0
     _sxy: float = 0.0
 
-    def add(self, row: MetricsRow, timed: bool = True) -> None:
+    def add(self, row: MetricsRow, timed: bool = True, others_cpu_percent: float | None = None) -> None:
         """One report; ``timed=False`` keeps its step time out of the medians (a profiled step), as do the row
         itself where it says it compiled or ran uncompiled, and the segment's first ``WARMUP_STEPS`` steps. A
-        segment of warm-up steps only has no step time: a warm-up step's would read as the option's."""
+        segment of warm-up steps only has no step time: a warm-up step's would read as the option's.
+        ``others_cpu_percent``: the newest telemetry's load beside the run, counted with a timed step's time."""
         self.last_step = row.step
         timed = timed and not row.compiling and not row.eager
         if timed and row.step - self.first_step >= WARMUP_STEPS:
             self.step_times.append(row.step_time_s)
+            if others_cpu_percent is not None:
+                self.others_cpu.append(others_cpu_percent)
             self.throughputs.append(row.samples_per_s)
             if row.data_wait_s is not None:
                 self.data_waits.append(row.data_wait_s)
@@ -210,6 +215,7 @@ class ImpactTracker(TrainerObserver):
         # was in force (a frozen value) until a command changes it, so it is read once per change, not per row.
         self._options_in_force: LiveOptions | None = None
         self._segment_options: dict[str, Any] = {}
+        self._others_cpu_now: float | None = None  # the newest telemetry's HostSample.others_cpu_percent
 
     def on_metrics(self, row: MetricsRow) -> None:
         if row.options is not self._options_in_force:  # a new value only where a command changed the options
@@ -222,7 +228,7 @@ class ImpactTracker(TrainerObserver):
             self.segments.append(Segment(options=options, change=change, first_step=row.step))
             if current is not None:
                 self.write()
-        self.segments[-1].add(row, timed=not self._profiling and self._warming_up <= 0)
+        self.segments[-1].add(row, timed=not self._profiling and self._warming_up <= 0, others_cpu_percent=self._others_cpu_now)
         self._warming_up -= 1
 
     def on_telemetry(self, sample: TelemetrySample) -> None:
@@ -235,7 +241,7 @@ class ImpactTracker(TrainerObserver):
         nvml = sample.run_gpu_memory_bytes
         if nvml is not None:
             segment.nvml_run_bytes = max(segment.nvml_run_bytes or 0, nvml)
-        segment.others_cpu.append(sample.host.others_cpu_percent)
+        self._others_cpu_now = sample.host.others_cpu_percent
 
     def on_event(self, event: Message) -> None:
         match event:

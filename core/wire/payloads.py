@@ -299,7 +299,8 @@ class ImpactSegment(JsonObject):
     None until a memory step came): ``activations_bytes`` and ``tensor_bytes``; ``peak_allocated_bytes`` is the
     CUDA allocator's peak (None on a CPU), and the memory a segment is judged by where there is one, else
     ``tensor_bytes``. ``others_cpu_percent``: the median share of the machine's CPU that other processes took
-    during the segment; where it moved by ``LOAD_SHIFT_POINTS`` from the segment before, a speed difference is not
+    beside the segment's timed steps (each step counted with the newest telemetry before it, so a trial's or a
+    pause's seconds weigh nothing); where it moved by ``LOAD_SHIFT_POINTS`` from the segment before, a speed difference is not
     judged (``speed not judged: other processes' CPU use went 5 % → 60 %``). ``nvml_run_bytes`` is what NVML sees of the run (``TelemetrySample.run_gpu_memory_bytes``),
     the most of the segment's samples: shown, not judged, as the allocator's cache only grows (None on a CPU). The loss slope is per 100 steps (None under three losses). ``speedup``,
     ``memory_change`` and ``activations_change`` compare with the segment that begins at ``baseline_step``: the
@@ -326,7 +327,7 @@ class ImpactSegment(JsonObject):
     median_data_wait_s: float | None  # of a step, waiting for its batches (the loader's own time with 0 workers)
     peak_allocated_bytes: int | None
     nvml_run_bytes: int | None  # the most NVML attributed to the run in the segment's telemetry (CUDA; else None)
-    others_cpu_percent: float | None  # the median share of the machine's CPU other processes took (None: no telemetry)
+    others_cpu_percent: float | None  # the median share of the machine's CPU other processes took beside the timed steps (None: no telemetry)
     activations_bytes: int | None  # saved for backward, the most a memory step of the segment measured
     tensor_bytes: int | None  # parameters + gradients + optimizer state + activations, likewise
     loss_slope_per_100_steps: float | None
