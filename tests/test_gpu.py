@@ -1,6 +1,7 @@
 """CUDA paths: fp16 with its GradScaler, bf16, a bit-exact resume, pinned memory, compile, a real out-of-memory
-rescued and a spike rolled back from page-locked copies on the GPU. Skipped without CUDA (the last two not yet run
-on one: no GPU was at hand when they were written)."""
+rescued and a spike rolled back from page-locked copies on the GPU. Skipped without CUDA. The GPU pass of 2026-11-27
+ran them (benchmarks/gpu_pass_2026-11-27-second/); the rescue's model has since held its first allocation for
+backward, so its retry fits only where the failed step's memory was freed: not yet run on a GPU."""
 
 from __future__ import annotations
 
@@ -67,8 +68,10 @@ def test_compile_on_cuda_applies_at_a_step_and_resumes_with_the_models_own_keys(
 
 
 def test_a_real_cuda_allocation_over_the_cards_memory_is_rescued_by_a_split():
-    """16 samples ask for 1.33 times the card in one forward: CUDA's own OutOfMemoryError, the allocator's cache
-    emptied, the step retried at split = 2 (8 samples, two thirds of the card), and the run goes on."""
+    """16 samples ask for 1.33 times the card in one forward, two thirds of it held by the step's graph when the
+    rest fails: CUDA's own OutOfMemoryError, the failed step's memory freed and the allocator's cache emptied, the
+    step retried at split = 2 (8 samples, two thirds of the card: one third more would not fit), and the run goes
+    on."""
     trainer, seen = make_trainer(f"{WORKLOADS / 'tiny.py'}:cuda_out_of_memory_above_8", steps=3, device="cuda",
                                  checkpoint_every=0, memory_every=0)
     assert trainer.run().status == "finished"

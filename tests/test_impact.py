@@ -454,3 +454,17 @@ def test_the_load_a_segment_is_judged_under_is_the_load_beside_its_timed_steps_n
     assert start.others_cpu_percent == pytest.approx(1.0)
     assert clip.others_cpu_percent == pytest.approx(50.0) and clip.speedup is None
     assert clip.verdict == "clip=1.0: speed not judged: other processes' CPU use went 1 % → 50 %"
+
+
+def test_a_segment_the_oom_rescue_began_says_so():
+    from torchlab.core.wire.events import OomRescued
+
+    tracker = ImpactTracker()
+    for step in range(1, 21):
+        tracker.on_metrics(record(step, 0.10, 2.0))
+    tracker.on_event(OomRescued(step=21, option="split", value=2, previous=1, error="CUDA out of memory."))
+    for step in range(21, 41):
+        tracker.on_metrics(record(step, 0.12, 2.0, split=2))
+    for step in range(41, 61):  # the user's own change later is the user's
+        tracker.on_metrics(record(step, 0.12, 2.0, split=4))
+    assert [row.change for row in tracker.table()] == ["start", "split=2 (OOM rescue)", "split=4"]

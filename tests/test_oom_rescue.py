@@ -21,11 +21,23 @@ def test_a_model_out_of_memory_above_half_its_batch_trains_to_the_end_with_the_l
     assert rescued.run().status == "finished"
     [event] = seen.of("oom_rescued")
     assert (event["step"], event["option"], event["value"], event["previous"]) == (1, "split", 2, 1)
+    assert (event["samples_before"], event["samples_after"]) == (16, 8)
     assert event["error"] == "CUDA out of memory. Tried to allocate 2.00 GiB for 16 samples" and event["note"] == ""
     assert [row.options.split for row in seen.metrics] == [2] * 6  # step 1's row says what it trained with
     unlimited, plain = make_trainer(f"{TINY}:without_dropout", **settings)
     unlimited.run()
     assert [row.loss for row in seen.metrics] == pytest.approx([row.loss for row in plain.metrics], rel=1e-5)
+
+
+def test_a_retry_draws_the_random_numbers_of_the_step_run_at_the_rungs_value_from_the_start():
+    """The failed forward drew its dropout masks before it ran out of memory: the retry draws them again from where
+    the step began, so the rescued run is the run at split = 2 from its first step, bit for bit."""
+    settings = dict(steps=4, seed=3, checkpoint_every=0)
+    rescued, seen = make_trainer(f"{TINY}:out_of_memory_above_8_after_dropout", **settings)
+    assert rescued.run().status == "finished" and len(seen.of("oom_rescued")) == 1
+    split_from_the_start, plain = make_trainer(f"{TINY}:dropout_within_memory", options={"split": 2}, **settings)
+    split_from_the_start.run()
+    assert [row.loss for row in seen.metrics] == [row.loss for row in plain.metrics]
 
 
 def test_with_every_rung_tried_the_run_stops_with_a_paragraph_saying_what_was_tried(tmp_path, capsys):
@@ -127,6 +139,18 @@ def test_checkpointing_rungs_take_the_blocks_that_saved_the_most_activations_fir
     resumed, _ = make_trainer(spec, steps=6, memory_every=1, resume_from=tmp_path / "last.pt")
     assert resumed.parts.model.checkpointing.wrapped_names() == ["blocks.1", "blocks.3"]
     assert resumed.run().status == "finished"
+
+
+def test_a_batch_the_engine_cannot_split_goes_to_checkpointing_saying_why():
+    trainer, seen = make_trainer(f"{TINY}:out_of_memory_until_two_blocks_are_checkpointed_with_batches_of_its_own_type",
+                                 steps=4, memory_every=1, checkpoint_every=0)
+    assert trainer.run().status == "finished"
+    first, second = seen.of("oom_rescued")
+    assert [(event["option"], event["value"]) for event in (first, second)] == [
+        ("checkpointing", "blocks.1"), ("checkpointing", "blocks.1,blocks.3")]
+    assert first["note"].startswith("this run's batches cannot be split (no first dimension their tensors share); "
+                                    "the 1 of 4 blocks that saved the most activations at step 2")
+    assert first["samples_before"] is None and first["samples_after"] is None
 
 
 def test_the_ladder_below_splits_checkpoints_a_quarter_of_the_blocks_then_half_then_all_or_all_at_once_unmeasured():

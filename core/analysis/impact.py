@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from torchlab.core.records.storage import write_atomically
-from torchlab.core.wire.events import ProfileStarted, RunEnded, RunStarted
+from torchlab.core.wire.events import OomRescued, ProfileStarted, RunEnded, RunStarted
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import LIVE_OPTIONS, LiveOptions, format_option_value
@@ -216,6 +216,7 @@ class ImpactTracker(TrainerObserver):
         self._options_in_force: LiveOptions | None = None
         self._segment_options: dict[str, Any] = {}
         self._others_cpu_now: float | None = None  # the newest telemetry's HostSample.others_cpu_percent
+        self._rescued: set[str] = set()  # options the OOM rescue set for the next row: its segment says so
 
     def on_metrics(self, row: MetricsRow) -> None:
         if row.options is not self._options_in_force:  # a new value only where a command changed the options
@@ -225,9 +226,12 @@ class ImpactTracker(TrainerObserver):
         current = self.segments[-1] if self.segments else None
         if current is None or current.options != options:
             change = "start" if current is None else _describe_change(current.options, options)
+            if current is not None and any(current.options.get(name) != options.get(name) for name in self._rescued):
+                change += " (OOM rescue)"
             self.segments.append(Segment(options=options, change=change, first_step=row.step))
             if current is not None:
                 self.write()
+        self._rescued.clear()
         self.segments[-1].add(row, timed=not self._profiling and self._warming_up <= 0, others_cpu_percent=self._others_cpu_now)
         self._warming_up -= 1
 
@@ -247,6 +251,8 @@ class ImpactTracker(TrainerObserver):
         match event:
             case RunStarted():
                 self._warming_up = PROCESS_WARMUP_STEPS
+            case OomRescued():
+                self._rescued.add(event.option)
             case ProfileStarted():
                 self._profiling = True
             case ProfileReady():

@@ -4,7 +4,9 @@ retried one rung down a ladder, instead of ending the run.
 The step's forward or backward raised an allocation failure (CUDA's ``torch.OutOfMemoryError``, or the CPU
 allocator's). Nothing was applied yet: the optimizer steps after every backward. The trainer drops what the failed
 attempt held (the gradients, set to None; its autograd graph and activations, with the exception's frames; on CUDA
-the allocator's cached blocks), and retries the same step on the batches it had already taken, one rung down:
+the allocator's cached blocks), puts torch's random generators back where the step's first forward found them
+(``StepGenerators``: the retry draws the dropout masks the step would have drawn at the rung's value from the start),
+and retries the same step on the batches it had already taken, one rung down:
 
 1. ``split`` doubled (core/engine/batch_split.py): the same samples and the same gradient per step, half the
    activations alive at once, down to pieces of one sample;
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -43,6 +46,30 @@ from torchlab.core.wire.units import format_bytes
 class OutOfMemoryStop(TorchlabError):
     """A step ran out of memory with every rung of the rescue tried (with the rescue off, or in a trial's arm, the
     allocation's own error ends the run)."""
+
+
+@dataclass(frozen=True)
+class StepGenerators:
+    """torch's random generators (the CPU one, and the run's GPU's) as a step's first forward found them: a retry
+    restores them, so the dropout masks and any other random numbers its forwards and backwards draw are those of
+    the step run at the rung's value from the start, not what the failed attempt left. Taken on every step of a run
+    with the rescue on: a copy of the CPU generator's 5 KB and the GPU's seed and offset, about a microsecond, no
+    device sync. Python's and NumPy's generators are not taken (55 µs a step): they are drawn by a dataset in the
+    training process, when a batch is taken, and the retry keeps the batches taken; so is a batch of a later
+    micro-batch drawn from torch's, where such a dataset augments with it (a retry draws nothing for it again)."""
+
+    cpu: torch.Tensor
+    device: torch.device
+    cuda: torch.Tensor | None
+
+    @classmethod
+    def capture(cls, device: torch.device) -> StepGenerators:
+        return cls(torch.get_rng_state(), device, torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self.cuda, self.device)
 
 
 def free_failed_step(parts: TrainingParts) -> None:
@@ -117,7 +144,7 @@ def next_rung(parts: TrainingParts, step: int, failure: str, batch, memory: Call
         batch_norms = _batch_norms(parts.model.model)
         note = (f"{batch_norms} BatchNorm layer{'s' if batch_norms != 1 else ''} now see{'s' if batch_norms == 1 else ''} "
                 f"each piece's statistics, not the batch's" if batch_norms else "")
-        return _enact(parts, step, failure, SPLIT, rung[1], note)
+        return _enact(parts, step, failure, SPLIT, rung[1], note, samples)
     if rung is not None:
         notes = [] if samples is not None else ["this run's batches cannot be split (no first dimension their tensors share)"]
         if isinstance(rung[1], str):
@@ -126,7 +153,7 @@ def next_rung(parts: TrainingParts, step: int, failure: str, batch, memory: Call
             notes.append(f"the {len(chosen)} of {len(checkpointing.blocks)} blocks that saved the most activations "
                          f"at step {measured.step} ({which})")
         try:
-            return _enact(parts, step, failure, CHECKPOINTING, rung[1], "; ".join(notes))
+            return _enact(parts, step, failure, CHECKPOINTING, rung[1], "; ".join(notes), samples)
         except OptionRefused:
             pass
     raise OutOfMemoryStop(f"{no_rung_left(step, failure, options, samples)} {memory()}")
@@ -145,8 +172,25 @@ def _batch_norms(model: torch.nn.Module) -> int:
         module, torch.nn.modules.instancenorm._InstanceNorm) for module in model.modules())
 
 
-def _enact(parts: TrainingParts, step: int, failure: str, option: LiveOption, value, note: str) -> OomRescued:
-    previous = getattr(parts.options, option.name)
+def _enact(parts: TrainingParts, step: int, failure: str, option: LiveOption, value, note: str,
+           samples: int | None) -> OomRescued:
+    before = parts.options
     enact(parts, option, value)
-    parts.options = parts.options.with_value(option.name, value)
-    return OomRescued(step=step, option=option.name, value=value, previous=previous, error=failure, note=note)
+    parts.options = before.with_value(option.name, value)
+    return rescued(step, failure, option, before, parts.options, note, samples)
+
+
+def rescued(step: int, failure: str, option: LiveOption, before: LiveOptions, after: LiveOptions, note: str,
+            samples: int | None) -> OomRescued:
+    """The journal's record of a rung: ``option`` moved ``before`` → ``after``, for batches of ``samples`` (a rank's;
+    None: not counted), in one process and with ranks alike."""
+    return OomRescued(step=step, option=option.name, value=getattr(after, option.name),
+                      previous=getattr(before, option.name), error=failure, note=note,
+                      samples_before=_forward_samples(samples, before.split),
+                      samples_after=_forward_samples(samples, after.split))
+
+
+def _forward_samples(samples: int | None, split: int) -> int | None:
+    """The most samples one forward takes of a micro-batch of ``samples`` cut in ``split`` pieces (tensor_split's:
+    the first pieces one larger)."""
+    return None if samples is None else -(-samples // split)

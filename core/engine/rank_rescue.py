@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.engine.oom_rescue import no_rung_left, rung_after
+from torchlab.core.engine.oom_rescue import no_rung_left, rescued, rung_after
 from torchlab.core.wire.events import OomRescued, RunStarted
 from torchlab.core.wire.options import OOM_RESCUE, LiveOptions
 from torchlab.core.wire.protocol import CheckpointSaved, Message, OptionApplied
@@ -90,6 +90,5 @@ class RankRescue:
             since = f"the checkpoint of step {saved}{again}"
         note = (f"on rank {rank} of {world_size}: the ranks start again from {since}, with the options in force at "
                 f"step {step}")
-        previous = getattr(options, option.name)
-        event = OomRescued(step=step, option=option.name, value=value, previous=previous, error=first_line, note=note)
-        return Rescue(options.with_value(option.name, value), self._checkpoint, event)
+        after = options.with_value(option.name, value)
+        return Rescue(after, self._checkpoint, rescued(step, first_line, option, options, after, note, samples))

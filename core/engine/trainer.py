@@ -41,7 +41,7 @@ from torchlab.core.engine.instruments import Instruments, StepPlan, StepWatch
 from torchlab.core.engine.loss_output import mean_of_micro_batches
 from torchlab.core.engine.memory import out_of_memory
 from torchlab.core.engine.nonfinite import stop_on_nonfinite
-from torchlab.core.engine.oom_rescue import free_failed_step, next_rung, without_checkpointing
+from torchlab.core.engine.oom_rescue import StepGenerators, free_failed_step, next_rung, without_checkpointing
 from torchlab.core.engine.option_hooks import enact_initial
 from torchlab.core.engine.outcome import RunOutcome
 from torchlab.core.engine.parts import Reporter, TrainingParts
@@ -309,9 +309,10 @@ class Trainer:
         clip = parts.options.clip
         watch = self.instruments.watch(plan, step)  # the step's clock; activation hooks on a sampled step
         taken: list = []  # the step's batches: a retry after running out of memory runs the same ones
+        generators: list[StepGenerators] = []  # as the step's first forward found them, for a retry
         while True:
             try:
-                losses, metrics = self._forward_backward(plan, step, watch, taken)
+                losses, metrics = self._forward_backward(plan, step, watch, taken, generators)
                 break
             except Exception as error:
                 recompute = recomputed_otherwise(error) and bool(parts.options.checkpointing) and self._retries(plan)
@@ -319,6 +320,8 @@ class Trainer:
                     raise
                 failure = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
             free_failed_step(parts)  # out of the except: the failed attempt's frames, and what they held, are gone
+            if generators:
+                generators[0].restore()
             if recompute:  # a block that cannot be checkpointed: the step again without it
                 self.reporter.emit(without_checkpointing(parts, step, failure))
             else:
@@ -359,9 +362,11 @@ class Trainer:
         return watch.finish(host, loss_value, total_norm, clipped(total_norm, clip), stepped, lrs_used,
                             spike.action if spike is not None else None)
 
-    def _forward_backward(self, plan: StepPlan, step: int, watch: StepWatch, taken: list) -> tuple[list, list]:
+    def _forward_backward(self, plan: StepPlan, step: int, watch: StepWatch, taken: list,
+                          generators: list[StepGenerators]) -> tuple[list, list]:
         """The step's forward and backward passes, ``accum`` micro-batches of ``split`` pieces each (the batches in
-        ``taken`` first, then new ones, added to it): the micro-batches' losses and metrics, on the device."""
+        ``taken`` first, then new ones, added to it): the micro-batches' losses and metrics, on the device. Where the
+        step may be retried, ``generators`` gets torch's random generators as its first forward finds them."""
         parts, precision, data = self.parts, self.parts.precisions.current, self.parts.data
         accum, split = parts.options.accum, parts.options.split
         model = parts.model.for_step(eager=plan.activations)  # hooks added to a compiled model would not fire
@@ -379,6 +384,8 @@ class Trainer:
                 taken.append(data.next_batch())
             if micro == 0 and before_step is not None:  # where the run is, for a loss that depends on it
                 before_step(step, data.epoch_of_taken(len(taken)))  # the epoch of the step's first batch
+            if micro == 0 and not generators and self._retries(plan):
+                generators.append(StepGenerators.capture(parts.device))
             pieces = cut[micro] if cut else split_batch(taken[micro], split)
             for index, (piece, share) in enumerate(pieces):
                 weight = weights[micro][index] if weights is not None else share

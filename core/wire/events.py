@@ -84,7 +84,8 @@ class StepSkipped(Message):
 class OomRescued(Message):
     """Step ``step`` ran out of memory (``error``, its first line) and is retried with ``option`` = ``value`` (was
     ``previous``), which stays in force: the OOM rescue's rung (core/engine/oom_rescue.py); ``note``, what else it
-    means, or empty."""
+    means, or empty. ``samples_before``/``samples_after``: the most samples one forward took before the rung and with
+    it (a micro-batch's largest piece; with ranks, a rank's), None where the batch cannot be counted."""
 
     type: ClassVar[str] = "oom_rescued"
     step: int
@@ -95,6 +96,8 @@ class OomRescued(Message):
     #: what else the user should know of the rung: its BatchNorm now sees each piece's statistics, or why the batch
     #: was not split
     note: str = ""
+    samples_before: int | None = None
+    samples_after: int | None = None
 
 
 #: What the spike guard does with a spike (``SpikeGuarded.action``, a metrics row's ``spike``): the first two hold
@@ -299,8 +302,10 @@ def describe(event: Message) -> Sentence | None:
         case OomRescued():
             value, previous = (format_option_value(event.option, v) for v in (event.value, event.previous))
             note = f"; {event.note}" if event.note else ""
+            samples = (f"; {event.samples_after} samples a forward, not {event.samples_before}"
+                       if event.samples_after is not None and event.samples_after != event.samples_before else "")
             return Sentence(f"step {event.step} ran out of memory ({event.error}): retried with {event.option} = {value} "
-                            f"(was {previous}), in force from now on{note}", warning=True)
+                            f"(was {previous}), in force from now on{samples}{note}", warning=True)
         case SpikeGuarded():
             return Sentence(_spike_sentence(event), warning=True)
         case ProfileStarted():

@@ -26,9 +26,10 @@ SAID = [
      "compiling the model with amp=bf16 (torch.compile): training waits for it"),
     (events.StepSkipped(step=7, reason="fp16 gradients overflowed; the loss scale is now 32768", scale=32768.0),
      "warning: step skipped: fp16 gradients overflowed; the loss scale is now 32768"),
-    (events.OomRescued(step=7, option="split", value=2, previous=1, error="CUDA out of memory. Tried to allocate 2.00 GiB"),
+    (events.OomRescued(step=7, option="split", value=2, previous=1, error="CUDA out of memory. Tried to allocate 2.00 GiB",
+                       samples_before=15, samples_after=8),
      "warning: step 7 ran out of memory (CUDA out of memory. Tried to allocate 2.00 GiB): retried with split = 2 (was 1), "
-     "in force from now on"),
+     "in force from now on; 8 samples a forward, not 15"),
     (events.OomRescued(step=7, option="checkpointing", value=True, previous=False, error="CUDA out of memory.",
                        note="this run's batches cannot be split (no first dimension their tensors share)"),
      "warning: step 7 ran out of memory (CUDA out of memory.): retried with checkpointing = on (was off), in force "

@@ -316,6 +316,16 @@ def out_of_memory_above_8() -> Workload:
                     loss_fn=mse_loss, batch_size=16)
 
 
+def out_of_memory_above_8_after_dropout() -> Workload:
+    """``out_of_memory_above_8`` with its dropout: the failed forward draws masks before it runs out of memory."""
+    return Workload(model=TinyNet(extra=OutOfMemoryAbove(8)), dataset=_regression_data(), loss_fn=mse_loss, batch_size=16)
+
+
+def dropout_within_memory() -> Workload:
+    """``out_of_memory_above_8_after_dropout`` with room for its batch: the run it is compared with."""
+    return Workload(model=TinyNet(extra=OutOfMemoryAbove(16)), dataset=_regression_data(), loss_fn=mse_loss, batch_size=16)
+
+
 def out_of_memory_always() -> Workload:
     """Every forward runs out of memory, however small its batch."""
     return Workload(model=_without_dropout(TinyNet(extra=OutOfMemoryAbove(0))), dataset=_regression_data(),
@@ -366,14 +376,31 @@ def sgd_without_spike() -> Workload:
     return _sgd_regression()
 
 
+class _KeptForBackward(torch.autograd.Function):
+    """``x`` as it is, with ``held`` saved for backward: memory a step holds until its backward, as activations."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(held)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
 class AllocatesPerSample(nn.Module):
-    """Allocates a twelfth of the GPU's memory for each sample of its input, kept for backward: a real CUDA
-    allocation that fails above 8 samples (16: 1.33 times the card), as activations that outgrow it do."""
+    """Allocates a twenty-fourth of the GPU's memory for each sample of its input, kept for backward, then as much
+    again: real CUDA allocations that fail above 12 samples. At 16 the second fails (1.33 times the card) while
+    the first (two thirds of it) is held by the failed step's graph; a retry at 8 fits (two thirds) only where the
+    rescue freed what the failed attempt held."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        share = torch.cuda.get_device_properties(x.device).total_memory // 12
-        held = torch.zeros(x.shape[0] * share, dtype=torch.uint8, device=x.device)
-        return x + held[:1].float() * 0
+        share = torch.cuda.get_device_properties(x.device).total_memory // 24
+        first = torch.zeros(x.shape[0] * share, dtype=torch.uint8, device=x.device)
+        x = _KeptForBackward.apply(x, first)
+        second = torch.zeros(x.shape[0] * share, dtype=torch.uint8, device=x.device)
+        return _KeptForBackward.apply(x, second)
 
 
 def cuda_out_of_memory_above_8() -> Workload:
@@ -400,6 +427,20 @@ def rank_1_out_of_memory_above_4_from_step_5() -> Workload:
     """Batches of 16, 8 a rank at world size 2: rank 1's step 5 runs out of memory; 4 samples a piece fit."""
     return Workload(model=_without_dropout(TinyNet(extra=OutOfMemoryOnRank1From5th())), dataset=_regression_data(),
                     loss_fn=mse_loss, batch_size=16)
+
+
+class Pair:
+    """A batch of the user's own type: the engine finds no tensor in it to count or split (a CPU run needs no move)."""
+
+    def __init__(self, samples: list) -> None:
+        self.inputs = torch.stack([inputs for inputs, _ in samples])
+        self.targets = torch.stack([targets for _, targets in samples])
+
+
+def out_of_memory_until_two_blocks_are_checkpointed_with_batches_of_its_own_type() -> Workload:
+    """``out_of_memory_until_two_blocks_are_checkpointed`` whose batches cannot be split: the rescue goes to checkpointing."""
+    return Workload(model=BlocksOfWidths(), dataset=_regression_data(), collate_fn=Pair, batch_size=4,
+                    loss_fn=lambda model, batch: nn.functional.mse_loss(model(batch.inputs), batch.targets))
 
 
 class _Jittered(torch.utils.data.Dataset):
