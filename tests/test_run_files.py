@@ -453,3 +453,29 @@ def test_a_profile_the_disk_cannot_take_is_reported_failed_and_leaves_nothing(tm
         "was kept, and training goes on: free some space, then profile again."
     )
     assert list((tmp_path / "profiles").iterdir()) == []
+
+
+def test_when_a_checkpoint_is_written_the_rows_of_every_step_it_holds_are_on_disk(tmp_path, monkeypatch):
+    """A kill after a checkpoint is on disk must lose no row of its steps: the resumed run trains only those after
+    it. A fast run's rows are held up to a quarter second, and a measured step's (the probe on every step here)
+    waits for the next step's transfer; both are written before a checkpoint is (found killing a run at step 4's
+    forward after the checkpoint of step 3: rows 2 and 3 were gone for good after the resume)."""
+    from torchlab.core.engine import checkpointer
+
+    directory = RunDirectory(tmp_path / "run")
+    on_disk_at_checkpoint = {}
+    write = checkpointer.write_checkpoint
+
+    def write_and_look(folder, step, contents, **kept):
+        on_disk_at_checkpoint[step] = [row["step"] for row in jsonl(tmp_path / "run" / "metrics.jsonl")]
+        return write(folder, step, contents, **kept)
+
+    monkeypatch.setattr(checkpointer, "write_checkpoint", write_and_look)
+    (tmp_path / "checkpoints").mkdir()
+    trainer, _ = make_trainer(steps=7, checkpoint_every=3, probe_every=1, checkpoint_dir=tmp_path / "checkpoints")
+    trainer.reporter.observers.append(directory)
+    assert trainer.run().status == "finished"
+    directory.close()
+    assert on_disk_at_checkpoint == {3: [1, 2, 3], 6: [1, 2, 3, 4, 5, 6], 7: list(range(1, 8))}
+    assert [row["step"] for row in jsonl(tmp_path / "run" / "metrics.jsonl")] == list(range(1, 8))
+    assert all("update_ratios" in row for row in jsonl(tmp_path / "run" / "metrics.jsonl"))  # each with its figures

@@ -42,3 +42,15 @@ def test_an_optimizer_without_adams_moments_gives_ratios_and_no_moments():
     trainer, seen = make_trainer(f"{WORKLOADS / 'tiny.py'}:sgd_without_spike", **SETTINGS)
     trainer.run()
     assert all(row.update_ratios and row.adam is None for row in seen.metrics)
+
+
+def test_a_step_whose_update_was_skipped_carries_no_update_figures():
+    """fp16's GradScaler skips the update of a step whose gradients overflowed: nothing moved, and its row said every
+    module's ratio was 0 (a column of "frozen" in the heatmap). Skipped here as the scaler would, on a CPU."""
+    trainer, seen = make_trainer(**SETTINGS)
+    precision = trainer.parts.precisions.current
+    step_as_given = precision.step
+    precision.step = lambda optimizer: trainer.parts.progress.step + 1 != 3 and step_as_given(optimizer)
+    assert trainer.run().status == "finished"
+    assert seen.at(3).update_ratios is None and seen.at(3).grad_norms is not None and seen.at(3).skipped
+    assert all(seen.at(step).update_ratios for step in (2, 4))

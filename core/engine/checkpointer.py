@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +45,12 @@ TRIAL_STATES = ("model", "optimization", "grad_scaler", "rng", "data", "options"
 class Checkpointer:
     """Saves the parts' state to ``directory`` (None: the run keeps no checkpoints) and resumes them from one."""
 
-    def __init__(self, parts: TrainingParts, directory: Path | None, spike_guard: Stateful) -> None:
+    def __init__(self, parts: TrainingParts, directory: Path | None, spike_guard: Stateful,
+                 rows_first: Callable[[int], None]) -> None:
         self.parts, self.directory = parts, directory
+        #: Sends and writes the rows of the steps up to a checkpoint's before it is written (rank 0): a resume from
+        #: it trains only the steps after, so a row still held then would be lost for good by a kill.
+        self.rows_first = rows_first
         #: Each part with state, by the name of its entry in a checkpoint ("optimization": "optimizer" and
         #: "scheduler"; "progress": "step", "scripted_through" and "elapsed_s").
         self.states: dict[str, Stateful] = {
@@ -115,6 +119,7 @@ class Checkpointer:
             # queued; the relaunched run must not queue those scripted changes again. Nor must a run resumed
             # from the one taken before a trial queue that trial again: it stopped the run the first time.
             state.scripted_through = step
+        self.rows_first(step)
         written = write_checkpoint(self.directory, step, state.contents(), keep=parts.config.keep_checkpoints)
         self.cadence.record(time.perf_counter() - started)
         if reason == "periodic":

@@ -205,6 +205,10 @@ class Reporter:
         for observer in self.observers:
             observer.on_telemetry(sample)
 
+    def before_checkpoint(self, step: int) -> None:
+        for observer in self.observers:
+            observer.before_checkpoint(step)
+
 
 class TrainingParts:
     """What the loop trains with: the parts that own the training state, and what they are built from."""

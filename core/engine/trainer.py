@@ -104,7 +104,7 @@ class Trainer:
         self.samples_telemetry = samples_telemetry
         self.profiling = Profiling(parts.device, profiles_dir, self.reporter.emit)
         self.guard = SpikeGuard(parts)
-        self.checkpoints = Checkpointer(parts, checkpoint_dir, self.guard)
+        self.checkpoints = Checkpointer(parts, checkpoint_dir, self.guard, self._rows_before_checkpoint)
         self._consecutive_skips = 0
         self._held_row: MetricsRow | None = None  # a measured step's row, waiting for its update figures
         initial = config.options
@@ -353,7 +353,7 @@ class Trainer:
         self.guard.before_update()  # CUDA: the update waits for the host copy taken at the boundary, if on its way
         before = watch.before_update()  # a measured step: the weights its update is measured against
         stepped = precision.step(optimizer)  # fp16: scaler.step(optimizer) and scaler.update(); False: skipped
-        watch.after_update(before)  # its figures, on their way with the next step's transfer
+        watch.after_update(before if stepped else None)  # its figures, with the next transfer; none of no update
         optimizer.zero_grad(set_to_none=True)
         optimization = parts.optimization  # the next LR, times the live scale (an epoch schedule's at an epoch's end)
         optimization.step_schedule(optimization.per_epoch and parts.data.finished_epoch())
@@ -479,6 +479,10 @@ class Trainer:
         except Exception:  # the error that ends the run is the one to report; the row goes without its figures
             figures = {}
         self.reporter.metrics(dataclasses.replace(row, **figures) if figures else row)
+
+    def _rows_before_checkpoint(self, step: int) -> None:
+        self._release_held_row()
+        self.reporter.before_checkpoint(step)
 
     def _after_step(self, step: int) -> None:
         self.checkpoints.finish()  # started after the step before (when no metrics row waited for it)

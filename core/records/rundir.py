@@ -33,7 +33,8 @@ rows are held and written together (at most ``HELD_ROWS`` of them, none held ove
 event line: every event finds the rows reported before it written. Encoding and writing a row costs ~140 µs
 between a step's kernels (on a 2-core VM, ~1.2 % of a 12 ms step) and ~30 µs in a batch; a run killed with
 ``kill -9`` loses at most the last quarter second of rows, and the row of a measured step whose next step had not yet
-reached its transfer (it waits there for its update figures: core/engine/update_probe.py); the steps after the last
+reached its transfer (it waits there for its update figures: core/engine/update_probe.py), never a row of a step a
+checkpoint holds: before one is written, the held rows are (``before_checkpoint``); the steps after the last
 checkpoint, trained again on resume, write them anew.
 
 Every line of every ``.jsonl`` file parses, after any fault: a line is written whole or not at all, and
@@ -177,6 +178,9 @@ class RunDirectory(TrainerObserver):
         with self._metrics_lock:
             if not self._metrics.closed:
                 self._write_held_rows()
+
+    def before_checkpoint(self, step: int) -> None:
+        self.write_held_rows()
 
     def on_event(self, event: Message) -> None:
         if not event.journalled:

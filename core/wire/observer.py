@@ -23,3 +23,8 @@ class TrainerObserver:
 
     def on_telemetry(self, sample: TelemetrySample) -> None:
         pass
+
+    def before_checkpoint(self, step: int) -> None:
+        """A checkpoint of ``step`` is about to be written: write what is held of the steps up to it. A kill after
+        the checkpoint is on disk would otherwise lose it for good: the resumed run trains only the steps after."""
+        pass
