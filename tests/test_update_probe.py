@@ -54,3 +54,18 @@ def test_a_step_whose_update_was_skipped_carries_no_update_figures():
     assert trainer.run().status == "finished"
     assert seen.at(3).update_ratios is None and seen.at(3).grad_norms is not None and seen.at(3).skipped
     assert all(seen.at(step).update_ratios for step in (2, 4))
+
+
+def test_under_amsgrad_the_moment_reported_is_the_one_its_step_divides_by():
+    import torch
+
+    from torchlab.core.engine.update_probe import _adam_moments
+
+    param = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.Adam([param], lr=0.1, amsgrad=True)
+    for scale in (10.0, 0.0):  # a gradient, then none: v decays, its running maximum stays
+        param.grad = torch.full((3,), scale)
+        optimizer.step()
+    present, [first], [second] = _adam_moments([param], optimizer)
+    assert present is None and torch.equal(second, optimizer.state[param]["max_exp_avg_sq"])
+    assert second.sum() > optimizer.state[param]["exp_avg_sq"].sum()

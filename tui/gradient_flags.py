@@ -38,11 +38,23 @@ def flag_for(norm: float | None, ratio: float | None, trend: list[float], update
         typical = statistics.median(earlier)
         if typical > 0 and norm > RISING_FACTOR * typical:
             return "exploding"
-    if update_ratio is not None and update_ratio > THRASHED_UPDATE:
-        return "thrashed"
+    update = update_flag(update_ratio, update_share)
+    if update == "thrashed":
+        return update
     if norm < VANISHING_NORM or (ratio is not None and ratio < VANISHING_RATIO):
         return "vanishing"
-    if update_ratio is not None and update_ratio < FROZEN_UPDATE and update_share is not None and update_share < FROZEN_SHARE:
+    return update
+
+
+def update_flag(update_ratio: float | None, update_share: float | None) -> str:
+    """Why a module's update deserves a look: "thrashed", "frozen" (only while the other modules learn:
+    ``update_share``, its ratio over the median module's, below ``FROZEN_SHARE``), or "". The gradient table's rule
+    and the heatmap's."""
+    if update_ratio is None:
+        return ""
+    if update_ratio > THRASHED_UPDATE:
+        return "thrashed"
+    if update_ratio < FROZEN_UPDATE and update_share is not None and update_share < FROZEN_SHARE:
         return "frozen"
     return ""
 

@@ -8,8 +8,9 @@ module with a gradient norm:
   1e-3; far below, a layer that has stopped learning; far above, one being thrashed). It follows the LR: AdamW's
   update is the LR times a normalised step, so a doubled ``lr_scale`` doubles it.
 - ‖θ‖ itself;
-- where the optimizer keeps Adam's moments (``exp_avg``, ``exp_avg_sq``: Adam, AdamW, NAdam, RAdam), ‖m‖ and ‖√v‖
-  (√v's norm is the root of v's sum: v ≥ 0), which tell a dead layer (both tiny) from a saturated one.
+- where the optimizer keeps Adam's moments (``exp_avg``, ``exp_avg_sq``: Adam, AdamW, NAdam, RAdam; with amsgrad,
+  ``max_exp_avg_sq``, which its step divides by), ‖m‖ and ‖√v‖ (√v's norm is the root of v's sum: v ≥ 0), which
+  tell a dead layer (both tiny) from a saturated one.
 
 Per-parameter norms come from ``torch._foreach_norm``, combined per module by the gradient probe's ``module_squares``,
 packed into one tensor. It is not read here: the step's one host transfer was read before its optimizer step (the
@@ -79,7 +80,7 @@ class UpdateProbe:
 
 def _adam_moments(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer):
     """(indices into ``params``, their exp_avg, their exp_avg_sq) where the optimizer keeps Adam's moments; None
-    where it keeps them for none."""
+    where it keeps them for none. Under amsgrad, the v its step divides by: the running maximum, max_exp_avg_sq."""
     present, first, second = [], [], []
     state = optimizer.state
     for index, param in enumerate(params):
@@ -87,7 +88,7 @@ def _adam_moments(params: list[torch.nn.Parameter], optimizer: torch.optim.Optim
         if kept and "exp_avg" in kept and "exp_avg_sq" in kept:
             present.append(index)
             first.append(kept["exp_avg"])
-            second.append(kept["exp_avg_sq"])
+            second.append(kept.get("max_exp_avg_sq", kept["exp_avg_sq"]))  # amsgrad divides by the running maximum
     if not present:
         return None
     return (present if len(present) < len(params) else None), first, second

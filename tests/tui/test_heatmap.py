@@ -52,3 +52,18 @@ def test_the_scale_spans_whole_decades_and_its_legend_reads_without_colour():
 ])
 def test_an_update_far_outside_its_band_is_flagged_frozen_only_while_the_others_learn(update_ratio, share, flag):
     assert flag_for(0.1, 1.0, [0.1, 0.1, 0.1], update_ratio, share) == flag
+
+
+def test_a_block_whose_small_layer_stopped_is_marked_and_the_cell_line_names_it():
+    """A block's ratio weighs its modules by their weights: a small layer that stopped (blocks.0.norm, weight norm
+    0.1, ratio 1e-8) leaves the block's figure healthy. Its cells say so as the gradient table would: ▽, named."""
+    modules = ["blocks.0.attn", "blocks.0.norm", "head"]
+    held = HealthHistory()
+    held.add(2, 3, [0.1, 0.1, 0.1], [1e-3, 1e-8, 2e-3], [10.0, 0.1, 3.0])
+    held.add(4, 3, [0.1, 0.1, 0.1], [1e-3, 0.5, 2e-3], [10.0, 0.1, 3.0])  # then thrashed
+    grid = grid_of(held, modules, "update ratio", grouped=True, columns=5)
+    assert grid.cells[0][0] == pytest.approx(1e-3, rel=1e-3)  # the block's figure alone hides it
+    assert grid.flags[0] == [["blocks.0.norm frozen (1.00e-08)"], ["blocks.0.norm thrashed (0.5)"]]
+    assert [grid.flag_glyph(0, column) for column in (0, 1)] == ["▽", "△"] and grid.flag_glyph(1, 0) is None
+    assert grid_of(held, modules, "update ratio", grouped=False, columns=5).flags[1][0] == ["blocks.0.norm frozen (1.00e-08)"]
+    assert grid_of(held, modules, "grad norm", grouped=True, columns=5).flags == [[[], []], [[], []]]

@@ -6,12 +6,16 @@ Each cell is a glyph of eight heights (``▁`` to ``█``) as well as a colour, 
 legend says what the lowest, middle and highest glyphs stand for. Rows are modules, or blocks (``v``, as the gradient
 table groups them: a block's norm is its modules' norms added in squares, its ratio its update's norm over its
 weights'), grouped from the start where the modules would not fit the screen; columns are the newest steps the width
-holds. The cursor (arrows) names a cell's module, step and value on the line below.
+holds. The cursor (arrows) names a cell's module, step and value on the line below. Under the update ratio, a cell
+where a module of its row was flagged frozen or thrashed (the gradient table's rule, ``update_flag``) is ``▽`` or
+``△`` in place of its height, and the line below names the module: a block's ratio, its modules' weighed by their
+weights, would hide a small layer that stopped.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 from rich.text import Text
@@ -24,7 +28,7 @@ from textual.widget import Widget
 from textual.widgets import Label
 
 from torchlab.tui.formatting import format_number
-from torchlab.tui.gradient_flags import group_name
+from torchlab.tui.gradient_flags import group_name, update_flag
 from torchlab.tui.health_history import FIGURES, HealthHistory
 from torchlab.tui.screens.view_screen import ViewScreen, closing_key
 from torchlab.tui.state import RunState
@@ -40,13 +44,26 @@ MEANING = {"grad norm": "each module's gradient norm", "update ratio": "‖Δθ�
            "weight norm": "each module's weight norm ‖θ‖"}
 
 
+#: A cell of the update ratio where a module of its row was flagged (``update_flag``), in place of its height glyph:
+#: a block's ratio, weighed by its modules' weights, would hide a small layer that stopped.
+FLAG_GLYPHS = {"frozen": "▽", "thrashed": "△"}
+
+
 @dataclass(frozen=True)
 class Grid:
-    """What the heatmap draws: row labels, the steps of its columns, and a value per cell (None: not measured)."""
+    """What the heatmap draws: row labels, the steps of its columns, a value per cell (None: not measured), and per
+    cell the modules of its row the update's flags name ("blocks.3.ln_1 frozen (1e-07)"; update ratio only)."""
 
     labels: list[str]
     steps: list[int]
     cells: list[list[float | None]]  # [row][column]
+    flags: list[list[list[str]]]  # [row][column]: the flagged modules, said
+
+    def flag_glyph(self, row: int, column: int) -> str | None:
+        said = self.flags[row][column]
+        if not said:
+            return None
+        return FLAG_GLYPHS["thrashed"] if any(" thrashed " in text for text in said) else FLAG_GLYPHS["frozen"]
 
 
 def grid_of(history: HealthHistory, modules: list[str], figure: str, grouped: bool, columns: int) -> Grid:
@@ -54,15 +71,30 @@ def grid_of(history: HealthHistory, modules: list[str], figure: str, grouped: bo
     count = min(columns, len(history.steps))
     steps = list(history.steps)[len(history.steps) - count:] if count > 0 else []
     values = list(history.columns[figure])[len(history.steps) - count:] if count > 0 else []
+    flagged = [_flagged(modules, column) if figure == "update ratio" else {} for column in values]
     if not grouped:
-        return Grid(list(modules), steps, [[column[row] for column in values] for row in range(len(modules))])
+        return Grid(list(modules), steps, [[column[row] for column in values] for row in range(len(modules))],
+                    [[[said] if (said := flags.get(row)) else [] for flags in flagged] for row in range(len(modules))])
     groups: dict[str, list[int]] = {}
     for index, name in enumerate(modules):
         groups.setdefault(group_name(name), []).append(index)
     weights = list(history.columns["weight norm"])[len(history.steps) - count:] if count > 0 else []
     cells = [[_combined(figure, [column[i] for i in members], [weight[i] for i in members])
               for column, weight in zip(values, weights)] for members in groups.values()]
-    return Grid(list(groups), steps, cells)
+    flags = [[[flags[i] for i in members if i in flags] for flags in flagged] for members in groups.values()]
+    return Grid(list(groups), steps, cells, flags)
+
+
+def _flagged(modules: list[str], ratios: list[float | None]) -> dict[int, str]:
+    """The modules of one step whose update ratio is flagged (as the gradient table flags it), by index, said."""
+    present = [ratio for ratio in ratios if ratio is not None and math.isfinite(ratio)]
+    median = statistics.median(present) if present else None
+    said = {}
+    for index, ratio in enumerate(ratios):
+        flag = update_flag(ratio, ratio / median if ratio is not None and median else None)
+        if flag:
+            said[index] = f"{modules[index]} {flag} ({format_number(ratio)})"
+    return said
 
 
 def _combined(figure: str, values: list[float | None], weights: list[float | None]) -> float | None:
@@ -162,14 +194,14 @@ class HeatmapView(Widget, can_focus=True):
         self.cursor = (min(max(0, row + rows), len(self.grid.labels) - 1),
                        -1 if column >= width - 1 else max(0, column))
 
-    def cell(self) -> tuple[str, int, float | None] | None:
-        """The module (or block), step and value under the cursor."""
+    def cell(self) -> tuple[str, int, float | None, list[str]] | None:
+        """The module (or block), step, value and flagged modules under the cursor."""
         grid = self.grid
         if grid is None or not grid.labels or not grid.steps:
             return None
         row, column = self.cursor
         column = len(grid.steps) - 1 if column < 0 else min(column, len(grid.steps) - 1)
-        return grid.labels[row], grid.steps[column], grid.cells[row][column]
+        return grid.labels[row], grid.steps[column], grid.cells[row][column], grid.flags[row][column]
 
     def watch_cursor(self) -> None:
         self.refresh()
@@ -189,7 +221,7 @@ class HeatmapView(Widget, can_focus=True):
             line = Text(f"{label:<{self.label_width}} ", style="bold" if row == cursor_row else "")
             for column, value in enumerate(grid.cells[row]):
                 level = scale.level(value)
-                glyph, style = (" ", "") if level is None else (GLYPHS[level], COLOURS[level])
+                glyph, style = (" ", "") if level is None else (grid.flag_glyph(row, column) or GLYPHS[level], COLOURS[level])
                 if row == cursor_row and column == cursor_column:
                     style = f"{style} reverse".strip() if level is not None else "reverse"
                 line.append(glyph, style=style)
@@ -278,8 +310,10 @@ class HeatmapScreen(ViewScreen):
             legend.update("")
         else:
             rows = f"{len(grid.labels)} {'blocks' if grouped else 'modules'}"
+            flags = (" · ▽ a module frozen, △ thrashed (as the gradient table flags them)"
+                     if any(said for row in grid.flags for said in row) else "")
             status.update(f"{self.figure} ({MEANING[self.figure]}) · {rows} × the last {len(grid.steps)} measured steps "
-                          f"({grid.steps[0]}–{grid.steps[-1]})")
+                          f"({grid.steps[0]}–{grid.steps[-1]}){flags}")
             legend.update(view.scale.legend())
         self._show_cell()
 
@@ -288,5 +322,6 @@ class HeatmapScreen(ViewScreen):
 
     def _show_cell(self) -> None:
         cell = self.query_one(HeatmapView).cell()
-        text = "" if cell is None else f"{cell[0]} · step {cell[1]} · {self.figure} {format_number(cell[2])}"
+        text = "" if cell is None else " · ".join([f"{cell[0]}", f"step {cell[1]}", f"{self.figure} {format_number(cell[2])}",
+                                                   *cell[3]])
         self.query_one("#heatmap-cell", Label).update(text)
