@@ -40,14 +40,41 @@ class HealthHistory:
             for column in self.columns.values():
                 column.pop()
         self.steps.append(step)
-        for figure, values in zip(FIGURES, (norms, ratios, weights)):
-            usable = values if isinstance(values, list) and len(values) == modules else [None] * modules
-            self.columns[figure].append([_finite(value) for value in usable])
+        for figure, column in zip(FIGURES, _columns(modules, norms, ratios, weights)):
+            self.columns[figure].append(column)
+        self.version += 1
+
+    def put_before(self, modules: int, earlier: list[tuple[int, list[Any], list[Any] | None, list[Any] | None]]) -> None:
+        """Steps from before the first held, oldest first, each as ``add`` takes one: a run's journal, read where
+        the app attached to it or it resumed (its trainer sends only what it measures from then on)."""
+        first = self.steps[0] if self.steps else math.inf
+        earlier = [entry for entry in earlier if entry[0] < first]
+        if not earlier:
+            return
+        held = [self.steps.copy(), *(self.columns[figure].copy() for figure in FIGURES)]
+        self.steps.clear()
+        for column in self.columns.values():
+            column.clear()
+        for step, *values in earlier:
+            self.steps.append(step)
+            for figure, column in zip(FIGURES, _columns(modules, *values)):
+                self.columns[figure].append(column)
+        for step, *columns in zip(*held):
+            self.steps.append(step)
+            for figure, column in zip(FIGURES, columns):
+                self.columns[figure].append(column)
         self.version += 1
 
     def has(self, figure: str) -> bool:
         """Whether any step held has a value of ``figure``."""
         return any(value is not None for column in self.columns[figure] for value in column)
+
+
+def _columns(modules: int, *figures: list[Any] | None) -> list[list[float | None]]:
+    """Each figure's values for one step, finite numbers or None, aligned with the ``modules`` (all None where a
+    figure was not sent, or not for as many modules)."""
+    return [[_finite(value) for value in values] if isinstance(values, list) and len(values) == modules else [None] * modules
+            for values in figures]
 
 
 def _finite(value: Any) -> float | None:

@@ -9,6 +9,7 @@ the reader, a link could show a file that is not the run's.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from torchlab.core.safe_open import read_regular_text
 from torchlab.core.wire.events import HELD_BACK
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.options import format_option_value
+from torchlab.tui.health_history import HISTORY_STEPS
 from torchlab.tui.thinning import Series
 
 #: The figures every run has, by their key in metrics.jsonl, and how a chart names them.
@@ -45,28 +47,35 @@ class RunHistory:
     by_time: dict[str, Series] = field(default_factory=dict)
     #: the report steps whose loss or grad norm spiked (``spike`` in their row), in order
     spikes: list[int] = field(default_factory=list)
+    #: the newest rows that measured per-module figures (``grad_norms``), oldest first, as many as ``load`` was asked
+    #: to keep: the heatmap's earlier columns, for the app (``journal_history``)
+    measured: list[MetricsRow] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         return self.path.name
 
     @classmethod
-    def load(cls, path: Path) -> RunHistory:
-        """Read ``path`` (a run directory); ConfigError says why it cannot be compared."""
+    def load(cls, path: Path, measured: int = 0) -> RunHistory:
+        """Read ``path`` (a run directory), keeping its newest ``measured`` rows of per-module figures; ConfigError
+        says why it cannot be compared."""
         try:
-            return cls._read(path)
+            return cls._read(path, measured)
         except OSError as error:  # another user's private run (0700), say: a paragraph, not a traceback
             raise unreadable_run(path, error) from None
 
     @classmethod
-    def _read(cls, path: Path) -> RunHistory:
+    def _read(cls, path: Path, measured: int) -> RunHistory:
         metrics = path / "metrics.jsonl"
         history = cls(path)
         points: dict[str, tuple[list[float], list[float], list[float]]] = {}
+        kept: deque[MetricsRow] = deque(maxlen=measured)
         try:
             for row in metrics_rows(metrics):
                 if row.spike is not None:
                     history.spikes.append(row.step)
+                if measured and row.grad_norms:
+                    kept.append(row)
                 elapsed = row.elapsed_s if _number(row.elapsed_s) else math.nan
                 for key, value in _figures(row):
                     steps, times, values = points.setdefault(key, ([], [], []))
@@ -82,6 +91,7 @@ class RunHistory:
             history.by_step[key] = _series(steps, values)
             timed = [(t, v) for t, v in zip(times, values) if not math.isnan(t)]
             history.by_time[key] = _series([t for t, _ in timed], [v for _, v in timed])
+        history.measured = list(kept)
         history.settings = _settings(path / "config.toml")
         history.changed_at, history.changes = _option_changes(path / "events.jsonl")
         return history
@@ -92,10 +102,10 @@ class RunHistory:
 
 
 def journal_history(run_dir: Path) -> RunHistory | None:
-    """What ``run_dir``'s journals hold, for the app to draw a resumed run's earlier steps; None when they hold
-    no step yet. ConfigError when they cannot be read (not regular files, another user's)."""
+    """What ``run_dir``'s journals hold, for the app to draw a resumed run's earlier steps (its heatmap's too); None
+    when they hold no step yet. ConfigError when they cannot be read (not regular files, another user's)."""
     try:
-        return RunHistory.load(run_dir)
+        return RunHistory.load(run_dir, measured=HISTORY_STEPS)
     except ConfigError:
         if _has_reported(run_dir):
             raise

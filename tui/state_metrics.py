@@ -53,6 +53,7 @@ class MetricsFolding:
                 _put_before(series, [xs[i] for i in keep], [ys[i] for i in keep])
                 taken += (xs[keep[0]], xs[keep[-1]])
         self.mark_spikes([step for step in history.spikes if step <= until])
+        self._take_measured([row for row in history.measured if row.step <= until])
         if not taken:
             return
         changes = [change for step, change in zip(history.changed_at, history.changes) if step <= until]
@@ -61,6 +62,15 @@ class MetricsFolding:
                  int(max(taken)))
         self.metrics_version += 1
         self.named_series_version += 1
+
+    def _take_measured(self, rows: list) -> None:
+        """The heatmap's columns of the journal's measured rows before the first sent (names matched to the modules)."""
+        names = [module.name for module in self.modules]
+        if names and rows:
+            self.health.put_before(len(names), [
+                (row.step, [row.grad_norms.get(name) for name in names],
+                 [(row.update_ratios or {}).get(name) for name in names],
+                 [(row.weight_norms or {}).get(name) for name in names]) for row in rows])
 
     def mark_spikes(self, steps: list[int]) -> None:
         """Steps that spiked, marked on the loss chart (each once)."""

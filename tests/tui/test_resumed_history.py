@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from fake_link import FakeLink, quiet_app, record, welcome
 
 from torchlab.core.wire import protocol, strict_json
@@ -71,3 +72,30 @@ async def test_a_journal_that_is_a_link_is_not_read_and_the_log_says_why(tmp_pat
         await pilot.pause()
         assert list(app.run_state.loss.xs) == list(range(RESUMED_AT + 1, 81))
         assert "the run's earlier steps are not shown" in "\n".join(app.query_one(EventLog).lines_written)
+
+
+async def test_the_heatmap_holds_the_journals_measured_steps_from_before_the_resume(tmp_path: Path) -> None:
+    """The heatmap of a run attached to, or resumed, began empty at the step the app joined: its journal's measured
+    steps (grad norms, update ratios, weight norms by module) are its earlier columns."""
+    from fake_link import grad_norms, module_names
+
+    names = module_names()
+
+    def measured(step: int):
+        sent = grad_norms(step, updates=True)
+        return record(step, grad_norms=dict(zip(names, sent.norms)), update_ratios=dict(zip(names, sent.ratios)),
+                      weight_norms=dict(zip(names, sent.weights)))
+
+    link = resumed_run(tmp_path / "run")
+    rows = [measured(step) if step % 10 == 0 else record(step) for step in range(1, RESUMED_AT + 1)]
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(strict_json.dumps(row.json_object()) + "\n" for row in rows))
+    link.queue.append(grad_norms(75, updates=True))
+    app = quiet_app(link)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        health = app.run_state.health
+        assert list(health.steps) == [10, 20, 30, 40, 50, 60, 70, 75]
+        frozen = names.index("blocks.3.ln_1")
+        assert health.columns["update ratio"][0][frozen] == 1e-7 and health.columns["weight norm"][0][0] == 1.0
+        assert health.columns["grad norm"][-1] == [pytest.approx(n) for n in grad_norms(75).norms]
