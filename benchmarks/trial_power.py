@@ -65,9 +65,10 @@ def busy_bursts(seed: int, pid_file: Path) -> int:
 
 
 class TrialRunner:
-    """A trainer on ``resnet_small`` that runs one trial at a time and hands back its result."""
+    """A trainer on ``spec`` (``resnet_small`` unless ``--workload`` says) that runs one trial at a time and hands
+    back its result."""
 
-    def __init__(self, seed: int, device: str) -> None:
+    def __init__(self, seed: int, device: str, spec: str = SPEC) -> None:
         from torchlab.core.engine.loading import load_workload
         from torchlab.core.engine.seeding import seed_everything
         from torchlab.core.engine.trainer import Trainer
@@ -82,10 +83,10 @@ class TrialRunner:
                 if isinstance(event, TrialResult):
                     results.append(event)
 
-        config = build_config({}, {"workload": SPEC, "steps": 10**9, "seed": seed, "checkpoint_every": 0,
+        config = build_config({}, {"workload": spec, "steps": 10**9, "seed": seed, "checkpoint_every": 0,
                                    "eval_every": 0, "memory_every": 0, "options": {}, "at": [], "device": device})
         seed_everything(config.seed)
-        self.trainer = Trainer(config, load_workload(SPEC), observers=[Results()],
+        self.trainer = Trainer(config, load_workload(spec), observers=[Results()],
                                checkpoint_dir=Path(tempfile.mkdtemp(prefix="trial-power-")))
         self.results = results
         self.trainer.train_steps(10)  # warm: the first steps pay one-off costs
@@ -158,9 +159,12 @@ def main() -> None:
     parser.add_argument("--only-aa", action="store_true", help="the A/A trials alone")
     parser.add_argument("--no-load", action="store_true", help="no injected load (the machine as it is)")
     parser.add_argument("--device", default="cpu", help="where the trials train (cuda: the GPU pass)")
+    parser.add_argument("--workload", default=SPEC, help="what the trials train: a built-in sample (mlp, convnet, "
+                        "tiny_gpt) or file.py:factory (default: benchmarks/resnet_small.py)")
     args = parser.parse_args()
 
-    print(f"{time.strftime('%Y-%m-%d %H:%M')}, {args.device}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} before, "
+    print(f"{time.strftime('%Y-%m-%d %H:%M')}, {Path(args.workload.split(':')[0]).stem} on {args.device}, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.2f} before, "
           f"K = {args.steps}, {'no injected load' if args.no_load else 'one core busy in 0.4-2.5 s bursts'}")
     load = None if args.no_load else busy_bursts(args.seed, Path(tempfile.mkdtemp(prefix="trial-power-")) / "load.pid")
     try:
@@ -172,7 +176,7 @@ def main() -> None:
             from torchlab.core.engine import trials
 
             trials.BLOCK_STEPS = args.block
-        runner = TrialRunner(args.seed, args.device)
+        runner = TrialRunner(args.seed, args.device, args.workload)
         references = [] if args.only_aa else [reference(runner)]
         schedule = [] if args.only_aa else [("checkpointing", "on"), ("clip", "1.0")] * args.tries
         random.Random(args.seed).shuffle(schedule)
@@ -195,30 +199,42 @@ def main() -> None:
     from torchlab.core.analysis.trial_speed import PRECISE_WIDTH
 
     print(f"(block of {trials_block()} steps, timed on until the interval is within {PRECISE_WIDTH}x end to end)")
+    if not args.only_aa:
+        goals(args.tries, outcomes, references)
+    if aa:
+        aa_figures(aa, args.steps)
+
+
+def goals(tries: int, outcomes: dict[str, list], references: list[float]) -> None:
+    """(a): the goals' tries, and whether clip's intervals held its reference ratio."""
     slower = sum(speed.verdict == "slower" and speed.low > 1.03 for speed in outcomes["checkpointing=on"])
     clear = sum(speed.verdict == "no clear difference" and speed.low >= 0.9 and speed.high <= 1.1
                 for speed in outcomes["clip=1.0"])
-    print(f"(a) checkpointing=on judged slower, interval above 1.03x: {slower} of {args.tries} (goal >= 5 of 6); "
+    print(f"(a) checkpointing=on judged slower, interval above 1.03x: {slower} of {tries} (goal >= 5 of 6); "
           f"ratios {', '.join(f'{s.ratio:.2f}' for s in outcomes['checkpointing=on'])}")
-    print(f"    clip=1.0 no clear difference, interval inside 0.9-1.1x: {clear} of {args.tries} (goal >= 5 of 6); "
+    print(f"    clip=1.0 no clear difference, interval inside 0.9-1.1x: {clear} of {tries} (goal >= 5 of 6); "
           f"intervals {', '.join(f'{s.low:.2f}-{s.high:.2f}' for s in outcomes['clip=1.0'])}")
     if references:
         low, high = min(references), max(references)
         held = sum(speed.low <= high and low <= speed.high for speed in outcomes["clip=1.0"])
         print(f"    clip=1.0's reference ratio (K = 200) {references[0]:.3f} before / after {references[-1]:.3f}: "
-              f"held by {held} of {args.tries} intervals")
-    if aa:
-        wrong = sum(speed.verdict != "no clear difference" for speed in aa)
-        covered = sum(speed.low <= 1 <= speed.high for speed in aa)
-        print(f"(b) A/A: a direction named in {wrong} of {len(aa)} ({100 * wrong / len(aa):.1f} %; at most "
-              f"{100 * clopper_pearson_upper(wrong, len(aa)):.1f} % at 95 % confidence); the interval held 1.00 in "
-              f"{covered} of {len(aa)}")
-        lows, highs = [speed.low for speed in aa], [speed.high for speed in aa]
-        print(f"(c) A/A interval: low median {statistics.median(lows):.3f}, 10th percentile {quantile(lows, 0.1):.3f}; "
-              f"high median {statistics.median(highs):.3f}, 90th percentile {quantile(highs, 0.9):.3f}")
-        print(f"    minimum detectable difference at K = {args.steps}: slower from {1.03 / quantile(lows, 0.1):.3f}x "
-              f"(9 in 10; half the time from {1.03 / statistics.median(lows):.3f}x), faster from "
-              f"{1 / (0.97 / quantile(highs, 0.9)):.3f}x faster (9 in 10)")
+              f"held by {held} of {tries} intervals")
+
+
+def aa_figures(aa: list, steps: int) -> None:
+    """(b) and (c): the A/A trials' false directions and coverage, and the minimum detectable difference their
+    intervals give (a true ratio r moves an interval of log ratios by r)."""
+    wrong = sum(speed.verdict != "no clear difference" for speed in aa)
+    covered = sum(speed.low <= 1 <= speed.high for speed in aa)
+    print(f"(b) A/A: a direction named in {wrong} of {len(aa)} ({100 * wrong / len(aa):.1f} %; at most "
+          f"{100 * clopper_pearson_upper(wrong, len(aa)):.1f} % at 95 % confidence); the interval held 1.00 in "
+          f"{covered} of {len(aa)}")
+    lows, highs = [speed.low for speed in aa], [speed.high for speed in aa]
+    print(f"(c) A/A interval: low median {statistics.median(lows):.3f}, 10th percentile {quantile(lows, 0.1):.3f}; "
+          f"high median {statistics.median(highs):.3f}, 90th percentile {quantile(highs, 0.9):.3f}")
+    print(f"    minimum detectable difference at K = {steps}: slower from {1.03 / quantile(lows, 0.1):.3f}x "
+          f"(9 in 10; half the time from {1.03 / statistics.median(lows):.3f}x), faster from "
+          f"{1 / (0.97 / quantile(highs, 0.9)):.3f}x faster (9 in 10)")
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ def test_a_split_says_that_the_models_batch_norm_now_sees_each_pieces_statistics
 
 # ---------------------------------------------------------------------- with ranks: their supervisor's decision
 
-def supervisor_at(tmp_path, step: int, checkpoint_step: int | None, **options):
+def supervisor_at(tmp_path, step: int, checkpoint_step: int | None, batch_norm_layers: int = 0, **options):
     """The OOM rescue of a supervisor of 2 ranks as rank 0's reports left it at ``step``: batch 16 (8 a rank), blocks
     to checkpoint, and a checkpoint of ``checkpoint_step`` where given; its ``_rescue_from`` decides on a failure."""
     from torchlab.core.engine.rank_rescue import RankRescue
@@ -82,7 +82,8 @@ def supervisor_at(tmp_path, step: int, checkpoint_step: int | None, **options):
     rescue = RankRescue(resume_from=None)
     in_force = LiveOptions(world_size=2, **options).as_dict()
     rescue.observe(RunStarted(step=0, device="cpu", batch_size=16, steps=200, options=in_force, modules=[],
-                              module_params=[], checkpoint_blocks=["body.0"], world_size=2, ranks=None))
+                              module_params=[], checkpoint_blocks=["body.0"], world_size=2, ranks=None,
+                              batch_norm_layers=batch_norm_layers))
     if checkpoint_step is not None:
         rescue.observe(CheckpointSaved(step=checkpoint_step, path=str(tmp_path / "step.pt")))
 
@@ -101,6 +102,9 @@ def test_with_ranks_a_rank_out_of_memory_at_the_first_step_starts_them_again_fro
     assert rescue.resume is None and rescue.options.split == 2 and rescue.options.world_size == 2
     assert (rescue.event.step, rescue.event.option, rescue.event.error) == (1, "split", "CUDA out of memory. Tried to allocate 2.00 GiB")
     assert rescue.event.note == "on rank 1 of 2: the ranks start again from the start, with the options in force at step 1"
+    assert (rescue.event.samples_before, rescue.event.samples_after) == (8, 4)  # a rank's 8 of the batch of 16
+    with_batch_norm = supervisor_at(tmp_path, step=0, checkpoint_step=None, batch_norm_layers=2)._rescue_from(1, OOM)
+    assert with_batch_norm.event.note.endswith("step 1; 2 BatchNorm layers now see each piece's statistics, not the batch's")
 
 
 def test_with_ranks_the_rungs_go_on_to_checkpointing_and_then_stop_with_the_paragraph(tmp_path):

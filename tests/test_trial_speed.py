@@ -11,7 +11,8 @@ import pytest
 from trial_records import trial_arm
 from torchlab.core.analysis.trial_speed import (
     ARM_NOISE,
-    FASTER, MIN_PAIRS, NO_CLEAR_DIFFERENCE, SLOWER, SPEED_MARGIN, _signed_rank_depth, paired_speed, speed_words,
+    FASTER, MIN_PAIRS, NO_CLEAR_DIFFERENCE, SLOWER, SPEED_MARGIN, _signed_rank_depth, paired_speed, speed_verdict,
+    speed_words,
 )
 from torchlab.core.analysis.trials import describe_trial
 from torchlab.core.wire.payloads import TrialSpeed
@@ -89,3 +90,14 @@ def test_a_ratio_and_its_inverse_are_judged_alike():
     forward, backward = paired_speed(changed, as_it_is, 12), paired_speed(as_it_is, changed, 12)
     assert forward.verdict == SLOWER and backward.verdict == FASTER
     assert math.isclose(forward.ratio * backward.ratio, 1) and math.isclose(forward.low * backward.high, 1)
+
+
+@pytest.mark.parametrize("low, high, verdict", [
+    (1.01, 1.06, NO_CLEAR_DIFFERENCE),  # beyond 1, not beyond the margin: a difference too small to name
+    (1.031, 1.2, SLOWER), (1.029, 1.2, NO_CLEAR_DIFFERENCE),
+    (0.9, 0.969, FASTER), (0.9, 0.971, NO_CLEAR_DIFFERENCE),
+    (0.95, 1.05, NO_CLEAR_DIFFERENCE),
+])
+def test_a_direction_is_named_only_where_the_whole_interval_lies_beyond_the_margin(low, high, verdict):
+    assert SPEED_MARGIN == 0.03
+    assert speed_verdict(low, high) == verdict

@@ -372,3 +372,16 @@ def test_a_snapshots_copy_shares_nothing_training_can_change():
     assert copied_optimizer["state"][0]["step"].item() == 3.0 and copied_optimizer["param_groups"][0]["lr"] == 0.1
     assert copied_optimizer["extra"][0] == 0
     model.load_state_dict(copied_weights)  # as a trial's restore does
+
+
+@pytest.mark.parametrize("drift, clock", [
+    ("a machine slowing step by step", lambda call: 10 + 0.3 * call),
+    ("a neighbour arriving a third of the way in", lambda call: 10 if call < 14 else 30),
+])
+def test_interleaved_arms_leave_a_load_that_drifts_over_the_trial_out_of_its_verdict(drift, clock):
+    """Both arms the same code, the machine changing under them: run one after the other, the second arm would
+    take all of the slowdown (3x here) and be judged slower; interleaved, each pair of blocks sees the same machine."""
+    result, calls = _timed_trial(clock)
+    speed = result["speed"]
+    assert speed["verdict"] == "no clear difference" and speed["low"] < 1 < speed["high"], drift
+    assert calls >= 20

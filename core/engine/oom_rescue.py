@@ -141,10 +141,7 @@ def next_rung(parts: TrainingParts, step: int, failure: str, batch, memory: Call
     saved = checkpointing.saved_by_block((part.module, part.bytes) for part in measured.by_module) if measured else None
     rung = rung_after(options, samples, list(checkpointing.blocks), saved)
     if rung is not None and rung[0] is SPLIT:
-        batch_norms = _batch_norms(parts.model.model)
-        note = (f"{batch_norms} BatchNorm layer{'s' if batch_norms != 1 else ''} now see{'s' if batch_norms == 1 else ''} "
-                f"each piece's statistics, not the batch's" if batch_norms else "")
-        return _enact(parts, step, failure, SPLIT, rung[1], note, samples)
+        return _enact(parts, step, failure, SPLIT, rung[1], split_note(batch_norm_layers(parts.model.model)), samples)
     if rung is not None:
         notes = [] if samples is not None else ["this run's batches cannot be split (no first dimension their tensors share)"]
         if isinstance(rung[1], str):
@@ -166,10 +163,18 @@ def _samples(batch) -> int | None:
         return None
 
 
-def _batch_norms(model: torch.nn.Module) -> int:
+def batch_norm_layers(model: torch.nn.Module) -> int:
     """The model's BatchNorm layers (1d, 2d, 3d, lazy and synchronised): what a split changes besides memory."""
     return sum(isinstance(module, torch.nn.modules.batchnorm._NormBase) and not isinstance(
         module, torch.nn.modules.instancenorm._InstanceNorm) for module in model.modules())
+
+
+def split_note(batch_norms: int) -> str:
+    """What a split rung says of a model with ``batch_norms`` BatchNorm layers (empty without)."""
+    if not batch_norms:
+        return ""
+    return (f"{batch_norms} BatchNorm layer{'s' if batch_norms != 1 else ''} now see{'s' if batch_norms == 1 else ''} "
+            "each piece's statistics, not the batch's")
 
 
 def _enact(parts: TrainingParts, step: int, failure: str, option: LiveOption, value, note: str,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.engine.oom_rescue import no_rung_left, rescued, rung_after
+from torchlab.core.engine.oom_rescue import no_rung_left, rescued, rung_after, split_note
 from torchlab.core.wire.events import OomRescued, RunStarted
 from torchlab.core.wire.options import OOM_RESCUE, LiveOptions
 from torchlab.core.wire.protocol import CheckpointSaved, Message, OptionApplied
@@ -38,6 +38,7 @@ class RankRescue:
         self._in_force: dict[str, Any] | None = None  # the options in force: the welcome's, then each change
         self._batch_size = 0  # the global batch
         self._blocks: list[str] = []  # the model's checkpoint blocks
+        self._batch_norms = 0  # the model's BatchNorm layers: a split's note
         self._checkpoint: Path | None = resume_from  # the newest checkpoint to start again from
         self._checkpoint_step: int | None = None  # its step: the resumed one's is the welcome's
         self._rescued: set[tuple[int, str, Any]] = set()  # (step, option, value) of each rescue, which must hold
@@ -49,6 +50,7 @@ class RankRescue:
                 self._in_force = dict(event.options)
                 self._batch_size = event.batch_size
                 self._blocks = list(event.checkpoint_blocks)
+                self._batch_norms = event.batch_norm_layers
                 if self._checkpoint_step is None:
                     self._checkpoint_step = event.step  # resumed from: the checkpoint of its step
             case OptionApplied() if self._in_force is not None:
@@ -90,5 +92,7 @@ class RankRescue:
             since = f"the checkpoint of step {saved}{again}"
         note = (f"on rank {rank} of {world_size}: the ranks start again from {since}, with the options in force at "
                 f"step {step}")
+        if option.name == "split" and (batch_norms := split_note(self._batch_norms)):
+            note = f"{note}; {batch_norms}"
         after = options.with_value(option.name, value)
         return Rescue(after, self._checkpoint, rescued(step, first_line, option, options, after, note, samples))

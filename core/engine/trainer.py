@@ -41,7 +41,9 @@ from torchlab.core.engine.instruments import Instruments, StepPlan, StepWatch
 from torchlab.core.engine.loss_output import mean_of_micro_batches
 from torchlab.core.engine.memory import out_of_memory
 from torchlab.core.engine.nonfinite import stop_on_nonfinite
-from torchlab.core.engine.oom_rescue import StepGenerators, free_failed_step, next_rung, without_checkpointing
+from torchlab.core.engine.oom_rescue import (
+    StepGenerators, batch_norm_layers, free_failed_step, next_rung, without_checkpointing,
+)
 from torchlab.core.engine.option_hooks import enact_initial
 from torchlab.core.engine.outcome import RunOutcome
 from torchlab.core.engine.parts import Reporter, TrainingParts
@@ -217,6 +219,7 @@ class Trainer:
             checkpoint_blocks=list(parts.model.checkpointing.blocks),
             from_workload=parts.from_workload.as_dict() if parts.from_workload else None,
             workload_settings=self.workload_settings or None,
+            batch_norm_layers=batch_norm_layers(parts.model.model),
             world_size=parts.world.size,
             ranks=self.rank_hosts,
         )

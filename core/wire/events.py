@@ -45,6 +45,8 @@ class RunStarted(Message):
     #: the workload's own starting values the run took, by name (core/records/config.py with_workload_settings), for
     #: config.toml; None: none
     workload_settings: dict | None = None
+    #: the model's BatchNorm layers, which a split of the batch changes besides memory (the OOM rescue's note)
+    batch_norm_layers: int = 0
 
 
 @dataclass(frozen=True)

@@ -439,6 +439,22 @@ async def test_a_baseline_marked_or_the_start_is_what_every_verdict_compares_wit
         assert "b row as baseline · s vs the start · T trial of the row's change" in str(screen.query_one(".view-keys").content)
 
 
+async def test_a_segment_too_short_to_judge_by_is_refused_as_the_baseline_saying_why() -> None:
+    """Chosen, a segment without a step-time interval made every verdict "too few steps to judge", unexplained."""
+    from dataclasses import replace
+
+    start, bf16, clip = impact(bf16_steps=40, clip_steps=30).segments
+    short = replace(clip, change="accum=2", options={**clip.options, "accum": 2}, first_step=191, last_step=193,
+                    median_step_time_s=None, step_time_low_s=None, step_time_high_s=None)
+    app, link = app_with(protocol.Impact(segments=[start, bf16, clip, short]))
+    async with app.run_test(size=WIDE) as pilot:
+        screen, table = await open_impact_view(app, pilot)
+        await pilot.press("down", "down", "down", "b")
+        assert verdict_header(table) == "vs the segment before" and screen.baseline_step is None
+        assert ("accum=2 at step 191 as the baseline: too few timed steps to judge against (steps 191–193); choose a "
+                "longer segment") in log_text(app) and link.sent == []
+
+
 async def test_at_160_columns_a_long_verdict_wraps_so_that_every_column_stays_on_the_screen() -> None:
     """The noise of segments run in turn lengthens a verdict: at 160 columns it wraps beside samples/s, memory and the
     loss slope rather than pushing them past the screen's edge (at 80 they are a scroll away, as before)."""

@@ -270,6 +270,13 @@ class ImpactScreen(ViewScreen):
             self._choose_baseline(None if step == self.baseline_step else step)
 
     def _choose_baseline(self, step: int | None) -> None:
+        """Every row against the segment beginning at ``step`` (None: the trainer's verdicts); refused, saying why,
+        for a segment too short to judge by (every verdict against it would read "too few steps to judge")."""
+        chosen = next((row for row in self.state.impact if row.first_step == step), None)
+        if chosen is not None and chosen.step_time_low_s is None:
+            self.app.refuse_request(f"{segment_name(chosen)} as the baseline: too few timed steps to judge against "
+                                    f"(steps {chosen.first_step}–{chosen.last_step}); choose a longer segment")
+            return
         self.baseline_step = step
         self._seen_version = -1
         self.show_state(self.state)

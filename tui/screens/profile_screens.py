@@ -465,4 +465,7 @@ class ProfileCompareScreen(_TableScreen):
         text = Text(f"all ops, {figure.label}: ")
         text.append(f"{format_figure(figure.kind, a)} → {format_figure(figure.kind, b)}", style="bold")
         text.append(f"  ({format_times(ratio)})" if ratio is not None else "")
+        if figure.kind == "us":  # recorded one after the other, as the impact table's segments: the machine decides too
+            text.append("  · taken at different times, so a load that changed shows too; a trial (T) does not",
+                        style="dim")
         return text
