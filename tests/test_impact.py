@@ -460,9 +460,10 @@ def test_a_segment_the_oom_rescue_began_says_so():
     from torchlab.core.wire.events import OomRescued
 
     tracker = ImpactTracker()
-    for step in range(1, 21):
+    for step in range(1, 20):
         tracker.on_metrics(record(step, 0.10, 2.0))
     tracker.on_event(OomRescued(step=21, option="split", value=2, previous=1, error="CUDA out of memory."))
+    tracker.on_metrics(record(20, 0.10, 2.0))  # a measured step's row, held for its update figures: after the event
     for step in range(21, 41):
         tracker.on_metrics(record(step, 0.12, 2.0, split=2))
     for step in range(41, 61):  # the user's own change later is the user's

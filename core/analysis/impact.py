@@ -216,7 +216,9 @@ class ImpactTracker(TrainerObserver):
         self._options_in_force: LiveOptions | None = None
         self._segment_options: dict[str, Any] = {}
         self._others_cpu_now: float | None = None  # the newest telemetry's HostSample.others_cpu_percent
-        self._rescued: set[str] = set()  # options the OOM rescue set for the next row: its segment says so
+        # options the OOM rescue set, with the step it set them for: the segment that row begins says so (a measured
+        # step's row, held for its update figures, can arrive after the next step's rescue)
+        self._rescued: dict[str, int] = {}
 
     def on_metrics(self, row: MetricsRow) -> None:
         if row.options is not self._options_in_force:  # a new value only where a command changed the options
@@ -226,12 +228,13 @@ class ImpactTracker(TrainerObserver):
         current = self.segments[-1] if self.segments else None
         if current is None or current.options != options:
             change = "start" if current is None else _describe_change(current.options, options)
-            if current is not None and any(current.options.get(name) != options.get(name) for name in self._rescued):
+            if current is not None and any(current.options.get(name) != options.get(name)
+                                           for name, step in self._rescued.items() if step <= row.step):
                 change += " (OOM rescue)"
             self.segments.append(Segment(options=options, change=change, first_step=row.step))
             if current is not None:
                 self.write()
-        self._rescued.clear()
+        self._rescued = {name: step for name, step in self._rescued.items() if step > row.step}
         self.segments[-1].add(row, timed=not self._profiling and self._warming_up <= 0, others_cpu_percent=self._others_cpu_now)
         self._warming_up -= 1
 
@@ -252,7 +255,7 @@ class ImpactTracker(TrainerObserver):
             case RunStarted():
                 self._warming_up = PROCESS_WARMUP_STEPS
             case OomRescued():
-                self._rescued.add(event.option)
+                self._rescued[event.option] = event.step
             case ProfileStarted():
                 self._profiling = True
             case ProfileReady():
