@@ -69,3 +69,24 @@ def test_under_amsgrad_the_moment_reported_is_the_one_its_step_divides_by():
     present, [first], [second] = _adam_moments([param], optimizer)
     assert present is None and torch.equal(second, optimizer.state[param]["max_exp_avg_sq"])
     assert second.sum() > optimizer.state[param]["exp_avg_sq"].sum()
+
+
+def test_a_copy_of_the_parameters_that_does_not_fit_turns_the_update_figures_off_not_the_run():
+    """On a card near full the update probe's copy of the parameters (a measured step's only extra memory) can run out
+    of memory: the run goes on without the figures, said once, its gradient norms still measured."""
+    import torch
+
+    trainer, seen = make_trainer(**SETTINGS)
+    copy = trainer.instruments.update_probe.before_update
+
+    def out_of_memory_at_step_3():
+        if trainer.parts.progress.step + 1 == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return copy()
+
+    trainer.instruments.update_probe.before_update = out_of_memory_at_step_3
+    assert trainer.run().status == "finished"
+    assert [row.step for row in seen.metrics if row.update_ratios] == [1, 2]
+    assert all(row.grad_norms for row in seen.metrics)
+    [said] = [event for event in seen.of("log") if "update probe" in event["text"]]
+    assert said["level"] == "warning" and said["text"].startswith("step 3: the update probe's copy of the parameters (")

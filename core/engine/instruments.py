@@ -24,12 +24,13 @@ from typing import Any, ContextManager
 import torch
 
 from torchlab.core.engine.compiling import compiled_graphs
-from torchlab.core.engine.memory import MemoryCadence, MemoryProbe, SavedTensorCount
+from torchlab.core.engine.memory import MemoryCadence, MemoryProbe, SavedTensorCount, out_of_memory
 from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.engine.profiler import Profiling
 from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, GradNorms, ProbeCadence
 from torchlab.core.engine.step_report import HostTransfer, HostValues, StepReport, stats_by_module
 from torchlab.core.engine.update_probe import UpdateFigures, UpdateProbe
+from torchlab.core.wire import protocol as p
 from torchlab.core.wire.payloads import MemoryBreakdown
 from torchlab.core.wire.units import format_bytes
 
@@ -85,6 +86,8 @@ class Instruments:
         self.figures_gathered_at = -math.inf  # with ranks: when a report last gathered each rank's figures
         self.last_memory: MemoryBreakdown | None = None  # training's last step measured by kind
         self.update_probe = UpdateProbe(self.grad_probe)
+        #: the update probe's copy of the parameters ran out of memory once: no more of them in this process
+        self.updates_off = False
         #: a measured step's update figures, until its row takes them (read by the next step's transfer meanwhile)
         self.update_in_flight: UpdateFigures | None = None
 
@@ -103,6 +106,19 @@ class Instruments:
             said += (f"; the allocator's peak {format_bytes(torch.cuda.max_memory_allocated(parts.device))} of the "
                      f"device's {format_bytes(total)}")
         return said + "."
+
+    def turn_updates_off(self, step: int) -> None:
+        """The update probe's copy of the parameters did not fit beside training at ``step``: an observation must not
+        end the run it observes. Its figures are left out from here on, said once; the gradient norms go on."""
+        self.updates_off = True
+        parts = self.parts
+        if parts.device.type == "cuda":
+            torch.cuda.empty_cache()
+        copy = sum(param.numel() * param.element_size() for param in self.grad_probe.params)
+        parts.reporter.emit(p.Log(level="warning", step=step, text=(
+            f"step {step}: the update probe's copy of the parameters ({format_bytes(copy)}) ran out of memory: update "
+            "ratios, weight norms and Adam's moments are left out for the rest of this process (a resume measures "
+            "them again); gradient norms go on")))
 
     def awaits_update_figures(self, step: int) -> bool:
         """Whether step ``step``'s update figures are still to be read (its row waits for them)."""
@@ -203,10 +219,18 @@ class StepWatch:
         rank where the parameters are sharded): the parameters' copy that ``after_update`` measures the update
         against."""
         instruments, plan = self.instruments, self.plan
-        if not plan.probe or plan.trial or not (instruments.parts.world.reports or instruments.grad_probe.sharded):
+        if (not plan.probe or plan.trial or instruments.updates_off
+                or not (instruments.parts.world.reports or instruments.grad_probe.sharded)):
             return None
         started = time.perf_counter()
-        before = instruments.update_probe.before_update()
+        try:
+            before = instruments.update_probe.before_update()
+        except Exception as error:  # sharded, every rank's must be taken alike: their all-reduce follows
+            if not out_of_memory(error) or instruments.grad_probe.sharded:
+                raise
+            before = None
+        if before is None:  # out of the except: the partial copy is gone with its frames
+            instruments.turn_updates_off(self.step)
         self._probe_s += time.perf_counter() - started
         return before
 
