@@ -115,6 +115,39 @@ def test_with_ranks_the_rungs_go_on_to_checkpointing_and_then_stop_with_the_para
     assert "the OOM rescue has no rung left" in said and "pieces of one sample: the batch has 8" in said
 
 
+def test_with_ranks_the_checkpointing_rung_takes_the_blocks_rank_0_measured_saving_most_and_the_stop_says_memory(tmp_path):
+    """The supervisor holds no tensor, but rank 0's rows carry memory by kind: it ranks the blocks by them, as one
+    process does, and its last paragraph says the memory as last measured."""
+    from metrics_rows import metrics_row
+
+    from torchlab.core.engine.rank_rescue import RankRescue
+    from torchlab.core.wire.events import RunStarted
+    from torchlab.core.wire.options import LiveOptions
+    from torchlab.core.wire.payloads import MemoryBreakdown, ModuleBytes
+
+    blocks = [f"blocks.{index}" for index in range(4)]
+    measured = MemoryBreakdown(step=6, parameters_bytes=4096, gradients_bytes=4096, optimizer_bytes=8192,
+                               activations_bytes=7000, allocator_peak_bytes=None,
+                               by_module=[ModuleBytes("blocks.2.mlp", 4000), ModuleBytes("blocks.0.attn", 2000),
+                                          ModuleBytes("blocks.2", 500), ModuleBytes("head", 500)])
+
+    def supervisor(**options):
+        rescue = RankRescue(resume_from=tmp_path / "step.pt")
+        rescue.observe(RunStarted(step=4, device="cpu", batch_size=16, steps=200, modules=[], module_params=[],
+                                  options=LiveOptions(world_size=2, split=8, **options).as_dict(),
+                                  checkpoint_blocks=blocks, world_size=2, ranks=None))
+        rescue.observe_row(metrics_row(6, memory=measured))
+        rescue.observe_row(metrics_row(7))  # a row without a measurement leaves the last one
+        return rescue
+
+    rescue = supervisor().rescue_from(1, OOM, step=9, world_size=2)
+    assert (rescue.event.option, rescue.event.value) == ("checkpointing", "blocks.2")
+    assert rescue.event.note.endswith("the 1 of 4 blocks that saved the most activations at step 6 (blocks.2 4.39 KiB)")
+    said = supervisor(checkpointing=True).rescue_from(1, OOM, step=9, world_size=2)
+    assert said.endswith("Memory by kind at step 6 (the last measured, rank 0): parameters 4 KiB, gradients 4 KiB, "
+                         "optimizer state 8 KiB, activations saved for backward 6.84 KiB.")
+
+
 def test_with_ranks_no_rescue_is_made_that_cannot_hold(tmp_path):
     without_checkpoint = supervisor_at(tmp_path, step=4, checkpoint_step=None)
     assert "--checkpoint-every N" in without_checkpoint._rescue_from(1, OOM)

@@ -75,18 +75,23 @@ class ActivationCheckpointing:
         return [name for name, block in self.blocks.items() if "forward" in vars(block)]
 
     def saved_by_block(self, by_module: Iterable[tuple[str, int]]) -> dict[str, int]:
-        """Each block's activation bytes in a memory measurement's ``(module, bytes)`` pairs: its own modules' and
-        its children's (a checkpointed block's are the inputs its recompute keeps)."""
-        saved = dict.fromkeys(self.blocks, 0)
-        for module, size in by_module:
-            for name in self.blocks:
-                if module == name or module.startswith(name + "."):
-                    saved[name] += size
-                    break
-        return saved
+        return saved_by_block(self.blocks, by_module)
 
     def disable(self) -> None:
         self.enable([])
+
+
+def saved_by_block(blocks: Iterable[str], by_module: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """Each of ``blocks``' activation bytes in a memory measurement's ``(module, bytes)`` pairs: its own modules' and
+    its children's (a checkpointed block's are the inputs its recompute keeps). By name alone: the ranks' supervisor,
+    which holds no model, ranks blocks by rank 0's measurement the same way."""
+    saved = dict.fromkeys(blocks, 0)
+    for module, size in by_module:
+        for name in saved:
+            if module == name or module.startswith(name + "."):
+                saved[name] += size
+                break
+    return saved
 
 
 #: The arguments a block takes a key/value cache by (transformers' names, old and new): a cache filled in the forward

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from torchlab.core.engine.activation_checkpointing import saved_by_block
 from torchlab.core.engine.batch_split import batch_samples
 from torchlab.core.engine.option_hooks import enact
 from torchlab.core.engine.parts import TrainingParts
@@ -105,7 +106,7 @@ def rung_after(options: LiveOptions, samples: int | None, blocks: Sequence[str],
     ``samples`` (None: the batches cannot be split), then activation checkpointing of the model's ``blocks``. Where
     a measurement said what each block saves for backward (``saved``, bytes by block), the blocks that save the most
     go first: a quarter of them, then half, then all; without one, all at once. None where no rung is left. The one
-    definition of the ladder, in one process (``next_rung``) and with ranks (their supervisor, which holds no
+    definition of the ladder, in one process (``next_rung``) and with ranks (their supervisor, by rank 0's last
     measurement: core/engine/rank_rescue.py)."""
     if samples is not None and options.split < samples:
         return SPLIT, min(2 * options.split, samples)
@@ -138,22 +139,42 @@ def next_rung(parts: TrainingParts, step: int, failure: str, batch, memory: Call
     ``measured``: training's last step measured by kind, which says what each block saves for backward."""
     options, checkpointing = parts.options, parts.model.checkpointing
     samples = _samples(batch)
-    saved = checkpointing.saved_by_block((part.module, part.bytes) for part in measured.by_module) if measured else None
-    rung = rung_after(options, samples, list(checkpointing.blocks), saved)
+    blocks = list(checkpointing.blocks)
+    saved = blocks_saving(blocks, measured)
+    rung = rung_after(options, samples, blocks, saved)
     if rung is not None and rung[0] is SPLIT:
         return _enact(parts, step, failure, SPLIT, rung[1], split_note(batch_norm_layers(parts.model.model)), samples)
     if rung is not None:
         notes = [] if samples is not None else ["this run's batches cannot be split (no first dimension their tensors share)"]
         if isinstance(rung[1], str):
-            chosen = CHECKPOINTING.names(rung[1])
-            which = ", ".join(f"{name} {format_bytes(saved[name])}" for name in chosen)
-            notes.append(f"the {len(chosen)} of {len(checkpointing.blocks)} blocks that saved the most activations "
-                         f"at step {measured.step} ({which})")
+            notes.append(chosen_blocks_note(rung[1], blocks, saved, measured.step))
         try:
             return _enact(parts, step, failure, CHECKPOINTING, rung[1], "; ".join(notes), samples)
         except OptionRefused:
             pass
     raise OutOfMemoryStop(f"{no_rung_left(step, failure, options, samples)} {memory()}")
+
+
+def blocks_saving(blocks: list[str], measured: MemoryBreakdown | None) -> dict[str, int] | None:
+    """What each block saved for backward at the step ``measured`` (None: none was)."""
+    if measured is None:
+        return None
+    return saved_by_block(blocks, ((part.module, part.bytes) for part in measured.by_module))
+
+
+def chosen_blocks_note(value: str, blocks: list[str], saved: Mapping[str, int], step: int) -> str:
+    """Why a checkpointing rung took the blocks ``value`` names: they saved the most at ``step``."""
+    chosen = CHECKPOINTING.names(value)
+    which = ", ".join(f"{name} {format_bytes(saved[name])}" for name in chosen)
+    return f"the {len(chosen)} of {len(blocks)} blocks that saved the most activations at step {step} ({which})"
+
+
+def measured_memory(measured: MemoryBreakdown) -> str:
+    """Memory by kind as a step measured it: the ranks' stop paragraph, whose supervisor holds no tensor."""
+    return (f"Memory by kind at step {measured.step} (the last measured, rank 0): parameters "
+            f"{format_bytes(measured.parameters_bytes)}, gradients {format_bytes(measured.gradients_bytes)}, optimizer "
+            f"state {format_bytes(measured.optimizer_bytes)}, activations saved for backward "
+            f"{format_bytes(measured.activations_bytes)}.")
 
 
 def _samples(batch) -> int | None:

@@ -6,7 +6,9 @@ every rank, and the supervisor takes the next rung of the OOM rescue's one ladde
 ``rung_after``) and starts the ranks again from the run's newest checkpoint, with the options in force at the
 failure and the rung; the steps since that checkpoint train again, their rows moved aside as by any resume. For
 that it follows rank 0's reports (``observe``): its welcome (the options, the global batch, whether the model has
-blocks to checkpoint), each option applied, each checkpoint written.
+blocks to checkpoint, its BatchNorm layers), each option applied, each checkpoint written; and its rows' memory by
+kind (``observe_row``), by which the checkpointing rung takes the blocks that saved the most first, as in one
+process, and the last paragraph says the memory.
 """
 
 from __future__ import annotations
@@ -15,9 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.engine.oom_rescue import no_rung_left, rescued, rung_after, split_note
+from torchlab.core.engine.oom_rescue import (
+    blocks_saving, chosen_blocks_note, measured_memory, no_rung_left, rescued, rung_after, split_note,
+)
 from torchlab.core.wire.events import OomRescued, RunStarted
+from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.options import OOM_RESCUE, LiveOptions
+from torchlab.core.wire.payloads import MemoryBreakdown
 from torchlab.core.wire.protocol import CheckpointSaved, Message, OptionApplied
 
 
@@ -39,6 +45,7 @@ class RankRescue:
         self._batch_size = 0  # the global batch
         self._blocks: list[str] = []  # the model's checkpoint blocks
         self._batch_norms = 0  # the model's BatchNorm layers: a split's note
+        self._memory: MemoryBreakdown | None = None  # rank 0's last step measured by kind
         self._checkpoint: Path | None = resume_from  # the newest checkpoint to start again from
         self._checkpoint_step: int | None = None  # its step: the resumed one's is the welcome's
         self._rescued: set[tuple[int, str, Any]] = set()  # (step, option, value) of each rescue, which must hold
@@ -58,6 +65,11 @@ class RankRescue:
             case CheckpointSaved():
                 self._checkpoint, self._checkpoint_step = Path(event.path), event.step
 
+    def observe_row(self, row: MetricsRow) -> None:
+        """Follow rank 0's metrics row: its memory by kind, where measured (what each block saves for backward)."""
+        if row.memory is not None:
+            self._memory = row.memory
+
     def rescue_from(self, rank: int, message: str, *, step: int, world_size: int) -> Rescue | str:
         """The rescue of rank ``rank``'s failure (``message``, as ``root_cause`` says it) in ``step`` of a run of
         ``world_size`` ranks, or what to add to the message where there is none: nothing where the failure is no
@@ -71,9 +83,11 @@ class RankRescue:
         options = LiveOptions(**self._in_force)
         first_line = (text.splitlines() or [kind])[0][:200]
         samples = self._batch_size // world_size if self._batch_size else None
-        rung = rung_after(options, samples, self._blocks, None)  # no measurement here: all blocks at once
+        saving = blocks_saving(self._blocks, self._memory)  # rank 0's: the ranks hold alike
+        rung = rung_after(options, samples, self._blocks, saving)
         if rung is None:
-            return f". {no_rung_left(step, first_line, options, samples)}"
+            memory = f" {measured_memory(self._memory)}" if self._memory is not None else ""
+            return f". {no_rung_left(step, first_line, options, samples)}{memory}"
         option, value = rung
         if (step, option.name, value) in self._rescued:
             return (f". The OOM rescue started the ranks again from step {step} with {option.name} = "
@@ -94,5 +108,7 @@ class RankRescue:
                 f"step {step}")
         if option.name == "split" and (batch_norms := split_note(self._batch_norms)):
             note = f"{note}; {batch_norms}"
+        if isinstance(value, str):  # blocks chosen by what they saved
+            note = f"{note}; {chosen_blocks_note(value, self._blocks, saving, self._memory.step)}"
         after = options.with_value(option.name, value)
         return Rescue(after, self._checkpoint, rescued(step, first_line, option, options, after, note, samples))

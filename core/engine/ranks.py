@@ -362,6 +362,7 @@ class _Relay(TrainerObserver):
         self.supervisor.step = row.step
         for observer in self.supervisor.observers:
             observer.on_metrics(row)
+        self.supervisor.rank_rescue.observe_row(row)
 
     def on_event(self, event: Message) -> None:
         for observer in self.supervisor.observers:
