@@ -88,10 +88,14 @@ def supervisor_at(tmp_path, step: int, checkpoint_step: int | None, batch_norm_l
         rescue.observe(CheckpointSaved(step=checkpoint_step, path=str(tmp_path / "step.pt")))
 
     class At:
+        rescue = None
+
         def _rescue_from(self, rank: int, message: str):
             return rescue.rescue_from(rank, message, step=step + 1, world_size=2)
 
-    return At()
+    at = At()
+    at.rescue = rescue
+    return at
 
 
 OOM = "rank 1 failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\nmore"
@@ -146,6 +150,19 @@ def test_with_ranks_the_checkpointing_rung_takes_the_blocks_rank_0_measured_savi
     said = supervisor(checkpointing=True).rescue_from(1, OOM, step=9, world_size=2)
     assert said.endswith("Memory by kind at step 6 (the last measured, rank 0): parameters 4 KiB, gradients 4 KiB, "
                          "optimizer state 8 KiB, activations saved for backward 6.84 KiB.")
+
+
+def test_with_ranks_a_split_the_ranks_refused_at_their_start_is_followed_by_the_checkpointing_rung(tmp_path):
+    """A batch of the user's own type cannot be split; the supervisor, which never sees a batch, learns it when the
+    ranks started again at split = 2 end at their start with the refusal: the same failure, the next rung."""
+    supervisor = supervisor_at(tmp_path, step=4, checkpoint_step=3)
+    first = supervisor._rescue_from(1, OOM)
+    assert first.options.split == 2
+    again = supervisor.rescue.split_refused()
+    assert (again.event.step, again.event.option, again.event.value, again.event.previous) == (5, "checkpointing", True, False)
+    assert again.options.split == 1 and again.event.samples_before is None
+    assert again.event.note.endswith("this run's batches cannot be split (the ranks refused split = 2 at their start)")
+    assert supervisor.rescue.split_refused() is None  # once: a usage error after that is the run's own
 
 
 def test_with_ranks_no_rescue_is_made_that_cannot_hold(tmp_path):

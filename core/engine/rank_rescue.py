@@ -46,6 +46,9 @@ class RankRescue:
         self._blocks: list[str] = []  # the model's checkpoint blocks
         self._batch_norms = 0  # the model's BatchNorm layers: a split's note
         self._memory: MemoryBreakdown | None = None  # rank 0's last step measured by kind
+        self._refused_split: int | None = None  # the split the ranks refused at their start: batches of the user's type
+        #: the failure of the last rescue, and its rung's value, until the ranks it started report that they train
+        self._last: tuple[int, str, int, int, LiveOptions] | None = None
         self._checkpoint: Path | None = resume_from  # the newest checkpoint to start again from
         self._checkpoint_step: int | None = None  # its step: the resumed one's is the welcome's
         self._rescued: set[tuple[int, str, Any]] = set()  # (step, option, value) of each rescue, which must hold
@@ -54,6 +57,7 @@ class RankRescue:
         """Follow rank 0's report ``event``."""
         match event:
             case RunStarted():
+                self._last = None  # the ranks started again train: a later failure is not their start's
                 self._in_force = dict(event.options)
                 self._batch_size = event.batch_size
                 self._blocks = list(event.checkpoint_blocks)
@@ -82,7 +86,7 @@ class RankRescue:
             return ""
         options = LiveOptions(**self._in_force)
         first_line = (text.splitlines() or [kind])[0][:200]
-        samples = self._batch_size // world_size if self._batch_size else None
+        samples = self._batch_size // world_size if self._batch_size and self._refused_split is None else None
         saving = blocks_saving(self._blocks, self._memory)  # rank 0's: the ranks hold alike
         rung = rung_after(options, samples, self._blocks, saving)
         if rung is None:
@@ -108,7 +112,23 @@ class RankRescue:
                 f"step {step}")
         if option.name == "split" and (batch_norms := split_note(self._batch_norms)):
             note = f"{note}; {batch_norms}"
+        if self._refused_split is not None:
+            note = (f"{note}; this run's batches cannot be split (the ranks refused split = {self._refused_split} at "
+                    "their start)")
         if isinstance(value, str):  # blocks chosen by what they saved
             note = f"{note}; {chosen_blocks_note(value, self._blocks, saving, self._memory.step)}"
         after = options.with_value(option.name, value)
+        self._last = (rank, message, step, world_size, after) if option.name == "split" else None
         return Rescue(after, self._checkpoint, rescued(step, first_line, option, options, after, note, samples))
+
+    def split_refused(self) -> Rescue | None:
+        """The ranks started again on a split rung and ended at their start with a usage error, before training: a
+        split of the run's batches was refused (a batch of the user's own type, which the engine cannot cut; one
+        process goes to checkpointing at once, having the batch). The same failure's rescue again, knowing that:
+        the checkpointing rung, or None where there is no other (the refusal then ends the run, as it says)."""
+        if self._last is None:
+            return None
+        rank, message, step, world_size, refused = self._last
+        self._refused_split, self._last = refused.split, None
+        again = self.rescue_from(rank, message, step=step, world_size=world_size)
+        return again if isinstance(again, Rescue) else None

@@ -330,6 +330,10 @@ class Supervisor:
                 pass  # the journal is what could not be written; the outcome carries the message
             return RunOutcome(RunStatus.FAILED, self.step, message, error=StorageError)
         if outcome is not None and outcome.status == RunStatus.USAGE:
+            if (rescue := self.rank_rescue.split_refused()) is not None:  # the batches cannot be split: checkpointing
+                self._relay.on_event(rescue.event)
+                self._rescue = rescue
+                return RunOutcome(RunStatus.RELAUNCH, self.step)
             raise (ConfigError if outcome.as_run_outcome().failed_with(ConfigError) else WorkloadError)(outcome.message)
         if failure is not None:
             if isinstance(failure, ChildFailedError):
