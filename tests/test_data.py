@@ -25,6 +25,8 @@ def test_a_run_whose_workers_change_has_the_losses_of_one_that_never_changed():
     steady, seen_steady = make_trainer(steps=20)
     steady.run()
     changing, seen = make_trainer(steps=20, at=["3:workers=2", "9:workers=1", "14:workers=0", "15:workers=2", "19:workers=1"])
+    in_use, close = [], changing.data.close
+    changing.data.close = lambda: (in_use.append(changing.data._iterator._num_workers), close())
     changing.run()
     assert [record.loss for record in seen.metrics] == [record.loss for record in seen_steady.metrics]
     changes = [(event["step"], event["value"], event["detail"]) for event in seen.of("option_applied")]
@@ -36,8 +38,20 @@ def test_a_run_whose_workers_change_has_the_losses_of_one_that_never_changed():
         (19, 1, "the data loader starts again at sample 32 of epoch 1"),
     ]
     assert [record.options.workers for record in seen.metrics][1:4] == [0, 2, 2]
-    assert changing.data._iterator._num_workers == 1  # the loader in use has the workers last asked for
+    assert in_use == [1]  # the loader in use at the end has the workers last asked for
     assert all(record.data_wait_s >= 0 for record in seen.metrics)
+
+
+def test_the_loaders_workers_have_exited_when_the_run_returns():
+    """Left to a garbage collection of the trainer's cycles, the loader's queues went first and its workers never
+    heard they should exit: each was waited for 5 s, then terminated (a headless run with 2 workers ended 10 s late,
+    and the suite's next test paid it)."""
+    trainer, _ = make_trainer(steps=3, options={"workers": 2})
+    trainer.train_steps(2)
+    workers = list(trainer.parts.data._iterator._workers)
+    assert len(workers) == 2 and all(worker.is_alive() for worker in workers)
+    assert trainer.run().status == "finished"
+    assert not any(worker.is_alive() for worker in workers)
 
 
 def test_pinned_memory_is_refused_on_a_cpu_run_and_its_default_there_is_off():

@@ -200,6 +200,7 @@ class Trainer:
         try:
             return self._run_loop()
         finally:
+            self.parts.data.close()
             if sampler is not None:
                 sampler.stop()
             self.profiling.abandon()
