@@ -54,9 +54,12 @@ def test_pinned_memory_is_on_by_default_with_cuda_and_switches_off_and_on_at_a_s
     untouched.run()
     trainer, seen = make_trainer(steps=8, device="cuda", at=["3:pin_memory=off", "6:pin_memory=on", "7:workers=1"])
     assert trainer.options.pin_memory is True  # auto, as the DataLoader always had it on CUDA
+    in_use, close = [], trainer.data.close  # the loader in use at the end, before the run's end closes it
+    trainer.data.close = lambda: (in_use.append((trainer.data._iterator._pin_memory, trainer.data._iterator._num_workers)),
+                                  close())
     trainer.run()
     assert [r.options.pin_memory for r in seen.metrics] == [True, True, False, False, False, True, True, True]
-    assert trainer.data._iterator._pin_memory is True and trainer.data._iterator._num_workers == 1
+    assert in_use == [(True, 1)]
     assert [r.loss for r in seen.metrics] == [r.loss for r in seen_untouched.metrics]
 
 
