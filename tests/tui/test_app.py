@@ -239,12 +239,18 @@ async def test_an_earlier_apps_detach_replayed_on_attach_does_not_make_this_app_
         assert "an earlier app detached at step 40" in log_text(app)
 
 
+async def hangup_handled(app: TorchlabApp) -> None:
+    """Wait for the hang-up's thread off the event loop: it ends by asking the loop to exit the app (a join on the
+    loop's own thread waited out its whole timeout, 10 s a test)."""
+    await asyncio.get_running_loop().run_in_executor(None, app._hangup_thread.join, 10)
+    assert not app._hangup_thread.is_alive()
+
+
 async def test_a_hang_up_detaches_so_the_trainer_trains_on(app: TorchlabApp, link: FakeLink) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         app._on_hangup(signal.SIGHUP, None)  # what the terminal's hang-up delivers
-        app._hangup_thread.join(10)
-        await pilot.pause()
+        await hangup_handled(app)
     assert [type(c) for c in link.sent][-1] is protocol.DetachCommand
     assert link.closed == {"detach": True}
 
@@ -254,8 +260,7 @@ async def test_a_hang_up_the_trainer_does_not_acknowledge_stops_it_as_a_quit_wou
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         app._on_hangup(signal.SIGHUP, None)
-        app._hangup_thread.join(10)
-        await pilot.pause()
+        await hangup_handled(app)
     assert link.closed == {"detach": False}
 
 
