@@ -54,6 +54,21 @@ def test_the_loaders_workers_have_exited_when_the_run_returns():
     assert not any(worker.is_alive() for worker in workers)
 
 
+def test_the_loaders_workers_leave_a_process_groups_stop_signals_to_the_trainer():
+    """SIGTERM to the whole group (a container's stop, ``kill -- -PGID``) killed the workers, and the loader raised
+    that in the trainer: a run stopped on request ended "failed". The trainer takes the signal; its workers go on."""
+    import os
+    import signal
+
+    trainer, _ = make_trainer(steps=4, options={"workers": 2})
+    trainer.train_steps(1)
+    workers = list(trainer.parts.data._iterator._workers)
+    for worker in workers:
+        os.kill(worker.pid, signal.SIGTERM)
+        os.kill(worker.pid, signal.SIGINT)
+    assert trainer.run().status == "finished"
+
+
 def test_pinned_memory_is_refused_on_a_cpu_run_and_its_default_there_is_off():
     trainer, seen = make_trainer(steps=2, at=["2:pin_memory=on"])
     assert trainer.options.pin_memory is False  # auto: on with CUDA only, as the DataLoader always had it

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import signal
 import sys
 import time
 from collections import deque
@@ -303,6 +304,7 @@ class BatchStream:
             batch_size=self.local_batch_size,
             collate_fn=self.collate_fn,
             num_workers=self.workers,
+            worker_init_fn=_leave_signals_to_the_trainer if self.workers else None,
             pin_memory=self.pin_memory,
             drop_last=True,
             generator=generator,
@@ -314,6 +316,18 @@ class BatchStream:
             self.dataset, rank=self.rank, world_size=self.world_size, seed=self.seed, epoch=epoch, start=start
         )
         return iter(DataLoader(self.dataset, sampler=sampler, **common))
+
+
+def _leave_signals_to_the_trainer(worker_id: int) -> None:
+    """In a data-loader worker: ignore the stop signals a terminal or a job scheduler sends the whole process group
+    (Ctrl-C's SIGINT, a hang-up, ``kill -- -PGID``'s or a container's SIGTERM). The trainer takes them and stops at
+    the step boundary with a checkpoint, then tells its workers to exit. A forked worker kept the trainer's own
+    handlers (Ctrl-C said "Stopping at the next step boundary" twice) and died of SIGTERM, which the loader then
+    raised in the trainer: "Training failed at step 240: RuntimeError: DataLoader worker (pid …) is killed by signal:
+    Terminated", a run stopped on request reported as failed. A worker whose trainer is gone exits by itself
+    (the loader's watchdog)."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def evaluation_batches(
