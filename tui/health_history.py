@@ -51,18 +51,11 @@ class HealthHistory:
         earlier = [entry for entry in earlier if entry[0] < first]
         if not earlier:
             return
-        held = [self.steps.copy(), *(self.columns[figure].copy() for figure in FIGURES)]
-        self.steps.clear()
-        for column in self.columns.values():
-            column.clear()
-        for step, *values in earlier:
-            self.steps.append(step)
-            for figure, column in zip(FIGURES, _columns(modules, *values)):
-                self.columns[figure].append(column)
-        for step, *columns in zip(*held):
-            self.steps.append(step)
-            for figure, column in zip(FIGURES, columns):
-                self.columns[figure].append(column)
+        taken = [_columns(modules, *values) for _, *values in earlier]
+        self.steps = deque([step for step, *_ in earlier] + list(self.steps), maxlen=HISTORY_STEPS)  # the newest kept
+        for index, figure in enumerate(FIGURES):
+            held = self.columns[figure]
+            self.columns[figure] = deque([columns[index] for columns in taken] + list(held), maxlen=HISTORY_STEPS)
         self.version += 1
 
     def has(self, figure: str) -> bool:

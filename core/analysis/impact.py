@@ -234,7 +234,8 @@ class ImpactTracker(TrainerObserver):
             self.segments.append(Segment(options=options, change=change, first_step=row.step))
             if current is not None:
                 self.write()
-        self._rescued = {name: step for name, step in self._rescued.items() if step > row.step}
+        if self._rescued:
+            self._rescued = {name: step for name, step in self._rescued.items() if step > row.step}
         self.segments[-1].add(row, timed=not self._profiling and self._warming_up <= 0, others_cpu_percent=self._others_cpu_now)
         self._warming_up -= 1
 

@@ -67,3 +67,12 @@ def test_a_block_whose_small_layer_stopped_is_marked_and_the_cell_line_names_it(
     assert [grid.flag_glyph(0, column) for column in (0, 1)] == ["▽", "△"] and grid.flag_glyph(1, 0) is None
     assert grid_of(held, modules, "update ratio", grouped=False, columns=5).flags[1][0] == ["blocks.0.norm frozen (1.00e-08)"]
     assert grid_of(held, modules, "grad norm", grouped=True, columns=5).flags == [[[], []], [[], []]]
+
+
+def test_a_journals_steps_go_before_the_ones_sent_and_the_newest_are_kept():
+    from torchlab.tui.health_history import HISTORY_STEPS
+
+    held = history(1000, 1002)
+    held.put_before(3, [(step, [0.1, 0.2, 0.3], None, [1.0, 1.0, 1.0]) for step in range(2, 1001, 2)])
+    assert len(held.steps) == HISTORY_STEPS and list(held.steps)[-3:] == [998, 1000, 1002]  # 1000: the sent one kept
+    assert held.columns["weight norm"][-3] == [1.0, 1.0, 1.0] and held.columns["weight norm"][-1] == [1.0, 3.0, 2.0]
