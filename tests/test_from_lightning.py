@@ -40,7 +40,8 @@ def test_a_lightning_module_trains_with_its_own_step_metrics_groups_and_step_sch
     assert [tuple(row.lrs.values()) for row in rows] == pytest.approx(reference_lrs(6))  # warm-up per step, per group
     assert list(rows[0].lrs) == ["body", "head"]
     evaluated = [row for row in rows if row.val_loss is not None]
-    assert [row.step for row in evaluated] == [3, 6] and all(set(row.val_metrics) == {"train_mae"} for row in evaluated)
+    # validation_step logged val_mae: reported so (not as "train_mae", the training metric's name), and shown so
+    assert [row.step for row in evaluated] == [3, 6] and all(set(row.val_metrics) == {"val_mae"} for row in evaluated)
     assert [(row.options.amp, row.options.checkpointing) for row in rows][2:4] == [("bf16", False), ("bf16", True)]
     saved = load_checkpoint(tmp_path / "last.pt")
     assert list(saved["model"]) == [f"body.{i}.0.{p}" for i in range(3) for p in ("weight", "bias")] + ["head.weight", "head.bias"]

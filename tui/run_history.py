@@ -21,6 +21,7 @@ from torchlab.core.records.rundir import metrics_rows, rows_of
 from torchlab.core.records.storage import unreadable_run
 from torchlab.core.safe_open import read_regular_text
 from torchlab.core.wire.events import HELD_BACK
+from torchlab.core.wire.metric_names import validation_label
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.options import format_option_value
 from torchlab.tui.health_history import HISTORY_STEPS
@@ -113,11 +114,12 @@ def journal_history(run_dir: Path) -> RunHistory | None:
 
 
 def figure_name(key: str) -> str:
-    """``loss`` -> "loss", ``metrics.accuracy`` -> "accuracy", ``val_metrics.accuracy`` -> "val accuracy"."""
+    """``loss`` -> "loss", ``metrics.accuracy`` -> "accuracy", ``val_metrics.accuracy`` -> "val accuracy",
+    ``val_metrics.val_acc`` -> "val_acc"."""
     if key in FIGURES:
         return FIGURES[key]
     kind, _, name = key.partition(".")
-    return f"val {name}" if kind == "val_metrics" else name
+    return validation_label(name) if kind == "val_metrics" else name
 
 
 def differences(runs: list[RunHistory]) -> list[tuple[str, list[str]]]:

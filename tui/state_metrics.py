@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchlab.core.wire import protocol
 from torchlab.core.wire.events import HELD_BACK
+from torchlab.core.wire.metric_names import training_key
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.typed_json import UnreadableValue
 from torchlab.tui.gradient_flags import flag_for
@@ -90,7 +91,9 @@ class MetricsFolding:
         name = name[:MAX_SERIES_NAME_CHARS]
         if name not in self.workload_metrics and len(self.workload_metrics) >= MAX_NAMED_SERIES:
             return None
-        return self._metric_pair(name)[kind == "val_metrics"]
+        if kind == "val_metrics":
+            return self._metric_pair(training_key(name, self.workload_metrics))[1]
+        return self._metric_pair(name)[0]
 
     def _on_metrics(self, event: protocol.Metrics) -> None:
         """A batch of reports as columns: each series grows by one column a message, no dict per report."""
@@ -137,7 +140,7 @@ class MetricsFolding:
                     series.extend([step for step, _ in points], [value for _, value in points])
         self._take_named(steps, columns.get("lrs"), self.group_lrs, lambda name: self.group_lrs.setdefault(name, Series()))
         self._take_named(steps, columns.get("metrics"), self.workload_metrics, lambda name: self._metric_pair(name)[0])
-        self._take_named(steps, columns.get("val_metrics"), self.workload_metrics, lambda name: self._metric_pair(name)[1])
+        self._take_named(steps, columns.get("val_metrics"), self.workload_metrics, lambda name: self._metric_pair(training_key(name, self.workload_metrics))[1])
         times = columns.get("step_time_s")
         if times is not None:
             times = times[-self.recent_step_times.maxlen :]

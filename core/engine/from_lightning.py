@@ -23,8 +23,8 @@ What maps to what (the README's table says it for users):
 - ``train_dataloader()`` (of the data module, or the module) gives the dataset, its ``collate_fn`` and batch size;
   the engine reads the dataset with its own sampler (shuffled from ``--seed``, shared over ranks, resumable).
   ``val_dataloader()`` gives the validation set; ``validation_step``'s logged ``val_loss`` (or its returned loss)
-  is ``val_loss``, and its logged ``val_<metric>`` the validation value of the training metric ``<metric>`` (or
-  ``train_<metric>``).
+  is ``val_loss``, and its logged ``val_<metric>`` the validation value of the training metric ``train_<metric>``
+  (or ``<metric>``), journalled and charted as ``val_<metric>`` for ``train_<metric>`` (core/wire/metric_names.py).
 
 Refused with one paragraph each, never trained differently: manual optimization, several optimizers, several
 loaders, ``ReduceLROnPlateau``, and hooks the engine would not call (``configure_gradient_clipping``,
@@ -182,8 +182,9 @@ class LightningAdapter:
         return {"loss": loss, **metrics}
 
     def _validation_output(self, returned: Any, logged: dict[str, Any]) -> dict[str, Any]:
-        """The validation figures under the training metrics' names: ``val_<name>`` (or ``val_<name less train_>``)
-        for each, NaN where validation logs none; the loss from the logged ``val_loss``, else the returned one."""
+        """The validation figures under the training metrics' names (the evaluation reports ``train_<name>``'s as
+        ``val_<name>``, the name it was logged under): ``val_<name>`` (or ``val_<name less train_>``) for each, NaN
+        where validation logs none; the loss from the logged ``val_loss``, else the returned one."""
         loss = logged.get("val_loss", returned.get("loss") if isinstance(returned, Mapping) else returned)
         if loss is None:
             raise WorkloadError(f"{self.where}: validation_step neither logged val_loss nor returned a loss: "

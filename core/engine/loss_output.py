@@ -20,6 +20,7 @@ from torchlab.core.engine.loading import describe_code, user_frame
 from torchlab.core.engine.memory import out_of_memory
 from torchlab.core.errors import WorkloadError, shown
 from torchlab.core.workload import Workload
+from torchlab.core.wire.metric_names import validation_key
 
 #: The longest metric name a report carries (names are keys in every metrics row and chart titles).
 MAX_METRIC_NAME_CHARS = 40
@@ -169,7 +170,9 @@ class LossFunction:
         if metric_totals is None:
             return total.item() / max(count, 1), None
         values = torch.cat([total.reshape(1), metric_totals]).tolist()
-        return values[0] / max(count, 1), {name: value / max(count, 1) for name, value in zip(self.metric_names.names, values[1:])}
+        figures = {key: value / max(count, 1) for name, value in zip(self.metric_names.names, values[1:])
+                   if (key := validation_key(name)) is not None}  # train_acc's is val_acc (core/wire/metric_names.py)
+        return values[0] / max(count, 1), figures or None
 
 
 def mean_of_micro_batches(losses: list[torch.Tensor], metrics: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -38,6 +38,7 @@ from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.wire.metric_names import validation_label
 from torchlab.core.wire.options import STEPS, format_option_value
 from torchlab.core.wire.protocol import Message
 from torchlab.core.wire.run_status import RunStatus
@@ -185,7 +186,7 @@ class HeadlessProgress(TrainerObserver):
                 self._line_printed_at = now
                 self.console.print(escape(self.training_line(row)))
         if row.val_loss is not None:
-            extra = "".join(f", val {name} {_number(value, '.4g')}" for name, value in (row.val_metrics or {}).items())
+            extra = "".join(f", {validation_label(name)} {_number(value, '.4g')}" for name, value in (row.val_metrics or {}).items())
             self.console.print(escape(f"step {row.step}: val_loss {row.val_loss:.4f}{extra}"))
 
     def training_line(self, row: MetricsRow) -> str:

@@ -11,11 +11,12 @@ from torchlab.tui.widgets.event_log import EventLog
 from torchlab.tui.widgets.line_chart import LineChart
 
 
-def own_rows(first: int, last: int, *, evaluate_at: int | None = None) -> protocol.Metrics:
+def own_rows(first: int, last: int, *, evaluate_at: int | None = None, name: str = "accuracy",
+             val_name: str = "accuracy") -> protocol.Metrics:
     rows = []
     for step in range(first, last + 1):
-        evaluated = {"val_metrics": {"accuracy": 0.5}} if step == evaluate_at else {}
-        rows.append(record(step, lrs={"body": 0.05 - step * 1e-4, "head": 0.2 - step * 4e-4}, metrics={"accuracy": step / 200}, **evaluated))
+        evaluated = {"val_metrics": {val_name: 0.5}} if step == evaluate_at else {}
+        rows.append(record(step, lrs={"body": 0.05 - step * 1e-4, "head": 0.2 - step * 4e-4}, metrics={name: step / 200}, **evaluated))
     return protocol.Metrics.from_rows(rows)
 
 
@@ -23,25 +24,30 @@ def lines(app, chart_id: str) -> list[str]:
     return [line.label for line in app.query_one(f"#{chart_id}", LineChart).lines]
 
 
-async def test_each_groups_lr_is_a_line_and_the_first_metric_takes_the_third_chart_with_its_validation() -> None:
-    link = FakeLink(training_events(20) + [own_rows(21, 60, evaluate_at=50)])
+@pytest.mark.parametrize("name, val_name, shown", [
+    ("accuracy", "accuracy", "val accuracy"),
+    ("train_acc", "val_acc", "val_acc"),  # a LightningModule's names, as it logged them (issue 45): not "val train_acc"
+])
+async def test_each_groups_lr_is_a_line_and_the_first_metric_takes_the_third_chart_with_its_validation(name, val_name, shown) -> None:
+    link = FakeLink(training_events(20) + [own_rows(21, 60, evaluate_at=50, name=name, val_name=val_name)])
     app = quiet_app(link)
     async with app.run_test(size=(160, 48)) as pilot:
         app.poll_now()
         await pilot.pause()
         assert lines(app, "lr-chart") == ["body", "head"]
         assert "body" in str(app.query_one("#lr-chart").border_title) and "head" in str(app.query_one("#lr-chart").border_title)
-        assert lines(app, "speed-chart") == ["accuracy", "val accuracy"]
-        accuracy, val_accuracy = app.run_state.workload_metrics["accuracy"]
+        assert lines(app, "speed-chart") == [name, shown]
+        assert list(app.run_state.workload_metrics) == [name]
+        accuracy, val_accuracy = app.run_state.workload_metrics[name]
         assert accuracy.last == pytest.approx(60 / 200) and len(accuracy) == 40 and val_accuracy.last == 0.5
         assert app.run_state.group_lrs["head"].last == pytest.approx(0.2 - 60 * 4e-4)
         from torchlab.tui.widgets.stats_bar import StatsBar
 
-        assert "accuracy 0.3" in str(app.query_one(StatsBar).content)  # its newest figure, beside the loss
+        assert f"{name} 0.3" in str(app.query_one(StatsBar).content)  # its newest figure, beside the loss
         await pilot.press("f")  # back to samples/s, then the metric again
         assert lines(app, "speed-chart") == ["samples/s"]
         await pilot.press("f")
-        assert lines(app, "speed-chart") == ["accuracy", "val accuracy"]
+        assert lines(app, "speed-chart") == [name, shown]
 
 
 async def test_without_metrics_the_charts_are_as_before_and_f_says_how_to_get_some() -> None:

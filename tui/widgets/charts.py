@@ -9,6 +9,7 @@ from __future__ import annotations
 from textual.containers import Vertical
 from textual.markup import escape
 
+from torchlab.core.wire.metric_names import validation_label_of
 from torchlab.tui.state import RunState
 from torchlab.tui.widgets.line_chart import MARK, ChartLine, LineChart, marker
 
@@ -95,8 +96,8 @@ class Charts(Vertical):
             chart.border_title = SPEED
         else:
             name = self.third
-            chart.lines = [ChartLine(pair[0], name), ChartLine(pair[1], f"val {name}")]
-            chart.border_title = _titled([name, f"val {name}"] if len(pair[1]) else [name], lines=2)
+            chart.lines = [ChartLine(pair[0], name), ChartLine(pair[1], validation_label_of(name))]
+            chart.border_title = _titled([name, validation_label_of(name)] if len(pair[1]) else [name], lines=2)
         chart.data_changed()
 
 
