@@ -135,3 +135,13 @@ def test_a_scheduler_of_lightnings_default_interval_steps_once_an_epoch():
 def test_what_configure_optimizers_gives_that_the_engine_cannot_take_is_refused_as_the_run_starts(factory, said):
     with pytest.raises(WorkloadError, match=said.replace("(", r"\(").replace(")", r"\)")):
         make_trainer(f"{LIGHTNING}:{factory}", steps=2)
+
+
+def test_checkpointing_wraps_a_cnns_conv_stages_or_the_blocks_the_module_names():
+    """The classifier holds most of the parameters (its flattened Linear), the largest container by them: c wrapped
+    its Flatten/ReLU/Dropout/Linear (issue 45). A LightningModule's blocks are the children that hold parameters of
+    the container with the most of them; its own checkpoint_blocks attribute chooses others."""
+    trainer, seen = make_trainer(f"{LIGHTNING}:cnn", steps=2, at=["2:checkpointing=on"])
+    trainer.run()
+    assert trainer.parts.model.checkpointing.wrapped_names() == ["features.0", "features.1", "features.2"]
+    assert load_workload(f"{LIGHTNING}:cnn_naming_its_blocks").checkpoint_blocks == ["features.1", "features.2"]

@@ -20,6 +20,10 @@ What maps to what (the README's table says it for users):
   ``"epoch"`` one (Lightning's default where no interval is said) once per epoch of the training set
   (``Workload.scheduler_interval``), every ``frequency``. No scheduler: the optimizer's LR, constant, as under
   Lightning (not torchlab's own schedule).
+- Activation checkpointing's blocks (the live ``c``): the module's own ``checkpoint_blocks`` (an attribute: qualified
+  names, as ``Workload.checkpoint_blocks``), else the children that hold parameters of the ``ModuleList``/``Sequential``
+  with the most such children (``lightning_checkpoint_blocks``): a CNN's conv stages, not its classifier's
+  Flatten/ReLU/Dropout/Linear, which the largest container by parameters (the plain default) picks.
 - ``train_dataloader()`` (of the data module, or the module) gives the dataset, its ``collate_fn`` and batch size;
   the engine reads the dataset with its own sampler (shuffled from ``--seed``, shared over ranks, resumable).
   ``val_dataloader()`` gives the validation set; ``validation_step``'s logged ``val_loss`` (or its returned loss)
@@ -148,6 +152,7 @@ class LightningAdapter:
             optimizer=self.optimizer,
             scheduler=self.scheduler,
             before_step=self.before_step,
+            checkpoint_blocks=lightning_checkpoint_blocks(module),
         )
         return self._workload
 
@@ -257,6 +262,31 @@ class LightningAdapter:
             raise WorkloadError(f"{self.where}: {hook}()'s DataLoader has a batch_sampler and no batch_size; the "
                                 f"engine samples the dataset itself: give the DataLoader a batch_size.")
         return loader
+
+
+def lightning_checkpoint_blocks(module: torch.nn.Module) -> list[str] | None:
+    """The blocks activation checkpointing wraps in a LightningModule, which has no ``Workload`` to name them: its own
+    ``checkpoint_blocks`` where it sets one, else the parameter-holding children of the ``ModuleList``/``Sequential``
+    with the most of them (the more parameters on a tie). A block is a stage of layers whose activations a recompute
+    saves: a CNN's ``features`` (conv stages) has more of them than its ``classifier`` (Flatten, ReLU, Dropout, Linear:
+    two that hold parameters), which holds most of the parameters in the flattened Linear and is what the largest
+    container by parameters would give."""
+    own = getattr(module, "checkpoint_blocks", None)
+    if own is not None:
+        return own  # Workload checks the form and the names
+    best: tuple[int, int] = (1, 0)  # (blocks, parameters): one block is no choice
+    chosen: list[str] = []
+    for name, container in module.named_modules():
+        if not isinstance(container, (torch.nn.ModuleList, torch.nn.Sequential)):
+            continue
+        prefix = f"{name}." if name else ""
+        blocks = [(f"{prefix}{child_name}", sum(p.numel() for p in child.parameters()))
+                  for child_name, child in container.named_children()]
+        blocks = [(block, size) for block, size in blocks if size]
+        rank = (len(blocks), sum(size for _, size in blocks))
+        if rank > best:
+            best, chosen = rank, [block for block, _ in blocks]
+    return chosen or None  # none with two: the plain default's
 
 
 class PlanOfTheRun:

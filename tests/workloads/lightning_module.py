@@ -173,3 +173,40 @@ class ReadsItsPosition(Regressor):
 
 def reads_its_position() -> ReadsItsPosition:
     return ReadsItsPosition()
+
+
+class SmallCNN(L.LightningModule):
+    """A CNN as Lightning's users write one: conv stages with BatchNorm, then a classifier whose flattened Linear holds
+    most of the parameters (activation checkpointing must wrap the stages, not Flatten/ReLU/Dropout/Linear)."""
+
+    def __init__(self, checkpoint_blocks: list[str] | None = None) -> None:
+        super().__init__()
+        stage = lambda channels_in, channels_out: nn.Sequential(  # noqa: E731
+            nn.Conv2d(channels_in, channels_out, 3, padding=1), nn.BatchNorm2d(channels_out), nn.ReLU())
+        self.features = nn.Sequential(stage(1, 4), stage(4, 8), stage(8, 8))
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(8 * 8 * 8, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 3))
+        if checkpoint_blocks is not None:
+            self.checkpoint_blocks = checkpoint_blocks
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+    def training_step(self, batch, batch_idx):
+        images, labels = batch
+        return nn.functional.cross_entropy(self(images), labels)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    def train_dataloader(self):
+        generator = torch.Generator().manual_seed(5)
+        images = torch.randn(64, 1, 8, 8, generator=generator)
+        return DataLoader(TensorDataset(images, torch.randint(0, 3, (64,), generator=generator)), batch_size=16)
+
+
+def cnn() -> SmallCNN:
+    return SmallCNN()
+
+
+def cnn_naming_its_blocks() -> SmallCNN:
+    return SmallCNN(checkpoint_blocks=["features.1", "features.2"])
