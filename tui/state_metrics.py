@@ -65,13 +65,25 @@ class MetricsFolding:
         self.named_series_version += 1
 
     def _take_measured(self, rows: list) -> None:
-        """The heatmap's columns of the journal's measured rows before the first sent (names matched to the modules)."""
+        """The journal's measured rows before the first sent (names matched to the modules): the heatmap's earlier
+        columns, and each module's trend in the gradient table. A trainer sends only its newest gradient norms when
+        an app attaches (they travel apart from the rows, latest wins): the trend was one bar per module."""
         names = [module.name for module in self.modules]
-        if names and rows:
-            self.health.put_before(len(names), [
-                (row.step, [row.grad_norms.get(name) for name in names],
-                 [(row.update_ratios or {}).get(name) for name in names],
-                 [(row.weight_norms or {}).get(name) for name in names]) for row in rows])
+        if not (names and rows):
+            return
+        first_sent = self.health.steps[0] if self.health.steps else math.inf
+        self.health.put_before(len(names), [
+            (row.step, [row.grad_norms.get(name) for name in names],
+             [(row.update_ratios or {}).get(name) for name in names],
+             [(row.weight_norms or {}).get(name) for name in names]) for row in rows])
+        earlier = [row for row in rows if row.step < first_sent]
+        for module in self.modules:
+            room = module.trend.maxlen - len(module.trend)
+            norms = [float_or_none(row.grad_norms.get(module.name)) for row in earlier]
+            kept = [norm for norm in norms if norm is not None][-room:] if room > 0 else []
+            module.trend.extendleft(reversed(kept))  # before the norms sent since, oldest first
+        self._flags_stale = True
+        self.grads_version += 1
 
     def mark_spikes(self, steps: list[int]) -> None:
         """Steps that spiked, marked on the loss chart (each once)."""

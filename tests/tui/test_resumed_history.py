@@ -99,3 +99,43 @@ async def test_the_heatmap_holds_the_journals_measured_steps_from_before_the_res
         frozen = names.index("blocks.3.ln_1")
         assert health.columns["update ratio"][0][frozen] == 1e-7 and health.columns["weight norm"][0][0] == 1.0
         assert health.columns["grad norm"][-1] == [pytest.approx(n) for n in grad_norms(75).norms]
+
+
+async def test_after_attach_the_gradient_tables_trend_holds_the_journals_measured_steps(tmp_path: Path) -> None:
+    """After ``attach`` every module's trend was one bar: the trainer sends only its newest gradient norms (latest wins)
+    to an app that connects; the run's earlier measured steps are in its metrics.jsonl, and now fill the trend."""
+    from fake_link import grad_norms, module_names
+
+    from torchlab.tui.formatting import sparkline
+    from torchlab.tui.state import TREND_LENGTH
+    from torchlab.tui.widgets.grad_table import GradTable
+
+    names = module_names()
+    attached_at = 120
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    rows = [record(step, grad_norms=dict(zip(names, grad_norms(step).norms))) if step % 2 == 0 else record(step)
+            for step in range(1, attached_at + 1)]
+    (run_dir / "metrics.jsonl").write_text("".join(strict_json.dumps(row.json_object()) + "\n" for row in rows))
+    hello = welcome(attached_at)
+    hello = replace(hello, run=replace(hello.run, run_dir=str(run_dir)))
+    # What a running trainer's outbox replays to an app that attaches: its recent rows, the newest norms, the marker.
+    link = FakeLink([hello, protocol.Metrics.from_rows([record(step) for step in range(101, attached_at + 1)]),
+                     grad_norms(attached_at), protocol.Replayed(events=0)])
+    app = quiet_app(link)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        app.poll_now()
+        await pilot.pause()
+        head = app.run_state.modules[names.index("head")]
+        expected = [grad_norms(step).norms[names.index("head")] for step in range(attached_at - 2 * (TREND_LENGTH - 1), attached_at + 1, 2)]
+        assert list(head.trend) == pytest.approx(expected)
+        table = app.query_one(GradTable)
+        drawn = sparkline(head.trend, table.layout_columns.trend)
+        assert len(set(drawn)) > 1
+        assert any("│head " in line and drawn in line for line in screen_lines(app))
+
+
+def screen_lines(app) -> list[str]:
+    return [strip.text for strip in app.screen._compositor.render_strips()]
