@@ -26,7 +26,7 @@ from torchlab.core.wire import protocol
 from torchlab.core.wire.options import CHECKPOINTING, OPTIONS_BY_NAME, Number, OptionRefused, format_option_value
 from torchlab.core.wire.protocol import DEFAULT_PROFILE_STEPS
 from torchlab.core.wire.run_status import RunStatus
-from torchlab.tui.app_keys import KEY_ACTIONS, TRAINER_ACTIONS, VIEW_ACTIONS
+from torchlab.tui.app_keys import KEY_ACTIONS, READ_ONLY_ACTION, TRAINER_ACTIONS, VIEW_ACTIONS, action_name
 from torchlab.tui.names import describe_blocks
 from torchlab.tui.widgets.charts import SPEED, Charts
 
@@ -80,7 +80,13 @@ class KeyActions:
             return False
         if action in TRAINER_ACTIONS and self.read_only:  # a viewer's footer lists only the keys that work for it
             return False
+        if action == READ_ONLY_ACTION:  # instead, in a viewer, the key is refused in words (app_keys)
+            return self.read_only
         return True
+
+    def action_refuse_read_only(self, subject: str) -> None:
+        """A viewer's key that would change the run: refused on the spot, saying the view is read-only."""
+        self._refuse_in_view(subject)
 
     def action_toggle_pause(self) -> None:
         state = self.run_state.state
@@ -236,7 +242,7 @@ class KeyActions:
         blocks = self.run_state.checkpoint_blocks
         wraps = {CHECKPOINTING.key: f": {describe_blocks(blocks)}" if blocks else " (which ones: once the trainer has said)"}
         keys = [(k.key_display or k.key, k.help + wraps.get(k.key, "")) for k in KEY_ACTIONS
-                if not (self.read_only and k.action.split("(")[0] in TRAINER_ACTIONS)]  # a viewer's keys only
+                if not (self.read_only and action_name(k) in TRAINER_ACTIONS)]  # a viewer's keys only
         keys += [("/", "Filter the gradient table by module name (enter/esc back)"), ("o", "Cycle the gradient table's sort"),
                  ("v", "Grouped / per-module gradient view"), ("enter", "On a group: show its modules"),
                  ("ctrl+p", "Command palette")]
@@ -253,7 +259,7 @@ class KeyActions:
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         for key in KEY_ACTIONS:
-            if key.action in ("quit", "help") or (self.read_only and key.action.split("(")[0] in TRAINER_ACTIONS):
+            if key.action in ("quit", "help") or (self.read_only and action_name(key) in TRAINER_ACTIONS):
                 continue
             yield SystemCommand(key.help, f"key {key.key_display or key.key}", self._palette_callback(key.action))
         yield SystemCommand("Restart the trainer from the last checkpoint", "after a failure or a stop: resume the run",

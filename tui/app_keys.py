@@ -53,6 +53,28 @@ TRAINER_ACTIONS = frozenset(
 )
 #: Actions that open a view: from the main screen only, so views do not pile up on each other.
 VIEW_ACTIONS = frozenset({"profiles", "impact", "system", "memory", "heatmap"})
+#: What a viewer's key for a trainer action runs instead: a refusal, in one line (``app.refuse_read_only``).
+READ_ONLY_ACTION = "refuse_read_only"
+
+
+def action_name(key: KeyAction) -> str:
+    """The action a key runs, without its arguments (``change_option('amp')`` -> ``change_option``)."""
+    return key.action.split("(")[0]
+
+
+def subject(key: KeyAction) -> str:
+    """What a key asks for, as its refusal names it: the option's name, or the key's label (``pause``)."""
+    option = next((o for o in LIVE_OPTIONS if o.key == key.key), None)
+    return option.name if option is not None else key.label.lower()
+
+
+def _read_only_refusals() -> list[Binding]:
+    """For each key that talks to the trainer, a second binding, hidden, that only a viewer's app enables
+    (``check_action``): the key is refused there on the spot, in a line saying the view is read-only, where
+    the first binding, disabled in a viewer so that its footer lists only the keys that work for it, would
+    let the key pass in silence. Textual tries a key's bindings in turn, up to the first one enabled."""
+    return [Binding(k.key, f"app.{READ_ONLY_ACTION}({subject(k)!r})", show=False, priority=True)
+            for k in KEY_ACTIONS if action_name(k) in TRAINER_ACTIONS]
 
 
 class MainScreen(Screen[None]):
@@ -71,6 +93,7 @@ class MainScreen(Screen[None]):
     """
 
     BINDINGS = [
-        Binding(k.key, f"app.{k.action}", k.label, show=k.show, key_display=k.key_display, tooltip=k.help, priority=True)
-        for k in KEY_ACTIONS
+        *(Binding(k.key, f"app.{k.action}", k.label, show=k.show, key_display=k.key_display, tooltip=k.help, priority=True)
+          for k in KEY_ACTIONS),
+        *_read_only_refusals(),
     ]

@@ -81,6 +81,7 @@ def test_viewers_see_the_run_their_commands_are_refused_and_one_killed_leaves_it
 @pytest.mark.asyncio
 async def test_the_viewers_app_shows_only_its_own_keys_sends_nothing_and_leaving_it_leaves_the_run(controlled):
     from torchlab.tui.app import make_app
+    from torchlab.tui.widgets.event_log import EventLog
     from torchlab.tui.widgets.run_header import RunHeader
 
     link, seen = controlled
@@ -92,7 +93,10 @@ async def test_the_viewers_app_shows_only_its_own_keys_sends_nothing_and_leaving
         assert "view only" in str(app.query_one(RunHeader).content)
         footer = {binding.key for (_, binding, enabled, _) in app.active_bindings.values() if enabled and binding.show}
         assert footer <= {"q", "question_mark", "ctrl+p"}  # a viewer's footer: only the keys that work for it
-        await pilot.press("a", "space", "s")  # keys for the controlling app: nothing is sent
+        await pilot.press("a", "space", "s")  # keys for the controlling app: nothing is sent, each refused in one line
+        await pilot.pause()
+        assert [line[9:] for line in app.query_one(EventLog).lines_written if "read-only view" in line] == [
+            f"{subject}: read-only view (the controlling app changes the run)" for subject in ("amp", "pause", "save")]
         await pilot.press("q")
     assert app.return_code == 0
     seen.until(lambda m: isinstance(m, p.Metrics) and m.columns["step"][-1] > app.run_state.step + 5)

@@ -114,7 +114,14 @@ async def test_a_viewers_footer_shows_only_the_keys_that_work_for_a_viewer() -> 
         assert "quit" in shown and "help" in shown
         assert not {"toggle_pause", "save_checkpoint"} & shown
         assert not any(action.startswith("change_option") for action in shown)
-        await pilot.press("a", "space", "m")
+        # Each key that would change the run is refused on the spot, in one line saying the view is read-only
+        # (the README's promise; they used to pass in silence), and nothing is sent, no prompt opens.
+        keys = {"a": "amp", "c": "checkpointing", "g": "clip", "m": "accum", "space": "pause", "s": "save",
+                "p": "profile", "T": "trial", "d": "detach"}
+        await pilot.press(*keys)
         await pilot.pause()
         assert link.sent == []
         assert not isinstance(app.screen, OptionPrompt)
+        refusals = [line for line in app.query_one(EventLog).lines_written if "read-only view" in line]
+        assert [line[9:].split(":")[0] for line in refusals] == list(keys.values())
+        assert all(line.endswith("read-only view (the controlling app changes the run)") for line in refusals)
