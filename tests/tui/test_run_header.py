@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fake_link import FakeLink, quiet_app, training_events
+from fake_link import FakeLink, quiet_app, record, training_events
 
 from torchlab.core.wire import protocol
 from torchlab.core.wire.events import COMPILING
@@ -64,3 +64,19 @@ def test_the_trainer_side_says_compiling_until_the_change_is_answered() -> None:
     reporter.on_event(protocol.OptionApplied("amp", "bf16", "off", 6, "app"))
     states = [(m.state, m.step, m.detail) for m in outbox.take_past(Cursor()) if isinstance(m, protocol.State)]
     assert states == [("running", 5, ""), ("running", 5, COMPILING), ("running", 5, "")]
+
+
+async def test_the_header_says_eta_pending_until_enough_steps_were_measured() -> None:
+    """``ETA 7:34`` at step 1 of a ~20 s run: the first step's start-up, taken for every step left. Now "ETA …" until
+    the ETA can be estimated, then the estimate."""
+    from torchlab.tui.state_figures import ETA_MIN_STEPS
+
+    link = FakeLink(training_events(1))
+    app = quiet_app(link)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert header_text(app).rstrip().endswith("ETA …")
+        link.push(protocol.Metrics.from_rows([record(step) for step in range(2, ETA_MIN_STEPS + 1)]))
+        app.poll_now()
+        await pilot.pause()
+        assert "ETA …" not in header_text(app) and "ETA 0:0" in header_text(app)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 from fake_link import grad_norms, module_names, past_ended, ranks, record, training_events, welcome
 
@@ -12,6 +13,7 @@ from torchlab.core.wire.payloads import RankFigures
 from torchlab.tui.formatting import format_duration, format_ratio, sparkline
 from torchlab.tui.gradient_flags import combine_norms, flag_for, group_name
 from torchlab.tui.state import RunState
+from torchlab.tui.state_figures import ETA_MIN_STEPS
 from torchlab.tui.stragglers import ComparedRank, flag_stragglers
 
 
@@ -37,7 +39,21 @@ def test_metrics_fill_the_curves_and_the_header_figures() -> None:
     assert len(state.val_loss) == 2  # eval steps 50 and 100
     assert state.elapsed_s == record(120).elapsed_s
     eta = state.eta_s()
-    assert eta is not None and math.isclose(eta, 80 * sum(state.recent_step_times) / len(state.recent_step_times))
+    assert eta is not None and math.isclose(eta, 80 * statistics.median(state.recent_step_times))
+
+
+def test_the_eta_waits_for_enough_steps_and_passes_over_the_slow_first_ones() -> None:
+    """At step 1 of a ~20 s run the header said ETA 7:34: the first step (start-up, a compile) took seconds, and the
+    ETA was its time for every step left. Until enough steps were measured it is pending ("ETA …" in the header);
+    then the recent steps' median leaves the slow first ones out."""
+    first_steps = [2.4, 0.9, 0.3]  # start-up, a compile's second graph, cold caches
+    state = fed([welcome(0), protocol.Metrics.from_rows([record(step, step_time_s=first_steps[step - 1]) for step in (1, 2, 3)])])
+    assert state.eta_s() is None and state.eta_pending
+    state.apply(protocol.Metrics.from_rows([record(step, step_time_s=0.1) for step in range(4, ETA_MIN_STEPS + 1)]))
+    assert not state.eta_pending
+    assert math.isclose(state.eta_s(), (200 - ETA_MIN_STEPS) * 0.1)
+    state.apply(protocol.State("paused", ETA_MIN_STEPS))
+    assert state.eta_s() is None and not state.eta_pending  # a paused run has no ETA, and none is coming
 
 
 def test_non_finite_and_missing_metric_values_are_left_out_of_the_curves() -> None:

@@ -76,6 +76,9 @@ class RunHeader(FittedLine):
         if state.total_steps:
             step.append(f" {100 * state.step / state.total_steps:.0f}%", style="dim")
         eta = state.eta_s() if trial is None else None  # a trial's steps do not count towards the run's
-        parts = [run, badge, step, Text(f"elapsed {format_duration(state.elapsed_now())}"),
-                 Text(f"ETA {format_duration(eta)}") if eta is not None else Text()]
+        if eta is not None:
+            eta_part = Text(f"ETA {format_duration(eta)}")
+        else:  # "…" until enough steps were measured: the first ones (start-up, a compile) would say hours
+            eta_part = Text("ETA …") if trial is None and state.eta_pending else Text()
+        parts = [run, badge, step, Text(f"elapsed {format_duration(state.elapsed_now())}"), eta_part]
         self.set_parts(parts, importance=(0, 1, 2, 4, 3))  # where only one fits, the ETA
