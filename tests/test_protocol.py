@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metrics_rows import metrics_row
-from torchlab.core.wire import payloads
+from torchlab.core.wire import events, payloads
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.outbox import Cursor, Outbox
 from torchlab.core.wire.payloads import (
@@ -96,11 +96,39 @@ EXAMPLES = [
     p.Ranks(step=12, ranks=[RankFigures(rank=0, step_time_s=0.05, data_wait_s=0.001, allocated_bytes=None,
                                         reserved_bytes=None, peak_allocated_bytes=None, rss_bytes=3.3e8)]),
     p.Refused(reason="wrong token"),
+    p.TrialProgress(step=40, label="amp=bf16", arm=1, done=7, steps=20),
+    # the trainer's own events (core/wire/events.py): messages of the same protocol
+    events.RunStarted(step=0, device="cpu", batch_size=32, steps=200, options={"amp": "off", "accum": 1},
+                      modules=["blocks.0", "head"], module_params=[49536, 2570], checkpoint_blocks=["blocks.0"],
+                      world_size=2, ranks=[{"rank": r, "host": "box", "pid": 41 + r, "device": "cpu"} for r in (0, 1)],
+                      module_tied=[[], []], from_workload={"optimizer": "AdamW"}, workload_settings={"steps": 200},
+                      batch_norm_layers=1),
+    events.RunEnded(step=200, status="finished"),
+    events.Paused(step=12), events.Resumed(step=12),
+    events.StepSkipped(step=7, reason="fp16 gradients overflowed", scale=32768.0),
+    events.OomRescued(step=7, option="split", value=2, previous=1, error="CUDA out of memory.", samples_before=16, samples_after=8),
+    events.SpikeGuarded(step=21, measure="loss", value=184.0, median=0.76, z=81.5, threshold=6.0, window=50,
+                        action="rolled_back", loss=184.0, grad_norm=3.5, rolled_back_to=10, samples=[3, 17]),
+    events.ProfileStarted(step=8, steps=5, source="app"),
+    events.TrialStarted(step=4, option="amp", value="bf16", steps=12, source="app"),
+    events.CompileStarted(step=6, detail="with amp=bf16"),
+    events.ResumedFromCheckpoint(step=9, options={"amp": "bf16"}),
+    events.ResumeChangedSettings(step=9, level="info", message="resumed with steps 20 → 40",
+                                 changes=[{"setting": "steps", "stored": 20, "value": 40, "breaks_exactness": False}]),
+    events.Relaunching(step=30, option="world_size", value=2, previous=1, world_size=2),
+    events.LineRefused(step=3, channel="app", reason="message is not valid JSON", before_hello=True, held_back=2),
+    events.LinesRefusedUnrecorded(step=50, channel="app", count=4),
+    events.JournalRepaired(step=0, file="metrics.jsonl", bytes_dropped=37, message="metrics.jsonl ended in a torn line"),
+    events.MetricsMovedAside(step=9, rows=3, first_step=10, last_step=12, file="metrics.replayed-1.jsonl",
+                             message="steps 10-12 are trained again"),
+    events.StopRequested(step=10, reason="stopped by `torchlab-tui stop`"),
 ]
 
 
 def test_every_message_type_has_an_example():
-    assert {type(m) for m in EXAMPLES} == set(p.COMMANDS) | set(p.EVENTS)
+    """Each message the protocol registers, the trainer's events too: the readers' tests (test_every_reader.py) feed
+    these, so a new event has to come with one."""
+    assert {type(m) for m in EXAMPLES} == set(p.Message.registry.values())
 
 
 @pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: m.type)

@@ -593,3 +593,10 @@ class Refused(Message):
 
 COMMANDS = (Hello, PauseCommand, ResumeCommand, StopCommand, SetCommand, ProfileCommand, SaveCheckpointCommand, TrialCommand, DetachCommand)
 EVENTS = (Welcome, Replayed, State, Metrics, GradNorms, Memory, TrialResult, Telemetry, OptionApplied, OptionRefused, Detached, CheckpointSaved, Log, Error, NonFinite, ProfileReady, Impact, Ranks, Refused)
+
+
+# The trainer's own events (core/wire/events.py) are messages of this protocol too, and join ``Message.registry``
+# when their module runs. Imported here, last, so that whatever imports this module decodes every event a trainer
+# sends: ``torchlab-tui stop`` imported this module alone, and a run's ``stop_requested`` ended it in "unknown
+# message type". events.py imports this module first; by then every name it takes from here is defined.
+from torchlab.core.wire import events as _every_event  # noqa: E402,F401

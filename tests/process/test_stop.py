@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -26,20 +28,23 @@ def private_runtime_dir(tmp_path, monkeypatch):
 
 
 def test_stop_ends_a_detached_run_with_a_final_checkpoint_and_says_where(tmp_path, capsys):
+    """The real command, in a process of its own: one that imported the protocol alone decoded the run's
+    ``stop_requested`` with a registry lacking the trainer's events, and ended in a traceback, exit 1."""
     run_dir = tmp_path / "run"
     link, seen = _started(run_dir, "--steps", "1000000")
     seen.until(lambda m: isinstance(m, p.Metrics))
     _detach(link, seen)
     name = link.endpoint_name
 
-    assert main(["stop", name[:10]]) == EXIT_OK
+    said = subprocess.run([sys.executable, "-m", "torchlab.core.launch.cli", "stop", name[:10]],
+                          capture_output=True, text=True, timeout=120)
+    assert (said.returncode, "Traceback" in said.stderr) == (EXIT_OK, False), said.stderr
     assert link.process.wait(timeout=30) == 0
-    said = capsys.readouterr()
-    stopped_at = int(re.search(rf"^{name} stopped at step (\d+)\.$", said.out, re.MULTILINE).group(1))
+    stopped_at = int(re.search(rf"^{name} stopped at step (\d+)\.$", said.stdout, re.MULTILINE).group(1))
     final = run_dir.resolve() / "checkpoints" / f"step-{stopped_at:07d}.pt"
-    assert f"\nFinal checkpoint: {final}\n" in said.out and final.exists()
-    assert f"Run directory: {run_dir.resolve()}" in said.out
-    assert f"Stopping {name}" in said.err
+    assert f"\nFinal checkpoint: {final}\n" in said.stdout and final.exists()
+    assert f"Run directory: {run_dir.resolve()}" in said.stdout
+    assert f"Stopping {name}" in said.stderr
     assert list_runs() == [], "a stopped run's entry is gone, as after q in its app"
 
     assert main(["stop", str(run_dir)]) == EXIT_FAILED  # by its run directory: not running any more
