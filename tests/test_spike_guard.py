@@ -71,6 +71,19 @@ def test_a_loss_that_barely_moves_is_not_judged_by_its_rounding():
     assert detector.judge(2.0, 0.8, nonfinite_is_spike=True).measure == "grad_norm"
 
 
+def test_a_converged_loss_tiny_beside_where_it_began_is_no_spike_however_many_times_its_median():
+    """The issue's run: a loss from 2.3 converged to about 0.0008, then 0.00185, 2.19 times the median: many
+    deviations of that quiet window, but a rise of 0.001 beside a loss scale of 2.3; a bad batch's 1.0 is a spike."""
+    detector = SpikeDetector(window=50, threshold=6.0)
+    for i in range(MIN_HISTORY):
+        detector.accept(2.3 - 0.01 * i, None)
+    for i in range(50):
+        detector.accept(0.0008 + 0.00002 * (i % 5), None)
+    assert detector.loss_scale == pytest.approx(2.205)
+    assert detector.judge(0.00185, None, nonfinite_is_spike=True) is None
+    assert detector.judge(1.0, None, nonfinite_is_spike=True).measure == "loss"
+
+
 @pytest.mark.parametrize("mode, actions", [
     ("skip", ["skipped"] * (SHIFT_STEPS - 1) + ["new_level"]),
     ("off", ["let_through"]),  # the first of a run of spikes is said, and the new level is not news
@@ -163,6 +176,7 @@ def test_the_guards_window_spikes_in_a_row_and_cool_down_go_through_a_checkpoint
     trainer.run()
     saved = trainer.guard.state_dict()
     assert len(saved["loss"]) == 20 and saved["cooldown"] == {"until": 51, "scale": 0.5, "restore": 1.0}
+    assert saved["loss_scale"] > 0  # the first window's: a resume judges a converged loss against it too
     resumed, _ = make_trainer(f"{TINY}:spikes_at_steps_21_and_31", resume_from=tmp_path / "last.pt")
     assert resumed.guard.state_dict() == saved and resumed.guard.detector.judge(10.0, None, True) is not None
 

@@ -324,6 +324,9 @@ def _spike_guard(value: Any, where: str, expected: str) -> None:
             isinstance(pair, list) and len(pair) == 2 and _is_float(pair[0]) and (pair[1] is None or _is_float(pair[1]))
             for pair in in_a_row):
         raise _NotWritten(f"{where}.in_a_row", in_a_row, "a list of [loss, grad norm or None] pairs")
+    loss_scale = value.get("loss_scale")  # None: written before it was kept, or not yet known
+    if loss_scale is not None and not _is_number(loss_scale):
+        raise _NotWritten(f"{where}.loss_scale", loss_scale, "None, or a finite number")
     last_rollback = value.get("last_rollback", _MISSING)
     if last_rollback is not None:
         _count(last_rollback, f"{where}.last_rollback", "a step, or None")

@@ -8,7 +8,10 @@ logarithms where all are positive (a norm always, a loss nearly always: their no
 norm's steps late in training spread over a factor of three, which in differences were spikes every few dozen
 steps), of the values themselves where not. The deviation is never taken below 1 % (of the median, in
 differences), so that a loss that barely moves is not judged by its rounding. One-sided: a loss far below the
-recent ones is good news. Judged once the window holds ``MIN_HISTORY`` values. With the guard on, a loss or norm
+recent ones is good news. Judged once the window holds ``MIN_HISTORY`` values. A loss must also rise above the median
+by ``ABSOLUTE_FLOOR`` of the run's loss scale (the median of its first window): a converged loss at 0.0008 that moves
+to 0.00185 is 2.19 times its median, many deviations of a quiet window, yet nothing beside a loss that began at 2.3
+(issue 45: the notice fired on it; the guard, on, held such steps back). With the guard on, a loss or norm
 that is not finite is a spike too (except under fp16, whose scaler skips those steps itself). The loss and norm are
 the step's report's, on the host already: the guard adds no transfer; on, it has the total norm measured every
 step (one ``vector_norm`` over the per-parameter norms, as clipping does).
@@ -61,6 +64,9 @@ REFRESH_EVERY = 5
 MAD_TO_SIGMA = 1.4826
 #: The deviation's floor, as a share of the median: a loss that barely moves is not judged by its rounding.
 RELATIVE_FLOOR = 0.01
+#: The least rise above the median that is a loss's spike, as a share of the run's loss scale (its first window's
+#: median): a loss tiny beside where it began is no spike, however many times its converged median.
+ABSOLUTE_FLOOR = 0.01
 
 
 
@@ -85,6 +91,8 @@ class SpikeDetector:
         self.window, self.threshold = window, threshold
         self.history: dict[str, deque[float]] = {"loss": deque(maxlen=window), "grad_norm": deque(maxlen=window)}
         self._robust: dict[str, _Robust | None] = {"loss": None, "grad_norm": None}
+        #: the median of the run's first ``MIN_HISTORY`` losses, its size where training began (``ABSOLUTE_FLOOR``)
+        self.loss_scale: float | None = None
 
     def judge(self, loss: float, grad_norm: float | None, nonfinite_is_spike: bool) -> Spike | None:
         """The spike in this step's loss or norm (the loss's first), or None."""
@@ -103,7 +111,10 @@ class SpikeDetector:
                 robust = self._robust[measure] = _Robust.of(history)
             z = robust.z(value)
             if z > self.threshold:
-                return Spike(measure, value, statistics.median(history), z, len(history))
+                median = statistics.median(history)
+                if measure == "loss" and self.loss_scale is not None and value - median < ABSOLUTE_FLOOR * abs(self.loss_scale):
+                    continue  # far out in a quiet window, but tiny beside the loss the run began with
+                return Spike(measure, value, median, z, len(history))
         return None
 
     def accept(self, loss: float, grad_norm: float | None) -> None:
@@ -114,13 +125,16 @@ class SpikeDetector:
                 robust = self._robust[measure]
                 if robust is not None:
                     robust.gained += 1
+        if self.loss_scale is None and len(self.history["loss"]) >= MIN_HISTORY:
+            self.loss_scale = statistics.median(self.history["loss"])
 
-    def load(self, loss: list[float], grad_norm: list[float]) -> None:
-        """The window as a checkpoint kept it."""
+    def load(self, loss: list[float], grad_norm: list[float], loss_scale: float | None) -> None:
+        """The window and the loss scale as a checkpoint kept them."""
         for measure, values in (("loss", loss), ("grad_norm", grad_norm)):
             self.history[measure].clear()
             self.history[measure].extend(values)
             self._robust[measure] = None
+        self.loss_scale = loss_scale
 
     def restart(self, values: list[tuple[float, float | None]]) -> None:
         """The window from these steps' values alone: a new level."""
@@ -189,18 +203,20 @@ class SpikeGuard:
         the guard is blind for ``MIN_HISTORY`` steps after a resume, when a spike that stopped a run is likeliest), the
         spikes in a row, the last rollback, and a cool-down in force (whose end puts the LR scale back: without it the
         halved scale would stay). Not the host copies: a rollback before the first copy after a resume is a skip,
-        said so."""
+        said so. The loss scale, which a window taken again at a new level keeps."""
         cooldown = self._cooldown
         return {
             "loss": list(self.detector.history["loss"]),
             "grad_norm": list(self.detector.history["grad_norm"]),
+            "loss_scale": self.detector.loss_scale,
             "in_a_row": [[loss, grad_norm] for loss, grad_norm in self._in_a_row],
             "last_rollback": self._last_rollback,
             "cooldown": dataclasses.asdict(cooldown) if cooldown is not None else None,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.detector.load(state["loss"], state["grad_norm"])
+        # a checkpoint written before the scale was kept has none: taken again from the window it fills next
+        self.detector.load(state["loss"], state["grad_norm"], state.get("loss_scale"))
         self._in_a_row = [(loss, grad_norm) for loss, grad_norm in state["in_a_row"]]
         self._last_rollback = state["last_rollback"]
         self._cooldown = _Cooldown(**state["cooldown"]) if state["cooldown"] is not None else None
