@@ -396,7 +396,7 @@ class TorchlabApp(KeyActions, Leaving, App[int]):
         restart_from = self.link.restart_point() if self.link is not None else None
         # Options for the restart only where there is a trainer to restart (not one that could not start).
         options = dict(self.run_state.options) if self.link is not None else None
-        self.push_screen(ErrorScreen(failure, restart_from, options, self.run_state.was_refused), callback=self._failure_choice)
+        self.push_screen(ErrorScreen(failure, restart_from, options, self.run_state.skips), callback=self._failure_choice)
 
     def _failure_choice(self, choice: object) -> None:
         from torchlab.tui.screens.error_screen import CLOSE, QUIT, Restart

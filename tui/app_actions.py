@@ -135,11 +135,7 @@ class KeyActions:
         switch turned to a value the run would refuse says why and sends nothing."""
         option = OPTIONS_BY_NAME[name]
         state = self.run_state
-
-        def refused(value: Any) -> bool:
-            return state.was_refused(name, value) or state.would_refuse(name, value) is not None
-
-        value = option.next_value(current, refused)
+        value = option.next_value(current, lambda value: state.skips(name, value))
         reason = state.would_refuse(name, value)
         if reason is not None:
             self.refuse_request(f"{name} = {option.format(value)} refused: {reason} (nothing sent)")

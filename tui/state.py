@@ -294,6 +294,11 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
             case _:
                 self.log("warning", f"ignored an unexpected message from the trainer: {type(event).__name__}")
 
+    def skips(self, option: str, value: Any) -> bool:
+        """A key that cycles ``option`` passes ``value`` by: the trainer refused it on this run, or would
+        (``would_refuse``: fp16 on a CPU). The one rule of the main screen's keys and the error screen's."""
+        return self.was_refused(option, value) or self.would_refuse(option, value) is not None
+
     def note_request(self, option: str, value: Any) -> None:
         """The app sent a SetCommand: remember it until the answer comes, and log that it is on its way."""
         self._unanswered.setdefault(option, deque()).append(value)

@@ -87,8 +87,8 @@ class ErrorScreen(ModalScreen[Restart | str]):
                  refused: Callable[[str, Any], bool] = lambda option, value: False) -> None:
         """``restart_from``: the checkpoint a restart resumes from (None: there is none, it starts over).
         ``options``: the live options the restart would train with; None where a restart cannot take any
-        (the trainer never started). ``refused``: whether this run refused ``option = value`` (a mode's key
-        skips it)."""
+        (the trainer never started). ``refused``: whether a mode's key skips ``option = value`` on this run, by
+        the main screen's rule (``RunState.skips``: refused, or one the device does not allow, fp16 on a CPU)."""
         super().__init__()
         self.failure = failure
         self.restart_from = restart_from
