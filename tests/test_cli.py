@@ -180,6 +180,9 @@ def test_console_script_end_to_end(tmp_path):
     assert bad.returncode == 2 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
     usage = subprocess.run([str(script), "--steps", "x"], capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and usage.stderr == "torchlab-tui: error: steps (--steps) must be a whole number of steps from 1 to 10^9; got 'x'.\n"
+    typo = subprocess.run([str(script), "--stpes", "5"], capture_output=True, text=True, timeout=60)
+    assert typo.returncode == 2 and typo.stderr == ("torchlab-tui: error: unrecognized arguments: --stpes (did you mean "
+                                                    "'--steps'?); `torchlab-tui --help` lists what it takes.\n")
 
 
 def test_the_cli_module_does_not_import_torch():
@@ -353,6 +356,9 @@ def test_help_lists_every_subcommand_with_a_line_and_how_to_learn_more():
     for command in SUBCOMMANDS:
         assert re.search(rf"^  {command} +\w", shown.stdout, re.MULTILINE), f"{command} has no line in --help:\n{shown.stdout}"
     assert "torchlab-tui COMMAND --help" in shown.stdout
+    said = " ".join(shown.stdout.split())  # as read, across argparse's line breaks
+    assert re.findall(r"\(default[^)]*\) \(default[^)]*\)", said) == [], "a default stated twice"
+    assert "--no-checkpointing no checkpointing of any block (the default)" in said
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)

@@ -20,7 +20,7 @@ from typing import Any
 
 from torchlab.core.engine.loading import SAMPLES, check_spec
 from torchlab.core.errors import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK
-from torchlab.core.records.config import DEFAULT_WORKLOAD, SETTINGS, TrainConfig, build_config, load_config_file
+from torchlab.core.records.config import DEFAULT_WORKLOAD, SETTINGS, TrainConfig, build_config, load_config_file, suggestion
 from torchlab.core.records.settings import Group
 from torchlab.core.wire.options import LIVE_OPTIONS
 from torchlab.core.wire.run_status import RunStatus
@@ -63,6 +63,29 @@ def command_description(name: str) -> str:
     return f"{line[0].upper()}{line[1:]}."
 
 
+class CommandParser(argparse.ArgumentParser):
+    """The parser of ``torchlab-tui`` and of each of its commands: a refusal is one line, exit 2, as the settings'
+    own refusals are (argparse put its usage first), and a mistyped flag is answered with the flag it is closest to:
+    ``--stpes 5``, "unrecognized arguments: --stpes (did you mean '--steps'?)"."""
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            flags = [action_flag for action in self._actions for action_flag in action.option_strings]
+            first_flag = next((word.split("=", 1)[0] for word in unknown if word.startswith("--")), None)
+            hint = suggestion(first_flag, flags) if first_flag else ""
+            self.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+        return parsed
+
+    def error(self, message: str) -> None:  # type: ignore[override]  # argparse's says it never returns, and it does not
+        self.exit(2, f"{self.prog}: error: {message}; `{self.prog} --help` lists what it takes.\n")
+
+
+def command_parser(name: str) -> CommandParser:
+    """The parser of ``torchlab-tui NAME``, its ``--help`` opening with the command's line."""
+    return CommandParser(prog=f"torchlab-tui {name}", description=command_description(name))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line: its own flags, and one per setting (core/records/config.py ``SETTINGS``) and live option,
     under the headings of ``--help``."""
@@ -70,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     epilog = ("Live options can also be scripted: --at 50:amp=bf16 --at 120:clip=1.0\n"
               "(repeatable). A run detached with d (or by a hang-up) trains on:\n"
               "`torchlab-tui attach [RUN]` lists runs and reconnects, `torchlab-tui stop RUN`\nstops one.")
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="torchlab-tui",
         usage="%(prog)s [WORKLOAD] [OPTIONS]\n       %(prog)s COMMAND [ARGS]",
         description=f"{description}\n\n{commands_help()}",

@@ -28,7 +28,7 @@ import sys
 import time
 
 from torchlab.core.errors import EXIT_OK, EXIT_USAGE, TorchlabError
-from torchlab.core.launch.arguments import command_description
+from torchlab.core.launch.arguments import command_parser
 from torchlab.core.launch.serve import SERVED_BY_PARENT
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.runtime import RunEntry, die_with_parent, find_run, printable, read_runs
@@ -36,7 +36,7 @@ from torchlab.core.wire.runtime import RunEntry, die_with_parent, find_run, prin
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="torchlab-tui attach", description=command_description("attach"))
+    parser = command_parser("attach")
     parser.add_argument("run", nargs="?", help="the run's name (or a unique prefix) or its run directory")
     parser.add_argument("--view", action="store_true",
                         help="watch it read-only, beside the app that controls it (any number of viewers; quitting one leaves the run as it is)")

@@ -6,7 +6,6 @@ Standard library and the app only: no torch in this process.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from textual.app import App
 
 from torchlab.core.errors import EXIT_OK, EXIT_USAGE
 from torchlab.core.errors import TorchlabError
-from torchlab.core.launch.arguments import command_description
+from torchlab.core.launch.arguments import command_parser
 from torchlab.tui.run_history import RunHistory
 from torchlab.tui.screens.compare_screen import CompareScreen
 
@@ -33,7 +32,7 @@ class CompareApp(App[int]):
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="torchlab-tui compare", description=command_description("compare"))
+    parser = command_parser("compare")
     parser.add_argument("runs", type=Path, nargs="+", metavar="RUN", help="run directories (runs/<time>-<workload>)")
     args = parser.parse_args(argv)
     try:

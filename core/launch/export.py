@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from torchlab.core.errors import EXIT_OK, EXIT_USAGE, ConfigError, StorageError, TorchlabError
-from torchlab.core.launch.arguments import command_description
+from torchlab.core.launch.arguments import command_parser
 from torchlab.core.records.csv_export import write_csv
 from torchlab.core.records.rundir import SkippedLine, metrics_rows, rows_of
 from torchlab.core.records.storage import reason, unreadable_run
@@ -44,7 +44,7 @@ Warn = Callable[[UnsafeFileError], None]
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="torchlab-tui export", description=command_description("export"))
+    parser = command_parser("export")
     parser.add_argument("run", type=Path, help="the run directory (runs/<time>-<workload>)")
     parser.add_argument("--tensorboard", type=Path, metavar="DIR", help="write TensorBoard event files to DIR")
     parser.add_argument("--csv", type=Path, metavar="FILE", help="write the metrics as one flat CSV file")

@@ -22,7 +22,6 @@ the one served; a port that cannot be had (in use, out of range) is one paragrap
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import errno
 import hmac
@@ -36,7 +35,7 @@ import sys
 
 from torchlab.core.errors import EXIT_OK, EXIT_USAGE
 from torchlab.core.errors import TorchlabError
-from torchlab.core.launch.arguments import command_description
+from torchlab.core.launch.arguments import command_parser
 from torchlab.core.wire.runtime import RunEntry, find_run, list_runs, printable
 
 HOST = "127.0.0.1"
@@ -49,7 +48,7 @@ SERVED_BY_PARENT = "TORCHLAB_SERVED"
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="torchlab-tui serve", description=command_description("serve"))
+    parser = command_parser("serve")
     parser.add_argument("run", nargs="?", help="the run's name (or a unique prefix) or its run directory; default: the one live run")
     parser.add_argument("--control", action="store_true", help="the page controls the run (one app may): not read-only")
     parser.add_argument("--port", type=int, default=0, help="the port to listen on (default, or 0: a free one, printed)")

@@ -17,7 +17,6 @@ Standard library only: no torch, no app.
 
 from __future__ import annotations
 
-import argparse
 import socket
 import sys
 import time
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchlab.core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, TorchlabError
-from torchlab.core.launch.arguments import command_description
+from torchlab.core.launch.arguments import command_parser
 from torchlab.core.launch.attach import live_runs, report_ended
 from torchlab.core.wire.line_reader import LineReader
 from torchlab.core.wire.protocol import (
@@ -73,7 +72,7 @@ class Ending:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="torchlab-tui stop", description=command_description("stop"))
+    parser = command_parser("stop")
     parser.add_argument("run", nargs="?", help="the run's name (or a unique prefix) or its run directory; default: the one live run")
     args = parser.parse_args(argv)
     try:

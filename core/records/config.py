@@ -268,12 +268,12 @@ SPIKE_THRESHOLD = NumberSetting(
     bounds=Bounds(minimum=1, maximum=1000, must_be="a number of robust deviations from 1 to 1000"),
     group="live", metavar="Z",
     help="the spike guard's threshold: a step whose loss or grad norm is more than Z robust deviations (1.4826 x the "
-         "median absolute deviation) above the median of the last --spike-window steps is a spike (default 6)",
+         "median absolute deviation) above the median of the last --spike-window steps is a spike",
 )
 SPIKE_WINDOW = NumberSetting(
     name="spike_window", default=50,
     bounds=Bounds(whole=True, minimum=20, maximum=10_000, must_be="a whole number of steps from 20 to 10000"),
-    group="live", metavar="N", help="the recent steps the spike guard judges a step against (default 50)",
+    group="live", metavar="N", help="the recent steps the spike guard judges a step against",
 )
 LOG_EVERY = NumberSetting(
     name="log_every", default=1,

@@ -278,7 +278,7 @@ class Blocks(Switch):
         group.add_argument(self.flag, dest=self.name, nargs="?", const=True, default=None, metavar="BLOCKS",
                            help=self.flag_help)
         group.add_argument("--no-" + self.flag[2:], dest=self.name, action="store_const", const=False,
-                           help=f"no {self.flag_help}")
+                           help=f"no {self.label} of any block{' (the default)' if self.default is False else ''}")
 
     def flag_arguments(self, value: Any) -> list[str]:
         return [self.flag, value] if isinstance(value, str) else super().flag_arguments(value)
