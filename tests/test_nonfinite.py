@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import torch
 from torch.utils.data import TensorDataset
 
 from trainers import WORKLOADS, make_trainer
+from torchlab.core.errors import EXIT_NONFINITE, EXIT_OK
+from torchlab.core.launch.cli import main
 from torchlab.core.workload import Workload
 
 TINY_FILE = WORKLOADS / "tiny.py"
@@ -20,9 +23,28 @@ def test_nan_in_a_forward_pass_is_localised_to_its_module(tmp_path):
     [report] = seen.of("nonfinite")
     assert (report["step"], report["phase"], report["module"]) == (6, "forward", "extra")
     assert "extra" in outcome.message
-    # The parameters never saw the NaN step, and the last checkpoint is the last good one.
+    # The parameters never saw the NaN step, and the step before it is checkpointed: the last good one.
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
-    assert [e["step"] for e in seen.of("checkpoint")] == [2, 4]
+    assert [(e["step"], e["reason"]) for e in seen.of("checkpoint")] == [(2, "periodic"), (4, "periodic"), (5, "nonfinite")]
+
+
+def test_a_nonfinite_stop_keeps_the_step_before_and_says_how_to_resume_it_with_a_lower_lr(tmp_path, capsys):
+    """Issue 45: NaN at step 6 with --checkpoint-every 50 left checkpoints/ empty, exit 3, no hint. Now step 5 is
+    checkpointed, the message names it and the resume line, and that line resumes (the poison, a counter of the
+    process's forwards, is gone in a new one) and finishes at half the LR scale."""
+    runs = tmp_path / "runs"
+    argv = ["--headless", "--runs-root", str(runs)]
+    assert main([f"{TINY_FILE}:nan_in_forward", "--steps", "10", "--checkpoint-every", "50", *argv]) == EXIT_NONFINITE
+    [run_dir] = runs.iterdir()
+    said = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
+    kept = run_dir / "checkpoints" / "step-0000005.pt"
+    assert kept.exists()
+    assert f"The weights of step 5, before it, are in {kept}; resume from them with a lower LR: " in said
+    line = f"torchlab-tui --resume {run_dir} --lr-scale 0.5"
+    assert line in said
+    assert main([*line.split()[1:], *argv]) == EXIT_OK
+    rows = [json.loads(text) for text in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == list(range(1, 11)) and rows[-1]["lr_scale"] == 0.5
 
 
 def test_nan_made_in_a_backward_pass_names_the_module_whose_backward_made_it():

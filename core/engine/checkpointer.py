@@ -60,6 +60,7 @@ class Checkpointer:
         }
         self.cadence = CheckpointCadence(parts.config.checkpoint_every)
         self.last_step: int | None = None  # the step of the last checkpoint written (or resumed from)
+        self.last_path: Path | None = None  # its file, once durable
         self.resumed: ResumedFromCheckpoint | None = None  # reported when the run starts, once nothing more can fail
         self._publishing: WrittenCheckpoint | None = None  # a periodic checkpoint made durable on its thread
 
@@ -95,8 +96,8 @@ class Checkpointer:
             self.states[name].load_state_dict(state if last_use else copy_of_state(state))
 
     def save(self, reason: str) -> None:
-        """A checkpoint of this step, for ``reason`` (``periodic``, ``final``, ``requested``, ``trial``, ``error``, or
-        the option of a relaunch: ``world_size``, ``parallel``); see the module docstring."""
+        """A checkpoint of this step, for ``reason`` (``periodic``, ``final``, ``requested``, ``trial``, ``error``,
+        ``nonfinite``, or the option of a relaunch: ``world_size``, ``parallel``); see the module docstring."""
         self.finish()  # one at a time, in step order
         if self.directory is None:
             return
@@ -126,7 +127,8 @@ class Checkpointer:
             written.publish_in_background()
             self._publishing = written
             return
-        parts.reporter.emit(p.CheckpointSaved(step=step, path=str(written.publish()), reason=reason))
+        self.last_path = written.publish()
+        parts.reporter.emit(p.CheckpointSaved(step=step, path=str(self.last_path), reason=reason))
 
     def finish(self) -> None:
         """Wait for the periodic checkpoint being made durable on its thread, and report it; or raise the
@@ -141,6 +143,7 @@ class Checkpointer:
             # "the previous checkpoint is intact" stays what to resume from.
             self.last_step = self.parts.progress.step
             raise
+        self.last_path = path
         self.parts.reporter.emit(p.CheckpointSaved(step=written.step, path=str(path), reason="periodic"))
 
     def resume(self, path: Path, explicit: Iterable[str]) -> LiveOptions:
@@ -168,7 +171,7 @@ class Checkpointer:
             self.states["spike_guard"].load_state_dict(state.spike_guard)
         parts.progress.load_state_dict({"step": state.step, "scripted_through": state.scripted_through,
                                         "elapsed_s": state.elapsed_s})
-        self.last_step = state.step
+        self.last_step, self.last_path = state.step, path
         options = LiveOptions(**{**config.options.as_dict(), **state.options})
         for name in set(explicit) & set(OPTION_NAMES):  # the live options among the names given
             options = options.with_value(name, getattr(config.options, name))

@@ -11,7 +11,9 @@ non-finite while its output gradient was finite, i.e. the module whose backward 
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
@@ -35,6 +37,19 @@ def stop_on_nonfinite(step: int, loss_value: float, total_norm: float | None, *,
         f"({report['phase']}{where}): {report['detail']}",
         report,
     )
+
+
+def resume_after_nonfinite(kept: Path | None, kept_step: int | None, lr_scale: float) -> str:
+    """What a non-finite stop leaves to resume from (``kept``, the checkpoint of ``kept_step``; None: none), and the
+    line that resumes it at half the LR scale in force: a NaN that an LR too high made comes back on the same one.
+    The run's directory where the checkpoint is in its ``checkpoints/`` (``--resume`` takes its last.pt)."""
+    lower = f"--lr-scale {lr_scale / 2:g}"
+    if kept is None:
+        return (f"No checkpoint to resume from (no step finished before it, or the run keeps none): start it again with "
+                f"a lower LR ({lower}) or clipping (--clip 1.0)")
+    resumed = kept.parent.parent if kept.parent.name == "checkpoints" else kept
+    return (f"The weights of step {kept_step}, before it, are in {kept}; resume from them with a lower LR: "
+            f"torchlab-tui --resume {shlex.quote(str(resumed))} {lower}")
 
 
 def localise_nonfinite(

@@ -40,7 +40,7 @@ from torchlab.core.engine.distributed import RankContext, seed_rank
 from torchlab.core.engine.instruments import Instruments, StepPlan, StepWatch
 from torchlab.core.engine.loss_output import mean_of_micro_batches
 from torchlab.core.engine.memory import out_of_memory
-from torchlab.core.engine.nonfinite import stop_on_nonfinite
+from torchlab.core.engine.nonfinite import resume_after_nonfinite, stop_on_nonfinite
 from torchlab.core.engine.oom_rescue import (
     StepGenerators, batch_norm_layers, free_failed_step, next_rung, without_checkpointing,
 )
@@ -237,8 +237,9 @@ class Trainer:
                 finally:
                     self.checkpoints.finish()
         except NonFiniteError as error:
-            self.reporter.emit(p.NonFinite(message=str(error), **error.report))
-            return RunOutcome(RunStatus.NONFINITE, progress.step, str(error))
+            message = f"{error}. {self._kept_for_a_resume()}"  # its checkpoint reported first: the app restarts from it
+            self.reporter.emit(p.NonFinite(message=message, **error.report))
+            return RunOutcome(RunStatus.NONFINITE, progress.step, message)
         except WorkloadError as error:
             self.reporter.emit(p.Error(step=progress.step + 1, message=str(error), traceback=traceback.format_exc()))
             raise
@@ -267,6 +268,18 @@ class Trainer:
         status = RunStatus.STOPPED if boundary.stop is not None else RunStatus.FINISHED
         self.reporter.emit(RunEnded(step=step, status=status))
         return RunOutcome(status, step, boundary.stop.reason if boundary.stop else "")
+
+    def _kept_for_a_resume(self) -> str:
+        """After a non-finite stop: the last completed step checkpointed, where it is not yet (the stop came before the
+        optimizer step: the weights and optimizer are that step's, good), and where it is and how to resume it with a
+        lower LR. Not with ranks: a checkpoint takes every rank, and the last one written stays what to resume from."""
+        step, checkpoints = self.parts.progress.step, self.checkpoints
+        if step > 0 and checkpoints.last_step != step and self.parts.world.ranks is None:
+            try:
+                checkpoints.save(reason="nonfinite")
+            except StorageError as error:
+                return f"The checkpoint of step {step} could not be written: {error}"
+        return resume_after_nonfinite(checkpoints.last_path, checkpoints.last_step, self.parts.options.lr_scale)
 
     def _failed(self, error: Exception) -> RunOutcome:
         """Report an error that ended the run, and keep the last completed step if it is not saved yet."""

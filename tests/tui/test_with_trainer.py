@@ -197,6 +197,8 @@ async def test_a_run_that_went_nan_restarts_with_the_lr_scale_and_clip_set_on_it
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: error_screen_shown(app), what="the error screen of the NaN")
         assert app.run_state.failure.kind == "nonfinite"
+        said = str(app.screen.query_one("#error-message").content)  # the headless line's words (issue 45)
+        assert f"are in {run_dir / 'checkpoints'}" in said and f"torchlab-tui --resume {run_dir} --lr-scale 0.5" in said
         await pilot.press("l", *"0.5", "enter", "g", *"1.0", "enter")
         await until(pilot, lambda: app.screen.changed == {"lr_scale": 0.5, "clip": 1.0}, what="both options set")
         stopped_at = app.run_state.checkpoint_step
