@@ -21,6 +21,7 @@ from trainers import TINY, WORKLOADS
 from torchlab.core.engine.tensorboard import TRACE_NAME
 from torchlab.core.errors import EXIT_OK, EXIT_USAGE
 from torchlab.core.launch.cli import main
+from torchlab.tui.run_history import RunHistory
 
 OWN = WORKLOADS / "own_training.py"
 
@@ -132,8 +133,35 @@ def test_a_resumed_run_hides_what_the_first_process_wrote_after_its_checkpoint(t
     run, board = tmp_path / "run", tmp_path / "tb"
     assert main([TINY, "--headless", "--steps", "12", "--eval-every", "4", "--checkpoint-every", "4",
                  "--tensorboard", str(board), "--run-dir", str(run)]) == EXIT_OK
-    assert main(["--resume", str(run / "checkpoints" / "step-0000008.pt"), "--headless", "--steps", "16"]) == EXIT_OK
+    assert main(["--resume", str(run / "checkpoints" / "step-0000008.pt"), "--headless", "--steps", "16",
+                 "--amp", "bf16"]) == EXIT_OK
     assert steps_of(events_in(board), "val/loss") == [4, 8, 12, 16]  # 12 once: the resumed process's
+    # The resume's changed options are option changes, as in an export (option_history)
+    assert texts_of(events_in(board), "options") == ["step 9: steps = 16 (was 12), from --resume",
+                                                     "step 9: amp = bf16 (was off), from --resume"]
+
+
+def test_a_resume_with_a_changed_option_continues_the_runs_impact_table_exports_and_history(tmp_path):
+    """Issue 45: the app's restart from the error screen is ``--resume RUN --amp ...``. It continues the run: the
+    impact table keeps the segments before it, the exported options text and the history the app replays on attach
+    hold its change (``resume_changed_settings``), and what the first process did after the checkpoint, trained
+    over, is in none of them."""
+    run = tmp_path / "run"
+    assert main([TINY, "--headless", "--steps", "30", "--checkpoint-every", "15", "--eval-every", "0",
+                 "--at", "10:clip=1.0", "--at", "20:accum=2", "--run-dir", str(run)]) == EXIT_OK
+    assert main(["--resume", str(run / "checkpoints" / "step-0000015.pt"), "--amp", "bf16", "--headless"]) == EXIT_OK
+
+    impact = json.loads((run / "impact.json").read_text())
+    assert [(row["change"], row["first_step"], row["last_step"]) for row in impact] == [
+        ("start", 1, 9), ("clip=1.0", 10, 15), ("amp=bf16", 16, 19), ("accum=2", 20, 30)]
+
+    assert main(["export", str(run), "--tensorboard", str(tmp_path / "tb"), "--csv", str(tmp_path / "m.csv")]) == EXIT_OK
+    assert texts_of(events_in(tmp_path / "tb"), "options") == [
+        "step 10: clip = 1.0 (was off), from --at", "step 16: amp = bf16 (was off), from --resume",
+        "step 20: accum = 2 (was 1), from --at"]
+    with open(tmp_path / "m.csv", newline="") as handle:
+        assert [(int(row["step"]), row["amp"]) for row in csv.DictReader(handle)][14:16] == [(15, "off"), (16, "bf16")]
+    assert RunHistory.load(run).changes == ["step 10: clip = 1.0", "step 16: amp = bf16", "step 20: accum = 2"]
 
 
 def test_the_csv_has_a_column_per_module_for_memory_by_module_whatever_its_rank_in_a_row():

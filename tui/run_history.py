@@ -17,6 +17,7 @@ from typing import Any
 
 from torchlab.core.errors import ConfigError
 from torchlab.core.records.config import settings_as_used, settings_from_toml
+from torchlab.core.records.option_history import option_history
 from torchlab.core.records.rundir import metrics_rows, rows_of
 from torchlab.core.records.storage import unreadable_run
 from torchlab.core.safe_open import read_regular_text
@@ -149,19 +150,13 @@ def _settings(config: Path) -> dict[str, str]:
 
 
 def _option_changes(events: Path) -> tuple[list[int], list[str]]:
-    """Each option change in ``events.jsonl``, in order: its step, and "step 40: amp = bf16" (none before its
-    first event)."""
+    """Each option change in ``events.jsonl`` (``option_history``: a resume's changed options too), in order: its
+    step, and "step 40: amp = bf16" (none before its first event)."""
     try:
-        records = list(rows_of(events))
+        history = option_history(rows_of(events))
     except FileNotFoundError:
         return [], []
-    steps, changes = [], []
-    for record in records:
-        if record.get("event") == "option_applied":
-            option = str(record.get("option"))
-            steps.append(record["step"])
-            changes.append(f"step {record['step']}: {option} = {format_option_value(option, record.get('value'))}")
-    return steps, changes
+    return [change.step for change in history], [change.describe() for change in history]
 
 
 def _figures(row: MetricsRow) -> Iterator[tuple[str, float]]:

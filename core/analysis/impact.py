@@ -24,27 +24,34 @@ says nothing about its option.
 Segments run one after the other and cannot be interleaved as a trial's arms are, so a load that changed
 between them can decide their verdict: where it is "no clear difference", its noise says so and suggests a trial.
 
+A resume (``--resume``, the app's restart) continues the run, and its table too: a resumed process's tracker first
+reads the run's journals back up to the checkpoint's step (``ImpactTracker._rebuild``), so a changed option starts a
+segment after the run's earlier ones instead of a table of one.
+
 Streaming and standard library only: the trainer's run directory and the app use the same class.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from torchlab.core.records.rundir import metrics_rows, rows_of
 from torchlab.core.records.storage import write_atomically
-from torchlab.core.wire.events import OomRescued, ProfileStarted, RunEnded, RunStarted
+from torchlab.core.wire.events import OomRescued, ProfileStarted, ResumedFromCheckpoint, RunEnded, RunStarted
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import LIVE_OPTIONS, LiveOptions, format_option_value
 from torchlab.core.wire.payloads import ImpactSegment, TelemetrySample, TrialArm
 from torchlab.core.wire.protocol import Message, ProfileReady
+from torchlab.core.wire.typed_json import UnreadableValue, read_object
 
 WARMUP_STEPS = 2  # the first steps after a change pay one-off costs (allocator, autotuning)
 #: A new trainer process (start, resume, a world-size relaunch) warms up for longer: its first steps'
@@ -253,16 +260,51 @@ class ImpactTracker(TrainerObserver):
 
     def on_event(self, event: Message) -> None:
         match event:
-            case RunStarted():
-                self._warming_up = PROCESS_WARMUP_STEPS
+            case ResumedFromCheckpoint() if not self.segments and self.path is not None:
+                # A resume continues the run: its segments so far are in the run directory's journals. (Not on a
+                # world-size relaunch, which resumes in a process whose tracker holds them already.)
+                self._rebuild(self.path.parent, event.step)
+            case RunStarted() | ProfileStarted() | ProfileReady():
+                self._follow(event.journal_name or event.type)
             case OomRescued():
-                self._rescued[event.option] = event.step
-            case ProfileStarted():
-                self._profiling = True
-            case ProfileReady():
-                self._profiling = False
+                self._follow(OomRescued.type, event.step, event.option)
             case RunEnded():
                 self.write()
+
+    def _follow(self, event: str, step: int = 0, option: str | None = None) -> None:
+        """What an event (by its name in ``events.jsonl``) means for the medians: the trainer's events as they come
+        and a resumed run's journal read back (``_rebuild``) alike."""
+        if event == RunStarted.type:
+            self._warming_up = PROCESS_WARMUP_STEPS
+        elif event == OomRescued.type and option is not None:
+            self._rescued[option] = step
+        elif event == ProfileStarted.type:
+            self._profiling = True
+        elif event == ProfileReady.journal_name:
+            self._profiling = False
+
+    def _rebuild(self, run_dir: Path, step: int) -> None:
+        """The segments of the run's steps up to ``step`` (the checkpoint a resume starts from; the app's restart is
+        one) from its journals: each metrics row, and the events and system samples that decide what is timed, in
+        the order they were written, as the trainer reported them. A resumed run's impact table so continues the
+        run's, and its first verdict compares the resume's changed options with the segment the checkpoint was in.
+        Rows after ``step`` were trained over and are left out."""
+        journals = [
+            ((row.time, row) for row in metrics_rows_if_any(run_dir / "metrics.jsonl") if row.step <= step),
+            ((record["time"], record) for record in records_if_any(run_dir / "events.jsonl")
+             if record["step"] <= step and record.get("event") in _FOLLOWED and _is_time(record.get("time"))),
+            ((sample.time, sample) for sample in samples_if_any(run_dir / "system.jsonl") if sample.step <= step),
+        ]
+        for _, item in heapq.merge(*journals, key=lambda timed: timed[0]):
+            match item:
+                case MetricsRow():
+                    self.on_metrics(item)
+                case TelemetrySample():
+                    self.on_telemetry(item)
+                case _:
+                    self._follow(item["event"], item["step"], item.get("option"))
+        # This process's own start, profiles and rescues come as its events.
+        self._warming_up, self._profiling, self._rescued, self._others_cpu_now = 0, False, {}, None
 
     def table(self) -> list[ImpactSegment]:
         """Segment summaries, each with ratios to the nearest earlier segment with enough timed steps.
@@ -286,6 +328,35 @@ class ImpactTracker(TrainerObserver):
         """Replace ``impact.json`` whole (a reader never sees half of it); a full disk is a StorageError."""
         if self.path is not None:
             write_atomically(self.path, json.dumps([asdict(row) for row in self.table()], indent=1), then="resume")
+
+
+#: The events ``ImpactTracker._follow`` takes, by their names in ``events.jsonl``.
+_FOLLOWED = frozenset({RunStarted.type, OomRescued.type, ProfileStarted.type, ProfileReady.journal_name})
+
+
+def metrics_rows_if_any(path: Path) -> Iterator[MetricsRow]:
+    """``metrics_rows(path)``, or none where the run has no such journal yet (a resume into a new run directory)."""
+    if path.exists():
+        yield from metrics_rows(path)
+
+
+def records_if_any(path: Path) -> Iterator[dict[str, Any]]:
+    if path.exists():
+        yield from rows_of(path)
+
+
+def samples_if_any(path: Path) -> Iterator[TelemetrySample]:
+    """The system samples of ``path`` (``system.jsonl``) that read as today's ``TelemetrySample``; an older line is
+    left out (its load figure is then unknown, as on a box that cannot measure it)."""
+    for record in records_if_any(path):
+        try:
+            yield read_object(TelemetrySample, record, "system.jsonl", nested=False)
+        except UnreadableValue:
+            continue
+
+
+def _is_time(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def median_interval(step_times: Sequence[float]) -> tuple[float, float] | None:

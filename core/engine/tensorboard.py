@@ -6,7 +6,7 @@ Tags: ``train/loss``, ``train/lr`` (``train/lr/<group>`` for a workload's optimi
 ``train/samples_per_s``, ``train/step_time_s``, ``train/grad_norm_total``, ``val/loss``, the workload's own
 metrics as ``train/<name>`` and ``val/<name>``, ``grad_norm/<module>``, ``update_ratio/<module>``,
 ``weight_norm/<module>``, ``adam_m/<module>`` and ``adam_sqrt_v/<module>``, ``memory/<kind>`` (bytes); option
-changes as text under ``options``; profiler traces as ``plugins/profile/step-<N>/torchlab.pt.trace.json``,
+changes as text under ``options`` (a resume's changed options among them: core/records/option_history.py); profiler traces as ``plugins/profile/step-<N>/torchlab.pt.trace.json``,
 where the PyTorch Profiler plugin of TensorBoard finds them. A trace is copied by a read and a write of our
 own: one that is a link (to ``/etc/shadow``, in a run someone else prepared), a FIFO or a device is refused
 (UnsafeFileError), and the copy replaces the name it goes to rather than write through a link there.
@@ -25,10 +25,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from torchlab.core.errors import ConfigError
 from torchlab.core.records.export_files import COPY_CHUNK, output_file
+from torchlab.core.records.option_history import OptionChange, changes_recorded
 from torchlab.core.records.storage import make_folder
 from torchlab.core.safe_open import UnsafeFileError, open_regular
 from torchlab.core.wire import events
@@ -108,9 +108,11 @@ class TensorBoardWriter:
                 scalar("memory/gathered", memory.gathered_bytes)
             scalar("memory/allocator_peak", memory.allocator_peak_bytes)
 
-    def write_option_change(self, step: int, option: str, value: Any, previous: Any, source: str) -> None:
-        text = f"step {step}: {option} = {format_option_value(option, value)} (was {format_option_value(option, previous)})"
-        self._writer.add_text("options", text + (f", from {source}" if source else ""), step)
+    def write_option_change(self, change: OptionChange) -> None:
+        """``change`` as a line of the ``options`` text, at its step: "step 41: amp = bf16 (was off), from --resume"."""
+        option = change.option
+        text = f"{change.describe()} (was {format_option_value(option, change.previous)})"
+        self._writer.add_text("options", text + (f", from {change.source}" if change.source else ""), change.step)
 
     def add_trace(self, step: int, trace: Path) -> None:
         """A profiler snapshot's Chrome trace, where TensorBoard's PyTorch Profiler plugin reads it. A ``trace``
@@ -136,8 +138,8 @@ class LiveTensorBoard(TrainerObserver):
         summary_writer_class(directory)  # not installed: said before training starts
         self.directory = directory
         self.writer: TensorBoardWriter | None = None  # opened when the run starts, at the step it starts from
-        #: a metrics row, an option applied or a profile, as the trainer reported it
-        self._queue: collections.deque[MetricsRow | p.OptionApplied | p.ProfileReady] = collections.deque()
+        #: a metrics row, an option change (``option_applied``, or a resume's ``resume_changed_settings``) or a profile
+        self._queue: collections.deque[MetricsRow | OptionChange | p.ProfileReady] = collections.deque()
         self._wake = threading.Event()
         self._row_written_at = -1.0
         self._row_held_back: MetricsRow | None = None  # the newest row not written: the run's last, perhaps
@@ -162,8 +164,10 @@ class LiveTensorBoard(TrainerObserver):
                 # A resumed run hides what an earlier process wrote after the step it resumed at.
                 self.writer = TensorBoardWriter(self.directory, purge_step=event.step + 1 if event.step else None)
                 return
-            case p.OptionApplied():
-                self._queue.append(event)
+            case p.OptionApplied() | events.ResumeChangedSettings():  # the one reading of a change: option_history
+                self._queue.extend(changes_recorded(event.journal_record()))
+                if self.writer is None:  # a resume's changes come before run_started: written with the first row
+                    return
             case p.ProfileReady() if not event.error:
                 self._queue.append(event)
             case events.RunEnded() | p.Error() | p.NonFinite():
@@ -195,8 +199,8 @@ class LiveTensorBoard(TrainerObserver):
                 match item := self._queue.popleft():
                     case MetricsRow():
                         self.writer.write_row(item)
-                    case p.OptionApplied():
-                        self.writer.write_option_change(item.step, item.option, item.value, item.previous, item.source)
+                    case OptionChange():
+                        self.writer.write_option_change(item)
                     case p.ProfileReady():
                         self._copy_trace(item)
             self.writer.flush()

@@ -35,6 +35,7 @@ from pathlib import Path
 from torchlab.core.errors import EXIT_OK, EXIT_USAGE, ConfigError, StorageError, TorchlabError
 from torchlab.core.launch.arguments import command_parser
 from torchlab.core.records.csv_export import write_csv
+from torchlab.core.records.option_history import option_history
 from torchlab.core.records.rundir import SkippedLine, metrics_rows, rows_of
 from torchlab.core.records.storage import reason, unreadable_run
 from torchlab.core.safe_open import UnsafeFileError, kind_of, open_regular, require_real_folder, who_else_may_write
@@ -213,11 +214,9 @@ def export_tensorboard(run: Path, directory: Path, *, warn: Warn, skipped: list[
         for row in metrics_rows(run / "metrics.jsonl", skipped):
             writer.write_row(row)
             rows += 1
-        for record in journal_rows(run / "events.jsonl", warn):
-            if record.get("event") == "option_applied":
-                writer.write_option_change(record["step"], record.get("option", "?"), record.get("value"),
-                                           record.get("previous"), record.get("source", ""))
-                changes += 1
+        for change in option_history(journal_rows(run / "events.jsonl", warn)):
+            writer.write_option_change(change)
+            changes += 1
         for step, trace in completed_traces(run / "profiles", warn):
             try:
                 writer.add_trace(step, trace)
