@@ -80,17 +80,7 @@ def fit_parts(parts: Sequence[Text], width: int, separator: Text | str = "", imp
     always stays, cut with "…" only when it alone is wider than the line.
     """
     separator = Text(separator) if isinstance(separator, str) else separator
-    taken: set[int] = set()
-    used = 0
-    for index in importance if importance is not None else range(len(parts)):
-        part = parts[index]
-        if not part:
-            continue
-        needed = part.cell_len + (separator.cell_len if taken else 0)
-        if taken and used + needed > width:
-            continue
-        taken.add(index)
-        used += needed
+    taken = parts_that_fit(parts, width, separator.cell_len, importance)
     line = Text()
     for index, part in enumerate(parts):
         if index in taken:
@@ -100,3 +90,19 @@ def fit_parts(parts: Sequence[Text], width: int, separator: Text | str = "", imp
     if line.cell_len > width:
         line.truncate(width, overflow="ellipsis")
     return line
+
+
+def parts_that_fit(parts: Sequence[Text], width: int, separator_width: int, importance: Sequence[int] | None = None) -> set[int]:
+    """The indices of the ``parts`` that ``fit_parts`` keeps (empty parts are never kept)."""
+    taken: set[int] = set()
+    used = 0
+    for index in importance if importance is not None else range(len(parts)):
+        part = parts[index]
+        if not part:
+            continue
+        needed = part.cell_len + (separator_width if taken else 0)
+        if taken and used + needed > width:
+            continue
+        taken.add(index)
+        used += needed
+    return taken

@@ -80,3 +80,27 @@ async def test_the_header_says_eta_pending_until_enough_steps_were_measured() ->
         app.poll_now()
         await pilot.pause()
         assert "ETA …" not in header_text(app) and "ETA 0:0" in header_text(app)
+
+
+async def test_at_80_columns_the_options_line_keeps_changed_options_and_one_step_time_shows() -> None:
+    """At 80x24 the options line dropped ``par fsdp`` with no word (the options at their default came first), and the
+    header's ``step 47.6 ms`` stood above the ranks line's ``slowest rank 0 +3 % (154 ms)``: one step's time of one
+    rank, gathered about once a second, read as a second step time that disagreed with the first."""
+    from fake_link import ranks
+
+    from torchlab.tui.widgets.options_panel import OptionsPanel
+    from torchlab.tui.widgets.rank_table import RankTable
+
+    link = FakeLink(training_events(120, world_size=2))
+    link.push(protocol.Metrics.from_rows([record(121, world_size=2, parallel="fsdp", amp="bf16", compile=True)]),
+              ranks(121, step_time_s=0.154))
+    app = quiet_app(link)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.poll_now()
+        await pilot.pause()
+        options = app.query_one(OptionsPanel).render_line(0).text.strip()
+        assert options.startswith("amp bf16 · ") and "compile on" in options and "ws 2 · par fsdp" in options
+        assert options.endswith(" · +2 more")  # accum 1 and lr× 1.0, at their default, made way
+        summary = app.query_one("#ranks-line", RankTable).render_line(0).text.strip()
+        assert summary.startswith("2 ranks · slowest rank 1 +3 % · data wait ≤0.40 ms")
+        assert "154 ms" not in summary and "159 ms" not in summary

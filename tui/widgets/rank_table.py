@@ -21,6 +21,7 @@ from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.state import RunState
 from torchlab.tui.stragglers import ComparedRank
 from torchlab.core.wire.units import format_bytes
+from torchlab.tui.formatting import fit_parts
 from torchlab.tui.widgets.system_panel import NA
 
 FLAG_STYLE = "bold yellow"
@@ -207,29 +208,28 @@ def _align(value: str, column: RankColumn) -> str:
 # ---------------------------------------------------------------------- one line for small terminals
 
 def summary_line(state: RunState | None, width: int) -> Text:
-    """``2 ranks · slowest rank 1 +17 % · data wait ≤0.48 ms · rss ≤381 MiB``; a straggler comes first."""
+    """``2 ranks · slowest rank 1 +17 % · data wait ≤0.48 ms · rss ≤381 MiB``; a straggler comes first.
+
+    Whole figures only (one that does not fit is left out). The slowest rank against the others, not its time: the ranks' figures are one step's (gathered about once a
+    second), and beside the stats bar's step time, the newest step's, that rank's time read as a second step time
+    that disagreed with it (``step 47.6 ms`` above ``slowest rank 0 +3 % (154 ms)``). The table (``t``) has each
+    rank's time, under the step it was measured at."""
     waiting = _waiting_text(state)
     if waiting is not None:
         subject = "ranks: " if waiting.startswith("relaunching") else ""  # "2 ranks: waiting…" says it already
         return Text(f"{subject}{waiting}", style="dim italic")
     assert state is not None
     ranks = state.ranks
-    line = Text()
-    line.append(f"{len(ranks)} ranks", style="bold")
+    parts = [Text(f"{len(ranks)} ranks", style="bold")]
     flagged = [row for row in ranks if row.flag]
     if flagged:
         worst = max(flagged, key=lambda row: (row.wait_vs_others if row.flag == "data wait" else row.step_vs_others) or 0.0)
-        line.append(" · ", style="dim")
-        line.append(f"{FLAG_MARK} rank {worst.figures.rank} straggles: {flag_text(worst)}", style=FLAG_STYLE)
-        if len(flagged) > 1:
-            line.append(f" (+{len(flagged) - 1} more)", style=FLAG_STYLE)
+        more = f" (+{len(flagged) - 1} more)" if len(flagged) > 1 else ""
+        parts.append(Text(f"{FLAG_MARK} rank {worst.figures.rank} straggles: {flag_text(worst)}{more}", style=FLAG_STYLE))
     timed = [row for row in ranks if row.figures.step_time_s is not None]
     if timed:
         slowest = max(timed, key=lambda row: row.figures.step_time_s or 0.0)
-        line.append(" · ", style="dim")
-        line.append("slowest ", style="dim")
-        line.append(f"rank {slowest.figures.rank} {format_versus(slowest.step_vs_others)}", style="bold")
-        line.append(f" ({format_seconds(slowest.figures.step_time_s)})")
+        parts.append(Text.assemble(("slowest ", "dim"), (f"rank {slowest.figures.rank} {format_versus(slowest.step_vs_others)}", "bold")))
     for label, values, formatter in (
         ("data wait", [row.figures.data_wait_s for row in ranks], format_seconds),
         ("alloc", [row.figures.allocated_bytes for row in ranks], _size),
@@ -237,10 +237,8 @@ def summary_line(state: RunState | None, width: int) -> Text:
     ):
         known = [value for value in values if value is not None]
         if known:  # no allocator on a CPU run: left out here (the table says n/a)
-            line.append(" · ", style="dim")
-            line.append(f"{label} ", style="dim")
-            line.append(f"≤{formatter(max(known))}", style="bold")
-    return line
+            parts.append(Text.assemble((f"{label} ", "dim"), (f"≤{formatter(max(known))}", "bold")))
+    return fit_parts(parts, width, Text(" · ", style="dim"))  # whole figures: one that does not fit is left out
 
 
 def _waiting_text(state: RunState | None) -> str | None:
