@@ -295,16 +295,21 @@ class ImpactTracker(TrainerObserver):
              if record["step"] <= step and record.get("event") in _FOLLOWED and _is_time(record.get("time"))),
             ((sample.time, sample) for sample in samples_if_any(run_dir / "system.jsonl") if sample.step <= step),
         ]
-        for _, item in heapq.merge(*journals, key=lambda timed: timed[0]):
-            match item:
-                case MetricsRow():
-                    self.on_metrics(item)
-                case TelemetrySample():
-                    self.on_telemetry(item)
-                case _:
-                    self._follow(item["event"], item["step"], item.get("option"))
+        path, self.path = self.path, None  # impact.json is written once, rebuilt, not at each segment read back
+        try:
+            for _, item in heapq.merge(*journals, key=lambda timed: timed[0]):
+                match item:
+                    case MetricsRow():
+                        self.on_metrics(item)
+                    case TelemetrySample():
+                        self.on_telemetry(item)
+                    case _:
+                        self._follow(item["event"], item["step"], item.get("option"))
+        finally:
+            self.path = path
         # This process's own start, profiles and rescues come as its events.
         self._warming_up, self._profiling, self._rescued, self._others_cpu_now = 0, False, {}, None
+        self.write()
 
     def table(self) -> list[ImpactSegment]:
         """Segment summaries, each with ratios to the nearest earlier segment with enough timed steps.
