@@ -3,7 +3,7 @@
 As in Lightning Fabric's precision plugins, the hooks of ``Precision`` are the plain PyTorch calls and
 each mixed mode overrides what it must; the loop never branches on a mode, and never sees the fp16
 GradScaler. ``make_precision`` is the one place where the string ``"fp16"`` becomes behaviour; it
-refuses modes the device cannot run, with the reason. ``Precisions`` is the trainer's precision part: the
+refuses modes the device cannot run, with the reason (``precision_refusal``: the same checks, nothing made). ``Precisions`` is the trainer's precision part: the
 mode in force (``current``), and the one GradScaler: created when fp16 is first chosen, kept while another
 mode runs (switching fp16 off and on again keeps its scale), saved in checkpoints and restored from them
 (``state_dict``, ``load_state_dict``).
@@ -60,14 +60,14 @@ class BF16Precision(Precision):
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
 
-class ShardedBF16Precision(Precision):
-    """bf16 on a model FSDP2 shards (``parallel=fsdp``): its MixedPrecisionPolicy gathers each block's parameters in
-    bf16 (half the communication and the gathered memory of fp32) and the forward runs in them, the gradients
-    reduced in fp32 and the output handed to the loss in fp32, as torchtitan trains; no autocast. Not autocast's
-    numbers: every op of the forward is bf16, LayerNorm's too. Set when the ranks shard (``Precisions.shard``), so a
-    change of amp there relaunches them (core/engine/option_hooks.py)."""
+class ShardedBF16Precision(BF16Precision):
+    """bf16 on a model FSDP2 shards (``parallel=fsdp``): autocast as in one process and under DDP, so the same ops run
+    in bf16 and the same stay fp32 (a BatchNorm, a float buffer, the loss), and the losses are DDP's with autocast to
+    the reductions' rounding; besides, each unit whose parameters autocast would cast at every use (linear layers,
+    convolutions) is gathered in bf16, half the communication and gathered memory of fp32, its gradients reduced in
+    fp32 (core/engine/sharding.py ``unit_policy``). That policy is fixed where the ranks shard the model
+    (``Precisions.shard``), so a change of amp there relaunches them (core/engine/option_hooks.py)."""
 
-    name = "bf16"
     param_dtype = torch.bfloat16
 
 
@@ -108,21 +108,32 @@ def make_precision(
     with the reason.
 
     ``get_scaler`` is called only once fp16 is accepted, so a refused fp16 creates no GradScaler."""
+    refusal = precision_refusal(name, device, sharded)
+    if refusal is not None:
+        raise OptionRefused(refusal)
     if name == "off":
         return Precision(device)
     if name == "bf16":
-        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise OptionRefused(f"bf16 is not supported by {torch.cuda.get_device_name(device)}; use fp16")
         return ShardedBF16Precision(device) if sharded else BF16Precision(device)
+    return FP16Precision(device, get_scaler())
+
+
+def precision_refusal(name: str, device: torch.device, sharded: bool = False) -> str | None:
+    """Why ``name`` cannot run on ``device`` (``sharded``: a model FSDP2 shards), or None; nothing is made."""
+    if name == "off":
+        return None
+    if name == "bf16":
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            return f"bf16 is not supported by {torch.cuda.get_device_name(device)}; use fp16"
+        return None
     if name == "fp16":
         if device.type != "cuda":
             # Short enough for one line of the app's event log at 80 columns, after "amp = fp16 refused: ".
-            raise OptionRefused(f"fp16 needs CUDA; this run is on {device.type}: use bf16")
+            return f"fp16 needs CUDA; this run is on {device.type}: use bf16"
         if sharded:
-            raise OptionRefused("fp16 with parallel=fsdp is not supported yet (loss scaling of sharded gradients); "
-                                "use bf16")
-        return FP16Precision(device, get_scaler())
-    raise OptionRefused(f"amp must be one of off, bf16, fp16, got {name!r}")
+            return "fp16 with parallel=fsdp is not supported yet (loss scaling of sharded gradients); use bf16"
+        return None
+    return f"amp must be one of off, bf16, fp16, got {name!r}"
 
 
 class Precisions:
@@ -141,6 +152,17 @@ class Precisions:
     def make(self, name: str) -> Precision:
         """The precision for ``name``, or OptionRefused with the reason (nothing changes then)."""
         return make_precision(name, self.device, self._get_grad_scaler, self.sharded)
+
+    def in_place_refusal(self, name: str) -> str | None:
+        """Why amp cannot become ``name`` in this process, with nothing made: a mode this device cannot run, or a
+        change on a sharded model, whose mixed precision policy is fixed while its ranks live (a change relaunches
+        them). A trial asks before it spends anything (core/engine/trials.py)."""
+        refusal = precision_refusal(name, self.device, self.sharded)
+        if refusal is None and self.sharded and name != self.current.name:
+            return (f"FSDP2 gathers this model's parameters by the mixed precision policy the ranks sharded it with "
+                    f"(amp={self.current.name}), so each arm of amp={name} would take new ranks (a relaunch); "
+                    f"a changes it for good")
+        return refusal
 
     def shard(self) -> None:
         """The model is about to be sharded: the mode in force becomes its sharded form (``ShardedBF16Precision``),

@@ -7,7 +7,8 @@ and its gradients reduce-scattered after its backward, so no more than one block
 applied last, as DDP is, to a model that resumed, took its options and had its optimizer built as a single
 process would: the optimizer built before it still holds the parameters it replaced, so ``shard`` moves each group's
 parameters and their state (Adam's moments) onto the shards, by the parameter's name. Everything else is the same
-code for DDP and FSDP, and in full precision the losses are the same: tests/process/test_fsdp.py.
+code for DDP and FSDP, and the losses are the same, in full precision and in bf16 (autocast for both; ``unit_policy``
+gathers in bf16 only what autocast would cast): tests/process/test_fsdp.py.
 
 Checkpoints hold whole tensors gathered on rank 0 (``whole``), in the same file as a DDP run's or a single
 process's, not torch.distributed.checkpoint's sharded folder: a run changes world size and strategy while it
@@ -26,7 +27,7 @@ import torch
 from torchlab.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 
 
 def is_shard(tensor: Any) -> bool:
@@ -47,27 +48,60 @@ def shard(model: torch.nn.Module, blocks: list[torch.nn.Module], optimizer: torc
     """``fully_shard`` on each block, then on the root, and the optimizer's parameters and state moved onto the
     shards; the root, whose ``set_requires_gradient_sync`` holds the reduction back between micro-batches.
     ``reshard_after_forward`` False keeps each block's parameters whole from its forward to its backward (one
-    all-gather a step instead of two, the whole model's parameters held meanwhile). ``param_dtype`` (amp=bf16):
-    the parameters are gathered and used in it, the gradients reduced in fp32, the model's output given to the
-    loss in fp32 (core/engine/precision.py ``ShardedBF16Precision``)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    all-gather a step instead of two, the whole model's parameters held meanwhile). ``param_dtype`` (amp=bf16, which
+    autocasts as in one process: core/engine/precision.py ``ShardedBF16Precision``): where autocast would cast every
+    parameter of a unit to it at every use, the unit's parameters are gathered in it (``unit_policy``)."""
+    from torch.distributed.fsdp import fully_shard
 
     _refuse_shared_across_blocks(blocks, model)
     _broadcast_from_rank_0(model)
     before = {id(parameter): name for name, parameter in model.named_parameters(remove_duplicate=False)}
-    policy, outermost = MixedPrecisionPolicy(), MixedPrecisionPolicy()
-    if param_dtype is not None:
-        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-        outermost = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, output_dtype=torch.float32)
+    owners = _owner_types(model)
+    in_blocks = {id(parameter) for block in blocks for parameter in block.parameters()}
+    root_own = [parameter for parameter in model.parameters() if id(parameter) not in in_blocks]
     try:
         for block in blocks:
-            fully_shard(block, reshard_after_forward=reshard_after_forward, mp_policy=policy)
-        fully_shard(model, reshard_after_forward=reshard_after_forward, mp_policy=outermost)
+            fully_shard(block, reshard_after_forward=reshard_after_forward,
+                        mp_policy=unit_policy(list(block.parameters()), owners, param_dtype))
+        fully_shard(model, reshard_after_forward=reshard_after_forward,
+                    mp_policy=unit_policy(root_own, owners, param_dtype))
     except Exception as error:  # a tied parameter in two blocks, a parameter FSDP cannot shard
         raise ConfigError(f"parallel (--parallel) fsdp: FSDP2 could not shard this model: {error}".rstrip(".") + ". "
                           "Train it with --parallel ddp.") from None
     _move_optimizer(optimizer, before, dict(model.named_parameters(remove_duplicate=False)))
     return model  # type: ignore[return-value]  # fully_shard made the model an FSDPModule in place
+
+
+#: The modules whose every parameter autocast casts to its dtype at each use: linear layers and convolutions are on
+#: its list of lower-precision ops, on the CPU as on CUDA. Exact types: a subclass may use its weight elsewhere.
+CAST_AT_EVERY_USE = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d,
+                     torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)
+
+
+def unit_policy(parameters: list[torch.nn.Parameter], owners: dict[int, set[type]],
+                param_dtype: torch.dtype | None) -> MixedPrecisionPolicy:
+    """The mixed precision of one unit FSDP2 shards. Under amp the forward runs in autocast, as in one process and
+    under DDP, so the losses are theirs: a unit whose parameters are all owned by ``CAST_AT_EVERY_USE`` modules is
+    gathered in ``param_dtype`` (the numbers autocast's own cast would give, half the gathered bytes of fp32), its
+    gradients reduced and accumulated in fp32, its inputs left as autocast hands them; any other unit (a norm's
+    weights, an embedding, a parameter used as it is) is gathered as it is, and autocast keeps what it keeps. Never
+    FSDP2's whole-forward bf16: a BatchNorm's running statistics and a float buffer stay fp32 (buffers are never
+    cast), and an op mixing them with bf16 parameters fails (``expected scalar type BFloat16 but found Float``)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if param_dtype is None or not parameters or not all(
+            owners[id(parameter)] <= set(CAST_AT_EVERY_USE) for parameter in parameters):
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+
+
+def _owner_types(model: torch.nn.Module) -> dict[int, set[type]]:
+    """Each parameter's owning modules' types, by the parameter's id (a tied weight has several owners)."""
+    owners: dict[int, set[type]] = {}
+    for module in model.modules():
+        for parameter in module.parameters(recurse=False):
+            owners.setdefault(id(parameter), set()).add(type(module))
+    return owners
 
 
 def _broadcast_from_rank_0(model: torch.nn.Module) -> None:

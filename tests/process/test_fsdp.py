@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from test_ranks import TINY, headless, read_jsonl, rank_pids
+from test_ranks import TINY, WORKLOADS, headless, read_jsonl, rank_pids
 from processes import alive
 from torchlab.core.engine.checkpoint import load_checkpoint
 from torchlab.core.engine.distributed import usable_cpus
 from torchlab.core.errors import EXIT_FAILED, EXIT_OK
 
+MIXED = WORKLOADS / "mixed_precision.py"
 pytestmark = pytest.mark.skipif(usable_cpus() < 2, reason="two ranks need two CPU cores")
 
 #: Measured every step (norms, update ratios, memory by kind), evaluated every 3: each compared at every step.
@@ -98,7 +99,7 @@ def test_a_live_switch_ddp_to_fsdp_and_back_keeps_every_step_once_with_the_losse
 @pytest.mark.gpu
 def test_fsdp_with_nccl_through_the_launcher_on_one_gpu_trains_as_ddp_does(tmp_path):
     """torchrun with one process is still a rank: FSDP2 over an NCCL group of one with bf16 mixed precision, against
-    DDP with autocast (close, not the same: FSDP2's forward is all bf16), checkpointing changed live; a change of amp
+    DDP with autocast (both autocast; FSDP2 gathers the Linear-only units in bf16), checkpointing changed live; a change of amp
     is refused (torchrun cannot relaunch the ranks its policy is fixed in)."""
     import subprocess
     import sys
@@ -127,9 +128,11 @@ def test_fsdp_with_nccl_through_the_launcher_on_one_gpu_trains_as_ddp_does(tmp_p
     assert losses["fsdp"] == pytest.approx(losses["ddp"], rel=2e-2)
 
 
-def test_amp_on_a_sharded_model_is_fsdps_mixed_precision_gathering_bf16_and_a_change_relaunches(tmp_path):
-    """amp=bf16 under fsdp gathers each block's parameters in bf16 (half the gathered bytes of fp32) instead of
-    autocast; the policy is fixed while the ranks live, so a change relaunches them, and a trial of it is refused."""
+def test_amp_on_a_sharded_model_gathers_bf16_a_change_relaunches_and_a_trial_of_it_is_refused_before_anything_is_spent(
+        tmp_path):
+    """amp=bf16 under fsdp gathers each Linear-only block's parameters in bf16 (half the gathered bytes of fp32); the
+    policy is fixed while the ranks live, so a change relaunches them, and a trial of it is refused before the
+    checkpoint a trial with ranks takes ('checkpoint saved (trial)' came before 'could not run')."""
     run = tmp_path / "run"
     assert headless(run, f"{TINY}:workload", "--world-size", "2", "--steps", "8", "--parallel", "fsdp",
                     "--memory-every", "1", "--checkpoint-every", "0", "--eval-every", "0",
@@ -141,5 +144,26 @@ def test_amp_on_a_sharded_model_is_fsdps_mixed_precision_gathering_bf16_and_a_ch
     gathered = [row["memory"]["gathered_bytes"] for row in metrics]
     assert gathered[4] == gathered[2] // 2 > 0  # bf16 gathers: half the bytes
     assert all(row["loss"] == row["loss"] and row["loss"] < 2 * metrics[0]["loss"] for row in metrics)
+    assert [(e["step"], e["reason"]) for e in events if e["event"] == "checkpoint"] == [(3, "amp"), (8, "final")]
     [trial] = [e for e in events if e["event"] == "trial_result"]
-    assert trial["arms"] == [] and "changing amp here takes new ranks (a relaunch)" in trial["error"]
+    assert trial["arms"] == [] and trial["error"].startswith("amp=off cannot run here: the ranks sharded this model with "
+                                                             "amp=bf16's mixed precision policy")
+
+
+def test_bf16_on_a_cnn_with_batchnorm_and_a_float_buffer_trains_after_a_live_switch_to_fsdp_as_under_ddp(tmp_path):
+    """The path a user took: a CNN with BatchNorm whose features are weighted by a float buffer, amp=bf16, then D
+    (fsdp). Its first sharded step failed ('expected scalar type BFloat16 but found Float'); now every step's loss is
+    DDP's with autocast (measured: the same to the bit on 2 CPU ranks), and its blocks (a BatchNorm each) are gathered
+    in fp32 while the classifier's Linear is gathered in bf16."""
+    settings = ["--world-size", "2", "--steps", "7", "--seed", "5", "--amp", "bf16", "--checkpoint-every", "0",
+                "--eval-every", "0", "--memory-every", "1"]
+    losses = {}
+    for label, switch in (("ddp", []), ("switched", ["--at", "4:parallel=fsdp"])):
+        run = tmp_path / label
+        assert headless(run, f"{MIXED}:cnn_with_batchnorm", *settings, *switch) == EXIT_OK
+        metrics = read_jsonl(run / "metrics.jsonl")
+        assert [row["step"] for row in metrics] == list(range(1, 8))
+        losses[label] = [row["loss"] for row in metrics]
+    assert [row["parallel"] for row in metrics] == ["ddp"] * 3 + ["fsdp"] * 4
+    assert metrics[-1]["memory"]["gathered_bytes"] > 0
+    assert losses["switched"] == pytest.approx(losses["ddp"], rel=1e-6)
