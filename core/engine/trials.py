@@ -51,7 +51,7 @@ from torchlab.core.errors import shown
 from torchlab.core.records.config import MAX_TRIAL_STEPS
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import TrialStarted
-from torchlab.core.wire.options import LiveOption, OptionRefused, live_option
+from torchlab.core.wire.options import AMP, LiveOption, OptionRefused, live_option
 from torchlab.core.wire.payloads import MemoryBreakdown, TrialArm, TrialSpeed
 from torchlab.core.wire.protocol import TrialCommand, TrialProgress
 
@@ -91,7 +91,7 @@ class Trials:
             value = for_this_device(parts, option, option.parse(command.value))
         except OptionRefused as refusal:
             return answer([], str(refusal))
-        refusal = self._refusal(option, command)
+        refusal = self._refusal(option, value, command)
         if refusal is not None:
             return answer([], refusal)
         if parts.world.collectives is not None and parts.progress.step > 0 and self.checkpoints.last_step != parts.progress.step:
@@ -165,10 +165,13 @@ class Trials:
             more = bool(collectives.share({"more": more} if self.parts.world.reports else None)["more"])
         return more
 
-    def _refusal(self, option: LiveOption, command: TrialCommand) -> str | None:
-        """Why this trial cannot run now, or None."""
+    def _refusal(self, option: LiveOption, value: object, command: TrialCommand) -> str | None:
+        """Why this trial cannot run now, or None: asked before anything is spent (with ranks, the checkpoint before
+        the arms), so a trial that cannot run writes nothing."""
         if option.name in NOT_TRIED:
             return NOT_TRIED[option.name]
+        if option is AMP and (refusal := self.parts.precisions.in_place_refusal(value)) is not None:
+            return f"{option.name}={option.format(value)} cannot run here: {refusal}"
         if not 1 <= command.steps <= MAX_TRIAL_STEPS:
             return f"a trial runs 1 to {MAX_TRIAL_STEPS} steps an arm, got {shown(command.steps)}"
         if self.profiling.recording is not None:
