@@ -20,7 +20,7 @@ import torch
 
 from trainers import TINY, make_trainer
 from torchlab.core.engine.checkpoint import load_checkpoint, save_checkpoint
-from torchlab.core.errors import EXIT_FAILED
+from torchlab.core.errors import EXIT_FAILED, EXIT_USAGE
 from torchlab.core.errors import StorageError
 from torchlab.core.launch.cli import main
 
@@ -200,7 +200,35 @@ def test_an_exception_in_a_users_forward_hook_is_reported_with_its_traceback(tmp
     assert "the user's forward hook failed on purpose" in output.out + output.err
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     [error] = [event for event in events if event["event"] == "error"]
-    assert error["message"] == "ValueError: the user's forward hook failed on purpose"
+    # led by the user's line, where the hook raised (issue 45: the engine's frames led, at the top of the traceback)
+    assert error["message"].startswith(f"{WORKLOADS}:") and "in __call__(): ValueError: the user's forward hook failed on purpose\n    raise ValueError(" in error["message"]
     assert "in __call__" in error["traceback"] and "tiny.py" in error["traceback"]
     assert error["step"] == 3 and load_checkpoint(run / "checkpoints" / "last.pt")["step"] == 2
     assert events[-1]["event"] == "checkpoint" and events[-1]["reason"] == "error"  # step 2, kept
+
+
+def test_a_workloads_own_exception_at_a_later_step_leads_with_the_users_line(tmp_path, capsys):
+    """Issue 45: 'ValueError: corrupt shard 7...' at step 6 said no file or line; the traceback's visible top was the
+    engine's. The message leads with the user's frame, its file, line and code, and says the step it failed at."""
+    helper = Path(__file__).parent / "workloads" / "failing_later.py"
+    code = main([f"{helper}:raises_in_a_helper_at_step_6", "--headless", "--steps", "10", "--run-dir", str(tmp_path / "run"),
+                 "--telemetry-interval", "0"])
+    assert code == EXIT_FAILED
+    said = capsys.readouterr().err
+    line = next(number for number, text in enumerate(helper.read_text().splitlines(), 1) if "raise ValueError(f\"corrupt shard" in text)
+    assert (f"Training failed at step 6: {helper}:{line} in read_shard(): ValueError: corrupt shard 7: header checksum "
+            f"mismatch\n    raise ValueError(f\"corrupt shard {{index}}: header checksum mismatch\")") in said
+
+
+def test_a_resumed_process_that_fails_on_its_first_step_says_the_step_not_the_first_training_step(tmp_path, capsys):
+    """Issue 45: a relaunch at step 334 that failed on step 335 said 'the first training step failed' (and blamed the
+    dataset's batches), after 334 good steps: the first of its process, not of the run."""
+    helper = Path(__file__).parent / "workloads" / "failing_later.py"
+    run = tmp_path / "run"
+    flags = ["--headless", "--run-dir", str(run), "--telemetry-interval", "0"]
+    assert main([f"{helper}:fails_from_step_3", "--steps", "6", "--checkpoint-every", "1", *flags]) == EXIT_FAILED
+    capsys.readouterr()
+    assert main(["--resume", str(run), *flags]) == EXIT_USAGE
+    said = " ".join(capsys.readouterr().err.split())
+    assert "in forward(): training step 3, the first of this process (resumed after step 2), failed: RuntimeError" in said
+    assert "the first training step failed" not in said

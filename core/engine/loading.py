@@ -257,20 +257,39 @@ def describe_code(function) -> str:
 
 
 def user_frame(tb: TracebackType | None, prefer_file: Path | None = None) -> traceback.FrameSummary | None:
-    """The innermost frame in the user's code: not in torch, not in torchlab's engine."""
+    """The innermost frame in the user's code: not in torch, not in torchlab's engine (the innermost of all where
+    none is)."""
     frames = traceback.extract_tb(tb)
     if prefer_file is not None:
         in_file = [f for f in frames if Path(f.filename) == prefer_file]
         if in_file:
             return in_file[-1]
+    own = own_frame(tb)
+    return own if own is not None else frames[-1] if frames else None
+
+
+def own_frame(tb: TracebackType | None) -> traceback.FrameSummary | None:
+    """The innermost frame of ``tb`` in the user's code, not in torch nor torchlab's engine; None where none is."""
     engine = str(Path(__file__).resolve().parent)
     torch_dir = _package_dir("torch")
-    for frame in reversed(frames):
+    for frame in reversed(traceback.extract_tb(tb)):
         name = frame.filename
         if name.startswith(engine) or (torch_dir and name.startswith(torch_dir)) or name.startswith("<"):
             continue
         return frame
-    return frames[-1] if frames else None
+    return None
+
+
+def placed_error(error: BaseException) -> str:
+    """``Type: message`` of an exception that ended a run, led by where the user's code raised it, where it did:
+    ``data.py:23 in read_shard(): ValueError: corrupt shard 7`` and, indented below, that line of code. A long
+    traceback is read from its top, the engine's frames, on a screen of 24 rows (issue 45)."""
+    said = f"{type(error).__name__}: {error}"
+    frame = own_frame(error.__traceback__)
+    if frame is None:
+        return said
+    code = f"\n    {frame.line}" if frame.line else ""
+    return f"{frame.filename}:{frame.lineno} in {frame.name}(): {said}{code}"
 
 
 def _frame_text(tb: TracebackType | None, prefer_file: Path | None) -> str:

@@ -102,9 +102,15 @@ class LossFunction:
                 raise
             frame = user_frame(error.__traceback__)
             where = f"{frame.filename}:{frame.lineno} in {frame.name}()" if frame else self.where
+            # A process's first step is the run's only where it starts the run: a resumed or relaunched one (a new
+            # world size, FSDP) starts after the steps before, which trained (issue 45: "the first training step
+            # failed" at step 335, after 334 good ones).
+            failed = "the first training step failed" if step == 1 else f"training step {step}, the first of this process (resumed after step {step - 1}), failed"
+            blame = ("The model cannot train on the batches its dataset gives" if step == 1 else
+                     "What changed since the steps before (its options, the number of processes, how they hold the "
+                     "model) does not train")
             raise WorkloadError(
-                f"{where}: the first training step failed: {type(error).__name__}: {error}. "
-                f"The model cannot train on the batches its dataset gives (batch: {describe_batch(batch)})."
+                f"{where}: {failed}: {type(error).__name__}: {error}. {blame} (batch: {describe_batch(batch)})."
             ) from error
         loss, metrics = read_loss_output(output, self.where, self.device)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():

@@ -38,6 +38,7 @@ from torchlab.core.engine.commands import StepBoundary
 from torchlab.core.engine.data import BatchStream
 from torchlab.core.engine.distributed import RankContext, seed_rank
 from torchlab.core.engine.instruments import Instruments, StepPlan, StepWatch
+from torchlab.core.engine.loading import placed_error
 from torchlab.core.engine.loss_output import mean_of_micro_batches
 from torchlab.core.engine.memory import out_of_memory
 from torchlab.core.engine.nonfinite import resume_after_nonfinite, stop_on_nonfinite
@@ -284,7 +285,7 @@ class Trainer:
     def _failed(self, error: Exception) -> RunOutcome:
         """Report an error that ended the run, and keep the last completed step if it is not saved yet."""
         step = self.parts.progress.step
-        message = str(error) if isinstance(error, StorageError) else f"{type(error).__name__}: {error}"
+        message = str(error) if isinstance(error, StorageError) else placed_error(error)
         trace = "" if isinstance(error, StorageError) else traceback.format_exc()  # a full disk: the message is all
         try:
             self.reporter.emit(p.Error(step=step + 1, message=message, traceback=trace))

@@ -133,9 +133,14 @@ async def test_a_model_with_long_alike_names_and_a_tied_head_reads_well_from_a_r
 async def test_a_workload_that_raises_shows_the_error_and_the_app_stays_up(tmp_path):
     run_dir = tmp_path / "run"
     app, links = app_with_trainer(run_dir, f"{TINY}:raises_at_step_4", "--steps", "6", "--checkpoint-every", "1")
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: error_screen_shown(app), what="the error screen")
         assert "simulated failure inside the model" in app.run_state.failure.message
+        # At 80x24 the traceback shows the engine's frames: the message above it leads with the user's (issue 45)
+        shown = app.screen.query_one("#error-message")
+        assert str(shown.content).startswith(f"{TINY}:") and "in forward(): RuntimeError" in str(shown.content)
+        assert 'raise RuntimeError("simulated failure inside the model")' in str(shown.content)
+        assert shown.region.bottom <= 24 and shown.region.height >= 3
         assert "tiny.py" in app.run_state.failure.detail  # the traceback names the user's file
         await pilot.press("escape")  # close the screen: the app is still there and answers keys
         await until(pilot, lambda: not isinstance(app.screen, ErrorScreen))
