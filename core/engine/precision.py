@@ -159,9 +159,8 @@ class Precisions:
         them). A trial asks before it spends anything (core/engine/trials.py)."""
         refusal = precision_refusal(name, self.device, self.sharded)
         if refusal is None and self.sharded and name != self.current.name:
-            return (f"FSDP2 gathers this model's parameters by the mixed precision policy the ranks sharded it with "
-                    f"(amp={self.current.name}), so each arm of amp={name} would take new ranks (a relaunch); "
-                    f"a changes it for good")
+            return (f"the ranks sharded this model with amp={self.current.name}'s mixed precision policy, fixed while "
+                    f"they live: amp={name} takes new ranks (a relaunch); a changes it for good")
         return refusal
 
     def shard(self) -> None:
