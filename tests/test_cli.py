@@ -330,6 +330,14 @@ def test_the_app_is_not_started_where_the_runtime_directory_is_refused(tmp_path)
     assert not (tmp_path / "runs").exists()
 
 
+def test_the_app_is_not_drawn_into_a_file_and_spends_nothing(tmp_path, capsys):
+    """`torchlab-tui > out.txt` drew the app's escape codes into the file. Now refused before a run directory is made."""
+    assert main(["mlp", "--runs-root", str(tmp_path / "runs")]) == EXIT_USAGE  # pytest's captured output is no terminal
+    said = capsys.readouterr()
+    assert said.err.count("\n") == 1 and said.err.startswith("torchlab-tui: error: not opened: torchlab-tui draws full screen")
+    assert "--headless" in said.err and not (tmp_path / "runs").exists()
+
+
 def test_the_app_refuses_a_resume_of_a_fifo_before_the_screen_changes(tmp_path, capsys):
     """``torchlab-tui --resume FIFO`` opened the app and showed 'The run failed at step 0' with a restart that
     would start the run over; headless said it in one paragraph. Now both say it before anything starts."""

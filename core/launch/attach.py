@@ -30,6 +30,7 @@ import time
 from torchlab.core.errors import EXIT_OK, EXIT_USAGE, TorchlabError
 from torchlab.core.launch.arguments import command_parser
 from torchlab.core.launch.serve import SERVED_BY_PARENT
+from torchlab.core.launch.terminal import redirected_streams, require_terminal
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.runtime import RunEntry, die_with_parent, find_run, printable, read_runs
 
@@ -63,7 +64,7 @@ def _attach(args: argparse.Namespace) -> int:
             if len(live) > 1:
                 print("\nSeveral runs are live: `torchlab-tui attach NAME` opens one.")
             return EXIT_OK
-        if not sys.stdout.isatty():  # a listing piped or captured: the app would draw into the pipe
+        if redirected_streams():  # a listing piped or captured: the app would draw into the pipe
             print(f"\nNot opened (the output is not a terminal): `torchlab-tui attach {printable(live[0].endpoint.name)}` from one.")
             return EXIT_OK
         entry = live[0]
@@ -88,6 +89,9 @@ def open_run(entry: RunEntry, *, view: bool = False) -> int:
               f"or watch it read-only: torchlab-tui attach --view {name}",
               file=sys.stderr)
         return EXIT_USAGE  # a refusal, as bad input is: nothing ran, nothing failed
+    step = f"{info.get('step', 0)}/{info['steps']}" if info.get("steps") else f"{info.get('step', 0)}"
+    require_terminal(f"torchlab-tui attach {name}", f"{name} is {printable(entry.state)} at step {step}; its run "
+                                                    f"directory is {run_dir}.")
     if os.environ.get(SERVED_BY_PARENT):  # a browser tab's app (torchlab-tui serve): it ends with the server
         die_with_parent(signal.SIGKILL)
     gc.disable()  # until tune_garbage_collection(): the app's imports are all kept, nothing to collect

@@ -14,6 +14,7 @@ from textual.app import App
 from torchlab.core.errors import EXIT_OK, EXIT_USAGE
 from torchlab.core.errors import TorchlabError
 from torchlab.core.launch.arguments import command_parser
+from torchlab.core.launch.terminal import require_terminal
 from torchlab.tui.run_history import RunHistory
 from torchlab.tui.screens.compare_screen import CompareScreen
 
@@ -39,6 +40,8 @@ def main(argv: list[str]) -> int:
         if len(args.runs) < 2:
             raise TorchlabError("give two runs or more to compare: torchlab-tui compare RUN_A RUN_B")
         runs = [RunHistory.load(path) for path in args.runs]
+        require_terminal("torchlab-tui compare", "`torchlab-tui export RUN --csv FILE` writes a run's figures for "
+                                                 "other tools.")
     except TorchlabError as error:
         print(f"torchlab-tui compare: {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -69,6 +69,13 @@ def test_viewers_see_the_run_their_commands_are_refused_and_one_killed_leaves_it
     assert killed.stdout.readline().strip() == "viewing"
     os.kill(killed.pid, signal.SIGKILL)
     killed.wait()
+    # `attach --view RUN > file` wrote the app's escape codes into the file and hung at "connecting": now refused
+    into_a_file = subprocess.run([sys.executable, "-m", "torchlab.core.launch.cli", "attach", "--view", entry.endpoint.name],
+                                 capture_output=True, text=True, timeout=60)
+    assert into_a_file.returncode == 2 and into_a_file.stdout == ""
+    assert into_a_file.stderr.startswith(f"torchlab-tui attach: not opened: torchlab-tui attach {entry.endpoint.name} draws "
+                                         "full screen, and its output and input are not a terminal")
+    assert f"{entry.endpoint.name} is running at step " in into_a_file.stderr
     for viewer in viewers:
         viewer.close()  # a viewer closing only disconnects
     link.send(p.SetCommand("clip", 0.5))

@@ -81,6 +81,13 @@ def test_compare_says_what_is_wrong_in_one_line(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_compare_into_a_file_is_refused_not_drawn_into_it(runs, capsys):
+    """`compare A B > out.txt` wrote the app's escape codes into the file and waited for keys."""
+    assert main([str(path) for path in runs]) == 2  # pytest's captured output is no terminal
+    said = capsys.readouterr()
+    assert said.out == "" and said.err.startswith("torchlab-tui compare: not opened: torchlab-tui compare draws full screen")
+
+
 @pytest.mark.parametrize("metrics", ["", '{"step": 1, "loss": 4.1', "not json\n"], ids=["empty", "torn", "garbage"])
 def test_a_run_with_no_step_to_show_is_refused_in_one_paragraph_not_opened_blank(runs, metrics, capsys):
     young = runs[0].parent / "20261123-110000-tiny_gpt"
