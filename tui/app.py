@@ -56,6 +56,7 @@ from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.app_actions import KeyActions
 from torchlab.tui.app_keys import MainScreen
 from torchlab.tui.app_leaving import Leaving
+from torchlab.tui.app_notices import Notices
 from torchlab.tui.key_order import as_typed
 from torchlab.tui.log_tail import LogTail, is_native_torch_log
 from torchlab.tui.run_history import RunHistory, journal_history
@@ -116,7 +117,7 @@ class HistoryRead(Message):
     error: str = ""
 
 
-class TorchlabApp(KeyActions, Leaving, App[int]):
+class TorchlabApp(Notices, KeyActions, Leaving, App[int]):
     """The live workbench. Build it with ``make_app`` (the CLI and the tests both do)."""
 
     CSS_PATH = "app.tcss"
@@ -318,10 +319,9 @@ class TorchlabApp(KeyActions, Leaving, App[int]):
         event_log = self.query_one(EventLog)
         for entry in state.take_log():
             event_log.add(entry)
-            # Failures have their own screen; a toast on top of it would only cover its buttons.
+            # Failures have their own screen; a notice on top of it would only cover its buttons.
             if entry.notify and entry.level != "error":
-                severity = "warning" if entry.level == "refused" else "information"
-                self.notify(entry.toast or entry.text, severity=severity, timeout=4, markup=False)
+                self.show_notice(entry.toast or entry.text, entry.level)
         if state.failure is not None and state.failure_version != self._seen["failure"]:
             self._seen["failure"] = state.failure_version
             self._show_failure(state.failure)

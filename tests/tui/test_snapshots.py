@@ -120,8 +120,6 @@ async def relaunch_to_one_rank(pilot) -> None:
     await pilot.press("w", "1", "enter")
     pilot.app.poll_now()
     await settle(pilot)
-    pilot.app.clear_notifications()
-    await settle(pilot)
 
 
 def test_relaunching_80x24(snap_compare) -> None:
@@ -130,21 +128,18 @@ def test_relaunching_80x24(snap_compare) -> None:
 
 async def open_first_profile(pilot) -> None:
     await settle(pilot)
-    pilot.app.clear_notifications()  # the toasts of the profiles and the verdict would cover the view
     await pilot.press("P", "up", "enter")
     await settle(pilot)
 
 
 async def compare_profiles(pilot) -> None:
     await settle(pilot)
-    pilot.app.clear_notifications()  # the toasts of the profiles and the verdict would cover the view
     await pilot.press("P", "c")
     await settle(pilot)
 
 
 async def open_impact(pilot) -> None:
     await settle(pilot)
-    pilot.app.clear_notifications()  # the toasts of the profiles and the verdict would cover the view
     await pilot.press("i")
     await settle(pilot)
 

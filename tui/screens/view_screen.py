@@ -10,12 +10,15 @@ The views and the help share ``OverlayScreen``: the keys that close them act in 
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual import events
 from textual.binding import Binding
 from textual.screen import ModalScreen
+from textual.timer import Timer
 
 from torchlab.tui.key_order import act_on_key
 from torchlab.tui.state import RunState
+from torchlab.tui.widgets.event_log import LEVEL_MARKS
 
 
 def closing_key(keys: str, description: str = "Back", *, show: bool = False) -> Binding:
@@ -80,6 +83,26 @@ class ViewScreen(OverlayScreen):
         super().__init__()
         self.state = state  # the run this view follows (None: a view of something fixed, a profile table)
         self._seen_version = -1  # the version of its part of the state that it last drew
+        #: the frame's bottom border as the view set it, while a notice stands in it (None: none does)
+        self._subtitle_under_notice: str | Text | None = None
+        self._notice_timer: Timer | None = None
+
+    def show_notice(self, text: str, level: str, timeout: float) -> None:
+        """A notice (an acknowledgement, a refusal: the app's ``show_notice``) in the frame's bottom border for
+        ``timeout`` seconds: the view covers the event log, and a toast covered its lines. The border holds no
+        data; what the view had there (a profile's directory) comes back after."""
+        frame = self.query_one("#view")
+        if self._notice_timer is not None:
+            self._notice_timer.stop()
+        else:
+            self._subtitle_under_notice = frame.border_subtitle or ""
+        mark, style = LEVEL_MARKS.get(level, ("·", ""))
+        frame.border_subtitle = Text.assemble((mark, style), " ", (text, style if level != "info" else ""))
+        self._notice_timer = self.set_timer(timeout, self._end_notice)
+
+    def _end_notice(self) -> None:
+        self.query_one("#view").border_subtitle = self._subtitle_under_notice or ""
+        self._subtitle_under_notice, self._notice_timer = None, None
 
     def show_state(self, state: RunState) -> None:
         """Redraw from the run state if what this view shows changed (called at every app redraw)."""
