@@ -83,19 +83,42 @@ class Leaving:
             return EXIT_USAGE
         return EXIT_FAILED
 
-    def how_to_continue(self, run_dir: Path) -> str | None:
-        """For the terminal after a quit: how to continue a run stopped before its last step, as a headless run
-        interrupted says it. None where there is nothing to continue (the run finished, failed, was detached, or
-        left no checkpoint) or this app only watched it."""
+    def how_it_ended(self, run_dir: Path) -> list[str]:
+        """What the terminal says once the app has gone, whichever app it was (the one that started the run, or
+        ``attach``'s) and however it left (``q`` while training or on the error screen), as a headless run says it:
+        how the run ended, and the line that continues it (``how_to_continue``). Nothing for a viewer, a detach or a
+        trainer that never started: the run goes on, or there is none, and their own lines say so."""
         state = self.run_state
-        if state.detached or self.read_only or state.failure is not None or self._start_failed_status is not None:
+        if state.detached or self.read_only or self._start_failed_status is not None:
+            return []
+        failure = state.failure
+        if failure is not None:
+            step = failure.step if failure.step is not None else state.step
+            what = "Stopped on a non-finite value" if failure.kind == RunStatus.NONFINITE else "Failed"
+            said = failure.message.strip().splitlines()[0] if failure.message.strip() else "see trainer.log"
+            ended = f"{what} at step {step}: {said}"
+        elif state.total_steps is not None and state.step >= state.total_steps:
+            ended = f"Finished at step {state.step}."
+        else:
+            ended = f"Stopped at step {state.step}" + (f" of {state.total_steps}." if state.total_steps else ".")
+        continuing = self.how_to_continue(run_dir)
+        return [ended] if continuing is None else [ended, continuing]
+
+    def how_to_continue(self, run_dir: Path) -> str | None:
+        """How to continue a run that stopped or failed before its last step from its last checkpoint, as a
+        headless run says it: the exact ``torchlab-tui --resume`` line. None where there is nothing to continue
+        (the run finished, was detached, or left no checkpoint) or this app only watched it."""
+        state = self.run_state
+        if state.detached or self.read_only or self._start_failed_status is not None:
             return None
-        if state.total_steps is None or state.step >= state.total_steps:
+        if state.failure is None and (state.total_steps is None or state.step >= state.total_steps):
             return None
         if not (run_dir / "checkpoints" / "last.pt").exists():
             return None
-        return (f"Stopped before its {state.total_steps} steps; continue it with "
-                f"torchlab-tui --resume {run_dir.absolute()}")
+        resume = f"torchlab-tui --resume {run_dir.absolute()}"
+        if state.failure is not None:
+            return f"Its last checkpoint is kept; continue from it with {resume}"
+        return f"Stopped before its {state.total_steps} steps; continue it with {resume}"
 
     def on_unmount(self) -> None:
         # Any other way out (ctrl+c, an exception): the trainer still gets told, so no orphan is left;

@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 from torchlab.core.errors import EXIT_OK, EXIT_USAGE, TorchlabError
 from torchlab.core.launch.arguments import command_parser
@@ -114,6 +115,8 @@ def open_run(entry: RunEntry, *, view: bool = False) -> int:
     elif app.run_state.detached:
         print(f"Detached from {name}: {printable(app.run_state.after_detach)}. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
     print(f"Run directory: {run_dir}", file=sys.stderr)
+    for line in app.how_it_ended(Path(str(info.get("run_dir")))):  # what the app that started it would have said
+        print(printable(line), file=sys.stderr)
     return app.return_code or EXIT_OK
 
 

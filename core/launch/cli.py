@@ -25,6 +25,7 @@ import os
 import sys
 import traceback
 
+from torchlab.core.engine.cpu_share import prefer_passive_openmp_waits
 from torchlab.core.errors import EXIT_INTERRUPTED, EXIT_OK, ConfigError, TorchlabError, exit_status
 from torchlab.core.launch.arguments import build_parser, resolve_config
 from torchlab.core.records.config import TrainConfig, build_config, load_config_file
@@ -55,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config, _ = resolve_config(args)  # the flags checked before anything starts, torch or not
+        prefer_passive_openmp_waits()  # before torch loads: here (headless), in the app's trainer and in the ranks
         if not args.headless:
             return run_app(config, args, list(sys.argv[1:] if argv is None else argv))
         from torchlab.core.launch.headless import run_headless  # imports torch
@@ -101,8 +103,8 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
         name = links[-1].endpoint_name
         print(f"Detached: {app.run_state.after_detach}. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
     print(f"Run directory: {run_dir.absolute()}", file=sys.stderr)  # absolute: the hint works from anywhere
-    if (continuing := app.how_to_continue(run_dir)) is not None:
-        print(continuing, file=sys.stderr)
+    for line in app.how_it_ended(run_dir):
+        print(line, file=sys.stderr)
     return app.return_code or EXIT_OK
 
 

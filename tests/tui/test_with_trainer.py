@@ -104,8 +104,9 @@ async def test_keys_change_a_real_run_and_quit_leaves_no_trainer(tmp_path):
     assert events_of(run_dir)[-1] == {**events_of(run_dir)[-1], "event": "run_ended", "status": "stopped"}
     assert (run_dir / "checkpoints" / "last.pt").exists()
     # What the terminal says after the app (core/launch/cli.py), as a headless run interrupted says it
-    assert app.how_to_continue(run_dir) == (
-        f"Stopped before its 100000 steps; continue it with torchlab-tui --resume {run_dir.absolute()}")
+    assert app.how_it_ended(run_dir) == [
+        f"Stopped at step {app.run_state.step} of 100000.",
+        f"Stopped before its 100000 steps; continue it with torchlab-tui --resume {run_dir.absolute()}"]
 
 
 async def test_a_model_with_long_alike_names_and_a_tied_head_reads_well_from_a_real_trainer(tmp_path):
@@ -224,7 +225,10 @@ async def test_a_run_that_went_nan_restarts_with_the_lr_scale_and_clip_set_on_it
         await until(pilot, lambda: error_screen_shown(app), what="its error screen")
         await pilot.press("q")
         await until(pilot, lambda: not app.is_running, what="exit")
-    assert app.how_to_continue(run_dir) is None  # a run that ended (failed here) has no "continue it with"
+    # q on the error screen left only "Run directory: ..." on the terminal: now how it ended, and how to go on
+    said, continuing = app.how_it_ended(run_dir)
+    assert said.startswith(f"Stopped on a non-finite value at step {app.run_state.failure.step}: ")
+    assert continuing == f"Its last checkpoint is kept; continue from it with torchlab-tui --resume {run_dir.absolute()}"
 
 
 async def first_metrics_after(pilot, run_dir: Path, step: int) -> dict:
