@@ -48,6 +48,7 @@ class Notices:
         timeout = NOTICE_S if timeout is None else timeout
         App.notify(self, text, severity=SEVERITY_OF_LEVEL.get(level, "information"), timeout=timeout,  # type: ignore[arg-type]
                    markup=False)
-        show = getattr(self.screen, "show_notice", None)  # type: ignore[attr-defined]
-        if show is not None:
+        screen = self.screen  # type: ignore[attr-defined]
+        show = getattr(screen, "show_notice", None)
+        if show is not None and screen.is_mounted:  # a view pushed this instant has no frame yet: the log has it
             show(text, level, timeout)
