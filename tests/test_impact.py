@@ -391,14 +391,27 @@ def test_a_segment_too_short_to_judge_is_skipped_over_and_the_next_verdict_says_
     assert "(vs " not in lr.verdict and start.baseline_step is None and start.verdict == "start"
 
 
-def test_where_no_earlier_segment_has_enough_steps_the_one_before_says_too_few():
+def test_a_long_segment_after_short_ones_is_judged_by_the_last_long_enough_or_says_none_before_it_is():
+    """Issue 45: at 160x48 a 127-step segment read "too few steps to judge" because the segment before had 2 steps.
+    It is judged by the last segment before it with enough timed steps, named; where every one before it is too
+    short, it says that, not that it is."""
     tracker = ImpactTracker()
-    for step in range(1, 6):
+    for step in range(1, 5):  # a start of 4 steps: too short
         tracker.on_metrics(record(step, 0.10, 1.0))
-    for step in range(6, 30):
-        tracker.on_metrics(record(step, 0.05, 1.0, clip=1.0))
-    _, clip = tracker.table()
-    assert clip.verdict == "clip=1.0: too few steps to judge" and clip.baseline_step == 1
+    for step in range(5, 7):
+        tracker.on_metrics(record(step, 0.10, 1.0, accum=2))  # 2 steps
+    for step in range(7, 134):
+        tracker.on_metrics(record(step, 0.05, 1.0, accum=2, clip=1.0))  # 127 steps
+    for step in range(134, 136):
+        tracker.on_metrics(record(step, 0.05, 1.0, accum=2, clip=1.0, lr_scale=0.5))  # 2 steps
+    for step in range(136, 263):
+        tracker.on_metrics(record(step, 0.10, 1.0, accum=2, clip=1.0, lr_scale=0.5, amp="bf16"))  # 127 steps
+    _, accum, clip, lr, amp = tracker.table()
+    assert accum.verdict == "accum=2: too few steps to judge"  # short itself
+    assert clip.verdict == "clip=1.0: not judged: no segment before it has 10 timed steps" and clip.speedup is None
+    assert lr.verdict == "lr_scale=0.5: too few steps to judge"
+    assert amp.baseline_step == 7 and amp.speedup == pytest.approx(0.5)
+    assert amp.verdict == "amp=bf16: 2.00x slower (vs clip=1.0 at step 7, changed since: amp=bf16, lr_scale=0.5)"
 
 
 def test_a_row_compared_with_any_other_is_judged_from_the_two_rows_figures_as_the_trainer_judges_it():

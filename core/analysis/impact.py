@@ -181,6 +181,8 @@ def compare_segments(row: ImpactSegment, baseline: ImpactSegment | None, *, name
     clip=1.0, accum=2)", where no column header says it."""
     interval = (row.step_time_low_s, row.step_time_high_s) if row.step_time_low_s is not None and row.step_time_high_s is not None else None
     speedup, speed = compare_step_times(baseline, row.median_step_time_s, interval, in_turn=True)
+    if baseline is not None and interval is not None and baseline.step_time_low_s is None:
+        speed = NO_BASELINE  # this row has the steps: what it would be judged by has not (``nearest_judged``)
     if speedup is not None and (shift := load_shift(baseline and baseline.others_cpu_percent, row.others_cpu_percent)) is not None:
         speedup, speed = None, shift
     memory_change = _change(baseline and _memory(baseline.peak_allocated_bytes, baseline.tensor_bytes),
@@ -195,10 +197,16 @@ def compare_segments(row: ImpactSegment, baseline: ImpactSegment | None, *, name
                    baseline_step=baseline.first_step if baseline is not None else None)
 
 
+#: The speed words of a segment long enough to judge that has nothing to be judged by: every segment before it was
+#: too short (a 127-step segment read "too few steps to judge" where the one before had 2 steps and the start 4).
+NO_BASELINE = f"not judged: no segment before it has {MIN_TIMED_STEPS} timed steps"
+
+
 def nearest_judged(rows: Sequence[ImpactSegment]) -> ImpactSegment | None:
     """The row the segment after ``rows`` is compared with: the nearest with a step-time interval (enough timed steps
-    to judge), so that a segment too short to judge (a one-step ``accum=2``) never blocks the next verdict. Where
-    none has one, the last row (the verdict then says "too few steps to judge"); None for the first segment."""
+    to judge), so that a segment too short to judge (a one-step ``accum=2``) never blocks the next verdict, which
+    names the row it was compared with. Where none has one, the last row (for memory; the speed words are then
+    ``NO_BASELINE``, or "too few steps to judge" where the segment is short too); None for the first segment."""
     return next((row for row in reversed(rows) if row.step_time_low_s is not None), rows[-1] if rows else None)
 
 

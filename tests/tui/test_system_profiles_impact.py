@@ -436,7 +436,7 @@ async def test_a_baseline_marked_or_the_start_is_what_every_verdict_compares_wit
         assert column(table, "verdict")[2].startswith("no clear difference (±20 %")
         await pilot.press("b", "b")  # b on the baseline row: back too
         assert verdict_header(table) == "vs the segment before" and link.sent == []
-        assert "b row as baseline · s vs the start · T trial of the row's change" in str(screen.query_one(".view-keys").content)
+        assert "b baseline · s vs start · T trial of the row's change · e explain" in str(screen.query_one(".view-keys").content)
 
 
 async def test_a_segment_too_short_to_judge_by_is_refused_as_the_baseline_saying_why() -> None:
@@ -464,6 +464,59 @@ async def test_at_160_columns_a_long_verdict_wraps_so_that_every_column_stays_on
         assert sum(column.get_render_width(table) for column in table.ordered_columns) <= table.scrollable_content_region.width
         assert column(table, "verdict")[2] == ("no clear difference (±20 %, segments ran in turn,\n"
                                                "so load changes sway it, try a trial), same memory")
+
+
+#: The glyphs of a horizontal scrollbar's thumb: seen as text (tmux capture-pane), stray marks among the rows.
+SCROLLBAR_GLYPHS = "▏▎▍▌▋▊▉"
+
+
+def cut_cells(table) -> list[str]:
+    """The header and cell lines of ``table`` wider than their columns: what the screen would show cut."""
+    cut = []
+    for column in table.ordered_columns:
+        room = column.get_render_width(table) - 2 * table.cell_padding
+        for text in [str(column.label), *(str(getattr(cell, "plain", cell)) for cell in table.get_column(column.key))]:
+            cut += [line for line in text.splitlines() if len(line) > room]
+    return cut
+
+
+@pytest.mark.parametrize("size", [SMALL, WIDE])
+async def test_the_segments_get_the_room_and_no_header_or_cell_is_cut(size) -> None:
+    """Issue 45: at 80x24 two rows of segments sat under eight lines of explanation, the verdict's header read "vs the
+    segment be", a trial's "cannot run here: c │ (a relaunch)" was cut mid-sentence, and ▌/▉ stood about (the
+    trials table's scrollbar). The explanation is a line (e: the whole), every header and cell fits its column, the
+    table scrolls sideways to the columns past the edge at 80, and at 160 every column is on the screen."""
+    from textual.widgets import DataTable
+
+    from torchlab.tui.screens.impact_screen import EXPLANATION, SHORT_EXPLANATION
+
+    relaunch = protocol.TrialResult(step=130, option="world_size", value=2, steps=20, arms=[],
+                                    error="cannot run here: changing the world size starts new ranks (a relaunch)")
+    app, _ = app_with(several_changes(), relaunch)
+    async with app.run_test(size=size) as pilot:
+        screen, table = await open_impact_view(app, pilot)
+        trials = screen.query_one("#trials-table", DataTable)
+        assert cut_cells(table) == [] and cut_cells(trials) == []
+        assert verdict_header(table) == "vs the segment before"
+        assert column(trials, "verdict")[0].endswith("starts new ranks (a relaunch)")
+        assert not any(glyph in app.export_screenshot() for glyph in SCROLLBAR_GLYPHS)
+        explanation = screen.query_one("#impact-explanation")
+        keys = str(screen.query_one(".view-keys").content)
+        if size == SMALL:
+            assert explanation.size.height == 1 and table.size.height >= 12  # the header and a dozen lines of rows
+            assert column(table, "change")[3] == "accum=2,\nlr_scale=0.5"  # in lines, leaving the verdict its room
+            assert "← → columns" in keys
+            await pilot.press("right")  # the columns past the edge, a scroll away
+            assert table.scroll_x > 0
+            await pilot.press("e")
+            assert str(explanation.content) == EXPLANATION
+            await pilot.press("e")
+            assert str(explanation.content) == SHORT_EXPLANATION
+        else:
+            assert table.virtual_size.height <= table.size.height  # every row
+            assert sum(column.get_render_width(table) for column in table.ordered_columns) <= table.scrollable_content_region.width
+            assert column(table, "change")[3] == "accum=2, lr_scale=0.5" and "←" not in keys
+            assert str(explanation.content) == EXPLANATION  # room for it whole
 
 
 def several_changes() -> protocol.Impact:
@@ -629,7 +682,9 @@ def test_a_verdict_wraps_between_its_parts_and_a_wide_spread_reads_as_a_ratio() 
     noisy = "no clear difference (step times varied up to 7.9x), activations -44 %, memory -40 %"
     assert wrap_verdict(noisy, 33) == "no clear difference\n(step times varied up to 7.9x),\nactivations -44 %, memory -40 %"
     assert wrap_verdict(noisy, 200) == noisy
-    assert wrap_verdict("workers=2 data wait 4.2 → 0.1 ms", 10) == "workers=2 data wait 4.2 → 0.1 ms"  # one part: whole
+    # A part too wide breaks between its words (a trial's "could not run: ..." was cut mid-sentence), never in a figure
+    assert wrap_verdict("workers=2 data wait 4.2 → 0.1 ms", 10) == "workers=2\ndata wait\n4.2 → 0.1 ms"
+    assert wrap_verdict("step times varied up to 7.9x, memory -40 %", 16) == "step times\nvaried up to\n7.9x,\nmemory -40 %"
     segment = impact().segments[1]
     assert step_time_text(replace(segment, median_step_time_s=0.314, step_time_low_s=0.2, step_time_high_s=1.225)) == "314 ms ≤3.9x"
     assert step_time_text(replace(segment, median_step_time_s=0.314, step_time_low_s=0.2, step_time_high_s=0.5)) == "314 ms ±59 %"

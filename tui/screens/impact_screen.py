@@ -13,8 +13,10 @@ the other, so ``T`` tries a row's change as a controlled trial, whose arms run o
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -47,21 +49,30 @@ COLUMNS = (
 )
 
 
+#: Where the change and the verdict are in a row of cells (``COLUMNS``)
+CHANGE, VERDICT = 0, 3
+
 #: Columns of a table before its verdict: their widths decide how wide the verdict may be.
 BEFORE_VERDICT = 3
-#: The narrowest a verdict is wrapped to, however many columns precede it.
-MIN_VERDICT_WIDTH = 24
 #: The narrowest a verdict is wrapped to so that every column after it stays on the screen: narrower, it would take
 #: more lines than the columns after it are worth, and those go a scroll away instead.
 MIN_VERDICT_BESIDE = 40
+#: Where the table is wider than the screen, a change ("accum=2, lr_scale=0.5") wraps between its options to this
+#: width, so that the verdict beside it keeps its room at 80 columns.
+CHANGE_WIDTH = 16
+#: The narrowest a verdict is wrapped to, on a screen narrower than 80 columns (at 80, with the change wrapped, the
+#: verdict has twice this): narrower, a verdict would be a column of single words.
+MIN_VERDICT_WIDTH = 14
 #: What the frame and a table's scrollbar take from the screen's width, and a cell's padding (one each side).
 FRAME_WIDTH, SCROLLBAR_WIDTH, CELL_PADDING = 4, 1, 2
+ELLIPSIS = "…"
 
 
 def wrap_verdict(verdict: str, width: int) -> str:
     """``verdict`` in lines of at most ``width`` where it is wider: broken after a part's comma ("1.72x faster,"
     / "memory -36 %") or before a parenthesis, never inside a figure, so at 80 columns it is read whole instead of
-    being cut mid-figure at the screen's edge. A single part wider than ``width`` keeps its line."""
+    being cut at the screen's edge. A part wider than ``width`` is broken between its words ("could not run: cannot
+    run here: changing the world size ..."), never inside a figure ("4.2 → 0.1 ms")."""
     if len(verdict) <= width:
         return verdict
     tokens: list[tuple[str, str]] = []  # (what joins it to the token before, the token)
@@ -70,26 +81,67 @@ def wrap_verdict(verdict: str, width: int) -> str:
         tokens.append(("" if index == 0 else ", ", head))
         if parenthesis:
             tokens.append((" ", "(" + rest))
-    lines, line = [], tokens[0][1]
-    for joiner, token in tokens[1:]:
-        if len(line) + len(joiner) + len(token) <= width:
+    lines, line = [], ""
+    for joiner, token in tokens:
+        if not line:
+            line = token
+        elif len(line) + len(joiner) + len(token) <= width:
             line += joiner + token
         else:
             lines.append(line + joiner.rstrip())
             line = token
+        if len(line) > width:  # a part of its own too wide: its words, as far as they go
+            *whole, line = _word_lines(line, width)
+            lines.extend(whole)
     return "\n".join([*lines, line])
+
+
+#: A space that joins a figure's parts, never broken: before a unit, around an arrow ("4.2 → 0.1 ms").
+_WITHIN_A_FIGURE = re.compile(r" (?=%|ms\b|µs\b|s\b|x\b|MiB\b|GiB\b|KiB\b|→)|(?<=→) ")
+
+
+def _word_lines(text: str, width: int) -> list[str]:
+    """``text`` broken between words into lines of at most ``width``; never inside a figure (``_WITHIN_A_FIGURE``),
+    which keeps its line whole where it is wider (at 80 columns a verdict has twice the widest figure's room)."""
+    words = _WITHIN_A_FIGURE.sub("\0", text).split(" ")
+    lines: list[str] = []
+    for word in (word.replace("\0", " ") for word in words):
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
+
+
+def fit_words(text: str, width: int) -> str:
+    """``text`` as it fits ``width``: whole, or cut after its last word that fits, ending in "…" ("vs the segment…"),
+    never inside a word unless the first alone is wider."""
+    if len(text) <= width:
+        return text
+    cut = text[: width - len(ELLIPSIS) + 1]
+    words = cut[: cut.rfind(" ")].rstrip(" ,(") if " " in cut else ""
+    return (words or text[: width - len(ELLIPSIS)]) + ELLIPSIS
+
+
+def column_widths(rows: list[list[Text]], headers: list[str]) -> list[int]:
+    """Each column's width with its padding, as wide as its widest cell's widest line, or its header."""
+    return [max([len(header), *(_widest_line(row[column]) for row in rows)]) + CELL_PADDING
+            for column, header in enumerate(headers)]
+
+
+def _widest_line(cell: Text) -> int:
+    return max((cell_len(line) for line in cell.plain.splitlines()), default=0)
 
 
 def verdict_width(screen_width: int, rows: list[list[Text]], headers: list[str]) -> int | None:
     """The verdict column's width where the table is wider than the screen, else None (every column as wide as
-    its content). Where the other columns (each as wide as its widest cell or header, with its padding) leave the
-    verdict ``MIN_VERDICT_BESIDE`` or more, that is its width: a long verdict wraps, and every column stays on the
-    screen (at 160 columns, "no clear difference (±20 %, segments ran in turn, ...)" pushed samples/s and memory past
-    its edge). Else it is what is left once the frame and the ``BEFORE_VERDICT`` columns are taken, at least
-    ``MIN_VERDICT_WIDTH``, so that the column after it begins past the screen's edge: neither is seen cut
-    mid-figure, the rest is a scroll away. The column is made that wide and the verdict wrapped one narrower (the
-    scrollbar may take one)."""
-    widths = [max([len(header), *(row[column].cell_len for row in rows)]) + CELL_PADDING for column, header in enumerate(headers)]
+    its content). Where the other columns leave the verdict ``MIN_VERDICT_BESIDE`` or more, that is its width: a
+    long verdict wraps, and every column stays on the screen (at 160 columns, "no clear difference (±20 %, segments
+    ran in turn, ...)" pushed samples/s and memory past its edge). Else it is what is left on the screen once the
+    frame and the ``BEFORE_VERDICT`` columns are taken: the verdict ends at the screen's edge and the columns after
+    it are a scroll away, none of them seen cut (a fixed least width once ran it past the edge: a header read "vs the
+    segment be"). The column is made that wide and the verdict wrapped one narrower (the scrollbar may take one)."""
+    widths = column_widths(rows, headers)
     room = screen_width - FRAME_WIDTH - SCROLLBAR_WIDTH
     if sum(widths) <= room:
         return None
@@ -183,6 +235,23 @@ def baseline_header(baseline: ImpactSegment | None) -> str:
     return COLUMNS[3][1] if baseline is None else f"vs {segment_name(baseline)}"
 
 
+#: How to read the table, in one line at 80 columns: the rows keep the screen (eight lines of it left two rows at 24).
+SHORT_EXPLANATION = "medians of timed steps, ± their 90 % interval; judged where intervals part"
+#: The whole of it, on ``e`` (and at first where the screen has ``EXPLAINED_FROM_ROWS`` rows).
+EXPLANATION = (
+    f"Each option change starts a segment. Step time, samples/s and data wait are medians without a change's first "
+    f"{WARMUP_STEPS} steps, profiled or compiling steps; ± is how far the step time's 90 % interval reaches (≤3.9x: up "
+    f"to 3.9 times the median). Faster or slower only where the intervals do not overlap, with {MIN_TIMED_STEPS} timed "
+    "steps a side (a shorter segment is skipped over: the verdict names the one it compares with) and other processes' "
+    "CPU use steady; segments ran in turn, so a changing load can decide: T runs a trial. Activations: saved for "
+    "backward; memory: the CUDA allocator's peak, else the tensors' total (M); loss slope per 100 steps, not judged."
+)
+EXPLAINED_FROM_ROWS = 40
+
+#: The view's keys, in one line at 80 columns; where columns are a scroll away, the keys that scroll to them too.
+KEYS = "b baseline · s vs start · T trial of the row's change · e explain · esc back"
+KEYS_SCROLLED = "b baseline · s vs start · T trial of the row · ← → columns · e explain · esc"
+
 #: (key, header) of the trials' table
 TRIAL_COLUMNS = (("step", "step"), ("trial", "trial"), ("steps", "steps"), ("verdict", "vs as it is"))
 
@@ -200,8 +269,9 @@ class ImpactScreen(ViewScreen):
     memory and loss slope."""
 
     DEFAULT_CSS = """
+    ImpactScreen #impact-table { min-height: 4; scrollbar-size-horizontal: 0; }
     ImpactScreen #trials-title { text-style: bold; padding: 1 0 0 0; }
-    ImpactScreen #trials-table { max-height: 40%; }
+    ImpactScreen #trials-table { height: auto; max-height: 30%; scrollbar-size-horizontal: 0; }
     """
 
     BINDINGS = [
@@ -209,6 +279,7 @@ class ImpactScreen(ViewScreen):
         Binding("b", "mark_baseline", "Baseline"),
         Binding("s", "baseline_start", "Vs start"),
         Binding("T", "trial_row", "Trial"),
+        Binding("e", "explain", "Explain"),
     ]
 
     def compose(self) -> ComposeResult:
@@ -219,17 +290,9 @@ class ImpactScreen(ViewScreen):
             yield Label("trials (T): each changed option against as it is, same batches, same state",
                         id="trials-title")
             yield DataTable(id="trials-table", cursor_type="row", zebra_stripes=True)
-            yield Static(
-                f"Each option change starts a segment. Step time, samples/s and data wait are medians without a change's first "
-                f"{WARMUP_STEPS} steps, profiled or compiling steps; ± is how far the step time's 90 % interval reaches (≤3.9x: up "
-                f"to 3.9 times the median). Faster or slower only where the intervals do not overlap, with {MIN_TIMED_STEPS} timed "
-                "steps a side (a shorter segment is skipped over) and other processes' CPU use steady; segments ran in turn, so "
-                "a changing load can decide: T runs a trial. Activations: saved for backward; memory: the CUDA allocator's "
-                "peak, else the tensors' total (M); loss slope per 100 steps, not judged.",
-                classes="view-status",
-            )
+            yield Static(SHORT_EXPLANATION, id="impact-explanation", classes="view-status")
             # One row at 80 columns (it ended "... to start a n…" there).
-            yield Label("b row as baseline · s vs the start · T trial of the row's change · esc back", classes="view-keys")
+            yield Label(KEYS, classes="view-keys")
 
     def __init__(self, state: RunState | None = None) -> None:
         super().__init__(state)
@@ -238,9 +301,11 @@ class ImpactScreen(ViewScreen):
         #: the first step of the row every row is compared with (``b``, ``s``); None: the trainer's own verdicts
         self.baseline_step: int | None = None
         self._header = COLUMNS[3][1]  # the verdict column's header, as drawn
+        self.explained = False  # the whole explanation shown (``e``), not its one line
 
     def on_mount(self) -> None:
         self.query_one("#view").border_title = "impact of each option change"
+        self._explain(self.app.size.height >= EXPLAINED_FROM_ROWS)
         self._add_columns(self.query_one("#impact-table", DataTable))
         trials = self.query_one("#trials-table", DataTable)
         for key, label in TRIAL_COLUMNS:
@@ -280,6 +345,14 @@ class ImpactScreen(ViewScreen):
         self.baseline_step = step
         self._seen_version = -1
         self.show_state(self.state)
+
+    def action_explain(self) -> None:
+        """How to read the table: the whole explanation, or back to its one line."""
+        self._explain(not self.explained)
+
+    def _explain(self, whole: bool) -> None:
+        self.explained = whole
+        self.query_one("#impact-explanation", Static).update(EXPLANATION if whole else SHORT_EXPLANATION)
 
     def action_trial_row(self) -> None:
         """A controlled trial of the change of the row under the cursor, sent as the trial prompt sends one."""
@@ -321,15 +394,24 @@ class ImpactScreen(ViewScreen):
             self._add_columns(table)
             self._row_heights = []
         rows = [segment_cells(segment, baseline=segment is baseline) for segment in segments]
-        verdict_column = [key for key, _ in COLUMNS].index("verdict")
-        headers = [self._header if key == "verdict" else header for key, header in COLUMNS]
-        width = verdict_width(self.app.size.width, rows, headers)
+        headers = [header for _, header in COLUMNS]
+        headers[VERDICT] = self._header
+        screen_width = self.app.size.width
+        width = verdict_width(screen_width, rows, headers)
+        if width is not None and width < MIN_VERDICT_BESIDE:  # columns a scroll away: a change of several options
+            for cells in rows:                                # takes lines, not the verdict's room
+                cells[CHANGE] = _wrapped(cells[CHANGE], CHANGE_WIDTH)
+            width = verdict_width(screen_width, rows, headers)
+        others = sum(column_widths(rows, headers)) - column_widths(rows, headers)[VERDICT]
+        past_the_edge = width is not None and others + width > screen_width - FRAME_WIDTH - SCROLLBAR_WIDTH
+        self.query_one(".view-keys", Label).update(KEYS_SCROLLED if past_the_edge else KEYS)
         verdicts = table.columns[ColumnKey("verdict")]
         verdicts.width, verdicts.auto_width = width or 0, width is None
+        verdicts.label = Text(fit_words(self._header, width - CELL_PADDING) if width is not None else self._header)
         if width is not None:
             for cells in rows:
-                cells[verdict_column] = _wrapped(cells[verdict_column], width - SCROLLBAR_WIDTH)
-        heights = [len(cells[verdict_column].plain.splitlines()) or 1 for cells in rows]
+                cells[VERDICT] = _wrapped(cells[VERDICT], width - SCROLLBAR_WIDTH)
+        heights = [max(len(cells[column].plain.splitlines()) for column in (CHANGE, VERDICT)) or 1 for cells in rows]
         if heights[: table.row_count] != self._row_heights:
             # A row's height is fixed when it is added: one whose verdict now takes more (or fewer) lines, or a new
             # trainer's table (a restart), is drawn again from the top, the cursor kept where it was.
@@ -371,6 +453,8 @@ class ImpactScreen(ViewScreen):
         if width != self._trials_width:  # their verdicts were wrapped to another width: again, at this one
             trials.clear()
             self._trials_width = width
+            verdicts = trials.columns[ColumnKey("verdict")]  # as wide as they were wrapped: the table fits the screen
+            verdicts.width, verdicts.auto_width = width or 0, width is None
         for cells in trial_rows[trials.row_count :]:
             if width is not None:  # the verdict is the trials' last column: it wraps, and nothing comes after it
                 cells[-1] = _wrapped(cells[-1], width - SCROLLBAR_WIDTH)
