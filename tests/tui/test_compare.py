@@ -17,6 +17,7 @@ from torchlab.core.launch.compare import CompareApp, main
 from torchlab.core.records.config import build_config
 from torchlab.core.wire import strict_json
 from torchlab.tui.run_history import RunHistory, differences
+from torchlab.tui.screens.compare_screen import fold
 from torchlab.tui.widgets.line_chart import LineChart, marker
 
 
@@ -81,6 +82,11 @@ def test_compare_says_what_is_wrong_in_one_line(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_a_long_setting_name_is_folded_between_its_words_not_mid_word():
+    """At 80 columns the setting column is 13 wide: ``schedule_extensions`` read ``schedule_exte`` / ``nsions``."""
+    assert fold("schedule_extensions", 13) == ["schedule_", "extensions"]
+
+
 def test_compare_into_a_file_is_refused_not_drawn_into_it(runs, capsys):
     """`compare A B > out.txt` wrote the app's escape codes into the file and waited for keys."""
     assert main([str(path) for path in runs]) == 2  # pytest's captured output is no terminal
@@ -139,7 +145,7 @@ async def test_the_palette_compares_the_live_run_with_its_earlier_one(runs):
     from dataclasses import replace
 
     from fake_link import FakeLink, quiet_app, training_events
-    from torchlab.tui.screens.compare_screen import CompareScreen
+    from torchlab.tui.screens.compare_screen import fold, CompareScreen
 
     events = training_events(20)
     events[0] = replace(events[0], run=replace(events[0].run, run_dir=str(runs[1])))  # the Welcome: this run's directory

@@ -187,14 +187,17 @@ def column_widths(labels: list[str], columns: list[list[str]], width: int) -> tu
 
 def fold(text: str, width: int) -> list[str]:
     """``text`` in lines of at most ``width`` cells, each ending after a space, "/", ",", "-", ":" or "." where there
-    is one (a path breaks between its folders, a class's name between its modules), else cut; at least one line."""
+    is one (a path breaks between its folders, a class's name between its modules); a piece no line holds is cut
+    after its last "_" that fits (a setting's name between its words: ``schedule_`` / ``extensions``, not
+    ``schedule_exte`` / ``nsions``), else at the width; at least one line."""
     lines, line = [], ""
     for piece in _PIECES.findall(text):
         if len(line) + len(piece.rstrip()) > width and line:
             lines.append(line.rstrip())
             line = ""
-        while len(piece) > width:  # a piece no line holds: cut it
-            lines.append(piece[:width])
-            piece = piece[width:]
+        while len(piece) > width:  # a piece no line holds: cut it between words where it can be
+            cut = piece.rfind("_", 0, width) + 1 or width
+            lines.append(piece[:cut])
+            piece = piece[cut:]
         line += piece
     return [*lines, line.rstrip()] if line.strip() or not lines else lines
