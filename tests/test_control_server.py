@@ -346,3 +346,40 @@ def test_no_thread_to_be_had_for_a_connection_refuses_it_and_the_accept_loop_goe
     stranger.settimeout(10.0)
     assert answer(stranger).reason == "no thread to serve this connection (RuntimeError: can't start new thread); try again"
     served.app()
+
+
+def test_the_apps_commands_are_passed_on_in_order_while_its_welcome_waits_for_the_trainer():
+    """Keys typed as the app's screen shows reach the socket while the trainer still loads torch, and its Welcome
+    waits for the trainer: read only after the Welcome, they reached the trainer after its first step boundary
+    (or not at all, refused). They are passed on at once, in order, and the Welcome follows when the run is ready."""
+    with tempfile.TemporaryDirectory(prefix="cs-") as directory:
+        ready, commands, attached = threading.Event(), [], threading.Event()
+
+        def welcome():
+            ready.wait(WAIT_S)
+            return p.Welcome(run=RUN, modules=[], options={}, state="running", step=0)
+
+        server = cs.ControlServer(Path(directory) / "s.sock", TOKEN, Outbox(), welcome=welcome,
+                                  on_command=lambda command, client: commands.append(command),
+                                  on_client_gone=lambda: None, on_client_attached=attached.set)
+        try:
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            client.settimeout(WAIT_S)
+            client.connect(str(server.socket_path))
+            client.sendall(p.Hello(version=PROTOCOL_VERSION, token=TOKEN).encode())
+            sent = [p.SetCommand("accum", 2), p.SetCommand("amp", "bf16"), p.PauseCommand()]
+            client.sendall(b"".join(command.encode() for command in sent))
+            deadline = time.monotonic() + WAIT_S
+            while len(commands) < len(sent):
+                assert time.monotonic() < deadline, f"only {commands} passed on before the welcome"
+                time.sleep(0.01)
+            assert commands == sent and attached.is_set()
+            ready.set()
+            assert answer(client).type == "welcome"
+            client.sendall(p.ResumeCommand().encode())
+            while len(commands) < len(sent) + 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            assert commands[-1] == p.ResumeCommand()
+        finally:
+            server.close()

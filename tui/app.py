@@ -221,6 +221,7 @@ class TorchlabApp(Notices, KeyActions, Leaving, App[int]):
         self._start_failed_status = None
         self._link_closed = False
         self.run_state.read_only = self.read_only
+        self.run_state.attaching = bool(getattr(self.link, "attached", False))
         self._follow_trainer_log()
 
     def _follow_trainer_log(self) -> None:

@@ -5,8 +5,9 @@ A part of ``TorchlabApp`` (app.py), split off so that each module holds one job:
 link and the drawing; this class its actions, the command palette's entries and ``send``. Every request is
 logged as requested at once, then acknowledged with the step it took effect at (or refused with the trainer's
 reason) when the answer arrives; a prompt submitted with the value it showed sends nothing and says so. A
-request that can go nowhere (a read-only view, a run that has ended, no trainer yet) is refused here, in
-words, before a prompt asks for a value.
+request that can go nowhere (a read-only view, a run that has ended, no trainer to connect to) is refused here,
+in words, before a prompt asks for a value. One made while the trainer starts is queued, and said so: the link
+and the trainer keep it, in the order typed, for the trainer's first step boundary.
 
 A mixin rather than a separate object: Textual looks actions up on the app (``action_*``, ``check_action``,
 ``get_system_commands``), so they are the app's methods wherever they are written.
@@ -51,11 +52,8 @@ class KeyActions:
         if self.link is None or self._link_closed:
             self.refuse_request(f"{_command_subject(command)}: no trainer is connected")
             return False
-        if self.run_state.state == RunStatus.CONNECTING:
-            # Before the welcome the trainer is still importing torch; the link would answer with an error.
-            self.run_state.log("refused", f"{command.type}: the trainer is still starting; try again in a moment", notify=True)
-            self._refresh_view()
-            return False
+        # Before the trainer's welcome (torch still loading) the command is sent all the same: the link keeps it until
+        # it connects and the trainer until it is built, in the order typed, for its first step boundary (queued).
         try:
             self.link.send(command)
         except Exception as error:  # told to the user; the app goes on
@@ -93,9 +91,10 @@ class KeyActions:
         if state == RunStatus.PAUSED:
             if self.send(protocol.ResumeCommand()):
                 self._requested("resume requested")
-        elif state in (RunStatus.RUNNING, RunStatus.STARTING, RunStatus.RELAUNCHING):  # while relaunching: the new ranks start paused
+        # While relaunching: the new ranks start paused; while connecting: the run does, at its first step boundary.
+        elif state in (RunStatus.RUNNING, RunStatus.STARTING, RunStatus.RELAUNCHING, RunStatus.CONNECTING):
             if self.send(protocol.PauseCommand()):
-                self._requested("pause requested (takes effect at the end of the current step)")
+                self._requested(f"pause requested ({self._when('takes effect at the end of the current step')})")
         else:
             why = self.run_state.ended or f"the run is {state}"
             self.notify(f"{why}: there is nothing to pause or resume", severity="warning")
@@ -173,7 +172,7 @@ class KeyActions:
         change; ``why`` says how it was chosen from the row)."""
         if self.send(command):
             self._requested(f"trial of {command.option} = {command.value} for {command.steps} steps requested{why} "
-                            f"(from the next step boundary; training waits for it)")
+                            f"({self._when('from the next step boundary')}; training waits for it)")
 
     def refuse_request(self, text: str) -> None:
         """A request the app will not send, with the reason: in the log, and as a toast."""
@@ -196,11 +195,12 @@ class KeyActions:
     def action_profile(self) -> None:
         if self.send(protocol.ProfileCommand(steps=DEFAULT_PROFILE_STEPS)):
             self.run_state.note_profile_request()
-            self._requested(f"profiler snapshot of the next {DEFAULT_PROFILE_STEPS} steps requested")
+            self._requested(f"profiler snapshot of the next {DEFAULT_PROFILE_STEPS} steps requested"
+                            + (f" ({self.run_state.queued})" if self.run_state.queued else ""))
 
     def action_save_checkpoint(self) -> None:
         if self.send(protocol.SaveCheckpointCommand()):
-            self._requested("checkpoint requested (saved at the end of the current step)")
+            self._requested(f"checkpoint requested ({self._when('saved at the end of the current step')})")
 
     def action_detach(self) -> None:
         self.run_state.detach_requested = True
@@ -245,6 +245,10 @@ class KeyActions:
         from torchlab.tui.screens.help_screen import HelpScreen
 
         self.push_screen(HelpScreen(keys))
+
+    def _when(self, usual: str) -> str:
+        """When a request takes effect: ``usual``, or, sent before the trainer's welcome, at its first boundary."""
+        return self.run_state.queued or usual
 
     def _requested(self, text: str) -> None:
         self.run_state.log("info", text)

@@ -8,6 +8,8 @@ with stdout and stderr in ``trainer.log`` in the run directory so it never draws
 A reader thread connects (retrying while the trainer starts), decodes events and appends them to a
 buffer; the app drains that buffer on a timer. The reader never touches the UI. When the process
 ends without having said why, the link adds an ``Error`` event naming its exit code or signal.
+Commands sent while it connects wait, in the order sent, and go right after the hello: the trainer queues
+them for its first step boundary (keys typed as the app's screen shows, before torch has loaded).
 
 ``ProcessLink.attach`` makes a link to a trainer that is already running (detached earlier, listed
 by ``torchlab-tui attach``): no process is spawned, and closing it stops that trainer the same way.
@@ -84,6 +86,9 @@ class ProcessLink:
         self._attached_pid: int | None = None  # the trainer's pid when attached rather than spawned
         self._on_detached = lambda: None  # detach_and_wait's signal
         self._welcomed = False
+        #: a reader thread is connecting: commands sent meanwhile wait in ``_typed_ahead`` (under ``_send_lock``)
+        self._connecting = False
+        self._typed_ahead: list[Message] = []
         #: why the trainer turned this link away before welcoming it (another app is attached), if it did
         self.refused: str | None = None
         #: set whenever an event arrives (for code that waits on the link outside a UI timer)
@@ -112,10 +117,15 @@ class ProcessLink:
         self.log_start = _size(self.log_path)
         if self._attached_pid is not None:
             self._closing = False
-            self._reader = threading.Thread(target=self._read_events, name="torchlab-link-reader", daemon=True)
-            self._reader.start()
+            self._start_reader()
             return
         self._spawn(self.training_args)
+
+    def _start_reader(self) -> None:
+        with self._send_lock:
+            self._connecting, self._typed_ahead = True, []
+        self._reader = threading.Thread(target=self._read_events, name="torchlab-link-reader", daemon=True)
+        self._reader.start()
 
     def _spawn(self, training_args: list[str]) -> None:
         self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # private, unless the CLI made it shared already
@@ -136,8 +146,7 @@ class ProcessLink:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self._reader = threading.Thread(target=self._read_events, name="torchlab-link-reader", daemon=True)
-        self._reader.start()
+        self._start_reader()
 
     def restart(self, resume: bool = True, options: dict[str, Any] | None = None) -> None:
         """After the trainer ended: start a new one in the same run directory, from its last checkpoint.
@@ -181,16 +190,20 @@ class ProcessLink:
         return messages
 
     def send(self, command: Message) -> None:
-        """Send a command; if the trainer is not connected, the app is told so through a log event."""
-        connection = self._socket
-        if connection is None:
-            self._push(Log(level="error", text=f"{command.type}: the trainer is not connected"))
-            return
-        try:
-            with self._send_lock:
+        """Send a command; while the link connects it waits, in order, and goes right after the hello; if the
+        trainer is not connected, the app is told so through a log event."""
+        with self._send_lock:
+            connection = self._socket
+            if connection is None and self._connecting:
+                self._typed_ahead.append(command)
+                return
+            if connection is None:
+                self._push(Log(level="error", text=f"{command.type}: the trainer is not connected"))
+                return
+            try:
                 connection.sendall(command.encode())
-        except OSError as error:  # the run has not failed: the app says the command did not arrive
-            self._push(Log(level="error", text=f"{command.type}: could not reach the trainer ({error})"))
+            except OSError as error:  # the run has not failed: the app says the command did not arrive
+                self._push(Log(level="error", text=f"{command.type}: could not reach the trainer ({error})"))
 
     def close(self, *, detach: bool = False, grace_s: float = STOP_GRACE_S) -> int | None:
         """Stop the trainer (it writes a final checkpoint) and wait for it; returns its exit code.
@@ -235,6 +248,11 @@ class ProcessLink:
         return self._endpoint.name if self._endpoint is not None else None
 
     @property
+    def attached(self) -> bool:
+        """The trainer was running before this link found it (``attach``): it trains already, it does not start."""
+        return self._attached_pid is not None
+
+    @property
     def pid(self) -> int | None:
         if self._attached_pid is not None:
             return self._attached_pid
@@ -271,8 +289,8 @@ class ProcessLink:
     # ------------------------------------------------------------------ reader thread
     def _read_events(self) -> None:
         connection = self._connect()
+        self._connected(connection)
         if connection is not None:
-            self._socket = connection
             buffer = bytearray()
             while True:
                 try:
@@ -309,6 +327,23 @@ class ProcessLink:
             connection.settimeout(None)
             return connection
         return None
+
+    def _connected(self, connection: socket.socket | None) -> None:
+        """The connection is made (or cannot be): the commands sent meanwhile go first, in order, then any sent
+        from now on; with no connection they are not sent, and the app is told so."""
+        with self._send_lock:
+            waiting, self._typed_ahead, self._connecting = self._typed_ahead, [], False
+            if connection is None:
+                if waiting and not self._closing:
+                    self._push(Log(level="error", text=f"{', '.join(c.type for c in waiting)}: not sent, the trainer "
+                                                       f"ended before it connected"))
+                return
+            try:
+                for command in waiting:
+                    connection.sendall(command.encode())
+            except OSError as error:
+                self._push(Log(level="error", text=f"{command.type}: could not reach the trainer ({error})"))
+            self._socket = connection
 
     def _accept_line(self, line: bytes) -> None:
         try:

@@ -164,6 +164,12 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
         self.failure: Failure | None = None
         #: this app is a read-only view (``attach --view``): the header says so
         self.read_only = False
+        #: the trainer this app talks to has welcomed it: False while the link connects and while a restarted trainer
+        #: starts, when requests wait (the link and the trainer keep them, in order) for its first step boundary
+        self.welcomed = False
+        #: the app attached to a trainer that trains already (set by the app from its link): a request made before
+        #: its welcome takes effect at its next step boundary, not at a first one
+        self.attaching = False
         #: option -> value the app asked for and the trainer has not answered yet (the newest request of
         #: those still unanswered: the trainer answers an option's commands in the order they were sent)
         self.pending: dict[str, Any] = {}
@@ -304,17 +310,30 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
         self._unanswered.setdefault(option, deque()).append(value)
         self.pending[option] = value
         self.options_version += 1
+        if self.queued is not None:
+            self.log("info", f"{option} = {format_option_value(option, value)}: {self.queued}")
+            return
         when = OPTIONS_BY_NAME[option].takes_effect
         if option == AMP.name and self.world_size > 1 and self.options.get(PARALLEL.name) == "fsdp":
             when = PARALLEL.takes_effect  # FSDP2's mixed precision is fixed while the ranks live
         self.log("info", f"requested {option} = {format_option_value(option, value)} ({when})")
 
-    def _answered(self, option: str, source: str) -> None:
+    @property
+    def queued(self) -> str | None:
+        """How a request made before the trainer's welcome is said ("queued, applied at the first step boundary"),
+        None once welcomed: the trainer takes it before its first step, in the order typed."""
+        if self.welcomed:
+            return None
+        return "queued, applied at the next step boundary once attached" if self.attaching else \
+            "queued, applied at the first step boundary"
+
+    def _answered(self, option: str, source: str) -> bool:
         """The trainer answered (applied or refused) the oldest unanswered request of the app for ``option``:
-        what stays pending is the newest request after it, or nothing. Answers to others (``--at``) are not ours."""
+        what stays pending is the newest request after it, or nothing. Answers to others (``--at``) are not ours.
+        True when it was this app's request."""
         waiting = self._unanswered.get(option)
         if source != "app" or not waiting:
-            return
+            return False
         waiting.popleft()
         if waiting:
             self.pending[option] = waiting[-1]
@@ -322,6 +341,7 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
             del self._unanswered[option]
             self.pending.pop(option, None)
         self.options_version += 1
+        return True
 
     def _forget_requests(self) -> None:
         """No trainer will answer what was asked of the one before (the run ended, or a new one welcomed us)."""
@@ -339,9 +359,13 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
         """A new trainer is on its way after a failure: clear the failure, wait for its welcome."""
         self.failure = None
         self._set_state(RunStatus.STARTING, "restarting from the last checkpoint")
+        self.welcomed, self.attaching = False, False  # requests now wait for the new trainer, which starts
 
-    def log(self, level: str, text: str, step: int | None = None, *, notify: bool = False, toast: str | None = None) -> None:
-        if notify and self._replaying:  # old news: on an 80x24 screen a toast each covered the whole view
+    def log(self, level: str, text: str, step: int | None = None, *, notify: bool = False, toast: str | None = None,
+            ours: bool = False) -> None:
+        """``ours``: an answer to this app's own request, news even amid the past (typed while the trainer started,
+        answered before this app's stream began)."""
+        if notify and self._replaying and not ours:  # old news: on an 80x24 screen a toast each covered the whole view
             notify, self._past_toasts = False, self._past_toasts + 1
         self._new_log.append(LogEntry(level, text, step, notify, toast))
 
@@ -382,7 +406,9 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
         self.step = event.step
         self._set_state(event.state, "")
         self.failure = None
-        self._forget_requests()
+        if self.welcomed:  # a new trainer: the old one will not answer (what was asked before this welcome is this one's)
+            self._forget_requests()
+        self.welcomed = True
         where = f" on {self.device}" if self.device else ""
         workload = short_workload(self.workload) or "the run"
         # The step is the line's own (its first column): "connected" fits 80 columns with a workload's file name.
@@ -425,7 +451,7 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
         self.log("info", f"{text} at step {event.step}{detail}", event.step, notify=notify)
 
     def _on_option_applied(self, event: protocol.OptionApplied) -> None:
-        self._answered(event.option, event.source)
+        ours = self._answered(event.option, event.source)
         shown = format_option_value(event.option, event.value)
         if event.option in OPTION_NAMES:
             self.options[event.option] = event.value
@@ -443,7 +469,7 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
                 self.header_version += 1
         else:
             text = f"{event.option} = {shown} applied at step {event.step}"
-        self.log("applied", text, event.step, notify=True)
+        self.log("applied", text, event.step, notify=True, ours=ours)
 
     def _on_detached(self, event: protocol.Detached) -> None:
         if not self.detach_requested:  # history replayed on attach: an earlier app's detach
@@ -454,14 +480,14 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
         self.log("applied", f"detached at step {event.step}: {self.after_detach}", event.step, notify=True)
 
     def _on_option_refused(self, event: protocol.OptionRefused) -> None:
-        self._answered(event.option, event.source)
+        ours = self._answered(event.option, event.source)
         shown = format_option_value(event.option, event.value)
         self.refused.add((event.option, shown))
         if event.option == "profile":
             self.profile_pending = False
             self.profiles_version += 1
         value = f" = {shown}" if event.value is not None or event.option in OPTION_NAMES else ""
-        self.log("refused", f"{event.option}{value} refused: {event.reason}", event.step, notify=True)
+        self.log("refused", f"{event.option}{value} refused: {event.reason}", event.step, notify=True, ours=ours)
 
     def _on_checkpoint(self, event: protocol.CheckpointSaved) -> None:
         self.checkpoint_step = event.step

@@ -155,6 +155,11 @@ class Worker:
         self.outbox = Outbox()
         self.reporter = OutboxReporter(self.outbox, on_run_started=self._on_run_started)
         self.trainer = None  # the run's Supervisor, once built: the Trainer's API, whatever the world size
+        # The app's commands from its hello on (control_server.py): those that come before the Supervisor exists wait
+        # here, in the order typed, and it takes them before the first step (``_take_commands``).
+        self._commands_lock = threading.Lock()
+        self._commands_to = None  # the Supervisor, from its creation
+        self._typed_ahead: list[p.TrainerCommand] = []
         self._config = None
         self._welcome: p.Welcome | None = None
         self._ready = threading.Event()
@@ -209,6 +214,7 @@ class Worker:
                     external=rank_from_environment(supervised=False),  # rank 0 under torchrun
                     resume_note=plan.resume_note(),
                 )
+                self._take_commands(supervisor)
                 with exits_as_failure("as the run was set up"):
                     supervisor.prepare()  # seeds and loads the workload where it trains here (a bad one fails now)
                 self.trainer = supervisor
@@ -277,6 +283,7 @@ class Worker:
     def _wait_for_welcome(self) -> p.Welcome | None:
         """The run described as it is now (an app attaching later sees the current state and options)."""
         self._ready.wait()
+        self.publish()  # the run's entry says it trains as soon as an app can see it (attached came at the hello)
         welcome = self._welcome
         if welcome is None or self.trainer is None:
             return welcome
@@ -290,15 +297,34 @@ class Worker:
         match command:
             case p.DetachCommand():
                 self._detach()
-            case p.TrainerCommand() if self.trainer is None:
-                self.outbox.add_event(p.Log(level="warning", text=f"{command.type}: the trainer is still starting; try again"))
             case p.TrainerCommand():
                 command = _from_the_client(command, client)
-                self.trainer.submit(command)
-                if isinstance(command, p.StopCommand):
+                if not self._submit(command):
+                    self.outbox.add_event(p.Log(level="warning", text=f"{command.type}: the run ended before it trained; "
+                                                                      f"nothing was applied"))
+                elif isinstance(command, p.StopCommand):
                     self._tell_stop_requested(command.reason)
             case _:
                 self._refuse(f"{command.type} is not a command")
+
+    def _submit(self, command: p.TrainerCommand) -> bool:
+        """Queue ``command`` for the trainer's next step boundary, or, while the trainer is being built (torch imports,
+        the workload loads), for its first; False when the run ended before it could train (nothing will take it)."""
+        with self._commands_lock:  # in the order they came: a command cannot pass those still waiting
+            if self._commands_to is not None:
+                self._commands_to.submit(command)
+            elif self._ready.is_set():  # answered without a trainer: the run failed as it was set up
+                return False
+            else:
+                self._typed_ahead.append(command)
+        return True
+
+    def _take_commands(self, supervisor) -> None:
+        """From now on ``supervisor`` takes the app's commands, first those that came while it was being made."""
+        with self._commands_lock:
+            self._commands_to, waiting, self._typed_ahead = supervisor, self._typed_ahead, []
+            for command in waiting:
+                supervisor.submit(command)
 
     def _tell_stop_requested(self, reason: str) -> None:
         """Who asked the run to stop, in its journal and the event log: the run's end says only that it stopped."""

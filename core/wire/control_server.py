@@ -70,10 +70,11 @@ class ControlServer:
     """Serves ``socket_path`` until ``close()``.
 
     ``welcome`` is called for each authenticated client and blocks until the run can describe itself
-    (the trainer is built); ``on_command`` receives every later command, detach included (the
+    (the trainer is built); ``on_command`` receives every later command of the controlling client, from its
+    hello on (while its Welcome waits: the worker queues them for the trainer), detach included (the
     worker decides whether to accept it), with the name the client gave in its hello (``Hello.client``);
-    ``on_client_attached()`` once a client is welcomed and ``on_client_gone()`` when the controlling
-    client leaves, whichever way; ``on_refused(reason, before_hello)`` after each refusal was answered (on
+    ``on_client_attached()`` once the controlling client said its hello and ``on_client_gone()`` when it
+    leaves, whichever way; ``on_refused(reason, before_hello)`` after each refusal was answered (on
     a connection's thread, or the accept loop's: it must not block, nor raise).
     """
 
@@ -249,11 +250,12 @@ class ControlServer:
             self._refuse(connection, "another app is already attached to this run", before_hello=True)
             return
         try:
-            if not self._welcome_and_stream(connection):
-                return
-            self._first_client_served.set()
+            # Its commands are read from its hello on, while the Welcome waits for the trainer to be built: keys
+            # typed as the app's screen shows reach the trainer's queue in the order typed, before its first step.
+            # The Welcome goes from a thread of its own, without a timeout on the socket (it would end the reads).
             self._on_client_attached()
             connection.settimeout(None)
+            threading.Thread(target=self._welcome_app, args=(connection,), name="torchlab-welcome", daemon=True).start()
             self._read_commands(connection, reader, client)
         except OSError:
             pass  # the client vanished mid-handshake; it is treated as gone below
@@ -263,6 +265,21 @@ class ControlServer:
             _shutdown(connection)
             if not self._closed.is_set():
                 self._on_client_gone()
+
+    def _welcome_app(self, connection: socket.socket) -> None:
+        """The controlling app's Welcome and stream, once the run can describe itself; a connection that cannot be
+        welcomed is shut down, which ends its reads (``_serve_app`` then treats the app as gone)."""
+        try:
+            welcomed = self._welcome_and_stream(connection, send_timeout_s=None)
+        except OSError:  # the app left before the trainer was built
+            welcomed = False
+        if welcomed:
+            self._first_client_served.set()
+        else:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed already, by its reader
 
     def _serve_viewer(self, connection: socket.socket, reader: LineReader) -> None:
         with self._controller_lock:
@@ -291,13 +308,13 @@ class ControlServer:
                 self._viewers.discard(connection)
             _shutdown(connection)
 
-    def _welcome_and_stream(self, connection: socket.socket) -> bool:
+    def _welcome_and_stream(self, connection: socket.socket, send_timeout_s: float | None = SEND_TIMEOUT_S) -> bool:
         """Send the Welcome, then the stream from the Outbox on a sender thread (``flush`` waits for it, so a
         viewer gets the run's end too); False when the run cannot describe itself or the server is closing."""
         welcome = self._welcome()
         if welcome is None or self._closed.is_set():
             return False
-        connection.settimeout(SEND_TIMEOUT_S)
+        connection.settimeout(send_timeout_s)
         connection.sendall(welcome.encode())
         sender = threading.Thread(target=self._send_loop, args=(connection,), name="torchlab-sender", daemon=True)
         sender.start()

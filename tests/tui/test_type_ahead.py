@@ -9,7 +9,7 @@ together, before the app has handled the first. ``type_fast`` queues them the sa
 from __future__ import annotations
 
 import pytest
-from fake_link import FakeLink, quiet_app
+from fake_link import FakeLink, quiet_app, welcome
 
 from textual import events
 from textual.command import CommandPalette
@@ -355,3 +355,44 @@ async def test_esc_with_a_key_close_behind_it_acts_as_the_two_keys_typed(typed, 
         await pilot.pause()
         assert app.screen is app.screen_stack[0]
         assert link.sent == sent
+
+
+async def test_a_prompts_answer_is_sent_before_the_keys_typed_after_its_enter() -> None:
+    """The answer went through a dismiss callback, run later from another queue than the keys': ``g BSpace 1 Enter
+    a c`` typed fast sent amp before clip."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await type_fast(app, pilot, "g", "backspace", "1", "enter", "a", "c")
+        assert link.sent == [protocol.SetCommand("clip", 1.0), protocol.SetCommand("amp", "bf16"),
+                             protocol.SetCommand("checkpointing", True)]
+
+
+async def test_keys_typed_before_the_trainers_welcome_are_sent_in_order_said_queued_and_their_answers_notified() -> None:
+    """``m 2 Enter`` typed as the screen shows, while the trainer still loads torch, was refused ("set: the trainer is
+    still starting; try again in a moment"). It is sent, in the order typed (the link and the trainer keep it for
+    the trainer's first step boundary), and said so; the trainer's answers come in the past its stream begins with
+    (its first boundary is passed before this app's stream starts), and are notices, as the news they are to it."""
+    link = FakeLink([])
+    app = quiet_app(link)
+    logged = []
+    take_log = app.run_state.take_log
+    app.run_state.take_log = lambda: (entries := take_log(), logged.extend(entries))[0]  # type: ignore[method-assign]
+    async with app.run_test(size=SIZE) as pilot:
+        await type_fast(app, pilot, "m", "2", "enter", "a", "space")
+        assert link.sent == [protocol.SetCommand("accum", 2), protocol.SetCommand("amp", "bf16"), protocol.PauseCommand()]
+        lines = [line[9:] for line in app.query_one(EventLog).lines_written]
+        assert lines == ["accum = 2: queued, applied at the first step boundary",
+                         "amp = bf16: queued, applied at the first step boundary",
+                         "pause requested (queued, applied at the first step boundary)"]
+        assert not any(entry.level == "refused" for entry in logged)
+        link.queue = []  # as the trainer answers: at step 1, in the past its stream begins with (the fake link would
+        app.run_state.apply_all([welcome(0, state="starting"),  # end the past at the welcome)
+                                 protocol.OptionApplied("accum", 2, 1, 1, "app"), protocol.OptionApplied("amp", "bf16", "off", 1, "app"),
+                                 protocol.Replayed(events=2), protocol.State("paused", 0)])
+        app.poll_now()
+        await pilot.pause()
+        assert app.run_state.options["accum"] == 2 and not app.run_state.pending and app.run_state.state == "paused"
+        notices = [entry.text for entry in logged if entry.notify]
+        assert "accum = 2 applied at step 1 (was 1)" in notices and "amp = bf16 applied at step 1 (was off)" in notices
+        assert not any("earlier events" in notice for notice in notices)  # they are not an attach's past

@@ -58,8 +58,14 @@ async def test_keys_change_a_real_run_and_quit_leaves_no_trainer(tmp_path):
     app, links = app_with_trainer(run_dir, f"{TINY}:workload", "--steps", "100000", "--checkpoint-every", "0")
     async with app.run_test(size=SIZE) as pilot:
         state = app.run_state
+        # Typed as the screen shows, while the trainer loads torch: queued (it was refused, "try again in a moment")
+        # and applied at the first step boundary, where --at 1:accum=2 would be.
+        assert not state.welcomed
+        await pilot.press("m", "2", "enter")
+        assert "accum = 2: queued, applied at the first step boundary" in "\n".join(app.query_one(EventLog).lines_written)
         await until(pilot, lambda: state.step >= 2 and state.modules, what="module rows")
         assert app.query_one(GradTable).displayed_keys[:2] == ["stem", "body.0.0"]
+        await until(pilot, lambda: state.options.get("accum") == 2 and not state.pending, what="accum=2 acknowledged")
 
         await pilot.press("a")
         await until(pilot, lambda: state.option("amp") == "bf16", what="amp=bf16 acknowledged")
@@ -80,8 +86,8 @@ async def test_keys_change_a_real_run_and_quit_leaves_no_trainer(tmp_path):
         for e in events_of(run_dir):
             if e["event"] == "option_applied":
                 applied.setdefault(e["option"], e["step"])
-        assert set(applied) == {"amp", "checkpointing", "clip"}
-        for option, value in (("amp", "bf16"), ("checkpointing", "on"), ("clip", "0.5")):
+        assert set(applied) == {"accum", "amp", "checkpointing", "clip"} and applied["accum"] == 1
+        for option, value in (("accum", "2"), ("amp", "bf16"), ("checkpointing", "on"), ("clip", "0.5")):
             assert f"{option} = {value} applied at step {applied[option]}" in shown  # the app and the journal agree
         assert "amp: fp16 skipped: fp16 needs CUDA; this run is on cpu: use bf16" in shown
 

@@ -80,6 +80,8 @@ class OptionPrompt(ModalScreen[Chosen | None]):
         self.title_text, self.hint = title, hint
         self.parse = parse
         self.current = current
+        #: what is done with the answer (``open_prompt`` sets it), as it is given
+        self.chosen: Callable[[Chosen | None], None] = lambda answer: None
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
@@ -101,7 +103,14 @@ class OptionPrompt(ModalScreen[Chosen | None]):
         except OptionRefused as refusal:
             self.query_one("#prompt-error", Static).update(str(refusal))
             return
-        self.dismiss(Chosen(value))
+        self._answer(Chosen(value))
+
+    def _answer(self, answer: Chosen | None) -> None:
+        """Act on the answer now, then close: a dismiss callback runs later, from another queue than the keys', and
+        in ``g BSpace 1 Enter a`` typed fast amp was sent before clip, or, in ``m 2 Enter m 4 Enter``, accum 2 after
+        accum 4 (the second prompt showed the value before the first answer)."""
+        self.chosen(answer)
+        self.dismiss(answer)
 
     def on_mount(self) -> None:
         # A watcher runs as the value changes: Input.Changed, a message queued behind the keys of a burst,
@@ -112,7 +121,7 @@ class OptionPrompt(ModalScreen[Chosen | None]):
         self.query_one("#prompt-error", Static).update("")
 
     def action_cancel(self) -> None:
-        self.dismiss(None)
+        self._answer(None)
 
 
 async def open_prompt(app: App[Any], prompt: OptionPrompt, chosen: Callable[[Chosen | None], None]) -> None:
@@ -125,4 +134,5 @@ async def open_prompt(app: App[Any], prompt: OptionPrompt, chosen: Callable[[Cho
     its field had focus, and was lost, while Enter, a binding looked up when it was handled, reached the field
     and sent the value shown: "accum = 1 applied (was 1)".
     """
-    await app.push_screen(prompt, callback=chosen)
+    prompt.chosen = chosen
+    await app.push_screen(prompt)
