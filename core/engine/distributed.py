@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from torchlab.core.wire import strict_json
+from torchlab.core.engine.cpu_share import WAIT_POLICY_VARIABLE
 from torchlab.core.engine.loopback_rendezvous import keep_ranks_on_loopback
 from torchlab.core.wire.options import OptionRefused, usable_cpus
 from torchlab.core.wire.payloads import RankFigures
@@ -84,9 +85,6 @@ def open_process_group(context: RankContext, device: torch.device) -> None:
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
     else:
-        if "OMP_NUM_THREADS" not in os.environ:  # torchrun sets it; our own launch shares the cores out
-            ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", context.world_size))
-            torch.set_num_threads(max(1, usable_cpus() // ranks_here))
         dist.init_process_group("gloo")
 
 
@@ -158,8 +156,10 @@ class Collectives:
         return decode_packet(self._packet.cpu().numpy().tobytes())
 
     def describe_ranks(self) -> list[dict[str, Any]]:
-        """Each rank's host, pid and device, gathered once at start (for run_started)."""
-        mine = {"rank": self.context.rank, "host": socket.gethostname(), "pid": os.getpid(), "device": str(self.device)}
+        """Each rank's host, pid, device and CPU threads (as torch runs, and how its OpenMP threads wait: the share
+        core/engine/cpu_share.py decided), gathered once at start (for run_started)."""
+        mine = {"rank": self.context.rank, "host": socket.gethostname(), "pid": os.getpid(), "device": str(self.device),
+                "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get(WAIT_POLICY_VARIABLE)}
         everyone: list[Any] = [None] * self.context.world_size
         dist.all_gather_object(everyone, mine)
         return everyone

@@ -49,6 +49,7 @@ import torch
 from torchlab.core.engine import loopback_rendezvous
 from torchlab.core.engine.checkpoint import peek_checkpoint
 from torchlab.core.engine.checkpoint_contents import saved_world_size
+from torchlab.core.engine.cpu_share import apply_thread_share
 from torchlab.core.engine.distributed import RankContext, check_world_size, rank_from_environment
 from torchlab.core.engine.outcome import Relaunch, RunOutcome
 from torchlab.core.engine.rank_rescue import RankRescue, Rescue
@@ -204,6 +205,7 @@ class Supervisor:
         from torchlab.core.engine.seeding import seed_everything
         from torchlab.core.engine.loading import load_workload
 
+        apply_thread_share(reports=self.external is None or self.external.reports)
         workload, self._workload = self._workload, None
         if workload is None:
             seed_everything(config.seed)
@@ -512,6 +514,7 @@ def _rank_main(argv: list[str] | None) -> NoReturn:
         parser.error("RANK and WORLD_SIZE are not set: rank processes are started by the supervisor's launcher")
     link = SupervisorLink(args.socket, os.environ[TOKEN_VARIABLE]) if context.rank == 0 else None
     try:
+        apply_thread_share(reports=context.reports)
         config = build_config(load_config_file(args.config), {})
         seed_everything(config.seed)
         workload = load_workload(config.workload)

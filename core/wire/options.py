@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, make_dataclass, replace
 from typing import Any
 
+from torchlab.core.engine.cpu_share import usable_cores
 from torchlab.core.errors import shown
 
 _OFF_WORDS = {"off", "none", "no", "false", "0", ""}
@@ -32,11 +32,9 @@ _AUTO_WORD = "auto"
 
 
 def usable_cpus() -> int:
-    """The CPU cores this process may run on (its affinity, which a container or taskset narrows)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    """The CPU cores this process may use: its affinity, or its cgroup's CPU quota where that is smaller
+    (core/engine/cpu_share.py)."""
+    return usable_cores()
 
 
 def max_workers() -> int:

@@ -68,6 +68,9 @@ def test_world_size_2_from_the_start_trains_and_takes_live_changes_on_every_rank
     assert all([r["rank"] for r in m["ranks"]] == [0, 1] and all(r["step_time_s"] > 0 for r in m["ranks"]) for m in with_ranks)
     [started] = [e for e in events if e["event"] == "run_started"]
     assert started["world_size"] == 2 and len(set(rank_pids(events))) == 2
+    # Each rank, read back in the rank: half the cores this run may use (core/engine/cpu_share.py), and OpenMP
+    # threads that sleep when idle instead of spinning against the other rank (issue 45, item 9).
+    assert [(r["threads"], r["omp_wait_policy"]) for r in started["ranks"]] == [(max(1, usable_cpus() // 2), "PASSIVE")] * 2
     assert [e["step"] for e in events if e["event"] == "checkpoint"] == [10, 20, 24]
     assert events[-1]["event"] == "run_ended" and events[-1]["status"] == "finished"
     state = load_checkpoint(run / "checkpoints" / "last.pt")
