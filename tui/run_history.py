@@ -145,6 +145,8 @@ def _settings(config: Path) -> dict[str, str]:
     except (FileNotFoundError, ConfigError):  # ConfigError: not TOML, or not a regular file (UnsafeFileError)
         return {}
     options = settings.pop("options", {})
+    if settings.get("schedule_extensions"):
+        settings["schedule_extensions"] = _extensions(settings["schedule_extensions"], settings.get("steps"))
     return {**{key: _shown(value) for key, value in settings.items()},
             **{f"options.{name}": format_option_value(name, value) for name, value in options.items()}}
 
@@ -180,6 +182,15 @@ def _series(xs: list[float], ys: list[float]) -> Series:
     ordered = sorted(zip(xs, ys), key=lambda point: point[0])  # a resumed run's rows may come back in order only once
     series.extend([x for x, _ in ordered], [y for _, y in ordered])
     return series
+
+
+def _extensions(extensions: Any, steps: Any) -> str:
+    """A run's changes of length as a reader takes them, each the step it was at and the totals before and after:
+    "at 79: 400 → 5000 steps, at 795: 5000 → 900 steps" (config.toml keeps [step, total before] pairs; the total
+    after is the next pair's total before, or the run's ``steps`` for the last)."""
+    pairs = [tuple(pair) for pair in extensions]
+    afters = [before for _, before in pairs[1:]] + [steps if steps is not None else "?"]
+    return ", ".join(f"at {step}: {before} → {after} steps" for (step, before), after in zip(pairs, afters))
 
 
 def _shown(value: Any) -> str:

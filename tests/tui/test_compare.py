@@ -87,6 +87,15 @@ def test_a_long_setting_name_is_folded_between_its_words_not_mid_word():
     assert fold("schedule_extensions", 13) == ["schedule_", "extensions"]
 
 
+def test_a_runs_changes_of_length_read_as_steps_and_totals_not_raw_pairs(tmp_path):
+    """compare printed ``schedule_extensions`` as config.toml keeps it: ``[[79, 400], [795, 5000], [900, 900]]``."""
+    run = write_run(tmp_path, "20261123-090000-tiny_gpt", lr=0.001, steps=120)
+    config = run / "config.toml"
+    config.write_text(config.read_text().replace("schedule_extensions = []",
+                                                 "schedule_extensions = [[40, 400], [79, 100]]"))
+    assert RunHistory.load(run).settings["schedule_extensions"] == "at 40: 400 → 100 steps, at 79: 100 → 120 steps"
+
+
 def test_compare_into_a_file_is_refused_not_drawn_into_it(runs, capsys):
     """`compare A B > out.txt` wrote the app's escape codes into the file and waited for keys."""
     assert main([str(path) for path in runs]) == 2  # pytest's captured output is no terminal
