@@ -125,9 +125,9 @@ async def test_attaching_replays_the_past_into_the_log_with_one_toast_and_the_ne
         log.write("printed by the workload before anyone attached\n")
     [entry] = list_runs()
     app = make_app(lambda: ProcessLink.attach(entry, view=True), workload="tiny", poll_interval=0.05)
-    toasts: list[str] = []
-    notify = app.notify
-    app.notify = lambda message, **kwargs: (toasts.append(message), notify(message, **kwargs))  # type: ignore[method-assign]
+    toasts: list[str] = []  # the notices shown beside the log's line (tui/app_notices.py): one for the whole past
+    show_notice = app.show_notice
+    app.show_notice = lambda text, *args, **kwargs: (toasts.append(text), show_notice(text, *args, **kwargs))  # type: ignore[method-assign]
     async with app.run_test(size=(80, 24)) as pilot:
         log = app.query_one(EventLog)
         for _ in range(1200):
