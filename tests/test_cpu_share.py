@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trainers import TINY
-from torchlab.core.engine.cpu_share import (
+from torchlab.core.wire.cpu_share import (
     cgroup_quota_cores,
     decide_threads,
     prefer_passive_openmp_waits,
@@ -48,6 +48,10 @@ def test_a_cgroup_v1_cfs_quota_is_read_as_cores_and_minus_one_is_none(tmp_path):
     write(folder / "cpu.cfs_quota_us", "-1\n")
     assert cgroup_quota_cores(proc, root) is None
     assert cgroup_quota_cores(tmp_path / "no-such-file", root) is None  # not Linux, or no cgroup fs
+    write(proc, "4:cpu:/docker/abc\n")  # mounted as cpu alone
+    write(root / "cpu" / "docker" / "cpu.cfs_quota_us", "50000\n")
+    write(root / "cpu" / "docker" / "cpu.cfs_period_us", "100000\n")
+    assert cgroup_quota_cores(proc, root) == 0.5
 
 
 def test_the_usable_cores_are_the_affinity_or_the_whole_cores_of_a_smaller_quota():

@@ -25,10 +25,10 @@ import os
 import sys
 import traceback
 
-from torchlab.core.engine.cpu_share import prefer_passive_openmp_waits
 from torchlab.core.errors import EXIT_INTERRUPTED, EXIT_OK, ConfigError, TorchlabError, exit_status
 from torchlab.core.launch.arguments import build_parser, resolve_config
 from torchlab.core.records.config import TrainConfig, build_config, load_config_file
+from torchlab.core.wire.cpu_share import prefer_passive_openmp_waits
 
 
 def main(argv: list[str] | None = None) -> int:
