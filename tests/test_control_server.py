@@ -383,3 +383,16 @@ def test_the_apps_commands_are_passed_on_in_order_while_its_welcome_waits_for_th
             assert commands[-1] == p.ResumeCommand()
         finally:
             server.close()
+
+
+def test_an_app_that_stops_reading_is_let_go_after_the_send_timeout(served, monkeypatch):
+    """The controlling app's commands are read from its hello on, so its socket has no timeout for reads (an app
+    may type nothing for hours); a send to an app that stopped reading (its process stopped, its machine gone)
+    still gives up after ``SEND_TIMEOUT_S``, and the run treats the app as gone, as before the reads moved."""
+    monkeypatch.setattr(cs, "SEND_TIMEOUT_S", 0.5)
+    app = served.app()
+    outbox = served.server._outbox
+    for index in range(200):  # 4 MB: far beyond what the socket's buffers hold for a client that reads nothing
+        outbox.add_event(p.Log(level="info", text=f"{index} " + "x" * 20_000))
+    served.until(lambda: served.gone == 1)
+    app.close()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hmac
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -270,6 +271,7 @@ class ControlServer:
         """The controlling app's Welcome and stream, once the run can describe itself; a connection that cannot be
         welcomed is shut down, which ends its reads (``_serve_app`` then treats the app as gone)."""
         try:
+            _limit_sends(connection, SEND_TIMEOUT_S)  # its reads wait as long as the app types nothing; its sends do not
             welcomed = self._welcome_and_stream(connection, send_timeout_s=None)
         except OSError:  # the app left before the trainer was built
             welcomed = False
@@ -375,6 +377,15 @@ class ControlServer:
                 _shutdown(connection)
                 return
             self._outbox.wait_for_event(cursor, GATHER_S)
+
+
+def _limit_sends(connection: socket.socket, seconds: float) -> None:
+    """A send on ``connection`` that waits ``seconds`` for a client that stopped reading fails (OSError), as a
+    socket timeout would make it, while a read waits as long as it must: the controlling app's socket is read by
+    one thread (its commands) and written by another (the stream), and ``settimeout`` would time out both."""
+    whole = int(seconds)
+    connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                          struct.pack("ll", whole, int((seconds - whole) * 1_000_000)))
 
 
 def _refuse(connection: socket.socket, reason: str) -> None:
