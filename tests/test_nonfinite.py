@@ -14,6 +14,7 @@ from torchlab.core.launch.cli import main
 from torchlab.core.workload import Workload
 
 TINY_FILE = WORKLOADS / "tiny.py"
+FAILING_LATER_FILE = WORKLOADS / "failing_later.py"
 
 
 def test_nan_in_a_forward_pass_is_localised_to_its_module(tmp_path):
@@ -45,6 +46,24 @@ def test_a_nonfinite_stop_keeps_the_step_before_and_says_how_to_resume_it_with_a
     assert main([*line.split()[1:], *argv]) == EXIT_OK
     rows = [json.loads(text) for text in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == list(range(1, 11)) and rows[-1]["lr_scale"] == 0.5
+
+
+def test_weights_that_give_a_nonfinite_forward_again_after_the_resume_send_the_user_to_an_earlier_checkpoint(tmp_path, capsys):
+    """The resume line a non-finite stop prints ran into the same non-finite forward at its first step, and said
+    again 'resume from them with a lower LR', which cannot help: the forward comes before any update. It now says so,
+    and gives the line that resumes the checkpoint before them into a branch."""
+    runs = tmp_path / "runs"
+    argv = ["--headless", "--runs-root", str(runs)]
+    workload = f"{FAILING_LATER_FILE}:nonfinite_forward_from_step_6"
+    assert main([workload, "--steps", "10", "--checkpoint-every", "3", *argv]) == EXIT_NONFINITE
+    [run_dir] = runs.iterdir()
+    capsys.readouterr()
+    assert main(["--resume", str(run_dir), "--lr-scale", "0.5", *argv]) == EXIT_NONFINITE
+    said = " ".join(capsys.readouterr().err.split())
+    earlier = run_dir / "checkpoints" / "step-0000003.pt"
+    assert ("The weights of step 5, which this run resumed from, give a non-finite forward too: a lower LR acts only "
+            "after a forward and cannot mend them; go back to an earlier checkpoint with a lower LR: torchlab-tui "
+            f"--resume {earlier} --run-dir {run_dir}-from-3 --lr-scale 0.25") in said
 
 
 def test_nan_made_in_a_backward_pass_names_the_module_whose_backward_made_it():

@@ -52,6 +52,26 @@ def resume_after_nonfinite(kept: Path | None, kept_step: int | None, lr_scale: f
             f"torchlab-tui --resume {shlex.quote(str(resumed))} {lower}")
 
 
+def again_after_nonfinite(kept: Path | None, kept_step: int, lr_scale: float) -> str:
+    """What is left when the weights of ``kept_step`` (``kept``), which this process resumed from, gave a non-finite
+    forward on its first step: an LR acts only after a forward, so no LR mends them. An earlier checkpoint of the run,
+    resumed into a branch (the run's own directory holds the later steps), or a fresh start."""
+    earlier = sorted((path for path in kept.parent.glob("step-*.pt") if _step_of(path) < kept_step), key=_step_of) if kept else []
+    said = (f"The weights of step {kept_step}, which this run resumed from, give a non-finite forward too: a lower LR "
+            f"acts only after a forward and cannot mend them")
+    if not earlier:
+        return f"{said}; start the run again with a lower LR (--lr-scale {lr_scale / 2:g}) or clipping (--clip 1.0)"
+    branch = kept.parent.parent.with_name(f"{kept.parent.parent.name}-from-{_step_of(earlier[-1])}")
+    return (f"{said}; go back to an earlier checkpoint with a lower LR: torchlab-tui --resume "
+            f"{shlex.quote(str(earlier[-1]))} --run-dir {shlex.quote(str(branch))} --lr-scale {lr_scale / 2:g}")
+
+
+def _step_of(path: Path) -> int:
+    """The step of a checkpoint file named ``step-0000040.pt``; -1 for any other name."""
+    digits = path.stem.removeprefix("step-")
+    return int(digits) if digits.isdigit() else -1
+
+
 def localise_nonfinite(
     model: torch.nn.Module,
     run_loss: Callable[[], torch.Tensor],

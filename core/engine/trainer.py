@@ -41,7 +41,7 @@ from torchlab.core.engine.instruments import Instruments, StepPlan, StepWatch
 from torchlab.core.engine.loading import placed_error
 from torchlab.core.engine.loss_output import mean_of_micro_batches
 from torchlab.core.engine.memory import out_of_memory
-from torchlab.core.engine.nonfinite import resume_after_nonfinite, stop_on_nonfinite
+from torchlab.core.engine.nonfinite import again_after_nonfinite, resume_after_nonfinite, stop_on_nonfinite
 from torchlab.core.engine.oom_rescue import (
     StepGenerators, batch_norm_layers, free_failed_step, next_rung, without_checkpointing,
 )
@@ -238,7 +238,7 @@ class Trainer:
                 finally:
                     self.checkpoints.finish()
         except NonFiniteError as error:
-            message = f"{error}. {self._kept_for_a_resume()}"  # its checkpoint reported first: the app restarts from it
+            message = f"{error}. {self._kept_for_a_resume(error.report.get('phase'))}"  # its checkpoint reported first
             self.reporter.emit(p.NonFinite(message=message, **error.report))
             return RunOutcome(RunStatus.NONFINITE, progress.step, message)
         except WorkloadError as error:
@@ -270,11 +270,15 @@ class Trainer:
         self.reporter.emit(RunEnded(step=step, status=status))
         return RunOutcome(status, step, boundary.stop.reason if boundary.stop else "")
 
-    def _kept_for_a_resume(self) -> str:
+    def _kept_for_a_resume(self, phase: str | None) -> str:
         """After a non-finite stop: the last completed step checkpointed, where it is not yet (the stop came before the
-        optimizer step: the weights and optimizer are that step's, good), and where it is and how to resume it with a
-        lower LR. Not with ranks: a checkpoint takes every rank, and the last one written stays what to resume from."""
-        step, checkpoints = self.parts.progress.step, self.checkpoints
+        optimizer step: the weights and optimizer are that step's, finite), and where it is and how to resume it with a
+        lower LR. Not with ranks: a checkpoint takes every rank, and the last one written stays what to resume from.
+        A forward that went non-finite on the first step of a process that resumed from those weights says they give
+        it again: a lower LR acts only after a forward, so it cannot mend them."""
+        step, checkpoints, progress = self.parts.progress.step, self.checkpoints, self.parts.progress
+        if phase == "forward" and step > 0 and progress.first_step_of_process == step + 1 and checkpoints.last_step == step:
+            return again_after_nonfinite(checkpoints.last_path, step, self.parts.options.lr_scale)
         if step > 0 and checkpoints.last_step != step and self.parts.world.ranks is None:
             try:
                 checkpoints.save(reason="nonfinite")

@@ -56,3 +56,24 @@ def fails_from_step_3() -> Workload:
     return Workload(model=model, dataset=TensorDataset(torch.randn(64, 8)), batch_size=4,
                     loss_fn=lambda model, batch: model(batch[0]).pow(2).mean(),
                     before_step=lambda step, epoch: setattr(model, "step", step))
+
+
+class NonFiniteFromStep(nn.Module):
+    """Its forward is NaN from optimizer step ``first_failing`` on, whatever its weights: weights that give a
+    non-finite forward again after a resume, as weights grown out of range do."""
+
+    def __init__(self, first_failing: int) -> None:
+        super().__init__()
+        self.linear, self.first_failing, self.step = nn.Linear(8, 1), first_failing, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.linear(x)
+        return out * float("nan") if self.step >= self.first_failing else out
+
+
+def nonfinite_forward_from_step_6() -> Workload:
+    """Trains steps 1-5; the forward of step 6 and of every step after is NaN, in a resumed process too."""
+    model = NonFiniteFromStep(6)
+    return Workload(model=model, dataset=TensorDataset(torch.randn(64, 8)), batch_size=4,
+                    loss_fn=lambda model, batch: model(batch[0]).pow(2).mean(),
+                    before_step=lambda step, epoch: setattr(model, "step", step))
