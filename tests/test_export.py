@@ -19,7 +19,7 @@ from tensorboard.backend.event_processing.plugin_event_accumulator import EventA
 from metrics_rows import metrics_row
 from trainers import TINY, WORKLOADS
 from torchlab.core.engine.tensorboard import TRACE_NAME
-from torchlab.core.errors import EXIT_OK, EXIT_USAGE
+from torchlab.core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from torchlab.core.launch.cli import main
 from torchlab.tui.run_history import RunHistory
 
@@ -162,6 +162,18 @@ def test_a_resume_with_a_changed_option_continues_the_runs_impact_table_exports_
     with open(tmp_path / "m.csv", newline="") as handle:
         assert [(int(row["step"]), row["amp"]) for row in csv.DictReader(handle)][14:16] == [(15, "off"), (16, "bf16")]
     assert RunHistory.load(run).changes == ["step 10: clip = 1.0", "step 16: amp = bf16", "step 20: accum = 2"]
+
+
+def test_a_restarted_run_that_fails_again_keeps_the_segment_it_trained_in_its_impact_table(tmp_path):
+    """Seen in the app: restarted from the error screen with amp bf16, the run trained 60 steps and failed again,
+    and its impact table said 'amp=bf16: steps 121-121, too few steps to judge': a process that failed never wrote
+    (nor sent) its last segment, only one that ended did."""
+    run = tmp_path / "run"
+    workload = f"{WORKLOADS / 'failing_later.py'}:raises_in_a_helper_at_step_6"  # the 6th forward of each process
+    assert main([workload, "--headless", "--steps", "20", "--run-dir", str(run)]) == EXIT_FAILED
+    assert main(["--resume", str(run), "--amp", "bf16", "--headless"]) == EXIT_FAILED
+    impact = json.loads((run / "impact.json").read_text())
+    assert [(row["change"], row["first_step"], row["last_step"]) for row in impact] == [("start", 1, 5), ("amp=bf16", 6, 10)]
 
 
 def test_the_csv_has_a_column_per_module_for_memory_by_module_whatever_its_rank_in_a_row():

@@ -50,7 +50,7 @@ from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import LIVE_OPTIONS, LiveOptions, format_option_value
 from torchlab.core.wire.payloads import ImpactSegment, TelemetrySample, TrialArm
-from torchlab.core.wire.protocol import Message, ProfileReady
+from torchlab.core.wire.protocol import Error, Message, NonFinite, ProfileReady
 from torchlab.core.wire.typed_json import UnreadableValue, read_object
 
 WARMUP_STEPS = 2  # the first steps after a change pay one-off costs (allocator, autotuning)
@@ -276,7 +276,7 @@ class ImpactTracker(TrainerObserver):
                 self._follow(event.journal_name or event.type)
             case OomRescued():
                 self._follow(OomRescued.type, event.step, event.option)
-            case RunEnded():
+            case RunEnded() | Error() | NonFinite():  # a process's end, a failed one's too: its last segment is kept
                 self.write()
 
     def _follow(self, event: str, step: int = 0, option: str | None = None) -> None:

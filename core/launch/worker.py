@@ -107,6 +107,7 @@ class OutboxReporter(TrainerObserver):
                 self._send_impact(force=True)
                 self.set_state(event.status, event.step)
             case p.NonFinite() | p.Error():
+                self._send_impact(force=True)  # the failed process's last segment, as a run that ended sends it
                 self.outbox.add_event(event)
                 self.set_state(RunStatus.FAILED, event.step, event.message)
             case p.OptionApplied() | p.OptionRefused() | p.CheckpointSaved() | p.ProfileReady() | p.TrialResult():
