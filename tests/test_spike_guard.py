@@ -12,7 +12,7 @@ import torch
 from trainers import WORKLOADS, StopAt, make_trainer
 from torchlab.core.engine import host_copy
 from torchlab.core.engine.host_copy import HostCopy
-from torchlab.core.engine.spike_guard import MIN_HISTORY, SHIFT_STEPS, SpikeDetector
+from torchlab.core.engine.spike_guard import MIN_HISTORY, NORM_FACTOR_FLOOR, SHIFT_STEPS, SpikeDetector
 from torchlab.core.errors import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.options import OptionRefused
@@ -82,6 +82,16 @@ def test_a_converged_loss_tiny_beside_where_it_began_is_no_spike_however_many_ti
     assert detector.loss_scale == pytest.approx(2.205)
     assert detector.judge(0.00185, None, nonfinite_is_spike=True) is None
     assert detector.judge(1.0, None, nonfinite_is_spike=True).measure == "loss"
+
+
+def test_a_gradient_norm_in_its_ordinary_sway_is_no_spike_however_quiet_its_window():
+    """Seen as a user, a transformers Trainer's GPT-2 clipped at 1.0: 'spike at step 1703: grad norm 2.477, 1.22
+    times the median 2.037 of the last 50 steps, 6.19 robust deviations'. A norm must be 1.5 times its median."""
+    detector = SpikeDetector(window=50, threshold=6.0)
+    for i in range(50):
+        detector.accept(3.0, 2.037 * (1 + 0.002 * (i % 7 - 3)))
+    assert detector.judge(3.0, 2.477, nonfinite_is_spike=True) is None
+    assert detector.judge(3.0, 2.037 * NORM_FACTOR_FLOOR * 1.01, nonfinite_is_spike=True).measure == "grad_norm"
 
 
 @pytest.mark.parametrize("mode, actions", [

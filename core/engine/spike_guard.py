@@ -11,7 +11,8 @@ differences), so that a loss that barely moves is not judged by its rounding. On
 recent ones is good news. Judged once the window holds ``MIN_HISTORY`` values. A loss must also rise above the median
 by ``ABSOLUTE_FLOOR`` of the run's loss scale (the median of its first window): a converged loss at 0.0008 that moves
 to 0.00185 is 2.19 times its median, many deviations of a quiet window, yet nothing beside a loss that began at 2.3
-(issue 45: the notice fired on it; the guard, on, held such steps back). With the guard on, a loss or norm
+(issue 45: the notice fired on it; the guard, on, held such steps back); a norm must be ``NORM_FACTOR_FLOOR`` times its
+median or more (a norm 1.22 times its median in a quiet window was called a spike). With the guard on, a loss or norm
 that is not finite is a spike too (except under fp16, whose scaler skips those steps itself). The loss and norm are
 the step's report's, on the host already: the guard adds no transfer; on, it has the total norm measured every
 step (one ``vector_norm`` over the per-parameter norms, as clipping does).
@@ -67,6 +68,9 @@ RELATIVE_FLOOR = 0.01
 #: The least rise above the median that is a loss's spike, as a share of the run's loss scale (its first window's
 #: median): a loss tiny beside where it began is no spike, however many times its converged median.
 ABSOLUTE_FLOOR = 0.01
+#: The least factor above the median that is a gradient norm's spike: a norm 1.22 times its median, 6.2 deviations of
+#: a quiet window, was called a spike of a transformers Trainer's GPT-2 with clipping at 1.0 (issue 45, as a user).
+NORM_FACTOR_FLOOR = 1.5
 
 
 
@@ -114,6 +118,8 @@ class SpikeDetector:
                 median = statistics.median(history)
                 if measure == "loss" and self.loss_scale is not None and value - median < ABSOLUTE_FLOOR * abs(self.loss_scale):
                     continue  # far out in a quiet window, but tiny beside the loss the run began with
+                if measure == "grad_norm" and value < NORM_FACTOR_FLOOR * median:
+                    continue  # far out in a quiet window, but a norm's ordinary sway
                 return Spike(measure, value, median, z, len(history))
         return None
 
