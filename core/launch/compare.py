@@ -37,6 +37,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("runs", type=Path, nargs="+", metavar="RUN", help="run directories (runs/<time>-<workload>)")
     args = parser.parse_args(argv)
     try:
+        args.runs = _each_once(args.runs)
         if len(args.runs) < 2:
             raise TorchlabError("give two runs or more to compare: torchlab-tui compare RUN_A RUN_B")
         runs = [RunHistory.load(path) for path in args.runs]
@@ -46,3 +47,17 @@ def main(argv: list[str]) -> int:
         print(f"torchlab-tui compare: {error}", file=sys.stderr)
         return EXIT_USAGE
     return CompareApp(runs).run() or EXIT_OK
+
+
+def _each_once(paths: list[Path]) -> list[Path]:
+    """The runs named, each once in the order first named: a glob and a name for the same run (``runs/*mlp
+    runs/20261129-042714-mlp``) drew it twice, with the same colour twice in the legend."""
+    seen: set[Path] = set()
+    once = []
+    for path in paths:
+        key = path.resolve()
+        if key not in seen:
+            seen.add(key)
+            once.append(path)
+    return once
+

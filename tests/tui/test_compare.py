@@ -96,6 +96,12 @@ def test_a_runs_changes_of_length_read_as_steps_and_totals_not_raw_pairs(tmp_pat
     assert RunHistory.load(run).settings["schedule_extensions"] == "at 40: 400 → 100 steps, at 79: 100 → 120 steps"
 
 
+def test_a_run_named_twice_is_compared_once(runs, capsys):
+    """``compare runs/*bad_data runs/2026...-bad_data`` drew that run twice, in two colours under one name."""
+    assert main([str(runs[0]), f"{runs[0]}/."]) == 2
+    assert "give two runs or more to compare" in capsys.readouterr().err
+
+
 def test_compare_into_a_file_is_refused_not_drawn_into_it(runs, capsys):
     """`compare A B > out.txt` wrote the app's escape codes into the file and waited for keys."""
     assert main([str(path) for path in runs]) == 2  # pytest's captured output is no terminal
