@@ -36,6 +36,7 @@ def test_a_run_with_a_trial_has_the_losses_of_the_run_without_one_bit_for_bit(op
     trainer.run()
     [result] = trial_results(tried)
     assert result["error"] is None and [arm["steps"] for arm in result["arms"]] == [4, 4]
+    assert result["speed"]["per_sample"] == (option == "accum")  # accum=2's steps take twice the samples
     assert losses(tried) == losses(untried)  # every training step, bit for bit
     assert trainer.options == untried_trainer.options
 
@@ -254,7 +255,7 @@ def test_a_trial_records_its_speed_verdict_in_trials_jsonl_and_says_it(tmp_path,
                  "--trial-steps", "12"]) == EXIT_OK
     [line] = [json.loads(text) for text in (run / "trials.jsonl").read_text().splitlines()]
     speed = line["speed"]
-    assert set(speed) == {"ratio", "low", "high", "verdict", "pairs", "steps"}
+    assert set(speed) == {"ratio", "low", "high", "verdict", "pairs", "steps", "per_sample"}
     # 12 steps: 6 blocks of 2, and as many more as it took to narrow the interval (timed up to 60 steps an arm)
     assert 12 <= speed["steps"] <= 60 and speed["pairs"] == speed["steps"] // 2
     assert 0 < speed["low"] <= speed["ratio"] <= speed["high"]

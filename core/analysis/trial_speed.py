@@ -69,19 +69,22 @@ PRECISE_WIDTH = 1.10
 SLOWER, FASTER, NO_CLEAR_DIFFERENCE = "slower", "faster", "no clear difference"
 
 
-def paired_speed(changed: Sequence[float | None], as_it_is: Sequence[float | None], steps: int) -> TrialSpeed | None:
+def paired_speed(changed: Sequence[float | None], as_it_is: Sequence[float | None], steps: int,
+                 samples_ratio: float = 1.0) -> TrialSpeed | None:
     """The changed arm's step time over the unchanged arm's, from their blocks' step times in pairs (the i-th of
     each; a pair with a missing or non-positive time is left out): the Hodges-Lehmann ratio, its 90 % signed-rank
     interval and verdict (see the module docstring), timed over ``steps`` steps an arm. None under ``MIN_PAIRS``
-    pairs."""
-    logs = [math.log(a / b) for a, b in zip(changed, as_it_is) if a is not None and b is not None and a > 0 and b > 0]
+    pairs. ``samples_ratio``: the changed arm's samples a step over the other's (a trial of ``accum=2``: 2), whose
+    times are then compared per sample."""
+    logs = [math.log(a / samples_ratio / b) for a, b in zip(changed, as_it_is)
+            if a is not None and b is not None and a > 0 and b > 0]
     if len(logs) < MIN_PAIRS:
         return None
     walsh = sorted((logs[i] + logs[j]) / 2 for i in range(len(logs)) for j in range(i, len(logs)))
     inward = _signed_rank_depth(len(logs))
     low, high = _with_arm_noise(walsh[inward], walsh[len(walsh) - 1 - inward])
     return TrialSpeed(ratio=math.exp(statistics.median(walsh)), low=low, high=high, verdict=speed_verdict(low, high),
-                      pairs=len(logs), steps=steps)
+                      pairs=len(logs), steps=steps, per_sample=samples_ratio != 1)
 
 
 def _with_arm_noise(low: float, high: float) -> tuple[float, float]:
@@ -111,10 +114,11 @@ def speed_verdict(low: float, high: float) -> str:
 def speed_words(speed: TrialSpeed) -> str:
     """``1.71x slower (1.64–1.79)``, ``1.38x faster (1.30–1.47)`` (the speed-up and its interval: the inverse of
     the ratio), ``no clear difference (0.98–1.05x)`` (the ratio's interval): the event log's and the bar's words."""
+    unit = " per sample" if speed.per_sample else ""
     if speed.verdict == SLOWER:
-        return f"{speed.ratio:.2f}x slower ({speed.low:.2f}–{speed.high:.2f})"
+        return f"{speed.ratio:.2f}x slower{unit} ({speed.low:.2f}–{speed.high:.2f})"
     if speed.verdict == FASTER:
-        return f"{1 / speed.ratio:.2f}x faster ({1 / speed.high:.2f}–{1 / speed.low:.2f})"
+        return f"{1 / speed.ratio:.2f}x faster{unit} ({1 / speed.high:.2f}–{1 / speed.low:.2f})"
     return f"{NO_CLEAR_DIFFERENCE} ({speed.low:.2f}–{speed.high:.2f}x)"
 
 

@@ -51,7 +51,7 @@ from torchlab.core.errors import shown
 from torchlab.core.records.config import MAX_TRIAL_STEPS
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import TrialStarted
-from torchlab.core.wire.options import AMP, LiveOption, OptionRefused, live_option
+from torchlab.core.wire.options import ACCUM, AMP, LiveOption, OptionRefused, live_option
 from torchlab.core.wire.payloads import MemoryBreakdown, TrialArm, TrialSpeed
 from torchlab.core.wire.protocol import TrialCommand, TrialProgress
 
@@ -74,6 +74,7 @@ class Trials:
                  profiling: Profiling) -> None:
         self.parts, self.train_step, self.checkpoints, self.profiling = parts, train_step, checkpoints, profiling
         self._progress_at = -float("inf")
+        self._samples_ratio = 1.0  # the trial's changed arm's samples a step over the arm as it is (``run``)
 
     def run(self, command: TrialCommand, step: int) -> None:
         """Two arms of ``command.steps`` steps from this boundary's state on the same batches, the option changed
@@ -106,6 +107,8 @@ class Trials:
         except OptionRefused as refusal:
             self.checkpoints.restore(snapshot)
             return answer([], f"{changed} cannot run here: {refusal}")
+        # A step of the changed arm trains this many times the samples of one as it is (accum): timed per sample.
+        self._samples_ratio = value / snapshot["options"][ACCUM.name] if option is ACCUM else 1.0
         parts.reporter.emit(TrialStarted(step=step, option=option.name, value=jsonable(value), steps=command.steps,
                                          source=command.source))
         arms = [ArmRecord(changed), ArmRecord(AS_IT_IS)]
@@ -119,7 +122,7 @@ class Trials:
         for arm in arms:
             arm.others_cpu_percent = others_cpu_percent
         speed = None if any(arm.error for arm in arms) else paired_speed(arms[0].block_times, arms[1].block_times,
-                                                                         arms[0].timed_steps)
+                                                                         arms[0].timed_steps, self._samples_ratio)
         answer([arm.result() for arm in arms], speed=speed)
 
     def _interleave(self, arms: list[ArmRecord], snapshot: dict, progress: TrialProgress) -> None:
@@ -159,7 +162,7 @@ class Trials:
         """Whether the arms time another pair of blocks past their K steps: while both run and their interval is
         wider than ``precise_enough`` allows. With ranks, rank 0's answer is every rank's."""
         more = not any(arm.error or arm.timing_ended for arm in arms) and not precise_enough(
-            paired_speed(arms[0].block_times, arms[1].block_times, arms[0].timed_steps))
+            paired_speed(arms[0].block_times, arms[1].block_times, arms[0].timed_steps, self._samples_ratio))
         collectives = self.parts.world.collectives
         if collectives is not None:
             more = bool(collectives.share({"more": more} if self.parts.world.reports else None)["more"])

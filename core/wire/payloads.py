@@ -261,7 +261,9 @@ class TrialSpeed(JsonObject):
     as it is (1.7: 70 % slower), from the pairs of blocks its interleaved arms ran on the same batches; ``low`` and
     ``high`` its 90 % interval; ``verdict`` "slower", "faster" or "no clear difference" (a direction only where the
     whole interval lies beyond the practical margin, 0.97-1.03x); ``pairs`` how many pairs of blocks it rests on;
-    ``steps`` how many steps each arm ran to time it: the trial's K, or more where K's pairs left the interval wide."""
+    ``steps`` how many steps each arm ran to time it: the trial's K, or more where K's pairs left the interval wide;
+    ``per_sample`` where the arms' steps train different numbers of samples (a trial of ``accum``): the ratio is of
+    a sample's time, not a step's."""
 
     ratio: float
     low: float
@@ -269,6 +271,7 @@ class TrialSpeed(JsonObject):
     verdict: str
     pairs: int
     steps: int
+    per_sample: bool = False
 
 
 # ----------------------------------------------------------------------------- Ranks: per-rank figures
