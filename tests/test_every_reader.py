@@ -17,6 +17,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import replace
 
 import pytest
@@ -107,3 +108,19 @@ def test_a_journal_of_every_event_is_written_exported_and_compared(tmp_path, cap
     assert main(["export", str(runs[0]), "--tensorboard", str(tmp_path / "tb")]) == 0
     assert "1 option changes" in capsys.readouterr().err
     assert [history.changes for history in map(RunHistory.load, runs)] == [["step 8: amp = bf16"]] * 2
+
+
+def test_a_run_of_another_release_is_said_so_by_stop_and_attach_not_a_traceback_or_a_failure(tmp_path):
+    """Found as a user after an upgrade: `stop` on a run started by the release before ended in a traceback
+    ('ProtocolError: protocol version 14 is not supported'), and `attach` reported the run as failed at step 0."""
+    from torchlab.core.launch.stop import StopRefused, _answer
+
+    older = json.dumps({"v": p.PROTOCOL_VERSION - 1, "type": "refused", "reason": "protocol version ..."}).encode()
+    trainer, client = socket.socketpair()
+    with trainer, client:
+        trainer.sendall(older + b"\n")
+        with pytest.raises(StopRefused, match=r"^run was started by another version of torchlab-tui .* \(kill 42\)"):
+            _answer(LineReader(client, p.MAX_LINE_BYTES), Ending(), time.monotonic() + 30, "run", 42)
+    link = ProcessLink(tmp_path, [])
+    link._accept_line(older)
+    assert link.drain() == [] and link.refused.startswith("the run was started by another version of torchlab-tui")

@@ -43,6 +43,7 @@ from torchlab.core.wire.protocol import (
     Log,
     Message,
     Metrics,
+    OtherVersion,
     Refused,
     ProtocolError,
     State,
@@ -349,6 +350,10 @@ class ProcessLink:
         try:
             message = decode(line)
         except ProtocolError as error:
+            if isinstance(error, OtherVersion) and not self._welcomed:  # a run of another release: fine, not ours
+                pid = "PID" if self._attached_pid is None else str(self._attached_pid)
+                self.refused = error.sentence("the run", "attached").replace("kill PID", f"kill {pid}")
+                return
             self._push(Error(message=f"the trainer sent a message this app cannot read: {error}", traceback="", step=0))
             return
         step = (message.columns.get("step") or [None])[-1] if isinstance(message, Metrics) else getattr(message, "step", None)

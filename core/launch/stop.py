@@ -30,6 +30,7 @@ from torchlab.core.wire.line_reader import LineReader
 from torchlab.core.wire.protocol import (
     MAX_LINE_BYTES,
     PROTOCOL_VERSION,
+    OtherVersion,
     CheckpointSaved,
     Hello,
     Metrics,
@@ -120,7 +121,7 @@ def stop(entry: RunEntry) -> int:
             connection.connect(str(entry.endpoint.socket_path))
             connection.sendall(Hello(version=PROTOCOL_VERSION, token=entry.endpoint.read_token(), client=STOP_CLIENT).encode())
             reader = LineReader(connection, MAX_LINE_BYTES)
-            welcome = _answer(reader, ending, time.monotonic() + WELCOME_TIMEOUT_S, name)
+            welcome = _answer(reader, ending, time.monotonic() + WELCOME_TIMEOUT_S, name, entry.info.get("pid"))
             if welcome.state in FINAL_STATES:
                 raise NotRunning(f"{name} is not running: {welcome.state} at step {welcome.step}.")
             connection.sendall(StopCommand().encode())  # the run words the reason itself, from the hello's name
@@ -140,9 +141,14 @@ def stop(entry: RunEntry) -> int:
     return _report(entry, ending)
 
 
-def _answer(reader: LineReader, ending: Ending, deadline: float, name: str) -> Welcome:
-    """The trainer's answer to the hello: its Welcome, or StopRefused saying why it refused."""
-    match message := decode(reader.next_line(deadline=deadline)):
+def _answer(reader: LineReader, ending: Ending, deadline: float, name: str, pid: object = None) -> Welcome:
+    """The trainer's answer to the hello: its Welcome, or StopRefused saying why it refused (or why it cannot be read:
+    a run that another release of torchlab-tui started)."""
+    try:
+        message = decode(reader.next_line(deadline=deadline))
+    except OtherVersion as error:
+        raise StopRefused(error.sentence(name, "stopped").replace("kill PID", f"kill {pid}" if pid else "kill PID")) from None
+    match message:
         case Welcome():
             ending.state, ending.step = message.state, message.step
             return message

@@ -60,6 +60,21 @@ class ProtocolError(ValueError):
     """A line that is not a valid message; the text says why."""
 
 
+class OtherVersion(ProtocolError):
+    """A line of another version of the protocol (``version``, what its ``v`` says): its peer is a torchlab-tui of
+    another release, a run started before an upgrade, which a client of this one can neither read nor command."""
+
+    def __init__(self, version: Any) -> None:
+        super().__init__(f"protocol version {shown(version)} is not supported; this side speaks version {PROTOCOL_VERSION}")
+        self.version = version
+
+    def sentence(self, name: str, what: str) -> str:
+        """``name`` (a run) cannot be ``what`` (attached, stopped) from this release, and what can."""
+        return (f"{name} was started by another version of torchlab-tui (it speaks protocol {shown(self.version)}, this "
+                f"one {PROTOCOL_VERSION}): it cannot be {what} from this one; use the torchlab-tui that started it, or "
+                f"stop its trainer with SIGTERM (kill PID), which ends it at its next step with a checkpoint.")
+
+
 @dataclass(frozen=True)
 class Message(JsonObject):
     """Base of every message; subclasses set ``type`` and declare their fields (each once, its annotation)."""
@@ -129,7 +144,7 @@ def decode(line: bytes | bytearray | str, protocol: type[Message] = Message) -> 
         raise ProtocolError("message must be a JSON object")
     version = payload.pop("v", None)
     if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {shown(version)} is not supported; this side speaks version {PROTOCOL_VERSION}")
+        raise OtherVersion(version)
     kind = payload.pop("type", None)
     cls = protocol.registry.get(kind) if isinstance(kind, str) else None
     if cls is None:
