@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from torchlab.core.errors import StorageError
 from torchlab.core.records.rundir import metrics_rows, rows_of
 from torchlab.core.records.storage import write_atomically
 from torchlab.core.wire.events import OomRescued, ProfileStarted, ResumedFromCheckpoint, RunEnded, RunStarted
@@ -291,8 +292,13 @@ class ImpactTracker(TrainerObserver):
                 self._follow(event.journal_name or event.type)
             case OomRescued():
                 self._follow(OomRescued.type, event.step, event.option)
-            case RunEnded() | Error() | NonFinite():  # a process's end, a failed one's too: its last segment is kept
+            case RunEnded():
                 self.write()
+            case Error() | NonFinite():  # a failed process's end: its last segment kept where the disk still takes it
+                try:
+                    self.write()
+                except StorageError:
+                    pass  # a full disk is what the failure itself says, or soon will: its paragraph must still go out
 
     def _follow(self, event: str, step: int = 0, option: str | None = None) -> None:
         """What an event (by its name in ``events.jsonl``) means for the medians: the trainer's events as they come
