@@ -435,6 +435,11 @@ class Worker:
     def stop(self, reason: str) -> None:
         """Stop at the next step boundary (final checkpoint), or at once if training never started."""
         if self.trainer is None:  # still importing torch or loading: nothing to save, nothing to attach to later
+            # No entry is written from here on, and one being written (its app's hello, its going, changed what it
+            # says) is let finish first, or it would put the entry back after the removal. Never waits long: a
+            # signal may have interrupted the lock's holder on this very thread.
+            self._final_published = True
+            self._publish_lock.acquire(timeout=1.0)
             self.endpoint.remove()
             os._exit(EXIT_OK)
         self.trainer.request_stop(reason)
