@@ -246,3 +246,34 @@ def test_without_textual_serve_the_hint_fits_an_index_and_a_checkout(entry, monk
     with pytest.raises(TorchlabError) as missing:
         serve.keyed_server(entry, control=False, port=8000)
     assert "pip install 'torchlab-tui[serve]'" in str(missing.value) and "pip install '.[serve]'" in str(missing.value)
+
+
+def test_a_request_line_or_header_too_long_is_a_400_and_one_counted_line_not_a_traceback_each(live):
+    """Any local user reaches the port without the key: each over-long line printed a traceback on the owner's terminal
+    (aiohttp's LineTooLong, issue 46 item 5). They get aiohttp's 400; the terminal gets one line, with the count."""
+    import re
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    server = subprocess.Popen([sys.executable, "-m", "torchlab.core.launch.cli", "serve", live], stderr=subprocess.PIPE, text=True)
+    try:
+        banner = "".join(server.stderr.readline() for _ in range(4))
+        port = int(re.search(r"open http://127\.0\.0\.1:(\d+)/", banner).group(1))
+        for request in (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+                        b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Long: " + b"b" * 9000 + b"\r\n\r\n"):
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as connection:
+                connection.sendall(request)
+                answer = b""
+                while chunk := connection.recv(65536):  # the server closes the connection after its 400
+                    answer += chunk
+            assert answer.split(b"\r\n", 1)[0].split(b" ")[1] == b"400", answer[:100]
+        server.send_signal(signal.SIGINT)
+        after_banner = server.communicate(timeout=30)[1]
+        assert server.returncode == 0
+    finally:
+        server.kill()
+        server.wait()
+    assert after_banner == ("torchlab-tui serve: refused 2 malformed requests with 400 (a request line or header over 8,190 "
+                            "bytes, or not HTTP; this view's page sends none).\n")

@@ -18,6 +18,10 @@ that out): a GPU box is often offline.
 
 The port is bound before the link is printed (``--port`` 0 or none: one the system chooses), so the link is
 the one served; a port that cannot be had (in use, out of range) is one paragraph and exit 2.
+
+Any local user can send this port anything, key or not: a request aiohttp cannot parse (a request line or header
+over 8,190 bytes, bytes that are not HTTP) gets aiohttp's 400, and is counted, not logged (aiohttp logged each
+with a traceback on the owner's terminal): one line says how many when serving ends.
 """
 
 from __future__ import annotations
@@ -137,6 +141,31 @@ def offline_page(template: str) -> str:
     return _REMOTE_STYLESHEET.sub("", template)
 
 
+class MalformedRequests(logging.Filter):
+    """Counts, and keeps off the terminal, the requests aiohttp refused with a 400 before any handler saw them
+    (``HttpProcessingError``: a line too long, a method that is not one); other records pass as they are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        if record.exc_info and isinstance(record.exc_info[1], HttpProcessingError):
+            self.refused += 1
+            return False
+        return True
+
+    def summary(self) -> str | None:
+        """The one line for the terminal once serving ends, or None where every request was well formed."""
+        if not self.refused:
+            return None
+        requests = "request" if self.refused == 1 else "requests"
+        return (f"torchlab-tui serve: refused {self.refused} malformed {requests} with 400 (a request line or header "
+                f"over 8,190 bytes, or not HTTP; this view's page sends none).")
+
+
 def keyed_server(entry: RunEntry, *, control: bool, port: int):
     """textual-serve's server, on the loopback, answering only requests that carry the key."""
     try:
@@ -175,7 +204,16 @@ def keyed_server(entry: RunEntry, *, control: bool, port: int):
             loop = asyncio.new_event_loop()
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(signum, self.request_exit)
-            web.run_app(self._make_app(), sock=listener, handle_signals=False, loop=loop, print=lambda *args: None)
+            requests_log = logging.getLogger("torchlab.serve.requests")  # aiohttp's server logs each request's failure here
+            malformed = MalformedRequests()
+            requests_log.addFilter(malformed)
+            try:
+                web.run_app(self._make_app(), sock=listener, handle_signals=False, loop=loop, print=lambda *args: None,
+                            logger=requests_log)
+            finally:
+                requests_log.removeFilter(malformed)
+                if (summary := malformed.summary()) is not None:
+                    print(summary, file=sys.stderr)
 
         @web.middleware
         async def _require_key(self, request: web.Request, handler):
