@@ -63,6 +63,22 @@ _shown.maxstring = _shown.maxlong = _shown.maxother = SHOWN_CHARS
 _shown.maxlevel, _shown.maxlist, _shown.maxdict, _shown.maxtuple = 2, 3, 3, 3
 
 
+def printable(text: object, *, keep_lines: bool = False) -> str:
+    """``text`` as a terminal may show it: each control character (an escape sequence's ESC, a bell, a C1 control
+    such as ``\\x9b``, a bidi override, a zero-width letter, half a surrogate, a newline) written as Python escapes
+    it, ``\\x1b``; every other letter, of any script, as it is. A name or path someone chose (a workload file, a run
+    directory, a runtime entry, a peer's words) must not retitle, clear or rewrite the user's terminal, nor pass one
+    line for two. ``keep_lines``: ``text`` is a whole message, whose own line breaks stay line breaks; each line is
+    escaped. Every message that can repeat such a value goes through here where it is printed (the CLI's error
+    paragraph, argparse's refusal, each command's lines); ``shown`` escapes the same characters by ``repr``."""
+    text = str(text)
+    if keep_lines:
+        return "\n".join(printable(line) for line in text.split("\n"))
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
 def shown(value: object) -> str:
     """A value someone gave (a flag, a TOML value, a peer's message), as a message may repeat it: its
     repr, cut with ``...``. Repeated whole, a 1 MB string or a 4,000-digit number would become a 1 MB

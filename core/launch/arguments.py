@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from torchlab.core.engine.loading import SAMPLES, check_spec
-from torchlab.core.errors import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK
+from torchlab.core.errors import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, printable
 from torchlab.core.records.config import DEFAULT_WORKLOAD, SETTINGS, TrainConfig, build_config, load_config_file, suggestion
 from torchlab.core.records.settings import Group
 from torchlab.core.wire.options import LIVE_OPTIONS
@@ -78,7 +78,7 @@ class CommandParser(argparse.ArgumentParser):
         return parsed
 
     def error(self, message: str) -> None:  # type: ignore[override]  # argparse's says it never returns, and it does not
-        self.exit(2, f"{self.prog}: error: {message}; `{self.prog} --help` lists what it takes.\n")
+        self.exit(2, f"{self.prog}: error: {printable(message)}; `{self.prog} --help` lists what it takes.\n")
 
 
 def command_parser(name: str) -> CommandParser:

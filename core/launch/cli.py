@@ -25,7 +25,7 @@ import os
 import sys
 import traceback
 
-from torchlab.core.errors import EXIT_INTERRUPTED, EXIT_OK, ConfigError, TorchlabError, exit_status
+from torchlab.core.errors import EXIT_INTERRUPTED, EXIT_OK, ConfigError, TorchlabError, exit_status, printable
 from torchlab.core.launch.arguments import build_parser, resolve_config
 from torchlab.core.records.config import TrainConfig, build_config, load_config_file
 from torchlab.core.wire.cpu_share import prefer_passive_openmp_waits
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     except TorchlabError as error:
         if args.debug:
             traceback.print_exc()
-        print(f"torchlab-tui: error: {error}", file=sys.stderr)
+        print(f"torchlab-tui: error: {printable(error, keep_lines=True)}", file=sys.stderr)  # names a path the user gave
         return exit_status(error)  # a full disk, a workload that exited: a failed run, no usage error
     except KeyboardInterrupt:  # a second Ctrl-C during a headless run: abort at once, as it said it would
         print("torchlab-tui: aborted; the checkpoints written so far are kept.", file=sys.stderr)
@@ -101,10 +101,11 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
     app.run()
     if app.run_state.detached and links and links[-1].endpoint_name:
         name = links[-1].endpoint_name
-        print(f"Detached: {app.run_state.after_detach}. `torchlab-tui attach {name}` reconnects.", file=sys.stderr)
-    print(f"Run directory: {run_dir.absolute()}", file=sys.stderr)  # absolute: the hint works from anywhere
+        print(f"Detached: {printable(app.run_state.after_detach)}. `torchlab-tui attach {printable(name)}` reconnects.",
+              file=sys.stderr)
+    print(f"Run directory: {printable(run_dir.absolute())}", file=sys.stderr)  # absolute: the hint works from anywhere
     for line in app.how_it_ended(run_dir):
-        print(line, file=sys.stderr)
+        print(printable(line, keep_lines=True), file=sys.stderr)
     return app.return_code or EXIT_OK
 
 

@@ -11,8 +11,7 @@ from pathlib import Path
 
 from textual.app import App
 
-from torchlab.core.errors import EXIT_OK, EXIT_USAGE
-from torchlab.core.errors import TorchlabError
+from torchlab.core.errors import EXIT_OK, EXIT_USAGE, TorchlabError, printable
 from torchlab.core.launch.arguments import command_parser
 from torchlab.core.launch.terminal import require_terminal
 from torchlab.tui.run_history import RunHistory
@@ -44,7 +43,7 @@ def main(argv: list[str]) -> int:
         require_terminal("torchlab-tui compare", "`torchlab-tui export RUN --csv FILE` writes a run's figures for "
                                                  "other tools.")
     except TorchlabError as error:
-        print(f"torchlab-tui compare: {error}", file=sys.stderr)
+        print(f"torchlab-tui compare: {printable(error, keep_lines=True)}", file=sys.stderr)
         return EXIT_USAGE
     return CompareApp(runs).run() or EXIT_OK
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.live import Live
-from rich.markup import escape
+from rich.markup import escape as escape_markup
 from rich.text import Text
 
 from torchlab.core.analysis.impact import ImpactTracker
@@ -30,7 +30,7 @@ from torchlab.core.engine.ranks import Supervisor, initial_world_size, run_quiet
 from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.engine.tensorboard import tensorboard_observers
 from torchlab.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK
-from torchlab.core.errors import StorageError, TorchlabError, WorkloadExited
+from torchlab.core.errors import StorageError, TorchlabError, WorkloadExited, printable
 from torchlab.core.launch.arguments import exit_code
 from torchlab.core.launch.resume import ConfigRecord, TrainingPlan
 from torchlab.core.records.rundir import RunDirectory, choose_run_dir, refuse_an_unfit_run_dir
@@ -105,26 +105,34 @@ def _report(outcome: RunOutcome, run_path: Path, progress: HeadlessProgress, *, 
     """How the run ended, said after its progress bar, and the process's exit status. ``run_path`` is absolute: a
     hint to follow from any directory."""
     console = progress.console
-    console.print(f"Run directory: {escape(str(run_path))}")
+    console.print(f"Run directory: {escape_markup(printable(run_path))}")  # one path: a newline in it escaped too
     if outcome.status == RunStatus.NONFINITE:
-        console.print(f"[bold red]Stopped on a non-finite value:[/] {escape(outcome.message)}")
+        console.print(f"[bold red]Stopped on a non-finite value:[/] {as_markup(outcome.message)}")
         return EXIT_NONFINITE
     if outcome.failed_with(StorageError):  # the message says what is intact and what to do
-        console.print(f"[bold red]Stopped after step {outcome.step}:[/] {escape(outcome.message)}")
+        console.print(f"[bold red]Stopped after step {outcome.step}:[/] {as_markup(outcome.message)}")
         return EXIT_FAILED
     if outcome.status == RunStatus.FAILED:
-        console.print(f"[bold red]Training failed at step {outcome.step + 1}:[/] {escape(outcome.message)}")
-        console.print(escape(f"Traceback in {run_path / 'events.jsonl'}; the last checkpoint is in {run_path / 'checkpoints'}."))
+        console.print(f"[bold red]Training failed at step {outcome.step + 1}:[/] {as_markup(outcome.message)}")
+        console.print(as_markup(f"Traceback in {run_path / 'events.jsonl'}; the last checkpoint is in {run_path / 'checkpoints'}."))
         return EXIT_FAILED
     if interrupted:
-        console.print(escape(f"Interrupted at step {outcome.step}; resume with torchlab-tui --resume {run_path}"))
+        console.print(as_markup(f"Interrupted at step {outcome.step}; resume with torchlab-tui --resume {run_path}"))
         return EXIT_INTERRUPTED
     if outcome.status == RunStatus.FINISHED and progress.last_row is None and outcome.step >= steps:
         console.print(f"Nothing to train: the run is at step {outcome.step}, its --steps. Resume with --steps N "
                       f"(N > {outcome.step}) to train further.")
         return EXIT_OK
-    console.print(f"{outcome.status.capitalize()} at step {outcome.step}. {progress.summary()}".rstrip())
+    console.print(f"{outcome.status.capitalize()} at step {outcome.step}. {as_markup(progress.summary())}".rstrip())
     return EXIT_OK
+
+
+def as_markup(text: object) -> str:
+    """Words from elsewhere (a path, a workload's message, an option's value) in a line of Rich markup: their control
+    characters escaped as every message escapes them (core/errors.py ``printable``), then their brackets. Rich's own
+    escaping is of markup only, and Rich drops a bell but writes an ESC through: a run directory holding
+    ``\\x1b]0;title\\x07`` would reach the terminal as an escape sequence."""
+    return escape_markup(printable(text, keep_lines=True))
 
 
 #: How often the bar is drawn: two frames a second show the figures a person reads (the step count,
@@ -184,10 +192,10 @@ class HeadlessProgress(TrainerObserver):
             now = time.monotonic()
             if now - self._line_printed_at >= PIPE_LINE_INTERVAL_S or row.step >= self.total_steps:
                 self._line_printed_at = now
-                self.console.print(escape(self.training_line(row)))
+                self.console.print(as_markup(self.training_line(row)))
         if row.val_loss is not None:
             extra = "".join(f", {validation_label(name)} {_number(value, '.4g')}" for name, value in (row.val_metrics or {}).items())
-            self.console.print(escape(f"step {row.step}: val_loss {row.val_loss:.4f}{extra}"))
+            self.console.print(as_markup(f"step {row.step}: val_loss {row.val_loss:.4f}{extra}"))
 
     def training_line(self, row: MetricsRow) -> str:
         """``step 340/1000: loss 2.3456, lr 0.0012, 12,345 samples/s, grad norm 0.871, accuracy 0.91`` (``lr body 0.05
@@ -215,29 +223,29 @@ class HeadlessProgress(TrainerObserver):
             case p.OptionApplied():
                 if event.option == STEPS.name:
                     self.total_steps = event.value
-                detail = f": {escape(event.detail)}" if event.detail else ""
+                detail = f": {as_markup(event.detail)}" if event.detail else ""
                 was = ("in force already, nothing changed" if event.value == event.previous else
-                       f"was {escape(format_option_value(event.option, event.previous))}")
-                self.say(event.step, f"[green]{event.option} = {escape(event.display)}[/] ({was}){detail}")
+                       f"was {as_markup(format_option_value(event.option, event.previous))}")
+                self.say(event.step, f"[green]{event.option} = {as_markup(event.display)}[/] ({was}){detail}")
             case p.OptionRefused():
-                self.say(event.step, f"[yellow]refused {escape(event.option)} = {escape(str(event.value))}[/]: {escape(event.reason)}")
+                self.say(event.step, f"[yellow]refused {as_markup(event.option)} = {as_markup(str(event.value))}[/]: {as_markup(event.reason)}")
             case p.CheckpointSaved():
-                self.say(event.step, escape(f"checkpoint {event.path}"))
+                self.say(event.step, as_markup(f"checkpoint {event.path}"))
             case p.ProfileReady() if event.error:
-                self.say(event.step, f"[red]profile failed[/]: {escape(event.error)}")
+                self.say(event.step, f"[red]profile failed[/]: {as_markup(event.error)}")
             case p.ProfileReady():
                 top = ", ".join(f"{row['name']} {row[event.sort] / 1000:.1f} ms" for row in event.rows[:3])
-                self.console.print(escape(f"steps {event.first_step}–{event.last_step}: profile in {event.dir} (top: {top})"))
+                self.console.print(as_markup(f"steps {event.first_step}–{event.last_step}: profile in {event.dir} (top: {top})"))
                 if (communication := events.communication_sentence(event.communication)) is not None:
-                    self.console.print(escape(f"steps {event.first_step}–{event.last_step}: {communication}"))
+                    self.console.print(as_markup(f"steps {event.first_step}–{event.last_step}: {communication}"))
             case p.TrialProgress():
                 self.trial = event
             case p.TrialResult():
                 self.trial = None
                 for line in describe_trial(event):
-                    self.say(event.step, escape(line))
+                    self.say(event.step, as_markup(line))
             case _ if (sentence := events.describe(event)) is not None:  # the same words as the app's event log
-                text = escape(sentence.text)
+                text = as_markup(sentence.text)
                 self.say(event.step, f"[yellow]warning: {text}[/]" if sentence.warning else text)
 
     def say(self, step: int, text: str) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 
 from torchlab.core.analysis.impact import ImpactTracker
 from torchlab.core.errors import EXIT_OK
-from torchlab.core.errors import StorageError, TorchlabError, WorkloadExited, exit_status
+from torchlab.core.errors import StorageError, TorchlabError, WorkloadExited, exit_status, printable
 from torchlab.core.launch.arguments import build_parser, exit_code
 from torchlab.core.launch.stop import STOP_CLIENT
 from torchlab.core.wire import events
@@ -511,7 +511,7 @@ def _quiet_rank(run_dir: Path, training_args: list[str]) -> int:
         outcome = run_quiet_rank(plan.config, rank_from_environment(supervised=False), run_dir=run_dir,
                                  resume=plan.resume, explicit=plan.explicit)
     except TorchlabError as error:
-        print(f"torchlab worker, rank {os.environ.get('RANK')}: {error}", file=sys.stderr)
+        print(f"torchlab worker, rank {printable(os.environ.get('RANK'))}: {printable(error, keep_lines=True)}", file=sys.stderr)
         return exit_status(error)
     return exit_code(outcome.status)
 
