@@ -17,6 +17,7 @@ Standard library only: no torch, no app.
 
 from __future__ import annotations
 
+import errno
 import socket
 import sys
 import time
@@ -100,12 +101,26 @@ def running_run(selector: str | None) -> RunEntry:
     try:
         entry = find_run(selector)
     except LookupError:
-        if Path(selector).is_dir():  # a run directory whose run ended, and whose entry attach has already reported
+        if _is_folder(selector):  # a run directory whose run ended, and whose entry attach has already reported
             raise NotRunning(f"{selector} is not running (no live run has that run directory).") from None
         raise
     if entry.ended:
         raise NotRunning(f"not running: {report_ended(entry)}")
     return entry
+
+
+def _is_folder(selector: str) -> bool:
+    """Whether ``selector`` is a folder (a run directory whose run has ended); LookupError, saying why, where it
+    cannot be looked into: another user's run directory is private to them (0700), and so is their run."""
+    try:
+        return Path(selector).is_dir()
+    except OSError as error:
+        private = error.errno in (errno.EACCES, errno.EPERM)
+        raise LookupError(
+            f"no run of yours has the run directory {selector}, which cannot be looked into "
+            f"({error.strerror or error})" + (": a run directory is private to the user who started it, and only they "
+                                              "(or root) can stop its run" if private else "")
+            + ". `torchlab-tui attach` lists your runs.") from None
 
 
 def stop(entry: RunEntry) -> int:

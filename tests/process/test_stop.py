@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,27 @@ def test_stop_leaves_a_run_that_an_app_controls_to_that_app(tmp_path, capsys):
         assert "an app controls" in capsys.readouterr().err and link.process.poll() is None
     finally:
         link.close()
+
+
+def test_stop_on_another_users_private_run_directory_is_one_paragraph_with_two_real_users(tmp_path):
+    """Issue 46 item 6: a second user's ``stop RUN_DIR`` on a run directory in the owner's private folder ended in a
+    PermissionError traceback (``attach`` and ``serve`` say a paragraph for the same input)."""
+    import shutil
+    import uuid
+
+    import torchlab.core.launch.stop  # noqa: F401  (the other user cannot read the virtual environment to import it)
+    from second_user import run_as, throwaway_user
+
+    private = Path(f"/tmp/tlab-{uuid.uuid4().hex[:8]}-home")  # /tmp: the other user reaches it; tmp_path is root's
+    run_dir = private / "runs" / "20261129-054537-mlp"
+    run_dir.mkdir(parents=True)
+    private.chmod(0o700)
+    try:
+        with throwaway_user() as other:
+            ran = run_as(other, main, ["stop", str(run_dir)])
+    finally:
+        shutil.rmtree(private)
+    assert (ran.code, ran.stdout) == (EXIT_USAGE, ""), ran.stderr
+    assert ran.stderr == (f"torchlab-tui stop: no run of yours has the run directory {run_dir}, which cannot be looked "
+                          "into (Permission denied): a run directory is private to the user who started it, and only "
+                          "they (or root) can stop its run. `torchlab-tui attach` lists your runs.\n")
