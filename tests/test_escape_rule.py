@@ -68,3 +68,34 @@ def test_a_headless_runs_lines_show_its_run_directory_escaped(tmp_path, capsys):
     said = capsys.readouterr()
     assert "\x1b" not in said.out + said.err and "\x07" not in said.out + said.err
     assert f"Run directory: {printable(run_dir)}\n" in said.err
+
+
+def test_the_apps_words_from_elsewhere_are_escaped_where_they_are_shown(tmp_path):
+    """Textual drops a bell but writes an ESC through to the terminal (found by running an app on a pty): a workload
+    file's name, the trainer's error, a notice and a compared run's folder are shown escaped."""
+    from torchlab.tui.formatting import short_workload
+    from torchlab.tui.run_history import RunHistory
+    from torchlab.tui.state import RunState
+
+    state = RunState()
+    state.log("error", f"the run failed: {HOSTILE}\nsecond line", toast=HOSTILE)
+    [entry] = state.take_log()
+    assert (entry.text, entry.toast) == (f"the run failed: {ESCAPED}\nsecond line", ESCAPED)
+    assert short_workload(f"/models/{HOSTILE}.py:workload") == f"{ESCAPED}.py:workload"
+    assert RunHistory(tmp_path / HOSTILE).name == ESCAPED
+
+
+async def test_the_error_screen_shows_the_failure_escaped():
+    from textual.app import App
+    from textual.widgets import Static
+
+    from torchlab.core.wire.run_status import RunStatus
+    from torchlab.tui.screens.error_screen import ErrorScreen
+    from torchlab.tui.state import Failure
+
+    app = App()
+    async with app.run_test() as pilot:
+        app.push_screen(ErrorScreen(Failure(RunStatus.FAILED, f"boom {HOSTILE}", f"Traceback\n  {HOSTILE}", 3)))
+        await pilot.pause()
+        shown = [str(app.screen.query_one(f"#{name}", Static).content) for name in ("error-message", "error-detail")]
+    assert shown == [f"boom {ESCAPED}", f"Traceback\n  {ESCAPED}"]

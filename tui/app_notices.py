@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 from textual.app import App
 from textual.notifications import SeverityLevel
 
+from torchlab.core.errors import printable
+
 if TYPE_CHECKING:
     from torchlab.tui.state import RunState
 
@@ -39,7 +41,7 @@ class Notices:
                timeout: float | None = None, markup: bool = True) -> None:
         """A notice of the app's own (a key's answer, a view's hint): logged, and shown where it covers nothing.
         Always plain text: a message is a sentence of the app's, or an error's text ("[Errno 2] ...")."""
-        text = f"{title}: {message}" if title else message
+        text = printable(f"{title}: {message}" if title else message, keep_lines=True)  # an error's text names paths
         self.run_state.log(LEVEL_OF_SEVERITY.get(severity, "info"), text)
         self.show_notice(text, LEVEL_OF_SEVERITY.get(severity, "info"), timeout)
 

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
+from torchlab.core.errors import printable
+
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 
 
@@ -64,11 +66,12 @@ def format_ratio(value: float | None) -> str:
 
 def short_workload(workload: str) -> str:
     """A workload as a line has room for it: ``tiny.py:workload`` for ``/work/models/tiny.py:workload`` (the
-    run directory and ``trainer.log`` keep the whole path); a sample or a module path as it is."""
+    run directory and ``trainer.log`` keep the whole path); a sample or a module path as it is. Its control characters
+    escaped (core/errors.py ``printable``): a file's name is anyone's choice."""
     file, colon, factory = workload.rpartition(":")
     if colon and "/" in file:
-        return f"{file.rsplit('/', 1)[-1]}:{factory}"
-    return workload
+        return printable(f"{file.rsplit('/', 1)[-1]}:{factory}")
+    return printable(workload)
 
 
 def fit_parts(parts: Sequence[Text], width: int, separator: Text | str = "", importance: Sequence[int] | None = None) -> Text:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.errors import ConfigError
+from torchlab.core.errors import ConfigError, printable
 from torchlab.core.records.config import settings_as_used, settings_from_toml
 from torchlab.core.records.option_history import option_history
 from torchlab.core.records.rundir import metrics_rows, rows_of
@@ -55,7 +55,8 @@ class RunHistory:
 
     @property
     def name(self) -> str:
-        return self.path.name
+        """The run's folder's name, as the compare screen's title and legend show it (control characters escaped)."""
+        return printable(self.path.name)
 
     @classmethod
     def load(cls, path: Path, measured: int = 0) -> RunHistory:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from torchlab.core.errors import printable
 from torchlab.core.wire import protocol
 from torchlab.core.wire.events import LET_THROUGH, SpikeGuarded, describe
 from torchlab.core.wire.metrics_row import MetricsRow
@@ -367,7 +368,10 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
         answered before this app's stream began)."""
         if notify and self._replaying and not ours:  # old news: on an 80x24 screen a toast each covered the whole view
             notify, self._past_toasts = False, self._past_toasts + 1
-        self._new_log.append(LogEntry(level, text, step, notify, toast))
+        # the log's and the notices' one way in: the trainer's words, a workload's output, a path someone chose, with
+        # their control characters escaped (Textual drops a bell but writes an ESC through to the terminal)
+        toast = None if toast is None else printable(toast, keep_lines=True)
+        self._new_log.append(LogEntry(level, printable(text, keep_lines=True), step, notify, toast))
 
     def take_log(self) -> list[LogEntry]:
         """Log entries added since the last call, oldest first."""

@@ -17,6 +17,7 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
+from torchlab.core.errors import printable
 from torchlab.core.wire.options import LIVE_OPTIONS, OPTIONS_BY_NAME, Choice, Number, Switch
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.state import Failure
@@ -103,10 +104,10 @@ class ErrorScreen(ModalScreen[Restart | str]):
         step = f" at step {failure.step}" if failure.step is not None else ""
         with Vertical(id="error-dialog"):
             yield Label(f"{title}{step}", id="error-title")
-            yield Static(Text(failure.message), id="error-message")
+            yield Static(Text(printable(failure.message, keep_lines=True)), id="error-message")
             if failure.detail:
                 with VerticalScroll(id="error-detail-scroll"):
-                    yield Static(Text(failure.detail), id="error-detail")
+                    yield Static(Text(printable(failure.detail, keep_lines=True)), id="error-detail")
             else:
                 self.add_class("-paragraph")
             if self.options is not None:
