@@ -12,7 +12,7 @@ import time
 import pytest
 
 from torchlab.core.safe_open import UnsafeFileError
-from torchlab.core.wire.runtime import ORPHAN_TOKEN_AGE_S, Endpoint, list_runs, printable, read_runs, runtime_dir
+from torchlab.core.wire.runtime import ORPHAN_TOKEN_AGE_S, Endpoint, list_runs, read_runs, runtime_dir
 
 
 def test_listing_runs_sweeps_what_killed_trainers_left_and_nothing_else(tmp_path, monkeypatch):
@@ -351,11 +351,6 @@ def test_what_attach_prints_of_an_entry_shows_control_characters_escaped(runtime
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
     assert "\\x1b]0;evil\\x07/runs/\\x1b[2J\\u202ex" in out and "run-\\x1b[31mred" in out and "\\x1b[2Jmlp" in out
-
-
-def test_printable_escapes_control_characters_and_keeps_every_other_letter():
-    assert printable("runs/été-\u4e2d\u6587 x") == "runs/été-\u4e2d\u6587 x"
-    assert printable("a\nb\tc\x1b[2J\x7f\u200b\u202e\ud800") == "a\\nb\\tc\\x1b[2J\\x7f\\u200b\\u202e\\ud800"
 
 
 def test_the_runtime_directory_is_refused_unless_it_is_the_users_own_folder_0700(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ instead, beside it: any number of them, the same token (only the run's owner can
 change the run refused on the spot, and quitting one leaves the run as it is.
 
 Every string it prints that came from a runtime entry or from the trainer (a run's name, its directory, its
-workload, a refusal) goes through ``runtime.printable``: control characters are shown escaped, never sent to
+workload, a refusal) goes through ``printable`` (core/errors.py): control characters are shown escaped, never sent to
 the terminal. An entry that is not one (corrupt, a FIFO, a link) is skipped with one line on stderr.
 
 Standard library and the app only: no torch in this process.
@@ -28,12 +28,12 @@ import sys
 import time
 from pathlib import Path
 
-from torchlab.core.errors import EXIT_OK, EXIT_USAGE, TorchlabError
+from torchlab.core.errors import EXIT_OK, EXIT_USAGE, TorchlabError, printable
 from torchlab.core.launch.arguments import command_parser
 from torchlab.core.launch.serve import SERVED_BY_PARENT
 from torchlab.core.launch.terminal import redirected_streams, require_terminal
 from torchlab.core.wire.run_status import RunStatus
-from torchlab.core.wire.runtime import RunEntry, die_with_parent, find_run, printable, read_runs
+from torchlab.core.wire.runtime import RunEntry, die_with_parent, find_run, read_runs
 
 
 
