@@ -43,6 +43,7 @@ from typing import Any
 from torchlab.core.engine.checkpoint import checkpoint_file, load_training_state
 from torchlab.core.engine.loading import SAMPLES, spec_as_shown, spec_as_typed
 from torchlab.core.errors import ConfigError
+from torchlab.core.launch.resume_in_place import require_resume_in_place
 from torchlab.core.launch.arguments import explicit_names, resolve_config, setting_layers, workload_origin
 from torchlab.core.records.config import FromWorkload, TrainConfig, build_config, settings_from_toml
 from torchlab.core.records.starting_values import with_workload_settings
@@ -116,6 +117,7 @@ def plan_training(args: argparse.Namespace) -> TrainingPlan:
     if args.resume is None:
         config, explicit = resolve_config(args)
         return TrainingPlan(config, explicit, workload_origin=workload_origin(args))
+    require_resume_in_place(args.resume, args.run_dir)  # a run goes on in its own directory, or is refused
     checkpoint = checkpoint_file(args.resume)
     state = load_training_state(checkpoint, mmap=True)  # memory-mapped: the tensors are read once, for the digest
     stored_settings = settings_from_toml(state.config, f"the configuration in {checkpoint}")
