@@ -109,6 +109,8 @@ EXAMPLES = [
     events.OomRescued(step=7, option="split", value=2, previous=1, error="CUDA out of memory.", samples_before=16, samples_after=8),
     events.SpikeGuarded(step=21, measure="loss", value=184.0, median=0.76, z=81.5, threshold=6.0, window=50,
                         action="rolled_back", loss=184.0, grad_norm=3.5, rolled_back_to=10, samples=[3, 17]),
+    events.SpikeGuarded(step=1703, measure="loss", value=9.1, median=2.3, z=12.0, threshold=6.0, window=50,
+                        action="let_through", loss=9.1, held_back=36),
     events.ProfileStarted(step=8, steps=5, source="app"),
     events.TrialStarted(step=4, option="amp", value="bf16", steps=12, source="app"),
     events.CompileStarted(step=6, detail="with amp=bf16"),

@@ -4,13 +4,14 @@ back, instead of ending on non-finite values; with the guard off, a notice."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 
 import pytest
 import torch
 
 from trainers import WORKLOADS, StopAt, make_trainer
-from torchlab.core.engine import host_copy
+from torchlab.core.engine import host_copy, spike_guard
 from torchlab.core.engine.host_copy import HostCopy
 from torchlab.core.engine.spike_guard import MIN_HISTORY, NORM_FACTOR_FLOOR, SHIFT_STEPS, SpikeDetector
 from torchlab.core.errors import EXIT_OK
@@ -213,6 +214,46 @@ def test_a_host_copy_is_refilled_in_place_and_what_it_gives_back_is_a_copy():
     given["w"].add_(5)  # an optimizer that keeps what it loads changes the copy it was given, not the buffers
     copy.capture(live, step=20)
     assert copy._buffers is buffers and torch.equal(copy.state()["w"], torch.full((3,), 2.0)) and copy.step == 20
+
+
+# ---------------------------------------------------------------------- the guard off: notices counted, not one by one
+
+def _spiking_every_third_step_from_21():
+    """The tiny workload whose loss is 100 times itself on every third step from step 21: isolated spikes, as a noisy
+    loss's are (the guard off: each is the first of its run of spikes, so each has a notice)."""
+    from torch import nn
+
+    from torchlab.core.engine.loading import load_workload
+
+    built = load_workload(f"{TINY}:workload")
+    step_trained = [0]
+
+    def before_step(step: int, epoch: int) -> None:
+        step_trained[0] = step
+
+    def loss_fn(model, batch):
+        inputs, targets = batch
+        loss = nn.functional.mse_loss(model(inputs), targets)
+        return loss * 100 if step_trained[0] >= 21 and step_trained[0] % 3 == 0 else loss
+
+    built.loss_fn, built.before_step, built.val_dataset = loss_fn, before_step, None
+    return built
+
+
+def test_with_the_guard_off_many_spikes_journal_two_notices_whose_counts_add_up_to_every_spike(monkeypatch):
+    """Issue 46: with the guard off, a 5,000-step run journalled 507 spike_guarded events, one per spike let through.
+    Now the run's first is said, the others at most once per OFF_NOTICE_EVERY_S (here never: no clock in the test),
+    and at the end the last of them, whose ``held_back`` counts the rest: every spike let through is still in the
+    journal's counts, and each is marked in its metrics row."""
+    monkeypatch.setattr(spike_guard, "OFF_NOTICE_EVERY_S", math.inf)
+    trainer, seen = make_trainer(workload=_spiking_every_third_step_from_21(), steps=120, seed=3, checkpoint_every=0,
+                                 options={"spike_guard": "off"})
+    assert trainer.run().status == "finished"
+    let_through = [row.step for row in seen.metrics if row.spike == "let_through"]
+    notices = seen.of("spike_guarded")
+    assert len(let_through) >= 20
+    assert [notice["step"] for notice in notices] == [let_through[0], let_through[-1]]
+    assert sum(1 + notice["held_back"] for notice in notices) == len(let_through)
 
 
 # ---------------------------------------------------------------------- what a user sees headless

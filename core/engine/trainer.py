@@ -235,6 +235,7 @@ class Trainer:
             finally:  # a checkpoint that failed did so before what ended the loop: its StorageError wins
                 try:
                     self._release_held_row()
+                    self.guard.say_held_notice()  # the guard off: the last spike's notice held back, with its count
                 finally:
                     self.checkpoints.finish()
         except NonFiniteError as error:

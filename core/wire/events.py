@@ -114,7 +114,9 @@ class SpikeGuarded(Message):
     ``median`` of the last ``window`` steps, past the spike guard's ``threshold`` (core/engine/spike_guard.py); null
     where not finite. ``action``: ``skipped`` (its update held back), ``rolled_back`` (to the state after step
     ``rolled_back_to``), ``let_through`` (the guard off: applied) or ``new_level`` (spikes in a row: taken as the
-    run's new level, applied). ``samples``: the dataset indices of the step's batches, where it has indices."""
+    run's new level, applied). ``samples``: the dataset indices of the step's batches, where it has indices.
+    ``held_back``: with the guard off, the spikes let through since the last notice whose notices were not sent
+    (each is marked in its metrics row): its notices are sent at most once a minute after the run's first."""
 
     type: ClassVar[str] = "spike_guarded"
     step: int
@@ -131,6 +133,7 @@ class SpikeGuarded(Message):
     note: str = ""
     #: the dataset indices of the step's samples (at most ``MAX_SPIKE_SAMPLES``), where the dataset has indices
     samples: list | None = None
+    held_back: int = 0
 
 
 #: The most dataset indices a spike_guarded event lists.
@@ -372,4 +375,6 @@ def _spike_sentence(event: SpikeGuarded) -> str:
         case _:
             what = "taken as the run's new level after spikes in a row, not a spike: applied, the window starts again"
     note = f" ({event.note})" if event.note else ""
-    return f"spike at step {event.step}: {how_far}: {what}{note}"
+    held_back = (f"; {event.held_back} more since the last notice, each marked in its metrics row"
+                 if event.held_back else "")
+    return f"spike at step {event.step}: {how_far}: {what}{note}{held_back}"

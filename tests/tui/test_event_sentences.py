@@ -42,6 +42,11 @@ SAID = [
     (events.SpikeGuarded(step=21, measure="grad_norm", value=None, median=0.5, z=None, threshold=6.0, window=50,
                          action="skipped"),
      "warning: spike at step 21: grad norm not finite: its update held back, training goes on with the next batch"),
+    (events.SpikeGuarded(step=1703, measure="loss", value=9.1, median=2.3, z=12.0, threshold=6.0, window=50,
+                         action="let_through", held_back=36),
+     "warning: spike at step 1703: loss 9.1, 3.96 times the median 2.3 of the last 50 steps, 12 robust deviations "
+     "(threshold 6): applied: the spike guard is off (key G or --spike-guard skip holds such a step's update back); 36 "
+     "more since the last notice, each marked in its metrics row"),
     (events.ProfileStarted(step=8, steps=5), "profiling 5 steps after 1 warm-up"),
     (events.ResumedFromCheckpoint(step=9), "resumed from the checkpoint of step 9"),
     (events.ResumeChangedSettings(step=9, level="warning", message="resumed with seed 7 → 3: from here on the run differs"),
