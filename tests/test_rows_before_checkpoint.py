@@ -15,11 +15,15 @@ import json
 
 import pytest
 
+from metrics_rows import metrics_row
 from trainers import TINY
 from torchlab.core.engine import checkpointer
+from torchlab.core.engine import rank_channel as rc
 from torchlab.core.engine.ranks import Supervisor
 from torchlab.core.records import rundir
+from torchlab.core.errors import StorageError
 from torchlab.core.records.config import build_config
+from torchlab.core.wire.observer import TrainerObserver
 
 
 @pytest.fixture
@@ -59,3 +63,62 @@ def test_the_rows_up_to_a_checkpoint_are_written_before_it_in_a_headless_or_app_
     finally:
         directory.close()
     assert rows_when_checkpointed == {7: list(range(1, 8)), 14: list(range(1, 15)), 15: list(range(1, 16))}
+
+
+class RowsAtCheckpoint(TrainerObserver):
+    """The supervisor's observers, as the run directory takes them: the steps of the rows received, and at each
+    ``before_checkpoint`` the step and the rows received by then."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.checkpoints: list[tuple[int, list[int]]] = []
+
+    def on_metrics(self, row) -> None:
+        self.rows.append(row.step)
+
+    def before_checkpoint(self, step: int) -> None:
+        self.checkpoints.append((step, list(self.rows)))
+
+
+class Trainer:
+    """What the link takes commands for."""
+
+    def submit(self, command) -> None:
+        pass
+
+    def request_stop(self, reason: str) -> None:
+        pass
+
+
+def test_with_ranks_rank_0_writes_a_checkpoint_only_once_the_supervisor_has_written_the_rows_before_it():
+    """With ranks, rank 0 writes the checkpoint and the supervisor's process writes the rows it sends: rank 0's
+    ``before_checkpoint`` went nowhere, so the supervisor could still hold them (or not have read them yet) when the
+    checkpoint's rename landed. It now returns once the supervisor says it wrote them."""
+    written = RowsAtCheckpoint()
+    channel = rc.RankChannel(written, step=lambda: 0)
+    link = rc.SupervisorLink(channel.path, channel.token)
+    link.attach(Trainer())
+    try:
+        for step in (1, 2, 3):
+            link.on_metrics(metrics_row(step))
+        link.before_checkpoint(3)
+        assert written.checkpoints == [(3, [1, 2, 3])]
+    finally:
+        link.close()
+        channel.close()
+
+
+def test_rank_0_writes_no_checkpoint_whose_rows_the_supervisor_could_not_write():
+    class FullDisk(RowsAtCheckpoint):
+        def before_checkpoint(self, step: int) -> None:
+            raise StorageError("no space left on device writing metrics.jsonl in runs/x; its lines before this one are whole")
+
+    channel = rc.RankChannel(FullDisk(), step=lambda: 0)
+    link = rc.SupervisorLink(channel.path, channel.token)
+    link.attach(Trainer())
+    try:
+        with pytest.raises(StorageError, match="^no space left on device writing metrics.jsonl"):
+            link.before_checkpoint(3)
+    finally:
+        link.close()
+        channel.close()

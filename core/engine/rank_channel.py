@@ -189,6 +189,26 @@ class CommandMessage(RankMessage):
 
 
 @dataclass(frozen=True)
+class RowsFirst(RankMessage):
+    """Rank 0 is about to write the checkpoint of ``step``: the supervisor writes the rows it holds of the steps up to
+    it (``TrainerObserver.before_checkpoint``) and answers ``RowsWritten``, and only then is the checkpoint written.
+    The rows travel here and land in metrics.jsonl in the supervisor's process while rank 0 writes the checkpoint:
+    without the answer, a kill just after the checkpoint's rename lost the rows the supervisor still held (issue 46)."""
+
+    type: ClassVar[str] = "rows_first"
+    step: int
+
+
+@dataclass(frozen=True)
+class RowsWritten(RankMessage):
+    """The supervisor's answer to ``RowsFirst``: the rows up to ``step`` are written, or ``failure`` says why not."""
+
+    type: ClassVar[str] = "rows_written"
+    step: int
+    failure: str = ""
+
+
+@dataclass(frozen=True)
 class ChannelRefused(RankMessage):
     """The answer to a line the other side could not read; it goes on reading."""
 
@@ -366,10 +386,28 @@ class RankChannel:
                 self.observer.on_telemetry(message.sample)
             case Outcome():
                 self.outcome = message
+            case RowsFirst():
+                self._write_rows_first(message.step, connection)
             case ChannelRefused():  # rank 0 could not read a command we sent
                 self._journal_refusal(message.reason, before_hello=False, by="rank 0")
             case _:
                 self._refuse(connection, f"{message.type} is not a report", before_hello=False)
+
+
+    def _write_rows_first(self, step: int, connection: socket.socket) -> None:
+        """The rows up to ``step`` written, then said to rank 0, which waits for it to write its checkpoint; a failed
+        write is said too (the run stops as for any record it cannot write), so that rank 0 writes none."""
+        failure = ""
+        try:
+            self.observer.before_checkpoint(step)
+        except StorageError as error:
+            failure = str(error)
+            self._storage_failed(error)
+        with self._lock:
+            try:
+                _send(connection, RowsWritten(step=step, failure=failure))
+            except OSError:
+                pass  # rank 0 is gone: nothing waits for the answer
 
 
 def _close(connection: socket.socket) -> None:
@@ -395,6 +433,8 @@ class SupervisorLink(TrainerObserver):
         self.trainer = None
         self.broken = ""
         self._closing = False
+        self._rows_written = threading.Condition()  # the supervisor's answer to RowsFirst, from the reading thread
+        self._rows_answer: RowsWritten | None = None
         self._send(RankHello(token=token))
 
     def attach(self, trainer) -> None:
@@ -410,6 +450,23 @@ class SupervisorLink(TrainerObserver):
 
     def on_telemetry(self, sample: TelemetrySample) -> None:
         self._send(TelemetryReport(sample=sample))
+
+    def before_checkpoint(self, step: int) -> None:
+        """Wait until the supervisor has written the rows up to ``step`` (``RowsFirst``; its answer is read by the
+        thread ``attach`` starts). A StorageError where it could not, or where the channel broke: a checkpoint of
+        ``step`` written then would hold steps whose rows a resume never writes again."""
+        with self._rows_written:
+            self._rows_answer = None
+        self._send(RowsFirst(step=step))
+        with self._rows_written:
+            while self._rows_answer is None and not self.broken:
+                self._rows_written.wait()
+            answer = self._rows_answer
+        if answer is None:
+            raise StorageError(f"the rows of the steps up to {step} could not reach the supervisor, which writes them "
+                               f"({self.broken}): no checkpoint of step {step} is written.")
+        if answer.failure:
+            raise StorageError(answer.failure)
 
     def send_outcome(self, outcome: RunOutcome, unhandled: list[TrainerCommand] = ()) -> None:
         self._send(Outcome.of(outcome, unhandled))
@@ -437,6 +494,8 @@ class SupervisorLink(TrainerObserver):
                   file=sys.stderr, flush=True)
         if self.trainer is not None:
             self.trainer.request_stop("the supervisor went away")
+        with self._rows_written:  # a checkpoint waiting for its rows' answer waits no more
+            self._rows_written.notify_all()
 
     def _read_commands(self) -> None:
         reader = LineReader(self._socket, MAX_LINE_BYTES)
@@ -452,6 +511,10 @@ class SupervisorLink(TrainerObserver):
             match message:
                 case CommandMessage():
                     self.trainer.submit(message.as_command())
+                case RowsWritten():
+                    with self._rows_written:
+                        self._rows_answer = message
+                        self._rows_written.notify_all()
                 case ChannelRefused():  # the supervisor could not read a report of ours
                     print(f"torchlab rank 0: the supervisor refused a report: {message.reason}", file=sys.stderr, flush=True)
                 case _:
