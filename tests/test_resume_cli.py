@@ -245,3 +245,50 @@ def test_config_records_the_workloads_own_optimizer_and_scheduler_not_defaults_t
     assert rows["lr"] == ["body 0.05 · head 0.2 (the workload's)", "0.001"]
     assert rows["schedule"] == ["torch.optim.lr_scheduler.CosineAnnealingLR (the workload's)", "cosine"]
     assert rows["weight_decay"] == ["the workload's", "0.01"]
+
+
+@pytest.fixture
+def two_steps(tmp_path) -> Path:
+    """A run of two steps whose only checkpoint is of step 2."""
+    run = tmp_path / "run"
+    assert headless("mlp", "--steps", "2", "--run-dir", str(run)) == EXIT_OK
+    return run
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended (its writes were cut short)."""
+    process = subprocess.Popen([sys.executable, "-c", ""])
+    process.wait()
+    return process.pid
+
+
+def test_a_run_killed_during_its_first_checkpoint_is_said_so_with_what_it_has_and_its_leftover_is_removed(two_steps, capsys):
+    """Issue 46 item 12: the resume said only "no checkpoints/last.pt", and the unfinished write stayed for good."""
+    checkpoints = two_steps / "checkpoints"
+    leftover = checkpoints / f".step-0000002.pt.tmp-{dead_pid()}"  # as write_checkpoint names its temporary file
+    (checkpoints / "step-0000002.pt").rename(leftover)
+    (checkpoints / "last.pt").unlink()
+    capsys.readouterr()
+    assert headless("--resume", str(two_steps)) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"torchlab-tui: error: --resume {two_steps}: the run ended before its first checkpoint: it was stopped or killed "
+        f"before writing one, or while writing it (what that write left, {leftover.name}, is removed now), so there is "
+        f"nothing to continue from. It has 2 metrics rows (steps 1–2) in {two_steps / 'metrics.jsonl'}. Start it again "
+        f"as a new run with the same settings: torchlab-tui --config {two_steps / 'config.toml'}\n")
+    assert list(checkpoints.iterdir()) == []
+
+
+def test_a_first_checkpoint_still_being_written_is_kept_and_a_step_file_without_last_pt_is_named(two_steps, capsys):
+    import os
+
+    checkpoints = two_steps / "checkpoints"
+    (checkpoints / "last.pt").unlink()  # a kill between the step file's rename and last.pt's
+    capsys.readouterr()
+    assert headless("--resume", str(two_steps)) == EXIT_USAGE
+    assert capsys.readouterr().err.endswith(f"but step-0000002.pt is there: resume from it, torchlab-tui --resume "
+                                            f"{checkpoints / 'step-0000002.pt'}\n")
+    writing = checkpoints / f".step-0000002.pt.tmp-{os.getpid()}"  # a live writer's: never another's to remove
+    (checkpoints / "step-0000002.pt").rename(writing)
+    assert headless("--resume", str(checkpoints)) == EXIT_USAGE
+    assert f"its first is being written now, by process {os.getpid()}." in capsys.readouterr().err
+    assert writing.exists()

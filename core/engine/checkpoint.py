@@ -3,7 +3,8 @@ checked against what the trainer saves; and the RNG state they carry.
 
 A checkpoint is written to a temporary file in the same directory, fsynced, and renamed over its
 final name, so a crash mid-write (``kill -9``, a full disk) leaves the previous checkpoint intact; a
-failed write removes its temporary file, and one left by a killed process is removed by the next save. ``last.pt`` is a hard link to
+failed write removes its temporary file, and one left by a killed process is removed by the next save, or, where
+the kill came during the run's first checkpoint, by the resume that finds it has none (``checkpoint_file``). ``last.pt`` is a hard link to
 the newest one, replaced atomically the same way. Two phases: ``write_checkpoint`` writes every byte
 (where a full disk shows); ``WrittenCheckpoint.publish`` makes it durable and gives it its name, which is
 waiting on the disk (~10 ms here, three fsyncs' worth), so the trainer may let it run on a thread while
@@ -42,9 +43,10 @@ import torch
 
 from torchlab.core.engine.checkpoint_contents import TrainingState, as_tuples
 from torchlab.core.errors import ConfigError, StorageError
+from torchlab.core.records.rundir import rows_of
 from torchlab.core.records.storage import create_file, fsync_directory, remedy, storage_error, unreadable_run
-from torchlab.core.safe_open import open_regular
-from torchlab.core.wire.runtime import remove_abandoned_temporaries
+from torchlab.core.safe_open import open_regular, who_else_may_write
+from torchlab.core.wire.runtime import process_running, remove_abandoned_temporaries
 
 FORMAT_VERSION = 1
 _STEP_FILE = re.compile(r"^step-(\d{7,})\.pt$")
@@ -272,12 +274,63 @@ def checkpoint_file(path: Path) -> Path:
             for candidate in (path / "checkpoints" / "last.pt", path / "last.pt"):
                 if candidate.exists():
                     return candidate
-            raise ConfigError(f"--resume {path}: no checkpoints/last.pt in that directory.")
+            raise _no_last_checkpoint(path)
         if not path.exists():
             raise ConfigError(f"--resume {path}: no such checkpoint file.")
     except OSError as error:  # another user's private run (0700)
         raise ConfigError(f"--resume {unreadable_run(path, error)}") from None
     return path
+
+
+def _no_last_checkpoint(path: Path) -> ConfigError:
+    """Why ``--resume path``, a folder without ``last.pt``, has nothing to load, and how to go on. A run's folder:
+    a step file that last.pt was not yet pointed at (a kill between the two renames) is named; otherwise the run
+    ended before its first checkpoint, so it is said, with what the run has (its metrics rows), and what a write
+    a kill cut short left (``.step-NNNNNNN.pt.tmp-PID``, its writer gone) is removed where the run is the user's
+    alone: no resume could ever use it, and the next save of this run, which would remove it, never comes."""
+    if (path / "checkpoints").is_dir():
+        run, folder = path, path / "checkpoints"
+    elif path.name == "checkpoints":
+        run, folder = path.parent, path
+    else:
+        return ConfigError(f"--resume {path}: no checkpoints/last.pt in that directory.")
+    if not any((run / name).exists() for name in ("config.toml", "metrics.jsonl")):  # a folder of checkpoints, no run
+        return ConfigError(f"--resume {path}: no checkpoints/last.pt in that directory.")
+    step_files = sorted(p for p in folder.iterdir() if _STEP_FILE.match(p.name))
+    if step_files:
+        return ConfigError(
+            f"--resume {path}: no checkpoints/last.pt, which names the run's newest checkpoint (a kill between writing "
+            f"one and naming it leaves none), but {step_files[-1].name} is there: resume from it, torchlab-tui --resume "
+            f"{step_files[-1]}")
+    unfinished = {p: int(match.group(1)) for p in folder.iterdir() if (match := _TEMPORARY.match(p.name))}
+    writers = sorted({pid for pid in unfinished.values() if process_running(pid)})
+    if writers:
+        return ConfigError(
+            f"--resume {path}: the run has no checkpoint yet: its first is being written now, by process "
+            f"{writers[0]}. Resume once that run has ended.")
+    removed = ""
+    if unfinished and all(who_else_may_write(os.lstat(place)) is None for place in (run, folder)):
+        for leftover in unfinished:
+            leftover.unlink(missing_ok=True)
+        removed = f" (what that write left, {', '.join(sorted(p.name for p in unfinished))}, is removed now)"
+    return ConfigError(
+        f"--resume {path}: the run ended before its first checkpoint: it was stopped or killed before writing one, or "
+        f"while writing it{removed}, so there is nothing to continue from. It has {_rows_kept(run)}. Start it again "
+        f"as a new run with the same settings: torchlab-tui --config {run / 'config.toml'}")
+
+
+def _rows_kept(run: Path) -> str:
+    """What a run without a checkpoint has to show for its steps: its metrics rows, said for a message."""
+    metrics = run / "metrics.jsonl"
+    try:
+        steps = [row["step"] for row in rows_of(metrics)]
+    except (OSError, ConfigError):  # none, or not a regular file: nothing to show
+        steps = []
+    if not steps:
+        return "no metrics rows"
+    if len(steps) == 1:
+        return f"the metrics row of step {steps[0]} in {metrics}"
+    return f"{len(steps)} metrics rows (steps {min(steps)}–{max(steps)}) in {metrics}"
 
 
 def load_checkpoint(path: Path, map_location: torch.device | str = "cpu", mmap: bool = False) -> dict[str, Any]:

@@ -24,12 +24,11 @@ import os
 import stat
 from pathlib import Path
 
-from torchlab.core.errors import ConfigError
+from torchlab.core.errors import ConfigError, printable
 from torchlab.core.records.config import settings_from_toml
 from torchlab.core.records.rundir import RUN_FILES, run_dir_of_checkpoint
 from torchlab.core.records.storage import reason
 from torchlab.core.safe_open import UnsafeFileError, kind_of, read_regular_text
-from torchlab.core.wire.runtime import printable
 
 #: Why a run's file that is not a regular file is not read, by what it is instead.
 _WHY_REGULAR_ONLY = {
