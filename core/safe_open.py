@@ -11,6 +11,19 @@ device, a socket, a folder) is refused with one paragraph. Folders are checked w
 ``require_real_folder``; the run directory's owner and mode are checked where a run begins
 (core/records/rundir.py), and once no one else may write into it, no one else can swap its entries.
 
+The folder rule: every place torchlab writes into, in every command (a run directory and its runs root, a
+``--tensorboard`` folder while training or exporting, the folder of an export's ``--csv``), goes through
+``who_else_may_change`` before anything is written, and each caller says what a fault means for it. As
+OpenSSH's StrictModes checks ``~/.ssh``: each folder on the way is yours or root's and not writable by
+others, unless sticky (``/tmp``: no one else may rename or remove your entries there); a link on the way is
+yours or root's (a link another user made in ``/tmp`` is not followed); the folder written into is yours,
+and no one else may write into it. Otherwise another user could have put a link where a file will be
+created (TensorBoard opens its event file by name itself), read what is written, or swap the folder
+mid-run for one of theirs.
+
+Every path given on the command line meets one rule for its length too (``refuse_a_path_too_long``):
+said in one paragraph before it is used, not as the ``File name too long`` of whichever call met it first.
+
 Standard library only (the profile-table builder, a child process without torch, writes through it).
 """
 
@@ -18,12 +31,21 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import grp
 import os
 import pwd
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
-from torchlab.core.errors import ConfigError
+from torchlab.core.errors import ConfigError, shown
+
+#: The longest name of one entry in a folder, and the longest path, in bytes, that Linux takes (NAME_MAX, PATH_MAX
+#: less the closing NUL): a longer one is ENAMETOOLONG wherever it is first used.
+NAME_MAX_BYTES = 255
+PATH_MAX_BYTES = 4095
+#: How many links a path may lead through (the kernel's own limit, for ELOOP).
+_MAX_LINKS = 40
 
 #: What an entry is, as a message names it.
 _KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
@@ -109,6 +131,145 @@ def who_else_may_write(status: os.stat_result) -> str | None:
     if mode & (stat.S_IWGRP | stat.S_IWOTH):
         return f"can be written by other users (mode {mode:04o})"
     return None
+
+
+@dataclass(frozen=True)
+class FolderFault:
+    """Why someone other than you and root could change what torchlab writes at a path (``who_else_may_change``).
+
+    ``str()`` reads after the path, as ``--tensorboard /tmp/pub/tb {fault}``: ``belongs to alice (uid 1001)``,
+    ``can be written by other users (mode 0777)``, ``is inside /tmp/pub, which belongs to alice (uid 1001)``,
+    ``leads through /tmp/tb, a symbolic link that belongs to alice (uid 1001)``."""
+
+    #: what is at fault: the path itself, a folder above it, or a link on the way to it
+    at: Path
+    #: the fault, as a clause: ``belongs to alice (uid 1001)``, ``other users can write into (mode 0777)``
+    why: str
+    #: "itself", "above" or "link"
+    where: str
+    #: another user's: only they (or root) can mend it, where a ``chmod`` of yours mends the rest
+    theirs: bool
+
+    def __str__(self) -> str:
+        if self.where == "itself":
+            return self.why
+        if self.where == "link":
+            return f"leads through {self.at}, a symbolic link that {self.why}"
+        return f"is inside {self.at}, which {self.why}"
+
+
+def who_else_may_change(path: Path | str, *, sticky_is_enough: bool = False) -> FolderFault | None:
+    """The folder rule (the module's docstring): why someone other than you and root could change what torchlab
+    writes at ``path`` (a folder it writes files into, or a file it creates), or None where no one could.
+
+    The path is walked as the kernel resolves it: every folder on the way is yours or root's, and neither
+    others nor, unless it holds no one but its owner, its group may write into it, save where it is sticky
+    (``/tmp``); a link on the way is yours or root's, and is followed. ``path`` itself, where it is a folder,
+    is yours, and no one else may write into it (``who_else_may_write``: sticky or not, a folder others may
+    add to could hold a link where a file will be made). A part that is not there yet is not judged: it will
+    be made, by you, in a folder judged already (check again once it is made: someone may have made it
+    first). What is at ``path`` that is not a folder (a file, a FIFO) is the caller's to judge. An OSError
+    where a part cannot be looked at (no permission, a name too long, a loop of links, a file on the way).
+
+    ``sticky_is_enough``: ``path`` is a folder that only receives files torchlab makes itself, new
+    (``O_EXCL | O_NOFOLLOW``) and renamed within it, as an export's ``--csv``: it is judged as a folder on the
+    way, and a fault of its own is said as one above the file (``is inside``): ``/tmp`` is fine, since no one
+    else can take a name you made there, or swap what is at it."""
+    pending = list(Path(os.getcwd(), path).parts[1:])  # not abspath: ``..`` after a link goes where the link led
+    folder, links = Path("/"), 0
+    while pending:
+        part = pending.pop(0)
+        if part == "..":
+            folder = folder.parent
+            continue
+        entry = folder / part
+        try:
+            status = os.lstat(entry)
+        except FileNotFoundError:
+            return None  # made by you from here on, in ``folder``, judged already
+        if stat.S_ISLNK(status.st_mode):
+            links += 1
+            if links > _MAX_LINKS:
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path))
+            if status.st_uid not in (os.geteuid(), 0):
+                return FolderFault(entry, f"belongs to {owner_name(status.st_uid)}", "link", theirs=True)
+            target = os.readlink(entry)
+            if os.path.isabs(target):
+                folder = Path("/")
+            pending[:0] = [piece for piece in Path(target).parts if piece != "/"]
+            continue
+        if not pending:  # the path itself
+            if not stat.S_ISDIR(status.st_mode):
+                return None
+            if sticky_is_enough:  # the folder above the files written: said so
+                fault = _who_else_may_rename_in(status)
+                return fault and FolderFault(entry, fault, "above", theirs=status.st_uid not in (os.geteuid(), 0))
+            fault = who_else_may_write(status)
+            return fault and FolderFault(entry, fault, "itself", theirs=status.st_uid != os.geteuid())
+        if not stat.S_ISDIR(status.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(entry))
+        fault = _who_else_may_rename_in(status)
+        if fault is not None:
+            return FolderFault(entry, fault, "above", theirs=status.st_uid not in (os.geteuid(), 0))
+        folder = entry
+    return None  # the path is ``/``: root's
+
+
+def _who_else_may_rename_in(status: os.stat_result) -> str | None:
+    """Why someone else could rename or remove the entries of a folder on the way, or None. Root's folders and
+    yours are trusted; a sticky one (``/tmp``) lets no one else touch your entries; a group-writable one is
+    fine where its group holds no one but the folder's owner (a user private group: Debian's OpenSSH allows
+    the same, so ``umask 002`` does not make every folder of a user's suspect)."""
+    if status.st_uid not in (os.geteuid(), 0):
+        return f"belongs to {owner_name(status.st_uid)}"
+    mode = stat.S_IMODE(status.st_mode)
+    if mode & stat.S_ISVTX:
+        return None
+    if mode & stat.S_IWOTH:
+        return f"other users can write into (mode {mode:04o})"
+    if mode & stat.S_IWGRP:
+        others = _other_members(status.st_gid, status.st_uid)
+        if others:
+            return f"other members of its group {others} can write into (mode {mode:04o})"
+    return None
+
+
+def _other_members(gid: int, owner: int) -> str:
+    """``staff (bob, carol)``: the group ``gid`` as a refusal names it, where someone but ``owner`` is in it (by
+    its member list, or as their primary group); empty where no one else is."""
+    try:
+        group = grp.getgrgid(gid)
+    except KeyError:  # a group without a name: who is in it cannot be told
+        return f"gid {gid}"
+    try:
+        owner_login = pwd.getpwuid(owner).pw_name
+    except KeyError:
+        owner_login = None
+    members = set(group.gr_mem) | {user.pw_name for user in pwd.getpwall() if user.pw_gid == gid}
+    others = sorted(members - {owner_login})
+    if not others:
+        return ""
+    listed = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+    return f"{group.gr_name} ({listed})"
+
+
+def length_fault(path: Path | str) -> str | None:
+    """Why ``path`` is too long to be used (the ENAMETOOLONG it would meet), as a clause, or None."""
+    encoded = os.fsencode(path)
+    if any(len(name) > NAME_MAX_BYTES for name in encoded.split(b"/")):
+        return f"a name in it is longer than the {NAME_MAX_BYTES} bytes a file name may have"
+    if len(encoded) > PATH_MAX_BYTES:
+        return f"it is longer than the {PATH_MAX_BYTES + 1:,} bytes a path may have"
+    return None
+
+
+def refuse_a_path_too_long(label: str, path: Path | str) -> None:
+    """The one rule for the length of every path given on the command line: a ConfigError naming it
+    (``label``: the flag, or ``workload file``) and saying to give a shorter one, if it is too long."""
+    fault = length_fault(path)
+    if fault is not None:
+        shorter = label if label.startswith("--") else "path"
+        raise ConfigError(f"{label} {shown(str(path))}: {fault}: give a shorter {shorter}.")
 
 
 def owner_name(uid: int) -> str:

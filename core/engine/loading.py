@@ -31,6 +31,7 @@ from types import ModuleType, TracebackType
 from typing import Any
 
 from torchlab.core.errors import TorchlabError, WorkloadError, WorkloadExited, shown
+from torchlab.core.safe_open import refuse_a_path_too_long
 
 SAMPLES = {
     "mlp": "torchlab.sample_models.mlp:workload",
@@ -78,6 +79,7 @@ def check_spec(text: str) -> WorkloadSpec:
 
 def _file_spec(text: str, target: str, factory: str, *, implied: bool) -> WorkloadSpec:
     path = Path(target).expanduser()
+    refuse_a_path_too_long("workload file", path)  # the one rule for a path's length (core/safe_open.py)
     if not path.is_file():
         raise WorkloadError(f"workload file {target} does not exist (looked for {path.resolve()}).")
     if implied:

@@ -11,6 +11,19 @@ where the PyTorch Profiler plugin of TensorBoard finds them. A trace is copied b
 own: one that is a link (to ``/etc/shadow``, in a run someone else prepared), a FIFO or a device is refused
 (UnsafeFileError), and the copy replaces the name it goes to rather than write through a link there.
 
+``--tensorboard DIR`` meets the folder rule (core/safe_open.py ``who_else_may_change``) in both commands, before
+anything is written and again once the folder is made: TensorBoard names its event file by time, host and process
+and opens it by that name itself, so a link put in a folder someone else may write into would be written
+through, and a folder they own, or may swap, lets them read the run's figures. DIR itself is never a link. A
+new one is made 0700 whatever the umask, and missing folders above it 0755 less the umask
+(``make_tensorboard_folder``): the event files hold the run's curves, module names and option changes, as
+private as the run directory by default; to share them, give a folder you made for that (its mode is kept).
+
+A write TensorBoard's own thread fails (a full disk) is kept by its writer and raised again on the next write,
+flush or close, where torchlab says it in a paragraph; that thread's own report (a traceback printed by
+``threading``) is left out (``_quiet_event_writer_threads``). While training, such a failure stops the event
+files, not the run: one line on stderr says so.
+
 Serialising a scalar costs ~0.1 ms (measured here), so a training step with 30 modules' norms would pay 3 ms:
 the live writer does its work on a thread of its own, and writes at most ``LIVE_ROWS_PER_S`` rows a second
 (every row of a slower run; evaluation rows always). ``export`` writes every row.
@@ -21,6 +34,7 @@ from __future__ import annotations
 import collections
 import os
 import shutil
+import stat
 import sys
 import threading
 import time
@@ -29,8 +43,10 @@ from pathlib import Path
 from torchlab.core.errors import ConfigError
 from torchlab.core.records.export_files import COPY_CHUNK, output_file
 from torchlab.core.records.option_history import OptionChange, changes_recorded
-from torchlab.core.records.storage import make_folder
-from torchlab.core.safe_open import UnsafeFileError, open_regular
+from torchlab.core.records.storage import make_folder, reason
+from torchlab.core.safe_open import (
+    UnsafeFileError, kind_of, open_regular, refuse_a_path_too_long, who_else_may_change,
+)
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.metrics_row import MetricsRow
@@ -54,20 +70,108 @@ def summary_writer_class(directory: Path) -> type:
     return SummaryWriter
 
 
+def refuse_an_unfit_tensorboard_folder(directory: Path, *, writer: str = "torchlab") -> None:
+    """A ConfigError naming ``--tensorboard`` unless ``directory`` may take event files: a name of a length
+    that fits, no link, a folder or nothing yet, and the folder rule (the module's docstring). ``writer`` names
+    who writes, for the refusal of a link (``an export``)."""
+    refuse_a_path_too_long("--tensorboard", directory)
+    flag = f"--tensorboard {directory}"
+    try:
+        status = os.lstat(directory)
+    except (FileNotFoundError, NotADirectoryError):  # a file on the way: judged by the rule below
+        status = None
+    except OSError as error:
+        raise ConfigError(f"{flag}: cannot be written: {reason(error)}.") from None
+    if status is not None and stat.S_ISLNK(status.st_mode):
+        raise ConfigError(f"{flag} is a symbolic link: {writer} writes into no folder through a link, which whoever "
+                          "made it could point at a folder of yours. Give the folder itself, or a new one "
+                          f"({writer} makes it).")
+    if status is not None and not stat.S_ISDIR(status.st_mode):
+        raise ConfigError(f"{flag} is {kind_of(status.st_mode)}, not a folder: give a new folder ({writer} makes it) "
+                          "or an empty one.")
+    try:
+        fault = who_else_may_change(directory)
+    except OSError as error:
+        raise ConfigError(f"{flag}: cannot be written: {reason(error)}.") from None
+    if fault is None:
+        return
+    if fault.where != "itself":
+        raise ConfigError(f"{flag} {fault}: they could swap it for a folder of theirs while TensorBoard writes into "
+                          "it, and read or redirect what it writes. Give a --tensorboard folder in a folder of yours "
+                          f"({writer} makes it private).")
+    if fault.theirs:
+        raise ConfigError(f"{flag} {fault}: they could put a link where TensorBoard writes its event file, which would "
+                          f"be written through, and read what it writes. Give a new folder in a folder of yours ({writer} "
+                          "makes it private).")
+    raise ConfigError(f"{flag} {fault}: one of them could put a link where TensorBoard writes its event file, and it "
+                      f"would be written through. Give a new folder ({writer} makes it private), or chmod go-w "
+                      f"{directory} first.")
+
+
+def make_tensorboard_folder(directory: Path, *, writer: str = "torchlab") -> list[Path]:
+    """``directory`` made 0700 whatever the umask (the module's docstring), and the folders above it that are
+    missing 0755 less the umask; a folder there already keeps its mode. Judged by the folder rule before and
+    again after (someone may have made a part first): a ConfigError, after removing what this made. The folders
+    made, outermost first, for the caller to remove if what it writes fails."""
+    refuse_an_unfit_tensorboard_folder(directory, writer=writer)
+    made: list[Path] = []
+    missing = [folder for folder in (directory, *directory.parents) if not os.path.lexists(folder)][::-1]
+    try:
+        for folder in missing:
+            try:
+                os.mkdir(folder, 0o700 if folder == directory else 0o755)
+            except FileExistsError:  # made meanwhile: judged below, as anything on the way
+                continue
+            made.append(folder)
+        refuse_an_unfit_tensorboard_folder(directory, writer=writer)
+    except BaseException:
+        remove_folders(made)
+        raise
+    return made
+
+
+def remove_folders(made: list[Path]) -> None:
+    """Remove the folders in ``made`` (outermost first) that are empty, innermost first."""
+    for folder in reversed(made):
+        try:
+            os.rmdir(folder)
+        except OSError:  # something in it: not ours to remove
+            return
+
+
+def _quiet_event_writer_threads() -> None:
+    """Leave out the report ``threading`` prints for a failed TensorBoard writer thread (the module's docstring):
+    its writer raises that failure again to the code that writes, which says it. Any other thread's is printed."""
+    global _EVENT_WRITER_THREAD
+    if _EVENT_WRITER_THREAD is not None:
+        return
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
+    _EVENT_WRITER_THREAD = _AsyncWriterThread
+    print_report = threading.excepthook
+
+    def report(args: threading.ExceptHookArgs) -> None:
+        if not (isinstance(args.thread, _AsyncWriterThread) and isinstance(args.exc_value, OSError)):
+            print_report(args)
+
+    threading.excepthook = report
+
+
+_EVENT_WRITER_THREAD: type | None = None
+
+
 class TensorBoardWriter:
     """Metrics rows (read back from ``metrics.jsonl``, or as the trainer reports them), option changes and
     profiler traces into event files under ``directory``."""
 
     def __init__(self, directory: Path, purge_step: int | None = None) -> None:
+        """Event files under ``directory``, a folder ``make_tensorboard_folder`` made or judged. An OSError where
+        the first event cannot be written (a full disk), for the caller to say with what it means for it."""
         SummaryWriter = summary_writer_class(directory)
+        _quiet_event_writer_threads()
         self.directory = directory
-        try:
-            if not directory.is_dir():  # as private as the folder it is in (0700 in a run directory), not the umask's
-                make_folder(directory)
-            # purge_step: a resumed run hides what an earlier process wrote after the step it resumed at
-            self._writer = SummaryWriter(str(directory), purge_step=purge_step)
-        except OSError as error:
-            raise ConfigError(f"tensorboard (--tensorboard) {directory}: cannot be written: {error.strerror or error}.") from None
+        # purge_step: a resumed run hides what an earlier process wrote after the step it resumed at
+        self._writer = SummaryWriter(str(directory), purge_step=purge_step)
 
     def write_row(self, row: MetricsRow) -> None:
         step, walltime = row.step, row.time
@@ -127,6 +231,7 @@ class TensorBoardWriter:
         self._writer.flush()
 
     def close(self) -> None:
+        """Write what is queued and close the file; the OSError of a write that failed (a full disk)."""
         self._writer.close()
 
 
@@ -136,6 +241,7 @@ class LiveTensorBoard(TrainerObserver):
 
     def __init__(self, directory: Path) -> None:
         summary_writer_class(directory)  # not installed: said before training starts
+        refuse_an_unfit_tensorboard_folder(directory)  # and a folder someone else may change (the module's docstring)
         self.directory = directory
         self.writer: TensorBoardWriter | None = None  # opened when the run starts, at the step it starts from
         #: a metrics row, an option change (``option_applied``, or a resume's ``resume_changed_settings``) or a profile
@@ -161,8 +267,12 @@ class LiveTensorBoard(TrainerObserver):
     def on_event(self, event: p.Message) -> None:
         match event:
             case events.RunStarted() if self.writer is None:
-                # A resumed run hides what an earlier process wrote after the step it resumed at.
-                self.writer = TensorBoardWriter(self.directory, purge_step=event.step + 1 if event.step else None)
+                make_tensorboard_folder(self.directory)
+                try:  # a resumed run hides what an earlier process wrote after the step it resumed at
+                    self.writer = TensorBoardWriter(self.directory, purge_step=event.step + 1 if event.step else None)
+                except OSError as error:
+                    raise ConfigError(f"--tensorboard {self.directory}: cannot be written: {reason(error)}; give "
+                                      "another --tensorboard, or free some space.") from None
                 return
             case p.OptionApplied() | events.ResumeChangedSettings():  # the one reading of a change: option_history
                 self._queue.extend(changes_recorded(event.journal_record()))
@@ -189,6 +299,20 @@ class LiveTensorBoard(TrainerObserver):
             self._thread.join(timeout=30)
 
     def _write(self) -> None:
+        try:
+            self._write_until_closed()
+        except OSError as error:  # a full disk: the event files end here, the run trains on
+            self._closing = True  # nothing more is queued
+            self._queue.clear()
+            print(f"torchlab: TensorBoard's event files in {self.directory} stop here: {reason(error)}; training goes "
+                  "on, and its metrics.jsonl has every row (torchlab-tui export --tensorboard writes them later).",
+                  file=sys.stderr)
+            try:
+                self.writer.close()
+            except OSError:  # the same failure again, said above
+                pass
+
+    def _write_until_closed(self) -> None:
         while True:
             self._wake.wait()
             self._wake.clear()

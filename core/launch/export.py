@@ -17,15 +17,24 @@ paths written to are checked before anything is written:
   ``checkpoints/``), not even with ``--force``: ``--csv RUN/metrics.jsonl`` once cut a 78 KB journal to a
   header line. Never through a link: a new ``--csv`` file is created ``O_EXCL | O_NOFOLLOW``, and
   ``--force`` renames a new file over the old name, a link included (core/records/export_files.py).
+- ``--force`` replaces a regular file only (or a link's name, never what it points at): a FIFO or a device
+  at the ``--csv`` path (``/dev/null`` as root) is refused, not replaced for everyone who uses it.
+- Every folder written into meets the folder rule (core/safe_open.py ``who_else_may_change``): the folders on
+  the way to ``--csv`` and ``--tensorboard`` are yours or root's and open to no one else unless sticky
+  (``/tmp``), and a link on the way is yours or root's.
 - ``--tensorboard DIR`` is a new folder, made 0700, or an existing one of the user's that no one else may
-  write into: TensorBoard names its event file by time, host and process and opens it itself, so a link
-  put there first would be written through. A folder that holds files takes ``--force``, and TensorBoard
-  then shows this export in place of what the folder held (the export's event file purges earlier steps).
+  write into (core/engine/tensorboard.py ``make_tensorboard_folder``): TensorBoard names its event file by time,
+  host and process and opens it itself, so a link put there first would be written through. A folder that
+  holds files takes ``--force``, and TensorBoard then shows this export in place of what the folder held (the
+  export's event file purges earlier steps). An export that fails there (a full disk) removes what it wrote,
+  and the folders it made: a failed export leaves nothing behind.
+- A path too long to be used (a name over 255 bytes) is one paragraph, as everywhere (``refuse_a_path_too_long``).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import stat
 import sys
@@ -38,7 +47,9 @@ from torchlab.core.records.csv_export import write_csv
 from torchlab.core.records.option_history import option_history
 from torchlab.core.records.rundir import SkippedLine, metrics_rows, rows_of
 from torchlab.core.records.storage import reason, unreadable_run
-from torchlab.core.safe_open import UnsafeFileError, kind_of, open_regular, require_real_folder, who_else_may_write
+from torchlab.core.safe_open import (
+    UnsafeFileError, kind_of, open_regular, refuse_a_path_too_long, require_real_folder, who_else_may_change,
+)
 
 #: Says on stderr what was left out of an export, and goes on.
 Warn = Callable[[UnsafeFileError], None]
@@ -61,6 +72,7 @@ def main(argv: list[str]) -> int:
 def _export(args: argparse.Namespace) -> int:
     if args.tensorboard is None and args.csv is None:
         raise ConfigError("say what to write: --tensorboard DIR, --csv FILE, or both")
+    refuse_a_path_too_long("run directory", args.run)
     metrics = args.run / "metrics.jsonl"
     require_metrics(args.run, metrics)
     if args.csv is not None:
@@ -101,41 +113,42 @@ def require_metrics(run: Path, metrics: Path) -> None:
 
 
 def refuse_csv_target(target: Path, run: Path, *, force: bool) -> None:
-    """A ConfigError unless ``--csv target`` may be written: not in a run, new (or ``force``), not a folder."""
+    """A ConfigError unless ``--csv target`` may be written: not in a run, new (or, with ``force``, a regular file
+    or a link, whose name is replaced), not a folder, in folders no one else may change (the folder rule)."""
+    refuse_a_path_too_long("--csv", target)
     refuse_a_run("--csv", target, target.parent, run, instead=f"--csv {beside_the_run(run, '.csv')}")
     status = _status("--csv", target)
-    if status is None:
-        return
-    if stat.S_ISDIR(status.st_mode):
-        raise ConfigError(f"--csv {target} is a folder: give the name of a new file in it, or elsewhere.")
-    if not force:
-        link = stat.S_ISLNK(status.st_mode)
-        raise ConfigError(f"--csv {target} exists{' (a symbolic link)' if link else ''}: an export writes only to a "
-                          f"new file. Give another name, or add --force to replace it"
-                          f"{' (the link, not the file it points at)' if link else ''}.")
+    if status is not None:
+        mode, link = status.st_mode, stat.S_ISLNK(status.st_mode)
+        if stat.S_ISDIR(mode):
+            raise ConfigError(f"--csv {target} is a folder: give the name of a new file in it, or elsewhere.")
+        if not force:
+            raise ConfigError(f"--csv {target} exists{' (a symbolic link)' if link else ''}: an export writes only to "
+                              f"a new file. Give another name, or add --force to replace it"
+                              f"{' (the link, not the file it points at)' if link else ''}.")
+        if not (link or stat.S_ISREG(mode)):
+            raise ConfigError(f"--csv {target} is {kind_of(mode)}: --force replaces a regular file only, never a FIFO "
+                              "or a device, which others may be using (as root, --csv /dev/null --force would "
+                              "replace /dev/null for everyone). Give the name of a new file.")
+    try:
+        fault = who_else_may_change(target.parent, sticky_is_enough=True)
+    except OSError as error:
+        raise ConfigError(f"--csv {target}: cannot be written: {reason(error)}.") from None
+    if fault is not None:
+        raise ConfigError(f"--csv {target} {fault}: they could take the file's name first, or swap the file once "
+                          "written. Give a --csv path in a folder of yours (or in /tmp).")
 
 
 def refuse_tensorboard_target(directory: Path, run: Path, *, force: bool) -> None:
     """A ConfigError unless ``--tensorboard directory`` may be written: not in a run; new, or a folder (not a
-    link) of the user's that no one else may write into, and empty unless ``force``."""
+    link) of the user's that no one else may write into, in folders no one else may change (the folder rule,
+    core/engine/tensorboard.py), and empty unless ``force``."""
+    from torchlab.core.engine.tensorboard import refuse_an_unfit_tensorboard_folder  # no torch: that is imported later
+
+    refuse_a_path_too_long("--tensorboard", directory)
     refuse_a_run("--tensorboard", directory, directory, run, instead=f"--tensorboard {beside_the_run(run, '-tensorboard')}")
-    status = _status("--tensorboard", directory)
-    if status is None:
-        return
-    mode, fault = status.st_mode, who_else_may_write(status)
-    if stat.S_ISLNK(mode):
-        raise ConfigError(f"--tensorboard {directory} is a symbolic link: an export writes into no folder through a "
-                          "link, which whoever made it could point at a folder of yours. Give the folder itself, "
-                          "or a new one (export makes it).")
-    if not stat.S_ISDIR(mode):
-        raise ConfigError(f"--tensorboard {directory} is {kind_of(mode)}, not a folder: give a new folder (export "
-                          "makes it) or an empty one.")
-    if fault is not None:
-        theirs = status.st_uid != os.geteuid()
-        raise ConfigError(f"--tensorboard {directory} {fault}: one of them could put a link where TensorBoard writes "
-                          "its event file, and it would be written through. Give a new folder (export makes it "
-                          f"private){'' if theirs else f', or chmod go-w {directory} first'}.")
-    if not force and _holds_files("--tensorboard", directory):
+    refuse_an_unfit_tensorboard_folder(directory, writer="an export")
+    if not force and os.path.isdir(directory) and _holds_files("--tensorboard", directory):
         raise ConfigError(f"--tensorboard {directory} already holds files: an export writes into a new or empty "
                           "folder. Give another, or add --force to write into it (TensorBoard then shows this "
                           "export in place of what the folder held).")
@@ -199,45 +212,70 @@ def _status(flag: str, path: Path) -> os.stat_result | None:
 
 def export_tensorboard(run: Path, directory: Path, *, warn: Warn, skipped: list[SkippedLine] | None = None) -> tuple[int, int, int]:
     """Every row, option change and profiler trace of ``run`` into event files under ``directory`` (checked
-    by ``refuse_tensorboard_target``; made 0700 if new). An ``events.jsonl``, profile folder or trace that is
-    a link or not a regular file is left out and passed to ``warn``; the lines of metrics.jsonl left out
-    (``metrics_rows``) are added to ``skipped``."""
-    from torchlab.core.engine.tensorboard import TensorBoardWriter  # imports torch
+    by ``refuse_tensorboard_target``; made 0700 if new, and judged again once made). An ``events.jsonl``, profile
+    folder or trace that is a link or not a regular file is left out and passed to ``warn``; the lines of
+    metrics.jsonl left out (``metrics_rows``) are added to ``skipped``. An export that fails (a full disk)
+    removes what it wrote and the folders it made, and says so: a StorageError."""
+    from torchlab.core.engine.tensorboard import TensorBoardWriter, make_tensorboard_folder, remove_folders  # torch
 
     try:
-        make_private_folder(directory)
+        made = make_tensorboard_folder(directory, writer="an export")
     except OSError as error:
         raise StorageError(f"--tensorboard {directory}: cannot be made: {reason(error)}.") from None
-    writer = TensorBoardWriter(directory, purge_step=0)  # hides what an earlier export (--force) wrote there
+    there_before = _entries_under(directory)
     rows = changes = traces = 0
     try:
-        for row in metrics_rows(run / "metrics.jsonl", skipped):
-            writer.write_row(row)
-            rows += 1
-        for change in option_history(journal_rows(run / "events.jsonl", warn)):
-            writer.write_option_change(change)
-            changes += 1
-        for step, trace in completed_traces(run / "profiles", warn):
-            try:
-                writer.add_trace(step, trace)
-            except UnsafeFileError as refusal:
-                warn(refusal)
-                continue
-            traces += 1
-    except OSError as error:
-        raise StorageError(f"--tensorboard {directory}: cannot be written: {reason(error)}.") from None
-    finally:
-        writer.close()
+        writer = TensorBoardWriter(directory, purge_step=0)  # hides what an earlier export (--force) wrote there
+        try:
+            for row in metrics_rows(run / "metrics.jsonl", skipped):
+                writer.write_row(row)
+                rows += 1
+            for change in option_history(journal_rows(run / "events.jsonl", warn)):
+                writer.write_option_change(change)
+                changes += 1
+            for step, trace in completed_traces(run / "profiles", warn):
+                try:
+                    writer.add_trace(step, trace)
+                except UnsafeFileError as refusal:
+                    warn(refusal)
+                    continue
+                traces += 1
+        finally:
+            writer.close()  # raises a write that failed on TensorBoard's thread (a full disk) here, at the latest
+    except BaseException as failure:
+        _remove_entries_added(directory, there_before)
+        remove_folders(made)
+        if not isinstance(failure, OSError):
+            raise
+        full = failure.errno in (errno.ENOSPC, errno.EDQUOT)
+        raise StorageError(f"--tensorboard {directory}: cannot be written: {reason(failure)}; what this export wrote "
+                           f"there is removed{', and so are the folders it made' if made else ''}. "
+                           f"{'Free some space, then export again' if full else 'Give another --tensorboard'}.") from None
     return rows, changes, traces
 
 
-def make_private_folder(directory: Path) -> None:
-    """``directory`` made 0700 whatever the umask, unless it is there (then it keeps its mode); the folders
-    above it that are missing follow the umask, as ``mkdir -p`` makes them."""
-    if require_real_folder(directory):
-        return
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    os.mkdir(directory, 0o700)
+def _entries_under(directory: Path) -> set[str]:
+    """Every path under ``directory``, relative to it (links not followed): what an export found there."""
+    found = set()
+    for folder, folders, files in os.walk(directory):
+        for name in folders + files:
+            found.add(os.path.relpath(os.path.join(folder, name), directory))
+    return found
+
+
+def _remove_entries_added(directory: Path, there_before: set[str]) -> None:
+    """Remove what is under ``directory`` that was not there before the export (``_entries_under``), deepest
+    first, never through a link. ``directory`` is the user's and no one else may write into it (the folder rule):
+    what is new in it is the export's."""
+    for name in sorted(_entries_under(directory) - there_before, key=lambda name: name.count(os.sep), reverse=True):
+        path = directory / name
+        try:
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                os.rmdir(path)
+            else:
+                os.unlink(path)
+        except OSError:  # gone, or a folder not empty (what was there before): left as it is
+            continue
 
 
 def journal_rows(path: Path, warn: Warn) -> Iterator[dict]:

@@ -60,7 +60,9 @@ from torchlab.core.records.storage import (
     JsonLines, fsync_directory, make_folder, parse_line, reason, remedy, storage_error, temporary_name,
     unreadable_run, write_atomically, write_new_file,
 )
-from torchlab.core.safe_open import UnsafeFileError, kind_of, open_regular, owner_name, who_else_may_write
+from torchlab.core.safe_open import (
+    UnsafeFileError, kind_of, open_regular, refuse_a_path_too_long, who_else_may_change,
+)
 from torchlab.core.wire import strict_json
 from torchlab.core.wire.events import JournalRepaired, MetricsMovedAside, ResumedFromCheckpoint
 from torchlab.core.wire.metrics_row import MetricsRow
@@ -365,7 +367,7 @@ def run_dir_of_checkpoint(resume: Path | None) -> Path | None:
 def create_run_dir(path: Path, *, shared: bool = False) -> Path:
     """Make the run directory and its ``checkpoints/``, or say in one sentence why it cannot be one: a path
     that is a file (``--run-dir /etc/passwd``), under something that is not a folder, not writable, or a
-    folder someone else could have prepared (``require_own_folder``). The directory's path: ``path``, or
+    folder someone else could have prepared (``require_folder_only_you_change``). The directory's path: ``path``, or
     where it leads if a link is on the way (the run goes on there, whatever the link is changed to).
 
     A new run directory is made with ``mkdir``, 0700 (``shared``: 0755 less the umask); the folders above
@@ -379,12 +381,13 @@ def create_run_dir(path: Path, *, shared: bool = False) -> Path:
     try:
         if os.path.exists(real) and not os.path.isdir(real):  # mkdir says "File exists": true, but not the fault
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
+        require_folder_only_you_change(path, label, _MAKE_ONE)  # nothing made in a folder someone else may change
         _make_folders_above(real)
         try:
             os.mkdir(real, 0o755 if shared else 0o700)
-        except FileExistsError:
-            require_own_folder(real, label, "Give another --run-dir, or make one with mkdir -m 700.")
-        require_safe_folders_above(real, label)
+        except FileExistsError:  # there already, or made by someone else since the name was chosen
+            pass
+        require_folder_only_you_change(path, label, _MAKE_ONE)  # after mkdir: whoever made it, it is judged
         make_folder(real / "checkpoints")
     except OSError as error:
         where = error.filename if error.filename and str(error.filename) != str(real / "checkpoints") else path
@@ -396,8 +399,13 @@ def create_run_dir(path: Path, *, shared: bool = False) -> Path:
 
 
 def choose_run_dir(run_dir: Path | None, resume: Path | None, runs_root: Path, label: str) -> Path:
-    """``--run-dir`` if given; else the resumed run's own directory; else a new one under ``runs_root``."""
-    return run_dir or run_dir_of_checkpoint(resume) or new_run_path(runs_root, label)
+    """``--run-dir`` if given; else the resumed run's own directory; else a new one under ``runs_root`` (a
+    ConfigError if its name is too long: said here, where it is first used)."""
+    chosen = run_dir or run_dir_of_checkpoint(resume)
+    if chosen is not None:
+        return chosen
+    refuse_a_path_too_long("--runs-root", runs_root)
+    return new_run_path(runs_root, label)
 
 
 # ----------------------------------------------------------------------------- folders someone else may have made
@@ -415,6 +423,8 @@ def refuse_an_unfit_run_dir(run_dir: Path | None, resume: Path | None, *, shared
     """Before the run directory is opened (and before a workload is loaded): the one this run would write into
     is yours and no one else's to write into; a new run's ``--run-dir`` holds nothing but an untrained run
     of yours, and is private unless ``shared``. One paragraph (ConfigError) saying how to go on, otherwise."""
+    if run_dir is not None:
+        refuse_a_path_too_long("--run-dir", run_dir)
     _refuse_a_run_dir_not_yours(run_dir, resume)
     _refuse_a_used_run_dir(run_dir, resume, shared=shared)
 
@@ -422,7 +432,7 @@ def refuse_an_unfit_run_dir(run_dir: Path | None, resume: Path | None, *, shared
 def _refuse_a_run_dir_not_yours(run_dir: Path | None, resume: Path | None) -> None:
     """The directory this run would write into, where it is there already (``--run-dir``, else the run
     directory of ``--resume``), is a folder of yours that no one else may write into, in folders no one else
-    may swap it in (``require_own_folder``, ``require_safe_folders_above``). A new directory under the runs
+    may swap it in (``require_folder_only_you_change``). A new directory under the runs
     root is checked where it is made (``create_run_dir``)."""
     if run_dir is not None:
         given, remedy = Path(run_dir), _MAKE_ONE
@@ -437,13 +447,8 @@ def _refuse_a_run_dir_not_yours(run_dir: Path | None, resume: Path | None) -> No
             return
         real, label = given, f"the run directory of --resume {resume}"
     try:
-        try:
-            is_folder = stat.S_ISDIR(os.stat(real).st_mode)  # a name too long says so here
-        except FileNotFoundError:
-            is_folder = False  # made where it is used; anything but a folder is refused there
-        if is_folder:
-            require_own_folder(real, label, remedy)
-        require_safe_folders_above(real, label)
+        if _is(real, stat.S_ISDIR, follow=True) or not os.path.lexists(real):  # anything else is refused where made
+            require_folder_only_you_change(given, label, remedy)
     except OSError as error:
         raise _unusable(label, given, error) from None
 
@@ -483,48 +488,35 @@ def _refuse_a_used_run_dir(run_dir: Path | None, resume: Path | None, *, shared:
         )
 
 
-def require_own_folder(folder: Path, label: str, remedy: str) -> None:
-    """``folder`` (no link: ``lstat``) belongs to you and no one else may write into it, or ConfigError.
-
-    Only then is what is in it yours: in another user's folder, or one others may write into (``/tmp/run1``
-    made ``mkdir -m 777``), ``trials.jsonl`` can be a link to a file of yours, or be swapped for one between
-    two writes. Other users may read it where you chose so (``--shared-run-dir``)."""
-    status = os.lstat(folder)
-    if not stat.S_ISDIR(status.st_mode):
-        raise UnsafeFileError(folder, kind_of(status.st_mode), expected="a folder")
-    fault = who_else_may_write(status)
+def require_folder_only_you_change(folder: Path, label: str, remedy: str) -> None:
+    """The folder rule (``who_else_may_change``, core/safe_open.py) for a run directory, said as a run's
+    refusal: ConfigError. ``folder`` (as given: a link on the way is judged, then followed), where it is there,
+    is a folder that belongs to you and that no one else may write into: only then is what is in it yours. In
+    another user's folder, or one others may write into (``/tmp/run1`` made ``mkdir -m 777``), ``trials.jsonl``
+    can be a link to a file of yours, or be swapped for one between two writes. Other users may read it where
+    you chose so (``--shared-run-dir``). The folders above it are yours or root's, and only sticky ones
+    (``/tmp``) open to others: whoever may rename entries in a folder above could move the run directory away
+    mid-run and put a folder of theirs in its place."""
+    real = _without_links(folder)
+    if os.path.lexists(real):
+        mode = os.lstat(real).st_mode
+        if not stat.S_ISDIR(mode):
+            raise UnsafeFileError(real, kind_of(mode), expected="a folder")
+    fault = who_else_may_change(folder)
     if fault is None:
         return
-    if status.st_uid != os.geteuid():
-        raise ConfigError(f"{label} {fault}, not to you: torchlab writes a run only into a folder of yours, which no "
-                          f"one else can have prepared. {remedy}")
-    raise ConfigError(f"{label} {fault}: they could swap its files for links to yours. {remedy}")
-
-
-def require_safe_folders_above(folder: Path, label: str) -> None:
-    """Each folder above ``folder`` that exists is yours or root's, and not writable by everyone unless sticky
-    (``/tmp``), or ConfigError: whoever may rename entries in a folder above could move the run directory
-    away mid-run and put a folder of theirs in its place. (A group-writable one is the group's choice, as
-    OpenSSH's check of a home directory allows.)"""
-    for above in Path(os.path.abspath(folder)).parents:
-        try:
-            status = os.lstat(above)
-        except FileNotFoundError:  # made by mkdir -p, by you
-            continue
-        mode = stat.S_IMODE(status.st_mode)
-        if status.st_uid not in (os.geteuid(), 0):
-            fault = f"which belongs to {owner_name(status.st_uid)}"
-        elif mode & 0o002 and not mode & stat.S_ISVTX:
-            fault = f"which other users can write into (mode {mode:04o})"
-        else:
-            continue
-        raise ConfigError(f"{label} is inside {above}, {fault}: they could put a folder of theirs in its place. "
+    if fault.where != "itself":
+        raise ConfigError(f"{label} {fault}: they could put a folder of theirs in its place. "
                           "Give a --run-dir (or --runs-root) in a folder of yours.")
+    if fault.theirs:
+        raise ConfigError(f"{label} {fault}, not to you: torchlab writes a run only into a folder of yours, which "
+                          f"no one else can have prepared. {remedy}")
+    raise ConfigError(f"{label} {fault}: they could swap its files for links to yours. {remedy}")
 
 
 def _make_folders_above(folder: Path) -> None:
     """``mkdir -p`` of the folders above ``folder`` (the runs root): as the umask says, but never writable by
-    everyone (``require_safe_folders_above`` would refuse what it had just made, under umask 000)."""
+    everyone (``require_folder_only_you_change`` would refuse what it had just made, under umask 000)."""
     missing = []
     for above in folder.parents:
         if os.path.exists(above):
