@@ -120,3 +120,17 @@ def test_a_config_its_owner_cannot_read_is_refused_with_two_real_users(trained):
         ran = run_as(other, _refusal, run)
     assert ran.code == EXIT_USAGE, ran.stderr
     assert f"{REFUSED.format(run=run)}its config.toml cannot be read: permission denied (not readable by you)." in ran.stderr
+
+
+def test_the_app_refuses_such_a_resume_before_it_makes_a_run_directory(run, tmp_path, monkeypatch):
+    """The app's process asks ``resumed_workload`` before it makes ``runs/<new>`` for the trainer: a run that
+    cannot go on in place is refused there, so no empty folder is left beside the refusal."""
+    from torchlab.core.launch.arguments import build_parser
+    from torchlab.core.launch.cli import resumed_workload
+
+    (run / "config.toml").unlink()
+    os.mkfifo(run / "config.toml")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="cannot be continued in its own directory"):
+        resumed_workload(build_parser().parse_args(["--resume", str(run)]))
+    assert not (tmp_path / "runs").exists()

@@ -112,6 +112,7 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
 def resumed_workload(args: argparse.Namespace) -> str | None:
     """The workload a ``--resume`` continues, told without torch (the app's process): the one given, else
     the one in the run's ``config.toml``. The trainer's process reads the checkpoint itself (core/launch/resume.py)."""
+    from torchlab.core.launch.resume_in_place import require_resume_in_place
     from torchlab.core.records.rundir import run_dir_of_checkpoint
     from torchlab.core.safe_open import open_regular
     from torchlab.core.records.storage import unreadable_run
@@ -121,6 +122,7 @@ def resumed_workload(args: argparse.Namespace) -> str | None:
             raise ConfigError(f"--resume {args.resume}: no such checkpoint file or run directory.")
         if not args.resume.is_dir():  # a FIFO or a link is refused here, as the trainer would, before the screen changes
             os.close(open_regular(args.resume))
+        require_resume_in_place(args.resume, args.run_dir)  # refused before the app makes a run directory
         if args.workload is not None:
             return args.workload
         run_dir = run_dir_of_checkpoint(args.resume)

@@ -37,10 +37,9 @@ import signal
 import socket
 import sys
 
-from torchlab.core.errors import EXIT_OK, EXIT_USAGE
-from torchlab.core.errors import TorchlabError
+from torchlab.core.errors import EXIT_OK, EXIT_USAGE, TorchlabError, printable
 from torchlab.core.launch.arguments import command_parser
-from torchlab.core.wire.runtime import RunEntry, find_run, list_runs, printable
+from torchlab.core.wire.runtime import RunEntry, find_run, list_runs
 
 HOST = "127.0.0.1"
 #: The names a browser on this machine (or at the near end of ``ssh -L``) may give this server in its Host.

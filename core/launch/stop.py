@@ -43,7 +43,8 @@ from torchlab.core.wire.protocol import (
     decode,
 )
 from torchlab.core.wire.run_status import FINAL_STATES, RunStatus
-from torchlab.core.wire.runtime import RunEntry, find_run, list_runs, printable, process_running
+from torchlab.core.errors import printable
+from torchlab.core.wire.runtime import RunEntry, find_run, list_runs, process_running
 
 #: The name ``stop`` gives in its hello: the run's journal and event log say it was "stopped by `torchlab-tui stop`".
 STOP_CLIENT = "torchlab-tui stop"

@@ -14,8 +14,8 @@ Tokens and entries are opened as a run's files are (core/safe_open.py): never th
 when regular, so a FIFO there cannot block a listing. An entry is read as data someone else may have written:
 one that is not a JSON object of the fields and types a trainer writes (``"started": "abc"``, a 70-bit pid,
 nesting 100,000 deep) is skipped, with a line saying why (``read_runs``), never a traceback. What ``attach``
-and ``serve`` print of an entry goes through ``printable``: a ``run_dir`` holding ``\\x1b]0;evil\\x07`` shows as
-those characters, escaped, not as a new title for the terminal.
+and ``serve`` print of an entry goes through ``printable`` (core/errors.py): a ``run_dir`` holding
+``\\x1b]0;evil\\x07`` shows as those characters, escaped, not as a new title for the terminal.
 """
 
 from __future__ import annotations
@@ -308,17 +308,6 @@ def _why_skipped(error: UnsafeFileError | EntryError | OSError) -> str:
     if isinstance(error, OSError):
         return error.strerror or str(error)
     return str(error)
-
-
-def printable(text: object) -> str:
-    """``text`` as a terminal may show it: control characters (escape sequences, a bell, a bidi override, half a
-    surrogate) written as Python escapes them, ``\\x1b``; every other letter, of any script, as it is. What
-    ``attach`` and ``serve`` print of a runtime entry or of a peer goes through here: a name or path someone else
-    chose must not retitle, clear or rewrite the user's terminal."""
-    text = str(text)
-    if text.isprintable():
-        return text
-    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
 def find_run(selector: str) -> RunEntry:
