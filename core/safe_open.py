@@ -122,9 +122,9 @@ def require_real_folder(path: Path | str) -> bool:
 
 def who_else_may_write(status: os.stat_result) -> str | None:
     """Why what ``status`` describes may have been prepared or changed by someone else, or None where only you
-    could have: it belongs to another user, or other users may write into it (group or others). The one rule
-    for a run directory, a checkpoint named on the command line and an export's folder; each caller says what
-    the fault means for it."""
+    could have: it belongs to another user, or other users may write into it (group or others). The rule for
+    the folder at the end of the folder rule's walk (``who_else_may_change``) and for a checkpoint named on the
+    command line; each caller says what the fault means for it."""
     if status.st_uid != os.geteuid():
         return f"belongs to {owner_name(status.st_uid)}"
     mode = stat.S_IMODE(status.st_mode)

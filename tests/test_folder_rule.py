@@ -15,7 +15,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from metrics_rows import metrics_row
 from test_full_disk import leave_free, small_disk  # noqa: F401  (a fixture: a 3 MB tmpfs)
 from test_run_dir_trust import attacker  # noqa: F401  (a fixture: a second real user)
 from trainers import WORKLOADS
-from torchlab.core.errors import EXIT_OK, EXIT_USAGE
+from torchlab.core.errors import EXIT_USAGE
 from torchlab.core.launch.cli import main
 from torchlab.core.records.export_files import output_file
 from torchlab.core.records.rundir import to_json_line

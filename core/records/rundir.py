@@ -20,8 +20,9 @@ made with the umask's mode, inside folders no one else may enter).
 
 A directory torchlab did not make may have been prepared by someone else (``/tmp/run1``, world-writable,
 ``trials.jsonl`` linked to a file of yours). A run writes only into a folder it made with ``mkdir``, or
-into one that belongs to you, that no one else may write into, and whose folders above are yours or
-root's and not open to all (``/tmp``'s sticky bit is fine): ``refuse_an_unfit_run_dir``, checked before
+into one that belongs to you, that no one else may write into, and whose folders above (and links on the
+way) are yours or root's and open to no one else, unless sticky (``/tmp``): the folder rule every command
+follows (core/safe_open.py ``who_else_may_change``), here ``refuse_an_unfit_run_dir``, checked before
 a workload is loaded or the directory opened, and again where it is opened (``create_run_dir``). A new
 run's ``--run-dir`` must also hold nothing but an untrained run of yours (or nothing), and be private unless
 ``--shared-run-dir``: ``/``, a home folder, ``/tmp`` are refused. A ``--run-dir``
