@@ -23,7 +23,7 @@ from metrics_rows import metrics_row
 from test_full_disk import leave_free, small_disk  # noqa: F401  (a fixture: a 3 MB tmpfs)
 from test_run_dir_trust import attacker  # noqa: F401  (a fixture: a second real user)
 from trainers import WORKLOADS
-from torchlab.core.errors import EXIT_USAGE
+from torchlab.core.errors import EXIT_FAILED, EXIT_USAGE
 from torchlab.core.launch.cli import main
 from torchlab.core.records.export_files import output_file
 from torchlab.core.records.rundir import to_json_line
@@ -201,10 +201,21 @@ def test_export_tensorboard_onto_a_full_disk_is_one_paragraph_and_leaves_what_wa
     done = subprocess.run([torchlab_tui(), "export", str(run), "--tensorboard", str(board), "--force"],
                           capture_output=True, text=True, timeout=120)
     err = done.stderr.strip()
-    assert done.returncode == EXIT_USAGE and "\n" not in err and "Traceback" not in err and "Exception" not in err, err
+    assert done.returncode == EXIT_FAILED and "\n" not in err and "Traceback" not in err and "Exception" not in err, err
     assert err.startswith(f"torchlab-tui export: --tensorboard {board}: cannot be written: no space left on device; ")
     assert "Free some space, then export again." in err
     if folder == "new":
         assert not board.exists()
     else:
         assert [path.name for path in board.iterdir()] == ["notes.txt"]
+
+
+def test_the_app_refuses_an_unfit_tensorboard_folder_before_it_makes_a_run_directory(tmp_path, capsys, monkeypatch):
+    """The app's process, not only the trainer it starts, judges ``--tensorboard`` before ``runs/<new>`` is made
+    (a link stands for any unfit folder: no second user needed)."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "tb").symlink_to(tmp_path / "elsewhere")
+    monkeypatch.chdir(tmp_path)
+    err = one_paragraph(["mlp", "--tensorboard", str(tmp_path / "tb")], capsys)
+    assert err.startswith(f"torchlab-tui: error: --tensorboard {tmp_path / 'tb'} is a symbolic link"), err
+    assert not (tmp_path / "runs").exists()

@@ -24,6 +24,7 @@ import gc
 import os
 import sys
 import traceback
+from pathlib import Path
 
 from torchlab.core.errors import EXIT_INTERRUPTED, EXIT_OK, ConfigError, TorchlabError, exit_status, printable
 from torchlab.core.launch.arguments import build_parser, resolve_config
@@ -78,6 +79,7 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
     gc.disable()  # until tune_garbage_collection(): the app's imports are all kept, nothing to collect
     try:
         from torchlab.core.engine.loading import check_spec, workload_label
+        from torchlab.core.engine.tensorboard import refuse_an_unfit_tensorboard_folder
         from torchlab.core.launch.terminal import require_terminal
         from torchlab.core.records.rundir import choose_run_dir, create_run_dir, refuse_an_unfit_run_dir
         from torchlab.core.wire.runtime import runtime_dir
@@ -88,6 +90,8 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
         if workload:
             check_spec(workload)  # a missing file is said here, before the screen changes
         refuse_an_unfit_run_dir(args.run_dir, args.resume, shared=config.shared_run_dir)
+        if config.tensorboard is not None:  # refused here, as headless does, not by the trainer after the screen changed
+            refuse_an_unfit_tensorboard_folder(Path(config.tensorboard))
         runtime_dir()  # where the trainer's socket goes: a refusal is said here too, before a run directory exists
         require_terminal("torchlab-tui", "`--headless` trains with a progress bar instead, which a file can take.")
         run_dir = create_run_dir(choose_run_dir(args.run_dir, args.resume, args.runs_root, workload_label(workload) if workload else "resumed"),

@@ -41,7 +41,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from torchlab.core.errors import EXIT_OK, EXIT_USAGE, ConfigError, StorageError, TorchlabError
+from torchlab.core.errors import EXIT_OK, ConfigError, StorageError, TorchlabError, exit_status, printable
 from torchlab.core.launch.arguments import command_parser
 from torchlab.core.records.csv_export import write_csv
 from torchlab.core.records.option_history import option_history
@@ -65,8 +65,8 @@ def main(argv: list[str]) -> int:
     try:
         return _export(args)
     except TorchlabError as error:
-        print(f"torchlab-tui export: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        print(f"torchlab-tui export: {printable(error, keep_lines=True)}", file=sys.stderr)
+        return exit_status(error)  # 2 for a refusal, 1 for a write that failed (a full disk)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -82,12 +82,12 @@ def _export(args: argparse.Namespace) -> int:
     if args.csv is not None:
         skipped: list[SkippedLine] = []
         rows = write_csv(metrics, args.csv, replace=args.force, skipped=skipped)
-        print(f"{args.csv}: {rows} rows{_left_out(skipped)}", file=sys.stderr)
+        print(f"{printable(args.csv)}: {rows} rows{_left_out(skipped)}", file=sys.stderr)
     if args.tensorboard is not None:
         skipped = []
         rows, changes, traces = export_tensorboard(args.run, args.tensorboard, warn=_say_skipped, skipped=skipped)
-        print(f"{args.tensorboard}: {rows} rows{_left_out(skipped)}, {changes} option changes, {traces} profiler "
-              f"traces; tensorboard --logdir {args.tensorboard}", file=sys.stderr)
+        print(f"{printable(args.tensorboard)}: {rows} rows{_left_out(skipped)}, {changes} option changes, {traces} profiler "
+              f"traces; tensorboard --logdir {printable(args.tensorboard)}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -317,4 +317,4 @@ def completed_traces(profiles: Path, warn: Warn) -> Iterator[tuple[int, Path]]:
 def _say_skipped(refusal: UnsafeFileError) -> None:
     why = ("which export never follows (it could point at any file of yours)" if refusal.kind == "a symbolic link"
            else "not a regular file")
-    print(f"torchlab-tui export: skipped {refusal.path}: {refusal.kind}, {why}; the rest is exported", file=sys.stderr)
+    print(f"torchlab-tui export: skipped {printable(refusal.path)}: {refusal.kind}, {printable(why)}; the rest is exported", file=sys.stderr)
