@@ -517,7 +517,8 @@ def require_folder_only_you_change(folder: Path, label: str, remedy: str) -> Non
 
 def _make_folders_above(folder: Path) -> None:
     """``mkdir -p`` of the folders above ``folder`` (the runs root): as the umask says, but never writable by
-    everyone (``require_folder_only_you_change`` would refuse what it had just made, under umask 000)."""
+    anyone else (the folder rule would refuse what it had just made: under umask 000, or umask 002 where the
+    user's group holds others)."""
     missing = []
     for above in folder.parents:
         if os.path.exists(above):
@@ -525,7 +526,7 @@ def _make_folders_above(folder: Path) -> None:
         missing.append(above)
     for above in reversed(missing):
         try:
-            os.mkdir(above, 0o775)
+            os.mkdir(above, 0o755)
         except FileExistsError:  # made meanwhile (another run starting); checked as any folder above
             continue
 
