@@ -1,0 +1,130 @@
+"""One cell of the matrix, run for real: the headless CLI in subprocesses, a run directory under a temporary folder,
+then the run event (a resume, a kill -9 and a resume, a trial, compare's history) and the figures (export, or
+TensorBoard written live), and the invariants (invariants.py) over what they left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.matrix import invariants
+from benchmarks.matrix.factors import CHANGE_AT, STEPS, model_skipped, start_flags
+from benchmarks.matrix.invariants import Evidence, Process
+from benchmarks.matrix.rules import expected_refusal
+
+CLI = str(Path(sys.executable).with_name("torchlab-tui"))
+#: Flags every cell trains with: checkpoints and evaluations inside its few steps, no telemetry thread.
+COMMON = ["--headless", "--seed", "0", "--checkpoint-every", "2", "--eval-every", "3", "--eval-batches", "2",
+          "--telemetry-interval", "0"]
+#: A process of a cell that runs longer than this is a hang, a finding of its own.
+PROCESS_TIMEOUT_S = 600
+#: A kill -9 cell trains towards this many steps and is killed once a checkpoint of step KILL_AFTER or later lands.
+KILL_RUN_STEPS, KILL_AFTER = 400, 4
+
+
+@dataclass
+class Verdict:
+    cell: dict[str, str]
+    outcome: str  # "ok", "refused as expected", "skipped: ...", "FAILED"
+    failures: list[tuple[str, str]]  # (invariant, what broke)
+    wall_s: float
+    commands: list[str]
+
+
+def _run(argv: list[str], evidence: Evidence) -> Process:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S, start_new_session=True)
+    process = Process(argv, done.returncode, done.stdout, done.stderr)
+    evidence.processes.append(process)
+    return process
+
+
+def _kill_mid_run(argv: list[str], evidence: Evidence) -> Process:
+    """Start the run, wait (polling) until a checkpoint of step KILL_AFTER or later has landed, SIGKILL its group."""
+    last = evidence.run / "checkpoints" / "last.pt"
+    started = time.monotonic()
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as running:
+        while running.poll() is None and time.monotonic() - started < PROCESS_TIMEOUT_S:
+            if last.exists() and len(evidence.rows()) >= KILL_AFTER:
+                os.killpg(running.pid, signal.SIGKILL)
+                break
+            time.sleep(0.05)
+        stdout, stderr = running.communicate()
+    # killed on purpose: the kill's exit status is no finding, its terminal's tracebacks are
+    process = Process(argv, 0 if running.returncode == -signal.SIGKILL else running.returncode, stdout, stderr)
+    evidence.processes.append(process)
+    return process
+
+
+def run_cell(cell: dict[str, str], cuda: bool) -> Verdict:
+    started = time.monotonic()
+    skipped = model_skipped(cell["model"])
+    if skipped:
+        return Verdict(cell, f"skipped: {cell['model']} {skipped}", [], 0.0, [])
+    with tempfile.TemporaryDirectory(prefix="torchlab-matrix-") as folder:
+        evidence = Evidence(run=Path(folder) / "run", scripted=None if cell["live_change"] == "none" else cell["live_change"])
+        checks = _play(cell, cuda, evidence, Path(folder))
+        failures = []
+        for check in checks:
+            try:
+                problem = check(evidence)
+            except Exception as error:  # a check that cannot read what the run left: that is the finding
+                problem = f"{type(error).__name__}: {error}"
+            if problem:
+                failures.append((check.__name__, problem))
+        refused = evidence.refusal_word is not None
+        outcome = "FAILED" if failures else ("refused as expected" if refused else "ok")
+        return Verdict(cell, outcome, failures, time.monotonic() - started,
+                       [" ".join(process.argv) for process in evidence.processes])
+
+
+def _play(cell: dict[str, str], cuda: bool, evidence: Evidence, folder: Path) -> list[Callable[[Evidence], str | None]]:
+    """Run the cell's processes; the checks that apply to what they did."""
+    steps = STEPS + 2 if cell["live_change"] == "steps" else STEPS
+    train = [CLI, *start_flags(cell), *COMMON, "--run-dir", str(evidence.run)]
+    if cell["figures"] == "live_tensorboard":
+        evidence.tensorboard = folder / "tensorboard"
+        train += ["--tensorboard", str(evidence.tensorboard)]
+    if cell["run_event"] == "trial":
+        train += ["--trial", f"{CHANGE_AT}:checkpointing={'off' if cell['checkpointing'] == 'on' else 'on'}",
+                  "--trial-steps", "2"]
+    evidence.refusal_word = expected_refusal(cell, cuda)
+    if evidence.refusal_word:
+        _run([*train, "--steps", str(steps)], evidence)
+        return list(invariants.REFUSED)
+
+    checks = list(invariants.TRAINED)
+    resume = [CLI, "--headless", "--resume", str(evidence.run)]
+    event = cell["run_event"]
+    if event == "kill9_resume":
+        _kill_mid_run([*train, "--steps", str(KILL_RUN_STEPS)], evidence)
+        if invariants.rows_kept_up_to_last_checkpoint(evidence) is not None:
+            return [invariants.rows_kept_up_to_last_checkpoint]  # no resume from a kill that lost rows
+        steps = max(row["step"] for row in evidence.rows()) + 2
+        _run([*resume, "--steps", str(steps)], evidence)
+    else:
+        _run([*train, "--steps", str(steps)], evidence)
+        if event == "resume_alone":
+            _run(resume, evidence)
+        elif event == "resume_longer":
+            steps += 3
+            _run([*resume, "--steps", str(steps)], evidence)
+        elif event == "compare":
+            checks.append(invariants.applied_changes_in_compare)
+    evidence.last_step = steps
+    if cell["figures"] == "export":
+        evidence.csv, evidence.tensorboard = folder / "metrics.csv", folder / "exported"
+        _run([CLI, "export", str(evidence.run), "--csv", str(evidence.csv), "--tensorboard", str(evidence.tensorboard)],
+             evidence)
+    if event == "trial":
+        checks.append(invariants.trial_recorded)
+    return checks
+

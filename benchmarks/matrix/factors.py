@@ -1,0 +1,121 @@
+"""The one list of what a user combines: each factor, its values, and what each value means on a command line.
+
+A new live option joins the matrix by itself: ``live_change``'s values are ``LIVE_OPTIONS`` (core/wire/options.py),
+each changed at step ``CHANGE_AT`` to a value derived from the option's own kind (``changed_value``). A new run event
+joins by one entry in ``RUN_EVENTS`` (and its steps in cell.py); a new factor by one ``Factor`` in ``FACTORS``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchlab.core.wire.options import LIVE_OPTIONS, OPTIONS_BY_NAME, Choice, LiveOption, Number, Switch
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKLOADS = Path(__file__).resolve().parent / "workloads"
+
+#: Optimizer steps a cell trains (before any resume); the scripted change lands at CHANGE_AT, a trial starts there.
+STEPS = 6
+CHANGE_AT = 3
+
+
+@dataclass(frozen=True)
+class Factor:
+    """One dimension of the matrix. ``slow``: values kept out of ``--fast`` (minutes on a CPU)."""
+
+    name: str
+    values: tuple[str, ...]
+    slow: frozenset[str] = field(default_factory=frozenset)
+
+
+def _lacks(*modules: str) -> str | None:
+    missing = [module for module in modules if importlib.util.find_spec(module) is None]
+    return f"needs {', '.join(missing)} (not installed)" if missing else None
+
+
+#: Each model kind: the workload argument of the CLI, and the modules it needs (skipped with the reason when absent).
+MODELS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "mlp": ("mlp", ()),
+    "convnet": ("convnet", ()),  # BatchNorm
+    "tiny_gpt_tied": (f"{WORKLOADS / 'tied_gpt.py'}:workload", ()),
+    "buffered": (f"{WORKLOADS / 'buffered.py'}:workload", ()),  # a float buffer, a custom autograd.Function
+    "shared_blocks": (f"{WORKLOADS / 'shared_blocks.py'}:workload", ()),  # a parameter two blocks share
+    "lightning": (f"{ROOT / 'tests' / 'workloads' / 'lightning_module.py'}:module", ("lightning",)),
+    "hf_trainer": (f"{ROOT / 'tests' / 'workloads' / 'hf_trainer.py'}:workload", ("transformers", "accelerate")),
+}
+
+
+def model_skipped(model: str) -> str | None:
+    """Why a model kind cannot run here, or None."""
+    return _lacks(*MODELS[model][1])
+
+
+#: Start flags of each value of the factors that are plain flags.
+PARALLEL = {"one": [], "ddp2": ["--world-size", "2", "--parallel", "ddp"],
+            "fsdp2": ["--world-size", "2", "--parallel", "fsdp"]}
+BATCHING = {"plain": [], "accum2": ["--accum", "2"], "split2": ["--split", "2"]}
+
+#: What happens to the run besides training: each is a sequence of steps in cell.py (``EVENT_STEPS``).
+RUN_EVENTS = ("none", "trial", "resume_alone", "resume_longer", "kill9_resume", "compare")
+#: Where the figures go: nowhere else, ``export`` (CSV and TensorBoard) afterwards, or ``--tensorboard`` live.
+FIGURES = ("none", "export", "live_tensorboard")
+
+FACTORS: tuple[Factor, ...] = (
+    Factor("model", tuple(MODELS)),
+    Factor("amp", ("off", "bf16", "fp16")),
+    Factor("parallel", tuple(PARALLEL)),
+    Factor("checkpointing", ("off", "on")),
+    Factor("batching", tuple(BATCHING)),
+    Factor("compile", ("off", "on"), slow=frozenset({"on"})),
+    Factor("spike_guard", OPTIONS_BY_NAME["spike_guard"].choices),
+    Factor("live_change", ("none", *(option.name for option in LIVE_OPTIONS)), slow=frozenset({"compile"})),
+    Factor("run_event", RUN_EVENTS),
+    Factor("figures", FIGURES),
+)
+FACTOR_NAMES = tuple(factor.name for factor in FACTORS)
+
+
+def changed_value(option: LiveOption, start: dict[str, Any]) -> Any:
+    """A value of ``option`` other than the one a cell starts with, chosen from the option's own kind: the next
+    choice (fp16 only where nothing else is left: it needs CUDA), a switch flipped, a whole number one down where it
+    can go (world size 2 to 1), else one up; a factor halved; an off number on (clip 1.0); the run's end two steps
+    further."""
+    current = start.get(option.name, option.default)
+    if option.name == "steps":
+        return STEPS + 2
+    if isinstance(option, Choice):
+        others = [value for value in option.choices if value != current and value != "fp16"]
+        return (others or [value for value in option.choices if value != current])[0]
+    if isinstance(option, Switch):
+        return not bool(current)
+    if isinstance(option, Number):
+        if current is None:
+            return 1.0
+        if option.bounds.whole:
+            return current - 1 if current > option.bounds.minimum else current + 1
+        return current * 0.5
+    raise TypeError(f"the matrix has no rule for changing a {type(option).__name__} option ({option.name})")
+
+
+def start_options(cell: dict[str, str]) -> dict[str, Any]:
+    """The live options a cell starts with, by option name (what ``changed_value`` moves away from)."""
+    world_size, parallel = (1, "ddp") if cell["parallel"] == "one" else (2, cell["parallel"][:-1])
+    return {"amp": cell["amp"], "checkpointing": cell["checkpointing"] == "on", "compile": cell["compile"] == "on",
+            "accum": 2 if cell["batching"] == "accum2" else 1, "split": 2 if cell["batching"] == "split2" else 1,
+            "spike_guard": cell["spike_guard"], "world_size": world_size, "parallel": parallel}
+
+
+def start_flags(cell: dict[str, str]) -> list[str]:
+    """The command line's training flags for a cell (the workload first)."""
+    flags = [MODELS[cell["model"]][0], "--amp", cell["amp"], "--spike-guard", cell["spike_guard"]]
+    flags += ["--checkpointing"] if cell["checkpointing"] == "on" else []
+    flags += ["--compile"] if cell["compile"] == "on" else []
+    flags += PARALLEL[cell["parallel"]] + BATCHING[cell["batching"]]
+    if cell["live_change"] != "none":
+        option = OPTIONS_BY_NAME[cell["live_change"]]
+        value = changed_value(option, start_options(cell))
+        flags += ["--at", f"{CHANGE_AT}:{option.name}={option.format(value)}"]
+    return flags

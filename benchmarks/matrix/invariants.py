@@ -1,0 +1,224 @@
+"""The invariants a user relies on, one small function each, named so that a failure names the invariant.
+
+Each takes what a cell left (``Evidence``) and returns None where it holds, or one line saying what broke.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchlab.core.wire.options import OPTIONS_BY_NAME
+
+
+@dataclass
+class Process:
+    """One command a cell ran, and what it said."""
+
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@dataclass
+class Evidence:
+    """What a cell left: its run directory, its processes, and what it expects of them."""
+
+    run: Path
+    processes: list[Process] = field(default_factory=list)
+    last_step: int = 0  # the step the run must end at
+    scripted: str | None = None  # the option an --at changed
+    csv: Path | None = None
+    tensorboard: Path | None = None
+    refusal_word: str | None = None  # a refusal by design: the word its paragraph names
+
+    def events(self) -> list[dict[str, Any]]:
+        return _lines(self.run / "events.jsonl")
+
+    def rows(self) -> list[dict[str, Any]]:
+        return _lines(self.run / "metrics.jsonl")
+
+    def applied(self) -> list[dict[str, Any]]:
+        return [event for event in self.events() if event.get("event") == "option_applied"]
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _same(option: str, a: Any, b: Any) -> bool:
+    """Two values of an option equal once each is parsed by the option itself (a CSV's "False", an event's false)."""
+    live = OPTIONS_BY_NAME[option]
+    return live.parse("off" if a in ("", None) else a) == live.parse("off" if b in ("", None) else b)
+
+
+# -- every process ---------------------------------------------------------------------------------------------
+
+def no_traceback(evidence: Evidence) -> str | None:
+    for process in evidence.processes:
+        if "Traceback (most recent call last)" in process.stdout + process.stderr:
+            return f"a traceback on the terminal of `{' '.join(process.argv[1:4])} ...`"
+    return None
+
+
+def each_process_exits_0(evidence: Evidence) -> str | None:
+    for process in evidence.processes:
+        if process.returncode != 0:
+            said = process.stderr.strip().splitlines()[-3:] or process.stdout.strip().splitlines()[-3:]
+            return f"exit {process.returncode} from `{' '.join(process.argv[1:])}`: {' / '.join(said)}"
+    return None
+
+
+# -- a refusal by design ---------------------------------------------------------------------------------------
+
+def refused_with_exit_2(evidence: Evidence) -> str | None:
+    code = evidence.processes[0].returncode
+    return None if code == 2 else f"expected a refusal (exit 2), got exit {code}"
+
+
+def refusal_is_one_paragraph_naming_why(evidence: Evidence) -> str | None:
+    said = evidence.processes[0].stderr.strip()
+    if not said:
+        return "refused without a word on stderr"
+    if "\n\n" in said:
+        return f"the refusal is more than one paragraph: {said[:200]!r}"
+    if evidence.refusal_word and evidence.refusal_word not in said.lower():
+        return f"the refusal does not name {evidence.refusal_word!r}: {said[:200]!r}"
+    return None
+
+
+def nothing_spent_before_refusal(evidence: Evidence) -> str | None:
+    checkpoints = list((evidence.run / "checkpoints").glob("*.pt")) if (evidence.run / "checkpoints").exists() else []
+    if evidence.rows() or checkpoints:
+        return f"refused after training: {len(evidence.rows())} metrics rows, {len(checkpoints)} checkpoints"
+    return None
+
+
+# -- a run that trained ----------------------------------------------------------------------------------------
+
+def losses_finite(evidence: Evidence) -> str | None:
+    bad = [row["step"] for row in evidence.rows() if not math.isfinite(float(row.get("loss", math.nan)))]
+    return f"a loss that is not finite at steps {bad[:5]}" if bad else None
+
+
+def every_step_once(evidence: Evidence) -> str | None:
+    steps = [row["step"] for row in evidence.rows()]
+    twice = sorted({step for step in steps if steps.count(step) > 1})
+    missing = sorted(set(range(1, evidence.last_step + 1)) - set(steps))
+    beyond = sorted(step for step in set(steps) if step > evidence.last_step)
+    if twice or missing or beyond:
+        return f"metrics.jsonl: steps twice {twice[:5]}, missing {missing[:5]}, beyond {evidence.last_step}: {beyond[:5]}"
+    return None
+
+
+def scripted_change_acknowledged(evidence: Evidence) -> str | None:
+    if evidence.scripted is None:
+        return None
+    said = [event for event in evidence.events() if event.get("event") in ("option_applied", "option_refused")
+            and event.get("option") == evidence.scripted]
+    return None if said else f"--at {evidence.scripted}=... was neither applied nor refused in events.jsonl"
+
+
+def applied_changes_in_impact_history(evidence: Evidence) -> str | None:
+    path = evidence.run / "impact.json"
+    segments = json.loads(path.read_text()) if path.exists() else []
+    for event in evidence.applied():
+        option = event["option"]
+        if not OPTIONS_BY_NAME[option].shapes_a_step:
+            continue
+        if not any(segment["first_step"] == event["step"] and _same(option, segment["options"].get(option), event["value"])
+                   for segment in segments):
+            return f"{option}={event['value']} applied at step {event['step']} begins no segment of impact.json"
+    return None
+
+
+def applied_changes_in_csv(evidence: Evidence) -> str | None:
+    if evidence.csv is None:
+        return None
+    rows = {int(row["step"]): row for row in csv.DictReader(evidence.csv.open())}
+    for event in evidence.applied():
+        row = rows.get(event["step"])
+        if row is None or not _same(event["option"], row.get(event["option"]), event["value"]):
+            shown = None if row is None else row.get(event["option"])
+            return f"the CSV's step {event['step']} has {event['option']}={shown!r}, the change applied {event['value']!r}"
+    return None
+
+
+def _tensorboard(directory: Path) -> Any:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(directory), size_guidance={"tensors": 0, "scalars": 0})
+    accumulator.Reload()
+    return accumulator
+
+
+def tensorboard_has_every_step(evidence: Evidence) -> str | None:
+    if evidence.tensorboard is None:
+        return None
+    accumulator = _tensorboard(evidence.tensorboard)
+    if "train/loss" not in accumulator.Tags()["scalars"]:
+        return f"no train/loss in the TensorBoard files of {evidence.tensorboard}"
+    steps = {scalar.step for scalar in accumulator.Scalars("train/loss")}
+    return None if evidence.last_step in steps else f"TensorBoard's train/loss ends at {max(steps, default=None)}"
+
+
+def applied_changes_in_tensorboard(evidence: Evidence) -> str | None:
+    if evidence.tensorboard is None:
+        return None
+    accumulator = _tensorboard(evidence.tensorboard)
+    texts = [(tensor.step, b" ".join(tensor.tensor_proto.string_val).decode())
+             for tag in accumulator.Tags()["tensors"] if tag.startswith("options")
+             for tensor in accumulator.Tensors(tag)]
+    for event in evidence.applied():
+        if not any(step == event["step"] and f"{event['option']} = " in text for step, text in texts):
+            return f"{event['option']} applied at step {event['step']} is not in TensorBoard's options text ({texts[:3]})"
+    return None
+
+
+def applied_changes_in_compare(evidence: Evidence) -> str | None:
+    from torchlab.tui.run_history import RunHistory
+
+    changed_at = RunHistory.load(evidence.run).changed_at
+    for event in evidence.applied():
+        if event["step"] not in changed_at:
+            return f"compare lists no change at step {event['step']} ({event['option']}); it lists {changed_at}"
+    return None
+
+
+def last_checkpoint_loads_at_the_end(evidence: Evidence) -> str | None:
+    from torchlab.core.engine.checkpoint import load_checkpoint
+
+    last = evidence.run / "checkpoints" / "last.pt"
+    if not last.exists():
+        return "no checkpoints/last.pt"
+    step = load_checkpoint(last)["step"]
+    return None if step == evidence.last_step else f"last.pt holds step {step}, the run ended at {evidence.last_step}"
+
+
+REFUSED = (refused_with_exit_2, refusal_is_one_paragraph_naming_why, no_traceback, nothing_spent_before_refusal)
+TRAINED = (each_process_exits_0, no_traceback, losses_finite, every_step_once, scripted_change_acknowledged,
+           applied_changes_in_impact_history, applied_changes_in_csv, tensorboard_has_every_step,
+           applied_changes_in_tensorboard, last_checkpoint_loads_at_the_end)
+
+
+def rows_kept_up_to_last_checkpoint(evidence: Evidence) -> str | None:
+    """After a kill -9: every step up to the checkpoint a resume starts from has its row (README, "A kill ...")."""
+    from torchlab.core.engine.checkpoint import load_checkpoint
+
+    step = load_checkpoint(evidence.run / "checkpoints" / "last.pt")["step"]
+    missing = sorted(set(range(1, step + 1)) - {row["step"] for row in evidence.rows()})
+    return f"killed with last.pt at step {step}: rows missing for steps {missing[:5]}" if missing else None
+
+
+def trial_recorded(evidence: Evidence) -> str | None:
+    """A trial asked for is in trials.jsonl (its result, or why it could not run)."""
+    trials = evidence.run / "trials.jsonl"
+    lines = [line for line in trials.read_text().splitlines() if line.strip()] if trials.exists() else []
+    return None if lines else "the --trial left no line in trials.jsonl"
