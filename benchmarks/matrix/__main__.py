@@ -16,6 +16,8 @@ FORCED = (
     {"model": "convnet", "parallel": "fsdp2", "amp": "bf16", "compile": "off"},
     {"live_change": "clip", "run_event": "resume_longer", "figures": "export", "compile": "off"},  # restart x impact
     {"run_event": "resume_longer", "figures": "live_tensorboard", "live_change": "lr_scale", "compile": "off"},
+    # the refusal of FSDP2 with a parameter two blocks share, alone (with fp16 too, fp16's refusal would answer)
+    {"model": "shared_blocks", "parallel": "fsdp2", "amp": "off", "compile": "off"},
 )
 #: --fast's target: what the cells' estimated times may add up to, on the 2-core box.
 FAST_BUDGET_S = 180.0
