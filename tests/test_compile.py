@@ -23,6 +23,7 @@ from torchlab.core.analysis.impact import ImpactTracker
 from torchlab.core.engine.checkpoint import load_checkpoint
 from torchlab.core.errors import EXIT_OK
 from torchlab.core.launch.cli import main
+from torchlab.core.records.option_history import option_history
 
 GRADIENT_PENALTY = TINY.replace(":workload", ":gradient_penalty")
 RESIDUAL_CNN = TINY.replace(":workload", ":residual_cnn")
@@ -130,8 +131,9 @@ def test_a_checkpoint_of_a_compiled_run_has_the_models_own_keys_and_resumes_bit_
     assert saved["options"]["compile"] is True
     resumed, seen_resumed = make_trainer(checkpoint_dir=tmp_path, resume_from=tmp_path / "step-0000004.pt", **settings)
     resumed.run()
-    [event] = applied(seen_resumed, "compile")  # compiled again at the resumed run's first boundary
-    assert event["step"] == 5 and event["source"] == "start"
+    [event] = applied(seen_resumed, "compile")  # compiled again at the resumed run's first boundary: in force, no change
+    assert (event["step"], event["source"], event["previous"], event["value"]) == (5, "resumed", True, True)
+    assert option_history(seen_resumed.of("option_applied")) == []  # the matrix found it listed as off → on at step 5
     assert losses(seen_resumed) == losses(seen_straight)[4:]
 
 

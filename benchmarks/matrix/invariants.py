@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchlab.core.records.option_history import changes_recorded
 from torchlab.core.wire.options import OPTIONS_BY_NAME
 
 
@@ -44,7 +45,8 @@ class Evidence:
         return _lines(self.run / "metrics.jsonl")
 
     def applied(self) -> list[dict[str, Any]]:
-        return [event for event in self.events() if event.get("event") == "option_applied"]
+        """The option_applied lines that changed a value (option_history's reading: not one in force already)."""
+        return [event for event in self.events() if event.get("event") == "option_applied" and changes_recorded(event)]
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:

@@ -62,6 +62,7 @@ class Checkpointer:
         self.last_step: int | None = None  # the step of the last checkpoint written (or resumed from)
         self.last_path: Path | None = None  # its file, once durable
         self.resumed: ResumedFromCheckpoint | None = None  # reported when the run starts, once nothing more can fail
+        self.stored_options: dict[str, Any] = {}  # the live options the checkpoint resumed from held
         self._publishing: WrittenCheckpoint | None = None  # a periodic checkpoint made durable on its thread
 
     def state_dict(self) -> TrainingState:
@@ -172,6 +173,7 @@ class Checkpointer:
         parts.progress.load_state_dict({"step": state.step, "scripted_through": state.scripted_through,
                                         "elapsed_s": state.elapsed_s})
         self.last_step, self.last_path = state.step, path
+        self.stored_options = dict(state.options)
         options = LiveOptions(**{**config.options.as_dict(), **state.options})
         for name in set(explicit) & set(OPTION_NAMES):  # the live options among the names given
             options = options.with_value(name, getattr(config.options, name))

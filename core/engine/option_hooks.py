@@ -32,8 +32,8 @@ from torchlab.core.errors import ConfigError
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import CompileStarted
 from torchlab.core.wire.options import (
-    ACCUM, AMP, CHECKPOINTING, CLIP, COMPILE, LIVE_OPTIONS, LR_SCALE, OOM_RESCUE, PARALLEL, PIN_MEMORY, SPIKE_GUARD, SPLIT, STEPS,
-    WORKERS, WORLD_SIZE, LiveOption, LiveOptions, OptionRefused, live_option,
+    ACCUM, AMP, CHECKPOINTING, CLIP, COMPILE, LIVE_OPTIONS, LR_SCALE, OOM_RESCUE, PARALLEL, PIN_MEMORY, RESUMED, SPIKE_GUARD,
+    SPLIT, STEPS, WORKERS, WORLD_SIZE, LiveOption, LiveOptions, OptionRefused, live_option,
 )
 
 #: Each live option's hook, by option name: filled by ``@enacts`` below.
@@ -72,7 +72,7 @@ def apply_change(parts: TrainingParts, command: p.SetCommand, step: int) -> Rela
     try:
         option = live_option(command.option)
         value = for_this_device(parts, option, option.parse(command.value))
-        previous = getattr(parts.options, option.name)
+        previous = value if command.source == RESUMED else getattr(parts.options, option.name)
         outcome = enact(parts, option, value)
     except OptionRefused as refusal:
         parts.reporter.emit(p.OptionRefused(

@@ -61,7 +61,7 @@ from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import HELD_BACK, RunEnded, RunStarted, StepSkipped
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import COMPILE, LiveOptions, OptionRefused, format_option_value
+from torchlab.core.wire.options import COMPILE, RESUMED, LiveOptions, OptionRefused, format_option_value
 from torchlab.core.wire.protocol import SetCommand, TrainerCommand
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.workload import Workload
@@ -133,7 +133,9 @@ class Trainer:
         self.trials = Trials(parts, self.train_step, self.checkpoints, self.profiling)
         self.boundary = StepBoundary(parts, self.instruments, self.checkpoints, self.trials, self.profiling)
         if initial.compile and parts.world.reports:
-            self.submit(SetCommand(COMPILE.name, COMPILE.format(True), source="start"))
+            # where the checkpoint had it on, this process compiles again what the run had: no change (RESUMED)
+            again = resume_from is not None and self.checkpoints.stored_options.get(COMPILE.name) is True
+            self.submit(SetCommand(COMPILE.name, COMPILE.format(True), source=RESUMED if again else "start"))
         self.rank_hosts = parts.world.collectives.describe_ranks() if parts.world.collectives is not None else None
 
     # ----------------------------------------------------------------- what the launchers and tests read

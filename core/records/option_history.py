@@ -42,11 +42,15 @@ class OptionChange:
 
 def changes_recorded(record: Mapping[str, Any]) -> list[OptionChange]:
     """The option changes one line of ``events.jsonl`` (or an event's ``journal_record()``) records: one for an
-    ``option_applied``, one per live option a ``resume_changed_settings`` changed, none for any other line."""
+    ``option_applied`` that changed a value (none where ``previous`` is ``value``: in force already, as a resumed
+    run's compile made again in its new process), one per live option a ``resume_changed_settings`` changed, none
+    for any other line."""
     kind, step = record.get("event"), record.get("step")
     if not isinstance(step, int) or isinstance(step, bool):
         return []
     if kind == "option_applied":
+        if record.get("value") == record.get("previous"):  # in force already: a resumed run's compile made again
+            return []
         return [OptionChange(step, str(record.get("option")), record.get("value"), record.get("previous"),
                              str(record.get("source") or ""))]
     changes = record.get("changes")

@@ -421,6 +421,10 @@ PIN_MEMORY = Switch(
 #: Every live option, in the order the app and the command line list them.
 LIVE_OPTIONS: tuple[LiveOption, ...] = (AMP, CHECKPOINTING, COMPILE, CLIP, ACCUM, SPLIT, OOM_RESCUE, SPIKE_GUARD, LR_SCALE,
                                          WORKERS, PIN_MEMORY, WORLD_SIZE, PARALLEL, STEPS)
+#: The source of the ``set`` a resumed process gives itself for an option its checkpoint had on but cannot hold
+#: (compile: a compiled model is made again in each process): its ``option_applied`` has ``previous`` equal to
+#: ``value`` (in force already), which no reader of a run's history counts as a change (core/records/option_history.py).
+RESUMED = "resumed"
 #: The options whose change may take new rank processes: the trainer checkpoints, its supervisor starts the ranks
 #: again (amp only where the ranks shard the model: FSDP2's mixed precision policy is fixed while they live).
 RELAUNCHED_BY = (WORLD_SIZE.name, PARALLEL.name, AMP.name)
