@@ -192,23 +192,21 @@ def workload():
 '''
 
 
-def test_a_run_started_with_a_relative_workload_file_resumes_from_another_directory(tmp_path):
+def test_a_run_started_with_a_relative_workload_file_resumes_from_another_directory(tmp_path, monkeypatch):
     """Issue 27: the workload file was stored as typed (``my_model.py:workload``), so ``--resume`` from another
     directory looked for the file there. It is stored resolved, with a comment saying what was typed where."""
     project, elsewhere = tmp_path / "proj", tmp_path / "elsewhere"
     project.mkdir(), elsewhere.mkdir()
     (project / "my_model.py").write_text(MY_MODEL)
-    command = [str(Path(sys.executable).parent / "torchlab-tui"), "--headless", "--eval-every", "0", "--telemetry-interval", "0"]
-    started = subprocess.run([*command, "my_model.py:workload", "--steps", "3", "--run-dir", "runs/mine"], cwd=project,
-                             capture_output=True, text=True, timeout=120)
-    assert started.returncode == EXIT_OK, started.stderr
+    flags = ["--eval-every", "0", "--telemetry-interval", "0"]
+    monkeypatch.chdir(project)
+    assert headless("my_model.py:workload", *flags, "--steps", "3", "--run-dir", "runs/mine") == EXIT_OK
     config = (project / "runs" / "mine" / "config.toml").read_text()
     assert f'workload = "{project / "my_model.py"}:workload"' in config
     assert f"# workload typed as my_model.py:workload in {project}" in config
 
-    resumed = subprocess.run([*command, "--resume", str(project / "runs" / "mine"), "--steps", "5"], cwd=elsewhere,
-                             capture_output=True, text=True, timeout=120)
-    assert resumed.returncode == EXIT_OK, resumed.stderr
+    monkeypatch.chdir(elsewhere)
+    assert headless("--resume", str(project / "runs" / "mine"), *flags, "--steps", "5") == EXIT_OK
     assert sorted(metrics(project / "runs" / "mine")) == [1, 2, 3, 4, 5]
 
 
