@@ -290,14 +290,14 @@ def test_the_interval_runs_between_inner_block_medians():
 def test_checkpointing_on_a_residual_cnn_shows_fewer_activation_bytes_and_a_profile_between_changes_nothing(tmp_path):
     run = tmp_path / "run"
     residual_cnn = TINY.replace(":workload", ":residual_cnn")
-    assert main([residual_cnn, "--headless", "--steps", "30", "--run-dir", str(run), "--at", "11:checkpointing=on",
-                 "--memory-every", "2", "--profile-at", "20", "--profile-steps", "2"]) == EXIT_OK
+    assert main([residual_cnn, "--headless", "--steps", "16", "--run-dir", str(run), "--at", "5:checkpointing=on",
+                 "--memory-every", "2", "--profile-at", "10", "--profile-steps", "2"]) == EXIT_OK
     start, checkpointed = json.loads((run / "impact.json").read_text())
     assert checkpointed["change"] == "checkpointing=on"
     assert checkpointed["activations_bytes"] < 0.8 * start["activations_bytes"]
     assert "activations -" in checkpointed["verdict"] and checkpointed["activations_change"] < -0.2
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    before_the_profile = {row["memory"]["activations_bytes"] for row in rows if "memory" in row and 11 <= row["step"] < 20}
+    before_the_profile = {row["memory"]["activations_bytes"] for row in rows if "memory" in row and 5 <= row["step"] < 10}
     assert before_the_profile == {checkpointed["activations_bytes"]}  # the segment's figure, profile or not
 
 
