@@ -64,6 +64,36 @@ def _kill_mid_run(argv: list[str], evidence: Evidence) -> Process:
     return process
 
 
+def _stop_mid_run(argv: list[str], evidence: Evidence) -> None:
+    """Start the run, wait (polling) until a checkpoint and KILL_AFTER rows have landed, then stop it as a headless
+    run is stopped from another terminal: SIGTERM to its process (README: the next step boundary, a checkpoint,
+    exit 130). (``torchlab-tui stop`` stops runs of the app, attached or detached, not headless ones.) Records where
+    it stopped: last.pt's step and its last row's."""
+    last = evidence.run / "checkpoints" / "last.pt"
+    started = time.monotonic()
+    signalled = False
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as running:
+        while running.poll() is None and time.monotonic() - started < PROCESS_TIMEOUT_S:
+            if last.exists() and len(evidence.rows()) >= KILL_AFTER:
+                running.send_signal(signal.SIGTERM)
+                signalled = True
+                break
+            time.sleep(0.05)
+        try:
+            stdout, stderr = running.communicate(timeout=PROCESS_TIMEOUT_S)
+        except subprocess.TimeoutExpired:  # a stop that never comes: the hang is the finding (exit -9 below)
+            os.killpg(running.pid, signal.SIGKILL)
+            stdout, stderr = running.communicate()
+    # stopped on purpose: 130 is the status a stopped headless run owes (each_process_exits_0 judges the rest)
+    evidence.processes.append(Process(argv, 0 if signalled and running.returncode == 130 else running.returncode,
+                                      stdout, stderr))
+    if signalled and running.returncode == 130:
+        from torchlab.core.engine.checkpoint import load_checkpoint
+
+        evidence.stopped_at = (load_checkpoint(last)["step"], max(row["step"] for row in evidence.rows()))
+
+
 def run_cell(cell: dict[str, str], cuda: bool) -> Verdict:
     started = time.monotonic()
     skipped = model_skipped(cell["model"])
@@ -110,6 +140,13 @@ def _play(cell: dict[str, str], cuda: bool, evidence: Evidence, folder: Path) ->
             return [invariants.rows_kept_up_to_last_checkpoint]  # no resume from a kill that lost rows
         steps = max(row["step"] for row in evidence.rows()) + 2
         _run([*resume, "--steps", str(steps)], evidence)
+    elif event == "stop_resume":
+        _stop_mid_run([*train, "--steps", str(KILL_RUN_STEPS)], evidence)
+        checks.append(invariants.stopped_with_a_final_checkpoint)
+        if evidence.stopped_at is None:
+            return checks
+        steps = evidence.stopped_at[1] + 2
+        _run([*resume, "--steps", str(steps)], evidence)
     else:
         _run([*train, "--steps", str(steps)], evidence)
         if event == "resume_alone":
@@ -117,6 +154,12 @@ def _play(cell: dict[str, str], cuda: bool, evidence: Evidence, folder: Path) ->
         elif event == "resume_longer":
             steps += 3
             _run([*resume, "--steps", str(steps)], evidence)
+        elif event == "resume_shorter":
+            evidence.rows_before_refusal = (evidence.run / "metrics.jsonl").read_text()
+            shorter = [*resume, "--steps", str(steps - 2)]
+            done = subprocess.run(shorter, capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S)
+            evidence.refused_resume = Process(shorter, done.returncode, done.stdout, done.stderr)
+            checks.append(invariants.shorter_resume_refused_changing_nothing)
         elif event == "compare":
             checks.append(invariants.applied_changes_in_compare)
     evidence.last_step = steps

@@ -59,7 +59,8 @@ PARALLEL = {"one": [], "ddp2": ["--world-size", "2", "--parallel", "ddp"],
 BATCHING = {"plain": [], "accum2": ["--accum", "2"], "split2": ["--split", "2"]}
 
 #: What happens to the run besides training: each is a sequence of steps in cell.py (``EVENT_STEPS``).
-RUN_EVENTS = ("none", "trial", "resume_alone", "resume_longer", "kill9_resume", "compare")
+RUN_EVENTS = ("none", "trial", "resume_alone", "resume_longer", "resume_shorter", "kill9_resume", "stop_resume",
+              "compare")
 #: Where the figures go: nowhere else, ``export`` (CSV and TensorBoard) afterwards, or ``--tensorboard`` live.
 FIGURES = ("none", "export", "live_tensorboard")
 

@@ -37,6 +37,9 @@ class Evidence:
     csv: Path | None = None
     tensorboard: Path | None = None
     refusal_word: str | None = None  # a refusal by design: the word its paragraph names
+    refused_resume: Process | None = None  # a resume that must be refused (shorter than the run), kept apart
+    rows_before_refusal: str = ""  # metrics.jsonl as it was before that resume
+    stopped_at: tuple[int, int] | None = None  # after ``stop``: (last.pt's step, the last row's step)
 
     def events(self) -> list[dict[str, Any]]:
         return _lines(self.run / "events.jsonl")
@@ -224,3 +227,29 @@ def trial_recorded(evidence: Evidence) -> str | None:
     trials = evidence.run / "trials.jsonl"
     lines = [line for line in trials.read_text().splitlines() if line.strip()] if trials.exists() else []
     return None if lines else "the --trial left no line in trials.jsonl"
+
+
+def shorter_resume_refused_changing_nothing(evidence: Evidence) -> str | None:
+    """``--resume RUN --steps N`` below the run's last step is refused (README, "Resuming a run"): exit 2, one
+    paragraph naming ``--steps``, no traceback, and the run's rows as they were."""
+    process = evidence.refused_resume
+    if process is None:
+        return "the shorter resume did not run"
+    said = process.stderr.strip()
+    if process.returncode != 2:
+        return f"a resume shorter than the run: exit {process.returncode}, expected a refusal (2): {said[-200:]!r}"
+    if "\n" in said or "Traceback" in said or "steps" not in said:
+        return f"a resume shorter than the run is not refused in one paragraph naming --steps: {said[:200]!r}"
+    if (evidence.run / "metrics.jsonl").read_text() != evidence.rows_before_refusal:
+        return "a refused resume changed metrics.jsonl"
+    return None
+
+
+def stopped_with_a_final_checkpoint(evidence: Evidence) -> str | None:
+    """A headless run stopped (SIGTERM, as Ctrl-C) ends at a step boundary with a checkpoint of its last step
+    (README, exit codes: 130, a checkpoint was saved): last.pt holds the step of the last row written."""
+    stopped_at = evidence.stopped_at
+    if stopped_at is None:
+        return "the run was not stopped (it ended first, or its exit status was not 130)"
+    return None if stopped_at[0] == stopped_at[1] else (
+        f"stopped at step {stopped_at[1]} (its last row) with last.pt at step {stopped_at[0]}")

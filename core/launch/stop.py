@@ -103,7 +103,9 @@ def running_run(selector: str | None) -> RunEntry:
         entry = find_run(selector)
     except LookupError:
         if _is_folder(selector):  # a run directory whose run ended, and whose entry attach has already reported
-            raise NotRunning(f"{selector} is not running (no live run has that run directory).") from None
+            raise NotRunning(f"{selector} is not running in an app (no app's or detached run has that run directory); "
+                             f"a --headless run stops at its next step with a checkpoint on Ctrl-C in its terminal or "
+                             f"`kill -TERM` of its process.") from None
         raise
     if entry.ended:
         raise NotRunning(f"not running: {report_ended(entry)}")

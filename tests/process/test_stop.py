@@ -49,7 +49,10 @@ def test_stop_ends_a_detached_run_with_a_final_checkpoint_and_says_where(tmp_pat
     assert list_runs() == [], "a stopped run's entry is gone, as after q in its app"
 
     assert main(["stop", str(run_dir)]) == EXIT_FAILED  # by its run directory: not running any more
-    assert capsys.readouterr().err == f"torchlab-tui stop: {run_dir} is not running (no live run has that run directory).\n"
+    assert capsys.readouterr().err == (
+        f"torchlab-tui stop: {run_dir} is not running in an app (no app's or detached run has that run directory); a "
+        "--headless run stops at its next step with a checkpoint on Ctrl-C in its terminal or `kill -TERM` of its "
+        "process.\n")
 
 
 def stops_journalled(run_dir) -> list[str]:
