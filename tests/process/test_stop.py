@@ -28,17 +28,35 @@ def private_runtime_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
 
 
-def test_stop_ends_a_detached_run_with_a_final_checkpoint_and_says_where(tmp_path, capsys):
+def stops_journalled(run_dir) -> list[str]:
+    """The reason of each stop the run's journal records as asked."""
+    records = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return [record["reason"] for record in records if record["event"] == "stop_requested"]
+
+
+def test_stop_ends_a_detached_run_with_a_final_checkpoint_says_where_and_the_journal_and_a_viewer_say_who(tmp_path, capsys):
     """The real command, in a process of its own: one that imported the protocol alone decoded the run's
-    ``stop_requested`` with a registry lacking the trainer's events, and ended in a traceback, exit 1."""
+    ``stop_requested`` with a registry lacking the trainer's events, and ended in a traceback, exit 1.
+
+    The worker worded every stop from the socket "stopped from the app", and journalled no reason at all: the
+    run's events.jsonl and a viewer's event log did not say who stopped it (one run shows both: a trainer each
+    was a torch import each)."""
     run_dir = tmp_path / "run"
     link, seen = _started(run_dir, "--steps", "1000000")
     seen.until(lambda m: isinstance(m, p.Metrics))
     _detach(link, seen)
     name = link.endpoint_name
-
-    said = subprocess.run([sys.executable, "-m", "torchlab.core.launch.cli", "stop", name[:10]],
-                          capture_output=True, text=True, timeout=120)
+    [entry] = list_runs()
+    viewer = ProcessLink.attach(entry, view=True)
+    viewer.start()
+    watched = Collected(viewer)
+    try:
+        watched.until(lambda m: isinstance(m, p.Metrics))
+        said = subprocess.run([sys.executable, "-m", "torchlab.core.launch.cli", "stop", name[:10]],
+                              capture_output=True, text=True, timeout=120)
+        stop_seen = watched.until(lambda m: isinstance(m, StopRequested))
+    finally:
+        viewer.close()
     assert (said.returncode, "Traceback" in said.stderr) == (EXIT_OK, False), said.stderr
     assert link.process.wait(timeout=30) == 0
     stopped_at = int(re.search(rf"^{name} stopped at step (\d+)\.$", said.stdout, re.MULTILINE).group(1))
@@ -47,6 +65,8 @@ def test_stop_ends_a_detached_run_with_a_final_checkpoint_and_says_where(tmp_pat
     assert f"Run directory: {run_dir.resolve()}" in said.stdout
     assert f"Stopping {name}" in said.stderr
     assert list_runs() == [], "a stopped run's entry is gone, as after q in its app"
+    assert describe(stop_seen).text == "stopped by `torchlab-tui stop` (at the end of this step, with a final checkpoint)"
+    assert stops_journalled(run_dir) == ["stopped by `torchlab-tui stop`"]
 
     assert main(["stop", str(run_dir)]) == EXIT_FAILED  # by its run directory: not running any more
     assert capsys.readouterr().err == (
@@ -55,42 +75,21 @@ def test_stop_ends_a_detached_run_with_a_final_checkpoint_and_says_where(tmp_pat
         "process.\n")
 
 
-def stops_journalled(run_dir) -> list[str]:
-    """The reason of each stop the run's journal records as asked."""
-    records = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    return [record["reason"] for record in records if record["event"] == "stop_requested"]
-
-
-def test_the_journal_and_the_event_log_say_the_run_was_stopped_by_torchlab_tui_stop(tmp_path, capsys):
-    """The worker worded every stop from the socket "stopped from the app", and journalled no reason at all: the
-    run's events.jsonl and a viewer's event log did not say who stopped it."""
+def test_stop_leaves_a_run_that_an_app_controls_to_that_app_and_a_stop_from_the_app_is_journalled_as_such(
+        tmp_path, capsys):
+    """One run for both (a trainer each was a torch import each): while an app controls it, ``torchlab-tui stop``
+    refuses; the app's own stop is then told and journalled as from the app, whatever reason a client claims."""
     run_dir = tmp_path / "run"
     link, seen = _started(run_dir, "--steps", "1000000")
-    seen.until(lambda m: isinstance(m, p.Metrics))
-    _detach(link, seen)
-    [entry] = list_runs()
-    viewer = ProcessLink.attach(entry, view=True)
-    viewer.start()
-    watched = Collected(viewer)
     try:
-        watched.until(lambda m: isinstance(m, p.Metrics))
-        assert main(["stop", link.endpoint_name]) == EXIT_OK
-        said = watched.until(lambda m: isinstance(m, StopRequested))
+        seen.until(lambda m: isinstance(m, p.Metrics))
+        assert main(["stop"]) == EXIT_USAGE
+        assert "an app controls" in capsys.readouterr().err and link.process.poll() is None
+        link.send(p.StopCommand(reason="anything a client claims"))
+        said = seen.until(lambda m: isinstance(m, StopRequested))
+        assert link.process.wait(timeout=30) == 0
     finally:
-        viewer.close()
-    assert link.process.wait(timeout=30) == 0
-    assert describe(said).text == "stopped by `torchlab-tui stop` (at the end of this step, with a final checkpoint)"
-    assert stops_journalled(run_dir) == ["stopped by `torchlab-tui stop`"]
-
-
-def test_a_stop_from_the_app_is_journalled_and_told_as_from_the_app(tmp_path):
-    run_dir = tmp_path / "run"
-    link, seen = _started(run_dir, "--steps", "1000000")
-    seen.until(lambda m: isinstance(m, p.Metrics))
-    link.send(p.StopCommand(reason="anything a client claims"))
-    said = seen.until(lambda m: isinstance(m, StopRequested))
-    assert link.process.wait(timeout=30) == 0
-    link.close()
+        link.close()
     assert describe(said).text == "stopped from the app (at the end of this step, with a final checkpoint)"
     assert stops_journalled(run_dir) == ["stopped from the app"]
 
@@ -100,16 +99,6 @@ def test_stop_with_no_run_running_says_so_in_one_line(capsys):
     assert capsys.readouterr().err == "torchlab-tui stop: no run is running; `torchlab-tui attach` lists your runs.\n"
     assert main(["stop", "nothing-like-it"]) == EXIT_USAGE
     assert "no run named 'nothing-like-it'" in capsys.readouterr().err
-
-
-def test_stop_leaves_a_run_that_an_app_controls_to_that_app(tmp_path, capsys):
-    link, seen = _started(tmp_path / "run", "--steps", "1000000")
-    seen.until(lambda m: isinstance(m, p.Metrics))
-    try:
-        assert main(["stop"]) == EXIT_USAGE
-        assert "an app controls" in capsys.readouterr().err and link.process.poll() is None
-    finally:
-        link.close()
 
 
 def test_stop_on_another_users_private_run_directory_is_one_paragraph_with_two_real_users(tmp_path):
