@@ -55,7 +55,10 @@ def _last_step(run_dir: Path) -> int:
     return json.loads(lines[-1])["step"] if lines else 0
 
 
-def test_a_detached_trainer_trains_on_and_attach_replays_its_history(tmp_path):
+def test_a_detached_trainer_trains_on_and_attach_replays_its_history(tmp_path, capsys):
+    """Also: ``attach`` without a name, piped (`torchlab-tui attach | head`), drew the app's escape codes into the
+    pipe of a live run; it only lists where its output is not a terminal (this run shows it: a trainer of its own
+    was a torch import more)."""
     run_dir = tmp_path / "run"
     link, seen = _started(run_dir, "--steps", "1000000")
     seen.until(lambda m: isinstance(m, p.Metrics) and m.rows[-1].step >= 20)
@@ -67,6 +70,11 @@ def test_a_detached_trainer_trains_on_and_attach_replays_its_history(tmp_path):
     assert entry.live and entry.info["run_dir"] == str(run_dir.resolve()) and entry.info["pid"] == link.pid
     assert find_run(str(run_dir)).endpoint == entry.endpoint  # by run directory, too
     _until(lambda: _last_step(run_dir) > detached_at + 50, what="training to go on while detached")
+
+    assert attach_main([]) == 0
+    assert (f"Not opened (the output is not a terminal): `torchlab-tui attach {entry.endpoint.name}` from one."
+            in capsys.readouterr().out)
+    assert link.process.poll() is None
 
     attached = ProcessLink.attach(find_run(link.endpoint_name))
     attached.start()
@@ -165,20 +173,3 @@ def test_after_a_detach_the_apps_death_does_not_stop_the_trainer(tmp_path):
     finally:
         if alive(trainer):
             os.kill(trainer, signal.SIGKILL)
-
-
-def test_attach_without_a_name_only_lists_when_its_output_is_not_a_terminal(tmp_path, capsys):
-    """Piped (`torchlab-tui attach | head`), it drew the app's escape codes into the pipe of a live run."""
-    run_dir = tmp_path / "run"
-    link, seen = _started(run_dir, "--steps", "1000000")
-    seen.until(lambda m: isinstance(m, p.Metrics))
-    _detach(link, seen)
-    try:
-        assert attach_main([]) == 0
-        said = capsys.readouterr().out
-        name = find_run(link.endpoint_name).endpoint.name
-        assert f"Not opened (the output is not a terminal): `torchlab-tui attach {name}` from one." in said
-        assert link.process.poll() is None
-    finally:
-        os.kill(link.pid, signal.SIGTERM)
-        link.process.wait(timeout=60)
