@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                                                           f"{FAST_BUDGET_S:.0f} s (no compile)")
     parser.add_argument("--seed", type=int, default=0, help="the pair generator's seed (default 0)")
     parser.add_argument("--only", action="append", default=[], metavar="FACTOR=VALUE",
-                        help="only the cells with this value (repeatable; two values of one factor: either)")
+                        help="only the cells with this value (repeatable; two values of one factor: either); "
+                             "every factor given once names one cell, run whether the seed generates it or not")
     parser.add_argument("--list", action="store_true", help="print the cells, run none")
     args = parser.parse_args(argv)
     only = _only(args.only)
@@ -69,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.fast:
         cells = pairs.fast_slice(cells, FACTORS, estimated_s, FAST_BUDGET_S, forced=len(FORCED))
     cells = [cell for cell in cells if pairs.matches(cell, only)]
+    if not cells and len(only) == len(FACTORS) and all(len(values) == 1 for values in only.values()):
+        cells = [{name: next(iter(only[name])) for name in FACTOR_NAMES}]  # one cell named whole, as a failure printed it
     total_pairs = pairs.all_pairs(FACTORS, allowed)
     print(f"{len(cells)} cells, seed {args.seed}, estimated {sum(map(estimated_s, cells)):.0f} s", flush=True)
     if args.list:
