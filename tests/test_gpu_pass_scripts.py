@@ -1,12 +1,12 @@
-"""The GPU pass's scripts still run against today's engine, checked on a CPU with the smallest sample.
+"""The GPU pass's scripts still run against today's engine, checked on a CPU with the tests' tiny workloads.
 
 A machine with a GPU is lent for minutes, rarely: a script that broke since it last ran (the engine moved
 an attribute it reads) spends them. On 2026-11-27 ``probe_overhead.py`` failed that way on the H100. Each
-script here runs its whole path once on the tests' tiny workload (a file, as ``--workload path.py:factory`` takes
-it; ``tiny_gpt``, the smallest sample, where the naive hooks need a model without in-place activations), a step or
-two a variant; what it measures on a CPU is not read (the sync counts are zero by construction there), only that it
-ran to its JSON. The ``mlp`` sample here cost 2-3x the time for the same path: the scripts' warm-ups train it for
-a fixed number of steps.
+script here runs its whole path once on a workload file of the tests (``--workload path.py:factory``; the residual
+CNN where the naive hooks need a model without in-place activations), a step or two a variant; what it measures
+on a CPU is not read (the sync counts are zero by construction there), only that it ran to its JSON. The samples
+(``mlp``, ``tiny_gpt``) cost several times as much for the same path: the scripts' warm-ups train a fixed number
+of steps.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 TINY = str(Path(__file__).resolve().parent / "workloads" / "tiny.py") + ":workload"
+RESIDUAL_CNN = TINY.replace(":workload", ":residual_cnn")  # no in-place activation
 
 
 @pytest.mark.parametrize(("script", "arguments"), [
-    ("probe_overhead", ["--workload", "tiny_gpt", "--batch-size", "2", "--rounds", "1", "--steps-per-block", "1"]),
+    ("probe_overhead", ["--workload", RESIDUAL_CNN, "--batch-size", "2", "--rounds", "1", "--steps-per-block", "1"]),
     ("host_syncs", ["--workload", TINY, "--device", "cpu", "--steps", "1", "--rounds", "1", "--steps-per-block", "1"]),
     ("gpu_gaps", ["--workload", TINY, "--device", "cpu", "--steps", "1"]),
 ])
