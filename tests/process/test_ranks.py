@@ -134,8 +134,17 @@ def test_data_parallel_gradient_norms_equal_the_single_process_ones(tmp_path):
         assert ours["update_ratios"] == pytest.approx(theirs.update_ratios, rel=1e-4)  # rank 0's: the ranks' weights are one
 
 
+@pytest.fixture(scope="module")
+def single_process_spike_losses() -> list[float]:
+    """The losses of one process on the spiking workload with the guard rolling back: DDP's and FSDP's reference."""
+    single, seen = make_trainer(f"{TINY}:spike_at_step_21", steps=30, seed=3, options={"spike_guard": "rollback"})
+    single.run()
+    return [row.loss for row in seen.metrics]
+
+
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_a_spike_rolls_every_rank_back_at_the_same_step_as_one_process_would(tmp_path, parallel):
+def test_a_spike_rolls_every_rank_back_at_the_same_step_as_one_process_would(tmp_path, parallel,
+                                                                             single_process_spike_losses):
     """Step 21's batch times 1e4 on both ranks' halves: each judges the same loss (their mean) and the same norm (of
     the averaged gradients), rolls back to step 10 and trains on with the single process's losses. Sharded, each
     rank's host copies hold its shards, made DTensors again on the way back (core/engine/host_copy.py)."""
@@ -143,10 +152,8 @@ def test_a_spike_rolls_every_rank_back_at_the_same_step_as_one_process_would(tmp
     assert headless(tmp_path / "ddp", f"{TINY}:spike_at_step_21", "--world-size", "2", *settings) == EXIT_OK
     events = read_jsonl(tmp_path / "ddp" / "events.jsonl")
     assert [(e["step"], e["rolled_back_to"]) for e in events if e["event"] == "spike_guarded"] == [(21, 10)]
-    single, seen = make_trainer(f"{TINY}:spike_at_step_21", steps=30, seed=3, options={"spike_guard": "rollback"})
-    single.run()
     parallel = read_jsonl(tmp_path / "ddp" / "metrics.jsonl")
-    assert [row["loss"] for row in parallel] == pytest.approx([row.loss for row in seen.metrics], rel=1e-4)
+    assert [row["loss"] for row in parallel] == pytest.approx(single_process_spike_losses, rel=1e-4)
 
 
 def test_an_out_of_memory_on_one_rank_starts_the_ranks_again_from_the_checkpoint_one_rung_down(tmp_path):
@@ -350,26 +357,36 @@ def test_more_ranks_than_gpus_are_refused():
         check_world_size(gpus + 1, device=torch.device("cuda"), batch_size=16 * (gpus + 1))
 
 
-def test_every_rank_runs_a_trial_and_the_run_goes_on_as_without_it(tmp_path):
+#: The trial tests' run: rank 1 runs out of memory only under bf16, which the run without a trial never has.
+TRIAL_RUN = [f"{TINY}:rank_1_out_of_memory_under_bf16", "--world-size", "2", "--steps", "8", "--checkpoint-every", "0",
+             "--seed", "4"]
+
+
+@pytest.fixture(scope="module")
+def without_a_trial(tmp_path_factory) -> list[dict]:
+    """The rows of ``TRIAL_RUN`` with no trial: what each trial test's run must train as (made once, two ranks)."""
+    run = tmp_path_factory.mktemp("plain") / "run"
+    assert headless(run, *TRIAL_RUN) == EXIT_OK
+    return read_jsonl(run / "metrics.jsonl")
+
+
+def test_every_rank_runs_a_trial_and_the_run_goes_on_as_without_it(tmp_path, without_a_trial):
     """With two ranks the trial's arms run on both (their gradients are averaged step by step), and the
     run's losses after it are those of the same run without it."""
-    settings = [f"{TINY}:workload", "--world-size", "2", "--steps", "14", "--checkpoint-every", "0", "--seed", "4"]
-    assert headless(tmp_path / "plain", *settings) == EXIT_OK
-    assert headless(tmp_path / "tried", *settings, "--trial", "6:clip=0.5", "--trial-steps", "4") == EXIT_OK
+    assert headless(tmp_path / "tried", *TRIAL_RUN, "--trial", "5:clip=0.5", "--trial-steps", "3") == EXIT_OK
     [trial] = read_jsonl(tmp_path / "tried" / "trials.jsonl")
-    assert trial["error"] is None and [len(arm["losses"]) for arm in trial["arms"]] == [4, 4]
-    plain, tried = (read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("plain", "tried"))
-    assert [row["loss"] for row in tried] == [row["loss"] for row in plain]
+    assert trial["error"] is None and [len(arm["losses"]) for arm in trial["arms"]] == [3, 3]
+    tried = read_jsonl(tmp_path / "tried" / "metrics.jsonl")
+    assert [row["loss"] for row in tried] == [row["loss"] for row in without_a_trial]
 
 
-def test_an_arm_out_of_memory_on_one_rank_stops_the_run_saved_before_the_trial_instead_of_hanging(tmp_path, capsys):
+def test_an_arm_out_of_memory_on_one_rank_stops_the_run_saved_before_the_trial_instead_of_hanging(
+        tmp_path, capsys, without_a_trial):
     """Rank 1 alone runs out of memory in the changed arm: the others are inside the step's collectives, so
     the run stops with a reason (never a hang, never ranks whose steps pair up with the wrong ones), from a
     checkpoint taken before the trial; the resumed run trains on as the run without the trial."""
     run = tmp_path / "run"
-    workload = f"{TINY}:rank_1_out_of_memory_under_bf16"
-    settings = ["--world-size", "2", "--checkpoint-every", "0", "--seed", "4"]
-    assert headless(run, workload, *settings, "--steps", "8", "--trial", "5:amp=bf16", "--trial-steps", "3") == EXIT_FAILED
+    assert headless(run, *TRIAL_RUN, "--trial", "5:amp=bf16", "--trial-steps", "3") == EXIT_FAILED
     events = read_jsonl(run / "events.jsonl")
     [error] = [e for e in events if e["event"] == "error"]
     assert error["rank"] == 1 and "out of memory in a trial's arm 'amp=bf16' at its step 1 of 3" in error["message"]
@@ -378,9 +395,8 @@ def test_an_arm_out_of_memory_on_one_rank_stops_the_run_saved_before_the_trial_i
     assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] == 4
     assert "at its step 1 of 3 ([enforce fail at alloc_cpu.cpp" in capsys.readouterr().err  # printed as it is, not as markup
     assert main(["--resume", str(run), "--headless", "--telemetry-interval", "0"]) == EXIT_OK
-    assert headless(tmp_path / "plain", workload, *settings, "--steps", "8") == EXIT_OK
-    resumed, plain = (read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("run", "plain"))
-    assert [row["loss"] for row in resumed] == [row["loss"] for row in plain]
+    resumed = read_jsonl(run / "metrics.jsonl")
+    assert [row["loss"] for row in resumed] == [row["loss"] for row in without_a_trial]
 
 def test_the_workloads_metrics_are_the_mean_over_ranks_in_the_steps_one_all_reduce(tmp_path):
     run = tmp_path / "run"
