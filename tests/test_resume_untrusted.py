@@ -163,10 +163,11 @@ def installed_command() -> str:
     return str(Path(sys.executable).parent / "torchlab-tui")
 
 
-def test_another_users_checkpoint_in_tmp_does_not_run_their_code(trained, tmp_path, other_user):
+def test_another_users_checkpoint_in_tmp_does_not_run_their_code(trained, tmp_path, other_user, capsys, monkeypatch):
     """Issue 26 (2): a user prepares /tmp/…evil.py and a checkpoint whose stored config names it, loose and in a
-    run directory of theirs that names it too; the victim resumes each with the installed command. Nothing of
-    the attacker's is imported."""
+    run directory of theirs that names it too; the victim resumes each, the first with the installed command, the
+    others with ``cli.main`` in this process (the same refusal; a process each was a torch import each). Nothing
+    of the attacker's is imported."""
     tag = secrets.token_hex(4)
     marker = Path(f"/tmp/torchlab-imported-{tag}")
     evil = Path(f"/tmp/torchlab-evil-{tag}.py")
@@ -179,13 +180,19 @@ def test_another_users_checkpoint_in_tmp_does_not_run_their_code(trained, tmp_pa
         shutil.copy(checkpoint, loose)
         give_to(other_user, evil, loose, attackers_run, *attackers_run.rglob("*"))
 
+        monkeypatch.chdir(tmp_path)
         for resumed, why in ((loose, "it is not in a run directory"), (checkpoint, f"belongs to {other_user.pw_name}"),
                              (attackers_run, f"belongs to {other_user.pw_name}")):
-            victim = subprocess.run([installed_command(), "--resume", str(resumed), "--headless", "--runs-root",
-                                     str(tmp_path / "runs")], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-            assert victim.returncode == EXIT_USAGE, victim.stderr
+            argv = ["--resume", str(resumed), "--headless", "--runs-root", str(tmp_path / "runs")]
+            if resumed == loose:
+                victim = subprocess.run([installed_command(), *argv], capture_output=True, text=True, timeout=120)
+                code, err = victim.returncode, victim.stderr
+            else:
+                capsys.readouterr()
+                code, err = main(argv), capsys.readouterr().err
+            assert code == EXIT_USAGE, err
             assert not marker.exists()
-            message = paragraph(victim.stderr)
+            message = paragraph(err)
             assert f"the checkpoint names the workload '{evil}:workload'" in message and why in message
         assert not (tmp_path / "runs").exists()
     finally:
