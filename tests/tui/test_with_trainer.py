@@ -138,6 +138,9 @@ async def test_a_model_with_long_alike_names_and_a_tied_head_reads_well_from_a_r
 
 
 async def test_a_workload_that_raises_shows_the_error_and_the_app_stays_up(tmp_path):
+    """What a restart from here does is shown once each where it is cheapest: the trainer resuming from the checkpoint
+    before the raise (tests/process/test_worker.py), and the app's restart of a dead trainer (the killed-trainer test
+    below); a third trainer started here for it showed neither anew."""
     run_dir = tmp_path / "run"
     app, links = app_with_trainer(run_dir, f"{TINY}:raises_at_step_4", "--steps", "6", "--checkpoint-every", "1")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -154,13 +157,6 @@ async def test_a_workload_that_raises_shows_the_error_and_the_app_stays_up(tmp_p
         await pilot.press("question_mark")
         await until(pilot, lambda: app.screen.__class__.__name__ == "HelpScreen", what="help")
         await pilot.press("escape")
-        app.restart_trainer()  # what the error screen's Restart and the palette do
-        await until(pilot, lambda: len(links) == 1 and app.run_state.state in ("running", "finished", "failed")
-                    and app.run_state.step >= 3, what="the restarted trainer")
-        await until(pilot, lambda: error_screen_shown(app) or app.run_state.state == "finished",
-                    what="the resumed run to end")
-        resumed = [e for e in events_of(run_dir) if e["event"] == "resumed_from_checkpoint"]
-        assert resumed and resumed[0]["step"] == 3
         await pilot.press("q")
         await until(pilot, lambda: not app.is_running, what="exit")
 
