@@ -53,7 +53,7 @@ def test_the_arms_start_from_the_same_state_on_the_same_batches():
 
 
 def test_a_trial_of_lr_scale_shows_the_same_memory_and_another_loss():
-    trainer, seen = make_trainer(RESIDUAL_CNN, steps=4, trials=["3:lr_scale=4"], trial_steps=4)
+    trainer, seen = make_trainer(RESIDUAL_CNN, steps=4, trials=["3:lr_scale=4"], trial_steps=2)
     trainer.run()
     result = trial_results(seen)[0]
     changed, as_it_is = result["arms"]
@@ -62,7 +62,7 @@ def test_a_trial_of_lr_scale_shows_the_same_memory_and_another_loss():
 
 
 def test_a_trial_of_checkpointing_shows_fewer_activation_bytes_in_the_changed_arm():
-    trainer, seen = make_trainer(RESIDUAL_CNN, steps=4, trials=["3:checkpointing=on"], trial_steps=4)
+    trainer, seen = make_trainer(RESIDUAL_CNN, steps=4, trials=["3:checkpointing=on"], trial_steps=2)
     trainer.run()
     changed, as_it_is = trial_results(seen)[0]["arms"]
     assert changed["activations_bytes"] < 0.8 * as_it_is["activations_bytes"]
