@@ -3,6 +3,8 @@ and pinned memory change while a run trains without a sample skipped or read twi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch.utils.data import IterableDataset
@@ -60,9 +62,20 @@ def test_the_loaders_workers_leave_a_process_groups_stop_signals_to_the_trainer(
     import os
     import signal
 
+    import re
+    import time
+
+    def ignores_stop_signals(pid: int) -> bool:  # its worker_init_fn has run (the kernel's mask of ignored signals)
+        ignored = int(re.search(r"SigIgn:\s*([0-9a-f]+)", Path(f"/proc/{pid}/status").read_text()).group(1), 16)
+        return all(ignored >> (signum - 1) & 1 for signum in (signal.SIGINT, signal.SIGTERM))
+
     trainer, _ = make_trainer(steps=4, options={"workers": 2})
     trainer.train_steps(1)
     workers = list(trainer.parts.data._iterator._workers)
+    # A worker still starting has not yet run its init (CI under load killed the second one there): wait for it.
+    deadline = time.monotonic() + 60
+    while not all(ignores_stop_signals(worker.pid) for worker in workers) and time.monotonic() < deadline:
+        time.sleep(0.01)
     for worker in workers:
         os.kill(worker.pid, signal.SIGTERM)
         os.kill(worker.pid, signal.SIGINT)
