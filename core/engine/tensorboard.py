@@ -43,7 +43,7 @@ from pathlib import Path
 from torchlab.core.errors import ConfigError
 from torchlab.core.records.export_files import COPY_CHUNK, output_file
 from torchlab.core.records.option_history import OptionChange, changes_recorded
-from torchlab.core.records.storage import make_folder, reason
+from torchlab.core.records.storage import make_folder, make_folders_above, reason
 from torchlab.core.safe_open import (
     UnsafeFileError, kind_of, open_regular, refuse_a_path_too_long, who_else_may_change,
 )
@@ -114,15 +114,13 @@ def make_tensorboard_folder(directory: Path, *, writer: str = "torchlab") -> lis
     again after (someone may have made a part first): a ConfigError, after removing what this made. The folders
     made, outermost first, for the caller to remove if what it writes fails."""
     refuse_an_unfit_tensorboard_folder(directory, writer=writer)
-    made: list[Path] = []
-    missing = [folder for folder in (directory, *directory.parents) if not os.path.lexists(folder)][::-1]
+    made = make_folders_above(directory)
     try:
-        for folder in missing:
-            try:
-                os.mkdir(folder, 0o700 if folder == directory else 0o755)
-            except FileExistsError:  # made meanwhile: judged below, as anything on the way
-                continue
-            made.append(folder)
+        try:
+            os.mkdir(directory, 0o700)
+            made.append(directory)
+        except FileExistsError:  # there already, or made meanwhile: judged below, as anything on the way
+            pass
         refuse_an_unfit_tensorboard_folder(directory, writer=writer)
     except BaseException:
         remove_folders(made)

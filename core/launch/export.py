@@ -145,7 +145,6 @@ def refuse_tensorboard_target(directory: Path, run: Path, *, force: bool) -> Non
     core/engine/tensorboard.py), and empty unless ``force``."""
     from torchlab.core.engine.tensorboard import refuse_an_unfit_tensorboard_folder  # no torch: that is imported later
 
-    refuse_a_path_too_long("--tensorboard", directory)
     refuse_a_run("--tensorboard", directory, directory, run, instead=f"--tensorboard {beside_the_run(run, '-tensorboard')}")
     refuse_an_unfit_tensorboard_folder(directory, writer="an export")
     if not force and os.path.isdir(directory) and _holds_files("--tensorboard", directory):

@@ -58,7 +58,7 @@ from typing import Any, NamedTuple
 
 from torchlab.core.errors import ConfigError, StorageError, shown
 from torchlab.core.records.storage import (
-    JsonLines, fsync_directory, make_folder, parse_line, reason, remedy, storage_error, temporary_name,
+    JsonLines, fsync_directory, make_folder, make_folders_above, parse_line, reason, remedy, storage_error, temporary_name,
     unreadable_run, write_atomically, write_new_file,
 )
 from torchlab.core.safe_open import (
@@ -383,7 +383,7 @@ def create_run_dir(path: Path, *, shared: bool = False) -> Path:
         if os.path.exists(real) and not os.path.isdir(real):  # mkdir says "File exists": true, but not the fault
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
         require_folder_only_you_change(path, label, _MAKE_ONE)  # nothing made in a folder someone else may change
-        _make_folders_above(real)
+        make_folders_above(real)
         try:
             os.mkdir(real, 0o755 if shared else 0o700)
         except FileExistsError:  # there already, or made by someone else since the name was chosen
@@ -513,22 +513,6 @@ def require_folder_only_you_change(folder: Path, label: str, remedy: str) -> Non
         raise ConfigError(f"{label} {fault}, not to you: torchlab writes a run only into a folder of yours, which "
                           f"no one else can have prepared. {remedy}")
     raise ConfigError(f"{label} {fault}: they could swap its files for links to yours. {remedy}")
-
-
-def _make_folders_above(folder: Path) -> None:
-    """``mkdir -p`` of the folders above ``folder`` (the runs root): as the umask says, but never writable by
-    anyone else (the folder rule would refuse what it had just made: under umask 000, or umask 002 where the
-    user's group holds others)."""
-    missing = []
-    for above in folder.parents:
-        if os.path.exists(above):
-            break
-        missing.append(above)
-    for above in reversed(missing):
-        try:
-            os.mkdir(above, 0o755)
-        except FileExistsError:  # made meanwhile (another run starting); checked as any folder above
-            continue
 
 
 def _require_nothing_but_a_run(folder: Path, label: str) -> None:

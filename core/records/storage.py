@@ -78,6 +78,31 @@ def create_file(path: Path, flags: int = os.O_WRONLY | os.O_TRUNC) -> int:
     return open_regular(path, flags | os.O_CREAT, 0o600 if is_private(path.parent) else 0o666)
 
 
+def make_folders_above(folder: Path) -> list[Path]:
+    """``mkdir -p`` of the folders above ``folder`` that are missing: 0755 less the umask, never writable by anyone
+    else (the folder rule, core/safe_open.py, would refuse what was just made under umask 000, or umask 002 where
+    the user's group holds others). One made meanwhile (another run starting) is left to the caller's check. The
+    folders made, outermost first, for a caller to remove if what it writes fails; none where it raises."""
+    missing = []
+    for above in folder.parents:
+        if os.path.lexists(above):
+            break
+        missing.append(above)
+    made: list[Path] = []
+    try:
+        for above in reversed(missing):
+            try:
+                os.mkdir(above, 0o755)
+            except FileExistsError:
+                continue
+            made.append(above)
+    except OSError:  # no permission, a full disk: what this made is taken back
+        for above in reversed(made):
+            os.rmdir(above)
+        raise
+    return made
+
+
 def make_folder(path: Path) -> Path:
     """Make ``path`` (and any missing folder above it) unless it is a folder already: 0700 in a private
     folder, 0755 less the umask elsewhere. An existing folder keeps its mode; a link in its place (to a
