@@ -36,6 +36,14 @@ def estimated_s(cell: dict[str, str]) -> float:
     return cost
 
 
+def fast_cells(seed: int, cuda: bool) -> list[dict[str, str]]:
+    """--fast's cells: the forced triples, then the cells covering the most pairs per second within FAST_BUDGET_S (the
+    suite runs these too, tests/test_matrix_fast.py)."""
+    allowed = lambda cell: rules.feasible(cell, cuda)  # noqa: E731
+    cells = pairs.generate(FACTORS, seed, allowed, FORCED)
+    return pairs.fast_slice(cells, FACTORS, estimated_s, FAST_BUDGET_S, forced=len(FORCED))
+
+
 def _only(pairs_given: list[str]) -> dict[str, set[str]]:
     only: dict[str, set[str]] = {}
     values = {factor.name: factor.values for factor in FACTORS}
@@ -66,9 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cuda = torch.cuda.is_available()
     allowed = lambda cell: rules.feasible(cell, cuda)  # noqa: E731
-    cells = pairs.generate(FACTORS, args.seed, allowed, FORCED)
-    if args.fast:
-        cells = pairs.fast_slice(cells, FACTORS, estimated_s, FAST_BUDGET_S, forced=len(FORCED))
+    cells = fast_cells(args.seed, cuda) if args.fast else pairs.generate(FACTORS, args.seed, allowed, FORCED)
     cells = [cell for cell in cells if pairs.matches(cell, only)]
     if not cells and len(only) == len(FACTORS) and all(len(values) == 1 for values in only.values()):
         cells = [{name: next(iter(only[name])) for name in FACTOR_NAMES}]  # one cell named whole, as a failure printed it
@@ -88,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             covered |= pairs.pairs_of(cell, FACTORS)
         failed += verdict.outcome == "FAILED"
         print(f"[{index}/{len(cells)}] {' '.join(f'{n}={cell[n]}' for n in FACTOR_NAMES)}: {verdict.outcome} "
-              f"({verdict.wall_s:.1f} s)", flush=True)
+              f"({verdict.wall_s:.1f} s{'; ' + verdict.landed if verdict.landed else ''})", flush=True)
         for invariant, problem in verdict.failures:
             print(f"    {invariant}: {problem}")
         if verdict.failures:

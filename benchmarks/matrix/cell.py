@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.matrix import invariants
-from benchmarks.matrix.factors import CHANGE_AT, STEPS, model_skipped, start_flags
+from benchmarks.matrix.factors import CHANGE_AT, changed_value, model_skipped, run_length, start_flags, start_options
 from benchmarks.matrix.invariants import Evidence, Process
 from benchmarks.matrix.rules import expected_refusal
+from torchlab.core.wire.options import OPTIONS_BY_NAME
 
 CLI = str(Path(sys.executable).with_name("torchlab-tui"))
 #: Flags every cell trains with: checkpoints and evaluations inside its few steps, no telemetry thread.
@@ -26,8 +27,10 @@ COMMON = ["--headless", "--seed", "0", "--checkpoint-every", "2", "--eval-every"
           "--telemetry-interval", "0"]
 #: A process of a cell that runs longer than this is a hang, a finding of its own.
 PROCESS_TIMEOUT_S = 600
-#: A kill -9 cell trains towards this many steps and is killed once a checkpoint of step KILL_AFTER or later lands.
-KILL_RUN_STEPS, KILL_AFTER = 400, 4
+#: A kill -9 (or stop) cell is killed (stopped) once a checkpoint has landed and KILL_AFTER rows are written.
+KILL_AFTER = 4
+#: How often a kill -9 cell looks at the run's files: its few steps take tens of milliseconds each.
+POLL_S = 0.01
 
 
 @dataclass
@@ -37,6 +40,7 @@ class Verdict:
     failures: list[tuple[str, str]]  # (invariant, what broke)
     wall_s: float
     commands: list[str]
+    landed: str = ""  # where a kill or a stop landed: "killed after step 7, last.pt at step 6"
 
 
 def _run(argv: list[str], evidence: Evidence) -> Process:
@@ -56,11 +60,15 @@ def _kill_mid_run(argv: list[str], evidence: Evidence) -> Process:
             if last.exists() and len(evidence.rows()) >= KILL_AFTER:
                 os.killpg(running.pid, signal.SIGKILL)
                 break
-            time.sleep(0.05)
+            time.sleep(POLL_S)
         stdout, stderr = running.communicate()
     # killed on purpose: the kill's exit status is no finding, its terminal's tracebacks are
     process = Process(argv, 0 if running.returncode == -signal.SIGKILL else running.returncode, stdout, stderr)
     evidence.processes.append(process)
+    if last.exists() and evidence.rows():
+        from torchlab.core.engine.checkpoint import load_checkpoint
+
+        evidence.killed_at = (load_checkpoint(last)["step"], max(row["step"] for row in evidence.rows()))
     return process
 
 
@@ -79,7 +87,7 @@ def _stop_mid_run(argv: list[str], evidence: Evidence) -> None:
                 running.send_signal(signal.SIGTERM)
                 signalled = True
                 break
-            time.sleep(0.05)
+            time.sleep(POLL_S)
         try:
             stdout, stderr = running.communicate(timeout=PROCESS_TIMEOUT_S)
         except subprocess.TimeoutExpired:  # a stop that never comes: the hang is the finding (exit -9 below)
@@ -113,12 +121,21 @@ def run_cell(cell: dict[str, str], cuda: bool) -> Verdict:
         refused = evidence.refusal_word is not None
         outcome = "FAILED" if failures else ("refused as expected" if refused else "ok")
         return Verdict(cell, outcome, failures, time.monotonic() - started,
-                       [" ".join(process.argv) for process in evidence.processes])
+                       [" ".join(process.argv) for process in evidence.processes], _landed(evidence))
+
+
+def _landed(evidence: Evidence) -> str:
+    for word, at in (("killed", evidence.killed_at), ("stopped", evidence.stopped_at)):
+        if at is not None:
+            return f"{word} after step {at[1]}, last.pt at step {at[0]}, {len(evidence.replaced())} steps trained again"
+    return ""
 
 
 def _play(cell: dict[str, str], cuda: bool, evidence: Evidence, folder: Path) -> list[Callable[[Evidence], str | None]]:
     """Run the cell's processes; the checks that apply to what they did."""
-    steps = STEPS + 2 if cell["live_change"] == "steps" else STEPS
+    steps = run_length(cell)
+    if cell["live_change"] == "steps":
+        steps = changed_value(OPTIONS_BY_NAME["steps"], start_options(cell))
     train = [CLI, *start_flags(cell), *COMMON, "--run-dir", str(evidence.run)]
     if cell["figures"] == "live_tensorboard":
         evidence.tensorboard = folder / "tensorboard"
@@ -134,19 +151,20 @@ def _play(cell: dict[str, str], cuda: bool, evidence: Evidence, folder: Path) ->
     checks = list(invariants.TRAINED)
     resume = [CLI, "--headless", "--resume", str(evidence.run)]
     event = cell["run_event"]
-    if event == "kill9_resume":
-        _kill_mid_run([*train, "--steps", str(KILL_RUN_STEPS)], evidence)
+    if event == "kill9_resume":  # then --resume RUN alone, to the run's end: a user repeats no flag
+        _kill_mid_run([*train, "--steps", str(run_length(cell))], evidence)
         if invariants.rows_kept_up_to_last_checkpoint(evidence) is not None:
             return [invariants.rows_kept_up_to_last_checkpoint]  # no resume from a kill that lost rows
-        steps = max(row["step"] for row in evidence.rows()) + 2
-        _run([*resume, "--steps", str(steps)], evidence)
+        checks += [invariants.killed_mid_run, invariants.resumed_steps_bit_for_bit]
+        if evidence.killed_at is None:
+            return checks
+        _run(resume, evidence)
     elif event == "stop_resume":
-        _stop_mid_run([*train, "--steps", str(KILL_RUN_STEPS)], evidence)
+        _stop_mid_run([*train, "--steps", str(run_length(cell))], evidence)
         checks.append(invariants.stopped_with_a_final_checkpoint)
         if evidence.stopped_at is None:
             return checks
-        steps = evidence.stopped_at[1] + 2
-        _run([*resume, "--steps", str(steps)], evidence)
+        _run(resume, evidence)
     else:
         _run([*train, "--steps", str(steps)], evidence)
         if event == "resume_alone":

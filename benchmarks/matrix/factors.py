@@ -20,6 +20,11 @@ WORKLOADS = Path(__file__).resolve().parent / "workloads"
 #: Optimizer steps a cell trains (before any resume); the scripted change lands at CHANGE_AT, a trial starts there.
 STEPS = 6
 CHANGE_AT = 3
+#: A cell killed or stopped mid-run trains towards this many steps (cell.py ends it after a few), and its resume, given
+#: no flag, continues to them: long enough for the kill to land mid-run, short enough to train to the end.
+INTERRUPTED_RUN_STEPS = 40
+#: The run events that end the first process mid-run (the resume after them is ``--resume RUN`` alone).
+INTERRUPTING_EVENTS = ("kill9_resume", "stop_resume")
 
 
 @dataclass(frozen=True)
@@ -83,10 +88,10 @@ def changed_value(option: LiveOption, start: dict[str, Any]) -> Any:
     """A value of ``option`` other than the one a cell starts with, chosen from the option's own kind: the next
     choice (fp16 only where nothing else is left: it needs CUDA), a switch flipped, a whole number one down where it
     can go (world size 2 to 1), else one up; a factor halved; an off number on (clip 1.0); the run's end two steps
-    further."""
+    further (``run_length``'s)."""
     current = start.get(option.name, option.default)
     if option.name == "steps":
-        return STEPS + 2
+        return current + 2
     if isinstance(option, Choice):
         others = [value for value in option.choices if value != current and value != "fp16"]
         return (others or [value for value in option.choices if value != current])[0]
@@ -101,10 +106,15 @@ def changed_value(option: LiveOption, start: dict[str, Any]) -> Any:
     raise TypeError(f"the matrix has no rule for changing a {type(option).__name__} option ({option.name})")
 
 
+def run_length(cell: dict[str, str]) -> int:
+    """The steps a cell's first process is started with (``--steps``)."""
+    return INTERRUPTED_RUN_STEPS if cell["run_event"] in INTERRUPTING_EVENTS else STEPS
+
+
 def start_options(cell: dict[str, str]) -> dict[str, Any]:
     """The live options a cell starts with, by option name (what ``changed_value`` moves away from)."""
     world_size, parallel = (1, "ddp") if cell["parallel"] == "one" else (2, cell["parallel"][:-1])
-    return {"amp": cell["amp"], "checkpointing": cell["checkpointing"] == "on", "compile": cell["compile"] == "on",
+    return {"steps": run_length(cell), "amp": cell["amp"], "checkpointing": cell["checkpointing"] == "on", "compile": cell["compile"] == "on",
             "accum": 2 if cell["batching"] == "accum2" else 1, "split": 2 if cell["batching"] == "split2" else 1,
             "spike_guard": cell["spike_guard"], "world_size": world_size, "parallel": parallel}
 

@@ -40,12 +40,17 @@ class Evidence:
     refused_resume: Process | None = None  # a resume that must be refused (shorter than the run), kept apart
     rows_before_refusal: str = ""  # metrics.jsonl as it was before that resume
     stopped_at: tuple[int, int] | None = None  # after ``stop``: (last.pt's step, the last row's step)
+    killed_at: tuple[int, int] | None = None  # after a kill -9: (last.pt's step, the last row's step)
 
     def events(self) -> list[dict[str, Any]]:
         return _lines(self.run / "events.jsonl")
 
     def rows(self) -> list[dict[str, Any]]:
         return _lines(self.run / "metrics.jsonl")
+
+    def replaced(self) -> list[dict[str, Any]]:
+        """The rows a resume moved aside: steps the killed process trained after its last checkpoint."""
+        return _lines(self.run / "metrics.replaced.jsonl")
 
     def applied(self) -> list[dict[str, Any]]:
         """The option_applied lines that changed a value (option_history's reading: not one in force already)."""
@@ -253,3 +258,27 @@ def stopped_with_a_final_checkpoint(evidence: Evidence) -> str | None:
         return "the run was not stopped (it ended first, or its exit status was not 130)"
     return None if stopped_at[0] == stopped_at[1] else (
         f"stopped at step {stopped_at[1]} (its last row) with last.pt at step {stopped_at[0]}")
+
+
+def resumed_steps_bit_for_bit(evidence: Evidence) -> str | None:
+    """After a kill -9 and ``--resume`` alone: the steps the killed process trained after its last checkpoint are
+    trained again, and each has the loss the killed process had, bit for bit (README, "Resuming a run": on the same
+    device the resumed run is the run never stopped). A kill that landed on a checkpoint leaves none to compare."""
+    again = {row["step"]: row for row in evidence.rows()}
+    for first in evidence.replaced():
+        second = again.get(first["step"])
+        if second is None:
+            return f"step {first['step']} was trained before the kill and not again after the resume"
+        if first["loss"] != second["loss"]:
+            return (f"step {first['step']}: loss {first['loss']!r} before the kill, {second['loss']!r} after the resume "
+                    f"(from last.pt at step {evidence.killed_at[0] if evidence.killed_at else '?'})")
+    return None
+
+
+def killed_mid_run(evidence: Evidence) -> str | None:
+    """The kill -9 landed while the run trained, after a checkpoint (else the cell tried no kill)."""
+    if evidence.killed_at is None:
+        return "the run was not killed mid-run (it ended first, or no checkpoint landed)"
+    if evidence.killed_at[1] >= evidence.last_step:
+        return f"the kill landed after the run's last step ({evidence.killed_at[1]})"
+    return None
