@@ -19,6 +19,7 @@ from benchmarks.matrix import invariants
 from benchmarks.matrix.factors import CHANGE_AT, changed_value, model_skipped, run_length, start_flags, start_options
 from benchmarks.matrix.invariants import Evidence, Process
 from benchmarks.matrix.rules import expected_refusal
+from benchmarks.matrix.workloads.out_of_memory import LIMIT_FILE
 from torchlab.core.wire.options import OPTIONS_BY_NAME
 
 CLI = str(Path(sys.executable).with_name("torchlab-tui"))
@@ -44,7 +45,8 @@ class Verdict:
 
 
 def _run(argv: list[str], evidence: Evidence) -> Process:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S, start_new_session=True)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S, start_new_session=True,
+                          env=evidence.env)
     process = Process(argv, done.returncode, done.stdout, done.stderr)
     evidence.processes.append(process)
     return process
@@ -55,7 +57,7 @@ def _kill_mid_run(argv: list[str], evidence: Evidence) -> Process:
     last = evidence.run / "checkpoints" / "last.pt"
     started = time.monotonic()
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as running:
+                          start_new_session=True, env=evidence.env) as running:
         while running.poll() is None and time.monotonic() - started < PROCESS_TIMEOUT_S:
             if last.exists() and len(evidence.rows()) >= KILL_AFTER:
                 os.killpg(running.pid, signal.SIGKILL)
@@ -81,7 +83,7 @@ def _stop_mid_run(argv: list[str], evidence: Evidence) -> None:
     started = time.monotonic()
     signalled = False
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as running:
+                          start_new_session=True, env=evidence.env) as running:
         while running.poll() is None and time.monotonic() - started < PROCESS_TIMEOUT_S:
             if last.exists() and len(evidence.rows()) >= KILL_AFTER:
                 running.send_signal(signal.SIGTERM)
@@ -143,12 +145,16 @@ def _play(cell: dict[str, str], cuda: bool, evidence: Evidence, folder: Path) ->
     if cell["run_event"] == "trial":
         train += ["--trial", f"{CHANGE_AT}:checkpointing={'off' if cell['checkpointing'] == 'on' else 'on'}",
                   "--trial-steps", "2"]
+    if cell["device"] == "half_batch":  # the small device's limit, the same for every process of the cell
+        evidence.env = {**os.environ, LIMIT_FILE: str(folder / "device-limit")}
     evidence.refusal_word = expected_refusal(cell, cuda)
     if evidence.refusal_word:
         _run([*train, "--steps", str(steps)], evidence)
         return list(invariants.REFUSED)
 
     checks = list(invariants.TRAINED)
+    if cell["device"] == "half_batch":
+        checks.append(invariants.out_of_memory_rescued)
     resume = [CLI, "--headless", "--resume", str(evidence.run)]
     event = cell["run_event"]
     if event == "kill9_resume":  # then --resume RUN alone, to the run's end: a user repeats no flag
@@ -175,7 +181,7 @@ def _play(cell: dict[str, str], cuda: bool, evidence: Evidence, folder: Path) ->
         elif event == "resume_shorter":
             evidence.rows_before_refusal = (evidence.run / "metrics.jsonl").read_text()
             shorter = [*resume, "--steps", str(steps - 2)]
-            done = subprocess.run(shorter, capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S)
+            done = subprocess.run(shorter, capture_output=True, text=True, timeout=PROCESS_TIMEOUT_S, env=evidence.env)
             evidence.refused_resume = Process(shorter, done.returncode, done.stdout, done.stderr)
             checks.append(invariants.shorter_resume_refused_changing_nothing)
         elif event == "compare":

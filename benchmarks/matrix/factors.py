@@ -58,6 +58,19 @@ def model_skipped(model: str) -> str | None:
     return _lacks(*MODELS[model][1])
 
 
+#: The device a cell's model meets: roomy, or one that holds half the run's first forward (``out_of_memory.py``: a
+#: forward in training with more samples raises torch.OutOfMemoryError, as CUDA's allocator does) — the OOM rescue's.
+DEVICES = ("roomy", "half_batch")
+OOM_WORKLOAD = WORKLOADS / "out_of_memory.py"
+
+
+def workload_of(cell: dict[str, str]) -> str:
+    """The workload argument of a cell: its model kind, on the device it names."""
+    if cell["device"] == "half_batch":
+        return f"{OOM_WORKLOAD}:{cell['model']}"
+    return MODELS[cell["model"]][0]
+
+
 #: Start flags of each value of the factors that are plain flags.
 PARALLEL = {"one": [], "ddp2": ["--world-size", "2", "--parallel", "ddp"],
             "fsdp2": ["--world-size", "2", "--parallel", "fsdp"]}
@@ -77,6 +90,7 @@ FACTORS: tuple[Factor, ...] = (
     Factor("batching", tuple(BATCHING)),
     Factor("compile", ("off", "on"), slow=frozenset({"on"})),
     Factor("spike_guard", OPTIONS_BY_NAME["spike_guard"].choices),
+    Factor("device", DEVICES),
     Factor("live_change", ("none", *(option.name for option in LIVE_OPTIONS)), slow=frozenset({"compile"})),
     Factor("run_event", RUN_EVENTS),
     Factor("figures", FIGURES),
@@ -88,13 +102,16 @@ def changed_value(option: LiveOption, start: dict[str, Any]) -> Any:
     """A value of ``option`` other than the one a cell starts with, chosen from the option's own kind: the next
     choice (fp16 only where nothing else is left: it needs CUDA), a switch flipped, a whole number one down where it
     can go (world size 2 to 1), else one up; a factor halved; an off number on (clip 1.0); the run's end two steps
-    further (``run_length``'s)."""
+    further (``run_length``'s); on the small device a split doubled again (``start_options`` counts the rescue's
+    rung: a split back up the ladder would run out of memory again, and the run stops by design)."""
     current = start.get(option.name, option.default)
     if option.name == "steps":
         return current + 2
     if isinstance(option, Choice):
         others = [value for value in option.choices if value != current and value != "fp16"]
         return (others or [value for value in option.choices if value != current])[0]
+    if option.name == "split" and start.get("device") == "half_batch":
+        return current * 2  # further down the rescue's ladder: back up it, the run runs out of memory again and stops
     if isinstance(option, Switch):
         return not bool(current)
     if isinstance(option, Number):
@@ -114,14 +131,17 @@ def run_length(cell: dict[str, str]) -> int:
 def start_options(cell: dict[str, str]) -> dict[str, Any]:
     """The live options a cell starts with, by option name (what ``changed_value`` moves away from)."""
     world_size, parallel = (1, "ddp") if cell["parallel"] == "one" else (2, cell["parallel"][:-1])
-    return {"steps": run_length(cell), "amp": cell["amp"], "checkpointing": cell["checkpointing"] == "on", "compile": cell["compile"] == "on",
-            "accum": 2 if cell["batching"] == "accum2" else 1, "split": 2 if cell["batching"] == "split2" else 1,
+    split = 2 if cell["batching"] == "split2" else 1
+    if cell["device"] == "half_batch":
+        split *= 2  # the rescue's first rung, in force from the first step
+    return {"steps": run_length(cell), "device": cell["device"], "amp": cell["amp"], "checkpointing": cell["checkpointing"] == "on", "compile": cell["compile"] == "on",
+            "accum": 2 if cell["batching"] == "accum2" else 1, "split": split,
             "spike_guard": cell["spike_guard"], "world_size": world_size, "parallel": parallel}
 
 
 def start_flags(cell: dict[str, str]) -> list[str]:
     """The command line's training flags for a cell (the workload first)."""
-    flags = [MODELS[cell["model"]][0], "--amp", cell["amp"], "--spike-guard", cell["spike_guard"]]
+    flags = [workload_of(cell), "--amp", cell["amp"], "--spike-guard", cell["spike_guard"]]
     flags += ["--checkpointing"] if cell["checkpointing"] == "on" else []
     flags += ["--compile"] if cell["compile"] == "on" else []
     flags += PARALLEL[cell["parallel"]] + BATCHING[cell["batching"]]

@@ -40,6 +40,7 @@ class Evidence:
     refused_resume: Process | None = None  # a resume that must be refused (shorter than the run), kept apart
     rows_before_refusal: str = ""  # metrics.jsonl as it was before that resume
     stopped_at: tuple[int, int] | None = None  # after ``stop``: (last.pt's step, the last row's step)
+    env: dict[str, str] | None = None  # the environment of the cell's processes (None: this process's)
     killed_at: tuple[int, int] | None = None  # after a kill -9: (last.pt's step, the last row's step)
 
     def events(self) -> list[dict[str, Any]]:
@@ -282,3 +283,18 @@ def killed_mid_run(evidence: Evidence) -> str | None:
     if evidence.killed_at[1] >= evidence.last_step:
         return f"the kill landed after the run's last step ({evidence.killed_at[1]})"
     return None
+
+
+def out_of_memory_rescued(evidence: Evidence) -> str | None:
+    """On a device that holds half the batch the OOM rescue took a rung (``oom_rescued``), and every row from that
+    step on trained with it or further down the ladder (README, "OOM rescue": the rung is the option's value from then
+    on, as if typed)."""
+    rescues = [event for event in evidence.events() if event.get("event") == "oom_rescued"]
+    if not rescues:
+        return "no oom_rescued in events.jsonl: the out-of-memory forward was not rescued"
+    first = rescues[0]
+    option, value = first["option"], first["value"]
+    if option != "split":
+        return None  # checkpointing rungs: what "further down" means is the ladder's (tests/test_oom_rescue.py)
+    lower = [row["step"] for row in evidence.rows() if row["step"] >= first["step"] and int(row["split"]) < int(value)]
+    return f"rows at steps {lower[:5]} trained at a split below the rescue's {value}" if lower else None
