@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.matrix import invariants
-from benchmarks.matrix.factors import CHANGE_AT, changed_value, model_skipped, run_length, start_flags, start_options
+from benchmarks.matrix.factors import (APP_EVENTS, CHANGE_AT, ROOT, changed_option, changed_value, model_skipped,
+                                       run_length, start_flags, start_options)
 from benchmarks.matrix.invariants import Evidence, Process
 from benchmarks.matrix.rules import expected_refusal
 from benchmarks.matrix.workloads.out_of_memory import LIMIT_FILE
@@ -145,8 +146,12 @@ def _play(cell: dict[str, str], cuda: bool, evidence: Evidence, folder: Path) ->
     if cell["run_event"] == "trial":
         train += ["--trial", f"{CHANGE_AT}:checkpointing={'off' if cell['checkpointing'] == 'on' else 'on'}",
                   "--trial-steps", "2"]
+    evidence.env = dict(os.environ)
     if cell["device"] == "half_batch":  # the small device's limit, the same for every process of the cell
-        evidence.env = {**os.environ, LIMIT_FILE: str(folder / "device-limit")}
+        evidence.env[LIMIT_FILE] = str(folder / "device-limit")
+    if cell["run_event"] in APP_EVENTS:  # the cell's runs listed apart from the user's, for attach to find
+        (folder / "runtime").mkdir(mode=0o700)
+        evidence.env.update(XDG_RUNTIME_DIR=str(folder / "runtime"), PYTHONPATH=str(ROOT))
     evidence.refusal_word = expected_refusal(cell, cuda)
     if evidence.refusal_word:
         _run([*train, "--steps", str(steps)], evidence)
@@ -157,7 +162,13 @@ def _play(cell: dict[str, str], cuda: bool, evidence: Evidence, folder: Path) ->
         checks.append(invariants.out_of_memory_rescued)
     resume = [CLI, "--headless", "--resume", str(evidence.run)]
     event = cell["run_event"]
-    if event == "kill9_resume":  # then --resume RUN alone, to the run's end: a user repeats no flag
+    if event in APP_EVENTS:
+        option, value = changed_option(cell) or ("none", "")
+        at = train.index("--run-dir")  # the app's link names the run directory itself
+        flags = [flag for flag in train[1:at] + train[at + 2:] if flag != "--headless"]
+        _run([sys.executable, "-m", "benchmarks.matrix.app_cell", event, str(evidence.run), option, value, "--",
+              *flags, "--steps", str(run_length(cell))], evidence)
+    elif event == "kill9_resume":  # then --resume RUN alone, to the run's end: a user repeats no flag
         _kill_mid_run([*train, "--steps", str(run_length(cell))], evidence)
         if invariants.rows_kept_up_to_last_checkpoint(evidence) is not None:
             return [invariants.rows_kept_up_to_last_checkpoint]  # no resume from a kill that lost rows

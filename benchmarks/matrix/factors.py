@@ -24,7 +24,7 @@ CHANGE_AT = 3
 #: no flag, continues to them: long enough for the kill to land mid-run, short enough to train to the end.
 INTERRUPTED_RUN_STEPS = 40
 #: The run events that end the first process mid-run (the resume after them is ``--resume RUN`` alone).
-INTERRUPTING_EVENTS = ("kill9_resume", "stop_resume")
+INTERRUPTING_EVENTS = ("kill9_resume", "stop_resume", "app_error_restart")
 
 
 @dataclass(frozen=True)
@@ -76,9 +76,12 @@ PARALLEL = {"one": [], "ddp2": ["--world-size", "2", "--parallel", "ddp"],
             "fsdp2": ["--world-size", "2", "--parallel", "fsdp"]}
 BATCHING = {"plain": [], "accum2": ["--accum", "2"], "split2": ["--split", "2"]}
 
-#: What happens to the run besides training: each is a sequence of steps in cell.py (``EVENT_STEPS``).
+#: The run events that happen in the app, through Pilot (app_cell.py): the cell's change is scripted at the first step
+#: boundary, where the app pauses the run to detach or be viewed; on the error screen it is set there instead.
+APP_EVENTS = ("app_detach_attach", "app_view", "app_error_restart")
+#: What happens to the run besides training: each is a sequence of steps in cell.py, the app's in app_cell.py.
 RUN_EVENTS = ("none", "trial", "resume_alone", "resume_longer", "resume_shorter", "kill9_resume", "stop_resume",
-              "compare")
+              "compare", *APP_EVENTS)
 #: Where the figures go: nowhere else, ``export`` (CSV and TensorBoard) afterwards, or ``--tensorboard`` live.
 FIGURES = ("none", "export", "live_tensorboard")
 
@@ -123,6 +126,19 @@ def changed_value(option: LiveOption, start: dict[str, Any]) -> Any:
     raise TypeError(f"the matrix has no rule for changing a {type(option).__name__} option ({option.name})")
 
 
+def change_step(cell: dict[str, str]) -> int:
+    """The step whose boundary the cell's scripted change lands at."""
+    return 1 if cell["run_event"] in APP_EVENTS else CHANGE_AT
+
+
+def changed_option(cell: dict[str, str]) -> tuple[str, str] | None:
+    """The option the cell changes and its new value as typed, or None."""
+    if cell["live_change"] == "none":
+        return None
+    option = OPTIONS_BY_NAME[cell["live_change"]]
+    return option.name, option.format(changed_value(option, start_options(cell)))
+
+
 def run_length(cell: dict[str, str]) -> int:
     """The steps a cell's first process is started with (``--steps``)."""
     return INTERRUPTED_RUN_STEPS if cell["run_event"] in INTERRUPTING_EVENTS else STEPS
@@ -145,8 +161,7 @@ def start_flags(cell: dict[str, str]) -> list[str]:
     flags += ["--checkpointing"] if cell["checkpointing"] == "on" else []
     flags += ["--compile"] if cell["compile"] == "on" else []
     flags += PARALLEL[cell["parallel"]] + BATCHING[cell["batching"]]
-    if cell["live_change"] != "none":
-        option = OPTIONS_BY_NAME[cell["live_change"]]
-        value = changed_value(option, start_options(cell))
-        flags += ["--at", f"{CHANGE_AT}:{option.name}={option.format(value)}"]
+    change = changed_option(cell)
+    if change is not None and cell["run_event"] != "app_error_restart":  # that one is set on the error screen
+        flags += ["--at", f"{change_step(cell)}:{change[0]}={change[1]}"]
     return flags

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.records.option_history import changes_recorded
+from torchlab.core.records.option_history import option_history
 from torchlab.core.wire.options import OPTIONS_BY_NAME
 
 
@@ -54,8 +54,10 @@ class Evidence:
         return _lines(self.run / "metrics.replaced.jsonl")
 
     def applied(self) -> list[dict[str, Any]]:
-        """The option_applied lines that changed a value (option_history's reading: not one in force already)."""
-        return [event for event in self.events() if event.get("event") == "option_applied" and changes_recorded(event)]
+        """The option changes the run went through (option_history's reading: a live change that changed a value, a
+        resume's or a restart's change at the step after its checkpoint, less what a resume trained over)."""
+        return [{"option": change.option, "value": change.value, "step": change.step}
+                for change in option_history(self.events())]
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -133,8 +135,9 @@ def scripted_change_acknowledged(evidence: Evidence) -> str | None:
     if evidence.scripted is None:
         return None
     said = [event for event in evidence.events() if event.get("event") in ("option_applied", "option_refused")
-            and event.get("option") == evidence.scripted]
-    return None if said else f"--at {evidence.scripted}=... was neither applied nor refused in events.jsonl"
+            and event.get("option") == evidence.scripted or event.get("event") == "resume_changed_settings"
+            and any(change.get("setting") == evidence.scripted for change in event.get("changes", ()))]
+    return None if said else f"the change of {evidence.scripted} was neither applied nor refused in events.jsonl"
 
 
 def applied_changes_in_impact_history(evidence: Evidence) -> str | None:
