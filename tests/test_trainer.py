@@ -101,6 +101,19 @@ def test_a_world_size_change_checkpoints_and_ends_for_a_relaunch(tmp_path):
     assert state["scripted_through"] == 3  # the relaunched run applies "4:accum=2", not the changes of step 3 again
 
 
+def test_a_run_paused_at_the_boundary_of_a_relaunch_hands_the_pause_to_the_relaunched_trainer(tmp_path):
+    """Found by the combination matrix: the app's pause and a scripted world-size change at one boundary; the ranks
+    started again trained on, and a run detached while paused finished alone."""
+    from torchlab.core.wire.protocol import PauseCommand
+
+    trainer, seen = make_trainer(steps=8, checkpoint_dir=tmp_path, checkpoint_every=0, batch_size=16,
+                                 at=["1:world_size=2"])
+    trainer.parts.world.can_relaunch = True
+    trainer.submit(PauseCommand())  # typed while the trainer started: the first boundary's, as the --at
+    assert trainer.run().status == "relaunch"
+    assert seen.of("paused") and [type(c) for c in trainer.pending_commands()] == [PauseCommand]
+
+
 def test_fp16_at_start_on_cpu_is_a_config_error_naming_the_flag():
     with pytest.raises(ConfigError, match=r"amp \(--amp\) fp16: fp16 needs CUDA"):
         make_trainer(steps=2, options={"amp": "fp16"})

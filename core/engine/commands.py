@@ -62,8 +62,10 @@ class StepBoundary:
         self._signalled_stop = StopCommand(reason)
 
     def pending(self) -> list[TrainerCommand]:
-        """Commands still queued (after the run ended): a supervisor hands them to the next trainer."""
-        commands: list[TrainerCommand] = []
+        """Commands still queued (after the run ended): a supervisor hands them to the next trainer. A run paused at
+        the boundary of a relaunch (a pause and a world-size change there) is paused by its first: a relaunch is no
+        resume the user asked for (a run detached so stays paused)."""
+        commands: list[TrainerCommand] = [PauseCommand()] if self.paused and self.relaunch is not None else []
         while True:
             try:
                 commands.append(self._commands.get_nowait())
