@@ -290,3 +290,25 @@ def test_a_first_checkpoint_still_being_written_is_kept_and_a_step_file_without_
     assert headless("--resume", str(checkpoints)) == EXIT_USAGE
     assert f"its first is being written now, by process {os.getpid()}." in capsys.readouterr().err
     assert writing.exists()
+
+
+def test_a_resume_at_another_world_size_is_journalled_as_a_change_of_it(tmp_path):
+    """Found by the combination matrix: the error screen's restart (``--resume RUN --world-size 1``) of a 2-rank run
+    trained at one rank, and impact.json began a segment there, while events.jsonl said nothing: compare, TensorBoard
+    and attach showed no change. The supervisor, which knows the world size the ranks train with, adds it to the
+    resume's ``resume_changed_settings``."""
+    from torchlab.core.engine.ranks import _with_world_size_change
+
+    run_dir = tmp_path / "run"
+    assert headless(f"{TINY}:workload", "--steps", "2", "--checkpoint-every", "2", "--eval-every", "0",
+                    "--run-dir", str(run_dir)) == EXIT_OK
+    checkpoint = run_dir / "checkpoints" / "last.pt"
+    assert _with_world_size_change(None, checkpoint, 1) is None  # the checkpoint's own
+    note = _with_world_size_change(None, checkpoint, 2)
+    assert note == {"changes": [{"setting": "world_size", "stored": 1, "value": 2, "breaks_exactness": False}],
+                    "message": "resumed with world_size 1 → 2", "level": "info"}
+    lr = {"changes": [{"setting": "lr_scale", "stored": 1.0, "value": 0.5, "breaks_exactness": False}],
+          "message": "resumed with lr_scale 1.0 → 0.5", "level": "info"}
+    both = _with_world_size_change(lr, checkpoint, 2)
+    assert [c["setting"] for c in both["changes"]] == ["lr_scale", "world_size"]
+    assert both["message"] == "resumed with lr_scale 1.0 → 0.5; also world_size 1 → 2"

@@ -142,6 +142,8 @@ class Supervisor:
         else:
             self.world_size = initial_world_size(config, resume_from, self.explicit)
             self.config = _with_world_size(config, self.world_size)
+        if resume_from is not None:
+            self._resume_note = _with_world_size_change(resume_note, resume_from, self.world_size)
 
     # ------------------------------------------------------------------ the Trainer's API
     def submit(self, command: TrainerCommand) -> None:
@@ -461,6 +463,24 @@ def initial_world_size(config: TrainConfig, resume: Path | None, explicit: Itera
     except Exception:  # missing or unreadable: the trainer says why when it loads it
         return config.options.world_size
     return config.options.world_size if saved is None else saved
+
+
+def _with_world_size_change(note: dict[str, Any] | None, resume: Path, world_size: int) -> dict[str, Any] | None:
+    """The resume's note (``resume_changed_settings``) with the world size where it is not the checkpoint's
+    (``--resume RUN --world-size 1``, the error screen's restart, torchrun with another number of processes): the
+    supervisor is the one that knows the world size the ranks train with, so it, not the resume's plan, says so,
+    and every reader of the run's history (compare, TensorBoard, attach) counts it as the change it is."""
+    try:
+        saved = saved_world_size(peek_checkpoint(resume))
+    except Exception:  # missing or unreadable: the trainer says why when it loads it
+        return note
+    if saved is None or saved == world_size:
+        return note
+    change = {"setting": "world_size", "stored": saved, "value": world_size, "breaks_exactness": False}
+    said = f"world_size {saved} → {world_size}"
+    if note is None:
+        return {"changes": [change], "message": f"resumed with {said}", "level": "info"}
+    return {**note, "changes": [*note["changes"], change], "message": f"{note['message']}; also {said}"}
 
 
 def configuration_at(checkpoint: Path, config: TrainConfig) -> TrainConfig:
