@@ -48,9 +48,13 @@ def expect(condition: bool, problem: str) -> None:
         problems.append(problem)
 
 
-async def until(pilot, condition, what: str) -> None:
+async def until(pilot, condition, what: str, failure_expected: bool = False) -> None:
+    """Wait for ``condition``; a run that fails meanwhile (the error screen) is the finding, said at once."""
     deadline = time.monotonic() + WAIT_S
     while not condition():
+        screen = pilot.app.screen
+        if not failure_expected and isinstance(screen, ErrorScreen):
+            raise TimeoutError(f"the run failed while the cell waited for {what}: {screen.failure.message[:300]}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"waited {WAIT_S:.0f} s for {what}")
         await pilot.pause(0.01)
@@ -155,7 +159,8 @@ async def error_restart(run_dir: Path, flags: list[str], option: str, value: str
                     or app.run_state.state == RunStatus.FINISHED, "a checkpoint and a few rows")
         expect(app.run_state.state != RunStatus.FINISHED, "the run finished before it could be killed")
         os.kill(link.pid, signal.SIGKILL)
-        await until(pilot, lambda: isinstance(app.screen, ErrorScreen) and app.screen.is_mounted, "the error screen")
+        await until(pilot, lambda: isinstance(app.screen, ErrorScreen) and app.screen.is_mounted, "the error screen",
+                    failure_expected=True)
         point = last_checkpoint(checkpoints)
         keys = str(app.screen.query_one("#error-keys").content)
         expect(point is not None and f"r restarts from {point[0]}" in keys,
