@@ -40,7 +40,7 @@ _SECONDS = re.compile(r"compiled in (\d+(?:\.\d+)?) s")
 def measure(name: str, rounds: int, block: int) -> None:
     import torch
 
-    from torchlab.core.engine.loading import load_workload
+    from torchlab.core.engine.adapters.loading import load_workload
     from torchlab.core.engine.seeding import seed_everything
     from torchlab.core.engine.trainer import Trainer
     from torchlab.core.wire import protocol as p

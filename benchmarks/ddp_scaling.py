@@ -81,7 +81,7 @@ def _time_collectives(calls: int) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
-    from torchlab.core.engine.distributed import Collectives, open_process_group, rank_from_environment
+    from torchlab.core.engine.parallel.distributed import Collectives, open_process_group, rank_from_environment
     from torchlab.core.wire.protocol import SetCommand
 
     context = rank_from_environment(supervised=True)

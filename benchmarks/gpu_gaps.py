@@ -26,7 +26,7 @@ import torch
 
 import gpt100m
 from probe_overhead import BareLoop, make_engine
-from torchlab.core.engine.loading import load_workload
+from torchlab.core.engine.adapters.loading import load_workload
 from torchlab.core.engine.seeding import seed_everything
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")

@@ -4,7 +4,7 @@ The same Trainer twice (same initial weights, data and TrainingArguments: AdamW,
 clipping at 1.0 as transformers defaults, accumulation 2):
 
   transformers    ``trainer.train()``, logging every 500 steps (its default), no evaluation, no checkpoints
-  engine-auto     torchlab's Trainer on the factory's Trainer (core/engine/from_transformers.py): per-module grad norms
+  engine-auto     torchlab's Trainer on the factory's Trainer (core/engine/adapters/from_transformers.py): per-module grad norms
                   and update ratios at the self-timed cadence, the loss weighed by its labels as transformers does
   engine-every    the same, per-module grad norms on every step
 
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from interleaved_blocks import InterleavedBlocks
-from torchlab.core.engine.loading import load_workload
+from torchlab.core.engine.adapters.loading import load_workload
 from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.engine.trainer import Trainer
 from torchlab.core.records.config import build_config

@@ -35,7 +35,7 @@ import torch
 import gpt100m
 from interleaved_blocks import InterleavedBlocks
 from probe_overhead import BareLoop, make_engine
-from torchlab.core.engine.loading import load_workload
+from torchlab.core.engine.adapters.loading import load_workload
 from torchlab.core.engine.seeding import seed_everything
 
 try:

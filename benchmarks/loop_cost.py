@@ -71,7 +71,7 @@ class PlainLoop:
     def __init__(self, seed: int, steps: int = 10**9) -> None:
         import torch
 
-        from torchlab.core.engine.loading import load_workload
+        from torchlab.core.engine.adapters.loading import load_workload
         from torchlab.core.engine.schedule import make_scheduler
         from torchlab.core.engine.seeding import seed_everything
         from torchlab.core.engine.optimization import make_optimizer
@@ -148,9 +148,9 @@ def interleaved(rounds: int, block: int, warmup: int, variants: list[str]) -> No
     import torch
     from rich.console import Console
 
-    from torchlab.core.engine.loading import load_workload
+    from torchlab.core.engine.adapters.loading import load_workload
     from torchlab.core.engine.seeding import seed_everything
-    from torchlab.core.engine.telemetry import TelemetrySampler
+    from torchlab.core.engine.measure.telemetry import TelemetrySampler
     from torchlab.core.engine.trainer import Trainer
     from torchlab.core.launch.headless import PROGRESS_FRAMES_PER_S, HeadlessProgress
     from torchlab.core.records.config import build_config
@@ -422,7 +422,7 @@ def python_work(steps: int) -> None:
     from rich.console import Console
 
     from torchlab.core.analysis.impact import ImpactTracker
-    from torchlab.core.engine.loading import load_workload
+    from torchlab.core.engine.adapters.loading import load_workload
     from torchlab.core.engine.seeding import seed_everything
     from torchlab.core.engine.trainer import Trainer
     from torchlab.core.launch.headless import HeadlessProgress
@@ -487,17 +487,17 @@ def components(step_ms: float | None) -> None:
 
     from torchlab.core.wire import protocol
     from torchlab.core.records.config import build_config
-    from torchlab.core.engine.checkpoint import AUTO_CHECKPOINT_BUDGET, AUTO_CHECKPOINT_MIN_INTERVAL_S, AUTO_CHECKPOINT_STEPS
+    from torchlab.core.engine.state.checkpoint import AUTO_CHECKPOINT_BUDGET, AUTO_CHECKPOINT_MIN_INTERVAL_S, AUTO_CHECKPOINT_STEPS
     from torchlab.core.engine.seeding import seed_everything
     from torchlab.core.launch.headless import HeadlessProgress
     from torchlab.core.wire.events import RunStarted
     from torchlab.core.analysis.impact import ImpactTracker
-    from torchlab.core.engine.loading import load_workload
+    from torchlab.core.engine.adapters.loading import load_workload
     from torchlab.core.wire.metrics_row import MetricsRow
     from torchlab.core.wire.observer import TrainerObserver
     from torchlab.core.wire.outbox import Outbox
     from torchlab.core.records.rundir import RunDirectory, to_json_line
-    from torchlab.core.engine.telemetry import TelemetrySampler
+    from torchlab.core.engine.measure.telemetry import TelemetrySampler
     from torchlab.core.engine.trainer import Trainer
     from torchlab.core.launch.worker import OutboxReporter
 

@@ -29,8 +29,8 @@ WORKLOADS = {"resnet_small": f"{ROOT / 'benchmarks' / 'resnet_small.py'}:workloa
 
 
 def measure(name: str, rounds: int, block: int) -> None:
-    from torchlab.core.engine.loading import load_workload
-    from torchlab.core.engine.memory import AUTO_MEMORY_INTERVAL_S
+    from torchlab.core.engine.adapters.loading import load_workload
+    from torchlab.core.engine.measure.memory import AUTO_MEMORY_INTERVAL_S
     from torchlab.core.engine.seeding import seed_everything
     from torchlab.core.engine.trainer import Trainer
     from torchlab.core.records.config import build_config

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from torch.utils._pytree import tree_map
 
-from torchlab.core.engine.loading import load_workload
+from torchlab.core.engine.adapters.loading import load_workload
 from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.engine.trainer import Trainer
 from torchlab.core.records.config import build_config

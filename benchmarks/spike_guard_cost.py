@@ -1,4 +1,4 @@
-"""What the spike guard costs a step (core/engine/spike_guard.py), and what rollback's host copies hold.
+"""What the spike guard costs a step (core/engine/guards/spike_guard.py), and what rollback's host copies hold.
 
     .venv/bin/python benchmarks/spike_guard_cost.py            # resnet_small and tiny_gpt, 8 rounds of 30 steps
 
@@ -29,7 +29,7 @@ MODES = ("off", "skip", "rollback")
 
 
 def measure(name: str, rounds: int, steps: int, trial_steps: int) -> None:
-    from torchlab.core.engine.loading import load_workload
+    from torchlab.core.engine.adapters.loading import load_workload
     from torchlab.core.engine.seeding import seed_everything
     from torchlab.core.engine.trainer import Trainer
     from torchlab.core.records.config import build_config

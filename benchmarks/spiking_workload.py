@@ -18,7 +18,7 @@ from torchlab.core.workload import Workload
 
 #: The loss of a spiking step is this many times its own (the guard's threshold is a few deviations).
 SPIKE_FACTOR = 100.0
-#: Every this many steps, from the first after the guard's window has filled (core/engine/spike_guard.py's
+#: Every this many steps, from the first after the guard's window has filled (core/engine/guards/spike_guard.py's
 #: MIN_HISTORY is 20).
 SPIKE_EVERY = 17
 FIRST_SPIKE = 34

@@ -24,7 +24,7 @@ WORKLOADS = {"resnet_small": f"{ROOT / 'benchmarks' / 'resnet_small.py'}:workloa
 
 def tries(name: str, values: list[str], steps: int, repeats: int) -> None:
     from torchlab.core.analysis.trial_speed import speed_words
-    from torchlab.core.engine.loading import load_workload
+    from torchlab.core.engine.adapters.loading import load_workload
     from torchlab.core.engine.seeding import seed_everything
     from torchlab.core.engine.trainer import Trainer
     from torchlab.core.records.config import build_config

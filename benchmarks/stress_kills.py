@@ -138,7 +138,7 @@ def kill_at_random(process: subprocess.Popen, run: Path, rng: random.Random) -> 
 
 def check(run: Path, tally: Tally, label: str) -> bool:
     """The invariant after a kill; whether the run has a checkpoint to resume from."""
-    from torchlab.core.engine.checkpoint import load_training_state
+    from torchlab.core.engine.state.checkpoint import load_training_state
     from torchlab.core.errors import ConfigError
 
     last = run / "checkpoints" / "last.pt"

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from torchlab.core.engine.loading import load_workload
-from torchlab.core.engine.profiler import ProfilerSnapshot
+from torchlab.core.engine.adapters.loading import load_workload
+from torchlab.core.engine.measure.profiler import ProfilerSnapshot
 from torchlab.core.engine.seeding import seed_everything
-from torchlab.core.engine.telemetry import TelemetrySampler
+from torchlab.core.engine.measure.telemetry import TelemetrySampler
 from torchlab.core.engine.trainer import Trainer
 from torchlab.core.records.config import build_config
 

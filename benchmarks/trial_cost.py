@@ -31,9 +31,9 @@ WORKLOADS = {"resnet_small": f"{ROOT / 'benchmarks' / 'resnet_small.py'}:workloa
 
 
 def measure(name: str, rounds: int, steps: int) -> None:
-    from torchlab.core.engine.checkpoint import load_checkpoint, write_checkpoint
+    from torchlab.core.engine.state.checkpoint import load_checkpoint, write_checkpoint
     from torchlab.core.engine.trials import BLOCK_STEPS
-    from torchlab.core.engine.loading import load_workload
+    from torchlab.core.engine.adapters.loading import load_workload
     from torchlab.core.engine.seeding import seed_everything
     from torchlab.core.engine.trainer import Trainer
     from torchlab.core.records.config import build_config

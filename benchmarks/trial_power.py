@@ -69,7 +69,7 @@ class TrialRunner:
     back its result."""
 
     def __init__(self, seed: int, device: str, spec: str = SPEC) -> None:
-        from torchlab.core.engine.loading import load_workload
+        from torchlab.core.engine.adapters.loading import load_workload
         from torchlab.core.engine.seeding import seed_everything
         from torchlab.core.engine.trainer import Trainer
         from torchlab.core.records.config import build_config

@@ -1,4 +1,4 @@
-"""What optimizer health costs (core/engine/update_probe.py): the update-to-weight ratios, weight norms and Adam's
+"""What optimizer health costs (core/engine/measure/update_probe.py): the update-to-weight ratios, weight norms and Adam's
 moments of the steps the probe measures.
 
     .venv/bin/python benchmarks/update_probe_cost.py                 # resnet_small and tiny_gpt on the CPU
@@ -28,7 +28,7 @@ WORKLOADS = {"resnet_small": f"{ROOT / 'benchmarks' / 'resnet_small.py'}:workloa
 
 
 def trainer_for(spec: str, device: str, probe_every: str):
-    from torchlab.core.engine.loading import load_workload
+    from torchlab.core.engine.adapters.loading import load_workload
     from torchlab.core.engine.seeding import seed_everything
     from torchlab.core.engine.trainer import Trainer
     from torchlab.core.records.config import build_config

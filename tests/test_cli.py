@@ -187,7 +187,7 @@ def test_console_script_end_to_end(tmp_path):
 
 def test_the_cli_module_does_not_import_torch():
     """The app's process runs the CLI; torch must load only in the trainer (or a headless run)."""
-    code = "import sys, torchlab.core.launch.cli, torchlab.core.records.config, torchlab.core.engine.loading; sys.exit('torch' in sys.modules)"
+    code = "import sys, torchlab.core.launch.cli, torchlab.core.records.config, torchlab.core.engine.adapters.loading; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

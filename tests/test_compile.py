@@ -20,7 +20,7 @@ import torch
 from metrics_rows import metrics_row
 from trainers import TINY, WORKLOADS, make_trainer
 from torchlab.core.analysis.impact import ImpactTracker
-from torchlab.core.engine.checkpoint import load_checkpoint
+from torchlab.core.engine.state.checkpoint import load_checkpoint
 from torchlab.core.errors import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.records.option_history import option_history

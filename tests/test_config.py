@@ -9,7 +9,7 @@ from dataclasses import fields
 
 import pytest
 
-from torchlab.core.engine.loading import check_spec, workload_label
+from torchlab.core.engine.adapters.loading import check_spec, workload_label
 from torchlab.core.errors import ConfigError, WorkloadError
 from torchlab.core.launch.arguments import build_parser, resolve_config
 from torchlab.core.records.config import SETTINGS, STEPS_SETTING, ScheduledChange, TrainConfig, build_config, load_config_file

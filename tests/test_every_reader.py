@@ -25,7 +25,7 @@ from rich.console import Console
 
 from metrics_rows import metrics_row
 from test_protocol import EXAMPLES
-from torchlab.core.engine.rank_channel import EventReport, RankMessage
+from torchlab.core.engine.ranks.channel import EventReport, RankMessage
 from torchlab.core.launch.cli import main
 from torchlab.core.launch.headless import HeadlessProgress
 from torchlab.core.launch.stop import Ending, _until_closed
@@ -91,7 +91,7 @@ def test_headless_and_the_rank_channel_read_it(kind):
 
 def test_a_journal_of_every_event_is_written_exported_and_compared(tmp_path, capsys):
     """The journal's writer, the live and the later TensorBoard export, and ``compare`` take a run that said all of it."""
-    from torchlab.core.engine.tensorboard import LiveTensorBoard  # imports torch
+    from torchlab.core.engine.measure.tensorboard import LiveTensorBoard  # imports torch
 
     runs = []
     for name in ("a", "b"):

@@ -18,7 +18,7 @@ from tensorboard.backend.event_processing.plugin_event_accumulator import EventA
 
 from metrics_rows import metrics_row
 from trainers import TINY, WORKLOADS
-from torchlab.core.engine.tensorboard import TRACE_NAME
+from torchlab.core.engine.measure.tensorboard import TRACE_NAME
 from torchlab.core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from torchlab.core.launch.cli import main
 from torchlab.tui.run_history import RunHistory
@@ -413,7 +413,7 @@ def test_export_help_says_what_force_does_in_one_line(capsys, monkeypatch):
 def test_the_live_writer_writes_the_last_row_of_a_fast_run(tmp_path):
     """At most 5 rows a second go to TensorBoard while training; the last row is written all the same, when the
     run ends (a 30-step run's event file ended at step 28)."""
-    from torchlab.core.engine.tensorboard import LiveTensorBoard
+    from torchlab.core.engine.measure.tensorboard import LiveTensorBoard
     from torchlab.core.wire.events import RunEnded, RunStarted
 
     live = LiveTensorBoard(tmp_path / "tb")

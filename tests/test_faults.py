@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from trainers import TINY, make_trainer
-from torchlab.core.engine.checkpoint import load_checkpoint, save_checkpoint
+from torchlab.core.engine.state.checkpoint import load_checkpoint, save_checkpoint
 from torchlab.core.errors import EXIT_FAILED, EXIT_USAGE
 from torchlab.core.errors import StorageError
 from torchlab.core.launch.cli import main
@@ -59,7 +59,7 @@ def test_a_full_disk_mid_run_fails_the_run_with_that_message_and_keeps_the_last_
 def test_a_periodic_checkpoint_that_fails_while_made_durable_stops_the_run_before_the_next_row(tmp_path, monkeypatch):
     """A periodic checkpoint's fsync and renames run while the next step trains; a disk that fails only
     there (an fsync's EIO) still stops the run before that step's metrics row, naming the checkpoint."""
-    from torchlab.core.engine import checkpoint as checkpoint_module
+    from torchlab.core.engine.state import checkpoint as checkpoint_module
 
     real_fsync = os.fsync
 
@@ -148,7 +148,7 @@ def test_a_full_disk_for_the_metrics_stops_the_run_with_a_clear_message(tmp_path
 KILLED_MID_WRITE = textwrap.dedent("""
     import sys, torch
     from pathlib import Path
-    from torchlab.core.engine.checkpoint import save_checkpoint
+    from torchlab.core.engine.state.checkpoint import save_checkpoint
 
     directory = Path(sys.argv[1])
     save_checkpoint(directory, 1, {"weights": torch.ones(1000)}, keep=3)

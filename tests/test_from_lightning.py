@@ -1,4 +1,4 @@
-"""A LightningModule trained as it is (core/engine/from_lightning.py): its training_step, its logged metrics, its
+"""A LightningModule trained as it is (core/engine/adapters/from_lightning.py): its training_step, its logged metrics, its
 optimizer's groups and step scheduler, its data loaders and validation; the live options on it; what the engine
 cannot honour refused with the reason."""
 
@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("lightning")
 
 from trainers import WORKLOADS, make_trainer  # noqa: E402
-from torchlab.core.engine.checkpoint import load_checkpoint  # noqa: E402
-from torchlab.core.engine.loading import load_workload  # noqa: E402
+from torchlab.core.engine.state.checkpoint import load_checkpoint  # noqa: E402
+from torchlab.core.engine.adapters.loading import load_workload  # noqa: E402
 from torchlab.core.errors import WorkloadError  # noqa: E402
 
 LIGHTNING = WORKLOADS / "lightning_module.py"

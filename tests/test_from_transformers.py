@@ -1,4 +1,4 @@
-"""A transformers Trainer trained as it is (core/engine/from_transformers.py): its model's loss or its own
+"""A transformers Trainer trained as it is (core/engine/adapters/from_transformers.py): its model's loss or its own
 compute_loss, its optimizer and schedule, TrainingArguments as the run's starting settings (which flags still
 override), the live options on it, a resume; what the engine cannot honour refused with the reason."""
 
@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 from trainers import WORKLOADS, make_trainer  # noqa: E402
-from torchlab.core.engine.loading import load_workload  # noqa: E402
+from torchlab.core.engine.adapters.loading import load_workload  # noqa: E402
 from torchlab.core.engine.seeding import seed_everything  # noqa: E402
 from torchlab.core.errors import EXIT_OK, WorkloadError  # noqa: E402
 from torchlab.core.launch.cli import main  # noqa: E402

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from torchlab.core.engine.checkpoint import load_checkpoint
+from torchlab.core.engine.state.checkpoint import load_checkpoint
 from torchlab.core.launch.cli import main
 
 #: A checkpoint of this workload takes about 420 kB (weights, and AdamW's two moments for each).

@@ -10,7 +10,7 @@ import torch
 
 from torchlab.core.wire.observer import TrainerObserver
 from trainers import WORKLOADS, make_trainer
-from torchlab.core.engine.checkpoint import load_checkpoint
+from torchlab.core.engine.state.checkpoint import load_checkpoint
 from torchlab.core.wire.protocol import StopCommand
 
 pytestmark = pytest.mark.gpu

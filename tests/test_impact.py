@@ -345,7 +345,7 @@ def test_a_closed_segment_is_summarised_once_and_its_row_stays_what_a_fresh_summ
 
 
 def nvml_gpu(index, this_run_memory_bytes):
-    """A GPU as core/engine/nvml.py reports it; ``this_run_memory_bytes`` None where NVML lists no processes."""
+    """A GPU as core/engine/measure/nvml.py reports it; ``this_run_memory_bytes`` None where NVML lists no processes."""
     return GpuSample(index=index, name="GPU", memory_used_bytes=50 << 30, memory_total_bytes=80 << 30, utilization_percent=90.0,
                      temperature_c=60.0, power_w=300.0, power_limit_w=700.0, sm_clock_mhz=1980.0,
                      this_run_memory_bytes=this_run_memory_bytes)

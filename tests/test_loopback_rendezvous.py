@@ -8,7 +8,7 @@ import os
 import psutil
 from torch.distributed import TCPStore
 
-from torchlab.core.engine.loopback_rendezvous import BACKEND, LoopbackRendezvous, keep_ranks_on_loopback
+from torchlab.core.engine.parallel.loopback_rendezvous import BACKEND, LoopbackRendezvous, keep_ranks_on_loopback
 
 
 def listening_here() -> set[tuple[str, int]]:

@@ -1,4 +1,4 @@
-"""Memory by kind, counted on the tensors (core/engine/memory.py): what checkpointing and AMP change, on a CPU."""
+"""Memory by kind, counted on the tensors (core/engine/measure/memory.py): what checkpointing and AMP change, on a CPU."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from trainers import WORKLOADS, make_trainer
-from torchlab.core.engine.loading import load_workload
-from torchlab.core.engine.memory import OUTSIDE_THE_MODEL, MemoryCadence, MemoryProbe, SavedTensorCount
+from torchlab.core.engine.adapters.loading import load_workload
+from torchlab.core.engine.measure.memory import OUTSIDE_THE_MODEL, MemoryCadence, MemoryProbe, SavedTensorCount
 from torchlab.core.wire.payloads import MemoryBreakdown
 
 RESIDUAL_CNN = f"{WORKLOADS / 'tiny.py'}:residual_cnn"

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from metrics_rows import metrics_row
-from torchlab.core.engine.step_report import StepReport, metrics_row as row_of_report
+from torchlab.core.engine.measure.step_report import StepReport, metrics_row as row_of_report
 from torchlab.core.records.rundir import SkippedLine, metrics_rows, to_json_line
 from torchlab.core.wire import strict_json
 from torchlab.core.wire.metrics_row import MetricsRow

@@ -1,4 +1,4 @@
-"""OOM rescue (core/engine/oom_rescue.py): a step out of memory is retried one rung down, and the run goes on."""
+"""OOM rescue (core/engine/guards/oom_rescue.py): a step out of memory is retried one rung down, and the run goes on."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def test_a_split_says_that_the_models_batch_norm_now_sees_each_pieces_statistics
 def supervisor_at(tmp_path, step: int, checkpoint_step: int | None, batch_norm_layers: int = 0, **options):
     """The OOM rescue of a supervisor of 2 ranks as rank 0's reports left it at ``step``: batch 16 (8 a rank), blocks
     to checkpoint, and a checkpoint of ``checkpoint_step`` where given; its ``_rescue_from`` decides on a failure."""
-    from torchlab.core.engine.rank_rescue import RankRescue
+    from torchlab.core.engine.ranks.rescue import RankRescue
     from torchlab.core.wire.events import RunStarted
     from torchlab.core.wire.options import LiveOptions
     from torchlab.core.wire.protocol import CheckpointSaved
@@ -124,7 +124,7 @@ def test_with_ranks_the_checkpointing_rung_takes_the_blocks_rank_0_measured_savi
     process does, and its last paragraph says the memory as last measured."""
     from metrics_rows import metrics_row
 
-    from torchlab.core.engine.rank_rescue import RankRescue
+    from torchlab.core.engine.ranks.rescue import RankRescue
     from torchlab.core.wire.events import RunStarted
     from torchlab.core.wire.options import LiveOptions
     from torchlab.core.wire.payloads import MemoryBreakdown, ModuleBytes
@@ -208,7 +208,7 @@ def test_a_batch_the_engine_cannot_split_goes_to_checkpointing_saying_why():
 
 
 def test_the_ladder_below_splits_checkpoints_a_quarter_of_the_blocks_then_half_then_all_or_all_at_once_unmeasured():
-    from torchlab.core.engine.oom_rescue import rung_after
+    from torchlab.core.engine.guards.oom_rescue import rung_after
     from torchlab.core.wire.options import LiveOptions
 
     blocks = [f"layer.{index}" for index in range(8)]

@@ -1,6 +1,6 @@
 """The trainer's parts own their state: each part's ``state_dict`` loads back into it (``load_state_dict``) and
 training goes on as from the state it was taken at; the checkpoint is what they return, as one typed record
-(core/engine/parts.py, core/engine/checkpoint_contents.py)."""
+(core/engine/parts.py, core/engine/state/checkpoint_contents.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from trainers import make_trainer
-from torchlab.core.engine.checkpoint_contents import _OPTIONAL_PARTS, _PARTS, TrainingState, saved_world_size
+from torchlab.core.engine.state.checkpoint_contents import _OPTIONAL_PARTS, _PARTS, TrainingState, saved_world_size
 from torchlab.core.engine.data import BatchStream
 from torchlab.core.engine.optimization import Optimization
 from torchlab.core.engine.parts import Progress, RandomStates

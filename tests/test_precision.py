@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trainers import WORKLOADS, make_trainer
-from torchlab.core.engine.checkpoint import load_checkpoint, save_checkpoint
+from torchlab.core.engine.state.checkpoint import load_checkpoint, save_checkpoint
 from torchlab.core.engine.precision import FP16Precision, Precisions
 from torchlab.core.wire.options import OptionRefused
 

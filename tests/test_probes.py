@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from trainers import make_trainer
-from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, ProbeCadence, clip_by_total_norm, clipped
+from torchlab.core.engine.measure.probes import ActivationStatsProbe, GradNormProbe, ProbeCadence, clip_by_total_norm, clipped
 
 
 def naive_module_norms(model: nn.Module) -> dict[str, float]:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from torchlab.core.engine.profile_tables import build_tables, communication_time, format_table, write_tables
+from torchlab.core.engine.measure.profile_tables import build_tables, communication_time, format_table, write_tables
 
 
 def _profiled_trace(tmp_path):
@@ -76,7 +76,7 @@ def test_the_child_process_writes_the_tables_without_torch(tmp_path):
     _profiled_trace(tmp_path)
     code = (
         "import sys, runpy; sys.argv = ['profile_tables', sys.argv[1]]\n"
-        "runpy.run_module('torchlab.core.engine.profile_tables', run_name='__main__')\n"
+        "runpy.run_module('torchlab.core.engine.measure.profile_tables', run_name='__main__')\n"
     )
     guard = "import sys; sys.modules['torch'] = None\n"  # importing torch would now fail
     done = subprocess.run([sys.executable, "-c", guard + code, str(tmp_path)], capture_output=True, text=True, check=True)

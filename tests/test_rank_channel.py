@@ -17,7 +17,7 @@ import time
 import pytest
 
 from metrics_rows import metrics_row
-from torchlab.core.engine import rank_channel as rc
+from torchlab.core.engine.ranks import channel as rc
 from torchlab.core.engine.outcome import Relaunch, RunOutcome
 from torchlab.core.errors import ConfigError, StorageError, WorkloadError
 from torchlab.core.wire.metrics_row import MetricsRow

@@ -7,7 +7,7 @@ import torch
 
 from torchlab.core.wire.observer import TrainerObserver
 from trainers import StopAt, make_trainer
-from torchlab.core.engine.checkpoint import load_checkpoint, save_checkpoint
+from torchlab.core.engine.state.checkpoint import load_checkpoint, save_checkpoint
 from torchlab.core.errors import StorageError
 from torchlab.core.errors import ConfigError
 

@@ -297,7 +297,7 @@ def test_a_resume_at_another_world_size_is_journalled_as_a_change_of_it(tmp_path
     trained at one rank, and impact.json began a segment there, while events.jsonl said nothing: compare, TensorBoard
     and attach showed no change. The supervisor, which knows the world size the ranks train with, adds it to the
     resume's ``resume_changed_settings``."""
-    from torchlab.core.engine.ranks import _with_world_size_change
+    from torchlab.core.engine.ranks.supervisor import _with_world_size_change
 
     run_dir = tmp_path / "run"
     assert headless(f"{TINY}:workload", "--steps", "2", "--checkpoint-every", "2", "--eval-every", "0",

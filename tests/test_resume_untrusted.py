@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from trainers import TINY, WORKLOADS
-from torchlab.core.engine.checkpoint import load_checkpoint, save_checkpoint
+from torchlab.core.engine.state.checkpoint import load_checkpoint, save_checkpoint
 from torchlab.core.errors import EXIT_OK, EXIT_USAGE
 from torchlab.core.errors import ConfigError
 from torchlab.core.launch.cli import main
@@ -319,7 +319,7 @@ def test_a_checkpoint_from_before_the_spike_guard_kept_its_state_resumes_with_a_
 def test_ranks_relaunched_from_a_checkpoint_import_the_workload_the_run_was_started_with(tmp_path):
     """A relaunch takes the checkpoint's configuration (a live steps change is in it), but not its workload: the code
     the new ranks import is the user's, never one a file names."""
-    from torchlab.core.engine.ranks import configuration_at
+    from torchlab.core.engine.ranks.supervisor import configuration_at
     from torchlab.core.records.config import build_config
 
     started = build_config({"workload": TINY, "steps": 10})

@@ -18,8 +18,8 @@ import pytest
 from metrics_rows import metrics_row
 from trainers import TINY
 from torchlab.core.engine import checkpointer
-from torchlab.core.engine import rank_channel as rc
-from torchlab.core.engine.ranks import Supervisor
+from torchlab.core.engine.ranks import channel as rc
+from torchlab.core.engine.ranks.supervisor import Supervisor
 from torchlab.core.records import rundir
 from torchlab.core.errors import StorageError
 from torchlab.core.records.config import build_config

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from trainers import WORKLOADS
-from torchlab.core.engine.checkpoint import save_checkpoint
-from torchlab.core.engine.distributed import usable_cpus
+from torchlab.core.engine.state.checkpoint import save_checkpoint
+from torchlab.core.engine.parallel.distributed import usable_cpus
 from torchlab.core.errors import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.records import storage

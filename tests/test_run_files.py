@@ -28,10 +28,10 @@ import torch
 from metrics_rows import metrics_row as any_row
 from trainers import make_trainer
 from torchlab.core.analysis.impact import ImpactTracker
-from torchlab.core.engine import checkpoint as checkpoint_module
-from torchlab.core.engine import profiler as profiler_module
-from torchlab.core.engine import profile_tables
-from torchlab.core.engine.checkpoint import load_checkpoint, save_checkpoint
+from torchlab.core.engine.state import checkpoint as checkpoint_module
+from torchlab.core.engine.measure import profiler as profiler_module
+from torchlab.core.engine.measure import profile_tables
+from torchlab.core.engine.state.checkpoint import load_checkpoint, save_checkpoint
 from torchlab.core.errors import ConfigError, StorageError
 from torchlab.core.launch.cli import main
 from torchlab.core.records import rundir, storage
@@ -439,7 +439,7 @@ def test_a_profile_the_disk_cannot_take_is_reported_failed_and_leaves_nothing(tm
     real_run = subprocess.run
 
     def tables_fail(command, **kwargs):
-        if command[1:3] == ["-m", "torchlab.core.engine.profile_tables"]:
+        if command[1:3] == ["-m", "torchlab.core.engine.measure.profile_tables"]:
             real_run(command, **kwargs)  # writes into the staging folder, which must then go
             failure = {"errno": errno.ENOSPC, "strerror": os.strerror(errno.ENOSPC), "file": None}
             return subprocess.CompletedProcess(command, profile_tables.EXIT_STORAGE, json.dumps(failure), "")

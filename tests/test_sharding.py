@@ -1,4 +1,4 @@
-"""What core/engine/sharding.py decides before any process group: a model FSDP2 cannot shard is refused, naming why.
+"""What core/engine/parallel/sharding.py decides before any process group: a model FSDP2 cannot shard is refused, naming why.
 Sharding itself runs in rank processes: tests/process/test_fsdp.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from torchlab.core.engine.sharding import is_shard, shard
+from torchlab.core.engine.parallel.sharding import is_shard, shard
 from torchlab.core.errors import ConfigError
 
 

@@ -1,4 +1,4 @@
-"""Spike guard (core/engine/spike_guard.py): a step whose loss or gradient norm spikes is held back, or the run rolls
+"""Spike guard (core/engine/guards/spike_guard.py): a step whose loss or gradient norm spikes is held back, or the run rolls
 back, instead of ending on non-finite values; with the guard off, a notice."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from trainers import WORKLOADS, StopAt, make_trainer
-from torchlab.core.engine import host_copy, spike_guard
+from torchlab.core.engine import host_copy
+from torchlab.core.engine.guards import spike_guard
 from torchlab.core.engine.host_copy import HostCopy
-from torchlab.core.engine.spike_guard import MIN_HISTORY, NORM_FACTOR_FLOOR, SHIFT_STEPS, SpikeDetector
+from torchlab.core.engine.guards.spike_guard import MIN_HISTORY, NORM_FACTOR_FLOOR, SHIFT_STEPS, SpikeDetector
 from torchlab.core.errors import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.options import OptionRefused
@@ -223,7 +224,7 @@ def _spiking_every_third_step_from_21():
     loss's are (the guard off: each is the first of its run of spikes, so each has a notice)."""
     from torch import nn
 
-    from torchlab.core.engine.loading import load_workload
+    from torchlab.core.engine.adapters.loading import load_workload
 
     built = load_workload(f"{TINY}:workload")
     step_trained = [0]

@@ -1,4 +1,4 @@
-"""A training step reports through one host transfer, read back by name (core/engine/step_report.py)."""
+"""A training step reports through one host transfer, read back by name (core/engine/measure/step_report.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from trainers import make_trainer
 from torchlab.core.engine import trainer as trainer_module
-from torchlab.core.engine.step_report import HostTransfer
+from torchlab.core.engine.measure.step_report import HostTransfer
 
 
 def test_a_host_transfer_reads_each_tensor_back_by_its_name_whatever_was_left_out():

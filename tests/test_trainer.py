@@ -10,7 +10,7 @@ import torch
 
 from torchlab.core.wire.observer import TrainerObserver
 from trainers import TINY, make_trainer
-from torchlab.core.engine.checkpoint import CheckpointCadence
+from torchlab.core.engine.state.checkpoint import CheckpointCadence
 from torchlab.core.errors import ConfigError
 from torchlab.core.wire.events import Paused
 from torchlab.core.wire.protocol import PauseCommand, ResumeCommand, SaveCheckpointCommand, SetCommand, StopCommand
@@ -67,7 +67,7 @@ def test_invalid_changes_are_refused_with_a_reason_and_the_run_goes_on():
 
 
 def test_world_size_limits_are_refused_with_the_reason():
-    from torchlab.core.engine.distributed import check_world_size, usable_cpus
+    from torchlab.core.engine.parallel.distributed import check_world_size, usable_cpus
     from torchlab.core.wire.options import OptionRefused
 
     cpus = usable_cpus()

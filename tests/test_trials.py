@@ -206,7 +206,7 @@ def test_the_meter_counts_a_neighbours_cpu_and_not_the_runs_own(tmp_path):
 
     import psutil
 
-    from torchlab.core.engine.telemetry import OthersCpuMeter
+    from torchlab.core.engine.measure.telemetry import OthersCpuMeter
 
     meter = OthersCpuMeter()
     meter.start()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-import torchlab.core.engine.rank_channel as rank_channel
+import torchlab.core.engine.ranks.channel as rank_channel
 from torchlab.core.wire import payloads
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.typed_json import JsonObject, JsonScalar, UnreadableValue, read_object, read_value, schema_of

@@ -1,4 +1,4 @@
-"""Optimizer health (core/engine/update_probe.py): each measured step's update-to-weight ratio per module, the weight
+"""Optimizer health (core/engine/measure/update_probe.py): each measured step's update-to-weight ratio per module, the weight
 norms and Adam's moments, in the step's own row although they are read with the next step's transfer."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_a_step_whose_update_was_skipped_carries_no_update_figures():
 def test_under_amsgrad_the_moment_reported_is_the_one_its_step_divides_by():
     import torch
 
-    from torchlab.core.engine.update_probe import _adam_moments
+    from torchlab.core.engine.measure.update_probe import _adam_moments
 
     param = torch.nn.Parameter(torch.ones(3))
     optimizer = torch.optim.Adam([param], lr=0.1, amsgrad=True)

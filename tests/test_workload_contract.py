@@ -133,7 +133,7 @@ def test_every_field_of_workload_is_described_in_its_docstring_and_in_the_readme
 
 def test_before_step_is_called_once_a_step_with_the_step_and_its_batchs_epoch():
     """tiny's 256 samples in batches of 16, two micro-batches a step: 8 steps an epoch; called once a step."""
-    from torchlab.core.engine.loading import load_workload
+    from torchlab.core.engine.adapters.loading import load_workload
 
     calls = []
     workload = load_workload(f"{WORKLOADS / 'tiny.py'}:workload")
@@ -146,7 +146,7 @@ def test_before_step_is_called_once_a_step_with_the_step_and_its_batchs_epoch():
 def test_no_adapted_library_is_loaded_by_a_run_that_does_not_use_it():
     """Lightning and transformers are the user's imports: loading another workload loads neither (their adapters
     recognise an object only where the user's code loaded its class)."""
-    code = ("import sys; from torchlab.core.engine.loading import load_workload; load_workload('mlp'); "
+    code = ("import sys; from torchlab.core.engine.adapters.loading import load_workload; load_workload('mlp'); "
             "print(*(name in sys.modules for name in ('lightning', 'pytorch_lightning', 'transformers')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["False", "False", "False"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.engine.loading import load_workload
+from torchlab.core.engine.adapters.loading import load_workload
 from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.engine.trainer import Trainer
 from torchlab.core.records.config import build_config

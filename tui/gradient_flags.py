@@ -15,7 +15,7 @@ VANISHING_RATIO = 1e-3
 EXPLODING_RATIO = 100.0
 RISING_FACTOR = 10.0
 #: A step that moves a module's weights by less than this share of their norm (‖Δθ‖/‖θ‖) leaves it as good as
-#: frozen; by more, thrashes it. Two decades either side of the healthy ~1e-3 (core/engine/update_probe.py). Frozen
+#: frozen; by more, thrashes it. Two decades either side of the healthy ~1e-3 (core/engine/measure/update_probe.py). Frozen
 #: only while the other modules learn (below FROZEN_SHARE of the median module's ratio): in a warm-up or at the end
 #: of a decay every module's ratio is that small, and none is a layer that stopped.
 FROZEN_UPDATE, THRASHED_UPDATE = 1e-5, 1e-1

@@ -95,7 +95,7 @@ class ModuleStats:
     norm: float | None = None
     trend: deque[float] = field(default_factory=lambda: deque(maxlen=TREND_LENGTH))
     ratio: float | None = None
-    #: ‖Δθ‖/‖θ‖ of the last measured step (core/engine/update_probe.py), where it was measured
+    #: ‖Δθ‖/‖θ‖ of the last measured step (core/engine/measure/update_probe.py), where it was measured
     update_ratio: float | None = None
     flag: str = ""  # "", "vanishing", "exploding", "non-finite", "frozen", "thrashed"
 

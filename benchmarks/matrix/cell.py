@@ -69,7 +69,7 @@ def _kill_mid_run(argv: list[str], evidence: Evidence) -> Process:
     process = Process(argv, 0 if running.returncode == -signal.SIGKILL else running.returncode, stdout, stderr)
     evidence.processes.append(process)
     if last.exists() and evidence.rows():
-        from torchlab.core.engine.checkpoint import load_checkpoint
+        from torchlab.core.engine.state.checkpoint import load_checkpoint
 
         evidence.killed_at = (load_checkpoint(last)["step"], max(row["step"] for row in evidence.rows()))
     return process
@@ -100,7 +100,7 @@ def _stop_mid_run(argv: list[str], evidence: Evidence) -> None:
     evidence.processes.append(Process(argv, 0 if signalled and running.returncode == 130 else running.returncode,
                                       stdout, stderr))
     if signalled and running.returncode == 130:
-        from torchlab.core.engine.checkpoint import load_checkpoint
+        from torchlab.core.engine.state.checkpoint import load_checkpoint
 
         evidence.stopped_at = (load_checkpoint(last)["step"], max(row["step"] for row in evidence.rows()))
 

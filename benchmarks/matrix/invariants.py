@@ -207,7 +207,7 @@ def applied_changes_in_compare(evidence: Evidence) -> str | None:
 
 
 def last_checkpoint_loads_at_the_end(evidence: Evidence) -> str | None:
-    from torchlab.core.engine.checkpoint import load_checkpoint
+    from torchlab.core.engine.state.checkpoint import load_checkpoint
 
     last = evidence.run / "checkpoints" / "last.pt"
     if not last.exists():
@@ -224,7 +224,7 @@ TRAINED = (each_process_exits_0, no_traceback, losses_finite, every_step_once, s
 
 def rows_kept_up_to_last_checkpoint(evidence: Evidence) -> str | None:
     """After a kill -9: every step up to the checkpoint a resume starts from has its row (README, "A kill ...")."""
-    from torchlab.core.engine.checkpoint import load_checkpoint
+    from torchlab.core.engine.state.checkpoint import load_checkpoint
 
     step = load_checkpoint(evidence.run / "checkpoints" / "last.pt")["step"]
     missing = sorted(set(range(1, step + 1)) - {row["step"] for row in evidence.rows()})

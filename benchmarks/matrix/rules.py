@@ -21,7 +21,7 @@ def expected_refusal(cell: Mapping[str, str], cuda: bool) -> str | None:
     if cell.get("amp") == "fp16" and not cuda:
         return "fp16"  # fp16 autocast and its GradScaler need CUDA
     if cell.get("model") == "shared_blocks" and cell.get("parallel") == "fsdp2":
-        return "fsdp"  # FSDP2 cannot shard a parameter two checkpoint blocks share (core/engine/sharding.py)
+        return "fsdp"  # FSDP2 cannot shard a parameter two checkpoint blocks share (core/engine/parallel/sharding.py)
     return None
 
 

@@ -6,7 +6,7 @@ and the loss slope (least squares, per 100 steps). Steps whose time says nothing
 out of the medians: the first after a change or a (re)start, those under the profiler, those during which
 torch.compile compiled (``compiling`` in the row) and those a compiled run ran uncompiled to sample
 activation statistics (``eager``). Memory is what
-the tensors hold, measured on the trainer's memory steps (core/engine/memory.py): the activations saved
+the tensors hold, measured on the trainer's memory steps (core/engine/measure/memory.py): the activations saved
 for backward, and the total with parameters, gradients and optimizer state; on CUDA the memory figure
 is the allocator's peak (the trainer resets it at each change); beside it, what NVML sees of the run
 (shown, not judged: the allocator's cache it counts only grows). Never the process RSS, which only

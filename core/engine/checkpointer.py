@@ -2,7 +2,7 @@
 
 As torchtitan's ``CheckpointManager(states={...})``, the checkpointer holds the parts by the name of their entry
 (``states``) and knows nothing of their insides: ``state_dict`` gathers what each returns into the typed record
-of core/engine/checkpoint_contents.py (``TrainingState``), which a save writes as the file core/engine/checkpoint.py
+of core/engine/state/checkpoint_contents.py (``TrainingState``), which a save writes as the file core/engine/state/checkpoint.py
 writes; a resume reads that record back into the parts, each with its own ``load_state_dict``. A trial's
 ``snapshot`` is the same calls on the parts a step (or the trial) changes, copied in memory, and ``restore``
 their ``load_state_dict``. Every rank calls ``save`` at the same step (each rank's RNG state is part of the
@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 
-from torchlab.core.engine.checkpoint import CheckpointCadence, WrittenCheckpoint, load_training_state, write_checkpoint
-from torchlab.core.engine.checkpoint_contents import TrainingState, check_model_fits
-from torchlab.core.engine.distributed import seed_rank
+from torchlab.core.engine.state.checkpoint import CheckpointCadence, WrittenCheckpoint, load_training_state, write_checkpoint
+from torchlab.core.engine.state.checkpoint_contents import TrainingState, check_model_fits
+from torchlab.core.engine.parallel.distributed import seed_rank
 from torchlab.core.engine.option_hooks import OptionsInForce
 from torchlab.core.engine.parts import Stateful, TrainingParts
-from torchlab.core.engine.sharding import whole
+from torchlab.core.engine.parallel.sharding import whole
 from torchlab.core.errors import ConfigError, StorageError
 from torchlab.core.records.config import config_from_toml
 from torchlab.core.wire import protocol as p
@@ -111,7 +111,7 @@ class Checkpointer:
         if not parts.world.reports and not sharded:
             return
         state = self.state_dict()
-        if sharded:  # every rank takes part in gathering each tensor whole; rank 0 keeps them (core/engine/sharding.py)
+        if sharded:  # every rank takes part in gathering each tensor whole; rank 0 keeps them (core/engine/parallel/sharding.py)
             state.model, state.optimizer = whole(state.model, parts.world.reports), whole(state.optimizer, parts.world.reports)
             if not parts.world.reports:
                 return

@@ -7,10 +7,10 @@ the same path as the app's keys. While paused, the boundary waits for the next c
 
 With ranks, rank 0 alone takes commands; at each boundary it broadcasts the commands it took (as many as fit
 one packet, then more packets) with its decisions for the next step (core/engine/instruments.py ``NextStep``),
-so every rank applies the same changes at the same step (core/engine/distributed.py).
+so every rank applies the same changes at the same step (core/engine/parallel/distributed.py).
 
 What each command does is its owner's: ``set`` the option hooks (core/engine/option_hooks.py), ``trial`` the
-trials (core/engine/trials.py), ``profile`` the profiler (core/engine/profiler.py), ``save_checkpoint`` the
+trials (core/engine/trials.py), ``profile`` the profiler (core/engine/measure/profiler.py), ``save_checkpoint`` the
 checkpointer (core/engine/checkpointer.py). Pause, resume and stop are the boundary's own; a stop, or a change that
 takes new ranks (a world size, ``parallel``: a relaunch), ends the run after this boundary (``ends_run``).
 """
@@ -21,12 +21,12 @@ import queue
 import time
 
 from torchlab.core.engine.checkpointer import Checkpointer
-from torchlab.core.engine.distributed import PACKET_BYTES, encode_packet
+from torchlab.core.engine.parallel.distributed import PACKET_BYTES, encode_packet
 from torchlab.core.engine.instruments import Instruments, NextStep
 from torchlab.core.engine.option_hooks import apply_change
 from torchlab.core.engine.outcome import Relaunch
 from torchlab.core.engine.parts import TrainingParts
-from torchlab.core.engine.profiler import Profiling
+from torchlab.core.engine.measure.profiler import Profiling
 from torchlab.core.engine.trials import Trials
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import Paused, Resumed

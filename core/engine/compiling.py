@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 
-from torchlab.core.engine.checkpoint import capture_rng_state, restore_rng_state
+from torchlab.core.engine.state.checkpoint import capture_rng_state, restore_rng_state
 
 #: torch's own advice, repeated in its messages: not what a user of this workbench can act on.
 _TORCH_ADVICE = ("Set TORCHDYNAMO_VERBOSE", "For even more developer context", "Use tlparse", "While executing",

@@ -39,8 +39,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
 
-from torchlab.core.engine.checkpoint import capture_rng_state
-from torchlab.core.engine.loading import describe_code
+from torchlab.core.engine.state.checkpoint import capture_rng_state
+from torchlab.core.engine.adapters.loading import describe_code
 from torchlab.core.errors import WorkloadError, shown
 
 

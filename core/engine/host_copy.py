@@ -19,9 +19,9 @@ from typing import Any
 import psutil
 import torch
 
-from torchlab.core.engine.memory import held_bytes
+from torchlab.core.engine.measure.memory import held_bytes
 from torchlab.core.engine.parts import TrainingParts
-from torchlab.core.engine.sharding import is_shard
+from torchlab.core.engine.parallel.sharding import is_shard
 from torchlab.core.wire.options import OptionRefused
 
 #: The share of the host's available memory that rollback's two copies may take.
@@ -98,7 +98,7 @@ class HostCopy:
 
 
 class _ShardOf:
-    """What makes a shard's copy a DTensor again, as the sharded tensor it was copied from (core/engine/sharding.py)."""
+    """What makes a shard's copy a DTensor again, as the sharded tensor it was copied from (core/engine/parallel/sharding.py)."""
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.mesh, self.placements = tensor.device_mesh, tensor.placements

@@ -1,8 +1,8 @@
 """What a step measures besides training, and when: the step's instruments, behind two calls of the loop.
 
 ``Instruments.plan`` decides before a step what it measures (``StepPlan``): per-module gradient norms when the
-probe's cadence says so (core/engine/probes.py), activation statistics every ``--act-stats-every`` report steps,
-memory by kind when its cadence says so (core/engine/memory.py), and whether the step reports at all. With
+probe's cadence says so (core/engine/measure/probes.py), activation statistics every ``--act-stats-every`` report steps,
+memory by kind when its cadence says so (core/engine/measure/memory.py), and whether the step reports at all. With
 ranks, rank 0's decisions for the next step (``NextStep``) are shared at the boundary, so every rank takes part
 in the same collectives. ``Instruments.watch`` measures one step (``StepWatch``): its clock, the hooks of a
 sampled step, the gradients' norms and bytes, torch.compile's graphs compiled during it, and its one host
@@ -24,12 +24,12 @@ from typing import Any, ContextManager
 import torch
 
 from torchlab.core.engine.compiling import compiled_graphs
-from torchlab.core.engine.memory import MemoryCadence, MemoryProbe, SavedTensorCount, out_of_memory
+from torchlab.core.engine.measure.memory import MemoryCadence, MemoryProbe, SavedTensorCount, out_of_memory
 from torchlab.core.engine.parts import TrainingParts
-from torchlab.core.engine.profiler import Profiling
-from torchlab.core.engine.probes import ActivationStatsProbe, GradNormProbe, GradNorms, ProbeCadence
-from torchlab.core.engine.step_report import HostTransfer, HostValues, StepReport, stats_by_module
-from torchlab.core.engine.update_probe import UpdateFigures, UpdateProbe
+from torchlab.core.engine.measure.profiler import Profiling
+from torchlab.core.engine.measure.probes import ActivationStatsProbe, GradNormProbe, GradNorms, ProbeCadence
+from torchlab.core.engine.measure.step_report import HostTransfer, HostValues, StepReport, stats_by_module
+from torchlab.core.engine.measure.update_probe import UpdateFigures, UpdateProbe
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.payloads import MemoryBreakdown
 from torchlab.core.wire.units import format_bytes

@@ -3,7 +3,7 @@ mapping of the loss and the workload's own metrics.
 
 ``{"loss": loss, "accuracy": accuracy}`` is Lightning's ``training_step`` convention. The metrics stay on the
 device: the trainer stacks them beside the loss, averages them over micro-batches and ranks, and reads them in
-the step's one host transfer (core/engine/step_report.py). Their names are fixed by the first step, so a
+the step's one host transfer (core/engine/measure/step_report.py). Their names are fixed by the first step, so a
 metric's column means the same thing in every row of ``metrics.jsonl``. A loss that is no scalar, or that
 does not require grad, and a first step that fails in the user's code, are WorkloadErrors naming that code.
 """
@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from torchlab.core.engine.data import evaluation_batches
-from torchlab.core.engine.loading import describe_code, user_frame
-from torchlab.core.engine.memory import out_of_memory
+from torchlab.core.engine.adapters.loading import describe_code, user_frame
+from torchlab.core.engine.measure.memory import out_of_memory
 from torchlab.core.errors import WorkloadError, shown
 from torchlab.core.workload import Workload
 from torchlab.core.wire.metric_names import validation_key

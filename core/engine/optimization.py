@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
 
-from torchlab.core.engine.loading import describe_code, user_frame
+from torchlab.core.engine.adapters.loading import describe_code, user_frame
 from torchlab.core.engine.schedule import make_scheduler
 from torchlab.core.errors import ConfigError, WorkloadError
 from torchlab.core.wire.options import OptionRefused

@@ -22,7 +22,7 @@ import torch
 
 from torchlab.core.engine.batch_split import check_split
 from torchlab.core.engine.compiling import compile_model, compile_on_batch, failure_reason
-from torchlab.core.engine.distributed import check_world_size
+from torchlab.core.engine.parallel.distributed import check_world_size
 from torchlab.core.engine.host_copy import check_rollback_fits
 from torchlab.core.engine.optimization import group_names
 from torchlab.core.engine.outcome import Relaunch
@@ -248,7 +248,7 @@ def _enact_oom_rescue(parts: TrainingParts, on: bool) -> None:
 
 @enacts(SPIKE_GUARD)
 def _enact_spike_guard(parts: TrainingParts, mode: str) -> None:
-    """Read by the spike guard each step (core/engine/spike_guard.py); rollback's host copies must fit."""
+    """Read by the spike guard each step (core/engine/guards/spike_guard.py); rollback's host copies must fit."""
     if mode == "rollback" and parts.options.spike_guard != "rollback":
         check_rollback_fits(parts)
 

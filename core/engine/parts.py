@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Any, ContextManager, Protocol
 import torch
 
 from torchlab.core.engine.activation_checkpointing import ActivationCheckpointing
-from torchlab.core.engine.checkpoint import capture_rng_state, restore_rng_state
+from torchlab.core.engine.state.checkpoint import capture_rng_state, restore_rng_state
 from torchlab.core.engine.data import BatchStream
-from torchlab.core.engine.distributed import (
+from torchlab.core.engine.parallel.distributed import (
     Collectives, RankContext, check_world_size, open_process_group, rank_device, wrap_model,
 )
 from torchlab.core.engine.loss_output import LossFunction
 from torchlab.core.engine.optimization import Optimization, build_optimizer, build_scheduler, group_names, own_training
 from torchlab.core.engine.precision import Precisions
-from torchlab.core.engine.sharding import shard
+from torchlab.core.engine.parallel.sharding import shard
 from torchlab.core.errors import ConfigError, StorageError
 from torchlab.core.records.config import FromWorkload, TrainConfig
 from torchlab.core.wire.metrics_row import MetricsRow
@@ -82,7 +82,7 @@ class World:
 
 class ModelForms:
     """The model, and the forms the steps run it in: with ranks the DDP wrapper (which averages the gradients) or,
-    with ``parallel=fsdp``, the model itself sharded in place by FSDP2 (core/engine/sharding.py); while compile is
+    with ``parallel=fsdp``, the model itself sharded in place by FSDP2 (core/engine/parallel/sharding.py); while compile is
     on, torch.compile's (of the wrapper with ranks, as PyTorch advises). ``model`` itself is never replaced: its
     ``state_dict`` is what checkpoints hold (gathered whole when sharded), and evaluation and the non-finite guard
     use it as it is."""

@@ -65,7 +65,7 @@ class ShardedBF16Precision(BF16Precision):
     in bf16 and the same stay fp32 (a BatchNorm, a float buffer, the loss), and the losses are DDP's with autocast to
     the reductions' rounding; besides, each unit whose parameters autocast would cast at every use (linear layers,
     convolutions) is gathered in bf16, half the communication and gathered memory of fp32, its gradients reduced in
-    fp32 (core/engine/sharding.py ``unit_policy``). That policy is fixed where the ranks shard the model
+    fp32 (core/engine/parallel/sharding.py ``unit_policy``). That policy is fixed where the ranks shard the model
     (``Precisions.shard``), so a change of amp there relaunches them (core/engine/option_hooks.py)."""
 
     param_dtype = torch.bfloat16

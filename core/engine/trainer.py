@@ -14,8 +14,8 @@ only synchronisation point per step.
 Data parallel (``ranks`` given: world size > 1, or any size under torchrun): every rank runs this loop on its
 share of each global batch, with the model in DistributedDataParallel. Rank 0 alone takes commands and reports;
 at each step boundary it broadcasts the commands it took, so all ranks apply them at the same step
-(core/engine/distributed.py). A change of world size cannot happen inside a process: the trainer checkpoints
-and ends with the outcome ``relaunch``, and its supervisor (core/engine/ranks.py) starts the new ranks from
+(core/engine/parallel/distributed.py). A change of world size cannot happen inside a process: the trainer checkpoints
+and ends with the outcome ``relaunch``, and its supervisor (core/engine/ranks/supervisor.py) starts the new ranks from
 that checkpoint.
 """
 
@@ -36,25 +36,25 @@ from torchlab.core.engine.batch_split import split_batch
 from torchlab.core.engine.checkpointer import Checkpointer
 from torchlab.core.engine.commands import StepBoundary
 from torchlab.core.engine.data import BatchStream
-from torchlab.core.engine.distributed import RankContext, seed_rank
+from torchlab.core.engine.parallel.distributed import RankContext, seed_rank
 from torchlab.core.engine.instruments import Instruments, StepPlan, StepWatch
-from torchlab.core.engine.loading import placed_error
+from torchlab.core.engine.adapters.loading import placed_error
 from torchlab.core.engine.loss_output import mean_of_micro_batches
-from torchlab.core.engine.memory import out_of_memory
-from torchlab.core.engine.nonfinite import again_after_nonfinite, resume_after_nonfinite, stop_on_nonfinite
-from torchlab.core.engine.oom_rescue import (
+from torchlab.core.engine.measure.memory import out_of_memory
+from torchlab.core.engine.guards.nonfinite import again_after_nonfinite, resume_after_nonfinite, stop_on_nonfinite
+from torchlab.core.engine.guards.oom_rescue import (
     StepGenerators, batch_norm_layers, free_failed_step, next_rung, without_checkpointing,
 )
 from torchlab.core.engine.option_hooks import enact_initial
 from torchlab.core.engine.outcome import RunOutcome
 from torchlab.core.engine.parts import Reporter, TrainingParts
-from torchlab.core.engine.probes import clip_by_total_norm, clipped
-from torchlab.core.engine.profiler import Profiling
-from torchlab.core.engine.spike_guard import SpikeGuard
-from torchlab.core.engine.step_report import StepReport, metrics_row
-from torchlab.core.engine.telemetry import TelemetrySampler
+from torchlab.core.engine.measure.probes import clip_by_total_norm, clipped
+from torchlab.core.engine.measure.profiler import Profiling
+from torchlab.core.engine.guards.spike_guard import SpikeGuard
+from torchlab.core.engine.measure.step_report import StepReport, metrics_row
+from torchlab.core.engine.measure.telemetry import TelemetrySampler
 from torchlab.core.engine.trials import Trials, TrialStopped
-from torchlab.core.engine.workload_settings import changed_since_the_start, starting_configuration
+from torchlab.core.engine.adapters.workload_settings import changed_since_the_start, starting_configuration
 from torchlab.core.errors import ConfigError, NonFiniteError, StorageError, WorkloadError
 from torchlab.core.records.config import TrainConfig
 from torchlab.core.wire import protocol as p
@@ -432,7 +432,7 @@ class Trainer:
         return losses, metrics
 
     def _retries(self, plan: StepPlan) -> bool:
-        """Whether a failed step can be retried (core/engine/oom_rescue.py): in training (a trial's arm reports its
+        """Whether a failed step can be retried (core/engine/guards/oom_rescue.py): in training (a trial's arm reports its
         failure) and in one process (other ranks would wait in its collectives)."""
         return not plan.trial and self.parts.world.collectives is None
 
@@ -488,7 +488,7 @@ class Trainer:
                           evaluate=(lambda: evaluation) if evaluation is not None else None)
         self.checkpoints.finish()  # the step's row comes after the checkpoint before it is safe, or not at all
         if instruments.awaits_update_figures(report.step):
-            self._held_row = row  # sent with them, after the next step's transfer (core/engine/update_probe.py)
+            self._held_row = row  # sent with them, after the next step's transfer (core/engine/measure/update_probe.py)
             return
         self.reporter.metrics(row)
 

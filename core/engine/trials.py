@@ -41,12 +41,12 @@ from torchlab.core.analysis.trial_speed import paired_speed, precise_enough
 from torchlab.core.analysis.trials import AS_IT_IS, NOT_TRIED
 from torchlab.core.engine.checkpointer import Checkpointer
 from torchlab.core.engine.instruments import StepPlan
-from torchlab.core.engine.memory import out_of_memory
+from torchlab.core.engine.measure.memory import out_of_memory
 from torchlab.core.engine.option_hooks import for_this_device, jsonable
 from torchlab.core.engine.parts import TrainingParts
-from torchlab.core.engine.profiler import Profiling
-from torchlab.core.engine.step_report import StepReport
-from torchlab.core.engine.telemetry import OthersCpuMeter
+from torchlab.core.engine.measure.profiler import Profiling
+from torchlab.core.engine.measure.step_report import StepReport
+from torchlab.core.engine.measure.telemetry import OthersCpuMeter
 from torchlab.core.errors import shown
 from torchlab.core.records.config import MAX_TRIAL_STEPS
 from torchlab.core.wire import protocol as p

@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.engine.loading import SAMPLES, check_spec
+from torchlab.core.engine.adapters.loading import SAMPLES, check_spec
 from torchlab.core.errors import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, printable
 from torchlab.core.records.config import DEFAULT_WORKLOAD, SETTINGS, TrainConfig, build_config, load_config_file, suggestion
 from torchlab.core.records.settings import Group

@@ -78,8 +78,8 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
     """The workbench: the app in this process (no torch), the trainer in a child with the same flags."""
     gc.disable()  # until tune_garbage_collection(): the app's imports are all kept, nothing to collect
     try:
-        from torchlab.core.engine.loading import check_spec, workload_label
-        from torchlab.core.engine.tensorboard import refuse_an_unfit_tensorboard_folder
+        from torchlab.core.engine.adapters.loading import check_spec, workload_label
+        from torchlab.core.engine.measure.tensorboard import refuse_an_unfit_tensorboard_folder
         from torchlab.core.launch.terminal import require_terminal
         from torchlab.core.records.rundir import choose_run_dir, create_run_dir, refuse_an_unfit_run_dir
         from torchlab.core.wire.runtime import runtime_dir

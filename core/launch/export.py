@@ -1,7 +1,7 @@
 """``torchlab-tui export RUN --tensorboard DIR --csv FILE [--force]``: a run's figures for other tools, from its files.
 
 TensorBoard (the ``tensorboard`` extra): every metrics row's scalars, the option changes as text and the
-profiler traces (core/engine/tensorboard.py). CSV: one flat file of the metrics (core/records/csv_export.py).
+profiler traces (core/engine/measure/tensorboard.py). CSV: one flat file of the metrics (core/records/csv_export.py).
 The run may be training still: what its files hold now is exported.
 
 The run may be someone else's, and so may the paths written to (issue 26). Its ``metrics.jsonl`` and the
@@ -23,7 +23,7 @@ paths written to are checked before anything is written:
   the way to ``--csv`` and ``--tensorboard`` are yours or root's and open to no one else unless sticky
   (``/tmp``), and a link on the way is yours or root's.
 - ``--tensorboard DIR`` is a new folder, made 0700, or an existing one of the user's that no one else may
-  write into (core/engine/tensorboard.py ``make_tensorboard_folder``): TensorBoard names its event file by time,
+  write into (core/engine/measure/tensorboard.py ``make_tensorboard_folder``): TensorBoard names its event file by time,
   host and process and opens it itself, so a link put there first would be written through. A folder that
   holds files takes ``--force``, and TensorBoard then shows this export in place of what the folder held (the
   export's event file purges earlier steps). An export that fails there (a full disk) removes what it wrote,
@@ -142,8 +142,8 @@ def refuse_csv_target(target: Path, run: Path, *, force: bool) -> None:
 def refuse_tensorboard_target(directory: Path, run: Path, *, force: bool) -> None:
     """A ConfigError unless ``--tensorboard directory`` may be written: not in a run; new, or a folder (not a
     link) of the user's that no one else may write into, in folders no one else may change (the folder rule,
-    core/engine/tensorboard.py), and empty unless ``force``."""
-    from torchlab.core.engine.tensorboard import refuse_an_unfit_tensorboard_folder  # no torch: that is imported later
+    core/engine/measure/tensorboard.py), and empty unless ``force``."""
+    from torchlab.core.engine.measure.tensorboard import refuse_an_unfit_tensorboard_folder  # no torch: that is imported later
 
     refuse_a_run("--tensorboard", directory, directory, run, instead=f"--tensorboard {beside_the_run(run, '-tensorboard')}")
     refuse_an_unfit_tensorboard_folder(directory, writer="an export")
@@ -215,7 +215,7 @@ def export_tensorboard(run: Path, directory: Path, *, warn: Warn, skipped: list[
     folder or trace that is a link or not a regular file is left out and passed to ``warn``; the lines of
     metrics.jsonl left out (``metrics_rows``) are added to ``skipped``. An export that fails (a full disk)
     removes what it wrote and the folders it made, and says so: a StorageError."""
-    from torchlab.core.engine.tensorboard import TensorBoardWriter, make_tensorboard_folder, remove_folders  # torch
+    from torchlab.core.engine.measure.tensorboard import TensorBoardWriter, make_tensorboard_folder, remove_folders  # torch
 
     try:
         made = make_tensorboard_folder(directory, writer="an export")

@@ -2,8 +2,8 @@
 
 Ctrl-C (or SIGTERM) asks the trainer to stop at the next step boundary, so the final checkpoint is
 a consistent one; a second Ctrl-C aborts at once. A workload that calls ``sys.exit`` fails the run (exit 1,
-core/engine/loading.py's ``exits_as_failure``): its status never passes for torchlab's own. This process is the run's supervisor
-(core/engine/ranks.py): at world size 1 it trains itself, above that it starts the ranks and reports for
+core/engine/adapters/loading.py's ``exits_as_failure``): its status never passes for torchlab's own. This process is the run's supervisor
+(core/engine/ranks/supervisor.py): at world size 1 it trains itself, above that it starts the ranks and reports for
 them. Started by ``torchrun`` instead, each process is one rank and only rank 0 reports.
 """
 
@@ -23,12 +23,12 @@ from rich.text import Text
 
 from torchlab.core.analysis.impact import ImpactTracker
 from torchlab.core.analysis.trials import describe_trial, trial_progress_text
-from torchlab.core.engine.distributed import rank_from_environment
-from torchlab.core.engine.loading import check_spec, exits_as_failure, load_workload, workload_label
+from torchlab.core.engine.parallel.distributed import rank_from_environment
+from torchlab.core.engine.adapters.loading import check_spec, exits_as_failure, load_workload, workload_label
 from torchlab.core.engine.outcome import RunOutcome
-from torchlab.core.engine.ranks import Supervisor, initial_world_size, run_quiet_rank
+from torchlab.core.engine.ranks.supervisor import Supervisor, initial_world_size, run_quiet_rank
 from torchlab.core.engine.seeding import seed_everything
-from torchlab.core.engine.tensorboard import tensorboard_observers
+from torchlab.core.engine.measure.tensorboard import tensorboard_observers
 from torchlab.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK
 from torchlab.core.errors import StorageError, TorchlabError, WorkloadExited, printable
 from torchlab.core.launch.arguments import exit_code

@@ -20,7 +20,7 @@ installed can be named so: importing a module runs it, and an installed module m
 (``antigravity`` opens a browser; a package's test helpers, a plugin), so a checkpoint from somewhere else may
 name none. The refusal is one paragraph that names the workload, says why it is not imported, and gives the
 command to run it if the user trusts it. A workload given for a checkpoint must have the checkpoint's model
-(the trainer compares parameter names and shapes, core/engine/checkpoint_contents.py ``check_model_fits``).
+(the trainer compares parameter names and shapes, core/engine/state/checkpoint_contents.py ``check_model_fits``).
 
 An override that makes the resumed run differ from one that was never stopped (``BREAKS_EXACTNESS``)
 is said in one warning line, on the CLI, in the app and in ``events.jsonl``; the run goes on. A larger
@@ -40,8 +40,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.engine.checkpoint import checkpoint_file, load_training_state
-from torchlab.core.engine.loading import SAMPLES, spec_as_shown, spec_as_typed
+from torchlab.core.engine.state.checkpoint import checkpoint_file, load_training_state
+from torchlab.core.engine.adapters.loading import SAMPLES, spec_as_shown, spec_as_typed
 from torchlab.core.errors import ConfigError
 from torchlab.core.launch.resume_in_place import require_resume_in_place
 from torchlab.core.launch.arguments import explicit_names, resolve_config, setting_layers, workload_origin

@@ -10,7 +10,7 @@ first), the trainer stops at the next step boundary, writes a final checkpoint a
 detach (the app's ``d``, or its hang-up) it trains on alone and waits for ``torchlab-tui attach``;
 the run's entry in the runtime directory (core/wire/runtime.py) says where it is and how far it got.
 
-This process is the run's supervisor (core/engine/ranks.py): at world size 1 it trains itself; above that it
+This process is the run's supervisor (core/engine/ranks/supervisor.py): at world size 1 it trains itself; above that it
 starts the ranks and relays rank 0's reports, and it stays the app's one endpoint across world-size
 changes. Under ``torchrun`` each process runs this module as one rank: rank 0 serves the socket and
 reports, the others only train.
@@ -187,10 +187,10 @@ class Worker:
 
     # ------------------------------------------------------------------ running
     def run(self) -> int:
-        from torchlab.core.engine.distributed import rank_from_environment
-        from torchlab.core.engine.loading import exits_as_failure
-        from torchlab.core.engine.ranks import Supervisor
-        from torchlab.core.engine.tensorboard import tensorboard_observers
+        from torchlab.core.engine.parallel.distributed import rank_from_environment
+        from torchlab.core.engine.adapters.loading import exits_as_failure
+        from torchlab.core.engine.ranks.supervisor import Supervisor
+        from torchlab.core.engine.measure.tensorboard import tensorboard_observers
         from torchlab.core.launch.resume import ConfigRecord, plan_training
         from torchlab.core.records.rundir import RunDirectory
 
@@ -500,8 +500,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _quiet_rank(run_dir: Path, training_args: list[str]) -> int:
-    from torchlab.core.engine.distributed import rank_from_environment
-    from torchlab.core.engine.ranks import run_quiet_rank
+    from torchlab.core.engine.parallel.distributed import rank_from_environment
+    from torchlab.core.engine.ranks.supervisor import run_quiet_rank
 
     from torchlab.core.launch.resume import plan_training
 

@@ -222,7 +222,7 @@ EVAL_BATCHES = NumberSetting(
     bounds=Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="a whole number from 1 to 10^9"),
     group="training", help="validation batches per evaluation",
 )
-CHECKPOINT_EVERY = NumberSetting(  # see core/engine/checkpoint.py's CheckpointCadence
+CHECKPOINT_EVERY = NumberSetting(  # see core/engine/state/checkpoint.py's CheckpointCadence
     name="checkpoint_every", default="auto",
     bounds=Bounds(whole=True, minimum=1, maximum=MAX_STEPS, off=0, auto=True,
                   must_be="a whole number of steps from 1 to 10^9, 0 (only at the end) or auto"),
@@ -244,7 +244,7 @@ SHARED_RUN_DIR = SwitchSetting(
          "by default only you can (0700, files 0600, whatever the umask). An existing run directory keeps its mode, and "
          "what a resume adds follows it",
 )
-#: A directory where TensorBoard event files are written while training (core/engine/tensorboard.py); None: not.
+#: A directory where TensorBoard event files are written while training (core/engine/measure/tensorboard.py); None: not.
 TENSORBOARD = TextSetting(
     name="tensorboard", default=None,
     accepts=lambda text: text.strip() != "", requirement="must be a directory to write TensorBoard event files to",
@@ -288,7 +288,7 @@ ACT_STATS_EVERY = NumberSetting(
     name="act_stats_every", default=0, bounds=EVERY_FEW_STEPS,
     group="probes", help="activation statistics every N steps, 0 = off",
 )
-MEMORY_EVERY = NumberSetting(  # see core/engine/memory.py's MemoryCadence
+MEMORY_EVERY = NumberSetting(  # see core/engine/measure/memory.py's MemoryCadence
     name="memory_every", default="auto", bounds=AUTO_CADENCE,
     group="probes", metavar="N|auto",
     help="memory by kind (saved activations, per module) every N steps, 0 = off, auto = at most once a second",

@@ -10,7 +10,7 @@ path that was a link was written through. So:
   the file it pointed at is untouched. Only a regular file (or a link's name) is replaced: a FIFO or a device
   put at the path meanwhile is an UnsafeFileError, and stays (core/launch/export.py refuses one before writing).
   A reader never sees half a file, and a failed write leaves none.
-- A copy (a profiler trace into a TensorBoard folder, core/engine/tensorboard.py) reads its source with
+- A copy (a profiler trace into a TensorBoard folder, core/engine/measure/tensorboard.py) reads its source with
   ``open_regular`` (no link, no FIFO or device: an UnsafeFileError names it) and writes it through
   ``output_file``: a read and a write of our own, never ``shutil.copy``, which follows links.
 - What is written follows storage's rule: 0600 in a private folder, 0666 less the umask elsewhere.

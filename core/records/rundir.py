@@ -14,7 +14,7 @@ it follow the umask instead (0755 and 0644 under the usual 022), less others' wr
 folders (under umask 002 the folders are 0755, the files 0664). What is made in a folder follows that
 folder (core/records/storage.py), so a resume keeps the run's choice, and a ``chmod`` of the directory since:
 torchlab never changes the mode of a directory or file that exists. What torch makes in it follows too: the
-ranks' logs (``ranks/``, core/engine/ranks.py), a profile's ``trace.json``, a ``--tensorboard`` folder
+ranks' logs (``ranks/``, core/engine/ranks/supervisor.py), a profile's ``trace.json``, a ``--tensorboard`` folder
 inside the run (the event files in it are TensorBoard's, as a failing rank's ``error.json`` is torch's:
 made with the umask's mode, inside folders no one else may enter).
 
@@ -34,7 +34,7 @@ rows are held and written together (at most ``HELD_ROWS`` of them, none held ove
 event line: every event finds the rows reported before it written. Encoding and writing a row costs ~140 µs
 between a step's kernels (on a 2-core VM, ~1.2 % of a 12 ms step) and ~30 µs in a batch; a run killed with
 ``kill -9`` loses at most the last quarter second of rows, and the row of a measured step whose next step had not yet
-reached its transfer (it waits there for its update figures: core/engine/update_probe.py), never a row of a step a
+reached its transfer (it waits there for its update figures: core/engine/measure/update_probe.py), never a row of a step a
 checkpoint holds: before one is written, the held rows are (``before_checkpoint``); the steps after the last
 checkpoint, trained again on resume, write them anew.
 

@@ -18,7 +18,7 @@ the trainer and rank processes it starts inherit (``prefer_passive_openmp_waits`
 What the user set wins: ``OMP_NUM_THREADS`` (``torchrun`` sets 1 for several ranks a node) fixes the threads, and
 any of ``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT`` or ``KMP_BLOCKTIME`` the waiting. This module decides and imports
 no torch (the live options' limits read it too: no more ranks or loader workers than the cores allow);
-core/engine/cpu_share.py applies the decision to torch.
+core/engine/parallel/cpu_share.py applies the decision to torch.
 """
 
 from __future__ import annotations

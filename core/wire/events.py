@@ -85,7 +85,7 @@ class StepSkipped(Message):
 @dataclass(frozen=True)
 class OomRescued(Message):
     """Step ``step`` ran out of memory (``error``, its first line) and is retried with ``option`` = ``value`` (was
-    ``previous``), which stays in force: the OOM rescue's rung (core/engine/oom_rescue.py); ``note``, what else it
+    ``previous``), which stays in force: the OOM rescue's rung (core/engine/guards/oom_rescue.py); ``note``, what else it
     means, or empty. ``samples_before``/``samples_after``: the most samples one forward took before the rung and with
     it (a micro-batch's largest piece; with ranks, a rank's), None where the batch cannot be counted."""
 
@@ -111,7 +111,7 @@ HELD_BACK = frozenset({SKIPPED, ROLLED_BACK})
 @dataclass(frozen=True)
 class SpikeGuarded(Message):
     """Step ``step``'s ``measure`` (``loss`` or ``grad_norm``) was ``value``, ``z`` robust deviations above the
-    ``median`` of the last ``window`` steps, past the spike guard's ``threshold`` (core/engine/spike_guard.py); null
+    ``median`` of the last ``window`` steps, past the spike guard's ``threshold`` (core/engine/guards/spike_guard.py); null
     where not finite. ``action``: ``skipped`` (its update held back), ``rolled_back`` (to the state after step
     ``rolled_back_to``), ``let_through`` (the guard off: applied) or ``new_level`` (spikes in a row: taken as the
     run's new level, applied). ``samples``: the dataset indices of the step's batches, where it has indices.

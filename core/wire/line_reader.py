@@ -1,5 +1,5 @@
 """Newline-terminated lines from a socket, each at most a protocol's cap: the one reader of the app's
-socket (core/wire/control_server.py) and of the rank channel (core/engine/rank_channel.py).
+socket (core/wire/control_server.py) and of the rank channel (core/engine/ranks/channel.py).
 
 Standard library and the protocol's error only: the app's side imports it without torch.
 """

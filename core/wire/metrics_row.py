@@ -1,5 +1,5 @@
 """The metrics row: what one report step says, as one typed record that the trainer builds once
-(core/engine/step_report.py ``metrics_row``), the run directory writes to ``metrics.jsonl``, the app is sent (as
+(core/engine/measure/step_report.py ``metrics_row``), the run directory writes to ``metrics.jsonl``, the app is sent (as
 columns: the protocol's ``Metrics``) and ``compare``, exports and a resumed app read back. Standard library only:
 the app and the trainer share it.
 
@@ -78,9 +78,9 @@ class MetricsRow:
     ranks: list[RankFigures] | None = None
     val_loss: float | None = None
     val_metrics: dict[str, float | None] | None = None
-    #: where the step's loss or grad norm spiked: what the spike guard did (core/engine/spike_guard.py)
+    #: where the step's loss or grad norm spiked: what the spike guard did (core/engine/guards/spike_guard.py)
     spike: str | None = None
-    #: on steps the probe measured: each module's ‖Δθ‖/‖θ‖ and ‖θ‖, and Adam's [‖m‖, ‖√v‖] (core/engine/update_probe.py)
+    #: on steps the probe measured: each module's ‖Δθ‖/‖θ‖ and ‖θ‖, and Adam's [‖m‖, ‖√v‖] (core/engine/measure/update_probe.py)
     update_ratios: dict[str, float | None] | None = None
     weight_norms: dict[str, float | None] | None = None
     adam: dict[str, list[float | None]] | None = None

@@ -193,7 +193,7 @@ class CollectiveTime(JsonObject):
 
 @dataclass(frozen=True)
 class CommunicationShare(JsonObject):
-    """With ranks, how long collectives ran within a profile's steps (core/engine/profile_tables.py
+    """With ranks, how long collectives ran within a profile's steps (core/engine/measure/profile_tables.py
     ``communication_time``): ``us`` of the steps' ``steps_us``, ``share`` the one over the other, ``by_kind``
     largest first, ``source`` what timed them ("nccl kernels" on a GPU, "gloo" on the CPU). Each a union of
     intervals: two collectives at once count once in ``us``."""
@@ -207,7 +207,7 @@ class CommunicationShare(JsonObject):
 
 @dataclass(frozen=True)
 class MemoryBreakdown(JsonObject):
-    """The bytes training holds in tensors at ``step``, by kind, measured on that step (core/engine/memory.py):
+    """The bytes training holds in tensors at ``step``, by kind, measured on that step (core/engine/measure/memory.py):
     the same on CPU as on CUDA, unlike the process RSS, which only grows. ``activations_bytes`` are the tensors
     autograd saved for backward in one micro-batch's forward, each storage once; ``by_module`` splits them,
     largest first. ``allocator_peak_bytes``: on CUDA, the caching allocator's peak since the segment began

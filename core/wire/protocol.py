@@ -81,7 +81,7 @@ class Message(JsonObject):
 
     type: ClassVar[str] = ""
     #: this protocol's messages by type. A subclass that declares its own registry is the base of another
-    #: protocol (the rank channel's, core/engine/rank_channel.py), whose lines ``decode`` reads apart from these.
+    #: protocol (the rank channel's, core/engine/ranks/channel.py), whose lines ``decode`` reads apart from these.
     registry: ClassVar[dict[str, type[Message]]] = {}
     #: the longest line this protocol reads
     max_line_bytes: ClassVar[int] = MAX_LINE_BYTES
@@ -400,7 +400,7 @@ class Metrics(Message):
 @dataclass(frozen=True)
 class GradNorms(Message):
     """Per-module gradient norms at ``step``, aligned with Welcome.modules; null where not measured. On a step whose
-    update was measured (core/engine/update_probe.py), in the same order: ``ratios`` (‖Δθ‖/‖θ‖) and ``weights`` (‖θ‖),
+    update was measured (core/engine/measure/update_probe.py), in the same order: ``ratios`` (‖Δθ‖/‖θ‖) and ``weights`` (‖θ‖),
     the heatmap's and the gradient flags' (Adam's moments stay in the run's files: the app shows none)."""
 
     type: ClassVar[str] = "grad_norms"

@@ -13,8 +13,8 @@ import pytest
 
 from test_ranks import TINY, WORKLOADS, headless, read_jsonl, rank_pids
 from processes import alive
-from torchlab.core.engine.checkpoint import load_checkpoint
-from torchlab.core.engine.distributed import usable_cpus
+from torchlab.core.engine.state.checkpoint import load_checkpoint
+from torchlab.core.engine.parallel.distributed import usable_cpus
 from torchlab.core.errors import EXIT_FAILED, EXIT_OK
 
 MIXED = WORKLOADS / "mixed_precision.py"

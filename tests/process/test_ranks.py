@@ -22,8 +22,8 @@ import torch
 from trainers import WORKLOADS, make_trainer
 from processes import alive
 from test_worker import Collected
-from torchlab.core.engine.checkpoint import load_checkpoint
-from torchlab.core.engine.distributed import usable_cpus
+from torchlab.core.engine.state.checkpoint import load_checkpoint
+from torchlab.core.engine.parallel.distributed import usable_cpus
 from torchlab.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from torchlab.core.launch.cli import main
 from torchlab.core.wire import protocol as p
@@ -68,7 +68,7 @@ def test_world_size_2_from_the_start_trains_and_takes_live_changes_on_every_rank
     assert all([r["rank"] for r in m["ranks"]] == [0, 1] and all(r["step_time_s"] > 0 for r in m["ranks"]) for m in with_ranks)
     [started] = [e for e in events if e["event"] == "run_started"]
     assert started["world_size"] == 2 and len(set(rank_pids(events))) == 2
-    # Each rank, read back in the rank: half the cores this run may use (core/engine/cpu_share.py), and OpenMP
+    # Each rank, read back in the rank: half the cores this run may use (core/engine/parallel/cpu_share.py), and OpenMP
     # threads that sleep when idle instead of spinning against the other rank (issue 45, item 9).
     assert [(r["threads"], r["omp_wait_policy"]) for r in started["ranks"]] == [(max(1, usable_cpus() // 2), "PASSIVE")] * 2
     assert [e["step"] for e in events if e["event"] == "checkpoint"] == [10, 20, 24]
@@ -349,7 +349,7 @@ def test_nccl_through_the_launcher_on_one_gpu(tmp_path):
 
 @pytest.mark.gpu
 def test_more_ranks_than_gpus_are_refused():
-    from torchlab.core.engine.distributed import check_world_size
+    from torchlab.core.engine.parallel.distributed import check_world_size
     from torchlab.core.wire.options import OptionRefused
 
     gpus = torch.cuda.device_count()

@@ -126,7 +126,7 @@ NO_GPU = "no GPU: no NVIDIA driver (NVML library not found)"
 
 
 def gpu(index: int = 0, *, used_gib: float = 41.2, **overrides: Any) -> GpuSample:
-    """One GPU as ``core/engine/nvml.py`` reports it."""
+    """One GPU as ``core/engine/measure/nvml.py`` reports it."""
     sample = GpuSample(
         index=index, name="NVIDIA H100 80GB HBM3", memory_used_bytes=int(used_gib * 2**30),
         memory_total_bytes=int(79.6 * 2**30), utilization_percent=87.0, temperature_c=62.0, power_w=312.4,
@@ -325,7 +325,7 @@ class FakeLink:
 
 
     def _relaunch(self, option: str, value: Any, at: int) -> protocol.Message:
-        """As core/engine/ranks.py does: refuse a size that does not divide the batch; else checkpoint now, and
+        """As core/engine/ranks/supervisor.py does: refuse a size that does not divide the batch; else checkpoint now, and
         (one drain later) resume, running, and the acknowledgement at the step the new ranks start."""
         if option == "world_size" and 32 % value:
             return protocol.OptionRefused(

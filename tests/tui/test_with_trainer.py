@@ -14,7 +14,7 @@ import pytest
 
 from processes import alive
 from test_full_disk import small_disk  # noqa: F401 (a fixture: a 3 MB tmpfs)
-from torchlab.core.engine.distributed import usable_cpus
+from torchlab.core.engine.parallel.distributed import usable_cpus
 from torchlab.tui.app import make_app
 from torchlab.tui.link import ProcessLink
 from torchlab.tui.screens.error_screen import ErrorScreen

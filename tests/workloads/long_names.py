@@ -93,7 +93,7 @@ def workload() -> Workload:
 
 def module_names() -> list[tuple[str, int, list[str]]]:
     """What the trainer's probe names: (module, parameters, other modules holding its tied parameters)."""
-    from torchlab.core.engine.probes import GradNormProbe
+    from torchlab.core.engine.measure.probes import GradNormProbe
 
     probe = GradNormProbe(MaskedLM())
     return list(zip(probe.module_names, probe.param_counts, probe.tied_names))

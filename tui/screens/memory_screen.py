@@ -1,7 +1,7 @@
 """Memory by kind: what the run's tensors hold (parameters, gradients, optimizer state, the activations
 saved for backward) as bars, and the modules whose forward saved the most.
 
-These are counted on the tensors themselves (core/engine/memory.py), so they say what activation
+These are counted on the tensors themselves (core/engine/measure/memory.py), so they say what activation
 checkpointing or AMP did on a CPU as on CUDA; the system view's RSS is the process as the OS sees it.
 """
 

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the matrix's list of model kinds, from the checkout
 from benchmarks.matrix.factors import MODELS  # noqa: E402
-from torchlab.core.engine.loading import load_workload  # noqa: E402
+from torchlab.core.engine.adapters.loading import load_workload  # noqa: E402
 from torchlab.core.workload import Workload  # noqa: E402
 
 LIMIT_FILE = "TORCHLAB_MATRIX_OOM_LIMIT_FILE"

@@ -1,6 +1,6 @@
 """Two checkpoint blocks that share one parameter (a weight tied across blocks): FSDP2 shards each block's
 parameters as a unit and cannot shard one two blocks hold, so ``--parallel fsdp`` must be refused before anything
-is spent, naming the parameter (core/engine/sharding.py); one process and DDP train it.
+is spent, naming the parameter (core/engine/parallel/sharding.py); one process and DDP train it.
 
     torchlab-tui benchmarks/matrix/workloads/shared_blocks.py:workload
 """

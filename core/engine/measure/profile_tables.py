@@ -6,7 +6,7 @@ long enough to slow the training steps beside it 6x. The Chrome trace holds the 
 thread, start, duration and input shapes; each allocation; each kernel with the op that launched it),
 so the tables are built from it here, in a child process the trainer waits on without holding the GIL:
 
-    python -m torchlab.core.engine.profile_tables DIR     # reads DIR/trace.json, writes the tables beside it
+    python -m torchlab.core.engine.measure.profile_tables DIR     # reads DIR/trace.json, writes the tables beside it
 
 Per op: calls; self and total CPU time (total minus the ops nested inside it, per thread); self and
 total device time (kernels, memcpys and memsets launched from it, and from the ops inside it);
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     (``{"errno": ..., "strerror": ..., "file": ...}``) and exit with ``EXIT_STORAGE``."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m torchlab.core.engine.profile_tables DIR  (DIR holds trace.json)", file=sys.stderr)
+        print("usage: python -m torchlab.core.engine.measure.profile_tables DIR  (DIR holds trace.json)", file=sys.stderr)
         return 2
     try:
         result = write_tables(Path(args[0]))

@@ -9,7 +9,7 @@ A checkpoint is loaded with ``weights_only=True``, so it runs no code; but what 
 ``step`` of ``"abc"``, a list where the optimizer's state belongs, an RNG state ``torch.set_rng_state`` rejects,
 a value nested thousands deep). ``TrainingState.read`` (with ``check_training_state``) names the first such entry
 in one ConfigError, before any of it is used; ``check_model_fits`` compares a checkpoint's weights with the model
-a workload built. core/engine/checkpoint.py loads and writes checkpoint files; this module only says what one holds.
+a workload built. core/engine/state/checkpoint.py loads and writes checkpoint files; this module only says what one holds.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from torchlab.core.engine.loading import spec_as_shown
+from torchlab.core.engine.adapters.loading import spec_as_shown
 from torchlab.core.errors import ConfigError, shown
 from torchlab.core.wire.options import OPTION_NAMES, OptionRefused, parse_option_value
 from torchlab.core.wire.strict_json import MAX_INT, nests_deeper_than  # a count torchlab writes fits in 64 bits
@@ -59,7 +59,7 @@ class TrainingState:
     scripted_through: int
     elapsed_s: float
     rng_by_rank: list[dict[str, Any]] | None = None
-    spike_guard: dict[str, Any] | None = None  # core/engine/spike_guard.py's state; not in checkpoints before it
+    spike_guard: dict[str, Any] | None = None  # core/engine/guards/spike_guard.py's state; not in checkpoints before it
 
     @classmethod
     def read(cls, contents: dict[str, Any], path: Path) -> TrainingState:

@@ -5,7 +5,7 @@
     supervisor (the headless process, or the app's trainer process)          rank processes
       observers: run directory, impact table, progress bar or app outbox
       world size 1: the Trainer, in this process (no launcher, fast start)
-      world size N: elastic_launch (torchrun's machinery; its rendezvous   python -m torchlab.core.engine.ranks
+      world size N: elastic_launch (torchrun's machinery; its rendezvous   python -m torchlab.core.engine.ranks.supervisor
                     on 127.0.0.1 only) ─── starts N ──────────────────▶    (gloo on CPU; nccl, one GPU each)
                     ◀── rank 0: metrics, events, outcome ── Unix socket ──  rank 0 broadcasts the commands
                     ── commands ──────────────────────────▶ typed messages  at each step boundary
@@ -18,10 +18,10 @@ and acknowledges the change (``option_applied``, at the step it takes effect) on
 A rank that fails takes the run down with it: the launcher stops the other ranks, and the supervisor
 reports the first rank that failed (``@record`` gives its traceback) as the run's error. Rank processes
 die with their supervisor (parent-death signal), so none is ever left behind. A rank that ran out of memory is
-the OOM rescue's (core/engine/oom_rescue.py), where it is on: the other ranks wait in the failed step's
+the OOM rescue's (core/engine/guards/oom_rescue.py), where it is on: the other ranks wait in the failed step's
 collectives, so no rank can retry the step alone; the supervisor decides the rung from the rank's failure and
 starts the ranks again from the run's newest checkpoint, with the options in force at the failure and the rung
-(``oom_rescued``; core/engine/rank_rescue.py).
+(``oom_rescued``; core/engine/ranks/rescue.py).
 
 Under ``torchrun`` (several nodes, or a launcher of your own) there is no relaunch: each process is a
 rank with its world size fixed by the launcher, rank 0 reports in-process, and a change is refused.
@@ -46,15 +46,15 @@ from typing import Any, NoReturn
 import psutil
 import torch
 
-from torchlab.core.engine import loopback_rendezvous
-from torchlab.core.engine.checkpoint import peek_checkpoint
-from torchlab.core.engine.checkpoint_contents import saved_world_size
-from torchlab.core.engine.cpu_share import apply_thread_share
-from torchlab.core.engine.distributed import RankContext, check_world_size, rank_from_environment
+from torchlab.core.engine.parallel import loopback_rendezvous
+from torchlab.core.engine.state.checkpoint import peek_checkpoint
+from torchlab.core.engine.state.checkpoint_contents import saved_world_size
+from torchlab.core.engine.parallel.cpu_share import apply_thread_share
+from torchlab.core.engine.parallel.distributed import RankContext, check_world_size, rank_from_environment
 from torchlab.core.engine.outcome import Relaunch, RunOutcome
-from torchlab.core.engine.rank_rescue import RankRescue, Rescue
+from torchlab.core.engine.ranks.rescue import RankRescue, Rescue
 from torchlab.core.engine.parts import resolve_device
-from torchlab.core.engine.rank_channel import RankChannel, SupervisorLink
+from torchlab.core.engine.ranks.channel import RankChannel, SupervisorLink
 from torchlab.core.engine.trainer import Trainer
 from torchlab.core.errors import ConfigError, StorageError, TorchlabError, WorkloadError
 from torchlab.core.records.config import TrainConfig, build_config, config_from_toml, load_config_file
@@ -205,7 +205,7 @@ class Supervisor:
 
     def _build_trainer(self, config: TrainConfig, resume: Path | None, explicit: set[str]) -> Trainer:
         from torchlab.core.engine.seeding import seed_everything
-        from torchlab.core.engine.loading import load_workload
+        from torchlab.core.engine.adapters.loading import load_workload
 
         apply_thread_share(reports=self.external is None or self.external.reports)
         workload, self._workload = self._workload, None
@@ -246,7 +246,7 @@ class Supervisor:
                 torch.cuda.empty_cache()  # and their cached GPU memory, which rank 0 will want on this GPU
 
     def _run_ranks(self, config: TrainConfig, resume: Path | None, explicit: set[str]) -> RunOutcome:
-        from torchlab.core.engine.telemetry import TelemetrySampler
+        from torchlab.core.engine.measure.telemetry import TelemetrySampler
 
         loopback_rendezvous.register()
         logs = self.run_dir / "ranks"
@@ -259,7 +259,7 @@ class Supervisor:
             pending, self._pending = self._pending, []
         for command in pending:
             channel.send(command)
-        args = ["-m", "torchlab.core.engine.ranks", "--run-dir", str(self.run_dir), "--config", str(rank_config),
+        args = ["-m", "torchlab.core.engine.ranks.supervisor", "--run-dir", str(self.run_dir), "--config", str(rank_config),
                 "--socket", str(channel.path), "--explicit", ",".join(sorted(explicit))]
         if resume is not None:
             args += ["--resume", str(resume)]
@@ -437,7 +437,7 @@ def _terminate_ranks() -> None:
     ranks = []
     for child in me.children(recursive=True):
         try:
-            if "torchlab.core.engine.ranks" in " ".join(child.cmdline()):
+            if "torchlab.core.engine.ranks.supervisor" in " ".join(child.cmdline()):
                 ranks.append(child)
         except psutil.Error:
             continue
@@ -508,7 +508,7 @@ def run_quiet_rank(config: TrainConfig, context: RankContext, *, run_dir: Path, 
                    explicit: Iterable[str]) -> RunOutcome:
     """A rank other than 0 under torchrun (headless or worker): trains its share; reports and writes nothing."""
     from torchlab.core.engine.seeding import seed_everything
-    from torchlab.core.engine.loading import load_workload
+    from torchlab.core.engine.adapters.loading import load_workload
 
     seed_everything(config.seed)
     workload = load_workload(config.workload)
@@ -526,11 +526,11 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
 def _rank_main(argv: list[str] | None) -> NoReturn:
     from torchlab.core.engine.seeding import seed_everything
-    from torchlab.core.engine.loading import load_workload
+    from torchlab.core.engine.adapters.loading import load_workload
 
     die_with_parent(signal.SIGKILL)  # no rank outlives the process that launched it
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # stopping is the supervisor's decision, sent as a command
-    parser = argparse.ArgumentParser(prog="python -m torchlab.core.engine.ranks", description="One rank of a torchlab run (started by its supervisor).")
+    parser = argparse.ArgumentParser(prog="python -m torchlab.core.engine.ranks.supervisor", description="One rank of a torchlab run (started by its supervisor).")
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--socket", type=Path, required=True)

@@ -98,7 +98,7 @@ class StepReport:
     lrs: dict[str, float] | None = None  # each parameter group's LR, where the workload's optimizer has several
     compiling: bool = False
     ran_eagerly: bool = False
-    spike: str | None = None  # what the spike guard did with the step (core/engine/spike_guard.py), where it spiked
+    spike: str | None = None  # what the spike guard did with the step (core/engine/guards/spike_guard.py), where it spiked
 
 
 def stats_by_module(module_names: list[str], table: list[float]) -> dict[str, list[float]]:

@@ -2,7 +2,7 @@
 
 The training thread only starts the profiler, marks step boundaries and stops it (cheap). A
 background thread exports the Chrome trace (``profiles/<step>/trace.json``, C++, a fraction of a
-second) and then waits on a child process, ``python -m torchlab.core.engine.profile_tables``, that reads
+second) and then waits on a child process, ``python -m torchlab.core.engine.measure.profile_tables``, that reads
 the trace and writes ``table.txt``, ``table_by_shape.txt``, ``table.csv`` and ``table_by_shape.csv``.
 All of it is written into a hidden staging folder renamed to ``profiles/<step>`` once complete: a full
 disk mid-profile leaves nothing behind, and the ``profile`` event carries the error instead of tables.
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from torchlab.core.engine.profile_tables import EXIT_STORAGE
+from torchlab.core.engine.measure.profile_tables import EXIT_STORAGE
 from torchlab.core.errors import StorageError, shown
 from torchlab.core.records.config import MAX_PROFILE_STEPS
 from torchlab.core.records.storage import fsync_directory, make_folder, match_folder_privacy, remedy, storage_error
@@ -189,7 +189,7 @@ class ProfilerSnapshot:
             raise _export_failure(staging)
         match_folder_privacy(trace)  # torch created it with the umask's mode
         built = subprocess.run(
-            [sys.executable, "-m", "torchlab.core.engine.profile_tables", str(staging)],
+            [sys.executable, "-m", "torchlab.core.engine.measure.profile_tables", str(staging)],
             capture_output=True, text=True, timeout=TABLES_TIMEOUT_S,
         )
         if built.returncode == EXIT_STORAGE:

@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from torchlab.core.engine.probes import ROOT_MODULE_NAME
+from torchlab.core.engine.measure.probes import ROOT_MODULE_NAME
 from torchlab.core.errors import NonFiniteError
 
 

@@ -1,6 +1,6 @@
 """Data parallelism inside a rank: the process group, the DDP wrapper, and the few collectives per step.
 
-A rank process is started by PyTorch's elastic launcher (``torchrun``, or ``core/engine/ranks.py`` which uses
+A rank process is started by PyTorch's elastic launcher (``torchrun``, or ``core/engine/ranks/supervisor.py`` which uses
 the same machinery), which sets ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``; this module only reads
 them, opens the process group (gloo on CPU, nccl on CUDA, one GPU per rank) and gives the trainer what
 it needs to keep its ranks in lock-step:
@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from torchlab.core.wire import strict_json
-from torchlab.core.engine.loopback_rendezvous import keep_ranks_on_loopback
+from torchlab.core.engine.parallel.loopback_rendezvous import keep_ranks_on_loopback
 from torchlab.core.wire.cpu_share import WAIT_POLICY_VARIABLE
 from torchlab.core.wire.options import OptionRefused, usable_cpus
 from torchlab.core.wire.payloads import RankFigures
@@ -157,7 +157,7 @@ class Collectives:
 
     def describe_ranks(self) -> list[dict[str, Any]]:
         """Each rank's host, pid, device and CPU threads (as torch runs, and how its OpenMP threads wait: the share
-        core/engine/cpu_share.py applied), gathered once at start (for run_started)."""
+        core/engine/parallel/cpu_share.py applied), gathered once at start (for run_started)."""
         mine = {"rank": self.context.rank, "host": socket.gethostname(), "pid": os.getpid(), "device": str(self.device),
                 "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get(WAIT_POLICY_VARIABLE)}
         everyone: list[Any] = [None] * self.context.world_size

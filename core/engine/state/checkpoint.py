@@ -21,7 +21,7 @@ is a check against damage, not a signature: whoever can write a file can write i
 
 Loading uses ``weights_only=True``: a checkpoint holds tensors and plain values, never objects that run code
 when read. What the trainer resumes from is also checked against what its save writes, and read as a typed
-record (``load_training_state``, with core/engine/checkpoint_contents.py): a ``step`` that is text, a list where a dict belongs, an RNG state that
+record (``load_training_state``, with core/engine/state/checkpoint_contents.py): a ``step`` that is text, a list where a dict belongs, an RNG state that
 would not load, a value nested deeper than torchlab nests, each is one ConfigError naming the entry, before any
 of it is used. A checkpoint never names code to import: core/launch/resume.py says when its stored workload is used.
 """
@@ -41,7 +41,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from torchlab.core.engine.checkpoint_contents import TrainingState, as_tuples
+from torchlab.core.engine.state.checkpoint_contents import TrainingState, as_tuples
 from torchlab.core.errors import ConfigError, StorageError
 from torchlab.core.records.rundir import rows_of
 from torchlab.core.records.storage import create_file, fsync_directory, remedy, storage_error, unreadable_run
@@ -369,7 +369,7 @@ def load_checkpoint(path: Path, map_location: torch.device | str = "cpu", mmap: 
 
 def load_training_state(path: Path, map_location: torch.device | str = "cpu", mmap: bool = False) -> TrainingState:
     """``load_checkpoint``, checked against what the trainer's save writes and read as its record
-    (core/engine/checkpoint_contents.py): what a resume trains from."""
+    (core/engine/state/checkpoint_contents.py): what a resume trains from."""
     path = checkpoint_file(path)
     return TrainingState.read(load_checkpoint(path, map_location, mmap), path)
 

@@ -1,8 +1,8 @@
-"""The OOM rescue with ranks, their supervisor's part (core/engine/ranks.py): what rank 0 said of the run, and the
+"""The OOM rescue with ranks, their supervisor's part (core/engine/ranks/supervisor.py): what rank 0 said of the run, and the
 rung a rank's allocation failure takes.
 
 No rank can retry a step alone: the others wait in its collectives. So the rank's OutOfMemoryError ends the step on
-every rank, and the supervisor takes the next rung of the OOM rescue's one ladder (core/engine/oom_rescue.py
+every rank, and the supervisor takes the next rung of the OOM rescue's one ladder (core/engine/guards/oom_rescue.py
 ``rung_after``) and starts the ranks again from the run's newest checkpoint, with the options in force at the
 failure and the rung; the steps since that checkpoint train again, their rows moved aside as by any resume. For
 that it follows rank 0's reports (``observe``): its welcome (the options, the global batch, whether the model has
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.engine.oom_rescue import (
+from torchlab.core.engine.guards.oom_rescue import (
     blocks_saving, chosen_blocks_note, measured_memory, no_rung_left, rescued, rung_after, split_note,
 )
 from torchlab.core.wire.events import OomRescued, RunStarted

@@ -19,7 +19,7 @@ and retries the same step on the batches it had already taken, one rung down:
 Each rung is a live option's value and stays in force, as a change typed in the app would: journalled as
 ``oom_rescued``, shown in the event log and the impact table, undone by the option's key, kept by ``--resume``.
 With ranks no rank can retry a step alone (the others wait in its collectives): the rank's error ends the step on
-every rank, and their supervisor (core/engine/ranks.py) takes the next rung of the same ladder (``rung_after``) and
+every rank, and their supervisor (core/engine/ranks/supervisor.py) takes the next rung of the same ladder (``rung_after``) and
 starts them again from the run's newest checkpoint. Not in a trial's arm, where running out of memory is the arm's
 result.
 """
@@ -107,7 +107,7 @@ def rung_after(options: LiveOptions, samples: int | None, blocks: Sequence[str],
     a measurement said what each block saves for backward (``saved``, bytes by block), the blocks that save the most
     go first: a quarter of them, then half, then all; without one, all at once. None where no rung is left. The one
     definition of the ladder, in one process (``next_rung``) and with ranks (their supervisor, by rank 0's last
-    measurement: core/engine/rank_rescue.py)."""
+    measurement: core/engine/ranks/rescue.py)."""
     if samples is not None and options.split < samples:
         return SPLIT, min(2 * options.split, samples)
     wrapped = CHECKPOINTING.names(options.checkpointing)

@@ -209,11 +209,11 @@ def load_workload(text: str):
 
 
 def _adapted(made: Any, factory: Callable, file: Path | None) -> Any:
-    """The Workload of what the factory returned where it is a LightningModule (core/engine/from_lightning.py) or a
-    transformers Trainer (core/engine/from_transformers.py); their hooks (configure_optimizers, the data loaders) run
+    """The Workload of what the factory returned where it is a LightningModule (core/engine/adapters/from_lightning.py) or a
+    transformers Trainer (core/engine/adapters/from_transformers.py); their hooks (configure_optimizers, the data loaders) run
     here, and what they raise is said as the factory's would be."""
-    from torchlab.core.engine.from_lightning import lightning_workload
-    from torchlab.core.engine.from_transformers import transformers_workload
+    from torchlab.core.engine.adapters.from_lightning import lightning_workload
+    from torchlab.core.engine.adapters.from_transformers import transformers_workload
 
     for adapt, whose in ((lightning_workload, "LightningModule"), (transformers_workload, "Trainer")):
         try:
@@ -272,7 +272,7 @@ def user_frame(tb: TracebackType | None, prefer_file: Path | None = None) -> tra
 
 def own_frame(tb: TracebackType | None) -> traceback.FrameSummary | None:
     """The innermost frame of ``tb`` in the user's code, not in torch nor torchlab's engine; None where none is."""
-    engine = str(Path(__file__).resolve().parent)
+    engine = str(Path(__file__).resolve().parents[1])  # core/engine/, every neighbourhood in it
     torch_dir = _package_dir("torch")
     for frame in reversed(traceback.extract_tb(tb)):
         name = frame.filename

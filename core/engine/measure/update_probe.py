@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from torchlab.core.engine.probes import GradNormProbe
+from torchlab.core.engine.measure.probes import GradNormProbe
 
 
 class UpdateFigures:

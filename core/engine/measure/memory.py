@@ -37,8 +37,8 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-from torchlab.core.engine.sharding import is_shard, local, sharded_units
-from torchlab.core.engine.probes import ROOT_MODULE_NAME
+from torchlab.core.engine.parallel.sharding import is_shard, local, sharded_units
+from torchlab.core.engine.measure.probes import ROOT_MODULE_NAME
 from torchlab.core.wire.payloads import MemoryBreakdown, ModuleBytes
 
 #: Where the workload's own code (its ``loss_fn`` around the model) saved tensors.

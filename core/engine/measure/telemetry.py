@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-from torchlab.core.engine.nvml import Nvml
+from torchlab.core.engine.measure.nvml import Nvml
 from torchlab.core.wire.payloads import AllocatorSample, HostSample, ProcessSample, TelemetrySample, no_gpu_status
 
 
@@ -199,7 +199,7 @@ def process_name(process: psutil.Process) -> str:
         name, command = process.name(), " ".join(process.cmdline())
     except psutil.Error:  # exited meanwhile
         return "?"
-    if "torchlab.core.engine.ranks" in command:
+    if "torchlab.core.engine.ranks.supervisor" in command:
         try:
             return f"rank {process.environ().get('RANK', '?')}"
         except psutil.Error:  # its environment is not ours to read

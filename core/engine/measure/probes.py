@@ -15,7 +15,7 @@ import numpy
 import torch
 import torch.distributed as dist
 
-from torchlab.core.engine.sharding import is_shard, local
+from torchlab.core.engine.parallel.sharding import is_shard, local
 
 ROOT_MODULE_NAME = "(root)"  # parameters owned directly by the top-level model
 
