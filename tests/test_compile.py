@@ -218,3 +218,15 @@ def test_the_trainer_imports_torch_compiles_machinery_and_dtensor_only_once_they
             "print(*(name in sys.modules for name in ('torch._dynamo', 'torch._inductor', 'torch.distributed.tensor')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["False", "False", "False"]
+
+
+def test_compile_warms_up_on_a_piece_of_the_batch_as_the_split_step_runs_it(monkeypatch):
+    """Found by the combination matrix: a run split in two because the whole batch does not fit turned compile on,
+    and the warm-up ran the whole batch: out of memory, and compile was refused for it. (torch.compile replaced by
+    the model itself: which batch the warm-up takes is the point, not what inductor makes of it.)"""
+    monkeypatch.setattr("torchlab.core.engine.option_hooks.compile_model", lambda module: module)
+    trainer, seen = make_trainer(f"{WORKLOADS / 'tiny.py'}:out_of_memory_above_8", steps=3, options={"split": 2},
+                                 at=["2:compile=on"])
+    assert trainer.run().status == "finished"
+    assert not seen.of("option_refused") and not seen.of("oom_rescued")
+    assert [e["option"] for e in seen.of("option_applied")] == ["compile"]

@@ -101,6 +101,18 @@ def test_a_world_size_change_checkpoints_and_ends_for_a_relaunch(tmp_path):
     assert state["scripted_through"] == 3  # the relaunched run applies "4:accum=2", not the changes of step 3 again
 
 
+def test_a_world_size_whose_share_of_the_batch_the_split_cannot_cut_is_refused_before_the_relaunch(tmp_path):
+    """Found by the combination matrix: split 16 (the OOM rescue's ladder) and a world size of 2 on a batch of 16:
+    the relaunched ranks refused split 16 for their 8 samples at their start, and the run ended there (exit 2)."""
+    trainer, seen = make_trainer(steps=4, checkpoint_dir=tmp_path, checkpoint_every=0, batch_size=16,
+                                 options={"split": 16}, at=["2:world_size=2"])
+    trainer.parts.world.can_relaunch = True
+    assert trainer.run().status == "finished"  # at one rank, as it was
+    [refusal] = seen.of("option_refused")
+    assert refusal["option"] == "world_size" and "2 ranks would each take 8 samples a batch" in refusal["reason"]
+    assert "lower split first" in refusal["reason"]
+
+
 def test_a_run_paused_at_the_boundary_of_a_relaunch_hands_the_pause_to_the_relaunched_trainer(tmp_path):
     """Found by the combination matrix: the app's pause and a scripted world-size change at one boundary; the ranks
     started again trained on, and a run detached while paused finished alone."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from torchlab.core.engine.batch_split import check_split
+from torchlab.core.engine.batch_split import check_split, split_batch
 from torchlab.core.engine.compiling import compile_model, compile_on_batch, failure_reason
 from torchlab.core.engine.parallel.distributed import check_world_size
 from torchlab.core.engine.host_copy import check_rollback_fits
@@ -294,6 +294,10 @@ def _enact_world_size(parts: TrainingParts, size: int) -> bool:
     if size == world.size:
         return True
     check_world_size(size, device=parts.device, batch_size=parts.batch_size)
+    share, split = parts.batch_size // size, parts.options.split
+    if split > share:  # else the new ranks would refuse the split at their start, and the run end there
+        raise OptionRefused(f"{size} ranks would each take {share} samples a batch, fewer than the {split} pieces "
+                            f"split = {split} cuts it into: lower split first")
     _can_relaunch(parts, f"{size} ranks", f"--nproc-per-node {size}")
     return False
 
@@ -335,9 +339,11 @@ def _loader_restarts(parts: TrainingParts) -> str:
 
 def compile_now(parts: TrainingParts, compiled: torch.nn.Module, precision: Precision, what: str) -> str:
     """Compile ``compiled``'s forward and backward at this boundary on a batch (the last step's, or the next one,
-    left for the step), changing nothing else (core/engine/compiling.py); say how long it took, or raise
-    OptionRefused with torch.compile's reason."""
-    batch = parts.data.last_batch if parts.data.last_batch is not None else parts.data.peek_batch()
+    left for the step) cut as the step cuts it (its first piece under ``split``: the whole batch would need the
+    memory the split is there to save), changing nothing else (core/engine/compiling.py); say how long it took, or
+    raise OptionRefused with torch.compile's reason."""
+    whole = parts.data.last_batch if parts.data.last_batch is not None else parts.data.peek_batch()
+    batch = split_batch(whole, parts.options.split)[0][0]
     parts.reporter.emit(CompileStarted(step=parts.progress.step + 1, detail=what))  # seconds to minutes: say why training waits
 
     def forward_and_backward() -> None:
