@@ -20,7 +20,7 @@ from benchmarks.matrix.factors import (APP_EVENTS, CHANGE_AT, ROOT, changed_opti
                                        run_length, start_flags, start_options)
 from benchmarks.matrix.invariants import Evidence, Process
 from benchmarks.matrix.rules import expected_refusal
-from benchmarks.matrix.workloads.out_of_memory import LIMIT_FILE
+from benchmarks.matrix.workloads.out_of_memory import LIMIT_FILE, PIECES
 from torchlab.core.wire.options import OPTIONS_BY_NAME
 
 CLI = str(Path(sys.executable).with_name("torchlab-tui"))
@@ -149,6 +149,7 @@ def _play(cell: dict[str, str], cuda: bool, evidence: Evidence, folder: Path) ->
     evidence.env = dict(os.environ)
     if cell["device"] == "half_batch":  # the small device's limit, the same for every process of the cell
         evidence.env[LIMIT_FILE] = str(folder / "device-limit")
+        evidence.env[PIECES] = str((1 if cell["parallel"] == "one" else 2) * (2 if cell["batching"] == "split2" else 1))
     if cell["run_event"] in APP_EVENTS:  # the cell's runs listed apart from the user's, for attach to find
         (folder / "runtime").mkdir(mode=0o700)
         evidence.env.update(XDG_RUNTIME_DIR=str(folder / "runtime"), PYTHONPATH=str(ROOT))
