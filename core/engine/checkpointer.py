@@ -16,9 +16,7 @@ relaunch, trial, error) are made durable before ``save`` returns.
 
 from __future__ import annotations
 
-import copy
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ import torch
 
 from torchlab.core.engine.state.checkpoint import CheckpointCadence, WrittenCheckpoint, load_training_state, write_checkpoint
 from torchlab.core.engine.state.checkpoint_contents import TrainingState, check_model_fits
+from torchlab.core.engine.nested_state import map_state
 from torchlab.core.engine.parallel.distributed import seed_rank
 from torchlab.core.engine.option_hooks import OptionsInForce
 from torchlab.core.engine.parts import Stateful, TrainingParts
@@ -203,16 +202,5 @@ def copy_of_state(value: Any) -> Any:
     anything else deep-copied. What ``copy.deepcopy`` gives, less its memo (two entries that share a tensor get a
     clone each: loaded back, both land in the same tensor), at a fifth of its cost on an optimizer's state
     (tiny_gpt: 0.8 against 5.2 ms), which a trial pays at every change of arm."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, _IMMUTABLE):
-        return value
-    kind = type(value)
-    if kind is dict or kind is OrderedDict:
-        copied = kind((key, copy_of_state(item)) for key, item in value.items())
-        if hasattr(value, "_metadata"):
-            copied._metadata = copy.deepcopy(value._metadata)
-        return copied
-    if kind is list or kind is tuple:
-        return kind(copy_of_state(item) for item in value)
-    return copy.deepcopy(value)
+    return map_state(value, lambda item: isinstance(item, (torch.Tensor, *_IMMUTABLE)),
+                     lambda item: item.clone() if isinstance(item, torch.Tensor) else item)

@@ -11,15 +11,13 @@ forward itself: they are copied on the step's own stream, before it. On the CPU 
 
 from __future__ import annotations
 
-import copy
-from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 import psutil
 import torch
 
 from torchlab.core.engine.measure.memory import held_bytes
+from torchlab.core.engine.nested_state import map_state
 from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.engine.parallel.sharding import is_shard
 from torchlab.core.wire.options import OptionRefused
@@ -56,7 +54,7 @@ class HostCopy:
             tensors.append(tensor)
             return _Slot(len(tensors) - 1)
 
-        skeleton = _walk(state, lambda value: isinstance(value, torch.Tensor), slot)
+        skeleton = map_state(state, lambda value: isinstance(value, torch.Tensor), slot)
         if [(t.shape, t.dtype) for t in tensors] != [(b.shape, b.dtype) for b in self._buffers]:
             pin = self._stream is not None
             self._buffers = [torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin) for t in tensors]
@@ -94,7 +92,7 @@ class HostCopy:
             copied = buffers[slot.index].clone()
             return copied if slot.shard is None else slot.shard.made_from(copied)
 
-        return _walk(self._state, lambda value: isinstance(value, _Slot), tensor)
+        return map_state(self._state, lambda value: isinstance(value, _Slot), tensor)
 
 
 class _ShardOf:
@@ -119,21 +117,6 @@ class _Slot:
 
     def __init__(self, index: int, shard: _ShardOf | None = None) -> None:
         self.index, self.shard = index, shard
-
-
-def _walk(value: Any, is_leaf: Callable[[Any], bool], leaf: Callable[[Any], Any]) -> Any:
-    """``value`` (a nest of dicts, lists and tuples) with each leaf (where ``is_leaf``) replaced by ``leaf`` of it,
-    everything else copied (a module's ``_metadata`` kept: ``load_state_dict`` reads its versions)."""
-    if is_leaf(value):
-        return leaf(value)
-    if type(value) in (dict, OrderedDict):
-        walked = type(value)((key, _walk(item, is_leaf, leaf)) for key, item in value.items())
-        if hasattr(value, "_metadata"):
-            walked._metadata = value._metadata
-        return walked
-    if type(value) in (list, tuple):
-        return type(value)(_walk(item, is_leaf, leaf) for item in value)
-    return copy.deepcopy(value)
 
 
 def check_rollback_fits(parts: TrainingParts, copies: int = 2) -> None:

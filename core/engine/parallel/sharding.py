@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchlab.core.engine.nested_state import map_state
 from torchlab.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -169,17 +170,11 @@ def whole(value: Any, keep: bool) -> Any:
     """``value`` (a state dict, nested) with each DTensor gathered whole: one all-gather per tensor, which every rank
     calls in the same order. ``keep``: this rank keeps the result, on the CPU, one tensor at a time (rank 0, which
     writes the checkpoint); the others drop each as it is gathered (None in its place)."""
-    if is_shard(value):
-        gathered = value.full_tensor()
-        return gathered.cpu() if keep else None
-    if isinstance(value, dict):
-        gathered = type(value)((key, whole(item, keep)) for key, item in value.items())
-        if hasattr(value, "_metadata"):  # a module's state dict: load_state_dict reads its versions
-            gathered._metadata = value._metadata
-        return gathered
-    if isinstance(value, (list, tuple)):
-        return type(value)(whole(item, keep) for item in value)
-    return value
+    def gathered(shard: torch.Tensor) -> torch.Tensor | None:
+        full = shard.full_tensor()  # an all-gather: every rank calls it, whether it keeps the result or not
+        return full.cpu() if keep else None
+
+    return map_state(value, is_shard, gathered, rest=lambda item: item)
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
