@@ -7,6 +7,7 @@ import inspect
 import json
 import threading
 from typing import Any, get_args, get_origin
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -547,3 +548,11 @@ def test_a_trial_recorded_before_its_arms_were_interleaved_reads_with_no_speed_a
     result = p.decode(json.dumps({"v": p.PROTOCOL_VERSION, "type": "trial_result", **fields}))
     assert result.speed is None and [arm.label for arm in result.arms] == ["checkpointing=on", "as it is"]
     assert trial_verdict(result).startswith("1.33x slower, same activations, same memory")
+
+
+def test_every_protocol_version_says_what_it_added_in_the_docs():
+    """The changelog once sat on PROTOCOL_VERSION's line, 1,500 characters long: it is docs/protocol-versions.md now,
+    and a bump without its line there fails here."""
+    table = (Path(__file__).parents[1] / "docs" / "protocol-versions.md").read_text()
+    versions = [int(line.split("|")[1]) for line in table.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    assert versions == list(range(1, p.PROTOCOL_VERSION + 1))
