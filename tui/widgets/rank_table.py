@@ -216,7 +216,8 @@ def summary_line(state: RunState | None, width: int) -> Text:
     rank's time, under the step it was measured at."""
     waiting = _waiting_text(state)
     if waiting is not None:
-        subject = "ranks: " if waiting.startswith("relaunching") else ""  # "2 ranks: waiting…" says it already
+        relaunching = state is not None and state.state == RunStatus.RELAUNCHING
+        subject = "ranks: " if relaunching else ""  # "2 ranks: waiting…" says it already
         return Text(f"{subject}{waiting}", style="dim italic")
     assert state is not None
     ranks = state.ranks
