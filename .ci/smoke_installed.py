@@ -63,7 +63,7 @@ def check_headless_run(work: Path) -> None:
 
 
 async def check_app_draws_the_gradient_table(work: Path) -> None:
-    from torchlab.tui.app import make_app
+    from torchlab.tui.app import TorchlabApp
     from torchlab.tui.link import ProcessLink
     from torchlab.tui.widgets.grad_table import GradTable
 
@@ -73,7 +73,7 @@ async def check_app_draws_the_gradient_table(work: Path) -> None:
         links.append(ProcessLink(work / "app", ["mlp", "--steps", "100000", "--checkpoint-every", "0"]))
         return links[-1]
 
-    app = make_app(link, workload="mlp")
+    app = TorchlabApp(link, workload="mlp")
     async with app.run_test(size=(80, 24)) as pilot:
         deadline = time.monotonic() + APP_TIMEOUT_S
         while not (app.query_one(GradTable).displayed_keys and app.run_state.step >= 2):

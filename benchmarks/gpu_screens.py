@@ -1,6 +1,6 @@
 """The real app on a real trainer on a GPU, driven by its keys, each screen saved (issue 17's screens stage).
 
-What it does, in the app exactly as users get it (``make_app`` with a ``ProcessLink`` to a trainer process):
+What it does, in the app exactly as users get it (``TorchlabApp`` with a ``ProcessLink`` to a trainer process):
   1. waits for the gradient table, a telemetry sample and a memory breakdown: the main screen (NVML's GPU
      figures on its system line), then ``t``, the system panel at full size;
   2. amp: ``a`` to bf16, ``a`` to fp16, ``a`` to off, and ``a a`` to fp16 again, each waited for until
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from torchlab.tui.app import make_app
+from torchlab.tui.app import TorchlabApp
 from torchlab.tui.link import ProcessLink
 
 SIZE = (160, 48)
@@ -116,7 +116,7 @@ async def drive(args) -> dict:
     run_dir = out / "run"
     link = ProcessLink(run_dir, [args.workload, "--device", args.device, "--steps", "1000000",
                                  "--checkpoint-every", "0", "--memory-every", "5"])
-    app = make_app(lambda: link, workload=args.workload)
+    app = TorchlabApp(lambda: link, workload=args.workload)
     summary: dict = {"run_dir": str(run_dir), "workload": args.workload, "device": args.device}
     async with app.run_test(size=SIZE) as pilot:
         session = Session(app, pilot, out)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from torchlab.tui.app import make_app, tune_garbage_collection
+from torchlab.tui.app import TorchlabApp, tune_garbage_collection
 from torchlab.tui.link import ProcessLink
 from torchlab.tui.widgets.line_chart import LineChart
 
@@ -56,7 +56,7 @@ def figures(app, label: str) -> str:
 
 async def firehose(checkpoints: list[int]) -> None:
     run_dir = Path(tempfile.mkdtemp()) / "run"
-    app = make_app(lambda: ProcessLink(run_dir, ["--rate", "0"], worker_module="benchmarks.firehose_worker"))
+    app = TorchlabApp(lambda: ProcessLink(run_dir, ["--rate", "0"], worker_module="benchmarks.firehose_worker"))
     async with app.run_test(size=SIZE) as pilot:
         for target in checkpoints:
             while app.run_state.step < target:
@@ -67,7 +67,7 @@ async def firehose(checkpoints: list[int]) -> None:
 
 async def real(steps: int) -> None:
     run_dir = Path(tempfile.mkdtemp()) / "run"
-    app = make_app(lambda: ProcessLink(run_dir, [f"{TINY}:workload", "--steps", str(steps), "--checkpoint-every", "0",
+    app = TorchlabApp(lambda: ProcessLink(run_dir, [f"{TINY}:workload", "--steps", str(steps), "--checkpoint-every", "0",
                                                  "--eval-every", "0"]))
     async with app.run_test(size=SIZE) as pilot:
         started = time.monotonic()

@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 
 from torchlab.core.wire.protocol import OptionApplied
-from torchlab.tui.app import make_app, tune_garbage_collection
+from torchlab.tui.app import TorchlabApp, tune_garbage_collection
 from torchlab.tui.link import ProcessLink
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +46,7 @@ async def wait_until(pilot, condition, timeout: float = 60.0) -> None:
 
 async def absorb(rate: float, seconds: float = 6.0) -> dict[str, float]:
     run_dir = Path(tempfile.mkdtemp()) / "run"
-    app = make_app(lambda: ProcessLink(run_dir, ["--rate", str(rate)], worker_module="benchmarks.firehose_worker"))
+    app = TorchlabApp(lambda: ProcessLink(run_dir, ["--rate", str(rate)], worker_module="benchmarks.firehose_worker"))
     lags: list[float] = []
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: app.run_state.step > 0)
@@ -78,7 +78,7 @@ async def key_to_acknowledgement(presses: int = 10) -> dict[str, float]:
     it waits for the screen to go idle, which a screen fed at 300 steps/s never quite does.)
     """
     run_dir = Path(tempfile.mkdtemp()) / "run"
-    app = make_app(lambda: ProcessLink(run_dir, [f"{TINY}:workload", "--steps", "1000000", "--checkpoint-every", "0"]))
+    app = TorchlabApp(lambda: ProcessLink(run_dir, [f"{TINY}:workload", "--steps", "1000000", "--checkpoint-every", "0"]))
     acknowledged: list[float] = []
     original_apply_all = app.run_state.apply_all
 
@@ -111,7 +111,7 @@ started = time.perf_counter()
 import gc
 gc.disable()  # as the CLI does until the app is built
 import asyncio
-from torchlab.tui.app import make_app, tune_garbage_collection
+from torchlab.tui.app import TorchlabApp, tune_garbage_collection
 imported = time.perf_counter()
 displayed = []
 
@@ -125,7 +125,7 @@ class Idle:
     def restart(self, resume=True, options=None): pass
 
 async def main():
-    app = make_app(Idle())
+    app = TorchlabApp(Idle())
     tune_garbage_collection()
     app.post_display_hook = lambda: displayed.append(time.perf_counter())  # after each frame is written
     async with app.run_test(size=(120, 40)) as pilot:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from torchlab.core.wire.protocol import PROTOCOL_VERSION, Hello, OptionApplied
-from torchlab.tui.app import make_app
+from torchlab.tui.app import TorchlabApp
 from torchlab.tui.link import ProcessLink
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,7 +68,7 @@ async def wait_until(pilot, condition, timeout: float = 60.0) -> None:
 async def measure(presses: int, viewer_count: int, phases: int) -> dict[int, dict[str, list[float]]]:
     run_dir = Path(tempfile.mkdtemp()) / "run"
     links: list[ProcessLink] = []
-    app = make_app(lambda: links.append(ProcessLink(run_dir, [TINY, "--steps", "10000000", "--checkpoint-every", "0"])) or links[-1])
+    app = TorchlabApp(lambda: links.append(ProcessLink(run_dir, [TINY, "--steps", "10000000", "--checkpoint-every", "0"])) or links[-1])
     acknowledged: list[float] = []
     original_apply_all = app.run_state.apply_all
 

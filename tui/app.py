@@ -118,7 +118,7 @@ class HistoryRead(Message):
 
 
 class TorchlabApp(Notices, KeyActions, Leaving, App[int]):
-    """The live workbench. Build it with ``make_app`` (the CLI and the tests both do)."""
+    """The live workbench (the CLI, attach, serve and the tests build it the same way)."""
 
     CSS_PATH = "app.tcss"
     TITLE = "torchlab-tui"
@@ -134,6 +134,13 @@ class TorchlabApp(Notices, KeyActions, Leaving, App[int]):
         log_poll_interval: float = 0.5,
         grad_refresh_interval: float = 0.5,
     ) -> None:
+        """The app as users get it: the CLI passes a factory of the real link, the tests a fake one.
+
+        ``link`` is a link instance or a zero-argument factory; the app calls the factory and then ``start()`` from
+        the main thread when it mounts, so the window shows before the trainer exists. ``workload`` is shown in the
+        header until the trainer's welcome names it. The intervals are the drain timer, the trainer.log tail, and the
+        least time between gradient-table updates; tests set them so that nothing happens unless they call
+        ``poll_now``."""
         super().__init__()
         self.grad_refresh_interval = grad_refresh_interval
         # A link instance has drain(); anything else is the factory that makes one.
@@ -466,28 +473,3 @@ def tune_garbage_collection() -> None:
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
     gc.enable()
-
-
-def make_app(
-    link: LinkLike | LinkFactory,
-    *,
-    workload: str | None = None,
-    poll_interval: float = 0.05,
-    log_poll_interval: float = 0.5,
-    grad_refresh_interval: float = 0.5,
-) -> TorchlabApp:
-    """The app as users get it: the CLI passes a factory of the real link, the tests a fake one.
-
-    ``link`` is a link instance or a zero-argument factory; the app calls the factory and then
-    ``start()`` from the main thread when it mounts, so the window shows before the trainer exists.
-    ``workload`` is shown in the header until the trainer's welcome names it. The intervals are
-    the drain timer, the trainer.log tail, and the least time between gradient-table updates; tests
-    set them so that nothing happens unless they call ``poll_now``.
-    """
-    return TorchlabApp(
-        link,
-        workload=workload,
-        poll_interval=poll_interval,
-        log_poll_interval=log_poll_interval,
-        grad_refresh_interval=grad_refresh_interval,
-    )

@@ -30,7 +30,7 @@ from torchlab.core.wire import protocol as p
 from torchlab.core.wire.options import OPTIONS_BY_NAME, Number
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.runtime import find_run
-from torchlab.tui.app import make_app
+from torchlab.tui.app import TorchlabApp
 from torchlab.tui.link import ProcessLink, last_checkpoint
 from torchlab.tui.screens.error_screen import ErrorScreen
 from torchlab.tui.widgets.event_log import EventLog
@@ -82,7 +82,7 @@ def replayed(app, run_dir: Path, who: str) -> None:
 
 
 async def detach_attach(run_dir: Path, flags: list[str], option: str) -> None:
-    first = make_app(lambda: ProcessLink(run_dir, flags), workload=flags[0])
+    first = TorchlabApp(lambda: ProcessLink(run_dir, flags), workload=flags[0])
     async with first.run_test(size=SIZE) as pilot:
         await pilot.press("space")  # queued while the trainer starts: paused at its first boundary
         await until(pilot, lambda: first.run_state.state == RunStatus.PAUSED, "the run to pause")
@@ -91,7 +91,7 @@ async def detach_attach(run_dir: Path, flags: list[str], option: str) -> None:
     expect(first.return_code == 0, f"the detaching app exited {first.return_code}")
 
     entry = find_run(str(run_dir))
-    second = make_app(lambda: ProcessLink.attach(entry), workload=flags[0])
+    second = TorchlabApp(lambda: ProcessLink.attach(entry), workload=flags[0])
     async with second.run_test(size=SIZE) as pilot:
         state = second.run_state
         await until(pilot, lambda: state.welcomed and state.state == RunStatus.PAUSED, "the attached app to see the pause")
@@ -120,7 +120,7 @@ async def view(run_dir: Path, flags: list[str], option: str) -> None:
             raise TimeoutError("waited for the controlled run to pause")
         await asyncio.sleep(0.01)
     entry = find_run(str(run_dir))
-    viewer = make_app(lambda: ProcessLink.attach(entry, view=True), workload=flags[0])
+    viewer = TorchlabApp(lambda: ProcessLink.attach(entry, view=True), workload=flags[0])
     key = OPTIONS_BY_NAME[option].key if option != "none" else "a"
     async with viewer.run_test(size=SIZE) as pilot:
         state = viewer.run_state
@@ -151,7 +151,7 @@ async def error_restart(run_dir: Path, flags: list[str], option: str, value: str
         links.append(ProcessLink(run_dir, flags))
         return links[-1]
 
-    app = make_app(started, workload=flags[0])
+    app = TorchlabApp(started, workload=flags[0])
     checkpoints = run_dir / "checkpoints"
     async with app.run_test(size=SIZE) as pilot:
         link = links[0]

@@ -97,11 +97,11 @@ def open_run(entry: RunEntry, *, view: bool = False) -> int:
         die_with_parent(signal.SIGKILL)
     gc.disable()  # until tune_garbage_collection(): the app's imports are all kept, nothing to collect
     try:
-        from torchlab.tui.app import make_app, tune_garbage_collection
+        from torchlab.tui.app import TorchlabApp, tune_garbage_collection
         from torchlab.tui.link import ProcessLink
 
         link = ProcessLink.attach(entry, view=view)
-        app = make_app(lambda: link, workload=info.get("workload"))
+        app = TorchlabApp(lambda: link, workload=info.get("workload"))
     except BaseException:
         gc.enable()
         raise

@@ -83,7 +83,7 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
         from torchlab.core.launch.terminal import require_terminal
         from torchlab.core.records.rundir import choose_run_dir, create_run_dir, refuse_an_unfit_run_dir
         from torchlab.core.wire.runtime import runtime_dir
-        from torchlab.tui.app import make_app, tune_garbage_collection
+        from torchlab.tui.app import TorchlabApp, tune_garbage_collection
         from torchlab.tui.link import ProcessLink
 
         workload = config.workload if args.resume is None else resumed_workload(args)
@@ -97,7 +97,7 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
         run_dir = create_run_dir(choose_run_dir(args.run_dir, args.resume, args.runs_root, workload_label(workload) if workload else "resumed"),
                                  shared=config.shared_run_dir)
         links: list[ProcessLink] = []
-        app = make_app(lambda: links.append(ProcessLink(run_dir, argv)) or links[-1], workload=workload)
+        app = TorchlabApp(lambda: links.append(ProcessLink(run_dir, argv)) or links[-1], workload=workload)
     except BaseException:
         gc.enable()
         raise

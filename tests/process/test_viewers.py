@@ -87,13 +87,13 @@ def test_viewers_see_the_run_their_commands_are_refused_and_one_killed_leaves_it
 
 @pytest.mark.asyncio
 async def test_the_viewers_app_shows_only_its_own_keys_sends_nothing_and_leaving_it_leaves_the_run(controlled):
-    from torchlab.tui.app import make_app
+    from torchlab.tui.app import TorchlabApp
     from torchlab.tui.widgets.event_log import EventLog
     from torchlab.tui.widgets.run_header import RunHeader
 
     link, seen = controlled
     [entry] = list_runs()
-    app = make_app(lambda: ProcessLink.attach(entry, view=True), workload="tiny", poll_interval=0.05)
+    app = TorchlabApp(lambda: ProcessLink.attach(entry, view=True), workload="tiny", poll_interval=0.05)
     async with app.run_test(size=(80, 24)) as pilot:
         while app.run_state.step == 0:
             await pilot.pause(0.05)
@@ -114,7 +114,7 @@ async def test_the_viewers_app_shows_only_its_own_keys_sends_nothing_and_leaving
 async def test_attaching_replays_the_past_into_the_log_with_one_toast_and_the_newest_lines_last(controlled):
     """Re-attaching used to raise a toast per old acknowledgement (~16 covered an 80x24 screen), log
     "connected" above the replayed past, and end the log with the trainer's old output."""
-    from torchlab.tui.app import make_app
+    from torchlab.tui.app import TorchlabApp
     from torchlab.tui.widgets.event_log import EventLog
 
     link, seen = controlled
@@ -124,7 +124,7 @@ async def test_attaching_replays_the_past_into_the_log_with_one_toast_and_the_ne
     with open(link.log_path, "a") as log:
         log.write("printed by the workload before anyone attached\n")
     [entry] = list_runs()
-    app = make_app(lambda: ProcessLink.attach(entry, view=True), workload="tiny", poll_interval=0.05)
+    app = TorchlabApp(lambda: ProcessLink.attach(entry, view=True), workload="tiny", poll_interval=0.05)
     toasts: list[str] = []  # the notices shown beside the log's line (tui/app_notices.py): one for the whole past
     show_notice = app.show_notice
     app.show_notice = lambda text, *args, **kwargs: (toasts.append(text), show_notice(text, *args, **kwargs))  # type: ignore[method-assign]

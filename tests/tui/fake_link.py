@@ -356,11 +356,11 @@ def ranks(step: int = 120, *, count: int = 2, step_time_s: float = 0.25, slow: d
 
 
 def quiet_app(link):
-    """The app as ``make_app`` builds it, with its timers slowed to a crawl and its clock stopped: tests call
+    """The app as ``TorchlabApp`` builds it, with its timers slowed to a crawl and its clock stopped: tests call
     ``poll_now()`` themselves, so answers arrive exactly when a test says, and the gradient table updates at once."""
-    from torchlab.tui.app import make_app
+    from torchlab.tui.app import TorchlabApp
 
-    app = make_app(link, poll_interval=3600, log_poll_interval=3600, grad_refresh_interval=0)
+    app = TorchlabApp(link, poll_interval=3600, log_poll_interval=3600, grad_refresh_interval=0)
     app.run_state.clock = lambda: 0.0  # the header's clock stands still: no second passes between reports
     return app
 

@@ -15,7 +15,7 @@ import pytest
 from processes import alive
 from test_full_disk import small_disk  # noqa: F401 (a fixture: a 3 MB tmpfs)
 from torchlab.core.engine.parallel.distributed import usable_cpus
-from torchlab.tui.app import make_app
+from torchlab.tui.app import TorchlabApp
 from torchlab.tui.link import ProcessLink
 from torchlab.tui.screens.error_screen import ErrorScreen
 from torchlab.tui.widgets.event_log import EventLog
@@ -46,7 +46,7 @@ def app_with_trainer(run_dir: Path, *args: str):
         links.append(ProcessLink(run_dir, list(args)))
         return links[-1]
 
-    return make_app(factory, workload="tiny"), links
+    return TorchlabApp(factory, workload="tiny"), links
 
 
 def events_of(run_dir: Path) -> list[dict]:
