@@ -168,7 +168,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
     """The merged config, and the names of the settings and live options given explicitly (``explicit_names``).
 
     With ``--resume``, this is what the flags alone say (checked here, without torch); the trainer's
-    process starts from the checkpoint's configuration instead (core/launch/resume.py).
+    process starts from the checkpoint's configuration instead (core/launch/plan.py).
     """
     file_settings, flags = setting_layers(args)
     config = build_config(file_settings, flags)

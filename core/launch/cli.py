@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.headless:
             return run_app(config, args, list(sys.argv[1:] if argv is None else argv))
         from torchlab.core.launch.headless import run_headless  # imports torch
-        from torchlab.core.launch.resume import plan_training
+        from torchlab.core.launch.plan import plan_training
 
         return run_headless(plan_training(args), run_dir=args.run_dir, runs_root=args.runs_root)
     except TorchlabError as error:
@@ -115,7 +115,7 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
 
 def resumed_workload(args: argparse.Namespace) -> str | None:
     """The workload a ``--resume`` continues, told without torch (the app's process): the one given, else
-    the one in the run's ``config.toml``. The trainer's process reads the checkpoint itself (core/launch/resume.py)."""
+    the one in the run's ``config.toml``. The trainer's process reads the checkpoint itself (core/launch/plan.py)."""
     from torchlab.core.launch.resume_in_place import require_resume_in_place
     from torchlab.core.records.rundir import run_dir_of_checkpoint
     from torchlab.core.safe_open import open_regular

@@ -191,7 +191,7 @@ class Worker:
         from torchlab.core.engine.adapters.loading import exits_as_failure
         from torchlab.core.engine.ranks.supervisor import Supervisor
         from torchlab.core.engine.measure.tensorboard import tensorboard_observers
-        from torchlab.core.launch.resume import ConfigRecord, plan_training
+        from torchlab.core.launch.plan import ConfigRecord, plan_training
         from torchlab.core.records.rundir import RunDirectory
 
         args = build_parser().parse_args(self.training_args)
@@ -503,7 +503,7 @@ def _quiet_rank(run_dir: Path, training_args: list[str]) -> int:
     from torchlab.core.engine.parallel.distributed import rank_from_environment
     from torchlab.core.engine.ranks.supervisor import run_quiet_rank
 
-    from torchlab.core.launch.resume import plan_training
+    from torchlab.core.launch.plan import plan_training
 
     args = build_parser().parse_args(training_args)
     try:

@@ -209,7 +209,7 @@ SCHEDULE = ChoiceSetting(
 WARMUP_STEPS = NumberSetting(
     name="warmup_steps", default=None,
     # Not bounded by ``steps``: a live or resumed shortening of the run keeps the warm-up where it was
-    # (core/engine/option_hooks.py, core/launch/resume.py), so it may outlast a run cut short.
+    # (core/engine/option_hooks.py, core/launch/plan.py), so it may outlast a run cut short.
     bounds=Bounds(whole=True, minimum=0, maximum=MAX_STEPS, must_be="a whole number of steps from 0 to 10^9"),
     group="training", help="cosine warmup", default_means="5% of steps",  # TrainConfig.resolved_warmup_steps
 )

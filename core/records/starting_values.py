@@ -1,6 +1,6 @@
 """A workload's own starting values (``Workload.settings``: a transformers Trainer's TrainingArguments) taken into a
 run's configuration in the place of the defaults, never of what the user gave. Torch-free: the trainer takes them
-(core/engine/adapters/workload_settings.py) and the launcher writes the configuration they make (core/launch/resume.py
+(core/engine/adapters/workload_settings.py) and the launcher writes the configuration they make (core/launch/plan.py
 ``ConfigRecord``) with the same function.
 """
 
