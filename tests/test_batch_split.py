@@ -41,6 +41,28 @@ def test_pieces_keep_the_batchs_structure_and_cut_its_per_sample_values_with_it(
     assert split_batch(batch, 1) == [(batch, 1.0)]
 
 
+def test_a_batch_of_the_users_own_dataclass_is_cut_field_by_field_and_moved_to_the_device_whole():
+    """Found by the combination matrix (a classifier whose collate_fn makes a dataclass): split refused such a batch
+    as one with "no tensor with a first dimension", and the device move left its tensors where they were."""
+    from dataclasses import dataclass, field
+
+    from torchlab.core.engine.data import move_to_device
+
+    @dataclass
+    class Batch:
+        tokens: torch.Tensor
+        labels: torch.Tensor
+        source: str = "train"
+        seen: int = field(default=0, init=False)
+
+    batch = Batch(torch.arange(10).reshape(5, 2), torch.arange(5))
+    (first, first_share), (second, _) = split_batch(batch, 2)
+    assert isinstance(first, Batch) and first_share == 0.4 and first.tokens.tolist() == [[0, 1], [2, 3]]
+    assert second.labels.tolist() == [2, 3, 4] and second.source == "train"
+    moved = move_to_device(batch, torch.device("meta"))
+    assert isinstance(moved, Batch) and moved.tokens.is_meta and moved.labels.is_meta and moved.source == "train"
+
+
 @pytest.mark.parametrize("batch, pieces, reason", [
     (torch.zeros(3, 2), 4, "a batch of 3 samples cannot be split in 4: at most 3 here"),
     ((torch.zeros(4, 2), torch.zeros(5)), 2, "this run's has tensors of [4, 5] rows"),

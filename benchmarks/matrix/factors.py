@@ -48,6 +48,7 @@ MODELS: dict[str, tuple[str, tuple[str, ...]]] = {
     "tiny_gpt_tied": (f"{WORKLOADS / 'tied_gpt.py'}:workload", ()),
     "buffered": (f"{WORKLOADS / 'buffered.py'}:workload", ()),  # a float buffer, a custom autograd.Function
     "shared_blocks": (f"{WORKLOADS / 'shared_blocks.py'}:workload", ()),  # a parameter two blocks share
+    "own_batch": (f"{WORKLOADS / 'own_batch.py'}:workload", ()),  # batches of the user's own dataclass
     "lightning": (f"{ROOT / 'tests' / 'workloads' / 'lightning_module.py'}:module", ("lightning",)),
     "hf_trainer": (f"{ROOT / 'tests' / 'workloads' / 'hf_trainer.py'}:workload", ("transformers", "accelerate")),
 }

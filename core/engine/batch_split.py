@@ -9,13 +9,15 @@ optimizer step sees what it saw before, only the peak memory changes (Composer's
 ``device_train_microbatch_size``; what OOM rescue lowers first, issue 30). Statistics the model takes over its
 batch (BatchNorm's) are the piece's, as under DDP they are each rank's.
 
-What splits: a tensor (along dim 0), and tuples, lists and dicts of them, nested; a list of plain values, one a
+What splits: a tensor (along dim 0), and tuples, lists, dicts and dataclasses of them, nested (a batch of the
+user's own type: its fields cut, each piece made by ``dataclasses.replace``); a list of plain values, one a
 sample (a batch's texts), is cut with them; other values (a number, a string) go to every piece as they are. Every
 tensor with a first dimension must have the batch's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,9 +57,22 @@ def check_split(batch: Any, pieces: int) -> None:
                             f"at most {samples} here")
 
 
+def is_batch_dataclass(value: Any) -> bool:
+    """A dataclass instance (a batch of the user's own type), not the class itself."""
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def replaced_fields(value: Any, change) -> Any:
+    """A dataclass batch with each of its fields (those ``__init__`` takes) replaced by ``change`` of it."""
+    return dataclasses.replace(value, **{field.name: change(getattr(value, field.name))
+                                         for field in dataclasses.fields(value) if field.init})
+
+
 def _piece(value: Any, start: int, end: int, samples: int) -> Any:
     if isinstance(value, torch.Tensor):
         return value[start:end] if value.dim() > 0 else value
+    if is_batch_dataclass(value):
+        return replaced_fields(value, lambda item: _piece(item, start, end, samples))
     if isinstance(value, Mapping):
         return type(value)({key: _piece(item, start, end, samples) for key, item in value.items()})
     if isinstance(value, (list, tuple)):
@@ -72,6 +87,8 @@ def _piece(value: Any, start: int, end: int, samples: int) -> Any:
 def _tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
+    if is_batch_dataclass(value):
+        return [tensor for field in dataclasses.fields(value) for tensor in _tensors(getattr(value, field.name))]
     if isinstance(value, Mapping):
         return [tensor for item in value.values() for tensor in _tensors(item)]
     if isinstance(value, (list, tuple)):

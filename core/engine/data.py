@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
 
+from torchlab.core.engine.batch_split import is_batch_dataclass, replaced_fields
 from torchlab.core.engine.state.checkpoint import capture_rng_state
 from torchlab.core.engine.adapters.loading import describe_code
 from torchlab.core.errors import WorkloadError, shown
@@ -378,4 +379,6 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
         return type(batch)(*(move_to_device(item, device) for item in batch))
     if isinstance(batch, (list, tuple)):
         return type(batch)(move_to_device(item, device) for item in batch)
+    if is_batch_dataclass(batch):  # a batch of the user's own type: its fields moved
+        return replaced_fields(batch, lambda item: move_to_device(item, device))
     return batch

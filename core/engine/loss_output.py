@@ -10,11 +10,13 @@ does not require grad, and a first step that fails in the user's code, are Workl
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
+from torchlab.core.engine.batch_split import is_batch_dataclass
 from torchlab.core.engine.data import evaluation_batches
 from torchlab.core.engine.adapters.loading import describe_code, user_frame
 from torchlab.core.engine.measure.memory import out_of_memory
@@ -198,4 +200,7 @@ def describe_batch(batch: Any) -> str:
         return "(" + ", ".join(describe_batch(item) for item in batch) + ")"
     if isinstance(batch, dict):
         return "{" + ", ".join(f"{key}: {describe_batch(value)}" for key, value in batch.items()) + "}"
+    if is_batch_dataclass(batch):
+        fields = ", ".join(f"{field.name}={describe_batch(getattr(batch, field.name))}" for field in dataclasses.fields(batch))
+        return f"{type(batch).__name__}({fields})"
     return type(batch).__name__
