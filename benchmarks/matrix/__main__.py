@@ -51,8 +51,9 @@ def _only(pairs_given: list[str]) -> dict[str, set[str]]:
     for given in pairs_given:
         name, _, value = given.partition("=")
         if name not in values or value not in values[name]:
-            raise SystemExit(f"python -m benchmarks.matrix: --only {given}: give FACTOR=VALUE, one of: "
-                             + "; ".join(f"{n}={'|'.join(v)}" for n, v in values.items()))
+            print(f"python -m benchmarks.matrix: --only {given}: give FACTOR=VALUE, one of: "
+                  + "; ".join(f"{n}={'|'.join(v)}" for n, v in values.items()), file=sys.stderr)
+            raise SystemExit(2)  # a usage error, as argparse's own
         only.setdefault(name, set()).add(value)
     return only
 
