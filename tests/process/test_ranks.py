@@ -222,6 +222,26 @@ def test_the_app_changes_the_world_size_and_the_trainer_stays_its_endpoint(tmp_p
         paused = seen.until(lambda m: isinstance(m, p.State) and m.state == "paused")
         link.send(p.ResumeCommand())
         seen.until(lambda m: isinstance(m, p.Metrics) and m.rows[-1].step > paused.step + 1)
+        # Paused, and the ranks relaunched at that boundary (to shard the model): the new ranks start paused. Found by
+        # the combination matrix: the pause reached the new rank 0 over its channel after its first step had begun.
+        before = len(seen.messages)
+        link.send(p.PauseCommand())
+        link.send(p.SetCommand(option="parallel", value="fsdp"))
+
+        def states_since() -> list[p.State]:
+            return [m for m in seen.messages[before:] if isinstance(m, p.State)]
+
+        def paused_after_the_relaunch() -> bool:
+            states = [m.state for m in states_since()]
+            return "relaunching" in states and "paused" in states[states.index("relaunching"):]
+
+        seen.until(lambda m: isinstance(m, p.OptionApplied) and m.option == "parallel" and paused_after_the_relaunch())
+        at = [m for m in states_since() if m.state == "paused"][-1]
+        relaunched = [m for m in states_since() if m.state == "relaunching"][-1]
+        assert at.step == relaunched.step  # before the new ranks' first step, not at a later boundary
+        assert not [m for m in seen.messages[before:] if isinstance(m, p.Metrics) and m.rows[-1].step > at.step]
+        link.send(p.ResumeCommand())
+        seen.until(lambda m: isinstance(m, p.Metrics) and m.rows[-1].step > at.step + 1)
     finally:
         assert link.close(grace_s=60) == 0
     events = read_jsonl(tmp_path / "run" / "events.jsonl")
