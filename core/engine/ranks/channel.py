@@ -48,6 +48,9 @@ from torchlab.core.wire.typed_json import UnreadableValue
 MAX_LINE_BYTES = 64 << 20
 #: How long the supervisor waits for rank 0 to connect and say hello (its imports came before).
 HELLO_TIMEOUT_S = 30.0
+#: How long rank 0, its trainer built, waits for commands already on their way before its first step (those sent at
+#: its hello have long arrived: this only covers one in flight).
+ARRIVED_WAIT_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -438,9 +441,30 @@ class SupervisorLink(TrainerObserver):
         self._send(RankHello(token=token))
 
     def attach(self, trainer) -> None:
-        """Start taking commands for ``trainer`` (anything with ``submit`` and ``request_stop``)."""
+        """Start taking commands for ``trainer`` (anything with ``submit`` and ``request_stop``): first, at once,
+        those that came while it was built (typed ahead in the app, sent when this rank said hello, seconds ago),
+        so that they are its first boundary's, as they would be in one process; then the rest, on a thread. (Read
+        only by the thread, they raced the first step: a pause typed ahead landed a step late, or died with ranks
+        an out-of-memory step at that boundary had the rescue start again.)"""
         self.trainer = trainer
-        threading.Thread(target=self._read_commands, name="torchlab-supervisor-link", daemon=True).start()
+        reader = LineReader(self._socket, MAX_LINE_BYTES)
+        deadline = time.monotonic() + ARRIVED_WAIT_S
+        while True:
+            try:
+                line = reader.next_line(deadline)
+            except TimeoutError:
+                break  # all that had come
+            except ProtocolError as error:  # an over-long line
+                self._answer_refused(str(error))
+                continue
+            except (EOFError, OSError):
+                break  # the thread meets the end again, and says so
+            try:
+                self._take(line)
+            except ProtocolError as error:
+                self._answer_refused(str(error))
+        self._socket.settimeout(None)
+        threading.Thread(target=self._read_commands, args=(reader,), name="torchlab-supervisor-link", daemon=True).start()
 
     def on_metrics(self, row: MetricsRow) -> None:
         self._send(MetricsReport.of(row))
@@ -497,28 +521,30 @@ class SupervisorLink(TrainerObserver):
         with self._rows_written:  # a checkpoint waiting for its rows' answer waits no more
             self._rows_written.notify_all()
 
-    def _read_commands(self) -> None:
-        reader = LineReader(self._socket, MAX_LINE_BYTES)
+    def _read_commands(self, reader: LineReader) -> None:
         while True:
             try:
-                message = decode(reader.next_line(), RankMessage)
+                self._take(reader.next_line())
             except ProtocolError as error:
                 self._answer_refused(str(error))
                 continue
             except (EOFError, OSError) as error:
                 self._break(_how_it_ended(error))
                 return
-            match message:
-                case CommandMessage():
-                    self.trainer.submit(message.as_command())
-                case RowsWritten():
-                    with self._rows_written:
-                        self._rows_answer = message
-                        self._rows_written.notify_all()
-                case ChannelRefused():  # the supervisor could not read a report of ours
-                    print(f"torchlab rank 0: the supervisor refused a report: {message.reason}", file=sys.stderr, flush=True)
-                case _:
-                    self._answer_refused(f"{message.type} is not a command")
+
+    def _take(self, line: bytes) -> None:
+        """One line from the supervisor; ProtocolError where it is none of ours."""
+        match decode(line, RankMessage):
+            case CommandMessage() as message:
+                self.trainer.submit(message.as_command())
+            case RowsWritten() as message:
+                with self._rows_written:
+                    self._rows_answer = message
+                    self._rows_written.notify_all()
+            case ChannelRefused() as message:  # the supervisor could not read a report of ours
+                print(f"torchlab rank 0: the supervisor refused a report: {message.reason}", file=sys.stderr, flush=True)
+            case message:
+                self._answer_refused(f"{message.type} is not a command")
 
     def _answer_refused(self, reason: str) -> None:
         with self._lock:

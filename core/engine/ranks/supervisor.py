@@ -59,13 +59,12 @@ from torchlab.core.engine.trainer import Trainer
 from torchlab.core.errors import ConfigError, StorageError, TorchlabError, WorkloadError
 from torchlab.core.records.config import TrainConfig, build_config, config_from_toml, load_config_file
 from torchlab.core.records.storage import create_file, make_folder, match_folder_privacy, write_atomically
-from torchlab.core.safe_open import read_regular_text
 from torchlab.core.wire.events import Relaunching, ResumeChangedSettings, ResumedFromCheckpoint, RunStarted
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import OPTION_NAMES, OptionRefused, live_option
 from torchlab.core.wire.payloads import TelemetrySample
-from torchlab.core.wire.protocol import Error, Message, OptionApplied, StopCommand, TrainerCommand, trainer_command
+from torchlab.core.wire.protocol import Error, Message, OptionApplied, StopCommand, TrainerCommand
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.runtime import die_with_parent
 
@@ -258,12 +257,10 @@ class Supervisor:
         with self._lock:
             self._channel = channel
             pending, self._pending = self._pending, []
-        # What the ranks before these left unapplied (a pause at the boundary of a relaunch) is rank 0's before its
-        # first boundary, read from a file at its start: sent over the channel, it raced rank 0's first step.
-        handed_over = logs / "commands.jsonl"
-        write_atomically(handed_over, "".join(command.json_text() + "\n" for command in pending))
+        for command in pending:
+            channel.send(command)
         args = ["-m", "torchlab.core.engine.ranks.supervisor", "--run-dir", str(self.run_dir), "--config", str(rank_config),
-                "--socket", str(channel.path), "--explicit", ",".join(sorted(explicit)), "--commands", str(handed_over)]
+                "--socket", str(channel.path), "--explicit", ",".join(sorted(explicit))]
         if resume is not None:
             args += ["--resume", str(resume)]
         os.environ[TOKEN_VARIABLE] = channel.token  # children inherit it; it never appears on a command line
@@ -539,7 +536,6 @@ def _rank_main(argv: list[str] | None) -> NoReturn:
     parser.add_argument("--socket", type=Path, required=True)
     parser.add_argument("--resume", type=Path)
     parser.add_argument("--explicit", default="")
-    parser.add_argument("--commands", type=Path, help="rank 0's commands before its first boundary, one a line")
     args = parser.parse_args(argv)
     context = rank_from_environment(supervised=True)
     if context is None:
@@ -569,9 +565,6 @@ def _rank_main(argv: list[str] | None) -> NoReturn:
             link.close()
         leave_without_teardown(2)
     if link is not None:
-        if args.commands is not None:
-            for line in read_regular_text(args.commands).splitlines():
-                trainer.submit(trainer_command(line))
         link.attach(trainer)
     try:
         outcome = trainer.run()
