@@ -56,8 +56,10 @@ class Evidence:
     def applied(self) -> list[dict[str, Any]]:
         """The option changes the run went through (option_history's reading: a live change that changed a value, a
         resume's or a restart's change at the step after its checkpoint, less what a resume trained over)."""
-        return [{"option": change.option, "value": change.value, "step": change.step}
-                for change in option_history(self.events())]
+        last = {(change.option, change.step): change.value for change in option_history(self.events())}
+        # two changes of one option at one boundary (the start's compile, then --at 1:compile=off): the step trains
+        # with the last, and that is what the impact table, the CSV and TensorBoard can show for it
+        return [{"option": option, "value": value, "step": step} for (option, step), value in last.items()]
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
