@@ -116,6 +116,8 @@ async def view(run_dir: Path, flags: list[str], option: str) -> None:
 
     deadline = time.monotonic() + WAIT_S
     while not said(p.State, lambda m: m.state == RunStatus.PAUSED):
+        if said(p.State, lambda m: m.state == RunStatus.FAILED):
+            raise TimeoutError("the controlled run failed before it paused")
         if time.monotonic() > deadline:
             raise TimeoutError("waited for the controlled run to pause")
         await asyncio.sleep(0.01)
