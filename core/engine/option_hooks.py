@@ -23,6 +23,7 @@ import torch
 from torchlab.core.engine.batch_split import check_split, split_batch
 from torchlab.core.engine.compiling import compile_model, compile_on_batch, failure_reason
 from torchlab.core.engine.parallel.distributed import check_world_size
+from torchlab.core.engine.parallel.sharding import refuse_shared_across_blocks
 from torchlab.core.engine.host_copy import check_rollback_fits
 from torchlab.core.engine.optimization import group_names
 from torchlab.core.engine.outcome import Relaunch
@@ -314,6 +315,11 @@ def _enact_parallel(parts: TrainingParts, mode: str) -> bool | str | None:
     held_as = "fsdp" if model.sharded is not None else "ddp" if model.ddp is not None else None
     if held_as is None or held_as == mode:  # the ranks start (wrap_for_ranks reads it), or nothing changes
         return None
+    if mode == "fsdp":
+        try:
+            refuse_shared_across_blocks(list(model.checkpointing.blocks.values()), model.model)
+        except ConfigError as error:
+            raise OptionRefused(str(error).removeprefix("parallel (--parallel) fsdp: ")) from None
     _can_relaunch(parts, f"parallel={mode}", f"--parallel {mode}")
     return False
 

@@ -169,3 +169,17 @@ def test_bf16_on_a_cnn_with_batchnorm_and_a_float_buffer_trains_after_a_live_swi
     assert [row["parallel"] for row in metrics] == ["ddp"] * 3 + ["fsdp"] * 4
     assert metrics[-1]["memory"]["gathered_bytes"] > 0
     assert losses["switched"] == pytest.approx(losses["ddp"], rel=1e-6)
+
+
+def test_a_live_switch_to_fsdp_of_a_model_whose_blocks_share_a_parameter_is_refused_and_ddp_trains_on(tmp_path):
+    """Found by the combination matrix: FSDP2 is refused at the start for a parameter two checkpoint blocks share,
+    but a live switch to it relaunched the ranks, which refused it at their start, and the run ended (exit 2)."""
+    shared = Path(__file__).parents[2] / "benchmarks" / "matrix" / "workloads" / "shared_blocks.py"
+    run = tmp_path / "run"
+    assert headless(run, f"{shared}:workload", "--world-size", "2", "--steps", "4", "--checkpoint-every", "0",
+                    "--eval-every", "0", "--at", "2:parallel=fsdp") == EXIT_OK
+    events = read_jsonl(run / "events.jsonl")
+    [refused] = [e for e in events if e["event"] == "option_refused"]
+    assert refused["option"] == "parallel" and "is also a parameter of" in refused["reason"]
+    assert [m["parallel"] for m in read_jsonl(run / "metrics.jsonl")] == ["ddp"] * 4
+    assert not [e for e in events if e["event"] == "relaunching"]

@@ -54,7 +54,7 @@ def shard(model: torch.nn.Module, blocks: list[torch.nn.Module], optimizer: torc
     parameter of a unit to it at every use, the unit's parameters are gathered in it (``unit_policy``)."""
     from torch.distributed.fsdp import fully_shard
 
-    _refuse_shared_across_blocks(blocks, model)
+    refuse_shared_across_blocks(blocks, model)
     _broadcast_from_rank_0(model)
     before = {id(parameter): name for name, parameter in model.named_parameters(remove_duplicate=False)}
     owners = _owner_types(model)
@@ -120,9 +120,10 @@ def _broadcast_from_rank_0(model: torch.nn.Module) -> None:
                 dist.broadcast(tensor.data, src=0)
 
 
-def _refuse_shared_across_blocks(blocks: list[torch.nn.Module], model: torch.nn.Module) -> None:
+def refuse_shared_across_blocks(blocks: list[torch.nn.Module], model: torch.nn.Module) -> None:
     """A ConfigError naming a parameter two blocks share (a tied weight): FSDP2 shards each block's parameters as a
-    unit of their own, and fails on one held by two with a message that names nothing."""
+    unit of their own, and fails on one held by two with a message that names nothing. Asked at the start, and before
+    a live change to FSDP2 relaunches the ranks (which would refuse it at their start, and end the run)."""
     block_names = {id(module): name for name, module in model.named_modules()}
     owner: dict[int, str] = {}
     for block in blocks:
