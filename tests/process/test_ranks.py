@@ -425,3 +425,16 @@ def test_the_workloads_metrics_are_the_mean_over_ranks_in_the_steps_one_all_redu
     rows = read_jsonl(run / "metrics.jsonl")
     assert [row["metrics"]["rank"] for row in rows] == [0.5] * 4  # ranks 0 and 1
     assert set(rows[0]["lrs"]) == {"body", "head"}
+
+
+def test_a_resume_whose_flag_every_rank_refuses_says_why_as_a_new_run_would(tmp_path, capsys):
+    """Found by the combination matrix (the error screen's restart with pin_memory on, on a CPU): each rank refused
+    the flag at its start, rank 1's exit reached the launcher before rank 0's report, and the run ended with "rank 1
+    failed: exited with code 2", exit 1, the paragraph lost."""
+    run = tmp_path / "run"
+    assert headless(run, f"{TINY}:workload", "--world-size", "2", "--steps", "2", "--checkpoint-every", "2",
+                    "--eval-every", "0") == EXIT_OK
+    capsys.readouterr()
+    assert main(["--resume", str(run), "--pin-memory", "--steps", "4", "--headless"]) == EXIT_USAGE
+    said = capsys.readouterr().err
+    assert "pin_memory (--pin-memory) on: pinned memory speeds up copies" in said and "exited with code" not in said

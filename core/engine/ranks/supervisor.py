@@ -38,6 +38,7 @@ import re
 import signal
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -518,6 +519,19 @@ def run_quiet_rank(config: TrainConfig, context: RankContext, *, run_dir: Path, 
     return supervisor.run()
 
 
+#: How long a rank other than 0 that refused its input waits before it exits: every rank makes the same checks,
+#: and rank 0's report (the paragraph, exit 2) must reach the supervisor before the launcher sees this rank's exit
+#: and takes the others down with it ("rank 1 failed: exited with code 2", the paragraph lost: a resume's flag the
+#: ranks refused once ended so).
+RANK_REFUSAL_GRACE_S = 3.0
+
+
+def _leave_refused(link: SupervisorLink | None) -> NoReturn:
+    if link is None:
+        time.sleep(RANK_REFUSAL_GRACE_S)
+    leave_without_teardown(2)
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -563,7 +577,7 @@ def _rank_main(argv: list[str] | None) -> NoReturn:
             link.on_event(Error(step=0, message=str(error), traceback="", rank=0))
             link.send_outcome(RunOutcome(RunStatus.USAGE, 0, str(error), error=type(error)))
             link.close()
-        leave_without_teardown(2)
+        _leave_refused(link)
     if link is not None:
         link.attach(trainer)
     try:
@@ -572,7 +586,7 @@ def _rank_main(argv: list[str] | None) -> NoReturn:
         if link is not None:
             link.send_outcome(RunOutcome(RunStatus.USAGE, trainer.step, str(error), error=type(error)))
             link.close()
-        leave_without_teardown(2)
+        _leave_refused(link)
     if link is not None:
         link.send_outcome(outcome, unhandled=trainer.pending_commands())
         link.close()
