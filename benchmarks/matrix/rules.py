@@ -30,8 +30,9 @@ def feasible(cell: Mapping[str, str], cuda: bool) -> bool:
     split scripted at the first boundary on the small device: the first forward sets that device's limit, so any
     split there runs out of memory, and with ranks the rescue starts them again from step 1, where the script sets
     the split back: a stop by design (README, "OOM rescue": a rung that does not hold stops the run); and the OOM
-    rescue turned off there, before the first step runs out of memory: a stop by design too."""
-    if (cell.get("device") == "half_batch" and cell.get("live_change") in ("split", "oom_rescue")
+    rescue turned off there, before the first step runs out of memory: a stop by design too; and a world size
+    changed there, which changes what one forward takes before the device's limit is met (no rescue to check)."""
+    if (cell.get("device") == "half_batch" and cell.get("live_change") in ("split", "oom_rescue", "world_size")
             and cell.get("run_event", "none") in APP_EVENTS):
         return False
     if expected_refusal(cell, cuda) is None:
