@@ -35,6 +35,8 @@ def feasible(cell: Mapping[str, str], cuda: bool) -> bool:
     if (cell.get("device") == "half_batch" and cell.get("live_change") in ("split", "oom_rescue", "world_size")
             and cell.get("run_event", "none") in APP_EVENTS):
         return False
+    if cell.get("live_change") == "pin_memory" and cell.get("run_event") == "app_error_restart" and not cuda:
+        return False  # set on the error screen, a CPU's restart refuses it at its start: tests/process/test_ranks.py
     if expected_refusal(cell, cuda) is None:
         return True
     return all(cell.get(factor, "none") == "none" for factor in EVENT_FACTORS)
