@@ -29,7 +29,7 @@ from torchlab.core.engine.nested_state import map_state
 from torchlab.core.engine.parallel.distributed import seed_rank
 from torchlab.core.engine.option_hooks import OptionsInForce
 from torchlab.core.engine.parts import Stateful, TrainingParts
-from torchlab.core.engine.parallel.sharding import whole
+from torchlab.core.engine.parallel.sharding import gathered_whole
 from torchlab.core.errors import ConfigError, StorageError
 from torchlab.core.records.config import config_from_toml
 from torchlab.core.wire import protocol as p
@@ -111,7 +111,8 @@ class Checkpointer:
             return
         state = self.state_dict()
         if sharded:  # every rank takes part in gathering each tensor whole; rank 0 keeps them (core/engine/parallel/sharding.py)
-            state.model, state.optimizer = whole(state.model, parts.world.reports), whole(state.optimizer, parts.world.reports)
+            state.model = gathered_whole(state.model, parts.world.reports)
+            state.optimizer = gathered_whole(state.optimizer, parts.world.reports)
             if not parts.world.reports:
                 return
         state.rng_by_rank = rng_by_rank

@@ -10,7 +10,7 @@ parameters and their state (Adam's moments) onto the shards, by the parameter's 
 code for DDP and FSDP, and the losses are the same, in full precision and in bf16 (autocast for both; ``unit_policy``
 gathers in bf16 only what autocast would cast): tests/process/test_fsdp.py.
 
-Checkpoints hold whole tensors gathered on rank 0 (``whole``), in the same file as a DDP run's or a single
+Checkpoints hold whole tensors gathered on rank 0 (``gathered_whole``), in the same file as a DDP run's or a single
 process's, not torch.distributed.checkpoint's sharded folder: a run changes world size and strategy while it
 trains, and a file every world size and either strategy loads as it is keeps one resume path for all of them
 (the model is loaded into the unsharded model, then sharded: ``ModelForms.wrap_for_ranks``). Gathering costs one
@@ -167,7 +167,7 @@ def _sharded_like(value: Any, whole: torch.Tensor, sharded: torch.Tensor) -> Any
     return distribute_tensor(value.to(sharded.device), sharded.device_mesh, sharded.placements, src_data_rank=None)
 
 
-def whole(value: Any, keep: bool) -> Any:
+def gathered_whole(value: Any, keep: bool) -> Any:
     """``value`` (a state dict, nested) with each DTensor gathered whole: one all-gather per tensor, which every rank
     calls in the same order. ``keep``: this rank keeps the result, on the CPU, one tensor at a time (rank 0, which
     writes the checkpoint); the others drop each as it is gathered (None in its place)."""
