@@ -238,8 +238,14 @@ def _enact_split(parts: TrainingParts, pieces: int) -> None:
     judged by the last batch (before the first step, the next one: fetched now, it is the one the step takes, and
     no checkpoint lies between)."""
     if pieces > 1:
-        data = parts.data
-        check_split(data.last_batch if data.last_batch is not None else data.peek_batch(), pieces)
+        check_split(_a_batch(parts), pieces)
+
+
+def _a_batch(parts: TrainingParts) -> Any:
+    """A batch of this run to judge a change by: the last step's, or before the first step the next one (fetched now,
+    it is the one the step takes, and no checkpoint lies between)."""
+    data = parts.data
+    return data.last_batch if data.last_batch is not None else data.peek_batch()
 
 
 @enacts(OOM_RESCUE)
@@ -295,10 +301,13 @@ def _enact_world_size(parts: TrainingParts, size: int) -> bool:
     if size == world.size:
         return True
     check_world_size(size, device=parts.device, batch_size=parts.batch_size)
-    share, split = parts.batch_size // size, parts.options.split
-    if split > share:  # else the new ranks would refuse the split at their start, and the run end there
-        raise OptionRefused(f"{size} ranks would each take {share} samples a batch, fewer than the {split} pieces "
-                            f"split = {split} cuts it into: lower split first")
+    if parts.options.split > 1:  # else the new ranks would refuse the split at their start, and the run end there
+        share = split_batch(_a_batch(parts), size)[0][0]  # one rank's part of the batch
+        try:
+            check_split(share, parts.options.split)
+        except OptionRefused as refusal:
+            raise OptionRefused(f"{size} ranks would each take {parts.batch_size // size} samples a batch, and "
+                                f"{refusal}: lower split first") from None
     _can_relaunch(parts, f"{size} ranks", f"--nproc-per-node {size}")
     return False
 
@@ -348,8 +357,7 @@ def compile_now(parts: TrainingParts, compiled: torch.nn.Module, precision: Prec
     left for the step) cut as the step cuts it (its first piece under ``split``: the whole batch would need the
     memory the split is there to save), changing nothing else (core/engine/compiling.py); say how long it took, or
     raise OptionRefused with torch.compile's reason."""
-    whole = parts.data.last_batch if parts.data.last_batch is not None else parts.data.peek_batch()
-    batch = split_batch(whole, parts.options.split)[0][0]
+    batch = split_batch(_a_batch(parts), parts.options.split)[0][0]
     parts.reporter.emit(CompileStarted(step=parts.progress.step + 1, detail=what))  # seconds to minutes: say why training waits
 
     def forward_and_backward() -> None:
