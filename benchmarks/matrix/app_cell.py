@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.matrix.cell import KILL_AFTER  # a checkpoint and this many rows: a kill mid-run, with a restart point
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.options import OPTIONS_BY_NAME, Number
 from torchlab.core.wire.run_status import RunStatus
@@ -37,8 +38,6 @@ from torchlab.tui.widgets.event_log import EventLog
 
 SIZE = (120, 40)
 WAIT_S = 240.0
-#: A checkpoint and this many rows landed: the kill is mid-run, with something to restart from.
-KILL_AFTER = 4
 
 problems: list[str] = []
 
