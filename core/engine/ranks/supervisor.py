@@ -39,6 +39,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -533,9 +534,20 @@ def _leave_refused(link: SupervisorLink | None) -> NoReturn:
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
+    """One rank: ``@record`` writes its error file (the supervisor's traceback of it), then the rank leaves at once.
+
+    Leaving by Python's own exit frees the process group first, which closes this rank's connections while it
+    is still running; a peer blocked in a collective then aborts on the lost connection, and the launcher could
+    see that abort (an effect) before this rank's exit (the cause) and report only the abort: "rank 0 was killed
+    by signal 6" for a run whose rank 1 raised (seen under load in CI). Leaving without teardown, the peers lose
+    this rank only when it has exited with its error recorded."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    record(_rank_main)(argv)
+    try:
+        record(_rank_main)(argv)
+    except Exception:  # recorded in this rank's error file; printed to its log
+        traceback.print_exc()
+        leave_without_teardown(1)
 
 
 def _rank_main(argv: list[str] | None) -> NoReturn:
