@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
-from torch.utils.checkpoint import CheckpointError, checkpoint
+from torch.utils.checkpoint import checkpoint
 
 from torchlab.core.errors import WorkloadError
 
@@ -45,7 +45,7 @@ class ActivationCheckpointing:
 
     def __init__(self, model: torch.nn.Module, block_names: Sequence[str] | None) -> None:
         names = list(block_names) if block_names is not None else default_checkpoint_blocks(model)
-        #: why this model's blocks cannot be checkpointed, once a step found it (``recomputed_otherwise``)
+        #: why this model's blocks cannot be checkpointed, once a step found it (core/engine/guards/oom_rescue.py ``with_rescue``)
         self.cannot: str | None = None
         self.blocks: dict[str, torch.nn.Module] = {}
         for name in names:
@@ -129,12 +129,6 @@ def _without_cache(kwargs: dict) -> dict:
         if kwargs.get(name) is not None:
             kwargs[name] = None
     return kwargs
-
-
-def recomputed_otherwise(error: BaseException) -> bool:
-    """Whether a step failed because a checkpointed block's recomputation saved other tensors than its forward did:
-    a block whose forward depends on a state it changes (a counter, a cache it fills)."""
-    return isinstance(error, CheckpointError)
 
 
 def _checkpoint_contexts(block: torch.nn.Module):

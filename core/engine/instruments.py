@@ -28,7 +28,7 @@ from torchlab.core.engine.measure.memory import MemoryCadence, MemoryProbe, Save
 from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.engine.measure.profiler import Profiling
 from torchlab.core.engine.measure.probes import ActivationStatsProbe, GradNormProbe, GradNorms, ProbeCadence
-from torchlab.core.engine.measure.step_report import HostTransfer, HostValues, StepReport, stats_by_module
+from torchlab.core.engine.measure.step_report import HostTransfer, HostValues, StepReport, Update, stats_by_module
 from torchlab.core.engine.measure.update_probe import UpdateFigures, UpdateProbe
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.payloads import MemoryBreakdown
@@ -39,25 +39,35 @@ _NOTHING = contextlib.nullcontext()
 
 @dataclass(frozen=True, slots=True)
 class StepPlan:
-    """What one step measures besides training, decided before it starts.
+    """What one step measures besides training, and how it treats a failure, decided before it starts.
 
     ``report``: its figures go to a metrics row; ``activations``: activation statistics (hooks on this step
     only; a compiled model runs uncompiled for it, since hooks added to a compiled model do not fire);
     ``memory``: memory by kind (the first micro-batch's forward counted); ``probe``: per-module gradient norms.
-    ``trial``: a trial's step, whose figures teach the cadences nothing."""
+
+    What a trial arm's step does otherwise (``StepPlan.trial``): ``training``: training's own step, whose figures
+    teach the cadences and the update probe, which sends the row held for them, and whose NaN stops the run (an
+    arm's NaN loss ends the arm); ``guarded``: the spike guard judges it; ``retries``: a step that runs out of memory
+    is tried again one rung down (in training, in one process: with ranks, the others wait in its collectives)."""
 
     report: bool = False
     activations: bool = False
     memory: bool = False
     probe: bool = False
-    trial: bool = False
+    training: bool = True
+    guarded: bool = True
+    retries: bool = True
+
+    @classmethod
+    def trial(cls, memory: bool) -> StepPlan:
+        """A trial arm's step: it reports nothing, measures memory where asked, and teaches training nothing."""
+        return cls(memory=memory, training=False, guarded=False, retries=False)
 
 
-#: A step that reports nothing and measures nothing (between report steps, with ``--log-every`` above 1).
-QUIET = StepPlan()
-#: Every report step's plan, by (activations, memory, probe): made once, not each step.
-_REPORT_PLANS = {(activations, memory, probe): StepPlan(report=True, activations=activations, memory=memory, probe=probe)
-                 for activations in (False, True) for memory in (False, True) for probe in (False, True)}
+#: Training's plans, by (report, activations, memory, probe, retries): made once, not each step.
+_PLANS = {(report, activations, memory, probe, retries): StepPlan(report, activations, memory, probe, retries=retries)
+          for report in (False, True) for activations in (False, True) for memory in (False, True)
+          for probe in (False, True) for retries in (False, True)}
 
 
 @dataclass
@@ -144,15 +154,17 @@ class Instruments:
         profiler, nor on a compiled run's step that runs uncompiled (its activations are not the compiled model's).
         With ranks, rank 0's probe decision holds for every rank, so a non-finite gradient is seen by every rank
         at the same step."""
+        parts = self.parts
+        retries = parts.world.collectives is None
         if not self.is_report_step(step):
-            return QUIET
-        parts, every = self.parts, self.parts.config.act_stats_every
+            return _PLANS[False, False, False, False, retries]
+        every = parts.config.act_stats_every
         activations = every > 0 and step % every == 0
         eager = activations and parts.model.compiled is not None
         memory = (parts.world.reports and self.profiling.recording is None and not eager
                   and self.memory_cadence.due(step))
         probe = self.next_step.probe if parts.world.collectives is not None else self.cadence.should_probe(step)
-        return _REPORT_PLANS[activations, memory, probe]
+        return _PLANS[True, activations, memory, probe, retries]
 
     def watch(self, plan: StepPlan, step: int) -> StepWatch:
         """Start measuring ``step``: its clock starts now."""
@@ -165,7 +177,6 @@ class StepWatch:
     def __init__(self, instruments: Instruments, plan: StepPlan, step: int) -> None:
         self._started = time.perf_counter()
         self.instruments, self.plan, self.step = instruments, plan, step
-        self.options = instruments.parts.options  # commands change them only between steps (an OOM rescue, in one)
         self._graphs = compiled_graphs() if plan.report and instruments.parts.model.compiled is not None else None
         self._saved: SavedTensorCount | None = None
         self._gradients_bytes = 0
@@ -214,14 +225,14 @@ class StepWatch:
         finally:
             self._not_the_steps_s += time.perf_counter() - started
 
-    def before_update(self) -> list[torch.Tensor] | None:
-        """Before the optimizer step of a step the probe measures (in training, on the rank that reports, or on every
-        rank where the parameters are sharded): the parameters' copy that ``after_update`` measures the update
-        against."""
+    def measured_update(self, update: Callable[[], bool]) -> bool:
+        """The optimizer step (``update``: whether the precision took it), measured on a step the probe measures (in
+        training, on the rank that reports, or on every rank where the parameters are sharded): the parameters are
+        copied before it, and its figures, measured on the device after it, go with the next transfer."""
         instruments, plan = self.instruments, self.plan
-        if (not plan.probe or plan.trial or instruments.updates_off
+        if (not plan.probe or not plan.training or instruments.updates_off
                 or not (instruments.parts.world.reports or instruments.grad_probe.sharded)):
-            return None
+            return update()
         started = time.perf_counter()
         try:
             before = instruments.update_probe.before_update()
@@ -232,17 +243,13 @@ class StepWatch:
         if before is None:  # out of the except: the partial copy is gone with its frames
             instruments.turn_updates_off(self.step)
         self._probe_s += time.perf_counter() - started
-        return before
-
-    def after_update(self, before: list[torch.Tensor] | None) -> None:
-        """After the optimizer step: its figures measured on the device, on their way with the next transfer."""
-        if before is None:
-            return
-        started = time.perf_counter()
-        instruments = self.instruments
-        instruments.update_in_flight = instruments.update_probe.after_update(self.step, before,
-                                                                             instruments.parts.optimization.optimizer)
-        self._probe_s += time.perf_counter() - started
+        stepped = update()
+        if before is not None and stepped:
+            started = time.perf_counter()
+            instruments.update_in_flight = instruments.update_probe.after_update(
+                self.step, before, instruments.parts.optimization.optimizer)
+            self._probe_s += time.perf_counter() - started
+        return stepped
 
     def to_host(self, loss: torch.Tensor, norms: GradNorms | None, metrics: torch.Tensor | None) -> HostValues:
         """Everything this step reports, moved to the host in one transfer: on CUDA, the step's sync point."""
@@ -252,7 +259,7 @@ class StepWatch:
         transfer.add("grad_norms", norms.per_module if norms is not None else None)  # None between the probe's steps
         transfer.add("act_stats", self._act_stats)
         transfer.add("metrics", metrics)
-        in_flight = self.instruments.update_in_flight if not self.plan.trial else None
+        in_flight = self.instruments.update_in_flight if self.plan.training else None
         if in_flight is not None and in_flight.values is None:  # the last measured step's update figures come along
             transfer.add("update", in_flight.packed)
         host = transfer.to_host()
@@ -260,8 +267,7 @@ class StepWatch:
             in_flight.values = host.vector("update")
         return host
 
-    def finish(self, host: HostValues, loss: float, grad_norm_total: float | None, clipped: bool | None, stepped: bool,
-               lrs_used: list[float], spike: str | None = None) -> StepReport:
+    def finish(self, host: HostValues, update: Update) -> StepReport:
         """The step as the host sees it, once its optimizer step is taken (the optimizer's state, counted on a
         memory step, exists from the first). Its time is the step's own: reporting it is not part of it."""
         step_time = time.perf_counter() - self._started - self._not_the_steps_s
@@ -270,7 +276,7 @@ class StepWatch:
         if self._saved is not None:
             memory = instruments.memory_probe.breakdown(self.step, self._saved, self._gradients_bytes,
                                                         parts.optimization.optimizer, parts.device)
-        if not plan.trial:
+        if plan.training:
             instruments.cadence.record_step(step_time)
             if plan.probe and self._probe_s > 0:
                 instruments.cadence.record_probe(self.step, self._probe_s)  # it follows its cost
@@ -283,22 +289,22 @@ class StepWatch:
         lr_groups, metric_names = parts.lr_groups, parts.loss.metric_names.names
         return StepReport(
             step=self.step,
-            options=self.options,
-            loss=loss,
-            lr=lrs_used[0],
-            stepped=stepped,
-            grad_norm_total=grad_norm_total,
-            clipped=clipped,
+            options=update.options,
+            loss=update.loss,
+            lr=update.lrs_used[0],
+            stepped=update.stepped,
+            grad_norm_total=update.grad_norm_total,
+            clipped=update.clipped,
             grad_norms=_named(instruments.grad_probe.module_names, grad_norms),
             act_stats=stats_by_module(instruments.activation_probe.module_names, act_stats) if act_stats is not None else None,
             step_time_s=step_time,
             data_wait_s=parts.data.take_wait(),
             memory=memory,
             metrics=_named(metric_names, metrics),
-            lrs=_named(lr_groups, lrs_used),
+            lrs=_named(lr_groups, update.lrs_used),
             compiling=compiling,
             ran_eagerly=plan.activations and parts.model.compiled is not None,
-            spike=spike,
+            spike=update.spike,
         )
 
 

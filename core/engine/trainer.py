@@ -1,8 +1,8 @@
 """The trainer: one loop over parts that own their state, which applies option changes at step boundaries.
 
 The loop (``train_steps``) is a step boundary (core/engine/commands.py: queued commands apply there, never
-inside a step), one optimizer step (``train_step``, read top to bottom like nanoGPT's), its report, and what
-follows a step (a periodic checkpoint, the profiler's mark). The parts it trains with, each with its own
+inside a step), one optimizer step (``train_step``: core/engine/step.py, read top to bottom like nanoGPT's), its
+report, and what follows a step (a periodic checkpoint, the profiler's mark). The parts it trains with, each with its own
 ``state_dict`` and ``load_state_dict``, are in core/engine/parts.py; the checkpoint is what they return,
 gathered and written by core/engine/checkpointer.py. A controlled trial (core/engine/trials.py) runs the same
 step. What a step measures besides training (probes, memory by kind, its time) is core/engine/instruments.py's.
@@ -31,29 +31,23 @@ from typing import Any
 
 import torch
 
-from torchlab.core.engine.activation_checkpointing import recomputed_otherwise
-from torchlab.core.engine.batch_split import split_batch
 from torchlab.core.engine.checkpointer import Checkpointer
 from torchlab.core.engine.commands import StepBoundary
 from torchlab.core.engine.data import BatchStream
 from torchlab.core.engine.parallel.distributed import RankContext, seed_rank
-from torchlab.core.engine.instruments import Instruments, StepPlan, StepWatch
+from torchlab.core.engine.instruments import Instruments
 from torchlab.core.engine.adapters.loading import placed_error
-from torchlab.core.engine.loss_output import mean_of_micro_batches
-from torchlab.core.engine.measure.memory import out_of_memory
-from torchlab.core.engine.guards.nonfinite import again_after_nonfinite, resume_after_nonfinite, stop_on_nonfinite
-from torchlab.core.engine.guards.oom_rescue import (
-    StepGenerators, batch_norm_layers, free_failed_step, next_rung, without_checkpointing,
-)
+from torchlab.core.engine.guards.nonfinite import again_after_nonfinite, resume_after_nonfinite
+from torchlab.core.engine.guards.oom_rescue import batch_norm_layers
 from torchlab.core.engine.option_hooks import enact_initial
 from torchlab.core.engine.outcome import RunOutcome
 from torchlab.core.engine.parts import Reporter, TrainingParts
-from torchlab.core.engine.measure.probes import clip_by_total_norm, clipped
 from torchlab.core.engine.measure.profiler import Profiling
 from torchlab.core.engine.guards.spike_guard import SpikeGuard
 from torchlab.core.engine.measure.step_report import StepReport, metrics_row
 from torchlab.core.engine.measure.telemetry import TelemetrySampler
-from torchlab.core.engine.trials import Trials, TrialStopped
+from torchlab.core.engine.step import OptimizerStep
+from torchlab.core.engine.trials import Trials
 from torchlab.core.engine.adapters.workload_settings import changed_since_the_start, starting_configuration
 from torchlab.core.errors import ConfigError, NonFiniteError, StorageError, WorkloadError
 from torchlab.core.records.config import TrainConfig
@@ -130,6 +124,8 @@ class Trainer:
                 raise ConfigError(f"parallel (--parallel) fsdp with amp={parts.options.amp}: {refusal}.") from None
         # After the sharding: the probes hold the parameters FSDP2 put in place of the model's own.
         self.instruments = Instruments(parts, self.profiling)
+        #: one optimizer step, training's and each of a trial arm's steps (core/engine/step.py)
+        self.train_step = OptimizerStep(parts, self.instruments, self.guard, self._release_held_row)
         self.trials = Trials(parts, self.train_step, self.checkpoints, self.profiling)
         self.boundary = StepBoundary(parts, self.instruments, self.checkpoints, self.trials, self.profiling)
         if initial.compile and parts.world.reports:
@@ -326,137 +322,6 @@ class Trainer:
             self._after_step(step)
         return True
 
-    def train_step(self, plan: StepPlan) -> StepReport:
-        """One optimizer step, read top to bottom: training's, and each step of a trial's arm. ``plan`` says what
-        it measures besides; its one host transfer is its only synchronisation point."""
-        parts, step = self.parts, self.parts.progress.step + 1
-        precision, optimizer, data = parts.precisions.current, parts.optimization.optimizer, parts.data
-        clip = parts.options.clip
-        watch = self.instruments.watch(plan, step)  # the step's clock; activation hooks on a sampled step
-        taken: list = []  # the step's batches: a retry after running out of memory runs the same ones
-        generators: list[StepGenerators] = []  # as the step's first forward found them, for a retry
-        while True:
-            try:
-                losses, metrics = self._forward_backward(plan, step, watch, taken, generators)
-                break
-            except Exception as error:
-                recompute = recomputed_otherwise(error) and bool(parts.options.checkpointing) and self._retries(plan)
-                if not (recompute or out_of_memory(error) and parts.options.oom_rescue and self._retries(plan)):
-                    raise
-                failure = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
-            free_failed_step(parts)  # out of the except: the failed attempt's frames, and what they held, are gone
-            if generators:
-                generators[0].restore()
-            if recompute:  # a block that cannot be checkpointed: the step again without it
-                self.reporter.emit(without_checkpointing(parts, step, failure))
-            else:
-                self.reporter.emit(next_rung(parts, step, failure, taken[0] if taken else data.peek_batch(),
-                                             self.instruments.memory_at_failure, self.instruments.last_memory))
-            watch.options = parts.options  # the step's row says what it trained with: the rung's value
-        if step < parts.config.steps:
-            data.fetch_ahead()  # CUDA: the next step's batch, while the device runs the backward
-        precision.unscale_(optimizer)  # fp16: true-scale gradients, before they are measured or clipped
-        loss, mean_metrics = mean_of_micro_batches(losses, metrics)
-        if parts.world.collectives is not None:  # every rank then sees the same loss and stops on the same NaN
-            loss, mean_metrics = parts.world.collectives.mean_loss(loss, mean_metrics)
-        # measured when the probe is due, or clipping or the spike guard needs them
-        norms = watch.gradients(clipping=clip is not None or self.guard.on)
-        host = watch.to_host(loss, norms, mean_metrics)  # like nanoGPT's loss.item(): on CUDA, a sync
-        if not plan.trial:  # the measured step before: its update figures came with this transfer, before our update
-            watch.outside_the_step(self._release_held_row)
-        loss_value, total_norm = host.scalar("loss"), host.scalar("grad_norm_total")
-        lrs_used = [group["lr"] for group in optimizer.param_groups]  # before the schedule moves them on
-        spike = None if plan.trial else self.guard.judge(step, loss_value, total_norm)  # None: an ordinary step
-        if spike is not None and spike.action in HELD_BACK:  # its update not applied: skipped, or rolled back
-            optimizer.zero_grad(set_to_none=True)
-            spike = self.guard.hold_back(spike)
-            return watch.finish(host, loss_value, total_norm, clipped(total_norm, clip), False, lrs_used, spike.action)
-        if not precision.tolerates_nonfinite and not _finite(loss_value, total_norm):  # fp16 skips the step instead
-            self._stop_on_nonfinite(plan, step, loss_value, total_norm)  # before the optimizer step: weights stay good
-        if clip is not None and norms is not None:  # decided from the total the host holds: below the limit, nothing
-            clip_by_total_norm(norms, clip, total_norm)
-        self.guard.before_update()  # CUDA: the update waits for the host copy taken at the boundary, if on its way
-        before = watch.before_update()  # a measured step: the weights its update is measured against
-        stepped = precision.step(optimizer)  # fp16: scaler.step(optimizer) and scaler.update(); False: skipped
-        watch.after_update(before if stepped else None)  # its figures, with the next transfer; none of no update
-        optimizer.zero_grad(set_to_none=True)
-        optimization = parts.optimization  # the next LR, times the live scale (an epoch schedule's at an epoch's end)
-        optimization.step_schedule(optimization.per_epoch and parts.data.finished_epoch())
-        if spike is not None:  # let through: the guard is off (a notice), or a new level
-            self.guard.report(spike)
-        return watch.finish(host, loss_value, total_norm, clipped(total_norm, clip), stepped, lrs_used,
-                            spike.action if spike is not None else None)
-
-    def _forward_backward(self, plan: StepPlan, step: int, watch: StepWatch, taken: list,
-                          generators: list[StepGenerators]) -> tuple[list, list]:
-        """The step's forward and backward passes, ``accum`` micro-batches of ``split`` pieces each (the batches in
-        ``taken`` first, then new ones, added to it): the micro-batches' losses and metrics, on the device. Where the
-        step may be retried, ``generators`` gets torch's random generators as its first forward finds them."""
-        parts, precision, data = self.parts, self.parts.precisions.current, self.parts.data
-        accum, split = parts.options.accum, parts.options.split
-        model = parts.model.for_step(eager=plan.activations)  # hooks added to a compiled model would not fire
-        losses, metrics = [], []
-        before_step = parts.workload.before_step
-        weights = None  # each piece's weight: its share of the samples, or of the items (Workload.loss_items)
-        cut: list = []  # the step's batches cut in pieces (each the batch itself, weighted 1, unless split)
-        if parts.workload.loss_items is not None:  # the step's batches first: the items of all of them are counted
-            while len(taken) < accum:
-                taken.append(data.next_batch())
-            cut = [split_batch(batch, split) for batch in taken]
-            weights = parts.loss.item_weights([[piece for piece, _ in pieces] for pieces in cut], parts.world.collectives)
-        for micro in range(accum):
-            if micro == len(taken):
-                taken.append(data.next_batch())
-            if micro == 0 and before_step is not None:  # where the run is, for a loss that depends on it
-                before_step(step, data.epoch_of_taken(len(taken)))  # the epoch of the step's first batch
-            if micro == 0 and not generators and self._retries(plan):
-                generators.append(StepGenerators.capture(parts.device))
-            pieces = cut[micro] if cut else split_batch(taken[micro], split)
-            for index, (piece, share) in enumerate(pieces):
-                weight = weights[micro][index] if weights is not None else share
-                whole = weights is None and share == 1  # the batch itself: its loss as it is
-                last = micro == accum - 1 and index == len(pieces) - 1
-                with parts.model.gradient_sync(last):  # DDP: averaged on the step's last backward
-                    with watch.forward(), precision.autocast():  # a memory step counts the first forward's saved tensors
-                        loss, metric_values = parts.loss(model, piece, step)
-                    # each piece's weight over the micro-batches: the gradients add up to the mean's
-                    precision.backward(loss if whole and accum == 1 else loss * (weight / accum))  # fp16: scaled
-                weighted = loss.detach() if whole else loss.detach().float() * weight
-                weighted_metrics = metric_values if whole or metric_values is None else metric_values * weight
-                if index == 0:
-                    losses.append(weighted)
-                    metrics.append(weighted_metrics)
-                else:  # the micro-batch's loss and metrics: its pieces' weighted by their shares
-                    losses[-1] = losses[-1] + weighted
-                    metrics[-1] = metrics[-1] + weighted_metrics if metric_values is not None else None
-        return losses, metrics
-
-    def _retries(self, plan: StepPlan) -> bool:
-        """Whether a failed step can be retried (core/engine/guards/oom_rescue.py): in training (a trial's arm reports its
-        failure) and in one process (other ranks would wait in its collectives)."""
-        return not plan.trial and self.parts.world.collectives is None
-
-    def _stop_on_nonfinite(self, plan: StepPlan, step: int, loss_value: float, total_norm: float | None) -> None:
-        """NaN/Inf stops the run before the optimizer step, so the weights and the last checkpoint stay good (under
-        fp16 it is routine overflow, and the precision skips the step instead). In a trial's arm a NaN loss ends the
-        arm, and training goes on."""
-        if plan.trial:
-            if not math.isfinite(loss_value):
-                raise TrialStopped(loss_value)
-            return
-        self._raise_nonfinite(step, loss_value, total_norm)
-
-    def _raise_nonfinite(self, step: int, loss_value: float, total_norm: float | None) -> None:
-        parts = self.parts
-        precision, batch = parts.precisions.current, parts.data.last_batch
-
-        def replay() -> torch.Tensor:
-            with precision.autocast():
-                return parts.loss.alone(parts.model.model, batch)
-
-        stop_on_nonfinite(step, loss_value, total_norm, model=parts.model.model, optimizer=parts.optimization.optimizer,
-                          run_loss=replay, batch=batch)
-
     def _count_skip(self, report: StepReport) -> None:
         """An optimizer step the precision skipped (fp16 overflow) is said; too many in a row stop the run. One the
         spike guard held back was said by it."""
@@ -468,7 +333,7 @@ class Trainer:
         self._consecutive_skips += 1
         self.reporter.emit(StepSkipped(step=report.step, **self.parts.precisions.current.skipped_step()))
         if self._consecutive_skips >= MAX_CONSECUTIVE_FP16_SKIPS:
-            self._raise_nonfinite(report.step, math.nan, None)
+            self.train_step.raise_nonfinite(report.step, math.nan, None)
 
     def _report(self, report: StepReport) -> None:
         """A report step: each rank's figures when due (a collective: every rank takes part), then rank 0 writes
@@ -530,6 +395,3 @@ class Trainer:
         return parts.loss.evaluate(parts.model.model, batch_size=parts.batch_size, limit=parts.config.eval_batches,
                                    autocast=parts.precisions.current.autocast, step=parts.progress.step)
 
-
-def _finite(loss_value: float, total_norm: float | None) -> bool:
-    return math.isfinite(loss_value) and (total_norm is None or math.isfinite(total_norm))

@@ -7,7 +7,7 @@ the option changed (the options part's ``load_state_dict`` enacts it) and as it 
 and training goes on exactly as if no trial had run: the same weights, optimizer moments, LR, random numbers and
 next batch, so a run with a trial and a run without one have bit-identical losses at every training step
 (``tests/test_trials.py``). An arm's steps are training's own step (``Trainer.train_step``), planned to report
-nothing (``StepPlan(trial=True)``).
+nothing (``StepPlan.trial``).
 
 **Interleaved.** The arms do not run one after the other, where a load that came between them would decide
 their speeds: they alternate in blocks of about ``BLOCK_STEPS`` steps, A B B A A B ..., the i-th block of each
@@ -190,7 +190,7 @@ class Trials:
         start, timed = progress.done, []
         try:
             for index in range(start, end):
-                report = self.train_step(StepPlan(memory=index == memory_step and self.parts.world.reports, trial=True))
+                report = self.train_step(StepPlan.trial(memory=index == memory_step and self.parts.world.reports))
                 if index < compared:
                     record.losses.append(report.loss)
                 if index not in (0, memory_step):  # the arm's first pays the change's one-off costs, the other the hooks

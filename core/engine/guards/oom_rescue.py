@@ -29,11 +29,14 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
+from torch.utils.checkpoint import CheckpointError
 
 from torchlab.core.engine.activation_checkpointing import saved_by_block
 from torchlab.core.engine.batch_split import batch_samples
+from torchlab.core.engine.measure.memory import out_of_memory
 from torchlab.core.engine.option_hooks import enact
 from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.errors import TorchlabError
@@ -42,6 +45,9 @@ from torchlab.core.wire.events import OomRescued
 from torchlab.core.wire.options import CHECKPOINTING, SPLIT, LiveOption, LiveOptions, OptionRefused
 from torchlab.core.wire.payloads import MemoryBreakdown
 from torchlab.core.wire.units import format_bytes
+
+
+T = TypeVar("T")
 
 
 class OutOfMemoryStop(TorchlabError):
@@ -71,6 +77,49 @@ class StepGenerators:
         torch.set_rng_state(self.cpu)
         if self.cuda is not None:
             torch.cuda.set_rng_state(self.cuda, self.device)
+
+
+class StepAttempts:
+    """What a step that may run again after a failure (``retries``) keeps across its attempts: the batches it took,
+    which a retry trains on again, and torch's generators as its first forward found them (``StepGenerators``)."""
+
+    def __init__(self, retries: bool) -> None:
+        self.retries = retries
+        self.batches: list = []
+        self._generators: StepGenerators | None = None
+
+    def first_forward(self, device: torch.device) -> None:
+        """Before the step's first forward: where the step may run again, torch's generators as they are now."""
+        if self.retries and self._generators is None:
+            self._generators = StepGenerators.capture(device)
+
+    def restore(self) -> None:
+        if self._generators is not None:
+            self._generators.restore()
+
+
+def with_rescue(parts: TrainingParts, step: int, attempts: StepAttempts, forward_backward: Callable[[], T],
+                memory: Callable[[], str], measured: MemoryBreakdown | None) -> T:
+    """``forward_backward()``, run again where it failed and the step ``retries``: out of memory with ``oom_rescue``
+    on (one rung down, ``next_rung``), or a checkpointed block that recomputed otherwise with ``checkpointing`` on
+    (checkpointing off, ``without_checkpointing``). Between attempts what the failed one held is freed and torch's
+    generators are put back; each retry is said as the change it made. ``memory`` and ``measured``: ``next_rung``'s."""
+    while True:
+        try:
+            return forward_backward()
+        except Exception as error:
+            # torch.utils.checkpoint's check: the recomputation saved other tensors than the forward did
+            recomputed_otherwise = isinstance(error, CheckpointError) and bool(parts.options.checkpointing)
+            if not attempts.retries or not (recomputed_otherwise or out_of_memory(error) and parts.options.oom_rescue):
+                raise
+            failure = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+        free_failed_step(parts)  # out of the except: the failed attempt's frames, and what they held, are gone
+        attempts.restore()
+        if recomputed_otherwise:
+            parts.reporter.emit(without_checkpointing(parts, step, failure))
+        else:
+            batch = attempts.batches[0] if attempts.batches else parts.data.peek_batch()
+            parts.reporter.emit(next_rung(parts, step, failure, batch, memory, measured))
 
 
 def free_failed_step(parts: TrainingParts) -> None:

@@ -71,6 +71,21 @@ class HostValues:
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ is a C call per field, and one is made each step
+class Update:
+    """What a step's optimizer step did, as the host knows it: the loss and total norm it was judged by, the
+    options it trained with (an OOM rescue's rung, where one was taken), the LRs it used, whether the precision
+    stepped, and the spike guard's action where it spiked."""
+
+    options: LiveOptions
+    loss: float
+    grad_norm_total: float | None
+    clipped: bool | None
+    stepped: bool
+    lrs_used: list[float]
+    spike: str | None = None
+
+
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ is a C call per field, and one is made each step
 class StepReport:
     """One optimizer step as the host sees it after the step's transfer.
 
