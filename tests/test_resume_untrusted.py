@@ -283,6 +283,8 @@ CRAFTED = {
     "a spike window of text": (lambda s: s["spike_guard"].update(loss=["abc"]), "its spike_guard.loss is a list"),
     "a cool-down without its end": (lambda s: s["spike_guard"].update(cooldown={"scale": 0.5, "restore": 1.0}),
                                     "its spike_guard.cooldown is"),
+    "a rank's buffers as text": (lambda s: s.update(buffers_by_rank=[{}, {"blocks.0.running_mean": "abc"}]),
+                                 "its buffers_by_rank[1].blocks.0.running_mean is 'abc'"),
 }
 
 

@@ -95,33 +95,18 @@ class Trainer:
             config, self.workload_settings = starting_configuration(config, workload, explicit)
         self.parts = parts = TrainingParts.build(config, workload, ranks, can_relaunch and checkpoint_dir is not None,
                                                  self.reporter)
-        if self.workload_settings:
-            taken = ", ".join(f"{name} {format_option_value(name, value)}" for name, value in self.workload_settings.items())
-            self.reporter.emit(p.Log(level="info", text=f"the workload's own starting values: {taken}", step=0))
+        self._say_starting_values()
         self.samples_telemetry = samples_telemetry
         self.profiling = Profiling(parts.device, profiles_dir, self.reporter.emit)
         self.guard = SpikeGuard(parts)
         self.checkpoints = Checkpointer(parts, checkpoint_dir, self.guard, self._rows_before_checkpoint)
         self._consecutive_skips = 0
         self._held_row: MetricsRow | None = None  # a measured step's row, waiting for its update figures
-        initial = config.options
-        if resume_from is not None:
-            initial = self.checkpoints.resume(resume_from, explicit)
-            changed = changed_since_the_start(parts.config, initial, workload, explicit)
-            if changed is not None:
-                self.reporter.emit(p.Log(level="warning", text=changed, step=parts.progress.step))
-        elif parts.world.rank > 0:
-            seed_rank(config.seed, 0, parts.world.rank)  # same model and data as rank 0; its own dropout
-        # Compiling runs a batch through the model (with DDP, the wrapper made last) and takes seconds to minutes: it
-        # happens at the first step boundary, where a failure is a refusal and training goes on uncompiled, as for a
-        # change asked for later. Rank 0 takes it to every rank, as any command.
-        enact_initial(parts, initial.with_value(COMPILE.name, False))
-        if parts.world.ranks is not None:  # last: DDP wraps (FSDP2 shards) the model as the options left it
-            try:
-                parts.model.wrap_for_ranks(parts.device, parts.options.parallel, parts.optimization.optimizer,
-                                           config.reshard_after_forward, parts.precisions)
-            except OptionRefused as refusal:  # amp=fp16 with parallel=fsdp
-                raise ConfigError(f"parallel (--parallel) fsdp with amp={parts.options.amp}: {refusal}.") from None
+        initial = self._initial_options(config, workload, resume_from, explicit)
+        enact_initial(parts, initial.with_value(COMPILE.name, False))  # compile: at the first boundary
+        if parts.world.ranks is not None:
+            self._wrap_for_ranks()
+            self.checkpoints.put_back_own_buffers()
         # After the sharding: the probes hold the parameters FSDP2 put in place of the model's own.
         self.instruments = Instruments(parts, self.profiling)
         #: one optimizer step, training's and each of a trial arm's steps (core/engine/step.py)
@@ -129,10 +114,47 @@ class Trainer:
         self.trials = Trials(parts, self.train_step, self.checkpoints, self.profiling)
         self.boundary = StepBoundary(parts, self.instruments, self.checkpoints, self.trials, self.profiling)
         if initial.compile and parts.world.reports:
-            # where the checkpoint had it on, this process compiles again what the run had: no change (RESUMED)
-            again = resume_from is not None and self.checkpoints.stored_options.get(COMPILE.name) is True
-            self.submit(SetCommand(COMPILE.name, COMPILE.format(True), source=RESUMED if again else "start"))
+            self._compile_at_the_first_boundary(resumed=resume_from is not None)
         self.rank_hosts = parts.world.collectives.describe_ranks() if parts.world.collectives is not None else None
+
+    def _say_starting_values(self) -> None:
+        if self.workload_settings:
+            taken = ", ".join(f"{name} {format_option_value(name, value)}" for name, value in self.workload_settings.items())
+            self.reporter.emit(p.Log(level="info", text=f"the workload's own starting values: {taken}", step=0))
+
+    def _initial_options(self, config: TrainConfig, workload: Workload, resume_from: Path | None,
+                         explicit: set[str]) -> LiveOptions:
+        """The options the run starts with: a resume's from its checkpoint (those in ``explicit`` from ``config``), said
+        where the workload's own starting values changed since; a new run's from ``config``. A new run's rank other
+        than 0 reseeds: the same model and data as rank 0, its own dropout."""
+        parts = self.parts
+        if resume_from is None:
+            if parts.world.rank > 0:
+                seed_rank(config.seed, 0, parts.world.rank)
+            return config.options
+        initial = self.checkpoints.resume(resume_from, explicit)
+        changed = changed_since_the_start(parts.config, initial, workload, explicit)
+        if changed is not None:
+            self.reporter.emit(p.Log(level="warning", text=changed, step=parts.progress.step))
+        return initial
+
+    def _compile_at_the_first_boundary(self, *, resumed: bool) -> None:
+        """torch.compile asked for at the start, as a command. Compiling runs a batch through the model (with DDP, the
+        wrapper made last) and takes seconds to minutes: it happens at the first step boundary, where a failure is a
+        refusal and training goes on uncompiled, as for a change asked for later; rank 0 takes it to every rank, as
+        any command. Where the checkpoint had it on, this process compiles again what the run had: no change
+        (``RESUMED``)."""
+        again = resumed and self.checkpoints.stored_options.get(COMPILE.name) is True
+        self.submit(SetCommand(COMPILE.name, COMPILE.format(True), source=RESUMED if again else "start"))
+
+    def _wrap_for_ranks(self) -> None:
+        """Last of the model's set-up: DDP wraps (FSDP2 shards) the model as the options left it."""
+        parts = self.parts
+        try:
+            parts.model.wrap_for_ranks(parts.device, parts.options.parallel, parts.optimization.optimizer,
+                                       parts.config.reshard_after_forward, parts.precisions)
+        except OptionRefused as refusal:  # amp=fp16 with parallel=fsdp
+            raise ConfigError(f"parallel (--parallel) fsdp with amp={parts.options.amp}: {refusal}.") from None
 
     # ----------------------------------------------------------------- what the launchers and tests read
     @property

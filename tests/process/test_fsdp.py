@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from test_ranks import TINY, WORKLOADS, headless, read_jsonl, rank_pids
 from processes import alive
@@ -18,6 +19,8 @@ from torchlab.core.engine.parallel.distributed import usable_cpus
 from torchlab.core.errors import EXIT_FAILED, EXIT_OK
 
 MIXED = WORKLOADS / "mixed_precision.py"
+#: The matrix's model whose blocks keep a running magnitude in a float buffer that scales their forward.
+BUFFERED = Path(__file__).resolve().parents[2] / "benchmarks" / "matrix" / "workloads" / "buffered.py"
 pytestmark = pytest.mark.skipif(usable_cpus() < 2, reason="two ranks need two CPU cores")
 
 #: Measured every step (norms, update ratios, memory by kind), evaluated every 3: each compared at every step.
@@ -75,6 +78,25 @@ def test_a_sharded_run_trains_as_ddp_does_holding_half_per_rank_and_resumes_afte
         assert held_by_a_rank(row) <= 0.6 * held_by_a_rank(theirs)
     assert events[-1]["event"] == "run_ended" and events[-1]["status"] == "finished"
     assert not any(alive(pid) for pid in rank_pids(events))
+
+
+def test_a_sharded_run_resumed_from_a_checkpoint_trains_on_with_each_ranks_own_buffers(tmp_path):
+    """Found by the combination matrix: FSDP2 does not broadcast buffers as DDP does, so each rank's running figures
+    follow its own batches. A checkpoint held rank 0's alone, and a resumed rank 1 trained on with rank 0's: step 3's
+    loss 0.6522 where the run had trained 0.6513 (a model whose buffer scales its forward). Now every rank's are kept
+    and a resume from step 2 trains steps 3 and 4 to the bit."""
+    settings = ["--world-size", "2", "--parallel", "fsdp", "--steps", "4", "--seed", "0", "--checkpoint-every", "2",
+                "--eval-every", "0"]
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    assert headless(whole, f"{BUFFERED}:workload", *settings) == EXIT_OK
+    saved = load_checkpoint(whole / "checkpoints" / "step-0000002.pt")
+    ranks_buffers = saved["buffers_by_rank"]
+    assert len(ranks_buffers) == 2 and ranks_buffers[0].keys() == {"blocks.0.running_magnitude", "blocks.1.running_magnitude"}
+    assert all(torch.equal(saved["model"][name], buffer) for name, buffer in ranks_buffers[0].items())
+    assert not torch.equal(ranks_buffers[0]["blocks.0.running_magnitude"], ranks_buffers[1]["blocks.0.running_magnitude"])
+    assert headless(resumed, "--resume", str(whole / "checkpoints" / "step-0000002.pt")) == EXIT_OK
+    losses = {row["step"]: row["loss"] for row in read_jsonl(whole / "metrics.jsonl")}
+    assert [(row["step"], row["loss"]) for row in read_jsonl(resumed / "metrics.jsonl")] == [(3, losses[3]), (4, losses[4])]
 
 
 def main_resume(run: Path) -> int:

@@ -45,7 +45,8 @@ class TrainingState:
     ``data`` is the data position (``epoch``, ``samples``), ``options`` the live options by name, ``config`` the
     run's configuration as TOML; ``scripted_through`` the last step whose ``--at``, ``--trial`` and
     ``--profile-at`` entries were queued; ``elapsed_s`` the run's training time; ``rng_by_rank`` each rank's
-    generators, where the run had ranks (rank 0's are ``rng``)."""
+    generators, where the run had ranks (rank 0's are ``rng``); ``buffers_by_rank`` each rank's buffers, where the
+    ranks sharded the model (rank 0's are ``model``'s)."""
 
     step: int
     model: dict[str, Any]
@@ -60,6 +61,8 @@ class TrainingState:
     elapsed_s: float
     rng_by_rank: list[dict[str, Any]] | None = None
     spike_guard: dict[str, Any] | None = None  # core/engine/guards/spike_guard.py's state; not in checkpoints before it
+    #: each rank's buffers, where the ranks shard the model: FSDP2 keeps each rank's own (core/engine/checkpointer.py)
+    buffers_by_rank: list[dict[str, Any]] | None = None
 
     @classmethod
     def read(cls, contents: dict[str, Any], path: Path) -> TrainingState:
@@ -267,6 +270,13 @@ def _rng_states(value: Any, where: str, expected: str) -> None:
         _rng(state, f"{where}[{rank}]", "a random number generator state")
 
 
+def _buffers_by_rank(value: Any, where: str, expected: str) -> None:
+    if not isinstance(value, list):
+        raise _NotWritten(where, value, expected)
+    for rank, buffers in enumerate(value):
+        _model(buffers, f"{where}[{rank}]", "a rank's buffers by name")
+
+
 def _rng(value: Any, where: str, expected: str) -> None:
     """What ``capture_rng_state`` saves, each state tried on a generator of its own (the process's are untouched)."""
     value = _mapping(value, where, expected)
@@ -374,11 +384,12 @@ _PARTS: dict[str, tuple[Callable[[Any, str, str], None], str]] = {
 }
 
 
-#: The entries a save writes only where they apply (``rng_by_rank``: with ranks) or that checkpoints written before
-#: them lack (``spike_guard``): checked where present.
+#: The entries a save writes only where they apply (``rng_by_rank``: with ranks; ``buffers_by_rank``: with a sharded
+#: model) or that checkpoints written before them lack (``spike_guard``): checked where present.
 _OPTIONAL_PARTS: dict[str, tuple[Callable[[Any, str, str], None], str]] = {
     "rng_by_rank": (_rng_states, "a list of the ranks' random number generator states"),
     "spike_guard": (_spike_guard, "the spike guard's window, spikes in a row, last rollback and cool-down"),
+    "buffers_by_rank": (_buffers_by_rank, "a list of the ranks' buffers by name"),
 }
 
 
