@@ -499,7 +499,7 @@ def components(step_ms: float | None) -> None:
     from torchlab.core.records.rundir import RunDirectory, to_json_line
     from torchlab.core.engine.measure.telemetry import TelemetrySampler
     from torchlab.core.engine.trainer import Trainer
-    from torchlab.core.launch.worker import OutboxReporter
+    from torchlab.core.launch.outbox_reporter import OutboxReporter
 
     def cost_us(call, repeat: int) -> float:
         return 1000 * thread_cpu_ms(call, repeat)

@@ -9,7 +9,7 @@ export would copy it), a FIFO that blocks a reader for ever. Every open of a run
 open return at once so that ``fstat`` can refuse it, and anything that is not a regular file (a FIFO, a
 device, a socket, a folder) is refused with one paragraph. Folders are checked with ``lstat`` by
 ``require_real_folder``; the run directory's owner and mode are checked where a run begins
-(core/records/rundir.py), and once no one else may write into it, no one else can swap its entries.
+(core/records/rundir_folder.py), and once no one else may write into it, no one else can swap its entries.
 
 The folder rule: every place torchlab writes into, in every command (a run directory and its runs root, a
 ``--tensorboard`` folder while training or exporting, the folder of an export's ``--csv``), goes through
@@ -193,26 +193,45 @@ def who_else_may_change(path: Path | str, *, sticky_is_enough: bool = False) -> 
                 raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path))
             if status.st_uid not in (os.geteuid(), 0):
                 return FolderFault(entry, f"belongs to {owner_name(status.st_uid)}", "link", theirs=True)
-            target = os.readlink(entry)
-            if os.path.isabs(target):
-                folder = Path("/")
-            pending[:0] = [piece for piece in Path(target).parts if piece != "/"]
+            folder, target_parts = _where_the_link_leads(entry, folder)
+            pending[:0] = target_parts
             continue
         if not pending:  # the path itself
-            if not stat.S_ISDIR(status.st_mode):
-                return None
-            if sticky_is_enough:  # the folder above the files written: said so
-                fault = _who_else_may_rename_in(status)
-                return fault and FolderFault(entry, fault, "above", theirs=status.st_uid not in (os.geteuid(), 0))
-            fault = who_else_may_write(status)
-            return fault and FolderFault(entry, fault, "itself", theirs=status.st_uid != os.geteuid())
+            return _fault_of_the_path_itself(entry, status, sticky_is_enough=sticky_is_enough)
         if not stat.S_ISDIR(status.st_mode):
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(entry))
-        fault = _who_else_may_rename_in(status)
+        fault = _fault_of_a_folder_above(entry, status)
         if fault is not None:
-            return FolderFault(entry, fault, "above", theirs=status.st_uid not in (os.geteuid(), 0))
+            return fault
         folder = entry
     return None  # the path is ``/``: root's
+
+
+def _where_the_link_leads(link: Path, folder: Path) -> tuple[Path, list[str]]:
+    """Where the walk goes on from ``link``, a link in ``folder``: the folder its target is resolved from (``/`` for
+    an absolute target) and the target's parts, walked before what followed the link in the path."""
+    target = os.readlink(link)
+    resolved_from = Path("/") if os.path.isabs(target) else folder
+    return resolved_from, [piece for piece in Path(target).parts if piece != "/"]
+
+
+def _fault_of_the_path_itself(entry: Path, status: os.stat_result, *, sticky_is_enough: bool) -> FolderFault | None:
+    """The folder rule's last judgement, of the folder at the end of the walk (``who_else_may_change``'s
+    ``sticky_is_enough`` says which rule it meets); None where it is not a folder, for the caller to judge."""
+    if not stat.S_ISDIR(status.st_mode):
+        return None
+    if sticky_is_enough:  # the folder above the files written: said so
+        return _fault_of_a_folder_above(entry, status)
+    fault = who_else_may_write(status)
+    return fault and FolderFault(entry, fault, "itself", theirs=status.st_uid != os.geteuid())
+
+
+def _fault_of_a_folder_above(entry: Path, status: os.stat_result) -> FolderFault | None:
+    """The folder rule for a folder on the way (``_who_else_may_rename_in``), as the fault of what is inside it."""
+    fault = _who_else_may_rename_in(status)
+    if fault is None:
+        return None
+    return FolderFault(entry, fault, "above", theirs=status.st_uid not in (os.geteuid(), 0))
 
 
 def _who_else_may_rename_in(status: os.stat_result) -> str | None:

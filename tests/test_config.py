@@ -12,8 +12,8 @@ import pytest
 from torchlab.core.engine.adapters.loading import check_spec, workload_label
 from torchlab.core.errors import ConfigError, WorkloadError
 from torchlab.core.launch.arguments import build_parser, resolve_config
-from torchlab.core.records.config import SETTINGS, STEPS_SETTING, ScheduledChange, TrainConfig, build_config, load_config_file
-from torchlab.core.records.settings import NumberSetting
+from torchlab.core.records.config import ScheduledChange, TrainConfig, build_config, load_config_file
+from torchlab.core.records.settings import SETTINGS, STEPS_SETTING, NumberSetting
 from torchlab.core.wire.options import (
     LIVE_OPTIONS, STEPS, Bounds, LiveOptions, Number, OptionRefused, format_option_value, parse_option_value,
 )

@@ -25,11 +25,12 @@ from rich.console import Console
 
 from metrics_rows import metrics_row
 from test_protocol import EXAMPLES
-from torchlab.core.engine.ranks.channel import EventReport, RankMessage
+from torchlab.core.engine.ranks.channel_messages import EventReport, RankMessage
 from torchlab.core.launch.cli import main
 from torchlab.core.launch.headless import HeadlessProgress
 from torchlab.core.launch.stop import Ending, _until_closed
-from torchlab.core.records.rundir import RunDirectory, create_run_dir
+from torchlab.core.records.rundir import RunDirectory
+from torchlab.core.records.rundir_folder import create_run_dir
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import TRAINER_EVENTS
 from torchlab.core.wire.line_reader import LineReader

@@ -12,7 +12,8 @@ import pytest
 
 from metrics_rows import metrics_row
 from trainers import TINY
-from torchlab.core.analysis.impact import IN_TURN, WARMUP_STEPS, ImpactTracker, Segment, median_interval, noise_words
+from torchlab.core.analysis.impact import WARMUP_STEPS, ImpactTracker, Segment
+from torchlab.core.analysis.step_times import IN_TURN, median_interval, noise_words
 from torchlab.core.errors import EXIT_OK
 from torchlab.core.launch.cli import main
 from torchlab.core.wire.events import ProfileStarted, RunStarted

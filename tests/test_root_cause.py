@@ -1,4 +1,4 @@
-"""Which rank's failure the supervisor reports (core/engine/ranks/supervisor.py ``root_cause``): the one that brought the others
+"""Which rank's failure the supervisor reports (core/engine/ranks/launcher.py ``root_cause``): the one that brought the others
 down, not a rank that died of it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import signal
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from torchlab.core.engine.ranks.supervisor import root_cause
+from torchlab.core.engine.ranks.launcher import root_cause
 
 
 def failure(tmp_path, rank: int, exitcode: int, timestamp: int, message: str | None = None) -> ProcessFailure:

@@ -30,7 +30,8 @@ from torchlab.core.errors import ConfigError
 from torchlab.core.launch import headless as headless_module
 from torchlab.core.launch.cli import main
 from torchlab.core.records.config import load_config_file
-from torchlab.core.records.rundir import RunDirectory, create_run_dir, metrics_rows, rows_of, to_json_line
+from torchlab.core.records.rundir import RunDirectory, metrics_rows, rows_of, to_json_line
+from torchlab.core.records.rundir_folder import create_run_dir
 from torchlab.core.safe_open import UnsafeFileError
 
 TINY = f"{WORKLOADS / 'tiny.py'}:workload"

@@ -15,6 +15,7 @@ import torch
 from trainers import make_trainer
 from torchlab.core.engine.measure.nvml import Nvml
 from torchlab.core.engine.measure.telemetry import TelemetrySampler
+from torchlab.core.engine.parallel.distributed import RANK_MODULE
 from torchlab.core.wire import protocol
 
 
@@ -178,7 +179,7 @@ def test_a_sample_has_each_cores_load_and_each_of_the_runs_processes_with_its_cp
 def test_a_rank_is_named_by_its_rank_and_a_data_loader_worker_as_one():
     """What the view lists beside each process: 'rank 1' for a rank the launcher started (its RANK), 'data worker'
     for a DataLoader's worker (torch names those pt_data_worker)."""
-    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "torchlab.core.engine.ranks.supervisor"],
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", RANK_MODULE],
                             env={**os.environ, "RANK": "1"})
     worker = subprocess.Popen([sys.executable, "-c", "import ctypes, time\nctypes.CDLL(None).prctl(15, b'pt_data_worker')\n"
                                "time.sleep(60)"])  # PR_SET_NAME, as torch names its DataLoader workers

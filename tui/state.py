@@ -11,55 +11,39 @@ are read as they are. What it leaves open is read defensively: the metrics colum
 length against the module list, the options, a state name; a surprising value there becomes a warning in
 the event log, never an exception that takes the app down.
 
-``RunState`` is one class written in five modules, one job each. This one holds its fields, the reducer
-(``_dispatch``: a ``match`` on each message's class) and the handlers of the run's course (welcome, state,
-acknowledgements, checkpoints, failures) and of the app's requests. The others fold one kind of news:
-``state_metrics`` the curves and gradient norms, ``state_measurements`` telemetry, memory, profiles, impact
-and trials, ``state_ranks`` the ranks and a relaunch; ``state_figures`` reads the fields to work out what
-the app shows but is not told (an ETA, why a value would be refused). Numbers from fields the protocol
-leaves open go through ``unchecked_numbers``.
+``RunState`` is one class written in six modules, one job each, and each part declares the fields it owns in
+an ``_init_<part>`` method that ``RunState.__init__`` calls. This one holds the reducer (``_dispatch``: a
+``match`` on each message's class), the event log and the handlers of the run's course (welcome, state,
+acknowledgements, checkpoints, failures). The others fold one kind of news: ``state_metrics`` the curves and
+gradient norms, ``state_measurements`` telemetry, memory, profiles, impact and trials, ``state_ranks`` the
+ranks and a relaunch, ``state_requests`` the app's requests until the trainer answers them; ``state_figures``
+reads the fields to work out what the app shows but is not told (an ETA, why a value would be refused).
+Numbers from fields the protocol leaves open go through ``unchecked_numbers``.
 """
 
 from __future__ import annotations
 
-import time
-from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from torchlab.core.errors import printable
 from torchlab.core.wire import protocol
-from torchlab.core.wire.events import LET_THROUGH, SpikeGuarded, describe
-from torchlab.core.wire.metrics_row import MetricsRow
-from torchlab.core.wire.options import AMP, OPTION_NAMES, OPTIONS_BY_NAME, PARALLEL, RELAUNCHED_BY, SPIKE_GUARD, format_option_value
-from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, TelemetrySample
+from torchlab.core.wire.events import SpikeGuarded, describe
+from torchlab.core.wire.options import OPTION_NAMES, RELAUNCHED_BY, format_option_value
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.formatting import short_workload
 from torchlab.tui.state_figures import ENDED, RunFigures
 from torchlab.tui.state_measurements import Measurements
-from torchlab.tui.health_history import HealthHistory
-from torchlab.tui.state_metrics import MetricsFolding
+from torchlab.tui.state_metrics import MetricsFolding, ModuleStats
 from torchlab.tui.state_ranks import RanksAndRelaunch
-from torchlab.tui.stragglers import ComparedRank
-from torchlab.tui.thinning import Series
+from torchlab.tui.state_requests import AppRequests
 from torchlab.tui.unchecked_numbers import int_or_none
-
-if TYPE_CHECKING:
-    from torchlab.tui.profiles import ProfileSnapshot
 
 #: The states the trainer reports, plus "connecting" before its Welcome arrives, "relaunching" while the trainer
 #: restarts its ranks for a new world size (the app's own: the trainer says "running" throughout) and "detached".
 RUN_STATES = (RunStatus.CONNECTING, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.PAUSED, RunStatus.RELAUNCHING,
               RunStatus.STOPPED, RunStatus.FINISHED, RunStatus.FAILED, RunStatus.DETACHED)
-
-#: Gradient-norm trend length kept per module (the sparkline in the table).
-TREND_LENGTH = 16
-#: How many recent records the ETA averages step time over.
-ETA_WINDOW = 20
-#: Telemetry samples kept for the system panel's memory history (about 1 Hz: five minutes).
-TELEMETRY_HISTORY = 300
-
 
 
 @dataclass(frozen=True)
@@ -84,26 +68,19 @@ class Failure:
     checkpoint: str | None = None
 
 
-@dataclass
-class ModuleStats:
-    """One module's gradient-norm history; ``flag`` is recomputed on every report."""
-
-    name: str
-    params: int
-    #: the other modules that hold some of its parameters (tied: counted here once)
-    tied: tuple[str, ...] = ()
-    norm: float | None = None
-    trend: deque[float] = field(default_factory=lambda: deque(maxlen=TREND_LENGTH))
-    ratio: float | None = None
-    #: ‖Δθ‖/‖θ‖ of the last measured step (core/engine/measure/update_probe.py), where it was measured
-    update_ratio: float | None = None
-    flag: str = ""  # "", "vanishing", "exploding", "non-finite", "frozen", "thrashed"
-
-
-class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
+class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, RunFigures):
     """Everything the app draws, updated one protocol event at a time by ``apply``."""
 
     def __init__(self, workload: str | None = None) -> None:
+        self._init_run(workload)
+        self._init_event_log()
+        self._init_requests()
+        self._init_metrics()
+        self._init_measurements()
+        self._init_ranks()
+
+    def _init_run(self, workload: str | None) -> None:
+        """The fields of the run's course: what the trainer's welcome describes, where the run stands, how it ended."""
         self.workload = workload or ""
         self.device = ""
         #: the global batch (0 until the trainer's welcome says it)
@@ -117,67 +94,25 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
         self.state_detail = ""
         self.step = 0
         self.options: dict[str, Any] = {}
-        self.modules: list[ModuleStats] = []
-        #: the recent measured steps' figures per module, for the heatmap
-        self.health = HealthHistory()
-        self.grad_step: int | None = None
-        self.grad_total: float | None = None
-        self.loss = Series()
-        self.val_loss = Series()
-        self.lr = Series()
-        self.samples_per_s = Series()
-        self.step_time = Series()
-        #: the steps whose loss or grad norm spiked (the spike guard's events, the rows' ``spike``), in order: marks
-        #: on the loss chart, whose line leaves out the steps the guard held back
-        self.spikes: list[int] = []
-        #: each parameter group's LR by the group's name, where the workload's optimizer has several
-        self.group_lrs: dict[str, Series] = {}
-        #: the workload's own metrics (loss_fn's mapping) by name: (training, validation)
-        self.workload_metrics: dict[str, tuple[Series, Series]] = {}
-        #: moves when a group or a metric appears (the charts then show it)
-        self.named_series_version = 0
-        #: the newest metrics row (the last of its batch), None before the first
-        self.last_row: MetricsRow | None = None
-        self.elapsed_s: float | None = None
-        #: when ``elapsed_s`` arrived, by ``clock``: the header's clock runs on from it between reports
-        self.elapsed_at = 0.0
-        #: seconds that only go forward (tests stop or move it)
-        self.clock: Callable[[], float] = time.monotonic
-        self.recent_step_times: deque[float] = deque(maxlen=ETA_WINDOW)
-        #: the newest system sample (None until the first arrives)
-        self.telemetry: TelemetrySample | None = None
-        #: the last TELEMETRY_HISTORY samples, oldest first (the system panel's memory history)
-        self.telemetry_history: deque[TelemetrySample] = deque(maxlen=TELEMETRY_HISTORY)
-        #: the newest memory breakdown by kind (None until a step measured it)
-        self.memory: MemoryBreakdown | None = None
-        #: profiler snapshots of this run, in order of arrival
-        self.profiles: list[ProfileSnapshot] = []
-        #: a snapshot was asked for and has not arrived (nor been refused) yet
-        self.profile_pending = False
-        #: the impact table: one row per option segment (``ImpactTracker.table()``), newest message wins
-        self.impact: list[ImpactSegment] = []
-        #: (first step, change) of each segment whose verdict went to the log -> whether it was a clear one
-        self._impact_logged: dict[tuple[int, str], bool] = {}
-        #: the controlled trials of this run, in order (each one's two arms)
-        self.trials: list[protocol.TrialResult] = []
-        #: the running trial's progress; None when none runs (see ``running_trial``)
-        self.trial_progress: protocol.TrialProgress | None = None
+        #: option -> step its last acknowledged change took effect at
+        self._applied_at: dict[str, int] = {}
+        #: the step of the newest checkpoint the trainer reported (what a restart resumes from), if any
+        self.checkpoint_step: int | None = None
         self.failure: Failure | None = None
         #: this app is a read-only view (``attach --view``): the header says so
         self.read_only = False
-        #: the trainer this app talks to has welcomed it: False while the link connects and while a restarted trainer
-        #: starts, when requests wait (the link and the trainer keep them, in order) for its first step boundary
-        self.welcomed = False
-        #: the app attached to a trainer that trains already (set by the app from its link): a request made before
-        #: its welcome takes effect at its next step boundary, not at a first one
-        self.attaching = False
-        #: option -> value the app asked for and the trainer has not answered yet (the newest request of
-        #: those still unanswered: the trainer answers an option's commands in the order they were sent)
-        self.pending: dict[str, Any] = {}
-        #: option -> the app's requests not answered yet, oldest first
-        self._unanswered: dict[str, deque[Any]] = {}
-        #: (option, formatted value) pairs the trainer refused on this run, e.g. ("amp", "fp16") on CPU
-        self.refused: set[tuple[str, str]] = set()
+        self.detached = False
+        #: the run was paused when this app detached: it waits, paused, for an app to attach and resume it
+        self.detached_paused = False
+        #: set by the app when it asks to detach: only then does a detach acknowledgement mean "leave"
+        self.detach_requested = False
+        # Version counters: the app redraws a part only when its counter moved (each part declares its own).
+        self.header_version = 0
+        self.options_version = 0
+        self.failure_version = 0
+
+    def _init_event_log(self) -> None:
+        """The fields of the event log: the lines not yet taken, and what holds back the toasts of the run's past."""
         self._new_log: list[LogEntry] = []
         #: between a Welcome and its Replayed: the run's past is being folded (logged, never toasted)
         self._replaying = False
@@ -185,43 +120,6 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
         self._past_toasts = 0
         #: the "connected" line, logged after the past so that the log ends with the newest events
         self._connected: LogEntry | None = None
-        #: option -> step its last acknowledged change took effect at
-        self._applied_at: dict[str, int] = {}
-        #: the step of the newest checkpoint the trainer reported (what a restart resumes from), if any
-        self.checkpoint_step: int | None = None
-        # Version counters: the app redraws a part only when its counter moved.
-        self.header_version = 0
-        self.metrics_version = 0
-        self.modules_version = 0  # the module list itself changed (new Welcome)
-        self.grads_version = 0
-        self.options_version = 0
-        self.failure_version = 0
-        self.telemetry_version = 0
-        self.profiles_version = 0
-        self.impact_version = 0
-        self.memory_version = 0
-        #: per-rank figures of the newest ``Ranks`` message, compared, in rank order (empty at world size 1)
-        self.ranks: list[ComparedRank] = []
-        #: the step the rank figures were gathered at
-        self.ranks_step: int | None = None
-        #: rank -> host, from the trainer's welcome (shown when the ranks span several hosts)
-        self.rank_hosts: dict[int, str] = {}
-        #: the world size a relaunch is heading to, while ``state`` is "relaunching" (None: not known)
-        self.relaunch_to: int | None = None
-        #: what a relaunch that keeps the world size is for (" with parallel=fsdp"), while ``state`` is "relaunching"
-        self.relaunch_with = ""
-        self.ranks_version = 0
-        self.detached = False
-        #: the run was paused when this app detached: it waits, paused, for an app to attach and resume it
-        self.detached_paused = False
-        #: set by the app when it asks to detach: only then does a detach acknowledgement mean "leave"
-        self.detach_requested = False
-        #: the run directory, when the run has steps before this app connected that its reports may not bring
-        #: (a resumed run's earlier process): the app reads them from its journals (``take_history``)
-        self.history_wanted: str | None = None
-        #: the step the run stood at when this app connected: the journals' steps after it the trainer reports
-        self._history_until = 0
-        self._flags_stale = False
 
     # ------------------------------------------------------------------ feeding
 
@@ -292,69 +190,18 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
             case protocol.ProfileReady():
                 self._on_profile_ready(event)
             case SpikeGuarded():
-                self.mark_spikes([event.step])
-                offered = event.action == LET_THROUGH  # the guard is off: its key, where it will be seen
-                self.log("warning", describe(event).text, event.step, notify=offered,
-                         toast=f"spike at step {event.step}: {SPIKE_GUARD.key} turns on the spike guard" if offered else None)
-            case _ if (sentence := describe(event)) is not None:  # the trainer's news in words (a compile, a trial)
-                self.log("warning" if sentence.warning else "info", sentence.text, event.step)
+                self._on_spike_guarded(event)
             case _:
-                self.log("warning", f"ignored an unexpected message from the trainer: {type(event).__name__}")
+                self._on_other_news(event)
 
-    def skips(self, option: str, value: Any) -> bool:
-        """A key that cycles ``option`` passes ``value`` by: the trainer refused it on this run, or would
-        (``would_refuse``: fp16 on a CPU). The one rule of the main screen's keys and the error screen's."""
-        return self.was_refused(option, value) or self.would_refuse(option, value) is not None
-
-    def note_request(self, option: str, value: Any) -> None:
-        """The app sent a SetCommand: remember it until the answer comes, and log that it is on its way."""
-        self._unanswered.setdefault(option, deque()).append(value)
-        self.pending[option] = value
-        self.options_version += 1
-        if self.queued is not None:
-            self.log("info", f"{option} = {format_option_value(option, value)}: {self.queued}")
+    def _on_other_news(self, event: protocol.Message) -> None:
+        """A message no handler takes: the trainer's news in words (a compile, a trial) where ``describe`` has them,
+        else a warning that it was ignored (a newer trainer's message, say), never an exception."""
+        sentence = describe(event)
+        if sentence is None:
+            self.log("warning", f"ignored an unexpected message from the trainer: {type(event).__name__}")
             return
-        when = OPTIONS_BY_NAME[option].takes_effect
-        if option == AMP.name and self.world_size > 1 and self.options.get(PARALLEL.name) == "fsdp":
-            when = PARALLEL.takes_effect  # FSDP2's mixed precision is fixed while the ranks live
-        self.log("info", f"requested {option} = {format_option_value(option, value)} ({when})")
-
-    @property
-    def queued(self) -> str | None:
-        """How a request made before the trainer's welcome is said ("queued, applied at the first step boundary"),
-        None once welcomed: the trainer takes it before its first step, in the order typed."""
-        if self.welcomed:
-            return None
-        return "queued, applied at the next step boundary once attached" if self.attaching else \
-            "queued, applied at the first step boundary"
-
-    def _answered(self, option: str, source: str) -> bool:
-        """The trainer answered (applied or refused) the oldest unanswered request of the app for ``option``:
-        what stays pending is the newest request after it, or nothing. Answers to others (``--at``) are not ours.
-        True when it was this app's request."""
-        waiting = self._unanswered.get(option)
-        if source != "app" or not waiting:
-            return False
-        waiting.popleft()
-        if waiting:
-            self.pending[option] = waiting[-1]
-        else:
-            del self._unanswered[option]
-            self.pending.pop(option, None)
-        self.options_version += 1
-        return True
-
-    def _forget_requests(self) -> None:
-        """No trainer will answer what was asked of the one before (the run ended, or a new one welcomed us)."""
-        if self.pending or self._unanswered:
-            self.pending.clear()
-            self._unanswered.clear()
-            self.options_version += 1
-
-    def note_profile_request(self) -> None:
-        """The app asked for a profiler snapshot: the list says one is on its way until it arrives."""
-        self.profile_pending = True
-        self.profiles_version += 1
+        self.log("warning" if sentence.warning else "info", sentence.text, event.step)
 
     def mark_restarting(self) -> None:
         """A new trainer is on its way after a failure: clear the failure, wait for its welcome."""
@@ -378,7 +225,7 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
         entries, self._new_log = self._new_log, []
         return entries
 
-    # ------------------------------------------------------------------ handlers (the run's course and the app's requests)
+    # ------------------------------------------------------------------ handlers (the run's course)
 
     def _on_welcome(self, event: protocol.Welcome) -> None:
         run = event.run
@@ -400,13 +247,8 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, RunFigures):
             self.history_wanted, self._history_until = run.run_dir, event.step
         # Changes after the step it starts from are not in force in it (a run resumed from a checkpoint).
         self._applied_at = {name: step for name, step in self._applied_at.items() if step <= event.step}
-        # A run resumed from a checkpoint re-trains the steps after it: drop them from the curves.
         if event.step < self.step:
-            for series in (self.loss, self.val_loss, self.lr, self.samples_per_s, self.step_time, *self.group_lrs.values(),
-                           *(line for pair in self.workload_metrics.values() for line in pair)):
-                series.truncate_after(event.step)
-            self.spikes[:] = [step for step in self.spikes if step <= event.step]  # in place: the loss chart holds it
-            self.metrics_version += 1
+            self._forget_steps_after(event.step)
         self.step = event.step
         self._set_state(event.state, "")
         self.failure = None

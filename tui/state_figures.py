@@ -1,8 +1,9 @@
 """What the app works out from the run's state rather than being told: the value an option's key cycles from,
 why the trainer would refuse a value, the ETA, whether the ranks are worth their space, whether a trial runs.
 
-A part of ``RunState`` (state.py), which holds the fields and folds the events into them; this class only reads
-them. A mixin, so that widgets and tests keep asking the state itself (``state.eta_s()``, ``state.world_size``).
+A part of ``RunState`` (state.py), whose other parts declare the fields and fold the events into them; this class
+only reads them. A mixin, so that widgets and tests keep asking the state itself (``state.eta_s()``,
+``state.world_size``).
 """
 
 from __future__ import annotations

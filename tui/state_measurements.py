@@ -1,21 +1,56 @@
 """What the run measured besides its curves: system samples, the memory breakdown, profiler snapshots, the impact
 table and the controlled trials, and the event-log lines they are worth.
 
-A part of ``RunState`` (state.py), which holds the fields and dispatches each message here.
+A part of ``RunState`` (state.py), which dispatches each message here; this part declares the fields it fills
+(``_init_measurements``).
 """
 
 from __future__ import annotations
 
+from collections import deque
+from typing import TYPE_CHECKING
+
 from torchlab.core.analysis.trials import describe_trial, trial_label
 from torchlab.core.wire import protocol
 from torchlab.core.wire.events import communication_sentence
+from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, TelemetrySample
+
+if TYPE_CHECKING:
+    from torchlab.tui.profiles import ProfileSnapshot
 
 #: A segment's verdict goes to the event log once it has this many steps (its medians have settled).
 IMPACT_SETTLE_STEPS = 20
+#: Telemetry samples kept for the system panel's memory history (about 1 Hz: five minutes).
+TELEMETRY_HISTORY = 300
 
 
 class Measurements:
     """How ``RunState`` takes telemetry, memory, profiles, impact segments and trials."""
+
+    def _init_measurements(self) -> None:
+        """The fields of this part: nothing is measured before the trainer's first sample, snapshot or segment."""
+        #: the newest system sample (None until the first arrives)
+        self.telemetry: TelemetrySample | None = None
+        #: the last TELEMETRY_HISTORY samples, oldest first (the system panel's memory history)
+        self.telemetry_history: deque[TelemetrySample] = deque(maxlen=TELEMETRY_HISTORY)
+        self.telemetry_version = 0
+        #: the newest memory breakdown by kind (None until a step measured it)
+        self.memory: MemoryBreakdown | None = None
+        self.memory_version = 0
+        #: profiler snapshots of this run, in order of arrival
+        self.profiles: list[ProfileSnapshot] = []
+        #: a snapshot was asked for and has not arrived (nor been refused) yet
+        self.profile_pending = False
+        self.profiles_version = 0
+        #: the impact table: one row per option segment (``ImpactTracker.table()``), newest message wins
+        self.impact: list[ImpactSegment] = []
+        #: (first step, change) of each segment whose verdict went to the log -> whether it was a clear one
+        self._impact_logged: dict[tuple[int, str], bool] = {}
+        #: the controlled trials of this run, in order (each one's two arms)
+        self.trials: list[protocol.TrialResult] = []
+        #: the running trial's progress; None when none runs (see ``running_trial``)
+        self.trial_progress: protocol.TrialProgress | None = None
+        self.impact_version = 0
 
     def _on_telemetry(self, event: protocol.Telemetry) -> None:
         self.telemetry = event.sample

@@ -1,7 +1,8 @@
 """The run's ranks: their hosts from the welcome, the per-rank figures compared (stragglers flagged), and a
 relaunch for a new world size, during which the trainer reports no step and the app says what is going on.
 
-A part of ``RunState`` (state.py), which holds the fields and dispatches each message here.
+A part of ``RunState`` (state.py), which dispatches each message here; this part declares the fields it keeps
+(``_init_ranks``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,20 @@ from torchlab.tui.unchecked_numbers import int_or_none
 
 class RanksAndRelaunch:
     """How ``RunState`` follows the ranks and a change of world size."""
+
+    def _init_ranks(self) -> None:
+        """The fields of this part: no rank figures, hosts or relaunch before the trainer's welcome."""
+        #: per-rank figures of the newest ``Ranks`` message, compared, in rank order (empty at world size 1)
+        self.ranks: list[ComparedRank] = []
+        #: the step the rank figures were gathered at
+        self.ranks_step: int | None = None
+        #: rank -> host, from the trainer's welcome (shown when the ranks span several hosts)
+        self.rank_hosts: dict[int, str] = {}
+        #: the world size a relaunch is heading to, while ``state`` is "relaunching" (None: not known)
+        self.relaunch_to: int | None = None
+        #: what a relaunch that keeps the world size is for (" with parallel=fsdp"), while ``state`` is "relaunching"
+        self.relaunch_with = ""
+        self.ranks_version = 0
 
     def _begin_relaunch(self, step: int, option: str) -> None:
         """The trainer checkpointed for a change that takes new ranks (a world size, ``parallel``): it now stops every

@@ -36,7 +36,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from torchlab.core.analysis.impact import median_interval
+from torchlab.core.analysis.step_times import median_interval
 from torchlab.core.analysis.trial_speed import paired_speed, precise_enough
 from torchlab.core.analysis.trials import AS_IT_IS, NOT_TRIED
 from torchlab.core.engine.checkpointer import Checkpointer
@@ -48,7 +48,7 @@ from torchlab.core.engine.measure.profiler import Profiling
 from torchlab.core.engine.measure.step_report import StepReport
 from torchlab.core.engine.measure.telemetry import OthersCpuMeter
 from torchlab.core.errors import shown
-from torchlab.core.records.config import MAX_TRIAL_STEPS
+from torchlab.core.records.settings import MAX_TRIAL_STEPS
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import TrialStarted
 from torchlab.core.wire.options import ACCUM, AMP, LiveOption, OptionRefused, live_option

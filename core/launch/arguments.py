@@ -6,7 +6,7 @@ The exit codes are core/errors.py's (the app, which cannot import this module, e
 0 finished or stopped on request; 1 a run that failed (the workload raised or called sys.exit while training,
 a run file could not be written); 2 a usage, config or workload error (message names the setting, file or
 line); 3 stopped on a non-finite loss or gradient; 130 interrupted (Ctrl-C), after saving a checkpoint.
-A setting's flag is generated from its declaration (core/records/config.py ``SETTINGS``), its default stated in its help
+A setting's flag is generated from its declaration (core/records/settings.py ``SETTINGS``), its default stated in its help
 from the declared one; its value is passed on as typed, and the setting's check parses and refuses it.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 
 from torchlab.core.engine.adapters.loading import SAMPLES, check_spec
 from torchlab.core.errors import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, printable
-from torchlab.core.records.config import DEFAULT_WORKLOAD, SETTINGS, TrainConfig, build_config, load_config_file, suggestion
-from torchlab.core.records.settings import Group
+from torchlab.core.records.config import DEFAULT_WORKLOAD, TrainConfig, build_config, load_config_file, suggestion
+from torchlab.core.records.settings import SETTINGS, Group
 from torchlab.core.wire.options import LIVE_OPTIONS
 from torchlab.core.wire.run_status import RunStatus
 
@@ -87,7 +87,7 @@ def command_parser(name: str) -> CommandParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line: its own flags, and one per setting (core/records/config.py ``SETTINGS``) and live option,
+    """The command line: its own flags, and one per setting (core/records/settings.py ``SETTINGS``) and live option,
     under the headings of ``--help``."""
     description = "A terminal workbench for PyTorch training: change a run while it trains,\nand see the effect."
     epilog = ("Live options can also be scripted: --at 50:amp=bf16 --at 120:clip=1.0\n"

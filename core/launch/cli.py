@@ -81,7 +81,7 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
         from torchlab.core.engine.adapters.loading import check_spec, workload_label
         from torchlab.core.engine.measure.tensorboard import refuse_an_unfit_tensorboard_folder
         from torchlab.core.launch.terminal import require_terminal
-        from torchlab.core.records.rundir import choose_run_dir, create_run_dir, refuse_an_unfit_run_dir
+        from torchlab.core.records.rundir_folder import choose_run_dir, create_run_dir, refuse_an_unfit_run_dir
         from torchlab.core.wire.runtime import runtime_dir
         from torchlab.tui.app import TorchlabApp, tune_garbage_collection
         from torchlab.tui.link import ProcessLink
@@ -117,7 +117,7 @@ def resumed_workload(args: argparse.Namespace) -> str | None:
     """The workload a ``--resume`` continues, told without torch (the app's process): the one given, else
     the one in the run's ``config.toml``. The trainer's process reads the checkpoint itself (core/launch/plan.py)."""
     from torchlab.core.launch.resume_in_place import require_resume_in_place
-    from torchlab.core.records.rundir import run_dir_of_checkpoint
+    from torchlab.core.records.rundir_folder import run_dir_of_checkpoint
     from torchlab.core.safe_open import open_regular
     from torchlab.core.records.storage import unreadable_run
 

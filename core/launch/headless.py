@@ -14,7 +14,7 @@ import math
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.live import Live
@@ -23,7 +23,7 @@ from rich.text import Text
 
 from torchlab.core.analysis.impact import ImpactTracker
 from torchlab.core.analysis.trials import describe_trial, trial_progress_text
-from torchlab.core.engine.parallel.distributed import rank_from_environment
+from torchlab.core.engine.parallel.distributed import RankContext, rank_from_environment
 from torchlab.core.engine.adapters.loading import check_spec, exits_as_failure, load_workload, workload_label
 from torchlab.core.engine.outcome import RunOutcome
 from torchlab.core.engine.ranks.supervisor import Supervisor, initial_world_size, run_quiet_rank
@@ -33,7 +33,8 @@ from torchlab.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, 
 from torchlab.core.errors import StorageError, TorchlabError, WorkloadExited, printable
 from torchlab.core.launch.arguments import exit_code
 from torchlab.core.launch.plan import ConfigRecord, TrainingPlan
-from torchlab.core.records.rundir import RunDirectory, choose_run_dir, refuse_an_unfit_run_dir
+from torchlab.core.records.rundir import RunDirectory
+from torchlab.core.records.rundir_folder import choose_run_dir, refuse_an_unfit_run_dir
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.metrics_row import MetricsRow
@@ -43,6 +44,9 @@ from torchlab.core.wire.options import STEPS, format_option_value
 from torchlab.core.wire.protocol import Message
 from torchlab.core.wire.run_status import RunStatus
 
+if TYPE_CHECKING:
+    from torchlab.core.workload import Workload
+
 
 def run_headless(
     plan: TrainingPlan,
@@ -51,42 +55,22 @@ def run_headless(
     runs_root: Path,
     console: Console | None = None,
 ) -> int:
+    """Train ``plan`` to its end as this process's part of the run (the module's docstring): the exit status
+    ``_report`` gives its outcome. A run that cannot start raises its TorchlabError, for the command to say."""
     console = console or Console(stderr=True, soft_wrap=True)
-    config, resume, explicit = plan.config, plan.resume, plan.explicit
+    config, resume = plan.config, plan.resume
     external = rank_from_environment(supervised=False)  # started by torchrun: one rank of several
     if external is not None and external.rank != 0:
-        path = choose_run_dir(run_dir, resume, runs_root, workload_label(config.workload))
-        outcome = run_quiet_rank(config, external, run_dir=path, resume=resume, explicit=explicit)
-        return exit_code(outcome.status)
+        return _run_quiet_rank(plan, external, run_dir=run_dir, runs_root=runs_root)
     check_spec(config.workload)
     refuse_an_unfit_run_dir(run_dir, resume, shared=config.shared_run_dir)  # after the checkpoint's own checks
-    workload = None
-    if external is not None or initial_world_size(config, resume, explicit) == 1:
-        seed_everything(config.seed)
-        workload = load_workload(config.workload)  # a bad workload fails here, before any directory exists
+    workload = _workload_trained_here(plan, external)
     tensorboard = tensorboard_observers(config)  # TensorBoard not installed: said before a directory exists
     directory = RunDirectory(choose_run_dir(run_dir, resume, runs_root, workload_label(config.workload)),
                              shared=config.shared_run_dir)
     progress = HeadlessProgress(config.steps, console)
     try:
-        config_record = ConfigRecord(directory, plan)
-        config_record.write_for_new_run()
-        supervisor = Supervisor(
-            config,
-            observers=[directory, config_record, ImpactTracker(directory.path / "impact.json"), progress, *tensorboard],
-            run_dir=directory.path,
-            resume_from=resume,
-            explicit=explicit,
-            workload=workload,
-            external=external,
-            resume_note=plan.resume_note(),
-        )
-        try:
-            with exits_as_failure("as the run was set up"):
-                supervisor.prepare()
-        except TorchlabError as error:
-            directory.record_error(str(error))
-            raise
+        supervisor = _prepared_supervisor(plan, directory, [progress, *tensorboard], workload=workload, external=external)
         stop_on_signal = _StopOnSignal(supervisor, console)
         with stop_on_signal, progress:
             try:
@@ -99,6 +83,49 @@ def run_headless(
         directory.close()
     return _report(outcome, directory.path.absolute(), progress, interrupted=stop_on_signal.interrupted,
                    steps=progress.total_steps)
+
+
+def _run_quiet_rank(plan: TrainingPlan, external: RankContext, *, run_dir: Path | None, runs_root: Path) -> int:
+    """One rank of several under torchrun, not rank 0: it trains and reports nothing (rank 0 does)."""
+    config = plan.config
+    path = choose_run_dir(run_dir, plan.resume, runs_root, workload_label(config.workload))
+    outcome = run_quiet_rank(config, external, run_dir=path, resume=plan.resume, explicit=plan.explicit)
+    return exit_code(outcome.status)
+
+
+def _workload_trained_here(plan: TrainingPlan, external: RankContext | None) -> Workload | None:
+    """The workload, seeded and loaded where this process trains it (one rank of torchrun's, or world size 1),
+    so that a bad one fails before any directory exists; None where the ranks this process starts load their own."""
+    config = plan.config
+    if external is None and initial_world_size(config, plan.resume, plan.explicit) != 1:
+        return None
+    seed_everything(config.seed)
+    return load_workload(config.workload)
+
+
+def _prepared_supervisor(plan: TrainingPlan, directory: RunDirectory, observers: list[TrainerObserver], *,
+                         workload: Workload | None, external: RankContext | None) -> Supervisor:
+    """The run's Supervisor, prepared: its observers are the run's records (the directory, its config record, the
+    impact table), then ``observers``. A failure as the run was set up is in the run's journal too."""
+    config_record = ConfigRecord(directory, plan)
+    config_record.write_for_new_run()
+    supervisor = Supervisor(
+        plan.config,
+        observers=[directory, config_record, ImpactTracker(directory.path / "impact.json"), *observers],
+        run_dir=directory.path,
+        resume_from=plan.resume,
+        explicit=plan.explicit,
+        workload=workload,
+        external=external,
+        resume_note=plan.resume_note(),
+    )
+    try:
+        with exits_as_failure("as the run was set up"):
+            supervisor.prepare()
+    except TorchlabError as error:
+        directory.record_error(str(error))
+        raise
+    return supervisor
 
 
 def _report(outcome: RunOutcome, run_path: Path, progress: HeadlessProgress, *, interrupted: bool, steps: int) -> int:

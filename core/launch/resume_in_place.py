@@ -1,7 +1,7 @@
 """A ``--resume`` of a run goes on in the run's own directory, or is refused saying why: it never trains in a new
 folder unasked.
 
-Where a resume trains is ``choose_run_dir``'s (core/records/rundir.py): ``--run-dir`` if given; else the run
+Where a resume trains is ``choose_run_dir``'s (core/records/rundir_folder.py): ``--run-dir`` if given; else the run
 directory of the checkpoint (``RUN/checkpoints/`` beside a regular ``RUN/config.toml``); else a new folder under
 the runs root, which is right for a checkpoint that is in no run (a file copied from elsewhere). A run whose
 ``config.toml`` was a FIFO, a link, a folder, missing or not TOML was no run directory by that rule: its resume
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from torchlab.core.errors import ConfigError, printable
 from torchlab.core.records.config import settings_from_toml
-from torchlab.core.records.rundir import RUN_FILES, run_dir_of_checkpoint
+from torchlab.core.records.rundir_folder import RUN_FILES, run_dir_of_checkpoint
 from torchlab.core.records.storage import reason
 from torchlab.core.safe_open import UnsafeFileError, kind_of, read_regular_text
 

@@ -27,6 +27,7 @@ with a traceback on the owner's terminal): one line says how many when serving e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import hmac
 import logging
@@ -36,6 +37,7 @@ import shlex
 import signal
 import socket
 import sys
+from collections.abc import Iterator
 
 from torchlab.core.errors import EXIT_OK, EXIT_USAGE, TorchlabError, printable
 from torchlab.core.launch.arguments import command_parser
@@ -165,6 +167,41 @@ class MalformedRequests(logging.Filter):
                 f"over 8,190 bytes, or not HTTP; this view's page sends none).")
 
 
+@contextlib.contextmanager
+def malformed_requests_counted(requests_log: logging.Logger) -> Iterator[None]:
+    """While serving: the malformed requests aiohttp's server logs on ``requests_log`` counted, not each printed with
+    its traceback (any local user can send them); then one line on the terminal says how many, if any came."""
+    malformed = MalformedRequests()
+    requests_log.addFilter(malformed)
+    try:
+        yield
+    finally:
+        requests_log.removeFilter(malformed)
+        if (summary := malformed.summary()) is not None:
+            print(summary, file=sys.stderr)
+
+
+def refusal(request, port: int, key: str) -> str | None:
+    """Why ``request`` gets 403 (the text of the answer), or None where it may be served: a foreign page's request,
+    judged before the key since a cookie comes with a foreign page's request too, or one that lacks the key (in the
+    link's query, or the cookie the first page set)."""
+    foreign_page = foreign(request, port)
+    if foreign_page is not None:
+        return foreign_page
+    given = request.query.get("key") or request.cookies.get(COOKIE, "")
+    if not hmac.compare_digest(given.encode("utf-8", "replace"), key.encode()):
+        return "This view needs the link torchlab-tui serve printed (with its key).\n"
+    return None
+
+
+def tab_command(entry: RunEntry, *, control: bool) -> str:
+    """The shell command each browser tab runs: ``attach`` to ``entry`` (``--view`` unless ``control``). exec: the
+    app is the server's child, not a shell's; SERVED_BY_PARENT: it dies with the server (a tab's app left behind when
+    the server was killed kept running, spinning a core, under a shell nobody waited on)."""
+    return "exec " + shlex.join(["env", f"{SERVED_BY_PARENT}=1", sys.executable, "-m", "torchlab.core.launch.cli", "attach",
+                                 *([] if control else ["--view"]), entry.endpoint.name])
+
+
 def keyed_server(entry: RunEntry, *, control: bool, port: int):
     """textual-serve's server, on the loopback, answering only requests that carry the key."""
     try:
@@ -174,11 +211,6 @@ def keyed_server(entry: RunEntry, *, control: bool, port: int):
         from textual_serve.server import Server
     except ImportError:
         raise TorchlabError(f"the browser view needs textual-serve: {INSTALL_HINT}") from None
-
-    # exec: the app is the server's child, not a shell's; SERVED_BY_PARENT: it dies with the server (a tab's app
-    # left behind when the server was killed kept running, spinning a core, under a shell nobody waited on).
-    command = "exec " + shlex.join(["env", f"{SERVED_BY_PARENT}=1", sys.executable, "-m", "torchlab.core.launch.cli", "attach",
-                                    *([] if control else ["--view"]), entry.endpoint.name])
 
     class KeyedServer(Server):
         key = secrets.token_urlsafe(24)
@@ -204,27 +236,18 @@ def keyed_server(entry: RunEntry, *, control: bool, port: int):
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(signum, self.request_exit)
             requests_log = logging.getLogger("torchlab.serve.requests")  # aiohttp's server logs each request's failure here
-            malformed = MalformedRequests()
-            requests_log.addFilter(malformed)
-            try:
+            with malformed_requests_counted(requests_log):
                 web.run_app(self._make_app(), sock=listener, handle_signals=False, loop=loop, print=lambda *args: None,
                             logger=requests_log)
-            finally:
-                requests_log.removeFilter(malformed)
-                if (summary := malformed.summary()) is not None:
-                    print(summary, file=sys.stderr)
 
         @web.middleware
         async def _require_key(self, request: web.Request, handler):
-            refusal = foreign(request, self.port)  # before the key: a cookie comes with a foreign page's request too
-            if refusal is not None:
-                return web.Response(status=403, text=refusal)
-            given = request.query.get("key") or request.cookies.get(COOKIE, "")
-            if not hmac.compare_digest(given.encode("utf-8", "replace"), self.key.encode()):
-                return web.Response(status=403, text="This view needs the link torchlab-tui serve printed (with its key).\n")
+            refused = refusal(request, self.port, self.key)
+            if refused is not None:
+                return web.Response(status=403, text=refused)
             response = await handler(request)
             if request.query.get("key"):  # the first page: the tab's later requests (its websocket) carry the cookie
                 response.set_cookie(COOKIE, self.key, httponly=True, samesite="Strict")
             return response
 
-    return KeyedServer(command, host=HOST, port=port, title=f"torchlab · {entry.endpoint.name}")
+    return KeyedServer(tab_command(entry, control=control), host=HOST, port=port, title=f"torchlab · {entry.endpoint.name}")

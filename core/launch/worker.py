@@ -2,7 +2,8 @@
 
 ARGS are the training flags of ``torchlab-tui`` (the same parser); the run directory is on the command
 line so ``ps`` tells which run a process belongs to. The process serves its socket at once, so the
-app connects while torch and the workload load, then trains and reports through the Outbox.
+app connects while torch and the workload load, then trains and reports through the Outbox
+(core/launch/outbox_reporter.py).
 
 It never outlives its app by accident: when the app goes away without detaching (quit, crash,
 ``kill -9``: the parent-death signal, a ``getppid`` poll, or the socket closing, whichever comes
@@ -31,24 +32,28 @@ import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchlab.core.analysis.impact import ImpactTracker
 from torchlab.core.errors import EXIT_OK
 from torchlab.core.errors import StorageError, TorchlabError, WorkloadExited, exit_status, printable
 from torchlab.core.launch.arguments import build_parser, exit_code
+from torchlab.core.launch.outbox_reporter import OutboxReporter
 from torchlab.core.launch.stop import STOP_CLIENT
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.control_server import ControlServer
-from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import STEPS
 from torchlab.core.wire.outbox import Outbox
-from torchlab.core.wire.payloads import ModuleInfo, RankProcess, RunInfo, TelemetrySample
+from torchlab.core.wire.payloads import ModuleInfo, RankProcess, RunInfo
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.runtime import Endpoint, die_with_parent
 from torchlab.core.wire.throttle import RefusedCommands, RefusedLines
+
+if TYPE_CHECKING:  # imported in the methods that use them: the socket is served while torch and the workload load
+    from torchlab.core.engine.ranks.supervisor import Supervisor
+    from torchlab.core.launch.plan import TrainingPlan
+    from torchlab.core.records.rundir import RunDirectory
 
 #: The parent-death signal: its own signal, so that a detached trainer can ignore it while a plain
 #: SIGTERM (someone's ``kill``) still stops it.
@@ -56,91 +61,6 @@ PARENT_DEATH_SIGNAL = signal.SIGUSR2
 PARENT_POLL_S = 0.5
 REGISTRY_INTERVAL_S = 2.0
 FIRST_CLIENT_GRACE_S = 10.0
-IMPACT_INTERVAL_S = 1.0
-
-
-class OutboxReporter(TrainerObserver):
-    """Trainer observer that puts the trainer's events in the Outbox: the run's changes of state as the State the
-    app shows, the others as they are (the app says them in words with ``events.describe``, as headless does).
-
-    Given the run's ImpactTracker (an observer placed before this one), it also sends the impact
-    table: when a segment starts and otherwise at most once per ``IMPACT_INTERVAL_S``.
-    """
-
-    def __init__(self, outbox: Outbox, impact: ImpactTracker | None = None, on_run_started=None) -> None:
-        self.outbox = outbox
-        self.impact = impact
-        self.on_run_started = on_run_started  # called with each RunStarted (the Welcome is built from it)
-        self.state = RunStatus.STARTING
-        self.step = 0
-        self.total_steps: int | None = None  # as the trainer says it (RunStarted, then a live steps change)
-        self.compiling = False  # between a CompileStarted and the answer to the change that asked for it
-        self._impact_sent_at = 0.0
-        self._impact_segments = 0
-
-    def on_telemetry(self, sample: TelemetrySample) -> None:
-        self.outbox.add_latest(p.Telemetry(sample=sample))
-
-    def on_metrics(self, row: MetricsRow) -> None:
-        self.step = row.step
-        self._send_impact()
-        self.outbox.add_metrics(row)  # the Metrics message leaves out what is sent apart here (p.Metrics.SENT_APART)
-        if row.memory is not None:  # on the steps that measured it
-            self.outbox.add_latest(p.Memory(breakdown=row.memory))
-        if row.grad_norms is not None:
-            self.outbox.add_latest(p.GradNorms.from_row(row))
-        if row.ranks is not None:  # from the ranks' collectives
-            self.outbox.add_latest(p.Ranks(step=row.step, ranks=row.ranks))
-
-    def on_event(self, event: p.Message) -> None:
-        match event:
-            case events.RunStarted():
-                self.total_steps = event.steps
-                if self.on_run_started is not None:
-                    self.on_run_started(event)
-                self.set_state(RunStatus.RUNNING, event.step)
-            case events.Paused():
-                self.set_state(RunStatus.PAUSED, event.step)
-            case events.Resumed():
-                self.set_state(RunStatus.RUNNING, event.step)
-            case events.RunEnded():
-                self._send_impact(force=True)
-                self.set_state(event.status, event.step)
-            case p.NonFinite() | p.Error():
-                self._send_impact(force=True)  # the failed process's last segment, as a run that ended sends it
-                self.outbox.add_event(event)
-                self.set_state(RunStatus.FAILED, event.step, event.message)
-            case p.OptionApplied() | p.OptionRefused() | p.CheckpointSaved() | p.ProfileReady() | p.TrialResult():
-                if isinstance(event, p.OptionApplied) and event.option == STEPS.name:
-                    self.total_steps = event.value
-                self.outbox.add_event(event)
-                if self.compiling and isinstance(event, (p.OptionApplied, p.OptionRefused)):  # the change compiled for
-                    self.compiling = False
-                    self.set_state(self.state, self.step)
-            case events.CompileStarted():
-                self.outbox.add_event(event)
-                self.compiling = True  # the app's header says so until the change's answer: no step comes meanwhile
-                self.set_state(self.state, self.step, events.COMPILING)
-            case p.TrialProgress():
-                self.outbox.add_latest(event)
-            case events.Relaunching():
-                self.set_state(RunStatus.RELAUNCHING, event.step, event.change)
-            case (events.TrialStarted() | events.StepSkipped() | events.OomRescued() | events.SpikeGuarded() | events.ProfileStarted() | events.ResumedFromCheckpoint()
-                  | events.ResumeChangedSettings() | events.StopRequested() | p.Log()):
-                self.outbox.add_event(event)  # the app says it in words: events.describe
-
-    def _send_impact(self, force: bool = False) -> None:
-        if self.impact is None:
-            return
-        now = time.monotonic()
-        segments = len(self.impact.segments)
-        if force or segments != self._impact_segments or now - self._impact_sent_at >= IMPACT_INTERVAL_S:
-            self._impact_sent_at, self._impact_segments = now, segments
-            self.outbox.add_latest(p.Impact(segments=self.impact.table()))
-
-    def set_state(self, state: str, step: int, detail: str = "") -> None:
-        self.state, self.step = state, step
-        self.outbox.add_event(p.State(state=state, step=step, detail=detail))
 
 
 class Worker:
@@ -187,11 +107,9 @@ class Worker:
 
     # ------------------------------------------------------------------ running
     def run(self) -> int:
-        from torchlab.core.engine.parallel.distributed import rank_from_environment
-        from torchlab.core.engine.adapters.loading import exits_as_failure
-        from torchlab.core.engine.ranks.supervisor import Supervisor
-        from torchlab.core.engine.measure.tensorboard import tensorboard_observers
-        from torchlab.core.launch.plan import ConfigRecord, plan_training
+        """Set the run up and train it to its end: the process's exit status (the module's docstring says which). A
+        failure the trainer cannot report itself reaches the app from here (``_report_failure``)."""
+        from torchlab.core.launch.plan import plan_training
         from torchlab.core.records.rundir import RunDirectory
 
         args = build_parser().parse_args(self.training_args)
@@ -200,47 +118,64 @@ class Worker:
         journal = RefusedCommands(directory)  # the trainer's refusals of the app's commands: a burst a minute
         try:
             try:
-                plan = plan_training(args)
-                self._config = plan.config
-                config_record = ConfigRecord(directory, plan)
-                config_record.write_for_new_run()
-                impact = ImpactTracker(directory.path / "impact.json")
-                self.reporter.impact = impact
-                supervisor = Supervisor(
-                    plan.config,
-                    observers=[journal, config_record, impact, self.reporter, *tensorboard_observers(plan.config)],
-                    run_dir=directory.path,
-                    resume_from=plan.resume,
-                    explicit=plan.explicit,
-                    external=rank_from_environment(supervised=False),  # rank 0 under torchrun
-                    resume_note=plan.resume_note(),
-                )
-                self._take_commands(supervisor)
-                with exits_as_failure("as the run was set up"):
-                    supervisor.prepare()  # seeds and loads the workload where it trains here (a bad one fails now)
-                self.trainer = supervisor
+                self.trainer = self._prepared_supervisor(plan_training(args), directory, journal)
             except TorchlabError as error:
                 directory.record_error(str(error))
                 self._report_failure(str(error), "")
                 return exit_status(error)
-            try:
-                with exits_as_failure("while it trained"):
-                    outcome = self.trainer.run()  # the Welcome is ready once the trainer reports run_started
-            except WorkloadExited as error:  # the trainer never saw it: the run's code ended it
-                directory.record_error(str(error), step=self.reporter.step + 1)
-                self._report_failure(str(error), "")
-                return exit_status(error)
-            except TorchlabError as error:  # the first step could not run (a workload error)
-                self._report_failure(str(error), traceback.format_exc())
-                return exit_status(error)
-            finally:
-                if not self._ready.is_set():  # ranks that failed before training: the app still gets an answer
-                    self._welcome = p.Welcome(run=self._run_info(None), modules=[], options={}, state=self.reporter.state, step=self.reporter.step)
-                    self._ready.set()
+            return self._train(directory)
         finally:
             journal.close(self.reporter.step)
             self._close_journal()
             directory.close()
+
+    def _prepared_supervisor(self, plan: TrainingPlan, directory: RunDirectory, journal: RefusedCommands) -> Supervisor:
+        """The run's Supervisor, prepared: a run that cannot start fails here, as TorchlabError. It takes the app's
+        commands from its creation on, first those the app sent while torch and the workload loaded."""
+        from torchlab.core.engine.adapters.loading import exits_as_failure
+        from torchlab.core.engine.measure.tensorboard import tensorboard_observers
+        from torchlab.core.engine.parallel.distributed import rank_from_environment
+        from torchlab.core.engine.ranks.supervisor import Supervisor
+        from torchlab.core.launch.plan import ConfigRecord
+
+        self._config = plan.config
+        config_record = ConfigRecord(directory, plan)
+        config_record.write_for_new_run()
+        impact = ImpactTracker(directory.path / "impact.json")
+        self.reporter.impact = impact
+        supervisor = Supervisor(
+            plan.config,
+            observers=[journal, config_record, impact, self.reporter, *tensorboard_observers(plan.config)],
+            run_dir=directory.path,
+            resume_from=plan.resume,
+            explicit=plan.explicit,
+            external=rank_from_environment(supervised=False),  # rank 0 under torchrun
+            resume_note=plan.resume_note(),
+        )
+        self._take_commands(supervisor)
+        with exits_as_failure("as the run was set up"):
+            supervisor.prepare()  # seeds and loads the workload where it trains here (a bad one fails now)
+        return supervisor
+
+    def _train(self, directory: RunDirectory) -> int:
+        """Train the prepared run to its end: the exit status of its outcome, or of the error that ended it without
+        one (the workload's own sys.exit, a first step that could not run). Whatever happened, an app gets a Welcome."""
+        from torchlab.core.engine.adapters.loading import exits_as_failure
+
+        try:
+            with exits_as_failure("while it trained"):
+                outcome = self.trainer.run()  # the Welcome is ready once the trainer reports run_started
+        except WorkloadExited as error:  # the trainer never saw it: the run's code ended it
+            directory.record_error(str(error), step=self.reporter.step + 1)
+            self._report_failure(str(error), "")
+            return exit_status(error)
+        except TorchlabError as error:  # the first step could not run (a workload error)
+            self._report_failure(str(error), traceback.format_exc())
+            return exit_status(error)
+        finally:
+            if not self._ready.is_set():  # ranks that failed before training: the app still gets an answer
+                self._welcome = p.Welcome(run=self._run_info(None), modules=[], options={}, state=self.reporter.state, step=self.reporter.step)
+                self._ready.set()
         return exit_code(outcome.status)
 
     def _report_failure(self, message: str, trace: str) -> None:

@@ -1,16 +1,15 @@
-"""Run configuration: one keyword-only dataclass, validated where it is built.
+"""Run configuration: one keyword-only dataclass, validated where it is built, and its TOML.
 
 Precedence, lowest first: defaults, then a ``--config`` TOML file, then command-line flags. Every error
 names the setting (and the file, for TOML) so the user knows what to change. The resolved configuration
 is written to the run directory as ``config.toml``, which ``--config`` reads back. A workload file is recorded as
 an absolute path (core/launch/arguments.py ``workload_as_stored``), so a run resumes from any directory.
 
-Each setting that is not live is one declaration here (a ``Setting``, core/records/settings.py; in ``SETTINGS``): its
-default, what it accepts (a number's ``Bounds``, core/wire/options.py, with its range and what 0 or "auto" mean;
-a choice; a check), its flag and help. TrainConfig's field defaults, the checks where a TrainConfig is built, the
-flags (core/launch/arguments.py) and the list of settings a command line sets all come from those declarations,
-so a flag's text, a TOML value and a value built in code are checked alike; ``steps`` is the live option's own
-(``STEPS``).
+Each setting that is not live is one declaration in core/records/settings.py (``SETTINGS``): its default, what it
+accepts, its flag and help. TrainConfig's field defaults and the checks where a TrainConfig is built come from those
+declarations, so a flag's text, a TOML value and a value built in code are checked alike. This module holds what
+a run's configuration is made of beyond them (the workload, the live options, ``--at`` and ``--trial`` changes, the
+workload's own optimizer and scheduler) and how a configuration is merged, written as TOML and read back.
 """
 
 from __future__ import annotations
@@ -25,13 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from torchlab.core.errors import ConfigError, shown
-from torchlab.core.records.settings import ChoiceSetting, NumberSetting, Setting, StepsSetting, SwitchSetting, TextSetting
+from torchlab.core.records.settings import (
+    ACT_STATS_EVERY, BATCH_SIZE, CHECKPOINT_EVERY, DEVICE, EVAL_BATCHES, EVAL_EVERY, KEEP_CHECKPOINTS, LOG_EVERY, LR,
+    MEMORY_EVERY, OPTIMIZER, OPTIMIZER_STEP, PROBE_EVERY, PROFILE_AT, PROFILE_STEPS, RESHARD_AFTER_FORWARD, SCHEDULE,
+    SEED, SETTINGS, SHARED_RUN_DIR, SPIKE_THRESHOLD, SPIKE_WINDOW, STEPS_SETTING, TELEMETRY_INTERVAL, TENSORBOARD,
+    TRIAL_STEPS_SETTING, WARMUP_STEPS, WEIGHT_DECAY,
+)
 from torchlab.core.safe_open import UnsafeFileError, open_regular
 from torchlab.core.wire.options import (
-    LIVE_OPTIONS, MAX_STEPS, OPTIONS_BY_NAME, STEPS, WORKERS, Bounds, LiveOptions, OptionRefused, format_option_value,
-    parse_option_value,
+    LIVE_OPTIONS, OPTIONS_BY_NAME, WORKERS, LiveOptions, OptionRefused, format_option_value, parse_option_value,
 )
-from torchlab.core.wire.protocol import DEFAULT_PROFILE_STEPS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,37 +41,6 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 DEFAULT_WORKLOAD = "tiny_gpt"
-OPTIMIZERS = ("adamw", "sgd")
-#: NumPy's legacy seeding (numpy.random.seed) takes 32-bit seeds; a larger one raised deep inside a run.
-MAX_SEED = 2**32 - 1
-#: torch keeps a device index in 8 signed bits: "cuda:200" became "cuda:-56".
-MAX_CUDA_INDEX = 127
-#: Seconds between system samples, at most: a longer wait overflowed the sampler's timer (1e30 did).
-MAX_TELEMETRY_INTERVAL_S = 3600.0
-#: ... and at least, unless 0 (off): each sample is a line of system.jsonl and a message to the app, and it costs
-#: ~0.6 ms of a core; 1e-9 wrote ~900 lines a second. Ten a second is more than a person reads.
-MIN_TELEMETRY_INTERVAL_S = 0.1
-#: Steps one profiler snapshot may record: each adds its events to a trace held in memory until the snapshot ends.
-MAX_PROFILE_STEPS = 1000
-MAX_TRIAL_STEPS = 1000
-DEFAULT_TRIAL_STEPS = 20
-#: Step checkpoints kept besides last.pt: each is a whole copy of the model and its optimizer (1.2 GB for 100M
-#: parameters with AdamW), so a thousand is more than any disk wants; 1e20 was taken.
-MAX_KEPT_CHECKPOINTS = 1000
-#: The largest batch: more samples than any device holds at once (the largest published batches are ~64k);
-#: a larger figure is a typo, otherwise found only when the dataset is counted.
-MAX_BATCH_SIZE = 2**24
-SCHEDULES = ("constant", "cosine", "onecycle")
-
-#: A cadence of steps (evaluations, activation statistics): every N steps, or 0 for never.
-EVERY_FEW_STEPS = Bounds(whole=True, minimum=1, maximum=MAX_STEPS, off=0, must_be="a whole number of steps from 1 to 10^9, or 0 (off)")
-#: A cadence the run can also choose itself ("auto"): core/engine/probe.py, checkpoint.py, memory.py.
-AUTO_CADENCE = Bounds(whole=True, minimum=1, maximum=MAX_STEPS, off=0, auto=True,
-                      must_be="a whole number of steps from 1 to 10^9, 0 (off) or auto")
-#: One optimizer step, as ``--at``, ``--trial`` and ``--profile-at`` name it.
-OPTIMIZER_STEP = Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="an optimizer step from 1 to 10^9")
-#: The steps of each arm of a trial: ``--trial-steps``, and a trial typed in the app (core/analysis/trials.py).
-TRIAL_STEPS = Bounds(whole=True, minimum=1, maximum=MAX_TRIAL_STEPS, must_be=f"a whole number from 1 to {MAX_TRIAL_STEPS} (steps an arm)")
 
 
 _AT_PATTERN = re.compile(r"^\s*(\d+)\s*:\s*([A-Za-z_]+)\s*=\s*(.*?)\s*$")
@@ -101,16 +72,6 @@ class ScheduledChange:
 
     def __str__(self) -> str:
         return f"{self.step}:{self.option}={self.value}"
-
-
-def _is_device(name: str) -> bool:
-    match = re.fullmatch(r"auto|cpu|cuda(?::(\d{1,4}))?", name)
-    return match is not None and (match.group(1) is None or int(match.group(1)) <= MAX_CUDA_INDEX)
-
-
-def _absolute_path(typed: str) -> str:
-    """A directory typed on the command line, as a run records it: the same from any directory (a resume)."""
-    return str(Path(typed).expanduser().absolute())
 
 
 #: config.toml's table for the optimizer and scheduler a workload brought: a record of what the run used, in the
@@ -167,160 +128,10 @@ class FromWorkload:
         return shown
 
 
-#: The settings that are not live, each declared once (core/records/settings.py): TrainConfig's field defaults, the
-#: checks, the flags and their help come from here. In the order ``torchlab-tui --help`` lists them under their
-#: headings (config.toml follows TrainConfig's fields). ``steps`` is the live option's own (STEPS): one definition.
-STEPS_SETTING = NumberSetting(
-    name=STEPS.name, default=STEPS.default, bounds=STEPS.bounds,
-    group="training", metavar=STEPS.metavar, help=STEPS.flag_help,
-)
-BATCH_SIZE = NumberSetting(
-    name="batch_size", default=None,
-    bounds=Bounds(whole=True, minimum=1, maximum=MAX_BATCH_SIZE, must_be=f"a whole number from 1 to {MAX_BATCH_SIZE}"),
-    group="training", help="per-step micro-batch size", default_means="the workload's, else 32",
-)
-SEED = NumberSetting(
-    name="seed", default=0,
-    bounds=Bounds(whole=True, minimum=0, maximum=MAX_SEED,
-                  must_be=f"a whole number from 0 to {MAX_SEED} (NumPy's seeds are 32-bit)"),
-    group="training", help="random seed",
-)
-DEVICE = TextSetting(
-    name="device", default="auto",
-    accepts=_is_device, requirement=f"must be auto, cpu, cuda or cuda:N with N from 0 to {MAX_CUDA_INDEX}",
-    group="training", metavar="auto|cpu|cuda[:N]", help="where to train",
-)
-OPTIMIZER = ChoiceSetting(name="optimizer", default="adamw", choices=OPTIMIZERS, group="training", help="optimizer")
-LR = NumberSetting(
-    name="lr", default=1e-3,
-    # No maximum: an LR too large shows itself at once, as a non-finite loss the guard names.
-    bounds=Bounds(minimum=0, above=True, must_be="a positive number"),
-    group="training", metavar="LR", help="peak learning rate",
-)
-WEIGHT_DECAY = NumberSetting(
-    name="weight_decay", default=0.01,
-    bounds=Bounds(minimum=0, must_be="a number ≥ 0"),
-    group="training", metavar="WD", help="AdamW/SGD weight decay on matrices",
-)
-SCHEDULE = ChoiceSetting(
-    name="schedule", default="cosine", choices=SCHEDULES,
-    group="training", help="LR schedule; cosine warms up first",
-)
-WARMUP_STEPS = NumberSetting(
-    name="warmup_steps", default=None,
-    # Not bounded by ``steps``: a live or resumed shortening of the run keeps the warm-up where it was
-    # (core/engine/option_hooks.py, core/launch/plan.py), so it may outlast a run cut short.
-    bounds=Bounds(whole=True, minimum=0, maximum=MAX_STEPS, must_be="a whole number of steps from 0 to 10^9"),
-    group="training", help="cosine warmup", default_means="5% of steps",  # TrainConfig.resolved_warmup_steps
-)
-EVAL_EVERY = NumberSetting(
-    name="eval_every", default=50, bounds=EVERY_FEW_STEPS,
-    group="training", help="validation every N steps, 0 = off",
-)
-EVAL_BATCHES = NumberSetting(
-    name="eval_batches", default=20,
-    bounds=Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="a whole number from 1 to 10^9"),
-    group="training", help="validation batches per evaluation",
-)
-CHECKPOINT_EVERY = NumberSetting(  # see core/engine/state/checkpoint.py's CheckpointCadence
-    name="checkpoint_every", default="auto",
-    bounds=Bounds(whole=True, minimum=1, maximum=MAX_STEPS, off=0, auto=True,
-                  must_be="a whole number of steps from 1 to 10^9, 0 (only at the end) or auto"),
-    group="training", metavar="N|auto",
-    help="checkpoint every N steps, 0 = only at the end, auto = every 100th step once a minute has passed and within "
-         "1% of the time",
-)
-KEEP_CHECKPOINTS = NumberSetting(
-    name="keep_checkpoints", default=3,
-    bounds=Bounds(whole=True, minimum=1, maximum=MAX_KEPT_CHECKPOINTS,
-                  must_be=f"a whole number from 1 to {MAX_KEPT_CHECKPOINTS}"),
-    group="training", help="step checkpoints kept besides last.pt",
-)
-#: False: a new run directory is 0700 and its files 0600, whatever the umask (the checkpoints are the
-#: user's weights); True: they follow the umask, for colleagues to read. An existing one keeps its mode.
-SHARED_RUN_DIR = SwitchSetting(
-    name="shared_run_dir", default=False, group="run",
-    help="make a new run directory and its files follow your umask (0755 and 0644 under umask 022), for others to read; "
-         "by default only you can (0700, files 0600, whatever the umask). An existing run directory keeps its mode, and "
-         "what a resume adds follows it",
-)
-#: A directory where TensorBoard event files are written while training (core/engine/measure/tensorboard.py); None: not.
-TENSORBOARD = TextSetting(
-    name="tensorboard", default=None,
-    accepts=lambda text: text.strip() != "", requirement="must be a directory to write TensorBoard event files to",
-    group="run", metavar="DIR", from_flag=_absolute_path,
-    help="write TensorBoard event files to DIR while training (the tensorboard extra); kept by a resume",
-)
-#: With ``parallel=fsdp``: free each block's gathered parameters after its forward and gather them again for its
-#: backward (FSDP2's ``reshard_after_forward``, torchtitan's default), or keep them from forward to backward.
-RESHARD_AFTER_FORWARD = SwitchSetting(
-    name="reshard_after_forward", default=True, group="training",
-    help="with --parallel fsdp, free each block's gathered parameters after its forward and gather them again for its "
-         "backward (the default: the least memory); --no-reshard-after-forward keeps them, one all-gather a step "
-         "fewer for the whole model's parameters held from forward to backward",
-)
-TRIAL_STEPS_SETTING = NumberSetting(
-    name="trial_steps", default=DEFAULT_TRIAL_STEPS, bounds=TRIAL_STEPS,
-    group="live", metavar="K", help="the steps of each arm of a trial (its speed is timed on past K, up to 5K and 100, while its interval is wide)",
-)
-SPIKE_THRESHOLD = NumberSetting(
-    name="spike_threshold", default=6.0,
-    bounds=Bounds(minimum=1, maximum=1000, must_be="a number of robust deviations from 1 to 1000"),
-    group="live", metavar="Z",
-    help="the spike guard's threshold: a step whose loss or grad norm is more than Z robust deviations (1.4826 x the "
-         "median absolute deviation) above the median of the last --spike-window steps is a spike",
-)
-SPIKE_WINDOW = NumberSetting(
-    name="spike_window", default=50,
-    bounds=Bounds(whole=True, minimum=20, maximum=10_000, must_be="a whole number of steps from 20 to 10000"),
-    group="live", metavar="N", help="the recent steps the spike guard judges a step against",
-)
-LOG_EVERY = NumberSetting(
-    name="log_every", default=1,
-    bounds=Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="a whole number of steps from 1 to 10^9"),
-    group="probes", help="report metrics every N steps",
-)
-PROBE_EVERY = NumberSetting(
-    name="probe_every", default="auto", bounds=AUTO_CADENCE,
-    group="probes", metavar="N|auto", help="per-module grad norms every N steps, 0 = off, auto = within ~1% of step time",
-)
-ACT_STATS_EVERY = NumberSetting(
-    name="act_stats_every", default=0, bounds=EVERY_FEW_STEPS,
-    group="probes", help="activation statistics every N steps, 0 = off",
-)
-MEMORY_EVERY = NumberSetting(  # see core/engine/measure/memory.py's MemoryCadence
-    name="memory_every", default="auto", bounds=AUTO_CADENCE,
-    group="probes", metavar="N|auto",
-    help="memory by kind (saved activations, per module) every N steps, 0 = off, auto = at most once a second",
-)
-PROFILE_AT = StepsSetting(  # the optimizer steps at which a profiler snapshot starts
-    name="profile_at", default=(), bounds=OPTIMIZER_STEP, must_be="optimizer steps from 1 to 10^9",
-    group="probes", help="profile from optimizer step STEP (repeatable)",
-)
-PROFILE_STEPS = NumberSetting(
-    name="profile_steps", default=DEFAULT_PROFILE_STEPS,
-    bounds=Bounds(whole=True, minimum=1, maximum=MAX_PROFILE_STEPS, must_be=f"a whole number from 1 to {MAX_PROFILE_STEPS}"),
-    group="probes", help="steps a profiler snapshot records, after 1 warm-up",
-)
-TELEMETRY_INTERVAL = NumberSetting(
-    name="telemetry_interval", default=1.0,
-    bounds=Bounds(minimum=MIN_TELEMETRY_INTERVAL_S, maximum=MAX_TELEMETRY_INTERVAL_S, off=0.0,
-                  must_be=f"0 (off) or a number of seconds from {MIN_TELEMETRY_INTERVAL_S:g} to {MAX_TELEMETRY_INTERVAL_S:g}"),
-    group="probes", metavar="SECONDS", help="GPU/host sampling period, 0 = off",
-)
-
-SETTINGS: tuple[Setting, ...] = (
-    SHARED_RUN_DIR, TENSORBOARD,
-    STEPS_SETTING, BATCH_SIZE, SEED, DEVICE, OPTIMIZER, LR, WEIGHT_DECAY, SCHEDULE, WARMUP_STEPS, EVAL_EVERY,
-    EVAL_BATCHES, CHECKPOINT_EVERY, KEEP_CHECKPOINTS, RESHARD_AFTER_FORWARD,
-    TRIAL_STEPS_SETTING, SPIKE_THRESHOLD, SPIKE_WINDOW,
-    LOG_EVERY, PROBE_EVERY, ACT_STATS_EVERY, MEMORY_EVERY, PROFILE_AT, PROFILE_STEPS, TELEMETRY_INTERVAL,
-)
-
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """Everything a run needs besides the workload itself. Each setting's default is its declaration's (above),
-    where its meaning is said; the other fields are the workload, the live options and records of the run."""
+    """Everything a run needs besides the workload itself. Each setting's default is its declaration's
+    (core/records/settings.py), where its meaning is said; the other fields are the workload, the live options and records of the run."""
 
     workload: str = DEFAULT_WORKLOAD
     steps: int = STEPS_SETTING.default

@@ -11,7 +11,8 @@ from dataclasses import replace
 from typing import Any
 
 from torchlab.core.errors import ConfigError, WorkloadError, shown
-from torchlab.core.records.config import SETTINGS, TrainConfig, suggestion
+from torchlab.core.records.config import TrainConfig, suggestion
+from torchlab.core.records.settings import SETTINGS
 from torchlab.core.wire.options import OPTIONS_BY_NAME, OptionRefused, parse_option_value
 
 #: What ``Workload.settings`` may not set, and why: each is decided before the workload's code runs.

@@ -14,7 +14,7 @@ write gives.
   (no group or other bits: a run directory is made so unless ``shared_run_dir`` is set), a file is
   created 0600 and a folder 0700, whatever the umask; elsewhere 0666 and 0755, which the umask trims
   as usual: others may read what the umask lets them, never add to or swap the entries of a folder
-  torchlab made (core/records/rundir.py refuses a run directory they could). The mode is given to
+  torchlab made (core/records/rundir_folder.py refuses a run directory they could). The mode is given to
   ``open``/``mkdir`` themselves, so there is no moment when a file is readable by others before a
   ``chmod``; nothing that exists has its mode changed.
 

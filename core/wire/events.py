@@ -42,7 +42,7 @@ class RunStarted(Message):
     module_tied: list = field(default_factory=list)
     #: the workload's own optimizer and scheduler (core/records/config.py FromWorkload.as_dict), for config.toml; None: neither
     from_workload: dict | None = None
-    #: the workload's own starting values the run took, by name (core/records/config.py with_workload_settings), for
+    #: the workload's own starting values the run took, by name (core/records/starting_values.py with_workload_settings), for
     #: config.toml; None: none
     workload_settings: dict | None = None
     #: the model's BatchNorm layers, which a split of the batch changes besides memory (the OOM rescue's note)

@@ -6,7 +6,7 @@ or a protocol message: strings and JSON values alike) and shown back, its refusa
 could take (``OptionRefused`` with a reason the user can act on), its command-line flag, its key, its
 prompt and its row in the app's options panel. What a number accepts is its ``Bounds``: the one definition
 of its type, range and off-word that every way of giving it goes through; the run's numeric settings
-(core/records/config.py, ``--steps``, ``--keep-checkpoints``...) have theirs too, and ``steps`` is one definition
+(core/records/settings.py, ``--steps``, ``--keep-checkpoints``...) have theirs too, and ``steps`` is one definition
 as a setting and as a live option. What makes a value real is the trainer's: it enacts
 each option with the hook registered for that name (core/engine/option_hooks.py, ``@enacts``), and refuses
 what *this* run cannot do (fp16 without CUDA, checkpointing of a model without blocks).
@@ -65,7 +65,7 @@ MAX_STEPS = 10**9
 @dataclass(frozen=True, kw_only=True)
 class Bounds:
     """What a number accepts: the one definition a flag, a TOML file, ``--at``, a prompt and a protocol message
-    are all parsed with (``parse``), for a live option (``Number.bounds``) and a setting (core/records/config.py)
+    are all parsed with (``parse``), for a live option (``Number.bounds``) and a setting (core/records/settings.py)
     alike, so that none of them takes a value another refuses.
 
     ``off``: the value that "off" (and 0, and nothing) stands for, where the number can be off: clip's None (no

@@ -2,7 +2,7 @@
 
 Every process says it with these words: the trainer's ``State`` and ``Welcome`` (core/wire/protocol.py), the
 entry ``attach`` lists (core/wire/runtime.py), the app's header, a trainer's outcome for its launcher
-(core/engine/outcome.py) and rank 0's for its supervisor (core/engine/ranks/channel.py). A ``StrEnum``: each
+(core/engine/outcome.py) and rank 0's for its supervisor (core/engine/ranks/channel_messages.py). A ``StrEnum``: each
 member is the string it always was, so the wire, the runtime entries and the journals read as before, and a
 member compares equal to the text a peer sent (``state == RunStatus.FAILED`` for a decoded ``State``).
 """

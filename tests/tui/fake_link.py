@@ -18,7 +18,7 @@ from typing import Any
 
 from metrics_rows import metrics_row
 
-from torchlab.core.analysis.impact import IN_TURN
+from torchlab.core.analysis.step_times import IN_TURN
 from torchlab.core.wire import protocol
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.options import LiveOptions

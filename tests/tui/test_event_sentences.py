@@ -12,7 +12,7 @@ from fake_link import past_ended, welcome
 from rich.console import Console
 
 from torchlab.core.launch.headless import HeadlessProgress
-from torchlab.core.launch.worker import OutboxReporter
+from torchlab.core.launch.outbox_reporter import OutboxReporter
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.outbox import Cursor, Outbox

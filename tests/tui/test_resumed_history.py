@@ -107,7 +107,7 @@ async def test_after_attach_the_gradient_tables_trend_holds_the_journals_measure
     from fake_link import grad_norms, module_names
 
     from torchlab.tui.formatting import sparkline
-    from torchlab.tui.state import TREND_LENGTH
+    from torchlab.tui.state_metrics import TREND_LENGTH
     from torchlab.tui.widgets.grad_table import GradTable
 
     names = module_names()

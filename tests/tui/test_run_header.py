@@ -53,7 +53,7 @@ async def test_the_header_says_compiling_while_torch_compile_runs() -> None:
 def test_the_trainer_side_says_compiling_until_the_change_is_answered() -> None:
     """What the header's "compiling…" comes from: the worker's running state carries it from the trainer's
     CompileStarted to the answer to the change that asked for the compile."""
-    from torchlab.core.launch.worker import OutboxReporter
+    from torchlab.core.launch.outbox_reporter import OutboxReporter
     from torchlab.core.wire.events import CompileStarted
     from torchlab.core.wire.outbox import Cursor, Outbox
 

@@ -11,7 +11,7 @@ from fake_link import NO_GPU, FakeLink, cpu_run_processes, gpu, impact, profile_
 
 from torchlab.core.wire import protocol
 from torchlab.tui.app import TorchlabApp
-from torchlab.tui.state import TELEMETRY_HISTORY
+from torchlab.tui.state_measurements import TELEMETRY_HISTORY
 from torchlab.tui.widgets.event_log import EventLog
 from torchlab.tui.widgets.system_panel import SystemPanel
 
@@ -532,7 +532,7 @@ def several_changes() -> protocol.Impact:
 
 
 async def test_t_on_a_row_tries_its_change_as_the_trial_prompt_would_and_says_why_where_it_cannot() -> None:
-    from torchlab.core.records.config import DEFAULT_TRIAL_STEPS
+    from torchlab.core.records.settings import DEFAULT_TRIAL_STEPS
 
     app, link = app_with(several_changes())
     async with app.run_test(size=WIDE) as pilot:

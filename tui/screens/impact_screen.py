@@ -24,9 +24,8 @@ from textual.containers import Vertical
 from textual.widgets import DataTable, Label, Static
 from textual.widgets.data_table import ColumnKey
 
-from torchlab.core.analysis.impact import (
-    MIN_TIMED_STEPS, SEGMENT_OPTIONS, SPREAD_AS_RATIO, WARMUP_STEPS, compare_segments, plus_minus, segment_name,
-)
+from torchlab.core.analysis.impact import SEGMENT_OPTIONS, WARMUP_STEPS, compare_segments, segment_name
+from torchlab.core.analysis.step_times import MIN_TIMED_STEPS, SPREAD_AS_RATIO, plus_minus
 from torchlab.core.analysis.trials import parse_trial, trial_verdict
 from torchlab.core.wire.options import OptionRefused, format_option_value, parse_option_value
 from torchlab.core.wire.payloads import ImpactSegment

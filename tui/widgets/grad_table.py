@@ -27,7 +27,8 @@ from textual.widgets import Input
 from torchlab.tui.formatting import format_number, format_ratio, sparkline
 from torchlab.tui.gradient_flags import combine_norms, flag_for, group_name
 from torchlab.tui.names import shorten_names
-from torchlab.tui.state import ModuleStats, RunState
+from torchlab.tui.state import RunState
+from torchlab.tui.state_metrics import ModuleStats
 from torchlab.tui.widgets.fitted_line import FittedLine
 from torchlab.tui.widgets.in_order_input import InOrderInput
 from torchlab.tui.widgets.row_view import Cell, Column, RowView

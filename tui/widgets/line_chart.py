@@ -125,10 +125,10 @@ class LineChart(Widget):
     # ------------------------------------------------------------------ drawing
 
     def _draw(self, width: int, height: int) -> list[Strip]:
-        """Every row of the chart, as strips."""
+        """Every row of the chart, as strips: the plot's rows behind their y labels, then the x axis where there is
+        room for it (three rows or more)."""
         if width <= 0 or height <= 0:
             return []
-        axis_style = self.get_component_rich_style("line-chart--axis")
         plot_width = width - _LABEL_WIDTH - 1
         show_x_axis = height >= 3
         plot_height = height - 1 if show_x_axis else height
@@ -139,51 +139,52 @@ class LineChart(Widget):
         points = [(xs, ys) for xs, ys in thinned if xs]
         if not points:
             return self._draw_empty(width, height)
-
-        x_low = min(xs[0] for xs, _ in points)
-        x_high = max(xs[-1] for xs, _ in points)
-        y_low = min(min(ys) for _, ys in points)
-        y_high = max(max(ys) for _, ys in points)
-        if y_high == y_low:
-            pad = abs(y_high) * 0.05 or 1.0
-            y_low, y_high = y_low - pad, y_high + pad
-        x_span = (x_high - x_low) or 1.0
-        y_span = y_high - y_low
-
+        scale = _Scale.fitting(points, pixel_w, pixel_h)
         cells = [[0] * plot_width for _ in range(plot_height)]
         owner = [[-1] * plot_width for _ in range(plot_height)]
-        paths = {}
-        for index, (xs, ys) in enumerate(thinned):
-            if not xs:
-                continue
-            paths[index] = [
-                (round((x - x_low) / x_span * (pixel_w - 1)), round((y_high - y) / y_span * (pixel_h - 1)))
-                for x, y in zip(xs, ys)
-            ]
-            _plot_path(paths[index], cells, owner, index)
+        paths = {index: [scale.pixel(x, y) for x, y in zip(xs, ys)] for index, (xs, ys) in enumerate(thinned) if xs}
+        for index, pixels in paths.items():
+            _plot_path(pixels, cells, owner, index)
         marks = self._marks(paths, plot_width) if len(self.lines) > 1 else {}
+        for column in self._marked_columns(scale):
+            marks.setdefault(0, {})[column] = len(self.lines)
+        strips = self._plot_rows(cells, owner, marks, self._y_labels(scale.y_low, scale.y_high, plot_height), width)
+        if show_x_axis:
+            axis_style = self.get_component_rich_style("line-chart--axis")
+            strips.append(Strip([Segment(self._x_axis(scale.x_low, scale.x_high, width), axis_style)], width))
+        return strips
 
-        series_styles = [self.get_component_rich_style(f"line-chart--series-{self.style_of(i) % self.STYLES}")
-                         for i in range(len(self.lines))]
-        markers = [marker(self.style_of(i)) for i in range(len(self.lines))]
-        if self.marks:  # the marked steps' style and glyph come after the lines'
-            series_styles.append(self.get_component_rich_style("line-chart--mark"))
-            markers.append(MARK)
-            for x in self.marks:
-                if x_low <= x <= x_high:
-                    marks.setdefault(0, {})[round((x - x_low) / x_span * (pixel_w - 1)) >> 1] = len(self.lines)
-        labels = self._y_labels(y_low, y_high, plot_height)
+    def _plot_rows(self, cells: list[list[int]], owner: list[list[int]], marks: dict[int, dict[int, int]],
+                   labels: list[str], width: int) -> list[Strip]:
+        """The plot's rows, each behind its y label: braille cells in the style of the line that owns them, and a
+        marker (a line's, or a marked step's ``MARK``) in place of each cell in ``marks``."""
+        axis_style = self.get_component_rich_style("line-chart--axis")
+        styles, markers = self._styles_and_markers()
         strips: list[Strip] = []
-        for row in range(plot_height):
-            segments = [Segment(labels[row].rjust(_LABEL_WIDTH)[:_LABEL_WIDTH], axis_style), Segment("┤" if labels[row].strip() else "│", axis_style)]
+        for row, label in enumerate(labels):
+            segments = [Segment(label.rjust(_LABEL_WIDTH)[:_LABEL_WIDTH], axis_style),
+                        Segment("┤" if label.strip() else "│", axis_style)]
             for column, index in marks.get(row, {}).items():
                 owner[row][column] = index
             row_marks = {column: markers[index] for column, index in marks.get(row, {}).items()}
-            segments.extend(_row_segments(cells[row], owner[row], series_styles, row_marks))
+            segments.extend(_row_segments(cells[row], owner[row], styles, row_marks))
             strips.append(Strip(segments, width))
-        if show_x_axis:
-            strips.append(Strip([Segment(self._x_axis(x_low, x_high, width), axis_style)], width))
         return strips
+
+    def _styles_and_markers(self) -> tuple[list[Style], list[str]]:
+        """Each line's style and marker by the line's index; where steps are marked, theirs come after the lines'
+        (at index ``len(self.lines)``)."""
+        styles = [self.get_component_rich_style(f"line-chart--series-{self.style_of(i) % self.STYLES}")
+                  for i in range(len(self.lines))]
+        markers = [marker(self.style_of(i)) for i in range(len(self.lines))]
+        if self.marks:
+            styles.append(self.get_component_rich_style("line-chart--mark"))
+            markers.append(MARK)
+        return styles, markers
+
+    def _marked_columns(self, scale: _Scale) -> list[int]:
+        """The plot columns of the marked steps (``marks``) that lie within the lines' range of steps."""
+        return [scale.pixel_x(x) >> 1 for x in self.marks if scale.x_low <= x <= scale.x_high]
 
     def _marks(self, paths: dict[int, list[tuple[int, int]]], plot_width: int) -> dict[int, dict[int, int]]:
         """Where each line's marker goes: row -> {column: the line's index}. Each line's markers are set off from the
@@ -231,6 +232,39 @@ class LineChart(Widget):
         if gap < 1:
             return right.rjust(width)
         return " " * (_LABEL_WIDTH + 1) + left + " " * gap + right
+
+
+@dataclass(frozen=True)
+class _Scale:
+    """Where a (step, value) point lands among the plot's braille pixels: the lines' range of steps spread over the
+    pixel columns, their range of values over the pixel rows, highest on top (a flat line gets a band around it)."""
+
+    x_low: float
+    x_high: float
+    y_low: float
+    y_high: float
+    pixel_w: int
+    pixel_h: int
+
+    @classmethod
+    def fitting(cls, points: list[tuple[list[float], list[float]]], pixel_w: int, pixel_h: int) -> _Scale:
+        """The scale that fits every point of the lines, ``(xs, ys)`` each, xs in order, none empty."""
+        x_low = min(xs[0] for xs, _ in points)
+        x_high = max(xs[-1] for xs, _ in points)
+        y_low = min(min(ys) for _, ys in points)
+        y_high = max(max(ys) for _, ys in points)
+        if y_high == y_low:
+            pad = abs(y_high) * 0.05 or 1.0
+            y_low, y_high = y_low - pad, y_high + pad
+        return cls(x_low, x_high, y_low, y_high, pixel_w, pixel_h)
+
+    def pixel_x(self, x: float) -> int:
+        """The pixel column of step ``x`` (one step alone sits at the left edge)."""
+        return round((x - self.x_low) / ((self.x_high - self.x_low) or 1.0) * (self.pixel_w - 1))
+
+    def pixel(self, x: float, y: float) -> tuple[int, int]:
+        """The pixel (column, row) of the point ``(x, y)``."""
+        return self.pixel_x(x), round((self.y_high - y) / (self.y_high - self.y_low) * (self.pixel_h - 1))
 
 
 def _plot_path(pixels: list[tuple[int, int]], cells: list[list[int]], owner: list[list[int]], index: int) -> None:

@@ -35,7 +35,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from torchlab.core.engine.measure.profile_tables import EXIT_STORAGE
 from torchlab.core.errors import StorageError, shown
-from torchlab.core.records.config import MAX_PROFILE_STEPS
+from torchlab.core.records.settings import MAX_PROFILE_STEPS
 from torchlab.core.records.storage import fsync_directory, make_folder, match_folder_privacy, remedy, storage_error
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import ProfileStarted

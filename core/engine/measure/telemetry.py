@@ -24,6 +24,7 @@ import psutil
 import torch
 
 from torchlab.core.engine.measure.nvml import Nvml
+from torchlab.core.engine.parallel.distributed import RANK_MODULE
 from torchlab.core.wire.payloads import AllocatorSample, HostSample, ProcessSample, TelemetrySample, no_gpu_status
 
 
@@ -199,7 +200,7 @@ def process_name(process: psutil.Process) -> str:
         name, command = process.name(), " ".join(process.cmdline())
     except psutil.Error:  # exited meanwhile
         return "?"
-    if "torchlab.core.engine.ranks.supervisor" in command:
+    if RANK_MODULE in command:
         try:
             return f"rank {process.environ().get('RANK', '?')}"
         except psutil.Error:  # its environment is not ours to read
@@ -279,7 +280,7 @@ class OthersCpuMeter:
     (0-100): the busy time of every CPU less this process tree's own (its DataLoader workers, ranks and compile
     workers; children it has reaped count through its ``children_*`` times). A trial's two arms run one after
     the other: where a neighbour's load came or went between them, their step times compare the machine, not the
-    option (``core/analysis/impact.py``'s ``load_shift``)."""
+    option (``core/analysis/step_times.py``'s ``load_shift``)."""
 
     def __init__(self) -> None:
         self._process = psutil.Process()

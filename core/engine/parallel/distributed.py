@@ -37,6 +37,8 @@ from torchlab.core.wire.cpu_share import WAIT_POLICY_VARIABLE
 from torchlab.core.wire.options import OptionRefused, usable_cpus
 from torchlab.core.wire.payloads import RankFigures
 
+#: The module a supervised rank runs (``python -m``): how the supervisor and the telemetry tell a rank's process.
+RANK_MODULE = "torchlab.core.engine.ranks.rank_process"
 #: Bytes of one boundary packet: a length prefix and the JSON of the commands (a handful of small objects).
 PACKET_BYTES = 1024
 

@@ -5,7 +5,7 @@
     supervisor (the headless process, or the app's trainer process)          rank processes
       observers: run directory, impact table, progress bar or app outbox
       world size 1: the Trainer, in this process (no launcher, fast start)
-      world size N: elastic_launch (torchrun's machinery; its rendezvous   python -m torchlab.core.engine.ranks.supervisor
+      world size N: elastic_launch (torchrun's machinery; its rendezvous   python -m torchlab.core.engine.ranks.rank_process
                     on 127.0.0.1 only) ─── starts N ──────────────────▶    (gloo on CPU; nccl, one GPU each)
                     ◀── rank 0: metrics, events, outcome ── Unix socket ──  rank 0 broadcasts the commands
                     ── commands ──────────────────────────▶ typed messages  at each step boundary
@@ -16,7 +16,8 @@ and acknowledges the change (``option_applied``, at the step it takes effect) on
 ``run_started``.
 
 A rank that fails takes the run down with it: the launcher stops the other ranks, and the supervisor
-reports the first rank that failed (``@record`` gives its traceback) as the run's error. Rank processes
+reports the rank whose failure caused it (core/engine/ranks/launcher.py ``root_cause``; ``@record`` gives its
+traceback) as the run's error. A rank's process is core/engine/ranks/rank_process.py. Rank processes
 die with their supervisor (parent-death signal), so none is ever left behind. A rank that ran out of memory is
 the OOM rescue's (core/engine/guards/oom_rescue.py), where it is on: the other ranks wait in the failed step's
 collectives, so no rank can retry the step alone; the supervisor decides the rung from the rank's failure and
@@ -29,38 +30,33 @@ rank with its world size fixed by the launcher, rank 0 reports in-process, and a
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gc
 import logging
 import os
-import re
-import signal
 import sys
 import threading
-import time
-import traceback
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-import psutil
 import torch
 
 from torchlab.core.engine.parallel import loopback_rendezvous
 from torchlab.core.engine.state.checkpoint import peek_checkpoint
 from torchlab.core.engine.state.checkpoint_contents import saved_world_size
 from torchlab.core.engine.parallel.cpu_share import apply_thread_share
-from torchlab.core.engine.parallel.distributed import RankContext, check_world_size, rank_from_environment
+from torchlab.core.engine.parallel.distributed import RANK_MODULE, RankContext, check_world_size
 from torchlab.core.engine.outcome import Relaunch, RunOutcome
 from torchlab.core.engine.ranks.rescue import RankRescue, Rescue
 from torchlab.core.engine.parts import resolve_device
-from torchlab.core.engine.ranks.channel import RankChannel, SupervisorLink
+from torchlab.core.engine.ranks.channel import TOKEN_VARIABLE, RankChannel
+from torchlab.core.engine.ranks.launcher import TERMINATE_GRACE_S, private_rank_logs, root_cause, terminate_ranks
 from torchlab.core.engine.trainer import Trainer
-from torchlab.core.errors import ConfigError, StorageError, TorchlabError, WorkloadError
-from torchlab.core.records.config import TrainConfig, build_config, config_from_toml, load_config_file
-from torchlab.core.records.storage import create_file, make_folder, match_folder_privacy, write_atomically
+from torchlab.core.errors import ConfigError, StorageError, WorkloadError
+from torchlab.core.records.config import TrainConfig, config_from_toml
+from torchlab.core.records.storage import make_folder, write_atomically
 from torchlab.core.wire.events import Relaunching, ResumeChangedSettings, ResumedFromCheckpoint, RunStarted
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
@@ -68,35 +64,7 @@ from torchlab.core.wire.options import OPTION_NAMES, OptionRefused, live_option
 from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.wire.protocol import Error, Message, OptionApplied, StopCommand, TrainerCommand
 from torchlab.core.wire.run_status import RunStatus
-from torchlab.core.wire.runtime import die_with_parent
 
-TOKEN_VARIABLE = "TORCHLAB_SUPERVISOR_TOKEN"
-#: How long the supervisor waits for rank processes to leave after it asked them to (SIGTERM), before SIGKILL.
-TERMINATE_GRACE_S = 10.0
-_PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote worker crash|NCCL communicator was aborted", re.I)
-
-
-def private_rank_logs(logs: Path):
-    """torch's ``DefaultLogsSpecs`` for the ranks' stdout and stderr under ``logs``, made as private as ``logs``
-    (``ranks/`` in the run directory): the launcher makes its folders with the umask's mode and opens each log
-    with ``open(path, "w")``, which keeps the mode of a file that is there. So its folders lose their group and
-    other bits as soon as they are made, inside the launcher's own 0700 folder (no one else could enter them
-    meanwhile), and each log is created here first, as ``create_file`` makes it. A rank's ``error.json``, written
-    by the rank only when it fails, is torch's, in those folders."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-
-    class PrivateLogsSpecs(DefaultLogsSpecs):
-        def reify(self, envs):
-            destinations = super().reify(envs)
-            for log in (*destinations.stdouts.values(), *destinations.stderrs.values()):
-                if log and log != os.devnull:
-                    log = Path(log)
-                    for folder in reversed(log.relative_to(logs).parents[:-1]):
-                        match_folder_privacy(logs / folder)
-                    os.close(create_file(log))
-            return destinations
-
-    return PrivateLogsSpecs(log_dir=str(logs), redirects=Std.ALL)
 
 
 class Supervisor:
@@ -261,7 +229,7 @@ class Supervisor:
             pending, self._pending = self._pending, []
         for command in pending:
             channel.send(command)
-        args = ["-m", "torchlab.core.engine.ranks.supervisor", "--run-dir", str(self.run_dir), "--config", str(rank_config),
+        args = ["-m", RANK_MODULE, "--run-dir", str(self.run_dir), "--config", str(rank_config),
                 "--socket", str(channel.path), "--explicit", ",".join(sorted(explicit))]
         if resume is not None:
             args += ["--resume", str(resume)]
@@ -319,7 +287,7 @@ class Supervisor:
                     stop_sent = True
         finally:
             if thread.is_alive():  # leaving early (a second Ctrl-C): take the ranks down with us
-                _terminate_ranks()
+                terminate_ranks()
                 thread.join(TERMINATE_GRACE_S + 5.0)
         return failure[0] if failure else None
 
@@ -406,56 +374,6 @@ class _Relay(TrainerObserver):
             observer.before_checkpoint(step)
 
 
-def root_cause(error) -> tuple[int, str, str, int]:
-    """The rank whose failure brought the others down: (rank, message, traceback, exit code).
-
-    When one rank fails, the launcher stops the rest with SIGTERM, and ranks blocked in a collective
-    fail on the lost peer, by an error that says so or by SIGABRT (gloo's C++ aborts a rank whose peer went:
-    "gloo::EnforceNotMet ... Connection reset by peer"); those are effects, and a rank's own error wins over
-    them even where the launcher saw them first. Of the others, the earliest (then the lowest rank) wins.
-    """
-    def describe(rank: int, failure) -> tuple[int, str, str, int]:
-        data = failure.message
-        text = data.get("message", "") if isinstance(data, dict) else str(data)
-        trace = data.get("extraInfo", {}).get("py_callstack", "") if isinstance(data, dict) else ""
-        if failure.exitcode < 0:
-            return rank, f"rank {rank} was killed by signal {-failure.exitcode} ({failure.signal_name()})", "", failure.exitcode
-        if not trace:
-            text = f"exited with code {failure.exitcode}"
-        return rank, f"rank {rank} failed: {text}", trace, failure.exitcode
-
-    described = [describe(rank, failure) for rank, failure in error.failures.items()]
-
-    def is_effect(item: tuple[int, str, str, int]) -> bool:
-        return item[3] in (-signal.SIGTERM, -signal.SIGABRT) or bool(_PEER_LOST.search(item[1]))
-
-    timestamps = {rank: failure.timestamp for rank, failure in error.failures.items()}
-    return min(described, key=lambda item: (is_effect(item), timestamps[item[0]], item[0]))
-
-
-def _terminate_ranks() -> None:
-    """SIGTERM this process's rank children (then SIGKILL after a grace period): no rank outlives its run."""
-    me = psutil.Process()
-    ranks = []
-    for child in me.children(recursive=True):
-        try:
-            if "torchlab.core.engine.ranks.supervisor" in " ".join(child.cmdline()):
-                ranks.append(child)
-        except psutil.Error:
-            continue
-    for process in ranks:
-        try:
-            process.terminate()
-        except psutil.Error:
-            continue
-    _, alive = psutil.wait_procs(ranks, timeout=TERMINATE_GRACE_S)
-    for process in alive:
-        try:
-            process.kill()
-        except psutil.Error:
-            continue
-
-
 def initial_world_size(config: TrainConfig, resume: Path | None, explicit: Iterable[str]) -> int:
     """--world-size when given; else a resumed run keeps the world size its checkpoint trained with."""
     if "world_size" in explicit or resume is None:
@@ -503,8 +421,6 @@ def _with_world_size(config: TrainConfig, world_size: int) -> TrainConfig:
     return dataclasses.replace(config, options=config.options.with_value("world_size", world_size))
 
 
-# ---------------------------------------------------------------------- a rank process
-
 
 def run_quiet_rank(config: TrainConfig, context: RankContext, *, run_dir: Path, resume: Path | None,
                    explicit: Iterable[str]) -> RunOutcome:
@@ -518,108 +434,3 @@ def run_quiet_rank(config: TrainConfig, context: RankContext, *, run_dir: Path, 
                             explicit=explicit, workload=workload, external=context)
     supervisor.prepare()
     return supervisor.run()
-
-
-#: How long a rank other than 0 that refused its input waits before it exits: every rank makes the same checks,
-#: and rank 0's report (the paragraph, exit 2) must reach the supervisor before the launcher sees this rank's exit
-#: and takes the others down with it ("rank 1 failed: exited with code 2", the paragraph lost: a resume's flag the
-#: ranks refused once ended so).
-RANK_REFUSAL_GRACE_S = 3.0
-
-
-def _leave_refused(link: SupervisorLink | None) -> NoReturn:
-    if link is None:
-        time.sleep(RANK_REFUSAL_GRACE_S)
-    leave_without_teardown(2)
-
-
-def main(argv: list[str] | None = None) -> NoReturn:
-    """One rank: ``@record`` writes its error file (the supervisor's traceback of it), then the rank leaves at once.
-
-    Leaving by Python's own exit frees the process group first, which closes this rank's connections while it
-    is still running; a peer blocked in a collective then aborts on the lost connection, and the launcher could
-    see that abort (an effect) before this rank's exit (the cause) and report only the abort: "rank 0 was killed
-    by signal 6" for a run whose rank 1 raised (seen under load in CI). Leaving without teardown, the peers lose
-    this rank only when it has exited with its error recorded."""
-    from torch.distributed.elastic.multiprocessing.errors import record
-
-    try:
-        record(_rank_main)(argv)
-    except Exception:  # recorded in this rank's error file; printed to its log
-        traceback.print_exc()
-        leave_without_teardown(1)
-
-
-def _rank_main(argv: list[str] | None) -> NoReturn:
-    from torchlab.core.engine.seeding import seed_everything
-    from torchlab.core.engine.adapters.loading import load_workload
-
-    die_with_parent(signal.SIGKILL)  # no rank outlives the process that launched it
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # stopping is the supervisor's decision, sent as a command
-    parser = argparse.ArgumentParser(prog="python -m torchlab.core.engine.ranks.supervisor", description="One rank of a torchlab run (started by its supervisor).")
-    parser.add_argument("--run-dir", type=Path, required=True)
-    parser.add_argument("--config", type=Path, required=True)
-    parser.add_argument("--socket", type=Path, required=True)
-    parser.add_argument("--resume", type=Path)
-    parser.add_argument("--explicit", default="")
-    args = parser.parse_args(argv)
-    context = rank_from_environment(supervised=True)
-    if context is None:
-        parser.error("RANK and WORLD_SIZE are not set: rank processes are started by the supervisor's launcher")
-    link = SupervisorLink(args.socket, os.environ[TOKEN_VARIABLE]) if context.rank == 0 else None
-    try:
-        apply_thread_share(reports=context.reports)
-        config = build_config(load_config_file(args.config), {})
-        seed_everything(config.seed)
-        workload = load_workload(config.workload)
-        trainer = Trainer(
-            config,
-            workload,
-            observers=[link] if link else [],
-            checkpoint_dir=args.run_dir / "checkpoints",
-            profiles_dir=args.run_dir / "profiles",
-            resume_from=args.resume,
-            explicit=[name for name in args.explicit.split(",") if name],
-            ranks=context,
-            can_relaunch=True,
-            samples_telemetry=False,  # the supervisor samples the whole process tree, itself and every rank
-        )
-    except TorchlabError as error:
-        if link is not None:
-            link.on_event(Error(step=0, message=str(error), traceback="", rank=0))
-            link.send_outcome(RunOutcome(RunStatus.USAGE, 0, str(error), error=type(error)))
-            link.close()
-        _leave_refused(link)
-    if link is not None:
-        link.attach(trainer)
-    try:
-        outcome = trainer.run()
-    except TorchlabError as error:  # the first step failed on the workload: already reported as an event
-        if link is not None:
-            link.send_outcome(RunOutcome(RunStatus.USAGE, trainer.step, str(error), error=type(error)))
-            link.close()
-        _leave_refused(link)
-    if link is not None:
-        link.send_outcome(outcome, unhandled=trainer.pending_commands())
-        link.close()
-    leave_without_teardown(0)
-
-
-def leave_without_teardown(code: int) -> NoReturn:
-    """End this rank now, skipping torch's teardown of the process group.
-
-    Freeing the DDP reducer frees its gloo process group, whose destructor joins gloo's worker threads while
-    holding the GIL. A worker that is still dropping the last collective's tensors (created in Python, so
-    their release needs the GIL) then waits for the GIL for ever, and the rank never exits: seen under load
-    with torch 2.13, the supervisor waiting on a finished run. By the time a rank leaves, everything it
-    writes is written and closed (checkpoints are published before ``run`` returns; the link is closed),
-    and its launcher reads only the exit code.
-    """
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-if __name__ == "__main__":
-    main()
