@@ -9,7 +9,7 @@ import torch
 
 from trainers import WORKLOADS, make_trainer
 from torchlab.core.engine.batch_split import check_split, split_batch
-from torchlab.core.wire.options import OptionRefused
+from torchlab.core.wire.options import OptionChangeError
 
 #: TinyNet without its dropout: nothing random in a step, so pieces and the whole batch must agree to rounding.
 DETERMINISTIC = f"{WORKLOADS / 'tiny.py'}:without_dropout"
@@ -69,7 +69,7 @@ def test_a_batch_of_the_users_own_dataclass_is_cut_field_by_field_and_moved_to_t
     ({"text": "no tensors"}, 2, "this run's has no tensor with a first dimension"),
 ])
 def test_a_batch_that_cannot_be_cut_so_fine_is_refused_saying_why(batch, pieces, reason):
-    with pytest.raises(OptionRefused, match=reason.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(OptionChangeError, match=reason.replace("[", r"\[").replace("]", r"\]")):
         check_split(batch, pieces)
 
 

@@ -15,7 +15,7 @@ from torchlab.core.launch.arguments import build_parser, resolve_config
 from torchlab.core.records.config import ScheduledChange, TrainConfig, build_config, load_config_file
 from torchlab.core.records.settings import SETTINGS, STEPS_SETTING, NumberSetting
 from torchlab.core.wire.options import (
-    LIVE_OPTIONS, STEPS, Bounds, LiveOptions, Number, OptionRefused, format_option_value, parse_option_value,
+    LIVE_OPTIONS, STEPS, Bounds, LiveOptions, Number, OptionChangeError, format_option_value, parse_option_value,
 )
 
 
@@ -38,7 +38,7 @@ def test_option_values_parse_from_text_and_json(option, text, value):
     ("speed", "11", "unknown option 'speed'; the live options are: amp, checkpointing, compile, clip, accum, split, oom_rescue, spike_guard, lr_scale, workers, pin_memory, world_size"),
 ])
 def test_bad_option_values_are_refused_with_the_reason(option, text, reason):
-    with pytest.raises(OptionRefused, match=reason.replace("(", r"\(")):
+    with pytest.raises(OptionChangeError, match=reason.replace("(", r"\(")):
         parse_option_value(option, text)
 
 
@@ -127,9 +127,9 @@ def test_a_message_names_a_huge_value_without_repeating_it():
 
 def test_an_integer_too_large_for_a_float_is_a_refused_option_value():
     """A 400-digit lr_scale in a TOML file: float() of it raised OverflowError, a traceback."""
-    from torchlab.core.wire.options import OptionRefused, parse_option_value
+    from torchlab.core.wire.options import OptionChangeError, parse_option_value
 
-    with pytest.raises(OptionRefused, match=r"lr_scale must be a finite number, got 9{18}\.\.\.9{19}$"):
+    with pytest.raises(OptionChangeError, match=r"lr_scale must be a finite number, got 9{18}\.\.\.9{19}$"):
         parse_option_value("lr_scale", 10**400 - 1)
 
 
@@ -243,9 +243,9 @@ def test_a_live_number_takes_and_refuses_the_same_values_by_flag_file_at_and_liv
         assert getattr(resolve_config(build_parser().parse_args(["mlp", option.flag, text]))[0].options, name) == value
         assert ScheduledChange.parse(f"5:{name}={text}").value == text
     for text in outside(bounds):
-        with pytest.raises(OptionRefused, match=rf"^{name} must be {re.escape(bounds.must_be)}, got "):
+        with pytest.raises(OptionChangeError, match=rf"^{name} must be {re.escape(bounds.must_be)}, got "):
             option.parse(text)  # a live change, a prompt in the app, a value in a protocol message
-        with pytest.raises(OptionRefused, match=rf"^{name} must be {re.escape(bounds.must_be)}, got "):
+        with pytest.raises(OptionChangeError, match=rf"^{name} must be {re.escape(bounds.must_be)}, got "):
             option.parse(float(text) if not bounds.whole else int(text))  # as JSON carries it
         with pytest.raises(ConfigError, match=re.escape(f"--at '5:{name}={text}': {name} must be {bounds.must_be}")):
             ScheduledChange.parse(f"5:{name}={text}")

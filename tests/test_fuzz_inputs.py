@@ -1,6 +1,6 @@
 """Bad input, fuzzed: config files, option values and ``--at`` give a clean error or a valid value, never a crash.
 
-"Clean" means ``ConfigError`` / ``OptionRefused`` (messages written for the user, naming the setting)
+"Clean" means ``ConfigError`` / ``OptionChangeError`` (messages written for the user, naming the setting)
 or a value that passes validation; anything else (TypeError, KeyError, OverflowError...) is a bug.
 """
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from torchlab.core.errors import ConfigError
 from torchlab.core.launch.arguments import build_parser, resolve_config
 from torchlab.core.records.config import ScheduledChange, TrainConfig, build_config, load_config_file
-from torchlab.core.wire.options import OPTION_NAMES, OptionRefused, format_option_value, parse_option_value
+from torchlab.core.wire.options import OPTION_NAMES, OptionChangeError, format_option_value, parse_option_value
 
 SETTING_NAMES = sorted(f.name for f in TrainConfig.__dataclass_fields__.values()) + ["stesp", "lr_rate", "options", "at"]
 
@@ -77,7 +77,7 @@ def test_a_config_file_of_any_bytes_is_a_clean_error(tmp_path, content):
 def test_an_option_value_parses_or_is_refused_with_a_reason(option, value):
     try:
         parsed = parse_option_value(option, value)
-    except OptionRefused as refusal:
+    except OptionChangeError as refusal:
         assert str(refusal)
     else:
         assert parse_option_value(option, format_option_value(option, parsed)) == parsed  # what the app shows reads back

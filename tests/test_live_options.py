@@ -8,7 +8,7 @@ import pytest
 from torchlab.core.engine.option_hooks import _ENACT_HOOKS
 from torchlab.core.launch.arguments import build_parser, resolve_config
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.options import CHECKPOINTING, LIVE_OPTIONS, OPTION_NAMES, Choice, LiveOptions, Number, OptionRefused, Switch
+from torchlab.core.wire.options import CHECKPOINTING, LIVE_OPTIONS, OPTION_NAMES, Choice, LiveOptions, Number, OptionChangeError, Switch
 from torchlab.tui.app_keys import KEY_ACTIONS
 
 #: A value each option accepts that is not its default, as typed on a command line, and its parsed form.
@@ -82,7 +82,7 @@ def test_checkpointing_takes_block_names_as_one_text_and_its_key_turns_them_off(
     assert CHECKPOINTING.parse("1") is True and CHECKPOINTING.next_value(chosen, lambda value: False) is False
     config, _ = resolve_config(build_parser().parse_args(["mlp", *CHECKPOINTING.flag_arguments(chosen)]))
     assert config.options.checkpointing == chosen
-    with pytest.raises(OptionRefused, match="block names separated by commas"):
+    with pytest.raises(OptionChangeError, match="block names separated by commas"):
         CHECKPOINTING.parse("layer.1,,layer.2")
 
 
@@ -98,7 +98,7 @@ def test_a_mode_cycles_past_what_this_run_refused_and_a_switch_toggles() -> None
 def test_a_number_refuses_what_is_out_of_its_bounds_saying_what_it_must_be(option) -> None:
     too_large = [str(option.bounds.maximum * 2)] if option.bounds.maximum != float("inf") else []
     for bad in ["-1", "nan", "x", True, *too_large]:
-        with pytest.raises(OptionRefused, match=rf"^{option.name} must be "):
+        with pytest.raises(OptionChangeError, match=rf"^{option.name} must be "):
             option.parse(bad)
 
 

@@ -18,7 +18,7 @@ from torchlab.core.engine.optimization import Optimization
 from torchlab.core.engine.parts import Progress, RandomStates
 from torchlab.core.engine.precision import Precisions
 from torchlab.core.errors import ConfigError
-from torchlab.core.wire.options import OptionRefused
+from torchlab.core.wire.options import OptionChangeError
 
 SCALER_STATE = {"scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000, "_growth_tracker": 7}
 
@@ -117,7 +117,7 @@ def test_the_options_round_trip_enacts_what_differs_and_a_refused_one_changes_no
     options.load_state_dict(saved)
     assert trainer.options.as_dict() == saved and trainer.optimizer.param_groups[0]["lr"] == scheduled
     assert trainer.parts.model.checkpointing.wrapped_blocks() == []
-    with pytest.raises(OptionRefused, match="fp16 needs CUDA"):
+    with pytest.raises(OptionChangeError, match="fp16 needs CUDA"):
         options.load_state_dict({**saved, "amp": "fp16"})
     assert options.state_dict() == saved and trainer.parts.precisions.current.name == "off"
 

@@ -13,7 +13,7 @@ import torch
 from trainers import WORKLOADS, make_trainer
 from torchlab.core.engine.state.checkpoint import load_checkpoint, save_checkpoint
 from torchlab.core.engine.precision import FP16Precision, Precisions
-from torchlab.core.wire.options import OptionRefused
+from torchlab.core.wire.options import OptionChangeError
 
 CPU = torch.device("cpu")
 #: A scaler's state as a checkpoint holds it, with a scale no fresh scaler has.
@@ -48,7 +48,7 @@ def test_fp16_skips_a_step_whose_gradients_overflow_and_reports_the_lowered_scal
 def test_no_grad_scaler_exists_until_fp16_is_chosen_and_a_refused_fp16_makes_none():
     precisions = Precisions(CPU)
     assert [precisions.make(name).name for name in ("off", "bf16")] == ["off", "bf16"]
-    with pytest.raises(OptionRefused, match="fp16 needs CUDA"):
+    with pytest.raises(OptionChangeError, match="fp16 needs CUDA"):
         precisions.make("fp16")
     assert precisions.state_dict() is None  # what a checkpoint of this run holds under "grad_scaler"
 

@@ -17,7 +17,7 @@ from torchlab.core.engine.host_copy import HostCopy
 from torchlab.core.engine.guards.spike_guard import MIN_HISTORY, NORM_FACTOR_FLOOR, SHIFT_STEPS, SpikeDetector
 from torchlab.core.errors import EXIT_OK
 from torchlab.core.launch.cli import main
-from torchlab.core.wire.options import OptionRefused
+from torchlab.core.wire.options import OptionChangeError
 
 TINY = WORKLOADS / "tiny.py"
 SPIKE = f"{TINY}:spike_at_step_21"
@@ -200,7 +200,7 @@ def test_rollback_is_refused_where_its_two_host_copies_would_not_fit(monkeypatch
         available = 1000
 
     monkeypatch.setattr(host_copy.psutil, "virtual_memory", lambda: Scarce)
-    with pytest.raises(OptionRefused, match="rollback keeps 2 copies of the model and optimizer state in host memory"):
+    with pytest.raises(OptionChangeError, match="rollback keeps 2 copies of the model and optimizer state in host memory"):
         host_copy.check_rollback_fits(trainer.parts)
 
 

@@ -68,13 +68,13 @@ def test_invalid_changes_are_refused_with_a_reason_and_the_run_goes_on():
 
 def test_world_size_limits_are_refused_with_the_reason():
     from torchlab.core.engine.parallel.distributed import check_world_size, usable_cpus
-    from torchlab.core.wire.options import OptionRefused
+    from torchlab.core.wire.options import OptionChangeError
 
     cpus = usable_cpus()
     check_world_size(cpus, device=torch.device("cpu"), batch_size=cpus * 4)
-    with pytest.raises(OptionRefused, match=f"{cpus + 1} ranks on the CPU need {cpus + 1} cores, one each; this run may use {cpus}"):
+    with pytest.raises(OptionChangeError, match=f"{cpus + 1} ranks on the CPU need {cpus + 1} cores, one each; this run may use {cpus}"):
         check_world_size(cpus + 1, device=torch.device("cpu"), batch_size=(cpus + 1) * 4)
-    with pytest.raises(OptionRefused, match="world size 3 does not divide the batch of 16"):
+    with pytest.raises(OptionChangeError, match="world size 3 does not divide the batch of 16"):
         check_world_size(3, device=torch.device("cpu"), batch_size=16)
 
 

@@ -19,7 +19,7 @@ import statistics
 from torchlab.core.analysis.step_times import compare_step_times, load_shift
 from torchlab.core.analysis.trial_speed import speed_words
 from torchlab.core.records.settings import DEFAULT_TRIAL_STEPS, TRIAL_STEPS
-from torchlab.core.wire.options import PARALLEL, STEPS, WORLD_SIZE, OptionRefused, parse_option_value
+from torchlab.core.wire.options import PARALLEL, STEPS, WORLD_SIZE, OptionChangeError, parse_option_value
 from torchlab.core.wire.payloads import TrialArm
 from torchlab.core.wire.protocol import TrialCommand, TrialProgress, TrialResult
 
@@ -37,14 +37,14 @@ _TRIAL = re.compile(r"\s*([A-Za-z_]+)\s*=\s*(\S+)(?:\s+(\d+))?\s*")
 
 
 def parse_trial(text: str) -> TrialCommand:
-    """``amp=bf16`` or ``checkpointing=on 40`` as the command that asks for it; OptionRefused says what is wrong."""
+    """``amp=bf16`` or ``checkpointing=on 40`` as the command that asks for it; OptionChangeError says what is wrong."""
     match = _TRIAL.fullmatch(text)
     if match is None:
-        raise OptionRefused(f"type OPTION=VALUE, then the steps if not {DEFAULT_TRIAL_STEPS}: amp=bf16 40")
+        raise OptionChangeError(f"type OPTION=VALUE, then the steps if not {DEFAULT_TRIAL_STEPS}: amp=bf16 40")
     option, value = match.group(1), match.group(2)
     parse_option_value(option, value)
     if option in NOT_TRIED:
-        raise OptionRefused(NOT_TRIED[option])
+        raise OptionChangeError(NOT_TRIED[option])
     return TrialCommand(option, value, TRIAL_STEPS.parse("STEPS", match.group(3) or DEFAULT_TRIAL_STEPS))
 
 

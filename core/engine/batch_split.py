@@ -23,23 +23,23 @@ from typing import Any
 
 import torch
 
-from torchlab.core.wire.options import OptionRefused
+from torchlab.core.wire.options import OptionChangeError
 
 
 def batch_samples(batch: Any) -> int:
-    """The samples in ``batch``: the first dimension its tensors share. OptionRefused where it has no tensor with
+    """The samples in ``batch``: the first dimension its tensors share. OptionChangeError where it has no tensor with
     one, or two that disagree."""
     sizes = {tensor.shape[0] for tensor in _tensors(batch) if tensor.dim() > 0}
     if len(sizes) != 1:
         found = "no tensor with a first dimension" if not sizes else f"tensors of {sorted(sizes)} rows"
-        raise OptionRefused(f"a batch splits along the first dimension its tensors share; this run's has {found}")
+        raise OptionChangeError(f"a batch splits along the first dimension its tensors share; this run's has {found}")
     return sizes.pop()
 
 
 def split_batch(batch: Any, pieces: int) -> list[tuple[Any, float]]:
     """``batch`` as ``pieces`` pieces (as even as can be: torch.tensor_split's), each with its share of the samples;
     a batch of fewer samples (an epoch's last) in as many pieces as it has. One piece, the batch itself, where
-    ``pieces`` is 1. OptionRefused where it has no first dimension to cut along."""
+    ``pieces`` is 1. OptionChangeError where it has no first dimension to cut along."""
     if pieces == 1:
         return [(batch, 1.0)]
     samples = batch_samples(batch)
@@ -49,11 +49,11 @@ def split_batch(batch: Any, pieces: int) -> list[tuple[Any, float]]:
 
 
 def check_split(batch: Any, pieces: int) -> None:
-    """OptionRefused where a batch like ``batch`` cannot be cut into ``pieces``: no first dimension, or fewer
+    """OptionChangeError where a batch like ``batch`` cannot be cut into ``pieces``: no first dimension, or fewer
     samples."""
     samples = batch_samples(batch)
     if samples < pieces:
-        raise OptionRefused(f"a batch of {samples} sample{'s' if samples != 1 else ''} cannot be split in {pieces}: "
+        raise OptionChangeError(f"a batch of {samples} sample{'s' if samples != 1 else ''} cannot be split in {pieces}: "
                             f"at most {samples} here")
 
 

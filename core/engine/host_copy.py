@@ -20,7 +20,7 @@ from torchlab.core.engine.measure.memory import held_bytes
 from torchlab.core.engine.nested_state import map_state
 from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.engine.parallel.sharding import is_shard
-from torchlab.core.wire.options import OptionRefused
+from torchlab.core.wire.options import OptionChangeError
 
 #: The share of the host's available memory that rollback's two copies may take.
 HOST_MEMORY_SHARE = 0.5
@@ -120,7 +120,7 @@ class _Slot:
 
 
 def check_rollback_fits(parts: TrainingParts, copies: int = 2) -> None:
-    """OptionRefused where the spike guard's ``copies`` host copies of the model and optimizer state would take more
+    """OptionChangeError where the spike guard's ``copies`` host copies of the model and optimizer state would take more
     than ``HOST_MEMORY_SHARE`` of the host's available memory (AdamW's two moments assumed where the optimizer has
     made no state yet)."""
     model = parts.model.model
@@ -129,7 +129,7 @@ def check_rollback_fits(parts: TrainingParts, copies: int = 2) -> None:
     needed = copies * (model_bytes + optimizer_bytes)
     available = psutil.virtual_memory().available
     if needed > HOST_MEMORY_SHARE * available:
-        raise OptionRefused(
+        raise OptionChangeError(
             f"rollback keeps {copies} copies of the model and optimizer state in host memory, {needed / 2**30:.1f} GiB, "
             f"and this machine has {available / 2**30:.1f} GiB available: spike_guard=skip holds a spike's update back "
             f"without a copy"

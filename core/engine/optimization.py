@@ -20,7 +20,7 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
 from torchlab.core.engine.adapters.loading import describe_code, user_frame
 from torchlab.core.engine.schedule import make_scheduler
 from torchlab.core.errors import ConfigError, WorkloadError
-from torchlab.core.wire.options import OptionRefused
+from torchlab.core.wire.options import OptionChangeError
 from torchlab.core.records.config import FromWorkload, TrainConfig
 from torchlab.core.workload import Workload
 
@@ -274,7 +274,7 @@ def _positional_parameters(factory: Callable) -> int:
 def _call(factory: Callable, shown_as: str, *args):
     try:
         return factory(*args)
-    except (WorkloadError, OptionRefused):  # a refusal: the change that asked for a new plan is refused, saying why
+    except (WorkloadError, OptionChangeError):  # a refusal: the change that asked for a new plan is refused, saying why
         raise
     except Exception as error:  # said at the user's line that raised (a LightningModule's configure_optimizers too)
         frame = user_frame(error.__traceback__)

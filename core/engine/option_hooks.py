@@ -1,7 +1,7 @@
 """Each live option's hook: what makes a value real on this run's parts, at a step boundary.
 
 One hook per option of the registry (core/wire/options.py), registered with ``@enacts``: called with the parsed
-value before ``parts.options`` changes, it raises OptionRefused for what this run cannot do, having changed
+value before ``parts.options`` changes, it raises OptionChangeError for what this run cannot do, having changed
 nothing. It returns None, a sentence that says what the change did (said with its acknowledgement: "compiled in
 21.3 s"), or False where the change is not in force yet (a world size takes a relaunch). A live option added to
 the registry without its hook is a TypeError at import, not at its first use.
@@ -34,7 +34,7 @@ from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import CompileStarted
 from torchlab.core.wire.options import (
     ACCUM, AMP, CHECKPOINTING, CLIP, COMPILE, LIVE_OPTIONS, LR_SCALE, OOM_RESCUE, PARALLEL, PIN_MEMORY, RESUMED, SPIKE_GUARD,
-    SPLIT, STEPS, WORKERS, WORLD_SIZE, LiveOption, LiveOptions, OptionRefused, live_option,
+    SPLIT, STEPS, WORKERS, WORLD_SIZE, LiveOption, LiveOptions, OptionChangeError, live_option,
 )
 
 #: Each live option's hook, by option name: filled by ``@enacts`` below.
@@ -52,7 +52,7 @@ def enacts(option: LiveOption) -> Callable[[Callable], Callable]:
 
 
 def enact(parts: TrainingParts, option: LiveOption, value: Any) -> bool | str | None:
-    """Make ``option=value`` real on this run with the option's hook, or raise OptionRefused without changing
+    """Make ``option=value`` real on this run with the option's hook, or raise OptionChangeError without changing
     anything (see the module docstring for what it returns)."""
     return _ENACT_HOOKS[option.name](parts, value)
 
@@ -75,7 +75,7 @@ def apply_change(parts: TrainingParts, command: p.SetCommand, step: int) -> Rela
         value = for_this_device(parts, option, option.parse(command.value))
         previous = value if command.source == RESUMED else getattr(parts.options, option.name)
         outcome = enact(parts, option, value)
-    except OptionRefused as refusal:
+    except OptionChangeError as refusal:
         parts.reporter.emit(p.OptionRefused(
             step=step, option=command.option, value=jsonable(command.value), reason=str(refusal), source=command.source,
         ))
@@ -104,7 +104,7 @@ def enact_initial(parts: TrainingParts, options: LiveOptions) -> None:
     for option, value in options.items():
         try:
             outcome = enact(parts, option, value)
-        except OptionRefused as refusal:
+        except OptionChangeError as refusal:
             raise ConfigError(f"{option.name} ({option.flag}) {option.format(value)}: {refusal}.") from None
         if option is PARALLEL and isinstance(outcome, str):  # fsdp in one process: taken, and nothing sharded yet
             parts.reporter.emit(p.Log(level="info", text=f"{option.name}={option.format(value)}: {outcome}",
@@ -115,7 +115,7 @@ def enact_initial(parts: TrainingParts, options: LiveOptions) -> None:
 class OptionsInForce:
     """The live options as a part of the training state: ``state_dict`` is their values by name (what checkpoints
     hold under ``"options"``); ``load_state_dict`` enacts each value that differs from the one in force, then holds
-    them all, or raises OptionRefused having changed nothing where the first it enacts is refused (a trial's arm
+    them all, or raises OptionChangeError having changed nothing where the first it enacts is refused (a trial's arm
     changes an option with it, and its snapshot puts the options back with it)."""
 
     def __init__(self, parts: TrainingParts) -> None:
@@ -128,7 +128,7 @@ class OptionsInForce:
         options = LiveOptions(**state)
         for option, value in options.items():
             if value != getattr(self.parts.options, option.name) and enact(self.parts, option, value) is False:
-                raise OptionRefused(f"changing {option.name} here takes new ranks (a relaunch); "
+                raise OptionChangeError(f"changing {option.name} here takes new ranks (a relaunch); "
                                     f"{option.key} changes it for good")  # amp on a sharded model: before any change
         self.parts.options = options
 
@@ -163,16 +163,16 @@ def _enact_checkpointing(parts: TrainingParts, value: bool | str) -> str | None:
     """On: every block; off: none; names: those blocks alone."""
     checkpointing, names = parts.model.checkpointing, CHECKPOINTING.names(value)
     if value and checkpointing.cannot:
-        raise OptionRefused(checkpointing.cannot)
+        raise OptionChangeError(checkpointing.cannot)
     if value and not checkpointing.blocks:
-        raise OptionRefused(
+        raise OptionChangeError(
             "this model has no checkpoint blocks (no ModuleList/Sequential with several children); "
             "name them in Workload.checkpoint_blocks"
         )
     if names and (unknown := [name for name in names if name not in checkpointing.blocks]):
         blocks = list(checkpointing.blocks)
         named = ", ".join(blocks[:4]) + (f" and {len(blocks) - 4} more" if len(blocks) > 4 else "")
-        raise OptionRefused(f"{', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not among this model's "
+        raise OptionChangeError(f"{', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not among this model's "
                             f"checkpoint blocks ({named})")
     was = checkpointing.wrapped_names()
     checkpointing.enable(names)
@@ -181,7 +181,7 @@ def _enact_checkpointing(parts: TrainingParts, value: bool | str) -> str | None:
     try:  # the blocks' forward changed under the compiled graph: compile the model with it now, not in a step
         return compile_now(parts, parts.model.compiled, parts.precisions.current,
                            f"with checkpointing={CHECKPOINTING.brief(value)}")
-    except OptionRefused:
+    except OptionChangeError:
         checkpointing.enable(was)
         raise
 
@@ -212,7 +212,7 @@ def _enact_workers(parts: TrainingParts, workers: int) -> str | None:
 @enacts(PIN_MEMORY)
 def _enact_pin_memory(parts: TrainingParts, pinned: bool) -> str | None:
     if pinned and parts.device.type != "cuda":
-        raise OptionRefused(
+        raise OptionChangeError(
             f"pinned memory speeds up copies of batches from the host to a CUDA device; this run trains on "
             f"{parts.device.type}, where batches are not copied"
         )
@@ -275,7 +275,7 @@ def _enact_steps(parts: TrainingParts, total: int) -> str | None:
     if total == config.steps:
         return None
     if total < step:
-        raise OptionRefused(f"the run is at step {step} already: train to step {step} or later")
+        raise OptionChangeError(f"the run is at step {step} already: train to step {step} or later")
     extensions = config.schedule_extensions
     if not extensions or extensions[-1][0] != step:  # a second change at one boundary keeps the first's
         extensions = (*extensions, (step, config.steps))
@@ -283,7 +283,7 @@ def _enact_steps(parts: TrainingParts, total: int) -> str | None:
         replanned = dataclasses.replace(config, steps=total, schedule_extensions=extensions,
                                         warmup_steps=config.resolved_warmup_steps)  # the warm-up stays where it is
     except ConfigError as error:
-        raise OptionRefused(str(error).rstrip(".")) from None
+        raise OptionChangeError(str(error).rstrip(".")) from None
     before = optimization.lrs.scheduled[0] * optimization.lr_scale
     optimization.replan(replanned, parts.workload, step)
     parts.config = replanned
@@ -305,8 +305,8 @@ def _enact_world_size(parts: TrainingParts, size: int) -> bool:
         share = split_batch(_a_batch(parts), size)[0][0]  # one rank's part of the batch
         try:
             check_split(share, parts.options.split)
-        except OptionRefused as refusal:
-            raise OptionRefused(f"{size} ranks would each take {parts.batch_size // size} samples a batch, and "
+        except OptionChangeError as refusal:
+            raise OptionChangeError(f"{size} ranks would each take {parts.batch_size // size} samples a batch, and "
                                 f"{refusal}: lower split first") from None
     _can_relaunch(parts, f"{size} ranks", f"--nproc-per-node {size}")
     return False
@@ -328,22 +328,22 @@ def _enact_parallel(parts: TrainingParts, mode: str) -> bool | str | None:
         try:
             refuse_shared_across_blocks(list(model.checkpointing.blocks.values()), model.model)
         except ConfigError as error:
-            raise OptionRefused(str(error).removeprefix("parallel (--parallel) fsdp: ")) from None
+            raise OptionChangeError(str(error).removeprefix("parallel (--parallel) fsdp: ")) from None
     _can_relaunch(parts, f"parallel={mode}", f"--parallel {mode}")
     return False
 
 
 def _can_relaunch(parts: TrainingParts, wanted: str, restart_with: str) -> None:
-    """OptionRefused where the ranks cannot be relaunched for ``wanted`` (a change that takes new ranks: a world
+    """OptionChangeError where the ranks cannot be relaunched for ``wanted`` (a change that takes new ranks: a world
     size, ``parallel``, ``amp`` under FSDP2), saying what to start the run again with (``restart_with``)."""
     world = parts.world
     if world.ranks is not None and not world.ranks.supervised:
-        raise OptionRefused(
+        raise OptionChangeError(
             f"the ranks were started by torchrun, which fixes their number and cannot relaunch them; to train with "
             f"{wanted}, stop the run and start it again with {restart_with} and --resume"
         )
     if not world.can_relaunch:
-        raise OptionRefused("this trainer has no supervisor to relaunch its ranks (or no checkpoint directory to "
+        raise OptionChangeError("this trainer has no supervisor to relaunch its ranks (or no checkpoint directory to "
                             "relaunch from)")
 
 
@@ -356,7 +356,7 @@ def compile_now(parts: TrainingParts, compiled: torch.nn.Module, precision: Prec
     """Compile ``compiled``'s forward and backward at this boundary on a batch (the last step's, or the next one,
     left for the step) cut as the step cuts it (its first piece under ``split``: the whole batch would need the
     memory the split is there to save), changing nothing else (core/engine/compiling.py); say how long it took, or
-    raise OptionRefused with torch.compile's reason."""
+    raise OptionChangeError with torch.compile's reason."""
     batch = split_batch(_a_batch(parts), parts.options.split)[0][0]
     parts.reporter.emit(CompileStarted(step=parts.progress.step + 1, detail=what))  # seconds to minutes: say why training waits
 
@@ -368,7 +368,7 @@ def compile_now(parts: TrainingParts, compiled: torch.nn.Module, precision: Prec
     try:
         seconds = compile_on_batch(parts.model.model, forward_and_backward)
     except Exception as error:  # whatever stops the compiled model from training: the change is refused
-        raise OptionRefused(f"torch.compile could not compile this model{' ' + what if what else ''}: "
+        raise OptionChangeError(f"torch.compile could not compile this model{' ' + what if what else ''}: "
                             f"{failure_reason(error)}; it trains on as it was") from None
     return f"compiled{' ' + what if what else ''} in {seconds:.1f} s, outside the step times"
 

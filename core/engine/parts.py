@@ -32,7 +32,7 @@ from torchlab.core.errors import ConfigError, StorageError
 from torchlab.core.records.config import FromWorkload, TrainConfig
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import LiveOptions, OptionRefused
+from torchlab.core.wire.options import LiveOptions, OptionChangeError
 from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.wire.protocol import Message
 from torchlab.core.workload import Workload
@@ -250,7 +250,7 @@ class TrainingParts:
         if ranks is not None:
             try:
                 check_world_size(ranks.world_size, device=device, batch_size=batch_size)
-            except OptionRefused as refusal:
+            except OptionChangeError as refusal:
                 raise ConfigError(f"world_size (--world-size) {ranks.world_size}: {refusal}.") from None
             open_process_group(ranks, device)
             collectives = Collectives(ranks, device)

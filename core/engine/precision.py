@@ -17,7 +17,7 @@ from typing import Any, ContextManager
 
 import torch
 
-from torchlab.core.wire.options import OptionRefused
+from torchlab.core.wire.options import OptionChangeError
 
 _NOTHING = contextlib.nullcontext()  # reusable: one for every step
 
@@ -104,13 +104,13 @@ class FP16Precision(Precision):
 def make_precision(
     name: str, device: torch.device, get_scaler: Callable[[], torch.amp.GradScaler], sharded: bool = False
 ) -> Precision:
-    """Build the precision for ``name`` on ``device`` (``sharded``: for a model FSDP2 shards), or raise OptionRefused
+    """Build the precision for ``name`` on ``device`` (``sharded``: for a model FSDP2 shards), or raise OptionChangeError
     with the reason.
 
     ``get_scaler`` is called only once fp16 is accepted, so a refused fp16 creates no GradScaler."""
     refusal = precision_refusal(name, device, sharded)
     if refusal is not None:
-        raise OptionRefused(refusal)
+        raise OptionChangeError(refusal)
     if name == "off":
         return Precision(device)
     if name == "bf16":
@@ -150,7 +150,7 @@ class Precisions:
         self.sharded = False  # the model is FSDP2's: amp is its mixed precision policy
 
     def make(self, name: str) -> Precision:
-        """The precision for ``name``, or OptionRefused with the reason (nothing changes then)."""
+        """The precision for ``name``, or OptionChangeError with the reason (nothing changes then)."""
         return make_precision(name, self.device, self._get_grad_scaler, self.sharded)
 
     def in_place_refusal(self, name: str) -> str | None:
@@ -165,7 +165,7 @@ class Precisions:
 
     def shard(self) -> None:
         """The model is about to be sharded: the mode in force becomes its sharded form (``ShardedBF16Precision``),
-        or OptionRefused where it has none (fp16)."""
+        or OptionChangeError where it has none (fp16)."""
         self.sharded = True
         self.current = self.make(self.current.name)
 

@@ -55,7 +55,7 @@ from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import HELD_BACK, RunEnded, RunStarted, StepSkipped
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import COMPILE, RESUMED, LiveOptions, OptionRefused, format_option_value
+from torchlab.core.wire.options import COMPILE, RESUMED, LiveOptions, OptionChangeError, format_option_value
 from torchlab.core.wire.protocol import SetCommand, TrainerCommand
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.workload import Workload
@@ -153,7 +153,7 @@ class Trainer:
         try:
             parts.model.wrap_for_ranks(parts.device, parts.options.parallel, parts.optimization.optimizer,
                                        parts.config.reshard_after_forward, parts.precisions)
-        except OptionRefused as refusal:  # amp=fp16 with parallel=fsdp
+        except OptionChangeError as refusal:  # amp=fp16 with parallel=fsdp
             raise ConfigError(f"parallel (--parallel) fsdp with amp={parts.options.amp}: {refusal}.") from None
 
     # ----------------------------------------------------------------- what the launchers and tests read

@@ -51,7 +51,7 @@ from torchlab.core.errors import shown
 from torchlab.core.records.settings import MAX_TRIAL_STEPS
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import TrialStarted
-from torchlab.core.wire.options import ACCUM, AMP, LiveOption, OptionRefused, live_option
+from torchlab.core.wire.options import ACCUM, AMP, LiveOption, OptionChangeError, live_option
 from torchlab.core.wire.payloads import MemoryBreakdown, TrialArm, TrialSpeed
 from torchlab.core.wire.protocol import TrialCommand, TrialProgress
 
@@ -90,7 +90,7 @@ class Trials:
         try:
             option = live_option(command.option)
             value = for_this_device(parts, option, option.parse(command.value))
-        except OptionRefused as refusal:
+        except OptionChangeError as refusal:
             return answer([], str(refusal))
         refusal = self._refusal(option, value, command)
         if refusal is not None:
@@ -104,7 +104,7 @@ class Trials:
         changed = f"{option.name}={option.format(value)}"
         try:
             options.load_state_dict({**snapshot["options"], option.name: value})  # enacted for the first arm
-        except OptionRefused as refusal:
+        except OptionChangeError as refusal:
             self.checkpoints.restore(snapshot)
             return answer([], f"{changed} cannot run here: {refusal}")
         # A step of the changed arm trains this many times the samples of one as it is (accum): timed per sample.

@@ -32,7 +32,7 @@ from torchlab.core.records.settings import (
 )
 from torchlab.core.safe_open import UnsafeFileError, open_regular
 from torchlab.core.wire.options import (
-    LIVE_OPTIONS, OPTIONS_BY_NAME, WORKERS, LiveOptions, OptionRefused, format_option_value, parse_option_value,
+    LIVE_OPTIONS, OPTIONS_BY_NAME, WORKERS, LiveOptions, OptionChangeError, format_option_value, parse_option_value,
 )
 
 if sys.version_info >= (3, 11):
@@ -66,7 +66,7 @@ class ScheduledChange:
         try:
             step = OPTIMIZER_STEP.parse("STEP", match.group(1))
             parse_option_value(option, value)
-        except OptionRefused as refusal:
+        except OptionChangeError as refusal:
             raise ConfigError(f"{flag} {shown(text)}: {refusal}.") from None
         return cls(step, option, value)
 
@@ -300,7 +300,7 @@ def build_config(*layers: Mapping[str, Any]) -> TrainConfig:
     for name, raw in option_values.items():
         try:
             options = options.with_value(name, parse_option_value(name, raw))
-        except OptionRefused as refusal:
+        except OptionChangeError as refusal:
             raise ConfigError(f"options.{name} (--{name.replace('_', '-')}): {refusal}.") from None
     if "schedule_extensions" in merged:
         extensions = merged["schedule_extensions"]

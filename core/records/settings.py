@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from torchlab.core.errors import ConfigError, shown
-from torchlab.core.wire.options import MAX_STEPS, STEPS, Bounds, OptionRefused
+from torchlab.core.wire.options import MAX_STEPS, STEPS, Bounds, OptionChangeError
 from torchlab.core.wire.protocol import DEFAULT_PROFILE_STEPS
 
 #: The heading of ``torchlab-tui --help`` a setting's flag is listed under: "run" beside ``--run-dir`` at the top,
@@ -82,7 +82,7 @@ class NumberSetting(Setting):
             return None
         try:
             return self.bounds.parse(self.name, value)
-        except OptionRefused:
+        except OptionChangeError:
             raise self.refusal(f"must be {self.bounds.must_be}", value) from None
 
 
@@ -155,7 +155,7 @@ class StepsSetting(Setting):
     def _step(self, step: Any) -> int:
         try:
             return self.bounds.parse(self.name, step)
-        except OptionRefused:
+        except OptionChangeError:
             raise self.refusal(f"must be {self.must_be}", step) from None
 
     def stated_default(self) -> str | None:

@@ -13,7 +13,7 @@ from typing import Any
 from torchlab.core.errors import ConfigError, WorkloadError, shown
 from torchlab.core.records.config import TrainConfig, suggestion
 from torchlab.core.records.settings import SETTINGS
-from torchlab.core.wire.options import OPTIONS_BY_NAME, OptionRefused, parse_option_value
+from torchlab.core.wire.options import OPTIONS_BY_NAME, OptionChangeError, parse_option_value
 
 #: What ``Workload.settings`` may not set, and why: each is decided before the workload's code runs.
 NOT_THE_WORKLOADS = {
@@ -52,7 +52,7 @@ def with_workload_settings(config: TrainConfig, settings: Mapping[str, Any], exp
             continue
         try:
             options = options.with_value(name, parse_option_value(name, value))
-        except OptionRefused as refusal:
+        except OptionChangeError as refusal:
             raise WorkloadError(f"{where}: Workload.settings {name} = {shown(value)}: {refusal}.") from None
     try:
         taken = replace(config, **top, options=options)

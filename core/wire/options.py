@@ -3,7 +3,7 @@
 
 An option owns its name, how a value is parsed (from a command line, ``--at``, a TOML file, a prompt
 or a protocol message: strings and JSON values alike) and shown back, its refusal of values no run
-could take (``OptionRefused`` with a reason the user can act on), its command-line flag, its key, its
+could take (``OptionChangeError`` with a reason the user can act on), its command-line flag, its key, its
 prompt and its row in the app's options panel. What a number accepts is its ``Bounds``: the one definition
 of its type, range and off-word that every way of giving it goes through; the run's numeric settings
 (core/records/settings.py, ``--steps``, ``--keep-checkpoints``...) have theirs too, and ``steps`` is one definition
@@ -43,7 +43,7 @@ def max_workers() -> int:
     return max(8, 4 * usable_cpus())
 
 
-class OptionRefused(ValueError):
+class OptionChangeError(ValueError):
     """A requested option change cannot be applied; the message is the reason shown to the user."""
 
 
@@ -86,7 +86,7 @@ class Bounds:
         return self.off is not NOT_OFF
 
     def parse(self, name: str, value: Any) -> Any:
-        """``value`` (text, or a number from JSON or TOML) as the number it stands for, or OptionRefused naming
+        """``value`` (text, or a number from JSON or TOML) as the number it stands for, or OptionChangeError naming
         ``name`` and what it must be."""
         if self.auto and isinstance(value, str) and value.strip().lower() == _AUTO_WORD:
             return _AUTO_WORD
@@ -102,7 +102,7 @@ class Bounds:
 
     def _number(self, name: str, value: Any) -> int | float:
         if isinstance(value, bool):
-            raise self.refusal(name, value) if self.whole else OptionRefused(f"{name} must be a number, got {shown(value)}")
+            raise self.refusal(name, value) if self.whole else OptionChangeError(f"{name} must be a number, got {shown(value)}")
         if self.whole:
             try:
                 return value if isinstance(value, int) else int(str(value).strip())
@@ -111,15 +111,15 @@ class Bounds:
         try:
             number = float(value) if isinstance(value, (int, float)) else float(str(value).strip())
         except ValueError:
-            raise OptionRefused(f"{name} must be a number, got {shown(value)}") from None
+            raise OptionChangeError(f"{name} must be a number, got {shown(value)}") from None
         except OverflowError:  # an integer too large for a float (a 400-digit one from a socket)
-            raise OptionRefused(f"{name} must be a finite number, got {shown(value)}") from None
+            raise OptionChangeError(f"{name} must be a finite number, got {shown(value)}") from None
         if not math.isfinite(number):
-            raise OptionRefused(f"{name} must be a finite number, got {shown(value)}")
+            raise OptionChangeError(f"{name} must be a finite number, got {shown(value)}")
         return number
 
-    def refusal(self, name: str, value: Any) -> OptionRefused:
-        return OptionRefused(f"{name} must be {self.must_be}, got {shown(value)}")
+    def refusal(self, name: str, value: Any) -> OptionChangeError:
+        return OptionChangeError(f"{name} must be {self.must_be}, got {shown(value)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,7 +152,7 @@ class LiveOption:
         return "--" + self.name.replace("_", "-")
 
     def parse(self, value: Any) -> Any:
-        """``value`` as this option's typed value, or OptionRefused saying why not."""
+        """``value`` as this option's typed value, or OptionChangeError saying why not."""
         raise NotImplementedError
 
     def format(self, value: Any) -> str:
@@ -185,7 +185,7 @@ class Choice(LiveOption):
         if text in _OFF_WORDS and "off" in self.choices:
             return "off"
         if text not in self.choices:
-            raise OptionRefused(f"{self.name} must be one of {', '.join(self.choices)}, got {shown(value)}")
+            raise OptionChangeError(f"{self.name} must be one of {', '.join(self.choices)}, got {shown(value)}")
         return text
 
     def add_flag(self, group: argparse._ArgumentGroup) -> None:
@@ -218,7 +218,7 @@ class Switch(LiveOption):
             return False
         if self.auto and text == _AUTO_WORD:
             return None
-        raise OptionRefused(f"{self.name} must be on{', off or auto' if self.auto else ' or off'}, got {shown(value)}")
+        raise OptionChangeError(f"{self.name} must be on{', off or auto' if self.auto else ' or off'}, got {shown(value)}")
 
     def format(self, value: Any) -> str:
         if value is None and self.auto:
@@ -253,7 +253,7 @@ class Blocks(Switch):
         else:  # a number: not a count of blocks (1 was on)
             names = []
         if not names or not all(isinstance(name, str) and name for name in names):
-            raise OptionRefused(f"{self.name} must be on, off or block names separated by commas, got {shown(value)}")
+            raise OptionChangeError(f"{self.name} must be on, off or block names separated by commas, got {shown(value)}")
         return ",".join(dict.fromkeys(names))  # each block once, in the order given
 
     @staticmethod
@@ -433,15 +433,15 @@ OPTION_NAMES = tuple(OPTIONS_BY_NAME)
 
 
 def live_option(name: Any) -> LiveOption:
-    """The option called ``name``, or OptionRefused naming the ones there are."""
+    """The option called ``name``, or OptionChangeError naming the ones there are."""
     option = OPTIONS_BY_NAME.get(name) if isinstance(name, str) else None
     if option is None:
-        raise OptionRefused(f"unknown option {shown(name)}; the live options are: {', '.join(OPTION_NAMES)}")
+        raise OptionChangeError(f"unknown option {shown(name)}; the live options are: {', '.join(OPTION_NAMES)}")
     return option
 
 
 def parse_option_value(name: str, value: Any) -> Any:
-    """``value`` as the typed value of the option ``name``, or OptionRefused saying why not."""
+    """``value`` as the typed value of the option ``name``, or OptionChangeError saying why not."""
     return live_option(name).parse(value)
 
 

@@ -27,7 +27,7 @@ from textual.widgets.data_table import ColumnKey
 from torchlab.core.analysis.impact import SEGMENT_OPTIONS, WARMUP_STEPS, compare_segments, segment_name
 from torchlab.core.analysis.step_times import MIN_TIMED_STEPS, SPREAD_AS_RATIO, plus_minus
 from torchlab.core.analysis.trials import parse_trial, trial_verdict
-from torchlab.core.wire.options import OptionRefused, format_option_value, parse_option_value
+from torchlab.core.wire.options import OptionChangeError, format_option_value, parse_option_value
 from torchlab.core.wire.payloads import ImpactSegment
 from torchlab.core.wire.protocol import TrialCommand, TrialResult
 from torchlab.tui.profiles import format_bytes, format_us
@@ -203,19 +203,19 @@ class RowTrial:
 
 def row_trial(segments: list[ImpactSegment], index: int, state: RunState) -> RowTrial:
     """A controlled trial of row ``index``'s change (option=value), checked as the trial prompt checks one, or
-    OptionRefused saying why there is none: the start changed nothing, a trial tries one option, not the world size.
+    OptionChangeError saying why there is none: the start changed nothing, a trial tries one option, not the world size.
 
     Where the run has the row's value already, a trial of it would compare the run with itself: the trial is of
     the value the row changed from (``checkpointing=off`` against the run as it is, with checkpointing on)."""
     if not 0 <= index < len(segments):
-        raise OptionRefused("no row under the cursor")
+        raise OptionChangeError("no row under the cursor")
     row = segments[index]
     if index == 0:
-        raise OptionRefused(f"the {row.change} changed no option: choose the row of a change")
+        raise OptionChangeError(f"the {row.change} changed no option: choose the row of a change")
     before = segments[index - 1].options
     changed = [name for name in SEGMENT_OPTIONS if before.get(name) != row.options.get(name)]
     if len(changed) != 1:
-        raise OptionRefused(f"a trial tries one option; this row changed {' and '.join(changed) or 'none'} at once: "
+        raise OptionChangeError(f"a trial tries one option; this row changed {' and '.join(changed) or 'none'} at once: "
                             f"T on the main screen tries one of them")
     name = changed[0]
     value, why = row.options.get(name), ""
@@ -225,7 +225,7 @@ def row_trial(segments: list[ImpactSegment], index: int, state: RunState) -> Row
     command = parse_trial(f"{name}={format_option_value(name, value)}")  # refuses what the prompt refuses
     reason = state.would_refuse(name, parse_option_value(name, command.value))
     if reason is not None:
-        raise OptionRefused(reason)
+        raise OptionChangeError(reason)
     return RowTrial(command, why)
 
 
@@ -359,7 +359,7 @@ class ImpactScreen(ViewScreen):
         index = self.query_one("#impact-table", DataTable).cursor_row
         try:
             trial = row_trial(segments, index, self.state)
-        except OptionRefused as refusal:
+        except OptionChangeError as refusal:
             change = segments[index].change if 0 <= index < len(segments) else "the impact table"
             self.app.refuse_request(f"trial of {change}: {refusal} (nothing sent)")
             return

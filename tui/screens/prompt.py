@@ -14,7 +14,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from torchlab.core.wire.options import OptionRefused
+from torchlab.core.wire.options import OptionChangeError
 from torchlab.tui.widgets.in_order_input import InOrderInput
 
 
@@ -49,7 +49,7 @@ class PromptField(InOrderInput):
 class OptionPrompt(ModalScreen[Chosen | None]):
     """Asks for a value; dismisses with it parsed by ``parse``, or with None when cancelled.
 
-    ``parse`` raises OptionRefused with what is wrong. For a live option it is the option's own parser, the
+    ``parse`` raises OptionChangeError with what is wrong. For a live option it is the option's own parser, the
     one the trainer applies, so what it accepts here is what the trainer will accept (except for facts only
     the trainer knows, like the device).
     """
@@ -100,7 +100,7 @@ class OptionPrompt(ModalScreen[Chosen | None]):
     def _submitted(self, text: str) -> None:
         try:
             value = self.parse(text.strip())
-        except OptionRefused as refusal:
+        except OptionChangeError as refusal:
             self.query_one("#prompt-error", Static).update(str(refusal))
             return
         self._answer(Chosen(value))

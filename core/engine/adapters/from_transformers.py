@@ -53,7 +53,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from torchlab.core.engine.batch_split import batch_samples
 from torchlab.core.errors import WorkloadError
-from torchlab.core.wire.options import OptionRefused
+from torchlab.core.wire.options import OptionChangeError
 from torchlab.core.workload import Workload
 
 #: Callbacks a Trainer has of its own: they print and drive ``trainer.train()``'s loop, which the engine replaces.
@@ -153,7 +153,7 @@ class TrainerAdapter:
         self.trainer.state.max_steps = total_steps  # the run's plan, for a compute_loss or scheduler that reads it
         if self.given_scheduler is not None:
             if self._scheduler_built:
-                raise OptionRefused(
+                raise OptionChangeError(
                     "the Trainer was given its scheduler (optimizers=(optimizer, scheduler)), made for a length it "
                     "cannot be made again for; give max_steps in TrainingArguments and let the Trainer make it"
                 )

@@ -42,7 +42,7 @@ from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.errors import TorchlabError
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import OomRescued
-from torchlab.core.wire.options import CHECKPOINTING, SPLIT, LiveOption, LiveOptions, OptionRefused
+from torchlab.core.wire.options import CHECKPOINTING, SPLIT, LiveOption, LiveOptions, OptionChangeError
 from torchlab.core.wire.payloads import MemoryBreakdown
 from torchlab.core.wire.units import format_bytes
 
@@ -199,7 +199,7 @@ def next_rung(parts: TrainingParts, step: int, failure: str, batch, memory: Call
             notes.append(chosen_blocks_note(rung[1], blocks, saved, measured.step))
         try:
             return _enact(parts, step, failure, CHECKPOINTING, rung[1], "; ".join(notes), samples)
-        except OptionRefused:
+        except OptionChangeError:
             pass
     raise OutOfMemoryStop(f"{no_rung_left(step, failure, options, samples)} {memory()}")
 
@@ -229,7 +229,7 @@ def measured_memory(measured: MemoryBreakdown) -> str:
 def _samples(batch) -> int | None:
     try:
         return batch_samples(batch)
-    except OptionRefused:
+    except OptionChangeError:
         return None
 
 

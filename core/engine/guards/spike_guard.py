@@ -53,7 +53,7 @@ from torchlab.core.engine.option_hooks import enact
 from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import LET_THROUGH, MAX_SPIKE_SAMPLES, NEW_LEVEL, ROLLED_BACK, SKIPPED, SpikeGuarded
-from torchlab.core.wire.options import LR_SCALE, OptionRefused
+from torchlab.core.wire.options import LR_SCALE, OptionChangeError
 from torchlab.core.wire.throttle import Throttle
 
 #: Values the window holds before the guard judges a step: fewer, and a median says little.
@@ -356,7 +356,7 @@ class SpikeGuard:
         try:
             self._set_lr_scale(step + 1, previous / 2, f"a second rollback within {window} steps (after step {last}'s): "
                                                        f"the LR at half until step {step + window}")
-        except OptionRefused:  # the scale's floor: the cool-down goes on at the scale there is
+        except OptionChangeError:  # the scale's floor: the cool-down goes on at the scale there is
             return
         self._cooldown = _Cooldown(until=step + window, scale=self.parts.options.lr_scale, restore=restore)
 

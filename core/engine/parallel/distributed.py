@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torchlab.core.wire import strict_json
 from torchlab.core.engine.parallel.loopback_rendezvous import keep_ranks_on_loopback
 from torchlab.core.wire.cpu_share import WAIT_POLICY_VARIABLE
-from torchlab.core.wire.options import OptionRefused, usable_cpus
+from torchlab.core.wire.options import OptionChangeError, usable_cpus
 from torchlab.core.wire.payloads import RankFigures
 
 #: The module a supervised rank runs (``python -m``): how the supervisor and the telemetry tell a rank's process.
@@ -93,18 +93,18 @@ def open_process_group(context: RankContext, device: torch.device) -> None:
 def check_world_size(world_size: int, *, device: torch.device, batch_size: int) -> None:
     """Refuse a world size this machine or this run cannot have, saying why."""
     if batch_size % world_size:
-        raise OptionRefused(
+        raise OptionChangeError(
             f"world size {world_size} does not divide the batch of {batch_size} (the global batch stays "
             f"{batch_size} and each rank takes an equal share): choose a divisor of {batch_size}"
         )
     if device.type == "cuda":
         gpus = torch.cuda.device_count()
         if world_size > gpus:
-            raise OptionRefused(f"{world_size} ranks need {world_size} GPUs, one each; this machine has {gpus}")
+            raise OptionChangeError(f"{world_size} ranks need {world_size} GPUs, one each; this machine has {gpus}")
     else:
         cpus = usable_cpus()
         if world_size > cpus:
-            raise OptionRefused(
+            raise OptionChangeError(
                 f"{world_size} ranks on the CPU need {world_size} cores, one each; this run may use {cpus}"
             )
 

@@ -60,7 +60,7 @@ from torchlab.core.records.storage import make_folder, write_atomically
 from torchlab.core.wire.events import Relaunching, ResumeChangedSettings, ResumedFromCheckpoint, RunStarted
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import OPTION_NAMES, OptionRefused, live_option
+from torchlab.core.wire.options import OPTION_NAMES, OptionChangeError, live_option
 from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.wire.protocol import Error, Message, OptionApplied, StopCommand, TrainerCommand
 from torchlab.core.wire.run_status import RunStatus
@@ -140,7 +140,7 @@ class Supervisor:
             try:
                 check_world_size(self.world_size, device=resolve_device(self.config.device),
                                  batch_size=self.config.batch_size or self.world_size)
-            except OptionRefused as refusal:
+            except OptionChangeError as refusal:
                 raise ConfigError(f"world_size (--world-size) {self.world_size}: {refusal}.") from None
         elif self.trainer is None:
             self._build_trainer(self.config, self.resume_from, self.explicit)

@@ -25,7 +25,7 @@ import torch
 
 from torchlab.core.engine.adapters.loading import spec_as_shown
 from torchlab.core.errors import ConfigError, shown
-from torchlab.core.wire.options import OPTION_NAMES, OptionRefused, parse_option_value
+from torchlab.core.wire.options import OPTION_NAMES, OptionChangeError, parse_option_value
 from torchlab.core.wire.strict_json import MAX_INT, nests_deeper_than  # a count torchlab writes fits in 64 bits
 
 #: How deep a value in a checkpoint may nest: torchlab's go 4 levels deep (``optimizer.param_groups[0].params``).
@@ -362,7 +362,7 @@ def _options(value: Any, where: str, expected: str) -> None:
             raise _NotWritten(here, option_value, f"only the live options ({', '.join(OPTION_NAMES)})")
         try:
             parsed = parse_option_value(name, option_value)
-        except OptionRefused as refusal:
+        except OptionChangeError as refusal:
             raise _NotWritten(here, option_value, f"a value the option takes ({refusal})") from None
         if type(parsed) is not type(option_value) or parsed != option_value:
             raise _NotWritten(here, option_value, f"the option's value as it holds it ({shown(parsed)})")
