@@ -536,7 +536,7 @@ def test_a_line_in_a_bytearray_reads_as_in_bytes():
 
 def test_a_trial_recorded_before_its_arms_were_interleaved_reads_with_no_speed_and_is_judged_off_its_arms():
     """A ``trials.jsonl`` line of protocol 9 has no ``speed``: it reads as it did, its speed compared off the arms."""
-    from torchlab.core.analysis.trials import trial_verdict
+    from torchlab.core.analysis.trial_words import trial_verdict
 
     old_line = {"event": "trial_result", "step": 40, "time": 1764150000.0, "option": "checkpointing", "value": "on",
                 "steps": 20, "source": "--trial", "error": None, "arms": [

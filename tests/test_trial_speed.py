@@ -14,7 +14,7 @@ from torchlab.core.analysis.trial_speed import (
     FASTER, MIN_PAIRS, NO_CLEAR_DIFFERENCE, SLOWER, SPEED_MARGIN, _signed_rank_depth, paired_speed, speed_verdict,
     speed_words,
 )
-from torchlab.core.analysis.trials import describe_trial
+from torchlab.core.analysis.trial_words import describe_trial
 from torchlab.core.wire.payloads import TrialSpeed
 from torchlab.core.wire.protocol import TrialResult
 

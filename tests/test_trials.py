@@ -8,7 +8,7 @@ import pytest
 
 from trainers import TINY, WORKLOADS, make_trainer
 from trial_records import trial_arm
-from torchlab.core.analysis.trials import describe_trial
+from torchlab.core.analysis.trial_words import describe_trial
 from torchlab.core.engine.trials import timing_cap
 from torchlab.core.errors import EXIT_OK
 from torchlab.core.launch.cli import main

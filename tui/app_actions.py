@@ -22,7 +22,7 @@ from typing import Any
 from textual.app import SystemCommand
 from textual.screen import ModalScreen, Screen
 
-from torchlab.core.analysis.trials import TRIAL_HINT, parse_trial
+from torchlab.core.analysis.trial_words import TRIAL_HINT, parse_trial
 from torchlab.core.wire import protocol
 from torchlab.core.wire.options import CHECKPOINTING, OPTIONS_BY_NAME, Number, OptionChangeError, format_option_value
 from torchlab.core.wire.protocol import DEFAULT_PROFILE_STEPS

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from torchlab.core.analysis.trials import describe_trial, trial_label
+from torchlab.core.analysis.trial_words import describe_trial, trial_label
 from torchlab.core.wire import protocol
 from torchlab.core.wire.events import communication_sentence
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, TelemetrySample

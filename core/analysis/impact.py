@@ -274,7 +274,7 @@ class ImpactTracker(TrainerObserver):
                 # world-size relaunch, which resumes in a process whose tracker holds them already.)
                 self._rebuild(self.path.parent, event.step)
             case RunStarted() | ProfileStarted() | ProfileReady():
-                self._follow(event.journal_name or event.type)
+                self._follow(event.journal_event())
             case OomRescued():
                 self._follow(OomRescued.type, event.step, event.option)
             case RunEnded():
@@ -288,13 +288,13 @@ class ImpactTracker(TrainerObserver):
     def _follow(self, event: str, step: int = 0, option: str | None = None) -> None:
         """What an event (by its name in ``events.jsonl``) means for the medians: the trainer's events as they come
         and a resumed run's journal read back (``_rebuild``) alike."""
-        if event == RunStarted.type:
+        if event == RunStarted.journal_event():
             self._warming_up = PROCESS_WARMUP_STEPS
-        elif event == OomRescued.type and option is not None:
+        elif event == OomRescued.journal_event() and option is not None:
             self._rescued[option] = step
-        elif event == ProfileStarted.type:
+        elif event == ProfileStarted.journal_event():
             self._profiling = True
-        elif event == ProfileReady.journal_name:
+        elif event == ProfileReady.journal_event():
             self._profiling = False
 
     def _rebuild(self, run_dir: Path, step: int) -> None:
@@ -350,7 +350,7 @@ class ImpactTracker(TrainerObserver):
 
 
 #: The events ``ImpactTracker._follow`` takes, by their names in ``events.jsonl``.
-_FOLLOWED = frozenset({RunStarted.type, OomRescued.type, ProfileStarted.type, ProfileReady.journal_name})
+_FOLLOWED = frozenset(event.journal_event() for event in (RunStarted, OomRescued, ProfileStarted, ProfileReady))
 
 
 def metrics_rows_if_any(path: Path) -> Iterator[MetricsRow]:

@@ -1,5 +1,5 @@
 """Is one run of steps faster than another? The statistics of step times that the impact table (core/analysis/impact.py)
-and a trial's arms (core/analysis/trials.py, core/engine/trials.py) share: a median's interval built from blocks of
+and a trial's arms (core/analysis/trial_words.py, core/engine/trials.py) share: a median's interval built from blocks of
 steps (step times are not independent draws), a comparison that calls a difference only where two intervals do not
 overlap, the one wording of the noise, and the load shift that voids a verdict.
 

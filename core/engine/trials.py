@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 from torchlab.core.analysis.step_times import median_interval
 from torchlab.core.analysis.trial_speed import paired_speed, precise_enough
-from torchlab.core.analysis.trials import AS_IT_IS, NOT_TRIED
+from torchlab.core.analysis.trial_words import AS_IT_IS, NOT_TRIED
 from torchlab.core.engine.checkpointer import Checkpointer
 from torchlab.core.engine.instruments import StepPlan
 from torchlab.core.engine.measure.memory import out_of_memory

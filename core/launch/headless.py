@@ -22,7 +22,7 @@ from rich.markup import escape as escape_markup
 from rich.text import Text
 
 from torchlab.core.analysis.impact import ImpactTracker
-from torchlab.core.analysis.trials import describe_trial, trial_progress_text
+from torchlab.core.analysis.trial_words import describe_trial, trial_progress_text
 from torchlab.core.engine.parallel.distributed import RankContext, rank_from_environment
 from torchlab.core.engine.adapters.loading import check_spec, exits_as_failure, load_workload, workload_label
 from torchlab.core.engine.outcome import RunOutcome

@@ -19,7 +19,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from torchlab.core.wire.events import ResumeChangedSettings, ResumedFromCheckpoint
 from torchlab.core.wire.options import OPTION_NAMES, format_option_value
+from torchlab.core.wire.protocol import OptionApplied
 
 #: Where a resume's change came from, as a change's ``source`` says it ("from --resume").
 RESUME_SOURCE = "--resume"
@@ -48,13 +50,13 @@ def changes_recorded(record: Mapping[str, Any]) -> list[OptionChange]:
     kind, step = record.get("event"), record.get("step")
     if not isinstance(step, int) or isinstance(step, bool):
         return []
-    if kind == "option_applied":
+    if kind == OptionApplied.journal_event():
         if record.get("value") == record.get("previous"):  # in force already: a resumed run's compile made again
             return []
         return [OptionChange(step, str(record.get("option")), record.get("value"), record.get("previous"),
                              str(record.get("source") or ""))]
     changes = record.get("changes")
-    if kind == "resume_changed_settings" and isinstance(changes, list):
+    if kind == ResumeChangedSettings.journal_event() and isinstance(changes, list):
         return [OptionChange(step + 1, change["setting"], change.get("value"), change.get("stored"), RESUME_SOURCE)
                 for change in changes if isinstance(change, dict) and change.get("setting") in OPTION_NAMES]
     return []
@@ -65,7 +67,7 @@ def option_history(records: Iterable[Mapping[str, Any]]) -> list[OptionChange]:
     over (after the step of its ``resumed_from_checkpoint``)."""
     history: list[OptionChange] = []
     for record in records:
-        if record.get("event") == "resumed_from_checkpoint" and isinstance(step := record.get("step"), int):
+        if record.get("event") == ResumedFromCheckpoint.journal_event() and isinstance(step := record.get("step"), int):
             history = [change for change in history if change.step <= step]
         else:
             history.extend(changes_recorded(record))

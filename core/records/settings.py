@@ -195,7 +195,7 @@ AUTO_CADENCE = Bounds(whole=True, minimum=1, maximum=MAX_STEPS, off=0, auto=True
                       must_be="a whole number of steps from 1 to 10^9, 0 (off) or auto")
 #: One optimizer step, as ``--at``, ``--trial`` and ``--profile-at`` name it.
 OPTIMIZER_STEP = Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="an optimizer step from 1 to 10^9")
-#: The steps of each arm of a trial: ``--trial-steps``, and a trial typed in the app (core/analysis/trials.py).
+#: The steps of each arm of a trial: ``--trial-steps``, and a trial typed in the app (core/analysis/trial_words.py).
 TRIAL_STEPS = Bounds(whole=True, minimum=1, maximum=MAX_TRIAL_STEPS, must_be=f"a whole number from 1 to {MAX_TRIAL_STEPS} (steps an arm)")
 
 

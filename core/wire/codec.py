@@ -90,11 +90,17 @@ class Message(JsonObject):
     def validate(self) -> None:
         """Checks across fields, after each field's type was checked; raise ProtocolError."""
 
+    @classmethod
+    def journal_event(cls) -> str:
+        """The ``event`` of this message's lines in ``events.jsonl``: its ``journal_name``, else its type. Readers of the
+        journal name an event by this, never by a string of their own."""
+        return cls.journal_name or cls.type
+
     def journal_record(self) -> dict[str, Any]:
         """The event as its line in ``events.jsonl``: ``event``, ``step``, the time it is written, its fields."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         step = values.pop("step", getattr(self, "step", None))
-        return {"event": self.journal_name or self.type, "step": step, "time": time.time(), **values}
+        return {"event": self.journal_event(), "step": step, "time": time.time(), **values}
 
 
 def fault(error: BaseException) -> str:

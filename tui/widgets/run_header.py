@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from torchlab.core.analysis.trials import trial_progress_text
+from torchlab.core.analysis.trial_words import trial_progress_text
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.formatting import format_duration, short_workload
 from torchlab.tui.state import RunState
