@@ -58,6 +58,7 @@ from torchlab.tui.app_keys import MainScreen
 from torchlab.tui.app_leaving import Leaving
 from torchlab.tui.app_notices import Notices
 from torchlab.tui.key_order import as_typed
+from torchlab.tui.log_levels import EntryLevel
 from torchlab.tui.log_tail import LogTail, is_native_torch_log
 from torchlab.tui.run_history import RunHistory, journal_history
 from torchlab.tui.state import Failure, RunState
@@ -270,7 +271,7 @@ class TorchlabApp(Notices, KeyActions, Leaving, App[int]):
             try:
                 self._unfolded.extend(self.link.drain())
             except Exception as error:  # a broken link is reported, and the app stays up to say so
-                self.run_state.log("error", f"lost the connection to the trainer: {error}", notify=True)
+                self.run_state.log(EntryLevel.ERROR, f"lost the connection to the trainer: {error}", notify=True)
 
     def _redraw(self) -> None:
         try:
@@ -287,12 +288,12 @@ class TorchlabApp(Notices, KeyActions, Leaving, App[int]):
         try:
             lines = self._log_tail.read_lines()
         except (OSError, UnsafeFileError) as error:
-            self.run_state.log("warning", f"cannot read {self._log_tail.path}: {error}")
+            self.run_state.log(EntryLevel.WARNING, f"cannot read {self._log_tail.path}: {error}")
             self._log_tail = None
             return
         for line in lines:
             if line.strip() and not is_native_torch_log(line):
-                self.run_state.log("trainer", line)
+                self.run_state.log(EntryLevel.TRAINER, line)
 
     @property
     def read_only(self) -> bool:
@@ -328,7 +329,7 @@ class TorchlabApp(Notices, KeyActions, Leaving, App[int]):
         for entry in state.take_log():
             event_log.add(entry)
             # Failures have their own screen; a notice on top of it would only cover its buttons.
-            if entry.notify and entry.level != "error":
+            if entry.notify and entry.level != EntryLevel.ERROR:
                 self.show_notice(entry.toast or entry.text, entry.level)
         if state.failure is not None and state.failure_version != self._seen["failure"]:
             self._seen["failure"] = state.failure_version
@@ -352,7 +353,7 @@ class TorchlabApp(Notices, KeyActions, Leaving, App[int]):
         if message.history is not None:
             self.run_state.take_history(message.history)
         elif message.error:
-            self.run_state.log("warning", f"the run's earlier steps are not shown: {message.error}")
+            self.run_state.log(EntryLevel.WARNING, f"the run's earlier steps are not shown: {message.error}")
         self._redraw()
 
     def _redraw_a_chart(self, state: RunState) -> None:
@@ -417,7 +418,7 @@ class TorchlabApp(Notices, KeyActions, Leaving, App[int]):
         elif choice == QUIT:
             self._leave(detach=False)
         elif choice == CLOSE:
-            self.run_state.log("info", "q quits; ctrl+p → Restart sets options and resumes the run")
+            self.run_state.log(EntryLevel.INFO, "q quits; ctrl+p → Restart sets options and resumes the run")
             self._refresh_view()
 
     def restart_trainer(self, options: dict[str, Any] | None = None) -> None:
@@ -432,7 +433,7 @@ class TorchlabApp(Notices, KeyActions, Leaving, App[int]):
             return
         options = options or {}
         given = ", ".join(f"{name} = {format_option_value(name, value)}" for name, value in options.items())
-        self.run_state.log("info", f"restarting the trainer from the last checkpoint{' with ' + given if given else ''}…",
+        self.run_state.log(EntryLevel.INFO, f"restarting the trainer from the last checkpoint{' with ' + given if given else ''}…",
                            notify=True)
         if self.link is None:
             self._start_link()

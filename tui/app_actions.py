@@ -28,6 +28,7 @@ from torchlab.core.wire.options import CHECKPOINTING, OPTIONS_BY_NAME, Number, O
 from torchlab.core.wire.protocol import DEFAULT_PROFILE_STEPS
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.app_keys import KEY_ACTIONS, READ_ONLY_ACTION, TRAINER_ACTIONS, VIEW_ACTIONS, action_name
+from torchlab.tui.log_levels import EntryLevel
 from torchlab.tui.names import describe_blocks
 from torchlab.tui.widgets.charts import SPEED, Charts
 
@@ -57,7 +58,7 @@ class KeyActions:
         try:
             self.link.send(command)
         except Exception as error:  # told to the user; the app goes on
-            self.run_state.log("error", f"could not send {command.type} to the trainer: {error}", notify=True)
+            self.run_state.log(EntryLevel.ERROR, f"could not send {command.type} to the trainer: {error}", notify=True)
             self._refresh_view()
             return False
         return True
@@ -151,7 +152,7 @@ class KeyActions:
             reason = self.run_state.would_refuse(name, candidate)
             if reason is not None and (name, candidate) not in self._skips_said:
                 self._skips_said.add((name, candidate))
-                self.run_state.log("info", f"{name}: {option.format(candidate)} skipped: {reason}")
+                self.run_state.log(EntryLevel.INFO, f"{name}: {option.format(candidate)} skipped: {reason}")
             candidate = option.next_value(candidate, lambda value: False)
 
     async def action_try_option(self) -> None:
@@ -176,7 +177,7 @@ class KeyActions:
 
     def refuse_request(self, text: str) -> None:
         """A request the app will not send, with the reason: in the log, and as a toast."""
-        self.run_state.log("refused", text, notify=True)
+        self.run_state.log(EntryLevel.REFUSED, text, notify=True)
         self._refresh_view()
 
     def set_option(self, option: str, value: Any) -> None:
@@ -188,7 +189,7 @@ class KeyActions:
     def action_next_chart(self) -> None:
         shown = self.query_one(Charts).next_chart()
         if shown == SPEED and not self.run_state.workload_metrics:  # in the log too: a toast alone read as nothing done
-            self.run_state.log("info", "chart: the workload reports no metrics of its own: return {\"loss\": ..., "
+            self.run_state.log(EntryLevel.INFO, "chart: the workload reports no metrics of its own: return {\"loss\": ..., "
                                "\"accuracy\": ...} from loss_fn to chart them", notify=True, toast="no workload metrics to chart")
             self._refresh_view()
 
@@ -251,7 +252,7 @@ class KeyActions:
         return self.run_state.queued or usual
 
     def _requested(self, text: str) -> None:
-        self.run_state.log("info", text)
+        self.run_state.log(EntryLevel.INFO, text)
         self._refresh_view()
 
     # ------------------------------------------------------------------ command palette

@@ -21,6 +21,7 @@ from textual.app import App
 from textual.notifications import SeverityLevel
 
 from torchlab.core.errors import printable
+from torchlab.tui.log_levels import EntryLevel
 
 if TYPE_CHECKING:
     from torchlab.tui.state import RunState
@@ -28,8 +29,9 @@ if TYPE_CHECKING:
 #: Seconds a notice stays in a view's border (Textual's toasts stayed 4-5 s).
 NOTICE_S = 4.0
 #: The event log's level for a notification's severity, and back.
-LEVEL_OF_SEVERITY: dict[str, str] = {"information": "info", "warning": "warning", "error": "error"}
-SEVERITY_OF_LEVEL: dict[str, SeverityLevel] = {"refused": "warning", "warning": "warning", "error": "error"}
+LEVEL_OF_SEVERITY: dict[str, EntryLevel] = {"information": EntryLevel.INFO, "warning": EntryLevel.WARNING, "error": EntryLevel.ERROR}
+SEVERITY_OF_LEVEL: dict[EntryLevel, SeverityLevel] = {EntryLevel.REFUSED: "warning", EntryLevel.WARNING: "warning",
+                                                      EntryLevel.ERROR: "error"}
 
 
 class Notices:
@@ -42,10 +44,10 @@ class Notices:
         """A notice of the app's own (a key's answer, a view's hint): logged, and shown where it covers nothing.
         Always plain text: a message is a sentence of the app's, or an error's text ("[Errno 2] ...")."""
         text = printable(f"{title}: {message}" if title else message, keep_lines=True)  # an error's text names paths
-        self.run_state.log(LEVEL_OF_SEVERITY.get(severity, "info"), text)
-        self.show_notice(text, LEVEL_OF_SEVERITY.get(severity, "info"), timeout)
+        self.run_state.log(LEVEL_OF_SEVERITY.get(severity, EntryLevel.INFO), text)
+        self.show_notice(text, LEVEL_OF_SEVERITY.get(severity, EntryLevel.INFO), timeout)
 
-    def show_notice(self, text: str, level: str, timeout: float | None = None) -> None:
+    def show_notice(self, text: str, level: EntryLevel, timeout: float | None = None) -> None:
         """``text`` (already in the event log, at ``level``) shown on the screen on top, if it is a view."""
         timeout = NOTICE_S if timeout is None else timeout
         App.notify(self, text, severity=SEVERITY_OF_LEVEL.get(level, "information"), timeout=timeout,  # type: ignore[arg-type]

@@ -41,6 +41,7 @@ from torchlab.core.wire.protocol import (
     Error,
     Hello,
     Log,
+    LogLevel,
     Message,
     Metrics,
     OtherVersion,
@@ -199,12 +200,12 @@ class ProcessLink:
                 self._typed_ahead.append(command)
                 return
             if connection is None:
-                self._push(Log(level="error", text=f"{command.type}: the trainer is not connected"))
+                self._push(Log(level=LogLevel.ERROR, text=f"{command.type}: the trainer is not connected"))
                 return
             try:
                 connection.sendall(command.encode())
             except OSError as error:  # the run has not failed: the app says the command did not arrive
-                self._push(Log(level="error", text=f"{command.type}: could not reach the trainer ({error})"))
+                self._push(Log(level=LogLevel.ERROR, text=f"{command.type}: could not reach the trainer ({error})"))
 
     def close(self, *, detach: bool = False, grace_s: float = STOP_GRACE_S) -> int | None:
         """Stop the trainer (it writes a final checkpoint) and wait for it; returns its exit code.
@@ -336,14 +337,14 @@ class ProcessLink:
             waiting, self._typed_ahead, self._connecting = self._typed_ahead, [], False
             if connection is None:
                 if waiting and not self._closing:
-                    self._push(Log(level="error", text=f"{', '.join(c.type for c in waiting)}: not sent, the trainer "
+                    self._push(Log(level=LogLevel.ERROR, text=f"{', '.join(c.type for c in waiting)}: not sent, the trainer "
                                                        f"ended before it connected"))
                 return
             try:
                 for command in waiting:
                     connection.sendall(command.encode())
             except OSError as error:
-                self._push(Log(level="error", text=f"{command.type}: could not reach the trainer ({error})"))
+                self._push(Log(level=LogLevel.ERROR, text=f"{command.type}: could not reach the trainer ({error})"))
             self._socket = connection
 
     def _accept_line(self, line: bytes) -> None:
@@ -379,7 +380,7 @@ class ProcessLink:
         """The connection ended: if the process died without a final state, say how it died."""
         if self._attached_pid is not None:
             if self.refused is not None:  # the run is fine, this app may not have it: leave, saying why
-                self._push(Log(level="error", text=f"could not attach: {self.refused}"))
+                self._push(Log(level=LogLevel.ERROR, text=f"could not attach: {self.refused}"))
                 self._push(State(state=RunStatus.DETACHED, step=0, detail=self.refused))
             elif not (self._closing or self._final_state_seen):
                 cause = "is gone (it ended without a word: killed?)" if not process_running(self._attached_pid) else "closed the connection"

@@ -31,8 +31,10 @@ from torchlab.core.errors import printable
 from torchlab.core.wire import protocol
 from torchlab.core.wire.events import SpikeGuarded, describe
 from torchlab.core.wire.options import OPTION_NAMES, RELAUNCHED_BY, format_option_value
+from torchlab.core.wire.protocol import LogLevel
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.formatting import short_workload
+from torchlab.tui.log_levels import EntryLevel
 from torchlab.tui.state_figures import ENDED, RunFigures
 from torchlab.tui.state_measurements import Measurements
 from torchlab.tui.state_metrics import MetricsFolding, ModuleStats
@@ -50,7 +52,7 @@ RUN_STATES = (RunStatus.CONNECTING, RunStatus.STARTING, RunStatus.RUNNING, RunSt
 class LogEntry:
     """One line of the event log. ``notify`` marks the ones worth a toast (acknowledgements, errors)."""
 
-    level: str  # info, applied, refused, checkpoint, warning, error, trainer, profile, impact
+    level: EntryLevel
     text: str
     step: int | None = None
     notify: bool = False
@@ -144,7 +146,7 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, RunF
         try:
             self._dispatch(event)
         except (TypeError, ValueError, KeyError, AttributeError, IndexError) as error:
-            self.log("warning", f"could not read a {event.type!r} message from the trainer: {error}")
+            self.log(EntryLevel.WARNING, f"could not read a {event.type!r} message from the trainer: {error}")
 
     def _dispatch(self, event: protocol.Message) -> None:
         """The handler of each message the app takes, the most frequent first."""
@@ -199,9 +201,9 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, RunF
         else a warning that it was ignored (a newer trainer's message, say), never an exception."""
         sentence = describe(event)
         if sentence is None:
-            self.log("warning", f"ignored an unexpected message from the trainer: {type(event).__name__}")
+            self.log(EntryLevel.WARNING, f"ignored an unexpected message from the trainer: {type(event).__name__}")
             return
-        self.log("warning" if sentence.warning else "info", sentence.text, event.step)
+        self.log(EntryLevel.WARNING if sentence.warning else EntryLevel.INFO, sentence.text, event.step)
 
     def mark_restarting(self) -> None:
         """A new trainer is on its way after a failure: clear the failure, wait for its welcome."""
@@ -209,7 +211,7 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, RunF
         self._set_state(RunStatus.STARTING, "restarting from the last checkpoint")
         self.welcomed, self.attaching = False, False  # requests now wait for the new trainer, which starts
 
-    def log(self, level: str, text: str, step: int | None = None, *, notify: bool = False, toast: str | None = None,
+    def log(self, level: EntryLevel, text: str, step: int | None = None, *, notify: bool = False, toast: str | None = None,
             ours: bool = False) -> None:
         """``ours``: an answer to this app's own request, news even amid the past (typed while the trainer started,
         answered before this app's stream began)."""
@@ -259,7 +261,7 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, RunF
         workload = short_workload(self.workload) or "the run"
         # The step is the line's own (its first column): "connected" fits 80 columns with a workload's file name.
         # It is logged once the run's past (which the trainer sends next) is in the log above it.
-        self._connected = LogEntry("info", f"connected to the trainer of {workload}{where}: {len(modules)} modules", event.step)
+        self._connected = LogEntry(EntryLevel.INFO, f"connected to the trainer of {workload}{where}: {len(modules)} modules", event.step)
         self._replaying, self._past_toasts = True, 0
         self.header_version += 1
 
@@ -270,7 +272,7 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, RunF
             self._new_log.append(self._connected)
             self._connected = None
         if self._past_toasts:
-            self.log("info", f"attached at step {self.step}: the run's {event.events} earlier events are above",
+            self.log(EntryLevel.INFO, f"attached at step {self.step}: the run's {event.events} earlier events are above",
                      self.step, notify=True)
 
     def _on_state(self, event: protocol.State) -> None:
@@ -284,7 +286,7 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, RunF
         if previous == RunStatus.RELAUNCHING and event.state == RunStatus.RUNNING:
             return  # the new ranks train: the world_size acknowledgement that follows says so, with its step
         if event.state == RunStatus.STARTING:  # the trainer's process says so before it knows the step it starts from
-            self.log("info", "starting the trainer")
+            self.log(EntryLevel.INFO, "starting the trainer")
             return
         if event.state == RunStatus.RUNNING:
             text = {RunStatus.PAUSED: "resumed", RunStatus.STARTING: "resuming" if event.step > 0 else "training"}.get(
@@ -294,7 +296,7 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, RunF
         detail = f": {event.detail}" if event.detail else ""
         notify = event.state in (RunStatus.PAUSED, RunStatus.FINISHED, RunStatus.STOPPED) or (
             event.state == RunStatus.RUNNING and previous == RunStatus.PAUSED)
-        self.log("info", f"{text} at step {event.step}{detail}", event.step, notify=notify)
+        self.log(EntryLevel.INFO, f"{text} at step {event.step}{detail}", event.step, notify=notify)
 
     def _on_option_applied(self, event: protocol.OptionApplied) -> None:
         ours = self._answered(event.option, event.source)
@@ -315,15 +317,15 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, RunF
                 self.header_version += 1
         else:
             text = f"{event.option} = {shown} applied at step {event.step}"
-        self.log("applied", text, event.step, notify=True, ours=ours)
+        self.log(EntryLevel.APPLIED, text, event.step, notify=True, ours=ours)
 
     def _on_detached(self, event: protocol.Detached) -> None:
         if not self.detach_requested:  # history replayed on attach: an earlier app's detach
-            self.log("info", f"an earlier app detached at step {event.step}", event.step)
+            self.log(EntryLevel.INFO, f"an earlier app detached at step {event.step}", event.step)
             return
         self.detached = True
         self.detached_paused = self.state == RunStatus.PAUSED
-        self.log("applied", f"detached at step {event.step}: {self.after_detach}", event.step, notify=True)
+        self.log(EntryLevel.APPLIED, f"detached at step {event.step}: {self.after_detach}", event.step, notify=True)
 
     def _on_option_refused(self, event: protocol.OptionRefused) -> None:
         ours = self._answered(event.option, event.source)
@@ -333,28 +335,28 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, RunF
             self.profile_pending = False
             self.profiles_version += 1
         value = f" = {shown}" if event.value is not None or event.option in OPTION_NAMES else ""
-        self.log("refused", f"{event.option}{value} refused: {event.reason}", event.step, notify=True, ours=ours)
+        self.log(EntryLevel.REFUSED, f"{event.option}{value} refused: {event.reason}", event.step, notify=True, ours=ours)
 
     def _on_checkpoint(self, event: protocol.CheckpointSaved) -> None:
         self.checkpoint_step = event.step
         # The step is the line's own (its first column): the rest fits 80 columns.
         relaunch = event.reason in RELAUNCHED_BY
         why = f" ({event.reason.replace('_', '-')} change)" if relaunch else (f" ({event.reason})" if event.reason else "")
-        self.log("checkpoint", f"checkpoint saved{why}: {self.within_run(event.path)}", event.step,
+        self.log(EntryLevel.CHECKPOINT, f"checkpoint saved{why}: {self.within_run(event.path)}", event.step,
                  notify=event.reason == "requested")
         if relaunch:
             self._begin_relaunch(event.step, event.reason)
 
     def _on_log(self, event: protocol.Log) -> None:
-        level = event.level if event.level in ("warning", "error") else "info"
+        level = {LogLevel.WARNING: EntryLevel.WARNING, LogLevel.ERROR: EntryLevel.ERROR}.get(event.level, EntryLevel.INFO)
         step = int_or_none(event.step)
-        self.log(level, event.text, step, notify=level == "error")
+        self.log(level, event.text, step, notify=level == EntryLevel.ERROR)
 
     def _on_error(self, event: protocol.Error) -> None:
         self.failure = Failure(RunStatus.FAILED, event.message, event.traceback, event.step, event.checkpoint)
         self.failure_version += 1
         self._set_state(RunStatus.FAILED, event.message)
-        self.log("error", f"the run failed at step {event.step}: {event.message}", event.step, notify=True)
+        self.log(EntryLevel.ERROR, f"the run failed at step {event.step}: {event.message}", event.step, notify=True)
 
     def _on_nonfinite(self, event: protocol.NonFinite) -> None:
         where = f" in {event.module}" if event.module else ""
@@ -363,14 +365,14 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, RunF
         self.failure = Failure(RunStatus.NONFINITE, message, report, event.step)
         self.failure_version += 1
         self._set_state(RunStatus.FAILED, message)
-        self.log("error", message, event.step, notify=True)
+        self.log(EntryLevel.ERROR, message, event.step, notify=True)
 
     def _on_refused(self, event: protocol.Refused) -> None:
-        self.log("refused", f"the trainer refused a message: {event.reason}", notify=True)
+        self.log(EntryLevel.REFUSED, f"the trainer refused a message: {event.reason}", notify=True)
 
     def _set_state(self, state: str, detail: str) -> None:
         if state not in RUN_STATES:
-            self.log("warning", f"the trainer reported an unknown state {state!r}")
+            self.log(EntryLevel.WARNING, f"the trainer reported an unknown state {state!r}")
         if state in ENDED:  # the requests it had not answered never will be
             self._forget_requests()
         self.state = state
@@ -381,7 +383,7 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, RunF
 
     def _set_options(self, options: Any) -> None:
         if not isinstance(options, dict):
-            self.log("warning", f"ignored options that are not an object: {options!r}")
+            self.log(EntryLevel.WARNING, f"ignored options that are not an object: {options!r}")
             return
         self.options = dict(options)
         self.options_version += 1

@@ -14,6 +14,7 @@ from torchlab.core.analysis.trial_words import describe_trial, trial_label
 from torchlab.core.wire import protocol
 from torchlab.core.wire.events import communication_sentence
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, TelemetrySample
+from torchlab.tui.log_levels import EntryLevel
 
 if TYPE_CHECKING:
     from torchlab.tui.profiles import ProfileSnapshot
@@ -71,10 +72,10 @@ class Measurements:
         self.trials.append(event)
         self.impact_version += 1  # the impact view lists them
         first, *rest = describe_trial(event)
-        level = "warning" if event.error is not None or rest else "impact"
+        level = EntryLevel.WARNING if event.error is not None or rest else EntryLevel.IMPACT
         self.log(level, first, event.step, notify=True, toast=first)
         for line in rest:
-            self.log("warning", line.strip(), event.step)
+            self.log(EntryLevel.WARNING, line.strip(), event.step)
 
     def _on_memory(self, event: protocol.Memory) -> None:
         self.memory = event.breakdown
@@ -94,11 +95,11 @@ class Measurements:
         self.profile_pending = False
         self.profiles_version += 1
         if event.error:
-            self.log("warning", f"profile {snapshot.label} failed: {event.error} (P lists the snapshots)", event.last_step,
+            self.log(EntryLevel.WARNING, f"profile {snapshot.label} failed: {event.error} (P lists the snapshots)", event.last_step,
                      notify=True, toast=f"profile {snapshot.label} failed (P lists the snapshots)")
             return
         self.log(
-            "profile",
+            EntryLevel.PROFILE,
             f"profile {snapshot.label} ready: P opens the table · {self.within_run(event.dir)}/",
             event.last_step,
             notify=True,
@@ -118,5 +119,5 @@ class Measurements:
                 continue
             if last - first + 1 >= IMPACT_SETTLE_STEPS and (clear or segment.memory_change is not None):
                 self._impact_logged[key] = clear
-                self.log("impact", f"{segment.verdict} (steps {first}–{last}; i shows the impact table)", last,
+                self.log(EntryLevel.IMPACT, f"{segment.verdict} (steps {first}–{last}; i shows the impact table)", last,
                          notify=True, toast=segment.verdict)

@@ -29,6 +29,7 @@ from torchlab.core.wire.options import SPIKE_GUARD
 from torchlab.core.wire.typed_json import UnreadableValue
 from torchlab.tui.gradient_flags import flag_for
 from torchlab.tui.health_history import HealthHistory
+from torchlab.tui.log_levels import EntryLevel
 from torchlab.tui.thinning import Series
 from torchlab.tui.unchecked_numbers import all_finite_numbers, float_or_none, int_or_none, is_finite_number
 
@@ -128,7 +129,7 @@ class MetricsFolding:
             return
         changes = [change for step, change in zip(history.changed_at, history.changes) if step <= until]
         earlier = f"; option changes then: {', '.join(changes)}" if changes else ""
-        self.log("info", f"steps {min(taken):.0f}–{max(taken):.0f} of this run read from its metrics.jsonl{earlier}",
+        self.log(EntryLevel.INFO, f"steps {min(taken):.0f}–{max(taken):.0f} of this run read from its metrics.jsonl{earlier}",
                  int(max(taken)))
         self.metrics_version += 1
         self.named_series_version += 1
@@ -168,7 +169,7 @@ class MetricsFolding:
         is off (it let the batch through) and names the key that turns it on, where it will be seen."""
         self.mark_spikes([event.step])
         offered = event.action == LET_THROUGH
-        self.log("warning", describe(event).text, event.step, notify=offered,
+        self.log(EntryLevel.WARNING, describe(event).text, event.step, notify=offered,
                  toast=f"spike at step {event.step}: {SPIKE_GUARD.key} turns on the spike guard" if offered else None)
 
     def _forget_steps_after(self, step: int) -> None:
@@ -212,7 +213,7 @@ class MetricsFolding:
         try:
             self._take_last_row(protocol.Metrics(columns=columns).row(-1))
         except UnreadableValue as error:
-            self.log("warning", f"ignored the last row of a metrics batch: {error}", self.step)
+            self.log(EntryLevel.WARNING, f"ignored the last row of a metrics batch: {error}", self.step)
         self.metrics_version += 1
         self.header_version += 1
 
@@ -220,13 +221,13 @@ class MetricsFolding:
         """The batch's columns, or None (and a warning) when the protocol's open field does not hold columns of one
         length with a step column among them: a batch the app cannot line up is dropped whole."""
         if not isinstance(columns, dict) or not all(isinstance(values, list) for values in columns.values()):
-            self.log("warning", "ignored a metrics batch that is not columns of values")
+            self.log(EntryLevel.WARNING, "ignored a metrics batch that is not columns of values")
             return None
         if "step" not in columns:
-            self.log("warning", "ignored a metrics batch without a step column")
+            self.log(EntryLevel.WARNING, "ignored a metrics batch without a step column")
             return None
         if len(set(map(len, columns.values()))) > 1:
-            self.log("warning", f"ignored a metrics batch whose {len(columns)} columns differ in length")
+            self.log(EntryLevel.WARNING, f"ignored a metrics batch whose {len(columns)} columns differ in length")
             return None
         return columns
 
@@ -238,7 +239,7 @@ class MetricsFolding:
             return columns, steps
         checked = [int_or_none(step) for step in steps]
         if None in checked:
-            self.log("warning", f"ignored {checked.count(None)} metrics row(s) without a step")
+            self.log(EntryLevel.WARNING, f"ignored {checked.count(None)} metrics row(s) without a step")
             kept = [index for index, step in enumerate(checked) if step is not None]
             if not kept:
                 return columns, []
@@ -285,7 +286,7 @@ class MetricsFolding:
             return
         for step, was_skipped in zip(steps, skipped):
             if was_skipped is True:
-                self.log("warning", "optimizer step skipped (fp16 overflow: the scaler lowered its scale)", step)
+                self.log(EntryLevel.WARNING, "optimizer step skipped (fp16 overflow: the scaler lowered its scale)", step)
 
     def _take_last_row(self, row: MetricsRow) -> None:
         """The newest row: the run's clock, and the options in force, which catch changes no acknowledgement told
@@ -306,7 +307,7 @@ class MetricsFolding:
 
     def _on_grad_norms(self, event: protocol.GradNorms) -> None:
         if len(event.norms) != len(self.modules):
-            self.log("warning", f"gradient norms for {len(event.norms)} modules, but the trainer named {len(self.modules)}; ignored")
+            self.log(EntryLevel.WARNING, f"gradient norms for {len(event.norms)} modules, but the trainer named {len(self.modules)}; ignored")
             return
         ratios = event.ratios if isinstance(event.ratios, list) and len(event.ratios) == len(self.modules) else None
         for index, (module, value) in enumerate(zip(self.modules, event.norms)):

@@ -11,6 +11,7 @@ from torchlab.core.wire import protocol
 from torchlab.core.wire.options import RELAUNCHED_BY
 from torchlab.core.wire.payloads import RankProcess
 from torchlab.core.wire.run_status import RunStatus
+from torchlab.tui.log_levels import EntryLevel
 from torchlab.tui.stragglers import ComparedRank, flag_stragglers
 from torchlab.tui.unchecked_numbers import int_or_none
 
@@ -51,7 +52,7 @@ class RanksAndRelaunch:
         self._set_state(RunStatus.RELAUNCHING, change)
         self.ranks, self.ranks_step, self.rank_hosts = [], None, {}
         self.ranks_version += 1
-        self.log("info", f"relaunching{to} from the checkpoint of step {step}…",
+        self.log(EntryLevel.INFO, f"relaunching{to} from the checkpoint of step {step}…",
                  step, notify=True, toast=f"relaunching{to}…")
 
     def _relaunched(self, event: protocol.OptionApplied) -> None:

@@ -12,6 +12,7 @@ from collections import deque
 from typing import Any
 
 from torchlab.core.wire.options import AMP, OPTIONS_BY_NAME, PARALLEL, format_option_value
+from torchlab.tui.log_levels import EntryLevel
 
 
 class AppRequests:
@@ -44,12 +45,12 @@ class AppRequests:
         self.pending[option] = value
         self.options_version += 1
         if self.queued is not None:
-            self.log("info", f"{option} = {format_option_value(option, value)}: {self.queued}")
+            self.log(EntryLevel.INFO, f"{option} = {format_option_value(option, value)}: {self.queued}")
             return
         when = OPTIONS_BY_NAME[option].takes_effect
         if option == AMP.name and self.world_size > 1 and self.options.get(PARALLEL.name) == "fsdp":
             when = PARALLEL.takes_effect  # FSDP2's mixed precision is fixed while the ranks live
-        self.log("info", f"requested {option} = {format_option_value(option, value)} ({when})")
+        self.log(EntryLevel.INFO, f"requested {option} = {format_option_value(option, value)} ({when})")
 
     @property
     def queued(self) -> str | None:

@@ -125,7 +125,7 @@ class Instruments:
         if parts.device.type == "cuda":
             torch.cuda.empty_cache()
         copy = sum(param.numel() * param.element_size() for param in self.grad_probe.params)
-        parts.reporter.emit(p.Log(level="warning", step=step, text=(
+        parts.reporter.emit(p.Log(level=p.LogLevel.WARNING, step=step, text=(
             f"step {step}: the update probe's copy of the parameters ({format_bytes(copy)}) ran out of memory: update "
             "ratios, weight norms and Adam's moments are left out for the rest of this process (a resume measures "
             "them again); gradient norms go on")))

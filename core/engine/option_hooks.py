@@ -107,7 +107,7 @@ def enact_initial(parts: TrainingParts, options: LiveOptions) -> None:
         except OptionChangeError as refusal:
             raise ConfigError(f"{option.name} ({option.flag}) {option.format(value)}: {refusal}.") from None
         if option is PARALLEL and isinstance(outcome, str):  # fsdp in one process: taken, and nothing sharded yet
-            parts.reporter.emit(p.Log(level="info", text=f"{option.name}={option.format(value)}: {outcome}",
+            parts.reporter.emit(p.Log(level=p.LogLevel.INFO, text=f"{option.name}={option.format(value)}: {outcome}",
                                      step=parts.progress.step))
     parts.options = options
 

@@ -120,7 +120,7 @@ class Trainer:
     def _say_starting_values(self) -> None:
         if self.workload_settings:
             taken = ", ".join(f"{name} {format_option_value(name, value)}" for name, value in self.workload_settings.items())
-            self.reporter.emit(p.Log(level="info", text=f"the workload's own starting values: {taken}", step=0))
+            self.reporter.emit(p.Log(level=p.LogLevel.INFO, text=f"the workload's own starting values: {taken}", step=0))
 
     def _initial_options(self, config: TrainConfig, workload: Workload, resume_from: Path | None,
                          explicit: set[str]) -> LiveOptions:
@@ -135,7 +135,7 @@ class Trainer:
         initial = self.checkpoints.resume(resume_from, explicit)
         changed = changed_since_the_start(parts.config, initial, workload, explicit)
         if changed is not None:
-            self.reporter.emit(p.Log(level="warning", text=changed, step=parts.progress.step))
+            self.reporter.emit(p.Log(level=p.LogLevel.WARNING, text=changed, step=parts.progress.step))
         return initial
 
     def _compile_at_the_first_boundary(self, *, resumed: bool) -> None:

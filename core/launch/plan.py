@@ -52,7 +52,7 @@ from torchlab.core.safe_open import read_regular_text, who_else_may_write
 from torchlab.core.wire.events import RunStarted
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import LIVE_OPTIONS, OPTION_NAMES, format_option_value
-from torchlab.core.wire.protocol import Message
+from torchlab.core.wire.protocol import LogLevel, Message
 
 #: Settings whose change on a resume makes the run differ from one that was never stopped.
 BREAKS_EXACTNESS = ("workload", "seed", "batch_size", "lr", "weight_decay", "schedule", "warmup_steps", "optimizer")
@@ -99,7 +99,7 @@ class TrainingPlan:
         """What the supervisor reports as ``resume_changed_settings`` once the checkpoint has loaded."""
         if not self.changes:
             return None
-        level = "warning" if any(change.breaks_exactness for change in self.changes) else "info"
+        level = LogLevel.WARNING if any(change.breaks_exactness for change in self.changes) else LogLevel.INFO
         return {"changes": [change.as_dict() for change in self.changes], "message": self.describe_changes(), "level": level}
 
     def describe_changes(self) -> str:

@@ -236,7 +236,7 @@ class Worker:
             case p.TrainerCommand():
                 command = _from_the_client(command, client)
                 if not self._submit(command):
-                    self.outbox.add_event(p.Log(level="warning", text=f"{command.type}: the run ended before it trained; "
+                    self.outbox.add_event(p.Log(level=p.LogLevel.WARNING, text=f"{command.type}: the run ended before it trained; "
                                                                       f"nothing was applied"))
                 elif isinstance(command, p.StopCommand):
                     self._tell_stop_requested(command.reason)

@@ -17,7 +17,8 @@ from typing import ClassVar
 
 from torchlab.core.wire.options import SPIKE_GUARD, format_option_value
 from torchlab.core.wire.protocol import (
-    CheckpointSaved, Error, Log, Message, NonFinite, OptionApplied, OptionRefused, ProfileReady, TrialProgress, TrialResult,
+    CheckpointSaved, Error, Log, LogLevel, Message, NonFinite, OptionApplied, OptionRefused, ProfileReady, TrialProgress,
+    TrialResult,
 )
 from torchlab.core.wire.payloads import CommunicationShare
 from torchlab.core.wire.typed_json import JsonScalar
@@ -318,7 +319,7 @@ def describe(event: Message) -> Sentence | None:
         case ResumedFromCheckpoint():
             return Sentence(f"resumed from the checkpoint of step {event.step}")
         case ResumeChangedSettings():
-            return Sentence(event.message, warning=event.level == "warning")
+            return Sentence(event.message, warning=event.level == LogLevel.WARNING)
         case Paused():
             return Sentence("paused")
         case Resumed():
@@ -329,7 +330,7 @@ def describe(event: Message) -> Sentence | None:
             return Sentence(f"relaunching the {event.world_size} rank(s) with {event.option}={event.value} "
                             f"(was {event.previous})")
         case Log():
-            return Sentence(event.text, warning=event.level == "warning")
+            return Sentence(event.text, warning=event.level == LogLevel.WARNING)
         case StopRequested():
             return Sentence(f"{event.reason} (at the end of this step, with a final checkpoint)")
         case _:

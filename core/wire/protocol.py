@@ -28,6 +28,7 @@ what happens to anything else. It costs at most about 1 µs a message among the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, ClassVar
 
 from torchlab.core.errors import shown
@@ -45,7 +46,7 @@ __all__ = [
     "Hello", "TrainerCommand", "PauseCommand", "ResumeCommand", "StopCommand", "SetCommand", "TrialCommand",
     "ProfileCommand", "SaveCheckpointCommand", "DetachCommand", "trainer_command",
     "Welcome", "Replayed", "State", "Metrics", "GradNorms", "TrialResult", "TrialProgress", "Memory", "Telemetry",
-    "OptionApplied", "OptionRefused", "Detached", "CheckpointSaved", "Log", "Error", "NonFinite", "ProfileReady",
+    "OptionApplied", "OptionRefused", "Detached", "CheckpointSaved", "Log", "LogLevel", "Error", "NonFinite", "ProfileReady",
     "Impact", "Ranks", "Refused", "COMMANDS", "EVENTS",
 ]
 
@@ -390,9 +391,18 @@ class CheckpointSaved(Message):
     reason: str = ""
 
 
+class LogLevel(StrEnum):
+    """A ``Log`` line's level: information, a warning, or an error (a notice in the app)."""
+
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
 @dataclass(frozen=True)
 class Log(Message):
-    """A line for the app's event log: trainer.log output, warnings, notices."""
+    """A line for the app's event log: trainer.log output, warnings, notices. ``level``: a ``LogLevel`` (read as text:
+    a level this app does not know is shown as information)."""
 
     type: ClassVar[str] = "log"
     level: str

@@ -17,6 +17,7 @@ from textual.screen import ModalScreen
 from textual.timer import Timer
 
 from torchlab.tui.key_order import act_on_key
+from torchlab.tui.log_levels import EntryLevel
 from torchlab.tui.state import RunState
 from torchlab.tui.widgets.event_log import LEVEL_MARKS
 
@@ -97,7 +98,7 @@ class ViewScreen(OverlayScreen):
         else:
             self._subtitle_under_notice = frame.border_subtitle or ""
         mark, style = LEVEL_MARKS.get(level, ("·", ""))
-        frame.border_subtitle = Text.assemble((mark, style), " ", (text, style if level != "info" else ""))
+        frame.border_subtitle = Text.assemble((mark, style), " ", (text, style if level != EntryLevel.INFO else ""))
         self._notice_timer = self.set_timer(timeout, self._end_notice)
 
     def _end_notice(self) -> None:

@@ -15,19 +15,20 @@ from rich.text import Text
 from textual import events
 from textual.widgets import RichLog
 
+from torchlab.tui.log_levels import EntryLevel
 from torchlab.tui.state import LogEntry
 
 #: level -> (mark, style)
-LEVEL_MARKS = {
-    "info": ("·", "dim"),
-    "applied": ("✓", "bold green"),
-    "refused": ("✗", "bold red"),
-    "checkpoint": ("◆", "bold cyan"),
-    "warning": ("!", "bold yellow"),
-    "error": ("✖", "bold red"),
-    "trainer": ("│", "dim"),
-    "profile": ("◷", "bold magenta"),
-    "impact": ("Δ", "bold magenta"),
+LEVEL_MARKS: dict[EntryLevel, tuple[str, str]] = {
+    EntryLevel.INFO: ("·", "dim"),
+    EntryLevel.APPLIED: ("✓", "bold green"),
+    EntryLevel.REFUSED: ("✗", "bold red"),
+    EntryLevel.CHECKPOINT: ("◆", "bold cyan"),
+    EntryLevel.WARNING: ("!", "bold yellow"),
+    EntryLevel.ERROR: ("✖", "bold red"),
+    EntryLevel.TRAINER: ("│", "dim"),
+    EntryLevel.PROFILE: ("◷", "bold magenta"),
+    EntryLevel.IMPACT: ("Δ", "bold magenta"),
 }
 
 
@@ -53,7 +54,7 @@ class EventLog(RichLog):
         mark, style = LEVEL_MARKS.get(entry.level, ("·", ""))
         step = f"{entry.step:>6}" if entry.step is not None else " " * 6
         gutter = Text.assemble((step, "dim"), " ", (mark, style), " ")
-        body = Text(entry.text, style="dim" if entry.level == "trainer" else ("red" if entry.level == "error" else ""))
+        body = Text(entry.text, style="dim" if entry.level == EntryLevel.TRAINER else ("red" if entry.level == EntryLevel.ERROR else ""))
         shown = HangingEntry(gutter, body)
         self._entries.append(shown)
         self.write(shown)

@@ -62,7 +62,7 @@ from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import OPTION_NAMES, OptionChangeError, live_option
 from torchlab.core.wire.payloads import TelemetrySample
-from torchlab.core.wire.protocol import Error, Message, OptionApplied, StopCommand, TrainerCommand
+from torchlab.core.wire.protocol import Error, LogLevel, Message, OptionApplied, StopCommand, TrainerCommand
 from torchlab.core.wire.run_status import RunStatus
 
 
@@ -399,7 +399,7 @@ def _with_world_size_change(note: dict[str, Any] | None, resume: Path, world_siz
     change = {"setting": "world_size", "stored": saved, "value": world_size, "breaks_exactness": False}
     said = f"world_size {saved} → {world_size}"
     if note is None:
-        return {"changes": [change], "message": f"resumed with {said}", "level": "info"}
+        return {"changes": [change], "message": f"resumed with {said}", "level": LogLevel.INFO}
     return {**note, "changes": [*note["changes"], change], "message": f"{note['message']}; also {said}"}
 
 
