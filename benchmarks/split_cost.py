@@ -1,5 +1,5 @@
 """What the live option ``split`` costs and saves: a controlled trial of split=2 and split=4 on the sample models,
-the product's own instrument (interleaved arms on the same batches, timed until precise: README "Trials").
+the product's own instrument (interleaved arms on the same batches, timed until precise: docs/trials-and-impact.md).
 
     .venv/bin/python benchmarks/split_cost.py                 # resnet_small and tiny_gpt, K = 40, two tries each
 

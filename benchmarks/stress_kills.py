@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/stress_kills.py --kills 200 --seed 1      # ~15 minutes on a 2-core VM
 
-The README promises that a kill loses "never a row of a step a checkpoint holds": a resume from ``last.pt`` trains
+docs/run-files.md promises that a kill loses "never a row of a step a checkpoint holds": a resume from ``last.pt`` trains
 only the steps after it, so a row of a step up to it that is not in ``metrics.jsonl`` then is lost for good (issue
 46 saw seven lost once in 22 kills: ``last.pt`` at step 231, the rows ending at 224).
 

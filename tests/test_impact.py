@@ -150,7 +150,7 @@ def test_segments_appear_in_the_run_directory_after_an_at_change(tmp_path):
     assert main([TINY, "--headless", "--steps", "12", "--run-dir", str(tmp_path / "run"),
                  "--at", "5:clip=0.5", "--at", "9:accum=2", "--telemetry-interval", "0"]) == EXIT_OK
     table = json.loads((tmp_path / "run" / "impact.json").read_text())
-    assert list(table[0]) == [  # the format scripts read (README, "What a run leaves")
+    assert list(table[0]) == [  # the format scripts read (docs/run-files.md, "What a run leaves")
         "change", "options", "first_step", "last_step", "median_step_time_s", "step_time_low_s", "step_time_high_s",
         "median_samples_per_s", "median_data_wait_s", "peak_allocated_bytes", "nvml_run_bytes", "others_cpu_percent", "activations_bytes", "tensor_bytes",
         "loss_slope_per_100_steps",

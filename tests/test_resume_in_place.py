@@ -95,7 +95,7 @@ def test_a_resume_goes_on_where_it_is_told_or_in_its_run_and_a_checkpoint_from_e
     copied = tmp_path / "downloads" / "checkpoints"
     copied.mkdir(parents=True)
     shutil.copy(run / "checkpoints" / "last.pt", copied / "model.pt")
-    require_resume_in_place(copied / "model.pt", None)  # in no run: a new folder, as the README says
+    require_resume_in_place(copied / "model.pt", None)  # in no run: a new folder, as docs/run-files.md says
 
 
 def _refusal(resume: Path) -> int:

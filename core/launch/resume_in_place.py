@@ -40,7 +40,7 @@ _WHY_REGULAR_ONLY_ELSE = "torchlab reads only regular files in a run (a FIFO or 
 def require_resume_in_place(resume: Path | None, run_dir: Path | None) -> None:
     """ConfigError, one paragraph, where ``--resume resume`` names a run that cannot be continued in its own
     directory; nothing where it can, where ``--run-dir`` says where to train, or where ``resume`` is no run's
-    (a checkpoint from elsewhere trains in a new folder, as the README says)."""
+    (a checkpoint from elsewhere trains in a new folder, as docs/run-files.md says)."""
     if resume is None or run_dir is not None:
         return
     resume = Path(resume)

@@ -12,7 +12,7 @@ each option with the hook registered for that name (core/engine/option_hooks.py,
 what *this* run cannot do (fp16 without CUDA, checkpointing of a model without blocks).
 
 Adding an option: one ``LiveOption`` here, appended to ``LIVE_OPTIONS``, and its enact hook in
-core/engine/option_hooks.py (the README's "Adding a live option").
+core/engine/option_hooks.py (docs/options.md, "Adding a live option").
 """
 
 from __future__ import annotations

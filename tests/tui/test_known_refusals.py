@@ -115,7 +115,7 @@ async def test_a_viewers_footer_shows_only_the_keys_that_work_for_a_viewer() -> 
         assert not {"toggle_pause", "save_checkpoint"} & shown
         assert not any(action.startswith("change_option") for action in shown)
         # Each key that would change the run is refused on the spot, in one line saying the view is read-only
-        # (the README's promise; they used to pass in silence), and nothing is sent, no prompt opens.
+        # (the manual's promise; they used to pass in silence), and nothing is sent, no prompt opens.
         keys = {"a": "amp", "c": "checkpointing", "g": "clip", "m": "accum", "space": "pause", "s": "save",
                 "p": "profile", "T": "trial", "d": "detach"}
         await pilot.press(*keys)

@@ -4,7 +4,7 @@ A factory may return a ``lightning.pytorch.LightningModule`` (or ``pytorch_light
 the ``LightningDataModule`` that feeds it. Nothing here imports Lightning: an object is one where Lightning is
 already loaded (the user's file imported it) and it is an instance of its class.
 
-What maps to what (the README's table says it for users):
+What maps to what (docs/workloads.md's table says it for users):
 
 - ``training_step(batch, batch_idx)`` is the loss: a tensor, or a mapping with ``"loss"``. It runs inside the model's
   own forward, as Lightning's strategies run it (``_LightningModuleWrapperBase``): the engine calls the model, so

@@ -4,7 +4,7 @@ A factory may return a ``transformers.Trainer`` (or a subclass: ``Seq2SeqTrainer
 for ``trainer.train()`` but not started. Nothing here imports transformers: an object is one where the user's code
 imported its Trainer already and it is an instance of that class.
 
-What maps to what (the README's table says it for users):
+What maps to what (docs/workloads.md's table says it for users):
 
 - The model is ``trainer.model``; its configs' ``use_cache`` (the model's, and a part's own copy, as a T5's decoder
   holds) are set False, as transformers does when it checkpoints activations: a key/value cache filled in a training
