@@ -48,9 +48,9 @@ from torchlab.core.engine.measure.step_report import StepReport, metrics_row
 from torchlab.core.engine.measure.telemetry import TelemetrySampler
 from torchlab.core.engine.step import OptimizerStep
 from torchlab.core.engine.trials import Trials
-from torchlab.core.engine.adapters.workload_settings import changed_since_the_start, starting_configuration
 from torchlab.core.errors import ConfigError, NonFiniteError, StorageError, WorkloadError
 from torchlab.core.records.config import TrainConfig
+from torchlab.core.records.starting_values import changed_since_the_start, starting_configuration
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import HELD_BACK, RunEnded, RunStarted, StepSkipped
 from torchlab.core.wire.metrics_row import MetricsRow
@@ -92,7 +92,7 @@ class Trainer:
         #: the workload's own starting values this run took (a new run's; a resumed one keeps its configuration's)
         self.workload_settings: dict[str, Any] = {}
         if resume_from is None:
-            config, self.workload_settings = starting_configuration(config, workload, explicit)
+            config, self.workload_settings = starting_configuration(config, workload.settings, explicit)
         self.parts = parts = TrainingParts.build(config, workload, ranks, can_relaunch and checkpoint_dir is not None,
                                                  self.reporter)
         self._say_starting_values()
@@ -133,7 +133,7 @@ class Trainer:
                 seed_rank(config.seed, 0, parts.world.rank)
             return config.options
         initial = self.checkpoints.resume(resume_from, explicit)
-        changed = changed_since_the_start(parts.config, initial, workload, explicit)
+        changed = changed_since_the_start(parts.config, initial, workload.settings, explicit)
         if changed is not None:
             self.reporter.emit(p.Log(level=p.LogLevel.WARNING, text=changed, step=parts.progress.step))
         return initial

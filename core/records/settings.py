@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from torchlab.core.errors import ConfigError, shown
-from torchlab.core.wire.options import MAX_STEPS, STEPS, Bounds, OptionChangeError
+from torchlab.core.wire.options import MAX_STEPS, STEPS, Bounds, OptionChangeError, written_limit
 from torchlab.core.wire.protocol import DEFAULT_PROFILE_STEPS
 
 #: The heading of ``torchlab-tui --help`` a setting's flag is listed under: "run" beside ``--run-dir`` at the top,
@@ -189,14 +189,14 @@ MAX_BATCH_SIZE = 2**24
 SCHEDULES = ("constant", "cosine", "onecycle")
 
 #: A cadence of steps (evaluations, activation statistics): every N steps, or 0 for never.
-EVERY_FEW_STEPS = Bounds(whole=True, minimum=1, maximum=MAX_STEPS, off=0, must_be="a whole number of steps from 1 to 10^9, or 0 (off)")
+EVERY_FEW_STEPS = Bounds(whole=True, minimum=1, maximum=MAX_STEPS, off=0, wording="a whole number of steps from {minimum} to {maximum}, or 0 (off)")
 #: A cadence the run can also choose itself ("auto"): core/engine/measure/probes.py, state/checkpoint.py, measure/memory.py.
 AUTO_CADENCE = Bounds(whole=True, minimum=1, maximum=MAX_STEPS, off=0, auto=True,
-                      must_be="a whole number of steps from 1 to 10^9, 0 (off) or auto")
+                      wording="a whole number of steps from {minimum} to {maximum}, 0 (off) or auto")
 #: One optimizer step, as ``--at``, ``--trial`` and ``--profile-at`` name it.
-OPTIMIZER_STEP = Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="an optimizer step from 1 to 10^9")
+OPTIMIZER_STEP = Bounds(whole=True, minimum=1, maximum=MAX_STEPS, wording="an optimizer step from {minimum} to {maximum}")
 #: The steps of each arm of a trial: ``--trial-steps``, and a trial typed in the app (core/analysis/trial_words.py).
-TRIAL_STEPS = Bounds(whole=True, minimum=1, maximum=MAX_TRIAL_STEPS, must_be=f"a whole number from 1 to {MAX_TRIAL_STEPS} (steps an arm)")
+TRIAL_STEPS = Bounds(whole=True, minimum=1, maximum=MAX_TRIAL_STEPS, wording="a whole number from {minimum} to {maximum} (steps an arm)")
 
 
 def _is_device(name: str) -> bool:
@@ -218,13 +218,13 @@ STEPS_SETTING = NumberSetting(
 )
 BATCH_SIZE = NumberSetting(
     name="batch_size", default=None,
-    bounds=Bounds(whole=True, minimum=1, maximum=MAX_BATCH_SIZE, must_be=f"a whole number from 1 to {MAX_BATCH_SIZE}"),
+    bounds=Bounds(whole=True, minimum=1, maximum=MAX_BATCH_SIZE, wording="a whole number from {minimum} to {maximum}"),
     group="training", help="per-step micro-batch size", default_means="the workload's, else 32",
 )
 SEED = NumberSetting(
     name="seed", default=0,
     bounds=Bounds(whole=True, minimum=0, maximum=MAX_SEED,
-                  must_be=f"a whole number from 0 to {MAX_SEED} (NumPy's seeds are 32-bit)"),
+                  wording="a whole number from {minimum} to {maximum} (NumPy's seeds are 32-bit)"),
     group="training", help="random seed",
 )
 DEVICE = TextSetting(
@@ -236,12 +236,12 @@ OPTIMIZER = ChoiceSetting(name="optimizer", default="adamw", choices=OPTIMIZERS,
 LR = NumberSetting(
     name="lr", default=1e-3,
     # No maximum: an LR too large shows itself at once, as a non-finite loss the guard names.
-    bounds=Bounds(minimum=0, above=True, must_be="a positive number"),
+    bounds=Bounds(minimum=0, above=True, wording="a positive number"),
     group="training", metavar="LR", help="peak learning rate",
 )
 WEIGHT_DECAY = NumberSetting(
     name="weight_decay", default=0.01,
-    bounds=Bounds(minimum=0, must_be="a number ≥ 0"),
+    bounds=Bounds(minimum=0, wording="a number ≥ {minimum}"),
     group="training", metavar="WD", help="AdamW/SGD weight decay on matrices",
 )
 SCHEDULE = ChoiceSetting(
@@ -252,7 +252,7 @@ WARMUP_STEPS = NumberSetting(
     name="warmup_steps", default=None,
     # Not bounded by ``steps``: a live or resumed shortening of the run keeps the warm-up where it was
     # (core/engine/option_hooks.py, core/launch/plan.py), so it may outlast a run cut short.
-    bounds=Bounds(whole=True, minimum=0, maximum=MAX_STEPS, must_be="a whole number of steps from 0 to 10^9"),
+    bounds=Bounds(whole=True, minimum=0, maximum=MAX_STEPS, wording="a whole number of steps from {minimum} to {maximum}"),
     group="training", help="cosine warmup", default_means="5% of steps",  # TrainConfig.resolved_warmup_steps
 )
 EVAL_EVERY = NumberSetting(
@@ -261,13 +261,13 @@ EVAL_EVERY = NumberSetting(
 )
 EVAL_BATCHES = NumberSetting(
     name="eval_batches", default=20,
-    bounds=Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="a whole number from 1 to 10^9"),
+    bounds=Bounds(whole=True, minimum=1, maximum=MAX_STEPS, wording="a whole number from {minimum} to {maximum}"),
     group="training", help="validation batches per evaluation",
 )
 CHECKPOINT_EVERY = NumberSetting(  # see core/engine/state/checkpoint.py's CheckpointCadence
     name="checkpoint_every", default="auto",
     bounds=Bounds(whole=True, minimum=1, maximum=MAX_STEPS, off=0, auto=True,
-                  must_be="a whole number of steps from 1 to 10^9, 0 (only at the end) or auto"),
+                  wording="a whole number of steps from {minimum} to {maximum}, 0 (only at the end) or auto"),
     group="training", metavar="N|auto",
     help="checkpoint every N steps, 0 = only at the end, auto = every 100th step once a minute has passed and within "
          "1% of the time",
@@ -275,7 +275,7 @@ CHECKPOINT_EVERY = NumberSetting(  # see core/engine/state/checkpoint.py's Check
 KEEP_CHECKPOINTS = NumberSetting(
     name="keep_checkpoints", default=3,
     bounds=Bounds(whole=True, minimum=1, maximum=MAX_KEPT_CHECKPOINTS,
-                  must_be=f"a whole number from 1 to {MAX_KEPT_CHECKPOINTS}"),
+                  wording="a whole number from {minimum} to {maximum}"),
     group="training", help="step checkpoints kept besides last.pt",
 )
 #: False: a new run directory is 0700 and its files 0600, whatever the umask (the checkpoints are the
@@ -307,19 +307,19 @@ TRIAL_STEPS_SETTING = NumberSetting(
 )
 SPIKE_THRESHOLD = NumberSetting(
     name="spike_threshold", default=6.0,
-    bounds=Bounds(minimum=1, maximum=1000, must_be="a number of robust deviations from 1 to 1000"),
+    bounds=Bounds(minimum=1, maximum=1000, wording="a number of robust deviations from {minimum} to {maximum}"),
     group="live", metavar="Z",
     help="the spike guard's threshold: a step whose loss or grad norm is more than Z robust deviations (1.4826 x the "
          "median absolute deviation) above the median of the last --spike-window steps is a spike",
 )
 SPIKE_WINDOW = NumberSetting(
     name="spike_window", default=50,
-    bounds=Bounds(whole=True, minimum=20, maximum=10_000, must_be="a whole number of steps from 20 to 10000"),
+    bounds=Bounds(whole=True, minimum=20, maximum=10_000, wording="a whole number of steps from {minimum} to {maximum}"),
     group="live", metavar="N", help="the recent steps the spike guard judges a step against",
 )
 LOG_EVERY = NumberSetting(
     name="log_every", default=1,
-    bounds=Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="a whole number of steps from 1 to 10^9"),
+    bounds=Bounds(whole=True, minimum=1, maximum=MAX_STEPS, wording="a whole number of steps from {minimum} to {maximum}"),
     group="probes", help="report metrics every N steps",
 )
 PROBE_EVERY = NumberSetting(
@@ -336,18 +336,18 @@ MEMORY_EVERY = NumberSetting(  # see core/engine/measure/memory.py's MemoryCaden
     help="memory by kind (saved activations, per module) every N steps, 0 = off, auto = at most once a second",
 )
 PROFILE_AT = StepsSetting(  # the optimizer steps at which a profiler snapshot starts
-    name="profile_at", default=(), bounds=OPTIMIZER_STEP, must_be="optimizer steps from 1 to 10^9",
+    name="profile_at", default=(), bounds=OPTIMIZER_STEP, must_be=f"optimizer steps from {written_limit(OPTIMIZER_STEP.minimum)} to {written_limit(OPTIMIZER_STEP.maximum)}",
     group="probes", help="profile from optimizer step STEP (repeatable)",
 )
 PROFILE_STEPS = NumberSetting(
     name="profile_steps", default=DEFAULT_PROFILE_STEPS,
-    bounds=Bounds(whole=True, minimum=1, maximum=MAX_PROFILE_STEPS, must_be=f"a whole number from 1 to {MAX_PROFILE_STEPS}"),
+    bounds=Bounds(whole=True, minimum=1, maximum=MAX_PROFILE_STEPS, wording="a whole number from {minimum} to {maximum}"),
     group="probes", help="steps a profiler snapshot records, after 1 warm-up",
 )
 TELEMETRY_INTERVAL = NumberSetting(
     name="telemetry_interval", default=1.0,
     bounds=Bounds(minimum=MIN_TELEMETRY_INTERVAL_S, maximum=MAX_TELEMETRY_INTERVAL_S, off=0.0,
-                  must_be=f"0 (off) or a number of seconds from {MIN_TELEMETRY_INTERVAL_S:g} to {MAX_TELEMETRY_INTERVAL_S:g}"),
+                  wording="0 (off) or a number of seconds from {minimum} to {maximum}"),
     group="probes", metavar="SECONDS", help="GPU/host sampling period, 0 = off",
 )
 

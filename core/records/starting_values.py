@@ -1,6 +1,7 @@
 """A workload's own starting values (``Workload.settings``: a transformers Trainer's TrainingArguments) taken into a
-run's configuration in the place of the defaults, never of what the user gave. Torch-free: the trainer takes them
-(core/engine/adapters/workload_settings.py) and the launcher writes the configuration they make (core/launch/plan.py
+run's configuration in the place of the defaults, never of what the user gave; and, for a resumed run, which keeps
+its own, what the workload's code now says otherwise. Torch-free: the trainer takes them (``starting_configuration``,
+``changed_since_the_start``) and the launcher writes the configuration they make (core/launch/plan.py
 ``ConfigRecord``) with the same function.
 """
 
@@ -13,7 +14,7 @@ from typing import Any
 from torchlab.core.errors import ConfigError, WorkloadError, shown
 from torchlab.core.records.config import TrainConfig, suggestion
 from torchlab.core.records.settings import SETTINGS
-from torchlab.core.wire.options import OPTIONS_BY_NAME, OptionChangeError, parse_option_value
+from torchlab.core.wire.options import OPTIONS_BY_NAME, LiveOptions, OptionChangeError, format_option_value, parse_option_value
 
 #: What ``Workload.settings`` may not set, and why: each is decided before the workload's code runs.
 NOT_THE_WORKLOADS = {
@@ -65,3 +66,41 @@ def with_workload_settings(config: TrainConfig, settings: Mapping[str, Any], exp
 def value_of(config: TrainConfig, name: str) -> Any:
     """A setting's value (``steps`` is one), or a live option's."""
     return getattr(config, name) if name in _SETTING_NAMES else getattr(config.options, name)
+
+
+def starting_configuration(config: TrainConfig, settings: Mapping[str, Any] | None,
+                           explicit: set[str]) -> tuple[TrainConfig, dict[str, Any]]:
+    """The configuration a new run trains with, and the workload's values (``settings``) it took, by name. Every rank
+    takes the same, from the same code, so the ranks a supervisor starts and those torchrun starts agree untold."""
+    if not settings:
+        return config, {}
+    return with_workload_settings(config, settings, explicit, f"workload {config.workload}")
+
+
+def changed_since_the_start(config: TrainConfig, options: LiveOptions, settings: Mapping[str, Any] | None,
+                            explicit: set[str]) -> str | None:
+    """For a resumed run, which keeps its own values (config.toml and its checkpoint hold them; a relaunch for a new
+    world size resumes too): the workload's own (``settings``) that differ from the run's (its configuration, the
+    options it resumed with), as one line that says the run keeps its own and how to take the workload's; None where
+    none differ. A user who edited TrainingArguments and resumed would otherwise believe the edit took. The user's
+    explicit values are the run's by choice: not compared."""
+    if not settings:
+        return None
+    current = replace(config, options=options)
+    _, differ = with_workload_settings(current, settings, explicit, f"workload {config.workload}")
+    if not differ:
+        return None
+    said = ", ".join(f"{name} {_shown(name, theirs)} (the run's: {_shown(name, value_of(current, name))})"
+                     for name, theirs in differ.items())
+    flags = " ".join(word for name, theirs in differ.items() for word in _flag(name, theirs))
+    return (f"the workload's own starting values differ from the run's: {said}. A resume keeps the run's; to take the "
+            f"workload's, resume with {flags}")
+
+
+def _flag(name: str, value: Any) -> list[str]:
+    option = OPTIONS_BY_NAME.get(name)
+    return option.flag_arguments(value) if option is not None else [f"--{name.replace('_', '-')}", str(value)]
+
+
+def _shown(name: str, value: Any) -> str:
+    return format_option_value(name, value) if name in OPTIONS_BY_NAME else str(value)

@@ -62,6 +62,15 @@ NOT_OFF: Any = _NotOff()
 MAX_STEPS = 10**9
 
 
+def written_limit(number: float) -> str:
+    """A limit as a refusal writes it: ``4096``, ``0.1``, and a large power of ten as ``10^9``."""
+    if math.isinf(number):
+        return "∞"
+    if number >= 10**6 and number == int(number) and str(int(number)).rstrip("0") == "1":
+        return f"10^{len(str(int(number))) - 1}"
+    return f"{number:g}" if isinstance(number, float) and not number.is_integer() else str(int(number))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Bounds:
     """What a number accepts: the one definition a flag, a TOML file, ``--at``, a prompt and a protocol message
@@ -72,14 +81,20 @@ class Bounds:
     clipping), eval_every's 0. 0 means off wherever a number can be off, so it never means off in one place and
     "too small" in another. ``auto``: the word "auto" is a value too, kept as it is (a cadence the run picks)."""
 
-    #: what a value must be, for refusals: the range, and what 0 or auto mean
-    must_be: str
+    #: what a value must be, for refusals: the range (``{minimum}`` and ``{maximum}``, filled in from the numbers, so
+    #: that a limit is written once), and what 0 or auto mean
+    wording: str
     whole: bool = False
     minimum: float = 0  #: the smallest value (``above``: values must exceed it)
     above: bool = False
     maximum: float = math.inf
     off: Any = NOT_OFF
     auto: bool = False
+
+    @property
+    def must_be(self) -> str:
+        """What a value must be, in words: "a whole number from 1 to 4096"."""
+        return self.wording.format(minimum=written_limit(self.minimum), maximum=written_limit(self.maximum))
 
     @property
     def can_be_off(self) -> bool:
@@ -315,7 +330,7 @@ CHECKPOINTING = Blocks(
 )
 CLIP = Number(
     name="clip", default=None,
-    bounds=Bounds(minimum=0, above=True, off=None, must_be="a positive max grad norm, or 0 or off for no clipping"),
+    bounds=Bounds(minimum=0, above=True, off=None, wording="a positive max grad norm, or 0 or off for no clipping"),
     label="clip norm", short="clip", key="g", footer="Clip", metavar="NORM|off",
     help="Set the max gradient norm to clip to (0 or empty = off)",
     prompt="Clip gradients to a max global norm", hint="a positive number, e.g. 1.0; 0 or off: no clipping",
@@ -323,7 +338,7 @@ CLIP = Number(
 )
 ACCUM = Number(
     name="accum", default=1,
-    bounds=Bounds(whole=True, minimum=1, maximum=4096, must_be="a whole number from 1 to 4096"),
+    bounds=Bounds(whole=True, minimum=1, maximum=4096, wording="a whole number from {minimum} to {maximum}"),
     label="accumulation", short="accum", key="m", footer="Accum", metavar="N",
     help="Set gradient accumulation steps",
     prompt="Gradient accumulation steps", hint="a whole number from 1 to 4096; the batch per optimizer step grows with it",
@@ -331,7 +346,7 @@ ACCUM = Number(
 )
 SPLIT = Number(
     name="split", default=1,
-    bounds=Bounds(whole=True, minimum=1, maximum=4096, must_be="a whole number of pieces from 1 to 4096"),
+    bounds=Bounds(whole=True, minimum=1, maximum=4096, wording="a whole number of pieces from {minimum} to {maximum}"),
     label="batch split", short="split", key="k", footer="Split", metavar="N", in_footer=False,
     help="Split each batch into pieces run in turn: less memory, the same gradient",
     prompt="Split each batch into pieces", hint="a whole number from 1; each piece's activations alone are alive at once, "
@@ -357,14 +372,14 @@ SPIKE_GUARD = Choice(
 )
 LR_SCALE = Number(
     name="lr_scale", default=1.0,
-    bounds=Bounds(minimum=0, above=True, maximum=1000, must_be="a factor above 0 and at most 1000"),
+    bounds=Bounds(minimum=0, above=True, maximum=1000, wording="a factor above {minimum} and at most {maximum}"),
     label="lr scale", short="lr×", key="l", footer="LR×", metavar="X",
     help="Set the learning-rate scale (multiplies the schedule)",
     prompt="Learning-rate scale", hint="a factor above 0 that multiplies the schedule, e.g. 0.5",
     flag_help="multiply the schedule's LR (default 1)",
 )
 WORLD_SIZE = Number(
-    name="world_size", default=1, bounds=Bounds(whole=True, minimum=1, maximum=1024, must_be="a whole number from 1 to 1024"),
+    name="world_size", default=1, bounds=Bounds(whole=True, minimum=1, maximum=1024, wording="a whole number from {minimum} to {maximum}"),
     label="world size", short="ws", key="w", footer="World", metavar="N", in_footer=False,
     help="Set the number of training processes",
     prompt="World size", hint="the number of training processes (ranks), from 1; the trainer checkpoints and relaunches them",
@@ -382,7 +397,7 @@ PARALLEL = Choice(
 )
 
 STEPS = Number(
-    name="steps", default=200, bounds=Bounds(whole=True, minimum=1, maximum=MAX_STEPS, must_be="a whole number of steps from 1 to 10^9"),
+    name="steps", default=200, bounds=Bounds(whole=True, minimum=1, maximum=MAX_STEPS, wording="a whole number of steps from {minimum} to {maximum}"),
     label="steps", short="steps", key="e", footer="Steps", metavar="N", in_footer=False,
     help="Set the step the run ends at: extend or shorten it while it trains",
     prompt="Train to step", hint="the step to end at, not below the current one; torchlab's LR schedules go on without a jump, "
@@ -401,7 +416,7 @@ COMPILE = Switch(
 WORKERS = Number(
     name="workers", default=0,
     bounds=Bounds(whole=True, minimum=0, maximum=max_workers(),
-                  must_be=f"a whole number from 0 (load in the training process) to {max_workers()} on this machine "
+                  wording="a whole number from {minimum} (load in the training process) to {maximum} on this machine "
                           f"({usable_cpus()} usable CPU cores; more workers than cores only compete)"),
     label="data workers", short="workers", key="W", footer="Workers", metavar="N", in_footer=False,
     help="Set the number of DataLoader worker processes",
