@@ -22,7 +22,7 @@ name none. The refusal is one paragraph that names the workload, says why it is 
 command to run it if the user trusts it. A workload given for a checkpoint must have the checkpoint's model
 (the trainer compares parameter names and shapes, core/engine/state/checkpoint_contents.py ``check_model_fits``).
 
-An override that makes the resumed run differ from one that was never stopped (``BREAKS_EXACTNESS``)
+An override that makes the resumed run differ from one that was never stopped (core/records/resume_changes.py)
 is said in one warning line, on the CLI, in the app and in ``events.jsonl``; the run goes on. A larger
 ``--steps`` extends the run: the LR schedule re-plans its decay from the checkpoint's step
 (core/engine/schedule.py), with no jump at the boundary.
@@ -46,42 +46,21 @@ from torchlab.core.errors import ConfigError
 from torchlab.core.launch.resume_in_place import require_resume_in_place
 from torchlab.core.launch.arguments import explicit_names, resolve_config, setting_layers, workload_origin
 from torchlab.core.records.config import FromWorkload, TrainConfig, build_config, settings_from_toml
+from torchlab.core.records.resume_changes import SettingChange, resume_note
 from torchlab.core.records.starting_values import with_workload_settings
 from torchlab.core.records.rundir import RunDirectory
 from torchlab.core.safe_open import read_regular_text, who_else_may_write
 from torchlab.core.wire.events import RunStarted
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import LIVE_OPTIONS, OPTION_NAMES, format_option_value
-from torchlab.core.wire.protocol import LogLevel, Message
+from torchlab.core.wire.options import LIVE_OPTIONS
+from torchlab.core.wire.protocol import Message
 
-#: Settings whose change on a resume makes the run differ from one that was never stopped.
-BREAKS_EXACTNESS = ("workload", "seed", "batch_size", "lr", "weight_decay", "schedule", "warmup_steps", "optimizer")
 #: Derived from other settings, or the record of a change rather than a setting of its own.
 #: Not settings of the training: options are compared at the checkpoint's step; shared_run_dir concerns
 #: only a new run directory (an existing one keeps its modes), so a resume does not change it.
 _NOT_COMPARED = ("options", "schedule_extensions", "shared_run_dir")
 #: The live options that are not also a setting (``steps`` is compared as a setting).
 _LIVE_ONLY = frozenset(option.name for option in LIVE_OPTIONS if not option.setting)
-
-
-@dataclass(frozen=True)
-class SettingChange:
-    """A setting whose value on this resume differs from the checkpoint's."""
-
-    setting: str
-    stored: Any
-    value: Any
-
-    @property
-    def breaks_exactness(self) -> bool:
-        return self.setting in BREAKS_EXACTNESS
-
-    def describe(self) -> str:
-        return f"{self.setting} {_shown(self.setting, self.stored)} → {_shown(self.setting, self.value)}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"setting": self.setting, "stored": _jsonable(self.stored), "value": _jsonable(self.value),
-                "breaks_exactness": self.breaks_exactness}
 
 
 @dataclass(frozen=True)
@@ -96,20 +75,8 @@ class TrainingPlan:
     workload_origin: str | None = None  # what was typed where, when the workload is recorded otherwise (a comment)
 
     def resume_note(self) -> dict[str, Any] | None:
-        """What the supervisor reports as ``resume_changed_settings`` once the checkpoint has loaded."""
-        if not self.changes:
-            return None
-        level = LogLevel.WARNING if any(change.breaks_exactness for change in self.changes) else LogLevel.INFO
-        return {"changes": [change.as_dict() for change in self.changes], "message": self.describe_changes(), "level": level}
-
-    def describe_changes(self) -> str:
-        """One line for the user: the overrides that break exactness as a warning, or the others plainly."""
-        breaking = [change.describe() for change in self.changes if change.breaks_exactness]
-        others = [change.describe() for change in self.changes if not change.breaks_exactness]
-        if breaking:
-            text = f"resumed with {_and(breaking)}: from here on the run differs from one that was never stopped"
-            return text + (f"; also {_and(others)}" if others else "")
-        return f"resumed with {_and(others)}"
+        """What this resume changed, as the run journals it (``resume_changed_settings``); None where nothing did."""
+        return resume_note(self.changes)
 
 
 def plan_training(args: argparse.Namespace) -> TrainingPlan:
@@ -232,21 +199,3 @@ class ConfigRecord(TrainerObserver):
 
 def _comparable(config: TrainConfig, name: str) -> Any:
     return config.resolved_warmup_steps if name == "warmup_steps" else getattr(config, name)
-
-
-def _shown(setting: str, value: Any) -> str:
-    if setting in OPTION_NAMES:
-        return format_option_value(setting, value)
-    if isinstance(value, tuple):
-        return "[" + ", ".join(str(item) for item in value) + "]"
-    return "default" if value is None else str(value)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_jsonable(item) for item in value]
-    return value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
-
-
-def _and(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

@@ -56,13 +56,14 @@ from torchlab.core.engine.ranks.launcher import TERMINATE_GRACE_S, private_rank_
 from torchlab.core.engine.trainer import Trainer
 from torchlab.core.errors import ConfigError, StorageError, WorkloadError
 from torchlab.core.records.config import TrainConfig, config_from_toml
+from torchlab.core.records.resume_changes import SettingChange, resume_note
 from torchlab.core.records.storage import make_folder, write_atomically
 from torchlab.core.wire.events import Relaunching, ResumeChangedSettings, ResumedFromCheckpoint, RunStarted
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.options import OPTION_NAMES, OptionChangeError, live_option
 from torchlab.core.wire.payloads import TelemetrySample
-from torchlab.core.wire.protocol import Error, LogLevel, Message, OptionApplied, StopCommand, TrainerCommand
+from torchlab.core.wire.protocol import Error, Message, OptionApplied, StopCommand, TrainerCommand
 from torchlab.core.wire.run_status import RunStatus
 
 
@@ -396,11 +397,8 @@ def _with_world_size_change(note: dict[str, Any] | None, resume: Path, world_siz
         return note
     if saved is None or saved == world_size:
         return note
-    change = {"setting": "world_size", "stored": saved, "value": world_size, "breaks_exactness": False}
-    said = f"world_size {saved} → {world_size}"
-    if note is None:
-        return {"changes": [change], "message": f"resumed with {said}", "level": LogLevel.INFO}
-    return {**note, "changes": [*note["changes"], change], "message": f"{note['message']}; also {said}"}
+    changes = [SettingChange.of_record(change) for change in note["changes"]] if note is not None else []
+    return resume_note([*changes, SettingChange("world_size", saved, world_size)])
 
 
 def configuration_at(checkpoint: Path, config: TrainConfig) -> TrainConfig:
