@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "tests" / "tui"), str(Path(__file__).resolve().parent.parent / "tests")]
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "tests" / "helpers")]
 
 from fake_link import FakeLink, quiet_app, record, training_events  # noqa: E402
 

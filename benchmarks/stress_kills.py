@@ -24,7 +24,7 @@ a kill before the first checkpoint, which leaves nothing to resume) a new run st
 checked (the sum of S over the kills), the rows lost, and each finding.
 
 World size 1 only (the headless path every single-process run takes, the app's too); with ranks the supervisor
-writes the rows rank 0 sends, and tests/test_rows_before_checkpoint.py checks that rank 0 waits for them.
+writes the rows rank 0 sends, and tests/engine/test_rows_before_checkpoint.py checks that rank 0 waits for them.
 """
 
 from __future__ import annotations

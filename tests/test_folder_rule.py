@@ -5,7 +5,7 @@ Training's ``--tensorboard`` wrote its event file into another user's world-writ
 refused; ``export --tensorboard DIR/sub`` wrote under another user's folder that could swap ``sub``; ``--force``
 replaced a FIFO with a file; a 300-byte name was a traceback; a full disk under ``export --tensorboard`` was a
 traceback from TensorBoard's thread and an empty folder left behind. The tests with another real user need
-root and useradd (the ``attacker`` of tests/test_run_dir_trust.py) and skip without them.
+root and useradd (the ``attacker`` of tests/helpers/second_user.py) and skip without them.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from metrics_rows import metrics_row
-from test_full_disk import leave_free, small_disk  # noqa: F401  (a fixture: a 3 MB tmpfs)
-from test_run_dir_trust import attacker  # noqa: F401  (a fixture: a second real user)
+from second_user import attacker  # noqa: F401  (a fixture: a second real user)
+from tmpfs import leave_free, small_disk  # noqa: F401  (a fixture: a 3 MB tmpfs)
 from trainers import WORKLOADS
 from torchlab.core.errors import EXIT_FAILED, EXIT_USAGE
 from torchlab.core.launch.cli import main

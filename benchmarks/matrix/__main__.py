@@ -39,7 +39,7 @@ def estimated_s(cell: dict[str, str]) -> float:
 
 def fast_cells(seed: int, cuda: bool) -> list[dict[str, str]]:
     """--fast's cells: the forced triples, then the cells covering the most pairs per second within FAST_BUDGET_S (the
-    suite runs these too, tests/test_matrix_fast.py)."""
+    suite runs these too, tests/product/test_matrix_fast.py)."""
     allowed = lambda cell: rules.feasible(cell, cuda)  # noqa: E731
     cells = pairs.generate(FACTORS, seed, allowed, FORCED)
     return pairs.fast_slice(cells, FACTORS, estimated_s, FAST_BUDGET_S, forced=len(FORCED))

@@ -300,6 +300,6 @@ def out_of_memory_rescued(evidence: Evidence) -> str | None:
     first = rescues[0]
     option, value = first["option"], first["value"]
     if option != "split":
-        return None  # checkpointing rungs: what "further down" means is the ladder's (tests/test_oom_rescue.py)
+        return None  # checkpointing rungs: what "further down" means is the ladder's (tests/engine/guards/test_oom_rescue.py)
     lower = [row["step"] for row in evidence.rows() if row["step"] >= first["step"] and int(row["split"]) < int(value)]
     return f"rows at steps {lower[:5]} trained at a split below the rescue's {value}" if lower else None

@@ -6,7 +6,7 @@ every RNG, the data position, and the live options) and runs two arms of K steps
 the option changed (the options part's ``load_state_dict`` enacts it) and as it is. Then it puts the state back,
 and training goes on exactly as if no trial had run: the same weights, optimizer moments, LR, random numbers and
 next batch, so a run with a trial and a run without one have bit-identical losses at every training step
-(``tests/test_trials.py``). An arm's steps are training's own step (``Trainer.train_step``), planned to report
+(``tests/engine/test_trials.py``). An arm's steps are training's own step (``Trainer.train_step``), planned to report
 nothing (``StepPlan.trial``).
 
 **Interleaved.** The arms do not run one after the other, where a load that came between them would decide

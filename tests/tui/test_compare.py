@@ -1,7 +1,7 @@
 """Runs compared (issue 16): ``torchlab-tui compare`` from run directories, and its screen at 80x24 and 160x48.
 
 The runs are written here, deterministic (the files a trainer writes, with made-up figures), so the snapshots
-are stable; tests/test_export.py-style real runs would move with the machine's speed.
+are stable; tests/launch/test_export.py-style real runs would move with the machine's speed.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from processes import alive
-from test_full_disk import small_disk  # noqa: F401 (a fixture: a 3 MB tmpfs)
+from tmpfs import small_disk  # noqa: F401 (a fixture: a 3 MB tmpfs)
 from torchlab.core.engine.parallel.distributed import usable_cpus
 from torchlab.tui.app import TorchlabApp
 from torchlab.tui.link import ProcessLink
@@ -326,7 +326,7 @@ async def test_the_app_exits_as_the_trainer_did_when_the_user_quits_from_the_err
 async def test_a_full_disk_mid_run_is_its_paragraph_without_a_traceback_and_the_app_exits_1(small_disk):
     """On a real 3 MB file system filled while the run trains: the error screen showed the trainer's traceback for a
     full disk, torchlab's own words being all there is to say (which file, what is intact)."""
-    from test_full_disk import leave_free
+    from tmpfs import leave_free
 
     run_dir = small_disk / "run"
     app, links = app_with_trainer(run_dir, f"{small_disk / 'workload.py'}:workload", "--steps", "100000",

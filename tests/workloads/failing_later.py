@@ -1,4 +1,4 @@
-"""Workloads that fail after steps that trained, for tests/test_faults.py: an exception from a helper of the user's
+"""Workloads that fail after steps that trained, for tests/engine/test_faults.py: an exception from a helper of the user's
 own (a data reader), as a real run meets one at step N; the engine must lead with the user's line, not its own."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""LightningModules written as Lightning's users write them, for tests/test_from_lightning.py: the engine must train
+"""LightningModules written as Lightning's users write them, for tests/engine/adapters/test_from_lightning.py: the engine must train
 each as its own code says (its step, its logged metrics, its optimizer's groups and its step scheduler), or refuse
 it with the reason."""
 

@@ -1,12 +1,12 @@
 """The run directory's files stay whole after any fault, shown with faults injected at the write calls
-(no mount needed: tests/test_full_disk.py does the same on a real full file system where it can).
+(no mount needed: tests/product/test_full_disk.py does the same on a real full file system where it can).
 
 - A JSON-lines file gets a line whole or not at all; one that ends in a torn line is repaired on open.
 - The rows of ``metrics.jsonl`` that a resume trains again are moved to ``metrics.replaced.jsonl``.
 - A checkpoint, ``config.toml``, ``impact.json`` and a profile are written whole or not at all, with the
   one clear message, and leave no temporary file.
 - A truncated or corrupt checkpoint says so, and names the newest intact one beside it (a damaged one, whose digest
-  does not match, too: tests/test_resume_untrusted.py).
+  does not match, too: tests/launch/test_resume_untrusted.py).
 """
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ KILLED = textwrap.dedent("""
 
 
 def headless_run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    python_path = os.pathsep.join(filter(None, [str(Path(__file__).parent / "workloads"), os.environ.get("PYTHONPATH")]))
+    python_path = os.pathsep.join(filter(None, [str(Path(__file__).parent.parent / "workloads"), os.environ.get("PYTHONPATH")]))
     environment = {**os.environ, "PYTHONPATH": python_path, **(env or {})}
     return subprocess.run([sys.executable, "-m", "torchlab.core.launch.cli", *args, "--headless", "--telemetry-interval", "0",
                            "--eval-every", "0"], capture_output=True, text=True, env=environment, timeout=120)
@@ -278,7 +278,7 @@ def test_rows_a_resume_trains_again_are_moved_aside_so_each_step_is_in_metrics_o
     assert killed.returncode == -signal.SIGKILL
     assert [row["step"] for row in jsonl(run / "metrics.jsonl")] == list(range(1, 13))
     first_rows = {row["step"]: row for row in jsonl(run / "metrics.jsonl")}
-    monkeypatch.syspath_prepend(str(Path(__file__).parent / "workloads"))  # killed.py imports tiny, as on PYTHONPATH
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "workloads"))  # killed.py imports tiny, as on PYTHONPATH
     assert main(["--resume", str(run), "--headless", "--telemetry-interval", "0", "--eval-every", "0"]) == 0
     assert [row["step"] for row in jsonl(run / "metrics.jsonl")] == list(range(1, 16))  # each step once
     assert jsonl(run / "metrics.replaced.jsonl") == [first_rows[11], first_rows[12]]  # as they were written

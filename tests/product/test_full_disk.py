@@ -1,86 +1,22 @@
 """A full disk costs nothing but the step it hit: on a real 3 MB file system (a tmpfs; skipped where
-mounting one is not permitted, and tests/test_run_files.py covers the same logic by injected faults).
+mounting one is not permitted, and tests/records/test_run_files.py covers the same logic by injected faults).
 
 After each fault: the headless run exits 1 with one clear sentence and no traceback, no temporary file
 is left in the run directory, every line of every ``.jsonl`` file parses, and ``last.pt`` loads.
 
 The runs are ``cli.main`` in this process (a process of their own paid a torch import each, for the same code path;
-tests/test_cli.py checks that the installed command exits with what ``main`` returns).
+tests/launch/test_cli.py checks that the installed command exits with what ``main`` returns).
 """
 
 from __future__ import annotations
 
-import errno
 import json
-import os
-import subprocess
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
+from tmpfs import ROOM_FOR_ONE_CHECKPOINT, leave_free, small_disk  # noqa: F401  (small_disk is a fixture: a 3 MB tmpfs)
 from torchlab.core.engine.state.checkpoint import load_checkpoint
 from torchlab.core.launch.cli import main
-
-#: A checkpoint of this workload takes about 420 kB (weights, and AdamW's two moments for each).
-WORKLOAD = textwrap.dedent("""
-    import torch
-    from torch import nn
-    from torch.utils.data import TensorDataset
-    from torchlab.core.workload import Workload
-
-    def loss(model, batch):
-        inputs, targets = batch
-        return nn.functional.mse_loss(model(inputs), targets)
-
-    def workload():
-        inputs = torch.randn(256, 64, generator=torch.Generator().manual_seed(0))
-        model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 1))
-        return Workload(model=model, dataset=TensorDataset(inputs, inputs[:, :1]), loss_fn=loss, batch_size=16)
-""")
-CHECKPOINT_BYTES = 420 * 1024
-#: Free space for one checkpoint (and the journals beside it), not for two.
-ROOM_FOR_ONE_CHECKPOINT = CHECKPOINT_BYTES + 220 * 1024
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 3 MB tmpfs, unmounted after the test."""
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    try:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)],
-                                 capture_output=True, text=True)
-    except FileNotFoundError:
-        pytest.skip("no mount command here; tests/test_run_files.py injects the same faults")
-    if mounted.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here ({mounted.stderr.strip()}); "
-                    "tests/test_run_files.py injects the same faults")
-    try:
-        (mount_point / "workload.py").write_text(WORKLOAD)
-        yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=True)
-
-
-def leave_free(disk: Path, room: int, name: str = "filler") -> Path:
-    """Fill ``disk`` with a file until ``room`` bytes are free (0: until nothing is)."""
-    space = os.statvfs(disk)
-    filler = disk / name
-    if room:
-        filler.write_bytes(b"\1" * max(0, space.f_bavail * space.f_frsize - room))
-        return filler
-    descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            try:
-                os.write(descriptor, b"\1" * 4096)
-            except OSError as error:
-                assert error.errno == errno.ENOSPC
-                return filler
-    finally:
-        os.close(descriptor)
 
 
 @dataclass

@@ -47,7 +47,7 @@ OBSERVED = sorted(kind.type for kind in TRAINER_EVENTS)
 
 
 def example(kind: str) -> p.Message:
-    assert kind in EXAMPLE_OF, f"no example of {kind!r}: add one to EXAMPLES in tests/test_protocol.py"
+    assert kind in EXAMPLE_OF, f"no example of {kind!r}: add one to EXAMPLES in tests/wire/test_protocol.py"
     return EXAMPLE_OF[kind]
 
 

@@ -18,12 +18,12 @@ import re
 import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
 from metrics_rows import metrics_row
+from second_user import attacker  # noqa: F401  (a fixture: a second real user)
 from trainers import WORKLOADS
 from torchlab.core.errors import EXIT_OK, EXIT_USAGE
 from torchlab.core.errors import ConfigError
@@ -279,19 +279,6 @@ ATTACKS = {
     "links": "mkdir -m 777 {run} {elsewhere} && ln -s {victim_file} {run}/trials.jsonl && ln -s {elsewhere} {run}/checkpoints",
     "empty": "mkdir -m 777 {run} {elsewhere}",
 }
-
-
-@pytest.fixture
-def attacker():
-    """A throwaway user (root and useradd needed), removed with its files after the test."""
-    if os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("runuser") is None:
-        pytest.skip("needs root and useradd/runuser to make a second user")
-    name = f"tlab{uuid.uuid4().hex[:8]}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True, capture_output=True)
-    try:
-        yield name
-    finally:
-        subprocess.run(["userdel", name], check=False, capture_output=True)
 
 
 @pytest.mark.parametrize("attack", ATTACKS)

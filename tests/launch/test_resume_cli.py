@@ -311,4 +311,4 @@ def test_a_resume_at_another_world_size_is_journalled_as_a_change_of_it(tmp_path
           "message": "resumed with lr_scale 1.0 → 0.5", "level": "info"}
     both = _with_world_size_change(lr, checkpoint, 2)
     assert [c["setting"] for c in both["changes"]] == ["lr_scale", "world_size"]
-    assert both["message"] == "resumed with lr_scale 1.0 → 0.5; also world_size 1 → 2"
+    assert both["message"] == "resumed with lr_scale 1.0 → 0.5 and world_size 1 → 2"  # said as the plan says it

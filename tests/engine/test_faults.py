@@ -24,7 +24,7 @@ from torchlab.core.errors import EXIT_FAILED, EXIT_USAGE
 from torchlab.core.errors import StorageError
 from torchlab.core.launch.cli import main
 
-WORKLOADS = Path(__file__).parent / "workloads" / "tiny.py"
+WORKLOADS = Path(__file__).parent.parent / "workloads" / "tiny.py"
 
 pytestmark = pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full to make a disk that is full")
 
@@ -210,7 +210,7 @@ def test_an_exception_in_a_users_forward_hook_is_reported_with_its_traceback(tmp
 def test_a_workloads_own_exception_at_a_later_step_leads_with_the_users_line(tmp_path, capsys):
     """Issue 45: 'ValueError: corrupt shard 7...' at step 6 said no file or line; the traceback's visible top was the
     engine's. The message leads with the user's frame, its file, line and code, and says the step it failed at."""
-    helper = Path(__file__).parent / "workloads" / "failing_later.py"
+    helper = Path(__file__).parent.parent / "workloads" / "failing_later.py"
     code = main([f"{helper}:raises_in_a_helper_at_step_6", "--headless", "--steps", "10", "--run-dir", str(tmp_path / "run"),
                  "--telemetry-interval", "0"])
     assert code == EXIT_FAILED
@@ -223,7 +223,7 @@ def test_a_workloads_own_exception_at_a_later_step_leads_with_the_users_line(tmp
 def test_a_resumed_process_that_fails_on_its_first_step_says_the_step_not_the_first_training_step(tmp_path, capsys):
     """Issue 45: a relaunch at step 334 that failed on step 335 said 'the first training step failed' (and blamed the
     dataset's batches), after 334 good steps: the first of its process, not of the run."""
-    helper = Path(__file__).parent / "workloads" / "failing_later.py"
+    helper = Path(__file__).parent.parent / "workloads" / "failing_later.py"
     run = tmp_path / "run"
     flags = ["--headless", "--run-dir", str(run), "--telemetry-interval", "0"]
     assert main([f"{helper}:fails_from_step_3", "--steps", "6", "--checkpoint-every", "1", *flags]) == EXIT_FAILED

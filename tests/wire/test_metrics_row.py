@@ -162,6 +162,6 @@ def test_metrics_rows_skips_a_line_of_another_shape_with_its_number_and_why(tmp_
 
 
 def test_the_test_rows_are_rows_that_read_back():
-    """tests/metrics_rows.py builds the rows the other tests feed the readers: each is one a journal could hold."""
+    """tests/helpers/metrics_rows.py builds the rows the other tests feed the readers: each is one a journal could hold."""
     row = metrics_row(4, amp="bf16", val_loss=1.5, lrs={"head": 0.1})
     assert MetricsRow.from_json(strict_json.loads(to_json_line(row.json_object()))) == row

@@ -18,7 +18,7 @@ import pytest
 
 from torchlab.core.wire.options import LIVE_OPTIONS
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 PAGE_IDS = [str(page.relative_to(ROOT)) for page in PAGES]

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-TINY = str(Path(__file__).resolve().parent / "workloads" / "tiny.py") + ":workload"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+TINY = str(Path(__file__).resolve().parent.parent / "workloads" / "tiny.py") + ":workload"
 RESIDUAL_CNN = TINY.replace(":workload", ":residual_cnn")  # no in-place activation
 
 

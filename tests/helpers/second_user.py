@@ -71,6 +71,20 @@ def throwaway_user() -> Iterator[OtherUser]:
         subprocess.run(["userdel", name], check=False, capture_output=True)
 
 
+@pytest.fixture
+def attacker():
+    """A throwaway user by name alone, for commands run as them with ``runuser`` (root and useradd needed),
+    removed with its files after the test (a fixture)."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("runuser") is None:
+        pytest.skip("needs root and useradd/runuser to make a second user")
+    name = f"tlab{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True, capture_output=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", name], check=False, capture_output=True)
+
+
 def run_as(user: OtherUser, function: Callable[..., int | None], *args: object) -> Ran:
     """``function(*args)`` run as ``user`` in a forked child; its return value is the child's exit code (None: 0)."""
     with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:  # open before: the child inherits them

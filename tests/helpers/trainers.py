@@ -1,7 +1,7 @@
 """Test helpers: build a trainer on a tiny workload, in-process, and record what it reports.
 
 A module of its own, not conftest.py: ``from conftest import ...`` picked whichever of the two conftest
-modules (this folder's or tests/tui's) was imported first, so listing tests/tui first on the command
+modules (tests/'s or tests/tui's) was imported first, so listing tests/tui first on the command
 line broke the other tests' imports.
 """
 
@@ -19,7 +19,7 @@ from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.wire.protocol import Message, StopCommand
 
-WORKLOADS = Path(__file__).parent / "workloads"
+WORKLOADS = Path(__file__).parent.parent / "workloads"
 TINY = f"{WORKLOADS / 'tiny.py'}:workload"
 
 
