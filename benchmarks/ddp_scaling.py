@@ -141,7 +141,7 @@ def main() -> None:
     environment = dict(item.split("=", 1) for item in args.environment)
     import torch
 
-    from torchlab.core.wire.cpu_share import cgroup_quota_cores, decide_threads, usable_cores
+    from torchlab.core.cpu_share import cgroup_quota_cores, decide_threads, usable_cores
 
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs ({usable_cores()} usable, cgroup quota "
           f"{cgroup_quota_cores()}), Python {sys.version.split()[0]}, load average {os.getloadavg()[0]:.1f} at start; "

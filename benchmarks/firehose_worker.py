@@ -21,7 +21,7 @@ from pathlib import Path
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.control_server import ControlServer
 from torchlab.core.wire.metrics_row import MetricsRow
-from torchlab.core.wire.options import LiveOptions
+from torchlab.core.options import LiveOptions
 from torchlab.core.wire.outbox import Outbox
 from torchlab.core.wire.payloads import ModuleInfo, RunInfo
 

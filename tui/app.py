@@ -51,7 +51,7 @@ from textual.widgets import Footer
 from torchlab.core.errors import EXIT_FAILED, TorchlabError, exit_status
 from torchlab.core.safe_open import UnsafeFileError
 from torchlab.core.wire import protocol
-from torchlab.core.wire.options import format_option_value
+from torchlab.core.options import format_option_value
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.app_actions import KeyActions
 from torchlab.tui.app_keys import MainScreen

@@ -24,7 +24,7 @@ from textual.screen import ModalScreen, Screen
 
 from torchlab.core.analysis.trial_words import TRIAL_HINT, parse_trial
 from torchlab.core.wire import protocol
-from torchlab.core.wire.options import CHECKPOINTING, OPTIONS_BY_NAME, Number, OptionChangeError, format_option_value
+from torchlab.core.options import CHECKPOINTING, OPTIONS_BY_NAME, Number, OptionChangeError, format_option_value
 from torchlab.core.wire.protocol import DEFAULT_PROFILE_STEPS
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.app_keys import KEY_ACTIONS, READ_ONLY_ACTION, TRAINER_ACTIONS, VIEW_ACTIONS, action_name

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from textual.binding import Binding
 from textual.screen import Screen
 
-from torchlab.core.wire.options import LIVE_OPTIONS
+from torchlab.core.options import LIVE_OPTIONS
 from torchlab.core.wire.protocol import DEFAULT_PROFILE_STEPS
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """How the app writes its figures in narrow columns: durations, numbers, ratios, and sparklines.
 
-Byte counts have their own module (core/wire/units.py, which the trainer's messages use too). Each formatter takes None for a figure not known yet
+Byte counts have their own module (core/units.py, which the trainer's messages use too). Each formatter takes None for a figure not known yet
 and writes "–" for it.
 """
 

@@ -33,7 +33,7 @@ from typing import Any
 from torchlab.core.records.storage import create_file
 from torchlab.core.safe_open import UnsafeFileError, read_regular_bytes
 from torchlab.core.wire.control_server import HELLO_TIMEOUT_S
-from torchlab.core.wire.options import OPTIONS_BY_NAME
+from torchlab.core.options import OPTIONS_BY_NAME
 from torchlab.core.wire.protocol import (
     PROTOCOL_VERSION,
     DetachCommand,

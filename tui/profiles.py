@@ -15,7 +15,7 @@ from typing import Any
 
 from torchlab.core.analysis.profile_compare import compare_tables
 from torchlab.core.safe_open import UnsafeFileError, open_regular
-from torchlab.core.wire.units import format_bytes
+from torchlab.core.units import format_bytes
 
 
 @dataclass(frozen=True)

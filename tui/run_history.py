@@ -24,7 +24,7 @@ from torchlab.core.safe_open import read_regular_text
 from torchlab.core.wire.events import HELD_BACK
 from torchlab.core.wire.metric_names import validation_label
 from torchlab.core.wire.metrics_row import MetricsRow
-from torchlab.core.wire.options import format_option_value
+from torchlab.core.options import format_option_value
 from torchlab.tui.health_history import HISTORY_STEPS
 from torchlab.tui.thinning import Series
 

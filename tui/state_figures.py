@@ -14,7 +14,7 @@ from typing import Any
 
 from torchlab.core.wire import protocol
 from torchlab.core.wire.events import COMPILING
-from torchlab.core.wire.options import format_option_value
+from torchlab.core.options import format_option_value
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.unchecked_numbers import int_or_none
 

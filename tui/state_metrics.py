@@ -25,7 +25,7 @@ from torchlab.core.wire import protocol
 from torchlab.core.wire.events import HELD_BACK, LET_THROUGH, SpikeGuarded, describe
 from torchlab.core.wire.metric_names import training_key
 from torchlab.core.wire.metrics_row import MetricsRow
-from torchlab.core.wire.options import SPIKE_GUARD
+from torchlab.core.options import SPIKE_GUARD
 from torchlab.core.wire.typed_json import UnreadableValue
 from torchlab.tui.gradient_flags import flag_for
 from torchlab.tui.health_history import HealthHistory

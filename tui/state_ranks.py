@@ -8,7 +8,7 @@ A part of ``RunState`` (state.py), which dispatches each message here; this part
 from __future__ import annotations
 
 from torchlab.core.wire import protocol
-from torchlab.core.wire.options import RELAUNCHED_BY
+from torchlab.core.options import RELAUNCHED_BY
 from torchlab.core.wire.payloads import RankProcess
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.log_levels import EntryLevel

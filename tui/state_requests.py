@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from torchlab.core.wire.options import AMP, OPTIONS_BY_NAME, PARALLEL, format_option_value
+from torchlab.core.options import AMP, OPTIONS_BY_NAME, PARALLEL, format_option_value
 from torchlab.tui.log_levels import EntryLevel
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from benchmarks.matrix.cell import KILL_AFTER  # a checkpoint and this many rows: a kill mid-run, with a restart point
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.options import OPTIONS_BY_NAME, Number
+from torchlab.core.options import OPTIONS_BY_NAME, Number
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.runtime import find_run
 from torchlab.tui.app import TorchlabApp

@@ -21,7 +21,7 @@ from benchmarks.matrix.factors import (APP_EVENTS, CHANGE_AT, ROOT, changed_opti
 from benchmarks.matrix.invariants import Evidence, Process
 from benchmarks.matrix.rules import expected_refusal
 from benchmarks.matrix.workloads.out_of_memory import LIMIT_FILE, PIECES
-from torchlab.core.wire.options import OPTIONS_BY_NAME
+from torchlab.core.options import OPTIONS_BY_NAME
 
 CLI = str(Path(sys.executable).with_name("torchlab-tui"))
 #: Flags every cell trains with: checkpoints and evaluations inside its few steps, no telemetry thread.

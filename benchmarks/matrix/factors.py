@@ -1,6 +1,6 @@
 """The one list of what a user combines: each factor, its values, and what each value means on a command line.
 
-A new live option joins the matrix by itself: ``live_change``'s values are ``LIVE_OPTIONS`` (core/wire/options.py),
+A new live option joins the matrix by itself: ``live_change``'s values are ``LIVE_OPTIONS`` (core/options.py),
 each changed at step ``CHANGE_AT`` to a value derived from the option's own kind (``changed_value``). A new run event
 joins by one entry in ``RUN_EVENTS`` (and its steps in cell.py); a new factor by one ``Factor`` in ``FACTORS``.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.wire.options import LIVE_OPTIONS, OPTIONS_BY_NAME, Choice, LiveOption, Number, Switch
+from torchlab.core.options import LIVE_OPTIONS, OPTIONS_BY_NAME, Choice, LiveOption, Number, Switch
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = Path(__file__).resolve().parent / "workloads"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from torchlab.core.records.option_history import option_history
-from torchlab.core.wire.options import OPTIONS_BY_NAME
+from torchlab.core.options import OPTIONS_BY_NAME
 
 
 @dataclass

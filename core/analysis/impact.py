@@ -49,7 +49,7 @@ from torchlab.core.records.storage import write_atomically
 from torchlab.core.wire.events import OomRescued, ProfileStarted, ResumedFromCheckpoint, RunEnded, RunStarted
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import LIVE_OPTIONS, LiveOptions, format_option_value
+from torchlab.core.options import LIVE_OPTIONS, LiveOptions, format_option_value
 from torchlab.core.wire.payloads import ImpactSegment, TelemetrySample
 from torchlab.core.wire.protocol import Error, Message, NonFinite, ProfileReady
 from torchlab.core.wire.typed_json import UnreadableValue, read_object

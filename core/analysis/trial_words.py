@@ -19,7 +19,7 @@ import statistics
 from torchlab.core.analysis.step_times import compare_step_times, load_shift
 from torchlab.core.analysis.trial_speed import speed_words
 from torchlab.core.records.settings import DEFAULT_TRIAL_STEPS, TRIAL_STEPS
-from torchlab.core.wire.options import PARALLEL, STEPS, WORLD_SIZE, OptionChangeError, parse_option_value
+from torchlab.core.options import PARALLEL, STEPS, WORLD_SIZE, OptionChangeError, parse_option_value
 from torchlab.core.wire.payloads import TrialArm
 from torchlab.core.wire.protocol import TrialCommand, TrialProgress, TrialResult
 

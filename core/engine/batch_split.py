@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from torchlab.core.wire.options import OptionChangeError
+from torchlab.core.options import OptionChangeError
 
 
 def batch_samples(batch: Any) -> int:

@@ -34,7 +34,7 @@ from torchlab.core.errors import ConfigError, StorageError
 from torchlab.core.records.config import config_from_toml
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import ResumedFromCheckpoint
-from torchlab.core.wire.options import OPTION_NAMES, RELAUNCHED_BY, STEPS, LiveOptions
+from torchlab.core.options import OPTION_NAMES, RELAUNCHED_BY, STEPS, LiveOptions
 
 #: The parts a trial's snapshot copies: what a step changes, and the options the trial changes. Not the progress:
 #: a trial takes no step, and its time is the run's.

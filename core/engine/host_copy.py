@@ -20,7 +20,7 @@ from torchlab.core.engine.measure.memory import held_bytes
 from torchlab.core.engine.nested_state import map_state
 from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.engine.parallel.sharding import is_shard
-from torchlab.core.wire.options import OptionChangeError
+from torchlab.core.options import OptionChangeError
 
 #: The share of the host's available memory that rollback's two copies may take.
 HOST_MEMORY_SHARE = 0.5

@@ -32,7 +32,7 @@ from torchlab.core.engine.measure.step_report import HostTransfer, HostValues, S
 from torchlab.core.engine.measure.update_probe import UpdateFigures, UpdateProbe
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.payloads import MemoryBreakdown
-from torchlab.core.wire.units import format_bytes
+from torchlab.core.units import format_bytes
 
 _NOTHING = contextlib.nullcontext()
 

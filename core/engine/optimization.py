@@ -20,7 +20,7 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
 from torchlab.core.engine.adapters.loading import describe_code, user_frame
 from torchlab.core.engine.schedule import make_scheduler
 from torchlab.core.errors import ConfigError, WorkloadError
-from torchlab.core.wire.options import OptionChangeError
+from torchlab.core.options import OptionChangeError
 from torchlab.core.records.config import FromWorkload, TrainConfig
 from torchlab.core.workload import Workload
 

@@ -1,6 +1,6 @@
 """Each live option's hook: what makes a value real on this run's parts, at a step boundary.
 
-One hook per option of the registry (core/wire/options.py), registered with ``@enacts``: called with the parsed
+One hook per option of the registry (core/options.py), registered with ``@enacts``: called with the parsed
 value before ``parts.options`` changes, it raises OptionChangeError for what this run cannot do, having changed
 nothing. It returns None, a sentence that says what the change did (said with its acknowledgement: "compiled in
 21.3 s"), or False where the change is not in force yet (a world size takes a relaunch). A live option added to
@@ -32,7 +32,7 @@ from torchlab.core.engine.precision import Precision
 from torchlab.core.errors import ConfigError
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import CompileStarted
-from torchlab.core.wire.options import (
+from torchlab.core.options import (
     ACCUM, AMP, CHECKPOINTING, CLIP, COMPILE, LIVE_OPTIONS, LR_SCALE, OOM_RESCUE, PARALLEL, PIN_MEMORY, RESUMED, SPIKE_GUARD,
     SPLIT, STEPS, WORKERS, WORLD_SIZE, LiveOption, LiveOptions, OptionChangeError, live_option,
 )

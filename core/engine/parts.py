@@ -32,7 +32,7 @@ from torchlab.core.errors import ConfigError, StorageError
 from torchlab.core.records.config import FromWorkload, TrainConfig
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import LiveOptions, OptionChangeError
+from torchlab.core.options import LiveOptions, OptionChangeError
 from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.wire.protocol import Message
 from torchlab.core.workload import Workload

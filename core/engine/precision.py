@@ -17,7 +17,7 @@ from typing import Any, ContextManager
 
 import torch
 
-from torchlab.core.wire.options import OptionChangeError
+from torchlab.core.options import OptionChangeError
 
 _NOTHING = contextlib.nullcontext()  # reusable: one for every step
 

@@ -55,7 +55,7 @@ from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import HELD_BACK, RunEnded, RunStarted, StepSkipped
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import COMPILE, RESUMED, LiveOptions, OptionChangeError, format_option_value
+from torchlab.core.options import COMPILE, RESUMED, LiveOptions, OptionChangeError, format_option_value
 from torchlab.core.wire.protocol import SetCommand, TrainerCommand
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.workload import Workload

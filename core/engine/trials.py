@@ -51,7 +51,7 @@ from torchlab.core.errors import shown
 from torchlab.core.records.settings import MAX_TRIAL_STEPS
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import TrialStarted
-from torchlab.core.wire.options import ACCUM, AMP, LiveOption, OptionChangeError, live_option
+from torchlab.core.options import ACCUM, AMP, LiveOption, OptionChangeError, live_option
 from torchlab.core.wire.payloads import MemoryBreakdown, TrialArm, TrialSpeed
 from torchlab.core.wire.protocol import TrialCommand, TrialProgress
 

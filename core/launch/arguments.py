@@ -22,7 +22,7 @@ from torchlab.core.engine.adapters.loading import SAMPLES, check_spec
 from torchlab.core.errors import EXIT_FAILED, EXIT_NONFINITE, EXIT_OK, printable
 from torchlab.core.records.config import DEFAULT_WORKLOAD, TrainConfig, build_config, load_config_file, suggestion
 from torchlab.core.records.settings import SETTINGS, Group
-from torchlab.core.wire.options import LIVE_OPTIONS
+from torchlab.core.options import LIVE_OPTIONS
 from torchlab.core.wire.run_status import RunStatus
 
 

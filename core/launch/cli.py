@@ -29,7 +29,7 @@ from pathlib import Path
 from torchlab.core.errors import EXIT_INTERRUPTED, EXIT_OK, ConfigError, TorchlabError, exit_status, printable
 from torchlab.core.launch.arguments import build_parser, resolve_config
 from torchlab.core.records.config import TrainConfig, build_config, load_config_file
-from torchlab.core.wire.cpu_share import prefer_passive_openmp_waits
+from torchlab.core.cpu_share import prefer_passive_openmp_waits
 
 
 def main(argv: list[str] | None = None) -> int:

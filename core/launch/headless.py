@@ -40,7 +40,7 @@ from torchlab.core.wire import protocol as p
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.metric_names import validation_label
-from torchlab.core.wire.options import STEPS, format_option_value
+from torchlab.core.options import STEPS, format_option_value
 from torchlab.core.wire.protocol import Message
 from torchlab.core.wire.run_status import RunStatus
 

@@ -17,7 +17,7 @@ from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import STEPS
+from torchlab.core.options import STEPS
 from torchlab.core.wire.outbox import Outbox
 from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.wire.run_status import RunStatus

@@ -52,7 +52,7 @@ from torchlab.core.records.rundir import RunDirectory
 from torchlab.core.safe_open import read_regular_text, who_else_may_write
 from torchlab.core.wire.events import RunStarted
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import LIVE_OPTIONS
+from torchlab.core.options import LIVE_OPTIONS
 from torchlab.core.wire.protocol import Message
 
 #: Derived from other settings, or the record of a change rather than a setting of its own.

@@ -31,7 +31,7 @@ from torchlab.core.records.settings import (
     TRIAL_STEPS_SETTING, WARMUP_STEPS, WEIGHT_DECAY,
 )
 from torchlab.core.safe_open import UnsafeFileError, open_regular
-from torchlab.core.wire.options import (
+from torchlab.core.options import (
     LIVE_OPTIONS, OPTIONS_BY_NAME, WORKERS, LiveOptions, OptionChangeError, format_option_value, parse_option_value,
 )
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchlab.core.wire.events import ResumeChangedSettings, ResumedFromCheckpoint
-from torchlab.core.wire.options import OPTION_NAMES, format_option_value
+from torchlab.core.options import OPTION_NAMES, format_option_value
 from torchlab.core.wire.protocol import OptionApplied
 
 #: Where a resume's change came from, as a change's ``source`` says it ("from --resume").

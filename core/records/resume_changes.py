@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torchlab.core.wire.options import OPTION_NAMES, format_option_value
+from torchlab.core.options import OPTION_NAMES, format_option_value
 from torchlab.core.wire.protocol import LogLevel
 
 #: Settings whose change on a resume makes the run differ from one that was never stopped.

@@ -1,7 +1,7 @@
 """A run's settings that are not live: how one is declared (a ``Setting``), and each of them, in ``SETTINGS``, as
-core/wire/options.py holds what a live option is and each live option (``LIVE_OPTIONS``).
+core/options.py holds what a live option is and each live option (``LIVE_OPTIONS``).
 
-A setting owns its name, its default, what it accepts (a number's ``Bounds``, core/wire/options.py, with its range and
+A setting owns its name, its default, what it accepts (a number's ``Bounds``, core/options.py, with its range and
 what 0 or "auto" mean; a few choices, on or off, a text that passes its check, a list of steps), its flag and the
 flag's help. From it come TrainConfig's field default (core/records/config.py), the check where a TrainConfig is
 built (``check``: the value as the setting holds it, or a ConfigError naming the setting and its flag), the flag in
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from torchlab.core.errors import ConfigError, shown
-from torchlab.core.wire.options import MAX_STEPS, STEPS, Bounds, OptionChangeError, written_limit
+from torchlab.core.options import MAX_STEPS, STEPS, Bounds, OptionChangeError, written_limit
 from torchlab.core.wire.protocol import DEFAULT_PROFILE_STEPS
 
 #: The heading of ``torchlab-tui --help`` a setting's flag is listed under: "run" beside ``--run-dir`` at the top,

@@ -14,7 +14,7 @@ from typing import Any
 from torchlab.core.errors import ConfigError, WorkloadError, shown
 from torchlab.core.records.config import TrainConfig, suggestion
 from torchlab.core.records.settings import SETTINGS
-from torchlab.core.wire.options import OPTIONS_BY_NAME, LiveOptions, OptionChangeError, format_option_value, parse_option_value
+from torchlab.core.options import OPTIONS_BY_NAME, LiveOptions, OptionChangeError, format_option_value, parse_option_value
 
 #: What ``Workload.settings`` may not set, and why: each is decided before the workload's code runs.
 NOT_THE_WORKLOADS = {

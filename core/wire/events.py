@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from torchlab.core.wire.options import SPIKE_GUARD, format_option_value
+from torchlab.core.options import SPIKE_GUARD, format_option_value
 from torchlab.core.wire.protocol import (
     CheckpointSaved, Error, Log, LogLevel, Message, NonFinite, OptionApplied, OptionRefused, ProfileReady, TrialProgress,
     TrialResult,

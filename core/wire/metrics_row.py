@@ -34,7 +34,7 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from torchlab.core.errors import shown
-from torchlab.core.wire.options import OPTION_NAMES, LiveOptions
+from torchlab.core.options import OPTION_NAMES, LiveOptions
 from torchlab.core.wire.payloads import MemoryBreakdown, RankFigures
 from torchlab.core.wire.strict_json import MAX_INT
 from torchlab.core.wire.typed_json import JsonScalar, UnreadableValue, accepted_types, read_value

@@ -9,7 +9,7 @@ import torch
 
 from trainers import WORKLOADS, make_trainer
 from torchlab.core.engine.batch_split import check_split, split_batch
-from torchlab.core.wire.options import OptionChangeError
+from torchlab.core.options import OptionChangeError
 
 #: TinyNet without its dropout: nothing random in a step, so pieces and the whole batch must agree to rounding.
 DETERMINISTIC = f"{WORKLOADS / 'tiny.py'}:without_dropout"

@@ -18,7 +18,7 @@ from torchlab.core.engine.optimization import Optimization
 from torchlab.core.engine.parts import Progress, RandomStates
 from torchlab.core.engine.precision import Precisions
 from torchlab.core.errors import ConfigError
-from torchlab.core.wire.options import OptionChangeError
+from torchlab.core.options import OptionChangeError
 
 SCALER_STATE = {"scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000, "_growth_tracker": 7}
 

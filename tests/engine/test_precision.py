@@ -13,7 +13,7 @@ import torch
 from trainers import WORKLOADS, make_trainer
 from torchlab.core.engine.state.checkpoint import load_checkpoint, save_checkpoint
 from torchlab.core.engine.precision import FP16Precision, Precisions
-from torchlab.core.wire.options import OptionChangeError
+from torchlab.core.options import OptionChangeError
 
 CPU = torch.device("cpu")
 #: A scaler's state as a checkpoint holds it, with a scale no fresh scaler has.

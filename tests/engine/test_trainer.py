@@ -68,7 +68,7 @@ def test_invalid_changes_are_refused_with_a_reason_and_the_run_goes_on():
 
 def test_world_size_limits_are_refused_with_the_reason():
     from torchlab.core.engine.parallel.distributed import check_world_size, usable_cpus
-    from torchlab.core.wire.options import OptionChangeError
+    from torchlab.core.options import OptionChangeError
 
     cpus = usable_cpus()
     check_world_size(cpus, device=torch.device("cpu"), batch_size=cpus * 4)

@@ -21,7 +21,7 @@ from metrics_rows import metrics_row
 from torchlab.core.analysis.step_times import IN_TURN
 from torchlab.core.wire import protocol
 from torchlab.core.wire.metrics_row import MetricsRow
-from torchlab.core.wire.options import LiveOptions
+from torchlab.core.options import LiveOptions
 from torchlab.core.wire.payloads import (
     AllocatorSample,
     GpuSample,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchlab.core.wire.metrics_row import MetricsRow
-from torchlab.core.wire.options import OPTION_NAMES, LiveOptions
+from torchlab.core.options import OPTION_NAMES, LiveOptions
 
 
 def metrics_row(step: int, **given: Any) -> MetricsRow:

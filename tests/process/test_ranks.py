@@ -370,7 +370,7 @@ def test_nccl_through_the_launcher_on_one_gpu(tmp_path):
 @pytest.mark.gpu
 def test_more_ranks_than_gpus_are_refused():
     from torchlab.core.engine.parallel.distributed import check_world_size
-    from torchlab.core.wire.options import OptionChangeError
+    from torchlab.core.options import OptionChangeError
 
     gpus = torch.cuda.device_count()
     with pytest.raises(OptionChangeError, match=f"{gpus + 1} ranks need {gpus + 1} GPUs, one each; this machine has {gpus}"):

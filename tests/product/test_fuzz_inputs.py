@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from torchlab.core.errors import ConfigError
 from torchlab.core.launch.arguments import build_parser, resolve_config
 from torchlab.core.records.config import ScheduledChange, TrainConfig, build_config, load_config_file
-from torchlab.core.wire.options import OPTION_NAMES, OptionChangeError, format_option_value, parse_option_value
+from torchlab.core.options import OPTION_NAMES, OptionChangeError, format_option_value, parse_option_value
 
 SETTING_NAMES = sorted(f.name for f in TrainConfig.__dataclass_fields__.values()) + ["stesp", "lr_rate", "options", "at"]
 

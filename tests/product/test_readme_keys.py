@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from torchlab.core.wire.options import LIVE_OPTIONS
+from torchlab.core.options import LIVE_OPTIONS
 
 ROOT = Path(__file__).parents[2]
 README = ROOT / "README.md"

@@ -14,7 +14,7 @@ from torchlab.core.errors import ConfigError, WorkloadError
 from torchlab.core.launch.arguments import build_parser, resolve_config
 from torchlab.core.records.config import ScheduledChange, TrainConfig, build_config, load_config_file
 from torchlab.core.records.settings import SETTINGS, STEPS_SETTING, NumberSetting
-from torchlab.core.wire.options import (
+from torchlab.core.options import (
     LIVE_OPTIONS, STEPS, Bounds, LiveOptions, Number, OptionChangeError, format_option_value, parse_option_value,
 )
 
@@ -127,7 +127,7 @@ def test_a_message_names_a_huge_value_without_repeating_it():
 
 def test_an_integer_too_large_for_a_float_is_a_refused_option_value():
     """A 400-digit lr_scale in a TOML file: float() of it raised OverflowError, a traceback."""
-    from torchlab.core.wire.options import OptionChangeError, parse_option_value
+    from torchlab.core.options import OptionChangeError, parse_option_value
 
     with pytest.raises(OptionChangeError, match=r"lr_scale must be a finite number, got 9{18}\.\.\.9{19}$"):
         parse_option_value("lr_scale", 10**400 - 1)
@@ -135,7 +135,7 @@ def test_an_integer_too_large_for_a_float_is_a_refused_option_value():
 
 def test_more_data_loader_workers_than_the_machine_can_run_is_refused():
     """``--workers 1000`` (found by fuzzing the CLI) forked a thousand workers: a load of 200 on 2 cores."""
-    from torchlab.core.wire.options import max_workers
+    from torchlab.core.options import max_workers
 
     with pytest.raises(ConfigError, match=rf"workers \(--workers\): workers must be a whole number from 0 .* to {max_workers()} on this machine"):
         build_config({"options": {"workers": 1000}})
@@ -161,7 +161,7 @@ def test_workers_at_the_top_level_of_a_config_file_still_sets_the_live_option(tm
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Every setting's bounds come from one definition (core/wire/options.py's Bounds): the flag, config.toml, --at and a
+# Every setting's bounds come from one definition (core/options.py's Bounds): the flag, config.toml, --at and a
 # live change or a prompt (the option's parse) all take and refuse the same values. The cases are generated from the
 # registries, so a new setting or option cannot skip its bounds.
 

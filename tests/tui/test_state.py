@@ -8,7 +8,7 @@ import statistics
 from fake_link import grad_norms, module_names, past_ended, ranks, record, training_events, welcome
 
 from torchlab.core.wire import protocol
-from torchlab.core.wire.options import AMP
+from torchlab.core.options import AMP
 from torchlab.core.wire.payloads import RankFigures
 from torchlab.tui.formatting import format_duration, format_ratio, sparkline
 from torchlab.tui.gradient_flags import combine_norms, flag_for, group_name

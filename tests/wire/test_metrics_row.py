@@ -13,7 +13,7 @@ from torchlab.core.engine.measure.step_report import StepReport, metrics_row as 
 from torchlab.core.records.rundir import SkippedLine, metrics_rows, to_json_line
 from torchlab.core.wire import strict_json
 from torchlab.core.wire.metrics_row import MetricsRow
-from torchlab.core.wire.options import LiveOptions
+from torchlab.core.options import LiveOptions
 from torchlab.core.wire.payloads import MemoryBreakdown, ModuleBytes, RankFigures
 from torchlab.core.wire.typed_json import UnreadableValue
 

@@ -18,7 +18,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
 from torchlab.core.errors import printable
-from torchlab.core.wire.options import LIVE_OPTIONS, OPTIONS_BY_NAME, Choice, Number, Switch
+from torchlab.core.options import LIVE_OPTIONS, OPTIONS_BY_NAME, Choice, Number, Switch
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.state import Failure
 

@@ -27,7 +27,7 @@ from textual.widgets.data_table import ColumnKey
 from torchlab.core.analysis.impact import SEGMENT_OPTIONS, WARMUP_STEPS, compare_segments, segment_name
 from torchlab.core.analysis.step_times import MIN_TIMED_STEPS, SPREAD_AS_RATIO, plus_minus
 from torchlab.core.analysis.trial_words import parse_trial, trial_verdict
-from torchlab.core.wire.options import OptionChangeError, format_option_value, parse_option_value
+from torchlab.core.options import OptionChangeError, format_option_value, parse_option_value
 from torchlab.core.wire.payloads import ImpactSegment
 from torchlab.core.wire.protocol import TrialCommand, TrialResult
 from torchlab.tui.profiles import format_bytes, format_us

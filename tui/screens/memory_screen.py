@@ -15,7 +15,7 @@ from textual.widgets import DataTable, Label, Static
 from torchlab.core.wire.payloads import MemoryBreakdown
 from torchlab.tui.screens.view_screen import ViewScreen, closing_key
 from torchlab.tui.state import RunState
-from torchlab.core.wire.units import format_bytes
+from torchlab.core.units import format_bytes
 
 #: The bars' widest, in cells.
 BAR_WIDTH = 40

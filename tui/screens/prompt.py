@@ -14,7 +14,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from torchlab.core.wire.options import OptionChangeError
+from torchlab.core.options import OptionChangeError
 from torchlab.tui.widgets.in_order_input import InOrderInput
 
 

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from torchlab.core.wire.options import CHECKPOINTING, LIVE_OPTIONS, LiveOption
+from torchlab.core.options import CHECKPOINTING, LIVE_OPTIONS, LiveOption
 from torchlab.tui.formatting import fit_parts, parts_that_fit
 from torchlab.tui.names import describe_blocks
 from torchlab.tui.state import RunState

@@ -20,7 +20,7 @@ from textual.widget import Widget
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.state import RunState
 from torchlab.tui.stragglers import ComparedRank
-from torchlab.core.wire.units import format_bytes
+from torchlab.core.units import format_bytes
 from torchlab.tui.formatting import fit_parts
 from torchlab.tui.widgets.system_panel import NA
 

@@ -28,7 +28,7 @@ from torchlab.core.wire.payloads import (
 )
 from torchlab.tui.formatting import SPARK_CHARS, fit_parts
 from torchlab.tui.state import RunState
-from torchlab.core.wire.units import byte_unit, format_bytes, three_digits
+from torchlab.core.units import byte_unit, format_bytes, three_digits
 
 PARTIAL_BLOCKS = " ▏▎▍▌▋▊▉"
 #: Width of the label column ("mem", "util", "alloc", ...).

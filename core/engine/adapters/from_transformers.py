@@ -53,7 +53,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from torchlab.core.engine.batch_split import batch_samples
 from torchlab.core.errors import WorkloadError
-from torchlab.core.wire.options import OptionChangeError
+from torchlab.core.options import OptionChangeError
 from torchlab.core.workload import Workload
 
 #: Callbacks a Trainer has of its own: they print and drive ``trainer.train()``'s loop, which the engine replaces.

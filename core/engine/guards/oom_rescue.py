@@ -42,9 +42,9 @@ from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.errors import TorchlabError
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import OomRescued
-from torchlab.core.wire.options import CHECKPOINTING, SPLIT, LiveOption, LiveOptions, OptionChangeError
+from torchlab.core.options import CHECKPOINTING, SPLIT, LiveOption, LiveOptions, OptionChangeError
 from torchlab.core.wire.payloads import MemoryBreakdown
-from torchlab.core.wire.units import format_bytes
+from torchlab.core.units import format_bytes
 
 
 T = TypeVar("T")

@@ -53,7 +53,7 @@ from torchlab.core.engine.option_hooks import enact
 from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import LET_THROUGH, MAX_SPIKE_SAMPLES, NEW_LEVEL, ROLLED_BACK, SKIPPED, SpikeGuarded
-from torchlab.core.wire.options import LR_SCALE, OptionChangeError
+from torchlab.core.options import LR_SCALE, OptionChangeError
 from torchlab.core.wire.throttle import Throttle
 
 #: Values the window holds before the guard judges a step: fewer, and a median says little.

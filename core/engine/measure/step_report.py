@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from torchlab.core.wire.metrics_row import MetricsRow
-from torchlab.core.wire.options import LiveOptions
+from torchlab.core.options import LiveOptions
 from torchlab.core.wire.payloads import MemoryBreakdown, RankFigures
 
 

@@ -51,7 +51,7 @@ from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import format_option_value
+from torchlab.core.options import format_option_value
 
 #: While training, at most this many metrics rows a second go to TensorBoard: each costs ~0.1 ms a scalar on
 #: the writer's thread (holding the GIL the training thread needs), ~3 ms for a row with 30 modules' norms.

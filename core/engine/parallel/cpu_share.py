@@ -1,4 +1,4 @@
-"""Apply this process's share of the CPU to torch: the decision is core/wire/cpu_share.py's (the cores the process
+"""Apply this process's share of the CPU to torch: the decision is core/cpu_share.py's (the cores the process
 may use, divided among the ranks on the machine; the user's ``OMP_NUM_THREADS`` wins), made here in the one-process
 trainer and in every rank, before the workload is built (Lightning and transformers workloads train in the same
 processes)."""
@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from torchlab.core.wire.cpu_share import ThreadShare, decide_threads, ranks_on_this_machine
+from torchlab.core.cpu_share import ThreadShare, decide_threads, ranks_on_this_machine
 
 _said: set[str] = set()
 

@@ -33,8 +33,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from torchlab.core.wire import strict_json
 from torchlab.core.engine.parallel.loopback_rendezvous import keep_ranks_on_loopback
-from torchlab.core.wire.cpu_share import WAIT_POLICY_VARIABLE
-from torchlab.core.wire.options import OptionChangeError, usable_cpus
+from torchlab.core.cpu_share import WAIT_POLICY_VARIABLE
+from torchlab.core.options import OptionChangeError, usable_cpus
 from torchlab.core.wire.payloads import RankFigures
 
 #: The module a supervised rank runs (``python -m``): how the supervisor and the telemetry tell a rank's process.

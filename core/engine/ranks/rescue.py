@@ -22,7 +22,7 @@ from torchlab.core.engine.guards.oom_rescue import (
 )
 from torchlab.core.wire.events import OomRescued, RunStarted
 from torchlab.core.wire.metrics_row import MetricsRow
-from torchlab.core.wire.options import OOM_RESCUE, LiveOptions
+from torchlab.core.options import OOM_RESCUE, LiveOptions
 from torchlab.core.wire.payloads import MemoryBreakdown
 from torchlab.core.wire.protocol import CheckpointSaved, Message, OptionApplied
 

@@ -61,7 +61,7 @@ from torchlab.core.records.storage import make_folder, write_atomically
 from torchlab.core.wire.events import Relaunching, ResumeChangedSettings, ResumedFromCheckpoint, RunStarted
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
-from torchlab.core.wire.options import OPTION_NAMES, OptionChangeError, live_option
+from torchlab.core.options import OPTION_NAMES, OptionChangeError, live_option
 from torchlab.core.wire.payloads import TelemetrySample
 from torchlab.core.wire.protocol import Error, Message, OptionApplied, StopCommand, TrainerCommand
 from torchlab.core.wire.run_status import RunStatus

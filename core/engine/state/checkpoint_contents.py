@@ -25,7 +25,7 @@ import torch
 
 from torchlab.core.engine.adapters.loading import spec_as_shown
 from torchlab.core.errors import ConfigError, shown
-from torchlab.core.wire.options import OPTION_NAMES, OptionChangeError, parse_option_value
+from torchlab.core.options import OPTION_NAMES, OptionChangeError, parse_option_value
 from torchlab.core.wire.strict_json import MAX_INT, nests_deeper_than  # a count torchlab writes fits in 64 bits
 
 #: How deep a value in a checkpoint may nest: torchlab's go 4 levels deep (``optimizer.param_groups[0].params``).

@@ -76,7 +76,7 @@ def supervisor_at(tmp_path, step: int, checkpoint_step: int | None, batch_norm_l
     to checkpoint, and a checkpoint of ``checkpoint_step`` where given; its ``_rescue_from`` decides on a failure."""
     from torchlab.core.engine.ranks.rescue import RankRescue
     from torchlab.core.wire.events import RunStarted
-    from torchlab.core.wire.options import LiveOptions
+    from torchlab.core.options import LiveOptions
     from torchlab.core.wire.protocol import CheckpointSaved
 
     rescue = RankRescue(resume_from=None)
@@ -126,7 +126,7 @@ def test_with_ranks_the_checkpointing_rung_takes_the_blocks_rank_0_measured_savi
 
     from torchlab.core.engine.ranks.rescue import RankRescue
     from torchlab.core.wire.events import RunStarted
-    from torchlab.core.wire.options import LiveOptions
+    from torchlab.core.options import LiveOptions
     from torchlab.core.wire.payloads import MemoryBreakdown, ModuleBytes
 
     blocks = [f"blocks.{index}" for index in range(4)]
@@ -209,7 +209,7 @@ def test_a_batch_the_engine_cannot_split_goes_to_checkpointing_saying_why():
 
 def test_the_ladder_below_splits_checkpoints_a_quarter_of_the_blocks_then_half_then_all_or_all_at_once_unmeasured():
     from torchlab.core.engine.guards.oom_rescue import rung_after
-    from torchlab.core.wire.options import LiveOptions
+    from torchlab.core.options import LiveOptions
 
     blocks = [f"layer.{index}" for index in range(8)]
     saved = {name: 100 + 10 * index for index, name in enumerate(blocks)}  # the last saves the most

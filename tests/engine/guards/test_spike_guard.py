@@ -17,7 +17,7 @@ from torchlab.core.engine.host_copy import HostCopy
 from torchlab.core.engine.guards.spike_guard import MIN_HISTORY, NORM_FACTOR_FLOOR, SHIFT_STEPS, SpikeDetector
 from torchlab.core.errors import EXIT_OK
 from torchlab.core.launch.cli import main
-from torchlab.core.wire.options import OptionChangeError
+from torchlab.core.options import OptionChangeError
 
 TINY = WORKLOADS / "tiny.py"
 SPIKE = f"{TINY}:spike_at_step_21"

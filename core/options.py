@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, make_dataclass, replace
 from typing import Any
 
-from torchlab.core.wire.cpu_share import usable_cores
+from torchlab.core.cpu_share import usable_cores
 from torchlab.core.errors import shown
 
 _OFF_WORDS = {"off", "none", "no", "false", "0", ""}
@@ -33,7 +33,7 @@ _AUTO_WORD = "auto"
 
 def usable_cpus() -> int:
     """The CPU cores this process may use: its affinity, or its cgroup's CPU quota where that is smaller
-    (core/wire/cpu_share.py)."""
+    (core/cpu_share.py)."""
     return usable_cores()
 
 

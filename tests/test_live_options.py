@@ -1,5 +1,5 @@
 """The live-option registry: every option's flag, key, prompt, panel row, palette entry and trainer hook
-come from its one object in core/wire/options.py, so none can be missing or disagree with another."""
+come from its one object in core/options.py, so none can be missing or disagree with another."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from torchlab.core.engine.option_hooks import _ENACT_HOOKS
 from torchlab.core.launch.arguments import build_parser, resolve_config
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.options import CHECKPOINTING, LIVE_OPTIONS, OPTION_NAMES, Choice, LiveOptions, Number, OptionChangeError, Switch
+from torchlab.core.options import CHECKPOINTING, LIVE_OPTIONS, OPTION_NAMES, Choice, LiveOptions, Number, OptionChangeError, Switch
 from torchlab.tui.app_keys import KEY_ACTIONS
 
 #: A value each option accepts that is not its default, as typed on a command line, and its parsed form.

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trainers import TINY
-from torchlab.core.wire.cpu_share import (
+from torchlab.core.cpu_share import (
     cgroup_quota_cores,
     decide_threads,
     prefer_passive_openmp_waits,
