@@ -114,7 +114,9 @@ class StepBoundary:
         progress.scripted_through = max(progress.scripted_through, next_step)
 
     def _take(self) -> list[TrainerCommand]:
-        """What is queued; while paused, wait up to 0.25 s for the first. A signalled stop goes last."""
+        """What is queued; while paused, wait up to 0.25 s for the first. A signalled stop (Ctrl-C, SIGTERM) is taken
+        alone: nothing else starts once the user asked to stop, and what was queued stays queued (``pending``: handed
+        on, or queued again by a resume's scripted entries)."""
         commands: list[TrainerCommand] = []
         waits = self.paused and not self.ends_run
         # Nearly every boundary finds the queue empty: said by ``empty()``, not by raising ``queue.Empty``.
