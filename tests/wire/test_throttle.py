@@ -70,3 +70,20 @@ def test_the_count_of_held_back_commands_comes_before_the_next_one_let_through()
     throttled.close(step=4)
     assert [(r["event"], r["step"], r.get("count")) for r in journal.records] == [
         ("option_refused", 1, None), ("lines_refused_unrecorded", 4, 2), ("option_refused", 4, None)]
+
+
+def test_the_journal_behind_the_throttle_gets_every_call_an_observer_takes_before_checkpoint_too():
+    """Found by the combination matrix (app_error_restart): RefusedCommands took ``before_checkpoint`` as the
+    observer's default, nothing, so the app's trainer process never told its run directory to write the rows it held
+    before a checkpoint landed; a kill then lost the rows of steps 7 and 8 that ``last.pt`` (step 8) held, for good.
+    Every call a TrainerObserver takes is passed on: a call added to the base is one to pass on here too."""
+    calls = [name for name in vars(TrainerObserver) if not name.startswith("_")]
+    assert set(calls) <= set(vars(RefusedCommands)), set(calls) - set(vars(RefusedCommands))
+
+    class Spy(Journal):
+        def before_checkpoint(self, step):
+            self.records.append({"before_checkpoint": step})
+
+    journal = Spy()
+    RefusedCommands(journal).before_checkpoint(8)
+    assert journal.records == [{"before_checkpoint": 8}]
