@@ -61,6 +61,12 @@ class Evidence:
         # with the last, and that is what the impact table, the CSV and TensorBoard can show for it
         return [{"option": option, "value": value, "step": step} for (option, step), value in last.items()]
 
+    def applied_to_a_trained_step(self) -> list[dict[str, Any]]:
+        """``applied()`` less a change no step trained under: a restart's change at the step after a checkpoint of the
+        run's last step (the kill landed after its last step) is in the journal and compare's list, but begins no row,
+        no segment, no TensorBoard text."""
+        return [event for event in self.applied() if event["step"] <= self.last_step]
+
 
 def _lines(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
@@ -145,7 +151,7 @@ def scripted_change_acknowledged(evidence: Evidence) -> str | None:
 def applied_changes_in_impact_history(evidence: Evidence) -> str | None:
     path = evidence.run / "impact.json"
     segments = json.loads(path.read_text()) if path.exists() else []
-    for event in evidence.applied():
+    for event in evidence.applied_to_a_trained_step():
         option = event["option"]
         if not OPTIONS_BY_NAME[option].shapes_a_step:
             continue
@@ -159,7 +165,7 @@ def applied_changes_in_csv(evidence: Evidence) -> str | None:
     if evidence.csv is None:
         return None
     rows = {int(row["step"]): row for row in csv.DictReader(evidence.csv.open())}
-    for event in evidence.applied():
+    for event in evidence.applied_to_a_trained_step():
         row = rows.get(event["step"])
         if row is None or not _same(event["option"], row.get(event["option"]), event["value"]):
             shown = None if row is None else row.get(event["option"])
@@ -192,7 +198,7 @@ def applied_changes_in_tensorboard(evidence: Evidence) -> str | None:
     texts = [(tensor.step, b" ".join(tensor.tensor_proto.string_val).decode())
              for tag in accumulator.Tags()["tensors"] if tag.startswith("options")
              for tensor in accumulator.Tensors(tag)]
-    for event in evidence.applied():
+    for event in evidence.applied_to_a_trained_step():
         if not any(step == event["step"] and f"{event['option']} = " in text for step, text in texts):
             return f"{event['option']} applied at step {event['step']} is not in TensorBoard's options text ({texts[:3]})"
     return None
