@@ -69,9 +69,14 @@ class Evidence:
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
+    """The journal's whole lines: read while the run writes, its last may be half written (no newline yet). Read
+    so, it crashed the whole matrix at cell 109 of 172 (JSONDecodeError), and the run it was watching, never stopped,
+    waited on with its pipes closed."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    whole = text[: text.rfind("\n") + 1]
+    return [json.loads(line) for line in whole.splitlines() if line.strip()]
 
 
 def _same(option: str, a: Any, b: Any) -> bool:

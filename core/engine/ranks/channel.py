@@ -197,6 +197,8 @@ class RankChannel:
             self.observer.on_event(record)
         except StorageError as error:
             self._storage_failed(error)
+        except Exception:  # an observer that fails on every call (a terminal gone): the line stays refused, and read on
+            pass
 
     def _dispatch_or_stop(self, message: RankMessage, connection: socket.socket) -> None:
         """Pass a report on; if the run directory cannot take it (a full disk), stop the ranks at their next
@@ -238,6 +240,8 @@ class RankChannel:
         except StorageError as error:
             failure = str(error)
             self._storage_failed(error)
+        except Exception:  # a fault of an observer after the journal (a terminal gone): answered all the same, or rank 0
+            pass  # would wait for ever, and its ranks with it
         with self._lock:
             try:
                 _send(connection, RowsWritten(step=step, failure=failure))

@@ -365,3 +365,29 @@ def test_a_report_the_supervisor_fails_on_is_refused_and_the_next_one_relayed(su
     assert rank0.read().reason == "this report failed: ValueError: a bug"
     until(lambda: recorder.metrics, "the next report")
     assert recorder.metrics == [metrics_row(2, loss=2.5)] and faults == []
+
+
+def test_an_observer_that_fails_every_call_refuses_the_report_and_rank_0_still_gets_its_answer(supervisor_end, monkeypatch):
+    """Found by the combination matrix: a headless run whose stderr's reader went away (the matrix's own crash; a
+    pipe into ``head``): every line of its progress bar raised BrokenPipeError. The relay refused the report, the
+    journalling of that refusal failed the same way, and the relay's thread died: rank 0 waited for ``RowsWritten``
+    at its next checkpoint for ever, and its ranks with it. The relay now outlives any observer's fault, and a
+    checkpoint's rows are always answered."""
+    channel, recorder, connect = supervisor_end
+    faults = []
+    monkeypatch.setattr(threading, "excepthook", faults.append)
+
+    def terminal_gone(*_):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(recorder, "on_metrics", terminal_gone)
+    monkeypatch.setattr(recorder, "on_event", terminal_gone)
+    monkeypatch.setattr(recorder, "before_checkpoint", terminal_gone, raising=False)
+    rank0 = connect(channel.token)
+    rank0.socket.settimeout(10)
+    rank0.send(metrics_line(1) + rc.RowsFirst(step=1).encode())
+    assert rank0.read().reason == "this report failed: BrokenPipeError: [Errno 32] Broken pipe"
+    assert rank0.read() == rc.RowsWritten(step=1, failure="")
+    rank0.send(metrics_line(2))
+    assert rank0.read().reason.startswith("this report failed")  # still relaying
+    assert faults == [] and channel._thread.is_alive()
