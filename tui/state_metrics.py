@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from torchlab.core.wire import protocol
 from torchlab.core.wire.events import HELD_BACK, LET_THROUGH, SpikeGuarded, describe
 from torchlab.core.wire.metric_names import training_key
-from torchlab.core.wire.metrics_row import MetricsRow
+from torchlab.core.wire.metrics_row import MetricsRow, column
 from torchlab.core.options import SPIKE_GUARD
 from torchlab.core.wire.typed_json import UnreadableValue
 from torchlab.tui.gradient_flags import flag_for
@@ -35,6 +35,12 @@ from torchlab.tui.unchecked_numbers import all_finite_numbers, float_or_none, in
 
 if TYPE_CHECKING:
     from torchlab.tui.run_history import RunHistory
+
+#: The columns of a metrics batch the app reads, named once (``column`` fails here, as the app loads, for a name that
+#: is no column of the rows: a renamed field would otherwise leave a chart empty without a word).
+STEP, LOSS, LR, SAMPLES_PER_S, STEP_TIME, VAL_LOSS = map(column, ("step", "loss", "lr", "samples_per_s", "step_time_s",
+                                                                 "val_loss"))
+SKIPPED, SPIKE, LRS, METRICS, VAL_METRICS = map(column, ("skipped", "spike", "lrs", "metrics", "val_metrics"))
 
 #: The most LR groups and workload metrics kept as series (each is a chart line); names cut to this many characters.
 MAX_NAMED_SERIES = 32
@@ -182,7 +188,7 @@ class MetricsFolding:
 
     def _journal_series(self, key: str) -> Series | None:
         """The series a figure of metrics.jsonl (run_history's key) is drawn from; None past MAX_NAMED_SERIES."""
-        common = {"loss": self.loss, "val_loss": self.val_loss, "lr": self.lr, "samples_per_s": self.samples_per_s}
+        common = {LOSS: self.loss, VAL_LOSS: self.val_loss, LR: self.lr, SAMPLES_PER_S: self.samples_per_s}
         if key in common:
             return common[key]
         kind, _, name = key.partition(".")
@@ -208,8 +214,8 @@ class MetricsFolding:
         self.step = max(self.step, max(steps))
         columns = self._take_spikes(steps, columns)
         self._extend_series(steps, columns)
-        self._take_step_times(columns.get("step_time_s"))
-        self._log_skipped_steps(steps, columns.get("skipped"))
+        self._take_step_times(columns.get(STEP_TIME))
+        self._log_skipped_steps(steps, columns.get(SKIPPED))
         try:
             self._take_last_row(protocol.Metrics(columns=columns).row(-1))
         except UnreadableValue as error:
@@ -223,7 +229,7 @@ class MetricsFolding:
         if not isinstance(columns, dict) or not all(isinstance(values, list) for values in columns.values()):
             self.log(EntryLevel.WARNING, "ignored a metrics batch that is not columns of values")
             return None
-        if "step" not in columns:
+        if STEP not in columns:
             self.log(EntryLevel.WARNING, "ignored a metrics batch without a step column")
             return None
         if len(set(map(len, columns.values()))) > 1:
@@ -234,7 +240,7 @@ class MetricsFolding:
     def _rows_with_a_step(self, columns: dict[str, list]) -> tuple[dict[str, list], list[int]]:
         """The columns without the rows that have no usable step (null, text, a non-finite number: a point needs its
         step), counted in a warning, and the steps as ints. The usual batch, all ints, passes on one type check."""
-        steps = columns["step"]
+        steps = columns[STEP]
         if set(map(type, steps)) == {int}:
             return columns, steps
         checked = [int_or_none(step) for step in steps]
@@ -249,26 +255,26 @@ class MetricsFolding:
     def _take_spikes(self, steps: list[int], columns: dict[str, list]) -> dict[str, list]:
         """Marks the steps the ``spike`` column names on the loss chart; returns the columns with the loss of each
         batch the spike guard held back left out (a bad batch's loss, not the run's: a mark, not a point)."""
-        spikes = columns.get("spike")
+        spikes = columns.get(SPIKE)
         if spikes is None or not any(spike is not None for spike in spikes):
             return columns
         self.mark_spikes([step for step, spike in zip(steps, spikes) if spike is not None])
         held_back = [isinstance(spike, str) and spike in HELD_BACK for spike in spikes]
-        if True in held_back and "loss" in columns:
-            return {**columns, "loss": [None if held else loss for held, loss in zip(held_back, columns["loss"])]}
+        if True in held_back and LOSS in columns:
+            return {**columns, LOSS: [None if held else loss for held, loss in zip(held_back, columns[LOSS])]}
         return columns
 
     def _extend_series(self, steps: list[int], columns: dict[str, list]) -> None:
         """Each chart's series by the column it is drawn from, then the named ones (LR groups, workload metrics)."""
-        for key, series in (("loss", self.loss), ("lr", self.lr), ("samples_per_s", self.samples_per_s),
-                            ("step_time_s", self.step_time), ("val_loss", self.val_loss)):
+        for key, series in ((LOSS, self.loss), (LR, self.lr), (SAMPLES_PER_S, self.samples_per_s),
+                            (STEP_TIME, self.step_time), (VAL_LOSS, self.val_loss)):
             values = columns.get(key)
             if values is not None:
                 _extend_with_finite(series, steps, values)
-        self._take_named(steps, columns.get("lrs"), self.group_lrs,
+        self._take_named(steps, columns.get(LRS), self.group_lrs,
                          lambda name: self.group_lrs.setdefault(name, Series()))
-        self._take_named(steps, columns.get("metrics"), self.workload_metrics, lambda name: self._metric_pair(name)[0])
-        self._take_named(steps, columns.get("val_metrics"), self.workload_metrics,
+        self._take_named(steps, columns.get(METRICS), self.workload_metrics, lambda name: self._metric_pair(name)[0])
+        self._take_named(steps, columns.get(VAL_METRICS), self.workload_metrics,
                          lambda name: self._metric_pair(training_key(name, self.workload_metrics))[1])
 
     def _take_step_times(self, times: list | None) -> None:

@@ -167,6 +167,19 @@ _SET_ONLY_DEFAULTS = tuple(default for _, default in _WRITTEN if default is not 
 _before_options, _options_of, _set_only = attrgetter(*_BEFORE_OPTIONS), attrgetter(*OPTION_NAMES), attrgetter(*_SET_ONLY_NAMES)
 
 
+#: every key of a row's JSON, and so every column of a metrics batch: the fields, the options flat among them
+_COLUMNS = frozenset(name for name, _ in _WRITTEN if name != "options") | frozenset(OPTION_NAMES)
+
+
+def column(name: str) -> str:
+    """``name``, a column of the metrics rows (a field of ``MetricsRow``, or a live option's name). A reader of the
+    columns names them through this, so that a renamed field fails where it is read, as the reader loads, and not as
+    an empty chart."""
+    if name not in _COLUMNS:
+        raise KeyError(f"{name!r} is no column of the metrics rows")
+    return name
+
+
 def columns_of(rows: list[MetricsRow], leave_out: tuple[str, ...] = ()) -> dict[str, list[Any]]:
     """The JSON objects of ``rows`` as columns, each key -> its values in order, less the fields ``leave_out``: a
     field a row does not write is null in its column, one no row writes has none. Read field by field, not row by

@@ -165,3 +165,13 @@ def test_the_test_rows_are_rows_that_read_back():
     """tests/helpers/metrics_rows.py builds the rows the other tests feed the readers: each is one a journal could hold."""
     row = metrics_row(4, amp="bf16", val_loss=1.5, lrs={"head": 0.1})
     assert MetricsRow.from_json(strict_json.loads(to_json_line(row.json_object()))) == row
+
+
+def test_a_reader_names_a_column_through_column_which_refuses_a_name_that_is_none():
+    """The app's reader of metrics batches names its columns through ``column`` (tui/state_metrics.py): a field renamed
+    here fails as the app loads, not as an empty chart."""
+    from torchlab.core.wire.metrics_row import column
+
+    assert [column(name) for name in ("step", "loss", "val_metrics", "amp")] == ["step", "loss", "val_metrics", "amp"]
+    with pytest.raises(KeyError, match="'losses' is no column"):
+        column("losses")
