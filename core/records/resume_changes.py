@@ -32,7 +32,7 @@ class SettingChange:
         return self.setting in BREAKS_EXACTNESS
 
     def describe(self) -> str:
-        return f"{self.setting} {_shown(self.setting, self.stored)} → {_shown(self.setting, self.value)}"
+        return f"{self.setting} {shown_setting(self.setting, self.stored)} → {shown_setting(self.setting, self.value)}"
 
     @classmethod
     def of_record(cls, record: Mapping[str, Any]) -> SettingChange:
@@ -63,7 +63,9 @@ def describe_changes(changes: Sequence[SettingChange]) -> str:
     return f"resumed with {_and(others)}"
 
 
-def _shown(setting: str, value: Any) -> str:
+def shown_setting(setting: str, value: Any) -> str:
+    """A setting's or live option's value as a line for the user writes it: an option as its own words (``off``), a
+    list as ``[1, 2]``, no value as ``default``."""
     if setting in OPTION_NAMES:
         return format_option_value(setting, value)
     if isinstance(value, tuple):

@@ -13,8 +13,9 @@ from typing import Any
 
 from torchlab.core.errors import ConfigError, WorkloadError, shown
 from torchlab.core.records.config import TrainConfig, suggestion
+from torchlab.core.records.resume_changes import shown_setting
 from torchlab.core.records.settings import SETTINGS
-from torchlab.core.options import OPTIONS_BY_NAME, LiveOptions, OptionChangeError, format_option_value, parse_option_value
+from torchlab.core.options import OPTIONS_BY_NAME, LiveOptions, OptionChangeError, parse_option_value
 
 #: What ``Workload.settings`` may not set, and why: each is decided before the workload's code runs.
 NOT_THE_WORKLOADS = {
@@ -90,7 +91,7 @@ def changed_since_the_start(config: TrainConfig, options: LiveOptions, settings:
     _, differ = with_workload_settings(current, settings, explicit, f"workload {config.workload}")
     if not differ:
         return None
-    said = ", ".join(f"{name} {_shown(name, theirs)} (the run's: {_shown(name, value_of(current, name))})"
+    said = ", ".join(f"{name} {shown_setting(name, theirs)} (the run's: {shown_setting(name, value_of(current, name))})"
                      for name, theirs in differ.items())
     flags = " ".join(word for name, theirs in differ.items() for word in _flag(name, theirs))
     return (f"the workload's own starting values differ from the run's: {said}. A resume keeps the run's; to take the "
@@ -100,7 +101,3 @@ def changed_since_the_start(config: TrainConfig, options: LiveOptions, settings:
 def _flag(name: str, value: Any) -> list[str]:
     option = OPTIONS_BY_NAME.get(name)
     return option.flag_arguments(value) if option is not None else [f"--{name.replace('_', '-')}", str(value)]
-
-
-def _shown(name: str, value: Any) -> str:
-    return format_option_value(name, value) if name in OPTIONS_BY_NAME else str(value)
