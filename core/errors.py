@@ -34,6 +34,11 @@ class StorageError(TorchlabError):
     what is still intact."""
 
 
+class ForecastError(TorchlabError):
+    """A step whose memory cannot be predicted on fake tensors (an op whose result depends on the data); the message
+    names the op. Nothing failed but the prediction: the model may train."""
+
+
 class NonFiniteError(TorchlabError):
     """Training produced NaN/Inf; carries the report that localises it."""
 
@@ -53,7 +58,7 @@ def exit_status(error: TorchlabError) -> int:
     """The status a process that stopped on ``error`` exits with."""
     if isinstance(error, NonFiniteError):
         return EXIT_NONFINITE
-    return EXIT_FAILED if isinstance(error, (StorageError, WorkloadExited)) else EXIT_USAGE
+    return EXIT_FAILED if isinstance(error, (StorageError, WorkloadExited, ForecastError)) else EXIT_USAGE
 
 
 #: How much of a value given by someone else a message repeats: each string, number and item, and the whole.

@@ -34,3 +34,22 @@ def format_bytes(count: Any, missing: str = "–") -> str:
         return missing
     unit, scale = byte_unit(count)
     return f"{three_digits(count / scale)} {unit}" if unit != "B" else f"{count:.0f} B"
+
+
+_READ_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
+               "g": 1024**3, "gb": 1000**3, "gib": 1024**3, "t": 1024**4, "tb": 1000**4, "tib": 1024**4}
+
+
+def parse_bytes(text: str) -> int:
+    """``80GiB``, ``80 GB``, ``81920M``, ``1.5T``, ``4096``: a size as a user types it, in bytes (a bare ``G`` is a GiB,
+    as ``nvidia-smi`` and ``free -h`` mean it). ValueError where it is not one."""
+    stripped = text.strip().lower()
+    number = stripped.rstrip("abcdefghijklmnopqrstuvwxyz").strip()
+    unit = stripped[len(number):].strip() if number else ""
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size; write it as 80GiB, 80GB or 81920MiB") from None
+    if unit not in _READ_UNITS or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{text!r} is not a size; write it as 80GiB, 80GB or 81920MiB")
+    return int(value * _READ_UNITS[unit])

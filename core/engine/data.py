@@ -369,16 +369,26 @@ def dataset_size(dataset: Dataset, field: str) -> int:
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:
+    return map_batch_tensors(batch, lambda tensor: _to_device(tensor, device))
+
+
+def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if tensor.is_cpu and device.type == "cpu":  # what ``.to`` would return, without its call (each step, each tensor)
+        return tensor
+    return tensor.to(device, non_blocking=device.type == "cuda")
+
+
+def map_batch_tensors(batch: Any, convert: Callable[[torch.Tensor], Any]) -> Any:
+    """``batch`` with each tensor in it converted: inside dicts, namedtuples, lists, tuples and the user's own batch
+    dataclasses; anything else as it is."""
     if isinstance(batch, torch.Tensor):
-        if batch.is_cpu and device.type == "cpu":  # what ``.to`` would return, without its call (each step, each tensor)
-            return batch
-        return batch.to(device, non_blocking=device.type == "cuda")
+        return convert(batch)
     if isinstance(batch, dict):
-        return {key: move_to_device(value, device) for key, value in batch.items()}
+        return {key: map_batch_tensors(value, convert) for key, value in batch.items()}
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(move_to_device(item, device) for item in batch))
+        return type(batch)(*(map_batch_tensors(item, convert) for item in batch))
     if isinstance(batch, (list, tuple)):
-        return type(batch)(move_to_device(item, device) for item in batch)
-    if is_batch_dataclass(batch):  # a batch of the user's own type: its fields moved
-        return replaced_fields(batch, lambda item: move_to_device(item, device))
+        return type(batch)(map_batch_tensors(item, convert) for item in batch)
+    if is_batch_dataclass(batch):  # a batch of the user's own type: its fields converted
+        return replaced_fields(batch, lambda item: map_batch_tensors(item, convert))
     return batch

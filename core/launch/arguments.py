@@ -47,6 +47,7 @@ SUBCOMMANDS = {
     "serve": "the workbench on a running run in a browser, over a forwarded port",
     "compare": "runs side by side: curves, the settings that differ, option changes",
     "export": "a run's figures for other tools: TensorBoard event files, CSV",
+    "plan": "will it fit: each setting's peak memory per rank, predicted before launching",
 }
 
 
@@ -168,7 +169,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[TrainConfig, set[str]]:
     """The merged config, and the names of the settings and live options given explicitly (``explicit_names``).
 
     With ``--resume``, this is what the flags alone say (checked here, without torch); the trainer's
-    process starts from the checkpoint's configuration instead (core/launch/plan.py).
+    process starts from the checkpoint's configuration instead (core/launch/training_plan.py).
     """
     file_settings, flags = setting_layers(args)
     config = build_config(file_settings, flags)

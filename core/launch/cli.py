@@ -1,7 +1,7 @@
 """``torchlab-tui``: the command line. Parses flags (core/launch/arguments.py) into a TrainConfig and hands
 it to a runner: the app (default; the trainer runs in a child process), a headless run (``--headless``),
 or one of the commands ``torchlab-tui --help`` lists (arguments.py's ``SUBCOMMANDS``): ``attach``, ``stop``,
-``serve``, ``compare``, ``export``.
+``serve``, ``compare``, ``export``, ``plan``.
 
 This module imports no torch: the app's process must stay torch-free, and a usage error should be
 reported in milliseconds.
@@ -54,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         from torchlab.core.launch.export import main as export
 
         return export(arguments[1:])
+    if arguments[:1] == ["plan"]:
+        from torchlab.core.launch.plan import main as plan
+
+        return plan(arguments[1:])
     args = build_parser().parse_args(argv)
     try:
         config, _ = resolve_config(args)  # the flags checked before anything starts, torch or not
@@ -61,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.headless:
             return run_app(config, args, list(sys.argv[1:] if argv is None else argv))
         from torchlab.core.launch.headless import run_headless  # imports torch
-        from torchlab.core.launch.plan import plan_training
+        from torchlab.core.launch.training_plan import plan_training
 
         return run_headless(plan_training(args), run_dir=args.run_dir, runs_root=args.runs_root)
     except TorchlabError as error:
@@ -115,7 +119,7 @@ def run_app(config: TrainConfig, args: argparse.Namespace, argv: list[str]) -> i
 
 def resumed_workload(args: argparse.Namespace) -> str | None:
     """The workload a ``--resume`` continues, told without torch (the app's process): the one given, else
-    the one in the run's ``config.toml``. The trainer's process reads the checkpoint itself (core/launch/plan.py)."""
+    the one in the run's ``config.toml``. The trainer's process reads the checkpoint itself (core/launch/training_plan.py)."""
     from torchlab.core.launch.resume_in_place import require_resume_in_place
     from torchlab.core.records.rundir_folder import run_dir_of_checkpoint
     from torchlab.core.safe_open import open_regular

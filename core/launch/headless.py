@@ -32,7 +32,7 @@ from torchlab.core.engine.measure.tensorboard import tensorboard_observers
 from torchlab.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK
 from torchlab.core.errors import StorageError, TorchlabError, WorkloadExited, printable
 from torchlab.core.launch.arguments import exit_code
-from torchlab.core.launch.plan import ConfigRecord, TrainingPlan
+from torchlab.core.launch.training_plan import ConfigRecord, TrainingPlan
 from torchlab.core.records.rundir import RunDirectory
 from torchlab.core.records.rundir_folder import choose_run_dir, refuse_an_unfit_run_dir
 from torchlab.core.wire import events

@@ -1,201 +1,153 @@
-"""What a run trains with, decided in the trainer's process: the flags, or with ``--resume`` the
-checkpoint's own configuration, with any flag given beside it as an override.
+"""``torchlab-tui plan [WORKLOAD] [--device-memory 80GiB] [--gpus 8] [settings]``: will it fit, before launching.
 
-Every checkpoint keeps the whole resolved configuration of its run (``TrainConfig.to_toml``), so
-``--resume RUN_DIR`` alone continues the run as it was started (workload, seed, lr, schedule, warm-up,
-steps, batch size, optimizer, scripted ``--at`` changes) and its live options as they were at the
-checkpoint. Precedence, lowest first: defaults, the checkpoint's configuration, ``--config``, flags.
+The workload is built with its parameters on the ``meta`` device (core/engine/forecast/fake_twin.py
+``parameters_on_meta``: the model's weights are never held), and a step of each candidate setting is run on fake
+tensors (core/engine/forecast/memory_forecast.py): nothing trains, nothing is allocated but what the workload's
+factory makes of its data. The table lists each candidate's predicted peak per rank beside the memory it must fit
+in, with what the peak is made of; ``--json`` writes the same as one JSON object a line, for a script.
 
-A checkpoint never chooses the code that runs. Its stored workload is imported only when
+The memory a rank must fit in: ``--device-memory`` (each GPU's, as on the box the run will launch on); else this
+machine's: the CUDA device's total, or on a CPU the memory available now, shared by the ranks. A peak under
+``FITS_SHARE`` of it fits; up to all of it is tight (what the forecast does not model has to fit there too).
 
-- it is a built-in sample (``mlp``, ``convnet``, ``tiny_gpt``): torchlab's own code, a fixed list; or
-- the checkpoint sits in a run directory of the user's: ``RUN/checkpoints/FILE`` beside ``RUN/config.toml``,
-  the four owned by the user running torchlab (``os.geteuid()``) and none writable by group or others, and
-  ``config.toml`` names the same workload as the checkpoint (so the checkpoint was written by the run the
-  user started there, and no one else could have put it there).
-
-Otherwise the workload is given on the command line (``torchlab-tui my_model.py:workload --resume c.pt``) or in
-``--config``: what the user typed. That goes for ``package.module:factory`` too, though only code already
-installed can be named so: importing a module runs it, and an installed module may do anything when imported
-(``antigravity`` opens a browser; a package's test helpers, a plugin), so a checkpoint from somewhere else may
-name none. The refusal is one paragraph that names the workload, says why it is not imported, and gives the
-command to run it if the user trusts it. A workload given for a checkpoint must have the checkpoint's model
-(the trainer compares parameter names and shapes, core/engine/state/checkpoint_contents.py ``check_model_fits``).
-
-An override that makes the resumed run differ from one that was never stopped (core/records/resume_changes.py)
-is said in one warning line, on the CLI, in the app and in ``events.jsonl``; the run goes on. A larger
-``--steps`` extends the run: the LR schedule re-plans its decay from the checkpoint's step
-(core/engine/schedule.py), with no jump at the boundary.
-
-``config.toml`` is the record of how the run was started: a resume rewrites it only once the checkpoint
-has loaded and only if the configuration changed, and keeps the earlier one beside it
-(``config.before-step-NNNNNNN.toml``). A resume that fails leaves it as it was.
+Exit codes: 0 the table was printed (whatever fits); 1 no candidate could be predicted (an op fake tensors cannot
+run: the paragraph names it); 2 bad input (a setting, a size, the workload).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
-from dataclasses import dataclass, fields
+import shutil
+import sys
+import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.engine.state.checkpoint import checkpoint_file, load_training_state
-from torchlab.core.engine.adapters.loading import SAMPLES, spec_as_shown, spec_as_typed
-from torchlab.core.errors import ConfigError
-from torchlab.core.launch.resume_in_place import require_resume_in_place
-from torchlab.core.launch.arguments import explicit_names, resolve_config, setting_layers, workload_origin
-from torchlab.core.records.config import FromWorkload, TrainConfig, build_config, settings_from_toml
-from torchlab.core.records.resume_changes import SettingChange, resume_note
-from torchlab.core.records.starting_values import with_workload_settings
-from torchlab.core.records.rundir import RunDirectory
-from torchlab.core.safe_open import read_regular_text, who_else_may_write
-from torchlab.core.wire.events import RunStarted
-from torchlab.core.wire.observer import TrainerObserver
+from torchlab.core.errors import EXIT_INTERRUPTED, EXIT_OK, ConfigError, ForecastError, TorchlabError, exit_status, printable
+from torchlab.core.launch.arguments import command_parser, setting_layers
 from torchlab.core.options import LIVE_OPTIONS
-from torchlab.core.wire.protocol import Message
+from torchlab.core.records.config import build_config
+from torchlab.core.records.settings import SETTINGS
+from torchlab.core.launch.capacity import FITS_SHARE, Capacity
+from torchlab.core.units import format_bytes, parse_bytes
 
-#: Derived from other settings, or the record of a change rather than a setting of its own.
-#: Not settings of the training: options are compared at the checkpoint's step; shared_run_dir concerns
-#: only a new run directory (an existing one keeps its modes), so a resume does not change it.
-_NOT_COMPARED = ("options", "schedule_extensions", "shared_run_dir")
-#: The live options that are not also a setting (``steps`` is compared as a setting).
-_LIVE_ONLY = frozenset(option.name for option in LIVE_OPTIONS if not option.setting)
-
-
-@dataclass(frozen=True)
-class TrainingPlan:
-    """The configuration to train with; with a resume, the checkpoint and what the flags changed."""
-
-    config: TrainConfig
-    explicit: set[str]
-    resume: Path | None = None  # the checkpoint file
-    changes: tuple[SettingChange, ...] = ()
-    config_changed: bool = False  # the resolved configuration differs from the checkpoint's
-    workload_origin: str | None = None  # what was typed where, when the workload is recorded otherwise (a comment)
-
-    def resume_note(self) -> dict[str, Any] | None:
-        """What this resume changed, as the run journals it (``resume_changed_settings``); None where nothing did."""
-        return resume_note(self.changes)
+#: The widest a candidate's change is written on its row (77 columns in all); a longer one has a line of its own.
+_CHANGE_WIDTH = 28
 
 
-def plan_training(args: argparse.Namespace) -> TrainingPlan:
-    """The configuration a trainer process runs with, from the parsed command line."""
-    if args.resume is None:
-        config, explicit = resolve_config(args)
-        return TrainingPlan(config, explicit, workload_origin=workload_origin(args))
-    require_resume_in_place(args.resume, args.run_dir)  # a run goes on in its own directory, or is refused
-    checkpoint = checkpoint_file(args.resume)
-    state = load_training_state(checkpoint, mmap=True)  # memory-mapped: the tensors are read once, for the digest
-    stored_settings = settings_from_toml(state.config, f"the configuration in {checkpoint}")
-    stored = build_config(stored_settings)
-    file_settings, flags = setting_layers(args)
-    if "workload" not in flags and "workload" not in file_settings:
-        _refuse_to_import(stored.workload, checkpoint)
-    layers = [stored_settings, file_settings, flags]
-    config = build_config(*layers)
-    step = state.step
-    if config.steps != stored.steps:
-        config = build_config(*layers, _extension(stored, config, step, checkpoint))
-    explicit = explicit_names(file_settings, flags)
-    changes = [
-        SettingChange(f.name, _comparable(stored, f.name), _comparable(config, f.name))
-        for f in fields(TrainConfig)
-        if f.name not in _NOT_COMPARED and _comparable(stored, f.name) != _comparable(config, f.name)
-    ]
-    live_at_checkpoint = state.options
-    for name in sorted(explicit & _LIVE_ONLY - {"world_size"}):  # the world size is the supervisor's to say
-        value = getattr(config.options, name)
-        if name in live_at_checkpoint and live_at_checkpoint[name] != value:
-            changes.append(SettingChange(name, live_at_checkpoint[name], value))
-    return TrainingPlan(config, explicit, checkpoint, tuple(changes), config_changed=config != stored,
-                        workload_origin=workload_origin(args))
+def build_plan_parser() -> argparse.ArgumentParser:
+    parser = command_parser("plan")
+    parser.add_argument("workload", nargs="?", default=None, help="as for training: a built-in sample, "
+                        "path/to/file.py[:factory] or package.module:factory (default: the sample mlp)")
+    parser.add_argument("--device-memory", metavar="SIZE", help="the memory of each GPU the run will have, as 80GiB "
+                        "or 80GB (default: this machine's: its GPU's, or the RAM available now, shared by the ranks)")
+    parser.add_argument("--gpus", type=int, metavar="N", help="the ranks to plan for: DDP and FSDP2 on N are listed "
+                        "(default: the configured --world-size)")
+    parser.add_argument("--json", action="store_true", help="one JSON object a line, each candidate's prediction")
+    parser.add_argument("--config", type=Path, metavar="FILE.toml", help="settings file (a run's config.toml works)")
+    for setting in SETTINGS:
+        if setting.group in ("training", "live"):
+            setting.add_flag(parser)
+    for option in LIVE_OPTIONS:
+        if not option.setting:
+            option.add_flag(parser)
+    parser.set_defaults(**{setting.name: None for setting in SETTINGS if setting.group not in ("training", "live")},
+                        at=[], trial=[])
+    return parser
 
 
-def _refuse_to_import(workload: str, checkpoint: Path) -> None:
-    """The ConfigError for a workload that ``checkpoint`` names and that is not to be imported on its word."""
-    reason = refusal_to_import(workload, checkpoint)
-    if reason is None:
-        return
-    typed = spec_as_typed(workload) or "path/to/file.py:factory"
-    raise ConfigError(
-        f"--resume {checkpoint}: the checkpoint names the workload {spec_as_shown(workload)}, which torchlab does not "
-        f"import on a checkpoint's word outside a run directory of yours: {reason}. Anyone can write a checkpoint, "
-        f"and the code it names would run as you. If you trust that code, give it on the command line: "
-        f"torchlab-tui {typed} --resume {checkpoint}"
-    )
+def main(argv: list[str]) -> int:
+    args = build_plan_parser().parse_args(argv)
+    try:
+        return _plan(args)
+    except TorchlabError as error:
+        print(f"torchlab-tui plan: {printable(error, keep_lines=True)}", file=sys.stderr)
+        return exit_status(error)  # 1 where nothing could be predicted (ForecastError), 2 for bad input
+    except KeyboardInterrupt:
+        print("torchlab-tui plan: interrupted; nothing was trained or written.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `torchlab-tui plan --json | head -1`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not fail again
+        return EXIT_OK
 
 
-def refusal_to_import(workload: str, checkpoint: Path) -> str | None:
-    """Why the workload that ``checkpoint`` names may not be imported on its word, or None where it may be: a
-    built-in sample, or a checkpoint in a run directory of the user's whose config.toml names it (the module
-    docstring has the rule)."""
-    if workload.strip() in SAMPLES:
+def _plan(args: argparse.Namespace) -> int:
+    given = _given_memory(args.device_memory)
+    if args.gpus is not None and not 1 <= args.gpus <= 1024:
+        raise ConfigError(f"gpus (--gpus) {args.gpus}: a whole number of ranks from 1 to 1024.")
+    config = build_config(*setting_layers(args))
+
+    from torchlab.core.launch.forecasting import Forecasting  # imports torch
+
+    started = time.perf_counter()
+    forecasting = Forecasting.load(config, args)
+    capacity = given or forecasting.capacity()
+    rows = []
+    for change, shape in forecasting.candidates(args.gpus):
+        prediction, cannot = forecasting.predict(shape)
+        if isinstance(cannot, ForecastError) and not rows:  # the configured step: every other one needs the same op
+            raise cannot
+        rows.append((change, shape, prediction, cannot))
+    if args.json:
+        for change, shape, prediction, cannot in rows:
+            print(json.dumps(_json_row(change, prediction, cannot, capacity, shape.world_size)))
+        return EXIT_OK
+    width = min(shutil.get_terminal_size().columns, 100) - 1
+    print(textwrap.fill(forecasting.heading(time.perf_counter() - started), width))
+    print(textwrap.fill(f"memory: {capacity.source}", width))
+    print()
+    print(_table(rows, capacity, width))
+    print()
+    notes = [f"fits: yes where the peak is under {round(FITS_SHARE * 100)} % of the memory, tight up to all of it, no "
+             f"above. The peak is made of: weights (parameters, the gradients made so far, optimizer state), "
+             f"activations, other (FSDP2's gathered parameters and buffers, DDP's buckets, backward's temporaries).",
+             *forecasting.footnotes()]
+    for note in notes:
+        print(textwrap.fill(note, width))
+    return EXIT_OK
+
+
+def _given_memory(text: str | None) -> Capacity | None:
+    if text is None:
         return None
-    checkpoint = Path(checkpoint)
-    folder, run = checkpoint.parent, checkpoint.parent.parent
-    config = run / "config.toml"
-    if folder.name != "checkpoints" or not config.is_file():
-        return "it is not in a run directory (RUN/checkpoints/ beside RUN/config.toml)"
-    for path in (run, folder, config, checkpoint):
-        fault = who_else_may_write(os.stat(path))
-        if fault is not None:
-            return f"{path} {fault}"
-    named = settings_from_toml(read_regular_text(config), str(config)).get("workload")
-    if named != workload:
-        return f"its run's config.toml names {spec_as_shown(named) if isinstance(named, str) else 'no workload'}"
-    return None
+    try:
+        size = parse_bytes(text)
+        return Capacity(size, shared=False, source=f"{format_bytes(size)} per rank (--device-memory)")
+    except ValueError as error:
+        raise ConfigError(f"device memory (--device-memory): {error}.") from None
 
 
-def _extension(stored: TrainConfig, config: TrainConfig, step: int, checkpoint: Path) -> dict[str, Any]:
-    """The settings that make a new total of steps continue the schedule where the checkpoint left it."""
-    if config.steps < step:
-        raise ConfigError(
-            f"steps (--steps) {config.steps}: {checkpoint.name} is at step {step} already; give a total of at least "
-            f"{step} to continue it (the run was started for {stored.steps} steps)."
-        )
-    layer: dict[str, Any] = {"schedule_extensions": [*stored.schedule_extensions, (step, stored.steps)]}
-    if config.warmup_steps is None:  # a default warm-up follows the total: keep the one the run had
-        layer["warmup_steps"] = stored.resolved_warmup_steps
-    return layer
+def _table(rows: list[tuple[str, Any, Any, Any]], capacity: Capacity, width: int) -> str:
+    header = f"{'peak/rank':>9} {'fits':<5} {'weights':>9} {'activations':>11} {'other':>9}"
+    lines = [f"{'change':<{_CHANGE_WIDTH}}  {header}"]
+    for change, shape, prediction, cannot in rows:
+        label = change
+        if len(change) > _CHANGE_WIDTH:  # whole, on a line of its own: the figures under it
+            lines.append(change)
+            label = ""
+        if cannot is not None or prediction.refused is not None:
+            why = str(cannot) if cannot is not None else prediction.refused
+            lines.append(textwrap.fill(f"{label:<{_CHANGE_WIDTH}}  cannot run: {why}", width,
+                                       subsequent_indent=" " * (_CHANGE_WIDTH + 2)))
+            continue
+        at_peak = prediction.at_peak
+        weights = at_peak["parameters"] + at_peak["gradients"] + at_peak["optimizer"]
+        other = at_peak["gathered"] + at_peak["other"]
+        lines.append(f"{label:<{_CHANGE_WIDTH}}  {format_bytes(prediction.peak_bytes):>9} "
+                     f"{capacity.verdict(prediction.peak_bytes, shape.world_size):<5} {format_bytes(weights):>9} "
+                     f"{format_bytes(at_peak['activations']):>11} {format_bytes(other):>9}")
+    return "\n".join(lines)
 
 
-class ConfigRecord(TrainerObserver):
-    """Writes the run's ``config.toml``: at once for a new run; for a resumed one, once its checkpoint has loaded
-    (the trainer reports ``run_started``) and only if the configuration changed. Where the workload brought its own
-    optimizer or scheduler, or its own starting values (run_started says which), config.toml records them, not the
-    settings they replaced: a new run's is written again then."""
-
-    def __init__(self, directory: RunDirectory, plan: TrainingPlan) -> None:
-        self.directory, self.plan = directory, plan
-        self._pending = True  # the first run_started only: a relaunch for a new world size starts again, not ours
-
-    def write_for_new_run(self) -> None:
-        if self.plan.resume is None:
-            self.directory.write_config(self._toml(None))
-
-    def on_event(self, event: Message) -> None:
-        if not isinstance(event, RunStarted) or not self._pending:
-            return
-        self._pending = False
-        record = FromWorkload.from_mapping(event.from_workload, "run_started") if event.from_workload else None
-        taken = event.workload_settings or {}
-        if self.plan.resume is None:
-            if record is not None or taken:
-                self.directory.write_config(self._toml(record, taken))
-        elif not (self.directory.path / "config.toml").exists():  # resumed into a directory of its own
-            self.directory.write_config(self._toml(record))
-        elif self.plan.config_changed:
-            self.directory.replace_config(self._toml(record), event.step)
-
-    def _toml(self, record: FromWorkload | None, taken: dict[str, Any] | None = None) -> str:
-        """``taken``: the workload's own starting values the new run took (its trainer's configuration holds them)."""
-        config = self.plan.config
-        if taken:
-            config, _ = with_workload_settings(config, taken, frozenset(), "run_started")
-        return config.to_toml(workload_origin=self.plan.workload_origin, from_workload=record,
-                              workload_settings=tuple(taken or ()))
-
-
-def _comparable(config: TrainConfig, name: str) -> Any:
-    return config.resolved_warmup_steps if name == "warmup_steps" else getattr(config, name)
+def _json_row(change: str, prediction: Any, cannot: Exception | None, capacity: Capacity, world_size: int) -> dict:
+    if cannot is not None:
+        return {"change": change, "cannot": str(cannot)}
+    row: dict[str, Any] = {"change": change, "prediction": dataclasses.asdict(prediction)}
+    if prediction.refused is None:
+        row["fits"] = capacity.verdict(prediction.peak_bytes, world_size)
+        row["room_bytes"] = capacity.room(world_size)
+    return row

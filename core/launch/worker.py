@@ -52,7 +52,7 @@ from torchlab.core.wire.throttle import RefusedCommands, RefusedLines
 
 if TYPE_CHECKING:  # imported in the methods that use them: the socket is served while torch and the workload load
     from torchlab.core.engine.ranks.supervisor import Supervisor
-    from torchlab.core.launch.plan import TrainingPlan
+    from torchlab.core.launch.training_plan import TrainingPlan
     from torchlab.core.records.rundir import RunDirectory
 
 #: The parent-death signal: its own signal, so that a detached trainer can ignore it while a plain
@@ -109,7 +109,7 @@ class Worker:
     def run(self) -> int:
         """Set the run up and train it to its end: the process's exit status (the module's docstring says which). A
         failure the trainer cannot report itself reaches the app from here (``_report_failure``)."""
-        from torchlab.core.launch.plan import plan_training
+        from torchlab.core.launch.training_plan import plan_training
         from torchlab.core.records.rundir import RunDirectory
 
         args = build_parser().parse_args(self.training_args)
@@ -136,7 +136,7 @@ class Worker:
         from torchlab.core.engine.measure.tensorboard import tensorboard_observers
         from torchlab.core.engine.parallel.distributed import rank_from_environment
         from torchlab.core.engine.ranks.supervisor import Supervisor
-        from torchlab.core.launch.plan import ConfigRecord
+        from torchlab.core.launch.training_plan import ConfigRecord
 
         self._config = plan.config
         config_record = ConfigRecord(directory, plan)
@@ -438,7 +438,7 @@ def _quiet_rank(run_dir: Path, training_args: list[str]) -> int:
     from torchlab.core.engine.parallel.distributed import rank_from_environment
     from torchlab.core.engine.ranks.supervisor import run_quiet_rank
 
-    from torchlab.core.launch.plan import plan_training
+    from torchlab.core.launch.training_plan import plan_training
 
     args = build_parser().parse_args(training_args)
     try:

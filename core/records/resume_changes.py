@@ -2,7 +2,7 @@
 exactness (the resumed run then differs from one that was never stopped: ``BREAKS_EXACTNESS``), and the note the run
 journals as ``resume_changed_settings`` (``resume_note``), one line for the CLI, the app and ``events.jsonl``.
 
-The launcher's plan makes the changes the flags ask for (core/launch/plan.py); the supervisor adds the world size,
+The launcher's plan makes the changes the flags ask for (core/launch/training_plan.py); the supervisor adds the world size,
 which only it knows (core/engine/ranks/supervisor.py), and says the note again with it, in the same words.
 """
 

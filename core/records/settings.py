@@ -251,7 +251,7 @@ SCHEDULE = ChoiceSetting(
 WARMUP_STEPS = NumberSetting(
     name="warmup_steps", default=None,
     # Not bounded by ``steps``: a live or resumed shortening of the run keeps the warm-up where it was
-    # (core/engine/option_hooks.py, core/launch/plan.py), so it may outlast a run cut short.
+    # (core/engine/option_hooks.py, core/launch/training_plan.py), so it may outlast a run cut short.
     bounds=Bounds(whole=True, minimum=0, maximum=MAX_STEPS, wording="a whole number of steps from {minimum} to {maximum}"),
     group="training", help="cosine warmup", default_means="5% of steps",  # TrainConfig.resolved_warmup_steps
 )

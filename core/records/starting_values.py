@@ -1,7 +1,7 @@
 """A workload's own starting values (``Workload.settings``: a transformers Trainer's TrainingArguments) taken into a
 run's configuration in the place of the defaults, never of what the user gave; and, for a resumed run, which keeps
 its own, what the workload's code now says otherwise. Torch-free: the trainer takes them (``starting_configuration``,
-``changed_since_the_start``) and the launcher writes the configuration they make (core/launch/plan.py
+``changed_since_the_start``) and the launcher writes the configuration they make (core/launch/training_plan.py
 ``ConfigRecord``) with the same function.
 """
 

@@ -25,7 +25,7 @@ from torchlab.core.engine.state.checkpoint import load_checkpoint, save_checkpoi
 from torchlab.core.errors import EXIT_OK, EXIT_USAGE
 from torchlab.core.errors import ConfigError
 from torchlab.core.launch.cli import main
-from torchlab.core.launch.plan import refusal_to_import
+from torchlab.core.launch.training_plan import refusal_to_import
 
 EVIL = """\
 from pathlib import Path

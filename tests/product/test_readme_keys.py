@@ -27,7 +27,7 @@ PAGE_IDS = [str(page.relative_to(ROOT)) for page in PAGES]
 KEY_NAMES = {"?": "question_mark", "/": "slash", "←": "left", "→": "right"}
 #: An inline code span that is a key: one letter (or ?, /, an arrow), or a named key (`space`, `ctrl+p`).
 KEY_SPAN = re.compile(r"[A-Za-z?/←→]|space|escape|enter|tab|(ctrl|shift|alt)\+\w+")
-SUBCOMMAND_MODULES = ("attach", "stop", "serve", "compare", "export")
+SUBCOMMAND_MODULES = ("attach", "stop", "serve", "compare", "export", "plan")
 
 
 def prose(text: str) -> str:

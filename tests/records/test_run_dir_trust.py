@@ -181,7 +181,7 @@ def trained_run(tmp_path) -> Path:
 
 
 def test_a_resume_into_another_users_run_is_refused_before_anything_is_written(trained_run, capsys, as_another_user):
-    """With the workload given (the checkpoint's own checks, core/launch/plan.py, would refuse to import the
+    """With the workload given (the checkpoint's own checks, core/launch/training_plan.py, would refuse to import the
     one it names from a run that is not yours, first), the run directory is still not yours to write into."""
     before = {path: path.stat().st_mtime_ns for path in trained_run.rglob("*")}
     err = refused(capsys, TINY, "--resume", str(trained_run), "--steps", "4")

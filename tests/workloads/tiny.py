@@ -572,3 +572,16 @@ class _CountsItsCalls(nn.Module):
 def recomputes_otherwise() -> Workload:
     model = nn.Sequential(_CountsItsCalls(), _CountsItsCalls(), nn.Linear(8, 1))
     return Workload(model=model, dataset=_regression_data(), loss_fn=mse_loss)
+
+
+def reads_its_loss() -> Workload:
+    """A loss_fn that reads its loss's value in Python (a check many training scripts make): a step that runs on
+    data only, which the memory forecast's fake tensors cannot run."""
+
+    def checked_mse(model: nn.Module, batch) -> torch.Tensor:
+        loss = mse_loss(model, batch)
+        if loss.item() > 1e6:
+            raise RuntimeError("the loss diverged")
+        return loss
+
+    return Workload(model=TinyNet(), dataset=_regression_data(), loss_fn=checked_mse, batch_size=16)

@@ -6,7 +6,7 @@ A spec is a built-in sample name (``tiny_gpt``), ``path/to/file.py:factory`` or
 functions that take no arguments are listed from its source (``ast``), not by importing it. Every way this can go wrong becomes a
 ``WorkloadError`` that names the file and line at fault. ``check_spec`` and ``workload_label`` import
 nothing, so the app can validate a spec without torch; ``load_workload`` runs the user's code, so only a spec
-the user gave is loaded (core/launch/plan.py says when a checkpoint's is). ``spec_as_shown`` and
+the user gave is loaded (core/launch/training_plan.py says when a checkpoint's is). ``spec_as_shown`` and
 ``spec_as_typed`` repeat a spec someone else chose in a message, bounded.
 
 The user's code may call ``sys.exit``: ``exits_as_failure`` turns its SystemExit into a ``WorkloadExited`` naming

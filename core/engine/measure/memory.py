@@ -106,7 +106,7 @@ class SavedTensorCount:
         name = self._modules.get(unit, ROOT_MODULE_NAME)
         for parameter in unit.parameters():
             if not is_shard(parameter):
-                self.gathered[parameter.untyped_storage().data_ptr()] = name
+                self.gathered[storage_key(parameter.untyped_storage())] = name
 
     def released_by(self, unit: torch.nn.Module, args: tuple, output: object) -> None:
         """After ``unit``'s forward: what its ops saved of its gathered parameters is counted, and the addresses of
@@ -121,8 +121,8 @@ class SavedTensorCount:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):  # no storage of its own (sparse, some tensor subclasses)
             return
-        address, size = storage.data_ptr(), storage.nbytes()
-        if size == 0 or address == 0 or address in self._seen:
+        address, size = storage_key(storage), storage.nbytes()
+        if size == 0 or address in self._seen:
             return
         self._seen.add(address)
         unit = self.gathered.get(address)
@@ -179,12 +179,12 @@ class MemoryProbe:
             gradients_bytes=gradients_bytes,
             optimizer_bytes=optimizer_bytes,
             activations_bytes=saved.bytes,
-            gathered_bytes=self._gathered_at_once(saved.gathered_by_unit),
+            gathered_bytes=self.gathered_at_once(saved.gathered_by_unit),
             allocator_peak_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
             by_module=[ModuleBytes(name, size) for name, size in sorted(saved.by_module.items(), key=lambda item: -item[1])],
         )
 
-    def _gathered_at_once(self, by_unit: dict[str, int]) -> int:
+    def gathered_at_once(self, by_unit: dict[str, int]) -> int:
         """Of the gathered parameters saved for backward, what is held at once (see the module docstring)."""
         if not self._reshard_after_forward:
             return sum(by_unit.values())
@@ -213,8 +213,15 @@ def _storages(tensors: Iterable[torch.Tensor]) -> dict[int, int]:
     found: dict[int, int] = {}
     for tensor in tensors:
         storage = local(tensor).untyped_storage()  # sharded (FSDP2): this rank's shard, what it holds
-        found[storage.data_ptr()] = storage.nbytes()
+        found[storage_key(storage)] = storage.nbytes()
     return found
+
+
+def storage_key(storage: torch.UntypedStorage) -> int:
+    """A storage's identity while it lives: its StorageImpl (``_cdata``, what torch's own ``StorageWeakRef`` keys on),
+    the same for every view of it. Not its ``data_ptr``: a fake tensor's is 0 for all (the memory forecast counts
+    with this probe too, core/engine/forecast/)."""
+    return storage._cdata
 
 
 def _unpack(tensor: torch.Tensor) -> torch.Tensor:

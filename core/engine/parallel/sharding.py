@@ -46,30 +46,40 @@ def sharded_units(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def shard(model: torch.nn.Module, blocks: list[torch.nn.Module], optimizer: torch.optim.Optimizer,
           reshard_after_forward: bool, param_dtype: torch.dtype | None) -> FSDPModule:
-    """``fully_shard`` on each block, then on the root, and the optimizer's parameters and state moved onto the
-    shards; the root, whose ``set_requires_gradient_sync`` holds the reduction back between micro-batches.
-    ``reshard_after_forward`` False keeps each block's parameters whole from its forward to its backward (one
-    all-gather a step instead of two, the whole model's parameters held meanwhile). ``param_dtype`` (amp=bf16, which
-    autocasts as in one process: core/engine/precision.py ``ShardedBF16Precision``): where autocast would cast every
-    parameter of a unit to it at every use, the unit's parameters are gathered in it (``unit_policy``)."""
-    from torch.distributed.fsdp import fully_shard
-
+    """The model sharded (``shard_units``) once every rank holds rank 0's weights, and the optimizer's parameters and
+    state moved onto the shards; the root, whose ``set_requires_gradient_sync`` holds the reduction back between
+    micro-batches."""
     refuse_shared_across_blocks(blocks, model)
     _broadcast_from_rank_0(model)
     before = {id(parameter): name for name, parameter in model.named_parameters(remove_duplicate=False)}
+    sharded = shard_units(model, blocks, reshard_after_forward, param_dtype)
+    _move_optimizer(optimizer, before, dict(model.named_parameters(remove_duplicate=False)))
+    return sharded
+
+
+def shard_units(model: torch.nn.Module, blocks: list[torch.nn.Module], reshard_after_forward: bool,
+                param_dtype: torch.dtype | None, mesh: Any = None) -> FSDPModule:
+    """``fully_shard`` on each block, then on the root: the units and their mixed precision, the one definition the
+    ranks train with and the memory forecast (core/engine/forecast/) predicts with, on its own ``mesh`` (a fake
+    process group's). ``reshard_after_forward`` False keeps each block's parameters whole from its forward to its
+    backward (one all-gather a step instead of two, the whole model's parameters held meanwhile). ``param_dtype``
+    (amp=bf16, which autocasts as in one process: core/engine/precision.py ``ShardedBF16Precision``): where autocast
+    would cast every parameter of a unit to it at every use, the unit's parameters are gathered in it
+    (``unit_policy``)."""
+    from torch.distributed.fsdp import fully_shard
+
     owners = _owner_types(model)
     in_blocks = {id(parameter) for block in blocks for parameter in block.parameters()}
     root_own = [parameter for parameter in model.parameters() if id(parameter) not in in_blocks]
     try:
         for block in blocks:
-            fully_shard(block, reshard_after_forward=reshard_after_forward,
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward,
                         mp_policy=unit_policy(list(block.parameters()), owners, param_dtype))
-        fully_shard(model, reshard_after_forward=reshard_after_forward,
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward,
                     mp_policy=unit_policy(root_own, owners, param_dtype))
     except Exception as error:  # a tied parameter in two blocks, a parameter FSDP cannot shard
         raise ConfigError(f"parallel (--parallel) fsdp: FSDP2 could not shard this model: {error}".rstrip(".") + ". "
                           "Train it with --parallel ddp.") from None
-    _move_optimizer(optimizer, before, dict(model.named_parameters(remove_duplicate=False)))
     return model  # type: ignore[return-value]  # fully_shard made the model an FSDPModule in place
 
 

@@ -23,7 +23,7 @@ Loading uses ``weights_only=True``: a checkpoint holds tensors and plain values,
 when read. What the trainer resumes from is also checked against what its save writes, and read as a typed
 record (``load_training_state``, with core/engine/state/checkpoint_contents.py): a ``step`` that is text, a list where a dict belongs, an RNG state that
 would not load, a value nested deeper than torchlab nests, each is one ConfigError naming the entry, before any
-of it is used. A checkpoint never names code to import: core/launch/plan.py says when its stored workload is used.
+of it is used. A checkpoint never names code to import: core/launch/training_plan.py says when its stored workload is used.
 """
 
 from __future__ import annotations

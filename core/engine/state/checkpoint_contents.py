@@ -3,7 +3,7 @@ checkpoint the trainer resumes from holds each entry as the trainer's save write
 
 The trainer's parts give their ``state_dict`` to a ``TrainingState`` (core/engine/checkpointer.py gathers them) and
 take it back from one; this module is the one place that reads a checkpoint's entries by name: the trainer,
-the supervisor (``saved_world_size``) and the resume (core/launch/plan.py) read the record's fields.
+the supervisor (``saved_world_size``) and the resume (core/launch/training_plan.py) read the record's fields.
 
 A checkpoint is loaded with ``weights_only=True``, so it runs no code; but what loads may still be crafted (a
 ``step`` of ``"abc"``, a list where the optimizer's state belongs, an RNG state ``torch.set_rng_state`` rejects,

@@ -1,0 +1,144 @@
+"""How close the memory forecast comes to the memory the trainer measures (issue 49's table).
+
+    .venv/bin/python benchmarks/memory_forecast.py                  # every model and setting (~5 min on 2 cores)
+    .venv/bin/python benchmarks/memory_forecast.py --models mlp --settings off bf16
+
+For each model and setting, a real run trains 3 steps headless with ``--memory-every 1`` (its own process, or two
+ranks for FSDP2) and its last step's memory by kind is read from ``metrics.jsonl`` (rank 0's: core/engine/measure/
+memory.py counts the tensors themselves, the same on a CPU as on CUDA); the forecast predicts the same settings as
+``torchlab-tui plan`` does (core/launch/forecasting.py), on fake tensors. Printed: each kind's error and the
+total's (parameters + gradients + optimizer state + activations + gathered, what both count), and the forecast's
+peak, which no CPU measurement reads (``torch.cuda.max_memory_allocated`` on a GPU: the GPU issue). A markdown table
+for ``benchmarks/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MODELS = {"mlp": "mlp", "convnet": "convnet", "tiny_gpt": "tiny_gpt",
+          "tied_batchnorm": f"{ROOT / 'tests' / 'workloads' / 'tied_batchnorm.py'}:workload"}
+SETTINGS = {
+    "off": [],
+    "bf16": ["--amp", "bf16"],
+    "checkpointing": ["--checkpointing"],
+    "split=2": ["--split", "2"],
+    "accum=2": ["--accum", "2"],
+    "fsdp×2": ["--world-size", "2", "--parallel", "fsdp"],
+    "fsdp×2 bf16 ckpt": ["--world-size", "2", "--parallel", "fsdp", "--amp", "bf16", "--checkpointing"],
+}
+KINDS = ("parameters", "gradients", "optimizer", "activations", "gathered")
+
+
+def measured(spec: str, flags: list[str], folder: Path) -> dict[str, int]:
+    run = folder / "run"
+    command = [sys.executable, "-m", "torchlab.core.launch.cli", spec, "--headless", "--steps", "3", "--memory-every", "1",
+               "--eval-every", "0", "--probe-every", "0", "--run-dir", str(run), *flags]
+    subprocess.run(command, check=True, capture_output=True, text=True)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    memory = [row["memory"] for row in rows if row.get("memory")][-1]
+    return {kind: memory[f"{kind}_bytes"] for kind in KINDS}
+
+
+def predicted(spec: str, flags: list[str]) -> tuple[dict[str, int], int]:
+    from torchlab.core.launch.arguments import setting_layers
+    from torchlab.core.launch.forecasting import Forecasting
+    from torchlab.core.launch.plan import build_plan_parser
+    from torchlab.core.records.config import build_config
+
+    args = build_plan_parser().parse_args([spec, *flags])
+    forecasting = Forecasting.load(build_config(*setting_layers(args)), args)
+    prediction = forecasting.predict(forecasting.configured)[0]
+    return {kind: getattr(prediction, f"{kind}_bytes") for kind in KINDS}, prediction.peak_bytes
+
+
+def real_peak(spec: str, flags: list[str]) -> int | None:
+    """The peak of the same step on real tensors, tracked by MemTracker (what the fake prediction must equal): two
+    steps of the model as loaded, the second's peak. Written here apart from the forecast's own step, so the check
+    does not share its code. None for ranks (FSDP2's peak is the GPU issue's, against the CUDA allocator)."""
+    import copy
+
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.utils.data import DataLoader
+
+    from torchlab.core.engine.activation_checkpointing import ActivationCheckpointing
+    from torchlab.core.engine.adapters.loading import load_workload
+    from torchlab.core.engine.batch_split import split_batch
+    from torchlab.core.engine.loss_output import read_loss_output
+
+    if "--world-size" in flags:
+        return None
+    workload = load_workload(spec)
+    model = copy.deepcopy(workload.model)
+    if "--checkpointing" in flags:
+        ActivationCheckpointing(model, workload.checkpoint_blocks).enable()
+    amp = flags[flags.index("--amp") + 1] if "--amp" in flags else "off"
+    split = int(flags[flags.index("--split") + 1]) if "--split" in flags else 1
+    passes = min(2, split * (int(flags[flags.index("--accum") + 1]) if "--accum" in flags else 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    # Drawn outside the tracker: a sample is a view of the dataset's storage, which the tracker would count whole.
+    batch = next(iter(DataLoader(workload.dataset, batch_size=workload.batch_size or 32, collate_fn=workload.collate_fn)))
+    with tracker:
+        batch = [tensor.clone() for tensor in batch] if isinstance(batch, (list, tuple)) else batch.clone()
+        piece = split_batch(batch, split)[0][0]
+        for step in range(2):
+            if step == 1:
+                tracker._peak_mem, tracker._peak_mem_snap = {}, {}
+            for _ in range(passes):
+                tracker.reset_mod_stats()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp == "bf16"):
+                    loss, _ = read_loss_output(workload.loss_fn(model, piece), "loss_fn", torch.device("cpu"))
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+
+def error(predicted_bytes: int, measured_bytes: int) -> str:
+    if measured_bytes == 0:
+        return "0" if predicted_bytes == 0 else "n/a"
+    return f"{100 * (predicted_bytes - measured_bytes) / measured_bytes:+.1f} %"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    args = parser.parse_args()
+    print("| model | settings | measured total | predicted total | total | parameters | gradients | optimizer "
+          "| activations | gathered | predicted peak | peak on real tensors |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    worst_total, worst_kind = 0.0, 0.0
+    for model in args.models:
+        for setting in args.settings:
+            spec, flags = MODELS[model], SETTINGS[setting]
+            with tempfile.TemporaryDirectory() as folder:
+                real = measured(spec, flags, Path(folder))
+            fake, peak = predicted(spec, flags)
+            real_step_peak = real_peak(spec, flags)
+            total_real, total_fake = sum(real.values()), sum(fake.values())
+            worst_total = max(worst_total, abs(total_fake - total_real) / total_real)
+            worst_kind = max([worst_kind] + [abs(fake[k] - real[k]) / real[k] for k in KINDS if real[k]])
+            from torchlab.core.units import format_bytes
+
+            print(f"| {model} | {setting} | {format_bytes(total_real)} | {format_bytes(total_fake)} | "
+                  f"{error(total_fake, total_real)} | " + " | ".join(error(fake[k], real[k]) for k in KINDS)
+                  + f" | {format_bytes(peak)} | "
+                  + (f"{format_bytes(real_step_peak)} ({error(peak, real_step_peak)}) |" if real_step_peak else "ranks |"),
+                  flush=True)
+    print(f"\nworst total error {100 * worst_total:.1f} %, worst kind error {100 * worst_kind:.1f} %")
+
+
+if __name__ == "__main__":
+    main()
