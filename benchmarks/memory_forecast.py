@@ -24,8 +24,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+WORKLOADS = ROOT / "tests" / "workloads"
 MODELS = {"mlp": "mlp", "convnet": "convnet", "tiny_gpt": "tiny_gpt",
-          "tied_batchnorm": f"{ROOT / 'tests' / 'workloads' / 'tied_batchnorm.py'}:workload"}
+          "tied_batchnorm": f"{WORKLOADS / 'tied_batchnorm.py'}:workload",
+          "hf_gpt2_trainer": f"{WORKLOADS / 'hf_trainer.py'}:workload",  # a transformers Trainer, as it is
+          "lightning": f"{WORKLOADS / 'lightning_module.py'}:module"}  # a LightningModule, as it is
 SETTINGS = {
     "off": [],
     "bf16": ["--amp", "bf16"],
@@ -48,7 +51,7 @@ def measured(spec: str, flags: list[str], folder: Path) -> dict[str, int]:
     return {kind: memory[f"{kind}_bytes"] for kind in KINDS}
 
 
-def predicted(spec: str, flags: list[str]) -> tuple[dict[str, int], int]:
+def predicted(spec: str, flags: list[str]) -> tuple[dict[str, int], int, object]:
     from torchlab.core.launch.arguments import setting_layers
     from torchlab.core.launch.forecasting import Forecasting
     from torchlab.core.launch.plan import build_plan_parser
@@ -57,13 +60,14 @@ def predicted(spec: str, flags: list[str]) -> tuple[dict[str, int], int]:
     args = build_plan_parser().parse_args([spec, *flags])
     forecasting = Forecasting.load(build_config(*setting_layers(args)), args)
     prediction = forecasting.predict(forecasting.configured)[0]
-    return {kind: getattr(prediction, f"{kind}_bytes") for kind in KINDS}, prediction.peak_bytes
+    return {kind: getattr(prediction, f"{kind}_bytes") for kind in KINDS}, prediction.peak_bytes, forecasting.configured
 
 
-def real_peak(spec: str, flags: list[str]) -> int | None:
+def real_peak(spec: str, shape) -> int | None:
     """The peak of the same step on real tensors, tracked by MemTracker (what the fake prediction must equal): two
     steps of the model as loaded, the second's peak. Written here apart from the forecast's own step, so the check
-    does not share its code. None for ranks (FSDP2's peak is the GPU issue's, against the CUDA allocator)."""
+    does not share its code. ``shape``: the settings the forecast predicted (the flags, and the workload's own). None
+    for ranks (their peak is the GPU issue's, against the CUDA allocator)."""
     import copy
 
     import torch
@@ -73,24 +77,31 @@ def real_peak(spec: str, flags: list[str]) -> int | None:
     from torchlab.core.engine.activation_checkpointing import ActivationCheckpointing
     from torchlab.core.engine.adapters.loading import load_workload
     from torchlab.core.engine.batch_split import split_batch
+    from torchlab.core.engine.data import map_batch_tensors
     from torchlab.core.engine.loss_output import read_loss_output
 
-    if "--world-size" in flags:
+    if shape.world_size > 1:
         return None
     workload = load_workload(spec)
     model = copy.deepcopy(workload.model)
-    if "--checkpointing" in flags:
+    if shape.checkpointing:
         ActivationCheckpointing(model, workload.checkpoint_blocks).enable()
-    amp = flags[flags.index("--amp") + 1] if "--amp" in flags else "off"
-    split = int(flags[flags.index("--split") + 1]) if "--split" in flags else 1
-    passes = min(2, split * (int(flags[flags.index("--accum") + 1]) if "--accum" in flags else 1))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    tracker = MemTracker()
+    amp, split = shape.amp, shape.split
+    passes = min(2, split * shape.accum)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # the state of the workloads' own (AdamW, Adam) alike
+    class Tracker(MemTracker):  # a LightningModule runs itself inside its own forward (training_step's self(x))
+        def _pre_fw_hook(self, module, inputs):
+            try:
+                super()._pre_fw_hook(module, inputs)
+            except NotImplementedError:
+                pass
+
+    tracker = Tracker()
     tracker.track_external(model, optimizer)
     # Drawn outside the tracker: a sample is a view of the dataset's storage, which the tracker would count whole.
-    batch = next(iter(DataLoader(workload.dataset, batch_size=workload.batch_size or 32, collate_fn=workload.collate_fn)))
+    batch = next(iter(DataLoader(workload.dataset, batch_size=shape.batch_size, collate_fn=workload.collate_fn)))
     with tracker:
-        batch = [tensor.clone() for tensor in batch] if isinstance(batch, (list, tuple)) else batch.clone()
+        batch = map_batch_tensors(batch, torch.clone)
         piece = split_batch(batch, split)[0][0]
         for step in range(2):
             if step == 1:
@@ -125,8 +136,8 @@ def main() -> None:
             spec, flags = MODELS[model], SETTINGS[setting]
             with tempfile.TemporaryDirectory() as folder:
                 real = measured(spec, flags, Path(folder))
-            fake, peak = predicted(spec, flags)
-            real_step_peak = real_peak(spec, flags)
+            fake, peak, shape = predicted(spec, flags)
+            real_step_peak = real_peak(spec, shape)
             total_real, total_fake = sum(real.values()), sum(fake.values())
             worst_total = max(worst_total, abs(total_fake - total_real) / total_real)
             worst_kind = max([worst_kind] + [abs(fake[k] - real[k]) / real[k] for k in KINDS if real[k]])

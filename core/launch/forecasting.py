@@ -16,7 +16,7 @@ from torchlab.core.engine.forecast.for_workload import candidate_shapes, configu
 from torchlab.core.engine.forecast.memory_forecast import NOT_MODELLED, MemoryForecast, StepShape
 from torchlab.core.engine.parts import DEFAULT_BATCH_SIZE, resolve_device
 from torchlab.core.engine.seeding import seed_everything
-from torchlab.core.errors import ConfigError, ForecastError
+from torchlab.core.errors import ConfigError, ForecastError, WorkloadError
 from torchlab.core.launch.arguments import explicit_names, setting_layers
 from torchlab.core.launch.capacity import Capacity
 from torchlab.core.records.config import TrainConfig
@@ -34,22 +34,35 @@ class Forecasting:
     configured: StepShape
     device: torch.device
     factory_s: float
+    #: why the workload's factory could not build its model without its weights, which it then held (None: it did)
+    weights_held: str | None = None
+    #: the workload's own settings give its batch for the ranks it runs on (``candidate_shapes``)
+    batch_per_rank: bool = False
 
     @classmethod
     def load(cls, config: TrainConfig, args: argparse.Namespace) -> Forecasting:
         device = resolve_device(config.device)
         seed_everything(config.seed)
         started = time.perf_counter()
-        with parameters_on_meta():
+        try:
+            with parameters_on_meta():
+                workload = load_workload(config.workload)
+            held = None
+        except WorkloadError as on_meta:  # a factory that moves or reads its weights (a transformers Trainer: .to())
             workload = load_workload(config.workload)
+            held = str(on_meta).split(": ", 1)[-1].split(";")[0][:200]  # its first clause: what the factory tried
         factory_s = time.perf_counter() - started
-        config, _ = starting_configuration(config, workload.settings, explicit_names(*setting_layers(args)))
+        explicit = explicit_names(*setting_layers(args))
+        config, _ = starting_configuration(config, workload.settings, explicit)
         batch_size = config.batch_size or workload.batch_size or DEFAULT_BATCH_SIZE
+        batch_per_rank = "batch_size" in (workload.settings or {}) and "batch_size" not in explicit
+        if batch_per_rank:  # the factory gave the batch of one process (no WORLD_SIZE here); its ranks take as much each
+            batch_size *= config.options.world_size
         return cls(config, workload_forecast(workload, config, device), configured_shape(config, batch_size), device,
-                   factory_s)
+                   factory_s, held, batch_per_rank)
 
     def candidates(self, gpus: int | None) -> list[tuple[str, StepShape]]:
-        return candidate_shapes(self.configured, gpus)
+        return candidate_shapes(self.configured, gpus, self.batch_per_rank)
 
     def predict(self, shape: StepShape) -> tuple[MemoryPrediction | None, ForecastError | ConfigError | None]:
         """The prediction, or why this candidate cannot be predicted (FSDP2 refusing a tied weight across blocks)."""
@@ -79,8 +92,14 @@ class Forecasting:
         if self.device.type == "cpu":
             notes.append("Predicted with the CPU's autocast, whose op lists are close to CUDA's; run plan on the GPU "
                          "box for CUDA's own.")
-        notes.append(f"The workload's factory took {self.factory_s:.1f} s (its data is made as it is; its weights were "
-                     f"never held).")
+        if self.weights_held is None:
+            notes.append(f"The workload's factory took {self.factory_s:.1f} s (its data is made as it is; its weights "
+                         f"were never held).")
+        else:
+            weights = sum(parameter.numel() * parameter.element_size() for parameter in self.forecast.model.parameters())
+            notes.append(f"The workload's factory could not build its model without its weights ({self.weights_held}); "
+                         f"it was built whole, {format_bytes(weights)} held while planning, {self.factory_s:.1f} s in "
+                         f"all.")
         return notes
 
 

@@ -61,3 +61,11 @@ def test_a_reader_that_closed_its_pipe_ends_the_plan_quietly():
     plan.stdout.close()  # the reader leaves at once
     assert plan.wait(timeout=120) == 0
     assert plan.stderr.read() == ""
+
+
+def test_a_transformers_trainer_is_planned_whole_with_each_rank_keeping_its_per_device_batch(capsys):
+    assert main(["plan", f"{WORKLOADS / 'hf_trainer.py'}:workload", "--gpus", "2", "--json"]) == 0
+    rows = {row["change"]: row for row in map(json.loads, capsys.readouterr().out.splitlines())}
+    configured = rows["as configured"]["prediction"]["settings"]
+    on_two = rows[f"world_size=2, batch_size={2 * configured['batch_size']}, parallel=ddp"]["prediction"]["settings"]
+    assert on_two["batch_size"] // on_two["world_size"] == configured["batch_size"]  # per_device_train_batch_size each

@@ -166,7 +166,9 @@ class LightningAdapter:
     # ---------------------------------------------------------------- the loss
     def loss(self, model: torch.nn.Module, batch: Any) -> Any:
         """``training_step`` (or, evaluating, ``validation_step``) through the model's forward, with what it logged."""
-        module = self.module
+        # The module the step runs on: ``model`` itself where it is one (the memory forecast's fake twin of it), else
+        # the adapter's, inside the wrapper the engine calls (DDP, torch.compile's).
+        module = model if isinstance(model, type(self.module)) else self.module
         if module.training:
             module._torchlab_step = ("training_step", batch, self.batch_index)
             self.batch_index += 1

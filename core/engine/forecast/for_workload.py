@@ -28,8 +28,23 @@ def workload_forecast(workload: Workload, config: TrainConfig, device: torch.dev
         loader = DataLoader(workload.dataset, batch_size=size, collate_fn=workload.collate_fn)
         return next(iter(loader))
 
-    return MemoryForecast(workload.model, loss.alone, lambda model: build_optimizer(model, config, workload),
+    template = build_optimizer(workload.model, config, workload)  # the run's own, on the model as built: no state yet
+    return MemoryForecast(workload.model, loss.alone, lambda twin: optimizer_like(template, workload.model, twin),
                           draw_batch, device, workload.checkpoint_blocks)
+
+
+def optimizer_like(template: torch.optim.Optimizer, model: torch.nn.Module, twin: torch.nn.Module) -> torch.optim.Optimizer:
+    """``template``'s optimizer (its class, its groups and every hyperparameter of each) over ``twin``'s parameters,
+    each in the place of ``model``'s of the same name. Not the workload's factory called again: a transformers
+    Trainer's or a LightningModule's builds on the model it holds, never on the twin."""
+    names = {id(parameter): name for name, parameter in model.named_parameters(remove_duplicate=False)}
+    twins = dict(twin.named_parameters(remove_duplicate=False))
+    groups = [{**{key: value for key, value in group.items() if key != "params"},
+               "params": [twins[names[id(parameter)]] for parameter in group["params"]]} for group in template.param_groups]
+    try:
+        return type(template)(groups)  # each group holds every hyperparameter
+    except TypeError:  # a class whose constructor requires one beyond its groups
+        return type(template)(groups, **template.defaults)
 
 
 def configured_shape(config: TrainConfig, batch_size: int) -> StepShape:
@@ -40,19 +55,25 @@ def configured_shape(config: TrainConfig, batch_size: int) -> StepShape:
                      parallel=options.parallel, reshard_after_forward=config.reshard_after_forward)
 
 
-def candidate_shapes(configured: StepShape, gpus: int | None) -> list[tuple[str, StepShape]]:
+def candidate_shapes(configured: StepShape, gpus: int | None, batch_per_rank: bool = False) -> list[tuple[str, StepShape]]:
     """What a user weighs before launching, each with the change that makes it from ``configured``: each other amp
     mode, checkpointing switched, the batch split in two, a batch twice as large, and on ``gpus`` ranks DDP and
-    FSDP2 (where that is another world size), then every saving at once: the least memory these settings reach."""
+    FSDP2 (where that is another world size), then every saving at once: the least memory these settings reach.
+    ``batch_per_rank``: the workload sets its batch for the ranks it runs on (a transformers Trainer's
+    ``per_device_train_batch_size`` times them), so another world size keeps each rank's batch; else the batch is
+    all ranks' together, as ``--batch-size`` is, and each rank takes its share."""
     changes: list[dict[str, Any]] = [{"amp": mode} for mode in _AMP_MODES if mode != configured.amp]
     changes.append({"checkpointing": not configured.checkpointing})  # named blocks: off
     if configured.rank_batch >= 2 * configured.split:
         changes.append({"split": configured.split * 2})
     changes.append({"batch_size": configured.batch_size * 2})
     ranks = gpus if gpus is not None else configured.world_size
+    on_ranks: dict[str, Any] = {"world_size": ranks}
+    if batch_per_rank:
+        on_ranks["batch_size"] = configured.rank_batch * ranks
     if ranks > 1:
-        changes += [{"world_size": ranks, "parallel": parallel} for parallel in ("ddp", "fsdp")]
-    least = {"amp": "bf16", "checkpointing": True, **({"world_size": ranks, "parallel": "fsdp"} if ranks > 1 else {})}
+        changes += [{**on_ranks, "parallel": parallel} for parallel in ("ddp", "fsdp")]
+    least = {"amp": "bf16", "checkpointing": True, **({**on_ranks, "parallel": "fsdp"} if ranks > 1 else {})}
     changes.append(least)
     listed = [("as configured", configured)]
     for change in changes:

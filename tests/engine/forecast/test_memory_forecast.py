@@ -48,6 +48,24 @@ def test_each_kind_predicted_is_what_the_trainer_measures_on_the_same_step(spec,
     assert predicted.peak_bytes > predicted.parameters_bytes + predicted.optimizer_bytes
 
 
+@pytest.mark.parametrize("spec", [f"{WORKLOADS / 'hf_trainer.py'}:workload", f"{WORKLOADS / 'lightning_module.py'}:module"],
+                         ids=["transformers_trainer", "lightning_module"])
+def test_a_model_written_for_another_trainer_is_predicted_as_the_engine_trains_it(spec):
+    """A transformers Trainer (its factory moves the model: built whole, not on meta) and a LightningModule (its
+    training_step calls the module inside its own forward), each with its own optimizer, batch and settings."""
+    trainer, seen = make_trainer(spec, steps=2, memory_every=1)
+    trainer.run()
+    measured = seen.metrics[-1].memory
+    config = build_config({}, {"workload": spec})
+    workload = load_workload(spec)
+    options = {**(workload.settings or {})}
+    shape = StepShape(batch_size=trainer.parts.batch_size, accum=options.get("accum", 1))
+    predicted = workload_forecast(workload, config, torch.device("cpu")).predict(shape)
+    for kind in KINDS:
+        real, fake = getattr(measured, f"{kind}_bytes"), getattr(predicted, f"{kind}_bytes")
+        assert fake == pytest.approx(real, rel=0.03, abs=64), kind
+
+
 def test_a_model_built_on_meta_is_never_given_storage_and_stays_as_it_was():
     workload, forecast = forecast_of(TIED_BATCHNORM, on_meta=True)
     assert {parameter.device.type for parameter in workload.model.parameters()} == {"meta"}
