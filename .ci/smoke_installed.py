@@ -2,9 +2,9 @@
 environment that has the wheel installed non-editably, from a directory outside the checkout.
 
 It checks that the installed package is what gets imported (not the checkout), that ``--version``
-answers, that a headless run of a sample trains and writes its run directory, and that the real app,
-driven headlessly by Textual's Pilot against a real trainer process, draws the gradient table: a
-module, stylesheet or data file missing from the wheel fails one of these.
+answers, that a headless run of a sample trains and writes its run directory, that ``plan`` predicts, and
+that the real app, driven headlessly by Textual's Pilot against a real trainer process, draws the gradient
+table: a module, stylesheet or data file missing from the wheel fails one of these.
 
     python smoke_installed.py
 """
@@ -62,6 +62,18 @@ def check_headless_run(work: Path) -> None:
     print(f"smoke test: headless mlp trained {STEPS_HEADLESS} steps into {run_dir}")
 
 
+def check_plan() -> None:
+    """``torchlab-tui plan``: the forecast's modules and torch's memory trackers, as the wheel installs them."""
+    result = run_command("plan", "mlp", "--gpus", "2", "--json")
+    if result.returncode != 0:
+        fail(f"plan mlp exited {result.returncode}:\n{result.stderr}")
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    if rows[0]["change"] != "as configured" or not rows[0]["prediction"]["peak_bytes"] > 0:
+        fail(f"plan mlp printed {result.stdout!r}")
+    print(f"smoke test: plan mlp predicted {len(rows)} settings, as configured a peak of "
+          f"{rows[0]['prediction']['peak_bytes']} bytes")
+
+
 async def check_app_draws_the_gradient_table(work: Path) -> None:
     from torchlab.tui.app import TorchlabApp
     from torchlab.tui.link import ProcessLink
@@ -97,6 +109,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="torchlab-smoke-") as directory:
         work = Path(directory)
         check_headless_run(work)
+        check_plan()
         asyncio.run(check_app_draws_the_gradient_table(work))
     print("smoke test: passed")
 

@@ -47,7 +47,7 @@ SUBCOMMANDS = {
     "serve": "the workbench on a running run in a browser, over a forwarded port",
     "compare": "runs side by side: curves, the settings that differ, option changes",
     "export": "a run's figures for other tools: TensorBoard event files, CSV",
-    "plan": "will it fit: each setting's peak memory per rank, predicted before launching",
+    "plan": "will it fit: each setting's peak memory per rank, before launching",
 }
 
 

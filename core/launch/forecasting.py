@@ -81,26 +81,19 @@ class Forecasting:
         return Capacity(available, shared=True, source=f"{format_bytes(available)} of RAM available now, shared by the "
                                                        f"ranks (--device-memory plans for a GPU's)")
 
-    def heading(self, seconds: float) -> str:
+    def heading(self) -> str:
         shape = self.configured
         ranks = f"{shape.world_size} ranks ({shape.parallel})" if shape.world_size > 1 else "1 rank"
         return (f"torchlab-tui plan: {workload_label(self.config.workload)} on {self.device.type}, batch "
-                f"{shape.batch_size}, {ranks}: predicted on fake tensors in {seconds:.1f} s, nothing trained")
+                f"{shape.batch_size}, {ranks}; predicted on fake tensors, nothing trained")
 
-    def footnotes(self) -> list[str]:
-        notes = [f"{NOT_MODELLED[0].upper()}{NOT_MODELLED[1:]}."]
-        if self.device.type == "cpu":
-            notes.append("Predicted with the CPU's autocast, whose op lists are close to CUDA's; run plan on the GPU "
-                         "box for CUDA's own.")
+    def footnotes(self) -> str:
+        """What the figures leave out, and how the model was built for them."""
+        notes = f"{NOT_MODELLED[0].upper()}{NOT_MODELLED[1:]}"
+        notes += "; on a CPU, the CPU's autocast stands in for CUDA's (plan on the GPU box for its own)." if (
+            self.device.type == "cpu") else "."
         if self.weights_held is None:
-            notes.append(f"The workload's factory took {self.factory_s:.1f} s (its data is made as it is; its weights "
-                         f"were never held).")
-        else:
-            weights = sum(parameter.numel() * parameter.element_size() for parameter in self.forecast.model.parameters())
-            notes.append(f"The workload's factory could not build its model without its weights ({self.weights_held}); "
-                         f"it was built whole, {format_bytes(weights)} held while planning, {self.factory_s:.1f} s in "
-                         f"all.")
-        return notes
-
-
-
+            return f"{notes} The workload's factory took {self.factory_s:.1f} s; its weights were never held."
+        weights = sum(parameter.numel() * parameter.element_size() for parameter in self.forecast.model.parameters())
+        return (f"{notes} The workload's factory could not build its model without its weights ({self.weights_held}): "
+                f"it was built whole, {format_bytes(weights)} held, in {self.factory_s:.1f} s.")

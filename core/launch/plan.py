@@ -27,7 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchlab.core.errors import EXIT_INTERRUPTED, EXIT_OK, ConfigError, ForecastError, TorchlabError, exit_status, printable
+from torchlab.core.errors import (
+    EXIT_INTERRUPTED, EXIT_OK, ConfigError, ForecastError, TorchlabError, exit_status, printable,
+)
 from torchlab.core.launch.arguments import command_parser, setting_layers
 from torchlab.core.options import LIVE_OPTIONS
 from torchlab.core.records.config import build_config
@@ -81,33 +83,40 @@ def _plan(args: argparse.Namespace) -> int:
         raise ConfigError(f"gpus (--gpus) {args.gpus}: a whole number of ranks from 1 to 1024.")
     config = build_config(*setting_layers(args))
 
-    from torchlab.core.launch.forecasting import Forecasting  # imports torch
+    try:
+        from torchlab.core.launch.forecasting import Forecasting  # imports torch
+    except ImportError as missing:  # a torch before its memory trackers (torch.distributed._tools)
+        import torch
 
-    started = time.perf_counter()
+        raise ForecastError(f"plan predicts with PyTorch's MemTracker and FSDPMemTracker, which this torch "
+                            f"{torch.__version__} lacks ({missing}); install a newer torch (2.6 or later) to plan."
+                            ) from None
+
     forecasting = Forecasting.load(config, args)
     capacity = given or forecasting.capacity()
-    rows = []
-    for change, shape in forecasting.candidates(args.gpus):
-        prediction, cannot = forecasting.predict(shape)
-        if isinstance(cannot, ForecastError) and not rows:  # the configured step: every other one needs the same op
-            raise cannot
-        rows.append((change, shape, prediction, cannot))
-    if args.json:
-        for change, shape, prediction, cannot in rows:
-            print(json.dumps(_json_row(change, prediction, cannot, capacity, shape.world_size)))
-        return EXIT_OK
+    started = time.perf_counter()
+    candidates = forecasting.candidates(args.gpus)
+    first = forecasting.predict(candidates[0][1])  # the configured step: every other needs what it needs
+    if isinstance(first[1], ForecastError):
+        raise first[1]
     width = min(shutil.get_terminal_size().columns, 100) - 1
-    print(textwrap.fill(forecasting.heading(time.perf_counter() - started), width))
-    print(textwrap.fill(f"memory: {capacity.source}", width))
-    print()
-    print(_table(rows, capacity, width))
-    print()
-    notes = [f"fits: yes where the peak is under {round(FITS_SHARE * 100)} % of the memory, tight up to all of it, no "
-             f"above. The peak is made of: weights (parameters, the gradients made so far, optimizer state), "
-             f"activations, other (FSDP2's gathered parameters and buffers, DDP's buckets, backward's temporaries).",
-             *forecasting.footnotes()]
-    for note in notes:
-        print(textwrap.fill(note, width))
+    if not args.json:
+        print(textwrap.fill(forecasting.heading(), width))
+        print(textwrap.fill(f"memory: {capacity.source}", width), end="\n\n")
+        print(_TABLE_HEADER)
+    for index, (change, shape) in enumerate(candidates):  # each row as it is predicted: a large model takes seconds
+        prediction, cannot = first if index == 0 else forecasting.predict(shape)
+        if args.json:
+            print(json.dumps(_json_row(change, prediction, cannot, capacity, shape.world_size)), flush=True)
+        else:
+            print(_row(change, shape.world_size, prediction, cannot, capacity, width), flush=True)
+    if not args.json:
+        print()
+        notes = (f"fits: yes under {round(FITS_SHARE * 100)} % of the memory, tight up to all of it, no above. "
+                 f"weights: parameters, the gradients made so far, optimizer state; other: FSDP2's gathered "
+                 f"parameters and buffers, DDP's buckets, backward's temporaries. {forecasting.footnotes()} "
+                 f"{len(candidates)} settings predicted in {time.perf_counter() - started:.1f} s.")
+        print(textwrap.fill(notes, width))
     return EXIT_OK
 
 
@@ -121,25 +130,27 @@ def _given_memory(text: str | None) -> Capacity | None:
         raise ConfigError(f"device memory (--device-memory): {error}.") from None
 
 
-def _table(rows: list[tuple[str, Any, Any, Any]], capacity: Capacity, width: int) -> str:
-    header = f"{'peak/rank':>9} {'fits':<5} {'weights':>9} {'activations':>11} {'other':>9}"
-    lines = [f"{'change':<{_CHANGE_WIDTH}}  {header}"]
-    for change, shape, prediction, cannot in rows:
-        label = change
-        if len(change) > _CHANGE_WIDTH:  # whole, on a line of its own: the figures under it
-            lines.append(change)
-            label = ""
-        if cannot is not None or prediction.refused is not None:
-            why = str(cannot) if cannot is not None else prediction.refused
-            lines.append(textwrap.fill(f"{label:<{_CHANGE_WIDTH}}  cannot run: {why}", width,
-                                       subsequent_indent=" " * (_CHANGE_WIDTH + 2)))
-            continue
-        at_peak = prediction.at_peak
-        weights = at_peak["parameters"] + at_peak["gradients"] + at_peak["optimizer"]
-        other = at_peak["gathered"] + at_peak["other"]
-        lines.append(f"{label:<{_CHANGE_WIDTH}}  {format_bytes(prediction.peak_bytes):>9} "
-                     f"{capacity.verdict(prediction.peak_bytes, shape.world_size):<5} {format_bytes(weights):>9} "
-                     f"{format_bytes(at_peak['activations']):>11} {format_bytes(other):>9}")
+_TABLE_HEADER = (f"{'change':<{_CHANGE_WIDTH}}  {'peak/rank':>9} {'fits':<5} {'weights':>9} {'activations':>11} "
+                 f"{'other':>9}")
+
+
+def _row(change: str, world_size: int, prediction: Any, cannot: Exception | None, capacity: Capacity, width: int) -> str:
+    """One candidate's line (two where its change is longer than its column: the change alone, the figures under
+    it): the peak, whether it fits, and what the peak is made of; or why it cannot run."""
+    lines, label = [], change
+    if len(change) > _CHANGE_WIDTH:
+        lines, label = [change], ""
+    if cannot is not None or prediction.refused is not None:
+        why = str(cannot) if cannot is not None else prediction.refused
+        lines.append(textwrap.fill(f"{label:<{_CHANGE_WIDTH}}  cannot run: {why}", width,
+                                   subsequent_indent=" " * (_CHANGE_WIDTH + 2)))
+        return "\n".join(lines)
+    at_peak = prediction.at_peak
+    weights = at_peak["parameters"] + at_peak["gradients"] + at_peak["optimizer"]
+    other = at_peak["gathered"] + at_peak["other"]
+    lines.append(f"{label:<{_CHANGE_WIDTH}}  {format_bytes(prediction.peak_bytes):>9} "
+                 f"{capacity.verdict(prediction.peak_bytes, world_size):<5} {format_bytes(weights):>9} "
+                 f"{format_bytes(at_peak['activations']):>11} {format_bytes(other):>9}")
     return "\n".join(lines)
 
 
