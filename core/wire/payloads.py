@@ -231,35 +231,6 @@ class MemoryBreakdown(JsonObject):
                 + self.gathered_bytes)
 
 
-@dataclass(frozen=True)
-class MemoryPrediction(JsonObject):
-    """A step's memory predicted on fake tensors before it is paid for (core/engine/forecast/memory_forecast.py), per
-    rank: ``settings`` are what it is predicted for (amp, checkpointing, split, accum, batch_size, world_size,
-    parallel). ``peak_bytes`` is the most the step's tensors hold at once, what CUDA's ``max_memory_allocated`` would
-    read, and ``at_peak`` what it is made of then, by kind (parameters, gradients, optimizer, activations, gathered,
-    other: backward's temporaries, FSDP2's communication buffers, DDP's gradient buckets), adding up to it. The kinds'
-    own fields are each one's most over the step, as ``MemoryBreakdown`` measures them (gradients are all there after
-    backward, when most activations are gone): their sum is comparable with its ``total_bytes``, not with the peak.
-    ``refused``: why these settings cannot run here (amp=fp16 under FSDP2), the figures then 0."""
-
-    settings: dict[str, Any]
-    peak_bytes: int
-    at_peak: dict[str, int]
-    parameters_bytes: int  # parameters and buffers (this rank's shards under FSDP2)
-    gradients_bytes: int
-    optimizer_bytes: int
-    activations_bytes: int
-    gathered_bytes: int  # FSDP2: parameters gathered whole
-    seconds: float  # what the prediction took
-    refused: str | None = None
-
-    @property
-    def total_bytes(self) -> int:
-        """The kinds added up, as ``MemoryBreakdown.total_bytes``."""
-        return (self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
-                + self.gathered_bytes)
-
-
 # ----------------------------------------------------------------------------- Trials: one option, two arms
 
 
