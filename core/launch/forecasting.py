@@ -4,6 +4,7 @@ machine, and what the figures leave out (core/launch/plan.py prints them)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -12,13 +13,15 @@ import torch
 
 from torchlab.core.engine.adapters.loading import load_workload, workload_label
 from torchlab.core.engine.forecast.fake_twin import parameters_on_meta
-from torchlab.core.engine.forecast.for_workload import candidate_shapes, configured_shape, workload_forecast
+from torchlab.core.engine.forecast.for_workload import (
+    candidate_shapes, configured_shape, largest_batch, workload_forecast,
+)
 from torchlab.core.engine.forecast.memory_forecast import NOT_MODELLED, MemoryForecast, MemoryPrediction, StepShape
 from torchlab.core.engine.parts import DEFAULT_BATCH_SIZE, resolve_device
 from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.errors import ConfigError, ForecastError, WorkloadError
 from torchlab.core.launch.arguments import explicit_names, setting_layers
-from torchlab.core.launch.capacity import Capacity
+from torchlab.core.launch.capacity import FITS_SHARE, Capacity
 from torchlab.core.records.config import TrainConfig
 from torchlab.core.records.starting_values import starting_configuration
 from torchlab.core.units import format_bytes
@@ -69,6 +72,20 @@ class Forecasting:
             return self.forecast.predict(shape), None
         except (ForecastError, ConfigError) as cannot:
             return None, cannot
+
+    def largest_batch(self, capacity: Capacity) -> tuple[str, StepShape] | None:
+        """The largest batch predicted to fit (``for_workload.largest_batch``: the line through the configured batch
+        and twice it), as a candidate to predict; None where the two cannot say or it is one of them already."""
+        configured = self.configured
+        doubled = dataclasses.replace(configured, batch_size=2 * configured.batch_size)
+        predicted, twice = self.predict(configured)[0], self.predict(doubled)[0]
+        if predicted is None or twice is None or predicted.refused or twice.refused:
+            return None
+        limit = int(FITS_SHARE * capacity.room(configured.world_size))
+        batch = largest_batch(configured, predicted, twice, limit)
+        if batch is None or batch in (configured.batch_size, doubled.batch_size):
+            return None
+        return f"largest batch that fits: batch_size={batch}", dataclasses.replace(configured, batch_size=batch)
 
     def capacity(self) -> Capacity:
         if self.device.type == "cuda":

@@ -106,10 +106,11 @@ def _plan(args: argparse.Namespace) -> int:
         print(_TABLE_HEADER)
     for index, (change, shape) in enumerate(candidates):  # each row as it is predicted: a large model takes seconds
         prediction, cannot = first if index == 0 else forecasting.predict(shape)
-        if args.json:
-            print(json.dumps(_json_row(change, prediction, cannot, capacity, shape.world_size)), flush=True)
-        else:
-            print(_row(change, shape.world_size, prediction, cannot, capacity, width), flush=True)
+        _print_row(args.json, change, shape, prediction, cannot, capacity, width)
+    largest = forecasting.largest_batch(capacity)
+    if largest is not None:  # found on a line through two rows, then predicted like them
+        _print_row(args.json, *largest, *forecasting.predict(largest[1]), capacity, width)
+        candidates.append(largest)
     if not args.json:
         print()
         notes = (f"fits: yes under {round(FITS_SHARE * 100)} % of the memory, tight up to all of it, no above. "
@@ -118,6 +119,14 @@ def _plan(args: argparse.Namespace) -> int:
                  f"{len(candidates)} settings predicted in {time.perf_counter() - started:.1f} s.")
         print(textwrap.fill(notes, width))
     return EXIT_OK
+
+
+def _print_row(as_json: bool, change: str, shape: Any, prediction: Any, cannot: Exception | None, capacity: Capacity,
+               width: int) -> None:
+    if as_json:
+        print(json.dumps(_json_row(change, prediction, cannot, capacity, shape.world_size)), flush=True)
+    else:
+        print(_row(change, shape.world_size, prediction, cannot, capacity, width), flush=True)
 
 
 def _given_memory(text: str | None) -> Capacity | None:

@@ -69,3 +69,12 @@ def test_a_transformers_trainer_is_planned_whole_with_each_rank_keeping_its_per_
     configured = rows["as configured"]["prediction"]["settings"]
     on_two = rows[f"world_size=2, batch_size={2 * configured['batch_size']}, parallel=ddp"]["prediction"]["settings"]
     assert on_two["batch_size"] // on_two["world_size"] == configured["batch_size"]  # per_device_train_batch_size each
+
+
+def test_the_largest_batch_predicted_to_fit_is_found_on_a_line_and_predicted_to_check_it(capsys):
+    assert main(["plan", TIED_BATCHNORM, "--device-memory", "5MiB", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    largest = rows[-1]
+    batch = largest["prediction"]["settings"]["batch_size"]
+    assert largest["change"] == f"largest batch that fits: batch_size={batch}" and 1 <= batch < 16  # 16 does not fit
+    assert largest["fits"] == "yes" and largest["prediction"]["peak_bytes"] <= 0.9 * 5 * 2**20

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from torchlab.core.engine.forecast.memory_forecast import MemoryForecast, StepShape
+from torchlab.core.engine.forecast.memory_forecast import MemoryForecast, MemoryPrediction, StepShape
 from torchlab.core.engine.loss_output import LossFunction
 from torchlab.core.engine.optimization import build_optimizer
 from torchlab.core.records.config import TrainConfig
@@ -81,6 +81,19 @@ def candidate_shapes(configured: StepShape, gpus: int | None, batch_per_rank: bo
         if shape not in [seen for _, seen in listed]:
             listed.append((_described(change, configured), shape))
     return listed
+
+
+def largest_batch(configured: StepShape, predicted: MemoryPrediction, doubled: MemoryPrediction,
+                  limit: int) -> int | None:
+    """The largest batch (all ranks', a whole batch for each) whose peak the line through two predictions (the
+    configured batch and twice it, ``doubled``) puts at ``limit`` bytes or under; None where not one sample a rank
+    would. A peak grows with the batch as its activations do, straight where nothing else depends on it: the plan
+    predicts the batch found, to check it."""
+    slope = (doubled.peak_bytes - predicted.peak_bytes) / configured.rank_batch  # doubled: one rank batch more
+    if slope <= 0:
+        return None
+    per_rank = int((limit - (predicted.peak_bytes - slope * configured.rank_batch)) // slope)
+    return per_rank * configured.world_size if per_rank >= 1 else None
 
 
 def _described(change: dict[str, Any], configured: StepShape) -> str:

@@ -40,7 +40,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from torchlab.core.engine.activation_checkpointing import ActivationCheckpointing
 from torchlab.core.engine.adapters.loading import own_frame
-from torchlab.core.engine.batch_split import split_batch
+from torchlab.core.engine.batch_split import batch_samples, split_batch
 from torchlab.core.engine.data import map_batch_tensors, move_to_device
 from torchlab.core.engine.forecast.fake_twin import fake_twin
 from torchlab.core.engine.measure.memory import MemoryProbe
@@ -153,6 +153,9 @@ class MemoryForecast:
         except OptionChangeError as refusal:
             return _refused(shape, str(refusal), time.perf_counter() - started)
         batch = self.draw_batch(shape.rank_batch)
+        drawn = batch_samples(batch)
+        if drawn < shape.rank_batch:  # the dataset is smaller than the batch: a prediction of fewer samples is no answer
+            raise ForecastError(f"a batch of {shape.rank_batch} samples a rank: the dataset gives at most {drawn}")
         mode = FakeTensorMode()
         # The step's warnings are training's to give (FSDP2's of a view returned, autocast's): said when it trains.
         with _fake_process_group(shape, self.device) as mesh, warnings.catch_warnings():

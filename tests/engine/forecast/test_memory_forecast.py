@@ -12,8 +12,8 @@ import torch.distributed as dist
 from trainers import TINY, WORKLOADS, make_trainer
 from torchlab.core.engine.adapters.loading import load_workload
 from torchlab.core.engine.forecast.fake_twin import parameters_on_meta
-from torchlab.core.engine.forecast.for_workload import candidate_shapes, configured_shape, workload_forecast
-from torchlab.core.engine.forecast.memory_forecast import KINDS, StepShape
+from torchlab.core.engine.forecast.for_workload import candidate_shapes, configured_shape, largest_batch, workload_forecast
+from torchlab.core.engine.forecast.memory_forecast import KINDS, MemoryPrediction, StepShape
 from torchlab.core.errors import ForecastError
 from torchlab.core.records.config import build_config
 
@@ -114,6 +114,21 @@ def test_a_setting_this_device_cannot_run_is_refused_with_the_reason_and_no_figu
     _, forecast = forecast_of(TINY)
     prediction = forecast.predict(StepShape(batch_size=16, amp="fp16"))
     assert "fp16 needs CUDA" in prediction.refused and prediction.peak_bytes == 0
+
+
+def test_a_batch_larger_than_the_dataset_is_no_prediction_of_fewer_samples():
+    _, forecast = forecast_of(TINY)
+    with pytest.raises(ForecastError, match="a batch of 1000 samples a rank: the dataset gives at most 256"):
+        forecast.predict(StepShape(batch_size=1000))
+
+
+def test_the_largest_batch_is_where_the_line_through_two_predictions_meets_the_limit():
+    configured = StepShape(batch_size=32, world_size=2)  # 16 a rank
+    at, twice = (MemoryPrediction(settings={}, peak_bytes=peak, at_peak={}, parameters_bytes=0, gradients_bytes=0,
+                                  optimizer_bytes=0, activations_bytes=0, gathered_bytes=0, seconds=0.0)
+                 for peak in (1000 + 16 * 10, 1000 + 32 * 10))  # 1000 bytes and 10 a sample
+    assert largest_batch(configured, at, twice, limit=1000 + 100 * 10 + 9) == 200  # 100 a rank, both ranks
+    assert largest_batch(configured, at, twice, limit=1005) is None  # not one sample a rank
 
 
 def test_each_shape_is_predicted_once():
