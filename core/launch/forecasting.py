@@ -21,7 +21,7 @@ from torchlab.core.engine.parts import DEFAULT_BATCH_SIZE, resolve_device
 from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.errors import ConfigError, ForecastError, WorkloadError
 from torchlab.core.launch.arguments import explicit_names, setting_layers
-from torchlab.core.launch.capacity import FITS_SHARE, Capacity
+from torchlab.core.engine.forecast.capacity import FITS_SHARE, Capacity
 from torchlab.core.records.config import TrainConfig
 from torchlab.core.records.starting_values import starting_configuration
 from torchlab.core.units import format_bytes

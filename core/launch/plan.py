@@ -34,7 +34,7 @@ from torchlab.core.launch.arguments import command_parser, setting_layers
 from torchlab.core.options import LIVE_OPTIONS
 from torchlab.core.records.config import build_config
 from torchlab.core.records.settings import SETTINGS
-from torchlab.core.launch.capacity import FITS_SHARE, Capacity
+from torchlab.core.engine.forecast.capacity import FITS_SHARE, Capacity
 from torchlab.core.units import format_bytes, parse_bytes
 
 #: The widest a candidate's change is written on its row (77 columns in all); a longer one has a line of its own.

@@ -21,6 +21,8 @@ def fake_twin(model: torch.nn.Module, mode: FakeTensorMode, device: torch.device
     """A copy of ``model`` whose tensors are fakes of ``mode`` on ``device``; ``model`` is left as it is."""
     with FakeCopyMode(mode):
         twin = copy.deepcopy(model)  # each tensor once (deepcopy's memo): a tied weight stays one parameter
+    for module in twin.modules():
+        _without_the_engines_own(module)
     placed: dict[int, torch.Tensor] = {}
     with mode:
         for module in twin.modules():
@@ -29,6 +31,23 @@ def fake_twin(model: torch.nn.Module, mode: FakeTensorMode, device: torch.device
                     if tensor is not None and tensor.device != device:
                         table[name] = placed.setdefault(id(tensor), _placed(tensor, device))
     return twin
+
+
+def _without_the_engines_own(module: torch.nn.Module) -> None:
+    """What the trainer put on the live model that the copy must not keep: its hooks (a probe's, the non-finite guard's,
+    which would write into the live run's figures from the twin's step) and activation checkpointing's forward (its
+    closure runs the live block: the forecast wraps the twin's own blocks as each prediction asks). The model's own
+    hooks stay: they are its memory's too."""
+    for hooks in (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks, module._backward_pre_hooks):
+        for key in [key for key, hook in hooks.items() if _engines(hook)]:
+            del hooks[key]
+    if _engines(vars(module).get("forward")):
+        del module.forward
+
+
+def _engines(function: object) -> bool:
+    function = getattr(function, "__func__", function)  # a bound method: its function
+    return function is not None and getattr(function, "__module__", "").startswith("torchlab.core.engine.")
 
 
 def _placed(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

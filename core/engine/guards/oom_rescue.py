@@ -9,7 +9,8 @@ the allocator's cached blocks), puts torch's random generators back where the st
 and retries the same step on the batches it had already taken, one rung down:
 
 1. ``split`` doubled (core/engine/batch_split.py): the same samples and the same gradient per step, half the
-   activations alive at once, down to pieces of one sample;
+   activations alive at once, down to pieces of one sample; in one process, as far down as the first split the
+   memory forecast predicts to fit (core/engine/guards/rescue_forecast.py), said in the rung's note;
 2. then activation checkpointing of the model's blocks, where it has blocks: those that saved the most activations
    at the last step measured by kind first, a quarter of them, then half, then all (all at once without a
    measurement);
@@ -36,6 +37,7 @@ from torch.utils.checkpoint import CheckpointError
 
 from torchlab.core.engine.activation_checkpointing import saved_by_block
 from torchlab.core.engine.batch_split import batch_samples
+from torchlab.core.engine.guards.rescue_forecast import split_predicted_to_fit
 from torchlab.core.engine.measure.memory import out_of_memory
 from torchlab.core.engine.option_hooks import enact
 from torchlab.core.engine.parts import TrainingParts
@@ -192,7 +194,9 @@ def next_rung(parts: TrainingParts, step: int, failure: str, batch, memory: Call
     saved = blocks_saving(blocks, measured)
     rung = rung_after(options, samples, blocks, saved)
     if rung is not None and rung[0] is SPLIT:
-        return _enact(parts, step, failure, SPLIT, rung[1], split_note(batch_norm_layers(parts.model.model)), samples)
+        value, predicted = split_predicted_to_fit(parts, batch, samples, rung[1])
+        notes = [note for note in (split_note(batch_norm_layers(parts.model.model)), predicted) if note]
+        return _enact(parts, step, failure, SPLIT, value, "; ".join(notes), samples)
     if rung is not None:
         notes = [] if samples is not None else ["this run's batches cannot be split (no first dimension their tensors share)"]
         if isinstance(rung[1], str):

@@ -83,6 +83,29 @@ def test_a_live_models_weights_are_not_touched_by_a_prediction():
     assert all(parameter.grad is None for parameter in workload.model.parameters())
 
 
+def test_the_twin_of_a_live_model_leaves_the_engines_hooks_and_checkpointing_behind_and_keeps_the_models_own():
+    """A live model may carry a probe's hooks and checkpointing's forward (a closure over the live block): the twin
+    of one whose step ran out of memory (the OOM rescue's forecast) must not write into the live run's figures or
+    run the live block."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torchlab.core.engine.activation_checkpointing import ActivationCheckpointing
+    from torchlab.core.engine.forecast.fake_twin import fake_twin
+    from torchlab.core.engine.measure.probes import ActivationStatsProbe
+
+    workload = load_workload(TINY)
+    model = workload.model
+    ActivationCheckpointing(model, None).enable()
+    stats = ActivationStatsProbe(model, ["stem", "head"])
+    stats.attach()
+    own = model.head.register_forward_hook(lambda module, args, output: None)  # the model's own: part of its memory
+    twin = fake_twin(model, FakeTensorMode(), torch.device("cpu"))
+    assert not any("forward" in vars(block) for block in twin.body)  # unwrapped: the forecast wraps per prediction
+    assert len(twin.stem._forward_hooks) == 0 and list(twin.head._forward_hooks) == [own.id]
+    assert all("forward" in vars(block) for block in model.body) and len(model.stem._forward_hooks) == 1  # untouched
+    stats.detach()
+
+
 def test_a_tied_weight_is_counted_once():
     workload, forecast = forecast_of(TIED_BATCHNORM, on_meta=True)
     unique = sum(parameter.numel() * 4 for parameter in workload.model.parameters())  # parameters() yields it once

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from trainers import WORKLOADS, make_trainer
 from torchlab.core.errors import EXIT_OK
@@ -22,7 +23,8 @@ def test_a_model_out_of_memory_above_half_its_batch_trains_to_the_end_with_the_l
     [event] = seen.of("oom_rescued")
     assert (event["step"], event["option"], event["value"], event["previous"]) == (1, "split", 2, 1)
     assert (event["samples_before"], event["samples_after"]) == (16, 8)
-    assert event["error"] == "CUDA out of memory. Tried to allocate 2.00 GiB for 16 samples" and event["note"] == ""
+    assert event["error"] == "CUDA out of memory. Tried to allocate 2.00 GiB for 16 samples"
+    assert event["note"].startswith("predicted peak ") and event["note"].endswith(" this process can reach")
     assert [row.options.split for row in seen.metrics] == [2] * 6  # step 1's row says what it trained with
     unlimited, plain = make_trainer(f"{TINY}:without_dropout", **settings)
     unlimited.run()
@@ -46,13 +48,37 @@ def test_with_every_rung_tried_the_run_stops_with_a_paragraph_saying_what_was_tr
     err = capsys.readouterr().err
     rescued = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()
                if json.loads(line)["event"] == "oom_rescued"]
-    # 1 → 2 → 4 → 8 → 16 (pieces of one sample), then checkpointing: five rungs, then the stop
-    assert [(event["option"], event["value"]) for event in rescued] == [
-        ("split", 2), ("split", 4), ("split", 8), ("split", 16), ("checkpointing", True)]
-    assert "step 1 ran out of memory (CUDA out of memory." in err and "retried with split = 2 (was 1)" in err
+    # every split predicted out of memory (the model's own forward refuses any size): 1 → 16 (pieces of one sample)
+    # at once, then checkpointing, then the stop; one rung at a time it took five
+    assert [(event["option"], event["value"]) for event in rescued] == [("split", 16), ("checkpointing", True)]
+    assert rescued[0]["note"].startswith("none predicted to fit in the ") and "split = 2 out of memory" in rescued[0]["note"]
+    assert "step 1 ran out of memory (CUDA out of memory." in err and "retried with split = 16 (was 1)" in err
     assert "Step 1 ran out of memory" in err and "with split = 16 (pieces of one sample: the batch has 16) and " \
         "checkpointing = on: the OOM rescue has no rung left" in err
     assert "Memory by kind: parameters 3.82 KiB, optimizer state 0 B." in " ".join(err.split())  # no AdamW step yet
+
+
+def test_the_split_taken_is_the_first_the_forecast_predicts_to_fit_passing_over_those_it_does_not(monkeypatch):
+    """The memory this process can reach set between split 2's predicted peak and split 4's: the rescue goes from 1 to
+    4 at once (split 2 would have fit the model's own limit, but not the memory), and says why."""
+    from torchlab.core.engine.adapters.loading import load_workload
+    from torchlab.core.engine.forecast.capacity import FITS_SHARE
+    from torchlab.core.engine.forecast.for_workload import workload_forecast
+    from torchlab.core.engine.forecast.memory_forecast import StepShape
+    from torchlab.core.engine.guards import rescue_forecast
+    from torchlab.core.records.config import build_config
+
+    spec = f"{TINY}:out_of_memory_above_8"
+    forecast = workload_forecast(load_workload(spec), build_config({}, {"workload": spec}), torch.device("cpu"))
+    two, four = (forecast.predict(StepShape(batch_size=16, split=split)).peak_bytes for split in (2, 4))
+    assert four < two
+    monkeypatch.setattr(rescue_forecast, "reachable_memory", lambda parts: int((two + four) / 2 / FITS_SHARE))
+    trainer, seen = make_trainer(spec, steps=3, checkpoint_every=0)
+    assert trainer.run().status == "finished"
+    [event] = seen.of("oom_rescued")
+    assert (event["option"], event["value"], event["previous"]) == ("split", 4, 1)
+    assert event["note"].startswith("split = 2 ") and " predicted over 90 % of the " in event["note"]
+    assert [row.options.split for row in seen.metrics] == [4, 4, 4]
 
 
 def test_with_the_rescue_off_an_out_of_memory_step_stops_the_run_as_it_did():
@@ -66,7 +92,7 @@ def test_a_split_says_that_the_models_batch_norm_now_sees_each_pieces_statistics
     trainer, seen = make_trainer(f"{TINY}:out_of_memory_above_8_with_batch_norm", steps=2, checkpoint_every=0)
     assert trainer.run().status == "finished"
     [event] = seen.of("oom_rescued")
-    assert event["note"] == "1 BatchNorm layer now sees each piece's statistics, not the batch's"
+    assert event["note"].startswith("1 BatchNorm layer now sees each piece's statistics, not the batch's; predicted peak ")
 
 
 # ---------------------------------------------------------------------- with ranks: their supervisor's decision
@@ -180,14 +206,14 @@ def test_with_ranks_no_rescue_is_made_that_cannot_hold(tmp_path):
 
 def test_checkpointing_rungs_take_the_blocks_that_saved_the_most_activations_first_and_a_resume_keeps_them(tmp_path):
     """Measured at steps 1 and 2, blocks.1 saves the most, then blocks.3; step 3 runs out of memory with fewer than
-    two blocks checkpointed: after the splits, a quarter of the blocks (blocks.1), then half (blocks.1, blocks.3)."""
+    two blocks checkpointed: after the last split (every split predicted out of memory: the model's own refusal, which
+    its forward gives on fake tensors too), a quarter of the blocks (blocks.1), then half (blocks.1, blocks.3)."""
     spec = f"{TINY}:out_of_memory_until_two_blocks_are_checkpointed"
     trainer, seen = make_trainer(spec, steps=4, memory_every=1, checkpoint_dir=tmp_path)
     assert trainer.run().status == "finished"
     rungs = [(event["step"], event["option"], event["value"]) for event in seen.of("oom_rescued")]
-    assert rungs == [(3, "split", 2), (3, "split", 4), (3, "checkpointing", "blocks.1"),
-                     (3, "checkpointing", "blocks.1,blocks.3")]
-    note = seen.of("oom_rescued")[2]["note"]
+    assert rungs == [(3, "split", 4), (3, "checkpointing", "blocks.1"), (3, "checkpointing", "blocks.1,blocks.3")]
+    note = seen.of("oom_rescued")[1]["note"]
     assert note.startswith("the 1 of 4 blocks that saved the most activations at step 2 (blocks.1 ")
     assert [row.options.checkpointing for row in seen.metrics][2:] == ["blocks.1,blocks.3"] * 2
     resumed, _ = make_trainer(spec, steps=6, memory_every=1, resume_from=tmp_path / "last.pt")

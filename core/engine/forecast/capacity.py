@@ -1,5 +1,6 @@
-"""The memory each rank of a planned run must fit in, and whether a predicted peak fits it (torch-free: the plan
-command reads ``--device-memory`` before torch loads)."""
+"""The memory a rank must fit in, and whether a predicted peak fits it: ``torchlab-tui plan``'s verdicts and the OOM
+rescue's choice of a rung (core/engine/guards/rescue_forecast.py). Torch-free: plan reads ``--device-memory``
+before torch loads."""
 
 from __future__ import annotations
 
