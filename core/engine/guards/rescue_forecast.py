@@ -15,22 +15,28 @@ note says what was predicted. With ranks the supervisor steps down one rung at a
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
 
 from torchlab.core.engine.forecast.capacity import FITS_SHARE
-from torchlab.core.engine.forecast.for_workload import optimizer_like
-from torchlab.core.engine.forecast.memory_forecast import MemoryForecast, MemoryPrediction, StepShape
 from torchlab.core.engine.measure.memory import held_bytes, out_of_memory
 from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.errors import ForecastError
 from torchlab.core.units import format_bytes
 
+if TYPE_CHECKING:
+    from torchlab.core.engine.forecast.memory_forecast import MemoryPrediction
+
 
 def split_predicted_to_fit(parts: TrainingParts, batch: Any, samples: int, first: int) -> tuple[int, str]:
     """The split to take (``first``, the ladder's next, or one further down), and what the forecast said of it."""
+    # Imported here, at a failure: fake tensors and the memory trackers take seconds to import (FSDP2's, DTensor),
+    # which every trainer's start would pay (tests/engine/test_compile.py holds the trainer's imports).
+    from torchlab.core.engine.forecast.for_workload import optimizer_like
+    from torchlab.core.engine.forecast.memory_forecast import MemoryForecast, StepShape
+
     splits = [first]
     while splits[-1] < samples:
         splits.append(min(2 * splits[-1], samples))
