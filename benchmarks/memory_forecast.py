@@ -52,13 +52,12 @@ def measured(spec: str, flags: list[str], folder: Path) -> dict[str, int]:
 
 
 def predicted(spec: str, flags: list[str]) -> tuple[dict[str, int], int, object]:
-    from torchlab.core.launch.arguments import setting_layers
+    from torchlab.core.launch.arguments import resolve_config
     from torchlab.core.launch.forecasting import Forecasting
     from torchlab.core.launch.plan import build_plan_parser
-    from torchlab.core.records.config import build_config
 
     args = build_plan_parser().parse_args([spec, *flags])
-    forecasting = Forecasting.load(build_config(*setting_layers(args)), args)
+    forecasting = Forecasting.load(*resolve_config(args))
     prediction, cannot = forecasting.predict(forecasting.configured)
     if cannot is not None:
         raise cannot

@@ -33,15 +33,14 @@ def main() -> None:
     parser.add_argument("--gpus", default="8")
     args = parser.parse_args()
     started = time.perf_counter()
-    from torchlab.core.launch.arguments import setting_layers
+    from torchlab.core.launch.arguments import resolve_config
     from torchlab.core.launch.forecasting import Forecasting
     from torchlab.core.launch.plan import build_plan_parser
-    from torchlab.core.records.config import build_config
     from torchlab.core.units import format_bytes
 
     imported, imported_rss = time.perf_counter(), peak_rss()
     plan_args = build_plan_parser().parse_args([args.workload, "--gpus", args.gpus])
-    forecasting = Forecasting.load(build_config(*setting_layers(plan_args)), plan_args)
+    forecasting = Forecasting.load(*resolve_config(plan_args))
     loaded, loaded_rss = time.perf_counter(), peak_rss()
     rows = [forecasting.predict(shape) for _, shape in forecasting.candidates(int(args.gpus))]
     done, done_rss = time.perf_counter(), peak_rss()

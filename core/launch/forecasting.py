@@ -3,7 +3,6 @@ machine, and what the figures leave out (core/launch/plan.py prints them)."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -20,7 +19,6 @@ from torchlab.core.engine.forecast.memory_forecast import NOT_MODELLED, MemoryFo
 from torchlab.core.engine.parts import DEFAULT_BATCH_SIZE, resolve_device
 from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.errors import ConfigError, ForecastError, WorkloadError
-from torchlab.core.launch.arguments import explicit_names, setting_layers
 from torchlab.core.engine.forecast.capacity import FITS_SHARE, Capacity
 from torchlab.core.records.config import TrainConfig
 from torchlab.core.records.starting_values import starting_configuration
@@ -42,7 +40,9 @@ class Forecasting:
     batch_per_rank: bool = False
 
     @classmethod
-    def load(cls, config: TrainConfig, args: argparse.Namespace) -> Forecasting:
+    def load(cls, config: TrainConfig, explicit: set[str]) -> Forecasting:
+        """``config`` as ``resolve_config`` made it, with ``explicit`` the settings the user gave (a workload's own
+        settings take the place of the others)."""
         device = resolve_device(config.device)
         seed_everything(config.seed)
         started = time.perf_counter()
@@ -54,13 +54,12 @@ class Forecasting:
             workload = load_workload(config.workload)
             held = str(on_meta).split(": ", 1)[-1].split(";")[0][:200]  # its first clause: what the factory tried
         factory_s = time.perf_counter() - started
-        explicit = explicit_names(*setting_layers(args))
         config, _ = starting_configuration(config, workload.settings, explicit)
         batch_size = config.batch_size or workload.batch_size or DEFAULT_BATCH_SIZE
         batch_per_rank = "batch_size" in (workload.settings or {}) and "batch_size" not in explicit
         if batch_per_rank:  # the factory gave the batch of one process (no WORLD_SIZE here); its ranks take as much each
             batch_size *= config.options.world_size
-        return cls(config, workload_forecast(workload, config, device), configured_shape(config, batch_size), device,
+        return cls(config, workload_forecast(workload, config, device), configured_shape(config.options, batch_size, config.reshard_after_forward), device,
                    factory_s, held, batch_per_rank)
 
     def candidates(self, gpus: int | None) -> list[tuple[str, StepShape]]:

@@ -30,9 +30,8 @@ from typing import Any
 from torchlab.core.errors import (
     EXIT_INTERRUPTED, EXIT_OK, ConfigError, ForecastError, TorchlabError, exit_status, printable,
 )
-from torchlab.core.launch.arguments import command_parser, setting_layers
+from torchlab.core.launch.arguments import command_parser, resolve_config
 from torchlab.core.options import LIVE_OPTIONS
-from torchlab.core.records.config import build_config
 from torchlab.core.records.settings import SETTINGS
 from torchlab.core.engine.forecast.capacity import FITS_SHARE, Capacity
 from torchlab.core.units import format_bytes, parse_bytes
@@ -81,7 +80,7 @@ def _plan(args: argparse.Namespace) -> int:
     given = _given_memory(args.device_memory)
     if args.gpus is not None and not 1 <= args.gpus <= 1024:
         raise ConfigError(f"gpus (--gpus) {args.gpus}: a whole number of ranks from 1 to 1024.")
-    config = build_config(*setting_layers(args))
+    config, explicit = resolve_config(args)
 
     try:
         from torchlab.core.launch.forecasting import Forecasting  # imports torch
@@ -92,7 +91,7 @@ def _plan(args: argparse.Namespace) -> int:
                             f"{torch.__version__} lacks ({missing}); install a newer torch (2.6 or later) to plan."
                             ) from None
 
-    forecasting = Forecasting.load(config, args)
+    forecasting = Forecasting.load(config, explicit)
     capacity = given or forecasting.capacity()
     started = time.perf_counter()
     candidates = forecasting.candidates(args.gpus)

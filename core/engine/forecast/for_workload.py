@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 from torchlab.core.engine.forecast.memory_forecast import MemoryForecast, MemoryPrediction, StepShape
 from torchlab.core.engine.loss_output import LossFunction
 from torchlab.core.engine.optimization import build_optimizer
+from torchlab.core.options import LiveOptions
 from torchlab.core.records.config import TrainConfig
 from torchlab.core.workload import Workload
 
@@ -47,12 +48,11 @@ def optimizer_like(template: torch.optim.Optimizer, model: torch.nn.Module, twin
         return type(template)(groups, **template.defaults)
 
 
-def configured_shape(config: TrainConfig, batch_size: int) -> StepShape:
-    """The step ``config`` trains: its live options' values, its batch and ranks."""
-    options = config.options
+def configured_shape(options: LiveOptions, batch_size: int, reshard_after_forward: bool) -> StepShape:
+    """The step ``options`` train (a configuration's, or a live run's in force): their values, its batch and ranks."""
     return StepShape(amp=options.amp, checkpointing=options.checkpointing, split=options.split,
                      accum=options.accum, batch_size=batch_size, world_size=options.world_size,
-                     parallel=options.parallel, reshard_after_forward=config.reshard_after_forward)
+                     parallel=options.parallel, reshard_after_forward=reshard_after_forward)
 
 
 def candidate_shapes(configured: StepShape, gpus: int | None, batch_per_rank: bool = False) -> list[tuple[str, StepShape]]:

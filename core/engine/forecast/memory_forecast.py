@@ -91,12 +91,6 @@ class MemoryPrediction:
     seconds: float  # what the prediction took
     refused: str | None = None
 
-    @property
-    def total_bytes(self) -> int:
-        """The kinds added up, as ``MemoryBreakdown.total_bytes``."""
-        return (self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
-                + self.gathered_bytes)
-
 
 @dataclasses.dataclass(frozen=True)
 class StepShape:
@@ -315,12 +309,8 @@ def _fake_process_group(shape: StepShape, device: torch.device) -> Iterator[Any]
 
 def _ddp_buckets(twin: torch.nn.Module) -> int:
     """DDP's gradient buckets (its Reducer, ``gradient_as_bucket_view`` off as the ranks run it): a flat copy of
-    every trainable parameter's gradient, held from the wrap on, each parameter once."""
-    seen: dict[int, int] = {}
-    for parameter in twin.parameters():
-        if parameter.requires_grad:
-            seen[id(parameter)] = parameter.numel() * parameter.element_size()
-    return sum(seen.values())
+    every trainable parameter's gradient, held from the wrap on (``parameters()`` gives a tied one once)."""
+    return sum(parameter.numel() * parameter.element_size() for parameter in twin.parameters() if parameter.requires_grad)
 
 
 def _no_scaler(device: torch.device) -> Callable[[], torch.amp.GradScaler]:

@@ -34,15 +34,14 @@ def split_predicted_to_fit(parts: TrainingParts, batch: Any, samples: int, first
     """The split to take (``first``, the ladder's next, or one further down), and what the forecast said of it."""
     # Imported here, at a failure: fake tensors and the memory trackers take seconds to import (FSDP2's, DTensor),
     # which every trainer's start would pay (tests/engine/test_compile.py holds the trainer's imports).
-    from torchlab.core.engine.forecast.for_workload import optimizer_like
-    from torchlab.core.engine.forecast.memory_forecast import MemoryForecast, StepShape
+    from torchlab.core.engine.forecast.for_workload import configured_shape, optimizer_like
+    from torchlab.core.engine.forecast.memory_forecast import MemoryForecast
 
     splits = [first]
     while splits[-1] < samples:
         splits.append(min(2 * splits[-1], samples))
-    options, model = parts.options, parts.model.model
-    configured = StepShape(amp=options.amp, checkpointing=options.checkpointing, accum=options.accum,
-                           batch_size=samples, reshard_after_forward=parts.config.reshard_after_forward)
+    model = parts.model.model
+    configured = configured_shape(parts.options, samples, parts.config.reshard_after_forward)
     optimizer = parts.optimization.optimizer
     forecast = MemoryForecast(model, parts.loss.alone, lambda twin: optimizer_like(optimizer, model, twin),
                               lambda size: batch, parts.device, list(parts.model.checkpointing.blocks))

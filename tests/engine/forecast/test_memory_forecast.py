@@ -166,7 +166,8 @@ def test_a_step_that_reads_a_tensors_value_cannot_be_predicted_and_the_error_nam
 
 
 def test_the_candidates_are_each_change_once_and_the_least_memory_last():
-    configured = configured_shape(build_config({}, {"workload": "mlp", "options": {"amp": "bf16"}}), 32)
+    config = build_config({}, {"workload": "mlp", "options": {"amp": "bf16"}})
+    configured = configured_shape(config.options, 32, config.reshard_after_forward)
     listed = candidate_shapes(configured, gpus=4)
     changes = [change for change, _ in listed]
     assert changes == ["as configured", "amp=off", "amp=fp16", "checkpointing=on", "split=2", "batch_size=64",
