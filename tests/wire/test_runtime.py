@@ -9,10 +9,24 @@ import subprocess
 import sys
 import time
 
+import shutil
+import tempfile
+
 import pytest
 
 from torchlab.core.safe_open import UnsafeFileError
 from torchlab.core.wire.runtime import ORPHAN_TOKEN_AGE_S, Endpoint, list_runs, read_runs, runtime_dir
+
+
+@pytest.fixture
+def short_runtime_dir(monkeypatch):
+    """A runtime directory of this test's runs only, 0700 as the system makes one, at a path short enough for the
+    sockets bound in it: a socket's path is at most 107 bytes, which one under pytest-xdist's ``tmp_path``
+    (``/tmp/pytest-of-root/pytest-482/popen-gw0/test_the_attach_listing_fits_80/xdg/torchlab/...``) passes."""
+    folder = tempfile.mkdtemp(prefix="tl-xdg-")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", folder)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_listing_runs_sweeps_what_killed_trainers_left_and_nothing_else(tmp_path, monkeypatch):
@@ -92,14 +106,12 @@ def test_attach_lists_a_run_killed_while_starting_once_then_forgets_it(tmp_path,
     assert "run-killed-starting" not in capsys.readouterr().out
 
 
-def test_a_run_whose_socket_nobody_serves_is_gone_even_when_its_pid_now_names_another_process(tmp_path, monkeypatch):
+def test_a_run_whose_socket_nobody_serves_is_gone_even_when_its_pid_now_names_another_process(monkeypatch, short_runtime_dir):
     import socket
 
     from torchlab.core.launch.attach import forget_gone_runs
     from torchlab.core.wire.runtime import STALE_SOCKET_AGE_S
 
-    (tmp_path / "xdg").mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
     long_ago = time.time() - STALE_SOCKET_AGE_S - 60
     killed, live = Endpoint.create("run-killed-starting"), Endpoint.create("run-live")
     # Both pids name this process, which runs: as after the system gave a dead trainer's pid to another one.
@@ -137,13 +149,11 @@ def test_a_socket_listens_privately_without_touching_the_process_umask(tmp_path,
         listener.close()
 
 
-def test_the_attach_listing_fits_80_columns_with_each_runs_step_and_its_directory_under_it(tmp_path, monkeypatch, capsys):
+def test_the_attach_listing_fits_80_columns_with_each_runs_step_and_its_directory_under_it(monkeypatch, capsys, short_runtime_dir):
     import socket
 
     from torchlab.core.launch.attach import main as attach
 
-    (tmp_path / "xdg").mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
     live = Endpoint.create("20261123-204626-tiny_gpt")
     live.write_info({"pid": os.getpid(), "state": "running", "step": 1240, "steps": 20000, "started": time.time() - 750,
                      "attached": True, "workload": "/home/someone/projects/models/transformer.py:workload",
