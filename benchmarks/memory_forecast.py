@@ -6,7 +6,7 @@
 For each model and setting, a real run trains 3 steps headless with ``--memory-every 1`` (its own process, or two
 ranks for FSDP2) and its last step's memory by kind is read from ``metrics.jsonl`` (rank 0's: core/engine/measure/
 memory.py counts the tensors themselves, the same on a CPU as on CUDA); the forecast predicts the same settings as
-``torchlab-tui plan`` does (core/launch/forecasting.py), on fake tensors. Printed: each kind's error and the
+``torchlab-tui plan`` does (core/engine/forecast/forecasting.py), on fake tensors. Printed: each kind's error and the
 total's (parameters + gradients + optimizer state + activations + gathered, what both count), and the forecast's
 peak, which no CPU measurement reads (``torch.cuda.max_memory_allocated`` on a GPU: the GPU issue). A markdown table
 for ``benchmarks/README.md``.
@@ -53,7 +53,7 @@ def measured(spec: str, flags: list[str], folder: Path) -> dict[str, int]:
 
 def predicted(spec: str, flags: list[str]) -> tuple[dict[str, int], int, object]:
     from torchlab.core.launch.arguments import resolve_config
-    from torchlab.core.launch.forecasting import Forecasting
+    from torchlab.core.engine.forecast.forecasting import Forecasting
     from torchlab.core.launch.plan import build_plan_parser
 
     args = build_plan_parser().parse_args([spec, *flags])

@@ -34,7 +34,7 @@ def main() -> None:
     args = parser.parse_args()
     started = time.perf_counter()
     from torchlab.core.launch.arguments import resolve_config
-    from torchlab.core.launch.forecasting import Forecasting
+    from torchlab.core.engine.forecast.forecasting import Forecasting
     from torchlab.core.launch.plan import build_plan_parser
     from torchlab.core.units import format_bytes
 

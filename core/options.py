@@ -161,6 +161,9 @@ class LiveOption:
     #: its value changes what a step does and costs: the impact table begins a segment at each change of it
     #: (the run's length, ``steps``, does not: a segment there would compare a run with itself)
     shapes_a_step: bool = True
+    #: its value changes the memory a step takes, as the forecast models it (core/engine/forecast/memory_forecast.py
+    #: ``StepShape``): a change of it is predicted before it is made, and what fits is asked again after it
+    shapes_memory: bool = False
 
     @property
     def flag(self) -> str:
@@ -317,13 +320,13 @@ class Number(LiveOption):
 
 
 AMP = Choice(
-    name="amp", default="off", choices=("off", "bf16", "fp16"),
+    name="amp", default="off", shapes_memory=True, choices=("off", "bf16", "fp16"),
     label="amp", short="amp", key="a", footer="AMP",
     help="Cycle mixed precision: off → bf16 → fp16 → off",
     flag_help="autocast precision (default off; fp16 needs CUDA)",
 )
 CHECKPOINTING = Blocks(
-    name="checkpointing", default=False,
+    name="checkpointing", default=False, shapes_memory=True,
     label="checkpointing", short="ckpt", key="c", footer="Ckpt",
     help="Toggle activation checkpointing of the model's blocks",
     flag_help="activation checkpointing of the model's blocks (all of them, or BLOCKS: names separated by commas)",
@@ -337,7 +340,7 @@ CLIP = Number(
     flag_help="clip the global grad norm to NORM (default off; 0 or off: no clipping)",
 )
 ACCUM = Number(
-    name="accum", default=1,
+    name="accum", default=1, shapes_memory=True,
     bounds=Bounds(whole=True, minimum=1, maximum=4096, wording="a whole number from {minimum} to {maximum}"),
     label="accumulation", short="accum", key="m", footer="Accum", metavar="N",
     help="Set gradient accumulation steps",
@@ -345,7 +348,7 @@ ACCUM = Number(
     flag_help="gradient accumulation micro-steps per optimizer step (default 1)",
 )
 SPLIT = Number(
-    name="split", default=1,
+    name="split", default=1, shapes_memory=True,
     bounds=Bounds(whole=True, minimum=1, maximum=4096, wording="a whole number of pieces from {minimum} to {maximum}"),
     label="batch split", short="split", key="k", footer="Split", metavar="N", in_footer=False,
     help="Split each batch into pieces run in turn: less memory, the same gradient",
@@ -379,7 +382,7 @@ LR_SCALE = Number(
     flag_help="multiply the schedule's LR (default 1)",
 )
 WORLD_SIZE = Number(
-    name="world_size", default=1, bounds=Bounds(whole=True, minimum=1, maximum=1024, wording="a whole number from {minimum} to {maximum}"),
+    name="world_size", default=1, shapes_memory=True, bounds=Bounds(whole=True, minimum=1, maximum=1024, wording="a whole number from {minimum} to {maximum}"),
     label="world size", short="ws", key="w", footer="World", metavar="N", in_footer=False,
     help="Set the number of training processes",
     prompt="World size", hint="the number of training processes (ranks), from 1; the trainer checkpoints and relaunches them",
@@ -387,7 +390,7 @@ WORLD_SIZE = Number(
     takes_effect="checkpoint and relaunch at the next step",
 )
 PARALLEL = Choice(
-    name="parallel", default="ddp", choices=("ddp", "fsdp"),
+    name="parallel", default="ddp", shapes_memory=True, choices=("ddp", "fsdp"),
     label="parallel", short="par", key="D", footer="Parallel", in_footer=False,
     help="Switch how the ranks hold the model: ddp (a whole copy each) ↔ fsdp (sharded over them)",
     flag_help="how the ranks hold the model: ddp (each a whole copy; default) or fsdp (FSDP2: parameters, gradients "
@@ -445,6 +448,8 @@ RESUMED = "resumed"
 RELAUNCHED_BY = (WORLD_SIZE.name, PARALLEL.name, AMP.name)
 OPTIONS_BY_NAME: dict[str, LiveOption] = {option.name: option for option in LIVE_OPTIONS}
 OPTION_NAMES = tuple(OPTIONS_BY_NAME)
+#: The options whose value changes a step's memory (``shapes_memory``), in the registry's order.
+MEMORY_SHAPING = tuple(option.name for option in LIVE_OPTIONS if option.shapes_memory)
 
 
 def live_option(name: Any) -> LiveOption:

@@ -83,6 +83,10 @@ CHART_REFRESH_S = 0.2
 FOLD_SLICE_S = 0.008
 #: ... for this long: ``sleep(0)`` was not enough, a timer's wake-up takes more than one turn of the loop.
 FOLD_PAUSE_S = 0.004
+#: The run trains this long before the app asks its trainer what fits (tui/screens/fits_screen.py) on its own, for
+#: its keys to say what a change will take: its first seconds (a compile, warm-up) are left to it, and a short run
+#: never starts the forecaster's process. The "what fits" view asks at once.
+FORECAST_AFTER_S = 30.0
 #: The garbage collector's thresholds. With the default (700, 10, 10) full collections paused the event
 #: loop for 50-90 ms at 50k reports a second. What is left to collect is mostly Textual's strips (their
 #: caches hold themselves); a young generation of 50k took 27-57 ms a collection, of 20k 15-28 ms.
@@ -134,6 +138,7 @@ class TorchlabApp(Notices, KeyActions, Leaving, App[int]):
         poll_interval: float = 0.05,
         log_poll_interval: float = 0.5,
         grad_refresh_interval: float = 0.5,
+        forecast_after_s: float | None = FORECAST_AFTER_S,
     ) -> None:
         """The app as users get it: the CLI passes a factory of the real link, the tests a fake one.
 
@@ -141,7 +146,8 @@ class TorchlabApp(Notices, KeyActions, Leaving, App[int]):
         the main thread when it mounts, so the window shows before the trainer exists. ``workload`` is shown in the
         header until the trainer's welcome names it. The intervals are the drain timer, the trainer.log tail, and the
         least time between gradient-table updates; tests set them so that nothing happens unless they call
-        ``poll_now``."""
+        ``poll_now``. ``forecast_after_s``: how long the run trains before the app asks what fits on its own (None:
+        only when the "what fits" view opens)."""
         super().__init__()
         self.grad_refresh_interval = grad_refresh_interval
         # A link instance has drain(); anything else is the factory that makes one.
@@ -166,6 +172,11 @@ class TorchlabApp(Notices, KeyActions, Leaving, App[int]):
         self._unfolded: deque[protocol.Message] = deque()
         #: (option, value) a key's cycle skipped as this run would refuse it, and said why (once)
         self._skips_said: set[tuple[str, Any]] = set()
+        #: a change predicted not to fit, refused once: asked for again, it is sent (``set_option``)
+        self._confirming: tuple[str, Any] | None = None
+        #: the run trains this long (seconds) before the app asks what fits on its own (None: only its view asks)
+        self.forecast_after_s = forecast_after_s
+        self._training_since: float | None = None
 
     # ------------------------------------------------------------------ layout
 
@@ -272,6 +283,7 @@ class TorchlabApp(Notices, KeyActions, Leaving, App[int]):
                 self._unfolded.extend(self.link.drain())
             except Exception as error:  # a broken link is reported, and the app stays up to say so
                 self.run_state.log(EntryLevel.ERROR, f"lost the connection to the trainer: {error}", notify=True)
+        self._forecast_once_settled()
 
     def _redraw(self) -> None:
         try:

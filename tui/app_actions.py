@@ -15,6 +15,7 @@ A mixin rather than a separate object: Textual looks actions up on the app (``ac
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -181,9 +182,19 @@ class KeyActions:
         self._refresh_view()
 
     def set_option(self, option: str, value: Any) -> None:
-        """Ask the trainer to change a live option at the next step boundary."""
+        """Ask the trainer to change a live option at the next step boundary, saying what the forecast predicts of it;
+        one predicted not to fit is refused with the figures until it is asked for again (its key pressed again,
+        its value entered again): the memory a change will take is said before it is paid for."""
+        check = self.run_state.forecast_check(option, value)
+        if check.over is not None and self._confirming != (option, value):
+            self._confirming = (option, value)
+            again = (f"press {OPTIONS_BY_NAME[option].key} again" if not isinstance(OPTIONS_BY_NAME[option], Number)
+                     else "enter it again")
+            self.refuse_request(f"{check.over}: nothing sent; {again} to apply it all the same")
+            return
+        self._confirming = None
         if self.send(protocol.SetCommand(option, value)):
-            self.run_state.note_request(option, value)
+            self.run_state.note_request(option, value, check.words)
             self._refresh_view()
 
     def action_next_chart(self) -> None:
@@ -219,6 +230,36 @@ class KeyActions:
         from torchlab.tui.screens.impact_screen import ImpactScreen
 
         self.push_screen(ImpactScreen(self.run_state))
+
+    def action_what_fits(self) -> None:
+        from torchlab.tui.screens.fits_screen import FitsScreen
+
+        self.request_forecast()
+        self.push_screen(FitsScreen(self.run_state))
+
+    def request_forecast(self) -> None:
+        """Ask the trainer, once, for the memory of the settings in force and of the changes worth weighing: the "what
+        fits" view lists them and each key says its own before it is sent. Said nowhere where it cannot be asked (a
+        read-only view, a run that ended): the view says nothing is predicted."""
+        state = self.run_state
+        if state.forecast_requested or self.read_only or state.ended is not None or self.link is None or self._link_closed:
+            return
+        try:
+            self.link.send(protocol.ForecastCommand())
+        except Exception:  # the link says what broke it at its next drain
+            return
+        state.forecast_requested = True
+
+    def _forecast_once_settled(self) -> None:
+        """Once the run has trained ``forecast_after_s`` (this app's clock, from the first time it saw it training), ask
+        for the predictions unasked: a run's first seconds (compiling, warming up) are left to it."""
+        if self.forecast_after_s is None or self.run_state.forecast_requested or self.run_state.state != RunStatus.RUNNING:
+            return
+        now = time.monotonic()
+        if self._training_since is None:
+            self._training_since = now
+        if now - self._training_since >= self.forecast_after_s:
+            self.request_forecast()
 
     def action_memory(self) -> None:
         from torchlab.tui.screens.memory_screen import MemoryScreen

@@ -37,6 +37,8 @@ KEY_ACTIONS = (
     KeyAction("t", "system", "System", "System: every GPU, host CPU/RAM, trainer memory and its history", show=False),
     KeyAction("T", "try_option", "Trial", "Trial: try an option for a few steps on the same batches, then undo it", show=False),
     KeyAction("f", "next_chart", "Chart", "Chart: samples/s or one of the workload's own metrics, in turn", show=False),
+    KeyAction("F", "what_fits", "Fits", "What fits: the memory each setting would take, predicted before it is paid for",
+              show=False),
     KeyAction("M", "memory", "Memory", "Memory by kind: parameters, gradients, optimizer state, activations by module", show=False),
     KeyAction("H", "heatmap", "Heatmap", "Heatmap: modules × recent steps, by gradient norm, update ratio ‖Δθ‖/‖θ‖ or weight norm",
               show=False),

@@ -11,12 +11,13 @@ are read as they are. What it leaves open is read defensively: the metrics colum
 length against the module list, the options, a state name; a surprising value there becomes a warning in
 the event log, never an exception that takes the app down.
 
-``RunState`` is one class written in six modules, one job each, and each part declares the fields it owns in
+``RunState`` is one class written in seven modules, one job each, and each part declares the fields it owns in
 an ``_init_<part>`` method that ``RunState.__init__`` calls. This one holds the reducer (``_dispatch``: a
 ``match`` on each message's class), the event log and the handlers of the run's course (welcome, state,
 acknowledgements, checkpoints, failures). The others fold one kind of news: ``state_metrics`` the curves and
 gradient norms, ``state_measurements`` telemetry, memory, profiles, impact and trials, ``state_ranks`` the
-ranks and a relaunch, ``state_requests`` the app's requests until the trainer answers them; ``state_figures``
+ranks and a relaunch, ``state_requests`` the app's requests until the trainer answers them, ``state_forecast`` the memory predicted for
+the settings in force and the changes worth weighing; ``state_figures``
 reads the fields to work out what the app shows but is not told (an ETA, why a value would be refused).
 Numbers from fields the protocol leaves open go through ``unchecked_numbers``.
 """
@@ -29,13 +30,14 @@ from typing import Any
 
 from torchlab.core.errors import printable
 from torchlab.core.wire import protocol
-from torchlab.core.wire.events import SpikeGuarded, describe
+from torchlab.core.wire.events import MemoryPredicted, SpikeGuarded, describe
 from torchlab.core.options import OPTION_NAMES, RELAUNCHED_BY, format_option_value
 from torchlab.core.wire.protocol import LogLevel
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.tui.formatting import short_workload
 from torchlab.tui.log_levels import EntryLevel
 from torchlab.tui.state_figures import ENDED, RunFigures
+from torchlab.tui.state_forecast import Forecasts
 from torchlab.tui.state_measurements import Measurements
 from torchlab.tui.state_metrics import MetricsFolding, ModuleStats
 from torchlab.tui.state_ranks import RanksAndRelaunch
@@ -70,7 +72,7 @@ class Failure:
     checkpoint: str | None = None
 
 
-class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, RunFigures):
+class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, Forecasts, RunFigures):
     """Everything the app draws, updated one protocol event at a time by ``apply``."""
 
     def __init__(self, workload: str | None = None) -> None:
@@ -80,6 +82,7 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, RunF
         self._init_metrics()
         self._init_measurements()
         self._init_ranks()
+        self._init_forecasts()
 
     def _init_run(self, workload: str | None) -> None:
         """The fields of the run's course: what the trainer's welcome describes, where the run stands, how it ended."""
@@ -191,6 +194,8 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, RunF
                 self._on_refused(event)
             case protocol.ProfileReady():
                 self._on_profile_ready(event)
+            case MemoryPredicted():
+                self._on_memory_predicted(event)
             case SpikeGuarded():
                 self._on_spike_guarded(event)
             case _:
@@ -238,6 +243,7 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, RunF
         self.checkpoint_blocks = list(run.checkpoint_blocks)
         self.total_steps = run.steps
         self.started = run.started
+        self.forecast_requested = False  # a new trainer (a restart) has its own forecaster; one asked again starts nothing
         modules = [ModuleStats(module.name, module.params, tuple(module.tied)) for module in event.modules]
         if [(m.name, m.tied) for m in modules] != [(m.name, m.tied) for m in self.modules]:
             self.modules = modules

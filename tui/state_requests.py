@@ -39,18 +39,19 @@ class AppRequests:
         (``would_refuse``: fp16 on a CPU). The one rule of the main screen's keys and the error screen's."""
         return self.was_refused(option, value) or self.would_refuse(option, value) is not None
 
-    def note_request(self, option: str, value: Any) -> None:
-        """The app sent a SetCommand: remember it until the answer comes, and log that it is on its way."""
+    def note_request(self, option: str, value: Any, forecast: str = "") -> None:
+        """The app sent a SetCommand: remember it until the answer comes, and log that it is on its way (with what
+        the forecast predicts of it, ``forecast``, where it says)."""
         self._unanswered.setdefault(option, deque()).append(value)
         self.pending[option] = value
         self.options_version += 1
         if self.queued is not None:
-            self.log(EntryLevel.INFO, f"{option} = {format_option_value(option, value)}: {self.queued}")
+            self.log(EntryLevel.INFO, f"{option} = {format_option_value(option, value)}: {self.queued}{_said(forecast)}")
             return
         when = OPTIONS_BY_NAME[option].takes_effect
         if option == AMP.name and self.world_size > 1 and self.options.get(PARALLEL.name) == "fsdp":
             when = PARALLEL.takes_effect  # FSDP2's mixed precision is fixed while the ranks live
-        self.log(EntryLevel.INFO, f"requested {option} = {format_option_value(option, value)} ({when})")
+        self.log(EntryLevel.INFO, f"requested {option} = {format_option_value(option, value)} ({when}){_said(forecast)}")
 
     @property
     def queued(self) -> str | None:
@@ -88,3 +89,7 @@ class AppRequests:
         """The app asked for a profiler snapshot: the list says one is on its way until it arrives."""
         self.profile_pending = True
         self.profiles_version += 1
+
+
+def _said(forecast: str) -> str:
+    return f": {forecast}" if forecast else ""

@@ -83,7 +83,7 @@ def _plan(args: argparse.Namespace) -> int:
     config, explicit = resolve_config(args)
 
     try:
-        from torchlab.core.launch.forecasting import Forecasting  # imports torch
+        from torchlab.core.engine.forecast.forecasting import Forecasting  # imports torch
     except ImportError as missing:  # a torch before its memory trackers (torch.distributed._tools)
         import torch
 
@@ -153,12 +153,9 @@ def _row(change: str, world_size: int, prediction: Any, cannot: Exception | None
         lines.append(textwrap.fill(f"{label:<{_CHANGE_WIDTH}}  cannot run: {why}", width,
                                    subsequent_indent=" " * (_CHANGE_WIDTH + 2)))
         return "\n".join(lines)
-    at_peak = prediction.at_peak
-    weights = at_peak["parameters"] + at_peak["gradients"] + at_peak["optimizer"]
-    other = at_peak["gathered"] + at_peak["other"]
     lines.append(f"{label:<{_CHANGE_WIDTH}}  {format_bytes(prediction.peak_bytes):>9} "
-                 f"{capacity.verdict(prediction.peak_bytes, world_size):<5} {format_bytes(weights):>9} "
-                 f"{format_bytes(at_peak['activations']):>11} {format_bytes(other):>9}")
+                 f"{capacity.verdict(prediction.peak_bytes, world_size):<5} {format_bytes(prediction.weights_at_peak):>9} "
+                 f"{format_bytes(prediction.at_peak['activations']):>11} {format_bytes(prediction.other_at_peak):>9}")
     return "\n".join(lines)
 
 

@@ -20,7 +20,7 @@ from torchlab.core.wire.protocol import (
     CheckpointSaved, Error, Log, LogLevel, Message, NonFinite, OptionApplied, OptionRefused, ProfileReady, TrialProgress,
     TrialResult,
 )
-from torchlab.core.wire.payloads import CommunicationShare
+from torchlab.core.wire.payloads import CommunicationShare, MemoryPrediction
 from torchlab.core.wire.typed_json import JsonScalar
 
 
@@ -277,12 +277,41 @@ class StopRequested(Message):
     reason: str
 
 
+@dataclass(frozen=True)
+class MemoryPredicted(Message):
+    """A step's memory under ``settings`` (amp, checkpointing, split, accum, batch_size, world_size, parallel),
+    predicted on fake tensors by the run's forecaster process (core/engine/forecast/forecaster.py) at a
+    ``ForecastCommand``, and again around each change of the settings in force. ``change``: those settings as the
+    change that makes them from the ones in force when they were asked (``in force`` for these). ``capacity_bytes``
+    is what one rank has to fit in under them (a GPU's own memory, or its share of a CPU's RAM; ``capacity`` says
+    where the figure comes from), ``verdict`` yes (under 90 % of it), tight or no; ``prediction`` None and ``error`` why where the step could not be predicted (an op that needs
+    the data). ``ratio``: measured over predicted on this run so far (the ``prediction_checked`` records), by which
+    ``corrected_peak_bytes`` is the peak to expect; None until a change was measured."""
+
+    type: ClassVar[str] = "memory_predicted"
+    step: int
+    settings: dict
+    change: str
+    prediction: MemoryPrediction | None
+    capacity_bytes: int
+    capacity: str
+    verdict: str = ""
+    error: str = ""
+    ratio: float | None = None
+
+    @property
+    def corrected_peak_bytes(self) -> int | None:
+        if self.prediction is None or self.prediction.refused is not None:
+            return None
+        return round(self.prediction.peak_bytes * (self.ratio or 1.0))
+
+
 #: Every event a trainer, its supervisor or its journal's writers emit: the ones above, and the protocol's
 #: messages the app receives as they are.
 TRAINER_EVENTS = (
     RunStarted, RunEnded, Paused, Resumed, StepSkipped, OomRescued, SpikeGuarded, ProfileStarted, TrialStarted, CompileStarted, ResumedFromCheckpoint,
     ResumeChangedSettings, Relaunching, LineRefused, LinesRefusedUnrecorded, JournalRepaired, MetricsMovedAside,
-    StopRequested, OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult, TrialProgress,
+    StopRequested, MemoryPredicted, OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult, TrialProgress,
 )
 
 

@@ -231,6 +231,51 @@ class MemoryBreakdown(JsonObject):
                 + self.gathered_bytes)
 
 
+#: Said beside every prediction (``torchlab-tui plan``, the app's "what fits"): what the figures leave out.
+NOT_MODELLED = ("not modelled: the allocator's cache and fragmentation, cuDNN/cuBLAS workspaces, NCCL's buffers and "
+                "the CUDA context; a compiled model predicted as it runs eagerly")
+
+
+@dataclass(frozen=True)
+class MemoryPrediction(JsonObject):
+    """A step's memory predicted on fake tensors before it is paid for (core/engine/forecast/memory_forecast.py), per
+    rank: ``settings`` are what it is predicted for (amp, checkpointing, split, accum, batch_size, world_size,
+    parallel). ``peak_bytes`` is the most the step's tensors hold at once, what CUDA's ``max_memory_allocated`` would
+    read, and ``at_peak`` what it is made of then, by kind (parameters, gradients, optimizer, activations, gathered,
+    other: backward's temporaries, FSDP2's communication buffers, DDP's gradient buckets), adding up to it. The kinds'
+    own fields are each one's most over the step, as ``MemoryBreakdown`` measures them (gradients are all there after
+    backward, when most activations are gone): their sum is comparable with its ``total_bytes``, not with the peak.
+    ``refused``: why these settings cannot run here (amp=fp16 under FSDP2), the figures then 0. ``plan --json``
+    writes it as the object of its fields; a live run's ``memory_predicted`` carries it."""
+
+    settings: dict[str, Any]
+    peak_bytes: int
+    at_peak: dict[str, int]
+    parameters_bytes: int  # parameters and buffers (this rank's shards under FSDP2)
+    gradients_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    gathered_bytes: int  # FSDP2: parameters gathered whole
+    seconds: float  # what the prediction took
+    refused: str | None = None
+
+    @property
+    def weights_at_peak(self) -> int:
+        """Of the peak, what the weights hold: parameters, gradients and optimizer state (``plan``'s column, the app's)."""
+        return sum(self.at_peak.get(kind, 0) for kind in ("parameters", "gradients", "optimizer"))
+
+    @property
+    def other_at_peak(self) -> int:
+        """Of the peak, neither weights nor activations: parameters FSDP2 gathered whole, temporaries, buffers."""
+        return self.at_peak.get("gathered", 0) + self.at_peak.get("other", 0)
+
+    @property
+    def total_bytes(self) -> int:
+        """The kinds' own most added up: what ``MemoryBreakdown.total_bytes`` measures of the same step."""
+        return (self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.gathered_bytes)
+
+
 # ----------------------------------------------------------------------------- Trials: one option, two arms
 
 

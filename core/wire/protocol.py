@@ -44,7 +44,7 @@ __all__ = [
     "MAX_LINE_BYTES", "PROTOCOL_VERSION", "Message", "OtherVersion", "ProtocolError", "decode", "fault", "read_payload",
     "MAX_OPTION_CHARS", "MAX_SOURCE_CHARS", "MAX_VALUE_CHARS", "MAX_COMMAND_INT", "DEFAULT_PROFILE_STEPS",
     "Hello", "TrainerCommand", "PauseCommand", "ResumeCommand", "StopCommand", "SetCommand", "TrialCommand",
-    "ProfileCommand", "SaveCheckpointCommand", "DetachCommand", "trainer_command",
+    "ProfileCommand", "SaveCheckpointCommand", "ForecastCommand", "DetachCommand", "trainer_command",
     "Welcome", "Replayed", "State", "Metrics", "GradNorms", "TrialResult", "TrialProgress", "Memory", "Telemetry",
     "OptionApplied", "OptionRefused", "Detached", "CheckpointSaved", "Log", "LogLevel", "Error", "NonFinite", "ProfileReady",
     "Impact", "Ranks", "Refused", "COMMANDS", "EVENTS",
@@ -171,6 +171,16 @@ def _check_magnitude(field_name: str, value: Any) -> None:
 @dataclass(frozen=True)
 class SaveCheckpointCommand(TrainerCommand):
     type: ClassVar[str] = "save_checkpoint"
+
+
+@dataclass(frozen=True)
+class ForecastCommand(TrainerCommand):
+    """Predict the memory of a step under the settings in force and under each change worth weighing (each key's
+    next value, ``torchlab-tui plan``'s candidates), off the training path: answered by one ``memory_predicted`` a
+    setting, as each is predicted (core/engine/forecast/forecaster.py). Its supervisor takes it when it comes, not
+    at a step boundary; from then on each change of the settings is predicted around too."""
+
+    type: ClassVar[str] = "forecast"
 
 
 @dataclass(frozen=True)
@@ -487,7 +497,8 @@ class Refused(Message):
     reason: str
 
 
-COMMANDS = (Hello, PauseCommand, ResumeCommand, StopCommand, SetCommand, ProfileCommand, SaveCheckpointCommand, TrialCommand, DetachCommand)
+COMMANDS = (Hello, PauseCommand, ResumeCommand, StopCommand, SetCommand, ProfileCommand, SaveCheckpointCommand, TrialCommand, ForecastCommand,
+            DetachCommand)
 EVENTS = (Welcome, Replayed, State, Metrics, GradNorms, Memory, TrialResult, Telemetry, OptionApplied, OptionRefused, Detached, CheckpointSaved, Log, Error, NonFinite, ProfileReady, Impact, Ranks, Refused)
 
 

@@ -213,11 +213,12 @@ def test_a_step_that_compiles_again_is_marked_as_compile_time():
 
 def test_the_trainer_imports_torch_compiles_machinery_and_dtensor_only_once_they_are_used():
     """torch._dynamo (and inductor with it) took 3 s to import at every trainer's start; DTensor, which only a sharded
-    model (parallel=fsdp) uses, 0.8 s."""
-    code = ("import sys, torchlab.core.engine.trainer; "
-            "print(*(name in sys.modules for name in ('torch._dynamo', 'torch._inductor', 'torch.distributed.tensor')))")
+    model (parallel=fsdp) uses, 0.8 s; the memory trackers the forecast runs under pull in both (the supervisor, over
+    the trainer, holds the forecaster's client, which asks its process and imports none of them)."""
+    code = ("import sys, torchlab.core.engine.ranks.supervisor; print(*(name in sys.modules for name in "
+            "('torch._dynamo', 'torch._inductor', 'torch.distributed.tensor', 'torch.distributed._tools.mem_tracker')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert result.stdout.split() == ["False", "False", "False"]
+    assert result.stdout.split() == ["False", "False", "False", "False"]
 
 
 def test_compile_warms_up_on_a_piece_of_the_batch_as_the_split_step_runs_it(monkeypatch):

@@ -14,7 +14,9 @@ import pytest
 
 from processes import alive
 from tmpfs import small_disk  # noqa: F401 (a fixture: a 3 MB tmpfs)
+from torchlab.core.engine.forecast.forecaster import FORECASTER_MODULE
 from torchlab.core.engine.parallel.distributed import usable_cpus
+from torchlab.core.units import format_bytes
 from torchlab.tui.app import TorchlabApp
 from torchlab.tui.link import ProcessLink
 from torchlab.tui.screens.error_screen import ErrorScreen
@@ -47,6 +49,23 @@ def app_with_trainer(run_dir: Path, *args: str):
         return links[-1]
 
     return TorchlabApp(factory, workload="tiny"), links
+
+
+def log_text(app) -> str:
+    return "\n".join(app.query_one(EventLog).lines_written)
+
+
+def forecasters_of(run_dir: Path) -> list[int]:
+    """The pids of the forecaster processes of this run that still run (its command line names the run)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if FORECASTER_MODULE.encode() in words and str(run_dir).encode() in words and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
 
 
 def events_of(run_dir: Path) -> list[dict]:
@@ -161,9 +180,10 @@ async def test_a_workload_that_raises_shows_the_error_and_the_app_stays_up(tmp_p
         await until(pilot, lambda: not app.is_running, what="exit")
 
 
-async def test_a_real_profile_opens_as_a_table_and_an_option_change_adds_an_impact_row(tmp_path):
+async def test_a_real_profile_opens_as_a_table_what_fits_is_predicted_and_a_change_says_its_prediction_and_adds_an_impact_row(tmp_path):
     from textual.widgets import DataTable
 
+    from torchlab.tui.screens.fits_screen import FitsScreen
     from torchlab.tui.screens.impact_screen import ImpactScreen
     from torchlab.tui.screens.profile_screens import ProfileListScreen, ProfileTableScreen
 
@@ -188,15 +208,32 @@ async def test_a_real_profile_opens_as_a_table_and_an_option_change_adds_an_impa
         assert any(name.startswith("aten::") for name in names), names
         await pilot.press("escape", "escape")
 
+        # What fits: the run's forecaster (a process beside the trainer) predicts the settings in force and each change
+        await pilot.press("F")
+        assert isinstance(app.screen, FitsScreen)
+        await until(pilot, lambda: state.predicted() is not None and state.predicted(checkpointing=True) is not None,
+                    timeout=120, what="the settings in force and checkpointing=on predicted")
+        rows = [[str(cell) for cell in app.screen.query_one(DataTable).get_row_at(index)]
+                for index in range(app.screen.query_one(DataTable).row_count)]
+        assert rows[0][0] == "in force" and rows[0][2] == "yes" and "checkpointing=on" in [row[0] for row in rows]
+        now, then = (format_bytes(event.corrected_peak_bytes) for event in (state.predicted(), state.predicted(checkpointing=True)))
+        await pilot.press("escape")
+
         await pilot.press("c")
+        assert f"requested checkpointing = on (applies at the next step): peak {now} → {then} predicted" in log_text(app)
         await until(pilot, lambda: any(row.change == "checkpointing=on" for row in state.impact),
                     what="an impact segment for checkpointing=on")
+        await until(pilot, lambda: state.predicted(amp="bf16") is not None, timeout=120,
+                    what="the changes from the new settings predicted too")
         await pilot.press("i")
         assert isinstance(app.screen, ImpactScreen)
         changes = [str(cell) for cell in app.screen.query_one(DataTable).get_column("change")]
         assert changes[0] == "start" and "checkpointing=on" in changes
         await pilot.press("escape", "q")
         await until(pilot, lambda: not app.is_running, what="the app to exit after q")
+    journalled = [event for event in events_of(run_dir) if event["event"] == "memory_predicted"]
+    assert {"in force", "checkpointing=on"} <= {event["change"] for event in journalled}
+    assert not forecasters_of(run_dir)  # it ended with the run
 
 
 async def test_a_run_that_went_nan_restarts_with_the_lr_scale_and_clip_set_on_its_error_screen(tmp_path):

@@ -57,6 +57,9 @@ SEGMENT = ImpactSegment(
     activations_change=None, verdict="start",
 )
 
+_PREDICTED_SETTINGS = {"amp": "bf16", "checkpointing": False, "split": 1, "accum": 1, "batch_size": 32, "world_size": 1,
+                       "parallel": "ddp", "reshard_after_forward": True}
+
 EXAMPLES = [
     p.Hello(version=1, token="ab" * 32, client="test"),
     p.PauseCommand(), p.ResumeCommand(), p.StopCommand(), p.StopCommand(reason="interrupted"),
@@ -125,6 +128,18 @@ EXAMPLES = [
     events.MetricsMovedAside(step=9, rows=3, first_step=10, last_step=12, file="metrics.replayed-1.jsonl",
                              message="steps 10-12 are trained again"),
     events.StopRequested(step=10, reason="stopped by `torchlab-tui stop`"),
+    p.ForecastCommand(),
+    events.MemoryPredicted(step=40, settings=_PREDICTED_SETTINGS, change="amp=bf16", capacity_bytes=80 * 2**30,
+                           capacity="80.0 GiB per rank (NVIDIA H100 80GB HBM3, by NVML)", verdict="yes", ratio=1.06,
+                           prediction=payloads.MemoryPrediction(
+                               settings=_PREDICTED_SETTINGS, peak_bytes=28_200_000,
+                               at_peak={"parameters": 4_000_000, "gradients": 4_000_000, "optimizer": 8_000_000,
+                                        "activations": 11_000_000, "gathered": 0, "other": 1_200_000},
+                               parameters_bytes=4_000_000, gradients_bytes=4_000_000, optimizer_bytes=8_000_000,
+                               activations_bytes=12_500_000, gathered_bytes=0, seconds=0.41)),
+    events.MemoryPredicted(step=40, settings={**_PREDICTED_SETTINGS, "world_size": 8, "parallel": "fsdp"},
+                           change="world_size=8, parallel=fsdp", prediction=None, capacity_bytes=80 * 2**30,
+                           capacity="80.0 GiB per rank", error="a tensor's value read in Python (.item()) at model.py:12"),
 ]
 
 

@@ -24,7 +24,6 @@ whose output depends on the data: ``nonzero``, ``.item()``) ends the prediction 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 import time
 import warnings
@@ -43,15 +42,14 @@ from torchlab.core.engine.adapters.loading import own_frame
 from torchlab.core.engine.batch_split import batch_samples, split_batch
 from torchlab.core.engine.data import map_batch_tensors, move_to_device
 from torchlab.core.engine.forecast.fake_twin import fake_twin
+from torchlab.core.engine.forecast.step_shape import StepShape
 from torchlab.core.engine.measure.memory import MemoryProbe
 from torchlab.core.engine.parallel.sharding import refuse_shared_across_blocks, shard_units
 from torchlab.core.engine.precision import Precision, make_precision
 from torchlab.core.errors import ForecastError
 from torchlab.core.options import CHECKPOINTING, OptionChangeError
+from torchlab.core.wire.payloads import MemoryPrediction
 
-#: Said beside every prediction: what the figures leave out.
-NOT_MODELLED = ("not modelled: the allocator's cache and fragmentation, cuDNN/cuBLAS workspaces, NCCL's buffers and "
-                "the CUDA context; a compiled model predicted as it runs eagerly")
 #: MemTracker's kinds (``_MemRefType``, FSDPMemTracker's ``_FSDPRefType``), by their values, as the memory view's.
 _KIND_OF = {
     "Parameter": "parameters", "Sharded Param": "parameters", "Buffer": "parameters",
@@ -66,59 +64,6 @@ _TOTAL = "Total"  # MemTracker's key of a snapshot's sum
 #: tensor's value in Python), ``DynamicOutputShapeException`` (``nonzero``: a shape that depends on the data), and an
 #: op fake tensors have no rule for.
 _CANNOT_RUN_ON_FAKES = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException)
-
-
-@dataclasses.dataclass(frozen=True)
-class MemoryPrediction:
-    """A step's memory predicted on fake tensors before it is paid for (core/engine/forecast/memory_forecast.py), per
-    rank: ``settings`` are what it is predicted for (amp, checkpointing, split, accum, batch_size, world_size,
-    parallel). ``peak_bytes`` is the most the step's tensors hold at once, what CUDA's ``max_memory_allocated`` would
-    read, and ``at_peak`` what it is made of then, by kind (parameters, gradients, optimizer, activations, gathered,
-    other: backward's temporaries, FSDP2's communication buffers, DDP's gradient buckets), adding up to it. The kinds'
-    own fields are each one's most over the step, as ``MemoryBreakdown`` measures them (gradients are all there after
-    backward, when most activations are gone): their sum is comparable with its ``total_bytes``, not with the peak.
-    ``refused``: why these settings cannot run here (amp=fp16 under FSDP2), the figures then 0. Written by ``plan
-    --json`` as the object of its fields; a message of the protocol once the app shows predictions of a live run."""
-
-    settings: dict[str, Any]
-    peak_bytes: int
-    at_peak: dict[str, int]
-    parameters_bytes: int  # parameters and buffers (this rank's shards under FSDP2)
-    gradients_bytes: int
-    optimizer_bytes: int
-    activations_bytes: int
-    gathered_bytes: int  # FSDP2: parameters gathered whole
-    seconds: float  # what the prediction took
-    refused: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class StepShape:
-    """The settings that decide a step's memory: what a prediction is made for, and its key in the cache.
-    ``batch_size`` is all ranks' together, as ``--batch-size`` is."""
-
-    amp: str = "off"
-    checkpointing: bool | str = False  # the live option's value: every block, none, or the blocks named
-    split: int = 1
-    accum: int = 1
-    batch_size: int = 32
-    world_size: int = 1
-    parallel: str = "ddp"
-    reshard_after_forward: bool = True
-
-    @property
-    def sharded(self) -> bool:
-        return self.parallel == "fsdp" and self.world_size > 1
-
-    @property
-    def rank_batch(self) -> int:
-        return max(1, self.batch_size // self.world_size)
-
-    def settings(self) -> dict[str, Any]:
-        values = dataclasses.asdict(self)
-        if not self.sharded:
-            del values["reshard_after_forward"]
-        return values
 
 
 class MemoryForecast:

@@ -27,14 +27,15 @@ from torchlab.core.errors import ForecastError
 from torchlab.core.units import format_bytes
 
 if TYPE_CHECKING:
-    from torchlab.core.engine.forecast.memory_forecast import MemoryPrediction
+    from torchlab.core.wire.payloads import MemoryPrediction
 
 
 def split_predicted_to_fit(parts: TrainingParts, batch: Any, samples: int, first: int) -> tuple[int, str]:
     """The split to take (``first``, the ladder's next, or one further down), and what the forecast said of it."""
     # Imported here, at a failure: fake tensors and the memory trackers take seconds to import (FSDP2's, DTensor),
     # which every trainer's start would pay (tests/engine/test_compile.py holds the trainer's imports).
-    from torchlab.core.engine.forecast.for_workload import configured_shape, optimizer_like
+    from torchlab.core.engine.forecast.for_workload import optimizer_like
+    from torchlab.core.engine.forecast.step_shape import configured_shape
     from torchlab.core.engine.forecast.memory_forecast import MemoryForecast
 
     splits = [first]

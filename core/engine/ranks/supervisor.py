@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from torchlab.core.engine.forecast.forecaster import Forecaster
 from torchlab.core.engine.parallel import loopback_rendezvous
 from torchlab.core.engine.state.checkpoint import peek_checkpoint
 from torchlab.core.engine.state.checkpoint_contents import saved_world_size
@@ -63,7 +64,7 @@ from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.options import OPTION_NAMES, OptionChangeError, live_option
 from torchlab.core.wire.payloads import TelemetrySample
-from torchlab.core.wire.protocol import Error, Message, OptionApplied, StopCommand, TrainerCommand
+from torchlab.core.wire.protocol import Error, ForecastCommand, Message, OptionApplied, StopCommand, TrainerCommand
 from torchlab.core.wire.run_status import RunStatus
 
 
@@ -115,9 +116,14 @@ class Supervisor:
             self.config = _with_world_size(config, self.world_size)
         if resume_from is not None:
             self._resume_note = _with_world_size_change(resume_note, resume_from, self.world_size)
+        #: the run's forecaster (what fits): its process starts at the first ForecastCommand
+        self.forecaster = Forecaster(self.config, self.explicit, self.run_dir, self._emit, gpus=self._gpus)
 
     # ------------------------------------------------------------------ the Trainer's API
     def submit(self, command: TrainerCommand) -> None:
+        if isinstance(command, ForecastCommand):  # the forecaster's, whatever the trainer is doing
+            self.forecaster.start()
+            return
         with self._lock:
             if self.trainer is not None:
                 self.trainer.submit(command)
@@ -147,6 +153,12 @@ class Supervisor:
             self._build_trainer(self.config, self.resume_from, self.explicit)
 
     def run(self) -> RunOutcome:
+        try:
+            return self._run()
+        finally:
+            self.forecaster.close()
+
+    def _run(self) -> RunOutcome:
         config, resume, explicit = self.config, self.resume_from, self.explicit
         while True:
             if self.world_size == 1 or self.external is not None:
@@ -173,6 +185,12 @@ class Supervisor:
     def _emit(self, event: Message) -> None:
         for observer in self.observers:
             observer.on_event(event)
+
+    def _gpus(self) -> int | None:
+        """The GPUs of this machine a change of world size could use (None on a CPU): what fits is asked for them."""
+        if resolve_device(self.config.device).type != "cuda":
+            return None
+        return torch.cuda.device_count()
 
     def _build_trainer(self, config: TrainConfig, resume: Path | None, explicit: set[str]) -> Trainer:
         from torchlab.core.engine.seeding import seed_everything
@@ -342,11 +360,13 @@ class _Relay(TrainerObserver):
         for observer in self.supervisor.observers:
             observer.on_metrics(row)
         self.supervisor.rank_rescue.observe_row(row)
+        self.supervisor.forecaster.observe_row(row)
 
     def on_event(self, event: Message) -> None:
         for observer in self.supervisor.observers:
             observer.on_event(event)
         self.supervisor.rank_rescue.observe(event)
+        self.supervisor.forecaster.observe(event)
         change = self.supervisor._acknowledge
         note = self.supervisor._resume_note
         match event:

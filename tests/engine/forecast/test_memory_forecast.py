@@ -12,8 +12,10 @@ import torch.distributed as dist
 from trainers import TINY, WORKLOADS, make_trainer
 from torchlab.core.engine.adapters.loading import load_workload
 from torchlab.core.engine.forecast.fake_twin import parameters_on_meta
-from torchlab.core.engine.forecast.for_workload import candidate_shapes, configured_shape, largest_batch, workload_forecast
-from torchlab.core.engine.forecast.memory_forecast import KINDS, MemoryPrediction, StepShape
+from torchlab.core.engine.forecast.for_workload import largest_batch, workload_forecast
+from torchlab.core.engine.forecast.memory_forecast import KINDS
+from torchlab.core.engine.forecast.step_shape import StepShape, candidate_shapes, configured_shape
+from torchlab.core.wire.payloads import MemoryPrediction
 from torchlab.core.errors import ForecastError
 from torchlab.core.records.config import build_config
 

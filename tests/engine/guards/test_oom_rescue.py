@@ -64,7 +64,7 @@ def test_the_split_taken_is_the_first_the_forecast_predicts_to_fit_passing_over_
     from torchlab.core.engine.adapters.loading import load_workload
     from torchlab.core.engine.forecast.capacity import FITS_SHARE
     from torchlab.core.engine.forecast.for_workload import workload_forecast
-    from torchlab.core.engine.forecast.memory_forecast import StepShape
+    from torchlab.core.engine.forecast.step_shape import StepShape
     from torchlab.core.engine.guards import rescue_forecast
     from torchlab.core.records.config import build_config
 

@@ -12,10 +12,9 @@ import torch
 
 from torchlab.core.engine.adapters.loading import load_workload, workload_label
 from torchlab.core.engine.forecast.fake_twin import parameters_on_meta
-from torchlab.core.engine.forecast.for_workload import (
-    candidate_shapes, configured_shape, largest_batch, workload_forecast,
-)
-from torchlab.core.engine.forecast.memory_forecast import NOT_MODELLED, MemoryForecast, MemoryPrediction, StepShape
+from torchlab.core.engine.forecast.for_workload import largest_batch, workload_forecast
+from torchlab.core.engine.forecast.memory_forecast import MemoryForecast
+from torchlab.core.engine.forecast.step_shape import StepShape, candidate_shapes, configured_shape
 from torchlab.core.engine.parts import DEFAULT_BATCH_SIZE, resolve_device
 from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.errors import ConfigError, ForecastError, WorkloadError
@@ -23,6 +22,7 @@ from torchlab.core.engine.forecast.capacity import FITS_SHARE, Capacity
 from torchlab.core.records.config import TrainConfig
 from torchlab.core.records.starting_values import starting_configuration
 from torchlab.core.units import format_bytes
+from torchlab.core.wire.payloads import NOT_MODELLED, MemoryPrediction
 
 
 @dataclass

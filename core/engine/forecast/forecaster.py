@@ -1,0 +1,164 @@
+"""The run's forecaster, seen from its supervisor: what the app's "what fits" and its keys read their predictions from.
+
+At the first ``ForecastCommand`` the supervisor starts the forecaster process (forecaster_process.py: niced, one
+thread, the workload built without its weights) and asks it for the settings in force and each change worth
+weighing (``worth_asking``); from then on, each change of a setting that shapes memory is asked around too, each
+setting once. Its answers, ``memory_predicted`` events, reach the supervisor's observers as they come (the
+journal, the app) from the thread that reads them: predictions never wait for a step, and a step never waits for
+them.
+
+The settings in force are followed from the run's own events (``run_started``, ``option_applied``), as the app
+follows them, so that the supervisor needs no trainer of its own: with ranks it holds none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+from torchlab.core.engine.forecast.step_shape import StepShape, candidate_shapes, configured_shape
+from torchlab.core.options import MEMORY_SHAPING, LiveOptions, parse_option_value
+from torchlab.core.records.config import TrainConfig
+from torchlab.core.records.storage import create_file
+from torchlab.core.wire.codec import ProtocolError, decode
+from torchlab.core.wire.events import MemoryPredicted, RunStarted
+from torchlab.core.wire.metrics_row import MetricsRow
+from torchlab.core.wire.protocol import Log, LogLevel, Message, OptionApplied
+
+FORECASTER_MODULE = "torchlab.core.engine.forecast.forecaster_process"
+
+
+def worth_asking(options: LiveOptions, batch_size: int, reshard_after_forward: bool, gpus: int | None) -> list[tuple[str, StepShape]]:
+    """The settings in force first, then each change worth weighing: ``torchlab-tui plan``'s candidates
+    (``candidate_shapes``: each amp mode, checkpointing switched, the split doubled, a batch twice as large, the
+    ranks of ``gpus`` under DDP and FSDP2, every saving at once), each named by the change that makes it."""
+    in_force = configured_shape(options, batch_size, reshard_after_forward)
+    listed = candidate_shapes(in_force, gpus)
+    return [("in force", in_force), *listed[1:]]
+
+
+class Forecaster:
+    """Starts the forecaster process on demand, asks it what the run's settings would take, and emits its answers."""
+
+    def __init__(self, config: TrainConfig, explicit: set[str], run_dir: Path, emit: Callable[[Message], None],
+                 gpus: Callable[[], int | None]) -> None:
+        self.config = config
+        self.explicit = set(explicit)
+        self.run_dir = Path(run_dir)
+        self.emit = emit
+        self.gpus = gpus
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen | None = None
+        self._closing = False
+        self._asked: set[StepShape] = set()
+        self._options: LiveOptions | None = None  # in force, from the run's events
+        self._batch_size = 0
+        self._step = 0
+        self._held_bytes = 0
+
+    @property
+    def started(self) -> bool:
+        return self._process is not None
+
+    # ------------------------------------------------------------------ the run's records, as they pass
+    def observe(self, event: Message) -> None:
+        """Follow the settings in force; once started, a change of one that shapes memory is asked around."""
+        match event:
+            case RunStarted():
+                with self._lock:
+                    self._options = LiveOptions(**{name: parse_option_value(name, value) for name, value in event.options.items()})
+                    self._batch_size, self._step = event.batch_size, event.step
+                if self.started:  # the first trainer, or the ranks after a relaunch
+                    self.ask()
+            case OptionApplied() if self._options is not None:
+                with self._lock:
+                    self._options = self._options.with_value(event.option, parse_option_value(event.option, event.value))
+                    self._step = event.step
+                if event.option in MEMORY_SHAPING and self.started:
+                    self.ask()
+
+    def observe_row(self, row: MetricsRow) -> None:
+        self._step = row.step
+        if row.memory is not None:  # what training's tensors hold now, every rank's (rank 0's as each rank's)
+            self._held_bytes = row.memory.total_bytes * (self._options.world_size if self._options else 1)
+
+    # ------------------------------------------------------------------ asking
+    def start(self) -> None:
+        """Start the process (once) and ask it about the settings in force and the changes worth weighing."""
+        with self._lock:
+            if self._process is None and not self._closing:
+                self._process = self._spawn()
+        self.ask()
+
+    def ask(self) -> None:
+        """Ask for every setting worth weighing from those in force that has not been asked yet. Before the run
+        started (no settings in force yet) nothing is asked: ``run_started`` asks once it comes."""
+        with self._lock:
+            process, options = self._process, self._options
+            if process is None or options is None or process.stdin is None:
+                return
+            asked = worth_asking(options, self._batch_size, self.config.reshard_after_forward, self.gpus())
+            requests = []
+            for change, shape in asked:
+                if shape in self._asked:
+                    continue
+                self._asked.add(shape)
+                requests.append({"settings": dataclasses.asdict(shape), "change": change, "step": self._step,
+                                 "held_bytes": self._held_bytes})
+            try:
+                for request in requests:
+                    process.stdin.write(json.dumps(request) + "\n")
+                process.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError):  # it ended: its reader says so
+                pass
+
+    def close(self) -> None:
+        """End the process (its stdin closed: it leaves after the prediction it is making; killed if it does not)."""
+        with self._lock:
+            self._closing = True
+            process, self._process = self._process, None
+        if process is None:
+            return
+        try:
+            process.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        try:
+            process.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    # ------------------------------------------------------------------ the process
+    def _spawn(self) -> subprocess.Popen:
+        log = os.fdopen(create_file(self.run_dir / "forecaster.log"), "w")
+        environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+        process = subprocess.Popen([sys.executable, "-m", FORECASTER_MODULE, "--run-dir", str(self.run_dir)], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=log, text=True, encoding="utf-8", env=environment)
+        log.close()  # the child holds its own
+        setup = {"config": self.config.to_toml(), "explicit": sorted(self.explicit)}
+        process.stdin.write(json.dumps(setup) + "\n")
+        process.stdin.flush()
+        threading.Thread(target=self._read, args=(process,), name="forecaster-answers", daemon=True).start()
+        return process
+
+    def _read(self, process: subprocess.Popen) -> None:
+        answers: IO[str] = process.stdout
+        for line in answers:
+            try:
+                answer = decode(line)
+            except ProtocolError:
+                continue  # not one of its answers (a library's print): its log is the place for that
+            if isinstance(answer, MemoryPredicted):
+                self.emit(answer)
+        status = process.wait()
+        if not self._closing:
+            self.emit(Log(level=LogLevel.WARNING, text=f"the forecaster process ended (exit status {status}): no more "
+                                                       f"predictions this run; its output is in forecaster.log"))

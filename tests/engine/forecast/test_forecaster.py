@@ -1,0 +1,115 @@
+"""The run's forecaster (core/engine/forecast/forecaster.py and forecaster_process.py): a process of its own that
+predicts the settings in force and each change worth weighing, each once, as ``torchlab-tui plan`` would; its
+answers come back as protocol events; a workload it cannot load is said for every setting asked."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import pytest
+import torch
+
+from processes import alive
+from trainers import TINY, WORKLOADS
+from torchlab.core.engine.forecast.forecaster import Forecaster, worth_asking
+from torchlab.core.engine.forecast.forecasting import Forecasting
+from torchlab.core.engine.forecast.step_shape import StepShape
+from torchlab.core.options import MEMORY_SHAPING, LiveOptions
+from torchlab.core.records.config import build_config
+from torchlab.core.wire.events import MemoryPredicted, RunStarted
+from torchlab.core.wire.protocol import OptionApplied
+
+BATCH = 32
+
+
+class Answers:
+    """What the forecaster emits, and a wait for the next few (no sleeps: a condition, with a generous timeout)."""
+
+    def __init__(self) -> None:
+        self.events: list = []
+        self._changed = threading.Condition()
+
+    def __call__(self, event) -> None:
+        with self._changed:
+            self.events.append(event)
+            self._changed.notify_all()
+
+    def wait_for(self, count: int, timeout: float = 120.0) -> list:
+        with self._changed:
+            assert self._changed.wait_for(lambda: len(self.events) >= count, timeout), (
+                f"{len(self.events)} of {count} answers came: {self.events}")
+            return list(self.events)
+
+
+def run_started(options: LiveOptions) -> RunStarted:
+    return RunStarted(step=3, device="cpu", batch_size=BATCH, steps=100, options=options.as_dict(), modules=[],
+                      module_params=[], checkpoint_blocks=[], world_size=options.world_size, ranks=None)
+
+
+def test_the_options_that_shape_memory_are_the_settings_a_prediction_is_made_for():
+    """One definition: the live options marked ``shapes_memory`` are a ``StepShape``'s settings, less the batch and
+    FSDP2's resharding, which are the run's, not live."""
+    settings = {field.name for field in dataclasses.fields(StepShape)} - {"batch_size", "reshard_after_forward"}
+    assert set(MEMORY_SHAPING) == settings
+
+
+def test_the_forecaster_predicts_in_its_own_process_what_plan_predicts_each_setting_once(tmp_path):
+    config = build_config({}, {"workload": TINY})
+    answers = Answers()
+    forecaster = Forecaster(config, set(), tmp_path, answers, gpus=lambda: None)
+    forecaster.start()  # before the run started: nothing is asked until the settings in force are known
+    forecaster.observe(run_started(LiveOptions()))
+    asked = worth_asking(LiveOptions(), BATCH, config.reshard_after_forward, None)
+    first = answers.wait_for(len(asked))
+    pid = forecaster._process.pid
+    assert [event.change for event in first] == [change for change, _ in asked]
+    assert all(isinstance(event, MemoryPredicted) and event.step == 3 for event in first)
+    in_force = first[0]
+    assert in_force.settings == dataclasses.asdict(asked[0][1]) and in_force.verdict == "yes"
+    here = Forecasting.load(config, set()).predict(asked[0][1])[0]
+    assert in_force.prediction.peak_bytes == here.peak_bytes and in_force.prediction.at_peak == here.at_peak
+    assert next(event for event in first if event.change == "amp=fp16").prediction.refused  # fp16 on a CPU
+
+    forecaster.observe(OptionApplied(option="amp", value="bf16", previous="off", step=9))
+    forecaster.observe(OptionApplied(option="lr_scale", value=0.5, previous=1.0, step=10))  # shapes no memory: nothing asked
+    new = [shape for _, shape in worth_asking(LiveOptions(amp="bf16"), BATCH, True, None)
+           if shape not in {shape for _, shape in asked}]
+    after = answers.wait_for(len(asked) + len(new))[len(asked):]
+    assert [StepShape(**event.settings) for event in after] == new
+    assert after[0].step == 9
+    forecaster.close()
+    assert not alive(pid)
+    assert len(answers.events) == len(asked) + len(new)
+
+
+def test_a_workload_the_forecaster_cannot_load_is_said_for_each_setting_and_the_run_goes_on(tmp_path):
+    config = build_config({}, {"workload": f"{WORKLOADS / 'tiny.py'}:factory_raises"})
+    answers = Answers()
+    forecaster = Forecaster(config, set(), tmp_path, answers, gpus=lambda: None)
+    forecaster.observe(run_started(LiveOptions()))
+    forecaster.start()
+    asked = worth_asking(LiveOptions(), BATCH, True, None)
+    events = answers.wait_for(len(asked))
+    assert {event.error for event in events} == {
+        f"the forecaster could not load the workload: {WORKLOADS / 'tiny.py'}:128 in factory_raises(): the factory "
+        f"factory_raises() raised ValueError: dataset path /data/missing not found"}
+    assert all(event.prediction is None for event in events)
+    forecaster.close()
+    assert (tmp_path / "forecaster.log").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
+def test_on_a_gpu_the_forecaster_reads_the_memory_through_nvml_and_asks_for_each_gpu_of_the_machine(tmp_path):
+    config = build_config({}, {"workload": TINY, "device": "cuda"})
+    answers = Answers()
+    gpus = torch.cuda.device_count()
+    forecaster = Forecaster(config, set(), tmp_path, answers, gpus=lambda: gpus)
+    forecaster.observe(run_started(LiveOptions()))
+    forecaster.start()
+    asked = worth_asking(LiveOptions(), BATCH, True, gpus)
+    events = answers.wait_for(len(asked))
+    forecaster.close()
+    assert events[0].capacity_bytes == torch.cuda.get_device_properties(0).total_memory
+    assert "by NVML" in events[0].capacity

@@ -1,0 +1,116 @@
+"""What fits, in the app against a FakeLink: the "what fits" view asks the trainer once and lists each prediction by
+the change that makes it from the settings in force now; a key says its change's prediction as it sends it; a change
+predicted not to fit is refused with its figures until its key is pressed again; the app asks on its own once the
+run has trained ``forecast_after_s``."""
+
+from __future__ import annotations
+
+from fake_link import FakeLink, quiet_app
+from textual.widgets import DataTable
+
+from torchlab.core.wire import protocol
+from torchlab.core.wire.events import MemoryPredicted
+from torchlab.core.wire.payloads import MemoryPrediction
+from torchlab.tui.app import TorchlabApp
+from torchlab.tui.screens.fits_screen import FitsScreen
+from torchlab.tui.widgets.event_log import EventLog
+
+SIZE = (120, 40)
+GiB = 2**30
+#: The settings the fake trainer runs with (fake_link's welcome: batch 32, every option at its default).
+IN_FORCE = {"amp": "off", "checkpointing": False, "split": 1, "accum": 1, "batch_size": 32, "world_size": 1,
+            "parallel": "ddp", "reshard_after_forward": True}
+
+
+def predicted(change: str, peak_gib: float, verdict: str = "yes", **settings) -> MemoryPredicted:
+    """A prediction as the forecaster sends it, of a rank with an 80 GiB GPU; half the peak activations."""
+    full = {**IN_FORCE, **settings}
+    peak = int(peak_gib * GiB)
+    at_peak = {"parameters": peak // 8, "gradients": peak // 8, "optimizer": peak // 4, "activations": peak // 2,
+               "gathered": 0, "other": 0}
+    return MemoryPredicted(step=120, settings=full, change=change, capacity_bytes=80 * GiB,
+                           capacity="80 GiB per rank (NVIDIA H100 80GB HBM3, by NVML)", verdict=verdict,
+                           prediction=MemoryPrediction(settings=full, peak_bytes=peak, at_peak=at_peak,
+                                                       parameters_bytes=peak // 8, gradients_bytes=peak // 8,
+                                                       optimizer_bytes=peak // 4, activations_bytes=peak // 2,
+                                                       gathered_bytes=0, seconds=0.4))
+
+
+def log_text(app: TorchlabApp) -> str:
+    return "\n".join(app.query_one(EventLog).lines_written)
+
+
+def table_rows(app: TorchlabApp) -> list[list[str]]:
+    table = app.screen.query_one(DataTable)
+    return [[str(cell) for cell in table.get_row_at(index)] for index in range(table.row_count)]
+
+
+async def answer(app: TorchlabApp, pilot) -> None:
+    app.poll_now()
+    await pilot.pause()
+
+
+async def test_the_view_asks_once_and_names_each_row_by_its_change_from_the_settings_in_force_now():
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await answer(app, pilot)
+        await pilot.press("F")
+        assert isinstance(app.screen, FitsScreen)
+        assert link.sent_of(protocol.ForecastCommand) == [protocol.ForecastCommand()]
+        assert "Predicting" in str(app.screen.query_one("#fits-status").render())
+        link.push(predicted("in force", 60), predicted("checkpointing=on", 30, checkpointing=True),
+                  predicted("batch_size=64", 90, "no", batch_size=64))
+        await answer(app, pilot)
+        assert table_rows(app) == [
+            ["in force", "60 GiB", "yes", "30 GiB", "30 GiB", "0 B"],
+            ["batch_size=64", "90 GiB", "no", "45 GiB", "45 GiB", "0 B"],
+            ["checkpointing=on", "30 GiB", "yes", "15 GiB", "15 GiB", "0 B"],
+        ]
+        await pilot.press("escape")
+        await pilot.press("c")  # applied by the fake trainer: the rows are named from the settings now in force
+        await answer(app, pilot)
+        await pilot.press("F")
+        assert [row[0] for row in table_rows(app)] == ["in force", "checkpointing=off, batch_size=64", "checkpointing=off"]
+        assert link.sent_of(protocol.ForecastCommand) == [protocol.ForecastCommand()]  # asked once a trainer
+
+
+async def test_a_key_says_its_prediction_and_a_change_predicted_not_to_fit_waits_for_the_key_again():
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await answer(app, pilot)
+        await pilot.press("c")  # nothing predicted yet: sent as it always was, with nothing said of its memory
+        await answer(app, pilot)
+        assert "requested checkpointing = on (applies at the next step)\n" in log_text(app) + "\n"
+        link.push(predicted("in force", 60, checkpointing=True), predicted("checkpointing=off", 90, "no"),
+                  predicted("amp=bf16", 41, checkpointing=True, amp="bf16"))
+        await answer(app, pilot)
+        sent = len(link.sent)
+        await pilot.press("c")
+        assert len(link.sent) == sent  # refused here, with the figures
+        assert ("checkpointing = off is predicted not to fit: a peak of 90 GiB, over the 80 GiB a rank has (80 GiB "
+                "per rank (NVIDIA H100 80GB HBM3, by NVML)): nothing sent; press c again to apply it all the same") in log_text(app)
+        await pilot.press("c")
+        assert link.sent[-1] == protocol.SetCommand("checkpointing", False)
+        assert ("requested checkpointing = off (applies at the next step): peak 60 GiB → 90 GiB predicted"
+                in log_text(app))
+        await answer(app, pilot)
+        link.push(predicted("amp=bf16", 41, checkpointing=True, amp="bf16"))
+        await pilot.press("c", "a")  # back on (fits: said, sent at once), then amp's next value, bf16
+        assert link.sent[-2:] == [protocol.SetCommand("checkpointing", True), protocol.SetCommand("amp", "bf16")]
+        assert "requested amp = bf16 (applies at the next step): peak 60 GiB → 41 GiB predicted" in log_text(app)
+
+
+async def test_the_app_asks_what_fits_on_its_own_once_the_run_has_trained_a_while():
+    link = FakeLink()
+    app = TorchlabApp(link, poll_interval=3600, log_poll_interval=3600, grad_refresh_interval=0, forecast_after_s=0)
+    async with app.run_test(size=SIZE) as pilot:
+        await answer(app, pilot)
+        await answer(app, pilot)
+        assert link.sent_of(protocol.ForecastCommand) == [protocol.ForecastCommand()]
+    waiting = FakeLink()
+    app = TorchlabApp(waiting, poll_interval=3600, log_poll_interval=3600, grad_refresh_interval=0)  # 30 s by default
+    async with app.run_test(size=SIZE) as pilot:
+        await answer(app, pilot)
+        assert waiting.sent_of(protocol.ForecastCommand) == []
