@@ -46,7 +46,9 @@ from torchlab.core.analysis.step_times import MIN_TIMED_STEPS, compare_step_time
 from torchlab.core.errors import StorageError
 from torchlab.core.records.rundir import metrics_rows, rows_of
 from torchlab.core.records.storage import write_atomically
-from torchlab.core.wire.events import OomRescued, ProfileStarted, ResumedFromCheckpoint, RunEnded, RunStarted
+from torchlab.core.wire.events import (
+    OomRescued, PredictionChecked, ProfileStarted, ResumedFromCheckpoint, RunEnded, RunStarted,
+)
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.options import LIVE_OPTIONS, LiveOptions, format_option_value
@@ -83,6 +85,8 @@ class Segment:
     others_cpu: deque[float] = field(default_factory=lambda: deque(maxlen=MEDIAN_WINDOW))
     activations_bytes: int | None = None  # the largest measured in the segment (the same on every step of one shape)
     tensor_bytes: int | None = None  # likewise, parameters + gradients + optimizer state + activations
+    predicted_bytes: int | None = None  # the forecast's of its memory, once a memory step checked it (prediction_checked)
+    prediction_error: float | None = None
     _n: int = 0
     _sx: float = 0.0
     _sy: float = 0.0
@@ -154,6 +158,8 @@ class Segment:
             memory_change=None,
             activations_change=None,
             verdict=self.change,
+            predicted_bytes=self.predicted_bytes,
+            prediction_error=self.prediction_error,
         )
         return compare_segments(figures, baseline, name_baseline=name_baseline)
 
@@ -277,6 +283,8 @@ class ImpactTracker(TrainerObserver):
                 self._follow(event.journal_event())
             case OomRescued():
                 self._follow(OomRescued.type, event.step, event.option)
+            case PredictionChecked():
+                self._predicted(event.predicted_bytes, event.error)
             case RunEnded():
                 self.write()
             case Error() | NonFinite():  # a failed process's end: its last segment kept where the disk still takes it
@@ -284,6 +292,12 @@ class ImpactTracker(TrainerObserver):
                     self.write()
                 except StorageError:
                     pass  # a full disk is what the failure itself says, or soon will: its paragraph must still go out
+
+    def _predicted(self, predicted_bytes: Any, error: Any) -> None:
+        """The newest segment's memory as the forecast predicted it: its settings' check (``prediction_checked``), from
+        the forecaster or read back from the journal's ``prediction`` record."""
+        if self.segments and isinstance(predicted_bytes, int) and isinstance(error, (int, float)):
+            self.segments[-1].predicted_bytes, self.segments[-1].prediction_error = predicted_bytes, float(error)
 
     def _follow(self, event: str, step: int = 0, option: str | None = None) -> None:
         """What an event (by its name in ``events.jsonl``) means for the medians: the trainer's events as they come
@@ -317,6 +331,8 @@ class ImpactTracker(TrainerObserver):
                         self.on_metrics(item)
                     case TelemetrySample():
                         self.on_telemetry(item)
+                    case dict() if item["event"] == _PREDICTION:
+                        self._predicted(item.get("predicted_bytes"), item.get("error"))
                     case _:
                         self._follow(item["event"], item["step"], item.get("option"))
         finally:
@@ -349,8 +365,10 @@ class ImpactTracker(TrainerObserver):
             write_atomically(self.path, json.dumps([asdict(row) for row in self.table()], indent=1), then="resume")
 
 
-#: The events ``ImpactTracker._follow`` takes, by their names in ``events.jsonl``.
-_FOLLOWED = frozenset(event.journal_event() for event in (RunStarted, OomRescued, ProfileStarted, ProfileReady))
+#: The events ``ImpactTracker._rebuild`` reads back, by their names in ``events.jsonl``: those ``_follow`` takes, and
+#: a setting's prediction checked.
+_PREDICTION = PredictionChecked.journal_event()
+_FOLLOWED = frozenset([*(event.journal_event() for event in (RunStarted, OomRescued, ProfileStarted, ProfileReady)), _PREDICTION])
 
 
 def metrics_rows_if_any(path: Path) -> Iterator[MetricsRow]:

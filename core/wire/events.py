@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from torchlab.core.options import SPIKE_GUARD, format_option_value
+from torchlab.core.units import format_bytes
 from torchlab.core.wire.protocol import (
     CheckpointSaved, Error, Log, LogLevel, Message, NonFinite, OptionApplied, OptionRefused, ProfileReady, TrialProgress,
     TrialResult,
@@ -286,7 +287,7 @@ class MemoryPredicted(Message):
     is what one rank has to fit in under them (a GPU's own memory, or its share of a CPU's RAM; ``capacity`` says
     where the figure comes from), ``verdict`` yes (under 90 % of it), tight or no; ``prediction`` None and ``error`` why where the step could not be predicted (an op that needs
     the data). ``ratio``: measured over predicted on this run so far (the ``prediction_checked`` records), by which
-    ``corrected_peak_bytes`` is the peak to expect; None until a change was measured."""
+    ``corrected_peak_bytes`` is the peak to expect, and the verdict is of it; None until a setting was measured."""
 
     type: ClassVar[str] = "memory_predicted"
     step: int
@@ -306,12 +307,36 @@ class MemoryPredicted(Message):
         return round(self.prediction.peak_bytes * (self.ratio or 1.0))
 
 
+#: ``PredictionChecked.measure``: which measured figure a prediction is checked against.
+ALLOCATOR_PEAK = "allocator_peak"
+TENSORS = "tensors"
+
+
+@dataclass(frozen=True)
+class PredictionChecked(Message):
+    """A setting's predicted memory against what the run measured once it trained with it (core/engine/forecast/
+    forecaster.py): ``measure`` says which figure, the CUDA allocator's peak (``max_memory_allocated``, against the
+    predicted peak) or, on a CPU, the tensors training holds (the memory view's total by kind, against the predicted
+    kinds'); ``error`` is measured over predicted less 1. ``ratio``: measured over predicted on this run so far (the
+    median of its checks), which corrects the predictions made from now on. The journal's ``prediction`` record."""
+
+    type: ClassVar[str] = "prediction_checked"
+    journal_name: ClassVar[str] = "prediction"
+    step: int
+    settings: dict
+    measure: str
+    predicted_bytes: int
+    measured_bytes: int
+    error: float
+    ratio: float
+
+
 #: Every event a trainer, its supervisor or its journal's writers emit: the ones above, and the protocol's
 #: messages the app receives as they are.
 TRAINER_EVENTS = (
     RunStarted, RunEnded, Paused, Resumed, StepSkipped, OomRescued, SpikeGuarded, ProfileStarted, TrialStarted, CompileStarted, ResumedFromCheckpoint,
     ResumeChangedSettings, Relaunching, LineRefused, LinesRefusedUnrecorded, JournalRepaired, MetricsMovedAside,
-    StopRequested, MemoryPredicted, OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult, TrialProgress,
+    StopRequested, MemoryPredicted, PredictionChecked, OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult, TrialProgress,
 )
 
 
@@ -362,6 +387,11 @@ def describe(event: Message) -> Sentence | None:
             return Sentence(event.text, warning=event.level == LogLevel.WARNING)
         case StopRequested():
             return Sentence(f"{event.reason} (at the end of this step, with a final checkpoint)")
+        case PredictionChecked():
+            figure = "the allocator's peak" if event.measure == ALLOCATOR_PEAK else "the tensors training holds"
+            return Sentence(f"memory as predicted? {figure}: {format_bytes(event.measured_bytes)} measured, "
+                            f"{format_bytes(event.predicted_bytes)} predicted ({event.error * 100:+.1f} %); later "
+                            f"predictions are scaled by this run's {event.ratio:.3f}", warning=abs(event.error) > 0.1)
         case _:
             return None
 

@@ -384,3 +384,7 @@ class ImpactSegment(JsonObject):
     activations_change: float | None  # likewise, of ``activations_bytes``
     verdict: str
     baseline_step: int | None = None  # the first step of the segment it is compared with (None: the first segment)
+    #: what the forecast predicted of the figure its memory is (the allocator's peak on CUDA, else the tensors'
+    #: total), and the measured over it less 1: None where these settings were not predicted (the app's "what fits")
+    predicted_bytes: int | None = None
+    prediction_error: float | None = None

@@ -154,7 +154,7 @@ def test_segments_appear_in_the_run_directory_after_an_at_change(tmp_path):
         "change", "options", "first_step", "last_step", "median_step_time_s", "step_time_low_s", "step_time_high_s",
         "median_samples_per_s", "median_data_wait_s", "peak_allocated_bytes", "nvml_run_bytes", "others_cpu_percent", "activations_bytes", "tensor_bytes",
         "loss_slope_per_100_steps",
-        "speedup", "memory_change", "activations_change", "verdict", "baseline_step"]
+        "speedup", "memory_change", "activations_change", "verdict", "baseline_step", "predicted_bytes", "prediction_error"]
     assert [(row["change"], row["first_step"], row["last_step"]) for row in table] == [
         ("start", 1, 4), ("clip=0.5", 5, 8), ("accum=2", 9, 12)]
     assert table[2]["median_samples_per_s"] > 0
@@ -499,3 +499,31 @@ def test_a_segment_the_oom_rescue_began_says_so():
     for step in range(41, 61):  # the user's own change later is the user's
         tracker.on_metrics(record(step, 0.12, 2.0, split=4))
     assert [row.change for row in tracker.table()] == ["start", "split=2 (OOM rescue)", "split=4"]
+
+
+def test_a_segment_whose_settings_were_predicted_shows_the_prediction_beside_its_memory_and_keeps_it_on_resume(tmp_path):
+    """The forecaster's check of a setting (``prediction_checked``, the journal's ``prediction``) is the row's
+    predicted memory; a resumed run rebuilds its table from the journals with it."""
+    from torchlab.core.records.rundir import RunDirectory
+    from torchlab.core.wire.events import TENSORS, PredictionChecked, ResumedFromCheckpoint
+
+    memory = MemoryBreakdown(step=0, parameters_bytes=1000, gradients_bytes=1000, optimizer_bytes=2000,
+                             activations_bytes=6000, allocator_peak_bytes=None, by_module=[])
+    run = tmp_path / "run"
+    run.mkdir()
+    journal, tracker = RunDirectory(run), ImpactTracker()
+    rows = [record(step, 0.1, 1.0, memory=memory, **({"checkpointing": True} if step > 20 else {})) for step in range(1, 41)]
+    checked = PredictionChecked(step=23, settings={"checkpointing": True}, measure=TENSORS, predicted_bytes=9500,
+                                measured_bytes=10_000, error=10_000 / 9500 - 1, ratio=10_000 / 9500)
+    for row in rows:
+        for observer in (journal, tracker):
+            observer.on_metrics(row)
+            if row.step == checked.step:
+                observer.on_event(checked)
+    journal.close()
+    start, change = tracker.table()
+    assert (start.predicted_bytes, start.prediction_error) == (None, None)  # not predicted: "–" in the app
+    assert (change.change, change.predicted_bytes, change.prediction_error) == ("checkpointing=on", 9500, checked.error)
+    resumed = ImpactTracker(run / "impact.json")
+    resumed.on_event(ResumedFromCheckpoint(step=40))
+    assert resumed.table()[-1].predicted_bytes == 9500 and resumed.table()[-1].prediction_error == pytest.approx(checked.error)

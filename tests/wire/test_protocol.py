@@ -140,6 +140,8 @@ EXAMPLES = [
     events.MemoryPredicted(step=40, settings={**_PREDICTED_SETTINGS, "world_size": 8, "parallel": "fsdp"},
                            change="world_size=8, parallel=fsdp", prediction=None, capacity_bytes=80 * 2**30,
                            capacity="80.0 GiB per rank", error="a tensor's value read in Python (.item()) at model.py:12"),
+    events.PredictionChecked(step=46, settings=_PREDICTED_SETTINGS, measure=events.ALLOCATOR_PEAK,
+                             predicted_bytes=28_200_000, measured_bytes=29_900_000, error=0.0603, ratio=1.0603),
 ]
 
 

@@ -44,6 +44,7 @@ COLUMNS = (
     ("data_wait", "data wait"),
     ("activations", "activations"),
     ("memory", "memory"),
+    ("predicted", "predicted"),
     ("slope", "loss slope"),
 )
 
@@ -175,8 +176,17 @@ def segment_cells(segment: ImpactSegment, *, baseline: bool = False) -> list[Tex
         Text(format_us(segment.median_data_wait_s * 1e6) if segment.median_data_wait_s is not None else "–", justify="right"),
         Text(format_bytes(segment.activations_bytes), justify="right"),
         Text(memory, justify="right"),
+        Text(predicted_text(segment), justify="right"),
         Text(f"{slope:+.3g}" if slope is not None else "–", justify="right"),
     ]
+
+
+def predicted_text(segment: ImpactSegment) -> str:
+    """``26.9 MiB, -1.5 %``: what the forecast predicted of the memory beside it and how far the measured figure is
+    from it; "–" where the segment's settings were not predicted ("what fits", F, asks)."""
+    if segment.predicted_bytes is None or segment.prediction_error is None:
+        return "–"
+    return f"{format_bytes(segment.predicted_bytes)}, {segment.prediction_error * 100:+.1f} %"
 
 
 def step_time_text(segment: ImpactSegment) -> str:
@@ -243,7 +253,8 @@ EXPLANATION = (
     f"to 3.9 times the median). Faster or slower only where the intervals do not overlap, with {MIN_TIMED_STEPS} timed "
     "steps a side (a shorter segment is skipped over: the verdict names the one it compares with) and other processes' "
     "CPU use steady; segments ran in turn, so a changing load can decide: T runs a trial. Activations: saved for "
-    "backward; memory: the CUDA allocator's peak, else the tensors' total (M); loss slope per 100 steps, not judged."
+    "backward; memory: the CUDA allocator's peak, else the tensors' total (M); predicted: that figure as the "
+    "forecast predicted it (F), and how far the measured is from it; loss slope per 100 steps, not judged."
 )
 EXPLAINED_FROM_ROWS = 40
 

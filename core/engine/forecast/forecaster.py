@@ -9,6 +9,12 @@ them.
 
 The settings in force are followed from the run's own events (``run_started``, ``option_applied``), as the app
 follows them, so that the supervisor needs no trainer of its own: with ranks it holds none.
+
+Each setting predicted is checked once the run has trained with it (``prediction_checked``, the journal's
+``prediction`` record): on CUDA the allocator's peak (``max_memory_allocated``) against the predicted peak, on a CPU
+the tensors training holds by kind against the predicted kinds. The median of measured over predicted on this run
+corrects every prediction after it (the allocator's rounding, cuBLAS's workspace: what the fake step does not
+allocate); a correction that moves by 2 % or more asks again for what was predicted before it.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -28,11 +35,17 @@ from torchlab.core.options import MEMORY_SHAPING, LiveOptions, parse_option_valu
 from torchlab.core.records.config import TrainConfig
 from torchlab.core.records.storage import create_file
 from torchlab.core.wire.codec import ProtocolError, decode
-from torchlab.core.wire.events import MemoryPredicted, RunStarted
+from torchlab.core.wire.events import ALLOCATOR_PEAK, TENSORS, MemoryPredicted, PredictionChecked, RunStarted
 from torchlab.core.wire.metrics_row import MetricsRow
+from torchlab.core.wire.payloads import MemoryBreakdown, MemoryPrediction
 from torchlab.core.wire.protocol import Log, LogLevel, Message, OptionApplied
 
 FORECASTER_MODULE = "torchlab.core.engine.forecast.forecaster_process"
+#: A setting is checked on a memory step this many steps after it came in force, or later: the first steps after a
+#: change make what later ones reuse (the optimizer's state, a compile), which is not the step predicted.
+CHECK_AFTER_STEPS = 2
+#: A correction that moves by this much asks again for the settings predicted before it.
+RATIO_MOVED = 0.02
 
 
 def worth_asking(options: LiveOptions, batch_size: int, reshard_after_forward: bool, gpus: int | None) -> list[tuple[str, StepShape]]:
@@ -62,6 +75,13 @@ class Forecaster:
         self._batch_size = 0
         self._step = 0
         self._held_bytes = 0
+        self._predicted: dict[StepShape, MemoryPrediction] = {}  # as the forecaster predicted them, uncorrected
+        self._checked: set[StepShape] = set()
+        self._ratios: list[float] = []  # measured over predicted, of each setting checked
+        self._ratio: float | None = None  # their median: what corrects the predictions from now on
+        self._rows_options: LiveOptions | None = None
+        self._rows_shape: StepShape | None = None  # the settings of the newest metrics row, in force from
+        self._rows_shape_since = 0  # ... this step
 
     @property
     def started(self) -> bool:
@@ -86,8 +106,38 @@ class Forecaster:
 
     def observe_row(self, row: MetricsRow) -> None:
         self._step = row.step
+        if row.options is not self._rows_options:  # rows share the options object in force until a command changes it
+            self._rows_options = row.options
+            shape = configured_shape(row.options, self._batch_size, self.config.reshard_after_forward)
+            if shape != self._rows_shape:
+                self._rows_shape, self._rows_shape_since = shape, row.step
         if row.memory is not None:  # what training's tensors hold now, every rank's (rank 0's as each rank's)
             self._held_bytes = row.memory.total_bytes * (self._options.world_size if self._options else 1)
+            if row.step >= self._rows_shape_since + CHECK_AFTER_STEPS:
+                self._check(self._rows_shape, row.memory, row.step)
+
+    def _check(self, shape: StepShape, memory: MemoryBreakdown, step: int) -> None:
+        """The prediction for ``shape`` against what this memory step measured, once a setting."""
+        predicted = self._predicted.get(shape)
+        if predicted is None or predicted.refused is not None or shape in self._checked:
+            return
+        self._checked.add(shape)
+        if memory.allocator_peak_bytes is not None:
+            measure, measured, expected = ALLOCATOR_PEAK, memory.allocator_peak_bytes, predicted.peak_bytes
+        else:
+            measure, measured, expected = TENSORS, memory.total_bytes, predicted.total_bytes
+        if expected <= 0:
+            return
+        self._ratios.append(measured / expected)
+        ratio, before = statistics.median(self._ratios), self._ratio
+        self._ratio = ratio
+        self.emit(PredictionChecked(step=step, settings=dataclasses.asdict(shape), measure=measure,
+                                    predicted_bytes=expected, measured_bytes=measured, error=measured / expected - 1,
+                                    ratio=ratio))
+        if abs(ratio - (before or 1.0)) >= RATIO_MOVED and self.started:
+            with self._lock:
+                self._asked.clear()  # the forecaster's cache answers them again at once, corrected
+            self.ask()
 
     # ------------------------------------------------------------------ asking
     def start(self) -> None:
@@ -111,7 +161,7 @@ class Forecaster:
                     continue
                 self._asked.add(shape)
                 requests.append({"settings": dataclasses.asdict(shape), "change": change, "step": self._step,
-                                 "held_bytes": self._held_bytes})
+                                 "held_bytes": self._held_bytes, "ratio": self._ratio})
             try:
                 for request in requests:
                     process.stdin.write(json.dumps(request) + "\n")
@@ -157,6 +207,8 @@ class Forecaster:
             except ProtocolError:
                 continue  # not one of its answers (a library's print): its log is the place for that
             if isinstance(answer, MemoryPredicted):
+                if answer.prediction is not None:
+                    self._predicted[StepShape(**answer.settings)] = answer.prediction
                 self.emit(answer)
         status = process.wait()
         if not self._closing:
