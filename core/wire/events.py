@@ -388,10 +388,11 @@ def describe(event: Message) -> Sentence | None:
         case StopRequested():
             return Sentence(f"{event.reason} (at the end of this step, with a final checkpoint)")
         case PredictionChecked():
-            figure = "the allocator's peak" if event.measure == ALLOCATOR_PEAK else "the tensors training holds"
-            return Sentence(f"memory as predicted? {figure}: {format_bytes(event.measured_bytes)} measured, "
-                            f"{format_bytes(event.predicted_bytes)} predicted ({event.error * 100:+.1f} %); later "
-                            f"predictions are scaled by this run's {event.ratio:.3f}", warning=abs(event.error) > 0.1)
+            figure = "the allocator's peak" if event.measure == ALLOCATOR_PEAK else "the tensors' total"
+            scaled = f"; predictions scaled by this run's {event.ratio:.3f} from now on" if abs(event.ratio - 1) >= 0.0005 else ""
+            return Sentence(f"memory of the settings in force: {figure} {format_bytes(event.measured_bytes)} measured, "
+                            f"{format_bytes(event.predicted_bytes)} predicted ({event.error * 100:+.1f} %){scaled}",
+                            warning=abs(event.error) > 0.1)
         case _:
             return None
 

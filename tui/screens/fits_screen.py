@@ -55,8 +55,7 @@ class FitsScreen(ViewScreen):
             yield Label("", id="fits-status", classes="view-status")
             yield DataTable(id="fits-table", cursor_type="row", zebra_stripes=True)
             yield Static("", id="fits-notes")
-            yield Label("esc back · predicted on fake tensors beside the trainer · a key says its change's",
-                        classes="view-keys")
+            yield Label("esc back · predicted on fake tensors, beside the trainer, at idle priority", classes="view-keys")
 
     def on_mount(self) -> None:
         self.query_one("#view").border_title = "what fits"
@@ -77,34 +76,32 @@ class FitsScreen(ViewScreen):
         table.clear()
         status = self.query_one("#fits-status", Label)
         if not rows:
-            status.update("Predicting: the forecaster loads the workload without its weights, then each setting takes "
-                          "a second or so." if state.forecast_requested else "Nothing predicted yet.")
+            status.update("Predicting, at idle priority beside training: the workload loads without its weights, then "
+                          "each setting takes a second or more (longer while training keeps every core busy)."
+                          if state.forecast_requested else "Nothing predicted (a read-only view, or a run that ended).")
         else:
             capacity = rows[0][1].capacity or "the memory of a rank is unknown"
             status.update(f"{len(rows)} settings predicted · fits: yes under 90 % of a rank's memory: {capacity}")
-        ratio = None
+        ratio, cannot = None, []
         for change, event in rows:
             table.add_row(*_cells(change, event))
             ratio = event.ratio if event.ratio is not None else ratio
-        notes = NOT_MODELLED
+            if event.prediction is None or event.prediction.refused is not None:
+                cannot.append(f"{change}: {event.error if event.prediction is None else event.prediction.refused}")
+        notes = [*cannot, NOT_MODELLED]
         if ratio is not None:
-            notes = f"corrected by this run's measured/predicted ratio, {ratio:.2f}; {notes}"
-        self.query_one("#fits-notes", Static).update(notes)
+            notes.append(f"peaks scaled by this run's measured over predicted, {ratio:.3f}")
+        self.query_one("#fits-notes", Static).update("\n".join(notes))
 
 
 def _cells(change: str, event: MemoryPredicted) -> tuple[Text, ...]:
     prediction = event.prediction
-    if prediction is None or prediction.refused is not None:
-        why = event.error if prediction is None else prediction.refused
+    if prediction is None or prediction.refused is not None:  # why: under the table
         return (Text(change), Text("—", justify="right"), Text("cannot", justify="right", style="yellow"),
-                Text(_shortened(why or ""), style="italic"), Text(""), Text(""))
+                Text(""), Text(""), Text(""))
     return (Text(change, style="bold" if change == "in force" else ""),
             Text(format_bytes(event.corrected_peak_bytes or 0), justify="right"),
             Text(event.verdict, justify="right", style=_VERDICT_STYLE.get(event.verdict, "")),
             Text(format_bytes(prediction.weights_at_peak), justify="right"),
             Text(format_bytes(prediction.at_peak.get("activations", 0)), justify="right"),
             Text(format_bytes(prediction.other_at_peak), justify="right"))
-
-
-def _shortened(text: str, limit: int = 60) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,6 +1,6 @@
 """The run's forecaster, seen from its supervisor: what the app's "what fits" and its keys read their predictions from.
 
-At the first ``ForecastCommand`` the supervisor starts the forecaster process (forecaster_process.py: niced, one
+At the first ``ForecastCommand`` the supervisor starts the forecaster process (forecaster_process.py: idle priority, one
 thread, the workload built without its weights) and asks it for the settings in force and each change worth
 weighing (``worth_asking``); from then on, each change of a setting that shapes memory is asked around too, each
 setting once. Its answers, ``memory_predicted`` events, reach the supervisor's observers as they come (the
