@@ -7,6 +7,7 @@ torch. The supervisor runs in the test process (``main()``); the ranks are its c
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import signal
 import socket
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 from trainers import WORKLOADS, make_trainer
-from processes import alive
+from processes import alive, forecasters_of
 from test_worker import Collected
 from torchlab.core.engine.state.checkpoint import load_checkpoint
 from torchlab.core.engine.parallel.distributed import usable_cpus
@@ -158,16 +159,21 @@ def test_a_spike_rolls_every_rank_back_at_the_same_step_as_one_process_would(tmp
 
 def test_an_out_of_memory_on_one_rank_starts_the_ranks_again_from_the_checkpoint_one_rung_down(tmp_path):
     """Rank 1's step 5 runs out of memory (8 samples a rank; 4 fit): the other rank waits in the step's collectives,
-    so the supervisor starts both again from step 3's checkpoint with split = 2; step 4's row, trained again, is
-    moved aside, and the run's losses are the single process's without the limit."""
+    so the supervisor starts both again from step 3's checkpoint with split = 2, the first split the run's forecaster
+    predicts to fit a rank (asked while the ranks are down); step 4's row, trained again, is moved aside, and the
+    run's losses are the single process's without the limit."""
     run = tmp_path / "run"
     assert headless(run, f"{TINY}:rank_1_out_of_memory_above_4_from_step_5", "--world-size", "2", "--steps", "8",
                     "--checkpoint-every", "3", "--seed", "4") == EXIT_OK
     events = read_jsonl(run / "events.jsonl")
     [rescued] = [e for e in events if e["event"] == "oom_rescued"]
     assert (rescued["step"], rescued["option"], rescued["value"], rescued["previous"]) == (5, "split", 2, 1)
-    assert rescued["note"] == ("on rank 1 of 2: the ranks start again from the checkpoint of step 3 (step 4 trains "
-                               "again), with the options in force at step 5")
+    said, _, predicted = rescued["note"].partition("; ")
+    assert said == ("on rank 1 of 2: the ranks start again from the checkpoint of step 3 (step 4 trains again), with "
+                    "the options in force at step 5")
+    assert re.fullmatch(r"predicted peak [0-9.]+ KiB of the [0-9.]+ GiB each of 2 ranks has", predicted), predicted
+    assert [e["settings"]["split"] for e in events if e["event"] == "memory_predicted"] == [2]
+    assert not forecasters_of(run)
     assert [e["step"] for e in events if e["event"] == "metrics_moved_aside"] == [3]
     rows = read_jsonl(run / "metrics.jsonl")
     assert [row["step"] for row in rows] == list(range(1, 9)) and [row["split"] for row in rows] == [1] * 3 + [2] * 5

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from processes import alive
+from processes import alive, forecasters_of
 from tmpfs import small_disk  # noqa: F401 (a fixture: a 3 MB tmpfs)
-from torchlab.core.engine.forecast.forecaster import FORECASTER_MODULE
 from torchlab.core.engine.parallel.distributed import usable_cpus
 from torchlab.core.units import format_bytes
 from torchlab.tui.app import TorchlabApp
@@ -53,19 +52,6 @@ def app_with_trainer(run_dir: Path, *args: str):
 
 def log_text(app) -> str:
     return "\n".join(app.query_one(EventLog).lines_written)
-
-
-def forecasters_of(run_dir: Path) -> list[int]:
-    """The pids of the forecaster processes of this run that still run (its command line names the run)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            words = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if FORECASTER_MODULE.encode() in words and str(run_dir).encode() in words and alive(int(entry.name)):
-            found.append(int(entry.name))
-    return found
 
 
 def events_of(run_dir: Path) -> list[dict]:

@@ -26,11 +26,18 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+import psutil
+
+from torchlab.core.engine.forecast.split_choice import first_split_to_fit, splits_from
 from torchlab.core.engine.forecast.step_shape import StepShape, candidate_shapes, configured_shape
+from torchlab.core.engine.measure.nvml import Nvml
+from torchlab.core.engine.parts import resolve_device
+from torchlab.core.errors import ForecastError
 from torchlab.core.options import MEMORY_SHAPING, LiveOptions, parse_option_value
 from torchlab.core.records.config import TrainConfig
 from torchlab.core.records.storage import create_file
@@ -46,6 +53,9 @@ FORECASTER_MODULE = "torchlab.core.engine.forecast.forecaster_process"
 CHECK_AFTER_STEPS = 2
 #: A correction that moves by this much asks again for the settings predicted before it.
 RATIO_MOVED = 0.02
+#: The OOM rescue with ranks waits this long for the splits it asks (the ranks are down meanwhile; a cold forecaster
+#: loads the workload first): past it, the ladder goes one rung down as it did without a forecast.
+RESCUE_WAIT_S = 60.0
 
 
 def worth_asking(options: LiveOptions, batch_size: int, reshard_after_forward: bool, gpus: int | None) -> list[tuple[str, StepShape]]:
@@ -70,12 +80,16 @@ class Forecaster:
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
         self._closing = False
+        self._following = False  # the app asked what fits: changes of the settings are predicted around from then on
+        self._ended = False  # its process ended: nothing more will be answered
         self._asked: set[StepShape] = set()
         self._options: LiveOptions | None = None  # in force, from the run's events
         self._batch_size = 0
         self._step = 0
         self._held_bytes = 0
         self._predicted: dict[StepShape, MemoryPrediction] = {}  # as the forecaster predicted them, uncorrected
+        self._answers: dict[StepShape, MemoryPredicted] = {}  # its newest answer for each setting
+        self._answered = threading.Condition(self._lock)
         self._checked: set[StepShape] = set()
         self._ratios: list[float] = []  # measured over predicted, of each setting checked
         self._ratio: float | None = None  # their median: what corrects the predictions from now on
@@ -95,13 +109,13 @@ class Forecaster:
                 with self._lock:
                     self._options = LiveOptions(**{name: parse_option_value(name, value) for name, value in event.options.items()})
                     self._batch_size, self._step = event.batch_size, event.step
-                if self.started:  # the first trainer, or the ranks after a relaunch
+                if self._following:  # the first trainer, or the ranks after a relaunch
                     self.ask()
             case OptionApplied() if self._options is not None:
                 with self._lock:
                     self._options = self._options.with_value(event.option, parse_option_value(event.option, event.value))
                     self._step = event.step
-                if event.option in MEMORY_SHAPING and self.started:
+                if event.option in MEMORY_SHAPING and self._following:
                     self.ask()
 
     def observe_row(self, row: MetricsRow) -> None:
@@ -134,7 +148,7 @@ class Forecaster:
         self.emit(PredictionChecked(step=step, settings=dataclasses.asdict(shape), measure=measure,
                                     predicted_bytes=expected, measured_bytes=measured, error=measured / expected - 1,
                                     ratio=ratio))
-        if abs(ratio - (before or 1.0)) >= RATIO_MOVED and self.started:
+        if abs(ratio - (before or 1.0)) >= RATIO_MOVED and self._following:
             with self._lock:
                 self._asked.clear()  # the forecaster's cache answers them again at once, corrected
             self.ask()
@@ -143,31 +157,82 @@ class Forecaster:
     def start(self) -> None:
         """Start the process (once) and ask it about the settings in force and the changes worth weighing."""
         with self._lock:
-            if self._process is None and not self._closing:
-                self._process = self._spawn()
+            self._following = True
+            self._start_process()
         self.ask()
+
+    def _start_process(self) -> None:
+        if self._process is None and not self._closing:
+            self._process = self._spawn()
+
+    def split_to_fit(self, options: LiveOptions, first: int, samples: int, world_size: int) -> tuple[int, str]:
+        """The OOM rescue with ranks (core/engine/ranks/rescue.py): of the splits from ``first`` on (to pieces of one
+        of each rank's ``samples``), the first predicted to fit a rank's memory, and what was predicted; asked of the
+        forecaster process (started for it where the app has not), and waited for, while the ranks are down."""
+        deadline = time.monotonic() + RESCUE_WAIT_S
+        splits = splits_from(first, samples)
+
+        def predicted(split: int) -> MemoryPrediction:  # one at a time: the first that fits ends the asking
+            shape = configured_shape(options.with_value("split", split), self._batch_size, self.config.reshard_after_forward)
+            answer = self._predict_now(shape, max(0.0, deadline - time.monotonic()))
+            if answer is None:
+                raise ForecastError(f"the forecaster gave no answer in {RESCUE_WAIT_S:.0f} s")
+            if answer.prediction is None:
+                raise ForecastError(answer.error)
+            return dataclasses.replace(answer.prediction, peak_bytes=answer.corrected_peak_bytes or answer.prediction.peak_bytes)
+
+        return first_split_to_fit(splits, predicted, self._rank_room(world_size), f"each of {world_size} ranks has")
+
+    def _predict_now(self, shape: StepShape, timeout: float) -> MemoryPredicted | None:
+        """``shape`` predicted (asked now where it was not before): its answer, None where none came in ``timeout``."""
+        with self._lock:
+            self._start_process()
+            self._send([(f"split={shape.split}", shape)])
+            self._answered.wait_for(lambda: self._ended or shape in self._answers, timeout)
+            return self._answers.get(shape)
+
+    def _rank_room(self, world_size: int) -> int:
+        """The memory a rank has now, the ranks being down: a GPU's free memory (NVML's: this process makes no CUDA
+        context), or its share of the RAM available, which the ranks that ran out of it have given back."""
+        if resolve_device(self.config.device).type == "cuda":
+            nvml = Nvml()
+            try:
+                gpus = nvml.sample([])
+            finally:
+                nvml.close()
+            free = [gpu.memory_total_bytes - gpu.memory_used_bytes for gpu in gpus[:world_size]
+                    if gpu.memory_total_bytes is not None and gpu.memory_used_bytes is not None]
+            if free:
+                return min(free)
+        return psutil.virtual_memory().available // world_size
 
     def ask(self) -> None:
         """Ask for every setting worth weighing from those in force that has not been asked yet. Before the run
         started (no settings in force yet) nothing is asked: ``run_started`` asks once it comes."""
         with self._lock:
             process, options = self._process, self._options
-            if process is None or options is None or process.stdin is None:
+            if process is None or options is None or process.stdin is None or not self._following:
                 return
-            asked = worth_asking(options, self._batch_size, self.config.reshard_after_forward, self.gpus())
-            requests = []
-            for change, shape in asked:
-                if shape in self._asked:
-                    continue
-                self._asked.add(shape)
-                requests.append({"settings": dataclasses.asdict(shape), "change": change, "step": self._step,
-                                 "held_bytes": self._held_bytes, "ratio": self._ratio})
-            try:
-                for request in requests:
-                    process.stdin.write(json.dumps(request) + "\n")
-                process.stdin.flush()
-            except (BrokenPipeError, OSError, ValueError):  # it ended: its reader says so
-                pass
+            self._send(worth_asking(options, self._batch_size, self.config.reshard_after_forward, self.gpus()))
+
+    def _send(self, asked: list[tuple[str, StepShape]]) -> None:
+        """Ask the process for each of ``asked`` (change, settings) not asked before (the lock held)."""
+        process = self._process
+        if process is None or process.stdin is None:
+            return
+        requests = []
+        for change, shape in asked:
+            if shape in self._asked:
+                continue
+            self._asked.add(shape)
+            requests.append({"settings": dataclasses.asdict(shape), "change": change, "step": self._step,
+                             "held_bytes": self._held_bytes, "ratio": self._ratio})
+        try:
+            for request in requests:
+                process.stdin.write(json.dumps(request) + "\n")
+            process.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):  # it ended: its reader says so
+            pass
 
     def close(self) -> None:
         """End the process (its stdin closed: it leaves after the prediction it is making; killed if it does not)."""
@@ -207,10 +272,17 @@ class Forecaster:
             except ProtocolError:
                 continue  # not one of its answers (a library's print): its log is the place for that
             if isinstance(answer, MemoryPredicted):
-                if answer.prediction is not None:
-                    self._predicted[StepShape(**answer.settings)] = answer.prediction
+                shape = StepShape(**answer.settings)
+                with self._lock:
+                    if answer.prediction is not None:
+                        self._predicted[shape] = answer.prediction
+                    self._answers[shape] = answer
+                    self._answered.notify_all()
                 self.emit(answer)
         status = process.wait()
+        with self._lock:
+            self._ended = True
+            self._answered.notify_all()  # nothing more will come: a rescue waiting for it goes on without
         if not self._closing:
             self.emit(Log(level=LogLevel.WARNING, text=f"the forecaster process ended (exit status {status}): no more "
                                                        f"predictions this run; its output is in forecaster.log"))

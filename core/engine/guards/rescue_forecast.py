@@ -9,25 +9,20 @@ now (the allocator's cache was emptied after the failure); on a CPU the RAM avai
 A rung is taken where its peak is under ``FITS_SHARE`` of that, as ``torchlab-tui plan`` judges. Where no split is
 predicted to fit, the last (pieces of one sample) is taken and the next failure goes on to checkpointing; where the
 step cannot be predicted (an op fake tensors cannot run), the next split is taken as before. Either way the rung's
-note says what was predicted. With ranks the supervisor steps down one rung at a time (its process holds no model).
+note says what was predicted (the choice is core/engine/forecast/split_choice.py's, with ranks too: their supervisor
+asks the run's forecaster process, having no model of its own).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 import torch
 
-from torchlab.core.engine.forecast.capacity import FITS_SHARE
-from torchlab.core.engine.measure.memory import held_bytes, out_of_memory
+from torchlab.core.engine.measure.memory import held_bytes
 from torchlab.core.engine.parts import TrainingParts
-from torchlab.core.errors import ForecastError
-from torchlab.core.units import format_bytes
-
-if TYPE_CHECKING:
-    from torchlab.core.wire.payloads import MemoryPrediction
 
 
 def split_predicted_to_fit(parts: TrainingParts, batch: Any, samples: int, first: int) -> tuple[int, str]:
@@ -35,33 +30,18 @@ def split_predicted_to_fit(parts: TrainingParts, batch: Any, samples: int, first
     # Imported here, at a failure: fake tensors and the memory trackers take seconds to import (FSDP2's, DTensor),
     # which every trainer's start would pay (tests/engine/test_compile.py holds the trainer's imports).
     from torchlab.core.engine.forecast.for_workload import optimizer_like
-    from torchlab.core.engine.forecast.step_shape import configured_shape
     from torchlab.core.engine.forecast.memory_forecast import MemoryForecast
+    from torchlab.core.engine.forecast.split_choice import first_split_to_fit, splits_from
+    from torchlab.core.engine.forecast.step_shape import configured_shape
 
-    splits = [first]
-    while splits[-1] < samples:
-        splits.append(min(2 * splits[-1], samples))
     model = parts.model.model
     configured = configured_shape(parts.options, samples, parts.config.reshard_after_forward)
     optimizer = parts.optimization.optimizer
     forecast = MemoryForecast(model, parts.loss.alone, lambda twin: optimizer_like(optimizer, model, twin),
                               lambda size: batch, parts.device, list(parts.model.checkpointing.blocks))
-    room = reachable_memory(parts)
-    over: list[str] = []
-    for split in splits:
-        try:
-            prediction = forecast.predict(dataclasses.replace(configured, split=split))
-        except ForecastError as cannot:
-            return first, f"not predicted ({cannot})"
-        except Exception as error:  # noqa: BLE001  # the model failed on fake tensors: said, the ladder as before
-            if out_of_memory(error):  # raised by the model itself for this size (fake tensors allocate nothing)
-                over.append(f"split = {split} out of memory")
-                continue
-            return first, f"not predicted: the forecast failed ({type(error).__name__}: {str(error)[:120]})"
-        if _fits(prediction, room):
-            return split, _said(over, prediction, room)
-        over.append(f"split = {split} {format_bytes(prediction.peak_bytes)}")
-    return splits[-1], f"none predicted to fit in the {format_bytes(room)} this process can reach ({', '.join(over)})"
+    return first_split_to_fit(splits_from(first, samples),
+                              lambda split: forecast.predict(dataclasses.replace(configured, split=split)),
+                              reachable_memory(parts), "this process can reach")
 
 
 def reachable_memory(parts: TrainingParts) -> int:
@@ -74,15 +54,3 @@ def reachable_memory(parts: TrainingParts) -> int:
     return psutil.virtual_memory().available + model_bytes + optimizer_bytes
 
 
-def _fits(prediction: MemoryPrediction, room: int) -> bool:
-    return prediction.refused is None and prediction.peak_bytes <= FITS_SHARE * room
-
-
-def _said(over: list[str], prediction: MemoryPrediction, room: int) -> str:
-    """``predicted peak 5.2 GiB of the 7.9 GiB this process can reach``, after the splits passed over, where some
-    were: ``split = 2 9.1 GiB, split = 4 7.3 GiB predicted over 90 % of …; this one 5.2 GiB``."""
-    reach = f"the {format_bytes(room)} this process can reach"
-    if not over:
-        return f"predicted peak {format_bytes(prediction.peak_bytes)} of {reach}"
-    return (f"{', '.join(over)} predicted over {round(FITS_SHARE * 100)} % of {reach}; this one "
-            f"{format_bytes(prediction.peak_bytes)}")

@@ -13,6 +13,7 @@ process, and the last paragraph says the memory.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,11 @@ class Rescue:
 class RankRescue:
     """What the OOM rescue with ranks knows of the run, from rank 0's reports, and its decision on a failure."""
 
-    def __init__(self, resume_from: Path | None) -> None:
+    def __init__(self, resume_from: Path | None,
+                 split_to_fit: Callable[[LiveOptions, int, int, int], tuple[int, str]] | None = None) -> None:
+        """``split_to_fit(options, first, samples, world_size)``: the split predicted to fit from ``first`` on (the
+        run's forecaster: ``Forecaster.split_to_fit``), and what was predicted; None: one rung at a time."""
+        self.split_to_fit = split_to_fit
         self._in_force: dict[str, Any] | None = None  # the options in force: the welcome's, then each change
         self._batch_size = 0  # the global batch
         self._blocks: list[str] = []  # the model's checkpoint blocks
@@ -93,6 +98,9 @@ class RankRescue:
             memory = f" {measured_memory(self._memory)}" if self._memory is not None else ""
             return f". {no_rung_left(step, first_line, options, samples)}{memory}"
         option, value = rung
+        predicted = ""
+        if option.name == "split" and samples is not None and self.split_to_fit is not None:
+            value, predicted = self.split_to_fit(options, value, samples, world_size)
         if (step, option.name, value) in self._rescued:
             return (f". The OOM rescue started the ranks again from step {step} with {option.name} = "
                     f"{option.format(value)} before, and the step ran out of memory with {option.name} = "
@@ -112,6 +120,8 @@ class RankRescue:
                 f"step {step}")
         if option.name == "split" and (batch_norms := split_note(self._batch_norms)):
             note = f"{note}; {batch_norms}"
+        if predicted:
+            note = f"{note}; {predicted}"
         if self._refused_split is not None:
             note = (f"{note}; this run's batches cannot be split (the ranks refused split = {self._refused_split} at "
                     "their start)")

@@ -105,7 +105,6 @@ class Supervisor:
         self._signalled_stop: StopCommand | None = None
         self._acknowledge: Relaunch | None = None
         self._resume_note = resume_note
-        self.rank_rescue = RankRescue(resume_from)  # the OOM rescue with ranks: what rank 0 said, and its rungs
         self._rescue: Rescue | None = None
         if external is not None:
             self.world_size = external.world_size
@@ -116,8 +115,10 @@ class Supervisor:
             self.config = _with_world_size(config, self.world_size)
         if resume_from is not None:
             self._resume_note = _with_world_size_change(resume_note, resume_from, self.world_size)
-        #: the run's forecaster (what fits): its process starts at the first ForecastCommand
+        #: the run's forecaster (what fits; the OOM rescue's split with ranks): its process starts when first asked
         self.forecaster = Forecaster(self.config, self.explicit, self.run_dir, self._emit, gpus=self._gpus)
+        #: the OOM rescue with ranks: what rank 0 said, and its rungs
+        self.rank_rescue = RankRescue(resume_from, split_to_fit=self.forecaster.split_to_fit)
 
     # ------------------------------------------------------------------ the Trainer's API
     def submit(self, command: TrainerCommand) -> None:

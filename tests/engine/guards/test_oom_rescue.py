@@ -97,7 +97,8 @@ def test_a_split_says_that_the_models_batch_norm_now_sees_each_pieces_statistics
 
 # ---------------------------------------------------------------------- with ranks: their supervisor's decision
 
-def supervisor_at(tmp_path, step: int, checkpoint_step: int | None, batch_norm_layers: int = 0, **options):
+def supervisor_at(tmp_path, step: int, checkpoint_step: int | None, batch_norm_layers: int = 0, split_to_fit=None,
+                  **options):
     """The OOM rescue of a supervisor of 2 ranks as rank 0's reports left it at ``step``: batch 16 (8 a rank), blocks
     to checkpoint, and a checkpoint of ``checkpoint_step`` where given; its ``_rescue_from`` decides on a failure."""
     from torchlab.core.engine.ranks.rescue import RankRescue
@@ -105,7 +106,7 @@ def supervisor_at(tmp_path, step: int, checkpoint_step: int | None, batch_norm_l
     from torchlab.core.options import LiveOptions
     from torchlab.core.wire.protocol import CheckpointSaved
 
-    rescue = RankRescue(resume_from=None)
+    rescue = RankRescue(resume_from=None, split_to_fit=split_to_fit)
     in_force = LiveOptions(world_size=2, **options).as_dict()
     rescue.observe(RunStarted(step=0, device="cpu", batch_size=16, steps=200, options=in_force, modules=[],
                               module_params=[], checkpoint_blocks=["body.0"], world_size=2, ranks=None,
@@ -135,6 +136,22 @@ def test_with_ranks_a_rank_out_of_memory_at_the_first_step_starts_them_again_fro
     assert (rescue.event.samples_before, rescue.event.samples_after) == (8, 4)  # a rank's 8 of the batch of 16
     with_batch_norm = supervisor_at(tmp_path, step=0, checkpoint_step=None, batch_norm_layers=2)._rescue_from(1, OOM)
     assert with_batch_norm.event.note.endswith("step 1; 2 BatchNorm layers now see each piece's statistics, not the batch's")
+
+
+def test_with_ranks_the_split_taken_is_the_one_the_runs_forecaster_predicts_to_fit(tmp_path):
+    """The supervisor holds no model: it asks the run's forecaster (``Forecaster.split_to_fit``, whose process the
+    ranks' process test runs) which split from the ladder's next on fits a rank, and takes it, saying so."""
+    asked = []
+
+    def split_to_fit(options, first, samples, world_size):
+        asked.append((options.split, first, samples, world_size))
+        return 8, "split = 2 9.1 GiB, split = 4 7.3 GiB predicted over 90 % of the 8 GiB each of 2 ranks has; this one 5.2 GiB"
+
+    rescue = supervisor_at(tmp_path, step=0, checkpoint_step=None, split_to_fit=split_to_fit)._rescue_from(1, OOM)
+    assert asked == [(1, 2, 8, 2)] and rescue.options.split == 8
+    assert rescue.event.note.endswith("step 1; split = 2 9.1 GiB, split = 4 7.3 GiB predicted over 90 % of the 8 GiB "
+                                      "each of 2 ranks has; this one 5.2 GiB")
+    assert (rescue.event.samples_before, rescue.event.samples_after) == (8, 1)
 
 
 def test_with_ranks_the_rungs_go_on_to_checkpointing_and_then_stop_with_the_paragraph(tmp_path):
