@@ -29,16 +29,16 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import psutil
 
-from torchlab.core.engine.forecast.split_choice import first_split_to_fit, splits_from
+from torchlab.core.engine.forecast.rung_choice import first_rung_to_fit
 from torchlab.core.engine.forecast.step_shape import StepShape, candidate_shapes, configured_shape
 from torchlab.core.engine.measure.nvml import Nvml
 from torchlab.core.engine.parts import resolve_device
 from torchlab.core.errors import ForecastError
-from torchlab.core.options import MEMORY_SHAPING, LiveOptions, parse_option_value
+from torchlab.core.options import MEMORY_SHAPING, LiveOption, LiveOptions, parse_option_value
 from torchlab.core.records.config import TrainConfig
 from torchlab.core.records.storage import create_file
 from torchlab.core.wire.codec import ProtocolError, decode
@@ -161,19 +161,20 @@ class Forecaster:
             self._start_process()
         self.ask()
 
-    def _start_process(self) -> None:
+    def _start_process(self, *, urgent: bool = False) -> None:
         if self._process is None and not self._closing:
-            self._process = self._spawn()
+            self._process = self._spawn(urgent)
 
-    def split_to_fit(self, options: LiveOptions, first: int, samples: int, world_size: int) -> tuple[int, str]:
-        """The OOM rescue with ranks (core/engine/ranks/rescue.py): of the splits from ``first`` on (to pieces of one
-        of each rank's ``samples``), the first predicted to fit a rank's memory, and what was predicted; asked of the
-        forecaster process (started for it where the app has not), and waited for, while the ranks are down."""
+    def rung_to_fit(self, options: LiveOptions, option: LiveOption, values: list[Any], world_size: int) -> tuple[Any, str]:
+        """The OOM rescue with ranks (core/engine/ranks/rescue.py): of ``option``'s rungs ``values`` from ``options``
+        (the splits to pieces of one sample, or the checkpointing rungs), the first predicted to fit a rank's memory,
+        and what was predicted; asked of the forecaster process (started for it where the app has not) one at a time,
+        and waited for, while the ranks are down."""
         deadline = time.monotonic() + RESCUE_WAIT_S
-        splits = splits_from(first, samples)
 
-        def predicted(split: int) -> MemoryPrediction:  # one at a time: the first that fits ends the asking
-            shape = configured_shape(options.with_value("split", split), self._batch_size, self.config.reshard_after_forward)
+        def predicted(value: Any) -> MemoryPrediction:  # one at a time: the first that fits ends the asking
+            shape = configured_shape(options.with_value(option.name, value), self._batch_size,
+                                     self.config.reshard_after_forward)
             answer = self._predict_now(shape, max(0.0, deadline - time.monotonic()))
             if answer is None:
                 raise ForecastError(f"the forecaster gave no answer in {RESCUE_WAIT_S:.0f} s")
@@ -181,13 +182,13 @@ class Forecaster:
                 raise ForecastError(answer.error)
             return dataclasses.replace(answer.prediction, peak_bytes=answer.corrected_peak_bytes or answer.prediction.peak_bytes)
 
-        return first_split_to_fit(splits, predicted, self._rank_room(world_size), f"each of {world_size} ranks has")
+        return first_rung_to_fit(option, values, predicted, self._rank_room(world_size), f"each of {world_size} ranks has")
 
     def _predict_now(self, shape: StepShape, timeout: float) -> MemoryPredicted | None:
         """``shape`` predicted (asked now where it was not before): its answer, None where none came in ``timeout``."""
         with self._lock:
-            self._start_process()
-            self._send([(f"split={shape.split}", shape)])
+            self._start_process(urgent=True)
+            self._send([("the OOM rescue's", shape)], urgent=True)
             self._answered.wait_for(lambda: self._ended or shape in self._answers, timeout)
             return self._answers.get(shape)
 
@@ -215,8 +216,9 @@ class Forecaster:
                 return
             self._send(worth_asking(options, self._batch_size, self.config.reshard_after_forward, self.gpus()))
 
-    def _send(self, asked: list[tuple[str, StepShape]]) -> None:
-        """Ask the process for each of ``asked`` (change, settings) not asked before (the lock held)."""
+    def _send(self, asked: list[tuple[str, StepShape]], *, urgent: bool = False) -> None:
+        """Ask the process for each of ``asked`` (change, settings) not asked before (the lock held); ``urgent``: the
+        OOM rescue's, which training waits for (forecaster_process.py ``_priority_for``)."""
         process = self._process
         if process is None or process.stdin is None:
             return
@@ -226,7 +228,7 @@ class Forecaster:
                 continue
             self._asked.add(shape)
             requests.append({"settings": dataclasses.asdict(shape), "change": change, "step": self._step,
-                             "held_bytes": self._held_bytes, "ratio": self._ratio})
+                             "held_bytes": self._held_bytes, "ratio": self._ratio, "urgent": urgent})
         try:
             for request in requests:
                 process.stdin.write(json.dumps(request) + "\n")
@@ -252,13 +254,13 @@ class Forecaster:
             process.wait()
 
     # ------------------------------------------------------------------ the process
-    def _spawn(self) -> subprocess.Popen:
+    def _spawn(self, urgent: bool) -> subprocess.Popen:
         log = os.fdopen(create_file(self.run_dir / "forecaster.log"), "w")
         environment = {**os.environ, "OMP_NUM_THREADS": "1"}
         process = subprocess.Popen([sys.executable, "-m", FORECASTER_MODULE, "--run-dir", str(self.run_dir)], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, stderr=log, text=True, encoding="utf-8", env=environment)
         log.close()  # the child holds its own
-        setup = {"config": self.config.to_toml(), "explicit": sorted(self.explicit)}
+        setup = {"config": self.config.to_toml(), "explicit": sorted(self.explicit), "urgent": urgent}
         process.stdin.write(json.dumps(setup) + "\n")
         process.stdin.flush()
         threading.Thread(target=self._read, args=(process,), name="forecaster-answers", daemon=True).start()

@@ -28,7 +28,8 @@ from torchlab.core.errors import TorchlabError
 from torchlab.core.units import format_bytes
 from torchlab.core.wire.events import MemoryPredicted
 
-#: Where the idle class is refused (not Linux): how much lower than training it runs (``nice``'s increment).
+#: How much lower than training it runs (``nice``'s increment) outside the idle class: what fits where there is no
+#: idle class (not Linux), and the OOM rescue's predictions (``_priority_for``).
 NICENESS = 10
 
 
@@ -37,9 +38,12 @@ def serve(requests: IO[str], answers: IO[str]) -> None:
     first = requests.readline()
     if not first:
         return
-    forecasting, cannot_load = _load(json.loads(first))
+    setup = json.loads(first)
+    _priority_for(urgent=bool(setup.get("urgent")))  # torch's import and the workload's build at the first's
+    forecasting, cannot_load = _load(setup)
     for line in requests:
         request = json.loads(line)
+        _priority_for(urgent=bool(request.get("urgent")))
         answers.write(_answer(forecasting, cannot_load, request).json_text() + "\n")
         answers.flush()
 
@@ -111,20 +115,28 @@ def _gpu_capacity(forecasting: Any) -> Capacity:
                     source=f"{format_bytes(gpu.memory_total_bytes)} per rank ({gpu.name or 'the GPU'}, by NVML)")
 
 
-def _lowest_priority() -> None:
-    """Linux's idle class (``SCHED_IDLE``): the scheduler gives it a core only where no other process wants it, so a
-    prediction waits for the training loop's idle moments instead of taking its share of a core. Elsewhere, niced."""
+def _priority_for(*, urgent: bool) -> None:
+    """What fits (not ``urgent``) runs in Linux's idle class (``SCHED_IDLE``): the scheduler gives it a core only where
+    no other process wants it, so a prediction waits for the training loop's idle moments instead of taking its share
+    of a core. The OOM rescue's (``urgent``: the ranks are down, waiting for it) runs niced, as it starts: an idle-class
+    process would wait as long as anything else on the machine keeps the cores busy. Back from the idle class only
+    where the system lets it (``RLIMIT_NICE``; root); else the rescue waits at idle priority, and gives up in time."""
+    if not hasattr(os, "SCHED_IDLE"):
+        return
     try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        os.nice(NICENESS)
+        if urgent:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        else:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except OSError:
+        pass
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", help="the run it predicts for: on the command line so that ps tells")
     parser.parse_args()
-    _lowest_priority()
+    os.nice(NICENESS)
     answers, sys.stdout = sys.stdout, sys.stderr  # what the workload's own code prints goes to the log, not among them
     serve(sys.stdin, answers)
     return 0

@@ -92,7 +92,12 @@ class MemoryForecast:
         except OptionChangeError as refusal:
             return _refused(shape, str(refusal), time.perf_counter() - started)
         batch = self.draw_batch(shape.rank_batch)
-        drawn = batch_samples(batch)
+        try:
+            drawn = batch_samples(batch)
+        except OptionChangeError:  # a batch of the user's own type: run whole, as training runs it at split 1
+            if shape.split > 1:
+                raise
+            drawn = shape.rank_batch
         if drawn < shape.rank_batch:  # the dataset is smaller than the batch: a prediction of fewer samples is no answer
             raise ForecastError(f"a batch of {shape.rank_batch} samples a rank: the dataset gives at most {drawn}")
         mode = FakeTensorMode()
@@ -111,6 +116,12 @@ class MemoryForecast:
                 most, peak = self._measured_step(twin, shape, precision, mode, batch, checkpointing)
             except _CANNOT_RUN_ON_FAKES as error:
                 raise ForecastError(_cannot_run(error)) from error
+            except AssertionError as error:  # FakeTensorMode meeting a real tensor the batch's own type holds
+                if "convert all Tensors to FakeTensors" not in str(error):
+                    raise
+                raise ForecastError("the batch is an object of the workload's own type, whose tensors the forecast "
+                                    "cannot reach to make them fake; a dict, list, tuple or dataclass of tensors it "
+                                    "can") from None
             except NotImplementedError as error:  # FSDPMemTracker's own refusal, which _PeakOfTheStep cannot reach
                 if "multiple iterative calls" not in str(error):
                     raise
@@ -141,7 +152,7 @@ class MemoryForecast:
                 # Copied under the tracker, which sees only what an op makes: the batch is held through the step.
                 fake = map_batch_tensors(move_to_device(map_batch_tensors(batch, mode.from_tensor), self.device),
                                          torch.clone)
-                piece = split_batch(fake, shape.split)[0][0]  # the first is the largest
+                piece = split_batch(fake, shape.split)[0][0] if shape.split > 1 else fake  # the first is the largest
                 _make_optimizer_state(twin, optimizer)
                 tracker.measure_from_here()
                 for index in range(passes):

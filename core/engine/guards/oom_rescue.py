@@ -37,7 +37,8 @@ from torch.utils.checkpoint import CheckpointError
 
 from torchlab.core.engine.activation_checkpointing import saved_by_block
 from torchlab.core.engine.batch_split import batch_samples
-from torchlab.core.engine.guards.rescue_forecast import split_predicted_to_fit
+from torchlab.core.engine.forecast.rung_choice import splits_from
+from torchlab.core.engine.guards.rescue_forecast import rung_predicted_to_fit
 from torchlab.core.engine.measure.memory import out_of_memory
 from torchlab.core.engine.option_hooks import enact
 from torchlab.core.engine.parts import TrainingParts
@@ -173,6 +174,17 @@ def rung_after(options: LiveOptions, samples: int | None, blocks: Sequence[str],
     return CHECKPOINTING, True
 
 
+def checkpointing_rungs(options: LiveOptions, samples: int | None, blocks: Sequence[str],
+                        saved: Mapping[str, int] | None) -> list[bool | str]:
+    """The ladder's checkpointing rungs from ``options`` on (its splits done), in order: ``rung_after`` taken again
+    and again, to checkpointing of every block."""
+    values: list[bool | str] = []
+    while (rung := rung_after(options, samples, blocks, saved)) is not None and rung[0] is CHECKPOINTING:
+        values.append(rung[1])
+        options = options.with_value(CHECKPOINTING.name, rung[1])
+    return values
+
+
 def no_rung_left(step: int, failure: str, options: LiveOptions, samples: int | None) -> str:
     """The paragraph a run stops with when a step ran out of memory with every rung tried."""
     tried = [f"split = {options.split}" + (f" (pieces of one sample: the batch has {samples})" if samples else
@@ -194,15 +206,18 @@ def next_rung(parts: TrainingParts, step: int, failure: str, batch, memory: Call
     saved = blocks_saving(blocks, measured)
     rung = rung_after(options, samples, blocks, saved)
     if rung is not None and rung[0] is SPLIT:
-        value, predicted = split_predicted_to_fit(parts, batch, samples, rung[1])
+        value, predicted = rung_predicted_to_fit(parts, batch, samples, SPLIT, splits_from(rung[1], samples))
         notes = [note for note in (split_note(batch_norm_layers(parts.model.model)), predicted) if note]
         return _enact(parts, step, failure, SPLIT, value, "; ".join(notes), samples)
     if rung is not None:
+        value, predicted = rung_predicted_to_fit(parts, batch, samples, CHECKPOINTING,
+                                                 checkpointing_rungs(options, samples, blocks, saved))
         notes = [] if samples is not None else ["this run's batches cannot be split (no first dimension their tensors share)"]
-        if isinstance(rung[1], str):
-            notes.append(chosen_blocks_note(rung[1], blocks, saved, measured.step))
+        if isinstance(value, str):
+            notes.append(chosen_blocks_note(value, blocks, saved, measured.step))
+        notes.append(predicted)
         try:
-            return _enact(parts, step, failure, CHECKPOINTING, rung[1], "; ".join(notes), samples)
+            return _enact(parts, step, failure, CHECKPOINTING, value, "; ".join(notes), samples)
         except OptionChangeError:
             pass
     raise OutOfMemoryStop(f"{no_rung_left(step, failure, options, samples)} {memory()}")

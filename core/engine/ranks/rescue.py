@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchlab.core.engine.forecast.rung_choice import splits_from
 from torchlab.core.engine.guards.oom_rescue import (
-    blocks_saving, chosen_blocks_note, measured_memory, no_rung_left, rescued, rung_after, split_note,
+    blocks_saving, checkpointing_rungs, chosen_blocks_note, measured_memory, no_rung_left, rescued, rung_after, split_note,
 )
 from torchlab.core.wire.events import OomRescued, RunStarted
 from torchlab.core.wire.metrics_row import MetricsRow
-from torchlab.core.options import OOM_RESCUE, LiveOptions
+from torchlab.core.options import OOM_RESCUE, SPLIT, LiveOption, LiveOptions
 from torchlab.core.wire.payloads import MemoryBreakdown
 from torchlab.core.wire.protocol import CheckpointSaved, Message, OptionApplied
 
@@ -42,10 +43,10 @@ class RankRescue:
     """What the OOM rescue with ranks knows of the run, from rank 0's reports, and its decision on a failure."""
 
     def __init__(self, resume_from: Path | None,
-                 split_to_fit: Callable[[LiveOptions, int, int, int], tuple[int, str]] | None = None) -> None:
-        """``split_to_fit(options, first, samples, world_size)``: the split predicted to fit from ``first`` on (the
-        run's forecaster: ``Forecaster.split_to_fit``), and what was predicted; None: one rung at a time."""
-        self.split_to_fit = split_to_fit
+                 rung_to_fit: Callable[[LiveOptions, LiveOption, list[Any], int], tuple[Any, str]] | None = None) -> None:
+        """``rung_to_fit(options, option, values, world_size)``: of ``option``'s rungs ``values``, the first predicted to
+        fit a rank (the run's forecaster: ``Forecaster.rung_to_fit``), and what was predicted; None: rung by rung."""
+        self.rung_to_fit = rung_to_fit
         self._in_force: dict[str, Any] | None = None  # the options in force: the welcome's, then each change
         self._batch_size = 0  # the global batch
         self._blocks: list[str] = []  # the model's checkpoint blocks
@@ -99,8 +100,9 @@ class RankRescue:
             return f". {no_rung_left(step, first_line, options, samples)}{memory}"
         option, value = rung
         predicted = ""
-        if option.name == "split" and samples is not None and self.split_to_fit is not None:
-            value, predicted = self.split_to_fit(options, value, samples, world_size)
+        if self.rung_to_fit is not None:
+            values = splits_from(value, samples) if option is SPLIT else checkpointing_rungs(options, samples, self._blocks, saving)
+            value, predicted = self.rung_to_fit(options, option, values, world_size)
         if (step, option.name, value) in self._rescued:
             return (f". The OOM rescue started the ranks again from step {step} with {option.name} = "
                     f"{option.format(value)} before, and the step ran out of memory with {option.name} = "

@@ -118,7 +118,7 @@ class Supervisor:
         #: the run's forecaster (what fits; the OOM rescue's split with ranks): its process starts when first asked
         self.forecaster = Forecaster(self.config, self.explicit, self.run_dir, self._emit, gpus=self._gpus)
         #: the OOM rescue with ranks: what rank 0 said, and its rungs
-        self.rank_rescue = RankRescue(resume_from, split_to_fit=self.forecaster.split_to_fit)
+        self.rank_rescue = RankRescue(resume_from, rung_to_fit=self.forecaster.rung_to_fit)
 
     # ------------------------------------------------------------------ the Trainer's API
     def submit(self, command: TrainerCommand) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -97,7 +98,7 @@ def test_a_split_says_that_the_models_batch_norm_now_sees_each_pieces_statistics
 
 # ---------------------------------------------------------------------- with ranks: their supervisor's decision
 
-def supervisor_at(tmp_path, step: int, checkpoint_step: int | None, batch_norm_layers: int = 0, split_to_fit=None,
+def supervisor_at(tmp_path, step: int, checkpoint_step: int | None, batch_norm_layers: int = 0, rung_to_fit=None,
                   **options):
     """The OOM rescue of a supervisor of 2 ranks as rank 0's reports left it at ``step``: batch 16 (8 a rank), blocks
     to checkpoint, and a checkpoint of ``checkpoint_step`` where given; its ``_rescue_from`` decides on a failure."""
@@ -106,7 +107,7 @@ def supervisor_at(tmp_path, step: int, checkpoint_step: int | None, batch_norm_l
     from torchlab.core.options import LiveOptions
     from torchlab.core.wire.protocol import CheckpointSaved
 
-    rescue = RankRescue(resume_from=None, split_to_fit=split_to_fit)
+    rescue = RankRescue(resume_from=None, rung_to_fit=rung_to_fit)
     in_force = LiveOptions(world_size=2, **options).as_dict()
     rescue.observe(RunStarted(step=0, device="cpu", batch_size=16, steps=200, options=in_force, modules=[],
                               module_params=[], checkpoint_blocks=["body.0"], world_size=2, ranks=None,
@@ -139,16 +140,16 @@ def test_with_ranks_a_rank_out_of_memory_at_the_first_step_starts_them_again_fro
 
 
 def test_with_ranks_the_split_taken_is_the_one_the_runs_forecaster_predicts_to_fit(tmp_path):
-    """The supervisor holds no model: it asks the run's forecaster (``Forecaster.split_to_fit``, whose process the
-    ranks' process test runs) which split from the ladder's next on fits a rank, and takes it, saying so."""
+    """The supervisor holds no model: it asks the run's forecaster (``Forecaster.rung_to_fit``, whose process the
+    ranks' process test runs) which rung from the ladder's next on fits a rank, and takes it, saying so."""
     asked = []
 
-    def split_to_fit(options, first, samples, world_size):
-        asked.append((options.split, first, samples, world_size))
+    def rung_to_fit(options, option, values, world_size):
+        asked.append((options.split, option.name, values, world_size))
         return 8, "split = 2 9.1 GiB, split = 4 7.3 GiB predicted over 90 % of the 8 GiB each of 2 ranks has; this one 5.2 GiB"
 
-    rescue = supervisor_at(tmp_path, step=0, checkpoint_step=None, split_to_fit=split_to_fit)._rescue_from(1, OOM)
-    assert asked == [(1, 2, 8, 2)] and rescue.options.split == 8
+    rescue = supervisor_at(tmp_path, step=0, checkpoint_step=None, rung_to_fit=rung_to_fit)._rescue_from(1, OOM)
+    assert asked == [(1, "split", [2, 4, 8], 2)] and rescue.options.split == 8
     assert rescue.event.note.endswith("step 1; split = 2 9.1 GiB, split = 4 7.3 GiB predicted over 90 % of the 8 GiB "
                                       "each of 2 ranks has; this one 5.2 GiB")
     assert (rescue.event.samples_before, rescue.event.samples_after) == (8, 1)
@@ -224,14 +225,17 @@ def test_with_ranks_no_rescue_is_made_that_cannot_hold(tmp_path):
 def test_checkpointing_rungs_take_the_blocks_that_saved_the_most_activations_first_and_a_resume_keeps_them(tmp_path):
     """Measured at steps 1 and 2, blocks.1 saves the most, then blocks.3; step 3 runs out of memory with fewer than
     two blocks checkpointed: after the last split (every split predicted out of memory: the model's own refusal, which
-    its forward gives on fake tensors too), a quarter of the blocks (blocks.1), then half (blocks.1, blocks.3)."""
+    its forward gives on fake tensors too), half the blocks (blocks.1, blocks.3) at once, a quarter (blocks.1) being
+    predicted out of memory too: one failed attempt fewer than rung by rung."""
     spec = f"{TINY}:out_of_memory_until_two_blocks_are_checkpointed"
     trainer, seen = make_trainer(spec, steps=4, memory_every=1, checkpoint_dir=tmp_path)
     assert trainer.run().status == "finished"
     rungs = [(event["step"], event["option"], event["value"]) for event in seen.of("oom_rescued")]
-    assert rungs == [(3, "split", 4), (3, "checkpointing", "blocks.1"), (3, "checkpointing", "blocks.1,blocks.3")]
+    assert rungs == [(3, "split", 4), (3, "checkpointing", "blocks.1,blocks.3")]
     note = seen.of("oom_rescued")[1]["note"]
-    assert note.startswith("the 1 of 4 blocks that saved the most activations at step 2 (blocks.1 ")
+    assert note.startswith("the 2 of 4 blocks that saved the most activations at step 2 (blocks.1 ")
+    assert re.search(r"; checkpointing = 1 block out of memory predicted over 90 % of the [0-9.]+ GiB this process can "
+                     r"reach; this one [0-9.]+ KiB$", note), note
     assert [row.options.checkpointing for row in seen.metrics][2:] == ["blocks.1,blocks.3"] * 2
     resumed, _ = make_trainer(spec, steps=6, memory_every=1, resume_from=tmp_path / "last.pt")
     assert resumed.parts.model.checkpointing.wrapped_names() == ["blocks.1", "blocks.3"]
@@ -247,6 +251,9 @@ def test_a_batch_the_engine_cannot_split_goes_to_checkpointing_saying_why():
         ("checkpointing", "blocks.1"), ("checkpointing", "blocks.1,blocks.3")]
     assert first["note"].startswith("this run's batches cannot be split (no first dimension their tensors share); "
                                     "the 1 of 4 blocks that saved the most activations at step 2")
+    assert first["note"].endswith("; not predicted (the batch is an object of the workload's own type, whose tensors "
+                                  "the forecast cannot reach to make them fake; a dict, list, tuple or dataclass of "
+                                  "tensors it can)")  # the ladder one rung at a time, as before the forecast
     assert first["samples_before"] is None and first["samples_after"] is None
 
 

@@ -1,15 +1,18 @@
-"""Which split of a batch to take where a step ran out of memory: the first predicted to fit the memory a process
-has, and what was predicted of it and of the splits passed over. The OOM rescue's one rule, in one process
+"""Which rung of the OOM rescue's ladder to take where a step ran out of memory: of the splits below (or, with the
+batch split to single samples, the checkpointing rungs), the first predicted to fit the memory a process has, and
+what was predicted of it and of those passed over. The rescue's one rule, in one process
 (core/engine/guards/rescue_forecast.py, predicting on the live model's twin) and with ranks (their supervisor,
 asking the run's forecaster process: forecaster.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from torchlab.core.engine.forecast.capacity import FITS_SHARE
 from torchlab.core.engine.measure.memory import out_of_memory
 from torchlab.core.errors import ForecastError
+from torchlab.core.options import LiveOption
 from torchlab.core.units import format_bytes
 from torchlab.core.wire.payloads import MemoryPrediction
 
@@ -22,26 +25,27 @@ def splits_from(first: int, samples: int) -> list[int]:
     return splits
 
 
-def first_split_to_fit(splits: list[int], predict: Callable[[int], MemoryPrediction], room: int,
-                       whose: str) -> tuple[int, str]:
-    """The first of ``splits`` whose step ``predict`` puts under ``FITS_SHARE`` of ``room`` (the memory one process
-    has: ``whose`` says which), and what was predicted of it and of those passed over; the last where none is, the
-    first where a split cannot be predicted (``ForecastError``, or the model failing on fake tensors)."""
-    first, over = splits[0], []
-    for split in splits:
+def first_rung_to_fit(option: LiveOption, values: list[Any], predict: Callable[[Any], MemoryPrediction], room: int,
+                      whose: str) -> tuple[Any, str]:
+    """The first of ``option``'s rungs, ``values``, whose step ``predict`` puts under ``FITS_SHARE`` of ``room`` (the
+    memory one process has: ``whose`` says which), and what was predicted of it and of those passed over; the last
+    where none is, the first where one cannot be predicted (``ForecastError``, or the model failing on fake tensors)."""
+    first, over = values[0], []
+    for value in values:
+        rung = f"{option.name} = {option.brief(value)}"
         try:
-            prediction = predict(split)
+            prediction = predict(value)
         except ForecastError as cannot:
             return first, f"not predicted ({cannot})"
         except Exception as error:  # noqa: BLE001  # the model failed on fake tensors: said, the ladder as before
             if out_of_memory(error):  # raised by the model itself for this size (fake tensors allocate nothing)
-                over.append(f"split = {split} out of memory")
+                over.append(f"{rung} out of memory")
                 continue
             return first, f"not predicted: the forecast failed ({type(error).__name__}: {str(error)[:120]})"
         if _fits(prediction, room):
-            return split, _said(over, prediction, room, whose)
-        over.append(f"split = {split} {format_bytes(prediction.peak_bytes)}")
-    return splits[-1], f"none predicted to fit in the {format_bytes(room)} {whose} ({', '.join(over)})"
+            return value, _said(over, prediction, room, whose)
+        over.append(f"{rung} {format_bytes(prediction.peak_bytes)}")
+    return values[-1], f"none predicted to fit in the {format_bytes(room)} {whose} ({', '.join(over)})"
 
 
 def _fits(prediction: MemoryPrediction, room: int) -> bool:
