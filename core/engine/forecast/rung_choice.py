@@ -39,13 +39,13 @@ def first_rung_to_fit(option: LiveOption, values: list[Any], predict: Callable[[
             return first, f"not predicted ({cannot})"
         except Exception as error:  # noqa: BLE001  # the model failed on fake tensors: said, the ladder as before
             if out_of_memory(error):  # raised by the model itself for this size (fake tensors allocate nothing)
-                over.append(f"{rung} out of memory")
+                over.append(f"{rung} (the model ran out of memory on fake tensors)")
                 continue
             return first, f"not predicted: the forecast failed ({type(error).__name__}: {str(error)[:120]})"
         if _fits(prediction, room):
             return value, _said(over, prediction, room, whose)
-        over.append(f"{rung} {format_bytes(prediction.peak_bytes)}")
-    return values[-1], f"none predicted to fit in the {format_bytes(room)} {whose} ({', '.join(over)})"
+        over.append(f"{rung} ({format_bytes(prediction.peak_bytes)}, over {round(FITS_SHARE * 100)} %)")
+    return values[-1], f"none predicted to fit in the {format_bytes(room)} {whose}: {', '.join(over)}"
 
 
 def _fits(prediction: MemoryPrediction, room: int) -> bool:
@@ -53,10 +53,7 @@ def _fits(prediction: MemoryPrediction, room: int) -> bool:
 
 
 def _said(over: list[str], prediction: MemoryPrediction, room: int, whose: str) -> str:
-    """``predicted peak 5.2 GiB of the 7.9 GiB this process can reach``, after the splits passed over, where some
-    were: ``split = 2 9.1 GiB, split = 4 7.3 GiB predicted over 90 % of …; this one 5.2 GiB``."""
-    reach = f"the {format_bytes(room)} {whose}"
-    if not over:
-        return f"predicted peak {format_bytes(prediction.peak_bytes)} of {reach}"
-    return (f"{', '.join(over)} predicted over {round(FITS_SHARE * 100)} % of {reach}; this one "
-            f"{format_bytes(prediction.peak_bytes)}")
+    """``predicted peak 5.2 GiB of the 7.9 GiB this process can reach``, and the rungs passed over, where some were:
+    ``; passed over: split = 2 (9.1 GiB), split = 4 (7.3 GiB)``."""
+    said = f"predicted peak {format_bytes(prediction.peak_bytes)} of the {format_bytes(room)} {whose}"
+    return f"{said}; passed over: {', '.join(over)}" if over else said

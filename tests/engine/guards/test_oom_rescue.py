@@ -11,6 +11,7 @@ import torch
 from trainers import WORKLOADS, make_trainer
 from torchlab.core.errors import EXIT_OK
 from torchlab.core.launch.cli import main
+from torchlab.core.units import format_bytes
 
 TINY = WORKLOADS / "tiny.py"
 
@@ -52,7 +53,8 @@ def test_with_every_rung_tried_the_run_stops_with_a_paragraph_saying_what_was_tr
     # every split predicted out of memory (the model's own forward refuses any size): 1 → 16 (pieces of one sample)
     # at once, then checkpointing, then the stop; one rung at a time it took five
     assert [(event["option"], event["value"]) for event in rescued] == [("split", 16), ("checkpointing", True)]
-    assert rescued[0]["note"].startswith("none predicted to fit in the ") and "split = 2 out of memory" in rescued[0]["note"]
+    assert rescued[0]["note"].startswith("none predicted to fit in the ")
+    assert "split = 2 (the model ran out of memory on fake tensors)" in rescued[0]["note"]
     assert "step 1 ran out of memory (CUDA out of memory." in err and "retried with split = 16 (was 1)" in err
     assert "Step 1 ran out of memory" in err and "with split = 16 (pieces of one sample: the batch has 16) and " \
         "checkpointing = on: the OOM rescue has no rung left" in err
@@ -78,7 +80,8 @@ def test_the_split_taken_is_the_first_the_forecast_predicts_to_fit_passing_over_
     assert trainer.run().status == "finished"
     [event] = seen.of("oom_rescued")
     assert (event["option"], event["value"], event["previous"]) == ("split", 4, 1)
-    assert event["note"].startswith("split = 2 ") and " predicted over 90 % of the " in event["note"]
+    assert event["note"].startswith("predicted peak ") and event["note"].endswith(
+        f"this process can reach; passed over: split = 2 ({format_bytes(two)}, over 90 %)")
     assert [row.options.split for row in seen.metrics] == [4, 4, 4]
 
 
@@ -146,12 +149,12 @@ def test_with_ranks_the_split_taken_is_the_one_the_runs_forecaster_predicts_to_f
 
     def rung_to_fit(options, option, values, world_size):
         asked.append((options.split, option.name, values, world_size))
-        return 8, "split = 2 9.1 GiB, split = 4 7.3 GiB predicted over 90 % of the 8 GiB each of 2 ranks has; this one 5.2 GiB"
+        return 8, "predicted peak 5.2 GiB of the 8 GiB each of 2 ranks has; passed over: split = 2 (9.1 GiB, over 90 %), split = 4 (7.3 GiB, over 90 %)"
 
     rescue = supervisor_at(tmp_path, step=0, checkpoint_step=None, rung_to_fit=rung_to_fit)._rescue_from(1, OOM)
     assert asked == [(1, "split", [2, 4, 8], 2)] and rescue.options.split == 8
-    assert rescue.event.note.endswith("step 1; split = 2 9.1 GiB, split = 4 7.3 GiB predicted over 90 % of the 8 GiB "
-                                      "each of 2 ranks has; this one 5.2 GiB")
+    assert rescue.event.note.endswith("step 1; predicted peak 5.2 GiB of the 8 GiB each of 2 ranks has; passed over: "
+                                      "split = 2 (9.1 GiB, over 90 %), split = 4 (7.3 GiB, over 90 %)")
     assert (rescue.event.samples_before, rescue.event.samples_after) == (8, 1)
 
 
@@ -234,8 +237,8 @@ def test_checkpointing_rungs_take_the_blocks_that_saved_the_most_activations_fir
     assert rungs == [(3, "split", 4), (3, "checkpointing", "blocks.1,blocks.3")]
     note = seen.of("oom_rescued")[1]["note"]
     assert note.startswith("the 2 of 4 blocks that saved the most activations at step 2 (blocks.1 ")
-    assert re.search(r"; checkpointing = 1 block out of memory predicted over 90 % of the [0-9.]+ GiB this process can "
-                     r"reach; this one [0-9.]+ KiB$", note), note
+    assert re.search(r"; predicted peak [0-9.]+ KiB of the [0-9.]+ GiB this process can reach; passed over: "
+                     r"checkpointing = 1 block \(the model ran out of memory on fake tensors\)$", note), note
     assert [row.options.checkpointing for row in seen.metrics][2:] == ["blocks.1,blocks.3"] * 2
     resumed, _ = make_trainer(spec, steps=6, memory_every=1, resume_from=tmp_path / "last.pt")
     assert resumed.parts.model.checkpointing.wrapped_names() == ["blocks.1", "blocks.3"]
