@@ -350,6 +350,14 @@ TELEMETRY_INTERVAL = NumberSetting(
                   wording="0 (off) or a number of seconds from {minimum} to {maximum}"),
     group="probes", metavar="SECONDS", help="GPU/host sampling period, 0 = off",
 )
+#: The app's forecaster (what fits: core/engine/forecast/forecaster_process.py): in Linux's idle class it runs only on
+#: CPU nothing else wants, costing training nothing measurable, and waits while other work keeps every core busy;
+#: niced ("low") it answers there too, for a share of a core.
+FORECAST_PRIORITY = ChoiceSetting(
+    name="forecast_priority", default="idle", choices=("idle", "low"), group="probes",
+    help="the CPU priority of the app's what-fits forecaster: idle (the default) runs only on CPU nothing else wants; "
+         "low (niced) also answers on a box whose cores other work keeps busy, taking a share of a core",
+)
 
 SETTINGS: tuple[Setting, ...] = (
     SHARED_RUN_DIR, TENSORBOARD,
@@ -357,4 +365,5 @@ SETTINGS: tuple[Setting, ...] = (
     EVAL_BATCHES, CHECKPOINT_EVERY, KEEP_CHECKPOINTS, RESHARD_AFTER_FORWARD,
     TRIAL_STEPS_SETTING, SPIKE_THRESHOLD, SPIKE_WINDOW,
     LOG_EVERY, PROBE_EVERY, ACT_STATS_EVERY, MEMORY_EVERY, PROFILE_AT, PROFILE_STEPS, TELEMETRY_INTERVAL,
+    FORECAST_PRIORITY,
 )

@@ -174,7 +174,8 @@ async def test_a_real_profile_opens_as_a_table_what_fits_is_predicted_and_a_chan
     from torchlab.tui.screens.profile_screens import ProfileListScreen, ProfileTableScreen
 
     run_dir = tmp_path / "run"
-    app, links = app_with_trainer(run_dir, f"{TINY}:workload", "--steps", "100000", "--checkpoint-every", "0")
+    app, links = app_with_trainer(run_dir, f"{TINY}:workload", "--steps", "100000", "--checkpoint-every", "0",
+                                   "--forecast-priority", "low")  # beside tests that keep both cores busy
     async with app.run_test(size=SIZE) as pilot:
         state = app.run_state
         await until(pilot, lambda: state.step >= 2 and state.impact, what="training and a first impact table")

@@ -260,7 +260,8 @@ class Forecaster:
         process = subprocess.Popen([sys.executable, "-m", FORECASTER_MODULE, "--run-dir", str(self.run_dir)], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, stderr=log, text=True, encoding="utf-8", env=environment)
         log.close()  # the child holds its own
-        setup = {"config": self.config.to_toml(), "explicit": sorted(self.explicit), "urgent": urgent}
+        setup = {"config": self.config.to_toml(), "explicit": sorted(self.explicit), "urgent": urgent,
+                 "idle": self.config.forecast_priority == "idle"}
         process.stdin.write(json.dumps(setup) + "\n")
         process.stdin.flush()
         threading.Thread(target=self._read, args=(process,), name="forecaster-answers", daemon=True).start()

@@ -39,11 +39,12 @@ def serve(requests: IO[str], answers: IO[str]) -> None:
     if not first:
         return
     setup = json.loads(first)
-    _priority_for(urgent=bool(setup.get("urgent")))  # torch's import and the workload's build at the first's
+    idle = bool(setup.get("idle", True))  # --forecast-priority
+    _priority_for(urgent=bool(setup.get("urgent")) or not idle)  # torch's import and the workload's build at the first's
     forecasting, cannot_load = _load(setup)
     for line in requests:
         request = json.loads(line)
-        _priority_for(urgent=bool(request.get("urgent")))
+        _priority_for(urgent=bool(request.get("urgent")) or not idle)
         answers.write(_answer(forecasting, cannot_load, request).json_text() + "\n")
         answers.flush()
 
@@ -118,9 +119,10 @@ def _gpu_capacity(forecasting: Any) -> Capacity:
 def _priority_for(*, urgent: bool) -> None:
     """What fits (not ``urgent``) runs in Linux's idle class (``SCHED_IDLE``): the scheduler gives it a core only where
     no other process wants it, so a prediction waits for the training loop's idle moments instead of taking its share
-    of a core. The OOM rescue's (``urgent``: the ranks are down, waiting for it) runs niced, as it starts: an idle-class
-    process would wait as long as anything else on the machine keeps the cores busy. Back from the idle class only
-    where the system lets it (``RLIMIT_NICE``; root); else the rescue waits at idle priority, and gives up in time."""
+    of a core. The OOM rescue's (``urgent``: the ranks are down, waiting for it), and everything under
+    ``--forecast-priority low``, runs niced, as it starts: an idle-class process waits as long as anything else on the
+    machine keeps the cores busy. Back from the idle class only where the system lets it (``RLIMIT_NICE``; root); else
+    the rescue waits at idle priority, and gives up in time."""
     if not hasattr(os, "SCHED_IDLE"):
         return
     try:

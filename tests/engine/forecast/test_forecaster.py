@@ -5,7 +5,9 @@ answers come back as protocol events; a workload it cannot load is said for ever
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
+import time
 
 import pytest
 import torch
@@ -23,6 +25,8 @@ from torchlab.core.wire.payloads import MemoryBreakdown
 from torchlab.core.wire.protocol import OptionApplied
 
 BATCH = 32
+#: The tests run beside others that keep both cores busy, where the idle class (the default) would wait for them.
+LOW = "low"
 
 
 class Answers:
@@ -57,7 +61,7 @@ def test_the_options_that_shape_memory_are_the_settings_a_prediction_is_made_for
 
 
 def test_the_forecaster_predicts_in_its_own_process_what_plan_predicts_each_setting_once(tmp_path):
-    config = build_config({}, {"workload": TINY})
+    config = build_config({}, {"workload": TINY, "forecast_priority": LOW})
     answers = Answers()
     forecaster = Forecaster(config, set(), tmp_path, answers, gpus=lambda: None)
     forecaster.start()  # before the run started: nothing is asked until the settings in force are known
@@ -105,7 +109,7 @@ def test_the_forecaster_predicts_in_its_own_process_what_plan_predicts_each_sett
 
 
 def test_a_workload_the_forecaster_cannot_load_is_said_for_each_setting_and_the_run_goes_on(tmp_path):
-    config = build_config({}, {"workload": f"{WORKLOADS / 'tiny.py'}:factory_raises"})
+    config = build_config({}, {"workload": f"{WORKLOADS / 'tiny.py'}:factory_raises", "forecast_priority": LOW})
     answers = Answers()
     forecaster = Forecaster(config, set(), tmp_path, answers, gpus=lambda: None)
     forecaster.observe(run_started(LiveOptions()))
@@ -118,6 +122,29 @@ def test_a_workload_the_forecaster_cannot_load_is_said_for_each_setting_and_the_
     assert all(event.prediction is None for event in events)
     forecaster.close()
     assert (tmp_path / "forecaster.log").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's idle class")
+def test_by_default_the_forecaster_runs_in_the_idle_class(tmp_path):
+    """What fits costs training nothing measurable in the idle class (benchmarks/forecast_cost.py). (The OOM rescue's
+    predictions, which the ranks wait for, run niced: the ranks' rescue test, beside a loaded suite, waited for an
+    idle-class forecaster until it gave up.)"""
+    forecaster = Forecaster(build_config({}, {"workload": TINY}), set(), tmp_path, Answers(), gpus=lambda: None)
+    forecaster.start()
+    try:
+        policy = wait_for_policy(forecaster._process.pid, os.SCHED_IDLE)
+        assert policy == os.SCHED_IDLE
+    finally:
+        forecaster._process.kill()  # loading the workload, which this test does not wait for
+        forecaster.close()
+
+
+def wait_for_policy(pid: int, wanted: int, timeout: float = 30.0) -> int:
+    """The process's scheduling policy once it is ``wanted`` (set as it reads its first line), or as it is at ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while (policy := os.sched_getscheduler(pid)) != wanted and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling another process's state: no event to wait on
+    return policy
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
