@@ -4,7 +4,8 @@ environment that has the wheel installed non-editably, from a directory outside 
 It checks that the installed package is what gets imported (not the checkout), that ``--version``
 answers, that a headless run of a sample trains and writes its run directory, that ``plan`` predicts, and
 that the real app, driven headlessly by Textual's Pilot against a real trainer process, draws the gradient
-table: a module, stylesheet or data file missing from the wheel fails one of these.
+table and what fits (whose forecaster is a process the wheel's module runs): a module, stylesheet or data file
+missing from the wheel fails one of these.
 
     python smoke_installed.py
 """
@@ -82,7 +83,9 @@ async def check_app_draws_the_gradient_table(work: Path) -> None:
     links: list[ProcessLink] = []
 
     def link() -> ProcessLink:
-        links.append(ProcessLink(work / "app", ["mlp", "--steps", "100000", "--checkpoint-every", "0"]))
+        # --forecast-priority low: what fits answers while the mlp keeps both cores busy (its idle class is the suite's)
+        links.append(ProcessLink(work / "app", ["mlp", "--steps", "100000", "--checkpoint-every", "0",
+                                                "--forecast-priority", "low"]))
         return links[-1]
 
     app = TorchlabApp(link, workload="mlp")
@@ -95,7 +98,18 @@ async def check_app_draws_the_gradient_table(work: Path) -> None:
             await pilot.pause(0.1)
         rows = app.query_one(GradTable).displayed_keys
         print(f"smoke test: the app drew the gradient table at step {app.run_state.step}: {', '.join(rows[:4])}, …")
-        await pilot.press("q")
+        await pilot.press("F")  # what fits: the forecaster process, as the wheel installs it (python -m ...)
+        deadline = time.monotonic() + APP_TIMEOUT_S
+        while app.run_state.predicted() is None:
+            if time.monotonic() > deadline:
+                fail(f"what fits predicted nothing in {APP_TIMEOUT_S} s: {app.run_state.predictions}")
+            await pilot.pause(0.1)
+        in_force = app.run_state.predicted()
+        if in_force.prediction is None:
+            fail(f"what fits could not predict the settings in force: {in_force.error}")
+        print(f"smoke test: what fits predicted the settings in force: a peak of {in_force.prediction.peak_bytes} bytes "
+              f"(fits: {in_force.verdict})")
+        await pilot.press("escape", "q")
         deadline = time.monotonic() + APP_TIMEOUT_S
         while app.is_running and time.monotonic() < deadline:
             await pilot.pause(0.1)
