@@ -233,7 +233,8 @@ class MemoryBreakdown(JsonObject):
 
 #: Said beside every prediction (``torchlab-tui plan``, the app's "what fits"): what the figures leave out.
 NOT_MODELLED = ("not modelled: the allocator's cache and fragmentation, cuDNN/cuBLAS workspaces, NCCL's buffers and "
-                "the CUDA context; a compiled model predicted as it runs eagerly")
+                "the CUDA context; a compiled model predicted as it runs eagerly; the batch is the dataset's first "
+                "(with batches of varying length, a longer one takes more)")
 
 
 @dataclass(frozen=True)
