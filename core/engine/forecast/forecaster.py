@@ -15,6 +15,10 @@ Each setting predicted is checked once the run has trained with it (``prediction
 the tensors training holds by kind against the predicted kinds. The median of measured over predicted on this run
 corrects every prediction after it (the allocator's rounding, cuBLAS's workspace: what the fake step does not
 allocate); a correction that moves by 2 % or more asks again for what was predicted before it.
+
+The OOM rescue with ranks asks it too (``rung_to_fit``): their supervisor holds no model, so the rung that fits a
+rank is predicted here, at normal priority, while the ranks are down; that starts the process where the app has not,
+and makes it follow nothing else.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import queue
 import statistics
 import subprocess
 import sys
@@ -90,6 +95,7 @@ class Forecaster:
         self._predicted: dict[StepShape, MemoryPrediction] = {}  # as the forecaster predicted them, uncorrected
         self._answers: dict[StepShape, MemoryPredicted] = {}  # its newest answer for each setting
         self._answered = threading.Condition(self._lock)
+        self._requests: queue.SimpleQueue[str | None] = queue.SimpleQueue()  # to the process, in order (``_write``)
         self._checked: set[StepShape] = set()
         self._ratios: list[float] = []  # measured over predicted, of each setting checked
         self._ratio: float | None = None  # their median: what corrects the predictions from now on
@@ -219,22 +225,14 @@ class Forecaster:
     def _send(self, asked: list[tuple[str, StepShape]], *, urgent: bool = False) -> None:
         """Ask the process for each of ``asked`` (change, settings) not asked before (the lock held); ``urgent``: the
         OOM rescue's, which training waits for (forecaster_process.py ``_priority_for``)."""
-        process = self._process
-        if process is None or process.stdin is None:
+        if self._process is None:
             return
-        requests = []
         for change, shape in asked:
             if shape in self._asked:
                 continue
             self._asked.add(shape)
-            requests.append({"settings": dataclasses.asdict(shape), "change": change, "step": self._step,
-                             "held_bytes": self._held_bytes, "ratio": self._ratio, "urgent": urgent})
-        try:
-            for request in requests:
-                process.stdin.write(json.dumps(request) + "\n")
-            process.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):  # it ended: its reader says so
-            pass
+            self._requests.put(json.dumps({"settings": dataclasses.asdict(shape), "change": change, "step": self._step,
+                                           "held_bytes": self._held_bytes, "ratio": self._ratio, "urgent": urgent}))
 
     def close(self) -> None:
         """End the process (its stdin closed: it leaves after the prediction it is making; killed if it does not)."""
@@ -243,10 +241,7 @@ class Forecaster:
             process, self._process = self._process, None
         if process is None:
             return
-        try:
-            process.stdin.close()
-        except (BrokenPipeError, OSError):
-            pass
+        self._requests.put(None)  # its writer closes its stdin once what was asked is written
         try:
             process.wait(timeout=2.0)
         except subprocess.TimeoutExpired:
@@ -262,10 +257,24 @@ class Forecaster:
         log.close()  # the child holds its own
         setup = {"config": self.config.to_toml(), "explicit": sorted(self.explicit), "urgent": urgent,
                  "idle": self.config.forecast_priority == "idle"}
-        process.stdin.write(json.dumps(setup) + "\n")
-        process.stdin.flush()
+        self._requests.put(json.dumps(setup))
+        threading.Thread(target=self._write, args=(process,), name="forecaster-requests", daemon=True).start()
         threading.Thread(target=self._read, args=(process,), name="forecaster-answers", daemon=True).start()
         return process
+
+    def _write(self, process: subprocess.Popen) -> None:
+        """Write each request to the process as it is asked: on a thread of its own, so that a forecaster that does
+        not read (busy, or waiting for an idle core) never holds up the thread that asks, the training loop's."""
+        while (line := self._requests.get()) is not None:
+            try:
+                process.stdin.write(line + "\n")
+                process.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError):  # it ended: its reader says so
+                return
+        try:
+            process.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
 
     def _read(self, process: subprocess.Popen) -> None:
         answers: IO[str] = process.stdout
