@@ -79,7 +79,7 @@ BATCHING = {"plain": [], "accum2": ["--accum", "2"], "split2": ["--split", "2"]}
 
 #: The run events that happen in the app, through Pilot (app_cell.py): the cell's change is scripted at the first step
 #: boundary, where the app pauses the run to detach or be viewed; on the error screen it is set there instead.
-APP_EVENTS = ("app_detach_attach", "app_view", "app_error_restart")
+APP_EVENTS = ("app_detach_attach", "app_view", "app_error_restart", "app_what_fits")
 #: What happens to the run besides training: each is a sequence of steps in cell.py, the app's in app_cell.py.
 RUN_EVENTS = ("none", "trial", "resume_alone", "resume_longer", "resume_shorter", "kill9_resume", "stop_resume",
               "compare", *APP_EVENTS)
