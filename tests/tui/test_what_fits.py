@@ -114,3 +114,21 @@ async def test_the_app_asks_what_fits_on_its_own_once_the_run_has_trained_a_whil
     async with app.run_test(size=SIZE) as pilot:
         await answer(app, pilot)
         assert waiting.sent_of(protocol.ForecastCommand) == []
+
+
+async def test_a_number_typed_that_is_predicted_not_to_fit_is_sent_when_entered_again():
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await answer(app, pilot)
+        await pilot.press("k", "ctrl+a", "delete", "2", "enter")  # split 2, applied by the fake trainer
+        await answer(app, pilot)
+        link.push(predicted("in force", 60, split=2), predicted("split=1", 90, "no"))
+        await answer(app, pilot)
+        sent = len(link.sent)
+        await pilot.press("k", "ctrl+a", "delete", "1", "enter")
+        assert len(link.sent) == sent
+        assert "split = 1 is predicted not to fit: a peak of 90 GiB" in log_text(app)
+        assert "nothing sent; enter it again to apply it all the same" in log_text(app)
+        await pilot.press("k", "ctrl+a", "delete", "1", "enter")
+        assert link.sent[-1] == protocol.SetCommand("split", 1)
