@@ -25,6 +25,8 @@
 #              (trial_power.py, under its drifting load of one busy core)
 #   fsdp       FSDP2 with NCCL against DDP at world size 1 through torchrun, on the GPT: step time, memory by
 #              kind, the allocator's peak (parallel_cost.py; the `-m gpu` tests run it through the app's path too)
+#   forecast   will it fit (issue 49): the memory forecast against what the trainer measures by kind and against the
+#              CUDA allocator's peak (max_memory_allocated), 5 models x 5 settings (memory_forecast.py: forecast.md)
 #
 # What it writes goes to $OUT (set by the machine's runner) or /tmp/gpu-pass: one log per stage, the
 # benchmarks' JSON, env.txt. Python packages come from .whl/ into /tmp/site; torch is the machine's own.
@@ -39,7 +41,7 @@ device=${DEVICE:-cuda}
 # On a CPU the ~92M-parameter GPT takes seconds a step: the check of the script trains a small one instead.
 [[ $device == cpu ]] && export TORCHLAB_GPT100M_SMALL=1
 stages=("$@")
-[[ ${#stages[@]} -eq 0 || ${stages[0]} == all ]] && stages=(tests screens probe syncs gaps lightning trials fsdp)
+[[ ${#stages[@]} -eq 0 || ${stages[0]} == all ]] && stages=(tests screens probe syncs gaps lightning trials fsdp forecast)
 
 fail() { echo "gpu_pass.sh: $*" >&2; exit 2; }
 
@@ -107,6 +109,9 @@ stage_command() {
         trials) echo '"$python" benchmarks/trial_power.py --device "$device" --aa 20' ;;
         fsdp) echo '"$python" benchmarks/parallel_cost.py --device "$device" --workload gpt100m --world-size 1 --torchrun \
                         --segments 3 --segment 20' ;;
+        forecast) echo '"$python" benchmarks/memory_forecast.py --device "$device" \
+                            --models mlp convnet tiny_gpt tied_batchnorm hf_gpt2_trainer \
+                            --settings off bf16 checkpointing split=2 accum=2 | tee "$out/forecast.md"' ;;
         *) return 1 ;;
     esac
 }
@@ -125,7 +130,7 @@ run_stage() {
 }
 
 for stage in "${stages[@]}"; do
-    stage_command "$stage" >/dev/null || fail "no stage '$stage': tests, gpu-tests, screens, probe, syncs, gaps, lightning, trials, fsdp or all"
+    stage_command "$stage" >/dev/null || fail "no stage '$stage': tests, gpu-tests, screens, probe, syncs, gaps, lightning, trials, fsdp, forecast or all"
 done
 setup
 status=0

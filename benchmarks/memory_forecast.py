@@ -8,8 +8,12 @@ ranks for FSDP2) and its last step's memory by kind is read from ``metrics.jsonl
 memory.py counts the tensors themselves, the same on a CPU as on CUDA); the forecast predicts the same settings as
 ``torchlab-tui plan`` does (core/engine/forecast/forecasting.py), on fake tensors. Printed: each kind's error and the
 total's (parameters + gradients + optimizer state + activations + gathered, what both count), and the forecast's
-peak, which no CPU measurement reads (``torch.cuda.max_memory_allocated`` on a GPU: the GPU issue). A markdown table
-for ``benchmarks/README.md``.
+peak: on a CPU against the same step's peak on real tensors under MemTracker (this file's own step), on a GPU
+(``--device cuda``, the GPU pass's ``forecast`` stage) against the CUDA allocator's peak the run measured
+(``max_memory_allocated`` since the run's settings came in force, the memory view's ``allocator_peak_bytes``). A
+markdown table for ``benchmarks/README.md``.
+
+    .venv/bin/python benchmarks/memory_forecast.py --device cuda --models mlp convnet tiny_gpt --settings off bf16
 """
 
 from __future__ import annotations
@@ -41,14 +45,15 @@ SETTINGS = {
 KINDS = ("parameters", "gradients", "optimizer", "activations", "gathered")
 
 
-def measured(spec: str, flags: list[str], folder: Path) -> dict[str, int]:
+def measured(spec: str, flags: list[str], folder: Path) -> tuple[dict[str, int], int | None]:
+    """Each kind of the last step measured, and on CUDA the allocator's peak since the run's settings came in force."""
     run = folder / "run"
     command = [sys.executable, "-m", "torchlab.core.launch.cli", spec, "--headless", "--steps", "3", "--memory-every", "1",
                "--eval-every", "0", "--probe-every", "0", "--run-dir", str(run), *flags]
     subprocess.run(command, check=True, capture_output=True, text=True)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     memory = [row["memory"] for row in rows if row.get("memory")][-1]
-    return {kind: memory[f"{kind}_bytes"] for kind in KINDS}
+    return {kind: memory[f"{kind}_bytes"] for kind in KINDS}, memory.get("allocator_peak_bytes")
 
 
 def predicted(spec: str, flags: list[str]) -> tuple[dict[str, int], int, object]:
@@ -64,7 +69,7 @@ def predicted(spec: str, flags: list[str]) -> tuple[dict[str, int], int, object]
     return {kind: getattr(prediction, f"{kind}_bytes") for kind in KINDS}, prediction.peak_bytes, forecasting.configured
 
 
-def real_peak(spec: str, shape) -> int | None:
+def real_peak(spec: str, shape, device: str) -> int | None:
     """The peak of the same step on real tensors, tracked by MemTracker (what the fake prediction must equal): two
     steps of the model as loaded, the second's peak. Written here apart from the forecast's own step, so the check
     does not share its code. ``shape``: the settings the forecast predicted (the flags, and the workload's own). None
@@ -81,7 +86,7 @@ def real_peak(spec: str, shape) -> int | None:
     from torchlab.core.engine.optimization import build_optimizer
     from torchlab.core.records.config import build_config
 
-    if shape.world_size > 1:
+    if shape.world_size > 1 or device != "cpu":  # ranks, and a GPU: the allocator's own peak is measured instead
         return None
     workload = load_workload(spec)
     model = workload.model  # as it is: a transformers Trainer's optimizer is built on the model it holds
@@ -127,32 +132,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--device", default="cpu", help="cpu (the default) or cuda: where the runs train and the forecast "
+                                                        "predicts for")
     args = parser.parse_args()
     from torchlab.core.errors import TorchlabError
     from torchlab.core.units import format_bytes
 
+    against = "peak on real tensors" if args.device == "cpu" else "CUDA allocator's peak"
     print("| model | settings | measured total | predicted total | total | parameters | gradients | optimizer "
-          "| activations | gathered | predicted peak | peak on real tensors |")
+          f"| activations | gathered | predicted peak | {against} |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     worst_total, worst_kind = 0.0, 0.0
     for model in args.models:
         for setting in args.settings:
-            spec, flags = MODELS[model], SETTINGS[setting]
+            spec, flags = MODELS[model], [*SETTINGS[setting], "--device", args.device]
             with tempfile.TemporaryDirectory() as folder:
-                real = measured(spec, flags, Path(folder))
+                real, allocator_peak = measured(spec, flags, Path(folder))
             try:
                 fake, peak, shape = predicted(spec, flags)
             except TorchlabError as cannot:
                 print(f"| {model} | {setting} | {format_bytes(sum(real.values()))} | cannot: {cannot} |", flush=True)
                 continue
-            real_step_peak = real_peak(spec, shape)
+            real_step_peak = real_peak(spec, shape, args.device) if args.device == "cpu" else allocator_peak
             total_real, total_fake = sum(real.values()), sum(fake.values())
             worst_total = max(worst_total, abs(total_fake - total_real) / total_real)
             worst_kind = max([worst_kind] + [abs(fake[k] - real[k]) / real[k] for k in KINDS if real[k]])
             print(f"| {model} | {setting} | {format_bytes(total_real)} | {format_bytes(total_fake)} | "
                   f"{error(total_fake, total_real)} | " + " | ".join(error(fake[k], real[k]) for k in KINDS)
                   + f" | {format_bytes(peak)} | "
-                  + (f"{format_bytes(real_step_peak)} ({error(peak, real_step_peak)}) |" if real_step_peak else "ranks |"),
+                  + (f"{format_bytes(real_step_peak)} ({error(peak, real_step_peak)}) |" if real_step_peak else "– |"),
                   flush=True)
     print(f"\nworst total error {100 * worst_total:.1f} %, worst kind error {100 * worst_kind:.1f} %")
 

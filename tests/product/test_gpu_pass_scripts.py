@@ -35,3 +35,14 @@ def test_the_script_runs_to_its_figures(script, arguments, tmp_path, monkeypatch
     monkeypatch.setattr(sys, "argv", [module.__file__, *arguments, "--json", str(figures)])
     module.main()
     assert json.loads(figures.read_text())["workload"] == arguments[1]
+
+
+def test_the_forecast_stage_prints_its_table_row(monkeypatch, capsys):
+    """The GPU pass's ``forecast`` stage: on a GPU its last column is the CUDA allocator's peak; here, the same path on a
+    CPU (the real-tensor peak), one model and one setting."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    module = importlib.import_module("memory_forecast")
+    monkeypatch.setattr(sys, "argv", [module.__file__, "--models", "mlp", "--settings", "off", "--device", "cpu"])
+    module.main()
+    [row] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| mlp | off |")]
+    assert row.count("|") == 13 and "cannot" not in row

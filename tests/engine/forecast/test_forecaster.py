@@ -149,8 +149,12 @@ def wait_for_policy(pid: int, wanted: int, timeout: float = 30.0) -> int:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.gpu
-def test_on_a_gpu_the_forecaster_reads_the_memory_through_nvml_and_asks_for_each_gpu_of_the_machine(tmp_path):
-    config = build_config({}, {"workload": TINY, "device": "cuda"})
+def test_on_a_gpu_the_forecaster_reads_the_memory_through_nvml_makes_no_cuda_context_and_asks_for_each_gpu(tmp_path):
+    """Its capacity is the GPU's, and it holds none of it: a CUDA context would take hundreds of MiB of the GPU the
+    run trains on (NVML lists the processes that hold GPU memory)."""
+    from torchlab.core.engine.measure.nvml import Nvml
+
+    config = build_config({}, {"workload": TINY, "device": "cuda", "forecast_priority": LOW})
     answers = Answers()
     gpus = torch.cuda.device_count()
     forecaster = Forecaster(config, set(), tmp_path, answers, gpus=lambda: gpus)
@@ -158,6 +162,10 @@ def test_on_a_gpu_the_forecaster_reads_the_memory_through_nvml_and_asks_for_each
     forecaster.start()
     asked = worth_asking(LiveOptions(), BATCH, True, gpus)
     events = answers.wait_for(len(asked))
+    nvml = Nvml()
+    [gpu, *_] = nvml.sample([forecaster._process.pid])
+    nvml.close()
     forecaster.close()
+    assert not gpu.this_run_memory_bytes, f"the forecaster holds {gpu.this_run_memory_bytes} bytes of the GPU"
     assert events[0].capacity_bytes == torch.cuda.get_device_properties(0).total_memory
     assert "by NVML" in events[0].capacity
