@@ -20,6 +20,7 @@ from metrics_rows import metrics_row
 
 from torchlab.core.analysis.step_times import IN_TURN
 from torchlab.core.wire import protocol
+from torchlab.core.wire.events import MemoryPredicted
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.options import LiveOptions
 from torchlab.core.wire.payloads import (
@@ -27,6 +28,7 @@ from torchlab.core.wire.payloads import (
     GpuSample,
     HostSample,
     ImpactSegment,
+    MemoryPrediction,
     ModuleInfo,
     ProcessSample,
     RankFigures,
@@ -353,6 +355,27 @@ def ranks(step: int = 120, *, count: int = 2, step_time_s: float = 0.25, slow: d
         )
         figures.append(replace(entry, **(slow or {}).get(rank, {})))
     return protocol.Ranks(step=step, ranks=figures)
+
+
+#: The settings the fake trainer runs with, as a prediction names them (``welcome``: batch 32, options at their defaults).
+PREDICTED_IN_FORCE = {"amp": "off", "checkpointing": False, "split": 1, "accum": 1, "batch_size": 32, "world_size": 1,
+                      "parallel": "ddp", "reshard_after_forward": True}
+
+
+def memory_predicted(change: str, peak_gib: float, verdict: str = "yes", *, refused: str | None = None,
+                     **settings: Any) -> MemoryPredicted:
+    """A prediction as the run's forecaster sends it, of a rank with an 80 GiB GPU, half of its peak activations;
+    ``settings`` change those in force; ``refused``: a setting that cannot run here, and why."""
+    full = {**PREDICTED_IN_FORCE, **settings}
+    peak = 0 if refused else int(peak_gib * 2**30)
+    at_peak = {"parameters": peak // 8, "gradients": peak // 8, "optimizer": peak // 4, "activations": peak // 2,
+               "gathered": 0, "other": 0}
+    return MemoryPredicted(step=120, settings=full, change=change, capacity_bytes=80 * 2**30,
+                           capacity="80 GiB per rank (NVIDIA H100 80GB HBM3, by NVML)", verdict="" if refused else verdict,
+                           prediction=MemoryPrediction(settings=full, peak_bytes=peak, at_peak=at_peak,
+                                                       parameters_bytes=peak // 8, gradients_bytes=peak // 8,
+                                                       optimizer_bytes=peak // 4, activations_bytes=peak // 2,
+                                                       gathered_bytes=0, seconds=0.4, refused=refused))
 
 
 def quiet_app(link):

@@ -6,7 +6,9 @@ SVGs under ``__snapshots__/`` before accepting them.
 
 from __future__ import annotations
 
-from fake_link import FakeLink, gpu, impact, long_names_events, profile_ready, quiet_app, ranks, telemetry, training_events
+from fake_link import (
+    FakeLink, gpu, impact, long_names_events, memory_predicted, profile_ready, quiet_app, ranks, telemetry, training_events,
+)
 
 from torchlab.core.wire import protocol
 from torchlab.tui.app import TorchlabApp
@@ -163,6 +165,31 @@ def test_impact_screen_80x24(snap_compare) -> None:
 
 def test_impact_screen_160x48(snap_compare) -> None:
     assert snap_compare(impact_app(), terminal_size=(160, 48), run_before=open_impact)
+
+
+def what_fits_app() -> TorchlabApp:
+    """The forecaster's answers for a run at its defaults: the longest change's name, a setting that cannot run here
+    (its reason under the table, not in a column that pushes the figures off an 80-column screen), one that does not
+    fit."""
+    return snapshot_app(
+        memory_predicted("in force", 61.2),
+        memory_predicted("batch_size=64", 112, "no", batch_size=64),
+        memory_predicted("amp=bf16", 48.1, amp="bf16"),
+        memory_predicted("amp=fp16", 0, refused="fp16 needs CUDA; this run is on cpu: use bf16", amp="fp16"),
+        memory_predicted("checkpointing=on", 26.9, checkpointing=True),
+        memory_predicted("amp=bf16, checkpointing=on", 22.9, amp="bf16", checkpointing=True),
+        memory_predicted("world_size=8, parallel=fsdp", 75, "tight", world_size=8, parallel="fsdp"),
+    )
+
+
+async def open_what_fits(pilot) -> None:
+    await settle(pilot)
+    await pilot.press("F")
+    await settle(pilot)
+
+
+def test_what_fits_80x24(snap_compare) -> None:
+    assert snap_compare(what_fits_app(), terminal_size=(80, 24), run_before=open_what_fits)
 
 
 def long_names_app() -> TorchlabApp:

@@ -5,35 +5,15 @@ run has trained ``forecast_after_s``."""
 
 from __future__ import annotations
 
-from fake_link import FakeLink, quiet_app
+from fake_link import FakeLink, memory_predicted as predicted, quiet_app
 from textual.widgets import DataTable
 
 from torchlab.core.wire import protocol
-from torchlab.core.wire.events import MemoryPredicted
-from torchlab.core.wire.payloads import MemoryPrediction
 from torchlab.tui.app import TorchlabApp
 from torchlab.tui.screens.fits_screen import FitsScreen
 from torchlab.tui.widgets.event_log import EventLog
 
 SIZE = (120, 40)
-GiB = 2**30
-#: The settings the fake trainer runs with (fake_link's welcome: batch 32, every option at its default).
-IN_FORCE = {"amp": "off", "checkpointing": False, "split": 1, "accum": 1, "batch_size": 32, "world_size": 1,
-            "parallel": "ddp", "reshard_after_forward": True}
-
-
-def predicted(change: str, peak_gib: float, verdict: str = "yes", **settings) -> MemoryPredicted:
-    """A prediction as the forecaster sends it, of a rank with an 80 GiB GPU; half the peak activations."""
-    full = {**IN_FORCE, **settings}
-    peak = int(peak_gib * GiB)
-    at_peak = {"parameters": peak // 8, "gradients": peak // 8, "optimizer": peak // 4, "activations": peak // 2,
-               "gathered": 0, "other": 0}
-    return MemoryPredicted(step=120, settings=full, change=change, capacity_bytes=80 * GiB,
-                           capacity="80 GiB per rank (NVIDIA H100 80GB HBM3, by NVML)", verdict=verdict,
-                           prediction=MemoryPrediction(settings=full, peak_bytes=peak, at_peak=at_peak,
-                                                       parameters_bytes=peak // 8, gradients_bytes=peak // 8,
-                                                       optimizer_bytes=peak // 4, activations_bytes=peak // 2,
-                                                       gathered_bytes=0, seconds=0.4))
 
 
 def log_text(app: TorchlabApp) -> str:
