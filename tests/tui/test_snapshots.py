@@ -140,10 +140,14 @@ async def compare_profiles(pilot) -> None:
     await settle(pilot)
 
 
-async def open_impact(pilot) -> None:
-    await settle(pilot)
-    await pilot.press("i")
-    await settle(pilot)
+def opening(key: str):
+    """A ``run_before`` that opens the view ``key`` opens, the screen settled before and after."""
+    async def run_before(pilot) -> None:
+        await settle(pilot)
+        await pilot.press(key)
+        await settle(pilot)
+
+    return run_before
 
 
 def test_profile_table_80x24(snap_compare) -> None:
@@ -160,11 +164,11 @@ def impact_app() -> TorchlabApp:
 
 
 def test_impact_screen_80x24(snap_compare) -> None:
-    assert snap_compare(impact_app(), terminal_size=(80, 24), run_before=open_impact)
+    assert snap_compare(impact_app(), terminal_size=(80, 24), run_before=opening("i"))
 
 
 def test_impact_screen_160x48(snap_compare) -> None:
-    assert snap_compare(impact_app(), terminal_size=(160, 48), run_before=open_impact)
+    assert snap_compare(impact_app(), terminal_size=(160, 48), run_before=opening("i"))
 
 
 def what_fits_app() -> TorchlabApp:
@@ -182,14 +186,8 @@ def what_fits_app() -> TorchlabApp:
     )
 
 
-async def open_what_fits(pilot) -> None:
-    await settle(pilot)
-    await pilot.press("F")
-    await settle(pilot)
-
-
 def test_what_fits_80x24(snap_compare) -> None:
-    assert snap_compare(what_fits_app(), terminal_size=(80, 24), run_before=open_what_fits)
+    assert snap_compare(what_fits_app(), terminal_size=(80, 24), run_before=opening("F"))
 
 
 def long_names_app() -> TorchlabApp:
