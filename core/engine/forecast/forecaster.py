@@ -42,7 +42,7 @@ from torchlab.core.engine.forecast.rung_choice import first_rung_to_fit
 from torchlab.core.engine.forecast.step_shape import StepShape, candidate_shapes, configured_shape
 from torchlab.core.engine.measure.nvml import Nvml
 from torchlab.core.engine.parts import resolve_device
-from torchlab.core.errors import ForecastError
+from torchlab.core.errors import ForecastError, TorchlabError
 from torchlab.core.options import MEMORY_SHAPING, LiveOption, LiveOptions, parse_option_value
 from torchlab.core.records.config import TrainConfig
 from torchlab.core.records.storage import create_file
@@ -168,8 +168,16 @@ class Forecaster:
         self.ask()
 
     def _start_process(self, *, urgent: bool = False) -> None:
-        if self._process is None and not self._closing:
+        """Start the process once (the lock held). Where its log cannot be made (a link or a FIFO another user left
+        in the run directory as ``forecaster.log``, a full disk), nothing is predicted this run, and the log says why."""
+        if self._process is not None or self._closing or self._ended:
+            return
+        try:
             self._process = self._spawn(urgent)
+        except (OSError, TorchlabError) as cannot:
+            self._ended = True
+            self.emit(Log(level=LogLevel.WARNING, text=f"what fits: the forecaster was not started ({cannot}): nothing "
+                                                       f"is predicted this run"))
 
     def rung_to_fit(self, options: LiveOptions, option: LiveOption, values: list[Any], world_size: int) -> tuple[Any, str]:
         """The OOM rescue with ranks (core/engine/ranks/rescue.py): of ``option``'s rungs ``values`` from ``options``
@@ -183,7 +191,8 @@ class Forecaster:
                                      self.config.reshard_after_forward)
             answer = self._predict_now(shape, max(0.0, deadline - time.monotonic()))
             if answer is None:
-                raise ForecastError(f"the forecaster gave no answer in {RESCUE_WAIT_S:.0f} s")
+                raise ForecastError("the forecaster is not running" if self._ended else
+                                    f"the forecaster gave no answer in {RESCUE_WAIT_S:.0f} s")
             if answer.prediction is None:
                 raise ForecastError(answer.error)
             return dataclasses.replace(answer.prediction, peak_bytes=answer.corrected_peak_bytes or answer.prediction.peak_bytes)

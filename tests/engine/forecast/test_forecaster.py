@@ -124,6 +124,24 @@ def test_a_workload_the_forecaster_cannot_load_is_said_for_each_setting_and_the_
     assert (tmp_path / "forecaster.log").exists()
 
 
+def test_a_link_left_as_its_log_is_not_written_through_and_nothing_is_predicted(tmp_path):
+    """Another user's run directory may hold ``forecaster.log`` as a link to a file of yours: the forecaster is not
+    started, the log says why, and the file the link names is untouched."""
+    yours = tmp_path / "yours.txt"
+    yours.write_text("keep me")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "forecaster.log").symlink_to(yours)
+    answers = Answers()
+    forecaster = Forecaster(build_config({}, {"workload": TINY}), set(), run, answers, gpus=lambda: None)
+    forecaster.observe(run_started(LiveOptions()))
+    forecaster.start()
+    [said] = answers.events
+    assert said.level == "warning" and said.text.startswith("what fits: the forecaster was not started (")
+    assert forecaster._process is None and yours.read_text() == "keep me"
+    forecaster.close()
+
+
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's idle class")
 def test_by_default_the_forecaster_runs_in_the_idle_class(tmp_path):
     """What fits costs training nothing measurable in the idle class (benchmarks/forecast_cost.py). (The OOM rescue's
