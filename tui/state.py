@@ -30,7 +30,7 @@ from typing import Any
 
 from torchlab.core.errors import printable
 from torchlab.core.wire import protocol
-from torchlab.core.wire.events import MemoryPredicted, SpikeGuarded, describe
+from torchlab.core.wire.events import LongestBatch, MemoryPredicted, SpikeGuarded, describe
 from torchlab.core.options import OPTION_NAMES, RELAUNCHED_BY, format_option_value
 from torchlab.core.wire.protocol import LogLevel
 from torchlab.core.wire.run_status import RunStatus
@@ -196,6 +196,8 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, Fore
                 self._on_profile_ready(event)
             case MemoryPredicted():
                 self._on_memory_predicted(event)
+            case LongestBatch():
+                self._on_longest_batch(event)
             case SpikeGuarded():
                 self._on_spike_guarded(event)
             case _:

@@ -15,7 +15,7 @@ from typing import Any
 
 from torchlab.core.options import MEMORY_SHAPING, format_option_value
 from torchlab.core.units import format_bytes
-from torchlab.core.wire.events import MemoryPredicted
+from torchlab.core.wire.events import LongestBatch, MemoryPredicted, describe
 from torchlab.tui.log_levels import EntryLevel
 
 #: What a prediction is for, besides the options that shape memory: the batch of all ranks.
@@ -44,6 +44,8 @@ class Forecasts:
         self.forecast_version = 0
         #: why the forecaster could not predict, said once in the log (the same reason comes for every setting)
         self._forecast_errors_said: set[str] = set()
+        #: the run's longest batch so far, which the predictions are made with (None: none announced yet)
+        self.longest_batch: LongestBatch | None = None
 
     def _on_memory_predicted(self, event: MemoryPredicted) -> None:
         self.predictions[_key(event.settings)] = event
@@ -51,6 +53,15 @@ class Forecasts:
         if event.prediction is None and event.error and event.error not in self._forecast_errors_said:
             self._forecast_errors_said.add(event.error)
             self.log(EntryLevel.WARNING, f"what fits: {event.change} not predicted: {event.error}", event.step)
+
+    def _on_longest_batch(self, event: LongestBatch) -> None:
+        """A longer batch than any before: said in the log (not the run's first: that is no news); what fits says it
+        predicts with it."""
+        self.longest_batch = event
+        self.forecast_version += 1
+        sentence = describe(event)
+        if sentence is not None:
+            self.log(EntryLevel.INFO, sentence.text, event.step)
 
     # ------------------------------------------------------------------ reading them
     def settings_in_force(self, **changes: Any) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from torchlab.core.options import OptionChangeError
 def batch_samples(batch: Any) -> int:
     """The samples in ``batch``: the first dimension its tensors share. OptionChangeError where it has no tensor with
     one, or two that disagree."""
-    sizes = {tensor.shape[0] for tensor in _tensors(batch) if tensor.dim() > 0}
+    sizes = {tensor.shape[0] for tensor in batch_tensors(batch) if tensor.dim() > 0}
     if len(sizes) != 1:
         found = "no tensor with a first dimension" if not sizes else f"tensors of {sorted(sizes)} rows"
         raise OptionChangeError(f"a batch splits along the first dimension its tensors share; this run's has {found}")
@@ -84,13 +84,14 @@ def _piece(value: Any, start: int, end: int, samples: int) -> Any:
     return value
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def batch_tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor in ``value`` (a batch), in its order (a dict's as it holds them, a dataclass's by field)."""
     if isinstance(value, torch.Tensor):
         return [value]
     if is_batch_dataclass(value):
-        return [tensor for field in dataclasses.fields(value) for tensor in _tensors(getattr(value, field.name))]
+        return [tensor for field in dataclasses.fields(value) for tensor in batch_tensors(getattr(value, field.name))]
     if isinstance(value, Mapping):
-        return [tensor for item in value.values() for tensor in _tensors(item)]
+        return [tensor for item in value.values() for tensor in batch_tensors(item)]
     if isinstance(value, (list, tuple)):
-        return [tensor for item in value for tensor in _tensors(item)]
+        return [tensor for item in value for tensor in batch_tensors(item)]
     return []

@@ -8,7 +8,8 @@ world size: a run resumed with w' ranks starts each rank at P[s + r::w'], and a 
 reads P[0:b], P[b:2b], ... as it always did. Iterable datasets are read in order: each global batch is
 b consecutive samples and rank r takes its slice of them; a resume skips the consumed samples.
 Neither path touches the global RNG (the DataLoader gets its own generator), which is what makes a
-resume bit-exact. The position is ``BatchStream``'s whole state (``state_dict``, ``load_state_dict``).
+resume bit-exact. The position is ``BatchStream``'s state (``state_dict``, ``load_state_dict``), with the longest
+batch taken before it (measure/longest_batch.py), which a run's memory forecast predicts with.
 
 On CUDA the stream fetches each step's first batch ahead (``fetch_ahead``), while the device still runs the step
 before; the batch at the position is then already drawn. A dataset whose ``__getitem__`` draws random numbers has
@@ -40,6 +41,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
 
 from torchlab.core.engine.batch_split import is_batch_dataclass, replaced_fields
+from torchlab.core.engine.measure.longest_batch import LongestBatch
 from torchlab.core.engine.state.checkpoint import capture_rng_state
 from torchlab.core.engine.adapters.loading import describe_code
 from torchlab.core.errors import WorkloadError, shown
@@ -168,6 +170,8 @@ class BatchStream:
         self.taken_at: deque[tuple[int, int]] = deque(maxlen=4096)
         #: Seconds ``next_batch`` made its caller wait since ``take_wait`` was last called.
         self._waited_s = 0.0
+        #: The longest batch taken (what the run's memory forecast predicts with), and which recent ones were as long.
+        self.lengths = LongestBatch()
 
     def restore(self, position: DataPosition) -> None:
         self.position = DataPosition(position.epoch, position.samples)
@@ -180,12 +184,17 @@ class BatchStream:
         and then terminated: a run with ``workers`` 2 took 10 s longer to end, the app's quit as much."""
         self._iterator = None  # the last reference: the iterator shuts its workers down at once
 
-    def state_dict(self) -> dict[str, int]:
-        """The position, as checkpoints hold it under ``"data"``: the stream's only state (its loader reopens there)."""
-        return self.position.as_dict()
+    def state_dict(self) -> dict[str, Any]:
+        """The position, as checkpoints hold it under ``"data"`` (its loader reopens there), and the longest batch
+        taken before it (``longest_batch``, where one was)."""
+        state: dict[str, Any] = self.position.as_dict()
+        if (longest := self.lengths.state_dict()) is not None:
+            state["longest_batch"] = longest
+        return state
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.restore(DataPosition.from_dict(state, self.batch_size))
+        self.lengths.load_state_dict(state.get("longest_batch"))
 
     def configure(self, *, workers: int | None = None, pin_memory: bool | None = None) -> None:
         """Load with ``workers`` processes and/or ``pinned`` memory from the batch after the one at the position: the
@@ -206,6 +215,7 @@ class BatchStream:
         self.position.samples += self.batch_size
         self.last_batch = batch
         self._waited_s += time.perf_counter() - started
+        self.lengths.took(batch)
         return batch
 
     def samples_of(self, batches: int) -> list[int] | None:

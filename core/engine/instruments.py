@@ -183,6 +183,7 @@ class StepWatch:
         self._act_stats: torch.Tensor | None = None
         self._probe_s = 0.0  # what the probes took on the training thread: the cadence follows it
         self._not_the_steps_s = 0.0  # inside its clock, but not its own work (``outside_the_step``)
+        self._taken_before = instruments.parts.data.lengths.taken  # the step's first batch is the next taken
         if plan.activations:
             instruments.activation_probe.attach()  # hooks only on sampled steps: on every step they cost ~35 %
 
@@ -274,8 +275,9 @@ class StepWatch:
         instruments, parts, plan = self.instruments, self.instruments.parts, self.plan
         memory = None
         if self._saved is not None:
+            longest = parts.data.lengths.measured_on_longest(self._taken_before, parts.device.type == "cuda")
             memory = instruments.memory_probe.breakdown(self.step, self._saved, self._gradients_bytes,
-                                                        parts.optimization.optimizer, parts.device)
+                                                        parts.optimization.optimizer, parts.device, longest)
         if plan.training:
             instruments.cadence.record_step(step_time)
             if plan.probe and self._probe_s > 0:

@@ -86,6 +86,7 @@ def apply_change(parts: TrainingParts, command: p.SetCommand, step: int) -> Rela
         return Relaunch(option.name, value, previous, step, command.source, world_size)
     if parts.device.type == "cuda":  # each option segment reports its own peak memory
         torch.cuda.reset_peak_memory_stats(parts.device)
+        parts.data.lengths.peak_reset_at = parts.data.lengths.taken
     parts.reporter.emit(p.OptionApplied(
         step=step, option=option.name, value=value, previous=previous, display=option.format(value), source=command.source,
         detail=outcome if isinstance(outcome, str) else "",

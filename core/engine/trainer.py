@@ -52,7 +52,7 @@ from torchlab.core.errors import ConfigError, NonFiniteError, StorageError, Work
 from torchlab.core.records.config import TrainConfig
 from torchlab.core.records.starting_values import changed_since_the_start, starting_configuration
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.events import HELD_BACK, RunEnded, RunStarted, StepSkipped
+from torchlab.core.wire.events import HELD_BACK, LongestBatch, RunEnded, RunStarted, StepSkipped
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.options import COMPILE, RESUMED, LiveOptions, OptionChangeError, format_option_value
@@ -102,6 +102,7 @@ class Trainer:
         self.checkpoints = Checkpointer(parts, checkpoint_dir, self.guard, self._rows_before_checkpoint)
         self._consecutive_skips = 0
         self._held_row: MetricsRow | None = None  # a measured step's row, waiting for its update figures
+        self._announced_elements = 0  # the longest batch said so far (``longest_batch``), by its elements
         initial = self._initial_options(config, workload, resume_from, explicit)
         enact_initial(parts, initial.with_value(COMPILE.name, False))  # compile: at the first boundary
         if parts.world.ranks is not None:
@@ -212,6 +213,7 @@ class Trainer:
         if self.checkpoints.resumed is not None:
             self.reporter.emit(self.checkpoints.resumed)
         self.reporter.emit(self._run_started())
+        self._announce_longest_batch(self.parts.progress.step)  # a resumed run's, as its checkpoint knew it
         self.parts.progress.start_clock()
         sampler = None
         if self.parts.config.telemetry_interval > 0 and self.parts.world.reports and self.samples_telemetry:
@@ -398,12 +400,22 @@ class Trainer:
 
     def _after_step(self, step: int) -> None:
         self.checkpoints.finish()  # started after the step before (when no metrics row waited for it)
+        self._announce_longest_batch(step)
         self.profiling.after_step(step)
         self.guard.after_step(step)  # rollback's host copy, when due
         parts = self.parts
         due = self.instruments.next_step.checkpoint if parts.world.collectives is not None else self.checkpoints.cadence.due(step)
         if due and step < parts.config.steps:
             self.checkpoints.save(reason="periodic")
+
+    def _announce_longest_batch(self, step: int) -> None:
+        """``longest_batch``, where the run has taken a batch longer than any said before: what its forecaster
+        predicts with (core/engine/measure/longest_batch.py). A comparison a step; a few events a run."""
+        longest = self.parts.data.lengths.longest
+        if longest is not None and longest.elements > self._announced_elements:
+            self.reporter.emit(LongestBatch(step=step, shapes=[list(shape) for shape in longest.shapes],
+                                            elements=longest.elements, previous_elements=self._announced_elements))
+            self._announced_elements = longest.elements
 
     def _is_eval_step(self, step: int) -> bool:
         config = self.parts.config

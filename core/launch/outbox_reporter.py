@@ -92,7 +92,7 @@ class OutboxReporter(TrainerObserver):
                 self.set_state(RunStatus.RELAUNCHING, event.step, event.change)
             case (events.TrialStarted() | events.StepSkipped() | events.OomRescued() | events.SpikeGuarded() | events.ProfileStarted() | events.ResumedFromCheckpoint()
                   | events.ResumeChangedSettings() | events.StopRequested() | events.MemoryPredicted() | events.PredictionChecked()
-                  | p.Log()):
+                  | events.LongestBatch() | p.Log()):
                 self.outbox.add_event(event)  # the app says it in words: events.describe
 
     def _send_impact(self, force: bool = False) -> None:

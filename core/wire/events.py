@@ -299,12 +299,30 @@ class MemoryPredicted(Message):
     verdict: str = ""
     error: str = ""
     ratio: float | None = None
+    #: the elements of the run's longest batch (``longest_batch``) it was predicted with, its shapes stretched to the
+    #: batch size predicted; None: with the dataset's first samples (asked before the run's first step)
+    longest_batch_elements: int | None = None
 
     @property
     def corrected_peak_bytes(self) -> int | None:
         if self.prediction is None or self.prediction.refused is not None:
             return None
         return round(self.prediction.peak_bytes * (self.ratio or 1.0))
+
+
+@dataclass(frozen=True)
+class LongestBatch(Message):
+    """The longest batch the run has taken grew (core/engine/measure/longest_batch.py): the one whose tensors hold the
+    most elements, ``elements``, of ``shapes`` (each tensor's, in the batch's order; a rank's batch). With batches of
+    varying length the longest is the one that must fit: the run's forecaster predicts with it, stretched to each batch
+    size it predicts. ``previous_elements``: the longest before it (0: this is the first batch the run took, or the one
+    a resumed run's checkpoint knew). Rank 0's batches: the other ranks take batches of the same distribution."""
+
+    type: ClassVar[str] = "longest_batch"
+    step: int
+    shapes: list
+    elements: int
+    previous_elements: int = 0
 
 
 #: ``PredictionChecked.measure``: which measured figure a prediction is checked against.
@@ -336,7 +354,7 @@ class PredictionChecked(Message):
 TRAINER_EVENTS = (
     RunStarted, RunEnded, Paused, Resumed, StepSkipped, OomRescued, SpikeGuarded, ProfileStarted, TrialStarted, CompileStarted, ResumedFromCheckpoint,
     ResumeChangedSettings, Relaunching, LineRefused, LinesRefusedUnrecorded, JournalRepaired, MetricsMovedAside,
-    StopRequested, MemoryPredicted, PredictionChecked, OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult, TrialProgress,
+    StopRequested, MemoryPredicted, PredictionChecked, LongestBatch, OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult, TrialProgress,
 )
 
 
@@ -393,8 +411,18 @@ def describe(event: Message) -> Sentence | None:
             return Sentence(f"memory of the settings in force: {figure} {format_bytes(event.measured_bytes)} measured, "
                             f"{format_bytes(event.predicted_bytes)} predicted ({event.error * 100:+.1f} %){scaled}",
                             warning=abs(event.error) > 0.1)
+        case LongestBatch() if event.previous_elements:
+            return Sentence(f"a longer batch than any before: {shapes_in_words(event.shapes)} "
+                            f"({(event.elements / event.previous_elements - 1) * 100:+.0f} % elements): what fits "
+                            f"predicts with it from now on")
         case _:
             return None
+
+
+def shapes_in_words(shapes: list) -> str:
+    """A batch's tensors' shapes: ``32×512, 32×512, 32``; a batch of many tensors by its first four."""
+    words = ["×".join(str(size) for size in shape) or "scalar" for shape in shapes[:4]]
+    return ", ".join(words) + (f" and {len(shapes) - 4} more" if len(shapes) > 4 else "")
 
 
 def communication_sentence(communication: CommunicationShare | None) -> str | None:

@@ -222,6 +222,10 @@ class MemoryBreakdown(JsonObject):
     by_module: list[ModuleBytes]
     #: sharded (parallel=fsdp): parameters gathered whole that forward saved for backward, as much as is held at once
     gathered_bytes: int = 0
+    #: measured on a batch as long as the longest the run has taken (core/engine/measure/longest_batch.py): on a CPU the
+    #: step's first batch, whose forward's saved tensors are counted; on CUDA one taken since the allocator's peak was
+    #: reset. Only such figures check a prediction, which is made with the longest batch.
+    longest_batch: bool = True
 
     @property
     def total_bytes(self) -> int:
@@ -233,8 +237,9 @@ class MemoryBreakdown(JsonObject):
 
 #: Said beside every prediction (``torchlab-tui plan``, the app's "what fits"): what the figures leave out.
 NOT_MODELLED = ("not modelled: the allocator's cache and fragmentation, cuDNN/cuBLAS workspaces, NCCL's buffers and "
-                "the CUDA context; a compiled model predicted as it runs eagerly; the batch is the dataset's first "
-                "(with batches of varying length, a longer one takes more)")
+                "the CUDA context; a compiled model predicted as it runs eagerly")
+#: Said beside a prediction made with the dataset's first samples (``plan``; a live run before its first step).
+FIRST_BATCH = "the batch is the dataset's first samples (with batches of varying length, a longer one takes more)"
 
 
 @dataclass(frozen=True)

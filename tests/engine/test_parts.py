@@ -77,7 +77,7 @@ def test_data_round_trip_gives_the_same_next_batches():
     expected = [stream.next_batch()[0].tolist() for _ in range(3)]
     resumed = BatchStream(dataset, batch_size=4, collate_fn=None, seed=3, device=torch.device("cpu"))
     resumed.load_state_dict(state)
-    assert state == {"epoch": 1, "samples": 8}
+    assert state == {"epoch": 1, "samples": 8, "longest_batch": {"elements": 4, "shapes": [[4, 1]]}}
     assert [resumed.next_batch()[0].tolist() for _ in range(3)] == expected
     assert resumed.take_wait() >= 0 and resumed.take_wait() == 0.0  # what it made its caller wait, taken once
 

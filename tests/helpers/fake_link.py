@@ -363,15 +363,17 @@ PREDICTED_IN_FORCE = {"amp": "off", "checkpointing": False, "split": 1, "accum":
 
 
 def memory_predicted(change: str, peak_gib: float, verdict: str = "yes", *, refused: str | None = None,
-                     **settings: Any) -> MemoryPredicted:
+                     longest: int | None = None, **settings: Any) -> MemoryPredicted:
     """A prediction as the run's forecaster sends it, of a rank with an 80 GiB GPU, half of its peak activations;
-    ``settings`` change those in force; ``refused``: a setting that cannot run here, and why."""
+    ``settings`` change those in force; ``refused``: a setting that cannot run here, and why; ``longest``: the
+    elements of the run's longest batch it was predicted with (None: the dataset's first samples)."""
     full = {**PREDICTED_IN_FORCE, **settings}
     peak = 0 if refused else int(peak_gib * 2**30)
     at_peak = {"parameters": peak // 8, "gradients": peak // 8, "optimizer": peak // 4, "activations": peak // 2,
                "gathered": 0, "other": 0}
     return MemoryPredicted(step=120, settings=full, change=change, capacity_bytes=80 * 2**30,
                            capacity="80 GiB per rank (NVIDIA H100 80GB HBM3, by NVML)", verdict="" if refused else verdict,
+                           longest_batch_elements=longest,
                            prediction=MemoryPrediction(settings=full, peak_bytes=peak, at_peak=at_peak,
                                                        parameters_bytes=peak // 8, gradients_bytes=peak // 8,
                                                        optimizer_bytes=peak // 4, activations_bytes=peak // 2,

@@ -9,6 +9,7 @@ from fake_link import FakeLink, memory_predicted as predicted, quiet_app
 from textual.widgets import DataTable
 
 from torchlab.core.wire import protocol
+from torchlab.core.wire.events import LongestBatch
 from torchlab.tui.app import TorchlabApp
 from torchlab.tui.screens.fits_screen import FitsScreen
 from torchlab.tui.widgets.event_log import EventLog
@@ -112,3 +113,27 @@ async def test_a_number_typed_that_is_predicted_not_to_fit_is_sent_when_entered_
         assert "nothing sent; enter it again to apply it all the same" in log_text(app)
         await pilot.press("k", "ctrl+a", "delete", "1", "enter")
         assert link.sent[-1] == protocol.SetCommand("split", 1)
+
+
+async def test_the_view_says_which_batch_it_predicted_with_and_the_log_says_each_longer_one():
+    """Before the run's first step the predictions ran the dataset's first samples; then the run's longest batch
+    (its first: no news in the log), and each longer one, said in the log, which the view names once its
+    predictions are made with it."""
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=SIZE) as pilot:
+        await answer(app, pilot)
+        link.push(LongestBatch(step=1, shapes=[[32, 61], [32]], elements=1984))
+        await pilot.press("F")
+        notes = lambda: str(app.screen.query_one("#fits-notes").render())  # noqa: E731
+        assert "batch" not in notes()  # nothing predicted: no word of what with
+        link.push(predicted("in force", 60))
+        await answer(app, pilot)
+        assert "the batch is the dataset's first samples" in notes()
+        assert "the run's longest so far is being predicted" in notes() and "longer batch" not in log_text(app)
+        link.push(LongestBatch(step=3, shapes=[[32, 64], [32]], elements=2080, previous_elements=1984),
+                  predicted("in force", 61, longest=2080))
+        await answer(app, pilot)
+        assert "predicted with the run's longest batch so far (32×64, 32, step 3); a longer one takes more" in notes()
+        assert "a longer batch than any before: 32×64, 32 (+5 % elements): what fits predicts with it" in log_text(app)
+

@@ -131,6 +131,7 @@ EXAMPLES = [
     p.ForecastCommand(),
     events.MemoryPredicted(step=40, settings=_PREDICTED_SETTINGS, change="amp=bf16", capacity_bytes=80 * 2**30,
                            capacity="80.0 GiB per rank (NVIDIA H100 80GB HBM3, by NVML)", verdict="yes", ratio=1.06,
+                           longest_batch_elements=32_800,
                            prediction=payloads.MemoryPrediction(
                                settings=_PREDICTED_SETTINGS, peak_bytes=28_200_000,
                                at_peak={"parameters": 4_000_000, "gradients": 4_000_000, "optimizer": 8_000_000,
@@ -142,6 +143,7 @@ EXAMPLES = [
                            capacity="80.0 GiB per rank", error="a tensor's value read in Python (.item()) at model.py:12"),
     events.PredictionChecked(step=46, settings=_PREDICTED_SETTINGS, measure=events.ALLOCATOR_PEAK,
                              predicted_bytes=28_200_000, measured_bytes=29_900_000, error=0.0603, ratio=1.0603),
+    events.LongestBatch(step=840, shapes=[[32, 512], [32, 512], [32]], elements=32_800, previous_elements=29_216),
 ]
 
 

@@ -585,3 +585,50 @@ def reads_its_loss() -> Workload:
         return loss
 
     return Workload(model=TinyNet(), dataset=_regression_data(), loss_fn=checked_mse, batch_size=16)
+
+
+class _Sentences(torch.utils.data.Dataset):
+    """Token sequences whose length grows with the index (the first samples the shortest: 4 tokens, the last 64),
+    each with a label: a text dataset padded per batch, where each batch is as long as its longest sequence."""
+
+    def __init__(self, samples: int = 128, vocab: int = 50) -> None:
+        generator = torch.Generator().manual_seed(5)
+        self.sequences = [torch.randint(1, vocab, (4 + 60 * index // (samples - 1),), generator=generator)
+                          for index in range(samples)]
+        self.labels = torch.randint(2, (samples,), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def __getitem__(self, index: int):
+        return self.sequences[index], self.labels[index]
+
+
+def _padded(samples):
+    sequences, labels = zip(*samples)
+    return {"tokens": torch.nn.utils.rnn.pad_sequence(list(sequences), batch_first=True), "labels": torch.stack(labels)}
+
+
+class _Tagger(nn.Module):
+    """Each token embedded and passed through an MLP, then pooled: activations in proportion to the tokens."""
+
+    def __init__(self, vocab: int = 50, width: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width, padding_idx=0)
+        self.body = nn.Sequential(nn.Sequential(nn.Linear(width, 4 * width), nn.GELU()),
+                                  nn.Sequential(nn.Linear(4 * width, width), nn.GELU()))
+        self.head = nn.Linear(width, 2)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(self.embed(tokens)).mean(dim=1))
+
+
+def _tagging_loss(model: nn.Module, batch) -> torch.Tensor:
+    return nn.functional.cross_entropy(model(batch["tokens"]), batch["labels"])
+
+
+def varying_lengths() -> Workload:
+    """Batches of varying length: the dataset's first samples are its shortest, so a batch of them is no measure of the
+    memory a step takes (the memory forecast's longest batch)."""
+    return Workload(model=_Tagger(), dataset=_Sentences(), collate_fn=_padded, loss_fn=_tagging_loss, batch_size=8,
+                    checkpoint_blocks=["body.0", "body.1"])

@@ -18,8 +18,8 @@ from textual.widgets import DataTable, Label, Static
 
 from torchlab.core.options import MEMORY_SHAPING, format_option_value
 from torchlab.core.units import format_bytes
-from torchlab.core.wire.events import MemoryPredicted
-from torchlab.core.wire.payloads import NOT_MODELLED
+from torchlab.core.wire.events import MemoryPredicted, shapes_in_words
+from torchlab.core.wire.payloads import FIRST_BATCH, NOT_MODELLED
 from torchlab.tui.screens.view_screen import ViewScreen, closing_key
 from torchlab.tui.state import RunState
 
@@ -88,7 +88,7 @@ class FitsScreen(ViewScreen):
             ratio = event.ratio if event.ratio is not None else ratio
             if event.prediction is None or event.prediction.refused is not None:
                 cannot.append(f"{change}: {event.error if event.prediction is None else event.prediction.refused}")
-        notes = [*cannot, NOT_MODELLED]
+        notes = [*cannot, NOT_MODELLED, *([_batch_note(state, rows)] if rows else [])]
         if state.options.get("compile"):
             notes.insert(0, "compile is on: predicted as the model runs eagerly, which may save more or less for "
                             "backward than inductor's graphs (-21 % to +12 % on the matrix's models); each setting "
@@ -96,6 +96,15 @@ class FitsScreen(ViewScreen):
         if ratio is not None:
             notes.append(f"peaks scaled by this run's measured over predicted, {ratio:.3f}")
         self.query_one("#fits-notes", Static).update("\n".join(notes))
+
+
+def _batch_note(state: RunState, rows: list[tuple[str, MemoryPredicted]]) -> str:
+    """Which batch the predictions ran: the run's longest so far, or (asked before its first step) the dataset's first."""
+    longest = state.longest_batch
+    if longest is None or any(event.longest_batch_elements != longest.elements for _, event in rows):
+        return FIRST_BATCH if longest is None else f"{FIRST_BATCH}; the run's longest so far is being predicted"
+    return (f"predicted with the run's longest batch so far ({shapes_in_words(longest.shapes)}, step {longest.step}); "
+            f"a longer one takes more")
 
 
 def _cells(change: str, event: MemoryPredicted) -> tuple[Text, ...]:

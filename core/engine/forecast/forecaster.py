@@ -16,6 +16,11 @@ the tensors training holds by kind against the predicted kinds. The median of me
 corrects every prediction after it (the allocator's rounding, cuBLAS's workspace: what the fake step does not
 allocate); a correction that moves by 2 % or more asks again for what was predicted before it.
 
+With batches of varying length the longest the run has taken is the one to predict with: the trainer announces each
+longer one (``longest_batch``), every setting is asked again with its shapes (the forecaster's cache answers at once
+where the batch it runs is no longer: a run of one length predicts each setting once), an answer to a question asked
+with a shorter one is dropped, and a prediction is checked only against a memory step measured on a batch as long.
+
 The OOM rescue with ranks asks it too (``rung_to_fit``): their supervisor holds no model, so the rung that fits a
 rank is predicted here, at normal priority, while the ranks are down; that starts the process where the app has not,
 and makes it follow nothing else.
@@ -47,7 +52,9 @@ from torchlab.core.options import MEMORY_SHAPING, LiveOption, LiveOptions, parse
 from torchlab.core.records.config import TrainConfig
 from torchlab.core.records.storage import create_file
 from torchlab.core.wire.codec import ProtocolError, decode
-from torchlab.core.wire.events import ALLOCATOR_PEAK, TENSORS, MemoryPredicted, PredictionChecked, RunStarted
+from torchlab.core.wire.events import (
+    ALLOCATOR_PEAK, TENSORS, LongestBatch, MemoryPredicted, PredictionChecked, RunStarted,
+)
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.payloads import MemoryBreakdown, MemoryPrediction
 from torchlab.core.wire.protocol import Log, LogLevel, Message, OptionApplied
@@ -102,6 +109,7 @@ class Forecaster:
         self._rows_options: LiveOptions | None = None
         self._rows_shape: StepShape | None = None  # the settings of the newest metrics row, in force from
         self._rows_shape_since = 0  # ... this step
+        self._longest: LongestBatch | None = None  # the run's longest batch so far: what is predicted with
 
     @property
     def started(self) -> bool:
@@ -123,6 +131,16 @@ class Forecaster:
                     self._step = event.step
                 if event.option in MEMORY_SHAPING and self._following:
                     self.ask()
+            case LongestBatch():
+                with self._lock:
+                    if self._longest is not None and event.elements <= self._longest.elements:
+                        return
+                    self._longest = event
+                    self._asked.clear()  # every setting again, with it
+                    self._checked.clear()
+                    self._predicted.clear()  # what a memory step is checked against: the answers with it, to come
+                if self._following:
+                    self.ask()
 
     def observe_row(self, row: MetricsRow) -> None:
         self._step = row.step
@@ -139,7 +157,7 @@ class Forecaster:
     def _check(self, shape: StepShape, memory: MemoryBreakdown, step: int) -> None:
         """The prediction for ``shape`` against what this memory step measured, once a setting."""
         predicted = self._predicted.get(shape)
-        if predicted is None or predicted.refused is not None or shape in self._checked:
+        if predicted is None or predicted.refused is not None or shape in self._checked or not memory.longest_batch:
             return
         self._checked.add(shape)
         if memory.allocator_peak_bytes is not None:
@@ -240,8 +258,11 @@ class Forecaster:
             if shape in self._asked:
                 continue
             self._asked.add(shape)
+            longest = self._longest
             self._requests.put(json.dumps({"settings": dataclasses.asdict(shape), "change": change, "step": self._step,
-                                           "held_bytes": self._held_bytes, "ratio": self._ratio, "urgent": urgent}))
+                                           "held_bytes": self._held_bytes, "ratio": self._ratio, "urgent": urgent,
+                                           "longest_batch": longest.shapes if longest is not None else None,
+                                           "longest_elements": longest.elements if longest is not None else None}))
 
     def close(self) -> None:
         """End the process (its stdin closed: it leaves after the prediction it is making; killed if it does not)."""
@@ -295,6 +316,9 @@ class Forecaster:
             if isinstance(answer, MemoryPredicted):
                 shape = StepShape(**answer.settings)
                 with self._lock:
+                    longest = self._longest.elements if self._longest is not None else None
+                    if answer.longest_batch_elements != longest:
+                        continue  # asked with a shorter batch: asked again with the longest
                     if answer.prediction is not None:
                         self._predicted[shape] = answer.prediction
                     self._answers[shape] = answer
@@ -307,3 +331,4 @@ class Forecaster:
         if not self._closing:
             self.emit(Log(level=LogLevel.WARNING, text=f"the forecaster process ended (exit status {status}): no more "
                                                        f"predictions this run; its output is in forecaster.log"))
+

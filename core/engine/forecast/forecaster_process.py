@@ -10,7 +10,8 @@ builds it (``Forecasting.load``): what it costs the run is idle cycles and the w
 Its stdin: the run's configuration first, one JSON line (``config``: the TOML text; ``explicit``: the settings the
 user gave), then one request a line (``settings``: a ``StepShape``'s fields; ``change``: how they differ from the
 settings in force; ``held_bytes``: what training's tensors hold now, which a CPU's RAM can be given back from;
-``step``; ``ratio``: measured over predicted on this run). Its stdout: one ``memory_predicted`` a request, a line
+``step``; ``ratio``: measured over predicted on this run; ``longest_batch``: the shapes of the run's longest batch so far,
+and ``longest_elements`` their elements, which the answer repeats). Its stdout: one ``memory_predicted`` a request, a line
 of the protocol. It ends when its stdin closes. A workload that cannot be loaded answers every request with why;
 nothing it meets reaches a terminal (its stderr is the run's ``forecaster.log``).
 """
@@ -70,23 +71,22 @@ def _answer(forecasting: Any, cannot_load: str, request: dict[str, Any]) -> Memo
     from torchlab.core.engine.forecast.step_shape import StepShape
 
     settings, step, ratio = request["settings"], request["step"], request.get("ratio")
+    asked = dict(step=step, settings=settings, change=request["change"], ratio=ratio,
+                 longest_batch_elements=request.get("longest_elements"))
     if forecasting is None:
-        return MemoryPredicted(step=step, settings=settings, change=request["change"], prediction=None, capacity_bytes=0,
-                               capacity="", error=cannot_load, ratio=ratio)
+        return MemoryPredicted(**asked, prediction=None, capacity_bytes=0, capacity="", error=cannot_load)
     capacity = _capacity(forecasting, request["held_bytes"])
     shape = StepShape(**settings)
     try:
-        prediction, cannot = forecasting.predict(shape)
+        prediction, cannot = forecasting.predict(shape, request.get("longest_batch"))
     except Exception as error:  # an op of the workload's that fake tensors meet in a way torch does not name
         prediction, cannot = None, f"{type(error).__name__}: {error}"
     room = capacity.room(shape.world_size)
     if prediction is None:
-        return MemoryPredicted(step=step, settings=settings, change=request["change"], prediction=None,
-                               capacity_bytes=room, capacity=capacity.source, error=str(cannot), ratio=ratio)
+        return MemoryPredicted(**asked, prediction=None, capacity_bytes=room, capacity=capacity.source, error=str(cannot))
     peak = round(prediction.peak_bytes * (ratio or 1.0))
     verdict = "" if prediction.refused is not None else capacity.verdict(peak, shape.world_size)
-    return MemoryPredicted(step=step, settings=settings, change=request["change"], prediction=prediction,
-                           capacity_bytes=room, capacity=capacity.source, verdict=verdict, ratio=ratio)
+    return MemoryPredicted(**asked, prediction=prediction, capacity_bytes=room, capacity=capacity.source, verdict=verdict)
 
 
 def _capacity(forecasting: Any, held_bytes: int) -> Capacity:

@@ -22,7 +22,7 @@ from torchlab.core.engine.forecast.capacity import FITS_SHARE, Capacity
 from torchlab.core.records.config import TrainConfig
 from torchlab.core.records.starting_values import starting_configuration
 from torchlab.core.units import format_bytes
-from torchlab.core.wire.payloads import NOT_MODELLED, MemoryPrediction
+from torchlab.core.wire.payloads import FIRST_BATCH, NOT_MODELLED, MemoryPrediction
 
 
 @dataclass
@@ -65,10 +65,12 @@ class Forecasting:
     def candidates(self, gpus: int | None) -> list[tuple[str, StepShape]]:
         return candidate_shapes(self.configured, gpus, self.batch_per_rank)
 
-    def predict(self, shape: StepShape) -> tuple[MemoryPrediction | None, ForecastError | ConfigError | None]:
-        """The prediction, or why this candidate cannot be predicted (FSDP2 refusing a tied weight across blocks)."""
+    def predict(self, shape: StepShape, longest: list[list[int]] | None = None,
+                ) -> tuple[MemoryPrediction | None, ForecastError | ConfigError | None]:
+        """The prediction (with a live run's ``longest`` batch: ``MemoryForecast.predict``), or why this candidate
+        cannot be predicted (FSDP2 refusing a tied weight across blocks)."""
         try:
-            return self.forecast.predict(shape), None
+            return self.forecast.predict(shape, longest), None
         except (ForecastError, ConfigError) as cannot:
             return None, cannot
 
@@ -104,7 +106,7 @@ class Forecasting:
 
     def footnotes(self) -> str:
         """What the figures leave out, and how the model was built for them."""
-        notes = f"{NOT_MODELLED[0].upper()}{NOT_MODELLED[1:]}"
+        notes = f"{NOT_MODELLED[0].upper()}{NOT_MODELLED[1:]}; {FIRST_BATCH}"
         notes += "; on a CPU, the CPU's autocast stands in for CUDA's (plan on the GPU box for its own)." if (
             self.device.type == "cpu") else "."
         if self.weights_held is None:

@@ -16,8 +16,8 @@ every later one.
 
 What it does not model, said wherever a prediction is shown (``NOT_MODELLED``): the caching allocator's blocks and
 fragmentation (CUDA reserves more than the tensors hold), cuDNN/cuBLAS workspaces, NCCL's buffers, the CUDA
-context itself; a compiled model's own graphs (predicted as it runs eagerly); the batch is the one given (with
-data-dependent shapes, the longest seen is the one to predict with); and an op that fake tensors cannot run (one
+context itself; a compiled model's own graphs (predicted as it runs eagerly); a batch longer than the one given (the
+dataset's first samples, or a live run's longest so far: ``stretched``); and an op that fake tensors cannot run (one
 whose output depends on the data: ``nonzero``, ``.item()``) ends the prediction with ``ForecastError`` naming it.
 """
 
@@ -39,7 +39,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from torchlab.core.engine.activation_checkpointing import ActivationCheckpointing
 from torchlab.core.engine.adapters.loading import own_frame
-from torchlab.core.engine.batch_split import batch_samples, split_batch
+from torchlab.core.engine.batch_split import batch_samples, batch_tensors, split_batch
 from torchlab.core.engine.data import map_batch_tensors, move_to_device
 from torchlab.core.engine.forecast.fake_twin import fake_twin
 from torchlab.core.engine.forecast.step_shape import StepShape
@@ -78,20 +78,31 @@ class MemoryForecast:
                  device: torch.device, checkpoint_blocks: Sequence[str] | None) -> None:
         self.model, self.loss_of, self.make_optimizer, self.draw_batch = model, loss_of, make_optimizer, draw_batch
         self.device, self.checkpoint_blocks = device, checkpoint_blocks
-        self._predicted: dict[StepShape, MemoryPrediction] = {}
+        self._predicted: dict[tuple[StepShape, tuple], MemoryPrediction] = {}  # by the settings and the batch's shapes
+        self._batches: dict[int, Any] = {}  # the dataset's first samples, by how many
 
-    def predict(self, shape: StepShape) -> MemoryPrediction:
-        if shape not in self._predicted:
-            self._predicted[shape] = self._predict(shape)
-        return self._predicted[shape]
+    def predict(self, shape: StepShape, longest: Sequence[Sequence[int]] | None = None) -> MemoryPrediction:
+        """``shape``'s step, on a batch of the dataset's first samples, or where ``longest`` gives the shapes of the
+        run's longest batch so far (``longest_batch``), on one as long (``stretched``): with batches of varying
+        length, the longest is the one that must fit. Cached by the shapes of the batch it runs: a longest batch no
+        longer than the first samples' is answered at once."""
+        batch = stretched(self._drawn(shape.rank_batch), longest)
+        key = (shape, tuple(tuple(tensor.shape) for tensor in batch_tensors(batch)))
+        if key not in self._predicted:
+            self._predicted[key] = self._predict(shape, batch)
+        return self._predicted[key]
 
-    def _predict(self, shape: StepShape) -> MemoryPrediction:
+    def _drawn(self, size: int) -> Any:
+        if size not in self._batches:
+            self._batches[size] = self.draw_batch(size)
+        return self._batches[size]
+
+    def _predict(self, shape: StepShape, batch: Any) -> MemoryPrediction:
         started = time.perf_counter()
         try:
             precision = make_precision(shape.amp, self.device, _no_scaler(self.device), sharded=shape.sharded)
         except OptionChangeError as refusal:
             return _refused(shape, str(refusal), time.perf_counter() - started)
-        batch = self.draw_batch(shape.rank_batch)
         try:
             drawn = batch_samples(batch)
         except OptionChangeError:  # a batch of the user's own type: run whole, as training runs it at split 1
@@ -169,6 +180,26 @@ class MemoryForecast:
                 optimizer.zero_grad(set_to_none=True)
             most["parameters"], most["optimizer"] = probe.held_bytes(optimizer)
             return most, tracker.peak_by_category(self.device)
+
+
+def stretched(batch: Any, longest: Sequence[Sequence[int]] | None) -> Any:
+    """``batch`` with each tensor as long as the one in its place in ``longest`` (the shapes of the run's longest
+    batch): each dimension but the first (the samples: as many as drawn, the batch size predicted) the larger of the
+    two. As it is where the two do not pair up (another number of tensors, or of dimensions), and for a tensor of one
+    dimension (a label a sample). A longer tensor is made empty: only its fake twin runs, whose values are never read."""
+    if longest is None:
+        return batch
+    tensors = batch_tensors(batch)
+    if len(tensors) != len(longest):
+        return batch
+    longer: dict[int, torch.Tensor] = {}
+    for tensor, seen in zip(tensors, longest):
+        if tensor.dim() < 2 or tensor.dim() != len(seen):
+            continue
+        shape = (tensor.shape[0], *(max(drawn, size) for drawn, size in zip(tensor.shape[1:], seen[1:])))
+        if shape != tuple(tensor.shape):
+            longer[id(tensor)] = torch.empty(shape, dtype=tensor.dtype)
+    return map_batch_tensors(batch, lambda tensor: longer.get(id(tensor), tensor)) if longer else batch
 
 
 def _stepping_as_the_run_would(optimizer: torch.optim.Optimizer, device: torch.device) -> torch.optim.Optimizer:

@@ -170,8 +170,9 @@ class MemoryProbe:
                 hook.remove()
 
     def breakdown(self, step: int, saved: SavedTensorCount, gradients_bytes: int, optimizer: torch.optim.Optimizer,
-                  device: torch.device) -> MemoryBreakdown:
-        """The step's figures, once its optimizer step is taken (its state exists from the first)."""
+                  device: torch.device, longest_batch: bool) -> MemoryBreakdown:
+        """The step's figures, once its optimizer step is taken (its state exists from the first); ``longest_batch``:
+        measured on a batch as long as the longest the run has taken (``MemoryBreakdown.longest_batch``)."""
         parameters_bytes, optimizer_bytes = self.held_bytes(optimizer)
         return MemoryBreakdown(
             step=step,
@@ -182,6 +183,7 @@ class MemoryProbe:
             gathered_bytes=self.gathered_at_once(saved.gathered_by_unit),
             allocator_peak_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
             by_module=[ModuleBytes(name, size) for name, size in sorted(saved.by_module.items(), key=lambda item: -item[1])],
+            longest_batch=longest_batch,
         )
 
     def gathered_at_once(self, by_unit: dict[str, int]) -> int:

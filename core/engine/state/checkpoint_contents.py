@@ -321,6 +321,13 @@ def _data(value: Any, where: str, expected: str) -> None:
     value = _mapping(value, where, expected)
     _count(value.get("epoch", _MISSING), f"{where}.epoch")
     _count(value.get("samples", _MISSING), f"{where}.samples")
+    if "longest_batch" in value:  # the longest batch taken before it (measure/longest_batch.py)
+        longest = _mapping(value["longest_batch"], f"{where}.longest_batch", "the longest batch's elements and shapes")
+        _count(longest.get("elements", _MISSING), f"{where}.longest_batch.elements")
+        shapes = longest.get("shapes", _MISSING)
+        if not isinstance(shapes, list) or not all(
+                isinstance(shape, list) and all(isinstance(size, int) and size >= 0 for size in shape) for shape in shapes):
+            raise _NotWritten(f"{where}.longest_batch.shapes", shapes, "a list of shapes (lists of whole numbers)")
 
 
 def _spike_guard(value: Any, where: str, expected: str) -> None:
@@ -376,7 +383,7 @@ _PARTS: dict[str, tuple[Callable[[Any, str, str], None], str]] = {
     "scheduler": (_scheduler, "the LR scheduler's state_dict"),
     "grad_scaler": (_grad_scaler, "the GradScaler's state_dict, or nothing"),
     "rng": (_rng, "the random number generators' states (python, torch, numpy, cuda)"),
-    "data": (_data, "the data position (epoch and samples)"),
+    "data": (_data, "the data position (epoch and samples) and the longest batch taken"),
     "options": (_options, "the live options by name"),
     "config": (_text, "the run's configuration as TOML text"),
     "scripted_through": (_count, "a whole number from 0"),

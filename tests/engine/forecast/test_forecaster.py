@@ -20,7 +20,7 @@ from torchlab.core.engine.forecast.forecasting import Forecasting
 from torchlab.core.engine.forecast.step_shape import StepShape
 from torchlab.core.options import MEMORY_SHAPING, LiveOptions
 from torchlab.core.records.config import build_config
-from torchlab.core.wire.events import TENSORS, MemoryPredicted, PredictionChecked, RunStarted
+from torchlab.core.wire.events import TENSORS, LongestBatch, MemoryPredicted, PredictionChecked, RunStarted
 from torchlab.core.wire.payloads import MemoryBreakdown
 from torchlab.core.wire.protocol import OptionApplied
 
@@ -106,6 +106,40 @@ def test_the_forecaster_predicts_in_its_own_process_what_plan_predicts_each_sett
     assert corrected[0].corrected_peak_bytes == round(bf16.peak_bytes * check.ratio)
     forecaster.close()
     assert not alive(pid)
+
+
+def test_with_batches_of_varying_length_every_setting_is_predicted_with_the_longest_batch_the_run_has_taken(tmp_path):
+    """The dataset's first samples are its shortest (4 tokens), the run's batches up to 64: the questions asked before
+    the run's longest batch was known are dropped as they come back, each setting is asked again with it, and a
+    memory step checks a prediction only where it was measured on a batch as long."""
+    config = build_config({}, {"workload": f"{WORKLOADS / 'tiny.py'}:varying_lengths", "forecast_priority": LOW})
+    answers = Answers()
+    forecaster = Forecaster(config, set(), tmp_path, answers, gpus=lambda: None)
+    forecaster.observe(dataclasses.replace(run_started(LiveOptions()), batch_size=8))
+    forecaster.start()  # asked with the dataset's first samples: the forecaster is still loading torch
+    forecaster.observe(LongestBatch(step=1, shapes=[[8, 61], [8]], elements=496))
+    asked = worth_asking(LiveOptions(), 8, True, None)
+    first = answers.wait_for(len(asked))
+    assert [event.change for event in first] == [change for change, _ in asked]  # each once: none of the dropped
+    assert {event.longest_batch_elements for event in first} == {496}
+    forecaster.observe(LongestBatch(step=3, shapes=[[8, 64], [8]], elements=520, previous_elements=496))
+    forecaster.observe(LongestBatch(step=3, shapes=[[8, 60], [8]], elements=488))  # no longer (a replayed record)
+    longer = answers.wait_for(2 * len(asked))[len(asked):]
+    assert {event.longest_batch_elements for event in longer} == {520}
+    in_force = longer[0].prediction
+    assert in_force.activations_bytes > first[0].prediction.activations_bytes
+    here = Forecasting.load(config, set()).predict(asked[0][1], [[8, 64], [8]])[0]
+    assert in_force == dataclasses.replace(here, seconds=in_force.seconds)
+
+    shorter = MemoryBreakdown(step=0, parameters_bytes=in_force.total_bytes // 2, gradients_bytes=0, optimizer_bytes=0,
+                              activations_bytes=0, allocator_peak_bytes=None, by_module=[], longest_batch=False)
+    for step in (4, 5, 6):  # measured on shorter batches: no check, which would read them as the forecast's error
+        forecaster.observe_row(metrics_row(step, memory=dataclasses.replace(shorter, step=step)))
+    assert not [event for event in answers.events if isinstance(event, PredictionChecked)]
+    forecaster.observe_row(metrics_row(7, memory=dataclasses.replace(shorter, step=7, longest_batch=True)))
+    [check] = [event for event in answers.events if isinstance(event, PredictionChecked)]
+    assert check.step == 7 and check.predicted_bytes == in_force.total_bytes
+    forecaster.close()
 
 
 def test_a_workload_the_forecaster_cannot_load_is_said_for_each_setting_and_the_run_goes_on(tmp_path):

@@ -21,6 +21,7 @@ from torchlab.core.records.config import build_config
 
 RESIDUAL_CNN = f"{WORKLOADS / 'tiny.py'}:residual_cnn"  # BatchNorm in its blocks
 TIED_BATCHNORM = f"{WORKLOADS / 'tied_batchnorm.py'}:workload"  # an embedding tied to the head, BatchNorm1d
+VARYING = f"{WORKLOADS / 'tiny.py'}:varying_lengths"  # text padded per batch, the dataset's first samples its shortest
 
 
 def forecast_of(spec: str, on_meta: bool = False):
@@ -176,3 +177,24 @@ def test_the_candidates_are_each_change_once_and_the_least_memory_last():
                        "world_size=4, parallel=ddp", "world_size=4, parallel=fsdp",
                        "checkpointing=on, world_size=4, parallel=fsdp"]
     assert len({shape for _, shape in listed}) == len(listed)
+
+
+def test_a_prediction_with_the_longest_batchs_shapes_is_what_a_step_on_it_measures():
+    """The forecast's batch is the dataset's first samples (4 tokens each here); with the shapes of the run's longest
+    batch it is stretched to them, and its kinds are what the trainer measured on a step of that batch."""
+    trainer, seen = make_trainer(VARYING, steps=24, memory_every=1)
+    trainer.run()
+    longest = seen.of("longest_batch")[-1]
+    measured = next(row.memory for row in reversed(seen.metrics) if row.memory.longest_batch)
+    _, forecast = forecast_of(VARYING, on_meta=True)
+    shape = StepShape(batch_size=trainer.parts.batch_size)
+    first_samples = forecast.predict(shape)
+    predicted = forecast.predict(shape, longest["shapes"])
+    assert predicted.activations_bytes > 4 * first_samples.activations_bytes
+    for kind in KINDS:
+        assert getattr(predicted, f"{kind}_bytes") == pytest.approx(getattr(measured, f"{kind}_bytes"), rel=0.02, abs=64), kind
+    doubled = forecast.predict(StepShape(batch_size=2 * trainer.parts.batch_size), longest["shapes"])
+    assert doubled.activations_bytes == pytest.approx(2 * predicted.activations_bytes, rel=0.02)  # samples as asked
+    assert forecast.predict(shape, [[8, 4], [8]]) is first_samples  # no longer than the first samples: the same answer
+    assert forecast.predict(shape, [[8, 4, 1]]) is first_samples  # another batch's tensors: the batch as drawn
+
