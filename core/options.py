@@ -437,6 +437,10 @@ PIN_MEMORY = Switch(
 )
 
 #: Every live option, in the order the app and the command line list them.
+#: The app's key that trials a change (a few steps with it on the same batches, then undone): the option keys above
+#: and the words that point to a trial (core/analysis/bottleneck.py) name it from here.
+TRIAL_KEY = "T"
+
 LIVE_OPTIONS: tuple[LiveOption, ...] = (AMP, CHECKPOINTING, COMPILE, CLIP, ACCUM, SPLIT, OOM_RESCUE, SPIKE_GUARD, LR_SCALE,
                                          WORKERS, PIN_MEMORY, WORLD_SIZE, PARALLEL, STEPS)
 #: The source of the ``set`` a resumed process gives itself for an option its checkpoint had on but cannot hold

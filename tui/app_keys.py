@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from textual.binding import Binding
 from textual.screen import Screen
 
-from torchlab.core.options import LIVE_OPTIONS
+from torchlab.core.options import LIVE_OPTIONS, TRIAL_KEY
 from torchlab.core.wire.protocol import DEFAULT_PROFILE_STEPS
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ KEY_ACTIONS = (
     KeyAction("i", "impact", "Impact", "Impact table: what each option change cost or saved (there b or s: a baseline; T: try a row)",
               show=False),
     KeyAction("t", "system", "System", "System: every GPU, host CPU/RAM, trainer memory and its history", show=False),
-    KeyAction("T", "try_option", "Trial", "Trial: try an option for a few steps on the same batches, then undo it", show=False),
+    KeyAction(TRIAL_KEY, "try_option", "Trial", "Trial: try an option for a few steps on the same batches, then undo it", show=False),
     KeyAction("f", "next_chart", "Chart", "Chart: samples/s or one of the workload's own metrics, in turn", show=False),
     KeyAction("F", "what_fits", "Fits", "What fits: the memory each setting would take, predicted before it is paid for",
               show=False),

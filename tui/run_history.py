@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchlab.core.analysis.bottleneck import BottleneckWatch, Verdict
 from torchlab.core.errors import ConfigError, printable
 from torchlab.core.records.config import settings_as_used, settings_from_toml
 from torchlab.core.records.option_history import option_history
@@ -52,6 +53,8 @@ class RunHistory:
     #: the newest rows that measured per-module figures (``grad_norms``), oldest first, as many as ``load`` was asked
     #: to keep: the heatmap's earlier columns, for the app (``journal_history``)
     measured: list[MetricsRow] = field(default_factory=list)
+    #: where the time of its last steps went, under the settings it ended with (core/analysis/bottleneck.py)
+    bottleneck: Verdict | None = None
 
     @property
     def name(self) -> str:
@@ -73,8 +76,10 @@ class RunHistory:
         history = cls(path)
         points: dict[str, tuple[list[float], list[float], list[float]]] = {}
         kept: deque[MetricsRow] = deque(maxlen=measured)
+        watch = BottleneckWatch()
         try:
             for row in metrics_rows(metrics):
+                watch.add(row)
                 if row.spike is not None:
                     history.spikes.append(row.step)
                 if measured and row.grad_norms:
@@ -95,6 +100,7 @@ class RunHistory:
             timed = [(t, v) for t, v in zip(times, values) if not math.isnan(t)]
             history.by_time[key] = _series([t for t, _ in timed], [v for _, v in timed])
         history.measured = list(kept)
+        history.bottleneck = watch.current
         history.settings = _settings(path / "config.toml")
         history.changed_at, history.changes = _option_changes(path / "events.jsonl")
         return history
@@ -121,6 +127,8 @@ def figure_name(key: str) -> str:
     if key in FIGURES:
         return FIGURES[key]
     kind, _, name = key.partition(".")
+    if kind == "phases":
+        return f"{name} ms/step"
     return validation_label(name) if kind == "val_metrics" else name
 
 
@@ -168,6 +176,10 @@ def _figures(row: MetricsRow) -> Iterator[tuple[str, float]]:
     for key, value in (("loss", row.loss if row.spike not in HELD_BACK else None), ("val_loss", row.val_loss), ("lr", row.lr), ("samples_per_s", row.samples_per_s)):
         if _number(value):
             yield key, float(value)
+    if row.phases is not None:  # each phase's mean time a step, in ms (the probes' own left out)
+        for phase, seconds in row.phases.seconds().items():
+            if phase != "probes" and _number(seconds):
+                yield f"phases.{phase}", seconds * 1000
     for kind, figures in (("metrics", row.metrics), ("val_metrics", row.val_metrics)):
         for name, value in (figures or {}).items():
             if _number(value):

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from torchlab.core.analysis.bottleneck import BottleneckWatch
 from torchlab.core.wire import protocol
 from torchlab.core.wire.events import HELD_BACK, LET_THROUGH, SpikeGuarded, describe
 from torchlab.core.wire.metric_names import training_key
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 STEP, LOSS, LR, SAMPLES_PER_S, STEP_TIME, VAL_LOSS = map(column, ("step", "loss", "lr", "samples_per_s", "step_time_s",
                                                                  "val_loss"))
 SKIPPED, SPIKE, LRS, METRICS, VAL_METRICS = map(column, ("skipped", "spike", "lrs", "metrics", "val_metrics"))
+PHASES = column("phases")
 
 #: The most LR groups and workload metrics kept as series (each is a chart line); names cut to this many characters.
 MAX_NAMED_SERIES = 32
@@ -100,6 +102,8 @@ class MetricsFolding:
         self.history_wanted: str | None = None
         #: the step the run stood at when this app connected: the journals' steps after it the trainer reports
         self._history_until = 0
+        #: where the time of the last measured steps went, and its verdict (core/analysis/bottleneck.py)
+        self.bottleneck = BottleneckWatch()
         self._init_gradient_norms()
 
     def _init_gradient_norms(self) -> None:
@@ -216,6 +220,7 @@ class MetricsFolding:
         self._extend_series(steps, columns)
         self._take_step_times(columns.get(STEP_TIME))
         self._log_skipped_steps(steps, columns.get(SKIPPED))
+        self._take_phases(columns)
         try:
             self._take_last_row(protocol.Metrics(columns=columns).row(-1))
         except UnreadableValue as error:
@@ -293,6 +298,23 @@ class MetricsFolding:
         for step, was_skipped in zip(steps, skipped):
             if was_skipped is True:
                 self.log(EntryLevel.WARNING, "optimizer step skipped (fp16 overflow: the scaler lowered its scale)", step)
+
+    def _take_phases(self, columns: dict[str, list]) -> None:
+        """The rows that carry phases (the probe's: a few in a batch), into the bottleneck's window; its verdict said
+        where its kind, or the settings, changed."""
+        phases = columns.get(PHASES)
+        if phases is None:
+            return
+        batch = protocol.Metrics(columns=columns)
+        for index in [index for index, value in enumerate(phases) if value is not None]:
+            try:
+                found = self.bottleneck.add(batch.row(index))
+            except UnreadableValue as error:
+                self.log(EntryLevel.WARNING, f"ignored a row's phases: {error}", self.step)
+                continue
+            if found is not None:
+                self.log(EntryLevel.WARNING if found.kind != "compute" else EntryLevel.INFO, found.text,
+                         batch.row(index).step)
 
     def _take_last_row(self, row: MetricsRow) -> None:
         """The newest row: the run's clock, and the options in force, which catch changes no acknowledgement told

@@ -168,8 +168,10 @@ class BatchStream:
         self.last_batch: Any = None
         #: Where each recent batch began, (epoch, samples into it): the spike guard names a batch's samples by it.
         self.taken_at: deque[tuple[int, int]] = deque(maxlen=4096)
-        #: Seconds ``next_batch`` made its caller wait since ``take_wait`` was last called.
+        #: Seconds ``next_batch`` made its caller wait since ``take_wait`` was last called, and of them the copies
+        #: of batches to the device (``take_copy``).
         self._waited_s = 0.0
+        self._copied_s = 0.0
         #: The longest batch taken (what the run's memory forecast predicts with), and which recent ones were as long.
         self.lengths = LongestBatch()
 
@@ -241,6 +243,11 @@ class BatchStream:
         waited, self._waited_s = self._waited_s, 0.0
         return waited
 
+    def take_copy(self) -> float:
+        """The seconds of that wait that copied batches to the device, since the last call."""
+        copied, self._copied_s = self._copied_s, 0.0
+        return copied
+
     def peek_batch(self) -> Any:
         """The batch at the position, on the device, without moving past it: ``next_batch`` returns it. Its fetch is
         the caller's wait for data, as ``next_batch``'s is."""
@@ -306,7 +313,10 @@ class BatchStream:
             self.position = DataPosition(self.position.epoch + 1, 0)
             self._iterator = self._open_epoch()
             batch = next(self._iterator)
-        return move_to_device(batch, self.device)
+        started = time.perf_counter()
+        batch = move_to_device(batch, self.device)
+        self._copied_s += time.perf_counter() - started
+        return batch
 
     def _open_epoch(self) -> Iterator:
         epoch, start = self.position.epoch, self.position.samples

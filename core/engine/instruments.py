@@ -29,9 +29,10 @@ from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.engine.measure.profiler import Profiling
 from torchlab.core.engine.measure.probes import ActivationStatsProbe, GradNormProbe, GradNorms, ProbeCadence
 from torchlab.core.engine.measure.step_report import HostTransfer, HostValues, StepReport, Update, stats_by_module
+from torchlab.core.engine.measure.step_phases import PhaseClock, PhaseTotals, times_phases
 from torchlab.core.engine.measure.update_probe import UpdateFigures, UpdateProbe
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.payloads import MemoryBreakdown
+from torchlab.core.wire.payloads import MemoryBreakdown, StepPhases
 from torchlab.core.units import format_bytes
 
 _NOTHING = contextlib.nullcontext()
@@ -92,6 +93,9 @@ class Instruments:
         self.activation_probe = ActivationStatsProbe(model, self.grad_probe.module_names)
         self.memory_probe = MemoryProbe(model, parts.model.checkpointing.wrapped_blocks, parts.config.reshard_after_forward)
         self.memory_cadence = MemoryCadence(parts.config.memory_every)
+        #: training's steps by phase since the last row that carried them; None where the host's clock would not
+        #: time the work (CUDA), or on a rank that does not report
+        self.phase_totals = PhaseTotals() if times_phases(parts.device) and parts.world.reports else None
         self.next_step = NextStep()  # with ranks: set at each boundary, from rank 0's decisions
         self.figures_gathered_at = -math.inf  # with ranks: when a report last gathered each rank's figures
         self.last_memory: MemoryBreakdown | None = None  # training's last step measured by kind
@@ -184,8 +188,15 @@ class StepWatch:
         self._probe_s = 0.0  # what the probes took on the training thread: the cadence follows it
         self._not_the_steps_s = 0.0  # inside its clock, but not its own work (``outside_the_step``)
         self._taken_before = instruments.parts.data.lengths.taken  # the step's first batch is the next taken
+        #: where its time goes: training's steps, where the host's clock times the work (step_phases.py)
+        self.clock = PhaseClock() if plan.training and instruments.phase_totals is not None else None
         if plan.activations:
             instruments.activation_probe.attach()  # hooks only on sampled steps: on every step they cost ~35 %
+
+    def phase(self, name: str) -> ContextManager:
+        """Around a phase of the step (``forward``, ``backward``, ``optimizer``, ``communication``): timed on a step
+        whose phases are measured (``PhaseClock``), else nothing."""
+        return getattr(self.clock, name) if self.clock is not None else _NOTHING
 
     def forward(self) -> ContextManager:
         """Around a micro-batch's forward: on a memory step, the first one's tensors saved for backward are
@@ -233,7 +244,8 @@ class StepWatch:
         instruments, plan = self.instruments, self.plan
         if (not plan.probe or not plan.training or instruments.updates_off
                 or not (instruments.parts.world.reports or instruments.grad_probe.sharded)):
-            return update()
+            with self.phase("optimizer"):
+                return update()
         started = time.perf_counter()
         try:
             before = instruments.update_probe.before_update()
@@ -244,7 +256,8 @@ class StepWatch:
         if before is None:  # out of the except: the partial copy is gone with its frames
             instruments.turn_updates_off(self.step)
         self._probe_s += time.perf_counter() - started
-        stepped = update()
+        with self.phase("optimizer"):
+            stepped = update()
         if before is not None and stepped:
             started = time.perf_counter()
             instruments.update_in_flight = instruments.update_probe.after_update(
@@ -268,6 +281,16 @@ class StepWatch:
             in_flight.values = host.vector("update")
         return host
 
+    def _phases(self, step_time: float, data_wait: float, copy: float, compiling: bool, plan: StepPlan) -> StepPhases | None:
+        """This step's phases added to training's (not a step that compiled: its forward is the compile's), and
+        their means since the last, on a row of the probe's."""
+        totals = self.instruments.phase_totals
+        if self.clock is None or totals is None:
+            return None
+        if not compiling:
+            totals.add(self.clock.seconds(step_time, data_wait, copy, self._probe_s))
+        return totals.take() if plan.probe and plan.report else None
+
     def finish(self, host: HostValues, update: Update) -> StepReport:
         """The step as the host sees it, once its optimizer step is taken (the optimizer's state, counted on a
         memory step, exists from the first). Its time is the step's own: reporting it is not part of it."""
@@ -288,6 +311,8 @@ class StepWatch:
         # torch.compile compiled again in this step (a guard failed): its time is compile time, not training's.
         compiling = self._graphs is not None and compiled_graphs() != self._graphs
         grad_norms, act_stats, metrics = host.vector("grad_norms"), host.vector("act_stats"), host.vector("metrics")
+        data_wait, copy = parts.data.take_wait(), parts.data.take_copy()
+        phases = self._phases(step_time, data_wait, copy, compiling, plan)
         lr_groups, metric_names = parts.lr_groups, parts.loss.metric_names.names
         return StepReport(
             step=self.step,
@@ -300,7 +325,8 @@ class StepWatch:
             grad_norms=_named(instruments.grad_probe.module_names, grad_norms),
             act_stats=stats_by_module(instruments.activation_probe.module_names, act_stats) if act_stats is not None else None,
             step_time_s=step_time,
-            data_wait_s=parts.data.take_wait(),
+            data_wait_s=data_wait,
+            phases=phases,
             memory=memory,
             metrics=_named(metric_names, metrics),
             lrs=_named(lr_groups, update.lrs_used),

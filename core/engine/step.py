@@ -64,7 +64,8 @@ class OptimizerStep:
         parts.precisions.current.unscale_(parts.optimization.optimizer)
         loss, mean_metrics = mean_of_micro_batches(losses, metrics)
         if parts.world.collectives is not None:  # every rank sees the same loss, and stops on the same NaN
-            loss, mean_metrics = parts.world.collectives.mean_loss(loss, mean_metrics)
+            with watch.phase("communication"):
+                loss, mean_metrics = parts.world.collectives.mean_loss(loss, mean_metrics)
         norms = watch.gradients(clipping=parts.options.clip is not None or self.guard.on)
         host = watch.to_host(loss, norms, mean_metrics)
         if plan.training:
@@ -90,9 +91,10 @@ class OptimizerStep:
         if clip is not None and norms is not None:
             clip_by_total_norm(norms, clip, total_norm)
         self.guard.before_update()
-        update.stepped = watch.measured_update(lambda: precision.step(optimizer))
-        optimizer.zero_grad(set_to_none=True)
-        parts.optimization.step_schedule(parts.optimization.per_epoch and parts.data.finished_epoch())
+        update.stepped = watch.measured_update(lambda: precision.step(optimizer))  # its phase timed inside
+        with watch.phase("optimizer"):
+            optimizer.zero_grad(set_to_none=True)
+            parts.optimization.step_schedule(parts.optimization.per_epoch and parts.data.finished_epoch())
         if spike is not None:  # let through: the guard is off (a notice), or a new level
             self.guard.report(spike)
             update.spike = spike.action
@@ -124,9 +126,10 @@ class OptimizerStep:
                 weight = weights[micro][index] if weights is not None else share
                 as_is = weights is None and share == 1  # the batch itself, uncut: its loss as it is
                 with parts.model.gradient_sync(micro == accum - 1 and index == len(pieces) - 1):
-                    with watch.forward(), precision.autocast():
+                    with watch.forward(), watch.phase("forward"), precision.autocast():
                         loss, metric_values = parts.loss(model, piece, step)
-                    precision.backward(loss if as_is and accum == 1 else loss * (weight / accum))
+                    with watch.phase("backward"):
+                        precision.backward(loss if as_is and accum == 1 else loss * (weight / accum))
                 weighted = loss.detach() if as_is else loss.detach().float() * weight
                 weighted_metrics = metric_values if as_is or metric_values is None else metric_values * weight
                 if index == 0:

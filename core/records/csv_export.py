@@ -4,7 +4,7 @@ Nested values become dotted columns: ``lrs.head``, ``metrics.accuracy``, ``grad_
 ``memory.activations_bytes``, ``memory.by_module.blocks.0.attn`` (the module's activation bytes: the list is
 ranked by size, so a column per place in it would name another module from row to row),
 ``act_stats.<module>.mean``/``.std``/``.max_abs``, ``update_ratios.<module>``, ``weight_norms.<module>``,
-``adam.<module>.m``/``.sqrt_v``, ``ranks.1.step_time_s``. The
+``adam.<module>.m``/``.sqrt_v``, ``ranks.1.step_time_s``, ``phases.data_s`` (each phase of a step's time). The
 columns are every key any row has, in the order they first appear; a row without one leaves it empty.
 
 A cell a spreadsheet would evaluate is escaped by OWASP's rule ("CSV Injection"): text that begins with

@@ -30,12 +30,12 @@ from __future__ import annotations
 import math
 import typing
 from operator import attrgetter
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass
 from typing import Any
 
 from torchlab.core.errors import shown
 from torchlab.core.options import OPTION_NAMES, LiveOptions
-from torchlab.core.wire.payloads import MemoryBreakdown, RankFigures
+from torchlab.core.wire.payloads import MemoryBreakdown, RankFigures, StepPhases
 from torchlab.core.wire.strict_json import MAX_INT
 from torchlab.core.wire.typed_json import JsonScalar, UnreadableValue, accepted_types, read_value
 
@@ -84,6 +84,9 @@ class MetricsRow:
     update_ratios: dict[str, float | None] | None = None
     weight_norms: dict[str, float | None] | None = None
     adam: dict[str, list[float | None]] | None = None
+    #: on steps the probe measured, where the host's clock times the work: where the step's time went
+    #: (core/engine/measure/step_phases.py)
+    phases: StepPhases | None = None
 
     def json_object(self) -> dict[str, Any]:
         """The row as its line of ``metrics.jsonl`` holds it (key for key, in order; strict_json writes it). Read
@@ -196,6 +199,12 @@ def columns_of(rows: list[MetricsRow], leave_out: tuple[str, ...] = ()) -> dict[
         if default is MISSING:
             columns[name] = values
         elif any(value is not default for value in values):
-            columns[name] = [None if value is default else value for value in values]
+            columns[name] = [None if value is default else _json_value(value) for value in values]
     return columns
+
+
+def _json_value(value: Any) -> Any:
+    """A row's value as its line holds it: a payload (``phases``) as the object of its fields, so that a batch
+    is the same values before and after it travels (the others are JSON values already)."""
+    return asdict(value) if is_dataclass(value) else value
 _READ = _fields_read()

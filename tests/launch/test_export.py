@@ -21,6 +21,7 @@ from trainers import TINY, WORKLOADS
 from torchlab.core.engine.measure.tensorboard import TRACE_NAME
 from torchlab.core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from torchlab.core.launch.cli import main
+from torchlab.core.wire.payloads import PHASES
 from torchlab.tui.run_history import RunHistory
 
 OWN = WORKLOADS / "own_training.py"
@@ -73,6 +74,9 @@ def test_export_writes_every_row_and_a_flat_csv(trained, capsys):
     assert {"lrs.body", "lrs.head", "metrics.accuracy", "val_metrics.accuracy", "grad_norms.head", "clip",
             "update_ratios.head", "weight_norms.body.0"} <= set(rows[0])
     assert steps_of(exported, "update_ratio/head") == [int(row["step"]) for row in rows if row["update_ratios.head"]]
+    timed = [int(row["step"]) for row in rows if row["phases.data_s"]]  # where the step's time went, on the probe's rows
+    assert timed and steps_of(exported, "time/forward_s") == timed == [int(row["step"]) for row in rows if row["update_ratios.head"]]
+    assert {f"phases.{phase}_s" for phase in PHASES} <= set(rows[0])
     assert rows[7]["val_metrics.accuracy"] != "" and rows[6]["val_metrics.accuracy"] == ""
     assert float(rows[-1]["metrics.accuracy"]) > 0.5
     assert "24 rows" in capsys.readouterr().err

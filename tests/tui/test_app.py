@@ -597,6 +597,8 @@ async def test_help_screen_and_command_palette_list_every_action(app: TorchlabAp
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
+        legend = str(app.screen.query_one("#help-phases").render())  # the stats line's bar of where the time goes
+        assert all(f"█ {phase}" in legend for phase in ("data", "copy", "forward", "backward", "optimizer", "other"))
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
         titles = " ".join(command.title for command in app.get_system_commands(app.screen))

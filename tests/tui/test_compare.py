@@ -16,13 +16,15 @@ from metrics_rows import metrics_row
 from torchlab.core.launch.compare import CompareApp, main
 from torchlab.core.records.config import build_config
 from torchlab.core.wire import strict_json
-from torchlab.tui.run_history import RunHistory, differences
-from torchlab.tui.screens.compare_screen import fold
+from torchlab.tui.run_history import RunHistory, differences, figure_name
+from torchlab.core.wire.payloads import StepPhases
+from torchlab.tui.screens.compare_screen import fold, table_rows
 from torchlab.tui.widgets.line_chart import LineChart, marker
 
 
 def write_run(root: Path, name: str, *, lr: float, clip_at: int | None = None, steps: int = 120,
-              workload: str = "tiny_gpt") -> Path:
+              workload: str = "tiny_gpt", data_ms: float | None = None) -> Path:
+    """``data_ms``: each 5th row carries the phases of the 5 steps before it, waiting that long for data."""
     run = root / name
     run.mkdir(parents=True)
     settings = {"workload": workload, "steps": steps, "lr": lr, "options": {}, "at": [f"{clip_at}:clip=0.5"] if clip_at else []}
@@ -32,7 +34,9 @@ def write_run(root: Path, name: str, *, lr: float, clip_at: int | None = None, s
         loss, accuracy = 4 * math.exp(-step * lr * 20) + 1, 1 - math.exp(-step * lr * 20)
         evaluated = {"val_loss": loss + 0.1, "val_metrics": {"accuracy": accuracy - 0.05}} if step % 40 == 0 else {}
         row = metrics_row(step, elapsed_s=step * (0.05 if clip_at is None else 0.06), loss=loss, lr=lr, samples_per_s=640.0,
-                          metrics={"accuracy": accuracy}, **evaluated)
+                          metrics={"accuracy": accuracy}, **evaluated,
+                          phases=StepPhases(data_ms / 1000, 0, 0.01, 0.02, 0.002, 0, 0, 0.001, steps=5)
+                          if data_ms is not None and step % 5 == 0 else None)
         rows.append(strict_json.dumps(row.json_object()))
     (run / "metrics.jsonl").write_text("\n".join(rows) + "\n")
     events = [{"event": "run_started", "step": 0}]
@@ -55,6 +59,15 @@ def test_a_run_is_read_from_its_files_with_its_settings_changes_and_figures(runs
     assert {"metrics.accuracy", "val_metrics.accuracy"} <= set(first.figures())
     assert len(first.by_step["loss"]) == 120 and len(first.by_step["val_loss"]) == 3
     assert differences([first, second]) == [("lr", ["0.001", "0.003"]), ("at", ["—", "[60:clip=0.5]"])]
+
+
+def test_where_each_runs_time_went_is_a_row_of_the_table_and_each_phase_a_figure(tmp_path):
+    slow = RunHistory.load(write_run(tmp_path, "20261123-090000-tiny_gpt", lr=0.001, data_ms=30))
+    fast = RunHistory.load(write_run(tmp_path, "20261123-100000-tiny_gpt", lr=0.001, data_ms=1))
+    assert {"phases.data", "phases.forward", "phases.other"} <= set(slow.figures()) and "phases.probes" not in slow.figures()
+    assert slow.by_step["phases.data"].ys[-1] == pytest.approx(30) and figure_name("phases.data") == "data ms/step"
+    [(label, texts)] = [row for row in table_rows([slow, fast]) if row[0] == "time went"]
+    assert texts[0].startswith("input-bound: 48 % of each step waits for data") and texts[1].startswith("compute: ")
 
 
 @pytest.mark.asyncio

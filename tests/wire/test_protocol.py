@@ -70,7 +70,9 @@ EXAMPLES = [
               options={"amp": "off", "clip": None}, state="running", step=12),
     p.Replayed(events=16),
     p.State(state="paused", step=3, detail="from the app"),
-    p.Metrics.from_rows([metrics_row(1, loss=2.5), metrics_row(2, loss=2.4, val_loss=2.6)]),
+    p.Metrics.from_rows([metrics_row(1, loss=2.5), metrics_row(2, loss=2.4, val_loss=2.6, phases=payloads.StepPhases(
+        data_s=0.021, copy_s=0.0001, forward_s=0.011, backward_s=0.016, optimizer_s=0.001, communication_s=0.0,
+        probes_s=0.0002, other_s=0.0005, steps=5))]),
     p.GradNorms(step=4, norms=[0.5, None, 1.25], total=1.4),
     p.TrialCommand(option="amp", value="bf16", steps=20, source="app"),
     p.TrialResult(step=40, option="amp", value="bf16", steps=20, source="app", arms=[
@@ -240,6 +242,9 @@ def payloads_in(value: Any) -> list[Any]:
     """Every payload object inside ``value`` (a message, a payload, a list), depth first."""
     if isinstance(value, list):
         return [found for item in value for found in payloads_in(item)]
+    if isinstance(value, p.Metrics):  # its rows' payloads (``phases``) travel in its columns, as the objects of their fields
+        return [found for row in value.rows for spec in dataclasses.fields(row) if spec.name != "options"
+                for found in payloads_in(getattr(row, spec.name))]
     if not dataclasses.is_dataclass(value):
         return []
     inner = [found for spec in dataclasses.fields(value) for found in payloads_in(getattr(value, spec.name))]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import time
 
 import torch
 from torch import nn
@@ -632,3 +633,37 @@ def varying_lengths() -> Workload:
     memory a step takes (the memory forecast's longest batch)."""
     return Workload(model=_Tagger(), dataset=_Sentences(), collate_fn=_padded, loss_fn=_tagging_loss, batch_size=8,
                     checkpoint_blocks=["body.0", "body.1"])
+
+
+def _collate_slowly(samples):
+    """The default collate, after 20 ms: a loader that reads each batch from a slow disk."""
+    time.sleep(0.020)
+    return torch.utils.data.default_collate(samples)
+
+
+class _SleepingBackward(torch.autograd.Function):
+    """The identity, whose backward takes 15 ms: a known share of a step's backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(0.015)
+        return grad
+
+
+class _SlowBothWays(nn.Module):
+    """10 ms more in forward, 15 ms more in backward: each phase of a step that runs it is known."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.010)
+        return _SleepingBackward.apply(x)
+
+
+def slow_loader() -> Workload:
+    """Each batch takes its loader 20 ms, each forward 10 ms and each backward 15 ms: an input-bound step. An epoch of
+    128 batches: a loader's workers start again at each (their start is the data phase's too)."""
+    return Workload(model=TinyNet(extra=_SlowBothWays()), dataset=_regression_data(2048), loss_fn=mse_loss, batch_size=16,
+                    collate_fn=_collate_slowly)

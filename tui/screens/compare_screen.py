@@ -1,5 +1,6 @@
 """Runs compared: one figure of every run on one chart (loss, val loss, LR, samples/s, the workload's own
-metrics; against step or training time), the settings that differ between them, and each run's option changes.
+metrics, each phase's time a step; against step or training time), the settings that differ between them, where
+each run's time went, and each run's option changes.
 
 Opened by ``torchlab-tui compare RUN_A RUN_B ...`` (core/launch/compare.py) or, in the app, from the command
 palette against an earlier run of the same workload.
@@ -159,9 +160,11 @@ def packed(entries: list[Text], width: int) -> Text:
 
 
 def table_rows(runs: list[RunHistory]) -> list[tuple[str, list[str]]]:
-    """The table's rows: each setting that differs, then each run's option changes side by side, with each run's
-    value; one row saying so when there are neither."""
+    """The table's rows: each setting that differs, where each run's time went, then each run's option changes side
+    by side, with each run's value; one row saying so when there are none of these."""
     rows = differences(runs)
+    if any(run.bottleneck is not None for run in runs):  # where each run's last steps' time went
+        rows.append(("time went", [run.bottleneck.text if run.bottleneck is not None else "—" for run in runs]))
     for index in range(max((len(run.changes) for run in runs), default=0)):
         rows.append(("option change" if index == 0 else "",
                      [run.changes[index] if index < len(run.changes) else "" for run in runs]))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Label, Static
 
 from torchlab.tui.screens.view_screen import OverlayScreen, closing_key
+from torchlab.tui.widgets.stats_bar import PHASE_STYLES
 
 
 class HelpScreen(OverlayScreen):
@@ -46,8 +48,18 @@ class HelpScreen(OverlayScreen):
         with VerticalScroll():
             yield Label("torchlab-tui keys", id="help-title")
             yield Static(table)
+            yield Static(phase_legend(), id="help-phases")
             yield Label(
                 "Changes apply at the next optimizer step; the event log shows the step each took effect at, "
                 "or why the trainer refused it. Every action is also in the command palette (ctrl+p).",
                 id="help-footer",
             )
+
+
+def phase_legend() -> Text:
+    """The stats line's bar of where a step's time goes, its colours named (tui/widgets/stats_bar.py)."""
+    legend = Text("The stats line's bar, where the last steps' time went: ", style="dim")
+    for phase, style in PHASE_STYLES.items():
+        legend.append(f"█ {phase}  ", style=style)
+    return legend
+

@@ -27,7 +27,7 @@ from textual.widgets.data_table import ColumnKey
 from torchlab.core.analysis.impact import SEGMENT_OPTIONS, WARMUP_STEPS, compare_segments, segment_name
 from torchlab.core.analysis.step_times import MIN_TIMED_STEPS, SPREAD_AS_RATIO, plus_minus
 from torchlab.core.analysis.trial_words import parse_trial, trial_verdict
-from torchlab.core.options import OptionChangeError, format_option_value, parse_option_value
+from torchlab.core.options import TRIAL_KEY, OptionChangeError, format_option_value, parse_option_value
 from torchlab.core.wire.payloads import ImpactSegment
 from torchlab.core.wire.protocol import TrialCommand, TrialResult
 from torchlab.tui.profiles import format_bytes, format_us
@@ -288,7 +288,7 @@ class ImpactScreen(ViewScreen):
         closing_key("i"),
         Binding("b", "mark_baseline", "Baseline"),
         Binding("s", "baseline_start", "Vs start"),
-        Binding("T", "trial_row", "Trial"),
+        Binding(TRIAL_KEY, "trial_row", "Trial"),
         Binding("e", "explain", "Explain"),
     ]
 

@@ -1,9 +1,10 @@
-"""The latest figures of the run in one line: loss, LR, throughput, step time, gradient norm."""
+"""The latest figures of the run in one line: loss, LR, throughput, step time and where it goes, gradient norm."""
 
 from __future__ import annotations
 
 from rich.text import Text
 
+from torchlab.core.analysis.bottleneck import Verdict
 from torchlab.tui.formatting import format_number
 from torchlab.tui.state import RunState
 from torchlab.tui.widgets.fitted_line import FittedLine
@@ -38,6 +39,9 @@ class StatsBar(FittedLine):
         step_time = state.step_time.last
         if step_time is not None:
             figure("step", f"{step_time * 1000:.1f} ms")
+        bottleneck = state.bottleneck.current
+        if bottleneck is not None:
+            parts.append(phase_bar(bottleneck))
         if row.grad_norm_total is not None:
             clipped = " clipped" if row.clipped else ""
             figure("grad", f"{format_number(row.grad_norm_total, 3)}{clipped}")
@@ -49,3 +53,24 @@ class StatsBar(FittedLine):
         if state.telemetry is not None:
             figure("cpu", f"{state.telemetry.host.cpu_percent:.0f}%")
         self.set_parts(parts)
+
+
+#: Each phase's colour in the bar (core/wire/payloads.py ``PHASES``, the probes' left out).
+PHASE_STYLES = {"data": "red", "copy": "magenta", "forward": "blue", "backward": "cyan", "optimizer": "green",
+                "communication": "yellow", "other": "bright_black"}
+#: The bar's cells: a phase under half of one's share draws none.
+BAR_CELLS = 8
+
+
+def phase_bar(bottleneck: Verdict) -> Text:
+    """Where the last measured steps' time went, as a bar of ``BAR_CELLS`` coloured by phase (data red, forward
+    blue, backward cyan, optimizer green...), then the bound where one phase holds it (``input-bound 41 %``), else
+    the largest phase: the event log says the verdict in words, and the help (``?``) names the colours."""
+    shares = bottleneck.shares
+    bar = Text()
+    for phase, style in PHASE_STYLES.items():
+        bar.append("█" * round(shares[phase] * BAR_CELLS), style=style)
+    name = bottleneck.phase if bottleneck.kind == "compute" else bottleneck.kind
+    bar.append(f" {name} {shares[bottleneck.phase] * 100:.0f}%", style=f"bold {PHASE_STYLES[bottleneck.phase]}")
+    return bar
+

@@ -19,7 +19,7 @@ import torch
 
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.options import LiveOptions
-from torchlab.core.wire.payloads import MemoryBreakdown, RankFigures
+from torchlab.core.wire.payloads import MemoryBreakdown, RankFigures, StepPhases
 
 
 class HostTransfer:
@@ -114,6 +114,7 @@ class StepReport:
     compiling: bool = False
     ran_eagerly: bool = False
     spike: str | None = None  # what the spike guard did with the step (core/engine/guards/spike_guard.py), where it spiked
+    phases: StepPhases | None = None  # where its time went, on the probe's steps (core/engine/measure/step_phases.py)
 
 
 def stats_by_module(module_names: list[str], table: list[float]) -> dict[str, list[float]]:
@@ -156,4 +157,5 @@ def metrics_row(report: StepReport, *, elapsed_s: float, epoch: int, batch_size:
         val_loss=val_loss,
         spike=report.spike,
         val_metrics=val_metrics,
+        phases=report.phases,
     )

@@ -5,7 +5,8 @@ extra): while it trains (``--tensorboard DIR``, ``LiveTensorBoard``) or afterwar
 Tags: ``train/loss``, ``train/lr`` (``train/lr/<group>`` for a workload's optimizer with several groups),
 ``train/samples_per_s``, ``train/step_time_s``, ``train/grad_norm_total``, ``val/loss``, the workload's own
 metrics as ``train/<name>`` and ``val/<name>``, ``grad_norm/<module>``, ``update_ratio/<module>``,
-``weight_norm/<module>``, ``adam_m/<module>`` and ``adam_sqrt_v/<module>``, ``memory/<kind>`` (bytes); option
+``weight_norm/<module>``, ``adam_m/<module>`` and ``adam_sqrt_v/<module>``, ``memory/<kind>`` (bytes), ``time/<phase>_s``
+(where a step's time went: core/engine/measure/step_phases.py); option
 changes as text under ``options`` (a resume's changed options among them: core/records/option_history.py); profiler traces as ``plugins/profile/step-<N>/torchlab.pt.trace.json``,
 where the PyTorch Profiler plugin of TensorBoard finds them. A trace is copied by a read and a write of our
 own: one that is a link (to ``/etc/shadow``, in a run someone else prepared), a FIFO or a device is refused
@@ -209,6 +210,9 @@ class TensorBoardWriter:
             if memory.gathered_bytes:
                 scalar("memory/gathered", memory.gathered_bytes)
             scalar("memory/allocator_peak", memory.allocator_peak_bytes)
+        if row.phases is not None:  # each phase's mean seconds over the steps since the row before that had them
+            for phase, seconds in row.phases.seconds().items():
+                scalar(f"time/{phase}_s", seconds)
 
     def write_option_change(self, change: OptionChange) -> None:
         """``change`` as a line of the ``options`` text, at its step: "step 41: amp = bf16 (was off), from --resume"."""

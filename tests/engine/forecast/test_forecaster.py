@@ -151,7 +151,7 @@ def test_a_workload_the_forecaster_cannot_load_is_said_for_each_setting_and_the_
     asked = worth_asking(LiveOptions(), BATCH, True, None)
     events = answers.wait_for(len(asked))
     assert {event.error for event in events} == {
-        f"the forecaster could not load the workload: {WORKLOADS / 'tiny.py'}:128 in factory_raises(): the factory "
+        f"the forecaster could not load the workload: {WORKLOADS / 'tiny.py'}:129 in factory_raises(): the factory "
         f"factory_raises() raised ValueError: dataset path /data/missing not found"}
     assert all(event.prediction is None for event in events)
     forecaster.close()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from trainers import WORKLOADS, make_trainer
+from torchlab.core.records.rundir import to_json_line
+from torchlab.core.wire import strict_json
 from torchlab.core.wire.metrics_row import MetricsRow
 
 SETTINGS = dict(steps=5, seed=4, probe_every=1, schedule="constant", checkpoint_every=0)
@@ -35,7 +37,7 @@ def test_only_measured_rows_carry_them_each_in_order_the_last_read_as_the_run_en
     assert set(row.weight_norms) == set(row.grad_norms) and all(norm > 0 for norm in row.weight_norms.values())
     first, root = row.adam["stem"]
     assert first > 0 and root > 0
-    assert MetricsRow.from_json(row.json_object()) == row  # metrics.jsonl's line reads back as the row
+    assert MetricsRow.from_json(strict_json.loads(to_json_line(row.json_object()))) == row  # its metrics.jsonl line
 
 
 def test_an_optimizer_without_adams_moments_gives_ratios_and_no_moments():

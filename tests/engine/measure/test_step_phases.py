@@ -1,0 +1,62 @@
+"""Where a step's time goes (core/engine/measure/step_phases.py): each training step timed by phase on a CPU, their
+means on the probe's rows, adding up to the steps' time; a step that waits for its loader named input-bound, and
+raising the loader's workers, as the verdict says, takes the wait away."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from trainers import TINY, WORKLOADS, make_trainer
+from torchlab.core.analysis.bottleneck import BottleneckWatch
+from torchlab.core.wire.payloads import PHASES
+
+#: 20 ms a batch in its loader, 10 ms more in each forward, 15 ms more in each backward (tests/workloads/tiny.py).
+SLOW_LOADER = f"{WORKLOADS / 'tiny.py'}:slow_loader"
+
+
+def test_each_phase_is_timed_where_the_step_spends_it_and_the_phases_add_up_to_the_step():
+    trainer, seen = make_trainer(SLOW_LOADER, steps=30, probe_every=10)
+    trainer.run()
+    measured = [row for row in seen.metrics if row.phases is not None]
+    assert [row.step for row in measured] == [10, 20, 30] and {row.phases.steps for row in measured} == {10}
+    for row in measured[1:]:  # the first holds the loader's first epoch opening
+        ms = {phase: seconds * 1000 for phase, seconds in row.phases.seconds().items()}
+        assert 20 <= ms["data"] < 26 and 10 <= ms["forward"] < 14 and 15 <= ms["backward"] < 19, ms
+        assert ms["communication"] == 0 and ms["copy"] < 1  # one process on a CPU: nothing to copy or gather
+        step_ms = sum(ms.values())  # the means of the steps' times, by phase
+        assert 0 <= ms["other"] < 0.05 * step_ms, ms  # what no phase took: the step is accounted within 5 %
+    all_steps = statistics.mean(row.step_time_s for row in seen.metrics[10:])
+    assert sum(measured[-1].phases.seconds().values()) == pytest.approx(all_steps, rel=0.15)
+
+
+def test_a_step_waiting_for_its_loader_is_input_bound_and_more_workers_take_the_wait_away():
+    """The verdict's change, made: two loader workers read the next batches while the step trains (the step's 25 ms
+    hides their 20 ms), and the data phase falls to a fraction of what it was."""
+    trainer, seen = make_trainer(SLOW_LOADER, steps=60, probe_every=5, at=["30:workers=2"])
+    trainer.run()
+    watch = BottleneckWatch()
+    said = [found for row in seen.metrics if row.step <= 30 and (found := watch.add(row)) is not None]
+    assert [found.kind for found in said] == ["input-bound"]
+    assert said[0].text.startswith("input-bound: ") and "W to raise the loader's workers (T to trial it)" in said[0].text
+    before = [row.phases.data_s for row in seen.metrics if row.phases is not None and 10 < row.step <= 30]
+    after = [row.phases.data_s for row in seen.metrics if row.phases is not None and row.step > 40]
+    assert statistics.median(after) < 0.3 * statistics.median(before), (before, after)
+    assert [found.kind for row in seen.metrics if row.step > 30 and (found := watch.add(row))] == ["compute"]
+
+
+def test_a_trials_steps_are_not_trainings_and_a_rows_phases_read_back_as_written():
+    """Each training step is in one row's phases, and a trial's arms (6 steps here) in none; a row's phases are read
+    back from its line of metrics.jsonl as they were written."""
+    from torchlab.core.records.rundir import to_json_line
+    from torchlab.core.wire import strict_json
+    from torchlab.core.wire.metrics_row import MetricsRow
+
+    trainer, seen = make_trainer(TINY, steps=12, probe_every=4, trials=["4:split=2"], trial_steps=3)
+    trainer.run()
+    measured = [row for row in seen.metrics if row.phases is not None]
+    assert len(seen.of("trial_result")) == 1 and sum(row.phases.steps for row in measured) == 12
+    assert set(measured[0].phases.seconds()) == set(PHASES)
+    line = to_json_line(measured[0].json_object())
+    assert MetricsRow.from_json(strict_json.loads(line)).phases == measured[0].phases
