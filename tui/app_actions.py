@@ -167,7 +167,10 @@ class KeyActions:
             if answer is not None:
                 self.request_trial(answer.value)
 
-        await open_prompt(self, OptionPrompt("Try an option for a few steps, then undo it", TRIAL_HINT, parse_trial), chosen)
+        bottleneck = self.run_state.bottleneck.current  # where the time goes: its change, offered to be trialled
+        offered = bottleneck.trial if bottleneck is not None and bottleneck.trial is not None else ""
+        await open_prompt(self, OptionPrompt("Try an option for a few steps, then undo it", TRIAL_HINT, parse_trial,
+                                             current=offered), chosen)
 
     def request_trial(self, command: protocol.TrialCommand, why: str = "") -> None:
         """Send a controlled trial and log it as requested: the trial prompt's and the impact view's ``T`` (the row's

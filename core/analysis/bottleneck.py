@@ -37,12 +37,14 @@ _BOUND_BY = ("data", "copy", "communication")
 class Verdict:
     """``kind``: input-bound, copy-bound, communication-exposed, or compute; ``text`` says it with its figure and
     the change that tests it; ``shares``: each phase's share of the steps' time (the probes' left out); ``phase``:
-    the one it is about (the largest, for compute)."""
+    the one it is about (the largest, for compute); ``trial``: that change as a trial's ``OPTION=VALUE`` (what the
+    app's trial prompt offers), None for compute."""
 
     kind: str
     text: str
     shares: dict[str, float]
     phase: str
+    trial: str | None = None
 
 
 def phase_shares(measured: Iterable[StepPhases]) -> dict[str, float] | None:
@@ -59,8 +61,9 @@ def phase_shares(measured: Iterable[StepPhases]) -> dict[str, float] | None:
     return {phase: seconds / whole for phase, seconds in totals.items()}
 
 
-def verdict(measured: list[StepPhases]) -> Verdict | None:
-    """The bound of the steps ``measured`` (their rows' phases), or None for fewer than ``MIN_STEPS`` steps."""
+def verdict(measured: list[StepPhases], options: LiveOptions | None = None) -> Verdict | None:
+    """The bound of the steps ``measured`` (their rows' phases) under ``options``, or None for fewer than
+    ``MIN_STEPS`` steps."""
     if sum(phases.steps for phases in measured) < MIN_STEPS:
         return None
     shares = phase_shares(measured)
@@ -70,16 +73,19 @@ def verdict(measured: list[StepPhases]) -> Verdict | None:
     match bound:
         case "data":
             return Verdict("input-bound", f"input-bound: {_percent(shares['data'])} of each step waits for data → "
-                                          f"{WORKERS.key} to raise the loader's workers ({TRIAL_KEY} to trial it)", shares, bound)
+                                          f"{WORKERS.key} to raise the loader's workers ({TRIAL_KEY} to trial it)", shares, bound,
+                           _trial(WORKERS.name, max(2, 2 * options.workers) if options is not None else 2))
         case "copy":
             return Verdict("copy-bound", f"copy-bound: {_percent(shares['copy'])} of each step copies its batch to "
-                                         f"the device → {PIN_MEMORY.key} to pin memory ({TRIAL_KEY} to trial it)", shares, bound)
+                                         f"the device → {PIN_MEMORY.key} to pin memory ({TRIAL_KEY} to trial it)", shares, bound,
+                           _trial(PIN_MEMORY.name, "on"))
         case "communication":
             return Verdict("communication-exposed", f"communication {_percent(shares['communication'])} exposed: "
                                                     f"each step waits that long for the ranks' collectives (the "
                                                     f"slowest rank's arrival with them) → {ACCUM.key} to accumulate "
                                                     f"more micro-batches a step, whose ranks meet once a step (a "
-                                                    f"larger batch; {TRIAL_KEY} to trial it)", shares, bound)
+                                                    f"larger batch; {TRIAL_KEY} to trial it)", shares, bound,
+                           _trial(ACCUM.name, 2 * options.accum if options is not None else 2))
     compute = shares["forward"] + shares["backward"] + shares["optimizer"]
     return Verdict("compute", f"compute: forward {_percent(shares['forward'])}, backward "
                               f"{_percent(shares['backward'])}, optimizer {_percent(shares['optimizer'])} of each step "
@@ -107,13 +113,17 @@ class BottleneckWatch:
         self.measured.append(phases)
         while sum(row.steps for row in self.measured) - self.measured[0].steps >= WINDOW_STEPS:
             self.measured.popleft()  # the rest cover the window without it
-        found = verdict(list(self.measured))
+        found = verdict(list(self.measured), self._options)
         if found is None or (self.current is not None and found.kind == self.current.kind):
             if found is not None:
                 self.current = found  # its figures, newer
             return None
         self.current = found
         return found
+
+
+def _trial(option: str, value: object) -> str:
+    return f"{option}={value}"
 
 
 def _percent(share: float) -> str:

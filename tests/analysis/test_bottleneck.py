@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from metrics_rows import metrics_row
 from torchlab.core.analysis.bottleneck import MIN_STEPS, BottleneckWatch, phase_shares, verdict
+from torchlab.core.options import LiveOptions
 from torchlab.core.wire.payloads import StepPhases
 
 
@@ -23,13 +24,16 @@ def test_each_phase_is_a_share_of_the_steps_weighted_by_the_steps_a_row_stands_f
 def test_the_bound_named_is_the_phase_a_user_can_change_with_its_figure_and_key():
     assert verdict([phases(data=0.008, steps=MIN_STEPS - 1)]) is None  # too few steps to say
     input_bound = verdict([phases(data=0.021, forward=0.010, backward=0.015, optimizer=0.004, other=0.0)] * 2)
-    assert input_bound.kind == "input-bound" and input_bound.phase == "data"
+    assert input_bound.kind == "input-bound" and input_bound.phase == "data" and input_bound.trial == "workers=2"
+    assert verdict([phases(data=0.021)] * 2, LiveOptions(workers=3)).trial == "workers=6"  # what T offers
     assert input_bound.text == "input-bound: 42 % of each step waits for data → W to raise the loader's workers (T to trial it)"
     copy_bound = verdict([phases(copy=0.012)] * 2)
     assert copy_bound.kind == "copy-bound" and "→ n to pin memory (T to trial it)" in copy_bound.text
-    assert verdict([phases(communication=0.015)] * 2).kind == "communication-exposed"
+    assert copy_bound.trial == "pin_memory=on"
+    exposed = verdict([phases(communication=0.015)] * 2, LiveOptions(accum=2))
+    assert exposed.kind == "communication-exposed" and exposed.trial == "accum=4"
     compute = verdict([phases(data=0.003)] * 2)
-    assert compute.kind == "compute" and compute.phase == "backward"
+    assert compute.kind == "compute" and compute.phase == "backward" and compute.trial is None
     assert compute.text == "compute: forward 28 %, backward 56 %, optimizer 6 % of each step (89 % in all); data 8 %"
 
 

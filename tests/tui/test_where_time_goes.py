@@ -4,6 +4,7 @@ with the bound they name, and the event log says the verdict with the change tha
 from __future__ import annotations
 
 from fake_link import FakeLink, quiet_app, record
+from torchlab.core.analysis.trial_words import DEFAULT_TRIAL_STEPS
 from torchlab.core.wire import protocol
 from torchlab.core.wire.payloads import StepPhases
 from torchlab.tui.widgets.event_log import EventLog
@@ -33,3 +34,10 @@ async def test_the_stats_line_draws_the_phases_and_the_log_says_the_bound_once()
         assert "████ input-bound 44%" in line
         said = [line for line in app.query_one(EventLog).lines_written if "input-bound" in line]
         assert len(said) == 1 and "44 % of each step waits for data → W to raise the loader's workers (T to trial it)" in said[0]
+        await pilot.press("T")  # the verdict's change, offered to be trialled: enter sends it
+        await pilot.pause()
+        await pilot.press("enter")
+        await pilot.pause()
+        [trial] = link.sent_of(protocol.TrialCommand)
+        assert (trial.option, trial.value, trial.steps) == ("workers", "2", DEFAULT_TRIAL_STEPS)
+

@@ -46,6 +46,20 @@ def test_a_step_waiting_for_its_loader_is_input_bound_and_more_workers_take_the_
     assert [found.kind for row in seen.metrics if row.step > 30 and (found := watch.add(row))] == ["compute"]
 
 
+def test_the_verdicts_change_trialled_is_faster_as_it_says():
+    """``T`` offers the verdict's change (``Verdict.trial``): trialled on the same batches, it is faster."""
+    trainer, seen = make_trainer(SLOW_LOADER, steps=20, probe_every=5)
+    trainer.run()
+    watch = BottleneckWatch()
+    for row in seen.metrics:
+        watch.add(row)
+    assert watch.current.kind == "input-bound" and watch.current.trial == "workers=2"
+    trainer, seen = make_trainer(SLOW_LOADER, steps=10, trials=[f"5:{watch.current.trial}"], trial_steps=8)
+    trainer.run()
+    [result] = seen.of("trial_result")
+    assert result["speed"].verdict == "faster" and result["speed"].high < 0.9, result["speed"]
+
+
 def test_a_trials_steps_are_not_trainings_and_a_rows_phases_read_back_as_written():
     """Each training step is in one row's phases, and a trial's arms (6 steps here) in none; a row's phases are read
     back from its line of metrics.jsonl as they were written."""
