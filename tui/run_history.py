@@ -30,7 +30,8 @@ from torchlab.tui.health_history import HISTORY_STEPS
 from torchlab.tui.thinning import Series
 
 #: The figures every run has, by their key in metrics.jsonl, and how a chart names them.
-FIGURES = {"loss": "loss", "val_loss": "val loss", "lr": "learning rate", "samples_per_s": "samples/s"}
+FIGURES = {"loss": "loss", "val_loss": "val loss", "lr": "learning rate", "samples_per_s": "samples/s",
+           "mfu": "MFU %"}
 
 
 @dataclass
@@ -176,10 +177,12 @@ def _figures(row: MetricsRow) -> Iterator[tuple[str, float]]:
     for key, value in (("loss", row.loss if row.spike not in HELD_BACK else None), ("val_loss", row.val_loss), ("lr", row.lr), ("samples_per_s", row.samples_per_s)):
         if _number(value):
             yield key, float(value)
-    if row.phases is not None:  # each phase's mean time a step, in ms (the probes' own left out)
+    if row.phases is not None:  # each phase's mean time a step, in ms (the probes' own left out), and the MFU
         for phase, seconds in row.phases.seconds().items():
             if phase != "probes" and _number(seconds):
                 yield f"phases.{phase}", seconds * 1000
+        if row.phases.mfu is not None and _number(row.phases.mfu):
+            yield "mfu", row.phases.mfu * 100
     for kind, figures in (("metrics", row.metrics), ("val_metrics", row.val_metrics)):
         for name, value in (figures or {}).items():
             if _number(value):

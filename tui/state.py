@@ -194,10 +194,8 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, Fore
                 self._on_refused(event)
             case protocol.ProfileReady():
                 self._on_profile_ready(event)
-            case MemoryPredicted():
-                self._on_memory_predicted(event)
-            case LongestBatch():
-                self._on_longest_batch(event)
+            case MemoryPredicted() | LongestBatch():
+                self._on_forecast(event)
             case SpikeGuarded():
                 self._on_spike_guarded(event)
             case _:

@@ -47,6 +47,12 @@ class Forecasts:
         #: the run's longest batch so far, which the predictions are made with (None: none announced yet)
         self.longest_batch: LongestBatch | None = None
 
+    def _on_forecast(self, event: MemoryPredicted | LongestBatch) -> None:
+        if isinstance(event, LongestBatch):
+            self._on_longest_batch(event)
+        else:
+            self._on_memory_predicted(event)
+
     def _on_memory_predicted(self, event: MemoryPredicted) -> None:
         self.predictions[_key(event.settings)] = event
         self.forecast_version += 1

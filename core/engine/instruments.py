@@ -29,6 +29,7 @@ from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.engine.measure.profiler import Profiling
 from torchlab.core.engine.measure.probes import ActivationStatsProbe, GradNormProbe, GradNorms, ProbeCadence
 from torchlab.core.engine.measure.step_report import HostTransfer, HostValues, StepReport, Update, stats_by_module
+from torchlab.core.engine.measure.flops import AMP_DTYPES, StepFlops, counts_flops, step_kind
 from torchlab.core.engine.measure.step_phases import PhaseClock, PhaseTotals, times_phases
 from torchlab.core.engine.measure.update_probe import UpdateFigures, UpdateProbe
 from torchlab.core.wire import protocol as p
@@ -96,6 +97,8 @@ class Instruments:
         #: training's steps by phase since the last row that carried them; None where the host's clock would not
         #: time the work (CUDA), or on a rank that does not report
         self.phase_totals = PhaseTotals() if times_phases(parts.device) and parts.world.reports else None
+        #: each kind of step's FLOPs, counted where the device's peak is known (measure/flops.py)
+        self.step_flops = StepFlops(parts.device) if self.phase_totals is not None and counts_flops(parts.device) else None
         self.next_step = NextStep()  # with ranks: set at each boundary, from rank 0's decisions
         self.figures_gathered_at = -math.inf  # with ranks: when a report last gathered each rank's figures
         self.last_memory: MemoryBreakdown | None = None  # training's last step measured by kind
@@ -190,8 +193,21 @@ class StepWatch:
         self._taken_before = instruments.parts.data.lengths.taken  # the step's first batch is the next taken
         #: where its time goes: training's steps, where the host's clock times the work (step_phases.py)
         self.clock = PhaseClock() if plan.training and instruments.phase_totals is not None else None
+        #: its forward and backward counted (FlopCounterMode, run eagerly): a kind of step not counted yet
+        self.counts_flops = self.clock is not None and instruments.step_flops is not None and instruments.step_flops.due()
+        self._flop_counter: Any = None
         if plan.activations:
             instruments.activation_probe.attach()  # hooks only on sampled steps: on every step they cost ~35 %
+
+    def counting_flops(self) -> ContextManager:
+        """Around the step's forward and backward passes: its FLOPs counted, on a step that ``counts_flops``."""
+        return self._counting_flops() if self.counts_flops else _NOTHING
+
+    @contextlib.contextmanager
+    def _counting_flops(self) -> Iterator[None]:
+        with self.instruments.step_flops.counting() as counter:  # type: ignore[union-attr]
+            self._flop_counter = counter
+            yield
 
     def phase(self, name: str) -> ContextManager:
         """Around a phase of the step (``forward``, ``backward``, ``optimizer``, ``communication``): timed on a step
@@ -284,12 +300,23 @@ class StepWatch:
     def _phases(self, step_time: float, data_wait: float, copy: float, compiling: bool, plan: StepPlan) -> StepPhases | None:
         """This step's phases added to training's (not a step that compiled: its forward is the compile's), and
         their means since the last, on a row of the probe's."""
-        totals = self.instruments.phase_totals
+        instruments = self.instruments
+        totals, step_flops = instruments.phase_totals, instruments.step_flops
         if self.clock is None or totals is None:
             return None
-        if not compiling:
-            totals.add(self.clock.seconds(step_time, data_wait, copy, self._probe_s))
-        return totals.take() if plan.probe and plan.report else None
+        flops = None
+        if step_flops is not None:
+            parts = instruments.parts
+            kind = step_kind(parts.data.lengths.shapes_of(self._taken_before + 1), parts.options)
+            if self._flop_counter is not None:
+                step_flops.record(kind, self._flop_counter())
+            step_flops.last_kind, flops = kind, step_flops.counted(kind)
+            step_flops.trained_s += step_time
+        if not compiling and not self.counts_flops:  # a compile's or a count's step is not training's time
+            totals.add(self.clock.seconds(step_time, data_wait, copy, self._probe_s), flops)
+        if not (plan.probe and plan.report):
+            return None
+        return totals.take(lambda: step_flops.peak(AMP_DTYPES[instruments.parts.options.amp]) if step_flops else None)
 
     def finish(self, host: HostValues, update: Update) -> StepReport:
         """The step as the host sees it, once its optimizer step is taken (the optimizer's state, counted on a

@@ -57,8 +57,9 @@ class OptimizerStep:
         parts, step = self.parts, self.parts.progress.step + 1
         watch = self.instruments.watch(plan, step)
         attempts = StepAttempts(retries=plan.retries)
-        losses, metrics = with_rescue(parts, step, attempts, lambda: self.batches_to_loss(plan, step, watch, attempts),
-                                      self.instruments.memory_at_failure, self.instruments.last_memory)
+        with watch.counting_flops():
+            losses, metrics = with_rescue(parts, step, attempts, lambda: self.batches_to_loss(plan, step, watch, attempts),
+                                          self.instruments.memory_at_failure, self.instruments.last_memory)
         if step < parts.config.steps:
             parts.data.fetch_ahead()  # CUDA: the next step's batch, while the device runs the backward
         parts.precisions.current.unscale_(parts.optimization.optimizer)
@@ -108,7 +109,8 @@ class OptimizerStep:
         up to those of the mean's."""
         parts, precision, data = self.parts, self.parts.precisions.current, self.parts.data
         accum, split, taken = parts.options.accum, parts.options.split, attempts.batches
-        model = parts.model.for_step(eager=plan.activations)  # hooks added to a compiled model would not fire
+        # hooks added to a compiled model would not fire, nor would its kernels pass through the FLOP counter
+        model = parts.model.for_step(eager=plan.activations or watch.counts_flops)
         losses, metrics = [], []
         weights, cut = None, []
         if parts.workload.loss_items is not None:  # every batch first: the items of all of them are counted

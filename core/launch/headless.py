@@ -242,11 +242,13 @@ class HeadlessProgress(TrainerObserver):
         return f"step {row.step}/{self.total_steps}: " + ", ".join(parts)
 
     def time_shares(self) -> str | None:
-        """``data 41 % forward 20 % ...``: where the last measured steps' time went (phases of 1 % or more)."""
+        """``data 41 % forward 20 % ..., MFU 3.1 %``: where the last measured steps' time went (phases of 1 % or more),
+        and the share of the device's peak FLOP/s they reached, where their FLOPs were counted."""
         current = self.bottleneck.current
         if current is None:
             return None
-        return " ".join(f"{phase} {share * 100:.0f} %" for phase, share in current.shares.items() if share >= 0.005)
+        shares = " ".join(f"{phase} {share * 100:.0f} %" for phase, share in current.shares.items() if share >= 0.005)
+        return shares + (f", MFU {current.mfu * 100:.2g} %" if current.mfu is not None else "")
 
     def rate(self, row: MetricsRow) -> float:
         """Samples a second over the last ~10 steps (an exponential average of the step time): a frame

@@ -412,11 +412,14 @@ def describe(event: Message) -> Sentence | None:
                             f"{format_bytes(event.predicted_bytes)} predicted ({event.error * 100:+.1f} %){scaled}",
                             warning=abs(event.error) > 0.1)
         case LongestBatch() if event.previous_elements:
-            return Sentence(f"a longer batch than any before: {shapes_in_words(event.shapes)} "
-                            f"({(event.elements / event.previous_elements - 1) * 100:+.0f} % elements): what fits "
-                            f"predicts with it from now on")
+            return Sentence(_longer_batch(event))
         case _:
             return None
+
+
+def _longer_batch(event: LongestBatch) -> str:
+    return (f"a longer batch than any before: {shapes_in_words(event.shapes)} "
+            f"({(event.elements / event.previous_elements - 1) * 100:+.0f} % elements): what fits predicts with it from now on")
 
 
 def shapes_in_words(shapes: list) -> str:

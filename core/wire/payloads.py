@@ -232,10 +232,24 @@ class StepPhases(JsonObject):
     other_s: float
     steps: int = 1
     clock: str = "host"
+    #: a step's FLOPs (core/engine/measure/flops.py), the mean over those of the steps whose kind was counted; the
+    #: FLOP/s they achieved (over their time less the probes'); the device's peak for their dtype; the ops a step
+    #: dispatched, each with its fixed cost on the host. None: not counted
+    flops: float | None = None
+    flops_per_s: float | None = None
+    peak_flops_per_s: float | None = None
+    ops: float | None = None
 
     def seconds(self) -> dict[str, float]:
         """Each phase's seconds, by its name in ``PHASES``."""
         return {phase: getattr(self, f"{phase}_s") for phase in PHASES}
+
+    @property
+    def mfu(self) -> float | None:
+        """The share of the device's peak FLOP/s the steps achieved (model FLOPs utilisation), where both are known."""
+        if self.flops_per_s is None or not self.peak_flops_per_s:
+            return None
+        return self.flops_per_s / self.peak_flops_per_s
 
 
 @dataclass(frozen=True)

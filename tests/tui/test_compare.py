@@ -35,7 +35,8 @@ def write_run(root: Path, name: str, *, lr: float, clip_at: int | None = None, s
         evaluated = {"val_loss": loss + 0.1, "val_metrics": {"accuracy": accuracy - 0.05}} if step % 40 == 0 else {}
         row = metrics_row(step, elapsed_s=step * (0.05 if clip_at is None else 0.06), loss=loss, lr=lr, samples_per_s=640.0,
                           metrics={"accuracy": accuracy}, **evaluated,
-                          phases=StepPhases(data_ms / 1000, 0, 0.01, 0.02, 0.002, 0, 0, 0.001, steps=5)
+                          phases=StepPhases(data_ms / 1000, 0, 0.01, 0.02, 0.002, 0, 0, 0.001, steps=5, flops=1e8,
+                                            flops_per_s=1e8 / 0.033, peak_flops_per_s=1e11, ops=100)
                           if data_ms is not None and step % 5 == 0 else None)
         rows.append(strict_json.dumps(row.json_object()))
     (run / "metrics.jsonl").write_text("\n".join(rows) + "\n")
@@ -64,7 +65,8 @@ def test_a_run_is_read_from_its_files_with_its_settings_changes_and_figures(runs
 def test_where_each_runs_time_went_is_a_row_of_the_table_and_each_phase_a_figure(tmp_path):
     slow = RunHistory.load(write_run(tmp_path, "20261123-090000-tiny_gpt", lr=0.001, data_ms=30))
     fast = RunHistory.load(write_run(tmp_path, "20261123-100000-tiny_gpt", lr=0.001, data_ms=1))
-    assert {"phases.data", "phases.forward", "phases.other"} <= set(slow.figures()) and "phases.probes" not in slow.figures()
+    assert {"phases.data", "phases.forward", "phases.other", "mfu"} <= set(slow.figures()) and "phases.probes" not in slow.figures()
+    assert slow.by_step["mfu"].ys[-1] == pytest.approx(3.03, rel=0.01) and figure_name("mfu") == "MFU %"
     assert slow.by_step["phases.data"].ys[-1] == pytest.approx(30) and figure_name("phases.data") == "data ms/step"
     [(label, texts)] = [row for row in table_rows([slow, fast]) if row[0] == "time went"]
     assert texts[0].startswith("input-bound: 48 % of each step waits for data") and texts[1].startswith("compute: ")

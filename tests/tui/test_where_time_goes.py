@@ -15,7 +15,8 @@ SIZE = (120, 40)
 
 def measured(step: int, data_ms: float) -> object:
     """A row of the probe's, with the phases of the 5 steps before it: ``data_ms`` waiting for the loader."""
-    phases = StepPhases(data_ms / 1000, 0.0, 0.010, 0.015, 0.001, 0.0, 0.0002, 0.0008, steps=5)
+    phases = StepPhases(data_ms / 1000, 0.0, 0.010, 0.015, 0.001, 0.0, 0.0002, 0.0008, steps=5, flops=4.8e9,
+                        flops_per_s=4.8e9 / 0.0268, peak_flops_per_s=1e12, ops=400)  # 62 µs an op: not launch-bound
     return record(step, phases=phases)
 
 
@@ -31,7 +32,7 @@ async def test_the_stats_line_draws_the_phases_and_the_log_says_the_bound_once()
         app.poll_now()
         await pilot.pause()
         line = str(app.query_one(StatsBar).render())
-        assert "████ input-bound 44%" in line
+        assert "████ input-bound 44%" in line and "MFU 18%" in line
         said = [line for line in app.query_one(EventLog).lines_written if "input-bound" in line]
         assert len(said) == 1 and "44 % of each step waits for data → W to raise the loader's workers (T to trial it)" in said[0]
         await pilot.press("T")  # the verdict's change, offered to be trialled: enter sends it

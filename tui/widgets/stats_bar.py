@@ -42,6 +42,8 @@ class StatsBar(FittedLine):
         bottleneck = state.bottleneck.current
         if bottleneck is not None:
             parts.append(phase_bar(bottleneck))
+            if bottleneck.mfu is not None:
+                figure("MFU", f"{bottleneck.mfu * 100:.2g}%")
         if row.grad_norm_total is not None:
             clipped = " clipped" if row.clipped else ""
             figure("grad", f"{format_number(row.grad_norm_total, 3)}{clipped}")
@@ -64,12 +66,15 @@ BAR_CELLS = 8
 
 def phase_bar(bottleneck: Verdict) -> Text:
     """Where the last measured steps' time went, as a bar of ``BAR_CELLS`` coloured by phase (data red, forward
-    blue, backward cyan, optimizer green...), then the bound where one phase holds it (``input-bound 41 %``), else
-    the largest phase: the event log says the verdict in words, and the help (``?``) names the colours."""
+    blue, backward cyan, optimizer green...), then the bound where one phase holds it (``input-bound 41 %``), or
+    ``launch-bound``, else the largest phase: the event log says the verdict in words, and the help (``?``) names the colours."""
     shares = bottleneck.shares
     bar = Text()
     for phase, style in PHASE_STYLES.items():
         bar.append("█" * round(shares[phase] * BAR_CELLS), style=style)
+    if bottleneck.kind == "launch-bound":  # its figures are the ops' (the log says them), not a phase's share
+        bar.append(" launch-bound", style="bold yellow")
+        return bar
     name = bottleneck.phase if bottleneck.kind == "compute" else bottleneck.kind
     bar.append(f" {name} {shares[bottleneck.phase] * 100:.0f}%", style=f"bold {PHASE_STYLES[bottleneck.phase]}")
     return bar

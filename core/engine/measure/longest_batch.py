@@ -37,7 +37,8 @@ class BatchLength:
 
 
 class LongestBatch:
-    """Follows the batches a rank takes (``took``): the longest so far, and which of the recent ones were as long."""
+    """Follows the batches a rank takes (``took``): the longest so far, which of the recent ones were as long, and the
+    recent ones' shapes."""
 
     def __init__(self) -> None:
         self.longest: BatchLength | None = None
@@ -49,6 +50,7 @@ class LongestBatch:
         #: The ``taken`` count when the CUDA allocator's peak was last reset (option_hooks.py: each option's segment).
         self.peak_reset_at = 0
         self._recent: deque[int] = deque(maxlen=_RECENT)  # the elements of the last batches taken
+        self._recent_shapes: deque[tuple] = deque(maxlen=_RECENT)  # and their tensors' shapes
 
     def took(self, batch: Any) -> None:
         """Count ``batch``, taken for training: a walk over its tensors' shapes, each step's batches once."""
@@ -56,6 +58,7 @@ class LongestBatch:
         elements = sum(tensor.numel() for tensor in tensors)
         self.taken += 1
         self._recent.append(elements)
+        self._recent_shapes.append(tuple(tensor.shape for tensor in tensors))
         if self.longest is None or elements > self.longest.elements:
             self.longest = BatchLength(elements, tuple(tuple(tensor.shape) for tensor in tensors))
         if elements == self.longest.elements:
@@ -68,6 +71,12 @@ class LongestBatch:
         if self.longest is None or not 0 <= back < len(self._recent):
             return False
         return self._recent[-1 - back] == self.longest.elements
+
+    def shapes_of(self, taken: int) -> tuple | None:
+        """The tensors' shapes of the ``taken``-th batch (1: this process's first), where it is a recent one: what a
+        step's FLOPs depend on (measure/flops.py)."""
+        back = self.taken - taken
+        return self._recent_shapes[-1 - back] if 0 <= back < len(self._recent_shapes) else None
 
     def measured_on_longest(self, taken_before_step: int, allocator_peak: bool) -> bool:
         """Whether a memory step's figures were measured on a batch as long as the longest so far: the allocator's

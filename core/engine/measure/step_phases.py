@@ -18,9 +18,11 @@ CUDA run's rows carry none (``times_phases``).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
+from torchlab.core.engine.measure.flops import Counted
 from torchlab.core.wire.payloads import PHASES, StepPhases
 
 
@@ -67,21 +69,39 @@ class PhaseClock:
 
 
 class PhaseTotals:
-    """The phases of the steps since the last row that carried them, added up."""
+    """The phases of the steps since the last row that carried them, added up; and the FLOPs of those whose kind was
+    counted (measure/flops.py), with their time less the probes'."""
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
         self._seconds = [0.0] * len(PHASES)
         self._steps = 0
+        self._flops, self._ops, self._flops_s, self._flops_steps = 0, 0, 0.0, 0
 
-    def add(self, seconds: list[float]) -> None:
+    def add(self, seconds: list[float], counted: Counted | None) -> None:
         self._seconds = [total + step for total, step in zip(self._seconds, seconds)]
         self._steps += 1
+        if counted is not None:
+            self._flops += counted.flops
+            self._ops += counted.ops
+            self._flops_s += sum(seconds) - seconds[_PROBES]
+            self._flops_steps += 1
 
-    def take(self) -> StepPhases | None:
-        """Their means, for a row; None where no step was timed since the last."""
+    def take(self, peak: Callable[[], float | None]) -> StepPhases | None:
+        """Their means, for a row; None where no step was timed since the last. ``peak``: the device's peak FLOP/s,
+        asked where the steps' FLOPs are known."""
         if not self._steps:
             return None
         means = [total / self._steps for total in self._seconds]
-        phases = StepPhases(*means, steps=self._steps)
-        self._seconds, self._steps = [0.0] * len(PHASES), 0
+        known = self._flops_steps > 0 and self._flops_s > 0
+        phases = StepPhases(*means, steps=self._steps, flops=self._flops / self._flops_steps if known else None,
+                            flops_per_s=self._flops / self._flops_s if known else None,
+                            peak_flops_per_s=peak() if known else None,
+                            ops=self._ops / self._flops_steps if known else None)
+        self._reset()
         return phases
+
+
+_PROBES = PHASES.index("probes")

@@ -6,7 +6,7 @@ Tags: ``train/loss``, ``train/lr`` (``train/lr/<group>`` for a workload's optimi
 ``train/samples_per_s``, ``train/step_time_s``, ``train/grad_norm_total``, ``val/loss``, the workload's own
 metrics as ``train/<name>`` and ``val/<name>``, ``grad_norm/<module>``, ``update_ratio/<module>``,
 ``weight_norm/<module>``, ``adam_m/<module>`` and ``adam_sqrt_v/<module>``, ``memory/<kind>`` (bytes), ``time/<phase>_s``
-(where a step's time went: core/engine/measure/step_phases.py); option
+(where a step's time went: core/engine/measure/step_phases.py), ``perf/flops_per_s`` and ``perf/mfu``; option
 changes as text under ``options`` (a resume's changed options among them: core/records/option_history.py); profiler traces as ``plugins/profile/step-<N>/torchlab.pt.trace.json``,
 where the PyTorch Profiler plugin of TensorBoard finds them. A trace is copied by a read and a write of our
 own: one that is a link (to ``/etc/shadow``, in a run someone else prepared), a FIFO or a device is refused
@@ -213,6 +213,8 @@ class TensorBoardWriter:
         if row.phases is not None:  # each phase's mean seconds over the steps since the row before that had them
             for phase, seconds in row.phases.seconds().items():
                 scalar(f"time/{phase}_s", seconds)
+            scalar("perf/flops_per_s", row.phases.flops_per_s)  # where the steps' FLOPs were counted
+            scalar("perf/mfu", row.phases.mfu)
 
     def write_option_change(self, change: OptionChange) -> None:
         """``change`` as a line of the ``options`` text, at its step: "step 41: amp = bf16 (was off), from --resume"."""

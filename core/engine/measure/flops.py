@@ -1,0 +1,144 @@
+"""A step's FLOPs and the device's peak: what fraction of the hardware a run uses (MFU).
+
+The FLOPs are counted by PyTorch's ``torch.utils.flop_counter.FlopCounterMode`` on a training step itself, run
+eagerly: its matrix products, convolutions and attention (all of its scores, causal or not, as torch counts them),
+forward and backward, and under activation checkpointing the forward ops that backward runs again, as such
+(elementwise ops count none, as in every MFU). A count is made
+once for each kind of step: the shapes of its first batch, and the settings that change its work (checkpointing,
+split, accum); a step of a kind counted before is known without counting it. Counting makes a step slower (each op
+passes through Python): a kind not yet counted is counted only while counting has taken under ``COUNT_SHARE`` of
+the run's training time, and a counted step is left out of the step times (its phases, as a compile's are).
+
+The peak is the device's for the step's dtype (float32, or amp's bf16 or fp16): on a CPU measured once for each, as the
+best FLOP/s of a matrix product repeated for 0.3 s (``measured_cpu_peak``). On CUDA the peak is to come from a table
+of the common GPUs' by their NVML name; until then a CUDA run counts no FLOPs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+
+
+def _attention_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> int:
+    return sdpa_flop_count(query.shape, key.shape, value.shape)
+
+
+def _attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any,
+                        **kwargs: Any) -> int:
+    return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+
+
+_attention_forward._get_raw = _attention_backward._get_raw = True  # type: ignore[attr-defined]  # given the tensors
+#: Attention's kernels on a CPU, which torch's table of FLOP formulas lacks (it has the CUDA ones): counted as those are.
+_CPU_ATTENTION = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _attention_forward,
+                  torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _attention_backward}
+#: Counting takes at most this share of the run's training time (the first count is always made).
+COUNT_SHARE = 0.02
+#: The matrix product that measures a CPU's peak: its side, and how long it is repeated.
+_PEAK_SIDE = 512
+_PEAK_SECONDS = 0.3
+
+
+def step_kind(first_batch_shapes: tuple | None, options: Any) -> Any:
+    """What a step's FLOPs depend on: the shapes of its first batch (its others are alike, but an epoch's last) and
+    the settings that change its work: checkpointing (recompute), split, accum."""
+    return first_batch_shapes, options.checkpointing, options.split, options.accum
+
+
+#: The dtype of a step's matrix products under each amp mode: the peak it is held to.
+AMP_DTYPES = {"off": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Counted:
+    """One kind of step's FLOPs, and the ops it dispatched (each an op's fixed cost on the host: views too)."""
+
+    flops: int
+    ops: int
+
+
+class _OpCount(TorchDispatchMode):
+    """Counts every op a step dispatches: with its time, what an op costs on average (launch-bound steps run many
+    small ones)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+class StepFlops:
+    """The FLOPs of each kind of step counted so far, and when to count one more."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._counted: dict[Any, Counted] = {}
+        self._counting_s = 0.0
+        self.trained_s = 0.0  # the run's training steps' time in this process, counting's share is of
+        self.last_kind: Any = None  # the kind of the last training step: the next is expected to be of it
+        self._peaks: dict[torch.dtype, float] = {}
+
+    def counted(self, kind: Any) -> Counted | None:
+        """The FLOPs and ops of a step of ``kind``, where one was counted."""
+        return self._counted.get(kind)
+
+    def due(self) -> bool:
+        """Whether the next step, expected to be of the last one's kind, is counted: a kind not counted yet, while
+        counting has taken under ``COUNT_SHARE`` of the training time (the first count is made at once)."""
+        if self.last_kind in self._counted:
+            return False
+        return not self._counted or self._counting_s < COUNT_SHARE * self.trained_s
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[Callable[[], Counted]]:
+        """Around a step's forward and backward passes: its FLOPs and ops counted; yields what gives them, once the
+        step is through (``record`` then files them)."""
+        started = time.perf_counter()
+        flops, ops = FlopCounterMode(display=False, custom_mapping=_CPU_ATTENTION), _OpCount()
+        try:
+            with flops, ops:
+                yield lambda: Counted(int(flops.get_total_flops()), ops.ops)
+        finally:
+            self._counting_s += time.perf_counter() - started
+
+    def record(self, kind: Any, counted: Counted) -> None:
+        self._counted[kind] = counted
+
+    def peak(self, dtype: torch.dtype) -> float | None:
+        """The device's peak FLOP/s for ``dtype`` (a CPU's measured once a dtype), or None where it is not known."""
+        if self.device.type != "cpu":
+            return None
+        if dtype not in self._peaks:
+            self._peaks[dtype] = measured_cpu_peak(dtype)
+        return self._peaks[dtype]
+
+
+def counts_flops(device: torch.device) -> bool:
+    """Whether a run on ``device`` counts its FLOPs: where its peak is known (a CPU's, measured)."""
+    return device.type == "cpu"
+
+
+def measured_cpu_peak(dtype: torch.dtype = torch.float32) -> float:
+    """A CPU's FLOP/s on matrix products of ``dtype``, with the threads torch uses: the best of repeated products of
+    ``_PEAK_SIDE`` square matrices over ``_PEAK_SECONDS``, the most this CPU does on the ops a model's FLOPs are in."""
+    a, b = (torch.randn(_PEAK_SIDE, _PEAK_SIDE).to(dtype) for _ in range(2))
+    flops = 2 * _PEAK_SIDE ** 3
+    best = 0.0
+    deadline = time.perf_counter() + _PEAK_SECONDS
+    while time.perf_counter() < deadline:
+        started = time.perf_counter()
+        torch.mm(a, b)
+        best = max(best, flops / (time.perf_counter() - started))
+    return best

@@ -1,0 +1,72 @@
+"""A step's FLOPs and the device's peak (core/engine/measure/flops.py): counted by FlopCounterMode on a training step
+once for each kind of step, equal to a hand count, recompute under checkpointing counted as such; the MFU they give
+on the probe's rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainers import TINY, WORKLOADS, make_trainer
+from torchlab.core.analysis.bottleneck import BottleneckWatch
+from torchlab.core.engine.measure.flops import StepFlops, measured_cpu_peak
+
+#: TinyNet (tests/workloads/tiny.py), a batch of 16: a Linear 8→16, three Linear 16→16 blocks, a Linear 16→1.
+BATCH, LAYERS = 16, [(8, 16), (16, 16), (16, 16), (16, 16), (16, 1)]
+FORWARD = sum(2 * BATCH * fan_in * fan_out for fan_in, fan_out in LAYERS)
+#: backward: each layer's weight gradient, and its input's but the first's (the batch needs none)
+BACKWARD = FORWARD + sum(2 * BATCH * fan_in * fan_out for fan_in, fan_out in LAYERS[1:])
+BLOCKS_FORWARD = sum(2 * BATCH * fan_in * fan_out for fan_in, fan_out in LAYERS[1:4])
+
+
+@pytest.mark.parametrize("checkpointing, recomputed", [(False, 0), (True, BLOCKS_FORWARD)], ids=["off", "checkpointing"])
+def test_an_mlps_step_counts_what_a_hand_count_says_with_checkpointings_recompute(checkpointing, recomputed):
+    trainer, seen = make_trainer(TINY, steps=20, probe_every=5, options={"checkpointing": checkpointing})
+    trainer.run()
+    measured = [row.phases for row in seen.metrics if row.phases is not None]
+    assert {phases.flops for phases in measured} == {FORWARD + BACKWARD + recomputed}
+    assert measured[0].steps == 4  # the counted step is left out of the step times: it ran through Python's dispatch
+    for phases in measured:
+        assert phases.flops_per_s == pytest.approx(phases.flops / (sum(phases.seconds().values()) - phases.probes_s), rel=0.01)
+        assert 0 < phases.mfu < 0.01  # a model this small keeps a CPU's matrix units idle
+
+
+def test_a_transformer_blocks_attention_is_counted_on_a_cpu_as_torch_counts_it_on_cuda():
+    """torch's table has CUDA's attention kernels; a CPU's (flash attention for the CPU) are counted alike: forward
+    two products, backward four and the scores again (flash recomputes them)."""
+    torch.manual_seed(0)
+    width, heads, ff, batch, length = 32, 4, 64, 4, 16
+    layer = torch.nn.TransformerEncoderLayer(width, heads, ff, dropout=0.0, batch_first=True)
+    tokens = batch * length
+    linears = [(width, 3 * width), (width, width), (width, ff), (ff, width)]
+    linear_forward = sum(2 * tokens * fan_in * fan_out for fan_in, fan_out in linears)
+    linear_backward = 2 * linear_forward - 2 * tokens * width * 3 * width  # the input's gradient is not taken
+    product = 2 * batch * length * length * width  # one of attention's products, all heads together
+    hand = linear_forward + linear_backward + (2 + 4 + 1) * product
+    flops = StepFlops(torch.device("cpu"))
+    with flops.counting() as counted:
+        layer(torch.randn(batch, length, width)).sum().backward()
+    assert counted().flops == pytest.approx(hand, rel=0.02) and counted().ops > 50
+
+
+def test_a_cpus_peak_is_measured_for_each_dtype_once():
+    flops = StepFlops(torch.device("cpu"))
+    peak = flops.peak(torch.float32)
+    assert 1e8 < peak < 1e14 and flops.peak(torch.float32) == peak  # measured once
+    assert flops.peak(torch.bfloat16) > 0 and torch.bfloat16 in flops._peaks
+    assert measured_cpu_peak() > 1e8
+
+
+@pytest.mark.parametrize("spec, kind", [(TINY, "launch-bound"), (f"{WORKLOADS / 'tiny.py'}:residual_cnn", "compute")],
+                         ids=["an_mlp_of_16_units", "a_convnet"])
+def test_a_model_too_small_to_keep_the_cpu_busy_is_launch_bound_and_a_convnet_is_not(spec, kind):
+    """TinyNet's matrices are 16 wide: each op is the host's own cost of an op (tens of µs) and its FLOP/s a
+    ten-thousandth of the CPU's peak; the residual convnet's ops take milliseconds."""
+    trainer, seen = make_trainer(spec, steps=30, probe_every=5)
+    trainer.run()
+    watch = BottleneckWatch()
+    for row in seen.metrics:
+        watch.add(row)
+    assert watch.current.kind == kind, watch.current.text
+    assert 0 < watch.current.mfu < 0.5
+
