@@ -194,7 +194,8 @@ class StepWatch:
         #: where its time goes: training's steps, where the host's clock times the work (step_phases.py)
         self.clock = PhaseClock() if plan.training and instruments.phase_totals is not None else None
         #: its forward and backward counted (FlopCounterMode, run eagerly): a kind of step not counted yet
-        self.counts_flops = self.clock is not None and instruments.step_flops is not None and instruments.step_flops.due()
+        self.counts_flops = (self.clock is not None and instruments.step_flops is not None
+                             and instruments.step_flops.due(compiled=instruments.parts.model.compiled is not None))
         self._flop_counter: Any = None
         if plan.activations:
             instruments.activation_probe.attach()  # hooks only on sampled steps: on every step they cost ~35 %

@@ -109,8 +109,7 @@ class OptimizerStep:
         up to those of the mean's."""
         parts, precision, data = self.parts, self.parts.precisions.current, self.parts.data
         accum, split, taken = parts.options.accum, parts.options.split, attempts.batches
-        # hooks added to a compiled model would not fire, nor would its kernels pass through the FLOP counter
-        model = parts.model.for_step(eager=plan.activations or watch.counts_flops)
+        model = parts.model.for_step(eager=plan.activations)  # hooks added to a compiled model would not fire
         losses, metrics = [], []
         weights, cut = None, []
         if parts.workload.loss_items is not None:  # every batch first: the items of all of them are counted

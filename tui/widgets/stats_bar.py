@@ -61,7 +61,7 @@ class StatsBar(FittedLine):
 PHASE_STYLES = {"data": "red", "copy": "magenta", "forward": "blue", "backward": "cyan", "optimizer": "green",
                 "communication": "yellow", "other": "bright_black"}
 #: The bar's cells: a phase under half of one's share draws none.
-BAR_CELLS = 8
+BAR_CELLS = 6
 
 
 def phase_bar(bottleneck: Verdict) -> Text:

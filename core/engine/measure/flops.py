@@ -1,7 +1,7 @@
 """A step's FLOPs and the device's peak: what fraction of the hardware a run uses (MFU).
 
-The FLOPs are counted by PyTorch's ``torch.utils.flop_counter.FlopCounterMode`` on a training step itself, run
-eagerly: its matrix products, convolutions and attention (all of its scores, causal or not, as torch counts them),
+The FLOPs are counted with PyTorch's own formulas (``torch.utils.flop_counter``) on a training step itself, by a
+dispatch mode that only reads (each op runs with its kernels and random numbers), the model uncompiled: its matrix products, convolutions and attention (all of its scores, causal or not, as torch counts them),
 forward and backward, and under activation checkpointing the forward ops that backward runs again, as such
 (elementwise ops count none, as in every MFU). A count is made
 once for each kind of step: the shapes of its first batch, and the settings that change its work (checkpointing,
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 
 
@@ -37,10 +37,10 @@ def _attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.
     return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
 
 
-_attention_forward._get_raw = _attention_backward._get_raw = True  # type: ignore[attr-defined]  # given the tensors
-#: Attention's kernels on a CPU, which torch's table of FLOP formulas lacks (it has the CUDA ones): counted as those are.
-_CPU_ATTENTION = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _attention_forward,
-                  torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _attention_backward}
+#: torch's FLOP formulas by op (each given the op's arguments and ``out_val``), and attention's kernels on a CPU, which
+#: its table lacks (it has the CUDA ones): counted as those are.
+_FORMULAS = {**flop_registry, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _attention_forward,
+             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _attention_backward}
 #: Counting takes at most this share of the run's training time (the first count is always made).
 COUNT_SHARE = 0.02
 #: The matrix product that measures a CPU's peak: its side, and how long it is repeated.
@@ -66,17 +66,25 @@ class Counted:
     ops: int
 
 
-class _OpCount(TorchDispatchMode):
-    """Counts every op a step dispatches: with its time, what an op costs on average (launch-bound steps run many
-    small ones)."""
+class _FlopsAndOps(TorchDispatchMode):
+    """Counts a step's FLOPs with torch's own formulas (``flop_registry``; the CPU's attention kernels with ours) and
+    every op it dispatches (each an op's fixed cost on the host). Not ``FlopCounterMode``: its module tracking adds
+    backward hooks that a model taking ``autograd.grad`` inside its forward (a gradient penalty) cannot run under.
+    It only reads: each op runs as it would, with the same kernels and random numbers."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.flops = 0
         self.ops = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
         self.ops += 1
-        return func(*args, **(kwargs or {}))
+        formula = _FORMULAS.get(func._overloadpacket)
+        if formula is not None:
+            self.flops += formula(*args, **kwargs, out_val=out)
+        return out
 
 
 class StepFlops:
@@ -94,10 +102,13 @@ class StepFlops:
         """The FLOPs and ops of a step of ``kind``, where one was counted."""
         return self._counted.get(kind)
 
-    def due(self) -> bool:
+    def due(self, compiled: bool) -> bool:
         """Whether the next step, expected to be of the last one's kind, is counted: a kind not counted yet, while
-        counting has taken under ``COUNT_SHARE`` of the training time (the first count is made at once)."""
-        if self.last_kind in self._counted:
+        counting has taken under ``COUNT_SHARE`` of the training time (the first count is made at once). Not while
+        the model is compiled: the count runs a step eagerly, whose numbers differ from the compiled graph's in the
+        last bits (a resume would not be bit-exact); a kind counted before compile came on holds for it, the same
+        FLOPs."""
+        if self.last_kind in self._counted or compiled:
             return False
         return not self._counted or self._counting_s < COUNT_SHARE * self.trained_s
 
@@ -106,10 +117,10 @@ class StepFlops:
         """Around a step's forward and backward passes: its FLOPs and ops counted; yields what gives them, once the
         step is through (``record`` then files them)."""
         started = time.perf_counter()
-        flops, ops = FlopCounterMode(display=False, custom_mapping=_CPU_ATTENTION), _OpCount()
+        counter = _FlopsAndOps()
         try:
-            with flops, ops:
-                yield lambda: Counted(int(flops.get_total_flops()), ops.ops)
+            with counter:
+                yield lambda: Counted(int(counter.flops), counter.ops)
         finally:
             self._counting_s += time.perf_counter() - started
 
@@ -133,7 +144,7 @@ def counts_flops(device: torch.device) -> bool:
 def measured_cpu_peak(dtype: torch.dtype = torch.float32) -> float:
     """A CPU's FLOP/s on matrix products of ``dtype``, with the threads torch uses: the best of repeated products of
     ``_PEAK_SIDE`` square matrices over ``_PEAK_SECONDS``, the most this CPU does on the ops a model's FLOPs are in."""
-    a, b = (torch.randn(_PEAK_SIDE, _PEAK_SIDE).to(dtype) for _ in range(2))
+    a, b = (torch.full((_PEAK_SIDE, _PEAK_SIDE), 0.5, dtype=dtype) for _ in range(2))  # no random numbers: the run's
     flops = 2 * _PEAK_SIDE ** 3
     best = 0.0
     deadline = time.perf_counter() + _PEAK_SECONDS

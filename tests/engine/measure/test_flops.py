@@ -70,3 +70,13 @@ def test_a_model_too_small_to_keep_the_cpu_busy_is_launch_bound_and_a_convnet_is
     assert watch.current.kind == kind, watch.current.text
     assert 0 < watch.current.mfu < 0.5
 
+
+
+def test_a_model_taking_autograd_grad_in_its_forward_trains_with_its_flops_counted():
+    """A gradient penalty (a WGAN-GP critic) calls autograd.grad(create_graph=True) inside forward: FlopCounterMode's
+    module tracking broke its first step ("A leaf node was passed to _will_engine_execute_node"); the count that only
+    reads counts it, the penalty's products too."""
+    trainer, seen = make_trainer(f"{WORKLOADS / 'tiny.py'}:gradient_penalty", steps=10, probe_every=5)
+    outcome = trainer.run()
+    assert outcome.status == "finished"
+    assert [row.phases.flops for row in seen.metrics if row.phases is not None][0] > FORWARD + BACKWARD
