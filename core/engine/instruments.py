@@ -300,7 +300,7 @@ class StepWatch:
 
     def _phases(self, step_time: float, data_wait: float, copy: float, compiling: bool, plan: StepPlan) -> StepPhases | None:
         """This step's phases added to training's (not a step that compiled: its forward is the compile's), and
-        their means since the last, on a row of the probe's."""
+        their means since the last, on a row of the probe's and the run's last."""
         instruments = self.instruments
         totals, step_flops = instruments.phase_totals, instruments.step_flops
         if self.clock is None or totals is None:
@@ -315,8 +315,8 @@ class StepWatch:
             step_flops.trained_s += step_time
         if not compiling and not self.counts_flops:  # a compile's or a count's step is not training's time
             totals.add(self.clock.seconds(step_time, data_wait, copy, self._probe_s), flops)
-        if not (plan.probe and plan.report):
-            return None
+        if not plan.report or not (plan.probe or self.step == instruments.parts.config.steps):
+            return None  # a row of the probe's carries them, and the run's last (a short run's probes may be one)
         return totals.take(lambda: step_flops.peak(AMP_DTYPES[instruments.parts.options.amp]) if step_flops else None)
 
     def finish(self, host: HostValues, update: Update) -> StepReport:
