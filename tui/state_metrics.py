@@ -308,13 +308,12 @@ class MetricsFolding:
         batch = protocol.Metrics(columns=columns)
         for index in [index for index, value in enumerate(phases) if value is not None]:
             try:
-                found = self.bottleneck.add(batch.row(index))
+                row = batch.row(index)
             except UnreadableValue as error:
                 self.log(EntryLevel.WARNING, f"ignored a row's phases: {error}", self.step)
                 continue
-            if found is not None:
-                self.log(EntryLevel.WARNING if found.kind != "compute" else EntryLevel.INFO, found.text,
-                         batch.row(index).step)
+            if (found := self.bottleneck.add(row)) is not None:
+                self.log(EntryLevel.WARNING if found.kind != "compute" else EntryLevel.INFO, found.text, row.step)
 
     def _take_last_row(self, row: MetricsRow) -> None:
         """The newest row: the run's clock, and the options in force, which catch changes no acknowledgement told

@@ -150,15 +150,14 @@ class BottleneckWatch:
             self.current, self._options = None, row.options  # starting, a compile) as much as its steady state
             return None
         self.measured.append(phases)
-        while sum(row.steps for row in self.measured) - self.measured[0].steps >= WINDOW_STEPS:
+        while sum(kept.steps for kept in self.measured) - self.measured[0].steps >= WINDOW_STEPS:
             self.measured.popleft()  # the rest cover the window without it
         found = verdict(list(self.measured), self._options)
-        if found is None or (self.current is not None and found.kind == self.current.kind):
-            if found is not None:
-                self.current = found  # its figures, newer
+        if found is None:
             return None
-        self.current = found
-        return found
+        said = self.current is not None and found.kind == self.current.kind
+        self.current = found  # its figures, newer
+        return None if said else found
 
 
 def _trial(option: str, value: object) -> str:

@@ -29,7 +29,7 @@ from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.engine.measure.profiler import Profiling
 from torchlab.core.engine.measure.probes import ActivationStatsProbe, GradNormProbe, GradNorms, ProbeCadence
 from torchlab.core.engine.measure.step_report import HostTransfer, HostValues, StepReport, Update, stats_by_module
-from torchlab.core.engine.measure.flops import AMP_DTYPES, StepFlops, counts_flops, step_kind
+from torchlab.core.engine.measure.flops import StepFlops, counts_flops, step_kind
 from torchlab.core.engine.measure.step_phases import PhaseClock, PhaseTotals, times_phases
 from torchlab.core.engine.measure.update_probe import UpdateFigures, UpdateProbe
 from torchlab.core.wire import protocol as p
@@ -193,7 +193,7 @@ class StepWatch:
         self._taken_before = instruments.parts.data.lengths.taken  # the step's first batch is the next taken
         #: where its time goes: training's steps, where the host's clock times the work (step_phases.py)
         self.clock = PhaseClock() if plan.training and instruments.phase_totals is not None else None
-        #: its forward and backward counted (FlopCounterMode, run eagerly): a kind of step not counted yet
+        #: its forward and backward's FLOPs and ops counted (measure/flops.py): a kind of step not counted yet
         self.counts_flops = (self.clock is not None and instruments.step_flops is not None
                              and instruments.step_flops.due(compiled=instruments.parts.model.compiled is not None))
         self._flop_counter: Any = None
@@ -317,7 +317,7 @@ class StepWatch:
             totals.add(self.clock.seconds(step_time, data_wait, copy, self._probe_s), flops)
         if not plan.report or not (plan.probe or self.step == instruments.parts.config.steps):
             return None  # a row of the probe's carries them, and the run's last (a short run's probes may be one)
-        return totals.take(lambda: step_flops.peak(AMP_DTYPES[instruments.parts.options.amp]) if step_flops else None)
+        return totals.take(lambda: step_flops.peak(instruments.parts.precisions.current.compute_dtype) if step_flops else None)
 
     def finish(self, host: HostValues, update: Update) -> StepReport:
         """The step as the host sees it, once its optimizer step is taken (the optimizer's state, counted on a

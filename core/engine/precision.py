@@ -30,6 +30,8 @@ class Precision:
     tolerates_nonfinite = False
     #: the dtype FSDP2 gathers a sharded model's parameters in (its MixedPrecisionPolicy): None, their own
     param_dtype: torch.dtype | None = None
+    #: the dtype autocast runs matrix products in: the device's peak FLOP/s an MFU is held to (measure/flops.py)
+    compute_dtype: torch.dtype = torch.float32
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -55,9 +57,10 @@ class Precision:
 
 class BF16Precision(Precision):
     name = "bf16"
+    compute_dtype = torch.bfloat16
 
     def autocast(self) -> ContextManager:
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
 
 
 class ShardedBF16Precision(BF16Precision):
@@ -76,13 +79,14 @@ class FP16Precision(Precision):
 
     name = "fp16"
     tolerates_nonfinite = True
+    compute_dtype = torch.float16
 
     def __init__(self, device: torch.device, scaler: torch.amp.GradScaler) -> None:
         super().__init__(device)
         self.scaler = scaler
 
     def autocast(self) -> ContextManager:
-        return torch.autocast(device_type=self.device.type, dtype=torch.float16)
+        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()

@@ -1,17 +1,18 @@
 """A step's FLOPs and the device's peak: what fraction of the hardware a run uses (MFU).
 
-The FLOPs are counted with PyTorch's own formulas (``torch.utils.flop_counter``) on a training step itself, by a
-dispatch mode that only reads (each op runs with its kernels and random numbers), the model uncompiled: its matrix products, convolutions and attention (all of its scores, causal or not, as torch counts them),
-forward and backward, and under activation checkpointing the forward ops that backward runs again, as such
-(elementwise ops count none, as in every MFU). A count is made
-once for each kind of step: the shapes of its first batch, and the settings that change its work (checkpointing,
-split, accum); a step of a kind counted before is known without counting it. Counting makes a step slower (each op
-passes through Python): a kind not yet counted is counted only while counting has taken under ``COUNT_SHARE`` of
-the run's training time, and a counted step is left out of the step times (its phases, as a compile's are).
+The FLOPs are counted with PyTorch's own formulas (``torch.utils.flop_counter``) on a training step itself, the model
+uncompiled, by a dispatch mode that only reads (each op runs with its kernels and random numbers): its matrix
+products, convolutions and attention (all of its scores, causal or not, as torch counts them), forward and backward,
+and under activation checkpointing the forward ops that backward runs again, as such (elementwise ops count none, as
+in every MFU). A count is made once for each kind of step: the shapes of its first batch, and the settings that
+change its work (checkpointing, split, accum); a step of a kind counted before is known without counting it.
+Counting makes a step slower (each op passes through Python): a kind not yet counted is counted only while counting
+has taken under ``COUNT_SHARE`` of the run's training time, and a counted step is left out of the step times (its
+phases, as a compile's are).
 
-The peak is the device's for the step's dtype (float32, or amp's bf16 or fp16): on a CPU measured once for each, as the
-best FLOP/s of a matrix product repeated for 0.3 s (``measured_cpu_peak``). On CUDA the peak is to come from a table
-of the common GPUs' by their NVML name; until then a CUDA run counts no FLOPs.
+The peak is the device's for the step's dtype (the precision's ``compute_dtype``: float32, or amp's bf16 or fp16): on
+a CPU measured once for each, as the best FLOP/s of a matrix product repeated for 0.3 s (``measured_cpu_peak``). On
+CUDA the peak is to come from a table of the common GPUs' by their NVML name; until then a CUDA run counts no FLOPs.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
-
 
 
 def _attention_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> int:
@@ -52,10 +52,6 @@ def step_kind(first_batch_shapes: tuple | None, options: Any) -> Any:
     """What a step's FLOPs depend on: the shapes of its first batch (its others are alike, but an epoch's last) and
     the settings that change its work: checkpointing (recompute), split, accum."""
     return first_batch_shapes, options.checkpointing, options.split, options.accum
-
-
-#: The dtype of a step's matrix products under each amp mode: the peak it is held to.
-AMP_DTYPES = {"off": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)

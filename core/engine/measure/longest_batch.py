@@ -57,10 +57,11 @@ class LongestBatch:
         tensors = batch_tensors(batch)
         elements = sum(tensor.numel() for tensor in tensors)
         self.taken += 1
+        shapes = tuple(tensor.shape for tensor in tensors)
         self._recent.append(elements)
-        self._recent_shapes.append(tuple(tensor.shape for tensor in tensors))
+        self._recent_shapes.append(shapes)
         if self.longest is None or elements > self.longest.elements:
-            self.longest = BatchLength(elements, tuple(tuple(tensor.shape) for tensor in tensors))
+            self.longest = BatchLength(elements, tuple(map(tuple, shapes)))
         if elements == self.longest.elements:
             self.longest_taken_at = self.taken
 
