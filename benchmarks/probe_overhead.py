@@ -145,6 +145,10 @@ def main() -> None:
         "engine-auto": make_engine(fresh(), args.workload, batch_size, args.lr, "auto", args.device),
         "naive-hooks": BareLoop(fresh(), batch_size, args.lr, naive_hooks=True, device=device),
     }
+    # The engine at the default cadence with no step timed by phase and no FLOP counted: what those cost, side by side
+    # (on CUDA the stream's events: core/engine/measure/step_phases.py).
+    runners["engine-untimed"] = make_engine(fresh(), args.workload, batch_size, args.lr, "auto", args.device)
+    runners["engine-untimed"].instruments.phase_totals = runners["engine-untimed"].instruments.step_flops = None
     if device.type == "cuda":
         runners["engine-taken"] = make_engine(fresh(), args.workload, batch_size, args.lr, 0, args.device)
         runners["engine-taken"].data.fetches_ahead = False
@@ -189,6 +193,15 @@ def main() -> None:
                                           "iqr_high": quartiles[2]}
         print(f"\nFetching ahead: engine-off {statistics.median(ahead):.4f}x as fast as engine-taken "
               f"(IQR {quartiles[0]:.4f}-{quartiles[2]:.4f}, per round)")
+    timed = [untimed / auto for untimed, auto in zip(block_times["engine-untimed"], block_times["engine-auto"])]
+    quartiles = statistics.quantiles(timed, n=4) if len(timed) > 1 else [timed[0]] * 3
+    totals = runners["engine-auto"].instruments.phase_totals
+    figures["phases_cost"] = {"median": statistics.median(timed), "iqr_low": quartiles[0], "iqr_high": quartiles[2],
+                              "events_share": totals.marks.cost_s / totals.trained_s if totals.marks.stream else None}
+    print(f"\nTiming the phases and counting FLOPs: engine-untimed takes {statistics.median(timed):.4f} of engine-auto's time "
+          f"(IQR {quartiles[0]:.4f}-{quartiles[2]:.4f}, per round)"
+          + (f"; the stream's events took {100 * figures['phases_cost']['events_share']:.2f} % of training's time"
+             if totals.marks.stream else ""))
     auto, every = runners["engine-auto"], runners["engine-every"]
     probe_ms = 1000 * every.instruments.cadence.probe_cost_s
     step_ms = 1000 * statistics.median(block_times["engine-every"]) / args.steps_per_block

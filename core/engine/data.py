@@ -27,6 +27,7 @@ in the training process (0 workers) it draws from the global RNG, in a worker fr
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import operator
 import signal
@@ -35,7 +36,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
@@ -45,6 +46,12 @@ from torchlab.core.engine.measure.longest_batch import LongestBatch
 from torchlab.core.engine.state.checkpoint import capture_rng_state
 from torchlab.core.engine.adapters.loading import describe_code
 from torchlab.core.errors import WorkloadError, shown
+
+if TYPE_CHECKING:
+    from torchlab.core.engine.measure.step_phases import PhaseClock
+
+#: Where the step under way is not timed: its data's and copy's phases mark nothing.
+_UNTIMED = contextlib.nullcontext()
 
 
 @dataclass
@@ -168,10 +175,11 @@ class BatchStream:
         self.last_batch: Any = None
         #: Where each recent batch began, (epoch, samples into it): the spike guard names a batch's samples by it.
         self.taken_at: deque[tuple[int, int]] = deque(maxlen=4096)
-        #: Seconds ``next_batch`` made its caller wait since ``take_wait`` was last called, and of them the copies
-        #: of batches to the device (``take_copy``).
+        #: Seconds ``next_batch`` made its caller wait since ``take_wait`` was last called.
         self._waited_s = 0.0
-        self._copied_s = 0.0
+        #: The clock of the step under way, where it is timed: the loader's wait and the copy are marked on it as
+        #: the step's ``data`` and ``copy`` phases (core/engine/measure/step_phases.py)
+        self.clock: PhaseClock | None = None
         #: The longest batch taken (what the run's memory forecast predicts with), and which recent ones were as long.
         self.lengths = LongestBatch()
 
@@ -243,11 +251,6 @@ class BatchStream:
         waited, self._waited_s = self._waited_s, 0.0
         return waited
 
-    def take_copy(self) -> float:
-        """The seconds of that wait that copied batches to the device, since the last call."""
-        copied, self._copied_s = self._copied_s, 0.0
-        return copied
-
     def peek_batch(self) -> Any:
         """The batch at the position, on the device, without moving past it: ``next_batch`` returns it. Its fetch is
         the caller's wait for data, as ``next_batch``'s is."""
@@ -305,18 +308,18 @@ class BatchStream:
     def _fetch(self) -> Any:
         if self._iterator is None:
             self._iterator = self._open_epoch()
-        try:
-            batch = next(self._iterator)
-        except StopIteration:
-            if self.position.samples == 0:
-                raise WorkloadError("the dataset yielded no batch in a whole epoch; it is empty.") from None
-            self.position = DataPosition(self.position.epoch + 1, 0)
-            self._iterator = self._open_epoch()
-            batch = next(self._iterator)
-        started = time.perf_counter()
-        batch = move_to_device(batch, self.device)
-        self._copied_s += time.perf_counter() - started
-        return batch
+        clock = self.clock
+        with clock.data if clock is not None else _UNTIMED:
+            try:
+                batch = next(self._iterator)
+            except StopIteration:
+                if self.position.samples == 0:
+                    raise WorkloadError("the dataset yielded no batch in a whole epoch; it is empty.") from None
+                self.position = DataPosition(self.position.epoch + 1, 0)
+                self._iterator = self._open_epoch()
+                batch = next(self._iterator)
+        with clock.copy if clock is not None else _UNTIMED:
+            return move_to_device(batch, self.device)
 
     def _open_epoch(self) -> Iterator:
         epoch, start = self.position.epoch, self.position.samples

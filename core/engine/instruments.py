@@ -29,8 +29,9 @@ from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.engine.measure.profiler import Profiling
 from torchlab.core.engine.measure.probes import ActivationStatsProbe, GradNormProbe, GradNorms, ProbeCadence
 from torchlab.core.engine.measure.step_report import HostTransfer, HostValues, StepReport, Update, stats_by_module
-from torchlab.core.engine.measure.flops import StepFlops, counts_flops, step_kind
-from torchlab.core.engine.measure.step_phases import PhaseClock, PhaseTotals, times_phases
+from torchlab.core.engine.measure.device_peaks import TERA
+from torchlab.core.engine.measure.flops import Counted, StepFlops, step_kind
+from torchlab.core.engine.measure.step_phases import TIMED_DEVICES, Marks, PhaseClock, PhaseTotals
 from torchlab.core.engine.measure.update_probe import UpdateFigures, UpdateProbe
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.payloads import MemoryBreakdown, StepPhases
@@ -94,14 +95,18 @@ class Instruments:
         self.activation_probe = ActivationStatsProbe(model, self.grad_probe.module_names)
         self.memory_probe = MemoryProbe(model, parts.model.checkpointing.wrapped_blocks, parts.config.reshard_after_forward)
         self.memory_cadence = MemoryCadence(parts.config.memory_every)
-        #: training's steps by phase since the last row that carried them; None where the host's clock would not
-        #: time the work (CUDA), or on a rank that does not report
-        self.phase_totals = PhaseTotals() if times_phases(parts.device) and parts.world.reports else None
-        #: each kind of step's FLOPs, counted where the device's peak is known (measure/flops.py)
-        self.step_flops = StepFlops(parts.device) if self.phase_totals is not None and counts_flops(parts.device) else None
+        #: training's steps by phase since the last row that carried them, on a CPU's clock or a CUDA stream's
+        #: events; None on another device, or on a rank that does not report
+        self.phase_totals = (PhaseTotals(Marks.of(parts.device)) if parts.device.type in TIMED_DEVICES and parts.world.reports
+                             else None)
+        #: each kind of step's FLOPs (measure/flops.py)
+        peak = parts.config.peak_tflops
+        self.step_flops = (StepFlops(parts.device, peak * TERA if peak is not None else None)
+                           if self.phase_totals is not None else None)
         self.next_step = NextStep()  # with ranks: set at each boundary, from rank 0's decisions
         self.figures_gathered_at = -math.inf  # with ranks: when a report last gathered each rank's figures
         self.last_memory: MemoryBreakdown | None = None  # training's last step measured by kind
+        self.no_peak_said = False  # the MFU left out for want of the device's peak: said once a process
         self.update_probe = UpdateProbe(self.grad_probe)
         #: the update probe's copy of the parameters ran out of memory once: no more of them in this process
         self.updates_off = False
@@ -136,6 +141,18 @@ class Instruments:
             f"step {step}: the update probe's copy of the parameters ({format_bytes(copy)}) ran out of memory: update "
             "ratios, weight norms and Adam's moments are left out for the rest of this process (a resume measures "
             "them again); gradient norms go on")))
+
+    def say_no_peak(self, step: int) -> None:
+        """Once a process: the steps' FLOPs are counted, but the device's peak is not known (a GPU the table lacks, a
+        MIG slice): the MFU is left out, and how to give the peak is said."""
+        if self.no_peak_said:
+            return
+        self.no_peak_said = True
+        device = self.parts.device
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+        self.parts.reporter.emit(p.Log(level=p.LogLevel.INFO, step=step, text=(
+            f"step {step}: the MFU is left out: no peak FLOP/s is known for {name} (core/engine/measure/device_peaks.py "
+            "lists the GPUs it knows); --peak-tflops gives the device's peak for the run's dtype")))
 
     def awaits_update_figures(self, step: int) -> bool:
         """Whether step ``step``'s update figures are still to be read (its row waits for them)."""
@@ -191,10 +208,13 @@ class StepWatch:
         self._probe_s = 0.0  # what the probes took on the training thread: the cadence follows it
         self._not_the_steps_s = 0.0  # inside its clock, but not its own work (``outside_the_step``)
         self._taken_before = instruments.parts.data.lengths.taken  # the step's first batch is the next taken
-        #: where its time goes: training's steps, where the host's clock times the work (step_phases.py)
-        self.clock = PhaseClock() if plan.training and instruments.phase_totals is not None else None
+        #: where its time goes: training's steps, timed while it is due (step_phases.py); the batch stream marks the
+        #: data's and the copy's on it
+        totals = instruments.phase_totals
+        self.clock = PhaseClock(totals.marks) if plan.training and totals is not None and totals.due() else None
+        instruments.parts.data.clock = self.clock
         #: its forward and backward's FLOPs and ops counted (measure/flops.py): a kind of step not counted yet
-        self.counts_flops = (self.clock is not None and instruments.step_flops is not None
+        self.counts_flops = (plan.training and instruments.step_flops is not None
                              and instruments.step_flops.due(compiled=instruments.parts.model.compiled is not None))
         self._flop_counter: Any = None
         if plan.activations:
@@ -237,20 +257,28 @@ class StepWatch:
             self._act_stats = instruments.activation_probe.detach()
         if self._saved is not None:
             self._gradients_bytes = instruments.memory_probe.gradients_bytes()
-        if not self.plan.probe and not clipping:
-            return None
-        probe_started = time.perf_counter()
-        norms = instruments.grad_probe.measure(per_module=self.plan.probe)
-        if self.plan.probe and norms is not None:
-            self._probe_s += time.perf_counter() - probe_started
-        return norms
+        if not self.plan.probe:
+            return instruments.grad_probe.measure(per_module=False) if clipping else None  # the step's own work
+        with self._probing():
+            return instruments.grad_probe.measure(per_module=True)
+
+    @contextlib.contextmanager
+    def _probing(self) -> Iterator[None]:
+        """Around the probes' own work on the training thread: its time is what the cadence follows, and a phase."""
+        started = time.perf_counter()
+        try:
+            with self.phase("probes"):
+                yield
+        finally:
+            self._probe_s += time.perf_counter() - started
 
     def outside_the_step(self, work: Callable[[], None]) -> None:
         """Do ``work`` that falls inside this step's clock but is not the step's (the row of the step before, sent
         with its update figures): its time is left out of the step's."""
         started = time.perf_counter()
         try:
-            work()
+            with self.phase("outside"):
+                work()
         finally:
             self._not_the_steps_s += time.perf_counter() - started
 
@@ -263,23 +291,21 @@ class StepWatch:
                 or not (instruments.parts.world.reports or instruments.grad_probe.sharded)):
             with self.phase("optimizer"):
                 return update()
-        started = time.perf_counter()
-        try:
-            before = instruments.update_probe.before_update()
-        except Exception as error:  # sharded, every rank's must be taken alike: their all-reduce follows
-            if not out_of_memory(error) or instruments.grad_probe.sharded:
-                raise
-            before = None
+        with self._probing():
+            try:
+                before = instruments.update_probe.before_update()
+            except Exception as error:  # sharded, every rank's must be taken alike: their all-reduce follows
+                if not out_of_memory(error) or instruments.grad_probe.sharded:
+                    raise
+                before = None
         if before is None:  # out of the except: the partial copy is gone with its frames
             instruments.turn_updates_off(self.step)
-        self._probe_s += time.perf_counter() - started
         with self.phase("optimizer"):
             stepped = update()
         if before is not None and stepped:
-            started = time.perf_counter()
-            instruments.update_in_flight = instruments.update_probe.after_update(
-                self.step, before, instruments.parts.optimization.optimizer)
-            self._probe_s += time.perf_counter() - started
+            with self._probing():
+                instruments.update_in_flight = instruments.update_probe.after_update(
+                    self.step, before, instruments.parts.optimization.optimizer)
         return stepped
 
     def to_host(self, loss: torch.Tensor, norms: GradNorms | None, metrics: torch.Tensor | None) -> HostValues:
@@ -298,32 +324,45 @@ class StepWatch:
             in_flight.values = host.vector("update")
         return host
 
-    def _phases(self, step_time: float, data_wait: float, copy: float, compiling: bool, plan: StepPlan) -> StepPhases | None:
-        """This step's phases added to training's (not a step that compiled: its forward is the compile's), and
-        their means since the last, on a row of the probe's and the run's last."""
+    def _phases(self, step_time: float, compiling: bool, plan: StepPlan) -> StepPhases | None:
+        """A training step's phases added to training's where it was timed (not a step that compiled: its forward
+        is the compile's; nor one whose FLOPs were counted), and their means since the last, on a row of the
+        probe's and the run's last (which waits for its steps' marks)."""
         instruments = self.instruments
         totals, step_flops = instruments.phase_totals, instruments.step_flops
-        if self.clock is None or totals is None:
+        if totals is None or not plan.training:
             return None
-        flops = None
-        if step_flops is not None:
-            parts = instruments.parts
-            kind = step_kind(parts.data.lengths.shapes_of(self._taken_before + 1), parts.options)
-            if self._flop_counter is not None:
-                step_flops.record(kind, self._flop_counter())
-            step_flops.last_kind, flops = kind, step_flops.counted(kind)
-            step_flops.trained_s += step_time
-        if not compiling and not self.counts_flops:  # a compile's or a count's step is not training's time
-            totals.add(self.clock.seconds(step_time, data_wait, copy, self._probe_s), flops)
-        if not plan.report or not (plan.probe or self.step == instruments.parts.config.steps):
+        totals.trained_s += step_time
+        flops = self._flops_of_its_kind(step_flops, step_time) if step_flops is not None else None
+        if self.clock is not None and not compiling and not self.counts_flops:
+            totals.add(self.clock, flops)
+        last = self.step == instruments.parts.config.steps
+        if not plan.report or not (plan.probe or last):
             return None  # a row of the probe's carries them, and the run's last (a short run's probes may be one)
-        return totals.take(lambda: step_flops.peak(instruments.parts.precisions.current.compute_dtype) if step_flops else None)
+        dtype = instruments.parts.precisions.current.compute_dtype
+        phases = totals.take(lambda convolutions: step_flops.peak(dtype, convolutions) if step_flops else None, wait=last)
+        if phases is not None and phases.flops and phases.peak_flops_per_s is None:
+            instruments.say_no_peak(self.step)
+        return phases
+
+    def _flops_of_its_kind(self, step_flops: StepFlops, step_time: float) -> Counted | None:
+        """The FLOPs of this step's kind, counted on it where it was due; the kind the next step is expected to be."""
+        parts = self.instruments.parts
+        kind = step_kind(parts.data.lengths.shapes_of(self._taken_before + 1), parts.options)
+        if self._flop_counter is not None:
+            step_flops.record(kind, self._flop_counter())
+        step_flops.last_kind = kind
+        step_flops.trained_s += step_time
+        return step_flops.counted(kind)
 
     def finish(self, host: HostValues, update: Update) -> StepReport:
         """The step as the host sees it, once its optimizer step is taken (the optimizer's state, counted on a
         memory step, exists from the first). Its time is the step's own: reporting it is not part of it."""
         step_time = time.perf_counter() - self._started - self._not_the_steps_s
         instruments, parts, plan = self.instruments, self.instruments.parts, self.plan
+        if self.clock is not None:
+            self.clock.finish()
+            parts.data.clock = None
         memory = None
         if self._saved is not None:
             longest = parts.data.lengths.measured_on_longest(self._taken_before, parts.device.type == "cuda")
@@ -339,8 +378,8 @@ class StepWatch:
         # torch.compile compiled again in this step (a guard failed): its time is compile time, not training's.
         compiling = self._graphs is not None and compiled_graphs() != self._graphs
         grad_norms, act_stats, metrics = host.vector("grad_norms"), host.vector("act_stats"), host.vector("metrics")
-        data_wait, copy = parts.data.take_wait(), parts.data.take_copy()
-        phases = self._phases(step_time, data_wait, copy, compiling, plan)
+        data_wait = parts.data.take_wait()
+        phases = self._phases(step_time, compiling, plan)
         lr_groups, metric_names = parts.lr_groups, parts.loss.metric_names.names
         return StepReport(
             step=self.step,

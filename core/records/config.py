@@ -27,7 +27,7 @@ from torchlab.core.errors import ConfigError, shown
 from torchlab.core.records.settings import (
     ACT_STATS_EVERY, BATCH_SIZE, CHECKPOINT_EVERY, DEVICE, EVAL_BATCHES, EVAL_EVERY, FORECAST_PRIORITY, KEEP_CHECKPOINTS,
     LOG_EVERY, LR,
-    MEMORY_EVERY, OPTIMIZER, OPTIMIZER_STEP, PROBE_EVERY, PROFILE_AT, PROFILE_STEPS, RESHARD_AFTER_FORWARD, SCHEDULE,
+    MEMORY_EVERY, OPTIMIZER, OPTIMIZER_STEP, PEAK_TFLOPS, PROBE_EVERY, PROFILE_AT, PROFILE_STEPS, RESHARD_AFTER_FORWARD, SCHEDULE,
     SEED, SETTINGS, SHARED_RUN_DIR, SPIKE_THRESHOLD, SPIKE_WINDOW, STEPS_SETTING, TELEMETRY_INTERVAL, TENSORBOARD,
     TRIAL_STEPS_SETTING, WARMUP_STEPS, WEIGHT_DECAY,
 )
@@ -155,6 +155,7 @@ class TrainConfig:
     memory_every: int | str = MEMORY_EVERY.default
     telemetry_interval: float = TELEMETRY_INTERVAL.default
     forecast_priority: str = FORECAST_PRIORITY.default
+    peak_tflops: float | None = PEAK_TFLOPS.default
     profile_at: tuple[int, ...] = PROFILE_AT.default
     profile_steps: int = PROFILE_STEPS.default
     shared_run_dir: bool = SHARED_RUN_DIR.default

@@ -359,11 +359,20 @@ FORECAST_PRIORITY = ChoiceSetting(
          "low (niced) also answers on a box whose cores other work keeps busy, taking a share of a core",
 )
 
+#: What an MFU is held to where the device's peak is not known (a GPU the table lacks, a MIG slice), or should be
+#: another figure than the table's: the device's peak TFLOP/s for the run's compute dtype (core/engine/measure/flops.py)
+PEAK_TFLOPS = NumberSetting(
+    name="peak_tflops", default=None,
+    bounds=Bounds(minimum=0, above=True, maximum=1e6, wording="a number of TFLOP/s above {minimum}, up to {maximum}"),
+    group="probes", metavar="TFLOPS", default_means="the GPU's from the table of common GPUs, a CPU's measured",
+    help="the device's peak TFLOP/s for the run's dtype, the MFU's denominator, for a device the table lacks",
+)
+
 SETTINGS: tuple[Setting, ...] = (
     SHARED_RUN_DIR, TENSORBOARD,
     STEPS_SETTING, BATCH_SIZE, SEED, DEVICE, OPTIMIZER, LR, WEIGHT_DECAY, SCHEDULE, WARMUP_STEPS, EVAL_EVERY,
     EVAL_BATCHES, CHECKPOINT_EVERY, KEEP_CHECKPOINTS, RESHARD_AFTER_FORWARD,
     TRIAL_STEPS_SETTING, SPIKE_THRESHOLD, SPIKE_WINDOW,
     LOG_EVERY, PROBE_EVERY, ACT_STATS_EVERY, MEMORY_EVERY, PROFILE_AT, PROFILE_STEPS, TELEMETRY_INTERVAL,
-    FORECAST_PRIORITY,
+    FORECAST_PRIORITY, PEAK_TFLOPS,
 )

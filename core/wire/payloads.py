@@ -212,15 +212,16 @@ PHASES = ("data", "copy", "forward", "backward", "optimizer", "communication", "
 @dataclass(frozen=True)
 class StepPhases(JsonObject):
     """Where a step's time went, in seconds (core/engine/measure/step_phases.py), adding up to its time: each the
-    mean over the ``steps`` trained since the row before that had them (each step is timed; a row of the probe's
-    carries them), a compile's steps left out:
+    mean over the ``steps`` timed since the row before that had them (a row of the probe's carries them), a
+    compile's steps left out:
     waiting for the loader (``data_s``), the batch's copy to the device (``copy_s``), forward and backward (the
     loss's own code with them), the optimizer's step with zero_grad and the schedule, the engine's own collectives
     (``communication_s``: the loss's mean over ranks; DDP's and FSDP2's overlap backward and forward, whose time their
     exposed part is counted in), the probes' own work on this step (``probes_s``: the gradient norms, the update
     probe's copy; the phases are measured on the probe's steps, and a step it does not measure takes none), and
     ``other_s``: what none of them took (the host's bookkeeping, the step's transfer). ``clock``: what timed them
-    ("host": on a CPU, where each op runs as it is called)."""
+    ("host": on a CPU, where each op runs as it is called; "stream": on CUDA, events on the stream, each phase the
+    device's time from its start to its end, the device's wait for the host within it included)."""
 
     data_s: float
     copy_s: float

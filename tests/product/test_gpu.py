@@ -94,3 +94,29 @@ def test_a_spike_rolls_back_on_cuda_from_page_locked_copies_taken_on_a_side_stre
     assert all(buffer.is_pinned() for copy in trainer.guard._copies for buffer in copy._buffers)
     trainer.train_steps(9)
     assert trainer.step == 30 and all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_on_cuda_each_phase_is_timed_by_events_on_the_stream_and_the_mfu_held_to_the_gpus_peak():
+    """The slow loader's step on CUDA (20 ms in its loader, 10 ms in forward, 15 in backward, on the host: the
+    device idles through each, inside the phase's events): each phase where the device spent it, read without a sync
+    of its own (a row carries the steps the device had passed by its report, the last row waits for the rest), the
+    phases adding up to the host's step time; the MFU held to the table's peak where the GPU is in it."""
+    import statistics
+
+    from torchlab.core.engine.measure.device_peaks import gpu_peaks
+
+    trainer, seen = make_trainer(f"{WORKLOADS / 'tiny.py'}:slow_loader", steps=30, probe_every=10, device="cuda")
+    trainer.run()
+    measured = [row for row in seen.metrics if row.phases is not None]
+    assert [row.step for row in measured] == [10, 20, 30] and {row.phases.clock for row in measured} == {"stream"}
+    assert sum(row.phases.steps for row in measured) == 30 - 1  # every step but the counted one, each in one row
+    for row in measured[1:]:  # the first holds the loader's first epoch opening
+        ms = {phase: seconds * 1000 for phase, seconds in row.phases.seconds().items()}
+        assert 19 <= ms["data"] < 26 and 10 <= ms["forward"] < 14 and 15 <= ms["backward"] < 19, ms
+        assert 0 <= ms["other"] < 0.05 * sum(ms.values()), ms
+    host_steps = statistics.mean(row.step_time_s for row in seen.metrics[10:])
+    assert sum(measured[-1].phases.seconds().values()) == pytest.approx(host_steps, rel=0.15)
+    known = gpu_peaks(torch.cuda.get_device_name()) is not None
+    assert (measured[-1].phases.mfu is not None) == known and measured[-1].phases.flops_per_s > 0
+    if known:
+        assert 0 < measured[-1].phases.mfu < 0.01  # TinyNet cannot keep a GPU busy

@@ -11,8 +11,10 @@ has taken under ``COUNT_SHARE`` of the run's training time, and a counted step i
 phases, as a compile's are).
 
 The peak is the device's for the step's dtype (the precision's ``compute_dtype``: float32, or amp's bf16 or fp16): on
-a CPU measured once for each, as the best FLOP/s of a matrix product repeated for 0.3 s (``measured_cpu_peak``). On
-CUDA the peak is to come from a table of the common GPUs' by their NVML name; until then a CUDA run counts no FLOPs.
+a CPU measured once for each, as the best FLOP/s of a matrix product repeated for 0.3 s (``measured_cpu_peak``); on
+CUDA the vendor's figure for the GPU by its name (measure/device_peaks.py), convolutions' FLOPs held to their own
+where it differs (float32's TF32 switches); or the one the run is given (``--peak-tflops``), for a device the table
+lacks. Where none is known the FLOPs and FLOP/s are still counted, and the MFU is left out.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+from torchlab.core.engine.measure.device_peaks import cuda_peak
 
 
 def _attention_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> int:
@@ -54,12 +58,18 @@ def step_kind(first_batch_shapes: tuple | None, options: Any) -> Any:
     return first_batch_shapes, options.checkpointing, options.split, options.accum
 
 
+#: Convolutions' ops: on CUDA their float32 runs as TF32 by cuDNN's own switch, a matrix product's by another's.
+_CONVOLUTIONS = {torch.ops.aten.convolution, torch.ops.aten._convolution, torch.ops.aten.convolution_backward}
+
+
 @dataclass(frozen=True)
 class Counted:
-    """One kind of step's FLOPs, and the ops it dispatched (each an op's fixed cost on the host: views too)."""
+    """One kind of step's FLOPs, of them its convolutions', and the ops it dispatched (each an op's fixed cost on
+    the host: views too)."""
 
     flops: int
     ops: int
+    convolution_flops: int = 0
 
 
 class _FlopsAndOps(TorchDispatchMode):
@@ -71,23 +81,30 @@ class _FlopsAndOps(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.flops = 0
+        self.convolution_flops = 0
         self.ops = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         self.ops += 1
-        formula = _FORMULAS.get(func._overloadpacket)
+        packet = func._overloadpacket
+        formula = _FORMULAS.get(packet)
         if formula is not None:
-            self.flops += formula(*args, **kwargs, out_val=out)
+            flops = formula(*args, **kwargs, out_val=out)
+            self.flops += flops
+            if packet in _CONVOLUTIONS:
+                self.convolution_flops += flops
         return out
 
 
 class StepFlops:
     """The FLOPs of each kind of step counted so far, and when to count one more."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, given_peak: float | None = None) -> None:
         self.device = device
+        #: the peak FLOP/s the run was given (``--peak-tflops``): every dtype's, in place of the table's or a measure
+        self.given_peak = given_peak
         self._counted: dict[Any, Counted] = {}
         self._counting_s = 0.0
         self.trained_s = 0.0  # the run's training steps' time in this process, counting's share is of
@@ -116,25 +133,25 @@ class StepFlops:
         counter = _FlopsAndOps()
         try:
             with counter:
-                yield lambda: Counted(int(counter.flops), counter.ops)
+                yield lambda: Counted(int(counter.flops), counter.ops, int(counter.convolution_flops))
         finally:
             self._counting_s += time.perf_counter() - started
 
     def record(self, kind: Any, counted: Counted) -> None:
         self._counted[kind] = counted
 
-    def peak(self, dtype: torch.dtype) -> float | None:
-        """The device's peak FLOP/s for ``dtype`` (a CPU's measured once a dtype), or None where it is not known."""
+    def peak(self, dtype: torch.dtype, convolution_share: float = 0.0) -> float | None:
+        """The device's peak FLOP/s for steps of ``dtype``, ``convolution_share`` of whose FLOPs are convolutions':
+        the one given, a CPU's measured once a dtype, a GPU's from the table; None where it is not known."""
+        if self.given_peak is not None:
+            return self.given_peak
+        if self.device.type == "cuda":
+            return cuda_peak(torch.cuda.get_device_name(self.device), dtype, convolution_share)
         if self.device.type != "cpu":
             return None
         if dtype not in self._peaks:
             self._peaks[dtype] = measured_cpu_peak(dtype)
         return self._peaks[dtype]
-
-
-def counts_flops(device: torch.device) -> bool:
-    """Whether a run on ``device`` counts its FLOPs: where its peak is known (a CPU's, measured)."""
-    return device.type == "cpu"
 
 
 def measured_cpu_peak(dtype: torch.dtype = torch.float32) -> float:
