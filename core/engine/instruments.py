@@ -31,7 +31,7 @@ from torchlab.core.engine.measure.probes import ActivationStatsProbe, GradNormPr
 from torchlab.core.engine.measure.step_report import HostTransfer, HostValues, StepReport, Update, stats_by_module
 from torchlab.core.engine.measure.device_peaks import TERA
 from torchlab.core.engine.measure.flops import Counted, StepFlops, step_kind
-from torchlab.core.engine.measure.step_phases import TIMED_DEVICES, Marks, PhaseClock, PhaseTotals
+from torchlab.core.engine.measure.step_phases import TIMED_DEVICES, PhaseTotals, marks_of
 from torchlab.core.engine.measure.update_probe import UpdateFigures, UpdateProbe
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.payloads import MemoryBreakdown, StepPhases
@@ -97,7 +97,7 @@ class Instruments:
         self.memory_cadence = MemoryCadence(parts.config.memory_every)
         #: training's steps by phase since the last row that carried them, on a CPU's clock or a CUDA stream's
         #: events; None on another device, or on a rank that does not report
-        self.phase_totals = (PhaseTotals(Marks.of(parts.device)) if parts.device.type in TIMED_DEVICES and parts.world.reports
+        self.phase_totals = (PhaseTotals(marks_of(parts.device)) if parts.device.type in TIMED_DEVICES and parts.world.reports
                              else None)
         #: each kind of step's FLOPs (measure/flops.py)
         peak = parts.config.peak_tflops
@@ -211,7 +211,7 @@ class StepWatch:
         #: where its time goes: training's steps, timed while it is due (step_phases.py); the batch stream marks the
         #: data's and the copy's on it
         totals = instruments.phase_totals
-        self.clock = PhaseClock(totals.marks) if plan.training and totals is not None and totals.due() else None
+        self.clock = totals.clock() if plan.training and totals is not None and totals.due() else None
         instruments.parts.data.clock = self.clock
         #: its forward and backward's FLOPs and ops counted (measure/flops.py): a kind of step not counted yet
         self.counts_flops = (plan.training and instruments.step_flops is not None

@@ -11,15 +11,16 @@ out. A row of the probe's cadence carries the mean of the steps timed since the 
 the probe's own steps alone (a few in a hundred on a fast model) would say little, and would say the probe's cost.
 A step that compiled (torch.compile) is left out, as the impact table leaves it out.
 
-**Where a mark is.** On a CPU each op runs as it is called: a mark is the host's clock (``HostMark``), and every step
-is timed (about 3 us a step). On CUDA the host only queues kernels, and its clock would time the queueing: a mark is
-an event on the stream (``StreamMark``), reached when the device has run everything queued before it, so a phase is
-the device's time from its first kernel's turn to its last's end, the device's idle time waiting for the host within
-it included (a loader's wait shows as the device idle between the data's marks, where nothing else was queued to
-run meanwhile: the exposed wait, not the host's). Events are read without a sync of their own: a step's marks are
-read once the device has passed its last (``query``), which the step's one transfer ensures at each report; the run's
-last row waits for its last step. Recording an event costs the host microseconds: steps are timed while the events
-have cost under ``STREAM_SHARE`` of the training time (a timed step is no different from the others).
+**Where a mark is.** On a CPU each op runs as it is called: a mark is a reading of the host's clock (``HostMarks``),
+and every step is timed (about 7 us a step for ten spans, by ``timeit``). On CUDA the host only queues kernels, and
+its clock would time the queueing: a mark is an event on the stream (``StreamMarks``), reached when the device has
+run everything queued before it, so a phase is the device's time from its first kernel's turn to its last's end, the
+device's idle time waiting for the host within it included (a loader's wait shows as the device idle between the
+data's marks, where nothing else was queued to run meanwhile: the exposed wait, not the host's). Events are read
+without a sync of their own: a step's marks are read once the device has passed its last (``query``), which the
+step's one transfer ensures at each report; the run's last row waits for its last step. Recording an event costs the
+host microseconds: steps are timed while the events have cost under ``STREAM_SHARE`` of the training time (a timed
+step trains as any other).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any
 
 import torch
 
@@ -40,102 +41,83 @@ TIMED_DEVICES = ("cpu", "cuda")
 STREAM_SHARE = 0.005
 
 
-class Mark(Protocol):
-    """A point of a step: where the work queued before it was done."""
+class HostMarks:
+    """Marks on the host's clock: on a CPU, where each op runs as it is called, a mark is the time those before it
+    ran (a float: a reading of the clock is all a mark costs)."""
 
-    def record(self) -> None: ...
-    def done(self) -> bool: ...
-    def wait(self) -> None: ...
-    def seconds_to(self, later: Mark) -> float: ...
-
-
-class HostMark:
-    """A point of a step on the host's clock: on a CPU, where each op runs as it is called, when those before it ran."""
-
-    __slots__ = ("at",)
+    stream = False
+    cost_s = 0.0
 
     def __init__(self) -> None:
-        self.at = 0.0
+        self.recorded: Callable[[], Any] = time.perf_counter
 
-    def record(self) -> None:
-        self.at = time.perf_counter()
-
-    def done(self) -> bool:
+    def done(self, mark: Any) -> bool:
         return True
 
-    def wait(self) -> None:
+    def wait(self, mark: Any) -> None:
         return None
 
-    def seconds_to(self, later: HostMark) -> float:  # type: ignore[override]
-        return later.at - self.at
+    def seconds(self, start: Any, end: Any) -> float:
+        return end - start
+
+    def give_back(self, marks: list[Any]) -> None:
+        return None
 
 
-class StreamMark:
-    """A point of a step on the CUDA stream: an event, reached when the device has run what was queued before it."""
+class StreamMarks:
+    """Marks on the CUDA stream: events with timing, each reached when the device has run what was queued before it,
+    made once and used again once read; and what recording them has cost the host (``cost_s``)."""
 
-    __slots__ = ("event",)
+    stream = True
 
-    def __init__(self) -> None:
-        self.event = torch.cuda.Event(enable_timing=True)
-
-    def record(self) -> None:
-        self.event.record()
-
-    def done(self) -> bool:
-        return self.event.query()
-
-    def wait(self) -> None:
-        self.event.synchronize()
-
-    def seconds_to(self, later: StreamMark) -> float:  # type: ignore[override]
-        return self.event.elapsed_time(later.event) / 1e3
-
-
-class Marks:
-    """The marks of a device's steps, each kind's made once and used again once read; and, for events on a stream,
-    what recording them has cost the host (``cost_s``)."""
-
-    def __init__(self, make: Callable[[], Mark], stream: bool) -> None:
-        self._make, self.stream = make, stream
-        self._free: list[Mark] = []
+    def __init__(self, make: Callable[[], Any] = lambda: torch.cuda.Event(enable_timing=True)) -> None:
+        self._make = make
+        self._free: list[Any] = []
         self.cost_s = 0.0
 
-    @classmethod
-    def of(cls, device: torch.device) -> Marks:
-        """A CUDA device's events on its stream, or the host's clock."""
-        return cls(StreamMark, stream=True) if device.type == "cuda" else cls(HostMark, stream=False)
-
-    def recorded(self) -> Mark:
-        """A mark, recorded now; on a stream, what recording it cost the host is added up."""
-        if not self.stream:
-            mark = self._free.pop() if self._free else self._make()
-            mark.record()
-            return mark
+    def recorded(self) -> Any:
         started = time.perf_counter()
-        mark = self._free.pop() if self._free else self._make()
-        mark.record()
+        event = self._free.pop() if self._free else self._make()
+        event.record()
         self.cost_s += time.perf_counter() - started
-        return mark
+        return event
 
-    def give_back(self, marks: list[Mark]) -> None:
+    def done(self, mark: Any) -> bool:
+        return mark.query()
+
+    def wait(self, mark: Any) -> None:
+        mark.synchronize()
+
+    def seconds(self, start: Any, end: Any) -> float:
+        return start.elapsed_time(end) / 1e3
+
+    def give_back(self, marks: list[Any]) -> None:
         self._free.extend(marks)
+
+
+Marks = HostMarks | StreamMarks
+
+
+def marks_of(device: torch.device) -> Marks:
+    """A CUDA device's events on its stream, or the host's clock."""
+    return StreamMarks() if device.type == "cuda" else HostMarks()
 
 
 class _Phase:
     """A phase of a step's clock: marked where each time it is entered (each micro-batch's forward) starts and ends."""
 
-    __slots__ = ("_clock", "_index", "_start")
+    __slots__ = ("_spans", "_recorded", "_index", "_start")
 
     def __init__(self, clock: PhaseClock, index: int) -> None:
-        self._clock, self._index = clock, index
-        self._start: Mark | None = None
+        self._spans, self._recorded, self._index = clock.spans, clock.marks.recorded, index
+        self._start: Any = None
 
     def __enter__(self) -> _Phase:
-        self._start = self._clock.marks.recorded()
+        self._start = self._recorded()
         return self
 
     def __exit__(self, *exc_info: object) -> bool:
-        self._clock.spans.append((self._index, self._start, self._clock.marks.recorded()))  # type: ignore[arg-type]
+        self._spans.append((self._index, self._start, self._recorded()))
         return False
 
 
@@ -145,16 +127,23 @@ _OUTSIDE = len(PHASES)  # a span inside the step's marks that is not the step's
 
 class PhaseClock:
     """One step's marks: its start and end, and a span for each time a phase ran (``data`` and ``copy`` are the
-    batch stream's, the others the step's own); ``outside``: inside the step's marks, not the step's."""
+    batch stream's, the others the step's own); ``outside``: inside the step's marks, not the step's. Used again
+    for a later step once read (``start``)."""
 
     def __init__(self, marks: Marks) -> None:
         self.marks = marks
-        self.spans: list[tuple[int, Mark, Mark]] = []
+        self.spans: list[tuple[int, Any, Any]] = []
         self.data, self.copy, self.forward, self.backward, self.optimizer, self.communication, self.probes = (
             _Phase(self, index) for index in range(_PROBES + 1))
         self.outside = _Phase(self, _OUTSIDE)
-        self._start = marks.recorded()
-        self._end: Mark | None = None
+        self._start: Any = None
+        self._end: Any = None
+
+    def start(self) -> PhaseClock:
+        """The step's first mark: its start."""
+        self.spans.clear()
+        self._start, self._end = self.marks.recorded(), None
+        return self
 
     def finish(self) -> None:
         """The step's last mark: its end."""
@@ -163,18 +152,19 @@ class PhaseClock:
     def read(self, wait: bool) -> list[float] | None:
         """The step's seconds by phase (``PHASES``), ``other`` the rest of the step's; None while the device has not
         reached the step's end (unless ``wait``: then once it has). Its marks are used again."""
-        end = self._end
+        marks, end = self.marks, self._end
         assert end is not None, "a step's clock is read once it is finished"
-        if not end.done():
+        if not marks.done(end):
             if not wait:
                 return None
-            end.wait()
+            marks.wait(end)
         seconds = [0.0] * (_OUTSIDE + 1)  # the timed phases', "other"'s (none: the rest), outside's
         for index, start, stop in self.spans:
-            seconds[index] += start.seconds_to(stop)
-        total = self._start.seconds_to(end) - seconds.pop()
+            seconds[index] += marks.seconds(start, stop)
+        total = marks.seconds(self._start, end) - seconds.pop()
         seconds.pop()
-        self.marks.give_back([self._start, end, *(mark for _, start, stop in self.spans for mark in (start, stop))])
+        if marks.stream:
+            marks.give_back([self._start, end, *(mark for _, start, stop in self.spans for mark in (start, stop))])
         return [*seconds, total - sum(seconds)]
 
 
@@ -184,6 +174,7 @@ class PhaseTotals:
 
     def __init__(self, marks: Marks) -> None:
         self.marks = marks
+        self._read_clocks: list[PhaseClock] = []  # used again for a later step
         self.trained_s = 0.0  # training's steps' time in this process: the stream's events' share is of it
         self._waiting: deque[tuple[PhaseClock, Counted | None]] = deque()
         self._reset()
@@ -198,6 +189,10 @@ class PhaseTotals:
         under ``STREAM_SHARE`` of the training time (the first step is timed)."""
         return not self.marks.stream or self.marks.cost_s <= STREAM_SHARE * self.trained_s
 
+    def clock(self) -> PhaseClock:
+        """A step's clock, started now."""
+        return (self._read_clocks.pop() if self._read_clocks else PhaseClock(self.marks)).start()
+
     def add(self, clock: PhaseClock, counted: Counted | None) -> None:
         """A finished step's clock, read as soon as its marks are reached (on the host, at once)."""
         self._waiting.append((clock, counted))
@@ -210,6 +205,7 @@ class PhaseTotals:
             if seconds is None:
                 return
             self._waiting.popleft()
+            self._read_clocks.append(clock)
             self._seconds = [total + step for total, step in zip(self._seconds, seconds)]
             self._steps += 1
             if counted is not None:

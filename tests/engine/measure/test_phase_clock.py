@@ -8,21 +8,23 @@ from __future__ import annotations
 import pytest
 
 from torchlab.core.engine.measure.flops import Counted
-from torchlab.core.engine.measure.step_phases import STREAM_SHARE, Marks, PhaseClock, PhaseTotals
+from torchlab.core.engine.measure.step_phases import STREAM_SHARE, HostMarks, PhaseClock, PhaseTotals, StreamMarks
 from torchlab.core.wire.payloads import PHASES
 
 
 class Device:
-    """What the fake marks read: the time now, and how far the device has run (the marks recorded before it)."""
+    """What the fake marks read: the time now, and how far the device has run (the events recorded before it)."""
 
     def __init__(self) -> None:
         self.now = 0.0
         self.recorded = 0
-        self.reached = 0  # marks the device has passed
+        self.reached = 0  # events the device has passed
         self.waited = 0
 
 
-class FakeMark:
+class FakeEvent:
+    """A CUDA event as the stream's marks use it, on the test's clock and its device's progress."""
+
     def __init__(self, device: Device) -> None:
         self.device, self.at, self.order = device, 0.0, 0
 
@@ -30,15 +32,21 @@ class FakeMark:
         self.device.recorded += 1
         self.at, self.order = self.device.now, self.device.recorded
 
-    def done(self) -> bool:
+    def query(self) -> bool:
         return self.order <= self.device.reached
 
-    def wait(self) -> None:
+    def synchronize(self) -> None:
         self.device.waited += 1
         self.device.reached = max(self.device.reached, self.order)
 
-    def seconds_to(self, later: FakeMark) -> float:
-        return later.at - self.at
+    def elapsed_time(self, later: FakeEvent) -> float:
+        return (later.at - self.at) * 1000  # ms, as CUDA's
+
+
+def host_marks(device: Device) -> HostMarks:
+    marks = HostMarks()
+    marks.recorded = lambda: device.now
+    return marks
 
 
 def one_step(clock: PhaseClock, device: Device) -> None:
@@ -55,26 +63,35 @@ def one_step(clock: PhaseClock, device: Device) -> None:
 
 
 def test_a_steps_phases_are_their_marks_spans_and_other_is_the_rest_of_the_step_less_what_is_not_its():
-    device, made = Device(), []
-    marks = Marks(lambda: made.append(1) or FakeMark(device), stream=False)
-    clock = PhaseClock(marks)
+    device = Device()
+    totals = PhaseTotals(host_marks(device))
+    clock = totals.clock()
     one_step(clock, device)
-    device.reached = device.recorded
     seconds = dict(zip(PHASES, clock.read(wait=False)))
     assert seconds == {"data": 2, "copy": 1, "forward": 3, "backward": 4, "optimizer": 2, "communication": 0,
                        "probes": 0.5, "other": 1.5}
     assert sum(seconds.values()) == 14  # the step's 19 s less the 5 s that were not its own
-    one_step(PhaseClock(marks), device)
-    assert len(made) == device.recorded / 2  # the second step's marks are the first's, used again
+
+
+def test_a_read_clock_and_its_events_are_used_again():
+    device, made = Device(), []
+    totals = PhaseTotals(StreamMarks(lambda: made.append(1) or FakeEvent(device)))
+    first = totals.clock()
+    one_step(first, device)
+    device.reached = device.recorded
+    totals.add(first, None)
+    second = totals.clock()
+    one_step(second, device)
+    assert second is first and len(made) == device.recorded / 2  # the second step's events are the first's
 
 
 def test_a_streams_steps_are_read_once_the_device_passed_them_and_the_last_row_waits_for_its_steps():
     device = Device()
-    totals = PhaseTotals(Marks(lambda: FakeMark(device), stream=True))
-    first = PhaseClock(totals.marks)
+    totals = PhaseTotals(StreamMarks(lambda: FakeEvent(device)))
+    first = totals.clock()
     one_step(first, device)
     totals.add(first, Counted(flops=28, ops=3, convolution_flops=7))
-    second = PhaseClock(totals.marks)
+    second = totals.clock()
     one_step(second, device)
     device.reached = device.recorded - 1  # the second step's last mark not reached yet (its optimizer runs)
     totals.add(second, None)
@@ -88,15 +105,15 @@ def test_a_streams_steps_are_read_once_the_device_passed_them_and_the_last_row_w
 
 
 def test_a_stream_times_steps_while_its_events_cost_the_host_under_their_share_of_training():
-    totals = PhaseTotals(Marks(lambda: FakeMark(Device()), stream=True))
+    totals = PhaseTotals(StreamMarks(lambda: FakeEvent(Device())))
     assert totals.due()  # the first step is timed
     totals.marks.cost_s = 0.01
     totals.trained_s = 0.01 / STREAM_SHARE - 1
     assert not totals.due()
     totals.trained_s += 2
     assert totals.due()
-    host = PhaseTotals(Marks(lambda: FakeMark(Device()), stream=False))
-    host.marks.cost_s = 1.0
+    host = PhaseTotals(HostMarks())
+    host.trained_s = 0.0
     assert host.due()  # the host's clock costs a reading: every step is timed (its cost is the loop's, measured)
 
 
@@ -104,10 +121,9 @@ def test_a_stream_times_steps_while_its_events_cost_the_host_under_their_share_o
 def test_every_phase_but_other_has_its_span_on_the_clock(attribute):
     """A phase the step marks is one of ``PHASES``: the clock's spans and the payload's fields are one list."""
     device = Device()
-    clock = PhaseClock(Marks(lambda: FakeMark(device), stream=False))
+    clock = PhaseClock(host_marks(device)).start()
     with getattr(clock, attribute):
         device.now += 1
     clock.finish()
-    device.reached = device.recorded
     seconds = dict(zip(PHASES, clock.read(wait=False)))
     assert seconds[attribute] == 1 and sum(seconds.values()) == 1
