@@ -25,6 +25,9 @@
 #              (trial_power.py, under its drifting load of one busy core)
 #   fsdp       FSDP2 with NCCL against DDP at world size 1 through torchrun, on the GPT: step time, memory by
 #              kind, the allocator's peak (parallel_cost.py; the `-m gpu` tests run it through the app's path too)
+#   phases     where the time goes (issue 50): tiny_gpt and the GPT headless, amp off and bf16, each step's phases from
+#              CUDA events on the stream, the verdict and the MFU against the table's peak (their last lines, and
+#              how many rows' phases the stream timed); what the events cost is the probe stage's engine-untimed
 #   forecast   will it fit (issue 49): the memory forecast against what the trainer measures by kind and against the
 #              CUDA allocator's peak (max_memory_allocated), 5 models x 5 settings (memory_forecast.py: forecast.md)
 #
@@ -41,7 +44,7 @@ device=${DEVICE:-cuda}
 # On a CPU the ~92M-parameter GPT takes seconds a step: the check of the script trains a small one instead.
 [[ $device == cpu ]] && export TORCHLAB_GPT100M_SMALL=1
 stages=("$@")
-[[ ${#stages[@]} -eq 0 || ${stages[0]} == all ]] && stages=(tests screens probe syncs gaps lightning trials fsdp forecast)
+[[ ${#stages[@]} -eq 0 || ${stages[0]} == all ]] && stages=(tests screens probe syncs gaps lightning trials fsdp forecast phases)
 
 fail() { echo "gpu_pass.sh: $*" >&2; exit 2; }
 
@@ -112,6 +115,13 @@ stage_command() {
         forecast) echo '"$python" benchmarks/memory_forecast.py --device "$device" \
                             --models mlp convnet tiny_gpt tied_batchnorm hf_gpt2_trainer \
                             --settings off bf16 checkpointing split=2 accum=2 | tee "$out/forecast.md"' ;;
+        phases) echo 'for amp in off bf16; do for workload in tiny_gpt benchmarks/gpt100m.py:workload; do
+                          echo "--- $workload, amp=$amp"
+                          run="$out/phases-$(basename "${workload%%.py*}")-$amp"
+                          torchlab-tui "$workload" --headless --steps 120 --device "$device" --amp "$amp" \
+                              --probe-every 10 --eval-every 0 --checkpoint-every 0 --run-dir "$run" 2>&1 | tail -n 8
+                          echo "rows timed on the stream: $(grep -c "\"clock\":\"stream\"" "$run/metrics.jsonl")"
+                      done; done' ;;
         *) return 1 ;;
     esac
 }
@@ -130,7 +140,7 @@ run_stage() {
 }
 
 for stage in "${stages[@]}"; do
-    stage_command "$stage" >/dev/null || fail "no stage '$stage': tests, gpu-tests, screens, probe, syncs, gaps, lightning, trials, fsdp, forecast or all"
+    stage_command "$stage" >/dev/null || fail "no stage '$stage': tests, gpu-tests, screens, probe, syncs, gaps, lightning, trials, fsdp, forecast, phases or all"
 done
 setup
 status=0
