@@ -667,3 +667,25 @@ def slow_loader() -> Workload:
     128 batches: a loader's workers start again at each (their start is the data phase's too)."""
     return Workload(model=TinyNet(extra=_SlowBothWays()), dataset=_regression_data(2048), loss_fn=mse_loss, batch_size=16,
                     collate_fn=_collate_slowly)
+
+
+class _NarrowBlock(nn.Module):
+    """A LayerNorm, a Linear 8→8 and a gated GELU with a residual: a dozen small elementwise ops, each an op's own
+    cost on the host and next to nothing on the device; torch.compile fuses them into a few."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(self.norm(x))
+        return x + nn.functional.gelu(h) * torch.sigmoid(h) * 0.5
+
+
+def many_small_ops(depth: int = 8) -> Workload:
+    """A deep, narrow model whose step is hundreds of tiny ops (launch-bound: the host's cost of each is the step's
+    time), which compiling makes faster, unlike TinyNet's 140, whose compiled graphs' own calls cost more than they
+    save on a CPU."""
+    model = nn.Sequential(*[_NarrowBlock(8) for _ in range(depth)], nn.Linear(8, 1))
+    return Workload(model=model, dataset=_regression_data(512), loss_fn=mse_loss, batch_size=16)

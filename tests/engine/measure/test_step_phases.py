@@ -61,6 +61,24 @@ def test_the_verdicts_change_trialled_is_faster_as_it_says():
     assert result["speed"].verdict == "faster" and result["speed"].high < 0.9, result["speed"]
 
 
+def test_a_launch_bound_steps_verdict_compiles_them_and_trialled_it_is_faster():
+    """Hundreds of tiny ops a step, each the host's own cost of an op (tests/workloads/tiny.py's many_small_ops):
+    named launch-bound, with compile offered; trialled on the same batches, the compiled arm is faster (a compile's
+    steps are not timed). TinyNet's 140 ops are launch-bound too, but on a CPU its compiled graphs' own calls cost
+    more than they save: the trial, not the verdict, is the test of a change, and says so there."""
+    spec = f"{WORKLOADS / 'tiny.py'}:many_small_ops"
+    trainer, seen = make_trainer(spec, steps=20, probe_every=5)
+    trainer.run()
+    watch = BottleneckWatch()
+    for row in seen.metrics:
+        watch.add(row)
+    assert watch.current.kind == "launch-bound" and watch.current.trial == "compile=on", watch.current.text
+    trainer, seen = make_trainer(spec, steps=10, trials=[f"5:{watch.current.trial}"], trial_steps=8)
+    trainer.run()
+    [result] = seen.of("trial_result")
+    assert result["speed"].verdict == "faster" and result["speed"].high < 0.95, result["speed"]
+
+
 def test_a_trials_steps_are_not_trainings_and_a_rows_phases_read_back_as_written():
     """Each training step is in one row's phases (but step 1, whose FLOPs were counted), and a trial's arms (6 steps
     here) in none; a row's phases are read back from its line of metrics.jsonl as they were written."""
