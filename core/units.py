@@ -36,6 +36,17 @@ def format_bytes(count: Any, missing: str = "–") -> str:
     return f"{three_digits(count / scale)} {unit}" if unit != "B" else f"{count:.0f} B"
 
 
+_DECIMAL_PREFIXES = (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))
+
+
+def format_count(count: float) -> str:
+    """A count in decimal prefixes, as FLOPs are written: ``83.5 k``, ``1.23 G``, ``989 T``, ``512``."""
+    for prefix, scale in _DECIMAL_PREFIXES:
+        if abs(count) >= scale:
+            return f"{three_digits(count / scale)} {prefix}"
+    return f"{count:.0f}" if abs(count) >= 1 or count == 0 else f"{count:.3g}"
+
+
 _READ_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
                "g": 1024**3, "gb": 1000**3, "gib": 1024**3, "t": 1024**4, "tb": 1000**4, "tib": 1024**4}
 

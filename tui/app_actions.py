@@ -269,6 +269,11 @@ class KeyActions:
 
         self.push_screen(MemoryScreen(self.run_state))
 
+    def action_time(self) -> None:
+        from torchlab.tui.screens.time_screen import TimeScreen
+
+        self.push_screen(TimeScreen(self.run_state))
+
     def action_heatmap(self) -> None:
         from torchlab.tui.screens.heatmap_screen import HeatmapScreen
 

@@ -42,6 +42,8 @@ KEY_ACTIONS = (
     KeyAction("M", "memory", "Memory", "Memory by kind: parameters, gradients, optimizer state, activations by module", show=False),
     KeyAction("H", "heatmap", "Heatmap", "Heatmap: modules × recent steps, by gradient norm, update ratio ‖Δθ‖/‖θ‖ or weight norm",
               show=False),
+    KeyAction("B", "time", "Time", "Where the time goes: the phases of each measured row over time, the verdict, the FLOPs by "
+              "module and by op", show=False),
     KeyAction("s", "save_checkpoint", "Save", "Save a checkpoint now"),
     KeyAction("d", "detach", "Detach", "Leave the app; the trainer keeps training (reattach later)", show=False),
     KeyAction("q", "quit", "Quit", "Quit: stop the trainer after a final checkpoint"),
@@ -54,7 +56,7 @@ TRAINER_ACTIONS = frozenset(
     {"toggle_pause", "change_option", "profile", "save_checkpoint", "detach", "try_option"}
 )
 #: Actions that open a view: from the main screen only, so views do not pile up on each other.
-VIEW_ACTIONS = frozenset({"profiles", "impact", "system", "memory", "heatmap"})
+VIEW_ACTIONS = frozenset({"profiles", "impact", "system", "memory", "heatmap", "time"})
 #: What a viewer's key for a trainer action runs instead: a refusal, in one line (``app.refuse_read_only``).
 READ_ONLY_ACTION = "refuse_read_only"
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from torchlab.core.errors import printable
 from torchlab.core.wire import protocol
-from torchlab.core.wire.events import LongestBatch, MemoryPredicted, SpikeGuarded, describe
+from torchlab.core.wire.events import FlopsCounted, LongestBatch, MemoryPredicted, SpikeGuarded, describe
 from torchlab.core.options import OPTION_NAMES, RELAUNCHED_BY, format_option_value
 from torchlab.core.wire.protocol import LogLevel
 from torchlab.core.wire.run_status import RunStatus
@@ -152,54 +152,8 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, Fore
             self.log(EntryLevel.WARNING, f"could not read a {event.type!r} message from the trainer: {error}")
 
     def _dispatch(self, event: protocol.Message) -> None:
-        """The handler of each message the app takes, the most frequent first."""
-        match event:
-            case protocol.Metrics():
-                self._on_metrics(event)
-            case protocol.GradNorms():
-                self._on_grad_norms(event)
-            case protocol.Telemetry():
-                self._on_telemetry(event)
-            case protocol.Memory():
-                self._on_memory(event)
-            case protocol.Ranks():
-                self._on_ranks(event)
-            case protocol.Impact():
-                self._on_impact(event)
-            case protocol.TrialProgress():
-                self._on_trial_progress(event)
-            case protocol.State():
-                self._on_state(event)
-            case protocol.Welcome():
-                self._on_welcome(event)
-            case protocol.Replayed():
-                self._on_replayed(event)
-            case protocol.TrialResult():
-                self._on_trial_result(event)
-            case protocol.OptionApplied():
-                self._on_option_applied(event)
-            case protocol.OptionRefused():
-                self._on_option_refused(event)
-            case protocol.Detached():
-                self._on_detached(event)
-            case protocol.CheckpointSaved():
-                self._on_checkpoint(event)
-            case protocol.Log():
-                self._on_log(event)
-            case protocol.Error():
-                self._on_error(event)
-            case protocol.NonFinite():
-                self._on_nonfinite(event)
-            case protocol.Refused():
-                self._on_refused(event)
-            case protocol.ProfileReady():
-                self._on_profile_ready(event)
-            case MemoryPredicted() | LongestBatch():
-                self._on_forecast(event)
-            case SpikeGuarded():
-                self._on_spike_guarded(event)
-            case _:
-                self._on_other_news(event)
+        """The handler of each message the app takes (``_HANDLERS``), else ``_on_other_news``."""
+        getattr(self, _HANDLERS.get(type(event), "_on_other_news"))(event)
 
     def _on_other_news(self, event: protocol.Message) -> None:
         """A message no handler takes: the trainer's news in words (a compile, a trial) where ``describe`` has them,
@@ -393,3 +347,32 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, Fore
             return
         self.options = dict(options)
         self.options_version += 1
+
+
+#: The handler of each message the app takes, by its type (``RunState._dispatch``).
+_HANDLERS: dict[type, str] = {
+    protocol.Metrics: "_on_metrics",
+    protocol.GradNorms: "_on_grad_norms",
+    protocol.Telemetry: "_on_telemetry",
+    protocol.Memory: "_on_memory",
+    protocol.Ranks: "_on_ranks",
+    protocol.Impact: "_on_impact",
+    protocol.TrialProgress: "_on_trial_progress",
+    protocol.State: "_on_state",
+    protocol.Welcome: "_on_welcome",
+    protocol.Replayed: "_on_replayed",
+    protocol.TrialResult: "_on_trial_result",
+    protocol.OptionApplied: "_on_option_applied",
+    protocol.OptionRefused: "_on_option_refused",
+    protocol.Detached: "_on_detached",
+    protocol.CheckpointSaved: "_on_checkpoint",
+    protocol.Log: "_on_log",
+    protocol.Error: "_on_error",
+    protocol.NonFinite: "_on_nonfinite",
+    protocol.Refused: "_on_refused",
+    protocol.ProfileReady: "_on_profile_ready",
+    MemoryPredicted: "_on_forecast",
+    LongestBatch: "_on_forecast",
+    FlopsCounted: "_on_flops_counted",
+    SpikeGuarded: "_on_spike_guarded",
+}

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchlab.core.analysis.bottleneck import BottleneckWatch
 from torchlab.core.wire import protocol
-from torchlab.core.wire.events import HELD_BACK, LET_THROUGH, SpikeGuarded, describe
+from torchlab.core.wire.events import HELD_BACK, LET_THROUGH, FlopsCounted, SpikeGuarded, describe
 from torchlab.core.wire.metric_names import training_key
 from torchlab.core.wire.metrics_row import MetricsRow, column
 from torchlab.core.options import SPIKE_GUARD
@@ -43,6 +43,8 @@ STEP, LOSS, LR, SAMPLES_PER_S, STEP_TIME, VAL_LOSS = map(column, ("step", "loss"
                                                                  "val_loss"))
 SKIPPED, SPIKE, LRS, METRICS, VAL_METRICS = map(column, ("skipped", "spike", "lrs", "metrics", "val_metrics"))
 PHASES = column("phases")
+#: The rows with phases the time view keeps (one a probe's interval: a few hundred steps' worth and more).
+PHASE_ROWS_KEPT = 240
 
 #: The most LR groups and workload metrics kept as series (each is a chart line); names cut to this many characters.
 MAX_NAMED_SERIES = 32
@@ -104,6 +106,11 @@ class MetricsFolding:
         self._history_until = 0
         #: where the time of the last measured steps went, and its verdict (core/analysis/bottleneck.py)
         self.bottleneck = BottleneckWatch()
+        #: the rows that carried phases, newest last: the time view's phases over time
+        self.phase_rows: deque[MetricsRow] = deque(maxlen=PHASE_ROWS_KEPT)
+        #: the newest kind of step whose FLOPs were counted: where they are, by module and by op
+        self.flops_counted: FlopsCounted | None = None
+        self.time_version = 0  # the phase rows, the verdict or the FLOPs moved
         self._init_gradient_norms()
 
     def _init_gradient_norms(self) -> None:
@@ -312,8 +319,14 @@ class MetricsFolding:
             except UnreadableValue as error:
                 self.log(EntryLevel.WARNING, f"ignored a row's phases: {error}", self.step)
                 continue
+            self.phase_rows.append(row)
+            self.time_version += 1
             if (found := self.bottleneck.add(row)) is not None:
                 self.log(EntryLevel.WARNING if found.kind != "compute" else EntryLevel.INFO, found.text, row.step)
+
+    def _on_flops_counted(self, event: FlopsCounted) -> None:
+        self.flops_counted = event
+        self.time_version += 1
 
     def _take_last_row(self, row: MetricsRow) -> None:
         """The newest row: the run's clock, and the options in force, which catch changes no acknowledgement told

@@ -30,7 +30,7 @@ from torchlab.core.engine.measure.profiler import Profiling
 from torchlab.core.engine.measure.probes import ActivationStatsProbe, GradNormProbe, GradNorms, ProbeCadence
 from torchlab.core.engine.measure.step_report import HostTransfer, HostValues, StepReport, Update, stats_by_module
 from torchlab.core.engine.measure.device_peaks import TERA
-from torchlab.core.engine.measure.flops import Counted, StepFlops, step_kind
+from torchlab.core.engine.measure.flops import Counted, StepFlops, flops_counted, step_kind
 from torchlab.core.engine.measure.step_phases import TIMED_DEVICES, PhaseTotals, marks_of
 from torchlab.core.engine.measure.update_probe import UpdateFigures, UpdateProbe
 from torchlab.core.wire import protocol as p
@@ -101,7 +101,7 @@ class Instruments:
                              else None)
         #: each kind of step's FLOPs (measure/flops.py)
         peak = parts.config.peak_tflops
-        self.step_flops = (StepFlops(parts.device, peak * TERA if peak is not None else None)
+        self.step_flops = (StepFlops(model, parts.device, peak * TERA if peak is not None else None)
                            if self.phase_totals is not None else None)
         self.next_step = NextStep()  # with ranks: set at each boundary, from rank 0's decisions
         self.figures_gathered_at = -math.inf  # with ranks: when a report last gathered each rank's figures
@@ -350,7 +350,9 @@ class StepWatch:
         parts = self.instruments.parts
         kind = step_kind(parts.data.lengths.shapes_of(self._taken_before + 1), parts.options)
         if self._flop_counter is not None:
-            step_flops.record(kind, self._flop_counter())
+            counted = self._flop_counter()
+            step_flops.record(kind, counted)
+            parts.reporter.emit(flops_counted(self.step, kind, counted))
         step_flops.last_kind = kind
         step_flops.trained_s += step_time
         return step_flops.counted(kind)

@@ -21,7 +21,7 @@ from torchlab.core.wire.protocol import (
     CheckpointSaved, Error, Log, LogLevel, Message, NonFinite, OptionApplied, OptionRefused, ProfileReady, TrialProgress,
     TrialResult,
 )
-from torchlab.core.wire.payloads import CommunicationShare, MemoryPrediction
+from torchlab.core.wire.payloads import CommunicationShare, MemoryPrediction, ModuleFlops, OpFlops
 from torchlab.core.wire.typed_json import JsonScalar
 
 
@@ -325,6 +325,23 @@ class LongestBatch(Message):
     previous_elements: int = 0
 
 
+@dataclass(frozen=True)
+class FlopsCounted(Message):
+    """A kind of training step's FLOPs were counted, on step ``step`` (core/engine/measure/flops.py): ``flops`` a
+    step, ``ops`` dispatched, of the kind its first batch's tensors' ``shapes`` and the ``settings`` that change its
+    work (checkpointing, split, accum) make; where they are, by module (``by_module``, largest first: where each op
+    ran, core/engine/measure/module_flops.py) and by op (``by_op``, largest first)."""
+
+    type: ClassVar[str] = "flops_counted"
+    step: int
+    flops: int
+    ops: int
+    shapes: list
+    settings: dict
+    by_module: list[ModuleFlops]
+    by_op: list[OpFlops]
+
+
 #: ``PredictionChecked.measure``: which measured figure a prediction is checked against.
 ALLOCATOR_PEAK = "allocator_peak"
 TENSORS = "tensors"
@@ -354,7 +371,7 @@ class PredictionChecked(Message):
 TRAINER_EVENTS = (
     RunStarted, RunEnded, Paused, Resumed, StepSkipped, OomRescued, SpikeGuarded, ProfileStarted, TrialStarted, CompileStarted, ResumedFromCheckpoint,
     ResumeChangedSettings, Relaunching, LineRefused, LinesRefusedUnrecorded, JournalRepaired, MetricsMovedAside,
-    StopRequested, MemoryPredicted, PredictionChecked, LongestBatch, OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult, TrialProgress,
+    StopRequested, MemoryPredicted, PredictionChecked, LongestBatch, FlopsCounted, OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult, TrialProgress,
 )
 
 

@@ -254,6 +254,31 @@ class StepPhases(JsonObject):
 
 
 @dataclass(frozen=True)
+class ModuleFlops(JsonObject):
+    """A counted step's FLOPs charged to ``module`` (core/engine/measure/module_flops.py): its own ops', not its
+    children's, in forward, in backward, and run again in backward by activation checkpointing (``recompute``);
+    ``(root)`` the model's own code, ``(loss_fn)`` the workload's code outside the model."""
+
+    module: str
+    forward: int
+    backward: int
+    recompute: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.forward + self.backward + self.recompute
+
+
+@dataclass(frozen=True)
+class OpFlops(JsonObject):
+    """A counted step's FLOPs in one op, named as the profiler names it (``aten::mm``): a profile's time of the op
+    gives the FLOP/s it reached."""
+
+    op: str
+    flops: int
+
+
+@dataclass(frozen=True)
 class MemoryBreakdown(JsonObject):
     """The bytes training holds in tensors at ``step``, by kind, measured on that step (core/engine/measure/memory.py):
     the same on CPU as on CUDA, unlike the process RSS, which only grows. ``activations_bytes`` are the tensors

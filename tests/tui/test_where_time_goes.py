@@ -42,3 +42,50 @@ async def test_the_stats_line_draws_the_phases_and_the_log_says_the_bound_once()
         [trial] = link.sent_of(protocol.TrialCommand)
         assert (trial.option, trial.value, trial.steps) == ("workers", "2", DEFAULT_TRIAL_STEPS)
 
+
+
+async def test_the_time_view_draws_each_rows_phases_over_time_and_where_the_flops_are():
+    """``B``: a bar a row, scaled to the slowest (a change that took the data wait away is a shorter bar), the
+    verdict, the FLOPs by module (forward, backward, recompute) and by op, the FLOP/s an op reached in a profile of
+    steps of the counted kind; at 80x24."""
+    from torchlab.core.wire.events import FlopsCounted
+    from torchlab.core.wire.payloads import ModuleFlops, OpFlops
+    from torchlab.tui.screens.time_screen import TimeScreen
+    from textual.widgets import DataTable, Label, Static
+
+    link = FakeLink()
+    app = quiet_app(link)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.poll_now()
+        await pilot.pause()
+        await pilot.press("B")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, TimeScreen)
+        assert "No row has carried phases yet" in str(screen.query_one("#time-status", Label).render())
+        link.push(FlopsCounted(step=1, flops=83_456, ops=140, shapes=[[16, 8], [16, 1]],
+                               settings={"checkpointing": False, "split": 1, "accum": 1},
+                               by_module=[ModuleFlops("body.0.0", 8192, 16384), ModuleFlops("stem", 4096, 4096)],
+                               by_op=[OpFlops("aten::mm", 54_272), OpFlops("aten::addmm", 29_184)]))
+        rows = [measured(step, 21.0 if step <= 130 else 1.0) for step in range(105, 151, 5)]
+        link.push(protocol.decode(protocol.Metrics.from_rows(rows).encode()))
+        link.push(protocol.ProfileReady(first_step=141, last_step=145, dir="/tmp/p", rows=[
+            {"name": "aten::mm", "self_cpu_us": 54.272 * 5, "self_device_us": 0.0}]))
+        app.poll_now()
+        await pilot.pause()
+        status = str(screen.query_one("#time-status", Label).render())
+        assert status.startswith("step 150 · input-bound: 31 % of each step waits for data"), status  # the last 100 steps
+        bars = str(screen.query_one("#time-phases", Static).render()).splitlines()
+        slow, fast = bars[0], bars[-2]  # the last line names the colours
+        assert slow.split()[:3] == ["125", "47.8", "ms"] and fast.split()[:3] == ["150", "27.8", "ms"]  # 6 rows at 80x24
+        assert slow.count("█") == 40 and 22 <= fast.count("█") <= 24  # scaled to the slowest: 27.8 / 47.8 of it
+        assert "█ data" in bars[-1] and "MFU 18 %" in slow
+        title = str(screen.query_one("#time-flops-title", Label).render())
+        assert title.startswith("FLOPs a step: 83.5 k in 140 ops (counted at step 1: batch 16×8, 16×1;"), title
+        ops = str(screen.query_one("#time-ops", Static).render())
+        assert "aten::mm 65 % (1 GFLOP/s)" in ops and "aten::addmm 35 %" in ops  # 54,272 FLOPs a step in 54.272 µs
+        table = screen.query_one(DataTable)
+        assert [str(cell) for cell in table.get_row_at(0)] == ["body.0.0", "8.19 k", "16.4 k", "0", "29 %"]
+        await pilot.press("B")
+        await pilot.pause()
+        assert not isinstance(app.screen, TimeScreen)

@@ -20,6 +20,8 @@ from torchlab.core.wire.outbox import Cursor, Outbox
 from torchlab.core.wire.payloads import (
     AllocatorSample,
     CollectiveTime,
+    ModuleFlops,
+    OpFlops,
     CommunicationShare,
     GpuSample,
     HostSample,
@@ -146,6 +148,10 @@ EXAMPLES = [
     events.PredictionChecked(step=46, settings=_PREDICTED_SETTINGS, measure=events.ALLOCATOR_PEAK,
                              predicted_bytes=28_200_000, measured_bytes=29_900_000, error=0.0603, ratio=1.0603),
     events.LongestBatch(step=840, shapes=[[32, 512], [32, 512], [32]], elements=32_800, previous_elements=29_216),
+    events.FlopsCounted(step=1, flops=83_456, ops=140, shapes=[[16, 8], [16, 1]],
+                        settings={"checkpointing": True, "split": 1, "accum": 1},
+                        by_module=[ModuleFlops("body.0.0", 8192, 16384, 8192), ModuleFlops("stem", 4096, 4096)],
+                        by_op=[OpFlops("aten::mm", 54_272), OpFlops("aten::addmm", 29_184)]),
 ]
 
 

@@ -8,7 +8,8 @@ in every MFU). A count is made once for each kind of step: the shapes of its fir
 change its work (checkpointing, split, accum); a step of a kind counted before is known without counting it.
 Counting makes a step slower (each op passes through Python): a kind not yet counted is counted only while counting
 has taken under ``COUNT_SHARE`` of the run's training time, and a counted step is left out of the step times (its
-phases, as a compile's are).
+phases, as a compile's are). The same count says where the FLOPs are, by module (measure/module_flops.py) and by op;
+each kind counted is announced (``flops_counted``).
 
 The peak is the device's for the step's dtype (the precision's ``compute_dtype``: float32, or amp's bf16 or fp16): on
 a CPU measured once for each, as the best FLOP/s of a matrix product repeated for 0.3 s (``measured_cpu_peak``); on
@@ -22,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,6 +31,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from torchlab.core.engine.measure.device_peaks import cuda_peak
+from torchlab.core.engine.measure.module_flops import BACKWARD, FORWARD, RECOMPUTE, ModuleFlopTracker
+from torchlab.core.wire.events import FlopsCounted
+from torchlab.core.wire.payloads import ModuleFlops, OpFlops
 
 
 def _attention_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> int:
@@ -70,6 +74,10 @@ class Counted:
     flops: int
     ops: int
     convolution_flops: int = 0
+    #: by the module each op ran for: name -> {"forward", "backward", "recompute"} -> FLOPs (measure/module_flops.py)
+    by_module: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: by op, as the profiler names them ("aten::mm"): where a profile's times give FLOP/s by op
+    by_op: dict[str, int] = field(default_factory=dict)
 
 
 class _FlopsAndOps(TorchDispatchMode):
@@ -78,11 +86,13 @@ class _FlopsAndOps(TorchDispatchMode):
     backward hooks that a model taking ``autograd.grad`` inside its forward (a gradient penalty) cannot run under.
     It only reads: each op runs as it would, with the same kernels and random numbers."""
 
-    def __init__(self) -> None:
+    def __init__(self, modules: ModuleFlopTracker) -> None:
         super().__init__()
         self.flops = 0
         self.convolution_flops = 0
         self.ops = 0
+        self.modules = modules
+        self.by_op: dict[str, int] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -91,18 +101,25 @@ class _FlopsAndOps(TorchDispatchMode):
         packet = func._overloadpacket
         formula = _FORMULAS.get(packet)
         if formula is not None:
-            flops = formula(*args, **kwargs, out_val=out)
+            flops = int(formula(*args, **kwargs, out_val=out))
             self.flops += flops
             if packet in _CONVOLUTIONS:
                 self.convolution_flops += flops
+            if flops:
+                self.modules.charge(flops)
+                name = packet._qualified_op_name
+                self.by_op[name] = self.by_op.get(name, 0) + flops
         return out
+
+    def counted(self) -> Counted:
+        return Counted(self.flops, self.ops, self.convolution_flops, self.modules.by_module, self.by_op)
 
 
 class StepFlops:
     """The FLOPs of each kind of step counted so far, and when to count one more."""
 
-    def __init__(self, device: torch.device, given_peak: float | None = None) -> None:
-        self.device = device
+    def __init__(self, model: torch.nn.Module, device: torch.device, given_peak: float | None = None) -> None:
+        self.model, self.device = model, device
         #: the peak FLOP/s the run was given (``--peak-tflops``): every dtype's, in place of the table's or a measure
         self.given_peak = given_peak
         self._counted: dict[Any, Counted] = {}
@@ -130,10 +147,10 @@ class StepFlops:
         """Around a step's forward and backward passes: its FLOPs and ops counted; yields what gives them, once the
         step is through (``record`` then files them)."""
         started = time.perf_counter()
-        counter = _FlopsAndOps()
+        counter = _FlopsAndOps(ModuleFlopTracker(self.model))
         try:
-            with counter:
-                yield lambda: Counted(int(counter.flops), counter.ops, int(counter.convolution_flops))
+            with counter.modules, counter:
+                yield counter.counted
         finally:
             self._counting_s += time.perf_counter() - started
 
@@ -166,3 +183,14 @@ def measured_cpu_peak(dtype: torch.dtype = torch.float32) -> float:
         torch.mm(a, b)
         best = max(best, flops / (time.perf_counter() - started))
     return best
+
+
+def flops_counted(step: int, kind: Any, counted: Counted) -> FlopsCounted:
+    """The event of a kind of step counted on ``step`` (``step_kind``'s ``kind``): by module and by op, largest first."""
+    shapes, checkpointing, split, accum = kind
+    by_module = [ModuleFlops(name, passes[FORWARD], passes[BACKWARD], passes[RECOMPUTE])
+                 for name, passes in counted.by_module.items()]
+    return FlopsCounted(step=step, flops=counted.flops, ops=counted.ops, shapes=[list(shape) for shape in shapes or ()],
+                        settings={"checkpointing": checkpointing, "split": split, "accum": accum},
+                        by_module=sorted(by_module, key=lambda entry: -entry.total),
+                        by_op=[OpFlops(op, flops) for op, flops in sorted(counted.by_op.items(), key=lambda item: -item[1])])

@@ -31,6 +31,35 @@ def test_an_mlps_step_counts_what_a_hand_count_says_with_checkpointings_recomput
         assert 0 < phases.mfu < 0.01  # a model this small keeps a CPU's matrix units idle
 
 
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["off", "checkpointing"])
+def test_each_modules_flops_are_its_own_ops_forward_backward_and_recomputed(checkpointing):
+    """TinyNet's by module, as a hand count says: a block's Linear 2·B·16·16 forward, twice that backward (its weight's
+    gradient and its input's), the stem's backward only its weight's (the batch needs no gradient); under
+    checkpointing each block's forward once more, as recompute. One event a kind of step, by op too."""
+    trainer, seen = make_trainer(TINY, steps=6, options={"checkpointing": checkpointing})
+    trainer.run()
+    [event] = seen.of("flops_counted")
+    block = 2 * BATCH * 16 * 16
+    by_module = {entry.module: (entry.forward, entry.backward, entry.recompute) for entry in event["by_module"]}
+    assert by_module == {"stem": (2 * BATCH * 8 * 16, 2 * BATCH * 8 * 16, 0),
+                         **{f"body.{index}.0": (block, 2 * block, block if checkpointing else 0) for index in range(3)},
+                         "head": (2 * BATCH * 16, 4 * BATCH * 16, 0)}
+    assert sum(entry.total for entry in event["by_module"]) == event["flops"] == sum(entry.flops for entry in event["by_op"])
+    assert event["step"] == 1 and event["settings"] == {"checkpointing": checkpointing, "split": 1, "accum": 1}
+    assert {entry.op for entry in event["by_op"]} == {"aten::mm", "aten::addmm"}
+
+
+def test_a_model_taking_gradients_in_its_forward_is_counted_by_module_without_backward_hooks():
+    """The gradient penalty (autograd.grad with create_graph inside forward): each module's forward as TinyNet's,
+    the penalty's gradients charged to the modules whose nodes they ran (more than their own backward), and it trains."""
+    trainer, seen = make_trainer(f"{WORKLOADS / 'tiny.py'}:gradient_penalty", steps=4)
+    assert trainer.run().status == "finished"
+    [event] = seen.of("flops_counted")
+    by_module = {entry.module: entry for entry in event["by_module"]}
+    assert by_module["net.body.0.0"].forward == 2 * BATCH * 16 * 16
+    assert by_module["net.body.0.0"].backward > 2 * 2 * BATCH * 16 * 16  # its backward, and the penalty's through it
+
+
 def test_a_transformer_blocks_attention_is_counted_on_a_cpu_as_torch_counts_it_on_cuda():
     """torch's table has CUDA's attention kernels; a CPU's (flash attention for the CPU) are counted alike: forward
     two products, backward four and the scores again (flash recomputes them)."""
@@ -43,14 +72,14 @@ def test_a_transformer_blocks_attention_is_counted_on_a_cpu_as_torch_counts_it_o
     linear_backward = 2 * linear_forward - 2 * tokens * width * 3 * width  # the input's gradient is not taken
     product = 2 * batch * length * length * width  # one of attention's products, all heads together
     hand = linear_forward + linear_backward + (2 + 4 + 1) * product
-    flops = StepFlops(torch.device("cpu"))
+    flops = StepFlops(layer, torch.device("cpu"))
     with flops.counting() as counted:
         layer(torch.randn(batch, length, width)).sum().backward()
     assert counted().flops == pytest.approx(hand, rel=0.02) and counted().ops > 50
 
 
 def test_a_cpus_peak_is_measured_for_each_dtype_once():
-    flops = StepFlops(torch.device("cpu"))
+    flops = StepFlops(torch.nn.Linear(1, 1), torch.device("cpu"))
     peak = flops.peak(torch.float32)
     assert 1e8 < peak < 1e14 and flops.peak(torch.float32) == peak  # measured once
     assert flops.peak(torch.bfloat16) > 0 and torch.bfloat16 in flops._peaks
