@@ -32,6 +32,20 @@ def test_each_phase_is_timed_where_the_step_spends_it_and_the_phases_add_up_to_t
     assert sum(measured[-1].phases.seconds().values()) == pytest.approx(all_steps, rel=0.15)
 
 
+@pytest.mark.parametrize("sample", ["mlp", "convnet", "tiny_gpt"])
+def test_on_the_samples_the_phases_add_up_to_the_steps_time_and_other_is_under_5_percent(sample):
+    """The built-in samples: a row's phases, the means of its steps, add up to the host's time of those same steps
+    within 5 %, and what no phase took (``other``: the engine's bookkeeping) is under 5 % of it."""
+    trainer, seen = make_trainer(sample, steps=24, probe_every=8)
+    trainer.run()
+    measured = [row for row in seen.metrics if row.phases is not None]
+    before, last = measured[-2], measured[-1]
+    steps = [row.step_time_s for row in seen.metrics if before.step < row.step <= last.step]
+    phases_s = sum(last.phases.seconds().values())
+    assert last.phases.steps == len(steps) and phases_s == pytest.approx(statistics.mean(steps), rel=0.05)
+    assert last.phases.other_s < 0.05 * phases_s, last.phases
+
+
 def test_a_step_waiting_for_its_loader_is_input_bound_and_more_workers_take_the_wait_away():
     """The verdict's change, made: two loader workers read the next batches while the step trains (the step's 25 ms
     hides their 20 ms), and the data phase falls to a fraction of what it was."""
