@@ -327,10 +327,12 @@ class LongestBatch(Message):
 
 @dataclass(frozen=True)
 class FlopsCounted(Message):
-    """A kind of training step's FLOPs were counted, on step ``step`` (core/engine/measure/flops.py): ``flops`` a
-    step, ``ops`` dispatched, of the kind its first batch's tensors' ``shapes`` and the ``settings`` that change its
-    work (checkpointing, split, accum) make; where they are, by module (``by_module``, largest first: where each op
-    ran, core/engine/measure/module_flops.py) and by op (``by_op``, largest first)."""
+    """A kind of training step's FLOPs were counted, on step ``step`` (core/engine/measure/flops.py): the model's
+    ``flops`` a step (what its MFU is of) and, besides, the forward FLOPs activation checkpointing ran again
+    (``recomputed``), ``ops`` dispatched, of the kind its first batch's tensors' ``shapes`` and the ``settings`` that
+    change its work (checkpointing, split, accum) make; where they are, by module (``by_module``, largest first:
+    where each op ran, core/engine/measure/module_flops.py) and by op (``by_op``, largest first), each with the
+    recompute in it."""
 
     type: ClassVar[str] = "flops_counted"
     step: int
@@ -340,6 +342,7 @@ class FlopsCounted(Message):
     settings: dict
     by_module: list[ModuleFlops]
     by_op: list[OpFlops]
+    recomputed: int = 0
 
 
 #: ``PredictionChecked.measure``: which measured figure a prediction is checked against.

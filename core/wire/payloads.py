@@ -233,7 +233,8 @@ class StepPhases(JsonObject):
     other_s: float
     steps: int = 1
     clock: str = "host"
-    #: a step's FLOPs (core/engine/measure/flops.py), the mean over those of the steps whose kind was counted; the
+    #: a step's model FLOPs (core/engine/measure/flops.py: checkpointing's recompute left out), the mean over those of
+    #: the steps whose kind was counted; the
     #: FLOP/s they achieved (over their time less the probes'); the device's peak for their dtype; the ops a step
     #: dispatched, each with its fixed cost on the host. None: not counted
     flops: float | None = None

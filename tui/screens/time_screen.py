@@ -135,11 +135,12 @@ class TimeScreen(ViewScreen):
             ops.update("")
             return
         settings = ", ".join(f"{name} {format_option_value(name, value)}" for name, value in counted.settings.items())
-        title.update(f"FLOPs a step: {format_count(counted.flops)} in {counted.ops} ops (counted at step {counted.step}: "
-                     f"batch {shapes_in_words(counted.shapes)}; {settings})")
+        again = f" (+{format_count(counted.recomputed)} recomputed)" if counted.recomputed else ""
+        title.update(f"FLOPs a step: {format_count(counted.flops)}{again} in {counted.ops} ops (counted at step "
+                     f"{counted.step}: batch {shapes_in_words(counted.shapes)}; {settings})")
         ops.update(_ops_line(counted, profiled_flops(counted, state.profiles[-1] if state.profiles else None, state.options)))
         for entry in counted.by_module[:TOP_MODULES]:
-            share = entry.total / counted.flops if counted.flops else 0.0
+            share = entry.total / (counted.flops + counted.recomputed) if counted.flops else 0.0
             table.add_row(entry.module, *(Text(format_count(value), justify="right")
                                           for value in (entry.forward, entry.backward, entry.recompute)),
                           Text(f"{share * 100:.0f} %", justify="right"))
@@ -149,7 +150,7 @@ def _ops_line(counted: FlopsCounted, reached: dict[str, float]) -> Text:
     """The ops holding the most FLOPs, each with its share, and the FLOP/s a profile saw it reach where one did."""
     text = Text("by op: ", style="bold")
     for entry in counted.by_op[:TOP_OPS]:
-        text.append(f"{entry.op} {entry.flops / counted.flops * 100:.0f} %" if counted.flops else entry.op)
+        text.append(f"{entry.op} {entry.flops / (counted.flops + counted.recomputed) * 100:.0f} %" if counted.flops else entry.op)
         if entry.op in reached:
             text.append(f" ({format_count(reached[entry.op])}FLOP/s)", style="dim")
         text.append("  ")

@@ -3,8 +3,8 @@
 The FLOPs are counted with PyTorch's own formulas (``torch.utils.flop_counter``) on a training step itself, the model
 uncompiled, by a dispatch mode that only reads (each op runs with its kernels and random numbers): its matrix
 products, convolutions and attention (all of its scores, causal or not, as torch counts them), forward and backward,
-and under activation checkpointing the forward ops that backward runs again, as such (elementwise ops count none, as
-in every MFU). A count is made once for each kind of step: the shapes of its first batch, and the settings that
+and under activation checkpointing the forward ops that backward runs again, as such: counted apart and left out of
+the MFU, which is of the model's FLOPs (elementwise ops count none, as in every MFU). A count is made once for each kind of step: the shapes of its first batch, and the settings that
 change its work (checkpointing, split, accum); a step of a kind counted before is known without counting it.
 Counting makes a step slower (each op passes through Python): a kind not yet counted is counted only while counting
 has taken under ``COUNT_SHARE`` of the run's training time, and a counted step is left out of the step times (its
@@ -71,9 +71,12 @@ class Counted:
     """One kind of step's FLOPs, of them its convolutions', and the ops it dispatched (each an op's fixed cost on
     the host: views too)."""
 
-    flops: int
+    flops: int  # the ops' all, checkpointing's recompute included
     ops: int
     convolution_flops: int = 0
+    #: of ``flops``, the forward ops activation checkpointing ran again in backward: work the hardware did that the
+    #: model needs none of, left out of the MFU (model FLOPs utilisation, as PaLM defined it: recompute is not counted)
+    recompute_flops: int = 0
     #: by the module each op ran for: name -> {"forward", "backward", "recompute"} -> FLOPs (measure/module_flops.py)
     by_module: dict[str, dict[str, int]] = field(default_factory=dict)
     #: by op, as the profiler names them ("aten::mm"): where a profile's times give FLOP/s by op
@@ -90,6 +93,7 @@ class _FlopsAndOps(TorchDispatchMode):
         super().__init__()
         self.flops = 0
         self.convolution_flops = 0
+        self.recompute_flops = 0
         self.ops = 0
         self.modules = modules
         self.by_op: dict[str, int] = {}
@@ -106,13 +110,15 @@ class _FlopsAndOps(TorchDispatchMode):
             if packet in _CONVOLUTIONS:
                 self.convolution_flops += flops
             if flops:
-                self.modules.charge(flops)
+                if self.modules.charge(flops) == RECOMPUTE:
+                    self.recompute_flops += flops
                 name = packet._qualified_op_name
                 self.by_op[name] = self.by_op.get(name, 0) + flops
         return out
 
     def counted(self) -> Counted:
-        return Counted(self.flops, self.ops, self.convolution_flops, self.modules.by_module, self.by_op)
+        return Counted(self.flops, self.ops, self.convolution_flops, self.recompute_flops, self.modules.by_module,
+                       self.by_op)
 
 
 class StepFlops:
@@ -190,7 +196,8 @@ def flops_counted(step: int, kind: Any, counted: Counted) -> FlopsCounted:
     shapes, checkpointing, split, accum = kind
     by_module = [ModuleFlops(name, passes[FORWARD], passes[BACKWARD], passes[RECOMPUTE])
                  for name, passes in counted.by_module.items()]
-    return FlopsCounted(step=step, flops=counted.flops, ops=counted.ops, shapes=[list(shape) for shape in shapes or ()],
+    return FlopsCounted(step=step, flops=counted.flops - counted.recompute_flops, recomputed=counted.recompute_flops,
+                        ops=counted.ops, shapes=[list(shape) for shape in shapes or ()],
                         settings={"checkpointing": checkpointing, "split": split, "accum": accum},
                         by_module=sorted(by_module, key=lambda entry: -entry.total),
                         by_op=[OpFlops(op, flops) for op, flops in sorted(counted.by_op.items(), key=lambda item: -item[1])])

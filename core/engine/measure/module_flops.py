@@ -50,11 +50,12 @@ class ModuleFlopTracker:
             hook.remove()
         return False
 
-    def charge(self, flops: int) -> None:
-        """``flops`` of the op running now, to its module and pass."""
+    def charge(self, flops: int) -> str:
+        """``flops`` of the op running now, to its module and pass; the pass."""
         name, kind = self._owner()
         counts = self.by_module.setdefault(name, {FORWARD: 0, BACKWARD: 0, RECOMPUTE: 0})
         counts[kind] += flops
+        return kind
 
     def _owner(self) -> tuple[str, str]:
         node = torch._C._current_autograd_node()

@@ -182,7 +182,7 @@ class PhaseTotals:
     def _reset(self) -> None:
         self._seconds = [0.0] * len(PHASES)
         self._steps = 0
-        self._flops, self._convolution_flops, self._ops, self._flops_s, self._flops_steps = 0, 0, 0, 0.0, 0
+        self._flops, self._run_flops, self._convolution_flops, self._ops, self._flops_s, self._flops_steps = 0, 0, 0, 0, 0.0, 0
 
     def due(self) -> bool:
         """Whether the next step is timed: every step on the host's clock; on a stream, while its events have cost
@@ -208,8 +208,9 @@ class PhaseTotals:
             self._read_clocks.append(clock)
             self._seconds = [total + step for total, step in zip(self._seconds, seconds)]
             self._steps += 1
-            if counted is not None:
-                self._flops += counted.flops
+            if counted is not None:  # the model's FLOPs: checkpointing's recompute is not the model's (flops.py)
+                self._flops += counted.flops - counted.recompute_flops
+                self._run_flops += counted.flops  # what ran, recompute too: of them the convolutions'
                 self._convolution_flops += counted.convolution_flops
                 self._ops += counted.ops
                 self._flops_s += sum(seconds) - seconds[_PROBES]
@@ -227,7 +228,7 @@ class PhaseTotals:
         phases = StepPhases(*means, steps=self._steps, clock="stream" if self.marks.stream else "host",
                             flops=self._flops / self._flops_steps if known else None,
                             flops_per_s=self._flops / self._flops_s if known else None,
-                            peak_flops_per_s=peak(self._convolution_flops / self._flops) if known and self._flops else None,
+                            peak_flops_per_s=peak(self._convolution_flops / self._run_flops) if known and self._flops else None,
                             ops=self._ops / self._flops_steps if known else None)
         self._reset()
         return phases
