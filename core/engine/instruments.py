@@ -379,6 +379,8 @@ class StepWatch:
                 instruments.last_memory = memory
         # torch.compile compiled again in this step (a guard failed): its time is compile time, not training's.
         compiling = self._graphs is not None and compiled_graphs() != self._graphs
+        if compiling and parts.model.compile_watch is not None:
+            parts.model.compile_watch.compile_s += step_time  # the impact table leaves it out: compile time
         grad_norms, act_stats, metrics = host.vector("grad_norms"), host.vector("act_stats"), host.vector("metrics")
         data_wait = parts.data.take_wait()
         phases = self._phases(step_time, compiling, plan)

@@ -366,11 +366,16 @@ def compile_now(parts: TrainingParts, compiled: torch.nn.Module, precision: Prec
             loss = parts.loss.alone(compiled, batch)
         loss.backward()
 
+    watch = parts.model.watch_compile()
     try:
         seconds = compile_on_batch(parts.model.model, forward_and_backward)
     except Exception as error:  # whatever stops the compiled model from training: the change is refused
+        if parts.model.compiled is None:  # compile stays off: nothing more to watch
+            watch.detach()
         raise OptionChangeError(f"torch.compile could not compile this model{' ' + what if what else ''}: "
                             f"{failure_reason(error)}; it trains on as it was") from None
+    watch.compile_s += seconds
+    parts.reporter.emit(watch.report(parts.progress.step + 1))
     return f"compiled{' ' + what if what else ''} in {seconds:.1f} s, outside the step times"
 
 

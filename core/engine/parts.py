@@ -40,6 +40,8 @@ from torchlab.core.workload import Workload
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
 
+    from torchlab.core.engine.compile_watch import CompileWatch
+
 DEFAULT_BATCH_SIZE = 32
 _NOTHING = contextlib.nullcontext()
 
@@ -94,6 +96,8 @@ class ModelForms:
         self.sharded: FSDPModule | None = None  # the model, once FSDP2 sharded it (parallel=fsdp with ranks)
         self.compiled: torch.nn.Module | None = None  # the model as torch.compile runs it, while compile is on
         self.running: torch.nn.Module = model  # what a step's loss function gets
+        #: what torch.compile did (core/engine/compile_watch.py): made with the first compile, following it while on
+        self.compile_watch: CompileWatch | None = None
 
     def wrap_for_ranks(self, device: torch.device, parallel: str, optimizer: torch.optim.Optimizer,
                        reshard_after_forward: bool, precisions: Precisions) -> None:
@@ -117,6 +121,17 @@ class ModelForms:
     def set_compiled(self, compiled: torch.nn.Module | None) -> None:
         self.compiled = compiled
         self.running = compiled if compiled is not None else self.eager
+        if compiled is None and self.compile_watch is not None:
+            self.compile_watch.detach()
+
+    def watch_compile(self) -> CompileWatch:
+        """The watch of torch.compile, following it from now (imported with the first compile, not before)."""
+        from torchlab.core.engine.compile_watch import CompileWatch
+
+        if self.compile_watch is None:
+            self.compile_watch = CompileWatch()
+        self.compile_watch.attach()
+        return self.compile_watch
 
     def for_step(self, eager: bool) -> torch.nn.Module:
         """The model a step runs: uncompiled where it must see hooks a compiled graph would not fire."""

@@ -401,6 +401,9 @@ class Trainer:
     def _after_step(self, step: int) -> None:
         self.checkpoints.finish()  # started after the step before (when no metrics row waited for it)
         self._announce_longest_batch(step)
+        watch = self.parts.model.compile_watch
+        if watch is not None and watch.news:  # a step that compiled again: a recompile, a break met again
+            self.reporter.emit(watch.report(step))
         self.profiling.after_step(step)
         self.guard.after_step(step)  # rollback's host copy, when due
         parts = self.parts

@@ -94,8 +94,8 @@ class OutboxReporter(TrainerObserver):
                   | events.ResumeChangedSettings() | events.StopRequested() | events.MemoryPredicted() | events.PredictionChecked()
                   | events.LongestBatch() | p.Log()):
                 self.outbox.add_event(event)  # the app says it in words: events.describe
-            case events.FlopsCounted():
-                self.outbox.add_event(event)  # the app's time view shows where the FLOPs are
+            case events.FlopsCounted() | events.CompileReport():
+                self.outbox.add_event(event)  # the app's views show them (where the time goes; the log says compile's)
 
     def _send_impact(self, force: bool = False) -> None:
         if self.impact is None:

@@ -44,7 +44,7 @@ def test_compile_applies_at_a_step_boundary_with_its_compile_time_outside_the_st
     trainer.run()
     on, off = applied(seen, "compile")
     assert (on["step"], on["value"], off["step"], off["value"]) == (3, True, 5, False)
-    assert [(event["event"], event["step"]) for event in seen.events if event["event"] not in ("run_started", "longest_batch", "flops_counted")][:2] == [
+    assert [(event["event"], event["step"]) for event in seen.events if event["event"] not in ("run_started", "longest_batch", "flops_counted", "compile_report")][:2] == [
         ("compile_started", 3), ("option_applied", 3)]
     assert on["detail"].startswith("compiled in ") and on["detail"].endswith(" s, outside the step times")
     assert [record.options.compile for record in seen.metrics] == [False, False, True, True, False, False]
@@ -78,7 +78,8 @@ def test_headless_says_when_it_compiles_and_how_long_it_took(tmp_path, capsys):
     assert re.search(r"step 1: compile = on \(was off\): compiled in \d+\.\d s, outside the step times", err)
     assert "step 4: workers = 1 (was 0): the data loader starts again at sample 48 of epoch 0" in err
     journal = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
-    assert [event["event"] for event in journal][:3] == ["run_started", "compile_started", "option_applied"]
+    assert [event["event"] for event in journal][:4] == ["run_started", "compile_started", "compile_report", "option_applied"]
+    assert "step 1: torch.compile: 1 graph, " in err and "; no graph break" in err  # what compile did, said
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["compile"] is True
 
 

@@ -20,8 +20,10 @@ from torchlab.core.wire.outbox import Cursor, Outbox
 from torchlab.core.wire.payloads import (
     AllocatorSample,
     CollectiveTime,
+    GraphBreak,
     ModuleFlops,
     OpFlops,
+    Recompile,
     CommunicationShare,
     GpuSample,
     HostSample,
@@ -148,6 +150,11 @@ EXAMPLES = [
     events.PredictionChecked(step=46, settings=_PREDICTED_SETTINGS, measure=events.ALLOCATOR_PEAK,
                              predicted_bytes=28_200_000, measured_bytes=29_900_000, error=0.0603, ratio=1.0603),
     events.LongestBatch(step=840, shapes=[[32, 512], [32, 512], [32]], elements=32_800, previous_elements=29_216),
+    events.CompileReport(step=12, compile_s=41.5, graphs=3, recompile_limit=8, watch_s=0.2, breaks=[
+        GraphBreak("/home/me/model.py", 17, "if y.sum() > 0:", "Data-dependent branching", "Detected data-dependent branching",
+                   "consider making the code branchless", count=2)],
+        recompiles=[Recompile("forward", "/home/me/model.py", 15, "tensor 'x' size mismatch at index 1. expected 61, actual 64",
+                              count=1, compiled=2)]),
     events.FlopsCounted(step=1, flops=83_456, ops=140, shapes=[[16, 8], [16, 1]],
                         settings={"checkpointing": True, "split": 1, "accum": 1},
                         by_module=[ModuleFlops("body.0.0", 8192, 16384, 8192), ModuleFlops("stem", 4096, 4096)],

@@ -689,3 +689,44 @@ def many_small_ops(depth: int = 8) -> Workload:
     save on a CPU."""
     model = nn.Sequential(*[_NarrowBlock(8) for _ in range(depth)], nn.Linear(8, 1))
     return Workload(model=model, dataset=_regression_data(512), loss_fn=mse_loss, batch_size=16)
+
+
+class _Breaking(nn.Module):
+    """TinyNet's stem and head with a data-dependent branch and a print between: two graph breaks under compile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.head = nn.Linear(8, 16), nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.stem(x))
+        if h.mean() > 0.5:  # BREAK: data-dependent branching
+            h = h * 0.5
+        print(end="")  # BREAK: a builtin Dynamo cannot trace
+        return self.head(h)
+
+
+def graph_breaks() -> Workload:
+    """A model whose forward breaks torch.compile's graph twice (the lines marked BREAK)."""
+    return Workload(model=_Breaking(), dataset=_regression_data(), loss_fn=mse_loss, batch_size=16)
+
+
+class _ThreeLengths(torch.utils.data.Dataset):
+    """Token sequences of three lengths, 8, 12 and 16, in turn, a batch of each (batch 4, 8 samples a length in a row)."""
+
+    def __init__(self, samples: int = 96, vocab: int = 50) -> None:
+        generator = torch.Generator().manual_seed(6)
+        self.sequences = [torch.randint(1, vocab, (8 + 4 * ((index // 4) % 3),), generator=generator) for index in range(samples)]
+        self.labels = torch.randint(2, (samples,), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def __getitem__(self, index: int):
+        return self.sequences[index], self.labels[index]
+
+
+def three_lengths() -> Workload:
+    """Batches of three sequence lengths in turn (unshuffled order does not hold: the sampler shuffles, so the lengths
+    come mixed): torch.compile recompiles for a second length."""
+    return Workload(model=_Tagger(), dataset=_ThreeLengths(), collate_fn=_padded, loss_fn=_tagging_loss, batch_size=4)

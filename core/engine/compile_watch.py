@@ -1,0 +1,169 @@
+"""What torch.compile did, seen while compile is on: graph breaks, recompiles, graphs and compile time.
+
+Dynamo's own reports are what this reads, from torch's structured trace (``torch._logging``: what ``TORCH_TRACE`` and
+``tlparse`` read), through a handler on its logger while compile is on, and nothing else of torch's internals:
+
+- a ``dynamo_graph_break_reason`` artifact for each place a compile broke a graph: "Graph break in user code at
+  FILE:LINE", Dynamo's title of the reason, its explanation and hints;
+- a ``compilation_metrics`` record for each frame compiled: the frame, its ``recompile_reason`` where a guard of its
+  earlier graphs failed ("0/0: tensor 'x' size mismatch at index 0. expected 3, actual 5"), its graph's op count.
+
+torch makes these records whether or not anyone reads them (its trace logger always has a handler, which writes them
+only where ``TORCH_TRACE`` names a folder): the watch's cost is its own handler's time, measured (``watch_s``).
+
+Each break is kept once by place and reason, with the number of compiles that met it; each recompile once by frame
+and guard. The watch is made with the first compile (this module imports nothing of torch's compiler before: a run
+that never compiles pays nothing) and follows every compile after, until compile is switched off.
+"""
+
+from __future__ import annotations
+
+import linecache
+import logging
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from torchlab.core.wire.events import CompileReport
+from torchlab.core.wire.payloads import GraphBreak, Recompile
+
+_BREAK_AT = re.compile(r"Graph break in user code at (?P<file>.+):(?P<line>\d+)")
+#: Dynamo's title when a call broke the graph: the reason is the title that follows it.
+_GENERIC_TITLE = "Encountered graph break"
+#: A guard on a tensor's size: the dimension that changed.
+_SIZE_MISMATCH = re.compile(r"tensor '(?P<tensor>[^']+)' size mismatch at index (?P<dim>\d+)")
+#: A guard's text begins with the graph it guarded: "0/0: ".
+_GRAPH_ID = re.compile(r"^\d+/\d+: ")
+#: Dynamo's name for the code after a graph break: ``torch_dynamo_resume_in_forward_at_17``.
+_RESUMED = re.compile(r"torch_dynamo_resume_in_(?P<function>\w+?)_at_(?P<line>\d+)")
+MAX_TEXT_CHARS = 300
+
+
+@dataclass
+class _Seen:
+    """A break or recompile as seen so far (the payload's fields but ``count``), and how often."""
+
+    fields: dict[str, Any]
+    count: int = 1
+
+
+class CompileWatch(logging.Handler):
+    """Collects what each compile reports (see the module docstring); ``report`` says it, ``news`` whether it moved."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.recompile_limit = 8  # torch's, read as the watch attaches
+        self.compile_s = 0.0  # the engine's own measure: the boundary's compile and the steps that compiled again
+        self.graphs = 0
+        self.watch_s = 0.0
+        self.news = False
+        self._breaks: dict[tuple, _Seen] = {}
+        self._recompiles: dict[tuple, _Seen] = {}
+
+    def attach(self) -> None:
+        from torch._dynamo import config
+        from torch._logging._internal import trace_log
+
+        self.recompile_limit = int(getattr(config, "recompile_limit", getattr(config, "cache_size_limit", 8)))
+        if self not in trace_log.handlers:
+            trace_log.addHandler(self)
+
+    def detach(self) -> None:
+        from torch._logging._internal import trace_log
+
+        trace_log.removeHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        started = time.perf_counter()
+        metadata = getattr(record, "metadata", None)
+        if isinstance(metadata, dict):
+            artifact = metadata.get("artifact")
+            if isinstance(artifact, dict) and artifact.get("name") == "dynamo_graph_break_reason":
+                self._on_break(str(getattr(record, "payload", "") or ""))
+            elif isinstance(metadata.get("compilation_metrics"), dict):
+                self._on_frame(metadata["compilation_metrics"])
+        self.watch_s += time.perf_counter() - started
+
+    def _on_break(self, payload: str) -> None:
+        where = _BREAK_AT.search(payload)
+        if where is None:
+            return
+        file, line = where["file"], int(where["line"])
+        reason, explanation, hint = _break_reason(payload)
+        key = (file, line, reason)
+        if key in self._breaks:
+            self._breaks[key].count += 1
+        else:
+            self._breaks[key] = _Seen({"file": file, "line": line, "code": linecache.getline(file, line).strip(),
+                                       "reason": reason, "explanation": explanation, "hint": hint})
+        self.news = True
+
+    def _on_frame(self, metrics: dict[str, Any]) -> None:
+        if metrics.get("graph_op_count"):
+            self.graphs += 1
+            self.news = True
+        guard = metrics.get("recompile_reason")
+        if not guard:
+            return
+        guard = _GRAPH_ID.sub("", str(guard).strip().splitlines()[0])[:MAX_TEXT_CHARS]
+        frame, file, line = str(metrics.get("co_name")), str(metrics.get("co_filename")), int(metrics.get("co_firstlineno") or 0)
+        compiled = int(metrics.get("cache_size") or 0) + 1
+        key = (frame, file, line, guard)
+        if key in self._recompiles:
+            seen = self._recompiles[key]
+            seen.count += 1
+            seen.fields["compiled"] = max(seen.fields["compiled"], compiled)
+        else:
+            self._recompiles[key] = _Seen({"frame": _frame_name(frame), "file": file, "line": line, "guard": guard,
+                                           "compiled": compiled})
+        self.news = True
+
+    def report(self, step: int) -> CompileReport:
+        """All of it so far, as the event; ``news`` is cleared."""
+        self.news = False
+        breaks = sorted(self._breaks.values(), key=lambda seen: -seen.count)
+        recompiles = sorted(self._recompiles.values(), key=lambda seen: -seen.count)
+        return CompileReport(step=step, compile_s=self.compile_s, graphs=self.graphs,
+                             breaks=[GraphBreak(**seen.fields, count=seen.count) for seen in breaks],
+                             recompiles=[Recompile(**seen.fields, count=seen.count, hint=self._hint(seen))
+                                         for seen in recompiles],
+                             recompile_limit=self.recompile_limit, watch_s=self.watch_s)
+
+
+    def _hint(self, seen: _Seen) -> str:
+        """What to do of a recompile: where its frame is a recompile from running eagerly, raise the limit; where a
+        dimension recompiled three times, mark it dynamic."""
+        if seen.fields["compiled"] >= self.recompile_limit - 1:
+            return (f"{seen.fields['frame']} has {seen.fields['compiled']} graphs of torch's limit of "
+                    f"{self.recompile_limit}: past it, it runs eagerly; torch._dynamo.config.recompile_limit raises it")
+        return _recompile_hint(seen.fields["guard"]) if seen.count >= 3 else ""
+
+
+def _frame_name(code_name: str) -> str:
+    """A frame as its code names it; Dynamo's continuation after a graph break as the function and the break's line."""
+    resumed = _RESUMED.fullmatch(code_name)
+    return f"{resumed['function']} after its break at line {resumed['line']}" if resumed else code_name
+
+
+def _break_reason(payload: str) -> tuple[str, str, str]:
+    """Dynamo's title of a break (the one after its generic title, where a call broke), its first explanation and
+    hint, each a line."""
+    lines = [line.strip() for line in payload.splitlines() if line.strip()]
+    title = next((line.removeprefix("Graph Break Reason:").strip() for line in lines
+                  if line.startswith("Graph Break Reason:")), "")
+    if title.startswith(_GENERIC_TITLE) or not title:
+        index = next((i for i, line in enumerate(lines) if line.startswith("Graph Break Reason:")), -1)
+        title = next((line for line in lines[index + 1:] if not line.startswith(("Explanation:", "Hint:"))), title)
+    explanation = next((line.removeprefix("Explanation:").strip() for line in lines if line.startswith("Explanation:")), "")
+    hint = next((line.removeprefix("Hint:").strip() for line in lines if line.startswith("Hint:")), "")
+    return title[:MAX_TEXT_CHARS], explanation[:MAX_TEXT_CHARS], hint[:MAX_TEXT_CHARS]
+
+
+def _recompile_hint(guard: str) -> str:
+    """The mechanical fix of a failed guard, where there is one: a tensor dimension that changes size."""
+    size = _SIZE_MISMATCH.search(guard)
+    if size is None:
+        return ""
+    return (f"dimension {size['dim']} of '{size['tensor']}' changes size: torch._dynamo.mark_dynamic on it before the "
+            "first compile (one graph for every size), or padding the batches to a few lengths")
