@@ -46,8 +46,9 @@ from torchlab.core.analysis.step_times import MIN_TIMED_STEPS, compare_step_time
 from torchlab.core.errors import StorageError
 from torchlab.core.records.rundir import metrics_rows, rows_of
 from torchlab.core.records.storage import write_atomically
+from torchlab.core.analysis.compile_payback import payback_words
 from torchlab.core.wire.events import (
-    OomRescued, PredictionChecked, ProfileStarted, ResumedFromCheckpoint, RunEnded, RunStarted,
+    CompileReport, OomRescued, PredictionChecked, ProfileStarted, ResumedFromCheckpoint, RunEnded, RunStarted,
 )
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
@@ -241,6 +242,8 @@ class ImpactTracker(TrainerObserver):
         # options the OOM rescue set, with the step it set them for: the segment that row begins says so (a measured
         # step's row, held for its update figures, can arrive after the next step's rescue)
         self._rescued: dict[str, int] = {}
+        self._compile: CompileReport | None = None  # what torch.compile did, newest: a compile row's payback and breaks
+        self._total_steps: int | None = None
 
     def on_metrics(self, row: MetricsRow) -> None:
         if row.options is not self._options_in_force:  # a new value only where a command changed the options
@@ -280,7 +283,10 @@ class ImpactTracker(TrainerObserver):
                 # world-size relaunch, which resumes in a process whose tracker holds them already.)
                 self._rebuild(self.path.parent, event.step)
             case RunStarted() | ProfileStarted() | ProfileReady():
+                self._total_steps = event.steps if isinstance(event, RunStarted) else self._total_steps
                 self._follow(event.journal_event())
+            case CompileReport():
+                self._compile = event
             case OomRescued():
                 self._follow(OomRescued.type, event.step, event.option)
             case PredictionChecked():
@@ -357,7 +363,9 @@ class ImpactTracker(TrainerObserver):
         """``segment``'s row against the nearest earlier row judged (``nearest_judged``), named where it is not the
         row just before."""
         baseline = nearest_judged(self._closed_rows)
-        return segment.summary(baseline, name_baseline=baseline is not None and baseline is not self._closed_rows[-1])
+        row = segment.summary(baseline, name_baseline=baseline is not None and baseline is not self._closed_rows[-1])
+        bought = payback_words(row, baseline, self._compile, self._total_steps)  # where compile came on: what it bought
+        return replace(row, verdict=f"{row.verdict}; {bought}") if bought else row
 
     def write(self) -> None:
         """Replace ``impact.json`` whole (a reader never sees half of it); a full disk is a StorageError."""

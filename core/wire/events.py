@@ -473,18 +473,18 @@ def compile_sentence(report: CompileReport) -> str:
     if not report.breaks:
         said += "; no graph break"
     else:
-        places = "; ".join(f"{_short_path(entry.file)}:{entry.line} {entry.reason[:1].lower()}{entry.reason[1:]}"
+        places = "; ".join(f"{short_path(entry.file)}:{entry.line} {entry.reason[:1].lower()}{entry.reason[1:]}"
                            + (f" (`{entry.code}`)" if entry.code else "") for entry in report.breaks[:3])
         more = f" and {len(report.breaks) - 3} more" if len(report.breaks) > 3 else ""
         said += f"; {len(report.breaks)} graph break{'s' if len(report.breaks) != 1 else ''}, where the code between " \
                 f"graphs runs eagerly: {places}{more}"
     for entry in report.recompiles[:3]:
-        said += (f"; recompiled {entry.frame} ({_short_path(entry.file)}:{entry.line}) {entry.count}x for {entry.guard}"
+        said += (f"; recompiled {entry.frame} ({short_path(entry.file)}:{entry.line}) {entry.count}x for {entry.guard}"
                  + (f": {entry.hint}" if entry.hint else ""))
     return said
 
 
-def _short_path(path: str) -> str:
+def short_path(path: str) -> str:
     """A file as a person names it: its last two parts."""
     return "/".join(path.replace("\\", "/").split("/")[-2:])
 
