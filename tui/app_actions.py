@@ -269,6 +269,11 @@ class KeyActions:
 
         self.push_screen(MemoryScreen(self.run_state))
 
+    def action_compile_report(self) -> None:
+        from torchlab.tui.screens.compile_screen import CompileScreen
+
+        self.push_screen(CompileScreen(self.run_state))
+
     def action_time(self) -> None:
         from torchlab.tui.screens.time_screen import TimeScreen
 

@@ -44,6 +44,8 @@ KEY_ACTIONS = (
               show=False),
     KeyAction("B", "time", "Time", "Where the time goes: the phases of each measured row over time, the verdict, the FLOPs by "
               "module and by op", show=False),
+    KeyAction("K", "compile_report", "Compile", "What torch.compile did: graph breaks at their lines, recompiles and the "
+              "guard that failed, compile time and what it bought", show=False),
     KeyAction("s", "save_checkpoint", "Save", "Save a checkpoint now"),
     KeyAction("d", "detach", "Detach", "Leave the app; the trainer keeps training (reattach later)", show=False),
     KeyAction("q", "quit", "Quit", "Quit: stop the trainer after a final checkpoint"),
@@ -56,7 +58,7 @@ TRAINER_ACTIONS = frozenset(
     {"toggle_pause", "change_option", "profile", "save_checkpoint", "detach", "try_option"}
 )
 #: Actions that open a view: from the main screen only, so views do not pile up on each other.
-VIEW_ACTIONS = frozenset({"profiles", "impact", "system", "memory", "heatmap", "time"})
+VIEW_ACTIONS = frozenset({"profiles", "impact", "system", "memory", "heatmap", "time", "compile_report"})
 #: What a viewer's key for a trainer action runs instead: a refusal, in one line (``app.refuse_read_only``).
 READ_ONLY_ACTION = "refuse_read_only"
 

@@ -22,7 +22,7 @@ from torchlab.core.records.option_history import option_history
 from torchlab.core.records.rundir import metrics_rows, rows_of
 from torchlab.core.records.storage import unreadable_run
 from torchlab.core.safe_open import read_regular_text
-from torchlab.core.wire.events import HELD_BACK
+from torchlab.core.wire.events import HELD_BACK, CompileReport
 from torchlab.core.wire.metric_names import validation_label
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.options import format_option_value
@@ -56,6 +56,8 @@ class RunHistory:
     measured: list[MetricsRow] = field(default_factory=list)
     #: where the time of its last steps went, under the settings it ended with (core/analysis/bottleneck.py)
     bottleneck: Verdict | None = None
+    #: what torch.compile did, in a few words, from its last ``compile_report`` (None: never compiled)
+    compiled: str | None = None
 
     @property
     def name(self) -> str:
@@ -104,6 +106,7 @@ class RunHistory:
         history.bottleneck = watch.current
         history.settings = _settings(path / "config.toml")
         history.changed_at, history.changes = _option_changes(path / "events.jsonl")
+        history.compiled = _compiled(path / "events.jsonl")
         return history
 
     def figures(self) -> list[str]:
@@ -169,6 +172,22 @@ def _option_changes(events: Path) -> tuple[list[int], list[str]]:
     except FileNotFoundError:
         return [], []
     return [change.step for change in history], [change.describe() for change in history]
+
+
+def _compiled(events: Path) -> str | None:
+    """What torch.compile did in the run, from the last ``compile_report`` of ``events.jsonl``: "3 graphs, 12.5 s
+    compiling, 2 graph breaks, 1 recompile"; None where it never compiled (or the journal is not there)."""
+    try:
+        reports = [record for record in rows_of(events) if record.get("event") == CompileReport.type]
+    except FileNotFoundError:
+        return None
+    if not reports:
+        return None
+    last = reports[-1]
+    counts = [(len(last.get("breaks") or []), "graph break"), (len(last.get("recompiles") or []), "recompile")]
+    words = [f"{last.get('graphs', 0)} graphs", f"{float(last.get('compile_s') or 0):.1f} s compiling"]
+    words += [f"{count} {name}{'s' if count != 1 else ''}" for count, name in counts]
+    return ", ".join(words)
 
 
 def _figures(row: MetricsRow) -> Iterator[tuple[str, float]]:

@@ -30,7 +30,7 @@ from typing import Any
 
 from torchlab.core.errors import printable
 from torchlab.core.wire import protocol
-from torchlab.core.wire.events import FlopsCounted, LongestBatch, MemoryPredicted, SpikeGuarded, describe
+from torchlab.core.wire.events import CompileReport, FlopsCounted, LongestBatch, MemoryPredicted, SpikeGuarded, describe
 from torchlab.core.options import OPTION_NAMES, RELAUNCHED_BY, format_option_value
 from torchlab.core.wire.protocol import LogLevel
 from torchlab.core.wire.run_status import RunStatus
@@ -374,5 +374,6 @@ _HANDLERS: dict[type, str] = {
     MemoryPredicted: "_on_forecast",
     LongestBatch: "_on_forecast",
     FlopsCounted: "_on_flops_counted",
+    CompileReport: "_on_compile_report",
     SpikeGuarded: "_on_spike_guarded",
 }

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchlab.core.analysis.bottleneck import BottleneckWatch
 from torchlab.core.wire import protocol
-from torchlab.core.wire.events import HELD_BACK, LET_THROUGH, FlopsCounted, SpikeGuarded, describe
+from torchlab.core.wire.events import HELD_BACK, LET_THROUGH, CompileReport, FlopsCounted, SpikeGuarded, describe
 from torchlab.core.wire.metric_names import training_key
 from torchlab.core.wire.metrics_row import MetricsRow, column
 from torchlab.core.options import SPIKE_GUARD
@@ -111,6 +111,9 @@ class MetricsFolding:
         #: the newest kind of step whose FLOPs were counted: where they are, by module and by op
         self.flops_counted: FlopsCounted | None = None
         self.time_version = 0  # the phase rows, the verdict or the FLOPs moved
+        #: what torch.compile did, newest (core/engine/compile_watch.py): the compile view's
+        self.compile_report: CompileReport | None = None
+        self.compile_version = 0
         self._init_gradient_norms()
 
     def _init_gradient_norms(self) -> None:
@@ -327,6 +330,14 @@ class MetricsFolding:
     def _on_flops_counted(self, event: FlopsCounted) -> None:
         self.flops_counted = event
         self.time_version += 1
+
+    def _on_compile_report(self, event: CompileReport) -> None:
+        """What torch.compile did: the compile view's, and said in the log as it comes."""
+        self.compile_report = event
+        self.compile_version += 1
+        said = describe(event)
+        if said is not None:
+            self.log(EntryLevel.WARNING if said.warning else EntryLevel.INFO, said.text, event.step)
 
     def _take_last_row(self, row: MetricsRow) -> None:
         """The newest row: the run's clock, and the options in force, which catch changes no acknowledgement told

@@ -250,3 +250,21 @@ async def test_at_80_columns_three_runs_each_have_a_column_and_a_legend_entry_th
         for style, run in enumerate([*runs, third]):
             assert f"━{marker(style)}━ {run.name}" in shown, shown  # on one line of the screen
         assert all(value in shown for value in ("0.001", "0.003", "0.01 ")), shown
+
+
+def test_what_compile_did_in_each_run_is_a_row_of_the_table(tmp_path):
+    """From each run's last ``compile_report`` in its journal; a run that never compiled says so with a dash."""
+    from torchlab.core.records.rundir import to_json_line
+    from torchlab.core.wire.events import CompileReport
+    from torchlab.core.wire.payloads import GraphBreak
+
+    compiled = write_run(tmp_path, "20261123-090000-tiny_gpt", lr=0.001)
+    eager = write_run(tmp_path, "20261123-100000-tiny_gpt", lr=0.003)
+    first = CompileReport(step=1, compile_s=9.0, graphs=2, breaks=[], recompiles=[], recompile_limit=8)
+    last = CompileReport(step=30, compile_s=12.5, graphs=3, recompile_limit=8, recompiles=[],
+                         breaks=[GraphBreak("/m.py", 3, "if x:", "Data-dependent branching")] * 2)
+    with (compiled / "events.jsonl").open("a") as journal:
+        for report in (first, last):
+            journal.write(to_json_line(report.journal_record()) + "\n")
+    [(label, texts)] = [row for row in table_rows([RunHistory.load(compiled), RunHistory.load(eager)]) if row[0] == "compiled"]
+    assert texts == ["3 graphs, 12.5 s compiling, 2 graph breaks, 0 recompiles", "—"]
