@@ -232,6 +232,9 @@ def export_tensorboard(run: Path, directory: Path, *, warn: Warn, skipped: list[
             for change in option_history(journal_rows(run / "events.jsonl", warn)):
                 writer.write_option_change(change)
                 changes += 1
+            for record in journal_rows(run / "events.jsonl", lambda refusal: None):  # refused above, said once
+                if record.get("event") == "compile_report":
+                    writer.write_compile_report(record)
             for step, trace in completed_traces(run / "profiles", warn):
                 try:
                     writer.add_trace(step, trace)

@@ -6,7 +6,9 @@ Tags: ``train/loss``, ``train/lr`` (``train/lr/<group>`` for a workload's optimi
 ``train/samples_per_s``, ``train/step_time_s``, ``train/grad_norm_total``, ``val/loss``, the workload's own
 metrics as ``train/<name>`` and ``val/<name>``, ``grad_norm/<module>``, ``update_ratio/<module>``,
 ``weight_norm/<module>``, ``adam_m/<module>`` and ``adam_sqrt_v/<module>``, ``memory/<kind>`` (bytes), ``time/<phase>_s``
-(where a step's time went: core/engine/measure/step_phases.py), ``perf/flops_per_s`` and ``perf/mfu``; option
+(where a step's time went: core/engine/measure/step_phases.py), ``perf/flops_per_s`` and ``perf/mfu``;
+``compile/seconds``, ``compile/graphs``, ``compile/graph_breaks`` and ``compile/recompiles`` at each compile report,
+its breaks and recompiles as text under ``compile`` (core/engine/compile_watch.py); option
 changes as text under ``options`` (a resume's changed options among them: core/records/option_history.py); profiler traces as ``plugins/profile/step-<N>/torchlab.pt.trace.json``,
 where the PyTorch Profiler plugin of TensorBoard finds them. A trace is copied by a read and a write of our
 own: one that is a link (to ``/etc/shadow``, in a run someone else prepared), a FIFO or a device is refused
@@ -33,6 +35,7 @@ the live writer does its work on a thread of its own, and writes at most ``LIVE_
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import shutil
 import stat
@@ -40,6 +43,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from torchlab.core.errors import ConfigError
 from torchlab.core.records.export_files import COPY_CHUNK, output_file
@@ -222,6 +226,24 @@ class TensorBoardWriter:
         text = f"{change.describe()} (was {format_option_value(option, change.previous)})"
         self._writer.add_text("options", text + (f", from {change.source}" if change.source else ""), change.step)
 
+    def write_compile_report(self, record: dict[str, Any]) -> None:
+        """A ``compile_report`` (its journal record: the live event's, or a line of events.jsonl) at its step: the
+        compile seconds, graphs, graph breaks and recompiles as scalars, and each break and recompile as a line of the
+        ``compile`` text."""
+        step = int(record.get("step") or 0)
+        breaks, recompiles = record.get("breaks") or [], record.get("recompiles") or []
+        for tag, value in (("compile/seconds", record.get("compile_s")), ("compile/graphs", record.get("graphs")),
+                           ("compile/graph_breaks", len(breaks)), ("compile/recompiles", len(recompiles))):
+            if isinstance(value, (int, float)):
+                self._writer.add_scalar(tag, value, step)
+        breaks, recompiles = [_fields(entry) for entry in breaks], [_fields(entry) for entry in recompiles]
+        lines = [f"graph break at {entry.get('file')}:{entry.get('line')}: {entry.get('reason')} ({entry.get('count')}x)"
+                 for entry in breaks]
+        lines += [f"recompiled {entry.get('frame')} ({entry.get('file')}:{entry.get('line')}) {entry.get('count')}x for "
+                  f"{entry.get('guard')}" for entry in recompiles]
+        if lines:
+            self._writer.add_text("compile", "  \n".join(lines), step)
+
     def add_trace(self, step: int, trace: Path) -> None:
         """A profiler snapshot's Chrome trace, where TensorBoard's PyTorch Profiler plugin reads it. A ``trace``
         that is a link, a FIFO or a device is an UnsafeFileError, and nothing is copied: a link in a run
@@ -237,6 +259,13 @@ class TensorBoardWriter:
     def close(self) -> None:
         """Write what is queued and close the file; the OSError of a write that failed (a full disk)."""
         self._writer.close()
+
+
+def _fields(entry: Any) -> dict[str, Any]:
+    """A break's or recompile's fields: the live event's payload objects, or a journal line's objects."""
+    if isinstance(entry, dict):
+        return entry
+    return dataclasses.asdict(entry) if dataclasses.is_dataclass(entry) and not isinstance(entry, type) else {}
 
 
 class LiveTensorBoard(TrainerObserver):
@@ -284,6 +313,8 @@ class LiveTensorBoard(TrainerObserver):
                     return
             case p.ProfileReady() if not event.error:
                 self._queue.append(event)
+            case events.CompileReport():
+                self._queue.append(event.journal_record())
             case events.RunEnded() | p.Error() | p.NonFinite():
                 self.close()
                 return
@@ -331,6 +362,8 @@ class LiveTensorBoard(TrainerObserver):
                         self.writer.write_option_change(item)
                     case p.ProfileReady():
                         self._copy_trace(item)
+                    case dict():  # a compile report's journal record
+                        self.writer.write_compile_report(item)
             self.writer.flush()
             if closing:
                 self.writer.close()

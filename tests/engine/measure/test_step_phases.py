@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from trainers import TINY, WORKLOADS, make_trainer
-from torchlab.core.analysis.bottleneck import BottleneckWatch
+from torchlab.core.analysis.bottleneck import LAUNCH_MFU, LAUNCH_US_PER_OP, BottleneckWatch, use_of_the_device
 from torchlab.core.wire.payloads import PHASES
 
 #: 20 ms a batch in its loader, 10 ms more in each forward, 15 ms more in each backward (tests/workloads/tiny.py).
@@ -77,17 +77,22 @@ def test_the_verdicts_change_trialled_is_faster_as_it_says():
 
 def test_a_launch_bound_steps_verdict_compiles_them_and_trialled_it_is_faster():
     """Hundreds of tiny ops a step, each the host's own cost of an op (tests/workloads/tiny.py's many_small_ops):
-    named launch-bound, with compile offered; trialled on the same batches, the compiled arm is faster (a compile's
-    steps are not timed). TinyNet's 140 ops are launch-bound too, but on a CPU its compiled graphs' own calls cost
-    more than they save: the trial, not the verdict, is the test of a change, and says so there."""
+    named launch-bound, with compile offered, where its ops take the few us an op costs the host (on a box that other
+    work keeps busy an op takes longer, and the rule, core/analysis/bottleneck.py, does not name it: tested on its
+    figures in tests/analysis/test_bottleneck.py); trialled on the same batches, the compiled arm is faster (a
+    compile's steps are not timed). TinyNet's 140 ops are launch-bound too, but on a CPU its compiled graphs' own calls
+    cost more than they save: the trial, not the verdict, is the test of a change, and says so there."""
     spec = f"{WORKLOADS / 'tiny.py'}:many_small_ops"
     trainer, seen = make_trainer(spec, steps=20, probe_every=5)
     trainer.run()
     watch = BottleneckWatch()
     for row in seen.metrics:
         watch.add(row)
-    assert watch.current.kind == "launch-bound" and watch.current.trial == "compile=on", watch.current.text
-    trainer, seen = make_trainer(spec, steps=10, trials=[f"5:{watch.current.trial}"], trial_steps=8)
+    use = use_of_the_device(list(watch.measured))
+    assert use.ops > 300 and use.mfu < LAUNCH_MFU / 100, use  # hundreds of ops doing next to nothing
+    if use.op_us <= LAUNCH_US_PER_OP:
+        assert watch.current.kind == "launch-bound" and watch.current.trial == "compile=on", watch.current.text
+    trainer, seen = make_trainer(spec, steps=10, trials=["5:compile=on"], trial_steps=8)
     trainer.run()
     [result] = seen.of("trial_result")
     assert result["speed"].verdict == "faster" and result["speed"].high < 0.95, result["speed"]
