@@ -73,3 +73,23 @@ def test_switching_compile_off_stops_the_watch():
     trainer, seen = make_trainer(TINY, steps=6, options={"compile": "on"}, at=["4:compile=off"])
     assert trainer.run().status == "finished"
     assert trainer.parts.model.compile_watch is not None and trainer.parts.model.compile_watch not in trace_log.handlers
+
+
+def test_a_frame_near_torchs_recompile_limit_is_named_before_it_runs_eagerly(monkeypatch):
+    """Shapes kept static (no automatic dynamic dimension) and a limit of 3 graphs a frame: a new length recompiles,
+    and the frame one graph short of the limit is said to run eagerly past it, with the setting that raises it."""
+    import torch._dynamo
+
+    monkeypatch.setattr(torch._dynamo.config, "automatic_dynamic_shapes", False)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 3)
+    trainer, seen = make_trainer(f"{TINY_FILE}:three_lengths", steps=12, options={"compile": "on"})
+    try:
+        assert trainer.run().status == "finished"
+    finally:  # a code object past the limit runs eagerly for the rest of the process: the tests after this one compile
+        torch._dynamo.reset()
+    report = last_report(seen)
+    forward = [entry for entry in report.recompiles if entry.frame == "forward"]
+    assert report.recompile_limit == 3 and forward  # a second length (the batches are padded to their longest)
+    nearest = max(forward, key=lambda entry: entry.compiled)
+    assert nearest.compiled >= 2  # one short of the limit
+    assert "runs eagerly" in nearest.hint and "torch._dynamo.config.recompile_limit" in nearest.hint
