@@ -22,7 +22,8 @@ from torchlab.core.records.option_history import option_history
 from torchlab.core.records.rundir import metrics_rows, rows_of
 from torchlab.core.records.storage import unreadable_run
 from torchlab.core.safe_open import read_regular_text
-from torchlab.core.wire.events import HELD_BACK, CompileReport
+from torchlab.core.wire.compile_report import CompileReport
+from torchlab.core.wire.events import HELD_BACK
 from torchlab.core.wire.metric_names import validation_label
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.options import format_option_value

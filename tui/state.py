@@ -30,7 +30,8 @@ from typing import Any
 
 from torchlab.core.errors import printable
 from torchlab.core.wire import protocol
-from torchlab.core.wire.events import CompileReport, FlopsCounted, LongestBatch, MemoryPredicted, SpikeGuarded, describe
+from torchlab.core.wire.compile_report import CompileReport
+from torchlab.core.wire.events import FlopsCounted, LongestBatch, MemoryPredicted, SpikeGuarded, describe
 from torchlab.core.options import OPTION_NAMES, RELAUNCHED_BY, format_option_value
 from torchlab.core.wire.protocol import LogLevel
 from torchlab.core.wire.run_status import RunStatus

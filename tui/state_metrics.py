@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from torchlab.core.analysis.bottleneck import BottleneckWatch
 from torchlab.core.wire import protocol
-from torchlab.core.wire.events import HELD_BACK, LET_THROUGH, CompileReport, FlopsCounted, SpikeGuarded, describe
+from torchlab.core.wire.compile_report import CompileReport
+from torchlab.core.wire.events import HELD_BACK, LET_THROUGH, FlopsCounted, SpikeGuarded, describe
 from torchlab.core.wire.metric_names import training_key
 from torchlab.core.wire.metrics_row import MetricsRow, column
 from torchlab.core.options import SPIKE_GUARD

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from torchlab.core.wire.events import CompileReport, short_path
+from torchlab.core.wire.compile_report import CompileReport, short_path
 from torchlab.core.wire.payloads import ImpactSegment
 
 

@@ -47,8 +47,9 @@ from torchlab.core.errors import StorageError
 from torchlab.core.records.rundir import metrics_rows, rows_of
 from torchlab.core.records.storage import write_atomically
 from torchlab.core.analysis.compile_payback import payback_words
+from torchlab.core.wire.compile_report import CompileReport
 from torchlab.core.wire.events import (
-    CompileReport, OomRescued, PredictionChecked, ProfileStarted, ResumedFromCheckpoint, RunEnded, RunStarted,
+    OomRescued, PredictionChecked, ProfileStarted, ResumedFromCheckpoint, RunEnded, RunStarted,
 )
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver

@@ -25,8 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from torchlab.core.wire.events import CompileReport
-from torchlab.core.wire.payloads import GraphBreak, Recompile
+from torchlab.core.wire.compile_report import CompileReport, GraphBreak, Recompile
 
 _BREAK_AT = re.compile(r"Graph break in user code at (?P<file>.+):(?P<line>\d+)")
 #: Dynamo's title when a call broke the graph: the reason is the title that follows it.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 from torchlab.core.analysis.impact import ImpactTracker
+from torchlab.core.wire.compile_report import CompileReport
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.metrics_row import MetricsRow
@@ -94,7 +95,7 @@ class OutboxReporter(TrainerObserver):
                   | events.ResumeChangedSettings() | events.StopRequested() | events.MemoryPredicted() | events.PredictionChecked()
                   | events.LongestBatch() | p.Log()):
                 self.outbox.add_event(event)  # the app says it in words: events.describe
-            case events.FlopsCounted() | events.CompileReport():
+            case events.FlopsCounted() | CompileReport():
                 self.outbox.add_event(event)  # the app's views show them (where the time goes; the log says compile's)
 
     def _send_impact(self, force: bool = False) -> None:

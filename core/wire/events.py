@@ -21,9 +21,8 @@ from torchlab.core.wire.protocol import (
     CheckpointSaved, Error, Log, LogLevel, Message, NonFinite, OptionApplied, OptionRefused, ProfileReady, TrialProgress,
     TrialResult,
 )
-from torchlab.core.wire.payloads import (
-    CommunicationShare, GraphBreak, MemoryPrediction, ModuleFlops, OpFlops, Recompile,
-)
+from torchlab.core.wire.compile_report import CompileReport, compile_sentence
+from torchlab.core.wire.payloads import CommunicationShare, MemoryPrediction, ModuleFlops, OpFlops
 from torchlab.core.wire.typed_json import JsonScalar
 
 
@@ -347,25 +346,6 @@ class FlopsCounted(Message):
     recomputed: int = 0
 
 
-@dataclass(frozen=True)
-class CompileReport(Message):
-    """What torch.compile did with the model so far this process, while compile is on (core/engine/compile_watch.py):
-    its graph ``breaks`` (each place once, most met first) and ``recompiles`` (each frame and failed guard once), the
-    ``graphs`` compiled, the seconds compiling took (``compile_s``: at the boundary and in steps that compiled again:
-    what the impact table leaves out of the step times), and what watching it cost (``watch_s``: the watch's own
-    reading of torch's records, inside ``compile_s``). ``recompile_limit``: torch's, past which a frame runs eagerly. Sent after each
-    compile that changed it."""
-
-    type: ClassVar[str] = "compile_report"
-    step: int
-    compile_s: float
-    graphs: int
-    breaks: list[GraphBreak]
-    recompiles: list[Recompile]
-    recompile_limit: int
-    watch_s: float = 0.0
-
-
 #: ``PredictionChecked.measure``: which measured figure a prediction is checked against.
 ALLOCATOR_PEAK = "allocator_peak"
 TENSORS = "tensors"
@@ -463,30 +443,6 @@ def describe(event: Message) -> Sentence | None:
 def _longer_batch(event: LongestBatch) -> str:
     return (f"a longer batch than any before: {shapes_in_words(event.shapes)} "
             f"({(event.elements / event.previous_elements - 1) * 100:+.0f} % elements): what fits predicts with it from now on")
-
-
-def compile_sentence(report: CompileReport) -> str:
-    """What torch.compile did so far, in a line a person reads: its graphs and compile time, each graph break's place
-    and reason (three at most, most met first), each recompile's frame and failed guard, and the fix where there is one."""
-    graphs = f"{report.graphs} graph{'s' if report.graphs != 1 else ''}"
-    said = f"torch.compile: {graphs}, {report.compile_s:.1f} s compiling"
-    if not report.breaks:
-        said += "; no graph break"
-    else:
-        places = "; ".join(f"{short_path(entry.file)}:{entry.line} {entry.reason[:1].lower()}{entry.reason[1:]}"
-                           + (f" (`{entry.code}`)" if entry.code else "") for entry in report.breaks[:3])
-        more = f" and {len(report.breaks) - 3} more" if len(report.breaks) > 3 else ""
-        said += f"; {len(report.breaks)} graph break{'s' if len(report.breaks) != 1 else ''}, where the code between " \
-                f"graphs runs eagerly: {places}{more}"
-    for entry in report.recompiles[:3]:
-        said += (f"; recompiled {entry.frame} ({short_path(entry.file)}:{entry.line}) {entry.count}x for {entry.guard}"
-                 + (f": {entry.hint}" if entry.hint else ""))
-    return said
-
-
-def short_path(path: str) -> str:
-    """A file as a person names it: its last two parts."""
-    return "/".join(path.replace("\\", "/").split("/")[-2:])
 
 
 def shapes_in_words(shapes: list) -> str:

@@ -280,38 +280,6 @@ class OpFlops(JsonObject):
 
 
 @dataclass(frozen=True)
-class GraphBreak(JsonObject):
-    """Where torch.compile's Dynamo stopped tracing the user's code (core/engine/compile_watch.py): the code from there
-    to the next graph runs eagerly. At ``file``:``line`` (``code``, that line), for ``reason`` (Dynamo's title of it:
-    "Data-dependent branching"), with its ``explanation`` and its first ``hint``; ``count``: the compiles that broke
-    there (a break is met again by each recompile of its frame)."""
-
-    file: str
-    line: int
-    code: str
-    reason: str
-    explanation: str = ""
-    hint: str = ""
-    count: int = 1
-
-
-@dataclass(frozen=True)
-class Recompile(JsonObject):
-    """A frame torch.compile compiled again because a guard of its earlier graphs failed (core/engine/compile_watch.py):
-    the function ``frame`` at ``file``:``line``, the ``guard`` that failed ("tensor 'x' size mismatch at index 1.
-    expected 61, actual 64"), ``count`` times for that guard; ``compiled``: the frame's graphs now, which at
-    ``recompile_limit`` (CompileReport's) stop: the frame then runs eagerly. ``hint``: the fix where it is mechanical."""
-
-    frame: str
-    file: str
-    line: int
-    guard: str
-    count: int = 1
-    compiled: int = 2
-    hint: str = ""
-
-
-@dataclass(frozen=True)
 class MemoryBreakdown(JsonObject):
     """The bytes training holds in tensors at ``step``, by kind, measured on that step (core/engine/measure/memory.py):
     the same on CPU as on CUDA, unlike the process RSS, which only grows. ``activations_bytes`` are the tensors

@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 from trainers import TINY, WORKLOADS, make_trainer
-from torchlab.core.wire.events import CompileReport, compile_sentence, describe
+from torchlab.core.wire.compile_report import CompileReport, compile_sentence
+from torchlab.core.wire.events import describe
 
 TINY_FILE = WORKLOADS / "tiny.py"
 

@@ -255,8 +255,7 @@ async def test_at_80_columns_three_runs_each_have_a_column_and_a_legend_entry_th
 def test_what_compile_did_in_each_run_is_a_row_of_the_table(tmp_path):
     """From each run's last ``compile_report`` in its journal; a run that never compiled says so with a dash."""
     from torchlab.core.records.rundir import to_json_line
-    from torchlab.core.wire.events import CompileReport
-    from torchlab.core.wire.payloads import GraphBreak
+    from torchlab.core.wire.compile_report import CompileReport, GraphBreak
 
     compiled = write_run(tmp_path, "20261123-090000-tiny_gpt", lr=0.001)
     eager = write_run(tmp_path, "20261123-100000-tiny_gpt", lr=0.003)

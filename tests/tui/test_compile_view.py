@@ -10,8 +10,7 @@ from textual.widgets import Label, Static
 
 from fake_link import FakeLink, impact, quiet_app
 from torchlab.core.wire import protocol
-from torchlab.core.wire.events import CompileReport
-from torchlab.core.wire.payloads import GraphBreak, Recompile
+from torchlab.core.wire.compile_report import CompileReport, GraphBreak, Recompile
 from torchlab.tui.screens.compile_screen import CompileScreen
 from torchlab.tui.widgets.event_log import EventLog
 

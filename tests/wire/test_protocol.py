@@ -14,16 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metrics_rows import metrics_row
-from torchlab.core.wire import events, payloads
+from torchlab.core.wire import compile_report, events, payloads
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.outbox import Cursor, Outbox
+from torchlab.core.wire.compile_report import CompileReport, GraphBreak, Recompile
 from torchlab.core.wire.payloads import (
     AllocatorSample,
     CollectiveTime,
-    GraphBreak,
     ModuleFlops,
     OpFlops,
-    Recompile,
     CommunicationShare,
     GpuSample,
     HostSample,
@@ -150,7 +149,7 @@ EXAMPLES = [
     events.PredictionChecked(step=46, settings=_PREDICTED_SETTINGS, measure=events.ALLOCATOR_PEAK,
                              predicted_bytes=28_200_000, measured_bytes=29_900_000, error=0.0603, ratio=1.0603),
     events.LongestBatch(step=840, shapes=[[32, 512], [32, 512], [32]], elements=32_800, previous_elements=29_216),
-    events.CompileReport(step=12, compile_s=41.5, graphs=3, recompile_limit=8, watch_s=0.2, breaks=[
+    CompileReport(step=12, compile_s=41.5, graphs=3, recompile_limit=8, watch_s=0.2, breaks=[
         GraphBreak("/home/me/model.py", 17, "if y.sum() > 0:", "Data-dependent branching", "Detected data-dependent branching",
                    "consider making the code branchless", count=2)],
         recompiles=[Recompile("forward", "/home/me/model.py", 15, "tensor 'x' size mismatch at index 1. expected 61, actual 64",
@@ -248,7 +247,9 @@ def test_arbitrary_bytes_decode_or_are_refused_never_crash(data):
 
 # ------------------------------------------------------------------------------ nested payloads
 
-PAYLOAD_TYPES = {kind for _, kind in inspect.getmembers(payloads, inspect.isclass) if dataclasses.is_dataclass(kind)}
+#: the payload types: payloads.py's, and those of a part of the protocol in a module of its own (compile_report.py)
+PAYLOAD_TYPES = {kind for module in (payloads, compile_report) for _, kind in inspect.getmembers(module, inspect.isclass)
+                 if dataclasses.is_dataclass(kind) and not issubclass(kind, p.Message) and kind.__module__ == module.__name__}
 
 
 def payloads_in(value: Any) -> list[Any]:

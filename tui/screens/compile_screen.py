@@ -11,7 +11,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Label, Static
 
-from torchlab.core.wire.events import CompileReport, short_path
+from torchlab.core.wire.compile_report import CompileReport, short_path
 from torchlab.core.wire.payloads import ImpactSegment
 from torchlab.tui.screens.view_screen import ViewScreen, closing_key
 from torchlab.tui.state import RunState

@@ -52,6 +52,7 @@ from torchlab.core.records.storage import make_folder, make_folders_above, reaso
 from torchlab.core.safe_open import (
     UnsafeFileError, kind_of, open_regular, refuse_a_path_too_long, who_else_may_change,
 )
+from torchlab.core.wire.compile_report import CompileReport
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.metrics_row import MetricsRow
@@ -313,7 +314,7 @@ class LiveTensorBoard(TrainerObserver):
                     return
             case p.ProfileReady() if not event.error:
                 self._queue.append(event)
-            case events.CompileReport():
+            case CompileReport():
                 self._queue.append(event.journal_record())
             case events.RunEnded() | p.Error() | p.NonFinite():
                 self.close()
