@@ -214,8 +214,9 @@ class StepWatch:
         self.clock = totals.clock() if plan.training and totals is not None and totals.due() else None
         instruments.parts.data.clock = self.clock
         #: its forward and backward's FLOPs and ops counted (measure/flops.py): a kind of step not counted yet
-        self.counts_flops = (plan.training and instruments.step_flops is not None
-                             and instruments.step_flops.due(compiled=instruments.parts.model.compiled is not None))
+        self.counts_flops = (plan.training and instruments.step_flops is not None and totals is not None
+                             and instruments.step_flops.due(compiled=instruments.parts.model.compiled is not None,
+                                                          trained_s=totals.trained_s))
         self._flop_counter: Any = None
         if plan.activations:
             instruments.activation_probe.attach()  # hooks only on sampled steps: on every step they cost ~35 %
@@ -333,7 +334,7 @@ class StepWatch:
         if totals is None or not plan.training:
             return None
         totals.trained_s += step_time
-        flops = self._flops_of_its_kind(step_flops, step_time) if step_flops is not None else None
+        flops = self._flops_of_its_kind(step_flops) if step_flops is not None else None
         if self.clock is not None and not compiling and not self.counts_flops:
             totals.add(self.clock, flops)
         last = self.step == instruments.parts.config.steps
@@ -345,7 +346,7 @@ class StepWatch:
             instruments.say_no_peak(self.step)
         return phases
 
-    def _flops_of_its_kind(self, step_flops: StepFlops, step_time: float) -> Counted | None:
+    def _flops_of_its_kind(self, step_flops: StepFlops) -> Counted | None:
         """The FLOPs of this step's kind, counted on it where it was due; the kind the next step is expected to be."""
         parts = self.instruments.parts
         kind = step_kind(parts.data.lengths.shapes_of(self._taken_before + 1), parts.options)
@@ -354,7 +355,6 @@ class StepWatch:
             step_flops.record(kind, counted)
             parts.reporter.emit(flops_counted(self.step, kind, counted))
         step_flops.last_kind = kind
-        step_flops.trained_s += step_time
         return step_flops.counted(kind)
 
     def finish(self, host: HostValues, update: Update) -> StepReport:

@@ -130,23 +130,23 @@ class StepFlops:
         self.given_peak = given_peak
         self._counted: dict[Any, Counted] = {}
         self._counting_s = 0.0
-        self.trained_s = 0.0  # the run's training steps' time in this process, counting's share is of
         self.last_kind: Any = None  # the kind of the last training step: the next is expected to be of it
         self._peaks: dict[torch.dtype, float] = {}
+        self._gpu_name: str | None = None
 
     def counted(self, kind: Any) -> Counted | None:
         """The FLOPs and ops of a step of ``kind``, where one was counted."""
         return self._counted.get(kind)
 
-    def due(self, compiled: bool) -> bool:
+    def due(self, compiled: bool, trained_s: float) -> bool:
         """Whether the next step, expected to be of the last one's kind, is counted: a kind not counted yet, while
-        counting has taken under ``COUNT_SHARE`` of the training time (the first count is made at once). Not while
+        counting has taken under ``COUNT_SHARE`` of ``trained_s``, the training time (the first count is made at once). Not while
         the model is compiled: the count runs a step eagerly, whose numbers differ from the compiled graph's in the
         last bits (a resume would not be bit-exact); a kind counted before compile came on holds for it, the same
         FLOPs."""
         if self.last_kind in self._counted or compiled:
             return False
-        return not self._counted or self._counting_s < COUNT_SHARE * self.trained_s
+        return not self._counted or self._counting_s < COUNT_SHARE * trained_s
 
     @contextlib.contextmanager
     def counting(self) -> Iterator[Callable[[], Counted]]:
@@ -169,7 +169,9 @@ class StepFlops:
         if self.given_peak is not None:
             return self.given_peak
         if self.device.type == "cuda":
-            return cuda_peak(torch.cuda.get_device_name(self.device), dtype, convolution_share)
+            if self._gpu_name is None:  # asked once: a row of the probe's asks for the peak
+                self._gpu_name = torch.cuda.get_device_name(self.device)
+            return cuda_peak(self._gpu_name, dtype, convolution_share)
         if self.device.type != "cpu":
             return None
         if dtype not in self._peaks:

@@ -175,7 +175,7 @@ class PhaseTotals:
     def __init__(self, marks: Marks) -> None:
         self.marks = marks
         self._read_clocks: list[PhaseClock] = []  # used again for a later step
-        self.trained_s = 0.0  # training's steps' time in this process: the stream's events' share is of it
+        self.trained_s = 0.0  # training's steps' time in this process: the events' and FLOP counts' shares are of it
         self._waiting: deque[tuple[PhaseClock, Counted | None]] = deque()
         self._reset()
 
