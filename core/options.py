@@ -4,7 +4,7 @@
 An option owns its name, how a value is parsed (from a command line, ``--at``, a TOML file, a prompt
 or a protocol message: strings and JSON values alike) and shown back, its refusal of values no run
 could take (``OptionChangeError`` with a reason the user can act on), its command-line flag, its key, its
-prompt and its row in the app's options panel. What a number accepts is its ``Bounds``: the one definition
+prompt and its row in the app's options panel. What a number accepts is its ``Bounds`` (core/bounds.py): the one definition
 of its type, range and off-word that every way of giving it goes through; the run's numeric settings
 (core/records/settings.py, ``--steps``, ``--keep-checkpoints``...) have theirs too, and ``steps`` is one definition
 as a setting and as a live option. What makes a value real is the trainer's: it enacts
@@ -18,17 +18,13 @@ core/engine/option_hooks.py (docs/options.md, "Adding a live option").
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, make_dataclass, replace
 from typing import Any
 
+from torchlab.core.bounds import AUTO_WORD, OFF_WORDS, ON_WORDS, Bounds, OptionChangeError
 from torchlab.core.cpu_share import usable_cores
 from torchlab.core.errors import shown
-
-_OFF_WORDS = {"off", "none", "no", "false", "0", ""}
-_ON_WORDS = {"on", "yes", "true", "1"}
-_AUTO_WORD = "auto"
 
 
 def usable_cpus() -> int:
@@ -43,98 +39,10 @@ def max_workers() -> int:
     return max(8, 4 * usable_cpus())
 
 
-class OptionChangeError(ValueError):
-    """A requested option change cannot be applied; the message is the reason shown to the user."""
-
-
-class _NotOff:
-    """``Bounds.off`` of a number that cannot be off."""
-
-    def __repr__(self) -> str:
-        return "NOT_OFF"
-
-
-NOT_OFF: Any = _NotOff()
-
 #: The most optimizer steps a run may be given, and the largest step a change, a trial or a profile may name.
 #: At a millisecond a step, 10^9 steps train for 12 days; a larger figure is a slip of the keyboard
 #: (``--steps 99999999999999999999`` was taken: a run that never ends).
 MAX_STEPS = 10**9
-
-
-def written_limit(number: float) -> str:
-    """A limit as a refusal writes it: ``4096``, ``0.1``, and a large power of ten as ``10^9``."""
-    if math.isinf(number):
-        return "∞"
-    if number >= 10**6 and number == int(number) and str(int(number)).rstrip("0") == "1":
-        return f"10^{len(str(int(number))) - 1}"
-    return f"{number:g}" if isinstance(number, float) and not number.is_integer() else str(int(number))
-
-
-@dataclass(frozen=True, kw_only=True)
-class Bounds:
-    """What a number accepts: the one definition a flag, a TOML file, ``--at``, a prompt and a protocol message
-    are all parsed with (``parse``), for a live option (``Number.bounds``) and a setting (core/records/settings.py)
-    alike, so that none of them takes a value another refuses.
-
-    ``off``: the value that "off" (and 0, and nothing) stands for, where the number can be off: clip's None (no
-    clipping), eval_every's 0. 0 means off wherever a number can be off, so it never means off in one place and
-    "too small" in another. ``auto``: the word "auto" is a value too, kept as it is (a cadence the run picks)."""
-
-    #: what a value must be, for refusals: the range (``{minimum}`` and ``{maximum}``, filled in from the numbers, so
-    #: that a limit is written once), and what 0 or auto mean
-    wording: str
-    whole: bool = False
-    minimum: float = 0  #: the smallest value (``above``: values must exceed it)
-    above: bool = False
-    maximum: float = math.inf
-    off: Any = NOT_OFF
-    auto: bool = False
-
-    @property
-    def must_be(self) -> str:
-        """What a value must be, in words: "a whole number from 1 to 4096"."""
-        return self.wording.format(minimum=written_limit(self.minimum), maximum=written_limit(self.maximum))
-
-    @property
-    def can_be_off(self) -> bool:
-        return self.off is not NOT_OFF
-
-    def parse(self, name: str, value: Any) -> Any:
-        """``value`` (text, or a number from JSON or TOML) as the number it stands for, or OptionChangeError naming
-        ``name`` and what it must be."""
-        if self.auto and isinstance(value, str) and value.strip().lower() == _AUTO_WORD:
-            return _AUTO_WORD
-        if self.can_be_off and (value is None or (isinstance(value, str) and value.strip().lower() in _OFF_WORDS)):
-            return self.off
-        number = self._number(name, value)
-        if self.can_be_off and number == 0:
-            return self.off
-        low_ok = number > self.minimum if self.above else number >= self.minimum
-        if not (low_ok and number <= self.maximum):
-            raise self.refusal(name, value)
-        return number
-
-    def _number(self, name: str, value: Any) -> int | float:
-        if isinstance(value, bool):
-            raise self.refusal(name, value) if self.whole else OptionChangeError(f"{name} must be a number, got {shown(value)}")
-        if self.whole:
-            try:
-                return value if isinstance(value, int) else int(str(value).strip())
-            except ValueError:  # not a whole number, or one of over 4,300 digits
-                raise self.refusal(name, value) from None
-        try:
-            number = float(value) if isinstance(value, (int, float)) else float(str(value).strip())
-        except ValueError:
-            raise OptionChangeError(f"{name} must be a number, got {shown(value)}") from None
-        except OverflowError:  # an integer too large for a float (a 400-digit one from a socket)
-            raise OptionChangeError(f"{name} must be a finite number, got {shown(value)}") from None
-        if not math.isfinite(number):
-            raise OptionChangeError(f"{name} must be a finite number, got {shown(value)}")
-        return number
-
-    def refusal(self, name: str, value: Any) -> OptionChangeError:
-        return OptionChangeError(f"{name} must be {self.must_be}, got {shown(value)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,8 +108,10 @@ class Choice(LiveOption):
 
     def parse(self, value: Any) -> str:
         text = str(value).strip().lower() if value is not None else "off"
-        if text in _OFF_WORDS and "off" in self.choices:
+        if text in OFF_WORDS and "off" in self.choices:
             return "off"
+        if text in ON_WORDS and "on" in self.choices:
+            return "on"
         if text not in self.choices:
             raise OptionChangeError(f"{self.name} must be one of {', '.join(self.choices)}, got {shown(value)}")
         return text
@@ -229,18 +139,18 @@ class Switch(LiveOption):
     def parse(self, value: Any) -> bool | None:
         if isinstance(value, bool):
             return value
-        text = str(value).strip().lower() if value is not None else (_AUTO_WORD if self.auto else "off")
-        if text in _ON_WORDS:
+        text = str(value).strip().lower() if value is not None else (AUTO_WORD if self.auto else "off")
+        if text in ON_WORDS:
             return True
-        if text in _OFF_WORDS:
+        if text in OFF_WORDS:
             return False
-        if self.auto and text == _AUTO_WORD:
+        if self.auto and text == AUTO_WORD:
             return None
         raise OptionChangeError(f"{self.name} must be on{', off or auto' if self.auto else ' or off'}, got {shown(value)}")
 
     def format(self, value: Any) -> str:
         if value is None and self.auto:
-            return _AUTO_WORD
+            return AUTO_WORD
         return "on" if value else "off"
 
     def add_flag(self, group: argparse._ArgumentGroup) -> None:
@@ -264,7 +174,7 @@ class Blocks(Switch):
     def parse(self, value: Any) -> bool | str:
         if isinstance(value, (list, tuple)):  # a TOML array
             names = [item.strip() if isinstance(item, str) else item for item in value]
-        elif isinstance(value, str) and value.strip().lower() not in _ON_WORDS | _OFF_WORDS:
+        elif isinstance(value, str) and value.strip().lower() not in ON_WORDS | OFF_WORDS:
             names = [name.strip() for name in value.split(",")]
         elif isinstance(value, (bool, str)) or value is None:
             return super().parse(value)
@@ -416,6 +326,17 @@ COMPILE = Switch(
               "if it cannot compile, the run says why and trains uncompiled",
     takes_effect="compiles at the next step boundary: seconds to a minute the first time, training waits",
 )
+DYNAMIC = Choice(
+    name="dynamic", default="auto", choices=("auto", "on", "off"),
+    label="dynamic shapes", short="dyn", key="Y", footer="Dynamic", in_footer=False, in_panel=False,
+    help="Cycle torch.compile's shapes: auto (a size that changes is compiled dynamic) → on (one graph for every size) "
+         "→ off (a graph for each size)",
+    flag_help="torch.compile's shapes while compile is on: auto (each size specialised, a dimension that changes made "
+              "dynamic at its first recompile: torch's default), on (dynamic from the first compile: one graph for every "
+              "size) or off (a graph specialised to each size, until torch's recompile_limit: then the frame runs "
+              "eagerly)",
+    takes_effect="compiles again at the next step boundary while compile is on; kept for when it is on",
+)
 WORKERS = Number(
     name="workers", default=0,
     bounds=Bounds(whole=True, minimum=0, maximum=max_workers(),
@@ -441,7 +362,7 @@ PIN_MEMORY = Switch(
 #: and the words that point to a trial (core/analysis/bottleneck.py) name it from here.
 TRIAL_KEY = "T"
 
-LIVE_OPTIONS: tuple[LiveOption, ...] = (AMP, CHECKPOINTING, COMPILE, CLIP, ACCUM, SPLIT, OOM_RESCUE, SPIKE_GUARD, LR_SCALE,
+LIVE_OPTIONS: tuple[LiveOption, ...] = (AMP, CHECKPOINTING, COMPILE, DYNAMIC, CLIP, ACCUM, SPLIT, OOM_RESCUE, SPIKE_GUARD, LR_SCALE,
                                          WORKERS, PIN_MEMORY, WORLD_SIZE, PARALLEL, STEPS)
 #: The source of the ``set`` a resumed process gives itself for an option its checkpoint had on but cannot hold
 #: (compile: a compiled model is made again in each process): its ``option_applied`` has ``previous`` equal to

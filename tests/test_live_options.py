@@ -13,7 +13,7 @@ from torchlab.tui.app_keys import KEY_ACTIONS
 
 #: A value each option accepts that is not its default, as typed on a command line, and its parsed form.
 TYPED = {"amp": ("bf16", "bf16"), "checkpointing": (None, True), "clip": ("0.5", 0.5), "accum": ("4", 4), "split": ("2", 2), "oom_rescue": (None, False),
-         "spike_guard": ("rollback", "rollback"), "lr_scale": ("0.25", 0.25), "world_size": ("2", 2), "parallel": ("fsdp", "fsdp"), "compile": (None, True), "workers": ("2", 2),
+         "spike_guard": ("rollback", "rollback"), "lr_scale": ("0.25", 0.25), "world_size": ("2", 2), "parallel": ("fsdp", "fsdp"), "compile": (None, True), "dynamic": ("on", "on"), "workers": ("2", 2),
          "pin_memory": (None, True), "steps": ("500", 500)}
 
 

@@ -25,9 +25,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from torchlab.core.options import DYNAMIC
 from torchlab.core.wire.compile_report import CompileReport, GraphBreak, Recompile
 
 _BREAK_AT = re.compile(r"Graph break in user code at (?P<file>.+):(?P<line>\d+)")
+#: The line a break's reason is on: "Graph Break Reason: ..." from torch 2.7, "Reason: Unsupported: ..." in 2.6.
+_REASON_LINE = ("Graph Break Reason:", "Reason:")
 #: Dynamo's title when a call broke the graph: the reason is the title that follows it.
 _GENERIC_TITLE = "Encountered graph break"
 #: A guard on a tensor's size: the dimension that changed.
@@ -37,6 +40,15 @@ _GRAPH_ID = re.compile(r"^\d+/\d+: ")
 #: Dynamo's name for the code after a graph break: ``torch_dynamo_resume_in_forward_at_17``.
 _RESUMED = re.compile(r"torch_dynamo_resume_in_(?P<function>\w+?)_at_(?P<line>\d+)")
 MAX_TEXT_CHARS = 300
+#: The first torch whose structured trace says what the watch reads (found in each release's source, 2.4 to 2.13): a
+#: graph break's place and reason from 2.6 (Dynamo's explanation and hint with it from 2.7), a recompile's failed
+#: guard from 2.7 (before, the frame compiled again is there, not why); the graphs compiled in every one.
+BREAKS_FROM, GUARDS_FROM = (2, 6), (2, 7)
+_LIVE = f"(a live option, key {DYNAMIC.key})"
+#: What the ``dynamic`` live option offers a frame that recompiles for a size, by its value in force.
+_DYNAMIC_FIX = {"off": f"{DYNAMIC.name}=auto or on {_LIVE} compiles a changing size once; ",
+                "auto": f"{DYNAMIC.name}=on {_LIVE} compiles every size dynamic from the first compile; ",
+                "on": ""}
 
 
 @dataclass
@@ -45,6 +57,8 @@ class _Seen:
 
     fields: dict[str, Any]
     count: int = 1
+    #: a recompile's tensor dimension whose size failed the guard: (frame, file, line, tensor, dimension)
+    dimension: tuple | None = None
 
 
 class CompileWatch(logging.Handler):
@@ -57,16 +71,29 @@ class CompileWatch(logging.Handler):
         self.graphs = 0
         self.watch_s = 0.0
         self.news = False
+        self.dynamic = "auto"  #: the ``dynamic`` option the graphs are compiled under
+        self.unseen = ""  #: what this torch does not report (``unseen_by``)
+        self.sees_breaks = True
         self._breaks: dict[tuple, _Seen] = {}
         self._recompiles: dict[tuple, _Seen] = {}
+        #: recompiles by the tensor dimension whose size failed a guard: (frame, file, line, tensor, dimension)
+        self._by_dimension: dict[tuple, int] = {}
 
     def attach(self) -> None:
         from torch._dynamo import config
         from torch._logging._internal import trace_log
 
         self.recompile_limit = int(getattr(config, "recompile_limit", getattr(config, "cache_size_limit", 8)))
+        version = torch_version()
+        self.unseen, self.sees_breaks = unseen_by(version), version >= BREAKS_FROM
         if self not in trace_log.handlers:
             trace_log.addHandler(self)
+
+    def forget_recompiles(self) -> None:
+        """torch's graphs were dropped (another ``dynamic``): the frames' graphs count from none again."""
+        self._recompiles.clear()
+        self._by_dimension.clear()
+        self.news = True
 
     def detach(self) -> None:
         from torch._logging._internal import trace_log
@@ -109,13 +136,17 @@ class CompileWatch(logging.Handler):
         frame, file, line = str(metrics.get("co_name")), str(metrics.get("co_filename")), int(metrics.get("co_firstlineno") or 0)
         compiled = int(metrics.get("cache_size") or 0) + 1
         key = (frame, file, line, guard)
+        size = _SIZE_MISMATCH.search(guard)
+        dimension = (frame, file, line, size["tensor"], size["dim"]) if size is not None else None
+        if dimension is not None:
+            self._by_dimension[dimension] = self._by_dimension.get(dimension, 0) + 1
         if key in self._recompiles:
             seen = self._recompiles[key]
             seen.count += 1
             seen.fields["compiled"] = max(seen.fields["compiled"], compiled)
         else:
             self._recompiles[key] = _Seen({"frame": _frame_name(frame), "file": file, "line": line, "guard": guard,
-                                           "compiled": compiled})
+                                           "compiled": compiled}, dimension=dimension)
         self.news = True
 
     def report(self, step: int) -> CompileReport:
@@ -127,16 +158,44 @@ class CompileWatch(logging.Handler):
                              breaks=[GraphBreak(**seen.fields, count=seen.count) for seen in breaks],
                              recompiles=[Recompile(**seen.fields, count=seen.count, hint=self._hint(seen))
                                          for seen in recompiles],
-                             recompile_limit=self.recompile_limit, watch_s=self.watch_s)
-
+                             recompile_limit=self.recompile_limit, watch_s=self.watch_s, dynamic=self.dynamic,
+                             unseen=self.unseen, sees_breaks=self.sees_breaks)
 
     def _hint(self, seen: _Seen) -> str:
         """What to do of a recompile: where its frame is a recompile from running eagerly, raise the limit; where a
-        dimension recompiled three times, mark it dynamic."""
-        if seen.fields["compiled"] >= self.recompile_limit - 1:
-            return (f"{seen.fields['frame']} has {seen.fields['compiled']} graphs of torch's limit of "
-                    f"{self.recompile_limit}: past it, it runs eagerly; torch._dynamo.config.recompile_limit raises it")
-        return _recompile_hint(seen.fields["guard"]) if seen.count >= 3 else ""
+        tensor's dimension took three sizes, compile it dynamic."""
+        fields = seen.fields
+        if fields["compiled"] >= self.recompile_limit - 1:
+            fix = _DYNAMIC_FIX[self.dynamic] if seen.dimension is not None else ""
+            return (f"{fields['frame']} has {fields['compiled']} graphs of torch's limit of {self.recompile_limit}: "
+                    f"past it, it runs eagerly; {fix}torch._dynamo.config.recompile_limit raises the limit")
+        recompiled = self._by_dimension.get(seen.dimension, 0)
+        if recompiled < 2:  # a second size: automatic dynamic shapes (dynamic=auto) make the dimension dynamic
+            return ""
+        _, _, _, tensor, dim = seen.dimension
+        return (f"dimension {dim} of '{tensor}' took {recompiled + 1} sizes, each compiled: {_DYNAMIC_FIX[self.dynamic]}"
+                "torch._dynamo.mark_dynamic on it before the first compile, or padding the batches to a few lengths, "
+                "keeps one graph")
+
+
+def torch_version() -> tuple[int, int]:
+    """This torch's major and minor version: ``2.13.0+cpu`` as (2, 13)."""
+    import torch
+
+    major, minor = re.match(r"(\d+)\.(\d+)", torch.__version__).groups()
+    return int(major), int(minor)
+
+
+def unseen_by(version: tuple[int, int]) -> str:
+    """What a torch of ``version`` does not say to the watch, in a sentence with what does; empty where it says all."""
+    named = f"torch {version[0]}.{version[1]}"
+    if version < BREAKS_FROM:
+        return (f"{named} reports neither its graph breaks nor why it recompiles to the workbench (torch 2.7 does; "
+                "TORCH_LOGS=graph_breaks,recompiles prints them to the trainer's log)")
+    if version < GUARDS_FROM:
+        return (f"{named} reports its graph breaks but not why it recompiles (torch 2.7 does; TORCH_LOGS=recompiles "
+                "prints it to the trainer's log)")
+    return ""
 
 
 def _frame_name(code_name: str) -> str:
@@ -149,20 +208,10 @@ def _break_reason(payload: str) -> tuple[str, str, str]:
     """Dynamo's title of a break (the one after its generic title, where a call broke), its first explanation and
     hint, each a line."""
     lines = [line.strip() for line in payload.splitlines() if line.strip()]
-    title = next((line.removeprefix("Graph Break Reason:").strip() for line in lines
-                  if line.startswith("Graph Break Reason:")), "")
+    title = next((line.split(":", 1)[1].strip() for line in lines if line.startswith(_REASON_LINE)), "")
     if title.startswith(_GENERIC_TITLE) or not title:
-        index = next((i for i, line in enumerate(lines) if line.startswith("Graph Break Reason:")), -1)
+        index = next((i for i, line in enumerate(lines) if line.startswith(_REASON_LINE)), -1)
         title = next((line for line in lines[index + 1:] if not line.startswith(("Explanation:", "Hint:"))), title)
     explanation = next((line.removeprefix("Explanation:").strip() for line in lines if line.startswith("Explanation:")), "")
     hint = next((line.removeprefix("Hint:").strip() for line in lines if line.startswith("Hint:")), "")
     return title[:MAX_TEXT_CHARS], explanation[:MAX_TEXT_CHARS], hint[:MAX_TEXT_CHARS]
-
-
-def _recompile_hint(guard: str) -> str:
-    """The mechanical fix of a failed guard, where there is one: a tensor dimension that changes size."""
-    size = _SIZE_MISMATCH.search(guard)
-    if size is None:
-        return ""
-    return (f"dimension {size['dim']} of '{size['tensor']}' changes size: torch._dynamo.mark_dynamic on it before the "
-            "first compile (one graph for every size), or padding the batches to a few lengths")

@@ -37,12 +37,28 @@ _NAMED_ERROR = re.compile(r"[A-Z][A-Za-z0-9_]*: ")
 MAX_REASON_CHARS = 400
 
 
-def compile_model(module: torch.nn.Module) -> torch.nn.Module:
-    """The module compiled, in torch.compile's default mode; nothing compiles until it is called.
+#: The ``dynamic`` option's values as torch.compile's ``dynamic`` argument: auto is torch's default (None: each size
+#: specialised until a dimension changes, then that dimension dynamic), on is dynamic from the first compile, off a
+#: graph specialised to each size.
+DYNAMIC_ARGUMENT = {"auto": None, "on": True, "off": False}
+
+
+def compile_model(module: torch.nn.Module, dynamic: str) -> torch.nn.Module:
+    """The module compiled, in torch.compile's default mode with the ``dynamic`` option's shapes; nothing compiles
+    until it is called.
 
     The wrapper only: ``module`` itself is unchanged, so its state dict keeps its keys (no ``_orig_mod.``
     prefix), which is what checkpoints save."""
-    return torch.compile(module)
+    return torch.compile(module, dynamic=DYNAMIC_ARGUMENT[dynamic])
+
+
+def forget_compiled() -> None:
+    """Drop every graph torch.compile holds in this process. Its caches are by code object, whatever the wrapper:
+    the graphs compiled under other shapes' settings would pass their guards and be run again, so a change of
+    ``dynamic`` compiles afresh."""
+    import torch._dynamo  # imported by the compile that made what is forgotten: nothing new
+
+    torch._dynamo.reset()
 
 
 def compiled_graphs() -> int:

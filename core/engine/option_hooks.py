@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from torchlab.core.engine.batch_split import check_split, split_batch
-from torchlab.core.engine.compiling import compile_model, compile_on_batch, failure_reason
+from torchlab.core.engine.compiling import compile_model, compile_on_batch, failure_reason, forget_compiled
 from torchlab.core.engine.parallel.distributed import check_world_size
 from torchlab.core.engine.parallel.sharding import refuse_shared_across_blocks
 from torchlab.core.engine.host_copy import check_rollback_fits
@@ -33,7 +33,7 @@ from torchlab.core.errors import ConfigError
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import CompileStarted
 from torchlab.core.options import (
-    ACCUM, AMP, CHECKPOINTING, CLIP, COMPILE, LIVE_OPTIONS, LR_SCALE, OOM_RESCUE, PARALLEL, PIN_MEMORY, RESUMED, SPIKE_GUARD,
+    ACCUM, AMP, CHECKPOINTING, CLIP, COMPILE, DYNAMIC, LIVE_OPTIONS, LR_SCALE, OOM_RESCUE, PARALLEL, PIN_MEMORY, RESUMED, SPIKE_GUARD,
     SPLIT, STEPS, WORKERS, WORLD_SIZE, LiveOption, LiveOptions, OptionChangeError, live_option,
 )
 
@@ -196,8 +196,35 @@ def _enact_compile(parts: TrainingParts, on: bool) -> str | None:
         return None
     if parts.model.compiled is not None:
         return None
-    compiled = compile_model(parts.model.eager)
-    said = compile_now(parts, compiled, parts.precisions.current, "")
+    return _compile_afresh(parts, parts.options.dynamic, "")
+
+
+@enacts(DYNAMIC)
+def _enact_dynamic(parts: TrainingParts, mode: str) -> str | None:
+    """torch.compile's shapes: the model compiled again under them now, while compile is on; kept for its next compile
+    where it is off."""
+    if parts.model.compiled is None or mode == parts.model.compiled_dynamic:
+        return None
+    return _compile_afresh(parts, mode, f"with dynamic={mode}")
+
+
+def _compile_afresh(parts: TrainingParts, dynamic: str, what: str) -> str:
+    """The model compiled under ``dynamic``'s shapes at this boundary, the graphs of other shapes forgotten first (torch
+    would run them again: its caches are by code). Refused, the graphs of before compile again as the steps meet them,
+    under their own shapes."""
+    previous = parts.model.compiled_dynamic
+    watch = parts.model.watch_compile()
+    if previous not in (None, dynamic):
+        forget_compiled()
+        watch.forget_recompiles()
+    parts.model.compiled_dynamic = watch.dynamic = dynamic
+    compiled = compile_model(parts.model.eager, dynamic)
+    try:
+        said = compile_now(parts, compiled, parts.precisions.current, what)
+    except OptionChangeError:
+        if parts.model.compiled is not None:
+            parts.model.compiled_dynamic = watch.dynamic = previous
+        raise
     parts.model.set_compiled(compiled)
     return said
 

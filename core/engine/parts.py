@@ -98,6 +98,8 @@ class ModelForms:
         self.running: torch.nn.Module = model  # what a step's loss function gets
         #: what torch.compile did (core/engine/compile_watch.py): made with the first compile, following it while on
         self.compile_watch: CompileWatch | None = None
+        #: the ``dynamic`` setting the graphs torch.compile holds in this process were compiled under (None: none yet)
+        self.compiled_dynamic: str | None = None
 
     def wrap_for_ranks(self, device: torch.device, parallel: str, optimizer: torch.optim.Optimizer,
                        reshard_after_forward: bool, precisions: Precisions) -> None:

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from torchlab.core.errors import ConfigError, shown
-from torchlab.core.options import MAX_STEPS, STEPS, Bounds, OptionChangeError, written_limit
+from torchlab.core.bounds import Bounds, OptionChangeError, written_limit
+from torchlab.core.options import MAX_STEPS, STEPS
 from torchlab.core.wire.protocol import DEFAULT_PROFILE_STEPS
 
 #: The heading of ``torchlab-tui --help`` a setting's flag is listed under: "run" beside ``--run-dir`` at the top,

@@ -49,8 +49,10 @@ class CompileReport(Message):
     its graph ``breaks`` (each place once, most met first) and ``recompiles`` (each frame and failed guard once), the
     ``graphs`` compiled, the seconds compiling took (``compile_s``: at the boundary and in steps that compiled again:
     what the impact table leaves out of the step times), and what watching it cost (``watch_s``: the watch's own
-    reading of torch's records, inside ``compile_s``). ``recompile_limit``: torch's, past which a frame runs eagerly. Sent after each
-    compile that changed it."""
+    reading of torch's records, inside ``compile_s``). ``recompile_limit``: torch's, past which a frame runs eagerly;
+    ``dynamic``: the live option the graphs are compiled under (a change of it compiles afresh: the recompiles count
+    from then). ``unseen``: what this torch does not report (graph breaks before 2.6, why a frame recompiled before
+    2.7), said with the report. Sent after each compile that changed it."""
 
     type: ClassVar[str] = "compile_report"
     step: int
@@ -60,14 +62,18 @@ class CompileReport(Message):
     recompiles: list[Recompile]
     recompile_limit: int
     watch_s: float = 0.0
+    dynamic: str = "auto"
+    unseen: str = ""
+    sees_breaks: bool = True  #: False where this torch does not report them (``unseen`` says so): none is not "none"
 
 
 def compile_sentence(report: CompileReport) -> str:
     """What torch.compile did so far, in a line a person reads: its graphs and compile time, each graph break's place
     and reason (three at most, most met first), each recompile's frame and failed guard, and the fix where there is one."""
     graphs = f"{report.graphs} graph{'s' if report.graphs != 1 else ''}"
-    said = f"torch.compile: {graphs}, {report.compile_s:.1f} s compiling"
-    if not report.breaks:
+    said = f"torch.compile: {graphs}, {report.compile_s:.1f} s compiling" + (
+        f" (dynamic={report.dynamic})" if report.dynamic != "auto" else "")
+    if not report.breaks and report.sees_breaks:
         said += "; no graph break"
     else:
         places = "; ".join(f"{short_path(entry.file)}:{entry.line} {entry.reason[:1].lower()}{entry.reason[1:]}"
@@ -75,6 +81,8 @@ def compile_sentence(report: CompileReport) -> str:
         more = f" and {len(report.breaks) - 3} more" if len(report.breaks) > 3 else ""
         said += f"; {len(report.breaks)} graph break{'s' if len(report.breaks) != 1 else ''}, where the code between " \
                 f"graphs runs eagerly: {places}{more}"
+    if report.unseen:
+        said += f"; {report.unseen}"
     for entry in report.recompiles[:3]:
         said += (f"; recompiled {entry.frame} ({short_path(entry.file)}:{entry.line}) {entry.count}x for {entry.guard}"
                  + (f": {entry.hint}" if entry.hint else ""))

@@ -387,6 +387,13 @@ class Sentence:
     warning: bool = False
 
 
+def _checked_prediction(event: PredictionChecked) -> str:
+    figure = "the allocator's peak" if event.measure == ALLOCATOR_PEAK else "the tensors' total"
+    scaled = f"; predictions scaled by this run's {event.ratio:.3f} from now on" if abs(event.ratio - 1) >= 0.0005 else ""
+    return (f"memory of the settings in force: {figure} {format_bytes(event.measured_bytes)} measured, "
+            f"{format_bytes(event.predicted_bytes)} predicted ({event.error * 100:+.1f} %){scaled}")
+
+
 def describe(event: Message) -> Sentence | None:
     """The sentence for ``event``, or None where what it says is a state, a figure or a table that the app and
     headless each show their own way."""
@@ -427,11 +434,7 @@ def describe(event: Message) -> Sentence | None:
         case StopRequested():
             return Sentence(f"{event.reason} (at the end of this step, with a final checkpoint)")
         case PredictionChecked():
-            figure = "the allocator's peak" if event.measure == ALLOCATOR_PEAK else "the tensors' total"
-            scaled = f"; predictions scaled by this run's {event.ratio:.3f} from now on" if abs(event.ratio - 1) >= 0.0005 else ""
-            return Sentence(f"memory of the settings in force: {figure} {format_bytes(event.measured_bytes)} measured, "
-                            f"{format_bytes(event.predicted_bytes)} predicted ({event.error * 100:+.1f} %){scaled}",
-                            warning=abs(event.error) > 0.1)
+            return Sentence(_checked_prediction(event), warning=abs(event.error) > 0.1)
         case LongestBatch() if event.previous_elements:
             return Sentence(_longer_batch(event))
         case CompileReport():

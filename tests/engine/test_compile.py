@@ -226,7 +226,7 @@ def test_compile_warms_up_on_a_piece_of_the_batch_as_the_split_step_runs_it(monk
     """Found by the combination matrix: a run split in two because the whole batch does not fit turned compile on,
     and the warm-up ran the whole batch: out of memory, and compile was refused for it. (torch.compile replaced by
     the model itself: which batch the warm-up takes is the point, not what inductor makes of it.)"""
-    monkeypatch.setattr("torchlab.core.engine.option_hooks.compile_model", lambda module: module)
+    monkeypatch.setattr("torchlab.core.engine.option_hooks.compile_model", lambda module, dynamic: module)
     trainer, seen = make_trainer(f"{WORKLOADS / 'tiny.py'}:out_of_memory_above_8", steps=3, options={"split": 2},
                                  at=["2:compile=on"])
     assert trainer.run().status == "finished"

@@ -35,7 +35,7 @@ def test_option_values_parse_from_text_and_json(option, text, value):
     ("clip", "-1", "positive max grad norm"), ("clip", "nan", "finite number"), ("clip", True, "must be a number"),
     ("accum", "0", "whole number from 1"), ("accum", "2.5", "whole number"), ("accum", True, "whole number"),
     ("lr_scale", "-1", "above 0"), ("lr_scale", "inf", "finite"),
-    ("speed", "11", "unknown option 'speed'; the live options are: amp, checkpointing, compile, clip, accum, split, oom_rescue, spike_guard, lr_scale, workers, pin_memory, world_size"),
+    ("speed", "11", "unknown option 'speed'; the live options are: amp, checkpointing, compile, dynamic, clip, accum, split, oom_rescue, spike_guard, lr_scale, workers, pin_memory, world_size"),
 ])
 def test_bad_option_values_are_refused_with_the_reason(option, text, reason):
     with pytest.raises(OptionChangeError, match=reason.replace("(", r"\(")):
@@ -44,7 +44,7 @@ def test_bad_option_values_are_refused_with_the_reason(option, text, reason):
 
 def test_option_values_format_as_a_user_types_them():
     assert [format_option_value(k, v) for k, v in LiveOptions(clip=None, checkpointing=True).as_dict().items()] == [
-        "off", "on", "off", "off", "1", "1", "on", "off", "1.0", "0", "auto", "1", "ddp", "200"]
+        "off", "on", "off", "auto", "off", "1", "1", "on", "off", "1.0", "0", "auto", "1", "ddp", "200"]
 
 
 def test_scheduled_change_parses_and_refuses_bad_forms():

@@ -25,7 +25,7 @@ NOW = 1795729330.8084817
 FULL_LINE = (
     '{"step":7,"time":1795729330.8084817,"elapsed_s":12.346,"epoch":1,"loss":2.5,"lr":0.001,"samples_per_s":128.0,'
     '"step_time_s":0.125,"grad_norm_total":1.25,"clipped":true,"grad_norms":{"a":0.5,"b.c":null},"skipped":true,'
-    '"data_wait_s":0.001,"amp":"bf16","checkpointing":false,"compile":false,"clip":1.0,"accum":2,"split":1,"oom_rescue":true,"spike_guard":"off","lr_scale":1.0,'
+    '"data_wait_s":0.001,"amp":"bf16","checkpointing":false,"compile":false,"dynamic":"auto","clip":1.0,"accum":2,"split":1,"oom_rescue":true,"spike_guard":"off","lr_scale":1.0,'
     '"workers":0,"pin_memory":null,"world_size":2,"parallel":"ddp","steps":100,"lrs":{"body":0.001,"head":0.002},"metrics":{"acc":0.5},'
     '"compiling":true,"eager":true,"act_stats":{"a":[0.1,0.2,3.0]},"memory":{"step":7,"parameters_bytes":10,'
     '"gradients_bytes":10,"optimizer_bytes":20,"activations_bytes":30,"allocator_peak_bytes":null,"by_module":'
@@ -37,7 +37,7 @@ FULL_LINE = (
 MINIMAL_LINE = (
     '{"step":3,"time":1795729330.8084817,"elapsed_s":1.0,"epoch":0,"loss":4.0,"lr":0.01,"samples_per_s":8.0,'
     '"step_time_s":0.5,"grad_norm_total":null,"clipped":null,"grad_norms":null,"skipped":false,"data_wait_s":0.0,'
-    '"amp":"off","checkpointing":false,"compile":false,"clip":null,"accum":1,"split":1,"oom_rescue":true,"spike_guard":"off","lr_scale":1.0,"workers":0,'
+    '"amp":"off","checkpointing":false,"compile":false,"dynamic":"auto","clip":null,"accum":1,"split":1,"oom_rescue":true,"spike_guard":"off","lr_scale":1.0,"workers":0,'
     '"pin_memory":null,"world_size":1,"parallel":"ddp","steps":200}\n'
 )
 #: An evaluation whose loss was not finite: val_loss is there, as null.

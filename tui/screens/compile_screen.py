@@ -11,6 +11,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Label, Static
 
+from torchlab.core.options import COMPILE, DYNAMIC
 from torchlab.core.wire.compile_report import CompileReport, short_path
 from torchlab.core.wire.payloads import ImpactSegment
 from torchlab.tui.screens.view_screen import ViewScreen, closing_key
@@ -22,7 +23,9 @@ def compile_text(report: CompileReport, bought: ImpactSegment | None) -> Text:
     text = Text()
     if bought is not None:
         text.append(f"{bought.verdict} (steps {bought.first_step}–{bought.last_step})\n\n")
-    text.append(f"graph breaks: {len(report.breaks) or 'none'}", style="bold")
+    if report.unseen:
+        text.append(f"{report.unseen}\n\n", style="yellow")
+    text.append(f"graph breaks: {len(report.breaks) or ('none' if report.sees_breaks else 'not reported')}", style="bold")
     text.append(" (the code between two graphs runs eagerly)\n" if report.breaks else "\n")
     for entry in report.breaks:
         text.append(f"{short_path(entry.file)}:{entry.line}", style="bold yellow")
@@ -33,7 +36,8 @@ def compile_text(report: CompileReport, bought: ImpactSegment | None) -> Text:
             if line:
                 text.append(f"    {line}\n", style="dim")
     text.append(f"\nrecompiles: {len(report.recompiles) or 'none'}", style="bold")
-    text.append(f" (torch's limit: {report.recompile_limit} graphs a frame, then it runs eagerly)\n")
+    text.append(f" (torch's limit: {report.recompile_limit} graphs a frame, then it runs eagerly; shapes: "
+                f"{DYNAMIC.name}={report.dynamic}, {DYNAMIC.key} changes them)\n")
     for entry in report.recompiles:
         text.append(f"{entry.frame} ({short_path(entry.file)}:{entry.line})", style="bold yellow")
         text.append(f"  {entry.count}x, {entry.compiled} graphs now\n    guard failed: {entry.guard}\n")
@@ -61,7 +65,8 @@ class CompileScreen(ViewScreen):
             yield Label("", id="compile-status", classes="view-status")
             with VerticalScroll(id="compile-body"):
                 yield Static(id="compile-report")
-            yield Label("esc back · C switches compile · i: the impact table", classes="view-keys")
+            yield Label(f"esc back · {COMPILE.key} switches compile · {DYNAMIC.key} its shapes · i: the impact table",
+                        classes="view-keys")
 
     def on_mount(self) -> None:
         self.query_one("#view").border_title = "torch.compile"
