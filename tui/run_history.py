@@ -22,7 +22,7 @@ from torchlab.core.records.option_history import option_history
 from torchlab.core.records.rundir import metrics_rows, rows_of
 from torchlab.core.records.storage import unreadable_run
 from torchlab.core.safe_open import read_regular_text
-from torchlab.core.wire.compile_report import CompileReport
+from torchlab.core.records.compile_history import RunCompileTime
 from torchlab.core.wire.events import HELD_BACK
 from torchlab.core.wire.metric_names import validation_label
 from torchlab.core.wire.metrics_row import MetricsRow
@@ -176,17 +176,18 @@ def _option_changes(events: Path) -> tuple[list[int], list[str]]:
 
 
 def _compiled(events: Path) -> str | None:
-    """What torch.compile did in the run, from the last ``compile_report`` of ``events.jsonl``: "3 graphs, 12.5 s
-    compiling, 2 graph breaks, 1 recompile"; None where it never compiled (or the journal is not there)."""
+    """What torch.compile did in the run, from the ``compile_report`` events of ``events.jsonl``: "3 graphs, 12.5 s
+    compiling, 2 graph breaks, 1 recompile" (the newest report's counts, the run's compile time over its processes:
+    core/records/compile_history.py); None where it never compiled (or the journal is not there)."""
     try:
-        reports = [record for record in rows_of(events) if record.get("event") == CompileReport.type]
+        compiled = RunCompileTime.of(rows_of(events))
     except FileNotFoundError:
         return None
-    if not reports:
+    last = compiled.newest
+    if last is None:
         return None
-    last = reports[-1]
-    counts = [(len(last.get("breaks") or []), "graph break"), (len(last.get("recompiles") or []), "recompile")]
-    words = [f"{last.get('graphs', 0)} graphs", f"{float(last.get('compile_s') or 0):.1f} s compiling"]
+    counts = [(len(last.breaks), "graph break"), (len(last.recompiles), "recompile")]
+    words = [f"{last.graphs} graphs", f"{compiled.seconds:.1f} s compiling"]
     words += [f"{count} {name}{'s' if count != 1 else ''}" for count, name in counts]
     return ", ".join(words)
 

@@ -47,6 +47,7 @@ from torchlab.core.errors import StorageError
 from torchlab.core.records.rundir import metrics_rows, rows_of
 from torchlab.core.records.storage import write_atomically
 from torchlab.core.analysis.compile_payback import payback_words
+from torchlab.core.records.compile_history import RunCompileTime
 from torchlab.core.wire.compile_report import CompileReport
 from torchlab.core.wire.events import (
     OomRescued, PredictionChecked, ProfileStarted, ResumedFromCheckpoint, RunEnded, RunStarted,
@@ -243,7 +244,7 @@ class ImpactTracker(TrainerObserver):
         # options the OOM rescue set, with the step it set them for: the segment that row begins says so (a measured
         # step's row, held for its update figures, can arrive after the next step's rescue)
         self._rescued: dict[str, int] = {}
-        self._compile: CompileReport | None = None  # what torch.compile did, newest: a compile row's payback and breaks
+        self._compiled = RunCompileTime()  # what torch.compile cost the run and did: a compile row's payback and breaks
         self._total_steps: int | None = None
 
     def on_metrics(self, row: MetricsRow) -> None:
@@ -287,7 +288,7 @@ class ImpactTracker(TrainerObserver):
                 self._total_steps = event.steps if isinstance(event, RunStarted) else self._total_steps
                 self._follow(event.journal_event())
             case CompileReport():
-                self._compile = event
+                self._compiled.reported(event)
             case OomRescued():
                 self._follow(OomRescued.type, event.step, event.option)
             case PredictionChecked():
@@ -311,6 +312,7 @@ class ImpactTracker(TrainerObserver):
         and a resumed run's journal read back (``_rebuild``) alike."""
         if event == RunStarted.journal_event():
             self._warming_up = PROCESS_WARMUP_STEPS
+            self._compiled.process_started()
         elif event == OomRescued.journal_event() and option is not None:
             self._rescued[option] = step
         elif event == ProfileStarted.journal_event():
@@ -340,6 +342,8 @@ class ImpactTracker(TrainerObserver):
                         self.on_telemetry(item)
                     case dict() if item["event"] == _PREDICTION:
                         self._predicted(item.get("predicted_bytes"), item.get("error"))
+                    case dict() if item["event"] == _COMPILED:
+                        self._compiled.read(item)
                     case _:
                         self._follow(item["event"], item["step"], item.get("option"))
         finally:
@@ -365,7 +369,7 @@ class ImpactTracker(TrainerObserver):
         row just before."""
         baseline = nearest_judged(self._closed_rows)
         row = segment.summary(baseline, name_baseline=baseline is not None and baseline is not self._closed_rows[-1])
-        bought = payback_words(row, baseline, self._compile, self._total_steps)  # where compile came on: what it bought
+        bought = payback_words(row, baseline, self._compiled, self._total_steps)  # where compile came on: what it bought
         return replace(row, verdict=f"{row.verdict}; {bought}") if bought else row
 
     def write(self) -> None:
@@ -377,7 +381,9 @@ class ImpactTracker(TrainerObserver):
 #: The events ``ImpactTracker._rebuild`` reads back, by their names in ``events.jsonl``: those ``_follow`` takes, and
 #: a setting's prediction checked.
 _PREDICTION = PredictionChecked.journal_event()
-_FOLLOWED = frozenset([*(event.journal_event() for event in (RunStarted, OomRescued, ProfileStarted, ProfileReady)), _PREDICTION])
+_COMPILED = CompileReport.journal_event()
+_FOLLOWED = frozenset([*(event.journal_event() for event in (RunStarted, OomRescued, ProfileStarted, ProfileReady)),
+                       _PREDICTION, _COMPILED])
 
 
 def metrics_rows_if_any(path: Path) -> Iterator[MetricsRow]:

@@ -253,7 +253,8 @@ async def test_at_80_columns_three_runs_each_have_a_column_and_a_legend_entry_th
 
 
 def test_what_compile_did_in_each_run_is_a_row_of_the_table(tmp_path):
-    """From each run's last ``compile_report`` in its journal; a run that never compiled says so with a dash."""
+    """From each run's ``compile_report`` events in its journal: the newest's counts, the compile time of every process
+    (a resumed process compiles again and counts from none); a run that never compiled says so with a dash."""
     from torchlab.core.records.rundir import to_json_line
     from torchlab.core.wire.compile_report import CompileReport, GraphBreak
 
@@ -262,8 +263,10 @@ def test_what_compile_did_in_each_run_is_a_row_of_the_table(tmp_path):
     first = CompileReport(step=1, compile_s=9.0, graphs=2, breaks=[], recompiles=[], recompile_limit=8)
     last = CompileReport(step=30, compile_s=12.5, graphs=3, recompile_limit=8, recompiles=[],
                          breaks=[GraphBreak("/m.py", 3, "if x:", "Data-dependent branching")] * 2)
+    resumed = CompileReport(step=31, compile_s=4.0, graphs=3, recompile_limit=8, recompiles=[], breaks=last.breaks)
     with (compiled / "events.jsonl").open("a") as journal:
-        for report in (first, last):
-            journal.write(to_json_line(report.journal_record()) + "\n")
+        for record in (first.journal_record(), last.journal_record(), {"event": "run_started", "step": 30, "time": 1.0},
+                       resumed.journal_record()):
+            journal.write(to_json_line(record) + "\n")
     [(label, texts)] = [row for row in table_rows([RunHistory.load(compiled), RunHistory.load(eager)]) if row[0] == "compiled"]
-    assert texts == ["3 graphs, 12.5 s compiling, 2 graph breaks, 0 recompiles", "—"]
+    assert texts == ["3 graphs, 16.5 s compiling, 2 graph breaks, 0 recompiles", "—"]
