@@ -14,6 +14,8 @@ from typing import Any
 
 from torchlab.core.records.option_history import option_history
 from torchlab.core.options import OPTIONS_BY_NAME
+from torchlab.core.wire.compile_report import CompileReport
+from torchlab.core.wire.events import OptionApplied
 
 
 @dataclass
@@ -229,10 +231,35 @@ def last_checkpoint_loads_at_the_end(evidence: Evidence) -> str | None:
     return None if step == evidence.last_step else f"last.pt holds step {step}, the run ended at {evidence.last_step}"
 
 
+def each_compile_reported(evidence: Evidence) -> str | None:
+    """Each compile says what it compiled (docs/options.md, "What compile did"): every ``compile=on`` applied (at the
+    start, typed live, or compiled again by a resumed or relaunched process), and every ``dynamic`` applied while
+    compiled, has its ``compile_report`` at that boundary, with a graph and the ``dynamic`` in force, whatever else the
+    cell combines."""
+    events = evidence.events()
+    reports = {event["step"]: event for event in events if event.get("event") == CompileReport.journal_event()}
+    dynamic_changes = sorted((change["step"], change["value"]) for change in evidence.applied() if change["option"] == "dynamic")
+    compiled = False
+    for event in (event for event in events if event.get("event") == OptionApplied.journal_event()):
+        if event.get("option") == "compile":
+            compiled = event.get("value") is True
+        if not compiled or event.get("option") not in ("compile", "dynamic"):
+            continue
+        step = event["step"]
+        dynamic = next((value for at, value in reversed(dynamic_changes) if at <= step), "auto")
+        report = reports.get(step)
+        if report is None:
+            return f"{event['option']}={event.get('value')} applied at step {step} ({event.get('source')}), compiled, and no compile_report at that step"
+        if report.get("graphs", 0) < 1 or report.get("dynamic") != dynamic:
+            return (f"the compile_report of step {step} says {report.get('graphs')} graphs compiled under "
+                    f"dynamic={report.get('dynamic')} (dynamic={dynamic} was in force)")
+    return None
+
+
 REFUSED = (refused_with_exit_2, refusal_is_one_paragraph_naming_why, no_traceback, nothing_spent_before_refusal)
 TRAINED = (each_process_exits_0, no_traceback, losses_finite, every_step_once, scripted_change_acknowledged,
            applied_changes_in_impact_history, applied_changes_in_csv, tensorboard_has_every_step,
-           applied_changes_in_tensorboard, last_checkpoint_loads_at_the_end)
+           applied_changes_in_tensorboard, last_checkpoint_loads_at_the_end, each_compile_reported)
 
 
 def rows_kept_up_to_last_checkpoint(evidence: Evidence) -> str | None:
