@@ -12,7 +12,7 @@ torch makes these records whether or not anyone reads them (its trace logger alw
 only where ``TORCH_TRACE`` names a folder): the watch's cost is its own handler's time, measured (``watch_s``).
 
 Each break is kept once by place and reason, with the number of compiles that met it; each recompile once by frame
-and guard. The watch is made with the first compile (this module imports nothing of torch's compiler before: a run
+and guard, the recompiles of a frame for one tensor dimension's size as one, with the sizes it took. The watch is made with the first compile (this module imports nothing of torch's compiler before: a run
 that never compiles pays nothing) and follows every compile after, until compile is switched off.
 """
 
@@ -34,7 +34,8 @@ _REASON_LINE = ("Graph Break Reason:", "Reason:")
 #: Dynamo's title when a call broke the graph: the reason is the title that follows it.
 _GENERIC_TITLE = "Encountered graph break"
 #: A guard on a tensor's size: the dimension that changed.
-_SIZE_MISMATCH = re.compile(r"tensor '(?P<tensor>[^']+)' size mismatch at index (?P<dim>\d+)")
+_SIZE_MISMATCH = re.compile(r"tensor '(?P<tensor>[^']+)' size mismatch at index (?P<dim>\d+)"
+                            r"(?:\. expected (?P<expected>\d+), actual (?P<actual>\d+))?")
 #: A guard's text begins with the graph it guarded: "0/0: ".
 _GRAPH_ID = re.compile(r"^\d+/\d+: ")
 #: Dynamo's name for the code after a graph break: ``torch_dynamo_resume_in_forward_at_17``.
@@ -57,7 +58,7 @@ class _Seen:
 
     fields: dict[str, Any]
     count: int = 1
-    #: a recompile's tensor dimension whose size failed the guard: (frame, file, line, tensor, dimension)
+    #: a recompile's tensor dimension whose size failed its guards: (frame, file, line, tensor, dimension)
     dimension: tuple | None = None
 
 
@@ -76,8 +77,9 @@ class CompileWatch(logging.Handler):
         self.sees_breaks = True
         self._breaks: dict[tuple, _Seen] = {}
         self._recompiles: dict[tuple, _Seen] = {}
-        #: recompiles by the tensor dimension whose size failed a guard: (frame, file, line, tensor, dimension)
-        self._by_dimension: dict[tuple, int] = {}
+        #: the sizes each tensor dimension whose size failed a guard took, in the order met, by (frame, file, line,
+        #: tensor, dimension): a frame's recompiles for one dimension are one entry, "sizes 12, 8, 16"
+        self._sizes: dict[tuple, list[str]] = {}
 
     def attach(self) -> None:
         from torch._dynamo import config
@@ -92,7 +94,7 @@ class CompileWatch(logging.Handler):
     def forget_recompiles(self) -> None:
         """torch's graphs were dropped (another ``dynamic``): the frames' graphs count from none again."""
         self._recompiles.clear()
-        self._by_dimension.clear()
+        self._sizes.clear()
         self.news = True
 
     def detach(self) -> None:
@@ -135,15 +137,19 @@ class CompileWatch(logging.Handler):
         guard = _GRAPH_ID.sub("", str(guard).strip().splitlines()[0])[:MAX_TEXT_CHARS]
         frame, file, line = str(metrics.get("co_name")), str(metrics.get("co_filename")), int(metrics.get("co_firstlineno") or 0)
         compiled = int(metrics.get("cache_size") or 0) + 1
-        key = (frame, file, line, guard)
+        key, dimension = (frame, file, line, guard), None
         size = _SIZE_MISMATCH.search(guard)
-        dimension = (frame, file, line, size["tensor"], size["dim"]) if size is not None else None
-        if dimension is not None:
-            self._by_dimension[dimension] = self._by_dimension.get(dimension, 0) + 1
+        if size is not None:
+            key = dimension = (frame, file, line, size["tensor"], size["dim"])
+            sizes = self._sizes.setdefault(dimension, [])
+            sizes.extend(number for number in (size["expected"], size["actual"]) if number and number not in sizes)
+            guard = f"tensor '{size['tensor']}' size mismatch at index {size['dim']}" + (
+                f": sizes {', '.join(sizes)}" if sizes else "")
         if key in self._recompiles:
             seen = self._recompiles[key]
             seen.count += 1
             seen.fields["compiled"] = max(seen.fields["compiled"], compiled)
+            seen.fields["guard"] = guard
         else:
             self._recompiles[key] = _Seen({"frame": _frame_name(frame), "file": file, "line": line, "guard": guard,
                                            "compiled": compiled}, dimension=dimension)
@@ -169,11 +175,10 @@ class CompileWatch(logging.Handler):
             fix = _DYNAMIC_FIX[self.dynamic] if seen.dimension is not None else ""
             return (f"{fields['frame']} has {fields['compiled']} graphs of torch's limit of {self.recompile_limit}: "
                     f"past it, it runs eagerly; {fix}torch._dynamo.config.recompile_limit raises the limit")
-        recompiled = self._by_dimension.get(seen.dimension, 0)
-        if recompiled < 2:  # a second size: automatic dynamic shapes (dynamic=auto) make the dimension dynamic
+        if seen.dimension is None or seen.count < 2:  # a second size: automatic dynamic shapes (dynamic=auto) take it
             return ""
         _, _, _, tensor, dim = seen.dimension
-        return (f"dimension {dim} of '{tensor}' took {recompiled + 1} sizes, each compiled: {_DYNAMIC_FIX[self.dynamic]}"
+        return (f"dimension {dim} of '{tensor}' took {seen.count + 1} sizes, each compiled: {_DYNAMIC_FIX[self.dynamic]}"
                 "torch._dynamo.mark_dynamic on it before the first compile, or padding the batches to a few lengths, "
                 "keeps one graph")
 

@@ -5,6 +5,7 @@ while compile is on; a run that never compiles imports none of it."""
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import sys
 
@@ -45,7 +46,7 @@ def test_three_sequence_lengths_recompile_and_the_failed_guard_is_named():
     report = last_report(seen)
     [recompile] = report.recompiles  # the second length: the dimension is dynamic from then on (automatic dynamic)
     assert recompile.frame == "forward" and recompile.file == str(TINY_FILE) and recompile.compiled == 2
-    assert recompile.guard.startswith("tensor 'tokens' size mismatch at index 1. expected ")
+    assert re.fullmatch(r"tensor 'tokens' size mismatch at index 1: sizes \d+, \d+", recompile.guard)
     assert report.breaks == [] and report.recompile_limit >= 2
     assert "recompiled forward (workloads/tiny.py:" in compile_sentence(report)
 
@@ -98,9 +99,9 @@ def test_static_shapes_near_torchs_recompile_limit_are_named_and_dynamic_switche
         torch._dynamo.reset()
     reports = [report_of(event) for event in seen.of("compile_report")]
     static = [report for report in reports if report.dynamic == "off"][-1]
-    forward = [entry for entry in static.recompiles if entry.frame == "forward"]
-    assert static.recompile_limit == 3 and len(forward) == 2  # the three lengths by step 6: two recompiles
-    nearest = max(forward, key=lambda entry: entry.compiled)
+    [nearest] = [entry for entry in static.recompiles if entry.frame == "forward"]  # one dimension: one entry
+    assert static.recompile_limit == 3 and nearest.count == 2  # the three lengths by step 6: two recompiles
+    assert nearest.guard == "tensor 'tokens' size mismatch at index 1: sizes 12, 8, 16"
     assert nearest.compiled == 3  # at the limit: the next length would run eagerly
     assert "runs eagerly" in nearest.hint and "torch._dynamo.config.recompile_limit" in nearest.hint
     assert "dynamic=auto or on (a live option, key Y)" in nearest.hint
@@ -118,16 +119,18 @@ def _recompiled(frame: str, guard: str, cache_size: int) -> logging.LogRecord:
     return record
 
 
-def test_a_dimension_that_took_three_sizes_is_offered_the_live_setting_that_compiles_it_once():
-    """The hint counts a tensor's dimension across its guards' texts (each size's "expected 12, actual 8" differs): at
-    a third size, the ``dynamic`` option in force says which of its values compiles it once."""
+def test_a_dimension_that_took_three_sizes_is_one_recompile_offered_the_live_setting_that_compiles_it_once():
+    """A frame's recompiles for one tensor dimension are one entry (each size's guard text, "expected 12, actual 8",
+    differs), with the sizes it took; at a third size, the ``dynamic`` option in force says which of its values
+    compiles it once."""
     watch = CompileWatch()
     watch.emit(_recompiled("forward", "tensor 'tokens' size mismatch at index 1. expected 12, actual 8", 1))
     assert watch.report(3).recompiles[0].hint == ""  # a second size: automatic dynamic shapes may take it
     watch.dynamic = "off"
     watch.emit(_recompiled("forward", "tensor 'tokens' size mismatch at index 1. expected 12, actual 16", 2))
-    hints = [entry.hint for entry in watch.report(5).recompiles]
-    assert all(hint.startswith("dimension 1 of 'tokens' took 3 sizes, each compiled: dynamic=auto or on") for hint in hints)
+    [entry] = watch.report(5).recompiles
+    assert (entry.guard, entry.count) == ("tensor 'tokens' size mismatch at index 1: sizes 12, 8, 16", 2)
+    assert entry.hint.startswith("dimension 1 of 'tokens' took 3 sizes, each compiled: dynamic=auto or on")
     watch.dynamic = "on"
     assert "dynamic=" not in watch.report(5).recompiles[0].hint and "mark_dynamic" in watch.report(5).recompiles[0].hint
     watch.forget_recompiles()  # another dynamic: torch's graphs were dropped

@@ -6,6 +6,8 @@ core/analysis/compile_payback.py; docs/options.md).
 
 from __future__ import annotations
 
+from rich.console import Group, RenderableType
+from rich.padding import Padding
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
@@ -18,32 +20,39 @@ from torchlab.tui.screens.view_screen import ViewScreen, closing_key
 from torchlab.tui.state import RunState
 
 
-def compile_text(report: CompileReport, bought: ImpactSegment | None) -> Text:
-    """The report as the view shows it: what compiling bought, then the breaks, then the recompiles."""
-    text = Text()
+def compile_text(report: CompileReport, bought: ImpactSegment | None) -> Group:
+    """The report as the view shows it: what compiling bought, then the breaks, then the recompiles; each entry's lines
+    indented under it, wrapped lines too."""
+    lines: list[RenderableType] = []
+
+    def indented(text: str, style: str = "") -> None:
+        lines.append(Padding(Text(text, style=style), (0, 0, 0, 4)))
+
     if bought is not None:
-        text.append(f"{bought.verdict} (steps {bought.first_step}–{bought.last_step})\n\n")
+        lines.append(Text(f"{bought.verdict} (steps {bought.first_step}–{bought.last_step})\n"))
     if report.unseen:
-        text.append(f"{report.unseen}\n\n", style="yellow")
-    text.append(f"graph breaks: {len(report.breaks) or ('none' if report.sees_breaks else 'not reported')}", style="bold")
-    text.append(" (the code between two graphs runs eagerly)\n" if report.breaks else "\n")
+        lines.append(Text(f"{report.unseen}\n", style="yellow"))
+    breaks = len(report.breaks) or ("none" if report.sees_breaks else "not reported")
+    lines.append(Text.assemble((f"graph breaks: {breaks}", "bold"),
+                               " (the code between two graphs runs eagerly)" if report.breaks else ""))
     for entry in report.breaks:
-        text.append(f"{short_path(entry.file)}:{entry.line}", style="bold yellow")
-        text.append(f"  {entry.reason}" + (f" ({entry.count} compiles met it)" if entry.count > 1 else "") + "\n")
+        lines.append(Text.assemble((f"{short_path(entry.file)}:{entry.line}", "bold yellow"),
+                                   f"  {entry.reason}" + (f" ({entry.count} compiles met it)" if entry.count > 1 else "")))
         if entry.code:
-            text.append(f"    {entry.code}\n", style="cyan")
+            indented(entry.code, "cyan")
         for line in (entry.explanation, entry.hint and f"hint: {entry.hint}"):
             if line:
-                text.append(f"    {line}\n", style="dim")
-    text.append(f"\nrecompiles: {len(report.recompiles) or 'none'}", style="bold")
-    text.append(f" (torch's limit: {report.recompile_limit} graphs a frame, then it runs eagerly; shapes: "
-                f"{DYNAMIC.name}={report.dynamic}, {DYNAMIC.key} changes them)\n")
+                indented(line, "dim")
+    lines.append(Text.assemble(("\nrecompiles: " + str(len(report.recompiles) or "none"), "bold"),
+                               f" (torch's limit: {report.recompile_limit} graphs a frame, then it runs eagerly; shapes: "
+                               f"{DYNAMIC.name}={report.dynamic})"))
     for entry in report.recompiles:
-        text.append(f"{entry.frame} ({short_path(entry.file)}:{entry.line})", style="bold yellow")
-        text.append(f"  {entry.count}x, {entry.compiled} graphs now\n    guard failed: {entry.guard}\n")
+        lines.append(Text.assemble((f"{entry.frame} ({short_path(entry.file)}:{entry.line})", "bold yellow"),
+                                   f"  {entry.count}x, {entry.compiled} graphs now"))
+        indented(f"guard failed: {entry.guard}")
         if entry.hint:
-            text.append(f"    {entry.hint}\n", style="dim")
-    return text
+            indented(entry.hint, "dim")
+    return Group(*lines)
 
 
 def compile_row(impact: list[ImpactSegment]) -> ImpactSegment | None:
@@ -65,8 +74,8 @@ class CompileScreen(ViewScreen):
             yield Label("", id="compile-status", classes="view-status")
             with VerticalScroll(id="compile-body"):
                 yield Static(id="compile-report")
-            yield Label(f"esc back · {COMPILE.key} switches compile · {DYNAMIC.key} its shapes · i: the impact table",
-                        classes="view-keys")
+            yield Label(f"esc back; there {COMPILE.key} switches compile, {DYNAMIC.key} its shapes, i opens the impact "
+                        "table", classes="view-keys")
 
     def on_mount(self) -> None:
         self.query_one("#view").border_title = "torch.compile"
