@@ -31,6 +31,22 @@ def links_followed(monkeypatch):
     monkeypatch.setattr(storage, "open_regular", lambda path, flags, mode: os.open(path, flags, mode))
 
 
+@pytest.fixture
+def dynamo_only(monkeypatch):
+    """torch.compile without inductor (its ``aot_eager`` backend): Dynamo traces, breaks graphs, guards and recompiles as
+    in a real compile, and AOTAutograd makes the forward and backward graphs, but no kernel is generated. For the
+    tests of what Dynamo and the engine do with a compile (boundaries, recompiles, the watch, resumes and trials of a
+    compiled run), not of the code inductor makes: inductor's C++ build of each graph was most of their time, cold
+    (two of the watch's tests: 34 s, 6 s this way). The tests of inductor itself (a real compile's speed, a missing
+    C++ compiler, the first compile end to end) compile for real."""
+    from torchlab.core.engine.compiling import DYNAMIC_ARGUMENT
+
+    def compile_model(module: torch.nn.Module, dynamic: str) -> torch.nn.Module:
+        return torch.compile(module, dynamic=DYNAMIC_ARGUMENT[dynamic], backend="aot_eager")
+
+    monkeypatch.setattr("torchlab.core.engine.option_hooks.compile_model", compile_model)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

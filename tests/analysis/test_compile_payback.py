@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from fake_link import impact
 from trainers import WORKLOADS, make_trainer
 from torchlab.core.analysis.compile_payback import payback_words
@@ -60,12 +62,13 @@ def test_a_resumed_run_s_compile_time_is_every_process_s():
     assert (read.seconds, read.newest) == (50.0, resumed)
 
 
+@pytest.mark.usefixtures("dynamo_only")  # the row's words, whatever the backend; inductor's speed: test_step_phases.py
 def test_the_impact_row_of_a_real_compile_says_what_it_bought():
-    """Hundreds of tiny ops a step, compiled at step 40: the row says its compile time and its payback step."""
+    """Hundreds of tiny ops a step, compiled at step 40: the row says its compile time and what it bought."""
     tracker = ImpactTracker()
     trainer, seen = make_trainer(f"{WORKLOADS / 'tiny.py'}:many_small_ops", steps=100, at=["40:compile=on"])
     trainer.observers.append(tracker)
     trainer.run()
     compiled = tracker.table()[-1]
     assert compiled.change == "compile=on" and "; compiled in " in compiled.verdict, compiled.verdict
-    assert compiled.speedup is None or "pays back at step " in compiled.verdict
+    assert compiled.speedup is None or "pays back at step " in compiled.verdict or "never pays back" in compiled.verdict

@@ -57,6 +57,7 @@ def test_compile_applies_at_a_step_boundary_with_its_compile_time_outside_the_st
     assert trainer.parts.model.running is trainer.model
 
 
+@pytest.mark.usefixtures("dynamo_only")
 def test_a_workload_whose_loss_fn_returns_its_metrics_compiles_and_reports_them_compiled():
     """Seen with a HuggingFace ResNet whose loss_fn returned {"loss", "acc"}: C was refused with
     "'dict' object has no attribute 'backward'" (the compile at the boundary backpropagated loss_fn's mapping)."""
@@ -69,6 +70,7 @@ def test_a_workload_whose_loss_fn_returns_its_metrics_compiles_and_reports_them_
     assert all(0.0 <= record.metrics["accuracy"] <= 1.0 for record in seen.metrics)
 
 
+@pytest.mark.usefixtures("dynamo_only")
 def test_headless_says_when_it_compiles_and_how_long_it_took(tmp_path, capsys):
     run = tmp_path / "run"
     assert main([TINY, "--headless", "--steps", "5", "--run-dir", str(run), "--compile", "--at", "4:workers=1",
@@ -83,6 +85,7 @@ def test_headless_says_when_it_compiles_and_how_long_it_took(tmp_path, capsys):
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["compile"] is True
 
 
+@pytest.mark.usefixtures("dynamo_only")
 def test_a_model_torch_compile_cannot_train_is_refused_with_the_reason_and_trains_on_as_it_was():
     """Its forward takes a gradient (a gradient penalty): torch.compile fails only at the first backward,
     which is why compiling runs a forward and a backward at the boundary, and puts back what they changed."""
@@ -121,6 +124,7 @@ def test_without_a_working_cpp_compiler_compile_is_refused_and_training_goes_on(
     assert [record.options.compile for record in seen.metrics] == [False] * 4
 
 
+@pytest.mark.usefixtures("dynamo_only")
 def test_a_checkpoint_of_a_compiled_run_has_the_models_own_keys_and_resumes_bit_exact(tmp_path):
     settings = dict(steps=8, options={"compile": True})
     straight, seen_straight = make_trainer(**settings)
@@ -138,7 +142,7 @@ def test_a_checkpoint_of_a_compiled_run_has_the_models_own_keys_and_resumes_bit_
     assert losses(seen_resumed) == losses(seen_straight)[4:]
 
 
-@pytest.mark.slow  # three compiles of a residual CNN: ~90 s on a cold cache, ~10 s on a warm one
+@pytest.mark.usefixtures("dynamo_only")  # three compiles of a residual CNN: ~90 s with inductor on a cold cache
 def test_checkpointing_and_amp_switched_under_compile_compile_again_at_the_boundary():
     trainer, seen = make_trainer(RESIDUAL_CNN, steps=7, options={"compile": True}, memory_every=1,
                                  at=["3:checkpointing=on", "5:amp=bf16"])
@@ -151,6 +155,7 @@ def test_checkpointing_and_amp_switched_under_compile_compile_again_at_the_bound
     assert all(int(buffer) == 7 for name, buffer in trainer.model.named_buffers() if name.endswith("num_batches_tracked"))
 
 
+@pytest.mark.usefixtures("dynamo_only")
 def test_a_trial_on_a_compiled_run_leaves_the_runs_losses_as_they_were():
     """The trial's changed arm compiles the model with checkpointing; putting it back runs the graph compiled
     before, so training goes on with the numbers it would have had without the trial."""
@@ -165,6 +170,7 @@ def test_a_trial_on_a_compiled_run_leaves_the_runs_losses_as_they_were():
     assert trainer.options == untried.options and trainer.parts.model.running is not trainer.model
 
 
+@pytest.mark.usefixtures("dynamo_only")
 def test_a_checkpointing_change_that_cannot_compile_is_refused_and_leaves_the_blocks_as_they_were(monkeypatch):
     def fails(model, forward_and_backward):
         raise RuntimeError("simulated: inductor cannot lower this")
@@ -179,6 +185,7 @@ def test_a_checkpointing_change_that_cannot_compile_is_refused_and_leaves_the_bl
     assert trainer.parts.model.checkpointing.wrapped_blocks() == [] and trainer.options.checkpointing is False
 
 
+@pytest.mark.usefixtures("dynamo_only")
 def test_activation_statistics_under_compile_come_from_an_uncompiled_step_left_out_of_the_impact():
     """Hooks added to a compiled model never fire: a sampled step runs the model uncompiled instead."""
     trainer, seen = make_trainer(steps=6, options={"compile": True}, act_stats_every=3, memory_every=1)
@@ -190,6 +197,7 @@ def test_activation_statistics_under_compile_come_from_an_uncompiled_step_left_o
     assert not any(record.eager for record in seen.metrics if record.step % 3)
 
 
+@pytest.mark.usefixtures("dynamo_only")
 def test_the_impact_medians_leave_out_steps_that_compiled_or_ran_uncompiled():
     tracker = ImpactTracker()
     for step in range(1, 31):
@@ -202,6 +210,7 @@ def test_the_impact_medians_leave_out_steps_that_compiled_or_ran_uncompiled():
     assert segment.median_data_wait_s == 0.001
 
 
+@pytest.mark.usefixtures("dynamo_only")
 def test_a_step_that_compiles_again_is_marked_as_compile_time():
     """A step during which torch.compile compiles (as after a guard that failed) says so in its record: here
     the compiled graphs are dropped, so the next step compiles its forward and backward as it runs."""

@@ -16,6 +16,8 @@ from torchlab.core.wire.compile_report import CompileReport, compile_sentence
 from torchlab.core.wire.events import describe
 
 TINY_FILE = WORKLOADS / "tiny.py"
+#: What the watch reads is Dynamo's: the breaks, guards and recompiles of any backend (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("dynamo_only")
 
 
 def report_of(event: dict) -> CompileReport:
