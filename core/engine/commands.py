@@ -21,7 +21,8 @@ import queue
 import time
 
 from torchlab.core.engine.checkpointer import Checkpointer
-from torchlab.core.engine.parallel.distributed import PACKET_BYTES, encode_packet
+from torchlab.core.engine.parallel.distributed import packet_fits
+from torchlab.core.engine.parallel import preemption
 from torchlab.core.engine.instruments import Instruments, NextStep
 from torchlab.core.engine.option_hooks import apply_change
 from torchlab.core.engine.outcome import Relaunch
@@ -29,7 +30,7 @@ from torchlab.core.engine.parts import TrainingParts
 from torchlab.core.engine.measure.profiler import Profiling
 from torchlab.core.engine.trials import Trials
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.events import Paused, Resumed
+from torchlab.core.wire.events import Paused, Resumed, StopRequested
 from torchlab.core.wire.protocol import (
     PauseCommand, ProfileCommand, ResumeCommand, SaveCheckpointCommand, SetCommand, StopCommand, TrainerCommand, TrialCommand,
     trainer_command,
@@ -49,16 +50,21 @@ class StepBoundary:
         self.paused = False
         self.stop: StopCommand | None = None
         self.relaunch: Relaunch | None = None
+        #: the signal that asked this run to stop and the rank it reached ("SIGTERM to rank 1"), once a boundary took it
+        self.stopped_by = ""
         self._signalled_stop: StopCommand | None = None
+        self._signal_number = 0
 
     # ----------------------------------------------------------------- any thread
     def submit(self, command: TrainerCommand) -> None:
         """Queue a command; it is applied at the next optimizer-step boundary."""
         self._commands.put(command)
 
-    def request_stop(self, reason: str) -> None:
-        """Stop at the next boundary. Safe in a signal handler: one attribute store, no lock taken (``submit``
-        takes the queue's lock, which the interrupted main thread may hold)."""
+    def request_stop(self, reason: str, signal_number: int = 0) -> None:
+        """Stop at the next boundary; ``signal_number``: the signal that asked (0: a launcher's own stop). Safe in a
+        signal handler: attribute stores, no lock taken (``submit`` takes the queue's lock, which the interrupted main
+        thread may hold). With ranks, any rank's signal stops every rank at the same boundary (``_share``)."""
+        self._signal_number = signal_number
         self._signalled_stop = StopCommand(reason)
 
     def pending(self) -> list[TrainerCommand]:
@@ -129,6 +135,9 @@ class StepBoundary:
                 pass
         if self._signalled_stop is not None:
             commands.append(self._signalled_stop)
+            if self._signal_number and self.parts.world.collectives is None and not self.stopped_by:
+                self.stopped_by = preemption.stopped_by(self._signal_number, None)
+                self.parts.reporter.emit(StopRequested(step=self.parts.progress.step, reason=self._signalled_stop.reason))
         return commands
 
     def _share(self, commands: list[TrainerCommand], unsent: list[TrainerCommand]) -> tuple[list[TrainerCommand], bool]:
@@ -140,15 +149,23 @@ class StepBoundary:
             unsent.clear()
             for index, command in enumerate(commands):
                 payload["commands"].append(command.json_text())  # the protocol's own line
-                if len(encode_packet({**payload, "more": True})) > PACKET_BYTES:
+                if not packet_fits({**payload, "more": True}):
                     payload["commands"].pop()
                     unsent.extend(commands[index:])
                     break
             payload["more"] = bool(unsent)
-        packet = self.parts.world.collectives.share(payload)
+        packet = self.parts.world.collectives.share(payload, signalled=self._signal_number)
         self.instruments.next_step = NextStep(probe=bool(packet["probe"]), figures=bool(packet["figures"]),
                                               checkpoint=bool(packet["checkpoint"]))
-        return [trainer_command(line) for line in packet["commands"]], bool(packet["more"])
+        commands = [trainer_command(line) for line in packet["commands"]]
+        if packet["signalled"] and not self.stopped_by:  # a signal reached some rank: every rank stops here, as one
+            self.stopped_by = preemption.stopped_by(packet["signalled"], packet["signalled_rank"])
+            reason = preemption.stop_reason(packet["signalled"], packet["signalled_rank"])
+            if self.parts.world.reports:
+                self.parts.reporter.emit(StopRequested(step=self.parts.progress.step, reason=reason))
+            if not any(isinstance(command, StopCommand) for command in commands):
+                commands.append(StopCommand(reason))
+        return commands, bool(packet["more"])
 
     def _decisions(self) -> dict[str, bool]:
         """Rank 0's decisions for the next step. Per-rank figures are for a live table (latest wins): gathered on

@@ -33,6 +33,9 @@ class RunOutcome:
     #: for ``failed`` (and rank 0's ``usage``): the class of the error that ended it, where it is known (StorageError:
     #: a file of the run could not be written)
     error: type[BaseException] | None = None
+    #: for ``stopped``: the signal that asked for the stop and the rank it reached ("SIGTERM to rank 1": a scheduler's
+    #: warning, core/engine/parallel/preemption.py); empty where none did
+    stopped_by: str = ""
 
     def failed_with(self, kind: type[BaseException]) -> bool:
         """Whether an error of ``kind`` (or of a subclass of it) ended the run."""

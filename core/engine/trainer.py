@@ -199,9 +199,10 @@ class Trainer:
         """Queue a command; it is applied at the next optimizer-step boundary."""
         self.boundary.submit(command)
 
-    def request_stop(self, reason: str) -> None:
-        """Stop at the next boundary; safe in a signal handler."""
-        self.boundary.request_stop(reason)
+    def request_stop(self, reason: str, signal_number: int = 0) -> None:
+        """Stop at the next boundary (``signal_number``: the signal that asked, core/engine/parallel/preemption.py); safe in
+        a signal handler."""
+        self.boundary.request_stop(reason, signal_number)
 
     def pending_commands(self) -> list[TrainerCommand]:
         """Commands still queued (after the run ended): a supervisor hands them to the next trainer."""
@@ -291,7 +292,7 @@ class Trainer:
             return self._failed(error)
         status = RunStatus.STOPPED if boundary.stop is not None else RunStatus.FINISHED
         self.reporter.emit(RunEnded(step=step, status=status))
-        return RunOutcome(status, step, boundary.stop.reason if boundary.stop else "")
+        return RunOutcome(status, step, boundary.stop.reason if boundary.stop else "", stopped_by=boundary.stopped_by)
 
     def _kept_for_a_resume(self, phase: str | None) -> str:
         """After a non-finite stop: the last completed step checkpointed, where it is not yet (the stop came before the

@@ -25,6 +25,7 @@ from torchlab.core.analysis.impact import ImpactTracker
 from torchlab.core.analysis.bottleneck import BottleneckWatch
 from torchlab.core.analysis.trial_words import describe_trial, trial_progress_text
 from torchlab.core.engine.parallel.distributed import RankContext, rank_from_environment
+from torchlab.core.engine.parallel import preemption
 from torchlab.core.engine.adapters.loading import check_spec, exits_as_failure, load_workload, workload_label
 from torchlab.core.engine.outcome import RunOutcome
 from torchlab.core.engine.ranks.supervisor import Supervisor, initial_world_size, run_quiet_rank
@@ -72,7 +73,7 @@ def run_headless(
     progress = HeadlessProgress(config.steps, console)
     try:
         supervisor = _prepared_supervisor(plan, directory, [progress, *tensorboard], workload=workload, external=external)
-        stop_on_signal = _StopOnSignal(supervisor, console)
+        stop_on_signal = _StopOnSignal(supervisor, console, external.rank if external is not None else None)
         with stop_on_signal, progress:
             try:
                 with exits_as_failure("while it trained"):
@@ -83,7 +84,7 @@ def run_headless(
     finally:
         directory.close()
     return _report(outcome, directory.path.absolute(), progress, interrupted=stop_on_signal.interrupted,
-                   steps=progress.total_steps)
+                   steps=progress.total_steps, torchrun=external is not None)
 
 
 def _run_quiet_rank(plan: TrainingPlan, external: RankContext, *, run_dir: Path | None, runs_root: Path) -> int:
@@ -129,9 +130,12 @@ def _prepared_supervisor(plan: TrainingPlan, directory: RunDirectory, observers:
     return supervisor
 
 
-def _report(outcome: RunOutcome, run_path: Path, progress: HeadlessProgress, *, interrupted: bool, steps: int) -> int:
+def _report(outcome: RunOutcome, run_path: Path, progress: HeadlessProgress, *, interrupted: bool, steps: int,
+            torchrun: bool = False) -> int:
     """How the run ended, said after its progress bar, and the process's exit status. ``run_path`` is absolute: a
-    hint to follow from any directory."""
+    hint to follow from any directory. A stop asked for by a signal (Ctrl-C, a scheduler's warning to any rank) says
+    how to resume and exits EXIT_INTERRUPTED; under torchrun 0, as every rank does, for torchrun's own status to say
+    the run ended well (a rank's other status is torchrun's failure)."""
     console = progress.console
     console.print(f"Run directory: {escape_markup(printable(run_path))}")  # one path: a newline in it escaped too
     if outcome.status == RunStatus.NONFINITE:
@@ -144,9 +148,12 @@ def _report(outcome: RunOutcome, run_path: Path, progress: HeadlessProgress, *, 
         console.print(f"[bold red]Training failed at step {outcome.step + 1}:[/] {as_markup(outcome.message)}")
         console.print(as_markup(f"Traceback in {run_path / 'events.jsonl'}; the last checkpoint is in {run_path / 'checkpoints'}."))
         return EXIT_FAILED
-    if interrupted:
-        console.print(as_markup(f"Interrupted at step {outcome.step}; resume with torchlab-tui --resume {run_path}"))
-        return EXIT_INTERRUPTED
+    if interrupted or outcome.stopped_by:
+        by = f"Stopped by {outcome.stopped_by}" if outcome.stopped_by else "Interrupted"
+        again = (f"the same torchrun command on every node with --resume {run_path}" if torchrun
+                 else f"torchlab-tui --resume {run_path}")
+        console.print(as_markup(f"{by} at step {outcome.step}, checkpointed there; resume with {again}"))
+        return EXIT_OK if torchrun else EXIT_INTERRUPTED
     if outcome.status == RunStatus.FINISHED and progress.last_row is None and outcome.step >= steps:
         console.print(f"Nothing to train: the run is at step {outcome.step}, its --steps. Resume with --steps N "
                       f"(N > {outcome.step}) to train further.")
@@ -358,15 +365,17 @@ def _clock(seconds: float | None) -> str:
 
 
 class _StopOnSignal:
-    """SIGINT/SIGTERM: stop at the next step boundary (checkpoint kept); a second SIGINT aborts."""
+    """SIGINT, and a scheduler's warning (SIGTERM, SIGUSR1: core/engine/parallel/preemption.py): stop at the next step
+    boundary (checkpoint kept); a second SIGINT aborts. ``rank``: this process's under torchrun (its signal stops every
+    rank), else None."""
 
-    def __init__(self, trainer: Supervisor, console: Console) -> None:
-        self.trainer, self.console = trainer, console
+    def __init__(self, trainer: Supervisor, console: Console, rank: int | None) -> None:
+        self.trainer, self.console, self.rank = trainer, console, rank
         self.interrupted = False
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _StopOnSignal:
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, *preemption.STOP_SIGNALS):
             self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
@@ -378,6 +387,9 @@ class _StopOnSignal:
         if self.interrupted and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.interrupted = True
-        self.trainer.request_stop("interrupted")
+        if signum == signal.SIGINT:
+            self.trainer.request_stop("interrupted")
+        else:
+            self.trainer.request_stop(preemption.stop_reason(signum, self.rank), signum)
         self.console.print("Stopping at the next step boundary, with a checkpoint (Ctrl-C again aborts).")
 

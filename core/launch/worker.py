@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchlab.core.analysis.impact import ImpactTracker
+from torchlab.core.engine.parallel import preemption
 from torchlab.core.errors import EXIT_OK
 from torchlab.core.errors import StorageError, TorchlabError, WorkloadExited, exit_status, printable
 from torchlab.core.launch.arguments import build_parser, exit_code
@@ -367,8 +368,9 @@ class Worker:
                 last = current
             time.sleep(REGISTRY_INTERVAL_S)
 
-    def stop(self, reason: str) -> None:
-        """Stop at the next step boundary (final checkpoint), or at once if training never started."""
+    def stop(self, reason: str, signal_number: int = 0) -> None:
+        """Stop at the next step boundary (final checkpoint), or at once if training never started; ``signal_number``:
+        the signal that asked (core/engine/parallel/preemption.py)."""
         if self.trainer is None:  # still importing torch or loading: nothing to save, nothing to attach to later
             # No entry is written from here on, and one being written (its app's hello, its going, changed what it
             # says) is let finish first, or it would put the entry back after the removal. Never waits long: a
@@ -377,7 +379,7 @@ class Worker:
             self._publish_lock.acquire(timeout=1.0)
             self.endpoint.remove()
             os._exit(EXIT_OK)
-        self.trainer.request_stop(reason)
+        self.trainer.request_stop(reason, signal_number)
 
     def watch_parent(self) -> None:
         """Stop when the app's process is gone (kill -9 leaves no other trace), unless detached."""
@@ -412,8 +414,10 @@ def main(argv: list[str] | None = None) -> int:
         endpoint.create_token()
     token = endpoint.read_token()
     worker = Worker(args.run_dir, endpoint, token, training_args)
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, lambda *_: worker.stop("the trainer received a termination signal"))  # lock-free
+    rank = int(os.environ["RANK"]) if "WORLD_SIZE" in os.environ else None  # rank 0 under torchrun
+    for signum in preemption.STOP_SIGNALS:  # a scheduler's warning: under torchrun, any rank's stops every rank
+        signal.signal(signum, lambda signum, _: worker.stop(preemption.stop_reason(signum, rank), signum))  # lock-free
+    signal.signal(signal.SIGHUP, lambda *_: worker.stop("the trainer's terminal hung up"))
     signal.signal(PARENT_DEATH_SIGNAL, lambda *_: worker.parent_gone())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the app, which decides what to do
     threading.Thread(target=worker.watch_parent, name="torchlab-parent-watch", daemon=True).start()

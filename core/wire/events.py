@@ -271,8 +271,9 @@ class MetricsMovedAside(Message):
 
 @dataclass(frozen=True)
 class StopRequested(Message):
-    """A client of the run's socket asked it to stop: ``reason`` says who (the app, ``torchlab-tui stop``), in the
-    trainer process's words (core/launch/worker.py), never in the client's."""
+    """A stop was asked for: by a client of the run's socket, ``reason`` saying who (the app, ``torchlab-tui stop``) in
+    the trainer process's words (core/launch/worker.py), never in the client's; or by a signal to a rank, a scheduler's
+    warning, which every rank takes at the same boundary (core/engine/parallel/preemption.py: "SIGTERM to rank 1: ...")."""
 
     type: ClassVar[str] = "stop_requested"
     step: int

@@ -217,6 +217,19 @@ def test_the_ctrl_c_hint_names_the_run_directory_absolute(tmp_path, capsys, monk
     assert f"resume with torchlab-tui --resume {tmp_path / 'run'}\n" in capsys.readouterr().err
 
 
+def test_a_schedulers_warning_stops_at_the_step_with_a_checkpoint_and_says_how_to_resume(tmp_path, capsys, monkeypatch):
+    """SIGUSR1 (Slurm's ``--signal``, ahead of the end of a job) as SIGTERM: the step ends, a checkpoint of it, the
+    signal said in the journal and on the terminal, exit 130 as after Ctrl-C (core/engine/parallel/preemption.py)."""
+    monkeypatch.setenv("TORCHLAB_TEST_INTERRUPT_AT", "3")
+    monkeypatch.setenv("TORCHLAB_TEST_SIGNAL", "USR1")
+    run = tmp_path / "run"
+    assert headless(f"{TINY}:interrupts_itself", "--steps", "10", "--run-dir", str(run)) == EXIT_INTERRUPTED
+    assert f"Stopped by SIGUSR1 at step 3, checkpointed there; resume with torchlab-tui --resume {run}\n" in capsys.readouterr().err
+    journal = events(run)
+    assert [e["reason"] for e in journal if e["event"] == "stop_requested"] == ["SIGUSR1: the run stops"]
+    assert [e["step"] for e in journal if e["event"] == "checkpoint" and e["reason"] == "final"] == [3]
+
+
 OWN_TRAINING = WORKLOADS / "own_training.py"
 
 

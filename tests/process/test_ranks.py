@@ -51,7 +51,7 @@ def test_world_size_2_from_the_start_trains_and_takes_live_changes_on_every_rank
     code = headless(run, f"{TINY}:workload", "--world-size", "2", "--steps", "24", "--lr", "0.01",
                     "--checkpoint-every", "10", "--eval-every", "12",
                     "--at", "5:checkpointing=on", "--at", "7:amp=bf16", "--at", "9:accum=2", "--at", "11:clip=0.5",
-                    "--at", "13:amp=off")
+                    "--at", "13:amp=off", *[f"--at=15:lr_scale=0.{n:02d}" for n in range(18, 0, -1)])
     assert code == EXIT_OK
     metrics, events = read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "events.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, 25)) and {m["world_size"] for m in metrics} == {2}
@@ -60,7 +60,9 @@ def test_world_size_2_from_the_start_trains_and_takes_live_changes_on_every_rank
     # Every rank applied each change at the same step: a rank one micro-batch or option behind would
     # have deadlocked or crashed the collectives.
     applied = [(e["step"], e["option"]) for e in events if e["event"] == "option_applied"]
-    assert applied == [(5, "checkpointing"), (7, "amp"), (9, "accum"), (11, "clip"), (13, "amp")]
+    # 18 changes at one boundary are more than one packet holds (1 KiB): they went over in several, in order
+    assert applied == [(5, "checkpointing"), (7, "amp"), (9, "accum"), (11, "clip"), (13, "amp"), *[(15, "lr_scale")] * 18]
+    assert metrics[14]["lr_scale"] == 0.01
     assert metrics[8]["accum"] == 2 and metrics[10]["clipped"] is not None and metrics[6]["amp"] == "bf16"
     assert [m["step"] for m in metrics if "val_loss" in m] == [12, 24]
     # Per-rank figures, gathered to rank 0 on the first report and then at most once a second.

@@ -218,10 +218,10 @@ def forward_hook_raises() -> Workload:
 
 
 def interrupts_itself() -> Workload:
-    """``workload``, whose process gets a Ctrl-C (SIGINT) in the forward of each optimizer step listed in
-    ``$TORCHLAB_TEST_INTERRUPT_AT`` (``17``, or ``5,6`` for two) when that is set: a run interrupted at a
-    known step. The hook holds no parameters and draws no random numbers, so the run trains exactly as
-    ``workload`` does."""
+    """``workload``, whose process gets a Ctrl-C (SIGINT; or ``$TORCHLAB_TEST_SIGNAL``, ``USR1`` say) in the forward of
+    each optimizer step listed in ``$TORCHLAB_TEST_INTERRUPT_AT`` (``17``, or ``5,6`` for two) when that is set: a run
+    interrupted at a known step. The hook holds no parameters and draws no random numbers, so the run trains exactly
+    as ``workload`` does."""
     built = workload()
     interrupt_at = os.environ.get("TORCHLAB_TEST_INTERRUPT_AT")
     if interrupt_at is not None:
@@ -230,7 +230,7 @@ def interrupts_itself() -> Workload:
 
         def interrupt(module: nn.Module, inputs) -> None:
             if next(calls) in steps:
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.Signals["SIG" + os.environ.get("TORCHLAB_TEST_SIGNAL", "INT")])
 
         built.model.register_forward_pre_hook(interrupt)
     return built

@@ -5,9 +5,10 @@ the same machinery), which sets ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``; thi
 them, opens the process group (gloo on CPU, nccl on CUDA, one GPU per rank) and gives the trainer what
 it needs to keep its ranks in lock-step:
 
-- ``share`` (every step boundary): rank 0's commands, as one small JSON packet broadcast as a uint8
-  tensor, so every rank applies the same changes at the same step. One collective; nothing is
-  unpickled (the packet is JSON).
+- ``share`` (every step boundary): rank 0's commands, as one small JSON packet in a uint8 tensor, so every rank
+  applies the same changes at the same step; and whether a signal asked any rank to stop (a scheduler's SIGTERM or
+  SIGUSR1 reaches one rank, or all), so every rank stops at the same step. One collective, an all-reduce of the
+  bytes' maximum (the others' packets are zeros but for their signal); nothing is unpickled (the packet is JSON).
 - ``mean_loss`` (every step): the global mean loss (and the workload's metrics), so every rank makes the same
   non-finite decision.
 - ``gather_figures`` (report steps, at most once a second; rank 0 decides and says so in the boundary
@@ -39,8 +40,10 @@ from torchlab.core.wire.payloads import RankFigures
 
 #: The module a supervised rank runs (``python -m``): how the supervisor and the telemetry tell a rank's process.
 RANK_MODULE = "torchlab.core.engine.ranks.rank_process"
-#: Bytes of one boundary packet: a length prefix and the JSON of the commands (a handful of small objects).
+#: Bytes of one boundary packet: a length prefix and the JSON of the commands (a handful of small objects), then the
+#: signal's bytes (``SIGNAL_BYTES``): the number of a signal that asked a rank to stop, and that rank + 1 (up to 255).
 PACKET_BYTES = 1024
+SIGNAL_BYTES = 2
 
 
 @dataclass(frozen=True)
@@ -148,14 +151,23 @@ class Collectives:
         self._process = psutil.Process()
 
     # ---- the step boundary
-    def share(self, payload: dict[str, Any] | None) -> dict[str, Any]:
-        """Rank 0 passes its payload (JSON-able, encoded within PACKET_BYTES); every rank gets it back."""
+    def share(self, payload: dict[str, Any] | None, signalled: int = 0) -> dict[str, Any]:
+        """Rank 0 passes its payload (JSON-able, encoded within PACKET_BYTES); every rank gets it back, with
+        ``signalled``: the highest signal number a rank gave (0: none asked any rank to stop), and ``signalled_rank``:
+        the highest rank that gave one (None where none did, or past rank 254). Every rank's bytes are reduced to
+        their maximum: rank 0's packet, each rank's signal at the end."""
+        data = bytearray(PACKET_BYTES)
         if self.context.rank == 0:
-            data = encode_packet(payload or {})
-            self._packet.zero_()
-            self._packet[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self._wire)
-        dist.broadcast(self._packet, src=0)
-        return decode_packet(self._packet.cpu().numpy().tobytes())
+            body = encode_packet(payload or {})
+            data[: len(body)] = body
+        if signalled:
+            data[-SIGNAL_BYTES:] = bytes([min(signalled, 255), min(self.context.rank + 1, 255)])
+        self._packet.copy_(torch.frombuffer(data, dtype=torch.uint8))
+        dist.all_reduce(self._packet, op=dist.ReduceOp.MAX)
+        received = self._packet.cpu().numpy().tobytes()
+        signal_number, rank = received[-SIGNAL_BYTES], received[-1] - 1
+        return {**decode_packet(received[:-SIGNAL_BYTES]), "signalled": signal_number,
+                "signalled_rank": rank if signal_number and 0 <= rank < 254 else None}
 
     def describe_ranks(self) -> list[dict[str, Any]]:
         """Each rank's host, pid, device and CPU threads (as torch runs, and how its OpenMP threads wait: the share
@@ -211,10 +223,15 @@ class Collectives:
         return everyone
 
 
+def packet_fits(payload: dict[str, Any]) -> bool:
+    """Whether ``payload`` fits one boundary packet (its length prefix and JSON, before the signal's bytes)."""
+    return len(strict_json.dumps(payload).encode("utf-8")) + 4 <= PACKET_BYTES - SIGNAL_BYTES
+
+
 def encode_packet(payload: dict[str, Any]) -> bytes:
     body = strict_json.dumps(payload).encode("utf-8")
-    if len(body) + 4 > PACKET_BYTES:
-        raise ValueError(f"a boundary packet of {len(body)} bytes does not fit in {PACKET_BYTES}")
+    if len(body) + 4 > PACKET_BYTES - SIGNAL_BYTES:
+        raise ValueError(f"a boundary packet of {len(body)} bytes does not fit in {PACKET_BYTES - SIGNAL_BYTES}")
     return len(body).to_bytes(4, "little") + body
 
 

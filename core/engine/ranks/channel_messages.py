@@ -111,6 +111,7 @@ class Outcome(RankMessage):
     kind: str = ""  # the class of the error that ended it: the name of one of ``ERRORS_BY_NAME``, or of another
     relaunch: dict | None = None  # a Relaunch's fields
     unhandled: list = dataclasses.field(default_factory=list)  # trainer commands, each its protocol line
+    stopped_by: str = ""  # RunOutcome's: the signal that asked for the stop, and the rank it reached
 
     def validate(self) -> None:
         if self.status not in OUTCOMES:
@@ -127,14 +128,14 @@ class Outcome(RankMessage):
             status=outcome.status, step=outcome.step, message=outcome.message,
             kind=outcome.error.__name__ if outcome.error is not None else "",
             relaunch=dataclasses.asdict(outcome.relaunch) if outcome.relaunch else None,
-            unhandled=[command.json_text() for command in unhandled],
+            unhandled=[command.json_text() for command in unhandled], stopped_by=outcome.stopped_by,
         )
 
     def as_run_outcome(self) -> RunOutcome:
         """The outcome as rank 0's trainer returned it; its error's class found again by name (None: another class
         than the supervisor acts on)."""
         return RunOutcome(RunStatus(self.status), self.step, self.message, self.relaunch_change(),
-                          error=ERRORS_BY_NAME.get(self.kind))
+                          error=ERRORS_BY_NAME.get(self.kind), stopped_by=self.stopped_by)
 
     def relaunch_change(self) -> Relaunch | None:
         return None if self.relaunch is None else Relaunch(**self.relaunch)

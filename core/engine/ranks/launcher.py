@@ -13,7 +13,7 @@ import psutil
 from torchlab.core.engine.parallel.distributed import RANK_MODULE
 from torchlab.core.records.storage import create_file, match_folder_privacy
 
-#: How long the supervisor waits for rank processes to leave after it asked them to (SIGTERM), before SIGKILL.
+#: How long the supervisor waits for rank processes to leave once it killed them.
 TERMINATE_GRACE_S = 10.0
 _PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote worker crash|NCCL communicator was aborted", re.I)
 
@@ -69,7 +69,9 @@ def root_cause(error) -> tuple[int, str, str, int]:
 
 
 def terminate_ranks() -> None:
-    """SIGTERM this process's rank children (then SIGKILL after a grace period): no rank outlives its run."""
+    """Kill this process's rank children, and wait up to a grace period for them to go: no rank outlives its run. Not
+    SIGTERM: a rank takes that as a scheduler's warning, to stop at its next boundary with a checkpoint
+    (core/engine/parallel/preemption.py), and this is the supervisor leaving at once (a second Ctrl-C)."""
     me = psutil.Process()
     ranks = []
     for child in me.children(recursive=True):
@@ -80,12 +82,7 @@ def terminate_ranks() -> None:
             continue
     for process in ranks:
         try:
-            process.terminate()
-        except psutil.Error:
-            continue
-    _, alive = psutil.wait_procs(ranks, timeout=TERMINATE_GRACE_S)
-    for process in alive:
-        try:
             process.kill()
         except psutil.Error:
             continue
+    psutil.wait_procs(ranks, timeout=TERMINATE_GRACE_S)

@@ -23,6 +23,7 @@ from torchlab.core.engine.outcome import RunOutcome
 from torchlab.core.engine.parallel.cpu_share import apply_thread_share
 from torchlab.core.engine.parallel.distributed import RANK_MODULE, RankContext, rank_from_environment
 from torchlab.core.engine.ranks.channel import TOKEN_VARIABLE, SupervisorLink
+from torchlab.core.engine.parallel.preemption import stop_on_signals
 from torchlab.core.engine.trainer import Trainer
 from torchlab.core.errors import TorchlabError
 from torchlab.core.records.config import build_config, load_config_file
@@ -88,6 +89,7 @@ def _rank_main(argv: list[str] | None) -> NoReturn:
         _leave_refused(link, error, step=0, said=False)
     if link is not None:
         link.attach(trainer)
+    stop_on_signals(trainer.request_stop, context.rank)  # a scheduler's warning to this rank stops every rank
     try:
         outcome = trainer.run()
     except TorchlabError as error:  # the first step failed on the workload: already reported as an event

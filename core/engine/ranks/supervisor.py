@@ -50,6 +50,7 @@ from torchlab.core.engine.state.checkpoint_contents import saved_world_size
 from torchlab.core.engine.parallel.cpu_share import apply_thread_share
 from torchlab.core.engine.parallel.distributed import RANK_MODULE, RankContext, check_world_size
 from torchlab.core.engine.outcome import Relaunch, RunOutcome
+from torchlab.core.engine.parallel.preemption import stop_on_signals
 from torchlab.core.engine.ranks.rescue import RankRescue, Rescue
 from torchlab.core.engine.parts import resolve_device
 from torchlab.core.engine.ranks.channel import TOKEN_VARIABLE, RankChannel
@@ -103,6 +104,7 @@ class Supervisor:
         self._pending: list[TrainerCommand] = []  # commands that arrived while no trainer or rank 0 could take them
         self._channel: RankChannel | None = None
         self._signalled_stop: StopCommand | None = None
+        self._signal_number = 0  # the signal that asked for the stop, where one did
         self._acknowledge: Relaunch | None = None
         self._resume_note = resume_note
         self._rescue: Rescue | None = None
@@ -133,12 +135,14 @@ class Supervisor:
             else:
                 self._pending.append(command)
 
-    def request_stop(self, reason: str) -> None:
-        """Safe in a signal handler: attribute stores only; the run loop forwards the stop to the ranks."""
+    def request_stop(self, reason: str, signal_number: int = 0) -> None:
+        """Safe in a signal handler: attribute stores only; the run loop forwards the stop to the ranks
+        (``signal_number``: the signal that asked, where one did: core/engine/parallel/preemption.py)."""
+        self._signal_number = signal_number
         self._signalled_stop = StopCommand(reason)
         trainer = self.trainer
         if trainer is not None:
-            trainer.request_stop(reason)
+            trainer.request_stop(reason, signal_number)
 
     # ------------------------------------------------------------------ running
     def prepare(self) -> None:
@@ -219,7 +223,7 @@ class Supervisor:
         for command in pending:
             trainer.submit(command)
         if self._signalled_stop is not None:
-            trainer.request_stop(self._signalled_stop.reason)
+            trainer.request_stop(self._signalled_stop.reason, self._signal_number)
         return trainer
 
     def _run_here(self, config: TrainConfig, resume: Path | None, explicit: set[str]) -> RunOutcome:
@@ -451,5 +455,6 @@ def run_quiet_rank(config: TrainConfig, context: RankContext, *, run_dir: Path, 
     workload = load_workload(config.workload)
     supervisor = Supervisor(config, observers=[], run_dir=run_dir, resume_from=resume,
                             explicit=explicit, workload=workload, external=context)
+    stop_on_signals(supervisor.request_stop, context.rank)  # a scheduler's warning to this rank stops every rank
     supervisor.prepare()
     return supervisor.run()
