@@ -29,6 +29,7 @@ def estimated_s(cell: dict[str, str]) -> float:
         return 3.0
     cost = {"one": 6.0, "ddp2": 18.0, "fsdp2": 20.0}[cell["parallel"]]
     cost += {"resume_alone": 5.0, "resume_longer": 6.0, "resume_shorter": 3.0, "kill9_resume": 8.0, "stop_resume": 9.0,
+             "rank_signal_resume": 9.0,
              "trial": 3.0, "compare": 1.0, "app_detach_attach": 4.0, "app_view": 3.0,
              "app_error_restart": 8.0, "app_what_fits": 10.0}.get(cell["run_event"], 0)
     cost += {"export": 3.0, "live_tensorboard": 2.0}.get(cell["figures"], 0)

@@ -75,11 +75,13 @@ def _kill_mid_run(argv: list[str], evidence: Evidence) -> Process:
     return process
 
 
-def _stop_mid_run(argv: list[str], evidence: Evidence) -> None:
+def _stop_mid_run(argv: list[str], evidence: Evidence, *, to_a_rank: bool = False) -> None:
     """Start the run, wait (polling) until a checkpoint and KILL_AFTER rows have landed, then stop it as a headless
     run is stopped from another terminal: SIGTERM to its process (README: the next step boundary, a checkpoint,
-    exit 130). (``torchlab-tui stop`` stops runs of the app, attached or detached, not headless ones.) Records where
-    it stopped: last.pt's step and its last row's."""
+    exit 130). (``torchlab-tui stop`` stops runs of the app, attached or detached, not headless ones.) ``to_a_rank``:
+    a scheduler's warning instead, SIGUSR1 to the last rank's process where there are ranks (docs/ranks.md,
+    "Preemption": every rank stops at the same step), to the trainer itself where there are none. Records where it
+    stopped: last.pt's step and its last row's."""
     last = evidence.run / "checkpoints" / "last.pt"
     started = time.monotonic()
     signalled = False
@@ -87,7 +89,8 @@ def _stop_mid_run(argv: list[str], evidence: Evidence) -> None:
                           start_new_session=True, env=evidence.env) as running:
         while running.poll() is None and time.monotonic() - started < PROCESS_TIMEOUT_S:
             if last.exists() and len(evidence.rows()) >= KILL_AFTER:
-                running.send_signal(signal.SIGTERM)
+                target = _last_rank(evidence) if to_a_rank else None
+                os.kill(target or running.pid, signal.SIGUSR1 if to_a_rank else signal.SIGTERM)
                 signalled = True
                 break
             time.sleep(POLL_S)
@@ -103,6 +106,13 @@ def _stop_mid_run(argv: list[str], evidence: Evidence) -> None:
         from torchlab.core.engine.state.checkpoint import load_checkpoint
 
         evidence.stopped_at = (load_checkpoint(last)["step"], max(row["step"] for row in evidence.rows()))
+
+
+def _last_rank(evidence: Evidence) -> int | None:
+    """The process of the run's last rank, from its newest ``run_started`` (None: one process, no ranks)."""
+    started = [event for event in evidence.events() if event.get("event") == "run_started"]
+    ranks = (started[-1].get("ranks") or []) if started else []
+    return ranks[-1]["pid"] if len(ranks) > 1 else None
 
 
 def run_cell(cell: dict[str, str], cuda: bool) -> Verdict:
@@ -177,9 +187,11 @@ def _play(cell: dict[str, str], cuda: bool, evidence: Evidence, folder: Path) ->
         if evidence.killed_at is None:
             return checks
         _run(resume, evidence)
-    elif event == "stop_resume":
-        _stop_mid_run([*train, "--steps", str(run_length(cell))], evidence)
+    elif event in ("stop_resume", "rank_signal_resume"):
+        _stop_mid_run([*train, "--steps", str(run_length(cell))], evidence, to_a_rank=event == "rank_signal_resume")
         checks.append(invariants.stopped_with_a_final_checkpoint)
+        if event == "rank_signal_resume":
+            checks.append(invariants.signal_named_in_the_journal)
         if evidence.stopped_at is None:
             return checks
         _run(resume, evidence)

@@ -24,7 +24,7 @@ CHANGE_AT = 3
 #: no flag, continues to them: long enough for the kill to land mid-run, short enough to train to the end.
 INTERRUPTED_RUN_STEPS = 40
 #: The run events that end the first process mid-run (the resume after them is ``--resume RUN`` alone).
-INTERRUPTING_EVENTS = ("kill9_resume", "stop_resume", "app_error_restart")
+INTERRUPTING_EVENTS = ("kill9_resume", "stop_resume", "rank_signal_resume", "app_error_restart")
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ BATCHING = {"plain": [], "accum2": ["--accum", "2"], "split2": ["--split", "2"]}
 APP_EVENTS = ("app_detach_attach", "app_view", "app_error_restart", "app_what_fits")
 #: What happens to the run besides training: each is a sequence of steps in cell.py, the app's in app_cell.py.
 RUN_EVENTS = ("none", "trial", "resume_alone", "resume_longer", "resume_shorter", "kill9_resume", "stop_resume",
-              "compare", *APP_EVENTS)
+              "rank_signal_resume", "compare", *APP_EVENTS)
 #: Where the figures go: nowhere else, ``export`` (CSV and TensorBoard) afterwards, or ``--tensorboard`` live.
 FIGURES = ("none", "export", "live_tensorboard")
 

@@ -304,6 +304,14 @@ def stopped_with_a_final_checkpoint(evidence: Evidence) -> str | None:
         f"stopped at step {stopped_at[1]} (its last row) with last.pt at step {stopped_at[0]}")
 
 
+def signal_named_in_the_journal(evidence: Evidence) -> str | None:
+    """A scheduler's warning to one rank (or to the one process) is journalled as such (docs/ranks.md, "Preemption"):
+    ``stop_requested`` names the signal, and the rank where there are ranks, whichever process it reached."""
+    reasons = [event["reason"] for event in evidence.events() if event.get("event") == "stop_requested"]
+    wanted = ("SIGUSR1 to rank ", "SIGUSR1: the run stops")
+    return None if any(reason.startswith(wanted) for reason in reasons) else f"no stop_requested names SIGUSR1: {reasons}"
+
+
 def resumed_steps_bit_for_bit(evidence: Evidence) -> str | None:
     """After a kill -9 and ``--resume`` alone: the steps the killed process trained after its last checkpoint are
     trained again, and each has the loss the killed process had, bit for bit (README, "Resuming a run": on the same
