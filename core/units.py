@@ -64,3 +64,19 @@ def parse_bytes(text: str) -> int:
     if unit not in _READ_UNITS or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{text!r} is not a size; write it as 80GiB, 80GB or 81920MiB")
     return int(value * _READ_UNITS[unit])
+
+
+def format_seconds(seconds: float | None, missing: str = "n/a") -> str:
+    """At most 7 characters: ``0.46 ms``, ``29.1 ms``, ``291 ms``, ``1.23 s``, ``12.3 s``; ``missing`` when unknown."""
+    if seconds is None:
+        return missing
+    milliseconds = seconds * 1000
+    if seconds >= 10:
+        return f"{seconds:.1f} s"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if milliseconds >= 100:
+        return f"{milliseconds:.0f} ms"
+    if milliseconds >= 10:
+        return f"{milliseconds:.1f} ms"
+    return f"{milliseconds:.2f} ms"

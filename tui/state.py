@@ -31,6 +31,7 @@ from typing import Any
 from torchlab.core.errors import printable
 from torchlab.core.wire import protocol
 from torchlab.core.wire.compile_report import CompileReport
+from torchlab.core.wire.straggler import Straggler
 from torchlab.core.wire.events import FlopsCounted, LongestBatch, MemoryPredicted, SpikeGuarded, describe
 from torchlab.core.options import OPTION_NAMES, RELAUNCHED_BY, format_option_value
 from torchlab.core.wire.protocol import LogLevel
@@ -377,4 +378,5 @@ _HANDLERS: dict[type, str] = {
     FlopsCounted: "_on_flops_counted",
     CompileReport: "_on_compile_report",
     SpikeGuarded: "_on_spike_guarded",
+    Straggler: "_on_straggler",
 }

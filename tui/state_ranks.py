@@ -11,8 +11,9 @@ from torchlab.core.wire import protocol
 from torchlab.core.options import RELAUNCHED_BY
 from torchlab.core.wire.payloads import RankProcess
 from torchlab.core.wire.run_status import RunStatus
+from torchlab.core.wire.straggler import Straggler, straggler_sentence
 from torchlab.tui.log_levels import EntryLevel
-from torchlab.tui.stragglers import ComparedRank, flag_stragglers
+from torchlab.core.analysis.stragglers import ComparedRank, flag_stragglers
 from torchlab.tui.unchecked_numbers import int_or_none
 
 
@@ -31,6 +32,8 @@ class RanksAndRelaunch:
         self.relaunch_to: int | None = None
         #: what a relaunch that keeps the world size is for (" with parallel=fsdp"), while ``state`` is "relaunching"
         self.relaunch_with = ""
+        #: the rank that holds the others back for good, as the trainer judged it (None: none does, or no longer)
+        self.straggler: Straggler | None = None
         self.ranks_version = 0
 
     def _begin_relaunch(self, step: int, option: str) -> None:
@@ -50,7 +53,7 @@ class RanksAndRelaunch:
         self.relaunch_to = target
         self.relaunch_with = to if option != "world_size" else ""
         self._set_state(RunStatus.RELAUNCHING, change)
-        self.ranks, self.ranks_step, self.rank_hosts = [], None, {}
+        self.ranks, self.ranks_step, self.rank_hosts, self.straggler = [], None, {}, None
         self.ranks_version += 1
         self.log(EntryLevel.INFO, f"relaunching{to} from the checkpoint of step {step}…",
                  step, notify=True, toast=f"relaunching{to}…")
@@ -78,6 +81,14 @@ class RanksAndRelaunch:
         self.ranks = flag_stragglers([ComparedRank(figures, self.rank_hosts.get(figures.rank, "")) for figures in in_order])
         self.ranks_step = event.step
         self.ranks_version += 1
+
+
+    def _on_straggler(self, event: Straggler) -> None:
+        """The trainer's verdict on a rank (core/analysis/stragglers.py): kept for the rank table until cleared, said."""
+        self.straggler = None if event.cleared else event
+        self.ranks_version += 1
+        level = EntryLevel.INFO if event.cleared else EntryLevel.WARNING
+        self.log(level, straggler_sentence(event), event.step, notify=not event.cleared)
 
 
 def _processes(count: int) -> str:

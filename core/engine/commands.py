@@ -168,13 +168,14 @@ class StepBoundary:
         return commands, bool(packet["more"])
 
     def _decisions(self) -> dict[str, bool]:
-        """Rank 0's decisions for the next step. Per-rank figures are for a live table (latest wins): gathered on
-        report steps, at most every RANK_FIGURES_INTERVAL_S, not at the price of one more collective a step."""
+        """Rank 0's decisions for the next step. Per-rank figures are for the live table and the straggler verdict
+        (core/analysis/stragglers.py): gathered on report steps that are the probe's (its cadence is the overhead's
+        budget) or at least RANK_FIGURES_INTERVAL_S after the last, not at the price of one more collective a step."""
         next_step, instruments = self.parts.progress.step + 1, self.instruments
-        figures = (instruments.is_report_step(next_step)
-                   and time.monotonic() - instruments.figures_gathered_at >= RANK_FIGURES_INTERVAL_S)
-        return {"probe": instruments.cadence.should_probe(next_step), "figures": figures,
-                "checkpoint": self.checkpoints.cadence.due(next_step)}
+        probe = instruments.cadence.should_probe(next_step)
+        figures = instruments.is_report_step(next_step) and (
+            probe or time.monotonic() - instruments.figures_gathered_at >= RANK_FIGURES_INTERVAL_S)
+        return {"probe": probe, "figures": figures, "checkpoint": self.checkpoints.cadence.due(next_step)}
 
     def _handle(self, command: TrainerCommand) -> None:
         parts = self.parts

@@ -95,14 +95,13 @@ class Instruments:
         self.activation_probe = ActivationStatsProbe(model, self.grad_probe.module_names)
         self.memory_probe = MemoryProbe(model, parts.model.checkpointing.wrapped_blocks, parts.config.reshard_after_forward)
         self.memory_cadence = MemoryCadence(parts.config.memory_every)
-        #: training's steps by phase since the last row that carried them, on a CPU's clock or a CUDA stream's
-        #: events; None on another device, or on a rank that does not report
-        self.phase_totals = (PhaseTotals(marks_of(parts.device)) if parts.device.type in TIMED_DEVICES and parts.world.reports
-                             else None)
-        #: each kind of step's FLOPs (measure/flops.py)
+        #: training's steps by phase since the last row that carried them (and, on every rank, since its figures were
+        #: last gathered: a straggler's phases), on a CPU's clock or a CUDA stream's events; None on another device
+        self.phase_totals = PhaseTotals(marks_of(parts.device)) if parts.device.type in TIMED_DEVICES else None
+        #: each kind of step's FLOPs (measure/flops.py), on the rank that reports
         peak = parts.config.peak_tflops
         self.step_flops = (StepFlops(model, parts.device, peak * TERA if peak is not None else None)
-                           if self.phase_totals is not None else None)
+                           if self.phase_totals is not None and parts.world.reports else None)
         self.next_step = NextStep()  # with ranks: set at each boundary, from rank 0's decisions
         self.figures_gathered_at = -math.inf  # with ranks: when a report last gathered each rank's figures
         self.last_memory: MemoryBreakdown | None = None  # training's last step measured by kind

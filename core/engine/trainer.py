@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from torchlab.core.analysis.stragglers import StragglerWatch
 from torchlab.core.engine.checkpointer import Checkpointer
 from torchlab.core.engine.commands import StepBoundary
 from torchlab.core.engine.data import BatchStream
@@ -53,7 +54,9 @@ from torchlab.core.records.config import TrainConfig
 from torchlab.core.records.starting_values import changed_since_the_start, starting_configuration
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import HELD_BACK, LongestBatch, RunEnded, RunStarted, StepSkipped
+from torchlab.core.wire.straggler import Straggler
 from torchlab.core.wire.metrics_row import MetricsRow
+from torchlab.core.wire.payloads import RankFigures
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.options import COMPILE, RESUMED, LiveOptions, OptionChangeError, format_option_value
 from torchlab.core.wire.protocol import SetCommand, TrainerCommand
@@ -81,12 +84,11 @@ class Trainer:
         can_relaunch: bool = False,
         samples_telemetry: bool = True,
     ) -> None:
-        """``ranks``: this process's place among data-parallel ranks (None: a single process).
-        ``can_relaunch``: a supervisor will act on the ``relaunch`` outcome, so world-size changes are possible.
-        ``samples_telemetry``: False where the supervisor samples for the whole process tree (rank 0 of its ranks).
-        ``explicit``: the names of the settings and live options the user gave (flags, ``--config``): a resume takes
-        these options from ``config``, not the checkpoint; a new run takes the workload's own starting values
-        (``Workload.settings``) for the others."""
+        """``ranks``: this process's place among data-parallel ranks (None: a single process). ``can_relaunch``: a
+        supervisor will act on the ``relaunch`` outcome, so world-size changes are possible. ``samples_telemetry``: False
+        where the supervisor samples for the whole process tree (rank 0 of its ranks). ``explicit``: the names of the
+        settings and live options the user gave (flags, ``--config``): a resume takes these options from ``config``,
+        not the checkpoint; a new run takes the workload's own starting values (``Workload.settings``) for the others."""
         self.reporter = Reporter(list(observers) if ranks is None or ranks.reports else [])
         explicit = set(explicit)
         #: the workload's own starting values this run took (a new run's; a resumed one keeps its configuration's)
@@ -117,6 +119,7 @@ class Trainer:
         if initial.compile and parts.world.reports:
             self._compile_at_the_first_boundary(resumed=resume_from is not None)
         self.rank_hosts = parts.world.collectives.describe_ranks() if parts.world.collectives is not None else None
+        self.stragglers = StragglerWatch()  # rank 0's verdict on the ranks' figures (core/analysis/stragglers.py)
 
     def _say_starting_values(self) -> None:
         if self.workload_settings:
@@ -366,8 +369,11 @@ class Trainer:
         parts, instruments = self.parts, self.instruments
         rank_figures = None
         if parts.world.collectives is not None and instruments.next_step.figures:
-            rank_figures = parts.world.collectives.gather_figures(report.step_time_s, report.data_wait_s)
+            phases = instruments.phase_totals.since_gathered() if instruments.phase_totals is not None else None
+            rank_figures = parts.world.collectives.gather_figures(report.step_time_s, report.data_wait_s, phases)
             instruments.figures_gathered_at = time.monotonic()
+            if parts.world.reports:
+                self._judge_stragglers(report.step, rank_figures)
         evaluation = None
         if self._is_eval_step(report.step) and (parts.world.reports or parts.model.sharded is not None):
             evaluation = self._evaluate()  # sharded: every rank's forward takes part in gathering each block
@@ -381,6 +387,14 @@ class Trainer:
             self._held_row = row  # sent with them, after the next step's transfer (core/engine/measure/update_probe.py)
             return
         self.reporter.metrics(row)
+
+    def _judge_stragglers(self, step: int, figures: list[RankFigures]) -> None:
+        """A rank that has held the others back for the verdict's window, or no longer does, said (a ``straggler``)."""
+        hosts = {rank["rank"]: rank["host"] for rank in self.rank_hosts or []}
+        for verdict in self.stragglers.add(step, figures):
+            self.reporter.emit(Straggler(step=step, rank=verdict.rank, host=hosts.get(verdict.rank, ""),
+                                         excess_s=verdict.excess_s, step_share=verdict.step_share,
+                                         since_step=verdict.since_step, part=verdict.part, cleared=verdict.cleared))
 
     def _release_held_row(self) -> None:
         """Send the row held for its update figures, with them: read by the next step's transfer (and sent before its

@@ -39,6 +39,7 @@ from torchlab.core.records.rundir import RunDirectory
 from torchlab.core.records.rundir_folder import choose_run_dir, refuse_an_unfit_run_dir
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
+from torchlab.core.wire.payloads import communication_sentence
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.metric_names import validation_label
@@ -285,7 +286,7 @@ class HeadlessProgress(TrainerObserver):
             case p.ProfileReady():
                 top = ", ".join(f"{row['name']} {row[event.sort] / 1000:.1f} ms" for row in event.rows[:3])
                 self.console.print(as_markup(f"steps {event.first_step}–{event.last_step}: profile in {event.dir} (top: {top})"))
-                if (communication := events.communication_sentence(event.communication)) is not None:
+                if (communication := communication_sentence(event.communication)) is not None:
                     self.console.print(as_markup(f"steps {event.first_step}–{event.last_step}: {communication}"))
             case p.TrialProgress():
                 self.trial = event

@@ -22,7 +22,8 @@ from torchlab.core.wire.protocol import (
     TrialResult,
 )
 from torchlab.core.wire.compile_report import CompileReport, compile_sentence
-from torchlab.core.wire.payloads import CommunicationShare, MemoryPrediction, ModuleFlops, OpFlops
+from torchlab.core.wire.straggler import Straggler, straggler_sentence
+from torchlab.core.wire.payloads import MemoryPrediction, ModuleFlops, OpFlops
 from torchlab.core.wire.typed_json import JsonScalar
 
 
@@ -376,7 +377,8 @@ class PredictionChecked(Message):
 TRAINER_EVENTS = (
     RunStarted, RunEnded, Paused, Resumed, StepSkipped, OomRescued, SpikeGuarded, ProfileStarted, TrialStarted, CompileStarted, ResumedFromCheckpoint,
     ResumeChangedSettings, Relaunching, LineRefused, LinesRefusedUnrecorded, JournalRepaired, MetricsMovedAside,
-    StopRequested, MemoryPredicted, PredictionChecked, LongestBatch, FlopsCounted, CompileReport, OptionApplied, OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult, TrialProgress,
+    StopRequested, MemoryPredicted, PredictionChecked, LongestBatch, FlopsCounted, CompileReport, Straggler, OptionApplied,
+    OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult, TrialProgress,
 )
 
 
@@ -438,6 +440,8 @@ def describe(event: Message) -> Sentence | None:
             return Sentence(_checked_prediction(event), warning=abs(event.error) > 0.1)
         case LongestBatch() if event.previous_elements:
             return Sentence(_longer_batch(event))
+        case Straggler():
+            return Sentence(straggler_sentence(event), warning=not event.cleared)
         case CompileReport():
             return Sentence(compile_sentence(event), warning=bool(event.breaks or event.recompiles))
         case _:
@@ -453,24 +457,6 @@ def shapes_in_words(shapes: list) -> str:
     """A batch's tensors' shapes: ``32×512, 32×512, 32``; a batch of many tensors by its first four."""
     words = ["×".join(str(size) for size in shape) or "scalar" for shape in shapes[:4]]
     return ", ".join(words) + (f" and {len(shapes) - 4} more" if len(shapes) > 4 else "")
-
-
-def communication_sentence(communication: CommunicationShare | None) -> str | None:
-    """A profile's communication share (``ProfileReady.communication``) in words, or None without ranks: one
-    sentence that a headless run prints and the app's profile table shows, with the kinds of collective that
-    read as 1 % of the steps or more (three at most) and what timed them in brackets. The kinds' shares need not
-    add up to the whole: two kinds running at once count once in it."""
-    if communication is None or communication.steps_us <= 0:  # no steps to take a share of (an edited line)
-        return None
-    steps_us = communication.steps_us
-    kinds = ", ".join([f"{entry.kind} {_percent(entry.us / steps_us)}" for entry in communication.by_kind
-                       if entry.us / steps_us >= 0.005][:3])
-    detail = f"{kinds}; {communication.source}" if kinds else communication.source
-    return f"communication {_percent(communication.share)} of the profiled steps' time ({detail})"
-
-
-def _percent(fraction: float) -> str:
-    return "<1 %" if 0 < fraction < 0.005 else f"{fraction * 100:.0f} %"
 
 
 def _spike_sentence(event: SpikeGuarded) -> str:

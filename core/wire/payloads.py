@@ -209,6 +209,25 @@ class CommunicationShare(JsonObject):
 PHASES = ("data", "copy", "forward", "backward", "optimizer", "communication", "probes", "other")
 
 
+
+def communication_sentence(communication: CommunicationShare | None) -> str | None:
+    """A profile's communication share (``ProfileReady.communication``) in words, or None without ranks: one
+    sentence that a headless run prints and the app's profile table shows, with the kinds of collective that
+    read as 1 % of the steps or more (three at most) and what timed them in brackets. The kinds' shares need not
+    add up to the whole: two kinds running at once count once in it."""
+    if communication is None or communication.steps_us <= 0:  # no steps to take a share of (an edited line)
+        return None
+    steps_us = communication.steps_us
+    kinds = ", ".join([f"{entry.kind} {_percent(entry.us / steps_us)}" for entry in communication.by_kind
+                       if entry.us / steps_us >= 0.005][:3])
+    detail = f"{kinds}; {communication.source}" if kinds else communication.source
+    return f"communication {_percent(communication.share)} of the profiled steps' time ({detail})"
+
+
+def _percent(fraction: float) -> str:
+    return "<1 %" if 0 < fraction < 0.005 else f"{fraction * 100:.0f} %"
+
+
 @dataclass(frozen=True)
 class StepPhases(JsonObject):
     """Where a step's time went, in seconds (core/engine/measure/step_phases.py), adding up to its time: each the
@@ -405,7 +424,10 @@ class TrialSpeed(JsonObject):
 @dataclass(frozen=True)
 class RankFigures(JsonObject):
     """One rank's figures on a report step: its step time, its wait for batches, the CUDA allocator's memory
-    (None on a CPU rank) and its RSS; None where the rank could not measure a figure."""
+    (None on a CPU rank) and its RSS; and where its steps' time went since the figures before (each a mean over the
+    steps its phase clock timed: core/engine/measure/step_phases.py): the batch's copy, forward, backward (DDP's wait
+    for the other ranks' gradients in it), optimizer, the engine's own collectives. None where the rank could not
+    measure a figure (a phase where no step was timed)."""
 
     rank: int
     step_time_s: float | None
@@ -414,6 +436,11 @@ class RankFigures(JsonObject):
     reserved_bytes: float | None
     peak_allocated_bytes: float | None
     rss_bytes: float | None
+    copy_s: float | None = None
+    forward_s: float | None = None
+    backward_s: float | None = None
+    optimizer_s: float | None = None
+    communication_s: float | None = None
 
 
 # ----------------------------------------------------------------------------- Impact: the table's rows

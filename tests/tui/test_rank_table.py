@@ -9,6 +9,7 @@ from fake_link import FakeLink, quiet_app, ranks, telemetry, training_events
 
 from torchlab.core.wire import protocol
 from torchlab.core.wire.payloads import RankProcess
+from torchlab.core.wire.straggler import Straggler
 from torchlab.tui.app import TorchlabApp
 from torchlab.tui.screens.prompt import OptionPrompt
 from torchlab.tui.widgets.event_log import EventLog
@@ -65,6 +66,28 @@ async def test_rank_figures_become_rows_and_the_straggler_is_flagged() -> None:
         assert table(app).border_title == "2 ranks · step 120"
         assert table(app).region.height == 2 + 3  # a border, a header and two rows, under the gradient table
         assert app.query_one(GradTable).region.bottom == table(app).region.y
+
+
+async def test_the_trainers_straggler_verdict_is_under_the_table_and_in_the_log_until_cleared() -> None:
+    """The verdict over the window (core/analysis/stragglers.py), not one report's flag; each rank's phases where the
+    width allows."""
+    phases = {"copy_s": 0.0001, "forward_s": 0.012, "backward_s": 0.21, "optimizer_s": 0.004, "communication_s": 0.001}
+    figures = ranks(120, slow=STRAGGLER)
+    figures = replace(figures, ranks=[replace(rank, **phases) for rank in figures.ranks])
+    verdict = Straggler(step=120, rank=1, host="node-b", excess_s=0.0496, step_share=0.2, since_step=88, part="data wait")
+    app, link = app_at(2, figures, verdict)
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause()
+        _, _, _, said = shown(table(app))
+        assert said == "⚑ rank 1 straggles for 32 steps: +49.6 ms a step (20 % of it), its data wait"
+        await pilot.press("t")  # the full-size table: room for each rank's phases
+        header = shown(app.screen.query_one(RankTable))[0]
+        assert header.split()[:9] == ["rank", "step", "vs", "others", "data", "wait", "forward", "backward", "optim"]
+        await pilot.press("escape")
+        assert "straggler: rank 1 (node-b) 49.6 ms a step behind" in log_text(app)
+        link.push(replace(verdict, step=200, cleared=True))
+        await answer(app, pilot)
+        assert len(shown(table(app))) == 3 and "rank 1 (node-b) no longer holds the others back" in log_text(app)
 
 
 async def test_allocator_memory_shows_on_gpu_ranks() -> None:

@@ -14,7 +14,7 @@ from torchlab.tui.formatting import format_duration, format_ratio, sparkline
 from torchlab.tui.gradient_flags import combine_norms, flag_for, group_name
 from torchlab.tui.state import RunState
 from torchlab.tui.state_figures import ETA_MIN_STEPS
-from torchlab.tui.stragglers import ComparedRank, flag_stragglers
+from torchlab.core.analysis.stragglers import ComparedRank, flag_stragglers
 
 
 def fed(events) -> RunState:

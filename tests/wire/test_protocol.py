@@ -18,6 +18,7 @@ from torchlab.core.wire import compile_report, events, payloads
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.outbox import Cursor, Outbox
 from torchlab.core.wire.compile_report import CompileReport, GraphBreak, Recompile
+from torchlab.core.wire.straggler import Straggler
 from torchlab.core.wire.payloads import (
     AllocatorSample,
     CollectiveTime,
@@ -154,6 +155,7 @@ EXAMPLES = [
                    "consider making the code branchless", count=2)],
         recompiles=[Recompile("forward", "/home/me/model.py", 15, "tensor 'x' size mismatch at index 1. expected 61, actual 64",
                               count=1, compiled=2)]),
+    Straggler(step=240, rank=1, host="node-b", excess_s=0.0152, step_share=0.31, since_step=40, part="data wait"),
     events.FlopsCounted(step=1, flops=83_456, ops=140, shapes=[[16, 8], [16, 1]],
                         settings={"checkpointing": True, "split": 1, "accum": 1},
                         by_module=[ModuleFlops("body.0.0", 8192, 16384, 8192), ModuleFlops("stem", 4096, 4096)],

@@ -732,3 +732,18 @@ def three_lengths() -> Workload:
     """Batches of three sequence lengths, mixed: torch.compile recompiles for a second length (and, its shapes static,
     a third)."""
     return Workload(model=_Tagger(), dataset=_ThreeLengths(), collate_fn=_padded, loss_fn=_tagging_loss, batch_size=4)
+
+
+def _slow_on_rank_1(samples: list) -> tuple[torch.Tensor, ...]:
+    """PyTorch's default collate, after 15 ms of waiting where this process is rank 1: one rank's slow data path."""
+    if os.environ.get("RANK") == "1":
+        time.sleep(0.015)
+    return torch.utils.data.default_collate(samples)
+
+
+def slow_data_on_rank_1() -> Workload:
+    """``workload`` whose batches take rank 1 15 ms longer to load (its collate waits): with ranks, a straggler whose
+    every step the others wait for at the gradients' sync; without, the same run as ``workload``."""
+    built = workload()
+    built.collate_fn = _slow_on_rank_1
+    return built

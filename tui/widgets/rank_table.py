@@ -18,9 +18,10 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from torchlab.core.wire.run_status import RunStatus
+from torchlab.core.wire.straggler import Straggler
 from torchlab.tui.state import RunState
-from torchlab.tui.stragglers import ComparedRank
-from torchlab.core.units import format_bytes
+from torchlab.core.analysis.stragglers import ComparedRank
+from torchlab.core.units import format_bytes, format_seconds
 from torchlab.tui.formatting import fit_parts
 from torchlab.tui.widgets.system_panel import NA
 
@@ -56,6 +57,10 @@ ALLOC = RankColumn("alloc", 8, lambda row: _size(row.figures.allocated_bytes))
 PEAK = RankColumn("peak", 8, lambda row: _size(row.figures.peak_allocated_bytes))
 RESERVED = RankColumn("reserved", 8, lambda row: _size(row.figures.reserved_bytes))
 RSS = RankColumn("rss", 8, lambda row: _size(row.figures.rss_bytes))
+#: Where each rank's steps went since the figures before (its phase clock's means), where the width allows.
+FORWARD = RankColumn("forward", 8, lambda row: format_seconds(row.figures.forward_s))
+BACKWARD = RankColumn("backward", 8, lambda row: format_seconds(row.figures.backward_s))
+OPTIMIZER = RankColumn("optim", 7, lambda row: format_seconds(row.figures.optimizer_s))
 #: The flag in words ("data wait 6.7× others") needs this much room after the figures, or it is left out
 #: (the ⚑ beside the rank and the flagged figure's colour still say it).
 FLAG_WORDS_MIN = 14
@@ -123,6 +128,8 @@ def table_text(state: RunState | None, width: int, max_rows: int) -> Text:
     if hidden:
         flagged = sum(1 for row in hidden if row.flag)
         lines.append(Text(f"… and {len(hidden)} more ranks, {flagged or 'none'} flagged", style="dim"))
+    if state.straggler is not None:  # the trainer's verdict, over the window: not one report's flag (the log has it whole)
+        lines.append(Text(_clip(verdict_line(state.straggler), width), style=FLAG_STYLE))
     return Text("\n").join(lines)
 
 
@@ -150,6 +157,11 @@ def layout_columns(ranks: list[ComparedRank], width: int) -> tuple[list[RankColu
                 used += len(GAP) + extra.width
         at = columns.index(RSS)
         columns[at:at] = [extra for extra in (RESERVED, PEAK) if extra in extras]  # shown as torch names them
+    timed, at = any(row.figures.forward_s is not None for row in ranks), columns.index(WAIT) + 1
+    for phase in (FORWARD, BACKWARD, OPTIMIZER) if timed else ():  # after what runs out: memory
+        if used + len(GAP) + phase.width <= width:
+            columns.insert(at, phase)
+            at, used = at + 1, used + len(GAP) + phase.width
     if words:
         words += width - used  # whatever is left
     return columns, words
@@ -189,6 +201,13 @@ def flag_text(row: ComparedRank) -> str:
     ratio = row.wait_vs_others if row.flag == "data wait" else row.step_vs_others
     times = f" {_ratio(ratio)} others" if ratio is not None else ""
     return f"{row.flag}{times}"
+
+
+def verdict_line(verdict: Straggler) -> str:
+    """The trainer's straggler verdict in a table's line: ``⚑ rank 1 straggles for 32 steps: +49.6 ms a step (20 %
+    of it), its data wait``."""
+    return (f"{FLAG_MARK} rank {verdict.rank} straggles for {verdict.step - verdict.since_step:,} steps: "
+            f"+{format_seconds(verdict.excess_s)} a step ({verdict.step_share * 100:.0f} % of it), its {verdict.part}")
 
 
 def _rows_to_show(ranks: list[ComparedRank], max_rows: int) -> list[ComparedRank]:
@@ -260,22 +279,6 @@ def _waiting_text(state: RunState | None) -> str | None:
 
 
 # ---------------------------------------------------------------------- formatting
-
-def format_seconds(seconds: float | None) -> str:
-    """At most 7 characters: ``0.46 ms``, ``29.1 ms``, ``291 ms``, ``1.23 s``, ``12.3 s``; n/a when unknown."""
-    if seconds is None:
-        return NA
-    milliseconds = seconds * 1000
-    if seconds >= 10:
-        return f"{seconds:.1f} s"
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if milliseconds >= 100:
-        return f"{milliseconds:.0f} ms"
-    if milliseconds >= 10:
-        return f"{milliseconds:.1f} ms"
-    return f"{milliseconds:.2f} ms"
-
 
 def format_versus(ratio: float | None) -> str:
     """A rank's figure against the others' median, as a difference: ``+17 %``, ``-4 %``, ``±0 %``."""

@@ -177,6 +177,8 @@ class PhaseTotals:
         self._read_clocks: list[PhaseClock] = []  # used again for a later step
         self.trained_s = 0.0  # training's steps' time in this process: the events' and FLOP counts' shares are of it
         self._waiting: deque[tuple[PhaseClock, Counted | None]] = deque()
+        #: the phases since the ranks' figures were last gathered (``since_gathered``): their cadence is not the rows'
+        self._gathered_seconds, self._gathered_steps = [0.0] * len(PHASES), 0
         self._reset()
 
     def _reset(self) -> None:
@@ -208,6 +210,8 @@ class PhaseTotals:
             self._read_clocks.append(clock)
             self._seconds = [total + step for total, step in zip(self._seconds, seconds)]
             self._steps += 1
+            self._gathered_seconds = [total + step for total, step in zip(self._gathered_seconds, seconds)]
+            self._gathered_steps += 1
             if counted is not None:  # the model's FLOPs: checkpointing's recompute is not the model's (flops.py)
                 self._flops += counted.flops - counted.recompute_flops
                 self._run_flops += counted.flops  # what ran, recompute too: of them the convolutions'
@@ -215,6 +219,14 @@ class PhaseTotals:
                 self._ops += counted.ops
                 self._flops_s += sum(seconds) - seconds[_PROBES]
                 self._flops_steps += 1
+
+    def since_gathered(self) -> dict[str, float] | None:
+        """The means by phase of the steps read since the last call (a rank's figures, gathered to rank 0 at their own
+        cadence: core/engine/parallel/distributed.py), by name; None where none was read."""
+        self._read(wait=False)
+        steps, seconds = self._gathered_steps, self._gathered_seconds
+        self._gathered_seconds, self._gathered_steps = [0.0] * len(PHASES), 0
+        return {name: total / steps for name, total in zip(PHASES, seconds)} if steps else None
 
     def take(self, peak: Callable[[float], float | None], wait: bool = False) -> StepPhases | None:
         """Their means, for a row; None where no step was read since the last. ``wait``: the steps still running on

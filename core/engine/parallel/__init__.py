@@ -1,2 +1,3 @@
 """Processes and shards: a rank's place in its process group, the loopback rendezvous, FSDP2's sharding of the
-model, and the CPU cores a rank may use. What the ranks do together is ``ranks``; what one rank trains, the engine's."""
+model, the CPU cores a rank may use, and the signals that stop every rank at one boundary (preemption). What the
+ranks do together is ``ranks``; what one rank trains, the engine's."""

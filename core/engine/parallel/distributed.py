@@ -40,6 +40,8 @@ from torchlab.core.wire.payloads import RankFigures
 
 #: The module a supervised rank runs (``python -m``): how the supervisor and the telemetry tell a rank's process.
 RANK_MODULE = "torchlab.core.engine.ranks.rank_process"
+#: The phases each rank's figures carry (RankFigures' ``copy_s`` to ``communication_s``, in that order).
+GATHERED_PHASES = ("copy", "forward", "backward", "optimizer", "communication")
 #: Bytes of one boundary packet: a length prefix and the JSON of the commands (a handful of small objects), then the
 #: signal's bytes (``SIGNAL_BYTES``): the number of a signal that asked a rank to stop, and that rank + 1 (up to 255).
 PACKET_BYTES = 1024
@@ -195,9 +197,10 @@ class Collectives:
         return summed[0]
 
     # ---- report steps
-    def gather_figures(self, step_time_s: float, data_wait_s: float) -> list[RankFigures]:
+    def gather_figures(self, step_time_s: float, data_wait_s: float, phases: dict[str, float] | None) -> list[RankFigures]:
         """Every rank's figures, in rank order; rank 0 uses them, the others discard them. A figure a rank
-        could not measure (the allocator's on a CPU rank) travels as NaN in the gathered tensor, and is None."""
+        could not measure (the allocator's on a CPU rank, a phase of no timed step) travels as NaN in the gathered
+        tensor, and is None. ``phases``: the means by phase since the last gather (PhaseTotals.since_gathered)."""
         if self.device.type == "cuda":
             memory = [float(torch.cuda.memory_allocated(self.device)), float(torch.cuda.memory_reserved(self.device)),
                       float(torch.cuda.max_memory_allocated(self.device))]
@@ -207,8 +210,9 @@ class Collectives:
             rss = float(self._process.memory_info().rss)
         except psutil.Error:
             rss = float("nan")
+        timed = [(phases or {}).get(name, float("nan")) for name in GATHERED_PHASES]
         # In the order of RankFigures' fields after ``rank``.
-        mine = torch.tensor([step_time_s, data_wait_s, *memory, rss], dtype=torch.float64, device=self._wire)
+        mine = torch.tensor([step_time_s, data_wait_s, *memory, rss, *timed], dtype=torch.float64, device=self._wire)
         everyone = [torch.empty_like(mine) for _ in range(self.context.world_size)]
         dist.all_gather(everyone, mine)
         table = torch.stack(everyone).cpu().tolist()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainers import TINY, WORKLOADS, make_trainer
-from torchlab.core.analysis.bottleneck import LAUNCH_MFU, LAUNCH_US_PER_OP, BottleneckWatch, use_of_the_device
+from torchlab.core.analysis.bottleneck import BOUND_SHARE, LAUNCH_MFU, LAUNCH_US_PER_OP, BottleneckWatch, use_of_the_device
 from torchlab.core.engine.measure.flops import StepFlops, measured_cpu_peak
 
 #: TinyNet (tests/workloads/tiny.py), a batch of 16: a Linear 8→16, three Linear 16→16 blocks, a Linear 16→1.
@@ -104,7 +104,11 @@ def test_a_model_too_small_to_keep_the_cpu_busy_is_launch_bound_and_a_convnet_is
             watch.add(row)
         use = use_of_the_device(list(watch.measured))
         launch_bound = use.op_us <= LAUNCH_US_PER_OP and use.mfu < LAUNCH_MFU
-        assert watch.current.kind == ("launch-bound" if launch_bound else "compute"), watch.current.text
+        # beside a suite keeping both cores busy, TinyNet's loading (Python's own work) reached 22 % of its step: the
+        # rule names what the user can change first, the loader (seen with two busy loops beside the test)
+        expected = ("input-bound" if watch.current.shares["data"] >= BOUND_SHARE
+                    else "launch-bound" if launch_bound else "compute")
+        assert watch.current.kind == expected, watch.current.text
         uses[spec] = use
     tiny, convnet = uses.values()
     assert tiny.mfu < 0.01 and convnet.op_us > 4 * tiny.op_us and convnet.mfu > 3 * tiny.mfu
