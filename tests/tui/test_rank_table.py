@@ -79,7 +79,7 @@ async def test_the_trainers_straggler_verdict_is_under_the_table_and_in_the_log_
     async with app.run_test(size=WIDE) as pilot:
         await pilot.pause()
         _, _, _, said = shown(table(app))
-        assert said == "⚑ rank 1 straggles for 32 steps: +49.6 ms a step (20 % of it), its data wait"
+        assert said == "⚑ rank 1 +49.6 ms a step (20 %) for 32 steps: data wait"
         await pilot.press("t")  # the full-size table: room for each rank's phases
         header = shown(app.screen.query_one(RankTable))[0]
         assert header.split()[:9] == ["rank", "step", "vs", "others", "data", "wait", "forward", "backward", "optim"]
@@ -187,7 +187,7 @@ async def test_from_1_to_2_the_app_says_relaunching_then_shows_the_new_ranks() -
         assert "● running" in header_text(app) and app.run_state.world_size == 2
         assert "world_size = 2 applied at step 121 (was 1)" in log_text(app)
         assert "world size    2" in str(app.query_one(OptionsPanel).content)
-        assert shown(table(app)) == ["2 ranks: waiting for their first figures (gathered about once a second)"]
+        assert shown(table(app)) == ["2 ranks: waiting for their first figures (gathered at each probe, about once a second)"]
         link.push(ranks(121))
         await answer(app, pilot)
         assert [row.split()[0] for row in shown(table(app))[1:]] == ["0", "1"]
@@ -203,7 +203,7 @@ async def test_a_relaunch_for_parallel_says_what_the_same_ranks_relaunch_with() 
         assert shown(table(app)) == ["relaunching the 2 ranks with parallel=fsdp… figures once they train"]
         await answer(app, pilot)  # the new ranks train
         assert "parallel = fsdp applied at step 121 (was ddp)" in log_text(app)
-        assert shown(table(app)) == ["2 ranks: waiting for their first figures (gathered about once a second)"]
+        assert shown(table(app)) == ["2 ranks: waiting for their first figures (gathered at each probe, about once a second)"]
 
 
 async def test_back_to_world_size_1_the_rank_table_goes() -> None:

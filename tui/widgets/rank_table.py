@@ -1,7 +1,7 @@
 """The ranks of a data-parallel run side by side, so a straggler stands out: step time, data wait,
 allocator memory and RSS per rank, with the figure that makes a rank a straggler flagged.
 
-Drawn from ``RunState.ranks`` (the newest ``Ranks`` message, about once a second) as a table sized to
+Drawn from ``RunState.ranks`` (the newest ``Ranks`` message: at each probe, and about once a second) as a table sized to
 the widget: columns that do not fit are left out, least useful first; with more ranks than rows, the
 flagged and the slowest are shown. On a small terminal (``compact``) it is one summary line. Nothing of
 it is shown at world size 1: the app hides the widget (``RunState.has_ranks``).
@@ -204,10 +204,10 @@ def flag_text(row: ComparedRank) -> str:
 
 
 def verdict_line(verdict: Straggler) -> str:
-    """The trainer's straggler verdict in a table's line: ``⚑ rank 1 straggles for 32 steps: +49.6 ms a step (20 %
-    of it), its data wait``."""
-    return (f"{FLAG_MARK} rank {verdict.rank} straggles for {verdict.step - verdict.since_step:,} steps: "
-            f"+{format_seconds(verdict.excess_s)} a step ({verdict.step_share * 100:.0f} % of it), its {verdict.part}")
+    """The trainer's straggler verdict in a table's line (the log has its sentence whole): ``⚑ rank 1 +49.6 ms a step
+    (20 %) for 32 steps: data wait``."""
+    return (f"{FLAG_MARK} rank {verdict.rank} +{format_seconds(verdict.excess_s)} a step ({verdict.step_share * 100:.0f} %) "
+            f"for {verdict.step - verdict.since_step:,} steps: {verdict.part}")
 
 
 def _rows_to_show(ranks: list[ComparedRank], max_rows: int) -> list[ComparedRank]:
@@ -274,7 +274,7 @@ def _waiting_text(state: RunState | None) -> str | None:
         target = f" as {count} processes" if count else ""
         return f"relaunching{target}… figures once the new ranks train"
     if not state.ranks:
-        return f"{state.world_size} ranks: waiting for their first figures (gathered about once a second)"
+        return f"{state.world_size} ranks: waiting for their first figures (gathered at each probe, about once a second)"
     return None
 
 
