@@ -60,7 +60,7 @@ class ProfileSnapshot:
     sort: str = "self_cpu_us"
     build_s: float = 0.0
     error: str | None = None
-    #: with ranks, how much of the steps' time collectives ran, in words (payloads.communication_sentence); None without
+    #: with ranks, how much of the steps' time collectives ran, in words (communication.communication_sentence); None without
     communication: str | None = None
 
     @property

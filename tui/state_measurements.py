@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from torchlab.core.analysis.trial_words import describe_trial, trial_label
 from torchlab.core.wire import protocol
-from torchlab.core.wire.payloads import communication_sentence
+from torchlab.core.wire.communication import communication_sentence
 from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, TelemetrySample
 from torchlab.tui.log_levels import EntryLevel
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torchlab.core.wire import protocol
 from torchlab.core.options import RELAUNCHED_BY
-from torchlab.core.wire.payloads import RankProcess
+from torchlab.core.wire.payloads import RankProcess, rank_place
 from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.straggler import Straggler, straggler_sentence
 from torchlab.tui.log_levels import EntryLevel
@@ -69,7 +69,8 @@ class RanksAndRelaunch:
     def _start_ranks(self, described: list[RankProcess]) -> None:
         """A (new) trainer's welcome: forget the figures of any earlier one; note where each rank runs."""
         self.ranks, self.ranks_step = [], None
-        self.rank_hosts = {process.rank: process.host for process in described}
+        nodes = len({process.node for process in described})
+        self.rank_hosts = {process.rank: rank_place(process.host, process.node, nodes) for process in described}
         self.ranks_version += 1
 
     def _on_ranks(self, event: protocol.Ranks) -> None:

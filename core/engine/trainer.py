@@ -56,7 +56,7 @@ from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import HELD_BACK, LongestBatch, RunEnded, RunStarted, StepSkipped
 from torchlab.core.wire.straggler import Straggler
 from torchlab.core.wire.metrics_row import MetricsRow
-from torchlab.core.wire.payloads import RankFigures
+from torchlab.core.wire.payloads import RankFigures, rank_place
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.options import COMPILE, RESUMED, LiveOptions, OptionChangeError, format_option_value
 from torchlab.core.wire.protocol import SetCommand, TrainerCommand
@@ -390,7 +390,9 @@ class Trainer:
 
     def _judge_stragglers(self, step: int, figures: list[RankFigures]) -> None:
         """A rank that has held the others back for the verdict's window, or no longer does, said (a ``straggler``)."""
-        hosts = {rank["rank"]: rank["host"] for rank in self.rank_hosts or []}
+        described = self.rank_hosts or []
+        nodes = len({rank.get("node", 0) for rank in described})
+        hosts = {rank["rank"]: rank_place(rank["host"], rank.get("node", 0), nodes) for rank in described}
         for verdict in self.stragglers.add(step, figures):
             self.reporter.emit(Straggler(step=step, rank=verdict.rank, host=hosts.get(verdict.rank, ""),
                                          excess_s=verdict.excess_s, step_share=verdict.step_share,

@@ -39,7 +39,7 @@ from torchlab.core.records.rundir import RunDirectory
 from torchlab.core.records.rundir_folder import choose_run_dir, refuse_an_unfit_run_dir
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
-from torchlab.core.wire.payloads import communication_sentence
+from torchlab.core.wire.communication import communication_sentence
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
 from torchlab.core.wire.metric_names import validation_label

@@ -213,7 +213,8 @@ class Worker:
             started=self._started,
             checkpoint_blocks=started.checkpoint_blocks if started else [],
             world_size=started.world_size if started else 1,
-            ranks=[RankProcess(rank["rank"], rank["host"], rank["pid"], rank["device"]) for rank in (started.ranks if started else None) or []],
+            ranks=[RankProcess(rank["rank"], rank["host"], rank["pid"], rank["device"], rank.get("node", 0))
+                   for rank in (started.ranks if started else None) or []],
         )
 
     # ------------------------------------------------------------------ control

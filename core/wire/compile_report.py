@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from torchlab.core.wire.protocol import Message
+from torchlab.core.wire.codec import Message
 from torchlab.core.wire.typed_json import JsonObject
 
 

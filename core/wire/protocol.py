@@ -41,7 +41,8 @@ from torchlab.core.wire.commands import (
     TrainerCommand, TrialCommand,
 )
 from torchlab.core.wire.metrics_row import SET_ONLY, MetricsRow, columns_of
-from torchlab.core.wire.payloads import CommunicationShare, ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample, TrialArm, TrialSpeed
+from torchlab.core.wire.communication import CommunicationShare
+from torchlab.core.wire.payloads import ImpactSegment, MemoryBreakdown, ModuleInfo, RankFigures, RunInfo, TelemetrySample, TrialArm, TrialSpeed
 from torchlab.core.wire.typed_json import JsonScalar, first_few
 
 #: The vocabulary: the codec's names, the commands' (commands.py), with the events and limits of this module.

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from torchlab.core.units import format_seconds
-from torchlab.core.wire.protocol import Message
+from torchlab.core.wire.codec import Message
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,7 @@ def test_two_nodes_take_a_live_change_stop_together_on_a_signal_to_one_rank_and_
         client = connect(socket_path, token)
         welcome = next(client)
         assert isinstance(welcome, p.Welcome) and welcome.run.world_size == 2
+        assert sorted(rank.node for rank in welcome.run.ranks) == [0, 1]  # one rank a node, the nodes told apart
         client.send(p.SetCommand(option="lr_scale", value=0.5))
         changed = next(m for m in client if isinstance(m, p.OptionApplied)).step
         client.send(p.PauseCommand())

@@ -141,6 +141,20 @@ async def test_ranks_on_several_hosts_get_a_host_column() -> None:
         assert rank0.split()[:2] == ["0", "node-a"] and rank1.split()[:2] == ["1", "node-b"]
 
 
+async def test_ranks_on_two_nodes_of_one_host_are_told_apart_by_their_node() -> None:
+    """Two torchrun agents on one machine (tests/process/test_two_nodes.py): one host name, two nodes."""
+    first = training_events(world_size=2)
+    run = replace(first[0].run, ranks=[RankProcess(rank=0, host="vm", pid=11, device="cpu", node=0),
+                                       RankProcess(rank=1, host="vm", pid=12, device="cpu", node=1)])
+    first[0] = protocol.Welcome(run=run, modules=first[0].modules, options=first[0].options, state="running", step=0)
+    app = quiet_app(FakeLink(first + [ranks(120)]))
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause()
+        header, rank0, rank1 = shown(table(app))
+        assert header.split()[:3] == ["rank", "host", "step"]
+        assert rank0.split()[:4] == ["0", "node", "0", "(vm)"] and rank1.split()[:4] == ["1", "node", "1", "(vm)"]
+
+
 async def test_at_world_size_1_nothing_rank_related_takes_space() -> None:
     app, _ = app_at(1, ranks(120))  # figures from a single process (torchrun with one): nothing to compare
     async with app.run_test(size=WIDE) as pilot:

@@ -295,7 +295,7 @@ async def test_with_ranks_the_table_and_headless_say_the_communication_share_in_
 
     from torchlab.core.launch.headless import HeadlessProgress
 
-    from torchlab.core.wire.payloads import CollectiveTime, CommunicationShare
+    from torchlab.core.wire.communication import CollectiveTime, CommunicationShare
 
     communication = CommunicationShare(steps_us=866000.0, us=154000.0, share=0.1778, source="gloo", by_kind=[
         CollectiveTime("all_gather", 92000.0), CollectiveTime("all_reduce", 62000.0), CollectiveTime("broadcast", 300.0)])

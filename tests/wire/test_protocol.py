@@ -14,17 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metrics_rows import metrics_row
-from torchlab.core.wire import compile_report, events, payloads
+from torchlab.core.wire import communication, compile_report, events, payloads
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.outbox import Cursor, Outbox
 from torchlab.core.wire.compile_report import CompileReport, GraphBreak, Recompile
 from torchlab.core.wire.straggler import Straggler
+from torchlab.core.wire.communication import CollectiveTime, CommunicationShare
 from torchlab.core.wire.payloads import (
     AllocatorSample,
-    CollectiveTime,
     ModuleFlops,
     OpFlops,
-    CommunicationShare,
     GpuSample,
     HostSample,
     ImpactSegment,
@@ -250,7 +249,7 @@ def test_arbitrary_bytes_decode_or_are_refused_never_crash(data):
 # ------------------------------------------------------------------------------ nested payloads
 
 #: the payload types: payloads.py's, and those of a part of the protocol in a module of its own (compile_report.py)
-PAYLOAD_TYPES = {kind for module in (payloads, compile_report) for _, kind in inspect.getmembers(module, inspect.isclass)
+PAYLOAD_TYPES = {kind for module in (payloads, compile_report, communication) for _, kind in inspect.getmembers(module, inspect.isclass)
                  if dataclasses.is_dataclass(kind) and not issubclass(kind, p.Message) and kind.__module__ == module.__name__}
 
 

@@ -235,7 +235,7 @@ def communication_time(trace: dict[str, Any]) -> dict[str, Any] | None:
     """How long collectives ran within the profiled steps, or None where the trace has none (a single process).
 
     ``{"steps_us": S, "us": C, "share": C / S, "by_kind": [{"kind": K, "us": T}, ...] largest first, "source": ...}``
-    (the fields of core/wire/payloads.py's ``CommunicationShare``). Each
+    (the fields of core/wire/communication.py's ``CommunicationShare``). Each
     time is a union of intervals, clipped to the ``ProfilerStep#N`` ranges: two gloo threads working at once, or
     a collective inside another, count once. The source is NCCL's kernels where the trace has any kernel (a GPU
     run), else gloo's ranges. A GPU's kernels may overlap compute, and gloo works on threads of its own: this is

@@ -39,7 +39,7 @@ from torchlab.core.records.settings import MAX_PROFILE_STEPS
 from torchlab.core.records.storage import fsync_directory, make_folder, match_folder_privacy, remedy, storage_error
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import ProfileStarted
-from torchlab.core.wire.payloads import CommunicationShare
+from torchlab.core.wire.communication import CommunicationShare
 from torchlab.core.wire.runtime import process_running
 from torchlab.core.wire.typed_json import read_object
 

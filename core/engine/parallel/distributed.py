@@ -172,9 +172,10 @@ class Collectives:
                 "signalled_rank": rank if signal_number and 0 <= rank < 254 else None}
 
     def describe_ranks(self) -> list[dict[str, Any]]:
-        """Each rank's host, pid, device and CPU threads (as torch runs, and how its OpenMP threads wait: the share
+        """Each rank's host, node (torchrun's ``GROUP_RANK``), pid, device and CPU threads (as torch runs, and how its OpenMP threads wait: the share
         core/engine/parallel/cpu_share.py applied), gathered once at start (for run_started)."""
-        mine = {"rank": self.context.rank, "host": socket.gethostname(), "pid": os.getpid(), "device": str(self.device),
+        mine = {"rank": self.context.rank, "host": socket.gethostname(), "node": int(os.environ.get("GROUP_RANK", "0")),
+                "pid": os.getpid(), "device": str(self.device),
                 "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get(WAIT_POLICY_VARIABLE)}
         everyone: list[Any] = [None] * self.context.world_size
         dist.all_gather_object(everyone, mine)
