@@ -80,6 +80,15 @@ class RankRescue:
         if row.memory is not None:
             self._memory = row.memory
 
+    def _since(self, step: int) -> str:
+        """Where the ranks start again for a rescue of ``step``: the start, or the last checkpoint and the steps that
+        train again."""
+        if self._checkpoint is None:
+            return "the start"
+        saved = self._checkpoint_step or 0
+        again = {step - 1: "", step - 2: f" (step {step - 1} trains again)"}.get(saved, f" (steps {saved + 1}-{step - 1} train again)")
+        return f"the checkpoint of step {saved}{again}"
+
     def rescue_from(self, rank: int, message: str, *, step: int, world_size: int) -> Rescue | str:
         """The rescue of rank ``rank``'s failure (``message``, as ``root_cause`` says it) in ``step`` of a run of
         ``world_size`` ranks, or what to add to the message where there is none: nothing where the failure is no
@@ -111,15 +120,8 @@ class RankRescue:
             return (". With ranks the OOM rescue starts them again from a checkpoint, and this run has none yet "
                     "(--checkpoint-every N keeps one every N steps)")
         self._rescued.add((step, option.name, value))
-        if self._checkpoint is None:
-            since = "the start"
-        else:
-            saved = self._checkpoint_step or 0
-            again = {step - 1: "", step - 2: f" (step {step - 1} trains again)"}.get(
-                saved, f" (steps {saved + 1}-{step - 1} train again)")
-            since = f"the checkpoint of step {saved}{again}"
-        note = (f"on rank {rank} of {world_size}: the ranks start again from {since}, with the options in force at "
-                f"step {step}")
+        note = (f"on rank {rank} of {world_size}: the ranks start again from {self._since(step)}, with the options in "
+                f"force at step {step}")
         if option.name == "split" and (batch_norms := split_note(self._batch_norms)):
             note = f"{note}; {batch_norms}"
         if predicted:
