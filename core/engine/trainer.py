@@ -36,6 +36,7 @@ from torchlab.core.engine.checkpointer import Checkpointer
 from torchlab.core.engine.commands import StepBoundary
 from torchlab.core.engine.data import BatchStream
 from torchlab.core.engine.parallel.distributed import RankContext, seed_rank
+from torchlab.core.engine.parallel.hang_watch import HangWatch
 from torchlab.core.engine.instruments import Instruments
 from torchlab.core.engine.adapters.loading import placed_error
 from torchlab.core.engine.guards.nonfinite import again_after_nonfinite, resume_after_nonfinite
@@ -54,6 +55,7 @@ from torchlab.core.records.config import TrainConfig
 from torchlab.core.records.starting_values import changed_since_the_start, starting_configuration
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.events import HELD_BACK, LongestBatch, RunEnded, RunStarted, StepSkipped
+from torchlab.core.wire.hang import Hang
 from torchlab.core.wire.straggler import Straggler
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.payloads import RankFigures, rank_place
@@ -120,6 +122,7 @@ class Trainer:
             self._compile_at_the_first_boundary(resumed=resume_from is not None)
         self.rank_hosts = parts.world.collectives.describe_ranks() if parts.world.collectives is not None else None
         self.stragglers = StragglerWatch()  # rank 0's verdict on the ranks' figures (core/analysis/stragglers.py)
+        self.hang_watch = self._hang_watch(checkpoint_dir)
 
     def _say_starting_values(self) -> None:
         if self.workload_settings:
@@ -342,7 +345,11 @@ class Trainer:
                 return False
             step = self.parts.progress.step + 1
             plan = self.instruments.plan(step)
+            if self.hang_watch is not None:
+                self.hang_watch.step_started(step)
             report = self.train_step(plan)
+            if self.hang_watch is not None:
+                self.hang_watch.step_ended(report.step_time_s)
             self.parts.progress.step = step
             self._count_skip(report)
             if plan.report:
@@ -387,6 +394,19 @@ class Trainer:
             self._held_row = row  # sent with them, after the next step's transfer (core/engine/measure/update_probe.py)
             return
         self.reporter.metrics(row)
+
+    def _hang_watch(self, checkpoint_dir: Path | None) -> HangWatch | None:
+        """With ranks and a run directory, each rank's watch of its steps (core/engine/parallel/hang_watch.py)."""
+        world, factor = self.parts.world, self.parts.config.hang_after
+        if world.collectives is None or checkpoint_dir is None or not factor:
+            return None
+
+        def said(step: int, waited: float, explanation: str, folder: Path) -> None:
+            self.reporter.emit(Hang(step=step, waited_s=round(waited, 1), explanation=explanation, folder=str(folder)))
+
+        watch = HangWatch(world.rank, world.size, checkpoint_dir.parent, factor, said)
+        world.collectives.hang_watch = watch
+        return watch
 
     def _judge_stragglers(self, step: int, figures: list[RankFigures]) -> None:
         """A rank that has held the others back for the verdict's window, or no longer does, said (a ``straggler``)."""

@@ -14,6 +14,7 @@ import time
 
 from torchlab.core.analysis.impact import ImpactTracker
 from torchlab.core.wire.compile_report import CompileReport
+from torchlab.core.wire.hang import Hang
 from torchlab.core.wire.straggler import Straggler
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
@@ -94,7 +95,7 @@ class OutboxReporter(TrainerObserver):
                 self.set_state(RunStatus.RELAUNCHING, event.step, event.change)
             case (events.TrialStarted() | events.StepSkipped() | events.OomRescued() | events.SpikeGuarded() | events.ProfileStarted() | events.ResumedFromCheckpoint()
                   | events.ResumeChangedSettings() | events.StopRequested() | events.MemoryPredicted() | events.PredictionChecked()
-                  | events.LongestBatch() | Straggler() | p.Log()):
+                  | events.LongestBatch() | Straggler() | Hang() | p.Log()):
                 self.outbox.add_event(event)  # the app says it in words: events.describe
             case events.FlopsCounted() | CompileReport():
                 self.outbox.add_event(event)  # the app's views show them (where the time goes; the log says compile's)

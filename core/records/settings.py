@@ -369,11 +369,22 @@ PEAK_TFLOPS = NumberSetting(
     help="the device's peak TFLOP/s for the run's dtype, the MFU's denominator, for a device the table lacks",
 )
 
+#: The hang watch (core/engine/parallel/hang_watch.py): a step that has not reached its boundary after this many times
+#: the run's usual step (at least HANG_MIN_S) has every rank's Python stack and its place in the collectives written
+#: to the run directory, and rank 0 says which rank is where.
+HANG_AFTER = NumberSetting(
+    name="hang_after", default=20.0,
+    bounds=Bounds(minimum=2, maximum=1e6, off=0.0, wording="0 (off) or a number of usual step times from {minimum}"),
+    group="probes", metavar="TIMES",
+    help="a step that has not ended after TIMES the run's usual step time (and at least 10 s) is a hang: every rank's "
+         "Python stack and its place in the collectives written to the run directory, and which rank is where said",
+)
+
 SETTINGS: tuple[Setting, ...] = (
     SHARED_RUN_DIR, TENSORBOARD,
     STEPS_SETTING, BATCH_SIZE, SEED, DEVICE, OPTIMIZER, LR, WEIGHT_DECAY, SCHEDULE, WARMUP_STEPS, EVAL_EVERY,
     EVAL_BATCHES, CHECKPOINT_EVERY, KEEP_CHECKPOINTS, RESHARD_AFTER_FORWARD,
     TRIAL_STEPS_SETTING, SPIKE_THRESHOLD, SPIKE_WINDOW,
     LOG_EVERY, PROBE_EVERY, ACT_STATS_EVERY, MEMORY_EVERY, PROFILE_AT, PROFILE_STEPS, TELEMETRY_INTERVAL,
-    FORECAST_PRIORITY, PEAK_TFLOPS,
+    FORECAST_PRIORITY, PEAK_TFLOPS, HANG_AFTER,
 )

@@ -22,6 +22,7 @@ from torchlab.core.wire.protocol import (
     TrialResult,
 )
 from torchlab.core.wire.compile_report import CompileReport, compile_sentence
+from torchlab.core.wire.hang import Hang, hang_sentence
 from torchlab.core.wire.straggler import Straggler, straggler_sentence
 from torchlab.core.wire.payloads import MemoryPrediction, ModuleFlops, OpFlops
 from torchlab.core.wire.typed_json import JsonScalar
@@ -377,7 +378,7 @@ class PredictionChecked(Message):
 TRAINER_EVENTS = (
     RunStarted, RunEnded, Paused, Resumed, StepSkipped, OomRescued, SpikeGuarded, ProfileStarted, TrialStarted, CompileStarted, ResumedFromCheckpoint,
     ResumeChangedSettings, Relaunching, LineRefused, LinesRefusedUnrecorded, JournalRepaired, MetricsMovedAside,
-    StopRequested, MemoryPredicted, PredictionChecked, LongestBatch, FlopsCounted, CompileReport, Straggler, OptionApplied,
+    StopRequested, MemoryPredicted, PredictionChecked, LongestBatch, FlopsCounted, CompileReport, Straggler, Hang, OptionApplied,
     OptionRefused, CheckpointSaved, Error, NonFinite, ProfileReady, TrialResult, TrialProgress,
 )
 
@@ -442,6 +443,8 @@ def describe(event: Message) -> Sentence | None:
             return Sentence(_longer_batch(event))
         case Straggler():
             return Sentence(straggler_sentence(event), warning=not event.cleared)
+        case Hang():
+            return Sentence(hang_sentence(event), warning=True)
         case CompileReport():
             return Sentence(compile_sentence(event), warning=bool(event.breaks or event.recompiles))
         case _:

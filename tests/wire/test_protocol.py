@@ -18,6 +18,7 @@ from torchlab.core.wire import communication, compile_report, events, payloads
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.outbox import Cursor, Outbox
 from torchlab.core.wire.compile_report import CompileReport, GraphBreak, Recompile
+from torchlab.core.wire.hang import Hang
 from torchlab.core.wire.straggler import Straggler
 from torchlab.core.wire.communication import CollectiveTime, CommunicationShare
 from torchlab.core.wire.payloads import (
@@ -154,6 +155,9 @@ EXAMPLES = [
                    "consider making the code branchless", count=2)],
         recompiles=[Recompile("forward", "/home/me/model.py", 15, "tensor 'x' size mismatch at index 1. expected 61, actual 64",
                               count=1, compiled=2)]),
+    Hang(step=4812, waited_s=41.0, explanation="step 4812 has run 41 s, its steps 210 ms: rank 2 at model.py:88 in "
+         "forward, past collective #9623; ranks 0, 1, 3 at step.py:214 in _backward, past collective #9623",
+         folder="/runs/big/hangs/step-0004812"),
     Straggler(step=240, rank=1, host="node-b", excess_s=0.0152, step_share=0.31, since_step=40, part="data wait"),
     events.FlopsCounted(step=1, flops=83_456, ops=140, shapes=[[16, 8], [16, 1]],
                         settings={"checkpointing": True, "split": 1, "accum": 1},

@@ -747,3 +747,17 @@ def slow_data_on_rank_1() -> Workload:
     built = workload()
     built.collate_fn = _slow_on_rank_1
     return built
+
+
+def hangs_on_rank_1() -> Workload:
+    """``workload`` whose rank 1 stops in its 12th forward for an hour (the line marked ``# HANG``), as a rank stuck
+    in a filesystem or a driver would: every other rank then waits for it at the gradients' sync."""
+    built = workload()
+    calls = itertools.count(1)
+
+    def stop_on_rank_1(module: nn.Module, inputs) -> None:
+        if next(calls) == 12 and os.environ.get("RANK") == "1":
+            time.sleep(3600)  # HANG
+
+    built.model.register_forward_pre_hook(stop_on_rank_1)
+    return built

@@ -151,6 +151,16 @@ class Collectives:
         self._wire = device if device.type == "cuda" else torch.device("cpu")
         self._packet = torch.zeros(PACKET_BYTES, dtype=torch.uint8, device=self._wire)
         self._process = psutil.Process()
+        #: the rank's hang watch (hang_watch.py), which numbers the collectives below as each rank enters and completes them
+        self.hang_watch: Any = None
+
+    def _entering(self, op: str) -> None:
+        if self.hang_watch is not None:
+            self.hang_watch.enter(op)
+
+    def _completed(self) -> None:
+        if self.hang_watch is not None:
+            self.hang_watch.complete()
 
     # ---- the step boundary
     def share(self, payload: dict[str, Any] | None, signalled: int = 0) -> dict[str, Any]:
@@ -165,7 +175,9 @@ class Collectives:
         if signalled:
             data[-SIGNAL_BYTES:] = bytes([min(signalled, 255), min(self.context.rank + 1, 255)])
         self._packet.copy_(torch.frombuffer(data, dtype=torch.uint8))
+        self._entering("the boundary's commands")
         dist.all_reduce(self._packet, op=dist.ReduceOp.MAX)
+        self._completed()
         received = self._packet.cpu().numpy().tobytes()
         signal_number, rank = received[-SIGNAL_BYTES], received[-1] - 1
         return {**decode_packet(received[:-SIGNAL_BYTES]), "signalled": signal_number,
@@ -187,14 +199,18 @@ class Collectives:
         workload's ``metrics`` vector, in one all-reduce."""
         parts = [loss.detach().float().reshape(1)] + ([metrics.float()] if metrics is not None else [])
         reduced = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+        self._entering("the loss's mean")
         dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
+        self._completed()
         reduced = reduced / self.context.world_size
         return reduced[0], (reduced[1:] if metrics is not None else None)
 
     def total(self, count: torch.Tensor) -> torch.Tensor:
         """The sum over ranks of a count (a step's loss items, Workload.loss_items), in one all-reduce."""
         summed = count.detach().float().reshape(1).clone()
+        self._entering("the loss items' count")
         dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+        self._completed()
         return summed[0]
 
     # ---- report steps
@@ -215,7 +231,9 @@ class Collectives:
         # In the order of RankFigures' fields after ``rank``.
         mine = torch.tensor([step_time_s, data_wait_s, *memory, rss, *timed], dtype=torch.float64, device=self._wire)
         everyone = [torch.empty_like(mine) for _ in range(self.context.world_size)]
+        self._entering("the ranks' figures")
         dist.all_gather(everyone, mine)
+        self._completed()
         table = torch.stack(everyone).cpu().tolist()
         return [RankFigures(rank, *(None if value != value else value for value in row)) for rank, row in enumerate(table)]
 

@@ -1,0 +1,136 @@
+"""A hang, explained: a step that has not reached its boundary after ``--hang-after`` times the run's usual step (and
+at least HANG_MIN_S) has each rank write where it is into the run directory, and rank 0 say which rank is where.
+
+A hang in a collective is invisible from any one rank: each waits for the others, and NCCL has no feature to name the
+one that is late (NCCL#1324). Each rank runs this watch on a thread of its own: when its step overruns, it writes
+``hangs/step-N/rank-R.txt``: a first line of JSON (its step, how long it has waited, the engine's own collectives it
+entered and completed, numbered as every rank numbers them, and the innermost line of its training thread outside
+torch) and then every thread's Python stack (``faulthandler``). Rank 0 waits a few seconds for the others' files
+(the run directory is shared by the ranks: on one machine always, across nodes where ``--run-dir`` is on shared
+storage, as a resume needs) and says, in one sentence, which ranks are at a place the others are not. The run waits
+on: what to do with a hang (kill it and ``--resume``, or wait for a slow node) is the user's.
+
+DDP's and FSDP2's own collectives (the gradients' sync, the shards' gathers) run inside torch and are not numbered
+here; their waits show as a rank's line (``loss.backward()``). On NCCL, torch's Flight Recorder has them
+(``TORCH_NCCL_TRACE_BUFFER_SIZE``): not read yet.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+#: No hang is called before a step has run this long, whatever its usual time (a GC pause, a loader's workers
+#: starting again at an epoch's end take seconds).
+HANG_MIN_S = 10.0
+#: Steps of this process measured before a usual time is known (the first steps compile, warm up, allocate).
+KNOWN_AFTER = 5
+#: How long rank 0 waits for the other ranks' files before it says what it has.
+GATHER_S = 5.0
+POLL_S = 0.25
+
+
+class HangWatch:
+    """One rank's watch (see the module docstring). The training thread calls ``step_started`` and ``step_ended``
+    (attribute stores), the engine's collectives ``entered`` and ``completed``; ``said`` gets rank 0's sentence."""
+
+    def __init__(self, rank: int, world_size: int, folder: Path, factor: float,
+                 said: Callable[[int, float, str, Path], None]) -> None:
+        self.rank, self.world_size, self.folder, self.factor, self.said = rank, world_size, folder, factor, said
+        self.entered, self.completed, self.last_op = 0, 0, ""
+        self._step, self._started_at, self._reported_step = 0, None, 0
+        self._times: deque[float] = deque(maxlen=50)
+        self._training_thread: int | None = None
+        threading.Thread(target=self._watch, name="torchlab-hang-watch", daemon=True).start()
+
+    def step_started(self, step: int) -> None:
+        self._step, self._started_at, self._training_thread = step, time.monotonic(), threading.get_ident()
+
+    def step_ended(self, seconds: float) -> None:
+        self._started_at = None
+        self._times.append(seconds)
+
+    def enter(self, op: str) -> None:
+        self.entered, self.last_op = self.entered + 1, op
+
+    def complete(self) -> None:
+        self.completed = self.entered
+
+    def limit_s(self) -> float | None:
+        """How long a step may run before it is a hang; None while the usual time is not known."""
+        if len(self._times) < KNOWN_AFTER:
+            return None
+        return max(HANG_MIN_S, self.factor * statistics.median(self._times))
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(POLL_S)
+            started, step, limit = self._started_at, self._step, self.limit_s()
+            if started is None or limit is None or step == self._reported_step:
+                continue
+            waited = time.monotonic() - started
+            if waited > limit:
+                self._reported_step = step
+                try:
+                    self._write(step, waited)
+                    if self.rank == 0:
+                        self.said(step, waited, self._explain(step, waited), self.folder / "hangs" / f"step-{step:07d}")
+                except OSError:
+                    pass  # a full disk: the hang stays as it is, unexplained, rather than the watch failing the run
+
+    def _write(self, step: int, waited: float) -> None:
+        folder = self.folder / "hangs" / f"step-{step:07d}"
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        header = {"rank": self.rank, "step": step, "waited_s": round(waited, 1), "entered": self.entered,
+                  "completed": self.completed, "op": self.last_op, "where": self._where(), "pid": os.getpid()}
+        with open(folder / f"rank-{self.rank}.txt", "w") as file:
+            file.write(json.dumps(header) + "\n")
+            file.flush()
+            faulthandler.dump_traceback(file=file, all_threads=True)
+
+    def _where(self) -> str:
+        """The innermost line of the training thread outside torch: the user's code, or the engine's call into torch."""
+        frame = sys._current_frames().get(self._training_thread)
+        if frame is None:
+            return "unknown"
+        stack = [entry for entry in traceback.extract_stack(frame) if f"{os.sep}torch{os.sep}" not in entry.filename]
+        if not stack:
+            return "unknown"
+        entry = stack[-1]
+        short = "/".join(entry.filename.split(os.sep)[-2:])
+        return f"{short}:{entry.lineno} in {entry.name}" + (f" (`{entry.line}`)" if entry.line else "")
+
+    def _explain(self, step: int, waited: float) -> str:
+        """Rank 0's sentence: each place the ranks are at, the ranks at it, the engine's collectives they completed."""
+        folder = self.folder / "hangs" / f"step-{step:07d}"
+        deadline = time.monotonic() + GATHER_S
+        while len(list(folder.glob("rank-*.txt"))) < self.world_size and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        headers = []
+        for path in sorted(folder.glob("rank-*.txt")):
+            try:
+                headers.append(json.loads(path.read_text().splitlines()[0]))
+            except (OSError, ValueError, IndexError):
+                continue
+        places: dict[tuple, list[int]] = {}
+        for header in headers:
+            key = (header.get("where"), header.get("completed"), header.get("entered") != header.get("completed"))
+            places.setdefault(key, []).append(header.get("rank"))
+        parts = []
+        for (where, completed, inside), ranks in sorted(places.items(), key=lambda item: len(item[1])):
+            who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(str(rank) for rank in sorted(ranks))
+            collective = f"in the engine's collective #{completed + 1}" if inside else f"past collective #{completed}"
+            parts.append(f"{who} at {where}, {collective}")
+        missing = sorted(set(range(self.world_size)) - {header.get("rank") for header in headers})
+        absent = f"; no word from rank(s) {', '.join(map(str, missing))} in {GATHER_S:g} s" if missing else ""
+        usual = statistics.median(self._times)
+        return f"step {step} has run {waited:.0f} s, its steps {usual * 1000:.3g} ms: " + "; ".join(parts) + absent

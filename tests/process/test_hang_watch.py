@@ -1,0 +1,44 @@
+"""A hang explained (core/engine/parallel/hang_watch.py): rank 1 stops in a forward for an hour (tests/workloads/tiny.py
+``hangs_on_rank_1``); within ``--hang-after`` times the usual step (at least 10 s) both ranks write where they are,
+and rank 0 journals and says which rank is where: rank 1 at the workload's line, rank 0 waiting in its backward."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from test_ranks import TINY, read_jsonl
+from torchlab.core.engine.parallel.hang_watch import HANG_MIN_S
+
+
+def test_a_rank_stuck_in_its_forward_is_named_with_its_line_and_every_ranks_stack_is_kept(tmp_path):
+    run = tmp_path / "run"
+    marked = next(number for number, line in enumerate(TINY.read_text().splitlines(), 1) if line.endswith("  # HANG"))
+    command = [sys.executable, "-m", "torchlab.core.launch.cli", f"{TINY}:hangs_on_rank_1", "--headless", "--world-size",
+               "2", "--steps", "100", "--eval-every", "0", "--checkpoint-every", "5", "--hang-after", "3",
+               "--run-dir", str(run), "--telemetry-interval", "0"]
+    running = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + HANG_MIN_S + 90
+        hangs: list[dict] = []
+        while not hangs and time.monotonic() < deadline and running.poll() is None:
+            time.sleep(0.2)
+            hangs = [event for event in read_jsonl(run / "events.jsonl") if event["event"] == "hang"] if (run / "events.jsonl").exists() else []
+        assert hangs, "no hang was said"
+    finally:
+        os.killpg(running.pid, signal.SIGKILL)
+        running.communicate()
+    [hang] = hangs
+    assert hang["step"] == 12 and hang["waited_s"] >= HANG_MIN_S
+    explanation = hang["explanation"]
+    assert f"rank 1 at workloads/tiny.py:{marked} in stop_on_rank_1 (`time.sleep(3600)  # HANG`)" in explanation, explanation
+    assert "rank 0 at " in explanation and "past collective #" in explanation
+    folder = run / "hangs" / "step-0000012"
+    assert hang["folder"] == str(folder) and sorted(path.name for path in folder.iterdir()) == ["rank-0.txt", "rank-1.txt"]
+    rank_1 = (folder / "rank-1.txt").read_text()
+    assert json.loads(rank_1.splitlines()[0])["rank"] == 1 and f'tiny.py", line {marked} in stop_on_rank_1' in rank_1
+    assert folder.stat().st_mode & 0o777 == 0o700  # as private as the run
