@@ -120,9 +120,7 @@ class Trainer:
         self.boundary = StepBoundary(parts, self.instruments, self.checkpoints, self.trials, self.profiling)
         if initial.compile and parts.world.reports:
             self._compile_at_the_first_boundary(resumed=resume_from is not None)
-        self.rank_hosts = parts.world.collectives.describe_ranks() if parts.world.collectives is not None else None
-        self.stragglers = StragglerWatch()  # rank 0's verdict on the ranks' figures (core/analysis/stragglers.py)
-        self.hang_watch = self._hang_watch(checkpoint_dir)
+        self._watch_ranks(checkpoint_dir)
 
     def _say_starting_values(self) -> None:
         if self.workload_settings:
@@ -394,6 +392,14 @@ class Trainer:
             self._held_row = row  # sent with them, after the next step's transfer (core/engine/measure/update_probe.py)
             return
         self.reporter.metrics(row)
+
+    def _watch_ranks(self, checkpoint_dir: Path | None) -> None:
+        """With ranks: where each runs (for run_started), rank 0's straggler verdict (core/analysis/stragglers.py) and
+        each rank's hang watch."""
+        collectives = self.parts.world.collectives
+        self.rank_hosts = collectives.describe_ranks() if collectives is not None else None
+        self.stragglers = StragglerWatch()
+        self.hang_watch = self._hang_watch(checkpoint_dir)
 
     def _hang_watch(self, checkpoint_dir: Path | None) -> HangWatch | None:
         """With ranks and a run directory, each rank's watch of its steps (core/engine/parallel/hang_watch.py)."""

@@ -424,10 +424,8 @@ def describe(event: Message) -> Sentence | None:
             return Sentence(f"resumed from the checkpoint of step {event.step}")
         case ResumeChangedSettings():
             return Sentence(event.message, warning=event.level == LogLevel.WARNING)
-        case Paused():
-            return Sentence("paused")
-        case Resumed():
-            return Sentence("resumed")
+        case Paused() | Resumed():
+            return Sentence(event.type)  # "paused", "resumed"
         case Relaunching():
             if event.option == "world_size":
                 return Sentence(f"relaunching with {event.world_size} rank(s) (was {event.previous})")
