@@ -393,8 +393,8 @@ class RankFigures(JsonObject):
     """One rank's figures on a report step: its step time, its wait for batches, the CUDA allocator's memory
     (None on a CPU rank) and its RSS; and where its steps' time went since the figures before (each a mean over the
     steps its phase clock timed: core/engine/measure/step_phases.py): the batch's copy, forward, backward (DDP's wait
-    for the other ranks' gradients in it), optimizer, the engine's own collectives. None where the rank could not
-    measure a figure (a phase where no step was timed)."""
+    for the other ranks' gradients in it), optimizer, the engine's own collectives; and its machine's CPU and memory.
+    None where the rank could not measure a figure (a phase where no step was timed)."""
 
     rank: int
     step_time_s: float | None
@@ -408,6 +408,10 @@ class RankFigures(JsonObject):
     backward_s: float | None = None
     optimizer_s: float | None = None
     communication_s: float | None = None
+    #: the rank's machine: its CPU's busy share since the figures before (0-100, of all its cores) and its available
+    #: memory: each node's host telemetry where the ranks span several
+    host_cpu_percent: float | None = None
+    host_available_bytes: float | None = None
 
 
 # ----------------------------------------------------------------------------- Impact: the table's rows

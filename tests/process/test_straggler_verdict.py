@@ -22,5 +22,7 @@ def test_a_rank_whose_data_path_is_slow_is_named_a_straggler_within_the_window(t
     assert "straggler: rank 1 (" in capsys.readouterr().err
     with_phases = [row["ranks"] for row in read_jsonl(run / "metrics.jsonl") if "ranks" in row]
     assert all(rank["forward_s"] > 0 and rank["backward_s"] > 0 for ranks in with_phases[1:] for rank in ranks)
+    assert all(0 <= rank["host_cpu_percent"] <= 100 and rank["host_available_bytes"] > 0  # each rank's machine
+               for ranks in with_phases[1:] for rank in ranks)
     waits = [[rank["data_wait_s"] for rank in ranks] for ranks in with_phases]
     assert all(slow > fast + 0.01 for fast, slow in waits[1:])  # rank 1's 15 ms, rank 0's none

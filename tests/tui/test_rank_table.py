@@ -147,12 +147,16 @@ async def test_ranks_on_two_nodes_of_one_host_are_told_apart_by_their_node() -> 
     run = replace(first[0].run, ranks=[RankProcess(rank=0, host="vm", pid=11, device="cpu", node=0),
                                        RankProcess(rank=1, host="vm", pid=12, device="cpu", node=1)])
     first[0] = protocol.Welcome(run=run, modules=first[0].modules, options=first[0].options, state="running", step=0)
-    app = quiet_app(FakeLink(first + [ranks(120)]))
+    figures = ranks(120)
+    figures = replace(figures, ranks=[replace(rank, host_cpu_percent=40.0 + 50 * rank.rank, host_available_bytes=8 * 2**30)
+                                      for rank in figures.ranks])
+    app = quiet_app(FakeLink(first + [figures]))
     async with app.run_test(size=WIDE) as pilot:
-        await pilot.pause()
-        header, rank0, rank1 = shown(table(app))
-        assert header.split()[:3] == ["rank", "host", "step"]
+        await pilot.press("t")  # the full-size table: each node's machine beside its rank
+        header, rank0, rank1 = shown(app.screen.query_one(RankTable))[:3]
+        assert header.split()[:3] == ["rank", "host", "step"] and "host cpu  host free" in header
         assert rank0.split()[:4] == ["0", "node", "0", "(vm)"] and rank1.split()[:4] == ["1", "node", "1", "(vm)"]
+        assert rank0.split()[-4:] == ["40", "%", "8", "GiB"] and rank1.split()[-4:] == ["90", "%", "8", "GiB"]
 
 
 async def test_at_world_size_1_nothing_rank_related_takes_space() -> None:

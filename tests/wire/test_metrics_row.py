@@ -30,9 +30,9 @@ FULL_LINE = (
     '"compiling":true,"eager":true,"act_stats":{"a":[0.1,0.2,3.0]},"memory":{"step":7,"parameters_bytes":10,'
     '"gradients_bytes":10,"optimizer_bytes":20,"activations_bytes":30,"allocator_peak_bytes":null,"by_module":'
     '[{"module":"a","bytes":30}],"gathered_bytes":0,"longest_batch":true},"ranks":[{"rank":0,"step_time_s":0.1,"data_wait_s":0.0,"allocated_bytes":null,'
-    '"reserved_bytes":null,"peak_allocated_bytes":null,"rss_bytes":1000000000.0,"copy_s":null,"forward_s":null,"backward_s":null,"optimizer_s":null,"communication_s":null},{"rank":1,'
+    '"reserved_bytes":null,"peak_allocated_bytes":null,"rss_bytes":1000000000.0,"copy_s":null,"forward_s":null,"backward_s":null,"optimizer_s":null,"communication_s":null,"host_cpu_percent":null,"host_available_bytes":null},{"rank":1,'
     '"step_time_s":0.12,"data_wait_s":null,"allocated_bytes":null,"reserved_bytes":null,"peak_allocated_bytes":null,'
-    '"rss_bytes":1000000000.0,"copy_s":null,"forward_s":null,"backward_s":null,"optimizer_s":null,"communication_s":null}],"val_loss":2.25,"val_metrics":{"acc":0.75}}\n'
+    '"rss_bytes":1000000000.0,"copy_s":null,"forward_s":null,"backward_s":null,"optimizer_s":null,"communication_s":null,"host_cpu_percent":null,"host_available_bytes":null}],"val_loss":2.25,"val_metrics":{"acc":0.75}}\n'
 )
 MINIMAL_LINE = (
     '{"step":3,"time":1795729330.8084817,"elapsed_s":1.0,"epoch":0,"loss":4.0,"lr":0.01,"samples_per_s":8.0,'

@@ -57,6 +57,9 @@ ALLOC = RankColumn("alloc", 8, lambda row: _size(row.figures.allocated_bytes))
 PEAK = RankColumn("peak", 8, lambda row: _size(row.figures.peak_allocated_bytes))
 RESERVED = RankColumn("reserved", 8, lambda row: _size(row.figures.reserved_bytes))
 RSS = RankColumn("rss", 8, lambda row: _size(row.figures.rss_bytes))
+#: Each rank's machine, where the ranks span several (the host column is shown): its CPU busy and memory available.
+HOST_CPU = RankColumn("host cpu", 8, lambda row: _percent(row.figures.host_cpu_percent))
+HOST_FREE = RankColumn("host free", 9, lambda row: _size(row.figures.host_available_bytes))
 #: Where each rank's steps went since the figures before (its phase clock's means), where the width allows.
 FORWARD = RankColumn("forward", 8, lambda row: format_seconds(row.figures.forward_s))
 BACKWARD = RankColumn("backward", 8, lambda row: format_seconds(row.figures.backward_s))
@@ -145,6 +148,11 @@ def layout_columns(ranks: list[ComparedRank], width: int) -> tuple[list[RankColu
         if used + len(GAP) + host.width <= width:
             columns.insert(1, host)
             used += len(GAP) + host.width
+            at = columns.index(RSS) + 1
+            for telemetry in (HOST_CPU, HOST_FREE):  # each node's machine, after the figures that flag a straggler
+                if used + len(GAP) + telemetry.width + len(GAP) + FLAG_WORDS_MIN <= width:
+                    columns.insert(at, telemetry)
+                    at, used = at + 1, used + len(GAP) + telemetry.width
     # The words' room is kept whether or not a rank is flagged now, so columns do not jump as flags come and go.
     words = FLAG_WORDS_MIN if used + len(GAP) + FLAG_WORDS_MIN <= width else 0
     if words:
@@ -279,6 +287,10 @@ def _waiting_text(state: RunState | None) -> str | None:
 
 
 # ---------------------------------------------------------------------- formatting
+
+def _percent(value: float | None) -> str:
+    return NA if value is None else f"{value:.0f} %"
+
 
 def format_versus(ratio: float | None) -> str:
     """A rank's figure against the others' median, as a difference: ``+17 %``, ``-4 %``, ``±0 %``."""

@@ -153,6 +153,7 @@ class Collectives:
         self._process = psutil.Process()
         #: the rank's hang watch (hang_watch.py), which numbers the collectives below as each rank enters and completes them
         self.hang_watch: Any = None
+        self._cpu_times: tuple[float, float] | None = None  # the machine's CPU times when its figures were last gathered
 
     def _entering(self, op: str) -> None:
         if self.hang_watch is not None:
@@ -229,13 +230,29 @@ class Collectives:
             rss = float("nan")
         timed = [(phases or {}).get(name, float("nan")) for name in GATHERED_PHASES]
         # In the order of RankFigures' fields after ``rank``.
-        mine = torch.tensor([step_time_s, data_wait_s, *memory, rss, *timed], dtype=torch.float64, device=self._wire)
+        mine = torch.tensor([step_time_s, data_wait_s, *memory, rss, *timed, *self._host()], dtype=torch.float64,
+                            device=self._wire)
         everyone = [torch.empty_like(mine) for _ in range(self.context.world_size)]
         self._entering("the ranks' figures")
         dist.all_gather(everyone, mine)
         self._completed()
         table = torch.stack(everyone).cpu().tolist()
         return [RankFigures(rank, *(None if value != value else value for value in row)) for rank, row in enumerate(table)]
+
+    def _host(self) -> list[float]:
+        """This rank's machine: its CPU's busy share since this rank last asked (0-100; NaN the first time) and its
+        available memory. From the CPU's times, not ``psutil.cpu_percent``, whose one baseline a process shares with
+        the telemetry sampler of a torchrun rank 0."""
+        try:
+            times, available = psutil.cpu_times(), float(psutil.virtual_memory().available)
+        except (psutil.Error, OSError):
+            return [float("nan")] * 2
+        total, idle = sum(times), times.idle + getattr(times, "iowait", 0.0)
+        busy = float("nan")
+        if self._cpu_times is not None and total > self._cpu_times[0]:
+            busy = 100.0 * (1 - (idle - self._cpu_times[1]) / (total - self._cpu_times[0]))
+        self._cpu_times = (total, idle)
+        return [busy, available]
 
     # ---- checkpoints
     def gather_objects(self, value: Any) -> list[Any]:
