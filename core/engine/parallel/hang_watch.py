@@ -29,6 +29,9 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from torchlab.core.records.storage import create_file, make_folder
+from torchlab.core.safe_open import UnsafeFileError, open_regular
+
 #: No hang is called before a step has run this long, whatever its usual time (a GC pause, a loader's workers
 #: starting again at an epoch's end take seconds).
 HANG_MIN_S = 10.0
@@ -84,15 +87,14 @@ class HangWatch:
                     self._write(step, waited)
                     if self.rank == 0:
                         self.said(step, waited, self._explain(step, waited), self.folder / "hangs" / f"step-{step:07d}")
-                except OSError:
-                    pass  # a full disk: the hang stays as it is, unexplained, rather than the watch failing the run
+                except (OSError, UnsafeFileError):
+                    pass  # a full disk, a link where a file goes: the hang stays unexplained, the watch fails nothing
 
     def _write(self, step: int, waited: float) -> None:
-        folder = self.folder / "hangs" / f"step-{step:07d}"
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        folder = make_folder(self.folder / "hangs" / f"step-{step:07d}")  # no link followed, as private as the run
         header = {"rank": self.rank, "step": step, "waited_s": round(waited, 1), "entered": self.entered,
                   "completed": self.completed, "op": self.last_op, "where": self._where(), "pid": os.getpid()}
-        with open(folder / f"rank-{self.rank}.txt", "w") as file:
+        with open(folder / f"rank-{self.rank}.txt", "w", opener=lambda path, flags: create_file(Path(path), flags)) as file:
             file.write(json.dumps(header) + "\n")
             file.flush()
             faulthandler.dump_traceback(file=file, all_threads=True)
@@ -118,8 +120,9 @@ class HangWatch:
         headers = []
         for path in sorted(folder.glob("rank-*.txt")):
             try:
-                headers.append(json.loads(path.read_text().splitlines()[0]))
-            except (OSError, ValueError, IndexError):
+                with open(path, opener=open_regular) as file:  # a rank's file, never a link or a FIFO in its place
+                    headers.append(json.loads(file.readline()))
+            except (OSError, ValueError, UnsafeFileError):
                 continue
         places: dict[tuple, list[int]] = {}
         for header in headers:
