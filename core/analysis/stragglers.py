@@ -177,7 +177,4 @@ class StragglerWatch:
 
 def _part_excess(figures: list[RankFigures], index: int, name: str) -> float:
     """A part's seconds on rank ``index`` over the other ranks' median of it (0 where unknown)."""
-    value = getattr(figures[index], name)
-    others = [getattr(rank, name) for position, rank in enumerate(figures) if position != index]
-    others = [other for other in others if other is not None]
-    return value - statistics.median(others) if value is not None and others else 0.0
+    return _against_others([getattr(rank, name) for rank in figures], index)[1]
