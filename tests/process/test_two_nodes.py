@@ -26,18 +26,32 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def two_nodes(port: int, *command: str) -> list[subprocess.Popen]:
-    """One torchrun agent a node, one rank each, as docs/ranks.md starts them (the rendezvous on node 0's address)."""
-    return [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
-         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf", f"is_host={node == 0}",
-         "--max-restarts", "0", *command],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True) for node in (0, 1)]
+def two_nodes(port: int, logs: Path, *command: str) -> list[subprocess.Popen]:
+    """One torchrun agent a node, one rank each, as docs/ranks.md starts them (the rendezvous on node 0's address).
+    Each agent writes to a file, never a pipe: a pipe nobody reads until the end fills, and the agent (or its rank,
+    which shares its output) blocks on a write and never ends."""
+    logs.mkdir()
+    agents = []
+    for node in (0, 1):
+        with (logs / f"node-{node}.log").open("w") as log:
+            agents.append(subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                 "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                 "--rdzv-conf", f"is_host={node == 0}", "--max-restarts", "0", *command],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    return agents
 
 
-def ended(agents: list[subprocess.Popen]) -> list[int]:
+def told(logs: Path) -> str:
+    """The last of what each agent printed, for an assertion's message."""
+    return "\n".join(f"--- node {node}:\n" + (logs / f"node-{node}.log").read_text()[-2500:] for node in (0, 1))
+
+
+def ended(agents: list[subprocess.Popen], logs: Path) -> list[int]:
     try:
         return [agent.wait(180) for agent in agents]
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"an agent did not end:\n{told(logs)}") from None
     finally:
         for agent in agents:
             if agent.poll() is None:
@@ -54,7 +68,7 @@ def test_two_nodes_take_a_live_change_stop_together_on_a_signal_to_one_rank_and_
     token_file.write_text(token)
     token_file.chmod(0o600)
     training = [f"{TINY}:workload", "--steps", str(STEPS), "--checkpoint-every", "0", "--telemetry-interval", "0"]
-    agents = two_nodes(free_port(), "-m", "torchlab.core.launch.worker", "--run-dir", str(run), "--socket",
+    agents = two_nodes(free_port(), tmp_path / "first", "-m", "torchlab.core.launch.worker", "--run-dir", str(run), "--socket",
                        str(socket_path), "--token-file", str(token_file), "--", *training)
     try:
         client = connect(socket_path, token)
@@ -69,8 +83,8 @@ def test_two_nodes_take_a_live_change_stop_together_on_a_signal_to_one_rank_and_
         os.kill(rank_1, signal.SIGTERM)  # a scheduler's warning, to the other node's rank only
         stopped = next(m for m in client if isinstance(m, p.State) and m.state == "stopped").step
     finally:
-        codes = ended(agents)
-    assert codes == [EXIT_OK, EXIT_OK], [agent.stdout.read()[-2000:] for agent in agents]
+        codes = ended(agents, tmp_path / "first")
+    assert codes == [EXIT_OK, EXIT_OK], told(tmp_path / "first")
     assert changed <= paused == stopped < STEPS
     events = read_jsonl(run / "events.jsonl")
     [request] = [e for e in events if e["event"] == "stop_requested"]
@@ -79,8 +93,8 @@ def test_two_nodes_take_a_live_change_stop_together_on_a_signal_to_one_rank_and_
     assert [e["step"] for e in finals] == [stopped]  # one checkpoint, both ranks at the same step
 
     # the resume, on two nodes again, given no flag but --resume: to the run's end
-    resumed = two_nodes(free_port(), "-m", "torchlab.core.launch.cli", "--headless", "--resume", str(run))
-    assert ended(resumed) == [EXIT_OK, EXIT_OK], [agent.stdout.read()[-2000:] for agent in resumed]
+    resumed = two_nodes(free_port(), tmp_path / "resumed", "-m", "torchlab.core.launch.cli", "--headless", "--resume", str(run))
+    assert ended(resumed, tmp_path / "resumed") == [EXIT_OK, EXIT_OK], told(tmp_path / "resumed")
     straight = tmp_path / "straight"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "-m", "torchlab.core.launch.cli", *training, "--headless", "--run-dir", str(straight),

@@ -36,7 +36,8 @@ class Collected:
                 return found[-1]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise AssertionError(f"timed out; got {[m.type for m in self.messages][-20:]}")
+                errors = [m.message for m in self.messages if isinstance(m, p.Error)]  # what went wrong, in its words
+                raise AssertionError(f"timed out; got {[m.type for m in self.messages][-20:]}; errors: {errors}")
             self.link.arrived.wait(min(remaining, 1.0))
             self.link.arrived.clear()
 
