@@ -177,7 +177,7 @@ def _option_changes(events: Path) -> tuple[list[int], list[str]]:
 
 def _compiled(events: Path) -> str | None:
     """What torch.compile did in the run, from the ``compile_report`` events of ``events.jsonl``: "3 graphs, 12.5 s
-    compiling, 2 graph breaks, 1 recompile" (the newest report's counts, the run's compile time over its processes:
+    compiling, 2 graph breaks, 1 recompile, 1 op eager between graphs" (the newest report's counts, the run's compile time over its processes:
     core/records/compile_history.py); None where it never compiled (or the journal is not there)."""
     try:
         compiled = RunCompileTime.of(rows_of(events))
@@ -189,6 +189,8 @@ def _compiled(events: Path) -> str | None:
     counts = [(len(last.breaks), "graph break"), (len(last.recompiles), "recompile")]
     words = [f"{last.graphs} graphs", f"{compiled.seconds:.1f} s compiling"]
     words += [f"{count} {name}{'s' if count != 1 else ''}" for count, name in counts]
+    if last.eager_ops is not None:
+        words.append(f"{last.eager_ops} op{'s' if last.eager_ops != 1 else ''} eager between graphs")
     return ", ".join(words)
 
 

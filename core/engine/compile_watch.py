@@ -8,6 +8,9 @@ Dynamo's own reports are what this reads, from torch's structured trace (``torch
 - a ``compilation_metrics`` record for each frame compiled: the frame, its ``recompile_reason`` where a guard of its
   earlier graphs failed ("0/0: tensor 'x' size mismatch at index 0. expected 3, actual 5"), its graph's op count.
 
+After the graphs change, the ops a forward runs eagerly between its graphs are counted on the next step that can be
+profiled (compile_census.py).
+
 torch makes these records whether or not anyone reads them (its trace logger always has a handler, which writes them
 only where ``TORCH_TRACE`` names a folder): the watch's cost is its own handler's time, measured (``watch_s``).
 
@@ -25,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from torchlab.core.engine.compile_census import EagerOps
 from torchlab.core.options import DYNAMIC
 from torchlab.core.wire.compile_report import CompileReport, GraphBreak, Recompile
 
@@ -75,6 +79,9 @@ class CompileWatch(logging.Handler):
         self.dynamic = "auto"  #: the ``dynamic`` option the graphs are compiled under
         self.unseen = ""  #: what this torch does not report (``unseen_by``)
         self.sees_breaks = True
+        #: what a forward ran eagerly between its graphs, counted on a step after the graphs changed (compile_census.py)
+        self.eager: EagerOps | None = None
+        self.census_due = False
         self._breaks: dict[tuple, _Seen] = {}
         self._recompiles: dict[tuple, _Seen] = {}
         #: the sizes each tensor dimension whose size failed a guard took, in the order met, by (frame, file, line,
@@ -130,7 +137,7 @@ class CompileWatch(logging.Handler):
     def _on_frame(self, metrics: dict[str, Any]) -> None:
         if metrics.get("graph_op_count"):
             self.graphs += 1
-            self.news = True
+            self.news = self.census_due = True
         guard = metrics.get("recompile_reason")
         if not guard:
             return
@@ -155,6 +162,11 @@ class CompileWatch(logging.Handler):
                                            "compiled": compiled}, dimension=dimension)
         self.news = True
 
+    def took_census(self, eager: EagerOps | None, census_s: float) -> None:
+        """A step's census of the ops run between graphs (compile_census.py), and what taking it cost."""
+        self.eager, self.census_due, self.news = eager, False, True
+        self.watch_s += census_s
+
     def report(self, step: int) -> CompileReport:
         """All of it so far, as the event; ``news`` is cleared."""
         self.news = False
@@ -165,7 +177,10 @@ class CompileWatch(logging.Handler):
                              recompiles=[Recompile(**seen.fields, count=seen.count, hint=self._hint(seen))
                                          for seen in recompiles],
                              recompile_limit=self.recompile_limit, watch_s=self.watch_s, dynamic=self.dynamic,
-                             unseen=self.unseen, sees_breaks=self.sees_breaks)
+                             unseen=self.unseen, sees_breaks=self.sees_breaks,
+                             eager_ops=self.eager.ops if self.eager is not None else None,
+                             graphs_run=self.eager.graphs if self.eager is not None else 0,
+                             eager_most=self.eager.most if self.eager is not None else [])
 
     def _hint(self, seen: _Seen) -> str:
         """What to do of a recompile: where its frame is a recompile from running eagerly, raise the limit; where a

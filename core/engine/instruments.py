@@ -217,12 +217,29 @@ class StepWatch:
                              and instruments.step_flops.due(compiled=instruments.parts.model.compiled is not None,
                                                           trained_s=totals.trained_s))
         self._flop_counter: Any = None
+        #: the ops its compiled model runs between graphs counted (compile_census.py): due after the graphs changed, on
+        #: a step whose model runs compiled and that nothing else profiles
+        watch = instruments.parts.model.compile_watch
+        self.takes_census = (plan.training and plan.report and not plan.activations and not self.counts_flops
+                             and instruments.parts.model.compiled is not None and watch is not None
+                             and watch.census_due and not torch.autograd._profiler_enabled())
+        self._census_taken = False
         if plan.activations:
             instruments.activation_probe.attach()  # hooks only on sampled steps: on every step they cost ~35 %
 
     def counting_flops(self) -> ContextManager:
         """Around the step's forward and backward passes: its FLOPs counted, on a step that ``counts_flops``."""
         return self._counting_flops() if self.counts_flops else _NOTHING
+
+    def census(self) -> ContextManager:
+        """Around the step's first forward: what its compiled model ran eagerly counted, on a step that
+        ``takes_census`` (the forward alone: what backward runs again is not counted, nor profiled)."""
+        if not self.takes_census or self._census_taken:
+            return _NOTHING
+        from torchlab.core.engine.compile_census import census
+
+        self._census_taken = True
+        return census(self.instruments.parts.model.compile_watch)
 
     @contextlib.contextmanager
     def _counting_flops(self) -> Iterator[None]:
@@ -326,7 +343,7 @@ class StepWatch:
 
     def _phases(self, step_time: float, compiling: bool, plan: StepPlan) -> StepPhases | None:
         """A training step's phases added to training's where it was timed (not a step that compiled: its forward
-        is the compile's; nor one whose FLOPs were counted), and their means since the last, on a row of the
+        is the compile's; nor one whose FLOPs or eager ops were counted), and their means since the last, on a row of the
         probe's and the run's last (which waits for its steps' marks)."""
         instruments = self.instruments
         totals, step_flops = instruments.phase_totals, instruments.step_flops
@@ -334,7 +351,7 @@ class StepWatch:
             return None
         totals.trained_s += step_time
         flops = self._flops_of_its_kind(step_flops) if step_flops is not None else None
-        if self.clock is not None and not compiling and not self.counts_flops:
+        if self.clock is not None and not compiling and not self.counts_flops and not self.takes_census:
             totals.add(self.clock, flops)
         last = self.step == instruments.parts.config.steps
         if not plan.report or not (plan.probe or last):

@@ -127,7 +127,7 @@ class OptimizerStep:
                 weight = weights[micro][index] if weights is not None else share
                 as_is = weights is None and share == 1  # the batch itself, uncut: its loss as it is
                 with parts.model.gradient_sync(micro == accum - 1 and index == len(pieces) - 1):
-                    with watch.forward(), watch.phase("forward"), precision.autocast():
+                    with watch.forward(), watch.census(), watch.phase("forward"), precision.autocast():
                         loss, metric_values = parts.loss(model, piece, step)
                     with watch.phase("backward"):
                         precision.backward(loss if as_is and accum == 1 else loss * (weight / accum))

@@ -31,7 +31,7 @@ from torchlab.core.errors import SHOWN_CHARS, shown
 from torchlab.core.wire import strict_json
 from torchlab.core.wire.typed_json import JsonObject, UnreadableValue, read_object, read_value
 
-PROTOCOL_VERSION = 21  #: what each version added: docs/protocol-versions.md (a change to a message bumps it)
+PROTOCOL_VERSION = 22  #: what each version added: docs/protocol-versions.md (a change to a message bumps it)
 MAX_LINE_BYTES = 1 << 20
 
 

@@ -4,7 +4,7 @@ the app's log and a headless run say alike (``events.describe`` calls ``compile_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from torchlab.core.wire.codec import Message
@@ -49,7 +49,7 @@ class CompileReport(Message):
     its graph ``breaks`` (each place once, most met first) and ``recompiles`` (each frame and failed guard once), the
     ``graphs`` compiled, the seconds compiling took (``compile_s``: at the boundary and in steps that compiled again:
     what the impact table leaves out of the step times), and what watching it cost (``watch_s``: the watch's own
-    reading of torch's records, inside ``compile_s``). ``recompile_limit``: torch's, past which a frame runs eagerly;
+    reading of torch's records, inside ``compile_s``, and the profiler of its census of the eager ops). ``recompile_limit``: torch's, past which a frame runs eagerly;
     ``dynamic``: the live option the graphs are compiled under (a change of it compiles afresh: the recompiles count
     from then). ``unseen``: what this torch does not report (graph breaks before 2.6, why a frame recompiled before
     2.7), said with the report. Sent after each compile that changed it."""
@@ -65,6 +65,11 @@ class CompileReport(Message):
     dynamic: str = "auto"
     unseen: str = ""
     sees_breaks: bool = True  #: False where this torch does not report them (``unseen`` says so): none is not "none"
+    #: the ops a forward ran eagerly between its graphs, on a step profiled after the graphs changed
+    #: (core/engine/compile_census.py): None until counted, or where this torch marks no compiled region
+    eager_ops: int | None = None
+    graphs_run: int = 0  #: the graphs that forward ran
+    eager_most: list[str] = field(default_factory=list)  #: the eager ops most run, with their counts: "aten::item x2"
 
 
 def compile_sentence(report: CompileReport) -> str:
@@ -83,10 +88,22 @@ def compile_sentence(report: CompileReport) -> str:
                 f"graphs runs eagerly: {places}{more}"
     if report.unseen:
         said += f"; {report.unseen}"
+    if report.eager_ops is not None:
+        said += f"; {eager_sentence(report)}"
     for entry in report.recompiles[:3]:
         said += (f"; recompiled {entry.frame} ({short_path(entry.file)}:{entry.line}) {entry.count}x for {entry.guard}"
                  + (f": {entry.hint}" if entry.hint else ""))
     return said
+
+
+def eager_sentence(report: CompileReport) -> str:
+    """What a forward ran eagerly between its graphs: "a forward runs 2 graphs and 3 ops eagerly between them
+    (aten::_local_scalar_dense x2, ...)"; said once counted (``eager_ops`` not None)."""
+    graphs = f"{report.graphs_run} graph{'s' if report.graphs_run != 1 else ''}"
+    if not report.eager_ops:
+        return f"a forward runs {graphs} and no op eagerly"
+    ops = f"{report.eager_ops} op{'s' if report.eager_ops != 1 else ''}"
+    return f"a forward runs {graphs} and {ops} eagerly between them ({', '.join(report.eager_most)})"
 
 
 def short_path(path: str) -> str:

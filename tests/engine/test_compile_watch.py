@@ -40,6 +40,10 @@ def test_a_data_dependent_branch_and_a_print_are_two_graph_breaks_at_their_lines
     assert report.graphs >= 2 and report.compile_s > 0 and report.recompiles == []
     said = describe(report)
     assert said.warning and "2 graph breaks" in said.text and f"workloads/tiny.py:{marked[0]} data-dependent branching" in said.text
+    # Between the graphs, eagerly: the branch's test of its condition (Dynamo resumes the rest in graphs of their own)
+    assert report.eager_ops == 1 and report.eager_most == ["aten::is_nonzero x1"] and report.graphs_run == report.graphs
+    assert f"a forward runs {report.graphs} graphs and 1 op eagerly between them (aten::is_nonzero x1)" in said.text
+    assert report.step == 1  # counted on the first step after the boundary's compile
 
 
 def test_three_sequence_lengths_recompile_and_the_failed_guard_is_named():
@@ -56,10 +60,12 @@ def test_three_sequence_lengths_recompile_and_the_failed_guard_is_named():
 def test_a_model_that_compiles_cleanly_has_no_break_and_is_said_so_once():
     trainer, seen = make_trainer(TINY, steps=6, options={"compile": "on"})
     assert trainer.run().status == "finished"
-    [report] = seen.of("compile_report")  # at the boundary's compile; no step compiled again
-    assert report["breaks"] == [] and report["recompiles"] == [] and report["graphs"] >= 1
-    said = describe(last_report(seen))
-    assert not said.warning and "no graph break" in said.text
+    first, counted = seen.of("compile_report")  # at the boundary's compile (no step compiled again), and counted after
+    assert first["breaks"] == [] and first["recompiles"] == [] and first["graphs"] >= 1 and first["eager_ops"] is None
+    report = last_report(seen)
+    assert report.eager_ops == 0 and report.eager_most == [] and report.graphs_run == 1
+    said = describe(report)
+    assert not said.warning and "no graph break" in said.text and "a forward runs 1 graph and no op eagerly" in said.text
 
 
 def test_a_run_that_never_compiles_imports_no_watch_and_writes_no_trace():
@@ -71,7 +77,8 @@ def test_a_run_that_never_compiles_imports_no_watch_and_writes_no_trace():
               "trainer, _ = make_trainer(steps=3)\n"
               "trainer.run()\n"
               "from torch._logging._internal import trace_log\n"
-              "print('torchlab.core.engine.compile_watch' in sys.modules, [type(h).__name__ for h in trace_log.handlers])")
+              "print(any(name in sys.modules for name in ('torchlab.core.engine.compile_watch', 'torchlab.core.engine.compile_census')), "
+              "[type(h).__name__ for h in trace_log.handlers])")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False ['LazyTraceHandler']"  # torch's own, which writes nothing

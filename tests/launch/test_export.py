@@ -450,14 +450,15 @@ def test_the_csv_names_adams_moments_per_module():
 
 def test_what_compile_did_goes_to_tensorboard_live_and_in_an_export(tmp_path):
     """A run whose model breaks torch.compile's graph twice: the compile report's scalars (seconds, graphs, breaks,
-    recompiles) at its step and each break as a line of the ``compile`` text, while it trains and exported after."""
+    recompiles, ops run eagerly between graphs) at its step and each break as a line of the ``compile`` text, while it trains and exported after."""
     run, live, exported = tmp_path / "run", tmp_path / "live", tmp_path / "exported"
     assert main([f"{WORKLOADS / 'tiny.py'}:graph_breaks", "--headless", "--steps", "4", "--compile", "--tensorboard",
                  str(live), "--run-dir", str(run)]) == EXIT_OK
     assert main(["export", str(run), "--tensorboard", str(exported)]) == EXIT_OK
     for folder in (live, exported):
         events = events_in(folder)
-        assert steps_of(events, "compile/graph_breaks") == [1] and events.Scalars("compile/graph_breaks")[0].value == 2
+        assert steps_of(events, "compile/graph_breaks") == [1, 1] and events.Scalars("compile/graph_breaks")[0].value == 2
         assert events.Scalars("compile/recompiles")[0].value == 0 and events.Scalars("compile/seconds")[0].value > 0
-        [text] = texts_of(events, "compile")
+        assert [scalar.value for scalar in events.Scalars("compile/eager_ops")] == [1]  # counted after the compile: the branch's test
+        *_, text = texts_of(events, "compile")  # each report's: the compile's, then with its census
         assert text.count("graph break at ") == 2 and "Data-dependent branching" in text

@@ -263,10 +263,11 @@ def test_what_compile_did_in_each_run_is_a_row_of_the_table(tmp_path):
     first = CompileReport(step=1, compile_s=9.0, graphs=2, breaks=[], recompiles=[], recompile_limit=8)
     last = CompileReport(step=30, compile_s=12.5, graphs=3, recompile_limit=8, recompiles=[],
                          breaks=[GraphBreak("/m.py", 3, "if x:", "Data-dependent branching")] * 2)
-    resumed = CompileReport(step=31, compile_s=4.0, graphs=3, recompile_limit=8, recompiles=[], breaks=last.breaks)
+    resumed = CompileReport(step=31, compile_s=4.0, graphs=3, recompile_limit=8, recompiles=[], breaks=last.breaks,
+                            eager_ops=1, graphs_run=3, eager_most=["aten::is_nonzero x1"])
     with (compiled / "events.jsonl").open("a") as journal:
         for record in (first.journal_record(), last.journal_record(), {"event": "run_started", "step": 30, "time": 1.0},
                        resumed.journal_record()):
             journal.write(to_json_line(record) + "\n")
     [(label, texts)] = [row for row in table_rows([RunHistory.load(compiled), RunHistory.load(eager)]) if row[0] == "compiled"]
-    assert texts == ["3 graphs, 16.5 s compiling, 2 graph breaks, 0 recompiles", "—"]
+    assert texts == ["3 graphs, 16.5 s compiling, 2 graph breaks, 0 recompiles, 1 op eager between graphs", "—"]

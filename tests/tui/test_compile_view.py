@@ -18,7 +18,8 @@ REPORT = CompileReport(step=41, compile_s=12.5, graphs=3, recompile_limit=8, wat
     GraphBreak("/home/me/model.py", 17, "if h.mean() > 0.5:", "Data-dependent branching",
                "Detected data-dependent branching", "consider making the code branchless", count=2)],
     recompiles=[Recompile("forward", "/home/me/model.py", 12, "tensor 'tokens' size mismatch at index 1. expected 16, "
-                          "actual 12", count=1, compiled=2)])
+                          "actual 12", count=1, compiled=2)],
+    eager_ops=2, graphs_run=3, eager_most=["aten::is_nonzero x2"])
 
 
 def screen_text(app) -> str:
@@ -52,6 +53,7 @@ async def test_the_compile_view_names_each_break_and_recompile_and_what_compilin
         assert "me/model.py:17 Data-dependent branching (2 compiles met it)" in body and "if h.mean() > 0.5:" in body
         assert "hint: consider making the code branchless" in body
         assert "forward (me/model.py:12) 1x, 2 graphs now" in body and "guard failed: tensor 'tokens' size mismatch" in body
+        assert "eager between graphs: a forward runs 3 graphs and 2 ops eagerly between them (aten::is_nonzero x2)" in body
         assert "\n    actual 12" in wrapped  # a wrapped line stays under its entry
         await pilot.press("K")
         await pilot.pause()

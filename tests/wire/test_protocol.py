@@ -154,7 +154,8 @@ EXAMPLES = [
         GraphBreak("/home/me/model.py", 17, "if y.sum() > 0:", "Data-dependent branching", "Detected data-dependent branching",
                    "consider making the code branchless", count=2)],
         recompiles=[Recompile("forward", "/home/me/model.py", 15, "tensor 'x' size mismatch at index 1. expected 61, actual 64",
-                              count=1, compiled=2)]),
+                              count=1, compiled=2)],
+        eager_ops=3, graphs_run=2, eager_most=["aten::is_nonzero x2", "aten::_local_scalar_dense x1"]),
     Hang(step=4812, waited_s=41.0, explanation="step 4812 has run 41 s, its steps 210 ms: rank 2 at model.py:88 in "
          "forward, past collective #9623; ranks 0, 1, 3 at step.py:214 in _backward, past collective #9623",
          folder="/runs/big/hangs/step-0004812"),

@@ -14,7 +14,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Label, Static
 
 from torchlab.core.options import COMPILE, DYNAMIC
-from torchlab.core.wire.compile_report import CompileReport, short_path
+from torchlab.core.wire.compile_report import CompileReport, eager_sentence, short_path
 from torchlab.core.wire.payloads import ImpactSegment
 from torchlab.tui.screens.view_screen import ViewScreen, closing_key
 from torchlab.tui.state import RunState
@@ -32,6 +32,8 @@ def compile_text(report: CompileReport, bought: ImpactSegment | None) -> Group:
         lines.append(Text(f"{bought.verdict} (steps {bought.first_step}–{bought.last_step})\n"))
     if report.unseen:
         lines.append(Text(f"{report.unseen}\n", style="yellow"))
+    if report.eager_ops is not None:
+        lines.append(Text.assemble(("eager between graphs: ", "bold"), f"{eager_sentence(report)}\n"))
     breaks = len(report.breaks) or ("none" if report.sees_breaks else "not reported")
     lines.append(Text.assemble((f"graph breaks: {breaks}", "bold"),
                                " (the code between two graphs runs eagerly)" if report.breaks else ""))
@@ -94,6 +96,6 @@ class CompileScreen(ViewScreen):
             return
         on = "on" if state.options.get("compile") else "off now"
         status.update(f"compile {on} · {report.graphs} graph{'s' if report.graphs != 1 else ''}, "
-                      f"{report.compile_s:.1f} s compiling (as of step {report.step}; reading torch's reports took "
-                      f"{report.watch_s * 1000:.0f} ms of it)")
+                      f"{report.compile_s:.1f} s compiling (as of step {report.step}; watching it took "
+                      f"{report.watch_s * 1000:.0f} ms)")
         body.update(compile_text(report, compile_row(state.impact)))

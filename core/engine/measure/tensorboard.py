@@ -229,12 +229,13 @@ class TensorBoardWriter:
 
     def write_compile_report(self, record: dict[str, Any]) -> None:
         """A ``compile_report`` (its journal record: the live event's, or a line of events.jsonl) at its step: the
-        compile seconds, graphs, graph breaks and recompiles as scalars, and each break and recompile as a line of the
+        compile seconds, graphs, graph breaks, recompiles and ops run eagerly between graphs (once counted) as scalars, and each break and recompile as a line of the
         ``compile`` text."""
         step = int(record.get("step") or 0)
         breaks, recompiles = record.get("breaks") or [], record.get("recompiles") or []
         for tag, value in (("compile/seconds", record.get("compile_s")), ("compile/graphs", record.get("graphs")),
-                           ("compile/graph_breaks", len(breaks)), ("compile/recompiles", len(recompiles))):
+                           ("compile/graph_breaks", len(breaks)), ("compile/recompiles", len(recompiles)),
+                           ("compile/eager_ops", record.get("eager_ops"))):
             if isinstance(value, (int, float)):
                 self._writer.add_scalar(tag, value, step)
         breaks, recompiles = [_fields(entry) for entry in breaks], [_fields(entry) for entry in recompiles]
