@@ -30,6 +30,7 @@ from torchlab.core.errors import EXIT_INTERRUPTED, EXIT_OK, ConfigError, Torchla
 from torchlab.core.launch.arguments import build_parser, resolve_config
 from torchlab.core.records.config import TrainConfig, build_config, load_config_file
 from torchlab.core.cpu_share import prefer_passive_openmp_waits
+from torchlab.core.leave import exit_with
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,5 +142,10 @@ def resumed_workload(args: argparse.Namespace) -> str | None:
         raise ConfigError(f"--resume {unreadable_run(args.resume, error)}") from None
 
 
+def entry() -> None:
+    """The ``torchlab-tui`` command: ``main``'s exit status (a rank under torchrun leaves without torch's teardown)."""
+    exit_with(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())  # a rank under torchrun leaves without torch's teardown (core/leave.py)

@@ -41,6 +41,7 @@ from torchlab.core.errors import StorageError, TorchlabError, WorkloadExited, ex
 from torchlab.core.launch.arguments import build_parser, exit_code
 from torchlab.core.launch.outbox_reporter import OutboxReporter
 from torchlab.core.launch.stop import STOP_CLIENT
+from torchlab.core.leave import exit_with
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.control_server import ControlServer
@@ -457,4 +458,4 @@ def _quiet_rank(run_dir: Path, training_args: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())  # a rank under torchrun leaves without torch's teardown (core/leave.py)

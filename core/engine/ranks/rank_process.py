@@ -10,10 +10,8 @@ the supervisor's decision, sent to rank 0 as a command.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -26,6 +24,7 @@ from torchlab.core.engine.ranks.channel import TOKEN_VARIABLE, SupervisorLink
 from torchlab.core.engine.parallel.preemption import stop_on_signals
 from torchlab.core.engine.trainer import Trainer
 from torchlab.core.errors import TorchlabError
+from torchlab.core.leave import leave_without_teardown
 from torchlab.core.records.config import build_config, load_config_file
 from torchlab.core.wire.protocol import Error
 from torchlab.core.wire.run_status import RunStatus
@@ -121,22 +120,6 @@ def _rank_trainer(args: argparse.Namespace, context: RankContext, link: Supervis
         can_relaunch=True,
         samples_telemetry=False,  # the supervisor samples the whole process tree, itself and every rank
     )
-
-
-def leave_without_teardown(code: int) -> NoReturn:
-    """End this rank now, skipping torch's teardown of the process group.
-
-    Freeing the DDP reducer frees its gloo process group, whose destructor joins gloo's worker threads while
-    holding the GIL. A worker that is still dropping the last collective's tensors (created in Python, so
-    their release needs the GIL) then waits for the GIL for ever, and the rank never exits: seen under load
-    with torch 2.13, the supervisor waiting on a finished run. By the time a rank leaves, everything it
-    writes is written and closed (checkpoints are published before ``run`` returns; the link is closed),
-    and its launcher reads only the exit code.
-    """
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":
