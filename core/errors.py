@@ -39,6 +39,11 @@ class ForecastError(TorchlabError):
     names the op. Nothing failed but the prediction: the model may train."""
 
 
+class HangEnded(TorchlabError):
+    """A run ended at a hung step, as its user chose (core/engine/parallel/hang_watch.py): its ranks were stuck in a
+    collective, so it has no final checkpoint; the message names the last."""
+
+
 class NonFiniteError(TorchlabError):
     """Training produced NaN/Inf; carries the report that localises it."""
 
@@ -58,7 +63,7 @@ def exit_status(error: TorchlabError) -> int:
     """The status a process that stopped on ``error`` exits with."""
     if isinstance(error, NonFiniteError):
         return EXIT_NONFINITE
-    return EXIT_FAILED if isinstance(error, (StorageError, WorkloadExited, ForecastError)) else EXIT_USAGE
+    return EXIT_FAILED if isinstance(error, (StorageError, WorkloadExited, ForecastError, HangEnded)) else EXIT_USAGE
 
 
 #: How much of a value given by someone else a message repeats: each string, number and item, and the whole.

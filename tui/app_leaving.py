@@ -64,6 +64,12 @@ class Leaving:
         except Exception as error:  # said on the way out: the terminal is all that is left to tell
             self.exit(1, 1, f"torchlab-tui: could not stop the trainer cleanly: {error}")
             return
+        # What the trainer said as it ended is folded in before the status and the summary are read from the state:
+        # a stop that ended a hung run is a failure (its error names the checkpoint to resume from), not "stopped".
+        if link is not None:
+            self._unfolded.extend(link.drain())
+        self.run_state.apply_all(self._unfolded)
+        self._unfolded.clear()
         self.exit(return_code=self.outcome_exit_code())
 
     def outcome_exit_code(self) -> int:

@@ -31,6 +31,7 @@ from typing import Any
 from torchlab.core.errors import printable
 from torchlab.core.wire import protocol
 from torchlab.core.wire.compile_report import CompileReport
+from torchlab.core.wire.hang import Hang
 from torchlab.core.wire.straggler import Straggler
 from torchlab.core.wire.events import FlopsCounted, LongestBatch, MemoryPredicted, SpikeGuarded, describe
 from torchlab.core.options import OPTION_NAMES, RELAUNCHED_BY, format_option_value
@@ -339,6 +340,8 @@ class RunState(MetricsFolding, Measurements, RanksAndRelaunch, AppRequests, Fore
             self._forget_requests()
         self.state = state
         self.state_detail = detail
+        if state in ENDED:
+            self.hang_over(self.step)
         if state != RunStatus.RELAUNCHING:
             self.relaunch_to, self.relaunch_with = None, ""
         self.header_version += 1
@@ -379,4 +382,5 @@ _HANDLERS: dict[type, str] = {
     CompileReport: "_on_compile_report",
     SpikeGuarded: "_on_spike_guarded",
     Straggler: "_on_straggler",
+    Hang: "_on_hang",
 }

@@ -227,6 +227,7 @@ class MetricsFolding:
         if not steps:
             return
         self.step = max(self.step, max(steps))
+        self.hang_over(self.step)
         columns = self._take_spikes(steps, columns)
         self._extend_series(steps, columns)
         self._take_step_times(columns.get(STEP_TIME))

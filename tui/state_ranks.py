@@ -11,6 +11,7 @@ from torchlab.core.wire import protocol
 from torchlab.core.options import RELAUNCHED_BY
 from torchlab.core.wire.payloads import RankProcess, rank_place
 from torchlab.core.wire.run_status import RunStatus
+from torchlab.core.wire.hang import Hang, hang_sentence
 from torchlab.core.wire.straggler import Straggler, straggler_sentence
 from torchlab.tui.log_levels import EntryLevel
 from torchlab.core.analysis.stragglers import ComparedRank, flag_stragglers
@@ -34,6 +35,8 @@ class RanksAndRelaunch:
         self.relaunch_with = ""
         #: the rank that holds the others back for good, as the trainer judged it (None: none does, or no longer)
         self.straggler: Straggler | None = None
+        #: the step a hang was said at, while no later report says that step ended (the header shows it)
+        self.hung_at: int | None = None
         self.ranks_version = 0
 
     def _begin_relaunch(self, step: int, option: str) -> None:
@@ -90,6 +93,20 @@ class RanksAndRelaunch:
         self.ranks_version += 1
         level = EntryLevel.INFO if event.cleared else EntryLevel.WARNING
         self.log(level, straggler_sentence(event), event.step, notify=not event.cleared)
+
+
+    def _on_hang(self, event: Hang) -> None:
+        """A step that overran (core/engine/parallel/hang_watch.py): said, and shown in the header until a report of
+        that step or a later one, or the run's end."""
+        self.hung_at = event.step
+        self.header_version += 1
+        self.log(EntryLevel.WARNING, hang_sentence(event), event.step, notify=True)
+
+    def hang_over(self, step: int) -> None:
+        """A report of ``step`` (or the run's end): a hang said before it is over."""
+        if self.hung_at is not None and step >= self.hung_at:
+            self.hung_at = None
+            self.header_version += 1
 
 
 def _processes(count: int) -> str:

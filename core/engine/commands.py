@@ -67,6 +67,14 @@ class StepBoundary:
         self._signal_number = signal_number
         self._signalled_stop = StopCommand(reason)
 
+    def stop_asked(self) -> str | None:
+        """The reason of a stop asked and not yet taken (a signal's, or a queued stop command's), else None: what the
+        hang watch ends a hung run for, from its own thread (no boundary comes to take it)."""
+        if self._signalled_stop is not None:
+            return self._signalled_stop.reason
+        with self._commands.mutex:
+            return next((command.reason for command in self._commands.queue if isinstance(command, StopCommand)), None)
+
     def pending(self) -> list[TrainerCommand]:
         """Commands still queued (after the run ended): a supervisor hands them to the next trainer. A run paused at
         the boundary of a relaunch (a pause and a world-size change there) is paused by its first: a relaunch is no

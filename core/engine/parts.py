@@ -226,6 +226,14 @@ class Reporter:
         for observer in self.observers:
             observer.before_checkpoint(step)
 
+    def leaving(self, status: str, step: int, message: str) -> None:
+        """Every observer told the process leaves (``TrainerObserver.leaving``), even where one fails."""
+        for observer in self.observers:
+            try:
+                observer.leaving(status, step, message)
+            except Exception:  # the others still get theirs: the process leaves either way
+                pass
+
 
 class TrainingParts:
     """What the loop trains with: the parts that own the training state, and what they are built from."""

@@ -50,7 +50,8 @@ from torchlab.core.engine.measure.step_report import StepReport, metrics_row
 from torchlab.core.engine.measure.telemetry import TelemetrySampler
 from torchlab.core.engine.step import OptimizerStep
 from torchlab.core.engine.trials import Trials
-from torchlab.core.errors import ConfigError, NonFiniteError, StorageError, WorkloadError
+from torchlab.core.errors import EXIT_FAILED, ConfigError, NonFiniteError, StorageError, WorkloadError
+from torchlab.core.leave import leave_without_teardown
 from torchlab.core.records.config import TrainConfig
 from torchlab.core.records.starting_values import changed_since_the_start, starting_configuration
 from torchlab.core.wire import protocol as p
@@ -408,11 +409,31 @@ class Trainer:
             return None
 
         def said(step: int, waited: float, explanation: str, folder: Path) -> None:
-            self.reporter.emit(Hang(step=step, waited_s=round(waited, 1), explanation=explanation, folder=str(folder)))
+            last = self.checkpoints.last_path
+            self.reporter.emit(Hang(step=step, waited_s=round(waited, 1), explanation=explanation, folder=str(folder),
+                                    checkpoint=str(last) if last is not None else "",
+                                    checkpoint_step=self.checkpoints.last_step if last is not None else None,
+                                    ends=self.parts.config.on_hang == "end"))
 
-        watch = HangWatch(world.rank, world.size, checkpoint_dir.parent, factor, said)
+        watch = HangWatch(world.rank, world.size, checkpoint_dir.parent, factor, said, stop_asked=self.boundary.stop_asked,
+                          end=self._end_at_hang, ends_at_once=self.parts.config.on_hang == "end")
         world.collectives.hang_watch = watch
         return watch
+
+    def _end_at_hang(self, step: int, reason: str) -> None:
+        """Rank 0 ends the run at its hung ``step``, for the stop asked (``reason``), on the hang watch's thread: the
+        error and the run's end to the observers (the journal, the app, the supervisor), then the process leaves; its
+        launcher ends the other ranks, stuck in a collective that will never complete."""
+        last = self.checkpoints.last_path
+        resume = (f"its last checkpoint is step {self.checkpoints.last_step}'s ({last}), what --resume starts from"
+                  if last is not None else "it has no checkpoint yet to resume from")
+        message = f"step {step} hung; ended as asked ({reason}), with no final checkpoint (its ranks are stuck); {resume}"
+        try:
+            self.reporter.emit(p.Error(step=step, message=message, traceback=""))
+        except StorageError:
+            pass  # a full disk: the run's end still reaches the app, and the process leaves
+        self.reporter.leaving(RunStatus.FAILED, step, message)
+        leave_without_teardown(EXIT_FAILED)
 
     def _judge_stragglers(self, step: int, figures: list[RankFigures]) -> None:
         """A rank that has held the others back for the verdict's window, or no longer does, said (a ``straggler``)."""

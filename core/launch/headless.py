@@ -32,7 +32,7 @@ from torchlab.core.engine.ranks.supervisor import Supervisor, initial_world_size
 from torchlab.core.engine.seeding import seed_everything
 from torchlab.core.engine.measure.tensorboard import tensorboard_observers
 from torchlab.core.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK
-from torchlab.core.errors import StorageError, TorchlabError, WorkloadExited, printable
+from torchlab.core.errors import HangEnded, StorageError, TorchlabError, WorkloadExited, printable
 from torchlab.core.launch.arguments import exit_code
 from torchlab.core.launch.training_plan import ConfigRecord, TrainingPlan
 from torchlab.core.records.rundir import RunDirectory
@@ -145,6 +145,9 @@ def _report(outcome: RunOutcome, run_path: Path, progress: HeadlessProgress, *, 
     if outcome.failed_with(StorageError):  # the message says what is intact and what to do
         console.print(f"[bold red]Stopped after step {outcome.step}:[/] {as_markup(outcome.message)}")
         return EXIT_FAILED
+    if outcome.failed_with(HangEnded):  # the message names the checkpoint to resume from; there is no traceback
+        console.print(f"[bold red]Ended at a hang:[/] {as_markup(outcome.message)}")
+        return EXIT_FAILED
     if outcome.status == RunStatus.FAILED:
         console.print(f"[bold red]Training failed at step {outcome.step + 1}:[/] {as_markup(outcome.message)}")
         console.print(as_markup(f"Traceback in {run_path / 'events.jsonl'}; the last checkpoint is in {run_path / 'checkpoints'}."))
@@ -217,6 +220,11 @@ class HeadlessProgress(TrainerObserver):
 
     def __exit__(self, *exc_info) -> None:
         self._live.stop()
+
+    def leaving(self, status: str, step: int, message: str) -> None:
+        """Rank 0 under torchrun ends a hang: the process leaves now, with no outcome said after this."""
+        self._live.stop()
+        self.console.print(f"[bold red]Ended at a hang:[/] {as_markup(message)}")
 
     def on_metrics(self, row: MetricsRow) -> None:
         if self.first_loss is None:

@@ -35,10 +35,11 @@ class OutboxReporter(TrainerObserver):
     table: when a segment starts and otherwise at most once per ``IMPACT_INTERVAL_S``.
     """
 
-    def __init__(self, outbox: Outbox, impact: ImpactTracker | None = None, on_run_started=None) -> None:
+    def __init__(self, outbox: Outbox, impact: ImpactTracker | None = None, on_run_started=None, on_leaving=None) -> None:
         self.outbox = outbox
         self.impact = impact
         self.on_run_started = on_run_started  # called with each RunStarted (the Welcome is built from it)
+        self.on_leaving = on_leaving  # called as the process leaves without its run returning: the app gets the rest
         self.state = RunStatus.STARTING
         self.step = 0
         self.total_steps: int | None = None  # as the trainer says it (RunStarted, then a live steps change)
@@ -99,6 +100,10 @@ class OutboxReporter(TrainerObserver):
                 self.outbox.add_event(event)  # the app says it in words: events.describe
             case events.FlopsCounted() | CompileReport():
                 self.outbox.add_event(event)  # the app's views show them (where the time goes; the log says compile's)
+
+    def leaving(self, status: str, step: int, message: str) -> None:
+        if self.on_leaving is not None:  # the error, said before, set the state the app shows
+            self.on_leaving()
 
     def _send_impact(self, force: bool = False) -> None:
         if self.impact is None:

@@ -33,6 +33,7 @@ from torchlab.core.wire.protocol import (
     PROTOCOL_VERSION,
     OtherVersion,
     CheckpointSaved,
+    Error,
     Hello,
     Metrics,
     ProtocolError,
@@ -67,11 +68,13 @@ class StopRefused(Exception):
 
 @dataclass
 class Ending:
-    """What the run said while it stopped: its last state and step, and its last checkpoint."""
+    """What the run said while it stopped: its last state and step, its last checkpoint, and the error that ended it
+    (a hung run that a stop ended says so: core/engine/parallel/hang_watch.py)."""
 
     state: str = RunStatus.RUNNING
     step: int = 0
     checkpoint: str | None = None
+    error: str = ""
 
 
 def main(argv: list[str]) -> int:
@@ -206,6 +209,8 @@ def _note(message: object, ending: Ending) -> None:
             ending.step = int(message.columns["step"][-1])
         case CheckpointSaved():
             ending.checkpoint = message.path
+        case Error():
+            ending.error = message.message
 
 
 def _report(entry: RunEntry, ending: Ending) -> int:
@@ -220,7 +225,7 @@ def _report(entry: RunEntry, ending: Ending) -> int:
               f"ended after {EXIT_GRACE_S:.0f} s.", file=sys.stderr)
         return EXIT_FAILED
     entry.endpoint.remove()
-    print(f"{name} {printable(ending.state)} at step {ending.step}.")
+    print(f"{name} {printable(ending.state)} at step {ending.step}" + (f": {printable(ending.error)}" if ending.error else "."))
     if ending.checkpoint:  # as the trainer named it, relative to where it started: said whole, for any directory
         final = Path(ending.checkpoint)
         shown = final if final.is_absolute() else Path(str(entry.info.get("run_dir"))) / "checkpoints" / final.name

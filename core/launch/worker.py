@@ -76,7 +76,7 @@ class Worker:
         self.detached = False
         self.attached = False
         self.outbox = Outbox()
-        self.reporter = OutboxReporter(self.outbox, on_run_started=self._on_run_started)
+        self.reporter = OutboxReporter(self.outbox, on_run_started=self._on_run_started, on_leaving=self.finish)
         self.trainer = None  # the run's Supervisor, once built: the Trainer's API, whatever the world size
         # The app's commands from its hello on (control_server.py): those that come before the Supervisor exists wait
         # here, in the order typed, and it takes them before the first step (``_take_commands``).
@@ -370,6 +370,20 @@ class Worker:
                 last = current
             time.sleep(REGISTRY_INTERVAL_S)
 
+    def finish(self) -> None:
+        """The run ended, or a hang it ended leaves the process now (``OutboxReporter.leaving``): the app gets what is
+        left to send, and the run's entry says how it ended."""
+        # A run that failed (or ended) before its app connected waits a little for the app, so the
+        # app can show why instead of "the trainer exited with code 2".
+        if not self.detached:
+            self.server.wait_for_first_client(timeout_s=FIRST_CLIENT_GRACE_S)
+        self.outbox.close()
+        self.server.flush(timeout_s=2.0)  # the app should see the final state or the error
+        self.server.close()
+        self.publish(final=True)  # a detached run's entry stays, so attach can say how it ended
+        if not self.attached:
+            self.endpoint.remove(keep_info=self.detached)
+
     def stop(self, reason: str, signal_number: int = 0) -> None:
         """Stop at the next step boundary (final checkpoint), or at once if training never started; ``signal_number``:
         the signal that asked (core/engine/parallel/preemption.py)."""
@@ -427,16 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = worker.run()
     finally:
-        # A run that failed (or ended) before its app connected waits a little for the app, so the
-        # app can show why instead of "the trainer exited with code 2".
-        if not worker.detached:
-            worker.server.wait_for_first_client(timeout_s=FIRST_CLIENT_GRACE_S)
-        worker.outbox.close()
-        worker.server.flush(timeout_s=2.0)  # the app should see the final state or the error
-        worker.server.close()
-        worker.publish(final=True)  # a detached run's entry stays, so attach can say how it ended
-        if not worker.attached:
-            endpoint.remove(keep_info=worker.detached)
+        worker.finish()
     return code
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from torchlab.core.errors import ConfigError, shown
 from torchlab.core.records.settings import (
-    ACT_STATS_EVERY, BATCH_SIZE, CHECKPOINT_EVERY, DEVICE, EVAL_BATCHES, EVAL_EVERY, FORECAST_PRIORITY, HANG_AFTER, KEEP_CHECKPOINTS,
+    ACT_STATS_EVERY, BATCH_SIZE, CHECKPOINT_EVERY, DEVICE, EVAL_BATCHES, EVAL_EVERY, FORECAST_PRIORITY, HANG_AFTER, KEEP_CHECKPOINTS, ON_HANG,
     LOG_EVERY, LR,
     MEMORY_EVERY, OPTIMIZER, OPTIMIZER_STEP, PEAK_TFLOPS, PROBE_EVERY, PROFILE_AT, PROFILE_STEPS, RESHARD_AFTER_FORWARD, SCHEDULE,
     SEED, SETTINGS, SHARED_RUN_DIR, SPIKE_THRESHOLD, SPIKE_WINDOW, STEPS_SETTING, TELEMETRY_INTERVAL, TENSORBOARD,
@@ -157,6 +157,7 @@ class TrainConfig:
     forecast_priority: str = FORECAST_PRIORITY.default
     peak_tflops: float | None = PEAK_TFLOPS.default
     hang_after: float = HANG_AFTER.default
+    on_hang: str = ON_HANG.default
     profile_at: tuple[int, ...] = PROFILE_AT.default
     profile_steps: int = PROFILE_STEPS.default
     shared_run_dir: bool = SHARED_RUN_DIR.default

@@ -196,6 +196,10 @@ class RunDirectory(TrainerObserver):
         except StorageError as error:  # the sampler's thread: the next metrics row raises it
             self._keep_failure(error)
 
+    def leaving(self, status: str, step: int, message: str) -> None:
+        """The process leaves without its run returning (a hang ended under torchrun): its journals closed, written."""
+        self.close()
+
     def close(self) -> None:
         try:
             self.write_held_rows()  # none, after the run's last event; else the rows it reported since

@@ -380,11 +380,19 @@ HANG_AFTER = NumberSetting(
          "Python stack and its place in the collectives written to the run directory, and which rank is where said",
 )
 
+#: What a hang does once said: the run waits (a slow node may catch up, and a stop then ends it at once), or ends at
+#: once, naming its last checkpoint: for a run no one watches, where a hang would hold the nodes until the job's limit.
+ON_HANG = ChoiceSetting(
+    name="on_hang", default="wait", choices=("wait", "end"), group="probes", metavar=None,
+    help="what a hang does once it is said: wait (for a slow node, or for a stop, which then ends the run at once) or "
+         "end the run at once, with no final checkpoint (its ranks are stuck), naming the last",
+)
+
 SETTINGS: tuple[Setting, ...] = (
     SHARED_RUN_DIR, TENSORBOARD,
     STEPS_SETTING, BATCH_SIZE, SEED, DEVICE, OPTIMIZER, LR, WEIGHT_DECAY, SCHEDULE, WARMUP_STEPS, EVAL_EVERY,
     EVAL_BATCHES, CHECKPOINT_EVERY, KEEP_CHECKPOINTS, RESHARD_AFTER_FORWARD,
     TRIAL_STEPS_SETTING, SPIKE_THRESHOLD, SPIKE_WINDOW,
     LOG_EVERY, PROBE_EVERY, ACT_STATS_EVERY, MEMORY_EVERY, PROFILE_AT, PROFILE_STEPS, TELEMETRY_INTERVAL,
-    FORECAST_PRIORITY, PEAK_TFLOPS, HANG_AFTER,
+    FORECAST_PRIORITY, PEAK_TFLOPS, HANG_AFTER, ON_HANG,
 )

@@ -24,6 +24,11 @@ class TrainerObserver:
     def on_telemetry(self, sample: TelemetrySample) -> None:
         pass
 
+    def leaving(self, status: str, step: int, message: str) -> None:
+        """The process leaves now without its run returning (a hang ended: core/engine/parallel/hang_watch.py), on
+        another thread than training's: deliver what is held, and the run's end (``status``, at ``step``: ``message``)."""
+        pass
+
     def before_checkpoint(self, step: int) -> None:
         """A checkpoint of ``step`` is about to be written: write what is held of the steps up to it. A kill after
         the checkpoint is on disk would otherwise lose it for good: the resumed run trains only the steps after."""

@@ -111,6 +111,9 @@ class RefusedCommands(TrainerObserver):
         app_error_restart, steps 7 and 8 missing after a restart from step 8)."""
         self._journal.before_checkpoint(step)
 
+    def leaving(self, status: str, step: int, message: str) -> None:
+        self._journal.leaving(status, step, message)  # the journal's files closed before the process leaves
+
     def on_event(self, event: Message) -> None:
         if refuses_a_command(event):
             held_back = self._refusals.throttle.admit()

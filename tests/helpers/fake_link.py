@@ -257,6 +257,8 @@ class FakeLink:
         #: what a restart would resume from (the real link reads the run's checkpoints), and how the trainer exited
         self.checkpoint_to_restart_from: str | None = "step-0000100.pt, step 100"
         self.trainer_exit_code: int | None = None
+        #: what the trainer says as it ends, once the app's close asked it to (a hung run that the stop ended fails)
+        self.said_on_close: list[protocol.Message] = []
 
     # ------------------------------------------------------------------ the link interface
 
@@ -294,6 +296,7 @@ class FakeLink:
 
     def close(self, *, detach: bool = False) -> None:
         self.closed = {"detach": detach}
+        self.push(*self.said_on_close)
 
     def detach_and_wait(self, timeout_s: float = 3.0) -> bool:
         """A hang-up's detach: acknowledged unless ``detach_acknowledged`` is False (a trainer that hangs)."""

@@ -1,6 +1,7 @@
 """A hang explained (core/engine/parallel/hang_watch.py): rank 1 stops in a forward for an hour (tests/workloads/tiny.py
 ``hangs_on_rank_1``); within ``--hang-after`` times the usual step (at least 10 s) both ranks write where they are,
-and rank 0 journals and says which rank is where: rank 1 at the workload's line, rank 0 waiting in its backward."""
+and rank 0 journals and says which rank is where: rank 1 at the workload's line, rank 0 waiting in its backward, with
+the run's last checkpoint. A stop then (Ctrl-C) ends the run at once, naming that checkpoint, every rank gone."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 import time
 
 from test_ranks import TINY, read_jsonl
+from torchlab.core.errors import EXIT_FAILED
 from torchlab.core.engine.parallel.hang_watch import HANG_MIN_S
 
 
@@ -29,11 +31,21 @@ def test_a_rank_stuck_in_its_forward_is_named_with_its_line_and_every_ranks_stac
             time.sleep(0.2)
             hangs = [event for event in read_jsonl(run / "events.jsonl") if event["event"] == "hang"] if (run / "events.jsonl").exists() else []
         assert hangs, "no hang was said"
+        os.kill(running.pid, signal.SIGINT)  # Ctrl-C: a stop, which no boundary will take: the run ends at its hang
+        _, said = running.communicate(timeout=60)
     finally:
-        os.killpg(running.pid, signal.SIGKILL)
-        running.communicate()
+        if running.poll() is None:
+            os.killpg(running.pid, signal.SIGKILL)
+            running.communicate()
+    last = run / "checkpoints" / "step-0000010.pt"
+    assert running.returncode == EXIT_FAILED, said
+    assert "Ended at a hang: step 12 hung; ended as asked (" in " ".join(said.split()), said
+    assert f"its last checkpoint is step 10's ({last}), what --resume starts from" in " ".join(said.split()), said
+    [error] = [event for event in read_jsonl(run / "events.jsonl") if event["event"] == "error"]
+    assert error["step"] == 12 and "with no final checkpoint (its ranks are stuck)" in error["message"]
     [hang] = hangs
     assert hang["step"] == 12 and hang["waited_s"] >= HANG_MIN_S
+    assert (hang["checkpoint_step"], hang["checkpoint"]) == (10, str(last))
     explanation = hang["explanation"]
     assert f"rank 1 at workloads/tiny.py:{marked} in stop_on_rank_1 (`time.sleep(3600)  # HANG`)" in explanation, explanation
     assert "rank 0 at " in explanation and "past collective #" in explanation

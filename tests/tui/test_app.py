@@ -11,6 +11,7 @@ import pytest
 
 from fake_link import FakeLink, grad_norms, module_names, quiet_app, record, training_events, welcome
 
+from torchlab.core.errors import EXIT_FAILED
 from torchlab.core.wire import protocol
 from torchlab.tui import app as app_module
 from torchlab.tui.app import TorchlabApp
@@ -270,6 +271,21 @@ async def test_quit_stops_the_trainer_through_the_link(app: TorchlabApp, link: F
         await app.workers.wait_for_complete()
         await pilot.pause()
     assert link.closed == {"detach": False}
+
+
+async def test_quit_on_a_hung_run_says_the_failure_the_stop_ended_it_with_not_stopped(app: TorchlabApp, link: FakeLink) -> None:
+    """A stop cannot wait for the boundary of a hung step: the trainer ends the run and says why as it closes
+    (core/engine/parallel/hang_watch.py). What it says then is the app's last word, its status and the terminal's
+    lines: read before the app exits, it said "Stopped at step 11", exit 0, for a run that failed with no final
+    checkpoint."""
+    ended = "step 12 hung; ended as asked (stopped from the app), with no final checkpoint (its ranks are stuck)"
+    link.said_on_close = [protocol.Error(ended, "", 12), protocol.State("failed", 12, ended)]
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("q")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+    assert app.return_code == EXIT_FAILED
+    assert app.how_it_ended(Path("/nowhere"))[0] == f"Failed at step 12: {ended}"
 
 
 async def test_error_event_opens_the_error_screen_and_restart_resumes(app: TorchlabApp, link: FakeLink) -> None:

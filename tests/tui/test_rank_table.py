@@ -90,6 +90,25 @@ async def test_the_trainers_straggler_verdict_is_under_the_table_and_in_the_log_
         assert len(shown(table(app))) == 3 and "rank 1 (node-b) no longer holds the others back" in log_text(app)
 
 
+async def test_a_hang_is_in_the_header_with_its_step_until_a_report_of_that_step() -> None:
+    """The hang watch's sentence (core/engine/parallel/hang_watch.py) is said and toasted; the header says the run is
+    hung, not running, for as long as no step after it is reported: a slow node that caught up clears it."""
+    from fake_link import record
+    from torchlab.core.wire.hang import Hang
+
+    hang = Hang(step=121, waited_s=41.0, explanation="step 121 has run 41 s, its steps 210 ms: rank 1 at model.py:88",
+                folder="runs/x/hangs/step-0000121", checkpoint="runs/x/checkpoints/step-0000120.pt", checkpoint_step=120)
+    app, link = app_at(2, ranks(120), hang)
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause()
+        assert "⚠ hung at step 121" in header_text(app)
+        assert "a stop (q in the app, `torchlab-tui stop`, Ctrl-C headless) ends it now" in " ".join(log_text(app).split())
+        assert "its last checkpoint is step 120's, runs/x/checkpoints/step-0000120.pt" in " ".join(log_text(app).split())
+        link.push(protocol.Metrics.from_rows([record(121, world_size=2)]))
+        await answer(app, pilot)
+        assert "hung" not in header_text(app) and "running" in header_text(app)
+
+
 async def test_allocator_memory_shows_on_gpu_ranks() -> None:
     app, _ = app_at(2, ranks(120, on_gpu=True))
     async with app.run_test(size=(200, 50)) as pilot:

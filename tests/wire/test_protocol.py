@@ -158,7 +158,7 @@ EXAMPLES = [
         eager_ops=3, graphs_run=2, eager_most=["aten::is_nonzero x2", "aten::_local_scalar_dense x1"]),
     Hang(step=4812, waited_s=41.0, explanation="step 4812 has run 41 s, its steps 210 ms: rank 2 at model.py:88 in "
          "forward, past collective #9623; ranks 0, 1, 3 at step.py:214 in _backward, past collective #9623",
-         folder="/runs/big/hangs/step-0004812"),
+         folder="/runs/big/hangs/step-0004812", checkpoint="/runs/big/checkpoints/step-0004800.pt", checkpoint_step=4800),
     Straggler(step=240, rank=1, host="node-b", excess_s=0.0152, step_share=0.31, since_step=40, part="data wait"),
     events.FlopsCounted(step=1, flops=83_456, ops=140, shapes=[[16, 8], [16, 1]],
                         settings={"checkpointing": True, "split": 1, "accum": 1},

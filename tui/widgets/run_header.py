@@ -67,6 +67,8 @@ class RunHeader(FittedLine):
             badge = Text(f"{symbol} {trial_progress_text(trial)}", style="bold magenta")
         elif state.compiling:
             badge = Text(f"◌ {state.state_detail}", style="bold magenta")
+        elif state.hung_at is not None and state.state == RunStatus.RUNNING:  # said by the hang watch: q ends it
+            badge = Text(f"⚠ hung at step {state.hung_at}", style="bold red")
         else:
             badge = Text(f"{symbol} {state.state}", style=style)
         if state.state == RunStatus.RELAUNCHING and state.state_detail:  # "2 → 1": the world size it goes to

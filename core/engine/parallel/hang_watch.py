@@ -7,8 +7,12 @@ one that is late (NCCL#1324). Each rank runs this watch on a thread of its own: 
 entered and completed, numbered as every rank numbers them, and the innermost line of its training thread outside
 torch) and then every thread's Python stack (``faulthandler``). Rank 0 waits a few seconds for the others' files
 (the run directory is shared by the ranks: on one machine always, across nodes where ``--run-dir`` is on shared
-storage, as a resume needs) and says, in one sentence, which ranks are at a place the others are not. The run waits
-on: what to do with a hang (kill it and ``--resume``, or wait for a slow node) is the user's.
+storage, as a resume needs) and says, in one sentence, which ranks are at a place the others are not, with the run's
+last checkpoint. The run waits on (a slow node may catch up) until the user chooses: a stop asked while the step is
+hung (the app's, ``torchlab-tui stop``, a signal the process can take) cannot wait for a boundary that never comes,
+so rank 0 ends the run at once (``end``: the run's end said to its observers, then the process leaves; the launcher,
+ours or torchrun's, ends the other ranks), with no final checkpoint, naming the last; ``--on-hang end`` asks that
+stop itself as soon as the hang is said.
 
 DDP's and FSDP2's own collectives (the gradients' sync, the shards' gathers) run inside torch and are not numbered
 here; their waits show as a rank's line (``loss.backward()``). On NCCL, torch's Flight Recorder has them
@@ -44,11 +48,15 @@ POLL_S = 0.25
 
 class HangWatch:
     """One rank's watch (see the module docstring). The training thread calls ``step_started`` and ``step_ended``
-    (attribute stores), the engine's collectives ``entered`` and ``completed``; ``said`` gets rank 0's sentence."""
+    (attribute stores), the engine's collectives ``entered`` and ``completed``; ``said`` gets rank 0's sentence;
+    on rank 0, ``stop_asked`` says why a stop was asked (None: none) and ``end`` ends the run at a hung step for it
+    (``ends_at_once``: without waiting for one, ``--on-hang end``)."""
 
     def __init__(self, rank: int, world_size: int, folder: Path, factor: float,
-                 said: Callable[[int, float, str, Path], None]) -> None:
+                 said: Callable[[int, float, str, Path], None], *, stop_asked: Callable[[], str | None],
+                 end: Callable[[int, str], None], ends_at_once: bool) -> None:
         self.rank, self.world_size, self.folder, self.factor, self.said = rank, world_size, folder, factor, said
+        self.stop_asked, self.end, self.ends_at_once = stop_asked, end, ends_at_once
         self.entered, self.completed, self.last_op = 0, 0, ""
         self._step, self._started_at, self._reported_step = 0, None, 0
         self._times: deque[float] = deque(maxlen=50)
@@ -78,6 +86,11 @@ class HangWatch:
         while True:
             time.sleep(POLL_S)
             started, step, limit = self._started_at, self._step, self.limit_s()
+            if started is not None and step == self._reported_step and self.rank == 0:  # said, and still hung
+                reason = "--on-hang end" if self.ends_at_once else self.stop_asked()
+                if reason is not None:
+                    self.end(step, reason)
+                    return
             if started is None or limit is None or step == self._reported_step:
                 continue
             waited = time.monotonic() - started

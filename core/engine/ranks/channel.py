@@ -32,7 +32,8 @@ from torchlab.core.engine.ranks.channel_messages import (
     MAX_LINE_BYTES, ChannelRefused, CommandMessage, EventReport, MetricsReport, Outcome, RankHello, RankMessage, RowsFirst,
     RowsWritten, TelemetryReport,
 )
-from torchlab.core.errors import StorageError
+from torchlab.core.errors import HangEnded, StorageError
+from torchlab.core.wire.run_status import RunStatus
 from torchlab.core.wire.line_reader import LineReader
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.observer import TrainerObserver
@@ -330,6 +331,12 @@ class SupervisorLink(TrainerObserver):
 
     def send_outcome(self, outcome: RunOutcome, unhandled: list[TrainerCommand] = ()) -> None:
         self._send(Outcome.of(outcome, unhandled))
+
+    def leaving(self, status: str, step: int, message: str) -> None:
+        """Rank 0 leaves without its run returning (a hang it ended: the one way it does): the run's end is its outcome,
+        sent before it goes."""
+        self.send_outcome(RunOutcome(RunStatus(status), step, message, error=HangEnded))
+        self.close()
 
     def close(self) -> None:
         """After the outcome: the end of the channel is no longer news."""

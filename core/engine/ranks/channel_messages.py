@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from torchlab.core.engine.outcome import Relaunch, RunOutcome
-from torchlab.core.errors import ConfigError, NonFiniteError, StorageError, WorkloadError, WorkloadExited
+from torchlab.core.errors import ConfigError, HangEnded, NonFiniteError, StorageError, WorkloadError, WorkloadExited
 from torchlab.core.wire.events import TRAINER_EVENTS
 from torchlab.core.wire.metrics_row import MetricsRow
 from torchlab.core.wire.payloads import TelemetrySample
@@ -95,7 +95,7 @@ class TelemetryReport(RankMessage):
 #: The errors rank 0's outcome may name that its supervisor tells apart, by name: where the name that crossed the
 #: channel becomes a class again, and the only place.
 ERRORS_BY_NAME: dict[str, type[Exception]] = {
-    kind.__name__: kind for kind in (ConfigError, WorkloadError, WorkloadExited, StorageError, NonFiniteError)
+    kind.__name__: kind for kind in (ConfigError, WorkloadError, WorkloadExited, StorageError, NonFiniteError, HangEnded)
 }
 
 

@@ -56,7 +56,7 @@ from torchlab.core.engine.parts import resolve_device
 from torchlab.core.engine.ranks.channel import TOKEN_VARIABLE, RankChannel
 from torchlab.core.engine.ranks.launcher import TERMINATE_GRACE_S, private_rank_logs, root_cause, terminate_ranks
 from torchlab.core.engine.trainer import Trainer
-from torchlab.core.errors import ConfigError, StorageError, WorkloadError
+from torchlab.core.errors import ConfigError, HangEnded, StorageError, WorkloadError
 from torchlab.core.records.config import TrainConfig, config_from_toml
 from torchlab.core.records.resume_changes import SettingChange, resume_note
 from torchlab.core.records.storage import make_folder, write_atomically
@@ -309,6 +309,8 @@ class Supervisor:
                 if self._signalled_stop is not None and not stop_sent:
                     channel.send(self._signalled_stop)
                     stop_sent = True
+                if channel.outcome is not None and channel.outcome.as_run_outcome().failed_with(HangEnded):
+                    terminate_ranks()  # rank 0 ended a hang: the others are stuck, deaf to the launcher's SIGTERM
         finally:
             if thread.is_alive():  # leaving early (a second Ctrl-C): take the ranks down with us
                 terminate_ranks()
@@ -333,6 +335,8 @@ class Supervisor:
                 self._rescue = rescue
                 return RunOutcome(RunStatus.RELAUNCH, self.step)
             raise (ConfigError if outcome.as_run_outcome().failed_with(ConfigError) else WorkloadError)(outcome.message)
+        if outcome is not None and outcome.as_run_outcome().failed_with(HangEnded):  # rank 0 ended a hang, and left
+            return outcome.as_run_outcome()
         if failure is not None:
             if isinstance(failure, ChildFailedError):
                 rank, message, trace, exitcode = root_cause(failure)
