@@ -23,6 +23,7 @@ from torchlab.core.records.rundir import metrics_rows, rows_of
 from torchlab.core.records.storage import unreadable_run
 from torchlab.core.safe_open import read_regular_text
 from torchlab.core.records.compile_history import RunCompileTime
+from torchlab.core.records.rank_history import RankHistory
 from torchlab.core.wire.events import HELD_BACK
 from torchlab.core.wire.metric_names import validation_label
 from torchlab.core.wire.metrics_row import MetricsRow
@@ -59,6 +60,8 @@ class RunHistory:
     bottleneck: Verdict | None = None
     #: what torch.compile did, in a few words, from its last ``compile_report`` (None: never compiled)
     compiled: str | None = None
+    #: what held its ranks back, in a few words, from its ``straggler`` and ``hang`` events (None: nothing did)
+    ranks: str | None = None
 
     @property
     def name(self) -> str:
@@ -108,6 +111,7 @@ class RunHistory:
         history.settings = _settings(path / "config.toml")
         history.changed_at, history.changes = _option_changes(path / "events.jsonl")
         history.compiled = _compiled(path / "events.jsonl")
+        history.ranks = _ranks(path / "events.jsonl")
         return history
 
     def figures(self) -> list[str]:
@@ -192,6 +196,15 @@ def _compiled(events: Path) -> str | None:
     if last.eager_ops is not None:
         words.append(f"{last.eager_ops} op{'s' if last.eager_ops != 1 else ''} eager between graphs")
     return ", ".join(words)
+
+
+def _ranks(events: Path) -> str | None:
+    """What held the run's ranks back (core/records/rank_history.py); None where nothing did (or the journal is not
+    there)."""
+    try:
+        return RankHistory.of(rows_of(events)).sentence()
+    except FileNotFoundError:
+        return None
 
 
 def _figures(row: MetricsRow) -> Iterator[tuple[str, float]]:

@@ -45,6 +45,7 @@ from torchlab.core.errors import EXIT_OK, ConfigError, StorageError, TorchlabErr
 from torchlab.core.launch.arguments import command_parser
 from torchlab.core.records.csv_export import write_csv
 from torchlab.core.records.option_history import option_history
+from torchlab.core.records.rank_history import RANK_EVENTS
 from torchlab.core.records.rundir import SkippedLine, metrics_rows, rows_of
 from torchlab.core.records.storage import reason, unreadable_run
 from torchlab.core.safe_open import (
@@ -235,6 +236,8 @@ def export_tensorboard(run: Path, directory: Path, *, warn: Warn, skipped: list[
             for record in journal_rows(run / "events.jsonl", lambda refusal: None):  # refused above, said once
                 if record.get("event") == "compile_report":
                     writer.write_compile_report(record)
+                elif record.get("event") in RANK_EVENTS:
+                    writer.write_rank_event(record)
             for step, trace in completed_traces(run / "profiles", warn):
                 try:
                     writer.add_trace(step, trace)

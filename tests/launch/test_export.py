@@ -448,6 +448,34 @@ def test_the_csv_names_adams_moments_per_module():
         "step": 3, "adam.blocks.0.m": 0.5, "adam.blocks.0.sqrt_v": 0.25, "update_ratios.blocks.0": 1e-3}
 
 
+def test_stragglers_and_hangs_go_to_tensorboard_as_the_ranks_text_in_an_export(trained, tmp_path):
+    """Each ``straggler`` and ``hang`` of the journal, in the words the app's log says them, at its step; live too."""
+    from torchlab.core.engine.measure.tensorboard import LiveTensorBoard
+    from torchlab.core.records.rundir import to_json_line
+    from torchlab.core.wire.events import RunEnded, RunStarted
+    from torchlab.core.wire.hang import Hang
+    from torchlab.core.wire.straggler import Straggler
+
+    run, exported = tmp_path / "run", tmp_path / "exported"
+    shutil.copytree(trained / "run", run)
+    slow = Straggler(step=12, rank=1, host="node-b", excess_s=0.05, step_share=0.2, since_step=4, part="data wait")
+    said_events = [slow, Hang(step=20, waited_s=41.0, explanation="rank 1 at model.py:88", folder="hangs/step-0000020")]
+    with (run / "events.jsonl").open("a") as journal:
+        for event in said_events:
+            journal.write(to_json_line(event.journal_record()) + "\n")
+    assert main(["export", str(run), "--tensorboard", str(exported)]) == EXIT_OK
+    live = LiveTensorBoard(tmp_path / "live")  # and while the run trains: the observer of the process that reports
+    live.on_event(RunStarted(step=0, device="cpu", batch_size=8, steps=30, options={}, modules=[], module_params=[],
+                             checkpoint_blocks=[], world_size=2, ranks=None))
+    for event in said_events:
+        live.on_event(event)
+    live.on_event(RunEnded(step=30, status="finished"))
+    for folder in (exported, tmp_path / "live"):
+        said = texts_of(events_in(folder), "ranks")
+        assert len(said) == 2 and said[0].startswith("straggler: rank 1 (node-b) 50.0 ms a step behind the others")
+        assert said[1].startswith("hang: rank 1 at model.py:88; each rank's Python stack in hangs/step-0000020")
+
+
 def test_what_compile_did_goes_to_tensorboard_live_and_in_an_export(tmp_path):
     """A run whose model breaks torch.compile's graph twice: the compile report's scalars (seconds, graphs, breaks,
     recompiles, ops run eagerly between graphs) at its step and each break as a line of the ``compile`` text, while it trains and exported after."""

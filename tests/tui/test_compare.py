@@ -252,6 +252,23 @@ async def test_at_80_columns_three_runs_each_have_a_column_and_a_legend_entry_th
         assert all(value in shown for value in ("0.001", "0.003", "0.01 ")), shown
 
 
+def test_what_held_each_runs_ranks_back_is_a_row_of_the_table(tmp_path):
+    """A straggler's stretch and a hang, from each run's journal (core/records/rank_history.py); a run whose ranks
+    nothing held back has a dash."""
+    from torchlab.core.records.rundir import to_json_line
+    from torchlab.core.wire.hang import Hang
+    from torchlab.core.wire.straggler import Straggler
+
+    held = write_run(tmp_path, "20261123-090000-tiny_gpt", lr=0.001)
+    smooth = write_run(tmp_path, "20261123-100000-tiny_gpt", lr=0.003)
+    slow = Straggler(step=60, rank=1, host="node-b", excess_s=0.05, step_share=0.2, since_step=30, part="data wait")
+    with (held / "events.jsonl").open("a") as journal:
+        for event in (slow, Hang(step=90, waited_s=41.0, explanation="rank 1 at model.py:88", folder="hangs/step-0000090")):
+            journal.write(to_json_line(event.journal_record()) + "\n")
+    [(label, texts)] = [row for row in table_rows([RunHistory.load(held), RunHistory.load(smooth)]) if row[0] == "ranks held"]
+    assert texts == ["rank 1 (node-b) straggled from step 30 (data wait); hung at step 90", "—"]
+
+
 def test_what_compile_did_in_each_run_is_a_row_of_the_table(tmp_path):
     """From each run's ``compile_report`` events in its journal: the newest's counts, the compile time of every process
     (a resumed process compiles again and counts from none); a run that never compiled says so with a dash."""

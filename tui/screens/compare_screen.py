@@ -167,6 +167,8 @@ def table_rows(runs: list[RunHistory]) -> list[tuple[str, list[str]]]:
         rows.append(("time went", [run.bottleneck.text if run.bottleneck is not None else "—" for run in runs]))
     if any(run.compiled is not None for run in runs):  # what torch.compile did in each
         rows.append(("compiled", [run.compiled if run.compiled is not None else "—" for run in runs]))
+    if any(run.ranks is not None for run in runs):  # a straggler, a hang: what held each run's ranks back
+        rows.append(("ranks held", [run.ranks if run.ranks is not None else "—" for run in runs]))
     for index in range(max((len(run.changes) for run in runs), default=0)):
         rows.append(("option change" if index == 0 else "",
                      [run.changes[index] if index < len(run.changes) else "" for run in runs]))

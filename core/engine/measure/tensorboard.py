@@ -48,11 +48,14 @@ from typing import Any
 from torchlab.core.errors import ConfigError
 from torchlab.core.records.export_files import COPY_CHUNK, output_file
 from torchlab.core.records.option_history import OptionChange, changes_recorded
+from torchlab.core.records.rank_history import rank_event
 from torchlab.core.records.storage import make_folder, make_folders_above, reason
 from torchlab.core.safe_open import (
     UnsafeFileError, kind_of, open_regular, refuse_a_path_too_long, who_else_may_change,
 )
 from torchlab.core.wire.compile_report import CompileReport
+from torchlab.core.wire.hang import Hang, hang_sentence
+from torchlab.core.wire.straggler import Straggler, straggler_sentence
 from torchlab.core.wire import events
 from torchlab.core.wire import protocol as p
 from torchlab.core.wire.metrics_row import MetricsRow
@@ -246,6 +249,15 @@ class TensorBoardWriter:
         if lines:
             self._writer.add_text("compile", "  \n".join(lines), step)
 
+    def write_rank_event(self, record: dict[str, Any]) -> None:
+        """A ``straggler`` or ``hang`` (its journal record) at its step, as a line of the ``ranks`` text, in the words
+        the app's log and headless say it."""
+        event = rank_event(record)
+        if isinstance(event, Straggler):
+            self._writer.add_text("ranks", straggler_sentence(event), event.step)
+        elif isinstance(event, Hang):
+            self._writer.add_text("ranks", hang_sentence(event), event.step)
+
     def add_trace(self, step: int, trace: Path) -> None:
         """A profiler snapshot's Chrome trace, where TensorBoard's PyTorch Profiler plugin reads it. A ``trace``
         that is a link, a FIFO or a device is an UnsafeFileError, and nothing is copied: a link in a run
@@ -315,7 +327,7 @@ class LiveTensorBoard(TrainerObserver):
                     return
             case p.ProfileReady() if not event.error:
                 self._queue.append(event)
-            case CompileReport():
+            case CompileReport() | Straggler() | Hang():
                 self._queue.append(event.journal_record())
             case events.RunEnded() | p.Error() | p.NonFinite():
                 self.close()
@@ -364,8 +376,10 @@ class LiveTensorBoard(TrainerObserver):
                         self.writer.write_option_change(item)
                     case p.ProfileReady():
                         self._copy_trace(item)
-                    case dict():  # a compile report's journal record
+                    case dict() if item.get("event") == CompileReport.journal_event():  # the journal's record
                         self.writer.write_compile_report(item)
+                    case dict():  # a straggler's or a hang's journal record
+                        self.writer.write_rank_event(item)
             self.writer.flush()
             if closing:
                 self.writer.close()
