@@ -14,9 +14,12 @@ so rank 0 ends the run at once (``end``: the run's end said to its observers, th
 ours or torchrun's, ends the other ranks), with no final checkpoint, naming the last; ``--on-hang end`` asks that
 stop itself as soon as the hang is said.
 
-DDP's and FSDP2's own collectives (the gradients' sync, the shards' gathers) run inside torch and are not numbered
-here; their waits show as a rank's line (``loss.backward()``). On NCCL, torch's Flight Recorder has them
-(``TORCH_NCCL_TRACE_BUFFER_SIZE``): not read yet.
+Every collective a rank issued on the run's process group, DDP's gradient all_reduce and FSDP2's gathers included, is
+counted by torch itself (c10d's sequence number for the group, which NCCL's Flight Recorder names collectives by), at
+no cost to a step: each rank's file says how many it issued, and rank 0 names the ranks that issued fewer than the
+others, which the others wait for. (A comm hook that counted DDP's buckets in Python cost 120 us a bucket on gloo,
+6 % of a 4-bucket step: benchmarks/gradient_sync_cost.py.) On NCCL, the Flight Recorder's own dump
+(``TORCH_NCCL_TRACE_BUFFER_SIZE``), which would name the kind of each, is not read yet.
 """
 
 from __future__ import annotations
@@ -106,7 +109,8 @@ class HangWatch:
     def _write(self, step: int, waited: float) -> None:
         folder = make_folder(self.folder / "hangs" / f"step-{step:07d}")  # no link followed, as private as the run
         header = {"rank": self.rank, "step": step, "waited_s": round(waited, 1), "entered": self.entered,
-                  "completed": self.completed, "op": self.last_op, "where": self._where(), "pid": os.getpid()}
+                  "completed": self.completed, "op": self.last_op, "issued": issued_collectives(),
+                  "where": self._where(), "pid": os.getpid()}
         with open(folder / f"rank-{self.rank}.txt", "w", opener=lambda path, flags: create_file(Path(path), flags)) as file:
             file.write(json.dumps(header) + "\n")
             file.flush()
@@ -125,7 +129,8 @@ class HangWatch:
         return f"{short}:{entry.lineno} in {entry.name}" + (f" (`{entry.line}`)" if entry.line else "")
 
     def _explain(self, step: int, waited: float) -> str:
-        """Rank 0's sentence: each place the ranks are at, the ranks at it, the engine's collectives they completed."""
+        """Rank 0's sentence: each place the ranks are at, the ranks at it, the collectives they issued (torch's count)
+        and the engine's collective one waits in; then the ranks behind, which issued fewer than the others."""
         folder = self.folder / "hangs" / f"step-{step:07d}"
         deadline = time.monotonic() + GATHER_S
         while len(list(folder.glob("rank-*.txt"))) < self.world_size and time.monotonic() < deadline:
@@ -139,14 +144,36 @@ class HangWatch:
                 continue
         places: dict[tuple, list[int]] = {}
         for header in headers:
-            key = (header.get("where"), header.get("completed"), header.get("entered") != header.get("completed"))
+            inside = header.get("entered") != header.get("completed")
+            key = (header.get("where"), header.get("issued"), header.get("completed"), header.get("op") if inside else None)
             places.setdefault(key, []).append(header.get("rank"))
         parts = []
-        for (where, completed, inside), ranks in sorted(places.items(), key=lambda item: len(item[1])):
-            who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(str(rank) for rank in sorted(ranks))
-            collective = f"in the engine's collective #{completed + 1}" if inside else f"past collective #{completed}"
-            parts.append(f"{who} at {where}, {collective}")
+        for (where, issued, completed, op), ranks in sorted(places.items(), key=lambda item: len(item[1])):
+            position = f"{issued:,} collectives issued" if isinstance(issued, int) else f"past collective #{completed}"
+            parts.append(f"{_ranks(ranks)} at {where}, {position}" + (f", in {op}" if op is not None else ""))
+        issued_by = {header.get("rank"): header.get("issued") for header in headers if isinstance(header.get("issued"), int)}
+        behind = ""
+        if len(set(issued_by.values())) > 1:  # the ranks that issued fewer are those the others wait for
+            fewest = min(issued_by.values())
+            late = sorted(rank for rank, issued in issued_by.items() if issued == fewest)
+            behind = (f"; {_ranks(late)} {'is' if len(late) == 1 else 'are'} behind: the others wait in a collective "
+                      f"{'it has' if len(late) == 1 else 'they have'} not issued")
         missing = sorted(set(range(self.world_size)) - {header.get("rank") for header in headers})
         absent = f"; no word from rank(s) {', '.join(map(str, missing))} in {GATHER_S:g} s" if missing else ""
         usual = statistics.median(self._times)
-        return f"step {step} has run {waited:.0f} s, its steps {usual * 1000:.3g} ms: " + "; ".join(parts) + absent
+        return f"step {step} has run {waited:.0f} s, its steps {usual * 1000:.3g} ms: " + "; ".join(parts) + behind + absent
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(str(rank) for rank in sorted(ranks))
+
+
+def issued_collectives() -> int | None:
+    """The collectives this rank has issued on the run's process group, as torch counts them (c10d's sequence number
+    for the group: every collective, DDP's and FSDP2's too); None where this torch or backend does not say."""
+    try:
+        import torch.distributed as dist
+
+        return int(dist.distributed_c10d._get_default_group()._get_sequence_number_for_group())
+    except (AttributeError, RuntimeError, ValueError, TypeError):
+        return None
