@@ -49,6 +49,8 @@ class Leaving:
         if detach:
             where = self.link.run_dir or self.run_state.run_dir
             self.notify(f"detached from {where}: {self.run_state.after_detach}")
+        elif self.run_state.hung_at is not None:  # no boundary will come: the trainer ends the run where it hangs
+            self.notify(f"ending the run hung at step {self.run_state.hung_at}: no final checkpoint (its ranks are stuck)…")
         else:
             self.notify("stopping the trainer: saving a final checkpoint… (q again to leave at once)")
         self._close_link(detach)
