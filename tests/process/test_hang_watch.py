@@ -60,3 +60,20 @@ def test_a_rank_stuck_in_its_forward_is_named_with_its_line_and_every_ranks_stac
     rank_1 = (folder / "rank-1.txt").read_text()
     assert json.loads(rank_1.splitlines()[0])["issued"] == issued[1] and f'tiny.py", line {marked} in stop_on_rank_1' in rank_1
     assert folder.stat().st_mode & 0o777 == 0o700  # as private as the run
+
+
+def test_under_torchrun_on_hang_end_ends_the_run_where_it_hangs_and_every_rank_leaves(tmp_path):
+    """Under torchrun rank 0's process is the run's: its records are the supervisor's observers' (the journal, the
+    headless lines), reached through the relay as it leaves; rank 1, asleep in its forward, takes the agent's SIGTERM
+    as a stop during its own hang and leaves too, instead of being waited out for torchrun's 30 s before a SIGKILL."""
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "torchlab.core.launch.cli", f"{TINY}:hangs_on_rank_1", "--headless", "--steps", "100",
+               "--eval-every", "0", "--checkpoint-every", "5", "--hang-after", "3", "--on-hang", "end",
+               "--run-dir", str(run), "--telemetry-interval", "0"]
+    ended = subprocess.run(command, capture_output=True, text=True, timeout=HANG_MIN_S + 90)
+    said = " ".join(ended.stderr.split())
+    assert ended.returncode == EXIT_FAILED and "Ended at a hang: step 12 hung; ended as asked (--on-hang end)" in said, said
+    assert "Unable to shutdown process" not in said  # rank 1 left on the agent's SIGTERM: no SIGKILL after its grace
+    [error] = [event for event in read_jsonl(run / "events.jsonl") if event["event"] == "error"]
+    assert error["message"].startswith("step 12 hung; ended as asked (--on-hang end)")

@@ -52,8 +52,10 @@ POLL_S = 0.25
 class HangWatch:
     """One rank's watch (see the module docstring). The training thread calls ``step_started`` and ``step_ended``
     (attribute stores), the engine's collectives ``entered`` and ``completed``; ``said`` gets rank 0's sentence;
-    on rank 0, ``stop_asked`` says why a stop was asked (None: none) and ``end`` ends the run at a hung step for it
-    (``ends_at_once``: without waiting for one, ``--on-hang end``)."""
+    ``stop_asked`` says why a stop was asked (None: none) and ``end`` ends the run (rank 0) or leaves (another rank,
+    which a signal reached: torchrun's agent ends the ranks with SIGTERM, which a rank stuck in Python would take as a
+    stop and wait out) at a hung step for it; ``ends_at_once``: rank 0 ends it without waiting for one
+    (``--on-hang end``)."""
 
     def __init__(self, rank: int, world_size: int, folder: Path, factor: float,
                  said: Callable[[int, float, str, Path], None], *, stop_asked: Callable[[], str | None],
@@ -89,8 +91,10 @@ class HangWatch:
         while True:
             time.sleep(POLL_S)
             started, step, limit = self._started_at, self._step, self.limit_s()
-            if started is not None and step == self._reported_step and self.rank == 0:  # said, and still hung
-                reason = "--on-hang end" if self.ends_at_once else self.stop_asked()
+            if started is not None and step == self._reported_step:  # said, and still hung
+                reason = self.stop_asked()  # on a rank but 0: a signal's (torchrun's agent ending the ranks, say)
+                if reason is None and self.ends_at_once and self.rank == 0:
+                    reason = "--on-hang end"
                 if reason is not None:
                     self.end(step, reason)
                     return

@@ -52,7 +52,7 @@ from torchlab.core.engine.parallel.distributed import RANK_MODULE, RankContext, 
 from torchlab.core.engine.outcome import Relaunch, RunOutcome
 from torchlab.core.engine.parallel.preemption import stop_on_signals
 from torchlab.core.engine.ranks.rescue import RankRescue, Rescue
-from torchlab.core.engine.parts import resolve_device
+from torchlab.core.engine.parts import Reporter, resolve_device
 from torchlab.core.engine.ranks.channel import TOKEN_VARIABLE, RankChannel
 from torchlab.core.engine.ranks.launcher import TERMINATE_GRACE_S, private_rank_logs, root_cause, terminate_ranks
 from torchlab.core.engine.trainer import Trainer
@@ -394,6 +394,11 @@ class _Relay(TrainerObserver):
     def on_telemetry(self, sample: TelemetrySample) -> None:
         for observer in self.supervisor.observers:
             observer.on_telemetry(sample)
+
+    def leaving(self, status: str, step: int, message: str) -> None:
+        """Passed on as every record is: under torchrun, rank 0's process leaves at a hang it ended, and the run's
+        records (its journal, headless's lines, the app's socket) are the supervisor's observers'."""
+        Reporter(self.supervisor.observers).leaving(status, step, message)
 
     def before_checkpoint(self, step: int) -> None:
         """Passed on as every record is: the run directory writes the rows it holds before the checkpoint lands.

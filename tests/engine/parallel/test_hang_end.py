@@ -28,8 +28,8 @@ class Run:
         self.ended: list[tuple[int, str]] = []
         self.done = threading.Event()
 
-    def watch(self, folder, *, ends_at_once: bool = False) -> HangWatch:
-        watch = HangWatch(0, 1, folder, 2.0, lambda *_: self.said.set(), stop_asked=lambda: self.asked,
+    def watch(self, folder, *, ends_at_once: bool = False, rank: int = 0) -> HangWatch:
+        watch = HangWatch(rank, 1, folder, 2.0, lambda *_: self.said.set(), stop_asked=lambda: self.asked,
                           end=self.end, ends_at_once=ends_at_once)
         for step in range(1, KNOWN_AFTER + 1):  # the usual step: known
             watch.step_started(step)
@@ -65,3 +65,14 @@ def test_a_step_that_ends_after_its_hang_was_said_is_not_ended_by_a_later_stop(t
     watch.step_ended(5.0)  # the slow node caught up: its boundary takes any stop
     run.asked = "stopped from the app"
     assert not run.done.wait(0.3) and run.ended == []
+
+
+def test_another_rank_leaves_for_a_signal_during_its_hang_but_leaves_on_hang_end_to_rank_0(tmp_path):
+    """Rank 0 ends the run and journals it; a rank but 0 under ``--on-hang end`` waits for its launcher, which ends it,
+    and a stop a signal asked of it (torchrun's agent ending the ranks) makes it leave at once."""
+    run = Run()
+    watch = run.watch(tmp_path, ends_at_once=True, rank=1)
+    watch.step_started(6)
+    assert not run.done.wait(hang_watch.HANG_MIN_S + 0.5) and run.ended == []
+    run.asked = "SIGTERM to rank 1: every rank stops"
+    assert run.done.wait(10) and run.ended == [(6, "SIGTERM to rank 1: every rank stops")]
