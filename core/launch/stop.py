@@ -146,7 +146,8 @@ def stop(entry: RunEntry) -> int:
             if welcome.state in FINAL_STATES:
                 raise NotRunning(f"{name} is not running: {welcome.state} at step {welcome.step}.")
             connection.sendall(StopCommand().encode())  # the run words the reason itself, from the hello's name
-            print(f"Stopping {name} (at step {ending.step}): it writes its final checkpoint once its step ends.",
+            print(f"Stopping {name} (at step {ending.step}): it writes its final checkpoint once its step ends (a step that "
+                  "hangs ends at once, without one).",
                   file=sys.stderr, flush=True)
         except (ConnectionRefusedError, FileNotFoundError, EOFError):
             raise NotRunning(f"{name} is not running (its trainer does not answer on its socket).") from None
@@ -229,6 +230,7 @@ def _report(entry: RunEntry, ending: Ending) -> int:
     if ending.checkpoint:  # as the trainer named it, relative to where it started: said whole, for any directory
         final = Path(ending.checkpoint)
         shown = final if final.is_absolute() else Path(str(entry.info.get("run_dir"))) / "checkpoints" / final.name
-        print(f"Final checkpoint: {printable(shown)}")
+        # A run that failed wrote no final checkpoint (a hung step ended by this stop): the one named is its last.
+        print(f"{'Last' if ending.state == RunStatus.FAILED else 'Final'} checkpoint: {printable(shown)}")
     print(f"Run directory: {printable(entry.info.get('run_dir'))}")
     return EXIT_FAILED if ending.state == RunStatus.FAILED else EXIT_OK
