@@ -109,9 +109,10 @@ class RunHistory:
         history.measured = list(kept)
         history.bottleneck = watch.current
         history.settings = _settings(path / "config.toml")
-        history.changed_at, history.changes = _option_changes(path / "events.jsonl")
-        history.compiled = _compiled(path / "events.jsonl")
-        history.ranks = _ranks(path / "events.jsonl")
+        journal = _journal(path / "events.jsonl")  # read once: the option changes, compile and the ranks read it
+        history.changed_at, history.changes = _option_changes(journal)
+        history.compiled = _compiled(journal)
+        history.ranks = RankHistory.of(journal).sentence()
         return history
 
     def figures(self) -> list[str]:
@@ -169,24 +170,26 @@ def _settings(config: Path) -> dict[str, str]:
             **{f"options.{name}": format_option_value(name, value) for name, value in options.items()}}
 
 
-def _option_changes(events: Path) -> tuple[list[int], list[str]]:
-    """Each option change in ``events.jsonl`` (``option_history``: a resume's changed options too), in order: its
-    step, and "step 40: amp = bf16" (none before its first event)."""
+def _journal(events: Path) -> list[dict[str, Any]]:
+    """The records of ``events.jsonl``, in order; none where the journal is not there."""
     try:
-        history = option_history(rows_of(events))
+        return list(rows_of(events))
     except FileNotFoundError:
-        return [], []
+        return []
+
+
+def _option_changes(journal: list[dict[str, Any]]) -> tuple[list[int], list[str]]:
+    """Each option change in the journal (``option_history``: a resume's changed options too), in order: its step, and
+    "step 40: amp = bf16" (none before its first event)."""
+    history = option_history(journal)
     return [change.step for change in history], [change.describe() for change in history]
 
 
-def _compiled(events: Path) -> str | None:
-    """What torch.compile did in the run, from the ``compile_report`` events of ``events.jsonl``: "3 graphs, 12.5 s
-    compiling, 2 graph breaks, 1 recompile, 1 op eager between graphs" (the newest report's counts, the run's compile time over its processes:
-    core/records/compile_history.py); None where it never compiled (or the journal is not there)."""
-    try:
-        compiled = RunCompileTime.of(rows_of(events))
-    except FileNotFoundError:
-        return None
+def _compiled(journal: list[dict[str, Any]]) -> str | None:
+    """What torch.compile did in the run, from the journal's ``compile_report`` events: "3 graphs, 12.5 s compiling,
+    2 graph breaks, 1 recompile, 1 op eager between graphs" (the newest report's counts, the run's compile time over
+    its processes: core/records/compile_history.py); None where it never compiled."""
+    compiled = RunCompileTime.of(journal)
     last = compiled.newest
     if last is None:
         return None
@@ -196,15 +199,6 @@ def _compiled(events: Path) -> str | None:
     if last.eager_ops is not None:
         words.append(f"{last.eager_ops} op{'s' if last.eager_ops != 1 else ''} eager between graphs")
     return ", ".join(words)
-
-
-def _ranks(events: Path) -> str | None:
-    """What held the run's ranks back (core/records/rank_history.py); None where nothing did (or the journal is not
-    there)."""
-    try:
-        return RankHistory.of(rows_of(events)).sentence()
-    except FileNotFoundError:
-        return None
 
 
 def _figures(row: MetricsRow) -> Iterator[tuple[str, float]]:

@@ -3,18 +3,19 @@
 A graph break leaves code between two graphs; Dynamo runs the break's own op there (``.item()`` for a data-dependent
 branch, a ``print``), and where a frame is resumed the rest compiles again. What is left eager is therefore not the
 breaks' count but the ops run between graphs, and the only one that can say which ops those are is the step itself.
-So one training step's first forward after the graphs changed runs under torch's autograd profiler (its CPU-only, legacy form: the
-ops' names and nesting are all it needs, and kineto's form prints two lines of its own on the terminal each time), and
-its events are read by the marks torch puts in every trace: each compiled frame runs inside a ``Torch-Compiled Region``
-range, and each compiled graph's forward inside AOTAutograd's ``CompiledFunction``. An aten op called from no other
-aten op (a top-level op), inside a compiled region and in no ``CompiledFunction``, ran eagerly between graphs.
+So one training step's first forward after the graphs changed runs under torch's autograd profiler (its CPU-only,
+legacy form: the ops' names and nesting are all it needs, and kineto's form prints two lines of its own on the terminal
+each time), and its events are read by the marks torch puts in every trace: each compiled frame runs inside a
+``Torch-Compiled Region`` range, and each compiled graph's forward inside AOTAutograd's ``CompiledFunction``. An aten
+op called from no other aten op (a top-level op), inside a compiled region and in no ``CompiledFunction``, ran eagerly
+between graphs.
 
 Counted: the forward's ops (backward runs each one's backward again, outside the graphs too); not the loss the
 workload computes around the model, nor a frame Dynamo gave up on (past ``recompile_limit``: the watch's recompiles
 say so). A torch that marks neither range (a profile with no compiled region), or whose profiler cannot read its own
-records back, counts nothing: ``None``, not zero.
-The step is left out of the step times as a compile's is; the profiler's start, stop and this reading are the
-watch's cost (``watch_s``).
+records back, counts nothing: ``None``, not zero. The step's phases are left out of where the time goes (as a FLOP
+count's are); its step time stays among the impact table's, one step of a segment in a median. The profiler's start,
+stop and this reading are the watch's cost (``watch_s``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-#: torch's range around a compiled frame's run ("Torch-Compiled Region: 0/1"), and AOTAutograd's around a graph's forward
+#: torch's range around a compiled frame's run ("Torch-Compiled Region: 0/1"), and AOTAutograd's around a graph's
+#: forward
 COMPILED_REGION, COMPILED_GRAPH = "Torch-Compiled Region", "CompiledFunction"
 #: the eager ops named with the count, most run first
 NAMED_OPS = 3

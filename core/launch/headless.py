@@ -50,6 +50,9 @@ from torchlab.core.wire.run_status import RunStatus
 if TYPE_CHECKING:
     from torchlab.core.workload import Workload
 
+#: How headless says a run ended at a hang, whichever process says it (the outcome's, or rank 0's under torchrun)
+ENDED_AT_A_HANG = "[bold red]Ended at a hang:[/]"
+
 
 def run_headless(
     plan: TrainingPlan,
@@ -146,7 +149,7 @@ def _report(outcome: RunOutcome, run_path: Path, progress: HeadlessProgress, *, 
         console.print(f"[bold red]Stopped after step {outcome.step}:[/] {as_markup(outcome.message)}")
         return EXIT_FAILED
     if outcome.failed_with(HangEnded):  # the message names the checkpoint to resume from; there is no traceback
-        console.print(f"[bold red]Ended at a hang:[/] {as_markup(outcome.message)}")
+        console.print(f"{ENDED_AT_A_HANG} {as_markup(outcome.message)}")
         return EXIT_FAILED
     if outcome.status == RunStatus.FAILED:
         console.print(f"[bold red]Training failed at step {outcome.step + 1}:[/] {as_markup(outcome.message)}")
@@ -224,7 +227,7 @@ class HeadlessProgress(TrainerObserver):
     def leaving(self, status: str, step: int, message: str) -> None:
         """Rank 0 under torchrun ends a hang: the process leaves now, with no outcome said after this."""
         self._live.stop()
-        self.console.print(f"[bold red]Ended at a hang:[/] {as_markup(message)}")
+        self.console.print(f"{ENDED_AT_A_HANG} {as_markup(message)}")
 
     def on_metrics(self, row: MetricsRow) -> None:
         if self.first_loss is None:

@@ -49,9 +49,9 @@ class CompileReport(Message):
     its graph ``breaks`` (each place once, most met first) and ``recompiles`` (each frame and failed guard once), the
     ``graphs`` compiled, the seconds compiling took (``compile_s``: at the boundary and in steps that compiled again:
     what the impact table leaves out of the step times), and what watching it cost (``watch_s``: the watch's own
-    reading of torch's records, inside ``compile_s``, and the profiler of its census of the eager ops). ``recompile_limit``: torch's, past which a frame runs eagerly;
-    ``dynamic``: the live option the graphs are compiled under (a change of it compiles afresh: the recompiles count
-    from then). ``unseen``: what this torch does not report (graph breaks before 2.6, why a frame recompiled before
+    reading of torch's records, inside ``compile_s``, and the profiler of its census of the eager ops).
+    ``recompile_limit``: torch's, past which a frame runs eagerly; ``dynamic``: the live option the graphs are compiled
+    under (a change of it compiles afresh: the recompiles count from then). ``unseen``: what this torch does not report (graph breaks before 2.6, why a frame recompiled before
     2.7), said with the report. Sent after each compile that changed it."""
 
     type: ClassVar[str] = "compile_report"

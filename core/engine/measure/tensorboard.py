@@ -232,8 +232,8 @@ class TensorBoardWriter:
 
     def write_compile_report(self, record: dict[str, Any]) -> None:
         """A ``compile_report`` (its journal record: the live event's, or a line of events.jsonl) at its step: the
-        compile seconds, graphs, graph breaks, recompiles and ops run eagerly between graphs (once counted) as scalars, and each break and recompile as a line of the
-        ``compile`` text."""
+        compile seconds, graphs, graph breaks, recompiles and ops run eagerly between graphs (once counted) as scalars,
+        and each break and recompile as a line of the ``compile`` text."""
         step = int(record.get("step") or 0)
         breaks, recompiles = record.get("breaks") or [], record.get("recompiles") or []
         for tag, value in (("compile/seconds", record.get("compile_s")), ("compile/graphs", record.get("graphs")),
